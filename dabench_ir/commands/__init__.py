@@ -1,0 +1,1 @@
+"""Subcommands of the `dabench-ir` CLI; each module exposes `register(subparsers)`."""

@@ -1,0 +1,399 @@
+"""Core graph types: dtypes, tensor types, values, nodes, graphs and the summable Cost.
+
+A `Graph` is what every frontend produces and every pass reads. It never holds weight
+data: a model without weights is a normal, complete input.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UnboundSymbolError
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = [
+    "Cost",
+    "DType",
+    "Dim",
+    "Graph",
+    "Node",
+    "TensorType",
+    "Value",
+    "ValueKind",
+    "layer_from_scope",
+]
+
+
+class DType(enum.Enum):
+    """Element types, with their size in bytes and ONNX TensorProto code."""
+
+    FLOAT32 = ("fp32", 4, 1)
+    UINT8 = ("uint8", 1, 2)
+    INT8 = ("int8", 1, 3)
+    UINT16 = ("uint16", 2, 4)
+    INT16 = ("int16", 2, 5)
+    INT32 = ("int32", 4, 6)
+    INT64 = ("int64", 8, 7)
+    STRING = ("string", 0, 8)
+    BOOL = ("bool", 1, 9)
+    FLOAT16 = ("fp16", 2, 10)
+    FLOAT64 = ("fp64", 8, 11)
+    UINT32 = ("uint32", 4, 12)
+    UINT64 = ("uint64", 8, 13)
+    COMPLEX64 = ("complex64", 8, 14)
+    COMPLEX128 = ("complex128", 16, 15)
+    BFLOAT16 = ("bf16", 2, 16)
+    FLOAT8E4M3FN = ("fp8e4m3", 1, 17)
+    FLOAT8E4M3FNUZ = ("fp8e4m3fnuz", 1, 18)
+    FLOAT8E5M2 = ("fp8e5m2", 1, 19)
+    FLOAT8E5M2FNUZ = ("fp8e5m2fnuz", 1, 20)
+    UNDEFINED = ("undefined", 0, 0)
+
+    def __init__(self, short: str, itemsize: int, onnx_code: int) -> None:
+        self.short = short
+        self.itemsize = itemsize
+        self.onnx_code = onnx_code
+
+    def __str__(self) -> str:
+        return self.short
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOAT_TYPES
+
+    @classmethod
+    def from_onnx(cls, code: int) -> DType:
+        try:
+            return _BY_ONNX[code]
+        except KeyError:
+            return cls.UNDEFINED
+
+    @classmethod
+    def from_name(cls, name: str) -> DType:
+        """Look a dtype up by its short name (``fp16``) or a common alias (``float16``)."""
+        key = name.strip().lower()
+        key = _ALIASES.get(key, key)
+        for dtype in cls:
+            if dtype.short == key:
+                return dtype
+        raise ValueError(f"unknown dtype {name!r}")
+
+
+_BY_ONNX = {d.onnx_code: d for d in DType}
+_FLOAT_TYPES = frozenset(
+    {
+        DType.FLOAT32,
+        DType.FLOAT16,
+        DType.FLOAT64,
+        DType.BFLOAT16,
+        DType.FLOAT8E4M3FN,
+        DType.FLOAT8E4M3FNUZ,
+        DType.FLOAT8E5M2,
+        DType.FLOAT8E5M2FNUZ,
+    }
+)
+_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float64": "fp64",
+    "double": "fp64",
+}
+
+Dim = int | str
+"""A tensor dimension: a concrete size or the name of a symbol bound later."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """Shape and element type of a value. ``shape`` is None when even the rank is unknown."""
+
+    shape: tuple[Dim, ...] | None
+    dtype: DType
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        if self.shape is None:
+            return frozenset()
+        return frozenset(d for d in self.shape if isinstance(d, str))
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and not self.symbols
+
+    def dims(self, bindings: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """Concrete dims, resolving symbols through ``bindings``.
+
+        Raises UnboundSymbolError naming every symbol that is still free.
+        """
+        if self.shape is None:
+            raise UnboundSymbolError(frozenset({"<unknown rank>"}))
+        bindings = bindings or {}
+        missing = frozenset(d for d in self.shape if isinstance(d, str) and d not in bindings)
+        if missing:
+            raise UnboundSymbolError(missing)
+        return tuple(bindings[d] if isinstance(d, str) else d for d in self.shape)
+
+    def numel(self, bindings: Mapping[str, int] | None = None) -> int:
+        return math.prod(self.dims(bindings))
+
+    def nbytes(self, bindings: Mapping[str, int] | None = None) -> int:
+        return self.numel(bindings) * self.dtype.itemsize
+
+    def bind(self, bindings: Mapping[str, int]) -> TensorType:
+        """This type with every bound symbol replaced by its value."""
+        if self.shape is None or not self.symbols:
+            return self
+        shape = tuple(bindings.get(d, d) if isinstance(d, str) else d for d in self.shape)
+        return TensorType(shape, self.dtype)
+
+    def with_dtype(self, dtype: DType) -> TensorType:
+        return TensorType(self.shape, dtype)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
+        return f"{self.dtype}[{dims}]"
+
+
+class ValueKind(enum.StrEnum):
+    """What a value is in the model.
+
+    ``weight`` is a trained parameter (an initializer or a shape-only graph input the
+    exporter marked as a parameter); ``constant`` is any other initializer (scales,
+    shape tensors); neither needs its data.
+    """
+
+    INPUT = "input"
+    WEIGHT = "weight"
+    CONSTANT = "constant"
+    ACTIVATION = "activation"
+    OUTPUT = "output"
+
+    @property
+    def is_stored(self) -> bool:
+        """Read from memory rather than produced by the graph (weights and constants)."""
+        return self in (ValueKind.WEIGHT, ValueKind.CONSTANT)
+
+
+@dataclass(slots=True)
+class Value:
+    """A named tensor in the graph. ``producer`` is the node that writes it, if any."""
+
+    name: str
+    type: TensorType
+    kind: ValueKind
+    producer: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One operator. ``scope`` is the exporter's module path, ``layer`` its decoder block."""
+
+    name: str
+    op_type: str
+    domain: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    layer: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def qualified_op(self) -> str:
+        """``op_type`` prefixed with its domain when it is not the default ONNX domain."""
+        if self.domain in ("", "ai.onnx"):
+            return self.op_type
+        return f"{self.domain}::{self.op_type}"
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.qualified_op})"
+
+
+_LAYER_RE = re.compile(r"(?:^|[./:_])(?:layers|layer|h|blocks|block)[._](\d+)(?=$|[./:_])")
+
+
+def layer_from_scope(scope: str) -> int | None:
+    """Decoder-block index in a module path: ``layers.3.attn.q_proj`` -> 3.
+
+    Recognises the common container names (``layers``, ``h``, ``blocks``), with ``.`` or
+    ``/`` separators as the dynamo and TorchScript exporters write them.
+    """
+    match = _LAYER_RE.search(scope)
+    return int(match.group(1)) if match else None
+
+
+class Graph:
+    """Nodes in topological order, the values they connect, and symbol bindings."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        values: Mapping[str, Value],
+        inputs: Iterable[str],
+        outputs: Iterable[str],
+        *,
+        name: str = "",
+        path: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        bindings: Mapping[str, int] | None = None,
+        opsets: Mapping[str, int] | None = None,
+    ) -> None:
+        self.nodes: list[Node] = list(nodes)
+        self.values: dict[str, Value] = dict(values)
+        self.inputs: list[str] = list(inputs)
+        self.outputs: list[str] = list(outputs)
+        self.name = name
+        self.path = path
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.bindings: dict[str, int] = dict(bindings or {})
+        self.opsets: dict[str, int] = dict(opsets or {})
+        self.meta: dict[str, Any] = {}
+        self._by_name = {n.name: n for n in self.nodes}
+        if len(self._by_name) != len(self.nodes):
+            raise ValueError("node names must be unique")
+
+    # -- lookup ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._by_name
+
+    def value(self, name: str) -> Value:
+        return self.values[name]
+
+    def type_of(self, name: str) -> TensorType:
+        """The value's type with the graph's symbol bindings applied."""
+        return self.values[name].type.bind(self.bindings)
+
+    @cached_property
+    def consumers(self) -> dict[str, list[Node]]:
+        """Value name -> nodes that read it."""
+        out: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    out.setdefault(name, []).append(node)
+        return out
+
+    def weights(self) -> list[Value]:
+        return [v for v in self.values.values() if v.kind is ValueKind.WEIGHT]
+
+    @property
+    def num_params(self) -> int | None:
+        """Number of weight elements, or None when a weight's shape is symbolic."""
+        try:
+            return sum(v.type.numel(self.bindings) for v in self.weights())
+        except UnboundSymbolError:
+            return None
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({n.layer for n in self.nodes if n.layer is not None})
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        syms: set[str] = set()
+        for value in self.values.values():
+            syms |= value.type.symbols
+        return frozenset(syms)
+
+    # -- graph algorithms -----------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """A DiGraph over node names; each edge carries the value names it transports."""
+        import networkx as nx
+
+        dg = nx.DiGraph()
+        for node in self.nodes:
+            dg.add_node(node.name)
+        for node in self.nodes:
+            for name in node.inputs:
+                value = self.values.get(name) if name else None
+                if value is None or value.producer is None:
+                    continue
+                if dg.has_edge(value.producer, node.name):
+                    dg.edges[value.producer, node.name]["values"].append(name)
+                else:
+                    dg.add_edge(value.producer, node.name, values=[name])
+        return dg
+
+    def invalidate(self) -> None:
+        """Forget cached views after nodes were added or rewired."""
+        self._by_name = {n.name: n for n in self.nodes}
+        self.__dict__.pop("consumers", None)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, nodes={len(self.nodes)}, values={len(self.values)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one node (or a sum of nodes) computes and moves.
+
+    FLOP convention: a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one
+    per elementwise arithmetic op; special-function ops (exp, erf, rsqrt, sin, ...) are
+    counted apart, one per element. Bytes are weight bytes read, activation bytes read and
+    bytes written.
+    """
+
+    contraction_flops: int = 0
+    vector_flops: int = 0
+    special_ops: int = 0
+    weight_bytes: int = 0
+    act_bytes_in: int = 0
+    act_bytes_out: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Cost)))
+
+    def __radd__(self, other: object) -> Cost:
+        if other == 0:  # lets sum() start from its default 0
+            return self
+        return NotImplemented
+
+    def scale(self, factor: int | float) -> Cost:
+        """Every field multiplied by ``factor`` (rounded to whole FLOPs and bytes)."""
+        return Cost(*(round(getattr(self, f.name) * factor) for f in fields(Cost)))
+
+    @property
+    def flops(self) -> int:
+        """All arithmetic: contraction + vector + special-function ops."""
+        return self.contraction_flops + self.vector_flops + self.special_ops
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.act_bytes_in + self.act_bytes_out
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte moved, None for a node that moves nothing."""
+        return self.flops / self.bytes if self.bytes else None
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(Cost)}
+
+
+ZERO_COST = Cost()

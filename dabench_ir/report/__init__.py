@@ -1,0 +1,1 @@
+"""dabench_ir/report"""

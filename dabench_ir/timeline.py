@@ -1,0 +1,92 @@
+"""`Timeline`: when each node ran, on which unit, and what bound it.
+
+The emulator (dataflow targets, GPUs) and the measured path (onnxruntime) both produce a
+Timeline, so reports, metrics and comparisons never ask where one came from.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["Bound", "NodeTiming", "Timeline"]
+
+
+class Bound(enum.StrEnum):
+    """What limits a node's time."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    COMMUNICATION = "communication"
+    OVERHEAD = "overhead"  # launch, sync, reconfiguration: fixed costs, not work
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTiming:
+    """One node's slot on the timeline, in seconds from the start of the step."""
+
+    node: str
+    unit: str
+    start: float
+    end: float
+    bound: Bound | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Per node: unit, start, end, bound; per unit: busy time.
+
+    ``step_time_s`` is the time of one step (one batch); it can be shorter than the
+    makespan of ``nodes`` when the target pipelines steps (WSE, IPU pipelines), and
+    longer when it adds costs no node owns (reconfiguration, sync, link transfers).
+    ``samples_per_step`` is the batch the step processes.
+    """
+
+    nodes: dict[str, NodeTiming]
+    step_time_s: float
+    samples_per_step: int = 1
+    source: str = "emulated"  # or "measured"
+    unit_busy_s: dict[str, float] = field(default_factory=dict)
+    overheads_s: dict[str, float] = field(default_factory=dict)  # named step costs no node owns
+
+    @classmethod
+    def from_timings(
+        cls,
+        timings: Iterable[NodeTiming],
+        *,
+        step_time_s: float | None = None,
+        samples_per_step: int = 1,
+        source: str = "emulated",
+        overheads_s: Mapping[str, float] | None = None,
+    ) -> Timeline:
+        """Build a Timeline, deriving unit busy time and (by default) the step time."""
+        nodes = {t.node: t for t in timings}
+        busy: dict[str, float] = {}
+        for t in nodes.values():
+            busy[t.unit] = busy.get(t.unit, 0.0) + t.duration
+        makespan = max((t.end for t in nodes.values()), default=0.0)
+        return cls(
+            nodes=nodes,
+            step_time_s=makespan if step_time_s is None else step_time_s,
+            samples_per_step=samples_per_step,
+            source=source,
+            unit_busy_s=busy,
+            overheads_s=dict(overheads_s or {}),
+        )
+
+    @property
+    def makespan_s(self) -> float:
+        return max((t.end for t in self.nodes.values()), default=0.0)
+
+    @property
+    def throughput_samples_per_s(self) -> float | None:
+        return self.samples_per_step / self.step_time_s if self.step_time_s > 0 else None
+
+    def duration(self, node: str) -> float | None:
+        timing = self.nodes.get(node)
+        return None if timing is None else timing.duration

@@ -1,0 +1,79 @@
+"""Pass infrastructure: `Pass`, `PassResult` and the `PassManager` that runs a list of them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Graph
+
+__all__ = ["Pass", "PassError", "PassManager", "PassResult"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    graph: Graph
+    modified: bool
+
+
+class PassError(RuntimeError):
+    """A pass failed on a bug, not on the user's input; names the pass and what ran before."""
+
+
+class Pass:
+    """One job on a Graph.
+
+    Subclasses (usually frozen dataclasses whose fields are the pass options) set ``name``,
+    may override ``requires`` to check the annotations they read, and implement ``call``.
+    """
+
+    name: str = "pass"
+
+    def requires(self, graph: Graph) -> None:
+        """Raise with a clear message when an annotation this pass reads is missing."""
+
+    def call(self, graph: Graph) -> PassResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement call()")
+
+    def __call__(self, graph: Graph) -> PassResult:
+        self.requires(graph)
+        result = self.call(graph)
+        if not isinstance(result, PassResult):
+            raise PassError(f"pass {self.name!r} returned {type(result).__name__}, not PassResult")
+        return result
+
+
+class PassManager:
+    """Runs passes in order. A failure names the failing pass and the passes before it."""
+
+    def __init__(self, passes: Iterable[Pass]) -> None:
+        self.passes: list[Pass] = list(passes)
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, graph: Graph) -> PassResult:
+        modified = False
+        done: list[str] = []
+        for p in self.passes:
+            start = time.perf_counter()
+            try:
+                result = p(graph)
+            except UserError:
+                raise  # the user's to fix: the message already says what and how
+            except Exception as exc:
+                ran = ", ".join(done) or "none"
+                raise PassError(f"pass {p.name!r} failed (passes run before it: {ran}): {exc}") from exc
+            self.timings[p.name] = time.perf_counter() - start
+            logger.debug("pass %s: %.3f s, modified=%s", p.name, self.timings[p.name], result.modified)
+            graph = result.graph
+            modified |= result.modified
+            done.append(p.name)
+        return PassResult(graph, modified)
+
+    @property
+    def names(self) -> Sequence[str]:
+        return [p.name for p in self.passes]
