@@ -292,7 +292,7 @@ class Graph:
         """Value name -> nodes that read it."""
         out: dict[str, list[Node]] = {}
         for node in self.nodes:
-            for name in node.inputs:
+            for name in dict.fromkeys(node.inputs):  # a value read twice is one consumer
                 if name:
                     out.setdefault(name, []).append(node)
         return out
@@ -333,7 +333,9 @@ class Graph:
                 if value is None or value.producer is None:
                     continue
                 if dg.has_edge(value.producer, node.name):
-                    dg.edges[value.producer, node.name]["values"].append(name)
+                    carried = dg.edges[value.producer, node.name]["values"]
+                    if name not in carried:
+                        carried.append(name)
                 else:
                     dg.add_edge(value.producer, node.name, values=[name])
         return dg

@@ -53,6 +53,14 @@ class Timeline:
     source: str = "emulated"  # or "measured"
     unit_busy_s: dict[str, float] = field(default_factory=dict)
     overheads_s: dict[str, float] = field(default_factory=dict)  # named step costs no node owns
+    # Added for pipelined emulation (all optional; a measured timeline leaves them empty).
+    # With micro-batches a node runs several times per step: its NodeTiming spans its first
+    # start to its last end, ``node_busy_s`` is the time it really ran, ``slices`` each run.
+    micro_batches: int = 1
+    node_busy_s: dict[str, float] = field(default_factory=dict)
+    slices: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    lanes: dict[str, str] = field(default_factory=dict)  # node -> lane inside its unit
+    unit_spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_timings(
@@ -90,3 +98,9 @@ class Timeline:
     def duration(self, node: str) -> float | None:
         timing = self.nodes.get(node)
         return None if timing is None else timing.duration
+
+    def busy(self, node: str) -> float | None:
+        """Time the node really ran in the step (its span when it ran once)."""
+        if node in self.node_busy_s:
+            return self.node_busy_s[node]
+        return self.duration(node)

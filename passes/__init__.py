@@ -1,1 +1,30 @@
-"""passes"""
+"""Analysis passes over a `Graph` (installed as `dabench_ir.passes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .base import Pass, PassError, PassManager, PassResult
+from .cost_rules import FLOP_CONVENTION, OpClass, cost_rule, registered_ops
+from .passes import BindSymbols, ClassifyOps, CostPass, TagLayers
+
+__all__ = [
+    "FLOP_CONVENTION",
+    "BindSymbols",
+    "ClassifyOps",
+    "CostPass",
+    "OpClass",
+    "Pass",
+    "PassError",
+    "PassManager",
+    "PassResult",
+    "TagLayers",
+    "cost_rule",
+    "registered_ops",
+    "standard_passes",
+]
+
+
+def standard_passes(dims: Mapping[str, int] | None = None) -> PassManager:
+    """The analysis every profile runs: bind symbols, tag layers, classify, cost."""
+    return PassManager([BindSymbols(dict(dims or {})), TagLayers(), ClassifyOps(), CostPass()])

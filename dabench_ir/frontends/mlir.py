@@ -1,0 +1,319 @@
+"""MLIR frontend: torch-dialect or linalg `.mlir`, and ONNX imported through torch-mlir.
+
+Both paths end in linalg on tensors, counted by `passes.linalg_cost` (no per-op
+formulas), and produce the same `Graph` type as the ONNX frontend:
+
+- `load_mlir(path_or_text)`: one node per origin recovered from op locations (an ONNX
+  node name, or an fx ``file:line`` call site), wired by the SSA values between them.
+- `onnx_via_mlir(model, dims)`: the ONNX frontend's graph (names, scopes, layers, edges)
+  with every node's cost replaced by the sum of the linalg ops that carry its name.
+
+torch-mlir is imported here lazily, never when `dabench_ir` is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import InputError, UnboundSymbolError, UserError
+from dabench_ir.ir import Graph, Value, ValueKind
+from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, LinalgCostPass, MlirArtifact, tensor_type_of
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "LINALG_PIPELINE",
+    "ONNX_PIPELINE",
+    "TORCH_PIPELINE",
+    "import_onnx",
+    "load_mlir",
+    "lower_to_linalg",
+    "mlir_asm",
+    "onnx_via_mlir",
+    "parse_mlir",
+    "prepare_onnx",
+]
+
+logger = logging.getLogger(__name__)
+
+LINALG_PIPELINE = "torch-backend-to-linalg-on-tensors-backend-pipeline"
+ONNX_PIPELINE = (
+    "builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
+    f"{LINALG_PIPELINE})"
+)
+TORCH_PIPELINE = (
+    "builtin.module(func.func(torch-match-quantized-custom-ops),"
+    f"torchdynamo-export-to-torch-backend-pipeline,{LINALG_PIPELINE})"
+)
+_LINALG_DIALECTS = frozenset(
+    {"builtin", "func", "linalg", "tensor", "arith", "math", "ml_program", "scf", "tm_tensor", "torch_c"}
+)
+
+
+# -- MLIR plumbing -----------------------------------------------------------------------
+def _context() -> Any:
+    try:
+        from torch_mlir import ir
+        from torch_mlir.dialects import torch as torch_d
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise UserError(f"the MLIR path needs torch-mlir ({exc}); pip install 'dabench-ir[mlir]'") from None
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    return ctx
+
+
+def _first_diagnostic(exc: Exception) -> str:
+    """The first diagnostic MLIR reported, as one line."""
+    diags = getattr(exc, "error_diagnostics", None) or []
+    if diags:
+        d = diags[0]
+        loc = str(d.location)
+        loc = loc[4:-1] if loc.startswith("loc(") else loc
+        return f"{loc}: {d.message.strip().splitlines()[0]}"
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("error:"):
+            return ln[len("error:") :].strip()
+    return lines[0] if lines else type(exc).__name__
+
+
+def parse_mlir(text: str, *, context: Any = None, where: str = "<mlir>") -> Any:
+    """Parse MLIR assembly; a parse error is a UserError naming the first diagnostic."""
+    from torch_mlir import ir
+
+    ctx = context or _context()
+    try:
+        with ctx:
+            return ir.Module.parse(text)
+    except ir.MLIRError as exc:
+        raise InputError(f"{where}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+
+
+def _dialects(module: Any) -> set[str]:
+    from torch_mlir import ir
+
+    seen: set[str] = set()
+
+    def visit(op: Any) -> Any:
+        seen.add(op.name.split(".", 1)[0])
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return seen
+
+
+def lower_to_linalg(module: Any, *, where: str = "<mlir>") -> str:
+    """Lower a torch-dialect (ONNX-imported or fx-imported) module to linalg in place.
+
+    Returns the level the module arrived at: ``onnx``, ``torch`` or ``linalg``.
+    A dialect the pipeline cannot lower is a UserError with MLIR's first diagnostic.
+    """
+    from torch_mlir import ir
+    from torch_mlir.passmanager import PassManager
+
+    text_head = module.operation.get_asm(large_elements_limit=1)
+    if 'torch.operator "onnx.' in text_head or "torch.onnx_meta" in text_head:
+        level, pipeline = "onnx", ONNX_PIPELINE
+    elif "torch." in text_head or "!torch." in text_head:
+        level, pipeline = "torch", TORCH_PIPELINE
+    else:
+        level, pipeline = "linalg", None
+    if pipeline is not None:
+        start = time.perf_counter()
+        try:
+            with module.context:
+                PassManager.parse(pipeline).run(module.operation)
+        except ir.MLIRError as exc:
+            raise UserError(f"{where}: cannot lower to linalg: {_first_diagnostic(exc)}") from None
+        logger.info("lowered %s (%s) to linalg in %.2f s", where, level, time.perf_counter() - start)
+    unknown = sorted(_dialects(module) - _LINALG_DIALECTS)
+    if unknown:
+        raise UserError(
+            f"{where}: dialect(s) {', '.join(unknown)} remain after lowering; the MLIR path accepts the "
+            "torch dialect (torch-mlir fx or ONNX importer) or linalg on tensors"
+        )
+    return level
+
+
+def _entry_func(module: Any) -> Any:
+    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    if not funcs:
+        raise InputError("the MLIR module has no func.func")
+    for f in funcs:
+        if str(f.attributes["sym_name"]).strip('"') in ("main", "main_graph", "forward"):
+            return f
+    return funcs[0]
+
+
+# -- .mlir files -------------------------------------------------------------------------
+def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = None) -> Graph:
+    """Load a `.mlir` file (or MLIR text) as a Graph of origins with linalg-level costs."""
+    text, path = _read_text(source)
+    where = str(path) if path else "<mlir>"
+    ctx = _context()
+    module = parse_mlir(text, context=ctx, where=where)
+    level = lower_to_linalg(module, where=where)
+    func = _entry_func(module)
+    values: dict[str, Value] = {}
+    inputs: list[str] = []
+    for arg in func.regions[0].blocks[0].arguments:
+        ttype = tensor_type_of(arg.type)
+        if ttype is None:
+            continue
+        name = f"arg{arg.arg_number}"
+        values[name] = Value(name, ttype, ValueKind.INPUT)
+        inputs.append(name)
+    name = path.stem if path else "mlir"
+    graph = Graph([], values, inputs, [], name=name, path=str(path) if path else None, bindings=dims)
+    graph.metadata["dabench.frontend"] = f"mlir ({level})"
+    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, source=where)
+    graph = LinalgCostPass(create_nodes=True)(graph).graph
+    logger.info("%s: %d origin node(s) from MLIR", where, len(graph.nodes))
+    return graph
+
+
+def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
+    if isinstance(source, str) and ("\n" in source or "{" in source) and not source.endswith(".mlir"):
+        return source, None
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a .mlir file")
+    try:
+        return path.read_text(encoding="utf-8"), path
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not MLIR text (MLIR bytecode is not supported)") from None
+
+
+# -- ONNX through torch-mlir -------------------------------------------------------------
+def _node_names(graph_proto: onnx.GraphProto) -> list[str]:
+    """The node names the ONNX frontend gives (unnamed nodes and duplicates renamed)."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for index, proto in enumerate(graph_proto.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in seen:
+            name = f"{name}__{index}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def prepare_onnx(
+    model: onnx.ModelProto,
+    dims: Mapping[str, int] | None,
+    weights: frozenset[str],
+    *,
+    inline_limit: int = 4096,
+) -> tuple[onnx.ModelProto, frozenset[int]]:
+    """A copy ready for torch-mlir's importer, and the indices of its weight arguments.
+
+    Symbolic dims are bound (``dim_value`` set, then shapes re-inferred) so linalg gets
+    static shapes; node names are made unique; weights and any external or large
+    initializer become function arguments, so no weight data is read or materialised.
+    """
+    import onnx
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    g = proto.graph
+    for node, name in zip(g.node, _node_names(g), strict=True):
+        node.name = name
+    dims = dict(dims or {})
+    missing: set[str] = set()
+    input_names = {vi.name for vi in g.input}
+    for vi in (*g.input, *g.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param:
+                if d.dim_param in dims:
+                    d.dim_value = int(dims[d.dim_param])
+                elif vi.name in input_names:
+                    missing.add(d.dim_param)
+    if missing:
+        raise UnboundSymbolError(missing)
+    del g.value_info[:]
+
+    keep = []
+    moved = []
+    for init in g.initializer:
+        numel = 1
+        for d in init.dims:
+            numel *= d
+        external = init.data_location == onnx.TensorProto.EXTERNAL
+        if init.name in weights or external or numel > inline_limit:
+            moved.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            keep.append(init)
+    if moved:
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        existing = {vi.name for vi in g.input}
+        g.input.extend(vi for vi in moved if vi.name not in existing)
+    initialized = {init.name for init in g.initializer}
+    arg_names = [vi.name for vi in g.input if vi.name not in initialized]
+    weight_args = frozenset(i for i, n in enumerate(arg_names) if n in weights)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise InputError(f"ONNX shape inference failed before MLIR import: {_one_line(exc)}") from None
+    return proto, weight_args
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def import_onnx(proto: onnx.ModelProto, *, context: Any = None, where: str = "<onnx>") -> Any:
+    """Import a (shape-inferred) ONNX model into the torch dialect with torch-mlir."""
+    from torch_mlir import ir
+    from torch_mlir.extras import onnx_importer
+
+    ctx = context or _context()
+    try:
+        info = onnx_importer.ModelInfo(proto, config=onnx_importer.Config())
+        module = info.create_module(context=ctx)
+        onnx_importer.NodeImporter.define_function(info.main_graph, module.operation).import_all()
+    except ir.MLIRError as exc:
+        raise UserError(f"{where}: torch-mlir cannot import the model: {_first_diagnostic(exc)}") from None
+    except Exception as exc:  # OnnxImportError and friends carry a one-line cause
+        raise UserError(f"{where}: torch-mlir cannot import the model: {_one_line(exc)}") from None
+    return module
+
+
+def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
+    """The ONNX frontend's graph with costs counted at linalg level through torch-mlir."""
+    from dabench_ir.frontends.onnx import load_onnx, read_model
+
+    start = time.perf_counter()
+    proto, path = read_model(model)
+    graph = load_onnx(path if path is not None else proto)
+    if dims:
+        graph.bindings.update(dims)
+    weights = frozenset(v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT)
+    prepared, weight_args = prepare_onnx(proto, dims, weights)
+    where = str(path) if path else "<onnx>"
+    ctx = _context()
+    module = import_onnx(prepared, context=ctx, where=where)
+    lower_to_linalg(module, where=where)
+    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
+    graph.metadata["dabench.frontend"] = "onnx via mlir"
+    graph = LinalgCostPass(create_nodes=False)(graph).graph
+    logger.info("%s via MLIR: %d nodes in %.2f s", where, len(graph.nodes), time.perf_counter() - start)
+    return graph
+
+
+def mlir_asm(graph: Graph, *, debug_info: bool = True) -> str:
+    """The lowered module kept on a graph, as text (resources elided)."""
+    artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
+    return artifact.module.operation.get_asm(enable_debug_info=debug_info, large_elements_limit=16)
+

@@ -1,0 +1,288 @@
+"""ONNX frontend: a `.onnx` file (or ModelProto) -> `Graph`, never reading weight data.
+
+External data is not loaded (a 70B model whose weight files are absent still profiles),
+and an external-data location that points outside the model's folder is refused
+before anything could open it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dabench_ir.errors import InputError
+from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "read_model"]
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_METADATA_KEY = "dabench.weights"
+"""Model metadata key: JSON list of graph-input names that hold parameters."""
+
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def read_model(source: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """Parse a model file without its external data; refuse bad paths with one clear line."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise InputError(f"{path}: not an ONNX model (no IR version or graph); is it the right file?")
+    return model, path
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
+    """Refuse external-data locations that escape the model's folder. Opens no file."""
+    import onnx
+
+    folder = (base.parent if base is not None else Path.cwd()).resolve()
+    for init in _all_initializers(model.graph):
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entries = {e.key: e.value for e in init.external_data}
+        location = entries.get("location", "")
+        target = (folder / location).resolve()
+        if os.path.isabs(location) or not target.is_relative_to(folder):
+            raise InputError(
+                f"initializer {init.name!r}: external data location {location!r} points outside the "
+                f"model's folder {folder}; refusing to follow it (move the data file beside the model)"
+            )
+
+
+def _all_initializers(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.g.node or attr.g.initializer:
+                yield from _all_initializers(attr.g)
+            for g in attr.graphs:
+                yield from _all_initializers(g)
+
+
+def _tensor_type(type_proto) -> TensorType:
+    if not type_proto.HasField("tensor_type"):
+        return TensorType(None, DType.UNDEFINED)
+    tt = type_proto.tensor_type
+    dtype = DType.from_onnx(tt.elem_type)
+    if not tt.HasField("shape"):
+        return TensorType(None, dtype)
+    dims: list[int | str] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        elif d.dim_param:
+            dims.append(d.dim_param)
+        else:  # shape inference could not tell this dim: the shape is unknown
+            return TensorType(None, dtype)
+    return TensorType(tuple(dims), dtype)
+
+
+def _scope_of(node: onnx.NodeProto) -> str:
+    """Module path the exporter recorded for this node, or '' when none was recorded."""
+    props = {p.key: p.value for p in node.metadata_props}
+    scopes = props.get("pkg.torch.onnx.name_scopes")
+    if scopes:
+        try:
+            entries = [s for s in ast.literal_eval(scopes) if s]
+        except (ValueError, SyntaxError):
+            entries = []
+        # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
+        if len(entries) >= 2:
+            return entries[-2]
+        if entries and layer_from_scope(entries[0]) is not None:
+            return entries[0]
+    namespace = props.get("namespace")
+    if namespace:
+        # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
+        parts = [p.split(":")[0].strip() for p in namespace.split("/")]
+        modules = [p for p in parts[:-1] if p]
+        if modules:
+            return modules[-1]
+    # TorchScript exporter: node names like '/layers.0/attn/q_proj/MatMul'
+    if node.name.startswith("/") and node.name.count("/") >= 2:
+        return ".".join(part for part in node.name.strip("/").split("/")[:-1])
+    return ""
+
+
+def load_onnx(
+    source: str | os.PathLike[str] | onnx.ModelProto,
+    *,
+    infer_shapes: bool = True,
+) -> Graph:
+    """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
+    import onnx
+
+    model, path = read_model(source)
+    _check_external_data(model, path)
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    _check_domains(model.graph, opsets, path)
+    if infer_shapes:
+        try:
+            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as exc:  # shape inference is best effort; untyped values surface later
+            logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
+    g = model.graph
+    metadata = {p.key: p.value for p in model.metadata_props}
+    declared_weights, declared_constants = _declared_kinds(g, metadata)
+
+    values: dict[str, Value] = {}
+    initializers = {init.name: init for init in g.initializer}
+    for name, init in initializers.items():
+        is_weight = name in declared_weights or (name not in declared_constants and _looks_like_parameter(init))
+        kind = ValueKind.WEIGHT if is_weight else ValueKind.CONSTANT
+        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)), kind)
+    graph_inputs: list[str] = []
+    for vi in g.input:
+        if vi.name in initializers:
+            continue  # older exporters list initializers as inputs too
+        kind = ValueKind.WEIGHT if vi.name in declared_weights else ValueKind.INPUT
+        values[vi.name] = Value(vi.name, _tensor_type(vi.type), kind)
+        if kind is ValueKind.INPUT:
+            graph_inputs.append(vi.name)
+    for vi in g.value_info:
+        if vi.name not in values:
+            values[vi.name] = Value(vi.name, _tensor_type(vi.type), ValueKind.ACTIVATION)
+    output_names = [o.name for o in g.output]
+    for vi in g.output:
+        existing = values.get(vi.name)
+        vtype = _tensor_type(vi.type)
+        if existing is None or (existing.type.shape is None and vtype.shape is not None):
+            values[vi.name] = Value(vi.name, vtype, ValueKind.OUTPUT)
+        else:
+            existing.kind = ValueKind.OUTPUT
+
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for index, proto in enumerate(g.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in seen:
+            name = f"{name}__{index}"
+        seen.add(name)
+        node = Node(
+            name=name,
+            op_type=proto.op_type,
+            domain=proto.domain or "",
+            inputs=list(proto.input),
+            outputs=list(proto.output),
+            attrs=_attributes(proto),
+        )
+        node.scope = _scope_of(proto)
+        node.layer = layer_from_scope(node.scope) if node.scope else layer_from_scope(name)
+        if proto.op_type in _SUBGRAPH_OPS or any(a.type in (5, 10) for a in proto.attribute):
+            node.meta["dabench.subgraph"] = True
+        for out in node.outputs:
+            if not out:
+                continue
+            value = values.get(out)
+            if value is None:
+                value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
+            value.producer = name
+        nodes.append(node)
+
+    name = metadata.get("dabench.family") or (path.stem if path else g.name) or "model"
+    graph = Graph(
+        nodes,
+        values,
+        graph_inputs,
+        output_names,
+        name=name,
+        path=str(path) if path else None,
+        metadata=metadata,
+        opsets=opsets,
+    )
+    logger.info("loaded %s: %d nodes, %d values", graph.path or graph.name, len(nodes), len(values))
+    return graph
+
+
+def _check_domains(graph: onnx.GraphProto, opsets: Mapping[str, int], path: Path | None) -> None:
+    for node in graph.node:
+        domain = node.domain or ""
+        if domain not in opsets and domain != "ai.onnx":
+            where = f"{path}: " if path else ""
+            raise InputError(
+                f"{where}node {node.name or node.op_type!r} uses op domain {domain!r}, which the model "
+                f"does not import (add an opset_import entry for {domain!r})"
+            )
+
+
+_INPUT_SPEC_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+
+def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Names the exporter declared as parameters, and as non-parameter state (buffers).
+
+    Sources: our exporter's ``dabench.weights`` list, and the torch dynamo exporter's
+    graph-signature metadata on inputs and value infos (``InputSpec.kind``).
+    """
+    weights: set[str] = set()
+    constants: set[str] = set()
+    raw = metadata.get(WEIGHTS_METADATA_KEY)
+    if raw:
+        try:
+            weights.update(str(n) for n in json.loads(raw))
+        except json.JSONDecodeError:
+            logger.warning("model metadata %s is not a JSON list; ignoring it", WEIGHTS_METADATA_KEY)
+    for vi in (*graph.input, *graph.value_info):
+        for prop in vi.metadata_props:
+            if prop.key == _INPUT_SPEC_KIND:
+                if prop.value == "PARAMETER":
+                    weights.add(vi.name)
+                elif prop.value in ("BUFFER", "CONSTANT_TENSOR"):
+                    constants.add(vi.name)
+    return frozenset(weights), frozenset(constants)
+
+
+def _looks_like_parameter(init: onnx.TensorProto) -> bool:
+    """With nothing declared: float tensors of rank >= 1 and more than one element."""
+    dtype = DType.from_onnx(init.data_type)
+    numel = 1
+    for d in init.dims:
+        numel *= d
+    return dtype.is_float and len(init.dims) >= 1 and numel > 1
+
+
+def _attributes(proto: onnx.NodeProto) -> dict[str, object]:
+    import onnx
+
+    out: dict[str, object] = {}
+    for attr in proto.attribute:
+        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            out[attr.name] = "<subgraph>"
+        elif attr.type == onnx.AttributeProto.TENSOR:
+            out[attr.name] = TensorType(tuple(attr.t.dims), DType.from_onnx(attr.t.data_type))
+        else:
+            value = onnx.helper.get_attribute_value(attr)
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            elif isinstance(value, list):
+                value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+            out[attr.name] = value
+    return out

@@ -1,0 +1,374 @@
+"""The profile pipeline: load -> passes -> (lower -> emulate | measure) -> Report.
+
+`analyze` gives the annotated Graph; `profile` goes on to a target and returns a Report.
+Heavy modules (torch, torch-mlir, onnxruntime) are imported only on the paths that use them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, Graph
+from dabench_ir.passes import FLOP_CONVENTION, meta, standard_passes
+from dabench_ir.report.model import NodeRecord, Report
+
+if TYPE_CHECKING:
+    from dabench_ir.timeline import Timeline
+
+__all__ = ["ProfileOptions", "analyze", "build_report", "load_graph", "profile"]
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """Everything `profile` can be asked; the CLI flags map one to one onto these fields."""
+
+    dims: Mapping[str, int] = field(default_factory=dict)
+    batch: int | None = None
+    precision: str | None = None  # fp32 | fp16 | bf16 | mixed; None: as the model is
+    mode: str = "inference"  # or "train"
+    via: str = "onnx"  # or "mlir": cost from linalg instead of ONNX rules
+    # target lowering
+    opt_level: str = "O1"
+    wse_mode: str = "auto"
+    replicas: int | str | None = None
+    ipus: int = 1
+    micro_batches: int | None = None
+    recompute: bool = False
+    # measurement
+    measure: bool = False
+    warmup: int = 2
+    repeat: int = 5
+    threads: int | None = None
+    ort_opt: bool = False
+    max_weight_bytes: int = 4 << 30
+
+
+def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None) -> Graph:
+    """Read a model (path or onnx.ModelProto) into a Graph, by file type and `via`."""
+    suffix = Path(model).suffix.lower() if isinstance(model, (str, os.PathLike)) else ""
+    if suffix == ".mlir":
+        from dabench_ir.frontends.mlir import load_mlir
+
+        return load_mlir(model, dims=dict(dims or {}))
+    if via == "mlir":
+        from dabench_ir.frontends.mlir import onnx_via_mlir
+
+        return onnx_via_mlir(model, dims=dict(dims or {}))
+    if via != "onnx":
+        raise UserError(f"--via {via}: expected 'onnx' or 'mlir'")
+    if suffix and suffix != ".onnx" and isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        logger.info("%s has no .onnx suffix; reading it as ONNX", model)
+    from dabench_ir.frontends.onnx import load_onnx
+
+    return load_onnx(model)
+
+
+def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "onnx") -> Graph:
+    """Load ``model`` and run the standard passes; every node gets a Cost or a reason it has none."""
+    graph = load_graph(model, via=via, dims=dims)
+    if graph.meta.get("costed"):  # the MLIR frontend costs at linalg level itself
+        return graph
+    dims = dict(dims or {})
+    standard_passes(dims)(graph)
+    return graph
+
+
+def profile(model: Any, target: str | None = None, *, progress: Progress | None = None, **options: Any) -> Report:
+    """Profile ``model`` on ``target`` (None: cost only). Options: see `ProfileOptions`."""
+    try:
+        opts = ProfileOptions(**options)
+    except TypeError as exc:
+        raise UserError(f"profile: {exc}") from None
+    say = progress or _quiet
+    say("loading and costing the graph")
+    dims = dict(opts.dims)
+    graph = load_graph(model, via=opts.via, dims=dims)
+    if opts.batch is not None:
+        batch_sym = _batch_symbol(graph)
+        if batch_sym and batch_sym not in dims:
+            dims[batch_sym] = opts.batch
+    if not graph.meta.get("costed"):
+        standard_passes(dims)(graph)
+    graph = _apply_precision_and_mode(graph, opts)
+
+    tgt = plan = timeline = metrics = measurement = None
+    if target is not None:
+        from dabench_ir.targets import load_target
+
+        tgt = load_target(target)
+    if tgt is not None:
+        from dabench_ir.emulate import emulate
+        from dabench_ir.lowering import LoweringOptions, lower
+        from dabench_ir.metrics import compute_metrics
+
+        say(f"lowering onto {tgt.name}")
+        plan = lower(graph, tgt, _lowering_options(LoweringOptions, graph, opts))
+        say(f"emulating on {tgt.name}")
+        timeline = emulate(plan, graph)
+        metrics = compute_metrics(graph, plan, timeline, tgt)
+    if opts.measure:
+        from dabench_ir.execute import measure
+
+        if isinstance(model, (str, os.PathLike)) and Path(model).suffix.lower() == ".mlir":
+            raise UserError("--measure runs ONNX models in onnxruntime; give the .onnx file")
+        say("measuring in onnxruntime")
+        measurement = measure(
+            model,
+            graph,
+            dims=dims,
+            warmup=opts.warmup,
+            repeat=opts.repeat,
+            threads=opts.threads,
+            ort_opt=opts.ort_opt,
+            max_weight_bytes=opts.max_weight_bytes,
+        )
+        if tgt is None:
+            timeline = measurement.timeline
+    return build_report(
+        graph,
+        options=opts,
+        target=tgt,
+        plan=plan,
+        timeline=timeline,
+        metrics=metrics,
+        measurement=measurement,
+        model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
+    )
+
+
+def _batch_symbol(graph: Graph) -> str | None:
+    """The symbol naming the batch dim: 'batch' if present, else dim 0 of the first input."""
+    if "batch" in graph.symbols:
+        return "batch"
+    for name in graph.inputs:
+        shape = graph.values[name].type.shape
+        if shape and isinstance(shape[0], str):
+            return shape[0]
+    return None
+
+
+def _apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
+    """Precision rewrite and training expansion, when asked (passes from the Level-2 work)."""
+    if opts.precision is not None:
+        try:
+            from dabench_ir.passes.precision import PrecisionPass
+        except ImportError:
+            raise UserError("--precision is not available in this build") from None
+        PrecisionPass(opts.precision)(graph)
+    if opts.mode != "inference":
+        if opts.mode != "train":
+            raise UserError(f"--mode {opts.mode}: expected 'inference' or 'train'")
+        try:
+            from dabench_ir.passes.training import TrainingPass
+        except ImportError:
+            raise UserError("--mode train is not available in this build") from None
+        TrainingPass(recompute=opts.recompute)(graph)
+    return graph
+
+
+def _lowering_options(cls: type, graph: Graph, opts: ProfileOptions) -> Any:
+    """Map ProfileOptions onto the lowering's own options dataclass (fields it has)."""
+    wanted = {
+        "batch": opts.batch,
+        "precision": opts.precision,
+        "opt_level": opts.opt_level,
+        "wse_mode": opts.wse_mode,
+        "replicas": opts.replicas,
+        "ipus": opts.ipus,
+        "micro_batches": opts.micro_batches,
+        "mode": opts.mode,
+    }
+    names = set(getattr(cls, "__dataclass_fields__", {}))
+    return cls(**{k: v for k, v in wanted.items() if k in names and v is not None})
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def _samples_per_step(graph: Graph, opts: ProfileOptions) -> int:
+    if opts.batch:
+        return opts.batch
+    for name in graph.inputs:
+        t = graph.type_of(name)
+        if t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
+            return t.shape[0]
+    return 1
+
+
+def build_report(
+    graph: Graph,
+    *,
+    options: ProfileOptions | None = None,
+    target: Any = None,
+    plan: Any = None,
+    timeline: Timeline | None = None,
+    metrics: Any = None,
+    measurement: Any = None,
+    model_path: str | None = None,
+) -> Report:
+    """Gather graph costs, and timeline/metrics/measurements when present, into a Report."""
+    opts = options or ProfileOptions()
+    records: list[NodeRecord] = []
+    unattributed: list[dict[str, Any]] = []
+    measured = dict(getattr(measurement, "node_times", {}) or {})
+    missing_measure = dict(getattr(measurement, "missing", {}) or {})
+    node_bound = dict(getattr(metrics, "node_bound", {}) or {})
+    node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
+    for node in graph.nodes:
+        cost = meta.get_cost(node) if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta else None
+        op_class = node.meta.get(meta.OP_CLASS)
+        record = NodeRecord(
+            name=node.name,
+            op_type=node.qualified_op,
+            layer=node.layer,
+            scope=node.scope,
+            op_class=str(op_class) if op_class is not None else None,
+            cost=cost,
+            intensity=cost.intensity if cost is not None else None,
+            precision=str(node.meta[meta.PRECISION]) if meta.PRECISION in node.meta else None,
+        )
+        if node.name in node_intensity:
+            record.intensity = node_intensity[node.name]
+        if timeline is not None and node.name in timeline.nodes:
+            t = timeline.nodes[node.name]
+            record.time_s, record.start_s, record.unit = t.duration, t.start, t.unit
+            record.bound = str(t.bound) if t.bound is not None else None
+        if node.name in node_bound and node_bound[node.name] is not None:
+            record.bound = str(node_bound[node.name])
+        if node.name in measured:
+            record.measured_time_s = measured[node.name]
+        elif node.name in missing_measure:
+            record.note = f"not measured: {missing_measure[node.name]}"
+        if cost is None:
+            reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
+            unattributed.append({"name": node.name, "op_type": node.qualified_op, "reason": reason})
+        records.append(record)
+
+    total = sum((r.cost for r in records if r.cost is not None), Cost())
+    samples = _samples_per_step(graph, opts)
+    time_s = timeline.step_time_s if timeline is not None else None
+    if measurement is not None and timeline is None:
+        time_s = measurement.run_time_s
+    throughput = samples / time_s if time_s else None
+    totals: dict[str, Any] = {
+        "flops": total.flops,
+        "bytes": total.bytes,
+        "time_s": time_s,
+        "throughput_samples_per_s": throughput,
+        "achieved_flops_per_s": total.flops / time_s if time_s else None,
+        **total.as_dict(),
+        "intensity": total.intensity,
+        "nodes": len(records),
+        "unattributed_nodes": len(unattributed),
+    }
+    if measurement is not None:
+        totals["measured_time_s"] = measurement.run_time_s
+    metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
+    if metrics is not None:
+        metric_dict.update(_metrics_dict(metrics))
+    units = []
+    if plan is not None:
+        busy = timeline.unit_busy_s if timeline is not None else {}
+        for unit in plan.units:
+            units.append(
+                {
+                    "id": unit.id,
+                    "kind": unit.kind,
+                    "nodes": list(unit.nodes),
+                    "allocation": getattr(unit, "allocation", None),
+                    "time_s": busy.get(unit.id),
+                    "resources": dict(getattr(unit, "resources", {}) or {}),
+                }
+            )
+    fits = True if plan is None else bool(plan.fits)
+    failure = None
+    if plan is not None and plan.failure is not None:
+        f = plan.failure
+        failure = {"reason": f.reason, "needed_bytes": f.needed_bytes, "capacity_bytes": f.capacity_bytes}
+    config = {
+        "batch": samples,
+        "precision": opts.precision or _dominant_dtype(graph),
+        "mode": opts.mode,
+        "chips": getattr(plan, "chips", 1) if plan is not None else 1,
+        "strategy": getattr(plan, "strategy", None),
+        "dims": dict(graph.bindings),
+        "via": opts.via,
+    }
+    if target is not None:
+        config.update({"opt_level": opts.opt_level, "wse_mode": opts.wse_mode, "ipus": opts.ipus})
+    extra: dict[str, Any] = {}
+    if measurement is not None:
+        extra["measurement"] = {
+            "threads": measurement.threads,
+            "provider": measurement.provider,
+            "run_time_s": measurement.run_time_s,
+            "fused": measurement.fused,
+        }
+    return Report(
+        model={
+            "path": model_path or graph.path,
+            "name": graph.name,
+            "nodes": len(graph.nodes),
+            "params": graph.num_params,
+            "layers": len(graph.layers),
+            "family": graph.metadata.get("dabench.family"),
+            "preset": graph.metadata.get("dabench.preset") or None,
+        },
+        target=None if target is None else {"name": target.name, "kind": target.kind},
+        config=config,
+        nodes=records,
+        unattributed=unattributed,
+        totals=totals,
+        metrics=metric_dict,
+        units=units,
+        fits=fits,
+        failure=failure,
+        flop_convention=FLOP_CONVENTION,
+        extra=extra,
+        graph=graph,
+        timeline=timeline,
+        target_obj=target,
+    )
+
+
+def _metrics_dict(metrics: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("allocation_ratio", "load_imbalance", "compute_efficiency", "achieved_flops_per_s"):
+        out[key] = getattr(metrics, key, None)
+    memory_use = getattr(metrics, "memory_use", None)
+    if memory_use is not None:
+        out["memory_use"] = {
+            k: (v if isinstance(v, (dict, int, float)) else getattr(v, "__dict__", str(v)))
+            for k, v in dict(memory_use).items()
+        }
+    for key, value in (getattr(metrics, "extra", None) or {}).items():
+        out.setdefault(key, value)
+    return out
+
+
+def _dominant_dtype(graph: Graph) -> str | None:
+    """The float dtype holding most weight (or activation) elements: what the model computes in."""
+    counts: dict[str, int] = {}
+    for value in graph.values.values():
+        if value.type.dtype.is_float and value.type.shape is not None:
+            try:
+                n = value.type.numel(graph.bindings)
+            except UserError:
+                n = 1
+            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
+    return max(counts, key=counts.__getitem__) if counts else None
+

@@ -1,0 +1,204 @@
+"""`Report`: everything the renderers need, and its JSON form (schema dabench-ir/report/v1)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.ir import Cost
+
+__all__ = ["SCHEMA", "NodeRecord", "Report"]
+
+SCHEMA = "dabench-ir/report/v1"
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """One graph node's row: its cost, and where and how long it ran (when known)."""
+
+    name: str
+    op_type: str
+    layer: int | None
+    scope: str
+    op_class: str | None
+    cost: Cost | None  # None: unattributed
+    intensity: float | None = None
+    time_s: float | None = None
+    start_s: float | None = None
+    bound: str | None = None
+    unit: str | None = None
+    measured_time_s: float | None = None
+    predicted_time_s: float | None = None
+    energy_j: float | None = None
+    precision: str | None = None
+    note: str | None = None
+
+    @property
+    def flops(self) -> int | None:
+        return None if self.cost is None else self.cost.flops
+
+    @property
+    def bytes(self) -> int | None:
+        return None if self.cost is None else self.cost.bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cost
+        return {
+            "name": self.name,
+            "op_type": self.op_type,
+            "layer": self.layer,
+            "scope": self.scope,
+            "op_class": self.op_class,
+            "flops": None if c is None else c.flops,
+            "bytes": None if c is None else c.bytes,
+            "intensity": _finite(self.intensity),
+            "time_s": self.time_s,
+            "bound": self.bound,
+            "unit": self.unit,
+            "measured_time_s": self.measured_time_s,
+            "predicted_time_s": self.predicted_time_s,
+            "start_s": self.start_s,
+            "energy_j": self.energy_j,
+            "precision": self.precision,
+            "contraction_flops": None if c is None else c.contraction_flops,
+            "vector_flops": None if c is None else c.vector_flops,
+            "special_ops": None if c is None else c.special_ops,
+            "weight_bytes": None if c is None else c.weight_bytes,
+            "act_bytes_in": None if c is None else c.act_bytes_in,
+            "act_bytes_out": None if c is None else c.act_bytes_out,
+            "note": self.note,
+        }
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+CSV_COLUMNS = list(NodeRecord("", "", None, "", None, None).to_dict())
+
+
+@dataclass(slots=True)
+class Report:
+    """A profile's result. ``to_dict()`` is the public JSON contract; add fields, never rename."""
+
+    model: dict[str, Any]
+    target: dict[str, Any] | None
+    config: dict[str, Any]
+    nodes: list[NodeRecord]
+    unattributed: list[dict[str, Any]]
+    totals: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    units: list[dict[str, Any]] = field(default_factory=list)
+    fits: bool | None = True
+    failure: dict[str, Any] | None = None
+    flop_convention: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    graph: Any = field(default=None, repr=False)  # the annotated Graph, for renderers
+    timeline: Any = field(default=None, repr=False)
+    target_obj: Any = field(default=None, repr=False)
+
+    # -- views ----------------------------------------------------------------------
+    def node(self, name: str) -> NodeRecord:
+        for record in self.nodes:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    @property
+    def attributed(self) -> list[NodeRecord]:
+        return [n for n in self.nodes if n.cost is not None]
+
+    @property
+    def has_times(self) -> bool:
+        return any(n.time_s is not None for n in self.nodes)
+
+    def by_layer(self) -> dict[int | None, Cost]:
+        out: dict[int | None, Cost] = {}
+        for n in self.attributed:
+            out[n.layer] = out.get(n.layer, Cost()) + n.cost
+        return out
+
+    def group_time(self, key: str) -> dict[Any, float]:
+        """Total node time grouped by a NodeRecord attribute (op_type, layer, bound, unit, ...)."""
+        out: dict[Any, float] = {}
+        for n in self.nodes:
+            if n.time_s is not None:
+                k = getattr(n, key)
+                out[k] = out.get(k, 0.0) + n.time_s
+        return out
+
+    # -- serialisation --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "target": self.target,
+            "config": self.config,
+            "fits": self.fits,
+            "failure": self.failure,
+            "flop_convention": self.flop_convention,
+            "totals": self.totals,
+            "metrics": self.metrics,
+            "units": self.units,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "unattributed": self.unattributed,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(_clean(self.to_dict()), indent=indent, default=_json_default, allow_nan=False)
+
+    def write_json(self, path: str | Path) -> Path:
+        return _atomic_write(Path(path), self.to_json())
+
+    def write_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+            writer.writeheader()
+            for n in self.nodes:
+                writer.writerow({k: ("" if v is None else v) for k, v in n.to_dict().items()})
+        tmp.replace(path)
+        return path
+
+    def to_pandas(self):
+        """Per-node DataFrame (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("Report.to_pandas() needs pandas: pip install pandas") from exc
+        return pd.DataFrame([n.to_dict() for n in self.nodes], columns=CSV_COLUMNS)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN or infinity: those become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+

@@ -1,0 +1,117 @@
+"""The standard analysis passes: bind symbols, tag layers, classify ops, cost every node."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.ir import Graph, layer_from_scope
+
+from . import meta
+from .base import Pass, PassResult
+from .cost_rules import OpView, ShapeUnknownError, find_rule
+
+__all__ = ["BindSymbols", "ClassifyOps", "CostPass", "TagLayers"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BindSymbols(Pass):
+    """Bind symbolic dims (``batch``, ``seq``) to the values the user gave.
+
+    A binding for a symbol the model does not have is a mistake worth one clear line.
+    """
+
+    dims: Mapping[str, int] = field(default_factory=dict)
+    name: str = "bind-symbols"
+
+    def call(self, graph: Graph) -> PassResult:
+        unknown = sorted(set(self.dims) - graph.symbols)
+        if unknown:
+            have = ", ".join(sorted(graph.symbols)) or "none"
+            raise UserError(f"--dim {unknown[0]}: the model has no symbolic dim {unknown[0]!r} (its symbols: {have})")
+        for sym, value in self.dims.items():
+            if value <= 0:
+                raise UserError(f"--dim {sym}={value}: dims must be positive integers")
+        graph.bindings.update(self.dims)
+        return PassResult(graph, bool(self.dims))
+
+
+@dataclass(frozen=True)
+class TagLayers(Pass):
+    """Set ``Node.layer`` from the exporter's scope, and give unscoped nodes their neighbours' layer.
+
+    Nodes the exporter left without a scope (constants, casts inserted by the optimiser)
+    inherit the layer of the node that consumes their output when all consumers agree.
+    """
+
+    name: str = "tag-layers"
+
+    def call(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in graph.nodes:
+            if node.layer is None and node.scope:
+                node.layer = layer_from_scope(node.scope)
+                modified |= node.layer is not None
+        for node in reversed(graph.nodes):
+            if node.layer is not None or node.scope:
+                continue
+            layers = {c.layer for out in node.outputs for c in graph.consumers.get(out, ())}
+            if len(layers) == 1 and None not in layers:
+                node.layer = layers.pop()
+                modified = True
+        return PassResult(graph, modified)
+
+
+@dataclass(frozen=True)
+class ClassifyOps(Pass):
+    """Write each node's OpClass (contraction / vector / data movement / shape)."""
+
+    name: str = "classify"
+
+    def call(self, graph: Graph) -> PassResult:
+        for node in graph.nodes:
+            rule = find_rule(node)
+            node.meta[meta.OP_CLASS] = rule.op_class if rule else None
+        return PassResult(graph, True)
+
+
+@dataclass(frozen=True)
+class CostPass(Pass):
+    """Cost every node with its rule; nodes without one are marked unattributed, with why.
+
+    All unbound symbols across the graph are reported together, in one error.
+    """
+
+    name: str = "cost"
+
+    def call(self, graph: Graph) -> PassResult:
+        unbound: set[str] = set()
+        for node in graph.nodes:
+            node.meta.pop(meta.UNATTRIBUTED, None)
+            node.meta.pop(meta.COST, None)
+            reason = None
+            rule = find_rule(node)
+            if node.meta.get("dabench.subgraph"):
+                reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
+            elif rule is None:
+                reason = f"no cost rule for op {node.qualified_op!r}"
+            else:
+                try:
+                    node.meta[meta.COST] = OpView(node, graph, rule).cost()
+                except UnboundSymbolError as exc:
+                    unbound |= {s for s in exc.symbols if not s.startswith("<")}
+                    continue
+                except ShapeUnknownError as exc:
+                    reason = str(exc)
+                except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+                    reason = f"cost rule for {node.qualified_op} could not read this node ({type(exc).__name__}: {exc})"
+            if reason:
+                node.meta[meta.UNATTRIBUTED] = reason
+                logger.debug("unattributed %s: %s", node.name, reason)
+        if unbound:
+            raise UnboundSymbolError(unbound)
+        return PassResult(graph, True)

@@ -1,0 +1,41 @@
+"""Shared helpers: build tiny ONNX graphs from text and cost them."""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+import pytest
+
+from dabench_ir.ir import Cost, Graph
+from dabench_ir.passes import meta
+
+
+def parse(text: str, opset: int = 18) -> onnx.ModelProto:
+    """An ONNX model from the textual syntax; the header is added when missing."""
+    if not text.lstrip().startswith("<"):
+        text = f'<ir_version: 9, opset_import: ["" : {opset}]>\n' + text
+    return onnx.parser.parse_model(text)
+
+
+def analyze_text(text: str, dims: dict[str, int] | None = None, opset: int = 18) -> Graph:
+    from dabench_ir.pipeline import analyze
+
+    return analyze(parse(text, opset), dims=dims)
+
+
+def node_cost(graph: Graph, index: int = 0) -> Cost | None:
+    return meta.get_cost(graph.nodes[index])
+
+
+@pytest.fixture
+def tiny_matmul_path(tmp_path):
+    model = parse(
+        """
+        agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) {
+            C = MatMul(A, B)
+        }
+        """
+    )
+    path = tmp_path / "mm.onnx"
+    onnx.save(model, path)
+    return path

@@ -1,0 +1,170 @@
+"""Bad input: exit code 2 and one line saying what is wrong, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dabench_ir.cli import main
+from tests.conftest import parse
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_missing_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "profile", str(tmp_path / "nope.onnx"))
+    assert_one_line_error(code, err, "no such file")
+
+
+def test_directory(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "profile", str(tmp_path))
+    assert_one_line_error(code, err, "is a directory")
+
+
+def test_not_onnx(capsys, tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are my notes, not a model\n" * 20)
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "notes.onnx")
+
+
+def test_truncated_onnx(capsys, tmp_path, tiny_matmul_path):
+    data = tiny_matmul_path.read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "cut.onnx", "ONNX")
+
+
+def test_custom_domain_not_imported(capsys, tmp_path):
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, path)
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "com.example", "opset_import")
+
+
+def test_custom_domain_op_declared_is_unattributed_not_an_error(capsys, tmp_path):
+    model = parse(
+        """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+        agraph (float[4] x) => (float[4] y) { y = com.example.Frobnicate(x) }"""
+    )
+    path = tmp_path / "declared.onnx"
+    onnx.save(model, path)
+    code, out, _ = run_cli(capsys, "profile", str(path))
+    assert code == 0
+    assert "Unattributed nodes: 1" in out
+    code, _, err = run_cli(capsys, "profile", str(path), "--strict", "--quiet")
+    assert_one_line_error(code, err, "unattributed", "Frobnicate")
+
+
+def test_external_data_outside_folder_is_refused_without_opening(capsys, tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\0" * 64)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], vals=[0.0] * 16)
+    weight.ClearField("float_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "64")):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        initializer=[weight],
+    )
+    path = folder / "m.onnx"
+    with open(path, "wb") as fh:
+        fh.write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "outside", "../secret.bin")
+
+
+def test_absent_external_data_inside_folder_still_profiles(capsys, tmp_path):
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], vals=[0.0] * 16)
+    weight.ClearField("float_data")
+    weight.data_location = TensorProto.EXTERNAL
+    entry = weight.external_data.add()
+    entry.key, entry.value = "location", "weights.bin"  # never written: weights are not needed
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        initializer=[weight],
+    )
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    code, out, _ = run_cli(capsys, "profile", str(path))
+    assert code == 0
+    assert "16 params" in out
+
+
+def test_unknown_target(capsys, tiny_matmul_path):
+    code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--target", "tpu9000")
+    assert_one_line_error(code, err, "tpu9000")
+
+
+@pytest.mark.parametrize("bad", ["batch", "batch=", "=4", "batch=x", "batch=0", "batch=-1"])
+def test_malformed_dim(capsys, tiny_matmul_path, bad):
+    code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--dim", bad)
+    assert_one_line_error(code, err, "--dim", "NAME=VALUE")
+
+
+def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):
+    model = parse("agraph (float[batch,seq,8] A, float[8,4] B) => (float[batch,seq,4] C) { C = MatMul(A, B) }")
+    path = tmp_path / "sym.onnx"
+    onnx.save(model, path)
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "batch", "seq", "--dim batch=N", "--dim seq=N")
+    code, out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
+    assert code == 0
+
+
+def test_unknown_dim_name(capsys, tiny_matmul_path):
+    code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--dim", "batch=2")
+    assert_one_line_error(code, err, "no symbolic dim 'batch'")
+
+
+def test_usage_error_is_exit_2(capsys):
+    code, _, err = run_cli(capsys, "profile")
+    assert_one_line_error(code, err, "MODEL")
+
+
+def test_subprocess_help_and_error_have_no_traceback(tmp_path):
+    for argv in (["--help"], ["profile", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "dabench_ir", *argv], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert "usage:" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", str(tmp_path / "missing.onnx")], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr

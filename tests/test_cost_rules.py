@@ -1,0 +1,142 @@
+"""Exact FLOPs and bytes of every rule family on hand-built tiny graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.ir import Cost
+from dabench_ir.passes import meta, registered_ops
+from tests.conftest import analyze_text, node_cost
+
+# (graph text, expected Cost of the first node)
+CASES = {
+    "matmul 2x3 @ 3x4": (
+        "agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }",
+        Cost(contraction_flops=48, act_bytes_in=24 + 48, act_bytes_out=32),
+    ),
+    "batched matmul broadcasts the weight": (
+        "agraph (float[2,5,3] A, float[3,4] B) => (float[2,5,4] C) { C = MatMul(A, B) }",
+        Cost(contraction_flops=2 * 3 * 2 * 5 * 4, act_bytes_in=120 + 48, act_bytes_out=160),
+    ),
+    "gemm with transB and bias initializers": (
+        """agraph (float[2,3] A) => (float[2,4] Y)
+           <float[4,3] W = {1,2,3,4,5,6,7,8,9,10,11,12}, float[4] bias = {1,2,3,4}>
+           { Y = Gemm<transB=1>(A, W, bias) }""",
+        Cost(contraction_flops=2 * 3 * 8, vector_flops=8, weight_bytes=48 + 16, act_bytes_in=24, act_bytes_out=32),
+    ),
+    "conv 3x3 with bias": (
+        "agraph (float[1,2,5,5] X, float[3,2,3,3] W, float[3] B) => (float[1,3,3,3] Y) { Y = Conv(X, W, B) }",
+        Cost(contraction_flops=2 * 18 * 27, vector_flops=27, act_bytes_in=200 + 216 + 12, act_bytes_out=108),
+    ),
+    "einsum batched contraction": (
+        'agraph (float[2,3,4] A, float[2,4,5] B) => (float[2,3,5] C) { C = Einsum<equation="bij,bjk->bik">(A, B) }',
+        Cost(contraction_flops=2 * 2 * 3 * 4 * 5, act_bytes_in=96 + 160, act_bytes_out=120),
+    ),
+    "add broadcasts": (
+        "agraph (float[2,3] A, float[3] B) => (float[2,3] C) { C = Add(A, B) }",
+        Cost(vector_flops=6, act_bytes_in=24 + 12, act_bytes_out=24),
+    ),
+    "mul reads a value used twice once": (
+        "agraph (float[8] A) => (float[8] C) { C = Mul(A, A) }",
+        Cost(vector_flops=8, act_bytes_in=32, act_bytes_out=32),
+    ),
+    "erf is a special-function op": (
+        "agraph (float[2,4] A) => (float[2,4] C) { C = Erf(A) }",
+        Cost(special_ops=8, act_bytes_in=32, act_bytes_out=32),
+    ),
+    "sigmoid: exp, add, divide": (
+        "agraph (float[4] A) => (float[4] C) { C = Sigmoid(A) }",
+        Cost(vector_flops=8, special_ops=4, act_bytes_in=16, act_bytes_out=16),
+    ),
+    "variadic max of three": (
+        "agraph (float[4] A, float[4] B, float[4] D) => (float[4] C) { C = Max(A, B, D) }",
+        Cost(vector_flops=8, act_bytes_in=48, act_bytes_out=16),
+    ),
+    "softmax": (
+        "agraph (float[2,4] A) => (float[2,4] C) { C = Softmax<axis=-1>(A) }",
+        Cost(vector_flops=32, special_ops=8, act_bytes_in=32, act_bytes_out=32),
+    ),
+    "layer norm with bias": (
+        "agraph (float[2,4] X, float[4] S, float[4] B) => (float[2,4] Y) { Y = LayerNormalization<axis=-1>(X, S, B) }",
+        Cost(vector_flops=7 * 8 + 3 * 2, special_ops=2, act_bytes_in=32 + 16 + 16, act_bytes_out=32),
+    ),
+    "reduce mean over axis 1 (axes input is a parameter)": (
+        """agraph (float[2,4] X) => (float[2] Y) <int64[1] axes = {1}>
+           { Y = ReduceMean<keepdims=0>(X, axes) }""",
+        Cost(vector_flops=8 + 2, act_bytes_in=32, act_bytes_out=8),
+    ),
+    "max pool 2x2 stride 2": (
+        "agraph (float[1,1,4,4] X) => (float[1,1,2,2] Y) { Y = MaxPool<kernel_shape=[2,2], strides=[2,2]>(X) }",
+        Cost(vector_flops=16, act_bytes_in=64, act_bytes_out=16),
+    ),
+    "gather from an embedding table reads only the rows it gathers": (
+        """agraph (int64[2,3] ids) => (float[2,3,4] Y)
+           <float[10,4] table = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}>
+           { Y = Gather(table, ids) }""",
+        Cost(weight_bytes=96, act_bytes_in=48, act_bytes_out=96),
+    ),
+    "reshape moves data, its shape input is not data": (
+        "agraph (float[2,6] X) => (float[3,4] Y) <int64[2] shape = {3,4}> { Y = Reshape(X, shape) }",
+        Cost(act_bytes_in=48, act_bytes_out=48),
+    ),
+    "shape reads metadata only": (
+        "agraph (float[2,6] X) => (int64[2] Y) { Y = Shape(X) }",
+        Cost(act_bytes_out=16),
+    ),
+    "where selects per element": (
+        "agraph (bool[4] c, float[4] a, float[4] b) => (float[4] y) { y = Where(c, a, b) }",
+        Cost(vector_flops=4, act_bytes_in=4 + 16 + 16, act_bytes_out=16),
+    ),
+    "transpose": (
+        "agraph (float[2,3] X) => (float[3,2] Y) { Y = Transpose<perm=[1,0]>(X) }",
+        Cost(act_bytes_in=24, act_bytes_out=24),
+    ),
+    "cast to half": (
+        "agraph (float[4] X) => (float16[4] Y) { Y = Cast<to=10>(X) }",
+        Cost(act_bytes_in=16, act_bytes_out=8),
+    ),
+}
+
+
+@pytest.mark.parametrize("text, expected", CASES.values(), ids=CASES.keys())
+def test_rule_exact(text, expected):
+    graph = analyze_text(text)
+    assert node_cost(graph) == expected
+
+
+def test_gelu_exact_and_tanh_forms():
+    text = "agraph (float[2,4] A) => (float[2,4] C) {{ C = Gelu<approximate=\"{a}\">(A) }}"
+    exact = node_cost(analyze_text(text.format(a="none"), opset=20))
+    tanh = node_cost(analyze_text(text.format(a="tanh"), opset=20))
+    assert (exact.vector_flops, exact.special_ops) == (32, 8)
+    assert (tanh.vector_flops, tanh.special_ops) == (56, 8)
+
+
+def test_symbolic_dims_bind():
+    text = "agraph (float[batch,3] A, float[3,4] B) => (float[batch,4] C) { C = MatMul(A, B) }"
+    assert node_cost(analyze_text(text, dims={"batch": 5})).contraction_flops == 2 * 3 * 5 * 4
+
+
+def test_unknown_op_is_unattributed_never_zero():
+    text = """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+    agraph (float[4] x) => (float[4] z) {
+        y = com.example.Frobnicate(x)
+        z = Relu(x)
+    }"""
+    graph = analyze_text(text)
+    frob, relu = graph.nodes
+    assert meta.get_cost(frob) is None
+    assert "no cost rule for op 'com.example::Frobnicate'" in frob.meta[meta.UNATTRIBUTED]
+    assert meta.get_cost(relu).vector_flops == 4
+
+
+def test_registry_covers_what_decoder_exporters_emit():
+    needed = {
+        "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Softmax",
+        "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Erf", "Gelu", "Tanh", "Sigmoid", "Exp",
+        "Cos", "Sin", "Where", "Equal", "Trilu", "Cast", "Transpose", "Reshape", "Split", "Concat", "Slice",
+        "Gather", "Unsqueeze", "Squeeze", "Expand", "Shape", "Constant", "ConstantOfShape", "Range", "Identity",
+        "Max", "Min", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization", "Relu",
+        "RMSNormalization", "Einsum", "CumSum", "ArgMax", "TopK", "Pad", "Tile", "Flatten", "Dropout", "Clip",
+    }
+    assert needed <= set(registered_ops())
