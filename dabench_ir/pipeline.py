@@ -164,18 +164,14 @@ def _batch_symbol(graph: Graph) -> str | None:
 def _apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
     """Precision rewrite and training expansion, when asked (passes from the Level-2 work)."""
     if opts.precision is not None:
-        try:
-            from dabench_ir.passes.precision import PrecisionPass
-        except ImportError:
-            raise UserError("--precision is not available in this build") from None
+        from dabench_ir.passes.precision import PrecisionPass
+
         PrecisionPass(opts.precision)(graph)
     if opts.mode != "inference":
         if opts.mode != "train":
             raise UserError(f"--mode {opts.mode}: expected 'inference' or 'train'")
-        try:
-            from dabench_ir.passes.training import TrainingPass
-        except ImportError:
-            raise UserError("--mode train is not available in this build") from None
+        from dabench_ir.passes.training import TrainingPass
+
         TrainingPass(recompute=opts.recompute)(graph)
     return graph
 
@@ -308,6 +304,12 @@ def build_report(
         "dims": dict(graph.bindings),
         "via": opts.via,
     }
+    if graph.meta.get("precision"):
+        from dabench_ir.passes.precision import precision_by_class
+
+        config["precision_by_class"] = precision_by_class(graph)
+    if graph.meta.get("train"):
+        config["train"] = dict(graph.meta["train"])
     if target is not None:
         config.update({"opt_level": opts.opt_level, "wse_mode": opts.wse_mode, "ipus": opts.ipus})
     extra: dict[str, Any] = {}
