@@ -1,0 +1,87 @@
+"""Closed forms for multi-chip execution: collectives, pipeline bubbles, optimal stage splits.
+
+Pure functions of sizes and link figures, so `lowering/parallel.py` and the tests share
+one definition of each formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+__all__ = [
+    "bubble_fraction",
+    "brute_force_split",
+    "optimal_contiguous_split",
+    "p2p_time",
+    "ring_allreduce_time",
+]
+
+
+def ring_allreduce_time(nbytes: float, chips: int, bandwidth: float, latency: float = 0.0) -> float:
+    """Ring all-reduce of ``nbytes`` over ``chips``: 2(n−1)/n · bytes / bandwidth + 2(n−1) hops.
+
+    Reduce-scatter then all-gather, each n−1 steps moving bytes/n per chip
+    (Patarasuk & Yuan, J. Parallel Distrib. Comput. 2009). One chip: free.
+    """
+    if chips <= 1 or nbytes <= 0:
+        return 0.0
+    if bandwidth <= 0:
+        raise ValueError("link bandwidth must be positive")
+    return 2 * (chips - 1) / chips * nbytes / bandwidth + 2 * (chips - 1) * latency
+
+
+def p2p_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
+    """One point-to-point transfer (a pipeline stage boundary)."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / bandwidth + latency
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a GPipe/1F1B pipeline: (p − 1) / (m + p − 1) (Huang et al., GPipe, 2019)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError("stages and micro-batches must be at least 1")
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def optimal_contiguous_split(loads: Sequence[float], parts: int) -> tuple[list[int], float]:
+    """Split ``loads`` into ``parts`` contiguous groups minimising the largest group sum.
+
+    Exact dynamic programme, O(parts · n²). Returns (the index where each group starts,
+    the largest group sum). With more parts than loads, the extra parts are empty.
+    """
+    n = len(loads)
+    if parts < 1:
+        raise ValueError("parts must be at least 1")
+    parts_used = min(parts, n) or 1
+    prefix = [0.0, *itertools.accumulate(loads)]
+    inf = float("inf")
+    # best[k][i]: smallest max-load splitting loads[:i] into k groups; cut[k][i]: start of the last group
+    best = [[inf] * (n + 1) for _ in range(parts_used + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts_used + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts_used + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                cand = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cand < best[k][i]:
+                    best[k][i], cut[k][i] = cand, j
+    starts = []
+    i = n
+    for k in range(parts_used, 0, -1):
+        starts.append(cut[k][i])
+        i = cut[k][i]
+    starts.reverse()
+    return starts, (best[parts_used][n] if n else 0.0)
+
+
+def brute_force_split(loads: Sequence[float], parts: int) -> float:
+    """The optimum by enumerating every set of cut points (for tests on small cases)."""
+    n = len(loads)
+    parts = min(parts, n)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        bounds = [0, *cuts, n]
+        best = min(best, max(sum(loads[a:b]) for a, b in itertools.pairwise(bounds)))
+    return best
