@@ -241,7 +241,9 @@ def build_report(
             record.intensity = node_intensity[node.name]
         if timeline is not None and node.name in timeline.nodes:
             t = timeline.nodes[node.name]
-            record.time_s, record.start_s, record.unit = t.duration, t.start, t.unit
+            # busy time, not the first-start-to-last-end span: a pipelined node runs once
+            # per micro-batch and waits between runs
+            record.time_s, record.start_s, record.unit = timeline.busy(node.name), t.start, t.unit
             record.bound = str(t.bound) if t.bound is not None else None
         if node.name in node_bound and node_bound[node.name] is not None:
             record.bound = str(node_bound[node.name])

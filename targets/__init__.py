@@ -1,1 +1,445 @@
-"""targets"""
+"""Targets: what an accelerator has, read from one TOML file per target.
+
+Every number in a target file is an inline table ``{ value = ..., source = "...",
+estimate = true|false }``; the lowering code reads these and hard-codes no hardware
+figure. `load_target` takes a built-in name, an alias (``wse``, ``rdu``, ``ipu``), ``cpu``
+(measured on this host) or a path to a user's TOML file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import TargetError
+from dabench_ir.ir import DType
+
+__all__ = [
+    "KINDS",
+    "Link",
+    "MemoryLevel",
+    "Quantity",
+    "Target",
+    "builtin_target_paths",
+    "list_targets",
+    "load_target",
+]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
+LEVELS = ("on-chip", "off-chip")
+_DIR = Path(__file__).resolve().parent
+
+# Where ops are fed from, for the roofline: dataflow chips with all-SRAM execution read
+# their operands on-chip; DDR/HBM-backed targets read them off-chip.
+_FEED_LEVEL = {"wse": "on-chip", "ipu": "on-chip", "rdu": "off-chip", "gpu": "off-chip", "cpu": "off-chip"}
+# Peak-FLOP fallbacks when a target lists no figure for a dtype (16-bit formats share units).
+_PEAK_FALLBACK = {"bf16": "fp16", "fp16": "bf16"}
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A number with the source it comes from; ``estimate`` marks an assumption."""
+
+    value: float
+    source: str
+    estimate: bool = False
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLevel:
+    name: str
+    level: str  # "on-chip" | "off-chip"
+    capacity: Quantity
+    bandwidth: Quantity
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity.value
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth.value
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    name: str
+    bandwidth: Quantity
+    latency: Quantity
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth.value
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency.value
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """One accelerator (one chip, card or system as ``power_covers`` says)."""
+
+    name: str
+    kind: str
+    description: str
+    aliases: tuple[str, ...]
+    process_node: Quantity
+    power: Quantity
+    power_covers: str
+    units: Quantity
+    unit_name: str
+    clock: Quantity | None
+    peaks: Mapping[str, Quantity]
+    memories: tuple[MemoryLevel, ...]
+    links: tuple[Link, ...] = ()
+    overheads: Mapping[str, Quantity] = field(default_factory=dict)
+    strategies: tuple[str, ...] = ()
+    arch: Mapping[str, Quantity] = field(default_factory=dict)
+    origin: str = "<dict>"
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> Target:
+        """Validate a parsed target file; a missing or bad field raises TargetError by name."""
+        return _Parser(origin).target(d)
+
+    # -- accessors ------------------------------------------------------------------
+    @property
+    def num_units(self) -> int:
+        return int(self.units.value)
+
+    @property
+    def node_nm(self) -> float:
+        return self.process_node.value
+
+    @property
+    def watts(self) -> float:
+        return self.power.value
+
+    def peak_flops(self, dtype: DType | str) -> float:
+        """Peak FLOP/s at ``dtype``; bf16 and fp16 stand in for each other when one is absent."""
+        key = dtype.short if isinstance(dtype, DType) else str(dtype).lower()
+        key = {"mixed": "fp16", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(key, key)
+        if key in self.peaks:
+            return self.peaks[key].value
+        alt = _PEAK_FALLBACK.get(key)
+        if alt in self.peaks:
+            logger.info("target %s has no %s peak; using its %s peak", self.name, key, alt)
+            return self.peaks[alt].value
+        raise TargetError(
+            f"target {self.name} has no peak FLOP/s for {key}; it lists {', '.join(self.peaks)}"
+        )
+
+    def memory(self, name_or_level: str) -> MemoryLevel:
+        """A memory by name (``hbm``), or the first one at a level (``on-chip``/``off-chip``)."""
+        for mem in self.memories:
+            if mem.name == name_or_level:
+                return mem
+        for mem in self.memories:
+            if mem.level == name_or_level:
+                return mem
+        known = ", ".join(f"{m.name} ({m.level})" for m in self.memories)
+        raise TargetError(f"target {self.name} has no memory {name_or_level!r}; it has {known}")
+
+    def has_memory(self, name_or_level: str) -> bool:
+        return any(name_or_level in (m.name, m.level) for m in self.memories)
+
+    @property
+    def feed_level(self) -> str:
+        """The memory level whose bandwidth bounds ops on this target (roofline)."""
+        return _FEED_LEVEL[self.kind]
+
+    @property
+    def feed_memory(self) -> MemoryLevel:
+        if self.has_memory(self.feed_level):
+            return self.memory(self.feed_level)
+        return self.memories[0]
+
+    def ridge_point(self, dtype: DType | str, level: str | None = None) -> float:
+        """FLOPs per byte where the roofline turns from memory- to compute-bound."""
+        mem = self.memory(level) if level else self.feed_memory
+        return self.peak_flops(dtype) / mem.bandwidth_bytes_per_s
+
+    def link(self, name: str | None = None) -> Link | None:
+        """A link by name, or the first one; None when the target lists none."""
+        if name is None:
+            return self.links[0] if self.links else None
+        for link in self.links:
+            if link.name == name:
+                return link
+        return None
+
+    def overhead(self, name: str, default: float = 0.0) -> float:
+        q = self.overheads.get(name)
+        return default if q is None else q.value
+
+    def arch_value(self, name: str, default: float | None = None, *, needed_by: str = "") -> float:
+        """An ``[arch]`` knob; missing and no default raises TargetError naming ``arch.<name>``."""
+        q = self.arch.get(name)
+        if q is not None:
+            return q.value
+        if default is not None:
+            return default
+        who = f" (needed by the {needed_by} lowering)" if needed_by else ""
+        raise TargetError(f"target file {self.origin}: missing field arch.{name}{who}")
+
+    def estimates(self) -> list[str]:
+        """Dotted names of every figure marked as an estimate."""
+        out = []
+        for path, q in self.quantities():
+            if q.estimate:
+                out.append(path)
+        return out
+
+    def quantities(self) -> list[tuple[str, Quantity]]:
+        """Every number in the target with its dotted field name."""
+        items: list[tuple[str, Quantity]] = [
+            ("process.node_nm", self.process_node),
+            ("power.watts", self.power),
+            ("compute.units", self.units),
+        ]
+        if self.clock is not None:
+            items.append(("compute.clock_hz", self.clock))
+        items += [(f"compute.peak_flops.{k}", q) for k, q in self.peaks.items()]
+        for i, m in enumerate(self.memories):
+            items += [(f"memory[{i}].capacity_bytes", m.capacity), (f"memory[{i}].bandwidth_bytes_per_s", m.bandwidth)]
+        for i, lk in enumerate(self.links):
+            items += [(f"link[{i}].bandwidth_bytes_per_s", lk.bandwidth), (f"link[{i}].latency_s", lk.latency)]
+        items += [(f"overheads.{k}", q) for k, q in self.overheads.items()]
+        items += [(f"arch.{k}", q) for k, q in self.arch.items()]
+        return items
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class _Parser:
+    """Field-by-field validation with error messages that name the field."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, what: str) -> TargetError:
+        return TargetError(f"target file {self.origin}: {what}")
+
+    def table(self, d: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
+        if key not in d:
+            if required:
+                raise self.fail(f"missing field {path}")
+            return {}
+        val = d[key]
+        if not isinstance(val, Mapping):
+            raise self.fail(f"field {path} must be a table, got {type(val).__name__}")
+        return val
+
+    def string(self, d: Mapping[str, Any], key: str, path: str, *, default: str | None = None) -> str:
+        if key not in d:
+            if default is None:
+                raise self.fail(f"missing field {path}")
+            return default
+        val = d[key]
+        if not isinstance(val, str) or not val:
+            raise self.fail(f"field {path} must be a non-empty string, got {val!r}")
+        return val
+
+    def quantity(
+        self, d: Mapping[str, Any], key: str, path: str, *, required: bool = True, positive: bool = False
+    ) -> Quantity | None:
+        if key not in d:
+            if required:
+                raise self.fail(f"missing field {path}")
+            return None
+        raw = d[key]
+        if not isinstance(raw, Mapping):
+            raise self.fail(
+                f"field {path} must be an inline table {{ value = ..., source = \"...\" }}, got {raw!r}"
+            )
+        if "value" not in raw:
+            raise self.fail(f"missing field {path}.value")
+        value = raw["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.fail(f"field {path}.value must be a number, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise self.fail(f"field {path}.value must be {'positive' if positive else 'non-negative'}, got {value!r}")
+        if "source" not in raw:
+            raise self.fail(f"missing field {path}.source")
+        source = raw["source"]
+        if not isinstance(source, str) or not source.strip():
+            raise self.fail(f"field {path}.source must be a non-empty string")
+        estimate = raw.get("estimate", False)
+        if not isinstance(estimate, bool):
+            raise self.fail(f"field {path}.estimate must be true or false, got {estimate!r}")
+        return Quantity(float(value), source, estimate)
+
+    def target(self, d: Mapping[str, Any]) -> Target:
+        if not isinstance(d, Mapping):
+            raise self.fail("a target file must be a TOML table")
+        name = self.string(d, "name", "name")
+        kind = self.string(d, "kind", "kind")
+        if kind not in KINDS:
+            raise self.fail(f"field kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        aliases = d.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise self.fail("field aliases must be a list of strings")
+
+        process = self.table(d, "process", "process")
+        node = self.quantity(process, "node_nm", "process.node_nm", positive=True)
+        power = self.table(d, "power", "power")
+        watts = self.quantity(power, "watts", "power.watts", positive=True)
+        covers = self.string(power, "covers", "power.covers", default="chip")
+
+        compute = self.table(d, "compute", "compute")
+        units = self.quantity(compute, "units", "compute.units", positive=True)
+        clock = self.quantity(compute, "clock_hz", "compute.clock_hz", required=False, positive=True)
+        unit_name = self.string(compute, "unit_name", "compute.unit_name", default="unit")
+        peaks_raw = self.table(compute, "peak_flops", "compute.peak_flops")
+        if not peaks_raw:
+            raise self.fail("field compute.peak_flops must list at least one precision (fp32 = {...})")
+        peaks = {}
+        for key in peaks_raw:
+            try:
+                DType.from_name(key)
+            except ValueError:
+                raise self.fail(f"field compute.peak_flops.{key}: unknown precision {key!r}") from None
+            peaks[key] = self.quantity(peaks_raw, key, f"compute.peak_flops.{key}", positive=True)
+
+        mems_raw = d.get("memory")
+        if mems_raw is None:
+            raise self.fail("missing field memory (at least one [[memory]] entry)")
+        if not isinstance(mems_raw, list) or not mems_raw:
+            raise self.fail("field memory must be a non-empty array of tables ([[memory]])")
+        memories = []
+        for i, m in enumerate(mems_raw):
+            p = f"memory[{i}]"
+            if not isinstance(m, Mapping):
+                raise self.fail(f"field {p} must be a table")
+            level = self.string(m, "level", f"{p}.level")
+            if level not in LEVELS:
+                raise self.fail(f"field {p}.level must be one of {', '.join(LEVELS)}, got {level!r}")
+            memories.append(
+                MemoryLevel(
+                    name=self.string(m, "name", f"{p}.name"),
+                    level=level,
+                    capacity=self.quantity(m, "capacity_bytes", f"{p}.capacity_bytes", positive=True),
+                    bandwidth=self.quantity(m, "bandwidth_bytes_per_s", f"{p}.bandwidth_bytes_per_s", positive=True),
+                )
+            )
+
+        links = []
+        links_raw = d.get("link", [])
+        if not isinstance(links_raw, list):
+            raise self.fail("field link must be an array of tables ([[link]])")
+        for i, lk in enumerate(links_raw):
+            p = f"link[{i}]"
+            if not isinstance(lk, Mapping):
+                raise self.fail(f"field {p} must be a table")
+            links.append(
+                Link(
+                    name=self.string(lk, "name", f"{p}.name"),
+                    bandwidth=self.quantity(lk, "bandwidth_bytes_per_s", f"{p}.bandwidth_bytes_per_s", positive=True),
+                    latency=self.quantity(lk, "latency_s", f"{p}.latency_s"),
+                )
+            )
+
+        overheads_raw = self.table(d, "overheads", "overheads", required=False)
+        overheads = {k: self.quantity(overheads_raw, k, f"overheads.{k}") for k in overheads_raw}
+        parallel = self.table(d, "parallel", "parallel", required=False)
+        strategies = parallel.get("strategies", [])
+        if not isinstance(strategies, list) or not all(s in ("dp", "tp", "pp") for s in strategies):
+            raise self.fail(f"field parallel.strategies must list some of dp, tp, pp, got {strategies!r}")
+        arch_raw = self.table(d, "arch", "arch", required=False)
+        arch = {k: self.quantity(arch_raw, k, f"arch.{k}") for k in arch_raw}
+
+        return Target(
+            name=name,
+            kind=kind,
+            description=str(d.get("description", "")),
+            aliases=tuple(aliases),
+            process_node=node,
+            power=watts,
+            power_covers=covers,
+            units=units,
+            unit_name=unit_name,
+            clock=clock,
+            peaks=peaks,
+            memories=tuple(memories),
+            links=tuple(links),
+            overheads=overheads,
+            strategies=tuple(strategies),
+            arch=arch,
+            origin=self.origin,
+            raw=dict(d),
+        )
+
+
+def builtin_target_paths() -> dict[str, Path]:
+    """Built-in target name -> its TOML file (shipped as package data)."""
+    return {p.stem: p for p in sorted(_DIR.glob("*.toml"))}
+
+
+def _load_file(path: Path) -> Target:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TargetError(f"cannot read target file {path}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TargetError(f"target file {path.name}: not valid TOML ({exc})") from None
+    return Target.from_dict(data, origin=path.name)
+
+
+def _alias_map() -> dict[str, Path]:
+    names: dict[str, Path] = {}
+    for stem, path in builtin_target_paths().items():
+        names[stem] = path
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        for alias in data.get("aliases", []) or []:
+            names.setdefault(str(alias), path)
+    return names
+
+
+def load_target(name_or_path: str | Path) -> Target:
+    """A target by built-in name, alias, ``cpu`` (host, calibrated) or path to a TOML file."""
+    if isinstance(name_or_path, Target):
+        return name_or_path
+    text = str(name_or_path).strip()
+    path = Path(text)
+    if isinstance(name_or_path, Path) or text.endswith(".toml") or ("/" in text and path.exists()):
+        if not path.is_file():
+            raise TargetError(f"target file {text} does not exist")
+        return _load_file(path)
+    key = text.lower()
+    if key == "cpu":
+        try:
+            from dabench_ir.execute.calibrate import cpu_target_path
+        except ImportError as exc:
+            raise TargetError(
+                f"the cpu target needs host calibration, which is unavailable here ({exc})"
+            ) from None
+        return load_target(Path(cpu_target_path()))
+    names = _alias_map()
+    if key in names:
+        return _load_file(names[key])
+    known = sorted({*names, "cpu"})
+    raise TargetError(f"unknown target {text!r}; known targets: {', '.join(known)} (or a path to a .toml file)")
+
+
+def list_targets() -> list[Target]:
+    """The built-in targets (not ``cpu``, which needs calibrating the host)."""
+    return [_load_file(p) for p in builtin_target_paths().values()]

@@ -1,0 +1,182 @@
+"""Level-1 metrics from a Plan and its Timeline: allocation, load imbalance, efficiency, roofline.
+
+- allocation ratio: share of the target's compute units the workload holds; summed over
+  units that run at once, time-weighted over units that run one after another.
+- load imbalance LI: mean / max busy time of the subtasks that run concurrently (WSE
+  regions, RDU stages inside a section, IPU stages); time-weighted over sections.
+- compute efficiency: achieved FLOP/s over peak FLOP/s at the precision used.
+- per node: intensity (FLOPs per byte at the memory level that feeds it on this target)
+  and bound class: compute at or above that level's ridge point, memory below it, or
+  communication/overhead when the plan says that dominates the node's time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from dabench_ir.ir import Graph
+from dabench_ir.plan import Plan, Schedule
+from dabench_ir.targets import Target
+from dabench_ir.timeline import Bound, Timeline
+
+__all__ = ["MemoryUse", "Metrics", "compute_metrics"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Resident bytes at one memory level against its capacity."""
+
+    bytes: int
+    capacity_bytes: int
+    fraction: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"bytes": self.bytes, "capacity_bytes": self.capacity_bytes, "fraction": self.fraction}
+
+
+@dataclass(slots=True)
+class Metrics:
+    allocation_ratio: float
+    load_imbalance: float
+    compute_efficiency: float
+    achieved_flops_per_s: float
+    peak_flops_per_s: float
+    total_flops: int
+    step_time_s: float
+    memory_use: dict[str, MemoryUse] = field(default_factory=dict)
+    node_intensity: dict[str, float | None] = field(default_factory=dict)
+    node_bound: dict[str, Bound] = field(default_factory=dict)
+    node_feed_level: dict[str, str] = field(default_factory=dict)
+    ridge_point: dict[str, float] = field(default_factory=dict)  # per memory level, at the precision used
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "allocation_ratio": self.allocation_ratio,
+            "load_imbalance": self.load_imbalance,
+            "compute_efficiency": self.compute_efficiency,
+            "achieved_flops_per_s": self.achieved_flops_per_s,
+            "peak_flops_per_s": self.peak_flops_per_s,
+            "memory_use": {k: v.to_dict() for k, v in self.memory_use.items()},
+            **self.extra,
+        }
+
+
+def _ratio(values: list[float]) -> float:
+    values = [v for v in values if v > 0]
+    if not values:
+        return 1.0
+    return (sum(values) / len(values)) / max(values)
+
+
+def _clamp(x: float, floor: float) -> float:
+    return min(1.0, max(floor, x))
+
+
+def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target) -> Metrics:
+    """Metrics of one step; ``timeline`` may be emulated or measured (nodes not in it are skipped)."""
+    prec = plan.precision
+    busy = {n: timeline.busy(n) or 0.0 for n in timeline.nodes}
+    floor = 1.0 / max(1, target.num_units * plan.chips)
+
+    # allocation ratio
+    spans = {u.id: timeline.unit_spans.get(u.id) for u in plan.units}
+    if plan.schedule is Schedule.SEQUENTIAL:
+        weights = {uid: (s[1] - s[0]) if s else 0.0 for uid, s in spans.items()}
+        total = sum(weights.values())
+        alloc = sum(u.allocation * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
+    else:
+        alloc = sum(u.allocation for u in plan.units)
+    allocation = _clamp(alloc, floor)
+
+    # load imbalance over lanes that run concurrently
+    lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for name, b in busy.items():
+        np_ = plan.node_plans.get(name)
+        if np_ is None:
+            continue
+        lane = timeline.lanes.get(name, np_.lane)
+        group = np_.unit if plan.schedule is Schedule.SEQUENTIAL else "all"
+        lanes_of[group][lane] += b
+    if plan.schedule is Schedule.SEQUENTIAL:
+        num = den = 0.0
+        for uid, lanes in lanes_of.items():
+            w = weights.get(uid, 0.0) or sum(lanes.values())
+            num += _ratio(list(lanes.values())) * w
+            den += w
+        li = num / den if den > 0 else 1.0
+    else:
+        li = _ratio(list(lanes_of["all"].values())) if lanes_of else 1.0
+    li = _clamp(li, 1e-12)
+
+    # efficiency
+    total_flops = sum(plan.node_plans[n].flops for n in timeline.nodes if n in plan.node_plans)
+    step = timeline.step_time_s
+    achieved = total_flops / step if step > 0 else 0.0
+    peak = target.peak_flops(prec) * plan.chips
+    efficiency = achieved / peak if peak > 0 else 0.0
+
+    # memory use per level
+    memory_use: dict[str, MemoryUse] = {}
+    for key, used in plan.memory_bytes.items():
+        base, _, sub = key.partition(":")
+        if not target.has_memory(base):
+            continue
+        cap = target.memory(base).capacity_bytes * (1 if sub else plan.chips)
+        memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0)
+
+    # roofline per node
+    ridges = {m.level: target.peak_flops(prec) / m.bandwidth_bytes_per_s for m in target.memories}
+    ridges.update({m.name: target.peak_flops(prec) / m.bandwidth_bytes_per_s for m in target.memories})
+    intensity: dict[str, float | None] = {}
+    bounds: dict[str, Bound] = {}
+    feed: dict[str, str] = {}
+    for name in timeline.nodes:
+        np_ = plan.node_plans.get(name)
+        if np_ is None:
+            continue
+        level = np_.feed_level or target.feed_level
+        feed[name] = level
+        intensity[name] = np_.flops / np_.feed_bytes if np_.feed_bytes else None
+        given = timeline.nodes[name].bound or np_.bound
+        if given in (Bound.COMMUNICATION, Bound.OVERHEAD):
+            bounds[name] = given
+        elif np_.flops == 0 and np_.feed_bytes == 0:
+            bounds[name] = Bound.OVERHEAD
+        elif intensity[name] is None or intensity[name] >= ridges.get(level, 0.0):
+            bounds[name] = Bound.COMPUTE
+        else:
+            bounds[name] = Bound.MEMORY
+
+    extra: dict[str, Any] = {}
+    pmu = [u.resources.get("pmu_allocation") for u in plan.units if "pmu_allocation" in u.resources]
+    if pmu and plan.schedule is Schedule.SEQUENTIAL:
+        total = sum(weights.values())
+        extra["pmu_allocation"] = (
+            sum(u.resources["pmu_allocation"] * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
+        )
+    util = [u.resources["tile_utilisation"] for u in plan.units if "tile_utilisation" in u.resources]
+    if util:
+        extra["tile_utilisation"] = util
+    if plan.traffic_bytes:
+        extra["traffic_bytes"] = dict(plan.traffic_bytes)
+    return Metrics(
+        allocation_ratio=allocation,
+        load_imbalance=li,
+        compute_efficiency=efficiency,
+        achieved_flops_per_s=achieved,
+        peak_flops_per_s=peak,
+        total_flops=total_flops,
+        step_time_s=step,
+        memory_use=memory_use,
+        node_intensity=intensity,
+        node_bound=bounds,
+        node_feed_level=feed,
+        ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
+        extra=extra,
+    )

@@ -1,0 +1,138 @@
+"""`Plan`: what a lowering produces — units, the nodes placed on each, and planned times.
+
+A Plan is everything `emulate` needs: which unit (and which lane inside it) runs each
+node, how long one micro-batch of the node takes there, how the units are scheduled
+(concurrently as a spatial pipeline, or one after another), and the gaps between them.
+When the workload does not fit the target, ``fits`` is False and ``failure`` says why:
+a result, not an exception.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.timeline import Bound
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import DType
+    from dabench_ir.lowering import LoweringOptions
+    from dabench_ir.targets import Target
+
+__all__ = ["Failure", "NodePlan", "Plan", "Schedule", "Unit"]
+
+
+class Schedule(enum.StrEnum):
+    """How a plan's units run relative to each other."""
+
+    CONCURRENT = "concurrent"  # all units at once (WSE regions, IPU stages, one GPU stream)
+    SEQUENTIAL = "sequential"  # one unit after another (RDU sections, WSE streamed layers)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a plan cannot run: the reason and, for capacity failures, bytes needed and held."""
+
+    reason: str
+    needed_bytes: int | None = None
+    capacity_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "needed_bytes": self.needed_bytes, "capacity_bytes": self.capacity_bytes}
+
+
+@dataclass(slots=True)
+class Unit:
+    """A placed piece of hardware holding some nodes.
+
+    ``kind``: wse_region | wse_layer | rdu_section | ipu | gpu_stream | cpu.
+    ``allocation``: share of the target's compute units this unit holds while it runs,
+    relative to everything the plan uses (units that run concurrently sum to at most 1).
+    ``gap_before_s``: fixed cost paid before the unit starts (sequential schedules:
+    reconfiguration, layer switch). ``min_time_s``: the unit lasts at least this long
+    (e.g. its DDR traffic at DDR bandwidth), whatever its nodes take.
+    """
+
+    id: str
+    kind: str
+    nodes: list[str] = field(default_factory=list)
+    resources: dict[str, float] = field(default_factory=dict)
+    allocation: float = 0.0
+    gap_before_s: float = 0.0
+    min_time_s: float = 0.0
+
+
+@dataclass(slots=True)
+class NodePlan:
+    """One node's placement and planned cost for a whole step (all micro-batches).
+
+    ``per_micro_batch_s`` is what one micro-batch of the node occupies its lane for.
+    ``feed_level``/``feed_bytes`` are the memory level that feeds the node on this target
+    and the bytes it moves there (the roofline's intensity denominator).
+    """
+
+    node: str
+    unit: str
+    lane: str
+    per_micro_batch_s: float
+    flops: int = 0
+    bytes: int = 0
+    feed_level: str = ""
+    feed_bytes: int = 0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    comm_s: float = 0.0
+    overhead_s: float = 0.0
+    bound: Bound | None = None
+    allocation: float = 0.0  # share of the target's units the node uses while it runs
+    note: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    """The lowering of one graph onto one target."""
+
+    target: Target
+    options: LoweringOptions
+    precision: DType
+    schedule: Schedule
+    units: list[Unit] = field(default_factory=list)
+    node_plans: dict[str, NodePlan] = field(default_factory=dict)
+    fits: bool = True
+    failure: Failure | None = None
+    micro_batches: int = 1
+    batch: int = 1
+    chips: int = 1  # chips the plan spans (IPUs in a pipeline)
+    replicas: int = 1  # copies of the model on one chip (WSE intra-chip data parallel)
+    pipelined_steps: bool = False  # consecutive steps overlap: step time = bottleneck lane
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # resident bytes per memory name
+    traffic_bytes: dict[str, int] = field(default_factory=dict)  # bytes moved per step per memory name
+    step_overheads_s: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    unattributed: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def node_unit(self) -> dict[str, str]:
+        """Node name -> unit id."""
+        return {n: p.unit for n, p in self.node_plans.items()}
+
+    def unit(self, unit_id: str) -> Unit:
+        for u in self.units:
+            if u.id == unit_id:
+                return u
+        raise KeyError(unit_id)
+
+    @property
+    def sections(self) -> int:
+        """Number of units that run one after another (RDU sections, streamed layers)."""
+        return len(self.units) if self.schedule is Schedule.SEQUENTIAL else 1
+
+    def fail(self, reason: str, needed: float | None = None, capacity: float | None = None) -> None:
+        """Mark the plan as not fitting (the first failure is kept)."""
+        self.fits = False
+        if self.failure is None:
+            self.failure = Failure(
+                reason, None if needed is None else int(needed), None if capacity is None else int(capacity)
+            )

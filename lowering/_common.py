@@ -1,0 +1,272 @@
+"""Helpers every lowering shares: node costs, grouping, liveness, balancing and bound rules.
+
+Nothing here knows a hardware figure; every number comes from the `Target` passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dabench_ir.errors import UnboundSymbolError
+from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.passes import meta
+from dabench_ir.timeline import Bound
+
+__all__ = [
+    "Block",
+    "LoweringContext",
+    "balance",
+    "classify_bound",
+    "kernel_groups",
+    "layer_blocks",
+    "module_key",
+    "peak_live_bytes",
+    "value_bytes",
+    "weight_bytes",
+]
+
+logger = logging.getLogger(__name__)
+
+_SHAPE_OPS = frozenset(
+    {"Reshape", "Shape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant", "ConstantOfShape", "Range"}
+)
+
+
+def _op_class(node: Node) -> str:
+    cls = node.meta.get(meta.OP_CLASS)
+    if cls is None:
+        return ""
+    return str(getattr(cls, "value", cls)).lower()
+
+
+@dataclass(slots=True)
+class LoweringContext:
+    """Per-node costs and the resolved options a lowering works from."""
+
+    graph: Graph
+    costs: dict[str, Cost]
+    unattributed: list[str]
+    precision: DType
+    batch: int
+
+    @classmethod
+    def build(cls, graph: Graph, precision: DType | None, batch: int | None) -> LoweringContext:
+        costs: dict[str, Cost] = {}
+        unattributed: list[str] = []
+        for node in graph.nodes:
+            cost = meta.get_cost(node)  # MissingAnnotationError names the cost pass
+            if cost is None:
+                unattributed.append(node.name)
+                costs[node.name] = Cost()
+            else:
+                costs[node.name] = cost
+        if unattributed:
+            logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
+        prec = precision or graph_dtype(graph)
+        if batch is None:
+            batch = int(graph.bindings.get("batch", 1))
+        return cls(graph, costs, unattributed, prec, max(1, int(batch)))
+
+    def is_shape(self, node: Node) -> bool:
+        """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""
+        cost = self.costs[node.name]
+        return _op_class(node) == "shape" or (node.op_type in _SHAPE_OPS and cost.flops == 0)
+
+    def is_work(self, node: Node) -> bool:
+        cost = self.costs[node.name]
+        return not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
+
+    def is_elementwise(self, node: Node) -> bool:
+        cls = _op_class(node)
+        if cls:
+            return cls == "vector"
+        cost = self.costs[node.name]
+        return cost.contraction_flops == 0 and cost.weight_bytes == 0 and cost.flops > 0
+
+
+def graph_dtype(graph: Graph) -> DType:
+    """The precision the graph computes in: the precision pass's choice, else its weights' dtype."""
+    votes: Counter[DType] = Counter()
+    for node in graph.nodes:
+        prec = node.meta.get(meta.PRECISION)
+        if isinstance(prec, DType):
+            votes[prec] += 1
+    if not votes:
+        for value in graph.values.values():
+            if value.kind in (ValueKind.WEIGHT, ValueKind.INPUT, ValueKind.ACTIVATION) and value.type.dtype.is_float:
+                votes[value.type.dtype] += 1
+    return votes.most_common(1)[0][0] if votes else DType.FLOAT32
+
+
+def value_bytes(graph: Graph, name: str, default: int = 0) -> int:
+    """Bytes of a value with the graph's bindings, or ``default`` when its shape is unknown."""
+    try:
+        return graph.type_of(name).nbytes()
+    except (UnboundSymbolError, KeyError):
+        return default
+
+
+def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read."""
+    graph = ctx.graph
+    seen: set[str] = set()
+    total = 0
+    for node in graph.nodes if nodes is None else nodes:
+        stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
+        fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
+        for v in stored:
+            if v not in seen:
+                seen.add(v)
+                total += value_bytes(graph, v, fallback)
+    return total
+
+
+def module_key(node: Node) -> str:
+    """The module a node belongs to, one level below its decoder block (``layers.0.attn``)."""
+    parts = [p for p in node.scope.replace("/", ".").split(".") if p]
+    for i, part in enumerate(parts):
+        if part.isdigit() and i > 0:
+            return ".".join(parts[: i + 2])
+    return ".".join(parts[:1]) if parts else (f"layer{node.layer}" if node.layer is not None else "")
+
+
+def kernel_groups(ctx: LoweringContext, fuse_elementwise: bool) -> list[list[Node]]:
+    """Kernels in topological order: one per node, or elementwise chains fused onto their producer.
+
+    An elementwise node joins the previous kernel when it reads the previous node's output
+    and that output has no other reader (a fusible chain, as GPU and WSE compilers do).
+    """
+    groups: list[list[Node]] = []
+    graph = ctx.graph
+    for node in graph.nodes:
+        if fuse_elementwise and groups and ctx.is_elementwise(node):
+            prev = groups[-1][-1]
+            shared = [v for v in prev.outputs if v in node.inputs]
+            if shared and all(len(graph.consumers.get(v, [])) == 1 for v in prev.outputs if v):
+                groups[-1].append(node)
+                continue
+        if groups and ctx.is_shape(node) and not ctx.is_work(node):
+            groups[-1].append(node)  # bookkeeping ops ride along with the kernel before them
+            continue
+        groups.append([node])
+    return groups
+
+
+@dataclass(slots=True)
+class Block:
+    """A run of consecutive nodes in one decoder block (or outside any block)."""
+
+    key: str
+    nodes: list[Node]
+
+
+def layer_blocks(graph: Graph) -> list[Block]:
+    """Consecutive nodes grouped by ``node.layer``; runs outside any layer are blocks too."""
+    blocks: list[Block] = []
+    for node in graph.nodes:
+        key = f"layer{node.layer}" if node.layer is not None else ""
+        if blocks and (blocks[-1].key == key or (key == "" and blocks[-1].key != "")):
+            # nodes without a layer (residual adds the exporter left unscoped) stay with
+            # the block they follow; a leading run without layer becomes its own block
+            blocks[-1].nodes.append(node)
+            continue
+        blocks.append(Block(key or "pre", [node]))
+    for i, b in enumerate(blocks):
+        if b.key == "pre" and i > 0:
+            b.key = f"block{i}"
+    return blocks
+
+
+def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
+    """Peak bytes of activations alive at once while ``nodes`` run in order (simple liveness)."""
+    graph = ctx.graph
+    in_set = {n.name for n in nodes}
+    position = {n.name: i for i, n in enumerate(nodes)}
+    last_use: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or value.kind.is_stored:
+                continue
+            last_use[v] = i
+            if v not in sizes:
+                sizes[v] = value_bytes(graph, v)
+        out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
+        for v in node.outputs:
+            if v:
+                sizes[v] = value_bytes(graph, v, out_default)
+                last_use.setdefault(v, i)
+    for v in graph.outputs:
+        if v in sizes:
+            last_use[v] = len(nodes)
+    for v, consumers in graph.consumers.items():
+        if v in sizes and any(c.name not in in_set for c in consumers):
+            last_use[v] = len(nodes)  # read by a node outside this set: held to the end
+    born: dict[str, int] = {}
+    for v in sizes:
+        value = graph.values.get(v)
+        prod = value.producer if value is not None else None
+        born[v] = position.get(prod, 0) if prod in in_set else 0
+    peak = live = 0
+    events: dict[int, int] = {}
+    for v, size in sizes.items():
+        events[born[v]] = events.get(born[v], 0) + size
+        events[last_use.get(v, born[v]) + 1] = events.get(last_use.get(v, born[v]) + 1, 0) - size
+    for i in sorted(events):
+        live += events[i]
+        peak = max(peak, live)
+    return peak
+
+
+def balance(
+    work_s: Sequence[float], min_units: Sequence[int], max_units: Sequence[int], available: int
+) -> list[int] | None:
+    """Units per task so tasks take near-equal time: the smallest T with sum(units) <= available.
+
+    ``work_s[i]`` is task i's time on one unit; it gets ``ceil(work/T)`` units, clamped to
+    ``[min_units[i], max_units[i]]``. None when even the minimum sizes exceed ``available``.
+    """
+    if sum(min_units) > available:
+        return None
+
+    def units_at(t: float) -> list[int]:
+        return [
+            max(lo, min(hi, math.ceil(w / t - 1e-9))) if w > 0 else lo
+            for w, lo, hi in zip(work_s, min_units, max_units, strict=True)
+        ]
+
+    positive = [w for w in work_s if w > 0]
+    if not positive:
+        return list(min_units)
+    hi_t = max(w / max(lo, 1) for w, lo in zip(work_s, min_units, strict=True)) or 1.0
+    lo_t = min(positive) / max(available, 1) / 2
+    if sum(units_at(lo_t)) <= available:
+        return units_at(lo_t)
+    for _ in range(100):  # bisection on a log scale; sum(units_at(t)) falls as t grows
+        mid = math.sqrt(lo_t * hi_t)
+        if sum(units_at(mid)) <= available:
+            hi_t = mid
+        else:
+            lo_t = mid
+        if hi_t / lo_t < 1 + 1e-9:
+            break
+    return units_at(hi_t)
+
+
+def classify_bound(
+    flops: float, feed_bytes: float, ridge: float, *, work_s: float, comm_s: float = 0.0, overhead_s: float = 0.0
+) -> Bound:
+    """Roofline class of a node: overhead or communication when that dominates its time,
+    else compute when its intensity is at or above the ridge point, else memory."""
+    if overhead_s > max(work_s, comm_s) or (flops == 0 and feed_bytes == 0 and comm_s == 0):
+        return Bound.OVERHEAD
+    if comm_s > work_s:
+        return Bound.COMMUNICATION
+    if feed_bytes == 0:
+        return Bound.COMPUTE
+    return Bound.COMPUTE if flops / feed_bytes >= ridge else Bound.MEMORY

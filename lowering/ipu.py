@@ -1,0 +1,197 @@
+"""Graphcore IPU lowering: bulk-synchronous steps on tiles, layers pipelined over IPUs.
+
+Each node is one BSP superstep on its IPU: a compute phase on the tiles its work spreads
+over (one tile per ``arch.min_grain_flops``, so small ops use few tiles), a sync
+(``overheads.sync_s``), and an exchange phase moving its input bytes between tiles at
+``arch.exchange_bytes_per_s``. With ``ipus`` > 1, decoder blocks are split into
+contiguous pipeline stages, one per IPU; tensors crossing a stage boundary go over
+IPU-Links. All weights, live activations and code of a stage must fit in its IPU's tile
+SRAM, else the plan does not fit. The most loaded IPU sets throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from dabench_ir.lowering._common import (
+    Block,
+    LoweringContext,
+    classify_bound,
+    layer_blocks,
+    peak_live_bytes,
+    value_bytes,
+    weight_bytes,
+)
+from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Graph, Node
+    from dabench_ir.lowering import LoweringOptions
+    from dabench_ir.targets import Target
+
+__all__ = ["lower"]
+
+logger = logging.getLogger(__name__)
+_WHO = "ipu"
+
+
+def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
+    ctx = LoweringContext.build(graph, options.precision, options.batch)
+    tiles = int(target.arch_value("tiles", target.num_units))
+    peak = target.peak_flops(ctx.precision)
+    tile_peak = peak / tiles
+    sram = target.memory("on-chip")
+    grain = target.arch_value("min_grain_flops", needed_by=_WHO)
+    exchange_bw = target.arch_value("exchange_bytes_per_s", needed_by=_WHO)
+    tile_sram = target.arch_value("tile_sram_bytes", sram.capacity_bytes / tiles)
+    code_per = target.arch_value("code_bytes_per_tile_op", 0.0)
+    sync = target.overhead("sync_s")
+    link = target.link("ipu_link") or target.link()
+    ridge = peak / sram.bandwidth_bytes_per_s
+    m = options.micro_batches or ctx.batch
+
+    def tiles_for(node: Node) -> int:
+        cost = ctx.costs[node.name]
+        if cost.flops > 0:  # one superstep handles one micro-batch
+            return max(1, min(tiles, math.ceil(cost.flops / m / grain)))
+        return max(1, min(tiles, math.ceil(cost.bytes / m / tile_sram)))
+
+    blocks = layer_blocks(graph)
+    block_time = [sum(_node_work_s(ctx, n, tiles_for(n), tile_peak, sram.bandwidth_bytes_per_s / tiles,
+                                   exchange_bw, sync * m) for n in b.nodes) for b in blocks]
+    block_w = [weight_bytes(ctx, b.nodes) for b in blocks]
+    block_code = [sum(tiles_for(n) * code_per for n in b.nodes if ctx.is_work(n)) for b in blocks]
+    block_act = [math.ceil(peak_live_bytes(ctx, b.nodes) / m) for b in blocks]
+    n_ipus = min(options.ipus, len(blocks)) if blocks else 1
+    plan = Plan(
+        target=target,
+        options=options,
+        precision=ctx.precision,
+        schedule=Schedule.CONCURRENT,
+        batch=ctx.batch,
+        micro_batches=m,
+        chips=n_ipus,
+        pipelined_steps=options.steady_state,
+        unattributed=list(ctx.unattributed),
+    )
+    if options.ipus > n_ipus:
+        plan.notes.append(f"only {len(blocks)} pipeline stage(s) to place: {options.ipus - n_ipus} IPU(s) unused")
+    stages = _split(blocks, block_time, block_w, block_code, block_act, n_ipus, sram.capacity_bytes)
+    stage_of = {n.name: s for s, blk in enumerate(stages) for b in blk for n in b.nodes}
+    for s, blk in enumerate(stages):
+        nodes = [n for b in blk for n in b.nodes]
+        unit = Unit(id=f"ipu{s}", kind="ipu", nodes=[n.name for n in nodes])
+        busy = weighted = 0.0
+        for node in nodes:
+            cost = ctx.costs[node.name]
+            used = tiles_for(node)
+            work = ctx.is_work(node)
+            compute_s = max(cost.flops / (tile_peak * used), cost.bytes / (sram.bandwidth_bytes_per_s * used / tiles))
+            exchange_s = cost.act_bytes_in / exchange_bw
+            link_bytes = 0
+            for v in node.inputs:
+                value = graph.values.get(v) if v else None
+                if value is not None and value.producer is not None and stage_of.get(value.producer, s) != s:
+                    link_bytes += value_bytes(graph, v)
+            comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
+            overhead_s = sync * m if work else 0.0
+            total = (compute_s + exchange_s + comm_s + overhead_s) if work else 0.0
+            plan.node_plans[node.name] = NodePlan(
+                node=node.name,
+                unit=unit.id,
+                lane=unit.id,
+                per_micro_batch_s=total / m,
+                flops=cost.flops,
+                bytes=cost.bytes,
+                feed_level=sram.level,
+                feed_bytes=cost.bytes,
+                compute_s=compute_s,
+                memory_s=0.0,
+                comm_s=exchange_s + comm_s,
+                overhead_s=overhead_s,
+                bound=classify_bound(
+                    cost.flops, cost.bytes, ridge, work_s=compute_s, comm_s=exchange_s + comm_s, overhead_s=overhead_s
+                ),
+                allocation=used / tiles / n_ipus if work else 0.0,
+                note="unattributed: zero time" if node.name in ctx.unattributed else "",
+            )
+            busy += total
+            weighted += total * used / tiles
+        util = weighted / busy if busy > 0 else 0.0
+        w = sum(block_w[blocks.index(b)] for b in blk)
+        code = sum(block_code[blocks.index(b)] for b in blk)
+        act = max((block_act[blocks.index(b)] for b in blk), default=0)
+        resident = w + code + act
+        unit.allocation = util / n_ipus
+        unit.resources = {
+            "tiles": float(tiles),
+            "tile_utilisation": util,
+            "sram_bytes": float(resident),
+            "weight_bytes": float(w),
+            "code_bytes": float(code),
+            "activation_bytes": float(act),
+        }
+        plan.units.append(unit)
+        plan.memory_bytes[f"{sram.name}:ipu{s}"] = int(resident)
+        if resident > sram.capacity_bytes:
+            plan.fail(
+                f"IPU {s} needs {resident / 1e6:.0f} MB of tile SRAM (weights {w / 1e6:.0f} MB, "
+                f"activations {act / 1e6:.0f} MB, code {code / 1e6:.0f} MB), an IPU has "
+                f"{sram.capacity_bytes / 1e6:.0f} MB; use more IPUs (ipus={n_ipus + 1} or more)",
+                resident,
+                sram.capacity_bytes,
+            )
+    plan.memory_bytes[sram.name] = sum(int(u.resources["sram_bytes"]) for u in plan.units)
+    plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
+    plan.extra.update({"ipus": n_ipus, "stages": [[b.key for b in blk] for blk in stages]})
+    return plan
+
+
+def _node_work_s(
+    ctx: LoweringContext, node: Node, used: int, tile_peak: float, tile_bw: float, exchange_bw: float, sync_s: float
+) -> float:
+    if not ctx.is_work(node):
+        return 0.0
+    cost = ctx.costs[node.name]
+    return max(cost.flops / (tile_peak * used), cost.bytes / (tile_bw * used)) + cost.act_bytes_in / exchange_bw + sync_s
+
+
+def _split(
+    blocks: list[Block],
+    time: list[float],
+    weights: list[int],
+    code: list[float],
+    act: list[int],
+    n: int,
+    capacity: float,
+) -> list[list[Block]]:
+    """Contiguous stages minimising (SRAM overflow, time) of the worst stage, by dynamic programming."""
+    nb = len(blocks)
+    if n <= 1 or nb <= 1:
+        return [blocks]
+
+    def cost(i: int, j: int) -> tuple[float, float]:  # blocks i..j-1 as one stage
+        mem = sum(weights[i:j]) + sum(code[i:j]) + max(act[i:j])
+        return (max(0.0, mem - capacity), sum(time[i:j]))
+
+    inf = (math.inf, math.inf)
+    best = [[inf] * (nb + 1) for _ in range(n + 1)]
+    cut = [[0] * (nb + 1) for _ in range(n + 1)]
+    best[0][0] = (0.0, 0.0)
+    for k in range(1, n + 1):
+        for j in range(k, nb + 1):
+            for i in range(k - 1, j):
+                if best[k - 1][i] == inf:
+                    continue
+                cand = max(best[k - 1][i], cost(i, j))
+                if cand < best[k][j]:
+                    best[k][j], cut[k][j] = cand, i
+    stages: list[list[Block]] = []
+    j = nb
+    for k in range(n, 0, -1):
+        i = cut[k][j]
+        stages.append(blocks[i:j])
+        j = i
+    return stages[::-1]

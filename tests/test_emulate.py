@@ -1,0 +1,108 @@
+"""Emulation: dependencies hold on every target, pipelines fill and drain, traces open."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dabench_ir.emulate import check_dependencies, emulate
+from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.metrics import compute_metrics
+from dabench_ir.report.trace import write_chrome_trace
+from dabench_ir.targets import load_target
+from tests.conftest import analyze_text
+from tests.lowering_graphs import chain, decoder
+
+CASES = [
+    ("a100", LoweringOptions()),
+    ("wse", LoweringOptions(wse_mode="pipelined")),
+    ("wse", LoweringOptions(wse_mode="streaming")),
+    ("rdu", LoweringOptions(opt_level="O0")),
+    ("rdu", LoweringOptions(opt_level="O3")),
+    ("ipu", LoweringOptions(ipus=2)),
+]
+
+
+@pytest.mark.parametrize("target,opts", CASES)
+def test_timeline_respects_dependencies(target, opts):
+    g = decoder(layers=2, hidden=64, seq=8, batch=4)
+    plan = lower(g, load_target(target), opts)
+    timeline = emulate(plan, g)
+    assert set(timeline.nodes) == {n.name for n in g.nodes}
+    assert check_dependencies(timeline, g) == []
+    for name, runs in timeline.slices.items():
+        assert len(runs) == plan.micro_batches
+        assert all(b >= a for a, b in runs)
+        assert timeline.busy(name) == pytest.approx(sum(b - a for a, b in runs))
+    assert timeline.step_time_s > 0
+    assert timeline.samples_per_step == 4
+
+
+def test_pipeline_fill_and_drain():
+    # three stages on three IPUs, four micro-batches
+    g = chain([10**9] * 3, [10**3] * 3)
+    g.nodes[0].layer, g.nodes[1].layer, g.nodes[2].layer = 0, 1, 2
+    ipu = load_target("ipu")
+    plan = lower(g, ipu, LoweringOptions(ipus=3, micro_batches=4, precision="fp16"))
+    timeline = emulate(plan, g)
+    # stages 1 and 2 also pay the IPU-Link transfer of their input
+    assert plan.node_plans["n1"].comm_s > plan.node_plans["n0"].comm_s
+    # identical micro-batches through a chain: makespan = sum of stages + (M - 1) x slowest
+    assert timeline.makespan_s == pytest.approx(
+        sum(plan.node_plans[n].per_micro_batch_s for n in ("n0", "n1", "n2"))
+        + 3 * max(plan.node_plans[n].per_micro_batch_s for n in ("n0", "n1", "n2")),
+        rel=1e-6,
+    )
+    # steady state: consecutive steps overlap, the busiest stage sets the step time
+    assert timeline.step_time_s == pytest.approx(max(timeline.unit_busy_s.values()))
+    one_step = emulate(lower(g, ipu, LoweringOptions(ipus=3, micro_batches=4, steady_state=False)), g)
+    assert one_step.step_time_s == pytest.approx(one_step.makespan_s)
+
+
+def test_sequential_units_never_overlap():
+    g = decoder(layers=2, hidden=64, seq=8)
+    plan = lower(g, load_target("rdu"), LoweringOptions(opt_level="O1"))
+    timeline = emulate(plan, g)
+    for unit in plan.units:
+        start, end = timeline.unit_spans[unit.id]
+        for n in unit.nodes:
+            assert start <= timeline.nodes[n].start and timeline.nodes[n].end <= end + 1e-15
+
+
+def test_chrome_trace(tmp_path):
+    g = decoder(layers=1, hidden=64, seq=8)
+    plan = lower(g, load_target("rdu"), LoweringOptions(opt_level="O1"))
+    timeline = emulate(plan, g)
+    path = write_chrome_trace(timeline, g, tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in slices} == {n.name for n in g.nodes}
+    assert len(slices) == len(g.nodes)
+    for e in slices:
+        assert {"flops", "bytes", "bound"} <= set(e["args"]) and e["dur"] >= 0
+    procs = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert procs == {u.id for u in plan.units}
+
+
+_ONNX = """
+agraph (float[2,8,16] x, float[16,32] w1, float[32,16] w2) => (float[2,8,16] y) {
+    h = MatMul(x, w1)
+    a = Relu(h)
+    z = MatMul(a, w2)
+    s = Softmax(z)
+    y = Add(s, x)
+}
+"""
+
+
+@pytest.mark.parametrize("target", ["a100", "wse", "rdu", "ipu"])
+def test_analyzed_onnx_graph_runs_end_to_end(target):
+    g = analyze_text(_ONNX)
+    tgt = load_target(target)
+    plan = lower(g, tgt, LoweringOptions(batch=2))
+    timeline = emulate(plan, g)
+    metrics = compute_metrics(g, plan, timeline, tgt)
+    assert plan.fits and check_dependencies(timeline, g) == []
+    assert metrics.total_flops == sum(plan.node_plans[n.name].flops for n in g.nodes) > 0
+    assert set(metrics.node_bound) == {n.name for n in g.nodes}

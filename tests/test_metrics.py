@@ -1,0 +1,91 @@
+"""Metrics: ranges, roofline bound classes, efficiency and memory use."""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.emulate import emulate
+from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.metrics import compute_metrics
+from dabench_ir.targets import load_target
+from dabench_ir.timeline import Bound
+from tests.lowering_graphs import chain, decoder
+
+CASES = [
+    ("a100", LoweringOptions()),
+    ("h100", LoweringOptions(fuse_elementwise=False)),
+    ("wse", LoweringOptions(wse_mode="pipelined")),
+    ("wse", LoweringOptions(wse_mode="pipelined", replicas="auto")),
+    ("wse", LoweringOptions(wse_mode="streaming")),
+    ("rdu", LoweringOptions(opt_level="O0")),
+    ("rdu", LoweringOptions(opt_level="O1")),
+    ("rdu", LoweringOptions(opt_level="O3")),
+    ("ipu", LoweringOptions()),
+    ("ipu", LoweringOptions(ipus=3)),
+]
+
+
+def _run(target, opts, graph):
+    tgt = load_target(target)
+    plan = lower(graph, tgt, opts)
+    timeline = emulate(plan, graph)
+    return tgt, plan, timeline, compute_metrics(graph, plan, timeline, tgt)
+
+
+@pytest.mark.parametrize("target,opts", CASES)
+@pytest.mark.parametrize("shape", [(1, 64, 8, 1), (3, 256, 64, 4)])
+def test_allocation_and_li_in_unit_interval(target, opts, shape):
+    layers, hidden, seq, batch = shape
+    g = decoder(layers=layers, hidden=hidden, seq=seq, batch=batch)
+    _, _, timeline, m = _run(target, opts, g)
+    assert 0 < m.allocation_ratio <= 1
+    assert 0 < m.load_imbalance <= 1
+    assert 0 < m.compute_efficiency <= 1
+    assert m.achieved_flops_per_s == pytest.approx(m.total_flops / timeline.step_time_s)
+    for use in m.memory_use.values():
+        assert use.capacity_bytes > 0 and use.fraction == pytest.approx(use.bytes / use.capacity_bytes)
+
+
+@pytest.mark.parametrize("target,opts", CASES)
+def test_bound_agrees_with_intensity_and_ridge(target, opts):
+    g = decoder(layers=2, hidden=2048, seq=512, batch=4)  # big enough that GPU launches do not dominate
+    tgt, plan, timeline, m = _run(target, opts, g)
+    checked = 0
+    for name, bound in m.node_bound.items():
+        if bound in (Bound.COMMUNICATION, Bound.OVERHEAD):
+            continue
+        ridge = tgt.ridge_point(plan.precision, m.node_feed_level[name])
+        intensity = m.node_intensity[name]
+        expected = Bound.COMPUTE if intensity is None or intensity >= ridge else Bound.MEMORY
+        assert bound is expected, name
+        checked += 1
+    assert checked > 0
+    assert m.node_bound == {n: m.node_bound[n] for n in timeline.nodes}
+
+
+def test_gpu_matmul_compute_bound_elementwise_memory_bound():
+    g = decoder(layers=1, hidden=2048, seq=512, batch=4)
+    _, _, _, m = _run("a100", LoweringOptions(fuse_elementwise=False), g)
+    assert m.node_bound["layers.0.mlp.fc1"] is Bound.COMPUTE
+    assert m.node_bound["layers.0.add1"] is Bound.MEMORY
+    assert m.node_intensity["layers.0.mlp.fc1"] > load_target("a100").ridge_point("fp16")
+
+
+def test_feed_level_is_per_architecture():
+    g = decoder(layers=1, hidden=64, seq=8)
+    levels = {t: set(_run(t, LoweringOptions(wse_mode="pipelined"), g)[3].node_feed_level.values())
+              for t in ("wse", "ipu", "rdu", "a100")}
+    assert levels == {"wse": {"on-chip"}, "ipu": {"on-chip"}, "rdu": {"off-chip"}, "a100": {"off-chip"}}
+
+
+def test_li_below_one_when_stages_are_unbalanced():
+    g = chain([10**10, 10**6], [10**3, 10**3])
+    g.nodes[0].layer, g.nodes[1].layer = 0, 1
+    _, _, _, m = _run("ipu", LoweringOptions(ipus=2), g)
+    assert m.load_imbalance < 0.6
+
+
+def test_rdu_reports_pmu_allocation_apart():
+    g = decoder(layers=1, hidden=64, seq=8)
+    _, _, _, m = _run("rdu", LoweringOptions(opt_level="O3"), g)
+    assert 0 < m.extra["pmu_allocation"] <= 1

@@ -1,0 +1,120 @@
+"""Target files: loading, aliases, sources on every number, and errors that name the field."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dabench_ir.cli import main
+from dabench_ir.errors import TargetError
+from dabench_ir.ir import DType
+from dabench_ir.targets import builtin_target_paths, list_targets, load_target
+
+BUILTIN = ("wse2", "sn30", "bow", "a100", "h100", "h200")
+
+_GOOD = """
+name = "mine"
+kind = "gpu"
+[process]
+node_nm = { value = 7, source = "s" }
+[power]
+watts = { value = 100, source = "s" }
+[compute]
+units = { value = 10, source = "s" }
+[compute.peak_flops]
+fp16 = { value = 1e12, source = "s", estimate = true }
+[[memory]]
+name = "hbm"
+level = "off-chip"
+capacity_bytes = { value = 1e9, source = "s" }
+bandwidth_bytes_per_s = { value = 1e11, source = "s" }
+"""
+
+
+def test_builtins_present_and_load():
+    assert set(BUILTIN) <= set(builtin_target_paths())
+    names = {t.name for t in list_targets()}
+    assert set(BUILTIN) <= names
+    assert "cpu" not in names  # listing never calibrates the host
+
+
+@pytest.mark.parametrize("alias,name", [("wse", "wse2"), ("rdu", "sn30"), ("ipu", "bow"), ("H100", "h100")])
+def test_aliases(alias, name):
+    assert load_target(alias).name == name
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_number_has_a_source(name):
+    target = load_target(name)
+    quantities = target.quantities()
+    assert quantities
+    assert all(q.source.strip() for _, q in quantities)
+    # estimates say what they rest on
+    assert all(len(q.source) > 10 for _, q in quantities if q.estimate)
+    assert target.peak_flops(DType.FLOAT16) > 0
+    assert target.memory(target.feed_level).capacity_bytes > 0
+
+
+def test_dataflow_estimates_marked():
+    assert "compute.units" in load_target("sn30").estimates()
+    assert any(e.startswith("memory[") for e in load_target("bow").estimates())
+    assert "power.watts" in load_target("wse2").estimates()
+
+
+def test_ridge_point_is_peak_over_bandwidth():
+    t = load_target("a100")
+    assert t.ridge_point("fp16") == pytest.approx(312e12 / 2.039e12)
+    assert t.ridge_point(DType.BFLOAT16, "hbm") == t.ridge_point("fp16")
+
+
+def test_bf16_falls_back_to_fp16_peak():
+    assert load_target("bow").peak_flops("bf16") == load_target("bow").peak_flops("fp16")
+    with pytest.raises(TargetError, match="no peak"):
+        load_target("bow").peak_flops("int8")
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(TargetError, match=r"known targets: .*a100.*wse2"):
+        load_target("tpu9")
+
+
+def test_user_file_loads(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(_GOOD)
+    target = load_target(str(path))
+    assert target.name == "mine" and target.kind == "gpu" and target.peaks["fp16"].estimate
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda s: s.replace('bandwidth_bytes_per_s = { value = 1e11, source = "s" }\n', ""),
+         "memory[0].bandwidth_bytes_per_s"),
+        (lambda s: s.replace('[power]\nwatts = { value = 100, source = "s" }\n', ""), "power"),
+        (lambda s: s.replace('units = { value = 10, source = "s" }', 'units = { value = 10 }'), "compute.units.source"),
+        (lambda s: s.replace('value = 10,', 'value = "ten",'), "compute.units.value"),
+        (lambda s: s.replace('kind = "gpu"', 'kind = "tpu"'), "kind"),
+        (lambda s: s + '[[memory]]\nname = "x"\nlevel = "on-chip"\ncapacity_bytes = { value = 1, source = "s" }\n',
+         "memory[1].bandwidth_bytes_per_s"),
+    ],
+)
+def test_bad_file_names_the_field(tmp_path, edit, field):
+    path = tmp_path / "my.toml"
+    path.write_text(edit(_GOOD))
+    with pytest.raises(TargetError, match=rf"my\.toml: .*{field.replace('[', '.').replace(']', '.')}"):
+        load_target(path)
+
+
+def test_cpu_without_calibration_is_a_target_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dabench_ir.execute.calibrate", None)  # import fails
+    with pytest.raises(TargetError, match="calibration"):
+        load_target("cpu")
+
+
+def test_cli_targets_lists_figures(capsys):
+    assert main(["targets"]) == 0
+    out = capsys.readouterr().out
+    for name in BUILTIN:
+        assert name in out
+    assert "PFLOP/s" in out and "nm" in out
