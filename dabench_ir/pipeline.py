@@ -21,7 +21,7 @@ from dabench_ir.report.model import NodeRecord, Report
 if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
-__all__ = ["ProfileOptions", "analyze", "build_report", "load_graph", "profile"]
+__all__ = ["ProfileOptions", "analyze", "build_report", "load_graph", "prepare_graph", "profile"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,22 +94,14 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
     except TypeError as exc:
         raise UserError(f"profile: {exc}") from None
     say = progress or _quiet
-    say("loading and costing the graph")
-    dims = dict(opts.dims)
-    graph = load_graph(model, via=opts.via, dims=dims)
-    if opts.batch is not None:
-        batch_sym = _batch_symbol(graph)
-        if batch_sym and batch_sym not in dims:
-            dims[batch_sym] = opts.batch
-    if not graph.meta.get("costed"):
-        standard_passes(dims)(graph)
-    graph = _apply_precision_and_mode(graph, opts)
-
     tgt = plan = timeline = metrics = measurement = None
-    if target is not None:
+    if target is not None:  # a bad target name fails before any real work
         from dabench_ir.targets import load_target
 
         tgt = load_target(target)
+    say("loading and costing the graph")
+    graph = prepare_graph(model, opts)
+    dims = dict(graph.bindings)
     if tgt is not None:
         from dabench_ir.emulate import emulate
         from dabench_ir.lowering import LoweringOptions, lower
@@ -148,6 +140,34 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
         measurement=measurement,
         model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
     )
+
+
+def prepare_graph(model: Any, opts: ProfileOptions) -> Graph:
+    """Load, bind dims (and the batch), cost, then rewrite precision and expand training."""
+    dims = dict(opts.dims)
+    graph = load_graph(model, via=opts.via, dims=dims)
+    if opts.batch is not None:
+        batch_sym = _batch_symbol(graph)
+        if batch_sym and batch_sym not in dims:
+            dims[batch_sym] = opts.batch
+        elif batch_sym is None:
+            fixed = _static_batch(graph)
+            if fixed is not None and fixed != opts.batch:
+                raise UserError(
+                    f"--batch {opts.batch}: the model's batch is fixed at {fixed}; export it with --dynamic "
+                    f"(symbolic batch) or with --batch {opts.batch}"
+                )
+    if not graph.meta.get("costed"):
+        standard_passes(dims)(graph)
+    return _apply_precision_and_mode(graph, opts)
+
+
+def _static_batch(graph: Graph) -> int | None:
+    for name in graph.inputs:
+        shape = graph.values[name].type.shape
+        if shape and isinstance(shape[0], int):
+            return shape[0]
+    return None
 
 
 def _batch_symbol(graph: Graph) -> str | None:

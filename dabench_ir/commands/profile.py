@@ -156,9 +156,14 @@ def _write_outputs(args: argparse.Namespace, report) -> list[str]:
 
         written.append(str(write_html(report, args.html)))
     if args.annotate:
-        from dabench_ir.annotate import annotate_model
+        from dabench_ir.annotate import annotate
 
-        written.append(str(annotate_model(args.model, report, args.annotate)))
+        extra = {
+            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s}
+            for n in report.nodes
+            if n.time_s is not None
+        }
+        written.append(str(annotate(args.model, report.graph, args.annotate, extra)))
     if written and not args.quiet:
         sys.stdout.flush()
     return written

@@ -13,6 +13,7 @@ torch-mlir is imported here lazily, never when `dabench_ir` is imported.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ __all__ = [
     "load_mlir",
     "lower_to_linalg",
     "mlir_asm",
+    "onnx_node_names",
     "onnx_via_mlir",
     "parse_mlir",
     "prepare_onnx",
@@ -44,15 +46,14 @@ logger = logging.getLogger(__name__)
 
 LINALG_PIPELINE = "torch-backend-to-linalg-on-tensors-backend-pipeline"
 ONNX_PIPELINE = (
-    "builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,"
-    f"{LINALG_PIPELINE})"
+    f"builtin.module(func.func(convert-torch-onnx-to-torch),torch-lower-to-backend-contract,{LINALG_PIPELINE})"
 )
 TORCH_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops),"
     f"torchdynamo-export-to-torch-backend-pipeline,{LINALG_PIPELINE})"
 )
 _LINALG_DIALECTS = frozenset(
-    {"builtin", "func", "linalg", "tensor", "arith", "math", "ml_program", "scf", "tm_tensor", "torch_c"}
+    {"builtin", "func", "linalg", "tensor", "arith", "math", "ml_program", "scf", "cf", "tm_tensor", "torch_c"}
 )
 
 
@@ -160,22 +161,54 @@ def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     module = parse_mlir(text, context=ctx, where=where)
     level = lower_to_linalg(module, where=where)
     func = _entry_func(module)
+    header = _header(text)
+    args = list(func.regions[0].blocks[0].arguments)
+    weight_names = _weight_names(header)
+    # The exporter passes (x, *weights): the last len(weights) arguments are the weights.
+    first_weight = len(args) - len(weight_names) if 0 < len(weight_names) <= len(args) else len(args)
     values: dict[str, Value] = {}
     inputs: list[str] = []
-    for arg in func.regions[0].blocks[0].arguments:
+    for arg in args:
         ttype = tensor_type_of(arg.type)
         if ttype is None:
             continue
-        name = f"arg{arg.arg_number}"
-        values[name] = Value(name, ttype, ValueKind.INPUT)
-        inputs.append(name)
-    name = path.stem if path else "mlir"
-    graph = Graph([], values, inputs, [], name=name, path=str(path) if path else None, bindings=dims)
+        i = arg.arg_number
+        is_weight = i >= first_weight
+        name = f"arg{i}"  # the linalg cost pass names function arguments this way
+        values[name] = Value(name, ttype, ValueKind.WEIGHT if is_weight else ValueKind.INPUT)
+        if not is_weight:
+            inputs.append(name)
+    weight_args = frozenset(range(first_weight, len(args)))
+    name = header.get("dabench.family") or (path.stem if path else "mlir")
+    graph = Graph([], values, inputs, [], name=name, path=str(path) if path else None, metadata=header, bindings=dims)
     graph.metadata["dabench.frontend"] = f"mlir ({level})"
-    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, source=where)
+    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
     graph = LinalgCostPass(create_nodes=True)(graph).graph
+    graph.meta["costed"] = True
     logger.info("%s: %d origin node(s) from MLIR", where, len(graph.nodes))
     return graph
+
+
+def _header(text: str) -> dict[str, str]:
+    """``// dabench.key: value`` comment lines at the top of an exported .mlir file."""
+    out: dict[str, str] = {}
+    for line in text.splitlines()[:32]:
+        if not line.startswith("//"):
+            if line.strip():
+                break
+            continue
+        key, sep, value = line[2:].strip().partition(":")
+        if sep and key.startswith("dabench."):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _weight_names(header: Mapping[str, str]) -> list[str]:
+    try:
+        names = json.loads(header.get("dabench.weights", "[]"))
+    except json.JSONDecodeError:
+        return []
+    return [str(n) for n in names] if isinstance(names, list) else []
 
 
 def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
@@ -193,7 +226,7 @@ def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
 
 
 # -- ONNX through torch-mlir -------------------------------------------------------------
-def _node_names(graph_proto: onnx.GraphProto) -> list[str]:
+def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
     """The node names the ONNX frontend gives (unnamed nodes and duplicates renamed)."""
     names: list[str] = []
     seen: set[str] = set()
@@ -224,7 +257,7 @@ def prepare_onnx(
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     g = proto.graph
-    for node, name in zip(g.node, _node_names(g), strict=True):
+    for node, name in zip(g.node, onnx_node_names(g), strict=True):
         node.name = name
     dims = dict(dims or {})
     missing: set[str] = set()
@@ -308,6 +341,7 @@ def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
     graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
     graph.metadata["dabench.frontend"] = "onnx via mlir"
     graph = LinalgCostPass(create_nodes=False)(graph).graph
+    graph.meta["costed"] = True
     logger.info("%s via MLIR: %d nodes in %.2f s", where, len(graph.nodes), time.perf_counter() - start)
     return graph
 
@@ -316,4 +350,3 @@ def mlir_asm(graph: Graph, *, debug_info: bool = True) -> str:
     """The lowered module kept on a graph, as text (resources elided)."""
     artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
     return artifact.module.operation.get_asm(enable_debug_info=debug_info, large_elements_limit=16)
-

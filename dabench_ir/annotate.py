@@ -1,0 +1,208 @@
+"""Write the model back with per-node cost annotations a user can see in Netron or MLIR.
+
+- ONNX: node ``metadata_props`` ``dabench.flops``, ``dabench.bytes``,
+  ``dabench.intensity``, ``dabench.layer`` (and ``dabench.unit`` / ``dabench.time_s``
+  when given). External weight data is never loaded; the file stays checker-valid.
+- MLIR: the lowered linalg module with discardable attributes on every counted op
+  (``dabench.flops = 1234 : i64``, ``dabench.bytes``, ``dabench.origin``, ...), printed
+  so torch-mlir parses it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, Graph, Node
+from dabench_ir.passes.meta import COST, UNATTRIBUTED
+
+__all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "node_annotations"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "dabench."
+
+Extra = Mapping[Any, Mapping[str, Any]] | None
+
+
+def _extra_by_name(extra: Extra) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for key, values in (extra or {}).items():
+        out[key.name if isinstance(key, Node) else str(key)] = values
+    return out
+
+
+def node_annotations(node: Node, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``dabench.*`` key/values for one node: cost figures, layer, then any extra."""
+    out: dict[str, Any] = {}
+    cost: Cost | None = node.meta.get(COST)
+    if cost is not None:
+        out["dabench.flops"] = cost.flops
+        out["dabench.bytes"] = cost.bytes
+        if cost.intensity is not None:
+            out["dabench.intensity"] = round(cost.intensity, 6)
+    if UNATTRIBUTED in node.meta:
+        out["dabench.unattributed"] = str(node.meta[UNATTRIBUTED])
+    if node.layer is not None:
+        out["dabench.layer"] = node.layer
+    for key, value in (extra or {}).items():
+        if value is None:
+            continue
+        out[key if key.startswith(PREFIX) else PREFIX + key] = value
+    return out
+
+
+def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
+    """Copy of `model` (path or ModelProto) with ``dabench.*`` node metadata; returns the path.
+
+    Nodes are matched by the names the ONNX frontend gives. External weight data is not
+    read: initializers keep their references, so the data file must sit beside the output.
+    """
+    import onnx
+
+    from dabench_ir.frontends.mlir import onnx_node_names
+    from dabench_ir.frontends.onnx import read_model
+
+    proto, path = read_model(model)
+    out = Path(out_path)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    extras = _extra_by_name(extra)
+    g = copy.graph
+    written = 0
+    for proto_node, name in zip(g.node, onnx_node_names(g), strict=True):
+        kept = [p for p in proto_node.metadata_props if not p.key.startswith(PREFIX)]
+        del proto_node.metadata_props[:]
+        proto_node.metadata_props.extend(kept)
+        if not graph.has_node(name):
+            continue
+        for key, value in node_annotations(graph.node(name), extras.get(name)).items():
+            proto_node.metadata_props.add(key=key, value=_text(value))
+        written += 1
+    total = sum((n.meta.get(COST, Cost()) for n in graph.nodes if UNATTRIBUTED not in n.meta), Cost())
+    props = {p.key: p.value for p in copy.metadata_props if not p.key.startswith("dabench.total")}
+    props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes)})
+    del copy.metadata_props[:]
+    for key, value in props.items():
+        copy.metadata_props.add(key=key, value=value)
+    _check_external_location(copy, path, out)
+    try:
+        onnx.save_model(copy, str(out), save_as_external_data=False)
+    except OSError as exc:
+        raise UserError(f"--annotate {out}: cannot write ({exc.strerror or exc})") from None
+    logger.info("annotated %d ONNX node(s) into %s", written, out)
+    return out
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _check_external_location(proto: Any, source: Path | None, out: Path) -> None:
+    import onnx
+
+    if source is None or source.resolve().parent == out.resolve().parent:
+        return
+    for init in proto.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            logger.warning(
+                "%s references external weight data relative to its folder; copy the data file(s) "
+                "from %s beside it to open the weights (annotations work without them)",
+                out,
+                source.parent,
+            )
+            return
+
+
+def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
+    """Write the lowered linalg module with ``dabench.*`` attributes on each counted op.
+
+    Uses the module kept on `graph` by the MLIR frontend; otherwise lowers `source`
+    (a .mlir or .onnx path) through torch-mlir first. Node-level `extra` values
+    (unit, time_s) are put on every op of that node.
+    """
+    from torch_mlir import ir
+
+    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, MLIR_OPS
+
+    mlir_graph = graph
+    if MLIR_ARTIFACT not in graph.meta:
+        mlir_graph = _lower_for_annotation(source, graph)
+    module = mlir_graph.meta[MLIR_ARTIFACT].module
+    extras = _extra_by_name(extra)
+    ctx = module.context
+    count = 0
+    with ctx, ir.Location.unknown():
+        i64 = ir.IntegerType.get_signless(64)
+        f64 = ir.F64Type.get()
+        for node in mlir_graph.nodes:
+            base = graph.node(node.name) if graph.has_node(node.name) else node
+            node_extra = node_annotations(base, extras.get(node.name))
+            for c in node.meta.get(MLIR_OPS, []):
+                if c.op is None:
+                    continue
+                attrs = {
+                    "dabench.flops": c.cost.flops,
+                    "dabench.bytes": c.cost.bytes,
+                    "dabench.class": c.op_class,
+                    "dabench.origin": node.name,
+                }
+                if c.cost.intensity is not None:
+                    attrs["dabench.intensity"] = round(c.cost.intensity, 6)
+                for key in ("dabench.layer", "dabench.unit", "dabench.time_s"):
+                    if key in node_extra:
+                        attrs[key] = node_extra[key]
+                if c.reason:
+                    attrs["dabench.unattributed"] = c.reason
+                for key, value in attrs.items():
+                    c.op.attributes[key] = _attr(value, i64, f64)
+                count += 1
+    text = module.operation.get_asm(enable_debug_info=True)
+    out = Path(out_path)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"--annotate {out}: cannot write ({exc.strerror or exc})") from None
+    logger.info("annotated %d MLIR op(s) into %s", count, out)
+    return out
+
+
+def _attr(value: Any, i64: Any, f64: Any) -> Any:
+    from torch_mlir import ir
+
+    if isinstance(value, bool):
+        return ir.BoolAttr.get(value)
+    if isinstance(value, int):
+        return ir.IntegerAttr.get(i64, value)
+    if isinstance(value, float):
+        return ir.FloatAttr.get(f64, value)
+    return ir.StringAttr.get(str(value))
+
+
+def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
+    from dabench_ir.frontends.mlir import load_mlir, onnx_via_mlir
+
+    suffix = Path(source).suffix.lower() if isinstance(source, (str, os.PathLike)) else ".onnx"
+    dims = dict(graph.bindings)
+    if suffix == ".mlir":
+        return load_mlir(source, dims=dims)
+    return onnx_via_mlir(source, dims=dims)
+
+
+def annotate(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
+    """`--annotate F`: annotated ONNX for ``.onnx`` F, annotated linalg MLIR for ``.mlir`` F."""
+    suffix = Path(out_path).suffix.lower()
+    if suffix == ".onnx":
+        model_suffix = Path(model).suffix.lower() if isinstance(model, (str, os.PathLike)) else ".onnx"
+        if model_suffix == ".mlir":
+            raise UserError(f"--annotate {out_path}: an .mlir model can only be annotated as .mlir")
+        return annotate_onnx(model, graph, out_path, extra)
+    if suffix == ".mlir":
+        return annotate_mlir(model, graph, out_path, extra)
+    raise UserError(f"--annotate {out_path}: expected a .onnx or .mlir file name")

@@ -1,0 +1,439 @@
+"""Level 2: scaling one model over several chips (DP, TP, PP), on top of single-chip lowerings.
+
+- DP (data parallel): every chip runs the whole graph on its own batch (weak scaling); in
+  training, gradients are all-reduced once per step over the target's link. On a WSE,
+  "chips" are copies of the model on one wafer (intra-chip data parallel).
+- TP (tensor parallel, Megatron-style; Shoeybi et al. 2019): attention heads and MLP
+  columns are split across chips. Nodes inside a block's attention or MLP module do 1/n of
+  the work and hold 1/n of the weights; norms, residual adds and everything outside the
+  blocks are replicated. Each split module ends in an all-reduce of its output: two per
+  layer forward, four in training.
+- PP (pipeline parallel): decoder blocks are assigned to chips as contiguous stages that
+  minimise the most-loaded stage (exact, `optimal_contiguous_split`); the step runs m
+  micro-batches through p stages, idle for the bubble (p − 1)/(m + p − 1), and sends the
+  boundary activations over the link. On an IPU the IPU lowering pipelines itself.
+
+Every chip's share is placed with the single-chip lowering and emulated, so per-chip
+allocation, load balance and fit come from the same model as `profile`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, Graph, Node
+from dabench_ir.passes import meta
+
+from . import LoweringOptions, lower
+from ._common import LoweringContext, weight_bytes
+from .collectives import bubble_fraction, optimal_contiguous_split, p2p_time, ring_allreduce_time
+
+if TYPE_CHECKING:
+    from dabench_ir.targets import Target
+
+__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "scale", "split_for_tp"]
+
+logger = logging.getLogger(__name__)
+
+SCALE_SCHEMA = "dabench-ir/scale/v1"
+STRATEGIES = ("dp", "tp", "pp")
+
+# Module names (the path component right below a decoder block) that TP splits.
+_TP_MODULES = ("attn", "attention", "self_attn", "mlp", "ffn", "feed_forward", "feedforward")
+
+
+@dataclass(slots=True)
+class ScalePoint:
+    """One chip count (and batch) of a scaling study."""
+
+    chips: int
+    batch: int
+    time_s: float
+    throughput_samples_per_s: float
+    compute_time_s: float
+    comm_time_s: float
+    bubble_fraction: float = 0.0
+    speedup: float | None = None
+    scaling_efficiency: float | None = None
+    allocation_ratio: float | None = None
+    load_imbalance: float | None = None
+    compute_efficiency: float | None = None
+    fits: bool = True
+    failure: dict[str, Any] | None = None
+    stages: list[list[int]] | None = None  # PP: the layers on each chip
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_time_s / self.time_s if self.time_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chips": self.chips,
+            "batch": self.batch,
+            "time_s": self.time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "speedup": self.speedup,
+            "scaling_efficiency": self.scaling_efficiency,
+            "compute_time_s": self.compute_time_s,
+            "comm_time_s": self.comm_time_s,
+            "comm_share": self.comm_share,
+            "bubble_fraction": self.bubble_fraction,
+            "allocation_ratio": self.allocation_ratio,
+            "load_imbalance": self.load_imbalance,
+            "compute_efficiency": self.compute_efficiency,
+            "fits": self.fits,
+            "failure": self.failure,
+            "stages": self.stages,
+            "notes": self.notes,
+        }
+
+
+@dataclass(slots=True)
+class ScaleResult:
+    target: str
+    strategy: str
+    mode: str
+    precision: str
+    link: str | None
+    points: list[ScalePoint]
+    model: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCALE_SCHEMA,
+            "model": self.model,
+            "target": self.target,
+            "strategy": self.strategy,
+            "mode": self.mode,
+            "precision": self.precision,
+            "link": self.link,
+            "points": [p.to_dict() for p in self.points],
+        }
+
+
+# -- single chip ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    time_s: float
+    allocation: float | None
+    li: float | None
+    efficiency: float | None
+    fits: bool
+    failure: dict[str, Any] | None
+    layer_time: dict[int | None, float]
+
+
+def _run_one(graph: Graph, target: Target, options: LoweringOptions) -> _Run:
+    from dabench_ir.emulate import emulate
+    from dabench_ir.metrics import compute_metrics
+
+    plan = lower(graph, target, options)
+    timeline = emulate(plan, graph)
+    metrics = compute_metrics(graph, plan, timeline, target)
+    per_layer: dict[int | None, float] = {}
+    for node in graph.nodes:
+        busy = timeline.busy(node.name)
+        if busy:
+            per_layer[node.layer] = per_layer.get(node.layer, 0.0) + busy
+    return _Run(
+        time_s=timeline.step_time_s,
+        allocation=metrics.allocation_ratio,
+        li=metrics.load_imbalance,
+        efficiency=metrics.compute_efficiency,
+        fits=plan.fits,
+        failure=plan.failure.to_dict() if plan.failure else None,
+        layer_time=per_layer,
+    )
+
+
+# -- tensor parallel -----------------------------------------------------------------------
+
+
+def _tp_module(node: Node) -> str | None:
+    """The split module (``layers.3.attn``) a node belongs to, or None when it is replicated."""
+    if node.layer is None:
+        return None
+    parts = [p for p in node.scope.replace("/", ".").split(".") if p]
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit() and int(part) == node.layer and parts[i + 1].lower() in _TP_MODULES:
+            return ".".join(parts[: i + 2])
+    return None
+
+
+def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
+    """One chip's share of ``graph`` under Megatron tensor parallelism, and the all-reduce sizes.
+
+    Returns a copy whose split nodes cost 1/chips of their FLOPs and weight bytes (and of
+    the activation bytes they read from or write to other split nodes of the same module),
+    and the bytes of each all-reduce a step needs: one per split module, of the value that
+    leaves it (the row-parallel projection's partial sums).
+    """
+    share = copy.deepcopy(graph)
+    module_of = {n.name: _tp_module(n) for n in share.nodes}
+    producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
+    leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
+    for node in share.nodes:
+        mod = module_of[node.name]
+        cost = meta.get_cost(node)
+        if mod is None or cost is None:
+            continue
+        inside_in = all(producer_module.get(v) == mod for v in node.inputs if v and v in producer_module)
+        consumers = [c for out in node.outputs for c in share.consumers.get(out, ())]
+        inside_out = bool(consumers) and all(module_of[c.name] == mod for c in consumers)
+        node.meta[meta.COST] = Cost(
+            contraction_flops=math.ceil(cost.contraction_flops / chips),
+            vector_flops=math.ceil(cost.vector_flops / chips),
+            special_ops=math.ceil(cost.special_ops / chips),
+            weight_bytes=math.ceil(cost.weight_bytes / chips),
+            act_bytes_in=math.ceil(cost.act_bytes_in / chips) if inside_in else cost.act_bytes_in,
+            act_bytes_out=math.ceil(cost.act_bytes_out / chips) if inside_out else cost.act_bytes_out,
+        )
+        if not inside_out:  # the module's result: partial sums, all-reduced across chips
+            leaving[mod] = max(leaving.get(mod, 0), cost.act_bytes_out)
+    for value in share.values.values():  # weights of split modules are sharded too
+        readers = share.consumers.get(value.name, [])
+        if value.kind.is_stored and readers and all(module_of[r.name] for r in readers):
+            shape = value.type.shape
+            if shape:
+                dims = list(shape)
+                if isinstance(dims[-1], int) and dims[-1] % chips == 0:
+                    dims[-1] //= chips
+                    value.type = replace(value.type, shape=tuple(dims))
+    return share, list(leaving.values())
+
+
+# -- pipeline parallel -----------------------------------------------------------------------
+
+
+def _pp_point(
+    graph: Graph, target: Target, options: LoweringOptions, chips: int, single: _Run, micro_batches: int | None
+) -> ScalePoint:
+    layers = graph.layers
+    if len(layers) < chips:
+        raise UserError(f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}")
+    loads = [single.layer_time.get(layer, 0.0) for layer in layers]
+    starts, worst = optimal_contiguous_split(loads, chips)
+    bounds = [*starts, len(layers)]
+    stages = [layers[a:b] for a, b in itertools.pairwise(bounds)]
+    outside = single.layer_time.get(None, 0.0)  # embedding and head: first and last stage
+    stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
+    stage_times[0] += outside / 2
+    stage_times[-1] += outside / 2
+    worst = max(stage_times)
+    batch = options.batch or 1
+    m = micro_batches or max(batch, chips)
+    link = target.link()
+    boundary_bytes = _boundary_bytes(graph, stages)
+    comm = 0.0
+    if link is not None and chips > 1:
+        comm = sum(p2p_time(b / m, link.bandwidth_bytes_per_s, link.latency_s) for b in boundary_bytes) * m
+    step = (m + chips - 1) * (worst / m) + comm
+    # per-stage fit: the stage's weights against the chip's feed memory
+    ctx = LoweringContext.build(graph, options.precision, options.batch)
+    mem = target.feed_memory
+    fits, failure = True, None
+    for i, st in enumerate(stages):
+        nodes = [n for n in graph.nodes if n.layer in st]
+        need = weight_bytes(ctx, nodes) + _train_state(graph, nodes, ctx)
+        if need > mem.capacity_bytes:
+            fits = False
+            failure = {
+                "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {need / 1e9:.2f} GB of {mem.name}, "
+                f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
+                "needed_bytes": need,
+                "capacity_bytes": int(mem.capacity_bytes),
+            }
+            break
+    return ScalePoint(
+        chips=chips,
+        batch=batch,
+        time_s=step,
+        throughput_samples_per_s=batch / step if step > 0 else 0.0,
+        compute_time_s=step - comm,
+        comm_time_s=comm,
+        bubble_fraction=bubble_fraction(chips, m),
+        load_imbalance=(sum(stage_times) / chips) / worst if worst > 0 else 1.0,
+        allocation_ratio=single.allocation,
+        compute_efficiency=None,
+        fits=fits,
+        failure=failure,
+        stages=stages,
+        notes=[f"{m} micro-batches"],
+    )
+
+
+def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
+    """Bytes crossing each stage boundary: values produced in one stage and read in a later one."""
+    stage_of = {layer: i for i, st in enumerate(stages) for layer in st}
+    crossing = [0] * max(len(stages) - 1, 0)
+    for node in graph.nodes:
+        src = stage_of.get(node.layer)
+        if src is None:
+            continue
+        for out in node.outputs:
+            readers = {stage_of.get(c.layer) for c in graph.consumers.get(out, ())} - {None, src}
+            if readers:
+                try:
+                    nbytes = graph.type_of(out).nbytes()
+                except Exception:
+                    continue
+                for boundary in range(src, max(readers)):
+                    if boundary < len(crossing):
+                        crossing[boundary] += nbytes
+    return crossing
+
+
+def _train_state(graph: Graph, nodes: Sequence[Node], ctx: LoweringContext) -> int:
+    train = graph.meta.get("train")
+    if not train:
+        return 0
+    total_w = weight_bytes(ctx) or 1
+    share = weight_bytes(ctx, nodes) / total_w
+    return int(share * (train["optimizer_state_bytes"] + train["saved_activation_bytes"]))
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+def _gradient_bytes(graph: Graph) -> int:
+    """Bytes of one full gradient: every weight element at the precision weights are kept in."""
+    total = 0
+    for value in graph.weights():
+        try:
+            total += value.type.nbytes(graph.bindings)
+        except Exception:
+            continue
+    return total
+
+
+def scale(
+    graph: Graph,
+    target: Target,
+    chips: Sequence[int],
+    strategy: str,
+    options: LoweringOptions | None = None,
+    *,
+    micro_batches: int | None = None,
+) -> ScaleResult:
+    """Throughput, speedup and efficiency of ``graph`` on 1..n chips of ``target``."""
+    options = options or LoweringOptions()
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
+    supported = tuple(target.strategies)
+    if strategy not in supported and any(n > 1 for n in chips):
+        have = ", ".join(supported) or "none"
+        raise UserError(f"{target.name} does not support --strategy {strategy}; it supports: {have}")
+    if any(n < 1 for n in chips):
+        raise UserError("--chips: chip counts must be positive integers")
+    train = graph.meta.get("mode") == "train"
+    link = target.link()
+    if options.batch is None:  # samples one run of the graph processes
+        options = replace(options, batch=_graph_batch(graph))
+    single = _run_one(graph, target, options)
+    points: list[ScalePoint] = []
+    for n in chips:
+        if n == 1:
+            pt = _single_point(single, options)
+        elif strategy == "dp":
+            pt = _dp_point(graph, target, options, n, single, train)
+        elif strategy == "tp":
+            pt = _tp_point(graph, target, options, n, train)
+        elif target.kind == "ipu":
+            run = _run_one(graph, target, replace(options, ipus=n))
+            pt = _point_from_run(run, n, options.batch or 1, comm=0.0)
+            pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
+        else:
+            pt = _pp_point(graph, target, options, n, single, micro_batches)
+        points.append(pt)
+    base = single.time_s and (options.batch or 1) / single.time_s
+    for pt in points:
+        if base:
+            pt.speedup = pt.throughput_samples_per_s / base
+            pt.scaling_efficiency = pt.speedup / pt.chips
+    if link is None and any(p.comm_time_s for p in points):
+        logger.warning("%s has no link declared; communication is free", target.name)
+    return ScaleResult(
+        target=target.name,
+        strategy=strategy,
+        mode="train" if train else "inference",
+        precision=str(options.precision) if options.precision else "model",
+        link=link.name if link is not None else None,
+        points=points,
+    )
+
+
+def _graph_batch(graph: Graph) -> int:
+    if "batch" in graph.bindings:
+        return int(graph.bindings["batch"])
+    for name in graph.inputs:
+        shape = graph.values[name].type.shape
+        if shape and isinstance(shape[0], int):
+            return shape[0]
+    return 1
+
+
+def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoint:
+    step = run.time_s + comm
+    return ScalePoint(
+        chips=chips,
+        batch=batch,
+        time_s=step,
+        throughput_samples_per_s=batch / step if step > 0 else 0.0,
+        compute_time_s=run.time_s,
+        comm_time_s=comm,
+        allocation_ratio=run.allocation,
+        load_imbalance=run.li,
+        compute_efficiency=run.efficiency,
+        fits=run.fits,
+        failure=run.failure,
+    )
+
+
+def _single_point(single: _Run, options: LoweringOptions) -> ScalePoint:
+    return _point_from_run(single, 1, options.batch or 1, comm=0.0)
+
+
+def _dp_point(graph: Graph, target: Target, options: LoweringOptions, n: int, single: _Run, train: bool) -> ScalePoint:
+    batch = options.batch or 1
+    if target.kind == "wse":  # replicas on one wafer: no link, the wafer's fabric carries gradients
+        run = _run_one(graph, target, replace(options, replicas=n, batch=batch * n))
+        pt = _point_from_run(run, n, batch * n, comm=0.0)
+        pt.notes.append("on-wafer replicas (intra-chip data parallel)")
+        return pt
+    comm = 0.0
+    if train:
+        link = target.link()
+        if link is None:
+            raise UserError(f"{target.name} declares no link; data parallel training needs one")
+        comm = ring_allreduce_time(_gradient_bytes(graph), n, link.bandwidth_bytes_per_s, link.latency_s)
+    pt = _point_from_run(single, n, batch * n, comm)
+    pt.notes.append("weak scaling: each chip runs the full batch")
+    return pt
+
+
+def _tp_point(graph: Graph, target: Target, options: LoweringOptions, n: int, train: bool) -> ScalePoint:
+    share, allreduces = split_for_tp(graph, n)
+    if not allreduces:
+        raise UserError(
+            "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
+        )
+    run = _run_one(share, target, options)
+    link = target.link()
+    if link is None:
+        raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
+    per_step = (2 if train else 1) * sum(
+        ring_allreduce_time(b, n, link.bandwidth_bytes_per_s, link.latency_s) for b in allreduces
+    )
+    pt = _point_from_run(run, n, options.batch or 1, comm=per_step)
+    pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
+    return pt

@@ -1,0 +1,693 @@
+"""Formula-free cost from linalg on tensors: iteration domain × arithmetic in the region.
+
+Every structured linalg op (named or generic) is counted the same way: a clone of the
+module is generalised (`linalg-generalize-named-ops`), each op's loop bounds are derived
+from its indexing maps and operand shapes, and its payload region is read op by op:
+
+- a multiply feeding an add that accumulates into an output in a reduction = 2
+  contraction FLOPs (one multiply-add),
+- ``math.*`` ops = one special-function op each,
+- comparisons, selects, min/max and every other float or integer ``arith`` op = one
+  vector FLOP each; casts and index arithmetic are free.
+
+FLOPs = iteration-domain size × the per-iteration count. Bytes are the operand tensors
+read (``outs`` only when the region reads them) plus the result tensors written. Tensor
+ops that only move data (``tensor.expand_shape``, ``extract_slice``, ``pad``, ...) are
+classified as data movement with no FLOPs. No ONNX or torch per-op formula is used.
+
+The counts are tied back to their origin through each op's location (`origin_of`):
+torch-mlir's ONNX importer names every op after its ONNX node, the fx importer records
+``file:line`` call sites. `LinalgCostPass` sums them onto graph nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
+from dabench_ir.passes.base import Pass, PassResult
+from dabench_ir.passes.meta import COST, UNATTRIBUTED
+
+__all__ = [
+    "LINALG_COUNTS",
+    "MLIR_ARTIFACT",
+    "MLIR_CLASS",
+    "MLIR_OPS",
+    "UNATTRIBUTED_NODE",
+    "LinalgCostPass",
+    "MlirArtifact",
+    "OpCount",
+    "Origin",
+    "count_module",
+    "origin_of",
+]
+
+logger = logging.getLogger(__name__)
+
+MLIR_ARTIFACT = "dabench.mlir.artifact"  # graph.meta: MlirArtifact (the lowered module)
+LINALG_COUNTS = "dabench.mlir.counts"  # graph.meta: list[OpCount], written by 'linalg-cost'
+MLIR_OPS = "dabench.mlir.ops"  # node.meta: list[OpCount] attributed to the node
+MLIR_CLASS = "dabench.mlir.class"  # node.meta: contraction | vector | data_movement | none
+UNATTRIBUTED_NODE = "unattributed"
+"""Name of the node that gathers linalg ops with no recoverable origin."""
+
+_IDX_ATTR = "dabench.idx"
+
+# -- payload classification --------------------------------------------------------------
+_FREE = frozenset(
+    {
+        "linalg.yield",
+        "linalg.index",
+        "arith.constant",
+        "arith.index_cast",
+        "arith.index_castui",
+        "arith.extf",
+        "arith.truncf",
+        "arith.extsi",
+        "arith.extui",
+        "arith.trunci",
+        "arith.sitofp",
+        "arith.uitofp",
+        "arith.fptosi",
+        "arith.fptoui",
+        "arith.bitcast",
+        "arith.scaling_extf",
+        "arith.scaling_truncf",
+    }
+)
+_MUL = frozenset({"arith.mulf", "arith.muli"})
+_ADD = frozenset({"arith.addf", "arith.addi"})
+
+# Tensor-dialect ops that only change how data is viewed: no bytes, no FLOPs.
+_VIEW_OPS = frozenset(
+    {"tensor.expand_shape", "tensor.collapse_shape", "tensor.reshape", "tensor.cast", "tensor.bitcast"}
+)
+# Ops that are neither work nor data movement: skipped silently.
+_IGNORED = frozenset(
+    {
+        "builtin.module",
+        "func.func",
+        "func.return",
+        "func.call",
+        "arith.constant",
+        "tensor.empty",
+        "tensor.dim",
+        "tensor.extract",
+        "tensor.from_elements",
+        "ml_program.global",
+    }
+)
+_IGNORED_DIALECTS = ("arith.", "index.", "math.", "cf.", "torch_c.", "bufferization.")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where an op came from: an ONNX node name, an fx ``file:line`` call site, or nothing."""
+
+    name: str | None
+    kind: str = "unknown"  # "name" | "file" | "unknown"
+    scope: str = ""
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass(slots=True)
+class OpCount:
+    """The counted cost of one MLIR op in the lowered module."""
+
+    op_name: str
+    origin: Origin
+    cost: Cost
+    op_class: str  # contraction | vector | data_movement | uncounted
+    reason: str | None = None
+    domain: tuple[int, ...] | None = None
+    op: Any = field(default=None, repr=False)  # the torch_mlir Operation (original module)
+
+
+class MlirArtifact:
+    """A lowered torch_mlir module kept on a Graph; shared (not copied) by deepcopy."""
+
+    def __init__(self, module: Any, *, weight_args: frozenset[int] = frozenset(), source: str = "") -> None:
+        self.module = module
+        self.weight_args = weight_args
+        self.source = source
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MlirArtifact:
+        return self
+
+    def __repr__(self) -> str:
+        return f"MlirArtifact({self.source!r})"
+
+
+# -- locations ---------------------------------------------------------------------------
+_LIB_PATH = re.compile(r"(site-packages|dist-packages)[/\\](torch|torch_mlir|functorch|transformers)[/\\]")
+
+
+def _is_asm_position(filename: str) -> bool:
+    """A location the parser made from the MLIR text itself (printed without debug info)."""
+    return filename in ("", "-", "<stdin>") or filename.endswith((".mlir", ".mlirbc"))
+
+
+def origin_of(loc: Any) -> Origin:
+    """Unwrap name, fused and call-site locations down to an ONNX node name or a source line."""
+    from torch_mlir import ir
+
+    names: list[str] = []
+    files: list[tuple[str, int]] = []
+
+    def visit(loc: Any, depth: int = 0) -> None:
+        if depth > 32:
+            return
+        if isinstance(loc, ir.NameLoc):
+            names.append(loc.name_str)
+            visit(loc.child_loc, depth + 1)
+        elif isinstance(loc, ir.FusedLoc):
+            for sub in loc.locations:
+                visit(sub, depth + 1)
+        elif isinstance(loc, ir.CallSiteLoc):
+            visit(loc.callee, depth + 1)
+            visit(loc.caller, depth + 1)
+        elif isinstance(loc, ir.FileLineColLoc) and not _is_asm_position(loc.filename):
+            files.append((loc.filename, loc.start_line))
+
+    visit(loc)
+    names = [n for n in names if n and not n.startswith("graph:")]
+    if names:
+        return Origin(names[0], "name", scope="")
+    if files:
+        # The innermost frame outside torch's own sources is the user's model line.
+        user = [f for f in files if not _LIB_PATH.search(f[0])] or files
+        path, line = user[0]
+        label = f"{os.path.basename(path)}:{line}"
+        scope = " <- ".join(f"{os.path.basename(p)}:{n}" for p, n in user[:4])
+        return Origin(label, "file", scope=scope, file=path, line=line)
+    return Origin(None)
+
+
+# -- types -------------------------------------------------------------------------------
+_INT_RE = re.compile(r"^[su]?i(\d+)$")
+_FLOAT_SIZES = {"f64": 8, "f32": 4, "tf32": 4, "f16": 2, "bf16": 2, "index": 8}
+
+
+def _itemsize(elem: Any) -> int:
+    text = str(elem)
+    if text in _FLOAT_SIZES:
+        return _FLOAT_SIZES[text]
+    match = _INT_RE.match(text)
+    if match:
+        return max(1, (int(match.group(1)) + 7) // 8)
+    if text.startswith("f8") or text.startswith("f4") or text.startswith("f6"):
+        return 1
+    if text.startswith("complex<"):
+        return 2 * _itemsize(text[8:-1])
+    return 4
+
+
+_DTYPES = {
+    "f32": DType.FLOAT32,
+    "f16": DType.FLOAT16,
+    "bf16": DType.BFLOAT16,
+    "f64": DType.FLOAT64,
+    "i1": DType.BOOL,
+    "i8": DType.INT8,
+    "si8": DType.INT8,
+    "ui8": DType.UINT8,
+    "i16": DType.INT16,
+    "i32": DType.INT32,
+    "i64": DType.INT64,
+    "si64": DType.INT64,
+}
+
+
+def tensor_type_of(mlir_type: Any) -> TensorType | None:
+    """dabench TensorType of a ranked tensor type, or None for anything else."""
+    from torch_mlir import ir
+
+    if not isinstance(mlir_type, ir.RankedTensorType):
+        return None
+    shape = tuple(d if d >= 0 else "?" for d in mlir_type.shape)
+    return TensorType(shape, _DTYPES.get(str(mlir_type.element_type), DType.UNDEFINED))
+
+
+def _nbytes(mlir_type: Any) -> int:
+    """Bytes of a statically shaped ranked tensor; 0 for scalars; raises on dynamic dims."""
+    from torch_mlir import ir
+
+    if not isinstance(mlir_type, ir.RankedTensorType):
+        return 0
+    if not mlir_type.has_static_shape:
+        raise UserError(
+            f"tensor type {mlir_type} has dynamic dims; costs need static shapes "
+            "(bind symbolic dims with --dim NAME=N, or export with static shapes)"
+        )
+    return math.prod(mlir_type.shape) * _itemsize(mlir_type.element_type)
+
+
+# -- the counter -------------------------------------------------------------------------
+def _countable(op: Any) -> bool:
+    name = op.name
+    return name.startswith("linalg.") and name not in ("linalg.yield", "linalg.index")
+
+
+def _ops_in(region_holder: Any) -> Iterator[Any]:
+    """Ops under `region_holder` in program order, not descending into linalg payloads."""
+    for region in region_holder.regions:
+        for block in region.blocks:
+            for op in block.operations:
+                op = op.operation
+                yield op
+                if not _countable(op):
+                    yield from _ops_in(op)
+
+
+def _block_arg_index(value: Any, block: Any) -> int | None:
+    from torch_mlir import ir
+
+    if isinstance(value, ir.BlockArgument) and value.owner == block:
+        return value.arg_number
+    return None
+
+
+def _loop_bounds(op: Any, maps: list[Any], n_loops: int) -> tuple[int, ...]:
+    from torch_mlir import ir
+
+    bounds: list[int | None] = [None] * n_loops
+    for operand, amap in zip(op.operands, maps, strict=False):
+        ttype = operand.type
+        if not isinstance(ttype, ir.ShapedType) or not ttype.has_rank:
+            continue
+        shape = ttype.shape
+        for pos, expr in enumerate(amap.results):
+            if isinstance(expr, ir.AffineDimExpr) and bounds[expr.position] is None and shape[pos] >= 0:
+                bounds[expr.position] = shape[pos]
+    missing = [f"d{i}" for i, b in enumerate(bounds) if b is None]
+    if missing:
+        raise _Uncountable(f"cannot derive loop bounds for {', '.join(missing)} from the indexing maps")
+    return tuple(b for b in bounds if b is not None)
+
+
+class _Uncountable(Exception):
+    """An op this counter cannot count; the message is the reason shown to the user."""
+
+
+def _count_payload(op: Any, n_inputs: int, has_reduction: bool, gathers: list[Any]) -> tuple[int, int, int, set[int]]:
+    """Per-iteration (contraction, vector, special) counts and the block args the body reads.
+
+    Tensors the body gathers from (``tensor.extract``) are appended to `gathers`."""
+    block = op.regions[0].blocks[0]
+    contraction = vector = special = 0
+    used_args: set[int] = set()
+    fused_muls: set[Any] = set()
+    body = [o.operation for o in block.operations]
+    # First pass: find multiply-adds (mul result accumulated into an output block arg).
+    if has_reduction:
+        for inner in body:
+            if inner.name not in _ADD:
+                continue
+            lhs, rhs = inner.operands[0], inner.operands[1]
+            for acc, other in ((lhs, rhs), (rhs, lhs)):
+                idx = _block_arg_index(acc, block)
+                owner = other.owner
+                if idx is not None and idx >= n_inputs and not isinstance(owner, type(block)) and owner.name in _MUL:
+                    fused_muls.add(owner)
+                    fused_muls.add(inner)
+                    contraction += 2
+                    break
+    guards = _guard_only(body)
+    for inner in body:
+        for operand in inner.operands:
+            idx = _block_arg_index(operand, block)
+            if idx is not None and inner not in guards:
+                used_args.add(idx)
+        name = inner.name
+        if name in _FREE or inner in fused_muls or inner in guards:
+            continue
+        if name == "tensor.extract":  # a gather: one element read per iteration, no FLOPs
+            gathers.append(inner.operands[0])
+            continue
+        if name.startswith("math."):
+            special += 1
+        elif name.startswith("arith."):
+            if inner.results and str(inner.results[0].type) == "index":
+                continue  # address arithmetic
+            vector += 1
+        elif inner.regions and len(inner.regions) > 0:
+            raise _Uncountable(f"payload op {name} has regions")
+        else:
+            raise _Uncountable(f"payload op {name} has no counting rule")
+    return contraction, vector, special, used_args
+
+
+def _guard_only(body: list[Any]) -> set[Any]:
+    """Runtime checks (``cf.assert``) and the ops that only feed them or only compute a
+    gather address (``tensor.extract`` indices): not model arithmetic."""
+    guards: set[Any] = set()
+    for inner in reversed(body):
+        if inner.name == "cf.assert":
+            guards.add(inner)
+            continue
+        uses = [(use.owner.operation, use.operand_number) for r in inner.results for use in r.uses]
+        if uses and all(u in guards or (u.name == "tensor.extract" and k >= 1) for u, k in uses):
+            guards.add(inner)
+    return guards
+
+
+def _count_generic(op: Any, is_weight: Any) -> tuple[Cost, str, tuple[int, ...]]:
+    from torch_mlir import ir
+
+    attrs = op.attributes
+    maps = [ir.AffineMapAttr(a).value for a in attrs["indexing_maps"]]
+    iterators = [str(a) for a in attrs["iterator_types"]]
+    n_loops = len(iterators)
+    segments = list(attrs["operandSegmentSizes"]) if "operandSegmentSizes" in attrs else None
+    n_inputs = int(segments[0]) if segments else len(op.operands) - len(op.results)
+    bounds = _loop_bounds(op, maps, n_loops)
+    domain = math.prod(bounds)
+    has_reduction = any("reduction" in it for it in iterators)
+    gathers: list[Any] = []
+    c, v, s, used = _count_payload(op, n_inputs, has_reduction, gathers)
+    weight_bytes = act_in = act_out = 0
+    for table in gathers:
+        nbytes = domain * _itemsize(table.type.element_type)
+        if is_weight(table):
+            weight_bytes += nbytes
+        else:
+            act_in += nbytes
+    for i, operand in enumerate(op.operands):
+        if i >= n_inputs and i not in used:
+            continue  # an init tensor the body never reads (its shape only)
+        nbytes = _nbytes(operand.type)
+        if is_weight(operand):
+            weight_bytes += nbytes
+        else:
+            act_in += nbytes
+    for result in op.results:
+        act_out += _nbytes(result.type)
+    cost = Cost(domain * c, domain * v, domain * s, weight_bytes, act_in, act_out)
+    op_class = "contraction" if c else ("vector" if (v or s) else "data_movement")
+    return cost, op_class, bounds
+
+
+def _count_tensor_op(op: Any, is_weight: Any) -> tuple[Cost, str]:
+    """Data movement outside linalg: bytes read and written, no FLOPs."""
+    name = op.name
+    if name in _VIEW_OPS:
+        return Cost(), "data_movement"
+    results = sum(_nbytes(r.type) for r in op.results)
+    if name == "tensor.extract_slice":
+        read = results
+    elif name in ("tensor.insert_slice", "tensor.parallel_insert_slice"):
+        read = _nbytes(op.operands[0].type)
+        results = read  # written in place into the destination
+    else:
+        read = 0
+        w = 0
+        for operand in op.operands:
+            nb = _nbytes(operand.type)
+            if is_weight(operand):
+                w += nb
+            else:
+                read += nb
+        return Cost(weight_bytes=w, act_bytes_in=read, act_bytes_out=results), "data_movement"
+    return Cost(act_bytes_in=read, act_bytes_out=results), "data_movement"
+
+
+def _weight_tracer(weight_args: frozenset[int]) -> Any:
+    """is_weight(value): the value is a weight argument or a weight-sized constant, possibly
+    seen through reshapes (views). A materialised copy (broadcast, transpose) is an
+    activation: the weight bytes are counted once, where the weight is read."""
+    from torch_mlir import ir
+
+    passthrough = _VIEW_OPS
+
+    def is_weight(value: Any, depth: int = 0) -> bool:
+        if depth > 8 or not isinstance(value.type, ir.RankedTensorType):
+            return False
+        if isinstance(value, ir.BlockArgument):
+            block = value.owner
+            parent = block.owner
+            return parent is not None and parent.operation.name == "func.func" and value.arg_number in weight_args
+        op = value.owner
+        name = op.name
+        if name == "arith.constant":
+            ttype = value.type
+            attr = op.attributes["value"]
+            splat = isinstance(attr, ir.DenseElementsAttr) and attr.is_splat  # not a parameter
+            return ttype.has_static_shape and ttype.rank >= 1 and math.prod(ttype.shape) > 1 and not splat
+        if name in passthrough:
+            return bool(op.operands) and is_weight(op.operands[0], depth + 1)
+        return False
+
+    return is_weight
+
+
+def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = ()) -> list[OpCount]:
+    """Count every op of a linalg-on-tensors module; one OpCount per counted op, in order.
+
+    `weight_args` are the indices of the entry function's arguments that hold weights
+    (their reads are weight bytes). The module itself is left unchanged.
+    """
+    from torch_mlir import ir
+    from torch_mlir.passmanager import PassManager
+
+    operation = getattr(module, "operation", module)
+    originals = [op for op in _ops_in(operation)]
+    i64 = ir.IntegerType.get_signless(64, context=operation.context)
+    countable = [op for op in originals if _countable(op)]
+    for i, op in enumerate(countable):
+        op.attributes[_IDX_ATTR] = ir.IntegerAttr.get(i64, i)
+    try:
+        clone = operation.clone()
+        with operation.context:
+            PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(clone)
+    finally:
+        for op in countable:
+            del op.attributes[_IDX_ATTR]
+    generic_by_idx: dict[int, Any] = {}
+    for op in _ops_in(clone):
+        if _countable(op) and _IDX_ATTR in op.attributes:
+            generic_by_idx[ir.IntegerAttr(op.attributes[_IDX_ATTR]).value] = op
+
+    is_weight = _weight_tracer(frozenset(weight_args))
+    is_weight_clone = _weight_tracer(frozenset(weight_args))
+    counts: list[OpCount] = []
+    index = {id(op): i for i, op in enumerate(countable)}  # operations are unique objects per walk
+    for op in originals:
+        name = op.name
+        if name in _IGNORED or (name.startswith(_IGNORED_DIALECTS) and not _has_tensor(op)):
+            continue
+        origin = origin_of(op.location)
+        if _countable(op):
+            generic = generic_by_idx.get(index[id(op)])
+            try:
+                if generic is None:
+                    raise _Uncountable("op disappeared when generalised (dead code?)")
+                if generic.name != "linalg.generic":
+                    raise _Uncountable(f"{name} cannot be generalised to linalg.generic")
+                cost, op_class, bounds = _count_generic(generic, is_weight_clone)
+                counts.append(OpCount(name, origin, cost, op_class, domain=bounds, op=op))
+            except _Uncountable as exc:
+                counts.append(OpCount(name, origin, Cost(), "uncounted", reason=str(exc), op=op))
+        elif name.startswith("tensor."):
+            cost, op_class = _count_tensor_op(op, is_weight)
+            counts.append(OpCount(name, origin, cost, op_class, op=op))
+        elif _has_tensor(op):
+            counts.append(
+                OpCount(name, origin, Cost(), "uncounted", reason=f"no linalg-level counting rule for {name}", op=op)
+            )
+    return counts
+
+
+def _has_tensor(op: Any) -> bool:
+    from torch_mlir import ir
+
+    return any(isinstance(r.type, ir.RankedTensorType) for r in op.results)
+
+
+# -- the pass ----------------------------------------------------------------------------
+def _dominant(ops: list[OpCount]) -> str:
+    best = max(ops, key=lambda c: (c.cost.flops, c.cost.bytes))
+    return best.op_name
+
+
+def _summary_class(ops: list[OpCount]) -> str:
+    classes = {c.op_class for c in ops}
+    for name in ("contraction", "vector", "data_movement"):
+        if name in classes:
+            return name
+    return "none"
+
+
+@dataclass(frozen=True)
+class LinalgCostPass(Pass):
+    """Sum linalg-level costs onto graph nodes by origin.
+
+    Reads the lowered module from ``graph.meta[MLIR_ARTIFACT]``. Each op's cost goes to
+    the node named by its origin; with ``create_nodes`` an origin the graph lacks becomes
+    a new node (the `.mlir` frontend), otherwise it is reported under ``unattributed``.
+    Nodes no op maps to get a zero Cost (folded away or pure metadata).
+    """
+
+    create_nodes: bool = False
+    name: str = "linalg-cost"
+
+    def requires(self, graph: Graph) -> None:
+        if MLIR_ARTIFACT not in graph.meta:
+            raise UserError("the linalg cost pass needs an MLIR module; load the model with the MLIR frontend")
+
+    def call(self, graph: Graph) -> PassResult:
+        artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
+        counts = count_module(artifact.module, weight_args=artifact.weight_args)
+        graph.meta[LINALG_COUNTS] = counts
+        by_origin: dict[str, list[OpCount]] = {}
+        stray: list[OpCount] = []
+        for c, key in zip(counts, _origin_keys(counts, split_runs=self.create_nodes), strict=True):
+            if c.op_class == "uncounted" or key is None or (not self.create_nodes and not graph.has_node(key)):
+                stray.append(c)
+            else:
+                by_origin.setdefault(key, []).append(c)
+        if self.create_nodes:
+            _create_nodes(graph, by_origin, artifact)
+        for node in graph.nodes:
+            ops = by_origin.get(node.name, [])
+            node.meta[COST] = sum((c.cost for c in ops), Cost())
+            node.meta[MLIR_OPS] = ops
+            node.meta[MLIR_CLASS] = _summary_class(ops) if ops else "none"
+        if stray:
+            _add_unattributed(graph, stray)
+        graph.invalidate()
+        return PassResult(graph, True)
+
+
+def _origin_keys(counts: list[OpCount], *, split_runs: bool) -> list[str | None]:
+    """Node name for each op: its origin name; a source-line origin (fx) that recurs after
+    other origins (the same line run once per layer) gets ``#k`` for its k-th run."""
+    keys: list[str | None] = []
+    runs: dict[str, int] = {}
+    previous: str | None = None
+    for c in counts:
+        label = c.origin.name
+        if label is None or not split_runs or c.origin.kind != "file":
+            keys.append(label)
+            continue
+        if label != previous:
+            runs[label] = runs.get(label, -1) + 1
+        previous = label
+        k = runs[label]
+        keys.append(label if k == 0 else f"{label}#{k}")
+    return keys
+
+
+def _reason(c: OpCount) -> str:
+    where = f" (from {c.origin.name})" if c.origin.name else ""
+    if c.op_class == "uncounted":
+        return f"{c.op_name}{where}: {c.reason}"
+    if c.origin.name is None:
+        return f"{c.op_name}: no origin in its location"
+    return f"{c.op_name}{where}: origin is not a node of the graph"
+
+
+def _add_unattributed(graph: Graph, stray: list[OpCount]) -> None:
+    reasons: dict[str, int] = {}
+    for c in stray:
+        reasons[_reason(c)] = reasons.get(_reason(c), 0) + 1
+    text = "; ".join(f"{r} ×{n}" if n > 1 else r for r, n in list(reasons.items())[:8])
+    if len(reasons) > 8:
+        text += f"; and {len(reasons) - 8} more"
+    name = UNATTRIBUTED_NODE
+    while graph.has_node(name):
+        name = "_" + name
+    node = Node(name=name, op_type="unattributed", domain="mlir")
+    node.meta[COST] = sum((c.cost for c in stray), Cost())
+    node.meta[UNATTRIBUTED] = f"{len(stray)} MLIR op(s) without a countable origin: {text}"
+    node.meta[MLIR_OPS] = stray
+    node.meta[MLIR_CLASS] = "none"
+    graph.nodes.append(node)
+    graph.invalidate()
+    logger.info("%d MLIR op(s) unattributed", len(stray))
+
+
+def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
+    """fx origins carry no layer index; when a call chain recurs exactly once per decoder
+    block (the model's `layers` from the exporter header), its k-th run is layer k."""
+    import json
+
+    try:
+        layers = int(json.loads(graph.metadata.get("dabench.params", "{}")).get("layers") or 0)
+    except (ValueError, TypeError, AttributeError):
+        layers = 0
+    if layers <= 0:
+        return
+    by_chain: dict[str, list[Node]] = {}
+    for node, chain in nodes:
+        if node.layer is None and " <- " in chain:
+            by_chain.setdefault(chain, []).append(node)
+    for members in by_chain.values():
+        if len(members) == layers:
+            for k, node in enumerate(members):
+                node.layer = k
+
+
+def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
+    """Nodes for origins the graph lacks, wired by the SSA values that cross between them."""
+    from torch_mlir import ir
+
+    owner_of: dict[Any, str] = {}
+    for name, ops in by_origin.items():
+        for c in ops:
+            for res in c.op.results:
+                owner_of[res] = name
+    order = list(by_origin)
+    rank = {n: i for i, n in enumerate(order)}
+    created: dict[str, Node] = {}
+    for name in order:
+        if graph.has_node(name):
+            continue
+        ops = by_origin[name]
+        first = ops[0].origin
+        node = Node(name=name, op_type=_dominant(ops), domain="mlir", scope=first.scope)
+        node.layer = layer_from_scope(first.scope or name)
+        if first.kind == "file":
+            node.attrs["source"] = f"{first.file}:{first.line}"
+        created[name] = node
+    _layers_from_runs(graph, [(n, by_origin[k][0].origin.scope) for k, n in created.items()])
+    value_names: dict[Any, str] = {}
+    produced: dict[str | None, int] = {}
+
+    def value_name(v: Any, producer: str | None) -> str:
+        if v not in value_names:
+            if isinstance(v, ir.BlockArgument):
+                value_names[v] = f"arg{v.arg_number}"
+            else:
+                k = produced[producer] = produced.get(producer, -1) + 1
+                value_names[v] = f"{producer}:{k}"
+        return value_names[v]
+
+    for name, node in created.items():
+        for c in by_origin[name]:
+            for operand in c.op.operands:
+                producer = owner_of.get(operand)
+                is_arg = isinstance(operand, ir.BlockArgument) and operand.owner.owner.operation.name == "func.func"
+                if not is_arg and (producer is None or producer == name or rank[producer] > rank[name]):
+                    continue
+                ttype = tensor_type_of(operand.type)
+                if ttype is None:
+                    continue
+                vname = value_name(operand, producer)
+                if vname not in graph.values:
+                    kind = ValueKind.ACTIVATION
+                    if is_arg:
+                        kind = ValueKind.WEIGHT if operand.arg_number in artifact.weight_args else ValueKind.INPUT
+                    graph.values[vname] = Value(vname, ttype, kind, producer)
+                    if producer is not None and producer in created and vname not in created[producer].outputs:
+                        created[producer].outputs.append(vname)
+                if vname not in node.inputs:
+                    node.inputs.append(vname)
+    graph.nodes.extend(created.values())

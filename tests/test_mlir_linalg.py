@@ -1,0 +1,150 @@
+"""Formula-free linalg counting: exact FLOPs and bytes on tiny hand-written MLIR."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch_mlir")
+
+from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.frontends.mlir import load_mlir, onnx_via_mlir
+from dabench_ir.ir import Cost
+from dabench_ir.passes.linalg_cost import UNATTRIBUTED_NODE
+from dabench_ir.passes.meta import COST, UNATTRIBUTED
+from tests.conftest import parse
+
+MATMUL = """
+func.func @main(%a: tensor<2x3xf32>, %b: tensor<3x4xf32>) -> tensor<2x4xf32> {
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<2x4xf32>
+  %c = linalg.fill ins(%zero : f32) outs(%init : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
+  %0 = linalg.matmul ins(%a, %b : tensor<2x3xf32>, tensor<3x4xf32>)
+                     outs(%c : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
+  return %0 : tensor<2x4xf32>
+}
+"""
+
+# Row sums of a 4x8 tensor (a reduction without multiply), and a dot product per row
+# (a reduction whose multiply-add is a contraction).
+REDUCTIONS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<4x8xf32>, %y: tensor<4x8xf32>, %acc: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %0 = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<4x8xf32>) outs(%acc : tensor<4xf32>) {
+    ^bb0(%in: f32, %out: f32):
+      %s = arith.addf %in, %out : f32
+      linalg.yield %s : f32
+  } -> tensor<4xf32> loc("rowsum")
+  %1 = linalg.generic {indexing_maps = [#id, #id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%x, %y : tensor<4x8xf32>, tensor<4x8xf32>) outs(%acc : tensor<4xf32>) {
+    ^bb0(%a: f32, %b: f32, %out: f32):
+      %p = arith.mulf %a, %b : f32
+      %s = arith.addf %out, %p : f32
+      linalg.yield %s : f32
+  } -> tensor<4xf32> loc("rowdot")
+  return %0, %1 : tensor<4xf32>, tensor<4xf32>
+}
+"""
+
+ELEMENTWISE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %init = tensor.empty() : tensor<4x8xf32>
+  %0 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<4x8xf32>) outs(%init : tensor<4x8xf32>) {
+    ^bb0(%in: f32, %out: f32):
+      %e = math.exp %in : f32
+      linalg.yield %e : f32
+  } -> tensor<4x8xf32> loc("exp")
+  %1 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%0 : tensor<4x8xf32>) outs(%init : tensor<4x8xf32>) {
+    ^bb0(%in: f32, %out: f32):
+      %z = arith.constant 0.0 : f32
+      %c = arith.cmpf ogt, %in, %z : f32
+      %m = arith.select %c, %in, %z : f32
+      %h = arith.mulf %m, %m : f32
+      linalg.yield %h : f32
+  } -> tensor<4x8xf32> loc("relu_sq")
+  %2 = tensor.collapse_shape %1 [[0, 1]] : tensor<4x8xf32> into tensor<32xf32> loc("reshape")
+  %3 = tensor.expand_shape %2 [[0, 1]] output_shape [4, 8] : tensor<32xf32> into tensor<4x8xf32> loc("reshape")
+  return %3 : tensor<4x8xf32>
+}
+"""
+
+
+def _costs(text: str) -> dict[str, Cost]:
+    graph = load_mlir(text)
+    return {n.name: n.meta[COST] for n in graph.nodes}
+
+
+def test_matmul_is_two_flops_per_multiply_add():
+    cost = _costs(MATMUL)["mm"]
+    # fill: writes 32 B; matmul: reads A (24 B), B (48 B) and the accumulator (32 B), writes 32 B.
+    assert cost == Cost(contraction_flops=2 * 2 * 3 * 4, act_bytes_in=24 + 48 + 32, act_bytes_out=32 + 32)
+
+
+def test_generic_reductions():
+    costs = _costs(REDUCTIONS)
+    assert costs["rowsum"] == Cost(vector_flops=32, act_bytes_in=128 + 16, act_bytes_out=16)
+    assert costs["rowdot"] == Cost(contraction_flops=64, act_bytes_in=128 + 128 + 16, act_bytes_out=16)
+
+
+def test_elementwise_exp_compare_select_and_views():
+    costs = _costs(ELEMENTWISE)
+    assert costs["exp"] == Cost(special_ops=32, act_bytes_in=128, act_bytes_out=128)
+    assert costs["relu_sq"] == Cost(vector_flops=3 * 32, act_bytes_in=128, act_bytes_out=128)
+    assert costs["reshape"] == Cost()  # views: data movement, no FLOPs, no bytes
+
+
+def test_graph_edges_and_origin_nodes():
+    graph = load_mlir(ELEMENTWISE)
+    assert [n.name for n in graph.nodes] == ["exp", "relu_sq", "reshape"]
+    relu = graph.node("relu_sq")
+    assert relu.inputs and graph.values[relu.inputs[0]].producer == "exp"
+    assert relu.meta["dabench.mlir.class"] == "vector"
+
+
+def test_op_without_location_is_unattributed():
+    graph = load_mlir(MATMUL.replace(' loc("mm")', ""))
+    node = graph.node(UNATTRIBUTED_NODE)
+    assert UNATTRIBUTED in node.meta and "no origin" in node.meta[UNATTRIBUTED]
+    assert node.meta[COST].contraction_flops == 48
+
+
+def test_parse_error_is_one_line_user_error():
+    with pytest.raises(UserError) as info:
+        load_mlir("func.func @main() {\n  %0 = bogus.op : i32\n}\n")
+    message = str(info.value)
+    assert "\n" not in message and "bogus" in message
+
+
+def test_dialect_the_pipeline_cannot_lower_is_user_error():
+    text = """
+func.func @main(%a: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+    attributes {torch.onnx_meta.opset_version = 18 : si64} {
+  %0 = torch.operator "onnx.Frobnicate"(%a) : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32> loc("n")
+  return %0 : !torch.vtensor<[2],f32>
+}
+"""
+    with pytest.raises(UserError) as info:
+        load_mlir(text)
+    assert "cannot lower" in str(info.value) and "\n" not in str(info.value)
+
+
+ONNX_SYMBOLIC = """
+agraph (float[N, 4] x, float[4, 3] w) => (float[N, 3] y) {
+    h = MatMul(x, w)
+    y = Relu(h)
+}
+"""
+
+
+def test_onnx_via_mlir_binds_symbolic_dims():
+    graph = onnx_via_mlir(parse(ONNX_SYMBOLIC), dims={"N": 2})
+    mm = graph.nodes[0]
+    assert mm.op_type == "MatMul"
+    assert mm.meta[COST].contraction_flops == 2 * 2 * 4 * 3
+    assert graph.nodes[1].meta[COST].vector_flops == 2 * 3 * 2  # cmpf + select per element
+    with pytest.raises(UnboundSymbolError):
+        onnx_via_mlir(parse(ONNX_SYMBOLIC))
