@@ -98,7 +98,12 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
     if target is not None:  # a bad target name fails before any real work
         from dabench_ir.targets import load_target
 
-        tgt = load_target(target)
+        if target == "cpu" and opts.threads:  # calibrated with the threads it will run with
+            from dabench_ir.execute.calibrate import cpu_target_path
+
+            tgt = load_target(str(cpu_target_path(threads=opts.threads)))
+        else:
+            tgt = load_target(target)
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
     dims = dict(graph.bindings)
@@ -127,6 +132,7 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
             threads=opts.threads,
             ort_opt=opts.ort_opt,
             max_weight_bytes=opts.max_weight_bytes,
+            target=tgt if tgt is not None and tgt.kind == "cpu" else None,
         )
         if tgt is None:
             timeline = measurement.timeline
@@ -298,6 +304,13 @@ def build_report(
     metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
         metric_dict.update(_metrics_dict(metrics))
+    if measurement is not None and timeline is not None and timeline.source == "emulated":
+        from dabench_ir.execute.predict import prediction_error
+
+        predicted = {r.name: r.time_s for r in records if r.time_s is not None}
+        for r in records:
+            r.predicted_time_s = r.time_s
+        metric_dict["prediction_error"] = prediction_error(predicted, measured)
     units = []
     if plan is not None:
         busy = timeline.unit_busy_s if timeline is not None else {}

@@ -36,6 +36,13 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     grain = target.arch_value("min_grain_flops", 0.0)
     is_cpu = target.kind == "cpu"
     unit = Unit(id="cpu0" if is_cpu else "stream0", kind="cpu" if is_cpu else "gpu_stream")
+    # The host CPU has a calibrated model finer than a roofline (per-shape matmul curves,
+    # per-class vector throughput); onnxruntime runs one kernel per node, unfused.
+    predicted: dict[str, float] = {}
+    if is_cpu:
+        from dabench_ir.execute.predict import predict_cpu_times
+
+        predicted = predict_cpu_times(graph, target)
     plan = Plan(
         target=target,
         options=options,
@@ -48,7 +55,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     )
     weighted_alloc = total_t = 0.0
     traffic = 0
-    for group in kernel_groups(ctx, options.fuse_elementwise):
+    for group in kernel_groups(ctx, options.fuse_elementwise and not is_cpu):
         launched = False
         for node in group:
             cost = ctx.costs[node.name]
@@ -59,6 +66,8 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
             compute_s = cost.flops / peak
             memory_s = cost.bytes / bw
             time_s = max(compute_s, memory_s) + overhead if work else 0.0
+            if node.name in predicted:
+                time_s = predicted[node.name]
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
             else:

@@ -1,0 +1,142 @@
+"""`dabench-ir export`: build a GPT-2 or LLaMA decoder stack and write it as ONNX or MLIR.
+
+torch is imported inside `run`, never at import time: the CLI imports every command
+module to build its help, and `dabench-ir profile` must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+
+from dabench_ir.errors import UserError
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger(__name__)
+
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
+          "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}  # fmt: skip
+
+
+def _byte_size(text: str) -> int:
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4294967296, 4GiB, 512MB)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="export a GPT-2 / LLaMA decoder stack to ONNX or MLIR",
+        description=(
+            "Build a decoder-block model (GPT-2: LayerNorm, MHA, GELU; LLaMA: RMSNorm, RoPE, GQA, "
+            "SwiGLU) and write it as ONNX (torch dynamo exporter, one block exported and stamped "
+            "L times) or MLIR (torch-mlir fx importer). Weight-free by default above 256 MiB."
+        ),
+    )
+    p.add_argument("--list-presets", action="store_true", help="list the named presets and exit")
+    p.add_argument("--preset", metavar="NAME", help="start from a named shape (see --list-presets)")
+    p.add_argument("--family", choices=("gpt2", "llama"), help="model family (default: the preset's)")
+    p.add_argument("--layers", type=int, metavar="L", help="decoder blocks")
+    p.add_argument("--hidden", type=int, metavar="H", help="model width")
+    p.add_argument("--heads", type=int, metavar="N", help="attention heads (default hidden/64)")
+    p.add_argument("--kv-heads", type=int, metavar="K", help="K/V heads, < heads for GQA (default heads)")
+    p.add_argument("--ffn", type=int, metavar="F", help="MLP width (default 4h GPT-2, ~8h/3 LLaMA)")
+    p.add_argument("--seq", type=int, metavar="S", help="sequence length (default 128)")
+    p.add_argument("--batch", type=int, metavar="B", help="batch size (default 1)")
+    p.add_argument("--vocab", type=int, metavar="V", help="add token embedding and LM head of this vocab")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="parameter dtype (default fp32)")
+    p.add_argument(
+        "--weights",
+        choices=("none", "random"),
+        default="auto",
+        help="none: shape-only weight inputs; random: seeded weights in the file "
+        "(default: random up to 256 MiB of weights, none above)",
+    )
+    p.add_argument(
+        "--max-weight-bytes",
+        type=_byte_size,
+        default="4GiB",
+        metavar="N",
+        help="refuse --weights random above this many bytes (default 4GiB)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
+    p.add_argument("--format", choices=("onnx", "mlir-torch", "mlir-linalg"), default="onnx")
+    p.add_argument("--dynamic", action="store_true", help="make batch and seq symbolic dims `batch`, `seq`")
+    p.add_argument(
+        "--no-stamp",
+        action="store_true",
+        help="ONNX: export all L blocks with the plain exporter instead of stamping one (slow for big L)",
+    )
+    p.add_argument("-o", "--output", metavar="PATH", help="output file")
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace):
+    from dabench_ir.models import ModelConfig, get_preset
+
+    given = {
+        "family": args.family, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+        "kv_heads": args.kv_heads, "ffn": args.ffn, "seq": args.seq, "batch": args.batch,
+        "vocab": args.vocab, "dtype": args.dtype,
+    }  # fmt: skip
+    if args.preset:
+        return get_preset(args.preset, **given)
+    missing = [f"--{k}" for k in ("family", "layers", "hidden") if given[k] is None]
+    if missing:
+        raise UserError(f"export needs {', '.join(missing)} (or --preset NAME; see --list-presets)")
+    if given["heads"] is None:
+        if given["hidden"] <= 0 or given["hidden"] % 64:
+            raise UserError(f"hidden {given['hidden']} is not a multiple of 64: pass --heads")
+        given["heads"] = given["hidden"] // 64
+    given.setdefault("seq", None)
+    params = {k: v for k, v in given.items() if v is not None}
+    params.setdefault("seq", 128)
+    return ModelConfig(**params)
+
+
+def _status(message: str) -> None:
+    print(f"dabench-ir export: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        from dabench_ir.models import describe_presets
+
+        print("\n".join(describe_presets()))
+        return 0
+    cfg = _config(args)
+    if not args.output:
+        raise UserError("export needs -o PATH")
+    from dabench_ir.models.export import export_model, resolve_weights
+
+    resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UserError("export needs torch: pip install 'dabench-ir[export]'") from None
+    start = time.perf_counter()
+    result = export_model(
+        cfg,
+        args.output,
+        format=args.format,
+        weights=args.weights,
+        max_weight_bytes=args.max_weight_bytes,
+        dynamic=args.dynamic,
+        stamp=not args.no_stamp,
+        seed=args.seed,
+        progress=_status,
+    )
+    nodes = f"{result.nodes} nodes, " if result.nodes else ""
+    print(
+        f"wrote {result.path} ({result.format}, {cfg.family}, L={cfg.layers} h={cfg.hidden}, {nodes}"
+        f"{cfg.param_count() / 1e6:.1f} M params, weights {result.weights}, "
+        f"{time.perf_counter() - start:.1f} s)"
+    )
+    return 0

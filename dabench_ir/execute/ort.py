@@ -1,0 +1,253 @@
+"""Run a model in onnxruntime with its per-node profiler, and join the events to nodes.
+
+The profiler writes Chrome-trace JSON: one ``cat == "Node"`` event per kernel run, named
+``<node>_kernel_time``, with ``dur`` in microseconds and ``args.op_name``/``args.provider``,
+and one ``model_run`` session event per ``InferenceSession.run``. Node events are grouped
+by the run whose window holds them, warm-up runs are dropped, and the median over the
+remaining runs is kept.
+
+With graph optimisation on, onnxruntime replaces groups of nodes by fused ones
+(MatMul+Add -> Gemm, LayerNorm, GELU, ...). `map_fused` recovers which original nodes
+each optimised node replaced by walking the original graph back from the optimised node's
+outputs to its inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dabench_ir.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+__all__ = ["FusionMap", "OrtProfile", "default_threads", "map_fused", "resolve_provider", "run_profiled"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = "_kernel_time"
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "MatMulInteger", "Einsum"})
+_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def default_threads() -> int:
+    """The intra-op thread count used when none is given: the CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resolve_provider(provider: str | None) -> str:
+    """``None``/``cpu``/``cuda`` or a full onnxruntime provider name -> an available provider."""
+    import onnxruntime as ort
+
+    name = _PROVIDERS.get((provider or "cpu").lower(), provider or "CPUExecutionProvider")
+    available = ort.get_available_providers()
+    if name not in available:
+        raise UserError(f"onnxruntime execution provider {name} is not available here (have: {', '.join(available)})")
+    return name
+
+
+@dataclass(slots=True)
+class OrtProfile:
+    """Median kernel times per onnxruntime node, and what ran them."""
+
+    node_times: dict[str, float]  # ORT node name -> median seconds per run
+    op_types: dict[str, str]  # ORT node name -> op_name as onnxruntime ran it
+    providers: dict[str, str]  # ORT node name -> execution provider
+    order: list[str]  # ORT node names in the order they first ran
+    run_time_s: float  # median model_run duration
+    run_times_s: list[float] = field(default_factory=list)
+    optimized: onnx.ModelProto | None = None  # the graph onnxruntime ran, when optimisation was on
+
+
+def run_profiled(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    threads: int | None = None,
+    ort_opt: bool = False,
+    provider: str | None = None,
+) -> OrtProfile:
+    """Run ``model`` ``warmup + repeat`` times with profiling on; medians over the repeats."""
+    import onnx
+    import onnxruntime as ort
+
+    if repeat < 1 or warmup < 0:
+        raise UserError(f"need repeat >= 1 and warmup >= 0 (got repeat={repeat}, warmup={warmup})")
+    providers = [resolve_provider(provider)]
+    if providers[0] != "CPUExecutionProvider":
+        providers.append("CPUExecutionProvider")
+    with tempfile.TemporaryDirectory(prefix="dabench-ort-") as tmp:
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "profile")
+        so.intra_op_num_threads = threads or default_threads()
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if ort_opt else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        opt_path = os.path.join(tmp, "optimized.onnx")
+        if ort_opt:
+            so.optimized_model_filepath = opt_path
+        try:
+            session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise UserError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
+        try:
+            for _ in range(warmup + repeat):
+                session.run(None, feeds)
+        except Exception as exc:
+            raise UserError(f"onnxruntime failed running the model: {str(exc).splitlines()[0][:300]}") from None
+        profile_file = session.end_profiling()
+        with open(profile_file, encoding="utf-8") as fh:
+            events = json.load(fh)
+        optimized = onnx.load(opt_path, load_external_data=False) if ort_opt and os.path.exists(opt_path) else None
+    result = parse_profile(events, warmup=warmup)
+    result.optimized = optimized
+    return result
+
+
+def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
+    """Median per-node kernel time over the runs after the first ``warmup``."""
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"]
+    )
+    kept = runs[warmup:]
+    if not kept:
+        raise UserError("the onnxruntime profile holds no measured run (is repeat >= 1?)")
+    windows = [(r["ts"], r["ts"] + r["dur"]) for r in kept]
+    per_run: list[dict[str, float]] = [{} for _ in kept]
+    op_types: dict[str, str] = {}
+    providers: dict[str, str] = {}
+    order: list[str] = []
+    nodes = sorted(
+        (e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith(_SUFFIX)), key=lambda e: e["ts"]
+    )
+    w = 0
+    for event in nodes:
+        ts = event["ts"]
+        while w < len(windows) and ts > windows[w][1]:
+            w += 1
+        if w == len(windows):
+            break
+        if ts < windows[w][0]:
+            continue  # a warm-up run or session set-up
+        name = event["name"][: -len(_SUFFIX)]
+        per_run[w][name] = per_run[w].get(name, 0.0) + event["dur"] * 1e-6
+        if name not in op_types:
+            args = event.get("args", {})
+            op_types[name] = str(args.get("op_name", ""))
+            providers[name] = str(args.get("provider", ""))
+            order.append(name)
+    node_times = {name: statistics.median(run.get(name, 0.0) for run in per_run) for name in order}
+    run_times = [r["dur"] * 1e-6 for r in kept]
+    return OrtProfile(
+        node_times=node_times,
+        op_types=op_types,
+        providers=providers,
+        order=order,
+        run_time_s=statistics.median(run_times),
+        run_times_s=run_times,
+    )
+
+
+@dataclass(slots=True)
+class FusionMap:
+    """How onnxruntime's optimised graph relates to the original one."""
+
+    members: dict[str, list[str]]  # optimised node -> original nodes it stands for
+    anchors: dict[str, str]  # optimised node -> the member its time is attributed to
+    folded: set[str]  # original nodes removed by constant folding
+    removed: set[str]  # original nodes gone for another reason (eliminated)
+    inserted: set[str]  # optimised nodes standing for no original node (copies, layout)
+
+
+def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMap:
+    """Map each optimised node back to the original nodes it replaced.
+
+    A node kept under its own name maps to itself; a fused node's time is attributed to
+    its contraction member (the MatMul of a MatMul+Add) or else to the member producing
+    its output. A new (fused) node claims every removed
+    original node between its inputs and its outputs, found by walking the original
+    graph back from the outputs until reaching one of its inputs, a graph input or
+    initializer, or a node that is still there. Removed nodes all of whose inputs are
+    constant were constant-folded.
+    """
+    og = original.graph
+    producer: dict[str, str] = {}
+    inputs_of: dict[str, list[str]] = {}
+    index: dict[str, int] = {}
+    op_of: dict[str, str] = {}
+    for i, node in enumerate(og.node):
+        index[node.name] = i
+        op_of[node.name] = node.op_type
+        inputs_of[node.name] = [t for t in node.input if t]
+        for out in node.output:
+            if out:
+                producer[out] = node.name
+    opt_names = {n.name for n in optimized.graph.node}
+    gone = {n.name for n in og.node} - opt_names
+
+    constant = {init.name for init in og.initializer}
+    folded: set[str] = set()
+    for node in og.node:  # topological order: a node is constant when all its inputs are
+        if all(t in constant for t in inputs_of[node.name]) and node.name in gone:
+            folded.add(node.name)
+            constant.update(o for o in node.output if o)
+
+    boundary = {vi.name for vi in og.input} | {init.name for init in og.initializer}
+    members: dict[str, list[str]] = {}
+    anchors: dict[str, str] = {}
+    claimed: set[str] = set()
+    inserted: set[str] = set()
+    for node in optimized.graph.node:
+        found: list[str] = []
+        if node.name in index:
+            found.append(node.name)
+        stop = boundary | {t for t in node.input if t}
+        stack = [t for t in reversed(node.output) if t]  # pops the first output first
+        seen: set[str] = set()
+        anchor = None
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or tensor in stop:
+                continue
+            seen.add(tensor)
+            prod = producer.get(tensor)
+            if prod is None or prod in claimed or prod in folded or prod == node.name:
+                continue
+            if prod in opt_names:
+                continue  # still in the optimised graph: not replaced by this node
+            claimed.add(prod)
+            found.append(prod)
+            if anchor is None:
+                anchor = prod
+            stack.extend(inputs_of[prod])
+        if not found:
+            inserted.add(node.name)
+            continue
+        found.sort(key=index.__getitem__)
+        members[node.name] = found
+        heavy = [m for m in found if op_of[m] in _CONTRACTIONS]
+        anchors[node.name] = node.name if node.name in index else (heavy[0] if heavy else anchor or found[-1])
+    removed = gone - claimed - folded
+    return FusionMap(members=members, anchors=anchors, folded=folded, removed=removed, inserted=inserted)
+
+
+def kernel_events(events: Iterable[dict]) -> list[dict]:
+    """The profiler's node events (for tests and debugging)."""
+    return [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith(_SUFFIX)]

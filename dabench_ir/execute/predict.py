@@ -1,0 +1,346 @@
+"""CPU time model: each node's time predicted from its shapes and the host calibration.
+
+The calibration (`dabench_ir.execute.calibrate`) times, through onnxruntime, matmuls of a
+few sizes and the common vector ops (Add, Tanh, Erf, Softmax, ReduceMean, Transpose,
+LayerNormalization) at a few sizes, and a tiny op for the fixed per-op overhead. A node is
+predicted from the measured curve of its op class, interpolated in log-log space between
+the measured sizes:
+
+- contractions (MatMul, Gemm): time = overhead + FLOPs / rate(FLOPs), where the achieved
+  rate is interpolated between the measured shapes (batched GEMMs, and single GEMMs with a
+  constant pre-packed B or a B computed at run time, apart), and never below the time to
+  stream the operands at the measured bandwidth;
+- vector ops: time = the measured time-versus-bytes curve of the closest calibrated op;
+- shape-only ops (Reshape, Shape, Unsqueeze, ...): the fixed overhead.
+
+`prediction_error` compares predicted and measured node times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.timeline import Bound
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Graph, Node
+
+__all__ = [
+    "CpuModel",
+    "classify_bound",
+    "load_cpu_model",
+    "predict_cpu_times",
+    "prediction_error",
+]
+
+logger = logging.getLogger(__name__)
+
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "MatMulNBits"})
+SHAPE_OPS = frozenset(
+    {"Shape", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Constant", "Size", "Identity", "Dropout"}
+)
+_OP_CLASS = {
+    **dict.fromkeys(
+        ("Tanh", "Sigmoid", "Exp", "Log", "Gelu", "FastGelu", "BiasGelu", "Softplus", "Sin", "Cos"), "Tanh"
+    ),
+    **dict.fromkeys(("Erf",), "Erf"),
+    **dict.fromkeys(("Softmax", "LogSoftmax"), "Softmax"),
+    **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare"), "ReduceMean"),
+    **dict.fromkeys(("Transpose",), "Transpose"),
+    **dict.fromkeys(
+        (
+            "LayerNormalization",
+            "SimplifiedLayerNormalization",
+            "SkipLayerNormalization",
+            "RMSNormalization",
+            "SkipSimplifiedLayerNormalization",
+        ),
+        "LayerNormalization",
+    ),
+}
+_DEFAULT_CLASS = "Add"  # elementwise, copies, gathers: a streaming op of the same bytes
+
+
+def _num(x: Any) -> float:
+    """A TOML number or ``{value = ..., source = ...}`` record -> float."""
+    if isinstance(x, Mapping):
+        x = x.get("value")
+    return float(x) if x is not None else math.nan
+
+
+@dataclass(slots=True)
+class CpuModel:
+    """The calibrated figures the predictor needs."""
+
+    peak_flops: float
+    bandwidth: float
+    overhead_s: float
+    gemm: list[tuple[float, float]] = field(default_factory=list)  # (flops, seconds), batch 1, B fed
+    packed: list[tuple[float, float]] = field(default_factory=list)  # batch 1, constant (pre-packed) B
+    bmm: list[tuple[float, float]] = field(default_factory=list)  # (flops, seconds), batched
+    ops: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # op -> (bytes, seconds)
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where the roofline turns from memory- to compute-bound."""
+        return self.peak_flops / self.bandwidth
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CpuModel:
+        """Read a target in the TOML schema (a parsed dict)."""
+        peaks = data.get("compute", {}).get("peak_flops", {})
+        peak = _num(peaks.get("fp32", next(iter(peaks.values()), math.nan)))
+        memories = data.get("memory", [])
+        dram = next((m for m in memories if m.get("name") == "dram"), memories[0] if memories else {})
+        bandwidth = _num(dram.get("bandwidth_bytes_per_s"))
+        overhead = _num(data.get("overheads", {}).get("kernel_launch_s", 0.0))
+        cal = data.get("calibration", {})
+        model = cls(peak_flops=peak, bandwidth=bandwidth, overhead_s=overhead if overhead == overhead else 0.0)
+        for row in cal.get("matmul", []):
+            if row.get("dtype", "fp32") != "fp32":
+                continue
+            if int(row.get("m", 8)) < 8:
+                continue  # matrix-vector: memory-bound, covered by the streaming floor
+            point = (float(row["flops"]), float(row["time_s"]))
+            if int(row.get("batch", 1)) > 1:
+                model.bmm.append(point)
+            else:
+                (model.packed if row.get("packed") else model.gemm).append(point)
+        for row in cal.get("ops", []):
+            model.ops.setdefault(str(row["op"]), []).append((float(row["bytes"]), float(row["time_s"])))
+        model.gemm.sort()
+        model.packed.sort()
+        model.bmm.sort()
+        for points in model.ops.values():
+            points.sort()
+        return model
+
+    # -- curves -----------------------------------------------------------------------
+    def matmul_time(self, flops: float, nbytes: float, *, batched: bool, packed: bool = False) -> float:
+        if batched:
+            points = self.bmm or self.gemm
+        else:
+            points = (self.packed if packed else self.gemm) or self.gemm or self.packed or self.bmm
+        if points:
+            rates = [(f, f / max(t - self.overhead_s, 1e-9)) for f, t in points]
+            rate = _interp_log(rates, flops)
+        else:
+            rate = self.peak_flops
+        compute = self.overhead_s + flops / rate
+        stream = self.overhead_s + nbytes / self._stream_rate(nbytes)
+        return max(compute, stream)
+
+    def op_time(self, op_class: str, nbytes: float) -> float:
+        points = self.ops.get(op_class) or self.ops.get(_DEFAULT_CLASS)
+        if not points:
+            return self.overhead_s + nbytes / self.bandwidth
+        # time above the fixed overhead scales with bytes: interpolate bytes/s, log-log
+        rates = [(b, b / max(t - self.overhead_s, 1e-9)) for b, t in points]
+        return self.overhead_s + nbytes / _interp_log(rates, nbytes)
+
+    def _stream_rate(self, nbytes: float) -> float:
+        points = self.ops.get(_DEFAULT_CLASS)
+        if not points:
+            return self.bandwidth
+        return _interp_log([(b, b / max(t - self.overhead_s, 1e-9)) for b, t in points], nbytes)
+
+
+def _interp_log(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear interpolation of y in log(x); clamped to the end points."""
+    if len(points) == 1 or x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    xs = [p[0] for p in points]
+    i = bisect.bisect_right(xs, x)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    frac = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + frac * (y1 - y0)
+
+
+def load_cpu_model(target: Any) -> CpuModel:
+    """A `CpuModel` from a target: a CpuModel, a parsed TOML dict, a TOML path, or a Target
+    object that keeps its parsed TOML (``raw``/``data``) or its file (``path``/``source``)."""
+    if isinstance(target, CpuModel):
+        return target
+    if isinstance(target, Mapping):
+        return CpuModel.from_dict(target)
+    if isinstance(target, str | Path):
+        with open(target, "rb") as fh:
+            return CpuModel.from_dict(tomllib.load(fh))
+    for attr in ("raw", "data", "toml"):
+        value = getattr(target, attr, None)
+        if isinstance(value, Mapping):
+            return CpuModel.from_dict(value)
+    for attr in ("path", "source", "file"):
+        value = getattr(target, attr, None)
+        if isinstance(value, str | Path) and Path(value).is_file():
+            return load_cpu_model(Path(value))
+    raise TypeError(f"cannot read CPU calibration figures from {type(target).__name__}")
+
+
+# -- per node --------------------------------------------------------------------------
+def _shape(graph: Graph, name: str) -> tuple[int, ...] | None:
+    if not name or name not in graph.values:
+        return None
+    ttype = graph.type_of(name)
+    if ttype.shape is None or not ttype.is_static:
+        return None
+    return tuple(int(d) for d in ttype.shape)  # type: ignore[arg-type]
+
+
+def _nbytes(graph: Graph, names: Sequence[str]) -> int | None:
+    total = 0
+    for name in names:
+        if not name:
+            continue
+        if name not in graph.values:
+            return None
+        ttype = graph.type_of(name)
+        if not ttype.is_static:
+            return None
+        total += ttype.nbytes()
+    return total
+
+
+def _cost_of(node: Node) -> Any:
+    from dabench_ir.passes.meta import COST
+
+    return node.meta.get(COST)
+
+
+def matmul_dims(graph: Graph, node: Node) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a MatMul/Gemm node from its input shapes, or None."""
+    a = _shape(graph, node.inputs[0]) if node.inputs else None
+    b = _shape(graph, node.inputs[1]) if len(node.inputs) > 1 else None
+    if a is None or b is None or not a or not b:
+        return None
+    if node.op_type in ("Gemm", "FusedGemm"):
+        m, k = (a[1], a[0]) if node.attrs.get("transA") else (a[0], a[1])
+        n = b[0] if node.attrs.get("transB") else b[1]
+        return 1, m, k, n
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    batch_a = math.prod(a2[:-2]) if len(a2) > 2 else 1
+    batch_b = math.prod(b2[:-2]) if len(b2) > 2 else 1
+    if batch_b == 1:  # a stack of rows times one weight: one big GEMM
+        return 1, batch_a * m, k, n
+    return max(batch_a, batch_b), m, k, n
+
+
+def predict_node(graph: Graph, node: Node, model: CpuModel) -> float | None:
+    """Predicted seconds for one node, or None when its shapes are unknown."""
+    op = node.op_type
+    if op in SHAPE_OPS:
+        return model.overhead_s
+    io_bytes = _nbytes(graph, [*node.inputs, *node.outputs])
+    if io_bytes is None:
+        cost = _cost_of(node)
+        io_bytes = cost.bytes if cost is not None else None
+    if op in MATMUL_OPS:
+        dims = matmul_dims(graph, node)
+        if dims is not None:
+            batch, m, k, n = dims
+            flops = 2.0 * batch * m * k * n
+            return model.matmul_time(flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node))
+        cost = _cost_of(node)
+        if cost is not None:
+            return model.matmul_time(float(cost.flops), float(cost.bytes), batched=False)
+        return None
+    if io_bytes is None:
+        return None
+    op_class = _OP_CLASS.get(op, _DEFAULT_CLASS)
+    if op == "Transpose" and _moves_last_axis(graph, node):
+        op_class = "Transpose2D"
+    return model.op_time(op_class, float(io_bytes))
+
+
+def _is_stored(graph: Graph, node: Node) -> bool:
+    """True when a MatMul's B operand is a weight or constant (onnxruntime pre-packs it)."""
+    if len(node.inputs) < 2 or node.inputs[1] not in graph.values:
+        return False
+    value = graph.values[node.inputs[1]]
+    return value.kind.is_stored and value.producer is None
+
+
+def _moves_last_axis(graph: Graph, node: Node) -> bool:
+    """True when a Transpose changes the innermost axis (element-wise gather, slow)."""
+    perm = node.attrs.get("perm")
+    if perm is None:
+        shape = _shape(graph, node.inputs[0]) if node.inputs else None
+        return shape is None or len(shape) > 1
+    return len(perm) > 1 and int(perm[-1]) != len(perm) - 1
+
+
+def predict_cpu_times(graph: Graph, target: Any) -> dict[str, float]:
+    """Predicted seconds per node on the calibrated host CPU; nodes of unknown shape left out.
+
+    ``target`` is the ``cpu`` target (a Target object, its parsed TOML, or its path).
+    """
+    model = load_cpu_model(target)
+    out: dict[str, float] = {}
+    for node in graph.nodes:
+        t = predict_node(graph, node, model)
+        if t is not None:
+            out[node.name] = t
+    return out
+
+
+def classify_bound(flops: float, nbytes: float, seconds: float, model: CpuModel) -> Bound:
+    """Compute- or memory-bound against the measured roofline; overhead when the fixed
+    per-op cost is most of the time."""
+    if seconds <= 2.0 * model.overhead_s or (flops == 0 and nbytes == 0):
+        return Bound.OVERHEAD
+    if nbytes == 0 or flops / nbytes >= model.ridge:
+        return Bound.COMPUTE
+    return Bound.MEMORY
+
+
+def prediction_error(
+    predicted: Mapping[str, float], measured: Mapping[str, float], *, min_share: float = 0.01
+) -> dict[str, float | int | None]:
+    """Error of predicted against measured node times.
+
+    End to end: |sum predicted - sum measured| / sum measured over the nodes both have.
+    Per node: |pred - meas| / meas, median and 90th percentile over nodes taking at least
+    ``min_share`` of the measured time.
+    """
+    common = [n for n in measured if n in predicted]
+    total = sum(measured[n] for n in common)
+    if total <= 0:
+        return {
+            "end_to_end_rel_error": None,
+            "median_node_rel_error": None,
+            "p90_node_rel_error": None,
+            "nodes_compared": 0,
+        }
+    e2e = abs(sum(predicted[n] for n in common) - total) / total
+    errors = sorted(
+        abs(predicted[n] - measured[n]) / measured[n]
+        for n in common
+        if measured[n] > 0 and measured[n] >= min_share * total
+    )
+    return {
+        "end_to_end_rel_error": e2e,
+        "median_node_rel_error": _quantile(errors, 0.5),
+        "p90_node_rel_error": _quantile(errors, 0.9),
+        "nodes_compared": len(errors),
+    }
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default method) of sorted values."""
+    if not sorted_values:
+        return None
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])

@@ -1,0 +1,298 @@
+"""Synthesise what a model needs to run but does not carry: inputs and missing weights.
+
+Timing does not depend on the values, only on dtypes and shapes, so inputs and absent
+weights are seeded random data of the right dtype and shape, built in memory and held to a
+stated byte cap. Weights may be missing in two ways:
+
+- shape-only graph inputs that hold parameters (named in the model's ``dabench.weights``
+  metadata, or declared weights in the dabench Graph): they become initializers;
+- initializers whose external data file is absent: they are rewritten with inline data.
+
+Integer inputs get ranges that keep the model in bounds: token ids below the size of the
+table they index (found from the Gather that reads them), masks of ones, positions 0..S-1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UnboundSymbolError, UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from dabench_ir.ir import Graph
+
+__all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "Prepared", "name_nodes", "prepare_model"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
+"""Default cap on the bytes of inputs and weights synthesised for one measurement (4 GiB)."""
+
+_WEIGHTS_KEY = "dabench.weights"
+_PASS_THROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A runnable copy of the model, the feeds for its real inputs, and what was made up."""
+
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    synthesized: dict[str, str] = field(default_factory=dict)  # tensor -> what it was
+    synthesized_bytes: int = 0
+
+
+def name_nodes(model: onnx.ModelProto, graph: Graph | None = None) -> list[str]:
+    """Give every node of ``model`` the name the dabench Graph knows it by (in place).
+
+    The ONNX frontend names an unnamed node ``<op>_<index>`` and a duplicate
+    ``<name>__<index>``; onnxruntime's profiler reports node names, so the copy that runs
+    must carry the same ones.
+    """
+    names: list[str] = []
+    same = graph is not None and len(graph.nodes) == len(model.graph.node)
+    seen: set[str] = set()
+    for index, proto in enumerate(model.graph.node):
+        if same and graph.nodes[index].op_type == proto.op_type:  # type: ignore[union-attr]
+            name = graph.nodes[index].name  # type: ignore[union-attr]
+        else:
+            name = proto.name or f"{proto.op_type}_{index}"
+            if name in seen:
+                name = f"{name}__{index}"
+        seen.add(name)
+        proto.name = name
+        names.append(name)
+    return names
+
+
+def prepare_model(
+    source: onnx.ModelProto,
+    *,
+    path: Path | None = None,
+    graph: Graph | None = None,
+    dims: Mapping[str, int] | None = None,
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    seed: int = 0,
+) -> Prepared:
+    """Copy ``source`` and fill in every missing tensor; raise UserError above the cap."""
+    import numpy as np
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(source)
+    g = model.graph
+    bindings: dict[str, int] = dict(graph.bindings) if graph is not None else {}
+    bindings.update(dims or {})
+    rng = np.random.default_rng(seed)
+
+    init_names = {init.name for init in g.initializer}
+    weight_inputs = _weight_inputs(model, graph) - init_names
+    base = (path.parent if path is not None else Path.cwd()).resolve()
+
+    # Plan first (shapes, bytes), allocate only once the total is known to fit.
+    plan: list[tuple[str, str, int, tuple[int, ...]]] = []  # (name, why, onnx dtype, shape)
+    for vi in g.input:
+        if vi.name in init_names:
+            continue
+        shape = _shape_of(vi, bindings)
+        why = "weight (shape-only graph input)" if vi.name in weight_inputs else "input"
+        plan.append((vi.name, why, vi.type.tensor_type.elem_type, shape))
+    absent: list[onnx.TensorProto] = []
+    for init in g.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            if _external_present(init, base):
+                onnx.external_data_helper.load_external_data_for_tensor(init, str(base))
+                init.data_location = onnx.TensorProto.DEFAULT
+                del init.external_data[:]
+            else:
+                absent.append(init)
+                plan.append((init.name, "weight (external data absent)", init.data_type, tuple(init.dims)))
+
+    needed = sum(math.prod(shape) * _itemsize(dtype) for _, _, dtype, shape in plan)
+    if needed > max_weight_bytes:
+        raise UserError(
+            f"running the model needs {needed:,} bytes of synthesised inputs and weights, above the "
+            f"cap of {max_weight_bytes:,} bytes; use smaller --dim values or raise max_weight_bytes"
+        )
+
+    bounds = _index_bounds(model, graph, bindings)
+    prepared = Prepared(model=model, feeds={}, synthesized_bytes=needed)
+    by_name = {init.name: init for init in absent}
+    new_inits: list[onnx.TensorProto] = []
+    for name, why, dtype, shape in plan:
+        prepared.synthesized[name] = why
+        if name in by_name:
+            _fill_initializer(by_name[name], rng)
+            continue
+        if why == "input":
+            prepared.feeds[name] = _input_array(name, dtype, shape, bounds.get(name), rng)
+        else:
+            tensor = onnx.TensorProto(name=name, data_type=dtype, dims=list(shape))
+            _fill_initializer(tensor, rng)
+            new_inits.append(tensor)
+    if new_inits:
+        keep = [vi for vi in g.input if vi.name not in weight_inputs]
+        del g.input[:]
+        g.input.extend(keep)
+        g.initializer.extend(new_inits)
+    if prepared.synthesized:
+        logger.info("synthesised %d tensors (%d bytes)", len(prepared.synthesized), needed)
+    return prepared
+
+
+# -- helpers --------------------------------------------------------------------------
+def _weight_inputs(model: onnx.ModelProto, graph: Graph | None) -> set[str]:
+    names: set[str] = set()
+    for prop in model.metadata_props:
+        if prop.key == _WEIGHTS_KEY:
+            try:
+                names.update(str(n) for n in json.loads(prop.value))
+            except (json.JSONDecodeError, TypeError):
+                logger.warning("model metadata %s is not a JSON list; ignoring it", _WEIGHTS_KEY)
+    if graph is not None:
+        from dabench_ir.ir import ValueKind
+
+        names.update(v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT)
+    return names
+
+
+def _shape_of(vi: onnx.ValueInfoProto, bindings: Mapping[str, int]) -> tuple[int, ...]:
+    ttype = vi.type.tensor_type
+    if not ttype.HasField("shape"):
+        raise UnboundSymbolError({f"<unknown rank of {vi.name}>"})
+    shape: list[int] = []
+    free: set[str] = set()
+    for d in ttype.shape.dim:
+        if d.HasField("dim_value"):
+            shape.append(d.dim_value)
+        elif d.dim_param and d.dim_param in bindings:
+            shape.append(int(bindings[d.dim_param]))
+        else:
+            free.add(d.dim_param or f"<unnamed dim of {vi.name}>")
+    if free:
+        raise UnboundSymbolError(free)
+    return tuple(shape)
+
+
+def _itemsize(onnx_dtype: int) -> int:
+    from dabench_ir.ir import DType
+
+    size = DType.from_onnx(onnx_dtype).itemsize
+    if size == 0:
+        raise UserError(f"cannot synthesise a tensor of ONNX dtype {onnx_dtype}")
+    return size
+
+
+def _external_present(init: onnx.TensorProto, base: Path) -> bool:
+    entries = {e.key: e.value for e in init.external_data}
+    target = base / entries.get("location", "")
+    if not target.is_file():
+        return False
+    end = int(entries.get("offset", 0) or 0) + int(entries.get("length", 0) or 0)
+    return os.path.getsize(target) >= end
+
+
+def _random_floats(shape: tuple[int, ...], name: str, rng: np.random.Generator) -> np.ndarray:
+    import numpy as np
+
+    data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+    if len(shape) == 1 and ("norm" in name.lower() or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))):
+        data += np.float32(1.0)  # normalisation gains sit around one
+    return data
+
+
+def _fill_initializer(tensor: onnx.TensorProto, rng: np.random.Generator) -> None:
+    """Give ``tensor`` seeded random inline data of its own dtype and shape."""
+    import numpy as np
+    import onnx
+
+    shape = tuple(tensor.dims)
+    dtype = tensor.data_type
+    if dtype == onnx.TensorProto.BFLOAT16:
+        raw = (_random_floats(shape, tensor.name, rng).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    else:
+        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+        if np.issubdtype(np_dtype, np.floating):
+            raw = _random_floats(shape, tensor.name, rng).astype(np_dtype).tobytes()
+        elif np_dtype == np.bool_:
+            raw = np.ones(shape, dtype=np.bool_).tobytes()
+        else:
+            raw = rng.integers(0, 2, size=shape).astype(np_dtype).tobytes()
+    for fname in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        tensor.ClearField(fname)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = raw
+
+
+def _input_array(
+    name: str, dtype: int, shape: tuple[int, ...], bound: int | None, rng: np.random.Generator
+) -> np.ndarray:
+    import numpy as np
+    import onnx
+
+    if dtype == onnx.TensorProto.BFLOAT16:
+        raise UserError(f"graph input {name!r} is bf16, which numpy cannot feed; export with fp32 inputs")
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    lower = name.lower()
+    if np.issubdtype(np_dtype, np.floating):
+        if "mask" in lower:
+            return np.zeros(shape, dtype=np_dtype)  # additive mask: nothing masked
+        return rng.standard_normal(shape, dtype=np.float32).astype(np_dtype)
+    if np_dtype == np.bool_ or "mask" in lower:
+        return np.ones(shape, dtype=np_dtype)
+    if "position" in lower and shape:
+        high = bound or shape[-1]
+        pos = np.arange(shape[-1]) % max(high, 1)
+        return np.broadcast_to(pos, shape).astype(np_dtype).copy()
+    high = bound if bound is not None else 2
+    return rng.integers(0, max(high, 1), size=shape).astype(np_dtype)
+
+
+def _index_bounds(model: onnx.ModelProto, graph: Graph | None, bindings: Mapping[str, int]) -> dict[str, int]:
+    """For integer graph inputs: the size of the smallest table a Gather indexes with them."""
+    g = model.graph
+    shapes: dict[str, tuple[Any, ...]] = {init.name: tuple(init.dims) for init in g.initializer}
+    for vi in (*g.input, *g.value_info):
+        if vi.name not in shapes and vi.type.tensor_type.HasField("shape"):
+            shapes[vi.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else bindings.get(d.dim_param)
+                for d in vi.type.tensor_type.shape.dim
+            )
+    if graph is not None:
+        for value in graph.values.values():
+            if value.name not in shapes and value.type.shape is not None:
+                shapes[value.name] = tuple(bindings.get(d) if isinstance(d, str) else d for d in value.type.shape)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    bounds: dict[str, int] = {}
+    for vi in g.input:
+        frontier, seen = [vi.name], set()
+        for _ in range(4):  # follow Cast/Reshape/... a few steps
+            nxt: list[str] = []
+            for tensor in frontier:
+                for node in consumers.get(tensor, []):
+                    if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
+                        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                        table = shapes.get(node.input[0])
+                        if table and -len(table) <= axis < len(table) and isinstance(table[axis], int):
+                            size = table[axis]
+                            bounds[vi.name] = min(bounds.get(vi.name, size), size)
+                    elif node.op_type in _PASS_THROUGH and node.input and node.input[0] == tensor:
+                        nxt.extend(o for o in node.output if o not in seen)
+            seen.update(nxt)
+            frontier = nxt
+    return bounds

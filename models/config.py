@@ -1,0 +1,172 @@
+"""`ModelConfig`: the parameters of a decoder-block model, validated, with closed-form counts.
+
+The closed forms here (parameters, MatMul FLOPs) are the reference the tests check the
+torch modules and the exported graphs against; docs/models.md states them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dabench_ir.errors import UserError
+
+__all__ = ["DTYPES", "FAMILIES", "ModelConfig"]
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("gpt2", "llama")
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _default_ffn(family: str, hidden: int) -> int:
+    """GPT-2: 4h. LLaMA: 2/3 of 4h, rounded up to a multiple of 256 (the LLaMA recipe)."""
+    if family == "llama":
+        ffn = int(2 * 4 * hidden / 3)
+        return 256 * ((ffn + 255) // 256)
+    return 4 * hidden
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One decoder stack: `layers` blocks of width `hidden`, run on `batch` × `seq` tokens.
+
+    `vocab` set means the model has a token embedding and an LM head (input: token ids);
+    `vocab` None means a bare stack of blocks (input: hidden states `[batch, seq, hidden]`).
+    `kv_heads` < `heads` is grouped-query attention. `ffn`, `kv_heads` default per family.
+    """
+
+    family: str = "llama"
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int | None = None
+    ffn: int | None = None
+    seq: int = 8
+    batch: int = 1
+    vocab: int | None = None
+    dtype: str = "fp32"
+    positional: str | None = None  # gpt2: "learned" | "none"; llama: "rope"
+    max_positions: int | None = None  # rows of GPT-2's learned position table; default seq
+    tie_embeddings: bool | None = None  # LM head shares the embedding (GPT-2) or not (LLaMA)
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        fam = self.family
+        if fam not in FAMILIES:
+            raise UserError(f"unknown family {fam!r}; choose one of: {', '.join(FAMILIES)}")
+        for name in ("layers", "hidden", "heads", "seq", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("kv_heads", "ffn", "vocab", "max_positions"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", _default_ffn(fam, self.hidden))
+        if self.hidden % self.heads:
+            raise UserError(
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); change --hidden or --heads"
+            )
+        if self.heads % self.kv_heads:
+            raise UserError(
+                f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads}); change --heads or --kv-heads"
+            )
+        if self.dtype not in DTYPES:
+            raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        positional = self.positional or ("learned" if fam == "gpt2" else "rope")
+        allowed = ("learned", "none") if fam == "gpt2" else ("rope",)
+        if positional not in allowed:
+            raise UserError(f"positional for {fam} must be one of {', '.join(allowed)}, got {positional!r}")
+        object.__setattr__(self, "positional", positional)
+        if fam == "llama" and self.head_dim % 2:
+            raise UserError(f"head dim hidden/heads ({self.head_dim}) must be even for rotary embedding")
+        if self.max_positions is None and positional == "learned":
+            object.__setattr__(self, "max_positions", self.seq)
+        if positional != "learned":
+            object.__setattr__(self, "max_positions", None)
+        elif self.max_positions < self.seq:
+            raise UserError(f"seq ({self.seq}) exceeds max_positions ({self.max_positions})")
+        if self.tie_embeddings is None:
+            object.__setattr__(self, "tie_embeddings", fam == "gpt2")
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K and V projections: kv_heads × head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with `changes` applied (and validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- closed forms --------------------------------------------------------------------
+    def block_params(self) -> int:
+        """Parameters of one decoder block."""
+        h, f, kv = self.hidden, self.ffn, self.kv_dim
+        attn = 2 * h * h + 2 * h * kv
+        if self.family == "gpt2":
+            attn += 2 * h + 2 * kv  # biases of q, o and k, v
+            mlp = 2 * h * f + f + h
+            norms = 2 * 2 * h  # two LayerNorms, weight + bias
+        else:
+            mlp = 3 * h * f
+            norms = 2 * h  # two RMSNorms, weight only
+        return attn + mlp + norms
+
+    def param_count(self) -> int:
+        """All parameters: blocks, final norm, embeddings and LM head when `vocab` is set."""
+        h = self.hidden
+        total = self.layers * self.block_params()
+        total += 2 * h if self.family == "gpt2" else h  # final norm
+        if self.positional == "learned":
+            total += self.max_positions * h
+        if self.vocab:
+            total += self.vocab * h
+            if not self.tie_embeddings:
+                total += self.vocab * h
+        return total
+
+    def weight_bytes(self) -> int:
+        """Bytes of all parameters in `dtype`."""
+        return self.param_count() * self.itemsize
+
+    def block_matmul_flops(self) -> int:
+        """MatMul FLOPs (2 per multiply-add) of one block's forward pass.
+
+        2·B·S·(2h² + 2h·kv + m·h·f) + 4·B·S²·h, with m = 2 (GPT-2) or 3 (LLaMA SwiGLU) and
+        kv = kv_heads·head_dim. The S² term is Q·Kᵀ plus P·V over all heads (causal masking
+        is applied by adding −inf, so the full square is computed).
+        """
+        b, s, h, f, kv = self.batch, self.seq, self.hidden, self.ffn, self.kv_dim
+        m = 2 if self.family == "gpt2" else 3
+        return 2 * b * s * (2 * h * h + 2 * h * kv + m * h * f) + 4 * b * s * s * h
+
+    def matmul_flops(self) -> int:
+        """MatMul FLOPs of the whole forward pass: blocks plus the LM head when present."""
+        total = self.layers * self.block_matmul_flops()
+        if self.vocab:
+            total += 2 * self.batch * self.seq * self.hidden * self.vocab
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)

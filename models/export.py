@@ -1,0 +1,461 @@
+"""ONNX export of decoder models, with per-layer stamping so cost does not grow with L.
+
+How an export goes:
+
+1. The model is built on the `meta` device (no weight data) with ONE decoder block (or
+   all L blocks when `stamp=False`) and exported with torch's dynamo exporter
+   (`torch.onnx.export(..., dynamo=True, optimize=False)`).
+2. Every initializer (all are module parameters) becomes a shape-only graph input, then
+   onnxscript's optimizer folds what is left constant (causal mask, rotary tables).
+3. Stamping: the nodes whose exporter scope starts with `layers.0` form the block; it is
+   copied L−1 times at the ONNX graph level. Each copy gets renamed values and nodes
+   (`layers.i/<name>`), its own weight inputs (`layers.i.attn.q_proj.weight`, …), and node
+   metadata (`pkg.torch.onnx.name_scopes`, `namespace`) rewritten to say `layers.i`.
+   Copy i reads copy i−1's output; whatever read block 0's output now reads the last copy.
+4. Bulky per-node props (`pkg.torch.onnx.stack_trace`, `pkg.torch.onnx.fx_node`) are
+   dropped; model metadata_props get `dabench.family`, `dabench.preset`, `dabench.params`
+   and `dabench.weights` (JSON list of the weight input names).
+5. `weights="random"` turns the weight inputs back into initializers holding the seeded
+   weights of the full torch module (so the file runs in onnxruntime as it is).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import logging
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dabench_ir.errors import UserError
+from dabench_ir.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
+__all__ = [
+    "AUTO_NONE_THRESHOLD_BYTES",
+    "DEFAULT_MAX_WEIGHT_BYTES",
+    "ExportResult",
+    "export_model",
+    "export_onnx",
+    "resolve_weights",
+    "stamp_layers",
+]
+
+logger = logging.getLogger(__name__)
+
+AUTO_NONE_THRESHOLD_BYTES = 256 * 2**20
+"""`weights="auto"` means "random" up to this many weight bytes, "none" above."""
+DEFAULT_MAX_WEIGHT_BYTES = 4 * 2**30
+"""`weights="random"` refuses models whose weights need more bytes than this."""
+_EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf caps a file at 2 GB: above this, weights go to PATH.data
+
+META_FAMILY, META_PRESET, META_PARAMS, META_WEIGHTS = (
+    "dabench.family",
+    "dabench.preset",
+    "dabench.params",
+    "dabench.weights",
+)
+_SCOPES = "pkg.torch.onnx.name_scopes"
+_NAMESPACE = "namespace"
+_DROPPED_PROPS = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")
+_LAYER0 = re.compile(r"(?<![\w.])layers\.0(?!\d)")
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: path, format, weights mode and the weight input names."""
+
+    path: Path
+    format: str
+    weights: str
+    weight_names: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    nodes: int = 0
+
+
+# ---- options ------------------------------------------------------------------------------
+def resolve_weights(cfg: ModelConfig, weights: str, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> str:
+    """Resolve `weights` (auto|none|random) to "none" or "random"; refuse random above the cap."""
+    if weights not in ("auto", "none", "random"):
+        raise UserError(f"--weights must be none or random, got {weights!r}")
+    need = cfg.weight_bytes()
+    if weights == "auto":
+        return "random" if need <= min(AUTO_NONE_THRESHOLD_BYTES, max_weight_bytes) else "none"
+    if weights == "random" and need > max_weight_bytes:
+        raise UserError(
+            f"random weights need {need:,} bytes ({need / 2**30:.2f} GiB), over --max-weight-bytes "
+            f"{max_weight_bytes:,}; use --weights none or raise --max-weight-bytes"
+        )
+    return weights
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporter's prints, warnings and log lines (they go to debug logging)."""
+    sink = io.StringIO()
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
+    saved = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
+        if sink.getvalue():
+            logger.debug("exporter output:\n%s", sink.getvalue())
+
+
+def _example_input(cfg: ModelConfig, dynamic: bool, device: str) -> torch.Tensor:
+    import torch
+
+    from dabench_ir.models.gpt2 import torch_dtype
+
+    # torch.export specialises dims of size 0/1: trace a dynamic export with batch, seq >= 2.
+    batch = max(cfg.batch, 2) if dynamic else cfg.batch
+    seq = max(cfg.seq, 2) if dynamic else cfg.seq
+    if cfg.vocab:
+        return torch.zeros(batch, seq, dtype=torch.int64, device=device)
+    return torch.zeros(batch, seq, cfg.hidden, dtype=torch_dtype(cfg.dtype), device=device)
+
+
+# ---- step 1-2: plain dynamo export of a meta module ----------------------------------------
+def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
+    """Export `cfg` (built on meta) with every parameter as a shape-only graph input."""
+    import onnx_ir as ir
+    import onnxscript
+    import torch
+
+    from dabench_ir.models import build_model
+
+    model = build_model(cfg, device="meta")
+    example = _example_input(cfg, dynamic, "meta")
+    input_name = "input_ids" if cfg.vocab else "hidden_states"
+    output_name = "logits" if cfg.vocab else "output"
+    dynamic_shapes = None
+    if dynamic:
+        seq_max = cfg.max_positions if cfg.positional == "learned" else None
+        seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
+        dynamic_shapes = ({0: torch.export.Dim("batch", min=2), 1: seq},)
+    with _quiet():
+        program = torch.onnx.export(
+            model,
+            (example,),
+            dynamo=True,
+            optimize=False,
+            verbose=False,
+            input_names=[input_name],
+            output_names=[output_name],
+            dynamic_shapes=dynamic_shapes,
+        )
+        graph = program.model.graph
+        for name in list(graph.initializers):
+            value = graph.initializers.pop(name)
+            value.const_value = None
+            graph.inputs.append(value)
+        onnxscript.optimizer.optimize_ir(program.model)
+        proto = ir.serde.serialize_model(program.model)
+    if dynamic:
+        _rename_dims(proto, {input_name: ("batch", "seq")})
+    for node in proto.graph.node:
+        _drop_props(node)
+    return proto
+
+
+def _rename_dims(proto: onnx.ModelProto, names: dict[str, tuple[str, ...]]) -> None:
+    """Rename the symbolic dims of the named inputs (batch, seq) everywhere in the graph."""
+    mapping: dict[str, str] = {}
+    for value in proto.graph.input:
+        if value.name in names:
+            for dim, new in zip(value.type.tensor_type.shape.dim, names[value.name], strict=False):
+                if dim.dim_param:
+                    mapping[dim.dim_param] = new
+    if not mapping or all(k == v for k, v in mapping.items()):
+        return
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True)) + r")\b")
+    for coll in (proto.graph.input, proto.graph.output, proto.graph.value_info):
+        for value in coll:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param:
+                    dim.dim_param = pattern.sub(lambda m: mapping[m.group(1)], dim.dim_param)
+
+
+def _drop_props(node: onnx.NodeProto) -> None:
+    keep = [p for p in node.metadata_props if p.key not in _DROPPED_PROPS]
+    if len(keep) != len(node.metadata_props):
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+
+
+def _scopes(node: onnx.NodeProto) -> list[str]:
+    for prop in node.metadata_props:
+        if prop.key == _SCOPES:
+            try:
+                return list(ast.literal_eval(prop.value))
+            except (ValueError, SyntaxError):
+                return []
+    return []
+
+
+def _layer_of(node: onnx.NodeProto) -> int | None:
+    """The decoder-block index from the node's outermost `layers.N` scope, if any."""
+    for scope in _scopes(node):
+        match = re.fullmatch(r"layers\.(\d+)", scope)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+# ---- step 3: stamping -----------------------------------------------------------------------
+def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
+    """Copy the `layers.0` block of a 1-layer export so the graph has `layers` blocks.
+
+    Works in place on `proto` (and returns it). Weight inputs named `layers.0.*` get a
+    `layers.i.*` copy per block; every other value the block reads from outside (mask,
+    rotary tables, shared constants) is shared by all copies.
+    """
+    import onnx
+
+    if layers < 1:
+        raise ValueError("layers must be >= 1")
+    graph = proto.graph
+    nodes = list(graph.node)
+    in_block = [_layer_of(n) == 0 for n in nodes]
+    if not any(in_block):
+        raise RuntimeError("no node has a `layers.0` scope: cannot find the block to stamp")
+    if any(_layer_of(n) not in (None, 0) for n in nodes):
+        raise RuntimeError("stamping needs a 1-layer export; found nodes of other layers")
+    if layers == 1:
+        return proto
+
+    block = [n for n, b in zip(nodes, in_block, strict=True) if b]
+    produced = {o for n in block for o in n.output if o}
+    graph_inputs = {v.name: v for v in graph.input}
+    initializers = {t.name for t in graph.initializer}
+    weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]
+    weights = set(weight_inputs)
+
+    # Values of block 0 that the rest of the graph reads: exactly one (the hidden state).
+    outside_reads = {i for n, b in zip(nodes, in_block, strict=True) if not b for i in n.input}
+    outside_reads |= {o.name for o in graph.output}
+    block_outputs = [v for v in dict.fromkeys(o for n in block for o in n.output) if v in outside_reads]
+    if len(block_outputs) != 1:
+        raise RuntimeError(f"block 0 should have one output read outside it, found {block_outputs}")
+    block_out = block_outputs[0]
+
+    # The hidden-state input: the external, non-weight input with the block output's type.
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
+    external = [i for i in dict.fromkeys(i for n in block for i in n.input) if i and i not in produced]
+    candidates = [
+        i for i in external if i not in weights and i not in initializers and types.get(i) == types.get(block_out)
+    ]
+    if len(candidates) != 1:
+        raise RuntimeError(f"cannot tell the block's hidden-state input among {candidates}")
+    block_in = candidates[0]
+
+    value_info = {v.name: v for v in graph.value_info}
+    new_inputs: list[onnx.ValueInfoProto] = []
+    new_value_info: list[onnx.ValueInfoProto] = []
+    copies: list[onnx.NodeProto] = []
+    prev_out = block_out
+    for i in range(1, layers):
+        rename = {v: f"layers.{i}/{v}" for v in produced}
+        rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in weights})
+        rename[block_in] = prev_out
+        for node in block:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"layers.{i}/{node.name}"
+            for k, name in enumerate(copy.input):
+                copy.input[k] = rename.get(name, name)
+            for k, name in enumerate(copy.output):
+                copy.output[k] = rename.get(name, name)
+            for prop in copy.metadata_props:
+                if prop.key in (_SCOPES, _NAMESPACE):
+                    prop.value = _LAYER0.sub(f"layers.{i}", prop.value)
+            copies.append(copy)
+        for w in weight_inputs:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(graph_inputs[w])
+            vi.name = rename[w]
+            new_inputs.append(vi)
+        for v in produced:
+            if v in value_info:
+                vi = onnx.ValueInfoProto()
+                vi.CopyFrom(value_info[v])
+                vi.name = rename[v]
+                new_value_info.append(vi)
+        prev_out = rename[block_out]
+    last_out = prev_out
+
+    # Order: nodes before the block, block 0, copies 1..L-1, then what reads the block output.
+    tainted = {block_out}
+    before, after = [], []
+    for node, b in zip(nodes, in_block, strict=True):
+        if b:
+            continue
+        if tainted.intersection(node.input):
+            tainted.update(node.output)
+            after.append(node)
+        else:
+            before.append(node)
+    for node in after:
+        for k, name in enumerate(node.input):
+            if name == block_out:
+                node.input[k] = last_out
+    for out in graph.output:
+        if out.name == block_out:  # a graph output that is the block's output itself
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(out)
+            vi.name = last_out
+            out.CopyFrom(vi)
+    del graph.node[:]
+    graph.node.extend([*before, *block, *copies, *after])
+
+    # Weight inputs of copies go right after block 0's weights (the order a plain export uses).
+    inputs = list(graph.input)
+    last_w = max((k for k, v in enumerate(inputs) if v.name in weights), default=len(inputs) - 1)
+    del graph.input[:]
+    graph.input.extend([*inputs[: last_w + 1], *new_inputs, *inputs[last_w + 1 :]])
+    graph.value_info.extend(new_value_info)
+    return proto
+
+
+# ---- step 5: weights -----------------------------------------------------------------------
+def _tensor_proto(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+    import onnx
+    import torch
+
+    codes = {
+        torch.float32: onnx.TensorProto.FLOAT,
+        torch.float16: onnx.TensorProto.FLOAT16,
+        torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    }
+    t = tensor.detach().cpu().contiguous()
+    proto = onnx.TensorProto()
+    proto.name = name
+    proto.data_type = codes[t.dtype]
+    proto.dims.extend(t.shape)
+    proto.raw_data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return proto
+
+
+def _attach_weights(proto: onnx.ModelProto, state: dict[str, torch.Tensor], names: list[str]) -> None:
+    """Turn the weight inputs `names` into initializers holding `state`'s tensors."""
+    wanted = set(names)
+    missing = wanted - set(state)
+    if missing:
+        raise RuntimeError(f"no weights for graph inputs {sorted(missing)[:5]}")
+    keep = [v for v in proto.graph.input if v.name not in wanted]
+    del proto.graph.input[:]
+    proto.graph.input.extend(keep)
+    proto.graph.initializer.extend(_tensor_proto(n, state[n]) for n in names)
+
+
+def _set_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
+    keep = [p for p in proto.metadata_props if p.key not in entries]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(keep)
+    for key, value in entries.items():
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = key, value
+
+
+def export_onnx(
+    cfg: ModelConfig,
+    *,
+    weights: str = "auto",
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    dynamic: bool = False,
+    stamp: bool = True,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> onnx.ModelProto:
+    """The ONNX model of `cfg` (in memory). See the module docstring for the method.
+
+    `weights`: "none" (shape-only weight inputs), "random" (seeded initializers) or "auto"
+    (random up to 256 MiB of weights). `stamp=False` exports all L blocks with the plain
+    exporter (cost grows with L; kept for checking the stamped graph against it).
+    """
+    mode = resolve_weights(cfg, weights, max_weight_bytes)
+    say = progress or (lambda _msg: None)
+    base = cfg.replace(layers=1) if stamp else cfg
+    say(f"exporting {'one block' if stamp else f'{cfg.layers} blocks'} with torch.onnx (dynamo)")
+    proto = _dynamo_export(base, dynamic=dynamic)
+    if stamp and cfg.layers > 1:
+        say(f"stamping {cfg.layers - 1} more blocks")
+        stamp_layers(proto, cfg.layers)
+    weight_names = [v.name for v in proto.graph.input if v.name not in ("input_ids", "hidden_states")]
+    if mode == "random":
+        say(f"materialising {cfg.weight_bytes() / 2**20:.1f} MiB of seeded weights")
+        from dabench_ir.models import build_model
+
+        state = build_model(cfg, device="cpu", seed=seed).state_dict()
+        _attach_weights(proto, state, weight_names)
+    _set_metadata(
+        proto,
+        {
+            META_FAMILY: cfg.family,
+            META_PRESET: cfg.preset or "",
+            META_PARAMS: json.dumps({**cfg.to_dict(), "dynamic": dynamic}, sort_keys=True),
+            META_WEIGHTS: json.dumps(weight_names),
+            "dabench.weights_mode": mode,
+            "dabench.export": "stamped" if stamp and cfg.layers > 1 else "plain",
+        },
+    )
+    return proto
+
+
+def export_model(
+    cfg: ModelConfig,
+    path: str | Path,
+    *,
+    format: str = "onnx",
+    weights: str = "auto",
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    dynamic: bool = False,
+    stamp: bool = True,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export `cfg` to `path` as onnx, mlir-torch or mlir-linalg; returns what was written."""
+    start = time.perf_counter()
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise UserError(f"output folder {path.parent} does not exist; create it or change -o")
+    if format in ("mlir-torch", "mlir-linalg"):
+        from dabench_ir.models.mlir_export import export_mlir
+
+        mode = resolve_weights(cfg, weights, max_weight_bytes)
+        names = export_mlir(cfg, path, dialect=format.removeprefix("mlir-"), weights=mode, dynamic=dynamic,
+                            seed=seed, progress=progress)  # fmt: skip
+        return ExportResult(path, format, mode, names, time.perf_counter() - start)
+    if format != "onnx":
+        raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")
+    import onnx
+
+    proto = export_onnx(cfg, weights=weights, max_weight_bytes=max_weight_bytes, dynamic=dynamic,
+                        stamp=stamp, seed=seed, progress=progress)  # fmt: skip
+    mode = next(p.value for p in proto.metadata_props if p.key == "dabench.weights_mode")
+    names = json.loads(next(p.value for p in proto.metadata_props if p.key == META_WEIGHTS))
+    if progress:
+        progress(f"writing {path}")
+    if proto.ByteSize() > _EXTERNAL_DATA_BYTES:
+        onnx.save_model(proto, str(path), save_as_external_data=True, location=path.name + ".data")
+    else:
+        onnx.save_model(proto, str(path))
+    return ExportResult(path, "onnx", mode, names, time.perf_counter() - start, len(proto.graph.node))

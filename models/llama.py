@@ -1,0 +1,122 @@
+"""LLaMA family: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP.
+
+RMSNorm and rotary embedding are written with plain ops (Pow, ReduceMean, Sqrt,
+Reciprocal, Cos, Sin, Slice, Concat) so the exported ONNX needs no fused or contrib op.
+Rotary cos/sin and the causal mask are computed once per forward, outside the blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from dabench_ir.models.config import ModelConfig
+from dabench_ir.models.gpt2 import attend, causal_mask
+
+__all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "rotary_tables"]
+
+logger = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) · weight, computed in fp32."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * scale).to(x.dtype) * self.weight
+
+
+def rotary_tables(seq: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
+    """cos and sin tables `[seq, head_dim]` for rotary embedding (half-split layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    pos = torch.arange(seq, device=device, dtype=torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with rotary q and k; projections without bias."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.o_proj(attend(q, k, v, mask))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) · up(x)); SiLU written as x·sigmoid(x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x)
+        return self.down_proj(gate * torch.sigmoid(gate) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm block: x + attn(rms(x)), then x + mlp(rms(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn = LlamaAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        x = x + self.attn(self.attn_norm(x), mask, cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaModel(nn.Module):
+    """Optional token embedding, `layers` blocks, final RMSNorm, optional (untied) LM head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if cfg.vocab else None
+        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if cfg.vocab else None
+        if self.lm_head is not None and cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        seq = h.shape[1]
+        mask = causal_mask(seq, h.dtype, h.device)
+        cos, sin = rotary_tables(seq, self.cfg.head_dim, self.cfg.rope_theta, h.dtype, h.device)
+        for layer in self.layers:
+            h = layer(h, mask, cos, sin)
+        h = self.norm(h)
+        return self.lm_head(h) if self.lm_head is not None else h

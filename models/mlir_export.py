@@ -1,0 +1,131 @@
+"""MLIR export of decoder models through torch-mlir's fx importer.
+
+`torch_mlir.fx.export_and_import(module, *args, output_type="torch" | "linalg-on-tensors")`
+imports the whole stack (no stamping: the fx trace of a meta module is cheap enough).
+With `weights="none"` the module's parameters are passed as function arguments (one
+`%arg` per weight, shape-only), so the file holds no weight data; with "random" they are
+frozen into the module as dense resources. The file starts with `// dabench.*:` comment
+lines carrying the same metadata as the ONNX export (family, preset, params, weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dabench_ir.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["export_mlir", "mlir_text"]
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_TYPES = {"torch": "torch", "linalg": "linalg-on-tensors"}
+
+
+def _params_as_inputs(model: nn.Module) -> tuple[nn.Module, list[str], list[torch.Tensor]]:
+    """A wrapper whose forward takes (x, *weights) and a list of the weight names and tensors.
+
+    Parameters are removed from their modules and set back as plain tensor attributes at the
+    start of each call, so a trace sees them as user inputs (tied weights stay tied).
+    """
+    from torch import nn
+
+    slots: dict[str, list[tuple[nn.Module, str]]] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    canonical: dict[int, str] = {}
+    for mod_name, module in model.named_modules():
+        for pname, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            key = canonical.setdefault(id(param), full)
+            slots.setdefault(key, []).append((module, pname))
+            tensors.setdefault(key, param.detach())
+    for places in slots.values():
+        for module, pname in places:
+            del module._parameters[pname]
+    names = list(slots)
+
+    class _Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+            for name, value in zip(names, weights, strict=True):
+                for module, pname in slots[name]:
+                    setattr(module, pname, value)
+            return self.inner(x)
+
+    return _Wrapper(), names, [tensors[n] for n in names]
+
+
+def mlir_text(
+    cfg: ModelConfig, *, dialect: str = "torch", weights: str = "none", dynamic: bool = False, seed: int = 0
+) -> tuple[str, list[str]]:
+    """The MLIR module text for `cfg` and the names of its weight arguments (none if frozen)."""
+    import torch
+    from torch_mlir import fx
+
+    from dabench_ir.models import build_model
+    from dabench_ir.models.export import _example_input, _quiet
+
+    if dialect not in _OUTPUT_TYPES:
+        raise ValueError(f"dialect must be one of {sorted(_OUTPUT_TYPES)}")
+    if weights == "none":
+        # Meta weights as fake CPU tensors: a trace sees shapes only, and ops made inside
+        # forward (causal mask) stay on the CPU device, which linalg lowering needs.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        model, names, meta_weights = _params_as_inputs(build_model(cfg, device="meta"))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fakes = [torch.empty(t.shape, dtype=t.dtype) for t in meta_weights]
+            args: tuple[torch.Tensor, ...] = (_example_input(cfg, dynamic, "cpu"), *fakes)
+    else:
+        model = build_model(cfg, device="cpu", seed=seed)
+        names = []
+        args = (_example_input(cfg, dynamic, "cpu"),)
+    dynamic_shapes = None
+    if dynamic:
+        seq_max = cfg.max_positions if cfg.positional == "learned" else None
+        seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
+        dims = {0: torch.export.Dim("batch", min=2), 1: seq}
+        dynamic_shapes = {"x": dims, "weights": tuple(None for _ in names)} if names else (dims,)
+    with _quiet(), torch.no_grad():
+        module = fx.export_and_import(
+            model, *args, output_type=_OUTPUT_TYPES[dialect], dynamic_shapes=dynamic_shapes, func_name="main"
+        )
+    # keep locations: the MLIR frontend attributes each op to its source through them
+    return module.operation.get_asm(enable_debug_info=True), names
+
+
+def export_mlir(
+    cfg: ModelConfig,
+    path: str | Path,
+    *,
+    dialect: str = "torch",
+    weights: str = "none",
+    dynamic: bool = False,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Write `cfg` as MLIR (torch or linalg-on-tensors dialect) to `path`; returns weight names."""
+    if progress:
+        progress(f"importing {cfg.layers} blocks with torch-mlir (fx importer, {dialect})")
+    text, names = mlir_text(cfg, dialect=dialect, weights=weights, dynamic=dynamic, seed=seed)
+    header = [
+        f"// dabench.family: {cfg.family}",
+        f"// dabench.preset: {cfg.preset or ''}",
+        f"// dabench.params: {json.dumps({**cfg.to_dict(), 'dynamic': dynamic}, sort_keys=True)}",
+        f"// dabench.weights: {json.dumps(names)}",
+        f"// dabench.weights_mode: {weights}",
+    ]
+    Path(path).write_text("\n".join(header) + "\n" + text)
+    return names

@@ -1,0 +1,133 @@
+"""Host calibration: the cached cpu target, its key, and its reuse and invalidation.
+
+The suite runs one quick (sub-second) calibration; the full one is never run here.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from dabench_ir.errors import UserError
+from dabench_ir.execute import calibrate as cal
+
+
+@pytest.fixture(scope="module")
+def quick_cache(tmp_path_factory):
+    """One quick calibration in a private cache folder, shared by the tests below."""
+    folder = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DABENCH_IR_CACHE", str(folder))
+        path = cal.calibrate(1, quick=True)
+    return folder, path
+
+
+@pytest.fixture
+def cache(quick_cache, monkeypatch):
+    folder, path = quick_cache
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(folder))
+    return path
+
+
+def _no_measuring(*_args, **_kwargs):
+    raise AssertionError("calibration ran again although a valid one is cached")
+
+
+def test_quick_calibration_is_a_valid_target(cache):
+    from dabench_ir.targets import Target
+
+    data = tomllib.loads(cache.read_text())
+    target = Target.from_dict(data, origin=cache.name)
+    assert target.kind == "cpu" and target.name == "cpu"
+    assert target.peak_flops("fp32") > 0
+    assert target.memory("dram").bandwidth_bytes_per_s > 0
+    assert data["overheads"]["kernel_launch_s"]["value"] > 0
+    assert data["compute"]["peak_flops"]["fp32"]["source"].startswith("measured by dabench-ir calibrate on ")
+    assert data["calibration"]["threads"] == 1 and data["calibration"]["quick"] is True
+    assert data["calibration"]["key"] == cal.machine_key(1)
+    assert {row["m"] for row in data["calibration"]["matmul"]}
+    assert data["calibration"]["seconds"] < 10
+
+
+def test_cache_reused(cache, monkeypatch):
+    monkeypatch.setattr(cal, "measure_host", _no_measuring)
+    assert cal.cpu_target_path(1, quick=True) == cache
+    assert cal.calibration_status(1, allow_quick=True) == (cache, None)
+
+
+def test_quick_calibration_not_used_for_real_predictions(cache, monkeypatch):
+    monkeypatch.setattr(cal, "measure_host", _no_measuring)
+    with pytest.raises(UserError, match="rough"):
+        cal.cpu_target_path(1, measure_if_missing=False)
+
+
+def test_machine_key_change_invalidates(cache, monkeypatch, capsys):
+    calls = []
+
+    def fake_calibrate(threads=None, *, quick=False, verbose=False):
+        calls.append((threads, quick))
+        return cache
+
+    monkeypatch.setattr(cal, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cal, "_cpu_model", lambda: "Some Other CPU 9000")
+    path, reason = cal.calibration_status(1, allow_quick=True)
+    assert path != cache and reason == "no calibration for this machine yet"
+    cal.cpu_target_path(1, quick=True)
+    assert calls == [(1, True)]
+    assert "calibrating the host CPU" in capsys.readouterr().err
+
+
+def test_mismatching_key_in_file_invalidates(cache, monkeypatch):
+    """Same file name (e.g. a hash collision or a hand-edited file) but another key."""
+    monkeypatch.setattr(cal, "_cache_file", lambda key: cache)
+    real_key = cal.machine_key
+
+    monkeypatch.setattr(cal, "machine_key", lambda threads=None: {**real_key(threads), "ort_version": "0.0.1"})
+    assert "other settings" in cal.calibration_status(1, allow_quick=True)[1]
+
+
+def test_thread_count_is_part_of_the_key(cache):
+    path, reason = cal.calibration_status(2, allow_quick=True)
+    assert path != cache and reason is not None
+    assert cal.machine_key(2)["threads"] == 2
+
+
+def test_stale_calibration_is_measured_again(cache, tmp_path, monkeypatch):
+    old = tmp_path / cache.name
+    old.write_text(cache.read_text().replace('date = "', 'date = "1999-01-01" #'))
+    monkeypatch.setattr(cal, "_cache_file", lambda key: old)
+    assert "days old" in cal.calibration_status(1, allow_quick=True)[1]
+
+
+def test_cache_dir_overrides(monkeypatch, tmp_path):
+    monkeypatch.delenv("DABENCH_IR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cal.cache_dir() == tmp_path / "dabench-ir"
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path / "x"))
+    assert cal.cache_dir() == tmp_path / "x"
+
+
+def test_cli_calibrate_shows_cached_figures(cache, monkeypatch, capsys):
+    from dabench_ir.cli import main
+
+    monkeypatch.setattr(cal, "measure_host", _no_measuring)
+    assert main(["calibrate", "--threads", "1", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "cached on" in out and "GFLOP/s" in out and str(cache) in out
+    assert main(["calibrate", "--threads", "0"]) == 2
+
+
+def test_dump_toml_round_trips():
+    data = {
+        "name": "cpu",
+        "n": 3,
+        "x": 1.5e-07,
+        "big": 2.5e11,
+        "flag": True,
+        "rec": {"value": 1.0, "source": 'say "hi"', "estimate": False},
+        "table": {"inner": {"value": 2, "source": "s"}, "sub": {"k": [1, 2]}},
+        "rows": [{"a": 1}, {"a": 2, "b": "z"}],
+        "empty": [],
+    }
+    assert tomllib.loads(cal.dump_toml(data)) == data

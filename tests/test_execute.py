@@ -1,0 +1,178 @@
+"""Measured execution: onnxruntime profiling joined to graph nodes, synthesis, fusion map."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.execute import measure
+from dabench_ir.execute.ort import map_fused, parse_profile
+from dabench_ir.execute.synth import prepare_model
+from dabench_ir.timeline import Bound
+
+
+def _mlp(*, weight_input: bool = True, external_bias: bool = False, batch: int | str = "B") -> onnx.ModelProto:
+    """ids -> Gather(embed) -> MatMul(w) -> Add(b) -> Relu -> Softmax; w shape-only."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, 8])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8, 32])
+    inputs = [ids]
+    inits = [numpy_helper.from_array(np.ones((50, 16), np.float32), "embed")]
+    if weight_input:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [16, 32]))
+    else:
+        inits.append(numpy_helper.from_array(np.ones((16, 32), np.float32) * 0.01, "w"))
+    bias = numpy_helper.from_array(np.zeros(32, np.float32), "b")
+    if external_bias:
+        bias.ClearField("raw_data")
+        bias.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", "absent.bin"), ("offset", "0"), ("length", "128")):
+            bias.external_data.add(key=k, value=v)
+    inits.append(bias)
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["h"], name="embed_lookup"),
+        helper.make_node("MatMul", ["h", "w"], ["mm"], name="proj"),
+        helper.make_node("Add", ["mm", "b"], ["biased"], name="bias_add"),
+        helper.make_node("Relu", ["biased"], ["act"]),  # unnamed: the frontend names it Relu_3
+        helper.make_node("Softmax", ["act"], ["y"], name="probs", axis=-1),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "mlp", inputs, [out], inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    if weight_input:
+        model.metadata_props.add(key="dabench.weights", value=json.dumps(["w"]))
+    return model
+
+
+def test_measured_path_times_every_node(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(external_bias=True), str(path))
+    m = measure(path, dims={"B": 2}, warmup=1, repeat=3, threads=1)
+    names = ["embed_lookup", "proj", "bias_add", "Relu_3", "probs"]
+    assert set(m.node_times) == set(names)
+    assert m.missing == {}
+    assert all(t > 0 for t in m.node_times.values())
+    assert sum(m.node_times.values()) <= m.run_time_s
+    assert m.threads == 1 and m.provider == "CPUExecutionProvider" and m.fused == {}
+    assert m.synthesized == {
+        "input_ids": "input",
+        "w": "weight (shape-only graph input)",
+        "b": "weight (external data absent)",
+    }
+    # the timeline lays the nodes out one after another in graph order
+    tl = m.timeline
+    assert tl.source == "measured" and tl.step_time_s == m.run_time_s
+    assert list(tl.nodes) == names
+    assert tl.nodes["proj"].start == pytest.approx(tl.nodes["embed_lookup"].end)
+    assert tl.duration("probs") == pytest.approx(m.node_times["probs"])
+    assert tl.samples_per_step == 2
+
+
+def test_ort_opt_maps_fused_nodes_back():
+    m = measure(_mlp(weight_input=False, batch=2), warmup=1, repeat=2, threads=1, ort_opt=True)
+    # MatMul + Add (+ Relu) become one FusedGemm/FusedMatMul-like node
+    assert len(m.fused) == 1
+    (ort_name, members) = next(iter(m.fused.items()))
+    assert members[:2] == ["proj", "bias_add"]
+    assert "proj" in m.node_times  # the contraction member carries the fused time
+    assert "fused by onnxruntime" in m.missing["bias_add"] and ort_name in m.missing["bias_add"]
+    graph_nodes = {"embed_lookup", "proj", "bias_add", "Relu_3", "probs"}
+    assert set(m.node_times) | set(m.missing) == graph_nodes
+    assert not set(m.node_times) & set(m.missing)
+
+
+def test_bounds_and_rates_with_target():
+    from dabench_ir.execute.predict import CpuModel
+    from dabench_ir.ir import Cost
+    from dabench_ir.passes.meta import COST
+    from dabench_ir.pipeline import load_graph
+
+    graph = load_graph(_mlp(batch=2))
+    for node in graph.nodes:
+        node.meta[COST] = Cost(contraction_flops=1000, act_bytes_in=10)
+    cpu = CpuModel(peak_flops=1e9, bandwidth=1e9, overhead_s=0.0)
+    m = measure(_mlp(batch=2), graph, warmup=0, repeat=1, threads=1, target=cpu)
+    rate = m.rates["proj"]
+    assert rate.flops_per_s == pytest.approx(1000 / m.node_times["proj"])
+    assert rate.bound is Bound.COMPUTE  # intensity 100 > ridge 1
+    assert m.timeline.nodes["proj"].bound is Bound.COMPUTE
+
+
+def test_parse_profile_drops_warmup_and_takes_medians():
+    def run(ts, dur):
+        return {"cat": "Session", "name": "model_run", "ts": ts, "dur": dur}
+
+    def node(name, ts, dur):
+        return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": "Add"}}
+
+    events = [run(0, 100), node("a", 1, 90)]  # warm-up
+    for i, (da, db) in enumerate([(10, 1), (30, 3), (20, 2)]):
+        base = 1000 * (i + 1)
+        events += [run(base, 50), node("a", base + 1, da), node("b", base + 20, db)]
+    prof = parse_profile(events, warmup=1)
+    assert prof.node_times == {"a": pytest.approx(20e-6), "b": pytest.approx(2e-6)}
+    assert prof.run_time_s == pytest.approx(50e-6)
+    assert prof.order == ["a", "b"] and prof.op_types["a"] == "Add"
+
+
+def test_map_fused_on_handwritten_graphs():
+    original = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Transpose", ["w0"], ["wt"], name="t", perm=[1, 0]),  # constant: folded
+                helper.make_node("MatMul", ["x", "wt"], ["mm"], name="mm"),
+                helper.make_node("Add", ["mm", "b"], ["y0"], name="add"),
+                helper.make_node("Relu", ["y0"], ["y"], name="relu"),
+                helper.make_node("Identity", ["y"], ["z"], name="ident"),  # merged into relu
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])],
+            [
+                numpy_helper.from_array(np.ones((4, 4), np.float32), "w0"),
+                numpy_helper.from_array(np.ones(4, np.float32), "b"),
+            ],
+        )
+    )
+    optimized = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Gemm", ["x", "wt_folded", "b"], ["y0"], name="fused_gemm"),
+                helper.make_node("Relu", ["y0"], ["z"], name="relu"),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])],
+        )
+    )
+    fmap = map_fused(original, optimized)
+    assert fmap.members == {"fused_gemm": ["mm", "add"], "relu": ["relu", "ident"]}
+    assert fmap.anchors == {"fused_gemm": "mm", "relu": "relu"}
+    assert fmap.folded == {"t"}
+    assert fmap.removed == set()
+    assert fmap.inserted == set()
+
+
+def test_synthesis_binds_dims_and_bounds_token_ids():
+    prepared = prepare_model(_mlp(), dims={"B": 3})
+    ids = prepared.feeds["input_ids"]
+    assert ids.shape == (3, 8) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < 50  # below the Gather table's 50 rows
+    w = next(i for i in prepared.model.graph.initializer if i.name == "w")
+    assert tuple(w.dims) == (16, 32) and len(w.raw_data) == 16 * 32 * 4
+    assert "w" not in {vi.name for vi in prepared.model.graph.input}
+    assert prepared.synthesized_bytes == 3 * 8 * 8 + 16 * 32 * 4
+
+
+def test_synthesis_refuses_above_the_cap_with_bytes_needed():
+    with pytest.raises(UserError, match="needs 2,112 bytes"):
+        prepare_model(_mlp(), dims={"B": 1}, max_weight_bytes=1000)  # ids 64 + w 2048 bytes
+
+
+def test_synthesis_needs_bound_dims():
+    with pytest.raises(UnboundSymbolError, match="B"):
+        prepare_model(_mlp())

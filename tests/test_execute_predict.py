@@ -1,0 +1,84 @@
+"""CPU time prediction from calibrated curves, and the error statistics against measurement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from onnx import parser
+
+from dabench_ir.execute.predict import CpuModel, predict_cpu_times, prediction_error
+from dabench_ir.pipeline import load_graph
+
+
+def test_prediction_error_exact():
+    measured = {"a": 0.50, "b": 0.30, "c": 0.195, "tiny": 0.005}
+    predicted = {"a": 0.55, "b": 0.24, "c": 0.195, "tiny": 0.5, "extra": 9.0}
+    err = prediction_error(predicted, measured)
+    # end to end over the nodes both have: |1.485 - 1.0| / 1.0
+    assert err["end_to_end_rel_error"] == pytest.approx(0.485)
+    # per node over nodes >= 1% of measured time (tiny is 0.5%): errors 0.1, 0.2, 0.0
+    assert err["nodes_compared"] == 3
+    assert err["median_node_rel_error"] == pytest.approx(0.1)
+    assert err["p90_node_rel_error"] == pytest.approx(0.18)  # 0.1 + 0.8 * (0.2 - 0.1)
+    assert prediction_error({}, {})["nodes_compared"] == 0
+
+
+_MODEL = parser.parse_model(
+    """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 8, 16] x, float[16, 32] w, float[2, 8, 16] q, float[2, 16, 8] k) => (float[4, 8, 32] y,
+       float[2, 8, 8] s, float[32, 8, 4] t, float[4, 256] r) {
+        y = MatMul(x, w)
+        s = MatMul(q, k)
+        t = Transpose <perm = [2, 1, 0]> (y)
+        r = Reshape(y, shape)
+        shape = Constant <value = int64[2] {4, 256}> ()
+    }
+    """
+)
+
+
+def test_predict_cpu_times_from_curves():
+    cpu = CpuModel(
+        peak_flops=1e9,
+        bandwidth=1e9,
+        overhead_s=1e-6,
+        gemm=[(1e3, 1e-6 + 1e3 / 1e8), (1e5, 1e-6 + 1e5 / 1e9)],  # 0.1 .. 1 GFLOP/s
+        bmm=[(1e3, 1e-6 + 1e3 / 5e8)],
+        ops={"Add": [(1e3, 1e-6 + 1e-6), (1e6, 1e-6 + 1e-4)], "Transpose2D": [(1e3, 1e-6 + 1e-5)]},
+    )
+    graph = load_graph(_MODEL)
+    pred = predict_cpu_times(graph, cpu)
+    names = {n.op_type + str(i): n.name for i, n in enumerate(graph.nodes)}
+    # 4x8x16 @ 16x32 is one GEMM of 32x16x32: 32768 FLOPs, rate interpolated in log-FLOPs
+    flops = 2 * 32 * 16 * 32
+    frac = math.log(flops / 1e3) / math.log(100)
+    rate = 1e8 + frac * (1e9 - 1e8)
+    assert pred[names["MatMul0"]] == pytest.approx(1e-6 + flops / rate)
+    # batched 2 x (8x16 @ 16x8): 4096 FLOPs on the bmm curve (one point: 5e8 FLOP/s)
+    assert pred[names["MatMul1"]] == pytest.approx(1e-6 + 4096 / 5e8)
+    # the last axis moves: the Transpose2D curve, bytes = 2 x 4096
+    assert pred[names["Transpose2"]] == pytest.approx(1e-6 + 8192 / (1e3 / 1e-5))
+    # shape-only ops cost the fixed overhead
+    assert pred[names["Reshape3"]] == pytest.approx(1e-6)
+
+
+def test_predict_reads_the_target_toml(tmp_path):
+    from dabench_ir.execute.calibrate import dump_toml
+
+    data = {
+        "name": "cpu",
+        "kind": "cpu",
+        "compute": {"peak_flops": {"fp32": {"value": 2e9, "source": "test", "estimate": False}}},
+        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": {"value": 1e9, "source": "t"}}],
+        "overheads": {"kernel_launch_s": {"value": 0.0, "source": "t"}},
+        "calibration": {"ops": [{"op": "Add", "bytes": 1000, "time_s": 1e-6}]},
+    }
+    path = tmp_path / "cpu.toml"
+    path.write_text(dump_toml(data))
+    graph = load_graph(_MODEL)
+    pred = predict_cpu_times(graph, path)
+    mm = graph.nodes[0].name
+    # no matmul points: the fp32 peak, never below streaming the operands (Add curve: 1 GB/s)
+    assert pred[mm] == pytest.approx(max(2 * 32 * 16 * 32 / 2e9, (2048 + 2048 + 4096) / 1e9))

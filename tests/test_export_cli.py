@@ -1,0 +1,56 @@
+"""`dabench-ir export`: presets listing, user errors (exit 2, one line), a tiny export, lazy torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dabench_ir.cli import main
+
+
+def test_list_presets(capsys) -> None:
+    assert main(["export", "--list-presets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpt2-small", "gpt2-xl", "llama-7b", "llama-70b", "dabench-gpt2-h1600"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["--family", "llama", "--layers", "2", "--hidden", "64", "--heads", "6"], "heads"),
+        (["--family", "llama", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "3"], "kv_heads"),
+        (["--family", "gpt2", "--layers", "0", "--hidden", "64"], "layers"),
+        (["--family", "gpt2", "--hidden", "64"], "--layers"),
+        (["--preset", "nope"], "unknown preset"),
+        (["--preset", "llama-7b", "--weights", "random"], "--max-weight-bytes"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(capsys, tmp_path, argv: list[str], word: str) -> None:
+    assert main(["export", *argv, "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and "\n" not in err and "Traceback" not in err
+
+
+def test_command_module_does_not_import_torch() -> None:
+    code = "import sys, dabench_ir.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.slow
+def test_tiny_export(capsys, tmp_path) -> None:
+    pytest.importorskip("torch")
+    onnx = pytest.importorskip("onnx")
+    path = tmp_path / "m.onnx"
+    argv = ["export", "--family", "llama", "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
+            "--seq", "8", "--weights", "none", "-o", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    model = onnx.load(path)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["dabench.family"] == "llama"
+    assert json.loads(meta["dabench.params"])["kv_heads"] == 2

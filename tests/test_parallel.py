@@ -1,0 +1,81 @@
+"""Level-2 scaling on top of the single-chip lowerings: DP, TP, PP and refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.errors import UserError
+from dabench_ir.lowering import LoweringOptions
+from dabench_ir.lowering.collectives import ring_allreduce_time
+from dabench_ir.lowering.parallel import scale, split_for_tp
+from dabench_ir.passes import meta
+from dabench_ir.targets import load_target
+from tests.lowering_graphs import decoder
+
+
+def _contraction(graph, pred=lambda n: True):
+    return sum(meta.get_cost(n).contraction_flops for n in graph.nodes if pred(n))
+
+
+@pytest.mark.parametrize("chips", [2, 4])
+def test_tp_share_is_one_nth_of_split_matmuls_plus_replicated_rest(chips):
+    graph = decoder(layers=2, hidden=64)
+    share, allreduces = split_for_tp(graph, chips)
+    split = lambda n: ".attn" in n.scope or ".mlp" in n.scope  # noqa: E731
+    assert _contraction(share, split) == _contraction(graph, split) // chips
+    # norms and residual adds are replicated: every chip does all of them
+    rest = lambda n: not split(n)  # noqa: E731
+    assert sum(meta.get_cost(n).flops for n in share.nodes if rest(n)) == sum(
+        meta.get_cost(n).flops for n in graph.nodes if rest(n)
+    )
+    # Megatron: one all-reduce per attention and one per MLP, of the block's output size
+    assert len(allreduces) == 2 * 2
+    assert set(allreduces) == {1 * 16 * 64 * 2}
+
+
+def test_tp_forward_two_allreduces_per_layer_four_in_training():
+    graph = decoder(layers=2, hidden=64)
+    target = load_target("h100")
+    link = target.link()
+    one = ring_allreduce_time(16 * 64 * 2, 2, link.bandwidth_bytes_per_s, link.latency_s)
+    fwd = scale(graph, target, [2], "tp", LoweringOptions()).points[0]
+    assert fwd.comm_time_s == pytest.approx(2 * 2 * one)
+    graph.meta["mode"] = "train"
+    train = scale(graph, target, [2], "tp", LoweringOptions()).points[0]
+    assert train.comm_time_s == pytest.approx(2 * 2 * 2 * one)
+
+
+def test_dp_training_all_reduces_the_gradient():
+    graph = decoder(layers=2, hidden=64)
+    graph.meta["mode"] = "train"
+    target = load_target("a100")
+    link = target.link()
+    grad = sum(v.type.nbytes() for v in graph.weights())
+    result = scale(graph, target, [1, 4], "dp", LoweringOptions())
+    one, four = result.points
+    assert four.comm_time_s == pytest.approx(ring_allreduce_time(grad, 4, link.bandwidth_bytes_per_s, link.latency_s))
+    assert four.batch == 4 * one.batch
+    assert 0 < four.scaling_efficiency <= 1
+
+
+def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
+    graph = decoder(layers=6, hidden=64)
+    result = scale(graph, load_target("h100"), [1, 3], "pp", LoweringOptions(batch=1), micro_batches=4)
+    p3 = result.points[1]
+    assert [len(s) for s in p3.stages] == [2, 2, 2]
+    assert p3.bubble_fraction == pytest.approx(2 / 6)
+    assert 0 < p3.load_imbalance <= 1
+
+
+def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
+    graph = decoder(layers=4, hidden=64)
+    ipu = scale(graph, load_target("ipu"), [1, 2], "pp", LoweringOptions(batch=4))
+    assert ipu.points[1].speedup > 1
+    wse = scale(graph, load_target("wse"), [1, 2], "dp", LoweringOptions(batch=2))
+    assert wse.points[1].batch == 4
+
+
+@pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")])
+def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
+    with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):
+        scale(decoder(layers=2), load_target(target), [1, 2], strategy)
