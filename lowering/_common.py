@@ -25,6 +25,7 @@ __all__ = [
     "layer_blocks",
     "module_key",
     "peak_live_bytes",
+    "training_bytes",
     "value_bytes",
     "weight_bytes",
 ]
@@ -52,6 +53,7 @@ class LoweringContext:
     unattributed: list[str]
     precision: DType
     batch: int
+    total_weight_bytes: int = 0
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None, batch: int | None) -> LoweringContext:
@@ -69,7 +71,9 @@ class LoweringContext:
         prec = precision or graph_dtype(graph)
         if batch is None:
             batch = int(graph.bindings.get("batch", 1))
-        return cls(graph, costs, unattributed, prec, max(1, int(batch)))
+        ctx = cls(graph, costs, unattributed, prec, max(1, int(batch)))
+        ctx.total_weight_bytes = weight_bytes(ctx)
+        return ctx
 
     def is_shape(self, node: Node) -> bool:
         """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""
@@ -123,6 +127,23 @@ def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> i
                 seen.add(v)
                 total += value_bytes(graph, v, fallback)
     return total
+
+
+def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Training state resident beside the weights: optimizer state and saved activations.
+
+    Zero for inference. For a subset of nodes (a kernel, a stage) its share follows the
+    share of the weights those nodes hold (the training pass writes the totals).
+    """
+    train = ctx.graph.meta.get("train")
+    if not train:
+        return 0
+    total = int(train["optimizer_state_bytes"]) + int(train["saved_activation_bytes"])
+    if nodes is None:
+        return total
+    if not ctx.total_weight_bytes:
+        return 0
+    return math.ceil(total * weight_bytes(ctx, nodes) / ctx.total_weight_bytes)
 
 
 def module_key(node: Node) -> str:

@@ -10,8 +10,8 @@ import itertools
 from collections.abc import Sequence
 
 __all__ = [
-    "bubble_fraction",
     "brute_force_split",
+    "bubble_fraction",
     "optimal_contiguous_split",
     "p2p_time",
     "ring_allreduce_time",

@@ -11,7 +11,14 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from dabench_ir.lowering._common import LoweringContext, classify_bound, kernel_groups, peak_live_bytes, weight_bytes
+from dabench_ir.lowering._common import (
+    LoweringContext,
+    classify_bound,
+    kernel_groups,
+    peak_live_bytes,
+    training_bytes,
+    weight_bytes,
+)
 from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -95,7 +102,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
-    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes)
+    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes) + training_bytes(ctx)
     plan.memory_bytes[mem.name] = resident
     plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:

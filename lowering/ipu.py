@@ -21,6 +21,7 @@ from dabench_ir.lowering._common import (
     classify_bound,
     layer_blocks,
     peak_live_bytes,
+    training_bytes,
     value_bytes,
     weight_bytes,
 )
@@ -61,7 +62,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     blocks = layer_blocks(graph)
     block_time = [sum(_node_work_s(ctx, n, tiles_for(n), tile_peak, sram.bandwidth_bytes_per_s / tiles,
                                    exchange_bw, sync * m) for n in b.nodes) for b in blocks]
-    block_w = [weight_bytes(ctx, b.nodes) for b in blocks]
+    block_w = [weight_bytes(ctx, b.nodes) + training_bytes(ctx, b.nodes) for b in blocks]
     block_code = [sum(tiles_for(n) * code_per for n in b.nodes if ctx.is_work(n)) for b in blocks]
     block_act = [math.ceil(peak_live_bytes(ctx, b.nodes) / m) for b in blocks]
     n_ipus = min(options.ipus, len(blocks)) if blocks else 1

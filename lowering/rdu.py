@@ -20,6 +20,7 @@ from dabench_ir.lowering._common import (
     classify_bound,
     module_key,
     peak_live_bytes,
+    training_bytes,
     value_bytes,
     weight_bytes,
 )
@@ -179,7 +180,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     plan.traffic_bytes[ddr.name] = ddr_total
     if len(sections) > 1:
         plan.step_overheads_s["section_reconfig"] = reconfig * len(sections)
-    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes)
+    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes) + training_bytes(ctx)
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")

@@ -24,6 +24,7 @@ from dabench_ir.lowering._common import (
     kernel_groups,
     layer_blocks,
     peak_live_bytes,
+    training_bytes,
     weight_bytes,
 )
 from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
@@ -63,7 +64,7 @@ def pipelined_demand_bytes(graph: Graph, target: Target, options: LoweringOption
 def _kernel_bytes(ctx: LoweringContext, group: list[Node], replicas: int, micro_batches: int) -> int:
     """Resident bytes of a kernel: its weights plus one micro-batch of its input/output buffers."""
     acts = sum(ctx.costs[n.name].act_bytes_in + ctx.costs[n.name].act_bytes_out for n in group)
-    return weight_bytes(ctx, group) + math.ceil(acts / replicas / micro_batches)
+    return weight_bytes(ctx, group) + training_bytes(ctx, group) + math.ceil(acts / replicas / micro_batches)
 
 
 def _pipelined_best(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Plan:

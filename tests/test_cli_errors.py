@@ -144,7 +144,7 @@ def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):
     onnx.save(model, path)
     code, _, err = run_cli(capsys, "profile", str(path))
     assert_one_line_error(code, err, "batch", "seq", "--dim batch=N", "--dim seq=N")
-    code, out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
+    code, _out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
     assert code == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -36,8 +37,8 @@ def test_optimal_split_matches_brute_force():
         starts, worst = optimal_contiguous_split(loads, parts)
         assert worst == pytest.approx(brute_force_split(loads, parts))
         bounds = [*starts, n]
-        assert starts[0] == 0 and all(a < b for a, b in zip(bounds, bounds[1:], strict=False))
-        assert max(sum(loads[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)) == pytest.approx(worst)
+        assert starts[0] == 0 and all(a < b for a, b in itertools.pairwise(bounds))
+        assert max(sum(loads[a:b]) for a, b in itertools.pairwise(bounds)) == pytest.approx(worst)
 
 
 def test_split_is_not_round_robin():

@@ -79,3 +79,22 @@ def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
 def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
     with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):
         scale(decoder(layers=2), load_target(target), [1, 2], strategy)
+
+
+def test_training_state_counts_against_memory_and_can_flip_fits():
+    from dabench_ir.lowering import lower
+    from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, TrainingPass
+
+    infer, train = decoder(layers=2, hidden=64), decoder(layers=2, hidden=64)
+    TrainingPass()(train)
+    target = load_target("h100")
+    a = lower(infer, target, LoweringOptions()).memory_bytes
+    b = lower(train, target, LoweringOptions()).memory_bytes
+    params = sum(v.type.numel() for v in infer.weights())
+    assert sum(b.values()) - sum(a.values()) >= ADAM_BYTES_PER_PARAM * params
+    # the IPU holds everything in tile SRAM: a model that fits for inference stops fitting in training
+    big_infer, big_train = decoder(layers=8, hidden=1024), decoder(layers=8, hidden=1024)
+    TrainingPass()(big_train)
+    ipu = load_target("ipu")
+    assert lower(big_infer, ipu, LoweringOptions()).fits
+    assert not lower(big_train, ipu, LoweringOptions()).fits

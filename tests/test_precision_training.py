@@ -10,14 +10,14 @@ from tests.conftest import analyze_text
 
 BLOCK = """
 agraph (float[2,8] x) => (float[2,8] y)
-<float[8] g = {1,1,1,1,1,1,1,1}, float[8] b = {0,0,0,0,0,0,0,0}, float[8,8] W1 = {%s}, float[8,8] W2 = {%s}>
-{
+<float[8] g = {{1,1,1,1,1,1,1,1}}, float[8] b = {{0,0,0,0,0,0,0,0}}, float[8,8] W1 = {{{}}}, float[8,8] W2 = {{{}}}>
+{{
     h = LayerNormalization<axis=-1>(x, g, b)
     a = MatMul(h, W1)
     s = Softmax<axis=-1>(a)
     y = MatMul(s, W2)
-}
-""" % (",".join(["0.5"] * 64), ",".join(["0.25"] * 64))
+}}
+""".format(",".join(["0.5"] * 64), ",".join(["0.25"] * 64))
 
 
 def costs(graph):
@@ -38,7 +38,7 @@ def test_fp16_halves_float_bytes_on_every_node():
 def test_mixed_keeps_norms_and_softmax_in_fp32():
     graph = analyze_text(BLOCK)
     PrecisionPass("mixed")(graph)
-    ln, mm1, sm, mm2 = graph.nodes
+    ln, mm1, sm, _mm2 = graph.nodes
     assert ln.meta[meta.PRECISION] is DType.FLOAT32
     assert sm.meta[meta.PRECISION] is DType.FLOAT32
     assert mm1.meta[meta.PRECISION] is DType.BFLOAT16
@@ -66,8 +66,7 @@ def test_training_triples_contraction_flops_and_adds_adam():
 
 def test_first_matmul_on_a_raw_input_skips_dx():
     graph = analyze_text(
-        "agraph (float[2,8] x) => (float[2,8] y) <float[8,8] W = {%s}> { y = MatMul(x, W) }"
-        % ",".join(["1"] * 64)
+        "agraph (float[2,8] x) => (float[2,8] y) <float[8,8] W = {{{}}}> {{ y = MatMul(x, W) }}".format(",".join(["1"] * 64))
     )
     forward = meta.get_cost(graph.nodes[0]).contraction_flops
     TrainingPass()(graph)

@@ -103,3 +103,15 @@ def test_weights_recognised_from_the_exporter_signature(exported):
     expected = sum(p.numel() for p in Stack().parameters())
     assert graph.num_params == expected
     assert all(meta.UNATTRIBUTED not in n.meta for n in graph.nodes)
+
+
+def test_training_is_exactly_three_times_forward_contraction(exported):
+    from dabench_ir.passes.training import TrainingPass
+
+    path, torch_flops = exported
+    graph = analyze(path)
+    TrainingPass()(graph)
+    train = sum(meta.get_cost(n).contraction_flops for n in graph.nodes if meta.get_cost(n) is not None)
+    # every block starts with a LayerNorm that has weights, so every matmul operand needs a
+    # gradient: dX and dW each cost one forward contraction
+    assert train == 3 * torch_flops
