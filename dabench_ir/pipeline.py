@@ -301,9 +301,13 @@ def build_report(
     }
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
+    if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
+        _add_energy(graph, plan, timeline, target, records, totals, samples)
     metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
         metric_dict.update(_metrics_dict(metrics))
+    if target is not None:
+        metric_dict["target_power_w"] = float(target.watts)
     if measurement is not None and timeline is not None and timeline.source == "emulated":
         from dabench_ir.execute.predict import prediction_error
 
@@ -379,6 +383,29 @@ def build_report(
         graph=graph,
         timeline=timeline,
         target_obj=target,
+    )
+
+
+def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:
+    """Per-node joules, and the step's energy, power and efficiency (docs/energy.md)."""
+    from dabench_ir.energy import node_energies
+
+    energies = node_energies(graph, plan, timeline, target)
+    for r in records:
+        r.energy_j = energies.get(r.name)
+    energy = sum(energies.values())
+    step = timeline.step_time_s
+    achieved = totals["flops"] / step if step else None
+    totals.update(
+        {
+            "energy_j": energy,
+            "energy_per_sample_j": energy / samples if samples else None,
+            "power_w": energy / step if step else None,
+            "target_power_w": float(target.watts),
+            # achieved GOP/s per rated watt, and per modelled watt (FLOPs per joule)
+            "gops_per_w": achieved / 1e9 / float(target.watts) if achieved and target.watts else None,
+            "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy else None,
+        }
     )
 
 

@@ -54,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--max-weight-bytes", type=int, default=4 << 30, help="cap on synthesised weights")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=20, help="rows in the node table (0: all)")
+    o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank nodes by (default: time when timed)")
     o.add_argument("--json", metavar="F", help="write the report as JSON (schema dabench-ir/report/v1)")
     o.add_argument("--csv", metavar="F", help="write one row per node")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         print(render_cross_check(cross_check(onnx_graph, mlir_graph)))
     written = _write_outputs(args, report)
     if not args.quiet:
-        print(render_table(report, top=args.top, color=False if args.no_color else None))
+        print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort))
         for path in written:
             print(f"wrote {path}")
     if args.strict and report.unattributed:

@@ -77,9 +77,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(merged.to_dict(), indent=1))
     if args.plot:
-        from dabench_ir.report.plots import plot_scaling
+        from dabench_ir.report.plots import save_figure, scale_figure
 
-        plot_scaling([p.to_dict() for p in merged.points], args.plot, title=f"{merged.target} {merged.strategy}")
+        rows = [
+            {
+                "chips": p.chips,
+                "throughput": p.throughput_samples_per_s,
+                "efficiency": p.scaling_efficiency,
+                "label": f"{merged.target} {merged.strategy}" + (f" batch {p.batch}" if len(batches) > 1 else ""),
+            }
+            for p in merged.points
+        ]
+        fig = scale_figure(rows)
+        if fig is not None:
+            save_figure(fig, args.plot)
     if not args.quiet:
         print(render_scale(merged))
     return 0

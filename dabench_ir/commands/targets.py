@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from dabench_ir.errors import UserError
 from dabench_ir.targets import Target, list_targets
 
 __all__ = ["register", "run"]
@@ -19,6 +20,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="List the built-in targets with peak FLOP/s per precision, memories, power and process "
         "node. Figures marked * are estimates (see the target file for the basis).",
     )
+    parser.add_argument(
+        "--normalize-to",
+        type=float,
+        metavar="NM",
+        help="also show peak GOP/s, GOP/s/W and GOP/s/mm² scaled to this process node (docs/energy.md)",
+    )
+    parser.add_argument(
+        "--scaling", choices=["post-dennard", "dennard"], default="post-dennard", help="node scaling rule"
+    )
+    parser.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
     parser.set_defaults(func=run)
 
 
@@ -54,8 +65,68 @@ def describe(target: Target) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    for target in list_targets():
+    if args.normalize_to is not None and args.normalize_to <= 0:
+        raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
+    if args.catalog:
+        print(render_efficiency(catalog_rows(), args.normalize_to, args.scaling, title="published designs"))
+        return 0
+    targets = list_targets()
+    if args.normalize_to is not None:
+        print(render_efficiency([target_row(t) for t in targets], args.normalize_to, args.scaling, title="targets"))
+        return 0
+    for target in targets:
         print("\n".join(describe(target)))
     print("cpu [cpu] the host, measured by `dabench-ir calibrate` (loaded with --target cpu)")
     print("* estimate; every figure's source is in targets/<name>.toml")
     return 0
+
+
+def target_row(target: Target) -> dict:
+    """A target's peak efficiency figures at its own node (16-bit peak, rated power)."""
+    from dabench_ir.energy import target_area_mm2
+
+    peak = max(target.peak_flops(d) for d in ("fp16", "bf16")) / 1e9
+    area = target_area_mm2(target)
+    return {
+        "name": target.name,
+        "platform": target.kind,
+        "node_nm": target.node_nm,
+        "gops": peak,
+        "gops_per_w": peak / target.watts if target.watts else None,
+        "gops_per_mm2": peak / area if area else None,
+        "estimate": target.power.estimate or target.process_node.estimate,
+    }
+
+
+def catalog_rows() -> list[dict]:
+    from dabench_ir.energy import load_catalog
+
+    return load_catalog()
+
+
+def render_efficiency(rows: list[dict], to_nm: float | None, rule: str, *, title: str) -> str:
+    """GOP/s, GOP/s/W and GOP/s/mm² as given and (with ``to_nm``) normalised to one node."""
+    from dabench_ir.energy import normalize
+
+    head = ["name", "platform", "nm", "GOP/s", "GOP/s/W", "GOP/s/mm²"]
+    if to_nm is not None:
+        head += [f"GOP/s @{to_nm:g}", f"GOP/s/W @{to_nm:g}", f"GOP/s/mm² @{to_nm:g}"]
+    body = []
+    fmt = lambda x: "-" if x is None else f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"  # noqa: E731
+    for r in rows:
+        mark = " (unverified)" if not r.get("verified", True) else " *" if r.get("estimate") else ""
+        line = [r["name"] + mark, r["platform"], f"{r['node_nm']:g}",
+                fmt(r.get("gops")), fmt(r.get("gops_per_w")), fmt(r.get("gops_per_mm2"))]
+        if to_nm is not None:
+            n = normalize(r.get("gops"), r.get("gops_per_w"), r["node_nm"], to_nm,
+                          gops_per_mm2=r.get("gops_per_mm2"), rule=rule)
+            line += [fmt(n["gops"]), fmt(n["gops_per_w"]), fmt(n["gops_per_mm2"])]
+        body.append(line)
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    out = [f"{title}" + (f", normalised to {to_nm:g} nm ({rule} scaling, docs/energy.md)" if to_nm else "")]
+    out.append("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))))
+    for b in body:
+        out.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths, strict=True))))
+    if any(r.get("estimate") for r in rows):
+        out.append("* power or process node is an estimate (see the target file)")
+    return "\n".join(out)

@@ -79,8 +79,13 @@ def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, rig
     return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
 
 
-def render_table(report: Report, *, top: int = 20, width: int | None = None, color: bool | None = None) -> str:
-    """The per-node attribution table with totals, as plain text (ANSI bold only on a tty)."""
+def render_table(
+    report: Report, *, top: int = 20, width: int | None = None, color: bool | None = None, sort: str | None = None
+) -> str:
+    """The per-node attribution table with totals, as plain text (ANSI bold only on a tty).
+
+    ``sort``: rank nodes by ``time`` (default when timed), ``flops`` or ``energy``.
+    """
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns
     if color is None:
@@ -90,11 +95,16 @@ def render_table(report: Report, *, top: int = 20, width: int | None = None, col
     lines += _summary(report, st)
     lines.append("")
     timed = report.has_times
-    nodes = sorted(
-        report.attributed,
-        key=lambda n: (n.time_s or 0.0) if timed else (n.flops or 0),
-        reverse=True,
-    )
+    sort = sort or ("time" if timed else "flops")
+    keys = {
+        "time": lambda n: n.time_s or 0.0,
+        "flops": lambda n: n.flops or 0,
+        "energy": lambda n: n.energy_j or 0.0,
+    }
+    if sort not in keys:
+        raise ValueError(f"sort must be one of {', '.join(keys)}")
+    nodes = sorted(report.attributed, key=keys[sort], reverse=True)
+    energy = any(n.energy_j is not None for n in report.nodes)
     total_time = sum(n.time_s or 0.0 for n in report.nodes) if timed else None
     shown = nodes[:top] if top > 0 else nodes
     headers = ["node", "op", "layer", "FLOPs", "bytes", "FLOP/B"]
@@ -103,6 +113,8 @@ def render_table(report: Report, *, top: int = 20, width: int | None = None, col
     measured = any(n.measured_time_s is not None for n in report.nodes)
     if measured:
         headers += ["measured"]
+    if energy:
+        headers += ["energy"]
     rows = []
     for n in shown:
         row = [
@@ -118,8 +130,10 @@ def render_table(report: Report, *, top: int = 20, width: int | None = None, col
             row += [seconds(n.time_s), _pct(share), n.bound or "-", n.unit or "-"]
         if measured:
             row += [seconds(n.measured_time_s)]
+        if energy:
+            row += [human(n.energy_j, "J")]
         rows.append(row)
-    what = "time" if timed else "FLOPs"
+    what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
     lines.append(st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {what}"))
     lines += _grid(headers, rows, width, right=set(range(2, len(headers))) - {8, 9})
     lines.append("")
@@ -159,6 +173,11 @@ def _summary(report: Report, st: _Style) -> list[str]:
         out.append(
             f"  time       {seconds(t['time_s'])} per step, {human(t['throughput_samples_per_s'])} samples/s, "
             f"{human(t['achieved_flops_per_s'], 'FLOP/s')} achieved"
+        )
+    if t.get("energy_j") is not None:
+        out.append(
+            f"  energy     {human(t['energy_j'], 'J')} per step, {human(t.get('energy_per_sample_j'), 'J')} per sample, "
+            f"{human(t.get('power_w'), 'W')} modelled, {_fmt(t.get('gops_per_w'))} GOP/s per rated W"
         )
     if report.target:
         out.append(

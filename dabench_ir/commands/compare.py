@@ -1,0 +1,60 @@
+"""`dabench-ir compare A.json B.json ...`: reports written by ``profile --json``, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from dabench_ir.errors import UserError
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="put profile reports (JSON) side by side",
+        description="Compare reports written by `dabench-ir profile --json`: time, throughput, allocation, "
+        "load imbalance, efficiency, fit, dominant bound and GOP/s/W, one row per report.",
+    )
+    p.add_argument("reports", nargs="+", metavar="REPORT.json", help="report files (schema dabench-ir/report/v1)")
+    p.add_argument("--json", metavar="F", help="write the comparison as JSON")
+    p.add_argument("--csv", metavar="F", help="write the comparison as CSV")
+    p.add_argument("--html", metavar="F", help="write the comparison as a self-contained HTML page")
+    p.add_argument("--quiet", "-q", action="store_true", help="no table on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir.report.compare import (
+        compare_reports,
+        load_report_json,
+        render_compare,
+        write_compare_csv,
+        write_compare_json,
+    )
+
+    for flag in ("json", "csv", "html"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise UserError(f"--{flag} {path}: folder {Path(path).resolve().parent} does not exist")
+    reports = [load_report_json(p) for p in args.reports]
+    rows = compare_reports(reports)
+    written = []
+    if args.json:
+        written.append(write_compare_json(rows, args.json))
+    if args.csv:
+        written.append(write_compare_csv(rows, args.csv))
+    if args.html:
+        from dabench_ir.report.html import write_compare_html
+
+        links = [[("json", Path(src).resolve().as_uri())] for src in args.reports]
+        written.append(write_compare_html(rows, args.html, links=links))
+    if not args.quiet:
+        print(render_compare(rows))
+        for path in written:
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,81 @@
+"""`dabench-ir sweep SPEC -o DIR`: run a study grid (resumable, parallel, optionally on Ray)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+__all__ = ["register", "run"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of models x targets x options and tabulate it",
+        description="Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
+        "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
+        "A rerun skips points already done.",
+    )
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (level1, level2)")
+    p.add_argument("-o", "--output", metavar="DIR", help="output folder")
+    p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
+    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--cache-dir", metavar="DIR", help="where exported base models are cached (default: DIR/models)")
+    p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--dry-run", action="store_true", help="print the points and exit")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir.errors import UserError
+    from dabench_ir.sweep import bundled_specs, load_spec, run_sweep
+
+    if args.list:
+        for name, path in bundled_specs().items():
+            spec = load_spec(path)
+            print(f"{name:10s} {len(spec.points):5d} points  {spec.description}")
+        return 0
+    if not args.spec:
+        raise UserError("sweep: give a SPEC (.toml file or bundled name) or --list")
+    spec = load_spec(args.spec)
+    if args.dry_run:
+        for point in spec.points:
+            print(point.label())
+        print(f"{len(spec.points)} points")
+        return 0
+    if not args.output:
+        raise UserError("sweep: give the output folder with -o DIR")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: expected a positive number")
+    from dabench_ir.progress import Progress
+
+    progress = Progress(quiet=args.quiet)
+    try:
+        result = run_sweep(
+            spec,
+            args.output,
+            jobs=args.jobs or os.cpu_count(),
+            executor=args.executor,
+            address=args.address,
+            cache_dir=args.cache_dir,
+            retry_failed=args.retry_failed,
+            plots=not args.no_plots,
+            bar=lambda done, total, failed=0: progress.bar(done, total, failed=failed, label=f"{spec.name} "),
+        )
+    finally:
+        progress.done()
+    if not args.quiet:
+        ok = sum(1 for r in result.rows if r.get("status") == "ok")
+        print(
+            f"{spec.name}: {result.total} points, {result.skipped} done before, {result.ran} run now "
+            f"({result.failed} failed), {ok} ok in the table; {result.exports} model export(s); "
+            f"{result.seconds:.1f}s"
+        )
+        if result.lost:
+            print(f"{result.lost} point(s) lost to a dead worker: run the same command again to finish them")
+        print(f"results: {os.path.join(args.output, 'results.csv')}")
+    return 1 if result.lost else 0

@@ -1,0 +1,211 @@
+"""Energy per node, and fair comparison across process nodes.
+
+Energy model (docs/energy.md): a node's energy is its dynamic energy — FLOPs × energy per
+FLOP at its precision, plus bytes × energy per byte at the memory level that feeds it —
+plus its share of the chip's static power over the step. Energy figures come from a
+target's ``[energy]`` table when it has one; otherwise they are derived from Horowitz's
+45 nm figures (ISSCC 2014) scaled to the target's node with the rule below, and marked as
+estimates.
+
+Node normalisation (the survey's "bring every design to one node"): post-Dennard scaling
+by default (Esmaeilzadeh et al., ISCA 2011: voltage no longer scales, so energy per op
+scales with capacitance, ∝ feature size), classical Dennard scaling on request (Dennard et
+al., JSSC 1974: energy per op ∝ size³). With λ = node / target node: throughput × λ
+(delay ∝ size), area ÷ λ², energy per op ÷ λ (post-Dennard) or ÷ λ³ (Dennard).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+
+if TYPE_CHECKING:
+    from dabench_ir.targets import Target
+
+__all__ = [
+    "HOROWITZ_45NM",
+    "SCALING_RULES",
+    "EnergyModel",
+    "energy_model",
+    "load_catalog",
+    "node_energies",
+    "normalize",
+    "scale_factors",
+    "target_area_mm2",
+]
+
+logger = logging.getLogger(__name__)
+
+# Horowitz, "Computing's energy problem (and what we can do about it)", ISSCC 2014, 45 nm:
+# fp16 add 0.4 pJ + mul 1.1 pJ -> 1.5 pJ per FMA (2 FLOPs); fp32 add 0.9 + mul 3.7 -> 4.6 pJ;
+# 8 KB SRAM read of 64 bits 10 pJ (1.25 pJ/B); DRAM 1.3–2.6 nJ per 64 bits (mid: 240 pJ/B).
+HOROWITZ_45NM = {
+    "pj_per_flop": {"fp32": 4.6 / 2, "fp16": 1.5 / 2, "bf16": 1.5 / 2, "fp8e4m3": 0.75 / 2, "int8": 0.23 / 2},
+    "pj_per_byte": {"on-chip": 10.0 / 8, "off-chip": 1950.0 / 8},
+    "node_nm": 45.0,
+}
+# Off-chip DRAM energy does not follow logic scaling; modern stacked DRAM is ~3.9 pJ/bit
+# (HBM2, O'Connor et al., MICRO 2017) and DDR4 ~15 pJ/bit: used as given, not scaled.
+DRAM_PJ_PER_BYTE = {"hbm": 3.9 * 8, "ddr": 15.0 * 8}
+LINK_PJ_PER_BYTE = 10.0 * 8  # chip-to-chip SerDes, ~10 pJ/bit (estimate; order of magnitude)
+STATIC_FRACTION = 0.3  # share of rated power drawn regardless of work (estimate)
+
+SCALING_RULES = {"post-dennard": 1, "dennard": 3}
+
+
+def scale_factors(node_nm: float, to_nm: float, rule: str = "post-dennard") -> dict[str, float]:
+    """Multipliers taking a design at ``node_nm`` to ``to_nm`` (identity when equal)."""
+    if rule not in SCALING_RULES:
+        raise UserError(f"unknown scaling rule {rule!r}; use {' or '.join(SCALING_RULES)}")
+    if node_nm <= 0 or to_nm <= 0:
+        raise UserError("process nodes must be positive (nm)")
+    lam = node_nm / to_nm
+    energy = lam ** SCALING_RULES[rule]
+    return {
+        "throughput": lam,  # faster gates
+        "energy_per_op": 1 / energy,
+        "power": lam / energy,  # throughput × energy per op
+        "area": 1 / lam**2,
+        "gops_per_w": energy,
+        "gops_per_mm2": lam**3,
+    }
+
+
+def normalize(
+    gops: float | None,
+    gops_per_w: float | None,
+    node_nm: float,
+    to_nm: float,
+    *,
+    gops_per_mm2: float | None = None,
+    rule: str = "post-dennard",
+) -> dict[str, float | None]:
+    """GOP/s, GOP/s/W and GOP/s/mm² of a design as if built at ``to_nm``."""
+    f = scale_factors(node_nm, to_nm, rule)
+    mul = lambda x, k: None if x is None else x * f[k]  # noqa: E731
+    return {
+        "gops": mul(gops, "throughput"),
+        "gops_per_w": mul(gops_per_w, "gops_per_w"),
+        "gops_per_mm2": mul(gops_per_mm2, "gops_per_mm2"),
+    }
+
+
+@dataclass(frozen=True)
+class EnergyModel:
+    """Energy figures of one target; ``estimate`` lists the ones that are derived, not sourced."""
+
+    pj_per_flop: Mapping[str, float]
+    pj_per_byte: Mapping[str, float]  # by memory level name or level ("on-chip", "off-chip", "link")
+    static_watts: float
+    sources: Mapping[str, str]
+
+    def flop_energy_j(self, flops: float, dtype: str) -> float:
+        pj = self.pj_per_flop.get(dtype, self.pj_per_flop.get("fp32", 0.0))
+        return flops * pj * 1e-12
+
+    def byte_energy_j(self, nbytes: float, level: str) -> float:
+        return nbytes * self.pj_per_byte.get(level, 0.0) * 1e-12
+
+
+def energy_model(target: Target) -> EnergyModel:
+    """The target's ``[energy]`` table, or figures derived from its node (marked estimates)."""
+    raw = dict(getattr(target, "raw", {}) or {}).get("energy", {})
+    node = float(target.node_nm)
+    f = scale_factors(HOROWITZ_45NM["node_nm"], node)["energy_per_op"]
+    sources: dict[str, str] = {}
+    pj_flop = {k: v * f for k, v in HOROWITZ_45NM["pj_per_flop"].items()}
+    sources["pj_per_flop"] = f"estimate: Horowitz ISSCC 2014 45 nm figures scaled to {node:g} nm (post-Dennard)"
+    pj_byte: dict[str, float] = {"on-chip": HOROWITZ_45NM["pj_per_byte"]["on-chip"] * f, "link": LINK_PJ_PER_BYTE}
+    for mem in target.memories:
+        if mem.level == "on-chip":
+            pj_byte[mem.name] = pj_byte["on-chip"]
+        else:
+            kind = "hbm" if "hbm" in mem.name.lower() else "ddr"
+            pj_byte[mem.name] = DRAM_PJ_PER_BYTE[kind]
+            pj_byte.setdefault("off-chip", DRAM_PJ_PER_BYTE[kind])
+    pj_byte.setdefault("off-chip", DRAM_PJ_PER_BYTE["ddr"])
+    sources["pj_per_byte"] = "estimate: SRAM from Horowitz scaled; DRAM from O'Connor et al. MICRO 2017 (HBM2) / DDR4"
+    static = STATIC_FRACTION * float(target.watts)
+    sources["static_watts"] = f"estimate: {STATIC_FRACTION:.0%} of rated power"
+    for key, table in (("pj_per_flop", pj_flop), ("pj_per_byte", pj_byte)):
+        for name, entry in dict(raw.get(key, {})).items():
+            table[name] = float(entry["value"] if isinstance(entry, Mapping) else entry)
+            if isinstance(entry, Mapping) and entry.get("source"):
+                sources[f"{key}.{name}"] = str(entry["source"])
+    if "static_fraction" in raw:
+        entry = raw["static_fraction"]
+        frac = float(entry["value"] if isinstance(entry, Mapping) else entry)
+        static = frac * float(target.watts)
+        sources["static_watts"] = str(entry.get("source", "")) if isinstance(entry, Mapping) else ""
+    return EnergyModel(pj_flop, pj_byte, static, sources)
+
+
+def load_catalog() -> list[dict[str, Any]]:
+    """Published accelerator designs (dabench_ir/data/accelerators.toml)."""
+    text = resources.files("dabench_ir").joinpath("data/accelerators.toml").read_text()
+    rows = tomllib.loads(text)["design"]
+    for row in rows:
+        if row.get("gops") and row.get("watts") and not row.get("gops_per_w"):
+            row["gops_per_w"] = row["gops"] / row["watts"]
+        if row.get("gops") and row.get("area_mm2") and not row.get("gops_per_mm2"):
+            row["gops_per_mm2"] = row["gops"] / row["area_mm2"]
+    return rows
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[str, float]:
+    """Joules per node for one step: dynamic energy plus a share of static power.
+
+    Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level
+    that feeds it on this target. Static: the target's static power over the step,
+    shared out in proportion to each node's busy time, so node energies sum to the step's.
+    """
+    from dabench_ir.passes import meta
+
+    model = energy_model(target)
+    default_dtype = str(getattr(plan, "precision", "") or "fp32")
+    busy: dict[str, float] = {}
+    dynamic: dict[str, float] = {}
+    for node in graph.nodes:
+        cost = meta.get_cost(node) if meta.COST in node.meta else None
+        np_ = plan.node_plans.get(node.name) if plan is not None else None
+        if cost is None or np_ is None:
+            continue
+        dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
+        level_name = _feed_memory_name(target, np_.feed_level)
+        joules = model.flop_energy_j(cost.flops, dtype)
+        joules += model.byte_energy_j(np_.feed_bytes, level_name if level_name in model.pj_per_byte else np_.feed_level)
+        dynamic[node.name] = joules
+        busy[node.name] = timeline.busy(node.name) or 0.0
+    total_busy = sum(busy.values())
+    static_j = model.static_watts * timeline.step_time_s
+    return {
+        name: e + (static_j * busy[name] / total_busy if total_busy > 0 else static_j / max(len(dynamic), 1))
+        for name, e in dynamic.items()
+    }
+
+
+def _feed_memory_name(target: Target, level: str) -> str:
+    """The name of the memory at ``level`` (``on-chip``/``off-chip``), or the level itself."""
+    for mem in target.memories:
+        if level in (mem.name, mem.level):
+            return mem.name
+    return level
+
+
+def target_area_mm2(target: Target) -> float | None:
+    """Die area from the target file's ``[process] area_mm2``, when it gives one."""
+    entry = dict(getattr(target, "raw", {}) or {}).get("process", {}).get("area_mm2")
+    if entry is None:
+        return None
+    return float(entry["value"] if isinstance(entry, Mapping) else entry)

@@ -1,0 +1,237 @@
+"""Reports side by side: one row per report (model, target, time, metrics, dominant bound, GOP/s/W).
+
+`compare_reports` takes Report objects or their JSON dicts (schema dabench-ir/report/v1)
+and returns plain dict rows; `render_compare` prints them, `write_compare_csv` /
+`write_compare_json` save them. The rows are the same whatever the input came from.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+
+from .model import SCHEMA, Report
+from .table import human, seconds
+
+__all__ = [
+    "COMPARE_COLUMNS",
+    "compare_reports",
+    "dominant_bound",
+    "format_row",
+    "load_report_json",
+    "render_compare",
+    "write_compare_csv",
+    "write_compare_json",
+]
+
+logger = logging.getLogger(__name__)
+
+COMPARE_COLUMNS = (
+    "label",
+    "model",
+    "target",
+    "kind",
+    "batch",
+    "precision",
+    "time_s",
+    "throughput_samples_per_s",
+    "achieved_flops_per_s",
+    "allocation_ratio",
+    "load_imbalance",
+    "compute_efficiency",
+    "fits",
+    "dominant_bound",
+    "dominant_bound_share",
+    "power_w",
+    "gops_per_w",
+    "measured_time_s",
+    "failure",
+)
+"""Keys of every compare row, in table, CSV and JSON order."""
+
+
+def load_report_json(path: str | Path) -> dict[str, Any]:
+    """Read a report JSON written by ``profile --json``; anything else is a one-line UserError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read report {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise UserError(f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json")
+    for key in ("model", "totals", "nodes"):
+        if key not in data:
+            raise UserError(f"{path}: report has no {key!r} field; was it written by profile --json?")
+    data.setdefault("_source", str(path))
+    return data
+
+
+def dominant_bound(nodes: Sequence[Mapping[str, Any]]) -> tuple[str | None, float | None]:
+    """The bound class with the largest share of node time, and that share (None without times)."""
+    times: dict[str, float] = {}
+    for n in nodes:
+        t = n.get("time_s")
+        if t:
+            key = str(n.get("bound") or "unknown")
+            times[key] = times.get(key, 0.0) + float(t)
+    total = sum(times.values())
+    if not total:
+        return None, None
+    best = max(times, key=times.__getitem__)
+    return best, times[best] / total
+
+
+def _power_w(data: Mapping[str, Any], target_obj: Any) -> float | None:
+    """The target's power: from the report itself, the live Target, or the target loaded by name."""
+    for section in ("metrics", "extra"):
+        value = (data.get(section) or {}).get("target_power_w")
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    if target_obj is not None:
+        watts = getattr(target_obj, "watts", None)
+        return float(watts) if watts else None
+    name = (data.get("target") or {}).get("name")
+    if not name:
+        return None
+    try:
+        if name == "cpu":  # never calibrate from a compare: use the cached calibration or nothing
+            from dabench_ir.execute.calibrate import cpu_target_path
+
+            name = str(cpu_target_path(measure_if_missing=False))
+        from dabench_ir.targets import load_target
+
+        return float(load_target(name).watts) or None
+    except Exception as exc:
+        logger.info("no power figure for target %s: %s", name, exc)
+        return None
+
+
+def _label(data: Mapping[str, Any]) -> str:
+    model = data.get("model") or {}
+    name = model.get("preset") or model.get("name") or Path(str(model.get("path") or "model")).stem
+    target = (data.get("target") or {}).get("name") or "cost-only"
+    return f"{name}@{target}"
+
+
+def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
+    totals, metrics, config = data.get("totals") or {}, data.get("metrics") or {}, data.get("config") or {}
+    model, target = data.get("model") or {}, data.get("target") or {}
+    bound, share = dominant_bound(data.get("nodes") or [])
+    achieved = totals.get("achieved_flops_per_s")
+    power = _power_w(data, target_obj)
+    failure = data.get("failure")
+    return {
+        "label": _label(data),
+        "model": model.get("preset") or model.get("name") or model.get("path"),
+        "target": target.get("name"),
+        "kind": target.get("kind"),
+        "batch": config.get("batch"),
+        "precision": config.get("precision"),
+        "time_s": totals.get("time_s"),
+        "throughput_samples_per_s": totals.get("throughput_samples_per_s"),
+        "achieved_flops_per_s": achieved,
+        "allocation_ratio": metrics.get("allocation_ratio"),
+        "load_imbalance": metrics.get("load_imbalance"),
+        "compute_efficiency": metrics.get("compute_efficiency"),
+        "fits": data.get("fits"),
+        "dominant_bound": bound,
+        "dominant_bound_share": share,
+        "power_w": power,
+        "gops_per_w": achieved / power / 1e9 if achieved and power else None,
+        "measured_time_s": totals.get("measured_time_s"),
+        "failure": (failure or {}).get("reason") if isinstance(failure, Mapping) else failure,
+    }
+
+
+def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per report (keys: `COMPARE_COLUMNS`), in the order given."""
+    rows = []
+    for rep in reports:
+        if isinstance(rep, Report):
+            rows.append(_row(rep.to_dict(), rep.target_obj))
+        elif isinstance(rep, Mapping):
+            rows.append(_row(rep, None))
+        else:
+            raise TypeError(f"compare_reports takes Report objects or report dicts, not {type(rep).__name__}")
+    return rows
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
+
+
+def format_row(row: Mapping[str, Any]) -> dict[str, str]:
+    """Display strings for one compare row (shared by the terminal table and the HTML page)."""
+    fits = row.get("fits")
+    bound = row.get("dominant_bound")
+    return {
+        "model": str(row.get("model") or "-"),
+        "target": str(row.get("target") or "-"),
+        "time": seconds(row.get("time_s")),
+        "throughput": "-" if row.get("throughput_samples_per_s") is None else human(row["throughput_samples_per_s"], "samples/s"),
+        "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),
+        "alloc": _pct(row.get("allocation_ratio")),
+        "LI": _num(row.get("load_imbalance")),
+        "eff": _pct(row.get("compute_efficiency")),
+        "fits": "-" if fits is None else ("yes" if fits else "NO"),
+        "dominant bound": "-" if bound is None else f"{bound} ({_pct(row.get('dominant_bound_share'))})",
+        "GOP/s/W": _num(row.get("gops_per_w")),
+    }
+
+
+def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The compare rows as an aligned plain-text table."""
+    if not rows:
+        return "no reports to compare"
+    cells = [format_row(r) for r in rows]
+    headers = list(cells[0])
+    widths = {h: max(len(h), *(len(c[h]) for c in cells)) for h in headers}
+    left = {"model", "target", "fits", "dominant bound"}
+
+    def line(values: Mapping[str, str]) -> str:
+        return "  ".join(values[h].ljust(widths[h]) if h in left else values[h].rjust(widths[h]) for h in headers).rstrip()
+
+    out = [line({h: h for h in headers}), line({h: "-" * widths[h] for h in headers})]
+    out += [line(c) for c in cells]
+    failures = [r for r in rows if r.get("failure")]
+    for r in failures:
+        out.append(f"{r.get('target')}: does not fit: {r['failure']}")
+    return "\n".join(out)
+
+
+def write_compare_csv(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """One CSV line per compare row, columns `COMPARE_COLUMNS` (empty cell for None)."""
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(COMPARE_COLUMNS), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COMPARE_COLUMNS})
+    return path
+
+
+def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """``{"schema": "dabench-ir/compare/v1", "rows": [...]}`` (NaN and infinity become null)."""
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    doc = {"schema": "dabench-ir/compare/v1", "rows": [{k: clean(r.get(k)) for k in COMPARE_COLUMNS} for r in rows]}
+    path = Path(path)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,128 @@
+"""`compare_reports` / `dabench-ir compare`: rows match the reports, from objects or from JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from dabench_ir.cli import main
+from dabench_ir.report.compare import (
+    COMPARE_COLUMNS,
+    compare_reports,
+    dominant_bound,
+    render_compare,
+    write_compare_csv,
+    write_compare_json,
+)
+from tests.test_report_helpers import make_report
+
+
+def _two_reports():
+    a = make_report()
+    b = make_report()
+    b.target = {"name": "otherchip", "kind": "ipu"}
+    b.target_obj = None
+    b.metrics = {"allocation_ratio": 0.5, "load_imbalance": 1.0, "compute_efficiency": 0.3}
+    for n in b.nodes:
+        if n.bound == "compute":
+            n.bound = "memory"
+    b.fits = False
+    b.failure = {"reason": "weights exceed SRAM", "needed_bytes": 2e9, "capacity_bytes": 1e9}
+    return a, b
+
+
+def test_rows_match_reports():
+    a, b = _two_reports()
+    rows = compare_reports([a, b])
+    assert [r["target"] for r in rows] == ["fakechip", "otherchip"]
+    assert set(rows[0]) == set(COMPARE_COLUMNS)
+    r = rows[0]
+    assert r["time_s"] == pytest.approx(290e-6)
+    assert r["throughput_samples_per_s"] == pytest.approx(2 / 290e-6)
+    assert (r["allocation_ratio"], r["load_imbalance"], r["compute_efficiency"]) == (0.25, 0.8, 0.1)
+    assert r["fits"] is True and r["failure"] is None
+    assert r["dominant_bound"] == "compute" and r["dominant_bound_share"] == pytest.approx(266 / 290)
+    # GOP/s/W: achieved FLOP/s over the live target's 500 W
+    assert r["power_w"] == 500.0
+    assert r["gops_per_w"] == pytest.approx(a.totals["achieved_flops_per_s"] / 500 / 1e9)
+    assert rows[1]["dominant_bound"] == "memory" and rows[1]["dominant_bound_share"] == pytest.approx(1.0)
+    assert rows[1]["fits"] is False and rows[1]["failure"] == "weights exceed SRAM"
+    assert rows[1]["gops_per_w"] is None  # unknown target, no power in the report
+
+
+def test_dict_and_object_give_the_same_row():
+    a, _ = _two_reports()
+    a.extra["target_power_w"] = 500.0
+    from_dict = compare_reports([json.loads(a.to_json())])[0]
+    from_obj = compare_reports([a])[0]
+    assert from_dict == from_obj
+
+
+def test_power_from_metrics_or_builtin_target():
+    data = json.loads(make_report().to_json())
+    data["metrics"]["target_power_w"] = 100.0
+    assert compare_reports([data])[0]["power_w"] == 100.0
+    from dabench_ir.targets import load_target
+
+    data = json.loads(make_report().to_json())
+    data["target"] = {"name": "rdu", "kind": "rdu"}
+    row = compare_reports([data])[0]
+    assert row["power_w"] == load_target("rdu").watts
+
+
+def test_dominant_bound_without_times():
+    assert dominant_bound([{"time_s": None, "bound": None}]) == (None, None)
+
+
+def test_render_and_writers(tmp_path):
+    rows = compare_reports(list(_two_reports()))
+    text = render_compare(rows)
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["model", "target", "time"]
+    assert "fakechip" in lines[2] and "compute (91.7%)" in lines[2] and "290 µs" in lines[2]
+    assert "otherchip" in lines[3] and " NO " in lines[3] and lines[3].rstrip().endswith("-")
+    assert "does not fit: weights exceed SRAM" in text
+    with write_compare_csv(rows, tmp_path / "c.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [t["target"] for t in table] == ["fakechip", "otherchip"]
+    assert float(table[0]["time_s"]) == pytest.approx(290e-6) and table[1]["gops_per_w"] == ""
+    doc = json.loads(write_compare_json(rows, tmp_path / "c.json").read_text())
+    assert doc["schema"] == "dabench-ir/compare/v1" and doc["rows"][1]["fits"] is False
+    assert render_compare([]) == "no reports to compare"
+
+
+def test_cli_compare(tmp_path, capsys):
+    a, b = _two_reports()
+    pa, pb = a.write_json(tmp_path / "a.json"), b.write_json(tmp_path / "b.json")
+    out = tmp_path / "cmp"
+    argv = ["compare", str(pa), str(pb), "--csv", f"{out}.csv", "--json", f"{out}.json", "--html", f"{out}.html"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "fakechip" in stdout and "otherchip" in stdout and "wrote" in stdout
+    assert (tmp_path / "cmp.csv").is_file() and (tmp_path / "cmp.json").is_file()
+    html = (tmp_path / "cmp.html").read_text()
+    assert "Targets side by side" in html and pa.resolve().as_uri() in html
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("not json at all", "is not JSON"),
+        ('{"schema": "something/else"}', "is not a dabench-ir report"),
+        ("[1, 2]", "is not a dabench-ir report"),
+        ('{"schema": "dabench-ir/report/v1"}', "has no 'model' field"),
+    ],
+)
+def test_cli_compare_rejects_non_reports(tmp_path, capsys, content, expected):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert main(["compare", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+
+
+def test_cli_compare_missing_file(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read report" in capsys.readouterr().err

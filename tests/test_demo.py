@@ -1,0 +1,59 @@
+"""`dabench-ir demo`: the report folder, end to end (slow) and with a failing target (fast)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from dabench_ir.cli import main
+from dabench_ir.commands.demo import run_demo
+from tests.test_report_helpers import load_schema, validate
+
+pytest.importorskip("matplotlib")
+
+
+def test_demo_records_a_failing_target_and_goes_on(tiny_matmul_path, tmp_path):
+    out = tmp_path / "rep"
+    result = run_demo(out, targets=["rdu", "no-such-chip"], model=tiny_matmul_path, measure=False)
+    assert list(result.reports) == ["rdu"]
+    assert "no-such-chip" in result.errors and "unknown target" in result.errors["no-such-chip"]
+    assert "unknown target" in (out / "no-such-chip.error.txt").read_text()
+    for name in ("index.html", "rdu.html", "rdu.json", "compare.csv", "compare.json"):
+        assert (out / name).is_file(), name
+    index = (out / "index.html").read_text()
+    assert 'href="rdu.html"' in index and "Failed (1)" in index and "no-such-chip" in index
+    assert validate(json.loads((out / "rdu.json").read_text()), load_schema()) == []
+
+
+def test_demo_rejects_empty_targets(tmp_path, capsys):
+    assert main(["demo", "-o", str(tmp_path / "x"), "--targets", ","]) == 2
+    assert "--targets" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_demo_end_to_end(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "dabench-report"
+    assert main(["demo", "-o", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed == [str((out / "index.html").resolve())]
+    for target in ("cpu", "wse", "rdu", "ipu"):
+        assert (out / f"{target}.html").is_file() and (out / f"{target}.json").is_file(), target
+        data = json.loads((out / f"{target}.json").read_text())
+        assert validate(data, load_schema()) == []
+        assert data["totals"]["time_s"] > 0
+        assert (out / "plots" / f"{target}-roofline.png").is_file()
+        assert (out / "plots" / f"{target}-layers.svg").is_file()
+    # the cpu target was measured too
+    assert (out / "plots" / "cpu-predicted-vs-measured.png").is_file()
+    cpu = json.loads((out / "cpu.json").read_text())
+    assert any(n["measured_time_s"] for n in cpu["nodes"])
+    with (out / "compare.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["target"] for r in rows] == ["cpu", "wse2", "sn30", "bow"]
+    assert all(r["gops_per_w"] for r in rows)
+    index = (out / "index.html").read_text()
+    assert all(f'href="{t}.html"' in index for t in ("cpu", "wse", "rdu", "ipu"))
