@@ -67,9 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.pipeline import profile
     from dabench_ir.progress import Progress
-    from dabench_ir.report import render_table
 
     dims = parse_dims(args.dim)
     replicas: int | str | None = args.replicas
@@ -83,9 +81,19 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{flag.replace('_', '-')} {value}: must be a positive integer")
     _check_outputs(args)
     progress = Progress(quiet=args.quiet)
-    report = profile(
+    if args.target and "," in args.target:
+        return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, dims, replicas)
+    report = _profile_one(args, args.target, progress, dims, replicas)
+    progress.done()
+    return _after_profile(args, report, progress)
+
+
+def _profile_one(args: argparse.Namespace, target: str | None, progress, dims: dict[str, int], replicas):
+    from dabench_ir.pipeline import profile
+
+    return profile(
         args.model,
-        target=args.target,
+        target=target,
         progress=progress,
         dims=dims,
         batch=args.batch,
@@ -105,7 +113,42 @@ def run(args: argparse.Namespace) -> int:
         ort_opt=args.ort_opt,
         max_weight_bytes=args.max_weight_bytes,
     )
+
+
+def _compare_targets(args: argparse.Namespace, targets: list[str], progress, dims, replicas) -> int:
+    """``--target wse,rdu,ipu``: the same model on each target, side by side."""
+    from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
+    from dabench_ir.targets import load_target
+
+    for name in targets:  # every name is checked before any work
+        load_target(name) if name != "cpu" else None
+    reports = []
+    for name in targets:
+        progress(f"profiling on {name}")
+        reports.append(_profile_one(args, name, progress, dims, replicas))
     progress.done()
+    rows = compare_reports(reports)
+    written = []
+    if args.json:
+        written.append(str(write_compare_json(rows, args.json)))
+    if args.csv:
+        from dabench_ir.report.compare import write_compare_csv
+
+        written.append(str(write_compare_csv(rows, args.csv)))
+    if args.html:
+        from dabench_ir.report.html import write_compare_html
+
+        written.append(str(write_compare_html(rows, args.html)))
+    if not args.quiet:
+        print(render_compare(rows))
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+def _after_profile(args: argparse.Namespace, report, progress) -> int:
+    from dabench_ir.report import render_table
+
     if args.cross_check:
         from dabench_ir.crosscheck import cross_check, render_cross_check
         from dabench_ir.pipeline import analyze

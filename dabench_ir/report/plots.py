@@ -279,7 +279,7 @@ def scale_figure(rows: Sequence[Mapping[str, Any]]) -> Figure | None:
             ax.legend(fontsize=8)
     ax_t.set_ylabel("throughput (samples/s)")
     ax_t.set_title("Throughput vs chips", fontsize=10)
-    ax_e.set_ylabel("compute efficiency (% of peak)")
+    ax_e.set_ylabel("scaling efficiency (% of linear)")
     ax_e.set_title("Efficiency vs chips", fontsize=10)
     ax_e.set_ylim(bottom=0)
     return fig
