@@ -94,3 +94,18 @@ def test_catalog_rows_have_sources_and_cli_lists_them(capsys):
     assert main(["targets", "--normalize-to", "16"]) == 0
     assert "wse2" in capsys.readouterr().out
     assert main(["targets", "--normalize-to", "0"]) == 2
+
+
+def test_compare_shows_normalised_beside_raw(tmp_path, capsys):
+    graph, plan, timeline, target = _emulated("a100")
+    report = build_report(graph, target=target, plan=plan, timeline=timeline)
+    path = tmp_path / "a.json"
+    report.write_json(path)
+    assert main(["compare", str(path), "--normalize-to", "16", "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "GOP/s/W @16nm" in out
+    import json
+
+    row = json.loads((tmp_path / "c.json").read_text())["rows"][0]
+    # A100 is 7 nm: post-Dennard normalisation to 16 nm divides GOP/s/W by 16/7
+    assert row["gops_per_w_normalized"] == pytest.approx(row["gops_per_w"] * 7 / 16)

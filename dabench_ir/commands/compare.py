@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="F", help="write the comparison as JSON")
     p.add_argument("--csv", metavar="F", help="write the comparison as CSV")
     p.add_argument("--html", metavar="F", help="write the comparison as a self-contained HTML page")
+    p.add_argument("--normalize-to", type=float, metavar="NM", help="add GOP/s/W as if built at this node (nm)")
+    p.add_argument("--scaling", choices=["post-dennard", "dennard"], default="post-dennard")
     p.add_argument("--quiet", "-q", action="store_true", help="no table on stdout")
     p.set_defaults(func=run)
 
@@ -43,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{flag} {path}: folder {Path(path).resolve().parent} does not exist")
     reports = [load_report_json(p) for p in args.reports]
     rows = compare_reports(reports)
+    if args.normalize_to is not None:
+        if args.normalize_to <= 0:
+            raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
+        from dabench_ir.report.compare import add_normalised
+
+        add_normalised(rows, args.normalize_to, args.scaling)
     written = []
     if args.json:
         written.append(write_compare_json(rows, args.json))

@@ -53,6 +53,10 @@ COMPARE_COLUMNS = (
     "gops_per_w",
     "measured_time_s",
     "failure",
+    "node_nm",
+    "normalized_to_nm",
+    "achieved_gops_normalized",
+    "gops_per_w_normalized",
 )
 """Keys of every compare row, in table, CSV and JSON order."""
 
@@ -152,7 +156,37 @@ def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
         "gops_per_w": achieved / power / 1e9 if achieved and power else None,
         "measured_time_s": totals.get("measured_time_s"),
         "failure": (failure or {}).get("reason") if isinstance(failure, Mapping) else failure,
+        **dict.fromkeys(("node_nm", "normalized_to_nm", "achieved_gops_normalized", "gops_per_w_normalized")),
     }
+
+
+def add_normalised(rows: Sequence[dict[str, Any]], to_nm: float, rule: str = "post-dennard") -> None:
+    """Add achieved GOP/s and GOP/s/W as if each target were built at ``to_nm`` (docs/energy.md).
+
+    Rows whose target's process node is unknown (the host CPU, a cost-only report) get None.
+    """
+    from dabench_ir.energy import normalize
+
+    for row in rows:
+        node = _node_nm(row.get("target"))
+        achieved = row.get("achieved_flops_per_s")
+        norm = normalize(achieved / 1e9 if achieved else None, row.get("gops_per_w"), node, to_nm, rule=rule) if node else {}
+        row["normalized_to_nm"] = to_nm
+        row["node_nm"] = node
+        row["achieved_gops_normalized"] = norm.get("gops")
+        row["gops_per_w_normalized"] = norm.get("gops_per_w")
+
+
+def _node_nm(target_name: Any) -> float | None:
+    if not target_name or target_name == "cpu":
+        return None
+    try:
+        from dabench_ir.targets import load_target
+
+        return float(load_target(str(target_name)).node_nm)
+    except Exception as exc:
+        logger.info("no process node for target %s: %s", target_name, exc)
+        return None
 
 
 def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -192,6 +226,11 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "fits": "-" if fits is None else ("yes" if fits else "NO"),
         "dominant bound": "-" if bound is None else f"{bound} ({_pct(row.get('dominant_bound_share'))})",
         "GOP/s/W": _num(row.get("gops_per_w")),
+        **(
+            {f"GOP/s/W @{row['normalized_to_nm']:g}nm": _num(row.get("gops_per_w_normalized"))}
+            if row.get("normalized_to_nm")
+            else {}
+        ),
     }
 
 
