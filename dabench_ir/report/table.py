@@ -158,6 +158,9 @@ def _summary(report: Report, st: _Style) -> list[str]:
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
     ]
+    by_class = c.get("precision_by_class")
+    if by_class:
+        out.append("  precision  " + ", ".join(f"{k} {v}" for k, v in by_class.items()))
     if report.target:
         fits = "yes" if report.fits else st.red("NO")
         out.append(f"  target     {report.target['name']} ({report.target['kind']}), fits: {fits}")
