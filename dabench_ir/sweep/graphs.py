@@ -1,0 +1,115 @@
+"""Graphs for sweeps, built without re-exporting per point: export once, stamp layers.
+
+A sweep's models differ mostly in layer count. One weight-free, 1-layer ONNX "base" is
+exported with torch per (family, hidden, heads, seq, batch, ...) — precision and target do
+not change it — shape-inferred once, and cached on disk. A point's L-layer graph is the base
+with its block stamped L-1 more times at the ONNX level (`models.export.stamp_layers`),
+loaded without a second shape inference (the stamped copies carry the base's inferred
+types), and costed once for every point that shares the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.sweep.spec import MODEL_PARAMS
+
+if TYPE_CHECKING:
+    import onnx
+
+    from dabench_ir.ir import Graph
+    from dabench_ir.models import ModelConfig
+
+__all__ = ["base_config", "base_key", "build_graph", "export_base", "load_base", "model_key", "save_base"]
+
+logger = logging.getLogger(__name__)
+
+_EXPORT_VERSION = "1"  # bump when the base export changes, to invalidate caches
+
+
+def _model_fields(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params[k] for k in MODEL_PARAMS if params.get(k) is not None}
+
+
+def base_config(params: dict[str, Any]) -> ModelConfig:
+    """The 1-layer `ModelConfig` of a point's model."""
+    from dabench_ir.models import ModelConfig, get_preset
+
+    fields = _model_fields(params)
+    fields["layers"] = 1
+    preset = fields.pop("preset", None)
+    if preset:
+        return get_preset(preset, **fields)
+    return ModelConfig(**fields)
+
+
+def base_key(params: dict[str, Any]) -> str:
+    """Cache key of a point's base export: model parameters except layers, and the tool version."""
+    from dabench_ir import __version__
+
+    cfg = base_config(params)
+    text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION}, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return f"{cfg.family}-h{cfg.hidden}-n{cfg.heads}-s{cfg.seq}-b{cfg.batch}-{digest}"
+
+
+def model_key(params: dict[str, Any]) -> str:
+    """The model a point needs: its base and its layer count."""
+    return f"{base_key(params)}-L{params['layers']}"
+
+
+def export_base(params: dict[str, Any]) -> bytes:
+    """Export the point's 1-layer, weight-free base with torch and shape-infer it (serialized)."""
+    import onnx
+
+    from dabench_ir.models.export import export_onnx
+
+    cfg = base_config(params)
+    proto = export_onnx(cfg, weights="none", dynamic=False, stamp=True)
+    proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    return proto.SerializeToString()
+
+
+def save_base(folder: Path, key: str, data: bytes) -> Path:
+    """Write a base export into the cache atomically (tmp file + os.replace)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.onnx"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def load_base(folder: Path, key: str) -> bytes | None:
+    """A cached base export, or None."""
+    path = folder / f"{key}.onnx"
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:
+    """The L-layer model: the base's block stamped ``layers`` times."""
+    import onnx
+
+    from dabench_ir.models.export import stamp_layers
+
+    proto = onnx.ModelProto.FromString(base)
+    return stamp_layers(proto, layers)
+
+
+def build_graph(base: bytes, layers: int) -> Graph:
+    """The costed L-layer Graph (standard passes run), ready for precision, lowering, emulation."""
+    from dabench_ir.frontends.onnx import load_onnx
+    from dabench_ir.passes import standard_passes
+
+    graph = load_onnx(stamped_proto(base, layers), infer_shapes=False)
+    if not graph.meta.get("costed"):
+        standard_passes({})(graph)
+    return graph

@@ -1,0 +1,134 @@
+"""Sweep plots (matplotlib Agg, PNG), each drawn only when the sweep varies its x axis.
+
+allocation ratio vs layers and LI vs layers (a line per hidden size, a panel per target),
+achieved TFLOP/s vs hidden, the fits boundary (layers × hidden, per target), throughput vs
+batch and throughput vs chips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["target_label", "write_plots"]
+
+logger = logging.getLogger(__name__)
+
+
+def target_label(row: dict[str, Any]) -> str:
+    """``rdu O1``, ``wse``: the target and its compile options, one panel each."""
+    parts = [str(row.get("target"))] + [str(row[k]) for k in ("opt_level", "wse_mode") if row.get(k)]
+    return " ".join(parts)
+
+
+def _ok(rows: list[dict[str, Any]], *cols: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "ok" and all(r.get(c) is not None for c in cols)]
+
+
+def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
+    cols = min(n, 3)
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
+    flat = [a for row in axes for a in row]
+    for extra in flat[n:]:
+        extra.set_visible(False)
+    return fig, flat[:n]
+
+
+def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, title: str, ylabel: str,
+           *, logx: bool = False, logy: bool = False) -> Any:  # fmt: skip
+    """One panel per target, one line per value of ``series``."""
+    by_target: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_target[target_label(r)].append(r)
+    fig, axes = _panels(plt, len(by_target))
+    for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
+        lines: dict[Any, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in trows:
+            lines[r.get(series)][r[x]].append(float(r[y]))
+        for s, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
+            xs = sorted(pts)
+            ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=f"{series} {s}")
+        ax.set_title(label)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
+    by_target: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_target[target_label(r)].append(r)
+    fig, axes = _panels(plt, len(by_target))
+    for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
+        yes = [(r["layers"], r["hidden"]) for r in trows if str(r["fits"]).lower() == "true"]
+        no = [(r["layers"], r["hidden"]) for r in trows if str(r["fits"]).lower() != "true"]
+        if yes:
+            ax.scatter(*zip(*yes, strict=True), marker="o", c="tab:green", label="fits")
+        if no:
+            ax.scatter(*zip(*no, strict=True), marker="x", c="tab:red", label="does not fit")
+        ax.set_title(label)
+        ax.set_xlabel("layers")
+        ax.set_ylabel("hidden")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Fits on one chip (layers × hidden)")
+    fig.tight_layout()
+    return fig
+
+
+def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str]) -> list[Path]:
+    """Write the plots that apply to what the sweep varies; returns the files written."""
+    if not rows:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tput = "throughput_samples_per_s"
+    jobs: list[tuple[str, set[str], Callable[[], Any]]] = [
+        ("allocation_vs_layers.png", {"layers"}, lambda: _lines(
+            plt, _ok(rows, "allocation_ratio"), "layers", "allocation_ratio", "hidden",
+            "Resource allocation ratio vs layers", "allocation ratio")),
+        ("li_vs_layers.png", {"layers"}, lambda: _lines(
+            plt, _ok(rows, "load_imbalance"), "layers", "load_imbalance", "hidden",
+            "Load imbalance (LI = mean/max) vs layers", "LI")),
+        ("tflops_vs_hidden.png", {"hidden"}, lambda: _lines(
+            plt, _ok(rows, "achieved_tflops"), "hidden", "achieved_tflops", "layers",
+            "Achieved TFLOP/s vs hidden", "TFLOP/s")),
+        ("fits_boundary.png", {"layers", "hidden"}, lambda: _fits(plt, _ok(rows, "fits"))),
+        ("throughput_vs_batch.png", {"batch"}, lambda: _lines(
+            plt, _ok(rows, tput), "batch", tput, "precision", "Throughput vs batch", "samples/s",
+            logx=True, logy=True)),
+        ("throughput_vs_chips.png", {"chips"}, lambda: _lines(
+            plt, _ok(rows, tput), "chips", tput, "strategy", "Throughput vs chips", "samples/s", logx=True)),
+    ]  # fmt: skip
+    written = []
+    for name, needs, draw in jobs:
+        if not needs <= varied:
+            continue
+        try:
+            fig = draw()
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("plot %s skipped: %s", name, exc)
+            continue
+        path = folder / name
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp.png")
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

@@ -1,0 +1,155 @@
+"""Sweep results: per-point JSON records on disk, and the table (CSV, Parquet) built from them.
+
+Every file is written to a temporary name and moved into place with `os.replace`, so an
+interrupted sweep never leaves a half-written record or table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.sweep.spec import PARAMS
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "atomic_write",
+    "columns",
+    "dominant_bound",
+    "read_point",
+    "record_row",
+    "write_point",
+    "write_table",
+]
+
+logger = logging.getLogger(__name__)
+
+METRIC_COLUMNS = (
+    "status",
+    "error",
+    "time_s",
+    "throughput_samples_per_s",
+    "achieved_tflops",
+    "flops",
+    "bytes",
+    "compute_efficiency",
+    "allocation_ratio",
+    "load_imbalance",
+    "fits",
+    "failure_reason",
+    "dominant_bound",
+    "params_count",
+    "nodes",
+    "units",
+    "seconds",
+)
+"""Columns after the point's parameters, in order."""
+
+
+def atomic_write(path: Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and os.replace."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_point(folder: Path, record: dict[str, Any]) -> Path:
+    """Write one point's record as ``folder/<key>.json`` (compact JSON, atomically)."""
+    text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=str)
+    return atomic_write(folder / f"{record['key']}.json", text)
+
+
+def read_point(folder: Path, key: str) -> dict[str, Any] | None:
+    """A point's record, or None when absent or unreadable (a broken file counts as not done)."""
+    try:
+        return json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def dominant_bound(report: dict[str, Any]) -> str | None:
+    """The bound class (compute, memory, communication, ...) holding the largest share of node time."""
+    share: dict[str, float] = {}
+    for node in report.get("nodes") or []:
+        t = node.get("time_s")
+        if t and node.get("bound"):
+            share[node["bound"]] = share.get(node["bound"], 0.0) + t
+    return max(share, key=share.__getitem__) if share else None
+
+
+def _num(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One table row: the point's parameters, then the report's totals and metrics."""
+    row: dict[str, Any] = {"key": record["key"], **record["params"]}
+    report = record.get("report") or {}
+    totals = report.get("totals") or {}
+    metrics = report.get("metrics") or {}
+    failure = report.get("failure") or {}
+    achieved = totals.get("achieved_flops_per_s")
+    row.update(
+        {
+            "status": record.get("status"),
+            "error": record.get("error"),
+            "time_s": _num(totals.get("time_s")),
+            "throughput_samples_per_s": _num(totals.get("throughput_samples_per_s")),
+            "achieved_tflops": _num(achieved / 1e12) if achieved is not None else None,
+            "flops": totals.get("flops"),
+            "bytes": totals.get("bytes"),
+            "compute_efficiency": _num(metrics.get("compute_efficiency")),
+            "allocation_ratio": _num(metrics.get("allocation_ratio")),
+            "load_imbalance": _num(metrics.get("load_imbalance")),
+            "fits": report.get("fits") if report else None,
+            "failure_reason": failure.get("reason"),
+            "dominant_bound": dominant_bound(report) if report else None,
+            "params_count": (report.get("model") or {}).get("params"),
+            "nodes": (report.get("model") or {}).get("nodes"),
+            "units": len(report.get("units") or []) if report else None,
+            "seconds": record.get("seconds"),
+        }
+    )
+    return row
+
+
+def columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Column order: key, the parameters in their declared order, then the metric columns."""
+    present = {k for r in rows for k in r}
+    params = [p for p in PARAMS if p in present]
+    extra = sorted(present - {"key", *params, *METRIC_COLUMNS})
+    return ["key", *params, *extra, *METRIC_COLUMNS]
+
+
+def write_table(folder: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """Write ``results.csv`` (always) and ``results.parquet`` (when pyarrow is installed)."""
+    cols = columns(rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    written = [atomic_write(folder / "results.csv", buf.getvalue())]
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        logger.info("pyarrow is not installed: no results.parquet")
+        return written
+    table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
+    path = folder / "results.parquet"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    written.append(path)
+    return written

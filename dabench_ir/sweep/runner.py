@@ -1,0 +1,219 @@
+"""Run a sweep: key the points, skip those done, export bases, profile groups, write results.
+
+Layout of the output folder::
+
+    DIR/points/<key>.json   one record per point (params, status, error, report)
+    DIR/models/<base>.onnx  cached 1-layer base exports (or --cache-dir)
+    DIR/results.csv         one row per point, rebuilt from points/ at the end (and on resume)
+    DIR/results.parquet     the same, when pyarrow is installed
+    DIR/*.png               plots of the axes the sweep varies
+
+A point's key hashes its parameters, the contents of its target file and the tool version,
+so a rerun skips exactly the points whose answer cannot have changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.sweep import graphs, results, worker
+from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
+from dabench_ir.sweep.spec import SweepSpec
+
+__all__ = ["SweepResult", "point_key", "run_sweep"]
+
+logger = logging.getLogger(__name__)
+
+Bar = Callable[..., None]
+
+
+@dataclass
+class SweepResult:
+    """What a run did: points in the spec, done before, run now, failed, lost, and the files."""
+
+    total: int
+    skipped: int = 0
+    ran: int = 0
+    failed: int = 0
+    lost: int = 0
+    exports: int = 0
+    seconds: float = 0.0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+_TARGET_HASHES: dict[str, str] = {}
+
+
+def _target_digest(name: str) -> str:
+    """Hash of the target file's contents (parsed), so editing a target reruns its points."""
+    if name not in _TARGET_HASHES:
+        from dabench_ir.targets import load_target
+
+        try:
+            raw = load_target(name).raw
+            _TARGET_HASHES[name] = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+        except UserError:
+            _TARGET_HASHES[name] = "unknown"  # the point will fail with the target's own error
+    return _TARGET_HASHES[name]
+
+
+def point_key(params: dict[str, Any]) -> str:
+    """Hash of the point's parameters, its target file's contents and the tool version."""
+    from dabench_ir import __version__
+
+    text = json.dumps(
+        {"params": params, "target": _target_digest(str(params.get("target"))), "version": __version__},
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _collect(spec_keys: list[str], points_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for key in spec_keys:
+        record = results.read_point(points_dir, key)
+        if record is not None:
+            rows.append(results.record_row(record))
+    return rows
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    *,
+    jobs: int | None = None,
+    executor: str | Executor = "local",
+    address: str | None = None,
+    cache_dir: str | Path | None = None,
+    retry_failed: bool = False,
+    plots: bool = True,
+    bar: Bar | None = None,
+) -> SweepResult:
+    """Run every point of ``spec`` not already done in ``out_dir``; return what happened.
+
+    ``bar(done, total, failed=...)`` is called as points finish (e.g. `Progress.bar`).
+    Ctrl-C stops the workers, keeps every finished point and rewrites the table.
+    """
+    start = time.perf_counter()
+    out = Path(out_dir)
+    points_dir = out / "points"
+    models_dir = Path(cache_dir) if cache_dir else out / "models"
+    points_dir.mkdir(parents=True, exist_ok=True)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    keyed = [(point_key(p.params), p.params) for p in spec.points]
+    keys = [k for k, _ in keyed]
+    result = SweepResult(total=len(keyed))
+
+    todo: list[tuple[str, dict[str, Any]]] = []
+    for key, params in keyed:
+        record = results.read_point(points_dir, key)
+        if record is not None and (record.get("status") == "ok" or not retry_failed):
+            result.skipped += 1
+        else:
+            todo.append((key, params))
+    logger.info("%s: %d points, %d done before, %d to run", spec.name, len(keyed), result.skipped, len(todo))
+    tick = bar or (lambda *a, **k: None)
+    done = result.skipped
+    tick(done, result.total, failed=0)
+
+    def finish(record: dict[str, Any]) -> None:
+        nonlocal done
+        results.write_point(points_dir, record)
+        done += 1
+        result.ran += 1
+        if record["status"] != "ok":
+            result.failed += 1
+            logger.info("point %s failed: %s", record["key"], record["error"])
+        tick(done, result.total, failed=result.failed)
+
+    try:
+        if todo:
+            ex = executor if isinstance(executor, Executor) else make_executor(executor, jobs, address)
+            try:
+                result.exports = _run(ex, todo, models_dir, finish, result)
+            finally:
+                if not isinstance(executor, Executor):
+                    ex.close()
+    finally:
+        result.rows = _collect(keys, points_dir)
+        result.files = results.write_table(out, result.rows)
+        result.seconds = time.perf_counter() - start
+    if plots:
+        from dabench_ir.sweep.plots import write_plots
+
+        result.files += write_plots(out, result.rows, spec.varied())
+    return result
+
+
+def _run(
+    ex: Executor,
+    todo: list[tuple[str, dict[str, Any]]],
+    models_dir: Path,
+    finish: Callable[[dict[str, Any]], None],
+    result: SweepResult,
+) -> int:
+    """Export missing bases, then profile the points grouped by model; returns exports made."""
+    by_base: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
+    base_errors: dict[str, str] = {}
+    for key, params in todo:
+        try:
+            bkey = graphs.base_key(params)
+        except UserError as exc:  # a model the config refuses: record it, go on
+            finish({"key": key, "params": params, "status": "error", "error": f"UserError: {exc}",
+                    "report": None, "seconds": 0.0})  # fmt: skip
+            continue
+        by_base.setdefault(bkey, params)
+        groups.setdefault((bkey, int(params["layers"])), []).append((key, params))
+
+    bases: dict[str, bytes] = {}
+    missing = []
+    for bkey, params in by_base.items():
+        data = graphs.load_base(models_dir, bkey)
+        if data is None:
+            missing.append((bkey, params))
+        else:
+            bases[bkey] = data
+    if missing:
+        logger.info("exporting %d base model(s) with torch", len(missing))
+        tasks = [(worker.run_export, (bkey, params)) for bkey, params in missing]
+        for i, out in ex.map_unordered(tasks):
+            bkey = missing[i][0]
+            if isinstance(out, WorkerLost):
+                base_errors[bkey] = str(out)
+                continue
+            _, data, error = out
+            if data is None:
+                base_errors[bkey] = error or "export failed"
+            else:
+                graphs.save_base(models_dir, bkey, data)
+                bases[bkey] = data
+
+    ordered = sorted(groups.items(), key=lambda kv: -kv[0][1] * len(kv[1]))  # longest first
+    tasks = []
+    task_points = []
+    for (bkey, layers), pts in ordered:
+        if bkey not in bases:
+            for key, params in pts:
+                finish({"key": key, "params": params, "status": "error",
+                        "error": f"export failed: {base_errors.get(bkey)}", "report": None, "seconds": 0.0})  # fmt: skip
+            continue
+        tasks.append((worker.run_group, (bases[bkey], layers, pts)))
+        task_points.append(pts)
+    for i, records in ex.map_unordered(tasks):
+        if isinstance(records, WorkerLost):
+            result.lost += len(task_points[i])
+            logger.warning("%s; its %d point(s) stay to do", records, len(task_points[i]))
+            continue
+        for record in records:
+            finish(record)
+    return len(missing)

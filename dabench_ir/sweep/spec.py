@@ -1,0 +1,295 @@
+"""Sweep specs: a TOML file naming axes (lists) and/or listed points, expanded to `Point`s.
+
+A spec has optional ``name`` and ``description``, a ``[defaults]`` table, an ``[axes]``
+table whose keys are parameter names and whose values are lists (the sweep runs their
+cross product), and ``[[point]]`` tables (listed points, merged over the defaults). An axis
+value may be a table that sets several parameters together, e.g. ``target = ["wse",
+{target = "rdu", opt_level = "O0"}]``: that is how "rdu at O0, O1 and O3, and wse once" is
+said without a full cross product.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+
+__all__ = [
+    "MODEL_PARAMS",
+    "PARAMS",
+    "Point",
+    "SweepSpec",
+    "bundled_specs",
+    "load_spec",
+    "parse_spec",
+]
+
+logger = logging.getLogger(__name__)
+
+_INT = "int"
+_STR = "str"
+_BOOL = "bool"
+_INT_OR_STR = "int|str"
+
+PARAMS: dict[str, str] = {
+    # the model
+    "family": _STR,
+    "preset": _STR,
+    "layers": _INT,
+    "hidden": _INT,
+    "heads": _INT,
+    "kv_heads": _INT,
+    "ffn": _INT,
+    "seq": _INT,
+    "batch": _INT,
+    "vocab": _INT,
+    "positional": _STR,
+    # how it is run
+    "precision": _STR,
+    "mode": _STR,
+    "recompute": _BOOL,
+    "target": _STR,
+    "chips": _INT,
+    "strategy": _STR,
+    # target options
+    "opt_level": _STR,
+    "wse_mode": _STR,
+    "replicas": _INT_OR_STR,
+    "ipus": _INT,
+    "micro_batches": _INT,
+}
+"""Every parameter a point may set, with its kind."""
+
+MODEL_PARAMS = (
+    "family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab", "positional",
+)  # fmt: skip
+"""Parameters that change the exported graph (precision and target do not)."""
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "family": ("gpt2", "llama"),
+    "precision": ("fp32", "fp16", "bf16", "mixed"),
+    "mode": ("inference", "train"),
+    "positional": ("learned", "none", "rope"),
+    "strategy": ("dp", "tp", "pp"),
+    "opt_level": ("O0", "O1", "O3"),
+    "wse_mode": ("pipelined", "streaming", "auto"),
+}
+
+DEFAULTS: dict[str, Any] = {
+    "family": "gpt2",
+    "layers": 2,
+    "hidden": 768,
+    "seq": 1024,
+    "batch": 1,
+    "precision": "fp32",
+    "mode": "inference",
+    "target": "rdu",
+    "chips": 1,
+}
+"""What a point gets when neither the spec's defaults nor its axes set a parameter."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the sweep: a flat, JSON-able mapping of parameter -> value."""
+
+    params: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.params.get(name)
+
+    def model_params(self) -> dict[str, Any]:
+        """The parameters that decide the exported graph, layers included."""
+        return {k: self.params[k] for k in MODEL_PARAMS if self.params.get(k) is not None}
+
+    def canonical(self) -> str:
+        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
+
+    def label(self) -> str:
+        """A short human name, e.g. ``gpt2 L12 h768 rdu O1``."""
+        p = self.params
+        parts = [str(p.get("preset") or p.get("family")), f"L{p.get('layers')}", f"h{p.get('hidden')}"]
+        parts += [str(p.get("target"))] + [str(p[k]) for k in ("opt_level", "wse_mode") if p.get(k)]
+        if p.get("chips", 1) != 1:
+            parts.append(f"{p['chips']}x{p.get('strategy')}")
+        if p.get("batch", 1) != 1:
+            parts.append(f"b{p['batch']}")
+        if p.get("precision", "fp32") != "fp32":
+            parts.append(str(p["precision"]))
+        return " ".join(parts)
+
+
+@dataclass
+class SweepSpec:
+    """A parsed spec: its name, where it came from and its points (expanded, deduplicated)."""
+
+    name: str
+    points: list[Point]
+    description: str = ""
+    origin: str = "<spec>"
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+
+    def varied(self) -> set[str]:
+        """Parameters that take more than one value across the points."""
+        keys = {k for p in self.points for k in p.params}
+        return {k for k in keys if len({json.dumps(p[k]) for p in self.points}) > 1}
+
+    def digest(self) -> str:
+        text = "\n".join(p.canonical() for p in self.points)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# -- validation -------------------------------------------------------------------------------
+def _check_value(name: str, value: Any, where: str) -> Any:
+    if name not in PARAMS:
+        known = ", ".join(PARAMS)
+        raise UserError(f"{where}: unknown parameter {name!r}; known: {known}")
+    kind = PARAMS[name]
+    ok_int = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if kind == _INT and not ok_int:
+        raise UserError(f"{where}: {name} must be a positive integer, got {value!r}")
+    if kind == _STR and not isinstance(value, str):
+        raise UserError(f"{where}: {name} must be a string, got {value!r}")
+    if kind == _BOOL and not isinstance(value, bool):
+        raise UserError(f"{where}: {name} must be true or false, got {value!r}")
+    if kind == _INT_OR_STR and not (ok_int or value == "auto"):
+        raise UserError(f"{where}: {name} must be a positive integer or 'auto', got {value!r}")
+    choices = _CHOICES.get(name)
+    if choices and value not in choices:
+        raise UserError(f"{where}: {name} = {value!r}; expected one of {', '.join(choices)}")
+    return value
+
+
+def _check_table(table: Any, where: str) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: expected a table of parameter = value, got {table!r}")
+    return {k: _check_value(k, v, where) for k, v in table.items()}
+
+
+def _normalise(params: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and derived values so equal configurations get equal keys."""
+    p = {**DEFAULTS, **params}
+    if p.get("preset"):
+        from dabench_ir.models import PRESETS
+
+        if p["preset"] not in PRESETS:
+            raise UserError(f"preset {p['preset']!r} is unknown; known: {', '.join(PRESETS)}")
+        base = PRESETS[p["preset"]]
+        for key in ("family", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "positional"):
+            if key not in params and key in base and base[key] is not None:
+                p[key] = base[key]
+    elif "heads" not in p:
+        if p["hidden"] % 64:
+            raise UserError(f"hidden {p['hidden']} is not a multiple of 64: give heads for it")
+        p["heads"] = p["hidden"] // 64
+    if p["chips"] == 1:
+        p.pop("strategy", None)  # one chip: no strategy to choose
+    elif not p.get("strategy"):
+        raise UserError(f"chips = {p['chips']} needs a strategy (dp, tp or pp)")
+    target = str(p["target"]).lower()
+    rdu = target in ("rdu", "sn30")
+    if not rdu:
+        p.pop("opt_level", None)  # only the RDU compiler has fusion levels
+    elif "opt_level" not in p:
+        p["opt_level"] = "O1"
+    if target not in ("wse", "wse2"):
+        p.pop("wse_mode", None)
+        p.pop("replicas", None)
+    if target not in ("ipu", "bow"):
+        p.pop("ipus", None)
+    if p.get("mode") != "train":
+        p.pop("recompute", None)
+    return {k: v for k, v in sorted(p.items()) if v is not None}
+
+
+def parse_spec(data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None) -> SweepSpec:
+    """Expand a spec (TOML already parsed) into its points; bad names or values raise UserError."""
+    allowed = {"name", "description", "defaults", "axes", "point"}
+    for key in data:
+        if key not in allowed:
+            raise UserError(f"{origin}: unknown top-level key {key!r}; expected {', '.join(sorted(allowed))}")
+    defaults = _check_table(data.get("defaults", {}), f"{origin} [defaults]")
+    axes_raw = data.get("axes", {})
+    if not isinstance(axes_raw, dict):
+        raise UserError(f"{origin}: [axes] must be a table of parameter = [values]")
+    axes: dict[str, list[dict[str, Any]]] = {}
+    for axis, values in axes_raw.items():
+        where = f"{origin} axis {axis!r}"
+        if axis not in PARAMS:
+            raise UserError(f"{where}: unknown axis name; known: {', '.join(PARAMS)}")
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{where}: expected a non-empty list of values")
+        expanded = []
+        for value in values:
+            if isinstance(value, dict):
+                table = _check_table(value, where)
+                if axis not in table:
+                    raise UserError(f"{where}: a table value must set {axis} itself, got {value!r}")
+                expanded.append(table)
+            else:
+                expanded.append({axis: _check_value(axis, value, where)})
+        axes[axis] = expanded
+    listed = data.get("point", [])
+    if not isinstance(listed, list):
+        raise UserError(f"{origin}: points are [[point]] tables")
+    raw_points: list[dict[str, Any]] = []
+    if axes:
+        for combo in itertools.product(*axes.values()):
+            params = dict(defaults)
+            for part in combo:
+                params.update(part)
+            raw_points.append(params)
+    for i, table in enumerate(listed):
+        raw_points.append({**defaults, **_check_table(table, f"{origin} [[point]] #{i + 1}")})
+    if not raw_points:
+        raise UserError(f"{origin}: no points; give [axes] lists or [[point]] tables")
+    points: dict[str, Point] = {}
+    for params in raw_points:
+        point = Point(_normalise(params))
+        points.setdefault(point.canonical(), point)
+    if len(points) < len(raw_points):
+        logger.info("%s: %d duplicate point(s) dropped", origin, len(raw_points) - len(points))
+    spec_name = name or str(data.get("name") or Path(origin).stem)
+    axis_values = {a: [v[a] for v in vals] for a, vals in axes.items()}
+    return SweepSpec(spec_name, list(points.values()), str(data.get("description", "")), origin, axis_values)
+
+
+# -- files and bundled specs -----------------------------------------------------------------
+def _bundled_dir() -> Path:
+    return Path(str(resources.files("dabench_ir") / "data" / "sweeps"))
+
+
+def bundled_specs() -> dict[str, Path]:
+    """Bundled spec name -> its TOML file."""
+    folder = _bundled_dir()
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+
+
+def load_spec(source: str | Path) -> SweepSpec:
+    """A spec from a TOML path, or a bundled spec by name (``level1``)."""
+    text = str(source)
+    path = Path(text)
+    if not path.is_file():
+        bundled = bundled_specs()
+        if text in bundled:
+            path = bundled[text]
+        elif text.endswith(".toml") or "/" in text:
+            raise UserError(f"spec file {text} does not exist")
+        else:
+            names = ", ".join(bundled) or "none"
+            raise UserError(f"no spec file or bundled spec named {text!r}; bundled: {names}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem)

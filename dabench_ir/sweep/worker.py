@@ -1,0 +1,131 @@
+"""What one worker does: profile every point that shares a model, from one costed Graph.
+
+`run_group` is the unit of work every executor runs (a local process or a Ray task), so
+both give identical records. The Graph is costed once per model and copied (pickle) for
+each point; a point that fails is recorded with its error and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import traceback
+from typing import Any
+
+from dabench_ir.report.model import _clean
+
+__all__ = ["profile_graph", "run_export", "run_group"]
+
+logger = logging.getLogger(__name__)
+
+_OPTION_PARAMS = (
+    "batch",
+    "precision",
+    "mode",
+    "recompute",
+    "opt_level",
+    "wse_mode",
+    "replicas",
+    "ipus",
+    "micro_batches",
+)
+
+
+def _options(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params[k] for k in _OPTION_PARAMS if params.get(k) is not None}
+
+
+def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The report dict of one point, from its costed Graph (consumed: precision rewrites it)."""
+    from dabench_ir import pipeline
+    from dabench_ir.emulate import emulate
+    from dabench_ir.lowering import LoweringOptions, lower
+    from dabench_ir.metrics import compute_metrics
+    from dabench_ir.targets import load_target
+
+    opts = pipeline.ProfileOptions(**_options(params))
+    target = load_target(params["target"])
+    graph = pipeline._apply_precision_and_mode(graph, opts)
+    if params.get("chips", 1) != 1:
+        return _scaled(graph, target, params, opts)
+    plan = lower(graph, target, pipeline._lowering_options(LoweringOptions, graph, opts))
+    timeline = emulate(plan, graph)
+    metrics = compute_metrics(graph, plan, timeline, target)
+    report = pipeline.build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
+    return _clean(report.to_dict())
+
+
+def _scaled(graph: Any, target: Any, params: dict[str, Any], opts: Any) -> dict[str, Any]:
+    """Multi-chip points go through `lowering.parallel.scale` when it is there."""
+    try:
+        from dabench_ir.lowering import parallel
+    except ImportError:
+        parallel = None
+    if parallel is None or not hasattr(parallel, "scale"):
+        raise RuntimeError("scaling not available (dabench_ir.lowering.parallel.scale is missing)")
+    result = parallel.scale(
+        graph,
+        target,
+        chips=[params["chips"]],
+        strategy=params["strategy"],
+        batch=opts.batch,
+        precision=opts.precision,
+        mode=opts.mode,
+    )
+    if isinstance(result, dict):
+        result = result.get(params["chips"], next(iter(result.values()), None))
+    if isinstance(result, (list, tuple)):
+        result = result[0] if result else None
+    if result is None or not hasattr(result, "to_dict"):
+        raise RuntimeError(f"scale() returned {type(result).__name__}, not a report")
+    return _clean(result.to_dict())
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+
+
+def run_group(base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.
+
+    Returns one record per point: ``{"key", "params", "status", "error", "seconds", "report"}``.
+    """
+    from dabench_ir.sweep.graphs import build_graph
+
+    records: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    try:
+        graph = build_graph(base, layers)
+        blob = pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL) if len(points) > 1 else None
+        setup_error = None
+    except Exception as exc:
+        logger.debug("building the %d-layer graph failed", layers, exc_info=True)
+        graph, blob, setup_error = None, None, exc
+    share = (time.perf_counter() - start) / max(len(points), 1)
+    for i, (key, params) in enumerate(points):
+        t0 = time.perf_counter()
+        record: dict[str, Any] = {"key": key, "params": params, "status": "ok", "error": None, "report": None}
+        try:
+            if setup_error is not None:
+                raise setup_error
+            g = graph if (blob is None or i == len(points) - 1) else pickle.loads(blob)
+            record["report"] = profile_graph(g, params)
+        except Exception as exc:
+            record["status"], record["error"] = "error", _error_text(exc)
+            record["traceback"] = traceback.format_exc(limit=8)
+        record["seconds"] = time.perf_counter() - t0 + share
+        records.append(record)
+    return records
+
+
+def run_export(key: str, params: dict[str, Any]) -> tuple[str, bytes | None, str | None]:
+    """Export one base: ``(key, serialized model or None, error or None)``."""
+    from dabench_ir.sweep.graphs import export_base
+
+    try:
+        return key, export_base(params), None
+    except Exception as exc:
+        logger.debug("export of %s failed", key, exc_info=True)
+        return key, None, _error_text(exc)

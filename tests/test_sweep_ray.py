@@ -1,0 +1,40 @@
+"""The Ray executor gives the same rows as the local one (a local Ray, 1-2 CPUs, 2 points)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxscript")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dabench-ir[ray]')")
+
+from dabench_ir.sweep import parse_spec, run_sweep  # noqa: E402
+from dabench_ir.sweep.executors import RayExecutor  # noqa: E402
+
+_NONDETERMINISTIC = {"seconds"}  # wall time of the worker
+
+
+def _rows(folder):
+    with open(folder / "results.csv", newline="") as fh:
+        return [{k: v for k, v in r.items() if k not in _NONDETERMINISTIC} for r in csv.DictReader(fh)]
+
+
+def test_ray_and_local_rows_identical(tmp_path):
+    spec = parse_spec(
+        {
+            "defaults": {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "positional": "none"},
+            "axes": {"layers": [1, 2], "target": ["rdu"]},
+        }
+    )
+    cache = tmp_path / "models"
+    run_sweep(spec, tmp_path / "local", jobs=1, cache_dir=cache, plots=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        executor = RayExecutor(2)
+        result = run_sweep(spec, tmp_path / "ray", executor=executor, cache_dir=cache, plots=False)
+    finally:
+        ray.shutdown()
+    assert result.ran == 2 and result.failed == 0
+    assert _rows(tmp_path / "ray") == _rows(tmp_path / "local")

@@ -1,0 +1,126 @@
+"""Sweeps end to end on tiny models (hidden 64, 1-2 layers, seq 8): rows, plots, resume,
+failures, atomic files, and the fast graph path against `dabench_ir.profile`."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxscript")
+
+from dabench_ir.sweep import graphs, load_spec, parse_spec, run_sweep
+from dabench_ir.sweep.executors import SerialExecutor
+
+TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "positional": "none"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One export cache for the module: the tiny base is exported once."""
+    return tmp_path_factory.mktemp("sweep-models")
+
+
+def _rows(folder):
+    with open(folder / "results.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_small_sweep_end_to_end(tmp_path, cache):
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
+    seen = []
+    result = run_sweep(spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0: seen.append((d, t)))
+    assert result.failed == 0 and result.ran == 8 and result.exports == 2
+    rows = _rows(tmp_path)
+    assert len(rows) == len(spec.points) == 8
+    assert {r["status"] for r in rows} == {"ok"}
+    for r in rows:
+        assert float(r["time_s"]) > 0 and float(r["throughput_samples_per_s"]) > 0
+        assert r["dominant_bound"] and r["fits"] in ("True", "False")
+        assert (tmp_path / "points" / f"{r['key']}.json").is_file()
+    assert seen[-1] == (8, 8)
+    for png in ("allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    assert not (tmp_path / "throughput_vs_batch.png").exists()  # batch is not varied
+    assert not list(tmp_path.rglob(".*.tmp*"))
+    # the FLOPs of the 2-layer model are twice the 1-layer model's, up to the shared tail
+    flops = {(r["layers"], r["hidden"], r["target"]): int(r["flops"]) for r in rows}
+    assert flops[("2", "64", "wse")] > flops[("1", "64", "wse")]
+
+
+def test_resume_skips_done_points(tmp_path, cache):
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})
+    first = run_sweep(spec, tmp_path, jobs=1, cache_dir=cache, plots=False)
+    assert first.ran == 2
+    stamp = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "points").iterdir()}
+    bigger = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2, 3], "target": ["wse"]}})
+    second = run_sweep(bigger, tmp_path, jobs=1, cache_dir=cache, plots=False)
+    assert (second.skipped, second.ran, second.exports) == (2, 1, 0)
+    assert all((tmp_path / "points" / name).stat().st_mtime_ns == t for name, t in stamp.items())
+    assert len(_rows(tmp_path)) == 3
+    # a half-written (corrupt) record is not "done": it is run again
+    victim = next(iter(stamp))
+    (tmp_path / "points" / victim).write_text('{"key": ')
+    third = run_sweep(bigger, tmp_path, jobs=1, cache_dir=cache, plots=False)
+    assert (third.skipped, third.ran) == (2, 1)
+
+
+def test_failing_point_does_not_stop_others(tmp_path, cache):
+    spec = parse_spec(
+        {
+            "defaults": TINY,
+            "axes": {"layers": [1], "target": ["wse", "no-such-target", "rdu"]},
+            "point": [{"layers": 1, "chips": 2, "strategy": "dp", "target": "rdu"}],
+        }
+    )
+    result = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    rows = {r["target"] + r["chips"]: r for r in _rows(tmp_path)}
+    assert len(rows) == 4
+    assert rows["wse1"]["status"] == rows["rdu1"]["status"] == "ok"
+    bad = rows["no-such-target1"]
+    assert bad["status"] == "error" and "no-such-target" in bad["error"]
+    record = json.loads((tmp_path / "points" / f"{bad['key']}.json").read_text())
+    assert record["status"] == "error" and record["error"] == bad["error"]
+    assert result.failed >= 1
+    # multi-chip points run through lowering.parallel.scale, or say it is missing
+    scaled = rows["rdu2"]
+    assert scaled["status"] == "ok" or "scal" in scaled["error"]
+
+
+def test_fast_graph_path_matches_profile(tmp_path, cache):
+    """Stamped base + one shape inference gives the report `dabench_ir.profile` gives on the file."""
+    import onnx
+
+    import dabench_ir
+
+    params = {**TINY, "layers": 3, "target": "rdu", "opt_level": "O1", "precision": "fp16", "mode": "inference",
+              "chips": 1}  # fmt: skip
+    key = graphs.base_key(params)
+    base = graphs.load_base(cache, key) or graphs.export_base(params)
+    path = tmp_path / "m.onnx"
+    onnx.save(graphs.stamped_proto(base, 3), str(path))
+    expected = dabench_ir.profile(path, target="rdu", batch=1, precision="fp16", opt_level="O1").to_dict()
+    spec = parse_spec({"point": [params]})
+    run_sweep(spec, tmp_path / "out", executor=SerialExecutor(), cache_dir=cache, plots=False)
+    (record_file,) = (tmp_path / "out" / "points").iterdir()
+    got = json.loads(record_file.read_text())["report"]
+    for section in ("totals", "metrics"):
+        for name, value in expected[section].items():
+            if isinstance(value, float):
+                assert got[section][name] == pytest.approx(value, rel=1e-9), name
+            elif not isinstance(value, dict):
+                assert got[section][name] == value, name
+    assert got["fits"] == expected["fits"]
+    assert [n["name"] for n in got["nodes"]] == [n["name"] for n in expected["nodes"]]
+
+
+def test_bundled_smoke_spec_runs_from_cli(tmp_path, cache, capsys):
+    from dabench_ir.cli import main
+
+    spec = load_spec("smoke")
+    out = tmp_path / "smoke"
+    assert main(["sweep", "smoke", "-o", str(out), "-j", "1", "--cache-dir", str(cache), "--no-plots"]) == 0
+    assert len(_rows(out)) == len(spec.points)
+    assert "0 failed" in capsys.readouterr().out
