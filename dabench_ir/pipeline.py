@@ -21,7 +21,18 @@ from dabench_ir.report.model import NodeRecord, Report
 if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
-__all__ = ["ProfileOptions", "analyze", "build_report", "load_graph", "prepare_graph", "profile"]
+__all__ = [
+    "ProfileOptions",
+    "analyze",
+    "apply_precision_and_mode",
+    "build_report",
+    "load_graph",
+    "lowering_options",
+    "prepare_graph",
+    "profile",
+    "profile_graph",
+    "resolve_target",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,29 +105,10 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
     except TypeError as exc:
         raise UserError(f"profile: {exc}") from None
     say = progress or _quiet
-    tgt = plan = timeline = metrics = measurement = None
-    if target is not None:  # a bad target name fails before any real work
-        from dabench_ir.targets import load_target
-
-        if target == "cpu" and opts.threads:  # calibrated with the threads it will run with
-            from dabench_ir.execute.calibrate import cpu_target_path
-
-            tgt = load_target(str(cpu_target_path(threads=opts.threads)))
-        else:
-            tgt = load_target(target)
+    tgt = resolve_target(target, opts) if target is not None else None  # a bad name fails before any work
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
-    dims = dict(graph.bindings)
-    if tgt is not None:
-        from dabench_ir.emulate import emulate
-        from dabench_ir.lowering import LoweringOptions, lower
-        from dabench_ir.metrics import compute_metrics
-
-        say(f"lowering onto {tgt.name}")
-        plan = lower(graph, tgt, _lowering_options(LoweringOptions, graph, opts))
-        say(f"emulating on {tgt.name}")
-        timeline = emulate(plan, graph)
-        metrics = compute_metrics(graph, plan, timeline, tgt)
+    measurement = None
     if opts.measure:
         from dabench_ir.execute import measure
 
@@ -126,7 +118,7 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
         measurement = measure(
             model,
             graph,
-            dims=dims,
+            dims=dict(graph.bindings),
             warmup=opts.warmup,
             repeat=opts.repeat,
             threads=opts.threads,
@@ -134,8 +126,60 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
             max_weight_bytes=opts.max_weight_bytes,
             target=tgt if tgt is not None and tgt.kind == "cpu" else None,
         )
-        if tgt is None:
-            timeline = measurement.timeline
+    return profile_graph(
+        graph,
+        tgt,
+        opts,
+        measurement=measurement,
+        model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
+        progress=say,
+    )
+
+
+def resolve_target(target: Any, opts: ProfileOptions | None = None) -> Any:
+    """A Target from a name, alias, path or Target; ``cpu`` is calibrated with the run's threads."""
+    from dabench_ir.targets import Target, load_target
+
+    if isinstance(target, Target):
+        return target
+    threads = opts.threads if opts is not None else None
+    if target == "cpu" and threads:
+        from dabench_ir.execute.calibrate import cpu_target_path
+
+        return load_target(str(cpu_target_path(threads=threads)))
+    return load_target(target)
+
+
+def profile_graph(
+    graph: Graph,
+    target: Any,
+    opts: ProfileOptions | None = None,
+    *,
+    measurement: Any = None,
+    model_path: str | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Lower, emulate and report an already prepared graph (see `prepare_graph`).
+
+    ``target`` is a Target (or a name), or None for a cost-only report. Sweeps call this
+    directly to cost a model once and place it on many targets.
+    """
+    opts = opts or ProfileOptions()
+    say = progress or _quiet
+    tgt = resolve_target(target, opts) if target is not None else None
+    plan = timeline = metrics = None
+    if tgt is not None:
+        from dabench_ir.emulate import emulate
+        from dabench_ir.lowering import lower
+        from dabench_ir.metrics import compute_metrics
+
+        say(f"lowering onto {tgt.name}")
+        plan = lower(graph, tgt, lowering_options(opts))
+        say(f"emulating on {tgt.name}")
+        timeline = emulate(plan, graph)
+        metrics = compute_metrics(graph, plan, timeline, tgt)
+    elif measurement is not None:
+        timeline = measurement.timeline
     return build_report(
         graph,
         options=opts,
@@ -144,7 +188,7 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
         timeline=timeline,
         metrics=metrics,
         measurement=measurement,
-        model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
+        model_path=model_path,
     )
 
 
@@ -165,7 +209,7 @@ def prepare_graph(model: Any, opts: ProfileOptions) -> Graph:
                 )
     if not graph.meta.get("costed"):
         standard_passes(dims)(graph)
-    return _apply_precision_and_mode(graph, opts)
+    return apply_precision_and_mode(graph, opts)
 
 
 def _static_batch(graph: Graph) -> int | None:
@@ -187,7 +231,7 @@ def _batch_symbol(graph: Graph) -> str | None:
     return None
 
 
-def _apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
+def apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
     """Precision rewrite and training expansion, when asked (passes from the Level-2 work)."""
     if opts.precision is not None:
         from dabench_ir.passes.precision import PrecisionPass
@@ -202,7 +246,7 @@ def _apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
     return graph
 
 
-def _lowering_options(cls: type, graph: Graph, opts: ProfileOptions) -> Any:
+def lowering_options(opts: ProfileOptions) -> Any:
     """Map ProfileOptions onto the lowering's own options dataclass (fields it has)."""
     wanted = {
         "batch": opts.batch,
@@ -214,8 +258,10 @@ def _lowering_options(cls: type, graph: Graph, opts: ProfileOptions) -> Any:
         "micro_batches": opts.micro_batches,
         "mode": opts.mode,
     }
-    names = set(getattr(cls, "__dataclass_fields__", {}))
-    return cls(**{k: v for k, v in wanted.items() if k in names and v is not None})
+    from dabench_ir.lowering import LoweringOptions
+
+    names = set(LoweringOptions.__dataclass_fields__)
+    return LoweringOptions(**{k: v for k, v in wanted.items() if k in names and v is not None})
 
 
 # -- report -----------------------------------------------------------------------------

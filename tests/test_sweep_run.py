@@ -72,21 +72,26 @@ def test_failing_point_does_not_stop_others(tmp_path, cache):
         {
             "defaults": TINY,
             "axes": {"layers": [1], "target": ["wse", "no-such-target", "rdu"]},
-            "point": [{"layers": 1, "chips": 2, "strategy": "dp", "target": "rdu"}],
+            "point": [
+                {"layers": 1, "chips": 2, "strategy": "tp", "target": "rdu"},
+                {"layers": 1, "chips": 4, "strategy": "dp", "target": "rdu"},
+            ],
         }
     )
     result = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
     rows = {r["target"] + r["chips"]: r for r in _rows(tmp_path)}
-    assert len(rows) == 4
+    assert len(rows) == 5
     assert rows["wse1"]["status"] == rows["rdu1"]["status"] == "ok"
     bad = rows["no-such-target1"]
     assert bad["status"] == "error" and "no-such-target" in bad["error"]
     record = json.loads((tmp_path / "points" / f"{bad['key']}.json").read_text())
     assert record["status"] == "error" and record["error"] == bad["error"]
     assert result.failed >= 1
-    # multi-chip points run through lowering.parallel.scale, or say it is missing
+    # multi-chip points run through lowering.parallel.scale; an unsupported strategy is an error by name
     scaled = rows["rdu2"]
-    assert scaled["status"] == "ok" or "scal" in scaled["error"]
+    assert scaled["status"] == "ok" and float(scaled["time_s"]) > 0 and float(scaled["throughput_samples_per_s"]) > 0
+    refused = rows["rdu4"]
+    assert refused["status"] == "error" and "does not support --strategy dp; it supports: tp" in refused["error"]
 
 
 def test_fast_graph_path_matches_profile(tmp_path, cache):

@@ -39,47 +39,54 @@ def _options(params: dict[str, Any]) -> dict[str, Any]:
 def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The report dict of one point, from its costed Graph (consumed: precision rewrites it)."""
     from dabench_ir import pipeline
-    from dabench_ir.emulate import emulate
-    from dabench_ir.lowering import LoweringOptions, lower
-    from dabench_ir.metrics import compute_metrics
-    from dabench_ir.targets import load_target
 
     opts = pipeline.ProfileOptions(**_options(params))
-    target = load_target(params["target"])
-    graph = pipeline._apply_precision_and_mode(graph, opts)
+    target = pipeline.resolve_target(params["target"], opts)
+    graph = pipeline.apply_precision_and_mode(graph, opts)
     if params.get("chips", 1) != 1:
         return _scaled(graph, target, params, opts)
-    plan = lower(graph, target, pipeline._lowering_options(LoweringOptions, graph, opts))
-    timeline = emulate(plan, graph)
-    metrics = compute_metrics(graph, plan, timeline, target)
-    report = pipeline.build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
-    return _clean(report.to_dict())
+    return _clean(pipeline.profile_graph(graph, target, opts).to_dict())
 
 
 def _scaled(graph: Any, target: Any, params: dict[str, Any], opts: Any) -> dict[str, Any]:
-    """Multi-chip points go through `lowering.parallel.scale` when it is there."""
-    try:
-        from dabench_ir.lowering import parallel
-    except ImportError:
-        parallel = None
-    if parallel is None or not hasattr(parallel, "scale"):
-        raise RuntimeError("scaling not available (dabench_ir.lowering.parallel.scale is missing)")
-    result = parallel.scale(
-        graph,
-        target,
-        chips=[params["chips"]],
-        strategy=params["strategy"],
-        batch=opts.batch,
-        precision=opts.precision,
-        mode=opts.mode,
+    """A multi-chip point through `lowering.parallel.scale`, as a report-shaped dict.
+
+    ``totals``/``metrics``/``fits``/``failure`` carry the scaled figures so the results
+    table reads them like any other point; ``scale`` keeps the whole scaling record.
+    """
+    from dabench_ir import pipeline
+    from dabench_ir.lowering.parallel import scale
+
+    chips = int(params["chips"])
+    result = scale(graph, target, [1, chips], params["strategy"], pipeline.lowering_options(opts))
+    point = result.points[-1]
+    base = pipeline.build_report(graph, options=opts)  # cost-only: model and totals of one run
+    flops_per_sample = base.totals["flops"] / max(result.points[0].batch, 1)
+    report = base.to_dict()
+    report["target"] = {"name": target.name, "kind": target.kind}
+    report["config"].update({"chips": chips, "strategy": params["strategy"]})
+    report["totals"].update(
+        {
+            "time_s": point.time_s,
+            "throughput_samples_per_s": point.throughput_samples_per_s,
+            "achieved_flops_per_s": point.throughput_samples_per_s * flops_per_sample,
+            "comm_time_s": point.comm_time_s,
+        }
     )
-    if isinstance(result, dict):
-        result = result.get(params["chips"], next(iter(result.values()), None))
-    if isinstance(result, (list, tuple)):
-        result = result[0] if result else None
-    if result is None or not hasattr(result, "to_dict"):
-        raise RuntimeError(f"scale() returned {type(result).__name__}, not a report")
-    return _clean(result.to_dict())
+    report["metrics"].update(
+        {
+            "allocation_ratio": point.allocation_ratio,
+            "load_imbalance": point.load_imbalance,
+            "compute_efficiency": point.compute_efficiency,
+            "speedup": point.speedup,
+            "scaling_efficiency": point.scaling_efficiency,
+            "comm_share": point.comm_share,
+        }
+    )
+    report["fits"], report["failure"] = point.fits, point.failure
+    report["nodes"] = []  # per-node times are per chip; the scaling record holds the step
+    report["scale"] = result.to_dict()
+    return _clean(report)
 
 
 def _error_text(exc: BaseException) -> str:
