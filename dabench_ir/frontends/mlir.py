@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import InputError, UnboundSymbolError, UserError
+from dabench_ir.frontends import existing_file
 from dabench_ir.ir import Graph, Value, ValueKind
 from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, LinalgCostPass, MlirArtifact, tensor_type_of
 
@@ -214,11 +215,7 @@ def _weight_names(header: Mapping[str, str]) -> list[str]:
 def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
     if isinstance(source, str) and ("\n" in source or "{" in source) and not source.endswith(".mlir"):
         return source, None
-    path = Path(source)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected a .mlir file")
+    path = existing_file(source, "a .mlir file")
     try:
         return path.read_text(encoding="utf-8"), path
     except UnicodeDecodeError:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import InputError
+from dabench_ir.frontends import existing_file
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 
 if TYPE_CHECKING:
@@ -38,11 +39,7 @@ def read_model(source: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.M
 
     if isinstance(source, onnx.ModelProto):
         return source, None
-    path = Path(source)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected an .onnx file")
+    path = existing_file(source, "an .onnx file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
