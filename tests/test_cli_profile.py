@@ -1,0 +1,123 @@
+"""The profile and scale commands end to end on tiny models, every output flag."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dabench_ir.cli import main
+from tests.conftest import parse
+
+BLOCK = """
+agraph (float[2,16,32] x) => (float[2,16,32] y)
+<float[32,32] W1 = {%s}, float[32,32] W2 = {%s}>
+{
+    h = MatMul(x, W1)
+    s = Softmax<axis=-1>(h)
+    y = MatMul(s, W2)
+}
+""" % (",".join(["0.01"] * 1024), ",".join(["0.02"] * 1024))  # noqa: UP031
+
+
+@pytest.fixture
+def block(tmp_path):
+    path = tmp_path / "block.onnx"
+    onnx.save(parse(BLOCK), path)
+    return path
+
+
+def test_profile_on_a_target_writes_every_output(block, tmp_path, capsys):
+    out = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "html")}
+    trace = tmp_path / "trace.json"
+    code = main(
+        ["profile", str(block), "--target", "rdu", "--json", str(out["json"]), "--csv", str(out["csv"]),
+         "--html", str(out["html"]), "--trace", str(trace), "--no-color"]
+    )  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "target     sn30 (rdu), fits: yes" in text and "Time by bound class" in text
+    report = json.loads(out["json"].read_text())
+    assert report["schema"] == "dabench-ir/report/v1" and report["target"]["name"] == "sn30"
+    assert report["totals"]["time_s"] > 0 and report["totals"]["energy_j"] > 0
+    assert all(n["time_s"] is not None and n["unit"] for n in report["nodes"])
+    rows = list(csv.DictReader(out["csv"].open()))
+    assert [r["name"] for r in rows] == [n["name"] for n in report["nodes"]]
+    assert "traceEvents" in json.loads(trace.read_text())
+    assert "<img" in out["html"].read_text()
+
+
+def test_precision_and_training_change_the_figures(block, tmp_path):
+    def run(*extra):
+        path = tmp_path / "r.json"
+        assert main(["profile", str(block), "--target", "h100", "--quiet", "--json", str(path), *extra]) == 0
+        return json.loads(path.read_text())
+
+    fp32, fp16, train = run(), run("--precision", "fp16"), run("--mode", "train")
+    assert fp16["totals"]["bytes"] * 2 == fp32["totals"]["bytes"]
+    assert fp16["config"]["precision_by_class"] == {"contraction": "fp16", "vector": "fp16"}
+    # each matmul is half the forward contraction; the first reads the raw input (dW only:
+    # 2x), the second an activation that needs a gradient (dX and dW: 3x)
+    half = fp32["totals"]["contraction_flops"] // 2
+    assert train["totals"]["contraction_flops"] == 2 * half + 3 * half
+    assert train["config"]["train"]["optimizer_state_bytes"] == 16 * 2 * 1024
+
+
+def test_via_mlir_cross_check_and_annotate(block, tmp_path, capsys):
+    annotated = tmp_path / "a.onnx"
+    code = main(["profile", str(block), "--via", "mlir", "--cross-check", "--annotate", str(annotated), "--quiet"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "contraction FLOPs: agree on every node" in out
+    model = onnx.load(str(annotated))
+    onnx.checker.check_model(model)
+    props = {p.key: p.value for p in model.graph.node[0].metadata_props}
+    assert props["dabench.flops"] == str(2 * 2 * 16 * 32 * 32)
+
+
+def test_comparing_targets(block, tmp_path, capsys):
+    path = tmp_path / "c.json"
+    assert main(["profile", str(block), "--target", "wse,rdu,ipu", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["target"] for r in rows] == ["wse2", "sn30", "bow"]
+    assert "dominant bound" in capsys.readouterr().out
+    assert main(["profile", str(block), "--target", "wse,tpu9", "--quiet"]) == 2
+
+
+def test_subgraph_nodes_are_unattributed_not_a_crash(tmp_path, capsys):
+    branch = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"])], "b", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])]
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+            helper.make_node("Relu", ["x"], ["z"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+    )
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    report = tmp_path / "r.json"
+    assert main(["profile", str(path), "--json", str(report), "--quiet"]) == 0
+    data = json.loads(report.read_text())
+    assert [u["op_type"] for u in data["unattributed"]] == ["If"]
+    assert "subgraph" in data["unattributed"][0]["reason"]
+    assert data["totals"]["unattributed_nodes"] == 1 and data["totals"]["vector_flops"] == 4
+
+
+def test_scale_command(block, tmp_path, capsys):
+    path = tmp_path / "s.json"
+    assert main(["scale", str(block), "--target", "h100", "--chips", "1,2", "--strategy", "dp", "--mode", "train",
+                 "--json", str(path), "--plot", str(tmp_path / "s.svg")]) == 0  # fmt: skip
+    data = json.loads(path.read_text())
+    assert data["schema"] == "dabench-ir/scale/v1"
+    assert [p["chips"] for p in data["points"]] == [1, 2]
+    assert data["points"][1]["comm_time_s"] > 0 and (tmp_path / "s.svg").exists()
+    assert main(["scale", str(block), "--target", "rdu", "--chips", "1,2", "--strategy", "pp"]) == 2
+    assert "supports: tp" in capsys.readouterr().err
+    assert main(["scale", str(block), "--target", "h100", "--chips", "1,x", "--strategy", "dp"]) == 2
