@@ -90,12 +90,7 @@ def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None 
 
 def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "onnx") -> Graph:
     """Load ``model`` and run the standard passes; every node gets a Cost or a reason it has none."""
-    graph = load_graph(model, via=via, dims=dims)
-    if graph.meta.get("costed"):  # the MLIR frontend costs at linalg level itself
-        return graph
-    dims = dict(dims or {})
-    standard_passes(dims)(graph)
-    return graph
+    return prepare_graph(model, ProfileOptions(dims=dict(dims or {}), via=via))
 
 
 def profile(model: Any, target: str | None = None, *, progress: Progress | None = None, **options: Any) -> Report:
