@@ -82,3 +82,25 @@ def test_predict_reads_the_target_toml(tmp_path):
     mm = graph.nodes[0].name
     # no matmul points: the fp32 peak, never below streaming the operands (Add curve: 1 GB/s)
     assert pred[mm] == pytest.approx(max(2 * 32 * 16 * 32 / 2e9, (2048 + 2048 + 4096) / 1e9))
+
+
+_GELU = parser.parse_model(
+    """
+    <ir_version: 9, opset_import: ["" : 20]>
+    g (float[4, 64] x) => (float[4, 64] a, float[4, 64] b) {
+        a = Gelu(x)
+        b = Gelu <approximate = "tanh"> (x)
+    }
+    """
+)
+
+
+def test_gelu_variants_have_their_own_curves_and_fall_back():
+    # bytes in + out = 2 x 1024: 2048 bytes per node
+    curves = {"Add": [(1e3, 2e-6)], "Erf": [(2048.0, 4e-6)], "GeluTanh": [(2048.0, 6e-6)]}
+    cpu = CpuModel(peak_flops=1e9, bandwidth=1e9, overhead_s=1e-6, ops=curves)
+    graph = load_graph(_GELU)
+    pred = predict_cpu_times(graph, cpu)
+    exact, tanh = (n.name for n in graph.nodes)
+    assert pred[exact] == pytest.approx(4e-6)  # no Gelu curve: the Erf one
+    assert pred[tanh] == pytest.approx(6e-6)

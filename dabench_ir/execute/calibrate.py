@@ -2,7 +2,12 @@
 
 The ``cpu`` target's figures are measured, not looked up: matmul FLOP/s over a few shapes,
 streaming bandwidth (a large Add), the time-versus-size curves of the common vector ops,
-and the fixed per-op overhead (a one-element Add). Everything runs through onnxruntime
+and the fixed per-op overhead (a one-element Add). Shapes and layouts are those exported
+decoders use (token-by-hidden GEMMs, 2-D weight transposes, [0,2,1,3] head transposes,
+causally masked attention scores, GELU). In a model, a node's operands were last touched
+several nodes (or a whole run) ago and sit in the outer caches or DRAM, not in the L1/L2
+a repeat loop keeps hot, so each benchmarked node runs after a "flush" node that reads a
+buffer larger than the private caches. Everything runs through onnxruntime
 with its per-node profiler, the same engine and the same clock as ``--measure``, at the
 same thread count. The result is a target TOML file (the ``targets/*.toml`` schema, every
 number marked as measured with the date) in a per-machine cache:
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -47,32 +53,53 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_FORMAT = 3
+CALIBRATION_FORMAT = 4
 """Bumped when the benchmarks or the file layout change; older files are measured again."""
 MAX_AGE_DAYS = 90
 """A calibration older than this is stale (BIOS, kernel and library updates move figures)."""
 
-# (batch, M, K, N): single GEMMs spanning ~1 MFLOP..4 GFLOP, attention-like batched GEMMs,
-# and one matrix-vector product (memory-bound; recorded, not used for the GEMM curve).
+# (batch, M, K, N): token-by-hidden GEMMs spanning ~1 MFLOP..4 GFLOP, attention-like
+# batched GEMMs, and one matrix-vector product (memory-bound; recorded, not used for the curve).
 _MATMULS_FULL = (
     (1, 32, 128, 128),
     (1, 64, 256, 256),
-    (1, 128, 512, 512),
+    (1, 128, 256, 1024),
+    (1, 128, 768, 768),
     (1, 256, 512, 2048),
-    (1, 256, 768, 768),
-    (1, 256, 768, 3072),
+    (1, 128, 768, 3072),
+    (1, 256, 1024, 1024),
     (1, 512, 1024, 4096),
     (1, 1, 2048, 2048),
-    (12, 64, 64, 64),
-    (12, 128, 64, 128),
+    (4, 64, 64, 64),
+    (8, 128, 64, 128),
+    (8, 128, 128, 64),
+    (12, 256, 64, 256),
     (12, 256, 256, 64),
     (16, 512, 64, 512),
 )
+_PACKED_FULL = frozenset({(1, 64, 256, 256), (1, 128, 768, 768), (1, 256, 1024, 1024), (1, 512, 1024, 4096)})
 _MATMULS_QUICK = ((1, 32, 64, 64), (1, 64, 128, 128), (4, 32, 32, 32))
-_OPS = ("Add", "Tanh", "Erf", "Softmax", "ReduceMean", "Transpose", "Transpose2D", "LayerNormalization")
+_OPS = (
+    "Add",
+    "Tanh",
+    "Erf",
+    "Gelu",
+    "GeluTanh",
+    "Softmax",
+    "ReduceMean",
+    "Transpose",
+    "Transpose2D",
+    "LayerNormalization",
+)
 _ROWS_FULL = (4, 32, 256, 2048, 8192)  # x 1024 fp32 columns: 16 KiB .. 32 MiB per tensor
 _ROWS_QUICK = (4, 64)
 _COLS = 1024
+_SOFTMAX_FULL = ((1, 64), (4, 128), (8, 256), (12, 512), (16, 1024))  # (heads, seq): scores heads x seq x seq
+_SOFTMAX_QUICK = ((1, 64), (2, 128))
+_WEIGHTS_FULL = ((128, 128), (256, 256), (512, 512), (1024, 768), (1024, 1024), (4096, 1024))  # 2-D transposes
+_WEIGHTS_QUICK = ((64, 64), (256, 128))
+_FLUSH_BYTES = 16 << 20  # read before each benchmarked node: more than the L1/L2 a core keeps
+_FLUSH_BYTES_QUICK = 1 << 20
 _BUDGET_S_FULL = 0.12  # time per benchmark, measured runs
 _BUDGET_S_QUICK = 0.01
 _WATTS_PER_CORE = 10.0  # estimate only: the power draw is not measurable from user space
@@ -98,6 +125,21 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _llc_bytes() -> int:
+    """Size of the largest (last-level) data or unified cache in sysfs; 0 when unreadable."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return best
 
 
 def _memory_bytes() -> int | None:
@@ -200,34 +242,52 @@ def _single_op(
     out: tuple[int, int, tuple[int, ...]] | None,
     *,
     inits: Mapping[str, Any] | None = None,
+    flush: int = 0,
     **attrs: Any,
 ) -> Any:
-    """A one-node ONNX model: the node is named ``bench``."""
+    """A one-node ONNX model: the node is named ``bench``. With ``flush`` > 0 a ReduceMax
+    over a fed ``flush``-byte buffer (input ``_flush``) runs first, evicting the bench
+    node's operands from the private caches as the rest of a model would."""
     from onnx import TensorProto, helper, numpy_helper
 
     init_names = set(inits or {})
     vis = [helper.make_tensor_value_info(n, dt, shape) for n, dt, shape in inputs if n not in init_names]
     out_dtype, _, out_shape = out if out else (TensorProto.FLOAT, 0, None)
+    nodes = [helper.make_node(op, [n for n, _, _ in inputs], ["y"], name="bench", **attrs)]
+    outputs = [helper.make_tensor_value_info("y", out_dtype, out_shape)]
+    if flush:
+        vis.append(helper.make_tensor_value_info("_flush", TensorProto.FLOAT, (flush // 4,)))
+        outputs.append(helper.make_tensor_value_info("_flushed", TensorProto.FLOAT, ()))
+        nodes.insert(0, helper.make_node("ReduceMax", ["_flush"], ["_flushed"], name="flush", keepdims=0))
     graph = helper.make_graph(
-        [helper.make_node(op, [n for n, _, _ in inputs], ["y"], name="bench", **attrs)],
+        nodes,
         f"bench_{op}",
         vis,
-        [helper.make_tensor_value_info("y", out_dtype, out_shape)],
+        outputs,
         [numpy_helper.from_array(v, n) for n, v in (inits or {}).items()],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
 
 
 def _time_bench(bench: _Bench, threads: int, budget_s: float) -> float:
-    """Median kernel time of node ``bench``: a probe run sizes the number of repeats."""
+    """Median kernel time of node ``bench``: a probe run (flush included) sizes the repeats."""
     probe = run_profiled(bench.model, bench.feeds, warmup=1, repeat=1, threads=threads)
-    t = probe.node_times.get("bench", probe.run_time_s)
-    repeat = int(min(max(budget_s / max(t, 1e-7), 3), 200))
+    t = max(probe.run_time_s, probe.node_times.get("bench", 0.0))
+    repeat = int(min(max(budget_s / max(t, 1e-7), 5), 200))
     prof = run_profiled(bench.model, bench.feeds, warmup=1, repeat=repeat, threads=threads)
     return prof.node_times["bench"]
 
 
-def _matmul_bench(batch: int, m: int, k: int, n: int, dtype: str, rng: Any, *, packed: bool) -> _Bench:
+def _flushed(bench: _Bench, flush: int) -> _Bench:
+    """Feed the flush buffer of a model built with ``flush`` bytes (none when 0)."""
+    if flush:
+        import numpy as np
+
+        bench.feeds["_flush"] = np.ones(flush // 4, dtype=np.float32)
+    return bench
+
+
+def _matmul_bench(batch: int, m: int, k: int, n: int, dtype: str, rng: Any, *, packed: bool, flush: int = 0) -> _Bench:
     """``packed``: B is a constant initializer, which onnxruntime pre-packs at load; else B
     is fed each run, as when it comes out of another node (e.g. a Transpose of the weight)."""
     import numpy as np
@@ -240,33 +300,59 @@ def _matmul_bench(batch: int, m: int, k: int, n: int, dtype: str, rng: Any, *, p
     y_shape = (batch, m, n) if batch > 1 else (m, n)
     b = (rng.standard_normal(b_shape) * 0.02).astype(np_dtype)
     inits = {"b": b} if packed else None
-    model = _single_op("MatMul", [("a", code, a_shape), ("b", code, b_shape)], (code, 0, y_shape), inits=inits)
+    model = _single_op(
+        "MatMul", [("a", code, a_shape), ("b", code, b_shape)], (code, 0, y_shape), inits=inits, flush=flush
+    )
     feeds = {"a": rng.standard_normal(a_shape).astype(np_dtype)}
     if not packed:
         feeds["b"] = b
-    return _Bench(model, feeds)
+    return _flushed(_Bench(model, feeds), flush)
 
 
-def _op_bench(op: str, rows: int, rng: Any) -> tuple[_Bench, int]:
-    """A vector-op benchmark on a (rows, 1024) fp32 tensor, and the bytes it moves."""
+def _op_sizes(op: str, quick: bool) -> tuple[tuple[int, ...], ...]:
+    """The sizes one op class is measured at (the meaning depends on the op)."""
+    if op == "Softmax":
+        return _SOFTMAX_QUICK if quick else _SOFTMAX_FULL
+    if op == "Transpose2D":
+        return _WEIGHTS_QUICK if quick else _WEIGHTS_FULL
+    return tuple((r,) for r in (_ROWS_QUICK if quick else _ROWS_FULL))
+
+
+def _op_bench(op: str, size: tuple[int, ...], rng: Any, flush: int = 0) -> tuple[_Bench, int]:
+    """A vector-op benchmark at one size, and the bytes it moves (inputs plus output).
+
+    Most ops run on a (rows, 1024) fp32 tensor; Softmax on causally masked (heads, seq,
+    seq) attention scores; Transpose2D on a (rows, cols) weight, as exported decoders
+    transpose their linear weights at run time."""
     import numpy as np
     from onnx import TensorProto
 
     f = TensorProto.FLOAT
+    if op == "Softmax":
+        heads, seq = size
+        shape = (1, heads, seq, seq)
+        # masked like a decoder's scores: -inf above the diagonal (half the row on average)
+        x = rng.standard_normal(shape).astype(np.float32) + np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+        model = _single_op(op, [("x", f, shape)], (f, 0, shape), flush=flush, axis=-1)
+        return _flushed(_Bench(model, {"x": x}), flush), 8 * x.size
+    if op == "Transpose2D":  # the last axis moves: an element-wise gather, not block copies
+        rows, cols = size
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        model = _single_op("Transpose", [("x", f, (rows, cols))], (f, 0, (cols, rows)), flush=flush, perm=[1, 0])
+        return _flushed(_Bench(model, {"x": x}), flush), 8 * x.size
+    (rows,) = size
     shape = (rows, _COLS)
     x = rng.standard_normal(shape).astype(np.float32)
     numel = rows * _COLS
     if op == "Add":
-        model = _single_op("Add", [("x", f, shape), ("z", f, shape)], (f, 0, shape))
-        return _Bench(model, {"x": x, "z": rng.standard_normal(shape).astype(np.float32)}), 12 * numel
-    if op in ("Tanh", "Erf"):
-        return _Bench(_single_op(op, [("x", f, shape)], (f, 0, shape)), {"x": x}), 8 * numel
-    if op == "Softmax":
-        # causally masked like a decoder's attention scores: exp() of the masked (very
-        # negative) half is several times slower than of ordinary scores
-        causal = np.arange(_COLS)[None, :] > (np.arange(rows)[:, None] % _COLS)
-        x = np.where(causal, np.finfo(np.float32).min, x).astype(np.float32)
-        return _Bench(_single_op(op, [("x", f, shape)], (f, 0, shape), axis=-1), {"x": x}), 8 * numel
+        model = _single_op("Add", [("x", f, shape), ("z", f, shape)], (f, 0, shape), flush=flush)
+        feeds = {"x": x, "z": rng.standard_normal(shape).astype(np.float32)}
+        return _flushed(_Bench(model, feeds), flush), 12 * numel
+    if op in ("Tanh", "Erf", "Gelu", "GeluTanh"):
+        attrs = {"approximate": "tanh"} if op == "GeluTanh" else {}
+        onnx_op = "Gelu" if op == "GeluTanh" else op
+        model = _single_op(onnx_op, [("x", f, shape)], (f, 0, shape), flush=flush, **attrs)
+        return _flushed(_Bench(model, {"x": x}), flush), 8 * numel
     if op == "ReduceMean":
         axes = np.array([-1], dtype=np.int64)
         model = _single_op(
@@ -274,17 +360,15 @@ def _op_bench(op: str, rows: int, rng: Any) -> tuple[_Bench, int]:
             [("x", f, shape), ("axes", TensorProto.INT64, (1,))],
             (f, 0, (rows, 1)),
             inits={"axes": axes},
+            flush=flush,
             keepdims=1,
         )
-        return _Bench(model, {"x": x}), 4 * numel + 4 * rows + 8
-    if op == "Transpose":
+        return _flushed(_Bench(model, {"x": x}), flush), 4 * numel + 4 * rows + 8
+    if op == "Transpose":  # attention heads: (1, seq, heads, 64) -> (1, heads, seq, 64)
         heads = _COLS // 64
         shape4 = (1, rows, heads, 64)
-        model = _single_op(op, [("x", f, shape4)], (f, 0, (1, heads, rows, 64)), perm=[0, 2, 1, 3])
-        return _Bench(model, {"x": x.reshape(shape4)}), 8 * numel
-    if op == "Transpose2D":  # the last axis moves: an element-wise gather, not block copies
-        model = _single_op("Transpose", [("x", f, shape)], (f, 0, (_COLS, rows)), perm=[1, 0])
-        return _Bench(model, {"x": x}), 8 * numel
+        model = _single_op(op, [("x", f, shape4)], (f, 0, (1, heads, rows, 64)), flush=flush, perm=[0, 2, 1, 3])
+        return _flushed(_Bench(model, {"x": x.reshape(shape4)}), flush), 8 * numel
     if op == "LayerNormalization":
         gain = np.ones(_COLS, dtype=np.float32)
         bias = np.zeros(_COLS, dtype=np.float32)
@@ -293,10 +377,11 @@ def _op_bench(op: str, rows: int, rng: Any) -> tuple[_Bench, int]:
             [("x", f, shape), ("g", f, (_COLS,)), ("b", f, (_COLS,))],
             (f, 0, shape),
             inits={"g": gain, "b": bias},
+            flush=flush,
             axis=-1,
             epsilon=1e-5,
         )
-        return _Bench(model, {"x": x}), 8 * numel + 8 * _COLS
+        return _flushed(_Bench(model, {"x": x}), flush), 8 * numel + 8 * _COLS
     raise ValueError(op)
 
 
@@ -309,6 +394,7 @@ def measure_host(
     threads = int(threads or default_threads())
     rng = np.random.default_rng(0)
     budget = _BUDGET_S_QUICK if quick else _BUDGET_S_FULL
+    flush = _FLUSH_BYTES_QUICK if quick else _FLUSH_BYTES
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
 
@@ -320,30 +406,45 @@ def measure_host(
     shapes = [(s, "fp32") for s in (_MATMULS_QUICK if quick else _MATMULS_FULL)]
     if not quick:
         shapes.append(((1, 256, 768, 768), "fp16"))
-    for (batch, m, k, n), dtype in shapes:
-        for packed in (True, False) if batch == 1 else (False,):
+    for ((batch, m, k, n), dtype), cold in itertools.product(shapes, (False, True)):
+        # B fed each run (as from a runtime weight transpose), and at some shapes constant B
+        variants = (False, True) if batch == 1 and (quick or (batch, m, k, n) in _PACKED_FULL) else (False,)
+        for packed in variants:
             try:
-                bench = _matmul_bench(batch, m, k, n, dtype, rng, packed=packed)
+                bench = _matmul_bench(batch, m, k, n, dtype, rng, packed=packed, flush=flush if cold else 0)
                 t = _time_bench(bench, threads, budget)
             except UserError as exc:  # e.g. no fp16 MatMul kernel on this CPU build
                 logger.info("skipping %s matmul benchmark: %s", dtype, exc)
                 continue
             flops = 2 * batch * m * k * n
-            row = {"dtype": dtype, "batch": batch, "m": m, "k": k, "n": n, "packed": packed}
+            row = {"dtype": dtype, "batch": batch, "m": m, "k": k, "n": n, "packed": packed, "cold": cold}
             matmul.append({**row, "flops": flops, "time_s": t, "flops_per_s": flops / t})
-            kind = "constant B" if packed else "B fed"
+            kind = ("constant B" if packed else "B fed") + (", cold" if cold else "")
             say(f"matmul {dtype} {batch}x{m}x{k}x{n} ({kind}): {flops / t / 1e9:.1f} GFLOP/s")
 
     ops: list[dict[str, Any]] = []
-    for op in ("Add",) if quick else _OPS:
-        for rows in _ROWS_QUICK if quick else _ROWS_FULL:
-            bench, nbytes = _op_bench(op, rows, rng)
+    for op, cold in itertools.product(("Add",) if quick else _OPS, (False, True)):
+        for size in _op_sizes(op, quick):
+            bench, nbytes = _op_bench(op, size, rng, flush=flush if cold else 0)
             t = _time_bench(bench, threads, budget)
-            ops.append({"op": op, "elements": rows * _COLS, "bytes": nbytes, "time_s": t, "bytes_per_s": nbytes / t})
-        say(f"{op}: {ops[-1]['bytes_per_s'] / 1e9:.1f} GB/s at {ops[-1]['bytes'] / 1e6:.0f} MB")
+            ops.append(
+                {
+                    "op": op,
+                    "cold": cold,
+                    "elements": int(bench.feeds["x"].size),
+                    "bytes": nbytes,
+                    "time_s": t,
+                    "bytes_per_s": nbytes / t,
+                }
+            )
+        say(
+            f"{op}{' (cold)' if cold else ''}: {ops[-1]['bytes_per_s'] / 1e9:.1f} GB/s at {ops[-1]['bytes'] / 1e6:.0f} MB"
+        )
     return {
         "threads": threads,
         "overhead_s": overhead,
+        "flush_bytes": flush,
+        "llc_bytes": _llc_bytes(),
         "matmul": matmul,
         "ops": ops,
         "seconds": time.perf_counter() - start,
@@ -413,6 +514,8 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
             "machine": f"{key['cpu']} x{key['cpus']}",
             "quick": bool(raw.get("quick", False)),
             "seconds": round(raw["seconds"], 3),
+            "flush_bytes": int(raw.get("flush_bytes", 0)),
+            "llc_bytes": int(raw.get("llc_bytes", 0)),
             "key": dict(key),
             "matmul": raw["matmul"],
             "ops": raw["ops"],

@@ -13,6 +13,11 @@ the measured sizes:
 - vector ops: time = the measured time-versus-bytes curve of the closest calibrated op;
 - shape-only ops (Reshape, Shape, Unsqueeze, ...): the fixed overhead.
 
+Every curve is measured twice, cache-hot and after a flush of the private caches. A node
+that reads a weight or graph input (last touched a whole run ago) sits between the two by
+`cold_fraction`: the model's footprint over the last-level cache size, capped at 1. Nodes
+fed only by earlier nodes' outputs use the hot curves.
+
 `prediction_error` compares predicted and measured node times.
 """
 
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CpuModel",
     "classify_bound",
+    "cold_fraction",
     "load_cpu_model",
     "predict_cpu_times",
     "prediction_error",
@@ -47,9 +53,9 @@ SHAPE_OPS = frozenset(
     {"Shape", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Constant", "Size", "Identity", "Dropout"}
 )
 _OP_CLASS = {
-    **dict.fromkeys(
-        ("Tanh", "Sigmoid", "Exp", "Log", "Gelu", "FastGelu", "BiasGelu", "Softplus", "Sin", "Cos"), "Tanh"
-    ),
+    **dict.fromkeys(("Tanh", "Sigmoid", "Exp", "Log", "Softplus", "Sin", "Cos", "HardSigmoid"), "Tanh"),
+    **dict.fromkeys(("Gelu", "BiasGelu"), "Gelu"),
+    **dict.fromkeys(("FastGelu",), "GeluTanh"),
     **dict.fromkeys(("Erf",), "Erf"),
     **dict.fromkeys(("Softmax", "LogSoftmax"), "Softmax"),
     **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare"), "ReduceMean"),
@@ -66,6 +72,8 @@ _OP_CLASS = {
     ),
 }
 _DEFAULT_CLASS = "Add"  # elementwise, copies, gathers: a streaming op of the same bytes
+_FALLBACK = {"GeluTanh": "Gelu", "Gelu": "Erf", "Erf": "Tanh", "Transpose2D": "Transpose"}
+"""Where a class a calibration lacks (older or quick files) borrows its curve from."""
 
 
 def _num(x: Any) -> float:
@@ -86,6 +94,8 @@ class CpuModel:
     packed: list[tuple[float, float]] = field(default_factory=list)  # batch 1, constant (pre-packed) B
     bmm: list[tuple[float, float]] = field(default_factory=list)  # (flops, seconds), batched
     ops: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # op -> (bytes, seconds)
+    cold: CpuModel | None = None  # the same curves with operands evicted from L1/L2 first
+    llc_bytes: float = 0.0  # last-level cache size: a run's footprint above it comes in cold
 
     @property
     def ridge(self) -> float:
@@ -93,8 +103,9 @@ class CpuModel:
         return self.peak_flops / self.bandwidth
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CpuModel:
-        """Read a target in the TOML schema (a parsed dict)."""
+    def from_dict(cls, data: Mapping[str, Any], *, cold: bool = False) -> CpuModel:
+        """Read a target in the TOML schema (a parsed dict): the curves measured cache-hot,
+        and under ``cold`` those measured after a cache flush."""
         peaks = data.get("compute", {}).get("peak_flops", {})
         peak = _num(peaks.get("fp32", next(iter(peaks.values()), math.nan)))
         memories = data.get("memory", [])
@@ -103,8 +114,9 @@ class CpuModel:
         overhead = _num(data.get("overheads", {}).get("kernel_launch_s", 0.0))
         cal = data.get("calibration", {})
         model = cls(peak_flops=peak, bandwidth=bandwidth, overhead_s=overhead if overhead == overhead else 0.0)
+        model.llc_bytes = float(cal.get("llc_bytes", 0) or 0)
         for row in cal.get("matmul", []):
-            if row.get("dtype", "fp32") != "fp32":
+            if row.get("dtype", "fp32") != "fp32" or bool(row.get("cold", False)) != cold:
                 continue
             if int(row.get("m", 8)) < 8:
                 continue  # matrix-vector: memory-bound, covered by the streaming floor
@@ -114,12 +126,16 @@ class CpuModel:
             else:
                 (model.packed if row.get("packed") else model.gemm).append(point)
         for row in cal.get("ops", []):
+            if bool(row.get("cold", False)) != cold:
+                continue
             model.ops.setdefault(str(row["op"]), []).append((float(row["bytes"]), float(row["time_s"])))
         model.gemm.sort()
         model.packed.sort()
         model.bmm.sort()
         for points in model.ops.values():
             points.sort()
+        if not cold and any(row.get("cold") for row in cal.get("ops", [])):
+            model.cold = cls.from_dict(data, cold=True)
         return model
 
     # -- curves -----------------------------------------------------------------------
@@ -138,6 +154,8 @@ class CpuModel:
         return max(compute, stream)
 
     def op_time(self, op_class: str, nbytes: float) -> float:
+        while op_class not in self.ops and op_class in _FALLBACK:
+            op_class = _FALLBACK[op_class]
         points = self.ops.get(op_class) or self.ops.get(_DEFAULT_CLASS)
         if not points:
             return self.overhead_s + nbytes / self.bandwidth
@@ -260,6 +278,8 @@ def predict_node(graph: Graph, node: Node, model: CpuModel) -> float | None:
     op_class = _OP_CLASS.get(op, _DEFAULT_CLASS)
     if op == "Transpose" and _moves_last_axis(graph, node):
         op_class = "Transpose2D"
+    elif op == "Gelu" and node.attrs.get("approximate") == "tanh":
+        op_class = "GeluTanh"
     return model.op_time(op_class, float(io_bytes))
 
 
@@ -286,12 +306,44 @@ def predict_cpu_times(graph: Graph, target: Any) -> dict[str, float]:
     ``target`` is the ``cpu`` target (a Target object, its parsed TOML, or its path).
     """
     model = load_cpu_model(target)
+    frac = cold_fraction(graph, model)
     out: dict[str, float] = {}
     for node in graph.nodes:
         t = predict_node(graph, node, model)
+        if t is not None and model.cold is not None and frac > 0 and _reads_stored(graph, node):
+            t_cold = predict_node(graph, node, model.cold)
+            t = t if t_cold is None else t + frac * (t_cold - t)
         if t is not None:
             out[node.name] = t
     return out
+
+
+def _reads_stored(graph: Graph, node: Node) -> bool:
+    """True when a node reads a weight or graph input larger than a cache line or two: data
+    last touched a whole run ago. Other operands were just written by earlier nodes."""
+    for name in node.inputs:
+        value = graph.values.get(name) if name else None
+        ttype = graph.type_of(name) if value is not None and value.producer is None else None
+        if ttype is not None and ttype.is_static and ttype.nbytes() > 4096:
+            return True
+    return False
+
+
+def footprint_bytes(graph: Graph) -> int:
+    """Bytes of every statically shaped value a run reads or writes once: weights, inputs,
+    and each node's outputs."""
+    return sum(graph.type_of(name).nbytes() for name in graph.values if graph.type_of(name).is_static)
+
+
+def cold_fraction(graph: Graph, model: CpuModel) -> float:
+    """How far between the cache-hot and the flushed curves a model's nodes sit: a run whose
+    footprint fits the last-level cache finds its operands there (0); one that streams
+    through more than the cache finds them evicted (1); linear in between."""
+    if model.cold is None:
+        return 0.0
+    if model.llc_bytes <= 0:
+        return 1.0
+    return min(1.0, footprint_bytes(graph) / model.llc_bytes)
 
 
 def classify_bound(flops: float, nbytes: float, seconds: float, model: CpuModel) -> Bound:
