@@ -54,10 +54,12 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     m = options.micro_batches or ctx.batch
 
     def tiles_for(node: Node) -> int:
+        """Tiles an operator spreads over: enough for its work (one micro-batch per superstep,
+        at least ``grain`` FLOPs a tile) and enough to hold its tensors in tile SRAM."""
         cost = ctx.costs[node.name]
-        if cost.flops > 0:  # one superstep handles one micro-batch
-            return max(1, min(tiles, math.ceil(cost.flops / m / grain)))
-        return max(1, min(tiles, math.ceil(cost.bytes / m / tile_sram)))
+        by_work = math.ceil(cost.flops / m / grain)
+        by_data = math.ceil(cost.bytes / m / tile_sram)
+        return max(1, min(tiles, max(by_work, by_data)))
 
     blocks = layer_blocks(graph)
     block_time = [sum(_node_work_s(ctx, n, tiles_for(n), tile_peak, sram.bandwidth_bytes_per_s / tiles,

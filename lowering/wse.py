@@ -136,7 +136,10 @@ def _pipelined(ctx: LoweringContext, target: Target, options: LoweringOptions, r
             needed,
             sram.capacity_bytes,
         )
-        sizes = min_pes
+        # still time it, as if the regions were squeezed onto the wafer in proportion, so
+        # the figures of a plan that does not fit stay physical (never above peak)
+        squeeze = available / sum(min_pes)
+        sizes = [max(1, math.floor(p * squeeze)) for p in min_pes]
     placed = 0
     for k, (g, p) in enumerate(zip(groups, sizes, strict=True)):
         width = math.ceil(math.sqrt(p))
@@ -189,6 +192,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: LoweringOptions) -
     ext = target.memory("off-chip")
     pe_grain = target.arch_value("min_pe_work_flops", 0.0)
     switch = target.overhead("layer_switch_s")
+    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
     sram_ridge = peak / sram.bandwidth_bytes_per_s
     ext_ridge = peak / ext.bandwidth_bytes_per_s
     plan = Plan(
@@ -210,7 +214,10 @@ def _streaming(ctx: LoweringContext, target: Target, options: LoweringOptions) -
         busy = weighted = 0.0
         for node in block.nodes:
             cost = ctx.costs[node.name]
-            used = min(pes, max(1, math.ceil(cost.flops / pe_grain))) if pe_grain > 0 else pes
+            # a layer's operator spreads over enough PEs for its work and to hold its
+            # activations in PE SRAM (a zero-FLOP transpose still moves its bytes in parallel)
+            by_data = math.ceil((cost.act_bytes_in + cost.act_bytes_out) / pe_sram)
+            used = min(pes, max(1, math.ceil(cost.flops / pe_grain), by_data)) if pe_grain > 0 else pes
             frac = used / pes
             compute_s = cost.flops / (peak * frac)
             act = cost.act_bytes_in + cost.act_bytes_out
