@@ -314,6 +314,8 @@ def build_report(
             record.bound = str(t.bound) if t.bound is not None else None
         if node.name in node_bound and node_bound[node.name] is not None:
             record.bound = str(node_bound[node.name])
+        if meta.FOLDED in node.meta:
+            record.note = meta.get(node, meta.FOLDED)
         if node.name in measured:
             record.measured_time_s = measured[node.name]
         elif node.name in missing_measure:

@@ -120,6 +120,8 @@ def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> i
     seen: set[str] = set()
     total = 0
     for node in graph.nodes if nodes is None else nodes:
+        if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
+            continue
         stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:

@@ -6,13 +6,14 @@ from collections.abc import Mapping
 
 from .base import Pass, PassError, PassManager, PassResult
 from .cost_rules import FLOP_CONVENTION, OpClass, cost_rule, registered_ops
-from .passes import BindSymbols, ClassifyOps, CostPass, TagLayers
+from .passes import BindSymbols, ClassifyOps, CostPass, FoldWeightLayouts, TagLayers
 
 __all__ = [
     "FLOP_CONVENTION",
     "BindSymbols",
     "ClassifyOps",
     "CostPass",
+    "FoldWeightLayouts",
     "OpClass",
     "Pass",
     "PassError",
@@ -26,5 +27,5 @@ __all__ = [
 
 
 def standard_passes(dims: Mapping[str, int] | None = None) -> PassManager:
-    """The analysis every profile runs: bind symbols, tag layers, classify, cost."""
-    return PassManager([BindSymbols(dict(dims or {})), TagLayers(), ClassifyOps(), CostPass()])
+    """The analysis every profile runs: bind symbols, tag layers, classify, fold weight layouts, cost."""
+    return PassManager([BindSymbols(dict(dims or {})), TagLayers(), ClassifyOps(), FoldWeightLayouts(), CostPass()])

@@ -11,6 +11,7 @@ from dabench_ir.ir import Cost, Node
 
 __all__ = [
     "COST",
+    "FOLDED",
     "OP_CLASS",
     "PRECISION",
     "UNATTRIBUTED",
@@ -24,6 +25,7 @@ COST = "dabench.cost"  # Cost, written by the 'cost' pass
 UNATTRIBUTED = "dabench.unattributed"  # str reason, written by the 'cost' pass
 OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
+FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
 
 _WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision"}
 

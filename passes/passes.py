@@ -7,13 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dabench_ir.errors import UnboundSymbolError, UserError
-from dabench_ir.ir import Graph, layer_from_scope
+from dabench_ir.ir import Cost, Graph, ValueKind, layer_from_scope
 
 from . import meta
 from .base import Pass, PassResult
 from .cost_rules import OpView, ShapeUnknownError, find_rule
 
-__all__ = ["BindSymbols", "ClassifyOps", "CostPass", "TagLayers"]
+__all__ = ["FOLDABLE_OPS", "BindSymbols", "ClassifyOps", "CostPass", "FoldWeightLayouts", "TagLayers"]
+
+FOLDABLE_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
+"""Layout ops that a compiler applies to a stored weight once, at compile time."""
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +83,38 @@ class ClassifyOps(Pass):
 
 
 @dataclass(frozen=True)
+class FoldWeightLayouts(Pass):
+    """Fold layout ops applied to weights (``Transpose(W)`` before a MatMul) into the weight.
+
+    Exporters write a linear layer as a Transpose of the stored weight feeding a MatMul;
+    every accelerator compiler (and onnxruntime's constant folding) does that transpose once,
+    at compile time. The folded node costs nothing (`meta.FOLDED`), and its output becomes a
+    stored constant, so the consumer reads it as weight bytes. Parameter counts do not change.
+    """
+
+    name: str = "fold-weight-layouts"
+
+    def call(self, graph: Graph) -> PassResult:
+        folded = 0
+        for node in graph.nodes:
+            if node.op_type not in FOLDABLE_OPS or node.domain not in ("", "ai.onnx"):
+                continue
+            ins = [graph.values.get(v) for v in node.inputs if v]
+            if not ins or any(v is None or not v.kind.is_stored for v in ins):
+                continue
+            outs = [graph.values.get(v) for v in node.outputs if v]
+            if any(v is None or v.kind is ValueKind.OUTPUT for v in outs):
+                continue
+            for value in outs:
+                value.kind = ValueKind.CONSTANT
+            node.meta[meta.FOLDED] = f"layout of {node.inputs[0]!r}, folded at compile time"
+            folded += 1
+        if folded:
+            logger.debug("folded %d weight layout op(s)", folded)
+        return PassResult(graph, folded > 0)
+
+
+@dataclass(frozen=True)
 class CostPass(Pass):
     """Cost every node with its rule; nodes without one are marked unattributed, with why.
 
@@ -95,6 +130,9 @@ class CostPass(Pass):
             node.meta.pop(meta.COST, None)
             reason = None
             rule = find_rule(node)
+            if meta.FOLDED in node.meta:
+                node.meta[meta.COST] = Cost()
+                continue
             if node.meta.get("dabench.subgraph"):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
             elif rule is None:

@@ -140,3 +140,21 @@ def test_registry_covers_what_decoder_exporters_emit():
         "RMSNormalization", "Einsum", "CumSum", "ArgMax", "TopK", "Pad", "Tile", "Flatten", "Dropout", "Clip",
     }
     assert needed <= set(registered_ops())
+
+
+def test_weight_transpose_is_folded_into_the_matmul():
+    graph = analyze_text(
+        """agraph (float[2,3] x) => (float[2,4] y) <float[4,3] W = {1,2,3,4,5,6,7,8,9,10,11,12}>
+        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }"""
+    )
+    transpose, mm = graph.nodes
+    assert meta.get_cost(transpose) == Cost()
+    assert "folded at compile time" in transpose.meta[meta.FOLDED]
+    assert meta.get_cost(mm) == Cost(contraction_flops=48, weight_bytes=48, act_bytes_in=24, act_bytes_out=32)
+    assert graph.num_params == 12  # the transposed copy is not a second parameter
+
+
+def test_layout_of_an_activation_is_not_folded():
+    graph = analyze_text("agraph (float[2,3] x) => (float[3,2] y) { y = Transpose<perm=[1,0]>(x) }")
+    assert meta.FOLDED not in graph.nodes[0].meta
+    assert meta.get_cost(graph.nodes[0]).bytes == 48
