@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--csv", metavar="F", help="write one row per node")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto)")
+    o.add_argument("--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)")
     o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
@@ -199,6 +200,10 @@ def _write_outputs(args: argparse.Namespace, report) -> list[str]:
         from dabench_ir.report.html import write_html
 
         written.append(str(write_html(report, args.html)))
+    if args.plots:
+        from dabench_ir.report.plots import write_plots
+
+        written.extend(str(p) for p in write_plots(report, args.plots, stem=Path(args.model).stem))
     if args.annotate:
         from dabench_ir.annotate import annotate
 
