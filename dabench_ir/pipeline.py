@@ -103,6 +103,7 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
     tgt = resolve_target(target, opts) if target is not None else None  # a bad name fails before any work
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
+    graph.meta["ort_opt"] = opts.ort_opt  # the host prediction follows what onnxruntime will run
     measurement = None
     if opts.measure:
         from dabench_ir.execute import measure

@@ -104,3 +104,29 @@ def test_gelu_variants_have_their_own_curves_and_fall_back():
     exact, tanh = (n.name for n in graph.nodes)
     assert pred[exact] == pytest.approx(4e-6)  # no Gelu curve: the Erf one
     assert pred[tanh] == pytest.approx(6e-6)
+
+
+def test_folded_weight_layouts_vanish_only_under_ort_optimisation():
+    from dabench_ir.pipeline import analyze
+    from tests.conftest import parse
+
+    model = parse(
+        """agraph (float[4,16] x) => (float[4,32] y) <float[32,16] W = {%s}>
+        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }""" % ",".join(["0.5"] * 512)  # noqa: UP031
+    )
+    cpu = CpuModel(
+        peak_flops=1e9,
+        bandwidth=1e9,
+        overhead_s=1e-6,
+        gemm=[(1e3, 1e-6 + 1e3 / 1e8), (1e5, 1e-6 + 1e5 / 1e9)],
+        packed=[(1e3, 1e-6 + 1e3 / 2e8), (1e5, 1e-6 + 1e5 / 2e9)],
+        ops={"Transpose2D": [(1e3, 1e-6 + 1e-5)]},
+    )
+    graph = analyze(model)
+    transpose, mm = graph.nodes
+    plain = predict_cpu_times(graph, cpu)
+    assert plain[transpose.name] > 0  # onnxruntime without optimisation runs the transpose
+    graph.meta["ort_opt"] = True
+    folded = predict_cpu_times(graph, cpu)
+    assert folded[transpose.name] == 0.0
+    assert folded[mm.name] < plain[mm.name]  # and the MatMul reads a constant, pre-packed weight

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dabench_ir.passes.meta import FOLDED
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
@@ -288,7 +289,12 @@ def _is_stored(graph: Graph, node: Node) -> bool:
     if len(node.inputs) < 2 or node.inputs[1] not in graph.values:
         return False
     value = graph.values[node.inputs[1]]
-    return value.kind.is_stored and value.producer is None
+    if not value.kind.is_stored:
+        return False
+    if value.producer is None:
+        return True
+    # a folded weight layout is a constant to onnxruntime only when its optimiser runs
+    return bool(graph.meta.get("ort_opt")) and FOLDED in graph.node(value.producer).meta
 
 
 def _moves_last_axis(graph: Graph, node: Node) -> bool:
@@ -307,8 +313,12 @@ def predict_cpu_times(graph: Graph, target: Any) -> dict[str, float]:
     """
     model = load_cpu_model(target)
     frac = cold_fraction(graph, model)
+    folds = bool(graph.meta.get("ort_opt"))  # onnxruntime's optimiser folds weight layouts away
     out: dict[str, float] = {}
     for node in graph.nodes:
+        if folds and FOLDED in node.meta:
+            out[node.name] = 0.0
+            continue
         t = predict_node(graph, node, model)
         if t is not None and model.cold is not None and frac > 0 and _reads_stored(graph, node):
             t_cold = predict_node(graph, node, model.cold)
