@@ -142,7 +142,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
             plan.fail(
                 f"IPU {s} needs {resident / 1e6:.0f} MB of tile SRAM (weights {w / 1e6:.0f} MB, "
                 f"activations {act / 1e6:.0f} MB, code {code / 1e6:.0f} MB), an IPU has "
-                f"{sram.capacity_bytes / 1e6:.0f} MB; use more IPUs (ipus={n_ipus + 1} or more)",
+                f"{sram.capacity_bytes / 1e6:.0f} MB; {_more_ipus(blocks, block_w, block_act, block_code, sram.capacity_bytes, n_ipus)}",
                 resident,
                 sram.capacity_bytes,
             )
@@ -198,3 +198,15 @@ def _split(
         stages.append(blocks[i:j])
         j = i
     return stages[::-1]
+
+
+def _more_ipus(blocks, block_w, block_act, block_code, capacity: float, n_ipus: int) -> str:
+    """What to try next: at least as many IPUs as the total footprint needs, if any number can do."""
+    worst = max((w + a + c for w, a, c in zip(block_w, block_act, block_code, strict=True)), default=0)
+    if worst > capacity:
+        return "one decoder block alone exceeds an IPU's SRAM, so no pipeline split fits (try fp16 or a shorter sequence)"
+    total = sum(block_w) + sum(block_act) + sum(block_code)
+    need = max(n_ipus + 1, math.ceil(total / capacity))
+    if need > len(blocks):
+        return f"even one block per IPU needs {need} IPUs for {len(blocks)} blocks"
+    return f"use more IPUs (ipus={need} or more)"
