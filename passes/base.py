@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -25,7 +26,7 @@ class PassError(RuntimeError):
     """A pass failed on a bug, not on the user's input; names the pass and what ran before."""
 
 
-class Pass:
+class Pass(abc.ABC):
     """One job on a Graph.
 
     Subclasses (usually frozen dataclasses whose fields are the pass options) set ``name``,
@@ -34,11 +35,12 @@ class Pass:
 
     name: str = "pass"
 
-    def requires(self, graph: Graph) -> None:
+    def requires(self, graph: Graph) -> None:  # noqa: B027 - optional hook, no-op by default
         """Raise with a clear message when an annotation this pass reads is missing."""
 
+    @abc.abstractmethod
     def call(self, graph: Graph) -> PassResult:
-        raise NotImplementedError(f"{type(self).__name__} must implement call()")
+        """Do the pass's job on ``graph``; say whether anything changed."""
 
     def __call__(self, graph: Graph) -> PassResult:
         self.requires(graph)
