@@ -75,8 +75,11 @@ def test_bundled_grids():
     assert {p["chips"] for p in level2.points} == {1, 2, 4, 8}
     assert {p["precision"] for p in level2.points} == {"fp32", "fp16", "bf16", "mixed"}
     assert {p["batch"] for p in level2.points} == {1, 8, 32, 128, 256, 512}
-    # 3 targets x (1 + 3 chips x 3 strategies) x 6 batches x 4 precisions
-    assert len(level2.points) == 3 * 10 * 6 * 4
+    # each target with the strategy it supports: 3 targets x 4 chip counts x 6 batches x 4 precisions
+    assert len(level2.points) == 3 * 4 * 6 * 4
+    assert {(p["target"], p.params.get("strategy")) for p in level2.points if p["chips"] > 1} == {
+        ("wse", "dp"), ("rdu", "tp"), ("ipu", "pp"),
+    }  # fmt: skip
 
 
 def test_point_key_depends_on_params_only():
