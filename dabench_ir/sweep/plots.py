@@ -50,6 +50,10 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
         lines: dict[Any, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in trows:
             lines[r.get(series)][r[x]].append(float(r[y]))
+        shared = lines.pop(None, None) if len(lines) > 1 else None
+        for pts in lines.values() if shared else ():  # e.g. the 1-chip point starts every strategy's line
+            for xv, ys in shared.items():
+                pts[xv].extend(ys)
         for s, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
             xs = sorted(pts)
             ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=f"{series} {s}")
