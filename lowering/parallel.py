@@ -68,6 +68,7 @@ class ScalePoint:
     fits: bool = True
     failure: dict[str, Any] | None = None
     stages: list[list[int]] | None = None  # PP: the layers on each chip
+    dominant_bound: str | None = None  # the bound class (communication included) holding most of the step
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -92,6 +93,7 @@ class ScalePoint:
             "fits": self.fits,
             "failure": self.failure,
             "stages": self.stages,
+            "dominant_bound": self.dominant_bound,
             "notes": self.notes,
         }
 
@@ -131,6 +133,14 @@ class _Run:
     fits: bool
     failure: dict[str, Any] | None
     layer_time: dict[int | None, float]
+    bound_time: dict[str, float]
+
+    def dominant_bound(self, comm_s: float = 0.0) -> str | None:
+        """The bound class with the most time, communication (``comm_s``) included."""
+        times = dict(self.bound_time)
+        if comm_s > 0:
+            times["communication"] = times.get("communication", 0.0) + comm_s
+        return max(times, key=times.__getitem__) if times else None
 
 
 def _run_one(graph: Graph, target: Target, options: LoweringOptions) -> _Run:
@@ -141,10 +151,14 @@ def _run_one(graph: Graph, target: Target, options: LoweringOptions) -> _Run:
     timeline = emulate(plan, graph)
     metrics = compute_metrics(graph, plan, timeline, target)
     per_layer: dict[int | None, float] = {}
+    per_bound: dict[str, float] = {}
     for node in graph.nodes:
         busy = timeline.busy(node.name)
         if busy:
             per_layer[node.layer] = per_layer.get(node.layer, 0.0) + busy
+            bound = metrics.node_bound.get(node.name) or timeline.nodes[node.name].bound
+            if bound is not None:
+                per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
     return _Run(
         time_s=timeline.step_time_s,
         allocation=metrics.allocation_ratio,
@@ -153,6 +167,7 @@ def _run_one(graph: Graph, target: Target, options: LoweringOptions) -> _Run:
         fits=plan.fits,
         failure=plan.failure.to_dict() if plan.failure else None,
         layer_time=per_layer,
+        bound_time=per_bound,
     )
 
 
@@ -268,6 +283,7 @@ def _pp_point(
         fits=fits,
         failure=failure,
         stages=stages,
+        dominant_bound=single.dominant_bound(comm),
         notes=[f"{m} micro-batches"],
     )
 
@@ -396,6 +412,7 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         compute_efficiency=run.efficiency,
         fits=run.fits,
         failure=run.failure,
+        dominant_bound=run.dominant_bound(comm),
     )
 
 

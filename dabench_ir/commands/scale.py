@@ -100,7 +100,7 @@ def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
-    cols = ["chips", "batch", "step", "samples/s", "speedup", "efficiency", "comm", "bubble", "alloc", "LI", "fits"]
+    cols = ["chips", "batch", "step", "samples/s", "speedup", "efficiency", "comm", "bubble", "alloc", "LI", "bound", "fits"]
     rows = []
     for p in result.points:
         rows.append(
@@ -115,6 +115,7 @@ def render_scale(result) -> str:
                 f"{100 * p.bubble_fraction:.0f}%",
                 "-" if p.allocation_ratio is None else f"{100 * p.allocation_ratio:.1f}%",
                 "-" if p.load_imbalance is None else f"{p.load_imbalance:.2f}",
+                p.dominant_bound or "-",
                 "yes" if p.fits else "NO",
             ]
         )

@@ -78,13 +78,14 @@ def read_point(folder: Path, key: str) -> dict[str, Any] | None:
 
 
 def dominant_bound(report: dict[str, Any]) -> str | None:
-    """The bound class (compute, memory, communication, ...) holding the largest share of node time."""
-    share: dict[str, float] = {}
-    for node in report.get("nodes") or []:
-        t = node.get("time_s")
-        if t and node.get("bound"):
-            share[node["bound"]] = share.get(node["bound"], 0.0) + t
-    return max(share, key=share.__getitem__) if share else None
+    """The bound class (compute, memory, communication, ...) holding the largest share of time.
+
+    From the per-node times when the report has them; a scaled point carries it in metrics.
+    """
+    from dabench_ir.report.compare import dominant_bound as by_nodes
+
+    bound, _ = by_nodes(report.get("nodes") or [])
+    return bound or (report.get("metrics") or {}).get("dominant_bound")
 
 
 def _num(x: Any) -> Any:

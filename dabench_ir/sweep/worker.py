@@ -81,6 +81,7 @@ def _scaled(graph: Any, target: Any, params: dict[str, Any], opts: Any) -> dict[
             "speedup": point.speedup,
             "scaling_efficiency": point.scaling_efficiency,
             "comm_share": point.comm_share,
+            "dominant_bound": point.dominant_bound,
         }
     )
     report["fits"], report["failure"] = point.fits, point.failure
