@@ -129,3 +129,14 @@ def test_bundled_smoke_spec_runs_from_cli(tmp_path, cache, capsys):
     assert main(["sweep", "smoke", "-o", str(out), "-j", "1", "--cache-dir", str(cache), "--no-plots"]) == 0
     assert len(_rows(out)) == len(spec.points)
     assert "0 failed" in capsys.readouterr().out
+
+
+def test_no_node_detail_keeps_the_row_and_drops_the_nodes(tmp_path, cache):
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse", "rdu"]}})
+    full = run_sweep(spec, tmp_path / "full", executor=SerialExecutor(), cache_dir=cache, plots=False)
+    slim = run_sweep(spec, tmp_path / "slim", executor=SerialExecutor(), cache_dir=cache, plots=False,
+                     node_detail=False)  # fmt: skip
+    assert [r["dominant_bound"] for r in slim.rows] == [r["dominant_bound"] for r in full.rows]
+    assert [r["time_s"] for r in slim.rows] == [r["time_s"] for r in full.rows]
+    record = json.loads(next((tmp_path / "slim" / "points").glob("*.json")).read_text())
+    assert record["report"]["nodes"] == [] and record["report"]["metrics"]["dominant_bound"]

@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", metavar="DIR", help="where exported base models are cached (default: DIR/models)")
     p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument(
+        "--no-node-detail",
+        action="store_true",
+        help="keep per-point reports without their per-node rows (much smaller on disk)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the points and exit")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     p.set_defaults(func=run)
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             retry_failed=args.retry_failed,
             plots=not args.no_plots,
+            node_detail=not args.no_node_detail,
             bar=lambda done, total, failed=0: progress.bar(done, total, failed=failed, label=f"{spec.name} "),
         )
     finally:

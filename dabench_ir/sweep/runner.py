@@ -96,12 +96,15 @@ def run_sweep(
     cache_dir: str | Path | None = None,
     retry_failed: bool = False,
     plots: bool = True,
+    node_detail: bool = True,
     bar: Bar | None = None,
 ) -> SweepResult:
     """Run every point of ``spec`` not already done in ``out_dir``; return what happened.
 
     ``bar(done, total, failed=...)`` is called as points finish (e.g. `Progress.bar`).
-    Ctrl-C stops the workers, keeps every finished point and rewrites the table.
+    Ctrl-C stops the workers, keeps every finished point and rewrites the table. With
+    ``node_detail=False`` each point's JSON keeps the report without its per-node rows
+    (about 100x smaller for large models; the dominant bound is kept in ``metrics``).
     """
     start = time.perf_counter()
     out = Path(out_dir)
@@ -127,6 +130,10 @@ def run_sweep(
 
     def finish(record: dict[str, Any]) -> None:
         nonlocal done
+        report = record.get("report")
+        if not node_detail and report and report.get("nodes"):
+            report.setdefault("metrics", {})["dominant_bound"] = results.dominant_bound(report)
+            report["nodes"] = []
         results.write_point(points_dir, record)
         done += 1
         result.ran += 1
