@@ -142,6 +142,8 @@ class TensorType:
         """
         if self.shape is None:
             raise UnboundSymbolError(frozenset({"<unknown rank>"}))
+        if all(type(d) is int for d in self.shape):  # the common, static case: nothing to resolve
+            return self.shape  # type: ignore[return-value]
         bindings = bindings or {}
         missing = frozenset(d for d in self.shape if isinstance(d, str) and d not in bindings)
         if missing:

@@ -276,7 +276,7 @@ def balance(
             hi_t = mid
         else:
             lo_t = mid
-        if hi_t / lo_t < 1 + 1e-9:
+        if hi_t / lo_t < 1 + 1e-4:  # within 0.01%: finer balance changes no unit count that matters
             break
     return units_at(hi_t)
 
