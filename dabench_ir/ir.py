@@ -311,6 +311,23 @@ class Graph:
             return None
 
     @property
+    def batch_dim(self) -> Dim | None:
+        """Dim 0 of the first model input with a known rank: the batch, a size or a symbol."""
+        for name in self.inputs:
+            shape = self.values[name].type.shape
+            if shape:
+                return shape[0]
+        return None
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch with the graph's bindings applied, or None while it is an unbound symbol."""
+        dim = self.batch_dim
+        if isinstance(dim, str):
+            dim = self.bindings.get(dim)
+        return dim if isinstance(dim, int) and dim > 0 else None
+
+    @property
     def layers(self) -> list[int]:
         return sorted({n.layer for n in self.nodes if n.layer is not None})
 

@@ -193,38 +193,18 @@ def prepare_graph(model: Any, opts: ProfileOptions) -> Graph:
     dims = dict(opts.dims)
     graph = load_graph(model, via=opts.via, dims=dims)
     if opts.batch is not None:
-        batch_sym = _batch_symbol(graph)
+        dim = graph.batch_dim
+        batch_sym = "batch" if "batch" in graph.symbols else dim if isinstance(dim, str) else None
         if batch_sym and batch_sym not in dims:
             dims[batch_sym] = opts.batch
-        elif batch_sym is None:
-            fixed = _static_batch(graph)
-            if fixed is not None and fixed != opts.batch:
-                raise UserError(
-                    f"--batch {opts.batch}: the model's batch is fixed at {fixed}; export it with --dynamic "
-                    f"(symbolic batch) or with --batch {opts.batch}"
-                )
+        elif batch_sym is None and dim is not None and dim != opts.batch:
+            raise UserError(
+                f"--batch {opts.batch}: the model's batch is fixed at {dim}; export it with --dynamic "
+                f"(symbolic batch) or with --batch {opts.batch}"
+            )
     if not graph.meta.get("costed"):
         standard_passes(dims)(graph)
     return apply_precision_and_mode(graph, opts)
-
-
-def _static_batch(graph: Graph) -> int | None:
-    for name in graph.inputs:
-        shape = graph.values[name].type.shape
-        if shape and isinstance(shape[0], int):
-            return shape[0]
-    return None
-
-
-def _batch_symbol(graph: Graph) -> str | None:
-    """The symbol naming the batch dim: 'batch' if present, else dim 0 of the first input."""
-    if "batch" in graph.symbols:
-        return "batch"
-    for name in graph.inputs:
-        shape = graph.values[name].type.shape
-        if shape and isinstance(shape[0], str):
-            return shape[0]
-    return None
 
 
 def apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
@@ -261,16 +241,6 @@ def lowering_options(opts: ProfileOptions) -> Any:
 
 
 # -- report -----------------------------------------------------------------------------
-
-
-def _samples_per_step(graph: Graph, opts: ProfileOptions) -> int:
-    if opts.batch:
-        return opts.batch
-    for name in graph.inputs:
-        t = graph.type_of(name)
-        if t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
-            return t.shape[0]
-    return 1
 
 
 def build_report(
@@ -327,7 +297,7 @@ def build_report(
         records.append(record)
 
     total = sum((r.cost for r in records if r.cost is not None), Cost())
-    samples = _samples_per_step(graph, opts)
+    samples = opts.batch or graph.batch_size or 1
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s

@@ -354,7 +354,7 @@ def scale(
     train = graph.meta.get("mode") == "train"
     link = target.link()
     if options.batch is None:  # samples one run of the graph processes
-        options = replace(options, batch=_graph_batch(graph))
+        options = replace(options, batch=graph.batch_size or 1)
     single = _run_one(graph, target, options)
     points: list[ScalePoint] = []
     for n in chips:
@@ -386,16 +386,6 @@ def scale(
         link=link.name if link is not None else None,
         points=points,
     )
-
-
-def _graph_batch(graph: Graph) -> int:
-    if "batch" in graph.bindings:
-        return int(graph.bindings["batch"])
-    for name in graph.inputs:
-        shape = graph.values[name].type.shape
-        if shape and isinstance(shape[0], int):
-            return shape[0]
-    return 1
 
 
 def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoint:

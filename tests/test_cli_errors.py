@@ -168,3 +168,9 @@ def test_subprocess_help_and_error_have_no_traceback(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_batch_on_a_fixed_batch_model(capsys, tiny_matmul_path):
+    code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--batch", "8")
+    assert_one_line_error(code, err, "fixed at 2", "--dynamic")
+    assert main(["profile", str(tiny_matmul_path), "--batch", "2", "--quiet"]) == 0

@@ -73,3 +73,10 @@ def test_graph_networkx_view_follows_values():
     assert list(dg.edges) == [(names[0], names[1])]
     assert dg.edges[names[0], names[1]]["values"] == ["y"]
     assert [c.name for c in g.consumers["y"]] == [names[1]]
+
+
+def test_batch_dim_and_size():
+    g = analyze_text("agraph (float[batch,4] x) => (float[batch,4] y) { y = Relu(x) }", dims={"batch": 3})
+    assert g.batch_dim == "batch" and g.batch_size == 3
+    g = analyze_text("agraph (float[2,4] x) => (float[2,4] y) { y = Relu(x) }")
+    assert g.batch_dim == 2 and g.batch_size == 2

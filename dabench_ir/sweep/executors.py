@@ -7,6 +7,7 @@ finish, in completion order. The functions are the same for every executor
 
 from __future__ import annotations
 
+import abc
 import logging
 import multiprocessing
 import os
@@ -28,15 +29,16 @@ class WorkerLost(Exception):
     """A worker died (killed, out of memory) before finishing a task; the task is not done."""
 
 
-class Executor:
+class Executor(abc.ABC):
     """Base: `map_unordered(tasks)` yields ``(index, result or WorkerLost)``; `close()` frees workers."""
 
     name = "base"
 
+    @abc.abstractmethod
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
-        raise NotImplementedError
+        """Run ``tasks``; yield each one's index and result as it finishes."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release workers (also called on Ctrl-C)."""
 
     def __enter__(self) -> Executor:
