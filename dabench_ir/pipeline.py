@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph
+from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import FLOP_CONVENTION, meta, standard_passes
 from dabench_ir.report.model import NodeRecord, Report
 
@@ -41,31 +41,6 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    """Everything `profile` can be asked; the CLI flags map one to one onto these fields."""
-
-    dims: Mapping[str, int] = field(default_factory=dict)
-    batch: int | None = None
-    precision: str | None = None  # fp32 | fp16 | bf16 | mixed; None: as the model is
-    mode: str = "inference"  # or "train"
-    via: str = "onnx"  # or "mlir": cost from linalg instead of ONNX rules
-    # target lowering
-    opt_level: str = "O1"
-    wse_mode: str = "auto"
-    replicas: int | str | None = None
-    ipus: int = 1
-    micro_batches: int | None = None
-    recompute: bool = False
-    # measurement
-    measure: bool = False
-    warmup: int = 2
-    repeat: int = 5
-    threads: int | None = None
-    ort_opt: bool = False
-    max_weight_bytes: int = 4 << 30
 
 
 def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None) -> Graph:
