@@ -2,7 +2,7 @@
 
 Exports GPT-2 and LLaMA decoder stacks at a few sizes (weights synthesised at run time),
 measures every node with onnxruntime's profiler (`dabench_ir.execute.measure`), predicts
-every node from the host calibration (`dabench_ir.execute.predict.predict_cpu_times`),
+every node from the host calibration (`dabench_ir.lowering.cpu.predict_cpu_times`),
 and prints end-to-end and per-node errors (nodes taking >= 1% of the measured time).
 
     python bench/fidelity_cpu.py                  # default sizes, cached calibration
@@ -22,7 +22,8 @@ from collections import defaultdict
 
 from dabench_ir.execute import measure
 from dabench_ir.execute.calibrate import calibrate, cpu_target_path
-from dabench_ir.execute.predict import load_cpu_model, predict_cpu_times, prediction_error
+from dabench_ir.lowering.cpu import load_cpu_model, predict_cpu_times
+from dabench_ir.metrics import prediction_error
 from dabench_ir.models import ModelConfig
 from dabench_ir.models.export import export_onnx
 from dabench_ir.pipeline import analyze

@@ -6,23 +6,26 @@
   regions, RDU stages inside a section, IPU stages); time-weighted over sections.
 - compute efficiency: achieved FLOP/s over peak FLOP/s at the precision used.
 - per node: intensity (FLOPs per byte at the memory level that feeds it on this target)
-  and bound class: compute at or above that level's ridge point, memory below it, or
-  communication/overhead when the plan says that dominates the node's time.
+  and that level. A node's bound class is not recomputed here: the lowering classified it
+  (`classify_bound`), the Plan and the Timeline carry it.
+- prediction error: predicted against measured node times.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dabench_ir.ir import Graph
 from dabench_ir.plan import Plan, Schedule
 from dabench_ir.targets import Target
-from dabench_ir.timeline import Bound, Timeline
+from dabench_ir.timeline import Timeline
 
-__all__ = ["MemoryUse", "Metrics", "compute_metrics"]
+__all__ = ["MemoryUse", "Metrics", "compute_metrics", "prediction_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,6 @@ class Metrics:
     step_time_s: float
     memory_use: dict[str, MemoryUse] = field(default_factory=dict)
     node_intensity: dict[str, float | None] = field(default_factory=dict)
-    node_bound: dict[str, Bound] = field(default_factory=dict)
     node_feed_level: dict[str, str] = field(default_factory=dict)
     ridge_point: dict[str, float] = field(default_factory=dict)  # per memory level, at the precision used
     extra: dict[str, Any] = field(default_factory=dict)
@@ -130,28 +132,16 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         cap = target.memory(base).capacity_bytes * (1 if sub else plan.chips)
         memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0)
 
-    # roofline per node
+    # roofline per node (the bound class is the plan's, carried by the timeline)
     ridges = {m.level: target.peak_flops(prec) / m.bandwidth_bytes_per_s for m in target.memories}
-    ridges.update({m.name: target.peak_flops(prec) / m.bandwidth_bytes_per_s for m in target.memories})
     intensity: dict[str, float | None] = {}
-    bounds: dict[str, Bound] = {}
     feed: dict[str, str] = {}
     for name in timeline.nodes:
         np_ = plan.node_plans.get(name)
         if np_ is None:
             continue
-        level = np_.feed_level or target.feed_level
-        feed[name] = level
+        feed[name] = np_.feed_level
         intensity[name] = np_.flops / np_.feed_bytes if np_.feed_bytes else None
-        given = timeline.nodes[name].bound or np_.bound
-        if given in (Bound.COMMUNICATION, Bound.OVERHEAD):
-            bounds[name] = given
-        elif np_.flops == 0 and np_.feed_bytes == 0:
-            bounds[name] = Bound.OVERHEAD
-        elif intensity[name] is None or intensity[name] >= ridges.get(level, 0.0):
-            bounds[name] = Bound.COMPUTE
-        else:
-            bounds[name] = Bound.MEMORY
 
     extra: dict[str, Any] = {}
     pmu = [u.resources.get("pmu_allocation") for u in plan.units if "pmu_allocation" in u.resources]
@@ -175,8 +165,49 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         step_time_s=step,
         memory_use=memory_use,
         node_intensity=intensity,
-        node_bound=bounds,
         node_feed_level=feed,
         ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
         extra=extra,
     )
+
+
+def prediction_error(
+    predicted: Mapping[str, float], measured: Mapping[str, float], *, min_share: float = 0.01
+) -> dict[str, float | int | None]:
+    """Error of predicted against measured node times.
+
+    End to end: |sum predicted - sum measured| / sum measured over the nodes both have.
+    Per node: |pred - meas| / meas, median and 90th percentile over nodes taking at least
+    ``min_share`` of the measured time.
+    """
+    common = [n for n in measured if n in predicted]
+    total = sum(measured[n] for n in common)
+    if total <= 0:
+        return {
+            "end_to_end_rel_error": None,
+            "median_node_rel_error": None,
+            "p90_node_rel_error": None,
+            "nodes_compared": 0,
+        }
+    e2e = abs(sum(predicted[n] for n in common) - total) / total
+    errors = sorted(
+        abs(predicted[n] - measured[n]) / measured[n]
+        for n in common
+        if measured[n] > 0 and measured[n] >= min_share * total
+    )
+    return {
+        "end_to_end_rel_error": e2e,
+        "median_node_rel_error": _quantile(errors, 0.5),
+        "p90_node_rel_error": _quantile(errors, 0.9),
+        "nodes_compared": len(errors),
+    }
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default method) of sorted values."""
+    if not sorted_values:
+        return None
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])

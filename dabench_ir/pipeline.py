@@ -27,7 +27,6 @@ __all__ = [
     "apply_precision_and_mode",
     "build_report",
     "load_graph",
-    "lowering_options",
     "prepare_graph",
     "profile",
     "profile_graph",
@@ -145,7 +144,7 @@ def profile_graph(
         from dabench_ir.metrics import compute_metrics
 
         say(f"lowering onto {tgt.name}")
-        plan = lower(graph, tgt, lowering_options(opts))
+        plan = lower(graph, tgt, opts)
         say(f"emulating on {tgt.name}")
         timeline = emulate(plan, graph)
         metrics = compute_metrics(graph, plan, timeline, tgt)
@@ -195,24 +194,6 @@ def apply_precision_and_mode(graph: Graph, opts: ProfileOptions) -> Graph:
 
         TrainingPass(recompute=opts.recompute)(graph)
     return graph
-
-
-def lowering_options(opts: ProfileOptions) -> Any:
-    """Map ProfileOptions onto the lowering's own options dataclass (fields it has)."""
-    wanted = {
-        "batch": opts.batch,
-        "precision": opts.precision,
-        "opt_level": opts.opt_level,
-        "wse_mode": opts.wse_mode,
-        "replicas": opts.replicas,
-        "ipus": opts.ipus,
-        "micro_batches": opts.micro_batches,
-        "mode": opts.mode,
-    }
-    from dabench_ir.lowering import LoweringOptions
-
-    names = set(LoweringOptions.__dataclass_fields__)
-    return LoweringOptions(**{k: v for k, v in wanted.items() if k in names and v is not None})
 
 
 # -- report -----------------------------------------------------------------------------
@@ -298,7 +279,7 @@ def build_report(
     if target is not None:
         metric_dict["target_power_w"] = float(target.watts)
     if measurement is not None and timeline is not None and timeline.source == "emulated":
-        from dabench_ir.execute.predict import prediction_error
+        from dabench_ir.metrics import prediction_error
 
         predicted = {r.name: r.time_s for r in records if r.time_s is not None}
         for r in records:

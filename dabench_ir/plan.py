@@ -94,7 +94,7 @@ class Plan:
     """The lowering of one graph onto one target."""
 
     target: Target
-    options: LoweringOptions
+    options: LoweringOptions  # the lowering's own Options subclass
     precision: DType
     schedule: Schedule
     units: list[Unit] = field(default_factory=list)

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Bound", "NodeTiming", "Timeline"]
+__all__ = ["Bound", "NodeTiming", "Timeline", "classify_bound"]
 
 
 class Bound(enum.StrEnum):
@@ -20,6 +20,27 @@ class Bound(enum.StrEnum):
     MEMORY = "memory"
     COMMUNICATION = "communication"
     OVERHEAD = "overhead"  # launch, sync, reconfiguration: fixed costs, not work
+
+
+def classify_bound(
+    flops: float, feed_bytes: float, ridge: float, *, work_s: float, comm_s: float = 0.0, overhead_s: float = 0.0
+) -> Bound:
+    """What bounds a node: overhead or communication when that dominates its time, else
+    compute when its intensity (FLOPs per byte at the level that feeds it) is at or above
+    the ridge point, else memory.
+
+    The one bound rule of dabench-ir: lowerings classify every placed node with it (through
+    `place_node`), and the measured path classifies each measured node with it.
+    ``work_s`` is the node's compute or memory time, ``comm_s`` its link/exchange time,
+    ``overhead_s`` its fixed cost (launch, sync).
+    """
+    if overhead_s > max(work_s, comm_s) or (flops == 0 and feed_bytes == 0 and comm_s == 0):
+        return Bound.OVERHEAD
+    if comm_s > work_s:
+        return Bound.COMMUNICATION
+    if feed_bytes == 0:
+        return Bound.COMPUTE
+    return Bound.COMPUTE if flops / feed_bytes >= ridge else Bound.MEMORY
 
 
 @dataclass(frozen=True, slots=True)

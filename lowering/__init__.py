@@ -1,16 +1,25 @@
 """Lowerings: place an annotated Graph on a Target and return a `Plan`.
 
-One module per architecture (`wse`, `rdu`, `ipu`, `gpu`), each exposing
-``lower(graph, target, options) -> Plan``; `lower` here dispatches on ``target.kind``.
-No lowering hard-codes a hardware figure: every number comes from the Target.
+One module per architecture (`wse`, `rdu`, `ipu`, `gpu`, `cpu`), each holding one
+`Lowering`: its name, the target kinds it serves, its own frozen `Options` (the knobs it
+reads, by the names `dabench_ir.options` declares them under), the memory level that
+feeds it, and ``lower(graph, target, options) -> Plan``. `lower` here dispatches on
+``target.kind``. No lowering hard-codes a hardware figure (every number comes from the
+Target), and none emulates, measures or reports: `dabench_ir.place` and
+`dabench_ir.scaling` compose lowering with the later stages.
 """
 
 from __future__ import annotations
 
+if __name__ != "dabench_ir.lowering":  # the folder is installed as dabench_ir.lowering; one file, one module
+    raise ImportError(f"import dabench_ir.lowering instead of the bare top-level {__name__!r} package")
+
+import dataclasses
 import importlib
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
@@ -20,71 +29,111 @@ if TYPE_CHECKING:
     from dabench_ir.plan import Plan
     from dabench_ir.targets import Target
 
-__all__ = ["LoweringOptions", "lower"]
+__all__ = ["KINDS", "Lowering", "LoweringOptions", "internal", "lower", "lowering_for"]
 
 logger = logging.getLogger(__name__)
 
-_MODULES = {"wse": "wse", "rdu": "rdu", "ipu": "ipu", "gpu": "gpu", "cpu": "gpu"}
+KINDS: dict[str, str] = {"wse": "wse", "rdu": "rdu", "ipu": "ipu", "gpu": "gpu", "cpu": "cpu"}
+"""Target kind -> the module (``dabench_ir.lowering.<module>``) whose `Lowering` serves it."""
 
 
-@dataclass(frozen=True, slots=True)
+def internal(default: Any) -> Any:
+    """An option field that is no user knob: a lowering-internal setting with its default."""
+    return field(default=default, metadata={"internal": True})
+
+
+def _precision(value: Any) -> DType | None:
+    """The dtype peaks are taken at: a `DType`, or a precision knob's value (``mixed`` computes in 16 bits)."""
+    if value is None or isinstance(value, DType):
+        return value
+    return DType.from_name("fp16" if str(value).lower() == "mixed" else str(value))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoweringOptions:
-    """Options every lowering reads; each ignores those that do not apply to it.
+    """Base of every lowering's ``Options``: the knobs it reads, nothing declared twice.
 
-    batch: samples one step processes (None: the graph's ``batch`` binding, else 1).
-    precision: the dtype peaks are taken at (None: the graph's dtype).
-    opt_level: RDU compile mode, O0 (an operator per section), O1 (a module per section),
-    O3 (greedy whole-graph fusion).
-    wse_mode: pipelined (all kernels resident), streaming (weights streamed per layer) or
-    auto (pipelined when it fits). replicas: copies of the model on the wafer, or "auto".
-    ipus: IPUs the layers are split over as pipeline stages.
-    micro_batches: pipeline micro-batches per step (None: one per sample where the target
-    pipelines, else 1). fuse_elementwise: fuse elementwise chains onto their producer
-    (GPU and WSE kernels). steady_state: pipelined targets overlap consecutive steps, so
-    the step time is the bottleneck stage's busy time rather than one step's makespan.
+    Each field is either a knob of `dabench_ir.options` (same name; its type, choices,
+    default and checks live there only) or an `internal` setting no user sets. Build one
+    with `read` from any options object (`ProfileOptions`, `ScaleOptions`, another
+    lowering's options): knob fields the object lacks take their declared default.
+    ``precision`` arrives as the knob's text and is kept as the `DType` peaks are taken at.
     """
 
-    batch: int | None = None
-    precision: DType | str | None = None
-    opt_level: Literal["O0", "O1", "O3"] = "O1"
-    wse_mode: Literal["pipelined", "streaming", "auto"] = "auto"
-    replicas: int | Literal["auto"] = 1
-    ipus: int = 1
-    micro_batches: int | None = None
-    fuse_elementwise: bool = True
-    steady_state: bool = True
+    batch: int | None
+    precision: DType | None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.precision, str):  # "fp16", "bf16", ..., "mixed" (16-bit compute)
-            name = "fp16" if self.precision.lower() == "mixed" else self.precision
-            try:
-                object.__setattr__(self, "precision", DType.from_name(name))
-            except ValueError:
-                raise UserError(f"unknown precision {self.precision!r}; use fp32, fp16, bf16 or mixed") from None
-        if self.opt_level not in ("O0", "O1", "O3"):
-            raise UserError(f"opt_level must be O0, O1 or O3, got {self.opt_level!r}")
-        if self.wse_mode not in ("pipelined", "streaming", "auto"):
-            raise UserError(f"wse_mode must be pipelined, streaming or auto, got {self.wse_mode!r}")
-        if self.replicas != "auto" and (not isinstance(self.replicas, int) or self.replicas < 1):
-            raise UserError(f"replicas must be a positive integer or 'auto', got {self.replicas!r}")
-        if not isinstance(self.ipus, int) or self.ipus < 1:
-            raise UserError(f"ipus must be a positive integer, got {self.ipus!r}")
-        if self.micro_batches is not None and self.micro_batches < 1:
-            raise UserError(f"micro_batches must be positive, got {self.micro_batches!r}")
-        if self.batch is not None and self.batch < 1:
-            raise UserError(f"batch must be positive, got {self.batch!r}")
+    @classmethod
+    def read(cls, source: Any = None, **internals: Any) -> Self:
+        """The options ``source`` sets for this lowering, with ``internals`` overriding internal fields."""
+        from dabench_ir.options import ProfileOptions
+
+        declared = {f.name: f for f in dataclasses.fields(ProfileOptions)}
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                if f.name in internals:
+                    values[f.name] = internals.pop(f.name)
+                elif hasattr(source, f.name):
+                    values[f.name] = getattr(source, f.name)
+                continue
+            if hasattr(source, f.name):
+                values[f.name] = getattr(source, f.name)
+            else:
+                values[f.name] = declared[f.name].default
+        if internals:
+            raise TypeError(f"{cls.__qualname__} has no internal option {', '.join(internals)}")
+        values["precision"] = _precision(values["precision"])
+        return cls(**values)
 
 
-def lower(graph: Graph, target: Target, options: LoweringOptions | None = None) -> Plan:
-    """Place ``graph`` on ``target`` with the lowering for its kind."""
-    options = options or LoweringOptions()
+class Lowering(ABC):
+    """One target architecture's lowering: what every module in `lowering/` implements.
+
+    ``name`` is how the pipeline and the tests refer to it, ``kinds`` the target kinds it
+    serves, ``Options`` its own frozen options (a `LoweringOptions` subclass listing the
+    fields it reads). Subclasses implement `feed_level` and `_lower`; `lower` converts any
+    options object to ``Options`` first.
+    """
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+    Options: ClassVar[type[LoweringOptions]]
+
+    @classmethod
+    def options(cls, source: Any = None, **internals: Any) -> LoweringOptions:
+        """This lowering's options read from ``source`` (a `ProfileOptions`, None: the defaults)."""
+        return cls.Options.read(source, **internals)
+
+    @abstractmethod
+    def feed_level(self, target: Target) -> str:
+        """The memory level that feeds this architecture's units (the roofline's bandwidth)."""
+
+    def lower(self, graph: Graph, target: Target, options: Any = None) -> Plan:
+        """Place ``graph`` on ``target``; ``options`` is any options object (None: the defaults)."""
+        if target.kind not in self.kinds:
+            raise UserError(f"the {self.name} lowering serves {', '.join(self.kinds)} targets, not {target.name}")
+        opts = options if type(options) is self.Options else self.options(options)
+        plan = self._lower(graph, target, opts)
+        logger.info(
+            "lowered %s onto %s: %d unit(s), fits=%s", graph.name or "graph", target.name, len(plan.units), plan.fits
+        )
+        return plan
+
+    @abstractmethod
+    def _lower(self, graph: Graph, target: Target, options: Any) -> Plan:
+        """The Plan, from options already of this lowering's ``Options`` type."""
+
+
+def lowering_for(target: Target) -> Lowering:
+    """The `Lowering` that serves ``target``'s kind."""
     try:
-        name = _MODULES[target.kind]
+        module = KINDS[target.kind]
     except KeyError:
         raise UserError(f"no lowering for target kind {target.kind!r} (target {target.name})") from None
-    module = importlib.import_module(f"dabench_ir.lowering.{name}")
-    plan = module.lower(graph, target, options)
-    logger.info(
-        "lowered %s onto %s: %d unit(s), fits=%s", graph.name or "graph", target.name, len(plan.units), plan.fits
-    )
-    return plan
+    return importlib.import_module(f"{__name__}.{module}").LOWERING
+
+
+def lower(graph: Graph, target: Target, options: Any = None) -> Plan:
+    """Place ``graph`` on ``target`` with the lowering for its kind (``options``: a `ProfileOptions`, None: defaults)."""
+    return lowering_for(target).lower(graph, target, options)

@@ -14,17 +14,18 @@ from dataclasses import dataclass
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.timeline import Bound
+from dabench_ir.plan import NodePlan
+from dabench_ir.timeline import classify_bound
 
 __all__ = [
     "Block",
     "LoweringContext",
     "balance",
-    "classify_bound",
     "kernel_groups",
     "layer_blocks",
     "module_key",
     "peak_live_bytes",
+    "place_node",
     "training_bytes",
     "value_bytes",
     "weight_bytes",
@@ -281,15 +282,57 @@ def balance(
     return units_at(hi_t)
 
 
-def classify_bound(
-    flops: float, feed_bytes: float, ridge: float, *, work_s: float, comm_s: float = 0.0, overhead_s: float = 0.0
-) -> Bound:
-    """Roofline class of a node: overhead or communication when that dominates its time,
-    else compute when its intensity is at or above the ridge point, else memory."""
-    if overhead_s > max(work_s, comm_s) or (flops == 0 and feed_bytes == 0 and comm_s == 0):
-        return Bound.OVERHEAD
-    if comm_s > work_s:
-        return Bound.COMMUNICATION
-    if feed_bytes == 0:
-        return Bound.COMPUTE
-    return Bound.COMPUTE if flops / feed_bytes >= ridge else Bound.MEMORY
+UNATTRIBUTED_NOTE = "unattributed: zero time"
+
+
+def place_node(
+    ctx: LoweringContext,
+    node: Node,
+    *,
+    unit: str,
+    lane: str | None = None,
+    compute_s: float,
+    memory_s: float = 0.0,
+    comm_s: float = 0.0,
+    overhead_s: float = 0.0,
+    feed_level: str,
+    feed_bytes: int,
+    ridge: float,
+    allocation: float,
+    micro_batches: int = 1,
+    time_s: float | None = None,
+) -> NodePlan:
+    """The `NodePlan` of one node, from the times a lowering worked out for it.
+
+    Its time is the roofline ``max(compute_s, memory_s)`` plus ``comm_s`` and
+    ``overhead_s``, for a whole step. A node that does no work on this target (bookkeeping
+    ops such as Shape or Reshape, nodes without a cost) takes zero time and is bound by
+    overhead. ``time_s`` replaces the time where a lowering has a finer model (the
+    calibrated host CPU). The bound comes from `classify_bound` against ``ridge`` (peak
+    FLOP/s over the bandwidth of ``feed_level``), and an unattributed node carries the
+    note that says it takes zero time. Every lowering places nodes through here.
+    """
+    cost = ctx.costs[node.name]
+    if not ctx.is_work(node):  # bookkeeping: no unit works on it; its bound is overhead
+        compute_s = memory_s = comm_s = overhead_s = 0.0
+    work_s = max(compute_s, memory_s)
+    if time_s is None:
+        time_s = work_s + comm_s + overhead_s
+    flops, feed = (cost.flops, feed_bytes) if ctx.is_work(node) else (0, 0)
+    return NodePlan(
+        node=node.name,
+        unit=unit,
+        lane=lane or unit,
+        per_micro_batch_s=time_s / micro_batches,
+        flops=cost.flops,
+        bytes=cost.bytes,
+        feed_level=feed_level,
+        feed_bytes=feed_bytes,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        comm_s=comm_s,
+        overhead_s=overhead_s,
+        bound=classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s),
+        allocation=allocation,
+        note=UNATTRIBUTED_NOTE if node.name in ctx.unattributed else "",
+    )

@@ -1,38 +1,80 @@
-"""GPU (and host CPU) lowering: one kernel per node or fused elementwise chain, roofline timed.
+"""GPU lowering: one kernel per node or fused elementwise chain, roofline timed.
 
 Each kernel takes ``max(flops / peak, bytes / DRAM bandwidth)`` plus a fixed launch
 overhead, on one in-order stream. Weights and the peak of live activations must fit in
-device memory (HBM; host DRAM for ``cpu``).
+device memory (HBM). The host CPU lowering (`cpu`) places nodes the same way, one per
+onnxruntime kernel, with its calibrated times.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
-    classify_bound,
     kernel_groups,
     peak_live_bytes,
+    place_node,
     training_bytes,
     weight_bytes,
 )
-from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
-    from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["lower"]
+__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "stream_plan"]
 
 logger = logging.getLogger(__name__)
 
 
-def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuOptions(LoweringOptions):
+    """What the GPU lowering reads. Internal (no knob): ``fuse_elementwise`` fuses
+    elementwise chains onto their producer's kernel, as GPU compilers do."""
+
+    fuse_elementwise: bool = internal(True)
+
+
+class GpuLowering(Lowering):
+    """GPUs: kernels one after another on one stream, each timed by the roofline plus a launch."""
+
+    name = "gpu"
+    kinds = ("gpu",)
+    Options = GpuOptions
+
+    def feed_level(self, target: Target) -> str:
+        return target.feed_memory.level
+
+    def _lower(self, graph: Graph, target: Target, options: GpuOptions) -> Plan:
+        ctx = LoweringContext.build(graph, options.precision, options.batch)
+        unit = Unit(id="stream0", kind="gpu_stream")
+        return stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise)
+
+
+LOWERING = GpuLowering()
+
+
+def stream_plan(
+    ctx: LoweringContext,
+    target: Target,
+    options: LoweringOptions,
+    unit: Unit,
+    *,
+    fuse: bool,
+    times: Mapping[str, float] | None = None,
+) -> Plan:
+    """Kernels in order on one ``unit``: roofline time plus launch overhead per kernel, or
+    ``times`` (seconds per node) where a finer model has them; fits when the weights and the
+    peak of live activations fit the feed memory."""
+    graph = ctx.graph
+    times = times or {}
     peak = target.peak_flops(ctx.precision)
     mem = target.feed_memory
     bw = mem.bandwidth_bytes_per_s
@@ -41,15 +83,6 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units
     grain = target.arch_value("min_grain_flops", 0.0)
-    is_cpu = target.kind == "cpu"
-    unit = Unit(id="cpu0" if is_cpu else "stream0", kind="cpu" if is_cpu else "gpu_stream")
-    # The host CPU has a calibrated model finer than a roofline (per-shape matmul curves,
-    # per-class vector throughput); onnxruntime runs one kernel per node, unfused.
-    predicted: dict[str, float] = {}
-    if is_cpu:
-        from dabench_ir.execute.predict import predict_cpu_times
-
-        predicted = predict_cpu_times(graph, target)
     plan = Plan(
         target=target,
         options=options,
@@ -62,7 +95,7 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
     )
     weighted_alloc = total_t = 0.0
     traffic = 0
-    for group in kernel_groups(ctx, options.fuse_elementwise and not is_cpu):
+    for group in kernel_groups(ctx, fuse):
         launched = False
         for node in group:
             cost = ctx.costs[node.name]
@@ -70,35 +103,25 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
             work = ctx.is_work(node)
             overhead = launch if work and not launched else 0.0
             launched = launched or work
-            compute_s = cost.flops / peak
-            memory_s = cost.bytes / bw
-            time_s = max(compute_s, memory_s) + overhead if work else 0.0
-            if node.name in predicted:
-                time_s = predicted[node.name]
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
             else:
                 alloc = (1.0 / n_units) if work else 0.0
-            plan.node_plans[node.name] = NodePlan(
-                node=node.name,
+            plan.node_plans[node.name] = np_ = place_node(
+                ctx,
+                node,
                 unit=unit.id,
-                lane=unit.id,
-                per_micro_batch_s=time_s,
-                flops=cost.flops,
-                bytes=cost.bytes,
+                compute_s=cost.flops / peak,
+                memory_s=cost.bytes / bw,
+                overhead_s=overhead,
                 feed_level=mem.level,
                 feed_bytes=cost.bytes,
-                compute_s=compute_s if work else 0.0,
-                memory_s=memory_s if work else 0.0,
-                overhead_s=overhead,
-                bound=classify_bound(
-                    cost.flops, cost.bytes, ridge, work_s=max(compute_s, memory_s), overhead_s=overhead
-                ),
+                ridge=ridge,
                 allocation=alloc,
-                note="unattributed: zero time" if node.name in ctx.unattributed else "",
+                time_s=times.get(node.name),
             )
-            weighted_alloc += alloc * time_s
-            total_t += time_s
+            weighted_alloc += alloc * np_.per_micro_batch_s
+            total_t += np_.per_micro_batch_s
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}

@@ -13,37 +13,65 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     Block,
     LoweringContext,
-    classify_bound,
     layer_blocks,
     peak_live_bytes,
+    place_node,
     training_bytes,
     value_bytes,
     weight_bytes,
 )
-from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
-    from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["lower"]
+__all__ = ["LOWERING", "IpuLowering", "IpuOptions"]
 
 logger = logging.getLogger(__name__)
 _WHO = "ipu"
 
 
-def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IpuOptions(LoweringOptions):
+    """What the IPU lowering reads. Internal (no knob): ``steady_state`` overlaps
+    consecutive steps in the pipeline (step time = the most loaded IPU)."""
+
+    micro_batches: int | None
+    ipus: int
+    steady_state: bool = internal(True)
+
+
+class IpuLowering(Lowering):
+    """Graphcore IPU: BSP supersteps on tiles, decoder blocks pipelined over IPUs."""
+
+    name = "ipu"
+    kinds = ("ipu",)
+    Options = IpuOptions
+
+    def feed_level(self, target: Target) -> str:
+        return "on-chip"
+
+    def _lower(self, graph: Graph, target: Target, options: IpuOptions) -> Plan:
+        return _lower(graph, target, options)
+
+
+LOWERING = IpuLowering()
+
+
+def _lower(graph: Graph, target: Target, options: IpuOptions) -> Plan:
     ctx = LoweringContext.build(graph, options.precision, options.batch)
     tiles = int(target.arch_value("tiles", target.num_units))
     peak = target.peak_flops(ctx.precision)
     tile_peak = peak / tiles
-    sram = target.memory("on-chip")
+    sram = target.memory(LOWERING.feed_level(target))
     grain = target.arch_value("min_grain_flops", needed_by=_WHO)
     exchange_bw = target.arch_value("exchange_bytes_per_s", needed_by=_WHO)
     tile_sram = target.arch_value("tile_sram_bytes", sram.capacity_bytes / tiles)
@@ -99,27 +127,20 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
                 if value is not None and value.producer is not None and stage_of.get(value.producer, s) != s:
                     link_bytes += value_bytes(graph, v)
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
-            overhead_s = sync * m if work else 0.0
-            total = (compute_s + exchange_s + comm_s + overhead_s) if work else 0.0
-            plan.node_plans[node.name] = NodePlan(
-                node=node.name,
+            plan.node_plans[node.name] = np_ = place_node(
+                ctx,
+                node,
                 unit=unit.id,
-                lane=unit.id,
-                per_micro_batch_s=total / m,
-                flops=cost.flops,
-                bytes=cost.bytes,
+                compute_s=compute_s,
+                comm_s=exchange_s + comm_s,
+                overhead_s=sync * m if work else 0.0,
                 feed_level=sram.level,
                 feed_bytes=cost.bytes,
-                compute_s=compute_s,
-                memory_s=0.0,
-                comm_s=exchange_s + comm_s,
-                overhead_s=overhead_s,
-                bound=classify_bound(
-                    cost.flops, cost.bytes, ridge, work_s=compute_s, comm_s=exchange_s + comm_s, overhead_s=overhead_s
-                ),
+                ridge=ridge,
                 allocation=used / tiles / n_ipus if work else 0.0,
-                note="unattributed: zero time" if node.name in ctx.unattributed else "",
+                micro_batches=m,
             )
+            total = np_.per_micro_batch_s * m
             busy += total
             weighted += total * used / tiles
         util = weighted / busy if busy > 0 else 0.0

@@ -12,27 +12,27 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import (
     LoweringContext,
     balance,
-    classify_bound,
     module_key,
     peak_live_bytes,
+    place_node,
     training_bytes,
     value_bytes,
     weight_bytes,
 )
-from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
-from dabench_ir.timeline import Bound
+from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
-    from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["lower", "partition"]
+__all__ = ["LOWERING", "RduLowering", "RduOptions", "partition"]
 
 logger = logging.getLogger(__name__)
 _WHO = "rdu"
@@ -95,13 +95,38 @@ def partition(ctx: LoweringContext, demand: _Demand, opt_level: str) -> list[lis
     return [s for s in sections if s]
 
 
-def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RduOptions(LoweringOptions):
+    """What the RDU lowering reads."""
+
+    micro_batches: int | None
+    opt_level: str
+
+
+class RduLowering(Lowering):
+    """SambaNova RDU: sections run one after another, each an on-chip pipeline fed from DDR."""
+
+    name = "rdu"
+    kinds = ("rdu",)
+    Options = RduOptions
+
+    def feed_level(self, target: Target) -> str:
+        return "off-chip"
+
+    def _lower(self, graph: Graph, target: Target, options: RduOptions) -> Plan:
+        return _lower(graph, target, options)
+
+
+LOWERING = RduLowering()
+
+
+def _lower(graph: Graph, target: Target, options: RduOptions) -> Plan:
     ctx = LoweringContext.build(graph, options.precision, options.batch)
     m = options.micro_batches or ctx.batch
     demand = _Demand(ctx, target, m)
     peak = target.peak_flops(ctx.precision)
     pcu_peak = peak / demand.pcus
-    ddr = target.memory("off-chip")
+    ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
     ridge = peak / bw
     reconfig = target.overhead("section_reconfig_s")
@@ -146,24 +171,19 @@ def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
                 if v in graph_outputs or any(section_of.get(c.name) != i for c in readers):
                     ddr_bytes += value_bytes(graph, v, cost.act_bytes_out // max(1, len(node.outputs)))
             p = pcus_of.get(node.name, 0)
-            compute_s = cost.flops / (pcu_peak * p) if p else 0.0
-            memory_s = ddr_bytes / bw
-            t = max(compute_s, memory_s) if ctx.is_work(node) else 0.0
             section_ddr += ddr_bytes
-            plan.node_plans[node.name] = NodePlan(
-                node=node.name,
+            plan.node_plans[node.name] = place_node(
+                ctx,
+                node,
                 unit=unit.id,
                 lane=f"{unit.id}/{node.name}",
-                per_micro_batch_s=t / m,
-                flops=cost.flops,
-                bytes=cost.bytes,
+                compute_s=cost.flops / (pcu_peak * p) if p else 0.0,
+                memory_s=ddr_bytes / bw,
                 feed_level=ddr.level,
                 feed_bytes=ddr_bytes,
-                compute_s=compute_s,
-                memory_s=memory_s,
-                bound=classify_bound(cost.flops, ddr_bytes, ridge, work_s=t) if t > 0 else Bound.OVERHEAD,
+                ridge=ridge,
                 allocation=p / demand.pcus,
-                note="unattributed: zero time" if node.name in ctx.unattributed else "",
+                micro_batches=m,
             )
         pcus_used = sum(sizes)
         unit.allocation = pcus_used / demand.pcus

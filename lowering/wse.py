@@ -15,49 +15,71 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     balance,
-    classify_bound,
     kernel_groups,
     layer_blocks,
     peak_live_bytes,
+    place_node,
     training_bytes,
     weight_bytes,
 )
-from dabench_ir.plan import NodePlan, Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
-    from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["lower", "pipelined_demand_bytes"]
+__all__ = ["LOWERING", "WseLowering", "WseOptions"]
 
 logger = logging.getLogger(__name__)
 _WHO = "wse"
 
 
-def lower(graph: Graph, target: Target, options: LoweringOptions) -> Plan:
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
-    if options.wse_mode == "streaming":
-        return _streaming(ctx, target, options)
-    plan = _pipelined_best(ctx, target, options)
-    if plan.fits or options.wse_mode == "pipelined":
-        return plan
-    reason = plan.failure.reason if plan.failure else "does not fit"
-    streamed = _streaming(ctx, target, options)
-    streamed.notes.insert(0, f"pipelined mode does not fit ({reason}); using weight streaming")
-    return streamed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WseOptions(LoweringOptions):
+    """What the WSE lowering reads. ``replicas`` None means one copy.
+
+    Internal (no knobs): ``fuse_elementwise`` fuses elementwise chains onto their producer's
+    kernel; ``steady_state`` overlaps consecutive steps (step time = the slowest region).
+    """
+
+    micro_batches: int | None
+    wse_mode: str
+    replicas: int | str | None
+    fuse_elementwise: bool = internal(True)
+    steady_state: bool = internal(True)
 
 
-def pipelined_demand_bytes(graph: Graph, target: Target, options: LoweringOptions) -> int:
-    """PE SRAM one model copy needs in pipelined mode (weights + per-micro-batch buffers)."""
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
-    m = options.micro_batches or ctx.batch
-    return sum(_kernel_bytes(ctx, g, 1, m) for g in kernel_groups(ctx, options.fuse_elementwise))
+class WseLowering(Lowering):
+    """Cerebras WSE: pipelined kernel regions on PE SRAM, or weight streaming layer by layer."""
+
+    name = "wse"
+    kinds = ("wse",)
+    Options = WseOptions
+
+    def feed_level(self, target: Target) -> str:
+        return "on-chip"
+
+    def _lower(self, graph: Graph, target: Target, options: WseOptions) -> Plan:
+        ctx = LoweringContext.build(graph, options.precision, options.batch)
+        if options.wse_mode == "streaming":
+            return _streaming(ctx, target, options)
+        plan = _pipelined_best(ctx, target, options)
+        if plan.fits or options.wse_mode == "pipelined":
+            return plan
+        reason = plan.failure.reason if plan.failure else "does not fit"
+        streamed = _streaming(ctx, target, options)
+        streamed.notes.insert(0, f"pipelined mode does not fit ({reason}); using weight streaming")
+        return streamed
+
+
+LOWERING = WseLowering()
 
 
 # -- pipelined mode ----------------------------------------------------------------------
@@ -67,9 +89,9 @@ def _kernel_bytes(ctx: LoweringContext, group: list[Node], replicas: int, micro_
     return weight_bytes(ctx, group) + training_bytes(ctx, group) + math.ceil(acts / replicas / micro_batches)
 
 
-def _pipelined_best(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Plan:
+def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
     if options.replicas != "auto":
-        return _pipelined(ctx, target, options, int(options.replicas))
+        return _pipelined(ctx, target, options, int(options.replicas or 1))
     best: Plan | None = None
     for r in (d for d in range(1, ctx.batch + 1) if ctx.batch % d == 0):
         plan = _pipelined(ctx, target, options, r)
@@ -83,10 +105,10 @@ def _pipelined_best(ctx: LoweringContext, target: Target, options: LoweringOptio
     return best if best is not None else _pipelined(ctx, target, options, 1)
 
 
-def _pipelined(ctx: LoweringContext, target: Target, options: LoweringOptions, replicas: int) -> Plan:
+def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
     pes = target.num_units
     pe_peak = target.peak_flops(ctx.precision) / pes
-    sram = target.memory("on-chip")
+    sram = target.memory(LOWERING.feed_level(target))
     pe_bw = sram.bandwidth_bytes_per_s / pes
     pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
     min_region = int(target.arch_value("min_region_pes", needed_by=_WHO))
@@ -162,30 +184,24 @@ def _pipelined(ctx: LoweringContext, target: Target, options: LoweringOptions, r
         plan.units.append(unit)
         for node in g:
             cost = ctx.costs[node.name]
-            compute_s = cost.flops / replicas / (pe_peak * p)
-            memory_s = cost.bytes / replicas / (pe_bw * p)
-            t = max(compute_s, memory_s) if ctx.is_work(node) else 0.0
-            plan.node_plans[node.name] = NodePlan(
-                node=node.name,
+            plan.node_plans[node.name] = place_node(
+                ctx,
+                node,
                 unit=unit.id,
-                lane=unit.id,
-                per_micro_batch_s=t / m,
-                flops=cost.flops,
-                bytes=cost.bytes,
+                compute_s=cost.flops / replicas / (pe_peak * p),
+                memory_s=cost.bytes / replicas / (pe_bw * p),
                 feed_level=sram.level,
                 feed_bytes=cost.bytes,
-                compute_s=compute_s,
-                memory_s=memory_s,
-                bound=classify_bound(cost.flops, cost.bytes, ridge, work_s=t),
+                ridge=ridge,
                 allocation=p * replicas / pes,
-                note="unattributed: zero time" if node.name in ctx.unattributed else "",
+                micro_batches=m,
             )
     plan.extra.update({"mode": "pipelined", "pes_placed": placed * replicas, "pes": pes})
     return plan
 
 
 # -- weight-streaming mode -----------------------------------------------------------------
-def _streaming(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Plan:
+def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
     pes = target.num_units
     peak = target.peak_flops(ctx.precision)
     sram = target.memory("on-chip")
@@ -204,7 +220,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: LoweringOptions) -
         micro_batches=1,
         unattributed=list(ctx.unattributed),
     )
-    if options.replicas not in (1, "auto"):
+    if options.replicas not in (None, 1, "auto"):
         plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
     blocks = layer_blocks(ctx.graph)
     worst_resident = 0
@@ -223,27 +239,23 @@ def _streaming(ctx: LoweringContext, target: Target, options: LoweringOptions) -
             act = cost.act_bytes_in + cost.act_bytes_out
             sram_s = act / (sram.bandwidth_bytes_per_s * frac)
             stream_s = cost.weight_bytes / ext.bandwidth_bytes_per_s
-            t = max(compute_s, sram_s, stream_s) if ctx.is_work(node) else 0.0
             if stream_s > max(compute_s, sram_s):
                 level, feed, ridge = ext.level, cost.weight_bytes, ext_ridge
             else:
                 level, feed, ridge = sram.level, cost.bytes, sram_ridge
             unit.nodes.append(node.name)
-            plan.node_plans[node.name] = NodePlan(
-                node=node.name,
+            plan.node_plans[node.name] = np_ = place_node(
+                ctx,
+                node,
                 unit=unit.id,
-                lane=unit.id,
-                per_micro_batch_s=t,
-                flops=cost.flops,
-                bytes=cost.bytes,
-                feed_level=level,
-                feed_bytes=feed,
                 compute_s=compute_s,
                 memory_s=max(sram_s, stream_s),
-                bound=classify_bound(cost.flops, feed, ridge, work_s=t),
+                feed_level=level,
+                feed_bytes=feed,
+                ridge=ridge,
                 allocation=frac if ctx.is_work(node) else 0.0,
-                note="unattributed: zero time" if node.name in ctx.unattributed else "",
             )
+            t = np_.per_micro_batch_s
             busy += t
             weighted += t * frac
         unit.allocation = weighted / busy if busy > 0 else 0.0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+if __name__ != "dabench_ir.passes":  # the folder is installed as dabench_ir.passes; one file, one module
+    raise ImportError(f"import dabench_ir.passes instead of the bare top-level {__name__!r} package")
+
 from collections.abc import Mapping
 
 from .base import Pass, PassError, PassManager, PassResult

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from dabench_ir.emulate import check_dependencies, emulate
-from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.lowering import lower
+from dabench_ir.lowering.ipu import IpuLowering
+from dabench_ir.options import ProfileOptions
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.report.trace import write_chrome_trace
 from dabench_ir.targets import load_target
@@ -15,12 +17,12 @@ from tests.conftest import analyze_text
 from tests.lowering_graphs import chain, decoder
 
 CASES = [
-    ("a100", LoweringOptions()),
-    ("wse", LoweringOptions(wse_mode="pipelined")),
-    ("wse", LoweringOptions(wse_mode="streaming")),
-    ("rdu", LoweringOptions(opt_level="O0")),
-    ("rdu", LoweringOptions(opt_level="O3")),
-    ("ipu", LoweringOptions(ipus=2)),
+    ("a100", ProfileOptions()),
+    ("wse", ProfileOptions(wse_mode="pipelined")),
+    ("wse", ProfileOptions(wse_mode="streaming")),
+    ("rdu", ProfileOptions(opt_level="O0")),
+    ("rdu", ProfileOptions(opt_level="O3")),
+    ("ipu", ProfileOptions(ipus=2)),
 ]
 
 
@@ -44,7 +46,7 @@ def test_pipeline_fill_and_drain():
     g = chain([10**9] * 3, [10**3] * 3)
     g.nodes[0].layer, g.nodes[1].layer, g.nodes[2].layer = 0, 1, 2
     ipu = load_target("ipu")
-    plan = lower(g, ipu, LoweringOptions(ipus=3, micro_batches=4, precision="fp16"))
+    plan = lower(g, ipu, ProfileOptions(ipus=3, micro_batches=4, precision="fp16"))
     timeline = emulate(plan, g)
     # stages 1 and 2 also pay the IPU-Link transfer of their input
     assert plan.node_plans["n1"].comm_s > plan.node_plans["n0"].comm_s
@@ -56,13 +58,13 @@ def test_pipeline_fill_and_drain():
     )
     # steady state: consecutive steps overlap, the busiest stage sets the step time
     assert timeline.step_time_s == pytest.approx(max(timeline.unit_busy_s.values()))
-    one_step = emulate(lower(g, ipu, LoweringOptions(ipus=3, micro_batches=4, steady_state=False)), g)
+    one_step = emulate(lower(g, ipu, IpuLowering.options(ProfileOptions(ipus=3, micro_batches=4), steady_state=False)), g)
     assert one_step.step_time_s == pytest.approx(one_step.makespan_s)
 
 
 def test_sequential_units_never_overlap():
     g = decoder(layers=2, hidden=64, seq=8)
-    plan = lower(g, load_target("rdu"), LoweringOptions(opt_level="O1"))
+    plan = lower(g, load_target("rdu"), ProfileOptions(opt_level="O1"))
     timeline = emulate(plan, g)
     for unit in plan.units:
         start, end = timeline.unit_spans[unit.id]
@@ -72,7 +74,7 @@ def test_sequential_units_never_overlap():
 
 def test_chrome_trace(tmp_path):
     g = decoder(layers=1, hidden=64, seq=8)
-    plan = lower(g, load_target("rdu"), LoweringOptions(opt_level="O1"))
+    plan = lower(g, load_target("rdu"), ProfileOptions(opt_level="O1"))
     timeline = emulate(plan, g)
     path = write_chrome_trace(timeline, g, tmp_path / "t.json")
     doc = json.loads(path.read_text())
@@ -100,9 +102,10 @@ agraph (float[2,8,16] x, float[16,32] w1, float[32,16] w2) => (float[2,8,16] y) 
 def test_analyzed_onnx_graph_runs_end_to_end(target):
     g = analyze_text(_ONNX)
     tgt = load_target(target)
-    plan = lower(g, tgt, LoweringOptions(batch=2))
+    plan = lower(g, tgt, ProfileOptions(batch=2))
     timeline = emulate(plan, g)
     metrics = compute_metrics(g, plan, timeline, tgt)
     assert plan.fits and check_dependencies(timeline, g) == []
     assert metrics.total_flops == sum(plan.node_plans[n.name].flops for n in g.nodes) > 0
-    assert set(metrics.node_bound) == {n.name for n in g.nodes}
+    assert set(metrics.node_intensity) == {n.name for n in g.nodes}
+    assert all(t.bound is not None for t in timeline.nodes.values())

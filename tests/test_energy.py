@@ -8,7 +8,8 @@ from dabench_ir.cli import main
 from dabench_ir.emulate import emulate
 from dabench_ir.energy import energy_model, load_catalog, node_energies, normalize, scale_factors
 from dabench_ir.errors import UserError
-from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.lowering import lower
+from dabench_ir.options import ProfileOptions
 from dabench_ir.pipeline import build_report
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
@@ -45,7 +46,7 @@ def test_dennard_scales_energy_faster_than_post_dennard():
 def _emulated(target_name):
     graph = decoder(layers=2, hidden=64)
     target = load_target(target_name)
-    plan = lower(graph, target, LoweringOptions())
+    plan = lower(graph, target, ProfileOptions())
     timeline = emulate(plan, graph)
     return graph, plan, timeline, target
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.emulate import check_dependencies, emulate
-from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.lowering import lower
+from dabench_ir.options import ProfileOptions
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
@@ -19,7 +20,7 @@ def test_metrics_stay_physical(target, options):
     tgt = load_target(target)
     for layers, hidden, seq in SIZES:
         graph = decoder(layers=layers, hidden=hidden, seq=seq)
-        plan = lower(graph, tgt, LoweringOptions(**options))
+        plan = lower(graph, tgt, ProfileOptions(**options))
         timeline = emulate(plan, graph)
         m = compute_metrics(graph, plan, timeline, tgt)
         where = f"{target} {options} L{layers} h{hidden} fits={plan.fits}"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dabench_ir.emulate import emulate
-from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.lowering import lower
+from dabench_ir.options import ProfileOptions
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
@@ -14,18 +15,18 @@ IPU = load_target("ipu")
 def test_more_layers_eventually_do_not_fit_and_more_ipus_fix_it():
     fits = {}
     for layers in (4, 16, 64):
-        fits[layers] = lower(decoder(layers=layers, hidden=1024, seq=8), IPU, LoweringOptions(ipus=1))
+        fits[layers] = lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1))
     assert fits[4].fits and not fits[64].fits
     failure = fits[64].failure
     assert "tile SRAM" in failure.reason and "ipus=" in failure.reason
     assert failure.needed_bytes > failure.capacity_bytes == IPU.memory("sram").capacity_bytes
-    split = lower(decoder(layers=64, hidden=1024, seq=8), IPU, LoweringOptions(ipus=4))
+    split = lower(decoder(layers=64, hidden=1024, seq=8), IPU, ProfileOptions(ipus=4))
     assert split.fits and len(split.units) == 4
 
 
 def test_stages_are_contiguous_layers():
     g = decoder(layers=6, hidden=64, seq=8)
-    plan = lower(g, IPU, LoweringOptions(ipus=3))
+    plan = lower(g, IPU, ProfileOptions(ipus=3))
     order = {n.name: i for i, n in enumerate(g.nodes)}
     last = -1
     for unit in plan.units:
@@ -38,7 +39,7 @@ def test_stages_are_contiguous_layers():
 
 def test_pipeline_overlaps_micro_batches_and_reports_tiles():
     g = decoder(layers=4, hidden=128, seq=16, batch=8)
-    plan = lower(g, IPU, LoweringOptions(ipus=2))
+    plan = lower(g, IPU, ProfileOptions(ipus=2))
     timeline = emulate(plan, g)
     busy = [timeline.unit_busy_s[u.id] for u in plan.units]
     assert timeline.makespan_s < sum(busy)  # stages overlap across micro-batches

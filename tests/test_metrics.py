@@ -5,23 +5,25 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.emulate import emulate
-from dabench_ir.lowering import LoweringOptions, lower
+from dabench_ir.lowering import lower
+from dabench_ir.lowering.gpu import GpuLowering
 from dabench_ir.metrics import compute_metrics
+from dabench_ir.options import ProfileOptions
 from dabench_ir.targets import load_target
 from dabench_ir.timeline import Bound
 from tests.lowering_graphs import chain, decoder
 
 CASES = [
-    ("a100", LoweringOptions()),
-    ("h100", LoweringOptions(fuse_elementwise=False)),
-    ("wse", LoweringOptions(wse_mode="pipelined")),
-    ("wse", LoweringOptions(wse_mode="pipelined", replicas="auto")),
-    ("wse", LoweringOptions(wse_mode="streaming")),
-    ("rdu", LoweringOptions(opt_level="O0")),
-    ("rdu", LoweringOptions(opt_level="O1")),
-    ("rdu", LoweringOptions(opt_level="O3")),
-    ("ipu", LoweringOptions()),
-    ("ipu", LoweringOptions(ipus=3)),
+    ("a100", ProfileOptions()),
+    ("h100", GpuLowering.options(ProfileOptions(), fuse_elementwise=False)),
+    ("wse", ProfileOptions(wse_mode="pipelined")),
+    ("wse", ProfileOptions(wse_mode="pipelined", replicas="auto")),
+    ("wse", ProfileOptions(wse_mode="streaming")),
+    ("rdu", ProfileOptions(opt_level="O0")),
+    ("rdu", ProfileOptions(opt_level="O1")),
+    ("rdu", ProfileOptions(opt_level="O3")),
+    ("ipu", ProfileOptions()),
+    ("ipu", ProfileOptions(ipus=3)),
 ]
 
 
@@ -51,7 +53,9 @@ def test_bound_agrees_with_intensity_and_ridge(target, opts):
     g = decoder(layers=2, hidden=2048, seq=512, batch=4)  # big enough that GPU launches do not dominate
     tgt, plan, timeline, m = _run(target, opts, g)
     checked = 0
-    for name, bound in m.node_bound.items():
+    bounds = {name: timing.bound for name, timing in timeline.nodes.items()}  # the plan's, carried by the timeline
+    assert bounds == {name: plan.node_plans[name].bound for name in timeline.nodes}
+    for name, bound in bounds.items():
         if bound in (Bound.COMMUNICATION, Bound.OVERHEAD):
             continue
         ridge = tgt.ridge_point(plan.precision, m.node_feed_level[name])
@@ -60,20 +64,20 @@ def test_bound_agrees_with_intensity_and_ridge(target, opts):
         assert bound is expected, name
         checked += 1
     assert checked > 0
-    assert m.node_bound == {n: m.node_bound[n] for n in timeline.nodes}
+    assert not hasattr(m, "node_bound")  # metrics never recomputes a bound the plan has
 
 
 def test_gpu_matmul_compute_bound_elementwise_memory_bound():
     g = decoder(layers=1, hidden=2048, seq=512, batch=4)
-    _, _, _, m = _run("a100", LoweringOptions(fuse_elementwise=False), g)
-    assert m.node_bound["layers.0.mlp.fc1"] is Bound.COMPUTE
-    assert m.node_bound["layers.0.add1"] is Bound.MEMORY
+    _, plan, _, m = _run("a100", GpuLowering.options(ProfileOptions(), fuse_elementwise=False), g)
+    assert plan.node_plans["layers.0.mlp.fc1"].bound is Bound.COMPUTE
+    assert plan.node_plans["layers.0.add1"].bound is Bound.MEMORY
     assert m.node_intensity["layers.0.mlp.fc1"] > load_target("a100").ridge_point("fp16")
 
 
 def test_feed_level_is_per_architecture():
     g = decoder(layers=1, hidden=64, seq=8)
-    levels = {t: set(_run(t, LoweringOptions(wse_mode="pipelined"), g)[3].node_feed_level.values())
+    levels = {t: set(_run(t, ProfileOptions(wse_mode="pipelined"), g)[3].node_feed_level.values())
               for t in ("wse", "ipu", "rdu", "a100")}
     assert levels == {"wse": {"on-chip"}, "ipu": {"on-chip"}, "rdu": {"off-chip"}, "a100": {"off-chip"}}
 
@@ -81,11 +85,11 @@ def test_feed_level_is_per_architecture():
 def test_li_below_one_when_stages_are_unbalanced():
     g = chain([10**10, 10**6], [10**3, 10**3])
     g.nodes[0].layer, g.nodes[1].layer = 0, 1
-    _, _, _, m = _run("ipu", LoweringOptions(ipus=2), g)
+    _, _, _, m = _run("ipu", ProfileOptions(ipus=2), g)
     assert m.load_imbalance < 0.6
 
 
 def test_rdu_reports_pmu_allocation_apart():
     g = decoder(layers=1, hidden=64, seq=8)
-    _, _, _, m = _run("rdu", LoweringOptions(opt_level="O3"), g)
+    _, _, _, m = _run("rdu", ProfileOptions(opt_level="O3"), g)
     assert 0 < m.extra["pmu_allocation"] <= 1

@@ -48,10 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.commands.profile import parse_dims
-    from dabench_ir.lowering import LoweringOptions
-    from dabench_ir.lowering.parallel import ScaleResult, scale
     from dabench_ir.pipeline import ProfileOptions, prepare_graph
     from dabench_ir.progress import Progress
+    from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
     chips = parse_int_list(args.chips, "--chips")
@@ -62,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
     merged: ScaleResult | None = None
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = ProfileOptions(dims=dims, batch=batch, precision=args.precision, mode=args.mode, recompute=args.recompute)
+        opts = ProfileOptions(dims=dims, batch=batch, precision=args.precision, mode=args.mode, recompute=args.recompute,
+                              opt_level=args.opt_level)
         graph = prepare_graph(args.model, opts)
         progress(f"scaling over {args.chips} chips ({args.strategy})")
-        lowering = LoweringOptions(batch=batch, precision=args.precision, opt_level=args.opt_level)
-        result = scale(graph, target, chips, args.strategy, lowering, micro_batches=args.micro_batches)
+        result = scale(graph, target, chips, args.strategy, opts, micro_batches=args.micro_batches)
         result.model = {"path": str(args.model), "name": graph.name, "nodes": len(graph.nodes), "layers": len(graph.layers)}
         if merged is None:
             merged = result

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.execute.ort import default_threads, map_fused, resolve_provider, run_profiled
 from dabench_ir.execute.synth import DEFAULT_MAX_WEIGHT_BYTES, name_nodes, prepare_model
-from dabench_ir.timeline import Bound, NodeTiming, Timeline
+from dabench_ir.timeline import Bound, NodeTiming, Timeline, classify_bound
 
 if TYPE_CHECKING:
     import onnx
@@ -229,7 +229,7 @@ def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[s
 
     model = None
     if target is not None:
-        from dabench_ir.execute.predict import load_cpu_model
+        from dabench_ir.lowering.cpu import load_cpu_model
 
         try:
             model = load_cpu_model(target)
@@ -242,10 +242,9 @@ def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[s
         if t is None or t <= 0 or cost is None:
             continue
         bound = None
-        if model is not None:
-            from dabench_ir.execute.predict import classify_bound
-
-            bound = classify_bound(cost.flops, cost.bytes, t, model)
+        if model is not None:  # the fixed per-op cost against the rest, then the measured roofline
+            work_s = max(t - model.overhead_s, 0.0)
+            bound = classify_bound(cost.flops, cost.bytes, model.ridge, work_s=work_s, overhead_s=model.overhead_s)
         out[node.name] = NodeRate(cost.flops / t, cost.bytes / t, bound)
     return out
 

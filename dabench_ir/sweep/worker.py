@@ -49,16 +49,16 @@ def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _scaled(graph: Any, target: Any, params: dict[str, Any], opts: Any) -> dict[str, Any]:
-    """A multi-chip point through `lowering.parallel.scale`, as a report-shaped dict.
+    """A multi-chip point through `dabench_ir.scaling.scale`, as a report-shaped dict.
 
     ``totals``/``metrics``/``fits``/``failure`` carry the scaled figures so the results
     table reads them like any other point; ``scale`` keeps the whole scaling record.
     """
     from dabench_ir import pipeline
-    from dabench_ir.lowering.parallel import scale
+    from dabench_ir.scaling import scale
 
     chips = int(params["chips"])
-    result = scale(graph, target, [1, chips], params["strategy"], pipeline.lowering_options(opts))
+    result = scale(graph, target, [1, chips], params["strategy"], opts)
     point = result.points[-1]
     base = pipeline.build_report(graph, options=opts)  # cost-only: model and totals of one run
     flops_per_sample = base.totals["flops"] / max(result.points[0].batch, 1)

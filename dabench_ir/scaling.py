@@ -13,8 +13,9 @@
   micro-batches through p stages, idle for the bubble (p − 1)/(m + p − 1), and sends the
   boundary activations over the link. On an IPU the IPU lowering pipelines itself.
 
-Every chip's share is placed with the single-chip lowering and emulated, so per-chip
-allocation, load balance and fit come from the same model as `profile`.
+Every chip's share is placed with `dabench_ir.place.place` (lower -> emulate -> metrics),
+so per-chip allocation, load balance and fit come from the same model as `profile`. The
+closed forms (collectives, bubbles, contiguous splits) live in `dabench_ir.lowering.collectives`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
+from dabench_ir.lowering import lowering_for
+from dabench_ir.lowering._common import LoweringContext, training_bytes, weight_bytes
+from dabench_ir.lowering.collectives import bubble_fraction, optimal_contiguous_split, p2p_time, ring_allreduce_time
+from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
-
-from . import LoweringOptions, lower
-from ._common import LoweringContext, weight_bytes
-from .collectives import bubble_fraction, optimal_contiguous_split, p2p_time, ring_allreduce_time
+from dabench_ir.place import place
 
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
@@ -143,20 +145,15 @@ class _Run:
         return max(times, key=times.__getitem__) if times else None
 
 
-def _run_one(graph: Graph, target: Target, options: LoweringOptions) -> _Run:
-    from dabench_ir.emulate import emulate
-    from dabench_ir.metrics import compute_metrics
-
-    plan = lower(graph, target, options)
-    timeline = emulate(plan, graph)
-    metrics = compute_metrics(graph, plan, timeline, target)
+def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
+    plan, timeline, metrics = place(graph, target, options)
     per_layer: dict[int | None, float] = {}
     per_bound: dict[str, float] = {}
     for node in graph.nodes:
         busy = timeline.busy(node.name)
         if busy:
             per_layer[node.layer] = per_layer.get(node.layer, 0.0) + busy
-            bound = metrics.node_bound.get(node.name) or timeline.nodes[node.name].bound
+            bound = timeline.nodes[node.name].bound
             if bound is not None:
                 per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
     return _Run(
@@ -231,7 +228,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
 
 
 def _pp_point(
-    graph: Graph, target: Target, options: LoweringOptions, chips: int, single: _Run, micro_batches: int | None
+    graph: Graph, target: Target, options: ProfileOptions, chips: int, single: _Run, micro_batches: int | None
 ) -> ScalePoint:
     layers = graph.layers
     if len(layers) < chips:
@@ -254,12 +251,12 @@ def _pp_point(
         comm = sum(p2p_time(b / m, link.bandwidth_bytes_per_s, link.latency_s) for b in boundary_bytes) * m
     step = (m + chips - 1) * (worst / m) + comm
     # per-stage fit: the stage's weights against the chip's feed memory
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
+    ctx = LoweringContext.build(graph, lowering_for(target).options(options).precision, options.batch)
     mem = target.feed_memory
     fits, failure = True, None
     for i, st in enumerate(stages):
         nodes = [n for n in graph.nodes if n.layer in st]
-        need = weight_bytes(ctx, nodes) + _train_state(graph, nodes, ctx)
+        need = weight_bytes(ctx, nodes) + training_bytes(ctx, nodes)
         if need > mem.capacity_bytes:
             fits = False
             failure = {
@@ -309,15 +306,6 @@ def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
     return crossing
 
 
-def _train_state(graph: Graph, nodes: Sequence[Node], ctx: LoweringContext) -> int:
-    train = graph.meta.get("train")
-    if not train:
-        return 0
-    total_w = weight_bytes(ctx) or 1
-    share = weight_bytes(ctx, nodes) / total_w
-    return int(share * (train["optimizer_state_bytes"] + train["saved_activation_bytes"]))
-
-
 # -- driver ------------------------------------------------------------------------------------
 
 
@@ -337,12 +325,16 @@ def scale(
     target: Target,
     chips: Sequence[int],
     strategy: str,
-    options: LoweringOptions | None = None,
+    options: ProfileOptions | None = None,
     *,
     micro_batches: int | None = None,
 ) -> ScaleResult:
-    """Throughput, speedup and efficiency of ``graph`` on 1..n chips of ``target``."""
-    options = options or LoweringOptions()
+    """Throughput, speedup and efficiency of ``graph`` on 1..n chips of ``target``.
+
+    ``options``: a `ProfileOptions` or `ScaleOptions` (None: the defaults); each chip count
+    varies its ``batch``, ``replicas`` or ``ipus`` with `dataclasses.replace`.
+    """
+    options = options or ProfileOptions()
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     supported = tuple(target.strategies)
@@ -376,13 +368,14 @@ def scale(
         if base:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
+    precision = lowering_for(target).options(options).precision  # the dtype peaks were taken at
     if link is None and any(p.comm_time_s for p in points):
         logger.warning("%s has no link declared; communication is free", target.name)
     return ScaleResult(
         target=target.name,
         strategy=strategy,
         mode="train" if train else "inference",
-        precision=str(options.precision) if options.precision else "model",
+        precision=str(precision) if precision else "model",
         link=link.name if link is not None else None,
         points=points,
     )
@@ -406,11 +399,11 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
     )
 
 
-def _single_point(single: _Run, options: LoweringOptions) -> ScalePoint:
+def _single_point(single: _Run, options: ProfileOptions) -> ScalePoint:
     return _point_from_run(single, 1, options.batch or 1, comm=0.0)
 
 
-def _dp_point(graph: Graph, target: Target, options: LoweringOptions, n: int, single: _Run, train: bool) -> ScalePoint:
+def _dp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, single: _Run, train: bool) -> ScalePoint:
     batch = options.batch or 1
     if target.kind == "wse":  # replicas on one wafer: no link, the wafer's fabric carries gradients
         run = _run_one(graph, target, replace(options, replicas=n, batch=batch * n))
@@ -428,7 +421,7 @@ def _dp_point(graph: Graph, target: Target, options: LoweringOptions, n: int, si
     return pt
 
 
-def _tp_point(graph: Graph, target: Target, options: LoweringOptions, n: int, train: bool) -> ScalePoint:
+def _tp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, train: bool) -> ScalePoint:
     share, allreduces = split_for_tp(graph, n)
     if not allreduces:
         raise UserError(

@@ -1,4 +1,7 @@
-"""CPU time model: each node's time predicted from its shapes and the host calibration.
+"""Host CPU lowering: each node one onnxruntime kernel, timed from its shapes and the host calibration.
+
+The CPU lowering places nodes like the GPU one (one kernel per node, unfused, on one
+in-order unit), but times each from the calibrated model below rather than a roofline.
 
 The calibration (`dabench_ir.execute.calibrate`) times, through onnxruntime, matmuls of a
 few sizes and the common vector ops (Add, Tanh, Erf, Softmax, ReduceMean, Transpose,
@@ -18,7 +21,9 @@ that reads a weight or graph input (last touched a whole run ago) sits between t
 `cold_fraction`: the model's footprint over the last-level cache size, capped at 1. Nodes
 fed only by earlier nodes' outputs use the hot curves.
 
-`prediction_error` compares predicted and measured node times.
+Calibration itself (`dabench-ir calibrate`) lives in the measured path; this module only
+reads its figures from the ``cpu`` Target. ``ort_opt`` (the option that keeps onnxruntime's
+graph optimiser on) changes what onnxruntime runs, so it is one of this lowering's options.
 """
 
 from __future__ import annotations
@@ -32,19 +37,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dabench_ir.lowering import Lowering, LoweringOptions
+from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.gpu import stream_plan
 from dabench_ir.passes.meta import FOLDED
-from dabench_ir.timeline import Bound
+from dabench_ir.plan import Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
+    from dabench_ir.plan import Plan
+    from dabench_ir.targets import Target
 
 __all__ = [
+    "LOWERING",
+    "CpuLowering",
     "CpuModel",
-    "classify_bound",
+    "CpuOptions",
     "cold_fraction",
     "load_cpu_model",
     "predict_cpu_times",
-    "prediction_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -255,7 +266,7 @@ def matmul_dims(graph: Graph, node: Node) -> tuple[int, int, int, int] | None:
     return max(batch_a, batch_b), m, k, n
 
 
-def predict_node(graph: Graph, node: Node, model: CpuModel) -> float | None:
+def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = False) -> float | None:
     """Predicted seconds for one node, or None when its shapes are unknown."""
     op = node.op_type
     if op in SHAPE_OPS:
@@ -269,7 +280,7 @@ def predict_node(graph: Graph, node: Node, model: CpuModel) -> float | None:
         if dims is not None:
             batch, m, k, n = dims
             flops = 2.0 * batch * m * k * n
-            return model.matmul_time(flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node))
+            return model.matmul_time(flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node, ort_opt))
         cost = _cost_of(node)
         if cost is not None:
             return model.matmul_time(float(cost.flops), float(cost.bytes), batched=False)
@@ -284,7 +295,7 @@ def predict_node(graph: Graph, node: Node, model: CpuModel) -> float | None:
     return model.op_time(op_class, float(io_bytes))
 
 
-def _is_stored(graph: Graph, node: Node) -> bool:
+def _is_stored(graph: Graph, node: Node, ort_opt: bool) -> bool:
     """True when a MatMul's B operand is a weight or constant (onnxruntime pre-packs it)."""
     if len(node.inputs) < 2 or node.inputs[1] not in graph.values:
         return False
@@ -294,7 +305,7 @@ def _is_stored(graph: Graph, node: Node) -> bool:
     if value.producer is None:
         return True
     # a folded weight layout is a constant to onnxruntime only when its optimiser runs
-    return bool(graph.meta.get("ort_opt")) and FOLDED in graph.node(value.producer).meta
+    return ort_opt and FOLDED in graph.node(value.producer).meta
 
 
 def _moves_last_axis(graph: Graph, node: Node) -> bool:
@@ -306,22 +317,22 @@ def _moves_last_axis(graph: Graph, node: Node) -> bool:
     return len(perm) > 1 and int(perm[-1]) != len(perm) - 1
 
 
-def predict_cpu_times(graph: Graph, target: Any) -> dict[str, float]:
+def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> dict[str, float]:
     """Predicted seconds per node on the calibrated host CPU; nodes of unknown shape left out.
 
-    ``target`` is the ``cpu`` target (a Target object, its parsed TOML, or its path).
+    ``target`` is the ``cpu`` target (a Target object, its parsed TOML, or its path);
+    ``ort_opt``: onnxruntime's graph optimiser is on, so it folds weight layouts away.
     """
     model = load_cpu_model(target)
     frac = cold_fraction(graph, model)
-    folds = bool(graph.meta.get("ort_opt"))  # onnxruntime's optimiser folds weight layouts away
     out: dict[str, float] = {}
     for node in graph.nodes:
-        if folds and FOLDED in node.meta:
+        if ort_opt and FOLDED in node.meta:
             out[node.name] = 0.0
             continue
-        t = predict_node(graph, node, model)
+        t = predict_node(graph, node, model, ort_opt=ort_opt)
         if t is not None and model.cold is not None and frac > 0 and _reads_stored(graph, node):
-            t_cold = predict_node(graph, node, model.cold)
+            t_cold = predict_node(graph, node, model.cold, ort_opt=ort_opt)
             t = t if t_cold is None else t + frac * (t_cold - t)
         if t is not None:
             out[node.name] = t
@@ -356,53 +367,28 @@ def cold_fraction(graph: Graph, model: CpuModel) -> float:
     return min(1.0, footprint_bytes(graph) / model.llc_bytes)
 
 
-def classify_bound(flops: float, nbytes: float, seconds: float, model: CpuModel) -> Bound:
-    """Compute- or memory-bound against the measured roofline; overhead when the fixed
-    per-op cost is most of the time."""
-    if seconds <= 2.0 * model.overhead_s or (flops == 0 and nbytes == 0):
-        return Bound.OVERHEAD
-    if nbytes == 0 or flops / nbytes >= model.ridge:
-        return Bound.COMPUTE
-    return Bound.MEMORY
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpuOptions(LoweringOptions):
+    """What the host CPU lowering reads."""
+
+    ort_opt: bool
 
 
-def prediction_error(
-    predicted: Mapping[str, float], measured: Mapping[str, float], *, min_share: float = 0.01
-) -> dict[str, float | int | None]:
-    """Error of predicted against measured node times.
+class CpuLowering(Lowering):
+    """The host CPU: onnxruntime's kernels one after another, each timed by the calibration."""
 
-    End to end: |sum predicted - sum measured| / sum measured over the nodes both have.
-    Per node: |pred - meas| / meas, median and 90th percentile over nodes taking at least
-    ``min_share`` of the measured time.
-    """
-    common = [n for n in measured if n in predicted]
-    total = sum(measured[n] for n in common)
-    if total <= 0:
-        return {
-            "end_to_end_rel_error": None,
-            "median_node_rel_error": None,
-            "p90_node_rel_error": None,
-            "nodes_compared": 0,
-        }
-    e2e = abs(sum(predicted[n] for n in common) - total) / total
-    errors = sorted(
-        abs(predicted[n] - measured[n]) / measured[n]
-        for n in common
-        if measured[n] > 0 and measured[n] >= min_share * total
-    )
-    return {
-        "end_to_end_rel_error": e2e,
-        "median_node_rel_error": _quantile(errors, 0.5),
-        "p90_node_rel_error": _quantile(errors, 0.9),
-        "nodes_compared": len(errors),
-    }
+    name = "cpu"
+    kinds = ("cpu",)
+    Options = CpuOptions
+
+    def feed_level(self, target: Target) -> str:
+        return target.feed_memory.level
+
+    def _lower(self, graph: Graph, target: Target, options: CpuOptions) -> Plan:
+        ctx = LoweringContext.build(graph, options.precision, options.batch)
+        times = predict_cpu_times(graph, target, ort_opt=options.ort_opt)
+        # onnxruntime runs one kernel per node, unfused
+        return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times)
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated quantile (numpy's default method) of sorted values."""
-    if not sorted_values:
-        return None
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+LOWERING = CpuLowering()

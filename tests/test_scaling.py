@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.errors import UserError
-from dabench_ir.lowering import LoweringOptions
+from dabench_ir.options import ProfileOptions
 from dabench_ir.lowering.collectives import ring_allreduce_time
-from dabench_ir.lowering.parallel import scale, split_for_tp
+from dabench_ir.scaling import scale, split_for_tp
 from dabench_ir.passes import meta
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
@@ -38,11 +38,11 @@ def test_tp_forward_two_allreduces_per_layer_four_in_training():
     target = load_target("h100")
     link = target.link()
     one = ring_allreduce_time(16 * 64 * 2, 2, link.bandwidth_bytes_per_s, link.latency_s)
-    fwd = scale(graph, target, [2], "tp", LoweringOptions()).points[0]
+    fwd = scale(graph, target, [2], "tp", ProfileOptions()).points[0]
     assert fwd.comm_time_s == pytest.approx(2 * 2 * one)
     assert fwd.dominant_bound in ("compute", "memory", "overhead", "communication")
     graph.meta["mode"] = "train"
-    train = scale(graph, target, [2], "tp", LoweringOptions()).points[0]
+    train = scale(graph, target, [2], "tp", ProfileOptions()).points[0]
     assert train.comm_time_s == pytest.approx(2 * 2 * 2 * one)
 
 
@@ -52,7 +52,7 @@ def test_dp_training_all_reduces_the_gradient():
     target = load_target("a100")
     link = target.link()
     grad = sum(v.type.nbytes() for v in graph.weights())
-    result = scale(graph, target, [1, 4], "dp", LoweringOptions())
+    result = scale(graph, target, [1, 4], "dp", ProfileOptions())
     one, four = result.points
     assert four.comm_time_s == pytest.approx(ring_allreduce_time(grad, 4, link.bandwidth_bytes_per_s, link.latency_s))
     assert four.batch == 4 * one.batch
@@ -61,7 +61,7 @@ def test_dp_training_all_reduces_the_gradient():
 
 def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
     graph = decoder(layers=6, hidden=64)
-    result = scale(graph, load_target("h100"), [1, 3], "pp", LoweringOptions(batch=1), micro_batches=4)
+    result = scale(graph, load_target("h100"), [1, 3], "pp", ProfileOptions(batch=1), micro_batches=4)
     p3 = result.points[1]
     assert [len(s) for s in p3.stages] == [2, 2, 2]
     assert p3.bubble_fraction == pytest.approx(2 / 6)
@@ -70,9 +70,9 @@ def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
 
 def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
     graph = decoder(layers=4, hidden=64)
-    ipu = scale(graph, load_target("ipu"), [1, 2], "pp", LoweringOptions(batch=4))
+    ipu = scale(graph, load_target("ipu"), [1, 2], "pp", ProfileOptions(batch=4))
     assert ipu.points[1].speedup > 1
-    wse = scale(graph, load_target("wse"), [1, 2], "dp", LoweringOptions(batch=2))
+    wse = scale(graph, load_target("wse"), [1, 2], "dp", ProfileOptions(batch=2))
     assert wse.points[1].batch == 4
 
 
@@ -89,13 +89,13 @@ def test_training_state_counts_against_memory_and_can_flip_fits():
     infer, train = decoder(layers=2, hidden=64), decoder(layers=2, hidden=64)
     TrainingPass()(train)
     target = load_target("h100")
-    a = lower(infer, target, LoweringOptions()).memory_bytes
-    b = lower(train, target, LoweringOptions()).memory_bytes
+    a = lower(infer, target, ProfileOptions()).memory_bytes
+    b = lower(train, target, ProfileOptions()).memory_bytes
     params = sum(v.type.numel() for v in infer.weights())
     assert sum(b.values()) - sum(a.values()) >= ADAM_BYTES_PER_PARAM * params
     # the IPU holds everything in tile SRAM: a model that fits for inference stops fitting in training
     big_infer, big_train = decoder(layers=8, hidden=1024), decoder(layers=8, hidden=1024)
     TrainingPass()(big_train)
     ipu = load_target("ipu")
-    assert lower(big_infer, ipu, LoweringOptions()).fits
-    assert not lower(big_train, ipu, LoweringOptions()).fits
+    assert lower(big_infer, ipu, ProfileOptions()).fits
+    assert not lower(big_train, ipu, ProfileOptions()).fits

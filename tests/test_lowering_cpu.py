@@ -1,4 +1,4 @@
-"""CPU time prediction from calibrated curves, and the error statistics against measurement."""
+"""The host CPU lowering: node times predicted from calibrated curves, and their error against measurement."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import pytest
 from onnx import parser
 
-from dabench_ir.execute.predict import CpuModel, predict_cpu_times, prediction_error
+from dabench_ir.lowering.cpu import CpuModel, predict_cpu_times
+from dabench_ir.metrics import prediction_error
 from dabench_ir.pipeline import load_graph
 
 
@@ -126,7 +127,6 @@ def test_folded_weight_layouts_vanish_only_under_ort_optimisation():
     transpose, mm = graph.nodes
     plain = predict_cpu_times(graph, cpu)
     assert plain[transpose.name] > 0  # onnxruntime without optimisation runs the transpose
-    graph.meta["ort_opt"] = True
-    folded = predict_cpu_times(graph, cpu)
+    folded = predict_cpu_times(graph, cpu, ort_opt=True)
     assert folded[transpose.name] == 0.0
     assert folded[mm.name] < plain[mm.name]  # and the MatMul reads a constant, pre-packed weight
