@@ -9,8 +9,8 @@ import pytest
 from dabench_ir.emulate import check_dependencies, emulate
 from dabench_ir.lowering import lower
 from dabench_ir.lowering.ipu import IpuLowering
-from dabench_ir.options import ProfileOptions
 from dabench_ir.metrics import compute_metrics
+from dabench_ir.options import ProfileOptions
 from dabench_ir.report.trace import write_chrome_trace
 from dabench_ir.targets import load_target
 from tests.conftest import analyze_text

@@ -86,8 +86,8 @@ def test_ort_opt_maps_fused_nodes_back():
 
 
 def test_bounds_and_rates_with_target():
-    from dabench_ir.lowering.cpu import CpuModel
     from dabench_ir.ir import Cost
+    from dabench_ir.lowering.cpu import CpuModel
     from dabench_ir.passes.meta import COST
     from dabench_ir.pipeline import load_graph
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dabench_ir.emulate import emulate
 from dabench_ir.lowering import lower
-from dabench_ir.options import ProfileOptions
 from dabench_ir.metrics import compute_metrics
+from dabench_ir.options import ProfileOptions
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 

@@ -6,8 +6,8 @@ from itertools import pairwise
 
 from dabench_ir.emulate import emulate
 from dabench_ir.lowering import lower
-from dabench_ir.options import ProfileOptions
 from dabench_ir.lowering._common import module_key
+from dabench_ir.options import ProfileOptions
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import ProfileOptions
 from dabench_ir.lowering.collectives import ring_allreduce_time
-from dabench_ir.scaling import scale, split_for_tp
+from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
+from dabench_ir.scaling import scale, split_for_tp
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
