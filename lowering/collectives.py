@@ -1,6 +1,6 @@
 """Closed forms for multi-chip execution: collectives, pipeline bubbles, optimal stage splits.
 
-Pure functions of sizes and link figures, so `lowering/parallel.py` and the tests share
+Pure functions of sizes and link figures, so `dabench_ir/scaling.py` and the tests share
 one definition of each formula.
 """
 

@@ -99,3 +99,28 @@ def test_training_state_counts_against_memory_and_can_flip_fits():
     ipu = load_target("ipu")
     assert lower(big_infer, ipu, ProfileOptions()).fits
     assert not lower(big_train, ipu, ProfileOptions()).fits
+
+
+def test_pp_stage_fit_counts_training_state_like_the_lowerings():
+    """One rounding of a stage's training-state share: `training_bytes` (rounded up), as the
+    lowerings use; the scaling stage used to floor its own copy of the formula."""
+    import copy
+    import math
+
+    from dabench_ir.lowering._common import LoweringContext, training_bytes, weight_bytes
+    from dabench_ir.passes.training import TrainingPass
+    from dabench_ir.targets import Target
+
+    graph = decoder(layers=3, hidden=64)
+    TrainingPass()(graph)
+    raw = copy.deepcopy(load_target("h100").raw)
+    raw["memory"][0]["capacity_bytes"]["value"] = 1000.0  # every stage overflows: the first is reported
+    tiny = Target.from_dict(raw, origin="tiny-h100.toml")
+    point = scale(graph, tiny, [3], "pp", ProfileOptions(batch=1)).points[0]
+    assert not point.fits
+    ctx = LoweringContext.build(graph, None, 1)
+    stage = [n for n in graph.nodes if n.layer in point.stages[0]]
+    train = graph.meta["train"]
+    exact = (train["optimizer_state_bytes"] + train["saved_activation_bytes"]) * weight_bytes(ctx, stage) / weight_bytes(ctx)
+    assert training_bytes(ctx, stage) == math.ceil(exact) > math.floor(exact)
+    assert point.failure["needed_bytes"] == weight_bytes(ctx, stage) + training_bytes(ctx, stage)

@@ -87,7 +87,7 @@ def test_failing_point_does_not_stop_others(tmp_path, cache):
     record = json.loads((tmp_path / "points" / f"{bad['key']}.json").read_text())
     assert record["status"] == "error" and record["error"] == bad["error"]
     assert result.failed >= 1
-    # multi-chip points run through lowering.parallel.scale; an unsupported strategy is an error by name
+    # multi-chip points run through dabench_ir.scaling.scale; an unsupported strategy is an error by name
     scaled = rows["rdu2"]
     assert scaled["status"] == "ok" and float(scaled["time_s"]) > 0 and float(scaled["throughput_samples_per_s"]) > 0
     refused = rows["rdu4"]
