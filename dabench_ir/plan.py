@@ -113,22 +113,6 @@ class Plan:
     unattributed: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def node_unit(self) -> dict[str, str]:
-        """Node name -> unit id."""
-        return {n: p.unit for n, p in self.node_plans.items()}
-
-    def unit(self, unit_id: str) -> Unit:
-        for u in self.units:
-            if u.id == unit_id:
-                return u
-        raise KeyError(unit_id)
-
-    @property
-    def sections(self) -> int:
-        """Number of units that run one after another (RDU sections, streamed layers)."""
-        return len(self.units) if self.schedule is Schedule.SEQUENTIAL else 1
-
     def fail(self, reason: str, needed: float | None = None, capacity: float | None = None) -> None:
         """Mark the plan as not fitting (the first failure is kept)."""
         self.fits = False
