@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
+from dabench_ir.lowering._common import LoweringContext
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
@@ -114,15 +115,16 @@ class Lowering(ABC):
         if target.kind not in self.kinds:
             raise UserError(f"the {self.name} lowering serves {', '.join(self.kinds)} targets, not {target.name}")
         opts = options if type(options) is self.Options else self.options(options)
-        plan = self._lower(graph, target, opts)
+        plan = self._lower(LoweringContext.build(graph, opts.precision, opts.batch), target, opts)
         logger.info(
             "lowered %s onto %s: %d unit(s), fits=%s", graph.name or "graph", target.name, len(plan.units), plan.fits
         )
         return plan
 
     @abstractmethod
-    def _lower(self, graph: Graph, target: Target, options: Any) -> Plan:
-        """The Plan, from options already of this lowering's ``Options`` type."""
+    def _lower(self, ctx: LoweringContext, target: Target, options: Any) -> Plan:
+        """The Plan of ``ctx.graph`` (its node costs resolved in ``ctx``), with options of this
+        lowering's ``Options`` type."""
 
 
 def lowering_for(target: Target) -> Lowering:

@@ -10,12 +10,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.plan import NodePlan
+from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
+
+if TYPE_CHECKING:
+    from dabench_ir.targets import Target
 
 __all__ = [
     "Block",
@@ -75,6 +79,23 @@ class LoweringContext:
         ctx = cls(graph, costs, unattributed, prec, max(1, int(batch)))
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx
+
+    def plan(self, target: Target, options: Any, schedule: Schedule, **fields: Any) -> Plan:
+        """An empty Plan of this graph on ``target``: precision, batch and unattributed nodes filled in."""
+        return Plan(
+            target=target,
+            options=options,
+            precision=self.precision,
+            schedule=schedule,
+            batch=self.batch,
+            unattributed=list(self.unattributed),
+            **fields,
+        )
+
+    def resident_bytes(self) -> int:
+        """What one device holds running the whole graph: weights, the peak of live
+        activations, and the training state."""
+        return weight_bytes(self) + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
 
     def is_shape(self, node: Node) -> bool:
         """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""

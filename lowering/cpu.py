@@ -384,9 +384,8 @@ class CpuLowering(Lowering):
     def feed_level(self, target: Target) -> str:
         return target.feed_memory.level
 
-    def _lower(self, graph: Graph, target: Target, options: CpuOptions) -> Plan:
-        ctx = LoweringContext.build(graph, options.precision, options.batch)
-        times = predict_cpu_times(graph, target, ort_opt=options.ort_opt)
+    def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
+        times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)
         # onnxruntime runs one kernel per node, unfused
         return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times)
 

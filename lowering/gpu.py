@@ -18,15 +18,11 @@ from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     kernel_groups,
-    peak_live_bytes,
     place_node,
-    training_bytes,
-    weight_bytes,
 )
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Graph
     from dabench_ir.targets import Target
 
 __all__ = ["LOWERING", "GpuLowering", "GpuOptions", "stream_plan"]
@@ -52,8 +48,7 @@ class GpuLowering(Lowering):
     def feed_level(self, target: Target) -> str:
         return target.feed_memory.level
 
-    def _lower(self, graph: Graph, target: Target, options: GpuOptions) -> Plan:
-        ctx = LoweringContext.build(graph, options.precision, options.batch)
+    def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
         return stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise)
 
@@ -73,7 +68,6 @@ def stream_plan(
     """Kernels in order on one ``unit``: roofline time plus launch overhead per kernel, or
     ``times`` (seconds per node) where a finer model has them; fits when the weights and the
     peak of live activations fit the feed memory."""
-    graph = ctx.graph
     times = times or {}
     peak = target.peak_flops(ctx.precision)
     mem = target.feed_memory
@@ -83,16 +77,7 @@ def stream_plan(
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units
     grain = target.arch_value("min_grain_flops", 0.0)
-    plan = Plan(
-        target=target,
-        options=options,
-        precision=ctx.precision,
-        schedule=Schedule.CONCURRENT,
-        units=[unit],
-        batch=ctx.batch,
-        micro_batches=1,
-        unattributed=list(ctx.unattributed),
-    )
+    plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
     for group in kernel_groups(ctx, fuse):
@@ -125,7 +110,7 @@ def stream_plan(
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
-    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes) + training_bytes(ctx)
+    resident = ctx.resident_bytes()
     plan.memory_bytes[mem.name] = resident
     plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:

@@ -30,7 +30,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Graph, Node
+    from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
 __all__ = ["LOWERING", "IpuLowering", "IpuOptions"]
@@ -59,15 +59,15 @@ class IpuLowering(Lowering):
     def feed_level(self, target: Target) -> str:
         return "on-chip"
 
-    def _lower(self, graph: Graph, target: Target, options: IpuOptions) -> Plan:
-        return _lower(graph, target, options)
+    def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
+        return _lower(ctx, target, options)
 
 
 LOWERING = IpuLowering()
 
 
-def _lower(graph: Graph, target: Target, options: IpuOptions) -> Plan:
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
+def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
+    graph = ctx.graph
     tiles = int(target.arch_value("tiles", target.num_units))
     peak = target.peak_flops(ctx.precision)
     tile_peak = peak / tiles
@@ -96,16 +96,8 @@ def _lower(graph: Graph, target: Target, options: IpuOptions) -> Plan:
     block_code = [sum(tiles_for(n) * code_per for n in b.nodes if ctx.is_work(n)) for b in blocks]
     block_act = [math.ceil(peak_live_bytes(ctx, b.nodes) / m) for b in blocks]
     n_ipus = min(options.ipus, len(blocks)) if blocks else 1
-    plan = Plan(
-        target=target,
-        options=options,
-        precision=ctx.precision,
-        schedule=Schedule.CONCURRENT,
-        batch=ctx.batch,
-        micro_batches=m,
-        chips=n_ipus,
-        pipelined_steps=options.steady_state,
-        unattributed=list(ctx.unattributed),
+    plan = ctx.plan(
+        target, options, Schedule.CONCURRENT, micro_batches=m, chips=n_ipus, pipelined_steps=options.steady_state
     )
     if options.ipus > n_ipus:
         plan.notes.append(f"only {len(blocks)} pipeline stage(s) to place: {options.ipus - n_ipus} IPU(s) unused")

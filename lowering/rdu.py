@@ -20,16 +20,13 @@ from dabench_ir.lowering._common import (
     LoweringContext,
     balance,
     module_key,
-    peak_live_bytes,
     place_node,
-    training_bytes,
     value_bytes,
-    weight_bytes,
 )
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Graph, Node
+    from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
 __all__ = ["LOWERING", "RduLowering", "RduOptions", "partition"]
@@ -113,15 +110,15 @@ class RduLowering(Lowering):
     def feed_level(self, target: Target) -> str:
         return "off-chip"
 
-    def _lower(self, graph: Graph, target: Target, options: RduOptions) -> Plan:
-        return _lower(graph, target, options)
+    def _lower(self, ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
+        return _lower(ctx, target, options)
 
 
 LOWERING = RduLowering()
 
 
-def _lower(graph: Graph, target: Target, options: RduOptions) -> Plan:
-    ctx = LoweringContext.build(graph, options.precision, options.batch)
+def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
+    graph = ctx.graph
     m = options.micro_batches or ctx.batch
     demand = _Demand(ctx, target, m)
     peak = target.peak_flops(ctx.precision)
@@ -131,15 +128,7 @@ def _lower(graph: Graph, target: Target, options: RduOptions) -> Plan:
     ridge = peak / bw
     reconfig = target.overhead("section_reconfig_s")
     grain = target.arch_value("min_pcu_work_flops", 0.0)
-    plan = Plan(
-        target=target,
-        options=options,
-        precision=ctx.precision,
-        schedule=Schedule.SEQUENTIAL,
-        batch=ctx.batch,
-        micro_batches=m,
-        unattributed=list(ctx.unattributed),
-    )
+    plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
     sections = partition(ctx, demand, options.opt_level)
     section_of = {n.name: i for i, s in enumerate(sections) for n in s}
     graph_outputs = set(graph.outputs)
@@ -200,7 +189,7 @@ def _lower(graph: Graph, target: Target, options: RduOptions) -> Plan:
     plan.traffic_bytes[ddr.name] = ddr_total
     if len(sections) > 1:
         plan.step_overheads_s["section_reconfig"] = reconfig * len(sections)
-    resident = weight_bytes(ctx) + peak_live_bytes(ctx, graph.nodes) + training_bytes(ctx)
+    resident = ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")

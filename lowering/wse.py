@@ -32,7 +32,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Graph, Node
+    from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
 __all__ = ["LOWERING", "WseLowering", "WseOptions"]
@@ -66,8 +66,7 @@ class WseLowering(Lowering):
     def feed_level(self, target: Target) -> str:
         return "on-chip"
 
-    def _lower(self, graph: Graph, target: Target, options: WseOptions) -> Plan:
-        ctx = LoweringContext.build(graph, options.precision, options.batch)
+    def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         if options.wse_mode == "streaming":
             return _streaming(ctx, target, options)
         plan = _pipelined_best(ctx, target, options)
@@ -115,16 +114,8 @@ def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replic
     pe_grain = target.arch_value("min_pe_work_flops", 0.0)
     ridge = target.peak_flops(ctx.precision) / sram.bandwidth_bytes_per_s
     m = options.micro_batches or max(1, math.ceil(ctx.batch / replicas))
-    plan = Plan(
-        target=target,
-        options=options,
-        precision=ctx.precision,
-        schedule=Schedule.CONCURRENT,
-        batch=ctx.batch,
-        micro_batches=m,
-        replicas=replicas,
-        pipelined_steps=options.steady_state,
-        unattributed=list(ctx.unattributed),
+    plan = ctx.plan(
+        target, options, Schedule.CONCURRENT, micro_batches=m, replicas=replicas, pipelined_steps=options.steady_state
     )
     available = pes // replicas
     groups = kernel_groups(ctx, options.fuse_elementwise)
@@ -211,15 +202,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
     sram_ridge = peak / sram.bandwidth_bytes_per_s
     ext_ridge = peak / ext.bandwidth_bytes_per_s
-    plan = Plan(
-        target=target,
-        options=options,
-        precision=ctx.precision,
-        schedule=Schedule.SEQUENTIAL,
-        batch=ctx.batch,
-        micro_batches=1,
-        unattributed=list(ctx.unattributed),
-    )
+    plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
     if options.replicas not in (None, 1, "auto"):
         plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
     blocks = layer_blocks(ctx.graph)
