@@ -2,12 +2,18 @@
 
 A rule gets an `OpView` (the node with its input and output types bound) and returns the
 node's FLOPs as a `Cost`; the registry adds the bytes moved (weights read, activations
-read, outputs written) unless the rule says it counts bytes itself. Adding an op is one
+read, outputs written) unless the rule says it counts bytes itself. The same registration
+carries every other per-op fact as an `OpTraits` (shape-only, folds on weights, fp32 under
+mixed precision, host-CPU kernel class, backward rule, ...), read with `op_traits` or
+`traits_of` by the passes, the lowerings and the host predictor. Adding an op is one
 decorated function:
 
     @cost_rule("Relu", op_class=OpClass.VECTOR)
     def relu(op: OpView) -> Cost:
         return Cost(vector_flops=op.out_numel())
+
+The rule's docstring is its line in docs/costs.md's per-op table, which is generated from
+the registry (`render_costs_markdown`).
 
 FLOP convention (also in docs/costs.md and in every JSON report as "flop_convention"):
 a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one per elementwise
