@@ -2,12 +2,18 @@
 
 A rule gets an `OpView` (the node with its input and output types bound) and returns the
 node's FLOPs as a `Cost`; the registry adds the bytes moved (weights read, activations
-read, outputs written) unless the rule says it counts bytes itself. Adding an op is one
+read, outputs written) unless the rule says it counts bytes itself. The same registration
+carries every other per-op fact as an `OpTraits` (shape-only, folds on weights, fp32 under
+mixed precision, host-CPU kernel class, backward rule, ...), read with `op_traits` or
+`traits_of` by the passes, the lowerings and the host predictor. Adding an op is one
 decorated function:
 
     @cost_rule("Relu", op_class=OpClass.VECTOR)
     def relu(op: OpView) -> Cost:
         return Cost(vector_flops=op.out_numel())
+
+The rule's docstring is its line in docs/costs.md's per-op table, which is generated from
+the registry (`render_costs_markdown`).
 
 FLOP convention (also in docs/costs.md and in every JSON report as "flop_convention"):
 a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one per elementwise
@@ -27,14 +33,24 @@ from typing import Any
 from dabench_ir.ir import Cost, Graph, Node, TensorType
 
 __all__ = [
+    "CPU_MATMUL",
+    "CPU_STREAM",
     "FLOP_CONVENTION",
+    "UNKNOWN_OP",
+    "Backward",
     "CostRule",
     "OpClass",
+    "OpTraits",
     "OpView",
     "ShapeUnknownError",
     "cost_rule",
     "find_rule",
+    "op_traits",
+    "op_traits_only",
+    "ops_with",
     "registered_ops",
+    "render_costs_markdown",
+    "traits_of",
 ]
 
 FLOP_CONVENTION = (
@@ -51,11 +67,68 @@ class OpClass(enum.StrEnum):
     CONTRACTION = "contraction"  # matmul, conv, einsum: the MAC arrays' work
     VECTOR = "vector"  # elementwise, normalisation, softmax, reductions
     DATA_MOVEMENT = "data_movement"  # transpose, concat, gather, cast, views
-    SHAPE = "shape"  # metadata only: Shape, Constant, Range; reads no tensor data
+    SHAPE = "shape"  # reads no tensor data: Shape, Constant, ConstantOfShape, Range
+
+
+class Backward(enum.StrEnum):
+    """How the training pass derives an op's backward cost from its forward cost (docs/training.md)."""
+
+    NONE = "none"  # no gradient flows through it
+    CONTRACTION = "contraction"  # one gradient contraction per operand that needs a gradient
+    VECTOR = "vector"  # 2x the forward vector FLOPs, 1x its special ops
+    MOVE = "move"  # the same bytes move back, no FLOPs
+    SCATTER_ADD = "scatter_add"  # Gather: gradient rows summed into the table, one add per element
+
+
+CPU_STREAM = "Add"
+"""Host-CPU kernel class of an op with no closer calibrated kernel: a streaming op of the same bytes."""
+CPU_MATMUL = "MatMul"
+"""Host-CPU kernel class timed from the calibrated matmul curves rather than a bytes curve."""
+
+_BACKWARD_OF_CLASS = {
+    OpClass.CONTRACTION: Backward.CONTRACTION,
+    OpClass.VECTOR: Backward.VECTOR,
+    OpClass.DATA_MOVEMENT: Backward.MOVE,
+    OpClass.SHAPE: Backward.NONE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpTraits:
+    """Everything the passes, lowerings and the host predictor need to know about an op type.
+
+    One record per registered op, written by its `cost_rule` (or `op_traits_only`)
+    registration; `op_traits` returns `UNKNOWN_OP` for an op nobody registered.
+    """
+
+    op_class: OpClass | None = None
+    """Kind of work; None for an op the registry does not know."""
+    shape_only: bool = False
+    """No target does work for it: it reads only metadata (Shape, Size), is a view of its
+    input (Reshape, Squeeze, Unsqueeze, Flatten, Identity, inference Dropout) or a constant
+    materialised at load (Constant). Its Cost still records the bytes ONNX semantics move."""
+    folds_on_weights: bool = False
+    """A layout op that a compiler applies once, at compile time, when every input is stored."""
+    keeps_fp32: bool = False
+    """Computes and writes fp32 under mixed precision (softmax, normalisations, reductions, ...)."""
+    cpu_class: str = CPU_STREAM
+    """The host-CPU predictor's calibrated kernel class (`CPU_MATMUL`: the matmul curves)."""
+    backward: Backward = Backward.VECTOR
+    """The training pass's backward rule."""
+    keeps_values: bool = False
+    """Output holds the input's values, only re-shaped or re-typed (token ids stay token ids)."""
+    has_cost_rule: bool = False
+    """A cost rule is registered; without one the cost pass leaves the node unattributed."""
 
 
 class ShapeUnknownError(Exception):
     """A type the rule needs is not known (shape inference could not tell)."""
+
+
+UNKNOWN_OP = OpTraits()
+"""Traits of an op no registration names: no class, no special treatment anywhere, a
+streaming kernel on the host CPU, and the vector backward rule (what the training pass
+applied to unclassified nodes). Such a node has no cost rule, so it is unattributed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +137,18 @@ class CostRule:
     op_class: OpClass
     params: frozenset[int]  # input indices that are shape parameters (not data, not costed)
     custom_bytes: bool  # the rule returns bytes too
+    traits: OpTraits = UNKNOWN_OP
 
 
 _RULES: dict[tuple[str, str], CostRule] = {}
+_TRAITS: dict[tuple[str, str], OpTraits] = {}
 _ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def _traits(op_class: OpClass | None, backward: Backward | None, has_rule: bool, **flags: Any) -> OpTraits:
+    if backward is None:
+        backward = _BACKWARD_OF_CLASS[op_class] if op_class is not None else UNKNOWN_OP.backward
+    return OpTraits(op_class=op_class, backward=backward, has_cost_rule=has_rule, **flags)
 
 
 def cost_rule(
@@ -76,24 +157,80 @@ def cost_rule(
     domain: str = "",
     params: Iterable[int] = (),
     custom_bytes: bool = False,
+    shape_only: bool = False,
+    folds_on_weights: bool = False,
+    keeps_fp32: bool = False,
+    cpu_class: str = CPU_STREAM,
+    backward: Backward | None = None,
+    keeps_values: bool = False,
 ) -> Callable[[Callable[[OpView], Cost]], Callable[[OpView], Cost]]:
-    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``."""
+    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``, with their `OpTraits`.
+
+    ``backward`` defaults to the rule of ``op_class`` (contraction, vector, move, none).
+    """
+    traits = _traits(
+        op_class,
+        backward,
+        True,
+        shape_only=shape_only,
+        folds_on_weights=folds_on_weights,
+        keeps_fp32=keeps_fp32,
+        cpu_class=cpu_class,
+        keeps_values=keeps_values,
+    )
 
     def register(fn: Callable[[OpView], Cost]) -> Callable[[OpView], Cost]:
-        rule = CostRule(fn, op_class, frozenset(params), custom_bytes)
+        rule = CostRule(fn, op_class, frozenset(params), custom_bytes, traits)
         for op_type in op_types:
             _RULES[(domain, op_type)] = rule
+            _TRAITS[(domain, op_type)] = traits
         return fn
 
     return register
 
 
+def op_traits_only(
+    *op_types: str,
+    op_class: OpClass | None,
+    domain: str = "",
+    cpu_class: str = CPU_STREAM,
+    backward: Backward | None = None,
+) -> None:
+    """Register traits for ops the registry does not cost (their nodes stay unattributed)."""
+    traits = _traits(op_class, backward, False, cpu_class=cpu_class)
+    for op_type in op_types:
+        _TRAITS[(domain, op_type)] = traits
+
+
+def _key(op_type: str, domain: str) -> tuple[str, str]:
+    return ("" if domain in _ONNX_DOMAINS else domain, op_type)
+
+
 def find_rule(node: Node) -> CostRule | None:
-    domain = "" if node.domain in _ONNX_DOMAINS else node.domain
-    return _RULES.get((domain, node.op_type))
+    return _RULES.get(_key(node.op_type, node.domain))
+
+
+def op_traits(op_type: str, domain: str = "") -> OpTraits:
+    """The registered traits of ``op_type`` in ``domain`` ("" and "ai.onnx" are ONNX), else `UNKNOWN_OP`."""
+    return _TRAITS.get(_key(op_type, domain), UNKNOWN_OP)
+
+
+def traits_of(node: Node) -> OpTraits:
+    """`op_traits` of a node's op type and domain."""
+    return op_traits(node.op_type, node.domain)
+
+
+def ops_with(**wanted: Any) -> frozenset[str]:
+    """Qualified names (``op`` or ``domain::op``) of the registered ops whose traits match ``wanted``."""
+    return frozenset(
+        op if not d else f"{d}::{op}"
+        for (d, op), t in _TRAITS.items()
+        if all(getattr(t, k) == v for k, v in wanted.items())
+    )
 
 
 def registered_ops() -> list[str]:
+    """Qualified names of the ops that have a cost rule."""
     return sorted(op if not d else f"{d}::{op}" for d, op in _RULES)
 
 
@@ -167,7 +304,7 @@ class OpView:
 # -- contractions ---------------------------------------------------------------------
 
 
-@cost_rule("MatMul", "MatMulInteger", op_class=OpClass.CONTRACTION)
+@cost_rule("MatMul", "MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def matmul(op: OpView) -> Cost:
     """[..., M, K] @ [..., K, N]: 2·K FLOPs per output element (broadcast batch dims included)."""
     a = op.in_dims(0)
@@ -175,20 +312,22 @@ def matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel())
 
 
-@cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION)
+@cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def matmul_nbits(op: OpView) -> Cost:
+    """2·K FLOPs per output element (K from the node's attribute)."""
     return Cost(contraction_flops=2 * int(op.attr("K")) * op.out_numel())
 
 
-@cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION)
+@cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def fused_matmul(op: OpView) -> Cost:
+    """2·K FLOPs per output element, plus the alpha scaling when alpha ≠ 1."""
     a = op.in_dims(0)
     k = a[-2] if op.attr("transA", 0) and len(a) >= 2 else a[-1]
     scale = 0 if op.attr("alpha", 1.0) == 1.0 else op.out_numel()
     return Cost(contraction_flops=2 * k * op.out_numel(), vector_flops=scale)
 
 
-@cost_rule("Gemm", op_class=OpClass.CONTRACTION)
+@cost_rule("Gemm", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def gemm(op: OpView) -> Cost:
     """alpha·A'B' + beta·C: 2·K per output, plus alpha/beta scaling and the C add."""
     a = op.in_dims(0)
@@ -248,89 +387,88 @@ def einsum(op: OpView) -> Cost:
 
 # -- elementwise -----------------------------------------------------------------------
 
-# op type -> (vector FLOPs, special ops) per output element
-_ELEMENTWISE: dict[str, tuple[int, int]] = {
-    # arithmetic
-    "Add": (1, 0),
-    "Sub": (1, 0),
-    "Mul": (1, 0),
-    "Div": (1, 0),
-    "Neg": (1, 0),
-    "Abs": (1, 0),
-    "Reciprocal": (1, 0),
-    "Mod": (1, 0),
-    "Floor": (1, 0),
-    "Ceil": (1, 0),
-    "Round": (1, 0),
-    "Sign": (1, 0),
-    "BitShift": (1, 0),
-    "BitwiseAnd": (1, 0),
-    "BitwiseOr": (1, 0),
-    "BitwiseXor": (1, 0),
-    "BitwiseNot": (1, 0),
-    # comparisons and selection
-    "Equal": (1, 0),
-    "Less": (1, 0),
-    "LessOrEqual": (1, 0),
-    "Greater": (1, 0),
-    "GreaterOrEqual": (1, 0),
-    "And": (1, 0),
-    "Or": (1, 0),
-    "Xor": (1, 0),
-    "Not": (1, 0),
-    "Where": (1, 0),
-    "IsNaN": (1, 0),
-    "IsInf": (1, 0),
-    # activations
-    "Relu": (1, 0),
-    "LeakyRelu": (2, 0),  # compare, multiply
-    "PRelu": (2, 0),
-    "Clip": (2, 0),  # max, min
-    "ThresholdedRelu": (1, 0),
-    "HardSigmoid": (3, 0),  # mul, add, clip
-    "HardSwish": (4, 0),
-    "Shrink": (2, 0),
-    "Sigmoid": (2, 1),  # exp(-x), add 1, divide
-    "Tanh": (0, 1),
-    "Erf": (0, 1),
-    "Exp": (0, 1),
-    "Log": (0, 1),
-    "Sqrt": (0, 1),
-    "Pow": (0, 1),
-    "Sin": (0, 1),
-    "Cos": (0, 1),
-    "Tan": (0, 1),
-    "Asin": (0, 1),
-    "Acos": (0, 1),
-    "Atan": (0, 1),
-    "Sinh": (0, 1),
-    "Cosh": (0, 1),
-    "Asinh": (0, 1),
-    "Acosh": (0, 1),
-    "Atanh": (0, 1),
-    "Softplus": (1, 2),  # log(1 + exp(x))
-    "Softsign": (2, 0),  # x / (1 + |x|)
-    "Elu": (2, 1),
-    "Selu": (3, 1),
-    "Celu": (3, 1),
-    "Mish": (2, 3),  # x·tanh(softplus(x))
-    "Swish": (3, 1),  # x·sigmoid(x)
-}
+def _elementwise(op_type: str, vector: int, special: int, **traits: Any) -> None:
+    """Register ``op_type``: ``vector`` vector FLOPs and ``special`` special ops per output element."""
 
-
-def _elementwise_rule(vector: int, special: int) -> Callable[[OpView], Cost]:
     def rule(op: OpView) -> Cost:
         n = op.out_numel()
         return Cost(vector_flops=vector * n, special_ops=special * n)
 
-    return rule
+    rule.__doc__ = f"{vector} vector FLOP(s) and {special} special op(s) per output element."
+    cost_rule(op_type, op_class=OpClass.VECTOR, **traits)(rule)
 
 
-for _op, (_vector, _special) in _ELEMENTWISE.items():
-    cost_rule(_op, op_class=OpClass.VECTOR)(_elementwise_rule(_vector, _special))
+_FP32 = {"keeps_fp32": True}  # under mixed precision these compute and write fp32
+_TANH = {"cpu_class": "Tanh"}  # timed on the host CPU like a transcendental of the same bytes
+
+# arithmetic
+_elementwise("Add", 1, 0)
+_elementwise("Sub", 1, 0)
+_elementwise("Mul", 1, 0)
+_elementwise("Div", 1, 0)
+_elementwise("Neg", 1, 0)
+_elementwise("Abs", 1, 0)
+_elementwise("Reciprocal", 1, 0)
+_elementwise("Mod", 1, 0)
+_elementwise("Floor", 1, 0)
+_elementwise("Ceil", 1, 0)
+_elementwise("Round", 1, 0)
+_elementwise("Sign", 1, 0)
+_elementwise("BitShift", 1, 0)
+_elementwise("BitwiseAnd", 1, 0)
+_elementwise("BitwiseOr", 1, 0)
+_elementwise("BitwiseXor", 1, 0)
+_elementwise("BitwiseNot", 1, 0)
+# comparisons and selection
+_elementwise("Equal", 1, 0)
+_elementwise("Less", 1, 0)
+_elementwise("LessOrEqual", 1, 0)
+_elementwise("Greater", 1, 0)
+_elementwise("GreaterOrEqual", 1, 0)
+_elementwise("And", 1, 0)
+_elementwise("Or", 1, 0)
+_elementwise("Xor", 1, 0)
+_elementwise("Not", 1, 0)
+_elementwise("Where", 1, 0)
+_elementwise("IsNaN", 1, 0)
+_elementwise("IsInf", 1, 0)
+# activations
+_elementwise("Relu", 1, 0)
+_elementwise("LeakyRelu", 2, 0)  # compare, multiply
+_elementwise("PRelu", 2, 0)
+_elementwise("Clip", 2, 0)  # max, min
+_elementwise("ThresholdedRelu", 1, 0)
+_elementwise("HardSigmoid", 3, 0, **_TANH)  # mul, add, clip
+_elementwise("HardSwish", 4, 0)
+_elementwise("Shrink", 2, 0)
+_elementwise("Sigmoid", 2, 1, **_TANH)  # exp(-x), add 1, divide
+_elementwise("Tanh", 0, 1, **_TANH)
+_elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf")
+_elementwise("Exp", 0, 1, **_FP32, **_TANH)
+_elementwise("Log", 0, 1, **_FP32, **_TANH)
+_elementwise("Sqrt", 0, 1, **_FP32)
+_elementwise("Pow", 0, 1, **_FP32)
+_elementwise("Sin", 0, 1, **_TANH)
+_elementwise("Cos", 0, 1, **_TANH)
+_elementwise("Tan", 0, 1)
+_elementwise("Asin", 0, 1)
+_elementwise("Acos", 0, 1)
+_elementwise("Atan", 0, 1)
+_elementwise("Sinh", 0, 1)
+_elementwise("Cosh", 0, 1)
+_elementwise("Asinh", 0, 1)
+_elementwise("Acosh", 0, 1)
+_elementwise("Atanh", 0, 1)
+_elementwise("Softplus", 1, 2, **_TANH)  # log(1 + exp(x))
+_elementwise("Softsign", 2, 0)  # x / (1 + |x|)
+_elementwise("Elu", 2, 1)
+_elementwise("Selu", 3, 1)
+_elementwise("Celu", 3, 1)
+_elementwise("Mish", 2, 3)  # x·tanh(softplus(x))
+_elementwise("Swish", 3, 1)  # x·sigmoid(x)
 
 
-@cost_rule("Gelu", op_class=OpClass.VECTOR)
+@cost_rule("Gelu", op_class=OpClass.VECTOR, cpu_class="Gelu")
 def gelu(op: OpView) -> Cost:
     """Exact GELU: 4 vector + 1 erf per element; tanh approximation: 7 vector + 1 tanh."""
     n = op.out_numel()
@@ -338,8 +476,10 @@ def gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n, special_ops=n)
 
 
-@cost_rule("Gelu", "FastGelu", "BiasGelu", domain="com.microsoft", op_class=OpClass.VECTOR)
+@cost_rule("Gelu", "BiasGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Gelu")
+@cost_rule("FastGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="GeluTanh")
 def ms_gelu(op: OpView) -> Cost:
+    """Exact (Gelu, BiasGelu) or tanh-approximated (FastGelu) GELU, plus the bias add when given."""
     n = op.out_numel()
     bias = n if op.n_inputs > 1 else 0
     vector = 7 if op.node.op_type == "FastGelu" else 4
@@ -369,7 +509,7 @@ def _rows(dims: tuple[int, ...], axis: int) -> tuple[int, int]:
     return math.prod(dims[:axis]), math.prod(dims[axis:])
 
 
-@cost_rule("Softmax", "LogSoftmax", op_class=OpClass.VECTOR)
+@cost_rule("Softmax", "LogSoftmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax")
 def softmax(op: OpView) -> Cost:
     """Per element: max, subtract, exp, sum, divide (LogSoftmax: subtract, plus a log per row).
 
@@ -384,7 +524,10 @@ def softmax(op: OpView) -> Cost:
     return Cost(vector_flops=4 * n, special_ops=n)
 
 
-@cost_rule("LayerNormalization", op_class=OpClass.VECTOR)
+_NORM = {"keeps_fp32": True, "cpu_class": "LayerNormalization"}
+
+
+@cost_rule("LayerNormalization", op_class=OpClass.VECTOR, **_NORM)
 def layer_norm(op: OpView) -> Cost:
     """Per element: sum, subtract mean, square, sum, normalise, scale (+ bias) = 6 (7);
     per row: mean and variance divisions, add epsilon (3 vector) and one rsqrt."""
@@ -395,7 +538,7 @@ def layer_norm(op: OpView) -> Cost:
     return Cost(vector_flops=per_element * n + 3 * rows, special_ops=rows)
 
 
-@cost_rule("RMSNormalization", op_class=OpClass.VECTOR)
+@cost_rule("RMSNormalization", op_class=OpClass.VECTOR, **_NORM)
 def rms_norm(op: OpView) -> Cost:
     """Per element: square, sum, normalise, scale = 4; per row: divide, add epsilon, rsqrt."""
     dims = op.in_dims(0)
@@ -403,18 +546,20 @@ def rms_norm(op: OpView) -> Cost:
     return Cost(vector_flops=4 * math.prod(dims) + 2 * rows, special_ops=rows)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="", op_class=OpClass.VECTOR)
+@cost_rule("SimplifiedLayerNormalization", domain="", op_class=OpClass.VECTOR, **_NORM)
 def simplified_layer_norm(op: OpView) -> Cost:
+    """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR)
+@cost_rule("SimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM)
 def ms_simplified_layer_norm(op: OpView) -> Cost:
+    """As RMSNormalization."""
     return rms_norm(op)
 
 
 @cost_rule("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain="com.microsoft",
-           op_class=OpClass.VECTOR)
+           op_class=OpClass.VECTOR, **_NORM)
 def skip_layer_norm(op: OpView) -> Cost:
     """Residual add (and optional bias add), then the normalisation."""
     n = op.in_numel(0)
@@ -423,15 +568,15 @@ def skip_layer_norm(op: OpView) -> Cost:
     return norm + Cost(vector_flops=adds)
 
 
-@cost_rule("BatchNormalization", op_class=OpClass.VECTOR)
+@cost_rule("BatchNormalization", op_class=OpClass.VECTOR, **_FP32)
 def batch_norm(op: OpView) -> Cost:
     """Inference form: subtract mean, divide by sqrt(var + eps), scale, shift = 4 per element."""
     channels = op.in_dims(1)[0]
     return Cost(vector_flops=4 * op.in_numel(0) + channels, special_ops=channels)
 
 
-@cost_rule("InstanceNormalization", "GroupNormalization", "MeanVarianceNormalization",
-           op_class=OpClass.VECTOR)
+@cost_rule("InstanceNormalization", "GroupNormalization", op_class=OpClass.VECTOR, **_FP32)
+@cost_rule("MeanVarianceNormalization", op_class=OpClass.VECTOR)
 def instance_norm(op: OpView) -> Cost:
     """Statistics per group of elements, as LayerNormalization counts them."""
     dims = op.in_dims(0)
@@ -448,6 +593,7 @@ def instance_norm(op: OpView) -> Cost:
 
 @cost_rule("LpNormalization", op_class=OpClass.VECTOR)
 def lp_norm(op: OpView) -> Cost:
+    """Per element: the p-th power of abs(x), sum, divide = 3; one root per row."""
     dims = op.in_dims(0)
     n = math.prod(dims)
     rows = n // dims[op.attr("axis", -1)]
@@ -456,37 +602,39 @@ def lp_norm(op: OpView) -> Cost:
 
 # -- reductions ------------------------------------------------------------------------
 
-# op type -> (vector per input element, special per input element, vector per output, special per output)
-_REDUCTIONS: dict[str, tuple[int, int, int, int]] = {
-    "ReduceSum": (1, 0, 0, 0),
-    "ReduceMax": (1, 0, 0, 0),
-    "ReduceMin": (1, 0, 0, 0),
-    "ReduceProd": (1, 0, 0, 0),
-    "ReduceMean": (1, 0, 1, 0),
-    "ReduceL1": (2, 0, 0, 0),
-    "ReduceL2": (2, 0, 0, 1),
-    "ReduceSumSquare": (2, 0, 0, 0),
-    "ReduceLogSum": (1, 0, 0, 1),
-    "ReduceLogSumExp": (1, 1, 0, 1),
-    "ArgMax": (1, 0, 0, 0),
-    "ArgMin": (1, 0, 0, 0),
-}
+def _reduction(op_type: str, per_in: int, special_in: int, per_out: int, special_out: int, **traits: Any) -> None:
+    """Register ``op_type``: vector and special counts per input element and per output element."""
 
-
-def _reduction_rule(per_in: int, special_in: int, per_out: int, special_out: int) -> Callable[[OpView], Cost]:
     def rule(op: OpView) -> Cost:
         n_in, n_out = op.in_numel(0), op.out_numel()
         return Cost(vector_flops=per_in * n_in + per_out * n_out, special_ops=special_in * n_in + special_out * n_out)
 
-    return rule
+    rule.__doc__ = (
+        f"{per_in} vector and {special_in} special per input element, "
+        f"{per_out} vector and {special_out} special per output element."
+    )
+    cost_rule(op_type, op_class=OpClass.VECTOR, params=(1,), **traits)(rule)
 
 
-for _op, _counts in _REDUCTIONS.items():
-    cost_rule(_op, op_class=OpClass.VECTOR, params=(1,))(_reduction_rule(*_counts))
+_REDUCE = {"cpu_class": "ReduceMean"}
+
+_reduction("ReduceSum", 1, 0, 0, 0, **_FP32, **_REDUCE)
+_reduction("ReduceMax", 1, 0, 0, 0, **_REDUCE)
+_reduction("ReduceMin", 1, 0, 0, 0, **_REDUCE)
+_reduction("ReduceProd", 1, 0, 0, 0)
+_reduction("ReduceMean", 1, 0, 1, 0, **_FP32, **_REDUCE)
+_reduction("ReduceL1", 2, 0, 0, 0)
+_reduction("ReduceL2", 2, 0, 0, 1, **_FP32, **_REDUCE)
+_reduction("ReduceSumSquare", 2, 0, 0, 0, **_FP32, **_REDUCE)
+_reduction("ReduceLogSum", 1, 0, 0, 1)
+_reduction("ReduceLogSumExp", 1, 1, 0, 1, **_FP32)
+_reduction("ArgMax", 1, 0, 0, 0)
+_reduction("ArgMin", 1, 0, 0, 0)
 
 
-@cost_rule("CumSum", op_class=OpClass.VECTOR, params=(1,))
+@cost_rule("CumSum", op_class=OpClass.VECTOR, params=(1,), **_FP32)
 def cumsum(op: OpView) -> Cost:
+    """One add per output element."""
     return Cost(vector_flops=op.out_numel())
 
 
@@ -512,6 +660,7 @@ def pool(op: OpView) -> Cost:
 
 @cost_rule("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", op_class=OpClass.VECTOR)
 def global_pool(op: OpView) -> Cost:
+    """One op per input element; GlobalAveragePool adds a division per output."""
     extra = op.out_numel() if op.node.op_type == "GlobalAveragePool" else 0
     return Cost(vector_flops=op.in_numel(0) + extra)
 
@@ -529,47 +678,50 @@ def resize(op: OpView) -> Cost:
 
 
 def _no_flops(op: OpView) -> Cost:
+    """No FLOPs: the bytes it reads and writes."""
     return Cost()
 
 
-_DATA_MOVEMENT: dict[str, tuple[int, ...]] = {
-    # op type -> input indices that are shape parameters, not data
-    "Transpose": (),
-    "Reshape": (1,),
-    "Flatten": (),
-    "Squeeze": (1,),
-    "Unsqueeze": (1,),
-    "Identity": (),
-    "Dropout": (1, 2),
-    "Concat": (),
-    "Split": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Expand": (1,),
-    "Tile": (1,),
-    "Pad": (1, 2, 3),
-    "Cast": (),
-    "CastLike": (1,),
-    "Trilu": (1,),
-    "DepthToSpace": (),
-    "SpaceToDepth": (),
-    "GatherElements": (),
-    "GatherND": (),
-    "ScatterND": (),
-    "ScatterElements": (),
-    "Scatter": (),
-    "OneHot": (1, 2),
-    "Compress": (),
-    "NonZero": (),
-    "ReverseSequence": (1,),
-    "Unique": (),
-    "SplitToSequence": (1,),
-}
-
-for _op, _params in _DATA_MOVEMENT.items():
-    cost_rule(_op, op_class=OpClass.DATA_MOVEMENT, params=_params)(_no_flops)
+def _moves(op_type: str, params: tuple[int, ...] = (), **traits: Any) -> None:
+    """Register a data-movement op; ``params`` are the input indices that are shape parameters, not data."""
+    cost_rule(op_type, op_class=OpClass.DATA_MOVEMENT, params=params, **traits)(_no_flops)
 
 
-@cost_rule("Gather", op_class=OpClass.DATA_MOVEMENT, custom_bytes=True)
+# views: free on every target (`OpTraits.shape_only`); layouts of a stored weight fold at compile time
+_VIEW = {"shape_only": True, "folds_on_weights": True, "keeps_values": True}
+
+_moves("Transpose", folds_on_weights=True, cpu_class="Transpose")
+_moves("Reshape", (1,), **_VIEW)
+_moves("Flatten", **_VIEW)
+_moves("Squeeze", (1,), **_VIEW)
+_moves("Unsqueeze", (1,), **_VIEW)
+_moves("Identity", **_VIEW)
+_moves("Dropout", (1, 2), shape_only=True)  # inference (training_mode false): the identity
+_moves("Concat")
+_moves("Split", (1,))
+_moves("Slice", (1, 2, 3, 4))
+_moves("Expand", (1,), keeps_values=True)
+_moves("Tile", (1,))
+_moves("Pad", (1, 2, 3))
+_moves("Cast", folds_on_weights=True, keeps_values=True)
+_moves("CastLike", (1,))
+_moves("Trilu", (1,))
+_moves("DepthToSpace")
+_moves("SpaceToDepth")
+_moves("GatherElements")
+_moves("GatherND")
+_moves("ScatterND")
+_moves("ScatterElements")
+_moves("Scatter")
+_moves("OneHot", (1, 2))
+_moves("Compress")
+_moves("NonZero")
+_moves("ReverseSequence", (1,))
+_moves("Unique")
+_moves("SplitToSequence", (1,))
+
+
+@cost_rule("Gather", op_class=OpClass.DATA_MOVEMENT, custom_bytes=True, backward=Backward.SCATTER_ADD)
 def gather(op: OpView) -> Cost:
     """Reads only the gathered slices (an embedding lookup reads B·S rows, not the table)."""
     data = op.graph.values[op.node.inputs[0]]
@@ -581,14 +733,15 @@ def gather(op: OpView) -> Cost:
     return Cost(act_bytes_in=gathered + index_bytes, act_bytes_out=out_bytes)
 
 
-@cost_rule("Shape", "Size", op_class=OpClass.SHAPE, params=(0,))
+@cost_rule("Shape", "Size", op_class=OpClass.SHAPE, params=(0,), shape_only=True)
 def shape_of(op: OpView) -> Cost:
     """Reads the input's metadata, not its data."""
     return Cost()
 
 
-@cost_rule("Constant", "ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform",
-           "RandomNormalLike", "RandomUniformLike", op_class=OpClass.SHAPE, params=(0,))
+@cost_rule("Constant", op_class=OpClass.SHAPE, params=(0,), shape_only=True)  # an initializer once loaded
+@cost_rule("ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+           op_class=OpClass.SHAPE, params=(0,))
 def constant(op: OpView) -> Cost:
     """Materialises its output: bytes written, nothing computed."""
     return Cost()
@@ -598,3 +751,68 @@ def constant(op: OpView) -> Cost:
 def range_(op: OpView) -> Cost:
     """start + i·delta: one multiply-add per element."""
     return Cost(vector_flops=2 * op.out_numel())
+
+
+# -- ops with traits but no cost rule (their nodes stay unattributed) ---------------------
+
+op_traits_only("FusedGemm", domain="com.microsoft", op_class=None, cpu_class=CPU_MATMUL)
+
+
+# -- the per-op table of docs/costs.md -----------------------------------------------------
+
+_DOC_BEGIN = "<!-- per-op table: generated by passes.cost_rules.render_costs_markdown(); run scripts/gen_costs_doc.py -->"
+_DOC_END = "<!-- end of generated per-op table -->"
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join(((doc or "").strip().split("\n\n") or [""])[0].split())
+
+
+def _trait_notes(traits: OpTraits, rule: CostRule | None) -> str:
+    notes = [
+        label
+        for label, on in (
+            ("shape-only", traits.shape_only),
+            ("folds on weights", traits.folds_on_weights),
+            ("fp32 when mixed", traits.keeps_fp32),
+            ("keeps values", traits.keeps_values),
+            ("counts its own bytes", rule is not None and rule.custom_bytes),
+        )
+        if on
+    ]
+    return ", ".join(notes)
+
+
+def render_costs_markdown() -> str:
+    """The per-op table of docs/costs.md, one row per group of ops that share a rule and traits.
+
+    The block starts and ends with marker comments, so scripts/gen_costs_doc.py can replace
+    it in place and tests/test_op_traits.py can check that the committed doc matches.
+    """
+    rows: dict[tuple[Any, ...], list[str]] = {}
+    for (domain, op), traits in _TRAITS.items():
+        rule = _RULES.get((domain, op))
+        counts = _first_paragraph(rule.fn.__doc__) if rule else "no cost rule: the node is unattributed"
+        params = ", ".join(str(i) for i in sorted(rule.params)) if rule else ""
+        key = (counts, params, traits, rule.custom_bytes if rule else None)
+        rows.setdefault(key, []).append(f"{domain}::{op}" if domain else op)
+    lines = [
+        _DOC_BEGIN,
+        "",
+        "| ops | class | counts | shape-parameter inputs | backward | host-CPU kernel | traits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (counts, params, traits, _), ops in rows.items():
+        rule = _RULES.get(_key(ops[0].rpartition("::")[2], ops[0].rpartition("::")[0]))
+        cells = [
+            ", ".join(ops),
+            traits.op_class.value if traits.op_class else "-",
+            counts,
+            params or "-",
+            traits.backward.value if traits.has_cost_rule else "-",
+            traits.cpu_class,
+            _trait_notes(traits, rule) or "-",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", _DOC_END]
+    return "\n".join(lines) + "\n"

@@ -3,8 +3,9 @@
 Mixed precision follows the usual recipe (Micikevicius et al., "Mixed Precision Training",
 ICLR 2018; NVIDIA's automatic mixed precision lists): matmuls, convolutions and the
 activations between them in half precision; softmax, normalisations, reductions and
-transcendental-heavy ops compute in fp32 and write fp32; master weights stay fp32 (they
-matter in training, see passes/training.py).
+transcendental-heavy ops compute in fp32 and write fp32 (the ops whose `OpTraits.keeps_fp32`
+is set in passes/cost_rules.py); master weights stay fp32 (they matter in training, see
+passes/training.py).
 """
 
 from __future__ import annotations
@@ -16,44 +17,17 @@ from dabench_ir.ir import DType, Graph, ValueKind
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import OpClass
+from .cost_rules import OpClass, traits_of
 from .passes import CostPass
 
-__all__ = ["FP32_OPS", "PrecisionPass", "precision_by_class"]
-
-# Ops that compute (and write) in fp32 under mixed precision.
-FP32_OPS = frozenset(
-    {
-        "Softmax",
-        "LogSoftmax",
-        "LayerNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "BatchNormalization",
-        "GroupNormalization",
-        "InstanceNormalization",
-        "ReduceMean",
-        "ReduceSum",
-        "ReduceSumSquare",
-        "ReduceL2",
-        "ReduceLogSumExp",
-        "Pow",
-        "Sqrt",
-        "Exp",
-        "Log",
-        "Erf",
-        "CumSum",
-    }
-)
+__all__ = ["PrecisionPass", "precision_by_class"]
 
 _MODES = {"fp32": DType.FLOAT32, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
 
 
 @dataclass(frozen=True)
 class PrecisionPass(Pass):
-    """Rewrite every float value to ``precision``; ``mixed`` keeps the FP32_OPS in fp32.
+    """Rewrite every float value to ``precision``; ``mixed`` keeps the ops with `OpTraits.keeps_fp32` in fp32.
 
     Writes `meta.PRECISION` (the dtype each node computes in) and re-costs the graph,
     since bytes follow the dtypes.
@@ -78,7 +52,7 @@ class PrecisionPass(Pass):
                 value.type = value.type.with_dtype(low)
         for node in graph.nodes:
             computes = low
-            if mixed and node.op_type in FP32_OPS:
+            if mixed and traits_of(node).keeps_fp32:
                 computes = DType.FLOAT32
                 for out in node.outputs:
                     value = graph.values.get(out)

@@ -24,7 +24,7 @@ from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import OpClass
+from .cost_rules import Backward, OpClass, traits_of
 
 __all__ = [
     "ADAM_BYTES_PER_PARAM",
@@ -55,20 +55,19 @@ def _needs_grad(graph: Graph) -> set[str]:
 
 
 def backward_cost(node: Node, forward: Cost, grad_inputs: int, data_inputs: int) -> Cost:
-    """Backward cost of one node from its forward cost (rules in the module docstring)."""
-    op_class = node.meta.get(meta.OP_CLASS)
-    if op_class is OpClass.SHAPE or grad_inputs == 0:
+    """Backward cost of one node from its forward cost, by its op's `Backward` rule (module docstring)."""
+    rule = traits_of(node).backward
+    if rule is Backward.NONE or grad_inputs == 0:
         return Cost()
-    if op_class is OpClass.CONTRACTION:
+    contraction, vector, special = 0, 0, 0
+    if rule is Backward.CONTRACTION:
         share = grad_inputs / max(data_inputs, 1)
         contraction = round(forward.contraction_flops * grad_inputs)
         vector = round(forward.vector_flops * share)
-        special = 0
-    elif op_class is OpClass.DATA_MOVEMENT:
-        contraction, special = 0, 0
-        vector = forward.act_bytes_out // max(_itemsize(node), 1) if node.op_type == "Gather" else 0
-    else:
-        contraction, vector, special = 0, 2 * forward.vector_flops, forward.special_ops
+    elif rule is Backward.SCATTER_ADD:  # one add per gradient element summed into the table
+        vector = forward.act_bytes_out // max(_itemsize(node), 1)
+    elif rule is Backward.VECTOR:
+        vector, special = 2 * forward.vector_flops, forward.special_ops
     return Cost(
         contraction_flops=contraction,
         vector_flops=vector,
@@ -109,7 +108,7 @@ class TrainingPass(Pass):
             if forward is None:
                 continue
             data = [n for n in node.inputs if n and graph.values[n].kind is not ValueKind.CONSTANT]
-            if node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION:
+            if traits_of(node).backward is Backward.CONTRACTION:
                 data = [n for n in node.inputs[:2] if n]  # the two operands; a bias grad is a reduction
             grads = sum(1 for n in data if n in needs)
             bwd = backward_cost(node, forward, grads, len(data))

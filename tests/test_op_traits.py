@@ -1,0 +1,183 @@
+"""The op-trait registry: one registration per op carries every per-op fact, and docs/costs.md follows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dabench_ir.ir import Cost, DType
+from dabench_ir.passes import cost_rules, meta
+from dabench_ir.passes.cost_rules import (
+    CPU_MATMUL,
+    CPU_STREAM,
+    UNKNOWN_OP,
+    Backward,
+    OpClass,
+    OpTraits,
+    cost_rule,
+    op_traits,
+    ops_with,
+    registered_ops,
+    render_costs_markdown,
+    traits_of,
+)
+from dabench_ir.passes.precision import PrecisionPass
+from dabench_ir.passes.training import TrainingPass
+from tests.conftest import analyze_text
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
+
+
+@pytest.mark.parametrize(
+    ("op", "domain", "expected"),
+    [
+        ("MatMul", "", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
+                                has_cost_rule=True)),
+        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
+        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
+        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True)),
+        ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, cpu_class="Transpose",
+                                   backward=Backward.MOVE, has_cost_rule=True)),
+        ("Reshape", "", OpTraits(OpClass.DATA_MOVEMENT, shape_only=True, folds_on_weights=True, keeps_values=True,
+                                 backward=Backward.MOVE, has_cost_rule=True)),
+        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True)),
+        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True)),
+        ("SkipLayerNormalization", "com.microsoft",
+         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True)),
+        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True)),
+        ("FusedGemm", "com.microsoft", OpTraits(None, cpu_class=CPU_MATMUL)),
+    ],
+)  # fmt: skip
+def test_registered_traits(op, domain, expected):
+    assert op_traits(op, domain) == expected
+
+
+def test_unknown_op_gets_the_documented_default():
+    assert op_traits("Frobnicate", "com.example") is UNKNOWN_OP
+    assert op_traits("SkipLayerNormalization") is UNKNOWN_OP  # registered in com.microsoft only
+    assert OpTraits(
+        op_class=None,
+        shape_only=False,
+        folds_on_weights=False,
+        keeps_fp32=False,
+        cpu_class=CPU_STREAM,
+        backward=Backward.VECTOR,
+        keeps_values=False,
+        has_cost_rule=False,
+    ) == UNKNOWN_OP
+
+
+def test_traits_of_a_node_uses_its_domain():
+    graph = analyze_text(
+        """<ir_version: 9, opset_import: ["" : 18, "com.microsoft" : 1]>
+        agraph (float[4] x) => (float[4] y, float[4] z) { y = Softmax(x)  z = com.microsoft.FastGelu(x) }"""
+    )
+    softmax, gelu = graph.nodes
+    assert traits_of(softmax).keeps_fp32
+    assert traits_of(gelu).cpu_class == "GeluTanh"
+
+
+def test_every_cost_rule_has_traits_with_its_class():
+    for name in registered_ops():
+        domain, _, op = name.rpartition("::")
+        traits = op_traits(op, domain)
+        assert traits.has_cost_rule
+        assert traits.op_class is cost_rules._RULES[(domain, op)].op_class
+
+
+# -- the shape-only decision -----------------------------------------------------------
+
+
+def test_shape_only_ops_are_metadata_views_and_load_time_constants():
+    """Three sets disagreed: the SHAPE op class (Shape, Size, Constant, ConstantOfShape, EyeLike,
+    Random*, Range), the lowerings' set (that class plus Reshape/Squeeze/Unsqueeze/Flatten/Identity)
+    and the host predictor's (Shape, Size, Constant, the views and Dropout). Shape-only means no
+    target does any work, so it is the predictor's: ConstantOfShape, Range, EyeLike and Random*
+    write a tensor (onnxruntime runs a kernel for each) and are not shape-only."""
+    assert ops_with(shape_only=True) == {
+        "Shape", "Size", "Constant", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout",
+    }  # fmt: skip
+    for op in ("ConstantOfShape", "Range", "EyeLike", "RandomNormal", "RandomUniformLike"):
+        assert op_traits(op).op_class is OpClass.SHAPE  # reads no tensor data
+        assert not op_traits(op).shape_only  # but writes its output
+
+
+def test_shape_only_ops_compute_nothing_and_views_still_record_their_bytes():
+    graph = analyze_text(
+        """agraph (float[2,3] x) => (float[6] y, int64[2] s, float[2,3] z) <int64[1] shp = {6}> {
+            y = Reshape(x, shp)  s = Shape(x)  z = Identity(x) }"""
+    )
+    reshape, shape, identity = graph.nodes
+    assert all(traits_of(n).shape_only for n in graph.nodes)
+    assert meta.get_cost(reshape) == Cost(act_bytes_in=24, act_bytes_out=24)  # the bytes ONNX semantics move
+    assert meta.get_cost(shape) == Cost(act_bytes_out=16)  # reads metadata only
+    assert meta.get_cost(identity).flops == 0
+
+
+# -- the passes read the traits ----------------------------------------------------------
+
+
+def test_mixed_precision_follows_keeps_fp32():
+    graph = analyze_text(
+        "agraph (float[2,4] x) => (float[2,4] y, float[2,4] z) { y = Exp(x)  z = Tanh(x) }"
+    )
+    PrecisionPass("mixed")(graph)
+    exp, tanh = graph.nodes
+    assert op_traits("Exp").keeps_fp32 and exp.meta[meta.PRECISION] is DType.FLOAT32
+    assert not op_traits("Tanh").keeps_fp32 and tanh.meta[meta.PRECISION] is DType.BFLOAT16
+
+
+def test_backward_rule_comes_from_the_op_not_from_the_classify_pass():
+    """A graph costed without the classify pass (the ONNX-via-MLIR path) used to lose the
+    backward contraction of every MatMul; the rule now comes from the registry."""
+    text = "agraph (float[2,8] x) => (float[2,8] y) <float[8,8] W = {{{}}}> {{ y = MatMul(x, W) }}".format(
+        ",".join(["1"] * 64)
+    )
+    classified, bare = analyze_text(text), analyze_text(text)
+    for node in bare.nodes:
+        del node.meta[meta.OP_CLASS]
+    forward = meta.get_cost(classified.nodes[0]).contraction_flops
+    TrainingPass()(classified)
+    TrainingPass()(bare)
+    assert meta.get_cost(classified.nodes[0]).contraction_flops == 2 * forward  # forward + dW
+    assert meta.get_cost(bare.nodes[0]) == meta.get_cost(classified.nodes[0])
+
+
+def test_gather_backward_is_a_scatter_add():
+    graph = analyze_text(
+        """agraph (int64[3] ids) => (float[3,4] y) <float[10,4] E = {{{}}}> {{ y = Gather(E, ids) }}""".format(
+            ",".join(["1"] * 40)
+        )
+    )
+    TrainingPass()(graph)
+    gather = graph.nodes[0]
+    assert meta.get_cost(gather).vector_flops == 12  # one add per gradient element (3 rows of 4)
+
+
+# -- adding an op, and the doc ------------------------------------------------------------
+
+
+def test_adding_an_op_is_one_registration(monkeypatch):
+    monkeypatch.setattr(cost_rules, "_RULES", dict(cost_rules._RULES))
+    monkeypatch.setattr(cost_rules, "_TRAITS", dict(cost_rules._TRAITS))
+
+    @cost_rule("Frobnicate", domain="com.example", op_class=OpClass.VECTOR, keeps_fp32=True, cpu_class="Tanh")
+    def frobnicate(op):
+        """Three vector FLOPs per output element."""
+        return Cost(vector_flops=3 * op.out_numel())
+
+    graph = analyze_text(
+        """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+        agraph (float[4] x) => (float[4] y) { y = com.example.Frobnicate(x) }"""
+    )
+    node = graph.nodes[0]
+    assert meta.get_cost(node).vector_flops == 12
+    assert node.meta[meta.OP_CLASS] is OpClass.VECTOR
+    assert traits_of(node) == OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Tanh", has_cost_rule=True)
+    assert "| com.example::Frobnicate | vector | Three vector FLOPs per output element. |" in render_costs_markdown()
+
+
+def test_costs_doc_table_matches_the_registry():
+    table = render_costs_markdown()
+    assert table in DOC.read_text(), "docs/costs.md has drifted from the registry: run scripts/gen_costs_doc.py"
