@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
 
@@ -36,11 +37,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_SHAPE_OPS = frozenset(
-    {"Reshape", "Shape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant", "ConstantOfShape", "Range"}
-)
-
 
 def _op_class(node: Node) -> str:
     cls = node.meta.get(meta.OP_CLASS)
@@ -99,8 +95,7 @@ class LoweringContext:
 
     def is_shape(self, node: Node) -> bool:
         """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""
-        cost = self.costs[node.name]
-        return _op_class(node) == "shape" or (node.op_type in _SHAPE_OPS and cost.flops == 0)
+        return traits_of(node).shape_only
 
     def is_work(self, node: Node) -> bool:
         cost = self.costs[node.name]

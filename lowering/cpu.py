@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.gpu import stream_plan
+from dabench_ir.passes.cost_rules import CPU_MATMUL, CPU_STREAM, traits_of
 from dabench_ir.passes.meta import FOLDED
 from dabench_ir.plan import Unit
 
@@ -60,30 +61,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MATMUL_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "MatMulNBits"})
-SHAPE_OPS = frozenset(
-    {"Shape", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Constant", "Size", "Identity", "Dropout"}
-)
-_OP_CLASS = {
-    **dict.fromkeys(("Tanh", "Sigmoid", "Exp", "Log", "Softplus", "Sin", "Cos", "HardSigmoid"), "Tanh"),
-    **dict.fromkeys(("Gelu", "BiasGelu"), "Gelu"),
-    **dict.fromkeys(("FastGelu",), "GeluTanh"),
-    **dict.fromkeys(("Erf",), "Erf"),
-    **dict.fromkeys(("Softmax", "LogSoftmax"), "Softmax"),
-    **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceSumSquare"), "ReduceMean"),
-    **dict.fromkeys(("Transpose",), "Transpose"),
-    **dict.fromkeys(
-        (
-            "LayerNormalization",
-            "SimplifiedLayerNormalization",
-            "SkipLayerNormalization",
-            "RMSNormalization",
-            "SkipSimplifiedLayerNormalization",
-        ),
-        "LayerNormalization",
-    ),
-}
-_DEFAULT_CLASS = "Add"  # elementwise, copies, gathers: a streaming op of the same bytes
+_DEFAULT_CLASS = CPU_STREAM  # elementwise, copies, gathers: a streaming op of the same bytes
 _FALLBACK = {"GeluTanh": "Gelu", "Gelu": "Erf", "Erf": "Tanh", "Transpose2D": "Transpose"}
 """Where a class a calibration lacks (older or quick files) borrows its curve from."""
 
@@ -269,13 +247,14 @@ def matmul_dims(graph: Graph, node: Node) -> tuple[int, int, int, int] | None:
 def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = False) -> float | None:
     """Predicted seconds for one node, or None when its shapes are unknown."""
     op = node.op_type
-    if op in SHAPE_OPS:
+    traits = traits_of(node)
+    if traits.shape_only:
         return model.overhead_s
     io_bytes = _nbytes(graph, [*node.inputs, *node.outputs])
     if io_bytes is None:
         cost = _cost_of(node)
         io_bytes = cost.bytes if cost is not None else None
-    if op in MATMUL_OPS:
+    if traits.cpu_class == CPU_MATMUL:
         dims = matmul_dims(graph, node)
         if dims is not None:
             batch, m, k, n = dims
@@ -287,7 +266,7 @@ def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = F
         return None
     if io_bytes is None:
         return None
-    op_class = _OP_CLASS.get(op, _DEFAULT_CLASS)
+    op_class = traits.cpu_class
     if op == "Transpose" and _moves_last_axis(graph, node):
         op_class = "Transpose2D"
     elif op == "Gelu" and node.attrs.get("approximate") == "tanh":
