@@ -64,8 +64,7 @@ def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], ex
     """
     import onnx
 
-    from dabench_ir.frontends.mlir import onnx_node_names
-    from dabench_ir.frontends.onnx import read_model
+    from dabench_ir.frontends.onnx import onnx_node_names, read_model
 
     proto, path = read_model(model)
     out = Path(out_path)

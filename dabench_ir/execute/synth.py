@@ -59,19 +59,14 @@ def name_nodes(model: onnx.ModelProto, graph: Graph | None = None) -> list[str]:
     ``<name>__<index>``; onnxruntime's profiler reports node names, so the copy that runs
     must carry the same ones.
     """
-    names: list[str] = []
+    from dabench_ir.frontends.onnx import onnx_node_names
+
+    names = onnx_node_names(model.graph)
     same = graph is not None and len(graph.nodes) == len(model.graph.node)
-    seen: set[str] = set()
     for index, proto in enumerate(model.graph.node):
         if same and graph.nodes[index].op_type == proto.op_type:  # type: ignore[union-attr]
-            name = graph.nodes[index].name  # type: ignore[union-attr]
-        else:
-            name = proto.name or f"{proto.op_type}_{index}"
-            if name in seen:
-                name = f"{name}__{index}"
-        seen.add(name)
-        proto.name = name
-        names.append(name)
+            names[index] = graph.nodes[index].name  # type: ignore[union-attr]
+        proto.name = names[index]
     return names
 
 

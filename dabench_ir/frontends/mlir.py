@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import InputError, UnboundSymbolError, UserError
 from dabench_ir.frontends import existing_file
+from dabench_ir.frontends.onnx import onnx_node_names
 from dabench_ir.ir import Graph, Node, Value, ValueKind, layer_from_scope
 from dabench_ir.passes.linalg_cost import (
     LINALG_COUNTS,
@@ -45,7 +46,6 @@ __all__ = [
     "load_mlir",
     "lower_to_linalg",
     "mlir_asm",
-    "onnx_node_names",
     "onnx_via_mlir",
     "parse_mlir",
     "prepare_onnx",
@@ -232,19 +232,6 @@ def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
 
 
 # -- ONNX through torch-mlir -------------------------------------------------------------
-def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
-    """The node names the ONNX frontend gives (unnamed nodes and duplicates renamed)."""
-    names: list[str] = []
-    seen: set[str] = set()
-    for index, proto in enumerate(graph_proto.node):
-        name = proto.name or f"{proto.op_type}_{index}"
-        if name in seen:
-            name = f"{name}__{index}"
-        seen.add(name)
-        names.append(name)
-    return names
-
-
 def prepare_onnx(
     model: onnx.ModelProto,
     dims: Mapping[str, int] | None,

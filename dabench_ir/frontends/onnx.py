@@ -22,7 +22,7 @@ from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, laye
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "read_model"]
+__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "onnx_node_names", "read_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +102,21 @@ def _tensor_type(type_proto) -> TensorType:
     return TensorType(tuple(dims), dtype)
 
 
+def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
+    """The name of every node of ``graph_proto`` in dabench: its own, ``<op>_<index>`` when it
+    has none, ``<name>__<index>`` for a repeat. The frontends, the annotated ONNX and the
+    measured path (whose profiler reports node names) all name nodes with this function."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for index, proto in enumerate(graph_proto.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in seen:
+            name = f"{name}__{index}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
 def _scope_of(node: onnx.NodeProto) -> str:
     """Module path the exporter recorded for this node, or '' when none was recorded."""
     props = {p.key: p.value for p in node.metadata_props}
@@ -177,12 +192,7 @@ def load_onnx(
             existing.kind = ValueKind.OUTPUT
 
     nodes: list[Node] = []
-    seen: set[str] = set()
-    for index, proto in enumerate(g.node):
-        name = proto.name or f"{proto.op_type}_{index}"
-        if name in seen:
-            name = f"{name}__{index}"
-        seen.add(name)
+    for proto, name in zip(g.node, onnx_node_names(g), strict=True):
         node = Node(
             name=name,
             op_type=proto.op_type,

@@ -22,18 +22,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dabench_ir import options
 from dabench_ir.errors import UserError
-from dabench_ir.options import KNOBS, SWEEP, knobs_for
 
 __all__ = [
     "MODEL_PARAMS",
-    "PARAMS",
-    "RUN_PARAMS",
     "Point",
     "SweepSpec",
     "bundled_specs",
     "load_spec",
     "parse_spec",
+    "spec_params",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,11 +46,17 @@ def _model_params() -> tuple[str, ...]:
 MODEL_PARAMS: tuple[str, ...] = _model_params()
 """Parameters that change the exported graph: the fields of `ModelConfig` (precision and target do not)."""
 
-RUN_PARAMS: tuple[str, ...] = ("target", *knobs_for(SWEEP))
-"""Parameters of how a point is run: its target and every knob offered to ``sweep`` (`dabench_ir.options`)."""
+def spec_params() -> tuple[str, ...]:
+    """Every parameter a point may set, in results-table order: the model (`MODEL_PARAMS`,
+    preset second), the run knobs, the target, the scaling knobs, then the target knobs —
+    every knob ``sweep`` offers (`dabench_ir.options.KNOBS`, read at call time)."""
+    knobs = options.knobs_for(options.SWEEP)
+    by_group = {g: [n for n, k in knobs.items() if k.group == g] for g in ("run", "scale", "target")}
+    others = [n for n, k in knobs.items() if k.group not in by_group]
+    model = ("family", "preset", *(m for m in MODEL_PARAMS if m not in ("family", "preset")))
+    ordered = (*model, *by_group["run"], "target", *by_group["scale"], *by_group["target"], *others)
+    return tuple(dict.fromkeys(ordered))
 
-PARAMS: tuple[str, ...] = tuple(dict.fromkeys((*MODEL_PARAMS, *RUN_PARAMS)))
-"""Every parameter a point may set."""
 
 DEFAULTS: dict[str, Any] = {
     "family": "gpt2",
@@ -139,9 +144,10 @@ def _check_model_value(name: str, value: Any, where: str) -> Any:
 
 
 def _check_value(name: str, value: Any, where: str) -> Any:
-    if name in KNOBS and name in RUN_PARAMS:
+    knobs = options.knobs_for(options.SWEEP)
+    if name in knobs:
         try:
-            return KNOBS[name].validate(value)
+            return knobs[name].validate(value)
         except ValueError as exc:
             raise UserError(f"{where}: {name} = {value!r}: {exc}") from None
     if name in MODEL_PARAMS:
@@ -150,7 +156,7 @@ def _check_value(name: str, value: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise UserError(f"{where}: target must be a target name or path, got {value!r}")
         return value
-    raise UserError(f"{where}: unknown parameter {name!r}; known: {', '.join(PARAMS)}")
+    raise UserError(f"{where}: unknown parameter {name!r}; known: {', '.join(spec_params())}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -196,7 +202,7 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
     elif not p.get("strategy"):
         raise UserError(f"chips = {p['chips']} needs a strategy (dp, tp or pp)")
     kind = _target_kind(str(p["target"]))
-    for name, k in KNOBS.items():
+    for name, k in options.KNOBS.items():
         if k.targets is not None and kind not in k.targets:
             p.pop(name, None)  # a knob the target's lowering does not read: equal points get equal keys
     if p.get("mode") != "train":
@@ -217,8 +223,8 @@ def parse_spec(data: dict[str, Any], *, origin: str = "<spec>", name: str | None
     axes: dict[str, list[dict[str, Any]]] = {}
     for axis, values in axes_raw.items():
         where = f"{origin} axis {axis!r}"
-        if axis not in PARAMS:
-            raise UserError(f"{where}: unknown axis name; known: {', '.join(PARAMS)}")
+        if axis not in spec_params():
+            raise UserError(f"{where}: unknown axis name; known: {', '.join(spec_params())}")
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: expected a non-empty list of values")
         expanded = []
