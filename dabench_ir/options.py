@@ -157,7 +157,9 @@ class ProfileOptions:
     batch: int | None = knob(
         None, help="batch size (binds the model's batch dim when symbolic)", parse=_positive, many=frozenset({SCALE})
     )
-    precision: str | None = knob(None, help="rewrite dtypes before costing (default: as the model is)", choices=PRECISIONS)
+    precision: str | None = knob(
+        None, help="rewrite dtypes before costing (default: as the model is)", choices=PRECISIONS
+    )
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
     recompute: bool = knob(False, help="train mode: recompute activations in the backward pass", parse=_bool)
     via: str = knob(
@@ -183,7 +185,9 @@ class ProfileOptions:
         False, help="run the model in onnxruntime and time every node", parse=_bool, group="measure",
         commands=frozenset({PROFILE}),
     )  # fmt: skip
-    warmup: int = knob(2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE}))
+    warmup: int = knob(
+        2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE})
+    )
     repeat: int = knob(5, help="timed runs (the median is kept)", parse=_positive, group="measure",
                        commands=frozenset({PROFILE}))  # fmt: skip
     threads: int | None = knob(
@@ -281,9 +285,7 @@ def _text(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def knob_values(
-    args: argparse.Namespace, command: str, *, knobs: Mapping[str, Knob] | None = None
-) -> dict[str, Any]:
+def knob_values(args: argparse.Namespace, command: str, *, knobs: Mapping[str, Knob] | None = None) -> dict[str, Any]:
     """The knobs given on the command line, parsed and checked (a list where ``command`` takes many)."""
     values: dict[str, Any] = {}
     for name, k in knobs_for(command, knobs).items():

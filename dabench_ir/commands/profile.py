@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--csv", metavar="F", help="write one row per node")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto)")
-    o.add_argument("--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)")
+    o.add_argument(
+        "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
+    )
     o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
@@ -154,9 +156,7 @@ def _write_outputs(args: argparse.Namespace, report) -> list[str]:
         from dabench_ir.annotate import annotate
 
         extra = {
-            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s}
-            for n in report.nodes
-            if n.time_s is not None
+            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
         }
         written.append(str(annotate(args.model, report.graph, args.annotate, extra)))
     if written and not args.quiet:

@@ -56,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
         # pipeline micro-batches are the pp split's, not the single chip's lowering
         lowering = lowering_options(dataclasses.replace(opts, micro_batches=None))
         result = scale(graph, target, chips, opts.strategy, lowering, micro_batches=opts.micro_batches)
-        result.model = {"path": str(args.model), "name": graph.name, "nodes": len(graph.nodes), "layers": len(graph.layers)}
+        result.model = {
+            "path": str(args.model),
+            "name": graph.name,
+            "nodes": len(graph.nodes),
+            "layers": len(graph.layers),
+        }
         if merged is None:
             merged = result
         else:
@@ -89,7 +94,20 @@ def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
-    cols = ["chips", "batch", "step", "samples/s", "speedup", "efficiency", "comm", "bubble", "alloc", "LI", "bound", "fits"]
+    cols = [
+        "chips",
+        "batch",
+        "step",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "comm",
+        "bubble",
+        "alloc",
+        "LI",
+        "bound",
+        "fits",
+    ]
     rows = []
     for p in result.points:
         rows.append(

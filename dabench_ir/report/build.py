@@ -219,4 +219,3 @@ def _dominant_dtype(graph: Graph) -> str | None:
                 n = 1
             counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
     return max(counts, key=counts.__getitem__) if counts else None
-

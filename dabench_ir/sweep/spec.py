@@ -37,6 +37,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 def _model_params() -> tuple[str, ...]:
     from dabench_ir.models.config import ModelConfig
 
@@ -45,6 +46,7 @@ def _model_params() -> tuple[str, ...]:
 
 MODEL_PARAMS: tuple[str, ...] = _model_params()
 """Parameters that change the exported graph: the fields of `ModelConfig` (precision and target do not)."""
+
 
 def spec_params() -> tuple[str, ...]:
     """Every parameter a point may set, in results-table order: the model (`MODEL_PARAMS`,

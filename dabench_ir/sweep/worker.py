@@ -19,6 +19,7 @@ __all__ = ["point_options", "profile_graph", "run_export", "run_group"]
 
 logger = logging.getLogger(__name__)
 
+
 def point_options(params: dict[str, Any]) -> Any:
     """A point's run options: every knob ``sweep`` offers that the point sets."""
     from dabench_ir.options import SWEEP, ScaleOptions, knobs_for
