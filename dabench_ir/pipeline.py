@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "prepare_graph",
     "profile",
     "profile_graph",
+    "profile_targets",
     "resolve_target",
     "run_profile",
 ]
@@ -142,6 +143,54 @@ def run_profile(model: Any, target: Any, opts: ProfileOptions, *, progress: Prog
         model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
         progress=say,
     )
+
+
+def profile_targets(
+    model: Any,
+    targets: Sequence[Any],
+    opts: ProfileOptions,
+    *,
+    measure_on: Callable[[Any], bool] | None = None,
+    keep_going: bool = False,
+    progress: Progress | None = None,
+) -> dict[Any, Report | UserError]:
+    """Cost once, place many: ``model`` on each of ``targets``, the graph prepared once.
+
+    Each placement gets its own copy of the costed graph. A target that is also measured in
+    onnxruntime (``measure_on(target)``; default: every target when ``opts.measure``) is
+    profiled in full. With ``keep_going`` a UserError is that target's result and the
+    others go on; otherwise it is raised.
+    """
+    import dataclasses
+    import pickle
+
+    say = progress or _quiet
+    measured = measure_on or (lambda _t: opts.measure)
+    placed_opts = dataclasses.replace(opts, measure=False)
+    results: dict[Any, Report | UserError] = {}
+    blob: bytes | UserError | None = None
+    model_path = str(model) if isinstance(model, (str, os.PathLike)) else None
+    for target in targets:
+        try:
+            if measured(target):
+                results[target] = run_profile(model, target, dataclasses.replace(opts, measure=True), progress=say)
+                continue
+            tgt = resolve_target(target, opts)
+            if blob is None:
+                say("loading and costing the graph")
+                try:
+                    blob = pickle.dumps(prepare_graph(model, placed_opts), protocol=pickle.HIGHEST_PROTOCOL)
+                except UserError as exc:
+                    blob = exc
+            if isinstance(blob, UserError):
+                raise blob
+            report = profile_graph(pickle.loads(blob), tgt, placed_opts, model_path=model_path, progress=say)
+            results[target] = report
+        except UserError as exc:
+            if not keep_going:
+                raise
+            results[target] = exc
+    return results
 
 
 def resolve_target(target: Any, opts: ProfileOptions | None = None) -> Any:

@@ -57,24 +57,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare_targets(args: argparse.Namespace, targets: list[str], progress, opts: ProfileOptions) -> int:
     """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many times."""
-    import pickle
-
-    from dabench_ir.pipeline import prepare_graph, profile_graph, resolve_target, run_profile
+    from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
 
-    resolved = [resolve_target(name, opts) for name in targets]  # every name is checked before any work
-    reports = []
-    if opts.measure:  # a measurement is per run: profile each target in full
-        for name in targets:
-            progress(f"profiling on {name}")
-            reports.append(run_profile(args.model, name, opts, progress=progress))
-    else:
-        progress("loading and costing the graph")
-        graph = prepare_graph(args.model, opts)
-        blob = pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL) if len(resolved) > 1 else None
-        for i, tgt in enumerate(resolved):
-            g = graph if blob is None or i == len(resolved) - 1 else pickle.loads(blob)  # each placement its own copy
-            reports.append(profile_graph(g, tgt, opts, model_path=str(args.model), progress=progress))
+    for name in targets:  # every name is checked before any work
+        resolve_target(name, opts)
+    reports = list(profile_targets(args.model, targets, opts, progress=progress).values())
     progress.done()
     rows = compare_reports(reports)
     written = []
