@@ -19,7 +19,7 @@ import logging
 import os
 import statistics
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -246,8 +246,3 @@ def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMa
         anchors[node.name] = node.name if node.name in index else (heavy[0] if heavy else anchor or found[-1])
     removed = gone - claimed - folded
     return FusionMap(members=members, anchors=anchors, folded=folded, removed=removed, inserted=inserted)
-
-
-def kernel_events(events: Iterable[dict]) -> list[dict]:
-    """The profiler's node events (for tests and debugging)."""
-    return [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith(_SUFFIX)]

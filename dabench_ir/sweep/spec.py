@@ -84,10 +84,6 @@ class Point:
     def __getitem__(self, name: str) -> Any:
         return self.params.get(name)
 
-    def model_params(self) -> dict[str, Any]:
-        """The parameters that decide the exported graph, layers included."""
-        return {k: self.params[k] for k in MODEL_PARAMS if self.params.get(k) is not None}
-
     def canonical(self) -> str:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
 
