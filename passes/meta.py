@@ -19,6 +19,7 @@ __all__ = [
     "GRAPH_PRECISION",
     "OP_CLASS",
     "PRECISION",
+    "SUBGRAPH",
     "TRAINING",
     "UNATTRIBUTED",
     "GraphKey",
@@ -39,6 +40,7 @@ UNATTRIBUTED = "dabench.unattributed"  # str reason, written by the 'cost' pass
 OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
+SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, Scan), set by the ONNX frontend
 
 _WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision"}
 

@@ -133,7 +133,7 @@ class CostPass(Pass):
             if meta.FOLDED in node.meta:
                 node.meta[meta.COST] = Cost()
                 continue
-            if node.meta.get("dabench.subgraph"):
+            if node.meta.get(meta.SUBGRAPH):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
             elif rule is None:
                 reason = f"no cost rule for op {node.qualified_op!r}"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import InputError
 from dabench_ir.frontends import existing_file
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
+from dabench_ir.passes import meta
 
 if TYPE_CHECKING:
     import onnx
@@ -204,7 +205,7 @@ def load_onnx(
         node.scope = _scope_of(proto)
         node.layer = layer_from_scope(node.scope) if node.scope else layer_from_scope(name)
         if proto.op_type in _SUBGRAPH_OPS or any(a.type in (5, 10) for a in proto.attribute):
-            node.meta["dabench.subgraph"] = True
+            node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:
             if not out:
                 continue
