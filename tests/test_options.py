@@ -170,3 +170,22 @@ def test_a_new_knob_reaches_every_parser_and_the_spec(new_knob):
     with pytest.raises(UserError, match="stage_depth = 0: expected a positive integer"):
         parse_spec({"point": [{"stage_depth": 0}]})
     assert recorded_config(_WithNewKnob(stage_depth=4))["stage_depth"] == 4
+
+
+def test_lowering_options_take_every_knob_the_lowering_declares(monkeypatch):
+    """`ort_opt` reaches a lowering whose options have the field, with no mapping table."""
+    from dataclasses import field as dc_field
+
+    import dabench_ir.lowering as lowering
+    from dabench_ir.pipeline import lowering_options
+
+    @dataclass(frozen=True)
+    class _Options:
+        opt_level: str = "O1"
+        ort_opt: bool = False
+        batch: int | None = None
+        extra: dict = dc_field(default_factory=dict)
+
+    monkeypatch.setattr(lowering, "LoweringOptions", _Options)
+    got = lowering_options(ProfileOptions(ort_opt=True, opt_level="O3", ipus=4))
+    assert got == _Options(opt_level="O3", ort_opt=True, batch=None)
