@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from dabench_ir.crosscheck import cross_check
-    from dabench_ir.frontends.mlir import onnx_via_mlir
     from dabench_ir.pipeline import analyze
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{time.perf_counter() - start:.2f} s (not part of the MLIR path)"
             )
         start = time.perf_counter()
-        mlir_graph = onnx_via_mlir(path)
+        mlir_graph = analyze(path, via="mlir")
         mlir_s = time.perf_counter() - start
         flops = sum(n.meta["dabench.cost"].flops for n in mlir_graph.nodes)
         print(

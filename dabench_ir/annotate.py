@@ -64,8 +64,7 @@ def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], ex
     """
     import onnx
 
-    from dabench_ir.frontends.mlir import onnx_node_names
-    from dabench_ir.frontends.onnx import read_model
+    from dabench_ir.frontends.onnx import onnx_node_names, read_model
 
     proto, path = read_model(model)
     out = Path(out_path)
@@ -187,12 +186,13 @@ def _attr(value: Any, i64: Any, f64: Any) -> Any:
 
 def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
     from dabench_ir.frontends.mlir import load_mlir, onnx_via_mlir
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.pipeline import build_passes
 
     suffix = Path(source).suffix.lower() if isinstance(source, (str, os.PathLike)) else ".onnx"
     dims = dict(graph.bindings)
-    if suffix == ".mlir":
-        return load_mlir(source, dims=dims)
-    return onnx_via_mlir(source, dims=dims)
+    lowered = load_mlir(source, dims=dims) if suffix == ".mlir" else onnx_via_mlir(source, dims=dims)
+    return build_passes(ProfileOptions(dims=dims), linalg=True)(lowered).graph
 
 
 def annotate(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:

@@ -11,6 +11,7 @@ Adding a knob: one field below (``knob(...)``) plus the code that reads it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,22 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["KNOBS", "Knob", "ProfileOptions", "ScaleOptions", "knob"]
+__all__ = [
+    "GROUP_TITLES",
+    "KNOBS",
+    "PROFILE",
+    "SCALE",
+    "SWEEP",
+    "Knob",
+    "ProfileOptions",
+    "ScaleOptions",
+    "add_knob_arguments",
+    "knob",
+    "knob_values",
+    "knobs_for",
+    "options_from_args",
+    "recorded_config",
+]
 
 PROFILE, SCALE, SWEEP = "profile", "scale", "sweep"
 _ALL = frozenset({PROFILE, SCALE, SWEEP})
@@ -33,24 +49,42 @@ class Knob:
     parse: Callable[[Any], Any] | None = None  # text/TOML value -> value; raises ValueError
     group: str = "run"  # run | target | measure | scale: the CLI's argument group
     commands: frozenset[str] = _ALL
+    many: frozenset[str] = frozenset()  # commands whose flag takes a comma-separated list (scale --chips 1,2,4)
+    cli: str = ""  # the flag's name when it is not the field's (dims -> dim)
+    metavar: str | None = None
+    targets: frozenset[str] | None = None  # target kinds whose lowering reads it (None: all)
     name: str = ""
+    default: Any = None  # the field's default (filled in by `_collect`; None for a factory)
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + (self.cli or self.name).replace("_", "-")
 
-    def check(self, value: Any) -> Any:
-        """``value`` parsed and checked, or a UserError naming the flag and what it takes."""
+    @property
+    def is_switch(self) -> bool:
+        """A boolean knob that is off unless given: a bare ``--flag`` on the command line."""
+        return self.parse is _bool and self.default is False
+
+    def validate(self, value: Any) -> Any:
+        """``value`` parsed and checked; ValueError saying what the knob takes."""
         if value is None:
             return None
         if self.parse is not None and (self.parse is not _bool or not isinstance(value, bool)):
             try:
                 value = self.parse(value)
-            except (TypeError, ValueError) as exc:
-                raise UserError(f"{self.flag} {value!r}: {exc}") from None
+            except TypeError as exc:
+                raise ValueError(str(exc)) from None
         if self.choices is not None and value not in self.choices:
-            raise UserError(f"{self.flag} {value!r}: expected one of {', '.join(self.choices)}")
+            raise ValueError(f"expected one of {', '.join(self.choices)}")
         return value
+
+    def check(self, value: Any) -> Any:
+        """``value`` parsed and checked, or a UserError naming the flag and what it takes."""
+        try:
+            return self.validate(value)
+        except ValueError as exc:
+            shown = " ".join(map(str, value)) if isinstance(value, list) else repr(value)
+            raise UserError(f"{self.flag} {shown}: {exc}") from None
 
 
 def knob(default: Any = None, *, default_factory: Callable[[], Any] | None = None, **how: Any) -> Any:
@@ -82,6 +116,18 @@ def _positive_or_auto(value: Any) -> int | str:
     return "auto" if value == "auto" else _positive(value)
 
 
+def _dims(value: Any) -> dict[str, int]:
+    """``["batch=1", "seq=128"]`` (repeated ``--dim``) or a mapping -> ``{"batch": 1, "seq": 128}``."""
+    items = value.items() if isinstance(value, Mapping) else (str(v).partition("=")[::2] for v in value)
+    dims: dict[str, int] = {}
+    for name, number in items:
+        name = str(name).strip()
+        if not name or isinstance(number, bool) or not str(number).strip().isdigit() or int(number) <= 0:
+            raise ValueError(f"expected NAME=VALUE with a positive integer, e.g. --dim batch=1 (got {name}={number})")
+        dims[name] = int(number)
+    return dims
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -105,22 +151,32 @@ class ProfileOptions:
     """Everything `profile` can be asked. The CLI flags are derived from these fields."""
 
     dims: Mapping[str, int] = knob(
-        default_factory=dict, help="bind a symbolic dim, NAME=VALUE (repeatable)", commands=frozenset({PROFILE, SCALE})
+        default_factory=dict, help="bind a symbolic dim, NAME=VALUE (repeatable)", parse=_dims, cli="dim",
+        metavar="NAME=VALUE", commands=frozenset({PROFILE, SCALE}),
+    )  # fmt: skip
+    batch: int | None = knob(
+        None, help="batch size (binds the model's batch dim when symbolic)", parse=_positive, many=frozenset({SCALE})
     )
-    batch: int | None = knob(None, help="batch size (binds the model's batch dim when symbolic)", parse=_positive)
-    precision: str | None = knob(None, help="rewrite dtypes before costing (default: as the model is)", choices=PRECISIONS)
+    precision: str | None = knob(
+        None, help="rewrite dtypes before costing (default: as the model is)", choices=PRECISIONS
+    )
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
     recompute: bool = knob(False, help="train mode: recompute activations in the backward pass", parse=_bool)
     via: str = knob(
         "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=frozenset({PROFILE})
     )
     # target lowering
-    opt_level: str = knob("O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target")
-    wse_mode: str = knob("auto", help="WSE execution mode", choices=WSE_MODES, group="target")
-    replicas: int | str | None = knob(
-        None, help="WSE on-wafer replicas: N or 'auto'", parse=_positive_or_auto, group="target"
+    opt_level: str = knob(
+        "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})
     )
-    ipus: int = knob(1, help="IPUs to pipeline over", parse=_positive, group="target")
+    wse_mode: str = knob(
+        "auto", help="WSE execution mode", choices=WSE_MODES, group="target", targets=frozenset({"wse"})
+    )
+    replicas: int | str | None = knob(
+        None, help="WSE on-wafer replicas: N or 'auto'", parse=_positive_or_auto, group="target",
+        targets=frozenset({"wse"}),
+    )  # fmt: skip
+    ipus: int = knob(1, help="IPUs to pipeline over", parse=_positive, group="target", targets=frozenset({"ipu"}))
     micro_batches: int | None = knob(
         None, help="micro-batches per step where the target pipelines", parse=_positive, group="target"
     )
@@ -129,7 +185,9 @@ class ProfileOptions:
         False, help="run the model in onnxruntime and time every node", parse=_bool, group="measure",
         commands=frozenset({PROFILE}),
     )  # fmt: skip
-    warmup: int = knob(2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE}))
+    warmup: int = knob(
+        2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE})
+    )
     repeat: int = knob(5, help="timed runs (the median is kept)", parse=_positive, group="measure",
                        commands=frozenset({PROFILE}))  # fmt: skip
     threads: int | None = knob(
@@ -145,7 +203,7 @@ class ProfileOptions:
 
     def __post_init__(self) -> None:
         for name, k in KNOBS.items():
-            if name in self.__dataclass_fields__ and name != "dims":
+            if name in self.__dataclass_fields__:
                 object.__setattr__(self, name, k.check(getattr(self, name)))
 
 
@@ -154,7 +212,7 @@ class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
     chips: int = knob(1, help="chips to scale over", parse=_positive, group="scale",
-                      commands=frozenset({SWEEP}))  # fmt: skip
+                      commands=frozenset({SCALE, SWEEP}), many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
                                 commands=frozenset({SCALE, SWEEP}))  # fmt: skip
 
@@ -164,9 +222,109 @@ def _collect(*classes: type) -> dict[str, Knob]:
     for cls in classes:
         for f in dataclasses.fields(cls):
             if "knob" in f.metadata:
-                found[f.name] = dataclasses.replace(f.metadata["knob"], name=f.name)
+                default = None if f.default is dataclasses.MISSING else f.default
+                found[f.name] = dataclasses.replace(f.metadata["knob"], name=f.name, default=default)
     return found
 
 
 KNOBS: dict[str, Knob] = _collect(ProfileOptions, ScaleOptions)
 """Every declared option, by field name."""
+
+GROUP_TITLES = {
+    "run": None,  # the command's own arguments
+    "target": "target options",
+    "scale": "scaling",
+    "measure": "measurement (onnxruntime)",
+}
+"""The CLI argument group each knob ``group`` is shown under."""
+
+
+# -- derived: CLI flags, parsed values, recorded configuration ----------------------------------
+
+
+def knobs_for(command: str, knobs: Mapping[str, Knob] | None = None) -> dict[str, Knob]:
+    """The knobs ``command`` offers, in declaration order."""
+    return {n: k for n, k in (KNOBS if knobs is None else knobs).items() if command in k.commands}
+
+
+def add_knob_arguments(
+    parser: argparse.ArgumentParser,
+    command: str,
+    *,
+    knobs: Mapping[str, Knob] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """Add one flag per knob ``command`` offers, under its group's heading.
+
+    Flags default to None ("not given") so the options dataclass keeps its own defaults;
+    `options_from_args` parses and checks what was given. ``defaults`` shows a command's
+    own default for a knob in the help (``scale --chips`` lists 1,2,4,8).
+    """
+    groups: dict[str, Any] = {}
+    for name, k in knobs_for(command, knobs).items():
+        title = GROUP_TITLES.get(k.group, k.group)
+        if title is None:
+            target = parser
+        else:
+            target = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+        shown = (defaults or {}).get(name, k.default)
+        help_text = k.help if shown in (None, False) or k.is_switch else f"{k.help} (default: {_text(shown)})"
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+        if k.is_switch:
+            kwargs["action"] = "store_true"
+        elif k.parse is _dims:
+            kwargs.update(action="append", metavar=k.metavar)
+        elif command in k.many:
+            kwargs["metavar"] = k.metavar or f"{name.upper()}[,{name.upper()}...]"
+        else:
+            kwargs["metavar"] = k.metavar or ("{" + ",".join(k.choices) + "}" if k.choices else name.upper())
+        target.add_argument(k.flag, **kwargs)
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def knob_values(args: argparse.Namespace, command: str, *, knobs: Mapping[str, Knob] | None = None) -> dict[str, Any]:
+    """The knobs given on the command line, parsed and checked (a list where ``command`` takes many)."""
+    values: dict[str, Any] = {}
+    for name, k in knobs_for(command, knobs).items():
+        raw = getattr(args, name, None)
+        if raw is None:
+            continue
+        if command in k.many:
+            items = [v.strip() for v in str(raw).split(",")]
+            if not any(items) or not all(items):
+                raise UserError(f"{k.flag} {raw!r}: expected a comma-separated list, e.g. {k.flag} 1,2,4")
+            values[name] = [k.check(v) for v in items]
+        else:
+            values[name] = k.check(raw)
+    return values
+
+
+def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed: Any) -> Any:
+    """An options object (``cls``) from parsed flags; ``fixed`` sets fields (one value of a list flag)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in knob_values(args, command).items() if k in names}
+    values.update(fixed)
+    listed = [KNOBS[n].flag for n, v in values.items() if isinstance(v, list)]
+    if listed:
+        raise UserError(f"{listed[0]} takes one value here")
+    return cls(**values)
+
+
+def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:
+    """The knobs a report records as its configuration: every run, target and scale knob.
+
+    Measurement knobs are recorded with the measurement; target knobs only when a target
+    was placed on (``target``). Callers then resolve what the options left open (the batch
+    the graph binds, the precision the model computes in).
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(opts):
+        k = KNOBS.get(f.name)
+        if k is None or k.group == "measure" or (k.group == "target" and not target):
+            continue
+        value = getattr(opts, f.name)
+        out[f.name] = dict(value) if isinstance(value, Mapping) else value
+    return out

@@ -343,7 +343,7 @@ def scale(
         raise UserError(f"{target.name} does not support --strategy {strategy}; it supports: {have}")
     if any(n < 1 for n in chips):
         raise UserError("--chips: chip counts must be positive integers")
-    train = graph.meta.get("mode") == "train"
+    train = meta.graph_mode(graph) == "train"
     link = target.link()
     if options.batch is None:  # samples one run of the graph processes
         options = replace(options, batch=graph.batch_size or 1)

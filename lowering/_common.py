@@ -154,7 +154,7 @@ def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
     Zero for inference. For a subset of nodes (a kernel, a stage) its share follows the
     share of the weights those nodes hold (the training pass writes the totals).
     """
-    train = ctx.graph.meta.get("train")
+    train = meta.training_state(ctx.graph)
     if not train:
         return 0
     total = int(train["optimizer_state_bytes"]) + int(train["saved_activation_bytes"])

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
+from dabench_ir.ir import Cost, DType, Graph, Node, TensorType
 from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
 
@@ -46,13 +46,14 @@ __all__ = [
     "OpCount",
     "Origin",
     "count_module",
+    "origin_keys",
     "origin_of",
 ]
 
 logger = logging.getLogger(__name__)
 
 MLIR_ARTIFACT = "dabench.mlir.artifact"  # graph.meta: MlirArtifact (the lowered module)
-LINALG_COUNTS = "dabench.mlir.counts"  # graph.meta: list[OpCount], written by 'linalg-cost'
+LINALG_COUNTS = "dabench.mlir.counts"  # graph.meta: list[OpCount], by the .mlir frontend or 'linalg-cost'
 MLIR_OPS = "dabench.mlir.ops"  # node.meta: list[OpCount] attributed to the node
 MLIR_CLASS = "dabench.mlir.class"  # node.meta: contraction | vector | data_movement | none
 UNATTRIBUTED_NODE = "unattributed"
@@ -512,11 +513,6 @@ def _has_tensor(op: Any) -> bool:
 
 
 # -- the pass ----------------------------------------------------------------------------
-def _dominant(ops: list[OpCount]) -> str:
-    best = max(ops, key=lambda c: (c.cost.flops, c.cost.bytes))
-    return best.op_name
-
-
 def _summary_class(ops: list[OpCount]) -> str:
     classes = {c.op_class for c in ops}
     for name in ("contraction", "vector", "data_movement"):
@@ -529,13 +525,13 @@ def _summary_class(ops: list[OpCount]) -> str:
 class LinalgCostPass(Pass):
     """Sum linalg-level costs onto graph nodes by origin.
 
-    Reads the lowered module from ``graph.meta[MLIR_ARTIFACT]``. Each op's cost goes to
-    the node named by its origin; with ``create_nodes`` an origin the graph lacks becomes
-    a new node (the `.mlir` frontend), otherwise it is reported under ``unattributed``.
-    Nodes no op maps to get a zero Cost (folded away or pure metadata).
+    Reads the lowered module from ``graph.meta[MLIR_ARTIFACT]`` (and the frontend's counts
+    from ``graph.meta[LINALG_COUNTS]`` when it counted already, to build nodes from a
+    `.mlir` file). Each op's cost goes to the node named by its origin (`origin_keys`); an
+    op whose origin is not a node is reported under ``unattributed``. Nodes no op maps to
+    get a zero Cost (folded away or pure metadata).
     """
 
-    create_nodes: bool = False
     name: str = "linalg-cost"
 
     def requires(self, graph: Graph) -> None:
@@ -544,17 +540,16 @@ class LinalgCostPass(Pass):
 
     def call(self, graph: Graph) -> PassResult:
         artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
-        counts = count_module(artifact.module, weight_args=artifact.weight_args)
-        graph.meta[LINALG_COUNTS] = counts
+        counts = graph.meta.get(LINALG_COUNTS)
+        if counts is None:
+            counts = graph.meta[LINALG_COUNTS] = count_module(artifact.module, weight_args=artifact.weight_args)
         by_origin: dict[str, list[OpCount]] = {}
         stray: list[OpCount] = []
-        for c, key in zip(counts, _origin_keys(counts, split_runs=self.create_nodes), strict=True):
-            if c.op_class == "uncounted" or key is None or (not self.create_nodes and not graph.has_node(key)):
+        for c, key in zip(counts, origin_keys(counts), strict=True):
+            if c.op_class == "uncounted" or key is None or not graph.has_node(key):
                 stray.append(c)
             else:
                 by_origin.setdefault(key, []).append(c)
-        if self.create_nodes:
-            _create_nodes(graph, by_origin, artifact)
         for node in graph.nodes:
             ops = by_origin.get(node.name, [])
             node.meta[COST] = sum((c.cost for c in ops), Cost())
@@ -566,15 +561,17 @@ class LinalgCostPass(Pass):
         return PassResult(graph, True)
 
 
-def _origin_keys(counts: list[OpCount], *, split_runs: bool) -> list[str | None]:
+def origin_keys(counts: list[OpCount]) -> list[str | None]:
     """Node name for each op: its origin name; a source-line origin (fx) that recurs after
-    other origins (the same line run once per layer) gets ``#k`` for its k-th run."""
+    other origins (the same line run once per layer) gets ``#k`` for its k-th run.
+
+    An ONNX node name is never a source line, so ONNX origins are their node names as they are."""
     keys: list[str | None] = []
     runs: dict[str, int] = {}
     previous: str | None = None
     for c in counts:
         label = c.origin.name
-        if label is None or not split_runs or c.origin.kind != "file":
+        if label is None or c.origin.kind != "file":
             keys.append(label)
             continue
         if label != previous:
@@ -612,82 +609,3 @@ def _add_unattributed(graph: Graph, stray: list[OpCount]) -> None:
     graph.nodes.append(node)
     graph.invalidate()
     logger.info("%d MLIR op(s) unattributed", len(stray))
-
-
-def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
-    """fx origins carry no layer index; when a call chain recurs exactly once per decoder
-    block (the model's `layers` from the exporter header), its k-th run is layer k."""
-    import json
-
-    try:
-        layers = int(json.loads(graph.metadata.get("dabench.params", "{}")).get("layers") or 0)
-    except (ValueError, TypeError, AttributeError):
-        layers = 0
-    if layers <= 0:
-        return
-    by_chain: dict[str, list[Node]] = {}
-    for node, chain in nodes:
-        if node.layer is None and " <- " in chain:
-            by_chain.setdefault(chain, []).append(node)
-    for members in by_chain.values():
-        if len(members) == layers:
-            for k, node in enumerate(members):
-                node.layer = k
-
-
-def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
-    """Nodes for origins the graph lacks, wired by the SSA values that cross between them."""
-    from torch_mlir import ir
-
-    owner_of: dict[Any, str] = {}
-    for name, ops in by_origin.items():
-        for c in ops:
-            for res in c.op.results:
-                owner_of[res] = name
-    order = list(by_origin)
-    rank = {n: i for i, n in enumerate(order)}
-    created: dict[str, Node] = {}
-    for name in order:
-        if graph.has_node(name):
-            continue
-        ops = by_origin[name]
-        first = ops[0].origin
-        node = Node(name=name, op_type=_dominant(ops), domain="mlir", scope=first.scope)
-        node.layer = layer_from_scope(first.scope or name)
-        if first.kind == "file":
-            node.attrs["source"] = f"{first.file}:{first.line}"
-        created[name] = node
-    _layers_from_runs(graph, [(n, by_origin[k][0].origin.scope) for k, n in created.items()])
-    value_names: dict[Any, str] = {}
-    produced: dict[str | None, int] = {}
-
-    def value_name(v: Any, producer: str | None) -> str:
-        if v not in value_names:
-            if isinstance(v, ir.BlockArgument):
-                value_names[v] = f"arg{v.arg_number}"
-            else:
-                k = produced[producer] = produced.get(producer, -1) + 1
-                value_names[v] = f"{producer}:{k}"
-        return value_names[v]
-
-    for name, node in created.items():
-        for c in by_origin[name]:
-            for operand in c.op.operands:
-                producer = owner_of.get(operand)
-                is_arg = isinstance(operand, ir.BlockArgument) and operand.owner.owner.operation.name == "func.func"
-                if not is_arg and (producer is None or producer == name or rank[producer] > rank[name]):
-                    continue
-                ttype = tensor_type_of(operand.type)
-                if ttype is None:
-                    continue
-                vname = value_name(operand, producer)
-                if vname not in graph.values:
-                    kind = ValueKind.ACTIVATION
-                    if is_arg:
-                        kind = ValueKind.WEIGHT if operand.arg_number in artifact.weight_args else ValueKind.INPUT
-                    graph.values[vname] = Value(vname, ttype, kind, producer)
-                    if producer is not None and producer in created and vname not in created[producer].outputs:
-                        created[producer].outputs.append(vname)
-                if vname not in node.inputs:
-                    node.inputs.append(vname)
-    graph.nodes.extend(created.values())

@@ -1,24 +1,38 @@
-"""Namespaced annotation keys on `Node.meta`, and checked accessors for them.
+"""Annotation keys on `Node.meta` and `Graph.meta`, and checked accessors for them.
 
-Reading an annotation that is missing says which pass writes it.
+Reading an annotation that is missing says which pass writes it. Graph-level facts are
+`GraphKey`s: a named, typed key read with `graph_get`/`graph_find` and written with
+`graph_set`, which checks the value's type.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from dabench_ir.ir import Cost, Node
+from dabench_ir.ir import Cost, Graph, Node
 
 __all__ = [
     "COST",
     "FOLDED",
+    "GRAPH_MODE",
+    "GRAPH_PRECISION",
     "OP_CLASS",
     "PRECISION",
+    "SUBGRAPH",
+    "TRAINING",
     "UNATTRIBUTED",
+    "GraphKey",
     "MissingAnnotationError",
     "get",
     "get_cost",
     "get_op_class",
+    "graph_find",
+    "graph_get",
+    "graph_mode",
+    "graph_precision",
+    "graph_set",
+    "training_state",
 ]
 
 COST = "dabench.cost"  # Cost, written by the 'cost' pass
@@ -26,6 +40,7 @@ UNATTRIBUTED = "dabench.unattributed"  # str reason, written by the 'cost' pass
 OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
+SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, Scan), set by the ONNX frontend
 
 _WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision"}
 
@@ -56,3 +71,58 @@ def get_cost(node: Node) -> Cost | None:
 
 def get_op_class(node: Node) -> Any:
     return get(node, OP_CLASS)
+
+
+# -- graph-level facts ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GraphKey:
+    """A graph-level annotation: its key in ``Graph.meta``, its type and the pass that writes it."""
+
+    key: str
+    type: type | tuple[type, ...]
+    writer: str
+
+
+# The key strings are those the lowerings read today; read them through the accessors below.
+GRAPH_PRECISION = GraphKey("precision", str, "precision")  # fp16 | bf16 | mixed | fp32: the rewrite applied
+GRAPH_MODE = GraphKey("mode", str, "training")  # "train" once the training expansion ran
+TRAINING = GraphKey("train", dict, "training")  # optimizer/gradient/activation state of a training step
+
+
+def graph_get(graph: Graph, key: GraphKey) -> Any:
+    """The graph's ``key``; MissingAnnotationError naming the pass that writes it."""
+    try:
+        return graph.meta[key.key]
+    except KeyError:
+        raise MissingAnnotationError(
+            f"graph {graph.name!r} has no {key.key!r} annotation; run the {key.writer!r} pass first"
+        ) from None
+
+
+def graph_find(graph: Graph, key: GraphKey, default: Any = None) -> Any:
+    """The graph's ``key``, or ``default`` when no pass wrote it (an optional fact)."""
+    return graph.meta.get(key.key, default)
+
+
+def graph_set(graph: Graph, key: GraphKey, value: Any) -> None:
+    """Write ``key``; a value of the wrong type is a bug in the writer, said at once."""
+    if not isinstance(value, key.type):
+        raise TypeError(f"graph annotation {key.key!r} takes {key.type}, got {type(value).__name__}")
+    graph.meta[key.key] = value
+
+
+def graph_precision(graph: Graph) -> str | None:
+    """The precision rewrite applied to the graph, or None when it computes as exported."""
+    return graph_find(graph, GRAPH_PRECISION)
+
+
+def graph_mode(graph: Graph) -> str:
+    """``train`` once the training expansion ran, else ``inference``."""
+    return graph_find(graph, GRAPH_MODE, "inference")
+
+
+def training_state(graph: Graph) -> dict[str, Any] | None:
+    """The training step's state record (see `passes.training`), or None for inference."""
+    return graph_find(graph, TRAINING)

@@ -11,12 +11,10 @@ from dabench_ir.ir import Cost, Graph, ValueKind, layer_from_scope
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import OpView, ShapeUnknownError, find_rule
+from .cost_rules import OpView, ShapeUnknownError, find_rule, traits_of
 
-__all__ = ["FOLDABLE_OPS", "BindSymbols", "ClassifyOps", "CostPass", "FoldWeightLayouts", "TagLayers"]
+__all__ = ["BindSymbols", "ClassifyOps", "CostPass", "FoldWeightLayouts", "TagLayers"]
 
-FOLDABLE_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
-"""Layout ops that a compiler applies to a stored weight once, at compile time."""
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +95,7 @@ class FoldWeightLayouts(Pass):
     def call(self, graph: Graph) -> PassResult:
         folded = 0
         for node in graph.nodes:
-            if node.op_type not in FOLDABLE_OPS or node.domain not in ("", "ai.onnx"):
+            if not traits_of(node).folds_on_weights:
                 continue
             ins = [graph.values.get(v) for v in node.inputs if v]
             if not ins or any(v is None or not v.kind.is_stored for v in ins):
@@ -133,7 +131,7 @@ class CostPass(Pass):
             if meta.FOLDED in node.meta:
                 node.meta[meta.COST] = Cost()
                 continue
-            if node.meta.get("dabench.subgraph"):
+            if node.meta.get(meta.SUBGRAPH):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
             elif rule is None:
                 reason = f"no cost rule for op {node.qualified_op!r}"

@@ -59,7 +59,7 @@ class PrecisionPass(Pass):
                     if value is not None and value.type.dtype.is_float and value.kind is not ValueKind.OUTPUT:
                         value.type = value.type.with_dtype(DType.FLOAT32)
             node.meta[meta.PRECISION] = computes
-        graph.meta["precision"] = self.precision
+        meta.graph_set(graph, meta.GRAPH_PRECISION, self.precision)
         CostPass()(graph)  # bytes follow the new dtypes
         return PassResult(graph, True)
 

@@ -98,7 +98,7 @@ class TrainingPass(Pass):
             meta.get(node, meta.COST)  # raises: run 'cost' first
 
     def call(self, graph: Graph) -> PassResult:
-        if graph.meta.get("mode") == "train":
+        if meta.graph_mode(graph) == "train":
             return PassResult(graph, False)
         needs = _needs_grad(graph)
         saved = 0
@@ -133,8 +133,8 @@ class TrainingPass(Pass):
              for layer in graph.layers),
             default=0,
         )
-        graph.meta["mode"] = "train"
-        graph.meta["train"] = {
+        meta.graph_set(graph, meta.GRAPH_MODE, "train")
+        meta.graph_set(graph, meta.TRAINING, {
             "optimizer": self.optimizer,
             "recompute": self.recompute,
             "params": params,
@@ -142,7 +142,7 @@ class TrainingPass(Pass):
             # activations kept for backward: every saved input, or with recompute only the
             # tensors crossing layer boundaries plus one layer's working set
             "saved_activation_bytes": boundary + per_layer_peak if self.recompute else saved,
-        }
+        })  # fmt: skip
         return PassResult(graph, True)
 
 

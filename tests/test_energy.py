@@ -10,7 +10,7 @@ from dabench_ir.energy import energy_model, load_catalog, node_energies, normali
 from dabench_ir.errors import UserError
 from dabench_ir.lowering import lower
 from dabench_ir.options import ProfileOptions
-from dabench_ir.pipeline import build_report
+from dabench_ir.report.build import build_report
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 

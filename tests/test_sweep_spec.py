@@ -55,6 +55,9 @@ def test_heads_default_and_preset():
         ({"axis": {}}, "top-level key 'axis'"),
         ({}, "no points"),
         ({"point": [{"chips": 2}]}, "needs a strategy"),
+        ({"point": [{"target": "tpu9000"}]}, "unknown target 'tpu9000'; known targets:"),
+        ({"point": [{"replicas": "many"}]}, "replicas = 'many': expected a positive integer"),
+        ({"point": [{"family": "bert"}]}, "family = 'bert'; expected one of gpt2, llama"),
     ],
 )
 def test_bad_specs_name_the_problem(data, needle):

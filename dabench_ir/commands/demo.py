@@ -54,8 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Export a small GPT-2-style decoder, measure it on the host CPU and emulate it on "
         "WSE, RDU and IPU, then write per-target HTML/JSON reports, plots and a comparison to DIR.",
     )
-    p.add_argument("-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)")
-    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma list of targets (default cpu,wse,rdu,ipu)")
+    p.add_argument(
+        "-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)"
+    )
+    p.add_argument(
+        "--targets", default=",".join(DEFAULT_TARGETS), help="comma list of targets (default cpu,wse,rdu,ipu)"
+    )
     p.add_argument("--model", metavar="MODEL.onnx", help="profile this model instead of the embedded default")
     p.add_argument("--no-measure", action="store_true", help="do not run the model in onnxruntime on the cpu target")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table; print only the index path")
@@ -101,7 +105,8 @@ def run_demo(
     progress: Any = None,
 ) -> DemoResult:
     """Profile ``model`` (default: the embedded GPT-2) on ``targets`` and write the report folder."""
-    from dabench_ir.pipeline import profile
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.pipeline import profile_targets
     from dabench_ir.report.compare import compare_reports, write_compare_csv, write_compare_json
     from dabench_ir.report.html import figure_html, write_compare_html, write_html
 
@@ -116,17 +121,20 @@ def run_demo(
     if not model_path.is_file():
         raise UserError(f"--model {model_path}: no such file")
     result = DemoResult(folder=folder.resolve(), index=(folder / "index.html").resolve())
+    outcomes = profile_targets(
+        str(model_path),
+        list(targets),
+        ProfileOptions(),
+        measure_on=lambda name: measure and name == "cpu",
+        keep_going=True,
+        progress=say,
+    )  # costed once, placed on every target
     for name in targets:
         stem = name.replace("/", "_").replace(".toml", "")
         (folder / f"{stem}.error.txt").unlink(missing_ok=True)
-        try:
-            report = profile(
-                str(model_path),
-                target=name,
-                measure=measure and name == "cpu",
-                progress=lambda msg, name=name: say(f"{name}: {msg}"),
-            )
-        except UserError as exc:
+        report = outcomes[name]
+        if isinstance(report, UserError):
+            exc = report
             logger.info("demo: target %s failed: %s", name, exc)
             result.errors[name] = str(exc)
             (folder / f"{stem}.error.txt").write_text(f"{exc}\n", encoding="utf-8")

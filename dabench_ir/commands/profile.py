@@ -7,20 +7,9 @@ import sys
 from pathlib import Path
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import PROFILE, ProfileOptions, add_knob_arguments, options_from_args
 
-__all__ = ["parse_dims", "register", "run"]
-
-
-def parse_dims(items: list[str] | None) -> dict[str, int]:
-    """``["batch=1", "seq=128"]`` -> ``{"batch": 1, "seq": 128}``, or one clear error."""
-    dims: dict[str, int] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name or not value.strip().isdigit() or int(value) <= 0:
-            raise UserError(f"malformed --dim {item!r}: expected NAME=VALUE with a positive integer, e.g. --dim batch=1")
-        dims[name] = int(value)
-    return dims
+__all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,26 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file")
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="bind a symbolic dim (repeatable)")
-    p.add_argument("--batch", type=int, help="batch size (binds the model's batch dim when symbolic)")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "mixed"], help="rewrite dtypes before costing")
-    p.add_argument("--mode", choices=["inference", "train"], default="inference")
-    p.add_argument("--recompute", action="store_true", help="train mode: recompute activations in backward")
-    p.add_argument("--via", choices=["onnx", "mlir"], default="onnx", help="cost from ONNX rules or from linalg")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
-    g = p.add_argument_group("target options")
-    g.add_argument("--opt-level", choices=["O0", "O1", "O3"], default="O1", help="RDU compiler fusion level")
-    g.add_argument("--wse-mode", choices=["pipelined", "streaming", "auto"], default="auto")
-    g.add_argument("--replicas", help="WSE on-wafer replicas: N or 'auto'")
-    g.add_argument("--ipus", type=int, default=1, help="IPUs to pipeline over")
-    g.add_argument("--micro-batches", type=int, help="micro-batches per step where the target pipelines")
-    m = p.add_argument_group("measurement (onnxruntime)")
-    m.add_argument("--measure", action="store_true", help="run the model in onnxruntime and time every node")
-    m.add_argument("--warmup", type=int, default=2)
-    m.add_argument("--repeat", type=int, default=5)
-    m.add_argument("--threads", type=int, help="onnxruntime intra-op threads")
-    m.add_argument("--ort-opt", action="store_true", help="keep onnxruntime graph optimisation on")
-    m.add_argument("--max-weight-bytes", type=int, default=4 << 30, help="cap on synthesised weights")
+    add_knob_arguments(p, PROFILE)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=20, help="rows in the node table (0: all)")
     o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank nodes by (default: time when timed)")
@@ -59,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--csv", metavar="F", help="write one row per node")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto)")
-    o.add_argument("--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)")
+    o.add_argument(
+        "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
+    )
     o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
@@ -70,63 +43,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.progress import Progress
 
-    dims = parse_dims(args.dim)
-    replicas: int | str | None = args.replicas
-    if replicas is not None and replicas != "auto":
-        if not str(replicas).isdigit() or int(replicas) <= 0:
-            raise UserError(f"--replicas {replicas}: expected a positive integer or 'auto'")
-        replicas = int(replicas)
-    for flag in ("batch", "ipus", "warmup", "repeat", "threads", "micro_batches"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "warmup" else 1):
-            raise UserError(f"--{flag.replace('_', '-')} {value}: must be a positive integer")
+    opts = options_from_args(args, ProfileOptions, PROFILE)
     _check_outputs(args)
     progress = Progress(quiet=args.quiet)
     if args.target and "," in args.target:
-        return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, dims, replicas)
-    report = _profile_one(args, args.target, progress, dims, replicas)
+        return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, opts)
+    from dabench_ir.pipeline import run_profile
+
+    report = run_profile(args.model, args.target, opts, progress=progress)
     progress.done()
     return _after_profile(args, report, progress)
 
 
-def _profile_one(args: argparse.Namespace, target: str | None, progress, dims: dict[str, int], replicas):
-    from dabench_ir.pipeline import profile
-
-    return profile(
-        args.model,
-        target=target,
-        progress=progress,
-        dims=dims,
-        batch=args.batch,
-        precision=args.precision,
-        mode=args.mode,
-        recompute=args.recompute,
-        via=args.via,
-        opt_level=args.opt_level,
-        wse_mode=args.wse_mode,
-        replicas=replicas,
-        ipus=args.ipus,
-        micro_batches=args.micro_batches,
-        measure=args.measure,
-        warmup=args.warmup,
-        repeat=args.repeat,
-        threads=args.threads,
-        ort_opt=args.ort_opt,
-        max_weight_bytes=args.max_weight_bytes,
-    )
-
-
-def _compare_targets(args: argparse.Namespace, targets: list[str], progress, dims, replicas) -> int:
-    """``--target wse,rdu,ipu``: the same model on each target, side by side."""
+def _compare_targets(args: argparse.Namespace, targets: list[str], progress, opts: ProfileOptions) -> int:
+    """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many times."""
+    from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
-    from dabench_ir.targets import load_target
 
     for name in targets:  # every name is checked before any work
-        load_target(name) if name != "cpu" else None
-    reports = []
-    for name in targets:
-        progress(f"profiling on {name}")
-        reports.append(_profile_one(args, name, progress, dims, replicas))
+        resolve_target(name, opts)
+    reports = list(profile_targets(args.model, targets, opts, progress=progress).values())
     progress.done()
     rows = compare_reports(reports)
     written = []
@@ -208,9 +144,7 @@ def _write_outputs(args: argparse.Namespace, report) -> list[str]:
         from dabench_ir.annotate import annotate
 
         extra = {
-            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s}
-            for n in report.nodes
-            if n.time_s is not None
+            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
         }
         written.append(str(annotate(args.model, report.graph, args.annotate, extra)))
     if written and not args.quiet:

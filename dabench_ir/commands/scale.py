@@ -7,19 +7,13 @@ import json
 from pathlib import Path
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import SCALE, ScaleOptions, add_knob_arguments, knob_values
 
-__all__ = ["parse_int_list", "register", "run"]
+__all__ = ["register", "render_scale", "run"]
 
 
-def parse_int_list(text: str, flag: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]``, or one clear error naming the flag."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated positive integers, e.g. {flag} 1,2,4") from None
-    if not values or any(v < 1 for v in values):
-        raise UserError(f"{flag} {text!r}: expected comma-separated positive integers, e.g. {flag} 1,2,4")
-    return values
+_CHIPS = (1, 2, 4, 8)
+"""Chip counts `scale` tries when --chips is not given."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,15 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--target", "-t", required=True)
-    p.add_argument("--chips", default="1,2,4,8", help="chip counts, e.g. 1,2,4,8")
-    p.add_argument("--strategy", choices=["dp", "tp", "pp"], required=True)
-    p.add_argument("--batch", help="batch size(s), e.g. 1,8,32 (needs a symbolic batch dim for more than one)")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "mixed"])
-    p.add_argument("--mode", choices=["inference", "train"], default="inference")
-    p.add_argument("--recompute", action="store_true")
-    p.add_argument("--micro-batches", type=int, help="pipeline micro-batches per step (pp)")
-    p.add_argument("--opt-level", choices=["O0", "O1", "O3"], default="O1")
+    add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
     p.add_argument("--plot", metavar="F", help="write throughput and efficiency vs chips (PNG or SVG)")
     p.add_argument("--quiet", "-q", action="store_true")
@@ -47,26 +33,35 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.commands.profile import parse_dims
-    from dabench_ir.pipeline import ProfileOptions, prepare_graph
+    import dataclasses
+
+    from dabench_ir.pipeline import prepare_graph
     from dabench_ir.progress import Progress
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
-    chips = parse_int_list(args.chips, "--chips")
-    batches: list[int | None] = parse_int_list(args.batch, "--batch") if args.batch else [None]
-    dims = parse_dims(args.dim)
+    values = knob_values(args, SCALE)
+    chips: list[int] = values.pop("chips", list(_CHIPS))
+    batches: list[int | None] = values.pop("batch", [None])
+    if values.get("strategy") is None:
+        raise UserError("scale: give --strategy dp, tp or pp")
     target = load_target(args.target)
     progress = Progress(quiet=args.quiet)
     merged: ScaleResult | None = None
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = ProfileOptions(dims=dims, batch=batch, precision=args.precision, mode=args.mode, recompute=args.recompute,
-                              opt_level=args.opt_level)
+        opts = ScaleOptions(**values, batch=batch)
         graph = prepare_graph(args.model, opts)
-        progress(f"scaling over {args.chips} chips ({args.strategy})")
-        result = scale(graph, target, chips, args.strategy, opts, micro_batches=args.micro_batches)
-        result.model = {"path": str(args.model), "name": graph.name, "nodes": len(graph.nodes), "layers": len(graph.layers)}
+        progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
+        # pipeline micro-batches are the pp split's, not the single chip's lowering
+        lowering = dataclasses.replace(opts, micro_batches=None)
+        result = scale(graph, target, chips, opts.strategy, lowering, micro_batches=opts.micro_batches)
+        result.model = {
+            "path": str(args.model),
+            "name": graph.name,
+            "nodes": len(graph.nodes),
+            "layers": len(graph.layers),
+        }
         if merged is None:
             merged = result
         else:
@@ -99,7 +94,20 @@ def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
-    cols = ["chips", "batch", "step", "samples/s", "speedup", "efficiency", "comm", "bubble", "alloc", "LI", "bound", "fits"]
+    cols = [
+        "chips",
+        "batch",
+        "step",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "comm",
+        "bubble",
+        "alloc",
+        "LI",
+        "bound",
+        "fits",
+    ]
     rows = []
     for p in result.points:
         rows.append(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from dabench_ir.options import SWEEP, add_knob_arguments, knob_values
+
 __all__ = ["register", "run"]
 
 
@@ -32,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the points and exit")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    add_knob_arguments(p, SWEEP)  # each knob flag sets that parameter in the spec's [defaults]
     p.set_defaults(func=run)
 
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.spec:
         raise UserError("sweep: give a SPEC (.toml file or bundled name) or --list")
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, defaults=knob_values(args, SWEEP))
     if args.dry_run:
         for point in spec.points:
             print(point.label())

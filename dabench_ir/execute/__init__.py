@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.execute.ort import default_threads, map_fused, resolve_provider, run_profiled
 from dabench_ir.execute.synth import DEFAULT_MAX_WEIGHT_BYTES, name_nodes, prepare_model
+from dabench_ir.passes import meta
 from dabench_ir.timeline import Bound, NodeTiming, Timeline, classify_bound
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def measure(
             continue
         if node.op_type == "Constant":
             missing[node.name] = "Constant: onnxruntime turns it into an initializer at load (no kernel runs)"
-        elif node.meta.get("dabench.subgraph"):
+        elif node.meta.get(meta.SUBGRAPH):
             missing[node.name] = "control flow with subgraphs: its kernels are not joined back"
         else:
             missing[node.name] = "no kernel event from onnxruntime for this node"

@@ -19,11 +19,12 @@ import logging
 import os
 import statistics
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import UserError
+from dabench_ir.passes.cost_rules import OpClass, op_traits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +35,6 @@ __all__ = ["FusionMap", "OrtProfile", "default_threads", "map_fused", "resolve_p
 logger = logging.getLogger(__name__)
 
 _SUFFIX = "_kernel_time"
-_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "MatMulInteger", "Einsum"})
 _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
@@ -242,12 +242,7 @@ def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMa
             continue
         found.sort(key=index.__getitem__)
         members[node.name] = found
-        heavy = [m for m in found if op_of[m] in _CONTRACTIONS]
+        heavy = [m for m in found if op_traits(op_of[m]).op_class is OpClass.CONTRACTION]
         anchors[node.name] = node.name if node.name in index else (heavy[0] if heavy else anchor or found[-1])
     removed = gone - claimed - folded
     return FusionMap(members=members, anchors=anchors, folded=folded, removed=removed, inserted=inserted)
-
-
-def kernel_events(events: Iterable[dict]) -> list[dict]:
-    """The profiler's node events (for tests and debugging)."""
-    return [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith(_SUFFIX)]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.passes.cost_rules import op_traits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,7 +40,6 @@ DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
 """Default cap on the bytes of inputs and weights synthesised for one measurement (4 GiB)."""
 
 _WEIGHTS_KEY = "dabench.weights"
-_PASS_THROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
 
 
 @dataclass(slots=True)
@@ -59,19 +59,14 @@ def name_nodes(model: onnx.ModelProto, graph: Graph | None = None) -> list[str]:
     ``<name>__<index>``; onnxruntime's profiler reports node names, so the copy that runs
     must carry the same ones.
     """
-    names: list[str] = []
+    from dabench_ir.frontends.onnx import onnx_node_names
+
+    names = onnx_node_names(model.graph)
     same = graph is not None and len(graph.nodes) == len(model.graph.node)
-    seen: set[str] = set()
     for index, proto in enumerate(model.graph.node):
         if same and graph.nodes[index].op_type == proto.op_type:  # type: ignore[union-attr]
-            name = graph.nodes[index].name  # type: ignore[union-attr]
-        else:
-            name = proto.name or f"{proto.op_type}_{index}"
-            if name in seen:
-                name = f"{name}__{index}"
-        seen.add(name)
-        proto.name = name
-        names.append(name)
+            names[index] = graph.nodes[index].name  # type: ignore[union-attr]
+        proto.name = names[index]
     return names
 
 
@@ -291,7 +286,7 @@ def _index_bounds(model: onnx.ModelProto, graph: Graph | None, bindings: Mapping
                         if table and -len(table) <= axis < len(table) and isinstance(table[axis], int):
                             size = table[axis]
                             bounds[vi.name] = min(bounds.get(vi.name, size), size)
-                    elif node.op_type in _PASS_THROUGH and node.input and node.input[0] == tensor:
+                    elif op_traits(node.op_type, node.domain).keeps_values and node.input and node.input[0] == tensor:
                         nxt.extend(o for o in node.output if o not in seen)
             seen.update(nxt)
             frontier = nxt

@@ -23,8 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import InputError, UnboundSymbolError, UserError
 from dabench_ir.frontends import existing_file
-from dabench_ir.ir import Graph, Value, ValueKind
-from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, LinalgCostPass, MlirArtifact, tensor_type_of
+from dabench_ir.frontends.onnx import onnx_node_names
+from dabench_ir.ir import Graph, Node, Value, ValueKind, layer_from_scope
+from dabench_ir.passes.linalg_cost import (
+    LINALG_COUNTS,
+    MLIR_ARTIFACT,
+    MlirArtifact,
+    OpCount,
+    count_module,
+    origin_keys,
+    tensor_type_of,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -37,7 +46,6 @@ __all__ = [
     "load_mlir",
     "lower_to_linalg",
     "mlir_asm",
-    "onnx_node_names",
     "onnx_via_mlir",
     "parse_mlir",
     "prepare_onnx",
@@ -155,7 +163,7 @@ def _entry_func(module: Any) -> Any:
 
 # -- .mlir files -------------------------------------------------------------------------
 def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = None) -> Graph:
-    """Load a `.mlir` file (or MLIR text) as a Graph of origins with linalg-level costs."""
+    """Load a `.mlir` file (or MLIR text) as a Graph of its ops' origins (cost it with `LinalgCostPass`)."""
     text, path = _read_text(source)
     where = str(path) if path else "<mlir>"
     ctx = _context()
@@ -183,9 +191,10 @@ def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     name = header.get("dabench.family") or (path.stem if path else "mlir")
     graph = Graph([], values, inputs, [], name=name, path=str(path) if path else None, metadata=header, bindings=dims)
     graph.metadata["dabench.frontend"] = f"mlir ({level})"
-    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
-    graph = LinalgCostPass(create_nodes=True)(graph).graph
-    graph.meta["costed"] = True
+    artifact = graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
+    # the ops' origins are the graph's nodes: count once, and the linalg cost pass reuses the counts
+    counts = graph.meta[LINALG_COUNTS] = count_module(module, weight_args=weight_args)
+    _build_nodes(graph, counts, artifact)
     logger.info("%s: %d origin node(s) from MLIR", where, len(graph.nodes))
     return graph
 
@@ -223,19 +232,6 @@ def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
 
 
 # -- ONNX through torch-mlir -------------------------------------------------------------
-def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
-    """The node names the ONNX frontend gives (unnamed nodes and duplicates renamed)."""
-    names: list[str] = []
-    seen: set[str] = set()
-    for index, proto in enumerate(graph_proto.node):
-        name = proto.name or f"{proto.op_type}_{index}"
-        if name in seen:
-            name = f"{name}__{index}"
-        seen.add(name)
-        names.append(name)
-    return names
-
-
 def prepare_onnx(
     model: onnx.ModelProto,
     dims: Mapping[str, int] | None,
@@ -321,7 +317,7 @@ def import_onnx(proto: onnx.ModelProto, *, context: Any = None, where: str = "<o
 
 
 def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
-    """The ONNX frontend's graph with costs counted at linalg level through torch-mlir."""
+    """The ONNX frontend's graph with its torch-mlir linalg module attached (cost it with `LinalgCostPass`)."""
     from dabench_ir.frontends.onnx import load_onnx, read_model
 
     start = time.perf_counter()
@@ -337,8 +333,6 @@ def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
     lower_to_linalg(module, where=where)
     graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
     graph.metadata["dabench.frontend"] = "onnx via mlir"
-    graph = LinalgCostPass(create_nodes=False)(graph).graph
-    graph.meta["costed"] = True
     logger.info("%s via MLIR: %d nodes in %.2f s", where, len(graph.nodes), time.perf_counter() - start)
     return graph
 
@@ -347,3 +341,97 @@ def mlir_asm(graph: Graph, *, debug_info: bool = True) -> str:
     """The lowered module kept on a graph, as text (resources elided)."""
     artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
     return artifact.module.operation.get_asm(enable_debug_info=debug_info, large_elements_limit=16)
+
+
+# -- building a Graph from the module's origins ---------------------------------------------
+def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
+    """fx origins carry no layer index; when a call chain recurs exactly once per decoder
+    block (the model's `layers` from the exporter header), its k-th run is layer k."""
+    try:
+        layers = int(json.loads(graph.metadata.get("dabench.params", "{}")).get("layers") or 0)
+    except (ValueError, TypeError, AttributeError):
+        layers = 0
+    if layers <= 0:
+        return
+    by_chain: dict[str, list[Node]] = {}
+    for node, chain in nodes:
+        if node.layer is None and " <- " in chain:
+            by_chain.setdefault(chain, []).append(node)
+    for members in by_chain.values():
+        if len(members) == layers:
+            for k, node in enumerate(members):
+                node.layer = k
+
+
+def _dominant(ops: list[OpCount]) -> str:
+    best = max(ops, key=lambda c: (c.cost.flops, c.cost.bytes))
+    return best.op_name
+
+
+def _build_nodes(graph: Graph, counts: list[OpCount], artifact: MlirArtifact) -> None:
+    """One node per origin of the counted ops (named by `origin_keys`, as the linalg cost
+    pass will look them up), wired by the SSA values that cross between them."""
+    by_origin: dict[str, list[OpCount]] = {}
+    for c, key in zip(counts, origin_keys(counts), strict=True):
+        if c.op_class != "uncounted" and key is not None:
+            by_origin.setdefault(key, []).append(c)
+    _create_nodes(graph, by_origin, artifact)
+    graph.invalidate()
+
+
+def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
+    """Nodes for origins the graph lacks, wired by the SSA values that cross between them."""
+    from torch_mlir import ir
+
+    owner_of: dict[Any, str] = {}
+    for name, ops in by_origin.items():
+        for c in ops:
+            for res in c.op.results:
+                owner_of[res] = name
+    order = list(by_origin)
+    rank = {n: i for i, n in enumerate(order)}
+    created: dict[str, Node] = {}
+    for name in order:
+        if graph.has_node(name):
+            continue
+        ops = by_origin[name]
+        first = ops[0].origin
+        node = Node(name=name, op_type=_dominant(ops), domain="mlir", scope=first.scope)
+        node.layer = layer_from_scope(first.scope or name)
+        if first.kind == "file":
+            node.attrs["source"] = f"{first.file}:{first.line}"
+        created[name] = node
+    _layers_from_runs(graph, [(n, by_origin[k][0].origin.scope) for k, n in created.items()])
+    value_names: dict[Any, str] = {}
+    produced: dict[str | None, int] = {}
+
+    def value_name(v: Any, producer: str | None) -> str:
+        if v not in value_names:
+            if isinstance(v, ir.BlockArgument):
+                value_names[v] = f"arg{v.arg_number}"
+            else:
+                k = produced[producer] = produced.get(producer, -1) + 1
+                value_names[v] = f"{producer}:{k}"
+        return value_names[v]
+
+    for name, node in created.items():
+        for c in by_origin[name]:
+            for operand in c.op.operands:
+                producer = owner_of.get(operand)
+                is_arg = isinstance(operand, ir.BlockArgument) and operand.owner.owner.operation.name == "func.func"
+                if not is_arg and (producer is None or producer == name or rank[producer] > rank[name]):
+                    continue
+                ttype = tensor_type_of(operand.type)
+                if ttype is None:
+                    continue
+                vname = value_name(operand, producer)
+                if vname not in graph.values:
+                    kind = ValueKind.ACTIVATION
+                    if is_arg:
+                        kind = ValueKind.WEIGHT if operand.arg_number in artifact.weight_args else ValueKind.INPUT
+                    graph.values[vname] = Value(vname, ttype, kind, producer)
+                    if producer is not None and producer in created and vname not in created[producer].outputs:
+                        created[producer].outputs.append(vname)
+                if vname not in node.inputs:
+                    node.inputs.append(vname)
+    graph.nodes.extend(created.values())

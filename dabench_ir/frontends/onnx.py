@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import InputError
 from dabench_ir.frontends import existing_file
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
+from dabench_ir.passes import meta
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "read_model"]
+__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "onnx_node_names", "read_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,21 @@ def _tensor_type(type_proto) -> TensorType:
     return TensorType(tuple(dims), dtype)
 
 
+def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
+    """The name of every node of ``graph_proto`` in dabench: its own, ``<op>_<index>`` when it
+    has none, ``<name>__<index>`` for a repeat. The frontends, the annotated ONNX and the
+    measured path (whose profiler reports node names) all name nodes with this function."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for index, proto in enumerate(graph_proto.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in seen:
+            name = f"{name}__{index}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
 def _scope_of(node: onnx.NodeProto) -> str:
     """Module path the exporter recorded for this node, or '' when none was recorded."""
     props = {p.key: p.value for p in node.metadata_props}
@@ -177,12 +193,7 @@ def load_onnx(
             existing.kind = ValueKind.OUTPUT
 
     nodes: list[Node] = []
-    seen: set[str] = set()
-    for index, proto in enumerate(g.node):
-        name = proto.name or f"{proto.op_type}_{index}"
-        if name in seen:
-            name = f"{name}__{index}"
-        seen.add(name)
+    for proto, name in zip(g.node, onnx_node_names(g), strict=True):
         node = Node(
             name=name,
             op_type=proto.op_type,
@@ -194,7 +205,7 @@ def load_onnx(
         node.scope = _scope_of(proto)
         node.layer = layer_from_scope(node.scope) if node.scope else layer_from_scope(name)
         if proto.op_type in _SUBGRAPH_OPS or any(a.type in (5, 10) for a in proto.attribute):
-            node.meta["dabench.subgraph"] = True
+            node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:
             if not out:
                 continue

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dabench_ir.sweep.results import dominant_bound, record_row
 from dabench_ir.sweep.runner import SweepResult, point_key, run_sweep
-from dabench_ir.sweep.spec import PARAMS, Point, SweepSpec, bundled_specs, load_spec, parse_spec
+from dabench_ir.sweep.spec import Point, SweepSpec, bundled_specs, load_spec, parse_spec, spec_params
 
 __all__ = [
-    "PARAMS",
     "Point",
     "SweepResult",
     "SweepSpec",
@@ -25,4 +24,5 @@ __all__ = [
     "point_key",
     "record_row",
     "run_sweep",
+    "spec_params",
 ]

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.sweep.spec import PARAMS
+from dabench_ir.sweep.spec import spec_params
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -127,7 +127,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     """Column order: key, the parameters in their declared order, then the metric columns."""
     present = {k for r in rows for k in r}
-    params = [p for p in PARAMS if p in present]
+    params = [p for p in spec_params() if p in present]
     extra = sorted(present - {"key", *params, *METRIC_COLUMNS})
     return ["key", *params, *extra, *METRIC_COLUMNS]
 

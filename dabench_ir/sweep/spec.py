@@ -10,6 +10,8 @@ said without a full cross product.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -20,68 +22,43 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dabench_ir import options
 from dabench_ir.errors import UserError
 
 __all__ = [
     "MODEL_PARAMS",
-    "PARAMS",
     "Point",
     "SweepSpec",
     "bundled_specs",
     "load_spec",
     "parse_spec",
+    "spec_params",
 ]
 
 logger = logging.getLogger(__name__)
 
-_INT = "int"
-_STR = "str"
-_BOOL = "bool"
-_INT_OR_STR = "int|str"
 
-PARAMS: dict[str, str] = {
-    # the model
-    "family": _STR,
-    "preset": _STR,
-    "layers": _INT,
-    "hidden": _INT,
-    "heads": _INT,
-    "kv_heads": _INT,
-    "ffn": _INT,
-    "seq": _INT,
-    "batch": _INT,
-    "vocab": _INT,
-    "positional": _STR,
-    # how it is run
-    "precision": _STR,
-    "mode": _STR,
-    "recompute": _BOOL,
-    "target": _STR,
-    "chips": _INT,
-    "strategy": _STR,
-    # target options
-    "opt_level": _STR,
-    "wse_mode": _STR,
-    "replicas": _INT_OR_STR,
-    "ipus": _INT,
-    "micro_batches": _INT,
-}
-"""Every parameter a point may set, with its kind."""
+def _model_params() -> tuple[str, ...]:
+    from dabench_ir.models.config import ModelConfig
 
-MODEL_PARAMS = (
-    "family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab", "positional",
-)  # fmt: skip
-"""Parameters that change the exported graph (precision and target do not)."""
+    return tuple(f.name for f in dataclasses.fields(ModelConfig))
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "family": ("gpt2", "llama"),
-    "precision": ("fp32", "fp16", "bf16", "mixed"),
-    "mode": ("inference", "train"),
-    "positional": ("learned", "none", "rope"),
-    "strategy": ("dp", "tp", "pp"),
-    "opt_level": ("O0", "O1", "O3"),
-    "wse_mode": ("pipelined", "streaming", "auto"),
-}
+
+MODEL_PARAMS: tuple[str, ...] = _model_params()
+"""Parameters that change the exported graph: the fields of `ModelConfig` (precision and target do not)."""
+
+
+def spec_params() -> tuple[str, ...]:
+    """Every parameter a point may set, in results-table order: the model (`MODEL_PARAMS`,
+    preset second), the run knobs, the target, the scaling knobs, then the target knobs —
+    every knob ``sweep`` offers (`dabench_ir.options.KNOBS`, read at call time)."""
+    knobs = options.knobs_for(options.SWEEP)
+    by_group = {g: [n for n, k in knobs.items() if k.group == g] for g in ("run", "scale", "target")}
+    others = [n for n, k in knobs.items() if k.group not in by_group]
+    model = ("family", "preset", *(m for m in MODEL_PARAMS if m not in ("family", "preset")))
+    ordered = (*model, *by_group["run"], "target", *by_group["scale"], *by_group["target"], *others)
+    return tuple(dict.fromkeys(ordered))
+
 
 DEFAULTS: dict[str, Any] = {
     "family": "gpt2",
@@ -93,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "mode": "inference",
     "target": "rdu",
     "chips": 1,
+    "opt_level": "O1",  # dropped where the target does not read it (see `_normalise`)
 }
 """What a point gets when neither the spec's defaults nor its axes set a parameter."""
 
@@ -105,10 +83,6 @@ class Point:
 
     def __getitem__(self, name: str) -> Any:
         return self.params.get(name)
-
-    def model_params(self) -> dict[str, Any]:
-        """The parameters that decide the exported graph, layers included."""
-        return {k: self.params[k] for k in MODEL_PARAMS if self.params.get(k) is not None}
 
     def canonical(self) -> str:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
@@ -148,24 +122,55 @@ class SweepSpec:
 
 
 # -- validation -------------------------------------------------------------------------------
-def _check_value(name: str, value: Any, where: str) -> Any:
-    if name not in PARAMS:
-        known = ", ".join(PARAMS)
-        raise UserError(f"{where}: unknown parameter {name!r}; known: {known}")
-    kind = PARAMS[name]
-    ok_int = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    if kind == _INT and not ok_int:
+def _check_model_value(name: str, value: Any, where: str) -> Any:
+    """A `ModelConfig` field's value, checked against the field's declared type."""
+    from dabench_ir.models.config import DTYPES, FAMILIES, ModelConfig
+
+    kinds = {t.strip() for t in str(ModelConfig.__dataclass_fields__[name].type).split("|")} - {"None"}
+    if "int" in kinds and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
         raise UserError(f"{where}: {name} must be a positive integer, got {value!r}")
-    if kind == _STR and not isinstance(value, str):
+    if "float" in kinds and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        raise UserError(f"{where}: {name} must be a positive number, got {value!r}")
+    if "str" in kinds and not isinstance(value, str):
         raise UserError(f"{where}: {name} must be a string, got {value!r}")
-    if kind == _BOOL and not isinstance(value, bool):
+    if "bool" in kinds and not isinstance(value, bool):
         raise UserError(f"{where}: {name} must be true or false, got {value!r}")
-    if kind == _INT_OR_STR and not (ok_int or value == "auto"):
-        raise UserError(f"{where}: {name} must be a positive integer or 'auto', got {value!r}")
-    choices = _CHOICES.get(name)
+    choices = {"family": FAMILIES, "dtype": DTYPES}.get(name)
     if choices and value not in choices:
         raise UserError(f"{where}: {name} = {value!r}; expected one of {', '.join(choices)}")
     return value
+
+
+def _check_value(name: str, value: Any, where: str) -> Any:
+    knobs = options.knobs_for(options.SWEEP)
+    if name in knobs:
+        try:
+            return knobs[name].validate(value)
+        except ValueError as exc:
+            raise UserError(f"{where}: {name} = {value!r}: {exc}") from None
+    if name in MODEL_PARAMS:
+        return _check_model_value(name, value, where)
+    if name == "target":
+        if not isinstance(value, str):
+            raise UserError(f"{where}: target must be a target name or path, got {value!r}")
+        return value
+    raise UserError(f"{where}: unknown parameter {name!r}; known: {', '.join(spec_params())}")
+
+
+@functools.lru_cache(maxsize=64)
+def _target_kind(name: str) -> str:
+    """The kind of a target, by loading it (an unknown name fails here, naming the known ones).
+
+    The host target is calibrated on first load; its kind is known without that.
+    """
+    from dabench_ir.targets import TargetError, load_target
+
+    if name.strip().lower() == "cpu":
+        return "cpu"
+    try:
+        return load_target(name).kind
+    except TargetError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _check_table(table: Any, where: str) -> dict[str, Any]:
@@ -194,17 +199,10 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
         p.pop("strategy", None)  # one chip: no strategy to choose
     elif not p.get("strategy"):
         raise UserError(f"chips = {p['chips']} needs a strategy (dp, tp or pp)")
-    target = str(p["target"]).lower()
-    rdu = target in ("rdu", "sn30")
-    if not rdu:
-        p.pop("opt_level", None)  # only the RDU compiler has fusion levels
-    elif "opt_level" not in p:
-        p["opt_level"] = "O1"
-    if target not in ("wse", "wse2"):
-        p.pop("wse_mode", None)
-        p.pop("replicas", None)
-    if target not in ("ipu", "bow"):
-        p.pop("ipus", None)
+    kind = _target_kind(str(p["target"]))
+    for name, k in options.KNOBS.items():
+        if k.targets is not None and kind not in k.targets:
+            p.pop(name, None)  # a knob the target's lowering does not read: equal points get equal keys
     if p.get("mode") != "train":
         p.pop("recompute", None)
     return {k: v for k, v in sorted(p.items()) if v is not None}
@@ -223,8 +221,8 @@ def parse_spec(data: dict[str, Any], *, origin: str = "<spec>", name: str | None
     axes: dict[str, list[dict[str, Any]]] = {}
     for axis, values in axes_raw.items():
         where = f"{origin} axis {axis!r}"
-        if axis not in PARAMS:
-            raise UserError(f"{where}: unknown axis name; known: {', '.join(PARAMS)}")
+        if axis not in spec_params():
+            raise UserError(f"{where}: unknown axis name; known: {', '.join(spec_params())}")
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: expected a non-empty list of values")
         expanded = []
@@ -273,8 +271,12 @@ def bundled_specs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
 
 
-def load_spec(source: str | Path) -> SweepSpec:
-    """A spec from a TOML path, or a bundled spec by name (``level1``)."""
+def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None) -> SweepSpec:
+    """A spec from a TOML path, or a bundled spec by name (``level1``).
+
+    ``defaults`` (the ``sweep`` command's knob flags) go over the spec's ``[defaults]``;
+    its axes and points still set their own values.
+    """
     text = str(source)
     path = Path(text)
     if not path.is_file():
@@ -292,4 +294,7 @@ def load_spec(source: str | Path) -> SweepSpec:
         raise UserError(f"{path}: not valid TOML ({exc})") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if defaults:
+        table = data.get("defaults", {})
+        data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
     return parse_spec(data, origin=path.name, name=data.get("name") or path.stem)

@@ -15,56 +15,47 @@ from typing import Any
 
 from dabench_ir.report.model import _clean
 
-__all__ = ["profile_graph", "run_export", "run_group"]
+__all__ = ["point_options", "profile_graph", "run_export", "run_group"]
 
 logger = logging.getLogger(__name__)
 
-_OPTION_PARAMS = (
-    "batch",
-    "precision",
-    "mode",
-    "recompute",
-    "opt_level",
-    "wse_mode",
-    "replicas",
-    "ipus",
-    "micro_batches",
-)
 
+def point_options(params: dict[str, Any]) -> Any:
+    """A point's run options: every knob ``sweep`` offers that the point sets."""
+    from dabench_ir.options import SWEEP, ScaleOptions, knobs_for
 
-def _options(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in _OPTION_PARAMS if params.get(k) is not None}
+    return ScaleOptions(**{k: params[k] for k in knobs_for(SWEEP) if params.get(k) is not None})
 
 
 def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The report dict of one point, from its costed Graph (consumed: precision rewrites it)."""
     from dabench_ir import pipeline
 
-    opts = pipeline.ProfileOptions(**_options(params))
+    opts = point_options(params)
     target = pipeline.resolve_target(params["target"], opts)
-    graph = pipeline.apply_precision_and_mode(graph, opts)
-    if params.get("chips", 1) != 1:
-        return _scaled(graph, target, params, opts)
+    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
+    if opts.chips != 1:
+        return _scaled(graph, target, opts)
     return _clean(pipeline.profile_graph(graph, target, opts).to_dict())
 
 
-def _scaled(graph: Any, target: Any, params: dict[str, Any], opts: Any) -> dict[str, Any]:
+def _scaled(graph: Any, target: Any, opts: Any) -> dict[str, Any]:
     """A multi-chip point through `dabench_ir.scaling.scale`, as a report-shaped dict.
 
     ``totals``/``metrics``/``fits``/``failure`` carry the scaled figures so the results
     table reads them like any other point; ``scale`` keeps the whole scaling record.
     """
-    from dabench_ir import pipeline
+    from dabench_ir.report.build import build_report
     from dabench_ir.scaling import scale
 
-    chips = int(params["chips"])
-    result = scale(graph, target, [1, chips], params["strategy"], opts)
+    chips = opts.chips
+    result = scale(graph, target, [1, chips], opts.strategy, opts)
     point = result.points[-1]
-    base = pipeline.build_report(graph, options=opts)  # cost-only: model and totals of one run
+    base = build_report(graph, options=opts)  # cost-only: model and totals of one run
     flops_per_sample = base.totals["flops"] / max(result.points[0].batch, 1)
     report = base.to_dict()
     report["target"] = {"name": target.name, "kind": target.kind}
-    report["config"].update({"chips": chips, "strategy": params["strategy"]})
+    report["config"].update({"chips": chips, "strategy": opts.strategy})
     report["totals"].update(
         {
             "time_s": point.time_s,

@@ -1,0 +1,221 @@
+"""`build_report`: gather a costed graph and, when present, its plan, timeline, metrics and
+measurement into a `Report` (the JSON schema ``dabench-ir/report/v1``).
+
+Every type serializes itself (``Failure.to_dict``, ``Metrics.to_dict``); the bound of a node
+is the lowering's (timeline, else plan), never computed a second time here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, Graph
+from dabench_ir.options import ProfileOptions, recorded_config
+from dabench_ir.passes import FLOP_CONVENTION, meta
+from dabench_ir.report.model import NodeRecord, Report
+
+if TYPE_CHECKING:
+    from dabench_ir.timeline import Timeline
+
+__all__ = ["build_report"]
+
+
+def build_report(
+    graph: Graph,
+    *,
+    options: ProfileOptions | None = None,
+    target: Any = None,
+    plan: Any = None,
+    timeline: Timeline | None = None,
+    metrics: Any = None,
+    measurement: Any = None,
+    model_path: str | None = None,
+) -> Report:
+    """Gather graph costs, and timeline/metrics/measurements when present, into a Report."""
+    opts = options or ProfileOptions()
+    records: list[NodeRecord] = []
+    unattributed: list[dict[str, Any]] = []
+    measured = dict(getattr(measurement, "node_times", {}) or {})
+    missing_measure = dict(getattr(measurement, "missing", {}) or {})
+    node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
+    for node in graph.nodes:
+        cost = meta.get_cost(node) if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta else None
+        op_class = node.meta.get(meta.OP_CLASS)
+        record = NodeRecord(
+            name=node.name,
+            op_type=node.qualified_op,
+            layer=node.layer,
+            scope=node.scope,
+            op_class=str(op_class) if op_class is not None else None,
+            cost=cost,
+            intensity=cost.intensity if cost is not None else None,
+            precision=str(node.meta[meta.PRECISION]) if meta.PRECISION in node.meta else None,
+        )
+        if node.name in node_intensity:
+            record.intensity = node_intensity[node.name]
+        if timeline is not None and node.name in timeline.nodes:
+            t = timeline.nodes[node.name]
+            # busy time, not the first-start-to-last-end span: a pipelined node runs once
+            # per micro-batch and waits between runs
+            record.time_s, record.start_s, record.unit = timeline.busy(node.name), t.start, t.unit
+            record.bound = _bound(t.bound, plan, node.name)
+        if meta.FOLDED in node.meta:
+            record.note = meta.get(node, meta.FOLDED)
+        if node.name in measured:
+            record.measured_time_s = measured[node.name]
+        elif node.name in missing_measure:
+            record.note = f"not measured: {missing_measure[node.name]}"
+        if cost is None:
+            reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
+            unattributed.append({"name": node.name, "op_type": node.qualified_op, "reason": reason})
+        records.append(record)
+
+    total = sum((r.cost for r in records if r.cost is not None), Cost())
+    samples = opts.batch or graph.batch_size or 1
+    time_s = timeline.step_time_s if timeline is not None else None
+    if measurement is not None and timeline is None:
+        time_s = measurement.run_time_s
+    throughput = samples / time_s if time_s else None
+    totals: dict[str, Any] = {
+        "flops": total.flops,
+        "bytes": total.bytes,
+        "time_s": time_s,
+        "throughput_samples_per_s": throughput,
+        "achieved_flops_per_s": total.flops / time_s if time_s else None,
+        **total.as_dict(),
+        "intensity": total.intensity,
+        "nodes": len(records),
+        "unattributed_nodes": len(unattributed),
+    }
+    if measurement is not None:
+        totals["measured_time_s"] = measurement.run_time_s
+    if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
+        _add_energy(graph, plan, timeline, target, records, totals, samples)
+    metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
+    if metrics is not None:
+        metric_dict.update(metrics.to_dict())
+    if target is not None:
+        metric_dict["target_power_w"] = float(target.watts)
+    if measurement is not None and timeline is not None and timeline.source == "emulated":
+        from dabench_ir.metrics import prediction_error
+
+        predicted = {r.name: r.time_s for r in records if r.time_s is not None}
+        for r in records:
+            r.predicted_time_s = r.time_s
+        metric_dict["prediction_error"] = prediction_error(predicted, measured)
+    units = []
+    if plan is not None:
+        busy = timeline.unit_busy_s if timeline is not None else {}
+        for unit in plan.units:
+            units.append(
+                {
+                    "id": unit.id,
+                    "kind": unit.kind,
+                    "nodes": list(unit.nodes),
+                    "allocation": getattr(unit, "allocation", None),
+                    "time_s": busy.get(unit.id),
+                    "resources": dict(getattr(unit, "resources", {}) or {}),
+                }
+            )
+    fits = True if plan is None else bool(plan.fits)
+    failure = plan.failure.to_dict() if plan is not None and plan.failure is not None else None
+    config = _config(graph, opts, plan, samples, placed=target is not None)
+    extra: dict[str, Any] = {}
+    if measurement is not None:
+        extra["measurement"] = {
+            "threads": measurement.threads,
+            "provider": measurement.provider,
+            "run_time_s": measurement.run_time_s,
+            "fused": measurement.fused,
+        }
+    return Report(
+        model={
+            "path": model_path or graph.path,
+            "name": graph.name,
+            "nodes": len(graph.nodes),
+            "params": graph.num_params,
+            "layers": len(graph.layers),
+            "family": graph.metadata.get("dabench.family"),
+            "preset": graph.metadata.get("dabench.preset") or None,
+        },
+        target=None if target is None else {"name": target.name, "kind": target.kind},
+        config=config,
+        nodes=records,
+        unattributed=unattributed,
+        totals=totals,
+        metrics=metric_dict,
+        units=units,
+        fits=fits,
+        failure=failure,
+        flop_convention=FLOP_CONVENTION,
+        extra=extra,
+        graph=graph,
+        timeline=timeline,
+        target_obj=target,
+    )
+
+
+def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:
+    """Per-node joules, and the step's energy, power and efficiency (docs/energy.md)."""
+    from dabench_ir.energy import node_energies
+
+    energies = node_energies(graph, plan, timeline, target)
+    for r in records:
+        r.energy_j = energies.get(r.name)
+    energy = sum(energies.values())
+    step = timeline.step_time_s
+    achieved = totals["flops"] / step if step else None
+    totals.update(
+        {
+            "energy_j": energy,
+            "energy_per_sample_j": energy / samples if samples else None,
+            "power_w": energy / step if step else None,
+            "target_power_w": float(target.watts),
+            # achieved GOP/s per rated watt, and per modelled watt (FLOPs per joule)
+            "gops_per_w": achieved / 1e9 / float(target.watts) if achieved and target.watts else None,
+            "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy else None,
+        }
+    )
+
+
+def _bound(given: Any, plan: Any, name: str) -> str | None:
+    """The lowering's bound for a node: what the timeline says, else what the plan placed."""
+    if given is None and plan is not None and name in plan.node_plans:
+        given = plan.node_plans[name].bound
+    return str(given) if given is not None else None
+
+
+def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, placed: bool) -> dict[str, Any]:
+    """The recorded configuration: every run knob (target knobs when placed), resolved against the graph."""
+    config = recorded_config(opts, target=placed)
+    config.update(
+        {
+            "batch": samples,
+            "precision": opts.precision or _dominant_dtype(graph),
+            "chips": getattr(plan, "chips", 1) if plan is not None else 1,
+            "strategy": getattr(plan, "strategy", None),
+            "dims": dict(graph.bindings),
+        }
+    )
+    if meta.graph_precision(graph) is not None:
+        from dabench_ir.passes.precision import precision_by_class
+
+        config["precision_by_class"] = precision_by_class(graph)
+    train = meta.training_state(graph)
+    if train is not None:
+        config["train"] = dict(train)
+    return config
+
+
+def _dominant_dtype(graph: Graph) -> str | None:
+    """The float dtype holding most weight (or activation) elements: what the model computes in."""
+    counts: dict[str, int] = {}
+    for value in graph.values.values():
+        if value.type.dtype.is_float and value.type.shape is not None:
+            try:
+                n = value.type.numel(graph.bindings)
+            except UserError:
+                n = 1
+            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
+    return max(counts, key=counts.__getitem__) if counts else None

@@ -1,0 +1,172 @@
+"""The option schema (`dabench_ir.options`): every knob declared once, the CLI flags of
+profile/scale/sweep, the sweep-spec checks and the report's configuration derived from it."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+
+from dabench_ir import options
+from dabench_ir.cli import build_parser, main
+from dabench_ir.errors import UserError
+from dabench_ir.options import (
+    KNOBS,
+    PROFILE,
+    SCALE,
+    SWEEP,
+    ProfileOptions,
+    ScaleOptions,
+    add_knob_arguments,
+    knob,
+    knob_values,
+    knobs_for,
+    options_from_args,
+    recorded_config,
+)
+from dabench_ir.sweep.spec import parse_spec, spec_params
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[command]
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+# -- the declarations ---------------------------------------------------------------------------
+
+
+def test_defaults_come_from_the_fields():
+    opts = ProfileOptions()
+    assert (opts.mode, opts.opt_level, opts.wse_mode, opts.ipus, opts.warmup, opts.repeat) == (
+        "inference", "O1", "auto", 1, 2, 5,
+    )  # fmt: skip
+    assert KNOBS["opt_level"].default == "O1" and KNOBS["max_weight_bytes"].default == 4 << 30
+    assert ScaleOptions().chips == 1 and ScaleOptions().strategy is None
+
+
+def test_flags_and_choices():
+    assert KNOBS["micro_batches"].flag == "--micro-batches"
+    assert KNOBS["dims"].flag == "--dim"
+    assert KNOBS["precision"].choices == ("fp32", "fp16", "bf16", "mixed")
+    assert KNOBS["recompute"].is_switch and not KNOBS["batch"].is_switch
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("batch", 0, "--batch 0: expected a positive integer"),
+        ("batch", "x", "--batch 'x': expected a positive integer"),
+        ("precision", "fp8", "--precision 'fp8': expected one of fp32, fp16, bf16, mixed"),
+        ("replicas", "many", "--replicas 'many': expected a positive integer"),
+        ("warmup", -1, "--warmup -1: expected a non-negative integer"),
+        ("recompute", "maybe", "--recompute 'maybe': expected true or false"),
+        ("dims", {"seq": 0}, "--dim"),
+    ],
+)
+def test_a_bad_value_names_the_flag(field, value, message):
+    with pytest.raises(UserError) as info:
+        ProfileOptions(**{field: value})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_values_are_parsed_once():
+    opts = ProfileOptions(batch="4", replicas="auto", recompute="yes", dims={"seq": "8"})
+    assert (opts.batch, opts.replicas, opts.recompute, dict(opts.dims)) == (4, "auto", True, {"seq": 8})
+    assert ProfileOptions(replicas="3").replicas == 3
+
+
+def test_commands_offer_their_knobs():
+    assert "via" in knobs_for(PROFILE) and "via" not in knobs_for(SCALE) and "via" not in knobs_for(SWEEP)
+    assert "measure" in knobs_for(PROFILE) and "measure" not in knobs_for(SWEEP)
+    assert {"chips", "strategy"} <= set(knobs_for(SCALE)) & set(knobs_for(SWEEP))
+    assert "chips" not in knobs_for(PROFILE)
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+
+def test_every_offered_knob_is_a_flag_of_its_command():
+    parser = build_parser()
+    for command in (PROFILE, SCALE, SWEEP):
+        flags = _flags(_subparser(parser, command))
+        assert {k.flag for k in knobs_for(command).values()} <= flags, command
+
+
+def test_options_from_args_keeps_the_dataclass_defaults():
+    p = argparse.ArgumentParser()
+    add_knob_arguments(p, PROFILE)
+    opts = options_from_args(p.parse_args([]), ProfileOptions, PROFILE)
+    assert opts == ProfileOptions()
+    args = p.parse_args(["--batch", "2", "--dim", "seq=8", "--dim", "n=3", "--recompute", "--replicas", "auto"])
+    opts = options_from_args(args, ProfileOptions, PROFILE)
+    assert (opts.batch, dict(opts.dims), opts.recompute, opts.replicas) == (2, {"seq": 8, "n": 3}, True, "auto")
+
+
+def test_list_flags_parse_each_item():
+    p = argparse.ArgumentParser()
+    add_knob_arguments(p, SCALE)
+    values = knob_values(p.parse_args(["--chips", "1,2,4", "--batch", "8", "--strategy", "dp"]), SCALE)
+    assert values == {"chips": [1, 2, 4], "batch": [8], "strategy": "dp"}
+    with pytest.raises(UserError, match=r"--chips 'x': expected a positive integer"):
+        knob_values(p.parse_args(["--chips", "1,x"]), SCALE)
+    with pytest.raises(UserError, match="comma-separated"):
+        knob_values(p.parse_args(["--chips", "1,,2"]), SCALE)
+    with pytest.raises(UserError, match="--chips takes one value here"):
+        options_from_args(p.parse_args(["--chips", "1,2"]), ScaleOptions, SCALE)
+
+
+def test_cli_usage_errors_name_the_flag(capsys, tiny_matmul_path):
+    assert main(["profile", str(tiny_matmul_path), "--precision", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision 'fp8': expected one of fp32, fp16, bf16, mixed" in err
+    assert main(["scale", str(tiny_matmul_path), "--target", "rdu", "--chips", "1,0", "--strategy", "dp"]) == 2
+    assert "--chips '0': expected a positive integer" in capsys.readouterr().err
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def test_recorded_config_is_the_run_knobs():
+    opts = ScaleOptions(batch=2, precision="bf16", chips=4, strategy="tp", measure=True)
+    config = recorded_config(opts)
+    assert config["batch"] == 2 and config["chips"] == 4 and config["strategy"] == "tp"
+    assert config["opt_level"] == "O1" and "measure" not in config and "warmup" not in config
+    assert "opt_level" not in recorded_config(opts, target=False)
+
+
+# -- adding a knob touches only its declaration ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WithNewKnob(ScaleOptions):
+    stage_depth: int = knob(3, help="a knob a test adds", parse=options._positive, group="target")
+
+
+@pytest.fixture
+def new_knob(monkeypatch):
+    monkeypatch.setattr(options, "KNOBS", options._collect(_WithNewKnob))
+    return options.KNOBS["stage_depth"]
+
+
+def test_a_new_knob_reaches_every_parser_and_the_spec(new_knob):
+    parser = build_parser()
+    for command in (PROFILE, SCALE, SWEEP):
+        sub = _subparser(parser, command)
+        assert "--stage-depth" in _flags(sub), command
+        assert "a knob a test adds (default: 3)" in sub.format_help().replace("\n", " ").replace("  ", " ")
+    args = parser.parse_args(["profile", "m.onnx", "--stage-depth", "7"])
+    assert options_from_args(args, _WithNewKnob, PROFILE).stage_depth == 7
+    with pytest.raises(UserError, match="--stage-depth '0': expected a positive integer"):
+        knob_values(parser.parse_args(["sweep", "s.toml", "--stage-depth", "0"]), SWEEP)
+    assert "stage_depth" in spec_params()
+    (point,) = parse_spec({"point": [{"stage_depth": 5}]}).points
+    assert point["stage_depth"] == 5
+    with pytest.raises(UserError, match="stage_depth = 0: expected a positive integer"):
+        parse_spec({"point": [{"stage_depth": 0}]})
+    assert recorded_config(_WithNewKnob(stage_depth=4))["stage_depth"] == 4
