@@ -344,7 +344,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         pcus = min(chip.capacity, math.ceil(sec.pcus / sec.parts))
         pmus = min(chip.capacity, math.ceil(sec.pmus / sec.parts))
         li = _section_li(demand, sec, flops)
-        for part in range(sec.parts):
+        for _part in range(sec.parts):
             unit = Unit(
                 id=f"section{unit_index}",
                 kind="rdu_section",
