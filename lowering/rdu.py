@@ -324,7 +324,9 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
     core_fwd_flops: dict[int, int] = {}
     for name, cid in cores.items():
-        core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + _phase_cost(graph.node(name), "forward", ctx.costs[name]).flops
+        core_fwd_flops[cid] = (
+            core_fwd_flops.get(cid, 0) + _phase_cost(graph.node(name), "forward", ctx.costs[name]).flops
+        )
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     ddr_total = 0
     unit_index = 0
