@@ -44,11 +44,13 @@ __all__ = [
     "PointResult",
     "Quantity",
     "Validation",
+    "baseline",
     "bundled_catalogs",
     "gemm_model",
     "kernel_classes",
     "load_catalog",
     "parse_catalog",
+    "regressions",
     "run_validation",
     "write_csv",
     "write_json",
@@ -228,7 +230,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     kind = entry["kind"]
     if kind not in KINDS:
         raise bad("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
-    _check_target(entry["target"], bad)
+    target = _check_target(entry["target"], bad)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
     if kind == "model":
@@ -266,7 +268,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     return Point(
         id=entry["id"],
         kind=kind,
-        target=entry["target"],
+        target=target,
         source=entry["source"],
         file=name,
         system=entry.get("system", ""),
@@ -286,13 +288,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_target(name: str, bad: Callable[[str, str], UserError]) -> None:
+def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
+    """The target's own name (aliases resolved), or a UserError naming the key."""
     from dabench_ir.targets import load_target
 
     try:
-        load_target(name)
+        target = load_target(name)
     except UserError as exc:
         raise bad("target", str(exc)) from None
+    # a target file given by path keeps its path, so the points load it again
+    return name if name.endswith(".toml") else target.name
 
 
 def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> None:
@@ -573,7 +578,7 @@ def run_validation(
     start = time.perf_counter()
     if target is not None:
         wanted = load_target(target).name
-        points = [p for p in points if load_target(p.target).name == wanted]
+        points = [p for p in points if p.target == wanted or load_target(p.target).name == wanted]
         if not points:
             raise UserError(f"--target {target}: no catalogue point is on {wanted}")
     say = say or (lambda _m: None)
@@ -1024,7 +1029,7 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
     fig = Figure(figsize=(6.0 * len(panels), 4.6), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.3, top=0.88, wspace=0.3)
+
     colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
     ax_i = 0
     if sweeps:
@@ -1071,4 +1076,52 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
         ax.set_title(f"{target}: {title}")
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
+    fig.tight_layout()
     return fig
+
+
+# -- regression guard ---------------------------------------------------------------------------------
+
+
+def baseline(validation: Validation) -> dict[str, Any]:
+    """Each point's status, fit verdict and |relative error| per quantity: what a rerun must not worsen."""
+    points: dict[str, Any] = {}
+    for r in validation.results:
+        points[r.point.id] = {
+            "status": r.status,
+            "fit_verdict": r.fit_verdict,
+            "abs_errors": {q.name: (abs(q.error) if q.error is not None else None) for q in r.quantities},
+        }
+    return {"schema": "dabench-ir/validation-baseline/v1", "points": points}
+
+
+def regressions(
+    validation: Validation, pinned: Mapping[str, Any], *, abs_tol: float = 0.01, rel_tol: float = 0.02
+) -> list[str]:
+    """What got worse than ``pinned`` (a `baseline`): one line per regression, empty when none.
+
+    Worse: a pinned point missing or no longer run; a fit verdict that was right and is now
+    wrong; a predicted quantity no longer predicted; an |error| above pinned x (1 + rel_tol) + abs_tol.
+    """
+    now = baseline(validation)["points"]
+    problems = []
+    for pid, old in pinned.get("points", {}).items():
+        new = now.get(pid)
+        if new is None:
+            problems.append(f"{pid}: pinned point is missing from the catalogue run")
+            continue
+        if old["status"] == "ok" and new["status"] != "ok":
+            reason = next((r.reason for r in validation.results if r.point.id == pid), "")
+            problems.append(f"{pid}: ran before, cannot run now ({reason})")
+            continue
+        if old.get("fit_verdict") == "right" and new.get("fit_verdict") == "wrong":
+            problems.append(f"{pid}: fit verdict flipped from right to wrong")
+        for name, err in old.get("abs_errors", {}).items():
+            if err is None:
+                continue
+            cur = new["abs_errors"].get(name)
+            if cur is None:
+                problems.append(f"{pid}: {name} was predicted (|error| {err:.1%}), is not now")
+            elif cur > err * (1 + rel_tol) + abs_tol:
+                problems.append(f"{pid}: {name} |error| {cur:.1%} is worse than the pinned {err:.1%}")
+    return problems
