@@ -116,8 +116,8 @@ _GOOD_HEAD = 'format = "dabench-ir/measurements/v1"\n'
         ("[[points]]\nid = 'x'\nkind = 'bandwidth'\ntarget = 'nochip'\nsource = 's'\n", "point 'x': target:"),
         (
             "[[points]]\nid = 'x'\nkind = 'gemm'\ntarget = 'ipu'\nsource = 's'\ngemm = {size = 64}\n"
-            "measured = {tflops = 1.0, speed = 3}\n",
-            "point 'x': measured.speed: unknown quantity",
+            "measured = {tflops = 1.0, speed = -3}\n",
+            "point 'x': measured.speed: expected a positive number",
         ),
         (
             "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"
@@ -126,8 +126,8 @@ _GOOD_HEAD = 'format = "dabench-ir/measurements/v1"\n'
         ),
         (
             "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"
-            "model = {family = 'gpt2', layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1}\nrun = {tilez = 4}\n",
-            "point 'x': run.tilez: unknown option",
+            "model = {family = 'gpt2', layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1}\nrun = {ipus = 0}\n",
+            "point 'x': run.ipus: expected a positive integer",
         ),
         ("[[points]\nid = 'x'\n", "not valid TOML"),
     ],
@@ -155,8 +155,8 @@ kind = "model"
 target = "rdu"
 source = "test"
 model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
-run = { mode = "train", precision = "mixed", opt_level = "O3", half_partials = true }
-measured = { samples_per_s = 100.0, step_time_s = 0.01, host_time_s = 0.005, sections = 3 }
+run = { mode = "train", precision = "mixed", opt_level = "O3", half_partials = true, num_widgets = 2 }
+measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, host_time_s = 0.005, sections = 3, joules = 5.0 }
 expect = { fits = true }
 
 [[points]]
@@ -195,7 +195,7 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     args = ["validate", "--catalog", str(cat), "--cache-dir", str(tmp_path / "cache"), "-q"]
     assert main([*args, "--json", str(out_json), "--csv", str(out_csv), "--plots", str(plots)]) == 0
     text = capsys.readouterr().out
-    assert "tiny-rdu" in text and "ignored: half_partials=True" in text
+    assert "tiny-rdu" in text and "ignored: half_partials=True, num_widgets=2" in text
     assert "huge-gemm" in text and "CANNOT RUN" in text
     with out_csv.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -205,6 +205,8 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     assert tp["status"] == "ok" and float(tp["predicted"]) > 0
     assert float(tp["rel_error"]) == pytest.approx((float(tp["predicted"]) - 100.0) / 100.0)
     assert by[("tiny-rdu", "host_time_s")]["note"] == "not predicted"
+    assert by[("tiny-rdu", "joules")]["note"].startswith("not predicted (a quantity the catalogue format does not")
+    assert float(by[("tiny-rdu", "tokens_per_s")]["predicted"]) == pytest.approx(8 * float(tp["predicted"]))
     assert by[("tiny-rdu", "sections")]["predicted"] != ""
     assert tp["fit_verdict"] == "right"
     assert by[("huge-gemm", "tflops")]["status"] == "cannot run"
