@@ -752,7 +752,7 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         if key not in _MEASURED_NUMBERS:
             note = "not predicted (a quantity the catalogue format does not define)"
         result.quantities.append(Quantity(key, float(value), predicted, note))
-    if not report.fits and result.fits_expected is None and p.measured:
+    if result.fits_expected is None and _numbers(p.measured):
         result.fits_expected = True  # a measured run ran: it fitted
     if result.fits_expected is True and result.fits_predicted is False:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
@@ -1064,7 +1064,7 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
             continue
         ax = axes[ax_i]
         ax_i += 1
-        labels, meas, pred = [], [], []
+        labels, meas, pred, nofit = [], [], [], []
         for r in group:
             names = [HEADLINE] if r.point.kind == "model" else [q.name for q in r.quantities]
             for name in names:
@@ -1074,9 +1074,14 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
                 labels.append(r.point.id if r.point.kind == "model" else f"{r.point.id}\n{name}")
                 meas.append(m)
                 pred.append(pr if pr is not None else math.nan)
+                if r.fits_predicted is False:
+                    nofit.append((len(labels) - 1, m))
         xs = list(range(len(labels)))
         ax.scatter(xs, meas, marker="o", color="#1f77b4", label="measured", zorder=3)
         ax.scatter(xs, pred, marker="s", facecolors="none", edgecolors="#d62728", label="predicted", zorder=3)
+        for x, m in nofit:
+            ax.annotate("tool: does not fit", (x, m), xytext=(6, -3), textcoords="offset points", fontsize=7,
+                        color="#d62728")  # fmt: skip
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=6)
         ax.set_yscale("log")
