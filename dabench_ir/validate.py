@@ -254,7 +254,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     if kind.startswith("gemm"):
         _check_gemm(kind, gemm, measured, bad)
     if kind == "bandwidth":
-        if bandwidth.get("memory") not in ("on-chip", "off-chip") and not isinstance(bandwidth.get("memory"), str):
+        if not isinstance(bandwidth.get("memory", "off-chip"), str):
             raise bad("bandwidth.memory", "expected a memory name or level (on-chip, off-chip)")
         if bandwidth.get("pattern", "streaming") not in ("streaming", "random"):
             raise bad("bandwidth.pattern", "expected streaming or random")

@@ -141,6 +141,15 @@ def test_malformed_user_catalogue_exits_2_with_one_line(tmp_path, capsys, body, 
     assert str(path) in err and needle in err
 
 
+def test_unwritable_output_is_a_user_error(tmp_path, capsys):
+    cat = tmp_path / "bw.toml"
+    cat.write_text(_GOOD_HEAD + "[[points]]\nid = 'b'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
+                   "measured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    assert main(["validate", "--catalog", str(cat), "-q", "--csv", str(tmp_path / "no" / "dir" / "v.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--csv" in err
+
+
 def test_missing_catalogue_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="cannot read"):
         validate.load_catalog(tmp_path / "nothere.toml")

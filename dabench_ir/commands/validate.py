@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir import validate
+    from dabench_ir.errors import UserError
     from dabench_ir.progress import Progress
 
     points = validate.load_catalog(args.catalog)
@@ -46,12 +47,18 @@ def run(args: argparse.Namespace) -> int:
         progress.done()
     print(result.format_table())
     written = []
-    if args.json:
-        written.append(validate.write_json(result, args.json))
-    if args.csv:
-        written.append(validate.write_csv(result, args.csv))
-    if args.plots:
-        written += validate.write_plots(result, args.plots)
+    for flag, value, write in (
+        ("--json", args.json, validate.write_json),
+        ("--csv", args.csv, validate.write_csv),
+        ("--plots", args.plots, validate.write_plots),
+    ):
+        if not value:
+            continue
+        try:
+            out = write(result, value)
+        except OSError as exc:
+            raise UserError(f"{flag} {value}: cannot write it ({exc.strerror or exc})") from None
+        written += out if isinstance(out, list) else [out]
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
