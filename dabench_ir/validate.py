@@ -39,6 +39,7 @@ __all__ = [
     "FORMAT",
     "HEADLINE",
     "KINDS",
+    "PREDICTORS",
     "RUN_OPTIONS",
     "Point",
     "PointResult",
@@ -746,7 +747,7 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         if not report.fits:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
             continue
-        extractor = _PREDICTORS.get(key)
+        extractor = PREDICTORS.get(key)
         predicted = extractor(report, p) if extractor else None
         note = "" if predicted is not None else "not predicted"
         if key not in _MEASURED_NUMBERS:
@@ -805,7 +806,7 @@ def _tflops(report: Report) -> float | None:
     return achieved / 1e12 if achieved else None
 
 
-_PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
+PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "samples_per_s": lambda r, _p: r.totals.get("throughput_samples_per_s"),
     "tokens_per_s": _tokens_per_s,
     "step_time_s": lambda r, _p: r.totals.get("time_s"),
