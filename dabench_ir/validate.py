@@ -703,7 +703,7 @@ def _short(value: Any) -> str:
 def _profile(graph: Any, target: Any, opts: Any) -> Report:
     from dabench_ir import pipeline
 
-    graph = pipeline.apply_precision_and_mode(graph, opts)
+    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     return pipeline.profile_graph(graph, target, opts)
 
 
@@ -712,8 +712,8 @@ def _lower(graph: Any, target: Any, opts: Any) -> Any:
     from dabench_ir import pipeline
     from dabench_ir.lowering import lower
 
-    graph = pipeline.apply_precision_and_mode(graph, opts)
-    return lower(graph, target, pipeline.lowering_options(opts))
+    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
+    return lower(graph, target, opts)
 
 
 def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
