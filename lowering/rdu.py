@@ -353,6 +353,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 nodes=[n.name for n in sec.nodes],
                 allocation=pcus / chip.pcus,
                 gap_before_s=reconfig,
+                gap_kind="section_reconfig",
             )
             unit_index += 1
             share_s = work_s / sec.parts

@@ -175,3 +175,13 @@ def test_sections_run_one_after_another_each_for_its_own_time():
         assert start == pytest.approx(clock + unit.gap_before_s)
         assert end - start == pytest.approx(max(unit.resources["compute_s"], unit.resources["ddr_s"]))
         clock = end
+
+
+def test_step_is_sections_plus_switches_plus_host():
+    g = _train(decoder(layers=1, hidden=64, seq=8))
+    plan = lower(g, RDU, ProfileOptions(opt_level="O3"))
+    timeline = emulate(plan, g)
+    n = len(plan.units)
+    assert timeline.overheads_s["section_reconfig"] == pytest.approx(1e-5 * n)
+    assert timeline.overheads_s["host"] == pytest.approx(1.464 + 3.72e-4 * n)
+    assert timeline.step_time_s == pytest.approx(plan.extra["rdu_time_s"] + plan.extra["host_time_s"])
