@@ -40,6 +40,7 @@ from dabench_ir.ir import Cost
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
 from dabench_ir.passes import meta
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ __all__ = ["LOWERING", "Chip", "RduLowering", "RduOptions", "Section", "form_sec
 
 logger = logging.getLogger(__name__)
 _WHO = "rdu"
-_FORWARD_COST = "dabench.cost.forward"  # written by passes/training.py (FORWARD_COST, BACKWARD_COST)
-_BACKWARD_COST = "dabench.cost.backward"
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -112,7 +111,7 @@ class Section:
 def _phase_cost(node: Node, phase: str, fallback: Cost) -> Cost:
     if phase == "optimizer":
         return fallback
-    key = _FORWARD_COST if phase == "forward" else _BACKWARD_COST
+    key = FORWARD_COST if phase == "forward" else BACKWARD_COST
     cost = node.meta.get(key)
     if cost is None:
         return fallback if phase == "forward" else Cost()
@@ -144,10 +143,6 @@ class _Demand:
             g = self.chip.matmul_grain
             return math.ceil(pmu / g) * g
         return pmu
-
-
-def _is_optimizer(node: Node) -> bool:
-    return node.op_type == "AdamStep" or node.scope == "optimizer"
 
 
 def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
@@ -186,8 +181,8 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
     """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer."""
     demand = _Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
-    body = [n for n in ctx.graph.nodes if not _is_optimizer(n)]
-    optimizer = [n for n in ctx.graph.nodes if _is_optimizer(n)]
+    body = [n for n in ctx.graph.nodes if not is_optimizer_step(n)]
+    optimizer = [n for n in ctx.graph.nodes if is_optimizer_step(n)]
     out: list[Section] = []
     chains = [("forward", body)]
     if train:
@@ -319,7 +314,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     sections = form_sections(ctx, chip, opt_level)
     demand = _Demand(ctx, chip)
     section_of = {(n.name, s.phase): i for i, s in enumerate(sections) for n in s.nodes}
-    cores = _attention_cores(ctx, [n for n in graph.nodes if not _is_optimizer(n)]) if opt_level != "O0" else {}
+    cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
     core_fwd_flops: dict[int, int] = {}
