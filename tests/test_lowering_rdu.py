@@ -185,3 +185,18 @@ def test_step_is_sections_plus_switches_plus_host():
     assert timeline.overheads_s["section_reconfig"] == pytest.approx(1e-5 * n)
     assert timeline.overheads_s["host"] == pytest.approx(1.464 + 3.72e-4 * n)
     assert timeline.step_time_s == pytest.approx(plan.extra["rdu_time_s"] + plan.extra["host_time_s"])
+
+
+def test_metrics_time_weight_section_allocation_and_balance():
+    from dabench_ir.place import place
+
+    g = _train(decoder(layers=2, hidden=256, seq=64, batch=4))
+    plan, timeline, metrics = place(g, RDU, ProfileOptions(opt_level="O3", **CATALOGUE))
+    spans = {u.id: timeline.unit_spans[u.id][1] - timeline.unit_spans[u.id][0] for u in plan.units}
+    total = sum(spans.values())
+    assert metrics.allocation_ratio == pytest.approx(sum(u.allocation * spans[u.id] for u in plan.units) / total)
+    li = sum(u.resources["load_imbalance"] * spans[u.id] for u in plan.units) / total
+    assert metrics.load_imbalance == pytest.approx(li)
+    pmu = sum(u.resources["pmu_allocation"] * spans[u.id] for u in plan.units) / total
+    assert metrics.extra["pmu_allocation"] == pytest.approx(pmu)
+    assert metrics.extra["highest_pcu_allocation"] == max(u.allocation for u in plan.units)
