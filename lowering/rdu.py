@@ -17,7 +17,9 @@ Sections, per opt level (forward, backward and optimizer never share a section):
 - O3: greedy fusion of fusion groups along the program order while the section's demand
   fits the planning capacity. The attention core (QKᵀ matmul to AV matmul) is one atomic
   group: its scores stay on chip and the backward recomputes them. A group larger than the
-  capacity is split into ``ceil(demand / capacity)`` sections (along batch or heads).
+  capacity is split (along batch or heads) into ``ceil(demand / units)`` sections tiled over
+  every unit of the compiled tiles: the resource scale is the margin fusion keeps, not a
+  cap on a forced split (measured PCU utilisation reaches 94 % with a 0.8 scale).
   The optimizer (all parameters) is one streaming section.
 
 A section costs ``section_reconfig_s`` (its switch) plus the larger of its FLOPs at
@@ -72,10 +74,15 @@ class Chip:
     tiles_per_rdu: int
     pcus: int  # PCUs on the compiled tiles (the allocation denominator)
     pmus: int
-    capacity: int  # PCUs (and PMUs) the compiler plans with: floor(pcus · resource_scale)
+    capacity: int  # PCUs (and PMUs) the compiler plans fused sections with: floor(units · resource_scale)
     act_bytes_per_pmu: float
     weight_bytes_per_pmu: float
     matmul_grain: int
+
+    @property
+    def units(self) -> int:
+        """PCU/PMU pairs on the compiled tiles: what a group split into parts spreads over."""
+        return min(self.pcus, self.pmus)
 
     @classmethod
     def of(cls, target: Target, options: RduOptions) -> Chip:
@@ -106,6 +113,7 @@ class Section:
     pcus: int = 0  # PCU demand of the nodes (paired with their PMUs), all parts together
     pmus: int = 0
     parts: int = 1  # sections the compiler cuts it into (a group above the capacity)
+    oversized: bool = False  # one group above the planning capacity: tiled over every unit
 
 
 def _phase_cost(node: Node, phase: str, fallback: Cost) -> Cost:
@@ -208,7 +216,7 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
             if opt_level != "O0" and need > chip.capacity:  # bigger than the chip: its own sections
                 if cur.nodes:
                     out.append(cur)
-                out.append(Section(phase, list(group), pcu, pmu, math.ceil(need / chip.capacity)))
+                out.append(Section(phase, list(group), pcu, pmu, math.ceil(need / chip.units), oversized=True))
                 cur, key = Section(phase), None
                 continue
             if split:
@@ -338,8 +346,9 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         memory_s = ddr_bytes / bw
         work_s = max(compute_s, memory_s)
         ddr_total += ddr_bytes
-        pcus = min(chip.capacity, math.ceil(sec.pcus / sec.parts))
-        pmus = min(chip.capacity, math.ceil(sec.pmus / sec.parts))
+        limit = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
+        pcus = min(limit, math.ceil(sec.pcus / sec.parts))
+        pmus = min(limit, math.ceil(sec.pmus / sec.parts))
         li = _section_li(demand, sec, flops)
         for _part in range(sec.parts):
             unit = Unit(

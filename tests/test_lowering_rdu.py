@@ -125,20 +125,32 @@ def test_o1_sections_stay_inside_one_module():
         assert len({module_key(g.node(n)) for n in unit.nodes}) == 1
 
 
-def test_a_group_above_the_capacity_is_split_into_parts():
-    g = decoder(layers=1, hidden=1024, seq=64, batch=4)  # fc1's 8 MB of weights need 32 PMUs
+def test_a_group_above_the_capacity_is_split_into_parts_over_every_unit():
+    g = decoder(layers=1, hidden=1024, seq=64, batch=4)  # fc1's 8 MB of weights need 32 PMUs at 256 KiB
     opts = LOWERING.options(ProfileOptions(opt_level="O3", tiles=1, resource_scale=0.05))
     chip = Chip.of(RDU, opts)
-    assert chip.capacity == 8  # floor(160 * 0.05)
+    assert (chip.capacity, chip.units) == (8, 160)  # floor(160 * 0.05); a forced split spreads over all 160
     ctx = LoweringContext.build(g, None, None)
     sections = form_sections(ctx, chip, "O3")
-    split = [s for s in sections if s.parts > 1]
-    assert split
-    for s in split:
-        assert s.parts == math.ceil(max(s.pcus, s.pmus) / chip.capacity)
+    oversized = [s for s in sections if s.oversized]
+    assert oversized
+    for s in oversized:
+        assert max(s.pcus, s.pmus) > chip.capacity
+        assert s.parts == math.ceil(max(s.pcus, s.pmus) / chip.units)
     plan = lower(g, RDU, opts)
     assert len(plan.units) == sum(s.parts for s in sections)
-    assert max(u.allocation for u in plan.units) <= 8 / 160  # each part holds its share, within the capacity
+    fused = [u for u, s in zip(plan.units, sections, strict=False) if not s.oversized]
+    assert all(u.resources["pcus"] <= 8 for u in fused)
+    assert max(u.allocation for u in plan.units) > 8 / 160  # above the 5 % planning scale
+
+
+def test_a_group_above_the_whole_tiles_takes_several_sections():
+    g = decoder(layers=1, hidden=4096, seq=64, batch=4)  # fc1: 64 MB of weights, 256 PMUs > 160
+    opts = LOWERING.options(ProfileOptions(opt_level="O3", tiles=1))
+    sections = form_sections(LoweringContext.build(g, None, None), Chip.of(RDU, opts), "O3")
+    split = [s for s in sections if s.parts > 1]
+    assert split and all(s.parts == math.ceil(max(s.pcus, s.pmus) / 160) for s in split)
+    assert len(lower(g, RDU, opts).units) == sum(s.parts for s in sections)
 
 
 def test_section_counts_per_opt_level_on_a_gpt2_shaped_graph():
