@@ -212,3 +212,14 @@ def test_metrics_time_weight_section_allocation_and_balance():
     pmu = sum(u.resources["pmu_allocation"] * spans[u.id] for u in plan.units) / total
     assert metrics.extra["pmu_allocation"] == pytest.approx(pmu)
     assert metrics.extra["highest_pcu_allocation"] == max(u.allocation for u in plan.units)
+
+
+def test_throughput_rises_with_batch_as_the_host_cost_is_amortised():
+    rates = []
+    for batch in (1, 4, 16):
+        g = _train(decoder(layers=2, hidden=256, seq=64, batch=batch))
+        plan = lower(g, RDU, ProfileOptions(opt_level="O3", **CATALOGUE))
+        timeline = emulate(plan, g)
+        rates.append(batch / timeline.step_time_s)
+        assert plan.extra["sections"] == 3  # demand is per sample: the same sections at every batch
+    assert rates[0] < rates[1] < rates[2]
