@@ -18,7 +18,7 @@ def test_more_layers_eventually_do_not_fit_and_more_ipus_fix_it():
         fits[layers] = lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1))
     assert fits[4].fits and not fits[64].fits
     failure = fits[64].failure
-    assert "tile SRAM" in failure.reason and "ipus=" in failure.reason
+    assert "tile SRAM" in failure.reason and "--ipus" in failure.reason and "IPU 0" in failure.reason
     assert failure.needed_bytes > failure.capacity_bytes == IPU.memory("sram").capacity_bytes
     split = lower(decoder(layers=64, hidden=1024, seq=8), IPU, ProfileOptions(ipus=4))
     assert split.fits and len(split.units) == 4
