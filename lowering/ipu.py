@@ -27,16 +27,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import UnboundSymbolError, UserError
-from dabench_ir.ir import DType, ValueKind
+from dabench_ir.ir import ValueKind
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     peak_live_bytes,
     place_node,
+    stored_root,
+    training_state,
     value_bytes,
 )
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, FORWARD_COST
+from dabench_ir.passes.cost_rules import Backward, traits_of
+from dabench_ir.passes.training import FORWARD_COST
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -98,10 +101,6 @@ class _Stage:
     layers: list[int] = field(default_factory=list)
 
 
-def _is_optimizer_step(node: Node) -> bool:
-    return node.domain == "dabench" and node.op_type == "AdamStep"
-
-
 def _sections(ctx: LoweringContext) -> tuple[list[Node], dict[int, list[Node]], list[Node], list[Node]]:
     """(pre-layer nodes, nodes per decoder layer, post-layer nodes, optimizer step nodes).
 
@@ -110,8 +109,8 @@ def _sections(ctx: LoweringContext) -> tuple[list[Node], dict[int, list[Node]], 
     norm, head, loss).
     """
     nodes = [n for n in ctx.graph.nodes]
-    opt = [n for n in nodes if _is_optimizer_step(n)]
-    rest = [n for n in nodes if not _is_optimizer_step(n)]
+    opt = [n for n in nodes if ctx.is_optimizer_step(n)]
+    rest = [n for n in nodes if not ctx.is_optimizer_step(n)]
     layered = [i for i, n in enumerate(rest) if n.layer is not None]
     if not layered:
         return rest, {}, [], opt
@@ -170,9 +169,7 @@ def _stages(pre: list[Node], layers: dict[int, list[Node]], post: list[Node], co
 
 def _precision_key(node: Node, ctx: LoweringContext) -> str:
     """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own precision."""
-    dtype = node.meta.get(meta.PRECISION)
-    dtype = dtype if isinstance(dtype, DType) else ctx.precision
-    return "fp32" if dtype.itemsize >= 4 else "fp16"
+    return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
 
 
 def _forward(node: Node, ctx: LoweringContext) -> Cost:
@@ -180,38 +177,67 @@ def _forward(node: Node, ctx: LoweringContext) -> Cost:
     return fwd if fwd is not None else ctx.costs[node.name]
 
 
-def _boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> int:
+def _act_bytes(ctx: LoweringContext, name: str) -> float:
+    """Bytes of an activation as the IPU holds it: a 16-bit plan keeps every float activation in
+    16 bits (Graphcore's examples run ``model.half()``: norms and softmax too), whatever the
+    graph's own dtype for the ops a framework keeps in fp32."""
+    value = ctx.graph.values.get(name)
+    size = value_bytes(ctx.graph, name)
+    if value is None or not value.type.dtype.is_float or ctx.precision.itemsize >= value.type.dtype.itemsize:
+        return float(size)
+    return size * ctx.precision.itemsize / value.type.dtype.itemsize
+
+
+def _boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
     """The largest activation entering ``nodes`` from outside (a layer's input hidden state), whole batch."""
     graph = ctx.graph
     inside = {n.name for n in nodes}
-    best = 0
+    best = 0.0
     for node in nodes:
         for v in node.inputs:
             value = graph.values.get(v) if v else None
             if value is None or value.kind.is_stored or value.producer in inside:
                 continue
-            best = max(best, value_bytes(graph, v))
+            best = max(best, _act_bytes(ctx, v))
     return best
 
 
-def _saved_bytes(ctx: LoweringContext, nodes: list[Node]) -> int:
-    """Activations a layer keeps for its backward pass, whole batch: the forward inputs of its work nodes."""
-    return sum(_forward(n, ctx).act_bytes_in for n in nodes if ctx.is_work(n))
-
-
-def _root(ctx: LoweringContext, name: str) -> str:
-    """The stored weight a value is a compile-time layout of (itself when no folded op made it)."""
+def _saved_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """Activations a layer keeps for its backward pass, whole batch: each distinct activation read
+    by an op whose backward needs its operands (contractions, vector ops), once; moves and
+    views need none."""
     graph = ctx.graph
-    for _ in range(16):
-        value = graph.values.get(name)
-        prod = graph.node(value.producer) if value is not None and value.producer else None
-        if prod is None or meta.FOLDED not in prod.meta:
-            return name
-        stored = [v for v in prod.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
-        if not stored:
-            return name
-        name = stored[0]
-    return name
+    seen = {v for n in nodes if _saves_inputs(ctx, n) for v in n.inputs
+            if v and v in graph.values and not graph.values[v].kind.is_stored}  # fmt: skip
+    return sum(_act_bytes(ctx, v) for v in seen)
+
+
+def _saves_inputs(ctx: LoweringContext, node: Node) -> bool:
+    """Whether the backward pass of ``node`` reads its forward inputs: a contraction does; a
+    vector op does when its derivative depends on them (special functions, norms and
+    softmax with several FLOPs an element, a product of two activations); a sum, a scaling
+    by a constant, a move or a view does not."""
+    if not ctx.is_work(node):
+        return False
+    rule = traits_of(node).backward
+    if rule is Backward.CONTRACTION:
+        return True
+    if rule is not Backward.VECTOR:
+        return False
+    cost = ctx.costs[node.name]
+    fwd = _forward(node, ctx)
+    out = max((_numel(ctx, v) for v in node.outputs if v), default=0)
+    if fwd.special_ops > 0 or (out and fwd.vector_flops > out):
+        return True
+    graph = ctx.graph
+    acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored
+            and _numel(ctx, v) >= out]  # fmt: skip
+    return cost.vector_flops > 0 and len(acts) >= 2 and node.op_type in ("Mul", "Div")
+
+
+def _numel(ctx: LoweringContext, name: str) -> int:
+    value = ctx.graph.values.get(name)
+    return value_bytes(ctx.graph, name) // value.type.dtype.itemsize if value is not None else 0
 
 
 def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
@@ -224,7 +250,7 @@ def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
         stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:
-            root = _root(ctx, v)
+            root = stored_root(graph, v)
             if root not in out:
                 out[root] = value_bytes(graph, root, fallback)
     return out
@@ -244,20 +270,18 @@ def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
     return total
 
 
-def _state_bytes_per_param(ctx: LoweringContext) -> tuple[int, int]:
-    """(gradient accumulator, optimizer state) bytes per parameter in training, (0, 0) otherwise.
+def _state_bytes_per_param(ctx: LoweringContext) -> tuple[float, float]:
+    """(gradient accumulator, optimizer side) bytes per parameter in training, (0, 0) for inference.
 
-    The accumulator is kept in the weights' stored precision (Graphcore's GPT-2 example:
-    ``accum_type=float16``). The optimizer state is what the training pass counts beyond the
-    weights and gradients (fp32 master weights and both Adam moments under mixed precision).
+    From the training pass's state by kind: the accumulator holds gradients in the weights'
+    precision (Graphcore's GPT-2 example: ``accum_type=float16``); the optimizer side is the
+    fp32 master copy and the Adam moments, which Poplar can keep in streaming memory.
     """
-    train = meta.training_state(ctx.graph)
-    if not train:
-        return 0, 0
-    item = next((v.type.dtype.itemsize for v in ctx.graph.weights()), ctx.precision.itemsize)
-    params = int(train.get("params") or 0)
-    total = int(train["optimizer_state_bytes"]) / params if params else ADAM_BYTES_PER_PARAM
-    return item, max(0, round(total - 2 * item))
+    params = int((meta.training_state(ctx.graph) or {}).get("params") or 0)
+    if not params:
+        return 0.0, 0.0
+    state = training_state(ctx)
+    return state.gradients / params, state.optimizer_side / params
 
 
 def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
@@ -465,12 +489,20 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
 
 
 def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int) -> float:
-    """Operand bytes (inputs, output, weight) of the largest forward matmul among ``nodes``, one micro-batch."""
-    return max(
-        ((f.act_bytes_in + f.act_bytes_out) / m + f.weight_bytes
-         for n in nodes if (f := _forward(n, ctx)).contraction_flops > 0),
-        default=0.0,
-    )  # fmt: skip
+    """Operand bytes (activations for one micro-batch, weights, output) of the largest matmul among ``nodes``."""
+    graph = ctx.graph
+    best = 0.0
+    for node in nodes:
+        if ctx.costs[node.name].contraction_flops <= 0:
+            continue
+        total = 0.0
+        for v in [*node.inputs, *node.outputs]:
+            value = graph.values.get(v) if v else None
+            if value is None:
+                continue
+            total += value_bytes(graph, v) if value.kind.is_stored else _act_bytes(ctx, v) / m
+        best = max(best, total)
+    return best
 
 
 def _adam_ops(ctx: LoweringContext, node: Node, special_cycles: float) -> float:
