@@ -402,6 +402,9 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
         if other:
             phases.append((peak_live_bytes(ctx, other) / m, _temporaries(ctx, other, m)))
+            if n_ipus > 1:
+                entering = _boundary_bytes(ctx, other) / m
+                t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * entering)
         distinct = (layer_nodes[0] if layer_nodes else []) + other  # identical layers share outlined code
         factor = 1 + (_BACKWARD_KERNELS if training else 0)
         t["code"] += factor * code_per * sum(tiles_for(n) for n in distinct if ctx.is_work(n))
