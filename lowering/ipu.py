@@ -453,7 +453,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
 
     # -- once per step: fill and drain, optimizer, gradient reduction ----------------------------
     cycle = max(lane_s.values(), default=0.0)
-    if n_stages > 1:
+    if training and n_stages > 1 and options.steady_state:
+        # the pipeline drains before each weight update: the bubble is paid every step (in
+        # inference consecutive steps stream through without one; without steady_state the
+        # event simulation already holds the fill and drain)
         plan.step_overheads_s["pipeline_fill_drain"] = (n_stages - 1) * cycle
     opt_s = 0.0
     if opt_nodes:
