@@ -203,7 +203,7 @@ class ProfileOptions:
         None, help="micro-batches per step where the target pipelines", parse=_positive, group="target"
     )
     layers_per_ipu: tuple[int, ...] | None = knob(
-        None, help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding and head alone on IPU 0)",
+        None, help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding alone on IPU 0; a tied head returns there)",
         parse=_counts, group="target", targets=frozenset({"ipu"}), metavar="N,N,...",
     )  # fmt: skip
     matmul_proportion: tuple[float, ...] = knob(
@@ -216,7 +216,7 @@ class ProfileOptions:
     )  # fmt: skip
     replicated_tensor_sharding: bool = knob(
         True, help="IPU: shard optimizer state over the replicas", parse=_bool, group="target",
-        targets=frozenset({"ipu"}),
+        targets=frozenset({"ipu"}), metavar="{true,false}",
     )  # fmt: skip
     # measurement
     measure: bool = knob(
