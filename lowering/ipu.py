@@ -168,7 +168,11 @@ def _stages(pre: list[Node], layers: dict[int, list[Node]], post: list[Node], co
 
 
 def _precision_key(node: Node, ctx: LoweringContext) -> str:
-    """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own precision."""
+    """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own
+    precision, except that a 16-bit plan keeps every op but the optimizer in 16 bits
+    (Graphcore's examples run ``model.half()``; the fp32 state is the optimizer's)."""
+    if ctx.precision.itemsize < 4 and not ctx.is_optimizer_step(node):
+        return "fp16"  # a 16-bit plan runs norms and softmax in 16 bits too, as model.half() does
     return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
 
 
@@ -483,7 +487,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         plan.step_overheads_s["gradient_reduce"] = 2 * (replicas - 1) / replicas * grads / link.bandwidth_bytes_per_s
     plan.extra.update({
         "ipus": n_ipus,
-        "replicas": replicas,
+        "data_parallel_replicas": replicas,  # the report counts their samples too
         "layers_per_ipu": counts,
         "pipeline_stages": n_stages,
         "stages": [{"ipu": st.ipu, "layers": st.layers} for st in stages],
