@@ -164,10 +164,9 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
                 count += 1
     text = module.operation.get_asm(enable_debug_info=True)
     out = Path(out_path)
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"--annotate {out}: cannot write ({exc.strerror or exc})") from None
+    from dabench_ir.fileio import write_output
+
+    write_output(out, text)
     logger.info("annotated %d MLIR op(s) into %s", count, out)
     return out
 

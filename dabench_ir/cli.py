@@ -1,6 +1,8 @@
 """The `dabench-ir` command line: one subcommand per module in `dabench_ir.commands`.
 
-Exit codes: 0 success, 2 bad input or usage (one line on stderr), 1 internal error.
+Exit codes: 0 success, 2 bad input or usage (one line on stderr), 1 internal error (one
+line on stderr naming it; ``--debug`` prints the traceback). ``dabench-ir`` alone prints the
+help on stdout and exits 0.
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from dabench_ir import __version__
@@ -44,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dabench-ir {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
     for name in _COMMANDS:
         try:
@@ -57,25 +62,99 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    head = args_list[: args_list.index("--") if "--" in args_list else None]
+    debug = "--debug" in head
+    if debug:  # accepted anywhere on the line, not only before the command
+        args_list = [a for a in head if a != "--debug"] + args_list[len(head) :]
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
-        logging.basicConfig(
-            level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
-            format="%(levelname)s %(name)s: %(message)s",
-        )
+        args = parser.parse_args(args_list)
+        held = _setup_logging(args.verbose)
         if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        return int(args.func(args) or 0)
+            parser.print_help(sys.stdout)
+            return 0
+        code = int(args.func(args) or 0)
+        if held is not None:
+            held.release()
+        return code
     except UserError as exc:
-        print(f"dabench-ir: error: {exc}", file=sys.stderr)
+        print(f"dabench-ir: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dabench-ir: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except RecursionError:
+        if debug:
+            traceback.print_exc()
+        print("dabench-ir: error: the model is nested too deeply to read; is it the right file?", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("dabench-ir: error: out of memory; try a smaller model or fewer points", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the last resort: one line, never a traceback unless asked
+        if debug:
+            traceback.print_exc()
+        print(
+            f"dabench-ir: internal error: {type(exc).__name__}: {_one_line(exc)}; "
+            "rerun with --debug for the traceback",
+            file=sys.stderr,
+        )
+        return 1
+
+
+class _HeldWarnings(logging.Handler):
+    """Hold warnings until the command ends: shown after a success, dropped before an error,
+    so a failing run prints exactly one line (-v shows everything as it happens)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def release(self) -> None:
+        for record in self.records:
+            print(" ".join(self.format(record).split()), file=sys.stderr)
+        self.records.clear()
+
+
+def _setup_logging(verbose: int) -> _HeldWarnings | None:
+    logging.captureWarnings(True)
+    if verbose:
+        logging.basicConfig(
+            level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        return None
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _HeldWarnings):
+            root.removeHandler(handler)
+    held = _HeldWarnings()
+    root.addHandler(held)
+    root.setLevel(logging.WARNING)
+    return held
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message as one printable line."""
+    text = " ".join(str(exc).split())
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:2000]
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

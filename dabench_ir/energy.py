@@ -33,6 +33,7 @@ __all__ = [
     "HOROWITZ_45NM",
     "SCALING_RULES",
     "EnergyModel",
+    "check_process_node",
     "energy_model",
     "load_catalog",
     "node_energies",
@@ -58,6 +59,18 @@ LINK_PJ_PER_BYTE = 10.0 * 8  # chip-to-chip SerDes, ~10 pJ/bit (estimate; order 
 STATIC_FRACTION = 0.3  # share of rated power drawn regardless of work (estimate)
 
 SCALING_RULES = {"post-dennard": 1, "dennard": 3}
+
+
+PROCESS_NODE_RANGE_NM = (0.1, 1000.0)
+"""Process nodes `--normalize-to` accepts: from beyond any roadmap to the oldest planar CMOS."""
+
+
+def check_process_node(nm: float, flag: str = "--normalize-to") -> float:
+    """``nm`` as a process node to normalise to, or a UserError (nan, infinity, out of range)."""
+    low, high = PROCESS_NODE_RANGE_NM
+    if not math.isfinite(nm) or not low <= nm <= high:
+        raise UserError(f"{flag} {nm:g}: a process node in nm between {low:g} and {high:g}, e.g. {flag} 7")
+    return nm
 
 
 def scale_factors(node_nm: float, to_nm: float, rule: str = "post-dennard") -> dict[str, float]:

@@ -973,20 +973,23 @@ _COLUMNS = ("id", "target", "kind", "status", "quantity", "measured", "predicted
 
 def write_json(validation: Validation, path: str | Path) -> Path:
     """The summary and every row as JSON (schema ``dabench-ir/validation/v1``)."""
-    path = Path(path)
-    path.write_text(json.dumps(validation.to_dict(), indent=1, default=str) + "\n")
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, json.dumps(validation.to_dict(), indent=1, default=str) + "\n")
 
 
 def write_csv(validation: Validation, path: str | Path) -> Path:
     """One row per point and quantity (columns: see ``_COLUMNS``)."""
-    path = Path(path)
-    with path.open("w", newline="") as fh:
+    from dabench_ir.fileio import write_with
+    from dabench_ir.report.model import csv_cell
+
+    def write(fh: Any) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(_COLUMNS), extrasaction="ignore")
         writer.writeheader()
         for row in validation.rows():
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    return path
+            writer.writerow({k: csv_cell(v) for k, v in row.items()})
+
+    return write_with(path, write)
 
 
 def write_plots(validation: Validation, folder: str | Path, *, prefix: str = "validation-") -> list[Path]:

@@ -6,8 +6,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from dabench_ir.errors import UserError
-
 __all__ = ["register", "run"]
 
 logger = logging.getLogger(__name__)
@@ -31,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dabench_ir.energy import check_process_node
+    from dabench_ir.fileio import check_output_path
     from dabench_ir.report.compare import (
         compare_reports,
         load_report_json,
@@ -39,15 +39,15 @@ def run(args: argparse.Namespace) -> int:
         write_compare_json,
     )
 
+    if args.normalize_to is not None:
+        check_process_node(args.normalize_to)
     for flag in ("json", "csv", "html"):
         path = getattr(args, flag)
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise UserError(f"--{flag} {path}: folder {Path(path).resolve().parent} does not exist")
+        if path is not None:
+            check_output_path(path, f"--{flag}", inputs=args.reports)
     reports = [load_report_json(p) for p in args.reports]
     rows = compare_reports(reports)
     if args.normalize_to is not None:
-        if args.normalize_to <= 0:
-            raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
         from dabench_ir.report.compare import add_normalised
 
         add_normalised(rows, args.normalize_to, args.scaling)

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
     if not targets:
         raise UserError("--targets: give at least one target, e.g. --targets cpu,rdu")
+    _check_inputs(args.output, targets, args.model)
     progress = Progress(quiet=args.quiet)
     result = run_demo(args.output, targets=targets, model=args.model, measure=not args.no_measure, progress=progress)
     progress.done()
@@ -84,6 +85,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo took {result.seconds:.1f} s; open the report:")
     print(result.index)
     return 0
+
+
+def _check_inputs(output: str, targets: list[str], model: str | None) -> None:
+    """Refuse a bad folder, target name or model up front (exit 2), not as an error file after the work."""
+    from dabench_ir.fileio import check_output_dir
+    from dabench_ir.targets import load_target
+
+    check_output_dir(output, "-o")
+    for name in targets:
+        if name.strip().lower() != "cpu":  # cpu is the host, calibrated when profiled
+            load_target(name)
+    if model is not None:
+        from dabench_ir.frontends.onnx import read_model
+
+        read_model(model)  # a text file or a FIFO given as the model fails here
 
 
 def _export_default(folder: Path, say: Any) -> Path:
@@ -105,6 +121,7 @@ def run_demo(
     progress: Any = None,
 ) -> DemoResult:
     """Profile ``model`` (default: the embedded GPT-2) on ``targets`` and write the report folder."""
+    from dabench_ir.fileio import write_output
     from dabench_ir.options import ProfileOptions
     from dabench_ir.pipeline import profile_targets
     from dabench_ir.report.compare import compare_reports, write_compare_csv, write_compare_json
@@ -137,7 +154,7 @@ def run_demo(
             exc = report
             logger.info("demo: target %s failed: %s", name, exc)
             result.errors[name] = str(exc)
-            (folder / f"{stem}.error.txt").write_text(f"{exc}\n", encoding="utf-8")
+            write_output(folder / f"{stem}.error.txt", f"{exc}\n")
             continue
         watts = getattr(report.target_obj, "watts", None)
         if watts:

@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if not args.output:
         raise UserError("export needs -o PATH")
+    from dabench_ir.fileio import check_output_path
+
+    check_output_path(args.output, "-o")  # before minutes of exporting, not after
     from dabench_ir.models.export import export_model, resolve_weights
 
     resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch

@@ -46,8 +46,13 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args, ProfileOptions, PROFILE)
     _check_outputs(args)
     progress = Progress(quiet=args.quiet)
-    if args.target and "," in args.target:
-        return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, opts)
+    if args.target is not None and "," in args.target:
+        names = [t.strip() for t in args.target.split(",") if t.strip()]
+        if not names:
+            raise UserError(f"--target {args.target!r}: no target named; give e.g. --target wse,rdu")
+        return _compare_targets(args, names, progress, opts)
+    if args.target is not None and not args.target.strip():
+        raise UserError("--target: empty; give a target name such as rdu (see `dabench-ir targets`)")
     from dabench_ir.pipeline import run_profile
 
     report = run_profile(args.model, args.target, opts, progress=progress)
@@ -110,14 +115,16 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Fail before the work, not after, when an output cannot be written."""
+    """Fail before the work, not after, when an output cannot be written (dabench_ir.fileio)."""
+    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
+
+    check_input_file(args.model, "MODEL")
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
-        if path is None:
-            continue
-        parent = Path(path).resolve().parent
-        if not parent.is_dir():
-            raise UserError(f"--{flag} {path}: folder {parent} does not exist")
+        if path is not None:
+            check_output_path(path, f"--{flag}", inputs=[args.model])
+    if args.plots is not None:
+        check_output_dir(args.plots, "--plots")
 
 
 def _write_outputs(args: argparse.Namespace, report) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import SCALE, ScaleOptions, add_knob_arguments, knob_values
@@ -35,11 +34,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from dabench_ir.fileio import check_input_file, check_output_path, write_output
     from dabench_ir.pipeline import prepare_graph
     from dabench_ir.progress import Progress
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
+    check_input_file(args.model, "MODEL")
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=[args.model])
+    if args.plot is not None:
+        check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
     values = knob_values(args, SCALE)
     chips: list[int] = values.pop("chips", list(_CHIPS))
     batches: list[int | None] = values.pop("batch", [None])
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     progress.done()
     assert merged is not None
     if args.json:
-        Path(args.json).write_text(json.dumps(merged.to_dict(), indent=1))
+        write_output(args.json, json.dumps(merged.to_dict(), indent=1, default=str))
     if args.plot:
         from dabench_ir.report.plots import save_figure, scale_figure
 

@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("sweep: give the output folder with -o DIR")
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected a positive number")
+    from dabench_ir.fileio import check_output_dir
+
+    check_output_dir(args.output, "-o")
+    if args.cache_dir is not None:
+        check_output_dir(args.cache_dir, "--cache-dir")
     from dabench_ir.progress import Progress
 
     progress = Progress(quiet=args.quiet)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from dabench_ir.errors import UserError
 from dabench_ir.targets import Target, list_targets
 
 __all__ = ["register", "run"]
@@ -65,8 +64,10 @@ def describe(target: Target) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.normalize_to is not None and args.normalize_to <= 0:
-        raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
+    if args.normalize_to is not None:
+        from dabench_ir.energy import check_process_node
+
+        check_process_node(args.normalize_to)
     if args.catalog:
         print(render_efficiency(catalog_rows(), args.normalize_to, args.scaling, title="published designs"))
         return 0

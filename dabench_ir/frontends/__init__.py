@@ -12,9 +12,10 @@ __all__ = ["existing_file"]
 
 def existing_file(source: str | os.PathLike[str], expected: str) -> Path:
     """``source`` as a Path to a file that exists, or one clear line saying what is wrong."""
-    path = Path(source)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected {expected}")
-    return path
+    from dabench_ir.errors import UserError
+    from dabench_ir.fileio import check_input_file
+
+    try:
+        return check_input_file(Path(source))  # a FIFO would block forever: regular files only
+    except UserError as exc:
+        raise InputError(f"{exc}; expected {expected}") from None

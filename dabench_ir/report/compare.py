@@ -63,13 +63,15 @@ COMPARE_COLUMNS = (
 
 def load_report_json(path: str | Path) -> dict[str, Any]:
     """Read a report JSON written by ``profile --json``; anything else is a one-line UserError."""
+    from dabench_ir.fileio import read_text_file
+    from dabench_ir.report.model import check_report_dict
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read report {path}: {exc.strerror or exc}") from None
+    text = read_text_file(path, "report")  # a FIFO, folder or binary file is refused here
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply; give files written by profile --json") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -78,6 +80,7 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
     for key in ("model", "totals", "nodes"):
         if key not in data:
             raise UserError(f"{path}: report has no {key!r} field; was it written by profile --json?")
+    check_report_dict(data, str(path))
     data.setdefault("_source", str(path))
     return data
 
@@ -256,13 +259,16 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def write_compare_csv(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """One CSV line per compare row, columns `COMPARE_COLUMNS` (empty cell for None)."""
-    path = Path(path)
-    with path.open("w", newline="", encoding="utf-8") as fh:
+    from dabench_ir.fileio import write_with
+    from dabench_ir.report.model import csv_cell
+
+    def write(fh: Any) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(COMPARE_COLUMNS), extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COMPARE_COLUMNS})
-    return path
+            writer.writerow({k: csv_cell(row.get(k)) for k in COMPARE_COLUMNS})
+
+    return write_with(path, write)
 
 
 def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -271,6 +277,6 @@ def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> P
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
     doc = {"schema": "dabench-ir/compare/v1", "rows": [{k: clean(r.get(k)) for k in COMPARE_COLUMNS} for r in rows]}
-    path = Path(path)
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")

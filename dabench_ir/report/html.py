@@ -308,11 +308,9 @@ def render_html(
 
 def write_html(report: Report, path: str | Path, **options: Any) -> Path:
     """Write ``render_html(report)`` to ``path``; returns the path."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(report, **options), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, render_html(report, **options))
 
 
 def render_compare_html(
@@ -351,6 +349,6 @@ def render_compare_html(
 
 def write_compare_html(rows: Sequence[Mapping[str, Any]], path: str | Path, **options: Any) -> Path:
     """Write ``render_compare_html(rows, **options)`` to ``path``."""
-    path = Path(path)
-    path.write_text(render_compare_html(rows, **options), encoding="utf-8")
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, render_compare_html(rows, **options))

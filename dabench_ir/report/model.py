@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dabench_ir.fileio import write_output, write_with
 from dabench_ir.ir import Cost
 
-__all__ = ["SCHEMA", "NodeRecord", "Report"]
+__all__ = ["SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell"]
 
 SCHEMA = "dabench-ir/report/v1"
 
@@ -159,18 +160,18 @@ class Report:
     def write_json(self, path: str | Path) -> Path:
         """Indented for small reports; compact past a few hundred nodes, where indentation
         would force json's pure-Python encoder and dominate the whole profile's time."""
-        return _atomic_write(Path(path), self.to_json(indent=1 if len(self.nodes) <= 300 else None))
+        return write_output(path, self.to_json(indent=1 if len(self.nodes) <= 300 else None))
 
     def write_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w", newline="") as fh:
+        """One row per node; text cells a spreadsheet would read as a formula are neutralised."""
+
+        def write(fh) -> None:
             writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
             writer.writeheader()
             for n in self.nodes:
-                writer.writerow({k: ("" if v is None else v) for k, v in n.to_dict().items()})
-        tmp.replace(path)
-        return path
+                writer.writerow({k: csv_cell(v) for k, v in n.to_dict().items()})
+
+        return write_with(path, write)
 
     def to_pandas(self):
         """Per-node DataFrame (needs pandas)."""
@@ -202,9 +203,72 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def _atomic_write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
+
+def csv_cell(value: Any) -> Any:
+    """A value for a CSV cell: None as empty, and text that a spreadsheet would evaluate as a
+    formula (leading ``= + - @``, tab or carriage return) prefixed with ``'`` so it stays text.
+    Numbers are written as they are (a negative number is not a formula)."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+
+_REPORT_TABLES = {"model": dict, "totals": dict, "metrics": (dict, type(None)), "target": (dict, type(None)),
+                  "config": (dict, type(None)), "failure": (dict, type(None)), "units": (list, type(None)),
+                  "unattributed": (list, type(None)), "nodes": list, "fits": (bool, type(None))}  # fmt: skip
+_REPORT_NUMBERS = frozenset({"time_s", "throughput_samples_per_s", "achieved_flops_per_s", "measured_time_s",
+                             "allocation_ratio", "load_imbalance", "compute_efficiency", "target_power_w",
+                             "flops", "bytes", "energy_j"})  # fmt: skip
+_NODE_TEXT = ("name", "op_type", "scope", "op_class", "bound", "unit", "precision", "note")
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def check_report_dict(data: dict[str, Any], where: str = "report") -> dict[str, Any]:
+    """Check a report read back from JSON (``compare``): every table has its type, every node is an
+    object whose numbers are numbers and whose texts are texts. A UserError names the first fault."""
+    from dabench_ir.errors import UserError
+
+    def bad(what: str) -> UserError:
+        return UserError(f"{where}: {what}; give a report written by profile --json")
+
+    for key, kind in _REPORT_TABLES.items():
+        if key in data and not isinstance(data[key], kind):
+            raise bad(f"field {key!r} is a {type(data[key]).__name__}, not the expected type")
+    for table in ("totals", "metrics", "extra"):
+        section = data.get(table) or {}
+        if not isinstance(section, dict):
+            raise bad(f"field {table!r} is not an object")
+        for name, value in section.items():
+            if name in _REPORT_NUMBERS and (not _is_number(value) or (isinstance(value, float) and not math.isfinite(value))):
+                raise bad(f"{table} {name!r} = {value!r} is not a number")
+    for table, keys in (("target", ("name", "kind")), ("model", ("name", "preset", "path"))):
+        for key in keys:
+            value = (data.get(table) or {}).get(key)
+            if value is not None and not isinstance(value, str):
+                raise bad(f"{table} {key!r} is not text")
+    numeric = [c for c in CSV_COLUMNS if c not in _NODE_TEXT and c != "layer"]
+    for i, node in enumerate(data.get("nodes") or []):
+        if not isinstance(node, dict):
+            raise bad(f"node #{i} is a {type(node).__name__}, not an object")
+        for key in numeric:
+            value = node.get(key)
+            if not _is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
+                raise bad(f"node #{i} field {key!r} = {value!r} is not a number")
+        layer = node.get("layer")
+        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
+            raise bad(f"node #{i} layer = {layer!r} is not an integer")
+        for key in _NODE_TEXT:
+            if node.get(key) is not None and not isinstance(node.get(key), str):
+                raise bad(f"node #{i} field {key!r} is not text")
+    for i, unit in enumerate(data.get("units") or []):
+        if not isinstance(unit, dict):
+            raise bad(f"unit #{i} is a {type(unit).__name__}, not an object")
+    return data

@@ -81,8 +81,10 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
     import matplotlib
 
     # svg.fonttype "none": text stays text (searchable, smaller) instead of glyph paths
+    from dabench_ir.fileio import write_with
+
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dabench-ir"}):
-        fig.savefig(path, format=fmt, dpi=dpi)
+        write_with(path, lambda fh: fig.savefig(fh, format=fmt, dpi=dpi), binary=True)
     return path
 
 

@@ -97,7 +97,8 @@ def write_chrome_trace(timeline: Timeline, graph: Graph, path: str | Path) -> Pa
             "overheads_s": timeline.overheads_s,
         },
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc), encoding="utf-8")
+    from dabench_ir.fileio import write_output
+
+    write_output(path, json.dumps(doc, default=str))
     logger.info("wrote Chrome trace %s (%d events)", path, len(doc["traceEvents"]))
     return path

@@ -1,0 +1,271 @@
+"""File safety in one place: what the tool reads and what it writes.
+
+- `check_input_file(path, flag)`: a regular, readable file (a FIFO would block forever, a
+  directory or device is not a model), optionally text.
+- `check_output_path(path, flag, inputs=...)`: called BEFORE the work, so a bad output path
+  fails in a second rather than after minutes of profiling: not a directory, a folder that
+  exists and is writable, not under /proc or /sys, no name over 255 bytes, not one of the
+  run's own inputs.
+- `write_output(path, data)`: a regular file is written atomically through a unique temporary
+  name in its folder (`tempfile.mkstemp` + `os.replace`), so concurrent writers never share
+  a temporary and a reader never sees half a file; a symlink is followed (its target is
+  written, the link stays); a special file (a device such as /dev/null) is written through;
+  ``-`` is standard output where the caller allows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from dabench_ir.errors import UserError
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "check_input_file",
+    "check_output_dir",
+    "check_output_path",
+    "read_text_file",
+    "write_output",
+    "write_with",
+]
+
+MAX_NAME_BYTES = 255
+"""The longest file name (one path component) Linux file systems take, in bytes."""
+
+_SYSTEM_ROOTS = ("/proc", "/sys")
+
+
+def _show(path: str | os.PathLike[str]) -> str:
+    """A path as text that is safe to print (undecodable bytes escaped)."""
+    text = os.fsdecode(path)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if _has_surrogates(text) else text
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _flag(flag: str | None) -> str:
+    return f"{flag} " if flag else ""
+
+
+def check_input_file(path: str | os.PathLike[str], flag: str | None = None, *, text: bool = False) -> Path:
+    """``path`` as a Path to a regular readable file, or a UserError saying why not.
+
+    ``text``: also refuse a file whose first KiB holds NUL bytes or is not UTF-8.
+    """
+    p = Path(path)
+    where = f"{_flag(flag)}{_show(p)}"
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{where}: is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{where}: not a regular file (a pipe, socket or device); give a file")
+    if not os.access(p, os.R_OK):
+        raise UserError(f"{where}: permission denied; make it readable")
+    if text:
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:
+            raise UserError(f"{where}: cannot read ({exc.strerror or exc})") from None
+        if b"\0" in head or not _utf8_prefix(head):
+            raise UserError(f"{where}: a binary file, expected text; is it the right file?")
+    return p
+
+
+def _utf8_prefix(head: bytes) -> bool:
+    """True when ``head`` is UTF-8, allowing a multi-byte character cut at the end."""
+    for cut in range(4):
+        try:
+            head[: len(head) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
+
+
+def read_text_file(path: str | os.PathLike[str], flag: str | None = None) -> str:
+    """The text of a regular UTF-8 file, or one UserError line."""
+    p = check_input_file(path, flag, text=True)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{_flag(flag)}{_show(p)}: not UTF-8 text; is it the right file?") from None
+    except OSError as exc:
+        raise UserError(f"{_flag(flag)}{_show(p)}: cannot read ({exc.strerror or exc})") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_name(p: Path, where: str) -> None:
+    for part in p.parts:
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise UserError(f"{where}: a name in the path is over {MAX_NAME_BYTES} bytes; shorten it")
+
+
+def _check_system(p: Path, where: str) -> None:
+    resolved = os.path.realpath(p)
+    for root in _SYSTEM_ROOTS:
+        if resolved == root or resolved.startswith(root + "/"):
+            raise UserError(f"{where}: refusing to write under {root}; give a file in a normal folder")
+
+
+def check_output_path(
+    path: str | os.PathLike[str],
+    flag: str | None = None,
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    allow_stdout: bool = False,
+    suffixes: Iterable[str] | None = None,
+) -> Path:
+    """Refuse, before any work, an output file that cannot or must not be written.
+
+    ``inputs``: the run's input files; writing over one of them is refused.
+    ``suffixes``: the allowed file suffixes (lower case, with the dot), when the writer
+    picks a format by suffix.
+    """
+    if allow_stdout and os.fspath(path) == "-":
+        return Path("-")
+    p = Path(path)
+    where = f"{_flag(flag)}{_show(p)}"
+    if not os.fspath(path):
+        raise UserError(f"{_flag(flag)}: empty path; give a file name")
+    _check_name(p, where)
+    _check_system(p, where)
+    if suffixes is not None:
+        allowed = tuple(suffixes)
+        if p.suffix.lower() not in allowed:
+            raise UserError(f"{where}: unknown suffix {p.suffix or '(none)'!r}; use one of {', '.join(allowed)}")
+    try:
+        st = os.stat(p)  # follows a symlink: its target is what gets written
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UserError(f"{where}: cannot use it ({exc.strerror or exc})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{where}: is a directory; give a file name")
+        if stat.S_ISREG(st.st_mode) and not os.access(p, os.W_OK):
+            raise UserError(f"{where}: not writable; choose another file")
+        for other in inputs:
+            if _same_file(p, Path(other)):
+                raise UserError(f"{where}: is an input of this run; refusing to overwrite it (choose another name)")
+        if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+                raise UserError(f"{where}: a pipe or socket; give a file name")
+            return p  # a device: written through
+    elif p.is_symlink():
+        raise UserError(f"{where}: a symlink to a missing folder or file; give another name")
+    parent = Path(os.path.realpath(p)).parent if st is not None else p.absolute().parent
+    if not parent.is_dir():
+        raise UserError(f"{where}: folder {_show(parent)} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{where}: folder {_show(parent)} is not writable; choose another folder")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, create: bool = False) -> Path:
+    """Refuse, before any work, an output folder that is a file or cannot be created or written."""
+    p = Path(path)
+    where = f"{_flag(flag)}{_show(p)}"
+    if not os.fspath(path):
+        raise UserError(f"{_flag(flag)}: empty path; give a folder name")
+    _check_name(p, where)
+    _check_system(p, where)
+    if p.exists():
+        if not p.is_dir():
+            raise UserError(f"{where}: exists and is not a folder; give a folder name")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UserError(f"{where}: folder is not writable; choose another folder")
+        return p
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{where}: {_show(ancestor)} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{where}: cannot create it ({_show(ancestor)} is not writable)")
+    if create:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{where}: cannot create it ({exc.strerror or exc})") from None
+    return p
+
+
+def write_with(path: str | os.PathLike[str], write: Callable[[IO[Any]], None], *, binary: bool = False) -> Path:
+    """Call ``write(fh)`` on a file handle whose contents end up at ``path`` (see the module doc).
+
+    OSError becomes a one-line UserError naming the path.
+    """
+    mode = "wb" if binary else "w"
+    kwargs: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": ""}
+    if os.fspath(path) == "-":
+        if binary:
+            write(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            write(sys.stdout)
+            sys.stdout.flush()
+        return Path("-")
+    p = Path(path)
+    try:
+        real = Path(os.path.realpath(p))  # a symlink's target is written; the link stays
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                raise UserError(f"{_show(p)}: is a directory; give a file name")
+            with open(real, mode, **kwargs) as fh:  # a device: written through, never replaced
+                write(fh)
+            return p
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name[:200]}.", suffix=".tmp", dir=real.parent)
+        try:
+            with os.fdopen(fd, mode, **kwargs) as fh:
+                write(fh)
+            if st is not None:
+                with contextlib.suppress(OSError):
+                    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                with contextlib.suppress(OSError):
+                    os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, real)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise UserError(f"{_show(p)}: cannot write it ({exc.strerror or exc})") from None
+    return p
+
+
+def write_output(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` safely: see the module doc."""
+    binary = isinstance(data, bytes)
+    return write_with(path, lambda fh: fh.write(data), binary=binary)
