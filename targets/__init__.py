@@ -444,10 +444,13 @@ def builtin_target_paths() -> dict[str, Path]:
 
 
 def _load_file(path: Path) -> Target:
+    from dabench_ir.errors import UserError
+    from dabench_ir.fileio import read_text_file
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TargetError(f"cannot read target file {path}: {exc.strerror or exc}") from None
+        text = read_text_file(path, "target file")  # a FIFO, folder or binary file is refused here
+    except UserError as exc:
+        raise TargetError(str(exc)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -14,7 +14,6 @@ table they index (found from the Gather that reads them), masks of ones, positio
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -150,10 +149,9 @@ def _weight_inputs(model: onnx.ModelProto, graph: Graph | None) -> set[str]:
     names: set[str] = set()
     for prop in model.metadata_props:
         if prop.key == _WEIGHTS_KEY:
-            try:
-                names.update(str(n) for n in json.loads(prop.value))
-            except (json.JSONDecodeError, TypeError):
-                logger.warning("model metadata %s is not a JSON list; ignoring it", _WEIGHTS_KEY)
+            from dabench_ir.frontends.checks import safe_name_list
+
+            names.update(safe_name_list(prop.value, _WEIGHTS_KEY))
     if graph is not None:
         from dabench_ir.ir import ValueKind
 
@@ -184,7 +182,16 @@ def _itemsize(onnx_dtype: int) -> int:
 
     size = DType.from_onnx(onnx_dtype).itemsize
     if size == 0:
-        raise UserError(f"cannot synthesise a tensor of ONNX dtype {onnx_dtype}")
+        import onnx
+
+        try:
+            label = onnx.TensorProto.DataType.Name(onnx_dtype)
+        except ValueError:
+            label = f"undefined type {onnx_dtype}"
+        raise UserError(
+            f"--measure cannot make input data of element type {label} (ONNX dtype {onnx_dtype}); "
+            "profile this model without --measure, or give it numeric inputs"
+        )
     return size
 
 
@@ -193,7 +200,12 @@ def _external_present(init: onnx.TensorProto, base: Path) -> bool:
     target = base / entries.get("location", "")
     if not target.is_file():
         return False
-    end = int(entries.get("offset", 0) or 0) + int(entries.get("length", 0) or 0)
+    try:
+        end = int(entries.get("offset", 0) or 0) + int(entries.get("length", 0) or 0)
+    except ValueError:
+        return False  # not integers: treated as absent (synthesised); load_onnx refuses such files
+    if end < 0:
+        return False
     return os.path.getsize(target) >= end
 
 

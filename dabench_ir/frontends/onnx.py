@@ -7,8 +7,6 @@ before anything could open it.
 
 from __future__ import annotations
 
-import ast
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.errors import InputError
 from dabench_ir.frontends import existing_file
+from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 
@@ -123,10 +122,7 @@ def _scope_of(node: onnx.NodeProto) -> str:
     props = {p.key: p.value for p in node.metadata_props}
     scopes = props.get("pkg.torch.onnx.name_scopes")
     if scopes:
-        try:
-            entries = [s for s in ast.literal_eval(scopes) if s]
-        except (ValueError, SyntaxError):
-            entries = []
+        entries = safe_name_scopes(scopes)
         # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
         if len(entries) >= 2:
             return entries[-2]
@@ -154,6 +150,7 @@ def load_onnx(
     import onnx
 
     model, path = read_model(source)
+    check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
     _check_external_data(model, path)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(model.graph, opsets, path)
@@ -254,10 +251,7 @@ def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tupl
     constants: set[str] = set()
     raw = metadata.get(WEIGHTS_METADATA_KEY)
     if raw:
-        try:
-            weights.update(str(n) for n in json.loads(raw))
-        except json.JSONDecodeError:
-            logger.warning("model metadata %s is not a JSON list; ignoring it", WEIGHTS_METADATA_KEY)
+        weights.update(safe_name_list(raw, WEIGHTS_METADATA_KEY))
     for vi in (*graph.input, *graph.value_info):
         for prop in vi.metadata_props:
             if prop.key == _INPUT_SPEC_KIND:

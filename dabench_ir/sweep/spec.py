@@ -288,12 +288,13 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None) -> 
         else:
             names = ", ".join(bundled) or "none"
             raise UserError(f"no spec file or bundled spec named {text!r}; bundled: {names}")
+    from dabench_ir.fileio import read_text_file
+
+    text = read_text_file(path, "spec")  # a FIFO, folder or binary file is refused here
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise UserError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
     if defaults:
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}

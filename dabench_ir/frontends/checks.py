@@ -1,0 +1,192 @@
+"""Structural checks on an ONNX model before anything costs, runs or emulates it.
+
+A model file is untrusted input: these checks turn what would be a traceback, a silent
+nonsense figure or a hang further on into one line saying what is wrong with the file.
+
+- dims: negative dims are refused (they would give negative bytes and intensities);
+  rank above `MAX_RANK` is refused (onnxruntime's limit is lower still);
+- element types: a code ONNX does not define is refused; a defined type without a byte
+  size (string, 4-bit) is named in a warning, never counted as 0 bytes unflagged;
+- external data: ``offset`` and ``length`` must be non-negative integers;
+- cycles: a graph whose nodes depend on each other in a loop is refused, as onnxruntime does;
+- metadata: `safe_name_scopes` and `safe_name_list` read exporter metadata of any shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import InputError
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "safe_name_list", "safe_name_scopes"]
+
+logger = logging.getLogger(__name__)
+
+MAX_RANK = 64
+"""The highest tensor rank accepted (ONNX sets none; onnxruntime's kernels stop well below)."""
+
+MAX_METADATA_CHARS = 1 << 20
+"""Exporter metadata longer than this (1 MiB) is ignored rather than parsed."""
+
+_UNSIZED = {"STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"}
+
+
+def safe_name_scopes(text: Any) -> list[str]:
+    """``pkg.torch.onnx.name_scopes`` metadata as a list of strings; [] for anything else."""
+    if not isinstance(text, str) or not text or len(text) > MAX_METADATA_CHARS:
+        return []
+    try:
+        entries = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return []
+    if not isinstance(entries, (list, tuple)):
+        return []
+    return [s for s in entries if isinstance(s, str) and s]
+
+
+def safe_name_list(text: Any, key: str) -> list[str]:
+    """A JSON list of names (``dabench.weights``); a warning and [] for anything else."""
+    if not isinstance(text, str) or len(text) > MAX_METADATA_CHARS:
+        logger.warning("model metadata %s is too large or not text; ignoring it", key)
+        return []
+    try:
+        names = json.loads(text)
+    except (ValueError, RecursionError):
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        logger.warning("model metadata %s is not a JSON list of names; ignoring it", key)
+        return []
+    return names
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _graphs(attr.g)
+            for g in attr.graphs:
+                yield from _graphs(g)
+
+
+def _elem_name(code: int) -> str | None:
+    import onnx
+
+    try:
+        return onnx.TensorProto.DataType.Name(code)
+    except ValueError:
+        return None
+
+
+def _check_type(name: str, elem_type: int, dims: list[int], where: str, unsized: dict[str, str]) -> None:
+    if len(dims) > MAX_RANK:
+        raise InputError(f"{where}tensor {name!r} has rank {len(dims)}; at most {MAX_RANK} is supported")
+    for d in dims:
+        if d < 0:
+            raise InputError(f"{where}tensor {name!r} has a negative dim {d} in shape {list(dims)}; fix the model")
+    if elem_type == 0:
+        return  # undefined: shape inference may fill it in; an untyped value is reported where costed
+    label = _elem_name(elem_type)
+    if label is None:
+        raise InputError(
+            f"{where}tensor {name!r} has element type {elem_type}, which ONNX does not define; "
+            "is the file from a newer ONNX than this onnx package?"
+        )
+    if label in _UNSIZED:
+        unsized.setdefault(name, label)
+
+
+def _value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[int]]:
+    if not vi.type.HasField("tensor_type"):
+        return 0, []
+    tt = vi.type.tensor_type
+    dims = [d.dim_value for d in tt.shape.dim if d.HasField("dim_value")] if tt.HasField("shape") else []
+    if tt.HasField("shape") and len(tt.shape.dim) > MAX_RANK:
+        dims = [0] * len(tt.shape.dim)
+    return tt.elem_type, dims
+
+
+def _check_external(init: onnx.TensorProto, where: str) -> None:
+    for entry in init.external_data:
+        if entry.key in ("offset", "length"):
+            text = entry.value.strip()
+            if not text.isdigit():
+                raise InputError(
+                    f"{where}initializer {init.name!r}: external-data {entry.key} {entry.value!r} is not a "
+                    "non-negative integer; fix or re-save the model"
+                )
+
+
+def _check_acyclic(graph: onnx.GraphProto, where: str) -> None:
+    """Refuse a cycle among the nodes of one graph (Kahn's algorithm over producer edges)."""
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producer.setdefault(out, i)
+    deps: list[set[int]] = []
+    users: dict[int, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        d = {producer[x] for x in node.input if x in producer}
+        deps.append(d)
+        for j in d:
+            users.setdefault(j, []).append(i)
+    remaining = [len(d) for d in deps]
+    ready = [i for i, n in enumerate(remaining) if n == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in users.get(i, ()):
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                ready.append(j)
+    if seen < len(deps):
+        stuck = next(i for i, n in enumerate(remaining) if n > 0)
+        node = graph.node[stuck]
+        raise InputError(
+            f"{where}the graph has a cycle (node {node.name or node.op_type!r} depends on its own output); "
+            "ONNX graphs must be acyclic"
+        )
+
+
+def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
+    """Refuse a structurally broken model with one line; warn about unsized element types."""
+    import onnx
+
+    where = f"{path}: " if path is not None else ""
+    unsized: dict[str, str] = {}
+    for g in _graphs(model.graph):
+        for init in g.initializer:
+            _check_type(init.name, init.data_type, list(init.dims), where, unsized)
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                _check_external(init, where)
+        for vi in (*g.input, *g.output, *g.value_info):
+            elem, dims = _value_info_dims(vi)
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.HasField("dim_value") and d.dim_value < 0:
+                        raise InputError(
+                            f"{where}tensor {vi.name!r} has a negative dim {d.dim_value}; fix the model"
+                        )
+            _check_type(vi.name, elem, dims, where, unsized)
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    _check_type(f"{node.name or node.op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims),
+                                where, unsized)  # fmt: skip
+        _check_acyclic(g, where)
+    if unsized:
+        first, label = next(iter(unsized.items()))
+        logger.warning(
+            "%s%d tensor(s) have an element type with no whole-byte size (first: %r, %s); "
+            "their bytes are not counted", where, len(unsized), first, label
+        )

@@ -1,0 +1,346 @@
+"""Issue 21: one regression test per hostile input found. The contract for every command:
+exit 0 with a valid result, or exit 2 with exactly one line on stderr; never a traceback,
+a hang, a crash, nonsense accepted, or a file the tool did not mean to write."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dabench_ir.cli import main
+from tests.conftest import parse
+
+MM = """
+agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) {
+    C = MatMul(A, B)
+}
+"""
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line(code: int, err: str, *needles: str, exit_code: int = 2) -> str:
+    assert code == exit_code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def mm(tmp_path) -> Path:
+    path = tmp_path / "mm.onnx"
+    onnx.save(parse(MM), path)
+    return path
+
+
+def _save(tmp_path: Path, model: onnx.ModelProto, name: str = "bad.onnx") -> Path:
+    path = tmp_path / name
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+# -- the last-resort handler and the bare command ------------------------------------------------
+def test_internal_error_is_one_line_exit_1(capsys, monkeypatch, mm):
+    import dabench_ir.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(pipeline, "run_profile", boom)
+    code, _, err = run_cli(capsys, "profile", mm)
+    line = one_line(code, err, "internal error", "ZeroDivisionError", "--debug", exit_code=1)
+    assert line.startswith("dabench-ir: internal error:")
+    code, _, err = run_cli(capsys, "profile", mm, "--debug")
+    assert code == 1 and "Traceback" in err
+
+
+def test_no_command_prints_help_on_stdout(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 0 and "usage: dabench-ir" in out and err == ""
+
+
+def test_warnings_before_an_error_are_dropped(capsys, tmp_path):
+    model = parse(MM)
+    model.metadata_props.add(key="dabench.weights", value="5")  # warns, then the run fails on the target
+    path = _save(tmp_path, model)
+    code, _, err = run_cli(capsys, "profile", path, "--target", "nosuchtarget")
+    one_line(code, err)
+
+
+# -- inputs: not a regular file ---------------------------------------------------------------------
+def test_fifo_model_refused_not_blocking(capsys, tmp_path):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(capsys, "profile", fifo)
+    one_line(code, err, "not a regular file")
+
+
+def test_fifo_report_refused(capsys, tmp_path):
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(capsys, "compare", fifo)
+    one_line(code, err, "not a regular file")
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep", "target"])
+def test_binary_files_refused(capsys, tmp_path, mm, command):
+    blob = tmp_path / "x.toml"
+    blob.write_bytes(b"\x00\xff\xfe binary \x89PNG")
+    argv = {
+        "compare": ("compare", blob),
+        "sweep": ("sweep", blob, "--dry-run"),
+        "target": ("profile", mm, "--target", blob),
+    }[command]
+    code, _, err = run_cli(capsys, *argv)
+    one_line(code, err)
+
+
+# -- malformed models -------------------------------------------------------------------------------
+def _with_node_meta(value: str) -> onnx.ModelProto:
+    model = parse(MM)
+    model.graph.node[0].metadata_props.add(key="pkg.torch.onnx.name_scopes", value=value)
+    return model
+
+
+@pytest.mark.parametrize("value", ["5", "{'a': 1}", "[1, 2, None]", "[" * 5000, "x" * 3_000_000])
+def test_name_scopes_of_any_shape(capsys, tmp_path, value):
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, _with_node_meta(value)), "-q")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("value", ["5", '{"a": 1}', "[1, 2]", "null", "[" * 5000])
+def test_weights_metadata_of_any_shape(capsys, tmp_path, value):
+    model = parse(MM)
+    model.metadata_props.add(key="dabench.weights", value=value)
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "-q")
+    assert code == 0 and "not a JSON list" in err
+
+
+def test_negative_dim_refused(capsys, tmp_path):
+    model = parse(MM)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -4
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model))
+    one_line(code, err, "negative dim")
+
+
+def test_rank_over_64_refused(capsys, tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1] * 70)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1] * 70)
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--measure")
+    one_line(code, err, "rank 70")
+
+
+def test_unknown_element_type_refused(capsys, tmp_path):
+    model = parse(MM)
+    model.graph.input[0].type.tensor_type.elem_type = 99
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model))
+    one_line(code, err, "element type 99")
+
+
+def test_string_tensor_flagged_not_zero_silently(capsys, tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.STRING, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, [3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "-q")
+    assert code == 0 and "STRING" in err
+
+
+def test_external_offset_not_integer_refused(capsys, tmp_path):
+    w = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[3, 4])
+    w.data_location = TensorProto.EXTERNAL
+    w.external_data.add(key="location", value="w.bin")
+    w.external_data.add(key="offset", value="abc")
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 3])
+    c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("MatMul", ["A", "W"], ["C"])], "g", [a], [c], [w])
+    path = _save(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    (tmp_path / "w.bin").write_bytes(b"\0" * 48)
+    code, _, err = run_cli(capsys, "profile", path, "--measure")
+    one_line(code, err, "offset", "not a non-negative integer")
+
+
+def test_cyclic_graph_refused(capsys, tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
+             helper.make_node("Identity", ["a"], ["y"], name="n3")]  # fmt: skip
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--target", "rdu")
+    one_line(code, err, "cycle")
+
+
+# -- outputs: checked before the work, never clobbering -------------------------------------------
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--html", "--trace", "--annotate"])
+def test_output_is_a_directory(capsys, tmp_path, mm, flag):
+    code, _, err = run_cli(capsys, "profile", mm, "--target", "rdu", flag, tmp_path)
+    one_line(code, err, "is a directory")
+
+
+def test_output_folder_missing_or_unwritable(capsys, tmp_path, mm):
+    code, _, err = run_cli(capsys, "profile", mm, "--json", tmp_path / "no" / "r.json")
+    one_line(code, err, "does not exist")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as root: permissions are not enforced")
+        code, _, err = run_cli(capsys, "profile", mm, "--json", ro / "r.json")
+        one_line(code, err, "not writable")
+    finally:
+        ro.chmod(0o700)
+
+
+def test_output_under_proc_and_long_name(capsys, tmp_path, mm):
+    code, _, err = run_cli(capsys, "profile", mm, "--json", "/proc/self/r.json")
+    one_line(code, err, "/proc")
+    code, _, err = run_cli(capsys, "profile", mm, "--json", tmp_path / ("x" * 300 + ".json"))
+    one_line(code, err, "255 bytes")
+
+
+def test_non_utf8_output_path(capsys, tmp_path, mm):
+    name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/r\xff\xfe.html")
+    code, _, err = run_cli(capsys, "profile", mm, "--html", name, "-q")
+    assert code == 0, err
+    assert any(p.suffix == ".html" for p in tmp_path.iterdir())
+
+
+def test_plots_naming_a_file(capsys, tmp_path, mm):
+    f = tmp_path / "plots"
+    f.write_text("x")
+    code, _, err = run_cli(capsys, "profile", mm, "--target", "rdu", "--plots", f)
+    one_line(code, err, "not a folder")
+
+
+def test_scale_plot_bad_suffix_before_work(capsys, tmp_path, mm):
+    code, _, err = run_cli(capsys, "scale", mm, "--target", "h100", "--strategy", "dp", "--plot", tmp_path / "p.pdf")
+    one_line(code, err, "suffix")
+
+
+def test_sweep_output_is_a_file(capsys, tmp_path):
+    f = tmp_path / "out"
+    f.write_text("x")
+    code, _, err = run_cli(capsys, "sweep", "smoke", "-o", f)
+    one_line(code, err, "not a folder")
+
+
+def test_export_output_dir_before_work(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "-o", tmp_path)
+    one_line(code, err, "is a directory")
+
+
+def test_json_over_the_input_model_refused(capsys, mm):
+    before = mm.read_bytes()
+    code, _, err = run_cli(capsys, "profile", mm, "--json", mm)
+    one_line(code, err, "input of this run")
+    assert mm.read_bytes() == before
+
+
+def test_json_to_a_device_writes_through(capsys, mm):
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    code, _, err = run_cli(capsys, "profile", mm, "--json", "/dev/null", "-q")
+    assert code == 0, err
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_symlinked_output_is_followed(capsys, tmp_path, mm):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    code, _, err = run_cli(capsys, "profile", mm, "--json", link, "-q")
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(real.read_text())["schema"] == "dabench-ir/report/v1"
+
+
+def test_concurrent_writers_do_not_collide(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dabench_ir.fileio import write_output
+
+    target = tmp_path / "out.json"
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: write_output(target, json.dumps({"i": i, "pad": "x" * 100_000})), range(64)))
+    assert json.loads(target.read_text())["pad"] == "x" * 100_000
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary left behind
+
+
+# -- nonsense refused -------------------------------------------------------------------------------
+def test_target_comma_only(capsys, mm):
+    code, _, err = run_cli(capsys, "profile", mm, "--target", ",")
+    one_line(code, err, "no target")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-3", "0"])
+def test_normalize_to_refused(capsys, value):
+    code, _, err = run_cli(capsys, "targets", "--normalize-to", value)
+    one_line(code, err, "process node")
+
+
+def test_demo_bad_model_and_target(capsys, tmp_path):
+    text = tmp_path / "text.onnx"
+    text.write_text("hello, not a model")
+    code, _, err = run_cli(capsys, "demo", "--model", text, "-o", tmp_path / "d1", "--no-measure")
+    one_line(code, err)
+    code, _, err = run_cli(capsys, "demo", "--targets", "foo", "-o", tmp_path / "d2", "--no-measure")
+    one_line(code, err, "foo")
+
+
+# -- reports given to compare ---------------------------------------------------------------------
+def _report(tmp_path: Path, **fields) -> Path:
+    doc = {"schema": "dabench-ir/report/v1", "model": {}, "totals": {}, "nodes": [], **fields}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"nodes": 5}, {"nodes": {"a": 1}}, {"nodes": [5]}, {"nodes": [{"time_s": "x"}]}, {"totals": []},
+     {"totals": {"time_s": "slow"}}, {"target": {"name": 5}}, {"model": "x"}],
+)  # fmt: skip
+def test_compare_malformed_report(capsys, tmp_path, fields):
+    code, _, err = run_cli(capsys, "compare", _report(tmp_path, **fields))
+    one_line(code, err)
+
+
+def test_csv_formula_cells_neutralised(tmp_path):
+    from dabench_ir.report.model import csv_cell
+
+    assert csv_cell("=HYPERLINK(\"x\")") == "'=HYPERLINK(\"x\")"
+    assert [csv_cell(v) for v in ("+1", "-x", "@a", "ok", -3, None)] == ["'+1", "'-x", "'@a", "ok", -3, ""]
+
+
+def test_csv_node_names_neutralised(capsys, tmp_path):
+    model = parse(MM)
+    model.graph.node[0].name = '=HYPERLINK("http://x","y")'
+    out = tmp_path / "r.csv"
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--csv", out, "-q")
+    assert code == 0, err
+    assert "'=HYPERLINK" in out.read_text()
+
+
+def test_subprocess_has_no_traceback(tmp_path):
+    """The installed entry point, end to end, on a FIFO: one line, exit 2, and it returns."""
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(fifo)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
