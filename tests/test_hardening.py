@@ -344,3 +344,29 @@ def test_subprocess_has_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(fifo)], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- MLIR: a crash in torch-mlir's parser is exit 2, not a segfault ----------------------------------
+_TRUNCATED_RESOURCE = (
+    "func.func @f() -> tensor<4xf32> {\n  %0 = arith.constant dense_resource<blob1> : tensor<4xf32>\n"
+    "  return %0 : tensor<4xf32>\n}\n{-#\n  dialect_resources: {\n    builtin: {\n      blob1: \"0x04000000"
+    + "AB" * 200
+)
+
+
+def test_truncated_mlir_is_exit_2_not_a_segfault(tmp_path):
+    pytest.importorskip("torch_mlir")
+    path = tmp_path / "cut.mlir"
+    path.write_text(_TRUNCATED_RESOURCE)
+    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(path)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "does not parse" in proc.stderr
+
+
+def test_mlir_parse_error_one_line(capsys, tmp_path):
+    pytest.importorskip("torch_mlir")
+    path = tmp_path / "bad.mlir"
+    path.write_text("func.func @f(")
+    code, _, err = run_cli(capsys, "profile", path)
+    one_line(code, err, "does not parse")

@@ -13,11 +13,14 @@ torch-mlir is imported here lazily, never when `dabench_ir` is imported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,16 +96,93 @@ def _first_diagnostic(exc: Exception) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def parse_mlir(text: str, *, context: Any = None, where: str = "<mlir>") -> Any:
-    """Parse MLIR assembly; a parse error is a UserError naming the first diagnostic."""
+def parse_mlir(text: str, *, context: Any = None, where: str = "<mlir>", isolate: bool = True) -> Any:
+    """Parse MLIR assembly; a parse error is a UserError naming the first diagnostic.
+
+    torch-mlir's parser can crash the process (a segfault while reporting the error in a
+    truncated file), so with ``isolate`` the text is first parsed in a forked child: a crash
+    or an error there is one InputError here, and only text that parsed is parsed again in
+    this process. The fork shares the already imported torch-mlir, so the check costs one
+    extra parse (measured: bench/README.md), not an interpreter start.
+    """
     from torch_mlir import ir
 
     ctx = context or _context()
+    if isolate:
+        _parse_in_child(text, ctx, where)
     try:
-        with ctx:
+        with ctx, _captured_stderr():
             return ir.Module.parse(text)
     except ir.MLIRError as exc:
         raise InputError(f"{where}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+
+
+def _parse_in_child(text: str, ctx: Any, where: str) -> None:
+    """Parse ``text`` in a forked child; return when it parsed, raise InputError when not."""
+    if not hasattr(os, "fork"):  # pragma: no cover - not Linux/macOS: parse in-process
+        return
+    from torch_mlir import ir
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: parse, report one line through the pipe, never return
+        code = 0
+        try:
+            os.close(read_fd)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)  # MLIR's own diagnostic printing stays out of the user's stderr
+            try:
+                with ctx:
+                    ir.Module.parse(text)
+            except ir.MLIRError as exc:
+                os.write(write_fd, _first_diagnostic(exc).encode("utf-8", "replace")[:2000])
+                code = 3
+        except BaseException:  # noqa: BLE001 - the child must exit, whatever happened
+            code = 4
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 4096):
+        chunks.append(chunk)
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    message = b"".join(chunks).decode("utf-8", "replace").strip()
+    if os.WIFSIGNALED(status):
+        raise InputError(
+            f"{where}: MLIR does not parse (torch-mlir's parser crashed with signal {os.WTERMSIG(status)}); "
+            "the file is truncated or malformed: export it again"
+        )
+    code = os.WEXITSTATUS(status)
+    if code == 3:
+        raise InputError(f"{where}: MLIR does not parse: {message}")
+    if code != 0:
+        raise InputError(f"{where}: MLIR does not parse (the parser failed); is it the right file?")
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[None]:
+    """Hold what MLIR's C++ code prints on file descriptor 2 (warnings before an error), and
+    log it as warnings: shown after a success, dropped before an error's one line."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # pragma: no cover - no stderr at all
+        yield
+        return
+    with tempfile.TemporaryFile() as buf:
+        sys.stderr.flush()
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            text = buf.read(1 << 16).decode("utf-8", "replace")
+            for line in text.splitlines()[:20]:
+                if line.strip():
+                    logger.warning("torch-mlir: %s", line.strip()[:500])
 
 
 def _dialects(module: Any) -> set[str]:
@@ -137,7 +217,7 @@ def lower_to_linalg(module: Any, *, where: str = "<mlir>") -> str:
     if pipeline is not None:
         start = time.perf_counter()
         try:
-            with module.context:
+            with module.context, _captured_stderr():
                 PassManager.parse(pipeline).run(module.operation)
         except ir.MLIRError as exc:
             raise UserError(f"{where}: cannot lower to linalg: {_first_diagnostic(exc)}") from None
@@ -306,9 +386,10 @@ def import_onnx(proto: onnx.ModelProto, *, context: Any = None, where: str = "<o
 
     ctx = context or _context()
     try:
-        info = onnx_importer.ModelInfo(proto, config=onnx_importer.Config())
-        module = info.create_module(context=ctx)
-        onnx_importer.NodeImporter.define_function(info.main_graph, module.operation).import_all()
+        with _captured_stderr():
+            info = onnx_importer.ModelInfo(proto, config=onnx_importer.Config())
+            module = info.create_module(context=ctx)
+            onnx_importer.NodeImporter.define_function(info.main_graph, module.operation).import_all()
     except ir.MLIRError as exc:
         raise UserError(f"{where}: torch-mlir cannot import the model: {_first_diagnostic(exc)}") from None
     except Exception as exc:  # OnnxImportError and friends carry a one-line cause
