@@ -370,3 +370,33 @@ def test_mlir_parse_error_one_line(capsys, tmp_path):
     path.write_text("func.func @f(")
     code, _, err = run_cli(capsys, "profile", path)
     one_line(code, err, "does not parse")
+
+
+# -- calibration cache ----------------------------------------------------------------------------------
+def test_cache_env_pointing_at_a_file(capsys, tmp_path, monkeypatch):
+    f = tmp_path / "cachefile"
+    f.write_text("x")
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(f))
+    code, _, err = run_cli(capsys, "calibrate", "--quick")
+    one_line(code, err, "DABENCH_IR_CACHE")
+
+
+def test_cache_file_replaced_by_a_directory(capsys, tmp_path, monkeypatch):
+    from dabench_ir.execute.calibrate import calibration_status
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))
+    path, _ = calibration_status(None, allow_quick=True)
+    path.mkdir(parents=True)
+    code, _, err = run_cli(capsys, "calibrate", "--quick", "--force")
+    one_line(code, err, "is a directory", "DABENCH_IR_CACHE")
+
+
+@pytest.mark.parametrize("text", ['calibration = 5\n', '[calibration]\nformat = "x"\n[compute]\npeak_flops = 3\n', "\0\1\2"])
+def test_cache_of_the_wrong_type_is_measured_again(capsys, tmp_path, monkeypatch, text):
+    from dabench_ir.execute.calibrate import calibration_status
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))
+    path, _ = calibration_status(None, allow_quick=True)
+    path.write_text(text)
+    _, reason = calibration_status(None, allow_quick=True)
+    assert reason is not None and ("damaged" in reason or "unreadable" in reason)

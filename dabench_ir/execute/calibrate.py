@@ -157,6 +157,8 @@ def machine_key(threads: int | None = None) -> dict[str, Any]:
     """What a calibration is valid for: CPU model and count, onnxruntime version, threads."""
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(3)  # errors only: its warnings are not the user's business
+
     return {
         "cpu": _cpu_model(),
         "cpus": os.cpu_count() or 1,
@@ -173,15 +175,39 @@ def _cache_file(key: Mapping[str, Any]) -> Path:
     return cache_dir() / f"cpu-{key['threads']}t-{_key_id(key)}.toml"
 
 
+def check_cache_writable(path: Path) -> None:
+    """Refuse, before minutes of measuring, a cache the result could not be written to:
+    ``DABENCH_IR_CACHE`` naming a file, a folder in the cache file's place, an unwritable folder."""
+    from dabench_ir.fileio import check_output_dir, check_output_path
+
+    hint = "set DABENCH_IR_CACHE to a writable folder"
+    try:
+        check_output_dir(path.parent, "calibration cache")
+        if path.exists() or path.is_symlink():
+            check_output_path(path, "calibration cache")
+    except UserError as exc:
+        raise UserError(f"{exc}; {hint}") from None
+
+
 def _why_invalid(path: Path, key: Mapping[str, Any], *, allow_quick: bool = False) -> str | None:
     """None when ``path`` holds a usable calibration for ``key``; else the reason."""
     if not path.is_file():
         return "no calibration for this machine yet"
     try:
         with open(path, "rb") as fh:
-            cal = tomllib.load(fh).get("calibration", {})
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        return f"unreadable calibration ({exc})"
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return f"unreadable calibration ({' '.join(str(exc).split())})"
+    cal = data.get("calibration")
+    if not isinstance(cal, dict):
+        return "damaged calibration (no [calibration] table)"
+    try:
+        from dabench_ir.targets import Target
+
+        Target.from_dict(data, origin=path.name)  # the file is the cpu target: it must load as one
+        _check_summary_fields(data)
+    except (UserError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return f"damaged calibration ({' '.join(str(exc).split())[:200]})"
     if cal.get("format") != CALIBRATION_FORMAT:
         return "calibration from an older dabench-ir"
     if cal.get("quick") and not allow_quick:
@@ -218,8 +244,25 @@ def cpu_target_path(threads: int | None = None, *, measure_if_missing: bool = Tr
         return path
     if not measure_if_missing:
         raise UserError(f"{reason}; run `dabench-ir calibrate --threads {key['threads']}`")
-    print(f"dabench-ir: {reason}; calibrating the host CPU (about 10 s)...", file=sys.stderr)
-    return calibrate(key["threads"], quick=quick)
+    check_cache_writable(path)
+    took = "about a second" if quick else "about 30 s on a few cores, once per machine"
+    print(f"dabench-ir: {reason}; calibrating the host CPU ({took})...", file=sys.stderr)
+    start = time.perf_counter()
+    result = calibrate(key["threads"], quick=quick)
+    print(f"dabench-ir: calibrated in {time.perf_counter() - start:.0f} s; cached in {result}", file=sys.stderr)
+    return result
+
+
+def _check_summary_fields(data: Mapping[str, Any]) -> None:
+    """The fields `dabench-ir calibrate` prints, with their types (raises on a damaged file)."""
+    for rec in data["compute"]["peak_flops"].values():
+        float(rec["value"])
+    float(data["memory"][0]["bandwidth_bytes_per_s"]["value"])
+    float(data["overheads"]["kernel_launch_s"]["value"])
+    for row in data["calibration"].get("matmul", []):
+        for k in ("batch", "m", "k", "n", "flops_per_s", "time_s"):
+            float(row[k])
+        str(row["dtype"])
 
 
 def load_calibration(path: Path) -> dict[str, Any]:
@@ -526,14 +569,19 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
 def calibrate(threads: int | None = None, *, quick: bool = False, verbose: bool = False) -> Path:
     """Measure this host and write its ``cpu`` target to the cache; the file's path."""
     key = machine_key(threads)
+    check_cache_writable(_cache_file(key))  # before the measuring, not after it
     progress = (lambda msg: print(f"  {msg}", file=sys.stderr)) if verbose else None
     raw = measure_host(key["threads"], quick=quick, progress=progress)
     data = _target_dict(raw, key, _dt.date.today().isoformat())
     path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(dump_toml(data), encoding="utf-8")
-    tmp.replace(path)
+    check_cache_writable(path)
+    from dabench_ir.fileio import write_output
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"calibration cache {path.parent}: cannot create it ({exc.strerror or exc})") from None
+    write_output(path, dump_toml(data))
     logger.info("wrote host calibration %s (%.1f s)", path, raw["seconds"])
     return path
 
