@@ -400,3 +400,61 @@ def test_cache_of_the_wrong_type_is_measured_again(capsys, tmp_path, monkeypatch
     path.write_text(text)
     _, reason = calibration_status(None, allow_quick=True)
     assert reason is not None and ("damaged" in reason or "unreadable" in reason)
+
+
+# -- sweeps --------------------------------------------------------------------------------------------
+def _task(i: int) -> int:
+    if i == 3:
+        os.kill(os.getpid(), 9)  # this worker dies mid-task
+    return i * i
+
+
+def test_one_killed_worker_loses_only_its_task():
+    from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
+
+    with LocalExecutor(2) as ex:
+        out = dict(ex.map_unordered([(_task, (i,)) for i in range(8)]))
+    assert isinstance(out.pop(3), WorkerLost)
+    assert out == {i: i * i for i in range(8) if i != 3}
+
+
+def _sleep_forever() -> None:
+    import time
+
+    time.sleep(600)
+
+
+def test_workers_exit_when_the_driver_is_killed(tmp_path):
+    """kill -9 of the driver: its workers die with it (no orphans holding memory)."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, os\nsys.path.insert(0, %r)\n"
+        "from dabench_ir.sweep.executors import LocalExecutor\nfrom tests.test_hardening import _sleep_forever\n"
+        "ex = LocalExecutor(2)\nit = ex.map_unordered([(_sleep_forever, ()), (_sleep_forever, ())])\n"
+        "import threading\nthreading.Thread(target=lambda: list(it), daemon=True).start()\n"
+        "import time\ntime.sleep(1.5)\nprint(' '.join(str(w.proc.pid) for w in ex.all), flush=True)\ntime.sleep(600)\n"
+        % str(Path(__file__).resolve().parents[1])
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    import time
+
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if _alive(p)]
+    assert not alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -8,17 +8,31 @@ finish, in completion order. The functions are the same for every executor
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["Executor", "LocalExecutor", "RayExecutor", "SerialExecutor", "WorkerLost", "make_executor"]
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "RayExecutor",
+    "SerialExecutor",
+    "WorkerLost",
+    "die_with_parent",
+    "make_executor",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,29 +73,144 @@ class SerialExecutor(Executor):
 
 
 class LocalExecutor(Executor):
-    """Tasks in ``jobs`` local worker processes (a process pool)."""
+    """Tasks in ``jobs`` local worker processes, each fed one task at a time through a pipe.
+
+    Not a `concurrent.futures` pool: there a worker that dies (killed, out of memory) breaks
+    the whole pool and every pending task with it. Here only the task that worker was running
+    is lost (`WorkerLost`); a fresh worker takes the next task. Workers exit when this
+    process dies (`die_with_parent`), so a ``kill -9`` of the driver leaves no orphans.
+    """
 
     name = "local"
 
     def __init__(self, jobs: int) -> None:
         methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self.jobs = jobs
-        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+        self.idle: list[_Worker] = []
+        self.all: list[_Worker] = []
+
+    def _worker(self) -> _Worker:
+        if self.idle:
+            return self.idle.pop()
+        parent_conn, child_conn = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker_main, args=(child_conn, os.getpid()), daemon=True)
+        proc.start()
+        child_conn.close()
+        worker = _Worker(proc, parent_conn)
+        self.all.append(worker)
+        return worker
 
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
-        futures: dict[Future, int] = {self.pool.submit(fn, *args): i for i, (fn, args) in enumerate(tasks)}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
+        queue = deque(enumerate(tasks))
+        busy: dict[Any, tuple[_Worker, int]] = {}
+        while queue or busy:
+            while queue and len(busy) < self.jobs:
+                index, (fn, args) = queue.popleft()
+                worker = self._worker()
                 try:
-                    yield futures[fut], fut.result()
-                except BrokenProcessPool as exc:
-                    yield futures[fut], WorkerLost(f"a worker process died: {exc}")
+                    worker.conn.send((index, fn, args))
+                except (OSError, EOFError):  # it died between tasks: a fresh one takes the task
+                    self._drop(worker)
+                    queue.appendleft((index, (fn, args)))
+                    continue
+                busy[worker.conn] = (worker, index)
+            ready = set(mp_wait([*busy, *(w.proc.sentinel for w, _ in busy.values())]))
+            for conn, (worker, index) in list(busy.items()):
+                answered = conn in ready or worker.proc.sentinel in ready
+                if not answered:
+                    continue
+                del busy[conn]
+                try:
+                    if not conn.poll():
+                        raise EOFError
+                    got, ok, result = conn.recv()
+                except (EOFError, OSError):  # the worker died: only its own task is lost
+                    worker.proc.join(timeout=5)
+                    self._drop(worker)
+                    code = worker.proc.exitcode
+                    yield index, WorkerLost(f"worker process {worker.proc.pid} died (exit code {code})")
+                    continue
+                self.idle.append(worker)
+                if not ok:
+                    raise result
+                yield got, result
+
+    def _drop(self, worker: _Worker) -> None:
+        with contextlib.suppress(OSError):
+            worker.conn.close()
+        if worker in self.idle:
+            self.idle.remove(worker)
+        if worker in self.all:
+            self.all.remove(worker)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        for worker in self.all:
+            with contextlib.suppress(OSError, EOFError, BrokenPipeError):
+                worker.conn.send(None)
+        for worker in self.all:
+            worker.proc.join(timeout=2)
+            if worker.proc.is_alive():
+                worker.proc.kill()
+                worker.proc.join(timeout=2)
+            with contextlib.suppress(OSError):
+                worker.conn.close()
+        self.all.clear()
+        self.idle.clear()
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process exit when ``parent_pid`` dies: ``PR_SET_PDEATHSIG`` on Linux,
+    else a thread that polls the parent id once a second."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+            _watch_parent(parent_pid)
+    else:  # pragma: no cover - other systems
+        _watch_parent(parent_pid)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="dabench-parent-watch").start()
+
+
+def _worker_main(conn: Any, parent_pid: int) -> None:
+    """A worker: run ``(index, fn, args)`` tasks from the pipe until it closes or sends None."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        index, fn, args = message
+        try:
+            reply = (index, True, fn(*args))
+        except Exception as exc:  # the driver re-raises it
+            reply = (index, False, exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # an unpicklable result or exception
+            conn.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
 class RayExecutor(Executor):
