@@ -458,3 +458,80 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_sweep_grid_counted_before_expanding(capsys, tmp_path):
+    axes = "\n".join(f"{k} = [{', '.join(str(64 * (i + 1)) for i in range(10))}]" for k in ("hidden", "seq", "ffn"))
+    axes += "\n" + "\n".join(f"{k} = [{', '.join(str(i + 1) for i in range(10))}]" for k in ("layers", "batch", "vocab"))
+    spec = tmp_path / "huge.toml"
+    spec.write_text("[axes]\n" + axes + "\n")
+    code, _, err = run_cli(capsys, "sweep", spec, "--dry-run")
+    one_line(code, err, "1,000,000 points", "--force")
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "999999"])
+def test_sweep_absurd_layers_refused(capsys, tmp_path, value):
+    spec = tmp_path / "s.toml"
+    spec.write_text(f"[defaults]\nlayers = {value}\n[axes]\ntarget = [\"rdu\"]\n")
+    code, _, err = run_cli(capsys, "sweep", spec, "--dry-run")
+    one_line(code, err, "layers")
+
+
+def test_sweep_unknown_target_exit_2(capsys, tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[axes]\ntarget = ["nosuch"]\n')
+    code, _, err = run_cli(capsys, "sweep", spec, "-o", tmp_path / "out")
+    one_line(code, err, "unknown target")
+
+
+def _smoke_record(tmp_path: Path):
+    from dabench_ir.sweep import load_spec
+    from dabench_ir.sweep.runner import point_key
+
+    spec = load_spec("smoke")
+    return spec, [point_key(p.params) for p in spec.points]
+
+
+@pytest.mark.parametrize("content", ["5", "{}", '{"key": 5, "params": [], "status": 1}', "[", "\0\0"])
+def test_corrupted_point_files_are_recomputed(tmp_path, content, monkeypatch):
+    from dabench_ir.sweep import results
+    from dabench_ir.sweep.results import read_point, valid_record
+
+    folder = tmp_path / "points"
+    folder.mkdir()
+    (folder / "abc.json").write_text(content)
+    assert read_point(folder, "abc") is None
+    assert not valid_record({"key": "abc", "params": {}, "status": "ok", "report": {"totals": {"time_s": "x"}}})
+    assert valid_record({"key": "abc", "params": {}, "status": "ok", "report": {"totals": {"time_s": 1.0}}}, "abc")
+    assert results.record_row({"key": "abc", "params": {}, "status": "ok", "report": {}})["key"] == "abc"
+
+
+def test_sweep_folder_in_a_points_place_and_file_in_folders_place(capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "points").write_text("not a folder")
+    code, _, err = run_cli(capsys, "sweep", "smoke", "-o", out, "--no-plots", "-q")
+    one_line(code, err, "not a folder")
+
+
+def test_point_locks(tmp_path):
+    from dabench_ir.sweep.runner import _Locks
+
+    a, b = _Locks(tmp_path), _Locks(tmp_path)
+    assert a.acquire("k") and not b.acquire("k")  # held by a live process (this one)
+    a.release("k")
+    assert b.acquire("k")
+    b.release_all()
+    (tmp_path / "k.lock").write_text(f"{a.host} 999999999\n")  # a dead owner: stale, taken over
+    assert a.acquire("k")
+    a.release_all()
+    assert not (tmp_path / "k.lock").exists()
+
+
+def test_damaged_cached_base_is_exported_again(tmp_path):
+    from dabench_ir.sweep.graphs import load_base
+
+    (tmp_path / "b.onnx").write_bytes(b"\x08\x07garbage")
+    assert load_base(tmp_path, "b") is None and not (tmp_path / "b.onnx").exists()
+    onnx.save(parse(MM), tmp_path / "c.onnx")
+    assert load_base(tmp_path, "c") is not None

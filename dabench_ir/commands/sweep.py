@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep per-point reports without their per-node rows (much smaller on disk)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the points and exit")
+    p.add_argument(
+        "--force", action="store_true", help="run a grid above 100,000 points or a point above 10,000 layers"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     add_knob_arguments(p, SWEEP)  # each knob flag sets that parameter in the spec's [defaults]
     p.set_defaults(func=run)
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.spec:
         raise UserError("sweep: give a SPEC (.toml file or bundled name) or --list")
-    spec = load_spec(args.spec, defaults=knob_values(args, SWEEP))
+    spec = load_spec(args.spec, defaults=knob_values(args, SWEEP), force=args.force)
     if args.dry_run:
         for point in spec.points:
             print(point.label())
@@ -89,7 +92,15 @@ def run(args: argparse.Namespace) -> int:
             f"({result.failed} failed), {ok} ok in the table; {result.exports} model export(s); "
             f"{result.seconds:.1f}s"
         )
-        if result.lost:
-            print(f"{result.lost} point(s) lost to a dead worker: run the same command again to finish them")
+        if result.elsewhere:
+            print(f"{result.elsewhere} point(s) left to another sweep running into the same folder")
         print(f"results: {os.path.join(args.output, 'results.csv')}")
-    return 1 if result.lost else 0
+    if result.lost:
+        import sys
+
+        print(
+            f"dabench-ir: error: {result.lost} point(s) lost to a dead worker; run the same command again to finish them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

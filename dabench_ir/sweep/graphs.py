@@ -10,10 +10,10 @@ types), and costed once for every point that shares the model.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,21 +77,39 @@ def export_base(params: dict[str, Any]) -> bytes:
 
 def save_base(folder: Path, key: str, data: bytes) -> Path:
     """Write a base export into the cache atomically (tmp file + os.replace)."""
+    from dabench_ir.fileio import write_output
+
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{key}.onnx"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return path
+    return write_output(folder / f"{key}.onnx", data)
 
 
 def load_base(folder: Path, key: str) -> bytes | None:
-    """A cached base export, or None."""
+    """A cached base export, or None when absent or damaged (then it is exported again).
+
+    The bytes must parse as an ONNX model that passes `onnx.checker` with a graph of
+    nodes; a truncated or overwritten file is removed so the export replaces it.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
     path = folder / f"{key}.onnx"
     try:
-        return path.read_bytes()
+        if not path.is_file():
+            return None
+        data = path.read_bytes()
     except OSError:
         return None
+    try:
+        proto = onnx.ModelProto.FromString(data)
+        if not proto.graph.node:
+            raise ValueError("no nodes")
+        onnx.checker.check_model(proto)
+    except (DecodeError, ValueError, RuntimeError, onnx.checker.ValidationError) as exc:
+        logger.warning("cached base model %s is damaged (%s); exporting it again", path.name, str(exc)[:80])
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return data
 
 
 def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:

@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ __all__ = [
     "dominant_bound",
     "read_point",
     "record_row",
+    "valid_record",
     "write_point",
     "write_table",
 ]
@@ -53,14 +53,10 @@ METRIC_COLUMNS = (
 
 
 def atomic_write(path: Path, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and os.replace."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """Write ``data`` to ``path`` through a unique temporary file and os.replace (`dabench_ir.fileio`)."""
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, data)
 
 
 def write_point(folder: Path, record: dict[str, Any]) -> Path:
@@ -70,11 +66,52 @@ def write_point(folder: Path, record: dict[str, Any]) -> Path:
 
 
 def read_point(folder: Path, key: str) -> dict[str, Any] | None:
-    """A point's record, or None when absent or unreadable (a broken file counts as not done)."""
+    """A point's record, or None when absent, unreadable or not a record of this point (a
+    broken file counts as not done, and is computed again)."""
+    path = folder / f"{key}.json"
     try:
-        return json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return record if valid_record(record, key) else None
+
+
+def valid_record(record: Any, key: str | None = None) -> bool:
+    """True for a point record as `write_point` writes it: the right key, its params, a status
+    of ok (with a report object) or error (with a message), numbers where numbers go."""
+    if not isinstance(record, dict) or not isinstance(record.get("params"), dict):
+        return False
+    if not isinstance(record.get("key"), str) or (key is not None and record["key"] != key):
+        return False
+    status, report = record.get("status"), record.get("report")
+    if status == "ok":
+        if not isinstance(report, dict):
+            return False
+    elif status == "error":
+        if not isinstance(record.get("error"), (str, type(None))) or not isinstance(report, (dict, type(None))):
+            return False
+    else:
+        return False
+    seconds = record.get("seconds")
+    if seconds is not None and (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)):
+        return False
+    if report:
+        for table in ("totals", "metrics", "model", "failure"):
+            if not isinstance(report.get(table) or {}, dict):
+                return False
+        if not isinstance(report.get("nodes") or [], list) or not isinstance(report.get("units") or [], list):
+            return False
+        if not all(isinstance(n, dict) for n in report.get("nodes") or []):
+            return False
+        numbers = {**(report.get("totals") or {}), **(report.get("metrics") or {})}
+        for name in ("time_s", "throughput_samples_per_s", "achieved_flops_per_s", "compute_efficiency",
+                     "allocation_ratio", "load_imbalance"):  # fmt: skip
+            value = numbers.get(name)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+                return False
+    return True
 
 
 def dominant_bound(report: dict[str, Any]) -> str | None:
@@ -148,9 +185,8 @@ def write_table(folder: Path, rows: list[dict[str, Any]]) -> list[Path]:
         logger.info("pyarrow is not installed: no results.parquet")
         return written
     table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
+    from dabench_ir.fileio import write_with
+
     path = folder / "results.parquet"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    written.append(path)
+    written.append(write_with(path, lambda fh: pq.write_table(table, fh), binary=True))
     return written

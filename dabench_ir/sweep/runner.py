@@ -14,9 +14,12 @@ so a rerun skips exactly the points whose answer cannot have changed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ class SweepResult:
     ran: int = 0
     failed: int = 0
     lost: int = 0
+    elsewhere: int = 0
     exports: int = 0
     seconds: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -77,6 +81,70 @@ def point_key(params: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class _Locks:
+    """Per-point lock files ``points/<key>.lock`` (created with O_CREAT|O_EXCL, holding the
+    owner's host and pid), so two sweeps into one folder never compute the same point. A lock
+    whose owner process is gone (same host) is stale and taken over."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.held: set[str] = set()
+        self.host = socket.gethostname()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / f"{key}.lock"
+
+    def acquire(self, key: str) -> bool:
+        path = self._path(key)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale(path):
+                    return False
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            except OSError as exc:
+                raise UserError(f"{path}: cannot create a lock file ({exc.strerror or exc})") from None
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"{self.host} {os.getpid()}\n")
+            self.held.add(key)
+            return True
+        return False
+
+    def _stale(self, path: Path) -> bool:
+        try:
+            host, pid_text = path.read_text(encoding="utf-8").split()[:2]
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            try:  # unreadable or half-written: stale once it is a minute old
+                return time.time() - path.stat().st_mtime > 60
+            except OSError:
+                return True
+        if host != self.host:
+            return False  # another machine's sweep: its process cannot be checked from here
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def release(self, key: str) -> None:
+        if key in self.held:
+            self.held.discard(key)
+            with contextlib.suppress(OSError):
+                self._path(key).unlink()
+
+    def release_all(self) -> None:
+        for key in list(self.held):
+            self.release(key)
+
+
 def _collect(spec_keys: list[str], points_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for key in spec_keys:
@@ -106,23 +174,39 @@ def run_sweep(
     ``node_detail=False`` each point's JSON keeps the report without its per-node rows
     (about 100x smaller for large models; the dominant bound is kept in ``metrics``).
     """
+    from dabench_ir.fileio import check_output_dir
+
     start = time.perf_counter()
     out = Path(out_dir)
     points_dir = out / "points"
     models_dir = Path(cache_dir) if cache_dir else out / "models"
-    points_dir.mkdir(parents=True, exist_ok=True)
-    models_dir.mkdir(parents=True, exist_ok=True)
+    for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir" if cache_dir else "-o")):
+        check_output_dir(folder, flag, create=True)  # a file in a folder's place: one line, before any work
     keyed = [(point_key(p.params), p.params) for p in spec.points]
     keys = [k for k, _ in keyed]
     result = SweepResult(total=len(keyed))
+    for key in keys:
+        if (points_dir / f"{key}.json").is_dir():
+            raise UserError(f"{points_dir / (key + '.json')}: a folder where a point's record goes; remove it")
 
+    def is_done(key: str) -> bool:
+        record = results.read_point(points_dir, key)
+        return record is not None and (record.get("status") == "ok" or not retry_failed)
+
+    locks = _Locks(points_dir)
     todo: list[tuple[str, dict[str, Any]]] = []
     for key, params in keyed:
-        record = results.read_point(points_dir, key)
-        if record is not None and (record.get("status") == "ok" or not retry_failed):
+        if is_done(key):
+            result.skipped += 1
+        elif not locks.acquire(key):
+            result.elsewhere += 1  # another sweep into this folder is computing it now
+        elif is_done(key):  # finished by another sweep between the check and the lock
+            locks.release(key)
             result.skipped += 1
         else:
             todo.append((key, params))
+    if result.elsewhere:
+        logger.warning("%d point(s) are being computed by another sweep into %s; skipped here", result.elsewhere, out)
     logger.info("%s: %d points, %d done before, %d to run", spec.name, len(keyed), result.skipped, len(todo))
     tick = bar or (lambda *a, **k: None)
     done = result.skipped
@@ -135,6 +219,7 @@ def run_sweep(
             report.setdefault("metrics", {})["dominant_bound"] = results.dominant_bound(report)
             report["nodes"] = []
         results.write_point(points_dir, record)
+        locks.release(record["key"])
         done += 1
         result.ran += 1
         if record["status"] != "ok":
@@ -151,6 +236,7 @@ def run_sweep(
                 if not isinstance(executor, Executor):
                     ex.close()
     finally:
+        locks.release_all()
         result.rows = _collect(keys, points_dir)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -141,7 +142,21 @@ def _check_model_value(name: str, value: Any, where: str) -> Any:
     return value
 
 
+MAX_POINTS = 100_000
+"""The most points a sweep runs without ``--force`` (counted from the axes before expanding them)."""
+
+MAX_LAYERS = 10_000
+"""The most layers a sweep point may stamp without ``--force``."""
+
+_MAX_INT = 2**31 - 1
+"""No parameter is an integer beyond this (dims, counts): a larger value is a typo, refused always."""
+
+
 def _check_value(name: str, value: Any, where: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
+        raise UserError(f"{where}: {name} = {value} is beyond any sensible size (at most {_MAX_INT:,})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}: {name} = {value!r} is not a finite number")
     knobs = options.knobs_for(options.SWEEP)
     if name in knobs:
         try:
@@ -208,8 +223,14 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sorted(p.items()) if v is not None}
 
 
-def parse_spec(data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None) -> SweepSpec:
-    """Expand a spec (TOML already parsed) into its points; bad names or values raise UserError."""
+def parse_spec(
+    data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None, force: bool = False
+) -> SweepSpec:
+    """Expand a spec (TOML already parsed) into its points; bad names or values raise UserError.
+
+    The points are counted from the axes before they are expanded: above `MAX_POINTS`, or a
+    point above `MAX_LAYERS` layers, is refused unless ``force``.
+    """
     allowed = {"name", "description", "defaults", "axes", "point"}
     for key in data:
         if key not in allowed:
@@ -238,6 +259,20 @@ def parse_spec(data: dict[str, Any], *, origin: str = "<spec>", name: str | None
     listed = data.get("point", [])
     if not isinstance(listed, list):
         raise UserError(f"{origin}: points are [[point]] tables")
+    count = math.prod(len(v) for v in axes.values()) if axes else 0
+    count += len(listed)
+    if count > MAX_POINTS and not force:
+        raise UserError(
+            f"{origin}: {count:,} points, more than {MAX_POINTS:,}; narrow the axes, or pass --force to run them all"
+        )
+    layers = [v["layers"] for vals in axes.values() for v in vals if isinstance(v.get("layers"), int)]
+    layers += [t.get("layers") for t in listed if isinstance(t, dict) and isinstance(t.get("layers"), int)]
+    if isinstance(defaults.get("layers"), int):
+        layers.append(defaults["layers"])
+    if layers and max(layers) > MAX_LAYERS and not force:
+        raise UserError(
+            f"{origin}: layers = {max(layers):,} is more than {MAX_LAYERS:,}; pass --force if you mean it"
+        )
     raw_points: list[dict[str, Any]] = []
     if axes:
         for combo in itertools.product(*axes.values()):
@@ -271,7 +306,7 @@ def bundled_specs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
 
 
-def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None) -> SweepSpec:
+def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, force: bool = False) -> SweepSpec:
     """A spec from a TOML path, or a bundled spec by name (``level1``).
 
     ``defaults`` (the ``sweep`` command's knob flags) go over the spec's ``[defaults]``;
@@ -298,4 +333,4 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None) -> 
     if defaults:
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
-    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem)
+    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem, force=force)
