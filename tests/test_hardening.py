@@ -535,3 +535,18 @@ def test_damaged_cached_base_is_exported_again(tmp_path):
     assert load_base(tmp_path, "b") is None and not (tmp_path / "b.onnx").exists()
     onnx.save(parse(MM), tmp_path / "c.onnx")
     assert load_base(tmp_path, "c") is not None
+
+
+def test_two_sweeps_into_one_folder_compute_each_point_once(tmp_path):
+    """Two drivers at once: every point is computed by exactly one of them, and none is lost."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dabench_ir", "sweep", "smoke", "-o", str(out), "--jobs", "1", "--no-plots"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    import re
+
+    ran = [int(re.search(r"(\d+) run now", o).group(1)) for o, _ in outs]
+    elsewhere = [int(m.group(1)) if (m := re.search(r"(\d+) point\(s\) left to another", o)) else 0 for o, _ in outs]
+    assert sum(ran) == 4 and all(r + e <= 4 for r, e in zip(ran, elsewhere, strict=True))
+    assert len(list((out / "points").glob("*.json"))) == 4 and not list((out / "points").glob("*.lock"))
