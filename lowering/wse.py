@@ -802,13 +802,16 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         mb = max(fitting) if fitting else 1
     n_mb = max(1, math.ceil(batch / mb))
     plan.micro_batches = n_mb
-    fits_layers = int(max(0.0, budget - mb * working) // keep) if keep else None
+    per_layer = keep / layers if layers else 0
+    fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
     plan.extra.update({
         "mode": "streaming",
         "micro_batch": mb,
         "layers": layers,
         "max_layers_at_micro_batch": fits_layers,
         "sram_need_bytes": need(mb),
+        "checkpoint_bytes_per_sample": keep,
+        "working_bytes_per_sample": working,
     })  # fmt: skip
     sram_ridge = peak / sram.bandwidth_bytes_per_s
     ext_ridge = peak / ext.bandwidth_bytes_per_s
@@ -898,6 +901,8 @@ def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
     names = {n.name for n in nodes}
     total = 0
     for node in nodes:
+        if node.layer is None:  # constants the exporter left unscoped (masks) are no per-sample activations
+            continue
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
             if out and _shape(ctx, out) and any(c.name not in names and not _is_optimizer(c) for c in readers):
