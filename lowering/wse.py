@@ -53,7 +53,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
-from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, BACKWARD_COST, FORWARD_COST
+from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, FORWARD_COST
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -78,13 +78,15 @@ _NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
 class WseOptions(LoweringOptions):
     """What the WSE lowering reads. ``replicas`` None means one copy.
 
-    Internal (no knobs): ``steady_state`` overlaps consecutive steps (step time = the
-    slowest region).
+    Internal (no knobs): ``fuse_elementwise`` fuses an elementwise op the kernel rules do not
+    name onto the kernel whose output it alone reads; ``steady_state`` overlaps consecutive
+    steps (step time = the slowest region).
     """
 
     micro_batches: int | None
     wse_mode: str
     replicas: int | str | None
+    fuse_elementwise: bool = internal(True)
     steady_state: bool = internal(True)
 
 
@@ -142,7 +144,7 @@ class _Rates:
         for dt in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32):
             try:
                 mm[dt.name] = 1.0 / (eff * target.peak_flops(dt) / pes / clock)
-            except Exception:  # noqa: BLE001 - a target without that precision's peak
+            except Exception:
                 continue
         return cls(
             clock=clock,
@@ -286,7 +288,7 @@ def _token_table(ctx: LoweringContext) -> tuple[str | None, int]:
     return best, rows
 
 
-def wse_kernels(ctx: LoweringContext, target: Target) -> list[WseKernel]:
+def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool = True) -> list[WseKernel]:
     """The graph cut into kernels at the Cerebras compiler's granularity, in topological order.
 
     By scope first, op pattern where there is no scope (docs/targets.md, WSE section):
@@ -330,7 +332,10 @@ def wse_kernels(ctx: LoweringContext, target: Target) -> list[WseKernel]:
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
         acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored]
-        is_contraction = node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION
+        op_class = node.meta.get(meta.OP_CLASS)
+        is_contraction = op_class is OpClass.CONTRACTION or (
+            op_class is None and ctx.costs[node.name].contraction_flops > 0
+        )
         weighted = _stored_weight(ctx, node)
         layer = str(node.layer) if node.layer is not None else prefix
         # 1. attention by scope
@@ -383,7 +388,7 @@ def wse_kernels(ctx: LoweringContext, target: Target) -> list[WseKernel]:
                     add_to(node.name, "add", node)
                 continue
         # fuse an elementwise op onto the kernel whose output only it reads
-        if ctx.is_elementwise(node) and inputs_from:
+        if fuse_elementwise and ctx.is_elementwise(node) and inputs_from:
             prev = inputs_from[-1]
             produced = [v for v in node.inputs if owner.get(v) is prev]
             if produced and all(len(graph.consumers.get(v, [])) == 1 for v in produced) and prev.direction == "":
@@ -393,8 +398,13 @@ def wse_kernels(ctx: LoweringContext, target: Target) -> list[WseKernel]:
         add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
     for node in deferred:
         readers = [owner[out] for out in node.outputs if out in owner]
-        readers += [by_key[k.key] for c in (graph.consumers.get(out, []) for out in node.outputs if out) for n in c
-                    for k in kernels if n in k.nodes][:1]
+        readers += [
+            by_key[k.key]
+            for c in (graph.consumers.get(out, []) for out in node.outputs if out)
+            for n in c
+            for k in kernels
+            if n in k.nodes
+        ][:1]
         if not readers and not kernels:
             add_to(node.name, "data", node)
             continue
@@ -412,9 +422,7 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
         k.node_work_s = {}
         for node in k.nodes:
             cost = ctx.costs[node.name]
-            if k.direction == "fwd":
-                cost = _cost(node, FORWARD_COST, cost)
-            elif k.direction == "bwd":  # the gradient sum where the two paths rejoin: one add per element
+            if k.direction:  # forward add; backward: the gradient sum where the paths rejoin, one add per element
                 cost = _cost(node, FORWARD_COST, cost)
             if not ctx.is_work(node) or meta.FOLDED in node.meta:
                 w = 0.0
@@ -423,11 +431,7 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
                 # (tied) table: 2 x tokens x hidden x vocab FLOPs (inferred from report A)
                 out = _shape(ctx, node.outputs[0]) if node.outputs else None
                 elems = math.prod(out) if out else 0
-                w = (
-                    rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False)
-                    if out
-                    else 0.0
-                )
+                w = rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False) if out else 0.0
             else:
                 w = rates.work_s(cost, _node_precision(ctx, node), _is_data(node))
             k.node_work_s[node.name] = w / samples
@@ -439,7 +443,6 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
             numel = math.prod(shape)
             k.tokens = max(1, numel // k.width // samples)
             k.out_elems = max(1, numel // samples)
-
 
 
 # -- pipelined mode -----------------------------------------------------------------------
@@ -475,7 +478,8 @@ def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
             continue
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
-            if out and any(c.layer != node.layer and not _is_optimizer(c) for c in readers):
+            crosses = any(c.layer != node.layer and not _is_optimizer(c) for c in readers) or out in graph.outputs
+            if out and crosses:
                 boundary[node.layer] += ctx.graph.type_of(out).nbytes() if _shape(ctx, out) else 0
     total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
     head = next((k for k in kernels if k.cls == "emb_fc"), None)
@@ -509,7 +513,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
         state = k.params * per_param
         lo_k = max(1, math.ceil(k.width / chunk), math.ceil(state / (usable * pe_sram * (1 + route))))
         shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
-        util_cap = math.ceil(k.work_s * (1 - u_min) / (u_min * tau)) if tau > 0 else shape_cap
+        util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
         taus.append(tau)
         lo.append(lo_k)
         hi.append(max(lo_k, min(shape_cap, util_cap)))
@@ -554,7 +558,9 @@ def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -
 
 
 def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
-    return _place_pipelined(ctx, target, options, replicas, wse_kernels(ctx, target))
+    return _place_pipelined(
+        ctx, target, options, replicas, wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
+    )
 
 
 def _place_pipelined(
@@ -589,7 +595,8 @@ def _place_pipelined(
     sizes = sizing.pes
     if not sizes:
         plan.fail(
-            f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions), "
+            f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
+            f"weights and optimizer state), "
             f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
             need,
             usable * sram.capacity_bytes,
@@ -628,8 +635,10 @@ def _place_pipelined(
         for node in k.nodes:
             w = k.node_work_s.get(node.name, 0.0)
             share = w / k.work_s if k.work_s > 0 else 0.0
-            compute = w / p * per_replica
-            over = tau * share * per_replica
+            # the per-token fixed time is part of the kernel's execution (its utilisation says
+            # how much): a node's compute time is its share of W/p + tau
+            compute = (w / p + tau * share) * per_replica
+            over = 0.0
             if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
                 prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
                 if compute + over > prev.compute_s + prev.overhead_s:
@@ -694,7 +703,9 @@ def _place_pipelined(
     return plan
 
 
-def _place_optimizer(ctx: LoweringContext, plan: Plan, target: Target, kernel_pes: int, level: str, ridge: float) -> None:
+def _place_optimizer(
+    ctx: LoweringContext, plan: Plan, target: Target, kernel_pes: int, level: str, ridge: float
+) -> None:
     """The optimizer step: each region updates its own weights; its time is a step overhead."""
     for node in ctx.graph.nodes:
         if not _is_optimizer(node):
@@ -742,7 +753,7 @@ def _pipelined_overheads(
 # -- weight-streaming mode -----------------------------------------------------------------
 def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
     rates = _Rates.of(target)
-    kernels = wse_kernels(ctx, target)
+    kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
     pes = target.num_units
     peak = target.peak_flops(ctx.precision)
     sram = target.memory("on-chip")
