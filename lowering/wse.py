@@ -49,11 +49,12 @@ from dabench_ir.lowering._common import (
     layer_blocks,
     peak_live_bytes,
     place_node,
+    training_state,
     weight_bytes,
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
-from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, FORWARD_COST
+from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -164,13 +165,10 @@ class _Rates:
         return cycles / self.clock
 
 
-def _node_precision(ctx: LoweringContext, node: Node) -> DType:
-    prec = node.meta.get(meta.PRECISION)
-    return prec if isinstance(prec, DType) else ctx.precision
-
-
-def _is_optimizer(node: Node) -> bool:
-    return node.op_type == "AdamStep" or node.scope == "optimizer"
+def _state_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Weights and the training state that lives with them (gradients, fp32 master, moments)."""
+    state = training_state(ctx, nodes)
+    return weight_bytes(ctx, nodes) + state.gradients + state.master_weights + state.optimizer
 
 
 def _is_data(node: Node) -> bool:
@@ -325,7 +323,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
                 owner[out] = k
 
     for node in graph.nodes:
-        if _is_optimizer(node):
+        if is_optimizer_step(node):
             continue
         prefix = _block_prefix(node.scope)
         rest = _scope_rest(node.scope)
@@ -433,7 +431,7 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
                 elems = math.prod(out) if out else 0
                 w = rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False) if out else 0.0
             else:
-                w = rates.work_s(cost, _node_precision(ctx, node), _is_data(node))
+                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node))
             k.node_work_s[node.name] = w / samples
         k.work_s = sum(k.node_work_s.values())
         last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and n.outputs), None)
@@ -474,11 +472,11 @@ def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
     layers = graph.layers
     boundary = dict.fromkeys(layers, 0)
     for node in graph.nodes:
-        if node.layer is None or _is_optimizer(node):
+        if node.layer is None or is_optimizer_step(node):
             continue
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
-            crosses = any(c.layer != node.layer and not _is_optimizer(c) for c in readers) or out in graph.outputs
+            crosses = any(c.layer != node.layer and not is_optimizer_step(c) for c in readers) or out in graph.outputs
             if out and crosses:
                 boundary[node.layer] += ctx.graph.type_of(out).nbytes() if _shape(ctx, out) else 0
     total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
@@ -504,13 +502,11 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
     active = target.arch_value("max_active_fraction", needed_by=_WHO)
     io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
-    training = meta.graph_mode(ctx.graph) == "train"
-    per_param = ADAM_BYTES_PER_PARAM if training else _weight_itemsize(ctx)
     samples_per_replica = max(1, ctx.batch // replicas)
     taus, lo, hi = [], [], []
     for k in kernels:
         tau = {"matmul": row_mm, "reduction": row_red}.get(_row_class(ctx, k), row_vec) * k.tokens / clock
-        state = k.params * per_param
+        state = _state_bytes(ctx, k.nodes)
         lo_k = max(1, math.ceil(k.width / chunk), math.ceil(state / (usable * pe_sram * (1 + route))))
         shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
         util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
@@ -520,7 +516,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     buffer_bytes = _in_flight_bytes(ctx, kernels)
     buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
     available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
-    state_bytes = sum(k.params for k in kernels) * per_param
+    state_bytes = _state_bytes(ctx, [n for k in kernels for n in k.nodes])
     if available <= 0:
         return _Sizing(kernels, taus, lo, hi, list(lo), state_bytes, buffer_bytes, buffer_pes, 0)
     sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
@@ -536,12 +532,6 @@ def _row_class(ctx: LoweringContext, k: WseKernel) -> str:
     if k.cls in ("layer_norm", "mlm_loss") or any(n.op_type.startswith("Reduce") for n in k.nodes):
         return "reduction"
     return "data" if k.cls == "data" else "vector"
-
-
-def _weight_itemsize(ctx: LoweringContext) -> int:
-    for v in ctx.graph.weights():
-        return v.type.dtype.itemsize
-    return ctx.precision.itemsize
 
 
 def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
@@ -708,7 +698,7 @@ def _place_optimizer(
 ) -> None:
     """The optimizer step: each region updates its own weights; its time is a step overhead."""
     for node in ctx.graph.nodes:
-        if not _is_optimizer(node):
+        if not is_optimizer_step(node):
             continue
         rates = _Rates.of(target)
         busy = rates.work_s(ctx.costs[node.name], DType.FLOAT32, False) / max(kernel_pes, 1)
@@ -770,19 +760,18 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     if options.replicas not in (None, 1, "auto"):
         plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
     kernel_of = {n.name: k for k in kernels for n in k.nodes}
-    blocks = [b for b in layer_blocks(ctx.graph) if any(not _is_optimizer(n) for n in b.nodes)]
-    itemsize = _weight_itemsize(ctx)
+    blocks = [b for b in layer_blocks(ctx.graph) if any(not is_optimizer_step(n) for n in b.nodes)]
 
     # per-sample whole-wafer work, stream bytes and on-wafer bytes of each block
     info = []
     for block in blocks:
-        nodes = [n for n in block.nodes if not _is_optimizer(n)]
+        nodes = [n for n in block.nodes if not is_optimizer_step(n)]
         work = {}
         for n in nodes:
             if not ctx.is_work(n) or meta.FOLDED in n.meta:
                 work[n.name] = 0.0
                 continue
-            prec = _node_precision(ctx, n)
+            prec = ctx.node_precision(n)
             total = ctx.costs[n.name]
             w = rates.work_s(total, prec, _is_data(n))
             if training and recompute_always and not recomputed:
@@ -842,6 +831,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
             },
             allocation=1.0,
             gap_before_s=pass_s * n_mb if is_layer else 0.0,
+            gap_kind="layer_switch",
             min_time_s=t_s * n_mb,
         )
         plan.units.append(unit)
@@ -866,8 +856,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
                 np_ = plan.node_plans[n.name]
                 np_.per_micro_batch_s = compute / n_mb
     total_w = weight_bytes(ctx)
-    params = _params(ctx)
-    state = params * (ADAM_BYTES_PER_PARAM - itemsize) if training else 0
+    state = _state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
     plan.memory_bytes = {sram.name: int(need(mb)), ext.name: int(total_w + state)}
     plan.traffic_bytes = {ext.name: int(sum(i[4] for i in info) * n_mb)}
     last_layer = next((i for i in reversed(info) if i[5]), None)
@@ -876,7 +865,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         plan.step_overheads_s["wse_grad_writeback"] = lw / ext.bandwidth_bytes_per_s
         plan.step_overheads_s["wse_memoryx_update"] = lw / ext.bandwidth_bytes_per_s
         for node in ctx.graph.nodes:
-            if _is_optimizer(node):
+            if is_optimizer_step(node):
                 plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
                 np_ = place_node(
                     ctx, node, unit="memoryx", compute_s=0.0, feed_level=ext.level,
@@ -916,7 +905,7 @@ def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
             continue
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
-            if out and _shape(ctx, out) and any(c.name not in names and not _is_optimizer(c) for c in readers):
+            if out and _shape(ctx, out) and any(c.name not in names and not is_optimizer_step(c) for c in readers):
                 total += graph.type_of(out).nbytes()
     return total
 
