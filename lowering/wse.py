@@ -660,7 +660,14 @@ def _place_pipelined(
                 allocation=sizing.buffer_pes / pes,
             )
         )
-    _place_optimizer(ctx, plan, target, kernel_pes, sram.level, ridge)
+    # each region updates its own weights once per step, in the time it idles while the bottleneck
+    # works (per_replica x (period - its own time)); what does not fit in that slack stalls the step
+    spill = [
+        (k.params / p, per_replica * max(0.0, period - t))
+        for k, p, t in zip(kernels, sizes, times, strict=True)
+        if k.params
+    ]
+    _place_optimizer(ctx, plan, target, spill, sram.level, ridge)
     step = period * per_replica
     overheads = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
     plan.step_overheads_s.update(overheads)
@@ -694,14 +701,16 @@ def _place_pipelined(
 
 
 def _place_optimizer(
-    ctx: LoweringContext, plan: Plan, target: Target, kernel_pes: int, level: str, ridge: float
+    ctx: LoweringContext, plan: Plan, target: Target, regions: list[tuple[float, float]], level: str, ridge: float
 ) -> None:
-    """The optimizer step: each region updates its own weights; its time is a step overhead."""
+    """The optimizer step: every region updates its own weights (``regions``: parameters per PE
+    and the idle time per step it can do that in); the largest excess is a step overhead."""
+    params = _params(ctx)
     for node in ctx.graph.nodes:
-        if not is_optimizer_step(node):
+        if not is_optimizer_step(node) or not params:
             continue
-        rates = _Rates.of(target)
-        busy = rates.work_s(ctx.costs[node.name], DType.FLOAT32, False) / max(kernel_pes, 1)
+        per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
+        busy = max((max(0.0, per_param * q - slack) for q, slack in regions), default=0.0)
         plan.units.append(
             Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], resources={"units": 0.0}, allocation=0.0)
         )
@@ -709,7 +718,9 @@ def _place_optimizer(
             ctx, node, unit="optimizer", compute_s=busy, feed_level=level, feed_bytes=ctx.costs[node.name].bytes,
             ridge=ridge, allocation=0.0, time_s=0.0,
         )  # fmt: skip
-        np_.note = "runs in every region on its own weights; its time is the step overhead wse_optimizer"
+        np_.note = (
+            "runs in every region on its own weights, in its idle time; the excess is the step overhead wse_optimizer"
+        )
         plan.node_plans[node.name] = np_
         plan.step_overheads_s["wse_optimizer"] = busy
 
