@@ -228,3 +228,37 @@ def test_gpt2_small_compile_report(gpt2_small_train):
     assert Counter(u.kind for u in plan.units)["wse_region:fc"] == 24
     assert Counter(u.kind for u in plan.units)["wse_region:add"] == 48
     assert Counter(u.kind for u in plan.units)["wse_region:layer_norm"] == 25
+
+
+def test_a_graph_without_scopes_is_grouped_by_op_pattern():
+    from tests.conftest import analyze_text
+
+    zeros = ",".join(["0.0"] * 64 * 64)
+    g = analyze_text(
+        f"""
+        agraph (float[1,16,64] X) => (float[1,16,64] Y)
+        <float[64,64] Wq = {{{zeros}}}, float[64,64] Wk = {{{zeros}}}, float[64,64] Wv = {{{zeros}}},
+         float[64,64] Wo = {{{zeros}}}> {{
+            q = MatMul(X, Wq)
+            k = MatMul(X, Wk)
+            v = MatMul(X, Wv)
+            kt = Transpose<perm=[0,2,1]>(k)
+            s = MatMul(q, kt)
+            p = Softmax<axis=-1>(s)
+            a = MatMul(p, v)
+            o = MatMul(a, Wo)
+            Y = Add(X, o)
+        }}
+        """
+    )
+    kernels = _kernels(g)
+    assert [k.cls for k in kernels] == ["fc", "fc", "fc", "data", "attention", "fc", "add"]
+    assert [n.op_type for n in kernels[4].nodes] == ["MatMul", "Softmax", "MatMul"]
+
+
+def test_input_transmission_ceiling_is_reported():
+    g = decoder(layers=1, hidden=64, seq=16)
+    plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
+    io = WSE.link("system_io").bandwidth_bytes_per_s
+    assert plan.extra["transmission_rate_samples_per_s"] == pytest.approx(io / (16 * 64 * 2))
+    assert "wse_input_transmission" not in plan.step_overheads_s  # compute-limited, as report A
