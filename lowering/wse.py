@@ -450,7 +450,7 @@ class _Sizing:
     tau: list[float]
     lo: list[int]
     hi: list[int]
-    pes: list[int]
+    pes: list[int] | None  # None: even the minimum regions do not fit
     state_bytes: int
     buffer_bytes: int
     buffer_pes: int
@@ -518,10 +518,10 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
     state_bytes = _state_bytes(ctx, [n for k in kernels for n in k.nodes])
     if available <= 0:
-        return _Sizing(kernels, taus, lo, hi, list(lo), state_bytes, buffer_bytes, buffer_pes, 0)
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, 0)
     sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
     if sizes is None:
-        return _Sizing(kernels, taus, lo, hi, [], state_bytes, buffer_bytes, buffer_pes, available)
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, available)
     return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
 
 
@@ -583,7 +583,7 @@ def _place_pipelined(
             usable * sram.capacity_bytes,
         )
     sizes = sizing.pes
-    if not sizes:
+    if sizes is None:
         plan.fail(
             f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
             f"weights and optimizer state), "
