@@ -36,8 +36,8 @@ from dabench_ir.ir import Cost, Graph, Node, TensorType
 __all__ = [
     "CPU_MATMUL",
     "CPU_STREAM",
-    "FLOP_CONVENTION",
     "ESTIMATED_NOTE",
+    "FLOP_CONVENTION",
     "UNKNOWN_OP",
     "Backward",
     "CostRule",
@@ -523,7 +523,7 @@ def ms_group_query_attention(op: OpView) -> Cost:
     attention of ``num_heads`` query heads over T keys (the present key's length), the K/V heads
     shared by groups (no K/V copies counted), the causal mask one op per score, and rotary
     embedding of Q and K (3 per rotated element) when ``do_rotary``; the scores are not written."""
-    b, s, width = op.in_dims(0)
+    b, s, _width = op.in_dims(0)
     heads, kv_heads = int(op.attr("num_heads")), int(op.attr("kv_num_heads"))
     h = op.out_dims(0)[-1] // heads
     t = _kv_length(op, 1, 3)
