@@ -262,9 +262,7 @@ def _elementwise_chain(ops: list[tuple[str, list[str]]], extra_inputs=(), inits=
 
 
 def test_gelu_family_equals_unfused():
-    bias_gelu = _total(
-        _model([_ms("BiasGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])])
-    )
+    bias_gelu = _total(_model([_ms("BiasGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])]))
     exact = _elementwise_chain(
         [("Add", ["x", "b"]), ("Div", ["t0", "c"]), ("Erf", ["t1"]), ("Add", ["t2", "one"]), ("Mul", ["t0", "t3"]),
          ("Mul", ["t4", "half"])],
@@ -272,9 +270,7 @@ def test_gelu_family_equals_unfused():
         [_const("c", math.sqrt(2)), _const("one", 1.0), _const("half", 0.5)],
     )  # fmt: skip
     assert bias_gelu.flops == exact.flops == 6 * ELEMS
-    fast = _total(
-        _model([_ms("FastGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])])
-    )
+    fast = _total(_model([_ms("FastGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])]))
     # 0.5·x·(1 + tanh(x·(a + g·x²))) after the bias add, as onnxruntime's kernel computes it
     tanh_form = _elementwise_chain(
         [("Add", ["x", "b"]), ("Mul", ["t0", "t0"]), ("Mul", ["t1", "g"]), ("Add", ["t2", "a"]), ("Mul", ["t3", "t0"]),

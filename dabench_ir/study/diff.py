@@ -81,9 +81,7 @@ def _dominant_bound(nodes: Sequence[Mapping[str, Any]]) -> str | None:
     return max(times, key=times.__getitem__) if times else None
 
 
-def diff_reports(
-    before: Mapping[str, Any], after: Mapping[str, Any], prov: Provenance | None = None
-) -> dict[str, Any]:
+def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Provenance | None = None) -> dict[str, Any]:
     """The diff of ``after`` against ``before``: ``{"totals", "nodes", "modules"}`` (see the module doc)."""
     src_nodes = list(before.get("nodes") or [])
     new_nodes = list(after.get("nodes") or [])
@@ -102,8 +100,10 @@ def diff_reports(
             status = "kept"
         else:
             status = "fused" if len(members) > 1 else "replaced"
-        module = module_of(members[0].get("scope"), members[0].get("layer")) if members else module_of(
-            n.get("scope"), n.get("layer")
+        module = (
+            module_of(members[0].get("scope"), members[0].get("layer"))
+            if members
+            else module_of(n.get("scope"), n.get("layer"))
         )
         rows.append(
             {
@@ -167,7 +167,9 @@ def _modules(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _totals(before: Mapping[str, Any], after: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     tb, ta = before.get("totals") or {}, after.get("totals") or {}
     t0, t1 = tb.get("time_s"), ta.get("time_s")
-    count = {s: sum(1 for r in rows if r["status"] == s) for s in ("kept", "fused", "replaced", "added", "removed", "folded")}
+    count = {
+        s: sum(1 for r in rows if r["status"] == s) for s in ("kept", "fused", "replaced", "added", "removed", "folded")
+    }
     return {
         "time_before_s": t0,
         "time_after_s": t1,
@@ -181,8 +183,6 @@ def _totals(before: Mapping[str, Any], after: Mapping[str, Any], rows: Sequence[
         "source_nodes_accounted": sum(len(r["replaces"]) for r in rows),
         "estimated_before": int(tb.get("estimated_nodes") or 0),
         "estimated_after": int(ta.get("estimated_nodes") or 0),
-        "bound_changes": sum(
-            1 for r in rows if r["node"] and r["replaces"] and r["bound_before"] != r["bound_after"]
-        ),
+        "bound_changes": sum(1 for r in rows if r["node"] and r["replaces"] and r["bound_before"] != r["bound_after"]),
         **{f"nodes_{k}": v for k, v in count.items()},
     }

@@ -74,7 +74,9 @@ class OnnxRewritePass(Pass):
         except UserError:
             raise
         except Exception as exc:  # optimisers raise their own types; say which pipeline failed on what
-            raise UserError(f"pipeline pass {self.name!r} failed on {src.name}: {str(exc).splitlines()[0][:300]}") from None
+            raise UserError(
+                f"pipeline pass {self.name!r} failed on {src.name}: {str(exc).splitlines()[0][:300]}"
+            ) from None
         path = out_dir / f"{src.stem}.{self.name}.onnx"
         onnx.save(optimised, str(path))
         new = load_onnx(str(path))

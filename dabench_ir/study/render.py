@@ -44,7 +44,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
@@ -106,7 +108,13 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
              _pct(m["time_before_s"], m["time_after_s"])]
             for m in run["modules"][:top]
         ]  # fmt: skip
-        out += ["", *("  " + line for line in _table(["module", "nodes before", "after", "time before", "after", "change"], mods))]
+        out += [
+            "",
+            *(
+                "  " + line
+                for line in _table(["module", "nodes before", "after", "time before", "after", "change"], mods)
+            ),
+        ]
     return "\n".join(out)
 
 
@@ -165,7 +173,9 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:f
 def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], classes: Sequence[str] = ()) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
-        f"<tr class='{classes[i] if i < len(classes) else ''}'>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+        f"<tr class='{classes[i] if i < len(classes) else ''}'>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+        + "</tr>"
         for i, r in enumerate(rows)
     )
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -183,20 +193,53 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         rows = _changed_rows(run)
         parts.append(
             _html_table(
-                ["node", "op", "status", "replaces", "provenance", "time before", "after", "bound before", "after",
-                 "bytes before", "after"],
-                [[r["node"] or "(gone)", str(r["op"]), r["status"], ", ".join(r["replaces"]), ", ".join(r["provenance"]),
-                  _t(r["time_before_s"]), _t(r["time_after_s"]), r["bound_before"] or "-", r["bound_after"] or "-",
-                  human(r["bytes_before"], "B"), human(r["bytes_after"], "B")] for r in rows],
+                [
+                    "node",
+                    "op",
+                    "status",
+                    "replaces",
+                    "provenance",
+                    "time before",
+                    "after",
+                    "bound before",
+                    "after",
+                    "bytes before",
+                    "after",
+                ],
+                [
+                    [
+                        r["node"] or "(gone)",
+                        str(r["op"]),
+                        r["status"],
+                        ", ".join(r["replaces"]),
+                        ", ".join(r["provenance"]),
+                        _t(r["time_before_s"]),
+                        _t(r["time_after_s"]),
+                        r["bound_before"] or "-",
+                        r["bound_after"] or "-",
+                        human(r["bytes_before"], "B"),
+                        human(r["bytes_after"], "B"),
+                    ]
+                    for r in rows
+                ],
                 [r["status"] for r in rows],
-            )  # fmt: skip
+            )
         )
         parts.append(
             _html_table(
                 ["module", "nodes before", "after", "time before", "after", "change"],
-                [[m["module"], str(m["nodes_before"]), str(m["nodes_after"]), _t(m["time_before_s"]),
-                  _t(m["time_after_s"]), _pct(m["time_before_s"], m["time_after_s"])] for m in run["modules"]],
-            )  # fmt: skip
+                [
+                    [
+                        m["module"],
+                        str(m["nodes_before"]),
+                        str(m["nodes_after"]),
+                        _t(m["time_before_s"]),
+                        _t(m["time_after_s"]),
+                        _pct(m["time_before_s"], m["time_after_s"]),
+                    ]
+                    for m in run["modules"]
+                ],
+            )
         )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>dabench-ir study</title>"
