@@ -91,8 +91,12 @@ def run_study(
         out.mkdir(parents=True, exist_ok=True)
     stem = Path(model).stem
 
+    names: dict[str | None, str] = {}
+
     def save(report: Any, pipeline: str, target: str | None) -> None:
         report.extra["pipeline"] = pipeline
+        # the same model, rewritten: its reports name it as the baseline's do (labels, compare)
+        report.model["name"] = names.setdefault(target, report.model.get("name"))
         if out is not None:
             report.write_json(out / f"{stem}.{pipeline}.{target or 'cost'}.json")
 
