@@ -69,6 +69,9 @@ def build_report(
             estimated.append(record)
         if node.name in measured:
             record.measured_time_s = measured[node.name]
+            how = (getattr(measurement, "notes", None) or {}).get(node.name)
+            if how:  # a fused kernel's share: say so beside any other note
+                record.note = f"{record.note}; {how}" if record.note else how
         elif node.name in missing_measure:
             record.note = f"not measured: {missing_measure[node.name]}"
         if cost is None:
@@ -138,6 +141,8 @@ def build_report(
             "threads": measurement.threads,
             "provider": measurement.provider,
             "run_time_s": measurement.run_time_s,
+            "basis": getattr(measurement, "BASIS", None),
+            "overheads_s": dict(getattr(measurement, "overheads_s", {}) or {}),
             "fused": measurement.fused,
         }
     return Report(
