@@ -179,11 +179,19 @@ def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
     import onnx
     from onnxruntime.transformers import optimizer
 
+    import json
+
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:  # heads and width from dabench-ir's export metadata; 0 lets the optimiser detect them
+        params = json.loads(meta.get("dabench.params") or "{}")
+    except ValueError:
+        params = {}
+    heads, hidden = int(params.get("heads") or 0), int(params.get("hidden") or 0)
     fd, src = tempfile.mkstemp(suffix=".onnx", dir=workdir)
     os.close(fd)
     onnx.save(model, src)  # the optimiser reads a file
     try:
-        opt = optimizer.optimize_model(src, model_type="gpt2", num_heads=0, hidden_size=0, opt_level=0)
+        opt = optimizer.optimize_model(src, model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=0)
         opt.save_model_to_file(src)  # adds the com.microsoft opset import
         return onnx.load(src)
     finally:
