@@ -176,10 +176,10 @@ def _ort_level(level: str) -> Rewrite:
 
 
 def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+    import json
+
     import onnx
     from onnxruntime.transformers import optimizer
-
-    import json
 
     meta = {p.key: p.value for p in model.metadata_props}
     try:  # heads and width from dabench-ir's export metadata; 0 lets the optimiser detect them
