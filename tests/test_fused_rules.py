@@ -419,25 +419,32 @@ def test_quantize_dequantize_and_dynamic():
 
 
 @pytest.fixture(scope="module")
-def optimised_decoders(tmp_path_factory):
-    """A tiny GPT-2 and LLaMA (1 block, random weights), each after onnxscript's optimize_for_ort
-    and after onnxruntime's transformer optimiser."""
+def decoder_files(tmp_path_factory):
+    """A tiny GPT-2 and LLaMA (1 block, random weights) saved as ONNX files."""
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+
+    folder = tmp_path_factory.mktemp("decoders")
+    out = {}
+    for family in ("gpt2", "llama"):
+        cfg = ModelConfig(family=family, layers=1, hidden=64, heads=4, kv_heads=2 if family == "llama" else None,
+                          seq=16, vocab=128)  # fmt: skip
+        out[family] = folder / f"{family}.onnx"
+        onnx.save(export_onnx(cfg, weights="random"), out[family])
+    return out
+
+
+@pytest.fixture(scope="module")
+def optimised_decoders(decoder_files):
+    """Each decoder after onnxscript's optimize_for_ort and after onnxruntime's transformer optimiser."""
     pytest.importorskip("onnxscript")
     import onnx_ir as ir
     from onnxruntime.transformers import optimizer
     from onnxscript.rewriter import ort_fusions
 
-    from dabench_ir.models.config import ModelConfig
-    from dabench_ir.models.export import export_onnx
-
     out = {}
-    for family in ("gpt2", "llama"):
-        cfg = ModelConfig(family=family, layers=1, hidden=64, heads=4, kv_heads=2 if family == "llama" else None,
-                          seq=16, vocab=128)  # fmt: skip
-        proto = export_onnx(cfg, weights="random")
-        path = tmp_path_factory.mktemp("decoders") / f"{family}.onnx"
-        onnx.save(proto, path)  # each optimiser starts from the file (the onnxscript IR shares the proto's parts)
-        fused = ir.from_proto(onnx.load(path))
+    for family, path in decoder_files.items():
+        fused = ir.from_proto(onnx.load(path))  # each optimiser starts from the file
         ort_fusions.optimize_for_ort(fused)
         out[f"{family}/onnxscript"] = ir.to_proto(fused)
         opt = optimizer.optimize_model(str(path), model_type="gpt2", num_heads=4, hidden_size=64, opt_level=0)
@@ -455,3 +462,26 @@ def test_optimised_decoders_have_no_node_without_a_rule(optimised_decoders):
         fused_ops |= {n.qualified_op for n in graph.nodes if n.domain == "com.microsoft"}
     assert {"com.microsoft::MultiHeadAttention", "com.microsoft::SkipLayerNormalization",
             "com.microsoft::SkipSimplifiedLayerNormalization"} <= fused_ops  # fmt: skip
+
+
+def test_study_of_decoders_accounts_for_every_source_node(decoder_files, tmp_path):
+    """onnxscript's fusions keep the FLOPs (GPT-2 exactly; LLaMA's fused RMSNorm/rotary differ by the
+    per-row reciprocal and the rotate_half negation) and every source node lands in one diff row."""
+    from dabench_ir.study import run_study
+
+    for family, path in decoder_files.items():
+        doc = run_study(path, ["onnxscript-fusions", "ort-all"], [], out_dir=tmp_path / family)
+        for run in doc["runs"]:
+            t = run["totals"]
+            assert t["source_nodes_accounted"] == t["nodes_before"], (family, run["pipeline"])
+            assert t["estimated_after"] == 0
+            accounted = [m for r in run["nodes"] for m in r["replaces"]]
+            assert len(accounted) == len(set(accounted)) == t["nodes_before"]
+            if family == "gpt2" or run["pipeline"] == "ort-all":
+                assert t["flops_after"] == t["flops_before"], (family, run["pipeline"])
+            else:
+                assert t["flops_after"] == pytest.approx(t["flops_before"], rel=5e-3)
+        fusions = next(r for r in doc["runs"] if r["pipeline"] == "onnxscript-fusions")
+        mha = [r for r in fusions["nodes"] if r["op"] == "com.microsoft::MultiHeadAttention"]
+        assert mha and all(r["status"] == "fused" and r["flops_before"] == r["flops_after"] for r in mha)
+        assert all(any("matmul" in m.lower() for m in r["replaces"]) for r in mha)

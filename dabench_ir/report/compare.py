@@ -80,10 +80,14 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json") from None
+        raise UserError(
+            f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json"
+        ) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UserError(f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json")
+        raise UserError(
+            f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json"
+        )
     for key in ("model", "totals", "nodes"):
         if key not in data:
             raise UserError(f"{path}: report has no {key!r} field; was it written by profile --json?")
@@ -211,7 +215,11 @@ def add_normalised(rows: Sequence[dict[str, Any]], to_nm: float, rule: str = "po
     for row in rows:
         node = _node_nm(row.get("target"))
         achieved = row.get("achieved_flops_per_s")
-        norm = normalize(achieved / 1e9 if achieved else None, row.get("gops_per_w"), node, to_nm, rule=rule) if node else {}
+        norm = (
+            normalize(achieved / 1e9 if achieved else None, row.get("gops_per_w"), node, to_nm, rule=rule)
+            if node
+            else {}
+        )
         row["normalized_to_nm"] = to_nm
         row["node_nm"] = node
         row["achieved_gops_normalized"] = norm.get("gops")
@@ -279,7 +287,9 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "target": str(row.get("target") or "-"),
         "run": " ".join(row["label"].split(" ")[1:]) if row.get("label") and " " in row["label"] else "-",
         "time": seconds(row.get("time_s")),
-        "throughput": "-" if row.get("throughput_samples_per_s") is None else human(row["throughput_samples_per_s"], "samples/s"),
+        "throughput": "-"
+        if row.get("throughput_samples_per_s") is None
+        else human(row["throughput_samples_per_s"], "samples/s"),
         "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),
         "alloc": _pct(row.get("allocation_ratio")),
         "LI": _num(row.get("load_imbalance")),
@@ -288,7 +298,8 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "dominant bound": "-" if bound is None else f"{bound} ({_pct(row.get('dominant_bound_share'))})",
         "GOP/s/W": _num(row.get("gops_per_w")),
         "no rule": (
-            "-" if not row.get("estimated_nodes")
+            "-"
+            if not row.get("estimated_nodes")
             else f"{row['estimated_nodes']} ({_pct(row.get('estimated_time_share'))})"
         ),
         **(
@@ -309,7 +320,9 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     left = {"model", "target", "run", "fits", "dominant bound"}
 
     def line(values: Mapping[str, str]) -> str:
-        return "  ".join(values[h].ljust(widths[h]) if h in left else values[h].rjust(widths[h]) for h in headers).rstrip()
+        return "  ".join(
+            values[h].ljust(widths[h]) if h in left else values[h].rjust(widths[h]) for h in headers
+        ).rstrip()
 
     out = [line({h: h for h in headers}), line({h: "-" * widths[h] for h in headers})]
     out += [line(c) for c in cells]
@@ -332,6 +345,7 @@ def write_compare_csv(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pa
 
 def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """``{"schema": "dabench-ir/compare/v1", "rows": [...]}`` (NaN and infinity become null)."""
+
     def clean(v: Any) -> Any:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
