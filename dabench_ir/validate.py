@@ -119,7 +119,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "tiles": _Option("tiles", frozenset({"rdu"})),
     "resource_scaling": _Option("resource_scale", frozenset({"rdu"})),
     "wse_mode": _Option("wse_mode", frozenset({"wse"})),
-    "replicas": _Option("replicas", frozenset({"wse"})),  # IPU/RDU replicas are data parallel: per-replica figures
+    "replicas": _Option("replicas", frozenset({"wse", "ipu"})),  # IPU: data-parallel replicas (throughput of all)
     "ipus": _Option("ipus", frozenset({"ipu"})),
     "layers_per_ipu": _Option("layers_per_ipu", frozenset({"ipu"})),
     "matmul_proportion": _Option("matmul_proportion", frozenset({"ipu"})),
@@ -127,7 +127,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "gradient_accumulation": _Option("micro_batches", frozenset({"ipu"}), _micro_batches),
     "micro_batch": _Option(None),
     "half_partials": _Option(None),
-    "replicated_tensor_sharding": _Option(None),
+    "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
     "optimizer": _Option(None),
 }
 """Catalogue ``run`` key -> ProfileOptions field. Adding a knob: one line here (or none, when
