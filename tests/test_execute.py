@@ -88,6 +88,9 @@ def test_ort_opt_maps_fused_nodes_back():
     # one basis: the headline step is the per-node warm medians plus the measured overhead rows
     assert sum(m.node_times.values()) + sum(m.overheads_s.values()) == pytest.approx(m.run_time_s)
     assert m.timeline.step_time_s == pytest.approx(m.run_time_s)
+    # every kernel onnxruntime timed is on a source node or in the onnxruntime-only row
+    attributed = sum(m.node_times.values()) + m.overheads_s.get("onnxruntime_only_nodes", 0.0)
+    assert attributed == pytest.approx(m.kernel_total_s, rel=0.05)
 
 
 def test_bounds_and_rates_with_target():
