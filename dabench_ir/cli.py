@@ -27,6 +27,8 @@ _COMMANDS = (
     "scale",
     "sweep",
     "compare",
+    "study",
+    "diff",
     "targets",
     "calibrate",
     "demo",

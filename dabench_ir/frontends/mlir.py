@@ -137,7 +137,7 @@ def _parse_in_child(text: str, ctx: Any, where: str) -> None:
             except ir.MLIRError as exc:
                 os.write(write_fd, _first_diagnostic(exc).encode("utf-8", "replace")[:2000])
                 code = 3
-        except BaseException:  # noqa: BLE001 - the child must exit, whatever happened
+        except BaseException:  # the child must exit, whatever happened
             code = 4
         finally:
             os._exit(code)
