@@ -428,12 +428,12 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
     """kill -9 of the driver: its workers die with it (no orphans holding memory)."""
     script = tmp_path / "driver.py"
     script.write_text(
-        "import sys, os\nsys.path.insert(0, %r)\n"
+        f"import sys, os\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
         "from dabench_ir.sweep.executors import LocalExecutor\nfrom tests.test_hardening import _sleep_forever\n"
         "ex = LocalExecutor(2)\nit = ex.map_unordered([(_sleep_forever, ()), (_sleep_forever, ())])\n"
         "import threading\nthreading.Thread(target=lambda: list(it), daemon=True).start()\n"
         "import time\ntime.sleep(1.5)\nprint(' '.join(str(w.proc.pid) for w in ex.all), flush=True)\ntime.sleep(600)\n"
-        % str(Path(__file__).resolve().parents[1])
+
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:

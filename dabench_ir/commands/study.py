@@ -74,12 +74,17 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    from pathlib import Path
+    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
 
+    inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
+    for path in inputs:
+        check_input_file(path)
     for flag in ("json", "csv", "html"):
         path = getattr(args, flag)
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise UserError(f"--{flag} {path}: folder {Path(path).resolve().parent} does not exist")
+        if path is not None:
+            check_output_path(path, f"--{flag}", inputs=inputs)
+    if getattr(args, "out_dir", None):
+        check_output_dir(args.out_dir, "--out-dir")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,7 +76,10 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
     from dabench_ir.report.model import check_report_dict
 
     path = Path(path)
-    text = read_text_file(path, "report")  # a FIFO, folder or binary file is refused here
+    try:
+        text = read_text_file(path)  # a FIFO, folder or binary file is refused here
+    except UserError as exc:
+        raise UserError(f"cannot read report {exc}") from None
     try:
         data = json.loads(text)
     except RecursionError:

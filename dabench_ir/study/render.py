@@ -143,16 +143,19 @@ def write_study_json(doc: Mapping[str, Any], path: str | Path) -> Path:
     """The study as JSON (NaN and infinity become null), checked against its schema first."""
     clean = _clean(doc)
     validate_study(clean)
-    path = Path(path)
-    path.write_text(json.dumps(clean, indent=1) + "\n", encoding="utf-8")
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, json.dumps(clean, indent=1) + "\n")
 
 
 def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
     """One line per (run, node row): the run's pipeline, target and label, then `NODE_COLUMNS`."""
-    path = Path(path)
+    from dabench_ir.fileio import write_with
+    from dabench_ir.report.model import csv_cell
+
     head = ["pipeline", "target", "label", *NODE_COLUMNS]
-    with path.open("w", newline="", encoding="utf-8") as fh:
+
+    def write(fh: Any) -> None:
         writer = csv.writer(fh)
         writer.writerow(head)
         for run in doc["runs"]:
@@ -160,9 +163,10 @@ def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
                 cells = [run["pipeline"], run["target"], run["label"]]
                 for k in NODE_COLUMNS:
                     v = r.get(k)
-                    cells.append(";".join(v) if isinstance(v, list) else "" if v is None else v)
-                writer.writerow(cells)
-    return path
+                    cells.append(";".join(map(str, v)) if isinstance(v, list) else v)
+                writer.writerow([csv_cell(c) for c in cells])
+
+    return write_with(path, write)
 
 
 _CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
@@ -245,6 +249,6 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>dabench-ir study</title>"
         f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
     )
-    path = Path(path)
-    path.write_text(page, encoding="utf-8")
-    return path
+    from dabench_ir.fileio import write_output
+
+    return write_output(path, page)
