@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         code = int(args.func(args) or 0)
         if held is not None:
-            held.release()
+            held.show()
         return code
     except UserError as exc:
         print(f"dabench-ir: error: {_one_line(exc)}", file=sys.stderr)
@@ -120,7 +120,8 @@ class _HeldWarnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
-    def release(self) -> None:
+    def show(self) -> None:
+        """Print the held warnings (after a success)."""
         for record in self.records:
             print(" ".join(self.format(record).split()), file=sys.stderr)
         self.records.clear()
