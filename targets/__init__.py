@@ -165,7 +165,8 @@ class Target:
             logger.info("target %s has no %s peak; using its %s peak", self.name, key, alt)
             return self.peaks[alt].value
         raise TargetError(
-            f"target {self.name} has no peak FLOP/s for {key}; it lists {', '.join(self.peaks)}"
+            f"target {self.name} has no peak FLOP/s for {key}; it lists {', '.join(self.peaks)}: "
+            f"run the model at one of those, e.g. --precision {next(iter(self.peaks), 'fp16')}"
         )
 
     def memory(self, name_or_level: str) -> MemoryLevel:

@@ -550,3 +550,39 @@ def test_two_sweeps_into_one_folder_compute_each_point_once(tmp_path):
     elsewhere = [int(m.group(1)) if (m := re.search(r"(\d+) point\(s\) left to another", o)) else 0 for o, _ in outs]
     assert sum(ran) == 4 and all(r + e <= 4 for r, e in zip(ran, elsewhere, strict=True))
     assert len(list((out / "points").glob("*.json"))) == 4 and not list((out / "points").glob("*.lock"))
+
+
+# -- messages that name the fix ---------------------------------------------------------------------------
+def test_fp64_peak_error_suggests_precision(capsys, tmp_path):
+    model = parse("agraph (double[2,3] A, double[3,4] B) => (double[2,4] C) {\n C = MatMul(A, B)\n}")
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--target", "wse")
+    if code == 0:
+        pytest.skip("wse lists an fp64 peak")
+    one_line(code, err, "--precision")
+
+
+def test_measure_string_input_names_the_type(capsys, tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.STRING, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, [3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--measure")
+    one_line(code, err, "STRING", "without --measure")
+
+
+def test_native_stderr_is_held_as_warnings(caplog):
+    from dabench_ir.frontends.mlir import _captured_stderr
+
+    with caplog.at_level("WARNING"), _captured_stderr():
+        os.write(2, b"loc(x): warning: something torch-mlir said\n")
+    assert any("something torch-mlir said" in r.getMessage() for r in caplog.records)
+
+
+def test_onnxruntime_log_line_is_not_printed(capsys, tmp_path):
+    """A model onnxruntime refuses: our one line only, not its [E:onnxruntime...] line too."""
+    model = parse(MM)
+    model.graph.node[0].op_type = "MatMulInteger"  # float inputs: onnxruntime refuses the types
+    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(_save(tmp_path, model)), "--measure"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode in (0, 2), proc.stderr
+    if proc.returncode == 2:
+        assert len(proc.stderr.strip().splitlines()) == 1 and "[E:onnxruntime" not in proc.stderr, proc.stderr

@@ -126,7 +126,7 @@ def measure(
 
     from dabench_ir.frontends.onnx import read_model
 
-    ort.set_default_logger_severity(3)  # onnxruntime's own [E:onnxruntime...] lines: our error is the one line
+    ort.set_default_logger_severity(4)  # onnxruntime's own [E:onnxruntime...] lines: our error is the one line
 
     proto, path = read_model(model)
     if graph is None:

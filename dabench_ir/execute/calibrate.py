@@ -157,7 +157,7 @@ def machine_key(threads: int | None = None) -> dict[str, Any]:
     """What a calibration is valid for: CPU model and count, onnxruntime version, threads."""
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)  # errors only: its warnings are not the user's business
+    ort.set_default_logger_severity(4)  # fatal only: its errors reach the user as our one line
 
     return {
         "cpu": _cpu_model(),

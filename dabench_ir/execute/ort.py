@@ -100,7 +100,7 @@ def run_profiled(
         so.intra_op_num_threads = threads or default_threads()
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # fatal only: a load error reaches the user as our one line
         so.graph_optimization_level = (
             ort.GraphOptimizationLevel.ORT_ENABLE_ALL if ort_opt else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         )
