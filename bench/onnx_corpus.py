@@ -82,10 +82,17 @@ def _alarm(signum, frame):
 
 
 def _one(model: Path, extra: list[str], timeout: float) -> tuple[str, float, str]:
+    with tempfile.TemporaryFile() as native:  # what native code (onnxruntime, MLIR) writes to fd 2 counts too
+        return _run_one(model, extra, timeout, native)
+
+
+def _run_one(model: Path, extra: list[str], timeout: float, native) -> tuple[str, float, str]:
     from dabench_ir.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     start = time.perf_counter()
+    saved = os.dup(2)
+    os.dup2(native.fileno(), 2)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -96,6 +103,10 @@ def _one(model: Path, extra: list[str], timeout: float) -> tuple[str, float, str
         return "bad-output", time.perf_counter() - start, f"{type(exc).__name__}: {exc}"[:300]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        os.dup2(saved, 2)
+        os.close(saved)
+        native.seek(0)
+        err.write(native.read().decode("utf-8", "replace"))
     seconds = time.perf_counter() - start
     text = err.getvalue()
     lines = text.strip().splitlines()

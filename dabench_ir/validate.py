@@ -179,10 +179,9 @@ def load_catalog(paths: str | Path | Iterable[str | Path] | None = None) -> list
     points: list[Point] = []
     seen: dict[str, str] = {}
     for path in files:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UserError(f"--catalog {path}: cannot read it ({exc.strerror or exc})") from None
+        from dabench_ir.fileio import read_text_file
+
+        text = read_text_file(path, "--catalog")  # a FIFO, folder or binary file is refused here
         for point in parse_catalog(text, str(path)):
             if point.id in seen:
                 raise UserError(f"{path}: point {point.id!r}: id also used in {seen[point.id]}; ids must be unique")
