@@ -181,7 +181,10 @@ def load_catalog(paths: str | Path | Iterable[str | Path] | None = None) -> list
     for path in files:
         from dabench_ir.fileio import read_text_file
 
-        text = read_text_file(path, "--catalog")  # a FIFO, folder or binary file is refused here
+        try:
+            text = read_text_file(path)  # a FIFO, folder or binary file is refused here
+        except UserError as exc:
+            raise UserError(f"--catalog: cannot read {exc}") from None
         for point in parse_catalog(text, str(path)):
             if point.id in seen:
                 raise UserError(f"{path}: point {point.id!r}: id also used in {seen[point.id]}; ids must be unique")
