@@ -126,6 +126,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_output_path(path, f"--{flag}", inputs=[args.model])
     if args.plots is not None:
         check_output_dir(args.plots, "--plots")
+    if args.trace is not None and not args.target and not getattr(args, "measure", False):
+        raise UserError("--trace needs a timeline: give --target or --measure")
 
 
 def _write_outputs(args: argparse.Namespace, report) -> list[str]:
