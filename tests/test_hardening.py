@@ -586,3 +586,14 @@ def test_onnxruntime_log_line_is_not_printed(capsys, tmp_path):
     assert proc.returncode in (0, 2), proc.stderr
     if proc.returncode == 2:
         assert len(proc.stderr.strip().splitlines()) == 1 and "[E:onnxruntime" not in proc.stderr, proc.stderr
+
+
+def test_export_absurd_layers_refused_up_front(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "99999999999999999999", "--hidden", "64",
+                           "-o", tmp_path / "x.onnx")  # fmt: skip
+    one_line(code, err, "--layers")
+
+
+def test_profile_negative_top_refused(capsys, mm):
+    code, _, err = run_cli(capsys, "profile", mm, "--top", "-5")
+    one_line(code, err, "--top")

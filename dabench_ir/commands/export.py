@@ -80,6 +80,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace):
     from dabench_ir.models import ModelConfig, get_preset
+    from dabench_ir.sweep.spec import MAX_LAYERS
+
+    for flag in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab"):
+        value = getattr(args, flag)
+        if value is not None and not 0 < value <= 2**31 - 1:
+            raise UserError(f"--{flag.replace('_', '-')} {value}: expected a positive integer below 2**31")
+    if args.layers is not None and args.layers > MAX_LAYERS:
+        raise UserError(f"--layers {args.layers:,}: at most {MAX_LAYERS:,} decoder blocks")
 
     given = {
         "family": args.family, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,

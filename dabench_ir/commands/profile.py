@@ -120,6 +120,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
 
     check_input_file(args.model, "MODEL")
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
         if path is not None:
