@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_knob_arguments(p, PROFILE)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=20, help="rows in the node table (0: all)")
-    o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank nodes by (default: time when timed)")
+    o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank rows by (default: time when timed)")
+    o.add_argument(
+        "--by", choices=["role", "node"], default="role",
+        help="group the table by module role across layers (default), or show single nodes",
+    )  # fmt: skip
     o.add_argument("--json", metavar="F", help="write the report as JSON (schema dabench-ir/report/v1)")
     o.add_argument("--csv", metavar="F", help="write one row per node")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
@@ -97,7 +101,9 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         print(render_cross_check(cross_check(onnx_graph, mlir_graph)))
     written = _write_outputs(args, report)
     if not args.quiet:
-        print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort))
+        print(
+            render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by)
+        )
         for path in written:
             print(f"wrote {path}")
     if args.strict and report.unattributed:

@@ -14,6 +14,7 @@ from dabench_ir.ir import Cost, Graph
 from dabench_ir.options import ProfileOptions, recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.report.model import NodeRecord, Report
+from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
@@ -39,6 +40,7 @@ def build_report(
     measured = dict(getattr(measurement, "node_times", {}) or {})
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
+    roles = node_roles(graph)
     for node in graph.nodes:
         cost = meta.get_cost(node) if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta else None
         op_class = node.meta.get(meta.OP_CLASS)
@@ -51,6 +53,7 @@ def build_report(
             cost=cost,
             intensity=cost.intensity if cost is not None else None,
             precision=str(node.meta[meta.PRECISION]) if meta.PRECISION in node.meta else None,
+            role=roles.get(node.name),
         )
         if node.name in node_intensity:
             record.intensity = node_intensity[node.name]
@@ -87,6 +90,8 @@ def build_report(
         "intensity": total.intensity,
         "nodes": len(records),
         "unattributed_nodes": len(unattributed),
+        # step costs no node owns (reconfiguration, stalls, host time, fill/drain, collectives)
+        "overhead_s": sum((timeline.overheads_s or {}).values()) if timeline is not None else None,
     }
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
@@ -153,6 +158,12 @@ def build_report(
         graph=graph,
         timeline=timeline,
         target_obj=target,
+        options=opts,
+        measured_timeline=(
+            measurement.timeline
+            if measurement is not None and timeline is not None and timeline is not getattr(measurement, "timeline", None)
+            else None
+        ),
     )
 
 
