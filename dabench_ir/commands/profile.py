@@ -135,9 +135,9 @@ def _write_outputs(args: argparse.Namespace, report) -> list[str]:
     if args.trace:
         if report.timeline is None:
             raise UserError("--trace needs a timeline: give --target or --measure")
-        from dabench_ir.report.trace import write_chrome_trace
+        from dabench_ir.report.trace import write_report_trace
 
-        written.append(str(write_chrome_trace(report.timeline, report.graph, args.trace)))
+        written.append(str(write_report_trace(report, args.trace)))
     if args.html:
         from dabench_ir.report.html import write_html
 

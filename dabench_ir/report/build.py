@@ -159,6 +159,7 @@ def build_report(
         timeline=timeline,
         target_obj=target,
         options=opts,
+        plan=plan,
         measured_timeline=(
             measurement.timeline
             if measurement is not None and timeline is not None and timeline is not getattr(measurement, "timeline", None)

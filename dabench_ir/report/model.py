@@ -102,6 +102,7 @@ class Report:
     graph: Any = field(default=None, repr=False)  # the annotated Graph, for renderers
     timeline: Any = field(default=None, repr=False)
     target_obj: Any = field(default=None, repr=False)
+    plan: Any = field(default=None, repr=False)  # the lowering's Plan (units for the trace, the why lines)
     options: Any = field(default=None, repr=False)  # the ProfileOptions the report was made with
     measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
