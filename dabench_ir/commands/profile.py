@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.pipeline import run_profile
 
     report = run_profile(args.model, args.target, opts, progress=progress)
+    if report.plan is not None:
+        from dabench_ir.report.why import explain
+
+        progress("re-placing with each target knob changed, for the why lines")
+        explain(report)
     progress.done()
     return _after_profile(args, report, progress)
 

@@ -85,10 +85,8 @@ class _Tracks:
         pid = self.pid(process)
         ts, dur = start_s * _US, max(0.0, (end_s - start_s) * _US)
         ends = self.free.setdefault((process, group), [])
-        for k, free_at in enumerate(ends):  # first sub-track free by the slice's start
-            if free_at <= ts + _EPS_US:
-                break
-        else:
+        k = next((i for i, free_at in enumerate(ends) if free_at <= ts + _EPS_US), None)  # first free sub-track
+        if k is None:
             k = len(ends)
             ends.append(0.0)
         ends[k] = max(ends[k], ts + dur)
