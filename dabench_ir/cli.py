@@ -26,6 +26,7 @@ _COMMANDS = (
     "targets",
     "calibrate",
     "demo",
+    "validate",
 )
 
 

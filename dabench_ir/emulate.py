@@ -8,6 +8,10 @@ pass in global (micro-batch, topological) order gives the exact event times, inc
 pipeline fill and drain. Sequential plans (RDU sections, streamed WSE layers) run their
 units one after another, each after its gap (reconfiguration) and for at least its
 ``min_time_s`` (e.g. its DDR traffic at DDR bandwidth).
+
+Time that belongs to no node is never hidden: unit gaps (under their ``gap_kind``), memory
+stalls and the plan's serial step overheads (host time, an off-chip optimizer update, ...)
+are named rows of ``Timeline.overheads_s``, and the step time includes every one of them.
 """
 
 from __future__ import annotations
@@ -58,10 +62,13 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     lane_free: dict[str, float] = defaultdict(float)
     slices: dict[str, list[tuple[float, float]]] = {name: [] for name in order}
     unit_spans: dict[str, tuple[float, float]] = {}
-    overheads: dict[str, float] = dict(plan.step_overheads_s)
+    overheads: dict[str, float] = defaultdict(float)
     clock = 0.0
     for unit, names in groups:
-        gate = clock + (unit.gap_before_s if unit is not None else 0.0)
+        gate = clock
+        if unit is not None and unit.gap_before_s > 0:
+            gate += unit.gap_before_s
+            overheads[unit.gap_kind] += unit.gap_before_s
         last = gate
         for m in range(m_count):
             for name in names:
@@ -77,7 +84,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         if unit is not None:
             stall = max(0.0, gate + unit.min_time_s - last)
             if stall > 0:
-                overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall
+                overheads["memory_stall"] += stall
             unit_spans[unit.id] = (gate, last + stall)
             clock = last + stall
         else:
@@ -108,13 +115,16 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
     else:
         step = makespan
+    for name, seconds in plan.step_overheads_s.items():  # serial: nothing else runs meanwhile
+        overheads[name] += seconds
+        step += seconds
     timeline = Timeline(
         nodes=timings,
         step_time_s=step,
         samples_per_step=plan.batch,
         source="emulated",
         unit_busy_s=dict(unit_busy),
-        overheads_s=overheads,
+        overheads_s=dict(overheads),
         micro_batches=m_count,
         node_busy_s=busy_node,
         slices=slices,

@@ -60,6 +60,7 @@ class Unit:
     resources: dict[str, float] = field(default_factory=dict)
     allocation: float = 0.0
     gap_before_s: float = 0.0
+    gap_kind: str = "reconfiguration"  # the overhead row its gap is reported under
     min_time_s: float = 0.0
 
 
@@ -108,6 +109,8 @@ class Plan:
     pipelined_steps: bool = False  # consecutive steps overlap: step time = bottleneck lane
     memory_bytes: dict[str, int] = field(default_factory=dict)  # resident bytes per memory name
     traffic_bytes: dict[str, int] = field(default_factory=dict)  # bytes moved per step per memory name
+    # serial costs of a step that no node owns (host time, optimizer update streamed from
+    # off-chip memory, gradient reduction): emulate adds them to the step time, one row each
     step_overheads_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     unattributed: list[str] = field(default_factory=list)

@@ -16,6 +16,7 @@ from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
 
@@ -25,13 +26,16 @@ if TYPE_CHECKING:
 __all__ = [
     "Block",
     "LoweringContext",
+    "TrainingState",
     "balance",
     "kernel_groups",
     "layer_blocks",
     "module_key",
     "peak_live_bytes",
     "place_node",
+    "stored_root",
     "training_bytes",
+    "training_state",
     "value_bytes",
     "weight_bytes",
 ]
@@ -93,6 +97,16 @@ class LoweringContext:
         activations, and the training state."""
         return weight_bytes(self) + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
 
+    def node_precision(self, node: Node) -> DType:
+        """The dtype ``node`` computes in: the precision pass's choice per node (mixed
+        precision keeps norms and softmax in fp32), else the plan's precision."""
+        prec = node.meta.get(meta.PRECISION)
+        return prec if isinstance(prec, DType) else self.precision
+
+    def is_optimizer_step(self, node: Node) -> bool:
+        """The once-per-step optimizer update (see `passes.training.is_optimizer_step`)."""
+        return is_optimizer_step(node)
+
     def is_shape(self, node: Node) -> bool:
         """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""
         return traits_of(node).shape_only
@@ -131,8 +145,25 @@ def value_bytes(graph: Graph, name: str, default: int = 0) -> int:
         return default
 
 
+def stored_root(graph: Graph, name: str) -> str:
+    """The stored value a folded weight layout came from (``W`` for a folded ``Transpose(W)``)."""
+    seen: set[str] = set()
+    while name not in seen:
+        seen.add(name)
+        value = graph.values.get(name)
+        producer = graph.node(value.producer) if value is not None and value.producer else None
+        if producer is None or meta.FOLDED not in producer.meta or not producer.inputs:
+            break
+        name = producer.inputs[0]
+    return name
+
+
 def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
-    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read."""
+    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read.
+
+    A weight is counted once however many layouts of it are read: a matmul reading the
+    folded ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
+    """
     graph = ctx.graph
     seen: set[str] = set()
     total = 0
@@ -142,27 +173,60 @@ def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> i
         stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:
-            if v not in seen:
-                seen.add(v)
+            root = stored_root(graph, v)
+            if root not in seen:
+                seen.add(root)
                 total += value_bytes(graph, v, fallback)
     return total
 
 
-def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
-    """Training state resident beside the weights: optimizer state and saved activations.
+@dataclass(frozen=True, slots=True)
+class TrainingState:
+    """Training state beside the weights, by kind (bytes); zero for inference."""
 
-    Zero for inference. For a subset of nodes (a kernel, a stage) its share follows the
-    share of the weights those nodes hold (the training pass writes the totals).
+    gradients: int = 0
+    master_weights: int = 0  # fp32 copies of 16-bit working weights
+    optimizer: int = 0  # Adam's momentum and variance
+    activations: int = 0  # saved for the backward pass
+
+    @property
+    def total(self) -> int:
+        return self.gradients + self.master_weights + self.optimizer + self.activations
+
+    @property
+    def optimizer_side(self) -> int:
+        """What an optimizer offload moves off the device: master weights and moments."""
+        return self.master_weights + self.optimizer
+
+
+def training_state(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> TrainingState:
+    """The training state of the whole graph, or of a subset of nodes (a kernel, a stage).
+
+    A subset's share of every kind follows the share of the weights those nodes hold
+    (the training pass writes the totals).
     """
     train = meta.training_state(ctx.graph)
     if not train:
-        return 0
-    total = int(train["optimizer_state_bytes"]) + int(train["saved_activation_bytes"])
-    if nodes is None:
-        return total
-    if not ctx.total_weight_bytes:
-        return 0
-    return math.ceil(total * weight_bytes(ctx, nodes) / ctx.total_weight_bytes)
+        return TrainingState()
+    kinds = (
+        int(train.get("gradient_bytes", 0)),
+        int(train.get("master_weight_bytes", 0)),
+        int(train["optimizer_state_bytes"]),
+        int(train["saved_activation_bytes"]),
+    )
+    if nodes is not None:
+        if not ctx.total_weight_bytes:
+            return TrainingState()
+        share = weight_bytes(ctx, nodes) / ctx.total_weight_bytes
+        kinds = tuple(math.ceil(k * share) for k in kinds)
+    return TrainingState(*kinds)
+
+
+def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None, *, offload_optimizer: bool = False) -> int:
+    """Training state the device holds: all of it, or without the optimizer side when the
+    target keeps master weights and moments off-chip (IPU streaming memory, WSE MemoryX)."""
+    state = training_state(ctx, nodes)
+    return state.total - (state.optimizer_side if offload_optimizer else 0)
 
 
 def module_key(node: Node) -> str:

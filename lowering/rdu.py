@@ -177,6 +177,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         pcus_used = sum(sizes)
         unit.allocation = pcus_used / demand.pcus
         unit.gap_before_s = reconfig if len(sections) > 1 else 0.0
+        unit.gap_kind = "section_reconfig"
         unit.min_time_s = section_ddr / bw  # stages share the DDR bandwidth
         unit.resources = {
             "pcus": float(pcus_used),
@@ -187,8 +188,6 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         ddr_total += section_ddr
         plan.units.append(unit)
     plan.traffic_bytes[ddr.name] = ddr_total
-    if len(sections) > 1:
-        plan.step_overheads_s["section_reconfig"] = reconfig * len(sections)
     resident = ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):

@@ -210,6 +210,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     for b, block in enumerate(blocks):
         unit = Unit(id=f"layer{b}" if block.key.startswith("layer") else block.key, kind="wse_layer")
         unit.gap_before_s = switch if len(blocks) > 1 else 0.0
+        unit.gap_kind = "layer_switch"
         busy = weighted = 0.0
         for node in block.nodes:
             cost = ctx.costs[node.name]
@@ -251,8 +252,6 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     total_w = weight_bytes(ctx)
     plan.memory_bytes = {sram.name: worst_resident, ext.name: total_w}
     plan.traffic_bytes = {ext.name: sum(c.weight_bytes for c in ctx.costs.values())}
-    if len(blocks) > 1:
-        plan.step_overheads_s["layer_switch"] = switch * len(blocks)
     if worst_resident > sram.capacity_bytes:
         plan.fail(
             f"weight streaming needs {worst_resident / 1e9:.2f} GB of SRAM for one layer's activations "

@@ -11,8 +11,11 @@ The rules, with their sources, are in docs/training.md. In short:
 - bytes: backward reads dY, the saved inputs and the weights, writes dX and dW;
 - with ``recompute``, each layer's forward runs again during backward and only the tensors
   that cross layer boundaries are kept;
-- one `dabench::AdamStep` node updates every parameter: 13 vector FLOPs and 1 sqrt per
-  parameter, reading and writing fp32 master weights, momentum and variance.
+- one `dabench::AdamStep` node updates every parameter once per step: 13 vector FLOPs and
+  1 sqrt per parameter, reading and writing fp32 master weights, momentum and variance;
+- the training state beside the weights is written by kind (gradients in the weights'
+  precision, fp32 master weights when the weights are 16-bit, Adam's two fp32 moments,
+  saved activations), so each lowering can put each kind where its target keeps it.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from .base import Pass, PassResult
 from .cost_rules import Backward, OpClass, traits_of
 
 __all__ = [
-    "ADAM_BYTES_PER_PARAM",
     "ADAM_FLOPS_PER_PARAM",
+    "ADAM_MOMENT_BYTES_PER_PARAM",
     "FORWARD_COST",
+    "MASTER_BYTES_PER_PARAM",
     "TrainingPass",
     "backward_cost",
+    "is_optimizer_step",
 ]
 
 FORWARD_COST = "dabench.cost.forward"
@@ -40,9 +45,18 @@ BACKWARD_COST = "dabench.cost.backward"
 # Adam per parameter: m ← β1·m + (1−β1)·g (3), v ← β2·v + (1−β2)·g² (4), bias corrections
 # (2), p ← p − lr·m̂ / (√v̂ + ε) (4): 13 vector FLOPs and one sqrt.
 ADAM_FLOPS_PER_PARAM = (13, 1)
-# Mixed-precision Adam state (Rajbhandari et al., ZeRO, SC'20, §3.1): fp16 weights (2) and
-# gradients (2), fp32 master weights, momentum and variance (12): 16 bytes per parameter.
-ADAM_BYTES_PER_PARAM = 16
+# Mixed-precision Adam state (Rajbhandari et al., ZeRO, SC'20, §3.1): 16-bit weights (2) and
+# gradients (2), fp32 master weights (4), momentum and variance (8): 16 bytes per parameter.
+# The weights are counted where they are read; the rest is training state.
+ADAM_MOMENT_BYTES_PER_PARAM = 8  # fp32 momentum and variance
+MASTER_BYTES_PER_PARAM = 4  # fp32 master copy, kept when the working weights are 16-bit
+OPTIMIZER_OP = ("dabench", "AdamStep")
+
+
+def is_optimizer_step(node: Node) -> bool:
+    """The optimizer update the training pass appends: it runs once per step, after every
+    micro-batch's backward, and belongs to no layer, stage or section of the model."""
+    return (node.domain, node.op_type) == OPTIMIZER_OP
 
 
 def _needs_grad(graph: Graph) -> set[str]:
@@ -125,7 +139,8 @@ class TrainingPass(Pass):
             params = sum(v.type.numel(graph.bindings) for v in graph.weights())
         except UnboundSymbolError:
             params = 0
-        step = _optimizer_node(graph, params)
+        itemsize = _weight_itemsize(graph)
+        step = _optimizer_node(graph, params, itemsize)
         graph.nodes.append(step)
         graph.invalidate()
         per_layer_peak = max(
@@ -138,7 +153,9 @@ class TrainingPass(Pass):
             "optimizer": self.optimizer,
             "recompute": self.recompute,
             "params": params,
-            "optimizer_state_bytes": ADAM_BYTES_PER_PARAM * params,
+            "gradient_bytes": itemsize * params,
+            "master_weight_bytes": MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
+            "optimizer_state_bytes": ADAM_MOMENT_BYTES_PER_PARAM * params,
             # activations kept for backward: every saved input, or with recompute only the
             # tensors crossing layer boundaries plus one layer's working set
             "saved_activation_bytes": boundary + per_layer_peak if self.recompute else saved,
@@ -146,23 +163,31 @@ class TrainingPass(Pass):
         return PassResult(graph, True)
 
 
-def _optimizer_node(graph: Graph, params: int) -> Node:
+def _weight_itemsize(graph: Graph) -> int:
+    """Bytes per parameter of the working weights (2 after a 16-bit precision rewrite)."""
+    sizes = [v.type.dtype.itemsize for v in graph.weights() if v.type.dtype.is_float]
+    return max(set(sizes), key=sizes.count) if sizes else 4
+
+
+def _optimizer_node(graph: Graph, params: int, itemsize: int) -> Node:
     vector, special = ADAM_FLOPS_PER_PARAM
+    domain, op_type = OPTIMIZER_OP
     node = Node(
         name="optimizer.adam_step",
-        op_type="AdamStep",
-        domain="dabench",
+        op_type=op_type,
+        domain=domain,
         inputs=[v.name for v in graph.weights()],
         outputs=[],
         scope="optimizer",
     )
-    # reads p, g, m, v (fp32 master copies: 4 × 4 B) and writes p, m, v (3 × 4 B) and the
-    # half-precision working copy of the weights (2 B)
+    # reads the fp32 parameter (the master copy when the weights are 16-bit), the gradient
+    # and both moments; writes the parameter, both moments and, when 16-bit, the working copy
+    half = itemsize < 4
     node.meta[meta.COST] = Cost(
         vector_flops=vector * params,
         special_ops=special * params,
-        weight_bytes=16 * params,
-        act_bytes_out=14 * params,
+        weight_bytes=(4 + itemsize + ADAM_MOMENT_BYTES_PER_PARAM) * params,
+        act_bytes_out=(4 + ADAM_MOMENT_BYTES_PER_PARAM + (itemsize if half else 0)) * params,
     )
     node.meta[meta.OP_CLASS] = OpClass.VECTOR
     node.meta[meta.PRECISION] = DType.FLOAT32

@@ -63,7 +63,8 @@ def test_precision_and_training_change_the_figures(block, tmp_path):
     # 2x), the second an activation that needs a gradient (dX and dW: 3x)
     half = fp32["totals"]["contraction_flops"] // 2
     assert train["totals"]["contraction_flops"] == 2 * half + 3 * half
-    assert train["config"]["train"]["optimizer_state_bytes"] == 16 * 2 * 1024
+    assert train["config"]["train"]["optimizer_state_bytes"] == 8 * 2 * 1024  # Adam's two fp32 moments
+    assert train["config"]["train"]["gradient_bytes"] == 4 * 2 * 1024
 
 
 def test_via_mlir_cross_check_and_annotate(block, tmp_path, capsys):

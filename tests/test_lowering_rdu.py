@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
+
 from dabench_ir.emulate import emulate
 from dabench_ir.lowering import lower
 from dabench_ir.lowering._common import module_key
@@ -62,5 +64,5 @@ def test_sections_run_one_after_another_with_reconfiguration():
     reconfig = RDU.overhead("section_reconfig_s")
     for (_, end), (start, _) in pairwise(spans):
         assert start >= end + reconfig * (1 - 1e-9)
-    assert timeline.overheads_s["section_reconfig"] == reconfig * len(plan.units)
+    assert timeline.overheads_s["section_reconfig"] == pytest.approx(reconfig * len(plan.units))
     assert timeline.step_time_s >= reconfig * len(plan.units)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dabench_ir.ir import DType
 from dabench_ir.passes import meta
 from dabench_ir.passes.precision import PrecisionPass, precision_by_class
-from dabench_ir.passes.training import ADAM_BYTES_PER_PARAM, TrainingPass
+from dabench_ir.passes.training import ADAM_MOMENT_BYTES_PER_PARAM, TrainingPass
 from tests.conftest import analyze_text
 
 BLOCK = """
@@ -61,7 +61,11 @@ def test_training_triples_contraction_flops_and_adds_adam():
     assert step.op_type == "AdamStep"
     params = 8 + 8 + 64 + 64
     assert meta.get_cost(step).vector_flops == 13 * params
-    assert graph.meta["train"]["optimizer_state_bytes"] == ADAM_BYTES_PER_PARAM * params
+    state = graph.meta["train"]
+    # fp32 weights: gradients in fp32, no separate master copy, two fp32 moments; the
+    # weights themselves are counted once, where they are read, not as training state
+    assert state["optimizer_state_bytes"] == ADAM_MOMENT_BYTES_PER_PARAM * params
+    assert (state["gradient_bytes"], state["master_weight_bytes"]) == (4 * params, 0)
 
 
 def test_first_matmul_on_a_raw_input_skips_dx():

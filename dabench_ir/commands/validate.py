@@ -1,0 +1,64 @@
+"""`dabench-ir validate`: the catalogue of published measurements, predicted vs measured."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register", "run"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="compare the emulated targets with published measurements",
+        description="Run every point of the measurement catalogue (the bundled one, or --catalog FILE in the "
+        "same format: docs/validation.md) through the tool and print measured vs predicted with the relative "
+        "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
+        "run are listed with the reason; options it has no knob for are listed as ignored.",
+    )
+    p.add_argument("--target", metavar="T", help="only the points on this target (name or alias)")
+    p.add_argument(
+        "--catalog",
+        metavar="FILE",
+        action="append",
+        help="a catalogue TOML file instead of the bundled ones (repeatable)",
+    )
+    p.add_argument("--json", metavar="F", help="write the table and summary as JSON")
+    p.add_argument("--csv", metavar="F", help="write the table as CSV (one row per point and quantity)")
+    p.add_argument("--plots", metavar="DIR", help="write one figure per target (validation-<target>.png)")
+    p.add_argument("--cache-dir", metavar="DIR", help="where 1-layer model exports are cached")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir import validate
+    from dabench_ir.errors import UserError
+    from dabench_ir.progress import Progress
+
+    points = validate.load_catalog(args.catalog)
+    progress = Progress(quiet=args.quiet)
+    try:
+        result = validate.run_validation(
+            points, target=args.target, cache_dir=args.cache_dir, say=progress, bar=progress.bar
+        )
+    finally:
+        progress.done()
+    print(result.format_table())
+    written = []
+    for flag, value, write in (
+        ("--json", args.json, validate.write_json),
+        ("--csv", args.csv, validate.write_csv),
+        ("--plots", args.plots, validate.write_plots),
+    ):
+        if not value:
+            continue
+        try:
+            out = write(result, value)
+        except OSError as exc:
+            raise UserError(f"{flag} {value}: cannot write it ({exc.strerror or exc})") from None
+        written += out if isinstance(out, list) else [out]
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

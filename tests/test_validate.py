@@ -1,0 +1,271 @@
+"""`dabench-ir validate`: the bundled catalogue, user catalogues (good and bad), the error
+arithmetic, and the regression guard against tests/data/validation_baseline.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dabench_ir import validate
+from dabench_ir.cli import main
+from dabench_ir.errors import UserError
+
+BASELINE = Path(__file__).parent / "data" / "validation_baseline.json"
+
+
+# -- the bundled catalogue ----------------------------------------------------------------------
+
+
+def test_bundled_catalogue_loads_and_holds_every_reference_point():
+    points = validate.load_catalog()
+    by_id = {p.id: p for p in points}
+    assert len(by_id) == len(points)  # ids unique
+    assert {p.target for p in points} == {"wse2", "sn30", "bow"}
+    assert all(p.source for p in points)
+    sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
+    assert len(sn30) == 13  # every row of the SN30 depth sweep
+    assert sorted(p.model["layers"] for p in sn30 if p.run["opt_level"] == "O0") == [1, 6, 12, 18, 24, 30, 36]
+    row = by_id["sn30-gpt2-h1600-L36-O3"]
+    assert row.measured == {
+        "samples_per_s": 3.59, "step_time_s": 4.5, "host_time_s": 1.668, "device_time_s": 2.783,
+        "sections": 185, "max_pcu_utilization": 0.75,
+    }  # fmt: skip
+    streaming = [p for p in points if p.run.get("wse_mode") == "streaming"]
+    assert sorted(p.measured["samples_per_s"] for p in streaming) == [11.9, 46.6, 373.4]
+    assert by_id["bow-gpt2-small-pod16-layout"].run["layers_per_ipu"] == [0, 4, 4, 4]
+    assert by_id["bow-gpt2-small-pod16-layout"].expect == {"fits": True}
+    assert by_id["gc200-gemm-fp32-largest-fit"].measured == {"max_square": 3584}
+    kinds = {p.kind for p in points}
+    assert kinds == set(validate.KINDS)
+
+
+def test_compile_report_kernels_summarised_per_class():
+    wse = next(p for p in validate.load_catalog() if p.id == "wse2-gpt2-small-pipelined-compile")
+    classes = validate.kernel_classes(Path(wse.file).parent / wse.measured["kernels_csv"])
+    assert sum(c["count"] for c in classes.values()) == 128
+    assert {k: classes[k]["count"] for k in ("attention", "fc", "layer_norm", "add", "nlin")} == {
+        "attention": 12, "fc": 24, "layer_norm": 25, "add": 48, "nlin": 12,
+    }  # fmt: skip
+    assert classes["attention"]["pes_min"] == 8788 and classes["attention"]["pes_max"] == 10298
+    assert classes["emb_fc"]["pes"] == 65604 and classes["patio"]["pes"] == 307840
+    assert classes["patio"]["util_max"] == 0.0
+
+
+# -- error arithmetic -----------------------------------------------------------------------------
+
+
+def _point(pid="p", target="sn30", kind="model", **kw):
+    return validate.Point(id=pid, kind=kind, target=target, source="test", file="t.toml", **kw)
+
+
+def test_relative_error_and_summary_statistics():
+    assert validate.Quantity("x", 2.0, 3.0).error == 0.5
+    assert validate.Quantity("x", 4.0, 3.0).error == -0.25
+    assert validate.Quantity("x", 4.0, None).error is None
+    ok1 = validate.PointResult(_point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 12.0),
+                                                        validate.Quantity("host_time_s", 1.0, None, "not predicted")])  # fmt: skip
+    ok2 = validate.PointResult(
+        _point("b"), quantities=[validate.Quantity("samples_per_s", 10.0, 5.0), validate.Quantity("sections", 4, 5)],
+        fits_expected=True, fits_predicted=False,
+    )  # fmt: skip
+    ref = validate.PointResult(_point("c", reference_only=True), quantities=[validate.Quantity("tflops", 1.0, 9.0)])
+    bad = validate.PointResult(_point("d"), status="cannot run", reason="export failed")
+    s = validate.Validation([ok1, ok2, ref, bad]).summary()["sn30"]
+    assert s["points"] == 4 and s["ran"] == 2 and s["cannot_run"] == 1 and s["reference_only"] == 1
+    assert s["fit_wrong"] == 1 and s["fit_right"] == 0 and s["not_predicted"] == 1
+    assert s["compared"] == 3
+    assert s["median_abs_error"] == pytest.approx(0.25) and s["worst_abs_error"] == pytest.approx(0.5)
+    assert s["median_abs_error_throughput"] == pytest.approx(0.35) and s["worst_abs_error_throughput"] == 0.5
+
+
+def test_unknown_run_option_without_knob_is_reported_ignored():
+    point = _point(run={"opt_level": "O3", "half_partials": True, "wse_mode": "streaming"})
+    result = validate.PointResult(point)
+    opts = validate._options(point, "rdu", result)
+    assert opts.opt_level == "O3"
+    assert "half_partials=True" in result.ignored
+    assert any(i.startswith("wse_mode=streaming (no effect") for i in result.ignored)
+
+
+def test_gemm_microbenchmark_exact_numbers():
+    from dabench_ir.targets import load_target
+
+    bow = load_target("bow")
+    n = validate._max_square(bow, "fp32")
+    assert validate._fits(n, bow, "fp32") and not validate._fits(n + 1, bow, "fp32")
+    report = validate._gemm_report(512, bow, "fp32")
+    assert report.totals["flops"] == 2 * 512**3
+    tflops = validate._gemm_tflops(512, bow, "fp32")
+    assert tflops == pytest.approx(2 * 512**3 / report.totals["time_s"] / 1e12)
+
+
+# -- user catalogues -----------------------------------------------------------------------------
+
+_GOOD_HEAD = 'format = "dabench-ir/measurements/v1"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\n", "point 'x': source: missing"),
+        ("[[points]]\nid = 'x'\nkind = 'nope'\ntarget = 'rdu'\nsource = 's'\n", "point 'x': kind: 'nope' is not"),
+        ("[[points]]\nid = 'x'\nkind = 'bandwidth'\ntarget = 'nochip'\nsource = 's'\n", "point 'x': target:"),
+        (
+            "[[points]]\nid = 'x'\nkind = 'gemm'\ntarget = 'ipu'\nsource = 's'\ngemm = {size = 64}\n"
+            "measured = {tflops = 1.0, speed = -3}\n",
+            "point 'x': measured.speed: expected a positive number",
+        ),
+        (
+            "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"
+            "model = {family = 'gpt2', layers = 1, hidden = 'big', heads = 4, seq = 8, batch = 1}\n",
+            "point 'x': model.hidden: expected a int",
+        ),
+        (
+            "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"
+            "model = {family = 'gpt2', layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1}\nrun = {ipus = 0}\n",
+            "point 'x': run.ipus: expected a positive integer",
+        ),
+        ("[[points]\nid = 'x'\n", "not valid TOML"),
+    ],
+)
+def test_malformed_user_catalogue_exits_2_with_one_line(tmp_path, capsys, body, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(_GOOD_HEAD + body)
+    assert main(["validate", "--catalog", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(path) in err and needle in err
+
+
+def test_unwritable_output_is_a_user_error(tmp_path, capsys):
+    cat = tmp_path / "bw.toml"
+    cat.write_text(_GOOD_HEAD + "[[points]]\nid = 'b'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
+                   "measured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    assert main(["validate", "--catalog", str(cat), "-q", "--csv", str(tmp_path / "no" / "dir" / "v.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--csv" in err
+
+
+def test_missing_catalogue_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="cannot read"):
+        validate.load_catalog(tmp_path / "nothere.toml")
+
+
+_TINY = """
+format = "dabench-ir/measurements/v1"
+
+[[points]]
+id = "tiny-rdu"
+kind = "model"
+target = "rdu"
+source = "test"
+model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
+run = { mode = "train", precision = "mixed", opt_level = "O3", half_partials = true, num_widgets = 2 }
+measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, host_time_s = 0.005, sections = 3, joules = 5.0 }
+expect = { fits = true }
+
+[[points]]
+id = "tiny-gemm"
+kind = "gemm"
+target = "ipu"
+source = "test"
+gemm = { size = 256, precision = "fp32" }
+measured = { tflops = 10.0 }
+
+[[points]]
+id = "huge-gemm"
+kind = "gemm"
+target = "ipu"
+source = "test"
+gemm = { size = 100000, precision = "fp32" }
+measured = { tflops = 10.0 }
+
+[[points]]
+id = "tiny-bw"
+kind = "bandwidth"
+target = "ipu"
+source = "test"
+bandwidth = { memory = "off-chip" }
+measured = { bandwidth_gb_s = 10.0 }
+"""
+
+
+@pytest.mark.torch
+def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    cat = tmp_path / "mine.toml"
+    cat.write_text(_TINY)
+    out_json, out_csv, plots = tmp_path / "v.json", tmp_path / "v.csv", tmp_path / "plots"
+    args = ["validate", "--catalog", str(cat), "--cache-dir", str(tmp_path / "cache"), "-q"]
+    assert main([*args, "--json", str(out_json), "--csv", str(out_csv), "--plots", str(plots)]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-rdu" in text and "ignored: half_partials=True, num_widgets=2" in text
+    assert "huge-gemm" in text and "CANNOT RUN" in text
+    with out_csv.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == list(validate._COLUMNS)
+    by = {(r["id"], r["quantity"]): r for r in rows}
+    tp = by[("tiny-rdu", "samples_per_s")]
+    assert tp["status"] == "ok" and float(tp["predicted"]) > 0
+    assert float(tp["rel_error"]) == pytest.approx((float(tp["predicted"]) - 100.0) / 100.0)
+    assert by[("tiny-rdu", "host_time_s")]["note"] == "not predicted"
+    assert by[("tiny-rdu", "joules")]["note"].startswith("not predicted (a quantity the catalogue format does not")
+    assert float(by[("tiny-rdu", "tokens_per_s")]["predicted"]) == pytest.approx(8 * float(tp["predicted"]))
+    assert by[("tiny-rdu", "sections")]["predicted"] != ""
+    assert tp["fit_verdict"] == "right"
+    assert by[("huge-gemm", "tflops")]["status"] == "cannot run"
+    assert float(by[("tiny-bw", "bandwidth_gb_s")]["predicted"]) == 20.0  # bow's streaming memory
+    data = json.loads(out_json.read_text())
+    assert data["schema"] == "dabench-ir/validation/v1"
+    assert set(data["summary"]) == {"sn30", "bow"}
+    assert data["summary"]["bow"]["cannot_run"] == 1
+    assert sorted(p.name for p in plots.iterdir()) == ["validation-bow.png", "validation-sn30.png"]
+    # the export is cached: a second run does not export again
+    assert (tmp_path / "cache").is_dir() and len(list((tmp_path / "cache").glob("*.onnx"))) == 1
+
+
+# -- regression guard ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_no_point_got_worse_than_the_pinned_baseline():
+    """Every point's |error| stays within the pinned one (+ tolerance); no right fit verdict flips.
+
+    After improving a model, regenerate the baseline: .venv/bin/python scripts/validation_report.py
+    """
+    pytest.importorskip("torch")
+    pinned = json.loads(BASELINE.read_text())
+    result = validate.run_validation(validate.load_catalog())
+    assert result.seconds < 600
+    problems = validate.regressions(result, pinned)
+    assert not problems, "\n".join(problems)
+    # every bundled point is pinned, so a new point is guarded as soon as the baseline is regenerated
+    assert set(pinned["points"]) == {r.point.id for r in result.results}
+    for r in result.results:
+        for q in r.quantities:
+            assert q.error is None or math.isfinite(q.error)
+
+
+def test_regressions_detects_worse_errors_and_flipped_fits():
+    good = validate.PointResult(
+        _point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0)], fits_expected=True,
+        fits_predicted=True,
+    )  # fmt: skip
+    pinned = validate.baseline(validate.Validation([good]))
+    assert validate.regressions(validate.Validation([good]), pinned) == []
+    worse = validate.PointResult(
+        _point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)], fits_expected=True,
+        fits_predicted=False,
+    )  # fmt: skip
+    problems = validate.regressions(validate.Validation([worse]), pinned)
+    assert any("fit verdict flipped" in p for p in problems)
+    assert any("samples_per_s |error| 30.0%" in p for p in problems)
+    assert validate.regressions(validate.Validation([]), pinned) == [
+        "a: pinned point is missing from the catalogue run"
+    ]
