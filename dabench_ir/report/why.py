@@ -25,7 +25,7 @@ from .table import human, seconds
 if TYPE_CHECKING:
     from .model import Report
 
-__all__ = ["candidate_knobs", "explain"]
+__all__ = ["candidate_knobs", "explain", "fitting_knob"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,31 @@ def candidate_knobs(report: Report) -> list[tuple[Knob, Any]]:
             except ValueError:
                 continue
     return out
+
+
+def fitting_knob(report: Report, *, doublings: int = 4) -> tuple[Knob, Any, Any] | None:
+    """For a plan that does not fit: the first target knob change (choices, or a count doubled
+    up to ``doublings`` times) whose re-placement fits; (knob, value, plan) or None."""
+    from dabench_ir.place import place
+
+    if report.plan is None or report.plan.fits or report.options is None:
+        return None
+    tried: set[tuple[str, Any]] = set()
+    for k, value in candidate_knobs(report):
+        values = [value]
+        if isinstance(value, int) and not isinstance(value, bool):
+            values = [value * 2**i for i in range(doublings)]
+        for v in values:
+            if (k.name, v) in tried:
+                continue
+            tried.add((k.name, v))
+            try:
+                plan, _, _ = place(report.graph, report.target_obj, dataclasses.replace(report.options, **{k.name: v}))
+            except (UserError, ValueError):
+                break
+            if plan.fits:
+                return k, v, plan
+    return None
 
 
 def _role_time(report: Report, role: str, timeline: Any) -> float:
@@ -132,6 +157,13 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
         trials.append((k, value, timeline))
     step = report.timeline.step_time_s
     out = []
+    if not report.plan.fits:
+        found = fitting_knob(report)
+        reason = report.plan.failure.reason if report.plan.failure is not None else "does not fit"
+        fix = f"{found[0].flag} {found[1]} makes it fit" if found else "no target knob makes it fit"
+        out.append({"role": "(fit)", "bound": None, "resource": reason, "time_s": None, "step_s": step,
+                    "knob": found[0].flag if found else None, "value": found[1] if found else None,
+                    "new_time_s": None, "new_step_s": None, "text": f"does not fit: {reason}; {fix}"})  # fmt: skip
     for row in rows:
         role = row["role"]
         before = _role_time(report, role, report.timeline)
