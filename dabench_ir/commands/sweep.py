@@ -19,11 +19,13 @@ def _wrap(text: str) -> str:
 def _bundled_epilog() -> str:
     """The bundled grids by name, with their descriptions (read from the spec files, no points built)."""
     import tomllib
+    from importlib import resources
 
-    from dabench_ir.sweep.spec import bundled_specs
-
+    folder = resources.files("dabench_ir") / "data" / "sweeps"  # read directly: no sweep import at CLI start
     lines = ["bundled grids (give the name as SPEC):"]
-    for name, path in bundled_specs().items():
+    specs = sorted((p for p in folder.iterdir() if p.name.endswith(".toml")), key=lambda p: p.name)
+    for path in specs:
+        name = path.name.removesuffix(".toml")
         try:
             description = tomllib.loads(path.read_text(encoding="utf-8")).get("description", "")
         except (OSError, tomllib.TOMLDecodeError):

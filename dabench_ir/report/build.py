@@ -140,6 +140,7 @@ def build_report(
             "name": graph.name,
             "nodes": len(graph.nodes),
             "params": graph.num_params,
+            "constants": _constant_elements(graph),
             "layers": len(graph.layers),
             "family": graph.metadata.get("dabench.family"),
             "preset": graph.metadata.get("dabench.preset") or None,
@@ -218,6 +219,21 @@ def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, plac
     if train is not None:
         config["train"] = dict(train)
     return config
+
+
+def _constant_elements(graph: Graph) -> int | None:
+    """Elements of the stored tensors that are not parameters (RoPE tables, masks, folded
+    constants): reported beside the parameters, never counted as them."""
+    from dabench_ir.ir import ValueKind
+
+    try:
+        return sum(
+            v.type.numel(graph.bindings)
+            for v in graph.values.values()
+            if v.kind is ValueKind.CONSTANT and v.producer is None  # stored, not a folded weight layout
+        )
+    except (UserError, TypeError):
+        return None
 
 
 def _dominant_dtype(graph: Graph) -> str | None:

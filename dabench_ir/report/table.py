@@ -236,7 +236,9 @@ def _summary(report: Report, st: _Style) -> list[str]:
     out = [
         st.bold(f"dabench-ir profile: {model.get('path') or name}"),
         f"  model      {model['nodes']} nodes, {model['layers']} layers, "
-        f"{human(model['params'])} params, batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}",
+        f"{human(model['params'])} params"
+        + (f" (+{human(model['constants'])} constants)" if model.get("constants") else "")
+        + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}",
         f"  work       {human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
