@@ -112,6 +112,18 @@ def _non_negative(value: Any) -> int:
     return int(value)
 
 
+def _fraction(value: Any) -> float:
+    """A number in (0, 1], or a comma list of them (the smallest is kept)."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    try:
+        numbers = [float(v) for v in items]
+    except (TypeError, ValueError):
+        raise ValueError("expected a number in (0, 1], or a comma list of them") from None
+    if not numbers or isinstance(value, bool) or any(not 0 < x <= 1 for x in numbers):
+        raise ValueError("expected a number in (0, 1], or a comma list of them")
+    return min(numbers)
+
+
 def _positive_or_auto(value: Any) -> int | str:
     return "auto" if value == "auto" else _positive(value)
 
@@ -169,6 +181,15 @@ class ProfileOptions:
     opt_level: str = knob(
         "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})
     )
+    tiles: int | None = knob(
+        None, help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
+        parse=_positive, group="target", targets=frozenset({"rdu"}),
+    )  # fmt: skip
+    resource_scale: float = knob(
+        1.0, help="share of the tiles' PCUs/PMUs the RDU compiler plans with (SambaFlow --resources-scaling-factors: "
+        "one factor, or a comma list whose smallest is used)", parse=_fraction, group="target",
+        targets=frozenset({"rdu"}),
+    )  # fmt: skip
     wse_mode: str = knob(
         "auto", help="WSE execution mode", choices=WSE_MODES, group="target", targets=frozenset({"wse"})
     )

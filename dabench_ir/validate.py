@@ -117,7 +117,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "recompute": _Option("recompute"),
     "opt_level": _Option("opt_level", frozenset({"rdu"})),
     "tiles": _Option("tiles", frozenset({"rdu"})),
-    "resource_scaling": _Option("resource_scaling", frozenset({"rdu"})),
+    "resource_scaling": _Option("resource_scale", frozenset({"rdu"})),
     "wse_mode": _Option("wse_mode", frozenset({"wse"})),
     "replicas": _Option("replicas", frozenset({"wse"})),  # IPU/RDU replicas are data parallel: per-replica figures
     "ipus": _Option("ipus", frozenset({"ipu"})),
