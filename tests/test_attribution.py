@@ -143,14 +143,15 @@ def test_why_is_computed_by_replacing(rdu_report):
 
     lines = explain(rdu_report)
     assert len(lines) == 3 and rdu_report.why == lines
-    first = lines[0]
-    assert first["role"] == "overhead: section_reconfig" and first["knob"] == "--opt-level"
+    first = next(x for x in lines if x["role"] == "overhead: section_reconfig")
+    assert first["knob"] == "--opt-level" and "before each of" in first["resource"]
     _, timeline, _ = place(rdu_report.graph, rdu_report.target_obj,
                            dataclasses.replace(rdu_report.options, opt_level=first["value"]))  # fmt: skip
     assert first["new_step_s"] == pytest.approx(timeline.step_time_s)
     assert first["new_time_s"] == pytest.approx(timeline.overheads_s.get("section_reconfig", 0.0))
-    assert "ddr" in lines[1]["resource"] and lines[1]["bound"] == "memory"
-    assert json.loads(rdu_report.to_json())["why"][0]["text"] == first["text"]
+    memory = next(x for x in lines if x["bound"] == "memory")
+    assert "ddr" in memory["resource"]
+    assert first["text"] in [w["text"] for w in json.loads(rdu_report.to_json())["why"]]
 
 
 @pytest.mark.parametrize("target", ["rdu", "wse", "ipu", "h100", "cpu"])

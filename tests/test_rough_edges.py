@@ -49,6 +49,19 @@ def test_folded_constants_are_not_parameters():
     assert g.num_params == 16 + 8
 
 
+def test_folded_layouts_of_parameters_stay_parameters():
+    from dabench_ir.frontends.onnx import load_onnx
+
+    layout = oh.make_tensor("val_2", TensorProto.FLOAT, [2, 4], [0.0] * 8)  # Transpose(fc.weight), folded
+    table = oh.make_tensor("val_9", TensorProto.FLOAT, [2, 4], [0.0] * 8)  # cos(arange * inv_freq), folded
+    model = _linear_model(declared=True, extra_inits=[layout, table])
+    for name, sources in (("val_2", "['layers.0.fc.weight']"), ("val_9", "['arange', 'val_4']")):
+        vi = model.graph.value_info.add(name=name)
+        vi.metadata_props.add(key="pkg.onnxscript.optimizer.folded_from", value=sources)
+    g = load_onnx(model)
+    assert g.values["val_2"].kind is ValueKind.WEIGHT and g.values["val_9"].kind is ValueKind.CONSTANT
+
+
 def test_report_counts_constants_beside_params(tmp_path):
     from dabench_ir.pipeline import profile
 

@@ -260,16 +260,30 @@ def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tupl
             weights.update(str(n) for n in json.loads(raw))
         except json.JSONDecodeError:
             logger.warning("model metadata %s is not a JSON list; ignoring it", WEIGHTS_METADATA_KEY)
-    for vi in (*graph.input, *graph.value_info):
+    folded: dict[str, str] = {}
+    for vi in (*graph.input, *graph.value_info, *graph.initializer):
         for prop in vi.metadata_props:
-            if prop.key == _FOLDED_FROM:  # folded by the exporter's optimizer from other ops: a constant
-                constants.add(vi.name)
+            if prop.key == _FOLDED_FROM:
+                folded[vi.name] = prop.value
             if prop.key == _INPUT_SPEC_KIND:
                 if prop.value == "PARAMETER":
                     weights.add(vi.name)
                 elif prop.value in ("BUFFER", "CONSTANT_TENSOR"):
                     constants.add(vi.name)
+    for name, sources in folded.items():  # folded by the exporter's optimizer from other values
+        (weights if _folded_from_parameter(sources, weights) else constants).add(name)
     return frozenset(weights), frozenset(constants)
+
+
+def _folded_from_parameter(sources: str, weights: set[str]) -> bool:
+    """A folded tensor is a parameter when it is a layout of one (folded from a declared
+    parameter, or from a module path such as ``layers.0.fc.weight``); folded from temporaries
+    only (``arange``, ``val_4``: RoPE tables, causal masks) it is a constant."""
+    try:
+        names = [str(n) for n in ast.literal_eval(sources)]
+    except (ValueError, SyntaxError):
+        return False
+    return any(n in weights or "." in n for n in names)
 
 
 _CONSTANT_NAME = re.compile(r"(?:^|[._/])(?:cos|sin)(?:_cached|_cache)?$|inv_freq|rotary|causal|(?:^|[._/])mask", re.I)
@@ -288,7 +302,7 @@ def _initializer_kind(init: onnx.TensorProto, weights: frozenset[str], constants
     name = init.name
     if name in weights:
         return ValueKind.WEIGHT
-    if name in constants or any(p.key == _FOLDED_FROM for p in init.metadata_props):
+    if name in constants:
         return ValueKind.CONSTANT
     if weights:
         return ValueKind.CONSTANT

@@ -92,8 +92,9 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
     target, plan = report.target_obj, report.plan
     role, bound = row["role"], row["bound"]
     if is_overhead(role):
-        name = role.split(": ", 1)[1].replace("_", " ")
-        units = [u for u in plan.units if u.gap_before_s > 0] if plan is not None else []
+        kind = role.split(": ", 1)[1]
+        name = kind.replace("_", " ")
+        units = [u for u in plan.units if u.gap_before_s > 0 and getattr(u, "gap_kind", None) == kind] if plan else []
         if units and "stall" not in name:
             return f"{name}: {seconds(units[0].gap_before_s)} before each of {len(units)} units"
         return f"{name}: time no node owns"
