@@ -42,7 +42,6 @@ _DIR = Path(__file__).resolve().parent
 
 # Where ops are fed from, for the roofline: dataflow chips with all-SRAM execution read
 # their operands on-chip; DDR/HBM-backed targets read them off-chip.
-_FEED_LEVEL = {"wse": "on-chip", "ipu": "on-chip", "rdu": "off-chip", "gpu": "off-chip", "cpu": "off-chip"}
 # Peak-FLOP fallbacks when a target lists no figure for a dtype (16-bit formats share units).
 _PEAK_FALLBACK = {"bf16": "fp16", "fp16": "bf16"}
 
@@ -185,8 +184,11 @@ class Target:
 
     @property
     def feed_level(self) -> str:
-        """The memory level whose bandwidth bounds ops on this target (roofline)."""
-        return _FEED_LEVEL[self.kind]
+        """The memory level whose bandwidth bounds ops on this target (roofline): the
+        lowering for its kind says (see `Lowering.feed_level`)."""
+        from dabench_ir.lowering import lowering_for
+
+        return lowering_for(self).feed_level(self)
 
     @property
     def feed_memory(self) -> MemoryLevel:
