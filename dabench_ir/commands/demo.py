@@ -139,19 +139,18 @@ def _refit(report: Any, name: str, say: Any) -> Any:
     import dataclasses
 
     from dabench_ir.pipeline import profile_graph
-    from dabench_ir.report.why import fitting_knob
+    from dabench_ir.report.why import change_text, changes_of, fitting_knob
 
     found = fitting_knob(report)
     if found is None:
         return report
     k, value, _ = found
-    say(f"{name}: does not fit with the defaults; placing with {k.flag} {value}")
-    refit = profile_graph(report.graph, report.target_obj, dataclasses.replace(report.options, **{k.name: value}),
+    text = change_text(k, value)
+    say(f"{name}: does not fit with the defaults; placing with {text}")
+    refit = profile_graph(report.graph, report.target_obj, dataclasses.replace(report.options, **changes_of(k, value)),
                           model_path=report.model.get("path"))  # fmt: skip
-    refit.extra["demo_note"] = (
-        f"placed with {k.flag} {value}: with {k.flag} {getattr(report.options, k.name)} it does not fit "
-        f"({report.failure.get('reason') if report.failure else ''})"
-    )
+    reason = report.failure.get("reason") if report.failure else ""
+    refit.extra["demo_note"] = f"placed with {text}: with the defaults it does not fit ({reason})"
     return refit
 
 

@@ -15,6 +15,7 @@ format (required fields per phase, slices on a thread properly nested).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections import Counter
@@ -30,6 +31,7 @@ __all__ = ["chrome_trace_events", "track_count", "validate_trace", "write_chrome
 logger = logging.getLogger(__name__)
 _US = 1e6
 _EPS_US = 1e-6
+_MAX_SUBTRACKS = 4
 
 _PROCESS = {
     "wse_region": "wafer",
@@ -63,13 +65,21 @@ def _node_args(graph: Graph, name: str, roles: Mapping[str, str]) -> dict[str, A
     return args
 
 
+def _fits(lane: list[tuple[float, float]], start: float, end: float) -> bool:
+    """True when [start, end) overlaps no interval of the sorted ``lane`` (touching is fine)."""
+    i = bisect.bisect_left(lane, (start, end))
+    before = lane[i - 1] if i > 0 else None
+    after = lane[i] if i < len(lane) else None
+    return (before is None or before[1] <= start + _EPS_US) and (after is None or after[0] >= end - _EPS_US)
+
+
 class _Tracks:
     """Processes and threads by name; slices in a (process, group) packed onto sub-tracks."""
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.pids: dict[str, int] = {}
-        self.free: dict[tuple[str, str], list[float]] = {}  # end time (µs) of each sub-track
+        self.free: dict[tuple[str, str], list[list[tuple[float, float]]]] = {}  # busy intervals (µs) per sub-track
         self.tids: dict[tuple[str, str, int], int] = {}
 
     def pid(self, process: str) -> int:
@@ -81,15 +91,19 @@ class _Tracks:
         return self.pids[process]
 
     def add(self, process: str, group: str, name: str, start_s: float, end_s: float, args: dict[str, Any],
-            cat: str = "node") -> None:  # fmt: skip
-        pid = self.pid(process)
+            cat: str = "node", cap: int | None = None) -> bool:  # fmt: skip
+        """Add a slice on the first free sub-track of (process, group); with ``cap``, refuse
+        (return False) rather than open a sub-track past ``cap``."""
         ts, dur = start_s * _US, max(0.0, (end_s - start_s) * _US)
-        ends = self.free.setdefault((process, group), [])
-        k = next((i for i, free_at in enumerate(ends) if free_at <= ts + _EPS_US), None)  # first free sub-track
+        lanes = self.free.setdefault((process, group), [])
+        k = next((i for i, lane in enumerate(lanes) if _fits(lane, ts, ts + dur)), None)  # first free sub-track
         if k is None:
-            k = len(ends)
-            ends.append(0.0)
-        ends[k] = max(ends[k], ts + dur)
+            if cap is not None and len(lanes) >= cap:
+                return False
+            k = len(lanes)
+            lanes.append([])
+        pid = self.pid(process)
+        bisect.insort(lanes[k], (ts, ts + dur))
         key = (process, group, k)
         if key not in self.tids:
             tid = self.tids[key] = 1 + sum(1 for p, _g, _k in self.tids if p == process)
@@ -97,11 +111,17 @@ class _Tracks:
             self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
         self.events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": self.tids[key], "ts": ts,
                             "dur": dur, "args": args})  # fmt: skip
+        return True
 
 
 def _unit_group(unit_id: str, kind: str | None, nodes: list[str], graph: Graph, target: str) -> tuple[str, str]:
-    """(process, thread group) of a unit: see the module docstring."""
-    chip = _PROCESS.get(kind or "")
+    """(process, thread group) of a unit: see the module docstring. A kind's ``:sub`` part
+    (``wse_region:fc``) and other units of the same chip (``wse_io``, ``ipu_optimizer``) go
+    to that chip's process."""
+    full = kind or ""
+    kind = full.partition(":")[0]
+    family = kind.split("_")[0]
+    chip = _PROCESS.get(kind) or {"wse": "wafer", "rdu": "RDU", "gpu": "GPU", "cpu": "host"}.get(family)
     if kind == "wse_region":
         layers = Counter(graph.node(n).layer for n in nodes if graph.has_node(n))
         layer = layers.most_common(1)[0][0] if layers else None
@@ -112,6 +132,8 @@ def _unit_group(unit_id: str, kind: str | None, nodes: list[str], graph: Graph, 
         return f"{target} {chip}", "PCU group"
     if kind == "ipu":
         return f"{target} {unit_id}", "phase"
+    if family == "ipu":
+        return f"{target} IPU host side".strip(), unit_id
     if chip is not None:
         return f"{target} {chip}" if target else chip, unit_id
     return f"{target} {kind or 'unit'}".strip(), unit_id
@@ -132,7 +154,14 @@ def chrome_trace_events(
     kinds = {u.id: u.kind for u in plan.units} if plan is not None else {}
     members = {u.id: list(u.nodes) for u in plan.units} if plan is not None else {}
     predicted = "predicted: " if measured is not None else ""
-    for name, timing in sorted(timeline.nodes.items(), key=lambda kv: (kv[1].start, kv[0])):
+    skipped = 0
+    # a node's first run always gets its slice; the later micro-batches' runs only while their
+    # group has a free sub-track among _MAX_SUBTRACKS (a spatial pipeline keeps every region busy
+    # at once: drawing every run would take a track per region). Each slice's args give the
+    # node's run count and busy time, so nothing is lost.
+    ordered = sorted(timeline.nodes.items(), key=lambda kv: (kv[1].start, kv[0]))
+    later: list[tuple[str, str, str, float, float, dict[str, Any]]] = []
+    for name, timing in ordered:
         kind = kinds.get(timing.unit) or ("cpu" if timeline.source == "measured" else None)
         process, group = _unit_group(timing.unit, kind, members.get(timing.unit, []), graph, target)
         process = predicted + process if timeline.source != "measured" else f"measured: {process}"
@@ -141,14 +170,23 @@ def chrome_trace_events(
         args["unit"] = timing.unit
         runs = timeline.slices.get(name) or [(timing.start, timing.end)]
         np_ = plan.node_plans.get(name) if plan is not None else None
+        if len(runs) > 1:
+            args["runs"] = len(runs)
+            args["busy_s"] = sum(b - a for a, b in runs)
         for m, (start, end) in enumerate(runs):
             slice_args = dict(args)
             if len(runs) > 1:
                 slice_args["micro_batch"] = m
             if kind == "ipu" and np_ is not None:
                 _ipu_phases(tracks, process, name, start, end, np_, slice_args)
-            else:
+            elif m == 0:
                 tracks.add(process, group, name, start, end, slice_args, cat=args.get("op_type", "node"))
+            else:
+                later.append((process, group, name, start, end, slice_args))
+    for process, group, name, start, end, slice_args in sorted(later, key=lambda x: x[3]):
+        if not tracks.add(process, group, name, start, end, slice_args, cat=slice_args.get("op_type", "node"),
+                          cap=_MAX_SUBTRACKS):  # fmt: skip
+            skipped += 1
     if plan is not None:  # sequential units (RDU sections, streamed layers): their spans on a track of their own
         for u in plan.units:
             if u.kind in ("rdu_section", "wse_layer") and u.id in timeline.unit_spans:
@@ -157,6 +195,8 @@ def chrome_trace_events(
                 group = "sections" if u.kind == "rdu_section" else "layers"
                 tracks.add(predicted + process, group, u.id, start, end,
                            {"nodes": len(u.nodes), "allocation": u.allocation}, cat="unit")  # fmt: skip
+    if skipped:
+        logger.info("trace: %d later micro-batch runs folded into their node's args (runs, busy_s)", skipped)
     _overheads(tracks, timeline, plan, predicted)
     if measured is not None:
         for name, timing in sorted(measured.nodes.items(), key=lambda kv: (kv[1].start, kv[0])):

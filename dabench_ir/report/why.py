@@ -25,14 +25,15 @@ from .table import human, seconds
 if TYPE_CHECKING:
     from .model import Report
 
-__all__ = ["candidate_knobs", "explain", "fitting_knob"]
+__all__ = ["candidate_knobs", "change_text", "changes_of", "explain", "fitting_knob"]
 
 logger = logging.getLogger(__name__)
 
 
 def candidate_knobs(report: Report) -> list[tuple[Knob, Any]]:
     """(knob, value) pairs worth trying on the report's target: each target knob the target's
-    lowering reads, at every other choice or at twice its current (or planned) value."""
+    lowering reads (`Knob.targets`), at every other choice, the other setting of a switch, twice
+    a count (the plan's own when the option is unset) or half a fraction."""
     target, opts, plan = report.target_obj, report.options, report.plan
     if target is None or opts is None:
         return []
@@ -45,38 +46,90 @@ def candidate_knobs(report: Report) -> list[tuple[Knob, Any]]:
         if k.choices:
             out += [(k, c) for c in k.choices if c != current]
             continue
-        base = current if isinstance(current, int) and not isinstance(current, bool) else getattr(plan, name, None)
-        if isinstance(base, int) and not isinstance(base, bool) and base >= 1:
+        if current is None:
+            current = getattr(plan, name, None)
+        changed = _changed(current)
+        if changed is None:
+            continue
+        for form in (changed, ",".join(map(str, changed)) if isinstance(changed, (list, tuple)) else None):
+            if form is None:
+                continue
             try:
-                out.append((k, k.validate(base * 2)))
+                out.append((k, k.validate(form)))
+                break
             except ValueError:
                 continue
     return out
 
 
-def fitting_knob(report: Report, *, doublings: int = 4) -> tuple[Knob, Any, Any] | None:
-    """For a plan that does not fit: the first target knob change (choices, or a count doubled
-    up to ``doublings`` times) whose re-placement fits; (knob, value, plan) or None."""
+def _changed(value: Any) -> Any:
+    """The other setting of a switch, twice a count, half a fraction (each element of a tuple)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value >= 1 else None
+    if isinstance(value, float):
+        return value / 2 if value > 0 else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        parts = [_changed(v) for v in value]
+        return None if any(p is None for p in parts) else type(value)(parts)
+    return None
+
+
+def fitting_knob(report: Report, *, doublings: int = 4) -> tuple[Any, Any, Any] | None:
+    """For a plan that does not fit: the smallest knob change whose re-placement fits — one
+    candidate (a count doubled up to ``doublings`` times), else two together; returns
+    (knobs, values, plan) with the flags joined (``--ipus 4 --matmul-proportion 0.3``) as
+    the first item's ``flag``, or None."""
     from dabench_ir.place import place
 
     if report.plan is None or report.plan.fits or report.options is None:
         return None
-    tried: set[tuple[str, Any]] = set()
+    singles: list[tuple[Knob, Any]] = []
     for k, value in candidate_knobs(report):
-        values = [value]
         if isinstance(value, int) and not isinstance(value, bool):
-            values = [value * 2**i for i in range(doublings)]
-        for v in values:
-            if (k.name, v) in tried:
-                continue
-            tried.add((k.name, v))
-            try:
-                plan, _, _ = place(report.graph, report.target_obj, dataclasses.replace(report.options, **{k.name: v}))
-            except (UserError, ValueError):
-                break
-            if plan.fits:
-                return k, v, plan
+            singles += [(k, value * 2**i) for i in range(doublings)]
+        else:
+            singles.append((k, value))
+    reason = report.plan.failure.reason if report.plan.failure is not None else ""
+    singles.sort(key=lambda c: c[0].flag not in reason)  # knobs the failure names are tried first
+    trials = [[c] for c in singles]
+    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:] if a[0].name != b[0].name]
+    for changes in trials[:64]:
+        try:
+            opts = dataclasses.replace(report.options, **{k.name: v for k, v in changes})
+            plan, _, _ = place(report.graph, report.target_obj, opts)
+        except (UserError, ValueError):
+            continue
+        if plan.fits:
+            if len(changes) == 1:
+                return changes[0][0], changes[0][1], plan
+            return _Joined(changes), None, plan
     return None
+
+
+def change_text(knob: Any, value: Any) -> str:
+    """``--ipus 4`` for one change; the joined flags for several."""
+    return knob.text if isinstance(knob, _Joined) else f"{knob.flag} {_shown(value)}"
+
+
+def changes_of(knob: Any, value: Any) -> dict[str, Any]:
+    """The option fields to replace for a change `fitting_knob` found."""
+    return {k.name: v for k, v in knob.changes} if isinstance(knob, _Joined) else {knob.name: value}
+
+
+class _Joined:
+    """Several knob changes shown as one (``--ipus 4 --matmul-proportion 0.3``)."""
+
+    def __init__(self, changes: list[tuple[Knob, Any]]) -> None:
+        self.changes = changes
+        self.name = "+".join(k.name for k, _ in changes)
+        self.flag = " ".join(k.flag for k, _ in changes)
+        self.text = " ".join(f"{k.flag} {_shown(v)}" for k, v in changes)
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def _role_time(report: Report, role: str, timeline: Any) -> float:
@@ -161,9 +214,10 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     if not report.plan.fits:
         found = fitting_knob(report)
         reason = report.plan.failure.reason if report.plan.failure is not None else "does not fit"
-        fix = f"{found[0].flag} {found[1]} makes it fit" if found else "no target knob makes it fit"
+        fix = f"{change_text(found[0], found[1])} makes it fit" if found else "no target knob makes it fit"
         out.append({"role": "(fit)", "bound": None, "resource": reason, "time_s": None, "step_s": step,
-                    "knob": found[0].flag if found else None, "value": found[1] if found else None,
+                    "knob": found[0].flag if found else None,
+                    "value": (changes_of(found[0], found[1]) if found else None),
                     "new_time_s": None, "new_step_s": None, "text": f"does not fit: {reason}; {fix}"})  # fmt: skip
     for row in rows:
         role = row["role"]
