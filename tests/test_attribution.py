@@ -196,3 +196,13 @@ def test_measured_trace_is_its_own_process(tiny_matmul_path, tmp_path):
     procs = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     assert "measured: host (onnxruntime)" in procs
     assert any(p.startswith("predicted: ") for p in procs)
+
+
+def test_candidate_knobs_cover_switches_counts_and_fractions():
+    report = profile_graph(decoder(layers=2), "ipu", ProfileOptions())
+    pairs = {k.name: v for k, v in candidate_knobs(report)}
+    default = report.options
+    assert pairs["ipus"] == 2 * default.ipus
+    assert pairs["replicated_tensor_sharding"] is (not default.replicated_tensor_sharding)
+    assert pairs["matmul_proportion"] == tuple(p / 2 for p in default.matmul_proportion)
+    assert "opt_level" not in pairs  # an RDU knob: the IPU lowering does not read it
