@@ -168,7 +168,12 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
         what = "weights" if moved and weights >= moved / 2 else "activations"
         return f"{where}: {human(moved, 'B')} moved, mostly {what}"
     if bound == "compute":
-        allocation = max((p.allocation for p in plans), default=0.0)
+        # units the role holds at once: every region of a spatial plan, one section at a time otherwise
+        per_unit: dict[str, float] = {}
+        for p in plans:
+            per_unit[p.unit] = max(per_unit.get(p.unit, 0.0), p.allocation)
+        concurrent = str(getattr(plan, "schedule", "")) == "concurrent"
+        allocation = min(1.0, sum(per_unit.values())) if concurrent else max(per_unit.values(), default=0.0)
         busy = sum(n.time_s or 0.0 for n in records)
         util = sum(p.compute_s for p in plans) / busy if busy else None
         used = f", busy at {_share(util)} of their peak" if util is not None else ""
