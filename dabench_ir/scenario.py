@@ -339,7 +339,9 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     cache = kv_cache_values(graph)
     cache_in = [n for n in cache if n in graph.inputs]
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
-    weights = sum(v.type.nbytes(graph.bindings) for v in graph.weights())
+    declared = json.loads(graph.metadata.get("dabench.weights", "[]") or "[]")  # the model's parameters
+    names = [n for n in declared if n in graph.values] or [v.name for v in graph.weights()]
+    weights = sum(graph.type_of(n).nbytes() for n in names)
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0),
