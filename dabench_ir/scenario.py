@@ -305,7 +305,8 @@ def _homes(plan: Plan, target: Target) -> dict[str, str]:
     given = plan.extra.get("homes")
     if isinstance(given, dict):
         return {str(k): str(v) for k, v in given.items()}
-    held = [target.memory(name) for name in plan.memory_bytes if target.has_memory(name.split(":")[0])]
+    names = dict.fromkeys(name.split(":")[0] for name in plan.memory_bytes)  # "sram:ipu0" is a share of "sram"
+    held = [target.memory(name) for name in names if target.has_memory(name)]
     off = [m for m in held if m.level == "off-chip"]
     feed = target.feed_memory
     if off:

@@ -7,6 +7,7 @@ attention reading kv_heads (not heads) cache heads; KV-cache bytes exact against
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -93,7 +94,8 @@ def test_decode_with_cache_matches_prefill(cfg):
         for start, stop in ((0, 2), (2, 3), (3, 4), (4, 5), (5, 6)):
             out, *new = model(x[:, start:stop], *caches)
             steps.append(out)
-            caches = [torch.cat((c, n), dim=3 if i % 2 == 0 else 2) for i, (c, n) in enumerate(zip(caches, new))]
+            pairs = enumerate(zip(caches, new, strict=True))
+            caches = [torch.cat((c, n), dim=3 if i % 2 == 0 else 2) for i, (c, n) in pairs]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
 
 
@@ -261,7 +263,7 @@ def test_decode_throughput_knee_at_the_ridge(llama7b_pair):
     batches = [1, 2, 32, 64, 128, 256, 512, 1024, 2048]
     times = {b: _decode_time(llama7b_pair[1], b, 2).time_s for b in batches}
     rate = {b: b / t for b, t in times.items()}
-    assert all(rate[b2] > rate[b1] for b1, b2 in zip(batches, batches[1:], strict=False))  # rises with batch
+    assert all(rate[b2] > rate[b1] for b1, b2 in itertools.pairwise(batches))  # rises with batch
     growth = {b: times[2 * b] / times[b] for b in batches if 2 * b in times}
     knee = min(b for b, g in growth.items() if g > 1.5)  # doubling the batch now nearly doubles the step
     assert ridge / 2 <= knee <= 2 * ridge, (knee, ridge, growth)
