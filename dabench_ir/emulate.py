@@ -76,7 +76,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
                 ready = max(
                     [gate, lane_free[np_.lane]] + [end[(p, m)] for p in preds[name] if (p, m) in end]
                 )
-                finish = ready + np_.per_micro_batch_s
+                finish = ready + (unit.node_s.get(name, np_.per_micro_batch_s) if unit else np_.per_micro_batch_s)
                 end[(name, m)] = finish
                 lane_free[np_.lane] = finish
                 slices[name].append((ready, finish))

@@ -114,6 +114,18 @@ def _non_negative(value: Any) -> int:
     return int(value)
 
 
+def _fraction(value: Any) -> float:
+    """A number in (0, 1], or a comma list of them (the smallest is kept)."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    try:
+        numbers = [float(v) for v in items]
+    except (TypeError, ValueError):
+        raise ValueError("expected a number in (0, 1], or a comma list of them") from None
+    if not numbers or isinstance(value, bool) or any(not 0 < x <= 1 for x in numbers):
+        raise ValueError("expected a number in (0, 1], or a comma list of them")
+    return min(numbers)
+
+
 def _positive_or_auto(value: Any) -> int | str:
     return "auto" if value == "auto" else _positive(value)
 
@@ -141,9 +153,31 @@ def _bool(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+def _counts(value: Any) -> tuple[int, ...]:
+    """``"0,4,4,4"`` or ``[0, 4, 4, 4]`` -> ``(0, 4, 4, 4)``: non-negative integers, at least one positive."""
+    items = str(value).split(",") if isinstance(value, str) else list(value)
+    counts = tuple(_non_negative(v) for v in items)
+    if not counts or not any(counts):
+        raise ValueError("expected comma-separated layer counts with at least one positive, e.g. 0,4,4,4")
+    return counts
+
+
+def _proportions(value: Any) -> tuple[float, ...]:
+    """``"0.15"``, ``"0.3,0.15"`` or a list -> a tuple of fractions in (0, 1]."""
+    items = str(value).split(",") if isinstance(value, (str, int, float)) else list(value)
+    try:
+        out = tuple(float(v) for v in items)
+    except (TypeError, ValueError):
+        raise ValueError("expected fractions in (0, 1], e.g. 0.15 or 0.3,0.15") from None
+    if not out or not all(0 < v <= 1 for v in out):
+        raise ValueError("expected fractions in (0, 1], e.g. 0.15 or 0.3,0.15")
+    return out
+
+
 PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
 SCENARIOS = ("generate",)
+OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
 OPT_LEVELS = ("O0", "O1", "O3")
 WSE_MODES = ("pipelined", "streaming", "auto")
@@ -177,17 +211,42 @@ class ProfileOptions:
     opt_level: str = knob(
         "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})
     )
+    tiles: int | None = knob(
+        None, help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
+        parse=_positive, group="target", targets=frozenset({"rdu"}),
+    )  # fmt: skip
+    resource_scale: float = knob(
+        1.0, help="share of the tiles' PCUs/PMUs the RDU compiler plans with (SambaFlow --resources-scaling-factors: "
+        "one factor, or a comma list whose smallest is used)", parse=_fraction, group="target",
+        targets=frozenset({"rdu"}),
+    )  # fmt: skip
     wse_mode: str = knob(
         "auto", help="WSE execution mode", choices=WSE_MODES, group="target", targets=frozenset({"wse"})
     )
     replicas: int | str | None = knob(
-        None, help="WSE on-wafer replicas: N or 'auto'", parse=_positive_or_auto, group="target",
-        targets=frozenset({"wse"}),
+        None, help="WSE on-wafer replicas (N or 'auto'); IPU data-parallel replicas (N)", parse=_positive_or_auto,
+        group="target", targets=frozenset({"wse", "ipu"}),
     )  # fmt: skip
     ipus: int = knob(1, help="IPUs to pipeline over", parse=_positive, group="target", targets=frozenset({"ipu"}))
     micro_batches: int | None = knob(
         None, help="micro-batches per step where the target pipelines", parse=_positive, group="target"
     )
+    layers_per_ipu: tuple[int, ...] | None = knob(
+        None, help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding alone on IPU 0; a tied head returns there)",
+        parse=_counts, group="target", targets=frozenset({"ipu"}), metavar="N,N,...",
+    )  # fmt: skip
+    matmul_proportion: tuple[float, ...] = knob(
+        (0.6,), help="share of each IPU's memory the planner may give matmul temporaries (one value, or one per IPU)",
+        parse=_proportions, group="target", targets=frozenset({"ipu"}), metavar="P[,P...]",
+    )  # fmt: skip
+    optimizer_state: str = knob(
+        "auto", help="where optimizer state lives (auto: the target vendor's default)", choices=OPTIMIZER_STATE,
+        group="target", targets=frozenset({"ipu"}),
+    )  # fmt: skip
+    replicated_tensor_sharding: bool = knob(
+        True, help="IPU: shard optimizer state over the replicas", parse=_bool, group="target",
+        targets=frozenset({"ipu"}), metavar="{true,false}",
+    )  # fmt: skip
     # measurement
     measure: bool = knob(
         False, help="run the model in onnxruntime and time every node", parse=_bool, group="measure",

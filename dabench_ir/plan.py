@@ -51,7 +51,9 @@ class Unit:
     relative to everything the plan uses (units that run concurrently sum to at most 1).
     ``gap_before_s``: fixed cost paid before the unit starts (sequential schedules:
     reconfiguration, layer switch). ``min_time_s``: the unit lasts at least this long
-    (e.g. its DDR traffic at DDR bandwidth), whatever its nodes take.
+    (e.g. its DDR traffic at DDR bandwidth), whatever its nodes take. ``node_s``: a node's
+    time per micro-batch in this unit, for nodes that run in several units (an RDU node's
+    forward and backward sections); nodes not in it take their NodePlan's time.
     """
 
     id: str
@@ -62,6 +64,7 @@ class Unit:
     gap_before_s: float = 0.0
     gap_kind: str = "reconfiguration"  # the overhead row its gap is reported under
     min_time_s: float = 0.0
+    node_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -32,7 +32,13 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering._common import LoweringContext, training_bytes, weight_bytes
-from dabench_ir.lowering.collectives import bubble_fraction, optimal_contiguous_split, p2p_time, ring_allreduce_time
+from dabench_ir.lowering.collectives import (
+    bubble_fraction,
+    hierarchical_allreduce_time,
+    optimal_contiguous_split,
+    p2p_time,
+    ring_allreduce_time,
+)
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.place import place
@@ -40,7 +46,7 @@ from dabench_ir.place import place
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "scale", "split_for_tp"]
+__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "scale", "split_for_tp"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +77,7 @@ class ScalePoint:
     failure: dict[str, Any] | None = None
     stages: list[list[int]] | None = None  # PP: the layers on each chip
     dominant_bound: str | None = None  # the bound class (communication included) holding most of the step
+    nodes: int = 1  # nodes the chips span (target topology); > 1: collectives cross the node boundary
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -96,6 +103,7 @@ class ScalePoint:
             "failure": self.failure,
             "stages": self.stages,
             "dominant_bound": self.dominant_bound,
+            "nodes": self.nodes,
             "notes": self.notes,
         }
 
@@ -109,6 +117,7 @@ class ScaleResult:
     link: str | None
     points: list[ScalePoint]
     model: dict[str, Any] = field(default_factory=dict)
+    devices_per_node: int | None = None  # the target's node size (None: no topology declared)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +128,7 @@ class ScaleResult:
             "mode": self.mode,
             "precision": self.precision,
             "link": self.link,
+            "devices_per_node": self.devices_per_node,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -166,6 +176,24 @@ def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
         layer_time=per_layer,
         bound_time=per_bound,
     )
+
+
+# -- collectives over the target's topology --------------------------------------------------
+
+
+def allreduce_time(target: Target, nbytes: float, chips: int) -> float:
+    """All-reduce of ``nbytes`` over ``chips`` of ``target``: hierarchical when they span nodes
+    of its ``[topology]``, else a ring over its first link."""
+    topo = target.topology
+    if topo is not None:
+        inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, topo.inter.latency_s)
+        return hierarchical_allreduce_time(
+            nbytes, chips, topo.per_node, (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s), inter
+        )
+    link = target.link()
+    if link is None:
+        raise UserError(f"{target.name} declares no link; all-reduce across chips needs one")
+    return ring_allreduce_time(nbytes, chips, link.bandwidth_bytes_per_s, link.latency_s)
 
 
 # -- tensor parallel -----------------------------------------------------------------------
@@ -248,7 +276,7 @@ def _pp_point(
     boundary_bytes = _boundary_bytes(graph, stages)
     comm = 0.0
     if link is not None and chips > 1:
-        comm = sum(p2p_time(b / m, link.bandwidth_bytes_per_s, link.latency_s) for b in boundary_bytes) * m
+        comm = sum(p2p_time(b / m, *_stage_link(target, i)) for i, b in enumerate(boundary_bytes)) * m
     step = (m + chips - 1) * (worst / m) + comm
     # per-stage fit: the stage's weights against the chip's feed memory
     ctx = LoweringContext.build(graph, lowering_for(target).options(options).precision, options.batch)
@@ -283,6 +311,17 @@ def _pp_point(
         dominant_bound=single.dominant_bound(comm),
         notes=[f"{m} micro-batches"],
     )
+
+
+def _stage_link(target: Target, boundary: int) -> tuple[float, float]:
+    """(bandwidth, latency) between pipeline stage ``boundary`` and the next: the inter-node link
+    where the boundary falls between two nodes of the target's topology, else the first link."""
+    topo = target.topology
+    if topo is not None:
+        link = topo.inter if (boundary + 1) % topo.per_node == 0 and topo.inter is not None else topo.intra
+    else:
+        link = target.link()
+    return link.bandwidth_bytes_per_s, link.latency_s
 
 
 def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
@@ -362,6 +401,14 @@ def scale(
             pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
         else:
             pt = _pp_point(graph, target, options, n, single, micro_batches)
+        if target.topology is not None:
+            pt.nodes = target.topology.nodes(n)
+            if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0:
+                pt.notes.append(
+                    f"crosses the node boundary: {pt.nodes} nodes of {target.topology.per_node} "
+                    f"(collectives over {target.topology.intra.name} inside a node, "
+                    f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
+                )
         points.append(pt)
     base = single.time_s and (options.batch or 1) / single.time_s
     for pt in points:
@@ -378,6 +425,7 @@ def scale(
         precision=str(precision) if precision else "model",
         link=link.name if link is not None else None,
         points=points,
+        devices_per_node=target.topology.per_node if target.topology is not None else None,
     )
 
 
@@ -415,7 +463,7 @@ def _dp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, sin
         link = target.link()
         if link is None:
             raise UserError(f"{target.name} declares no link; data parallel training needs one")
-        comm = ring_allreduce_time(_gradient_bytes(graph), n, link.bandwidth_bytes_per_s, link.latency_s)
+        comm = allreduce_time(target, _gradient_bytes(graph), n)
     pt = _point_from_run(single, n, batch * n, comm)
     pt.notes.append("weak scaling: each chip runs the full batch")
     return pt
@@ -431,9 +479,7 @@ def _tp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, tra
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
-    per_step = (2 if train else 1) * sum(
-        ring_allreduce_time(b, n, link.bandwidth_bytes_per_s, link.latency_s) for b in allreduces
-    )
+    per_step = (2 if train else 1) * sum(allreduce_time(target, b, n) for b in allreduces)
     pt = _point_from_run(run, n, options.batch or 1, comm=per_step)
     pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
     return pt

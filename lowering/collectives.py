@@ -12,6 +12,7 @@ from collections.abc import Sequence
 __all__ = [
     "brute_force_split",
     "bubble_fraction",
+    "hierarchical_allreduce_time",
     "optimal_contiguous_split",
     "p2p_time",
     "ring_allreduce_time",
@@ -29,6 +30,33 @@ def ring_allreduce_time(nbytes: float, chips: int, bandwidth: float, latency: fl
     if bandwidth <= 0:
         raise ValueError("link bandwidth must be positive")
     return 2 * (chips - 1) / chips * nbytes / bandwidth + 2 * (chips - 1) * latency
+
+
+def hierarchical_allreduce_time(
+    nbytes: float,
+    chips: int,
+    per_node: int,
+    intra: tuple[float, float],
+    inter: tuple[float, float] | None,
+) -> float:
+    """All-reduce of ``nbytes`` over ``chips`` grouped ``per_node`` to a node.
+
+    ``intra``/``inter``: (bandwidth, latency) of the link inside a node and of each device's
+    share of the network between nodes. Within one node: a ring over ``intra``. Across
+    nodes (k = per_node devices each, n nodes): reduce-scatter inside each node, an
+    all-reduce of each device's 1/k shard across the n nodes (k rings at once, one per
+    shard), then an all-gather inside each node; the two intra-node halves together cost
+    one intra-node ring all-reduce (Thakur et al., IJHPCA 2005; NCCL's tree/ring hierarchy).
+    """
+    if chips <= 1 or nbytes <= 0:
+        return 0.0
+    if per_node < 1:
+        raise ValueError("devices per node must be at least 1")
+    if chips <= per_node or inter is None:
+        return ring_allreduce_time(nbytes, chips, *intra)
+    k = per_node
+    nodes = -(-chips // k)
+    return ring_allreduce_time(nbytes, k, *intra) + ring_allreduce_time(nbytes / k, nodes, *inter)
 
 
 def p2p_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:

@@ -361,7 +361,7 @@ class CpuLowering(Lowering):
     Options = CpuOptions
 
     def feed_level(self, target: Target) -> str:
-        return target.feed_memory.level
+        return "off-chip"  # every operand streams from device memory (HBM, host DRAM)
 
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)

@@ -55,7 +55,7 @@ class GpuLowering(Lowering):
     Options = GpuOptions
 
     def feed_level(self, target: Target) -> str:
-        return target.feed_memory.level
+        return "off-chip"  # every operand streams from device memory (HBM, host DRAM)
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")

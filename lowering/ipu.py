@@ -1,42 +1,63 @@
-"""Graphcore IPU lowering: bulk-synchronous steps on tiles, layers pipelined over IPUs.
+"""Graphcore IPU lowering: BSP supersteps on tiles, layers pipelined over IPUs as Poplar does it.
 
-Each node is one BSP superstep on its IPU: a compute phase on the tiles its work spreads
-over (one tile per ``arch.min_grain_flops``, so small ops use few tiles), a sync
-(``overheads.sync_s``), and an exchange phase moving its input bytes between tiles at
-``arch.exchange_bytes_per_s``. With ``ipus`` > 1, decoder blocks are split into
-contiguous pipeline stages, one per IPU; tensors crossing a stage boundary go over
-IPU-Links. All weights, live activations and code of a stage must fit in its IPU's tile
-SRAM, else the plan does not fit. The most loaded IPU sets throughput.
+Each node is one bulk-synchronous superstep on its IPU: a compute phase on the tiles its
+work spreads over (one tile per ``arch.min_grain_flops``), a sync (``overheads.sync_s``)
+and an exchange phase moving its inputs between tiles (``arch.exchange_bytes_per_s``).
+Matmuls run on the AMP units at the achieved fraction of peak the microbenchmarks give
+(``arch.matmul_efficiency_<prec>``); vector ops run on each tile's 64-bit vector pipeline
+(``arch.vector_elems_per_cycle_<prec>``, transcendentals ``arch.special_op_cycles`` each).
+
+Layout: ``layers_per_ipu`` (a leading 0 puts the embedding alone on IPU 0, and the head
+returns there, as Graphcore's GPT-2 examples place it) or ``ipus`` splitting the decoder
+layers evenly. Every IPU must hold, in its tile memory, what Poplar keeps there: program
+memory, code, weights in their stored precision, the gradient accumulator, on-chip optimizer
+state, the checkpoints its stages stash for micro-batches in flight, one layer's live
+activations, matmul temporaries under the matmul proportion, and the inter-IPU exchange
+buffers. The most loaded IPU sets the pipeline cycle; a step is ``m`` cycles plus the
+pipeline fill and drain, the optimizer update (at streaming-memory bandwidth when its
+state is off-chip) and the gradient reduction over replicas, each once per step
+(``Plan.step_overheads_s``). docs/targets.md gives the terms and their sources.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.ir import ValueKind
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
-    Block,
     LoweringContext,
-    layer_blocks,
     peak_live_bytes,
     place_node,
-    training_bytes,
+    stored_root,
+    training_state,
     value_bytes,
-    weight_bytes,
 )
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import Backward, traits_of
+from dabench_ir.passes.training import FORWARD_COST
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Node
+    from dabench_ir.ir import Cost, Node
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "IpuLowering", "IpuOptions"]
+__all__ = ["LOWERING", "MEMORY_TERMS", "IpuLowering", "IpuOptions"]
 
 logger = logging.getLogger(__name__)
 _WHO = "ipu"
+
+MEMORY_TERMS = (
+    "program", "code", "weights", "grad_accum", "optimizer_state", "stash", "live_activations",
+    "matmul_temporaries", "exchange_buffers",
+)  # fmt: skip
+"""What each IPU's tile memory holds, in the order the report lists it (docs/targets.md)."""
+
+_BACKWARD_KERNELS = 2  # a differentiable op adds about two backward kernels (dX, dW): code for 3 per op
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,11 +67,16 @@ class IpuOptions(LoweringOptions):
 
     micro_batches: int | None
     ipus: int
+    layers_per_ipu: tuple[int, ...] | None
+    matmul_proportion: tuple[float, ...]
+    optimizer_state: str
+    replicated_tensor_sharding: bool
+    replicas: int | str | None
     steady_state: bool = internal(True)
 
 
 class IpuLowering(Lowering):
-    """Graphcore IPU: BSP supersteps on tiles, decoder blocks pipelined over IPUs."""
+    """Graphcore IPU: BSP supersteps on tiles, decoder layers pipelined over IPUs."""
 
     name = "ipu"
     kinds = ("ipu",)
@@ -66,160 +92,459 @@ class IpuLowering(Lowering):
 LOWERING = IpuLowering()
 
 
+@dataclass(slots=True)
+class _Stage:
+    """One pipeline stage: the IPU it runs on, its nodes, and its decoder layers (by index)."""
+
+    ipu: int
+    nodes: list[Node] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
+
+
+def _sections(ctx: LoweringContext) -> tuple[list[Node], dict[int, list[Node]], list[Node], list[Node]]:
+    """(pre-layer nodes, nodes per decoder layer, post-layer nodes, optimizer step nodes).
+
+    A node without a layer joins the layer before it (residual adds the exporter left
+    unscoped), except before the first layer (the embedding) and after the last (final
+    norm, head, loss).
+    """
+    nodes = [n for n in ctx.graph.nodes]
+    opt = [n for n in nodes if ctx.is_optimizer_step(n)]
+    rest = [n for n in nodes if not ctx.is_optimizer_step(n)]
+    layered = [i for i, n in enumerate(rest) if n.layer is not None]
+    if not layered:
+        return rest, {}, [], opt
+    first, last = layered[0], layered[-1]
+    layers: dict[int, list[Node]] = {}
+    current = rest[first].layer
+    for n in rest[first : last + 1]:
+        current = n.layer if n.layer is not None else current
+        layers.setdefault(int(current), []).append(n)
+    return rest[:first], dict(sorted(layers.items())), rest[last + 1 :], opt
+
+
+def _layout(options: IpuOptions, n_layers: int, tied: bool) -> tuple[list[int], bool]:
+    """(layers on each IPU, whether the head returns to IPU 0 as a pipeline stage of its own).
+
+    With ``layers_per_ipu`` a head tied to the embedding goes back to IPU 0, where its
+    weight is (Graphcore's GPT-2 examples); an even ``ipus`` split keeps it on the last IPU.
+    """
+    if options.layers_per_ipu is not None:
+        counts = list(options.layers_per_ipu)
+        shown = ",".join(map(str, counts))
+        if options.ipus not in (1, len(counts)):
+            raise UserError(f"--layers-per-ipu {shown} names {len(counts)} IPUs but --ipus is {options.ipus}; "
+                            "give one count per IPU")  # fmt: skip
+        if sum(counts) != n_layers:
+            raise UserError(f"--layers-per-ipu {shown} places {sum(counts)} layers; the model has {n_layers}")
+        return counts, tied and len(counts) > 1
+    n = max(1, min(options.ipus, n_layers))
+    base, extra = divmod(n_layers, n)
+    return [base + (1 if k >= n - extra else 0) for k in range(n)], False  # the remainder on late IPUs
+
+
+def _stages(pre: list[Node], layers: dict[int, list[Node]], post: list[Node], counts: list[int],
+            head_home: bool) -> list[_Stage]:  # fmt: skip
+    """Pipeline stages in order. With ``head_home`` IPU 0 runs the first stage (embedding)
+    and the last (head, loss); otherwise the embedding joins the first IPU's layers and the
+    head the last IPU's."""
+    order = list(layers)
+    stages: list[_Stage] = []
+    i = 0
+    for k, c in enumerate(counts):
+        st = _Stage(k)
+        if k == 0:
+            st.nodes += pre
+        for idx in order[i : i + c]:
+            st.layers.append(idx)
+            st.nodes += layers[idx]
+        i += c
+        stages.append(st)
+    if head_home:
+        stages.append(_Stage(0, list(post)))
+    else:
+        stages[-1].nodes += post
+    return [s for s in stages if s.nodes] or [_Stage(0)]
+
+
+def _precision_key(node: Node, ctx: LoweringContext) -> str:
+    """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own
+    precision, except that a 16-bit plan keeps every op but the optimizer in 16 bits
+    (Graphcore's examples run ``model.half()``; the fp32 state is the optimizer's)."""
+    if ctx.precision.itemsize < 4 and not ctx.is_optimizer_step(node):
+        return "fp16"  # a 16-bit plan runs norms and softmax in 16 bits too, as model.half() does
+    return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
+
+
+def _forward(node: Node, ctx: LoweringContext) -> Cost:
+    fwd = node.meta.get(FORWARD_COST)
+    return fwd if fwd is not None else ctx.costs[node.name]
+
+
+def _act_bytes(ctx: LoweringContext, name: str) -> float:
+    """Bytes of an activation as the IPU holds it: a 16-bit plan keeps every float activation in
+    16 bits (Graphcore's examples run ``model.half()``: norms and softmax too), whatever the
+    graph's own dtype for the ops a framework keeps in fp32."""
+    value = ctx.graph.values.get(name)
+    size = value_bytes(ctx.graph, name)
+    if value is None or not value.type.dtype.is_float or ctx.precision.itemsize >= value.type.dtype.itemsize:
+        return float(size)
+    return size * ctx.precision.itemsize / value.type.dtype.itemsize
+
+
+def _boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """The largest activation entering ``nodes`` from outside (a layer's input hidden state), whole batch."""
+    graph = ctx.graph
+    inside = {n.name for n in nodes}
+    best = 0.0
+    for node in nodes:
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or value.kind.is_stored or value.producer in inside:
+                continue
+            best = max(best, _act_bytes(ctx, v))
+    return best
+
+
+def _saved_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """Activations a layer keeps for its backward pass, whole batch: each distinct activation read
+    by an op whose backward needs its operands (contractions, vector ops), once; moves and
+    views need none."""
+    graph = ctx.graph
+    seen = {v for n in nodes if _saves_inputs(ctx, n) for v in n.inputs
+            if v and v in graph.values and not graph.values[v].kind.is_stored}  # fmt: skip
+    return sum(_act_bytes(ctx, v) for v in seen)
+
+
+def _saves_inputs(ctx: LoweringContext, node: Node) -> bool:
+    """Whether the backward pass of ``node`` reads its forward inputs: a contraction does; a
+    vector op does when its derivative depends on them (special functions, norms and
+    softmax with several FLOPs an element, a product of two activations); a sum, a scaling
+    by a constant, a move or a view does not."""
+    if not ctx.is_work(node):
+        return False
+    rule = traits_of(node).backward
+    if rule is Backward.CONTRACTION:
+        return True
+    if rule is not Backward.VECTOR:
+        return False
+    cost = ctx.costs[node.name]
+    fwd = _forward(node, ctx)
+    out = max((_numel(ctx, v) for v in node.outputs if v), default=0)
+    if fwd.special_ops > 0 or (out and fwd.vector_flops > out):
+        return True
+    graph = ctx.graph
+    acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored
+            and _numel(ctx, v) >= out]  # fmt: skip
+    return cost.vector_flops > 0 and len(acts) >= 2 and node.op_type in ("Mul", "Div")
+
+
+def _numel(ctx: LoweringContext, name: str) -> int:
+    value = ctx.graph.values.get(name)
+    return value_bytes(ctx.graph, name) // value.type.dtype.itemsize if value is not None else 0
+
+
+def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
+    """Stored values (weights, constants) the nodes read, by root (a folded layout counts as its weight), with bytes."""
+    graph = ctx.graph
+    out: dict[str, int] = {}
+    for node in nodes:
+        if meta.FOLDED in node.meta:
+            continue
+        stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
+        fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
+        for v in stored:
+            root = stored_root(graph, v)
+            if root not in out:
+                out[root] = value_bytes(graph, root, fallback)
+    return out
+
+
+def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
+    """Parameters (trainable weights) among ``roots``."""
+    graph = ctx.graph
+    total = 0
+    for name in roots:
+        value = graph.values.get(name)
+        if value is not None and value.kind is ValueKind.WEIGHT:
+            try:
+                total += value.type.numel(graph.bindings)
+            except UnboundSymbolError:
+                continue
+    return total
+
+
+def _state_bytes_per_param(ctx: LoweringContext) -> tuple[float, float]:
+    """(gradient accumulator, optimizer side) bytes per parameter in training, (0, 0) for inference.
+
+    From the training pass's state by kind: the accumulator holds gradients in the weights'
+    precision (Graphcore's GPT-2 example: ``accum_type=float16``); the optimizer side is the
+    fp32 master copy and the Adam moments, which Poplar can keep in streaming memory.
+    """
+    params = int((meta.training_state(ctx.graph) or {}).get("params") or 0)
+    if not params:
+        return 0.0, 0.0
+    state = training_state(ctx)
+    return state.gradients / params, state.optimizer_side / params
+
+
 def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     graph = ctx.graph
     tiles = int(target.arch_value("tiles", target.num_units))
-    peak = target.peak_flops(ctx.precision)
-    tile_peak = peak / tiles
     sram = target.memory(LOWERING.feed_level(target))
+    capacity = sram.capacity_bytes
+    clock = float(target.clock.value) if target.clock is not None else target.peak_flops("fp16") / tiles / 128
     grain = target.arch_value("min_grain_flops", needed_by=_WHO)
     exchange_bw = target.arch_value("exchange_bytes_per_s", needed_by=_WHO)
-    tile_sram = target.arch_value("tile_sram_bytes", sram.capacity_bytes / tiles)
+    tile_sram = target.arch_value("tile_sram_bytes", capacity / tiles)
     code_per = target.arch_value("code_bytes_per_tile_op", 0.0)
+    program = target.arch_value("program_bytes_per_tile", needed_by=_WHO) * tiles
+    gamma = target.arch_value("matmul_temp_per_operand_byte", needed_by=_WHO)
+    special_cycles = target.arch_value("special_op_cycles", needed_by=_WHO)
+    eta = {p: target.arch_value(f"matmul_efficiency_{p}", needed_by=_WHO) for p in ("fp16", "fp32")}
+    lanes = {p: target.arch_value(f"vector_elems_per_cycle_{p}", needed_by=_WHO) for p in ("fp16", "fp32")}
+    amp_peak = {p: target.peak_flops(p) / tiles for p in ("fp16", "fp32")}
     sync = target.overhead("sync_s")
     link = target.link("ipu_link") or target.link()
-    ridge = peak / sram.bandwidth_bytes_per_s
+    stream = target.memory("off-chip") if target.has_memory("off-chip") else None
+    sram_bw = sram.bandwidth_bytes_per_s
+    ridge = target.peak_flops(ctx.precision) / sram_bw
     m = options.micro_batches or ctx.batch
+    if options.replicas == "auto":
+        raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")
+    replicas = int(options.replicas or 1)
+    training = meta.training_state(graph) is not None
+    recompute = bool((meta.training_state(graph) or {}).get("recompute"))
+
+    pre, layers, post, opt_nodes = _sections(ctx)
+    tied = bool(set(_stored(ctx, pre)) & set(_stored(ctx, post)))
+    counts, head_home = _layout(options, len(layers), tied)
+    stages = _stages(pre, layers, post, counts, head_home)
+    n_ipus = max(s.ipu for s in stages) + 1
+    n_stages = len(stages)
+    amps = options.matmul_proportion
+    if len(amps) not in (1, n_ipus):
+        raise UserError(f"--matmul-proportion {','.join(map(str, amps))}: give one value or one per IPU ({n_ipus})")
+    if options.layers_per_ipu is None and options.ipus > n_ipus:
+        note = f"only {len(layers)} decoder layer(s) to place: {options.ipus - n_ipus} IPU(s) unused"
+    else:
+        note = ""
 
     def tiles_for(node: Node) -> int:
         """Tiles an operator spreads over: enough for its work (one micro-batch per superstep,
-        at least ``grain`` FLOPs a tile) and enough to hold its tensors in tile SRAM."""
+        at least ``grain`` FLOPs a tile) and enough to hold its tensors in tile memory."""
         cost = ctx.costs[node.name]
         by_work = math.ceil(cost.flops / m / grain)
         by_data = math.ceil(cost.bytes / m / tile_sram)
         return max(1, min(tiles, max(by_work, by_data)))
 
-    blocks = layer_blocks(graph)
-    block_time = [sum(_node_work_s(ctx, n, tiles_for(n), tile_peak, sram.bandwidth_bytes_per_s / tiles,
-                                   exchange_bw, sync * m) for n in b.nodes) for b in blocks]
-    block_w = [weight_bytes(ctx, b.nodes) + training_bytes(ctx, b.nodes) for b in blocks]
-    block_code = [sum(tiles_for(n) * code_per for n in b.nodes if ctx.is_work(n)) for b in blocks]
-    block_act = [math.ceil(peak_live_bytes(ctx, b.nodes) / m) for b in blocks]
-    n_ipus = min(options.ipus, len(blocks)) if blocks else 1
-    plan = ctx.plan(
-        target, options, Schedule.CONCURRENT, micro_batches=m, chips=n_ipus, pipelined_steps=options.steady_state
-    )
-    if options.ipus > n_ipus:
-        plan.notes.append(f"only {len(blocks)} pipeline stage(s) to place: {options.ipus - n_ipus} IPU(s) unused")
-    stages = _split(blocks, block_time, block_w, block_code, block_act, n_ipus, sram.capacity_bytes)
-    stage_of = {n.name: s for s, blk in enumerate(stages) for b in blk for n in b.nodes}
-    for s, blk in enumerate(stages):
-        nodes = [n for b in blk for n in b.nodes]
-        unit = Unit(id=f"ipu{s}", kind="ipu", nodes=[n.name for n in nodes])
-        busy = weighted = 0.0
-        for node in nodes:
+    plan = ctx.plan(target, options, Schedule.CONCURRENT, micro_batches=m, chips=n_ipus * replicas,
+                    pipelined_steps=options.steady_state)  # fmt: skip
+    plan.batch = ctx.batch * replicas
+    if note:
+        plan.notes.append(note)
+    ipu_of = {n.name: st.ipu for st in stages for n in st.nodes}
+
+    # -- time: every node on its IPU's lane ---------------------------------------------------
+    lane_s: dict[int, float] = {}
+    busy: dict[int, float] = {}
+    weighted: dict[int, float] = {}
+    for st in stages:
+        k = st.ipu
+        for node in st.nodes:
             cost = ctx.costs[node.name]
             used = tiles_for(node)
+            prec = _precision_key(node, ctx)
             work = ctx.is_work(node)
-            compute_s = max(cost.flops / (tile_peak * used), cost.bytes / (sram.bandwidth_bytes_per_s * used / tiles))
-            exchange_s = cost.act_bytes_in / exchange_bw
+            matmul_s = cost.contraction_flops / (eta[prec] * amp_peak[prec] * used)
+            vector_s = (cost.vector_flops + special_cycles * cost.special_ops) / (lanes[prec] * clock * used)
             link_bytes = 0
             for v in node.inputs:
                 value = graph.values.get(v) if v else None
-                if value is not None and value.producer is not None and stage_of.get(value.producer, s) != s:
-                    link_bytes += value_bytes(graph, v)
+                if value is not None and value.producer is not None and ipu_of.get(value.producer, k) != k:
+                    link_bytes += value_bytes(graph, v) * (2 if training else 1)  # and its gradient back
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
             plan.node_plans[node.name] = np_ = place_node(
-                ctx,
-                node,
-                unit=unit.id,
-                compute_s=compute_s,
-                comm_s=exchange_s + comm_s,
-                overhead_s=sync * m if work else 0.0,
-                feed_level=sram.level,
-                feed_bytes=cost.bytes,
-                ridge=ridge,
-                allocation=used / tiles / n_ipus if work else 0.0,
-                micro_batches=m,
-            )
-            total = np_.per_micro_batch_s * m
-            busy += total
-            weighted += total * used / tiles
-        util = weighted / busy if busy > 0 else 0.0
-        w = sum(block_w[blocks.index(b)] for b in blk)
-        code = sum(block_code[blocks.index(b)] for b in blk)
-        act = max((block_act[blocks.index(b)] for b in blk), default=0)
-        resident = w + code + act
+                ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s,
+                memory_s=cost.bytes / (sram_bw * used / tiles), comm_s=cost.act_bytes_in / exchange_bw + comm_s,
+                overhead_s=sync * m if work else 0.0, feed_level=sram.level, feed_bytes=cost.bytes, ridge=ridge,
+                allocation=used / tiles / n_ipus if work else 0.0, micro_batches=m,
+            )  # fmt: skip
+            lane_s[k] = lane_s.get(k, 0.0) + np_.per_micro_batch_s
+            busy[k] = busy.get(k, 0.0) + np_.per_micro_batch_s * m
+            weighted[k] = weighted.get(k, 0.0) + np_.per_micro_batch_s * m * used / tiles
+
+    # -- memory: what each IPU's tiles hold ---------------------------------------------------
+    accum_pp, state_pp = _state_bytes_per_param(ctx)
+    offchip = options.optimizer_state != "onchip" and stream is not None  # auto: Graphcore's default, off-chip
+    shard = replicas if options.replicated_tensor_sharding else 1
+    terms: dict[int, dict[str, float]] = {}
+    offchip_bytes: dict[int, float] = {}
+    params_on: dict[int, int] = {}
+    inflight_of: dict[int, int] = {}
+    for s, st in enumerate(stages):
+        k = st.ipu
+        t = terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
+        inflight = 2 * (n_stages - 1 - s) + 1 if training else 1
+        layer_nodes = [layers[i] for i in st.layers]
+        other = [n for n in st.nodes if n.layer is None and not any(n in ln for ln in layer_nodes)]
+        phases: list[tuple[float, float]] = []  # (live activations, matmul temporaries) at once
+        if layer_nodes:
+            inflight_of[k] = max(inflight_of.get(k, 0), inflight)
+            boundary = max(_boundary_bytes(ctx, ln) for ln in layer_nodes) / m
+            saved = max(_saved_bytes(ctx, ln) for ln in layer_nodes) / m
+            if training and recompute:
+                t["stash"] += len(layer_nodes) * boundary * inflight
+                live = saved  # one layer recomputed and differentiated at a time
+            elif training:
+                t["stash"] += len(layer_nodes) * saved * inflight
+                live = 0.0
+            else:
+                live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
+            phases.append((live, _temporaries(ctx, [n for ln in layer_nodes for n in ln], m)))
+            if n_ipus > 1:
+                t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
+        if other:
+            phases.append((peak_live_bytes(ctx, other) / m, _temporaries(ctx, other, m)))
+            if n_ipus > 1:
+                entering = _boundary_bytes(ctx, other) / m
+                t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * entering)
+        distinct = (layer_nodes[0] if layer_nodes else []) + other  # identical layers share outlined code
+        factor = 1 + (_BACKWARD_KERNELS if training else 0)
+        t["code"] += factor * code_per * sum(tiles_for(n) for n in distinct if ctx.is_work(n))
+        amp = amps[k] if len(amps) > 1 else amps[0]
+        for live, operands in phases:  # not-always-live memory peaks in the phase with the most
+            tmp = min(amp * capacity, gamma * operands)
+            if live + tmp > t["live_activations"] + t["matmul_temporaries"]:
+                t["live_activations"], t["matmul_temporaries"] = live, tmp
+    for k, t in terms.items():
+        nodes = [n for st in stages if st.ipu == k for n in st.nodes]
+        roots = _stored(ctx, nodes)
+        params_on[k] = _param_count(ctx, roots)
+        t["program"] = program
+        t["weights"] = sum(roots.values())
+        t["grad_accum"] = params_on[k] * accum_pp
+        state = params_on[k] * state_pp / shard
+        if offchip:
+            offchip_bytes[k] = state
+        else:
+            t["optimizer_state"] = state
+
+    # -- units, fit -----------------------------------------------------------------------
+    for k in sorted(terms):
+        t = terms[k]
+        resident = sum(t.values())
+        unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for st in stages if st.ipu == k for n in st.nodes])
+        util = weighted.get(k, 0.0) / busy[k] if busy.get(k) else 0.0
         unit.allocation = util / n_ipus
-        unit.resources = {
-            "tiles": float(tiles),
-            "tile_utilisation": util,
-            "sram_bytes": float(resident),
-            "weight_bytes": float(w),
-            "code_bytes": float(code),
-            "activation_bytes": float(act),
-        }
+        unit.resources = {"tiles": float(tiles), "tile_utilisation": util, "sram_bytes": float(resident),
+                          **{f"{name}_bytes": float(v) for name, v in t.items()}}  # fmt: skip
+        if k in offchip_bytes:
+            unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])
         plan.units.append(unit)
-        plan.memory_bytes[f"{sram.name}:ipu{s}"] = int(resident)
-        if resident > sram.capacity_bytes:
-            plan.fail(
-                f"IPU {s} needs {resident / 1e6:.0f} MB of tile SRAM (weights {w / 1e6:.0f} MB, "
-                f"activations {act / 1e6:.0f} MB, code {code / 1e6:.0f} MB), an IPU has "
-                f"{sram.capacity_bytes / 1e6:.0f} MB; {_more_ipus(blocks, block_w, block_act, block_code, sram.capacity_bytes, n_ipus)}",
-                resident,
-                sram.capacity_bytes,
-            )
+        plan.memory_bytes[f"{sram.name}:ipu{k}"] = int(resident)
+        if k in offchip_bytes and stream is not None:
+            plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
+        if resident > capacity:
+            plan.fail(_overflow(k, t, resident, capacity, inflight_of.get(k, 0), recompute, training, n_ipus),
+                      resident, capacity)  # fmt: skip
+        if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
+            plan.fail(f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
+                      f"it has {stream.capacity_bytes / 1e9:.0f} GB; use more IPUs or replicas",
+                      offchip_bytes[k], stream.capacity_bytes)  # fmt: skip
     plan.memory_bytes[sram.name] = sum(int(u.resources["sram_bytes"]) for u in plan.units)
     plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
-    plan.extra.update({"ipus": n_ipus, "stages": [[b.key for b in blk] for blk in stages]})
+
+    # -- once per step: fill and drain, optimizer, gradient reduction ----------------------------
+    cycle = max(lane_s.values(), default=0.0)
+    if training and n_stages > 1 and options.steady_state:
+        # the pipeline drains before each weight update: the bubble is paid every step (in
+        # inference consecutive steps stream through without one; without steady_state the
+        # event simulation already holds the fill and drain)
+        plan.step_overheads_s["pipeline_fill_drain"] = (n_stages - 1) * cycle
+    opt_s = 0.0
+    if opt_nodes:
+        vec = lanes["fp32"] * clock * tiles
+        per_ipu = []
+        for k in terms:
+            update = params_on[k] * sum(_adam_ops(ctx, n, special_cycles) for n in opt_nodes) / vec
+            moved = 2 * offchip_bytes.get(k, 0.0) / stream.bandwidth_bytes_per_s if offchip and stream else 0.0
+            per_ipu.append(max(update, moved))  # the state streams in and out while the tiles update
+        opt_s = max(per_ipu, default=0.0)
+        unit = Unit(id="optimizer", kind="ipu_optimizer", nodes=[n.name for n in opt_nodes])
+        plan.units.append(unit)
+        for node in opt_nodes:
+            plan.node_plans[node.name] = place_node(
+                ctx, node, unit=unit.id, compute_s=0.0, memory_s=opt_s, feed_level=stream.level if offchip and stream
+                else sram.level, feed_bytes=ctx.costs[node.name].bytes, ridge=ridge, allocation=0.0,
+                micro_batches=m, time_s=0.0,
+            )  # fmt: skip
+        plan.step_overheads_s["optimizer"] = opt_s
+        if offchip and stream is not None:
+            plan.traffic_bytes[stream.name] = int(2 * sum(offchip_bytes.values()))
+    if training and replicas > 1 and link is not None:
+        grads = max(params_on.values(), default=0) * max(accum_pp, 1)
+        plan.step_overheads_s["gradient_reduce"] = 2 * (replicas - 1) / replicas * grads / link.bandwidth_bytes_per_s
+    plan.extra.update({
+        "ipus": n_ipus,
+        "data_parallel_replicas": replicas,  # the report counts their samples too
+        "layers_per_ipu": counts,
+        "pipeline_stages": n_stages,
+        "stages": [{"ipu": st.ipu, "layers": st.layers} for st in stages],
+        "cycle_s": cycle,
+        "optimizer_state": ("off-chip (streaming memory)" if offchip else "on-chip") if training else None,
+        "memory_terms": {f"ipu{k}": {name: int(v) for name, v in t.items()} for k, t in sorted(terms.items())},
+    })  # fmt: skip
     return plan
 
 
-def _node_work_s(
-    ctx: LoweringContext, node: Node, used: int, tile_peak: float, tile_bw: float, exchange_bw: float, sync_s: float
-) -> float:
-    if not ctx.is_work(node):
-        return 0.0
+def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int) -> float:
+    """Operand bytes (activations for one micro-batch, weights, output) of the largest matmul among ``nodes``."""
+    graph = ctx.graph
+    best = 0.0
+    for node in nodes:
+        if ctx.costs[node.name].contraction_flops <= 0:
+            continue
+        total = 0.0
+        for v in [*node.inputs, *node.outputs]:
+            value = graph.values.get(v) if v else None
+            if value is None:
+                continue
+            total += value_bytes(graph, v) if value.kind.is_stored else _act_bytes(ctx, v) / m
+        best = max(best, total)
+    return best
+
+
+def _adam_ops(ctx: LoweringContext, node: Node, special_cycles: float) -> float:
+    """Vector cycles-worth of element ops per parameter of an optimizer step node."""
     cost = ctx.costs[node.name]
-    return max(cost.flops / (tile_peak * used), cost.bytes / (tile_bw * used)) + cost.act_bytes_in / exchange_bw + sync_s
+    params = int((meta.training_state(ctx.graph) or {}).get("params") or 0)
+    if not params:
+        return 0.0
+    return (cost.vector_flops + special_cycles * cost.special_ops) / params
 
 
-def _split(
-    blocks: list[Block],
-    time: list[float],
-    weights: list[int],
-    code: list[float],
-    act: list[int],
-    n: int,
-    capacity: float,
-) -> list[list[Block]]:
-    """Contiguous stages minimising (SRAM overflow, time) of the worst stage, by dynamic programming."""
-    nb = len(blocks)
-    if n <= 1 or nb <= 1:
-        return [blocks]
-
-    def cost(i: int, j: int) -> tuple[float, float]:  # blocks i..j-1 as one stage
-        mem = sum(weights[i:j]) + sum(code[i:j]) + max(act[i:j])
-        return (max(0.0, mem - capacity), sum(time[i:j]))
-
-    inf = (math.inf, math.inf)
-    best = [[inf] * (nb + 1) for _ in range(n + 1)]
-    cut = [[0] * (nb + 1) for _ in range(n + 1)]
-    best[0][0] = (0.0, 0.0)
-    for k in range(1, n + 1):
-        for j in range(k, nb + 1):
-            for i in range(k - 1, j):
-                if best[k - 1][i] == inf:
-                    continue
-                cand = max(best[k - 1][i], cost(i, j))
-                if cand < best[k][j]:
-                    best[k][j], cut[k][j] = cand, i
-    stages: list[list[Block]] = []
-    j = nb
-    for k in range(n, 0, -1):
-        i = cut[k][j]
-        stages.append(blocks[i:j])
-        j = i
-    return stages[::-1]
+def _overflow(k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, recompute: bool,
+              training: bool, n_ipus: int) -> str:  # fmt: skip
+    """The failure line: the IPU, its total, the part that overflows most, and what to try."""
+    largest = max((name for name in t if name != "program"), key=t.__getitem__)
+    parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
+    hint = {
+        "stash": "use --recompute" if training and not recompute else "put fewer layers on early IPUs (--layers-per-ipu)",
+        "matmul_temporaries": "lower --matmul-proportion",
+        "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
+        "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
+        + ("" if recompute or not training else " or --recompute"),
+    }.get(largest, f"use more IPUs (--ipus {_ipus_needed(t, capacity, n_ipus)} or more)")
+    extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
+    return (
+        f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
+        f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
+    )
 
 
-def _more_ipus(blocks, block_w, block_act, block_code, capacity: float, n_ipus: int) -> str:
-    """What to try next: at least as many IPUs as the total footprint needs, if any number can do."""
-    worst = max((w + a + c for w, a, c in zip(block_w, block_act, block_code, strict=True)), default=0)
-    if worst > capacity:
-        return "one decoder block alone exceeds an IPU's SRAM, so no pipeline split fits (try fp16 or a shorter sequence)"
-    total = sum(block_w) + sum(block_act) + sum(block_code)
-    need = max(n_ipus + 1, math.ceil(total / capacity))
-    if need > len(blocks):
-        return f"even one block per IPU needs {need} IPUs for {len(blocks)} blocks"
-    return f"use more IPUs (ipus={need} or more)"
+def _ipus_needed(t: dict[str, float], capacity: float, n_ipus: int) -> int:
+    """IPUs that would hold this IPU's load spread evenly, each paying its own program memory."""
+    spare = capacity - t["program"]
+    spread = sum(v for name, v in t.items() if name != "program") * n_ipus
+    return max(n_ipus + 1, math.ceil(spread / spare)) if spare > 0 else n_ipus + 1

@@ -1,95 +1,59 @@
-"""SambaNova RDU lowering: cut the graph into sections, each an on-chip pipeline.
+"""SambaNova RDU lowering: the graph as SambaFlow compiles it, sections run one after another.
 
-``opt_level`` sets how much is fused into one section: O0 about one operator per
-section, O1 one module (an attention, an MLP: ``module_key(node.scope)``), O3 greedy
-fusion along topological order for as long as PCUs and PMUs last. Inside a section each
-node is a pipeline stage on PCUs (allocated by work), its buffers on PMUs. Sections run
-one after another; section weights and tensors crossing section boundaries go through
-DDR at its bandwidth, and each section switch costs ``overheads.section_reconfig_s``.
+The chip as the compiler sees it: an SN30 RDU has ``arch.tiles_per_rdu`` tiles of
+``arch.pcus_per_tile`` PCUs and ``arch.pmus_per_tile`` PMUs; a graph is compiled onto
+``--tiles N`` of them (4 = half an RDU, the other half runs a second copy as data
+parallelism inside the PEF, or another job). The compiler plans with ``--resource-scale``
+of those units (SambaFlow's ``--resources-scaling-factors``). A pipeline stage holds its
+scratchpad, so a node's PCUs equal its PMU demand (PCU/PMU pairing), at least one PCU,
+matmuls in multiples of ``arch.matmul_pcu_grain``.
+
+Sections, per opt level (forward, backward and optimizer never share a section):
+
+- O0: one operator per section (SambaFlow: "o0 compiles each operator as a separate
+  section"); the optimizer is one section per parameter tensor.
+- O1: one module (an attention, an MLP: ``module_key``) per section, cut where it would
+  exceed the planning capacity.
+- O3: greedy fusion of fusion groups along the program order while the section's demand
+  fits the planning capacity. The attention core (QKᵀ matmul to AV matmul) is one atomic
+  group: its scores stay on chip and the backward recomputes them. A group larger than the
+  capacity is split (along batch or heads) into ``ceil(demand / units)`` sections tiled over
+  every unit of the compiled tiles: the resource scale is the margin fusion keeps, not a
+  cap on a forced split (measured PCU utilisation reaches 94 % with a 0.8 scale).
+  The optimizer (all parameters) is one streaming section.
+
+A section costs ``section_reconfig_s`` (its switch) plus the larger of its FLOPs at
+``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` and its DDR traffic (weights, and every
+tensor crossing its boundary: the section's inputs, its outputs read elsewhere and the
+activations it saves for backward) at the DDR streaming bandwidth. The host's per-step
+cost is its own row, ``Plan.step_overheads_s["host"] = host_step_s + host_per_section_s ·
+sections``. Every figure comes from the target (targets/sn30.toml) with its source.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost
 from dabench_ir.lowering import Lowering, LoweringOptions
-from dabench_ir.lowering._common import (
-    LoweringContext,
-    balance,
-    module_key,
-    place_node,
-    value_bytes,
-)
+from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
+from dabench_ir.passes import meta
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "RduLowering", "RduOptions", "partition"]
+__all__ = ["LOWERING", "Chip", "RduLowering", "RduOptions", "Section", "form_sections"]
 
 logger = logging.getLogger(__name__)
 _WHO = "rdu"
-
-
-class _Demand:
-    """PCU and PMU demand of nodes, from the target's arch knobs."""
-
-    def __init__(self, ctx: LoweringContext, target: Target, micro_batches: int) -> None:
-        self.ctx = ctx
-        self.pcus = int(target.arch_value("pcus", target.num_units))
-        self.pmus = int(target.arch_value("pmus", needed_by=_WHO))
-        self.pmu_bytes = target.arch_value("pmu_bytes", needed_by=_WHO)
-        self.min_pcus = int(target.arch_value("min_pcus_per_node", 1))
-        self.m = micro_batches
-
-    def pcu(self, node: Node) -> int:
-        return self.min_pcus if self.ctx.is_work(node) else 0
-
-    def pmu(self, node: Node) -> int:
-        if not self.ctx.is_work(node):
-            return 0
-        cost = self.ctx.costs[node.name]
-        buf = (cost.act_bytes_in + cost.act_bytes_out) / self.m
-        return min(self.pmus, max(1, math.ceil(buf / self.pmu_bytes)))
-
-    def fits(self, pcu: int, pmu: int) -> bool:
-        return pcu <= self.pcus and pmu <= self.pmus
-
-
-def partition(ctx: LoweringContext, demand: _Demand, opt_level: str) -> list[list[Node]]:
-    """Sections (lists of nodes in topological order) for an opt level."""
-    sections: list[list[Node]] = []
-    pcu = pmu = 0
-    key: str | None = None
-    for node in ctx.graph.nodes:
-        work = ctx.is_work(node)
-        if not sections or not work:
-            if not sections:
-                sections.append([])
-            sections[-1].append(node)  # bookkeeping ops ride with the current section
-            if work:
-                pcu, pmu, key = demand.pcu(node), demand.pmu(node), module_key(node)
-            continue
-        has_work = any(ctx.is_work(n) for n in sections[-1])
-        np_, nm = demand.pcu(node), demand.pmu(node)
-        if opt_level == "O0":
-            split = has_work
-        elif opt_level == "O1":
-            split = has_work and (module_key(node) != key or not demand.fits(pcu + np_, pmu + nm))
-        else:
-            split = has_work and not demand.fits(pcu + np_, pmu + nm)
-        if split:
-            sections.append([node])
-            pcu, pmu = np_, nm
-        else:
-            sections[-1].append(node)
-            pcu, pmu = pcu + np_, pmu + nm
-        key = module_key(node)
-    return [s for s in sections if s]
+PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +62,176 @@ class RduOptions(LoweringOptions):
 
     micro_batches: int | None
     opt_level: str
+    tiles: int | None
+    resource_scale: float
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    """The RDU as the compiler sees it: units on the compiled tiles, the planning capacity."""
+
+    tiles: int
+    tiles_per_rdu: int
+    pcus: int  # PCUs on the compiled tiles (the allocation denominator)
+    pmus: int
+    capacity: int  # PCUs (and PMUs) the compiler plans fused sections with: floor(units · resource_scale)
+    act_bytes_per_pmu: float
+    weight_bytes_per_pmu: float
+    matmul_grain: int
+
+    @property
+    def units(self) -> int:
+        """PCU/PMU pairs on the compiled tiles: what a group split into parts spreads over."""
+        return min(self.pcus, self.pmus)
+
+    @classmethod
+    def of(cls, target: Target, options: RduOptions) -> Chip:
+        per_rdu = int(target.arch_value("tiles_per_rdu", needed_by=_WHO))
+        tiles = options.tiles or per_rdu
+        if tiles > per_rdu:
+            raise UserError(f"--tiles {tiles}: {target.name} has {per_rdu} tiles per RDU; give 1 to {per_rdu}")
+        pcus = tiles * int(target.arch_value("pcus_per_tile", needed_by=_WHO))
+        pmus = tiles * int(target.arch_value("pmus_per_tile", needed_by=_WHO))
+        return cls(
+            tiles=tiles,
+            tiles_per_rdu=per_rdu,
+            pcus=pcus,
+            pmus=pmus,
+            capacity=max(1, math.floor(min(pcus, pmus) * options.resource_scale)),
+            act_bytes_per_pmu=target.arch_value("act_bytes_per_pmu", needed_by=_WHO),
+            weight_bytes_per_pmu=target.arch_value("weight_bytes_per_pmu", needed_by=_WHO),
+            matmul_grain=max(1, int(target.arch_value("matmul_pcu_grain", 1))),
+        )
+
+
+@dataclass(slots=True)
+class Section:
+    """One compiled section: its nodes (program order of its phase) and what it needs."""
+
+    phase: str
+    nodes: list[Node] = field(default_factory=list)
+    pcus: int = 0  # PCU demand of the nodes (paired with their PMUs), all parts together
+    pmus: int = 0
+    parts: int = 1  # sections the compiler cuts it into (a group above the capacity)
+    oversized: bool = False  # one group above the planning capacity: tiled over every unit
+
+
+def _phase_cost(node: Node, phase: str, fallback: Cost) -> Cost:
+    if phase == "optimizer":
+        return fallback
+    key = FORWARD_COST if phase == "forward" else BACKWARD_COST
+    cost = node.meta.get(key)
+    if cost is None:
+        return fallback if phase == "forward" else Cost()
+    return cost
+
+
+class _Demand:
+    """PMU and PCU demand of one node in one phase, per sample (sections stream samples)."""
+
+    def __init__(self, ctx: LoweringContext, chip: Chip) -> None:
+        self.ctx = ctx
+        self.chip = chip
+
+    def cost(self, node: Node, phase: str) -> Cost:
+        return _phase_cost(node, phase, self.ctx.costs[node.name])
+
+    def pmu(self, node: Node, phase: str) -> int:
+        if not self.ctx.is_work(node):
+            return 0
+        c = self.cost(node, phase)
+        act = (c.act_bytes_in + c.act_bytes_out) / self.ctx.batch
+        return max(1, math.ceil(act / self.chip.act_bytes_per_pmu)) + math.ceil(
+            c.weight_bytes / self.chip.weight_bytes_per_pmu
+        )
+
+    def pcu(self, node: Node, phase: str) -> int:
+        pmu = self.pmu(node, phase)
+        if pmu and self.cost(node, phase).contraction_flops > 0:
+            g = self.chip.matmul_grain
+            return math.ceil(pmu / g) * g
+        return pmu
+
+
+def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
+    """Node -> its attention core id: from an activation-by-activation matmul (QKᵀ) to the next (AV)."""
+    core: dict[str, int] = {}
+    start: int | None = None
+    layer = None
+    for i, node in enumerate(nodes):
+        cost = ctx.costs[node.name]
+        act_matmul = cost.contraction_flops > 0 and cost.weight_bytes == 0  # activation x activation
+        if act_matmul and start is not None and node.layer == layer:
+            for n in nodes[start : i + 1]:
+                core[n.name] = start
+            start = None
+        elif act_matmul:
+            start, layer = i, node.layer
+    return core
+
+
+def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[list[Node]]:
+    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each."""
+    core = _attention_cores(ctx, nodes) if opt_level != "O0" else {}
+    groups: list[list[Node]] = []
+    last_key = None
+    for node in nodes:
+        key = core.get(node.name)
+        if groups and ((key is not None and key == last_key) or not ctx.is_work(node)):
+            groups[-1].append(node)  # the core stays whole; bookkeeping rides along
+        else:
+            groups.append([node])
+        last_key = key
+    return groups
+
+
+def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Section]:
+    """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer."""
+    demand = _Demand(ctx, chip)
+    train = meta.graph_mode(ctx.graph) == "train"
+    body = [n for n in ctx.graph.nodes if not is_optimizer_step(n)]
+    optimizer = [n for n in ctx.graph.nodes if is_optimizer_step(n)]
+    out: list[Section] = []
+    chains = [("forward", body)]
+    if train:
+        chains.append(("backward", [n for n in reversed(body) if demand.cost(n, "backward").flops > 0]))
+    for phase, chain in chains:
+        cur = Section(phase)
+        key = None
+        for group in _groups(ctx, chain, opt_level):
+            pcu = sum(demand.pcu(n, phase) for n in group)
+            pmu = sum(demand.pmu(n, phase) for n in group)
+            need = max(pcu, pmu)
+            has_work = any(ctx.is_work(n) for n in cur.nodes)
+            gkey = module_key(group[0])
+            if not pcu:  # no work: rides with the current section
+                cur.nodes.extend(group)
+                continue
+            if opt_level == "O0":
+                split = has_work
+            elif opt_level == "O1":
+                split = has_work and (gkey != key or max(cur.pcus, cur.pmus) + need > chip.capacity)
+            else:
+                split = has_work and max(cur.pcus, cur.pmus) + need > chip.capacity
+            if opt_level != "O0" and need > chip.capacity:  # bigger than the chip: its own sections
+                if cur.nodes:
+                    out.append(cur)
+                out.append(Section(phase, list(group), pcu, pmu, math.ceil(need / chip.units), oversized=True))
+                cur, key = Section(phase), None
+                continue
+            if split:
+                out.append(cur)
+                cur = Section(phase)
+            cur.nodes.extend(group)
+            cur.pcus += pcu
+            cur.pmus += pmu
+            key = gkey
+        if cur.nodes:
+            out.append(cur)
+    if optimizer:
+        tensors = len({v for n in optimizer for v in n.inputs if v}) if opt_level == "O0" else 1
+        out.append(Section("optimizer", optimizer, 1, 1, max(1, tensors)))
+    return out
 
 
 class RduLowering(Lowering):
@@ -117,89 +251,211 @@ class RduLowering(Lowering):
 LOWERING = RduLowering()
 
 
+def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str, str], int], i: int,
+                 recomputed: set[str]) -> tuple[int, dict[str, int]]:  # fmt: skip
+    """DDR bytes of one section and each node's share: weights, and tensors crossing its boundary.
+
+    Forward: activations read from outside, outputs read by another forward section, and
+    outputs saved for the backward pass (unless the backward recomputes them on chip).
+    Backward: the gradient read from and written to other sections, the saved activations it
+    reads back and the weights (read) and gradients (written). Optimizer: its state traffic.
+    """
+    graph = ctx.graph
+    outputs = set(graph.outputs)
+    per_node: dict[str, int] = {}
+    seen: set[str] = set()
+    for node in sec.nodes:
+        if not ctx.is_work(node):
+            continue
+        cost = _phase_cost(node, sec.phase, ctx.costs[node.name])
+        if sec.phase == "optimizer":
+            per_node[node.name] = cost.bytes
+            continue
+        nbytes = cost.weight_bytes
+        for v in node.inputs:  # activations from another section (forward) / saved values (backward)
+            value = graph.values.get(v) if v else None
+            if value is None or value.kind.is_stored or v in seen:
+                continue
+            inside = value.producer is not None and section_of.get((value.producer, sec.phase)) == i
+            if sec.phase == "forward" and inside:
+                continue
+            if sec.phase == "backward" and v in recomputed:
+                continue
+            seen.add(v)
+            nbytes += value_bytes(graph, v)
+        for v in node.outputs:
+            if not v:
+                continue
+            readers = graph.consumers.get(v, [])
+            size = value_bytes(graph, v, cost.act_bytes_out // max(1, len(node.outputs)))
+            if sec.phase == "forward":
+                leaves = v in outputs or any(section_of.get((c.name, "forward")) != i for c in readers)
+                saved = v not in recomputed and any(section_of.get((c.name, "backward")) is not None for c in readers)
+                if leaves or saved:
+                    nbytes += size
+            elif any(section_of.get((c.name, "backward")) != i for c in readers):
+                nbytes += size  # the incoming gradient dY, read from the section that produced it
+        if sec.phase == "backward":  # dX for inputs produced in another section
+            for v in node.inputs:
+                value = graph.values.get(v) if v else None
+                if value is None or value.kind.is_stored or value.producer is None:
+                    continue
+                if section_of.get((value.producer, "backward"), i) != i:
+                    nbytes += value_bytes(graph, v)
+        per_node[node.name] = nbytes
+    return sum(per_node.values()), per_node
+
+
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     graph = ctx.graph
+    chip = Chip.of(target, options)
     m = options.micro_batches or ctx.batch
-    demand = _Demand(ctx, target, m)
+    opt_level = options.opt_level
+    eff = target.arch_value(f"pcu_efficiency_{opt_level.lower()}", needed_by=_WHO)
     peak = target.peak_flops(ctx.precision)
-    pcu_peak = peak / demand.pcus
+    rate = peak * chip.tiles / chip.tiles_per_rdu * eff  # FLOP/s a section sustains on the compiled tiles
     ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
     ridge = peak / bw
     reconfig = target.overhead("section_reconfig_s")
-    grain = target.arch_value("min_pcu_work_flops", 0.0)
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
-    sections = partition(ctx, demand, options.opt_level)
-    section_of = {n.name: i for i, s in enumerate(sections) for n in s}
-    graph_outputs = set(graph.outputs)
+    sections = form_sections(ctx, chip, opt_level)
+    demand = _Demand(ctx, chip)
+    section_of = {(n.name, s.phase): i for i, s in enumerate(sections) for n in s.nodes}
+    cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
+    # values inside an attention core: never leave the chip; the backward recomputes them
+    recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
+    core_fwd_flops: dict[int, int] = {}
+    for name, cid in cores.items():
+        core_fwd_flops[cid] = (
+            core_fwd_flops.get(cid, 0) + _phase_cost(graph.node(name), "forward", ctx.costs[name]).flops
+        )
+    times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     ddr_total = 0
-    for i, nodes in enumerate(sections):
-        work_nodes = [n for n in nodes if ctx.is_work(n)]
-        work_s = [ctx.costs[n.name].flops / pcu_peak for n in work_nodes]
-        lo = [demand.pcu(n) for n in work_nodes]
-        hi = [
-            max(a, min(demand.pcus, math.ceil(ctx.costs[n.name].flops / m / grain))) if grain > 0 else demand.pcus
-            for a, n in zip(lo, work_nodes, strict=True)
-        ]
-        sizes = balance(work_s, lo, hi, demand.pcus) or lo
-        pcus_of = {n.name: p for n, p in zip(work_nodes, sizes, strict=True)}
-        pmus_used = min(demand.pmus, sum(demand.pmu(n) for n in work_nodes))
-        unit = Unit(id=f"section{i}", kind="rdu_section", nodes=[n.name for n in nodes])
-        section_ddr = 0
-        for node in nodes:
-            cost = ctx.costs[node.name]
-            ddr_bytes = cost.weight_bytes
-            for v in node.inputs:  # tensors produced in another section (or graph inputs)
-                value = graph.values.get(v) if v else None
-                if value is None or value.kind.is_stored:
-                    continue
-                if value.producer is None or section_of.get(value.producer) != i:
-                    ddr_bytes += value_bytes(graph, v)
-            for v in node.outputs:  # tensors read by another section (or leaving the graph)
-                readers = graph.consumers.get(v, [])
-                if v in graph_outputs or any(section_of.get(c.name) != i for c in readers):
-                    ddr_bytes += value_bytes(graph, v, cost.act_bytes_out // max(1, len(node.outputs)))
-            p = pcus_of.get(node.name, 0)
-            section_ddr += ddr_bytes
-            plan.node_plans[node.name] = place_node(
-                ctx,
-                node,
-                unit=unit.id,
-                lane=f"{unit.id}/{node.name}",
-                compute_s=cost.flops / (pcu_peak * p) if p else 0.0,
-                memory_s=ddr_bytes / bw,
-                feed_level=ddr.level,
-                feed_bytes=ddr_bytes,
-                ridge=ridge,
-                allocation=p / demand.pcus,
-                micro_batches=m,
+    unit_index = 0
+    for i, sec in enumerate(sections):
+        ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed)
+        flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
+        if sec.phase == "backward":  # recompute: the core's forward runs again inside its backward section
+            for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
+                first = next(n for n in sec.nodes if cores.get(n.name) == cid)
+                flops[first.name] += core_fwd_flops[cid]
+        total_flops = sum(flops.values())
+        sec_rate = rate
+        compute_s = total_flops / sec_rate if sec_rate else 0.0
+        memory_s = ddr_bytes / bw
+        work_s = max(compute_s, memory_s)
+        ddr_total += ddr_bytes
+        limit = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
+        pcus = min(limit, math.ceil(sec.pcus / sec.parts))
+        pmus = min(limit, math.ceil(sec.pmus / sec.parts))
+        li = _section_li(demand, sec, flops)
+        for _part in range(sec.parts):
+            unit = Unit(
+                id=f"section{unit_index}",
+                kind="rdu_section",
+                nodes=[n.name for n in sec.nodes],
+                allocation=pcus / chip.pcus,
+                gap_before_s=reconfig,
+                gap_kind="section_reconfig",
             )
-        pcus_used = sum(sizes)
-        unit.allocation = pcus_used / demand.pcus
-        unit.gap_before_s = reconfig if len(sections) > 1 else 0.0
-        unit.gap_kind = "section_reconfig"
-        unit.min_time_s = section_ddr / bw  # stages share the DDR bandwidth
-        unit.resources = {
-            "pcus": float(pcus_used),
-            "pmus": float(pmus_used),
-            "pmu_allocation": pmus_used / demand.pmus,
-            "ddr_bytes": float(section_ddr),
-        }
-        ddr_total += section_ddr
-        plan.units.append(unit)
+            unit_index += 1
+            share_s = work_s / sec.parts
+            weights = flops if total_flops else {n.name: node_bytes.get(n.name, 0) for n in sec.nodes}
+            wsum = sum(weights.values()) or 1
+            for n in sec.nodes:
+                t = share_s * weights[n.name] / wsum
+                unit.node_s[n.name] = t / m
+                times.setdefault(n.name, []).append(
+                    (
+                        unit.id,
+                        t,
+                        flops[n.name] / sec_rate / sec.parts if sec_rate else 0.0,
+                        node_bytes.get(n.name, 0) / bw / sec.parts,
+                        node_bytes.get(n.name, 0) // sec.parts,
+                    )
+                )
+            unit.resources = {
+                "phase_" + sec.phase: 1.0,
+                "pcus": float(pcus),
+                "pmus": float(pmus),
+                "pcu_allocation": pcus / chip.pcus,
+                "pmu_allocation": pmus / chip.pmus,
+                "load_imbalance": li,
+                "flops": total_flops / sec.parts,
+                "ddr_bytes": float(ddr_bytes / sec.parts),
+                "compute_s": compute_s / sec.parts,
+                "ddr_s": memory_s / sec.parts,
+            }
+            plan.units.append(unit)
+    for node in graph.nodes:
+        runs = times.get(node.name, [])
+        total = sum(r[1] for r in runs)
+        plan.node_plans[node.name] = place_node(
+            ctx,
+            node,
+            unit=runs[0][0] if runs else "section0",
+            lane=None,
+            compute_s=sum(r[2] for r in runs),
+            memory_s=sum(r[3] for r in runs),
+            feed_level=ddr.level,
+            feed_bytes=sum(r[4] for r in runs),
+            ridge=ridge,
+            allocation=plan.units[0].allocation if plan.units else 0.0,
+            micro_batches=m,
+            time_s=total,
+        )
+    for unit in plan.units:  # one pipeline per section: its nodes share the section's lane
+        for name in unit.nodes:
+            plan.node_plans[name].lane = plan.node_plans[name].unit
+    n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
+    plan.step_overheads_s["host"] = target.overhead("host_step_s") + target.overhead("host_per_section_s") * n_sections
     resident = ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")
-        plan.memory_bytes[sram.name] = int(
-            max((u.resources["pmus"] for u in plan.units), default=0) * demand.pmu_bytes
-        )
+        pmu_bytes = sram.capacity_bytes / (chip.tiles_per_rdu * chip.pmus / chip.tiles)
+        plan.memory_bytes[sram.name] = int(max((u.resources["pmus"] for u in plan.units), default=0) * pmu_bytes)
     if resident > ddr.capacity_bytes:
         plan.fail(
             f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB",
             resident,
             ddr.capacity_bytes,
         )
-    plan.extra.update({"sections": len(sections), "opt_level": options.opt_level})
+    busy = [(u, u.resources["compute_s"], max(u.resources["compute_s"], u.resources["ddr_s"])) for u in plan.units]
+    span = sum(t for _, _, t in busy) or 1.0
+    plan.extra.update(
+        {
+            "sections": n_sections,
+            "sections_by_phase": {p: sum(1 for u in plan.units if f"phase_{p}" in u.resources) for p in PHASES},
+            "opt_level": opt_level,
+            "tiles": chip.tiles,
+            "planning_capacity_pcus": chip.capacity,
+            "highest_pcu_allocation": max((u.allocation for u in plan.units), default=0.0),
+            "pcu_allocation_time_weighted": sum(u.allocation * t for u, _, t in busy) / span,
+            "pmu_allocation_time_weighted": sum(u.resources["pmu_allocation"] * t for u, _, t in busy) / span,
+            "load_imbalance_time_weighted": sum(u.resources["load_imbalance"] * t for u, _, t in busy) / span,
+            "rdu_time_s": sum(reconfig + t for _, _, t in busy),
+            "host_time_s": plan.step_overheads_s["host"],
+        }
+    )
     return plan
+
+
+def _core_internal(graph, v: str, cores: dict[str, int]) -> bool:
+    """A core's value that only its own core reads (the scores, probabilities): never saved."""
+    value = graph.values.get(v)
+    if value is None or value.producer not in cores:
+        return False
+    readers = graph.consumers.get(v, [])
+    return bool(readers) and all(cores.get(r.name) == cores[value.producer] for r in readers)
+
+
+def _section_li(demand: _Demand, sec: Section, flops: dict[str, int]) -> float:
+    """Load imbalance of a section's pipeline: mean / max stage time, a stage's time being its
+    FLOPs over the PCUs it holds (its paired PMU demand)."""
+    times = [flops[n.name] / max(1, demand.pcu(n, sec.phase)) for n in sec.nodes if flops.get(n.name)]
+    if not times:
+        return 1.0
+    return (sum(times) / len(times)) / max(times)

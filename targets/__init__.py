@@ -28,6 +28,7 @@ __all__ = [
     "MemoryLevel",
     "Quantity",
     "Target",
+    "Topology",
     "builtin_target_paths",
     "list_targets",
     "load_target",
@@ -41,7 +42,6 @@ _DIR = Path(__file__).resolve().parent
 
 # Where ops are fed from, for the roofline: dataflow chips with all-SRAM execution read
 # their operands on-chip; DDR/HBM-backed targets read them off-chip.
-_FEED_LEVEL = {"wse": "on-chip", "ipu": "on-chip", "rdu": "off-chip", "gpu": "off-chip", "cpu": "off-chip"}
 # Peak-FLOP fallbacks when a target lists no figure for a dtype (16-bit formats share units).
 _PEAK_FALLBACK = {"bf16": "fp16", "fp16": "bf16"}
 
@@ -89,6 +89,28 @@ class Link:
         return self.latency.value
 
 
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How devices are grouped into nodes: devices per node, the link inside a node and between nodes.
+
+    A collective among devices of one node runs over ``intra``; one that spans nodes runs
+    hierarchically (inside each node over ``intra``, between nodes over ``inter``, which is
+    the per-device share of the node's network). ``inter`` None: one node is the whole system.
+    """
+
+    devices_per_node: Quantity
+    intra: Link
+    inter: Link | None = None
+
+    @property
+    def per_node(self) -> int:
+        return int(self.devices_per_node.value)
+
+    def nodes(self, devices: int) -> int:
+        """Nodes that ``devices`` devices span (filled node by node)."""
+        return max(1, math.ceil(devices / self.per_node))
+
+
 @dataclass(frozen=True, eq=False)
 class Target:
     """One accelerator (one chip, card or system as ``power_covers`` says)."""
@@ -109,6 +131,7 @@ class Target:
     overheads: Mapping[str, Quantity] = field(default_factory=dict)
     strategies: tuple[str, ...] = ()
     arch: Mapping[str, Quantity] = field(default_factory=dict)
+    topology: Topology | None = None
     origin: str = "<dict>"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -162,8 +185,11 @@ class Target:
 
     @property
     def feed_level(self) -> str:
-        """The memory level whose bandwidth bounds ops on this target (roofline)."""
-        return _FEED_LEVEL[self.kind]
+        """The memory level whose bandwidth bounds ops on this target (roofline): the
+        lowering for its kind says (see `Lowering.feed_level`)."""
+        from dabench_ir.lowering import lowering_for
+
+        return lowering_for(self).feed_level(self)
 
     @property
     def feed_memory(self) -> MemoryLevel:
@@ -223,6 +249,8 @@ class Target:
             items += [(f"link[{i}].bandwidth_bytes_per_s", lk.bandwidth), (f"link[{i}].latency_s", lk.latency)]
         items += [(f"overheads.{k}", q) for k, q in self.overheads.items()]
         items += [(f"arch.{k}", q) for k, q in self.arch.items()]
+        if self.topology is not None:
+            items.append(("topology.devices_per_node", self.topology.devices_per_node))
         return items
 
     def __str__(self) -> str:
@@ -286,6 +314,27 @@ class _Parser:
         if not isinstance(estimate, bool):
             raise self.fail(f"field {path}.estimate must be true or false, got {estimate!r}")
         return Quantity(float(value), source, estimate)
+
+    def topology(self, raw: Mapping[str, Any], links: list[Link]) -> Topology | None:
+        """The ``[topology]`` table: ``devices_per_node`` and the names of two ``[[link]]`` entries."""
+        if not raw:
+            return None
+        per_node = self.quantity(raw, "devices_per_node", "topology.devices_per_node", positive=True)
+        if per_node.value != int(per_node.value):
+            raise self.fail(f"field topology.devices_per_node.value must be a whole number, got {per_node.value!r}")
+        by_name = {lk.name: lk for lk in links}
+
+        def link(key: str, required: bool) -> Link | None:
+            name = raw.get(key)
+            if name is None and not required:
+                return None
+            name = self.string(raw, key, f"topology.{key}")
+            if name not in by_name:
+                known = ", ".join(by_name) or "none"
+                raise self.fail(f"field topology.{key} names link {name!r}; the file declares: {known}")
+            return by_name[name]
+
+        return Topology(per_node, link("intra_node_link", True), link("inter_node_link", False))
 
     def target(self, d: Mapping[str, Any]) -> Target:
         if not isinstance(d, Mapping):
@@ -365,6 +414,7 @@ class _Parser:
             raise self.fail(f"field parallel.strategies must list some of dp, tp, pp, got {strategies!r}")
         arch_raw = self.table(d, "arch", "arch", required=False)
         arch = {k: self.quantity(arch_raw, k, f"arch.{k}") for k in arch_raw}
+        topology = self.topology(self.table(d, "topology", "topology", required=False), links)
 
         return Target(
             name=name,
@@ -383,6 +433,7 @@ class _Parser:
             overheads=overheads,
             strategies=tuple(strategies),
             arch=arch,
+            topology=topology,
             origin=self.origin,
             raw=dict(d),
         )

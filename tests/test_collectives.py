@@ -10,6 +10,7 @@ import pytest
 from dabench_ir.lowering.collectives import (
     brute_force_split,
     bubble_fraction,
+    hierarchical_allreduce_time,
     optimal_contiguous_split,
     ring_allreduce_time,
 )
@@ -45,3 +46,21 @@ def test_split_is_not_round_robin():
     # round robin of 8 equal-ish layers over 2 stages is fine; a heavy tail is not
     starts, worst = optimal_contiguous_split([1, 1, 1, 1, 1, 1, 6], 2)
     assert starts == [0, 6] and worst == 6
+
+
+def test_hierarchical_allreduce_inside_one_node_is_a_ring():
+    intra, inter = (32e9, 5e-6), (12.5e9, 1e-5)
+    assert hierarchical_allreduce_time(1e9, 8, 8, intra, inter) == ring_allreduce_time(1e9, 8, *intra)
+    assert hierarchical_allreduce_time(1e9, 1, 8, intra, inter) == 0.0
+
+
+def test_hierarchical_allreduce_across_nodes_exact():
+    # 16 chips = 2 nodes of 8: intra ring of 1 GB over 8, then each device's 1/8 shard over 2 nodes
+    intra, inter = (32e9, 5e-6), (12.5e9, 1e-5)
+    expected = (2 * 7 / 8 * 1e9 / 32e9 + 14 * 5e-6) + (2 * 1 / 2 * 1.25e8 / 12.5e9 + 2 * 1e-5)
+    assert hierarchical_allreduce_time(1e9, 16, 8, intra, inter) == pytest.approx(expected)
+    assert expected == pytest.approx(0.0647775)
+    # a partly filled last node still counts as a node
+    assert hierarchical_allreduce_time(1e9, 12, 8, intra, inter) == pytest.approx(expected)
+    # no inter-node link: one flat ring over the intra-node link
+    assert hierarchical_allreduce_time(1e9, 16, 8, intra, None) == ring_allreduce_time(1e9, 16, *intra)

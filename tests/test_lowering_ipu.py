@@ -1,50 +1,279 @@
-"""IPU lowering: tile SRAM fit, pipeline stages over IPUs, tile utilisation."""
+"""IPU lowering: tile memory as Poplar spends it, layouts over IPUs, pipeline steps, rates."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from dabench_ir.emulate import emulate
+from dabench_ir.errors import UserError
 from dabench_ir.lowering import lower
+from dabench_ir.lowering.ipu import MEMORY_TERMS
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.options import ProfileOptions
+from dabench_ir.passes.precision import PrecisionPass
+from dabench_ir.passes.training import TrainingPass
 from dabench_ir.targets import load_target
+from tests.conftest import analyze_text
 from tests.lowering_graphs import decoder
 
 IPU = load_target("ipu")
+TILES = 1472
+CAPACITY = 1472 * 638976  # 940.6 MB: tiles x 624 KiB
+PROGRAM = 127000 * TILES
 
 
-def test_more_layers_eventually_do_not_fit_and_more_ipus_fix_it():
-    fits = {}
-    for layers in (4, 16, 64):
-        fits[layers] = lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1))
-    assert fits[4].fits and not fits[64].fits
-    failure = fits[64].failure
-    assert "tile SRAM" in failure.reason and "ipus=" in failure.reason
-    assert failure.needed_bytes > failure.capacity_bytes == IPU.memory("sram").capacity_bytes
-    split = lower(decoder(layers=64, hidden=1024, seq=8), IPU, ProfileOptions(ipus=4))
-    assert split.fits and len(split.units) == 4
+def _gemm(n: int, dtype: str = "float") -> object:
+    return analyze_text(f"agraph ({dtype}[{n},{n}] A, {dtype}[{n},{n}] B) => ({dtype}[{n},{n}] C) {{ C = MatMul(A, B) }}")
 
 
-def test_stages_are_contiguous_layers():
+def _terms(plan, ipu: int = 0) -> dict[str, int]:
+    return plan.extra["memory_terms"][f"ipu{ipu}"]
+
+
+# -- tile memory on tiny graphs, exact ------------------------------------------------------------------
+
+
+def test_capacity_is_tiles_times_tile_memory():
+    assert IPU.memory("sram").capacity_bytes == CAPACITY == 940_572_672
+    assert IPU.arch_value("tile_sram_bytes") * IPU.arch_value("tiles") == CAPACITY
+
+
+def test_one_matmul_memory_terms_exact():
+    plan = lower(_gemm(64), IPU, ProfileOptions())
+    t = _terms(plan)
+    operands = 3 * 64 * 64 * 4  # A, B and C in fp32, all live
+    assert t["program"] == PROGRAM
+    assert t["live_activations"] == operands
+    assert t["matmul_temporaries"] == 4 * operands  # gamma x operands, under the 0.6 cap
+    tiles = math.ceil(2 * 64**3 / 1e5)  # one tile per 1e5 FLOPs of work: 6
+    assert t["code"] == tiles * 256
+    assert t["weights"] == t["grad_accum"] == t["optimizer_state"] == t["stash"] == t["exchange_buffers"] == 0
+    assert plan.memory_bytes["sram:ipu0"] == PROGRAM + 5 * operands + tiles * 256
+    assert list(t) == list(MEMORY_TERMS)
+
+
+def test_one_matmul_runs_at_the_achieved_amp_fraction():
+    plan = lower(_gemm(64), IPU, ProfileOptions())
+    np_ = next(iter(plan.node_plans.values()))
+    tiles = 6
+    assert np_.compute_s == pytest.approx(2 * 64**3 / (0.68 * 87.5e12 / TILES * tiles), rel=1e-12)
+    assert np_.comm_s == pytest.approx(2 * 64 * 64 * 4 / 11e12, rel=1e-12)  # A and B exchanged
+    assert np_.overhead_s == 5e-7
+
+
+def test_matmul_proportion_caps_the_temporaries():
+    big = _gemm(3584)
+    operands = 3 * 3584 * 3584 * 4
+    assert _terms(lower(big, IPU, ProfileOptions()))["matmul_temporaries"] == pytest.approx(0.6 * CAPACITY)
+    capped = _terms(lower(big, IPU, ProfileOptions(matmul_proportion="0.15")))["matmul_temporaries"]
+    assert capped == int(0.15 * CAPACITY) < 4 * operands
+
+
+def test_vector_ops_run_on_the_vector_pipeline():
+    g = analyze_text("agraph (float16[64,1024] X) => (float16[64,1024] Y) { Y = Relu(X) }")
+    np_ = next(iter(lower(g, IPU, ProfileOptions()).node_plans.values()))
+    flops = 64 * 1024
+    used = 1  # 65 536 FLOPs: under one tile's grain
+    assert np_.compute_s == pytest.approx(flops / (4 * 1.85e9 * used), rel=1e-12)
+
+
+# -- the GEMM microbenchmarks --------------------------------------------------------------------------
+
+
+def test_largest_fp32_gemm_near_the_measured_3584():
+    assert lower(_gemm(3584), IPU, ProfileOptions()).fits
+    big = lower(_gemm(4096), IPU, ProfileOptions())
+    assert not big.fits and "IPU 0" in big.failure.reason and "matmul temporaries" in big.failure.reason
+    # closed form of the same terms: 3 n^2 x 4 B = capacity - 0.6 capacity - program - code
+    free = CAPACITY * 0.4 - PROGRAM - TILES * 256
+    largest = math.isqrt(int(free / 12))
+    assert abs(largest / 3584 - 1) < 0.15
+    assert lower(_gemm(largest), IPU, ProfileOptions()).fits
+    assert not lower(_gemm(largest + 8), IPU, ProfileOptions()).fits
+
+
+def test_achieved_gemm_rates_match_the_microbenchmarks():
+    def tflops(n: int, prec: str) -> float:
+        g = _gemm(n, "float16" if prec == "fp16" else "float")
+        plan = lower(g, IPU, ProfileOptions())
+        timeline = emulate(plan, g)
+        return 2 * n**3 / timeline.step_time_s / 1e12
+
+    fp32, fp16 = tflops(3584, "fp32"), tflops(3584, "fp16")
+    # Shekofteh (GC200, 1.33 GHz): 44.2 TFLOP/s fp32; Bow is the same tile at 1.85 GHz
+    assert abs(fp32 / (44.2 * 1.85 / 1.33) - 1) < 0.15
+    assert abs(fp32 / 87.5 / 0.607 - 1) < 0.15  # Jia (GC2): 60.7 % of peak
+    assert abs(fp16 / 350 / 0.473 - 1) < 0.15  # Jia (GC2): mixed 47.3 % of peak
+    assert abs(tflops(2048, "fp16") / tflops(2048, "fp32") / 2.35 - 1) < 0.15  # Peng (GC200)
+
+
+# -- layouts and steps on the hand-built decoder ------------------------------------------------------
+
+
+def _train(layers: int = 4, *, recompute: bool = True, **kw) -> object:
+    g = decoder(layers=layers, hidden=64, seq=16, batch=8)
+    TrainingPass(recompute=recompute)(g)
+    return g
+
+
+def test_even_split_over_ipus_and_errors():
     g = decoder(layers=6, hidden=64, seq=8)
     plan = lower(g, IPU, ProfileOptions(ipus=3))
-    order = {n.name: i for i, n in enumerate(g.nodes)}
-    last = -1
-    for unit in plan.units:
-        idx = [order[n] for n in unit.nodes]
-        assert idx == list(range(idx[0], idx[0] + len(idx))) and idx[0] == last + 1
-        last = idx[-1]
-    layers = [{g.node(n).layer for n in u.nodes} for u in plan.units]
-    assert all(len(s) == 2 for s in layers)  # balanced: two layers per IPU
+    assert plan.extra["layers_per_ipu"] == [2, 2, 2]
+    assert [{g.node(n).layer for n in u.nodes} for u in plan.units] == [{0, 1}, {2, 3}, {4, 5}]
+    assert lower(decoder(layers=5, hidden=64, seq=8), IPU, ProfileOptions(ipus=2)).extra["layers_per_ipu"] == [2, 3]
+    with pytest.raises(UserError, match="places 5 layers; the model has 6"):
+        lower(g, IPU, ProfileOptions(layers_per_ipu="1,4"))
+    with pytest.raises(UserError, match="names 2 IPUs but --ipus is 3"):
+        lower(g, IPU, ProfileOptions(layers_per_ipu="3,3", ipus=3))
+    with pytest.raises(UserError, match="one value or one per IPU"):
+        lower(g, IPU, ProfileOptions(layers_per_ipu="3,3", matmul_proportion="0.1,0.2,0.3"))
+    with pytest.raises(UserError, match="--layers-per-ipu"):
+        ProfileOptions(layers_per_ipu="0,0")
+    with pytest.raises(UserError, match="--matmul-proportion"):
+        ProfileOptions(matmul_proportion="1.5")
 
 
-def test_pipeline_overlaps_micro_batches_and_reports_tiles():
+def test_training_memory_terms_exact():
+    g = _train(4)
+    m = 8
+    plan = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m, replicas=2))
+    hidden, seq, act = 64, 16, 2  # fp16
+    layer_params = 4 * hidden * hidden + 2 * 4 * hidden * hidden
+    boundary = seq * hidden * act  # one sample's layer input per micro-batch
+    for k, inflight in ((0, 3), (1, 1)):  # stage s keeps 2 (S - 1 - s) + 1 micro-batches in flight
+        t = _terms(plan, k)
+        assert t["weights"] == 2 * layer_params * act
+        assert t["grad_accum"] == 2 * layer_params * act  # gradients in the weights' precision
+        assert t["optimizer_state"] == 0  # off-chip by default
+        assert plan.memory_bytes[f"streaming_ddr:ipu{k}"] == 2 * layer_params * 12 // 2  # master + moments, RTS /2
+        assert t["stash"] == 2 * boundary * inflight
+        assert t["exchange_buffers"] == 4 * boundary
+    onchip = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m, optimizer_state="onchip",
+                                          replicated_tensor_sharding=False, replicas=2))  # fmt: skip
+    assert _terms(onchip, 0)["optimizer_state"] == 2 * layer_params * 12
+    assert "streaming_ddr:ipu0" not in onchip.memory_bytes
+    no_rc = lower(_train(4, recompute=False), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m))
+    assert _terms(no_rc, 0)["stash"] > 10 * _terms(plan, 0)["stash"]  # whole layers stashed, not boundaries
+
+
+def test_step_is_cycles_plus_fill_drain_optimizer_and_reduction():
+    g = _train(4)
+    steps = {}
+    for m in (1, 2, 8):
+        plan = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m, replicas=2))
+        timeline = emulate(plan, g)
+        cycle = plan.extra["cycle_s"]
+        over = plan.step_overheads_s
+        assert set(over) == {"pipeline_fill_drain", "optimizer", "gradient_reduce"}
+        assert over["pipeline_fill_drain"] == pytest.approx(1 * cycle)  # S - 1 = 1 cycle
+        params = 2 * (4 * 64 * 64 + 8 * 64 * 64)
+        assert over["optimizer"] == pytest.approx(2 * params * 12 / 2 / 20e9)  # RTS shard in and out at 20 GB/s
+        assert over["gradient_reduce"] == pytest.approx(2 * (2 - 1) / 2 * params * 2 / 32e9)
+        assert timeline.step_time_s == pytest.approx(m * cycle + sum(over.values()), rel=1e-9)
+        assert plan.node_plans["optimizer.adam_step"].per_micro_batch_s == 0  # not on the last IPU's lane
+        steps[m] = (timeline.step_time_s, cycle, sum(over.values()) - over["pipeline_fill_drain"])
+    # throughput (replicas x m micro-batches per step) rises with m: bubble and optimizer amortised
+    tp = {m: 2 * m * 8 / 8 / s for m, (s, _c, _o) in steps.items()}  # batch 8 over m micro-batches
+    assert tp[1] < tp[2] < tp[8]
+
+
+def test_throughput_against_micro_batches_follows_the_pipeline_formula():
+    g = _train(4)
+    rel = {}
+    for m in (1, 2, 4, 8):
+        plan = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m))
+        timeline = emulate(plan, g)
+        cycle = plan.extra["cycle_s"]
+        opt = plan.step_overheads_s["optimizer"]
+        expected = m / ((m + 2 - 1) * cycle + opt)  # micro-batches per second
+        rel[m] = (m / timeline.step_time_s, expected)
+    for got, want in rel.values():
+        assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_pipeline_reports_tiles_and_most_loaded_ipu_sets_the_cycle():
     g = decoder(layers=4, hidden=128, seq=16, batch=8)
     plan = lower(g, IPU, ProfileOptions(ipus=2))
     timeline = emulate(plan, g)
     busy = [timeline.unit_busy_s[u.id] for u in plan.units]
     assert timeline.makespan_s < sum(busy)  # stages overlap across micro-batches
-    assert timeline.step_time_s == max(busy)  # the most loaded IPU sets throughput
+    assert plan.extra["cycle_s"] * plan.micro_batches == pytest.approx(max(busy))
+    assert timeline.step_time_s == pytest.approx(max(busy))  # inference: steps stream through, no bubble
+    assert "pipeline_fill_drain" not in plan.step_overheads_s
     metrics = compute_metrics(g, plan, timeline, IPU)
     for util in metrics.extra["tile_utilisation"]:
         assert 0 < util <= 1
     assert 0 < metrics.allocation_ratio <= 1
+
+
+def test_more_layers_eventually_do_not_fit_and_more_ipus_fix_it():
+    fits = {layers: lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1))
+            for layers in (4, 64)}  # fmt: skip
+    assert fits[4].fits and not fits[64].fits
+    failure = fits[64].failure
+    assert failure.reason.startswith("IPU 0 needs") and "largest part: weights" in failure.reason
+    assert "--ipus" in failure.reason
+    assert failure.needed_bytes > failure.capacity_bytes == CAPACITY
+    split = lower(decoder(layers=64, hidden=1024, seq=8), IPU, ProfileOptions(ipus=4))
+    assert split.fits and len(split.units) == 4
+
+
+# -- GPT-2 (exported once, weight-free) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_base():
+    from dabench_ir.sweep import graphs
+
+    return graphs.export_base(dict(family="gpt2", layers=12, hidden=768, heads=12, seq=1024, vocab=50257, batch=64))
+
+
+def _gpt2(base: bytes, layers: int, recompute: bool = True):
+    from dabench_ir.sweep import graphs
+
+    g = graphs.build_graph(base, layers)
+    PrecisionPass("mixed")(g)
+    TrainingPass(recompute=recompute)(g)
+    return g
+
+
+def test_gpt2_small_fits_the_vendor_layout(gpt2_base):
+    """graphcore/examples pretraining_small.sh: 0/4/4/4, matmul proportion 0.15, recompute,
+    micro-batch 1, state off-chip with RTS over 4 replicas (measurements.md section D)."""
+    g = _gpt2(gpt2_base, 12)
+    opts = ProfileOptions(mode="train", precision="mixed", recompute=True, batch=64, micro_batches=64,
+                          layers_per_ipu="0,4,4,4", matmul_proportion="0.15", replicas=4)  # fmt: skip
+    plan = lower(g, IPU, opts)
+    assert plan.fits, plan.failure
+    assert plan.extra["pipeline_stages"] == 5  # embedding, 3 x 4 layers, then the tied head back on IPU 0
+    assert [s["ipu"] for s in plan.extra["stages"]] == [0, 1, 2, 3, 0]
+    used = [sum(_terms(plan, k).values()) for k in range(4)]
+    assert max(used) <= CAPACITY
+    assert used[1] > used[2] > used[3]  # equal layers: the earlier IPU stashes more micro-batches
+    stash = [_terms(plan, k)["stash"] for k in range(1, 4)]
+    assert stash[0] > stash[1] > stash[2] > 0
+    tied = 50257 * 768 * 2
+    assert tied < _terms(plan, 0)["weights"] < tied + 1024 * 768 * 2 + 16384  # tied table once, positions, norm
+    assert all(_terms(plan, k)["optimizer_state"] == 0 for k in range(4))
+    assert plan.extra["optimizer_state"].startswith("off-chip")
+    timeline = emulate(plan, g)
+    assert "optimizer" in timeline.overheads_s and plan.node_plans["optimizer.adam_step"].unit == "optimizer"
+
+
+def test_gpt2_four_layers_on_two_ipus(gpt2_base):
+    g = _gpt2(gpt2_base, 4)
+    base = dict(mode="train", precision="mixed", recompute=True, batch=64, micro_batches=64, ipus=2)
+    vendor = lower(g, IPU, ProfileOptions(**base, matmul_proportion="0.15"))
+    assert vendor.fits, vendor.failure
+    assert vendor.extra["layers_per_ipu"] == [2, 2]
+    # the PopLibs default proportion lets the 50 257-word head's temporaries take 60 % of IPU 1
+    default = lower(g, IPU, ProfileOptions(**base))
+    assert not default.fits
+    assert default.failure.reason.startswith("IPU 1 needs") and "matmul temporaries" in default.failure.reason
+    assert "--matmul-proportion" in default.failure.reason
+    stashed = lower(_gpt2(gpt2_base, 4, recompute=False), IPU, ProfileOptions(**base, matmul_proportion="0.15"))
+    assert not stashed.fits and "largest part: stash" in stashed.failure.reason
+    assert "--recompute" in stashed.failure.reason

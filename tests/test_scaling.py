@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.errors import UserError
-from dabench_ir.lowering.collectives import ring_allreduce_time
+from dabench_ir.lowering.collectives import hierarchical_allreduce_time, ring_allreduce_time
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.scaling import scale, split_for_tp
@@ -93,12 +93,12 @@ def test_training_state_counts_against_memory_and_can_flip_fits():
     b = lower(train, target, ProfileOptions()).memory_bytes
     params = sum(v.type.numel() for v in infer.weights())
     assert sum(b.values()) - sum(a.values()) >= (4 + ADAM_MOMENT_BYTES_PER_PARAM) * params  # fp32 grads + moments
-    # the IPU holds everything in tile SRAM: a model that fits for inference stops fitting in training
+    # with optimizer state in tile SRAM too, a model that fits for inference stops fitting in training
     big_infer, big_train = decoder(layers=8, hidden=1024), decoder(layers=8, hidden=1024)
     TrainingPass()(big_train)
     ipu = load_target("ipu")
     assert lower(big_infer, ipu, ProfileOptions()).fits
-    assert not lower(big_train, ipu, ProfileOptions()).fits
+    assert not lower(big_train, ipu, ProfileOptions(optimizer_state="onchip")).fits
 
 
 def test_pp_stage_fit_counts_training_state_like_the_lowerings():
@@ -126,3 +126,34 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     exact = [train[k] * share for k in kinds]
     assert training_bytes(ctx, stage) == sum(math.ceil(e) for e in exact) > sum(math.floor(e) for e in exact)
     assert point.failure["needed_bytes"] == weight_bytes(ctx, stage) + training_bytes(ctx, stage)
+
+
+def test_tp_crosses_the_node_boundary_hierarchically():
+    # SN30-8 nodes hold 8 RDUs: 8 chips stay inside one node, 16 span two
+    graph = decoder(layers=2, hidden=64)
+    target = load_target("sn30")
+    assert target.topology.per_node == 8
+    result = scale(graph, target, [8, 16], "tp", ProfileOptions())
+    assert result.devices_per_node == 8
+    eight, sixteen = result.points
+    assert (eight.nodes, sixteen.nodes) == (1, 2)
+    _, allreduces = split_for_tp(graph, 16)
+    intra, inter = target.topology.intra, target.topology.inter
+    per = hierarchical_allreduce_time(
+        allreduces[0], 16, 8, (intra.bandwidth_bytes_per_s, intra.latency_s), (inter.bandwidth_bytes_per_s, inter.latency_s)
+    )
+    assert sixteen.comm_time_s == pytest.approx(len(allreduces) * per)
+    assert per > ring_allreduce_time(allreduces[0], 8, intra.bandwidth_bytes_per_s, intra.latency_s)
+    assert any("crosses the node boundary" in n for n in sixteen.notes)
+    assert not any("crosses" in n for n in eight.notes)
+
+
+def test_scale_table_marks_the_node_boundary():
+    from dabench_ir.commands.scale import render_scale
+
+    graph = decoder(layers=2, hidden=64)
+    text = render_scale(scale(graph, load_target("h100"), [1, 8, 16], "tp", ProfileOptions()))
+    assert "8 per node" in text
+    assert "crosses the node boundary" in text
+    rows = [line.split() for line in text.splitlines()[2:5]]
+    assert [r[:2] for r in rows] == [["1", "1"], ["8", "1"], ["16", "2*"]]

@@ -213,7 +213,7 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     tp = by[("tiny-rdu", "samples_per_s")]
     assert tp["status"] == "ok" and float(tp["predicted"]) > 0
     assert float(tp["rel_error"]) == pytest.approx((float(tp["predicted"]) - 100.0) / 100.0)
-    assert by[("tiny-rdu", "host_time_s")]["note"] == "not predicted"
+    assert float(by[("tiny-rdu", "host_time_s")]["predicted"]) > 0  # the RDU reports its host time as a row
     assert by[("tiny-rdu", "joules")]["note"].startswith("not predicted (a quantity the catalogue format does not")
     assert float(by[("tiny-rdu", "tokens_per_s")]["predicted"]) == pytest.approx(8 * float(tp["predicted"]))
     assert by[("tiny-rdu", "sections")]["predicted"] != ""

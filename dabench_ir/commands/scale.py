@@ -94,8 +94,11 @@ def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
+    if result.devices_per_node:
+        head += f", {result.devices_per_node} per node"
     cols = [
         "chips",
+        "nodes",
         "batch",
         "step",
         "samples/s",
@@ -113,6 +116,7 @@ def render_scale(result) -> str:
         rows.append(
             [
                 str(p.chips),
+                str(p.nodes) + ("*" if p.nodes > 1 else ""),
                 str(p.batch),
                 seconds(p.time_s),
                 human(p.throughput_samples_per_s),
@@ -129,6 +133,12 @@ def render_scale(result) -> str:
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    crossing = [p.chips for p in result.points if p.nodes > 1]
+    if crossing and result.devices_per_node:
+        lines.append(
+            f"  * crosses the node boundary ({result.devices_per_node} devices per node): collectives are "
+            "hierarchical, the inter-node link carries each device's shard"
+        )
     for p in result.points:
         if p.failure:
             lines.append(f"  {p.chips} chips: {p.failure['reason']}")

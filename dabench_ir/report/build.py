@@ -72,7 +72,7 @@ def build_report(
         records.append(record)
 
     total = sum((r.cost for r in records if r.cost is not None), Cost())
-    samples = opts.batch or graph.batch_size or 1
+    samples = (opts.batch or graph.batch_size or 1) * (plan.extra.get("data_parallel_replicas", 1) if plan else 1)
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s
