@@ -9,7 +9,11 @@ own: each phase is a graph (`dabench-ir export`, prefill and ``--phase decode``)
 
 Decode steps depend on each other (token t+1 needs token t), so a step's time is its
 latency: where a lowering can overlap consecutive steps in a steady-state pipeline, the
-scenario asks it not to (``steady_state=False``: fill and drain counted).
+scenario asks it not to (``steady_state=False``: fill and drain counted). A prefill is one
+step too, except on targets whose pipeline streams the prompt's tokens through its stages
+(the WSE, `_STREAMS_TOKENS`): there its latency is the pipeline period. On a WSE left at
+``--wse-mode auto`` each phase is placed pipelined (weights resident in SRAM) when that fits,
+else weight-streamed.
 
 The cache grows by one token per step, and a step's time is linear in its context length
 (the cache bytes read and the attention FLOPs are), so the decode graph is placed at a few
@@ -317,14 +321,36 @@ def _homes(plan: Plan, target: Target) -> dict[str, str]:
     return {"weights": weights, "kv_cache": f"{feed.name} ({feed.level})"}
 
 
-def _place(graph: Any, target: Target, opts: ProfileOptions) -> tuple[Plan, Report]:
-    """Place one costed graph as one dependent step (no overlap with the next step)."""
+_STREAMS_TOKENS = frozenset({"wse"})
+"""Target kinds whose pipeline streams a prompt's tokens through its stages (activations flow
+as they are produced), so a prefill's latency is the pipeline's period, not the sum of its
+stages. Every other pipeline passes a whole micro-batch from stage to stage."""
+
+
+def _place(graph: Any, target: Target, opts: ProfileOptions, *, streamed: bool = False) -> tuple[Plan, Report]:
+    """Place one costed graph as one dependent step (no overlap with the next step).
+
+    Serving keeps weights resident where they fit: on a WSE left at ``--wse-mode auto`` the
+    step is placed pipelined (weights in SRAM) first, and weight-streamed only when that
+    does not fit (the lowering's own auto rule is a training rule: stream from 1 B parameters).
+    """
+    if target.kind == "wse" and getattr(opts, "wse_mode", None) == "auto":
+        plan, report = _place_once(graph, target, dataclasses.replace(opts, wse_mode="pipelined"), streamed)
+        if plan.fits:
+            return plan, report
+        return _place_once(graph, target, dataclasses.replace(opts, wse_mode="streaming"), streamed)
+    return _place_once(graph, target, opts, streamed)
+
+
+def _place_once(graph: Any, target: Target, opts: ProfileOptions, streamed: bool) -> tuple[Plan, Report]:
     from dabench_ir.lowering import lowering_for
     from dabench_ir.place import place
     from dabench_ir.report.build import build_report
 
     lowering = lowering_for(target)
-    internals = {"steady_state": False} if "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)} else {}
+    steady = streamed and target.kind in _STREAMS_TOKENS
+    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
+    internals = {"steady_state": steady} if has_option else {}
     plan, timeline, metrics = place(graph, target, lowering.options(opts, **internals))
     report = build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
     return plan, report
@@ -336,7 +362,7 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     from dabench_ir.pipeline import prepare_graph
 
     graph = prepare_graph(bind_dims(proto, dims), opts)
-    plan, report = _place(graph, target, opts)
+    plan, report = _place(graph, target, opts, streamed=phase == "prefill")
     cache = kv_cache_values(graph)
     cache_in = [n for n in cache if n in graph.inputs]
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
