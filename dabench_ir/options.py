@@ -289,10 +289,10 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to scale over", parse=_positive, group="scale",
-                      commands=frozenset({SCALE, SWEEP}), many=frozenset({SCALE}))  # fmt: skip
+    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_positive,
+                      group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
-                                commands=frozenset({SCALE, SWEEP}))  # fmt: skip
+                                commands=frozenset({SCALE, SWEEP, PROFILE}))  # fmt: skip
 
 
 def _collect(*classes: type) -> dict[str, Knob]:

@@ -123,6 +123,8 @@ class GenerateResult:
     decode: list[PhaseRun]  # the sampled context lengths, ascending
     decode_total_s: float  # all gen−1 decode steps, interpolated between the samples
     interpolated: bool
+    chips: int = 1
+    strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
 
     @property
     def ttft_s(self) -> float:
@@ -169,6 +171,8 @@ class GenerateResult:
             "batch": self.batch,
             "precision": self.precision,
             "kv_precision": self.kv_precision,
+            "chips": self.chips,
+            "strategy": self.strategy,
             "ttft_s": self.ttft_s,
             "tpot_mean_s": tpot,
             "decode_total_s": self.decode_total_s,
@@ -356,13 +360,33 @@ def _place_once(graph: Any, target: Target, opts: ProfileOptions, streamed: bool
     return plan, report
 
 
+def _scaled(graph: Any, target: Target, opts: Any) -> tuple[float, bool, str | None]:
+    """Step time, fit and failure of ``graph`` over ``opts.chips`` chips (`dabench_ir.scaling`)."""
+    from dabench_ir.scaling import scale
+
+    strategy = opts.strategy or "tp"
+    point = scale(graph, target, [opts.chips], strategy, opts).points[0]
+    failure = (point.failure or {}).get("reason") if point.failure else None
+    return point.time_s, point.fits, failure
+
+
 def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions) -> PhaseRun:
+    """One phase's graph bound to ``dims`` (batch, seq or context), costed and placed.
+
+    With ``opts.chips`` > 1 (a `ScaleOptions`) the step time and fit are those of the graph
+    scaled over the chips (``--strategy``, default tp: Megatron-style heads and MLP columns
+    split, two all-reduces per layer); the per-node report is then one chip's whole graph.
+    """
     from dabench_ir.models.export import bind_dims
     from dabench_ir.passes.precision import kv_cache_values
     from dabench_ir.pipeline import prepare_graph
 
     graph = prepare_graph(bind_dims(proto, dims), opts)
     plan, report = _place(graph, target, opts, streamed=phase == "prefill")
+    time_s, fits = report.timeline.step_time_s, plan.fits
+    failure = plan.failure.reason if plan.failure else None
+    if getattr(opts, "chips", 1) > 1:
+        time_s, fits, failure = _scaled(graph, target, opts)
     cache = kv_cache_values(graph)
     cache_in = [n for n in cache if n in graph.inputs]
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
@@ -372,9 +396,9 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0),
-        time_s=report.timeline.step_time_s,
-        fits=plan.fits,
-        failure=plan.failure.reason if plan.failure else None,
+        time_s=time_s,
+        fits=fits,
+        failure=failure,
         weight_bytes=weights,
         kv_cache_bytes=kv_bytes,
         memory_bytes={k: int(v) for k, v in plan.memory_bytes.items()},
@@ -417,6 +441,7 @@ def generate(
         prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
     params = json.loads(_metadata(decode_proto).get("dabench.params", "{}"))
     run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
+    chips = getattr(opts, "chips", 1)
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
     prefill = run_phase(prefill_proto, {"batch": batch, "seq": prompt}, "prefill", tgt, run_opts)
     decode = []
@@ -440,6 +465,8 @@ def generate(
         decode=decode,
         decode_total_s=total,
         interpolated=len(decode) < len(contexts),
+        chips=chips,
+        strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
     )
 
 
@@ -479,8 +506,9 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
     name = m.get("preset") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
     rate = result.decode_tokens_per_s_per_user
+    on = f"{result.chips} x {result.target} ({result.strategy})" if result.chips > 1 else result.target
     lines = [
-        f"Generation: {name} on {result.target}, batch {result.batch}, prompt {result.prompt}, "
+        f"Generation: {name} on {on}, batch {result.batch}, prompt {result.prompt}, "
         f"gen {result.gen}, precision {result.precision}, KV cache {result.kv_precision}",
         "",
         f"  time to first token          {_t(result.ttft_s)}",
@@ -514,8 +542,16 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
-    """``dabench-ir profile MODEL --scenario generate``: the CLI's one entry here."""
+def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int | None:
+    """``dabench-ir profile MODEL --scenario generate``: the CLI's one entry here; None (and
+    nothing done) when no scenario was asked for."""
+    from dabench_ir.options import PROFILE, ScaleOptions, options_from_args
+
+    if not opts.scenario:
+        if getattr(args, "chips", None) or getattr(args, "strategy", None):
+            raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
+        return None
+    opts = options_from_args(args, ScaleOptions, PROFILE)
     if opts.prompt is None or opts.gen is None:
         raise UserError("--scenario generate needs --prompt P and --gen G (tokens per request)")
     if not getattr(args, "target", None) or "," in args.target:

@@ -310,3 +310,14 @@ def test_generate_cli(llama7b_pair, tmp_path, capsys):
     assert main(["profile", pair, "--scenario", "generate", "--prompt", "4", "--gen", "8", "-t", "ipu",
                  "--precision", "fp8", "-q"]) == 2  # fmt: skip
     assert "does not support fp8e4m3" in capsys.readouterr().err
+
+
+def test_generate_over_two_gpus_tensor_parallel(llama7b_pair):
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.scenario import generate
+
+    one = generate(llama7b_pair, "h100", ProfileOptions(batch=1), prompt=16, gen=2)
+    two = generate(llama7b_pair, "h100", ScaleOptions(batch=1, chips=2, strategy="tp"), prompt=16, gen=2)
+    assert two.chips == 2 and two.to_dict()["strategy"] == "tp"
+    # half the weights per GPU, plus two all-reduces per layer: faster, but not twice as fast
+    assert one.tpot_s / 2 < two.tpot_s < one.tpot_s

@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args, ProfileOptions, PROFILE)
     _check_outputs(args)
     progress = Progress(quiet=args.quiet)
-    if opts.scenario:  # prefill + decode of a request batch: dabench_ir/scenario.py
-        from dabench_ir.scenario import run_scenario
+    from dabench_ir.scenario import run_scenario  # --scenario generate: prefill + decode of a request batch
 
-        return run_scenario(args, opts, progress)
+    status = run_scenario(args, opts, progress)
+    if status is not None:
+        return status
     if args.target and "," in args.target:
         return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, opts)
     from dabench_ir.pipeline import run_profile
