@@ -313,7 +313,8 @@ def _homes(plan: Plan, target: Target) -> dict[str, str]:
     given = plan.extra.get("homes")
     if isinstance(given, dict):
         return {str(k): str(v) for k, v in given.items()}
-    names = dict.fromkeys(name.split(":")[0] for name in plan.memory_bytes)  # "sram:ipu0" is a share of "sram"
+    # "sram:ipu0" is a share of "sram"; a memory the plan holds nothing in is no home
+    names = dict.fromkeys(name.split(":")[0] for name, held in plan.memory_bytes.items() if held > 0)
     held = [target.memory(name) for name in names if target.has_memory(name)]
     off = [m for m in held if m.level == "off-chip"]
     feed = target.feed_memory
@@ -443,7 +444,8 @@ def generate(
     run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
     chips = getattr(opts, "chips", 1)
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
-    prefill = run_phase(prefill_proto, {"batch": batch, "seq": prompt}, "prefill", tgt, run_opts)
+    prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
+    prefill = run_phase(prefill_proto, {"batch": batch, "seq": prompt}, "prefill", tgt, prefill_opts)
     decode = []
     for context in sample_contexts(prompt, gen, samples):
         say(f"placing a decode step at context {context} on {tgt.name}")
