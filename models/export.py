@@ -542,6 +542,8 @@ def export_model(
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"output folder {path.parent} does not exist; create it or change -o")
+    if cfg.phase == "decode" and format != "onnx":
+        raise UserError("a decode graph (phase decode) exports as ONNX only; use format onnx")
     if format in ("mlir-torch", "mlir-linalg"):
         from dabench_ir.models.mlir_export import export_mlir
 

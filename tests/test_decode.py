@@ -59,6 +59,22 @@ def test_decode_config_errors():
         get_preset("gpt2-small", phase="decode", context=1024, seq=1)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--phase", "decode"], "needs --context"),
+        (["--context", "8"], "apply to --phase decode"),
+        (["--phase", "decode", "--context", "8", "--seq", "4"], "not --seq"),
+        (["--phase", "decode", "--context", "8", "--format", "mlir-torch"], "ONNX only"),
+    ],
+)
+def test_export_decode_usage_errors(argv, message, tmp_path, capsys):
+    from dabench_ir.cli import main
+
+    assert main(["export", "--preset", "llama-7b", *argv, "-o", str(tmp_path / "x.onnx")]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_int4_is_half_a_byte():
     assert TensorType((3, 5), DType.INT4).nbytes() == 8  # 15 nibbles, rounded up to whole bytes
     assert TensorType((4096, 4096), DType.INT4).nbytes() == 4096 * 2048
