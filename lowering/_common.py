@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
@@ -422,5 +422,5 @@ def place_node(
         overhead_s=overhead_s,
         bound=classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s),
         allocation=allocation,
-        note=UNATTRIBUTED_NOTE if node.name in ctx.unattributed else "",
+        note=UNATTRIBUTED_NOTE if node.name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else "",
     )
