@@ -85,7 +85,7 @@ def test_commands_offer_their_knobs():
     assert "via" in knobs_for(PROFILE) and "via" not in knobs_for(SCALE) and "via" not in knobs_for(SWEEP)
     assert "measure" in knobs_for(PROFILE) and "measure" not in knobs_for(SWEEP)
     assert {"chips", "strategy"} <= set(knobs_for(SCALE)) & set(knobs_for(SWEEP))
-    assert "chips" not in knobs_for(PROFILE)
+    assert "chips" in knobs_for(PROFILE)  # profile --scenario generate --chips N
 
 
 # -- the CLI -------------------------------------------------------------------------------------
