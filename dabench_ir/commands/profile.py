@@ -19,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Cost every node of MODEL (.onnx or .mlir), optionally place it on a target "
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
-    p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file")
+    p.add_argument(
+        "model", metavar="MODEL", help="an .onnx or .mlir file (--scenario generate: also a preset name)"
+    )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
     add_knob_arguments(p, PROFILE)
@@ -65,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         args.quiet = True  # stdout carries the JSON alone
     progress = Progress(quiet=args.quiet)
+    from dabench_ir.scenario import run_scenario  # --scenario generate: prefill + decode of a request batch
+
+    status = run_scenario(args, opts, progress)
+    if status is not None:
+        return status
     if args.target and "," in args.target:
         return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, opts)
     from dabench_ir.pipeline import run_profile
