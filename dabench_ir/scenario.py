@@ -34,7 +34,6 @@ import itertools
 import json
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,11 +187,9 @@ class GenerateResult:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        from dabench_ir.fileio import write_output
+
+        return write_output(path, json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n")
 
 
 def _json_default(obj: Any) -> Any:

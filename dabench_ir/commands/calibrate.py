@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
@@ -52,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     path, reason = calibration_status(key["threads"], allow_quick=args.quick)
     to_stdout = args.json == "-"
     say = (lambda text: print(text, file=sys.stderr)) if to_stdout else print
-    if args.json and not to_stdout and not Path(args.json).resolve().parent.is_dir():
-        raise UserError(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
+    if args.json and not to_stdout:
+        from dabench_ir.fileio import check_output_path
+
+        check_output_path(args.json, "--json")
     if args.force or reason is not None:
         if reason is not None and not args.force:
             say(f"{reason}.")
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         if to_stdout:
             print(text)
             return 0
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+        from dabench_ir.fileio import write_output
+
+        write_output(args.json, text + "\n")
     say(_summary(data, status))
     say(f"calibration file: {path}")
     if args.json:

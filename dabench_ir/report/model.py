@@ -196,15 +196,13 @@ class Report:
         """One row per module role and per overhead (columns: `attribution.ROLE_COLUMNS`)."""
         from dabench_ir.report.attribution import ROLE_COLUMNS, role_rows
 
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w", newline="") as fh:
+        def write(fh) -> None:
             writer = csv.DictWriter(fh, fieldnames=list(ROLE_COLUMNS))
             writer.writeheader()
             for row in role_rows(self):
-                writer.writerow({k: ("" if row[k] is None else row[k]) for k in ROLE_COLUMNS})
-        tmp.replace(path)
-        return path
+                writer.writerow({k: csv_cell(row[k]) for k in ROLE_COLUMNS})
+
+        return write_with(path, write)
 
     def to_pandas(self):
         """Per-node DataFrame (needs pandas)."""

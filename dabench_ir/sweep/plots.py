@@ -8,11 +8,12 @@ batch and throughput vs chips.
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from dabench_ir.fileio import write_with
 
 __all__ = ["target_label", "write_plots"]
 
@@ -130,9 +131,9 @@ def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str]) -> l
             logger.warning("plot %s skipped: %s", name, exc)
             continue
         path = folder / name
-        tmp = path.with_name(f".{name}.{os.getpid()}.tmp.png")
-        fig.savefig(tmp, dpi=110)
-        plt.close(fig)
-        os.replace(tmp, path)
+        try:
+            write_with(path, lambda fh, fig=fig: fig.savefig(fh, format="png", dpi=110), binary=True)
+        finally:
+            plt.close(fig)
         written.append(path)
     return written
