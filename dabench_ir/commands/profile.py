@@ -193,13 +193,17 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the work, not after, when an output cannot be written (dabench_ir.fileio)."""
     from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
 
-    check_input_file(args.model, "MODEL")
+    import os
+
+    models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
+    for model in models:
+        check_input_file(model, "MODEL")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
         if path is not None:
-            check_output_path(path, f"--{flag}", inputs=[args.model], allow_stdout=True)
+            check_output_path(path, f"--{flag}", inputs=models, allow_stdout=True)
     if args.plots is not None:
         check_output_dir(args.plots, "--plots")
 

@@ -255,6 +255,9 @@ _REPORT_TABLES = {"model": dict, "totals": dict, "metrics": (dict, type(None)), 
 _REPORT_NUMBERS = frozenset({"time_s", "throughput_samples_per_s", "achieved_flops_per_s", "measured_time_s",
                              "allocation_ratio", "load_imbalance", "compute_efficiency", "target_power_w",
                              "flops", "bytes", "energy_j"})  # fmt: skip
+_NODE_NUMBERS = ("flops", "bytes", "intensity", "time_s", "start_s", "measured_time_s", "predicted_time_s",
+                 "energy_j", "contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in",
+                 "act_bytes_out")  # fmt: skip
 _NODE_TEXT = ("name", "op_type", "scope", "op_class", "bound", "unit", "precision", "note")
 
 
@@ -285,7 +288,7 @@ def check_report_dict(data: dict[str, Any], where: str = "report") -> dict[str, 
             value = (data.get(table) or {}).get(key)
             if value is not None and not isinstance(value, str):
                 raise bad(f"{table} {key!r} is not text")
-    numeric = [c for c in CSV_COLUMNS if c not in _NODE_TEXT and c != "layer"]
+    numeric = _NODE_NUMBERS
     for i, node in enumerate(data.get("nodes") or []):
         if not isinstance(node, dict):
             raise bad(f"node #{i} is a {type(node).__name__}, not an object")
