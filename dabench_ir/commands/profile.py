@@ -191,9 +191,9 @@ _OUTPUTS = ("json", "csv", "html", "trace", "annotate", "plots")
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the work, not after, when an output cannot be written (dabench_ir.fileio)."""
-    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
-
     import os
+
+    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     for model in models:
