@@ -2,7 +2,11 @@
 
 Each kernel takes ``max(flops / peak, bytes / DRAM bandwidth)`` plus a fixed launch
 overhead, on one in-order stream. Weights and the peak of live activations must fit in
-device memory (HBM). The host CPU lowering (`cpu`) places nodes the same way, one per
+device memory (HBM). In training the step runs ``micro_batches`` micro-batches one after
+another (gradient accumulation): each kernel launches and reads its weights once per
+micro-batch, activations are held for one micro-batch at a time, and the optimizer runs
+once per step. ``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
+host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
 """
 
@@ -18,7 +22,10 @@ from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     kernel_groups,
+    peak_live_bytes,
     place_node,
+    training_state,
+    weight_bytes,
 )
 from dabench_ir.plan import Plan, Schedule, Unit
 
@@ -36,6 +43,8 @@ class GpuOptions(LoweringOptions):
     elementwise chains onto their producer's kernel, as GPU compilers do."""
 
     fuse_elementwise: bool = internal(True)
+    micro_batches: int | None = None
+    optimizer_state: str = "auto"
 
 
 class GpuLowering(Lowering):
@@ -69,6 +78,8 @@ def stream_plan(
     ``times`` (seconds per node) where a finer model has them; fits when the weights and the
     peak of live activations fit the feed memory."""
     times = times or {}
+    m = max(1, int(getattr(options, "micro_batches", None) or 1))
+    offload = getattr(options, "optimizer_state", "auto") == "offchip"
     peak = target.peak_flops(ctx.precision)
     mem = target.feed_memory
     bw = mem.bandwidth_bytes_per_s
@@ -86,7 +97,8 @@ def stream_plan(
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             work = ctx.is_work(node)
-            overhead = launch if work and not launched else 0.0
+            runs = 1 if ctx.is_optimizer_step(node) else m  # the optimizer runs once per step
+            overhead = runs * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
@@ -97,7 +109,7 @@ def stream_plan(
                 node,
                 unit=unit.id,
                 compute_s=cost.flops / peak,
-                memory_s=cost.bytes / bw,
+                memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
                 overhead_s=overhead,
                 feed_level=mem.level,
                 feed_bytes=cost.bytes,
@@ -110,12 +122,24 @@ def stream_plan(
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
-    resident = ctx.resident_bytes()
+    state = training_state(ctx)
+    host = state.optimizer_side if offload else 0
+    resident = (
+        weight_bytes(ctx)
+        + math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m)
+        + state.gradients
+        + state.optimizer_side
+        - host
+        + math.ceil(state.activations / m)
+    )
     plan.memory_bytes[mem.name] = resident
+    if host:
+        plan.memory_bytes["host"] = host
     plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:
         plan.fail(
-            f"weights and live activations need {resident / 1e9:.2f} GB of {mem.name}, "
+            f"weights{', training state' if state.total else ''} and live activations need "
+            f"{resident / 1e9:.2f} GB of {mem.name}, "
             f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
             resident,
             mem.capacity_bytes,

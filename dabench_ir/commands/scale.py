@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from dabench_ir.pipeline import prepare_graph
+    from dabench_ir.pipeline import prepare_graph, resolve_defaults
     from dabench_ir.progress import Progress
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     merged: ScaleResult | None = None
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = ScaleOptions(**values, batch=batch)
+        opts = resolve_defaults(ScaleOptions(**values, batch=batch), target)
         graph = prepare_graph(args.model, opts)
         progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
         # pipeline micro-batches are the pp split's, not the single chip's lowering

@@ -33,6 +33,7 @@ def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
 
     opts = point_options(params)
     target = pipeline.resolve_target(params["target"], opts)
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     if opts.chips != 1:
         return _scaled(graph, target, opts)
