@@ -32,7 +32,7 @@ from dabench_ir.plan import Plan, Schedule, Unit
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "stream_plan"]
+__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "device_memory", "stream_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,32 @@ class GpuLowering(Lowering):
 
 
 LOWERING = GpuLowering()
+
+
+def device_memory(
+    ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
+) -> dict[str, int]:
+    """Bytes one device holds, by kind: ``weights``, ``gradients``, ``optimizer`` (fp32 master
+    weights and Adam moments), ``activations`` (saved for backward, one micro-batch), ``live``
+    (the forward's peak of live tensors, one micro-batch) and ``host`` (optimizer state
+    offloaded to CPU memory). ``zero``: the ZeRO stage over ``shards`` data-parallel devices
+    (Rajbhandari et al., SC'20: 1 shards the optimizer state, 2 also gradients, 3 also the
+    weights, as FSDP does)."""
+    m = max(1, micro_batches)
+    state = training_state(ctx)
+
+    def shard(nbytes: int, stage: int) -> int:
+        return math.ceil(nbytes / shards) if zero >= stage and shards > 1 else nbytes
+
+    optimizer = shard(state.optimizer_side, 1)
+    return {
+        "weights": shard(weight_bytes(ctx), 3),
+        "gradients": shard(state.gradients, 2),
+        "optimizer": 0 if offload else optimizer,
+        "activations": math.ceil(state.activations / m),
+        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m),
+        "host": optimizer if offload else 0,
+    }
 
 
 def stream_plan(
@@ -122,19 +148,12 @@ def stream_plan(
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
-    state = training_state(ctx)
-    host = state.optimizer_side if offload else 0
-    resident = (
-        weight_bytes(ctx)
-        + math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m)
-        + state.gradients
-        + state.optimizer_side
-        - host
-        + math.ceil(state.activations / m)
-    )
+    parts = device_memory(ctx, micro_batches=m, offload=offload)
+    resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
-    if host:
-        plan.memory_bytes["host"] = host
+    if parts["host"]:
+        plan.memory_bytes["host"] = parts["host"]
+    state = training_state(ctx)
     plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:
         plan.fail(

@@ -36,6 +36,7 @@ __all__ = [
     "FUSED_ATTENTION",
     "MASTER_BYTES_PER_PARAM",
     "RECOMPUTE",
+    "SAVED",
     "FusedAttentionPass",
     "TrainingPass",
     "attention_cores",
@@ -104,6 +105,7 @@ def _itemsize(node: Node) -> int:
 
 RECOMPUTE = ("none", "selective", "full")
 FUSED_ATTENTION = "dabench.fused_attention"  # node meta: the attention core id a fused kernel runs it in
+SAVED = "dabench.train.saved"  # node meta: {value: bytes} the node keeps for backward (whole bound batch)
 
 # What autograd keeps for the backward pass, by op type (PyTorch's saved tensors; docs/training.md):
 _SAVES_OUTPUT = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal"})
@@ -297,6 +299,8 @@ class TrainingPass(Pass):
             node.meta[FORWARD_COST] = forward
             node.meta[BACKWARD_COST] = bwd
             node.meta[meta.COST] = forward + bwd
+            if keep:
+                node.meta[SAVED] = keep
             saved.update(keep)
             per_layer.setdefault(node.layer, {}).update(keep)
             if any(c.layer != node.layer for out in node.outputs for c in graph.consumers.get(out, ())):
