@@ -458,8 +458,15 @@ def scale(
             pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
         else:
             pt = _pp_point(graph, target, options, n, single, micro_batches)
-        if target.topology is not None:
+        on_wafer = target.kind == "wse" and strategy == "dp"  # replicas share one wafer
+        if target.topology is not None and not on_wafer:
             pt.nodes = target.topology.nodes(n)
+            if pt.nodes > 1 and strategy == "pp":
+                topo = target.topology
+                pt.notes.append(
+                    f"crosses the node boundary: {pt.nodes} nodes of {topo.per_node}; stage boundaries between "
+                    f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
+                )
             if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0:
                 pt.notes.append(
                     f"crosses the node boundary: {pt.nodes} nodes of {target.topology.per_node} "
