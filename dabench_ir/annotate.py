@@ -18,7 +18,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.passes.meta import COST, UNATTRIBUTED
+from dabench_ir.passes.meta import COST, ESTIMATED, UNATTRIBUTED
 
 __all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "node_annotations"]
 
@@ -47,6 +47,8 @@ def node_annotations(node: Node, extra: Mapping[str, Any] | None = None) -> dict
             out["dabench.intensity"] = round(cost.intensity, 6)
     if UNATTRIBUTED in node.meta:
         out["dabench.unattributed"] = str(node.meta[UNATTRIBUTED])
+    if ESTIMATED in node.meta:  # a bytes-only lower bound: no rule counted it
+        out["dabench.estimated"] = f"estimated: no rule ({node.meta[ESTIMATED]})"
     if node.layer is not None:
         out["dabench.layer"] = node.layer
     for key, value in (extra or {}).items():

@@ -23,6 +23,8 @@ _COMMANDS = (
     "scale",
     "sweep",
     "compare",
+    "study",
+    "diff",
     "targets",
     "calibrate",
     "demo",

@@ -118,6 +118,12 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
             li = sum(u.resources["load_imbalance"] * weights[u.id] for u in plan.units) / total if total > 0 else li
     else:
         li = _ratio(list(lanes_of["all"].values())) if lanes_of else 1.0
+        # lanes that declare the compute units they hold (WSE regions) weigh by them: the share
+        # of the held units' time that is busy, comparable across regions of very different sizes
+        held = {u.id: u.resources["units"] for u in plan.units if "units" in u.resources}
+        lanes = lanes_of.get("all", {})
+        if lanes and all(lane in held for lane in lanes) and max(lanes.values()) > 0:
+            li = sum(held[lane] * b for lane, b in lanes.items()) / (max(lanes.values()) * sum(held[x] for x in lanes))
     li = _clamp(li, 1e-12)
 
     # efficiency

@@ -742,7 +742,7 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.notes.append(f"the tool says it does not fit: {why}")
     for key, value in p.measured.items():
         if key in _MEASURED_FILES:
-            result.quantities += _kernel_quantities(p, key, value)
+            result.quantities += _kernel_quantities(p, key, value, report)
             continue
         if not report.fits:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
@@ -759,14 +759,31 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
 
 
-def _kernel_quantities(p: Point, key: str, name: str) -> list[Quantity]:
+def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
     path = Path(p.file).parent / name
     if not path.is_file():
         return [Quantity(f"{key}", None, None, f"file {name} not found next to {Path(p.file).name}")]
+    # the plan's regions by kernel class (WSE: unit kind "wse_region:<class>"; the I/O region is "patio")
+    pes: dict[str, float] = {}
+    for u in report.units if report is not None and report.fits else []:
+        kind = str(u.get("kind", ""))
+        cls = kind.partition(":")[2] if kind.startswith("wse_region:") else "patio" if kind == "wse_io" else ""
+        if cls:
+            pes[cls] = pes.get(cls, 0.0) + float(u.get("resources", {}).get("pes", 0.0))
     out = []
     for cls, c in sorted(kernel_classes(path).items()):
-        out.append(Quantity(f"kernel_pes[{cls}]", c["pes"], None, "not predicted"))
+        out.append(Quantity(f"kernel_pes[{cls}]", c["pes"], pes.get(cls), "" if cls in pes else "not predicted"))
     return out
+
+
+def _kernel_utilisation(report: Report) -> float | None:
+    """PE-weighted mean utilisation of the plan's kernel regions (what a compile report's "compute
+    utilisation" is), else the compute efficiency."""
+    regions = [u.get("resources", {}) for u in report.units]
+    regions = [r for r in regions if "utilisation" in r and r.get("pes")]
+    if not regions:
+        return report.metrics.get("compute_efficiency")
+    return sum(r["utilisation"] * r["pes"] for r in regions) / sum(r["pes"] for r in regions)
 
 
 def _host_s(report: Report) -> float | None:
@@ -816,7 +833,7 @@ PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "sections": lambda r, _p: _sections(r),
     "max_pcu_utilization": lambda r, _p: _max_pcu(r),
     "active_pes": lambda r, _p: r.metrics.get("allocation_ratio"),
-    "compute_utilization": lambda r, _p: r.metrics.get("compute_efficiency"),
+    "compute_utilization": lambda r, _p: _kernel_utilisation(r),
     "tflops": lambda r, _p: _tflops(r),
 }
 """Measured quantity -> how the report predicts it (missing: "not predicted")."""

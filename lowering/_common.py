@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
@@ -328,26 +328,33 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
 
 
 def balance(
-    work_s: Sequence[float], min_units: Sequence[int], max_units: Sequence[int], available: int
+    work_s: Sequence[float],
+    min_units: Sequence[int],
+    max_units: Sequence[int],
+    available: int,
+    fixed_s: Sequence[float] | None = None,
 ) -> list[int] | None:
     """Units per task so tasks take near-equal time: the smallest T with sum(units) <= available.
 
     ``work_s[i]`` is task i's time on one unit; it gets ``ceil(work/T)`` units, clamped to
-    ``[min_units[i], max_units[i]]``. None when even the minimum sizes exceed ``available``.
+    ``[min_units[i], max_units[i]]``. With ``fixed_s`` a task on ``u`` units takes
+    ``work/u + fixed`` (a part more units do not shorten), so it gets ``ceil(work/(T-fixed))``
+    (its maximum while ``T <= fixed``). None when even the minimum sizes exceed ``available``.
     """
     if sum(min_units) > available:
         return None
+    fixed = list(fixed_s) if fixed_s is not None else [0.0] * len(work_s)
 
     def units_at(t: float) -> list[int]:
         return [
-            max(lo, min(hi, math.ceil(w / t - 1e-9))) if w > 0 else lo
-            for w, lo, hi in zip(work_s, min_units, max_units, strict=True)
+            (max(lo, min(hi, math.ceil(w / (t - f) - 1e-9))) if t > f else hi) if w > 0 else lo
+            for w, lo, hi, f in zip(work_s, min_units, max_units, fixed, strict=True)
         ]
 
     positive = [w for w in work_s if w > 0]
     if not positive:
         return list(min_units)
-    hi_t = max(w / max(lo, 1) for w, lo in zip(work_s, min_units, strict=True)) or 1.0
+    hi_t = max(w / max(lo, 1) + f for w, lo, f in zip(work_s, min_units, fixed, strict=True)) or 1.0
     lo_t = min(positive) / max(available, 1) / 2
     if sum(units_at(lo_t)) <= available:
         return units_at(lo_t)
@@ -414,5 +421,5 @@ def place_node(
         overhead_s=overhead_s,
         bound=classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s),
         allocation=allocation,
-        note=UNATTRIBUTED_NOTE if node.name in ctx.unattributed else "",
+        note=UNATTRIBUTED_NOTE if node.name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else "",
     )

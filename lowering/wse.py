@@ -1,52 +1,87 @@
-"""Cerebras WSE lowering: pipelined kernel regions, or weight streaming layer by layer.
+"""Cerebras WSE lowering: pipelined kernel regions as the compiler maps them, or weight streaming.
 
-Pipelined mode: every kernel (a node, or an elementwise chain fused onto its producer)
-gets its own rectangular region of PEs; all run at once and activations stream between
-regions. Regions are sized so kernels take near-equal time, but each region must hold
-its kernel's weights and buffers in PE SRAM, is at least ``arch.min_region_pes`` PEs and
-at most one PE per ``arch.min_pe_work_flops`` of one micro-batch's work. The slowest kernel sets
-throughput. ``replicas`` copies of the model share the wafer (intra-chip data parallel).
+**Pipelined** (layer-pipelined) mode, as the Cerebras compiler maps a model (docs/targets.md,
+WSE section): the graph is cut into kernels at the compiler's granularity (a whole attention
+block, each fc, layer norm, GELU, residual add, embedding/LM head, loss; `wse_kernels`), each
+kernel gets a rectangular region of PEs and all run at once, samples streaming through.
 
-Streaming mode: each decoder block in turn uses the whole wafer while its weights stream
-in from external memory; blocks run one after another.
+- A kernel's busy PE-seconds per sample ``W = (C/f_mm + V/f_vec + S*c_sp + D/link) / clock``
+  from its nodes' `Cost` (contraction FLOPs at the matmul rate, vector ops at the vector
+  rate, transcendental ops at a fixed cycle count, data movement at the fabric link width);
+  on ``p`` PEs one sample takes ``t = W/p + tau``: ``tau`` is the per-token fixed time of
+  the kernel's class (task handshakes, reduction latency, fabric hops) that more PEs do
+  not shorten. Utilisation ``(W/p)/t``, rate ``1/t``.
+- Regions are balanced to one period (`balance` with the fixed times): heavy kernels get
+  what keeps pace, small ones just enough. A region is at least ``ceil(width/row_chunk)``
+  PEs and large enough to hold its weights and optimizer state, at most one row chunk per
+  PE of its output and never grown below ``min_utilisation``.
+- The wafer is shared with an I/O region and routing/FIFO PEs per kernel PE, and only
+  ``max_active_fraction`` of it can be placed; pipeline buffers hold the block-boundary
+  activations that are in flight between a block's forward and backward (training).
+- Replicas (on-wafer data parallel) each get their regions and pay a gradient reduction
+  over the fabric per step; input transmission over the system I/O caps the rate.
+
+**Weight streaming**: each decoder layer in turn runs on the whole wafer while its weights
+stream in from MemoryX (forward and again in backward; gradients stream back). Training
+keeps each layer's input on the wafer and recomputes the layer in backward; the micro-batch
+is the largest divisor of the batch whose checkpoints and one layer's working set fit in
+SRAM, so the number of layers that fits is finite. Weights, gradients and optimizer state
+live in MemoryX; the update runs there, overlapped except at the step boundary.
+
+``--wse-mode auto`` follows the Cerebras documentation: pipelined for models below about
+1 B parameters when the pipelined plan fits, weight streaming otherwise.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UnboundSymbolError
+from dabench_ir.ir import Cost, DType, Node, ValueKind
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     balance,
-    kernel_groups,
     layer_blocks,
     peak_live_bytes,
     place_node,
-    training_bytes,
+    training_state,
     weight_bytes,
 )
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "WseLowering", "WseOptions"]
+__all__ = ["KERNEL_CLASSES", "LOWERING", "WseKernel", "WseLowering", "WseOptions", "wse_kernels"]
 
 logger = logging.getLogger(__name__)
 _WHO = "wse"
+
+KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm_loss", "vector", "data")
+"""Kernel classes as the compile report names them (``vector``/``data``: any other kernel)."""
+
+_NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "SkipLayerNormalization"}
+_NLIN_OPS = {"Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Sigmoid", "Silu", "Relu", "HardSigmoid", "QuickGelu"}
+_LOSS_OPS = {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "LogSoftmax", "CrossEntropyLoss"}
+_ATTN_WORDS = ("attn", "attention")
+_NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WseOptions(LoweringOptions):
     """What the WSE lowering reads. ``replicas`` None means one copy.
 
-    Internal (no knobs): ``fuse_elementwise`` fuses elementwise chains onto their producer's
-    kernel; ``steady_state`` overlaps consecutive steps (step time = the slowest region).
+    Internal (no knobs): ``fuse_elementwise`` fuses an elementwise op the kernel rules do not
+    name onto the kernel whose output it alone reads; ``steady_state`` overlaps consecutive
+    steps (step time = the slowest region).
     """
 
     micro_batches: int | None
@@ -70,22 +105,433 @@ class WseLowering(Lowering):
         if options.wse_mode == "streaming":
             return _streaming(ctx, target, options)
         plan = _pipelined_best(ctx, target, options)
-        if plan.fits or options.wse_mode == "pipelined":
+        if options.wse_mode == "pipelined":
             return plan
-        reason = plan.failure.reason if plan.failure else "does not fit"
+        limit = target.arch_value("pipelined_max_params", needed_by=_WHO)
+        params = _params(ctx)
+        if plan.fits and params < limit:
+            plan.notes.insert(0, f"auto: pipelined ({params / 1e6:.0f} M parameters < {limit / 1e9:g} B, and it fits)")
+            return plan
+        why = (
+            f"{params / 1e9:.2f} B parameters >= {limit / 1e9:g} B"
+            if params >= limit
+            else f"pipelined mode does not fit ({plan.failure.reason if plan.failure else 'does not fit'})"
+        )
         streamed = _streaming(ctx, target, options)
-        streamed.notes.insert(0, f"pipelined mode does not fit ({reason}); using weight streaming")
+        streamed.notes.insert(0, f"auto: weight streaming ({why})")
         return streamed
 
 
 LOWERING = WseLowering()
 
 
-# -- pipelined mode ----------------------------------------------------------------------
-def _kernel_bytes(ctx: LoweringContext, group: list[Node], replicas: int, micro_batches: int) -> int:
-    """Resident bytes of a kernel: its weights plus one micro-batch of its input/output buffers."""
-    acts = sum(ctx.costs[n.name].act_bytes_in + ctx.costs[n.name].act_bytes_out for n in group)
-    return weight_bytes(ctx, group) + training_bytes(ctx, group) + math.ceil(acts / replicas / micro_batches)
+# -- shared: per-PE work of nodes and kernels ----------------------------------------------
+@dataclass(slots=True)
+class _Rates:
+    """Per-PE rates the kernels run at (cycles per unit of work), read once from the Target."""
+
+    clock: float
+    mm_cycles: dict[str, float]  # cycles per contraction FLOP, by precision name
+    vec_cycles: float
+    special_cycles: float
+    link_bytes: float
+
+    @classmethod
+    def of(cls, target: Target) -> _Rates:
+        pes = target.num_units
+        clock = float(target.clock)
+        eff = target.arch_value("pe_matmul_efficiency", needed_by=_WHO)
+        mm = {}
+        for dt in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32):
+            try:
+                mm[dt.name] = 1.0 / (eff * target.peak_flops(dt) / pes / clock)
+            except Exception:
+                continue
+        return cls(
+            clock=clock,
+            mm_cycles=mm,
+            vec_cycles=1.0 / target.arch_value("pe_vector_ops_per_cycle", needed_by=_WHO),
+            special_cycles=target.arch_value("pe_special_op_cycles", needed_by=_WHO),
+            link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO),
+        )
+
+    def work_s(self, cost: Cost, precision: DType, data_movement: bool) -> float:
+        """Busy seconds of ``cost`` on one PE (the kernel-class rates of the module docstring)."""
+        mm = self.mm_cycles.get(precision.name) or self.mm_cycles[DType.FLOAT16.name]
+        cycles = cost.contraction_flops * mm + cost.vector_flops * self.vec_cycles
+        cycles += cost.special_ops * self.special_cycles
+        if data_movement and cost.flops == 0:
+            cycles += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes
+        return cycles / self.clock
+
+
+def _state_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Weights and the training state that lives with them (gradients, fp32 master, moments)."""
+    state = training_state(ctx, nodes)
+    return weight_bytes(ctx, nodes) + state.gradients + state.master_weights + state.optimizer
+
+
+def _is_data(node: Node) -> bool:
+    cls = node.meta.get(meta.OP_CLASS)
+    return cls is OpClass.DATA_MOVEMENT or str(getattr(cls, "value", cls)) == "data_movement"
+
+
+def _cost(node: Node, which: str, fallback: Cost) -> Cost:
+    """The node's forward or backward cost when the training pass split it, else ``fallback``."""
+    c = node.meta.get(which)
+    return c if isinstance(c, Cost) else fallback
+
+
+def _samples(ctx: LoweringContext) -> int:
+    """Samples the graph's costs cover (its batch dim), to turn costs into per-sample work."""
+    dim = ctx.graph.batch_dim
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    return int(ctx.graph.bindings.get(str(dim), ctx.graph.bindings.get("batch", ctx.batch)) or ctx.batch)
+
+
+def _shape(ctx: LoweringContext, name: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(d) for d in ctx.graph.type_of(name).dims(ctx.graph.bindings))
+    except (UnboundSymbolError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _params(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Trained parameters (weight elements) that ``nodes`` (None: the graph) read, each counted once."""
+    graph = ctx.graph
+    if nodes is None:
+        try:
+            return int(graph.num_params or 0)
+        except UnboundSymbolError:
+            return 0
+    seen: set[str] = set()
+    total = 0
+    for node in nodes:
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or v in seen:
+                continue
+            if value.kind is ValueKind.WEIGHT:
+                seen.add(v)
+                total += value.type.numel(graph.bindings)
+            elif value.producer and meta.FOLDED in graph.node(value.producer).meta:
+                for w in graph.node(value.producer).inputs:  # a folded layout of a weight: the weight
+                    wv = graph.values.get(w) if w else None
+                    if wv is not None and wv.kind is ValueKind.WEIGHT and w not in seen:
+                        seen.add(w)
+                        total += wv.type.numel(graph.bindings)
+    return total
+
+
+# -- kernel grouping -------------------------------------------------------------------------
+@dataclass(slots=True)
+class WseKernel:
+    """One compiled kernel: its class, nodes and per-sample work on one PE.
+
+    ``direction`` is ``fwd``/``bwd`` for a residual add split into its forward add and the
+    backward gradient sum (training), else ``""`` (the kernel does both directions).
+    """
+
+    cls: str
+    key: str
+    nodes: list[Node] = field(default_factory=list)
+    direction: str = ""
+    work_s: float = 0.0  # busy PE-seconds per sample
+    node_work_s: dict[str, float] = field(default_factory=dict)
+    tokens: int = 1  # token rows per sample the kernel streams
+    width: int = 1  # elements per row of its output
+    out_elems: int = 1  # output elements per sample (the most PEs its shape allows, in row chunks)
+    params: int = 0
+
+
+def _block_prefix(scope: str) -> str:
+    parts = [p for p in scope.replace("/", ".").split(".") if p]
+    for i, part in enumerate(parts):
+        if part.isdigit() and i > 0:
+            return ".".join(parts[: i + 1])
+    return ""
+
+
+def _scope_rest(scope: str) -> list[str]:
+    prefix = _block_prefix(scope)
+    rest = scope.replace("/", ".")[len(prefix) :] if prefix else scope.replace("/", ".")
+    return [p.lower() for p in rest.split(".") if p]
+
+
+def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
+    graph = ctx.graph
+    for v in node.inputs:
+        value = graph.values.get(v) if v else None
+        if value is None:
+            continue
+        if value.kind.is_stored:
+            return True
+        if value.producer and meta.FOLDED in graph.node(value.producer).meta:
+            return True
+    return False
+
+
+def _token_table(ctx: LoweringContext) -> tuple[str | None, int]:
+    """The token-embedding table (the largest weight a Gather reads) and its row count (vocab)."""
+    best, rows = None, 0
+    for node in ctx.graph.nodes:
+        if node.op_type != "Gather" or not node.inputs:
+            continue
+        table = node.inputs[0]
+        value = ctx.graph.values.get(table)
+        shape = _shape(ctx, table) if value is not None and value.kind.is_stored else None
+        if shape and len(shape) == 2 and shape[0] > rows:
+            best, rows = table, shape[0]
+    return best, rows
+
+
+def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool = True) -> list[WseKernel]:
+    """The graph cut into kernels at the Cerebras compiler's granularity, in topological order.
+
+    By scope first, op pattern where there is no scope (docs/targets.md, WSE section):
+    everything under an ``attn``/``attention`` module of a block is one ``attention`` kernel
+    (without scopes: an activation x activation matmul opens one and the ops that read it,
+    up to the second such matmul, join it); a contraction with a stored weight is an ``fc``
+    (its bias add and layout ops ride along), or ``emb_fc`` when it produces vocab-sized
+    rows, together with the token-embedding Gather; norm ops or a ``*norm`` scope are a
+    ``layer_norm``; activation functions a ``nlin``; an Add of two activations outside those
+    a residual ``add`` (two kernels in training: forward add and backward gradient sum);
+    softmax/loss ops after the LM head ``mlm_loss``; any other op its own ``vector`` or
+    ``data`` kernel, or fused onto the kernel whose output it alone reads. Bookkeeping
+    (shape-only, folded) nodes ride with the kernel before them; the optimizer step is no
+    kernel (its update runs where the weights live).
+    """
+    graph = ctx.graph
+    _, vocab = _token_table(ctx)
+    kernels: list[WseKernel] = []
+    by_key: dict[str, WseKernel] = {}
+    owner: dict[str, WseKernel] = {}  # value -> kernel that produced it
+    open_attn: dict[str, int] = {}  # attention kernel key -> act x act matmuls seen (no scopes)
+    after_head = False
+    training = meta.graph_mode(graph) == "train"
+    deferred: list[Node] = []
+
+    def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
+        k = by_key.get(key)
+        if k is None:
+            k = by_key[key] = WseKernel(cls, key, direction=direction)
+            kernels.append(k)
+        k.nodes.append(node)
+        for out in node.outputs:
+            if out:
+                owner[out] = k
+
+    for node in graph.nodes:
+        if is_optimizer_step(node):
+            continue
+        prefix = _block_prefix(node.scope)
+        rest = _scope_rest(node.scope)
+        inputs_from = [owner[v] for v in node.inputs if v in owner]
+        bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
+        acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored]
+        op_class = node.meta.get(meta.OP_CLASS)
+        is_contraction = op_class is OpClass.CONTRACTION or (
+            op_class is None and ctx.costs[node.name].contraction_flops > 0
+        )
+        weighted = _stored_weight(ctx, node)
+        layer = str(node.layer) if node.layer is not None else prefix
+        # 1. attention by scope
+        if prefix and rest and rest[0].endswith(_ATTN_WORDS):
+            add_to(f"{prefix}.attention", "attention", node)
+            continue
+        if bookkeeping:
+            if inputs_from:
+                add_to(inputs_from[-1].key, inputs_from[-1].cls, node)
+            else:  # a weight's folded layout or a constant: placed with the kernel that reads it
+                deferred.append(node)
+            continue
+        if is_contraction and weighted:
+            out = _shape(ctx, node.outputs[0]) if node.outputs else None
+            if vocab and out and out[-1] == vocab:
+                add_to("emb_fc", "emb_fc", node)
+                after_head = True
+            else:
+                add_to(node.scope or node.name, "fc", node)
+            continue
+        if node.op_type == "Gather" and vocab and node.inputs and _token_table(ctx)[0] == node.inputs[0]:
+            add_to("emb_fc", "emb_fc", node)
+            continue
+        if is_contraction and len(acts) >= 2 and not weighted:  # act x act: attention without scopes
+            key = next((k for k, n in open_attn.items() if n < 2 and by_key[k] in inputs_from), None)
+            key = key or f"attention.{layer or len(kernels)}.{len(open_attn)}"
+            open_attn[key] = open_attn.get(key, 0) + 1
+            add_to(key, "attention", node)
+            continue
+        open_into = next((k for k in inputs_from if k.key in open_attn and open_attn[k.key] < 2), None)
+        if open_into is not None and not weighted and node.op_type not in _NORM_OPS:
+            add_to(open_into.key, "attention", node)
+            continue
+        if node.op_type in _NORM_OPS or (rest and any(w in rest[-1] for w in _NORM_WORDS)):
+            add_to(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
+            continue
+        if node.op_type in _NLIN_OPS or (rest and rest[-1] in ("act", "activation", "gelu")):
+            add_to(node.scope if rest and rest[-1] in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
+            continue
+        if after_head and (node.op_type in _LOSS_OPS or node.op_type == "Softmax" or "loss" in node.scope.lower()):
+            add_to("mlm_loss", "mlm_loss", node)
+            continue
+        if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
+            shapes = {_shape(ctx, v) for v in acts}
+            if len(shapes) == 1:
+                if training:
+                    add_to(f"{node.name}.fwd", "add", node, "fwd")
+                    add_to(f"{node.name}.bwd", "add", node, "bwd")
+                else:
+                    add_to(node.name, "add", node)
+                continue
+        # fuse an elementwise op onto the kernel whose output only it reads
+        if fuse_elementwise and ctx.is_elementwise(node) and inputs_from:
+            prev = inputs_from[-1]
+            produced = [v for v in node.inputs if owner.get(v) is prev]
+            if produced and all(len(graph.consumers.get(v, [])) == 1 for v in produced) and prev.direction == "":
+                add_to(prev.key, prev.cls, node)
+                continue
+        cls = "data" if _is_data(node) else "vector"
+        add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
+    for node in deferred:
+        readers = [owner[out] for out in node.outputs if out in owner]
+        readers += [
+            by_key[k.key]
+            for c in (graph.consumers.get(out, []) for out in node.outputs if out)
+            for n in c
+            for k in kernels
+            if n in k.nodes
+        ][:1]
+        if not readers and not kernels:
+            add_to(node.name, "data", node)
+            continue
+        home = readers[0] if readers else kernels[0]
+        home.nodes.append(node)
+    _measure(ctx, kernels, vocab, _Rates.of(target))
+    return kernels
+
+
+def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: _Rates) -> None:
+    """Fill each kernel's per-sample work, token rows, row width, shape bound and parameters."""
+    samples = max(1, _samples(ctx))
+    for k in kernels:
+        k.params = _params(ctx, k.nodes)
+        k.node_work_s = {}
+        for node in k.nodes:
+            cost = ctx.costs[node.name]
+            if k.direction:  # forward add; backward: the gradient sum where the paths rejoin, one add per element
+                cost = _cost(node, FORWARD_COST, cost)
+            if not ctx.is_work(node) or meta.FOLDED in node.meta:
+                w = 0.0
+            elif node.op_type == "Gather" and k.cls == "emb_fc":
+                # the compiler computes the token lookup as a dense one-hot matmul on the
+                # (tied) table: 2 x tokens x hidden x vocab FLOPs (inferred from report A)
+                out = _shape(ctx, node.outputs[0]) if node.outputs else None
+                elems = math.prod(out) if out else 0
+                w = rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False) if out else 0.0
+            else:
+                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node))
+            k.node_work_s[node.name] = w / samples
+        k.work_s = sum(k.node_work_s.values())
+        last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and n.outputs), None)
+        shape = _shape(ctx, last.outputs[0]) if last is not None and last.outputs[0] else None
+        if shape:
+            k.width = max(1, shape[-1])
+            numel = math.prod(shape)
+            k.tokens = max(1, numel // k.width // samples)
+            k.out_elems = max(1, numel // samples)
+
+
+# -- pipelined mode -----------------------------------------------------------------------
+@dataclass(slots=True)
+class _Sizing:
+    kernels: list[WseKernel]
+    tau: list[float]
+    lo: list[int]
+    hi: list[int]
+    pes: list[int] | None  # None: even the minimum regions do not fit
+    state_bytes: int
+    buffer_bytes: int
+    buffer_pes: int
+    available: int
+
+
+def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
+    """Pipeline buffers per sample (training): block-boundary activations held for backward.
+
+    Block ``i`` of ``L`` (in order) holds its output for ``2(L-i)-1`` sample periods (the
+    round trip to its backward in a layer pipeline, Kosson et al. MLSys 2021), the block is
+    recomputed in backward from it; plus the logits gradient (two logits-sized buffers).
+    Inference streams through FIFOs only: no buffers beyond the routing PEs.
+    """
+    graph = ctx.graph
+    if meta.graph_mode(graph) != "train":
+        return 0
+    samples = max(1, _samples(ctx))
+    layers = graph.layers
+    boundary = dict.fromkeys(layers, 0)
+    for node in graph.nodes:
+        if node.layer is None or is_optimizer_step(node):
+            continue
+        for out in node.outputs:
+            readers = graph.consumers.get(out, [])
+            crosses = any(c.layer != node.layer and not is_optimizer_step(c) for c in readers) or out in graph.outputs
+            if out and crosses:
+                boundary[node.layer] += ctx.graph.type_of(out).nbytes() if _shape(ctx, out) else 0
+    total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
+    head = next((k for k in kernels if k.cls == "emb_fc"), None)
+    if head is not None:
+        last = next((n for n in reversed(head.nodes) if n.outputs and _shape(ctx, n.outputs[0])), None)
+        if last is not None and last.op_type != "Gather":
+            total += 2 * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
+    return total
+
+
+def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replicas: int) -> _Sizing | None:
+    """Region sizes (PEs per kernel, per replica) balanced to one period, or None if even the minimum does not fit."""
+    pes = target.num_units
+    clock = float(target.clock)
+    row_mm = target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
+    row_vec = target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
+    row_red = target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)
+    chunk = target.arch_value("row_chunk_elements", needed_by=_WHO)
+    u_min = target.arch_value("min_utilisation", needed_by=_WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
+    active = target.arch_value("max_active_fraction", needed_by=_WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    samples_per_replica = max(1, ctx.batch // replicas)
+    taus, lo, hi = [], [], []
+    for k in kernels:
+        tau = {"matmul": row_mm, "reduction": row_red}.get(_row_class(ctx, k), row_vec) * k.tokens / clock
+        state = _state_bytes(ctx, k.nodes)
+        lo_k = max(1, math.ceil(k.width / chunk), math.ceil(state / (usable * pe_sram * (1 + route))))
+        shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
+        util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
+        taus.append(tau)
+        lo.append(lo_k)
+        hi.append(max(lo_k, min(shape_cap, util_cap)))
+    buffer_bytes = _in_flight_bytes(ctx, kernels)
+    buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
+    available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
+    state_bytes = _state_bytes(ctx, [n for k in kernels for n in k.nodes])
+    if available <= 0:
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, 0)
+    sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
+    if sizes is None:
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, available)
+    return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
+
+
+def _row_class(ctx: LoweringContext, k: WseKernel) -> str:
+    """The efficiency class whose per-token fixed time a kernel pays: matmul, reduction, vector or data."""
+    if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
+        return "matmul"
+    if k.cls in ("layer_norm", "mlm_loss") or any(n.op_type.startswith("Reduce") for n in k.nodes):
+        return "reduction"
+    return "data" if k.cls == "data" else "vector"
 
 
 def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
@@ -95,171 +541,407 @@ def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -
     for r in (d for d in range(1, ctx.batch + 1) if ctx.batch % d == 0):
         plan = _pipelined(ctx, target, options, r)
         if not plan.fits:
-            break  # more copies only need more SRAM
-        period = max((sum(plan.node_plans[n].per_micro_batch_s for n in u.nodes) for u in plan.units), default=0.0)
-        period *= plan.micro_batches
-        if best is None or period < best.extra["period_s"] * (1 - 1e-9):
-            plan.extra["period_s"] = period
+            break  # more copies only need more PEs and SRAM
+        if best is None or plan.extra["step_s"] < best.extra["step_s"] * (1 - 1e-9):
             best = plan
     return best if best is not None else _pipelined(ctx, target, options, 1)
 
 
 def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
+    return _place_pipelined(
+        ctx, target, options, replicas, wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
+    )
+
+
+def _place_pipelined(
+    ctx: LoweringContext, target: Target, options: WseOptions, replicas: int, kernels: list[WseKernel]
+) -> Plan:
     pes = target.num_units
-    pe_peak = target.peak_flops(ctx.precision) / pes
     sram = target.memory(LOWERING.feed_level(target))
-    pe_bw = sram.bandwidth_bytes_per_s / pes
-    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
-    min_region = int(target.arch_value("min_region_pes", needed_by=_WHO))
-    pe_grain = target.arch_value("min_pe_work_flops", 0.0)
     ridge = target.peak_flops(ctx.precision) / sram.bandwidth_bytes_per_s
-    m = options.micro_batches or max(1, math.ceil(ctx.batch / replicas))
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    batch = ctx.batch
+    per_replica = max(1, math.ceil(batch / replicas))
+    m = options.micro_batches or per_replica
     plan = ctx.plan(
         target, options, Schedule.CONCURRENT, micro_batches=m, replicas=replicas, pipelined_steps=options.steady_state
     )
-    available = pes // replicas
-    groups = kernel_groups(ctx, options.fuse_elementwise)
-    work_s, min_pes, max_pes, resident = [], [], [], []
-    for g in groups:
-        flops = sum(ctx.costs[n.name].flops for n in g) / replicas
-        moved = sum(ctx.costs[n.name].bytes for n in g) / replicas
-        need = _kernel_bytes(ctx, g, replicas, m)
-        lo = max(min_region, math.ceil(need / pe_sram))
-        # a region works on one micro-batch at a time: its parallelism is one micro-batch's work
-        hi = max(lo, math.ceil(flops / m / pe_grain)) if pe_grain > 0 else available
-        work_s.append(max(flops / pe_peak, moved / pe_bw))
-        min_pes.append(lo)
-        max_pes.append(max(lo, min(hi, available)))
-        resident.append(need)
-    needed = sum(resident) * replicas
-    plan.memory_bytes[sram.name] = needed
+    sizing = _size(ctx, target, kernels, replicas)
+    assert sizing is not None
+    need = (sizing.state_bytes + sizing.buffer_bytes) * replicas
+    plan.memory_bytes[sram.name] = need
     plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
-    if needed > sram.capacity_bytes:
+    if need > usable * sram.capacity_bytes:
         plan.fail(
-            f"pipelined mode needs {needed / 1e9:.2f} GB of PE SRAM for weights and buffers "
-            f"({replicas} cop{'y' if replicas == 1 else 'ies'}), the wafer has {sram.capacity_bytes / 1e9:.2f} GB",
-            needed,
-            sram.capacity_bytes,
+            f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
+            f"{sizing.state_bytes * replicas / 1e9:.2f} GB, pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
+            f", {replicas} cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
+            f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
+            need,
+            usable * sram.capacity_bytes,
         )
-    sizes = balance(work_s, min_pes, max_pes, available)
+    sizes = sizing.pes
     if sizes is None:
         plan.fail(
-            f"{len(groups)} kernels need at least {sum(min_pes) * replicas} PEs "
-            f"(minimum regions and SRAM), the wafer has {pes}",
-            needed,
-            sram.capacity_bytes,
+            f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
+            f"weights and optimizer state), "
+            f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
+            need,
+            usable * sram.capacity_bytes,
         )
-        # still time it, as if the regions were squeezed onto the wafer in proportion, so
-        # the figures of a plan that does not fit stay physical (never above peak)
-        squeeze = available / sum(min_pes)
-        sizes = [max(1, math.floor(p * squeeze)) for p in min_pes]
-    placed = 0
-    for k, (g, p) in enumerate(zip(groups, sizes, strict=True)):
+        # still time it, squeezed in proportion, so a plan that does not fit stays physical
+        squeeze = max(sizing.available, 1) / max(sum(sizing.lo), 1)
+        sizes = [max(1, math.floor(p * squeeze)) for p in sizing.lo]
+    times = [k.work_s / p + tau for k, p, tau in zip(kernels, sizes, sizing.tau, strict=True)]
+    period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
+    rates = [1.0 / t if t > 0 else 0.0 for t in times]
+    kernel_pes = 0
+    for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, sizing.tau, times, strict=True)):
+        busy = k.work_s / p
         width = math.ceil(math.sqrt(p))
-        height = math.ceil(p / width)
         unit = Unit(
-            id=f"region{k}",
-            kind="wse_region",
-            nodes=[n.name for n in g],
+            id=f"region{i}",
+            kind=f"wse_region:{k.cls}",
+            nodes=[n.name for n in k.nodes if n.name not in plan.node_plans],
             resources={
                 "pes": float(p),
+                "units": float(p * replicas),
                 "width": float(width),
-                "height": float(height),
-                "sram_bytes": float(resident[k]),
-                "weight_bytes": float(weight_bytes(ctx, g)),
+                "height": float(math.ceil(p / width)),
+                "utilisation": busy / t if t > 0 else 0.0,
+                "rate_samples_per_s": rates[i] * replicas,
+                "work_pe_s_per_sample": k.work_s,
+                "row_s_per_sample": tau,
+                "params": float(k.params),
+                "weight_bytes": float(weight_bytes(ctx, k.nodes)),
                 "replicas": float(replicas),
             },
-            allocation=p * replicas / pes,
+            allocation=p * (1 + route) * replicas / pes,
         )
-        placed += p
+        kernel_pes += p * replicas
         plan.units.append(unit)
-        for node in g:
+        for node in k.nodes:
+            w = k.node_work_s.get(node.name, 0.0)
+            share = w / k.work_s if k.work_s > 0 else 0.0
+            # the per-token fixed time is part of the kernel's execution (its utilisation says
+            # how much): a node's compute time is its share of W/p + tau
+            compute = (w / p + tau * share) * per_replica
+            over = 0.0
+            if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
+                prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
+                if compute + over > prev.compute_s + prev.overhead_s:
+                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, over, (compute + over) / m
+                continue
             cost = ctx.costs[node.name]
             plan.node_plans[node.name] = place_node(
                 ctx,
                 node,
                 unit=unit.id,
-                compute_s=cost.flops / replicas / (pe_peak * p),
-                memory_s=cost.bytes / replicas / (pe_bw * p),
+                compute_s=compute,
+                overhead_s=over,
                 feed_level=sram.level,
                 feed_bytes=cost.bytes,
                 ridge=ridge,
                 allocation=p * replicas / pes,
                 micro_batches=m,
             )
-    plan.extra.update({"mode": "pipelined", "pes_placed": placed * replicas, "pes": pes})
+            if not ctx.is_work(node) or k.work_s == 0:
+                plan.node_plans[node.name].per_micro_batch_s = 0.0
+    # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
+    plan.units.append(Unit(id="io", kind="wse_io", resources={"pes": float(io_pes)}, allocation=io_pes / pes))
+    if sizing.buffer_pes:
+        plan.units.append(
+            Unit(
+                id="buffers",
+                kind="wse_buffers",
+                resources={"pes": float(sizing.buffer_pes), "bytes": float(sizing.buffer_bytes * replicas)},
+                allocation=sizing.buffer_pes / pes,
+            )
+        )
+    # each region updates its own weights once per step, in the time it idles while the bottleneck
+    # works (per_replica x (period - its own time)); what does not fit in that slack stalls the step
+    spill = [
+        (k.params / p, per_replica * max(0.0, period - t))
+        for k, p, t in zip(kernels, sizes, times, strict=True)
+        if k.params
+    ]
+    _place_optimizer(ctx, plan, target, spill, sram.level, ridge)
+    step = period * per_replica
+    overheads = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
+    plan.step_overheads_s.update(overheads)
+    pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
+    weighted = sum(p * (t / period) for p, t, k in zip(sizes, times, kernels, strict=True) if k.work_s > 0 and t > 0)
+    total_p = sum(p for p, k in zip(sizes, kernels, strict=True) if k.work_s > 0)
+    route_pes = sum(sizes) * replicas * route
+    plan.extra.update({
+        "mode": "pipelined",
+        "pes": pes,
+        "pes_kernels": kernel_pes,
+        "pes_route": route_pes,
+        "pes_io": io_pes,
+        "pes_buffer": sizing.buffer_pes,
+        "pes_placed": kernel_pes,
+        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
+        "pipeline_rate_samples_per_s": pipe_rate,
+        "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
+        "compute_utilisation": (
+            sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
+            if period > 0 and total_p
+            else 0.0
+        ),
+        "kernels": len(kernels),
+        "period_s": period,
+        "step_s": step + sum(overheads.values()),
+        "buffer_bytes": sizing.buffer_bytes * replicas,
+        "state_bytes": sizing.state_bytes * replicas,
+    })  # fmt: skip
     return plan
+
+
+def _place_optimizer(
+    ctx: LoweringContext, plan: Plan, target: Target, regions: list[tuple[float, float]], level: str, ridge: float
+) -> None:
+    """The optimizer step: every region updates its own weights (``regions``: parameters per PE
+    and the idle time per step it can do that in); the largest excess is a step overhead."""
+    params = _params(ctx)
+    for node in ctx.graph.nodes:
+        if not is_optimizer_step(node) or not params:
+            continue
+        per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
+        busy = max((max(0.0, per_param * q - slack) for q, slack in regions), default=0.0)
+        plan.units.append(
+            Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], resources={"units": 0.0}, allocation=0.0)
+        )
+        np_ = place_node(
+            ctx, node, unit="optimizer", compute_s=busy, feed_level=level, feed_bytes=ctx.costs[node.name].bytes,
+            ridge=ridge, allocation=0.0, time_s=0.0,
+        )  # fmt: skip
+        np_.note = (
+            "runs in every region on its own weights, in its idle time; the excess is the step overhead wse_optimizer"
+        )
+        plan.node_plans[node.name] = np_
+        plan.step_overheads_s["wse_optimizer"] = busy
+
+
+def _pipelined_overheads(
+    ctx: LoweringContext, target: Target, plan: Plan, replicas: int, step_s: float, kernel_pes: int
+) -> dict[str, float]:
+    """Per-step costs no region owns: replicas' gradient reduction and the input-transmission ceiling."""
+    out: dict[str, float] = {}
+    if replicas > 1 and meta.graph_mode(ctx.graph) == "train":
+        clock = float(target.clock)
+        link = target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO)
+        hop = target.link("fabric").latency_s if target.link("fabric") else 1.0 / clock
+        side = math.sqrt(target.num_units)
+        cut_bw = side * link * clock  # one link per row crossing the wafer's bisection
+        grad = _params(ctx) * 4  # fp32 gradients
+        out["wse_replica_reduce"] = 2 * (replicas - 1) / replicas * grad / cut_bw + (replicas - 1) * side * hop
+    io = target.link("system_io")
+    if io is not None:
+        samples = max(1, _samples(ctx))
+        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in ctx.graph.inputs if _shape(ctx, v)) / samples
+        if meta.graph_mode(ctx.graph) == "train":
+            in_bytes *= 2  # labels beside the inputs
+        send = ctx.batch * in_bytes / io.bandwidth_bytes_per_s
+        plan.extra["transmission_rate_samples_per_s"] = io.bandwidth_bytes_per_s / in_bytes if in_bytes else math.inf
+        if send > step_s:
+            out["wse_input_transmission"] = send - step_s
+    return out
 
 
 # -- weight-streaming mode -----------------------------------------------------------------
 def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+    rates = _Rates.of(target)
+    kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
     pes = target.num_units
     peak = target.peak_flops(ctx.precision)
     sram = target.memory("on-chip")
     ext = target.memory("off-chip")
-    pe_grain = target.arch_value("min_pe_work_flops", 0.0)
-    switch = target.overhead("layer_switch_s")
-    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
-    sram_ridge = peak / sram.bandwidth_bytes_per_s
-    ext_ridge = peak / ext.bandwidth_bytes_per_s
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    pass_s = target.overhead("ws_layer_pass_s")
+    recompute_always = bool(target.arch_value("ws_recompute", 1.0))
+    training = meta.graph_mode(ctx.graph) == "train"
+    train_state = meta.training_state(ctx.graph) or {}
+    recomputed = bool(train_state.get("recompute"))
+    samples = max(1, _samples(ctx))
+    batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
     if options.replicas not in (None, 1, "auto"):
         plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
-    blocks = layer_blocks(ctx.graph)
-    worst_resident = 0
-    for b, block in enumerate(blocks):
-        unit = Unit(id=f"layer{b}" if block.key.startswith("layer") else block.key, kind="wse_layer")
-        unit.gap_before_s = switch if len(blocks) > 1 else 0.0
-        unit.gap_kind = "layer_switch"
-        busy = weighted = 0.0
-        for node in block.nodes:
-            cost = ctx.costs[node.name]
-            # a layer's operator spreads over enough PEs for its work and to hold its
-            # activations in PE SRAM (a zero-FLOP transpose still moves its bytes in parallel)
-            by_data = math.ceil((cost.act_bytes_in + cost.act_bytes_out) / pe_sram)
-            used = min(pes, max(1, math.ceil(cost.flops / pe_grain), by_data)) if pe_grain > 0 else pes
-            frac = used / pes
-            compute_s = cost.flops / (peak * frac)
-            act = cost.act_bytes_in + cost.act_bytes_out
-            sram_s = act / (sram.bandwidth_bytes_per_s * frac)
-            stream_s = cost.weight_bytes / ext.bandwidth_bytes_per_s
-            if stream_s > max(compute_s, sram_s):
-                level, feed, ridge = ext.level, cost.weight_bytes, ext_ridge
-            else:
-                level, feed, ridge = sram.level, cost.bytes, sram_ridge
-            unit.nodes.append(node.name)
-            plan.node_plans[node.name] = np_ = place_node(
-                ctx,
-                node,
-                unit=unit.id,
-                compute_s=compute_s,
-                memory_s=max(sram_s, stream_s),
-                feed_level=level,
-                feed_bytes=feed,
-                ridge=ridge,
-                allocation=frac if ctx.is_work(node) else 0.0,
-            )
-            t = np_.per_micro_batch_s
-            busy += t
-            weighted += t * frac
-        unit.allocation = weighted / busy if busy > 0 else 0.0
-        unit.resources = {"pes": float(pes), "weight_bytes": float(weight_bytes(ctx, block.nodes))}
-        resident = max(
-            (weight_bytes(ctx, [n]) for n in block.nodes), default=0
-        ) + peak_live_bytes(ctx, block.nodes)
-        worst_resident = max(worst_resident, resident)
-        plan.units.append(unit)
-    total_w = weight_bytes(ctx)
-    plan.memory_bytes = {sram.name: worst_resident, ext.name: total_w}
-    plan.traffic_bytes = {ext.name: sum(c.weight_bytes for c in ctx.costs.values())}
-    if worst_resident > sram.capacity_bytes:
-        plan.fail(
-            f"weight streaming needs {worst_resident / 1e9:.2f} GB of SRAM for one layer's activations "
-            f"and largest weight, the wafer has {sram.capacity_bytes / 1e9:.2f} GB",
-            worst_resident,
-            sram.capacity_bytes,
+    kernel_of = {n.name: k for k in kernels for n in k.nodes}
+    blocks = [b for b in layer_blocks(ctx.graph) if any(not is_optimizer_step(n) for n in b.nodes)]
+
+    # per-sample whole-wafer work, stream bytes and on-wafer bytes of each block
+    info = []
+    for block in blocks:
+        nodes = [n for n in block.nodes if not is_optimizer_step(n)]
+        work = {}
+        for n in nodes:
+            if not ctx.is_work(n) or meta.FOLDED in n.meta:
+                work[n.name] = 0.0
+                continue
+            prec = ctx.node_precision(n)
+            total = ctx.costs[n.name]
+            w = rates.work_s(total, prec, _is_data(n))
+            if training and recompute_always and not recomputed:
+                w += rates.work_s(_cost(n, FORWARD_COST, Cost()), prec, _is_data(n))  # forward again in backward
+            k = kernel_of.get(n.name)
+            if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
+                w = k.node_work_s.get(n.name, 0.0) * samples
+            work[n.name] = w / samples
+        wbytes = weight_bytes(ctx, nodes)
+        stream = (3 if training else 1) * wbytes  # W in (fwd), W in again (bwd), dW out
+        is_layer = block.key.startswith("layer")
+        boundary = _block_out_bytes(ctx, nodes) // samples
+        working = _working_bytes(ctx, nodes, kernel_of) // samples
+        info.append((block, nodes, work, wbytes, stream, is_layer, boundary, working))
+    layers = sum(1 for i in info if i[5])
+    keep = sum(i[6] for i in info if i[5]) if training else 0
+    working = max((i[7] for i in info), default=0)
+    max_w = max((i[3] for i in info), default=0)
+    budget = usable * sram.capacity_bytes - 2 * max_w  # streamed weights double-buffered
+
+    def need(mb: int) -> float:
+        return mb * (keep + working) + 2 * max_w
+
+    if options.micro_batches:
+        mb = max(1, batch // options.micro_batches)
+    else:
+        fitting = [d for d in range(1, batch + 1) if batch % d == 0 and need(d) <= usable * sram.capacity_bytes]
+        mb = max(fitting) if fitting else 1
+    n_mb = max(1, math.ceil(batch / mb))
+    plan.micro_batches = n_mb
+    per_layer = keep / layers if layers else 0
+    fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
+    plan.extra.update({
+        "mode": "streaming",
+        "micro_batch": mb,
+        "layers": layers,
+        "max_layers_at_micro_batch": fits_layers,
+        "sram_need_bytes": need(mb),
+        "checkpoint_bytes_per_sample": keep,
+        "working_bytes_per_sample": working,
+    })  # fmt: skip
+    sram_ridge = peak / sram.bandwidth_bytes_per_s
+    ext_ridge = peak / ext.bandwidth_bytes_per_s
+    for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
+        t_c = mb * sum(work.values()) / pes
+        t_s = stream / ext.bandwidth_bytes_per_s
+        unit = Unit(
+            id=block.key,
+            kind="wse_layer",
+            nodes=[n.name for n in nodes],
+            resources={
+                "pes": float(pes),
+                "units": float(pes),
+                "weight_bytes": float(wbytes),
+                "stream_s_per_micro_batch": t_s,
+                "compute_s_per_micro_batch": t_c,
+            },
+            allocation=1.0,
+            gap_before_s=pass_s * n_mb if is_layer else 0.0,
+            gap_kind="layer_switch",
+            min_time_s=t_s * n_mb,
         )
-    if total_w > ext.capacity_bytes:
-        plan.fail(f"weights ({total_w / 1e9:.1f} GB) exceed {ext.name}", total_w, ext.capacity_bytes)
-    plan.extra["mode"] = "streaming"
+        plan.units.append(unit)
+        streamed = t_s > t_c
+        for n in nodes:
+            cost = ctx.costs[n.name]
+            compute = mb * work[n.name] / pes * n_mb
+            share = cost.weight_bytes / max(1, sum(ctx.costs[x.name].weight_bytes for x in nodes))
+            plan.node_plans[n.name] = place_node(
+                ctx,
+                n,
+                unit=unit.id,
+                compute_s=compute,
+                memory_s=t_s * n_mb * share if streamed else 0.0,
+                feed_level=ext.level if streamed else sram.level,
+                feed_bytes=cost.weight_bytes if streamed else cost.bytes,
+                ridge=ext_ridge if streamed else sram_ridge,
+                allocation=1.0 if ctx.is_work(n) else 0.0,
+                micro_batches=n_mb,
+            )
+            if streamed:  # the unit's min_time_s holds the stream; nodes carry their compute
+                np_ = plan.node_plans[n.name]
+                np_.per_micro_batch_s = compute / n_mb
+    total_w = weight_bytes(ctx)
+    state = _state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
+    plan.memory_bytes = {sram.name: int(need(mb)), ext.name: int(total_w + state)}
+    plan.traffic_bytes = {ext.name: int(sum(i[4] for i in info) * n_mb)}
+    last_layer = next((i for i in reversed(info) if i[5]), None)
+    lw = last_layer[3] if last_layer else max_w
+    if training:
+        plan.step_overheads_s["wse_grad_writeback"] = lw / ext.bandwidth_bytes_per_s
+        plan.step_overheads_s["wse_memoryx_update"] = lw / ext.bandwidth_bytes_per_s
+        for node in ctx.graph.nodes:
+            if is_optimizer_step(node):
+                plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
+                np_ = place_node(
+                    ctx, node, unit="memoryx", compute_s=0.0, feed_level=ext.level,
+                    feed_bytes=ctx.costs[node.name].bytes, ridge=ext_ridge, allocation=0.0, time_s=0.0,
+                )  # fmt: skip
+                np_.note = "runs in MemoryX, overlapped with the next layers; its tail is wse_memoryx_update"
+                plan.node_plans[node.name] = np_
+    if need(1) > usable * sram.capacity_bytes:
+        plan.fail(
+            f"weight streaming needs {need(1) / 1e9:.2f} GB of wafer SRAM at micro-batch 1 ({layers} layer "
+            f"checkpoints of {keep / max(layers, 1) / 1e6:.1f} MB, one layer's working set {working / 1e6:.1f} MB, "
+            f"double-buffered weights {2 * max_w / 1e6:.1f} MB); {usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB "
+            "is usable",
+            need(1),
+            usable * sram.capacity_bytes,
+        )
+    elif need(mb) > usable * sram.capacity_bytes:
+        plan.fail(
+            f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
+            f"{usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable (use more --micro-batches)",
+            need(mb),
+            usable * sram.capacity_bytes,
+        )
+    if total_w + state > ext.capacity_bytes:
+        plan.fail(f"weights and optimizer state ({(total_w + state) / 1e9:.1f} GB) exceed {ext.name}",
+                  total_w + state, ext.capacity_bytes)  # fmt: skip
     return plan
+
+
+def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
+    """Bytes of the block's outputs read outside it: the checkpoint kept per layer for backward."""
+    graph = ctx.graph
+    names = {n.name for n in nodes}
+    total = 0
+    for node in nodes:
+        if node.layer is None:  # constants the exporter left unscoped (masks) are no per-sample activations
+            continue
+        for out in node.outputs:
+            readers = graph.consumers.get(out, [])
+            if out and _shape(ctx, out) and any(c.name not in names and not is_optimizer_step(c) for c in readers):
+                total += graph.type_of(out).nbytes()
+    return total
+
+
+def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[str, WseKernel]) -> int:
+    """One layer's activations for its backward: inputs of the nodes that need a gradient.
+
+    An attention kernel keeps only its own inputs and recomputes its internals (scores,
+    softmax) in backward, so tensors produced inside an attention kernel are not counted.
+    Inference: the peak of live activations.
+    """
+    if meta.graph_mode(ctx.graph) != "train":
+        return peak_live_bytes(ctx, nodes)
+    graph = ctx.graph
+    seen: set[str] = set()
+    total = 0
+    for node in nodes:
+        k = kernel_of.get(node.name)
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or v in seen or value.kind.is_stored or not _shape(ctx, v):
+                continue
+            prod = kernel_of.get(value.producer) if value.producer else None
+            if k is not None and k.cls == "attention" and prod is k:
+                continue
+            seen.add(v)
+            total += graph.type_of(v).nbytes()
+    return total

@@ -30,11 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, Graph, Node, TensorType
 
 __all__ = [
     "CPU_MATMUL",
     "CPU_STREAM",
+    "ESTIMATED_NOTE",
     "FLOP_CONVENTION",
     "UNKNOWN_OP",
     "Backward",
@@ -44,6 +46,7 @@ __all__ = [
     "OpView",
     "ShapeUnknownError",
     "cost_rule",
+    "estimate_cost",
     "find_rule",
     "op_traits",
     "op_traits_only",
@@ -118,7 +121,8 @@ class OpTraits:
     keeps_values: bool = False
     """Output holds the input's values, only re-shaped or re-typed (token ids stay token ids)."""
     has_cost_rule: bool = False
-    """A cost rule is registered; without one the cost pass leaves the node unattributed."""
+    """A cost rule is registered; without one the cost pass gives the node a bytes-only estimate
+    (`estimate_cost`, labelled `ESTIMATED_NOTE`)."""
 
 
 class ShapeUnknownError(Exception):
@@ -128,7 +132,8 @@ class ShapeUnknownError(Exception):
 UNKNOWN_OP = OpTraits()
 """Traits of an op no registration names: no class, no special treatment anywhere, a
 streaming kernel on the host CPU, and the vector backward rule (what the training pass
-applied to unclassified nodes). Such a node has no cost rule, so it is unattributed."""
+applied to unclassified nodes). Such a node has no cost rule, so the cost pass estimates it
+from its bytes (`estimate_cost`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +201,7 @@ def op_traits_only(
     cpu_class: str = CPU_STREAM,
     backward: Backward | None = None,
 ) -> None:
-    """Register traits for ops the registry does not cost (their nodes stay unattributed)."""
+    """Register traits for ops the registry does not cost (their nodes get a bytes-only estimate)."""
     traits = _traits(op_class, backward, False, cpu_class=cpu_class)
     for op_type in op_types:
         _TRAITS[(domain, op_type)] = traits
@@ -301,10 +306,45 @@ class OpView:
         return flops if self.rule.custom_bytes else flops + self.default_bytes()
 
 
+ESTIMATED_NOTE = "estimated: no rule"
+"""The label of a node costed by `estimate_cost` (no rule could count it), in every output."""
+
+
+def estimate_cost(node: Node, graph: Graph) -> Cost | None:
+    """A memory-bound lower bound for a node no rule can count: no FLOPs, and the bytes of
+    every distinct input it reads (stored values as weight bytes) and output it writes, from
+    the tensor types that are known. None when no type of the node is known.
+
+    Placed like any other cost, it takes the time its bytes take on the target's memory:
+    never zero, and never more than the node could possibly take at least.
+    """
+    weight = act_in = act_out = 0
+    known = False
+    seen: set[str] = set()
+    for i, names in enumerate((node.inputs, node.outputs)):
+        for name in names:
+            value = graph.values.get(name) if name else None
+            if value is None or name in seen or value.type.shape is None:
+                continue
+            seen.add(name)
+            try:
+                nbytes = value.type.nbytes(graph.bindings)
+            except UnboundSymbolError:
+                continue
+            known = True
+            if i == 1:
+                act_out += nbytes
+            elif value.kind.is_stored:
+                weight += nbytes
+            else:
+                act_in += nbytes
+    return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out) if known else None
+
+
 # -- contractions ---------------------------------------------------------------------
 
 
-@cost_rule("MatMul", "MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("MatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def matmul(op: OpView) -> Cost:
     """[..., M, K] @ [..., K, N]: 2·K FLOPs per output element (broadcast batch dims included)."""
     a = op.in_dims(0)
@@ -312,10 +352,34 @@ def matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel())
 
 
+@cost_rule("MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+def matmul_integer(op: OpView) -> Cost:
+    """Integer matmul (int32 out): 2·K per output element, plus one zero-point subtraction per
+    element of A (input 2 given) and of B (input 3 given)."""
+    zero_points = (op.in_numel(0) if op.has_input(2) else 0) + (op.in_numel(1) if op.has_input(3) else 0)
+    return Cost(contraction_flops=2 * op.in_dims(0)[-1] * op.out_numel(), vector_flops=zero_points)
+
+
+@cost_rule("QLinearMatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+def qlinear_matmul(op: OpView) -> Cost:
+    """Quantized matmul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): 2·K per output
+    element in integers, one zero-point subtraction per element of A and of B, and a requantize
+    per output (multiply by a_scale·b_scale/y_scale, add y_zp; round and saturate go with it)."""
+    out = op.out_numel()
+    return Cost(
+        contraction_flops=2 * op.in_dims(0)[-1] * out,
+        vector_flops=op.in_numel(0) + op.in_numel(3) + 2 * out,
+    )
+
+
 @cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
 def matmul_nbits(op: OpView) -> Cost:
-    """2·K FLOPs per output element (K from the node's attribute)."""
-    return Cost(contraction_flops=2 * int(op.attr("K")) * op.out_numel())
+    """A [..., K] @ dequantized B [N, K] (block-quantized, ``bits`` per weight, read packed): 2·K
+    per output element, 2 per weight element to dequantize ((q − zp)·scale, done on the fly per
+    call), and the bias add when input 5 is given."""
+    k, n = int(op.attr("K")), int(op.attr("N"))
+    out = op.out_numel()
+    return Cost(contraction_flops=2 * k * out, vector_flops=2 * k * n + (out if op.has_input(5) else 0))
 
 
 @cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
@@ -383,6 +447,121 @@ def einsum(op: OpView) -> Cost:
     if reduces:
         return Cost(contraction_flops=2 * iterations)
     return Cost(vector_flops=iterations if op.n_inputs > 1 else 0)
+
+
+# -- fused attention (onnxruntime contrib ops) ---------------------------------------------
+#
+# A fused attention kernel computes Q·Kᵀ, scales, masks, softmaxes and multiplies by V
+# without writing the S×T score matrix to memory: its bytes are its inputs and outputs (the
+# registry's default), never the scores. Its FLOPs are those of the unfused subgraph:
+# 2·H per score for Q·Kᵀ and 2·Hv per score for P·V, 1 per score for the scale, 4 vector +
+# 1 exp per score for the softmax (as `Softmax`), and 1 per score per mask or bias added.
+
+
+def _attention_flops(batch: int, heads: int, s: int, t: int, h_qk: int, h_v: int, masks: int) -> Cost:
+    """Scores, scale, ``masks`` additive masks/biases, softmax and P·V for ``heads`` heads."""
+    scores = batch * heads * s * t
+    return Cost(
+        contraction_flops=2 * scores * (h_qk + h_v),
+        vector_flops=scores * (1 + 4 + masks),
+        special_ops=scores,
+    )
+
+
+@cost_rule("Attention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
+           params=(6,))  # fmt: skip
+def ms_attention(op: OpView) -> Cost:
+    """Packed-projection attention (input [B,S,D], weights [D, Dq+Dk+Dv], bias, mask_index, past,
+    attention_bias): the QKV projection (2·D per projected element, plus the bias add), then
+    fused attention over T = past + S keys (causal masking when ``unidirectional``); the S×T
+    scores are not written."""
+    b, s, d = op.in_dims(0)
+    width = op.in_dims(1)[-1]
+    sizes = op.attr("qkv_hidden_sizes") or [width // 3] * 3
+    heads = int(op.attr("num_heads"))
+    past = op.in_dims(4)[3] if op.has_input(4) else 0
+    masks = sum(1 for i in (3, 5) if op.has_input(i)) + int(bool(op.attr("unidirectional", 0)))
+    proj = Cost(contraction_flops=2 * d * b * s * width, vector_flops=b * s * width if op.has_input(2) else 0)
+    return proj + _attention_flops(b, heads, s, past + s, sizes[0] // heads, sizes[2] // heads, masks)
+
+
+def _kv_length(op: OpView, key_index: int, past_index: int) -> int:
+    """Keys attended: the present key's length when output 1 is typed, else past + new keys."""
+    if len(op.node.outputs) > 1 and op.node.outputs[1]:
+        try:
+            return op.out_dims(1)[2]
+        except ShapeUnknownError:
+            pass
+    past = op.in_dims(past_index)[2] if op.has_input(past_index) else 0
+    if not op.has_input(key_index):  # packed QKV in the query: keys are the query's tokens
+        return past + op.in_dims(0)[1]
+    key = op.in_dims(key_index)
+    return past + (key[2] if len(key) == 4 else key[1])  # [B,N,L,H] or [B,L,D] / [B,L,N,2,H]
+
+
+@cost_rule("MultiHeadAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+def ms_multi_head_attention(op: OpView) -> Cost:
+    """query [B,S,D] (or packed [B,S,N,3,H]), key/value [B,L,D] or [B,N,L,H], optional bias
+    (added to Q, K and V), key_padding_mask, attention_bias, past key/value: fused attention over
+    T = past + L keys, ``num_heads`` heads; the S×T scores are not written."""
+    q = op.in_dims(0)
+    heads = int(op.attr("num_heads"))
+    b, s = q[0], q[1]
+    out = op.out_dims(0)
+    h_v = out[-1] // heads
+    h_qk = q[-1] if len(q) == 5 else q[-1] // heads
+    t = _kv_length(op, 1, 6)
+    masks = sum(1 for i in (4, 5) if op.has_input(i)) + int(bool(op.attr("unidirectional", 0)))
+    bias = op.in_numel(3) * b * s if op.has_input(3) else 0
+    return _attention_flops(b, heads, s, t, h_qk, h_v, masks) + Cost(vector_flops=bias)
+
+
+@cost_rule("GroupQueryAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
+           params=(5, 6))  # fmt: skip
+def ms_group_query_attention(op: OpView) -> Cost:
+    """query [B,S,N·H] (or packed QKV), key/value [B,S,Nkv·H], past key/value [B,Nkv,P,H]: causal
+    attention of ``num_heads`` query heads over T keys (the present key's length), the K/V heads
+    shared by groups (no K/V copies counted), the causal mask one op per score, and rotary
+    embedding of Q and K (3 per rotated element) when ``do_rotary``; the scores are not written."""
+    b, s, _width = op.in_dims(0)
+    heads, kv_heads = int(op.attr("num_heads")), int(op.attr("kv_num_heads"))
+    h = op.out_dims(0)[-1] // heads
+    t = _kv_length(op, 1, 3)
+    cost = _attention_flops(b, heads, s, t, h, h, 1)
+    if op.attr("do_rotary", 0):
+        rotated = b * s * (heads + kv_heads) * h
+        cost = cost + Cost(vector_flops=3 * rotated)
+    return cost
+
+
+@cost_rule("RotaryEmbedding", domain="com.microsoft", op_class=OpClass.VECTOR, custom_bytes=True, params=(1,))
+@cost_rule("RotaryEmbedding", op_class=OpClass.VECTOR, custom_bytes=True, params=(3,))
+def rotary_embedding(op: OpView) -> Cost:
+    """x·cos + rotate(x)·sin over the rotated part (``rotary_embedding_dim``, else the whole head):
+    2 multiplies and 1 add or subtract per rotated element, the rest copied. Reads the input, the
+    position ids and only the cos/sin rows it gathers; writes the output."""
+    dims = op.in_dims(0)
+    n = math.prod(dims)
+    cos = op.in_dims(2 if op.node.domain == "com.microsoft" else 1)
+    rotated_per_token = 2 * cos[-1]
+    heads = int(op.attr("num_heads", 0) or 0)
+    head = dims[-1] if len(dims) == 4 else dims[-1] // heads if heads else rotated_per_token
+    rotated = n * min(rotated_per_token, head) // head
+    itemsize = op.in_type(0).dtype.itemsize
+    tokens = n // head
+    pos = op.in_type(1).nbytes(op.graph.bindings) if op.node.domain == "com.microsoft" and op.has_input(1) else 0
+    gathered = tokens * rotated_per_token * op.in_type(2 if op.node.domain == "com.microsoft" else 1).dtype.itemsize
+    return Cost(vector_flops=3 * rotated, act_bytes_in=n * itemsize + pos + gathered, act_bytes_out=n * itemsize)
+
+
+@cost_rule("FusedGemm", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+def fused_gemm(op: OpView) -> Cost:
+    """Gemm followed by its fused ``activation`` (Relu, LeakyRelu, Sigmoid, Tanh, ...): the Gemm's
+    count plus the activation's per output element (1 vector; Sigmoid/Tanh add 1 special)."""
+    out = op.out_numel()
+    act = str(op.attr("activation", "") or "")
+    special = out if act in ("Sigmoid", "Tanh", "HardSigmoid") else 0
+    return gemm(op) + Cost(vector_flops=out if act else 0, special_ops=special)
 
 
 # -- elementwise -----------------------------------------------------------------------
@@ -486,6 +665,21 @@ def ms_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n + bias, special_ops=n)
 
 
+@cost_rule("QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh")
+def quick_gelu(op: OpView) -> Cost:
+    """x·sigmoid(alpha·x): the sigmoid (2 vector + 1 exp), the product, and the alpha scaling
+    when alpha ≠ 1 (onnxruntime fuses SiLU, x·sigmoid(x), into QuickGelu with alpha 1)."""
+    n = op.out_numel()
+    scale = n if float(op.attr("alpha", 1.702)) != 1.0 else 0
+    return Cost(vector_flops=3 * n + scale, special_ops=n)
+
+
+@cost_rule("BiasAdd", domain="com.microsoft", op_class=OpClass.VECTOR)
+def bias_add(op: OpView) -> Cost:
+    """X + bias + skip: 2 adds per output element."""
+    return Cost(vector_flops=2 * op.out_numel())
+
+
 @cost_rule("Sum", "Max", "Min", "Mean", op_class=OpClass.VECTOR)
 def variadic(op: OpView) -> Cost:
     """(inputs − 1) per element; Mean adds one division per element."""
@@ -495,9 +689,18 @@ def variadic(op: OpView) -> Cost:
 
 
 @cost_rule("QuantizeLinear", "DequantizeLinear", op_class=OpClass.VECTOR)
+@cost_rule("QuantizeLinear", "DequantizeLinear", domain="com.microsoft", op_class=OpClass.VECTOR)
 def quantize(op: OpView) -> Cost:
-    """Scale and shift (and round/saturate) per element."""
-    return Cost(vector_flops=2 * op.out_numel())
+    """Per element: the scale (x/scale or x·scale) and, when the zero point (input 2) is given,
+    its add or subtract; rounding and saturation are part of the type conversion."""
+    return Cost(vector_flops=(2 if op.has_input(2) else 1) * op.out_numel())
+
+
+@cost_rule("DynamicQuantizeLinear", op_class=OpClass.VECTOR)
+def dynamic_quantize(op: OpView) -> Cost:
+    """uint8 quantization with a scale from the data: min and max over x (2 per element), then
+    x/scale + zero point (2 per element); the scalar scale and zero point are a few ops more."""
+    return Cost(vector_flops=4 * op.in_numel(0) + 6)
 
 
 # -- normalisation and softmax ---------------------------------------------------------
@@ -561,10 +764,18 @@ def ms_simplified_layer_norm(op: OpView) -> Cost:
 @cost_rule("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain="com.microsoft",
            op_class=OpClass.VECTOR, **_NORM)
 def skip_layer_norm(op: OpView) -> Cost:
-    """Residual add (and optional bias add), then the normalisation."""
-    n = op.in_numel(0)
-    adds = n * (2 if op.has_input(4) else 1)
-    norm = rms_norm(op) if "Simplified" in op.node.op_type else layer_norm(op)
+    """input + skip (+ bias), then LayerNormalization (with beta when given) or RMS normalisation
+    over the last axis. Inputs: SkipLayerNormalization (input, skip, gamma, beta, bias),
+    SkipSimplifiedLayerNormalization (input, skip, gamma, bias)."""
+    dims = op.in_dims(0)
+    n = math.prod(dims)
+    rows = n // dims[-1] if dims else 1
+    simplified = "Simplified" in op.node.op_type
+    adds = n * (2 if op.has_input(3 if simplified else 4) else 1)
+    if simplified:
+        norm = Cost(vector_flops=4 * n + 2 * rows, special_ops=rows)
+    else:
+        norm = Cost(vector_flops=(7 if op.has_input(3) else 6) * n + 3 * rows, special_ops=rows)
     return norm + Cost(vector_flops=adds)
 
 
@@ -753,9 +964,6 @@ def range_(op: OpView) -> Cost:
     return Cost(vector_flops=2 * op.out_numel())
 
 
-# -- ops with traits but no cost rule (their nodes stay unattributed) ---------------------
-
-op_traits_only("FusedGemm", domain="com.microsoft", op_class=None, cpu_class=CPU_MATMUL)
 
 
 # -- the per-op table of docs/costs.md -----------------------------------------------------
@@ -792,7 +1000,7 @@ def render_costs_markdown() -> str:
     rows: dict[tuple[Any, ...], list[str]] = {}
     for (domain, op), traits in _TRAITS.items():
         rule = _RULES.get((domain, op))
-        counts = _first_paragraph(rule.fn.__doc__) if rule else "no cost rule: the node is unattributed"
+        counts = _first_paragraph(rule.fn.__doc__) if rule else f"no cost rule: {ESTIMATED_NOTE} (bytes only)"
         params = ", ".join(str(i) for i in sorted(rule.params)) if rule else ""
         key = (counts, params, traits, rule.custom_bytes if rule else None)
         rows.setdefault(key, []).append(f"{domain}::{op}" if domain else op)

@@ -14,6 +14,7 @@ from dabench_ir.ir import Cost, Graph, Node
 
 __all__ = [
     "COST",
+    "ESTIMATED",
     "FOLDED",
     "GRAPH_MODE",
     "GRAPH_PRECISION",
@@ -37,6 +38,7 @@ __all__ = [
 
 COST = "dabench.cost"  # Cost, written by the 'cost' pass
 UNATTRIBUTED = "dabench.unattributed"  # str reason, written by the 'cost' pass
+ESTIMATED = "dabench.estimated"  # str: why no rule counted it; its COST is `estimate_cost`'s bytes-only lower bound
 OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)

@@ -11,7 +11,7 @@ from dabench_ir.ir import Cost, Graph, ValueKind, layer_from_scope
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import OpView, ShapeUnknownError, find_rule, traits_of
+from .cost_rules import ESTIMATED_NOTE, OpView, ShapeUnknownError, estimate_cost, find_rule, traits_of
 
 __all__ = ["BindSymbols", "ClassifyOps", "CostPass", "FoldWeightLayouts", "TagLayers"]
 
@@ -114,9 +114,14 @@ class FoldWeightLayouts(Pass):
 
 @dataclass(frozen=True)
 class CostPass(Pass):
-    """Cost every node with its rule; nodes without one are marked unattributed, with why.
+    """Cost every node with its rule; a node no rule can count gets an estimate, never a zero.
 
-    All unbound symbols across the graph are reported together, in one error.
+    The estimate (`estimate_cost`) is a memory-bound lower bound: no FLOPs, the bytes the
+    node reads and writes from its tensor types. It is the node's `meta.COST`, so every
+    lowering places it like any node, and `meta.ESTIMATED` holds why no rule counted it
+    (every report labels it `ESTIMATED_NOTE`). Only a node whose types are all unknown stays
+    unattributed (`meta.UNATTRIBUTED`). All unbound symbols across the graph are reported
+    together, in one error.
     """
 
     name: str = "cost"
@@ -125,6 +130,7 @@ class CostPass(Pass):
         unbound: set[str] = set()
         for node in graph.nodes:
             node.meta.pop(meta.UNATTRIBUTED, None)
+            node.meta.pop(meta.ESTIMATED, None)
             node.meta.pop(meta.COST, None)
             reason = None
             rule = find_rule(node)
@@ -146,8 +152,14 @@ class CostPass(Pass):
                 except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
                     reason = f"cost rule for {node.qualified_op} could not read this node ({type(exc).__name__}: {exc})"
             if reason:
-                node.meta[meta.UNATTRIBUTED] = reason
-                logger.debug("unattributed %s: %s", node.name, reason)
+                estimate = estimate_cost(node, graph)
+                if estimate is None:
+                    node.meta[meta.UNATTRIBUTED] = reason
+                    logger.debug("unattributed %s: %s", node.name, reason)
+                else:
+                    node.meta[meta.COST] = estimate
+                    node.meta[meta.ESTIMATED] = reason
+                    logger.debug("%s %s: %s", ESTIMATED_NOTE, node.name, reason)
         if unbound:
             raise UnboundSymbolError(unbound)
         return PassResult(graph, True)

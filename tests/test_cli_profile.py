@@ -89,7 +89,7 @@ def test_comparing_targets(block, tmp_path, capsys):
     assert main(["profile", str(block), "--target", "wse,tpu9", "--quiet"]) == 2
 
 
-def test_subgraph_nodes_are_unattributed_not_a_crash(tmp_path, capsys):
+def test_subgraph_nodes_are_estimated_not_a_crash(tmp_path, capsys):
     branch = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"])], "b", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])]
     )
@@ -107,9 +107,12 @@ def test_subgraph_nodes_are_unattributed_not_a_crash(tmp_path, capsys):
     report = tmp_path / "r.json"
     assert main(["profile", str(path), "--json", str(report), "--quiet"]) == 0
     data = json.loads(report.read_text())
-    assert [u["op_type"] for u in data["unattributed"]] == ["If"]
-    assert "subgraph" in data["unattributed"][0]["reason"]
-    assert data["totals"]["unattributed_nodes"] == 1 and data["totals"]["vector_flops"] == 4
+    assert data["unattributed"] == []
+    assert [u["op_type"] for u in data["extra"]["estimated"]] == ["If"]
+    assert "subgraph" in data["extra"]["estimated"][0]["reason"]
+    # the If's estimate: reads the bool condition (1 B), writes y (16 B); no FLOPs
+    assert data["totals"]["estimated_nodes"] == 1 and data["totals"]["estimated_bytes"] == 17
+    assert data["totals"]["vector_flops"] == 4
 
 
 def test_scale_command(block, tmp_path, capsys):

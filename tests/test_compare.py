@@ -37,7 +37,7 @@ def test_rows_match_reports():
     a, b = _two_reports()
     rows = compare_reports([a, b])
     assert [r["target"] for r in rows] == ["fakechip", "otherchip"]
-    assert set(rows[0]) == set(COMPARE_COLUMNS)
+    assert {k for k in rows[0] if not k.startswith("_")} == set(COMPARE_COLUMNS)
     r = rows[0]
     assert r["time_s"] == pytest.approx(290e-6)
     assert r["throughput_samples_per_s"] == pytest.approx(2 / 290e-6)
@@ -80,7 +80,7 @@ def test_render_and_writers(tmp_path):
     rows = compare_reports(list(_two_reports()))
     text = render_compare(rows)
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["model", "target", "time"]
+    assert lines[0].split()[:4] == ["model", "target", "run", "time"]
     assert "fakechip" in lines[2] and "compute (91.7%)" in lines[2] and "290 µs" in lines[2]
     assert "otherchip" in lines[3] and " NO " in lines[3] and lines[3].rstrip().endswith("-")
     assert "does not fit: weights exceed SRAM" in text

@@ -1,73 +1,264 @@
-"""WSE lowering: SRAM demand, fit and weight streaming, region balance, replicas."""
+"""WSE lowering: kernels as compiled, per-class rates, balanced regions, weight streaming, replicas.
+
+Exact numbers on hand-built graphs (tests/lowering_graphs.py), then the GPT-2 small compile
+report (catalogue point A) and the weight-streaming capacity limit.
+"""
 
 from __future__ import annotations
+
+import math
+from collections import Counter
 
 import pytest
 
 from dabench_ir.emulate import emulate
 from dabench_ir.lowering import lower
+from dabench_ir.lowering._common import LoweringContext, balance
+from dabench_ir.lowering.wse import wse_kernels
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.options import ProfileOptions
+from dabench_ir.passes.training import TrainingPass
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
 WSE = load_target("wse")
+CLOCK = float(WSE.clock)
 
 
-def _weights(plan) -> float:
-    return sum(u.resources["weight_bytes"] for u in plan.units)
+def _train(graph):
+    return TrainingPass()(graph).graph
 
 
-def test_doubling_hidden_quadruples_weight_sram():
+def _kernels(graph):
+    return wse_kernels(LoweringContext.build(graph, None, None), WSE)
+
+
+def test_balance_with_fixed_time_gives_the_closed_form_sizes():
+    # without a fixed part: 6 and 2 units of work on 8 units -> T = 1
+    assert balance([6.0, 2.0], [1, 1], [100, 100], 8) == [6, 2]
+    # task 2 also pays 1 s that more units do not shorten: T = 1.5, ceil(6/1.5) + ceil(2/0.5) = 8
+    assert balance([6.0, 2.0], [1, 1], [100, 100], 8, fixed_s=[0.0, 1.0]) == [4, 4]
+    # a fixed part at or above the period: the task takes its maximum
+    assert balance([1.0, 1.0], [1, 1], [3, 5], 8, fixed_s=[0.0, 10.0]) == [3, 5]
+
+
+def test_kernels_at_the_compilers_granularity():
+    kinds = Counter(k.cls for k in _kernels(decoder(layers=2, hidden=64, seq=16)))
+    assert kinds == {"attention": 2, "fc": 4, "nlin": 2, "layer_norm": 4, "add": 4}
+    # training: each residual add becomes a forward add and a backward gradient-sum kernel
+    kernels = _kernels(_train(decoder(layers=2, hidden=64, seq=16)))
+    kinds = Counter(k.cls for k in kernels)
+    assert kinds == {"attention": 2, "fc": 4, "nlin": 2, "layer_norm": 4, "add": 8}
+    assert all(len(k.nodes) == 7 for k in kernels if k.cls == "attention")  # q, k, v, qk, softmax, av, o
+
+
+def test_kernel_work_and_row_time_exact():
+    hidden, seq = 64, 16
+    kernels = _kernels(decoder(layers=1, hidden=hidden, seq=seq))
+    add = next(k for k in kernels if k.cls == "add")
+    vec = WSE.arch_value("pe_vector_ops_per_cycle")
+    assert add.work_s == pytest.approx(seq * hidden / vec / CLOCK)  # one op per element
+    assert (add.tokens, add.width) == (seq, hidden)
+    fc1 = next(k for k in kernels if k.cls == "fc" and k.width == 4 * hidden)
+    mm = WSE.arch_value("pe_matmul_efficiency") * WSE.peak_flops("fp16") / WSE.num_units / CLOCK
+    assert fc1.work_s == pytest.approx(2 * seq * hidden * 4 * hidden / mm / CLOCK)
+    assert fc1.params == hidden * 4 * hidden
+
+
+def test_small_kernels_get_just_enough_pes():
+    g = _train(decoder(layers=2, hidden=768, seq=1024, heads=12))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
+    regions = [u for u in plan.units if u.kind.startswith("wse_region:")]
+    chunk = WSE.arch_value("row_chunk_elements")
+    for u in regions:
+        cls = u.kind.split(":")[1]
+        if cls == "add":
+            assert u.resources["pes"] >= math.ceil(768 / chunk)
+        assert WSE.arch_value("min_utilisation") - 1e-9 <= u.resources["utilisation"] < 1
+        tau = u.resources["row_s_per_sample"]
+        busy = u.resources["work_pe_s_per_sample"] / u.resources["pes"]
+        assert u.resources["utilisation"] == pytest.approx(busy / (busy + tau))
+    util = {u.kind.split(":")[1]: u.resources["utilisation"] for u in regions}
+    assert util["fc"] > max(util["nlin"], util["add"])  # matmul PEs busier than vector PEs
+
+
+def test_allocation_counts_io_routing_and_buffers():
+    g = _train(decoder(layers=4, hidden=768, seq=1024, heads=12))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
+    m = compute_metrics(g, plan, emulate(plan, g), WSE)
+    route = WSE.arch_value("route_pes_per_kernel_pe")
+    expected = plan.extra["pes_kernels"] * (1 + route) + WSE.arch_value("io_region_pes") + plan.extra["pes_buffer"]
+    assert m.allocation_ratio == pytest.approx(expected / WSE.num_units)
+    assert m.allocation_ratio <= WSE.arch_value("max_active_fraction") + 1e-9
+    assert m.load_imbalance == pytest.approx(plan.extra["load_imbalance_pe_weighted"], rel=1e-3)
+    assert plan.extra["pes_buffer"] > 0  # block-boundary activations in flight
+
+
+def test_in_flight_buffers_grow_with_depth_squared():
+    def buf(layers):
+        return lower(_train(decoder(layers=layers, hidden=256, seq=128)), WSE,
+                     ProfileOptions(wse_mode="pipelined")).extra["buffer_bytes"]  # fmt: skip
+
+    per_sample = 128 * 256 * 2  # one block boundary, fp16
+    assert buf(1) == per_sample * 1
+    assert buf(4) == per_sample * (7 + 5 + 3 + 1)
+
+
+def test_pipelined_capacity_limit_falls_with_width():
+    # training state 16 B/param and buffers in 75 % of 40 GB: about 1 B parameters fit
     opts = ProfileOptions(wse_mode="pipelined")
-    small = lower(decoder(layers=2, hidden=256, seq=8), WSE, opts)
-    big = lower(decoder(layers=2, hidden=512, seq=8), WSE, opts)
-    assert _weights(big) / _weights(small) == pytest.approx(4.0)
-    total = big.memory_bytes["sram"] / small.memory_bytes["sram"]
-    assert 3.0 < total <= 4.0
+    assert lower(_train(decoder(layers=24, hidden=1600, seq=64)), WSE, opts).fits  # 0.74 B params
+    big = lower(_train(decoder(layers=36, hidden=1600, seq=64)), WSE, opts)  # 1.1 B params
+    assert not big.fits and "optimizer state" in big.failure.reason
 
 
-def test_growing_hidden_eventually_does_not_fit():
-    opts = ProfileOptions(wse_mode="pipelined")
-    fits = []
-    for hidden in (1024, 2048, 4096, 8192):
-        plan = lower(decoder(layers=32, hidden=hidden, seq=8), WSE, opts)
-        fits.append(plan.fits)
-    assert fits[0] and not fits[-1]
-    assert fits == sorted(fits, reverse=True)  # once it stops fitting it never fits again
-    failure = plan.failure
-    assert failure is not None and failure.needed_bytes > failure.capacity_bytes
-    assert failure.capacity_bytes == pytest.approx(WSE.memory("sram").capacity_bytes)
+def test_auto_picks_pipelined_below_a_billion_parameters_and_streaming_above():
+    small = lower(decoder(layers=2, hidden=512, seq=64), WSE, ProfileOptions(wse_mode="auto"))
+    assert small.extra["mode"] == "pipelined" and small.notes[0].startswith("auto: pipelined")
+    big = lower(decoder(layers=20, hidden=2048, seq=64), WSE, ProfileOptions(wse_mode="auto"))  # 1.0 B
+    assert big.extra["mode"] == "streaming" and "parameters >= 1 B" in big.notes[0]
+    assert {u.kind for u in big.units} == {"wse_layer"}
 
 
-def test_auto_mode_streams_weights_when_pipelined_does_not_fit():
-    g = decoder(layers=32, hidden=8192, seq=8)
-    plan = lower(g, WSE, ProfileOptions(wse_mode="auto"))
-    assert plan.fits and plan.extra["mode"] == "streaming"
-    assert {u.kind for u in plan.units} == {"wse_layer"}
-    assert "pipelined mode does not fit" in plan.notes[0]
-    # streaming moves every weight from external memory once per step
-    assert plan.traffic_bytes["memoryx"] > 0
+def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():
+    def limit(hidden, mb, seq=2048):
+        g = _train(decoder(layers=2, hidden=hidden, seq=seq, batch=1, heads=hidden // 128))
+        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=mb, micro_batches=1))
+        return plan.extra["max_layers_at_micro_batch"]
+
+    limits = [limit(h, 1) for h in (2560, 5120, 12288)]
+    assert all(0 < x < 10_000 for x in limits)
+    assert limits == sorted(limits, reverse=True) and limits[0] > limits[-1]
+    assert limit(5120, 8) < limit(5120, 1) / 4
+    assert limit(5120, 1, seq=8192) < limit(5120, 1, seq=2048)
 
 
-def test_regions_balance_and_hold_their_bytes():
-    plan = lower(decoder(layers=2, hidden=256, seq=32), WSE, ProfileOptions(wse_mode="pipelined"))
-    pe_sram = WSE.arch_value("pe_sram_bytes")
-    for unit in plan.units:
-        assert unit.resources["pes"] >= WSE.arch_value("min_region_pes")
-        assert unit.resources["pes"] * pe_sram >= unit.resources["sram_bytes"]
-        assert unit.resources["width"] * unit.resources["height"] >= unit.resources["pes"]
-    assert sum(u.resources["pes"] for u in plan.units) <= WSE.num_units
+def test_streaming_too_deep_does_not_fit_and_micro_batch_shrinks_to_fit():
+    g = _train(decoder(layers=48, hidden=8192, seq=2048, heads=64))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=64))
+    assert plan.fits and plan.extra["micro_batch"] < 64  # the largest divisor that fits
+    assert plan.memory_bytes["sram"] <= WSE.arch_value("sram_usable_fraction") * WSE.memory("sram").capacity_bytes
+    deep = _train(decoder(layers=1200, hidden=8192, seq=2048, heads=64))
+    plan = lower(deep, WSE, ProfileOptions(wse_mode="streaming", batch=8))
+    assert not plan.fits and "micro-batch 1" in plan.failure.reason
 
 
-def test_replicas_multiply_sram_and_auto_fills_the_wafer():
-    g = decoder(layers=2, hidden=128, seq=16, batch=8)
-    one = lower(g, WSE, ProfileOptions(wse_mode="pipelined", replicas=1))
+def test_streaming_state_lives_in_memoryx_and_step_overheads_are_charged():
+    g = _train(decoder(layers=4, hidden=1024, seq=512, heads=8))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=32))
+    params = 4 * 12 * 1024 * 1024
+    assert plan.memory_bytes["memoryx"] == params * 16  # fp16 weights + 14 B/param of state
+    lw = 12 * 1024 * 1024 * 2
+    bw = WSE.memory("memoryx").bandwidth_bytes_per_s
+    assert plan.step_overheads_s["wse_grad_writeback"] == pytest.approx(lw / bw)
+    assert plan.step_overheads_s["wse_memoryx_update"] == pytest.approx(lw / bw)
+    layer = next(u for u in plan.units if u.id == "layer0")
+    n_mb = plan.micro_batches
+    assert layer.gap_before_s == pytest.approx(WSE.overhead("ws_layer_pass_s") * n_mb)
+    assert layer.min_time_s == pytest.approx(3 * lw / bw * n_mb)  # W in, W in again, dW out
+
+
+def test_streaming_throughput_flattens_with_batch():
+    g = _train(decoder(layers=4, hidden=2048, seq=2048, heads=16))
+
+    def rate(batch):
+        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=batch))
+        return batch / (emulate(plan, g).step_time_s + sum(plan.step_overheads_s.values()))
+
+    r = [rate(b) for b in (1, 8, 32, 256, 512)]
+    assert r == sorted(r)
+    assert r[-1] / r[-2] < 1.05 < r[1] / r[0]
+
+
+def test_replicas_pay_a_reduction_that_grows():
+    g = _train(decoder(layers=2, hidden=256, seq=64, batch=8))
+    reduce = [
+        lower(g, WSE, ProfileOptions(wse_mode="pipelined", replicas=r)).step_overheads_s.get("wse_replica_reduce", 0.0)
+        for r in (1, 2, 4, 8)
+    ]
+    assert reduce[0] == 0.0 and reduce[1] < reduce[2] < reduce[3]
     two = lower(g, WSE, ProfileOptions(wse_mode="pipelined", replicas=2))
+    grad = sum(4 * n for n in (256 * 256 * 4 + 256 * 1024 * 2,)) * 2  # fp32 gradients, 2 layers
+    side = math.sqrt(WSE.num_units)
+    cut = side * WSE.arch_value("fabric_link_bytes_per_cycle") * CLOCK
+    expected = grad / cut + side * WSE.link("fabric").latency_s
+    assert two.step_overheads_s["wse_replica_reduce"] == pytest.approx(expected)
     auto = lower(g, WSE, ProfileOptions(wse_mode="pipelined", replicas="auto"))
-    assert two.memory_bytes["sram"] > one.memory_bytes["sram"]
-    assert auto.replicas >= 1
-    step = {p.replicas: emulate(p, g).step_time_s for p in (one, two, auto)}
-    assert step[auto.replicas] <= step[1]
-    alloc = [compute_metrics(g, p, emulate(p, g), WSE).allocation_ratio for p in (one, auto)]
-    assert alloc[1] >= alloc[0]
+    assert auto.replicas >= 1 and auto.fits
+
+
+def test_fp32_matmuls_run_at_the_fp32_rate():
+    g16 = decoder(layers=1, hidden=64, seq=16)
+    from dabench_ir.ir import DType
+
+    g32 = decoder(layers=1, hidden=64, seq=16, dtype=DType.FLOAT32)
+    fc16 = next(k for k in _kernels(g16) if k.cls == "fc")
+    fc32 = next(k for k in _kernels(g32) if k.cls == "fc")
+    assert fc32.work_s / fc16.work_s == pytest.approx(WSE.peak_flops("fp16") / WSE.peak_flops("fp32"))
+
+
+# -- catalogue point A: the GPT-2 small pipelined compile report --------------------------------
+@pytest.fixture(scope="module")
+def gpt2_small_train():
+    pytest.importorskip("torch")
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.models.presets import get_preset
+    from dabench_ir.pipeline import prepare_graph
+
+    proto = export_onnx(get_preset("gpt2-small"), weights="none")
+    return prepare_graph(proto, ProfileOptions(mode="train", precision="mixed"))
+
+
+def test_gpt2_small_compile_report(gpt2_small_train):
+    g = gpt2_small_train
+    plan = lower(g, WSE, ProfileOptions(wse_mode="auto", batch=128, precision="mixed"))
+    assert plan.extra["mode"] == "pipelined"
+    m = compute_metrics(g, plan, emulate(plan, g), WSE)
+    assert plan.extra["pipeline_rate_samples_per_s"] == pytest.approx(860.3, rel=0.30)
+    assert m.allocation_ratio == pytest.approx(0.92, rel=0.30)
+    assert m.load_imbalance == pytest.approx(0.978, abs=0.05)
+    pes: Counter[str] = Counter()
+    for u in plan.units:
+        if u.kind.startswith("wse_region:"):
+            pes[u.kind.split(":")[1]] += u.resources["pes"]
+    measured = {"attention": 106966, "fc": 85514, "emb_fc": 65604, "nlin": 13028}
+    for cls, meas in measured.items():
+        assert pes[cls] == pytest.approx(meas, rel=0.30), cls
+    assert Counter(u.kind for u in plan.units)["wse_region:attention"] == 12
+    assert Counter(u.kind for u in plan.units)["wse_region:fc"] == 24
+    assert Counter(u.kind for u in plan.units)["wse_region:add"] == 48
+    assert Counter(u.kind for u in plan.units)["wse_region:layer_norm"] == 25
+
+
+def test_a_graph_without_scopes_is_grouped_by_op_pattern():
+    from tests.conftest import analyze_text
+
+    zeros = ",".join(["0.0"] * 64 * 64)
+    g = analyze_text(
+        f"""
+        agraph (float[1,16,64] X) => (float[1,16,64] Y)
+        <float[64,64] Wq = {{{zeros}}}, float[64,64] Wk = {{{zeros}}}, float[64,64] Wv = {{{zeros}}},
+         float[64,64] Wo = {{{zeros}}}> {{
+            q = MatMul(X, Wq)
+            k = MatMul(X, Wk)
+            v = MatMul(X, Wv)
+            kt = Transpose<perm=[0,2,1]>(k)
+            s = MatMul(q, kt)
+            p = Softmax<axis=-1>(s)
+            a = MatMul(p, v)
+            o = MatMul(a, Wo)
+            Y = Add(X, o)
+        }}
+        """
+    )
+    kernels = _kernels(g)
+    assert [k.cls for k in kernels] == ["fc", "fc", "fc", "data", "attention", "fc", "add"]
+    assert [n.op_type for n in kernels[4].nodes] == ["MatMul", "Softmax", "MatMul"]
+
+
+def test_input_transmission_ceiling_is_reported():
+    g = decoder(layers=1, hidden=64, seq=16)
+    plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
+    io = WSE.link("system_io").bandwidth_bytes_per_s
+    assert plan.extra["transmission_rate_samples_per_s"] == pytest.approx(io / (16 * 64 * 2))
+    assert "wse_input_transmission" not in plan.step_overheads_s  # compute-limited, as report A

@@ -46,7 +46,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
         ("SkipLayerNormalization", "com.microsoft",
          OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True)),
         ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True)),
-        ("FusedGemm", "com.microsoft", OpTraits(None, cpu_class=CPU_MATMUL)),
+        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION, has_cost_rule=True)),
     ],
 )  # fmt: skip
 def test_registered_traits(op, domain, expected):

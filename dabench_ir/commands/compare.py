@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dabench_ir.errors import UserError
 
-__all__ = ["register", "run"]
+__all__ = ["check_estimated", "register", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--normalize-to", type=float, metavar="NM", help="add GOP/s/W as if built at this node (nm)")
     p.add_argument("--scaling", choices=["post-dennard", "dennard"], default="post-dennard")
     p.add_argument("--quiet", "-q", action="store_true", help="no table on stdout")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 2 when a report has nodes without a cost rule (estimated)"
+    )
     p.set_defaults(func=run)
 
 
@@ -65,4 +68,18 @@ def run(args: argparse.Namespace) -> int:
         print(render_compare(rows))
         for path in written:
             print(f"wrote {path}")
+    check_estimated(rows, strict=args.strict)
     return 0
+
+
+def check_estimated(rows: list, *, strict: bool) -> None:
+    """Warn (stderr) for every row with nodes no rule counts; with ``strict`` that is an error (exit 2)."""
+    import sys
+
+    from dabench_ir.report.compare import estimated_warnings
+
+    warnings = estimated_warnings(rows)
+    for line in warnings:
+        print(line, file=sys.stderr)
+    if strict and warnings:
+        raise UserError(f"--strict: {len(warnings)} report(s) hold nodes without a cost rule (see the warnings above)")

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
-    o.add_argument("--strict", action="store_true", help="exit 2 when any node is unattributed")
+    o.add_argument("--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)")
     p.set_defaults(func=run)
 
 
@@ -100,10 +100,11 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort))
         for path in written:
             print(f"wrote {path}")
-    if args.strict and report.unattributed:
-        first = report.unattributed[0]
+    uncounted = report.unattributed + list(report.extra.get("estimated") or [])  # estimated: no rule
+    if args.strict and uncounted:
+        first = uncounted[0]
         raise UserError(
-            f"{len(report.unattributed)} node(s) unattributed (first: {first['name']}: {first['reason']}); "
+            f"{len(uncounted)} node(s) without a cost rule (first: {first['name']}: {first['reason']}); "
             "drop --strict to report them and go on"
         )
     return 0

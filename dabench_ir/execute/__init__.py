@@ -4,8 +4,11 @@
 onnxruntime's per-node profiler, drops the warm-up runs, and joins the median kernel time
 of each onnxruntime node back to the dabench Graph node it came from. Graph optimisation
 is off by default so names match one to one; with ``ort_opt`` it stays on and each fused
-node is mapped back to the original nodes it replaced. Every node ends with a measured
-time or a reason it has none.
+kernel's time is split over the original nodes it replaced by their predicted share (each
+says so in its note), so the per-node times add up to onnxruntime's own profile. The
+headline step is on one basis, the warm median: the per-node medians plus the measured
+overhead rows (`Measurement.overheads_s`). Every node ends with a measured time or a
+reason it has none.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ class Measurement:
     unmatched: dict[str, float] = field(default_factory=dict)  # ORT-only nodes -> seconds
     rates: dict[str, NodeRate] = field(default_factory=dict)
     synthesized: dict[str, str] = field(default_factory=dict)  # tensor -> what was made up
+    notes: dict[str, str] = field(default_factory=dict)  # graph node -> how its measured time was attributed
+    overheads_s: dict[str, float] = field(default_factory=dict)  # the measured step's rows no node owns
+    run_median_s: float = 0.0  # the median model_run duration (reference; the headline is run_time_s)
+    kernel_total_s: float = 0.0  # onnxruntime's own profile: the sum of its per-kernel warm medians
+
+    BASIS = "warm median: per-node medians over the warm runs + the median per-run overhead"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,7 +80,12 @@ class Measurement:
             "ort_opt": self.ort_opt,
             "ort_version": self.ort_version,
             "run_time_s": self.run_time_s,
+            "basis": self.BASIS,
+            "run_median_s": self.run_median_s,
+            "ort_kernel_total_s": self.kernel_total_s,
+            "overheads_s": dict(self.overheads_s),
             "node_times_s": dict(self.node_times),
+            "notes": dict(self.notes),
             "missing": dict(self.missing),
             "fused": {k: list(v) for k, v in self.fused.items()},
             "unmatched_s": dict(self.unmatched),
@@ -141,24 +155,39 @@ def measure(
     unmatched: dict[str, float] = {}
     known = {n.name for n in graph.nodes}
 
+    notes: dict[str, str] = {}
     if ort_opt and profile.optimized is not None:
         fmap = map_fused(prepared.model, profile.optimized)
+        predicted, basis = _predicted_times(graph, target)
+        kernel_s: dict[str, float] = {}  # mapped ORT node -> its time plus that of the inserted nodes working for it
+        kernel_ops: dict[str, list[str]] = {}
         for ort_name, t in profile.node_times.items():
-            members = fmap.members.get(ort_name)
-            if not members:
+            owner = ort_name if ort_name in fmap.members else fmap.joined.get(ort_name)
+            if owner is None:
                 unmatched[ort_name] = t
+            else:
+                kernel_s[owner] = kernel_s.get(owner, 0.0) + t
+                kernel_ops.setdefault(owner, []).append(profile.op_types.get(ort_name, "?"))
+        for ort_name, t in kernel_s.items():
+            members = fmap.members[ort_name]
+            op = "+".join(kernel_ops.get(ort_name) or [profile.op_types.get(ort_name, "?")])
+            for member in members:
+                ort_ops[member] = op
+            if len(members) == 1:
+                node_times[members[0]] = node_times.get(members[0], 0.0) + t
+                if members[0] != ort_name:
+                    notes[members[0]] = f"measured as onnxruntime's {ort_name!r} ({op})"
                 continue
-            anchor = fmap.anchors[ort_name]
-            node_times[anchor] = node_times.get(anchor, 0.0) + t
-            ort_ops[anchor] = profile.op_types.get(ort_name, "")
-            if len(members) > 1 or ort_name != anchor:
-                fused[ort_name] = members
-                for member in members:
-                    if member != anchor:
-                        missing[member] = (
-                            f"fused by onnxruntime into {ort_name!r} ({profile.op_types.get(ort_name, '?')}); "
-                            f"its time is counted on {anchor!r}"
-                        )
+            fused[ort_name] = members
+            weights = [max(predicted.get(m, 0.0), 0.0) for m in members]
+            total = sum(weights)
+            shares = [w / total for w in weights] if total > 0 else [1 / len(members)] * len(members)
+            for member, share in zip(members, shares, strict=True):
+                node_times[member] = node_times.get(member, 0.0) + t * share
+                notes[member] = (
+                    f"measured: {100 * share:.0f}% of onnxruntime's fused kernel {ort_name!r} ({op}, "
+                    f"{t * 1e6:.1f} us), split over its {len(members)} source nodes by predicted share ({basis})"
+                )
         for name in fmap.folded:
             missing.setdefault(name, "constant-folded by onnxruntime graph optimisation (no kernel runs)")
         for name in fmap.removed:
@@ -196,12 +225,13 @@ def measure(
         rate = rates.get(node.name)
         timings.append(NodeTiming(node.name, unit, cursor, cursor + t, rate.bound if rate else None))
         cursor += t
+    # warm-median basis: step = sum of the per-node medians + onnxruntime-only kernels + the median
+    # of each run's time outside its kernels (profile.run_time_s is exactly that sum)
     overheads = {}
     if unmatched:
         overheads["onnxruntime_only_nodes"] = sum(unmatched.values())
-    gap = profile.run_time_s - cursor - sum(unmatched.values())
-    if gap > 0:
-        overheads["session"] = gap
+    if profile.overhead_s > 0:
+        overheads["session"] = profile.overhead_s
     batch = _batch_of(graph, {**graph.bindings, **(dims or {})})
     timeline = Timeline.from_timings(
         timings, step_time_s=profile.run_time_s, samples_per_step=batch, source="measured", overheads_s=overheads
@@ -222,7 +252,37 @@ def measure(
         unmatched=unmatched,
         rates=rates,
         synthesized=prepared.synthesized,
+        notes=notes,
+        overheads_s=overheads,
+        run_median_s=profile.run_median_s,
+        kernel_total_s=sum(profile.node_times.values()),
     )
+
+
+def _predicted_times(graph: Graph, target: Any) -> tuple[dict[str, float], str]:
+    """Per-node predicted seconds to split a fused kernel's time by, and what they come from.
+
+    The calibrated host-CPU model when a target is given or a calibration is cached; else
+    each node's bytes moved (a memory-bound proxy: most fused members are).
+    """
+    from dabench_ir.passes.meta import COST
+
+    model_src = target
+    if model_src is None:
+        try:
+            from dabench_ir.execute.calibrate import cpu_target_path
+
+            model_src = str(cpu_target_path(measure_if_missing=False))
+        except Exception as exc:  # no cached calibration: fall back to bytes
+            logger.debug("no host-CPU calibration to split fused kernels by: %s", exc)
+    if model_src is not None:
+        try:
+            from dabench_ir.lowering.cpu import predict_cpu_times
+
+            return predict_cpu_times(graph, model_src, ort_opt=True), "host-CPU model"
+        except (TypeError, OSError, KeyError, ValueError) as exc:
+            logger.debug("host-CPU prediction failed: %s", exc)
+    return {n.name: float(n.meta[COST].bytes) for n in graph.nodes if COST in n.meta}, "bytes moved"
 
 
 def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[str, NodeRate]:

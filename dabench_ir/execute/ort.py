@@ -4,7 +4,9 @@ The profiler writes Chrome-trace JSON: one ``cat == "Node"`` event per kernel ru
 ``<node>_kernel_time``, with ``dur`` in microseconds and ``args.op_name``/``args.provider``,
 and one ``model_run`` session event per ``InferenceSession.run``. Node events are grouped
 by the run whose window holds them, warm-up runs are dropped, and the median over the
-remaining runs is kept.
+remaining runs is kept. One basis everywhere (**warm median**): each kernel's time is its
+median over the warm runs, the overhead is the median over the warm runs of the run's
+duration less its kernels, and the headline step is their sum.
 
 With graph optimisation on, onnxruntime replaces groups of nodes by fused ones
 (MatMul+Add -> Gemm, LayerNorm, GELU, ...). `map_fused` recovers which original nodes
@@ -65,8 +67,10 @@ class OrtProfile:
     op_types: dict[str, str]  # ORT node name -> op_name as onnxruntime ran it
     providers: dict[str, str]  # ORT node name -> execution provider
     order: list[str]  # ORT node names in the order they first ran
-    run_time_s: float  # median model_run duration
-    run_times_s: list[float] = field(default_factory=list)
+    run_time_s: float  # the headline step: sum of the per-node warm medians + the warm median overhead
+    run_times_s: list[float] = field(default_factory=list)  # each warm model_run's duration
+    overhead_s: float = 0.0  # warm median of (model_run duration - the kernels run in it)
+    run_median_s: float = 0.0  # warm median model_run duration (for reference; close to run_time_s)
     optimized: onnx.ModelProto | None = None  # the graph onnxruntime ran, when optimisation was on
 
 
@@ -155,13 +159,16 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
             order.append(name)
     node_times = {name: statistics.median(run.get(name, 0.0) for run in per_run) for name in order}
     run_times = [r["dur"] * 1e-6 for r in kept]
+    overhead = max(0.0, statistics.median(t - sum(run.values()) for t, run in zip(run_times, per_run, strict=True)))
     return OrtProfile(
         node_times=node_times,
         op_types=op_types,
         providers=providers,
         order=order,
-        run_time_s=statistics.median(run_times),
+        run_time_s=sum(node_times.values()) + overhead,
         run_times_s=run_times,
+        overhead_s=overhead,
+        run_median_s=statistics.median(run_times),
     )
 
 
@@ -174,6 +181,7 @@ class FusionMap:
     folded: set[str]  # original nodes removed by constant folding
     removed: set[str]  # original nodes gone for another reason (eliminated)
     inserted: set[str]  # optimised nodes standing for no original node (copies, layout)
+    joined: dict[str, str] = field(default_factory=dict)  # inserted node -> the mapped node it works for
 
 
 def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMap:
@@ -245,4 +253,43 @@ def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMa
         heavy = [m for m in found if op_traits(op_of[m]).op_class is OpClass.CONTRACTION]
         anchors[node.name] = node.name if node.name in index else (heavy[0] if heavy else anchor or found[-1])
     removed = gone - claimed - folded
-    return FusionMap(members=members, anchors=anchors, folded=folded, removed=removed, inserted=inserted)
+    joined = _join_inserted(optimized, members, inserted)
+    return FusionMap(
+        members=members, anchors=anchors, folded=folded, removed=removed, inserted=inserted - set(joined), joined=joined
+    )
+
+
+def _join_inserted(optimized: onnx.ModelProto, members: dict[str, list[str]], inserted: set[str]) -> dict[str, str]:
+    """Inserted nodes next to a mapped one work for it: MatMulAddFusion writes a Gemm between a
+    reshape of its input and a reshape of its output, and only the output reshape keeps a tensor
+    of the original graph. Each inserted node joins the group of a mapped consumer (else a mapped
+    producer) in the optimised graph, repeated until nothing changes."""
+    producer: dict[str, str] = {}
+    consumers: dict[str, list[str]] = {}
+    for node in optimized.graph.node:
+        for t in node.output:
+            if t:
+                producer[t] = node.name
+        for t in node.input:
+            if t:
+                consumers.setdefault(t, []).append(node.name)
+    by_name = {n.name: n for n in optimized.graph.node}
+    owner: dict[str, str] = {}
+
+    def group(name: str) -> str | None:
+        return name if name in members else owner.get(name)
+
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(inserted - set(owner)):
+            node = by_name[name]
+            near = [c for t in node.output if t for c in consumers.get(t, ())]
+            near += [producer[t] for t in node.input if t in producer]
+            for other in near:
+                g = group(other)
+                if g is not None:
+                    owner[name] = g
+                    changed = True
+                    break
+    return owner

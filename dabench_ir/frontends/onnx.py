@@ -162,6 +162,10 @@ def load_onnx(
             model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception as exc:  # shape inference is best effort; untyped values surface later
             logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
+        from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
+
+        if has_contrib_ops(model):  # optimisers' com.microsoft ops: types ONNX inference does not know
+            model = complete_contrib_types(model)
     g = model.graph
     metadata = {p.key: p.value for p in model.metadata_props}
     declared_weights, declared_constants = _declared_kinds(g, metadata)

@@ -13,6 +13,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph
 from dabench_ir.options import ProfileOptions, recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
+from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
 from dabench_ir.report.model import NodeRecord, Report
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def build_report(
     opts = options or ProfileOptions()
     records: list[NodeRecord] = []
     unattributed: list[dict[str, Any]] = []
+    estimated: list[NodeRecord] = []
     measured = dict(getattr(measurement, "node_times", {}) or {})
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
@@ -62,8 +64,14 @@ def build_report(
             record.bound = _bound(t.bound, plan, node.name)
         if meta.FOLDED in node.meta:
             record.note = meta.get(node, meta.FOLDED)
+        if meta.ESTIMATED in node.meta:
+            record.note = f"{ESTIMATED_NOTE} ({node.meta[meta.ESTIMATED]})"
+            estimated.append(record)
         if node.name in measured:
             record.measured_time_s = measured[node.name]
+            how = (getattr(measurement, "notes", None) or {}).get(node.name)
+            if how:  # a fused kernel's share: say so beside any other note
+                record.note = f"{record.note}; {how}" if record.note else how
         elif node.name in missing_measure:
             record.note = f"not measured: {missing_measure[node.name]}"
         if cost is None:
@@ -88,6 +96,7 @@ def build_report(
         "intensity": total.intensity,
         "nodes": len(records),
         "unattributed_nodes": len(unattributed),
+        **_estimated_totals(estimated, records),
     }
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
@@ -123,11 +132,18 @@ def build_report(
     failure = plan.failure.to_dict() if plan is not None and plan.failure is not None else None
     config = _config(graph, opts, plan, samples, placed=target is not None)
     extra: dict[str, Any] = {}
+    if estimated:
+        extra["estimated"] = [
+            {"name": r.name, "op_type": r.op_type, "reason": (r.note or ""), "time_s": r.time_s, "bytes": r.bytes}
+            for r in estimated
+        ]
     if measurement is not None:
         extra["measurement"] = {
             "threads": measurement.threads,
             "provider": measurement.provider,
             "run_time_s": measurement.run_time_s,
+            "basis": getattr(measurement, "BASIS", None),
+            "overheads_s": dict(getattr(measurement, "overheads_s", {}) or {}),
             "fused": measurement.fused,
         }
     return Report(
@@ -155,6 +171,19 @@ def build_report(
         timeline=timeline,
         target_obj=target,
     )
+
+
+def _estimated_totals(estimated: list[NodeRecord], records: list[NodeRecord]) -> dict[str, Any]:
+    """Nodes costed by `estimate_cost` (no rule): their count, time and share of the summed node time."""
+    node_time = sum(r.time_s or 0.0 for r in records)
+    est_time = sum(r.time_s or 0.0 for r in estimated)
+    placed = any(r.time_s is not None for r in records)
+    return {
+        "estimated_nodes": len(estimated),
+        "estimated_time_s": est_time if placed else None,
+        "estimated_time_share": est_time / node_time if placed and node_time else (0.0 if placed else None),
+        "estimated_bytes": sum(r.bytes or 0 for r in estimated),
+    }
 
 
 def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:

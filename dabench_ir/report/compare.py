@@ -22,8 +22,10 @@ from .table import human, seconds
 
 __all__ = [
     "COMPARE_COLUMNS",
+    "LABEL_FIELDS",
     "compare_reports",
     "dominant_bound",
+    "estimated_warnings",
     "format_row",
     "load_report_json",
     "render_compare",
@@ -38,8 +40,12 @@ COMPARE_COLUMNS = (
     "model",
     "target",
     "kind",
-    "batch",
+    "opt_level",
+    "wse_mode",
     "precision",
+    "mode",
+    "batch",
+    "pipeline",
     "time_s",
     "throughput_samples_per_s",
     "achieved_flops_per_s",
@@ -53,6 +59,9 @@ COMPARE_COLUMNS = (
     "gops_per_w",
     "measured_time_s",
     "failure",
+    "estimated_nodes",
+    "estimated_time_share",
+    "unattributed_nodes",
     "node_nm",
     "normalized_to_nm",
     "achieved_gops_normalized",
@@ -71,10 +80,14 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json") from None
+        raise UserError(
+            f"{path} is not JSON ({exc.msg} at line {exc.lineno}); give files written by profile --json"
+        ) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UserError(f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json")
+        raise UserError(
+            f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json"
+        )
     for key in ("model", "totals", "nodes"):
         if key not in data:
             raise UserError(f"{path}: report has no {key!r} field; was it written by profile --json?")
@@ -122,11 +135,31 @@ def _power_w(data: Mapping[str, Any], target_obj: Any) -> float | None:
         return None
 
 
-def _label(data: Mapping[str, Any]) -> str:
+LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch", "pipeline")
+"""What a compare/diff row's label says beside the model, when it differs between the rows."""
+
+
+def _model_name(data: Mapping[str, Any]) -> str:
     model = data.get("model") or {}
-    name = model.get("preset") or model.get("name") or Path(str(model.get("path") or "model")).stem
-    target = (data.get("target") or {}).get("name") or "cost-only"
-    return f"{name}@{target}"
+    return str(model.get("preset") or model.get("name") or Path(str(model.get("path") or "model")).stem)
+
+
+def _label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
+    """``model@target`` and, for each field in ``varying`` but the target, its value (O0, fp16, b8, ...)."""
+    parts = [f"{row.get('_model_name')}@{row.get('target') or 'cost-only'}"]
+    for key in varying:
+        value = row.get(key)
+        if key == "target" or value is None:
+            continue
+        parts.append(f"b{value}" if key == "batch" else f"pipeline={value}" if key == "pipeline" else str(value))
+    return " ".join(parts)
+
+
+def label_rows(rows: Sequence[dict[str, Any]]) -> None:
+    """Set each row's ``label``: the model and target, plus every `LABEL_FIELDS` value that differs."""
+    varying = [k for k in LABEL_FIELDS if len({repr(r.get(k)) for r in rows}) > 1]
+    for row in rows:
+        row["label"] = _label(row, varying)
 
 
 def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
@@ -136,13 +169,20 @@ def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
     achieved = totals.get("achieved_flops_per_s")
     power = _power_w(data, target_obj)
     failure = data.get("failure")
+    kind = target.get("kind")
+    extra = data.get("extra") or {}
     return {
-        "label": _label(data),
+        "label": None,
+        "_model_name": _model_name(data),
         "model": model.get("preset") or model.get("name") or model.get("path"),
         "target": target.get("name"),
-        "kind": target.get("kind"),
-        "batch": config.get("batch"),
+        "kind": kind,
+        "opt_level": config.get("opt_level") if kind == "rdu" else None,
+        "wse_mode": config.get("wse_mode") if kind == "wse" else None,
         "precision": config.get("precision"),
+        "mode": config.get("mode"),
+        "batch": config.get("batch"),
+        "pipeline": extra.get("pipeline") or "none",
         "time_s": totals.get("time_s"),
         "throughput_samples_per_s": totals.get("throughput_samples_per_s"),
         "achieved_flops_per_s": achieved,
@@ -156,6 +196,11 @@ def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
         "gops_per_w": achieved / power / 1e9 if achieved and power and data.get("fits") is not False else None,
         "measured_time_s": totals.get("measured_time_s"),
         "failure": (failure or {}).get("reason") if isinstance(failure, Mapping) else failure,
+        "estimated_nodes": int(totals.get("estimated_nodes") or 0),
+        "estimated_time_share": totals.get("estimated_time_share"),
+        "unattributed_nodes": int(totals.get("unattributed_nodes") or 0),
+        "_estimated_ops": sorted({str(e.get("op_type")) for e in extra.get("estimated") or []}),
+        "_source": data.get("_source"),
         **dict.fromkeys(("node_nm", "normalized_to_nm", "achieved_gops_normalized", "gops_per_w_normalized")),
     }
 
@@ -170,7 +215,11 @@ def add_normalised(rows: Sequence[dict[str, Any]], to_nm: float, rule: str = "po
     for row in rows:
         node = _node_nm(row.get("target"))
         achieved = row.get("achieved_flops_per_s")
-        norm = normalize(achieved / 1e9 if achieved else None, row.get("gops_per_w"), node, to_nm, rule=rule) if node else {}
+        norm = (
+            normalize(achieved / 1e9 if achieved else None, row.get("gops_per_w"), node, to_nm, rule=rule)
+            if node
+            else {}
+        )
         row["normalized_to_nm"] = to_nm
         row["node_nm"] = node
         row["achieved_gops_normalized"] = norm.get("gops")
@@ -199,7 +248,26 @@ def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[
             rows.append(_row(rep, None))
         else:
             raise TypeError(f"compare_reports takes Report objects or report dicts, not {type(rep).__name__}")
+    label_rows(rows)
     return sorted(rows, key=lambda r: r.get("fits") is False)  # in the order given; points that do not fit last
+
+
+def estimated_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per row whose report has nodes without a cost rule (estimated or unattributed)."""
+    out = []
+    for row in rows:
+        est, un = row.get("estimated_nodes") or 0, row.get("unattributed_nodes") or 0
+        if not est and not un:
+            continue
+        share = row.get("estimated_time_share")
+        what = f"{est} node(s) without a cost rule (estimated: no rule"
+        what += f", {_pct(share)} of node time)" if share is not None else ")"
+        if row.get("_estimated_ops"):
+            what += ": " + ", ".join(row["_estimated_ops"])
+        if un:
+            what += f"; {un} unattributed (zero time)"
+        out.append(f"warning: {row.get('label')}: {what}; its time is a lower bound")
+    return out
 
 
 def _pct(x: Any) -> str:
@@ -217,8 +285,10 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
     return {
         "model": str(row.get("model") or "-"),
         "target": str(row.get("target") or "-"),
+        "run": " ".join(row["label"].split(" ")[1:]) if row.get("label") and " " in row["label"] else "-",
         "time": seconds(row.get("time_s")),
-        "throughput": ("does not fit" if fits is False else "-") if row.get("throughput_samples_per_s") is None
+        "throughput": ("does not fit" if fits is False else "-")
+        if row.get("throughput_samples_per_s") is None
         else human(row["throughput_samples_per_s"], "samples/s"),
         "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),
         "alloc": _pct(row.get("allocation_ratio")),
@@ -227,6 +297,11 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "fits": "-" if fits is None else ("yes" if fits else "NO"),
         "dominant bound": "-" if bound is None else f"{bound} ({_pct(row.get('dominant_bound_share'))})",
         "GOP/s/W": _num(row.get("gops_per_w")),
+        "no rule": (
+            "-"
+            if not row.get("estimated_nodes")
+            else f"{row['estimated_nodes']} ({_pct(row.get('estimated_time_share'))})"
+        ),
         **(
             {f"GOP/s/W @{row['normalized_to_nm']:g}nm": _num(row.get("gops_per_w_normalized"))}
             if row.get("normalized_to_nm")
@@ -242,10 +317,12 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     cells = [format_row(r) for r in rows]
     headers = list(cells[0])
     widths = {h: max(len(h), *(len(c[h]) for c in cells)) for h in headers}
-    left = {"model", "target", "fits", "dominant bound"}
+    left = {"model", "target", "run", "fits", "dominant bound"}
 
     def line(values: Mapping[str, str]) -> str:
-        return "  ".join(values[h].ljust(widths[h]) if h in left else values[h].rjust(widths[h]) for h in headers).rstrip()
+        return "  ".join(
+            values[h].ljust(widths[h]) if h in left else values[h].rjust(widths[h]) for h in headers
+        ).rstrip()
 
     out = [line({h: h for h in headers}), line({h: "-" * widths[h] for h in headers})]
     out += [line(c) for c in cells]
@@ -268,6 +345,7 @@ def write_compare_csv(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pa
 
 def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """``{"schema": "dabench-ir/compare/v1", "rows": [...]}`` (NaN and infinity become null)."""
+
     def clean(v: Any) -> Any:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 

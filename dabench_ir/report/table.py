@@ -158,6 +158,14 @@ def _summary(report: Report, st: _Style) -> list[str]:
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
     ]
+    if t.get("estimated_nodes"):  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
+        est = report.extra.get("estimated") or []
+        share = t.get("estimated_time_share")
+        out.append(st.red(
+            f"  estimated  {t['estimated_nodes']} node(s) without a cost rule (estimated: no rule, bytes only), "
+            f"{'-' if share is None else f'{100 * share:.1f}%'} of node time: "
+            + ", ".join(sorted({e['op_type'] for e in est}))
+        ))  # fmt: skip
     by_class = c.get("precision_by_class")
     if by_class:
         out.append("  precision  " + ", ".join(f"{k} {v}" for k, v in by_class.items()))

@@ -1,0 +1,43 @@
+"""`dabench-ir diff A.json B.json`: two reports of one model, node by node (as a study run does)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from dabench_ir.commands.study import add_output_arguments
+
+    p = sub.add_parser(
+        "diff",
+        help="diff two reports (JSON) of one model node by node",
+        description="Compare report B against report A (both written by `profile --json` or `study --out-dir`): "
+        "the total change, every node of B with the nodes of A it replaced (from B's recorded provenance when a "
+        "study wrote it, else by names and module scopes), cost, time and bound before and after, and per module.",
+    )
+    p.add_argument("before", metavar="A.json", help="the baseline report")
+    p.add_argument("after", metavar="B.json", help="the report to compare with it")
+    add_output_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir.commands.study import _check_paths, write_outputs
+    from dabench_ir.report.compare import load_report_json
+    from dabench_ir.study import STUDY_SCHEMA, study_run
+
+    _check_paths(args)
+    before, after = load_report_json(args.before), load_report_json(args.after)
+    doc = {
+        "schema": STUDY_SCHEMA,
+        "model": str((before.get("model") or {}).get("path") or args.before),
+        "baseline": args.before,
+        "runs": [study_run(before, after)],
+    }
+    write_outputs(args, doc)
+    return 0

@@ -1,0 +1,109 @@
+"""`dabench-ir study MODEL --pipeline NAME ... --target T ...`: pass pipelines compared node by node per target."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from dabench_ir.errors import UserError
+
+__all__ = ["register", "run", "write_outputs"]
+
+logger = logging.getLogger(__name__)
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [v.strip() for group in values or [] for v in group.split(",") if v.strip()]
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """The output flags `study` and `diff` share."""
+    p.add_argument("--json", metavar="F", help="write the study as JSON (schema dabench-ir/study/v1)")
+    p.add_argument("--csv", metavar="F", help="write one CSV line per run and node row")
+    p.add_argument("--html", metavar="F", help="write a self-contained HTML page")
+    p.add_argument("--top", type=int, default=12, metavar="N", help="changed nodes and modules shown per run")
+    p.add_argument("--strict", action="store_true", help="exit 2 when a side has nodes without a cost rule")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from dabench_ir.options import KNOBS, PROFILE, add_knob_arguments
+
+    p = sub.add_parser(
+        "study",
+        help="run named pass pipelines on one model and diff them node by node per target",
+        description="Run pass pipelines (onnxscript, onnxruntime, RDU opt levels, WSE modes, or your own: "
+        "docs/studies.md) on MODEL, place each on every target and report, against the model as it is, the "
+        "total change and a per-node and per-module diff (which source nodes each fused node replaced, cost and "
+        "time before and after, bound changes, nodes added or removed).",
+    )
+    p.add_argument("model", nargs="?", help="an .onnx model")
+    p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
+                   "see --list-pipelines")  # fmt: skip
+    p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
+    p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
+    p.add_argument("--out-dir", metavar="DIR", help="keep every optimised model and report JSON here")
+    add_output_arguments(p)
+    # run and target knobs: the baseline is placed with them, a pipeline's own overrides win
+    add_knob_arguments(p, PROFILE, knobs={k: v for k, v in KNOBS.items() if v.group != "measure" and k != "via"})
+    p.set_defaults(func=run)
+
+
+def write_outputs(args: argparse.Namespace, doc: dict) -> None:
+    """Print the table and write --json/--csv/--html; warnings on stderr; --strict exits 2 on them."""
+    import sys
+
+    from dabench_ir.study.render import render_study, write_study_csv, write_study_html, write_study_json
+
+    written = []
+    if args.json:
+        written.append(write_study_json(doc, args.json))
+    if args.csv:
+        written.append(write_study_csv(doc, args.csv))
+    if args.html:
+        written.append(write_study_html(doc, args.html))
+    if not args.quiet:
+        print(render_study(doc, top=args.top))
+        for path in written:
+            print(f"wrote {path}")
+    warnings = sorted({w for run in doc["runs"] for w in run["warnings"]})
+    for line in warnings:
+        print(line, file=sys.stderr)
+    if args.strict and warnings:
+        raise UserError(f"--strict: {len(warnings)} side(s) hold nodes without a cost rule (see the warnings above)")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    for flag in ("json", "csv", "html"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise UserError(f"--{flag} {path}: folder {Path(path).resolve().parent} does not exist")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir.study import get_pipeline, pipeline_names
+
+    if args.list_pipelines:
+        for name in pipeline_names():
+            pipe = get_pipeline(name)
+            where = f" [{', '.join(sorted(pipe.targets))} only]" if pipe.targets else ""
+            print(f"{name:22s} {pipe.help}{where}")
+        return 0
+    from dabench_ir.options import PROFILE, ProfileOptions, options_from_args
+    from dabench_ir.progress import Progress
+    from dabench_ir.study import run_study
+
+    if not args.model:
+        raise UserError("study: give the model (an .onnx file)")
+    pipelines = _split(args.pipeline)
+    if not pipelines:
+        raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
+    _check_paths(args)
+    opts = options_from_args(args, ProfileOptions, PROFILE)
+    progress = Progress(quiet=args.quiet)
+    doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress)
+    progress.done()
+    write_outputs(args, doc)
+    return 0

@@ -1,0 +1,232 @@
+"""Named pass pipelines a study runs on one model: a registry users can add to.
+
+A `Pipeline` is a list of graph passes (run by the `PassManager`, before costing) and a set
+of knob overrides (placement variants such as an RDU opt level or a WSE mode). The graph
+passes here rewrite the ONNX model itself (`OnnxRewritePass`): they read the model the
+Graph came from, hand it to an optimiser (onnxscript, onnxruntime), save what comes back
+beside the study's outputs, and load that as the new Graph. Adding a pipeline is one call:
+
+    register_pipeline(Pipeline("my-fusion", "what it does", passes=lambda: [MyRewrite()]))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.passes import Pass, PassResult
+
+if TYPE_CHECKING:
+    import onnx
+
+    from dabench_ir.ir import Graph
+
+__all__ = [
+    "OnnxRewritePass",
+    "Pipeline",
+    "get_pipeline",
+    "pipeline_names",
+    "register_pipeline",
+]
+
+logger = logging.getLogger(__name__)
+
+Rewrite = Callable[["onnx.ModelProto", Path], "onnx.ModelProto"]
+
+
+@dataclass(frozen=True)
+class OnnxRewritePass(Pass):
+    """Rewrite the ONNX model a Graph was loaded from with ``rewrite`` and load the result.
+
+    ``rewrite(model, workdir)`` returns the optimised ModelProto; it is saved as
+    ``<out_dir>/<stem>.<name>.onnx`` (a temporary folder when ``out_dir`` is None), and the
+    new Graph's ``path`` points there, so later runs and measurements read the same model.
+    """
+
+    name: str = "onnx-rewrite"
+    rewrite: Rewrite | None = None
+    out_dir: str | None = None
+
+    def requires(self, graph: Graph) -> None:
+        if not graph.path or not Path(graph.path).is_file():
+            raise UserError(f"pipeline pass {self.name!r} rewrites the model file; give the model as an .onnx path")
+
+    def call(self, graph: Graph) -> PassResult:
+        import onnx
+
+        from dabench_ir.frontends.onnx import load_onnx
+
+        assert self.rewrite is not None, "OnnxRewritePass needs a rewrite function"
+        src = Path(str(graph.path))
+        out_dir = Path(self.out_dir) if self.out_dir else Path(tempfile.mkdtemp(prefix="dabench-study-"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model = onnx.load(str(src), load_external_data=False)
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            model = onnx.load(str(src))
+        try:
+            optimised = self.rewrite(model, out_dir)
+        except UserError:
+            raise
+        except Exception as exc:  # optimisers raise their own types; say which pipeline failed on what
+            raise UserError(
+                f"pipeline pass {self.name!r} failed on {src.name}: {str(exc).splitlines()[0][:300]}"
+            ) from None
+        path = out_dir / f"{src.stem}.{self.name}.onnx"
+        onnx.save(optimised, str(path))
+        new = load_onnx(str(path))
+        new.metadata = {**graph.metadata, **new.metadata}
+        return PassResult(new, True)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A named study pipeline: graph passes to run first, and knob overrides for placing.
+
+    ``passes(out_dir)`` builds the passes (None: the model as it is); ``options`` overrides
+    `ProfileOptions` knobs (``{"opt_level": "O0"}``); ``targets`` limits the pipeline to
+    target kinds (None: every target); ``needs`` names a module that must be importable.
+    """
+
+    name: str
+    help: str
+    passes: Callable[[str | None], Sequence[Pass]] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    targets: frozenset[str] | None = None
+    needs: str | None = None
+
+    def applies_to(self, target_kind: str | None) -> bool:
+        return self.targets is None or target_kind in self.targets
+
+    def build(self, out_dir: str | None) -> list[Pass]:
+        if self.needs:
+            import importlib.util
+
+            if importlib.util.find_spec(self.needs) is None:
+                raise UserError(f"--pipeline {self.name}: needs the {self.needs!r} package (pip install {self.needs})")
+        return list(self.passes(out_dir)) if self.passes else []
+
+
+_PIPELINES: dict[str, Pipeline] = {}
+
+
+def register_pipeline(pipeline: Pipeline, *, replace: bool = False) -> Pipeline:
+    """Add ``pipeline`` to the registry (``dabench-ir study --pipeline NAME`` finds it)."""
+    if pipeline.name in _PIPELINES and not replace:
+        raise ValueError(f"pipeline {pipeline.name!r} is already registered (pass replace=True)")
+    _PIPELINES[pipeline.name] = pipeline
+    return pipeline
+
+
+def pipeline_names() -> list[str]:
+    return list(_PIPELINES)
+
+
+def get_pipeline(name: str) -> Pipeline:
+    try:
+        return _PIPELINES[name]
+    except KeyError:
+        raise UserError(f"--pipeline {name}: unknown pipeline (have: {', '.join(_PIPELINES)})") from None
+
+
+# -- the built-in pipelines ---------------------------------------------------------------
+
+
+def _onnxscript_optimizer(model: onnx.ModelProto, _: Path) -> onnx.ModelProto:
+    import onnxscript.optimizer
+
+    return onnxscript.optimizer.optimize(model)
+
+
+def _onnxscript_fusions(model: onnx.ModelProto, _: Path) -> onnx.ModelProto:
+    import onnx_ir as ir
+    from onnxscript.rewriter import ort_fusions
+
+    graph = ir.from_proto(model)
+    ort_fusions.optimize_for_ort(graph)
+    return ir.to_proto(graph)
+
+
+def _ort_level(level: str) -> Rewrite:
+    def rewrite(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+        import onnx
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = {
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[level]
+        so.log_severity_level = 3
+        fd, out = tempfile.mkstemp(suffix=".onnx", dir=workdir)
+        os.close(fd)
+        so.optimized_model_filepath = out
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        optimised = onnx.load(out)
+        os.unlink(out)
+        return optimised
+
+    return rewrite
+
+
+def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+    import json
+
+    import onnx
+    from onnxruntime.transformers import optimizer
+
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:  # heads and width from dabench-ir's export metadata; 0 lets the optimiser detect them
+        params = json.loads(meta.get("dabench.params") or "{}")
+    except ValueError:
+        params = {}
+    heads, hidden = int(params.get("heads") or 0), int(params.get("hidden") or 0)
+    fd, src = tempfile.mkstemp(suffix=".onnx", dir=workdir)
+    os.close(fd)
+    onnx.save(model, src)  # the optimiser reads a file
+    try:
+        opt = optimizer.optimize_model(src, model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=0)
+        opt.save_model_to_file(src)  # adds the com.microsoft opset import
+        return onnx.load(src)
+    finally:
+        os.unlink(src)
+
+
+def _rewrite(name: str, fn: Rewrite) -> Callable[[str | None], Sequence[Pass]]:
+    return lambda out_dir: [OnnxRewritePass(name=name, rewrite=fn, out_dir=out_dir)]
+
+
+register_pipeline(Pipeline("none", "the model as exported (the baseline)"))
+register_pipeline(
+    Pipeline("onnxscript-optimizer", "onnxscript.optimizer.optimize: constant folding, dead code, ...",
+             _rewrite("onnxscript-optimizer", _onnxscript_optimizer), needs="onnxscript")
+)  # fmt: skip
+register_pipeline(
+    Pipeline("onnxscript-fusions", "onnxscript.rewriter.ort_fusions.optimize_for_ort: fused attention, norms, GELU",
+             _rewrite("onnxscript-fusions", _onnxscript_fusions), needs="onnxscript")
+)  # fmt: skip
+for _level in ("basic", "extended", "all"):
+    register_pipeline(
+        Pipeline(f"ort-{_level}", f"onnxruntime graph optimisation, level {_level} (its saved optimised model)",
+                 _rewrite(f"ort-{_level}", _ort_level(_level)), needs="onnxruntime")
+    )  # fmt: skip
+register_pipeline(
+    Pipeline("ort-transformers", "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
+             _rewrite("ort-transformers", _ort_transformers), needs="onnxruntime")
+)  # fmt: skip
+for _opt in ("O0", "O1", "O3"):
+    register_pipeline(
+        Pipeline(f"rdu-{_opt}", f"the model as it is, placed at RDU opt level {_opt}", options={"opt_level": _opt},
+                 targets=frozenset({"rdu"}))
+    )  # fmt: skip
+for _mode in ("pipelined", "streaming"):
+    register_pipeline(
+        Pipeline(f"wse-{_mode}", f"the model as it is, placed in WSE {_mode} mode", options={"wse_mode": _mode},
+                 targets=frozenset({"wse"}))
+    )  # fmt: skip

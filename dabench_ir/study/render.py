@@ -1,0 +1,250 @@
+"""A study (or a diff) as a terminal table, CSV, JSON (schema-checked) and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.report.table import human, seconds
+
+from .diff import NODE_COLUMNS
+
+__all__ = ["render_study", "study_schema", "validate_study", "write_study_csv", "write_study_html", "write_study_json"]
+
+_CHANGED = ("fused", "replaced", "added", "removed", "folded")
+
+
+def _pct(before: Any, after: Any) -> str:
+    if not before or after is None:
+        return "-"
+    return f"{100 * (after - before) / before:+.1f}%"
+
+
+def _t(x: Any) -> str:
+    return "-" if x is None else seconds(x)
+
+
+def _changed_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Node rows that changed: fused/added/removed, or kept with a different time or bound."""
+    out = []
+    for r in run["nodes"]:
+        moved = r["time_before_s"] != r["time_after_s"] or r["bound_before"] != r["bound_after"]
+        if r["status"] in _CHANGED or moved:
+            out.append(r)
+    return sorted(out, key=lambda r: -abs((r["time_before_s"] or 0) - (r["time_after_s"] or 0)))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
+    """Per run: the total change, the nodes that changed most, and the modules."""
+    out: list[str] = [f"dabench-ir study: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
+    summary = []
+    for run in doc["runs"]:
+        t = run["totals"]
+        speed = t.get("speedup")
+        summary.append(
+            [
+                run["label"],
+                _t(t["time_before_s"]),
+                _t(t["time_after_s"]),
+                "-" if speed is None else f"{speed:.2f}x",
+                _pct(t["flops_before"], t["flops_after"]),
+                _pct(t["bytes_before"], t["bytes_after"]),
+                f"{t['nodes_before']} -> {t['nodes_after']}",
+                f"{t['nodes_fused']}/{t['nodes_added']}/{t['nodes_removed'] + t['nodes_folded']}",
+                str(t["bound_changes"]),
+                f"{t['estimated_before']}/{t['estimated_after']}",
+            ]
+        )
+    out += _table(
+        ["run", "time before", "after", "speedup", "FLOPs", "bytes", "nodes", "fused/added/gone", "bound chg",
+         "no rule b/a"],
+        summary,
+    )  # fmt: skip
+    for run in doc["runs"]:
+        out += ["", f"{run['label']}  vs  {run['baseline_label']}"]
+        out += [f"  {w}" for w in run.get("warnings", [])]
+        rows = _changed_rows(run)
+        if not rows:
+            out.append("  no node changed")
+            continue
+        cells = []
+        for r in rows[:top]:
+            replaces = ", ".join(r["replaces"][:3]) + (f" +{len(r['replaces']) - 3}" if len(r["replaces"]) > 3 else "")
+            cells.append(
+                [
+                    r["node"] or "(gone)",
+                    str(r["op"]),
+                    r["status"],
+                    replaces or "-",
+                    _t(r["time_before_s"]),
+                    _t(r["time_after_s"]),
+                    f"{r['bound_before'] or '-'} -> {r['bound_after'] or '-'}",
+                    human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"),
+                ]
+            )
+        out += ["  " + line for line in _table(
+            ["node", "op", "status", "replaces", "before", "after", "bound", "bytes"], cells, left=4)]  # fmt: skip
+        if len(rows) > top:
+            out.append(f"  ... and {len(rows) - top} more changed nodes (see --csv/--json)")
+        mods = [
+            [m["module"], str(m["nodes_before"]), str(m["nodes_after"]), _t(m["time_before_s"]), _t(m["time_after_s"]),
+             _pct(m["time_before_s"], m["time_after_s"])]
+            for m in run["modules"][:top]
+        ]  # fmt: skip
+        out += [
+            "",
+            *(
+                "  " + line
+                for line in _table(["module", "nodes before", "after", "time before", "after", "change"], mods)
+            ),
+        ]
+    return "\n".join(out)
+
+
+def study_schema() -> dict[str, Any]:
+    return json.loads(resources.files("dabench_ir").joinpath("data/study.schema.json").read_text(encoding="utf-8"))
+
+
+def validate_study(doc: Mapping[str, Any]) -> None:
+    """Raise jsonschema.ValidationError when ``doc`` does not follow data/study.schema.json."""
+    import jsonschema
+
+    jsonschema.validate(doc, study_schema())
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, Mapping):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def write_study_json(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """The study as JSON (NaN and infinity become null), checked against its schema first."""
+    clean = _clean(doc)
+    validate_study(clean)
+    path = Path(path)
+    path.write_text(json.dumps(clean, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """One line per (run, node row): the run's pipeline, target and label, then `NODE_COLUMNS`."""
+    path = Path(path)
+    head = ["pipeline", "target", "label", *NODE_COLUMNS]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(head)
+        for run in doc["runs"]:
+            for r in run["nodes"]:
+                cells = [run["pipeline"], run["target"], run["label"]]
+                for k in NODE_COLUMNS:
+                    v = r.get(k)
+                    cells.append(";".join(v) if isinstance(v, list) else "" if v is None else v)
+                writer.writerow(cells)
+    return path
+
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+.warn{color:#a00}.fused{background:#eef6ff}.added{background:#efe}.removed,.folded{background:#fee}"""
+
+
+def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], classes: Sequence[str] = ()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr class='{classes[i] if i < len(classes) else ''}'>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+        + "</tr>"
+        for i, r in enumerate(rows)
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """A self-contained page: the runs side by side, then each run's changed nodes and modules."""
+    parts = [f"<h1>Study: {html.escape(str(doc.get('model')))}</h1>"]
+    text = render_study(doc, top=10**6).split("\n\n")
+    summary = text[0].splitlines()[2:]
+    parts.append("<h2>Runs against the baseline</h2><pre>" + html.escape("\n".join(summary)) + "</pre>")
+    for run in doc["runs"]:
+        parts.append(f"<h2>{html.escape(run['label'])}</h2>")
+        parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
+        rows = _changed_rows(run)
+        parts.append(
+            _html_table(
+                [
+                    "node",
+                    "op",
+                    "status",
+                    "replaces",
+                    "provenance",
+                    "time before",
+                    "after",
+                    "bound before",
+                    "after",
+                    "bytes before",
+                    "after",
+                ],
+                [
+                    [
+                        r["node"] or "(gone)",
+                        str(r["op"]),
+                        r["status"],
+                        ", ".join(r["replaces"]),
+                        ", ".join(r["provenance"]),
+                        _t(r["time_before_s"]),
+                        _t(r["time_after_s"]),
+                        r["bound_before"] or "-",
+                        r["bound_after"] or "-",
+                        human(r["bytes_before"], "B"),
+                        human(r["bytes_after"], "B"),
+                    ]
+                    for r in rows
+                ],
+                [r["status"] for r in rows],
+            )
+        )
+        parts.append(
+            _html_table(
+                ["module", "nodes before", "after", "time before", "after", "change"],
+                [
+                    [
+                        m["module"],
+                        str(m["nodes_before"]),
+                        str(m["nodes_after"]),
+                        _t(m["time_before_s"]),
+                        _t(m["time_after_s"]),
+                        _pct(m["time_before_s"], m["time_after_s"]),
+                    ]
+                    for m in run["modules"]
+                ],
+            )
+        )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dabench-ir study</title>"
+        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path

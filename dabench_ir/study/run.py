@@ -1,0 +1,134 @@
+"""`run_study`: named pipelines on one model, each placed on every target and diffed against the baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import ProfileOptions
+from dabench_ir.passes import PassManager
+
+from .diff import diff_reports
+from .pipelines import get_pipeline
+from .provenance import provenance
+
+__all__ = ["STUDY_SCHEMA", "run_study", "study_run"]
+
+logger = logging.getLogger(__name__)
+
+STUDY_SCHEMA = "dabench-ir/study/v1"
+BASELINE = "none"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _place(model: Any, targets: Sequence[str | None], opts: ProfileOptions, say: Callable[[str], None]) -> dict:
+    from dabench_ir.pipeline import profile_targets, run_profile
+
+    if targets == [None]:
+        return {None: run_profile(model, None, opts, progress=say)}
+    return profile_targets(model, list(targets), opts, progress=say)
+
+
+def _kind(target: str | None) -> str | None:
+    if target is None:
+        return None
+    from dabench_ir.pipeline import resolve_target
+
+    return resolve_target(target).kind
+
+
+def study_run(before: dict[str, Any], after: dict[str, Any], prov: Any = None) -> dict[str, Any]:
+    """One run of a study (or of `dabench-ir diff`): labels, warnings and the diff of two report dicts."""
+    from dabench_ir.report.compare import compare_reports, estimated_warnings
+
+    rows = compare_reports([before, after])
+    diff = diff_reports(before, after, prov)
+    return {
+        "pipeline": rows[1]["pipeline"],
+        "target": rows[1]["target"],
+        "kind": rows[1]["kind"],
+        "label": rows[1]["label"],
+        "baseline_label": rows[0]["label"],
+        "config": {k: rows[1][k] for k in ("opt_level", "wse_mode", "precision", "mode", "batch")},
+        "warnings": estimated_warnings(rows),
+        **diff,
+    }
+
+
+def run_study(
+    model: str | Path,
+    pipelines: Sequence[str],
+    targets: Sequence[str],
+    opts: ProfileOptions | None = None,
+    *,
+    out_dir: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run each named pipeline on ``model``, place the result on each target, diff it against the
+    baseline (the model as it is, placed with ``opts``) and return the study (schema `STUDY_SCHEMA`).
+
+    With ``out_dir`` every optimised model and every report JSON is written there, so any two
+    can be compared again with ``dabench-ir diff``.
+    """
+    from dabench_ir.pipeline import load_graph
+
+    say = progress or _quiet
+    opts = opts or ProfileOptions()
+    if not Path(model).is_file():
+        raise UserError(f"{model}: no such model file")
+    chosen = [get_pipeline(p) for p in pipelines if p != BASELINE]  # unknown names fail before any work
+    tlist: list[str | None] = list(targets) or [None]
+    kinds = {t: _kind(t) for t in tlist}
+    out = Path(out_dir) if out_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    stem = Path(model).stem
+
+    names: dict[str | None, str] = {}
+
+    def save(report: Any, pipeline: str, target: str | None) -> None:
+        report.extra["pipeline"] = pipeline
+        # the same model, rewritten: its reports name it as the baseline's do (labels, compare)
+        report.model["name"] = names.setdefault(target, report.model.get("name"))
+        if out is not None:
+            report.write_json(out / f"{stem}.{pipeline}.{target or 'cost'}.json")
+
+    say(f"baseline: {stem} on {', '.join(t or 'no target' for t in tlist)}")
+    base = _place(str(model), tlist, opts, say)
+    for t, rep in base.items():
+        save(rep, BASELINE, t)
+    base_graph = next(iter(base.values())).graph
+    runs: list[dict[str, Any]] = []
+    for i, pipe in enumerate(chosen, 1):
+        ts = [t for t in tlist if pipe.applies_to(kinds[t])]
+        if not ts:
+            logger.info("pipeline %s applies to none of the targets", pipe.name)
+            continue
+        say(f"pipeline {i}/{len(chosen)}: {pipe.name}")
+        passes = pipe.build(str(out) if out else None)
+        source = str(model)
+        if passes:
+            rewritten = PassManager(passes)(load_graph(source)).graph
+            source = str(rewritten.path)
+        placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+        prov = provenance(base_graph, next(iter(placed.values())).graph) if passes else None
+        for t, rep in placed.items():
+            if prov is not None:
+                rep.extra["provenance"] = prov.to_dict()
+            save(rep, pipe.name, t)
+            runs.append(study_run(base[t].to_dict(), rep.to_dict(), prov))
+    return {
+        "schema": STUDY_SCHEMA,
+        "model": str(model),
+        "baseline": BASELINE,
+        "targets": [t for t in tlist if t],
+        "pipelines": [p.name for p in chosen],
+        "runs": runs,
+    }
