@@ -246,7 +246,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
             leaving[mod] = max(leaving.get(mod, 0), cost.act_bytes_out)
     for value in share.values.values():  # weights of split modules are sharded too
-        readers = share.consumers.get(value.name, [])
+        readers = [r for r in share.consumers.get(value.name, []) if not is_optimizer_step(r)]
         if value.kind.is_stored and readers and all(module_of[r.name] for r in readers):
             shape = value.type.shape
             if shape:
@@ -281,6 +281,13 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
     for key in ("gradient_bytes", "master_weight_bytes", "optimizer_state_bytes"):
         shared[key] = math.ceil(int(train.get(key, 0)) * frac)
     shared["params"] = after
+    for node in share.nodes:  # the optimizer updates only this chip's shard
+        cost = meta.get_cost(node)
+        if is_optimizer_step(node) and cost is not None:
+            node.meta[meta.COST] = Cost(vector_flops=math.ceil(cost.vector_flops * frac),
+                                        special_ops=math.ceil(cost.special_ops * frac),
+                                        weight_bytes=math.ceil(cost.weight_bytes * frac),
+                                        act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
     if saved and train.get("recompute_mode") != "full":
         shared["saved_activation_bytes"] = sum(saved.values())
     elif saved:

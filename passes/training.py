@@ -289,11 +289,13 @@ class TrainingPass(Pass):
                 if not last and grads:
                     bwd = bwd + Cost(contraction_flops=forward.contraction_flops, vector_flops=forward.vector_flops,
                                      special_ops=forward.special_ops)  # fmt: skip
-                if last and node.name in fused and node.outputs:
+                if node.name in fused and node.outputs and (last or node.op_type in _SAVES_OUTPUT):
                     out = node.outputs[0]
-                    keep[out] = _nbytes(graph, out)  # O, and the softmax's log-sum-exp per row (fp32)
-                    rows = _nbytes(graph, out) // max(_itemsize(node), 1) // max(_last_dim(graph, out), 1)
-                    keep[f"{out}#lse"] = 4 * rows
+                    if last:  # the kernel's output O
+                        keep[out] = _nbytes(graph, out)
+                    else:  # the softmax's log-sum-exp, one fp32 per score row
+                        itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
+                        keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
             if mode == "full" and grads:
                 bwd = bwd + forward
             node.meta[FORWARD_COST] = forward
