@@ -43,8 +43,8 @@ class GpuOptions(LoweringOptions):
     elementwise chains onto their producer's kernel, as GPU compilers do."""
 
     fuse_elementwise: bool = internal(True)
-    micro_batches: int | None = None
-    optimizer_state: str = "auto"
+    micro_batches: int | None
+    optimizer_state: str
 
 
 class GpuLowering(Lowering):
