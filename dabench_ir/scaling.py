@@ -371,7 +371,7 @@ def _pp_point(
         failure=failure,
         stages=stages,
         dominant_bound=single.dominant_bound(comm),
-        notes=[f"{m} micro-batches"],
+        notes=[f"{m} micro-batch{'es' if m != 1 else ''}"],
         memory_per_device=worst_memory,
         micro_batches=m,
     )
