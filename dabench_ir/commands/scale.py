@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
-    head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
+    head = f"{result.target}, strategy {result.strategy}, {result.mode}, {result.precision}, link {result.link or '-'}"
     if result.devices_per_node:
         head += f", {result.devices_per_node} per node"
     cols = [
@@ -110,6 +110,7 @@ def render_scale(result) -> str:
         "LI",
         "bound",
         "fits",
+        "mem/device",
     ]
     rows = []
     for p in result.points:
@@ -119,7 +120,7 @@ def render_scale(result) -> str:
                 str(p.nodes) + ("*" if p.nodes > 1 else ""),
                 str(p.batch),
                 seconds(p.time_s),
-                human(p.throughput_samples_per_s),
+                "does not fit" if p.throughput_samples_per_s is None else human(p.throughput_samples_per_s),
                 "-" if p.speedup is None else f"{p.speedup:.2f}x",
                 "-" if p.scaling_efficiency is None else f"{100 * p.scaling_efficiency:.0f}%",
                 f"{100 * p.comm_share:.1f}%",
@@ -128,6 +129,7 @@ def render_scale(result) -> str:
                 "-" if p.load_imbalance is None else f"{p.load_imbalance:.2f}",
                 p.dominant_bound or "-",
                 "yes" if p.fits else "NO",
+                human(sum(v for k, v in p.memory_per_device.items() if k != "host"), "B") if p.memory_per_device else "-",
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

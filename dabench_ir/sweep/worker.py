@@ -61,7 +61,8 @@ def _scaled(graph: Any, target: Any, opts: Any) -> dict[str, Any]:
         {
             "time_s": point.time_s,
             "throughput_samples_per_s": point.throughput_samples_per_s,
-            "achieved_flops_per_s": point.throughput_samples_per_s * flops_per_sample,
+            "achieved_flops_per_s": None if point.throughput_samples_per_s is None  # does not fit
+            else point.throughput_samples_per_s * flops_per_sample,
             "comm_time_s": point.comm_time_s,
         }
     )
