@@ -119,7 +119,7 @@ def run_profile(model: Any, target: Any, opts: ProfileOptions, *, progress: Prog
     """`profile` with its options already built (the CLI builds them from its flags)."""
     say = progress or _quiet
     tgt = resolve_target(target, opts) if target is not None else None  # a bad name fails before any work
-    opts = resolve_defaults(opts, tgt)
+    opts = resolve_defaults(opts, tgt, model=model)
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
     measurement = None
@@ -180,7 +180,7 @@ def profile_targets(
                 results[target] = run_profile(model, target, dataclasses.replace(opts, measure=True), progress=say)
                 continue
             tgt = resolve_target(target, opts)
-            target_opts = resolve_defaults(placed_opts, tgt)
+            target_opts = resolve_defaults(placed_opts, tgt, model=model)
             key = (target_opts.precision, target_opts.fused_attention)
             if key not in blobs:
                 say("loading and costing the graph")
@@ -200,14 +200,17 @@ def profile_targets(
     return results
 
 
-def resolve_defaults(opts: Any, target: Any) -> Any:
+def resolve_defaults(opts: Any, target: Any, *, model: Any = None) -> Any:
     """``opts`` with what the user left open taken from the target's ``[defaults]`` table:
     the precision practitioners run on it (bf16 on GPUs, ...) and whether its software stack
-    fuses attention. Without a target (cost only) nothing changes; fp32 only when asked."""
+    fuses attention. Without a target (cost only) nothing changes; fp32 only when asked. A graph
+    costed from linalg (``--via mlir``, an .mlir ``model``) keeps its dtypes: the precision
+    rewrite works on ONNX-classified ops only."""
     if target is None or not hasattr(target, "default"):
         return opts
     changes: dict[str, Any] = {}
-    if opts.precision is None and target.default("precision") is not None:
+    linalg = getattr(opts, "via", "onnx") == "mlir" or (model is not None and _is_mlir_file(model))
+    if opts.precision is None and target.default("precision") is not None and not linalg:
         changes["precision"] = str(target.default("precision"))
     if opts.fused_attention is None:
         changes["fused_attention"] = bool(target.default("fused_attention"))

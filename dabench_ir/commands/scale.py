@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     merged: ScaleResult | None = None
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = resolve_defaults(ScaleOptions(**values, batch=batch), target)
+        opts = resolve_defaults(ScaleOptions(**values, batch=batch), target, model=args.model)
         graph = prepare_graph(args.model, opts)
         progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
         # pipeline micro-batches are the pp split's, not the single chip's lowering
