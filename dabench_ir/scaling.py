@@ -151,6 +151,7 @@ class _Run:
     failure: dict[str, Any] | None
     layer_time: dict[int | None, float]
     bound_time: dict[str, float]
+    memory: dict[str, int] = field(default_factory=dict)  # resident bytes per memory of one device
 
     def dominant_bound(self, comm_s: float = 0.0) -> str | None:
         """The bound class with the most time, communication (``comm_s``) included."""
@@ -180,6 +181,7 @@ def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
         failure=plan.failure.to_dict() if plan.failure else None,
         layer_time=per_layer,
         bound_time=per_bound,
+        memory=dict(plan.memory_bytes),
     )
 
 
@@ -515,6 +517,7 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         fits=run.fits,
         failure=run.failure,
         dominant_bound=run.dominant_bound(comm),
+        memory_per_device=dict(run.memory) or None,
     )
 
 
