@@ -137,3 +137,31 @@ def test_a_target_default_precision_is_used_unless_asked():
     assert resolve_defaults(ProfileOptions(precision="fp32"), load_target("a100")).precision == "fp32"
     assert resolve_defaults(ProfileOptions(), load_target("bow")).precision == "fp16"
     assert resolve_defaults(ProfileOptions(), load_target("sn30")).fused_attention is False
+
+
+def test_a_point_that_does_not_fit_has_no_throughput_and_ranks_last():
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.report.compare import compare_reports
+
+    a100 = load_target("a100")
+    big = profile_graph(decoder(layers=80, hidden=8192, seq=16, heads=64), a100, ProfileOptions())
+    small = profile_graph(decoder(layers=2, hidden=64), a100, ProfileOptions())
+    assert not big.fits and big.totals["time_s"] > 0
+    assert big.totals["throughput_samples_per_s"] is None and big.totals["gops_per_w"] is None
+    assert big.totals["achieved_flops_per_s"] is None
+    rows = compare_reports([big, small])
+    assert [r["fits"] for r in rows] == [True, False] and rows[1]["gops_per_w"] is None
+
+
+def test_power_counts_every_device_a_plan_uses():
+    from dabench_ir.lowering import lower
+
+    g = decoder(layers=4, hidden=64)
+    TrainingPass()(g)
+    bow = load_target("bow")
+    plan = lower(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    from dabench_ir.pipeline import profile_graph
+
+    report = profile_graph(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    assert plan.chips == 4
+    assert report.totals["target_power_w"] == pytest.approx(4 * float(bow.watts))
