@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         opts = resolve_defaults(ScaleOptions(**values, batch=batch), target, model=args.model)
         graph = prepare_graph(args.model, opts)
         progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
-        # pipeline micro-batches are the pp split's, not the single chip's lowering
-        lowering = dataclasses.replace(opts, micro_batches=None)
+        # pipeline micro-batches are the pp split's, not the single chip's lowering; with dp/tp
+        # they are each chip's gradient accumulation
+        lowering = dataclasses.replace(opts, micro_batches=None, micro_batch=None) if opts.strategy == "pp" else opts
         result = scale(graph, target, chips, opts.strategy, lowering, micro_batches=opts.micro_batches)
         result.model = {
             "path": str(args.model),
