@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
     parser.add_argument(
+        "--show", metavar="T", help="every figure and model parameter of target T, each with its basis and source"
+    )
+    parser.add_argument(
         "--json", metavar="F", help="write the listing as JSON to F ('-': stdout), every figure with its source"
     )
     parser.set_defaults(func=run)
@@ -87,7 +90,7 @@ def target_dict(target: Target) -> dict:
         "node_nm": target.node_nm,
         "strategies": list(target.strategies),
         "origin": target.origin,
-        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate}
+        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate, "basis": basis(q)}
                     for name, q in target.quantities()},
     }
 
@@ -107,9 +110,37 @@ def _write_json(doc: dict, dest: str) -> None:
     print(f"wrote {path}")
 
 
+def basis(q) -> str:
+    """How a figure is known: fitted to published measurements, an estimate, or sourced."""
+    if "fitted" in q.source.lower():
+        return "fitted"
+    return "estimate" if q.estimate else "sourced"
+
+
+def render_parameters(target: Target) -> str:
+    """Every number the models of ``target`` use: value, basis (sourced / fitted / estimate), source."""
+    rows = [(name, f"{q.value:.6g}", basis(q), q.source) for name, q in target.quantities()]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    head = f"{target.name} [{target.kind}] from {target.origin}: {len(rows)} figures, " + ", ".join(
+        f"{sum(1 for r in rows if r[2] == b)} {b}" for b in ("sourced", "fitted", "estimate")
+    )
+    lines = [head]
+    lines += [f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}" for n, v, b, src in rows]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.normalize_to is not None and args.normalize_to <= 0:
         raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
+    if args.show:
+        from dabench_ir.targets import load_target
+
+        target = load_target(args.show)
+        if args.json:
+            _write_json({"schema": "dabench-ir/targets/v1", "targets": [target_dict(target)]}, args.json)
+        else:
+            print(render_parameters(target))
+        return 0
     if args.json:
         doc: dict = {"schema": "dabench-ir/targets/v1"}
         if args.catalog:
