@@ -5,7 +5,9 @@ overhead, on one in-order stream. Weights and the peak of live activations must 
 device memory (HBM). In training the step runs ``micro_batches`` micro-batches one after
 another (gradient accumulation): each kernel launches and reads its weights once per
 micro-batch, activations are held for one micro-batch at a time, and the optimizer runs
-once per step. ``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
+once per step. Attention cores run as one fused kernel when the fused-attention pass ran;
+they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share).
+``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
 host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
 
@@ -36,6 +38,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.training import FUSED_ATTENTION
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -141,6 +144,8 @@ def stream_plan(
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units
     grain = target.arch_value("min_grain_flops", 0.0)
+    # a fused attention kernel reaches a published share of peak (FlashAttention-2 on this GPU)
+    fused_eff = target.arch_value("fused_attention_efficiency", 1.0)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
@@ -161,7 +166,7 @@ def stream_plan(
                 ctx,
                 node,
                 unit=unit.id,
-                compute_s=cost.flops / peak,
+                compute_s=cost.flops / peak / (fused_eff if FUSED_ATTENTION in node.meta else 1.0),
                 memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
                 overhead_s=overhead,
                 feed_level=mem.level,

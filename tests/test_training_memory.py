@@ -165,3 +165,17 @@ def test_power_counts_every_device_a_plan_uses():
     report = profile_graph(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
     assert plan.chips == 4
     assert report.totals["target_power_w"] == pytest.approx(4 * float(bow.watts))
+
+
+def test_a_fused_attention_kernel_runs_at_its_published_share_of_peak():
+    from dabench_ir.lowering import lower
+
+    a100 = load_target("a100")
+    g = decoder(layers=1, hidden=64, seq=32, heads=4)
+    FusedAttentionPass()(g)
+    plan = lower(g, a100, ProfileOptions())
+    qk = g.node("layers.0.attn.qk")
+    peak = a100.peak_flops(DType.FLOAT16)
+    assert plan.node_plans[qk.name].compute_s == pytest.approx(meta.get_cost(qk).flops / peak / 0.6)
+    proj = g.node("layers.0.attn.q_proj")
+    assert plan.node_plans[proj.name].compute_s == pytest.approx(meta.get_cost(proj).flops / peak)
