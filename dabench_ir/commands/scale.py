@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json", inputs=[args.model])
     if args.plot is not None:
         check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
+    if getattr(args, "plots", None) is not None:
+        from dabench_ir.fileio import check_output_dir
+
+        check_output_dir(args.plots, "--plots")
     values = knob_values(args, SCALE)
     chips: list[int] = values.pop("chips", list(_CHIPS))
     batches: list[int | None] = values.pop("batch", [None])
