@@ -553,11 +553,8 @@ def test_two_sweeps_into_one_folder_compute_each_point_once(tmp_path):
 
 
 # -- messages that name the fix ---------------------------------------------------------------------------
-def test_fp64_peak_error_suggests_precision(capsys, tmp_path):
-    model = parse("agraph (double[2,3] A, double[3,4] B) => (double[2,4] C) {\n C = MatMul(A, B)\n}")
-    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--target", "wse")
-    if code == 0:
-        pytest.skip("wse lists an fp64 peak")
+def test_peak_error_suggests_precision(capsys, mm):
+    code, _, err = run_cli(capsys, "profile", mm, "--target", "rdu", "--precision", "fp8")
     one_line(code, err, "--precision")
 
 
