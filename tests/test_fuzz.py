@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 FUZZ = settings(
-    max_examples=int(os.environ.get("DABENCH_FUZZ_EXAMPLES", "20")),
+    max_examples=int(os.environ.get("DABENCH_FUZZ_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,

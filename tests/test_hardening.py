@@ -594,3 +594,13 @@ def test_export_absurd_layers_refused_up_front(capsys, tmp_path):
 def test_profile_negative_top_refused(capsys, mm):
     code, _, err = run_cli(capsys, "profile", mm, "--top", "-5")
     one_line(code, err, "--top")
+
+
+def test_sweep_folder_in_a_point_files_place(capsys, tmp_path):
+    from dabench_ir.sweep import load_spec
+    from dabench_ir.sweep.runner import point_key
+
+    key = point_key(load_spec("smoke").points[0].params)
+    (tmp_path / "out" / "points" / f"{key}.json").mkdir(parents=True)
+    code, _, err = run_cli(capsys, "sweep", "smoke", "-o", tmp_path / "out", "--no-plots", "-q")
+    one_line(code, err, "a folder where a point's record goes")
