@@ -129,16 +129,14 @@ class _HeldWarnings(logging.Handler):
 
 def _setup_logging(verbose: int) -> _HeldWarnings | None:
     logging.captureWarnings(True)
-    if verbose:
-        logging.basicConfig(
-            level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
-            format="%(levelname)s %(name)s: %(message)s",
-        )
-        return None
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if isinstance(handler, _HeldWarnings):
+        if isinstance(handler, _HeldWarnings):  # left by an earlier main() in this process
             root.removeHandler(handler)
+    if verbose:
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        root.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
+        return None
     held = _HeldWarnings()
     root.addHandler(held)
     root.setLevel(logging.WARNING)
