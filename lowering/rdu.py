@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 __all__ = ["LOWERING", "Chip", "RduLowering", "RduOptions", "Section", "form_sections"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_PARTS = 1_000_000
+"""Sections one node group may be cut into before the placement is refused as meaningless (issue 21)."""
 _WHO = "rdu"
 PHASES = ("forward", "backward", "optimizer")
 
@@ -218,7 +221,11 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
             if opt_level != "O0" and need > chip.capacity:  # bigger than the chip: its own sections
                 if cur.nodes:
                     out.append(cur)
-                out.append(Section(phase, list(group), pcu, pmu, math.ceil(need / chip.units), oversized=True))
+                parts = math.ceil(need / chip.units)
+                if parts > _MAX_PARTS:  # a node millions of chips large: no placement means anything
+                    raise UserError(f"{group[0].name}: would be cut into {parts:,} sections (more than "
+                                    f"{_MAX_PARTS:,}); the model is far larger than the chip: use smaller dims")
+                out.append(Section(phase, list(group), pcu, pmu, parts, oversized=True))
                 cur, key = Section(phase), None
                 continue
             if split:

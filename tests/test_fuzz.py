@@ -70,7 +70,7 @@ def workdir():
 # -- graphs -------------------------------------------------------------------------------------------------
 _OPS = ["MatMul", "Add", "Mul", "Relu", "Softmax", "Gemm", "Transpose", "Reshape", "Concat", "LayerNormalization",
         "Gather", "Conv", "ReduceMean", "Cast", "Identity", "Where", "Foo", "Shape", "Expand", "Sqrt"]  # fmt: skip
-_DIMS = st.one_of(st.integers(-2, 6), st.sampled_from(["batch", "seq", "", "n"]))
+_DIMS = st.one_of(st.integers(-2, 6), st.sampled_from(["batch", "seq", "", "n", 2**31, 2**62]))
 _ELEM = st.one_of(st.sampled_from([1, 1, 1, 10, 16, 7, 6, 9]), st.integers(0, 40))
 
 

@@ -604,3 +604,16 @@ def test_sweep_folder_in_a_point_files_place(capsys, tmp_path):
     (tmp_path / "out" / "points" / f"{key}.json").mkdir(parents=True)
     code, _, err = run_cli(capsys, "sweep", "smoke", "-o", tmp_path / "out", "--no-plots", "-q")
     one_line(code, err, "a folder where a point's record goes")
+
+
+def test_astronomical_dims_refused_not_looped(capsys, tmp_path):
+    big = 2**62
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [big, big])
+    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, [big, big])
+    c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [big, big])
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["C"])], "g", [a, b], [c]))
+    path = _save(tmp_path, model)
+    code, _, err = run_cli(capsys, "profile", path, "--target", "rdu", "--opt-level", "O3")
+    one_line(code, err, "far larger than the chip")
+    code, _, err = run_cli(capsys, "profile", path, "--target", "wse,ipu,h100", "-q")
+    assert code in (0, 2), err
