@@ -241,7 +241,9 @@ def _saves_inputs(ctx: LoweringContext, node: Node) -> bool:
 
 def _numel(ctx: LoweringContext, name: str) -> int:
     value = ctx.graph.values.get(name)
-    return value_bytes(ctx.graph, name) // value.type.dtype.itemsize if value is not None else 0
+    if value is None or not value.type.dtype.itemsize:  # absent, or an untyped value (no byte size)
+        return 0
+    return value_bytes(ctx.graph, name) // value.type.dtype.itemsize
 
 
 def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
