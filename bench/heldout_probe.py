@@ -85,7 +85,7 @@ def points() -> list[str]:
     # capacity: layers per IPU count (fit only), small width, seq 1024, micro-batch 1
     for p in (1, 2, 4, 8, 16):
         for L in (2, 4, 6, 8, 12, 16, 24, 36, 48, 64):
-            if L < p - 1:
+            if p - 1 > L:
                 continue
             out.append(_point(f"bow-fit-h768-{p}ipu-L{L}", "bow", gpt2.format(L=L, h=768, n=12, s=1024, b=64),
                               ipu.format(p=p, mb=1, ga=64, lpi="")))  # fmt: skip
@@ -156,7 +156,7 @@ def _f(v, nd=3) -> str:
 
 
 def _fmt(r: dict) -> str:
-    return (f"{r['id']:34s} {str(r.get('fits')):5s} sps={_f(r.get('sps'), 4):>7s} step={_f(r.get('step'))} "
+    return (f"{r['id']:34s} {r.get('fits')!s:5s} sps={_f(r.get('sps'), 4):>7s} step={_f(r.get('step'))} "
             f"host={_f(r.get('host'))} dev={_f(r.get('dev'))} sec={_f(r.get('sec'), 4)} pcu={_f(r.get('pcu'))} "
             f"alloc={_f(r.get('alloc'))} li={_f(r.get('li'))} eff={_f(r.get('eff'))} {r.get('mode', '')}")  # fmt: skip
 
