@@ -21,8 +21,8 @@ from tests.lowering_graphs import decoder
 _SN30 = {"opt_level": "O3", "tiles": 4, "resource_scale": 0.8}
 
 
-def _train(g):
-    TrainingPass()(g)
+def _train(g, recompute: bool = False):
+    TrainingPass(recompute=recompute)(g)
     return g
 
 
@@ -70,3 +70,44 @@ def test_sn30_tensor_parallel_training_halves_the_device_work_and_pays_more_acro
     eff = [p.scaling_efficiency for p in pts]
     assert eff == sorted(eff, reverse=True)
     assert pts[3].comm_time_s > pts[2].comm_time_s  # crossing the node boundary costs more
+
+
+def _fits(graph, target: str, **opts) -> bool:
+    return bool(place(graph, load_target(target), ProfileOptions(mode="train", **opts))[0].fits)
+
+
+def _monotone_fit(verdicts: list[bool]) -> bool:
+    """True, ..., True, False, ..., False: once a model stops fitting, a deeper one does not fit."""
+    return verdicts == sorted(verdicts, reverse=True)
+
+
+def test_ipu_fit_boundary_is_monotone_in_layers_and_moves_out_with_ipus():
+    opts = {"precision": "mixed", "recompute": True, "optimizer_state": "offchip"}
+    depth = (1, 2, 4, 8, 16, 32)
+    one = [_fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12), True), "bow", ipus=1, **opts) for n in depth]
+    four = [
+        _fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12), True), "bow", ipus=4, **opts) for n in depth
+    ]
+    assert _monotone_fit(one) and _monotone_fit(four)
+    assert one[0] and not one[-1]
+    assert sum(four) > sum(one)
+
+
+def test_wse_pipelined_fit_limit_is_monotone_in_layers():
+    verdicts = [
+        _fits(
+            _train(decoder(layers=n, hidden=2048, seq=1024, heads=16)), "wse2", wse_mode="pipelined", precision="mixed"
+        )
+        for n in (1, 4, 16, 64)
+    ]
+    assert _monotone_fit(verdicts) and verdicts[0] and not verdicts[-1]
+
+
+def test_wse_compile_report_rate_is_the_steady_state_without_per_step_costs():
+    """A compile report's compute-limited rate has no batch: the tool states the slowest kernel's
+    rate beside the step's throughput, which pays the optimizer once per step."""
+    g = _train(decoder(layers=2, hidden=256, seq=64, batch=1))
+    plan, timeline, _ = place(g, load_target("wse2"), ProfileOptions(mode="train", wse_mode="pipelined"))
+    io = next(u for u in plan.units if u.kind == "wse_io")
+    rate = io.resources["compute_samples_per_s"]
+    assert rate > 0 and rate >= 1 / timeline.step_time_s * (1 - 1e-9)
