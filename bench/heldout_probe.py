@@ -129,7 +129,7 @@ def run(only: str | None) -> list[dict]:
     graphs = _GraphCache(_default_cache(), lambda m: print("  ", m, file=sys.stderr))
     rows = []
     for p in load_catalog(TOML):
-        if only and not p.target.startswith(only):
+        if only and not (p.target.startswith(only) or p.id.startswith(only)):
             continue
         target = load_target(p.target)
         res = PointResult(p)

@@ -111,3 +111,18 @@ def test_wse_compile_report_rate_is_the_steady_state_without_per_step_costs():
     io = next(u for u in plan.units if u.kind == "wse_io")
     rate = io.resources["compute_samples_per_s"]
     assert rate > 0 and rate >= 1 / timeline.step_time_s * (1 - 1e-9)
+
+
+def test_wse_pipelined_pe_use_grows_with_depth_while_a_fixed_ceiling_binds():
+    """A shallow model runs at its kernels' per-token ceiling: the compiler gives each kernel just
+    enough PEs to keep pace (balance stays near 1) and leaves PEs idle, so active PEs grow with
+    depth until the wafer's budget binds (compile reports: active PEs rise with depth)."""
+    alloc, li = [], []
+    for n in (1, 4, 32):
+        g = _train(decoder(layers=n, hidden=768, seq=1024, heads=12))
+        plan, timeline, metrics = place(g, load_target("wse2"), ProfileOptions(mode="train", wse_mode="pipelined"))
+        assert plan.fits
+        alloc.append(plan.extra["active_pes_fraction"])
+        li.append(plan.extra["load_imbalance_pe_weighted"])
+    assert alloc[0] < alloc[1] <= alloc[2] <= load_target("wse2").arch_value("max_active_fraction") + 1e-9
+    assert li[0] > 0.95
