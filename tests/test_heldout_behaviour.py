@@ -120,7 +120,7 @@ def test_wse_pipelined_pe_use_grows_with_depth_while_a_fixed_ceiling_binds():
     alloc, li = [], []
     for n in (1, 4, 32):
         g = _train(decoder(layers=n, hidden=768, seq=1024, heads=12))
-        plan, timeline, metrics = place(g, load_target("wse2"), ProfileOptions(mode="train", wse_mode="pipelined"))
+        plan = place(g, load_target("wse2"), ProfileOptions(mode="train", wse_mode="pipelined"))[0]
         assert plan.fits
         alloc.append(plan.extra["active_pes_fraction"])
         li.append(plan.extra["load_imbalance_pe_weighted"])
