@@ -129,6 +129,8 @@ RUN_OPTIONS: dict[str, _Option] = {
     "half_partials": _Option(None),
     "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
     "optimizer": _Option(None),
+    "chips": _Option("chips"),  # chips of one model instance (with ``strategy``): through the scaling stage
+    "strategy": _Option("strategy"),
 }
 """Catalogue ``run`` key -> ProfileOptions field. Adding a knob: one line here (or none, when
 the knob is named as the key already is)."""
@@ -668,10 +670,10 @@ def _numbers(measured: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
-    """ProfileOptions for the point; run keys without a knob go to ``result.ignored``."""
-    from dabench_ir.options import KNOBS, ProfileOptions
+    """ScaleOptions for the point; run keys without a knob go to ``result.ignored``."""
+    from dabench_ir.options import KNOBS, ScaleOptions
 
-    fields = set(ProfileOptions.__dataclass_fields__)
+    fields = set(ScaleOptions.__dataclass_fields__)
     values: dict[str, Any] = {}
     for key, value in p.run.items():
         opt = RUN_OPTIONS.get(key, _UNKNOWN)
@@ -689,7 +691,7 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         if isinstance(value, list) and name in KNOBS and KNOBS[name].parse is not None:
             values[name] = ",".join(str(v) for v in value)  # a list-valued knob parses its CLI text
     try:
-        return ProfileOptions(**values)
+        return ScaleOptions(**values)
     except UserError as exc:
         raise _CannotRun(f"options: {exc}") from None
 
@@ -703,6 +705,7 @@ def _short(value: Any) -> str:
 def _profile(graph: Any, target: Any, opts: Any) -> Report:
     from dabench_ir import pipeline
 
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     return pipeline.profile_graph(graph, target, opts)
 
@@ -712,6 +715,7 @@ def _lower(graph: Any, target: Any, opts: Any) -> Any:
     from dabench_ir import pipeline
     from dabench_ir.lowering import lower
 
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     return lower(graph, target, opts)
 
@@ -728,6 +732,9 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     except Exception as exc:
         text = str(exc).strip().splitlines()
         raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+    if opts.chips > 1:
+        _run_scaled(p, result, graph, target, opts)
+        return
     if not p.measured:  # fit only: the placement decides it, no emulation needed (fast for long pipelines)
         plan = _lower(graph, target, opts)
         result.fits_predicted = bool(plan.fits)
@@ -757,6 +764,33 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.fits_expected = True  # a measured run ran: it fitted
     if result.fits_expected is True and result.fits_predicted is False:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
+
+
+def _run_scaled(p: Point, result: PointResult, graph: Any, target: Any, opts: Any) -> None:
+    """A multi-chip point (``run.chips`` > 1) through the Level-2 scaling stage. The model's
+    batch is the global batch of a step; data parallelism runs its share on each chip."""
+    import dataclasses
+
+    from dabench_ir import pipeline
+    from dabench_ir.scaling import scale
+
+    if opts.strategy is None:
+        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
+    if opts.strategy == "dp":
+        opts = dataclasses.replace(opts, batch=max(1, int(p.model["batch"]) // opts.chips))
+    opts = pipeline.resolve_defaults(opts, target)
+    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
+    point = scale(graph, target, [opts.chips], opts.strategy, opts).points[-1]
+    result.fits_predicted = bool(point.fits)
+    if not point.fits:
+        result.notes.append(f"the tool says it does not fit: {(point.failure or {}).get('reason', 'does not fit')}")
+    scaled = {"samples_per_s": point.throughput_samples_per_s, "step_time_s": point.time_s if point.fits else None}
+    for key, value in _numbers(p.measured):
+        predicted = scaled.get(key)
+        note = "" if predicted is not None else "model does not fit" if not point.fits else "not predicted (multi-chip)"
+        result.quantities.append(Quantity(key, value, predicted, note))
+    if result.fits_expected is None and _numbers(p.measured):
+        result.fits_expected = True
 
 
 def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:

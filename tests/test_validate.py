@@ -169,6 +169,15 @@ measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, ho
 expect = { fits = true }
 
 [[points]]
+id = "tiny-rdu-tp2"
+kind = "model"
+target = "rdu"
+source = "test"
+model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
+run = { mode = "train", precision = "mixed", opt_level = "O3", chips = 2, strategy = "tp" }
+measured = { samples_per_s = 100.0, sections = 3 }
+
+[[points]]
 id = "tiny-gemm"
 kind = "gemm"
 target = "ipu"
@@ -217,6 +226,9 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     assert by[("tiny-rdu", "joules")]["note"].startswith("not predicted (a quantity the catalogue format does not")
     assert float(by[("tiny-rdu", "tokens_per_s")]["predicted"]) == pytest.approx(8 * float(tp["predicted"]))
     assert by[("tiny-rdu", "sections")]["predicted"] != ""
+    # a multi-chip point goes through the scaling stage: throughput predicted, per-chip figures not
+    assert float(by[("tiny-rdu-tp2", "samples_per_s")]["predicted"]) > 0
+    assert by[("tiny-rdu-tp2", "sections")]["note"] == "not predicted (multi-chip)"
     assert tp["fit_verdict"] == "right"
     assert by[("huge-gemm", "tflops")]["status"] == "cannot run"
     assert float(by[("tiny-bw", "bandwidth_gb_s")]["predicted"]) == 20.0  # bow's streaming memory
