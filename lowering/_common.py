@@ -34,6 +34,7 @@ __all__ = [
     "peak_live_bytes",
     "place_node",
     "stored_root",
+    "stored_values",
     "training_bytes",
     "training_state",
     "value_bytes",
@@ -158,15 +159,14 @@ def stored_root(graph: Graph, name: str) -> str:
     return name
 
 
-def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
-    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read.
+def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> dict[str, int]:
+    """The distinct stored values (weights, constants) ``nodes`` read, by root, with their bytes.
 
-    A weight is counted once however many layouts of it are read: a matmul reading the
-    folded ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
+    A weight is one entry however many layouts of it are read: a matmul reading the folded
+    ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
     """
     graph = ctx.graph
-    seen: set[str] = set()
-    total = 0
+    out: dict[str, int] = {}
     for node in graph.nodes if nodes is None else nodes:
         if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
             continue
@@ -174,10 +174,14 @@ def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> i
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:
             root = stored_root(graph, v)
-            if root not in seen:
-                seen.add(root)
-                total += value_bytes(graph, v, fallback)
-    return total
+            if root not in out:
+                out[root] = value_bytes(graph, v, fallback)
+    return out
+
+
+def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read."""
+    return sum(stored_values(ctx, nodes).values())
 
 
 @dataclass(frozen=True, slots=True)

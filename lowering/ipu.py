@@ -33,7 +33,7 @@ from dabench_ir.lowering._common import (
     LoweringContext,
     peak_live_bytes,
     place_node,
-    stored_root,
+    stored_values,
     training_state,
     value_bytes,
 )
@@ -253,22 +253,6 @@ def _numel(ctx: LoweringContext, name: str) -> int:
     return value_bytes(ctx.graph, name) // value.type.dtype.itemsize if value is not None else 0
 
 
-def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
-    """Stored values (weights, constants) the nodes read, by root (a folded layout counts as its weight), with bytes."""
-    graph = ctx.graph
-    out: dict[str, int] = {}
-    for node in nodes:
-        if meta.FOLDED in node.meta:
-            continue
-        stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
-        fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
-        for v in stored:
-            root = stored_root(graph, v)
-            if root not in out:
-                out[root] = value_bytes(graph, root, fallback)
-    return out
-
-
 def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
     """Parameters (trainable weights) among ``roots``."""
     graph = ctx.graph
@@ -326,10 +310,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     recompute = bool((meta.training_state(graph) or {}).get("recompute"))
 
     pre, layers, post, opt_nodes = _sections(ctx)
-    tied = bool(set(_stored(ctx, pre)) & set(_stored(ctx, post)))
-    layer_weights = [sum(_stored(ctx, nodes).values()) for nodes in layers.values()]
+    tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
+    layer_weights = [sum(stored_values(ctx, nodes).values()) for nodes in layers.values()]
     per_layer = sum(layer_weights) / len(layer_weights) if layer_weights else 0.0
-    embed = sum(_stored(ctx, pre).values()) / per_layer if per_layer else 0.0  # the table, in layers' worth
+    embed = sum(stored_values(ctx, pre).values()) / per_layer if per_layer else 0.0  # the table, in layers' worth
     counts, head_home = _layout(options, len(layers), tied, embed)
     stages = _stages(pre, layers, post, counts, head_home)
     n_ipus = max(s.ipu for s in stages) + 1
@@ -431,7 +415,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 t["live_activations"], t["matmul_temporaries"] = live, tmp
     for k, t in terms.items():
         nodes = [n for st in stages if st.ipu == k for n in st.nodes]
-        roots = _stored(ctx, nodes)
+        roots = stored_values(ctx, nodes)
         params_on[k] = _param_count(ctx, roots)
         t["program"] = program
         t["weights"] = sum(roots.values())
