@@ -446,6 +446,8 @@ def cold_share(graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: f
     input) was last touched a run ago: cold. An activation is cold by how many bytes the nodes
     between its producer and this node wrote, over the private (L2) cache, capped at 1. The
     outputs land in arena memory not touched since the last run: cold by `OUTPUT_COLD`."""
+    if traits_of(node).shape_only:
+        return 0.0  # views (Reshape, Squeeze, ...) touch no data: their time is the fixed overhead
     if l2_bytes <= 0:
         return 1.0
     here = written.get(node.name, 0)

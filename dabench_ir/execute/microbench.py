@@ -42,7 +42,14 @@ if TYPE_CHECKING:
 
     from dabench_ir.ir import Graph
 
-__all__ = ["DEFAULT_BUDGET_S", "BenchResult", "bench_node_model", "ensure_node_table", "plan_signatures"]
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "BenchResult",
+    "bench_node_model",
+    "ensure_for_target",
+    "ensure_node_table",
+    "plan_signatures",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +178,27 @@ def ensure_node_table(
         len(result.measured), result.cached, len(result.skipped), result.seconds,
     )  # fmt: skip
     return result
+
+
+def ensure_for_target(
+    model: Any, graph: Graph, target: Any, *, threads: int | None = None, say: Any = None
+) -> BenchResult | None:
+    """`ensure_node_table` for a loaded calibrated ``cpu`` Target (its cache file found from its
+    machine key); None when the target is not a cached calibration or the model is not ONNX.
+    A model onnxruntime cannot prepare keeps the class model (logged), never an error here."""
+    from dabench_ir.errors import UserError
+    from dabench_ir.lowering.cpu import _calibration_file
+
+    raw = getattr(target, "raw", None)
+    path = _calibration_file(raw) if isinstance(raw, Mapping) else None
+    if path is None or not path.is_file():
+        return None
+    key_threads = raw.get("calibration", {}).get("threads")
+    try:
+        return ensure_node_table(model, graph, path, threads=threads or key_threads, say=say)
+    except (UserError, OSError, ValueError) as exc:
+        logger.info("no node benchmarks for this model (%s): the class model predicts", exc)
+        return None
 
 
 # -- one-node models ---------------------------------------------------------------------
