@@ -41,15 +41,15 @@ class HostModel:
         return f"{self.family} L{self.layers} H{self.hidden} S{self.seq}{kv} {self.attention}"
 
 
-def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
+def _modules(cfg: HostModel):
     import torch
     from torch import nn
-    from torch.nn import functional as F  # noqa: N812
+    from torch.nn import functional as F
 
     heads, kv = cfg.heads, cfg.kv_heads or cfg.heads
     dim = cfg.hidden // heads
 
-    def attend(q, k, v, mask):  # noqa: ANN001, ANN202
+    def attend(q, k, v, mask):
         if cfg.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim)
@@ -61,11 +61,11 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             super().__init__()
             self.weight = nn.Parameter(torch.ones(cfg.hidden))
 
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x):
             var = x.pow(2).mean(-1, keepdim=True)
             return self.weight * (x * torch.rsqrt(var + 1e-6))
 
-    def rotate_half(x):  # noqa: ANN001, ANN202
+    def rotate_half(x):
         a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
         return torch.cat((-b, a), dim=-1)
 
@@ -77,7 +77,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.v_proj = nn.Linear(cfg.hidden, kv * dim, bias=False)
             self.o_proj = nn.Linear(heads * dim, cfg.hidden, bias=False)
 
-        def forward(self, x, cos, sin, mask):  # noqa: ANN001, ANN202
+        def forward(self, x, cos, sin, mask):
             b, s, _ = x.shape
             q = self.q_proj(x).view(b, s, heads, dim).transpose(1, 2)
             k = self.k_proj(x).view(b, s, kv, dim).transpose(1, 2)
@@ -98,7 +98,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.up_proj = nn.Linear(cfg.hidden, ffn, bias=False)
             self.down_proj = nn.Linear(ffn, cfg.hidden, bias=False)
 
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     class GptAttention(nn.Module):
@@ -107,7 +107,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.c_attn = nn.Linear(cfg.hidden, 3 * cfg.hidden)
             self.c_proj = nn.Linear(cfg.hidden, cfg.hidden)
 
-        def forward(self, x, cos, sin, mask):  # noqa: ANN001, ANN202
+        def forward(self, x, cos, sin, mask):
             b, s, _ = x.shape
             q, k, v = self.c_attn(x).split(cfg.hidden, dim=2)
             q, k, v = (t.view(b, s, heads, dim).transpose(1, 2) for t in (q, k, v))
@@ -120,7 +120,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.c_fc = nn.Linear(cfg.hidden, 4 * cfg.hidden)
             self.c_proj = nn.Linear(4 * cfg.hidden, cfg.hidden)
 
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x):
             return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
     llama = cfg.family == "llama"
@@ -133,7 +133,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.norm2 = RMSNorm() if llama else nn.LayerNorm(cfg.hidden)
             self.mlp = LlamaMLP() if llama else GptMLP()
 
-        def forward(self, x, cos, sin, mask):  # noqa: ANN001, ANN202
+        def forward(self, x, cos, sin, mask):
             x = x + self.attn(self.norm1(x), cos, sin, mask)
             return x + self.mlp(self.norm2(x))
 
@@ -147,7 +147,7 @@ def _modules(cfg: HostModel):  # noqa: ANN202 - torch classes built lazily
             self.norm = RMSNorm() if llama else nn.LayerNorm(cfg.hidden)
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-        def forward(self, input_ids):  # noqa: ANN001, ANN202
+        def forward(self, input_ids):
             s = input_ids.shape[1]
             x = self.embed(input_ids)
             positions = torch.arange(s)
