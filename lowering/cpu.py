@@ -412,6 +412,7 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
         sig = node_signature(graph, node) if model.nodes else None
         if sig is not None and sig in model.nodes:
             hot, flushed = model.nodes[sig]
+            flushed = max(flushed, hot)  # a flushed cache never speeds a node up: a lower reading is noise
             out[node.name] = hot + cold_share(graph, node, written, model.l2_bytes) * (flushed - hot)
             continue
         t = curve = predict_node(graph, node, model, ort_opt=ort_opt)
@@ -426,6 +427,8 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
     return out
 
 
+STORED_COLD = 1.0
+"""How cold a stored operand (weight, constant, graph input) is (0..1): last touched a run ago."""
 OUTPUT_COLD = 1.0
 """How cold a node's outputs are (0..1): onnxruntime's arena hands out memory last written a run ago."""
 
@@ -461,7 +464,7 @@ def cold_share(graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: f
         nbytes = float(ttype.nbytes())
         producer = graph.values[name].producer
         if producer is None or graph.node(producer).op_type == "Constant":
-            share = 1.0
+            share = STORED_COLD
         else:
             since = here - written.get(producer, 0) - (_nbytes(graph, graph.node(producer).outputs) or 0)
             share = min(1.0, max(since, 0) / l2_bytes)

@@ -170,9 +170,7 @@ def test_node_benchmarks_measure_each_family_once_within_budget(tmp_path):
 def test_bench_node_model_takes_shape_operands_from_the_output():
     from dabench_ir.execute.microbench import _Context, bench_node_model
 
-    model = parse(
-        """agraph (float[4,6] x, int64[2] s) => (float[2,12] y) { y = Reshape(x, s) }"""
-    )
+    model = parse("""agraph (float[4,6] x, int64[2] s) => (float[2,12] y) { y = Reshape(x, s) }""")
     graph = analyze(model)
     ctx = _Context.of(model, {})
     bench, feeds = bench_node_model(model.graph.node[0], graph, ctx)
@@ -271,7 +269,7 @@ def test_host_points_parse_and_reject_bad_keys():
 
     (p,) = validate.parse_catalog(_HOST_POINT)
     assert p.kind == "host" and p.target == "cpu" and p.host["kv_heads"] == 1
-    with pytest.raises(UserError, match="host.attention"):
+    with pytest.raises(UserError, match=r"host\.attention"):
         validate.parse_catalog(_HOST_POINT.replace("seq = 16", 'seq = 16, attention = "flash"'))
     with pytest.raises(UserError, match="measured"):
         validate.parse_catalog(_HOST_POINT + "measured = { samples_per_s = 1.0 }\n")

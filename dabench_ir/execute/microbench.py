@@ -58,6 +58,8 @@ DEFAULT_BUDGET_S = 20.0
 _PER_NODE_S = 0.04  # timed-run time per signature, after the warm-up
 _MIN_RUNS = 5
 _MAX_RUNS = 60
+_ATTEMPTS = 3  # measurements of a noisy node, the lowest median kept
+_NOISY = 0.2  # spread (IQR / median) above which a node is measured again
 _WARMUP = 2
 _INT_SHAPE_OPS = {"Reshape": 1, "Expand": 1}  # op -> input holding the output shape
 _MAX_CAPTURE_BYTES = 512 << 20
@@ -160,8 +162,7 @@ def ensure_node_table(
             continue
         try:
             per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
-            rec = _time_node(*hot, threads=threads, max_s=per_s)
-            rec_cold = _time_node(*cold, threads=threads, max_s=per_s)
+            rec, rec_cold = _time_pair(hot, cold, threads=threads, max_s=per_s, deadline=start + budget_s)
         except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
             result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
             continue
@@ -367,6 +368,35 @@ def _static_type(graph: Graph, name: str) -> tuple[tuple[int, ...], int]:
     return tuple(int(d) for d in ttype.shape), ttype.dtype.onnx_code  # type: ignore[arg-type]
 
 
+def _time_pair(
+    hot: tuple[onnx.ModelProto, dict[str, Any]],
+    cold: tuple[onnx.ModelProto, dict[str, Any]],
+    *,
+    threads: int,
+    max_s: float,
+    deadline: float,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The hot and flushed timings of one node, measured again (up to `_ATTEMPTS` times, while
+    the budget lasts) when either is noisy (spread over `_NOISY`) or the flushed one reads
+    faster than the hot one; each keeps its lowest median (other load only adds time)."""
+    best_hot = _time_node(*hot, threads=threads, max_s=max_s)
+    best_cold = _time_node(*cold, threads=threads, max_s=max_s)
+    attempts = 1
+    while attempts < _ATTEMPTS and time.perf_counter() < deadline:
+        noisy = max(best_hot["spread"], best_cold["spread"]) > _NOISY
+        if not noisy and best_cold["time_s"] >= 0.9 * best_hot["time_s"]:
+            break
+        attempts += 1
+        again_hot = _time_node(*hot, threads=threads, max_s=max_s)
+        again_cold = _time_node(*cold, threads=threads, max_s=max_s)
+        if again_hot["time_s"] < best_hot["time_s"]:
+            best_hot = again_hot
+        if again_cold["time_s"] < best_cold["time_s"]:
+            best_cold = again_cold
+    best_hot["attempts"] = best_cold["attempts"] = attempts
+    return best_hot, best_cold
+
+
 def _time_node(model: onnx.ModelProto, feeds: dict[str, Any], *, threads: int, max_s: float) -> dict[str, Any]:
     """Median kernel time of node ``bench`` over timed runs that stop after ``max_s``
     (at least `_MIN_RUNS`, at most `_MAX_RUNS`), with its spread."""
@@ -410,7 +440,9 @@ def _read_table(path: Path, threads: int) -> dict[str, dict[str, Any]]:
     nodes = data.get("nodes")
     if not isinstance(nodes, dict):
         return {}
-    return {k: v for k, v in nodes.items() if isinstance(v, dict) and all(_finite(v.get(f)) for f in ("time_s", "cold_s"))}
+    return {
+        k: v for k, v in nodes.items() if isinstance(v, dict) and all(_finite(v.get(f)) for f in ("time_s", "cold_s"))
+    }
 
 
 def _finite(x: Any) -> bool:
