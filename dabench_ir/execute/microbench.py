@@ -53,6 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+MAX_WEIGHT_BYTES = 512 << 20
+"""Models with more weight bytes than this are not benchmarked node by node (synthesising them costs more)."""
 DEFAULT_BUDGET_S = 20.0
 """Wall-clock seconds one model's node benchmarks may take when nothing is cached (bounded: <= 30 s)."""
 _PER_NODE_S = 0.04  # timed-run time per signature, after the warm-up
@@ -108,13 +110,15 @@ def ensure_node_table(
     *,
     threads: int | None = None,
     budget_s: float = DEFAULT_BUDGET_S,
+    max_weight_bytes: int = MAX_WEIGHT_BYTES,
     say: Any = None,
 ) -> BenchResult:
     """Measure the node signatures of ``graph`` the cached table lacks, within ``budget_s``.
 
     ``proto`` is the model ``graph`` came from (a ModelProto or an ONNX path; weights may
     be shape-only, they are synthesised); ``target_path`` the calibrated ``cpu`` target
-    TOML whose table (`node_table_path`) is read and extended.
+    TOML whose table (`node_table_path`) is read and extended. A model whose weights take
+    more than ``max_weight_bytes`` raises UserError (the class model predicts it).
     """
     from dabench_ir.execute.synth import name_nodes, prepare_model
     from dabench_ir.frontends.onnx import read_model
@@ -138,7 +142,13 @@ def ensure_node_table(
         result.seconds = time.perf_counter() - start
         return result
     raw, path = read_model(proto)
-    prepared = prepare_model(raw, path=Path(path) if path else None, graph=graph, dims=dict(graph.bindings))
+    prepared = prepare_model(
+        raw,
+        path=Path(path) if path else None,
+        graph=graph,
+        dims=dict(graph.bindings),
+        max_weight_bytes=max_weight_bytes,
+    )
     name_nodes(prepared.model, graph)
     by_name = {n.name: n for n in prepared.model.graph.node}
     flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
