@@ -145,9 +145,9 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
         for node in mlir_graph.nodes:
             base = graph.node(node.name) if graph.has_node(node.name) else node
             node_extra = node_annotations(base, extras.get(node.name))
-            for c in node.meta.get(MLIR_OPS, []):
-                if c.op is None:
-                    continue
+            ops = [c for c in node.meta.get(MLIR_OPS, []) if c.op is not None]
+            shares = _op_shares(ops)
+            for c, share in zip(ops, shares, strict=True):
                 attrs = {
                     "dabench.flops": c.cost.flops,
                     "dabench.bytes": c.cost.bytes,
@@ -156,15 +156,18 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
                 }
                 if c.cost.intensity is not None:
                     attrs["dabench.intensity"] = round(c.cost.intensity, 6)
-                for key in ("dabench.layer", "dabench.unit", "dabench.time_s"):
+                for key in ("dabench.layer", "dabench.unit"):
                     if key in node_extra:
                         attrs[key] = node_extra[key]
+                if "dabench.time_s" in node_extra:  # the node's time split over its ops: they sum to it
+                    attrs["dabench.time_s"] = float(node_extra["dabench.time_s"]) * share
+                    attrs["dabench.time_share"] = round(share, 6)
                 if c.reason:
                     attrs["dabench.unattributed"] = c.reason
                 for key, value in attrs.items():
                     c.op.attributes[key] = _attr(value, i64, f64)
                 count += 1
-    text = module.operation.get_asm(enable_debug_info=True)
+    text = _header_lines(graph, mlir_graph) + module.operation.get_asm(enable_debug_info=True)
     out = Path(out_path)
     try:
         out.write_text(text, encoding="utf-8")
@@ -172,6 +175,39 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
         raise UserError(f"--annotate {out}: cannot write ({exc.strerror or exc})") from None
     logger.info("annotated %d MLIR op(s) into %s", count, out)
     return out
+
+
+def _op_shares(ops: list[Any]) -> list[float]:
+    """Each op's share of its node: by FLOPs, else by bytes, else equal; the shares sum to 1."""
+    for key in ("flops", "bytes"):
+        total = sum(getattr(c.cost, key) for c in ops)
+        if total > 0:
+            return [getattr(c.cost, key) / total for c in ops]
+    return [1.0 / len(ops)] * len(ops) if ops else []
+
+
+def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
+    """``// dabench.key: value`` lines the MLIR frontend reads back: the model's facts (family,
+    preset, shape) and which function arguments are weights, so that re-profiling the
+    annotated file keeps the parameter count and the layers."""
+    import json
+
+    from dabench_ir.ir import ValueKind
+    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT
+
+    header = {k: v for k, v in graph.metadata.items()
+              if k.startswith(PREFIX) and k not in ("dabench.frontend", "dabench.weights") and "\n" not in str(v)}  # fmt: skip
+    from dabench_ir.frontends.mlir import _entry_func
+
+    artifact = mlir_graph.meta.get(MLIR_ARTIFACT)
+    weights = sorted(getattr(artifact, "weight_args", ()) or ())
+    n_args = len(_entry_func(artifact.module).regions[0].blocks[0].arguments) if artifact is not None else 0
+    if weights and weights == list(range(n_args - len(weights), n_args)):  # the loader's convention: (x, *weights)
+        names = [v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT]
+        header["dabench.weights"] = json.dumps(names if len(names) == len(weights) else [f"arg{i}" for i in weights])
+    elif weights:
+        logger.warning("annotated MLIR: weight arguments are not the trailing ones; the parameter count is not kept")
+    return "".join(f"// {k}: {v}\n" for k, v in header.items())
 
 
 def _attr(value: Any, i64: Any, f64: Any) -> Any:

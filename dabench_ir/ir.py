@@ -33,7 +33,7 @@ __all__ = [
 
 
 class DType(enum.Enum):
-    """Element types, with their size in bytes and ONNX TensorProto code."""
+    """Element types, with their size in bytes (0.5 for int4) and ONNX TensorProto code."""
 
     FLOAT32 = ("fp32", 4, 1)
     UINT8 = ("uint8", 1, 2)
@@ -55,9 +55,10 @@ class DType(enum.Enum):
     FLOAT8E4M3FNUZ = ("fp8e4m3fnuz", 1, 18)
     FLOAT8E5M2 = ("fp8e5m2", 1, 19)
     FLOAT8E5M2FNUZ = ("fp8e5m2fnuz", 1, 20)
+    INT4 = ("int4", 0.5, 22)  # two per byte (weight-only quantisation, w4a16)
     UNDEFINED = ("undefined", 0, 0)
 
-    def __init__(self, short: str, itemsize: int, onnx_code: int) -> None:
+    def __init__(self, short: str, itemsize: float, onnx_code: int) -> None:
         self.short = short
         self.itemsize = itemsize
         self.onnx_code = onnx_code
@@ -108,6 +109,8 @@ _ALIASES = {
     "bfloat16": "bf16",
     "float64": "fp64",
     "double": "fp64",
+    "fp8": "fp8e4m3",
+    "float8": "fp8e4m3",
 }
 
 Dim = int | str
@@ -154,7 +157,9 @@ class TensorType:
         return math.prod(self.dims(bindings))
 
     def nbytes(self, bindings: Mapping[str, int] | None = None) -> int:
-        return self.numel(bindings) * self.dtype.itemsize
+        size = self.dtype.itemsize
+        numel = self.numel(bindings)
+        return numel * size if type(size) is int else math.ceil(numel * size)  # int4: half a byte each
 
     def bind(self, bindings: Mapping[str, int]) -> TensorType:
         """This type with every bound symbol replaced by its value."""

@@ -22,6 +22,8 @@ from dabench_ir.errors import UserError
 __all__ = [
     "GROUP_TITLES",
     "KNOBS",
+    "KV_PRECISIONS",
+    "PRECISIONS",
     "PROFILE",
     "SCALE",
     "SWEEP",
@@ -172,7 +174,9 @@ def _proportions(value: Any) -> tuple[float, ...]:
     return out
 
 
-PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
+KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
+SCENARIOS = ("generate",)
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
 OPT_LEVELS = ("O0", "O1", "O3")
@@ -192,7 +196,11 @@ class ProfileOptions:
         None, help="batch size (binds the model's batch dim when symbolic)", parse=_positive, many=frozenset({SCALE})
     )
     precision: str | None = knob(
-        None, help="rewrite dtypes before costing (default: as the model is)", choices=PRECISIONS
+        None, help="rewrite dtypes before costing (default: as the model is); int8 = W8A8, fp8 = e4m3 "
+        "weights and matmul inputs, w8a16/w4a16 = weight-only with dequantisation counted", choices=PRECISIONS,
+    )  # fmt: skip
+    kv_precision: str | None = knob(
+        None, help="dtype of a decode graph's KV cache (default: the activations')", choices=KV_PRECISIONS
     )
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
     recompute: bool = knob(False, help="train mode: recompute activations in the backward pass", parse=_bool)
@@ -259,6 +267,17 @@ class ProfileOptions:
     max_weight_bytes: int = knob(
         4 << 30, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
     )
+    # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
+    scenario: str | None = knob(
+        None, help="generate: time to first token and per output token (MODEL: a preset or a dabench-ir export)",
+        choices=SCENARIOS, group="scenario", commands=frozenset({PROFILE}),
+    )  # fmt: skip
+    prompt: int | None = knob(
+        None, help="prompt tokens per request", parse=_positive, group="scenario", commands=frozenset({PROFILE})
+    )
+    gen: int | None = knob(
+        None, help="tokens generated per request", parse=_positive, group="scenario", commands=frozenset({PROFILE})
+    )
 
     def __post_init__(self) -> None:
         for name, k in KNOBS.items():
@@ -270,10 +289,10 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to scale over", parse=_positive, group="scale",
-                      commands=frozenset({SCALE, SWEEP}), many=frozenset({SCALE}))  # fmt: skip
+    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_positive,
+                      group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
-                                commands=frozenset({SCALE, SWEEP}))  # fmt: skip
+                                commands=frozenset({SCALE, SWEEP, PROFILE}))  # fmt: skip
 
 
 def _collect(*classes: type) -> dict[str, Knob]:
@@ -294,6 +313,7 @@ GROUP_TITLES = {
     "target": "target options",
     "scale": "scaling",
     "measure": "measurement (onnxruntime)",
+    "scenario": "generation scenario (--scenario generate)",
 }
 """The CLI argument group each knob ``group`` is shown under."""
 
@@ -382,7 +402,7 @@ def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(opts):
         k = KNOBS.get(f.name)
-        if k is None or k.group == "measure" or (k.group == "target" and not target):
+        if k is None or k.group in ("measure", "scenario") or (k.group == "target" and not target):
             continue
         value = getattr(opts, f.name)
         out[f.name] = dict(value) if isinstance(value, Mapping) else value

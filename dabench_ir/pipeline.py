@@ -85,10 +85,10 @@ def build_passes(
             passes.append(LinalgCostPass())
         else:
             passes.extend(standard_passes(dims if dims is not None else opts.dims).passes)
-    if opts.precision is not None:
+    if opts.precision is not None or opts.kv_precision is not None:
         from dabench_ir.passes.precision import PrecisionPass
 
-        passes.append(PrecisionPass(opts.precision))
+        passes.append(PrecisionPass(opts.precision, kv=opts.kv_precision))
     if opts.mode == "train":
         from dabench_ir.passes.training import TrainingPass
 

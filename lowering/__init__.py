@@ -45,9 +45,9 @@ def internal(default: Any) -> Any:
 
 def _precision(value: Any) -> DType | None:
     """The dtype peaks are taken at: a `DType`, or a precision knob's value (``mixed`` computes in 16 bits)."""
-    if value is None or isinstance(value, DType):
-        return value
-    return DType.from_name("fp16" if str(value).lower() == "mixed" else str(value))
+    from dabench_ir.passes.precision import compute_dtype  # int8, fp8, weight-only modes too
+
+    return compute_dtype(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

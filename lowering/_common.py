@@ -302,7 +302,8 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
                 sizes[v] = value_bytes(graph, v)
         out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
-            if v:
+            value = graph.values.get(v) if v else None
+            if v and (value is None or not value.kind.is_stored):  # a folded weight layout is a weight, not live
                 sizes[v] = value_bytes(graph, v, out_default)
                 last_use.setdefault(v, i)
     for v in graph.outputs:

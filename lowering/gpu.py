@@ -4,6 +4,12 @@ Each kernel takes ``max(flops / peak, bytes / DRAM bandwidth)`` plus a fixed lau
 overhead, on one in-order stream. Weights and the peak of live activations must fit in
 device memory (HBM). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
+
+Decode graphs (``dabench.phase`` = decode, from ``dabench-ir export --phase decode``) are
+grouped as serving engines run them: one kernel per matmul, with the norms, rotary
+embedding, softmax and residual adds around it fused into it (vLLM and TensorRT-LLM fuse
+these into the GEMM and attention kernels). The KV cache is an input held in HBM with the
+weights, so a decode step is bound by reading weights and cache plus the launches.
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.ir import Node
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     kernel_groups,
     place_node,
 )
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import OpClass
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -50,7 +59,23 @@ class GpuLowering(Lowering):
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
-        return stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise)
+        groups = _serving_kernels(ctx) if ctx.graph.metadata.get("dabench.phase") == "decode" else None
+        plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
+        plan.extra["homes"] = {"weights": f"{target.feed_memory.name} (read every step)",
+                               "kv_cache": f"{target.feed_memory.name} ({target.feed_memory.level})"}  # fmt: skip
+        return plan
+
+
+def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
+    """Kernels of a decode step: a new kernel at every matmul, every other node fused into
+    the kernel before it (nodes before the first matmul form one kernel)."""
+    groups: list[list[Node]] = []
+    for node in ctx.graph.nodes:
+        if not groups or node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION:
+            groups.append([node])
+        else:
+            groups[-1].append(node)
+    return groups
 
 
 LOWERING = GpuLowering()
@@ -64,9 +89,11 @@ def stream_plan(
     *,
     fuse: bool,
     times: Mapping[str, float] | None = None,
+    groups: list[list[Node]] | None = None,
 ) -> Plan:
     """Kernels in order on one ``unit``: roofline time plus launch overhead per kernel, or
-    ``times`` (seconds per node) where a finer model has them; fits when the weights and the
+    ``times`` (seconds per node) where a finer model has them; ``groups`` replaces the kernel
+    grouping (default `kernel_groups`); fits when the weights and the
     peak of live activations fit the feed memory."""
     times = times or {}
     peak = target.peak_flops(ctx.precision)
@@ -80,7 +107,7 @@ def stream_plan(
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
-    for group in kernel_groups(ctx, fuse):
+    for group in groups if groups is not None else kernel_groups(ctx, fuse):
         launched = False
         for node in group:
             cost = ctx.costs[node.name]

@@ -27,7 +27,9 @@ A section costs ``section_reconfig_s`` (its switch) plus the larger of its FLOPs
 tensor crossing its boundary: the section's inputs, its outputs read elsewhere and the
 activations it saves for backward) at the DDR streaming bandwidth. The host's per-step
 cost is its own row, ``Plan.step_overheads_s["host"] = host_step_s + host_per_section_s ·
-sections``. Every figure comes from the target (targets/sn30.toml) with its source.
+sections`` for a training step; ``host_step_s`` was measured on training steps (data
+loading, the Python training loop), so an inference run pays only the per-section launches.
+Every figure comes from the target (targets/sn30.toml) with its source.
 """
 
 from __future__ import annotations
@@ -410,7 +412,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             plan.node_plans[name].lane = plan.node_plans[name].unit
     n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
-    plan.step_overheads_s["host"] = target.overhead("host_step_s") + target.overhead("host_per_section_s") * n_sections
+    host_step = target.overhead("host_step_s") if meta.graph_mode(ctx.graph) == "train" else 0.0
+    plan.step_overheads_s["host"] = host_step + target.overhead("host_per_section_s") * n_sections
     resident = ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):

@@ -14,12 +14,13 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["DTYPES", "FAMILIES", "ModelConfig"]
+__all__ = ["DTYPES", "FAMILIES", "PHASES", "ModelConfig"]
 
 logger = logging.getLogger(__name__)
 
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("fp32", "fp16", "bf16")
+PHASES = ("prefill", "decode")
 
 
 def _default_ffn(family: str, hidden: int) -> int:
@@ -37,6 +38,10 @@ class ModelConfig:
     `vocab` set means the model has a token embedding and an LM head (input: token ids);
     `vocab` None means a bare stack of blocks (input: hidden states `[batch, seq, hidden]`).
     `kv_heads` < `heads` is grouped-query attention. `ffn`, `kv_heads` default per family.
+
+    `phase` "prefill" (default) runs `seq` tokens from an empty cache; "decode" runs `seq`
+    new tokens (the chunk, usually 1) against a KV cache of `context` past tokens, which the
+    graph takes as inputs (one K and one V per layer) and appends to.
     """
 
     family: str = "llama"
@@ -55,6 +60,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     preset: str | None = None
+    phase: str = "prefill"
+    context: int = 0  # past tokens in the KV cache (decode)
 
     def __post_init__(self) -> None:
         fam = self.family
@@ -68,6 +75,14 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
+        if self.phase not in PHASES:
+            raise UserError(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        if not isinstance(self.context, int) or isinstance(self.context, bool) or self.context < 0:
+            raise UserError(f"context must be a non-negative integer, got {self.context!r}")
+        if self.phase == "decode" and self.context < 1:
+            raise UserError("a decode export needs --context N (past tokens in the KV cache), N >= 1")
+        if self.phase == "prefill" and self.context:
+            raise UserError("--context applies to --phase decode only")
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn is None:
@@ -90,11 +105,12 @@ class ModelConfig:
         if fam == "llama" and self.head_dim % 2:
             raise UserError(f"head dim hidden/heads ({self.head_dim}) must be even for rotary embedding")
         if self.max_positions is None and positional == "learned":
-            object.__setattr__(self, "max_positions", self.seq)
+            object.__setattr__(self, "max_positions", self.total_len)
         if positional != "learned":
             object.__setattr__(self, "max_positions", None)
-        elif self.max_positions < self.seq:
-            raise UserError(f"seq ({self.seq}) exceeds max_positions ({self.max_positions})")
+        elif self.max_positions < self.total_len:
+            what = f"context + seq ({self.total_len})" if self.context else f"seq ({self.seq})"
+            raise UserError(f"{what} exceeds max_positions ({self.max_positions})")
         if self.tie_embeddings is None:
             object.__setattr__(self, "tie_embeddings", fam == "gpt2")
 
@@ -111,6 +127,11 @@ class ModelConfig:
     @property
     def itemsize(self) -> int:
         return 4 if self.dtype == "fp32" else 2
+
+    @property
+    def total_len(self) -> int:
+        """Tokens attended to by the last new token: past context plus the new ones."""
+        return self.context + self.seq
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with `changes` applied (and validated again)."""
@@ -150,13 +171,15 @@ class ModelConfig:
     def block_matmul_flops(self) -> int:
         """MatMul FLOPs (2 per multiply-add) of one block's forward pass.
 
-        2·B·S·(2h² + 2h·kv + m·h·f) + 4·B·S²·h, with m = 2 (GPT-2) or 3 (LLaMA SwiGLU) and
-        kv = kv_heads·head_dim. The S² term is Q·Kᵀ plus P·V over all heads (causal masking
-        is applied by adding −inf, so the full square is computed).
+        2·B·S·(2h² + 2h·kv + m·h·f) + 4·B·S·T·h, with m = 2 (GPT-2) or 3 (LLaMA SwiGLU),
+        kv = kv_heads·head_dim and T = context + S the keys attended to (T = S in prefill).
+        The S·T term is Q·Kᵀ plus P·V over all heads (causal masking is applied by adding
+        −inf, so the full S×T rectangle is computed). Grouped-query attention shares K and V
+        between heads but not the FLOPs: every query head still multiplies.
         """
         b, s, h, f, kv = self.batch, self.seq, self.hidden, self.ffn, self.kv_dim
         m = 2 if self.family == "gpt2" else 3
-        return 2 * b * s * (2 * h * h + 2 * h * kv + m * h * f) + 4 * b * s * s * h
+        return 2 * b * s * (2 * h * h + 2 * h * kv + m * h * f) + 4 * b * s * self.total_len * h
 
     def matmul_flops(self) -> int:
         """MatMul FLOPs of the whole forward pass: blocks plus the LM head when present."""
@@ -164,6 +187,16 @@ class ModelConfig:
         if self.vocab:
             total += 2 * self.batch * self.seq * self.hidden * self.vocab
         return total
+
+    def kv_cache_bytes(self, context: int | None = None, itemsize: float | None = None) -> int:
+        """Bytes of the KV cache holding ``context`` tokens (default: this config's context).
+
+        2 (K and V) × layers × kv_heads × head_dim × context × bytes per element × batch;
+        ``itemsize`` defaults to the model dtype's (``--kv-precision`` changes it).
+        """
+        ctx = self.context if context is None else context
+        size = self.itemsize if itemsize is None else itemsize
+        return round(2 * self.layers * self.kv_heads * self.head_dim * ctx * size * self.batch)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -45,6 +45,8 @@ __all__ = [
     "AUTO_NONE_THRESHOLD_BYTES",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "ExportResult",
+    "bind_dims",
+    "cache_names",
     "export_model",
     "export_onnx",
     "resolve_weights",
@@ -65,6 +67,7 @@ META_FAMILY, META_PRESET, META_PARAMS, META_WEIGHTS = (
     "dabench.params",
     "dabench.weights",
 )
+META_PHASE, META_KV_CACHE = "dabench.phase", "dabench.kv_cache"
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _NAMESPACE = "namespace"
 _DROPPED_PROPS = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")
@@ -120,14 +123,42 @@ def _quiet() -> Iterator[None]:
             logger.debug("exporter output:\n%s", sink.getvalue())
 
 
+def cache_names(cfg: ModelConfig, layers: int | None = None) -> tuple[list[str], list[str]]:
+    """Decode graphs: the KV-cache input names and the new-K/V output names, K then V per layer."""
+    if cfg.phase != "decode":
+        return [], []
+    n = cfg.layers if layers is None else layers
+    ins = [f"layers.{i}.attn.{kv}_cache" for i in range(n) for kv in ("k", "v")]
+    outs = [f"layers.{i}.attn.{kv}_new" for i in range(n) for kv in ("k", "v")]
+    return ins, outs
+
+
+def _example_caches(cfg: ModelConfig, dynamic: bool, device: str) -> list[torch.Tensor]:
+    """Zero caches per layer (none for prefill): K `[B, kv_heads, head_dim, context]` (kept
+    transposed, see `attend_cached`) and V `[B, kv_heads, context, head_dim]`."""
+    import torch
+
+    from dabench_ir.models.gpt2 import torch_dtype
+
+    if cfg.phase != "decode":
+        return []
+    batch = max(cfg.batch, 2) if dynamic else cfg.batch
+    context = max(cfg.context, 2) if dynamic else cfg.context
+    k_shape = (batch, cfg.kv_heads, cfg.head_dim, context)
+    v_shape = (batch, cfg.kv_heads, context, cfg.head_dim)
+    dtype = torch_dtype(cfg.dtype)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.layers) for shape in (k_shape, v_shape)]
+
+
 def _example_input(cfg: ModelConfig, dynamic: bool, device: str) -> torch.Tensor:
     import torch
 
     from dabench_ir.models.gpt2 import torch_dtype
 
     # torch.export specialises dims of size 0/1: trace a dynamic export with batch, seq >= 2.
+    # A decode export keeps its chunk of new tokens static (the context is the dynamic dim).
     batch = max(cfg.batch, 2) if dynamic else cfg.batch
-    seq = max(cfg.seq, 2) if dynamic else cfg.seq
+    seq = max(cfg.seq, 2) if dynamic and cfg.phase != "decode" else cfg.seq
     if cfg.vocab:
         return torch.zeros(batch, seq, dtype=torch.int64, device=device)
     return torch.zeros(batch, seq, cfg.hidden, dtype=torch_dtype(cfg.dtype), device=device)
@@ -144,22 +175,30 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
 
     model = build_model(cfg, device="meta")
     example = _example_input(cfg, dynamic, "meta")
+    caches = _example_caches(cfg, dynamic, "meta")
+    cache_in, cache_out = cache_names(cfg)
     input_name = "input_ids" if cfg.vocab else "hidden_states"
     output_name = "logits" if cfg.vocab else "output"
     dynamic_shapes = None
     if dynamic:
-        seq_max = cfg.max_positions if cfg.positional == "learned" else None
-        seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
-        dynamic_shapes = ({0: torch.export.Dim("batch", min=2), 1: seq},)
+        batch = torch.export.Dim("batch", min=2)
+        if cfg.phase == "decode":
+            ctx_max = cfg.max_positions - cfg.seq if cfg.positional == "learned" else None
+            context = torch.export.Dim("context", min=2, max=ctx_max) if ctx_max else torch.export.Dim("context", min=2)
+            dynamic_shapes = ({0: batch}, tuple({0: batch, 3 - i % 2: context} for i in range(len(caches))))
+        else:
+            seq_max = cfg.max_positions if cfg.positional == "learned" else None
+            seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
+            dynamic_shapes = ({0: batch, 1: seq},)
     with _quiet():
         program = torch.onnx.export(
             model,
-            (example,),
+            (example, *caches),
             dynamo=True,
             optimize=False,
             verbose=False,
-            input_names=[input_name],
-            output_names=[output_name],
+            input_names=[input_name, *cache_in],
+            output_names=[output_name, *cache_out],
             dynamic_shapes=dynamic_shapes,
         )
         graph = program.model.graph
@@ -170,7 +209,9 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
         onnxscript.optimizer.optimize_ir(program.model)
         proto = ir.serde.serialize_model(program.model)
     if dynamic:
-        _rename_dims(proto, {input_name: ("batch", "seq")})
+        names = {input_name: ("batch", "seq")}
+        names.update({c: ("batch", "", "", "context") if ".k_" in c else ("batch", "", "context", "") for c in cache_in})
+        _rename_dims(proto, names)
     for node in proto.graph.node:
         _drop_props(node)
     return proto
@@ -182,7 +223,7 @@ def _rename_dims(proto: onnx.ModelProto, names: dict[str, tuple[str, ...]]) -> N
     for value in proto.graph.input:
         if value.name in names:
             for dim, new in zip(value.type.tensor_type.shape.dim, names[value.name], strict=False):
-                if dim.dim_param:
+                if dim.dim_param and new:
                     mapping[dim.dim_param] = new
     if not mapping or all(k == v for k, v in mapping.items()):
         return
@@ -249,9 +290,13 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]
     weights = set(weight_inputs)
 
-    # Values of block 0 that the rest of the graph reads: exactly one (the hidden state).
+    # Per-layer graph outputs of block 0 (a decode graph's new K and V, `layers.0.*`) are
+    # copied with the block; of the other values the rest of the graph reads there is exactly
+    # one (the hidden state).
+    graph_outputs = {o.name: o for o in graph.output}
+    layer_outputs = [v for v in graph_outputs if v in produced and v.startswith("layers.0.")]
     outside_reads = {i for n, b in zip(nodes, in_block, strict=True) if not b for i in n.input}
-    outside_reads |= {o.name for o in graph.output}
+    outside_reads |= {o.name for o in graph.output} - set(layer_outputs)
     block_outputs = [v for v in dict.fromkeys(o for n in block for o in n.output) if v in outside_reads]
     if len(block_outputs) != 1:
         raise RuntimeError(f"block 0 should have one output read outside it, found {block_outputs}")
@@ -270,11 +315,12 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     value_info = {v.name: v for v in graph.value_info}
     new_inputs: list[onnx.ValueInfoProto] = []
     new_value_info: list[onnx.ValueInfoProto] = []
+    new_outputs: list[onnx.ValueInfoProto] = []
     copies: list[onnx.NodeProto] = []
     prev_out = block_out
     for i in range(1, layers):
         rename = {v: f"layers.{i}/{v}" for v in produced}
-        rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in weights})
+        rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in (*weights, *layer_outputs)})
         rename[block_in] = prev_out
         for node in block:
             copy = onnx.NodeProto()
@@ -293,6 +339,11 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
             vi.CopyFrom(graph_inputs[w])
             vi.name = rename[w]
             new_inputs.append(vi)
+        for v in layer_outputs:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(graph_outputs[v])
+            vi.name = rename[v]
+            new_outputs.append(vi)
         for v in produced:
             if v in value_info:
                 vi = onnx.ValueInfoProto()
@@ -332,7 +383,57 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     del graph.input[:]
     graph.input.extend([*inputs[: last_w + 1], *new_inputs, *inputs[last_w + 1 :]])
     graph.value_info.extend(new_value_info)
+    graph.output.extend(new_outputs)
     return proto
+
+
+# ---- binding symbolic dims ------------------------------------------------------------------
+_DIM_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+            ast.FloorDiv: lambda a, b: a // b}  # fmt: skip
+
+
+def _eval_dim(text: str, dims: dict[str, int]) -> int | None:
+    """The value of a dim expression such as ``context + 1`` under ``dims``; None when it has
+    a symbol not in ``dims`` or an operation other than + − × //."""
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in dims:
+            return dims[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPS:
+            return _DIM_OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError(text)
+
+    try:
+        return ev(ast.parse(text, mode="eval"))
+    except (ValueError, SyntaxError):
+        return None
+
+
+def bind_dims(proto: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
+    """A copy of a dynamic export with its symbolic dims (``batch``, ``seq``, ``context`` and
+    expressions of them such as ``context + 1``) replaced by their values under ``dims``.
+
+    One dynamic export then stands for every length: the generation scenario binds a decode
+    graph at several context lengths without exporting again. Dims it cannot evaluate stay
+    symbolic (the cost passes then name them).
+    """
+    import onnx
+
+    bound = onnx.ModelProto()
+    bound.CopyFrom(proto)
+    graph = bound.graph
+    for coll in (graph.input, graph.output, graph.value_info):
+        for value in coll:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param:
+                    number = _eval_dim(dim.dim_param, dims)
+                    if number is not None:
+                        dim.dim_value = number  # clears dim_param (a oneof)
+    return bound
 
 
 # ---- step 5: weights -----------------------------------------------------------------------
@@ -399,7 +500,9 @@ def export_onnx(
     if stamp and cfg.layers > 1:
         say(f"stamping {cfg.layers - 1} more blocks")
         stamp_layers(proto, cfg.layers)
-    weight_names = [v.name for v in proto.graph.input if v.name not in ("input_ids", "hidden_states")]
+    cache_in, cache_out = cache_names(cfg)
+    inputs = {"input_ids", "hidden_states", *cache_in}
+    weight_names = [v.name for v in proto.graph.input if v.name not in inputs]
     if mode == "random":
         say(f"materialising {cfg.weight_bytes() / 2**20:.1f} MiB of seeded weights")
         from dabench_ir.models import build_model
@@ -415,6 +518,8 @@ def export_onnx(
             META_WEIGHTS: json.dumps(weight_names),
             "dabench.weights_mode": mode,
             "dabench.export": "stamped" if stamp and cfg.layers > 1 else "plain",
+            META_PHASE: cfg.phase,
+            META_KV_CACHE: json.dumps({"inputs": cache_in, "outputs": cache_out}),
         },
     )
     return proto
@@ -437,6 +542,8 @@ def export_model(
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"output folder {path.parent} does not exist; create it or change -o")
+    if cfg.phase == "decode" and format != "onnx":
+        raise UserError("a decode graph (phase decode) exports as ONNX only; use format onnx")
     if format in ("mlir-torch", "mlir-linalg"):
         from dabench_ir.models.mlir_export import export_mlir
 

@@ -15,7 +15,16 @@ from torch import nn
 
 from dabench_ir.models.config import ModelConfig
 
-__all__ = ["GPT2MLP", "GPT2Attention", "GPT2Block", "GPT2Model", "attend", "causal_mask", "torch_dtype"]
+__all__ = [
+    "GPT2MLP",
+    "GPT2Attention",
+    "GPT2Block",
+    "GPT2Model",
+    "attend",
+    "attend_cached",
+    "causal_mask",
+    "torch_dtype",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +60,43 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
+def attend_cached(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention of `[B, heads, S, D]` new queries over a KV cache (K stored transposed,
+    `[B, kv_heads, D, C]`; V `[B, kv_heads, C, D]`) plus the S new keys `[B, kv_heads, D, S]`
+    and values `[B, kv_heads, S, D]`; returns `[B, S, heads·D]`.
+
+    K is kept transposed so that Q·Kᵀ reads the cache as it lies (decode kernels keep K in a
+    layout made for that read; a Transpose of the cache would copy it every step).
+
+    The cache is read where it lies, never copied: scores against the cache and against the
+    new keys are computed apart and concatenated (a few bytes per query), as decode kernels
+    that append to a preallocated cache do. Grouped-query attention folds the query heads
+    of a group into the rows of one matmul against the group's K and V, so each cached
+    K/V head is read once, not once per query head. `mask` is the `[S, S]` causal mask of
+    the new tokens among themselves (None for one new token).
+    """
+    batch, heads, seq, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    rep = heads // kv_heads
+    qg = (q * (1.0 / math.sqrt(head_dim))).reshape(batch, kv_heads, rep * seq, head_dim)
+    past = torch.matmul(qg, k_cache)
+    new = torch.matmul(qg, k_new)
+    if mask is not None:
+        new = (new.reshape(batch, kv_heads, rep, seq, seq) + mask).reshape(batch, kv_heads, rep * seq, seq)
+    context = k_cache.shape[3]
+    probs = torch.softmax(torch.cat((past, new), dim=-1), dim=-1)
+    out = torch.matmul(probs[..., :context], v_cache) + torch.matmul(probs[..., context:], v_new)
+    out = out.reshape(batch, heads, seq, head_dim)
+    return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+
 class GPT2Attention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention with biased projections."""
 
@@ -62,12 +108,15 @@ class GPT2Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim)
         self.o_proj = nn.Linear(cfg.hidden, cfg.hidden)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None):
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        return self.o_proj(attend(q, k, v, mask))
+        if cache is None:
+            return self.o_proj(attend(q, k, v, mask))
+        k = k.transpose(-1, -2)  # the cache's K layout, [B, kv_heads, D, S]
+        return self.o_proj(attend_cached(q, cache[0], cache[1], k, v, mask)), k, v
 
 
 class GPT2MLP(nn.Module):
@@ -93,15 +142,22 @@ class GPT2Block(nn.Module):
         self.mlp_norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.mlp = GPT2MLP(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), mask)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None):
+        if cache is None:
+            x = x + self.attn(self.attn_norm(x), mask)
+            return x + self.mlp(self.mlp_norm(x))
+        attn, k, v = self.attn(self.attn_norm(x), mask, cache)
+        x = x + attn
+        return x + self.mlp(self.mlp_norm(x)), k, v
 
 
 class GPT2Model(nn.Module):
     """Optional token + position embedding, `layers` blocks, final LayerNorm, optional LM head.
 
     Input: token ids `[B, S]` (int64) when `cfg.vocab` is set, else hidden states `[B, S, h]`.
+    Decode (`caches` given: K `[B, kv_heads, D, C]` and V `[B, kv_heads, C, D]` per layer,
+    in layer order): the new tokens sit at positions C…C+S−1; returns the output and each
+    layer's new K (`[B, kv_heads, D, S]`) and V (`[B, kv_heads, S, D]`).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -115,13 +171,20 @@ class GPT2Model(nn.Module):
         if self.lm_head is not None and cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *caches: torch.Tensor):
         h = self.embed(x) if self.embed is not None else x
         seq = h.shape[1]
+        start = caches[1].shape[2] if caches else 0
         if self.pos_embed is not None:
-            h = h + self.pos_embed(torch.arange(seq, device=h.device))
-        mask = causal_mask(seq, h.dtype, h.device)
-        for layer in self.layers:
-            h = layer(h, mask)
+            h = h + self.pos_embed(torch.arange(start, start + seq, device=h.device))
+        mask = causal_mask(seq, h.dtype, h.device) if not caches or seq > 1 else None
+        new: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if caches:
+                h, k, v = layer(h, mask, (caches[2 * i], caches[2 * i + 1]))
+                new += [k, v]
+            else:
+                h = layer(h, mask)
         h = self.norm(h)
-        return self.lm_head(h) if self.lm_head is not None else h
+        out = self.lm_head(h) if self.lm_head is not None else h
+        return (out, *new) if caches else out

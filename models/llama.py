@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dabench_ir.models.config import ModelConfig
-from dabench_ir.models.gpt2 import attend, causal_mask
+from dabench_ir.models.gpt2 import attend, attend_cached, causal_mask
 
 __all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "rotary_tables"]
 
@@ -34,10 +34,13 @@ class RMSNorm(nn.Module):
         return (xf * scale).to(x.dtype) * self.weight
 
 
-def rotary_tables(seq: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
-    """cos and sin tables `[seq, head_dim]` for rotary embedding (half-split layout)."""
+def rotary_tables(seq: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device, start=0):
+    """cos and sin tables `[seq, head_dim]` for positions start…start+seq−1 (half-split layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    pos = torch.arange(seq, device=device, dtype=torch.float32)
+    if isinstance(start, int) and start == 0:
+        pos = torch.arange(seq, device=device, dtype=torch.float32)
+    else:  # decode: positions after a cache whose length may be symbolic
+        pos = torch.arange(start, start + seq, device=device).to(torch.float32)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -60,13 +63,16 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
         self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, cache=None):
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        return self.o_proj(attend(q, k, v, mask))
+        if cache is None:
+            return self.o_proj(attend(q, k, v, mask))
+        k = k.transpose(-1, -2)  # the cache's K layout, [B, kv_heads, D, S]
+        return self.o_proj(attend_cached(q, cache[0], cache[1], k, v, mask)), k, v
 
 
 class LlamaMLP(nn.Module):
@@ -93,13 +99,20 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        x = x + self.attn(self.attn_norm(x), mask, cos, sin)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, cache=None):
+        if cache is None:
+            x = x + self.attn(self.attn_norm(x), mask, cos, sin)
+            return x + self.mlp(self.mlp_norm(x))
+        attn, k, v = self.attn(self.attn_norm(x), mask, cos, sin, cache)
+        x = x + attn
+        return x + self.mlp(self.mlp_norm(x)), k, v
 
 
 class LlamaModel(nn.Module):
-    """Optional token embedding, `layers` blocks, final RMSNorm, optional (untied) LM head."""
+    """Optional token embedding, `layers` blocks, final RMSNorm, optional (untied) LM head.
+
+    Decode (`caches` given, as `GPT2Model`): rotary positions start after the cache.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -111,12 +124,19 @@ class LlamaModel(nn.Module):
         if self.lm_head is not None and cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *caches: torch.Tensor):
         h = self.embed(x) if self.embed is not None else x
         seq = h.shape[1]
-        mask = causal_mask(seq, h.dtype, h.device)
-        cos, sin = rotary_tables(seq, self.cfg.head_dim, self.cfg.rope_theta, h.dtype, h.device)
-        for layer in self.layers:
-            h = layer(h, mask, cos, sin)
+        start = caches[1].shape[2] if caches else 0
+        mask = causal_mask(seq, h.dtype, h.device) if not caches or seq > 1 else None
+        cos, sin = rotary_tables(seq, self.cfg.head_dim, self.cfg.rope_theta, h.dtype, h.device, start)
+        new: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if caches:
+                h, k, v = layer(h, mask, cos, sin, (caches[2 * i], caches[2 * i + 1]))
+                new += [k, v]
+            else:
+                h = layer(h, mask, cos, sin)
         h = self.norm(h)
-        return self.lm_head(h) if self.lm_head is not None else h
+        out = self.lm_head(h) if self.lm_head is not None else h
+        return (out, *new) if caches else out

@@ -1,4 +1,4 @@
-"""Precision rewrite: fp32, fp16, bf16 or mixed, as a pass that rewrites dtypes on the graph.
+"""Precision rewrite: float, mixed and quantised precisions, as a pass that rewrites dtypes.
 
 Mixed precision follows the usual recipe (Micikevicius et al., "Mixed Precision Training",
 ICLR 2018; NVIDIA's automatic mixed precision lists): matmuls, convolutions and the
@@ -6,62 +6,177 @@ activations between them in half precision; softmax, normalisations, reductions 
 transcendental-heavy ops compute in fp32 and write fp32 (the ops whose `OpTraits.keeps_fp32`
 is set in passes/cost_rules.py); master weights stay fp32 (they matter in training, see
 passes/training.py).
+
+Quantised inference (docs/models.md, "Quantised precisions"): the weights of the matmuls in
+the decoder blocks are quantised; embeddings, the LM head and norm weights stay 16-bit, as
+GPTQ, AWQ, SmoothQuant and TensorRT-LLM's recipes keep them. Activations stay fp16.
+
+- ``int8`` (W8A8, SmoothQuant-style) and ``fp8`` (e4m3, Transformer-Engine-style): int8 / fp8
+  weights; the block matmuls compute at the int8 / fp8 peak, everything else in fp16.
+- ``w8a16`` / ``w4a16`` (weight-only): int8 / int4 weights, dequantised to fp16 in the matmul
+  and multiplied in fp16. The dequantisation is counted on the matmul that reads the weight:
+  w8a16 per-output-channel symmetric, one multiply per weight element plus an fp16 scale per
+  output channel; w4a16 group-wise asymmetric (group 128, as GPTQ/AWQ), a subtract and a
+  multiply per weight element plus an fp16 scale and an int4 zero point per group.
+
+``kv`` rewrites a decode graph's KV cache (the inputs and new-K/V outputs its exporter lists
+in ``dabench.kv_cache``) to its own dtype, alone or with any of the above.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import DType, Graph, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, ValueKind
 
 from . import meta
 from .base import Pass, PassResult
 from .cost_rules import OpClass, traits_of
 from .passes import CostPass
 
-__all__ = ["PrecisionPass", "precision_by_class"]
+__all__ = ["KV_CACHE_METADATA_KEY", "PrecisionPass", "compute_dtype", "kv_cache_values", "precision_by_class"]
+
+KV_CACHE_METADATA_KEY = "dabench.kv_cache"
 
 _MODES = {"fp32": DType.FLOAT32, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
+_KV = {**_MODES, "fp8": DType.FLOAT8E4M3FN, "int8": DType.INT8}
+# quantised modes: (weight dtype, dtype the block matmuls compute in)
+_QUANT = {
+    "int8": (DType.INT8, DType.INT8),
+    "fp8": (DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FN),
+    "w8a16": (DType.INT8, DType.FLOAT16),
+    "w4a16": (DType.INT4, DType.FLOAT16),
+}
+# weight-only dequantisation: (vector FLOPs per weight element, elements per scale group or
+# None for one group per output channel, bytes of scale + zero point per group)
+_DEQUANT = {"w8a16": (1, None, 2.0), "w4a16": (2, 128, 2.5)}
+_CHOICES = (*_MODES, "mixed", *_QUANT)
+
+
+def compute_dtype(precision: str | DType | None) -> DType | None:
+    """The dtype peak FLOP/s are taken at for a ``--precision`` value: mixed and the
+    weight-only modes compute in fp16, int8 and fp8 at their own peaks."""
+    if precision is None or isinstance(precision, DType):
+        return precision
+    key = str(precision).lower()
+    if key in _QUANT:
+        return _QUANT[key][1]
+    if key == "mixed":
+        return DType.FLOAT16
+    return DType.from_name(key)
+
+
+def kv_cache_values(graph: Graph) -> list[str]:
+    """The KV-cache inputs and new-K/V outputs of a decode graph (empty for other graphs)."""
+    raw = graph.metadata.get(KV_CACHE_METADATA_KEY)
+    if not raw:
+        return []
+    try:
+        listed = json.loads(raw)
+    except json.JSONDecodeError:
+        return []
+    names = [*listed.get("inputs", []), *listed.get("outputs", [])] if isinstance(listed, dict) else []
+    return [n for n in names if n in graph.values]
 
 
 @dataclass(frozen=True)
 class PrecisionPass(Pass):
-    """Rewrite every float value to ``precision``; ``mixed`` keeps the ops with `OpTraits.keeps_fp32` in fp32.
+    """Rewrite float values to ``precision`` (see the module docstring for each mode) and the
+    KV cache to ``kv``; either may be None (left as the model is).
 
-    Writes `meta.PRECISION` (the dtype each node computes in) and re-costs the graph,
-    since bytes follow the dtypes.
+    Writes `meta.PRECISION` (the dtype each node computes in) and re-costs the graph, since
+    bytes follow the dtypes; weight-only modes then add the dequantisation work.
     """
 
-    precision: str
+    precision: str | None
     half: str = "bf16"  # the half type of ``mixed``
+    kv: str | None = None
     name: str = "precision"
 
     def requires(self, graph: Graph) -> None:
-        if self.precision not in (*_MODES, "mixed"):
-            raise UserError(f"--precision {self.precision}: expected fp32, fp16, bf16 or mixed")
+        if self.precision is not None and self.precision not in _CHOICES:
+            raise UserError(f"--precision {self.precision}: expected one of {', '.join(_CHOICES)}")
+        if self.kv is not None and self.kv not in _KV:
+            raise UserError(f"--kv-precision {self.kv}: expected one of {', '.join(_KV)}")
         for node in graph.nodes:
             meta.get(node, meta.OP_CLASS)  # classify must have run
             break
 
     def call(self, graph: Graph) -> PassResult:
+        quantised: dict[str, tuple[str, ...]] = {}
+        if self.precision is not None:
+            quantised = self._rewrite(graph)
+            meta.graph_set(graph, meta.GRAPH_PRECISION, self.precision)
+        if self.kv is not None:
+            cache = kv_cache_values(graph)
+            if not cache:
+                raise UserError("--kv-precision needs a decode graph (dabench-ir export --phase decode)")
+            for name in cache:
+                value = graph.values[name]
+                value.type = value.type.with_dtype(_KV[self.kv])
+        CostPass()(graph)  # bytes follow the new dtypes
+        if self.precision in _DEQUANT:
+            self._add_dequantisation(graph, quantised)
+        return PassResult(graph, True)
+
+    def _rewrite(self, graph: Graph) -> dict[str, tuple[str, ...]]:
         mixed = self.precision == "mixed"
-        low = _MODES[self.half] if mixed else _MODES[self.precision]
+        quant = _QUANT.get(self.precision)
+        low = DType.FLOAT16 if quant else _MODES[self.half] if mixed else _MODES[self.precision]
         for value in graph.values.values():
             if value.type.dtype.is_float:
                 value.type = value.type.with_dtype(low)
+        quantised = _block_matmul_weights(graph) if quant else {}
+        for names in quantised.values():
+            for name in names:
+                graph.values[name].type = graph.values[name].type.with_dtype(quant[0])
         for node in graph.nodes:
             computes = low
-            if mixed and traits_of(node).keeps_fp32:
+            if quant and node.name in quantised:
+                computes = quant[1]
+            elif mixed and traits_of(node).keeps_fp32:
                 computes = DType.FLOAT32
                 for out in node.outputs:
                     value = graph.values.get(out)
                     if value is not None and value.type.dtype.is_float and value.kind is not ValueKind.OUTPUT:
                         value.type = value.type.with_dtype(DType.FLOAT32)
             node.meta[meta.PRECISION] = computes
-        meta.graph_set(graph, meta.GRAPH_PRECISION, self.precision)
-        CostPass()(graph)  # bytes follow the new dtypes
-        return PassResult(graph, True)
+        return quantised
+
+    def _add_dequantisation(self, graph: Graph, quantised: dict[str, tuple[str, ...]]) -> None:
+        flops_per, group, group_bytes = _DEQUANT[self.precision]
+        for node_name, names in quantised.items():
+            node = graph.node(node_name)
+            weight = graph.type_of(names[-1])  # the layout the matmul reads
+            numel = weight.numel()
+            groups = math.ceil(numel / group) if group else (weight.dims()[-1] if weight.rank else 1)
+            extra = Cost(vector_flops=flops_per * numel, weight_bytes=math.ceil(groups * group_bytes))
+            node.meta[meta.COST] = (meta.get_cost(node) or Cost()) + extra
+
+
+def _block_matmul_weights(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """Matmuls inside decoder blocks that read a 2-D weight -> the stored values to quantise
+    (the weight and the folded layouts between it and the matmul, the matmul's own input last)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for node in graph.nodes:
+        if node.layer is None or node.meta.get(meta.OP_CLASS) is not OpClass.CONTRACTION:
+            continue
+        for name in node.inputs:
+            value = graph.values.get(name) if name else None
+            if value is None or not value.kind.is_stored or value.type.rank != 2 or not value.type.dtype.is_float:
+                continue
+            chain = [name]
+            while value is not None and value.producer is not None:
+                producer = graph.node(value.producer)
+                if meta.FOLDED not in producer.meta or not producer.inputs:
+                    break
+                chain.append(producer.inputs[0])
+                value = graph.values.get(producer.inputs[0])
+            found[node.name] = tuple(reversed(chain))
+    return found
 
 
 def precision_by_class(graph: Graph) -> dict[str, str]:

@@ -165,7 +165,8 @@ class Target:
             logger.info("target %s has no %s peak; using its %s peak", self.name, key, alt)
             return self.peaks[alt].value
         raise TargetError(
-            f"target {self.name} has no peak FLOP/s for {key}; it lists {', '.join(self.peaks)}"
+            f"target {self.name} does not support {key} (no peak FLOP/s for it); it supports "
+            f"{', '.join(self.peaks)}: choose one of those with --precision"
         )
 
     def memory(self, name_or_level: str) -> MemoryLevel:

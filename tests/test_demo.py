@@ -27,6 +27,12 @@ def test_demo_records_a_failing_target_and_goes_on(tiny_matmul_path, tmp_path):
     assert validate(json.loads((out / "rdu.json").read_text()), load_schema()) == []
 
 
+def test_demo_quiet_with_unknown_target_exits_2(tmp_path, capsys):
+    assert main(["demo", "-q", "-o", str(tmp_path / "x"), "--targets", "rdu,no-such-chip"]) == 2
+    err = capsys.readouterr().err
+    assert "--targets no-such-chip" in err and not (tmp_path / "x").exists()
+
+
 def test_demo_rejects_empty_targets(tmp_path, capsys):
     assert main(["demo", "-o", str(tmp_path / "x"), "--targets", ","]) == 2
     assert "--targets" in capsys.readouterr().err
@@ -53,7 +59,13 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert any(n["measured_time_s"] for n in cpu["nodes"])
     with (out / "compare.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["target"] for r in rows] == ["cpu", "wse2", "sn30", "bow"]
+    assert [r["target"] for r in rows] == ["wse2", "sn30", "bow", "cpu"]
+    # GPT-2 small on the dataflow chips, the 2-layer model on the host; roles and why in every report
+    wse = json.loads((out / "wse.json").read_text())
+    assert wse["model"]["layers"] == 12 and cpu["model"]["layers"] == 2
+    assert any(r["role"] == "layers.*.mlp.fc_in" for r in wse["roles"]) and wse["why"]
+    assert "validation_median_abs_error" in wse["extra"]
     assert all(r["gops_per_w"] for r in rows)
     index = (out / "index.html").read_text()
+    assert "Side by side" in index
     assert all(f'href="{t}.html"' in index for t in ("cpu", "wse", "rdu", "ipu"))

@@ -52,7 +52,7 @@ def test_defaults_come_from_the_fields():
 def test_flags_and_choices():
     assert KNOBS["micro_batches"].flag == "--micro-batches"
     assert KNOBS["dims"].flag == "--dim"
-    assert KNOBS["precision"].choices == ("fp32", "fp16", "bf16", "mixed")
+    assert KNOBS["precision"].choices == ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
     assert KNOBS["recompute"].is_switch and not KNOBS["batch"].is_switch
 
 
@@ -61,7 +61,7 @@ def test_flags_and_choices():
     [
         ("batch", 0, "--batch 0: expected a positive integer"),
         ("batch", "x", "--batch 'x': expected a positive integer"),
-        ("precision", "fp8", "--precision 'fp8': expected one of fp32, fp16, bf16, mixed"),
+        ("precision", "fp4", "--precision 'fp4': expected one of fp32, fp16, bf16, mixed, int8, fp8, w8a16, w4a16"),
         ("replicas", "many", "--replicas 'many': expected a positive integer"),
         ("warmup", -1, "--warmup -1: expected a non-negative integer"),
         ("recompute", "maybe", "--recompute 'maybe': expected true or false"),
@@ -85,7 +85,7 @@ def test_commands_offer_their_knobs():
     assert "via" in knobs_for(PROFILE) and "via" not in knobs_for(SCALE) and "via" not in knobs_for(SWEEP)
     assert "measure" in knobs_for(PROFILE) and "measure" not in knobs_for(SWEEP)
     assert {"chips", "strategy"} <= set(knobs_for(SCALE)) & set(knobs_for(SWEEP))
-    assert "chips" not in knobs_for(PROFILE)
+    assert "chips" in knobs_for(PROFILE)  # profile --scenario generate --chips N
 
 
 # -- the CLI -------------------------------------------------------------------------------------
@@ -122,9 +122,9 @@ def test_list_flags_parse_each_item():
 
 
 def test_cli_usage_errors_name_the_flag(capsys, tiny_matmul_path):
-    assert main(["profile", str(tiny_matmul_path), "--precision", "fp8"]) == 2
+    assert main(["profile", str(tiny_matmul_path), "--precision", "fp4"]) == 2
     err = capsys.readouterr().err
-    assert "--precision 'fp8': expected one of fp32, fp16, bf16, mixed" in err
+    assert "--precision 'fp4': expected one of fp32, fp16, bf16, mixed, int8" in err
     assert main(["scale", str(tiny_matmul_path), "--target", "rdu", "--chips", "1,0", "--strategy", "dp"]) == 2
     assert "--chips '0': expected a positive integer" in capsys.readouterr().err
 

@@ -48,7 +48,7 @@ def test_heads_default_and_preset():
     [
         ({"axes": {"layer": [1]}}, "'layer'"),
         ({"axes": {"layers": [0]}}, "layers must be a positive integer"),
-        ({"axes": {"precision": ["fp8"]}}, "precision"),
+        ({"axes": {"precision": ["fp4"]}}, "precision"),
         ({"axes": {"layers": 3}}, "non-empty list"),
         ({"axes": {"target": [{"opt_level": "O1"}]}}, "must set target"),
         ({"defaults": {"nope": 1}, "point": [{}]}, "'nope'"),

@@ -118,3 +118,15 @@ def test_cli_targets_lists_figures(capsys):
     for name in BUILTIN:
         assert name in out
     assert "PFLOP/s" in out and "nm" in out
+
+
+def test_targets_show_lists_every_parameter_with_its_basis(capsys):
+    """`targets --show T`: every number a model uses, with its source and basis (issue 14)."""
+    assert main(["targets", "--show", "rdu"]) == 0
+    out = capsys.readouterr().out
+    target = load_target("rdu")
+    assert out.splitlines()[0].startswith(f"sn30 [rdu] from sn30.toml: {len(target.quantities())} figures")
+    host = next(line for line in out.splitlines() if "overheads.host_step_s" in line)
+    assert " fitted " in host and "sn30-gpt2-h1600" in host  # names the catalogue points it was fitted to
+    for name in ("wse2", "sn30", "bow", "a100", "h100", "h200"):
+        assert all(q.source.strip() for _, q in load_target(name).quantities()), name

@@ -7,7 +7,11 @@ calibration is shown rather than measured again unless ``--force`` is given.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
@@ -33,6 +37,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a rough sub-second calibration (tiny shapes; for tests and smoke runs)"
     )
+    parser.add_argument(
+        "--json", metavar="F", help="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -43,17 +50,42 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be a positive integer, got {args.threads}")
     key = machine_key(args.threads)
     path, reason = calibration_status(key["threads"], allow_quick=args.quick)
+    to_stdout = args.json == "-"
+    say = (lambda text: print(text, file=sys.stderr)) if to_stdout else print
+    if args.json and not to_stdout and not Path(args.json).resolve().parent.is_dir():
+        raise UserError(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
     if args.force or reason is not None:
         if reason is not None and not args.force:
-            print(f"{reason}.")
-        print(f"calibrating {key['cpu']} ({key['threads']} threads, onnxruntime {key['ort_version']})...")
-        path = calibrate(key["threads"], quick=args.quick, verbose=True)
+            say(f"{reason}.")
+        say(f"calibrating {key['cpu']} ({key['threads']} threads, onnxruntime {key['ort_version']})...")
+        if to_stdout:
+            with contextlib.redirect_stdout(sys.stderr):
+                path = calibrate(key["threads"], quick=args.quick, verbose=True)
+        else:
+            path = calibrate(key["threads"], quick=args.quick, verbose=True)
         status = "measured"
     else:
         status = "cached"
-    print(_summary(load_calibration(path), status))
-    print(f"calibration file: {path}")
+    data = load_calibration(path)
+    if args.json:
+        doc = {"schema": "dabench-ir/calibration/v1", "status": status, "file": str(path), **data}
+        for row in (doc.get("calibration") or {}).get("matmul", []):
+            row.setdefault("label", _label(row))
+        text = json.dumps(doc, indent=1, default=str)
+        if to_stdout:
+            print(text)
+            return 0
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    say(_summary(data, status))
+    say(f"calibration file: {path}")
+    if args.json:
+        say(f"wrote {args.json}")
     return 0
+
+
+def _label(row: dict[str, Any]) -> str:
+    """How a matmul shape was timed: B fed each run or a constant (pre-packed) B, warm or cold cache."""
+    return ("constant B" if row.get("packed") else "B fed") + (", cold" if row.get("cold") else "")
 
 
 def _summary(data: dict[str, Any], status: str) -> str:
@@ -66,12 +98,12 @@ def _summary(data: dict[str, Any], status: str) -> str:
         *(f"  peak {dtype:4s} matmul  {rec['value'] / 1e9:9.1f} GFLOP/s" for dtype, rec in peaks.items()),
         f"  stream bandwidth   {dram['bandwidth_bytes_per_s']['value'] / 1e9:9.1f} GB/s",
         f"  per-op overhead    {data['overheads']['kernel_launch_s']['value'] * 1e6:9.1f} us",
-        "  matmul shapes (batch x M x K x N):",
+        "  matmul shapes (batch x M x K x N; B fed each run or a constant pre-packed B; cold: caches flushed):",
     ]
     for row in cal.get("matmul", []):
         shape = f"{row['batch']}x{row['m']}x{row['k']}x{row['n']}"
         lines.append(
-            f"    {row['dtype']:4s} {shape:>18s}  {row['flops_per_s'] / 1e9:7.1f} GFLOP/s  "
+            f"    {row['dtype']:4s} {shape:>18s}  {_label(row):18s} {row['flops_per_s'] / 1e9:7.1f} GFLOP/s  "
             f"{row['time_s'] * 1e6:9.1f} us"
         )
     return "\n".join(lines)

@@ -1,9 +1,13 @@
-"""`dabench-ir demo`: the whole job on an embedded default model, written to ./dabench-report/.
+"""`dabench-ir demo`: the whole job on embedded default models, written to ./dabench-report/.
 
-A small GPT-2-style decoder is exported on the fly, measured on the host CPU (onnxruntime,
-next to the CPU emulation) and emulated on WSE, RDU and IPU. The output folder gets one
-HTML and JSON report per target, the plots (PNG and SVG), and an index.html / compare.csv
-comparing the targets. A target that fails with a UserError is recorded and skipped.
+GPT-2 small (12 layers, hidden 768, seq 1024, weight-free: the size DABench studied) is
+exported on the fly and emulated on the three dataflow chips (WSE, RDU, IPU) side by side:
+their Level-1 metrics (allocation, load imbalance, efficiency), the time grouped by module
+role, the "why" lines, and each target's median validation error against published
+measurements (`dabench_ir.validate`). The host CPU is measured in onnxruntime on a model
+small enough to run (2 layers, hidden 128). The output folder gets one HTML and JSON report
+per target, the plots (PNG and SVG), and an index.html / compare.csv comparing the targets.
+A target that fails with a UserError is recorded and skipped.
 """
 
 from __future__ import annotations
@@ -17,11 +21,23 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_TARGETS", "DemoResult", "register", "run", "run_demo"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_TARGETS", "HOST_MODEL", "DemoResult", "register", "render_side_by_side", "run",
+           "run_demo"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL: dict[str, Any] = {
+    "family": "gpt2",
+    "layers": 12,
+    "hidden": 768,
+    "heads": 12,
+    "seq": 1024,
+    "batch": 1,
+    "vocab": 50257,
+}
+"""GPT-2 small, exported weight-free: the model the dataflow chips are emulated on."""
+
+HOST_MODEL: dict[str, Any] = {
     "family": "gpt2",
     "layers": 2,
     "hidden": 128,
@@ -30,9 +46,10 @@ DEFAULT_MODEL: dict[str, Any] = {
     "batch": 1,
     "vocab": 1024,
 }
-"""The embedded default: small enough to export, measure and emulate in well under a minute."""
+"""Small enough to run: the model the host CPU is measured (and emulated) on."""
 
-DEFAULT_TARGETS = ("cpu", "wse", "rdu", "ipu")
+HOST_TARGET = "cpu"
+DEFAULT_TARGETS = ("wse", "rdu", "ipu", "cpu")
 
 
 @dataclass
@@ -45,6 +62,8 @@ class DemoResult:
     errors: dict[str, str] = field(default_factory=dict)  # target -> one-line reason
     rows: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    validation: dict[str, float | None] = field(default_factory=dict)  # stem -> median |error| (validate)
+    validation_note: str = ""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,27 +77,45 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)"
     )
     p.add_argument(
-        "--targets", default=",".join(DEFAULT_TARGETS), help="comma list of targets (default cpu,wse,rdu,ipu)"
+        "--targets", default=",".join(DEFAULT_TARGETS), help=f"comma list of targets (default {','.join(DEFAULT_TARGETS)})"
     )
-    p.add_argument("--model", metavar="MODEL.onnx", help="profile this model instead of the embedded default")
+    p.add_argument("--model", metavar="MODEL.onnx", help="profile this model on every target instead of the defaults")
     p.add_argument("--no-measure", action="store_true", help="do not run the model in onnxruntime on the cpu target")
+    p.add_argument(
+        "--no-validate", action="store_true", help="do not show each target's median error against published measurements"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table; print only the index path")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from dabench_ir.pipeline import resolve_target
     from dabench_ir.progress import Progress
 
     targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
     if not targets:
         raise UserError("--targets: give at least one target, e.g. --targets cpu,rdu")
+    for name in targets:  # a misspelt target is the user's mistake: exit 2 before any work, quiet or not
+        try:
+            resolve_target(name)
+        except UserError as exc:
+            raise UserError(f"--targets {name}: {exc}") from None
     progress = Progress(quiet=args.quiet)
-    result = run_demo(args.output, targets=targets, model=args.model, measure=not args.no_measure, progress=progress)
+    result = run_demo(
+        args.output,
+        targets=targets,
+        model=args.model,
+        measure=not args.no_measure,
+        validation=not args.no_validate,
+        progress=progress,
+    )
     progress.done()
     if not args.quiet:
         from dabench_ir.report.compare import render_compare
 
         print(render_compare(result.rows))
+        print()
+        print(render_side_by_side(result))
         for target, reason in result.errors.items():
             print(f"{target}: failed: {reason}")
         print(f"demo took {result.seconds:.1f} s; open the report:")
@@ -86,14 +123,59 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_default(folder: Path, say: Any) -> Path:
+def _export(folder: Path, spec: dict[str, Any], name: str, weights: str, say: Any) -> Path:
     from dabench_ir.models import ModelConfig, export_model
 
-    cfg = ModelConfig(**DEFAULT_MODEL)
-    path = folder / "model.onnx"
-    say(f"exporting the default model ({cfg.family}, {cfg.layers} layers, hidden {cfg.hidden}, seq {cfg.seq})")
-    export_model(cfg, path, weights="random")
+    cfg = ModelConfig(**spec)
+    path = folder / name
+    say(f"exporting {cfg.family} ({cfg.layers} layers, hidden {cfg.hidden}, seq {cfg.seq}, weights {weights})")
+    export_model(cfg, path, weights=weights)
     return path
+
+
+def _refit(report: Any, name: str, say: Any) -> Any:
+    """A target the default options do not fit on (GPT-2 small on one IPU) is placed again with
+    the knob change that fits (`report.why.fitting_knob`); the report says so."""
+    import dataclasses
+
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.report.why import change_text, changes_of, fitting_knob
+
+    found = fitting_knob(report)
+    if found is None:
+        return report
+    k, value, _ = found
+    text = change_text(k, value)
+    say(f"{name}: does not fit with the defaults; placing with {text}")
+    refit = profile_graph(report.graph, report.target_obj, dataclasses.replace(report.options, **changes_of(k, value)),
+                          model_path=report.model.get("path"))  # fmt: skip
+    reason = report.failure.get("reason") if report.failure else ""
+    refit.extra["demo_note"] = f"placed with {text}: with the defaults it does not fit ({reason})"
+    return refit
+
+
+def _validation_errors(stems: dict[str, Any], say: Any) -> tuple[dict[str, float | None], str]:
+    """Each emulated target's median |relative error| over the published measurements it can
+    run (`dabench_ir.validate`); the one place the demo reads the validation module."""
+    try:
+        from dabench_ir.validate import load_catalog, run_validation
+    except ImportError:
+        return {}, "validation module not available"
+    points = load_catalog()
+    out: dict[str, float | None] = {}
+    for stem, report in stems.items():
+        if report.target_obj is None or report.target_obj.kind == "cpu":
+            continue
+        say(f"{stem}: validating against published measurements")
+        try:
+            summary = run_validation(points, target=report.target_obj.name).summary()
+        except UserError as exc:
+            logger.info("demo: no validation for %s: %s", stem, exc)
+            out[stem] = None
+            continue
+        s = summary.get(report.target_obj.name) or {}
+        out[stem] = s.get("median_abs_error")
+    return out, "median |relative error| over the published measurements of `dabench-ir validate`"
 
 
 def run_demo(
@@ -102,13 +184,16 @@ def run_demo(
     targets: list[str] | tuple[str, ...] = DEFAULT_TARGETS,
     model: str | Path | None = None,
     measure: bool = True,
+    validation: bool = True,
     progress: Any = None,
 ) -> DemoResult:
-    """Profile ``model`` (default: the embedded GPT-2) on ``targets`` and write the report folder."""
+    """Profile the defaults (GPT-2 small on the dataflow chips, the small model measured on the
+    host) or ``model`` on every target, and write the report folder."""
     from dabench_ir.options import ProfileOptions
     from dabench_ir.pipeline import profile_targets
     from dabench_ir.report.compare import compare_reports, write_compare_csv, write_compare_json
     from dabench_ir.report.html import figure_html, write_compare_html, write_html
+    from dabench_ir.report.why import explain
 
     start = time.monotonic()
     say = progress or (lambda _msg: None)
@@ -117,18 +202,24 @@ def run_demo(
         raise UserError(f"-o {folder}: exists and is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     plot_dir = folder / "plots"
-    model_path = Path(model) if model is not None else _export_default(folder, say)
-    if not model_path.is_file():
-        raise UserError(f"--model {model_path}: no such file")
+    if model is not None and not Path(model).is_file():
+        raise UserError(f"--model {model}: no such file")
     result = DemoResult(folder=folder.resolve(), index=(folder / "index.html").resolve())
-    outcomes = profile_targets(
-        str(model_path),
-        list(targets),
-        ProfileOptions(),
-        measure_on=lambda name: measure and name == "cpu",
-        keep_going=True,
-        progress=say,
-    )  # costed once, placed on every target
+    host = [t for t in targets if t == HOST_TARGET] if model is None else []
+    emulated = [t for t in targets if t not in host]
+    outcomes: dict[str, Any] = {}
+    if emulated:
+        big = Path(model) if model is not None else _export(folder, DEFAULT_MODEL, "gpt2-small.onnx", "none", say)
+        outcomes.update(
+            profile_targets(str(big), emulated, ProfileOptions(),
+                            measure_on=lambda name: measure and name == HOST_TARGET, keep_going=True, progress=say)
+        )  # fmt: skip  # costed once, placed on every target
+    if host:
+        small = _export(folder, HOST_MODEL, "host-model.onnx", "random", say)
+        outcomes.update(
+            profile_targets(str(small), host, ProfileOptions(), measure_on=lambda _n: measure, keep_going=True,
+                            progress=say)
+        )  # fmt: skip
     for name in targets:
         stem = name.replace("/", "_").replace(".toml", "")
         (folder / f"{stem}.error.txt").unlink(missing_ok=True)
@@ -142,16 +233,28 @@ def run_demo(
         watts = getattr(report.target_obj, "watts", None)
         if watts:
             report.extra["target_power_w"] = float(watts)
-        say(f"{name}: writing report and plots")
+        if report.plan is not None and not report.plan.fits:
+            report = _refit(report, name, say)
+        if report.plan is not None:
+            say(f"{name}: re-placing with each target knob changed (why)")
+            explain(report)
+        result.reports[stem] = report
+    if validation and result.reports:
+        result.validation, result.validation_note = _validation_errors(result.reports, say)
+    for stem, report in result.reports.items():
+        if stem in result.validation:
+            report.extra["validation_median_abs_error"] = result.validation[stem]
+        say(f"{stem}: writing report and plots")
         report.write_json(folder / f"{stem}.json")
         write_html(report, folder / f"{stem}.html", plot_dir=plot_dir, plot_stem=stem)
-        result.reports[stem] = report
     say("comparing targets")
     stems = list(result.reports)
     result.rows = compare_reports(list(result.reports.values()))
+    for row, stem in zip(result.rows, stems, strict=True):
+        row["validation_median_abs_error"] = result.validation.get(stem)
     write_compare_csv(result.rows, folder / "compare.csv")
     write_compare_json(result.rows, folder / "compare.json")
-    extra = ""
+    extra = _side_by_side_html(result)
     if result.rows:
         from dabench_ir.report.plots import compare_figure, save_figure
 
@@ -160,17 +263,110 @@ def run_demo(
             plot_dir.mkdir(exist_ok=True)
             save_figure(fig, plot_dir / "compare.png")
             save_figure(fig, plot_dir / "compare.svg")
-            extra = f"<section><h2>Throughput and efficiency</h2>{figure_html(fig, 'Per target; colour: dominant bound class')}</section>"
+            extra += f"<section><h2>Throughput and efficiency</h2>{figure_html(fig, 'Per target; colour: dominant bound class')}</section>"
     links = [[("report", f"{s}.html"), ("json", f"{s}.json")] for s in stems]
-    model_name = "default GPT-2 decoder" if model is None else model_path.name
+    what = "GPT-2 small (weight-free) on the dataflow chips, a 2-layer model measured on the host"
+    model_name = what if model is None else Path(model).name
     write_compare_html(
         result.rows,
         folder / "index.html",
-        title=f"dabench-ir demo: {model_name} on {', '.join(targets)}",
-        subtitle=f"model {model_path.name} · {len(stems)} of {len(targets)} targets profiled · comparison in compare.csv",
+        title=f"dabench-ir demo: {', '.join(targets)}",
+        subtitle=f"{model_name} · {len(stems)} of {len(targets)} targets profiled · comparison in compare.csv",
         links=links,
         errors=result.errors,
         extra_html=extra,
     )
     result.seconds = time.monotonic() - start
     return result
+
+
+_SIDE_ROLES = 8
+
+
+def _side_by_side(result: DemoResult) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows: Level-1 metrics, validation error, then the top roles' shares per target."""
+    from dabench_ir.report.attribution import role_rows
+    from dabench_ir.report.table import human, seconds
+
+    stems = list(result.reports)
+    reports = [result.reports[s] for s in stems]
+    headers = [""] + [f"{s} ({(r.target or {}).get('name', '-')})" for s, r in zip(stems, reports, strict=True)]
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    rows = [
+        ["model"] + [str(r.model.get("name") or "-") + f" L{r.model.get('layers')}" for r in reports],
+        ["step time"] + [seconds(r.totals.get("time_s")) for r in reports],
+        ["throughput"] + [human(r.totals.get("throughput_samples_per_s"), "samples/s") for r in reports],
+        ["allocation"] + [pct(r.metrics.get("allocation_ratio")) for r in reports],
+        ["load imbalance"] + [_fmt(r.metrics.get("load_imbalance")) for r in reports],
+        ["efficiency"] + [pct(r.metrics.get("compute_efficiency")) for r in reports],
+        ["validation |error|"] + [_validation_cell(result, s, r) for s, r in zip(stems, reports, strict=True)],
+    ]
+    per = [{x["role"]: x for x in role_rows(r)} for r in reports]
+    ranked: dict[str, float] = {}
+    for table in per:
+        for role, x in table.items():
+            ranked[role] = max(ranked.get(role, 0.0), x["share"] or 0.0)
+    for role in sorted(ranked, key=lambda k: -ranked[k])[:_SIDE_ROLES]:
+        cells = []
+        for table in per:
+            x = table.get(role)
+            cells.append("-" if x is None else f"{pct(x['share'])} {x['bound'] or ''}".strip())
+        rows.append([role, *cells])
+    return headers, rows
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _validation_cell(result: DemoResult, stem: str, report: Any) -> str:
+    """The target's median validation error; the measured host run says so instead."""
+    if report.measured_timeline is not None or report.extra.get("measurement"):
+        err = (report.metrics.get("prediction_error") or {}).get("end_to_end_rel_error")
+        return "measured" if err is None else f"{100 * abs(err):.1f}% (measured here)"
+    value = result.validation.get(stem)
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def render_side_by_side(result: DemoResult) -> str:
+    """The targets side by side: Level-1 metrics, validation error and the grouped attribution (text)."""
+    if not result.reports:
+        return ""
+    headers, rows = _side_by_side(result)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows[:7]]
+    out.append(line(["share of time by module role (bound)", *[""] * (len(headers) - 1)]))
+    out += [line(r) for r in rows[7:]]
+    for stem, report in result.reports.items():
+        if report.extra.get("demo_note"):
+            out.append(f"{stem}: {report.extra['demo_note']}")
+        if report.why:
+            out.append(f"why on {stem}: {report.why[0]['text']}")
+    if result.validation_note:
+        out.append(f"validation |error|: {result.validation_note}")
+    return "\n".join(out)
+
+
+def _side_by_side_html(result: DemoResult) -> str:
+    if not result.reports:
+        return ""
+    from dabench_ir.report.html import _e, _table
+
+    headers, rows = _side_by_side(result)
+    why = "".join(f"<li><b>{_e(s)}</b>: {_e(r.why[0]['text'])}</li>" for s, r in result.reports.items() if r.why)
+    note = f'<p class="note">validation |error|: {_e(result.validation_note)}</p>' if result.validation_note else ""
+    return (
+        "<section><h2>Side by side: Level-1 metrics and time by module role</h2>"
+        + _table(headers, rows, set(range(1, len(headers))))
+        + (f"<h3>Why</h3><ul>{why}</ul>" if why else "")
+        + note
+        + "</section>"
+    )

@@ -53,6 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=int, metavar="V", help="add token embedding and LM head of this vocab")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="parameter dtype (default fp32)")
     p.add_argument(
+        "--phase",
+        choices=("prefill", "decode"),
+        default="prefill",
+        help="prefill: one pass over --seq tokens; decode: --chunk new tokens against a KV cache of "
+        "--context past tokens (cache inputs and new K/V outputs per layer)",
+    )
+    p.add_argument("--context", type=int, metavar="N", help="decode: past tokens in the KV cache")
+    p.add_argument("--chunk", type=int, metavar="K", help="decode: new tokens per step (default 1)")
+    p.add_argument(
         "--weights",
         choices=("none", "random"),
         default="auto",
@@ -86,6 +95,14 @@ def _config(args: argparse.Namespace):
         "kv_heads": args.kv_heads, "ffn": args.ffn, "seq": args.seq, "batch": args.batch,
         "vocab": args.vocab, "dtype": args.dtype,
     }  # fmt: skip
+    if args.phase == "decode":
+        if args.context is None:
+            raise UserError("--phase decode needs --context N (past tokens in the KV cache)")
+        if args.seq is not None:
+            raise UserError("--phase decode takes --chunk K (new tokens per step), not --seq")
+        given.update(phase="decode", context=args.context, seq=args.chunk or 1)
+    elif args.context is not None or args.chunk is not None:
+        raise UserError("--context and --chunk apply to --phase decode; add --phase decode")
     if args.preset:
         return get_preset(args.preset, **given)
     missing = [f"--{k}" for k in ("family", "layers", "hidden") if given[k] is None]
@@ -116,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("export needs -o PATH")
     from dabench_ir.models.export import export_model, resolve_weights
 
+    if cfg.phase == "decode" and args.format != "onnx":
+        raise UserError("--phase decode exports ONNX only; drop --format or use --format onnx")
+
     resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
     try:
         import torch  # noqa: F401
@@ -134,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
         progress=_status,
     )
     nodes = f"{result.nodes} nodes, " if result.nodes else ""
+    phase = f"decode {cfg.seq} token(s) on a {cfg.context}-token cache, " if cfg.phase == "decode" else ""
     print(
-        f"wrote {result.path} ({result.format}, {cfg.family}, L={cfg.layers} h={cfg.hidden}, {nodes}"
+        f"wrote {result.path} ({result.format}, {cfg.family}, L={cfg.layers} h={cfg.hidden}, {phase}{nodes}"
         f"{cfg.param_count() / 1e6:.1f} M params, weights {result.weights}, "
         f"{time.perf_counter() - start:.1f} s)"
     )

@@ -19,24 +19,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Cost every node of MODEL (.onnx or .mlir), optionally place it on a target "
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
-    p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file")
+    p.add_argument(
+        "model", metavar="MODEL", help="an .onnx or .mlir file (--scenario generate: also a preset name)"
+    )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
     add_knob_arguments(p, PROFILE)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=20, help="rows in the node table (0: all)")
-    o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank nodes by (default: time when timed)")
-    o.add_argument("--json", metavar="F", help="write the report as JSON (schema dabench-ir/report/v1)")
-    o.add_argument("--csv", metavar="F", help="write one row per node")
+    o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank rows by (default: time when timed)")
+    o.add_argument(
+        "--by", choices=["role", "node"], default="role",
+        help="group the table by module role across layers (default), or show single nodes",
+    )  # fmt: skip
+    o.add_argument(
+        "--json", metavar="F",
+        help="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
+        "targets: F is the comparison and F-TARGET.json each report, or a folder DIR/ gets DIR/TARGET.json "
+        "and DIR/compare.json (the same for --csv, --html, --trace)",
+    )  # fmt: skip
+    o.add_argument("--csv", metavar="F", help="write one row per node (and F's .roles.csv: one row per module role)")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto)")
+    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit")
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
     o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
     o.add_argument("--no-color", action="store_true")
-    o.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
-    o.add_argument("--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)")
+    o.add_argument("--quiet", "-q", action="store_true", help="no progress, no tables (cross-check included)")
+    o.add_argument(
+        "--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)"
+    )
     p.set_defaults(func=run)
 
 
@@ -45,42 +58,95 @@ def run(args: argparse.Namespace) -> int:
 
     opts = options_from_args(args, ProfileOptions, PROFILE)
     _check_outputs(args)
+    _check_request(args, opts)
+    to_stdout = [f"--{flag}" for flag in _OUTPUTS if getattr(args, flag, None) == "-"]
+    if len(to_stdout) > 1:
+        raise UserError(f"{' and '.join(to_stdout)}: only one output can go to stdout ('-')")
+    if to_stdout and to_stdout[0] != "--json":
+        raise UserError(f"{to_stdout[0]} -: only --json can be written to stdout; give a file name")
+    if args.json == "-":
+        args.quiet = True  # stdout carries the JSON alone
     progress = Progress(quiet=args.quiet)
+    from dabench_ir.scenario import run_scenario  # --scenario generate: prefill + decode of a request batch
+
+    status = run_scenario(args, opts, progress)
+    if status is not None:
+        return status
     if args.target and "," in args.target:
         return _compare_targets(args, [t.strip() for t in args.target.split(",") if t.strip()], progress, opts)
     from dabench_ir.pipeline import run_profile
 
     report = run_profile(args.model, args.target, opts, progress=progress)
+    if report.plan is not None:
+        from dabench_ir.report.why import explain
+
+        progress("re-placing with each target knob changed, for the why lines")
+        explain(report)
     progress.done()
     return _after_profile(args, report, progress)
 
 
 def _compare_targets(args: argparse.Namespace, targets: list[str], progress, opts: ProfileOptions) -> int:
-    """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many times."""
+    """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many
+    times. Each output flag gets the comparison and one file per target (see `_per_target_path`)."""
     from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
+    from dabench_ir.report.why import explain
 
+    if args.json == "-":
+        raise UserError("--json -: several targets give several reports; give a folder (--json DIR/) or a file name")
     for name in targets:  # every name is checked before any work
         resolve_target(name, opts)
-    reports = list(profile_targets(args.model, targets, opts, progress=progress).values())
+    reports = profile_targets(args.model, targets, opts, progress=progress)
+    for report in reports.values():
+        if report.plan is not None:
+            explain(report)
     progress.done()
-    rows = compare_reports(reports)
+    rows = compare_reports(list(reports.values()))
     written = []
     if args.json:
-        written.append(str(write_compare_json(rows, args.json)))
+        written.append(str(write_compare_json(rows, _compare_path(args.json, ".json"))))
     if args.csv:
         from dabench_ir.report.compare import write_compare_csv
 
-        written.append(str(write_compare_csv(rows, args.csv)))
+        written.append(str(write_compare_csv(rows, _compare_path(args.csv, ".csv"))))
     if args.html:
         from dabench_ir.report.html import write_compare_html
 
-        written.append(str(write_compare_html(rows, args.html)))
+        written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
+    for name, report in reports.items():
+        per = {flag: _per_target_path(getattr(args, flag), name, "." + flag.replace("trace", "trace.json"))
+               for flag in ("json", "csv", "html", "trace") if getattr(args, flag)}  # fmt: skip
+        if args.plots:
+            per["plots"] = args.plots
+            per["stem"] = f"{Path(args.model).stem}-{Path(name).stem if name.endswith('.toml') else name}"
+        written += _write_report(report, args, **per)
     if not args.quiet:
         print(render_compare(rows))
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def _is_folder(path: str) -> bool:
+    return path.endswith(("/", "\\")) or Path(path).is_dir()
+
+
+def _compare_path(path: str, suffix: str) -> Path:
+    """Where the comparison goes: the file given, or DIR/compare.EXT."""
+    if _is_folder(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path) / f"compare{suffix}"
+    return Path(path)
+
+
+def _per_target_path(path: str, target: str, suffix: str) -> Path:
+    """One target's file: DIR/TARGET.EXT for a folder, else F's stem + '-TARGET' + F's suffix."""
+    stem = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")
+    if _is_folder(path):
+        return Path(path) / f"{stem}{suffix}"
+    p = Path(path)
+    return p.with_name(f"{p.stem}-{stem}{p.suffix or suffix}")
 
 
 def _after_profile(args: argparse.Namespace, report, progress) -> int:
@@ -94,10 +160,17 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         other = analyze(args.model, dims=report.config["dims"], via="onnx" if args.via == "mlir" else "mlir")
         onnx_graph, mlir_graph = (report.graph, other) if args.via == "onnx" else (other, report.graph)
         progress.done()
-        print(render_cross_check(cross_check(onnx_graph, mlir_graph)))
-    written = _write_outputs(args, report)
+        check = cross_check(onnx_graph, mlir_graph)
+        if not args.quiet:
+            print(render_cross_check(check))
+    written = _write_report(
+        report, args, json=args.json, csv=args.csv, html=args.html, trace=args.trace, plots=args.plots,
+        annotate=args.annotate,
+    )  # fmt: skip
     if not args.quiet:
-        print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort))
+        print(
+            render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by)
+        )
         for path in written:
             print(f"wrote {path}")
     uncounted = report.unattributed + list(report.extra.get("estimated") or [])  # estimated: no rule
@@ -110,44 +183,82 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
     return 0
 
 
+_OUTPUTS = ("json", "csv", "html", "trace", "annotate", "plots")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the work, not after, when an output cannot be written."""
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
-        if path is None:
+        if path is None or path == "-":
             continue
         parent = Path(path).resolve().parent
         if not parent.is_dir():
             raise UserError(f"--{flag} {path}: folder {parent} does not exist")
 
 
-def _write_outputs(args: argparse.Namespace, report) -> list[str]:
+def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
+    """Refuse, before any work, what cannot give a meaningful answer."""
+    if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
+        raise UserError(
+            "--cross-check compares the ONNX rules with the linalg counts; an .mlir input has only the linalg side. "
+            "Give the .onnx file it came from (add --via mlir to profile it through linalg)"
+        )
+    if opts.measure and args.target:
+        from dabench_ir.pipeline import resolve_target
+
+        for name in (t.strip() for t in args.target.split(",") if t.strip()):
+            target = resolve_target(name, opts)
+            if target.kind != "cpu":
+                raise UserError(
+                    f"--measure runs the model in onnxruntime on this host's CPU ({_providers()}), so it cannot "
+                    f"measure --target {name} ({target.kind}); drop --measure to emulate {name}, or use --target cpu"
+                )
+
+
+def _providers() -> str:
+    """onnxruntime's execution providers here, in words."""
+    try:
+        import onnxruntime as ort
+
+        return "onnxruntime execution providers here: " + ", ".join(ort.get_available_providers())
+    except ImportError:
+        return "onnxruntime is not installed"
+
+
+def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) -> list[str]:
+    """Write each output given in ``paths`` (json, csv, html, trace, plots, annotate); '-' is stdout.
+    ``stem`` names the plot files (default: the model's file name)."""
     written = []
-    if args.json:
-        written.append(str(report.write_json(args.json)))
-    if args.csv:
-        written.append(str(report.write_csv(args.csv)))
-    if args.trace:
+    if paths.get("json") == "-":
+        sys.stdout.write(report.to_json(indent=1 if len(report.nodes) <= 300 else None) + "\n")
+    elif paths.get("json"):
+        written.append(str(report.write_json(paths["json"])))
+    if paths.get("csv"):
+        csv_path = Path(paths["csv"])
+        written.append(str(report.write_csv(csv_path)))
+        written.append(str(report.write_roles_csv(csv_path.with_name(csv_path.stem + ".roles.csv"))))
+    if paths.get("trace"):
         if report.timeline is None:
             raise UserError("--trace needs a timeline: give --target or --measure")
-        from dabench_ir.report.trace import write_chrome_trace
+        from dabench_ir.report.trace import write_report_trace
 
-        written.append(str(write_chrome_trace(report.timeline, report.graph, args.trace)))
-    if args.html:
+        written.append(str(write_report_trace(report, paths["trace"])))
+    if paths.get("html"):
         from dabench_ir.report.html import write_html
 
-        written.append(str(write_html(report, args.html)))
-    if args.plots:
+        written.append(str(write_html(report, paths["html"])))
+    if paths.get("plots"):
         from dabench_ir.report.plots import write_plots
 
-        written.extend(str(p) for p in write_plots(report, args.plots, stem=Path(args.model).stem))
-    if args.annotate:
+        written.extend(str(p) for p in write_plots(report, paths["plots"], stem=str(paths.get("stem") or Path(args.model).stem)))
+    if paths.get("annotate"):
         from dabench_ir.annotate import annotate
 
         extra = {
             n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
         }
-        written.append(str(annotate(args.model, report.graph, args.annotate, extra)))
+        written.append(str(annotate(args.model, report.graph, paths["annotate"], extra)))
     if written and not args.quiet:
         sys.stdout.flush()
     return written

@@ -27,7 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", "-t", required=True)
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
-    p.add_argument("--plot", metavar="F", help="write throughput and efficiency vs chips (PNG or SVG)")
+    p.add_argument(
+        "--plots", metavar="DIR",
+        help="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
+    )  # fmt: skip
+    p.add_argument("--plot", metavar="F", help="the same plot to one file F (.png or .svg); prefer --plots DIR")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     assert merged is not None
     if args.json:
         Path(args.json).write_text(json.dumps(merged.to_dict(), indent=1))
-    if args.plot:
+    if args.plot or args.plots:
         from dabench_ir.report.plots import save_figure, scale_figure
 
         rows = [
@@ -83,8 +87,13 @@ def run(args: argparse.Namespace) -> int:
             for p in merged.points
         ]
         fig = scale_figure(rows)
-        if fig is not None:
+        if fig is not None and args.plot:
             save_figure(fig, args.plot)
+        if fig is not None and args.plots:
+            folder = Path(args.plots)
+            folder.mkdir(parents=True, exist_ok=True)
+            for fmt in ("png", "svg"):
+                save_figure(fig, folder / f"{Path(args.model).stem}-scaling.{fmt}")
     if not args.quiet:
         print(render_scale(merged))
     return 0

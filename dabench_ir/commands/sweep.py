@@ -10,13 +10,39 @@ from dabench_ir.options import SWEEP, add_knob_arguments, knob_values
 __all__ = ["register", "run"]
 
 
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, 80)
+
+
+def _bundled_epilog() -> str:
+    """The bundled grids by name, with their descriptions (read from the spec files, no points built)."""
+    import tomllib
+    from importlib import resources
+
+    folder = resources.files("dabench_ir") / "data" / "sweeps"  # read directly: no sweep import at CLI start
+    lines = ["bundled grids (give the name as SPEC):"]
+    specs = sorted((p for p in folder.iterdir() if p.name.endswith(".toml")), key=lambda p: p.name)
+    for path in specs:
+        name = path.name.removesuffix(".toml")
+        try:
+            description = tomllib.loads(path.read_text(encoding="utf-8")).get("description", "")
+        except (OSError, tomllib.TOMLDecodeError):
+            description = ""
+        lines.append(f"  {name:10s} {description}")
+    return "\n".join(lines)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a grid of models x targets x options and tabulate it",
-        description="Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
+        description=_wrap("Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
         "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
-        "A rerun skips points already done.",
+        "A rerun skips points already done."),
+        epilog=_bundled_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (level1, level2)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")

@@ -8,7 +8,7 @@ import logging
 from dabench_ir.errors import UserError
 from dabench_ir.targets import Target, list_targets
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "target_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--scaling", choices=["post-dennard", "dennard"], default="post-dennard", help="node scaling rule"
     )
     parser.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
+    parser.add_argument(
+        "--show", metavar="T", help="every figure and model parameter of target T, each with its basis and source"
+    )
+    parser.add_argument(
+        "--json", metavar="F", help="write the listing as JSON to F ('-': stdout), every figure with its source"
+    )
     parser.set_defaults(func=run)
 
 
@@ -64,9 +70,93 @@ def describe(target: Target) -> list[str]:
     ]
 
 
+def target_dict(target: Target) -> dict:
+    """A target's key facts and every figure with its source (the ``targets --json`` record)."""
+    return {
+        "name": target.name,
+        "kind": target.kind,
+        "description": target.description,
+        "aliases": list(target.aliases),
+        "units": target.num_units,
+        "unit_name": target.unit_name,
+        "peak_flops": {k: q.value for k, q in target.peaks.items()},
+        "memories": [
+            {"name": m.name, "level": m.level, "capacity_bytes": m.capacity_bytes,
+             "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s}
+            for m in target.memories
+        ],
+        "watts": target.watts,
+        "power_covers": target.power_covers,
+        "node_nm": target.node_nm,
+        "strategies": list(target.strategies),
+        "origin": target.origin,
+        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate, "basis": basis(q)}
+                    for name, q in target.quantities()},
+    }
+
+
+def _write_json(doc: dict, dest: str) -> None:
+    import json
+    from pathlib import Path
+
+    text = json.dumps(doc, indent=1)
+    if dest == "-":
+        print(text)
+        return
+    path = Path(dest)
+    if not path.resolve().parent.is_dir():
+        raise UserError(f"--json {dest}: folder {path.resolve().parent} does not exist")
+    path.write_text(text + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def basis(q) -> str:
+    """How a figure is known: fitted to published measurements, an estimate, or sourced."""
+    if "fitted" in q.source.lower():
+        return "fitted"
+    return "estimate" if q.estimate else "sourced"
+
+
+def render_parameters(target: Target) -> str:
+    """Every number the models of ``target`` use: value, basis (sourced / fitted / estimate), source."""
+    rows = [(name, f"{q.value:.6g}", basis(q), q.source) for name, q in target.quantities()]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    head = f"{target.name} [{target.kind}] from {target.origin}: {len(rows)} figures, " + ", ".join(
+        f"{sum(1 for r in rows if r[2] == b)} {b}" for b in ("sourced", "fitted", "estimate")
+    )
+    lines = [head]
+    lines += [f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}" for n, v, b, src in rows]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.normalize_to is not None and args.normalize_to <= 0:
         raise UserError(f"--normalize-to {args.normalize_to:g}: a process node in nm must be positive")
+    if args.show:
+        from dabench_ir.targets import load_target
+
+        target = load_target(args.show)
+        if args.json:
+            _write_json({"schema": "dabench-ir/targets/v1", "targets": [target_dict(target)]}, args.json)
+        else:
+            print(render_parameters(target))
+        return 0
+    if args.json:
+        doc: dict = {"schema": "dabench-ir/targets/v1"}
+        if args.catalog:
+            doc["catalog"] = catalog_rows()
+        else:
+            doc["targets"] = [target_dict(t) for t in list_targets()]
+            doc["efficiency"] = [target_row(t) for t in list_targets()]
+        if args.normalize_to is not None:
+            from dabench_ir.energy import normalize
+
+            for row in doc.get("catalog") or doc["efficiency"]:
+                row["normalized"] = normalize(row.get("gops"), row.get("gops_per_w"), row["node_nm"], args.normalize_to,
+                                              gops_per_mm2=row.get("gops_per_mm2"), rule=args.scaling)  # fmt: skip
+            doc["normalized_to_nm"], doc["scaling"] = args.normalize_to, args.scaling
+        _write_json(doc, args.json)
+        return 0
     if args.catalog:
         print(render_efficiency(catalog_rows(), args.normalize_to, args.scaling, title="published designs"))
         return 0

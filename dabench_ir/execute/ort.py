@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.passes.cost_rules import OpClass, op_traits
@@ -133,8 +133,9 @@ def run_profiled(
         opt_path = os.path.join(tmp, "optimized.onnx")
         if ort_opt:
             so.optimized_model_filepath = opt_path
+        source: Any = model.SerializeToString() if model.ByteSize() < PROTO_LIMIT_BYTES else _external(model, tmp)
         try:
-            session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+            session = ort.InferenceSession(source, so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise UserError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
         try:
@@ -193,6 +194,21 @@ def _run_until_known(session: object, feeds: dict[str, np.ndarray]) -> int:
             return n
         if n >= AUTO_MIN_RUNS and median_ci_halfwidth(times) <= AUTO_TARGET:
             return n
+
+
+PROTO_LIMIT_BYTES = 2**31 - 2**20
+"""Protobuf cannot serialize a message of 2 GiB or more: a larger model is handed to
+onnxruntime as a file whose tensors live in one external-data file beside it."""
+
+
+def _external(model: onnx.ModelProto, folder: str) -> str:
+    """Save ``model`` with its tensors as external data in ``folder``; return the model's path."""
+    import onnx
+
+    path = os.path.join(folder, "model.onnx")
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.data",
+                    size_threshold=1024)  # fmt: skip
+    return path
 
 
 def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:

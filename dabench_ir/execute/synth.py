@@ -117,7 +117,7 @@ def prepare_model(
     if needed > max_weight_bytes:
         raise UserError(
             f"running the model needs {needed:,} bytes of synthesised inputs and weights, above the "
-            f"cap of {max_weight_bytes:,} bytes; use smaller --dim values or raise max_weight_bytes"
+            f"cap of {max_weight_bytes:,} bytes; use smaller --dim values or raise --max-weight-bytes"
         )
 
     bounds = _index_bounds(model, graph, bindings)

@@ -398,6 +398,8 @@ def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: M
         first = ops[0].origin
         node = Node(name=name, op_type=_dominant(ops), domain="mlir", scope=first.scope)
         node.layer = layer_from_scope(first.scope or name)
+        if node.layer is None and "dabench.layer" in ops[0].op.attributes:  # an annotated file keeps its layers
+            node.layer = int(ir.IntegerAttr(ops[0].op.attributes["dabench.layer"]).value)
         if first.kind == "file":
             node.attrs["source"] = f"{first.file}:{first.line}"
         created[name] = node

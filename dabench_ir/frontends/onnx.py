@@ -11,6 +11,7 @@ import ast
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,6 +158,8 @@ def load_onnx(
     _check_external_data(model, path)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(model.graph, opsets, path)
+    if path is not None:  # our own copy: free weight bytes before shape inference copies the model
+        _drop_tensor_data(model.graph)
     if infer_shapes:
         try:
             model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
@@ -173,9 +176,8 @@ def load_onnx(
     values: dict[str, Value] = {}
     initializers = {init.name: init for init in g.initializer}
     for name, init in initializers.items():
-        is_weight = name in declared_weights or (name not in declared_constants and _looks_like_parameter(init))
-        kind = ValueKind.WEIGHT if is_weight else ValueKind.CONSTANT
-        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)), kind)
+        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
+                             _initializer_kind(init, declared_weights, declared_constants))  # fmt: skip
     graph_inputs: list[str] = []
     for vi in g.input:
         if vi.name in initializers:
@@ -262,14 +264,75 @@ def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tupl
             weights.update(str(n) for n in json.loads(raw))
         except json.JSONDecodeError:
             logger.warning("model metadata %s is not a JSON list; ignoring it", WEIGHTS_METADATA_KEY)
-    for vi in (*graph.input, *graph.value_info):
+    folded: dict[str, str] = {}
+    for vi in (*graph.input, *graph.value_info, *graph.initializer):
         for prop in vi.metadata_props:
+            if prop.key == _FOLDED_FROM:
+                folded[vi.name] = prop.value
             if prop.key == _INPUT_SPEC_KIND:
                 if prop.value == "PARAMETER":
                     weights.add(vi.name)
                 elif prop.value in ("BUFFER", "CONSTANT_TENSOR"):
                     constants.add(vi.name)
+    for name, sources in folded.items():  # folded by the exporter's optimizer from other values
+        (weights if _folded_from_parameter(sources, weights) else constants).add(name)
     return frozenset(weights), frozenset(constants)
+
+
+def _folded_from_parameter(sources: str, weights: set[str]) -> bool:
+    """A folded tensor is a parameter when it is a layout of one (folded from a declared
+    parameter, or from a module path such as ``layers.0.fc.weight``); folded from temporaries
+    only (``arange``, ``val_4``: RoPE tables, causal masks) it is a constant."""
+    try:
+        names = [str(n) for n in ast.literal_eval(sources)]
+    except (ValueError, SyntaxError):
+        return False
+    return any(n in weights or "." in n for n in names)
+
+
+_CONSTANT_NAME = re.compile(r"(?:^|[._/])(?:cos|sin)(?:_cached|_cache)?$|inv_freq|rotary|causal|(?:^|[._/])mask", re.I)
+_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+
+
+def _initializer_kind(init: onnx.TensorProto, weights: frozenset[str], constants: frozenset[str]) -> ValueKind:
+    """A parameter is what a training step updates; everything else stored is a constant.
+
+    The exporter's declarations win; a tensor the exporter's optimizer folded from other
+    ops (RoPE cos/sin tables, causal masks: ``folded_from`` metadata) is a constant; when the
+    exporter declared its parameters, an undeclared initializer is a constant; with nothing
+    declared, a float tensor of more than one element is a parameter unless its name says it
+    is a rotary table or a mask.
+    """
+    name = init.name
+    if name in weights:
+        return ValueKind.WEIGHT
+    if name in constants:
+        return ValueKind.CONSTANT
+    if weights:
+        return ValueKind.CONSTANT
+    if _looks_like_parameter(init) and not _CONSTANT_NAME.search(name):
+        return ValueKind.WEIGHT
+    return ValueKind.CONSTANT
+
+
+_KEEP_DATA_ELEMENTS = 4096
+"""Tensors up to this many elements keep their data: shape tensors that shape inference reads."""
+
+
+def _drop_tensor_data(graph: onnx.GraphProto) -> None:
+    """Free the data of every large initializer and Constant: the analysis reads shapes and
+    types only, and holding weight bytes through shape inference (which copies the model)
+    would make peak memory several times the file. Small tensors (shapes) keep their data."""
+    tensors = list(graph.initializer)
+    for node in graph.node:
+        tensors += [a.t for a in node.attribute if a.HasField("t")]
+    for t in tensors:
+        numel = 1
+        for d in t.dims:
+            numel *= d
+        if numel > _KEEP_DATA_ELEMENTS:
+            for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                t.ClearField(name)
 
 
 def _looks_like_parameter(init: onnx.TensorProto) -> bool:

@@ -15,6 +15,7 @@ from dabench_ir.options import ProfileOptions, recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
 from dabench_ir.report.model import NodeRecord, Report
+from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
@@ -41,6 +42,7 @@ def build_report(
     measured = dict(getattr(measurement, "node_times", {}) or {})
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
+    roles = node_roles(graph)
     for node in graph.nodes:
         cost = meta.get_cost(node) if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta else None
         op_class = node.meta.get(meta.OP_CLASS)
@@ -53,6 +55,7 @@ def build_report(
             cost=cost,
             intensity=cost.intensity if cost is not None else None,
             precision=str(node.meta[meta.PRECISION]) if meta.PRECISION in node.meta else None,
+            role=roles.get(node.name),
         )
         if node.name in node_intensity:
             record.intensity = node_intensity[node.name]
@@ -96,6 +99,8 @@ def build_report(
         "intensity": total.intensity,
         "nodes": len(records),
         "unattributed_nodes": len(unattributed),
+        # step costs no node owns (reconfiguration, stalls, host time, fill/drain, collectives)
+        "overhead_s": sum((timeline.overheads_s or {}).values()) if timeline is not None else None,
         **_estimated_totals(estimated, records),
     }
     if measurement is not None:
@@ -153,6 +158,7 @@ def build_report(
             "name": graph.name,
             "nodes": len(graph.nodes),
             "params": graph.num_params,
+            "constants": _constant_elements(graph),
             "layers": len(graph.layers),
             "family": graph.metadata.get("dabench.family"),
             "preset": graph.metadata.get("dabench.preset") or None,
@@ -171,6 +177,13 @@ def build_report(
         graph=graph,
         timeline=timeline,
         target_obj=target,
+        options=opts,
+        plan=plan,
+        measured_timeline=(
+            measurement.timeline
+            if measurement is not None and timeline is not None and timeline is not getattr(measurement, "timeline", None)
+            else None
+        ),
     )
 
 
@@ -237,6 +250,21 @@ def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, plac
     if train is not None:
         config["train"] = dict(train)
     return config
+
+
+def _constant_elements(graph: Graph) -> int | None:
+    """Elements of the stored tensors that are not parameters (RoPE tables, masks, folded
+    constants): reported beside the parameters, never counted as them."""
+    from dabench_ir.ir import ValueKind
+
+    try:
+        return sum(
+            v.type.numel(graph.bindings)
+            for v in graph.values.values()
+            if v.kind is ValueKind.CONSTANT and v.producer is None  # stored, not a folded weight layout
+        )
+    except (UserError, TypeError):
+        return None
 
 
 def _dominant_dtype(graph: Graph) -> str | None:

@@ -223,12 +223,21 @@ def _group_table(title: str, key_header: str, groups: Mapping[Any, float], *, fm
     return f"<div><h3>{_e(title)}</h3>{_table([key_header, 'time' if fmt is seconds else 'FLOPs', 'share'], rows, {1, 2}, raw={2})}{more}</div>"
 
 
+def _bound_time(report: Report) -> dict[Any, float]:
+    """Node time by bound class, with the overheads no node owns as the class "overhead"."""
+    out = report.group_time("bound")
+    extra = sum((getattr(report.timeline, "overheads_s", None) or {}).values())
+    if extra:
+        out["overhead"] = out.get("overhead", 0.0) + extra
+    return out
+
+
 def _attribution(report: Report) -> str:
     if report.has_times:
         parts = [
             _group_table("Time by op type", "op_type", report.group_time("op_type")),
             _group_table("Time by layer", "layer", report.group_time("layer"), limit=200),
-            _group_table("Time by bound class", "bound", report.group_time("bound")),
+            _group_table("Time by bound class", "bound", _bound_time(report)),
             _group_table("Time by op class", "op_class", report.group_time("op_class")),
         ]
     else:
@@ -244,6 +253,66 @@ def _attribution(report: Report) -> str:
             _group_table("FLOPs by op class", "op_class", flops_by("op_class"), fmt=human),
         ]
     return f'<section><h2>Attribution</h2><div class="grid2">{"".join(parts)}</div></section>'
+
+
+def _roles(report: Report, top: int) -> str:
+    """Module roles across layers (with the overhead rows), the why lines, and one layer."""
+    from .attribution import layer_runs, representative_layer, role_rows
+
+    rows = role_rows(report)
+    timed = report.has_times
+    headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B"]
+    headers += ["time", "share", "achieved", "of peak", "bound"] if timed else ["share of FLOPs"]
+    body = []
+    for r in rows[:top]:
+        row = [r["role"], str(r["nodes"]), human(r["flops"]), human(r["bytes"], "B"),
+               "-" if r["intensity"] is None else f"{r['intensity']:.3g}"]  # fmt: skip
+        if timed:
+            row += [seconds(r["time_s"]), _share_cell(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
+                    _pct(r["peak_fraction"]), r["bound"] or "-"]  # fmt: skip
+        else:
+            row += [_share_cell(r["share"])]
+        body.append(row)
+    numeric = {i for i, h in enumerate(headers) if h in _NUMERIC_HEADERS | {"nodes", "achieved", "of peak"}}
+    raw = {i for i, h in enumerate(headers) if h in ("share", "share of FLOPs")}
+    out = (
+        f"<section><h2>Top {len(body)} of {len(rows)} module roles by {'time' if timed else 'FLOPs'}</h2>"
+        '<p class="note">Node times added up by module role across all layers; overheads no node owns are rows '
+        "of their own. Shares are of summed busy time.</p>"
+        + _table(headers, body, numeric, raw=raw, cls={0: "name"})
+    )
+    if report.why:
+        items = "".join(f"<li>{_e(w['text'])}</li>" for w in report.why)
+        out += f"<h3>Why</h3><ul>{items}</ul>"
+    out += "</section>"
+    rep = representative_layer(report)
+    if rep:
+        rtimed = any(r["time_s"] is not None for r in rep)
+        h = ["role", "nodes", "FLOPs", "bytes"] + (["time", "share", "min", "max", "spread", "bound"] if rtimed else [])
+        body = []
+        for r in rep:
+            row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
+            if rtimed:
+                spread = r["spread"]
+                row += [seconds(r["time_s"]), _share_cell(r["share"]), seconds(r["min_time_s"]),
+                        seconds(r["max_time_s"]), "-" if spread is None else f"{100 * spread:.1f}%",
+                        r["bound"] or "-"]  # fmt: skip
+            body.append(row)
+        out += (
+            "<section><h2>One decoder layer, every role</h2>"
+            f'<p class="note">Median over {max(r["layers"] for r in rep)} layers; min, max and spread across layers.</p>'
+            + _table(h, body, {1, 2, 3, 4, 6, 7, 8}, raw={5}, cls={0: "name"})
+            + "</section>"
+        )
+    runs = layer_runs(report)
+    body = [[r["layers"], str(r["count"]), human(r["flops"]), human(r["bytes"], "B"), seconds(r["time_s"])]
+            for r in runs]  # fmt: skip
+    out += (
+        "<section><h2>Per layer</h2><p class=\"note\">Identical consecutive layers in one row; figures per layer.</p>"
+        + _table(["layers", "count", "FLOPs", "bytes", "time"], body, {1, 2, 3, 4})
+        + "</section>"
+    )
+    return out
 
 
 def _unattributed(report: Report) -> str:
@@ -302,7 +371,14 @@ def render_html(
         str(x) for x in (report.model.get("path"), getattr(report.target_obj, "description", None)) if x
     )
     plots_html = _plots(report, None if plot_dir is None else Path(plot_dir), plot_stem)
-    body = _summary(report) + plots_html + _top_nodes(report, top) + _attribution(report) + _unattributed(report)
+    body = (
+        _summary(report)
+        + plots_html
+        + _roles(report, top)
+        + _top_nodes(report, top)
+        + _attribution(report)
+        + _unattributed(report)
+    )
     return _page(title, subtitle, body)
 
 

@@ -37,6 +37,7 @@ class NodeRecord:
     energy_j: float | None = None
     precision: str | None = None
     note: str | None = None
+    role: str | None = None  # module role across layers (report.roles)
 
     @property
     def flops(self) -> int | None:
@@ -73,6 +74,7 @@ class NodeRecord:
             "act_bytes_in": None if c is None else c.act_bytes_in,
             "act_bytes_out": None if c is None else c.act_bytes_out,
             "note": self.note,
+            "role": self.role,
         }
 
 
@@ -102,6 +104,10 @@ class Report:
     graph: Any = field(default=None, repr=False)  # the annotated Graph, for renderers
     timeline: Any = field(default=None, repr=False)
     target_obj: Any = field(default=None, repr=False)
+    plan: Any = field(default=None, repr=False)  # the lowering's Plan (units for the trace, the why lines)
+    options: Any = field(default=None, repr=False)  # the ProfileOptions the report was made with
+    measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
+    why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
 
     # -- views ----------------------------------------------------------------------
     def node(self, name: str) -> NodeRecord:
@@ -149,6 +155,19 @@ class Report:
             "nodes": [n.to_dict() for n in self.nodes],
             "unattributed": self.unattributed,
             **({"extra": self.extra} if self.extra else {}),
+            **self._grouped(),
+        }
+
+    def _grouped(self) -> dict[str, Any]:
+        """The grouped views (added keys): roles, overheads, representative layer, collapsed layers, why."""
+        from dabench_ir.report.attribution import layer_runs, overhead_rows, representative_layer, role_rows
+
+        return {
+            "roles": role_rows(self),
+            "overheads": {r["role"].split(": ", 1)[1]: r["time_s"] for r in overhead_rows(self)},
+            "representative_layer": representative_layer(self),
+            "layer_runs": layer_runs(self),
+            "why": list(self.why),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -171,6 +190,20 @@ class Report:
             writer.writeheader()
             for n in self.nodes:
                 writer.writerow({k: ("" if v is None else v) for k, v in n.to_dict().items()})
+        tmp.replace(path)
+        return path
+
+    def write_roles_csv(self, path: str | Path) -> Path:
+        """One row per module role and per overhead (columns: `attribution.ROLE_COLUMNS`)."""
+        from dabench_ir.report.attribution import ROLE_COLUMNS, role_rows
+
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(ROLE_COLUMNS))
+            writer.writeheader()
+            for row in role_rows(self):
+                writer.writerow({k: ("" if row[k] is None else row[k]) for k in ROLE_COLUMNS})
         tmp.replace(path)
         return path
 

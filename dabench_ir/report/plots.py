@@ -169,7 +169,7 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
         )
     for n, x, y in _spread(sorted(points, key=lambda p: p[0].time_s or 0.0, reverse=True), top):
         ax.annotate(
-            f"{n.name} ({100 * (n.time_s or 0.0) / total:.0f}%)",
+            f"{n.role or n.name} ({_share_text((n.time_s or 0.0) / total)})",
             (x, y),
             xytext=(6, 4),
             textcoords="offset points",
@@ -185,6 +185,13 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig
+
+
+def _share_text(x: float) -> str:
+    """A share with the digits a small one needs: 12%, 0.41%, never a bare 0%."""
+    if x >= 0.095:
+        return f"{100 * x:.0f}%"
+    return f"{100 * x:.2g}%" if x >= 1e-5 else "<0.001%"
 
 
 def _spread(points: list[tuple[NodeRecord, float, float]], top: int) -> list[tuple[NodeRecord, float, float]]:

@@ -8,11 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dabench_ir.ir import Cost
-
 from .model import Report
 
-__all__ = ["human", "render_table", "seconds"]
+__all__ = ["BY", "human", "render_table", "seconds"]
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -60,54 +58,146 @@ class _Style:
 
 
 def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, right: set[int]) -> list[str]:
-    """Aligned columns; the first column is truncated to fit ``width``."""
+    """Aligned columns. Names are never cut: a row wider than ``width`` runs on rather than
+    truncating a scope into ambiguity (``layers.*.mlp.down_…`` could be any projection)."""
     cols = len(headers)
     widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) if rows else len(headers[i]) for i in range(cols)]
-    over = sum(widths) + 2 * (cols - 1) - width
-    if over > 0:
-        widths[0] = max(12, widths[0] - over)
 
     def fmt(cells: Sequence[str]) -> str:
-        out = []
-        for i, cell in enumerate(cells):
-            w = widths[i]
-            if len(cell) > w:
-                cell = cell[: w - 1] + "…"
-            out.append(cell.rjust(w) if i in right else cell.ljust(w))
-        return "  ".join(out).rstrip()
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "  ".join(cells).rstrip()
 
     return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
 
 
-def render_table(
-    report: Report, *, top: int = 20, width: int | None = None, color: bool | None = None, sort: str | None = None
-) -> str:
-    """The per-node attribution table with totals, as plain text (ANSI bold only on a tty).
+BY = ("role", "node")
+"""What the main table groups by: module roles across layers (default), or single nodes."""
 
-    ``sort``: rank nodes by ``time`` (default when timed), ``flops`` or ``energy``.
+
+def render_table(
+    report: Report,
+    *,
+    top: int = 20,
+    width: int | None = None,
+    color: bool | None = None,
+    sort: str | None = None,
+    by: str = "role",
+) -> str:
+    """The attribution tables with totals, as plain text (ANSI bold only on a tty).
+
+    ``by="role"``: time, FLOPs and bound per module role across layers (with the overhead
+    rows), the "why" lines, one representative layer with its spread, identical layers
+    collapsed. ``by="node"``: the top nodes. ``sort``: ``time`` (default when timed),
+    ``flops`` or ``energy``.
     """
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns
     if color is None:
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}")
     st = _Style(color)
     lines: list[str] = []
     lines += _summary(report, st)
     lines.append("")
     timed = report.has_times
     sort = sort or ("time" if timed else "flops")
+    if sort not in ("time", "flops", "energy"):
+        raise ValueError("sort must be one of time, flops, energy")
+    if by == "role":
+        lines += _roles(report, st, width, top, sort)
+        if report.why:
+            lines.append("")
+            lines += _why(report, st)
+        rep = _representative(report, st, width)
+        if rep:
+            lines += ["", *rep]
+    else:
+        lines += _nodes(report, st, width, top, sort)
+    lines.append("")
+    lines += _by_layer(report, st, width)
+    if timed:
+        lines.append("")
+        lines += _time_shares(report, st, width)
+    lines.append("")
+    lines += _unattributed(report, st)
+    return "\n".join(lines)
+
+
+def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[str]:
+    from .attribution import role_rows
+
+    rows = role_rows(report)
+    key = {"time": "time_s", "flops": "flops", "energy": "energy_j"}[sort]
+    rows.sort(key=lambda r: -(r[key] or 0))
+    shown = rows[:top] if top > 0 else rows
+    timed = report.has_times
+    headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B"]
+    if timed:
+        headers += ["time", "share", "achieved", "of peak", "bound"]
+    else:
+        headers += ["share"]
+    measured = any(r["measured_time_s"] is not None for r in rows)
+    if measured:
+        headers += ["measured"]
+    out = []
+    for r in shown:
+        row = [r["role"], str(r["nodes"]), human(r["flops"]), human(r["bytes"], "B"), _fmt(r["intensity"])]
+        if timed:
+            bound = r["bound"] or "-"
+            if r["bound_share"] is not None and r["bound_share"] < 0.995:
+                bound += f" ({100 * r['bound_share']:.0f}%)"
+            row += [seconds(r["time_s"]), _pct(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
+                    _pct(r["peak_fraction"]), bound]  # fmt: skip
+        else:
+            row += [_pct(r["share"])]
+        if measured:
+            row.append(seconds(r["measured_time_s"]))
+        out.append(row)
+    what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
+    note = " (shares of summed busy time; overheads are rows of their own)" if timed else ""
+    title = st.bold(f"Top {len(shown)} of {len(rows)} module roles by {what}, all layers together") + note
+    return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1} if timed
+                          else set(range(1, len(headers))))]  # fmt: skip
+
+
+def _why(report: Report, st: _Style) -> list[str]:
+    return [st.bold("Why"), *(f"  {w['text']}" for w in report.why)]
+
+
+def _representative(report: Report, st: _Style, width: int) -> list[str]:
+    from .attribution import representative_layer
+
+    rows = representative_layer(report)
+    if not rows:
+        return []
+    timed = any(r["time_s"] is not None for r in rows)
+    headers = ["role", "nodes", "FLOPs", "bytes"] + (["time", "share", "min", "max", "spread", "bound"] if timed else [])
+    out = []
+    for r in rows:
+        row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
+        if timed:
+            spread = r["spread"]
+            row += [seconds(r["time_s"]), _pct(r["share"]), seconds(r["min_time_s"]), seconds(r["max_time_s"]),
+                    "-" if spread is None else ("0%" if spread < 1e-6 else f"{100 * spread:.1f}%"), r["bound"] or "-"]  # fmt: skip
+        out.append(row)
+    n = max(r["layers"] for r in rows)
+    title = st.bold(f"One decoder layer (median of {n} layers), every role; min/max/spread across layers")
+    return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1})]
+
+
+def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[str]:
+    timed = report.has_times
     keys = {
         "time": lambda n: n.time_s or 0.0,
         "flops": lambda n: n.flops or 0,
         "energy": lambda n: n.energy_j or 0.0,
     }
-    if sort not in keys:
-        raise ValueError(f"sort must be one of {', '.join(keys)}")
     nodes = sorted(report.attributed, key=keys[sort], reverse=True)
     energy = any(n.energy_j is not None for n in report.nodes)
     total_time = sum(n.time_s or 0.0 for n in report.nodes) if timed else None
     shown = nodes[:top] if top > 0 else nodes
-    headers = ["node", "op", "layer", "FLOPs", "bytes", "FLOP/B"]
+    headers = ["node", "role", "op", "layer", "FLOPs", "bytes", "FLOP/B"]
     if timed:
         headers += ["time", "share", "bound", "unit"]
     measured = any(n.measured_time_s is not None for n in report.nodes)
@@ -119,6 +209,7 @@ def render_table(
     for n in shown:
         row = [
             n.name,
+            n.role or "-",
             n.op_type,
             "-" if n.layer is None else str(n.layer),
             human(n.flops),
@@ -134,16 +225,8 @@ def render_table(
             row += [human(n.energy_j, "J")]
         rows.append(row)
     what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
-    lines.append(st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {what}"))
-    lines += _grid(headers, rows, width, right=set(range(2, len(headers))) - {8, 9})
-    lines.append("")
-    lines += _by_layer(report, st, width)
-    if timed:
-        lines.append("")
-        lines += _time_shares(report, st, width)
-    lines.append("")
-    lines += _unattributed(report, st)
-    return "\n".join(lines)
+    right = set(range(3, len(headers))) - {headers.index(h) for h in ("bound", "unit") if h in headers}
+    return [st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {what}"), *_grid(headers, rows, width, right)]
 
 
 def _summary(report: Report, st: _Style) -> list[str]:
@@ -153,7 +236,9 @@ def _summary(report: Report, st: _Style) -> list[str]:
     out = [
         st.bold(f"dabench-ir profile: {model.get('path') or name}"),
         f"  model      {model['nodes']} nodes, {model['layers']} layers, "
-        f"{human(model['params'])} params, batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}",
+        f"{human(model['params'])} params"
+        + (f" (+{human(model['constants'])} constants)" if model.get("constants") else "")
+        + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}",
         f"  work       {human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
@@ -216,35 +301,37 @@ def _fmt(x: Any) -> str:
 
 
 def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
-    per_layer = report.by_layer()
-    times = report.group_time("layer")
-    timed = bool(times)
-    total = sum(per_layer.values(), Cost())
-    headers = ["layer", "FLOPs", "share", "bytes"] + (["time"] if timed else [])
+    from .attribution import layer_runs
+
+    runs = layer_runs(report)
+    timed = report.has_times
+    total_flops = sum(r["flops"] * r["count"] for r in runs)
+    headers = ["layer", "count", "FLOPs", "share", "bytes"] + (["time"] if timed else [])
     rows = []
-    for layer in sorted(per_layer, key=lambda x: (x is None, x if x is not None else 0)):
-        c = per_layer[layer]
-        row = [
-            "(outside blocks)" if layer is None else str(layer),
-            human(c.flops),
-            _pct(c.flops / total.flops if total.flops else None),
-            human(c.bytes, "B"),
-        ]
+    for r in runs:
+        row = [r["layers"], f"x{r['count']}" if r["count"] > 1 else "1", human(r["flops"]),
+               _pct(r["flops"] / total_flops if total_flops else None), human(r["bytes"], "B")]  # fmt: skip
         if timed:
-            row.append(seconds(times.get(layer)))
+            row.append(seconds(r["time_s"]))
         rows.append(row)
-    total_row = ["total", human(total.flops), "100.0%", human(total.bytes, "B")]
+    total = report.totals
+    total_row = ["total", "", human(total.get("flops")), "100.0%", human(total.get("bytes"), "B")]
     if timed:
-        total_row.append(seconds(report.totals.get("time_s")))
+        total_row.append(seconds(total.get("time_s")))
     rows.append(total_row)
-    return [st.bold("Per layer"), *_grid(headers, rows, width, right=set(range(1, len(headers))))]
+    title = "Per layer (identical consecutive layers in one row; figures per layer)"
+    return [st.bold(title), *_grid(headers, rows, width, right=set(range(1, len(headers))))]
 
 
 def _time_shares(report: Report, st: _Style, width: int) -> list[str]:
     out = []
-    total = sum(report.group_time("op_type").values()) or 1.0
+    overheads = {k: v for k, v in (getattr(report.timeline, "overheads_s", None) or {}).items() if v}
+    total = (sum(report.group_time("op_type").values()) + sum(overheads.values())) or 1.0
     for key, title in (("op_type", "Time by op type"), ("bound", "Time by bound class")):
-        groups = sorted(report.group_time(key).items(), key=lambda kv: kv[1], reverse=True)[:10]
+        grouped = report.group_time(key)
+        if key == "bound" and overheads:  # step costs no node owns are a bound class of their own
+            grouped["overhead"] = grouped.get("overhead", 0.0) + sum(overheads.values())
+        groups = sorted(grouped.items(), key=lambda kv: kv[1], reverse=True)[:10]
         rows = [[str(k or "-"), seconds(v), _pct(v / total)] for k, v in groups]
         out += [st.bold(title), *_grid([key, "time", "share"], rows, width, right={1, 2}), ""]
     return out[:-1]

@@ -1,0 +1,220 @@
+"""Module roles: which part of the model each node belongs to, the same across layers.
+
+A role names what a node does in the model so that its time can be added up over the
+decoder layers: ``layers.*.attn.q_proj`` (the model's own scope with the layer index
+replaced by ``*``), ``layers.*.attn: softmax`` (a pattern inside a container module),
+``layers.*: residual adds``. A node in a leaf module (one that holds no other module:
+a Linear, a norm, an embedding) takes the module's scope; a node in a container module
+(attention, MLP, the block) takes the container's scope and the pattern it matches.
+A graph without scopes (a foreign ONNX file) gets the pattern alone, and the fallback
+is the op type. Overheads that belong to no node are rows of their own (`overhead_role`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from dabench_ir.ir import Graph, Node, ValueKind
+
+__all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
+
+OVERHEAD_PREFIX = "overhead: "
+"""Role of a step cost no node owns: ``overhead: section_reconfig``."""
+
+_LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)(?=$|[./:_])")
+
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "Einsum", "FusedMatMul", "MatMulInteger", "QLinearMatMul",
+                           "MatMulNBits"})  # fmt: skip
+_FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"})
+_NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+                       "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization"})  # fmt: skip
+_NORM_PARTS = frozenset({"Pow", "ReduceMean", "Sqrt", "Reciprocal"})
+_ACTIVATIONS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Relu", "Sigmoid", "Tanh", "Erf", "Silu",
+                          "HardSigmoid", "Elu", "Selu", "LeakyRelu", "Softplus", "Mish", "HardSwish"})  # fmt: skip
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Pow", "Sqrt", "Exp", "Cast"})
+_ROTARY = frozenset({"RotaryEmbedding", "Cos", "Sin"})
+_NORM_NAME = re.compile(r"(?:^|[._])(?:norm|ln|layernorm|layer_norm|rmsnorm|ln_\w+|\w*_norm|norm_\w+)$", re.I)
+_MLP_NAME = re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)
+
+
+def general_scope(scope: str) -> str:
+    """The scope with its layer index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``."""
+    return _LAYER_SUB.sub(r"\1*", scope)
+
+
+def overhead_role(name: str) -> str:
+    """The role row of a named step overhead (``section_reconfig`` -> ``overhead: section_reconfig``)."""
+    return OVERHEAD_PREFIX + name
+
+
+def node_roles(graph: Graph) -> dict[str, str]:
+    """Every node's role (see the module docstring), by node name."""
+    scopes = {n.scope for n in graph.nodes if n.scope}
+    containers = _containers(scopes)
+    softmax_in, softmax_out = _around_softmax(graph)
+    rotary = _rotary(graph)
+    roles: dict[str, str] = {}
+    for node in graph.nodes:
+        scope = node.scope
+        if scope.startswith("optimizer") or node.name.startswith("optimizer."):
+            roles[node.name] = "optimizer"
+            continue
+        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out)
+        if scope and scope not in containers:
+            roles[node.name] = general_scope(scope)  # a leaf module: its own name says what it is
+        elif scope:
+            roles[node.name] = f"{general_scope(scope)}: {pattern}"
+        else:
+            roles[node.name] = pattern
+    return roles
+
+
+def _containers(scopes: Iterable[str]) -> set[str]:
+    """Scopes that hold another scope (``layers.0.attn`` holds ``layers.0.attn.q_proj``)."""
+    out: set[str] = set()
+    for scope in scopes:
+        parts = scope.split(".")
+        for i in range(1, len(parts)):
+            out.add(".".join(parts[:i]))
+    return out
+
+
+def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
+    """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
+
+    Walks back from each Softmax through element-wise and layout ops to the first
+    contraction (the scores), and forward to the first contraction (the values).
+    """
+    into: set[str] = set()
+    out: set[str] = set()
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+    consumers = graph.consumers
+    for sm in (n for n in graph.nodes if n.op_type == "Softmax"):
+        stack = [i for i in sm.inputs if i]
+        seen: set[str] = set()
+        while stack:
+            node = producers.get(stack.pop())
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            into.add(node.name)
+            if node.op_type in _CONTRACTIONS:
+                continue  # the scores: stop here
+            stack.extend(
+                i for i in node.inputs
+                if i and _is_activation(graph, i) and (p := producers.get(i)) is not None and p.layer == sm.layer
+            )  # fmt: skip
+        frontier = [o for o in sm.outputs if o]
+        seen = set()
+        while frontier:
+            for reader in consumers.get(frontier.pop(), []):
+                if reader.name in seen:
+                    continue
+                seen.add(reader.name)
+                if reader.op_type in _CONTRACTIONS:
+                    out.add(reader.name)
+                elif reader.op_type in ("Cast", "Dropout", "Reshape", "Transpose", "Identity"):
+                    frontier.extend(o for o in reader.outputs if o)
+    return into, out
+
+
+_LAYOUT = frozenset({"Slice", "Unsqueeze", "Squeeze", "Gather", "Expand", "Reshape", "Cast", "Transpose",
+                     "Identity", "Concat"})  # fmt: skip
+
+
+def _rotary(graph: Graph) -> set[str]:
+    """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
+    tables = {o for n in graph.nodes if n.op_type in ("Cos", "Sin") for o in n.outputs if o}
+    tables |= {v.name for v in graph.values.values() if v.kind.is_stored and re.search(r"(?:^|[._])(cos|sin)", v.name)}
+    out: set[str] = set()
+    for node in graph.nodes:  # topological order: tables flow forward through layout ops
+        if not any(i in tables for i in node.inputs):
+            continue
+        if node.op_type in _LAYOUT:
+            tables.update(o for o in node.outputs if o)
+        elif node.op_type == "Mul":
+            out.add(node.name)
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
+    for node in graph.nodes:
+        joins = node.op_type == "Add" and all(
+            (p := producers.get(i)) is not None and p.name in out for i in node.inputs if i
+        )
+        rotates = node.op_type == "Neg" and bool(node.scope) and any(
+            r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])
+        )
+        if joins or rotates:
+            out.add(node.name)
+    return out
+
+
+def _is_activation(graph: Graph, name: str) -> bool:
+    value = graph.values.get(name)
+    return value is not None and not value.kind.is_stored
+
+
+def _stored_input(graph: Graph, node: Node) -> str | None:
+    """The first weight (trained parameter) the node reads, if any."""
+    for name in node.inputs:
+        value = graph.values.get(name) if name else None
+        if value is not None and value.kind is ValueKind.WEIGHT:
+            return name
+    return None
+
+
+def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str]) -> str:
+    """What the node does, from its op and neighbours: a role without a scope."""
+    op = node.op_type
+    weight = _stored_input(graph, node)
+    scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
+    if op in _FUSED_ATTENTION:
+        return "attention"
+    if op == "Softmax":
+        return "softmax"
+    if op in _CONTRACTIONS:
+        if weight is not None:
+            return _weight_role(weight, graph, node)
+        if node.name in softmax_out:
+            return "attention values"
+        if node.name in softmax_in:
+            return "attention scores"
+        return f"{op} (activations)"
+    if node.name in softmax_in:
+        return "attention scale/mask"
+    if op == "Gather" and weight is not None:
+        return "embedding"
+    if op in _NORM_OPS or (scope_tail and _NORM_NAME.search(scope_tail)):
+        return "norms"
+    if op in _ROTARY or op == "Neg":
+        return "rotary embedding"
+    if op in _ACTIVATIONS:
+        return "activation"
+    if op == "Add" and _residual(graph, node):
+        return "residual adds"
+    if scope_tail and _MLP_NAME.search(scope_tail) and op in _ELEMENTWISE:
+        return "activation"
+    if op in _NORM_PARTS:
+        return "norms"
+    op_class = node.meta.get("dabench.op_class")
+    if op_class is not None and str(op_class) == "data_movement":
+        return "layout"
+    if op_class is not None and str(op_class) == "shape":
+        return "shape ops"
+    return op
+
+
+def _residual(graph: Graph, node: Node) -> bool:
+    """An Add of two activations of the same shape (the skip connection)."""
+    inputs = [graph.values.get(i) for i in node.inputs if i]
+    if len(inputs) != 2 or any(v is None or v.kind.is_stored for v in inputs):
+        return False
+    a, b = (v.type.shape for v in inputs)  # type: ignore[union-attr]
+    return a is not None and a == b
+
+
+def _weight_role(weight: str, graph: Graph, node: Node) -> str:
+    """A contraction with a weight and no scope: named after the weight (``model.layers.*.q_proj``)."""
+    name = weight.removesuffix(".weight").removesuffix(".bias")
+    if "." in name and not name.startswith(("onnx::", "val_", "_")):
+        return general_scope(name)
+    return "lm_head" if not any(graph.consumers.get(o) for o in node.outputs if o) else "linear"

@@ -1,0 +1,262 @@
+""""Why" in words: for the top roles, what binds them and which knob would change it.
+
+For each of a report's top roles (by time): its bound, the resource that binds it (the
+memory that feeds it and how much it moves there, the compute units and their
+utilisation, the link, or the fixed cost), and the target knob whose change shortens it
+most — found by re-running the placement (`dabench_ir.place.place`) with each candidate
+value. Candidates come from the option schema (`dabench_ir.options.KNOBS`): every target
+knob that the target's lowering reads, tried at each of its other choices, or at twice
+its value for a count; nothing here lists knobs by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import KNOBS, Knob
+
+from .attribution import is_overhead, role_rows, target_peak
+from .table import human, seconds
+
+if TYPE_CHECKING:
+    from .model import Report
+
+__all__ = ["candidate_knobs", "change_text", "changes_of", "explain", "fitting_knob"]
+
+logger = logging.getLogger(__name__)
+
+
+def candidate_knobs(report: Report) -> list[tuple[Knob, Any]]:
+    """(knob, value) pairs worth trying on the report's target: each target knob the target's
+    lowering reads (`Knob.targets`), at every other choice, the other setting of a switch, twice
+    a count (the plan's own when the option is unset) or half a fraction."""
+    target, opts, plan = report.target_obj, report.options, report.plan
+    if target is None or opts is None:
+        return []
+    fields = {f.name for f in dataclasses.fields(opts)}
+    out: list[tuple[Knob, Any]] = []
+    for name, k in KNOBS.items():
+        if name not in fields or k.group != "target" or (k.targets is not None and target.kind not in k.targets):
+            continue
+        current = getattr(opts, name)
+        if k.choices:
+            out += [(k, c) for c in k.choices if c != current]
+            continue
+        if current is None:
+            current = getattr(plan, name, None)
+        changed = _changed(current)
+        if changed is None:
+            continue
+        for form in (changed, ",".join(map(str, changed)) if isinstance(changed, (list, tuple)) else None):
+            if form is None:
+                continue
+            try:
+                out.append((k, k.validate(form)))
+                break
+            except ValueError:
+                continue
+    return out
+
+
+def _changed(value: Any) -> Any:
+    """The other setting of a switch, twice a count, half a fraction (each element of a tuple)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value >= 1 else None
+    if isinstance(value, float):
+        return value / 2 if value > 0 else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        parts = [_changed(v) for v in value]
+        return None if any(p is None for p in parts) else type(value)(parts)
+    return None
+
+
+def fitting_knob(report: Report, *, doublings: int = 4) -> tuple[Any, Any, Any] | None:
+    """For a plan that does not fit: the smallest knob change whose re-placement fits — one
+    candidate (a count doubled up to ``doublings`` times), else two together; returns
+    (knobs, values, plan) with the flags joined (``--ipus 4 --matmul-proportion 0.3``) as
+    the first item's ``flag``, or None."""
+    from dabench_ir.place import place
+
+    if report.plan is None or report.plan.fits or report.options is None:
+        return None
+    singles: list[tuple[Knob, Any]] = []
+    for k, value in candidate_knobs(report):
+        if isinstance(value, int) and not isinstance(value, bool):
+            singles += [(k, value * 2**i) for i in range(doublings)]
+        else:
+            singles.append((k, value))
+    reason = report.plan.failure.reason if report.plan.failure is not None else ""
+    singles.sort(key=lambda c: c[0].flag not in reason)  # knobs the failure names are tried first
+    trials = [[c] for c in singles]
+    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:] if a[0].name != b[0].name]
+    for changes in trials[:64]:
+        try:
+            opts = dataclasses.replace(report.options, **{k.name: v for k, v in changes})
+            plan, _, _ = place(report.graph, report.target_obj, opts)
+        except (UserError, ValueError):
+            continue
+        if plan.fits:
+            if len(changes) == 1:
+                return changes[0][0], changes[0][1], plan
+            return _Joined(changes), None, plan
+    return None
+
+
+def change_text(knob: Any, value: Any) -> str:
+    """``--ipus 4`` for one change; the joined flags for several."""
+    return knob.text if isinstance(knob, _Joined) else f"{knob.flag} {_shown(value)}"
+
+
+def changes_of(knob: Any, value: Any) -> dict[str, Any]:
+    """The option fields to replace for a change `fitting_knob` found."""
+    return {k.name: v for k, v in knob.changes} if isinstance(knob, _Joined) else {knob.name: value}
+
+
+class _Joined:
+    """Several knob changes shown as one (``--ipus 4 --matmul-proportion 0.3``)."""
+
+    def __init__(self, changes: list[tuple[Knob, Any]]) -> None:
+        self.changes = changes
+        self.name = "+".join(k.name for k, _ in changes)
+        self.flag = " ".join(k.flag for k, _ in changes)
+        self.text = " ".join(f"{k.flag} {_shown(v)}" for k, v in changes)
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _role_time(report: Report, role: str, timeline: Any) -> float:
+    """The role's time (its nodes' busy time, or the overhead's amount) on ``timeline``."""
+    if is_overhead(role):
+        return float((timeline.overheads_s or {}).get(role.split(": ", 1)[1], 0.0))
+    names = [n.name for n in report.nodes if (n.role or n.op_type) == role]
+    return sum(timeline.busy(n) or 0.0 for n in names if n in timeline.nodes)
+
+
+def _resource(report: Report, row: dict[str, Any]) -> str:
+    """The resource that binds a role, in words, from the plan's node placements."""
+    target, plan = report.target_obj, report.plan
+    role, bound = row["role"], row["bound"]
+    if is_overhead(role):
+        kind = role.split(": ", 1)[1]
+        name = kind.replace("_", " ")
+        units = [u for u in plan.units if u.gap_before_s > 0 and getattr(u, "gap_kind", None) == kind] if plan else []
+        if units and "stall" not in name:
+            return f"{name}: {seconds(units[0].gap_before_s)} before each of {len(units)} units"
+        return f"{name}: time no node owns"
+    records = [n for n in report.nodes if (n.role or n.op_type) == role]
+    plans = [plan.node_plans[n.name] for n in records if plan is not None and n.name in plan.node_plans]
+    if bound == "memory" and plans:
+        levels: dict[str, int] = {}
+        for p in plans:
+            levels[p.feed_level] = levels.get(p.feed_level, 0) + p.feed_bytes
+        level = max(levels, key=levels.__getitem__)
+        moved = levels[level]
+        weights = sum((n.cost.weight_bytes if n.cost is not None else 0) for n in records)
+        try:
+            mem = target.memory(level)
+            where = f"{mem.name} {human(mem.bandwidth_bytes_per_s, 'B/s')}"
+        except Exception:  # a level the target does not name: say the level
+            where = level or "memory"
+        what = "weights" if moved and weights >= moved / 2 else "activations"
+        return f"{where}: {human(moved, 'B')} moved, mostly {what}"
+    if bound == "compute":
+        # units the role holds at once: every region of a spatial plan, one section at a time otherwise
+        per_unit: dict[str, float] = {}
+        for p in plans:
+            per_unit[p.unit] = max(per_unit.get(p.unit, 0.0), p.allocation)
+        concurrent = str(getattr(plan, "schedule", "")) == "concurrent"
+        allocation = min(1.0, sum(per_unit.values())) if concurrent else max(per_unit.values(), default=0.0)
+        busy = sum(n.time_s or 0.0 for n in records)
+        util = sum(p.compute_s for p in plans) / busy if busy else None
+        used = f", busy at {_share(util)} of their peak" if util is not None else ""
+        units = f"{_share(allocation)} of the {target.unit_name}s" if allocation else f"the {target.unit_name}s"
+        return f"{target.unit_name} compute on {units}{used} ({human(target_peak(report), 'FLOP/s')} chip peak)"
+    if bound == "communication":
+        link = target.link()
+        comm = sum(p.comm_s for p in plans)
+        via = f"{link.name} {human(link.bandwidth_bytes_per_s, 'B/s')}" if link is not None else "exchange"
+        return f"{via} exchange: {seconds(comm)} of link and exchange time"
+    return f"fixed costs (launch, sync): {seconds(sum(p.overhead_s for p in plans))}"
+
+
+def _share(x: float) -> str:
+    """A fraction as a percentage with the digits a small one needs (0.4 %, not 0 %)."""
+    if x >= 0.1:
+        return f"{x:.0%}"
+    return f"{100 * x:.2g}%" if x >= 1e-4 else "<0.01%"
+
+
+def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
+    """One line each for the ``top`` roles by time: bound, binding resource, and the knob
+    (re-placed) that shortens the role most, with the role's and the step's new times.
+
+    Needs a placed report (its plan, options and graph); returns [] otherwise. The lines
+    are also stored on ``report.why`` (the JSON ``why`` key, the table's "Why" section).
+    """
+    from dabench_ir.place import place
+
+    if report.plan is None or report.graph is None or report.options is None or report.timeline is None:
+        return []
+    rows = [r for r in role_rows(report) if r["time_s"]][:top]
+    trials: list[tuple[Knob, Any, Any]] = []
+    for k, value in candidate_knobs(report):
+        try:
+            _, timeline, _ = place(report.graph, report.target_obj, dataclasses.replace(report.options, **{k.name: value}))
+        except (UserError, ValueError) as exc:
+            logger.info("why: %s %s not placeable: %s", k.flag, value, exc)
+            continue
+        trials.append((k, value, timeline))
+    step = report.timeline.step_time_s
+    out = []
+    if not report.plan.fits:
+        found = fitting_knob(report)
+        reason = report.plan.failure.reason if report.plan.failure is not None else "does not fit"
+        fix = f"{change_text(found[0], found[1])} makes it fit" if found else "no target knob makes it fit"
+        out.append({"role": "(fit)", "bound": None, "resource": reason, "time_s": None, "step_s": step,
+                    "knob": found[0].flag if found else None,
+                    "value": (changes_of(found[0], found[1]) if found else None),
+                    "new_time_s": None, "new_step_s": None, "text": f"does not fit: {reason}; {fix}"})  # fmt: skip
+    for row in rows:
+        role = row["role"]
+        before = _role_time(report, role, report.timeline)
+        best = _best(report, role, before, trials)
+        entry: dict[str, Any] = {"role": role, "bound": row["bound"], "resource": _resource(report, row),
+                                 "time_s": before, "step_s": step, "knob": None, "value": None,
+                                 "new_time_s": None, "new_step_s": None}  # fmt: skip
+        text = f"{role}: {row['bound'] or '-'}-bound, {entry['resource']}; "
+        if best is None:
+            tried = ", ".join(sorted({k.flag for k, _, _ in trials})) or "no target knob"
+            text += f"no knob shortens it without lengthening the step ({tried} tried)"
+        else:
+            k, value, timeline, after = best
+            entry.update(knob=k.flag, value=value, new_time_s=after, new_step_s=timeline.step_time_s)
+            text += (
+                f"{k.flag} {value} would take it from {seconds(before)} to {seconds(after)} "
+                f"(step {seconds(step)} -> {seconds(timeline.step_time_s)})"
+            )
+        entry["text"] = text
+        out.append(entry)
+    report.why = out
+    return out
+
+
+def _best(report: Report, role: str, before: float, trials: Iterable[tuple[Knob, Any, Any]]):
+    """Among the trials that shorten ``role`` and do not lengthen the step, the one with the
+    shortest step (ties: the shorter role time); None when there is none."""
+    step = report.timeline.step_time_s
+    best = None
+    for k, value, timeline in trials:
+        after = _role_time(report, role, timeline)
+        if after >= before * (1 - 1e-6) or timeline.step_time_s > step * (1 + 1e-9):
+            continue
+        if best is None or (timeline.step_time_s, after) < (best[2].step_time_s, best[3]):
+            best = (k, value, timeline, after)
+    return best

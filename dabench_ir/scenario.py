@@ -1,0 +1,571 @@
+"""Generation scenarios: prefill once, then decode token by token, on one target.
+
+`generate` answers the first questions about serving a model: time to first token (the
+prefill of a batch of equal prompts), time per output token as the KV cache grows, tokens/s
+per user and in total, how big the cache gets and whether weights plus cache fit, and where
+each lives on the target. It composes the existing pipeline and adds no cost model of its
+own: each phase is a graph (`dabench-ir export`, prefill and ``--phase decode``), costed by
+`prepare_graph` and placed by `place`, exactly as `profile` does.
+
+Decode steps depend on each other (token t+1 needs token t), so a step's time is its
+latency: where a lowering can overlap consecutive steps in a steady-state pipeline, the
+scenario asks it not to (``steady_state=False``: fill and drain counted). A prefill is one
+step too, except on targets whose pipeline streams the prompt's tokens through its stages
+(the WSE, `_STREAMS_TOKENS`): there its latency is the pipeline period. On a WSE left at
+``--wse-mode auto`` each phase is placed pipelined (weights resident in SRAM) when that fits,
+else weight-streamed.
+
+The cache grows by one token per step, and a step's time is linear in its context length
+(the cache bytes read and the attention FLOPs are), so the decode graph is placed at a few
+context lengths (`DEFAULT_SAMPLES`, both ends included) and the time of every step in
+between is linearly interpolated; the result says so. One dynamic export per phase stands
+for every length: `bind_dims` binds batch, prompt and context before costing.
+
+MODEL is a preset name (``llama-7b``), a file written by ``dabench-ir export`` (its
+``dabench.params`` give the shape; both phases are exported from it, weight-free, which
+needs torch), or ``PREFILL.onnx,DECODE.onnx``: a prefill and a decode export made with
+``--dynamic`` (no torch needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import ProfileOptions
+
+if TYPE_CHECKING:
+    import onnx
+
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.plan import Plan
+    from dabench_ir.report.model import Report
+    from dabench_ir.targets import Target
+
+__all__ = [
+    "DEFAULT_SAMPLES",
+    "SCHEMA",
+    "GenerateResult",
+    "PhaseRun",
+    "generate",
+    "render_generate",
+    "run_phase",
+    "run_scenario",
+    "sample_contexts",
+]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "dabench-ir/scenario/generate/v1"
+DEFAULT_SAMPLES = 4
+"""Context lengths the decode graph is placed at (the first and last step included)."""
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class PhaseRun:
+    """One placed graph of the scenario: the prefill, or the decode step at one context length."""
+
+    phase: str
+    context: int  # tokens already in the cache (0 for the prefill)
+    time_s: float
+    fits: bool
+    failure: str | None
+    weight_bytes: int
+    kv_cache_bytes: int  # the cache the step reads (decode) or writes (prefill), all requests
+    memory_bytes: dict[str, int]
+    homes: dict[str, str]
+    report: Report | None = field(default=None, repr=False)
+
+    def to_dict(self, *, nodes: bool = False) -> dict[str, Any]:
+        out = {
+            "phase": self.phase,
+            "context": self.context,
+            "time_s": self.time_s,
+            "fits": self.fits,
+            "failure": self.failure,
+            "weight_bytes": self.weight_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "memory_bytes": dict(self.memory_bytes),
+            "homes": dict(self.homes),
+        }
+        if nodes and self.report is not None:
+            out["report"] = self.report.to_dict()
+        return out
+
+
+@dataclass
+class GenerateResult:
+    """A generation scenario's answer (see the module docstring); times in seconds."""
+
+    model: dict[str, Any]
+    target: str
+    prompt: int
+    gen: int
+    batch: int
+    precision: str
+    kv_precision: str
+    prefill: PhaseRun
+    decode: list[PhaseRun]  # the sampled context lengths, ascending
+    decode_total_s: float  # all gen−1 decode steps, interpolated between the samples
+    interpolated: bool
+    chips: int = 1
+    strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: the prefill of the whole batch."""
+        return self.prefill.time_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None when gen is 1)."""
+        return self.decode_total_s / (self.gen - 1) if self.gen > 1 else None
+
+    @property
+    def latency_s(self) -> float:
+        """End-to-end time of a request: prefill plus every decode step."""
+        return self.ttft_s + self.decode_total_s
+
+    @property
+    def tokens_per_s_per_user(self) -> float:
+        """Generated tokens over the end-to-end latency, for one request."""
+        return self.gen / self.latency_s if self.latency_s > 0 else math.inf
+
+    @property
+    def decode_tokens_per_s_per_user(self) -> float | None:
+        """Decode rate of one request: 1 / mean time per output token."""
+        tpot = self.tpot_s
+        return 1.0 / tpot if tpot else None
+
+    @property
+    def fits(self) -> bool:
+        return self.prefill.fits and all(d.fits for d in self.decode)
+
+    def tpot_at(self, context: int) -> float:
+        """Time of the decode step that reads ``context`` cached tokens (linear between samples)."""
+        return _interp([(d.context, d.time_s) for d in self.decode], context)
+
+    def to_dict(self) -> dict[str, Any]:
+        tpot = self.tpot_s
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "target": self.target,
+            "prompt": self.prompt,
+            "gen": self.gen,
+            "batch": self.batch,
+            "precision": self.precision,
+            "kv_precision": self.kv_precision,
+            "chips": self.chips,
+            "strategy": self.strategy,
+            "ttft_s": self.ttft_s,
+            "tpot_mean_s": tpot,
+            "decode_total_s": self.decode_total_s,
+            "latency_s": self.latency_s,
+            "tokens_per_s_per_user": self.tokens_per_s_per_user,
+            "tokens_per_s_total": self.tokens_per_s_per_user * self.batch,
+            "decode_tokens_per_s_per_user": self.decode_tokens_per_s_per_user,
+            "decode_tokens_per_s_total": None if tpot is None else self.batch / tpot,
+            "tpot_interpolation": "linear in context between the sampled steps" if self.interpolated else "exact",
+            "fits": self.fits,
+            "prefill": self.prefill.to_dict(nodes=True),
+            "decode": [d.to_dict(nodes=i == len(self.decode) - 1) for i, d in enumerate(self.decode)],
+        }
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def _json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "value"):
+        return obj.value
+    return str(obj)
+
+
+def _interp(points: list[tuple[int, float]], x: int) -> float:
+    if len(points) == 1:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def sample_contexts(prompt: int, gen: int, samples: int = DEFAULT_SAMPLES) -> list[int]:
+    """Context lengths of the decode steps placed: evenly spaced over prompt … prompt+gen−2
+    (the cache each of the gen−1 decode steps reads), both ends included."""
+    first, last = prompt, prompt + gen - 2
+    if gen < 2:
+        return []
+    n = max(1, min(samples, last - first + 1))
+    if n == 1:
+        return [first]
+    return sorted({round(first + (last - first) * i / (n - 1)) for i in range(n)})
+
+
+# ---- the graphs ------------------------------------------------------------------------------
+def _model_config(model: Any) -> ModelConfig:
+    """The shape of ``model``: a ModelConfig, a preset name or a dabench-ir export."""
+    from dabench_ir.models import PRESETS, ModelConfig, get_preset
+
+    if isinstance(model, ModelConfig):
+        return model.replace(phase="prefill", context=0)
+    text = str(model)
+    if text in PRESETS:
+        return get_preset(text, dtype="fp16")  # served in 16 bits; --precision rewrites
+    path = Path(text)
+    if not path.is_file():
+        raise UserError(
+            f"{text}: not a preset (see `dabench-ir export --list-presets`) nor a file; --scenario generate "
+            "takes a preset, a dabench-ir export, or PREFILL.onnx,DECODE.onnx"
+        )
+    params = _metadata(_load(path)).get("dabench.params")
+    if not params:
+        raise UserError(f"{text} has no dabench.params metadata: give a preset or a file made by dabench-ir export")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    values = {k: v for k, v in json.loads(params).items() if k in fields}
+    return ModelConfig(**{**values, "phase": "prefill", "context": 0, "max_positions": values.get("max_positions")})
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    import onnx
+
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise UserError(f"cannot read {path} as ONNX: {exc}") from None
+
+
+def _metadata(proto: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in proto.metadata_props}
+
+
+def _export_pair(cfg: ModelConfig, prompt: int, gen: int, say: Progress) -> tuple[Any, Any]:
+    """Dynamic, weight-free prefill and decode exports of ``cfg`` (one block each, stamped)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "exporting the scenario's graphs needs torch; or give PREFILL.onnx,DECODE.onnx made with --dynamic"
+        ) from None
+    from dabench_ir.models.export import export_onnx
+
+    if cfg.positional == "learned" and prompt + gen > (cfg.max_positions or 0):
+        raise UserError(
+            f"--prompt {prompt} + --gen {gen} exceeds the model's {cfg.max_positions} learned positions"
+        )
+    base = cfg.replace(batch=1, seq=max(prompt, 2))
+    say("exporting the prefill graph (one block, stamped)")
+    prefill = export_onnx(base, weights="none", dynamic=True)
+    say("exporting the decode graph (one block, stamped)")
+    decode = export_onnx(base.replace(phase="decode", context=max(prompt, 2), seq=1), weights="none", dynamic=True)
+    return prefill, decode
+
+
+def _given_pair(text: str) -> tuple[Any, Any]:
+    paths = [Path(p.strip()) for p in text.split(",")]
+    if len(paths) != 2:
+        raise UserError(f"{text}: expected PREFILL.onnx,DECODE.onnx")
+    protos = []
+    for path, phase in zip(paths, ("prefill", "decode"), strict=True):
+        if not path.is_file():
+            raise UserError(f"{path} does not exist")
+        proto = _load(path)
+        meta = _metadata(proto)
+        if meta.get("dabench.phase", "prefill") != phase:
+            raise UserError(f"{path} is not a {phase} export (dabench-ir export --phase {phase} --dynamic)")
+        if not json.loads(meta.get("dabench.params", "{}")).get("dynamic"):
+            raise UserError(f"{path} has fixed shapes: export it with --dynamic so prompt and context can be bound")
+        protos.append(proto)
+    return protos[0], protos[1]
+
+
+# ---- placing one phase -----------------------------------------------------------------------
+def _homes(plan: Plan, target: Target) -> dict[str, str]:
+    """Where the weights and the KV cache live on ``target``, as the plan holds them.
+
+    A lowering may say so in ``plan.extra["homes"]``. Otherwise: weights are streamed from
+    an off-chip memory when the plan keeps them there (WSE weight streaming, RDU DDR) and
+    resident in the on-chip memory when it holds none; the cache lives with the activations,
+    in the memory that feeds the units (`Target.feed_memory`).
+    """
+    given = plan.extra.get("homes")
+    if isinstance(given, dict):
+        return {str(k): str(v) for k, v in given.items()}
+    # "sram:ipu0" is a share of "sram"; a memory the plan holds nothing in is no home
+    names = dict.fromkeys(name.split(":")[0] for name, held in plan.memory_bytes.items() if held > 0)
+    held = [target.memory(name) for name in names if target.has_memory(name)]
+    off = [m for m in held if m.level == "off-chip"]
+    feed = target.feed_memory
+    if off:
+        weights = f"{off[0].name} ({'streamed per step' if off[0] is not feed else 'read every step'})"
+    else:
+        on = held[0] if held else feed
+        weights = f"{on.name} (resident)"
+    return {"weights": weights, "kv_cache": f"{feed.name} ({feed.level})"}
+
+
+_STREAMS_TOKENS = frozenset({"wse"})
+"""Target kinds whose pipeline streams a prompt's tokens through its stages (activations flow
+as they are produced), so a prefill's latency is the pipeline's period, not the sum of its
+stages. Every other pipeline passes a whole micro-batch from stage to stage."""
+
+
+def _place(graph: Any, target: Target, opts: ProfileOptions, *, streamed: bool = False) -> tuple[Plan, Report]:
+    """Place one costed graph as one dependent step (no overlap with the next step).
+
+    Serving keeps weights resident where they fit: on a WSE left at ``--wse-mode auto`` the
+    step is placed pipelined (weights in SRAM) first, and weight-streamed only when that
+    does not fit (the lowering's own auto rule is a training rule: stream from 1 B parameters).
+    """
+    if target.kind == "wse" and getattr(opts, "wse_mode", None) == "auto":
+        plan, report = _place_once(graph, target, dataclasses.replace(opts, wse_mode="pipelined"), streamed)
+        if plan.fits:
+            return plan, report
+        return _place_once(graph, target, dataclasses.replace(opts, wse_mode="streaming"), streamed)
+    return _place_once(graph, target, opts, streamed)
+
+
+def _place_once(graph: Any, target: Target, opts: ProfileOptions, streamed: bool) -> tuple[Plan, Report]:
+    from dabench_ir.lowering import lowering_for
+    from dabench_ir.place import place
+    from dabench_ir.report.build import build_report
+
+    lowering = lowering_for(target)
+    steady = streamed and target.kind in _STREAMS_TOKENS
+    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
+    internals = {"steady_state": steady} if has_option else {}
+    plan, timeline, metrics = place(graph, target, lowering.options(opts, **internals))
+    report = build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
+    return plan, report
+
+
+def _scaled(graph: Any, target: Target, opts: Any) -> tuple[float, bool, str | None]:
+    """Step time, fit and failure of ``graph`` over ``opts.chips`` chips (`dabench_ir.scaling`)."""
+    from dabench_ir.scaling import scale
+
+    strategy = opts.strategy or "tp"
+    point = scale(graph, target, [opts.chips], strategy, opts).points[0]
+    failure = (point.failure or {}).get("reason") if point.failure else None
+    return point.time_s, point.fits, failure
+
+
+def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions) -> PhaseRun:
+    """One phase's graph bound to ``dims`` (batch, seq or context), costed and placed.
+
+    With ``opts.chips`` > 1 (a `ScaleOptions`) the step time and fit are those of the graph
+    scaled over the chips (``--strategy``, default tp: Megatron-style heads and MLP columns
+    split, two all-reduces per layer); the per-node report is then one chip's whole graph.
+    """
+    from dabench_ir.models.export import bind_dims
+    from dabench_ir.passes.precision import kv_cache_values
+    from dabench_ir.pipeline import prepare_graph
+
+    graph = prepare_graph(bind_dims(proto, dims), opts)
+    plan, report = _place(graph, target, opts, streamed=phase == "prefill")
+    time_s, fits = report.timeline.step_time_s, plan.fits
+    failure = plan.failure.reason if plan.failure else None
+    if getattr(opts, "chips", 1) > 1:
+        time_s, fits, failure = _scaled(graph, target, opts)
+    cache = kv_cache_values(graph)
+    cache_in = [n for n in cache if n in graph.inputs]
+    kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
+    declared = json.loads(graph.metadata.get("dabench.weights", "[]") or "[]")  # the model's parameters
+    names = [n for n in declared if n in graph.values] or [v.name for v in graph.weights()]
+    weights = sum(graph.type_of(n).nbytes() for n in names)
+    return PhaseRun(
+        phase=phase,
+        context=dims.get("context", 0),
+        time_s=time_s,
+        fits=fits,
+        failure=failure,
+        weight_bytes=weights,
+        kv_cache_bytes=kv_bytes,
+        memory_bytes={k: int(v) for k, v in plan.memory_bytes.items()},
+        homes=_homes(plan, target),
+        report=report,
+    )
+
+
+def generate(
+    model: Any,
+    target: Any,
+    opts: ProfileOptions | None = None,
+    *,
+    prompt: int,
+    gen: int,
+    samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+) -> GenerateResult:
+    """The generation scenario of ``model`` on ``target``: B = ``opts.batch`` (default 1)
+    equal requests of ``prompt`` tokens, each generating ``gen`` tokens.
+
+    ``model``: a preset name, a `ModelConfig`, a dabench-ir export, or a
+    ``(prefill, decode)`` pair of dynamic exports (paths or ModelProtos).
+    """
+    from dabench_ir.pipeline import resolve_target
+
+    opts = opts or ProfileOptions()
+    say = progress or _quiet
+    for name, value in (("--prompt", prompt), ("--gen", gen)):
+        if not isinstance(value, int) or value < 1:
+            raise UserError(f"--scenario generate needs {name} N (a positive integer)")
+    batch = opts.batch or 1
+    tgt = resolve_target(target, opts)
+    if isinstance(model, tuple):
+        prefill_proto, decode_proto = (_load(Path(m)) if not hasattr(m, "graph") else m for m in model)
+    elif isinstance(model, str) and "," in model:
+        prefill_proto, decode_proto = _given_pair(model)
+    else:
+        cfg = _model_config(model)
+        prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
+    params = json.loads(_metadata(decode_proto).get("dabench.params", "{}"))
+    run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
+    chips = getattr(opts, "chips", 1)
+    say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
+    prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
+    prefill = run_phase(prefill_proto, {"batch": batch, "seq": prompt}, "prefill", tgt, prefill_opts)
+    decode = []
+    for context in sample_contexts(prompt, gen, samples):
+        say(f"placing a decode step at context {context} on {tgt.name}")
+        decode.append(run_phase(decode_proto, {"batch": batch, "context": context}, "decode", tgt, run_opts))
+    contexts = range(prompt, prompt + gen - 1)
+    points = [(d.context, d.time_s) for d in decode]
+    total = sum(_interp(points, c) for c in contexts) if decode else 0.0
+    model_info = {k: params.get(k) for k in ("family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn",
+                                               "vocab", "dtype")}  # fmt: skip
+    return GenerateResult(
+        model=model_info,
+        target=tgt.name,
+        prompt=prompt,
+        gen=gen,
+        batch=batch,
+        precision=opts.precision or str(params.get("dtype", "model")),
+        kv_precision=opts.kv_precision or "as activations",
+        prefill=prefill,
+        decode=decode,
+        decode_total_s=total,
+        interpolated=len(decode) < len(contexts),
+        chips=chips,
+        strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
+    )
+
+
+# ---- output ------------------------------------------------------------------------------------
+def _t(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _b(nbytes: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _top_nodes(run: PhaseRun, top: int) -> list[str]:
+    report = run.report
+    if report is None or top == 0:
+        return []
+    timed = sorted((n for n in report.nodes if n.time_s), key=lambda n: -n.time_s)
+    total = sum(n.time_s for n in timed) or 1.0
+    lines = []
+    for node in timed[:top]:
+        lines.append(f"  {node.name[:48]:48s} {node.op_type:10s} {_t(node.time_s):>9s} {node.time_s / total:6.1%}"
+                     f"  {node.bound or ''}")  # fmt: skip
+    return lines
+
+
+def render_generate(result: GenerateResult, *, top: int = 8) -> str:
+    """The scenario as a terminal table: summary, decode steps sampled, top nodes of each phase."""
+    m = result.model
+    name = m.get("preset") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
+    tpot = result.tpot_s
+    rate = result.decode_tokens_per_s_per_user
+    on = f"{result.chips} x {result.target} ({result.strategy})" if result.chips > 1 else result.target
+    lines = [
+        f"Generation: {name} on {on}, batch {result.batch}, prompt {result.prompt}, "
+        f"gen {result.gen}, precision {result.precision}, KV cache {result.kv_precision}",
+        "",
+        f"  time to first token          {_t(result.ttft_s)}",
+        f"  time per output token (mean) {_t(tpot)}",
+        f"  end-to-end latency           {_t(result.latency_s)}",
+        f"  tokens/s per user            {result.tokens_per_s_per_user:.4g} (decode only: "
+        f"{'-' if rate is None else f'{rate:.4g}'})",
+        f"  tokens/s total               {result.tokens_per_s_per_user * result.batch:.4g} (decode only: "
+        f"{'-' if rate is None else f'{rate * result.batch:.4g}'})",
+        f"  weights                      {_b(result.prefill.weight_bytes)} in {result.prefill.homes.get('weights')}",
+        f"  fits at every step           {'yes' if result.fits else 'NO'}",
+        "",
+        f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV cache':>10s} {'cache home':24s} fits",
+        f"  {'prefill':10s} {0:>8d} {_t(result.prefill.time_s):>10s} {'-':>10s} "
+        f"{result.prefill.homes.get('kv_cache', ''):24s} {'yes' if result.prefill.fits else 'NO'}",
+    ]
+    for d in result.decode:
+        lines.append(
+            f"  {'decode':10s} {d.context:>8d} {_t(d.time_s):>10s} {_b(d.kv_cache_bytes):>10s} "
+            f"{d.homes.get('kv_cache', ''):24s} {'yes' if d.fits else 'NO: ' + (d.failure or '')}"
+        )
+    if result.interpolated:
+        lines.append("  (decode steps between these context lengths: linear interpolation)")
+    if not result.prefill.fits:
+        lines.append(f"  prefill does not fit: {result.prefill.failure}")
+    if top:
+        lines += ["", f"Prefill: top {top} nodes", *_top_nodes(result.prefill, top)]
+        if result.decode:
+            last = result.decode[-1]
+            lines += ["", f"Decode step at context {last.context}: top {top} nodes", *_top_nodes(last, top)]
+    return "\n".join(lines)
+
+
+def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int | None:
+    """``dabench-ir profile MODEL --scenario generate``: the CLI's one entry here; None (and
+    nothing done) when no scenario was asked for."""
+    from dabench_ir.options import PROFILE, ScaleOptions, options_from_args
+
+    if not opts.scenario:
+        if getattr(args, "chips", None) or getattr(args, "strategy", None):
+            raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
+        return None
+    opts = options_from_args(args, ScaleOptions, PROFILE)
+    if opts.prompt is None or opts.gen is None:
+        raise UserError("--scenario generate needs --prompt P and --gen G (tokens per request)")
+    if not getattr(args, "target", None) or "," in args.target:
+        raise UserError("--scenario generate needs one --target (e.g. -t h100)")
+    for flag in ("csv", "html", "trace", "plots", "annotate", "cross_check", "measure"):
+        if getattr(args, flag, None):
+            raise UserError(f"--{flag.replace('_', '-')} is not available with --scenario generate; use --json")
+    result = generate(args.model, args.target, opts, prompt=opts.prompt, gen=opts.gen, progress=progress)
+    progress.done()
+    written = [str(result.write_json(args.json))] if getattr(args, "json", None) else []
+    if not getattr(args, "quiet", False):
+        print(render_generate(result, top=min(args.top, 10) if args.top else 8))
+        for path in written:
+            print(f"wrote {path}")
+    return 0
