@@ -221,15 +221,10 @@ def node_table_path(target_path: str | Path) -> Path:
 
 
 def _calibration_file(data: Mapping[str, Any]) -> Path | None:
-    """The cache file a calibrated target was read from, found again from its machine key."""
-    key = data.get("calibration", {}).get("key")
-    if not isinstance(key, Mapping) or "threads" not in key:
-        return None
-    try:
-        from dabench_ir.execute.calibrate import _cache_file
-    except ImportError:  # the measured path is unavailable: no table
-        return None
-    return _cache_file(key)
+    """The calibration file a target's node table sits beside, when the measured path named it
+    (``calibration.file``, set by `dabench_ir.execute.microbench.with_node_table`)."""
+    file = data.get("calibration", {}).get("file")
+    return Path(file) if isinstance(file, str) and file else None
 
 
 def load_node_table(path: str | Path) -> tuple[dict[str, tuple[float, float]], float]:
@@ -358,7 +353,9 @@ def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = F
         if dims is not None:
             batch, m, k, n = dims
             flops = 2.0 * batch * m * k * n
-            return model.matmul_time(flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node, ort_opt))
+            return model.matmul_time(
+                flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node, ort_opt)
+            )
         cost = _cost_of(node)
         if cost is not None:
             return model.matmul_time(float(cost.flops), float(cost.bytes), batched=False)

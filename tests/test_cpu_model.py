@@ -303,3 +303,20 @@ def test_host_points_run_only_under_target_cpu(monkeypatch):
     assert row["host"]["median_node_rel_error"] == 0.1 and row["host"]["end_to_end_within_noise"] is True
     text = result.format_table()
     assert "within noise" in text and "median |error| 10.0%" in text
+
+
+def test_a_calibrated_target_brings_its_node_table_to_the_lowering(tmp_path, monkeypatch):
+    from dabench_ir.execute import calibrate as cal
+    from dabench_ir.execute.microbench import ensure_for_target
+    from dabench_ir.targets import load_target
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))
+    path = cal.calibrate(1, quick=True)
+    target = load_target(path)
+    model = parse(_TEXT)
+    graph = analyze(model)
+    assert load_cpu_model(target).nodes == {}  # the plain target does not say where its file is
+    lowered_with = ensure_for_target(model, graph, target, threads=1)
+    assert lowered_with.raw["calibration"]["file"] == str(path)
+    assert len(load_cpu_model(lowered_with).nodes) == 5
+    assert node_table_path(path).is_file()

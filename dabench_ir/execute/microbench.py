@@ -49,6 +49,7 @@ __all__ = [
     "ensure_for_target",
     "ensure_node_table",
     "plan_signatures",
+    "with_node_table",
 ]
 
 logger = logging.getLogger(__name__)
@@ -191,25 +192,36 @@ def ensure_node_table(
     return result
 
 
-def ensure_for_target(
-    model: Any, graph: Graph, target: Any, *, threads: int | None = None, say: Any = None
-) -> BenchResult | None:
-    """`ensure_node_table` for a loaded calibrated ``cpu`` Target (its cache file found from its
-    machine key); None when the target is not a cached calibration or the model is not ONNX.
-    A model onnxruntime cannot prepare keeps the class model (logged), never an error here."""
+def ensure_for_target(model: Any, graph: Graph, target: Any, *, threads: int | None = None, say: Any = None) -> Any:
+    """`ensure_node_table` for a loaded calibrated ``cpu`` Target; the Target to lower with
+    (`with_node_table`: it names its calibration file, so the lowering finds the table), or
+    ``target`` unchanged when it is not a cached calibration. A model that cannot be
+    benchmarked keeps the class model (logged), never an error here."""
     from dabench_ir.errors import UserError
-    from dabench_ir.lowering.cpu import _calibration_file
+    from dabench_ir.execute.calibrate import _cache_file
 
     raw = getattr(target, "raw", None)
-    path = _calibration_file(raw) if isinstance(raw, Mapping) else None
-    if path is None or not path.is_file():
-        return None
-    key_threads = raw.get("calibration", {}).get("threads")
+    key = raw.get("calibration", {}).get("key") if isinstance(raw, Mapping) else None
+    if not isinstance(key, Mapping) or "threads" not in key:
+        return target
+    path = _cache_file(key)
+    if not path.is_file():
+        return target
     try:
-        return ensure_node_table(model, graph, path, threads=threads or key_threads, say=say)
+        ensure_node_table(model, graph, path, threads=threads or key["threads"], say=say)
     except (UserError, OSError, ValueError) as exc:
         logger.info("no node benchmarks for this model (%s): the class model predicts", exc)
-        return None
+    return with_node_table(target, path)
+
+
+def with_node_table(target: Any, path: str | os.PathLike[str]) -> Any:
+    """``target`` (a calibrated ``cpu`` Target) naming its calibration file ``path`` in
+    ``raw["calibration"]["file"]``, where the lowering looks for the node table beside it."""
+    import dataclasses
+
+    raw = dict(target.raw)
+    raw["calibration"] = {**raw.get("calibration", {}), "file": str(path)}
+    return dataclasses.replace(target, raw=raw)
 
 
 # -- one-node models ---------------------------------------------------------------------
