@@ -3,6 +3,14 @@
 The CPU lowering places nodes like the GPU one (one kernel per node, unfused, on one
 in-order unit), but times each from the calibrated model below rather than a roofline.
 
+First choice, per node: the **node table**, the model's own shape families measured on this
+machine (`dabench_ir.execute.microbench`, cached beside the calibration; `node_signature`
+names a family). Each family has a cache-hot and a flushed time; a node sits between them
+by `cold_share`: the share of its bytes that come in cold (stored operands and outputs, and
+activations by the bytes written since their producer over the L2 size). A node whose
+family was not measured (time budget, unknown operand values) falls back to the class
+curves below.
+
 The calibration (`dabench_ir.execute.calibrate`) times, through onnxruntime, matmuls of a
 few sizes and the common vector ops (Add, Tanh, Erf, Softmax, ReduceMean, Transpose,
 LayerNormalization) at a few sizes, and a tiny op for the fixed per-op overhead. A node is
