@@ -409,6 +409,7 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
     model = load_cpu_model(target)
     frac = cold_fraction(graph, model)
     written = _bytes_written_before(graph) if model.nodes else {}
+    run_bytes = float(footprint_bytes(graph)) if model.nodes else 0.0
     out: dict[str, float] = {}
     for node in graph.nodes:
         if ort_opt and FOLDED in node.meta:
@@ -418,7 +419,8 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
         if sig is not None and sig in model.nodes:
             hot, flushed = model.nodes[sig]
             flushed = max(flushed, hot)  # a flushed cache never speeds a node up: a lower reading is noise
-            out[node.name] = hot + cold_share(graph, node, written, model.l2_bytes) * (flushed - hot)
+            share = cold_share(graph, node, written, model.l2_bytes, run_bytes)
+            out[node.name] = hot + share * (flushed - hot)
             continue
         t = curve = predict_node(graph, node, model, ort_opt=ort_opt)
         if t is not None and curve and model.cold is not None and frac > 0 and _reads_stored(graph, node):
@@ -448,16 +450,21 @@ def _bytes_written_before(graph: Graph) -> dict[str, int]:
     return out
 
 
-def cold_share(graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: float) -> float:
+def cold_share(
+    graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: float, run_bytes: float = math.inf
+) -> float:
     """How far between its cache-hot and its flushed time a node runs in the model, 0..1: the
     share of its operand bytes that come in cold. A stored operand (weight, constant, graph
     input) was last touched a run ago: cold. An activation is cold by how many bytes the nodes
     between its producer and this node wrote, over the private (L2) cache, capped at 1. The
-    outputs land in arena memory not touched since the last run: cold by `OUTPUT_COLD`."""
+    outputs land in arena memory not touched since the last run: cold by `OUTPUT_COLD`. What a
+    run last touched a run ago is cold only as far as the run's footprint (``run_bytes``)
+    exceeds the L2 cache: a run that fits it keeps everything hot."""
     if traits_of(node).shape_only:
         return 0.0  # views (Reshape, Squeeze, ...) touch no data: their time is the fixed overhead
     if l2_bytes <= 0:
         return 1.0
+    per_run = min(1.0, run_bytes / l2_bytes)
     here = written.get(node.name, 0)
     total = cold = 0.0
     for name in node.inputs:
@@ -469,7 +476,7 @@ def cold_share(graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: f
         nbytes = float(ttype.nbytes())
         producer = graph.values[name].producer
         if producer is None or graph.node(producer).op_type == "Constant":
-            share = STORED_COLD
+            share = STORED_COLD * per_run
         else:
             since = here - written.get(producer, 0) - (_nbytes(graph, graph.node(producer).outputs) or 0)
             share = min(1.0, max(since, 0) / l2_bytes)
@@ -477,7 +484,7 @@ def cold_share(graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: f
         cold += share * nbytes
     out_bytes = float(_nbytes(graph, node.outputs) or 0)
     total += out_bytes
-    cold += OUTPUT_COLD * out_bytes
+    cold += OUTPUT_COLD * per_run * out_bytes
     return cold / total if total > 0 else 0.0
 
 

@@ -101,9 +101,11 @@ def test_prediction_from_a_synthetic_node_table_is_exact(tmp_path):
     n = _names(graph)
     sig = node_signature(graph, n["MatMul1"])
     table = {sig: (10e-6, 30e-6)}
-    cpu = CpuModel(peak_flops=1e9, bandwidth=1e9, overhead_s=1e-6, nodes=table, l2_bytes=1 << 20)
+    # a 1 KiB private cache: the run (weights 2 KiB, activations) does not fit, what it read a run ago is cold
+    cpu = CpuModel(peak_flops=1e9, bandwidth=1e9, overhead_s=1e-6, nodes=table, l2_bytes=1024)
     pred = predict_cpu_times(graph, cpu)
-    share = cold_share(graph, n["MatMul1"], _bytes_written_before(graph), 1 << 20)
+    share = cold_share(graph, n["MatMul1"], _bytes_written_before(graph), 1024)
+    assert 0 < share < 1
     # both MatMul0 and MatMul1 have the signature; each sits between hot and flushed by its cold share
     assert pred[n["MatMul1"].name] == pytest.approx(10e-6 + share * 20e-6)
     assert pred[n["MatMul0"].name] == pytest.approx(30e-6)  # every operand cold
@@ -320,3 +322,12 @@ def test_a_calibrated_target_brings_its_node_table_to_the_lowering(tmp_path, mon
     assert lowered_with.raw["calibration"]["file"] == str(path)
     assert len(load_cpu_model(lowered_with).nodes) == 5
     assert node_table_path(path).is_file()
+
+
+def test_a_run_that_fits_the_private_cache_stays_hot():
+    graph = _graph()
+    n = _names(graph)
+    written = _bytes_written_before(graph)
+    # footprint 1 KiB against a 1 MiB L2: stored operands and outputs are 1/1024 cold
+    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=1024) == pytest.approx(1 / 1024)
+    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=4 << 20) == pytest.approx(1.0)
