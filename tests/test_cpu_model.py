@@ -331,3 +331,15 @@ def test_a_run_that_fits_the_private_cache_stays_hot():
     # footprint 1 KiB against a 1 MiB L2: stored operands and outputs are 1/1024 cold
     assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=1024) == pytest.approx(1 / 1024)
     assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=4 << 20) == pytest.approx(1.0)
+
+
+def test_a_model_whose_only_node_writes_the_graph_output_is_benchmarked(tmp_path):
+    from dabench_ir.execute.calibrate import dump_toml
+    from dabench_ir.execute.microbench import ensure_node_table
+
+    target = tmp_path / "cpu-1t-x.toml"
+    target.write_text(dump_toml(_minimal_target()))
+    ones = ",".join(["1.0"] * 64)
+    model = parse("agraph (float[4,8] x) => (float[4,8] y) <float[8,8] W = {" + ones + "}> { y = MatMul(x, W) }")
+    res = ensure_node_table(model, analyze(model), target, threads=1, budget_s=5.0)
+    assert len(res.measured) == 1 and not res.skipped

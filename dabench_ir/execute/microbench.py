@@ -295,6 +295,8 @@ def _capture(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], graph: Gra
                 continue
             total += ttype.nbytes()
             names.append(name)
+    if not names:
+        return {}
     if total > _MAX_CAPTURE_BYTES:
         logger.info("activations take %d bytes: node benchmarks synthesise them", total)
         return {}
