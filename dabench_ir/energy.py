@@ -188,7 +188,7 @@ def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[
         dynamic[node.name] = joules
         busy[node.name] = timeline.busy(node.name) or 0.0
     total_busy = sum(busy.values())
-    static_j = model.static_watts * timeline.step_time_s
+    static_j = model.static_watts * timeline.step_time_s * max(1, int(getattr(plan, "chips", 1) or 1))  # per device
     return {
         name: e + (static_j * busy[name] / total_busy if total_busy > 0 else static_j / max(len(dynamic), 1))
         for name, e in dynamic.items()

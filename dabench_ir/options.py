@@ -174,9 +174,26 @@ def _proportions(value: Any) -> tuple[float, ...]:
     return out
 
 
+def _recompute(value: Any) -> str:
+    """``none``, ``selective`` or ``full``; a boolean from older specs means full (True) or none (False)."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    text = str(value).strip().lower()
+    legacy = {"true": "full", "yes": "full", "on": "full", "1": "full", "false": "none", "no": "none", "off": "none",
+              "0": "none"}  # fmt: skip
+    return legacy.get(text, text)
+
+
+def _zero(value: Any) -> int:
+    if isinstance(value, bool) or str(value).strip() not in ("0", "1", "2", "3"):
+        raise ValueError("expected 0, 1, 2 or 3 (ZeRO stage; 3 = FSDP)")
+    return int(value)
+
+
 PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
 SCENARIOS = ("generate",)
+RECOMPUTE = ("none", "selective", "full")
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
 OPT_LEVELS = ("O0", "O1", "O3")
@@ -203,7 +220,19 @@ class ProfileOptions:
         None, help="dtype of a decode graph's KV cache (default: the activations')", choices=KV_PRECISIONS
     )
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
-    recompute: bool = knob(False, help="train mode: recompute activations in the backward pass", parse=_bool)
+    recompute: str = knob(
+        "none", help="train mode: none (keep what autograd saves), selective (recompute attention cores) or full "
+        "(keep block inputs, recompute each block); true/false from older specs mean full/none",
+        choices=RECOMPUTE, parse=_recompute,
+    )  # fmt: skip
+    fused_attention: bool | None = knob(
+        None, help="run attention cores as one fused kernel (FlashAttention: no S×S tensor in memory; "
+        "default: the target's [defaults])", parse=_bool, metavar="{true,false}",
+    )  # fmt: skip
+    micro_batch: int | None = knob(
+        None, help="train: samples in flight per micro-batch (gradient accumulation over --batch / --micro-batch "
+        "micro-batches; the optimizer runs once per step); sets --micro-batches", parse=_positive,
+    )  # fmt: skip
     via: str = knob(
         "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=frozenset({PROFILE})
     )
@@ -240,8 +269,9 @@ class ProfileOptions:
         parse=_proportions, group="target", targets=frozenset({"ipu"}), metavar="P[,P...]",
     )  # fmt: skip
     optimizer_state: str = knob(
-        "auto", help="where optimizer state lives (auto: the target vendor's default)", choices=OPTIMIZER_STATE,
-        group="target", targets=frozenset({"ipu"}),
+        "auto", help="where optimizer state (fp32 master weights and moments) lives: auto (the vendor's default), "
+        "onchip, or offchip (IPU streaming memory; GPU CPU offload)", choices=OPTIMIZER_STATE,
+        group="target", targets=frozenset({"ipu", "gpu"}),
     )  # fmt: skip
     replicated_tensor_sharding: bool = knob(
         True, help="IPU: shard optimizer state over the replicas", parse=_bool, group="target",
@@ -283,6 +313,17 @@ class ProfileOptions:
         for name, k in KNOBS.items():
             if name in self.__dataclass_fields__:
                 object.__setattr__(self, name, k.check(getattr(self, name)))
+        if self.micro_batch is not None:  # one concept: micro-batches per step, derived from the size in flight
+            batch = self.batch or self.dims.get("batch")
+            if batch is None:
+                raise UserError(f"--micro-batch {self.micro_batch}: give --batch (the global batch per step) too")
+            if batch % self.micro_batch:
+                raise UserError(f"--micro-batch {self.micro_batch} does not divide --batch {batch}")
+            m = batch // self.micro_batch
+            if self.micro_batches is not None and self.micro_batches != m:
+                raise UserError(f"--micro-batch {self.micro_batch} with --batch {batch} is {m} micro-batches, "
+                                f"not --micro-batches {self.micro_batches}; give one of them")  # fmt: skip
+            object.__setattr__(self, "micro_batches", m)
 
 
 @dataclass(frozen=True)
@@ -293,6 +334,9 @@ class ScaleOptions(ProfileOptions):
                       group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
                                 commands=frozenset({SCALE, SWEEP, PROFILE}))  # fmt: skip
+    zero: int = knob(0, help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
+                     "2 + gradients, 3 + weights = FSDP)", parse=_zero, group="scale",
+                     commands=frozenset({SCALE, SWEEP}), metavar="{0,1,2,3}")  # fmt: skip
 
 
 def _collect(*classes: type) -> dict[str, Knob]:

@@ -30,6 +30,7 @@ __all__ = [
     "profile",
     "profile_graph",
     "profile_targets",
+    "resolve_defaults",
     "resolve_target",
     "run_profile",
 ]
@@ -89,6 +90,10 @@ def build_passes(
         from dabench_ir.passes.precision import PrecisionPass
 
         passes.append(PrecisionPass(opts.precision, kv=opts.kv_precision))
+    if opts.fused_attention:
+        from dabench_ir.passes.training import FusedAttentionPass
+
+        passes.append(FusedAttentionPass())
     if opts.mode == "train":
         from dabench_ir.passes.training import TrainingPass
 
@@ -114,6 +119,7 @@ def run_profile(model: Any, target: Any, opts: ProfileOptions, *, progress: Prog
     """`profile` with its options already built (the CLI builds them from its flags)."""
     say = progress or _quiet
     tgt = resolve_target(target, opts) if target is not None else None  # a bad name fails before any work
+    opts = resolve_defaults(opts, tgt, model=model)
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
     if tgt is not None and tgt.kind == "cpu" and not _is_mlir_file(model):
@@ -170,7 +176,7 @@ def profile_targets(
     measured = measure_on or (lambda _t: opts.measure)
     placed_opts = dataclasses.replace(opts, measure=False)
     results: dict[Any, Report | UserError] = {}
-    blob: bytes | UserError | None = None
+    blobs: dict[tuple[Any, Any], bytes | UserError] = {}  # costed once per (precision, fused attention)
     model_path = str(model) if isinstance(model, (str, os.PathLike)) else None
     for target in targets:
         try:
@@ -178,21 +184,41 @@ def profile_targets(
                 results[target] = run_profile(model, target, dataclasses.replace(opts, measure=True), progress=say)
                 continue
             tgt = resolve_target(target, opts)
-            if blob is None:
+            target_opts = resolve_defaults(placed_opts, tgt, model=model)
+            key = (target_opts.precision, target_opts.fused_attention)
+            if key not in blobs:
                 say("loading and costing the graph")
                 try:
-                    blob = pickle.dumps(prepare_graph(model, placed_opts), protocol=pickle.HIGHEST_PROTOCOL)
+                    blobs[key] = pickle.dumps(prepare_graph(model, target_opts), protocol=pickle.HIGHEST_PROTOCOL)
                 except UserError as exc:
-                    blob = exc
+                    blobs[key] = exc
+            blob = blobs[key]
             if isinstance(blob, UserError):
                 raise blob
-            report = profile_graph(pickle.loads(blob), tgt, placed_opts, model_path=model_path, progress=say)
+            report = profile_graph(pickle.loads(blob), tgt, target_opts, model_path=model_path, progress=say)
             results[target] = report
         except UserError as exc:
             if not keep_going:
                 raise
             results[target] = exc
     return results
+
+
+def resolve_defaults(opts: Any, target: Any, *, model: Any = None) -> Any:
+    """``opts`` with what the user left open taken from the target's ``[defaults]`` table:
+    the precision practitioners run on it (bf16 on GPUs, ...) and whether its software stack
+    fuses attention. Without a target (cost only) nothing changes; fp32 only when asked. A graph
+    costed from linalg (``--via mlir``, an .mlir ``model``) keeps its dtypes: the precision
+    rewrite works on ONNX-classified ops only."""
+    if target is None or not hasattr(target, "default"):
+        return opts
+    changes: dict[str, Any] = {}
+    linalg = getattr(opts, "via", "onnx") == "mlir" or (model is not None and _is_mlir_file(model))
+    if opts.precision is None and target.default("precision") is not None and not linalg:
+        changes["precision"] = str(target.default("precision"))
+    if opts.fused_attention is None:
+        changes["fused_attention"] = bool(target.default("fused_attention"))
+    return dataclasses.replace(opts, **changes) if changes else opts
 
 
 def resolve_target(target: Any, opts: ProfileOptions | None = None) -> Any:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
 from dabench_ir.lowering import lowering_for
-from dabench_ir.lowering._common import LoweringContext, training_bytes, weight_bytes
+from dabench_ir.lowering._common import LoweringContext, training_state, weight_bytes
 from dabench_ir.lowering.collectives import (
     bubble_fraction,
     hierarchical_allreduce_time,
@@ -41,6 +41,7 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
+from dabench_ir.passes.training import SAVED, is_optimizer_step
 from dabench_ir.place import place
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class ScalePoint:
     chips: int
     batch: int
     time_s: float
-    throughput_samples_per_s: float
+    throughput_samples_per_s: float | None  # None when the point does not fit (no figure for a run that cannot happen)
     compute_time_s: float
     comm_time_s: float
     bubble_fraction: float = 0.0
@@ -79,6 +80,8 @@ class ScalePoint:
     dominant_bound: str | None = None  # the bound class (communication included) holding most of the step
     nodes: int = 1  # nodes the chips span (target topology); > 1: collectives cross the node boundary
     notes: list[str] = field(default_factory=list)
+    memory_per_device: dict[str, int] | None = None  # bytes one device holds, by kind (weights, gradients, ...)
+    micro_batches: int | None = None
 
     @property
     def comm_share(self) -> float:
@@ -105,6 +108,8 @@ class ScalePoint:
             "dominant_bound": self.dominant_bound,
             "nodes": self.nodes,
             "notes": self.notes,
+            "memory_per_device": self.memory_per_device,
+            "micro_batches": self.micro_batches,
         }
 
 
@@ -146,6 +151,7 @@ class _Run:
     failure: dict[str, Any] | None
     layer_time: dict[int | None, float]
     bound_time: dict[str, float]
+    memory: dict[str, int] = field(default_factory=dict)  # resident bytes per memory of one device
 
     def dominant_bound(self, comm_s: float = 0.0) -> str | None:
         """The bound class with the most time, communication (``comm_s``) included."""
@@ -175,6 +181,7 @@ def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
         failure=plan.failure.to_dict() if plan.failure else None,
         layer_time=per_layer,
         bound_time=per_bound,
+        memory=dict(plan.memory_bytes),
     )
 
 
@@ -241,7 +248,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
             leaving[mod] = max(leaving.get(mod, 0), cost.act_bytes_out)
     for value in share.values.values():  # weights of split modules are sharded too
-        readers = share.consumers.get(value.name, [])
+        readers = [r for r in share.consumers.get(value.name, []) if not is_optimizer_step(r)]
         if value.kind.is_stored and readers and all(module_of[r.name] for r in readers):
             shape = value.type.shape
             if shape:
@@ -249,7 +256,47 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                 if isinstance(dims[-1], int) and dims[-1] % chips == 0:
                     dims[-1] //= chips
                     value.type = replace(value.type, shape=tuple(dims))
+    _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
+
+
+def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str, str | None], chips: int) -> None:
+    """Tensor parallelism shards the training state with the weights: gradients, master weights
+    and moments follow the parameters each chip keeps; saved activations produced inside a
+    split module are split too, those of norms and residuals are replicated (Korthikanti et
+    al., MLSys 2023, without sequence parallelism: sbh·(10 + 24/t + 5as/(ht)) per layer)."""
+    train = meta.training_state(share)
+    if not train:
+        return
+    try:
+        before = sum(v.type.numel(graph.bindings) for v in graph.weights())
+        after = sum(v.type.numel(share.bindings) for v in share.weights())
+    except Exception:
+        return
+    frac = after / before if before else 1.0
+    saved: dict[str, int] = {}
+    for node in share.nodes:
+        for value, nbytes in (node.meta.get(SAVED) or {}).items():
+            split = producer_module.get(value.split("#")[0]) is not None  # made inside a split module
+            saved[value] = math.ceil(nbytes / chips) if split else nbytes
+    shared = dict(train)
+    for key in ("gradient_bytes", "master_weight_bytes", "optimizer_state_bytes"):
+        shared[key] = math.ceil(int(train.get(key, 0)) * frac)
+    shared["params"] = after
+    for node in share.nodes:  # the optimizer updates only this chip's shard
+        cost = meta.get_cost(node)
+        if is_optimizer_step(node) and cost is not None:
+            node.meta[meta.COST] = Cost(vector_flops=math.ceil(cost.vector_flops * frac),
+                                        special_ops=math.ceil(cost.special_ops * frac),
+                                        weight_bytes=math.ceil(cost.weight_bytes * frac),
+                                        act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
+    if saved and train.get("recompute_mode") != "full":
+        shared["saved_activation_bytes"] = sum(saved.values())
+    elif saved:
+        shared["saved_activation_bytes"] = math.ceil(int(train["saved_activation_bytes"]) * sum(saved.values())
+                                                     / max(1, sum(v for n in share.nodes
+                                                                  for v in (n.meta.get(SAVED) or {}).values())))
+    meta.graph_set(share, meta.TRAINING, shared)
 
 
 # -- pipeline parallel -----------------------------------------------------------------------
@@ -271,20 +318,37 @@ def _pp_point(
     stage_times[-1] += outside / 2
     worst = max(stage_times)
     batch = options.batch or 1
-    m = micro_batches or max(batch, chips)
+    m = micro_batches or batch  # at most one micro-batch per sample
+    if m > batch:
+        raise UserError(
+            f"--strategy pp: batch {batch} cannot be split into {m} micro-batches (at most one per sample); "
+            f"give --micro-batches {batch} or less, or a larger --batch"
+        )
     link = target.link()
     boundary_bytes = _boundary_bytes(graph, stages)
     comm = 0.0
     if link is not None and chips > 1:
         comm = sum(p2p_time(b / m, *_stage_link(target, i)) for i, b in enumerate(boundary_bytes)) * m
     step = (m + chips - 1) * (worst / m) + comm
-    # per-stage fit: the stage's weights against the chip's feed memory
+    # per-stage fit: the stage's weights and training state, and under 1F1B the activations of
+    # the micro-batches in flight on it (stage i holds min(p - i, m) of them; Narayanan et al., SC'21)
     ctx = LoweringContext.build(graph, lowering_for(target).options(options).precision, options.batch)
     mem = target.feed_memory
     fits, failure = True, None
+    state = training_state(ctx)
+    worst_memory: dict[str, int] | None = None
     for i, st in enumerate(stages):
         nodes = [n for n in graph.nodes if n.layer in st]
-        need = weight_bytes(ctx, nodes) + training_bytes(ctx, nodes)
+        if i == 0:
+            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
+        part = training_state(ctx, nodes)
+        in_flight = min(chips - i, m)
+        acts = math.ceil(state.activations * len(st) / max(len(layers), 1) * in_flight / m)
+        parts = {"weights": weight_bytes(ctx, nodes), "gradients": part.gradients,
+                 "optimizer": part.optimizer_side, "activations": acts}  # fmt: skip
+        need = sum(parts.values())
+        if worst_memory is None or need > sum(worst_memory.values()):
+            worst_memory = parts
         if need > mem.capacity_bytes:
             fits = False
             failure = {
@@ -298,7 +362,7 @@ def _pp_point(
         chips=chips,
         batch=batch,
         time_s=step,
-        throughput_samples_per_s=batch / step if step > 0 else 0.0,
+        throughput_samples_per_s=batch / step if step > 0 and fits else None,
         compute_time_s=step - comm,
         comm_time_s=comm,
         bubble_fraction=bubble_fraction(chips, m),
@@ -309,7 +373,9 @@ def _pp_point(
         failure=failure,
         stages=stages,
         dominant_bound=single.dominant_bound(comm),
-        notes=[f"{m} micro-batches"],
+        notes=[f"{m} micro-batch{'es' if m != 1 else ''}"],
+        memory_per_device=worst_memory,
+        micro_batches=m,
     )
 
 
@@ -401,8 +467,15 @@ def scale(
             pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
         else:
             pt = _pp_point(graph, target, options, n, single, micro_batches)
-        if target.topology is not None:
+        on_wafer = target.kind == "wse" and strategy == "dp"  # replicas share one wafer
+        if target.topology is not None and not on_wafer:
             pt.nodes = target.topology.nodes(n)
+            if pt.nodes > 1 and strategy == "pp":
+                topo = target.topology
+                pt.notes.append(
+                    f"crosses the node boundary: {pt.nodes} nodes of {topo.per_node}; stage boundaries between "
+                    f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
+                )
             if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0:
                 pt.notes.append(
                     f"crosses the node boundary: {pt.nodes} nodes of {target.topology.per_node} "
@@ -410,9 +483,9 @@ def scale(
                     f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
                 )
         points.append(pt)
-    base = single.time_s and (options.batch or 1) / single.time_s
+    base = single.time_s and (options.batch or 1) / single.time_s  # one chip's rate, fitting or not
     for pt in points:
-        if base:
+        if base and pt.throughput_samples_per_s is not None:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
     precision = lowering_for(target).options(options).precision  # the dtype peaks were taken at
@@ -435,7 +508,7 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         chips=chips,
         batch=batch,
         time_s=step,
-        throughput_samples_per_s=batch / step if step > 0 else 0.0,
+        throughput_samples_per_s=batch / step if step > 0 and run.fits else None,
         compute_time_s=run.time_s,
         comm_time_s=comm,
         allocation_ratio=run.allocation,
@@ -444,6 +517,7 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         fits=run.fits,
         failure=run.failure,
         dominant_bound=run.dominant_bound(comm),
+        memory_per_device=dict(run.memory) or None,
     )
 
 
@@ -459,14 +533,48 @@ def _dp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, sin
         pt.notes.append("on-wafer replicas (intra-chip data parallel)")
         return pt
     comm = 0.0
+    zero = int(getattr(options, "zero", 0) or 0) if train else 0
     if train:
         link = target.link()
         if link is None:
             raise UserError(f"{target.name} declares no link; data parallel training needs one")
-        comm = allreduce_time(target, _gradient_bytes(graph), n)
+        # ZeRO 1/2: reduce-scatter + all-gather, the all-reduce's volume; ZeRO 3 also gathers the
+        # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
+        comm = allreduce_time(target, _gradient_bytes(graph), n) * (1.5 if zero == 3 else 1.0)
     pt = _point_from_run(single, n, batch * n, comm)
     pt.notes.append("weak scaling: each chip runs the full batch")
+    if target.kind == "gpu":
+        from dabench_ir.lowering.gpu import device_memory
+
+        lowering_opts = lowering_for(target).options(options)
+        ctx = LoweringContext.build(graph, lowering_opts.precision, options.batch)
+        parts = device_memory(ctx, micro_batches=lowering_opts.micro_batches or 1,
+                              offload=lowering_opts.optimizer_state == "offchip", zero=zero, shards=n)  # fmt: skip
+        _fit_device(pt, target, parts)
+        if zero:
+            pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
+    elif zero:
+        raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     return pt
+
+
+def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
+    """Set ``pt``'s per-device memory and fit from ``parts`` (bytes by kind; ``host`` is off the device)."""
+    mem = target.feed_memory
+    need = sum(v for k, v in parts.items() if k != "host")
+    pt.memory_per_device = parts
+    pt.fits = need <= mem.capacity_bytes
+    pt.failure = None if pt.fits else {
+        "reason": f"one device needs {need / 1e9:.2f} GB of {mem.name} "
+        f"({', '.join(f'{k} {v / 1e9:.1f}' for k, v in parts.items() if v)} GB), "
+        f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
+        "needed_bytes": need,
+        "capacity_bytes": int(mem.capacity_bytes),
+    }  # fmt: skip
+    if not pt.fits:
+        pt.throughput_samples_per_s = None
+    elif pt.throughput_samples_per_s is None and pt.time_s > 0:
+        pt.throughput_samples_per_s = pt.batch / pt.time_s
 
 
 def _tp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, train: bool) -> ScalePoint:

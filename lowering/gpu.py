@@ -2,7 +2,13 @@
 
 Each kernel takes ``max(flops / peak, bytes / DRAM bandwidth)`` plus a fixed launch
 overhead, on one in-order stream. Weights and the peak of live activations must fit in
-device memory (HBM). The host CPU lowering (`cpu`) places nodes the same way, one per
+device memory (HBM). In training the step runs ``micro_batches`` micro-batches one after
+another (gradient accumulation): each kernel launches and reads its weights once per
+micro-batch, activations are held for one micro-batch at a time, and the optimizer runs
+once per step. Attention cores run as one fused kernel when the fused-attention pass ran;
+they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share).
+``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
+host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
 
 Decode graphs (``dabench.phase`` = decode, from ``dabench-ir export --phase decode``) are
@@ -25,16 +31,20 @@ from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     kernel_groups,
+    peak_live_bytes,
     place_node,
+    training_state,
+    weight_bytes,
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.training import FUSED_ATTENTION
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "stream_plan"]
+__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "device_memory", "stream_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +55,8 @@ class GpuOptions(LoweringOptions):
     elementwise chains onto their producer's kernel, as GPU compilers do."""
 
     fuse_elementwise: bool = internal(True)
+    micro_batches: int | None
+    optimizer_state: str
 
 
 class GpuLowering(Lowering):
@@ -81,6 +93,40 @@ def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
 LOWERING = GpuLowering()
 
 
+def _efficiency(node: Node, fused_attention: float, matmul: float) -> float:
+    """Share of the peak a kernel's FLOPs run at: a fused attention kernel's measured share,
+    a contraction's maximum achievable matmul rate, the full peak for the rest (memory-bound)."""
+    if FUSED_ATTENTION in node.meta:
+        return fused_attention
+    return matmul if node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION else 1.0
+
+
+def device_memory(
+    ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
+) -> dict[str, int]:
+    """Bytes one device holds, by kind: ``weights``, ``gradients``, ``optimizer`` (fp32 master
+    weights and Adam moments), ``activations`` (saved for backward, one micro-batch), ``live``
+    (the forward's peak of live tensors, one micro-batch) and ``host`` (optimizer state
+    offloaded to CPU memory). ``zero``: the ZeRO stage over ``shards`` data-parallel devices
+    (Rajbhandari et al., SC'20: 1 shards the optimizer state, 2 also gradients, 3 also the
+    weights, as FSDP does)."""
+    m = max(1, micro_batches)
+    state = training_state(ctx)
+
+    def shard(nbytes: int, stage: int) -> int:
+        return math.ceil(nbytes / shards) if zero >= stage and shards > 1 else nbytes
+
+    optimizer = shard(state.optimizer_side, 1)
+    return {
+        "weights": shard(weight_bytes(ctx), 3),
+        "gradients": shard(state.gradients, 2),
+        "optimizer": 0 if offload else optimizer,
+        "activations": math.ceil(state.activations / m),
+        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m),
+        "host": optimizer if offload else 0,
+    }
+
+
 def stream_plan(
     ctx: LoweringContext,
     target: Target,
@@ -96,6 +142,8 @@ def stream_plan(
     grouping (default `kernel_groups`); fits when the weights and the
     peak of live activations fit the feed memory."""
     times = times or {}
+    m = max(1, int(getattr(options, "micro_batches", None) or 1))
+    offload = getattr(options, "optimizer_state", "auto") == "offchip"
     peak = target.peak_flops(ctx.precision)
     mem = target.feed_memory
     bw = mem.bandwidth_bytes_per_s
@@ -104,6 +152,10 @@ def stream_plan(
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units
     grain = target.arch_value("min_grain_flops", 0.0)
+    # a fused attention kernel reaches a published share of peak (FlashAttention-2 on this GPU);
+    # a GEMM at best the maximum achievable matmul FLOP/s measured on the chip
+    fused_eff = target.arch_value("fused_attention_efficiency", 1.0)
+    matmul_eff = target.arch_value("matmul_efficiency", 1.0)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
@@ -113,7 +165,8 @@ def stream_plan(
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             work = ctx.is_work(node)
-            overhead = launch if work and not launched else 0.0
+            runs = 1 if ctx.is_optimizer_step(node) else m  # the optimizer runs once per step
+            overhead = runs * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
@@ -123,8 +176,8 @@ def stream_plan(
                 ctx,
                 node,
                 unit=unit.id,
-                compute_s=cost.flops / peak,
-                memory_s=cost.bytes / bw,
+                compute_s=cost.flops / peak / _efficiency(node, fused_eff, matmul_eff),
+                memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
                 overhead_s=overhead,
                 feed_level=mem.level,
                 feed_bytes=cost.bytes,
@@ -137,12 +190,17 @@ def stream_plan(
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
-    resident = ctx.resident_bytes()
+    parts = device_memory(ctx, micro_batches=m, offload=offload)
+    resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
+    if parts["host"]:
+        plan.memory_bytes["host"] = parts["host"]
+    state = training_state(ctx)
     plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:
         plan.fail(
-            f"weights and live activations need {resident / 1e9:.2f} GB of {mem.name}, "
+            f"weights{', training state' if state.total else ''} and live activations need "
+            f"{resident / 1e9:.2f} GB of {mem.name}, "
             f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
             resident,
             mem.capacity_bytes,

@@ -33,10 +33,16 @@ __all__ = [
     "ADAM_FLOPS_PER_PARAM",
     "ADAM_MOMENT_BYTES_PER_PARAM",
     "FORWARD_COST",
+    "FUSED_ATTENTION",
     "MASTER_BYTES_PER_PARAM",
+    "RECOMPUTE",
+    "SAVED",
+    "FusedAttentionPass",
     "TrainingPass",
+    "attention_cores",
     "backward_cost",
     "is_optimizer_step",
+    "saved_for_backward",
 ]
 
 FORWARD_COST = "dabench.cost.forward"
@@ -97,11 +103,154 @@ def _itemsize(node: Node) -> int:
     return dtype.itemsize if isinstance(dtype, DType) else 4
 
 
+RECOMPUTE = ("none", "selective", "full")
+FUSED_ATTENTION = "dabench.fused_attention"  # node meta: the attention core id a fused kernel runs it in
+SAVED = "dabench.train.saved"  # node meta: {value: bytes} the node keeps for backward (whole bound batch)
+
+# What autograd keeps for the backward pass, by op type (PyTorch's saved tensors; docs/training.md):
+_SAVES_OUTPUT = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal"})
+_SAVES_NOTHING = frozenset({"Add", "Sub", "Neg", "Cast", "ReduceMean", "ReduceSum", "Where", "Expand", "Identity"})
+_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
+                    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})  # fmt: skip
+
+
+def _is_activation(graph: Graph, name: str) -> bool:
+    value = graph.values.get(name) if name else None
+    return value is not None and not value.kind.is_stored and value.kind is not ValueKind.CONSTANT and (
+        value.type.dtype.is_float
+    )
+
+
+def _nbytes(graph: Graph, name: str) -> int:
+    try:
+        return graph.type_of(name).nbytes()
+    except (UnboundSymbolError, KeyError):
+        return 0
+
+
+def saved_for_backward(graph: Graph, node: Node, needs: set[str]) -> dict[str, int]:
+    """What autograd keeps of ``node`` for the backward pass: value name -> bytes (extra
+    per-row statistics under a ``name#stats`` key). Nothing when no gradient flows through it.
+
+    A contraction keeps each activation operand whose partner needs a gradient (X for dW,
+    Q and K for QKᵀ); softmax, sigmoid, tanh, exp and sqrt keep their output; a fused norm
+    keeps its input and two fp32 statistics per row; adds, casts, reductions, views and
+    layout moves keep nothing; any other vector op (GELU, Pow, Mul, Div, ...) keeps its
+    activation inputs that a partner's gradient needs.
+    """
+    ins = [n for n in node.inputs if n]
+    if not any(n in needs for n in ins):
+        return {}
+    traits = traits_of(node)
+    op = node.op_type
+    saved: dict[str, int] = {}
+    if traits.backward is Backward.CONTRACTION:
+        ops = ins[:2]
+        for i, name in enumerate(ops):
+            partner = ops[1 - i] if len(ops) == 2 else None
+            if _is_activation(graph, name) and (partner is None or partner in needs):
+                saved[name] = _nbytes(graph, name)
+    elif op in _SAVES_OUTPUT:
+        out = node.outputs[0] if node.outputs else ""
+        if out:
+            saved[out] = _nbytes(graph, out)
+    elif op in _NORMS:
+        x = ins[0]
+        saved[x] = _nbytes(graph, x)
+        size = graph.values[x].type.dtype.itemsize if x in graph.values else 4
+        saved[f"{x}#stats"] = 2 * 4 * (saved[x] // max(size, 1) // _last_dim(graph, x))  # mean and 1/σ, fp32
+    elif op in _SAVES_NOTHING or traits.backward in (Backward.MOVE, Backward.NONE, Backward.SCATTER_ADD):
+        pass
+    else:  # elementwise with a data-dependent derivative: its activation inputs
+        for name in ins:
+            if _is_activation(graph, name):
+                saved[name] = _nbytes(graph, name)
+    return saved
+
+
+def attention_cores(graph: Graph) -> dict[str, int]:
+    """Node name -> attention core id: the nodes from an activation-by-activation matmul
+    (QKᵀ) to the next one in the same block (softmax(·)V), scale, mask and softmax between."""
+    core: dict[str, int] = {}
+    start: int | None = None
+    layer = None
+    for i, node in enumerate(graph.nodes):
+        if traits_of(node).backward is not Backward.CONTRACTION:
+            continue
+        operands = [n for n in node.inputs[:2] if n]
+        act_by_act = len(operands) == 2 and all(_is_activation(graph, n) for n in operands)
+        if act_by_act and start is not None and node.layer == layer:
+            for n in graph.nodes[start : i + 1]:
+                core[n.name] = start
+            start = None
+        elif act_by_act:
+            start, layer = i, node.layer
+    return core
+
+
+def _core_internal(graph: Graph, cores: dict[str, int]) -> set[str]:
+    """Values a core produces and only the same core reads (scores, probabilities)."""
+    internal = set()
+    for name, cid in cores.items():
+        for out in graph.node(name).outputs:
+            readers = graph.consumers.get(out, []) if out else []
+            if readers and all(cores.get(r.name) == cid for r in readers):
+                internal.add(out)
+    return internal
+
+
+@dataclass(frozen=True)
+class FusedAttentionPass(Pass):
+    """Run each attention core as one fused kernel (FlashAttention; Dao et al., NeurIPS 2022):
+    the S×S scores and probabilities stay on chip, so the core's nodes neither read nor write
+    them from memory. FLOPs are unchanged; the training pass then saves Q, K, V, the output
+    and the softmax's log-sum-exp rows, and the backward recomputes the scores."""
+
+    name: str = "fused_attention"
+
+    def call(self, graph: Graph) -> PassResult:
+        cores = attention_cores(graph)
+        if not cores:
+            return PassResult(graph, False)
+        internal = _core_internal(graph, cores)
+        for name, cid in cores.items():
+            node = graph.node(name)
+            cost = meta.get_cost(node)
+            node.meta[FUSED_ATTENTION] = cid
+            if cost is None:
+                continue
+            drop_in = sum(_nbytes(graph, v) for v in node.inputs if v in internal)
+            drop_out = sum(_nbytes(graph, v) for v in node.outputs if v in internal)
+            node.meta[meta.COST] = Cost(
+                contraction_flops=cost.contraction_flops,
+                vector_flops=cost.vector_flops,
+                special_ops=cost.special_ops,
+                weight_bytes=cost.weight_bytes,
+                act_bytes_in=max(0, cost.act_bytes_in - drop_in),
+                act_bytes_out=max(0, cost.act_bytes_out - drop_out),
+            )
+        return PassResult(graph, True)
+
+
+def _recompute_mode(value: object) -> str:
+    if value is True:
+        return "full"
+    if value in (False, None):
+        return "none"
+    return str(value)
+
+
 @dataclass(frozen=True)
 class TrainingPass(Pass):
-    """Turn a costed forward graph into one training step (forward, backward, optimizer)."""
+    """Turn a costed forward graph into one training step (forward, backward, optimizer).
 
-    recompute: bool = False
+    ``recompute``: ``none`` keeps what autograd saves; ``selective`` recomputes each
+    attention core in backward and keeps only its inputs (Korthikanti et al., MLSys 2023);
+    ``full`` keeps each block's input and recomputes the block (``True``/``False`` from
+    older specs mean full/none).
+    """
+
+    recompute: str | bool = "none"
     optimizer: str = "adam"
     name: str = "training"
 
@@ -114,8 +263,13 @@ class TrainingPass(Pass):
     def call(self, graph: Graph) -> PassResult:
         if meta.graph_mode(graph) == "train":
             return PassResult(graph, False)
+        mode = _recompute_mode(self.recompute)
         needs = _needs_grad(graph)
-        saved = 0
+        fused = {n.name: n.meta[FUSED_ATTENTION] for n in graph.nodes if FUSED_ATTENTION in n.meta}
+        cores = fused or (attention_cores(graph) if mode == "selective" else {})
+        internal = _core_internal(graph, cores) if cores else set()
+        saved: dict[str, int] = {}
+        per_layer: dict[int | None, dict[str, int]] = {}
         boundary = 0
         for node in graph.nodes:
             forward = meta.get_cost(node)
@@ -126,13 +280,31 @@ class TrainingPass(Pass):
                 data = [n for n in node.inputs[:2] if n]  # the two operands; a bias grad is a reduction
             grads = sum(1 for n in data if n in needs)
             bwd = backward_cost(node, forward, grads, len(data))
-            if self.recompute:
+            keep = saved_for_backward(graph, node, needs)
+            if node.name in cores:
+                # a fused or recomputed core keeps only what enters it from outside (Q, K, V);
+                # its backward runs the scores' forward again (the last matmul's output is kept)
+                keep = {v: b for v, b in keep.items() if v.split("#")[0] not in internal}
+                last = not any(out in internal for out in node.outputs)
+                if not last and grads:
+                    bwd = bwd + Cost(contraction_flops=forward.contraction_flops, vector_flops=forward.vector_flops,
+                                     special_ops=forward.special_ops)  # fmt: skip
+                if node.name in fused and node.outputs and (last or node.op_type in _SAVES_OUTPUT):
+                    out = node.outputs[0]
+                    if last:  # the kernel's output O
+                        keep[out] = _nbytes(graph, out)
+                    else:  # the softmax's log-sum-exp, one fp32 per score row
+                        itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
+                        keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
+            if mode == "full" and grads:
                 bwd = bwd + forward
             node.meta[FORWARD_COST] = forward
             node.meta[BACKWARD_COST] = bwd
             node.meta[meta.COST] = forward + bwd
-            if grads:
-                saved += forward.act_bytes_in
+            if keep:
+                node.meta[SAVED] = keep
+            saved.update(keep)
+            per_layer.setdefault(node.layer, {}).update(keep)
             if any(c.layer != node.layer for out in node.outputs for c in graph.consumers.get(out, ())):
                 boundary += forward.act_bytes_out
         try:
@@ -143,24 +315,33 @@ class TrainingPass(Pass):
         step = _optimizer_node(graph, params, itemsize)
         graph.nodes.append(step)
         graph.invalidate()
-        per_layer_peak = max(
-            (sum(meta.get_cost(n).act_bytes_in for n in graph.nodes if n.layer == layer and meta.get_cost(n))
-             for layer in graph.layers),
-            default=0,
-        )
-        meta.graph_set(graph, meta.GRAPH_MODE, "train")
+        layer_peak = max((sum(k.values()) for layer, k in per_layer.items() if layer is not None), default=0)
+        kept = boundary + layer_peak if mode == "full" else sum(saved.values())
         meta.graph_set(graph, meta.TRAINING, {
             "optimizer": self.optimizer,
-            "recompute": self.recompute,
+            "recompute": mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
+            "recompute_mode": mode,
+            "fused_attention": bool(fused),
             "params": params,
             "gradient_bytes": itemsize * params,
             "master_weight_bytes": MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
             "optimizer_state_bytes": ADAM_MOMENT_BYTES_PER_PARAM * params,
-            # activations kept for backward: every saved input, or with recompute only the
-            # tensors crossing layer boundaries plus one layer's working set
-            "saved_activation_bytes": boundary + per_layer_peak if self.recompute else saved,
+            # activations kept for backward over the whole bound batch: what autograd saves per
+            # op, or with full recompute the tensors crossing block boundaries plus one block's set
+            "saved_activation_bytes": kept,
         })  # fmt: skip
+        meta.graph_set(graph, meta.GRAPH_MODE, "train")
         return PassResult(graph, True)
+
+
+def _last_dim(graph: Graph, name: str) -> int:
+    try:
+        dim = graph.type_of(name).shape[-1]
+    except (KeyError, IndexError, UnboundSymbolError):
+        return 1
+    if isinstance(dim, int):
+        return max(dim, 1)
+    return max(int(graph.bindings.get(dim, 1)), 1)
 
 
 def _weight_itemsize(graph: Graph) -> int:

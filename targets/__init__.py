@@ -211,6 +211,12 @@ class Target:
                 return link
         return None
 
+    def default(self, name: str) -> Any:
+        """The target's ``[defaults]`` value for a knob (``precision``, ``fused_attention``), or None:
+        what practitioners run on it when the user does not say (each entry carries its source)."""
+        entry = (self.raw.get("defaults") or {}).get(name)
+        return entry.get("value") if isinstance(entry, Mapping) else None
+
     def overhead(self, name: str, default: float = 0.0) -> float:
         q = self.overheads.get(name)
         return default if q is None else q.value
@@ -363,7 +369,7 @@ class _Parser:
         peaks = {}
         for key in peaks_raw:
             try:
-                DType.from_name(key)
+                DType.from_name("fp32" if key == "tf32" else key)  # TF32: fp32 storage on tensor cores
             except ValueError:
                 raise self.fail(f"field compute.peak_flops.{key}: unknown precision {key!r}") from None
             peaks[key] = self.quantity(peaks_raw, key, f"compute.peak_flops.{key}", positive=True)
@@ -415,6 +421,9 @@ class _Parser:
         arch_raw = self.table(d, "arch", "arch", required=False)
         arch = {k: self.quantity(arch_raw, k, f"arch.{k}") for k in arch_raw}
         topology = self.topology(self.table(d, "topology", "topology", required=False), links)
+        for key, entry in self.table(d, "defaults", "defaults", required=False).items():
+            if not isinstance(entry, Mapping) or "value" not in entry or not str(entry.get("source", "")).strip():
+                raise self.fail(f"field defaults.{key} must be an inline table {{ value = ..., source = \"...\" }}")
 
         return Target(
             name=name,

@@ -56,8 +56,9 @@ def test_precision_and_training_change_the_figures(block, tmp_path):
         assert main(["profile", str(block), "--target", "h100", "--quiet", "--json", str(path), *extra]) == 0
         return json.loads(path.read_text())
 
-    fp32, fp16, train = run(), run("--precision", "fp16"), run("--mode", "train")
+    fp32, fp16, train = run("--precision", "fp32"), run("--precision", "fp16"), run("--mode", "train", "--precision", "fp32")
     assert fp16["totals"]["bytes"] * 2 == fp32["totals"]["bytes"]
+    assert run()["config"]["precision"] == "bf16"  # what practitioners run on an H100: targets/h100.toml [defaults]
     assert fp16["config"]["precision_by_class"] == {"contraction": "fp16", "vector": "fp16"}
     # each matmul is half the forward contraction; the first reads the raw input (dW only:
     # 2x), the second an activation that needs a gradient (dX and dW: 3x)

@@ -53,7 +53,8 @@ def test_flags_and_choices():
     assert KNOBS["micro_batches"].flag == "--micro-batches"
     assert KNOBS["dims"].flag == "--dim"
     assert KNOBS["precision"].choices == ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
-    assert KNOBS["recompute"].is_switch and not KNOBS["batch"].is_switch
+    assert KNOBS["measure"].is_switch and not KNOBS["batch"].is_switch
+    assert KNOBS["recompute"].choices == ("none", "selective", "full")
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_flags_and_choices():
         ("precision", "fp4", "--precision 'fp4': expected one of fp32, fp16, bf16, mixed, int8, fp8, w8a16, w4a16"),
         ("replicas", "many", "--replicas 'many': expected a positive integer"),
         ("warmup", -1, "--warmup -1: expected a non-negative integer"),
-        ("recompute", "maybe", "--recompute 'maybe': expected true or false"),
+        ("recompute", "maybe", "--recompute 'maybe': expected one of none, selective, full"),
         ("dims", {"seq": 0}, "--dim"),
     ],
 )
@@ -77,7 +78,7 @@ def test_a_bad_value_names_the_flag(field, value, message):
 
 def test_values_are_parsed_once():
     opts = ProfileOptions(batch="4", replicas="auto", recompute="yes", dims={"seq": "8"})
-    assert (opts.batch, opts.replicas, opts.recompute, dict(opts.dims)) == (4, "auto", True, {"seq": 8})
+    assert (opts.batch, opts.replicas, opts.recompute, dict(opts.dims)) == (4, "auto", "full", {"seq": 8})
     assert ProfileOptions(replicas="3").replicas == 3
 
 
@@ -103,9 +104,9 @@ def test_options_from_args_keeps_the_dataclass_defaults():
     add_knob_arguments(p, PROFILE)
     opts = options_from_args(p.parse_args([]), ProfileOptions, PROFILE)
     assert opts == ProfileOptions()
-    args = p.parse_args(["--batch", "2", "--dim", "seq=8", "--dim", "n=3", "--recompute", "--replicas", "auto"])
+    args = p.parse_args(["--batch", "2", "--dim", "seq=8", "--dim", "n=3", "--recompute", "full", "--replicas", "auto"])
     opts = options_from_args(args, ProfileOptions, PROFILE)
-    assert (opts.batch, dict(opts.dims), opts.recompute, opts.replicas) == (2, {"seq": 8, "n": 3}, True, "auto")
+    assert (opts.batch, dict(opts.dims), opts.recompute, opts.replicas) == (2, {"seq": 8, "n": 3}, "full", "auto")
 
 
 def test_list_flags_parse_each_item():

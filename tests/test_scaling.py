@@ -61,11 +61,21 @@ def test_dp_training_all_reduces_the_gradient():
 
 def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
     graph = decoder(layers=6, hidden=64)
-    result = scale(graph, load_target("h100"), [1, 3], "pp", ProfileOptions(batch=1), micro_batches=4)
+    result = scale(graph, load_target("h100"), [1, 3], "pp", ProfileOptions(batch=4), micro_batches=4)
     p3 = result.points[1]
     assert [len(s) for s in p3.stages] == [2, 2, 2]
     assert p3.bubble_fraction == pytest.approx(2 / 6)
     assert 0 < p3.load_imbalance <= 1
+
+
+def test_pp_cannot_split_a_batch_into_more_micro_batches_than_samples():
+    graph = decoder(layers=8, hidden=64)
+    with pytest.raises(UserError, match="batch 1 cannot be split into 8 micro-batches"):
+        scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(batch=1), micro_batches=8)
+    # batch 1 is one micro-batch: the pipeline only adds its bubble, no speedup (was 4x)
+    p8 = scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(batch=1)).points[1]
+    assert p8.micro_batches == 1 and p8.bubble_fraction == pytest.approx(7 / 8)
+    assert p8.speedup < 1.01
 
 
 def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from dabench_ir.pipeline import prepare_graph
+    from dabench_ir.pipeline import prepare_graph, resolve_defaults
     from dabench_ir.progress import Progress
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
@@ -54,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
     merged: ScaleResult | None = None
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = ScaleOptions(**values, batch=batch)
+        opts = resolve_defaults(ScaleOptions(**values, batch=batch), target, model=args.model)
         graph = prepare_graph(args.model, opts)
         progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
-        # pipeline micro-batches are the pp split's, not the single chip's lowering
-        lowering = dataclasses.replace(opts, micro_batches=None)
+        # pipeline micro-batches are the pp split's, not the single chip's lowering; with dp/tp
+        # they are each chip's gradient accumulation
+        lowering = dataclasses.replace(opts, micro_batches=None, micro_batch=None) if opts.strategy == "pp" else opts
         result = scale(graph, target, chips, opts.strategy, lowering, micro_batches=opts.micro_batches)
         result.model = {
             "path": str(args.model),
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
-    head = f"{result.target}, strategy {result.strategy}, {result.mode}, link {result.link or '-'}"
+    head = f"{result.target}, strategy {result.strategy}, {result.mode}, {result.precision}, link {result.link or '-'}"
     if result.devices_per_node:
         head += f", {result.devices_per_node} per node"
     cols = [
@@ -119,6 +120,7 @@ def render_scale(result) -> str:
         "LI",
         "bound",
         "fits",
+        "mem/device",
     ]
     rows = []
     for p in result.points:
@@ -128,7 +130,7 @@ def render_scale(result) -> str:
                 str(p.nodes) + ("*" if p.nodes > 1 else ""),
                 str(p.batch),
                 seconds(p.time_s),
-                human(p.throughput_samples_per_s),
+                "does not fit" if p.throughput_samples_per_s is None else human(p.throughput_samples_per_s),
                 "-" if p.speedup is None else f"{p.speedup:.2f}x",
                 "-" if p.scaling_efficiency is None else f"{100 * p.scaling_efficiency:.0f}%",
                 f"{100 * p.comm_share:.1f}%",
@@ -137,6 +139,7 @@ def render_scale(result) -> str:
                 "-" if p.load_imbalance is None else f"{p.load_imbalance:.2f}",
                 p.dominant_bound or "-",
                 "yes" if p.fits else "NO",
+                human(sum(v for k, v in p.memory_per_device.items() if k != "host"), "B") if p.memory_per_device else "-",
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

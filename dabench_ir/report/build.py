@@ -88,13 +88,14 @@ def build_report(
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s
-    throughput = samples / time_s if time_s else None
+    fits = plan is None or plan.fits  # a point that does not fit gets no throughput, GOP/s or GOP/s/W
+    throughput = samples / time_s if time_s and fits else None
     totals: dict[str, Any] = {
         "flops": total.flops,
         "bytes": total.bytes,
         "time_s": time_s,
         "throughput_samples_per_s": throughput,
-        "achieved_flops_per_s": total.flops / time_s if time_s else None,
+        "achieved_flops_per_s": total.flops / time_s if time_s and fits else None,
         **total.as_dict(),
         "intensity": total.intensity,
         "nodes": len(records),
@@ -111,7 +112,7 @@ def build_report(
     if metrics is not None:
         metric_dict.update(metrics.to_dict())
     if target is not None:
-        metric_dict["target_power_w"] = float(target.watts)
+        metric_dict["target_power_w"] = float(target.watts) * max(1, int(getattr(plan, "chips", 1) or 1))
     if measurement is not None and timeline is not None and timeline.source == "emulated":
         from dabench_ir.metrics import prediction_error
 
@@ -209,16 +210,17 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None
         r.energy_j = energies.get(r.name)
     energy = sum(energies.values())
     step = timeline.step_time_s
-    achieved = totals["flops"] / step if step else None
+    achieved = totals["achieved_flops_per_s"]
+    watts = float(target.watts) * max(1, int(getattr(plan, "chips", 1) or 1))  # every device the plan uses
     totals.update(
         {
             "energy_j": energy,
             "energy_per_sample_j": energy / samples if samples else None,
             "power_w": energy / step if step else None,
-            "target_power_w": float(target.watts),
+            "target_power_w": watts,
             # achieved GOP/s per rated watt, and per modelled watt (FLOPs per joule)
-            "gops_per_w": achieved / 1e9 / float(target.watts) if achieved and target.watts else None,
-            "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy else None,
+            "gops_per_w": achieved / 1e9 / watts if achieved and watts else None,
+            "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy and achieved else None,
         }
     )
 

@@ -193,7 +193,7 @@ def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
         "dominant_bound": bound,
         "dominant_bound_share": share,
         "power_w": power,
-        "gops_per_w": achieved / power / 1e9 if achieved and power else None,
+        "gops_per_w": achieved / power / 1e9 if achieved and power and data.get("fits") is not False else None,
         "measured_time_s": totals.get("measured_time_s"),
         "failure": (failure or {}).get("reason") if isinstance(failure, Mapping) else failure,
         "estimated_nodes": int(totals.get("estimated_nodes") or 0),
@@ -239,7 +239,7 @@ def _node_nm(target_name: Any) -> float | None:
 
 
 def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per report (keys: `COMPARE_COLUMNS`), in the order given."""
+    """One row per report (keys: `COMPARE_COLUMNS`), in the order given, those that do not fit last."""
     rows = []
     for rep in reports:
         if isinstance(rep, Report):
@@ -249,7 +249,7 @@ def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[
         else:
             raise TypeError(f"compare_reports takes Report objects or report dicts, not {type(rep).__name__}")
     label_rows(rows)
-    return rows
+    return sorted(rows, key=lambda r: r.get("fits") is False)  # in the order given; points that do not fit last
 
 
 def estimated_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -287,7 +287,7 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "target": str(row.get("target") or "-"),
         "run": " ".join(row["label"].split(" ")[1:]) if row.get("label") and " " in row["label"] else "-",
         "time": seconds(row.get("time_s")),
-        "throughput": "-"
+        "throughput": ("does not fit" if fits is False else "-")
         if row.get("throughput_samples_per_s") is None
         else human(row["throughput_samples_per_s"], "samples/s"),
         "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),

@@ -269,6 +269,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
         out.append(
             f"  time       {seconds(t['time_s'])} per step, {human(t['throughput_samples_per_s'])} samples/s, "
             f"{human(t['achieved_flops_per_s'], 'FLOP/s')} achieved"
+            if t.get("throughput_samples_per_s") is not None
+            else f"  time       {seconds(t['time_s'])} per step if it fitted; throughput: does not fit"
         )
     if t.get("energy_j") is not None:
         out.append(

@@ -33,6 +33,7 @@ def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
 
     opts = point_options(params)
     target = pipeline.resolve_target(params["target"], opts)
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     if opts.chips != 1:
         return _scaled(graph, target, opts)
@@ -60,7 +61,8 @@ def _scaled(graph: Any, target: Any, opts: Any) -> dict[str, Any]:
         {
             "time_s": point.time_s,
             "throughput_samples_per_s": point.throughput_samples_per_s,
-            "achieved_flops_per_s": point.throughput_samples_per_s * flops_per_sample,
+            "achieved_flops_per_s": None if point.throughput_samples_per_s is None  # does not fit
+            else point.throughput_samples_per_s * flops_per_sample,
             "comm_time_s": point.comm_time_s,
         }
     )

@@ -1,0 +1,181 @@
+"""Training memory as frameworks keep it: per-op saved tensors, fused attention, recompute,
+micro-batches, and the sharding of training state (docs/training.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import DType
+from dabench_ir.options import ProfileOptions, ScaleOptions
+from dabench_ir.passes import meta
+from dabench_ir.passes.training import SAVED, FusedAttentionPass, TrainingPass
+from dabench_ir.targets import load_target
+from tests.lowering_graphs import decoder
+
+
+def _layer_saved(graph, layer: int) -> int:
+    kept: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.layer == layer:
+            kept.update(node.meta.get(SAVED) or {})
+    return sum(kept.values())
+
+
+def _hand_count(s: int, b: int, h: int, a: int, *, fused: bool, selective: bool = False) -> int:
+    """One GPT-2 block in 16-bit (2 B/element), no dropout, by hand:
+
+    ln1 input x (2sbh) and its mean/rstd (2 fp32 per row: 8bs); ln1 output read by q/k/v (2sbh,
+    saved once); q and k for QKᵀ (4sbh); the softmax output (2·a·s²·b) unless fused or
+    recomputed; v (2sbh); the attention output read by o_proj (2sbh); ln2 input (2sbh + 8bs) and
+    output (2sbh); fc1 output = GELU input (8sbh); GELU output = fc2 input (8sbh). Adds keep
+    nothing. Fused attention keeps the softmax's log-sum-exp instead (4·a·s·b). That is
+    Korthikanti et al.'s 34sbh + 5as²b without the dropout masks and dropout output."""
+    sbh = s * b * h
+    count = 32 * sbh + 16 * b * s
+    if fused:
+        return count + 4 * a * s * b
+    return count if selective else count + 2 * a * s * s * b
+
+
+@pytest.mark.parametrize(("seq", "batch"), [(16, 1), (32, 1), (16, 2), (64, 3)])
+@pytest.mark.parametrize("fused", [False, True])
+def test_one_block_saves_what_autograd_keeps(seq, batch, fused):
+    h, a = 64, 4
+    g = decoder(layers=2, hidden=h, seq=seq, batch=batch, heads=a)
+    if fused:
+        FusedAttentionPass()(g)
+    TrainingPass()(g)
+    assert _layer_saved(g, 1) == _hand_count(seq, batch, h, a, fused=fused)
+
+
+def test_selective_recompute_drops_the_scores_and_recomputes_the_core():
+    h, a, s = 64, 4, 32
+    plain, sel = decoder(layers=2, hidden=h, seq=s, heads=a), decoder(layers=2, hidden=h, seq=s, heads=a)
+    TrainingPass()(plain)
+    TrainingPass(recompute="selective")(sel)
+    assert _layer_saved(sel, 1) == _hand_count(s, 1, h, a, fused=False, selective=True)
+    qk = "layers.1.attn.qk"
+    # QKᵀ's forward runs again in backward; the AV matmul does not
+    extra = meta.get_cost(sel.node(qk)).contraction_flops - meta.get_cost(plain.node(qk)).contraction_flops
+    assert extra == 2 * s * s * h
+    av = "layers.1.attn.av"
+    assert meta.get_cost(sel.node(av)) == meta.get_cost(plain.node(av))
+
+
+def test_fused_attention_writes_no_score_matrix():
+    g = decoder(layers=1, hidden=64, seq=32, heads=4)
+    before = {n.name: meta.get_cost(n) for n in g.nodes}
+    FusedAttentionPass()(g)
+    scores = 2 * 4 * 32 * 32  # one (b, a, s, s) fp16 tensor
+    qk, sm, av = (g.node(f"layers.0.attn.{n}") for n in ("qk", "softmax", "av"))
+    assert meta.get_cost(qk).act_bytes_out == before[qk.name].act_bytes_out - scores
+    assert meta.get_cost(sm).act_bytes_in == 0 and meta.get_cost(sm).act_bytes_out == 0
+    assert meta.get_cost(av).act_bytes_in == before[av.name].act_bytes_in - scores
+    assert meta.get_cost(qk).flops == before[qk.name].flops
+
+
+def test_full_recompute_keeps_block_inputs_and_one_block():
+    g = decoder(layers=4, hidden=64, seq=16, heads=4)
+    TrainingPass(recompute=True)(g)  # True from older specs means full
+    train = meta.training_state(g)
+    assert train["recompute_mode"] == "full" and train["recompute"] is True
+    sbh2 = 2 * 16 * 64
+    # three block outputs cross into the next block; the largest block's saved set is layer 1+
+    assert train["saved_activation_bytes"] == 3 * sbh2 + _hand_count(16, 1, 64, 4, fused=False)
+
+
+def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
+    from dabench_ir.place import place
+
+    h100 = load_target("h100")
+    g = decoder(layers=2, hidden=64, seq=16, batch=8, heads=4)
+    TrainingPass()(g)
+    acts = meta.training_state(g)["saved_activation_bytes"]
+    one, _, _ = place(g, h100, ProfileOptions(batch=8))
+    four, tl4, _ = place(g, h100, ProfileOptions(batch=8, micro_batch=2))
+    assert ProfileOptions(batch=8, micro_batch=2).micro_batches == 4
+    assert one.memory_bytes["hbm"] - four.memory_bytes["hbm"] >= acts * 3 // 4
+    opt = next(n for n in g.nodes if n.op_type == "AdamStep")
+    assert tl4.nodes[opt.name].end - tl4.nodes[opt.name].start == pytest.approx(
+        one.node_plans[opt.name].per_micro_batch_s)  # once per step, same time as without accumulation
+    with pytest.raises(UserError, match="does not divide"):
+        ProfileOptions(batch=8, micro_batch=3)
+
+
+def test_zero_stages_shard_the_state_over_data_parallel_gpus():
+    from dabench_ir.scaling import scale
+
+    g = decoder(layers=2, hidden=256, seq=16, batch=1, heads=4, dtype=DType.BFLOAT16)
+    TrainingPass()(g)
+    mem = {z: scale(g, load_target("a100"), [8], "dp", ScaleOptions(batch=1, zero=z)).points[0].memory_per_device
+           for z in (0, 1, 2, 3)}  # fmt: skip
+    assert mem[1]["optimizer"] * 8 == pytest.approx(mem[0]["optimizer"], rel=1e-3)
+    assert mem[1]["gradients"] == mem[0]["gradients"] and mem[2]["gradients"] * 8 == pytest.approx(
+        mem[0]["gradients"], rel=1e-3)
+    assert mem[2]["weights"] == mem[0]["weights"] and mem[3]["weights"] * 8 == pytest.approx(mem[0]["weights"], rel=1e-3)
+
+
+def test_tensor_parallel_shards_the_training_state():
+    from dabench_ir.scaling import split_for_tp
+
+    g = decoder(layers=2, hidden=256, seq=16, heads=4)
+    TrainingPass()(g)
+    share, _ = split_for_tp(g, 4)
+    whole, part = meta.training_state(g), meta.training_state(share)
+    # every weight of this decoder is in an attention or MLP module: all of it is split
+    assert part["optimizer_state_bytes"] * 4 == whole["optimizer_state_bytes"]
+    assert part["gradient_bytes"] * 4 == whole["gradient_bytes"]
+    assert whole["saved_activation_bytes"] / 4 < part["saved_activation_bytes"] < whole["saved_activation_bytes"]
+
+
+def test_a_target_default_precision_is_used_unless_asked():
+    from dabench_ir.pipeline import resolve_defaults
+
+    assert resolve_defaults(ProfileOptions(), load_target("a100")).precision == "bf16"
+    assert resolve_defaults(ProfileOptions(), load_target("a100")).fused_attention is True
+    assert resolve_defaults(ProfileOptions(precision="fp32"), load_target("a100")).precision == "fp32"
+    assert resolve_defaults(ProfileOptions(), load_target("bow")).precision == "fp16"
+    assert resolve_defaults(ProfileOptions(), load_target("sn30")).fused_attention is False
+
+
+def test_a_point_that_does_not_fit_has_no_throughput_and_ranks_last():
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.report.compare import compare_reports
+
+    a100 = load_target("a100")
+    big = profile_graph(decoder(layers=80, hidden=8192, seq=16, heads=64), a100, ProfileOptions())
+    small = profile_graph(decoder(layers=2, hidden=64), a100, ProfileOptions())
+    assert not big.fits and big.totals["time_s"] > 0
+    assert big.totals["throughput_samples_per_s"] is None and big.totals["gops_per_w"] is None
+    assert big.totals["achieved_flops_per_s"] is None
+    rows = compare_reports([big, small])
+    assert [r["fits"] for r in rows] == [True, False] and rows[1]["gops_per_w"] is None
+
+
+def test_power_counts_every_device_a_plan_uses():
+    from dabench_ir.lowering import lower
+
+    g = decoder(layers=4, hidden=64)
+    TrainingPass()(g)
+    bow = load_target("bow")
+    plan = lower(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    from dabench_ir.pipeline import profile_graph
+
+    report = profile_graph(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    assert plan.chips == 4
+    assert report.totals["target_power_w"] == pytest.approx(4 * float(bow.watts))
+
+
+def test_a_fused_attention_kernel_runs_at_its_published_share_of_peak():
+    from dabench_ir.lowering import lower
+
+    a100 = load_target("a100")
+    g = decoder(layers=1, hidden=64, seq=32, heads=4)
+    FusedAttentionPass()(g)
+    plan = lower(g, a100, ProfileOptions())
+    qk = g.node("layers.0.attn.qk")
+    peak = a100.peak_flops(DType.FLOAT16)
+    assert plan.node_plans[qk.name].compute_s == pytest.approx(meta.get_cost(qk).flops / peak / 0.6)
+    proj = g.node("layers.0.attn.q_proj")
+    assert plan.node_plans[proj.name].compute_s == pytest.approx(meta.get_cost(proj).flops / peak)
