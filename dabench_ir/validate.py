@@ -840,6 +840,18 @@ def _kernel_utilisation(report: Report) -> float | None:
     return sum(r["utilisation"] * r["pes"] for r in regions) / sum(r["pes"] for r in regions)
 
 
+def _io_rate(report: Report, key: str) -> float | None:
+    """A compile report's steady-state ceiling (WSE pipelined: ``compute`` samples/s, the
+    slowest kernel's rate, no per-step optimizer or I/O cost), as the plan's I/O region states
+    it; None where the plan has none. The report's "transmission" ceiling is the on-wafer
+    transfer between kernels, which the tool does not model apart (not predicted)."""
+    for u in report.units:
+        if u.get("kind") == "wse_io":
+            value = u.get("resources", {}).get(f"{key}_samples_per_s")
+            return float(value) if value is not None and math.isfinite(value) else None
+    return None
+
+
 def _host_s(report: Report) -> float | None:
     timeline = getattr(report, "timeline", None)
     over = getattr(timeline, "overheads_s", None) or {}
@@ -889,6 +901,7 @@ PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "active_pes": lambda r, _p: r.metrics.get("allocation_ratio"),
     "compute_utilization": lambda r, _p: _kernel_utilisation(r),
     "tflops": lambda r, _p: _tflops(r),
+    "compute_limited_samples_per_s": lambda r, _p: _io_rate(r, "compute"),
 }
 """Measured quantity -> how the report predicts it (missing: "not predicted")."""
 

@@ -340,7 +340,9 @@ def balance(
     ``work_s[i]`` is task i's time on one unit; it gets ``ceil(work/T)`` units, clamped to
     ``[min_units[i], max_units[i]]``. With ``fixed_s`` a task on ``u`` units takes
     ``work/u + fixed`` (a part more units do not shorten), so it gets ``ceil(work/(T-fixed))``
-    (its maximum while ``T <= fixed``). None when even the minimum sizes exceed ``available``.
+    (its maximum while ``T <= fixed``). When every task at its maximum fits, T is the slowest
+    task's time at its maximum and the others get just enough units to keep pace (units stay
+    free). None when even the minimum sizes exceed ``available``.
     """
     if sum(min_units) > available:
         return None
@@ -356,9 +358,12 @@ def balance(
     if not positive:
         return list(min_units)
     hi_t = max(w / max(lo, 1) + f for w, lo, f in zip(work_s, min_units, fixed, strict=True)) or 1.0
-    lo_t = min(positive) / max(available, 1) / 2
-    if sum(units_at(lo_t)) <= available:
-        return units_at(lo_t)
+    # the period can go no lower than the slowest task at its maximum: the others then get only
+    # what keeps pace with it, and the rest of ``available`` stays unused
+    floor_t = max(w / max(hi, 1) + f for w, hi, f in zip(work_s, max_units, fixed, strict=True) if w > 0)
+    if sum(units_at(floor_t)) <= available:
+        return units_at(floor_t)
+    lo_t = floor_t
     for _ in range(100):  # bisection on a log scale; sum(units_at(t)) falls as t grows
         mid = math.sqrt(lo_t * hi_t)
         if sum(units_at(mid)) <= available:
