@@ -61,7 +61,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT = "dabench-ir/measurements/v1"
-KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth")
+KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
+HOST_TARGET = "cpu"
+"""``host`` points (a model measured live on this machine) run only under ``--target cpu``."""
 HEADLINE = "samples_per_s"
 """The headline quantity: throughput, samples (sequences) per second."""
 
@@ -73,6 +75,7 @@ Bar = Callable[..., None]
 _POINT_KEYS = {
     "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
     "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
+    "host": dict,
 }  # fmt: skip
 _REQUIRED = ("id", "kind", "target", "source")
 _MODEL_KEYS = {
@@ -159,6 +162,7 @@ class Point:
     expect: Mapping[str, Any] = field(default_factory=dict)
     gemm: Mapping[str, Any] = field(default_factory=dict)
     bandwidth: Mapping[str, Any] = field(default_factory=dict)
+    host: Mapping[str, Any] = field(default_factory=dict)
 
 
 def bundled_catalogs() -> list[Path]:
@@ -235,6 +239,8 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     kind = entry["kind"]
     if kind not in KINDS:
         raise bad("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "host":
+        return _parse_host_point(name, entry, bad)
     target = _check_target(entry["target"], bad)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
@@ -287,6 +293,20 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> Point:
+    """A ``host`` point: a model (``[host]``) measured live on ``cpu``; no published numbers."""
+    from dabench_ir.execute.hostcheck import check_host
+
+    if entry["target"] != HOST_TARGET:
+        raise bad("target", f"a host point runs on this machine: target = {HOST_TARGET!r}")
+    for key in ("model", "run", "measured", "expect", "gemm", "bandwidth"):
+        if key in entry:
+            raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
+    check_host(entry.get("host", {}), bad)
+    return Point(id=entry["id"], kind="host", target=HOST_TARGET, source=entry["source"], file=name,
+                 system=entry.get("system", ""), note=entry.get("note", ""), host=dict(entry.get("host", {})))  # fmt: skip
 
 
 def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
@@ -417,6 +437,7 @@ class PointResult:
     fits_expected: bool | None = None
     fits_predicted: bool | None = None
     notes: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)  # host points: prediction_error with noise, label
 
     @property
     def fit_verdict(self) -> str | None:
@@ -434,6 +455,8 @@ class PointResult:
             "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
             "ignored": ";".join(self.ignored), "source": p.source,
         }  # fmt: skip
+        if self.host:  # live host points: per-node errors and the measured noise
+            base["host"] = dict(self.host)
         out = []
         for q in self.quantities:
             out.append({**base, "quantity": q.name, "measured": q.measured, "predicted": q.predicted,
@@ -571,7 +594,14 @@ def run_validation(
     from dabench_ir.targets import load_target
 
     start = time.perf_counter()
-    if target is not None:
+    host_run = target is not None and str(target).lower() == HOST_TARGET
+    if not host_run:  # live host measurements only when asked for (--target cpu)
+        points = [p for p in points if p.kind != "host"]
+    if target is not None and host_run:
+        points = [p for p in points if p.target == HOST_TARGET]
+        if not points:
+            raise UserError(f"--target {target}: no catalogue point is on {HOST_TARGET}")
+    elif target is not None:
         wanted = load_target(target).name
         points = [p for p in points if p.target == wanted or load_target(p.target).name == wanted]
         if not points:
@@ -646,7 +676,7 @@ def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     result = PointResult(p, fits_expected=p.expect.get("fits"))
     try:
         runner = {"model": _run_model, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
-                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth}[p.kind]  # fmt: skip
+                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip
         runner(p, result, graphs)
     except _CannotRun as exc:
         result.status, result.reason = "cannot run", str(exc)
@@ -659,6 +689,30 @@ def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     if result.status != "ok":
         result.quantities = [Quantity(k, v, None, "cannot run") for k, v in _numbers(p.measured)]
     return result
+
+
+def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    """Measure the point's model live and predict it: end-to-end time as the quantity, the
+    per-node errors and the measurement's noise as notes."""
+    from dabench_ir.execute.hostcheck import run_host
+
+    h = run_host(p.host)
+    e = h.error
+    result.quantities.append(Quantity("step_time_s", h.measured_s, h.predicted_s, f"{h.label}; repeat {h.repeat}"))
+
+    def pc(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    result.notes.append(
+        f"nodes >= 1% of time: {e['nodes_compared']}, median |error| {pc(e['median_node_rel_error'])}, "
+        f"p90 {pc(e['p90_node_rel_error'])}; {e.get('nodes_within_noise')} within their noise"
+    )
+    verdict = "within" if e.get("end_to_end_within_noise") else "beyond"
+    result.notes.append(
+        f"noise (IQR/median): end to end {pc(e.get('end_to_end_spread'))}, median node "
+        f"{pc(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
+    )
+    result.host = {"label": h.label, "repeat": h.repeat, "bench_s": h.bench_s, **e}
 
 
 class _CannotRun(Exception):
