@@ -184,13 +184,20 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
 
 
 def prediction_error(
-    predicted: Mapping[str, float], measured: Mapping[str, float], *, min_share: float = 0.01
+    predicted: Mapping[str, float],
+    measured: Mapping[str, float],
+    *,
+    min_share: float = 0.01,
+    spread: Mapping[str, float] | None = None,
 ) -> dict[str, float | int | None]:
     """Error of predicted against measured node times.
 
     End to end: |sum predicted - sum measured| / sum measured over the nodes both have.
     Per node: |pred - meas| / meas, median and 90th percentile over nodes taking at least
-    ``min_share`` of the measured time.
+    ``min_share`` of the measured time. With ``spread`` (node -> IQR / median of its
+    measured runs) it also says how noisy the measurement was: ``median_node_spread``,
+    ``end_to_end_spread`` (the time-weighted node spread) and ``nodes_within_noise`` (compared
+    nodes whose error is no larger than their spread); ``end_to_end_within_noise``.
     """
     common = [n for n in measured if n in predicted]
     total = sum(measured[n] for n in common)
@@ -207,12 +214,22 @@ def prediction_error(
         for n in common
         if measured[n] > 0 and measured[n] >= min_share * total
     )
-    return {
+    out: dict[str, float | int | None] = {
         "end_to_end_rel_error": e2e,
         "median_node_rel_error": _quantile(errors, 0.5),
         "p90_node_rel_error": _quantile(errors, 0.9),
         "nodes_compared": len(errors),
     }
+    if spread is not None:
+        big = [n for n in common if measured[n] > 0 and measured[n] >= min_share * total]
+        e2e_spread = sum(measured[n] * spread.get(n, 0.0) for n in common) / total
+        out["median_node_spread"] = _quantile(sorted(spread.get(n, 0.0) for n in big), 0.5)
+        out["end_to_end_spread"] = e2e_spread
+        out["end_to_end_within_noise"] = e2e <= e2e_spread
+        out["nodes_within_noise"] = sum(
+            1 for n in big if abs(predicted[n] - measured[n]) / measured[n] <= spread.get(n, 0.0)
+        )
+    return out
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float | None:

@@ -285,8 +285,8 @@ class ProfileOptions:
     warmup: int = knob(
         2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE})
     )
-    repeat: int = knob(5, help="timed runs (the median is kept)", parse=_positive, group="measure",
-                       commands=frozenset({PROFILE}))  # fmt: skip
+    repeat: int | str = knob(5, help="timed runs (the median is kept); auto: until the median's spread is known",
+                             parse=_positive_or_auto, group="measure", commands=frozenset({PROFILE}))  # fmt: skip
     threads: int | None = knob(
         None, help="onnxruntime intra-op threads", parse=_positive, group="measure", commands=frozenset({PROFILE})
     )

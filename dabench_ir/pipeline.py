@@ -122,6 +122,10 @@ def run_profile(model: Any, target: Any, opts: ProfileOptions, *, progress: Prog
     opts = resolve_defaults(opts, tgt, model=model)
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
+    if tgt is not None and tgt.kind == "cpu" and not _is_mlir_file(model):
+        from dabench_ir.execute.microbench import ensure_for_target
+
+        tgt = ensure_for_target(model, graph, tgt, threads=opts.threads, say=say)  # the model's own node shapes
     measurement = None
     if opts.measure:
         from dabench_ir.execute import measure

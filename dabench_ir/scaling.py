@@ -41,7 +41,7 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import SAVED, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.place import place
 
 if TYPE_CHECKING:
@@ -237,19 +237,16 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
         inside_in = all(producer_module.get(v) == mod for v in node.inputs if v and v in producer_module)
         consumers = [c for out in node.outputs for c in share.consumers.get(out, ())]
         inside_out = bool(consumers) and all(module_of[c.name] == mod for c in consumers)
-        node.meta[meta.COST] = Cost(
-            contraction_flops=math.ceil(cost.contraction_flops / chips),
-            vector_flops=math.ceil(cost.vector_flops / chips),
-            special_ops=math.ceil(cost.special_ops / chips),
-            weight_bytes=math.ceil(cost.weight_bytes / chips),
-            act_bytes_in=math.ceil(cost.act_bytes_in / chips) if inside_in else cost.act_bytes_in,
-            act_bytes_out=math.ceil(cost.act_bytes_out / chips) if inside_out else cost.act_bytes_out,
-        )
+        for key in (meta.COST, FORWARD_COST, BACKWARD_COST):  # the training phases' costs split too
+            if isinstance(node.meta.get(key), Cost):
+                node.meta[key] = _split_cost(node.meta[key], chips, inside_in, inside_out)
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
             leaving[mod] = max(leaving.get(mod, 0), cost.act_bytes_out)
-    for value in share.values.values():  # weights of split modules are sharded too
+    for value in share.values.values():  # weights of split modules are sharded too, and the activations inside one
         readers = [r for r in share.consumers.get(value.name, []) if not is_optimizer_step(r)]
-        if value.kind.is_stored and readers and all(module_of[r.name] for r in readers):
+        inner = value.producer is not None and module_of.get(value.producer) is not None and bool(readers)
+        inner = inner and all(module_of[r.name] == module_of[value.producer] for r in readers)
+        if (value.kind.is_stored and readers and all(module_of[r.name] for r in readers)) or inner:
             shape = value.type.shape
             if shape:
                 dims = list(shape)
@@ -258,6 +255,19 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                     value.type = replace(value.type, shape=tuple(dims))
     _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
+
+
+def _split_cost(cost: Cost, chips: int, inside_in: bool, inside_out: bool) -> Cost:
+    """One chip's share of a split node's cost: work and weights over ``chips``, activations
+    too where they stay inside the module."""
+    return Cost(
+        contraction_flops=math.ceil(cost.contraction_flops / chips),
+        vector_flops=math.ceil(cost.vector_flops / chips),
+        special_ops=math.ceil(cost.special_ops / chips),
+        weight_bytes=math.ceil(cost.weight_bytes / chips),
+        act_bytes_in=math.ceil(cost.act_bytes_in / chips) if inside_in else cost.act_bytes_in,
+        act_bytes_out=math.ceil(cost.act_bytes_out / chips) if inside_out else cost.act_bytes_out,
+    )
 
 
 def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str, str | None], chips: int) -> None:

@@ -61,7 +61,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT = "dabench-ir/measurements/v1"
-KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth")
+KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
+HOST_TARGET = "cpu"
+"""``host`` points (a model measured live on this machine) run only under ``--target cpu``."""
 HEADLINE = "samples_per_s"
 """The headline quantity: throughput, samples (sequences) per second."""
 
@@ -73,6 +75,7 @@ Bar = Callable[..., None]
 _POINT_KEYS = {
     "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
     "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
+    "host": dict,
 }  # fmt: skip
 _REQUIRED = ("id", "kind", "target", "source")
 _MODEL_KEYS = {
@@ -129,6 +132,8 @@ RUN_OPTIONS: dict[str, _Option] = {
     "half_partials": _Option(None),
     "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
     "optimizer": _Option(None),
+    "chips": _Option("chips"),  # chips of one model instance (with ``strategy``): through the scaling stage
+    "strategy": _Option("strategy"),
 }
 """Catalogue ``run`` key -> ProfileOptions field. Adding a knob: one line here (or none, when
 the knob is named as the key already is)."""
@@ -157,6 +162,7 @@ class Point:
     expect: Mapping[str, Any] = field(default_factory=dict)
     gemm: Mapping[str, Any] = field(default_factory=dict)
     bandwidth: Mapping[str, Any] = field(default_factory=dict)
+    host: Mapping[str, Any] = field(default_factory=dict)
 
 
 def bundled_catalogs() -> list[Path]:
@@ -235,6 +241,8 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     kind = entry["kind"]
     if kind not in KINDS:
         raise bad("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "host":
+        return _parse_host_point(name, entry, bad)
     target = _check_target(entry["target"], bad)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
@@ -287,6 +295,20 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> Point:
+    """A ``host`` point: a model (``[host]``) measured live on ``cpu``; no published numbers."""
+    from dabench_ir.execute.hostcheck import check_host
+
+    if entry["target"] != HOST_TARGET:
+        raise bad("target", f"a host point runs on this machine: target = {HOST_TARGET!r}")
+    for key in ("model", "run", "measured", "expect", "gemm", "bandwidth"):
+        if key in entry:
+            raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
+    check_host(entry.get("host", {}), bad)
+    return Point(id=entry["id"], kind="host", target=HOST_TARGET, source=entry["source"], file=name,
+                 system=entry.get("system", ""), note=entry.get("note", ""), host=dict(entry.get("host", {})))  # fmt: skip
 
 
 def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
@@ -417,6 +439,7 @@ class PointResult:
     fits_expected: bool | None = None
     fits_predicted: bool | None = None
     notes: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)  # host points: prediction_error with noise, label
 
     @property
     def fit_verdict(self) -> str | None:
@@ -434,6 +457,8 @@ class PointResult:
             "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
             "ignored": ";".join(self.ignored), "source": p.source,
         }  # fmt: skip
+        if self.host:  # live host points: per-node errors and the measured noise
+            base["host"] = dict(self.host)
         out = []
         for q in self.quantities:
             out.append({**base, "quantity": q.name, "measured": q.measured, "predicted": q.predicted,
@@ -571,7 +596,14 @@ def run_validation(
     from dabench_ir.targets import load_target
 
     start = time.perf_counter()
-    if target is not None:
+    host_run = target is not None and str(target).lower() == HOST_TARGET
+    if not host_run:  # live host measurements only when asked for (--target cpu)
+        points = [p for p in points if p.kind != "host"]
+    if target is not None and host_run:
+        points = [p for p in points if p.target == HOST_TARGET]
+        if not points:
+            raise UserError(f"--target {target}: no catalogue point is on {HOST_TARGET}")
+    elif target is not None:
         wanted = load_target(target).name
         points = [p for p in points if p.target == wanted or load_target(p.target).name == wanted]
         if not points:
@@ -646,7 +678,7 @@ def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     result = PointResult(p, fits_expected=p.expect.get("fits"))
     try:
         runner = {"model": _run_model, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
-                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth}[p.kind]  # fmt: skip
+                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip
         runner(p, result, graphs)
     except _CannotRun as exc:
         result.status, result.reason = "cannot run", str(exc)
@@ -661,6 +693,30 @@ def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     return result
 
 
+def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    """Measure the point's model live and predict it: end-to-end time as the quantity, the
+    per-node errors and the measurement's noise as notes."""
+    from dabench_ir.execute.hostcheck import run_host
+
+    h = run_host(p.host)
+    e = h.error
+    result.quantities.append(Quantity("step_time_s", h.measured_s, h.predicted_s, f"{h.label}; repeat {h.repeat}"))
+
+    def pc(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    result.notes.append(
+        f"nodes >= 1% of time: {e['nodes_compared']}, median |error| {pc(e['median_node_rel_error'])}, "
+        f"p90 {pc(e['p90_node_rel_error'])}; {e.get('nodes_within_noise')} within their noise"
+    )
+    verdict = "within" if e.get("end_to_end_within_noise") else "beyond"
+    result.notes.append(
+        f"noise (IQR/median): end to end {pc(e.get('end_to_end_spread'))}, median node "
+        f"{pc(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
+    )
+    result.host = {"label": h.label, "repeat": h.repeat, "bench_s": h.bench_s, **e}
+
+
 class _CannotRun(Exception):
     """A point the tool cannot run, with the reason."""
 
@@ -670,10 +726,10 @@ def _numbers(measured: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
-    """ProfileOptions for the point; run keys without a knob go to ``result.ignored``."""
-    from dabench_ir.options import KNOBS, ProfileOptions
+    """ScaleOptions for the point; run keys without a knob go to ``result.ignored``."""
+    from dabench_ir.options import KNOBS, ScaleOptions
 
-    fields = set(ProfileOptions.__dataclass_fields__)
+    fields = set(ScaleOptions.__dataclass_fields__)
     values: dict[str, Any] = {}
     for key, value in p.run.items():
         opt = RUN_OPTIONS.get(key, _UNKNOWN)
@@ -691,7 +747,7 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         if isinstance(value, list) and name in KNOBS and KNOBS[name].parse is not None:
             values[name] = ",".join(str(v) for v in value)  # a list-valued knob parses its CLI text
     try:
-        return ProfileOptions(**values)
+        return ScaleOptions(**values)
     except UserError as exc:
         raise _CannotRun(f"options: {exc}") from None
 
@@ -705,6 +761,7 @@ def _short(value: Any) -> str:
 def _profile(graph: Any, target: Any, opts: Any) -> Report:
     from dabench_ir import pipeline
 
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     return pipeline.profile_graph(graph, target, opts)
 
@@ -714,6 +771,7 @@ def _lower(graph: Any, target: Any, opts: Any) -> Any:
     from dabench_ir import pipeline
     from dabench_ir.lowering import lower
 
+    opts = pipeline.resolve_defaults(opts, target)
     graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     return lower(graph, target, opts)
 
@@ -730,6 +788,9 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     except Exception as exc:
         text = str(exc).strip().splitlines()
         raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+    if opts.chips > 1:
+        _run_scaled(p, result, graph, target, opts)
+        return
     if not p.measured:  # fit only: the placement decides it, no emulation needed (fast for long pipelines)
         plan = _lower(graph, target, opts)
         result.fits_predicted = bool(plan.fits)
@@ -761,6 +822,33 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
 
 
+def _run_scaled(p: Point, result: PointResult, graph: Any, target: Any, opts: Any) -> None:
+    """A multi-chip point (``run.chips`` > 1) through the Level-2 scaling stage. The model's
+    batch is the global batch of a step; data parallelism runs its share on each chip."""
+    import dataclasses
+
+    from dabench_ir import pipeline
+    from dabench_ir.scaling import scale
+
+    if opts.strategy is None:
+        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
+    if opts.strategy == "dp":
+        opts = dataclasses.replace(opts, batch=max(1, int(p.model["batch"]) // opts.chips))
+    opts = pipeline.resolve_defaults(opts, target)
+    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
+    point = scale(graph, target, [opts.chips], opts.strategy, opts).points[-1]
+    result.fits_predicted = bool(point.fits)
+    if not point.fits:
+        result.notes.append(f"the tool says it does not fit: {(point.failure or {}).get('reason', 'does not fit')}")
+    scaled = {"samples_per_s": point.throughput_samples_per_s, "step_time_s": point.time_s if point.fits else None}
+    for key, value in _numbers(p.measured):
+        predicted = scaled.get(key)
+        note = "" if predicted is not None else "model does not fit" if not point.fits else "not predicted (multi-chip)"
+        result.quantities.append(Quantity(key, value, predicted, note))
+    if result.fits_expected is None and _numbers(p.measured):
+        result.fits_expected = True
+
+
 def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
     path = Path(p.file).parent / name
     if not path.is_file():
@@ -786,6 +874,18 @@ def _kernel_utilisation(report: Report) -> float | None:
     if not regions:
         return report.metrics.get("compute_efficiency")
     return sum(r["utilisation"] * r["pes"] for r in regions) / sum(r["pes"] for r in regions)
+
+
+def _io_rate(report: Report, key: str) -> float | None:
+    """A compile report's steady-state ceiling (WSE pipelined: ``compute`` samples/s, the
+    slowest kernel's rate, no per-step optimizer or I/O cost), as the plan's I/O region states
+    it; None where the plan has none. The report's "transmission" ceiling is the on-wafer
+    transfer between kernels, which the tool does not model apart (not predicted)."""
+    for u in report.units:
+        if u.get("kind") == "wse_io":
+            value = u.get("resources", {}).get(f"{key}_samples_per_s")
+            return float(value) if value is not None and math.isfinite(value) else None
+    return None
 
 
 def _host_s(report: Report) -> float | None:
@@ -837,6 +937,7 @@ PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "active_pes": lambda r, _p: r.metrics.get("allocation_ratio"),
     "compute_utilization": lambda r, _p: _kernel_utilisation(r),
     "tflops": lambda r, _p: _tflops(r),
+    "compute_limited_samples_per_s": lambda r, _p: _io_rate(r, "compute"),
 }
 """Measured quantity -> how the report predicts it (missing: "not predicted")."""
 

@@ -34,6 +34,7 @@ __all__ = [
     "peak_live_bytes",
     "place_node",
     "stored_root",
+    "stored_values",
     "training_bytes",
     "training_state",
     "value_bytes",
@@ -158,15 +159,14 @@ def stored_root(graph: Graph, name: str) -> str:
     return name
 
 
-def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
-    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read.
+def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> dict[str, int]:
+    """The distinct stored values (weights, constants) ``nodes`` read, by root, with their bytes.
 
-    A weight is counted once however many layouts of it are read: a matmul reading the
-    folded ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
+    A weight is one entry however many layouts of it are read: a matmul reading the folded
+    ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
     """
     graph = ctx.graph
-    seen: set[str] = set()
-    total = 0
+    out: dict[str, int] = {}
     for node in graph.nodes if nodes is None else nodes:
         if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
             continue
@@ -174,10 +174,14 @@ def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> i
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:
             root = stored_root(graph, v)
-            if root not in seen:
-                seen.add(root)
-                total += value_bytes(graph, v, fallback)
-    return total
+            if root not in out:
+                out[root] = value_bytes(graph, v, fallback)
+    return out
+
+
+def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """Bytes of the distinct stored values (weights, constants) that ``nodes`` read."""
+    return sum(stored_values(ctx, nodes).values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +344,9 @@ def balance(
     ``work_s[i]`` is task i's time on one unit; it gets ``ceil(work/T)`` units, clamped to
     ``[min_units[i], max_units[i]]``. With ``fixed_s`` a task on ``u`` units takes
     ``work/u + fixed`` (a part more units do not shorten), so it gets ``ceil(work/(T-fixed))``
-    (its maximum while ``T <= fixed``). None when even the minimum sizes exceed ``available``.
+    (its maximum while ``T <= fixed``). When every task at its maximum fits, T is the slowest
+    task's time at its maximum and the others get just enough units to keep pace (units stay
+    free). None when even the minimum sizes exceed ``available``.
     """
     if sum(min_units) > available:
         return None
@@ -356,9 +362,12 @@ def balance(
     if not positive:
         return list(min_units)
     hi_t = max(w / max(lo, 1) + f for w, lo, f in zip(work_s, min_units, fixed, strict=True)) or 1.0
-    lo_t = min(positive) / max(available, 1) / 2
-    if sum(units_at(lo_t)) <= available:
-        return units_at(lo_t)
+    # the period can go no lower than the slowest task at its maximum: the others then get only
+    # what keeps pace with it, and the rest of ``available`` stays unused
+    floor_t = max(w / max(hi, 1) + f for w, hi, f in zip(work_s, max_units, fixed, strict=True) if w > 0)
+    if sum(units_at(floor_t)) <= available:
+        return units_at(floor_t)
+    lo_t = floor_t
     for _ in range(100):  # bisection on a log scale; sum(units_at(t)) falls as t grows
         mid = math.sqrt(lo_t * hi_t)
         if sum(units_at(mid)) <= available:

@@ -3,6 +3,14 @@
 The CPU lowering places nodes like the GPU one (one kernel per node, unfused, on one
 in-order unit), but times each from the calibrated model below rather than a roofline.
 
+First choice, per node: the **node table**, the model's own shape families measured on this
+machine (`dabench_ir.execute.microbench`, cached beside the calibration; `node_signature`
+names a family). Each family has a cache-hot and a flushed time; a node sits between them
+by `cold_share`: the share of its bytes that come in cold (stored operands and outputs, and
+activations by the bytes written since their producer over the L2 size). A node whose
+family was not measured (time budget, unknown operand values) falls back to the class
+curves below.
+
 The calibration (`dabench_ir.execute.calibrate`) times, through onnxruntime, matmuls of a
 few sizes and the common vector ops (Add, Tanh, Erf, Softmax, ReduceMean, Transpose,
 LayerNormalization) at a few sizes, and a tiny op for the fixed per-op overhead. A node is
@@ -51,12 +59,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOWERING",
+    "NODE_TABLE_FORMAT",
     "CpuLowering",
     "CpuModel",
     "CpuOptions",
     "cold_fraction",
     "load_cpu_model",
+    "load_node_table",
+    "node_signature",
+    "node_table_path",
     "predict_cpu_times",
+    "predict_node",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,6 +99,8 @@ class CpuModel:
     ops: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # op -> (bytes, seconds)
     cold: CpuModel | None = None  # the same curves with operands evicted from L1/L2 first
     llc_bytes: float = 0.0  # last-level cache size: a run's footprint above it comes in cold
+    nodes: dict[str, tuple[float, float]] = field(default_factory=dict)  # signature -> (hot, flushed) seconds
+    l2_bytes: float = 0.0  # a core's private cache: an operand written more bytes ago than this is cold
 
     @property
     def ridge(self) -> float:
@@ -175,23 +190,109 @@ def _interp_log(points: Sequence[tuple[float, float]], x: float) -> float:
 
 def load_cpu_model(target: Any) -> CpuModel:
     """A `CpuModel` from a target: a CpuModel, a parsed TOML dict, a TOML path, or a Target
-    object that keeps its parsed TOML (``raw``/``data``) or its file (``path``/``source``)."""
+    object that keeps its parsed TOML (``raw``/``data``) or its file (``path``/``source``).
+    A TOML file brings its node table (`node_table_path`) when one is cached beside it."""
     if isinstance(target, CpuModel):
         return target
     if isinstance(target, Mapping):
         return CpuModel.from_dict(target)
     if isinstance(target, str | Path):
         with open(target, "rb") as fh:
-            return CpuModel.from_dict(tomllib.load(fh))
+            model = CpuModel.from_dict(tomllib.load(fh))
+        model.nodes, model.l2_bytes = load_node_table(node_table_path(target))
+        return model
+    file = next(
+        (Path(v) for a in ("path", "source", "file") if isinstance(v := getattr(target, a, None), str | Path)), None
+    )
     for attr in ("raw", "data", "toml"):
         value = getattr(target, attr, None)
         if isinstance(value, Mapping):
-            return CpuModel.from_dict(value)
-    for attr in ("path", "source", "file"):
-        value = getattr(target, attr, None)
-        if isinstance(value, str | Path) and Path(value).is_file():
-            return load_cpu_model(Path(value))
+            model = CpuModel.from_dict(value)
+            file = file or _calibration_file(value)
+            if file is not None:
+                model.nodes, model.l2_bytes = load_node_table(node_table_path(file))
+            return model
+    if file is not None and file.is_file():
+        return load_cpu_model(file)
     raise TypeError(f"cannot read CPU calibration figures from {type(target).__name__}")
+
+
+# -- the per-node table: the model's own shapes, measured (dabench_ir.execute.microbench) ---------
+NODE_TABLE_FORMAT = 1
+"""Bumped when node signatures or the table file change; an older table is measured again."""
+
+
+def node_table_path(target_path: str | Path) -> Path:
+    """Where the per-node benchmark table of a calibrated ``cpu`` target TOML is cached: beside it."""
+    path = Path(target_path)
+    return path.with_name(f"{path.stem}.nodes.json")
+
+
+def _calibration_file(data: Mapping[str, Any]) -> Path | None:
+    """The calibration file a target's node table sits beside, when the measured path named it
+    (``calibration.file``, set by `dabench_ir.execute.microbench.with_node_table`)."""
+    file = data.get("calibration", {}).get("file")
+    return Path(file) if isinstance(file, str) and file else None
+
+
+def load_node_table(path: str | Path) -> tuple[dict[str, tuple[float, float]], float]:
+    """Signature -> (cache-hot, flushed) measured seconds from a node table file, and the L2 size
+    it records; empty when absent, unreadable or of another format (the class model predicts)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}, 0.0
+    if not isinstance(data, Mapping) or data.get("format") != NODE_TABLE_FORMAT:
+        return {}, 0.0
+    out: dict[str, tuple[float, float]] = {}
+    for sig, rec in (data.get("nodes") or {}).items():
+        if not isinstance(rec, Mapping):
+            continue
+        hot, cold = rec.get("time_s"), rec.get("cold_s")
+        if all(isinstance(t, int | float) and math.isfinite(t) and t >= 0 for t in (hot, cold)):
+            out[str(sig)] = (float(hot), float(cold))
+    l2 = data.get("l2_bytes")
+    return out, float(l2) if isinstance(l2, int | float) and l2 > 0 else 0.0
+
+
+def _attr_text(value: Any) -> str:
+    if isinstance(value, bool | int | float | str):
+        return repr(value)
+    if isinstance(value, list | tuple) and all(isinstance(v, bool | int | float | str) for v in value):
+        return repr(list(value))
+    return type(value).__name__  # tensors, graphs: their kind only
+
+
+def node_signature(graph: Graph, node: Node) -> str | None:
+    """What decides a node's kernel time on the host, as one string: op (and domain), its
+    attributes, each operand's dtype and static shape with ``w`` for a stored weight or
+    constant (onnxruntime pre-packs those) and ``c`` for a Constant node's output, and the
+    outputs' dtypes and shapes. None when a shape is not static."""
+    parts = [f"{node.domain or ''}::{node.op_type}"]
+    parts.append(",".join(f"{k}={_attr_text(v)}" for k, v in sorted(node.attrs.items())))
+    for label, names in (("in", node.inputs), ("out", node.outputs)):
+        items = []
+        for name in names:
+            if not name:
+                items.append("-")
+                continue
+            if name not in graph.values:
+                return None
+            value = graph.values[name]
+            ttype = graph.type_of(name).bind(graph.bindings)
+            if ttype.shape is None or not ttype.is_static:
+                return None
+            tag = ""
+            if label == "in":
+                if value.producer is None and value.kind.is_stored:
+                    tag = "w"
+                elif value.producer is not None and graph.node(value.producer).op_type == "Constant":
+                    tag = "c"
+            items.append(f"{ttype.dtype}{list(ttype.shape)}{tag}")
+        parts.append(f"{label}:" + ";".join(items))
+    return "|".join(parts)
 
 
 # -- per node --------------------------------------------------------------------------
@@ -245,7 +346,8 @@ def matmul_dims(graph: Graph, node: Node) -> tuple[int, int, int, int] | None:
 
 
 def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = False) -> float | None:
-    """Predicted seconds for one node, or None when its shapes are unknown."""
+    """Predicted seconds for one node from the class model (curves), or None when its shapes
+    are unknown. `predict_cpu_times` prefers the node table when it has the node's signature."""
     op = node.op_type
     traits = traits_of(node)
     if traits.shape_only:
@@ -259,7 +361,9 @@ def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = F
         if dims is not None:
             batch, m, k, n = dims
             flops = 2.0 * batch * m * k * n
-            return model.matmul_time(flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node, ort_opt))
+            return model.matmul_time(
+                flops, float(io_bytes or 0), batched=batch > 1, packed=_is_stored(graph, node, ort_opt)
+            )
         cost = _cost_of(node)
         if cost is not None:
             return model.matmul_time(float(cost.flops), float(cost.bytes), batched=False)
@@ -304,18 +408,84 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
     """
     model = load_cpu_model(target)
     frac = cold_fraction(graph, model)
+    written = _bytes_written_before(graph) if model.nodes else {}
+    run_bytes = float(footprint_bytes(graph)) if model.nodes else 0.0
     out: dict[str, float] = {}
     for node in graph.nodes:
         if ort_opt and FOLDED in node.meta:
             out[node.name] = 0.0
             continue
-        t = predict_node(graph, node, model, ort_opt=ort_opt)
-        if t is not None and model.cold is not None and frac > 0 and _reads_stored(graph, node):
+        sig = node_signature(graph, node) if model.nodes else None
+        if sig is not None and sig in model.nodes:
+            hot, flushed = model.nodes[sig]
+            flushed = max(flushed, hot)  # a flushed cache never speeds a node up: a lower reading is noise
+            share = cold_share(graph, node, written, model.l2_bytes, run_bytes)
+            out[node.name] = hot + share * (flushed - hot)
+            continue
+        t = curve = predict_node(graph, node, model, ort_opt=ort_opt)
+        if t is not None and curve and model.cold is not None and frac > 0 and _reads_stored(graph, node):
+            # the table and the hot curves are measured cache-hot; the model's stored operands
+            # come in as far colder as the flushed curve is slower, by its footprint over the cache
             t_cold = predict_node(graph, node, model.cold, ort_opt=ort_opt)
-            t = t if t_cold is None else t + frac * (t_cold - t)
+            if t_cold is not None:
+                t *= 1.0 + frac * (t_cold / curve - 1.0)
         if t is not None:
             out[node.name] = t
     return out
+
+
+STORED_COLD = 1.0
+"""How cold a stored operand (weight, constant, graph input) is (0..1): last touched a run ago."""
+OUTPUT_COLD = 1.0
+"""How cold a node's outputs are (0..1): onnxruntime's arena hands out memory last written a run ago."""
+
+
+def _bytes_written_before(graph: Graph) -> dict[str, int]:
+    """Node -> bytes the nodes before it wrote (a running total, in graph order)."""
+    out: dict[str, int] = {}
+    total = 0
+    for node in graph.nodes:
+        out[node.name] = total
+        total += _nbytes(graph, node.outputs) or 0
+    return out
+
+
+def cold_share(
+    graph: Graph, node: Node, written: Mapping[str, int], l2_bytes: float, run_bytes: float = math.inf
+) -> float:
+    """How far between its cache-hot and its flushed time a node runs in the model, 0..1: the
+    share of its operand bytes that come in cold. A stored operand (weight, constant, graph
+    input) was last touched a run ago: cold. An activation is cold by how many bytes the nodes
+    between its producer and this node wrote, over the private (L2) cache, capped at 1. The
+    outputs land in arena memory not touched since the last run: cold by `OUTPUT_COLD`. What a
+    run last touched a run ago is cold only as far as the run's footprint (``run_bytes``)
+    exceeds the L2 cache: a run that fits it keeps everything hot."""
+    if traits_of(node).shape_only:
+        return 0.0  # views (Reshape, Squeeze, ...) touch no data: their time is the fixed overhead
+    if l2_bytes <= 0:
+        return 1.0
+    per_run = min(1.0, run_bytes / l2_bytes)
+    here = written.get(node.name, 0)
+    total = cold = 0.0
+    for name in node.inputs:
+        if not name or name not in graph.values:
+            continue
+        ttype = graph.type_of(name)
+        if not ttype.is_static:
+            continue
+        nbytes = float(ttype.nbytes())
+        producer = graph.values[name].producer
+        if producer is None or graph.node(producer).op_type == "Constant":
+            share = STORED_COLD * per_run
+        else:
+            since = here - written.get(producer, 0) - (_nbytes(graph, graph.node(producer).outputs) or 0)
+            share = min(1.0, max(since, 0) / l2_bytes)
+        total += nbytes
+        cold += share * nbytes
+    out_bytes = float(_nbytes(graph, node.outputs) or 0)
+    total += out_bytes
+    cold += OUTPUT_COLD * per_run * out_bytes
+    return cold / total if total > 0 else 0.0
 
 
 def _reads_stored(graph: Graph, node: Node) -> bool:

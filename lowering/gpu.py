@@ -93,6 +93,14 @@ def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
 LOWERING = GpuLowering()
 
 
+def _efficiency(node: Node, fused_attention: float, matmul: float) -> float:
+    """Share of the peak a kernel's FLOPs run at: a fused attention kernel's measured share,
+    a contraction's maximum achievable matmul rate, the full peak for the rest (memory-bound)."""
+    if FUSED_ATTENTION in node.meta:
+        return fused_attention
+    return matmul if node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION else 1.0
+
+
 def device_memory(
     ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
 ) -> dict[str, int]:
@@ -144,8 +152,10 @@ def stream_plan(
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units
     grain = target.arch_value("min_grain_flops", 0.0)
-    # a fused attention kernel reaches a published share of peak (FlashAttention-2 on this GPU)
+    # a fused attention kernel reaches a published share of peak (FlashAttention-2 on this GPU);
+    # a GEMM at best the maximum achievable matmul FLOP/s measured on the chip
     fused_eff = target.arch_value("fused_attention_efficiency", 1.0)
+    matmul_eff = target.arch_value("matmul_efficiency", 1.0)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
@@ -166,7 +176,7 @@ def stream_plan(
                 ctx,
                 node,
                 unit=unit.id,
-                compute_s=cost.flops / peak / (fused_eff if FUSED_ATTENTION in node.meta else 1.0),
+                compute_s=cost.flops / peak / _efficiency(node, fused_eff, matmul_eff),
                 memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
                 overhead_s=overhead,
                 feed_level=mem.level,

@@ -33,7 +33,7 @@ from dabench_ir.lowering._common import (
     LoweringContext,
     peak_live_bytes,
     place_node,
-    stored_root,
+    stored_values,
     training_state,
     value_bytes,
 )
@@ -123,11 +123,16 @@ def _sections(ctx: LoweringContext) -> tuple[list[Node], dict[int, list[Node]], 
     return rest[:first], dict(sorted(layers.items())), rest[last + 1 :], opt
 
 
-def _layout(options: IpuOptions, n_layers: int, tied: bool) -> tuple[list[int], bool]:
+def _layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float = 0.0) -> tuple[list[int], bool]:
     """(layers on each IPU, whether the head returns to IPU 0 as a pipeline stage of its own).
 
     With ``layers_per_ipu`` a head tied to the embedding goes back to IPU 0, where its
-    weight is (Graphcore's GPT-2 examples); an even ``ipus`` split keeps it on the last IPU.
+    weight is (Graphcore's GPT-2 examples). With ``ipus`` alone and a tied head, the table is
+    kept once, on IPU 0, and counted as ``embed_layers`` layers' worth of weights: IPU 0 takes
+    what is left of an even share (none when the table is larger than a share) and the other
+    IPUs split the rest evenly, the remainder on late IPUs (GPT-2 small/medium/large on 4/8/16
+    IPUs give Graphcore's shipped layouts 0,4,4,4 / 0,3,3,3,3,4,4,4 / 0,2,...,3,...,2-like).
+    Otherwise the layers split evenly and the head stays on the last IPU.
     """
     if options.layers_per_ipu is not None:
         counts = list(options.layers_per_ipu)
@@ -139,6 +144,10 @@ def _layout(options: IpuOptions, n_layers: int, tied: bool) -> tuple[list[int], 
             raise UserError(f"--layers-per-ipu {shown} places {sum(counts)} layers; the model has {n_layers}")
         return counts, tied and len(counts) > 1
     n = max(1, min(options.ipus, n_layers))
+    if tied and embed_layers > 0 and n > 1:
+        first = max(0, min(n_layers, math.floor((n_layers + embed_layers) / n - embed_layers + 0.5)))
+        base, extra = divmod(n_layers - first, n - 1)
+        return [first] + [base + (1 if k >= n - 1 - extra else 0) for k in range(n - 1)], True
     base, extra = divmod(n_layers, n)
     return [base + (1 if k >= n - extra else 0) for k in range(n)], False  # the remainder on late IPUs
 
@@ -246,22 +255,6 @@ def _numel(ctx: LoweringContext, name: str) -> int:
     return value_bytes(ctx.graph, name) // value.type.dtype.itemsize
 
 
-def _stored(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
-    """Stored values (weights, constants) the nodes read, by root (a folded layout counts as its weight), with bytes."""
-    graph = ctx.graph
-    out: dict[str, int] = {}
-    for node in nodes:
-        if meta.FOLDED in node.meta:
-            continue
-        stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
-        fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
-        for v in stored:
-            root = stored_root(graph, v)
-            if root not in out:
-                out[root] = value_bytes(graph, root, fallback)
-    return out
-
-
 def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
     """Parameters (trainable weights) among ``roots``."""
     graph = ctx.graph
@@ -319,8 +312,11 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     recompute = bool((meta.training_state(graph) or {}).get("recompute"))
 
     pre, layers, post, opt_nodes = _sections(ctx)
-    tied = bool(set(_stored(ctx, pre)) & set(_stored(ctx, post)))
-    counts, head_home = _layout(options, len(layers), tied)
+    tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
+    layer_weights = [sum(stored_values(ctx, nodes).values()) for nodes in layers.values()]
+    per_layer = sum(layer_weights) / len(layer_weights) if layer_weights else 0.0
+    embed = sum(stored_values(ctx, pre).values()) / per_layer if per_layer else 0.0  # the table, in layers' worth
+    counts, head_home = _layout(options, len(layers), tied, embed)
     stages = _stages(pre, layers, post, counts, head_home)
     n_ipus = max(s.ipu for s in stages) + 1
     n_stages = len(stages)
@@ -421,7 +417,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 t["live_activations"], t["matmul_temporaries"] = live, tmp
     for k, t in terms.items():
         nodes = [n for st in stages if st.ipu == k for n in st.nodes]
-        roots = _stored(ctx, nodes)
+        roots = stored_values(ctx, nodes)
         params_on[k] = _param_count(ctx, roots)
         t["program"] = program
         t["weights"] = sum(roots.values())

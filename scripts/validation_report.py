@@ -10,6 +10,10 @@ Runs the bundled measurement catalogue (`dabench-ir validate`), then:
 - writes tests/data/validation_baseline.json, the errors tests/test_validate.py pins.
 
 Run it after a change that improves the errors:  .venv/bin/python scripts/validation_report.py
+
+``--host``: instead, run the host points (`dabench-ir validate --target cpu`, measured live on
+this machine) and replace only the text between the ``<!-- validation:host:* -->`` markers
+with their table (nothing else is written: no figures, no baseline).
 """
 
 from __future__ import annotations
@@ -44,7 +48,54 @@ def _format_section() -> str:
     return re.sub(r"^### (?!Catalogue)", "#### ", section, flags=re.M)
 
 
+def _host_table(result: validate.Validation) -> str:
+    """The host points as a markdown table: errors beside the measurement's noise (IQR/median)."""
+
+    def pc(x: object) -> str:
+        return "-" if not isinstance(x, int | float) else f"{100 * x:.1f}%"
+
+    lines = [
+        "| model | measured | predicted | end-to-end error | e2e noise | median node error | p90 | "
+        "median node noise | nodes within noise |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.results:
+        h = r.host
+        if r.status != "ok" or not h:
+            lines.append(f"| {r.point.id} | cannot run: {r.reason} | | | | | | | |")
+            continue
+        q = r.quantities[0]
+        lines.append(
+            f"| {h['label']} | {q.measured * 1e3:.2f} ms | {q.predicted * 1e3:.2f} ms | "
+            f"{pc(h.get('end_to_end_rel_error'))} | {pc(h.get('end_to_end_spread'))} | "
+            f"{pc(h.get('median_node_rel_error'))} | {pc(h.get('p90_node_rel_error'))} | "
+            f"{pc(h.get('median_node_spread'))} | {h.get('nodes_within_noise')}/{h.get('nodes_compared')} |"
+        )
+    return "\n".join(lines)
+
+
+def _host_main() -> int:
+    import os
+    import time
+
+    progress = Progress()
+    try:
+        result = validate.run_validation(validate.load_catalog(), target="cpu", say=progress, bar=progress.bar)
+    finally:
+        progress.done()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    table = _host_table(result) + (
+        f"\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPUs, "
+        f"load average after {load}; repeat = auto; errors over nodes taking >= 1% of the time."
+    )
+    DOC.write_text(_replace(DOC.read_text(), "host", table))
+    print(table)
+    return 0
+
+
 def main() -> int:
+    if "--host" in sys.argv[1:]:
+        return _host_main()
     progress = Progress()
     try:
         result = validate.run_validation(validate.load_catalog(), say=progress, bar=progress.bar)

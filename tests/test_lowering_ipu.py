@@ -268,12 +268,25 @@ def test_gpt2_four_layers_on_two_ipus(gpt2_base):
     base = dict(mode="train", precision="mixed", recompute=True, batch=64, micro_batches=64, ipus=2)
     vendor = lower(g, IPU, ProfileOptions(**base, matmul_proportion="0.15"))
     assert vendor.fits, vendor.failure
-    assert vendor.extra["layers_per_ipu"] == [2, 2]
-    # the PopLibs default proportion lets the 50 257-word head's temporaries take 60 % of IPU 1
+    # the tied table outweighs 2 layers' share: it sits alone on IPU 0 and the head returns there
+    assert vendor.extra["layers_per_ipu"] == [0, 4]
+    # the PopLibs default proportion lets the 50 257-word head's temporaries take 60 % of IPU 0
     default = lower(g, IPU, ProfileOptions(**base))
     assert not default.fits
-    assert default.failure.reason.startswith("IPU 1 needs") and "matmul temporaries" in default.failure.reason
+    assert default.failure.reason.startswith("IPU 0 needs") and "matmul temporaries" in default.failure.reason
     assert "--matmul-proportion" in default.failure.reason
     stashed = lower(_gpt2(gpt2_base, 4, recompute=False), IPU, ProfileOptions(**base, matmul_proportion="0.15"))
     assert not stashed.fits and "largest part: stash" in stashed.failure.reason
     assert "--recompute" in stashed.failure.reason
+
+
+def test_ipus_alone_balance_the_tied_table_as_graphcore_lays_gpt2_out(gpt2_base):
+    """--ipus N without a layout: the tied table counts as layers' worth of weights on IPU 0, which
+    gives the vendor's GPT-2 small layout 0,4,4,4 on 4 IPUs (and an even split on 1 IPU)."""
+    g = _gpt2(gpt2_base, 12)
+    opts = dict(mode="train", precision="mixed", recompute=True, batch=64, micro_batches=64, matmul_proportion="0.15")
+    four = lower(g, IPU, ProfileOptions(**opts, ipus=4))
+    assert four.fits, four.failure
+    assert four.extra["layers_per_ipu"] == [0, 4, 4, 4]
+    assert [s["ipu"] for s in four.extra["stages"]] == [0, 1, 2, 3, 0]
+    assert lower(g, IPU, ProfileOptions(**opts, ipus=1)).extra["layers_per_ipu"] == [12]

@@ -38,8 +38,9 @@ def test_balance_with_fixed_time_gives_the_closed_form_sizes():
     assert balance([6.0, 2.0], [1, 1], [100, 100], 8) == [6, 2]
     # task 2 also pays 1 s that more units do not shorten: T = 1.5, ceil(6/1.5) + ceil(2/0.5) = 8
     assert balance([6.0, 2.0], [1, 1], [100, 100], 8, fixed_s=[0.0, 1.0]) == [4, 4]
-    # a fixed part at or above the period: the task takes its maximum
-    assert balance([1.0, 1.0], [1, 1], [3, 5], 8, fixed_s=[0.0, 10.0]) == [3, 5]
+    # a fixed part at or above the period: the task takes its maximum, the other only what keeps
+    # pace with it (1 s on 1 unit against 10.2 s), and 2 units stay free
+    assert balance([1.0, 1.0], [1, 1], [3, 5], 8, fixed_s=[0.0, 10.0]) == [1, 5]
 
 
 def test_kernels_at_the_compilers_granularity():

@@ -24,7 +24,7 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     points = validate.load_catalog()
     by_id = {p.id: p for p in points}
     assert len(by_id) == len(points)  # ids unique
-    assert {p.target for p in points} == {"wse2", "sn30", "bow"}
+    assert {p.target for p in points if p.kind != "host"} == {"wse2", "sn30", "bow"}  # host points: cpu, live
     assert all(p.source for p in points)
     sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
     assert len(sn30) == 13  # every row of the SN30 depth sweep
@@ -169,6 +169,15 @@ measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, ho
 expect = { fits = true }
 
 [[points]]
+id = "tiny-rdu-tp2"
+kind = "model"
+target = "rdu"
+source = "test"
+model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
+run = { mode = "train", precision = "mixed", opt_level = "O3", chips = 2, strategy = "tp" }
+measured = { samples_per_s = 100.0, sections = 3 }
+
+[[points]]
 id = "tiny-gemm"
 kind = "gemm"
 target = "ipu"
@@ -217,6 +226,9 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     assert by[("tiny-rdu", "joules")]["note"].startswith("not predicted (a quantity the catalogue format does not")
     assert float(by[("tiny-rdu", "tokens_per_s")]["predicted"]) == pytest.approx(8 * float(tp["predicted"]))
     assert by[("tiny-rdu", "sections")]["predicted"] != ""
+    # a multi-chip point goes through the scaling stage: throughput predicted, per-chip figures not
+    assert float(by[("tiny-rdu-tp2", "samples_per_s")]["predicted"]) > 0
+    assert by[("tiny-rdu-tp2", "sections")]["note"] == "not predicted (multi-chip)"
     assert tp["fit_verdict"] == "right"
     assert by[("huge-gemm", "tflops")]["status"] == "cannot run"
     assert float(by[("tiny-bw", "bandwidth_gb_s")]["predicted"]) == 20.0  # bow's streaming memory

@@ -67,6 +67,9 @@ class Measurement:
     overheads_s: dict[str, float] = field(default_factory=dict)  # the measured step's rows no node owns
     run_median_s: float = 0.0  # the median model_run duration (reference; the headline is run_time_s)
     kernel_total_s: float = 0.0  # onnxruntime's own profile: the sum of its per-kernel warm medians
+    node_spread: dict[str, float] = field(default_factory=dict)  # graph node -> IQR / median of its warm runs
+    run_spread: float = 0.0  # IQR / median of the warm runs' durations
+    repeat_auto: bool = False  # repeat="auto": runs went on until the median was known to within 2%
 
     BASIS = "warm median: per-node medians over the warm runs + the median per-run overhead"
 
@@ -98,6 +101,9 @@ class Measurement:
                 for n, r in self.rates.items()
             },
             "synthesized": dict(self.synthesized),
+            "node_spread_rel": dict(self.node_spread),
+            "run_spread_rel": self.run_spread,
+            "repeat_auto": self.repeat_auto,
         }
 
 
@@ -107,7 +113,7 @@ def measure(
     *,
     dims: Mapping[str, int] | None = None,
     warmup: int = 2,
-    repeat: int = 5,
+    repeat: int | str = 5,
     threads: int | None = None,
     ort_opt: bool = False,
     max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
@@ -120,7 +126,9 @@ def measure(
     ``graph`` is the dabench Graph of the same model (loaded here when None); ``dims``
     binds symbolic dims; ``threads`` is the onnxruntime intra-op thread count (default:
     the CPUs this process may use). With ``target`` (the calibrated ``cpu`` target) each
-    node's bound is classified against the measured host roofline.
+    node's bound is classified against the measured host roofline. ``repeat="auto"``
+    runs until the median run time is known to within 2%; every node carries its spread
+    (IQR over median of its warm runs) in `Measurement.node_spread`.
     """
     import onnxruntime as ort
 
@@ -158,6 +166,7 @@ def measure(
     known = {n.name for n in graph.nodes}
 
     notes: dict[str, str] = {}
+    spread: dict[str, float] = {}
     if ort_opt and profile.optimized is not None:
         fmap = map_fused(prepared.model, profile.optimized)
         predicted, basis = _predicted_times(graph, target)
@@ -175,6 +184,7 @@ def measure(
             op = "+".join(kernel_ops.get(ort_name) or [profile.op_types.get(ort_name, "?")])
             for member in members:
                 ort_ops[member] = op
+                spread[member] = profile.node_spread.get(ort_name, 0.0)
             if len(members) == 1:
                 node_times[members[0]] = node_times.get(members[0], 0.0) + t
                 if members[0] != ort_name:
@@ -198,6 +208,7 @@ def measure(
         for ort_name, t in profile.node_times.items():
             if ort_name in known:
                 node_times[ort_name] = t
+                spread[ort_name] = profile.node_spread.get(ort_name, 0.0)
                 ort_ops[ort_name] = profile.op_types.get(ort_name, "")
             else:
                 unmatched[ort_name] = t
@@ -247,7 +258,7 @@ def measure(
         provider=provider_name,
         run_time_s=profile.run_time_s,
         warmup=warmup,
-        repeat=repeat,
+        repeat=len(profile.run_times_s) if repeat == "auto" else repeat,
         ort_opt=ort_opt,
         ort_version=ort.__version__,
         ort_ops=ort_ops,
@@ -258,6 +269,9 @@ def measure(
         overheads_s=overheads,
         run_median_s=profile.run_median_s,
         kernel_total_s=sum(profile.node_times.values()),
+        node_spread=spread,
+        run_spread=profile.run_spread,
+        repeat_auto=repeat == "auto",
     )
 
 

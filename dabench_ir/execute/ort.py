@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,11 +34,29 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-__all__ = ["FusionMap", "OrtProfile", "default_threads", "map_fused", "resolve_provider", "run_profiled"]
+__all__ = [
+    "AUTO_MAX_RUNS",
+    "AUTO_MAX_S",
+    "AUTO_TARGET",
+    "FusionMap",
+    "OrtProfile",
+    "default_threads",
+    "map_fused",
+    "median_ci_halfwidth",
+    "rel_spread",
+    "resolve_provider",
+    "run_profiled",
+]
 
 logger = logging.getLogger(__name__)
 
 _SUFFIX = "_kernel_time"
+AUTO_TARGET = 0.02
+"""``repeat="auto"``: stop once the median run time is known to within this (95% CI half-width, relative)."""
+AUTO_MIN_RUNS = 8
+AUTO_MAX_RUNS = 200
+AUTO_MAX_S = 10.0
+"""``repeat="auto"`` never runs more than this many timed runs, nor longer than this many seconds."""
 _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
@@ -72,6 +92,8 @@ class OrtProfile:
     overhead_s: float = 0.0  # warm median of (model_run duration - the kernels run in it)
     run_median_s: float = 0.0  # warm median model_run duration (for reference; close to run_time_s)
     optimized: onnx.ModelProto | None = None  # the graph onnxruntime ran, when optimisation was on
+    node_spread: dict[str, float] = field(default_factory=dict)  # ORT node -> IQR / median over the warm runs
+    run_spread: float = 0.0  # IQR / median of the warm runs' durations
 
 
 def run_profiled(
@@ -79,16 +101,20 @@ def run_profiled(
     feeds: dict[str, np.ndarray],
     *,
     warmup: int = 2,
-    repeat: int = 5,
+    repeat: int | str = 5,
     threads: int | None = None,
     ort_opt: bool = False,
     provider: str | None = None,
 ) -> OrtProfile:
-    """Run ``model`` ``warmup + repeat`` times with profiling on; medians over the repeats."""
+    """Run ``model`` ``warmup + repeat`` times with profiling on; medians over the repeats.
+
+    ``repeat="auto"``: timed runs go on until the median run time is known to within
+    `AUTO_TARGET` (at least `AUTO_MIN_RUNS`, at most `AUTO_MAX_RUNS` runs or `AUTO_MAX_S`).
+    """
     import onnx
     import onnxruntime as ort
 
-    if repeat < 1 or warmup < 0:
+    if (repeat != "auto" and (not isinstance(repeat, int) or repeat < 1)) or warmup < 0:
         raise UserError(f"need repeat >= 1 and warmup >= 0 (got repeat={repeat}, warmup={warmup})")
     providers = [resolve_provider(provider)]
     if providers[0] != "CPUExecutionProvider":
@@ -113,8 +139,13 @@ def run_profiled(
         except Exception as exc:  # onnxruntime raises its own exception types
             raise UserError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
         try:
-            for _ in range(warmup + repeat):
+            for _ in range(warmup):
                 session.run(None, feeds)
+            if repeat == "auto":
+                _run_until_known(session, feeds)
+            else:
+                for _ in range(repeat):
+                    session.run(None, feeds)
         except Exception as exc:
             raise UserError(f"onnxruntime failed running the model: {str(exc).splitlines()[0][:300]}") from None
         profile_file = session.end_profiling()
@@ -124,6 +155,45 @@ def run_profiled(
     result = parse_profile(events, warmup=warmup)
     result.optimized = optimized
     return result
+
+
+def median_ci_halfwidth(values: Sequence[float]) -> float:
+    """Half the width of a distribution-free 95% confidence interval of the median (order
+    statistics n/2 -+ 0.98 sqrt(n)), relative to the median; inf with fewer than 3 values."""
+    n = len(values)
+    xs = sorted(values)
+    med = statistics.median(xs) if xs else 0.0
+    if n < 3 or med <= 0:
+        return math.inf
+    lo = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+    hi = min(n - 1, math.ceil(n / 2 + 0.98 * math.sqrt(n)) - 1)
+    return (xs[hi] - xs[lo]) / (2 * med)
+
+
+def rel_spread(values: Sequence[float]) -> float:
+    """Interquartile range over the median (0 for fewer than 2 values or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    if med <= 0:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return (q[2] - q[0]) / med
+
+
+def _run_until_known(session: object, feeds: dict[str, np.ndarray]) -> int:
+    """Timed runs until the median's confidence interval is within `AUTO_TARGET`; how many."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        session.run(None, feeds)  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - t0)
+        n = len(times)
+        if n >= AUTO_MAX_RUNS or time.perf_counter() - start >= AUTO_MAX_S:
+            return n
+        if n >= AUTO_MIN_RUNS and median_ci_halfwidth(times) <= AUTO_TARGET:
+            return n
 
 
 PROTO_LIMIT_BYTES = 2**31 - 2**20
@@ -176,7 +246,10 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
     node_times = {name: statistics.median(run.get(name, 0.0) for run in per_run) for name in order}
     run_times = [r["dur"] * 1e-6 for r in kept]
     overhead = max(0.0, statistics.median(t - sum(run.values()) for t, run in zip(run_times, per_run, strict=True)))
+    spread = {name: rel_spread([run.get(name, 0.0) for run in per_run]) for name in order}
     return OrtProfile(
+        node_spread=spread,
+        run_spread=rel_spread(run_times),
         node_times=node_times,
         op_types=op_types,
         providers=providers,

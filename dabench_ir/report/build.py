@@ -72,6 +72,7 @@ def build_report(
             estimated.append(record)
         if node.name in measured:
             record.measured_time_s = measured[node.name]
+            record.measured_spread = (getattr(measurement, "node_spread", None) or {}).get(node.name)
             how = (getattr(measurement, "notes", None) or {}).get(node.name)
             if how:  # a fused kernel's share: say so beside any other note
                 record.note = f"{record.note}; {how}" if record.note else how
@@ -118,7 +119,8 @@ def build_report(
         predicted = {r.name: r.time_s for r in records if r.time_s is not None}
         for r in records:
             r.predicted_time_s = r.time_s
-        metric_dict["prediction_error"] = prediction_error(predicted, measured)
+        spread = getattr(measurement, "node_spread", None) or None
+        metric_dict["prediction_error"] = prediction_error(predicted, measured, spread=spread)
     units = []
     if plan is not None:
         busy = timeline.unit_busy_s if timeline is not None else {}

@@ -33,6 +33,7 @@ class NodeRecord:
     bound: str | None = None
     unit: str | None = None
     measured_time_s: float | None = None
+    measured_spread: float | None = None  # IQR / median of the node's measured runs
     predicted_time_s: float | None = None
     energy_j: float | None = None
     precision: str | None = None
@@ -62,6 +63,7 @@ class NodeRecord:
             "bound": self.bound,
             "unit": self.unit,
             "measured_time_s": self.measured_time_s,
+            "measured_spread_rel": self.measured_spread,
             "predicted_time_s": self.predicted_time_s,
             "start_s": self.start_s,
             "energy_j": self.energy_j,

@@ -288,6 +288,13 @@ def _summary(report: Report, st: _Style) -> list[str]:
             f"  predicted  end-to-end error {_pct(err.get('end_to_end_rel_error'))}, median node error "
             f"{_pct(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes"
         )
+        if err.get("end_to_end_spread") is not None:
+            verdict = "within" if err.get("end_to_end_within_noise") else "beyond"
+            out.append(
+                f"  noise      measured spread (IQR/median) {_pct(err.get('end_to_end_spread'))} end to end, "
+                f"{_pct(err.get('median_node_spread'))} median node: the end-to-end error is {verdict} noise; "
+                f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
+            )
     return out
 
 

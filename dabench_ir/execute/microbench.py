@@ -1,0 +1,499 @@
+"""Per-node micro-benchmarks: the shapes a model runs, measured once per machine and cached.
+
+The host calibration (`dabench_ir.execute.calibrate`) measures op classes at a few fixed
+sizes; a model's own nodes come in shape families it did not see (skinny and batched
+matmuls, grouped-query attention's broadcast keys, head transposes with one permutation
+or another, gathers, expands). This module measures what a model needs instead: every
+distinct node signature (`dabench_ir.lowering.cpu.node_signature`: op, attributes, input
+and output shapes and dtypes, which operands are stored weights) becomes a one-node ONNX
+model with the same operands (weights as initializers, so onnxruntime pre-packs them as
+it does in the model; constants with their real values; activations synthesised) and is
+timed with onnxruntime's per-node profiler, the same clock as ``--measure``, at the
+calibration's thread count.
+
+Signatures are measured most expensive first (the class model's estimate times how often
+the signature occurs) until a time budget is spent (`DEFAULT_BUDGET_S`); those left over
+keep the class model's prediction. Each measured signature records its median, its
+spread (IQR / median over the timed runs) and how many runs. The table is cached beside
+the calibration file (`dabench_ir.lowering.cpu.node_table_path`) and only new signatures
+are measured next time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.execute.ort import default_threads, parse_profile
+from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT, load_cpu_model, node_signature, node_table_path, predict_node
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from dabench_ir.ir import Graph
+
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "BenchResult",
+    "bench_node_model",
+    "ensure_for_target",
+    "ensure_node_table",
+    "plan_signatures",
+    "with_node_table",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_WEIGHT_BYTES = 512 << 20
+"""Models with more weight bytes than this are not benchmarked node by node (synthesising them costs more)."""
+DEFAULT_BUDGET_S = 20.0
+"""Wall-clock seconds one model's node benchmarks may take when nothing is cached (bounded: <= 30 s)."""
+_PER_NODE_S = 0.04  # timed-run time per signature, after the warm-up
+_MIN_RUNS = 5
+_MAX_RUNS = 60
+_ATTEMPTS = 3  # measurements of a noisy node, the middle one kept
+_NOISY = 0.2  # spread (IQR / median) above which a node is measured again
+_WARMUP = 2
+_INT_SHAPE_OPS = {"Reshape": 1, "Expand": 1}  # op -> input holding the output shape
+_MAX_CAPTURE_BYTES = 512 << 20
+_MIN_FLUSH_BYTES = 8 << 20
+_DEFAULT_L2_BYTES = 1 << 20  # when sysfs does not say
+_INDEX_OPS = {"Gather": 1, "GatherElements": 1, "GatherND": 1}  # op -> input holding indices (zeros are valid)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """What one call measured: signatures measured now, found cached, and left to the class model."""
+
+    table_path: Path
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cached: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # signature -> why not measured
+    seconds: float = 0.0
+
+
+def plan_signatures(graph: Graph, model: Any = None) -> list[tuple[str, list[str], float]]:
+    """Distinct node signatures of ``graph`` as (signature, node names, estimated total seconds),
+    most expensive first; the estimate is the class model's (``model``), else each node's bytes."""
+    from dabench_ir.passes.meta import COST
+
+    groups: dict[str, list[str]] = {}
+    estimate: dict[str, float] = {}
+    for node in graph.nodes:
+        if node.op_type == "Constant":
+            continue
+        sig = node_signature(graph, node)
+        if sig is None:
+            continue
+        groups.setdefault(sig, []).append(node.name)
+        t = predict_node(graph, node, model) if model is not None else None
+        if t is None:
+            cost = node.meta.get(COST)
+            t = float(cost.bytes) * 1e-10 if cost is not None else 0.0
+        estimate[sig] = estimate.get(sig, 0.0) + t
+    return sorted(((s, names, estimate[s]) for s, names in groups.items()), key=lambda r: -r[2])
+
+
+def ensure_node_table(
+    proto: onnx.ModelProto | str | os.PathLike[str],
+    graph: Graph,
+    target_path: str | os.PathLike[str],
+    *,
+    threads: int | None = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    max_weight_bytes: int = MAX_WEIGHT_BYTES,
+    say: Any = None,
+) -> BenchResult:
+    """Measure the node signatures of ``graph`` the cached table lacks, within ``budget_s``.
+
+    ``proto`` is the model ``graph`` came from (a ModelProto or an ONNX path; weights may
+    be shape-only, they are synthesised); ``target_path`` the calibrated ``cpu`` target
+    TOML whose table (`node_table_path`) is read and extended. A model whose weights take
+    more than ``max_weight_bytes`` raises UserError (the class model predicts it).
+    """
+    from dabench_ir.execute.synth import name_nodes, prepare_model
+    from dabench_ir.frontends.onnx import read_model
+
+    start = time.perf_counter()
+    threads = int(threads or default_threads())
+    table_path = node_table_path(target_path)
+    table = _read_table(table_path, threads)
+    result = BenchResult(table_path=table_path)
+    try:
+        model = load_cpu_model(Path(target_path))
+    except (OSError, TypeError, KeyError, ValueError):
+        model = None
+    todo = []
+    for sig, names, est in plan_signatures(graph, model):
+        if sig in table:
+            result.cached += 1
+        else:
+            todo.append((sig, names, est))
+    if not todo:
+        result.seconds = time.perf_counter() - start
+        return result
+    raw, path = read_model(proto)
+    prepared = prepare_model(
+        raw,
+        path=Path(path) if path else None,
+        graph=graph,
+        dims=dict(graph.bindings),
+        max_weight_bytes=max_weight_bytes,
+    )
+    name_nodes(prepared.model, graph)
+    by_name = {n.name: n for n in prepared.model.graph.node}
+    flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
+    context = _Context.of(prepared.model, prepared.feeds, graph)
+    if say:
+        say(f"measuring {len(todo)} node shapes on the host CPU (at most {budget_s:.0f} s)")
+    for sig, names, _est in todo:
+        spent = time.perf_counter() - start
+        if spent >= budget_s:
+            result.skipped[sig] = f"time budget ({budget_s:g} s) spent"
+            continue
+        onnx_node = by_name.get(names[0])
+        if onnx_node is None:
+            result.skipped[sig] = "node not found in the ONNX model"
+            continue
+        try:
+            hot = bench_node_model(onnx_node, graph, context)
+            cold = bench_node_model(onnx_node, graph, context, flush_bytes=flush)
+        except _CannotBench as exc:
+            result.skipped[sig] = str(exc)
+            continue
+        try:
+            per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
+            rec, rec_cold = _time_pair(hot, cold, threads=threads, max_s=per_s, deadline=start + budget_s)
+        except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
+            result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
+            continue
+        rec["op"] = onnx_node.op_type
+        rec["cold_s"] = rec_cold["time_s"]
+        rec["cold_spread"] = rec_cold["spread"]
+        table[sig] = rec
+        result.measured[sig] = rec
+    if result.measured:
+        _write_table(table_path, table, threads)
+    result.seconds = time.perf_counter() - start
+    logger.info(
+        "node benchmarks: %d measured, %d cached, %d left to the class model (%.1f s)",
+        len(result.measured), result.cached, len(result.skipped), result.seconds,
+    )  # fmt: skip
+    return result
+
+
+def ensure_for_target(model: Any, graph: Graph, target: Any, *, threads: int | None = None, say: Any = None) -> Any:
+    """`ensure_node_table` for a loaded calibrated ``cpu`` Target; the Target to lower with
+    (`with_node_table`: it names its calibration file, so the lowering finds the table), or
+    ``target`` unchanged when it is not a cached calibration. A model that cannot be
+    benchmarked keeps the class model (logged), never an error here."""
+    from dabench_ir.errors import UserError
+    from dabench_ir.execute.calibrate import _cache_file
+
+    raw = getattr(target, "raw", None)
+    key = raw.get("calibration", {}).get("key") if isinstance(raw, Mapping) else None
+    if not isinstance(key, Mapping) or "threads" not in key:
+        return target
+    path = _cache_file(key)
+    if not path.is_file():
+        return target
+    try:
+        ensure_node_table(model, graph, path, threads=threads or key["threads"], say=say)
+    except (UserError, OSError, ValueError) as exc:
+        logger.info("no node benchmarks for this model (%s): the class model predicts", exc)
+    return with_node_table(target, path)
+
+
+def with_node_table(target: Any, path: str | os.PathLike[str]) -> Any:
+    """``target`` (a calibrated ``cpu`` Target) naming its calibration file ``path`` in
+    ``raw["calibration"]["file"]``, where the lowering looks for the node table beside it."""
+    import dataclasses
+
+    raw = dict(target.raw)
+    raw["calibration"] = {**raw.get("calibration", {}), "file": str(path)}
+    return dataclasses.replace(target, raw=raw)
+
+
+# -- one-node models ---------------------------------------------------------------------
+class _CannotBench(Exception):
+    """This node cannot be rebuilt on its own (an operand whose value is unknown)."""
+
+
+@dataclass(slots=True)
+class _Context:
+    """What the prepared model knows of tensor values: initializers, Constant outputs, feeds."""
+
+    inits: dict[str, onnx.TensorProto]
+    constants: dict[str, onnx.TensorProto]
+    feeds: dict[str, np.ndarray]
+    opsets: list[Any]
+    ir_version: int
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # activations from one run of the model
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], graph: Graph | None = None) -> _Context:
+        """The prepared model's known values; with ``graph``, one run of the model (when its
+        activations fit `_MAX_CAPTURE_BYTES`) gives every activation its real value: data
+        matter (a masked Softmax is several times slower than one over random scores)."""
+        from onnx import numpy_helper
+
+        constants: dict[str, onnx.TensorProto] = {}
+        for node in model.graph.node:
+            if node.op_type != "Constant" or not node.output:
+                continue
+            for attr in node.attribute:
+                if attr.name == "value":
+                    constants[node.output[0]] = attr.t
+                elif attr.name in ("value_int", "value_ints", "value_float", "value_floats"):
+                    import numpy as np
+
+                    value = {
+                        "value_int": lambda a: np.array(a.i, np.int64),
+                        "value_ints": lambda a: np.array(list(a.ints), np.int64),
+                        "value_float": lambda a: np.array(a.f, np.float32),
+                        "value_floats": lambda a: np.array(list(a.floats), np.float32),
+                    }[attr.name](attr)
+                    constants[node.output[0]] = numpy_helper.from_array(value)
+        return cls(
+            inits={i.name: i for i in model.graph.initializer},
+            constants=constants,
+            feeds=dict(feeds),
+            opsets=list(model.opset_import),
+            ir_version=model.ir_version,
+            values=_capture(model, feeds, graph) if graph is not None else {},
+        )
+
+
+def _capture(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], graph: Graph) -> dict[str, np.ndarray]:
+    """Every statically shaped activation of one run of ``model`` (empty when they would take
+    more than `_MAX_CAPTURE_BYTES` or onnxruntime refuses)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    names: list[str] = []
+    total = 0
+    have = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            continue
+        for name in node.output:
+            if not name or name in have or name not in graph.values:
+                continue
+            ttype = graph.type_of(name).bind(graph.bindings)
+            if ttype.shape is None or not ttype.is_static:
+                continue
+            total += ttype.nbytes()
+            names.append(name)
+    if not names:
+        return {}
+    if total > _MAX_CAPTURE_BYTES:
+        logger.info("activations take %d bytes: node benchmarks synthesise them", total)
+        return {}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(copy.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        outs = session.run(names, dict(feeds))
+    except Exception as exc:  # onnxruntime's own exception types
+        logger.info("cannot capture activations (%s): node benchmarks synthesise them", str(exc)[:120])
+        return {}
+    return dict(zip(names, outs, strict=True))
+
+
+def bench_node_model(
+    node: onnx.NodeProto, graph: Graph, ctx: _Context, *, flush_bytes: int = 0
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """A one-node model running ``node`` (renamed ``bench``) on operands like the model's, and its feeds.
+
+    Stored operands (initializers, Constant outputs) keep their values; graph inputs take the
+    prepared feeds; activations are synthesised at their static shapes (shape operands of
+    Reshape/Expand from the output shape, indices as zeros). Raises _CannotBench otherwise.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    inputs: list[onnx.ValueInfoProto] = []
+    inits: list[onnx.TensorProto] = []
+    feeds: dict[str, Any] = {}
+    seen: set[str] = set()
+    for idx, name in enumerate(node.input):
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in ctx.inits or name in ctx.constants:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(ctx.inits.get(name) or ctx.constants[name])
+            tensor.name = name
+            inits.append(tensor)
+            continue
+        shape, code = _static_type(graph, name)
+        np_dtype = helper.tensor_dtype_to_np_dtype(code)
+        if name in ctx.feeds or name in ctx.values:
+            value = ctx.feeds.get(name, ctx.values.get(name))
+        elif np.issubdtype(np_dtype, np.floating):
+            value = rng.standard_normal(shape).astype(np_dtype)
+        elif np_dtype == np.bool_:
+            value = rng.random(shape) < 0.5
+        elif _INT_SHAPE_OPS.get(node.op_type) == idx and node.output:
+            out_shape, _ = _static_type(graph, node.output[0])
+            value = np.array(out_shape, dtype=np_dtype)
+            if value.shape != tuple(shape):
+                raise _CannotBench(f"{node.op_type} shape operand {name!r} is not the output shape")
+        elif _INDEX_OPS.get(node.op_type) == idx:
+            value = np.zeros(shape, dtype=np_dtype)
+        else:
+            raise _CannotBench(f"integer operand {name!r} of {node.op_type} is computed at run time")
+        feeds[name] = value
+        inputs.append(helper.make_tensor_value_info(name, code, shape))
+    outputs = []
+    for name in node.output:
+        if not name:
+            continue
+        shape, code = _static_type(graph, name)
+        outputs.append(helper.make_tensor_value_info(name, code, shape))
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.name = "bench"
+    nodes = [copy]
+    if flush_bytes:  # read a buffer larger than the private caches first, as the rest of a model does
+        inputs.append(helper.make_tensor_value_info("_flush", onnx.TensorProto.FLOAT, (flush_bytes // 4,)))
+        outputs.append(helper.make_tensor_value_info("_flushed", onnx.TensorProto.FLOAT, ()))
+        nodes.insert(0, helper.make_node("ReduceMax", ["_flush"], ["_flushed"], name="flush", keepdims=0))
+        feeds["_flush"] = np.ones(flush_bytes // 4, dtype=np.float32)
+    graph_proto = helper.make_graph(nodes, "bench", inputs, outputs, inits)
+    model = helper.make_model(graph_proto, opset_imports=ctx.opsets)
+    model.ir_version = ctx.ir_version
+    return model, feeds
+
+
+def _static_type(graph: Graph, name: str) -> tuple[tuple[int, ...], int]:
+    if name not in graph.values:
+        raise _CannotBench(f"no type for {name!r}")
+    ttype = graph.type_of(name).bind(graph.bindings)
+    if ttype.shape is None or not ttype.is_static:
+        raise _CannotBench(f"{name!r} has no static shape")
+    return tuple(int(d) for d in ttype.shape), ttype.dtype.onnx_code  # type: ignore[arg-type]
+
+
+def _time_pair(
+    hot: tuple[onnx.ModelProto, dict[str, Any]],
+    cold: tuple[onnx.ModelProto, dict[str, Any]],
+    *,
+    threads: int,
+    max_s: float,
+    deadline: float,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The hot and flushed timings of one node, measured again (up to `_ATTEMPTS` times, while
+    the budget lasts) when either is noisy (spread over `_NOISY`) or the flushed one reads
+    faster than the hot one; each keeps its middle attempt (the median of the medians, like
+    the in-model median it is compared with, rather than the luckiest)."""
+    hots = [_time_node(*hot, threads=threads, max_s=max_s)]
+    colds = [_time_node(*cold, threads=threads, max_s=max_s)]
+    while len(hots) < _ATTEMPTS and time.perf_counter() < deadline:
+        noisy = max(hots[-1]["spread"], colds[-1]["spread"]) > _NOISY
+        if not noisy and colds[-1]["time_s"] >= 0.9 * hots[-1]["time_s"]:
+            break
+        hots.append(_time_node(*hot, threads=threads, max_s=max_s))
+        colds.append(_time_node(*cold, threads=threads, max_s=max_s))
+    picked = []
+    for recs in (hots, colds):
+        rec = sorted(recs, key=lambda r: r["time_s"])[(len(recs) - 1) // 2]
+        picked.append({**rec, "attempts": len(recs)})
+    return picked[0], picked[1]
+
+
+def _time_node(model: onnx.ModelProto, feeds: dict[str, Any], *, threads: int, max_s: float) -> dict[str, Any]:
+    """Median kernel time of node ``bench`` over timed runs that stop after ``max_s``
+    (at least `_MIN_RUNS`, at most `_MAX_RUNS`), with its spread."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="dabench-nb-") as tmp:
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "profile")
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        for _ in range(_WARMUP):
+            session.run(None, feeds)
+        runs = 0
+        t0 = time.perf_counter()
+        while runs < _MAX_RUNS and (runs < _MIN_RUNS or time.perf_counter() - t0 < max_s):
+            session.run(None, feeds)
+            runs += 1
+        with open(session.end_profiling(), encoding="utf-8") as fh:
+            events = json.load(fh)
+    prof = parse_profile(events, warmup=_WARMUP)
+    t = prof.node_times.get("bench")
+    if t is None:
+        raise RuntimeError("no kernel event for the benchmarked node")
+    return {"time_s": t, "spread": prof.node_spread.get("bench", 0.0), "runs": runs}
+
+
+# -- the table file ------------------------------------------------------------------------
+def _read_table(path: Path, threads: int) -> dict[str, dict[str, Any]]:
+    """The cached signatures for this calibration (empty when absent, unreadable or another format)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != NODE_TABLE_FORMAT or data.get("threads") != threads:
+        return {}
+    nodes = data.get("nodes")
+    if not isinstance(nodes, dict):
+        return {}
+    return {
+        k: v for k, v in nodes.items() if isinstance(v, dict) and all(_finite(v.get(f)) for f in ("time_s", "cold_s"))
+    }
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _l2_bytes() -> int:
+    """Size of one core's level-2 cache from sysfs (the private cache a node's operands fall out of); 0 if unknown."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "level").read_text().strip() != "2" or (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip().upper()
+            return int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _write_table(path: Path, table: Mapping[str, Mapping[str, Any]], threads: int) -> None:
+    data = {
+        "format": NODE_TABLE_FORMAT,
+        "threads": threads,
+        "l2_bytes": _l2_bytes() or _DEFAULT_L2_BYTES,
+        "date": _dt.date.today().isoformat(),
+        "source": "measured by dabench-ir (one-node onnxruntime models, per-node profiler)",
+        "nodes": dict(table),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=0, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
