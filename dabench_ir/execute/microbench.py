@@ -455,7 +455,7 @@ def _read_table(path: Path, threads: int) -> dict[str, dict[str, Any]]:
     """The cached signatures for this calibration (empty when absent, unreadable or another format)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or data.get("format") != NODE_TABLE_FORMAT or data.get("threads") != threads:
         return {}
@@ -493,7 +493,11 @@ def _write_table(path: Path, table: Mapping[str, Mapping[str, Any]], threads: in
         "source": "measured by dabench-ir (one-node onnxruntime models, per-node profiler)",
         "nodes": dict(table),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=0, sort_keys=True), encoding="utf-8")
-    tmp.replace(path)
+    from dabench_ir.errors import UserError
+    from dabench_ir.fileio import write_output
+
+    try:  # a cache: one that cannot be written costs a re-measure next time, not this run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_output(path, json.dumps(data, indent=0, sort_keys=True))
+    except (OSError, UserError) as exc:
+        logger.warning("node benchmark cache %s not written: %s", path, exc)
