@@ -126,6 +126,17 @@ def _fraction(value: Any) -> float:
     return min(numbers)
 
 
+MAX_CHIPS = 1 << 20
+"""More chips than any machine has (the largest systems hold tens of thousands): a typo, refused."""
+
+
+def _chip_count(value: Any) -> int:
+    chips = _positive(value)
+    if chips > MAX_CHIPS:
+        raise ValueError(f"expected at most {MAX_CHIPS:,} chips")
+    return chips
+
+
 def _positive_or_auto(value: Any) -> int | str:
     return "auto" if value == "auto" else _positive(value)
 
@@ -330,7 +341,7 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_positive,
+    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_chip_count,
                       group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
                                 commands=frozenset({SCALE, SWEEP, PROFILE}))  # fmt: skip

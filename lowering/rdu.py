@@ -327,6 +327,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     bw = ddr.bandwidth_bytes_per_s
     ridge = peak / bw
     reconfig = target.overhead("section_reconfig_s")
+    sram_bw = target.memory("on-chip").bandwidth_bytes_per_s if target.has_memory("on-chip") else bw
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
     sections = form_sections(ctx, chip, opt_level)
     demand = _Demand(ctx, chip)
@@ -370,10 +371,18 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             )
             unit_index += 1
             share_s = work_s / sec.parts
-            weights = flops if total_flops else {n.name: node_bytes.get(n.name, 0) for n in sec.nodes}
+            # the section's time is shared by what each stage would take alone: its FLOPs on
+            # the section's PCUs plus its bytes through the PMUs, so a data-movement stage (or
+            # one with an estimated cost) holds its share instead of none
+            weights = {
+                n.name: (flops[n.name] / sec_rate if sec_rate else 0.0)
+                + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
+                for n in sec.nodes
+                if ctx.is_work(n)
+            }
             wsum = sum(weights.values()) or 1
             for n in sec.nodes:
-                t = share_s * weights[n.name] / wsum
+                t = share_s * weights.get(n.name, 0.0) / wsum
                 unit.node_s[n.name] = t / m
                 times.setdefault(n.name, []).append(
                     (

@@ -226,3 +226,20 @@ def test_throughput_rises_with_batch_as_the_host_cost_is_amortised():
         rates.append(batch / timeline.step_time_s)
         assert plan.extra["sections"] == 3  # demand is per sample: the same sections at every batch
     assert rates[0] < rates[1] < rates[2]
+
+
+def test_every_working_stage_holds_a_share_of_its_section():
+    """A fused section's time is shared by what each stage would take alone (FLOPs on the PCUs,
+    bytes through the PMUs): a data-movement stage, or one whose cost is estimated, is never
+    silently zero."""
+    from tests.conftest import analyze_text
+
+    weights = ",".join(["1"] * 64)
+    g = analyze_text(
+        f"agraph (float[4,8] x) => (float[8,4] y) <float[8,8] W = {{{weights}}}> "
+        "{ h = MatMul(x, W)  y = Transpose(h) }"
+    )
+    plan = lower(g, RDU, ProfileOptions(opt_level="O3"))
+    assert len({p.unit for p in plan.node_plans.values()}) == 1  # one fused section
+    transpose = next(n for n in g.nodes if n.op_type == "Transpose")
+    assert plan.node_plans[transpose.name].per_micro_batch_s > 0

@@ -171,3 +171,12 @@ def test_a_new_knob_reaches_every_parser_and_the_spec(new_knob):
     with pytest.raises(UserError, match="stage_depth = 0: expected a positive integer"):
         parse_spec({"point": [{"stage_depth": 0}]})
     assert recorded_config(_WithNewKnob(stage_depth=4))["stage_depth"] == 4
+
+
+def test_absurd_chip_counts_are_refused_naming_the_flag():
+    from dabench_ir.errors import UserError
+    from dabench_ir.options import MAX_CHIPS, ScaleOptions
+
+    assert ScaleOptions(chips=MAX_CHIPS).chips == MAX_CHIPS
+    with pytest.raises(UserError, match="--chips .*at most 1,048,576 chips"):
+        ScaleOptions(chips=99999999999)
