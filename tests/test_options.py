@@ -178,5 +178,5 @@ def test_absurd_chip_counts_are_refused_naming_the_flag():
     from dabench_ir.options import MAX_CHIPS, ScaleOptions
 
     assert ScaleOptions(chips=MAX_CHIPS).chips == MAX_CHIPS
-    with pytest.raises(UserError, match="--chips .*at most 1,048,576 chips"):
+    with pytest.raises(UserError, match=r"--chips .*at most 1,048,576 chips"):
         ScaleOptions(chips=99999999999)
