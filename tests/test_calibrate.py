@@ -131,3 +131,16 @@ def test_dump_toml_round_trips():
         "empty": [],
     }
     assert tomllib.loads(cal.dump_toml(data)) == data
+
+
+def test_a_new_calibration_drops_the_node_timings_taken_beside_the_old_one(tmp_path, monkeypatch):
+    """Per-node kernel timings are measured again with the calibration, never mixed with one
+    taken under other conditions (a busy machine's timings would make a quiet one look slow)."""
+    from dabench_ir.lowering.cpu import node_table_path
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))
+    stale = node_table_path(cal._cache_file(cal.machine_key(1)))
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("{}")
+    path = cal.calibrate(1, quick=True)
+    assert node_table_path(path) == stale and not stale.exists()

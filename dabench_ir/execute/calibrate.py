@@ -582,6 +582,11 @@ def calibrate(threads: int | None = None, *, quick: bool = False, verbose: bool 
     except OSError as exc:
         raise UserError(f"calibration cache {path.parent}: cannot create it ({exc.strerror or exc})") from None
     write_output(path, dump_toml(data))
+    # per-node kernel timings belong to the calibration they were taken beside: measured
+    # again with it, never mixed with a new one taken under other conditions
+    from dabench_ir.lowering.cpu import node_table_path
+
+    node_table_path(path).unlink(missing_ok=True)
     logger.info("wrote host calibration %s (%.1f s)", path, raw["seconds"])
     return path
 
