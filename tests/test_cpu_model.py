@@ -343,3 +343,25 @@ def test_a_model_whose_only_node_writes_the_graph_output_is_benchmarked(tmp_path
     model = parse("agraph (float[4,8] x) => (float[4,8] y) <float[8,8] W = {" + ones + "}> { y = MatMul(x, W) }")
     res = ensure_node_table(model, analyze(model), target, threads=1, budget_s=5.0)
     assert len(res.measured) == 1 and not res.skipped
+
+
+def test_node_benchmark_passes_keep_the_median_of_the_quiet_ones():
+    from dabench_ir.execute.microbench import combine_passes
+
+    def rec(t, spread=0.1, runs=10):
+        return {"time_s": t, "spread": spread, "runs": runs}
+
+    hots = [rec(100e-6), rec(160e-6), rec(104e-6, 0.3)]
+    colds = [rec(120e-6), rec(190e-6), rec(130e-6)]
+    # no probe readings: the median over the passes, not the fastest or the slowest window
+    hot, cold = combine_passes(hots, colds)
+    assert hot["time_s"] == pytest.approx(104e-6) and cold["time_s"] == pytest.approx(130e-6)
+    assert hot["runs"] == 30 and hot["attempts"] == 3 and hot["busy"] == 0
+    assert hot["spread"] == pytest.approx(0.1) and hot["drift"] == pytest.approx(60 / 104)
+    # the second pass ran while the probe read 1.5x its quiet time (another job held a core): dropped
+    hot, cold = combine_passes(hots, colds, [1.0e-4, 1.5e-4, 1.1e-4], quiet=1.0e-4)
+    assert hot["time_s"] == pytest.approx(102e-6) and cold["time_s"] == pytest.approx(125e-6)
+    assert hot["attempts"] == 2 and hot["busy"] == 1 and hot["runs"] == 20
+    # every pass busy against the table's quiet reading: those nearest it are kept
+    hot, cold = combine_passes(hots, colds, [1.5e-4, 2.0e-4, 1.55e-4], quiet=1.0e-4)
+    assert hot["time_s"] == pytest.approx(102e-6) and hot["busy"] == 1

@@ -26,9 +26,10 @@ import json
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_BUDGET_S",
     "BenchResult",
     "bench_node_model",
+    "combine_passes",
     "ensure_for_target",
     "ensure_node_table",
     "plan_signatures",
@@ -61,8 +63,13 @@ DEFAULT_BUDGET_S = 20.0
 _PER_NODE_S = 0.04  # timed-run time per signature, after the warm-up
 _MIN_RUNS = 5
 _MAX_RUNS = 60
-_ATTEMPTS = 3  # measurements of a noisy node, the middle one kept
-_NOISY = 0.2  # spread (IQR / median) above which a node is measured again
+_BUSY = 1.2
+"""A node benchmark taken while the probe (`_Probe`) ran more than this many times its quiet time is dropped."""
+_PASSES = 3
+"""Passes over a model's signatures: each is timed once per pass and keeps its median over the
+passes. A 2-vCPU VM shared with other jobs runs a 2-thread kernel at one speed for a second and
+at up to twice the time the next; one window per node catches one state, the model's own run
+(seconds long) the usual one."""
 _WARMUP = 2
 _INT_SHAPE_OPS = {"Reshape": 1, "Expand": 1}  # op -> input holding the output shape
 _MAX_CAPTURE_BYTES = 512 << 20
@@ -128,6 +135,7 @@ def ensure_node_table(
     threads = int(threads or default_threads())
     table_path = node_table_path(target_path)
     table = _read_table(table_path, threads)
+    stored_probe = _read_probe(table_path)
     result = BenchResult(table_path=table_path)
     try:
         model = load_cpu_model(Path(target_path))
@@ -156,7 +164,11 @@ def ensure_node_table(
     context = _Context.of(prepared.model, prepared.feeds, graph)
     if say:
         say(f"measuring {len(todo)} node shapes on the host CPU (at most {budget_s:.0f} s)")
-    for sig, names, _est in todo:
+    ready: list[tuple[str, str, Any, Any]] = []  # signature, op, hot and flushed one-node models
+    samples: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]]] = {}
+    probe = _Probe(threads)
+    pass_start = time.perf_counter()
+    for sig, names, _est in todo:  # pass 1: every signature once, most expensive first, within the budget
         spent = time.perf_counter() - start
         if spent >= budget_s:
             result.skipped[sig] = f"time budget ({budget_s:g} s) spent"
@@ -171,19 +183,33 @@ def ensure_node_table(
         except _CannotBench as exc:
             result.skipped[sig] = str(exc)
             continue
+        per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
         try:
-            per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
-            rec, rec_cold = _time_pair(hot, cold, threads=threads, max_s=per_s, deadline=start + budget_s)
+            speed = probe.time()
+            samples[sig] = ([_time_node(*hot, threads=threads, max_s=per_s)],
+                            [_time_node(*cold, threads=threads, max_s=per_s)], [speed])  # fmt: skip
         except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
             result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
             continue
-        rec["op"] = onnx_node.op_type
+        ready.append((sig, onnx_node.op_type, hot, cold))
+    one_pass = time.perf_counter() - pass_start
+    for _ in range(_PASSES - 1):  # later passes, while the budget holds a whole one: the machine's speed drifts
+        if not ready or time.perf_counter() - start + one_pass > budget_s:
+            break
+        for sig, _op, hot, cold in ready:
+            samples[sig][2].append(probe.time())
+            samples[sig][0].append(_time_node(*hot, threads=threads, max_s=_PER_NODE_S))
+            samples[sig][1].append(_time_node(*cold, threads=threads, max_s=_PER_NODE_S))
+    quiet = min([*probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
+    for sig, op, _hot, _cold in ready:
+        rec, rec_cold = combine_passes(*samples[sig], quiet=quiet)
+        rec["op"] = op
         rec["cold_s"] = rec_cold["time_s"]
         rec["cold_spread"] = rec_cold["spread"]
         table[sig] = rec
         result.measured[sig] = rec
     if result.measured:
-        _write_table(table_path, table, threads)
+        _write_table(table_path, table, threads, probe_s=quiet)
     result.seconds = time.perf_counter() - start
     logger.info(
         "node benchmarks: %d measured, %d cached, %d left to the class model (%.1f s)",
@@ -392,31 +418,82 @@ def _static_type(graph: Graph, name: str) -> tuple[tuple[int, ...], int]:
     return tuple(int(d) for d in ttype.shape), ttype.dtype.onnx_code  # type: ignore[arg-type]
 
 
-def _time_pair(
-    hot: tuple[onnx.ModelProto, dict[str, Any]],
-    cold: tuple[onnx.ModelProto, dict[str, Any]],
+def combine_passes(
+    hots: Sequence[Mapping[str, Any]],
+    colds: Sequence[Mapping[str, Any]],
+    probes: Sequence[float] = (),
     *,
-    threads: int,
-    max_s: float,
-    deadline: float,
+    quiet: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The hot and flushed timings of one node, measured again (up to `_ATTEMPTS` times, while
-    the budget lasts) when either is noisy (spread over `_NOISY`) or the flushed one reads
-    faster than the hot one; each keeps its middle attempt (the median of the medians, like
-    the in-model median it is compared with, rather than the luckiest)."""
-    hots = [_time_node(*hot, threads=threads, max_s=max_s)]
-    colds = [_time_node(*cold, threads=threads, max_s=max_s)]
-    while len(hots) < _ATTEMPTS and time.perf_counter() < deadline:
-        noisy = max(hots[-1]["spread"], colds[-1]["spread"]) > _NOISY
-        if not noisy and colds[-1]["time_s"] >= 0.9 * hots[-1]["time_s"]:
-            break
-        hots.append(_time_node(*hot, threads=threads, max_s=max_s))
-        colds.append(_time_node(*cold, threads=threads, max_s=max_s))
+    """One node's hot and flushed records from its passes (`_time_node` records, one per pass):
+    the median over the passes of each pass's median (the in-model time it is compared with
+    is a median over a run of seconds, not the luckiest or unluckiest window), the median
+    spread within a pass, the runs in all, and ``drift``: the passes' range over their median
+    (how far the machine's speed moved while the table was measured).
+
+    ``probes``: the reference kernel's time (`_Probe`) just before each pass's timing, and
+    ``quiet`` its time on the machine at rest (the fastest reading): passes taken while the
+    probe read more than `_BUSY` times ``quiet`` (another job held a core) are dropped, unless
+    every pass was; then those nearest the quiet reading are kept."""
+    keep = list(range(len(hots)))
+    if probes and len(probes) == len(hots) and quiet > 0:
+        ok = [i for i, p in enumerate(probes) if p <= _BUSY * quiet]
+        best = min(probes)
+        keep = ok or [i for i, p in enumerate(probes) if p <= _BUSY * best]
     picked = []
-    for recs in (hots, colds):
-        rec = sorted(recs, key=lambda r: r["time_s"])[(len(recs) - 1) // 2]
-        picked.append({**rec, "attempts": len(recs)})
+    for recs in ([hots[i] for i in keep], [colds[i] for i in keep]):
+        times = [float(r["time_s"]) for r in recs]
+        med = statistics.median(times)
+        picked.append({
+            "time_s": med,
+            "spread": statistics.median(float(r.get("spread", 0.0)) for r in recs),
+            "runs": sum(int(r.get("runs", 0)) for r in recs),
+            "attempts": len(recs),
+            "busy": len(hots) - len(recs),
+            "drift": (max(times) - min(times)) / med if med > 0 else 0.0,
+        })  # fmt: skip
     return picked[0], picked[1]
+
+
+class _Probe:
+    """A fixed reference kernel (a 128x256 by 256x512 fp32 MatMul at the benchmarks' thread
+    count, about 0.1-0.2 ms a run) timed just before each node benchmark: how fast the machine is
+    running right then. On a VM whose vCPUs other jobs share, a multi-threaded kernel takes up
+    to twice its time while another process holds a core; the probe reads that state."""
+
+    def __init__(self, threads: int) -> None:
+        import numpy as np
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        rng = np.random.default_rng(0)
+        weight = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])], "probe",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, (128, 256))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, (128, 512))], [weight],
+        )  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        self._session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self._feeds = {"x": rng.standard_normal((128, 256)).astype(np.float32)}
+        self.readings: list[float] = []
+        self._session.run(None, self._feeds)
+
+    def time(self, runs: int = 16) -> float:
+        """The mean wall time of ``runs`` probe runs back to back (seconds, about 2-4 ms in all,
+        so a share of the cores taken by another process shows, not only a whole preemption);
+        kept in `readings`."""
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            self._session.run(None, self._feeds)
+        value = (time.perf_counter() - t0) / runs
+        self.readings.append(value)
+        return value
 
 
 def _time_node(model: onnx.ModelProto, feeds: dict[str, Any], *, threads: int, max_s: float) -> dict[str, Any]:
@@ -484,10 +561,20 @@ def _l2_bytes() -> int:
     return 0
 
 
-def _write_table(path: Path, table: Mapping[str, Mapping[str, Any]], threads: int) -> None:
+def _read_probe(path: Path) -> float:
+    """The quiet probe time a cached table was measured against (0 when none)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("probe_s")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return 0.0
+    return float(value) if _finite(value) and value > 0 else 0.0
+
+
+def _write_table(path: Path, table: Mapping[str, Mapping[str, Any]], threads: int, *, probe_s: float = 0.0) -> None:
     data = {
         "format": NODE_TABLE_FORMAT,
         "threads": threads,
+        "probe_s": probe_s,
         "l2_bytes": _l2_bytes() or _DEFAULT_L2_BYTES,
         "date": _dt.date.today().isoformat(),
         "source": "measured by dabench-ir (one-node onnxruntime models, per-node profiler)",
