@@ -201,6 +201,17 @@ def ensure_node_table(
             samples[sig][0].append(_time_node(*hot, threads=threads, max_s=_PER_NODE_S))
             samples[sig][1].append(_time_node(*cold, threads=threads, max_s=_PER_NODE_S))
     quiet = min([*probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
+    for _ in range(_PASSES):  # nodes with no quiet pass yet: again, while the budget lasts
+        busy = [r for r in ready if min(samples[r[0]][2]) > _BUSY * quiet]
+        if not busy:
+            break
+        for sig, _op, hot, cold in busy:
+            if time.perf_counter() - start >= budget_s:
+                break
+            samples[sig][2].append(probe.time())
+            samples[sig][0].append(_time_node(*hot, threads=threads, max_s=_PER_NODE_S))
+            samples[sig][1].append(_time_node(*cold, threads=threads, max_s=_PER_NODE_S))
+        quiet = min([quiet, *probe.readings])
     for sig, op, _hot, _cold in ready:
         rec, rec_cold = combine_passes(*samples[sig], quiet=quiet)
         rec["op"] = op
