@@ -11,7 +11,9 @@ Each model's node shapes are benchmarked first (`dabench_ir.execute.microbench`,
 the seconds it took are printed), then the model is measured with onnxruntime's profiler
 (`--repeat auto`: runs until the median is known to 2%) and predicted node by node
 (`dabench_ir.lowering.cpu.predict_cpu_times`). Errors are over nodes taking >= 1% of the
-measured time; "spread" is the measured IQR/median (end to end: time-weighted over nodes).
+measured time; "spread" is the measured IQR/median (end to end: time-weighted over nodes);
+"busy" is a reference kernel's time just before and after the model's measurement over its
+quiet time (`dabench_ir.execute.microbench.SpeedProbe`): above 1.2 another job held a core.
 
     python bench/fidelity_cpu.py                      # foreign set
     python bench/fidelity_cpu.py --set own --by-op
@@ -31,7 +33,8 @@ from collections import defaultdict
 
 from dabench_ir.execute import measure
 from dabench_ir.execute.calibrate import calibrate, cpu_target_path
-from dabench_ir.execute.microbench import ensure_node_table
+from dabench_ir.execute.microbench import SpeedProbe, ensure_node_table
+from dabench_ir.execute.ort import default_threads
 from dabench_ir.lowering.cpu import load_cpu_model, predict_cpu_times
 from dabench_ir.metrics import prediction_error
 from dabench_ir.pipeline import analyze
@@ -89,17 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     models = [("foreign", *m) for m in FOREIGN] if args.set in ("foreign", "all") else []
     models += [("own", *m) for m in OWN] if args.set in ("own", "all") else []
     print(f"{'model':34s} {'cmp':>4s} {'meas ms':>8s} {'pred ms':>8s} {'e2e':>6s} {'spread':>6s} {'median':>6s} "
-          f"{'p90':>6s} {'nspread':>7s} {'in-noise':>8s} {'bench s':>7s}")  # fmt: skip
+          f"{'p90':>6s} {'nspread':>7s} {'in-noise':>8s} {'bench s':>7s} {'busy':>5s}")  # fmt: skip
     e2es: list[float] = []
     medians: list[float] = []
     by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    probe = SpeedProbe(args.threads or default_threads())
+    quiet = min(probe.time() for _ in range(5))
     for kind, family, layers, hidden, kv, seq, attention in models:
         proto, label = _export(kind, family, layers, hidden, kv, seq, attention)
         graph = analyze(proto)
         bench = ensure_node_table(proto, graph, path, threads=args.threads)
         for ort_opt in (False, True) if args.ort_opt else (False,):
+            before = probe.time()
             m = measure(proto, graph, warmup=args.warmup, repeat=repeat, threads=args.threads, target=path,
                         ort_opt=ort_opt)  # fmt: skip
+            busy = max(before, probe.time()) / quiet  # the machine's speed around the measurement (1: quiet)
             model = load_cpu_model(path)
             pred = predict_cpu_times(graph, model, ort_opt=ort_opt)
             err = prediction_error(pred, m.node_times, spread=m.node_spread)
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{_pct(err['end_to_end_rel_error'])} {_pct(err['end_to_end_spread'])} "
                 f"{_pct(err['median_node_rel_error'])} {_pct(err['p90_node_rel_error'])} "
                 f"{_pct(err['median_node_spread']):>7s} {err['nodes_within_noise']:3d}/{err['nodes_compared']:<4d} "
-                f"{bench.seconds:7.1f}"
+                f"{bench.seconds:7.1f} {busy:5.2f}"
             )
             if err["end_to_end_rel_error"] is not None:
                 e2es.append(err["end_to_end_rel_error"])

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BUDGET_S",
     "BenchResult",
+    "SpeedProbe",
     "bench_node_model",
     "combine_passes",
     "ensure_for_target",
@@ -64,7 +65,7 @@ _PER_NODE_S = 0.04  # timed-run time per signature, after the warm-up
 _MIN_RUNS = 5
 _MAX_RUNS = 60
 _BUSY = 1.2
-"""A node benchmark taken while the probe (`_Probe`) ran more than this many times its quiet time is dropped."""
+"""A node benchmark taken while the probe (`SpeedProbe`) ran more than this many times its quiet time is dropped."""
 _PASSES = 3
 """Passes over a model's signatures: each is timed once per pass and keeps its median over the
 passes. A 2-vCPU VM shared with other jobs runs a 2-thread kernel at one speed for a second and
@@ -166,7 +167,7 @@ def ensure_node_table(
         say(f"measuring {len(todo)} node shapes on the host CPU (at most {budget_s:.0f} s)")
     ready: list[tuple[str, str, Any, Any]] = []  # signature, op, hot and flushed one-node models
     samples: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]]] = {}
-    probe = _Probe(threads)
+    probe = SpeedProbe(threads)
     pass_start = time.perf_counter()
     for sig, names, _est in todo:  # pass 1: every signature once, most expensive first, within the budget
         spent = time.perf_counter() - start
@@ -442,7 +443,7 @@ def combine_passes(
     spread within a pass, the runs in all, and ``drift``: the passes' range over their median
     (how far the machine's speed moved while the table was measured).
 
-    ``probes``: the reference kernel's time (`_Probe`) just before each pass's timing, and
+    ``probes``: the reference kernel's time (`SpeedProbe`) just before each pass's timing, and
     ``quiet`` its time on the machine at rest (the fastest reading): passes taken while the
     probe read more than `_BUSY` times ``quiet`` (another job held a core) are dropped, unless
     every pass was; then those nearest the quiet reading are kept."""
@@ -466,7 +467,7 @@ def combine_passes(
     return picked[0], picked[1]
 
 
-class _Probe:
+class SpeedProbe:
     """A fixed reference kernel (a 128x256 by 256x512 fp32 MatMul at the benchmarks' thread
     count, about 0.1-0.2 ms a run) timed just before each node benchmark: how fast the machine is
     running right then. On a VM whose vCPUs other jobs share, a multi-threaded kernel takes up
