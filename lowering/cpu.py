@@ -6,8 +6,8 @@ in-order unit), but times each from the calibrated model below rather than a roo
 First choice, per node: the **node table**, the model's own shape families measured on this
 machine (`dabench_ir.execute.microbench`, cached beside the calibration; `node_signature`
 names a family). Each family has a cache-hot and a flushed time; a node sits between them
-by `cold_share`: the share of its bytes that come in cold (stored operands and outputs, and
-activations by the bytes written since their producer over the L2 size). A node whose
+by `cold_share`: the share of its bytes that come in cold (stored operands, and activations
+by the bytes written since their producer over the L2 size; outputs reuse freed buffers: hot). A node whose
 family was not measured (time budget, unknown operand values) falls back to the class
 curves below.
 
@@ -436,8 +436,13 @@ def predict_cpu_times(graph: Graph, target: Any, *, ort_opt: bool = False) -> di
 
 STORED_COLD = 1.0
 """How cold a stored operand (weight, constant, graph input) is (0..1): last touched a run ago."""
-OUTPUT_COLD = 1.0
-"""How cold a node's outputs are (0..1): onnxruntime's arena hands out memory last written a run ago."""
+OUTPUT_COLD = 0.0
+"""How cold a node's outputs are (0..1). onnxruntime's memory planner writes a node's output
+into a buffer an earlier node of the same run freed (an activation just consumed), so the
+lines it writes are as warm as the activations it replaces: hot, as in the hot benchmark
+(where the output buffer was written the run before). Counting them cold (1.0) put the
+small weight MatMuls of the foreign decoders 20-50 % slow (a flushed one-node run pays for
+its output lines too) and the models 5-13 % slow end to end."""
 
 
 def _bytes_written_before(graph: Graph) -> dict[str, int]:
@@ -457,7 +462,7 @@ def cold_share(
     share of its operand bytes that come in cold. A stored operand (weight, constant, graph
     input) was last touched a run ago: cold. An activation is cold by how many bytes the nodes
     between its producer and this node wrote, over the private (L2) cache, capped at 1. The
-    outputs land in arena memory not touched since the last run: cold by `OUTPUT_COLD`. What a
+    outputs land in buffers the same run freed: as cold as `OUTPUT_COLD` says (hot). What a
     run last touched a run ago is cold only as far as the run's footprint (``run_bytes``)
     exceeds the L2 cache: a run that fits it keeps everything hot."""
     if traits_of(node).shape_only:

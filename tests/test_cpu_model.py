@@ -82,8 +82,10 @@ def test_cold_share_by_reuse_distance():
     graph = _graph()
     n = _names(graph)
     written = _bytes_written_before(graph)
-    # MatMul0 reads x (graph input, cold) and W1 (weight, cold): all operands cold, output cold
-    assert cold_share(graph, n["MatMul0"], written, 1 << 20) == pytest.approx(1.0)
+    # MatMul0 reads x (graph input, cold, 512 B) and W1 (weight, cold, 1024 B); its output (512 B)
+    # goes to a buffer the run freed: hot
+    assert OUTPUT_COLD == 0.0
+    assert cold_share(graph, n["MatMul0"], written, 1 << 20) == pytest.approx(1536 / 2048)
     # MatMul1 reads a (just written: hot, 512 B) and W2 (cold, 1024 B); output 512 B cold
     expected = (0 * 512 + 1 * 1024 + OUTPUT_COLD * 512) / (512 + 1024 + 512)
     assert cold_share(graph, n["MatMul1"], written, 1 << 20) == pytest.approx(expected)
@@ -108,7 +110,7 @@ def test_prediction_from_a_synthetic_node_table_is_exact(tmp_path):
     assert 0 < share < 1
     # both MatMul0 and MatMul1 have the signature; each sits between hot and flushed by its cold share
     assert pred[n["MatMul1"].name] == pytest.approx(10e-6 + share * 20e-6)
-    assert pred[n["MatMul0"].name] == pytest.approx(30e-6)  # every operand cold
+    assert pred[n["MatMul0"].name] == pytest.approx(10e-6 + 0.75 * 20e-6)  # every operand cold, output hot
     # a node without a table entry keeps the class model (here the overhead of a view)
     assert pred[n["Reshape4"].name] == pytest.approx(1e-6)
 
@@ -328,9 +330,9 @@ def test_a_run_that_fits_the_private_cache_stays_hot():
     graph = _graph()
     n = _names(graph)
     written = _bytes_written_before(graph)
-    # footprint 1 KiB against a 1 MiB L2: stored operands and outputs are 1/1024 cold
-    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=1024) == pytest.approx(1 / 1024)
-    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=4 << 20) == pytest.approx(1.0)
+    # footprint 1 KiB against a 1 MiB L2: stored operands are 1/1024 cold (3/4 of MatMul0's bytes)
+    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=1024) == pytest.approx(0.75 / 1024)
+    assert cold_share(graph, n["MatMul0"], written, 1 << 20, run_bytes=4 << 20) == pytest.approx(0.75)
 
 
 def test_a_model_whose_only_node_writes_the_graph_output_is_benchmarked(tmp_path):
