@@ -13,7 +13,7 @@ the seconds it took are printed), then the model is measured with onnxruntime's 
 (`dabench_ir.lowering.cpu.predict_cpu_times`). Errors are over nodes taking >= 1% of the
 measured time; "spread" is the measured IQR/median (end to end: time-weighted over nodes);
 "busy" is a reference kernel's time just before and after the model's measurement over its
-quiet time (`dabench_ir.execute.microbench.SpeedProbe`): above 1.2 another job held a core.
+quiet time (`dabench_ir.execute.microbench.SpeedProbe`): above 1.5 another job held a core.
 
     python bench/fidelity_cpu.py                      # foreign set
     python bench/fidelity_cpu.py --set own --by-op
