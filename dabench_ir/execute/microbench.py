@@ -13,8 +13,11 @@ calibration's thread count.
 
 Signatures are measured most expensive first (the class model's estimate times how often
 the signature occurs) until a time budget is spent (`DEFAULT_BUDGET_S`); those left over
-keep the class model's prediction. Each measured signature records its median, its
-spread (IQR / median over the timed runs) and how many runs. The table is cached beside
+keep the class model's prediction. Each signature is timed in `_PASSES` passes spread over
+the benchmark, each just after a reference kernel (`SpeedProbe`) reads how fast the machine
+runs right then; passes taken while another job held a core are dropped, and the signature
+records the median of the rest, its spread (IQR / median over the timed runs), how many
+runs, and the drift between passes. The table is cached beside
 the calibration file (`dabench_ir.lowering.cpu.node_table_path`) and only new signatures
 are measured next time.
 """
