@@ -382,8 +382,8 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
             shapes = {_shape(ctx, v) for v in acts}
             if len(shapes) == 1:
                 skip = _skip_bytes(ctx, acts, producer, owner)
-                for key, direction in ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else (
-                    (node.name, ""),
+                for key, direction in (
+                    ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else ((node.name, ""),)
                 ):
                     add_to(key, "add", node, direction)
                     by_key[key].skip_bytes = skip
