@@ -14,7 +14,9 @@ kernel gets a rectangular region of PEs and all run at once, samples streaming t
 - Regions are balanced to one period (`balance` with the fixed times): heavy kernels get
   what keeps pace, small ones just enough. A region is at least ``ceil(width/row_chunk)``
   PEs and large enough to hold its weights and optimizer state, at most one row chunk per
-  PE of its output and never grown below ``min_utilisation``.
+  PE of its output and never grown below ``min_utilisation``. A residual add whose other
+  input crosses attention holds one sample of its skip stream in a FIFO in its region
+  (whole rows of ``ceil(width/row_chunk)`` PEs; `_skip_bytes`).
 - The wafer is shared with an I/O region and routing/FIFO PEs per kernel PE, and only
   ``max_active_fraction`` of it can be placed; pipeline buffers hold the block-boundary
   activations that are in flight between a block's forward and backward (training).
