@@ -14,7 +14,9 @@ kernel gets a rectangular region of PEs and all run at once, samples streaming t
 - Regions are balanced to one period (`balance` with the fixed times): heavy kernels get
   what keeps pace, small ones just enough. A region is at least ``ceil(width/row_chunk)``
   PEs and large enough to hold its weights and optimizer state, at most one row chunk per
-  PE of its output and never grown below ``min_utilisation``.
+  PE of its output and never grown below ``min_utilisation``. A residual add whose other
+  input crosses attention holds one sample of its skip stream in a FIFO in its region
+  (whole rows of ``ceil(width/row_chunk)`` PEs; `_skip_bytes`).
 - The wafer is shared with an I/O region and routing/FIFO PEs per kernel PE, and only
   ``max_active_fraction`` of it can be placed; pipeline buffers hold the block-boundary
   activations that are in flight between a block's forward and backward (training).
@@ -243,6 +245,7 @@ class WseKernel:
     width: int = 1  # elements per row of its output
     out_elems: int = 1  # output elements per sample (the most PEs its shape allows, in row chunks)
     params: int = 0
+    skip_bytes: int = 0  # per sample: a residual add's skip stream held while its other input crosses attention
 
 
 def _block_prefix(scope: str) -> str:
@@ -311,6 +314,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     after_head = False
     training = meta.graph_mode(graph) == "train"
     deferred: list[Node] = []
+    producer = {out: node for node in graph.nodes for out in node.outputs if out}
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -379,11 +383,12 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
             shapes = {_shape(ctx, v) for v in acts}
             if len(shapes) == 1:
-                if training:
-                    add_to(f"{node.name}.fwd", "add", node, "fwd")
-                    add_to(f"{node.name}.bwd", "add", node, "bwd")
-                else:
-                    add_to(node.name, "add", node)
+                skip = _skip_bytes(ctx, acts, producer, owner)
+                for key, direction in (
+                    ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else ((node.name, ""),)
+                ):
+                    add_to(key, "add", node, direction)
+                    by_key[key].skip_bytes = skip
                 continue
         # fuse an elementwise op onto the kernel whose output only it reads
         if fuse_elementwise and ctx.is_elementwise(node) and inputs_from:
@@ -410,6 +415,40 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         home.nodes.append(node)
     _measure(ctx, kernels, vocab, _Rates.of(target))
     return kernels
+
+
+def _skip_bytes(
+    ctx: LoweringContext, acts: Sequence[str], producer: dict[str, Node], owner: dict[str, WseKernel]
+) -> int:
+    """Bytes per sample a residual add holds in its region: one whole sample of its skip input
+    when the other input's path since the fork crosses an attention kernel, else 0.
+
+    Attention emits a sample's rows only after it has read the whole sample (its scores span the
+    sequence), so the skip stream, which arrives at once, waits one sample in a FIFO in the add's
+    region; the token-wise MLP branch delays a few rows, which the routing FIFOs absorb. The same
+    holds in backward for the gradient sum where the attention branch rejoins.
+    """
+    if len(acts) != 2:
+        return 0
+
+    def upstream(value: str, stop: set[str]) -> set[str]:
+        seen: set[str] = set()
+        todo = [value]
+        while todo:
+            v = todo.pop()
+            if v in seen or v in stop:
+                continue
+            seen.add(v)
+            node = producer.get(v)
+            if node is not None:
+                todo.extend(i for i in node.inputs if i)
+        return seen
+
+    for skip, branch in ((acts[0], acts[1]), (acts[1], acts[0])):
+        path = upstream(branch, upstream(skip, set()))
+        if any(v in owner and owner[v].cls == "attention" for v in path):
+            return ctx.graph.type_of(skip).nbytes() // max(1, _samples(ctx)) if _shape(ctx, skip) else 0
+    return 0
 
 
 def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: _Rates) -> None:
@@ -499,6 +538,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     u_min = target.arch_value("min_utilisation", needed_by=_WHO)
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
     pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
+    fifo = target.arch_value("fifo_sram_fraction", needed_by=_WHO)
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
     active = target.arch_value("max_active_fraction", needed_by=_WHO)
     io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
@@ -507,7 +547,9 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     for k in kernels:
         tau = {"matmul": row_mm, "reduction": row_red}.get(_row_class(ctx, k), row_vec) * k.tokens / clock
         state = _state_bytes(ctx, k.nodes)
-        lo_k = max(1, math.ceil(k.width / chunk), math.ceil(state / (usable * pe_sram * (1 + route))))
+        rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
+        fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
+        lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
         shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
         util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
         taus.append(tau)
@@ -616,6 +658,7 @@ def _place_pipelined(
                 "row_s_per_sample": tau,
                 "params": float(k.params),
                 "weight_bytes": float(weight_bytes(ctx, k.nodes)),
+                "skip_fifo_bytes": float(k.skip_bytes),
                 "replicas": float(replicas),
             },
             allocation=p * (1 + route) * replicas / pes,

@@ -564,5 +564,7 @@ def export_model(
     if proto.ByteSize() > _EXTERNAL_DATA_BYTES:
         onnx.save_model(proto, str(path), save_as_external_data=True, location=path.name + ".data")
     else:
-        onnx.save_model(proto, str(path))
+        from dabench_ir.fileio import write_with
+
+        write_with(path, lambda fh: fh.write(proto.SerializeToString()), binary=True)  # atomic, links followed
     return ExportResult(path, "onnx", mode, names, time.perf_counter() - start, len(proto.graph.node))

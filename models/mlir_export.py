@@ -127,5 +127,7 @@ def export_mlir(
         f"// dabench.weights: {json.dumps(names)}",
         f"// dabench.weights_mode: {weights}",
     ]
-    Path(path).write_text("\n".join(header) + "\n" + text)
+    from dabench_ir.fileio import write_output
+
+    write_output(path, "\n".join(header) + "\n" + text)
     return names

@@ -75,12 +75,35 @@ def test_small_kernels_get_just_enough_pes():
         cls = u.kind.split(":")[1]
         if cls == "add":
             assert u.resources["pes"] >= math.ceil(768 / chunk)
-        assert WSE.arch_value("min_utilisation") - 1e-9 <= u.resources["utilisation"] < 1
+        # min_utilisation bounds growth for rate; a region sized by the skip FIFO it holds may sit below it
+        floor = WSE.arch_value("min_utilisation") if not u.resources.get("skip_fifo_bytes") else 0.0
+        assert floor - 1e-9 <= u.resources["utilisation"] < 1
         tau = u.resources["row_s_per_sample"]
         busy = u.resources["work_pe_s_per_sample"] / u.resources["pes"]
         assert u.resources["utilisation"] == pytest.approx(busy / (busy + tau))
     util = {u.kind.split(":")[1]: u.resources["utilisation"] for u in regions}
     assert util["fc"] > max(util["nlin"], util["add"])  # matmul PEs busier than vector PEs
+
+
+def test_an_add_after_attention_holds_one_sample_of_its_skip_stream():
+    # the residual add (and, in training, its gradient sum) whose other input crosses attention
+    # holds one whole sample of the skip stream; the add after the token-wise MLP holds nothing
+    hidden, seq = 64, 16
+    adds = [k for k in _kernels(_train(decoder(layers=1, hidden=hidden, seq=seq))) if k.cls == "add"]
+    assert [(k.direction, k.skip_bytes) for k in adds] == [
+        ("fwd", seq * hidden * 2),
+        ("bwd", seq * hidden * 2),
+        ("fwd", 0),
+        ("bwd", 0),
+    ]
+    # at GPT-2 small's shapes: 1024 x 768 fp16 = 1.5 MB = 32 PEs of 48 KB, rounded up to whole
+    # rows of ceil(768/64) = 12 PEs: 36 PEs (as the compile report's 24 larger adds); MLP adds 12
+    g = _train(decoder(layers=2, hidden=768, seq=1024, heads=12))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
+    regions = [u.resources for u in plan.units if u.kind == "wse_region:add"]
+    assert [(r["pes"], r["skip_fifo_bytes"]) for r in regions] == [(36, 1024 * 768 * 2)] * 2 + [(12, 0)] * 2 + [
+        (36, 1024 * 768 * 2)
+    ] * 2 + [(12, 0)] * 2
 
 
 def test_allocation_counts_io_routing_and_buffers():
@@ -91,7 +114,9 @@ def test_allocation_counts_io_routing_and_buffers():
     expected = plan.extra["pes_kernels"] * (1 + route) + WSE.arch_value("io_region_pes") + plan.extra["pes_buffer"]
     assert m.allocation_ratio == pytest.approx(expected / WSE.num_units)
     assert m.allocation_ratio <= WSE.arch_value("max_active_fraction") + 1e-9
-    assert m.load_imbalance == pytest.approx(plan.extra["load_imbalance_pe_weighted"], rel=1e-3)
+    # the emulated LI misses the backward-add regions (their node is timed in the forward add's
+    # region), which the plan's PE-weighted LI counts
+    assert m.load_imbalance == pytest.approx(plan.extra["load_imbalance_pe_weighted"], rel=2e-3)
     assert plan.extra["pes_buffer"] > 0  # block-boundary activations in flight
 
 
@@ -222,7 +247,7 @@ def test_gpt2_small_compile_report(gpt2_small_train):
     for u in plan.units:
         if u.kind.startswith("wse_region:"):
             pes[u.kind.split(":")[1]] += u.resources["pes"]
-    measured = {"attention": 106966, "fc": 85514, "emb_fc": 65604, "nlin": 13028}
+    measured = {"attention": 106966, "fc": 85514, "emb_fc": 65604, "nlin": 13028, "add": 1152}
     for cls, meas in measured.items():
         assert pes[cls] == pytest.approx(meas, rel=0.30), cls
     assert Counter(u.kind for u in plan.units)["wse_region:attention"] == 12
