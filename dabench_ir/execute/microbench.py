@@ -203,9 +203,7 @@ def ensure_node_table(
         if not ready or time.perf_counter() - start + one_pass > budget_s:
             break
         for sig, _op, hot, cold in ready:
-            samples[sig][2].append(probe.time())
-            samples[sig][0].append(_time_node(*hot, threads=threads, max_s=_PER_NODE_S))
-            samples[sig][1].append(_time_node(*cold, threads=threads, max_s=_PER_NODE_S))
+            _another_pass(samples[sig], probe, hot, cold, threads)
     quiet = min([*probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
     for _ in range(_PASSES):  # nodes with no quiet pass yet: again, while the budget lasts
         busy = [r for r in ready if min(samples[r[0]][2]) > _BUSY * quiet]
@@ -214,9 +212,7 @@ def ensure_node_table(
         for sig, _op, hot, cold in busy:
             if time.perf_counter() - start >= budget_s:
                 break
-            samples[sig][2].append(probe.time())
-            samples[sig][0].append(_time_node(*hot, threads=threads, max_s=_PER_NODE_S))
-            samples[sig][1].append(_time_node(*cold, threads=threads, max_s=_PER_NODE_S))
+            _another_pass(samples[sig], probe, hot, cold, threads)
         quiet = min([quiet, *probe.readings])
     for sig, op, _hot, _cold in ready:
         rec, rec_cold = combine_passes(*samples[sig], quiet=quiet)
@@ -433,6 +429,29 @@ def _static_type(graph: Graph, name: str) -> tuple[tuple[int, ...], int]:
     if ttype.shape is None or not ttype.is_static:
         raise _CannotBench(f"{name!r} has no static shape")
     return tuple(int(d) for d in ttype.shape), ttype.dtype.onnx_code  # type: ignore[arg-type]
+
+
+def _another_pass(
+    sample: tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]],
+    probe: SpeedProbe,
+    hot: tuple[onnx.ModelProto, dict[str, Any]],
+    cold: tuple[onnx.ModelProto, dict[str, Any]],
+    threads: int,
+) -> None:
+    """One more pass of a node already timed once: the probe, then its hot and flushed timings,
+    appended together (a pass onnxruntime fails is left out; the first one stands)."""
+    speed = probe.time()
+    try:
+        pair = (
+            _time_node(*hot, threads=threads, max_s=_PER_NODE_S),
+            _time_node(*cold, threads=threads, max_s=_PER_NODE_S),
+        )
+    except Exception as exc:  # onnxruntime's own exception types; the node has its first pass
+        logger.debug("node benchmark pass dropped: %s", exc)
+        return
+    sample[0].append(pair[0])
+    sample[1].append(pair[1])
+    sample[2].append(speed)
 
 
 def combine_passes(
