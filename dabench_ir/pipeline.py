@@ -122,10 +122,7 @@ def run_profile(model: Any, target: Any, opts: ProfileOptions, *, progress: Prog
     opts = resolve_defaults(opts, tgt, model=model)
     say("loading and costing the graph")
     graph = prepare_graph(model, opts)
-    if tgt is not None and tgt.kind == "cpu" and not _is_mlir_file(model):
-        from dabench_ir.execute.microbench import ensure_for_target
-
-        tgt = ensure_for_target(model, graph, tgt, threads=opts.threads, say=say)  # the model's own node shapes
+    tgt = _host_benchmarked(model, graph, tgt, opts, say)
     measurement = None
     if opts.measure:
         from dabench_ir.execute import measure
@@ -195,13 +192,25 @@ def profile_targets(
             blob = blobs[key]
             if isinstance(blob, UserError):
                 raise blob
-            report = profile_graph(pickle.loads(blob), tgt, target_opts, model_path=model_path, progress=say)
+            graph = pickle.loads(blob)
+            tgt = _host_benchmarked(model, graph, tgt, target_opts, say)
+            report = profile_graph(graph, tgt, target_opts, model_path=model_path, progress=say)
             results[target] = report
         except UserError as exc:
             if not keep_going:
                 raise
             results[target] = exc
     return results
+
+
+def _host_benchmarked(model: Any, graph: Graph, target: Any, opts: ProfileOptions, say: Progress) -> Any:
+    """The host CPU target with this model's own node shapes benchmarked (cached per machine);
+    any other target as it is."""
+    if target is None or target.kind != "cpu" or _is_mlir_file(model):
+        return target
+    from dabench_ir.execute.microbench import ensure_for_target
+
+    return ensure_for_target(model, graph, target, threads=opts.threads, say=say)
 
 
 def resolve_defaults(opts: Any, target: Any, *, model: Any = None) -> Any:

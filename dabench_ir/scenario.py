@@ -541,15 +541,10 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int | None:
-    """``dabench-ir profile MODEL --scenario generate``: the CLI's one entry here; None (and
-    nothing done) when no scenario was asked for."""
+def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
+    """``dabench-ir profile MODEL --scenario generate``: the CLI's one entry here."""
     from dabench_ir.options import PROFILE, ScaleOptions, options_from_args
 
-    if not opts.scenario:
-        if getattr(args, "chips", None) or getattr(args, "strategy", None):
-            raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
-        return None
     opts = options_from_args(args, ScaleOptions, PROFILE)
     if opts.prompt is None or opts.gen is None:
         raise UserError("--scenario generate needs --prompt P and --gen G (tokens per request)")

@@ -758,22 +758,13 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _profile(graph: Any, target: Any, opts: Any) -> Report:
+def _prepare(graph: Any, target: Any, opts: Any) -> tuple[Any, Any]:
+    """The point's graph after the precision and training passes its options ask for, and the
+    options with what the point leaves open taken from the target's defaults."""
     from dabench_ir import pipeline
 
     opts = pipeline.resolve_defaults(opts, target)
-    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
-    return pipeline.profile_graph(graph, target, opts)
-
-
-def _lower(graph: Any, target: Any, opts: Any) -> Any:
-    """The Plan alone (placement and fit), for points that state only whether the model fits."""
-    from dabench_ir import pipeline
-    from dabench_ir.lowering import lower
-
-    opts = pipeline.resolve_defaults(opts, target)
-    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
-    return lower(graph, target, opts)
+    return pipeline.build_passes(opts, analysis=False)(graph).graph, opts
 
 
 def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
@@ -788,17 +779,22 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     except Exception as exc:
         text = str(exc).strip().splitlines()
         raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+    graph, opts = _prepare(graph, target, opts)
     if opts.chips > 1:
         _run_scaled(p, result, graph, target, opts)
         return
     if not p.measured:  # fit only: the placement decides it, no emulation needed (fast for long pipelines)
-        plan = _lower(graph, target, opts)
+        from dabench_ir.lowering import lower
+
+        plan = lower(graph, target, opts)
         result.fits_predicted = bool(plan.fits)
         if not plan.fits:
             why = plan.failure.reason if plan.failure is not None else "does not fit"
             result.notes.append(f"the tool says it does not fit: {why}")
         return
-    report = _profile(graph, target, opts)
+    from dabench_ir import pipeline
+
+    report = pipeline.profile_graph(graph, target, opts)
     result.fits_predicted = bool(report.fits)
     if not report.fits:
         why = report.failure["reason"] if report.failure else "does not fit"
@@ -827,15 +823,12 @@ def _run_scaled(p: Point, result: PointResult, graph: Any, target: Any, opts: An
     batch is the global batch of a step; data parallelism runs its share on each chip."""
     import dataclasses
 
-    from dabench_ir import pipeline
     from dabench_ir.scaling import scale
 
     if opts.strategy is None:
         raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
     if opts.strategy == "dp":
         opts = dataclasses.replace(opts, batch=max(1, int(p.model["batch"]) // opts.chips))
-    opts = pipeline.resolve_defaults(opts, target)
-    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
     point = scale(graph, target, [opts.chips], opts.strategy, opts).points[-1]
     result.fits_predicted = bool(point.fits)
     if not point.fits:

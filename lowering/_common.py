@@ -16,7 +16,6 @@ from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
-from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
 
@@ -103,10 +102,6 @@ class LoweringContext:
         precision keeps norms and softmax in fp32), else the plan's precision."""
         prec = node.meta.get(meta.PRECISION)
         return prec if isinstance(prec, DType) else self.precision
-
-    def is_optimizer_step(self, node: Node) -> bool:
-        """The once-per-step optimizer update (see `passes.training.is_optimizer_step`)."""
-        return is_optimizer_step(node)
 
     def is_shape(self, node: Node) -> bool:
         """Zero-cost bookkeeping ops (reshape, shape, ...) that no unit really executes."""
@@ -226,11 +221,9 @@ def training_state(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
     return TrainingState(*kinds)
 
 
-def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None, *, offload_optimizer: bool = False) -> int:
-    """Training state the device holds: all of it, or without the optimizer side when the
-    target keeps master weights and moments off-chip (IPU streaming memory, WSE MemoryX)."""
-    state = training_state(ctx, nodes)
-    return state.total - (state.optimizer_side if offload_optimizer else 0)
+def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+    """All the training state of the whole graph, or of a subset of nodes (see `training_state`)."""
+    return training_state(ctx, nodes).total
 
 
 def module_key(node: Node) -> str:

@@ -38,7 +38,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
-from dabench_ir.passes.training import FUSED_ATTENTION
+from dabench_ir.passes.training import FUSED_ATTENTION, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def stream_plan(
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             work = ctx.is_work(node)
-            runs = 1 if ctx.is_optimizer_step(node) else m  # the optimizer runs once per step
+            runs = 1 if is_optimizer_step(node) else m  # the optimizer runs once per step
             overhead = runs * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:

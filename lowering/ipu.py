@@ -39,7 +39,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
-from dabench_ir.passes.training import FORWARD_COST
+from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -109,8 +109,8 @@ def _sections(ctx: LoweringContext) -> tuple[list[Node], dict[int, list[Node]], 
     norm, head, loss).
     """
     nodes = [n for n in ctx.graph.nodes]
-    opt = [n for n in nodes if ctx.is_optimizer_step(n)]
-    rest = [n for n in nodes if not ctx.is_optimizer_step(n)]
+    opt = [n for n in nodes if is_optimizer_step(n)]
+    rest = [n for n in nodes if not is_optimizer_step(n)]
     layered = [i for i, n in enumerate(rest) if n.layer is not None]
     if not layered:
         return rest, {}, [], opt
@@ -180,7 +180,7 @@ def _precision_key(node: Node, ctx: LoweringContext) -> str:
     """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own
     precision, except that a 16-bit plan keeps every op but the optimizer in 16 bits
     (Graphcore's examples run ``model.half()``; the fp32 state is the optimizer's)."""
-    if ctx.precision.itemsize < 4 and not ctx.is_optimizer_step(node):
+    if ctx.precision.itemsize < 4 and not is_optimizer_step(node):
         return "fp16"  # a 16-bit plan runs norms and softmax in 16 bits too, as model.half() does
     return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
 

@@ -67,11 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         args.quiet = True  # stdout carries the JSON alone
     progress = Progress(quiet=args.quiet)
-    from dabench_ir.scenario import run_scenario  # --scenario generate: prefill + decode of a request batch
+    if opts.scenario:  # --scenario generate: prefill + decode of a request batch
+        from dabench_ir.scenario import run_scenario
 
-    status = run_scenario(args, opts, progress)
-    if status is not None:
-        return status
+        return run_scenario(args, opts, progress)
     if args.target is not None and "," in args.target:
         names = [t.strip() for t in args.target.split(",") if t.strip()]
         if not names:
@@ -210,6 +209,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
+    if not opts.scenario and (getattr(args, "chips", None) or getattr(args, "strategy", None)):
+        raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
         raise UserError(
             "--cross-check compares the ONNX rules with the linalg counts; an .mlir input has only the linalg side. "
