@@ -132,6 +132,18 @@ def _check_system(p: Path, where: str) -> None:
             raise UserError(f"{where}: refusing to write under {root}; give a file in a normal folder")
 
 
+def _output_where(path: str | os.PathLike[str], flag: str | None, kind: str) -> tuple[Path, str]:
+    """The path and how messages name it, after the checks every output shares: a name at
+    all, no over-long part, nothing under a system folder."""
+    if not os.fspath(path):
+        raise UserError(f"{_flag(flag)}: empty path; give a {kind} name")
+    p = Path(path)
+    where = f"{_flag(flag)}{_show(p)}"
+    _check_name(p, where)
+    _check_system(p, where)
+    return p, where
+
+
 def check_output_path(
     path: str | os.PathLike[str],
     flag: str | None = None,
@@ -148,12 +160,7 @@ def check_output_path(
     """
     if allow_stdout and os.fspath(path) == "-":
         return Path("-")
-    p = Path(path)
-    where = f"{_flag(flag)}{_show(p)}"
-    if not os.fspath(path):
-        raise UserError(f"{_flag(flag)}: empty path; give a file name")
-    _check_name(p, where)
-    _check_system(p, where)
+    p, where = _output_where(path, flag, "file")
     if suffixes is not None:
         allowed = tuple(suffixes)
         if p.suffix.lower() not in allowed:
@@ -188,12 +195,7 @@ def check_output_path(
 
 def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, create: bool = False) -> Path:
     """Refuse, before any work, an output folder that is a file or cannot be created or written."""
-    p = Path(path)
-    where = f"{_flag(flag)}{_show(p)}"
-    if not os.fspath(path):
-        raise UserError(f"{_flag(flag)}: empty path; give a folder name")
-    _check_name(p, where)
-    _check_system(p, where)
+    p, where = _output_where(path, flag, "folder")
     if p.exists():
         if not p.is_dir():
             raise UserError(f"{where}: exists and is not a folder; give a folder name")
