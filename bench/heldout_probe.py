@@ -123,8 +123,10 @@ def _row(p, res, report, plan) -> dict:
 
 
 def run(only: str | None) -> list[dict]:
+    from dabench_ir import pipeline
+    from dabench_ir.lowering import lower
     from dabench_ir.targets import load_target
-    from dabench_ir.validate import PointResult, _default_cache, _GraphCache, _lower, _options, _profile, load_catalog
+    from dabench_ir.validate import PointResult, _default_cache, _GraphCache, _options, _prepare, load_catalog
 
     graphs = _GraphCache(_default_cache(), lambda m: print("  ", m, file=sys.stderr))
     rows = []
@@ -135,11 +137,11 @@ def run(only: str | None) -> list[dict]:
         res = PointResult(p)
         try:
             opts = _options(p, target.kind, res, batch=int(p.model["batch"]))
-            graph = graphs.graph(p.model)
+            graph, opts = _prepare(graphs.graph(p.model), target, opts)
             if p.id.startswith("bow-fit"):
-                rows.append(_row(p, res, None, _lower(graph, target, opts)))
+                rows.append(_row(p, res, None, lower(graph, target, opts)))
             else:
-                rows.append(_row(p, res, _profile(graph, target, opts), None))
+                rows.append(_row(p, res, pipeline.profile_graph(graph, target, opts), None))
         except Exception as exc:  # a probe reports, it does not stop
             rows.append({"id": p.id, "fits": None, "mode": f"ERROR {type(exc).__name__}: {exc}"[:90]})
         r = rows[-1]

@@ -56,7 +56,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
-from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
+from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     rows, together with the token-embedding Gather; norm ops or a ``*norm`` scope are a
     ``layer_norm``; activation functions a ``nlin``; an Add of two activations outside those
     a residual ``add`` (two kernels in training: forward add and backward gradient sum);
-    softmax/loss ops after the LM head ``mlm_loss``; any other op its own ``vector`` or
+    the training loss and softmax/loss ops after the LM head ``mlm_loss``; any other op its own ``vector`` or
     ``data`` kernel, or fused onto the kernel whose output it alone reads. Bookkeeping
     (shape-only, folded) nodes ride with the kernel before them; the optimizer step is no
     kernel (its update runs where the weights live).
@@ -377,7 +377,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if node.op_type in _NLIN_OPS or (rest and rest[-1] in ("act", "activation", "gelu")):
             add_to(node.scope if rest and rest[-1] in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
             continue
-        if after_head and (node.op_type in _LOSS_OPS or node.op_type == "Softmax" or "loss" in node.scope.lower()):
+        if is_loss(node) or (after_head and (node.op_type in _LOSS_OPS or node.op_type == "Softmax" or "loss" in node.scope.lower())):
             add_to("mlm_loss", "mlm_loss", node)
             continue
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
@@ -473,8 +473,9 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
                 w = rates.work_s(cost, ctx.node_precision(node), _is_data(node))
             k.node_work_s[node.name] = w / samples
         k.work_s = sum(k.node_work_s.values())
-        last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and n.outputs), None)
-        shape = _shape(ctx, last.outputs[0]) if last is not None and last.outputs[0] else None
+        last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and (n.outputs or n.inputs)), None)
+        row = (last.outputs or last.inputs)[0] if last is not None else None  # a loss writes no tensor: its input
+        shape = _shape(ctx, row) if row else None
         if shape:
             k.width = max(1, shape[-1])
             numel = math.prod(shape)
@@ -531,9 +532,6 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     """Region sizes (PEs per kernel, per replica) balanced to one period, or None if even the minimum does not fit."""
     pes = target.num_units
     clock = float(target.clock)
-    row_mm = target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
-    row_vec = target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
-    row_red = target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)
     chunk = target.arch_value("row_chunk_elements", needed_by=_WHO)
     u_min = target.arch_value("min_utilisation", needed_by=_WHO)
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
@@ -545,7 +543,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     samples_per_replica = max(1, ctx.batch // replicas)
     taus, lo, hi = [], [], []
     for k in kernels:
-        tau = {"matmul": row_mm, "reduction": row_red}.get(_row_class(ctx, k), row_vec) * k.tokens / clock
+        tau = _row_cycles(ctx, target, k) * k.tokens / clock
         state = _state_bytes(ctx, k.nodes)
         rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
         fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
@@ -567,13 +565,26 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
 
 
-def _row_class(ctx: LoweringContext, k: WseKernel) -> str:
-    """The efficiency class whose per-token fixed time a kernel pays: matmul, reduction, vector or data."""
+# Dependent reductions across a row before its first element can leave (per-token fixed time):
+# a layer norm needs the mean, then the variance; an RMS norm one mean of squares; a softmax
+# or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
+# Gimelshein, arXiv 1805.02867); a bare Reduce* op one.
+_ROW_REDUCTIONS = {"LayerNormalization": 2, "SkipLayerNormalization": 2, "SimplifiedLayerNormalization": 1,
+                   "RMSNormalization": 1, "SkipSimplifiedLayerNormalization": 1, "Softmax": 1, "LogSoftmax": 1}  # fmt: skip
+
+
+def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
+    """Fixed cycles per token row a kernel pays (``tau`` x clock / tokens): the matmul class's
+    for kernels with contractions, one cross-row reduction per dependent reduction the kernel's
+    rows need (norms, loss), else the vector class's (elementwise and data movement)."""
     if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
-        return "matmul"
-    if k.cls in ("layer_norm", "mlm_loss") or any(n.op_type.startswith("Reduce") for n in k.nodes):
-        return "reduction"
-    return "data" if k.cls == "data" else "vector"
+        return target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
+    passes = sum(
+        1 if is_loss(n) or n.op_type.startswith("Reduce") else _ROW_REDUCTIONS.get(n.op_type, 0) for n in k.nodes
+    )
+    if passes:
+        return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)
+    return target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
 
 
 def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
@@ -971,7 +982,8 @@ def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[
     """One layer's activations for its backward: inputs of the nodes that need a gradient.
 
     An attention kernel keeps only its own inputs and recomputes its internals (scores,
-    softmax) in backward, so tensors produced inside an attention kernel are not counted.
+    softmax) in backward, so tensors produced inside an attention kernel are not counted;
+    the loss keeps nothing (it writes the logits' gradient in the same pass).
     Inference: the peak of live activations.
     """
     if meta.graph_mode(ctx.graph) != "train":
@@ -980,6 +992,8 @@ def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[
     seen: set[str] = set()
     total = 0
     for node in nodes:
+        if is_loss(node):  # it writes the logits' gradient in the same pass: nothing kept for backward
+            continue
         k = kernel_of.get(node.name)
         for v in node.inputs:
             value = graph.values.get(v) if v else None

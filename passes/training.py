@@ -11,6 +11,9 @@ The rules, with their sources, are in docs/training.md. In short:
 - bytes: backward reads dY, the saved inputs and the weights, writes dX and dW;
 - with ``recompute``, each layer's forward runs again during backward and only the tensors
   that cross layer boundaries are kept;
+- a language model's step ends in its loss: one `dabench::SoftmaxCrossEntropy` node reads the
+  logits (the graph output as wide as the token-embedding table) and writes their gradient,
+  as fused cross-entropy kernels do (the forward's exponentials give p − onehot, no second exp);
 - one `dabench::AdamStep` node updates every parameter once per step: 13 vector FLOPs and
   1 sqrt per parameter, reading and writing fp32 master weights, momentum and variance;
 - the training state beside the weights is written by kind (gradients in the weights'
@@ -41,7 +44,9 @@ __all__ = [
     "TrainingPass",
     "attention_cores",
     "backward_cost",
+    "is_loss",
     "is_optimizer_step",
+    "lm_logits",
     "saved_for_backward",
 ]
 
@@ -57,12 +62,38 @@ ADAM_FLOPS_PER_PARAM = (13, 1)
 ADAM_MOMENT_BYTES_PER_PARAM = 8  # fp32 momentum and variance
 MASTER_BYTES_PER_PARAM = 4  # fp32 master copy, kept when the working weights are 16-bit
 OPTIMIZER_OP = ("dabench", "AdamStep")
+LOSS_OP = ("dabench", "SoftmaxCrossEntropy")
+# Softmax cross-entropy per logit, forward: max, subtract, sum and the target pick (4 vector)
+# and one exp, plus one log per row (as cost_rules' LogSoftmax); the gradient, in the same pass
+# (fused cross-entropy): p = e/sum and the 1/N scale (2 vector), minus onehot at the target (per row).
+LOSS_FLOPS_PER_LOGIT = {"forward_vector": 4, "forward_exp": 1, "backward_vector": 2}
 
 
 def is_optimizer_step(node: Node) -> bool:
     """The optimizer update the training pass appends: it runs once per step, after every
     micro-batch's backward, and belongs to no layer, stage or section of the model."""
     return (node.domain, node.op_type) == OPTIMIZER_OP
+
+
+def is_loss(node: Node) -> bool:
+    """The loss the training pass appends to a language model's logits."""
+    return (node.domain, node.op_type) == LOSS_OP
+
+
+def lm_logits(graph: Graph) -> str | None:
+    """A language model's logits: the first graph output whose last dim is the row count of
+    the token-embedding table (the largest 2-D stored tensor a Gather reads); None otherwise."""
+    vocab = 0
+    for node in graph.nodes:
+        table = graph.values.get(node.inputs[0]) if node.op_type == "Gather" and node.inputs else None
+        if table is not None and table.kind.is_stored and len(table.type.shape) == 2:
+            rows = table.type.shape[0]
+            vocab = max(vocab, rows if isinstance(rows, int) else 0)
+    for name in graph.outputs if vocab else ():
+        value = graph.values.get(name)
+        if value is not None and value.type.dtype.is_float and value.type.shape and value.type.shape[-1] == vocab:
+            return name
+    return None
 
 
 def _needs_grad(graph: Graph) -> set[str]:
@@ -312,6 +343,11 @@ class TrainingPass(Pass):
         except UnboundSymbolError:
             params = 0
         itemsize = _weight_itemsize(graph)
+        logits = lm_logits(graph)
+        loss = next((n for n in graph.nodes if is_loss(n)), None)
+        if logits is not None and loss is None:
+            loss = _loss_node(graph, logits)
+            graph.nodes.append(loss)
         step = _optimizer_node(graph, params, itemsize)
         graph.nodes.append(step)
         graph.invalidate()
@@ -319,6 +355,7 @@ class TrainingPass(Pass):
         kept = boundary + layer_peak if mode == "full" else sum(saved.values())
         meta.graph_set(graph, meta.TRAINING, {
             "optimizer": self.optimizer,
+            "loss": loss.name if loss is not None else None,  # None: no language-model logits to score
             "recompute": mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
             "recompute_mode": mode,
             "fused_attention": bool(fused),
@@ -348,6 +385,32 @@ def _weight_itemsize(graph: Graph) -> int:
     """Bytes per parameter of the working weights (2 after a 16-bit precision rewrite)."""
     sizes = [v.type.dtype.itemsize for v in graph.weights() if v.type.dtype.is_float]
     return max(set(sizes), key=sizes.count) if sizes else 4
+
+
+def _loss_node(graph: Graph, logits: str) -> Node:
+    domain, op_type = LOSS_OP
+    node = Node(name="loss.cross_entropy", op_type=op_type, domain=domain, inputs=[logits], outputs=[], scope="loss")
+    kind = graph.values[logits].type
+    try:
+        n = kind.numel(graph.bindings)
+    except UnboundSymbolError:
+        n = 0
+    rows = n // _last_dim(graph, logits)
+    size = kind.dtype.itemsize
+    f = LOSS_FLOPS_PER_LOGIT
+    forward = Cost(
+        vector_flops=f["forward_vector"] * n, special_ops=f["forward_exp"] * n + rows,
+        act_bytes_in=size * n + 8 * rows, act_bytes_out=4,  # logits and int64 labels in, the loss out
+    )  # fmt: skip
+    gradient = Cost(vector_flops=f["backward_vector"] * n + rows, act_bytes_out=size * n)  # d logits
+    # the gradient is written in the same pass as the loss: the whole cost is forward, the
+    # backward of the logits' producer starts from it
+    node.meta[FORWARD_COST] = forward + gradient
+    node.meta[BACKWARD_COST] = Cost()
+    node.meta[meta.COST] = forward + gradient
+    node.meta[meta.OP_CLASS] = OpClass.VECTOR
+    node.meta[meta.PRECISION] = DType.FLOAT32
+    return node
 
 
 def _optimizer_node(graph: Graph, params: int, itemsize: int) -> Node:

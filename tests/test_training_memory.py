@@ -179,3 +179,42 @@ def test_a_fused_attention_kernel_runs_at_its_published_share_of_peak():
     assert plan.node_plans[qk.name].compute_s == pytest.approx(meta.get_cost(qk).flops / peak / 0.6)
     proj = g.node("layers.0.attn.q_proj")
     assert plan.node_plans[proj.name].compute_s == pytest.approx(meta.get_cost(proj).flops / peak)
+
+
+def _tiny_lm(vocab: int = 10, hidden: int = 4, seq: int = 3):
+    """A token embedding and a tied-shape LM head: the least graph with language-model logits."""
+    from tests.conftest import analyze_text
+
+    zeros = ",".join(["0.0"] * vocab * hidden)
+    return analyze_text(
+        f"""
+        lm (int64[1,{seq}] ids) => (float[1,{seq},{vocab}] logits)
+        <float[{vocab},{hidden}] wte = {{{zeros}}}, float[{hidden},{vocab}] head = {{{zeros}}}> {{
+            h = Gather(wte, ids)
+            logits = MatMul(h, head)
+        }}
+        """
+    )
+
+
+def test_a_language_model_step_ends_in_its_loss_with_exact_cost():
+    from dabench_ir.ir import Cost
+    from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_loss, lm_logits
+
+    graph = _tiny_lm()
+    assert lm_logits(graph) == "logits"
+    g = TrainingPass()(graph).graph
+    loss = [n for n in g.nodes if is_loss(n)]
+    assert [n.name for n in loss] == ["loss.cross_entropy"] and loss[0].inputs == ["logits"]
+    assert meta.training_state(g)["loss"] == "loss.cross_entropy"
+    n, rows = 3 * 10, 3  # logits and token rows
+    # forward 4 vector + 1 exp per logit, 1 log per row; the gradient in the same pass: 2 per logit + 1 per row
+    assert loss[0].meta[FORWARD_COST] == Cost(
+        vector_flops=4 * n + 2 * n + rows, special_ops=n + rows,
+        act_bytes_in=4 * n + 8 * rows, act_bytes_out=4 + 4 * n,
+    )  # fmt: skip
+    assert loss[0].meta[BACKWARD_COST] == Cost()
+    assert g.nodes[-1].op_type == "AdamStep"  # the optimizer still closes the step
+    # a graph without a token table has no logits to score: no loss
+    plain = TrainingPass()(decoder(layers=1)).graph
+    assert not any(is_loss(node) for node in plain.nodes) and meta.training_state(plain)["loss"] is None

@@ -53,6 +53,16 @@ def test_compile_report_kernels_summarised_per_class():
     assert classes["attention"]["pes_min"] == 8788 and classes["attention"]["pes_max"] == 10298
     assert classes["emb_fc"]["pes"] == 65604 and classes["patio"]["pes"] == 307840
     assert classes["patio"]["util_max"] == 0.0
+    # the typical layer norm: 17 of 25 sit at 66 PEs and 56 %; 8 are oversized (78-768 PEs)
+    assert (classes["layer_norm"]["pes_median"], classes["layer_norm"]["util_median"]) == (66, 0.56)
+    assert (classes["layer_norm"]["pes_min"], classes["layer_norm"]["pes_max"]) == (66, 768)
+    # LI as the tool defines it: PE-weighted share of each period a kernel is busy
+    path = Path(wse.file).parent / wse.measured["kernels_csv"]
+    rows = [r for r in csv.DictReader(path.open()) if r["samples_per_s"] != "--"]
+    slowest = min(float(r["samples_per_s"]) for r in rows)
+    by_hand = sum(float(r["active_pes"]) * slowest / float(r["samples_per_s"]) for r in rows)
+    assert validate.kernel_load_imbalance(path) == pytest.approx(by_hand / sum(float(r["active_pes"]) for r in rows))
+    assert validate.kernel_load_imbalance(path) == pytest.approx(0.979, abs=5e-4)
 
 
 # -- error arithmetic -----------------------------------------------------------------------------
