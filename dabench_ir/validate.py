@@ -904,10 +904,9 @@ def _kernel_utilisation(report: Report) -> float | None:
 
 
 def _io_rate(report: Report, key: str) -> float | None:
-    """A compile report's steady-state ceiling (WSE pipelined: ``compute`` samples/s, the
-    slowest kernel's rate, no per-step optimizer or I/O cost), as the plan's I/O region states
-    it; None where the plan has none. The report's "transmission" ceiling is the on-wafer
-    transfer between kernels, which the tool does not model apart (not predicted)."""
+    """A compile report's steady-state ceilings as the plan's I/O region states them (WSE
+    pipelined: ``compute``, the slowest kernel's rate, and ``transmission``, that rate under the
+    input-transmission ceiling; no per-step optimizer or I/O cost); None where the plan has none."""
     for u in report.units:
         if u.get("kind") == "wse_io":
             value = u.get("resources", {}).get(f"{key}_samples_per_s")
@@ -965,6 +964,7 @@ PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "compute_utilization": lambda r, _p: _kernel_utilisation(r),
     "tflops": lambda r, _p: _tflops(r),
     "compute_limited_samples_per_s": lambda r, _p: _io_rate(r, "compute"),
+    "transmission_limited_samples_per_s": lambda r, _p: _io_rate(r, "transmission"),
 }
 """Measured quantity -> how the report predicts it (missing: "not predicted")."""
 

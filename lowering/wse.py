@@ -726,9 +726,11 @@ def _place_pipelined(
     overheads = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
     plan.step_overheads_s.update(overheads)
     pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
-    for unit in plan.units:  # the compile report's compute-limited steady state (no per-step costs)
-        if unit.kind == "wse_io":
+    ceiling = plan.extra.get("transmission_rate_samples_per_s", math.inf)
+    for unit in plan.units:  # the compile report's steady states (no per-step costs): compute-limited,
+        if unit.kind == "wse_io":  # and with the input-transmission ceiling applied
             unit.resources["compute_samples_per_s"] = pipe_rate
+            unit.resources["transmission_samples_per_s"] = min(pipe_rate, ceiling)
     weighted = sum(p * (t / period) for p, t, k in zip(sizes, times, kernels, strict=True) if k.work_s > 0 and t > 0)
     total_p = sum(p for p, k in zip(sizes, kernels, strict=True) if k.work_s > 0)
     route_pes = sum(sizes) * replicas * route

@@ -302,3 +302,7 @@ def test_input_transmission_ceiling_is_reported():
     io = WSE.link("system_io").bandwidth_bytes_per_s
     assert plan.extra["transmission_rate_samples_per_s"] == pytest.approx(io / (16 * 64 * 2))
     assert "wse_input_transmission" not in plan.step_overheads_s  # compute-limited, as report A
+    io_unit = next(u for u in plan.units if u.kind == "wse_io")  # the report's two steady states
+    pipe = plan.extra["pipeline_rate_samples_per_s"]
+    assert io_unit.resources["compute_samples_per_s"] == pipe
+    assert io_unit.resources["transmission_samples_per_s"] == min(pipe, plan.extra["transmission_rate_samples_per_s"])
