@@ -56,7 +56,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
-from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
+from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step, token_table
 from dabench_ir.plan import Plan, Schedule, Unit
 
 if TYPE_CHECKING:
@@ -275,20 +275,6 @@ def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
     return False
 
 
-def _token_table(ctx: LoweringContext) -> tuple[str | None, int]:
-    """The token-embedding table (the largest weight a Gather reads) and its row count (vocab)."""
-    best, rows = None, 0
-    for node in ctx.graph.nodes:
-        if node.op_type != "Gather" or not node.inputs:
-            continue
-        table = node.inputs[0]
-        value = ctx.graph.values.get(table)
-        shape = _shape(ctx, table) if value is not None and value.kind.is_stored else None
-        if shape and len(shape) == 2 and shape[0] > rows:
-            best, rows = table, shape[0]
-    return best, rows
-
-
 def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool = True) -> list[WseKernel]:
     """The graph cut into kernels at the Cerebras compiler's granularity, in topological order.
 
@@ -306,7 +292,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     kernel (its update runs where the weights live).
     """
     graph = ctx.graph
-    _, vocab = _token_table(ctx)
+    table, vocab = token_table(graph)
     kernels: list[WseKernel] = []
     by_key: dict[str, WseKernel] = {}
     owner: dict[str, WseKernel] = {}  # value -> kernel that produced it
@@ -358,7 +344,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
             else:
                 add_to(node.scope or node.name, "fc", node)
             continue
-        if node.op_type == "Gather" and vocab and node.inputs and _token_table(ctx)[0] == node.inputs[0]:
+        if node.op_type == "Gather" and vocab and node.inputs and node.inputs[0] == table:
             add_to("emb_fc", "emb_fc", node)
             continue
         if is_contraction and len(acts) >= 2 and not weighted:  # act x act: attention without scopes

@@ -48,6 +48,7 @@ __all__ = [
     "is_optimizer_step",
     "lm_logits",
     "saved_for_backward",
+    "token_table",
 ]
 
 FORWARD_COST = "dabench.cost.forward"
@@ -80,18 +81,35 @@ def is_loss(node: Node) -> bool:
     return (node.domain, node.op_type) == LOSS_OP
 
 
-def lm_logits(graph: Graph) -> str | None:
-    """A language model's logits: the first graph output whose last dim is the row count of
-    the token-embedding table (the largest 2-D stored tensor a Gather reads); None otherwise."""
-    vocab = 0
+def token_table(graph: Graph) -> tuple[str | None, int]:
+    """A language model's token-embedding table, the largest 2-D stored tensor a Gather reads,
+    and its row count (the vocabulary); ``(None, 0)`` when no Gather reads a stored table."""
+    best, vocab = None, 0
     for node in graph.nodes:
         table = graph.values.get(node.inputs[0]) if node.op_type == "Gather" and node.inputs else None
-        if table is not None and table.kind.is_stored and len(table.type.shape) == 2:
-            rows = table.type.shape[0]
-            vocab = max(vocab, rows if isinstance(rows, int) else 0)
+        if table is None or not table.kind.is_stored:
+            continue
+        try:
+            dims = table.type.dims(graph.bindings)
+        except UnboundSymbolError:
+            continue
+        if len(dims) == 2 and dims[0] > vocab:
+            best, vocab = table.name, int(dims[0])
+    return best, vocab
+
+
+def lm_logits(graph: Graph) -> str | None:
+    """A language model's logits: the first graph output as wide as its token-embedding table."""
+    _, vocab = token_table(graph)
     for name in graph.outputs if vocab else ():
         value = graph.values.get(name)
-        if value is not None and value.type.dtype.is_float and value.type.shape and value.type.shape[-1] == vocab:
+        if value is None or not value.type.dtype.is_float:
+            continue
+        try:
+            dims = value.type.dims(graph.bindings)
+        except UnboundSymbolError:
+            continue
+        if dims and dims[-1] == vocab:
             return name
     return None
 
