@@ -218,6 +218,18 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
                 split = has_work and (gkey != key or max(cur.pcus, cur.pmus) + need > chip.capacity)
             else:
                 split = has_work and max(cur.pcus, cur.pmus) + need > chip.capacity
+            last = out[-1] if out and not cur.nodes else None
+            if (
+                opt_level not in ("O0", "O1")
+                and last is not None
+                and last.oversized
+                and last.phase == phase
+                and max(last.pcus, last.pmus) + need <= last.parts * chip.capacity
+            ):  # fuses into the room the last part of a tiled group leaves (the loss after the LM head)
+                last.nodes.extend(group)
+                last.pcus += pcu
+                last.pmus += pmu
+                continue
             if opt_level != "O0" and need > chip.capacity:  # bigger than the chip: its own sections
                 if cur.nodes:
                     out.append(cur)

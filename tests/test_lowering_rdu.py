@@ -156,6 +156,25 @@ def test_a_group_above_the_whole_tiles_takes_several_sections():
     assert len(lower(g, RDU, opts).units) == sum(s.parts for s in sections)
 
 
+def test_a_small_group_fuses_into_the_room_a_tiled_group_leaves():
+    # fc1 needs 514-516 units, so it is tiled over 4 parts of the 160 units of one tile. At
+    # resource scale 1.0 the 4 parts plan 640 units, and GELU fits in the room left. At 0.8
+    # they plan 4 x 128 = 512 units, and GELU gets a section of its own.
+    g = decoder(layers=1, hidden=4096, seq=64, batch=4)
+    ctx = LoweringContext.build(g, None, None)
+
+    def fc1_section(scale):
+        chip = Chip.of(RDU, LOWERING.options(ProfileOptions(opt_level="O3", tiles=1, resource_scale=scale)))
+        sec = next(s for s in form_sections(ctx, chip, "O3") if any(n.name == "layers.0.mlp.fc1" for n in s.nodes))
+        assert sec.oversized and sec.parts == 4
+        if len(sec.nodes) > 1:  # what joined fits the parts' planning capacity
+            assert max(sec.pcus, sec.pmus) <= sec.parts * chip.capacity
+        return [n.name for n in sec.nodes]
+
+    assert fc1_section(1.0) == ["layers.0.mlp.fc1", "layers.0.mlp.gelu"]
+    assert fc1_section(0.8) == ["layers.0.mlp.fc1"]
+
+
 def test_section_counts_per_opt_level_on_a_gpt2_shaped_graph():
     # GPT-2 XL-shaped blocks (hidden 1600, 25 heads, seq 1024, batch 16), training, as the catalogue runs
     g = _train(decoder(layers=2, hidden=1600, seq=1024, batch=16, heads=25))
