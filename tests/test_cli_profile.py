@@ -66,6 +66,25 @@ def test_precision_and_training_change_the_figures(block, tmp_path):
     assert train["totals"]["contraction_flops"] == 2 * half + 3 * half
     assert train["config"]["train"]["optimizer_state_bytes"] == 8 * 2 * 1024  # Adam's two fp32 moments
     assert train["config"]["train"]["gradient_bytes"] == 4 * 2 * 1024
+    assert train["config"]["train"]["loss"] is None  # no token table: no language-model logits to score
+
+
+def test_a_language_model_trains_with_its_loss_and_says_so(tmp_path, capsys):
+    path = tmp_path / "lm.onnx"
+    zeros = ",".join(["0.0"] * 40)
+    onnx.save(parse(f"""
+        lm (int64[1,3] ids) => (float[1,3,10] logits)
+        <float[10,4] wte = {{{zeros}}}, float[4,10] head = {{{zeros}}}> {{
+            h = Gather(wte, ids)
+            logits = MatMul(h, head)
+        }}
+        """), path)  # fmt: skip
+    out = tmp_path / "r.json"
+    assert main(["profile", str(path), "--target", "wse", "--mode", "train", "--json", str(out), "--no-color"]) == 0
+    assert "train (softmax cross-entropy loss, adam, recompute none)" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["config"]["train"]["loss"] == "loss.cross_entropy"
+    assert any(n["name"] == "loss.cross_entropy" for n in report["nodes"])
 
 
 def test_via_mlir_cross_check_and_annotate(block, tmp_path, capsys):

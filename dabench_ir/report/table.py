@@ -229,6 +229,15 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
     return [st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {what}"), *_grid(headers, rows, width, right)]
 
 
+def _train_basis(config: dict) -> str:
+    """What a training step holds beyond the graph: its loss and optimizer (docs/training.md)."""
+    train = config.get("train")
+    if not train:
+        return ""
+    loss = "softmax cross-entropy loss" if train.get("loss") else "no loss (no language-model logits)"
+    return f" ({loss}, {train.get('optimizer', 'adam')}, recompute {train.get('recompute_mode', 'none')})"
+
+
 def _summary(report: Report, st: _Style) -> list[str]:
     t, m, c = report.totals, report.metrics, report.config
     model = report.model
@@ -238,7 +247,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         f"  model      {model['nodes']} nodes, {model['layers']} layers, "
         f"{human(model['params'])} params"
         + (f" (+{human(model['constants'])} constants)" if model.get("constants") else "")
-        + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}",
+        + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}{_train_basis(c)}",
         f"  work       {human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
