@@ -218,7 +218,7 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
                 split = has_work and (gkey != key or max(cur.pcus, cur.pmus) + need > chip.capacity)
             else:
                 split = has_work and max(cur.pcus, cur.pmus) + need > chip.capacity
-            last = out[-1] if out and not cur.nodes else None
+            last = out[-1] if out and not (cur.pcus or cur.pmus) else None  # cur holds no demand yet
             if (
                 opt_level not in ("O0", "O1")
                 and last is not None
@@ -226,7 +226,8 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Sect
                 and last.phase == phase
                 and max(last.pcus, last.pmus) + need <= last.parts * chip.capacity
             ):  # fuses into the room the last part of a tiled group leaves (the loss after the LM head)
-                last.nodes.extend(group)
+                last.nodes.extend(cur.nodes + list(group))  # with the work-free nodes waiting in cur
+                cur.nodes.clear()
                 last.pcus += pcu
                 last.pmus += pmu
                 continue

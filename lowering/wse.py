@@ -70,7 +70,13 @@ _WHO = "wse"
 KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm_loss", "vector", "data")
 """Kernel classes as the compile report names them (``vector``/``data``: any other kernel)."""
 
-_NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "SkipLayerNormalization"}
+# Dependent reductions across a row before its first element can leave (per-token fixed time):
+# a layer norm needs the mean, then the variance; an RMS norm one mean of squares; a softmax
+# or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
+# Gimelshein, arXiv 1805.02867); a bare Reduce* op one.
+_ROW_REDUCTIONS = {"LayerNormalization": 2, "SkipLayerNormalization": 2, "SimplifiedLayerNormalization": 1,
+                   "RMSNormalization": 1, "SkipSimplifiedLayerNormalization": 1, "Softmax": 1, "LogSoftmax": 1}  # fmt: skip
+_NORM_OPS = frozenset(op for op in _ROW_REDUCTIONS if op.endswith("Normalization"))
 _NLIN_OPS = {"Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Sigmoid", "Silu", "Relu", "HardSigmoid", "QuickGelu"}
 _LOSS_OPS = {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "LogSoftmax", "CrossEntropyLoss"}
 _ATTN_WORDS = ("attn", "attention")
@@ -549,14 +555,6 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     if sizes is None:
         return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, available)
     return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
-
-
-# Dependent reductions across a row before its first element can leave (per-token fixed time):
-# a layer norm needs the mean, then the variance; an RMS norm one mean of squares; a softmax
-# or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
-# Gimelshein, arXiv 1805.02867); a bare Reduce* op one.
-_ROW_REDUCTIONS = {"LayerNormalization": 2, "SkipLayerNormalization": 2, "SimplifiedLayerNormalization": 1,
-                   "RMSNormalization": 1, "SkipSimplifiedLayerNormalization": 1, "Softmax": 1, "LogSoftmax": 1}  # fmt: skip
 
 
 def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:

@@ -408,13 +408,13 @@ def _weight_itemsize(graph: Graph) -> int:
 def _loss_node(graph: Graph, logits: str) -> Node:
     domain, op_type = LOSS_OP
     node = Node(name="loss.cross_entropy", op_type=op_type, domain=domain, inputs=[logits], outputs=[], scope="loss")
-    kind = graph.values[logits].type
+    logits_type = graph.values[logits].type
     try:
-        n = kind.numel(graph.bindings)
+        n = logits_type.numel(graph.bindings)
     except UnboundSymbolError:
         n = 0
     rows = n // _last_dim(graph, logits)
-    size = kind.dtype.itemsize
+    size = logits_type.dtype.itemsize
     f = LOSS_FLOPS_PER_LOGIT
     forward = Cost(
         vector_flops=f["forward_vector"] * n, special_ops=f["forward_exp"] * n + rows,

@@ -235,7 +235,7 @@ def _train_basis(config: dict) -> str:
     if not train:
         return ""
     loss = "softmax cross-entropy loss" if train.get("loss") else "no loss (no language-model logits)"
-    return f" ({loss}, {train.get('optimizer', 'adam')}, recompute {train.get('recompute_mode', 'none')})"
+    return f" ({loss}, {train.get('optimizer')}, recompute {train.get('recompute_mode')})"
 
 
 def _summary(report: Report, st: _Style) -> list[str]:
