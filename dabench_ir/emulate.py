@@ -121,7 +121,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     timeline = Timeline(
         nodes=timings,
         step_time_s=step,
-        samples_per_step=plan.batch,
+        samples_per_step=plan.samples_per_step,
         source="emulated",
         unit_busy_s=dict(unit_busy),
         overheads_s=dict(overheads),

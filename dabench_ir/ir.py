@@ -317,11 +317,14 @@ class Graph:
 
     @property
     def batch_dim(self) -> Dim | None:
-        """Dim 0 of the first model input with a known rank: the batch, a size or a symbol."""
+        """The batch: dim 0 of the first model input with a known rank, a size or a symbol, when that
+        input is a batch of sequences (token ids, a symbolic leading dim, or rank 3 and up); None for a
+        graph without one (a plain ``[M, K] x [K, N]`` GEMM is one sample, not M)."""
         for name in self.inputs:
-            shape = self.values[name].type.shape
-            if shape:
-                return shape[0]
+            t = self.values[name].type
+            if t.shape:
+                sequences = not t.dtype.is_float or isinstance(t.shape[0], str) or len(t.shape) >= 3
+                return t.shape[0] if sequences and len(t.shape) >= 2 else None
         return None
 
     @property
@@ -363,6 +366,21 @@ class Graph:
                 else:
                     dg.add_edge(value.producer, node.name, values=[name])
         return dg
+
+    def clone(self) -> Graph:
+        """An independent copy to run in-place passes on: nodes, values, bindings and annotations
+        are copied (annotation values are immutable records, or replaced rather than mutated by the
+        passes); opaque graph-level artifacts (an MLIR module) are shared."""
+        nodes = [
+            Node(n.name, n.op_type, n.domain, list(n.inputs), list(n.outputs), dict(n.attrs), n.scope, n.layer,
+                 {k: (dict(v) if type(v) is dict else v) for k, v in n.meta.items()})
+            for n in self.nodes
+        ]  # fmt: skip
+        values = {k: Value(v.name, v.type, v.kind, v.producer) for k, v in self.values.items()}
+        copy = Graph(nodes, values, self.inputs, self.outputs, name=self.name, path=self.path, metadata=self.metadata,
+                     bindings=self.bindings, opsets=self.opsets)  # fmt: skip
+        copy.meta = {k: (dict(v) if type(v) is dict else v) for k, v in self.meta.items()}
+        return copy
 
     def invalidate(self) -> None:
         """Forget cached views after nodes were added or rewired."""

@@ -221,10 +221,12 @@ class ProfileOptions:
         metavar="NAME=VALUE", commands=frozenset({PROFILE, SCALE}),
     )  # fmt: skip
     batch: int | None = knob(
-        None, help="batch size (binds the model's batch dim when symbolic)", parse=_positive, many=frozenset({SCALE})
+        None, help="samples per step on each replica: binds the model's batch dim when it is symbolic; a static "
+        "batch is the model's own (default: as exported)", parse=_positive, many=frozenset({SCALE})
     )
     precision: str | None = knob(
-        None, help="rewrite dtypes before costing (default: as the model is); int8 = W8A8, fp8 = e4m3 "
+        None, help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "
+        "as the model is); int8 = W8A8, fp8 = e4m3 "
         "weights and matmul inputs, w8a16/w4a16 = weight-only with dequantisation counted", choices=PRECISIONS,
     )  # fmt: skip
     kv_precision: str | None = knob(
@@ -324,17 +326,6 @@ class ProfileOptions:
         for name, k in KNOBS.items():
             if name in self.__dataclass_fields__:
                 object.__setattr__(self, name, k.check(getattr(self, name)))
-        if self.micro_batch is not None:  # one concept: micro-batches per step, derived from the size in flight
-            batch = self.batch or self.dims.get("batch")
-            if batch is None:
-                raise UserError(f"--micro-batch {self.micro_batch}: give --batch (the global batch per step) too")
-            if batch % self.micro_batch:
-                raise UserError(f"--micro-batch {self.micro_batch} does not divide --batch {batch}")
-            m = batch // self.micro_batch
-            if self.micro_batches is not None and self.micro_batches != m:
-                raise UserError(f"--micro-batch {self.micro_batch} with --batch {batch} is {m} micro-batches, "
-                                f"not --micro-batches {self.micro_batches}; give one of them")  # fmt: skip
-            object.__setattr__(self, "micro_batches", m)
 
 
 @dataclass(frozen=True)

@@ -106,9 +106,9 @@ class Plan:
     fits: bool = True
     failure: Failure | None = None
     micro_batches: int = 1
-    batch: int = 1
-    chips: int = 1  # chips the plan spans (IPUs in a pipeline)
-    replicas: int = 1  # copies of the model on one chip (WSE intra-chip data parallel)
+    batch: int = 1  # the graph's batch: samples one replica runs per step (dabench_ir.run)
+    chips: int = 1  # chips the plan spans (IPUs in a pipeline, times its replicas)
+    replicas: int = 1  # data-parallel copies of the graph (WSE on-wafer replicas, IPU replicas)
     pipelined_steps: bool = False  # consecutive steps overlap: step time = bottleneck lane
     memory_bytes: dict[str, int] = field(default_factory=dict)  # resident bytes per memory name
     traffic_bytes: dict[str, int] = field(default_factory=dict)  # bytes moved per step per memory name
@@ -118,6 +118,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     unattributed: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one step processes: the graph's batch on every data-parallel copy."""
+        return self.batch * self.replicas
 
     def fail(self, reason: str, needed: float | None = None, capacity: float | None = None) -> None:
         """Mark the plan as not fitting (the first failure is kept)."""

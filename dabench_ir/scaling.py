@@ -15,12 +15,15 @@
 
 Every chip's share is placed with `dabench_ir.place.place` (lower -> emulate -> metrics),
 so per-chip allocation, load balance and fit come from the same model as `profile`. The
+samples follow `dabench_ir.run`: the graph's batch is one chip's (one replica's) per step, so
+data parallelism over n chips runs n times the graph's batch per step. The
 closed forms (collectives, bubbles, contiguous splits) live in `dabench_ir.lowering.collectives`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import math
@@ -30,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering._common import LoweringContext, training_state, weight_bytes
 from dabench_ir.lowering.collectives import (
     bubble_fraction,
@@ -39,13 +41,16 @@ from dabench_ir.lowering.collectives import (
     p2p_time,
     ring_allreduce_time,
 )
-from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.place import place
+from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
 if TYPE_CHECKING:
+    from dabench_ir.metrics import Metrics
+    from dabench_ir.plan import Plan
     from dabench_ir.targets import Target
+    from dabench_ir.timeline import Timeline
 
 __all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "scale", "split_for_tp"]
 
@@ -82,6 +87,7 @@ class ScalePoint:
     notes: list[str] = field(default_factory=list)
     memory_per_device: dict[str, int] | None = None  # bytes one device holds, by kind (weights, gradients, ...)
     micro_batches: int | None = None
+    chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
 
     @property
     def comm_share(self) -> float:
@@ -152,6 +158,10 @@ class _Run:
     layer_time: dict[int | None, float]
     bound_time: dict[str, float]
     memory: dict[str, int] = field(default_factory=dict)  # resident bytes per memory of one device
+    graph: Graph | None = field(default=None, repr=False)  # the chip's graph (a TP share), plan, timeline, metrics
+    plan: Plan | None = field(default=None, repr=False)
+    timeline: Timeline | None = field(default=None, repr=False)
+    metrics: Metrics | None = field(default=None, repr=False)
 
     def dominant_bound(self, comm_s: float = 0.0) -> str | None:
         """The bound class with the most time, communication (``comm_s``) included."""
@@ -161,8 +171,8 @@ class _Run:
         return max(times, key=times.__getitem__) if times else None
 
 
-def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
-    plan, timeline, metrics = place(graph, target, options)
+def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
+    plan, timeline, metrics = place(graph, run.target, lowering_options(run))
     per_layer: dict[int | None, float] = {}
     per_bound: dict[str, float] = {}
     for node in graph.nodes:
@@ -182,6 +192,10 @@ def _run_one(graph: Graph, target: Target, options: ProfileOptions) -> _Run:
         layer_time=per_layer,
         bound_time=per_bound,
         memory=dict(plan.memory_bytes),
+        graph=graph,
+        plan=plan,
+        timeline=timeline,
+        metrics=metrics,
     )
 
 
@@ -312,9 +326,8 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
 # -- pipeline parallel -----------------------------------------------------------------------
 
 
-def _pp_point(
-    graph: Graph, target: Target, options: ProfileOptions, chips: int, single: _Run, micro_batches: int | None
-) -> ScalePoint:
+def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> ScalePoint:
+    target = run.target
     layers = graph.layers
     if len(layers) < chips:
         raise UserError(f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}")
@@ -327,8 +340,8 @@ def _pp_point(
     stage_times[0] += outside / 2
     stage_times[-1] += outside / 2
     worst = max(stage_times)
-    batch = options.batch or 1
-    m = micro_batches or batch  # at most one micro-batch per sample
+    batch = run.samples.per_replica
+    m = run.samples.micro_batches or batch  # at most one micro-batch per sample
     if m > batch:
         raise UserError(
             f"--strategy pp: batch {batch} cannot be split into {m} micro-batches (at most one per sample); "
@@ -342,7 +355,7 @@ def _pp_point(
     step = (m + chips - 1) * (worst / m) + comm
     # per-stage fit: the stage's weights and training state, and under 1F1B the activations of
     # the micro-batches in flight on it (stage i holds min(p - i, m) of them; Narayanan et al., SC'21)
-    ctx = LoweringContext.build(graph, lowering_for(target).options(options).precision, options.batch)
+    ctx = LoweringContext.build(graph, lowering_options(run).precision)
     mem = target.feed_memory
     fits, failure = True, None
     state = training_state(ctx)
@@ -440,16 +453,17 @@ def scale(
     target: Target,
     chips: Sequence[int],
     strategy: str,
-    options: ProfileOptions | None = None,
-    *,
-    micro_batches: int | None = None,
+    options: Any = None,
 ) -> ScaleResult:
-    """Throughput, speedup and efficiency of ``graph`` on 1..n chips of ``target``.
+    """Throughput, speedup and efficiency of ``graph`` (costed for the run) on 1..n chips of ``target``.
 
-    ``options``: a `ProfileOptions` or `ScaleOptions` (None: the defaults); each chip count
-    varies its ``batch``, ``replicas`` or ``ipus`` with `dataclasses.replace`.
+    ``options``: the `ResolvedRun` (`dabench_ir.run.execute` and ``scale`` pass theirs), or an
+    options object taken as it is (no target defaults applied). Each chip count is a variant of
+    the run (``replicas``, ``ipus``). Under ``pp`` the run's micro-batches are the pipeline's, and
+    each chip's lowering runs without them.
     """
-    options = options or ProfileOptions()
+    run = options if isinstance(options, ResolvedRun) else dataclasses.replace(resolve(graph, None, options),
+                                                                                target=target)  # fmt: skip
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     supported = tuple(target.strategies)
@@ -460,23 +474,23 @@ def scale(
         raise UserError("--chips: chip counts must be positive integers")
     train = meta.graph_mode(graph) == "train"
     link = target.link()
-    if options.batch is None:  # samples one run of the graph processes
-        options = replace(options, batch=graph.batch_size or 1)
-    single = _run_one(graph, target, options)
+    chip_run = run.variant(micro_batches=None) if strategy == "pp" and target.kind != "ipu" else run
+    single = _run_one(graph, chip_run)
+    per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
     points: list[ScalePoint] = []
     for n in chips:
         if n == 1:
-            pt = _single_point(single, options)
+            pt = _point_from_run(single, 1, per_step, comm=0.0)
         elif strategy == "dp":
-            pt = _dp_point(graph, target, options, n, single, train)
+            pt = _dp_point(graph, chip_run, n, single, train)
         elif strategy == "tp":
-            pt = _tp_point(graph, target, options, n, train)
+            pt = _tp_point(graph, chip_run, n, train)
         elif target.kind == "ipu":
-            run = _run_one(graph, target, replace(options, ipus=n))
-            pt = _point_from_run(run, n, options.batch or 1, comm=0.0)
+            one = _run_one(graph, run.variant(ipus=n))
+            pt = _point_from_run(one, n, one.plan.samples_per_step, comm=0.0)
             pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
         else:
-            pt = _pp_point(graph, target, options, n, single, micro_batches)
+            pt = _pp_point(graph, run, n, single)
         on_wafer = target.kind == "wse" and strategy == "dp"  # replicas share one wafer
         if target.topology is not None and not on_wafer:
             pt.nodes = target.topology.nodes(n)
@@ -493,12 +507,12 @@ def scale(
                     f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
                 )
         points.append(pt)
-    base = single.time_s and (options.batch or 1) / single.time_s  # one chip's rate, fitting or not
+    base = single.time_s and per_step / single.time_s  # one chip's rate, fitting or not
     for pt in points:
         if base and pt.throughput_samples_per_s is not None:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
-    precision = lowering_for(target).options(options).precision  # the dtype peaks were taken at
+    precision = lowering_options(run).precision  # the dtype peaks were taken at
     if link is None and any(p.comm_time_s for p in points):
         logger.warning("%s has no link declared; communication is free", target.name)
     return ScaleResult(
@@ -528,18 +542,16 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         failure=run.failure,
         dominant_bound=run.dominant_bound(comm),
         memory_per_device=dict(run.memory) or None,
+        chip=run,
     )
 
 
-def _single_point(single: _Run, options: ProfileOptions) -> ScalePoint:
-    return _point_from_run(single, 1, options.batch or 1, comm=0.0)
-
-
-def _dp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, single: _Run, train: bool) -> ScalePoint:
-    batch = options.batch or 1
+def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:
+    target, options = run.target, run.options
+    batch = single.plan.samples_per_step
     if target.kind == "wse":  # replicas on one wafer: no link, the wafer's fabric carries gradients
-        run = _run_one(graph, target, replace(options, replicas=n, batch=batch * n))
-        pt = _point_from_run(run, n, batch * n, comm=0.0)
+        copies = _run_one(graph, run.variant(replicas=n))
+        pt = _point_from_run(copies, n, copies.plan.samples_per_step, comm=0.0)
         pt.notes.append("on-wafer replicas (intra-chip data parallel)")
         return pt
     comm = 0.0
@@ -552,12 +564,12 @@ def _dp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, sin
         # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
         comm = allreduce_time(target, _gradient_bytes(graph), n) * (1.5 if zero == 3 else 1.0)
     pt = _point_from_run(single, n, batch * n, comm)
-    pt.notes.append("weak scaling: each chip runs the full batch")
+    pt.notes.append("weak scaling: each chip runs the graph's batch")
     if target.kind == "gpu":
         from dabench_ir.lowering.gpu import device_memory
 
-        lowering_opts = lowering_for(target).options(options)
-        ctx = LoweringContext.build(graph, lowering_opts.precision, options.batch)
+        lowering_opts = lowering_options(run)
+        ctx = LoweringContext.build(graph, lowering_opts.precision)
         parts = device_memory(ctx, micro_batches=lowering_opts.micro_batches or 1,
                               offload=lowering_opts.optimizer_state == "offchip", zero=zero, shards=n)  # fmt: skip
         _fit_device(pt, target, parts)
@@ -587,17 +599,18 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
         pt.throughput_samples_per_s = pt.batch / pt.time_s
 
 
-def _tp_point(graph: Graph, target: Target, options: ProfileOptions, n: int, train: bool) -> ScalePoint:
+def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint:
+    target = run.target
     share, allreduces = split_for_tp(graph, n)
     if not allreduces:
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
         )
-    run = _run_one(share, target, options)
+    one = _run_one(share, run)
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
     per_step = (2 if train else 1) * sum(allreduce_time(target, b, n) for b in allreduces)
-    pt = _point_from_run(run, n, options.batch or 1, comm=per_step)
+    pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step)
     pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
     return pt

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from dabench_ir.models.config import ModelConfig
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
+    from dabench_ir.run import ResolvedRun
     from dabench_ir.targets import Target
 
 __all__ = [
@@ -329,62 +330,46 @@ as they are produced), so a prefill's latency is the pipeline's period, not the 
 stages. Every other pipeline passes a whole micro-batch from stage to stage."""
 
 
-def _place(graph: Any, target: Target, opts: ProfileOptions, *, streamed: bool = False) -> tuple[Plan, Report]:
-    """Place one costed graph as one dependent step (no overlap with the next step).
+def _place(graph: Any, run: ResolvedRun) -> Report:
+    """Place one phase's graph as one dependent step (no overlap with the next step).
 
     Serving keeps weights resident where they fit: on a WSE left at ``--wse-mode auto`` the
     step is placed pipelined (weights in SRAM) first, and weight-streamed only when that
     does not fit (the lowering's own auto rule is a training rule: stream from 1 B parameters).
     """
-    if target.kind == "wse" and getattr(opts, "wse_mode", None) == "auto":
-        plan, report = _place_once(graph, target, dataclasses.replace(opts, wse_mode="pipelined"), streamed)
-        if plan.fits:
-            return plan, report
-        return _place_once(graph, target, dataclasses.replace(opts, wse_mode="streaming"), streamed)
-    return _place_once(graph, target, opts, streamed)
+    from dabench_ir.run import execute
 
-
-def _place_once(graph: Any, target: Target, opts: ProfileOptions, streamed: bool) -> tuple[Plan, Report]:
-    from dabench_ir.lowering import lowering_for
-    from dabench_ir.place import place
-    from dabench_ir.report.build import build_report
-
-    lowering = lowering_for(target)
-    steady = streamed and target.kind in _STREAMS_TOKENS
-    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
-    internals = {"steady_state": steady} if has_option else {}
-    plan, timeline, metrics = place(graph, target, lowering.options(opts, **internals))
-    report = build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
-    return plan, report
-
-
-def _scaled(graph: Any, target: Target, opts: Any) -> tuple[float, bool, str | None]:
-    """Step time, fit and failure of ``graph`` over ``opts.chips`` chips (`dabench_ir.scaling`)."""
-    from dabench_ir.scaling import scale
-
-    strategy = opts.strategy or "tp"
-    point = scale(graph, target, [opts.chips], strategy, opts).points[0]
-    failure = (point.failure or {}).get("reason") if point.failure else None
-    return point.time_s, point.fits, failure
+    if run.target.kind == "wse" and run.options.wse_mode == "auto":
+        report = execute(run.variant(source="scenario", wse_mode="pipelined"), graph.clone())
+        if report.fits:
+            return report
+        return execute(run.variant(source="scenario", wse_mode="streaming"), graph)
+    return execute(run, graph)
 
 
 def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions) -> PhaseRun:
-    """One phase's graph bound to ``dims`` (batch, seq or context), costed and placed.
+    """One phase's graph bound to ``dims`` (batch, seq or context), costed and placed: one run
+    (`dabench_ir.run`), one chip or, with ``opts.chips`` > 1 (``--strategy``, default tp:
+    Megatron-style heads and MLP columns split), many; the per-node report is then one chip's.
 
-    With ``opts.chips`` > 1 (a `ScaleOptions`) the step time and fit are those of the graph
-    scaled over the chips (``--strategy``, default tp: Megatron-style heads and MLP columns
-    split, two all-reduces per layer); the per-node report is then one chip's whole graph.
+    A prefill on a target whose pipeline streams tokens through its stages runs at the
+    pipeline's steady state (its latency is the period, not the sum of the stages).
     """
+    from dabench_ir.lowering import lowering_for
     from dabench_ir.models.export import bind_dims
     from dabench_ir.passes.precision import kv_cache_values
-    from dabench_ir.pipeline import prepare_graph
+    from dabench_ir.pipeline import load_graph
+    from dabench_ir.run import resolve
 
-    graph = prepare_graph(bind_dims(proto, dims), opts)
-    plan, report = _place(graph, target, opts, streamed=phase == "prefill")
-    time_s, fits = report.timeline.step_time_s, plan.fits
-    failure = plan.failure.reason if plan.failure else None
-    if getattr(opts, "chips", 1) > 1:
-        time_s, fits, failure = _scaled(graph, target, opts)
+    if getattr(opts, "chips", 1) > 1 and opts.strategy is None:
+        opts = dataclasses.replace(opts, strategy="tp")
+    steady = phase == "prefill" and target.kind in _STREAMS_TOKENS
+    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering_for(target).Options)}
+    graph = load_graph(bind_dims(proto, dims))
+    run = resolve(graph, target, opts, internals={"steady_state": steady} if has_option else None)
+    report = _place(graph, run)
+    graph, plan = report.graph, report.plan
+    failure = report.failure["reason"] if report.failure else None
     cache = kv_cache_values(graph)
     cache_in = [n for n in cache if n in graph.inputs]
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
@@ -394,8 +379,8 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0),
-        time_s=time_s,
-        fits=fits,
+        time_s=report.totals["time_s"],
+        fits=bool(report.fits),
         failure=failure,
         weight_bytes=weights,
         kv_cache_bytes=kv_bytes,
@@ -421,7 +406,7 @@ def generate(
     ``model``: a preset name, a `ModelConfig`, a dabench-ir export, or a
     ``(prefill, decode)`` pair of dynamic exports (paths or ModelProtos).
     """
-    from dabench_ir.pipeline import resolve_target
+    from dabench_ir.run import resolve_target
 
     opts = opts or ProfileOptions()
     say = progress or _quiet
@@ -429,7 +414,7 @@ def generate(
         if not isinstance(value, int) or value < 1:
             raise UserError(f"--scenario generate needs {name} N (a positive integer)")
     batch = opts.batch or 1
-    tgt = resolve_target(target, opts)
+    tgt = resolve_target(target, opts.threads)
     if isinstance(model, tuple):
         prefill_proto, decode_proto = (_load(Path(m)) if not hasattr(m, "graph") else m for m in model)
     elif isinstance(model, str) and "," in model:

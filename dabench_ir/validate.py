@@ -19,7 +19,6 @@ import csv
 import json
 import logging
 import math
-import pickle
 import statistics
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -660,7 +659,7 @@ class _GraphCache:
         self.folder = folder
         self.say = say
         self.bases: dict[str, bytes | Exception] = {}
-        self.graphs: dict[tuple[str, int], bytes] = {}
+        self.graphs: dict[tuple[str, int], Any] = {}
 
     def graph(self, model: Mapping[str, Any]) -> Any:
         """A fresh costed Graph of ``model`` (raises what export or building raised)."""
@@ -687,8 +686,8 @@ class _GraphCache:
             raise base
         gkey = (key, int(params["layers"]))
         if gkey not in self.graphs:
-            self.graphs[gkey] = pickle.dumps(graphs.build_graph(base, int(params["layers"])), pickle.HIGHEST_PROTOCOL)
-        return pickle.loads(self.graphs[gkey])
+            self.graphs[gkey] = graphs.build_graph(base, int(params["layers"]))
+        return self.graphs[gkey].clone()
 
 
 def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
@@ -775,43 +774,44 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _prepare(graph: Any, target: Any, opts: Any) -> tuple[Any, Any]:
-    """The point's graph after the precision and training passes its options ask for, and the
-    options with what the point leaves open taken from the target's defaults."""
-    from dabench_ir import pipeline
-
-    opts = pipeline.resolve_defaults(opts, target)
-    return pipeline.build_passes(opts, analysis=False)(graph).graph, opts
+def _per_replica_model(p: Point, opts: Any) -> dict[str, Any]:
+    """The point's model as one replica runs it: a data-parallel point's catalogue batch is the
+    global batch of a step, each of its chips runs its share (`dabench_ir.run`: the graph's batch
+    is one replica's)."""
+    model = dict(p.model)
+    if opts.chips > 1 and opts.strategy == "dp":
+        if int(model["batch"]) % opts.chips:
+            raise _CannotRun(f"batch {model['batch']} does not split over {opts.chips} data-parallel chips")
+        model["batch"] = int(model["batch"]) // opts.chips
+    return model
 
 
 def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    from dabench_ir.run import execute, lowering_options, prepare, resolve
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
-    opts = _options(p, target.kind, result, batch=int(p.model["batch"]))
+    opts = _options(p, target.kind, result)
+    if opts.chips > 1 and opts.strategy is None:
+        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
     try:
-        graph = graphs.graph(p.model)
+        graph = graphs.graph(_per_replica_model(p, opts))
     except UserError as exc:
         raise _CannotRun(f"model: {exc}") from None
     except Exception as exc:
         text = str(exc).strip().splitlines()
         raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
-    graph, opts = _prepare(graph, target, opts)
-    if opts.chips > 1:
-        _run_scaled(p, result, graph, target, opts)
-        return
-    if not p.measured:  # fit only: the placement decides it, no emulation needed (fast for long pipelines)
+    run = resolve(graph, target, opts)
+    if not p.measured and opts.chips == 1:  # fit only: the placement decides it, no emulation needed
         from dabench_ir.lowering import lower
 
-        plan = lower(graph, target, opts)
+        plan = lower(prepare(run, graph), target, lowering_options(run))
         result.fits_predicted = bool(plan.fits)
         if not plan.fits:
             why = plan.failure.reason if plan.failure is not None else "does not fit"
             result.notes.append(f"the tool says it does not fit: {why}")
         return
-    from dabench_ir import pipeline
-
-    report = pipeline.profile_graph(graph, target, opts)
+    report = execute(run, graph)
     result.fits_predicted = bool(report.fits)
     if not report.fits:
         why = report.failure["reason"] if report.failure else "does not fit"
@@ -823,9 +823,9 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         if not report.fits:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
             continue
-        extractor = PREDICTORS.get(key)
+        extractor = PREDICTORS.get(key) if opts.chips == 1 or key in _SCALED else None
         predicted = extractor(report, p) if extractor else None
-        note = "" if predicted is not None else "not predicted"
+        note = "" if predicted is not None else "not predicted" + (" (multi-chip)" if opts.chips > 1 else "")
         if key not in _MEASURED_NUMBERS:
             note = "not predicted (a quantity the catalogue format does not define)"
         result.quantities.append(Quantity(key, float(value), predicted, note))
@@ -835,28 +835,8 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
 
 
-def _run_scaled(p: Point, result: PointResult, graph: Any, target: Any, opts: Any) -> None:
-    """A multi-chip point (``run.chips`` > 1) through the Level-2 scaling stage. The model's
-    batch is the global batch of a step; data parallelism runs its share on each chip."""
-    import dataclasses
-
-    from dabench_ir.scaling import scale
-
-    if opts.strategy is None:
-        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
-    if opts.strategy == "dp":
-        opts = dataclasses.replace(opts, batch=max(1, int(p.model["batch"]) // opts.chips))
-    point = scale(graph, target, [opts.chips], opts.strategy, opts).points[-1]
-    result.fits_predicted = bool(point.fits)
-    if not point.fits:
-        result.notes.append(f"the tool says it does not fit: {(point.failure or {}).get('reason', 'does not fit')}")
-    scaled = {"samples_per_s": point.throughput_samples_per_s, "step_time_s": point.time_s if point.fits else None}
-    for key, value in _numbers(p.measured):
-        predicted = scaled.get(key)
-        note = "" if predicted is not None else "model does not fit" if not point.fits else "not predicted (multi-chip)"
-        result.quantities.append(Quantity(key, value, predicted, note))
-    if result.fits_expected is None and _numbers(p.measured):
-        result.fits_expected = True
+_SCALED = frozenset({"samples_per_s", "tokens_per_s", "step_time_s"})
+"""The quantities a multi-chip point predicts (the step of all chips); the rest are one chip's."""
 
 
 def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
@@ -990,11 +970,8 @@ def gemm_model(m: int, n: int, k: int) -> onnx.ModelProto:
 
 def _gemm_report(size: int, target: Any, precision: str) -> Report:
     from dabench_ir import pipeline
-    from dabench_ir.options import ProfileOptions
 
-    opts = ProfileOptions(precision=precision)
-    graph = pipeline.prepare_graph(gemm_model(size, size, size), opts)
-    return pipeline.profile_graph(graph, target, opts)
+    return pipeline.run_profile(gemm_model(size, size, size), target, {"precision": precision})
 
 
 def _gemm_tflops(size: int, target: Any, precision: str) -> float | None:

@@ -59,9 +59,9 @@ class LoweringOptions:
     with `read` from any options object (`ProfileOptions`, `ScaleOptions`, another
     lowering's options): knob fields the object lacks take their declared default.
     ``precision`` arrives as the knob's text and is kept as the `DType` peaks are taken at.
+    The batch is no option: it is the graph's (`dabench_ir.run`), read from the context.
     """
 
-    batch: int | None
     precision: DType | None
 
     @classmethod
@@ -115,7 +115,7 @@ class Lowering(ABC):
         if target.kind not in self.kinds:
             raise UserError(f"the {self.name} lowering serves {', '.join(self.kinds)} targets, not {target.name}")
         opts = options if type(options) is self.Options else self.options(options)
-        plan = self._lower(LoweringContext.build(graph, opts.precision, opts.batch), target, opts)
+        plan = self._lower(LoweringContext.build(graph, opts.precision), target, opts)
         logger.info(
             "lowered %s onto %s: %d unit(s), fits=%s", graph.name or "graph", target.name, len(plan.units), plan.fits
         )

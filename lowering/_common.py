@@ -61,7 +61,9 @@ class LoweringContext:
     total_weight_bytes: int = 0
 
     @classmethod
-    def build(cls, graph: Graph, precision: DType | None, batch: int | None) -> LoweringContext:
+    def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
+        """The context of ``graph``: its node costs, the plan's precision (None: what the graph computes
+        in) and its batch, the samples one replica runs per step (`Graph.batch_size`, see `dabench_ir.run`)."""
         costs: dict[str, Cost] = {}
         unattributed: list[str] = []
         for node in graph.nodes:
@@ -74,9 +76,7 @@ class LoweringContext:
         if unattributed:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
         prec = precision or graph_dtype(graph)
-        if batch is None:
-            batch = int(graph.bindings.get("batch", 1))
-        ctx = cls(graph, costs, unattributed, prec, max(1, int(batch)))
+        ctx = cls(graph, costs, unattributed, prec, graph.batch_size or 1)
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx
 

@@ -337,8 +337,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         return max(1, min(tiles, max(by_work, by_data)))
 
     plan = ctx.plan(target, options, Schedule.CONCURRENT, micro_batches=m, chips=n_ipus * replicas,
-                    pipelined_steps=options.steady_state)  # fmt: skip
-    plan.batch = ctx.batch * replicas
+                    replicas=replicas, pipelined_steps=options.steady_state)  # fmt: skip
     if note:
         plan.notes.append(note)
     ipu_of = {n.name: st.ipu for st in stages for n in st.nodes}
@@ -485,7 +484,6 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         plan.step_overheads_s["gradient_reduce"] = 2 * (replicas - 1) / replicas * grads / link.bandwidth_bytes_per_s
     plan.extra.update({
         "ipus": n_ipus,
-        "data_parallel_replicas": replicas,  # the report counts their samples too
         "layers_per_ipu": counts,
         "pipeline_stages": n_stages,
         "stages": [{"ipu": st.ipu, "layers": st.layers} for st in stages],

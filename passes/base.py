@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
@@ -31,9 +32,13 @@ class Pass(abc.ABC):
 
     Subclasses (usually frozen dataclasses whose fields are the pass options) set ``name``,
     may override ``requires`` to check the annotations they read, and implement ``call``.
+    ``in_place`` declares whether the pass rewrites the graph it is given (the default) or
+    returns a new one and leaves its input as it was; a caller that must keep its graph
+    passes ``graph.clone()`` to an in-place pass.
     """
 
     name: str = "pass"
+    in_place: ClassVar[bool] = True
 
     def requires(self, graph: Graph) -> None:  # noqa: B027 - optional hook, no-op by default
         """Raise with a clear message when an annotation this pass reads is missing."""
@@ -47,6 +52,10 @@ class Pass(abc.ABC):
         result = self.call(graph)
         if not isinstance(result, PassResult):
             raise PassError(f"pass {self.name!r} returned {type(result).__name__}, not PassResult")
+        if self.in_place and result.graph is not graph:
+            raise PassError(f"pass {self.name!r} declares in_place but returned a new graph")
+        if not self.in_place and result.graph is graph and result.modified:
+            raise PassError(f"pass {self.name!r} declares it returns a new graph but modified its input")
         return result
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType, Graph, Node, TensorType
+from dabench_ir.passes import meta
 from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
 
@@ -558,6 +559,7 @@ class LinalgCostPass(Pass):
         if stray:
             _add_unattributed(graph, stray)
         graph.invalidate()
+        meta.graph_set(graph, meta.ANALYZED, "linalg")
         return PassResult(graph, True)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from dabench_ir.ir import Cost, Graph, Node
 
 __all__ = [
+    "ANALYZED",
     "COST",
     "ESTIMATED",
     "FOLDED",
@@ -22,9 +23,11 @@ __all__ = [
     "PRECISION",
     "SUBGRAPH",
     "TRAINING",
+    "TRANSFORMED",
     "UNATTRIBUTED",
     "GraphKey",
     "MissingAnnotationError",
+    "analyzed_by",
     "get",
     "get_cost",
     "get_op_class",
@@ -91,6 +94,8 @@ class GraphKey:
 GRAPH_PRECISION = GraphKey("precision", str, "precision")  # fp16 | bf16 | mixed | fp32: the rewrite applied
 GRAPH_MODE = GraphKey("mode", str, "training")  # "train" once the training expansion ran
 TRAINING = GraphKey("train", dict, "training")  # optimizer/gradient/activation state of a training step
+ANALYZED = GraphKey("dabench.analyzed", str, "cost")  # "onnx" | "linalg": which costing gave every node its Cost
+TRANSFORMED = GraphKey("dabench.transformed", tuple, "run")  # the rewrites applied after costing (run.transform_key)
 
 
 def graph_get(graph: Graph, key: GraphKey) -> Any:
@@ -113,6 +118,11 @@ def graph_set(graph: Graph, key: GraphKey, value: Any) -> None:
     if not isinstance(value, key.type):
         raise TypeError(f"graph annotation {key.key!r} takes {key.type}, got {type(value).__name__}")
     graph.meta[key.key] = value
+
+
+def analyzed_by(graph: Graph) -> str | None:
+    """``onnx`` or ``linalg`` once a costing pass gave every node its Cost (or a reason), else None."""
+    return graph_find(graph, ANALYZED)
 
 
 def graph_precision(graph: Graph) -> str | None:

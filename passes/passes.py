@@ -162,4 +162,6 @@ class CostPass(Pass):
                     logger.debug("%s %s: %s", ESTIMATED_NOTE, node.name, reason)
         if unbound:
             raise UnboundSymbolError(unbound)
+        if meta.analyzed_by(graph) is None:
+            meta.graph_set(graph, meta.ANALYZED, "onnx")
         return PassResult(graph, True)

@@ -35,9 +35,15 @@ from dabench_ir.ir import Cost, DType, Graph, ValueKind
 from . import meta
 from .base import Pass, PassResult
 from .cost_rules import OpClass, traits_of
-from .passes import CostPass
 
-__all__ = ["KV_CACHE_METADATA_KEY", "PrecisionPass", "compute_dtype", "kv_cache_values", "precision_by_class"]
+__all__ = [
+    "KV_CACHE_METADATA_KEY",
+    "DequantisePass",
+    "PrecisionPass",
+    "compute_dtype",
+    "kv_cache_values",
+    "precision_by_class",
+]
 
 KV_CACHE_METADATA_KEY = "dabench.kv_cache"
 
@@ -87,8 +93,10 @@ class PrecisionPass(Pass):
     """Rewrite float values to ``precision`` (see the module docstring for each mode) and the
     KV cache to ``kv``; either may be None (left as the model is).
 
-    Writes `meta.PRECISION` (the dtype each node computes in) and re-costs the graph, since
-    bytes follow the dtypes; weight-only modes then add the dequantisation work.
+    Writes `meta.PRECISION` (the dtype each node computes in) and, for weight-only modes, the
+    weights each matmul reads quantised (`QUANTISED`). It only rewrites types: the cost pass
+    must run after it (bytes follow the dtypes), then `DequantisePass` (`dabench_ir.run.
+    transform_passes` lists the three in that order).
     """
 
     precision: str | None
@@ -117,9 +125,9 @@ class PrecisionPass(Pass):
             for name in cache:
                 value = graph.values[name]
                 value.type = value.type.with_dtype(_KV[self.kv])
-        CostPass()(graph)  # bytes follow the new dtypes
         if self.precision in _DEQUANT:
-            self._add_dequantisation(graph, quantised)
+            for node_name, names in quantised.items():
+                graph.node(node_name).meta[QUANTISED] = (self.precision, names)
         return PassResult(graph, True)
 
     def _rewrite(self, graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -146,15 +154,32 @@ class PrecisionPass(Pass):
             node.meta[meta.PRECISION] = computes
         return quantised
 
-    def _add_dequantisation(self, graph: Graph, quantised: dict[str, tuple[str, ...]]) -> None:
-        flops_per, group, group_bytes = _DEQUANT[self.precision]
-        for node_name, names in quantised.items():
-            node = graph.node(node_name)
+
+QUANTISED = "dabench.quantised"  # node.meta: (mode, weight value names) of a weight-only quantised matmul
+
+
+@dataclass(frozen=True)
+class DequantisePass(Pass):
+    """Add the dequantisation work of weight-only modes (w8a16, w4a16) to the matmuls that read a
+    quantised weight (`QUANTISED`, written by `PrecisionPass`). Runs after the cost pass."""
+
+    name: str = "dequantise"
+
+    def call(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in graph.nodes:
+            mark = node.meta.get(QUANTISED)
+            if mark is None:
+                continue
+            mode, names = mark
+            flops_per, group, group_bytes = _DEQUANT[mode]
             weight = graph.type_of(names[-1])  # the layout the matmul reads
             numel = weight.numel()
             groups = math.ceil(numel / group) if group else (weight.dims()[-1] if weight.rank else 1)
             extra = Cost(vector_flops=flops_per * numel, weight_bytes=math.ceil(groups * group_bytes))
             node.meta[meta.COST] = (meta.get_cost(node) or Cost()) + extra
+            modified = True
+        return PassResult(graph, modified)
 
 
 def _block_matmul_weights(graph: Graph) -> dict[str, tuple[str, ...]]:

@@ -23,6 +23,16 @@ def analyze_text(text: str, dims: dict[str, int] | None = None, opset: int = 18)
     return analyze(parse(text, opset), dims=dims)
 
 
+def rewrite(graph: Graph, **options) -> Graph:
+    """``graph`` through the rewrites a run with ``options`` applies after costing (precision, then the
+    costs again, fused attention, training), as `dabench_ir.run` lists them."""
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.passes import PassManager
+    from dabench_ir.run import transform_passes
+
+    return PassManager(transform_passes(ProfileOptions(**options)))(graph).graph
+
+
 def node_cost(graph: Graph, index: int = 0) -> Cost | None:
     return meta.get_cost(graph.nodes[index])
 

@@ -68,7 +68,7 @@ def test_classify_bound_is_defined_once():
 
 def _ctx(flops, nbytes):
     graph = chain(flops, nbytes)
-    return graph, LoweringContext.build(graph, None, None)
+    return graph, LoweringContext.build(graph)
 
 
 def test_place_node_roofline_plus_comm_and_overhead_per_micro_batch():
@@ -102,7 +102,7 @@ def test_place_node_time_override_and_unattributed_note():
     graph, ctx = _ctx([10, 10], [10, 10])
     del graph.nodes[1].meta[meta.COST]
     graph.nodes[1].meta[meta.UNATTRIBUTED] = "no rule"
-    ctx = LoweringContext.build(graph, None, None)
+    ctx = LoweringContext.build(graph)
     timed = place_node(ctx, graph.nodes[0], unit="u", compute_s=1.0, feed_level="x", feed_bytes=10, ridge=1.0,
                        allocation=1.0, time_s=7.0)
     assert timed.per_micro_batch_s == 7.0

@@ -12,10 +12,9 @@ from dabench_ir.lowering import lower
 from dabench_ir.lowering.ipu import MEMORY_TERMS
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.options import ProfileOptions
-from dabench_ir.passes.precision import PrecisionPass
 from dabench_ir.passes.training import TrainingPass
 from dabench_ir.targets import load_target
-from tests.conftest import analyze_text
+from tests.conftest import analyze_text, rewrite
 from tests.lowering_graphs import decoder
 
 IPU = load_target("ipu")
@@ -235,9 +234,7 @@ def _gpt2(base: bytes, layers: int, recompute: bool = True):
     from dabench_ir.sweep import graphs
 
     g = graphs.build_graph(base, layers)
-    PrecisionPass("mixed")(g)
-    TrainingPass(recompute=recompute)(g)
-    return g
+    return rewrite(g, precision="mixed", mode="train", recompute="full" if recompute else "none")
 
 
 def test_gpt2_small_fits_the_vendor_layout(gpt2_base):

@@ -87,7 +87,7 @@ def test_host_time_is_its_own_row():
 def test_o0_sections_one_per_operator_and_per_parameter_tensor():
     g = _train(decoder(layers=2, hidden=64, seq=8))
     plan = lower(g, RDU, ProfileOptions(opt_level="O0"))
-    ctx = LoweringContext.build(g, None, None)
+    ctx = LoweringContext.build(g)
     body = [n for n in g.nodes if n.op_type != "AdamStep"]
     forward = sum(1 for n in body if ctx.is_work(n))
     backward = sum(1 for n in body if n.meta["dabench.cost.backward"].flops > 0)
@@ -133,7 +133,7 @@ def test_a_group_above_the_capacity_is_split_into_parts_over_every_unit():
     opts = LOWERING.options(ProfileOptions(opt_level="O3", tiles=1, resource_scale=0.05))
     chip = Chip.of(RDU, opts)
     assert (chip.capacity, chip.units) == (8, 160)  # floor(160 * 0.05); a forced split spreads over all 160
-    ctx = LoweringContext.build(g, None, None)
+    ctx = LoweringContext.build(g)
     sections = form_sections(ctx, chip, "O3")
     oversized = [s for s in sections if s.oversized]
     assert oversized
@@ -150,7 +150,7 @@ def test_a_group_above_the_capacity_is_split_into_parts_over_every_unit():
 def test_a_group_above_the_whole_tiles_takes_several_sections():
     g = decoder(layers=1, hidden=4096, seq=64, batch=4)  # fc1: 64 MB of weights, 256 PMUs > 160
     opts = LOWERING.options(ProfileOptions(opt_level="O3", tiles=1))
-    sections = form_sections(LoweringContext.build(g, None, None), Chip.of(RDU, opts), "O3")
+    sections = form_sections(LoweringContext.build(g), Chip.of(RDU, opts), "O3")
     split = [s for s in sections if s.parts > 1]
     assert split and all(s.parts == math.ceil(max(s.pcus, s.pmus) / 160) for s in split)
     assert len(lower(g, RDU, opts).units) == sum(s.parts for s in sections)
@@ -161,7 +161,7 @@ def test_a_small_group_fuses_into_the_room_a_tiled_group_leaves():
     # resource scale 1.0 the 4 parts plan 640 units, and GELU fits in the room left. At 0.8
     # they plan 4 x 128 = 512 units, and GELU gets a section of its own.
     g = decoder(layers=1, hidden=4096, seq=64, batch=4)
-    ctx = LoweringContext.build(g, None, None)
+    ctx = LoweringContext.build(g)
 
     def fc1_section(scale):
         chip = Chip.of(RDU, LOWERING.options(ProfileOptions(opt_level="O3", tiles=1, resource_scale=scale)))

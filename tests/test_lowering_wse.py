@@ -30,7 +30,7 @@ def _train(graph):
 
 
 def _kernels(graph):
-    return wse_kernels(LoweringContext.build(graph, None, None), WSE)
+    return wse_kernels(LoweringContext.build(graph), WSE)
 
 
 def test_balance_with_fixed_time_gives_the_closed_form_sizes():
@@ -148,8 +148,8 @@ def test_auto_picks_pipelined_below_a_billion_parameters_and_streaming_above():
 
 def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():
     def limit(hidden, mb, seq=2048):
-        g = _train(decoder(layers=2, hidden=hidden, seq=seq, batch=1, heads=hidden // 128))
-        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=mb, micro_batches=1))
+        g = _train(decoder(layers=2, hidden=hidden, seq=seq, batch=mb, heads=hidden // 128))
+        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", micro_batches=1))  # the graph's batch, whole
         return plan.extra["max_layers_at_micro_batch"]
 
     limits = [limit(h, 1) for h in (2560, 5120, 12288)]
@@ -160,18 +160,18 @@ def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():
 
 
 def test_streaming_too_deep_does_not_fit_and_micro_batch_shrinks_to_fit():
-    g = _train(decoder(layers=48, hidden=8192, seq=2048, heads=64))
-    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=64))
+    g = _train(decoder(layers=48, hidden=8192, seq=2048, heads=64, batch=64))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
     assert plan.fits and plan.extra["micro_batch"] < 64  # the largest divisor that fits
     assert plan.memory_bytes["sram"] <= WSE.arch_value("sram_usable_fraction") * WSE.memory("sram").capacity_bytes
-    deep = _train(decoder(layers=1200, hidden=8192, seq=2048, heads=64))
-    plan = lower(deep, WSE, ProfileOptions(wse_mode="streaming", batch=8))
+    deep = _train(decoder(layers=1200, hidden=8192, seq=2048, heads=64, batch=8))
+    plan = lower(deep, WSE, ProfileOptions(wse_mode="streaming"))
     assert not plan.fits and "micro-batch 1" in plan.failure.reason
 
 
 def test_streaming_state_lives_in_memoryx_and_step_overheads_are_charged():
-    g = _train(decoder(layers=4, hidden=1024, seq=512, heads=8))
-    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=32))
+    g = _train(decoder(layers=4, hidden=1024, seq=512, heads=8, batch=32))
+    plan = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
     params = 4 * 12 * 1024 * 1024
     assert plan.memory_bytes["memoryx"] == params * 16  # fp16 weights + 14 B/param of state
     lw = 12 * 1024 * 1024 * 2
@@ -185,10 +185,9 @@ def test_streaming_state_lives_in_memoryx_and_step_overheads_are_charged():
 
 
 def test_streaming_throughput_flattens_with_batch():
-    g = _train(decoder(layers=4, hidden=2048, seq=2048, heads=16))
-
     def rate(batch):
-        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", batch=batch))
+        g = _train(decoder(layers=4, hidden=2048, seq=2048, heads=16, batch=batch))
+        plan = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
         return batch / (emulate(plan, g).step_time_s + sum(plan.step_overheads_s.values()))
 
     r = [rate(b) for b in (1, 8, 32, 256, 512)]

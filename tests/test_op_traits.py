@@ -22,9 +22,8 @@ from dabench_ir.passes.cost_rules import (
     render_costs_markdown,
     traits_of,
 )
-from dabench_ir.passes.precision import PrecisionPass
 from dabench_ir.passes.training import TrainingPass
-from tests.conftest import analyze_text
+from tests.conftest import analyze_text, rewrite
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
 
@@ -122,7 +121,7 @@ def test_mixed_precision_follows_keeps_fp32():
     graph = analyze_text(
         "agraph (float[2,4] x) => (float[2,4] y, float[2,4] z) { y = Exp(x)  z = Tanh(x) }"
     )
-    PrecisionPass("mixed")(graph)
+    rewrite(graph, precision="mixed")
     exp, tanh = graph.nodes
     assert op_traits("Exp").keeps_fp32 and exp.meta[meta.PRECISION] is DType.FLOAT32
     assert not op_traits("Tanh").keeps_fp32 and tanh.meta[meta.PRECISION] is DType.BFLOAT16

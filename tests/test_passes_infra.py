@@ -1,5 +1,6 @@
 """The pass infrastructure on its own: PassManager order and errors, symbol binding, layer
-tagging, graph-level annotations, and the one pass list `build_passes` assembles."""
+tagging, graph-level annotations, in-place declarations, `Graph.clone`, and the one pass list a
+run assembles (`dabench_ir.run`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dabench_ir.frontends.onnx import load_onnx, onnx_node_names
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import BindSymbols, Pass, PassError, PassManager, PassResult, TagLayers, meta
-from dabench_ir.pipeline import build_passes
+from dabench_ir.run import analysis_passes, prepare, resolve, transform_passes
 from tests.conftest import parse
 
 
@@ -155,20 +156,57 @@ def test_graph_keys_are_typed_and_name_their_writer():
 # -- the one pass list ---------------------------------------------------------------------------
 
 
-def test_build_passes_assembles_the_whole_list_from_the_options():
+def _names(passes) -> list[str]:
+    return [p.name for p in passes]
+
+
+def test_a_run_assembles_the_whole_pass_list_from_its_options():
     standard = ["bind-symbols", "tag-layers", "classify", "fold-weight-layouts", "cost"]
-    assert build_passes(ProfileOptions()).names == standard
-    opts = ProfileOptions(precision="bf16", mode="train")
-    assert build_passes(opts).names == [*standard, "precision", "training"]
-    assert build_passes(opts, analysis=False).names == ["precision", "training"]
-    assert build_passes(opts, linalg=True).names == ["linalg-cost", "precision", "training"]
-
-
-def test_build_passes_runs_precision_and_training_on_a_graph():
     graph = load_onnx(parse("agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }"))
-    graph = build_passes(ProfileOptions(precision="fp16", mode="train"))(graph).graph
+    assert _names(analysis_passes(resolve(graph))) == standard
+    assert _names(transform_passes(ProfileOptions())) == []
+    opts = ProfileOptions(precision="bf16", mode="train")
+    # the precision rewrite changes types only: the costs follow in their own pass, visibly
+    assert _names(transform_passes(opts)) == ["precision", "cost", "dequantise", "training"]
+    assert _names(analysis_passes(resolve(graph, None, {"via": "mlir"}))) == ["linalg-cost"]
+
+
+def test_prepare_runs_precision_and_training_on_a_graph_once():
+    graph = load_onnx(parse("agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }"))
+    run = resolve(graph, None, {"precision": "fp16", "mode": "train"})
+    graph = prepare(run, graph)
     assert meta.graph_precision(graph) == "fp16" and meta.graph_mode(graph) == "train"
     assert meta.training_state(graph)["optimizer"]
+    nodes = len(graph.nodes)
+    assert len(prepare(run, graph).nodes) == nodes  # a rewritten graph is not rewritten twice
+    with pytest.raises(RuntimeError, match="already rewritten"):
+        prepare(resolve(graph, None, {"precision": "bf16"}), graph)
+
+
+def test_a_pass_that_breaks_its_in_place_declaration_is_a_pass_error():
+    @dataclass(frozen=True)
+    class _New(Pass):
+        name: str = "new"
+
+        def call(self, graph: Graph) -> PassResult:
+            return PassResult(graph.clone(), True)
+
+    graph = _graph(Node("a", "Relu", inputs=["x"], outputs=["y"]))
+    with pytest.raises(PassError, match="declares in_place"):
+        PassManager([_New()])(graph)
+
+
+def test_clone_is_independent_of_its_source():
+    graph = load_onnx(parse("agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }"))
+    costed = prepare(resolve(graph), graph)
+    copy = costed.clone()
+    copy.nodes[0].meta[meta.COST] = None
+    copy.values["C"].kind = ValueKind.WEIGHT
+    copy.bindings["x"] = 1
+    copy.meta["extra"] = 1
+    assert meta.get_cost(costed.nodes[0]).contraction_flops == 48
+    assert costed.values["C"].kind is ValueKind.OUTPUT and "x" not in costed.bindings and "extra" not in costed.meta
+    assert [n.name for n in copy.nodes] == [n.name for n in costed.nodes] and copy.node("MatMul_0") is copy.nodes[0]
 
 
 # -- node names ----------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dabench_ir.ir import DType
 from dabench_ir.passes import meta
-from dabench_ir.passes.precision import PrecisionPass, precision_by_class
+from dabench_ir.passes.precision import precision_by_class
 from dabench_ir.passes.training import ADAM_MOMENT_BYTES_PER_PARAM, TrainingPass
-from tests.conftest import analyze_text
+from tests.conftest import analyze_text, rewrite
 
 BLOCK = """
 agraph (float[2,8] x) => (float[2,8] y)
@@ -27,7 +27,7 @@ def costs(graph):
 def test_fp16_halves_float_bytes_on_every_node():
     fp32 = analyze_text(BLOCK)
     fp16 = analyze_text(BLOCK)
-    PrecisionPass("fp16")(fp16)
+    rewrite(fp16, precision="fp16")
     for a, b in zip(fp32.nodes, fp16.nodes, strict=True):
         ca, cb = meta.get_cost(a), meta.get_cost(b)
         assert cb.bytes * 2 == ca.bytes
@@ -37,7 +37,7 @@ def test_fp16_halves_float_bytes_on_every_node():
 
 def test_mixed_keeps_norms_and_softmax_in_fp32():
     graph = analyze_text(BLOCK)
-    PrecisionPass("mixed")(graph)
+    rewrite(graph, precision="mixed")
     ln, mm1, sm, _mm2 = graph.nodes
     assert ln.meta[meta.PRECISION] is DType.FLOAT32
     assert sm.meta[meta.PRECISION] is DType.FLOAT32

@@ -89,8 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.pipeline import resolve_target
     from dabench_ir.progress import Progress
+    from dabench_ir.run import resolve_target
 
     targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
     if not targets:
@@ -148,10 +148,8 @@ def _export(folder: Path, spec: dict[str, Any], name: str, weights: str, say: An
 def _refit(report: Any, name: str, say: Any) -> Any:
     """A target the default options do not fit on (GPT-2 small on one IPU) is placed again with
     the knob change that fits (`report.why.fitting_knob`); the report says so."""
-    import dataclasses
-
-    from dabench_ir.pipeline import profile_graph
     from dabench_ir.report.why import change_text, changes_of, fitting_knob
+    from dabench_ir.run import execute
 
     found = fitting_knob(report)
     if found is None:
@@ -159,8 +157,7 @@ def _refit(report: Any, name: str, say: Any) -> Any:
     k, value, _ = found
     text = change_text(k, value)
     say(f"{name}: does not fit with the defaults; placing with {text}")
-    refit = profile_graph(report.graph, report.target_obj, dataclasses.replace(report.options, **changes_of(k, value)),
-                          model_path=report.model.get("path"))  # fmt: skip
+    refit = execute(report.run.variant(**changes_of(k, value)), report.graph.clone())
     reason = report.failure.get("reason") if report.failure else ""
     refit.extra["demo_note"] = f"placed with {text}: with the defaults it does not fit ({reason})"
     return refit

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import PROFILE, ProfileOptions, add_knob_arguments, options_from_args
+from dabench_ir.options import PROFILE, ProfileOptions, add_knob_arguments, knob_values, options_from_args
 
 __all__ = ["register", "run"]
 
@@ -56,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.progress import Progress
 
-    opts = options_from_args(args, ProfileOptions, PROFILE)
+    opts = options_from_args(args, ProfileOptions, PROFILE)  # checked once; the run resolves what was given
+    given = knob_values(args, PROFILE)
     _check_outputs(args)
     _check_request(args, opts)
     to_stdout = [f"--{flag}" for flag in _OUTPUTS if getattr(args, flag, None) == "-"]
@@ -75,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
         names = [t.strip() for t in args.target.split(",") if t.strip()]
         if not names:
             raise UserError(f"--target {args.target!r}: no target named; give e.g. --target wse,rdu")
-        return _compare_targets(args, names, progress, opts)
+        return _compare_targets(args, names, progress, given)
     from dabench_ir.pipeline import run_profile
 
-    report = run_profile(args.model, args.target, opts, progress=progress)
+    report = run_profile(args.model, args.target, given, progress=progress)
     if report.plan is not None:
         from dabench_ir.report.why import explain
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     return _after_profile(args, report, progress)
 
 
-def _compare_targets(args: argparse.Namespace, targets: list[str], progress, opts: ProfileOptions) -> int:
+def _compare_targets(args: argparse.Namespace, targets: list[str], progress, given: dict) -> int:
     """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many
     times. Each output flag gets the comparison and one file per target (see `_per_target_path`)."""
     from dabench_ir.pipeline import profile_targets, resolve_target
@@ -98,8 +99,8 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, opt
     if args.json == "-":
         raise UserError("--json -: several targets give several reports; give a folder (--json DIR/) or a file name")
     for name in targets:  # every name is checked before any work
-        resolve_target(name, opts)
-    reports = profile_targets(args.model, targets, opts, progress=progress)
+        resolve_target(name, given.get("threads"))
+    reports = profile_targets(args.model, targets, given, progress=progress)
     for report in reports.values():
         if report.plan is not None:
             explain(report)
@@ -220,7 +221,7 @@ def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
         from dabench_ir.pipeline import resolve_target
 
         for name in (t.strip() for t in args.target.split(",") if t.strip()):
-            target = resolve_target(name, opts)
+            target = resolve_target(name, opts.threads)
             if target.kind != "cpu":
                 raise UserError(
                     f"--measure runs the model in onnxruntime on this host's CPU ({_providers()}), so it cannot "

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import SCALE, ScaleOptions, add_knob_arguments, knob_values
+from dabench_ir.options import SCALE, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
 
@@ -37,11 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from dabench_ir.fileio import check_input_file, check_output_path, write_output
-    from dabench_ir.pipeline import prepare_graph, resolve_defaults
+    from dabench_ir.pipeline import load_graph
     from dabench_ir.progress import Progress
+    from dabench_ir.run import prepare, resolve
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
@@ -62,15 +61,13 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target)
     progress = Progress(quiet=args.quiet)
     merged: ScaleResult | None = None
+    loaded = load_graph(args.model, dims=values.get("dims"))
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
-        opts = resolve_defaults(ScaleOptions(**values, batch=batch), target, model=args.model)
-        graph = prepare_graph(args.model, opts)
-        progress(f"scaling over {','.join(map(str, chips))} chips ({opts.strategy})")
-        # pipeline micro-batches are the pp split's, not the single chip's lowering; with dp/tp
-        # they are each chip's gradient accumulation
-        lowering = dataclasses.replace(opts, micro_batches=None, micro_batch=None) if opts.strategy == "pp" else opts
-        result = scale(graph, target, chips, opts.strategy, lowering, micro_batches=opts.micro_batches)
+        run = resolve(loaded, target, {**values, "batch": batch}, model=args.model)
+        graph = prepare(run, loaded.clone())
+        progress(f"scaling over {','.join(map(str, chips))} chips ({run.options.strategy})")
+        result = scale(graph, target, chips, run.options.strategy, run)
         result.model = {
             "path": str(args.model),
             "name": graph.name,

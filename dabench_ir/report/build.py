@@ -11,31 +11,33 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph
-from dabench_ir.options import ProfileOptions, recorded_config
+from dabench_ir.options import recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
 from dabench_ir.report.model import NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
+    from dabench_ir.run import ResolvedRun
+    from dabench_ir.scaling import ScaleResult
     from dabench_ir.timeline import Timeline
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "build_scaled_report"]
 
 
 def build_report(
     graph: Graph,
     *,
-    options: ProfileOptions | None = None,
-    target: Any = None,
+    run: ResolvedRun,
     plan: Any = None,
     timeline: Timeline | None = None,
     metrics: Any = None,
     measurement: Any = None,
-    model_path: str | None = None,
 ) -> Report:
-    """Gather graph costs, and timeline/metrics/measurements when present, into a Report."""
-    opts = options or ProfileOptions()
+    """Gather graph costs, and timeline/metrics/measurements when present, into a Report of ``run``."""
+    opts = run.options
+    target = run.target if plan is not None else None
+    model_path = run.model
     records: list[NodeRecord] = []
     unattributed: list[dict[str, Any]] = []
     estimated: list[NodeRecord] = []
@@ -84,7 +86,7 @@ def build_report(
         records.append(record)
 
     total = sum((r.cost for r in records if r.cost is not None), Cost())
-    samples = (opts.batch or graph.batch_size or 1) * (plan.extra.get("data_parallel_replicas", 1) if plan else 1)
+    samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s
@@ -137,7 +139,7 @@ def build_report(
             )
     fits = True if plan is None else bool(plan.fits)
     failure = plan.failure.to_dict() if plan is not None and plan.failure is not None else None
-    config = _config(graph, opts, plan, samples, placed=target is not None)
+    config = _config(graph, run, plan, samples, placed=target is not None)
     extra: dict[str, Any] = {}
     if estimated:
         extra["estimated"] = [
@@ -179,6 +181,7 @@ def build_report(
         timeline=timeline,
         target_obj=target,
         options=opts,
+        run=run,
         plan=plan,
         measured_timeline=(
             measurement.timeline
@@ -232,8 +235,10 @@ def _bound(given: Any, plan: Any, name: str) -> str | None:
     return str(given) if given is not None else None
 
 
-def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, placed: bool) -> dict[str, Any]:
-    """The recorded configuration: every run knob (target knobs when placed), resolved against the graph."""
+def _config(graph: Graph, run: ResolvedRun, plan: Any, samples: int, *, placed: bool) -> dict[str, Any]:
+    """The recorded configuration: every run knob (target knobs when placed), resolved against the graph,
+    and the resolved run itself (``run``: each knob's value and source, what ``auto`` chose)."""
+    opts = run.options
     config = recorded_config(opts, target=placed)
     config.update(
         {
@@ -242,6 +247,8 @@ def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, plac
             "chips": getattr(plan, "chips", 1) if plan is not None else 1,
             "strategy": getattr(plan, "strategy", None),
             "dims": dict(graph.bindings),
+            "samples": {**run.samples.to_dict(), "replicas": getattr(plan, "replicas", 1), "per_step": samples},
+            "run": run.to_dict(_chosen(run, plan)),
         }
     )
     if meta.graph_precision(graph) is not None:
@@ -252,6 +259,61 @@ def _config(graph: Graph, opts: ProfileOptions, plan: Any, samples: int, *, plac
     if train is not None:
         config["train"] = dict(train)
     return config
+
+
+def _chosen(run: ResolvedRun, plan: Any) -> dict[str, Any]:
+    """What the lowering decided for knobs the run left to it: the WSE mode ``auto`` picked, the replicas."""
+    if plan is None:
+        return {}
+    chosen: dict[str, Any] = {}
+    mode = plan.extra.get("mode")
+    if mode is not None and run.target is not None and run.target.kind == "wse":
+        chosen["wse_mode"] = mode
+    if run.options.replicas == "auto" or plan.replicas != 1:
+        chosen["replicas"] = plan.replicas
+    if plan.micro_batches and run.samples.micro_batches is None:
+        chosen["micro_batches"] = plan.micro_batches
+    return chosen
+
+
+def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) -> Report:
+    """The report of a multi-chip run: one chip's placement for the nodes (a TP share, a DP replica),
+    the scaling stage's step for the totals and metrics, the whole scaling record under ``extra.scale``."""
+    point = result.points[-1]
+    chip = point.chip
+    if chip is not None and chip.plan is not None:
+        report = build_report(chip.graph, run=run, plan=chip.plan, timeline=chip.timeline, metrics=chip.metrics)
+    else:
+        report = build_report(graph, run=run)
+    whole = build_report(graph, run=run).totals  # the unsplit graph: FLOPs of one replica's step
+    flops_per_sample = whole["flops"] / max(run.samples.per_replica, 1)
+    tp = point.throughput_samples_per_s
+    report.totals.update({
+        "flops": flops_per_sample * point.batch,
+        "time_s": point.time_s,
+        "throughput_samples_per_s": tp,
+        "achieved_flops_per_s": None if tp is None else tp * flops_per_sample,
+        "comm_time_s": point.comm_time_s,
+        "chip_time_s": point.compute_time_s,
+    })  # fmt: skip
+    for key in ("energy_j", "energy_per_sample_j", "power_w", "gops_per_w", "gops_per_w_modelled"):
+        if key in report.totals:  # one chip's energy over one chip's time: not the multi-chip step's
+            report.totals[key] = None
+    report.metrics.update({
+        "allocation_ratio": point.allocation_ratio,
+        "load_imbalance": point.load_imbalance,
+        "compute_efficiency": point.compute_efficiency,
+        "speedup": point.speedup,
+        "scaling_efficiency": point.scaling_efficiency,
+        "comm_share": point.comm_share,
+        "dominant_bound": point.dominant_bound,
+    })  # fmt: skip
+    report.fits, report.failure = point.fits, point.failure
+    report.config.update({"chips": point.chips, "strategy": result.strategy, "batch": point.batch})
+    report.config["samples"]["per_step"] = point.batch
+    report.extra["scale"] = result.to_dict()
+    report.extra["nodes_basis"] = "one chip's share of the step"
+    return report
 
 
 def _constant_elements(graph: Graph) -> int | None:

@@ -107,6 +107,7 @@ class Report:
     target_obj: Any = field(default=None, repr=False)
     plan: Any = field(default=None, repr=False)  # the lowering's Plan (units for the trace, the why lines)
     options: Any = field(default=None, repr=False)  # the ProfileOptions the report was made with
+    run: Any = field(default=None, repr=False)  # the dabench_ir.run.ResolvedRun the report answers
     measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
 

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabench_ir.errors import UserError
 from dabench_ir.passes import Pass, PassResult
@@ -50,6 +50,7 @@ class OnnxRewritePass(Pass):
     """
 
     name: str = "onnx-rewrite"
+    in_place: ClassVar[bool] = False  # a new Graph, loaded from the rewritten file
     rewrite: Rewrite | None = None
     out_dir: str | None = None
 

@@ -125,8 +125,7 @@ def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:
 def build_graph(base: bytes, layers: int) -> Graph:
     """The costed L-layer Graph (standard passes run), ready for precision, lowering, emulation."""
     from dabench_ir.frontends.onnx import load_onnx
-    from dabench_ir.options import ProfileOptions
-    from dabench_ir.pipeline import build_passes
+    from dabench_ir.passes import standard_passes
 
     graph = load_onnx(stamped_proto(base, layers), infer_shapes=False)
-    return build_passes(ProfileOptions())(graph).graph
+    return standard_passes()(graph).graph

@@ -67,13 +67,13 @@ DEFAULTS: dict[str, Any] = {
     "hidden": 768,
     "seq": 1024,
     "batch": 1,
-    "precision": "fp32",
     "mode": "inference",
     "target": "rdu",
     "chips": 1,
     "opt_level": "O1",  # dropped where the target does not read it (see `_normalise`)
 }
-"""What a point gets when neither the spec's defaults nor its axes set a parameter."""
+"""What a point gets when neither the spec's defaults nor its axes set a parameter. The precision
+is not among them: a point that sets none runs at its target's ``[defaults]``, as ``profile`` does."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Point:
             parts.append(f"{p['chips']}x{p.get('strategy')}")
         if p.get("batch", 1) != 1:
             parts.append(f"b{p['batch']}")
-        if p.get("precision", "fp32") != "fp32":
+        if p.get("precision"):
             parts.append(str(p["precision"]))
         return " ".join(parts)
 

@@ -1,14 +1,13 @@
 """What one worker does: profile every point that shares a model, from one costed Graph.
 
 `run_group` is the unit of work every executor runs (a local process or a Ray task), so
-both give identical records. The Graph is costed once per model and copied (pickle) for
-each point; a point that fails is recorded with its error and the others go on.
+both give identical records. The Graph is costed once per model and each point runs on its
+own `Graph.clone`; a point that fails is recorded with its error and the others go on.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 import traceback
 from typing import Any
@@ -20,67 +19,22 @@ __all__ = ["point_options", "profile_graph", "run_export", "run_group"]
 logger = logging.getLogger(__name__)
 
 
-def point_options(params: dict[str, Any]) -> Any:
-    """A point's run options: every knob ``sweep`` offers that the point sets."""
-    from dabench_ir.options import SWEEP, ScaleOptions, knobs_for
+def point_options(params: dict[str, Any]) -> dict[str, Any]:
+    """A point's run options: every knob ``sweep`` offers that the point sets (the user's, for `resolve`)."""
+    from dabench_ir.options import SWEEP, knobs_for
 
-    return ScaleOptions(**{k: params[k] for k in knobs_for(SWEEP) if params.get(k) is not None})
+    return {k: params[k] for k in knobs_for(SWEEP) if params.get(k) is not None}
 
 
 def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """The report dict of one point, from its costed Graph (consumed: precision rewrites it)."""
-    from dabench_ir import pipeline
+    """The report dict of one point, from its costed Graph (consumed: the rewrites work in place).
 
-    opts = point_options(params)
-    target = pipeline.resolve_target(params["target"], opts)
-    opts = pipeline.resolve_defaults(opts, target)
-    graph = pipeline.build_passes(opts, analysis=False)(graph).graph
-    if opts.chips != 1:
-        return _scaled(graph, target, opts)
-    return _clean(pipeline.profile_graph(graph, target, opts).to_dict())
+    The point is one run (`dabench_ir.run`), resolved and executed exactly as ``profile`` would,
+    one chip or many."""
+    from dabench_ir.run import execute, resolve
 
-
-def _scaled(graph: Any, target: Any, opts: Any) -> dict[str, Any]:
-    """A multi-chip point through `dabench_ir.scaling.scale`, as a report-shaped dict.
-
-    ``totals``/``metrics``/``fits``/``failure`` carry the scaled figures so the results
-    table reads them like any other point; ``scale`` keeps the whole scaling record.
-    """
-    from dabench_ir.report.build import build_report
-    from dabench_ir.scaling import scale
-
-    chips = opts.chips
-    result = scale(graph, target, [1, chips], opts.strategy, opts)
-    point = result.points[-1]
-    base = build_report(graph, options=opts)  # cost-only: model and totals of one run
-    flops_per_sample = base.totals["flops"] / max(result.points[0].batch, 1)
-    report = base.to_dict()
-    report["target"] = {"name": target.name, "kind": target.kind}
-    report["config"].update({"chips": chips, "strategy": opts.strategy})
-    report["totals"].update(
-        {
-            "time_s": point.time_s,
-            "throughput_samples_per_s": point.throughput_samples_per_s,
-            "achieved_flops_per_s": None if point.throughput_samples_per_s is None  # does not fit
-            else point.throughput_samples_per_s * flops_per_sample,
-            "comm_time_s": point.comm_time_s,
-        }
-    )
-    report["metrics"].update(
-        {
-            "allocation_ratio": point.allocation_ratio,
-            "load_imbalance": point.load_imbalance,
-            "compute_efficiency": point.compute_efficiency,
-            "speedup": point.speedup,
-            "scaling_efficiency": point.scaling_efficiency,
-            "comm_share": point.comm_share,
-            "dominant_bound": point.dominant_bound,
-        }
-    )
-    report["fits"], report["failure"] = point.fits, point.failure
-    report["nodes"] = []  # per-node times are per chip; the scaling record holds the step
-    report["scale"] = result.to_dict()
-    return _clean(report)
+    run = resolve(graph, params["target"], point_options(params))
+    return _clean(execute(run, graph).to_dict())
 
 
 def _error_text(exc: BaseException) -> str:
@@ -99,11 +53,10 @@ def run_group(base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]]
     start = time.perf_counter()
     try:
         graph = build_graph(base, layers)
-        blob = pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL) if len(points) > 1 else None
         setup_error = None
     except Exception as exc:
         logger.debug("building the %d-layer graph failed", layers, exc_info=True)
-        graph, blob, setup_error = None, None, exc
+        graph, setup_error = None, exc
     share = (time.perf_counter() - start) / max(len(points), 1)
     for i, (key, params) in enumerate(points):
         t0 = time.perf_counter()
@@ -111,8 +64,7 @@ def run_group(base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]]
         try:
             if setup_error is not None:
                 raise setup_error
-            g = graph if (blob is None or i == len(points) - 1) else pickle.loads(blob)
-            record["report"] = profile_graph(g, params)
+            record["report"] = profile_graph(graph if i == len(points) - 1 else graph.clone(), params)
         except Exception as exc:
             record["status"], record["error"] = "error", _error_text(exc)
             record["traceback"] = traceback.format_exc(limit=8)

@@ -1,0 +1,435 @@
+"""One run: a question resolved once (`resolve`), answered by one orchestration (`execute`).
+
+Every command is a way of asking for runs: ``profile``, ``--target a,b,c``, ``scale``,
+``sweep``, ``validate``, ``study``, ``diff``, ``--scenario``, ``demo`` and the Python API all
+resolve their question into a `ResolvedRun` and hand it, with the model's Graph, to
+`execute`, which returns the `Report` (one chip or many). Nothing else orchestrates passes,
+placement and reporting, so the same question asked through any of them gets the same figure.
+
+A `ResolvedRun` is immutable: the model, the target, every knob with its value and where the
+value came from (``user``, ``target`` ``[defaults]``, ``model``, ``default``), and the
+`Samples` of a step. The samples have one owner: **the graph's batch dim is the samples one
+replica runs in one step.** A static batch in the graph *is* that batch (``--batch`` may only
+restate it); a symbolic one is bound by ``--batch`` (or ``--dim``). Micro-batches split it,
+data-parallel copies (chips under ``--strategy dp``, IPU replicas, WSE on-wafer replicas)
+multiply it: samples per step = per replica x copies (`dabench_ir.plan.Plan.samples_per_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import KNOBS, ScaleOptions
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Graph
+    from dabench_ir.report.model import Report
+    from dabench_ir.targets import Target
+
+__all__ = [
+    "SOURCES",
+    "ResolvedRun",
+    "Samples",
+    "analyzed",
+    "execute",
+    "prepare",
+    "resolve",
+    "resolve_target",
+    "transform_key",
+    "transform_passes",
+]
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+SOURCES = ("user", "target", "model", "default", "scenario")
+"""Where a knob's value came from: the user, the target's ``[defaults]``, the model, the tool's default,
+or a scenario's own rule (serving keeps weights resident: ``--scenario generate`` on a WSE)."""
+
+# knobs a target's [defaults] table may fill when the user left them open
+_TARGET_DEFAULTS = ("precision", "fused_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """The samples of one step, one concept (see the module docstring).
+
+    ``per_replica``: the graph's batch, the samples one replica runs per step. ``micro_batches``:
+    how many parts a replica's step is run in (pipeline micro-batches, gradient accumulation);
+    None leaves it to the lowering (a pipeline fills with one micro-batch per sample, WSE weight
+    streaming takes the largest micro-batch that fits).
+    """
+
+    per_replica: int
+    micro_batches: int | None
+    source: str
+
+    @property
+    def micro_batch(self) -> int | None:
+        """Samples in one micro-batch, when the micro-batch count is resolved."""
+        return None if self.micro_batches is None else self.per_replica // self.micro_batches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"per_replica": self.per_replica, "micro_batches": self.micro_batches,
+                "micro_batch": self.micro_batch, "source": self.source}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """One run, every question answered: what `execute` runs and the report records.
+
+    ``options`` holds every knob at its resolved value (the batch, the precision and the
+    micro-batches included); ``sources`` says where each came from. ``internals`` are
+    lowering-internal settings a caller fixes (a scenario's steady-state prefill), never knobs.
+    """
+
+    model: str | None
+    target: Target | None
+    options: ScaleOptions
+    sources: Mapping[str, str]
+    samples: Samples
+    linalg: bool = False
+    internals: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        """The symbol bindings the graph is costed with (the batch symbol included)."""
+        return dict(self.options.dims)
+
+    @property
+    def cost_key(self) -> tuple[Any, ...]:
+        """What the costed graph depends on: runs with equal keys share one costed graph."""
+        o = self.options
+        return (tuple(sorted(o.dims.items())), self.linalg, o.precision, o.kv_precision, o.fused_attention, o.mode,
+                o.recompute)  # fmt: skip
+
+    def knob(self, name: str) -> Any:
+        return getattr(self.options, name)
+
+    def variant(self, *, source: str = "user", **changes: Any) -> ResolvedRun:
+        """This run with ``changes`` applied, from ``source`` (the user's: a knob the why lines or a
+        study tries; a scenario's own rule: ``scenario``). The samples follow a changed micro-batch count."""
+        options = dataclasses.replace(self.options, **changes)
+        samples = self.samples
+        if "micro_batches" in changes:
+            samples = dataclasses.replace(samples, micro_batches=changes["micro_batches"])
+        return dataclasses.replace(self, options=options, samples=samples,
+                                   sources={**self.sources, **dict.fromkeys(changes, source)})  # fmt: skip
+
+    def to_dict(self, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every knob with its value and source; ``chosen``: what a lowering decided for a knob left
+        at ``auto`` (the WSE mode, the replicas)."""
+        knobs: dict[str, Any] = {}
+        for f in dataclasses.fields(self.options):
+            if f.name not in KNOBS:
+                continue
+            value = getattr(self.options, f.name)
+            entry = {"value": dict(value) if isinstance(value, Mapping) else value, "source": self.sources[f.name]}
+            if chosen and f.name in chosen:
+                entry["chosen"] = chosen[f.name]
+            knobs[f.name] = entry
+        return {
+            "model": self.model,
+            "target": None if self.target is None else self.target.name,
+            "samples": self.samples.to_dict(),
+            "costed_from": "linalg" if self.linalg else "onnx",
+            "knobs": knobs,
+        }
+
+
+# -- resolving ----------------------------------------------------------------------------------
+
+
+def _is_mlir_file(model: Any) -> bool:
+    return isinstance(model, (str, os.PathLike)) and Path(model).suffix.lower() == ".mlir"
+
+
+def _given(options: Any) -> tuple[ScaleOptions, set[str]]:
+    """Options as a `ScaleOptions` and the knob names the user set.
+
+    A mapping (the CLI's parsed flags, the API's keyword arguments) says exactly what was given;
+    an options object counts every field that differs from its declared default as given.
+    """
+    if isinstance(options, Mapping):
+        try:
+            return ScaleOptions(**options), {k for k, v in options.items() if v is not None}
+        except TypeError as exc:
+            raise UserError(f"options: {exc}") from None
+    if options is None:
+        return ScaleOptions(), set()
+    if not isinstance(options, ScaleOptions):  # a ProfileOptions: the same knobs, no scale fields set
+        options = ScaleOptions(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+    given = {
+        f.name for f in dataclasses.fields(options)
+        if f.name in KNOBS and getattr(options, f.name) != _declared_default(f)
+    }  # fmt: skip
+    return options, given
+
+
+def _declared_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+
+
+def resolve_target(target: Any, threads: int | None = None) -> Target | None:
+    """A Target from a name, alias, path or Target (None stays None); ``cpu`` is calibrated with ``threads``."""
+    if target is None:
+        return None
+    from dabench_ir.targets import Target, load_target
+
+    if isinstance(target, Target):
+        return target
+    if target == "cpu" and threads:
+        from dabench_ir.execute.calibrate import cpu_target_path
+
+        return load_target(str(cpu_target_path(threads=threads)))
+    return load_target(target)
+
+
+def resolve(
+    graph: Graph,
+    target: Any = None,
+    options: Any = None,
+    *,
+    model: Any = None,
+    internals: Mapping[str, Any] | None = None,
+) -> ResolvedRun:
+    """The one place a run's question is answered: ``options`` (a mapping of what the user gave,
+    or an options object) on ``graph`` (loaded, costed or not) and ``target``.
+
+    Resolves the samples of a step from the graph's batch dim and ``--batch``/``--dim``, the
+    micro-batches from ``--micro-batch``/``--micro-batches``, and what the user left open from the
+    target's ``[defaults]``. A UserError says what cannot be asked (a batch the model fixes
+    otherwise, a micro-batch that does not divide it).
+    """
+    opts, given = _given(options)
+    tgt = resolve_target(target, opts.threads)
+    sources = {name: ("user" if name in given else "default") for name in KNOBS}
+    linalg = opts.via == "mlir" or _is_mlir_file(model) or bool(graph.meta.get("dabench.linalg"))
+    changes: dict[str, Any] = {}
+
+    # samples: the graph's batch dim, bound by --batch when it is symbolic
+    dims = dict(opts.dims)
+    dim = graph.batch_dim
+    per_replica: int | None
+    if isinstance(dim, str):
+        bound = dims.get(dim, graph.bindings.get(dim))
+        if opts.batch is not None and bound is not None and bound != opts.batch:
+            raise UserError(f"--batch {opts.batch} and --dim {dim}={bound} disagree; give one of them")
+        if opts.batch is not None:
+            dims[dim] = opts.batch
+        per_replica = opts.batch if opts.batch is not None else bound
+        source = "user" if opts.batch is not None or dim in dims else "model"
+    elif isinstance(dim, int) and dim > 0:
+        if opts.batch is not None and opts.batch != dim:
+            raise UserError(
+                f"--batch {opts.batch}: the model's batch is fixed at {dim}; export it with --dynamic "
+                f"(symbolic batch) or with --batch {opts.batch}"
+            )
+        per_replica, source = dim, ("user" if opts.batch is not None else "model")
+    else:  # no batch dim (a scalar or rank-0 input first): one sample
+        per_replica, source = opts.batch or 1, "user" if opts.batch is not None else "default"
+    changes["dims"] = dims
+    if per_replica is not None:
+        changes["batch"] = per_replica
+        sources["batch"] = source
+
+    # micro-batches: --micro-batch (the size in flight) sets their number
+    micro_batches = opts.micro_batches
+    if opts.micro_batch is not None:
+        if per_replica is None:
+            raise UserError(f"--micro-batch {opts.micro_batch}: give --batch (the samples per step) too")
+        if per_replica % opts.micro_batch:
+            raise UserError(f"--micro-batch {opts.micro_batch} does not divide the batch {per_replica}")
+        m = per_replica // opts.micro_batch
+        if opts.micro_batches is not None and opts.micro_batches != m:
+            raise UserError(f"--micro-batch {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
+                            f"not --micro-batches {opts.micro_batches}; give one of them")  # fmt: skip
+        micro_batches = m
+        changes["micro_batches"] = m
+        sources["micro_batches"] = "user"
+
+    # what the user left open, from the target's [defaults]
+    if tgt is not None:
+        for name in _TARGET_DEFAULTS:
+            if getattr(opts, name) is not None:
+                continue
+            if name == "precision" and linalg:
+                continue  # a graph costed from linalg keeps its dtypes: the rewrite works on ONNX ops
+            value = tgt.default(name)
+            if value is not None:
+                changes[name] = bool(value) if name == "fused_attention" else str(value)
+                sources[name] = "target"
+    if opts.precision is None and "precision" not in changes:
+        sources["precision"] = "model"
+    resolved_opts = dataclasses.replace(opts, **changes)
+    samples = Samples(per_replica or 0, micro_batches, source)
+    return ResolvedRun(
+        model=str(model) if isinstance(model, (str, os.PathLike)) else None,
+        target=tgt,
+        options=resolved_opts,
+        sources=sources,
+        samples=samples,
+        linalg=linalg,
+        internals=dict(internals or {}),
+    )
+
+
+# -- the passes a run needs ---------------------------------------------------------------------
+
+
+def analyzed(graph: Graph) -> bool:
+    """Whether ``graph`` went through the costing passes (every node has a cost or a reason)."""
+    from dabench_ir.passes import meta
+
+    return meta.analyzed_by(graph) is not None
+
+
+def analysis_passes(run: ResolvedRun) -> list[Any]:
+    """The costing passes: the standard ONNX passes with the run's bindings, or the linalg cost pass."""
+    if run.linalg:
+        from dabench_ir.passes.linalg_cost import LinalgCostPass
+
+        return [LinalgCostPass()]
+    from dabench_ir.passes import standard_passes
+
+    return list(standard_passes(run.dims).passes)
+
+
+def transform_key(options: Any) -> tuple[Any, ...]:
+    """The options the rewrites after costing depend on (`transform_passes`)."""
+    return (options.precision, options.kv_precision, bool(options.fused_attention), options.mode, options.recompute)
+
+
+def transform_passes(options: Any) -> list[Any]:
+    """The rewrites the options ask for after costing: precision (then the costs again, since bytes
+    follow dtypes, and the weight-only dequantisation), fused attention, the training expansion."""
+    passes: list[Any] = []
+    if options.precision is not None or options.kv_precision is not None:
+        from dabench_ir.passes.passes import CostPass
+        from dabench_ir.passes.precision import DequantisePass, PrecisionPass
+
+        passes += [PrecisionPass(options.precision, kv=options.kv_precision), CostPass(), DequantisePass()]
+    if options.fused_attention:
+        from dabench_ir.passes.training import FusedAttentionPass
+
+        passes.append(FusedAttentionPass())
+    if options.mode == "train":
+        from dabench_ir.passes.training import TrainingPass
+
+        passes.append(TrainingPass(recompute=options.recompute))
+    return passes
+
+
+def prepare(run: ResolvedRun, graph: Graph) -> Graph:
+    """``graph`` (loaded, costed or already rewritten; consumed) through every pass ``run`` needs that
+    it has not had: the costing passes, then the rewrites (`transform_passes`)."""
+    from dabench_ir.passes import PassManager, meta
+
+    passes = [] if analyzed(graph) else analysis_passes(run)
+    if analyzed(graph):
+        rebound = {k: v for k, v in run.dims.items() if graph.bindings.get(k) != v}
+        if rebound:
+            raise UserError(f"the graph was costed with {dict(graph.bindings)}; it cannot be rebound to {rebound}")
+    key = transform_key(run.options)
+    done = meta.graph_find(graph, meta.TRANSFORMED)
+    if done is not None and done != key:
+        raise RuntimeError(f"graph already rewritten for {done}, asked for {key}: pass a clone of the costed graph")
+    if done is None:
+        passes += transform_passes(run.options)
+    graph = PassManager(passes)(graph).graph
+    meta.graph_set(graph, meta.TRANSFORMED, key)
+    return graph
+
+
+# -- executing ----------------------------------------------------------------------------------
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Report:
+    """The Report of ``run`` on ``graph`` (loaded or costed; consumed: passes rewrite it in place,
+    so a caller that keeps it passes ``graph.clone()``).
+
+    Costing passes, the precision and training rewrites, the host's node benchmarks (``cpu``),
+    the measurement (``--measure``), placement on one chip or scaling over several, the report.
+    """
+    say = progress or _quiet
+    opts = run.options
+    say("costing the graph")
+    graph = prepare(run, graph)
+    tgt = run.target
+    if tgt is not None and tgt.kind == "cpu" and run.model is not None and not _is_mlir_file(run.model):
+        from dabench_ir.execute.microbench import ensure_for_target
+
+        tgt = ensure_for_target(run.model, graph, tgt, threads=opts.threads, say=say)
+        run = dataclasses.replace(run, target=tgt)
+    measurement = None
+    if opts.measure:
+        measurement = _measure(run, graph, say)
+    from dabench_ir.report.build import build_report
+
+    if tgt is None:
+        timeline = measurement.timeline if measurement is not None else None
+        return build_report(graph, run=run, timeline=timeline, measurement=measurement)
+    if opts.chips > 1:
+        return _scaled(run, graph, say)
+    from dabench_ir.place import place
+
+    say(f"placing on {tgt.name}")
+    plan, timeline, metrics = place(graph, tgt, lowering_options(run))
+    return build_report(graph, run=run, plan=plan, timeline=timeline, metrics=metrics, measurement=measurement)
+
+
+def lowering_options(run: ResolvedRun) -> Any:
+    """The run's options as its target's lowering reads them, with the run's internals."""
+    from dabench_ir.lowering import lowering_for
+
+    return lowering_for(run.target).options(run.options, **run.internals)
+
+
+def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
+    from dabench_ir.execute import measure
+
+    if run.model is None and graph.path is None:
+        raise UserError("--measure runs a model file in onnxruntime; give the .onnx path")
+    if run.linalg and _is_mlir_file(run.model):
+        raise UserError("--measure runs ONNX models in onnxruntime; give the .onnx file")
+    o = run.options
+    say("measuring in onnxruntime")
+    tgt = run.target
+    return measure(
+        run.model or graph.path,
+        graph,
+        dims=dict(graph.bindings),
+        warmup=o.warmup,
+        repeat=o.repeat,
+        threads=o.threads,
+        ort_opt=o.ort_opt,
+        max_weight_bytes=o.max_weight_bytes,
+        target=tgt if tgt is not None and tgt.kind == "cpu" else None,
+    )
+
+
+def _scaled(run: ResolvedRun, graph: Graph, say: Progress) -> Report:
+    """A multi-chip run through the Level-2 scaling stage; the report's nodes are one chip's."""
+    from dabench_ir.report.build import build_scaled_report
+    from dabench_ir.scaling import scale
+
+    o = run.options
+    if o.strategy is None:
+        raise UserError(f"--chips {o.chips} needs --strategy dp, tp or pp")
+    say(f"scaling over {o.chips} chips ({o.strategy})")
+    result = scale(graph, run.target, [1, o.chips], o.strategy, run)
+    return build_scaled_report(graph, run=run, result=result)
