@@ -99,7 +99,7 @@ def write() -> Path:
 
 
 def _row(p, res, report, plan) -> dict:
-    from dabench_ir.validate import _device_s, _host_s, _max_pcu, _sections
+    from dabench_ir.validate.predict import _device_s, _host_s, _max_pcu, _sections
 
     row = {"id": p.id, "fits": None, "sps": None, "step": None, "host": None, "dev": None, "sec": None, "pcu": None,
            "alloc": None, "li": None, "eff": None, "mode": ""}  # fmt: skip
@@ -126,7 +126,9 @@ def run(only: str | None) -> list[dict]:
     from dabench_ir import pipeline
     from dabench_ir.lowering import lower
     from dabench_ir.targets import load_target
-    from dabench_ir.validate import PointResult, _default_cache, _GraphCache, _options, _prepare, load_catalog
+    from dabench_ir.validate import PointResult, load_catalog
+    from dabench_ir.validate.cache import _default_cache, _GraphCache
+    from dabench_ir.validate.runner import _options, _prepare
 
     graphs = _GraphCache(_default_cache(), lambda m: print("  ", m, file=sys.stderr))
     rows = []
