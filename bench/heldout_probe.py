@@ -99,7 +99,7 @@ def write() -> Path:
 
 
 def _row(p, res, report, plan) -> dict:
-    from dabench_ir.validate import _device_s, _host_s, _max_pcu, _sections
+    from dabench_ir.validate.predict import _device_s, _host_s, _max_pcu, _sections
 
     row = {"id": p.id, "fits": None, "sps": None, "step": None, "host": None, "dev": None, "sec": None, "pcu": None,
            "alloc": None, "li": None, "eff": None, "mode": ""}  # fmt: skip
@@ -123,10 +123,12 @@ def _row(p, res, report, plan) -> dict:
 
 
 def run(only: str | None) -> list[dict]:
-    from dabench_ir import pipeline
     from dabench_ir.lowering import lower
+    from dabench_ir.run import execute, lowering_options, prepare, resolve
     from dabench_ir.targets import load_target
-    from dabench_ir.validate import PointResult, _default_cache, _GraphCache, _options, _prepare, load_catalog
+    from dabench_ir.validate import PointResult, load_catalog
+    from dabench_ir.validate.cache import _default_cache, _GraphCache
+    from dabench_ir.validate.runner import _options, _per_replica_model
 
     graphs = _GraphCache(_default_cache(), lambda m: print("  ", m, file=sys.stderr))
     rows = []
@@ -136,12 +138,13 @@ def run(only: str | None) -> list[dict]:
         target = load_target(p.target)
         res = PointResult(p)
         try:
-            opts = _options(p, target.kind, res, batch=int(p.model["batch"]))
-            graph, opts = _prepare(graphs.graph(p.model), target, opts)
+            opts = _options(p, target.kind, res)
+            graph = graphs.graph(_per_replica_model(p, opts))
+            run = resolve(graph, target, opts)  # the run validate asks, through the one orchestration
             if p.id.startswith("bow-fit"):
-                rows.append(_row(p, res, None, lower(graph, target, opts)))
+                rows.append(_row(p, res, None, lower(prepare(run, graph), target, lowering_options(run))))
             else:
-                rows.append(_row(p, res, pipeline.profile_graph(graph, target, opts), None))
+                rows.append(_row(p, res, execute(run, graph), None))
         except Exception as exc:  # a probe reports, it does not stop
             rows.append({"id": p.id, "fits": None, "mode": f"ERROR {type(exc).__name__}: {exc}"[:90]})
         r = rows[-1]

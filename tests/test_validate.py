@@ -13,6 +13,7 @@ import pytest
 from dabench_ir import validate
 from dabench_ir.cli import main
 from dabench_ir.errors import UserError
+from dabench_ir.validate import gemm, runner, write
 
 BASELINE = Path(__file__).parent / "data" / "validation_baseline.json"
 
@@ -95,7 +96,7 @@ def test_relative_error_and_summary_statistics():
 def test_unknown_run_option_without_knob_is_reported_ignored():
     point = _point(run={"opt_level": "O3", "half_partials": True, "wse_mode": "streaming"})
     result = validate.PointResult(point)
-    opts = validate._options(point, "rdu", result)
+    opts = runner._options(point, "rdu", result)
     assert opts.opt_level == "O3"
     assert "half_partials=True" in result.ignored
     assert any(i.startswith("wse_mode=streaming (no effect") for i in result.ignored)
@@ -105,11 +106,11 @@ def test_gemm_microbenchmark_exact_numbers():
     from dabench_ir.targets import load_target
 
     bow = load_target("bow")
-    n = validate._max_square(bow, "fp32")
-    assert validate._fits(n, bow, "fp32") and not validate._fits(n + 1, bow, "fp32")
-    report = validate._gemm_report(512, bow, "fp32")
+    n = gemm._max_square(bow, "fp32")
+    assert gemm._fits(n, bow, "fp32") and not gemm._fits(n + 1, bow, "fp32")
+    report = gemm._gemm_report(512, bow, "fp32")
     assert report.totals["flops"] == 2 * 512**3
-    tflops = validate._gemm_tflops(512, bow, "fp32")
+    tflops = gemm._gemm_tflops(512, bow, "fp32")
     assert tflops == pytest.approx(2 * 512**3 / report.totals["time_s"] / 1e12)
 
 
@@ -227,7 +228,7 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     assert "huge-gemm" in text and "CANNOT RUN" in text
     with out_csv.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == list(validate._COLUMNS)
+    assert list(rows[0]) == list(write._COLUMNS)
     by = {(r["id"], r["quantity"]): r for r in rows}
     tp = by[("tiny-rdu", "samples_per_s")]
     assert tp["status"] == "ok" and float(tp["predicted"]) > 0

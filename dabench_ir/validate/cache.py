@@ -1,0 +1,71 @@
+"""The graph cache validation points share: 1-layer base exports on disk, costed L-layer graphs in memory.
+
+Points of one model differ only in options, so the export and graph build run once per model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.validate.catalog import Point
+
+__all__ = ["Say"]
+
+logger = logging.getLogger(__name__)
+
+
+Say = Callable[[str], None]
+
+
+def _default_cache() -> Path:
+    from dabench_ir.execute.calibrate import cache_dir
+
+    return cache_dir() / "models"
+
+
+def _graph_key(p: Point) -> tuple:
+    if p.kind != "model":
+        return ("", 0)
+    return (json.dumps(dict(p.model), sort_keys=True, default=str), 0)
+
+
+class _GraphCache:
+    """Base exports (disk cache) and costed L-layer graphs (memory), shared by points."""
+
+    def __init__(self, folder: Path, say: Say) -> None:
+        self.folder = folder
+        self.say = say
+        self.bases: dict[str, bytes | Exception] = {}
+        self.graphs: dict[tuple[str, int], Any] = {}
+
+    def graph(self, model: Mapping[str, Any]) -> Any:
+        """A fresh costed Graph of ``model`` (raises what export or building raised)."""
+        from dabench_ir.sweep import graphs
+
+        params = dict(model)
+        key = graphs.base_key(params)
+        if key not in self.bases:
+            data = graphs.load_base(self.folder, key)
+            if data is None:
+                self.say(f"exporting {key} (once; cached in {self.folder})")
+                try:
+                    data = graphs.export_base(params)
+                except Exception as exc:  # an export failure is the point's reason, not a crash
+                    self.bases[key] = exc
+                    raise
+                try:
+                    graphs.save_base(self.folder, key, data)
+                except OSError as exc:
+                    logger.warning("cannot cache the export in %s: %s", self.folder, exc)
+            self.bases[key] = data
+        base = self.bases[key]
+        if isinstance(base, Exception):
+            raise base
+        gkey = (key, int(params["layers"]))
+        if gkey not in self.graphs:
+            self.graphs[gkey] = graphs.build_graph(base, int(params["layers"]))
+        return self.graphs[gkey].clone()

@@ -1,0 +1,337 @@
+"""The catalogue format: the schema of a measurement point, its TOML parser and the run keys.
+
+One record per published data point (``dabench_ir/data/measurements/*.toml``, format in its
+README.md and docs/validation.md); a bad file is a UserError naming the file, point and key.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+
+__all__ = [
+    "FORMAT",
+    "HEADLINE",
+    "HOST_TARGET",
+    "KINDS",
+    "RUN_OPTIONS",
+    "Point",
+    "bundled_catalogs",
+    "load_catalog",
+    "parse_catalog",
+]
+
+
+FORMAT = "dabench-ir/measurements/v1"
+KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
+HOST_TARGET = "cpu"
+"""``host`` points (a model measured live on this machine) run only under ``--target cpu``."""
+HEADLINE = "samples_per_s"
+"""The headline quantity: throughput, samples (sequences) per second."""
+
+
+# -- the catalogue's schema ----------------------------------------------------------------
+
+_POINT_KEYS = {
+    "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
+    "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
+    "host": dict,
+}  # fmt: skip
+_REQUIRED = ("id", "kind", "target", "source")
+_MODEL_KEYS = {
+    "family": str, "preset": str, "layers": int, "hidden": int, "heads": int, "kv_heads": int, "ffn": int,
+    "seq": int, "vocab": int, "batch": int, "positional": str,
+}  # fmt: skip
+_MODEL_REQUIRED = ("layers", "batch")
+_MEASURED_NUMBERS = {
+    # model points
+    "samples_per_s", "tokens_per_s", "step_time_s", "latency_s", "host_time_s", "device_time_s", "sections", "max_pcu_utilization",
+    "active_pes", "compute_utilization", "compute_limited_samples_per_s", "transmission_limited_samples_per_s",
+    # microbenchmarks
+    "tflops", "fraction_of_peak", "max_square", "ratio", "bandwidth_gb_s",
+}  # fmt: skip
+_MEASURED_FILES = {"kernels_csv"}
+_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+
+
+@dataclass(frozen=True)
+class _Option:
+    """How one catalogue run key reaches the tool: a ProfileOptions field, for some target kinds.
+
+    ``field`` None: the tool has no knob for it. A field ProfileOptions does not declare (yet)
+    is reported as ignored too, so adding the knob there makes the key take effect.
+    ``convert(value, point)`` turns the catalogue value into the field's value.
+    """
+
+    field: str | None
+    kinds: frozenset[str] | None = None  # None: every target kind
+    convert: Callable[[Any, Point], Any] | None = None
+
+
+def _micro_batches(value: Any, point: Point) -> int:
+    """Pipeline micro-batches per step: the model's batch over the micro-batch."""
+    micro = int(point.run.get("micro_batch", 1))
+    return max(1, int(point.model.get("batch", value * micro)) // micro)
+
+
+RUN_OPTIONS: dict[str, _Option] = {
+    "mode": _Option("mode"),
+    "precision": _Option("precision"),
+    "recompute": _Option("recompute"),
+    "opt_level": _Option("opt_level", frozenset({"rdu"})),
+    "tiles": _Option("tiles", frozenset({"rdu"})),
+    "resource_scaling": _Option("resource_scale", frozenset({"rdu"})),
+    "wse_mode": _Option("wse_mode", frozenset({"wse"})),
+    "replicas": _Option("replicas", frozenset({"wse", "ipu"})),  # IPU: data-parallel replicas (throughput of all)
+    "ipus": _Option("ipus", frozenset({"ipu"})),
+    "layers_per_ipu": _Option("layers_per_ipu", frozenset({"ipu"})),
+    "matmul_proportion": _Option("matmul_proportion", frozenset({"ipu"})),
+    "optimizer_state": _Option("optimizer_state"),
+    "gradient_accumulation": _Option("micro_batches", frozenset({"ipu"}), _micro_batches),
+    "micro_batch": _Option(None),
+    "half_partials": _Option(None),
+    "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
+    "optimizer": _Option(None),
+    "chips": _Option("chips"),  # chips of one model instance (with ``strategy``): through the scaling stage
+    "strategy": _Option("strategy"),
+}
+"""Catalogue ``run`` key -> ProfileOptions field. Adding a knob: one line here (or none, when
+the knob is named as the key already is)."""
+
+_UNKNOWN = _Option(None)
+
+_IMPLIED = {"optimizer": ("adam", "adamw")}  # values the tool models without a knob (its Adam state)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One published data point, as the catalogue states it."""
+
+    id: str
+    kind: str
+    target: str
+    source: str
+    file: str
+    system: str = ""
+    note: str = ""
+    reference_only: bool = False
+    assumptions: tuple[str, ...] = ()
+    model: Mapping[str, Any] = field(default_factory=dict)
+    run: Mapping[str, Any] = field(default_factory=dict)
+    measured: Mapping[str, Any] = field(default_factory=dict)
+    expect: Mapping[str, Any] = field(default_factory=dict)
+    gemm: Mapping[str, Any] = field(default_factory=dict)
+    bandwidth: Mapping[str, Any] = field(default_factory=dict)
+    host: Mapping[str, Any] = field(default_factory=dict)
+
+
+def bundled_catalogs() -> list[Path]:
+    """The catalogue files shipped in the package, in name order."""
+    folder = resources.files("dabench_ir") / "data" / "measurements"
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_catalog(paths: str | Path | Iterable[str | Path] | None = None) -> list[Point]:
+    """Points from catalogue files (default: the bundled ones), schema-checked.
+
+    A bad file raises UserError with one line naming the file, the point and the key.
+    """
+    if paths is None:
+        files = bundled_catalogs()
+    elif isinstance(paths, (str, Path)):
+        files = [Path(paths)]
+    else:
+        files = [Path(p) for p in paths]
+    points: list[Point] = []
+    seen: dict[str, str] = {}
+    for path in files:
+        from dabench_ir.fileio import read_text_file
+
+        try:
+            text = read_text_file(path)  # a FIFO, folder or binary file is refused here
+        except UserError as exc:
+            raise UserError(f"--catalog: cannot read {exc}") from None
+        for point in parse_catalog(text, str(path)):
+            if point.id in seen:
+                raise UserError(f"{path}: point {point.id!r}: id also used in {seen[point.id]}; ids must be unique")
+            seen[point.id] = str(path)
+            points.append(point)
+    return points
+
+
+def parse_catalog(text: str, name: str = "<catalog>") -> list[Point]:
+    """Points from catalogue TOML text; ``name`` is used in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{name}: not valid TOML ({exc})") from None
+    fmt = data.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise UserError(f"{name}: format {fmt!r} is not {FORMAT!r}")
+    unknown = set(data) - {"format", "points"}
+    if unknown:
+        raise UserError(f"{name}: unknown top-level key(s) {', '.join(sorted(unknown))}; expected format, [[points]]")
+    raw = data.get("points")
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{name}: no [[points]] tables; each measurement is one [[points]] table")
+    return [_parse_point(name, i, entry) for i, entry in enumerate(raw)]
+
+
+def _parse_point(name: str, index: int, entry: Any) -> Point:
+    label = (
+        f"{name}: point {entry.get('id', f'#{index + 1}')!r}"
+        if isinstance(entry, dict)
+        else f"{name}: point #{index + 1}"
+    )
+
+    def bad(key: str, why: str) -> UserError:
+        return UserError(f"{label}: {key}: {why}")
+
+    if not isinstance(entry, dict):
+        raise UserError(f"{label}: expected a table")
+    for key in _REQUIRED:
+        if key not in entry:
+            raise bad(key, "missing (every point needs id, kind, target, source)")
+    for key, value in entry.items():
+        if key not in _POINT_KEYS:
+            raise bad(key, f"unknown key; expected one of {', '.join(_POINT_KEYS)}")
+        want = _POINT_KEYS[key]
+        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+            raise bad(key, f"expected a {want.__name__}, got {value!r}")
+    kind = entry["kind"]
+    if kind not in KINDS:
+        raise bad("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "host":
+        return _parse_host_point(name, entry, bad)
+    target = _check_target(entry["target"], bad)
+    model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
+    expect = entry.get("expect", {})
+    if kind == "model":
+        _check_model(model, bad)
+    for key, value in run.items():  # an option the tool does not know is run without and listed as ignored
+        _check_run_value(key, value, bad)
+    for key, value in measured.items():  # a quantity the tool does not know is listed as not predicted
+        if key in _MEASURED_FILES:
+            if not isinstance(value, str):
+                raise bad(f"measured.{key}", f"expected a file name, got {value!r}")
+        elif not _is_number(value) or value <= 0:
+            raise bad(f"measured.{key}", f"expected a positive number, got {value!r}")
+    for key, value in expect.items():
+        if key != "fits" or not isinstance(value, bool):
+            raise bad(f"expect.{key}", "the only expectation is fits = true|false")
+    if not measured and "fits" not in expect:
+        raise bad("measured", "a point needs measured quantities or expect.fits")
+    gemm, bandwidth = entry.get("gemm", {}), entry.get("bandwidth", {})
+    if kind.startswith("gemm"):
+        _check_gemm(kind, gemm, measured, bad)
+    if kind == "bandwidth":
+        if not isinstance(bandwidth.get("memory", "off-chip"), str):
+            raise bad("bandwidth.memory", "expected a memory name or level (on-chip, off-chip)")
+        if bandwidth.get("pattern", "streaming") not in ("streaming", "random"):
+            raise bad("bandwidth.pattern", "expected streaming or random")
+        if "bandwidth_gb_s" not in measured:
+            raise bad("measured.bandwidth_gb_s", "missing for a bandwidth point")
+    kinds_measured = {"gemm": "tflops", "gemm_max_fit": "max_square", "gemm_ratio": "ratio"}
+    if kind in kinds_measured and kinds_measured[kind] not in measured:
+        raise bad(f"measured.{kinds_measured[kind]}", f"missing for a {kind} point")
+    return Point(
+        id=entry["id"],
+        kind=kind,
+        target=target,
+        source=entry["source"],
+        file=name,
+        system=entry.get("system", ""),
+        note=entry.get("note", ""),
+        reference_only=entry.get("reference_only", False),
+        assumptions=tuple(str(a) for a in entry.get("assumptions", [])),
+        model=dict(model),
+        run=dict(run),
+        measured=dict(measured),
+        expect=dict(expect),
+        gemm=dict(gemm),
+        bandwidth=dict(bandwidth),
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> Point:
+    """A ``host`` point: a model (``[host]``) measured live on ``cpu``; no published numbers."""
+    from dabench_ir.execute.hostcheck import check_host
+
+    if entry["target"] != HOST_TARGET:
+        raise bad("target", f"a host point runs on this machine: target = {HOST_TARGET!r}")
+    for key in ("model", "run", "measured", "expect", "gemm", "bandwidth"):
+        if key in entry:
+            raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
+    check_host(entry.get("host", {}), bad)
+    return Point(id=entry["id"], kind="host", target=HOST_TARGET, source=entry["source"], file=name,
+                 system=entry.get("system", ""), note=entry.get("note", ""), host=dict(entry.get("host", {})))  # fmt: skip
+
+
+def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
+    """The target's own name (aliases resolved), or a UserError naming the key."""
+    from dabench_ir.targets import load_target
+
+    try:
+        target = load_target(name)
+    except UserError as exc:
+        raise bad("target", str(exc)) from None
+    # a target file given by path keeps its path, so the points load it again
+    return name if name.endswith(".toml") else target.name
+
+
+def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> None:
+    if not model:
+        raise bad("model", "missing: a model point needs a [model] table (family, layers, hidden, heads, seq, batch)")
+    for key, value in model.items():
+        if key not in _MODEL_KEYS:
+            raise bad(f"model.{key}", f"unknown key; expected one of {', '.join(_MODEL_KEYS)}")
+        want = _MODEL_KEYS[key]
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise bad(f"model.{key}", f"expected a {want.__name__}, got {value!r}")
+    for key in _MODEL_REQUIRED:
+        if key not in model:
+            raise bad(f"model.{key}", "missing")
+    if "preset" not in model:
+        for key in ("family", "hidden", "heads", "seq"):
+            if key not in model:
+                raise bad(f"model.{key}", "missing (or give model.preset)")
+
+
+def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError]) -> None:
+    if key == "precision" and value not in _PRECISIONS:
+        raise bad("run.precision", f"{value!r} is not one of {', '.join(_PRECISIONS)}")
+    if key == "mode" and value not in ("inference", "train"):
+        raise bad("run.mode", f"{value!r} is not inference or train")
+    if key in ("ipus", "tiles", "replicas", "micro_batch", "gradient_accumulation") and (
+        not isinstance(value, int) or isinstance(value, bool) or value < 1
+    ):
+        raise bad(f"run.{key}", f"expected a positive integer, got {value!r}")
+    if key in ("layers_per_ipu", "matmul_proportion", "resource_scaling") and not isinstance(value, (list, int, float)):
+        raise bad(f"run.{key}", f"expected a number or a list of numbers, got {value!r}")
+
+
+def _check_gemm(kind: str, gemm: Mapping[str, Any], measured: Mapping[str, Any], bad: Callable) -> None:
+    precision = gemm.get("precision", "fp32")
+    if precision not in _PRECISIONS:
+        raise bad("gemm.precision", f"{precision!r} is not one of {', '.join(_PRECISIONS)}")
+    if kind == "gemm_ratio" and gemm.get("baseline_precision", "fp32") not in _PRECISIONS:
+        raise bad("gemm.baseline_precision", f"expected one of {', '.join(_PRECISIONS)}")
+    if kind != "gemm_max_fit":
+        size = gemm.get("size")
+        if size != "best" and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise bad("gemm.size", f'expected a positive integer (M = N = K) or "best", got {size!r}')
+
+
+def _numbers(measured: Mapping[str, Any]) -> list[tuple[str, float]]:
+    return [(k, float(v)) for k, v in measured.items() if k not in _MEASURED_FILES]

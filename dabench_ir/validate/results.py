@@ -1,0 +1,184 @@
+"""What validating a point found: quantities, point results, and the per-target statistics.
+
+``Validation`` holds every point's result; its summary and text table are what
+`dabench-ir validate` prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from dabench_ir.validate.catalog import HEADLINE, Point
+
+__all__ = ["PointResult", "Quantity", "Validation"]
+
+
+@dataclass
+class Quantity:
+    """One measured quantity of a point and what the tool predicts for it."""
+
+    name: str
+    measured: float | None
+    predicted: float | None = None
+    note: str = ""  # "not predicted", "model does not fit", ...
+
+    @property
+    def error(self) -> float | None:
+        """Relative error (predicted - measured) / measured, or None."""
+        if self.predicted is None or not self.measured:
+            return None
+        return (self.predicted - self.measured) / self.measured
+
+
+@dataclass
+class PointResult:
+    """What validating one point found."""
+
+    point: Point
+    status: str = "ok"  # ok | cannot run
+    reason: str = ""
+    quantities: list[Quantity] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    fits_expected: bool | None = None
+    fits_predicted: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)  # host points: prediction_error with noise, label
+
+    @property
+    def fit_verdict(self) -> str | None:
+        """ "right", "wrong", or None when the point states no fit or the tool did not run."""
+        if self.fits_expected is None or self.fits_predicted is None:
+            return None
+        return "right" if self.fits_expected == self.fits_predicted else "wrong"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One table row per quantity (a point with none gets one row for its status)."""
+        p = self.point
+        base = {
+            "id": p.id, "target": p.target, "kind": p.kind, "status": self.status, "reason": self.reason,
+            "reference_only": p.reference_only, "fits_expected": self.fits_expected,
+            "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
+            "ignored": ";".join(self.ignored), "source": p.source,
+        }  # fmt: skip
+        if self.host:  # live host points: per-node errors and the measured noise
+            base["host"] = dict(self.host)
+        out = []
+        for q in self.quantities:
+            out.append({**base, "quantity": q.name, "measured": q.measured, "predicted": q.predicted,
+                        "rel_error": q.error, "note": q.note})  # fmt: skip
+        if not out:
+            out.append({**base, "quantity": None, "measured": None, "predicted": None, "rel_error": None, "note": ""})
+        return out
+
+
+@dataclass
+class Validation:
+    """All point results, with per-target statistics."""
+
+    results: list[PointResult]
+    seconds: float = 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [row for r in self.results for row in r.rows()]
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per target: points, ran, cannot run, fit right/wrong, not predicted, and |error| statistics.
+
+        ``median_abs_error``/``worst_abs_error`` over every compared quantity;
+        ``*_throughput`` over samples/s only. Reference-only points are left out.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.results:
+            s = out.setdefault(r.point.target, {"points": 0, "ran": 0, "cannot_run": 0, "reference_only": 0,
+                                                "fit_right": 0, "fit_wrong": 0, "not_predicted": 0,
+                                                "_all": [], "_tp": []})  # fmt: skip
+            s["points"] += 1
+            if r.point.reference_only:
+                s["reference_only"] += 1
+                continue
+            if r.status != "ok":
+                s["cannot_run"] += 1
+                continue
+            s["ran"] += 1
+            if r.fit_verdict == "right":
+                s["fit_right"] += 1
+            elif r.fit_verdict == "wrong":
+                s["fit_wrong"] += 1
+            for q in r.quantities:
+                if q.error is not None:
+                    s["_all"].append(abs(q.error))
+                    if q.name == HEADLINE:
+                        s["_tp"].append(abs(q.error))
+                elif q.note.startswith("not predicted"):
+                    s["not_predicted"] += 1
+        for s in out.values():
+            errs, tp = s.pop("_all"), s.pop("_tp")
+            s["compared"] = len(errs)
+            s["median_abs_error"] = statistics.median(errs) if errs else None
+            s["worst_abs_error"] = max(errs) if errs else None
+            s["median_abs_error_throughput"] = statistics.median(tp) if tp else None
+            s["worst_abs_error_throughput"] = max(tp) if tp else None
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "dabench-ir/validation/v1", "seconds": self.seconds, "summary": self.summary(),
+                "rows": self.rows()}  # fmt: skip
+
+    def format_table(self) -> str:
+        """The text table: per point and quantity, then per target."""
+        lines = [f"{'point':38s} {'quantity':30s} {'measured':>11s} {'predicted':>11s} {'error':>8s}  note"]
+        for r in self.results:
+            head = r.point.id + (" [ref]" if r.point.reference_only else "")
+            if r.status != "ok":
+                lines.append(f"{head:38s} CANNOT RUN: {r.reason}")
+                continue
+            extra = []
+            if r.fit_verdict is not None:
+                extra.append(
+                    f"fits: predicted {_yn(r.fits_predicted)}, measured {_yn(r.fits_expected)} ({r.fit_verdict})"
+                )
+            if r.ignored:
+                extra.append("ignored: " + ", ".join(r.ignored))
+            extra += r.notes
+            if not r.quantities:
+                lines.append(f"{head:38s} {'(fit only)':30s}")
+            for i, q in enumerate(r.quantities):
+                err = f"{q.error:+.1%}" if q.error is not None else "-"
+                lines.append(
+                    f"{head if i == 0 else '':38s} {q.name:30s} {_num(q.measured):>11s} {_num(q.predicted):>11s} "
+                    f"{err:>8s}  {q.note}"
+                )
+            lines += [f"{'':38s}   {e}" for e in extra]
+        lines.append("")
+        lines.append(f"{'target':8s} {'points':>6s} {'ran':>4s} {'n/run':>5s} {'ref':>4s} {'fit ok':>6s} "
+                     f"{'fit bad':>7s} {'n/pred':>6s} {'median|e|':>9s} {'worst|e|':>9s} {'tp med':>8s} {'tp worst':>8s}")  # fmt: skip
+        for target, s in self.summary().items():
+            lines.append(
+                f"{target:8s} {s['points']:6d} {s['ran']:4d} {s['cannot_run']:5d} {s['reference_only']:4d} "
+                f"{s['fit_right']:6d} {s['fit_wrong']:7d} {s['not_predicted']:6d} {_pc(s['median_abs_error']):>9s} "
+                f"{_pc(s['worst_abs_error']):>9s} {_pc(s['median_abs_error_throughput']):>8s} "
+                f"{_pc(s['worst_abs_error_throughput']):>8s}"
+            )
+        return "\n".join(lines)
+
+
+def _yn(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0 or 1e-3 <= abs(value) < 1e6:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+def _pc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+class _CannotRun(Exception):
+    """A point the tool cannot run, with the reason."""

@@ -1,0 +1,224 @@
+"""Running catalogue points through the tool: one result per point, whatever happens.
+
+Model points are built from the graph cache, given the point's options and profiled through
+the public pipeline; microbenchmarks run in `gemm`; host points are measured live.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.validate.cache import Say, _default_cache, _graph_key, _GraphCache
+from dabench_ir.validate.catalog import (
+    _IMPLIED,
+    _MEASURED_FILES,
+    _MEASURED_NUMBERS,
+    _UNKNOWN,
+    HOST_TARGET,
+    RUN_OPTIONS,
+    Point,
+    _numbers,
+)
+from dabench_ir.validate.gemm import _run_bandwidth, _run_gemm, _run_max_fit, _run_ratio
+from dabench_ir.validate.predict import PREDICTORS, _kernel_quantities
+from dabench_ir.validate.results import PointResult, Quantity, Validation, _CannotRun
+
+__all__ = ["Bar", "run_validation"]
+
+logger = logging.getLogger(__name__)
+
+
+Bar = Callable[..., None]
+
+
+def run_validation(
+    points: Sequence[Point],
+    *,
+    target: str | None = None,
+    cache_dir: str | Path | None = None,
+    say: Say | None = None,
+    bar: Bar | None = None,
+) -> Validation:
+    """Run ``points`` (those on ``target`` when given) through the tool; every point gets a result.
+
+    ``cache_dir``: where 1-layer base exports are kept (default: the dabench-ir cache folder's
+    ``models/``, shared format with sweeps). ``say(message)`` and ``bar(done, total)`` report progress.
+    """
+    import time
+
+    from dabench_ir.targets import load_target
+
+    start = time.perf_counter()
+    host_run = target is not None and str(target).lower() == HOST_TARGET
+    if not host_run:  # live host measurements only when asked for (--target cpu)
+        points = [p for p in points if p.kind != "host"]
+    if target is not None and host_run:
+        points = [p for p in points if p.target == HOST_TARGET]
+        if not points:
+            raise UserError(f"--target {target}: no catalogue point is on {HOST_TARGET}")
+    elif target is not None:
+        wanted = load_target(target).name
+        points = [p for p in points if p.target == wanted or load_target(p.target).name == wanted]
+        if not points:
+            raise UserError(f"--target {target}: no catalogue point is on {wanted}")
+    say = say or (lambda _m: None)
+    tick = bar or (lambda *a, **k: None)
+    folder = Path(cache_dir) if cache_dir else _default_cache()
+    graphs = _GraphCache(folder, say)
+    results: list[PointResult] = []
+    order = sorted(range(len(points)), key=lambda i: (points[i].kind != "model", _graph_key(points[i])))
+    done: dict[int, PointResult] = {}
+    for n, i in enumerate(order):
+        p = points[i]
+        tick(n, len(points), label=f"{p.id[:28]:28s} ")
+        done[i] = _run_point(p, graphs)
+    tick(len(points), len(points))
+    results = [done[i] for i in range(len(points))]
+    return Validation(results, seconds=time.perf_counter() - start)
+
+
+def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
+    result = PointResult(p, fits_expected=p.expect.get("fits"))
+    try:
+        runner = {"model": _run_model, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
+                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip
+        runner(p, result, graphs)
+    except _CannotRun as exc:
+        result.status, result.reason = "cannot run", str(exc)
+    except UserError as exc:
+        result.status, result.reason = "cannot run", f"the tool refused it: {exc}"
+    except Exception as exc:
+        logger.debug("point %s failed", p.id, exc_info=True)
+        text = str(exc).strip().splitlines()
+        result.status, result.reason = "cannot run", f"{type(exc).__name__}: {text[0] if text else ''}"
+    if result.status != "ok":
+        result.quantities = [Quantity(k, v, None, "cannot run") for k, v in _numbers(p.measured)]
+    return result
+
+
+def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    """Measure the point's model live and predict it: end-to-end time as the quantity, the
+    per-node errors and the measurement's noise as notes."""
+    from dabench_ir.execute.hostcheck import run_host
+
+    h = run_host(p.host)
+    e = h.error
+    result.quantities.append(Quantity("step_time_s", h.measured_s, h.predicted_s, f"{h.label}; repeat {h.repeat}"))
+
+    def pc(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    result.notes.append(
+        f"nodes >= 1% of time: {e['nodes_compared']}, median |error| {pc(e['median_node_rel_error'])}, "
+        f"p90 {pc(e['p90_node_rel_error'])}; {e.get('nodes_within_noise')} within their noise"
+    )
+    verdict = "within" if e.get("end_to_end_within_noise") else "beyond"
+    result.notes.append(
+        f"noise (IQR/median): end to end {pc(e.get('end_to_end_spread'))}, median node "
+        f"{pc(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
+    )
+    result.host = {"label": h.label, "repeat": h.repeat, "bench_s": h.bench_s, **e}
+
+
+def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
+    """ScaleOptions for the point; run keys without a knob go to ``result.ignored``."""
+    from dabench_ir.options import KNOBS, ScaleOptions
+
+    fields = set(ScaleOptions.__dataclass_fields__)
+    values: dict[str, Any] = {}
+    for key, value in p.run.items():
+        opt = RUN_OPTIONS.get(key, _UNKNOWN)
+        if key in _IMPLIED and str(value).lower() in _IMPLIED[key]:
+            continue
+        if opt.field is None or opt.field not in fields:
+            result.ignored.append(f"{key}={_short(value)}")
+            continue
+        if opt.kinds is not None and kind not in opt.kinds:
+            result.ignored.append(f"{key}={_short(value)} (no effect on {kind} targets)")
+            continue
+        values[opt.field] = opt.convert(value, p) if opt.convert else value
+    values.update(extra)
+    for name, value in list(values.items()):
+        if isinstance(value, list) and name in KNOBS and KNOBS[name].parse is not None:
+            values[name] = ",".join(str(v) for v in value)  # a list-valued knob parses its CLI text
+    try:
+        return ScaleOptions(**values)
+    except UserError as exc:
+        raise _CannotRun(f"options: {exc}") from None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _per_replica_model(p: Point, opts: Any) -> dict[str, Any]:
+    """The point's model as one replica runs it: a data-parallel point's catalogue batch is the
+    global batch of a step, each of its chips runs its share (`dabench_ir.run`: the graph's batch
+    is one replica's)."""
+    model = dict(p.model)
+    if opts.chips > 1 and opts.strategy == "dp":
+        if int(model["batch"]) % opts.chips:
+            raise _CannotRun(f"batch {model['batch']} does not split over {opts.chips} data-parallel chips")
+        model["batch"] = int(model["batch"]) // opts.chips
+    return model
+
+
+def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    from dabench_ir.run import execute, lowering_options, prepare, resolve
+    from dabench_ir.targets import load_target
+
+    target = load_target(p.target)
+    opts = _options(p, target.kind, result)
+    if opts.chips > 1 and opts.strategy is None:
+        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
+    try:
+        graph = graphs.graph(_per_replica_model(p, opts))
+    except UserError as exc:
+        raise _CannotRun(f"model: {exc}") from None
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+    run = resolve(graph, target, opts)
+    if not p.measured and opts.chips == 1:  # fit only: the placement decides it, no emulation needed
+        from dabench_ir.lowering import lower
+
+        plan = lower(prepare(run, graph), target, lowering_options(run))
+        result.fits_predicted = bool(plan.fits)
+        if not plan.fits:
+            why = plan.failure.reason if plan.failure is not None else "does not fit"
+            result.notes.append(f"the tool says it does not fit: {why}")
+        return
+    report = execute(run, graph)
+    result.fits_predicted = bool(report.fits)
+    if not report.fits:
+        why = report.failure["reason"] if report.failure else "does not fit"
+        result.notes.append(f"the tool says it does not fit: {why}")
+    for key, value in p.measured.items():
+        if key in _MEASURED_FILES:
+            result.quantities += _kernel_quantities(p, key, value, report)
+            continue
+        if not report.fits:
+            result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
+            continue
+        extractor = PREDICTORS.get(key) if opts.chips == 1 or key in _SCALED else None
+        predicted = extractor(report, p) if extractor else None
+        note = "" if predicted is not None else "not predicted" + (" (multi-chip)" if opts.chips > 1 else "")
+        if key not in _MEASURED_NUMBERS:
+            note = "not predicted (a quantity the catalogue format does not define)"
+        result.quantities.append(Quantity(key, float(value), predicted, note))
+    if result.fits_expected is None and _numbers(p.measured):
+        result.fits_expected = True  # a measured run ran: it fitted
+    if result.fits_expected is True and result.fits_predicted is False:
+        result.notes.append("the measurement says it ran, the tool says it does not fit")
+
+
+_SCALED = frozenset({"samples_per_s", "tokens_per_s", "step_time_s"})
+"""The quantities a multi-chip point predicts (the step of all chips); the rest are one chip's."""
+
+
