@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dabench_ir.frontends import contrib_types
 from dabench_ir.ir import Cost, DType
 from dabench_ir.passes import cost_rules, meta
 from dabench_ir.passes.cost_rules import (
@@ -15,6 +16,8 @@ from dabench_ir.passes.cost_rules import (
     Backward,
     OpClass,
     OpTraits,
+    Role,
+    Saves,
     cost_rule,
     op_traits,
     ops_with,
@@ -33,20 +36,37 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
     ("op", "domain", "expected"),
     [
         ("MatMul", "", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
-                                has_cost_rule=True)),
-        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
-        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
-        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True)),
+                                has_cost_rule=True, saves=Saves.OPERANDS, roles=frozenset({Role.CONTRACTION}))),
+        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                 saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
+        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                        saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
+        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
         ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, cpu_class="Transpose",
-                                   backward=Backward.MOVE, has_cost_rule=True)),
+                                   backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
+                                   roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}))),
         ("Reshape", "", OpTraits(OpClass.DATA_MOVEMENT, shape_only=True, folds_on_weights=True, keeps_values=True,
-                                 backward=Backward.MOVE, has_cost_rule=True)),
-        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True)),
-        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True)),
+                                 backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
+                                 roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}), output_shape_input=1)),
+        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True,
+                                saves=Saves.NOTHING, roles=frozenset({Role.LAYOUT}), index_input=1)),
+        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True,
+                               saves=Saves.NOTHING)),
         ("SkipLayerNormalization", "com.microsoft",
-         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True)),
-        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True)),
-        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION, has_cost_rule=True)),
+         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True,
+                  saves=Saves.INPUT_AND_STATS, roles=frozenset({Role.NORM}), row_reductions=2,
+                  output_types=contrib_types.skip_norm)),
+        ("RMSNormalization", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization",
+                                          has_cost_rule=True, saves=Saves.INPUT_AND_STATS,
+                                          roles=frozenset({Role.NORM}), row_reductions=1)),
+        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True,
+                                               roles=frozenset({Role.ACTIVATION}), nonlinear=True,
+                                               output_types=contrib_types.same)),
+        ("LogSoftmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                    saves=Saves.OUTPUT, row_reductions=1, loss=True)),
+        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
+                                                has_cost_rule=True, saves=Saves.OPERANDS,
+                                                output_types=contrib_types.fused_gemm)),
     ],
 )  # fmt: skip
 def test_registered_traits(op, domain, expected):
@@ -65,6 +85,14 @@ def test_unknown_op_gets_the_documented_default():
         backward=Backward.VECTOR,
         keeps_values=False,
         has_cost_rule=False,
+        saves=Saves.INPUTS,
+        roles=frozenset(),
+        row_reductions=0,
+        nonlinear=False,
+        loss=False,
+        output_shape_input=None,
+        index_input=None,
+        output_types=None,
     ) == UNKNOWN_OP
 
 
