@@ -209,3 +209,32 @@ def test_adding_an_op_is_one_registration(monkeypatch):
 def test_costs_doc_table_matches_the_registry():
     table = render_costs_markdown()
     assert table in DOC.read_text(), "docs/costs.md has drifted from the registry: run scripts/gen_costs_doc.py"
+
+
+def test_a_new_op_declares_its_role_saves_and_kernel_traits_in_one_registration(monkeypatch):
+    """docs/extending.md's "Adding an op", followed once: the report's roles, the training
+    pass's saved tensors and the WSE/microbenchmark traits come from the registration alone."""
+    from dabench_ir.passes.training import saved_for_backward
+    from dabench_ir.report.roles import node_roles
+
+    monkeypatch.setattr(cost_rules, "_RULES", dict(cost_rules._RULES))
+    monkeypatch.setattr(cost_rules, "_TRAITS", dict(cost_rules._TRAITS))
+
+    @cost_rule("Frobnicate", domain="com.example", op_class=OpClass.VECTOR, cpu_class="Tanh",
+               roles=(Role.ACTIVATION,), saves=Saves.OUTPUT, nonlinear=True, row_reductions=1)  # fmt: skip
+    def frobnicate(op):
+        """One vector FLOP and one special op per output element."""
+        return Cost(vector_flops=op.out_numel(), special_ops=op.out_numel())
+
+    graph = analyze_text(
+        """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+        agraph (float[2,4] x) => (float[2,4] y) { y = com.example.Frobnicate(x) }"""
+    )
+    node = graph.nodes[0]
+    assert node_roles(graph)[node.name] == "activation"
+    assert saved_for_backward(graph, node, {"x"}) == {"y": 32}  # its output, not its input
+    assert "com.example::Frobnicate" in ops_with(nonlinear=True, roles=Role.ACTIVATION)
+    assert traits_of(node).row_reductions == 1
+    assert "roles: activation, 1 row reduction(s), nonlinear kernel" in render_costs_markdown()
+    with pytest.raises(ValueError, match="calibrated host kernel class"):
+        cost_rule("Frobnicate2", op_class=OpClass.VECTOR, cpu_class="Frob")
