@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.gpu import stream_plan
-from dabench_ir.passes.cost_rules import CPU_MATMUL, CPU_STREAM, traits_of
+from dabench_ir.passes.cost_rules import (
+    CPU_GELU_TANH,
+    CPU_KERNEL_FALLBACK,
+    CPU_MATMUL,
+    CPU_STREAM,
+    CPU_TRANSPOSE_2D,
+    traits_of,
+)
 from dabench_ir.passes.meta import FOLDED
 from dabench_ir.plan import Unit
 
@@ -75,8 +82,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CLASS = CPU_STREAM  # elementwise, copies, gathers: a streaming op of the same bytes
-_FALLBACK = {"GeluTanh": "Gelu", "Gelu": "Erf", "Erf": "Tanh", "Transpose2D": "Transpose"}
-"""Where a class a calibration lacks (older or quick files) borrows its curve from."""
 
 
 def _num(x: Any) -> float:
@@ -159,8 +164,8 @@ class CpuModel:
         return max(compute, stream)
 
     def op_time(self, op_class: str, nbytes: float) -> float:
-        while op_class not in self.ops and op_class in _FALLBACK:
-            op_class = _FALLBACK[op_class]
+        while op_class not in self.ops and op_class in CPU_KERNEL_FALLBACK:
+            op_class = CPU_KERNEL_FALLBACK[op_class]
         points = self.ops.get(op_class) or self.ops.get(_DEFAULT_CLASS)
         if not points:
             return self.overhead_s + nbytes / self.bandwidth
@@ -372,9 +377,9 @@ def predict_node(graph: Graph, node: Node, model: CpuModel, *, ort_opt: bool = F
         return None
     op_class = traits.cpu_class
     if op == "Transpose" and _moves_last_axis(graph, node):
-        op_class = "Transpose2D"
+        op_class = CPU_TRANSPOSE_2D
     elif op == "Gelu" and node.attrs.get("approximate") == "tanh":
-        op_class = "GeluTanh"
+        op_class = CPU_GELU_TANH
     return model.op_time(op_class, float(io_bytes))
 
 

@@ -4,9 +4,10 @@ A rule gets an `OpView` (the node with its input and output types bound) and ret
 node's FLOPs as a `Cost`; the registry adds the bytes moved (weights read, activations
 read, outputs written) unless the rule says it counts bytes itself. The same registration
 carries every other per-op fact as an `OpTraits` (shape-only, folds on weights, fp32 under
-mixed precision, host-CPU kernel class, backward rule, ...), read with `op_traits` or
-`traits_of` by the passes, the lowerings and the host predictor. Adding an op is one
-decorated function:
+mixed precision, host-CPU kernel class, backward rule, what autograd saves, module role,
+row reductions, ...), read with `op_traits`, `traits_of` or `ops_with` by the passes, the
+lowerings, the reports and the host predictor; no other module keeps a table of op names
+(tests/test_op_registry_only.py). Adding an op is one decorated function:
 
     @cost_rule("Relu", op_class=OpClass.VECTOR)
     def relu(op: OpView) -> Cost:
@@ -31,11 +32,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from dabench_ir.errors import UnboundSymbolError
+from dabench_ir.frontends import contrib_types as _types
 from dabench_ir.ir import Cost, Graph, Node, TensorType
 
 __all__ = [
+    "CPU_GELU_TANH",
+    "CPU_KERNELS",
+    "CPU_KERNEL_FALLBACK",
     "CPU_MATMUL",
     "CPU_STREAM",
+    "CPU_TRANSPOSE_2D",
     "ESTIMATED_NOTE",
     "FLOP_CONVENTION",
     "UNKNOWN_OP",
@@ -44,6 +50,8 @@ __all__ = [
     "OpClass",
     "OpTraits",
     "OpView",
+    "Role",
+    "Saves",
     "ShapeUnknownError",
     "cost_rule",
     "estimate_cost",
@@ -83,16 +91,63 @@ class Backward(enum.StrEnum):
     SCATTER_ADD = "scatter_add"  # Gather: gradient rows summed into the table, one add per element
 
 
+class Saves(enum.StrEnum):
+    """What autograd keeps of an op for the backward pass (`passes.training.saved_for_backward`;
+    PyTorch's saved tensors, docs/training.md)."""
+
+    OPERANDS = "operands"  # a contraction: each activation operand whose partner needs a gradient
+    INPUTS = "inputs"  # its activation inputs (a data-dependent derivative: GELU, Pow, Mul, ...)
+    OUTPUT = "output"  # its output (softmax, sigmoid, tanh, exp, sqrt, reciprocal)
+    INPUT_AND_STATS = "input_and_stats"  # a fused norm: its input and two fp32 statistics per row
+    NOTHING = "nothing"  # adds, casts, some reductions, views and layout moves
+
+
+class Role(enum.StrEnum):
+    """What an op signals to the report's module roles (`dabench_ir.report.roles`); an op carries
+    a set of them, and the role finder decides by its own precedence which one names the node."""
+
+    CONTRACTION = "contraction"  # a matmul: named after its weight, else attention scores/values
+    ATTENTION = "attention"  # a fused attention kernel
+    SOFTMAX = "softmax"  # the attention softmax
+    NORM = "norm"  # a normalisation op
+    NORM_PART = "norm_part"  # a piece of a decomposed norm (outside an MLP module)
+    ACTIVATION = "activation"  # an activation function
+    ELEMENTWISE = "elementwise"  # element-wise arithmetic: inside an MLP module, part of its activation
+    ROTARY = "rotary"  # a rotary position embedding, or rotate-half's Neg
+    ROTARY_TABLE = "rotary_table"  # computes RoPE's cos/sin tables: the multiplies they feed are the rotary
+    LAYOUT = "layout"  # re-lays data out: RoPE's tables flow through it to their multiplies
+    PASS_THROUGH = "pass_through"  # passes values on unchanged: softmax probabilities reach P·V through it
+
+
 CPU_STREAM = "Add"
 """Host-CPU kernel class of an op with no closer calibrated kernel: a streaming op of the same bytes."""
 CPU_MATMUL = "MatMul"
 """Host-CPU kernel class timed from the calibrated matmul curves rather than a bytes curve."""
+CPU_GELU_TANH = "GeluTanh"
+"""Host-CPU kernel class of a tanh-approximated GELU (FastGelu; Gelu with ``approximate="tanh"``)."""
+CPU_TRANSPOSE_2D = "Transpose2D"
+"""Host-CPU kernel class of a Transpose that moves the innermost axis (an element-wise gather)."""
+CPU_KERNELS = (
+    CPU_STREAM, "Tanh", "Erf", "Gelu", CPU_GELU_TANH, "Softmax", "ReduceMean", "Transpose", CPU_TRANSPOSE_2D,
+    "LayerNormalization",
+)  # fmt: skip
+"""The host-CPU kernel classes `execute.calibrate` measures (bytes -> seconds curves), in the order
+it measures them: every registered `OpTraits.cpu_class` is one of them or `CPU_MATMUL`."""
+CPU_KERNEL_FALLBACK = {CPU_GELU_TANH: "Gelu", "Gelu": "Erf", "Erf": "Tanh", CPU_TRANSPOSE_2D: "Transpose"}
+"""Where a kernel class a calibration lacks (older or quick files) borrows its curve from."""
 
 _BACKWARD_OF_CLASS = {
     OpClass.CONTRACTION: Backward.CONTRACTION,
     OpClass.VECTOR: Backward.VECTOR,
     OpClass.DATA_MOVEMENT: Backward.MOVE,
     OpClass.SHAPE: Backward.NONE,
+}
+_SAVES_OF_BACKWARD = {
+    Backward.CONTRACTION: Saves.OPERANDS,
+    Backward.VECTOR: Saves.INPUTS,
+    Backward.MOVE: Saves.NOTHING,
+    Backward.NONE: Saves.NOTHING,
+    Backward.SCATTER_ADD: Saves.NOTHING,
 }
 
 
@@ -123,6 +178,26 @@ class OpTraits:
     has_cost_rule: bool = False
     """A cost rule is registered; without one the cost pass gives the node a bytes-only estimate
     (`estimate_cost`, labelled `ESTIMATED_NOTE`)."""
+    saves: Saves = Saves.INPUTS
+    """What autograd keeps of it for the backward pass; defaults to the backward rule's
+    (contraction: operands, vector: inputs, move/none/scatter-add: nothing)."""
+    roles: frozenset[Role] = frozenset()
+    """The module-role classes it signals to the report (`dabench_ir.report.roles`)."""
+    row_reductions: int = 0
+    """Dependent reductions along a row it needs, one after the other (layer norm 2: mean, then
+    variance; RMS norm, softmax, a Reduce* and a loss 1): the WSE lowering's reduction latency."""
+    nonlinear: bool = False
+    """Runs as a nonlinear activation-function kernel (GELU, tanh, sigmoid, ReLU, ...; the WSE's nlin)."""
+    loss: bool = False
+    """A loss over the logits (after the LM head, the WSE runs it as its loss kernel)."""
+    output_shape_input: int | None = None
+    """The input that holds the output's shape (Reshape, Expand): a microbenchmark feeds it the
+    output's static shape."""
+    index_input: int | None = None
+    """The input that holds indices (Gather*): a microbenchmark may feed zeros, which are valid."""
+    output_types: Callable[[Any, list[Any]], list[Any]] | None = None
+    """Output (shape, elem type) from the inputs' for an op ONNX shape inference does not know
+    (onnxruntime contrib ops; `frontends.contrib_types.complete_contrib_types` calls it)."""
 
 
 class ShapeUnknownError(Exception):
@@ -150,10 +225,30 @@ _TRAITS: dict[tuple[str, str], OpTraits] = {}
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 
-def _traits(op_class: OpClass | None, backward: Backward | None, has_rule: bool, **flags: Any) -> OpTraits:
+def _traits(
+    op_class: OpClass | None,
+    backward: Backward | None,
+    has_rule: bool,
+    saves: Saves | None = None,
+    roles: Iterable[Role] = (),
+    cpu_class: str = CPU_STREAM,
+    **flags: Any,
+) -> OpTraits:
     if backward is None:
         backward = _BACKWARD_OF_CLASS[op_class] if op_class is not None else UNKNOWN_OP.backward
-    return OpTraits(op_class=op_class, backward=backward, has_cost_rule=has_rule, **flags)
+    if saves is None:
+        saves = _SAVES_OF_BACKWARD[backward]
+    if cpu_class != CPU_MATMUL and cpu_class not in CPU_KERNELS:
+        raise ValueError(f"cpu_class {cpu_class!r} is not a calibrated host kernel class (CPU_KERNELS)")
+    return OpTraits(
+        op_class=op_class,
+        backward=backward,
+        has_cost_rule=has_rule,
+        saves=saves,
+        roles=frozenset(roles),
+        cpu_class=cpu_class,
+        **flags,
+    )
 
 
 def cost_rule(
@@ -168,20 +263,38 @@ def cost_rule(
     cpu_class: str = CPU_STREAM,
     backward: Backward | None = None,
     keeps_values: bool = False,
+    saves: Saves | None = None,
+    roles: Iterable[Role] = (),
+    row_reductions: int = 0,
+    nonlinear: bool = False,
+    loss: bool = False,
+    output_shape_input: int | None = None,
+    index_input: int | None = None,
+    output_types: Callable[[Any, list[Any]], list[Any]] | None = None,
 ) -> Callable[[Callable[[OpView], Cost]], Callable[[OpView], Cost]]:
-    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``, with their `OpTraits`.
+    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``, with their `OpTraits`
+    (each keyword is the `OpTraits` field of the same name).
 
-    ``backward`` defaults to the rule of ``op_class`` (contraction, vector, move, none).
+    ``backward`` defaults to the rule of ``op_class`` (contraction, vector, move, none) and
+    ``saves`` to that of ``backward`` (operands, inputs, nothing).
     """
     traits = _traits(
         op_class,
         backward,
         True,
+        saves,
+        roles,
+        cpu_class,
         shape_only=shape_only,
         folds_on_weights=folds_on_weights,
         keeps_fp32=keeps_fp32,
-        cpu_class=cpu_class,
         keeps_values=keeps_values,
+        row_reductions=row_reductions,
+        nonlinear=nonlinear,
+        loss=loss,
+        output_shape_input=output_shape_input,
+        index_input=index_input,
+        output_types=output_types,
     )
 
     def register(fn: Callable[[OpView], Cost]) -> Callable[[OpView], Cost]:
@@ -200,9 +313,11 @@ def op_traits_only(
     domain: str = "",
     cpu_class: str = CPU_STREAM,
     backward: Backward | None = None,
+    **traits_: Any,
 ) -> None:
-    """Register traits for ops the registry does not cost (their nodes get a bytes-only estimate)."""
-    traits = _traits(op_class, backward, False, cpu_class=cpu_class)
+    """Register traits for ops the registry does not cost (their nodes get a bytes-only estimate);
+    ``traits_`` are the other `cost_rule` trait keywords (``roles=``, ``nonlinear=``, ``loss=``, ...)."""
+    traits = _traits(op_class, backward, False, cpu_class=cpu_class, **traits_)
     for op_type in op_types:
         _TRAITS[(domain, op_type)] = traits
 
@@ -225,12 +340,18 @@ def traits_of(node: Node) -> OpTraits:
     return op_traits(node.op_type, node.domain)
 
 
+def _matches(value: Any, wanted: Any) -> bool:
+    """A trait ``value`` matches ``wanted`` when equal; a set-valued trait (``roles``) also when it holds it."""
+    return value == wanted or (isinstance(value, frozenset) and not isinstance(wanted, frozenset) and wanted in value)
+
+
 def ops_with(**wanted: Any) -> frozenset[str]:
-    """Qualified names (``op`` or ``domain::op``) of the registered ops whose traits match ``wanted``."""
+    """Qualified names (``op`` or ``domain::op``) of the registered ops whose traits match ``wanted``
+    (``ops_with(roles=Role.NORM)``: the ops whose roles include NORM)."""
     return frozenset(
         op if not d else f"{d}::{op}"
         for (d, op), t in _TRAITS.items()
-        if all(getattr(t, k) == v for k, v in wanted.items())
+        if all(_matches(getattr(t, k), v) for k, v in wanted.items())
     )
 
 
@@ -344,7 +465,7 @@ def estimate_cost(node: Node, graph: Graph) -> Cost | None:
 # -- contractions ---------------------------------------------------------------------
 
 
-@cost_rule("MatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("MatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
 def matmul(op: OpView) -> Cost:
     """[..., M, K] @ [..., K, N]: 2·K FLOPs per output element (broadcast batch dims included)."""
     a = op.in_dims(0)
@@ -352,7 +473,7 @@ def matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel())
 
 
-@cost_rule("MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
 def matmul_integer(op: OpView) -> Cost:
     """Integer matmul (int32 out): 2·K per output element, plus one zero-point subtraction per
     element of A (input 2 given) and of B (input 3 given)."""
@@ -360,7 +481,7 @@ def matmul_integer(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * op.in_dims(0)[-1] * op.out_numel(), vector_flops=zero_points)
 
 
-@cost_rule("QLinearMatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("QLinearMatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
 def qlinear_matmul(op: OpView) -> Cost:
     """Quantized matmul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): 2·K per output
     element in integers, one zero-point subtraction per element of A and of B, and a requantize
@@ -372,7 +493,8 @@ def qlinear_matmul(op: OpView) -> Cost:
     )
 
 
-@cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,),
+           output_types=_types.matmul_nbits)  # fmt: skip
 def matmul_nbits(op: OpView) -> Cost:
     """A [..., K] @ dequantized B [N, K] (block-quantized, ``bits`` per weight, read packed): 2·K
     per output element, 2 per weight element to dequantize ((q − zp)·scale, done on the fly per
@@ -382,7 +504,8 @@ def matmul_nbits(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * out, vector_flops=2 * k * n + (out if op.has_input(5) else 0))
 
 
-@cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,),
+           output_types=_types.fused_matmul)  # fmt: skip
 def fused_matmul(op: OpView) -> Cost:
     """2·K FLOPs per output element, plus the alpha scaling when alpha ≠ 1."""
     a = op.in_dims(0)
@@ -391,7 +514,7 @@ def fused_matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel(), vector_flops=scale)
 
 
-@cost_rule("Gemm", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("Gemm", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
 def gemm(op: OpView) -> Cost:
     """alpha·A'B' + beta·C: 2·K per output, plus alpha/beta scaling and the C add."""
     a = op.in_dims(0)
@@ -405,7 +528,8 @@ def gemm(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * out, vector_flops=vector)
 
 
-@cost_rule("Conv", "ConvInteger", op_class=OpClass.CONTRACTION)
+@cost_rule("Conv", op_class=OpClass.CONTRACTION, roles=(Role.CONTRACTION,))
+@cost_rule("ConvInteger", op_class=OpClass.CONTRACTION)
 def conv(op: OpView) -> Cost:
     """2·(C_in/group)·prod(kernel) per output element, plus the bias add."""
     w = op.in_dims(1)  # [C_out, C_in/group, k...]
@@ -426,7 +550,7 @@ def conv_transpose(op: OpView) -> Cost:
 _EINSUM_TERM = re.compile(r"[a-zA-Z]|\.\.\.")
 
 
-@cost_rule("Einsum", op_class=OpClass.CONTRACTION)
+@cost_rule("Einsum", op_class=OpClass.CONTRACTION, roles=(Role.CONTRACTION,))
 def einsum(op: OpView) -> Cost:
     """Product of every distinct index size; ×2 when an index is summed away."""
     equation = str(op.attr("equation")).replace(" ", "")
@@ -469,7 +593,7 @@ def _attention_flops(batch: int, heads: int, s: int, t: int, h_qk: int, h_v: int
 
 
 @cost_rule("Attention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           params=(6,))  # fmt: skip
+           params=(6,), roles=(Role.ATTENTION,), output_types=_types.attention)  # fmt: skip
 def ms_attention(op: OpView) -> Cost:
     """Packed-projection attention (input [B,S,D], weights [D, Dq+Dk+Dv], bias, mask_index, past,
     attention_bias): the QKV projection (2·D per projected element, plus the bias add), then
@@ -499,7 +623,8 @@ def _kv_length(op: OpView, key_index: int, past_index: int) -> int:
     return past + (key[2] if len(key) == 4 else key[1])  # [B,N,L,H] or [B,L,D] / [B,L,N,2,H]
 
 
-@cost_rule("MultiHeadAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("MultiHeadAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
+           roles=(Role.ATTENTION,), output_types=_types.mha)  # fmt: skip
 def ms_multi_head_attention(op: OpView) -> Cost:
     """query [B,S,D] (or packed [B,S,N,3,H]), key/value [B,L,D] or [B,N,L,H], optional bias
     (added to Q, K and V), key_padding_mask, attention_bias, past key/value: fused attention over
@@ -517,7 +642,7 @@ def ms_multi_head_attention(op: OpView) -> Cost:
 
 
 @cost_rule("GroupQueryAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           params=(5, 6))  # fmt: skip
+           params=(5, 6), roles=(Role.ATTENTION,), output_types=_types.gqa)  # fmt: skip
 def ms_group_query_attention(op: OpView) -> Cost:
     """query [B,S,N·H] (or packed QKV), key/value [B,S,Nkv·H], past key/value [B,Nkv,P,H]: causal
     attention of ``num_heads`` query heads over T keys (the present key's length), the K/V heads
@@ -534,8 +659,9 @@ def ms_group_query_attention(op: OpView) -> Cost:
     return cost
 
 
-@cost_rule("RotaryEmbedding", domain="com.microsoft", op_class=OpClass.VECTOR, custom_bytes=True, params=(1,))
-@cost_rule("RotaryEmbedding", op_class=OpClass.VECTOR, custom_bytes=True, params=(3,))
+@cost_rule("RotaryEmbedding", domain="com.microsoft", op_class=OpClass.VECTOR, custom_bytes=True, params=(1,),
+           roles=(Role.ROTARY,), output_types=_types.same)  # fmt: skip
+@cost_rule("RotaryEmbedding", op_class=OpClass.VECTOR, custom_bytes=True, params=(3,), roles=(Role.ROTARY,))
 def rotary_embedding(op: OpView) -> Cost:
     """x·cos + rotate(x)·sin over the rotated part (``rotary_embedding_dim``, else the whole head):
     2 multiplies and 1 add or subtract per rotated element, the rest copied. Reads the input, the
@@ -554,7 +680,8 @@ def rotary_embedding(op: OpView) -> Cost:
     return Cost(vector_flops=3 * rotated, act_bytes_in=n * itemsize + pos + gathered, act_bytes_out=n * itemsize)
 
 
-@cost_rule("FusedGemm", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL)
+@cost_rule("FusedGemm", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
+           output_types=_types.fused_gemm)  # fmt: skip
 def fused_gemm(op: OpView) -> Cost:
     """Gemm followed by its fused ``activation`` (Relu, LeakyRelu, Sigmoid, Tanh, ...): the Gemm's
     count plus the activation's per output element (1 vector; Sigmoid/Tanh add 1 special)."""
@@ -579,15 +706,21 @@ def _elementwise(op_type: str, vector: int, special: int, **traits: Any) -> None
 
 _FP32 = {"keeps_fp32": True}  # under mixed precision these compute and write fp32
 _TANH = {"cpu_class": "Tanh"}  # timed on the host CPU like a transcendental of the same bytes
+_ACT = {"roles": (Role.ACTIVATION,)}  # an activation function (report role "activation")
+_NLIN = {**_ACT, "nonlinear": True}  # and a nonlinear kernel of its own (the WSE's nlin)
+_EW = (Role.ELEMENTWISE,)  # element-wise arithmetic: part of the activation inside an MLP module
+_NORM_PART = (Role.ELEMENTWISE, Role.NORM_PART)  # also a piece of a decomposed norm elsewhere
+_KEEPS_OUT = {"saves": Saves.OUTPUT}  # autograd keeps the output (its derivative is a function of it)
+_KEEPS_NONE = {"saves": Saves.NOTHING}  # autograd keeps nothing (a constant derivative)
 
 # arithmetic
-_elementwise("Add", 1, 0)
-_elementwise("Sub", 1, 0)
-_elementwise("Mul", 1, 0)
-_elementwise("Div", 1, 0)
-_elementwise("Neg", 1, 0)
+_elementwise("Add", 1, 0, roles=_EW, **_KEEPS_NONE)
+_elementwise("Sub", 1, 0, roles=_EW, **_KEEPS_NONE)
+_elementwise("Mul", 1, 0, roles=_EW)
+_elementwise("Div", 1, 0, roles=_EW)
+_elementwise("Neg", 1, 0, roles=(*_EW, Role.ROTARY), **_KEEPS_NONE)  # rotate-half
 _elementwise("Abs", 1, 0)
-_elementwise("Reciprocal", 1, 0)
+_elementwise("Reciprocal", 1, 0, roles=(Role.NORM_PART,), **_KEEPS_OUT)
 _elementwise("Mod", 1, 0)
 _elementwise("Floor", 1, 0)
 _elementwise("Ceil", 1, 0)
@@ -608,27 +741,27 @@ _elementwise("And", 1, 0)
 _elementwise("Or", 1, 0)
 _elementwise("Xor", 1, 0)
 _elementwise("Not", 1, 0)
-_elementwise("Where", 1, 0)
+_elementwise("Where", 1, 0, roles=_EW, **_KEEPS_NONE)
 _elementwise("IsNaN", 1, 0)
 _elementwise("IsInf", 1, 0)
 # activations
-_elementwise("Relu", 1, 0)
-_elementwise("LeakyRelu", 2, 0)  # compare, multiply
+_elementwise("Relu", 1, 0, **_NLIN)
+_elementwise("LeakyRelu", 2, 0, **_ACT)  # compare, multiply
 _elementwise("PRelu", 2, 0)
 _elementwise("Clip", 2, 0)  # max, min
 _elementwise("ThresholdedRelu", 1, 0)
-_elementwise("HardSigmoid", 3, 0, **_TANH)  # mul, add, clip
-_elementwise("HardSwish", 4, 0)
+_elementwise("HardSigmoid", 3, 0, **_TANH, **_NLIN)  # mul, add, clip
+_elementwise("HardSwish", 4, 0, **_ACT)
 _elementwise("Shrink", 2, 0)
-_elementwise("Sigmoid", 2, 1, **_TANH)  # exp(-x), add 1, divide
-_elementwise("Tanh", 0, 1, **_TANH)
-_elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf")
-_elementwise("Exp", 0, 1, **_FP32, **_TANH)
+_elementwise("Sigmoid", 2, 1, **_TANH, **_NLIN, **_KEEPS_OUT)  # exp(-x), add 1, divide
+_elementwise("Tanh", 0, 1, **_TANH, **_NLIN, **_KEEPS_OUT)
+_elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf", **_NLIN)
+_elementwise("Exp", 0, 1, **_FP32, **_TANH, roles=_EW, **_KEEPS_OUT)
 _elementwise("Log", 0, 1, **_FP32, **_TANH)
-_elementwise("Sqrt", 0, 1, **_FP32)
-_elementwise("Pow", 0, 1, **_FP32)
-_elementwise("Sin", 0, 1, **_TANH)
-_elementwise("Cos", 0, 1, **_TANH)
+_elementwise("Sqrt", 0, 1, **_FP32, roles=_NORM_PART, **_KEEPS_OUT)
+_elementwise("Pow", 0, 1, **_FP32, roles=_NORM_PART)
+_elementwise("Sin", 0, 1, **_TANH, roles=(Role.ROTARY_TABLE,))
+_elementwise("Cos", 0, 1, **_TANH, roles=(Role.ROTARY_TABLE,))
 _elementwise("Tan", 0, 1)
 _elementwise("Asin", 0, 1)
 _elementwise("Acos", 0, 1)
@@ -638,16 +771,16 @@ _elementwise("Cosh", 0, 1)
 _elementwise("Asinh", 0, 1)
 _elementwise("Acosh", 0, 1)
 _elementwise("Atanh", 0, 1)
-_elementwise("Softplus", 1, 2, **_TANH)  # log(1 + exp(x))
+_elementwise("Softplus", 1, 2, **_TANH, **_ACT)  # log(1 + exp(x))
 _elementwise("Softsign", 2, 0)  # x / (1 + |x|)
-_elementwise("Elu", 2, 1)
-_elementwise("Selu", 3, 1)
+_elementwise("Elu", 2, 1, **_ACT)
+_elementwise("Selu", 3, 1, **_ACT)
 _elementwise("Celu", 3, 1)
-_elementwise("Mish", 2, 3)  # x·tanh(softplus(x))
+_elementwise("Mish", 2, 3, **_ACT)  # x·tanh(softplus(x))
 _elementwise("Swish", 3, 1)  # x·sigmoid(x)
 
 
-@cost_rule("Gelu", op_class=OpClass.VECTOR, cpu_class="Gelu")
+@cost_rule("Gelu", op_class=OpClass.VECTOR, cpu_class="Gelu", **_NLIN)
 def gelu(op: OpView) -> Cost:
     """Exact GELU: 4 vector + 1 erf per element; tanh approximation: 7 vector + 1 tanh."""
     n = op.out_numel()
@@ -655,8 +788,10 @@ def gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n, special_ops=n)
 
 
-@cost_rule("Gelu", "BiasGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Gelu")
-@cost_rule("FastGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="GeluTanh")
+@cost_rule("Gelu", "BiasGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Gelu", **_NLIN,
+           output_types=_types.same)  # fmt: skip
+@cost_rule("FastGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class=CPU_GELU_TANH, **_NLIN,
+           output_types=_types.same)  # fmt: skip
 def ms_gelu(op: OpView) -> Cost:
     """Exact (Gelu, BiasGelu) or tanh-approximated (FastGelu) GELU, plus the bias add when given."""
     n = op.out_numel()
@@ -665,7 +800,8 @@ def ms_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n + bias, special_ops=n)
 
 
-@cost_rule("QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh")
+@cost_rule("QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh", **_NLIN,
+           output_types=_types.same)  # fmt: skip
 def quick_gelu(op: OpView) -> Cost:
     """x·sigmoid(alpha·x): the sigmoid (2 vector + 1 exp), the product, and the alpha scaling
     when alpha ≠ 1 (onnxruntime fuses SiLU, x·sigmoid(x), into QuickGelu with alpha 1)."""
@@ -674,13 +810,14 @@ def quick_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=3 * n + scale, special_ops=n)
 
 
-@cost_rule("BiasAdd", domain="com.microsoft", op_class=OpClass.VECTOR)
+@cost_rule("BiasAdd", domain="com.microsoft", op_class=OpClass.VECTOR, output_types=_types.same)
 def bias_add(op: OpView) -> Cost:
     """X + bias + skip: 2 adds per output element."""
     return Cost(vector_flops=2 * op.out_numel())
 
 
-@cost_rule("Sum", "Max", "Min", "Mean", op_class=OpClass.VECTOR)
+@cost_rule("Max", "Min", op_class=OpClass.VECTOR, roles=_EW)
+@cost_rule("Sum", "Mean", op_class=OpClass.VECTOR)
 def variadic(op: OpView) -> Cost:
     """(inputs − 1) per element; Mean adds one division per element."""
     n = op.out_numel()
@@ -689,7 +826,8 @@ def variadic(op: OpView) -> Cost:
 
 
 @cost_rule("QuantizeLinear", "DequantizeLinear", op_class=OpClass.VECTOR)
-@cost_rule("QuantizeLinear", "DequantizeLinear", domain="com.microsoft", op_class=OpClass.VECTOR)
+@cost_rule("QuantizeLinear", domain="com.microsoft", op_class=OpClass.VECTOR, output_types=_types.quantize)
+@cost_rule("DequantizeLinear", domain="com.microsoft", op_class=OpClass.VECTOR, output_types=_types.dequantize)
 def quantize(op: OpView) -> Cost:
     """Per element: the scale (x/scale or x·scale) and, when the zero point (input 2) is given,
     its add or subtract; rounding and saturation are part of the type conversion."""
@@ -712,7 +850,10 @@ def _rows(dims: tuple[int, ...], axis: int) -> tuple[int, int]:
     return math.prod(dims[:axis]), math.prod(dims[axis:])
 
 
-@cost_rule("Softmax", "LogSoftmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax")
+@cost_rule("Softmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax", **_KEEPS_OUT, row_reductions=1,
+           roles=(Role.SOFTMAX,))  # fmt: skip
+@cost_rule("LogSoftmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax", **_KEEPS_OUT, row_reductions=1,
+           loss=True)  # fmt: skip
 def softmax(op: OpView) -> Cost:
     """Per element: max, subtract, exp, sum, divide (LogSoftmax: subtract, plus a log per row).
 
@@ -727,10 +868,12 @@ def softmax(op: OpView) -> Cost:
     return Cost(vector_flops=4 * n, special_ops=n)
 
 
-_NORM = {"keeps_fp32": True, "cpu_class": "LayerNormalization"}
+# a fused layer or RMS normalisation over the last axis: fp32, timed as the host's layer norm,
+# autograd keeps its input and per-row statistics; row_reductions: 2 (mean, then variance) or 1 (mean square)
+_NORM = {"keeps_fp32": True, "cpu_class": "LayerNormalization", "roles": (Role.NORM,), "saves": Saves.INPUT_AND_STATS}
 
 
-@cost_rule("LayerNormalization", op_class=OpClass.VECTOR, **_NORM)
+@cost_rule("LayerNormalization", op_class=OpClass.VECTOR, **_NORM, row_reductions=2)
 def layer_norm(op: OpView) -> Cost:
     """Per element: sum, subtract mean, square, sum, normalise, scale (+ bias) = 6 (7);
     per row: mean and variance divisions, add epsilon (3 vector) and one rsqrt."""
@@ -741,7 +884,7 @@ def layer_norm(op: OpView) -> Cost:
     return Cost(vector_flops=per_element * n + 3 * rows, special_ops=rows)
 
 
-@cost_rule("RMSNormalization", op_class=OpClass.VECTOR, **_NORM)
+@cost_rule("RMSNormalization", op_class=OpClass.VECTOR, **_NORM, row_reductions=1)
 def rms_norm(op: OpView) -> Cost:
     """Per element: square, sum, normalise, scale = 4; per row: divide, add epsilon, rsqrt."""
     dims = op.in_dims(0)
@@ -749,20 +892,24 @@ def rms_norm(op: OpView) -> Cost:
     return Cost(vector_flops=4 * math.prod(dims) + 2 * rows, special_ops=rows)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="", op_class=OpClass.VECTOR, **_NORM)
+@cost_rule("SimplifiedLayerNormalization", domain="", op_class=OpClass.VECTOR, **_NORM, row_reductions=1,
+           output_types=_types.simplified_norm)  # fmt: skip
 def simplified_layer_norm(op: OpView) -> Cost:
     """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM)
+@cost_rule("SimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM, row_reductions=1,
+           output_types=_types.simplified_norm)  # fmt: skip
 def ms_simplified_layer_norm(op: OpView) -> Cost:
     """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain="com.microsoft",
-           op_class=OpClass.VECTOR, **_NORM)
+@cost_rule("SkipLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM, row_reductions=2,
+           output_types=_types.skip_norm)  # fmt: skip
+@cost_rule("SkipSimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM,
+           row_reductions=1, output_types=_types.skip_norm)  # fmt: skip
 def skip_layer_norm(op: OpView) -> Cost:
     """input + skip (+ bias), then LayerNormalization (with beta when given) or RMS normalisation
     over the last axis. Inputs: SkipLayerNormalization (input, skip, gamma, beta, bias),
@@ -786,7 +933,8 @@ def batch_norm(op: OpView) -> Cost:
     return Cost(vector_flops=4 * op.in_numel(0) + channels, special_ops=channels)
 
 
-@cost_rule("InstanceNormalization", "GroupNormalization", op_class=OpClass.VECTOR, **_FP32)
+@cost_rule("GroupNormalization", op_class=OpClass.VECTOR, **_FP32, roles=(Role.NORM,))
+@cost_rule("InstanceNormalization", op_class=OpClass.VECTOR, **_FP32)
 @cost_rule("MeanVarianceNormalization", op_class=OpClass.VECTOR)
 def instance_norm(op: OpView) -> Cost:
     """Statistics per group of elements, as LayerNormalization counts them."""
@@ -824,16 +972,17 @@ def _reduction(op_type: str, per_in: int, special_in: int, per_out: int, special
         f"{per_in} vector and {special_in} special per input element, "
         f"{per_out} vector and {special_out} special per output element."
     )
-    cost_rule(op_type, op_class=OpClass.VECTOR, params=(1,), **traits)(rule)
+    row_reductions = 1 if op_type.startswith("Reduce") else 0  # a Reduce*: one reduction along the row
+    cost_rule(op_type, op_class=OpClass.VECTOR, params=(1,), row_reductions=row_reductions, **traits)(rule)
 
 
 _REDUCE = {"cpu_class": "ReduceMean"}
 
-_reduction("ReduceSum", 1, 0, 0, 0, **_FP32, **_REDUCE)
+_reduction("ReduceSum", 1, 0, 0, 0, **_FP32, **_REDUCE, **_KEEPS_NONE)
 _reduction("ReduceMax", 1, 0, 0, 0, **_REDUCE)
 _reduction("ReduceMin", 1, 0, 0, 0, **_REDUCE)
 _reduction("ReduceProd", 1, 0, 0, 0)
-_reduction("ReduceMean", 1, 0, 1, 0, **_FP32, **_REDUCE)
+_reduction("ReduceMean", 1, 0, 1, 0, **_FP32, **_REDUCE, **_KEEPS_NONE, roles=(Role.NORM_PART,))
 _reduction("ReduceL1", 2, 0, 0, 0)
 _reduction("ReduceL2", 2, 0, 0, 1, **_FP32, **_REDUCE)
 _reduction("ReduceSumSquare", 2, 0, 0, 0, **_FP32, **_REDUCE)
@@ -900,27 +1049,29 @@ def _moves(op_type: str, params: tuple[int, ...] = (), **traits: Any) -> None:
 
 # views: free on every target (`OpTraits.shape_only`); layouts of a stored weight fold at compile time
 _VIEW = {"shape_only": True, "folds_on_weights": True, "keeps_values": True}
+_LAYOUT = (Role.LAYOUT,)  # RoPE's cos/sin tables flow through it to their multiplies (report roles)
+_PASSES = (Role.LAYOUT, Role.PASS_THROUGH)  # and softmax probabilities reach P·V through it
 
-_moves("Transpose", folds_on_weights=True, cpu_class="Transpose")
-_moves("Reshape", (1,), **_VIEW)
+_moves("Transpose", folds_on_weights=True, cpu_class="Transpose", roles=_PASSES)
+_moves("Reshape", (1,), **_VIEW, roles=_PASSES, output_shape_input=1)
 _moves("Flatten", **_VIEW)
-_moves("Squeeze", (1,), **_VIEW)
-_moves("Unsqueeze", (1,), **_VIEW)
-_moves("Identity", **_VIEW)
-_moves("Dropout", (1, 2), shape_only=True)  # inference (training_mode false): the identity
-_moves("Concat")
+_moves("Squeeze", (1,), **_VIEW, roles=_LAYOUT)
+_moves("Unsqueeze", (1,), **_VIEW, roles=_LAYOUT)
+_moves("Identity", **_VIEW, roles=_PASSES)
+_moves("Dropout", (1, 2), shape_only=True, roles=(Role.PASS_THROUGH,))  # inference (training_mode false): the identity
+_moves("Concat", roles=_LAYOUT)
 _moves("Split", (1,))
-_moves("Slice", (1, 2, 3, 4))
-_moves("Expand", (1,), keeps_values=True)
+_moves("Slice", (1, 2, 3, 4), roles=_LAYOUT)
+_moves("Expand", (1,), keeps_values=True, roles=_LAYOUT, output_shape_input=1)
 _moves("Tile", (1,))
 _moves("Pad", (1, 2, 3))
-_moves("Cast", folds_on_weights=True, keeps_values=True)
+_moves("Cast", folds_on_weights=True, keeps_values=True, roles=(*_EW, *_PASSES))
 _moves("CastLike", (1,))
 _moves("Trilu", (1,))
 _moves("DepthToSpace")
 _moves("SpaceToDepth")
-_moves("GatherElements")
-_moves("GatherND")
+_moves("GatherElements", index_input=1)
+_moves("GatherND", index_input=1)
 _moves("ScatterND")
 _moves("ScatterElements")
 _moves("Scatter")
@@ -932,7 +1083,8 @@ _moves("Unique")
 _moves("SplitToSequence", (1,))
 
 
-@cost_rule("Gather", op_class=OpClass.DATA_MOVEMENT, custom_bytes=True, backward=Backward.SCATTER_ADD)
+@cost_rule("Gather", op_class=OpClass.DATA_MOVEMENT, custom_bytes=True, backward=Backward.SCATTER_ADD, roles=_LAYOUT,
+           index_input=1)  # fmt: skip
 def gather(op: OpView) -> Cost:
     """Reads only the gathered slices (an embedding lookup reads B·S rows, not the table)."""
     data = op.graph.values[op.node.inputs[0]]
@@ -964,6 +1116,14 @@ def range_(op: OpView) -> Cost:
     return Cost(vector_flops=2 * op.out_numel())
 
 
+# -- ops without a cost rule whose traits matter ------------------------------------------
+
+op_traits_only("Silu", op_class=None, **_NLIN)  # x·sigmoid(x) from exporters that keep it whole
+op_traits_only("PackedAttention", domain="com.microsoft", op_class=None, roles=(Role.ATTENTION,))
+op_traits_only("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "CrossEntropyLoss", op_class=None, loss=True)
+# the loss the training pass appends to a language model's logits (passes.training.LOSS_OP); the
+# pass costs it itself: its log-sum-exp is one row reduction
+op_traits_only("SoftmaxCrossEntropy", domain="dabench", op_class=None, loss=True, row_reductions=1)
 
 
 # -- the per-op table of docs/costs.md -----------------------------------------------------
@@ -985,6 +1145,13 @@ def _trait_notes(traits: OpTraits, rule: CostRule | None) -> str:
             ("fp32 when mixed", traits.keeps_fp32),
             ("keeps values", traits.keeps_values),
             ("counts its own bytes", rule is not None and rule.custom_bytes),
+            (f"roles: {'/'.join(sorted(r.value for r in traits.roles))}", traits.roles),
+            (f"{traits.row_reductions} row reduction(s)", traits.row_reductions),
+            ("nonlinear kernel", traits.nonlinear),
+            ("loss", traits.loss),
+            (f"output shape in input {traits.output_shape_input}", traits.output_shape_input is not None),
+            (f"indices in input {traits.index_input}", traits.index_input is not None),
+            ("contrib output types", traits.output_types is not None),
         )
         if on
     ]
@@ -1007,8 +1174,8 @@ def render_costs_markdown() -> str:
     lines = [
         _DOC_BEGIN,
         "",
-        "| ops | class | counts | shape-parameter inputs | backward | host-CPU kernel | traits |",
-        "|---|---|---|---|---|---|---|",
+        "| ops | class | counts | shape-parameter inputs | backward | autograd saves | host-CPU kernel | traits |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (counts, params, traits, _), ops in rows.items():
         rule = _RULES.get(_key(ops[0].rpartition("::")[2], ops[0].rpartition("::")[0]))
@@ -1018,6 +1185,7 @@ def render_costs_markdown() -> str:
             counts,
             params or "-",
             traits.backward.value if traits.has_cost_rule else "-",
+            traits.saves.value,
             traits.cpu_class,
             _trait_notes(traits, rule) or "-",
         ]

@@ -30,7 +30,7 @@ from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import Backward, OpClass, traits_of
+from .cost_rules import Backward, OpClass, Saves, traits_of
 
 __all__ = [
     "ADAM_FLOPS_PER_PARAM",
@@ -156,12 +156,6 @@ RECOMPUTE = ("none", "selective", "full")
 FUSED_ATTENTION = "dabench.fused_attention"  # node meta: the attention core id a fused kernel runs it in
 SAVED = "dabench.train.saved"  # node meta: {value: bytes} the node keeps for backward (whole bound batch)
 
-# What autograd keeps for the backward pass, by op type (PyTorch's saved tensors; docs/training.md):
-_SAVES_OUTPUT = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal"})
-_SAVES_NOTHING = frozenset({"Add", "Sub", "Neg", "Cast", "ReduceMean", "ReduceSum", "Where", "Expand", "Identity"})
-_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
-                    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})  # fmt: skip
-
 
 def _is_activation(graph: Graph, name: str) -> bool:
     value = graph.values.get(name) if name else None
@@ -185,32 +179,30 @@ def saved_for_backward(graph: Graph, node: Node, needs: set[str]) -> dict[str, i
     Q and K for QKᵀ); softmax, sigmoid, tanh, exp and sqrt keep their output; a fused norm
     keeps its input and two fp32 statistics per row; adds, casts, reductions, views and
     layout moves keep nothing; any other vector op (GELU, Pow, Mul, Div, ...) keeps its
-    activation inputs that a partner's gradient needs.
+    activation inputs that a partner's gradient needs. Which of these an op does is its
+    `OpTraits.saves` (PyTorch's saved tensors; docs/training.md).
     """
     ins = [n for n in node.inputs if n]
     if not any(n in needs for n in ins):
         return {}
-    traits = traits_of(node)
-    op = node.op_type
+    saves = traits_of(node).saves
     saved: dict[str, int] = {}
-    if traits.backward is Backward.CONTRACTION:
+    if saves is Saves.OPERANDS:
         ops = ins[:2]
         for i, name in enumerate(ops):
             partner = ops[1 - i] if len(ops) == 2 else None
             if _is_activation(graph, name) and (partner is None or partner in needs):
                 saved[name] = _nbytes(graph, name)
-    elif op in _SAVES_OUTPUT:
+    elif saves is Saves.OUTPUT:
         out = node.outputs[0] if node.outputs else ""
         if out:
             saved[out] = _nbytes(graph, out)
-    elif op in _NORMS:
+    elif saves is Saves.INPUT_AND_STATS:
         x = ins[0]
         saved[x] = _nbytes(graph, x)
         size = graph.values[x].type.dtype.itemsize if x in graph.values else 4
         saved[f"{x}#stats"] = 2 * 4 * (saved[x] // max(size, 1) // _last_dim(graph, x))  # mean and 1/σ, fp32
-    elif op in _SAVES_NOTHING or traits.backward in (Backward.MOVE, Backward.NONE, Backward.SCATTER_ADD):
-        pass
-    else:  # elementwise with a data-dependent derivative: its activation inputs
+    elif saves is Saves.INPUTS:  # elementwise with a data-dependent derivative: its activation inputs
         for name in ins:
             if _is_activation(graph, name):
                 saved[name] = _nbytes(graph, name)
@@ -338,7 +330,7 @@ class TrainingPass(Pass):
                 if not last and grads:
                     bwd = bwd + Cost(contraction_flops=forward.contraction_flops, vector_flops=forward.vector_flops,
                                      special_ops=forward.special_ops)  # fmt: skip
-                if node.name in fused and node.outputs and (last or node.op_type in _SAVES_OUTPUT):
+                if node.name in fused and node.outputs and (last or traits_of(node).saves is Saves.OUTPUT):
                     out = node.outputs[0]
                     if last:  # the kernel's output O
                         keep[out] = _nbytes(graph, out)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dabench_ir.frontends import contrib_types
 from dabench_ir.ir import Cost, DType
 from dabench_ir.passes import cost_rules, meta
 from dabench_ir.passes.cost_rules import (
@@ -15,6 +16,8 @@ from dabench_ir.passes.cost_rules import (
     Backward,
     OpClass,
     OpTraits,
+    Role,
+    Saves,
     cost_rule,
     op_traits,
     ops_with,
@@ -32,20 +35,37 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
     ("op", "domain", "expected"),
     [
         ("MatMul", "", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
-                                has_cost_rule=True)),
-        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
-        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True)),
-        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True)),
+                                has_cost_rule=True, saves=Saves.OPERANDS, roles=frozenset({Role.CONTRACTION}))),
+        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                 saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
+        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                        saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
+        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
         ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, cpu_class="Transpose",
-                                   backward=Backward.MOVE, has_cost_rule=True)),
+                                   backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
+                                   roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}))),
         ("Reshape", "", OpTraits(OpClass.DATA_MOVEMENT, shape_only=True, folds_on_weights=True, keeps_values=True,
-                                 backward=Backward.MOVE, has_cost_rule=True)),
-        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True)),
-        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True)),
+                                 backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
+                                 roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}), output_shape_input=1)),
+        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True,
+                                saves=Saves.NOTHING, roles=frozenset({Role.LAYOUT}), index_input=1)),
+        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True,
+                               saves=Saves.NOTHING)),
         ("SkipLayerNormalization", "com.microsoft",
-         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True)),
-        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True)),
-        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION, has_cost_rule=True)),
+         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True,
+                  saves=Saves.INPUT_AND_STATS, roles=frozenset({Role.NORM}), row_reductions=2,
+                  output_types=contrib_types.skip_norm)),
+        ("RMSNormalization", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization",
+                                          has_cost_rule=True, saves=Saves.INPUT_AND_STATS,
+                                          roles=frozenset({Role.NORM}), row_reductions=1)),
+        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True,
+                                               roles=frozenset({Role.ACTIVATION}), nonlinear=True,
+                                               output_types=contrib_types.same)),
+        ("LogSoftmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
+                                    saves=Saves.OUTPUT, row_reductions=1, loss=True)),
+        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
+                                                has_cost_rule=True, saves=Saves.OPERANDS,
+                                                output_types=contrib_types.fused_gemm)),
     ],
 )  # fmt: skip
 def test_registered_traits(op, domain, expected):
@@ -64,6 +84,14 @@ def test_unknown_op_gets_the_documented_default():
         backward=Backward.VECTOR,
         keeps_values=False,
         has_cost_rule=False,
+        saves=Saves.INPUTS,
+        roles=frozenset(),
+        row_reductions=0,
+        nonlinear=False,
+        loss=False,
+        output_shape_input=None,
+        index_input=None,
+        output_types=None,
     ) == UNKNOWN_OP
 
 
@@ -180,3 +208,32 @@ def test_adding_an_op_is_one_registration(monkeypatch):
 def test_costs_doc_table_matches_the_registry():
     table = render_costs_markdown()
     assert table in DOC.read_text(), "docs/costs.md has drifted from the registry: run scripts/gen_costs_doc.py"
+
+
+def test_a_new_op_declares_its_role_saves_and_kernel_traits_in_one_registration(monkeypatch):
+    """docs/extending.md's "Adding an op", followed once: the report's roles, the training
+    pass's saved tensors and the WSE/microbenchmark traits come from the registration alone."""
+    from dabench_ir.passes.training import saved_for_backward
+    from dabench_ir.report.roles import node_roles
+
+    monkeypatch.setattr(cost_rules, "_RULES", dict(cost_rules._RULES))
+    monkeypatch.setattr(cost_rules, "_TRAITS", dict(cost_rules._TRAITS))
+
+    @cost_rule("Frobnicate", domain="com.example", op_class=OpClass.VECTOR, cpu_class="Tanh",
+               roles=(Role.ACTIVATION,), saves=Saves.OUTPUT, nonlinear=True, row_reductions=1)  # fmt: skip
+    def frobnicate(op):
+        """One vector FLOP and one special op per output element."""
+        return Cost(vector_flops=op.out_numel(), special_ops=op.out_numel())
+
+    graph = analyze_text(
+        """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+        agraph (float[2,4] x) => (float[2,4] y) { y = com.example.Frobnicate(x) }"""
+    )
+    node = graph.nodes[0]
+    assert node_roles(graph)[node.name] == "activation"
+    assert saved_for_backward(graph, node, {"x"}) == {"y": 32}  # its output, not its input
+    assert "com.example::Frobnicate" in ops_with(nonlinear=True, roles=Role.ACTIVATION)
+    assert traits_of(node).row_reductions == 1
+    assert "roles: activation, 1 row reduction(s), nonlinear kernel" in render_costs_markdown()
+    with pytest.raises(ValueError, match="calibrated host kernel class"):
+        cost_rule("Frobnicate2", op_class=OpClass.VECTOR, cpu_class="Frob")

@@ -37,6 +37,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.execute.ort import default_threads, run_profiled
+from dabench_ir.passes.cost_rules import CPU_KERNELS, CPU_STREAM
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -79,18 +80,6 @@ _MATMULS_FULL = (
 )
 _PACKED_FULL = frozenset({(1, 64, 256, 256), (1, 128, 768, 768), (1, 256, 1024, 1024), (1, 512, 1024, 4096)})
 _MATMULS_QUICK = ((1, 32, 64, 64), (1, 64, 128, 128), (4, 32, 32, 32))
-_OPS = (
-    "Add",
-    "Tanh",
-    "Erf",
-    "Gelu",
-    "GeluTanh",
-    "Softmax",
-    "ReduceMean",
-    "Transpose",
-    "Transpose2D",
-    "LayerNormalization",
-)
 _ROWS_FULL = (4, 32, 256, 2048, 8192)  # x 1024 fp32 columns: 16 KiB .. 32 MiB per tensor
 _ROWS_QUICK = (4, 64)
 _COLS = 1024
@@ -466,7 +455,7 @@ def measure_host(
             say(f"matmul {dtype} {batch}x{m}x{k}x{n} ({kind}): {flops / t / 1e9:.1f} GFLOP/s")
 
     ops: list[dict[str, Any]] = []
-    for op, cold in itertools.product(("Add",) if quick else _OPS, (False, True)):
+    for op, cold in itertools.product((CPU_STREAM,) if quick else CPU_KERNELS, (False, True)):
         for size in _op_sizes(op, quick):
             bench, nbytes = _op_bench(op, size, rng, flush=flush if cold else 0)
             t = _time_bench(bench, threads, budget)
@@ -507,7 +496,7 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
         rates = [r["flops_per_s"] for r in raw["matmul"] if r["dtype"] == dtype]
         if rates:
             peaks[dtype] = rec(max(rates), f"{src} (best matmul through onnxruntime)")
-    stream = [r for r in raw["ops"] if r["op"] == "Add"]
+    stream = [r for r in raw["ops"] if r["op"] == CPU_STREAM]
     bandwidth = stream[-1]["bytes_per_s"] if stream else math.nan
     memory: dict[str, Any] = {
         "name": "dram",

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.execute.ort import default_threads, parse_profile
 from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT, load_cpu_model, node_signature, node_table_path, predict_node
+from dabench_ir.passes.cost_rules import op_traits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,11 +78,9 @@ passes. A 2-vCPU VM shared with other jobs runs a 2-thread kernel at one speed f
 at up to twice the time the next; one window per node catches one state, the model's own run
 (seconds long) the usual one."""
 _WARMUP = 2
-_INT_SHAPE_OPS = {"Reshape": 1, "Expand": 1}  # op -> input holding the output shape
 _MAX_CAPTURE_BYTES = 512 << 20
 _MIN_FLUSH_BYTES = 8 << 20
 _DEFAULT_L2_BYTES = 1 << 20  # when sysfs does not say
-_INDEX_OPS = {"Gather": 1, "GatherElements": 1, "GatherND": 1}  # op -> input holding indices (zeros are valid)
 
 
 @dataclass(slots=True)
@@ -372,6 +371,7 @@ def bench_node_model(
     inits: list[onnx.TensorProto] = []
     feeds: dict[str, Any] = {}
     seen: set[str] = set()
+    traits = op_traits(node.op_type, node.domain)  # which integer inputs it can be fed
     for idx, name in enumerate(node.input):
         if not name or name in seen:
             continue
@@ -390,12 +390,12 @@ def bench_node_model(
             value = rng.standard_normal(shape).astype(np_dtype)
         elif np_dtype == np.bool_:
             value = rng.random(shape) < 0.5
-        elif _INT_SHAPE_OPS.get(node.op_type) == idx and node.output:
+        elif traits.output_shape_input == idx and node.output:
             out_shape, _ = _static_type(graph, node.output[0])
             value = np.array(out_shape, dtype=np_dtype)
             if value.shape != tuple(shape):
                 raise _CannotBench(f"{node.op_type} shape operand {name!r} is not the output shape")
-        elif _INDEX_OPS.get(node.op_type) == idx:
+        elif traits.index_input == idx:
             value = np.zeros(shape, dtype=np_dtype)
         else:
             raise _CannotBench(f"integer operand {name!r} of {node.op_type} is computed at run time")

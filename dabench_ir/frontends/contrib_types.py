@@ -5,12 +5,15 @@ Optimisers (onnxscript's `optimize_for_ort`, onnxruntime's transformer optimiser
 so every node after a fused attention would lose its shapes too. `complete_contrib_types`
 adds the outputs' types from the kernels' documented shapes (onnxruntime ContribOperators.md)
 and runs shape inference again, until nothing more is learnt.
+
+Each function here is an op's ``output_types`` trait, declared with the op's registration
+in `passes/cost_rules.py`: (node, input (shape, elem type) list) -> output (shape, elem type)
+list.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,18 +47,18 @@ def _div(d: Dim, k: int) -> Dim | None:
     return d // k if isinstance(d, int) and k else None
 
 
-def _same(node, ins):
+def same(node, ins):
     """Every output as input 0."""
     return [ins[0]] * len(node.output)
 
 
-def _skip_norm(node, ins):
+def skip_norm(node, ins):
     shape, dtype = ins[0]
     stats = ([*shape[:-1], 1], _FLOAT)
     return [(shape, dtype), stats, stats, (shape, dtype)][: len(node.output)]
 
 
-def _simplified_norm(node, ins):
+def simplified_norm(node, ins):
     shape, dtype = ins[0]
     return [(shape, dtype), ([*shape[:-1], 1], _FLOAT)][: len(node.output)]
 
@@ -72,7 +75,7 @@ def _kv_heads_len(node, ins, key_i: int, past_i: int) -> Dim | None:
     return _add(past, new)
 
 
-def _mha(node, ins):
+def mha(node, ins):
     (q, dtype) = ins[0]
     heads = int(_attr(node, "num_heads", 1))
     if len(q) == 5:  # packed QKV [B, S, N, 3, H]
@@ -93,7 +96,7 @@ def _mha(node, ins):
     return ([*out, present, present])[: len(node.output)]
 
 
-def _gqa(node, ins):
+def gqa(node, ins):
     (q, dtype) = ins[0]
     heads, kv_heads = int(_attr(node, "num_heads", 1)), int(_attr(node, "kv_num_heads", 1))
     packed = not (len(ins) > 1 and ins[1] is not None)
@@ -104,7 +107,7 @@ def _gqa(node, ins):
     return [([q[0], q[1], width], dtype), present, present][: len(node.output)]
 
 
-def _attention(node, ins):
+def attention(node, ins):
     (x, dtype) = ins[0]
     width = ins[1][0][-1]
     heads = int(_attr(node, "num_heads", 1))
@@ -114,7 +117,7 @@ def _attention(node, ins):
     return [([x[0], x[1], sizes[2]], dtype), present][: len(node.output)]
 
 
-def _fused_matmul(node, ins):
+def fused_matmul(node, ins):
     (a, dtype), (b, _) = ins[0], ins[1]
     m = a[-1] if _attr(node, "transA", 0) else a[-2]
     n = b[-2] if _attr(node, "transB", 0) else b[-1]
@@ -122,47 +125,27 @@ def _fused_matmul(node, ins):
     return [([*list(batch), m, n], dtype)]
 
 
-def _fused_gemm(node, ins):
+def fused_gemm(node, ins):
     (a, dtype), (b, _) = ins[0], ins[1]
     m = a[1] if _attr(node, "transA", 0) else a[0]
     n = b[0] if _attr(node, "transB", 0) else b[1]
     return [([m, n], dtype)]
 
 
-def _matmul_nbits(node, ins):
+def matmul_nbits(node, ins):
     (a, dtype) = ins[0]
     return [([*a[:-1], int(_attr(node, "N"))], dtype)]
 
 
-def _quantize(node, ins):
+def quantize(node, ins):
     zp = ins[2][1] if len(ins) > 2 and ins[2] is not None else _UINT8
     return [(ins[0][0], zp)]
 
 
-def _dequantize(node, ins):
+def dequantize(node, ins):
     return [(ins[0][0], ins[1][1])]
 
 
-_RULES: dict[str, Callable[[Any, list], list]] = {
-    "MultiHeadAttention": _mha,
-    "GroupQueryAttention": _gqa,
-    "Attention": _attention,
-    "SkipLayerNormalization": _skip_norm,
-    "SkipSimplifiedLayerNormalization": _skip_norm,
-    "SimplifiedLayerNormalization": _simplified_norm,
-    "RotaryEmbedding": _same,
-    "FastGelu": _same,
-    "BiasGelu": _same,
-    "Gelu": _same,
-    "QuickGelu": _same,
-    "BiasAdd": _same,
-    "FusedMatMul": _fused_matmul,
-    "FusedGemm": _fused_gemm,
-    "MatMulNBits": _matmul_nbits,
-    "QuantizeLinear": _quantize,
-    "DequantizeLinear": _dequantize,
-}
-"""com.microsoft op -> (node, input (shape, elem type) list) -> output (shape, elem type) list."""
 
 
 def has_contrib_ops(model: onnx.ModelProto) -> bool:
@@ -196,13 +179,16 @@ def complete_contrib_types(model: onnx.ModelProto, *, rounds: int = 16) -> onnx.
     """``model`` with types on the outputs of its contrib ops, and shape inference run after them."""
     import onnx
 
+    from dabench_ir.passes.cost_rules import op_traits
+
     for _ in range(rounds):
         known = _known(model)
         added = 0
         for node in model.graph.node:
-            rule = _RULES.get(node.op_type)
-            if rule is None or node.domain not in ("com.microsoft", "") or (node.domain == "" and
-                                                                             node.op_type != "SimplifiedLayerNormalization"):  # fmt: skip
+            if node.domain not in ("com.microsoft", ""):
+                continue
+            rule = op_traits(node.op_type, node.domain).output_types
+            if rule is None:
                 continue
             missing = [o for o in node.output if o and o not in known]
             if not missing or not node.input or node.input[0] not in known:

@@ -8,6 +8,9 @@ a Linear, a norm, an embedding) takes the module's scope; a node in a container 
 (attention, MLP, the block) takes the container's scope and the pattern it matches.
 A graph without scopes (a foreign ONNX file) gets the pattern alone, and the fallback
 is the op type. Overheads that belong to no node are rows of their own (`overhead_role`).
+
+What an op signals (a contraction, a norm, an activation, ...) is its `OpTraits.roles` in the
+op registry (`passes/cost_rules.py`); this module holds only the precedence between them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 from collections.abc import Iterable
 
 from dabench_ir.ir import Graph, Node, ValueKind
+from dabench_ir.passes.cost_rules import Role, traits_of
 
 __all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
 
@@ -24,16 +28,6 @@ OVERHEAD_PREFIX = "overhead: "
 
 _LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)(?=$|[./:_])")
 
-_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "Einsum", "FusedMatMul", "MatMulInteger", "QLinearMatMul",
-                           "MatMulNBits"})  # fmt: skip
-_FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"})
-_NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-                       "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization"})  # fmt: skip
-_NORM_PARTS = frozenset({"Pow", "ReduceMean", "Sqrt", "Reciprocal"})
-_ACTIVATIONS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Relu", "Sigmoid", "Tanh", "Erf", "Silu",
-                          "HardSigmoid", "Elu", "Selu", "LeakyRelu", "Softplus", "Mish", "HardSwish"})  # fmt: skip
-_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg", "Max", "Min", "Pow", "Sqrt", "Exp", "Cast"})
-_ROTARY = frozenset({"RotaryEmbedding", "Cos", "Sin"})
 _NORM_NAME = re.compile(r"(?:^|[._])(?:norm|ln|layernorm|layer_norm|rmsnorm|ln_\w+|\w*_norm|norm_\w+)$", re.I)
 _MLP_NAME = re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)
 
@@ -80,6 +74,10 @@ def _containers(scopes: Iterable[str]) -> set[str]:
     return out
 
 
+def _roles(node: Node) -> frozenset[Role]:
+    return traits_of(node).roles
+
+
 def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
     """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
 
@@ -90,7 +88,7 @@ def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
     out: set[str] = set()
     producers = {o: n for n in graph.nodes for o in n.outputs if o}
     consumers = graph.consumers
-    for sm in (n for n in graph.nodes if n.op_type == "Softmax"):
+    for sm in (n for n in graph.nodes if Role.SOFTMAX in _roles(n)):
         stack = [i for i in sm.inputs if i]
         seen: set[str] = set()
         while stack:
@@ -99,7 +97,7 @@ def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
                 continue
             seen.add(node.name)
             into.add(node.name)
-            if node.op_type in _CONTRACTIONS:
+            if Role.CONTRACTION in _roles(node):
                 continue  # the scores: stop here
             stack.extend(
                 i for i in node.inputs
@@ -112,26 +110,22 @@ def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
                 if reader.name in seen:
                     continue
                 seen.add(reader.name)
-                if reader.op_type in _CONTRACTIONS:
+                if Role.CONTRACTION in _roles(reader):
                     out.add(reader.name)
-                elif reader.op_type in ("Cast", "Dropout", "Reshape", "Transpose", "Identity"):
+                elif Role.PASS_THROUGH in _roles(reader):
                     frontier.extend(o for o in reader.outputs if o)
     return into, out
 
 
-_LAYOUT = frozenset({"Slice", "Unsqueeze", "Squeeze", "Gather", "Expand", "Reshape", "Cast", "Transpose",
-                     "Identity", "Concat"})  # fmt: skip
-
-
 def _rotary(graph: Graph) -> set[str]:
     """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
-    tables = {o for n in graph.nodes if n.op_type in ("Cos", "Sin") for o in n.outputs if o}
+    tables = {o for n in graph.nodes if Role.ROTARY_TABLE in _roles(n) for o in n.outputs if o}
     tables |= {v.name for v in graph.values.values() if v.kind.is_stored and re.search(r"(?:^|[._])(cos|sin)", v.name)}
     out: set[str] = set()
     for node in graph.nodes:  # topological order: tables flow forward through layout ops
         if not any(i in tables for i in node.inputs):
             continue
-        if node.op_type in _LAYOUT:
+        if Role.LAYOUT in _roles(node):
             tables.update(o for o in node.outputs if o)
         elif node.op_type == "Mul":
             out.add(node.name)
@@ -165,13 +159,14 @@ def _stored_input(graph: Graph, node: Node) -> str | None:
 def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str]) -> str:
     """What the node does, from its op and neighbours: a role without a scope."""
     op = node.op_type
+    roles = _roles(node)
     weight = _stored_input(graph, node)
     scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
-    if op in _FUSED_ATTENTION:
+    if Role.ATTENTION in roles:
         return "attention"
-    if op == "Softmax":
+    if Role.SOFTMAX in roles:
         return "softmax"
-    if op in _CONTRACTIONS:
+    if Role.CONTRACTION in roles:
         if weight is not None:
             return _weight_role(weight, graph, node)
         if node.name in softmax_out:
@@ -183,17 +178,17 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return "attention scale/mask"
     if op == "Gather" and weight is not None:
         return "embedding"
-    if op in _NORM_OPS or (scope_tail and _NORM_NAME.search(scope_tail)):
+    if Role.NORM in roles or (scope_tail and _NORM_NAME.search(scope_tail)):
         return "norms"
-    if op in _ROTARY or op == "Neg":
+    if Role.ROTARY in roles or Role.ROTARY_TABLE in roles:
         return "rotary embedding"
-    if op in _ACTIVATIONS:
+    if Role.ACTIVATION in roles:
         return "activation"
     if op == "Add" and _residual(graph, node):
         return "residual adds"
-    if scope_tail and _MLP_NAME.search(scope_tail) and op in _ELEMENTWISE:
+    if scope_tail and _MLP_NAME.search(scope_tail) and Role.ELEMENTWISE in roles:
         return "activation"
-    if op in _NORM_PARTS:
+    if Role.NORM_PART in roles:
         return "norms"
     op_class = node.meta.get("dabench.op_class")
     if op_class is not None and str(op_class) == "data_movement":
