@@ -55,7 +55,7 @@ from dabench_ir.lowering._common import (
     weight_bytes,
 )
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.cost_rules import OpClass, Role, traits_of
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step, token_table
 from dabench_ir.plan import Plan, Schedule, Unit
 
@@ -73,12 +73,15 @@ KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm
 # Dependent reductions across a row before its first element can leave (per-token fixed time):
 # a layer norm needs the mean, then the variance; an RMS norm one mean of squares; a softmax
 # or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
-# Gimelshein, arXiv 1805.02867); a bare Reduce* op one.
-_ROW_REDUCTIONS = {"LayerNormalization": 2, "SkipLayerNormalization": 2, "SimplifiedLayerNormalization": 1,
-                   "RMSNormalization": 1, "SkipSimplifiedLayerNormalization": 1, "Softmax": 1, "LogSoftmax": 1}  # fmt: skip
-_NORM_OPS = frozenset(op for op in _ROW_REDUCTIONS if op.endswith("Normalization"))
-_NLIN_OPS = {"Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Sigmoid", "Silu", "Relu", "HardSigmoid", "QuickGelu"}
-_LOSS_OPS = {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "LogSoftmax", "CrossEntropyLoss"}
+# Gimelshein, arXiv 1805.02867); a bare Reduce* op one. Each op's count is its
+# `OpTraits.row_reductions` (passes/cost_rules.py).
+
+
+def _is_norm(node: Node) -> bool:
+    """A row-reducing normalisation (the layer/RMS norm family; GroupNormalization is not)."""
+    t = traits_of(node)
+    return Role.NORM in t.roles and t.row_reductions > 0
+
 _ATTN_WORDS = ("attn", "attention")
 _NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
 
@@ -357,16 +360,16 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
             add_to(key, "attention", node)
             continue
         open_into = next((k for k in inputs_from if k.key in open_attn and open_attn[k.key] < 2), None)
-        if open_into is not None and not weighted and node.op_type not in _NORM_OPS:
+        if open_into is not None and not weighted and not _is_norm(node):
             add_to(open_into.key, "attention", node)
             continue
-        if node.op_type in _NORM_OPS or (rest and any(w in rest[-1] for w in _NORM_WORDS)):
+        if _is_norm(node) or (rest and any(w in rest[-1] for w in _NORM_WORDS)):
             add_to(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
             continue
-        if node.op_type in _NLIN_OPS or (rest and rest[-1] in ("act", "activation", "gelu")):
+        if traits_of(node).nonlinear or (rest and rest[-1] in ("act", "activation", "gelu")):
             add_to(node.scope if rest and rest[-1] in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
             continue
-        if is_loss(node) or (after_head and (node.op_type in _LOSS_OPS or node.op_type == "Softmax" or "loss" in node.scope.lower())):
+        if is_loss(node) or (after_head and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())):
             add_to("mlm_loss", "mlm_loss", node)
             continue
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
@@ -561,7 +564,7 @@ def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
     if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
         return target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
     passes = sum(
-        1 if is_loss(n) or n.op_type.startswith("Reduce") else _ROW_REDUCTIONS.get(n.op_type, 0) for n in k.nodes
+        traits_of(n).row_reductions for n in k.nodes
     )
     if passes:
         return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)

@@ -219,7 +219,7 @@ def test_a_static_batch_is_the_symbolic_batch_bound(static_and_symbolic, target,
     static, symbolic = static_and_symbolic
     seq = {"dims": {"seq": MODEL["seq"]}}
     fixed = figures(_api(static, target, mode=mode))
-    assert fixed["batch"] == MODEL["batch"] * (1 if target != "ipu" else 1)
+    assert fixed["batch"] == MODEL["batch"]
     _close(fixed, figures(_api(symbolic, target, mode=mode, batch=MODEL["batch"], **seq)))
     _close(fixed, figures(_api(static, target, mode=mode, batch=MODEL["batch"])))
 

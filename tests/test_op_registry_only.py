@@ -17,12 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dabench_ir", "passes", "lowering")
 REGISTRY = "passes/cost_rules.py"
 
-ALLOWED: dict[tuple[str, str], str] = {
-    # Pending the WSE split: another engineer is splitting lowering/wse.py; its _ROW_REDUCTIONS,
-    # _NLIN_OPS and _LOSS_OPS switch to the registry's row_reductions / nonlinear / loss traits
-    # then. The lead removes this entry.
-    ("lowering/wse.py", "*"): "pending the WSE split",
-}
+ALLOWED: dict[tuple[str, str], str] = {}  # (file, name) -> why it is not op knowledge; none today
 
 
 def _op_names() -> frozenset[str]:
