@@ -61,6 +61,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     end: dict[tuple[str, int], float] = {}
     lane_free: dict[str, float] = defaultdict(float)
     slices: dict[str, list[tuple[float, float]]] = {name: [] for name in order}
+    busy_node: dict[str, float] = defaultdict(float)
     unit_spans: dict[str, tuple[float, float]] = {}
     overheads: dict[str, float] = defaultdict(float)
     clock = 0.0
@@ -69,18 +70,12 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         if unit is not None and unit.gap_before_s > 0:
             gate += unit.gap_before_s
             overheads[unit.gap_kind] += unit.gap_before_s
-        last = gate
-        for m in range(m_count):
-            for name in names:
-                np_ = plan.node_plans[name]
-                ready = max(
-                    [gate, lane_free[np_.lane]] + [end[(p, m)] for p in preds[name] if (p, m) in end]
-                )
-                finish = ready + (unit.node_s.get(name, np_.per_micro_batch_s) if unit else np_.per_micro_batch_s)
-                end[(name, m)] = finish
-                lane_free[np_.lane] = finish
-                slices[name].append((ready, finish))
-                last = max(last, finish)
+        durations = {
+            name: unit.node_s.get(name, plan.node_plans[name].per_micro_batch_s) if unit else
+            plan.node_plans[name].per_micro_batch_s
+            for name in names
+        }  # fmt: skip
+        last = _run_micro_batches(names, durations, m_count, gate, plan, preds, end, lane_free, slices, busy_node)
         if unit is not None:
             stall = max(0.0, gate + unit.min_time_s - last)
             if stall > 0:
@@ -91,12 +86,11 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
             clock = last
 
     timings = {}
-    busy_node: dict[str, float] = {}
     for name in order:
         runs = slices[name]
         np_ = plan.node_plans[name]
         timings[name] = NodeTiming(name, np_.unit, runs[0][0], runs[-1][1], np_.bound)
-        busy_node[name] = sum(b - a for a, b in runs)
+    busy_node = dict(busy_node)
     unit_busy: dict[str, float] = defaultdict(float)
     for name, b in busy_node.items():
         unit_busy[plan.node_plans[name].unit] += b
@@ -133,6 +127,61 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     )
     logger.debug("emulated %d nodes x %d micro-batch(es): step %.3g s", len(order), m_count, step)
     return timeline
+
+
+def _run_micro_batches(
+    names: list[str],
+    durations: dict[str, float],
+    m_count: int,
+    gate: float,
+    plan: Plan,
+    preds: dict[str, list[str]],
+    end: dict[tuple[str, int], float],
+    lane_free: dict[str, float],
+    slices: dict[str, list[tuple[float, float]]],
+    busy_node: dict[str, float],
+) -> float:
+    """Run ``m_count`` micro-batches of ``names`` from ``gate``; the time the last run ends.
+
+    The event times are a max-plus linear recurrence in the micro-batch index whose only cycles
+    are each lane's own order, so once one micro-batch ends exactly one bottleneck period (the
+    most loaded lane's time per micro-batch) after the one before for every node, every later one
+    does too. From there the rest of the micro-batches are added in closed form: m micro-batches
+    cost fill + m periods + drain without m simulations. ``slices`` keeps each simulated run and
+    the last one.
+    """
+    load: dict[str, float] = defaultdict(float)
+    for name in names:
+        load[plan.node_plans[name].lane] += durations[name]
+    period = max(load.values(), default=0.0)
+    last = gate
+    steady = 0
+    for m in range(m_count):
+        for name in names:
+            lane = plan.node_plans[name].lane
+            ready = max([gate, lane_free[lane]] + [end[(p, m)] for p in preds[name] if (p, m) in end])
+            finish = ready + durations[name]
+            end[(name, m)] = finish
+            lane_free[lane] = finish
+            slices[name].append((ready, finish))
+            busy_node[name] += durations[name]
+            last = max(last, finish)
+        if m == 0 or m == m_count - 1:
+            continue
+        tol = 1e-12 * max(abs(last), 1e-30)
+        steady = steady + 1 if all(abs(end[(n, m)] - end[(n, m - 1)] - period) <= tol for n in names) else 0
+        if steady >= 2:  # two periods in a row: the recurrence is periodic from here on
+            rest = m_count - 1 - m
+            for name in names:
+                start, finish = slices[name][-1]
+                shift = rest * period
+                slices[name].append((start + shift, finish + shift))
+                end[(name, m_count - 1)] = finish + shift
+                busy_node[name] += rest * durations[name]
+            for lane in load:
+                lane_free[lane] += rest * period
+            return last + rest * period
+    return last
 
 
 def check_dependencies(timeline: Timeline, graph: Graph, tol: float = 1e-12) -> list[str]:
