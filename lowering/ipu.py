@@ -303,7 +303,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     link = target.link("ipu_link") or target.link()
     stream = target.memory("off-chip") if target.has_memory("off-chip") else None
     sram_bw = sram.bandwidth_bytes_per_s
-    ridge = target.peak_flops(ctx.precision) / sram_bw
+    ridge = target.ridge_point(ctx.precision, sram)
     m = options.micro_batches or ctx.batch
     if options.replicas == "auto":
         raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")

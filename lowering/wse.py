@@ -595,7 +595,7 @@ def _place_pipelined(
 ) -> Plan:
     pes = target.num_units
     sram = target.memory(LOWERING.feed_level(target))
-    ridge = target.peak_flops(ctx.precision) / sram.bandwidth_bytes_per_s
+    ridge = target.ridge_point(ctx.precision, sram)
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
     io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
@@ -799,7 +799,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     rates = _Rates.of(target)
     kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
     pes = target.num_units
-    peak = target.peak_flops(ctx.precision)
+    target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
     sram = target.memory("on-chip")
     ext = target.memory("off-chip")
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
@@ -867,8 +867,8 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         "checkpoint_bytes_per_sample": keep,
         "working_bytes_per_sample": working,
     })  # fmt: skip
-    sram_ridge = peak / sram.bandwidth_bytes_per_s
-    ext_ridge = peak / ext.bandwidth_bytes_per_s
+    sram_ridge = target.ridge_point(ctx.precision, sram)
+    ext_ridge = target.ridge_point(ctx.precision, ext)
     for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
         t_c = mb * sum(work.values()) / pes
         t_s = stream / ext.bandwidth_bytes_per_s

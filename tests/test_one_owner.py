@@ -1,0 +1,49 @@
+"""One owner per fact: each shared figure or formula is written once and read from there."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from dabench_ir.targets import load_target, ridge
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("dabench_ir", "passes", "lowering", "targets", "models", "bench", "scripts")
+
+
+def _sources():
+    for folder in SOURCE_DIRS:
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def _mentions(node: ast.AST, words: tuple[str, ...]) -> bool:
+    for sub in ast.walk(node):
+        name = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else ""
+        if any(w in name.lower() for w in words):
+            return True
+    return False
+
+
+# -- ridge point: Target.ridge_point / targets.ridge -------------------------------------------
+
+
+def test_ridge_point_is_peak_over_the_given_memory():
+    t = load_target("a100")
+    for mem in t.memories:
+        assert t.ridge_point("fp16", mem) == t.peak_flops("fp16") / mem.bandwidth_bytes_per_s
+        assert t.ridge_point("fp16", mem.name) == t.ridge_point("fp16", mem)
+    assert ridge(10.0, 4.0) == 2.5
+
+
+def test_ridge_expressions_only_in_targets():
+    """A peak divided by a bandwidth is written once, in targets/__init__.py."""
+    owner = ROOT / "targets" / "__init__.py"
+    found = []
+    for path in _sources():
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            is_div = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+            if is_div and _mentions(node.left, ("peak",)) and _mentions(node.right, ("bandwidth", "bw")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, f"ridge point computed outside Target.ridge_point: {found}"
