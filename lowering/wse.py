@@ -780,7 +780,9 @@ def _pipelined_overheads(
         side = math.sqrt(target.num_units)
         cut_bw = side * link * clock  # one link per row crossing the wafer's bisection
         grad = _params(ctx) * 4  # fp32 gradients
-        out["wse_replica_reduce"] = 2 * (replicas - 1) / replicas * grad / cut_bw + (replicas - 1) * side * hop
+        from dabench_ir.lowering.collectives import ring_allreduce_time
+
+        out["wse_replica_reduce"] = ring_allreduce_time(grad, replicas, cut_bw) + (replicas - 1) * side * hop
     io = target.link("system_io")
     if io is not None:
         samples = max(1, _samples(ctx))

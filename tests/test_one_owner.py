@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from dabench_ir.targets import load_target, ridge
@@ -47,3 +48,20 @@ def test_ridge_expressions_only_in_targets():
             if is_div and _mentions(node.left, ("peak",)) and _mentions(node.right, ("bandwidth", "bw")):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, f"ridge point computed outside Target.ridge_point: {found}"
+
+
+# -- ring all-reduce: lowering/collectives.py ---------------------------------------------------
+
+
+def test_ring_allreduce_formula_only_in_collectives():
+    """The ring's 2(n-1)/n volume factor is written once, in lowering/collectives.py."""
+    owner = ROOT / "lowering" / "collectives.py"
+    pattern = re.compile(r"2 \* \(\w+ - 1\) / \w+")
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != owner
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"ring all-reduce written outside lowering/collectives.py: {found}"
