@@ -279,9 +279,10 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
     if not train:
         return
     try:
-        before = sum(v.type.numel(graph.bindings) for v in graph.weights())
-        after = sum(v.type.numel(share.bindings) for v in share.weights())
+        before, after = graph.num_params, share.num_params
     except Exception:
+        return
+    if before is None or after is None:
         return
     frac = after / before if before else 1.0
     saved: dict[str, int] = {}

@@ -65,3 +65,20 @@ def test_ring_allreduce_formula_only_in_collectives():
         if pattern.search(line)
     ]
     assert not found, f"ring all-reduce written outside lowering/collectives.py: {found}"
+
+
+# -- parameter count: Graph.num_params ----------------------------------------------------------
+
+
+def test_parameter_count_only_in_graph():
+    """Summing the weights' elements is Graph.num_params' job alone (dabench_ir/ir.py)."""
+    owner = ROOT / "dabench_ir" / "ir.py"
+    pattern = re.compile(r"numel\([^)]*\) for \w+ in \w+\.weights\(\)")
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != owner
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"parameter count written outside Graph.num_params: {found}"
