@@ -38,6 +38,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
+"""The target kinds a target file may declare: the one list (`dabench_ir.lowering.KINDS` maps each to its lowering)."""
 LEVELS = ("on-chip", "off-chip")
 _DIR = Path(__file__).resolve().parent
 
