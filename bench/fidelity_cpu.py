@@ -61,16 +61,18 @@ def _pct(x: float | None) -> str:
 
 def _export(kind: str, family: str, layers: int, hidden: int, kv: int | None, seq: int, attention: str):
     """The ONNX model and its label."""
+    from dabench_ir.models.config import default_heads
+
     if kind == "foreign":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
 
-        cfg = HostModel(family=family, layers=layers, hidden=hidden, heads=hidden // 64, kv_heads=kv, seq=seq,
+        cfg = HostModel(family=family, layers=layers, hidden=hidden, heads=default_heads(hidden), kv_heads=kv, seq=seq,
                         attention=attention)  # fmt: skip
         return export_host_model(cfg), f"hf-{cfg.label}"
     from dabench_ir.models import ModelConfig
     from dabench_ir.models.export import export_onnx
 
-    cfg = ModelConfig(family=family, layers=layers, hidden=hidden, heads=hidden // 64, kv_heads=kv, seq=seq)
+    cfg = ModelConfig(family=family, layers=layers, hidden=hidden, heads=default_heads(hidden), kv_heads=kv, seq=seq)
     label = f"{family} L{layers} H{hidden} S{seq}" + (f" kv{kv}" if kv else "")
     return export_onnx(cfg, weights="none"), label
 

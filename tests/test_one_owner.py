@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from dabench_ir.targets import load_target, ridge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +84,24 @@ def test_parameter_count_only_in_graph():
         if pattern.search(line)
     ]
     assert not found, f"parameter count written outside Graph.num_params: {found}"
+
+
+# -- default heads: models/config.default_heads -------------------------------------------------
+
+
+def test_default_heads_is_hidden_over_64_and_written_once():
+    from dabench_ir.errors import UserError
+    from dabench_ir.models.config import default_heads
+
+    assert default_heads(768) == 12
+    with pytest.raises(UserError, match="multiple of 64: pass --heads"):
+        default_heads(100, hint="pass --heads")
+    owner = ROOT / "models" / "config.py"
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != owner
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"hidden\W*\s*(//|%) 64\b", line)
+    ]
+    assert not found, f"heads = hidden / 64 written outside models/config.py: {found}"

@@ -117,9 +117,9 @@ def _config(args: argparse.Namespace):
     if missing:
         raise UserError(f"export needs {', '.join(missing)} (or --preset NAME; see --list-presets)")
     if given["heads"] is None:
-        if given["hidden"] <= 0 or given["hidden"] % 64:
-            raise UserError(f"hidden {given['hidden']} is not a multiple of 64: pass --heads")
-        given["heads"] = given["hidden"] // 64
+        from dabench_ir.models.config import default_heads
+
+        given["heads"] = default_heads(given["hidden"], hint="pass --heads")
     given.setdefault("seq", None)
     params = {k: v for k, v in given.items() if v is not None}
     params.setdefault("seq", 128)
