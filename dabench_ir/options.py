@@ -20,6 +20,7 @@ from typing import Any
 from dabench_ir.errors import UserError
 
 __all__ = [
+    "DEFAULT_MAX_WEIGHT_BYTES",
     "GROUP_TITLES",
     "KNOBS",
     "KV_PRECISIONS",
@@ -201,6 +202,9 @@ def _zero(value: Any) -> int:
     return int(value)
 
 
+DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
+"""The 4 GiB cap on weights synthesised for one run: profile's measurement (``--max-weight-bytes``,
+`dabench_ir.execute.synth`) and export's ``--weights random`` (`dabench_ir.models.export`)."""
 PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
 SCENARIOS = ("generate",)
@@ -306,7 +310,7 @@ class ProfileOptions:
         commands=frozenset({PROFILE}),
     )  # fmt: skip
     max_weight_bytes: int = knob(
-        4 << 30, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
+        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
     scenario: str | None = knob(

@@ -105,3 +105,24 @@ def test_default_heads_is_hidden_over_64_and_written_once():
         if re.search(r"hidden\W*\s*(//|%) 64\b", line)
     ]
     assert not found, f"heads = hidden / 64 written outside models/config.py: {found}"
+
+
+# -- the 4 GiB synthesised-weight cap: dabench_ir/options.DEFAULT_MAX_WEIGHT_BYTES ---------------
+
+
+def test_weight_cap_is_one_constant():
+    from dabench_ir.execute import synth
+    from dabench_ir.models import export
+    from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES, ProfileOptions
+
+    assert DEFAULT_MAX_WEIGHT_BYTES == 4 << 30
+    assert ProfileOptions().max_weight_bytes == synth.DEFAULT_MAX_WEIGHT_BYTES == DEFAULT_MAX_WEIGHT_BYTES
+    assert export.DEFAULT_MAX_WEIGHT_BYTES is DEFAULT_MAX_WEIGHT_BYTES
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != ROOT / "dabench_ir" / "options.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b4 << 30\b|\b4 \* 2\*\*30\b|default=\"4GiB\"", line)
+    ]
+    assert not found, f"the 4 GiB weight cap written outside dabench_ir/options.py: {found}"

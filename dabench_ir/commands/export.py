@@ -13,6 +13,7 @@ import sys
 import time
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 
 __all__ = ["register", "run"]
 
@@ -71,9 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-weight-bytes",
         type=_byte_size,
-        default="4GiB",
+        default=DEFAULT_MAX_WEIGHT_BYTES,
         metavar="N",
-        help="refuse --weights random above this many bytes (default 4GiB)",
+        help=f"refuse --weights random above this many bytes (default {DEFAULT_MAX_WEIGHT_BYTES >> 30}GiB)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
     p.add_argument("--format", choices=("onnx", "mlir-torch", "mlir-linalg"), default="onnx")
