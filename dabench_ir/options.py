@@ -21,6 +21,7 @@ from dabench_ir.errors import UserError
 
 __all__ = [
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "FLOAT_PRECISIONS",
     "GROUP_TITLES",
     "KNOBS",
     "KV_PRECISIONS",
@@ -205,8 +206,12 @@ def _zero(value: Any) -> int:
 DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
 """The 4 GiB cap on weights synthesised for one run: profile's measurement (``--max-weight-bytes``,
 `dabench_ir.execute.synth`) and export's ``--weights random`` (`dabench_ir.models.export`)."""
-PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
+FLOAT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+"""The float ``--precision`` choices (no quantised weights): the one list of them."""
+PRECISIONS = (*FLOAT_PRECISIONS, "int8", "fp8", "w8a16", "w4a16")
+"""Every ``--precision`` choice; `dabench_ir.passes.precision` says what each one rewrites."""
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
+"""Every ``--kv-precision`` choice."""
 SCENARIOS = ("generate",)
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType, Graph, ValueKind
+from dabench_ir.options import KV_PRECISIONS, PRECISIONS
 
 from . import meta
 from .base import Pass, PassResult
@@ -53,7 +54,7 @@ _QUANT = {
 # weight-only dequantisation: (vector FLOPs per weight element, elements per scale group or
 # None for one group per output channel, bytes of scale + zero point per group)
 _DEQUANT = {"w8a16": (1, None, 2.0), "w4a16": (2, 128, 2.5)}
-_CHOICES = (*_MODES, "mixed", *_QUANT)
+_CHOICES = PRECISIONS  # the knob's choices are dabench_ir.options'; each has its meaning here
 
 
 def compute_dtype(precision: str | DType | None) -> DType | None:
@@ -100,7 +101,7 @@ class PrecisionPass(Pass):
         if self.precision is not None and self.precision not in _CHOICES:
             raise UserError(f"--precision {self.precision}: expected one of {', '.join(_CHOICES)}")
         if self.kv is not None and self.kv not in _KV:
-            raise UserError(f"--kv-precision {self.kv}: expected one of {', '.join(_KV)}")
+            raise UserError(f"--kv-precision {self.kv}: expected one of {', '.join(KV_PRECISIONS)}")
         for node in graph.nodes:
             meta.get(node, meta.OP_CLASS)  # classify must have run
             break

@@ -126,3 +126,16 @@ def test_weight_cap_is_one_constant():
         if re.search(r"\b4 << 30\b|\b4 \* 2\*\*30\b|default=\"4GiB\"", line)
     ]
     assert not found, f"the 4 GiB weight cap written outside dabench_ir/options.py: {found}"
+
+
+# -- precision lists: dabench_ir/options.PRECISIONS, FLOAT_PRECISIONS, KV_PRECISIONS ------------
+
+
+def test_precision_modes_cover_exactly_the_knob_choices():
+    from dabench_ir.options import FLOAT_PRECISIONS, KV_PRECISIONS, PRECISIONS
+    from dabench_ir.passes import precision
+
+    assert precision._CHOICES is PRECISIONS
+    assert set(PRECISIONS) == {*precision._MODES, "mixed", *precision._QUANT}
+    assert set(KV_PRECISIONS) == set(precision._KV)
+    assert set(FLOAT_PRECISIONS) == {*precision._MODES, "mixed"}
