@@ -139,3 +139,24 @@ def test_precision_modes_cover_exactly_the_knob_choices():
     assert set(PRECISIONS) == {*precision._MODES, "mixed", *precision._QUANT}
     assert set(KV_PRECISIONS) == set(precision._KV)
     assert set(FLOAT_PRECISIONS) == {*precision._MODES, "mixed"}
+
+
+# -- percentages: dabench_ir/report/table.percent, percent_change, parse_percent -----------------
+
+
+def test_percent_helpers_one_per_meaning():
+    from dabench_ir.report.table import parse_percent, percent, percent_change
+
+    assert percent(0.25) == "25.0%" and percent(None) == "-"
+    assert percent(0.031, width=5, missing="   n/a") == "  3.1%" and percent(None, missing="n/a") == "n/a"
+    assert percent_change(2.0, 2.5) == "+25.0%" and percent_change(0, 1.0) == "-"
+    assert parse_percent("12.5%") == 0.125 and parse_percent("-") is None and parse_percent("x") is None
+    allowed = {ROOT / "dabench_ir" / "validate.py"}  # being split by another change; to switch to parse_percent
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path not in allowed
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.match(r"\s*def _?pct\(", line)
+    ]
+    assert not found, f"a percentage helper defined outside dabench_ir/report/table.py: {found}"
