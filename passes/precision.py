@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
@@ -38,7 +39,15 @@ from .base import Pass, PassResult
 from .cost_rules import OpClass, traits_of
 from .passes import CostPass
 
-__all__ = ["KV_CACHE_METADATA_KEY", "PrecisionPass", "compute_dtype", "kv_cache_values", "precision_by_class"]
+__all__ = [
+    "KV_CACHE_METADATA_KEY",
+    "PrecisionPass",
+    "compute_dtype",
+    "dominant_storage_dtype",
+    "graph_compute_dtype",
+    "kv_cache_values",
+    "precision_by_class",
+]
 
 KV_CACHE_METADATA_KEY = "dabench.kv_cache"
 
@@ -68,6 +77,37 @@ def compute_dtype(precision: str | DType | None) -> DType | None:
     if key == "mixed":
         return DType.FLOAT16
     return DType.from_name(key)
+
+
+def graph_compute_dtype(graph: Graph) -> DType:
+    """The dtype a graph computes in when no ``--precision`` is given (what lowerings take peaks
+    at): the precision pass's per-node choice by majority, else the majority dtype of the float
+    weights, inputs and activations (counted per value), else fp32."""
+    votes: Counter[DType] = Counter()
+    for node in graph.nodes:
+        prec = node.meta.get(meta.PRECISION)
+        if isinstance(prec, DType):
+            votes[prec] += 1
+    if not votes:
+        for value in graph.values.values():
+            if value.kind in (ValueKind.WEIGHT, ValueKind.INPUT, ValueKind.ACTIVATION) and value.type.dtype.is_float:
+                votes[value.type.dtype] += 1
+    return votes.most_common(1)[0][0] if votes else DType.FLOAT32
+
+
+def dominant_storage_dtype(graph: Graph) -> str | None:
+    """The float dtype holding most elements over all shaped values (a symbolic shape counts
+    one), by name: what a report records as the model's precision when none was given.
+    Counted per element, not per value or per node, so it can differ from `graph_compute_dtype`."""
+    counts: dict[str, int] = {}
+    for value in graph.values.values():
+        if value.type.dtype.is_float and value.type.shape is not None:
+            try:
+                n = value.type.numel(graph.bindings)
+            except UserError:
+                n = 1
+            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def kv_cache_values(graph: Graph) -> list[str]:

@@ -160,3 +160,25 @@ def test_percent_helpers_one_per_meaning():
         if re.match(r"\s*def _?pct\(", line)
     ]
     assert not found, f"a percentage helper defined outside dabench_ir/report/table.py: {found}"
+
+
+# -- compute dtype: passes/precision.py (compute_dtype, graph_compute_dtype, dominant_storage_dtype)
+
+
+def test_dtype_questions_answered_in_passes_precision_only():
+    from dabench_ir.ir import DType
+    from dabench_ir.passes.precision import compute_dtype, dominant_storage_dtype, graph_compute_dtype
+    from tests.lowering_graphs import decoder
+
+    assert compute_dtype("mixed") is DType.FLOAT16 and compute_dtype("w4a16") is DType.FLOAT16
+    graph = decoder(dtype=DType.FLOAT16)
+    assert graph_compute_dtype(graph) is DType.FLOAT16
+    assert dominant_storage_dtype(graph) == str(DType.FLOAT16)
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != ROOT / "passes" / "precision.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.match(r"\s*def (graph_dtype|_dominant_dtype|compute_dtype|graph_compute_dtype|dominant_storage_dtype)\(", line)
+    ]
+    assert not found, f"a graph's dtype decided outside passes/precision.py: {found}"
