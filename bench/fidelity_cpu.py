@@ -55,22 +55,27 @@ OWN = (
 )
 
 
-def _pct(x: float | None) -> str:
-    return "   n/a" if x is None else f"{100 * x:5.1f}%"
+def _percent(x: float | None) -> str:
+    """A fraction in the table's 6-wide column."""
+    from dabench_ir.report.table import percent
+
+    return percent(x, width=5, missing="   n/a")
 
 
 def _export(kind: str, family: str, layers: int, hidden: int, kv: int | None, seq: int, attention: str):
     """The ONNX model and its label."""
+    from dabench_ir.models.config import default_heads
+
     if kind == "foreign":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
 
-        cfg = HostModel(family=family, layers=layers, hidden=hidden, heads=hidden // 64, kv_heads=kv, seq=seq,
+        cfg = HostModel(family=family, layers=layers, hidden=hidden, heads=default_heads(hidden), kv_heads=kv, seq=seq,
                         attention=attention)  # fmt: skip
         return export_host_model(cfg), f"hf-{cfg.label}"
     from dabench_ir.models import ModelConfig
     from dabench_ir.models.export import export_onnx
 
-    cfg = ModelConfig(family=family, layers=layers, hidden=hidden, heads=hidden // 64, kv_heads=kv, seq=seq)
+    cfg = ModelConfig(family=family, layers=layers, hidden=hidden, heads=default_heads(hidden), kv_heads=kv, seq=seq)
     label = f"{family} L{layers} H{hidden} S{seq}" + (f" kv{kv}" if kv else "")
     return export_onnx(cfg, weights="none"), label
 
@@ -115,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             name = label + (" ort-opt" if ort_opt else "")
             print(
                 f"{name:34s} {err['nodes_compared']:4d} {meas_ms:8.2f} {pred_ms:8.2f} "
-                f"{_pct(err['end_to_end_rel_error'])} {_pct(err['end_to_end_spread'])} "
-                f"{_pct(err['median_node_rel_error'])} {_pct(err['p90_node_rel_error'])} "
-                f"{_pct(err['median_node_spread']):>7s} {err['nodes_within_noise']:3d}/{err['nodes_compared']:<4d} "
+                f"{_percent(err['end_to_end_rel_error'])} {_percent(err['end_to_end_spread'])} "
+                f"{_percent(err['median_node_rel_error'])} {_percent(err['p90_node_rel_error'])} "
+                f"{_percent(err['median_node_spread']):>7s} {err['nodes_within_noise']:3d}/{err['nodes_compared']:<4d} "
                 f"{bench.seconds:7.1f} {busy:5.2f}"
             )
             if err["end_to_end_rel_error"] is not None:
@@ -129,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 if t is not None and node.name in pred and t >= 0.01 * total and not ort_opt:
                     by_op[node.op_type].append((pred[node.name], t))
     if e2es:
-        print(f"{'mean over models':34s} {'':4s} {'':8s} {'':8s} {_pct(statistics.mean(e2es))} {'':6s} "
-              f"{_pct(statistics.mean(medians))}")  # fmt: skip
+        print(f"{'mean over models':34s} {'':4s} {'':8s} {'':8s} {_percent(statistics.mean(e2es))} {'':6s} "
+              f"{_percent(statistics.mean(medians))}")  # fmt: skip
         ok = max(e2es) <= 0.10 and max(medians) <= 0.25
         print(f"goal (e2e <= 10%, median node <= 25% on every model): {'met' if ok else 'NOT met'}")
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "

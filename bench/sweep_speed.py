@@ -23,9 +23,10 @@ logger = logging.getLogger(__name__)
 
 def _one_point(hidden: int = 768, layers: int = 96) -> None:
     """Stage timings of the biggest Level-1 model (export excluded)."""
+    from dabench_ir.models.config import default_heads
     from dabench_ir.sweep import graphs, worker
 
-    params = {"family": "gpt2", "positional": "none", "layers": layers, "hidden": hidden, "heads": hidden // 64,
+    params = {"family": "gpt2", "positional": "none", "layers": layers, "hidden": hidden, "heads": default_heads(hidden),
               "seq": 1024, "batch": 1, "precision": "fp32", "mode": "inference", "chips": 1}  # fmt: skip
     t = time.perf_counter()
     base = graphs.export_base(params)

@@ -143,7 +143,7 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0)
 
     # roofline per node (the bound class is the plan's, carried by the timeline)
-    ridges = {m.level: target.peak_flops(prec) / m.bandwidth_bytes_per_s for m in target.memories}
+    ridges = {m.level: target.ridge_point(prec, m) for m in target.memories}
     intensity: dict[str, float | None] = {}
     feed: dict[str, str] = {}
     for name in timeline.nodes:

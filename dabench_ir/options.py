@@ -20,6 +20,8 @@ from typing import Any
 from dabench_ir.errors import UserError
 
 __all__ = [
+    "DEFAULT_MAX_WEIGHT_BYTES",
+    "FLOAT_PRECISIONS",
     "GROUP_TITLES",
     "KNOBS",
     "KV_PRECISIONS",
@@ -201,8 +203,15 @@ def _zero(value: Any) -> int:
     return int(value)
 
 
-PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
+DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
+"""The 4 GiB cap on weights synthesised for one run: profile's measurement (``--max-weight-bytes``,
+`dabench_ir.execute.synth`) and export's ``--weights random`` (`dabench_ir.models.export`)."""
+FLOAT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+"""The float ``--precision`` choices (no quantised weights): the one list of them."""
+PRECISIONS = (*FLOAT_PRECISIONS, "int8", "fp8", "w8a16", "w4a16")
+"""Every ``--precision`` choice; `dabench_ir.passes.precision` says what each one rewrites."""
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
+"""Every ``--kv-precision`` choice."""
 SCENARIOS = ("generate",)
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
@@ -308,7 +317,7 @@ class ProfileOptions:
         commands=frozenset({PROFILE}),
     )  # fmt: skip
     max_weight_bytes: int = knob(
-        4 << 30, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
+        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
     scenario: str | None = knob(

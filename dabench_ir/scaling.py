@@ -293,9 +293,10 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
     if not train:
         return
     try:
-        before = sum(v.type.numel(graph.bindings) for v in graph.weights())
-        after = sum(v.type.numel(share.bindings) for v in share.weights())
+        before, after = graph.num_params, share.num_params
     except Exception:
+        return
+    if before is None or after is None:
         return
     frac = after / before if before else 1.0
     saved: dict[str, int] = {}
@@ -438,14 +439,8 @@ def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
 
 
 def _gradient_bytes(graph: Graph) -> int:
-    """Bytes of one full gradient: every weight element at the precision weights are kept in."""
-    total = 0
-    for value in graph.weights():
-        try:
-            total += value.type.nbytes(graph.bindings)
-        except Exception:
-            continue
-    return total
+    """Bytes of one full gradient, as the training pass records them (its one owner)."""
+    return int((meta.training_state(graph) or {}).get("gradient_bytes", 0))
 
 
 def scale(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
 from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.targets import KINDS as TARGET_KINDS
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
@@ -34,8 +35,9 @@ __all__ = ["KINDS", "Lowering", "LoweringOptions", "internal", "lower", "lowerin
 
 logger = logging.getLogger(__name__)
 
-KINDS: dict[str, str] = {"wse": "wse", "rdu": "rdu", "ipu": "ipu", "gpu": "gpu", "cpu": "cpu"}
-"""Target kind -> the module (``dabench_ir.lowering.<module>``) whose `Lowering` serves it."""
+KINDS: dict[str, str] = {kind: kind for kind in TARGET_KINDS}
+"""Target kind -> the module (``dabench_ir.lowering.<module>``) whose `Lowering` serves it: each
+kind a target file may declare (`dabench_ir.targets.KINDS`, the owner) has the module of its name."""
 
 
 def internal(default: Any) -> Any:

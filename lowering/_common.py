@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, Node
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
+from dabench_ir.passes.precision import graph_compute_dtype
 from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.timeline import classify_bound
 
@@ -75,7 +75,7 @@ class LoweringContext:
                 costs[node.name] = cost
         if unattributed:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
-        prec = precision or graph_dtype(graph)
+        prec = precision or graph_compute_dtype(graph)
         ctx = cls(graph, costs, unattributed, prec, graph.batch_size or 1)
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx
@@ -117,20 +117,6 @@ class LoweringContext:
             return cls == "vector"
         cost = self.costs[node.name]
         return cost.contraction_flops == 0 and cost.weight_bytes == 0 and cost.flops > 0
-
-
-def graph_dtype(graph: Graph) -> DType:
-    """The precision the graph computes in: the precision pass's choice, else its weights' dtype."""
-    votes: Counter[DType] = Counter()
-    for node in graph.nodes:
-        prec = node.meta.get(meta.PRECISION)
-        if isinstance(prec, DType):
-            votes[prec] += 1
-    if not votes:
-        for value in graph.values.values():
-            if value.kind in (ValueKind.WEIGHT, ValueKind.INPUT, ValueKind.ACTIVATION) and value.type.dtype.is_float:
-                votes[value.type.dtype] += 1
-    return votes.most_common(1)[0][0] if votes else DType.FLOAT32
 
 
 def value_bytes(graph: Graph, name: str, default: int = 0) -> int:

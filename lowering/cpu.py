@@ -110,7 +110,9 @@ class CpuModel:
     @property
     def ridge(self) -> float:
         """FLOPs per byte where the roofline turns from memory- to compute-bound."""
-        return self.peak_flops / self.bandwidth
+        from dabench_ir.targets import ridge
+
+        return ridge(self.peak_flops, self.bandwidth)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, cold: bool = False) -> CpuModel:

@@ -147,7 +147,7 @@ def stream_plan(
     peak = target.peak_flops(ctx.precision)
     mem = target.feed_memory
     bw = mem.bandwidth_bytes_per_s
-    ridge = peak / bw
+    ridge = target.ridge_point(ctx.precision, mem)
     # a CPU calibration may call its fixed per-op cost per_op_s
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
     n_units = target.num_units

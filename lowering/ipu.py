@@ -37,6 +37,7 @@ from dabench_ir.lowering._common import (
     training_state,
     value_bytes,
 )
+from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
 from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
@@ -303,7 +304,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     link = target.link("ipu_link") or target.link()
     stream = target.memory("off-chip") if target.has_memory("off-chip") else None
     sram_bw = sram.bandwidth_bytes_per_s
-    ridge = target.peak_flops(ctx.precision) / sram_bw
+    ridge = target.ridge_point(ctx.precision, sram)
     m = options.micro_batches or ctx.batch
     if options.replicas == "auto":
         raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")
@@ -481,7 +482,8 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
             plan.traffic_bytes[stream.name] = int(2 * sum(offchip_bytes.values()))
     if training and replicas > 1 and link is not None:
         grads = max(params_on.values(), default=0) * max(accum_pp, 1)
-        plan.step_overheads_s["gradient_reduce"] = 2 * (replicas - 1) / replicas * grads / link.bandwidth_bytes_per_s
+        # the ring's bandwidth term only: the IPU model has always left the link latency out
+        plan.step_overheads_s["gradient_reduce"] = ring_allreduce_time(grads, replicas, link.bandwidth_bytes_per_s)
     plan.extra.update({
         "ipus": n_ipus,
         "layers_per_ipu": counts,

@@ -338,7 +338,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     rate = peak * chip.tiles / chip.tiles_per_rdu * eff  # FLOP/s a section sustains on the compiled tiles
     ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
-    ridge = peak / bw
+    ridge = target.ridge_point(ctx.precision, ddr)
     reconfig = target.overhead("section_reconfig_s")
     sram_bw = target.memory("on-chip").bandwidth_bytes_per_s if target.has_memory("on-chip") else bw
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)

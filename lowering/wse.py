@@ -605,7 +605,7 @@ def _place_pipelined(
 ) -> Plan:
     pes = target.num_units
     sram = target.memory(LOWERING.feed_level(target))
-    ridge = target.peak_flops(ctx.precision) / sram.bandwidth_bytes_per_s
+    ridge = target.ridge_point(ctx.precision, sram)
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
     io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
@@ -789,7 +789,9 @@ def _pipelined_overheads(
         side = math.sqrt(target.num_units)
         cut_bw = side * link * clock  # one link per row crossing the wafer's bisection
         grad = _params(ctx) * 4  # fp32 gradients
-        out["wse_replica_reduce"] = 2 * (replicas - 1) / replicas * grad / cut_bw + (replicas - 1) * side * hop
+        from dabench_ir.lowering.collectives import ring_allreduce_time
+
+        out["wse_replica_reduce"] = ring_allreduce_time(grad, replicas, cut_bw) + (replicas - 1) * side * hop
     io = target.link("system_io")
     if io is not None:
         samples = max(1, _samples(ctx))
@@ -808,7 +810,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     rates = _Rates.of(target)
     kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
     pes = target.num_units
-    peak = target.peak_flops(ctx.precision)
+    target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
     sram = target.memory("on-chip")
     ext = target.memory("off-chip")
     usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
@@ -876,8 +878,8 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         "checkpoint_bytes_per_sample": keep,
         "working_bytes_per_sample": working,
     })  # fmt: skip
-    sram_ridge = peak / sram.bandwidth_bytes_per_s
-    ext_ridge = peak / ext.bandwidth_bytes_per_s
+    sram_ridge = target.ridge_point(ctx.precision, sram)
+    ext_ridge = target.ridge_point(ctx.precision, ext)
     for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
         t_c = mb * sum(work.values()) / pes
         t_s = stream / ext.bandwidth_bytes_per_s

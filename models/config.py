@@ -14,13 +14,23 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["DTYPES", "FAMILIES", "PHASES", "ModelConfig"]
+__all__ = ["DTYPES", "FAMILIES", "HEAD_DIM", "PHASES", "ModelConfig", "default_heads"]
 
 logger = logging.getLogger(__name__)
 
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("fp32", "fp16", "bf16")
 PHASES = ("prefill", "decode")
+HEAD_DIM = 64
+"""Width of one attention head when a model's heads are not given (GPT-2's and LLaMA's)."""
+
+
+def default_heads(hidden: int, *, hint: str = "give heads for it") -> int:
+    """Attention heads when none are given: ``hidden / HEAD_DIM``. A ``hidden`` that is no
+    positive multiple of `HEAD_DIM` raises UserError, ending with ``hint`` (how to give them)."""
+    if hidden <= 0 or hidden % HEAD_DIM:
+        raise UserError(f"hidden {hidden} is not a multiple of {HEAD_DIM}: {hint}")
+    return hidden // HEAD_DIM
 
 
 def _default_ffn(family: str, hidden: int) -> int:

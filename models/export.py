@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 
 if TYPE_CHECKING:
     import onnx
@@ -57,8 +58,7 @@ logger = logging.getLogger(__name__)
 
 AUTO_NONE_THRESHOLD_BYTES = 256 * 2**20
 """`weights="auto"` means "random" up to this many weight bytes, "none" above."""
-DEFAULT_MAX_WEIGHT_BYTES = 4 * 2**30
-"""`weights="random"` refuses models whose weights need more bytes than this."""
+# `weights="random"` refuses models whose weights need more bytes than DEFAULT_MAX_WEIGHT_BYTES (the options' one)
 _EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf caps a file at 2 GB: above this, weights go to PATH.data
 
 META_FAMILY, META_PRESET, META_PARAMS, META_WEIGHTS = (

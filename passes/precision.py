@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType, Graph, ValueKind
+from dabench_ir.options import KV_PRECISIONS, PRECISIONS
 
 from . import meta
 from .base import Pass, PassResult
@@ -41,6 +43,8 @@ __all__ = [
     "DequantisePass",
     "PrecisionPass",
     "compute_dtype",
+    "dominant_storage_dtype",
+    "graph_compute_dtype",
     "kv_cache_values",
     "precision_by_class",
 ]
@@ -59,7 +63,7 @@ _QUANT = {
 # weight-only dequantisation: (vector FLOPs per weight element, elements per scale group or
 # None for one group per output channel, bytes of scale + zero point per group)
 _DEQUANT = {"w8a16": (1, None, 2.0), "w4a16": (2, 128, 2.5)}
-_CHOICES = (*_MODES, "mixed", *_QUANT)
+_CHOICES = PRECISIONS  # the knob's choices are dabench_ir.options'; each has its meaning here
 
 
 def compute_dtype(precision: str | DType | None) -> DType | None:
@@ -73,6 +77,37 @@ def compute_dtype(precision: str | DType | None) -> DType | None:
     if key == "mixed":
         return DType.FLOAT16
     return DType.from_name(key)
+
+
+def graph_compute_dtype(graph: Graph) -> DType:
+    """The dtype a graph computes in when no ``--precision`` is given (what lowerings take peaks
+    at): the precision pass's per-node choice by majority, else the majority dtype of the float
+    weights, inputs and activations (counted per value), else fp32."""
+    votes: Counter[DType] = Counter()
+    for node in graph.nodes:
+        prec = node.meta.get(meta.PRECISION)
+        if isinstance(prec, DType):
+            votes[prec] += 1
+    if not votes:
+        for value in graph.values.values():
+            if value.kind in (ValueKind.WEIGHT, ValueKind.INPUT, ValueKind.ACTIVATION) and value.type.dtype.is_float:
+                votes[value.type.dtype] += 1
+    return votes.most_common(1)[0][0] if votes else DType.FLOAT32
+
+
+def dominant_storage_dtype(graph: Graph) -> str | None:
+    """The float dtype holding most elements over all shaped values (a symbolic shape counts
+    one), by name: what a report records as the model's precision when none was given.
+    Counted per element, not per value or per node, so it can differ from `graph_compute_dtype`."""
+    counts: dict[str, int] = {}
+    for value in graph.values.values():
+        if value.type.dtype.is_float and value.type.shape is not None:
+            try:
+                n = value.type.numel(graph.bindings)
+            except UserError:
+                n = 1
+            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def kv_cache_values(graph: Graph) -> list[str]:
@@ -108,7 +143,7 @@ class PrecisionPass(Pass):
         if self.precision is not None and self.precision not in _CHOICES:
             raise UserError(f"--precision {self.precision}: expected one of {', '.join(_CHOICES)}")
         if self.kv is not None and self.kv not in _KV:
-            raise UserError(f"--kv-precision {self.kv}: expected one of {', '.join(_KV)}")
+            raise UserError(f"--kv-precision {self.kv}: expected one of {', '.join(KV_PRECISIONS)}")
         for node in graph.nodes:
             meta.get(node, meta.OP_CLASS)  # classify must have run
             break

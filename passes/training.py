@@ -348,10 +348,7 @@ class TrainingPass(Pass):
             per_layer.setdefault(node.layer, {}).update(keep)
             if any(c.layer != node.layer for out in node.outputs for c in graph.consumers.get(out, ())):
                 boundary += forward.act_bytes_out
-        try:
-            params = sum(v.type.numel(graph.bindings) for v in graph.weights())
-        except UnboundSymbolError:
-            params = 0
+        params = graph.num_params or 0  # None: a symbolic weight shape
         itemsize = _weight_itemsize(graph)
         logits = lm_logits(graph)
         loss = next((n for n in graph.nodes if is_loss(n)), None)

@@ -32,11 +32,13 @@ __all__ = [
     "builtin_target_paths",
     "list_targets",
     "load_target",
+    "ridge",
 ]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
+"""The target kinds a target file may declare: the one list (`dabench_ir.lowering.KINDS` maps each to its lowering)."""
 LEVELS = ("on-chip", "off-chip")
 _DIR = Path(__file__).resolve().parent
 
@@ -44,6 +46,15 @@ _DIR = Path(__file__).resolve().parent
 # their operands on-chip; DDR/HBM-backed targets read them off-chip.
 # Peak-FLOP fallbacks when a target lists no figure for a dtype (16-bit formats share units).
 _PEAK_FALLBACK = {"bf16": "fp16", "fp16": "bf16"}
+
+
+def ridge(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
+    """The roofline's ridge point, FLOPs per byte: ``peak_flops`` over ``bandwidth_bytes_per_s``.
+
+    `Target.ridge_point` applies it to a target's memory; a caller holding a peak that is not
+    one of a target's (a plot's fallback, a calibrated host model) calls it directly.
+    """
+    return peak_flops / bandwidth_bytes_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +208,12 @@ class Target:
             return self.memory(self.feed_level)
         return self.memories[0]
 
-    def ridge_point(self, dtype: DType | str, level: str | None = None) -> float:
-        """FLOPs per byte where the roofline turns from memory- to compute-bound."""
-        mem = self.memory(level) if level else self.feed_memory
-        return self.peak_flops(dtype) / mem.bandwidth_bytes_per_s
+    def ridge_point(self, dtype: DType | str, level: str | MemoryLevel | None = None) -> float:
+        """FLOPs per byte where the roofline turns from memory- to compute-bound: peak FLOP/s at
+        ``dtype`` over the bandwidth of ``level`` (a `MemoryLevel`, a memory's name or level;
+        None: the feed memory). The one place a target's ridge point is computed."""
+        mem = level if isinstance(level, MemoryLevel) else (self.memory(level) if level else self.feed_memory)
+        return ridge(self.peak_flops(dtype), mem.bandwidth_bytes_per_s)
 
     def link(self, name: str | None = None) -> Link | None:
         """A link by name, or the first one; None when the target lists none."""

@@ -296,22 +296,19 @@ _SIDE_ROLES = 8
 def _side_by_side(result: DemoResult) -> tuple[list[str], list[list[str]]]:
     """Headers and rows: Level-1 metrics, validation error, then the top roles' shares per target."""
     from dabench_ir.report.attribution import role_rows
-    from dabench_ir.report.table import human, seconds
+    from dabench_ir.report.table import human, percent, seconds
 
     stems = list(result.reports)
     reports = [result.reports[s] for s in stems]
     headers = [""] + [f"{s} ({(r.target or {}).get('name', '-')})" for s, r in zip(stems, reports, strict=True)]
 
-    def pct(x: Any) -> str:
-        return "-" if x is None else f"{100 * x:.1f}%"
-
     rows = [
         ["model"] + [str(r.model.get("name") or "-") + f" L{r.model.get('layers')}" for r in reports],
         ["step time"] + [seconds(r.totals.get("time_s")) for r in reports],
         ["throughput"] + [human(r.totals.get("throughput_samples_per_s"), "samples/s") for r in reports],
-        ["allocation"] + [pct(r.metrics.get("allocation_ratio")) for r in reports],
+        ["allocation"] + [percent(r.metrics.get("allocation_ratio")) for r in reports],
         ["load imbalance"] + [_fmt(r.metrics.get("load_imbalance")) for r in reports],
-        ["efficiency"] + [pct(r.metrics.get("compute_efficiency")) for r in reports],
+        ["efficiency"] + [percent(r.metrics.get("compute_efficiency")) for r in reports],
         ["validation |error|"] + [_validation_cell(result, s, r) for s, r in zip(stems, reports, strict=True)],
     ]
     per = [{x["role"]: x for x in role_rows(r)} for r in reports]
@@ -323,7 +320,7 @@ def _side_by_side(result: DemoResult) -> tuple[list[str], list[list[str]]]:
         cells = []
         for table in per:
             x = table.get(role)
-            cells.append("-" if x is None else f"{pct(x['share'])} {x['bound'] or ''}".strip())
+            cells.append("-" if x is None else f"{percent(x['share'])} {x['bound'] or ''}".strip())
         rows.append([role, *cells])
     return headers, rows
 

@@ -13,6 +13,7 @@ import sys
 import time
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 
 __all__ = ["register", "run"]
 
@@ -71,9 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-weight-bytes",
         type=_byte_size,
-        default="4GiB",
+        default=DEFAULT_MAX_WEIGHT_BYTES,
         metavar="N",
-        help="refuse --weights random above this many bytes (default 4GiB)",
+        help=f"refuse --weights random above this many bytes (default {DEFAULT_MAX_WEIGHT_BYTES >> 30}GiB)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
     p.add_argument("--format", choices=("onnx", "mlir-torch", "mlir-linalg"), default="onnx")
@@ -117,9 +118,9 @@ def _config(args: argparse.Namespace):
     if missing:
         raise UserError(f"export needs {', '.join(missing)} (or --preset NAME; see --list-presets)")
     if given["heads"] is None:
-        if given["hidden"] <= 0 or given["hidden"] % 64:
-            raise UserError(f"hidden {given['hidden']} is not a multiple of 64: pass --heads")
-        given["heads"] = given["hidden"] // 64
+        from dabench_ir.models.config import default_heads
+
+        given["heads"] = default_heads(given["hidden"], hint="pass --heads")
     given.setdefault("seq", None)
     params = {k: v for k, v in given.items() if v is not None}
     params.setdefault("seq", 128)

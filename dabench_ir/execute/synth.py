@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError, UserError
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 from dabench_ir.passes.cost_rules import op_traits
 
 if TYPE_CHECKING:
@@ -35,8 +36,7 @@ __all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "Prepared", "name_nodes", "prepare_model"
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_WEIGHT_BYTES = 4 << 30
-"""Default cap on the bytes of inputs and weights synthesised for one measurement (4 GiB)."""
+# the default cap on the bytes of inputs and weights synthesised for one measurement: the options' one
 
 _WEIGHTS_KEY = "dabench.weights"
 

@@ -14,6 +14,7 @@ from dabench_ir.ir import Cost, Graph
 from dabench_ir.options import recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
+from dabench_ir.passes.precision import dominant_storage_dtype
 from dabench_ir.report.model import NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
@@ -243,7 +244,7 @@ def _config(graph: Graph, run: ResolvedRun, plan: Any, samples: int, *, placed: 
     config.update(
         {
             "batch": samples,
-            "precision": opts.precision or _dominant_dtype(graph),
+            "precision": opts.precision or dominant_storage_dtype(graph),
             "chips": getattr(plan, "chips", 1) if plan is not None else 1,
             "strategy": getattr(plan, "strategy", None),
             "dims": dict(graph.bindings),
@@ -331,14 +332,3 @@ def _constant_elements(graph: Graph) -> int | None:
         return None
 
 
-def _dominant_dtype(graph: Graph) -> str | None:
-    """The float dtype holding most weight (or activation) elements: what the model computes in."""
-    counts: dict[str, int] = {}
-    for value in graph.values.values():
-        if value.type.dtype.is_float and value.type.shape is not None:
-            try:
-                n = value.type.numel(graph.bindings)
-            except UserError:
-                n = 1
-            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
-    return max(counts, key=counts.__getitem__) if counts else None

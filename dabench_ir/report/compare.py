@@ -18,7 +18,7 @@ from typing import Any
 from dabench_ir.errors import UserError
 
 from .model import SCHEMA, Report
-from .table import human, seconds
+from .table import human, percent, seconds
 
 __all__ = [
     "COMPARE_COLUMNS",
@@ -267,17 +267,13 @@ def estimated_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             continue
         share = row.get("estimated_time_share")
         what = f"{est} node(s) without a cost rule (estimated: no rule"
-        what += f", {_pct(share)} of node time)" if share is not None else ")"
+        what += f", {percent(share)} of node time)" if share is not None else ")"
         if row.get("_estimated_ops"):
             what += ": " + ", ".join(row["_estimated_ops"])
         if un:
             what += f"; {un} unattributed (zero time)"
         out.append(f"warning: {row.get('label')}: {what}; its time is a lower bound")
     return out
-
-
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _num(x: Any) -> str:
@@ -297,16 +293,16 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         if row.get("throughput_samples_per_s") is None
         else human(row["throughput_samples_per_s"], "samples/s"),
         "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),
-        "alloc": _pct(row.get("allocation_ratio")),
+        "alloc": percent(row.get("allocation_ratio")),
         "LI": _num(row.get("load_imbalance")),
-        "eff": _pct(row.get("compute_efficiency")),
+        "eff": percent(row.get("compute_efficiency")),
         "fits": "-" if fits is None else ("yes" if fits else "NO"),
-        "dominant bound": "-" if bound is None else f"{bound} ({_pct(row.get('dominant_bound_share'))})",
+        "dominant bound": "-" if bound is None else f"{bound} ({percent(row.get('dominant_bound_share'))})",
         "GOP/s/W": _num(row.get("gops_per_w")),
         "no rule": (
             "-"
             if not row.get("estimated_nodes")
-            else f"{row['estimated_nodes']} ({_pct(row.get('estimated_time_share'))})"
+            else f"{row['estimated_nodes']} ({percent(row.get('estimated_time_share'))})"
         ),
         **(
             {f"GOP/s/W @{row['normalized_to_nm']:g}nm": _num(row.get("gops_per_w_normalized"))}

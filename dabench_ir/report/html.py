@@ -19,7 +19,7 @@ from dabench_ir import __version__
 
 from .compare import format_row
 from .model import NodeRecord, Report
-from .table import human, seconds
+from .table import human, percent, seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -126,10 +126,6 @@ def _class_cell(op_class: str | None) -> str:
     return f'<span class="dot" style="background:{color}"></span>{_e(op_class)}'
 
 
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def _card(key: str, value: str, bad: bool = False) -> str:
     return f'<div class="card"><div class="k">{_e(key)}</div><div class="v{" bad" if bad else ""}">{_e(value)}</div></div>'
 
@@ -156,9 +152,9 @@ def _summary(report: Report) -> str:
         ]
     if report.target:
         cards += [
-            _card("allocation", _pct(m.get("allocation_ratio"))),
+            _card("allocation", percent(m.get("allocation_ratio"))),
             _card("load balance LI", "-" if m.get("load_imbalance") is None else f"{m['load_imbalance']:.3g}"),
-            _card("efficiency", _pct(m.get("compute_efficiency"))),
+            _card("efficiency", percent(m.get("compute_efficiency"))),
         ]
     if t.get("measured_time_s") is not None:
         cards.append(_card("measured step", seconds(t["measured_time_s"])))
@@ -269,7 +265,7 @@ def _roles(report: Report, top: int) -> str:
                "-" if r["intensity"] is None else f"{r['intensity']:.3g}"]  # fmt: skip
         if timed:
             row += [seconds(r["time_s"]), _share_cell(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
-                    _pct(r["peak_fraction"]), r["bound"] or "-"]  # fmt: skip
+                    percent(r["peak_fraction"]), r["bound"] or "-"]  # fmt: skip
         else:
             row += [_share_cell(r["share"])]
         body.append(row)

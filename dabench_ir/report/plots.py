@@ -140,9 +140,11 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
     hi = max([*xs, 1000.0]) * 4
     peak = _peak(target, report.config.get("precision")) if target is not None else None
     if target is not None and peak:
+        from dabench_ir.targets import ridge as ridge_point
+
         for i, mem in enumerate(sorted(target.memories, key=lambda m: m.bandwidth_bytes_per_s)):
             bw = float(mem.bandwidth_bytes_per_s)
-            ridge = peak / bw
+            ridge = ridge_point(peak, bw)
             lo, hi = min(lo, ridge / 20), max(hi, ridge * 20)
             grid = _logspace(lo, hi, 200)
             ax.plot(

@@ -10,7 +10,7 @@ from typing import Any
 
 from .model import Report
 
-__all__ = ["BY", "human", "render_table", "seconds"]
+__all__ = ["BY", "human", "parse_percent", "percent", "percent_change", "render_table", "seconds"]
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -39,8 +39,34 @@ def seconds(t: float | None) -> str:
     return f"{t * 1e9:.3g} ns"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+# -- percentages: one helper per meaning --------------------------------------------------------
+
+
+def percent(fraction: float | None, *, width: int = 0, missing: str = "-") -> str:
+    """A fraction (0.25) as a percentage (``25.0%``), right-aligned in ``width``; None: ``missing``."""
+    if fraction is None:
+        return missing
+    return f"{100 * fraction:{width}.1f}%" if width else f"{100 * fraction:.1f}%"
+
+
+def percent_change(before: Any, after: Any) -> str:
+    """The relative change from ``before`` to ``after``, signed (``+12.5%``); ``-`` when either
+    is missing or ``before`` is zero."""
+    if not before or after is None:
+        return "-"
+    return f"{100 * (after - before) / before:+.1f}%"
+
+
+def parse_percent(text: str | None) -> float | None:
+    """A percentage as written (``12.5%``, ``12.5``) back to its fraction (0.125); None when blank
+    (``""``, ``-``, ``–``) or not a number."""
+    text = (text or "").rstrip("%")
+    if text in ("", "-", "–"):
+        return None
+    try:
+        return float(text) / 100
+    except ValueError:
+        return None
 
 
 class _Style:
@@ -147,10 +173,10 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             bound = r["bound"] or "-"
             if r["bound_share"] is not None and r["bound_share"] < 0.995:
                 bound += f" ({100 * r['bound_share']:.0f}%)"
-            row += [seconds(r["time_s"]), _pct(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
-                    _pct(r["peak_fraction"]), bound]  # fmt: skip
+            row += [seconds(r["time_s"]), percent(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
+                    percent(r["peak_fraction"]), bound]  # fmt: skip
         else:
-            row += [_pct(r["share"])]
+            row += [percent(r["share"])]
         if measured:
             row.append(seconds(r["measured_time_s"]))
         out.append(row)
@@ -178,7 +204,7 @@ def _representative(report: Report, st: _Style, width: int) -> list[str]:
         row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
         if timed:
             spread = r["spread"]
-            row += [seconds(r["time_s"]), _pct(r["share"]), seconds(r["min_time_s"]), seconds(r["max_time_s"]),
+            row += [seconds(r["time_s"]), percent(r["share"]), seconds(r["min_time_s"]), seconds(r["max_time_s"]),
                     "-" if spread is None else ("0%" if spread < 1e-6 else f"{100 * spread:.1f}%"), r["bound"] or "-"]  # fmt: skip
         out.append(row)
     n = max(r["layers"] for r in rows)
@@ -218,7 +244,7 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
         ]
         if timed:
             share = (n.time_s / total_time) if total_time and n.time_s is not None else None
-            row += [seconds(n.time_s), _pct(share), n.bound or "-", n.unit or "-"]
+            row += [seconds(n.time_s), percent(share), n.bound or "-", n.unit or "-"]
         if measured:
             row += [seconds(n.measured_time_s)]
         if energy:
@@ -288,20 +314,20 @@ def _summary(report: Report, st: _Style) -> list[str]:
         )
     if report.target:
         out.append(
-            f"  metrics    allocation {_pct(m.get('allocation_ratio'))}, load balance LI "
-            f"{_fmt(m.get('load_imbalance'))}, efficiency {_pct(m.get('compute_efficiency'))} of peak"
+            f"  metrics    allocation {percent(m.get('allocation_ratio'))}, load balance LI "
+            f"{_fmt(m.get('load_imbalance'))}, efficiency {percent(m.get('compute_efficiency'))} of peak"
         )
     err = m.get("prediction_error")
     if err:
         out.append(
-            f"  predicted  end-to-end error {_pct(err.get('end_to_end_rel_error'))}, median node error "
-            f"{_pct(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes"
+            f"  predicted  end-to-end error {percent(err.get('end_to_end_rel_error'))}, median node error "
+            f"{percent(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes"
         )
         if err.get("end_to_end_spread") is not None:
             verdict = "within" if err.get("end_to_end_within_noise") else "beyond"
             out.append(
-                f"  noise      measured spread (IQR/median) {_pct(err.get('end_to_end_spread'))} end to end, "
-                f"{_pct(err.get('median_node_spread'))} median node: the end-to-end error is {verdict} noise; "
+                f"  noise      measured spread (IQR/median) {percent(err.get('end_to_end_spread'))} end to end, "
+                f"{percent(err.get('median_node_spread'))} median node: the end-to-end error is {verdict} noise; "
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
@@ -321,7 +347,7 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
     rows = []
     for r in runs:
         row = [r["layers"], f"x{r['count']}" if r["count"] > 1 else "1", human(r["flops"]),
-               _pct(r["flops"] / total_flops if total_flops else None), human(r["bytes"], "B")]  # fmt: skip
+               percent(r["flops"] / total_flops if total_flops else None), human(r["bytes"], "B")]  # fmt: skip
         if timed:
             row.append(seconds(r["time_s"]))
         rows.append(row)
@@ -343,7 +369,7 @@ def _time_shares(report: Report, st: _Style, width: int) -> list[str]:
         if key == "bound" and overheads:  # step costs no node owns are a bound class of their own
             grouped["overhead"] = grouped.get("overhead", 0.0) + sum(overheads.values())
         groups = sorted(grouped.items(), key=lambda kv: kv[1], reverse=True)[:10]
-        rows = [[str(k or "-"), seconds(v), _pct(v / total)] for k, v in groups]
+        rows = [[str(k or "-"), seconds(v), percent(v / total)] for k, v in groups]
         out += [st.bold(title), *_grid([key, "time", "share"], rows, width, right={1, 2}), ""]
     return out[:-1]
 

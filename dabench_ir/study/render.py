@@ -11,19 +11,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.report.table import human, seconds
+from dabench_ir.report.table import human, percent_change, seconds
 
 from .diff import NODE_COLUMNS
 
 __all__ = ["render_study", "study_schema", "validate_study", "write_study_csv", "write_study_html", "write_study_json"]
 
 _CHANGED = ("fused", "replaced", "added", "removed", "folded")
-
-
-def _pct(before: Any, after: Any) -> str:
-    if not before or after is None:
-        return "-"
-    return f"{100 * (after - before) / before:+.1f}%"
 
 
 def _t(x: Any) -> str:
@@ -64,8 +58,8 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                 _t(t["time_before_s"]),
                 _t(t["time_after_s"]),
                 "-" if speed is None else f"{speed:.2f}x",
-                _pct(t["flops_before"], t["flops_after"]),
-                _pct(t["bytes_before"], t["bytes_after"]),
+                percent_change(t["flops_before"], t["flops_after"]),
+                percent_change(t["bytes_before"], t["bytes_after"]),
                 f"{t['nodes_before']} -> {t['nodes_after']}",
                 f"{t['nodes_fused']}/{t['nodes_added']}/{t['nodes_removed'] + t['nodes_folded']}",
                 str(t["bound_changes"]),
@@ -105,7 +99,7 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
             out.append(f"  ... and {len(rows) - top} more changed nodes (see --csv/--json)")
         mods = [
             [m["module"], str(m["nodes_before"]), str(m["nodes_after"]), _t(m["time_before_s"]), _t(m["time_after_s"]),
-             _pct(m["time_before_s"], m["time_after_s"])]
+             percent_change(m["time_before_s"], m["time_after_s"])]
             for m in run["modules"][:top]
         ]  # fmt: skip
         out += [
@@ -239,7 +233,7 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
                         str(m["nodes_after"]),
                         _t(m["time_before_s"]),
                         _t(m["time_after_s"]),
-                        _pct(m["time_before_s"], m["time_after_s"]),
+                        percent_change(m["time_before_s"], m["time_after_s"]),
                     ]
                     for m in run["modules"]
                 ],

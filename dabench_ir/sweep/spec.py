@@ -207,9 +207,9 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
             if key not in params and key in base and base[key] is not None:
                 p[key] = base[key]
     elif "heads" not in p:
-        if p["hidden"] % 64:
-            raise UserError(f"hidden {p['hidden']} is not a multiple of 64: give heads for it")
-        p["heads"] = p["hidden"] // 64
+        from dabench_ir.models.config import default_heads
+
+        p["heads"] = default_heads(p["hidden"])
     if p["chips"] == 1:
         p.pop("strategy", None)  # one chip: no strategy to choose
     elif not p.get("strategy"):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
 
 __all__ = [
     "FORMAT",
@@ -58,7 +59,6 @@ _MEASURED_NUMBERS = {
     "tflops", "fraction_of_peak", "max_square", "ratio", "bandwidth_gb_s",
 }  # fmt: skip
 _MEASURED_FILES = {"kernels_csv"}
-_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+from dabench_ir.report.table import parse_percent
+
 __all__ = ["kernel_classes", "kernel_load_imbalance"]
 
 
@@ -55,12 +57,7 @@ def _kernel_rows(csv_path: str | Path) -> Iterator[tuple[str, float, float | Non
     with open(csv_path, newline="") as fh:
         for row in csv.DictReader(fh):
             name = row["kernel"].rstrip("0123456789") or row["kernel"]
-            yield name, float(row["active_pes"]), _pct(row.get("compute_utilization_pct")), _float(row.get("samples_per_s"))
-
-
-def _pct(text: str | None) -> float | None:
-    value = _float((text or "").rstrip("%"))
-    return value / 100 if value is not None else None
+            yield name, float(row["active_pes"]), parse_percent(row.get("compute_utilization_pct")), _float(row.get("samples_per_s"))
 
 
 def _float(text: str | None) -> float | None:
