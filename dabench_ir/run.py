@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
 __all__ = [
+    "MAX_BATCH",
     "SOURCES",
     "ResolvedRun",
     "Samples",
@@ -53,6 +54,10 @@ Progress = Callable[[str], None]
 SOURCES = ("user", "target", "model", "default", "scenario")
 """Where a knob's value came from: the user, the target's ``[defaults]``, the model, the tool's default,
 or a scenario's own rule (serving keeps weights resident: ``--scenario generate`` on a WSE)."""
+
+MAX_BATCH = 1 << 24
+"""Most samples one replica may run per step (16,777,216): far above any run on these machines,
+and low enough that every rule over the batch (divisors, micro-batches) stays instant."""
 
 # knobs a target's [defaults] table may fill when the user left them open
 _TARGET_DEFAULTS = ("precision", "fused_attention")
@@ -239,6 +244,9 @@ def resolve(
     else:  # no batch dim (a scalar or rank-0 input first): one sample
         per_replica, source = opts.batch or 1, "user" if opts.batch is not None else "default"
     changes["dims"] = dims
+    if per_replica is not None and per_replica > MAX_BATCH:
+        raise UserError(f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
+                        "export the model with a smaller batch or bind a smaller --batch")  # fmt: skip
     if per_replica is not None:
         changes["batch"] = per_replica
         sources["batch"] = source

@@ -28,6 +28,7 @@ __all__ = [
     "TrainingState",
     "balance",
     "kernel_groups",
+    "largest_divisor",
     "layer_blocks",
     "module_key",
     "peak_live_bytes",
@@ -309,6 +310,19 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
         live += events[i]
         peak = max(peak, live)
     return peak
+
+
+def largest_divisor(n: int, bound: int) -> int:
+    """The largest divisor of ``n`` that is at most ``bound`` (1 when ``bound`` < 1), in O(sqrt n)."""
+    best = 1
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            for d in (i, n // i):
+                if best < d <= bound:
+                    best = d
+        i += 1
+    return best
 
 
 def balance(

@@ -48,6 +48,7 @@ from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
     balance,
+    largest_divisor,
     layer_blocks,
     peak_live_bytes,
     place_node,
@@ -863,8 +864,9 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     if options.micro_batches:
         mb = max(1, batch // options.micro_batches)
     else:
-        fitting = [d for d in range(1, batch + 1) if batch % d == 0 and need(d) <= usable * sram.capacity_bytes]
-        mb = max(fitting) if fitting else 1
+        per_sample = keep + working  # need(mb) grows linearly: the largest divisor under the bound fits
+        bound = (usable * sram.capacity_bytes - 2 * max_w) // per_sample if per_sample > 0 else batch
+        mb = largest_divisor(batch, int(max(1, min(batch, bound))))
     n_mb = max(1, math.ceil(batch / mb))
     plan.micro_batches = n_mb
     per_layer = keep / layers if layers else 0
