@@ -241,8 +241,13 @@ def resolve(
                 f"(symbolic batch) or with --batch {opts.batch}"
             )
         per_replica, source = dim, ("user" if opts.batch is not None else "model")
-    else:  # no batch dim (a scalar or rank-0 input first): one sample
-        per_replica, source = opts.batch or 1, "user" if opts.batch is not None else "default"
+    else:  # no batch dim (a plain matrix, a scalar input first): one sample
+        if opts.batch not in (None, 1):
+            first = next((n for n in graph.inputs if graph.values[n].type.shape is not None), None)
+            what = f"its first input {first!r} is {graph.values[first].type}" if first else "it has no shaped input"
+            raise UserError(f"--batch {opts.batch}: the model has no batch dimension ({what}); a batch is dim 0 of "
+                            "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim")  # fmt: skip
+        per_replica, source = 1, "user" if opts.batch is not None else "default"
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
@@ -352,8 +357,11 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
     done = meta.graph_find(graph, meta.TRANSFORMED)
     if done is not None and done != key:
         raise RuntimeError(f"graph already rewritten for {done}, asked for {key}: pass a clone of the costed graph")
-    if done is None:
-        passes += transform_passes(run.options)
+    if done is None:  # rewrites a caller applied by hand (a TrainingPass run directly) are not applied twice
+        applied = {"training"} if meta.graph_mode(graph) == "train" else set()
+        if meta.graph_precision(graph) is not None:
+            applied |= {"precision", "cost", "dequantise"}
+        passes += [p for p in transform_passes(run.options) if p.name not in applied]
     graph = PassManager(passes)(graph).graph
     meta.graph_set(graph, meta.TRANSFORMED, key)
     return graph

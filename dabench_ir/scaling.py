@@ -400,6 +400,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         notes=[f"{m} micro-batch{'es' if m != 1 else ''}"],
         memory_per_device=worst_memory,
         micro_batches=m,
+        chip=single,  # the whole graph on one chip: the stages are its layers' shares
     )
 
 

@@ -137,6 +137,8 @@ def stored_root(graph: Graph, name: str) -> str:
         producer = graph.node(value.producer) if value is not None and value.producer else None
         if producer is None or meta.FOLDED not in producer.meta or not producer.inputs:
             break
+        if not traits_of(producer).folds_on_weights:  # a folded constant subgraph: its output is the tensor
+            break
         name = producer.inputs[0]
     return name
 
@@ -152,7 +154,9 @@ def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> 
     for node in graph.nodes if nodes is None else nodes:
         if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
             continue
-        stored = [v for v in node.inputs if v and v in graph.values and graph.values[v].kind.is_stored]
+        shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
+        stored = [v for i, v in enumerate(node.inputs)
+                  if v and i != shape_input and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
         fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
         for v in stored:
             root = stored_root(graph, v)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dabench_ir.errors import UnboundSymbolError, UserError
-from dabench_ir.ir import Cost, Graph, ValueKind, layer_from_scope
+from dabench_ir.ir import Cost, Graph, Node, ValueKind, layer_from_scope
 
 from . import meta
 from .base import Pass, PassResult
@@ -82,12 +82,19 @@ class ClassifyOps(Pass):
 
 @dataclass(frozen=True)
 class FoldWeightLayouts(Pass):
-    """Fold layout ops applied to weights (``Transpose(W)`` before a MatMul) into the weight.
+    """Fold what a compiler computes once, at compile time, into constants.
 
-    Exporters write a linear layer as a Transpose of the stored weight feeding a MatMul;
-    every accelerator compiler (and onnxruntime's constant folding) does that transpose once,
-    at compile time. The folded node costs nothing (`meta.FOLDED`), and its output becomes a
-    stored constant, so the consumer reads it as weight bytes. Parameter counts do not change.
+    - Layout ops applied to weights (``Transpose(W)`` before a MatMul): exporters write a
+      linear layer that way; every accelerator compiler (and onnxruntime's constant folding)
+      does the transpose once. Parameter counts do not change.
+    - Shape arithmetic and constant subgraphs: ``Shape``/``Size`` of a tensor whose shape is
+      static once the symbols are bound, and any node whose inputs are all constants (not
+      weights) or such shapes — the causal mask a dynamic export builds with Range, Trilu and
+      Expand, the target shapes of its Reshapes. A graph exported with a symbolic batch and
+      bound to B then holds the same work as the one exported at B.
+
+    A folded node costs nothing (`meta.FOLDED`), and its output becomes a stored constant, so
+    its consumer reads it as stored bytes, as it reads an exported constant.
     """
 
     name: str = "fold-weight-layouts"
@@ -95,21 +102,34 @@ class FoldWeightLayouts(Pass):
     def call(self, graph: Graph) -> PassResult:
         folded = 0
         for node in graph.nodes:
-            if not traits_of(node).folds_on_weights:
-                continue
-            ins = [graph.values.get(v) for v in node.inputs if v]
-            if not ins or any(v is None or not v.kind.is_stored for v in ins):
+            reason = self._reason(graph, node)
+            if reason is None:
                 continue
             outs = [graph.values.get(v) for v in node.outputs if v]
-            if any(v is None or v.kind is ValueKind.OUTPUT for v in outs):
+            if not outs or any(v is None or v.kind is ValueKind.OUTPUT for v in outs):
                 continue
             for value in outs:
                 value.kind = ValueKind.CONSTANT
-            node.meta[meta.FOLDED] = f"layout of {node.inputs[0]!r}, folded at compile time"
+            node.meta[meta.FOLDED] = reason
             folded += 1
         if folded:
-            logger.debug("folded %d weight layout op(s)", folded)
+            logger.debug("folded %d node(s) at compile time", folded)
         return PassResult(graph, folded > 0)
+
+    @staticmethod
+    def _reason(graph: Graph, node: Node) -> str | None:
+        if node.meta.get(meta.SUBGRAPH):
+            return None
+        ins = [graph.values.get(v) for v in node.inputs if v]
+        if any(v is None for v in ins):
+            return None
+        if traits_of(node).folds_on_weights and ins and all(v.kind.is_stored for v in ins):
+            return f"layout of {node.inputs[0]!r}, folded at compile time"
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and ins:
+            return "a static shape, known at compile time" if graph.type_of(ins[0].name).is_static else None
+        if all(v.kind is ValueKind.CONSTANT for v in ins):
+            return "computes on constants only: folded at compile time"
+        return None
 
 
 @dataclass(frozen=True)

@@ -172,5 +172,16 @@ def test_subprocess_help_and_error_have_no_traceback(tmp_path):
 
 def test_batch_on_a_fixed_batch_model(capsys, tiny_matmul_path):
     code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--batch", "8")
+    assert_one_line_error(code, err, "no batch dimension")  # a [2,3] x [3,4] MatMul is one sample
+    assert main(["profile", str(tiny_matmul_path), "--batch", "1", "--quiet"]) == 0
+
+
+def test_batch_on_a_fixed_batch_export(capsys, tmp_path):
+    from dabench_ir.models import ModelConfig, export_model
+
+    pytest.importorskip("torch")
+    path = tmp_path / "b2.onnx"
+    export_model(ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none")
+    code, _, err = run_cli(capsys, "profile", str(path), "--batch", "8")
     assert_one_line_error(code, err, "fixed at 2", "--dynamic")
-    assert main(["profile", str(tiny_matmul_path), "--batch", "2", "--quiet"]) == 0
+    assert main(["profile", str(path), "--batch", "2", "--quiet"]) == 0

@@ -11,7 +11,6 @@ import functools
 
 import pytest
 
-from dabench_ir.options import ProfileOptions, ScaleOptions
 from dabench_ir.targets import load_target
 
 pytest.importorskip("torch")
@@ -31,27 +30,15 @@ def _base(shape: tuple, seq: int, batch: int) -> bytes:
     return graphs.export_base(dict(dict(shape), layers=1, seq=seq, batch=batch))
 
 
-def _graph(shape: dict, layers: int, seq: int, batch: int, opts: ProfileOptions, target):
-    from dabench_ir.pipeline import build_passes, resolve_defaults
+def _fits(shape, layers, seq, batch, target_name, *, chips=1, strategy=None, **knobs) -> tuple[bool, object]:
+    """The fit verdict of the deployment, asked as any command asks it: one resolved run, one execution."""
+    from dabench_ir.run import execute, resolve
     from dabench_ir.sweep import graphs
 
-    opts = resolve_defaults(opts, target)
     g = graphs.build_graph(_base(tuple(sorted(shape.items())), seq, batch), layers)
-    return build_passes(opts, analysis=False)(g).graph, opts
-
-
-def _fits(shape, layers, seq, batch, target_name, *, chips=1, strategy=None, **knobs) -> tuple[bool, object]:
-    from dabench_ir.place import place
-    from dabench_ir.scaling import scale
-
-    target = load_target(target_name)
-    opts = ScaleOptions(batch=batch, **knobs) if chips > 1 else ProfileOptions(batch=batch, **knobs)
-    g, opts = _graph(shape, layers, seq, batch, opts, target)
-    if chips == 1:
-        plan, _, _ = place(g, target, opts)
-        return plan.fits, plan.failure
-    point = scale(g, target, [chips], strategy, opts).points[0]
-    return point.fits, point.failure
+    run = resolve(g, load_target(target_name), {**knobs, "chips": chips, "strategy": strategy})
+    report = execute(run, g)
+    return report.fits, report.failure
 
 
 DEPLOYMENTS = [

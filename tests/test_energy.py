@@ -11,6 +11,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.lowering import lower
 from dabench_ir.options import ProfileOptions
 from dabench_ir.report.build import build_report
+from dabench_ir.run import resolve
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
@@ -54,7 +55,7 @@ def _emulated(target_name):
 @pytest.mark.parametrize("name", ["wse", "rdu", "ipu", "h100"])
 def test_energy_total_is_the_sum_of_node_energies(name):
     graph, plan, timeline, target = _emulated(name)
-    report = build_report(graph, target=target, plan=plan, timeline=timeline)
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline)
     per_node = [n.energy_j for n in report.nodes if n.energy_j is not None]
     assert per_node and all(e > 0 for e in per_node)
     assert report.totals["energy_j"] == pytest.approx(sum(per_node))
@@ -67,7 +68,7 @@ def test_energy_total_is_the_sum_of_node_energies(name):
 
 def test_gops_per_watt_is_achieved_over_power():
     graph, plan, timeline, target = _emulated("a100")
-    report = build_report(graph, target=target, plan=plan, timeline=timeline)
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline)
     t = report.totals
     achieved = t["flops"] / t["time_s"]
     assert t["achieved_flops_per_s"] == pytest.approx(achieved)
@@ -99,7 +100,7 @@ def test_catalog_rows_have_sources_and_cli_lists_them(capsys):
 
 def test_compare_shows_normalised_beside_raw(tmp_path, capsys):
     graph, plan, timeline, target = _emulated("a100")
-    report = build_report(graph, target=target, plan=plan, timeline=timeline)
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline)
     path = tmp_path / "a.json"
     report.write_json(path)
     assert main(["compare", str(path), "--normalize-to", "16", "--json", str(tmp_path / "c.json")]) == 0

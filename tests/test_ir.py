@@ -78,5 +78,9 @@ def test_graph_networkx_view_follows_values():
 def test_batch_dim_and_size():
     g = analyze_text("agraph (float[batch,4] x) => (float[batch,4] y) { y = Relu(x) }", dims={"batch": 3})
     assert g.batch_dim == "batch" and g.batch_size == 3
+    g = analyze_text("agraph (float[2,4,8] x) => (float[2,4,8] y) { y = Relu(x) }")
+    assert g.batch_dim == 2 and g.batch_size == 2  # a batch of sequences of 8-wide vectors
+    g = analyze_text("agraph (int64[2,4] ids) => (int64[2,4] y) { y = Identity(ids) }")
+    assert g.batch_dim == 2 and g.batch_size == 2  # token ids: batch x sequence
     g = analyze_text("agraph (float[2,4] x) => (float[2,4] y) { y = Relu(x) }")
-    assert g.batch_dim == 2 and g.batch_size == 2
+    assert g.batch_dim is None and g.batch_size is None  # a plain matrix is one sample, not 2

@@ -9,6 +9,7 @@ from dabench_ir.options import ProfileOptions, ScaleOptions
 from dabench_ir.place import place
 from dabench_ir.plan import Failure
 from dabench_ir.report.build import build_report
+from dabench_ir.run import resolve
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
@@ -18,7 +19,7 @@ def test_bounds_are_the_lowerings(name):
     graph = decoder(layers=2, hidden=64)
     target = load_target(name)
     plan, timeline, metrics = place(graph, target, ProfileOptions())
-    report = build_report(graph, target=target, plan=plan, timeline=timeline, metrics=metrics)
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline, metrics=metrics)
     for record in report.nodes:
         if record.name in timeline.nodes:
             given = timeline.nodes[record.name].bound or plan.node_plans[record.name].bound
@@ -32,12 +33,12 @@ def test_failure_and_config_come_from_their_types():
     plan, timeline, metrics = place(graph, target, ProfileOptions())
     plan.failure = Failure("too big", needed_bytes=10, capacity_bytes=5)
     opts = ScaleOptions(opt_level="O3", strategy="tp", chips=2)
-    report = build_report(graph, options=opts, target=target, plan=plan, timeline=timeline, metrics=metrics)
+    report = build_report(graph, run=resolve(graph, target, opts), plan=plan, timeline=timeline, metrics=metrics)
     assert report.failure == {"reason": "too big", "needed_bytes": 10, "capacity_bytes": 5}
     config = report.to_dict()["config"]
     # schema dabench-ir/report/v1 keys, resolved against the plan and the graph
     assert {"batch", "precision", "mode", "chips", "strategy", "dims", "via"} <= set(config)
     # one placement: its chips, and no strategy (a multi-chip run records its own)
     assert (config["chips"], config["strategy"], config["opt_level"]) == (plan.chips, None, "O3")
-    cost_only = build_report(graph, options=ProfileOptions()).to_dict()["config"]
+    cost_only = build_report(graph, run=resolve(graph)).to_dict()["config"]
     assert "opt_level" not in cost_only and cost_only["mode"] == "inference"

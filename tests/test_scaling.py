@@ -47,11 +47,14 @@ def test_tp_forward_two_allreduces_per_layer_four_in_training():
 
 
 def test_dp_training_all_reduces_the_gradient():
+    from dabench_ir.passes.training import TrainingPass
+
     graph = decoder(layers=2, hidden=64)
-    graph.meta["mode"] = "train"
+    TrainingPass()(graph)
     target = load_target("a100")
     link = target.link()
-    grad = sum(v.type.nbytes() for v in graph.weights())
+    grad = sum(v.type.nbytes() for v in graph.weights() if not v.name.startswith("__"))  # every weight, once
+    assert graph.meta["train"]["gradient_bytes"] == grad  # the training pass's record is what is reduced
     result = scale(graph, target, [1, 4], "dp", ProfileOptions())
     one, four = result.points
     assert four.comm_time_s == pytest.approx(ring_allreduce_time(grad, 4, link.bandwidth_bytes_per_s, link.latency_s))
@@ -60,8 +63,8 @@ def test_dp_training_all_reduces_the_gradient():
 
 
 def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
-    graph = decoder(layers=6, hidden=64)
-    result = scale(graph, load_target("h100"), [1, 3], "pp", ProfileOptions(batch=4), micro_batches=4)
+    graph = decoder(layers=6, hidden=64, batch=4)
+    result = scale(graph, load_target("h100"), [1, 3], "pp", ProfileOptions(micro_batches=4))
     p3 = result.points[1]
     assert [len(s) for s in p3.stages] == [2, 2, 2]
     assert p3.bubble_fraction == pytest.approx(2 / 6)
@@ -71,7 +74,7 @@ def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
 def test_pp_cannot_split_a_batch_into_more_micro_batches_than_samples():
     graph = decoder(layers=8, hidden=64)
     with pytest.raises(UserError, match="batch 1 cannot be split into 8 micro-batches"):
-        scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(batch=1), micro_batches=8)
+        scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(micro_batches=8))
     # batch 1 is one micro-batch: the pipeline only adds its bubble, no speedup (was 4x)
     p8 = scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(batch=1)).points[1]
     assert p8.micro_batches == 1 and p8.bubble_fraction == pytest.approx(7 / 8)
@@ -79,11 +82,10 @@ def test_pp_cannot_split_a_batch_into_more_micro_batches_than_samples():
 
 
 def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
-    graph = decoder(layers=4, hidden=64)
-    ipu = scale(graph, load_target("ipu"), [1, 2], "pp", ProfileOptions(batch=4))
+    ipu = scale(decoder(layers=4, hidden=64, batch=4), load_target("ipu"), [1, 2], "pp")
     assert ipu.points[1].speedup > 1
-    wse = scale(graph, load_target("wse"), [1, 2], "dp", ProfileOptions(batch=2))
-    assert wse.points[1].batch == 4
+    wse = scale(decoder(layers=4, hidden=64, batch=2), load_target("wse"), [1, 2], "dp")
+    assert wse.points[1].batch == 4  # two copies on the wafer, each running the graph's batch of 2
 
 
 @pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")])
@@ -128,7 +130,7 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     tiny = Target.from_dict(raw, origin="tiny-h100.toml")
     point = scale(graph, tiny, [3], "pp", ProfileOptions(batch=1)).points[0]
     assert not point.fits
-    ctx = LoweringContext.build(graph, None, 1)
+    ctx = LoweringContext.build(graph)
     stage = [n for n in graph.nodes if n.layer in point.stages[0]]
     train = graph.meta["train"]
     share = weight_bytes(ctx, stage) / weight_bytes(ctx)

@@ -206,4 +206,4 @@ def test_compare_labels_say_what_differs(tmp_path):
     rows = compare_reports([json.loads((tmp_path / f"{lv}.json").read_text()) for lv in ("O0", "O3")])
     assert [r["label"] for r in rows] == ["m@sn30 O0", "m@sn30 O3"]
     assert [r["opt_level"] for r in rows] == ["O0", "O3"] and rows[0]["wse_mode"] is None
-    assert rows[0]["pipeline"] == "none" and rows[0]["mode"] == "inference" and rows[0]["batch"] == 4
+    assert rows[0]["pipeline"] == "none" and rows[0]["mode"] == "inference" and rows[0]["batch"] == 1  # x[4,64]: one sample

@@ -10,6 +10,7 @@ from dabench_ir.ir import DType
 from dabench_ir.options import ProfileOptions, ScaleOptions
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import SAVED, FusedAttentionPass, TrainingPass
+from dabench_ir.run import resolve
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
@@ -92,15 +93,15 @@ def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
     g = decoder(layers=2, hidden=64, seq=16, batch=8, heads=4)
     TrainingPass()(g)
     acts = meta.training_state(g)["saved_activation_bytes"]
-    one, _, _ = place(g, h100, ProfileOptions(batch=8))
-    four, tl4, _ = place(g, h100, ProfileOptions(batch=8, micro_batch=2))
-    assert ProfileOptions(batch=8, micro_batch=2).micro_batches == 4
+    one, _, _ = place(g, h100, ProfileOptions())
+    four, tl4, _ = place(g, h100, ProfileOptions(micro_batches=4))
+    assert resolve(g, None, {"micro_batch": 2}).samples.micro_batches == 4  # the graph's batch of 8 in 4 parts
     assert one.memory_bytes["hbm"] - four.memory_bytes["hbm"] >= acts * 3 // 4
     opt = next(n for n in g.nodes if n.op_type == "AdamStep")
     assert tl4.nodes[opt.name].end - tl4.nodes[opt.name].start == pytest.approx(
         one.node_plans[opt.name].per_micro_batch_s)  # once per step, same time as without accumulation
     with pytest.raises(UserError, match="does not divide"):
-        ProfileOptions(batch=8, micro_batch=3)
+        resolve(g, None, {"micro_batch": 3})
 
 
 def test_zero_stages_shard_the_state_over_data_parallel_gpus():
@@ -130,13 +131,15 @@ def test_tensor_parallel_shards_the_training_state():
 
 
 def test_a_target_default_precision_is_used_unless_asked():
-    from dabench_ir.pipeline import resolve_defaults
-
-    assert resolve_defaults(ProfileOptions(), load_target("a100")).precision == "bf16"
-    assert resolve_defaults(ProfileOptions(), load_target("a100")).fused_attention is True
-    assert resolve_defaults(ProfileOptions(precision="fp32"), load_target("a100")).precision == "fp32"
-    assert resolve_defaults(ProfileOptions(), load_target("bow")).precision == "fp16"
-    assert resolve_defaults(ProfileOptions(), load_target("sn30")).fused_attention is False
+    g = decoder(layers=1, hidden=64)
+    a100 = resolve(g, load_target("a100"))
+    assert (a100.options.precision, a100.sources["precision"]) == ("bf16", "target")
+    assert a100.options.fused_attention is True
+    asked = resolve(g, load_target("a100"), {"precision": "fp32"})
+    assert (asked.options.precision, asked.sources["precision"]) == ("fp32", "user")
+    assert resolve(g, load_target("bow")).options.precision == "fp16"
+    assert resolve(g, load_target("sn30")).options.fused_attention is False
+    assert resolve(g).sources["precision"] == "model" and resolve(g).options.precision is None  # no target
 
 
 def test_a_point_that_does_not_fit_has_no_throughput_and_ranks_last():
@@ -156,13 +159,13 @@ def test_a_point_that_does_not_fit_has_no_throughput_and_ranks_last():
 def test_power_counts_every_device_a_plan_uses():
     from dabench_ir.lowering import lower
 
-    g = decoder(layers=4, hidden=64)
+    g = decoder(layers=4, hidden=64, batch=4)
     TrainingPass()(g)
     bow = load_target("bow")
-    plan = lower(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    plan = lower(g, bow, ProfileOptions(micro_batches=4, ipus=2, replicas=2, mode="train"))
     from dabench_ir.pipeline import profile_graph
 
-    report = profile_graph(g, bow, ProfileOptions(batch=4, micro_batches=4, ipus=2, replicas=2, mode="train"))
+    report = profile_graph(g, bow, ProfileOptions(micro_batches=4, ipus=2, replicas=2, mode="train"))
     assert plan.chips == 4
     assert report.totals["target_power_w"] == pytest.approx(4 * float(bow.watts))
 

@@ -313,7 +313,10 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     report.config.update({"chips": point.chips, "strategy": result.strategy, "batch": point.batch})
     report.config["samples"]["per_step"] = point.batch
     report.extra["scale"] = result.to_dict()
-    report.extra["nodes_basis"] = "one chip's share of the step"
+    report.extra["nodes_basis"] = (
+        "the whole graph on one chip; the pipeline stages are its layers' shares" if result.strategy == "pp"
+        else "one chip's share of the step"
+    )
     return report
 
 
