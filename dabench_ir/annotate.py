@@ -18,7 +18,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.passes.meta import COST, ESTIMATED, UNATTRIBUTED
+from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED
 
 __all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "node_annotations"]
 
@@ -195,7 +195,7 @@ def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
     from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT
 
     header = {k: v for k, v in graph.metadata.items()
-              if k.startswith(PREFIX) and k not in ("dabench.frontend", "dabench.weights") and "\n" not in str(v)}  # fmt: skip
+              if k.startswith(PREFIX) and k not in ("dabench.frontend", MODEL_WEIGHTS) and "\n" not in str(v)}  # fmt: skip
     from dabench_ir.frontends.mlir import _entry_func
 
     artifact = mlir_graph.meta.get(MLIR_ARTIFACT)
@@ -203,7 +203,7 @@ def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
     n_args = len(_entry_func(artifact.module).regions[0].blocks[0].arguments) if artifact is not None else 0
     if weights and weights == list(range(n_args - len(weights), n_args)):  # the loader's convention: (x, *weights)
         names = [v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT]
-        header["dabench.weights"] = json.dumps(names if len(names) == len(weights) else [f"arg{i}" for i in weights])
+        header[MODEL_WEIGHTS] = json.dumps(names if len(names) == len(weights) else [f"arg{i}" for i in weights])
     elif weights:
         logger.warning("annotated MLIR: weight arguments are not the trailing ones; the parameter count is not kept")
     return "".join(f"// {k}: {v}\n" for k, v in header.items())

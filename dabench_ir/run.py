@@ -219,7 +219,9 @@ def resolve(
     opts, given = _given(options)
     tgt = resolve_target(target, opts.threads)
     sources = {name: ("user" if name in given else "default") for name in KNOBS}
-    linalg = opts.via == "mlir" or _is_mlir_file(model) or bool(graph.meta.get("dabench.linalg"))
+    from dabench_ir.passes import meta
+
+    linalg = opts.via == "mlir" or _is_mlir_file(model) or meta.MLIR_ARTIFACT in graph.meta
     changes: dict[str, Any] = {}
 
     # samples: the graph's batch dim, bound by --batch when it is symbolic

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import ProfileOptions
+from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 
 if TYPE_CHECKING:
     import onnx
@@ -238,7 +239,7 @@ def _model_config(model: Any) -> ModelConfig:
             f"{text}: not a preset (see `dabench-ir export --list-presets`) nor a file; --scenario generate "
             "takes a preset, a dabench-ir export, or PREFILL.onnx,DECODE.onnx"
         )
-    params = _metadata(_load(path)).get("dabench.params")
+    params = _metadata(_load(path)).get(MODEL_PARAMS)
     if not params:
         raise UserError(f"{text} has no dabench.params metadata: give a preset or a file made by dabench-ir export")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -291,9 +292,9 @@ def _given_pair(text: str) -> tuple[Any, Any]:
             raise UserError(f"{path} does not exist")
         proto = _load(path)
         meta = _metadata(proto)
-        if meta.get("dabench.phase", "prefill") != phase:
+        if meta.get(MODEL_PHASE, "prefill") != phase:
             raise UserError(f"{path} is not a {phase} export (dabench-ir export --phase {phase} --dynamic)")
-        if not json.loads(meta.get("dabench.params", "{}")).get("dynamic"):
+        if not json.loads(meta.get(MODEL_PARAMS, "{}")).get("dynamic"):
             raise UserError(f"{path} has fixed shapes: export it with --dynamic so prompt and context can be bound")
         protos.append(proto)
     return protos[0], protos[1]
@@ -373,7 +374,7 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     cache = kv_cache_values(graph)
     cache_in = [n for n in cache if n in graph.inputs]
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
-    declared = json.loads(graph.metadata.get("dabench.weights", "[]") or "[]")  # the model's parameters
+    declared = json.loads(graph.metadata.get(MODEL_WEIGHTS, "[]") or "[]")  # the model's parameters
     names = [n for n in declared if n in graph.values] or [v.name for v in graph.weights()]
     weights = sum(graph.type_of(n).nbytes() for n in names)
     return PhaseRun(
@@ -422,7 +423,7 @@ def generate(
     else:
         cfg = _model_config(model)
         prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
-    params = json.loads(_metadata(decode_proto).get("dabench.params", "{}"))
+    params = json.loads(_metadata(decode_proto).get(MODEL_PARAMS, "{}"))
     run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
     chips = getattr(opts, "chips", 1)
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")

@@ -38,6 +38,7 @@ from dabench_ir.lowering._common import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.meta import MODEL_PHASE
 from dabench_ir.passes.training import FUSED_ATTENTION, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 
@@ -71,7 +72,7 @@ class GpuLowering(Lowering):
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
-        groups = _serving_kernels(ctx) if ctx.graph.metadata.get("dabench.phase") == "decode" else None
+        groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
         plan.extra["homes"] = {"weights": f"{target.feed_memory.name} (read every step)",
                                "kv_cache": f"{target.feed_memory.name} ({target.feed_memory.level})"}  # fmt: skip

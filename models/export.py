@@ -61,13 +61,13 @@ AUTO_NONE_THRESHOLD_BYTES = 256 * 2**20
 # `weights="random"` refuses models whose weights need more bytes than DEFAULT_MAX_WEIGHT_BYTES (the options' one)
 _EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf caps a file at 2 GB: above this, weights go to PATH.data
 
-META_FAMILY, META_PRESET, META_PARAMS, META_WEIGHTS = (
-    "dabench.family",
-    "dabench.preset",
-    "dabench.params",
-    "dabench.weights",
-)
-META_PHASE, META_KV_CACHE = "dabench.phase", "dabench.kv_cache"
+from dabench_ir.passes.meta import MODEL_FAMILY as META_FAMILY  # noqa: E402 - the keys are declared there
+from dabench_ir.passes.meta import MODEL_KV_CACHE as META_KV_CACHE  # noqa: E402
+from dabench_ir.passes.meta import MODEL_PARAMS as META_PARAMS  # noqa: E402
+from dabench_ir.passes.meta import MODEL_PHASE as META_PHASE  # noqa: E402
+from dabench_ir.passes.meta import MODEL_PRESET as META_PRESET  # noqa: E402
+from dabench_ir.passes.meta import MODEL_WEIGHTS as META_WEIGHTS  # noqa: E402
+
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _NAMESPACE = "namespace"
 _DROPPED_PROPS = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")

@@ -53,10 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MLIR_ARTIFACT = "dabench.mlir.artifact"  # graph.meta: MlirArtifact (the lowered module)
-LINALG_COUNTS = "dabench.mlir.counts"  # graph.meta: list[OpCount], by the .mlir frontend or 'linalg-cost'
-MLIR_OPS = "dabench.mlir.ops"  # node.meta: list[OpCount] attributed to the node
-MLIR_CLASS = "dabench.mlir.class"  # node.meta: contraction | vector | data_movement | none
+MLIR_ARTIFACT, LINALG_COUNTS = meta.MLIR_ARTIFACT, meta.LINALG_COUNTS  # declared in passes/meta.py
+MLIR_OPS, MLIR_CLASS = meta.MLIR_OPS, meta.MLIR_CLASS
 UNATTRIBUTED_NODE = "unattributed"
 """Name of the node that gathers linalg ops with no recoverable origin."""
 

@@ -1,4 +1,5 @@
-"""Annotation keys on `Node.meta` and `Graph.meta`, and checked accessors for them.
+"""Every annotation key of dabench-ir — on `Node.meta`, on `Graph.meta` and in a model's metadata —
+declared once, here, with checked accessors.
 
 Reading an annotation that is missing says which pass writes it. Graph-level facts are
 `GraphKey`s: a named, typed key read with `graph_get`/`graph_find` and written with
@@ -14,13 +15,28 @@ from dabench_ir.ir import Cost, Graph, Node
 
 __all__ = [
     "ANALYZED",
+    "BACKWARD_COST",
     "COST",
     "ESTIMATED",
     "FOLDED",
+    "FORWARD_COST",
+    "FUSED_ATTENTION",
     "GRAPH_MODE",
     "GRAPH_PRECISION",
+    "LINALG_COUNTS",
+    "MLIR_ARTIFACT",
+    "MLIR_CLASS",
+    "MLIR_OPS",
+    "MODEL_FAMILY",
+    "MODEL_KV_CACHE",
+    "MODEL_PARAMS",
+    "MODEL_PHASE",
+    "MODEL_PRESET",
+    "MODEL_WEIGHTS",
     "OP_CLASS",
     "PRECISION",
+    "QUANTISED",
+    "SAVED",
     "SUBGRAPH",
     "TRAINING",
     "TRANSFORMED",
@@ -46,6 +62,19 @@ OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
 SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, Scan), set by the ONNX frontend
+FORWARD_COST = "dabench.cost.forward"  # Cost of the forward phase, written by the 'training' pass
+BACKWARD_COST = "dabench.cost.backward"  # Cost of the backward phase, written by the 'training' pass
+FUSED_ATTENTION = "dabench.fused_attention"  # the attention core id a fused kernel runs the node in ('fused-attention')
+SAVED = "dabench.train.saved"  # {value: bytes} the node keeps for backward (whole bound batch), by 'training'
+QUANTISED = "dabench.quantised"  # (mode, weight value names) of a weight-only quantised matmul, by 'precision'
+MLIR_OPS = "dabench.mlir.ops"  # list[OpCount] attributed to the node, by 'linalg-cost'
+MLIR_CLASS = "dabench.mlir.class"  # contraction | vector | data_movement | none, by 'linalg-cost'
+# graph.meta keys of opaque frontend artifacts (not GraphKeys: their values are not plain records)
+MLIR_ARTIFACT = "dabench.mlir.artifact"  # MlirArtifact (the lowered module), by the MLIR frontend
+LINALG_COUNTS = "dabench.mlir.counts"  # list[OpCount], by the .mlir frontend or 'linalg-cost'
+# model metadata keys (Graph.metadata, the ONNX file's metadata_props) the exporter writes
+MODEL_FAMILY, MODEL_PRESET, MODEL_PARAMS, MODEL_WEIGHTS = "dabench.family", "dabench.preset", "dabench.params", "dabench.weights"
+MODEL_PHASE, MODEL_KV_CACHE = "dabench.phase", "dabench.kv_cache"
 
 _WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision"}
 

@@ -49,7 +49,7 @@ __all__ = [
     "precision_by_class",
 ]
 
-KV_CACHE_METADATA_KEY = "dabench.kv_cache"
+KV_CACHE_METADATA_KEY = meta.MODEL_KV_CACHE  # declared in passes/meta.py
 
 _MODES = {"fp32": DType.FLOAT32, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
 _KV = {**_MODES, "fp8": DType.FLOAT8E4M3FN, "int8": DType.INT8}
@@ -190,7 +190,7 @@ class PrecisionPass(Pass):
         return quantised
 
 
-QUANTISED = "dabench.quantised"  # node.meta: (mode, weight value names) of a weight-only quantised matmul
+QUANTISED = meta.QUANTISED
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,7 @@ __all__ = [
     "token_table",
 ]
 
-FORWARD_COST = "dabench.cost.forward"
-BACKWARD_COST = "dabench.cost.backward"
+FORWARD_COST, BACKWARD_COST = meta.FORWARD_COST, meta.BACKWARD_COST  # declared in passes/meta.py
 
 # Adam per parameter: m ← β1·m + (1−β1)·g (3), v ← β2·v + (1−β2)·g² (4), bias corrections
 # (2), p ← p − lr·m̂ / (√v̂ + ε) (4): 13 vector FLOPs and one sqrt.
@@ -153,8 +152,7 @@ def _itemsize(node: Node) -> int:
 
 
 RECOMPUTE = ("none", "selective", "full")
-FUSED_ATTENTION = "dabench.fused_attention"  # node meta: the attention core id a fused kernel runs it in
-SAVED = "dabench.train.saved"  # node meta: {value: bytes} the node keeps for backward (whole bound batch)
+FUSED_ATTENTION, SAVED = meta.FUSED_ATTENTION, meta.SAVED  # declared in passes/meta.py
 
 
 def _is_activation(graph: Graph, name: str) -> bool:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UnboundSymbolError, UserError
 from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 from dabench_ir.passes.cost_rules import op_traits
+from dabench_ir.passes.meta import MODEL_WEIGHTS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 # the default cap on the bytes of inputs and weights synthesised for one measurement: the options' one
 
-_WEIGHTS_KEY = "dabench.weights"
+_WEIGHTS_KEY = MODEL_WEIGHTS
 
 
 @dataclass(slots=True)

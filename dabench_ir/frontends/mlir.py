@@ -37,6 +37,7 @@ from dabench_ir.passes.linalg_cost import (
     origin_keys,
     tensor_type_of,
 )
+from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PARAMS, MODEL_WEIGHTS
 
 if TYPE_CHECKING:
     import onnx
@@ -268,7 +269,7 @@ def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = N
         if not is_weight:
             inputs.append(name)
     weight_args = frozenset(range(first_weight, len(args)))
-    name = header.get("dabench.family") or (path.stem if path else "mlir")
+    name = header.get(MODEL_FAMILY) or (path.stem if path else "mlir")
     graph = Graph([], values, inputs, [], name=name, path=str(path) if path else None, metadata=header, bindings=dims)
     graph.metadata["dabench.frontend"] = f"mlir ({level})"
     artifact = graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
@@ -295,7 +296,7 @@ def _header(text: str) -> dict[str, str]:
 
 def _weight_names(header: Mapping[str, str]) -> list[str]:
     try:
-        names = json.loads(header.get("dabench.weights", "[]"))
+        names = json.loads(header.get(MODEL_WEIGHTS, "[]"))
     except json.JSONDecodeError:
         return []
     return [str(n) for n in names] if isinstance(names, list) else []
@@ -429,7 +430,7 @@ def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
     """fx origins carry no layer index; when a call chain recurs exactly once per decoder
     block (the model's `layers` from the exporter header), its k-th run is layer k."""
     try:
-        layers = int(json.loads(graph.metadata.get("dabench.params", "{}")).get("layers") or 0)
+        layers = int(json.loads(graph.metadata.get(MODEL_PARAMS, "{}")).get("layers") or 0)
     except (ValueError, TypeError, AttributeError):
         layers = 0
     if layers <= 0:

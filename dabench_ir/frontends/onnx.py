@@ -19,6 +19,7 @@ from dabench_ir.frontends import existing_file
 from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
+from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
 
 if TYPE_CHECKING:
     import onnx
@@ -27,7 +28,7 @@ __all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "onnx_node_names", "read_model"]
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_METADATA_KEY = "dabench.weights"
+WEIGHTS_METADATA_KEY = MODEL_WEIGHTS
 """Model metadata key: JSON list of graph-input names that hold parameters."""
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -218,7 +219,7 @@ def load_onnx(
             value.producer = name
         nodes.append(node)
 
-    name = metadata.get("dabench.family") or (path.stem if path else g.name) or "model"
+    name = metadata.get(MODEL_FAMILY) or (path.stem if path else g.name) or "model"
     graph = Graph(
         nodes,
         values,

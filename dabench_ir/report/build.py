@@ -14,6 +14,7 @@ from dabench_ir.ir import Cost, Graph
 from dabench_ir.options import recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
+from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PRESET
 from dabench_ir.passes.precision import dominant_storage_dtype
 from dabench_ir.report.model import NodeRecord, Report
 from dabench_ir.report.roles import node_roles
@@ -164,8 +165,8 @@ def build_report(
             "params": graph.num_params,
             "constants": _constant_elements(graph),
             "layers": len(graph.layers),
-            "family": graph.metadata.get("dabench.family"),
-            "preset": graph.metadata.get("dabench.preset") or None,
+            "family": graph.metadata.get(MODEL_FAMILY),
+            "preset": graph.metadata.get(MODEL_PRESET) or None,
         },
         target=None if target is None else {"name": target.name, "kind": target.kind},
         config=config,

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 
 from dabench_ir.ir import Graph, Node, ValueKind
+from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Role, traits_of
 
 __all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
@@ -190,7 +191,7 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return "activation"
     if Role.NORM_PART in roles:
         return "norms"
-    op_class = node.meta.get("dabench.op_class")
+    op_class = node.meta.get(meta.OP_CLASS)
     if op_class is not None and str(op_class) == "data_movement":
         return "layout"
     if op_class is not None and str(op_class) == "shape":

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabench_ir.errors import UserError
 from dabench_ir.passes import Pass, PassResult
+from dabench_ir.passes.meta import MODEL_PARAMS
 
 if TYPE_CHECKING:
     import onnx
@@ -184,7 +185,7 @@ def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
 
     meta = {p.key: p.value for p in model.metadata_props}
     try:  # heads and width from dabench-ir's export metadata; 0 lets the optimiser detect them
-        params = json.loads(meta.get("dabench.params") or "{}")
+        params = json.loads(meta.get(MODEL_PARAMS) or "{}")
     except ValueError:
         params = {}
     heads, hidden = int(params.get("heads") or 0), int(params.get("hidden") or 0)
