@@ -56,7 +56,7 @@ def test_classify_bound(flops, feed, ridge, times, expected):
 def test_classify_bound_is_defined_once():
     """One bound rule in the code base: no other module defines a classify_bound."""
     found = []
-    for path in [*ROOT.glob("dabench_ir/**/*.py"), *ROOT.glob("lowering/*.py"), *ROOT.glob("passes/*.py")]:
+    for path in [*ROOT.glob("dabench_ir/**/*.py"), *ROOT.glob("lowering/**/*.py"), *ROOT.glob("passes/*.py")]:
         tree = ast.parse(path.read_text())
         found += [f"{path.relative_to(ROOT)}" for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                   and n.name == "classify_bound"]
@@ -226,10 +226,12 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "lowering").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "lowering").rglob("*.py")), ids=lambda p: p.relative_to(ROOT / "lowering").as_posix()
+)
 def test_lowering_imports_no_later_stage(path):
     bad = {n for n in _imports(path) for s in _LATER_STAGES if n == f"dabench_ir.{s}" or n.startswith(f"dabench_ir.{s}.")}
-    assert not bad, f"{path.name} imports {sorted(bad)}"
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("package", ["lowering", "passes", "targets", "models"])

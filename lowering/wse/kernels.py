@@ -1,0 +1,331 @@
+"""WSE kernel classification: the graph cut into the Cerebras compiler's kernels, and their work.
+
+In pipelined mode (docs/targets.md, WSE section) the compiler cuts the graph into kernels at
+its own granularity (a whole attention block, each fc, layer norm, GELU, residual add,
+embedding/LM head, loss; `wse_kernels`); each kernel then gets a rectangular region of PEs
+(`pipelined`). Weight streaming (`streaming`) reads the same grouping for the token-table
+lookup's work and for what an attention kernel keeps for backward.
+
+- A kernel's busy PE-seconds per sample ``W = (C/f_mm + V/f_vec + S*c_sp + D/link) / clock``
+  from its nodes' `Cost` (contraction FLOPs at the matmul rate, vector ops at the vector
+  rate, transcendental ops at a fixed cycle count, data movement at the fabric link width;
+  `_Rates`, `_measure`).
+- A residual add whose other input crosses attention holds one sample of its skip stream in
+  a FIFO in its region (`_skip_bytes`; `pipelined` sizes the FIFO in whole rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dabench_ir.ir import Cost, DType, Node
+from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import OpClass, Role, traits_of
+from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step, token_table
+
+if TYPE_CHECKING:
+    from dabench_ir.targets import Target
+
+__all__ = ["KERNEL_CLASSES", "WseKernel", "_Rates", "_is_norm", "wse_kernels"]
+
+KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm_loss", "vector", "data")
+"""Kernel classes as the compile report names them (``vector``/``data``: any other kernel)."""
+
+
+def _is_norm(node: Node) -> bool:
+    """A row-reducing normalisation (the layer/RMS norm family; GroupNormalization is not)."""
+    t = traits_of(node)
+    return Role.NORM in t.roles and t.row_reductions > 0
+
+
+_ATTN_WORDS = ("attn", "attention")
+_NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
+
+
+# -- per-PE work of nodes and kernels -----------------------------------------------------
+@dataclass(slots=True)
+class _Rates:
+    """Per-PE rates the kernels run at (cycles per unit of work), read once from the Target."""
+
+    clock: float
+    mm_cycles: dict[str, float]  # cycles per contraction FLOP, by precision name
+    vec_cycles: float
+    special_cycles: float
+    link_bytes: float
+
+    @classmethod
+    def of(cls, target: Target) -> _Rates:
+        pes = target.num_units
+        clock = float(target.clock)
+        eff = target.arch_value("pe_matmul_efficiency", needed_by=_WHO)
+        mm = {}
+        for dt in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32):
+            try:
+                mm[dt.name] = 1.0 / (eff * target.peak_flops(dt) / pes / clock)
+            except Exception:
+                continue
+        return cls(
+            clock=clock,
+            mm_cycles=mm,
+            vec_cycles=1.0 / target.arch_value("pe_vector_ops_per_cycle", needed_by=_WHO),
+            special_cycles=target.arch_value("pe_special_op_cycles", needed_by=_WHO),
+            link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO),
+        )
+
+    def work_s(self, cost: Cost, precision: DType, data_movement: bool) -> float:
+        """Busy seconds of ``cost`` on one PE (the kernel-class rates of the module docstring)."""
+        mm = self.mm_cycles.get(precision.name) or self.mm_cycles[DType.FLOAT16.name]
+        cycles = cost.contraction_flops * mm + cost.vector_flops * self.vec_cycles
+        cycles += cost.special_ops * self.special_cycles
+        if data_movement and cost.flops == 0:
+            cycles += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes
+        return cycles / self.clock
+
+
+# -- kernel grouping -------------------------------------------------------------------------
+@dataclass(slots=True)
+class WseKernel:
+    """One compiled kernel: its class, nodes and per-sample work on one PE.
+
+    ``direction`` is ``fwd``/``bwd`` for a residual add split into its forward add and the
+    backward gradient sum (training), else ``""`` (the kernel does both directions).
+    """
+
+    cls: str
+    key: str
+    nodes: list[Node] = field(default_factory=list)
+    direction: str = ""
+    work_s: float = 0.0  # busy PE-seconds per sample
+    node_work_s: dict[str, float] = field(default_factory=dict)
+    tokens: int = 1  # token rows per sample the kernel streams
+    width: int = 1  # elements per row of its output
+    out_elems: int = 1  # output elements per sample (the most PEs its shape allows, in row chunks)
+    params: int = 0
+    skip_bytes: int = 0  # per sample: a residual add's skip stream held while its other input crosses attention
+
+
+def _block_prefix(scope: str) -> str:
+    parts = [p for p in scope.replace("/", ".").split(".") if p]
+    for i, part in enumerate(parts):
+        if part.isdigit() and i > 0:
+            return ".".join(parts[: i + 1])
+    return ""
+
+
+def _scope_rest(scope: str) -> list[str]:
+    prefix = _block_prefix(scope)
+    rest = scope.replace("/", ".")[len(prefix) :] if prefix else scope.replace("/", ".")
+    return [p.lower() for p in rest.split(".") if p]
+
+
+def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
+    graph = ctx.graph
+    for v in node.inputs:
+        value = graph.values.get(v) if v else None
+        if value is None:
+            continue
+        if value.kind.is_stored:
+            return True
+        if value.producer and meta.FOLDED in graph.node(value.producer).meta:
+            return True
+    return False
+
+
+def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool = True) -> list[WseKernel]:
+    """The graph cut into kernels at the Cerebras compiler's granularity, in topological order.
+
+    By scope first, op pattern where there is no scope (docs/targets.md, WSE section):
+    everything under an ``attn``/``attention`` module of a block is one ``attention`` kernel
+    (without scopes: an activation x activation matmul opens one and the ops that read it,
+    up to the second such matmul, join it); a contraction with a stored weight is an ``fc``
+    (its bias add and layout ops ride along), or ``emb_fc`` when it produces vocab-sized
+    rows, together with the token-embedding Gather; norm ops or a ``*norm`` scope are a
+    ``layer_norm``; activation functions a ``nlin``; an Add of two activations outside those
+    a residual ``add`` (two kernels in training: forward add and backward gradient sum);
+    the training loss and softmax/loss ops after the LM head ``mlm_loss``; any other op its own ``vector`` or
+    ``data`` kernel, or fused onto the kernel whose output it alone reads. Bookkeeping
+    (shape-only, folded) nodes ride with the kernel before them; the optimizer step is no
+    kernel (its update runs where the weights live).
+    """
+    graph = ctx.graph
+    table, vocab = token_table(graph)
+    kernels: list[WseKernel] = []
+    by_key: dict[str, WseKernel] = {}
+    owner: dict[str, WseKernel] = {}  # value -> kernel that produced it
+    open_attn: dict[str, int] = {}  # attention kernel key -> act x act matmuls seen (no scopes)
+    after_head = False
+    training = meta.graph_mode(graph) == "train"
+    deferred: list[Node] = []
+    producer = {out: node for node in graph.nodes for out in node.outputs if out}
+
+    def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
+        k = by_key.get(key)
+        if k is None:
+            k = by_key[key] = WseKernel(cls, key, direction=direction)
+            kernels.append(k)
+        k.nodes.append(node)
+        for out in node.outputs:
+            if out:
+                owner[out] = k
+
+    for node in graph.nodes:
+        if is_optimizer_step(node):
+            continue
+        prefix = _block_prefix(node.scope)
+        rest = _scope_rest(node.scope)
+        inputs_from = [owner[v] for v in node.inputs if v in owner]
+        bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
+        acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored]
+        op_class = node.meta.get(meta.OP_CLASS)
+        is_contraction = op_class is OpClass.CONTRACTION or (
+            op_class is None and ctx.costs[node.name].contraction_flops > 0
+        )
+        weighted = _stored_weight(ctx, node)
+        layer = str(node.layer) if node.layer is not None else prefix
+        # 1. attention by scope
+        if prefix and rest and rest[0].endswith(_ATTN_WORDS):
+            add_to(f"{prefix}.attention", "attention", node)
+            continue
+        if bookkeeping:
+            if inputs_from:
+                add_to(inputs_from[-1].key, inputs_from[-1].cls, node)
+            else:  # a weight's folded layout or a constant: placed with the kernel that reads it
+                deferred.append(node)
+            continue
+        if is_contraction and weighted:
+            out = _shape(ctx, node.outputs[0]) if node.outputs else None
+            if vocab and out and out[-1] == vocab:
+                add_to("emb_fc", "emb_fc", node)
+                after_head = True
+            else:
+                add_to(node.scope or node.name, "fc", node)
+            continue
+        if node.op_type == "Gather" and vocab and node.inputs and node.inputs[0] == table:
+            add_to("emb_fc", "emb_fc", node)
+            continue
+        if is_contraction and len(acts) >= 2 and not weighted:  # act x act: attention without scopes
+            key = next((k for k, n in open_attn.items() if n < 2 and by_key[k] in inputs_from), None)
+            key = key or f"attention.{layer or len(kernels)}.{len(open_attn)}"
+            open_attn[key] = open_attn.get(key, 0) + 1
+            add_to(key, "attention", node)
+            continue
+        open_into = next((k for k in inputs_from if k.key in open_attn and open_attn[k.key] < 2), None)
+        if open_into is not None and not weighted and not _is_norm(node):
+            add_to(open_into.key, "attention", node)
+            continue
+        if _is_norm(node) or (rest and any(w in rest[-1] for w in _NORM_WORDS)):
+            add_to(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
+            continue
+        if traits_of(node).nonlinear or (rest and rest[-1] in ("act", "activation", "gelu")):
+            add_to(node.scope if rest and rest[-1] in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
+            continue
+        if is_loss(node) or (after_head and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())):
+            add_to("mlm_loss", "mlm_loss", node)
+            continue
+        if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
+            shapes = {_shape(ctx, v) for v in acts}
+            if len(shapes) == 1:
+                skip = _skip_bytes(ctx, acts, producer, owner)
+                for key, direction in (
+                    ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else ((node.name, ""),)
+                ):
+                    add_to(key, "add", node, direction)
+                    by_key[key].skip_bytes = skip
+                continue
+        # fuse an elementwise op onto the kernel whose output only it reads
+        if fuse_elementwise and ctx.is_elementwise(node) and inputs_from:
+            prev = inputs_from[-1]
+            produced = [v for v in node.inputs if owner.get(v) is prev]
+            if produced and all(len(graph.consumers.get(v, [])) == 1 for v in produced) and prev.direction == "":
+                add_to(prev.key, prev.cls, node)
+                continue
+        cls = "data" if _is_data(node) else "vector"
+        add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
+    for node in deferred:
+        readers = [owner[out] for out in node.outputs if out in owner]
+        readers += [
+            by_key[k.key]
+            for c in (graph.consumers.get(out, []) for out in node.outputs if out)
+            for n in c
+            for k in kernels
+            if n in k.nodes
+        ][:1]
+        if not readers and not kernels:
+            add_to(node.name, "data", node)
+            continue
+        home = readers[0] if readers else kernels[0]
+        home.nodes.append(node)
+    _measure(ctx, kernels, vocab, _Rates.of(target))
+    return kernels
+
+
+def _skip_bytes(
+    ctx: LoweringContext, acts: Sequence[str], producer: dict[str, Node], owner: dict[str, WseKernel]
+) -> int:
+    """Bytes per sample a residual add holds in its region: one whole sample of its skip input
+    when the other input's path since the fork crosses an attention kernel, else 0.
+
+    Attention emits a sample's rows only after it has read the whole sample (its scores span the
+    sequence), so the skip stream, which arrives at once, waits one sample in a FIFO in the add's
+    region; the token-wise MLP branch delays a few rows, which the routing FIFOs absorb. The same
+    holds in backward for the gradient sum where the attention branch rejoins.
+    """
+    if len(acts) != 2:
+        return 0
+
+    def upstream(value: str, stop: set[str]) -> set[str]:
+        seen: set[str] = set()
+        todo = [value]
+        while todo:
+            v = todo.pop()
+            if v in seen or v in stop:
+                continue
+            seen.add(v)
+            node = producer.get(v)
+            if node is not None:
+                todo.extend(i for i in node.inputs if i)
+        return seen
+
+    for skip, branch in ((acts[0], acts[1]), (acts[1], acts[0])):
+        path = upstream(branch, upstream(skip, set()))
+        if any(v in owner and owner[v].cls == "attention" for v in path):
+            return ctx.graph.type_of(skip).nbytes() // max(1, _samples(ctx)) if _shape(ctx, skip) else 0
+    return 0
+
+
+def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: _Rates) -> None:
+    """Fill each kernel's per-sample work, token rows, row width, shape bound and parameters."""
+    samples = max(1, _samples(ctx))
+    for k in kernels:
+        k.params = _params(ctx, k.nodes)
+        k.node_work_s = {}
+        for node in k.nodes:
+            cost = ctx.costs[node.name]
+            if k.direction:  # forward add; backward: the gradient sum where the paths rejoin, one add per element
+                cost = _cost(node, FORWARD_COST, cost)
+            if not ctx.is_work(node) or meta.FOLDED in node.meta:
+                w = 0.0
+            elif node.op_type == "Gather" and k.cls == "emb_fc":
+                # the compiler computes the token lookup as a dense one-hot matmul on the
+                # (tied) table: 2 x tokens x hidden x vocab FLOPs (inferred from report A)
+                out = _shape(ctx, node.outputs[0]) if node.outputs else None
+                elems = math.prod(out) if out else 0
+                w = rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False) if out else 0.0
+            else:
+                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node))
+            k.node_work_s[node.name] = w / samples
+        k.work_s = sum(k.node_work_s.values())
+        last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and (n.outputs or n.inputs)), None)
+        row = (last.outputs or last.inputs)[0] if last is not None else None  # a loss writes no tensor: its input
+        shape = _shape(ctx, row) if row else None
+        if shape:
+            k.width = max(1, shape[-1])
+            numel = math.prod(shape)
+            k.tokens = max(1, numel // k.width // samples)
+            k.out_elems = max(1, numel // samples)
+

@@ -1,0 +1,377 @@
+"""WSE pipelined (layer-pipelined) mode: every kernel on its own region of PEs, all at once.
+
+As the Cerebras compiler maps a model (docs/targets.md, WSE section): the graph is cut into
+kernels (`kernels.wse_kernels`), each kernel gets a rectangular region of PEs and all run at
+once, samples streaming through.
+
+- A kernel's busy PE-seconds per sample ``W`` come from `kernels` (its nodes' costs at the
+  per-PE rates); on ``p`` PEs one sample takes ``t = W/p + tau``: ``tau`` is the per-token
+  fixed time of the kernel's class (task handshakes, reduction latency, fabric hops) that
+  more PEs do not shorten (`_row_cycles`). Utilisation ``(W/p)/t``, rate ``1/t``.
+- Regions are balanced to one period (`balance` with the fixed times): heavy kernels get
+  what keeps pace, small ones just enough. A region is at least ``ceil(width/row_chunk)``
+  PEs and large enough to hold its weights and optimizer state, at most one row chunk per
+  PE of its output and never grown below ``min_utilisation``. A residual add whose other
+  input crosses attention holds one sample of its skip stream in a FIFO in its region
+  (whole rows of ``ceil(width/row_chunk)`` PEs; `kernels._skip_bytes`).
+- The wafer is shared with an I/O region and routing/FIFO PEs per kernel PE, and only
+  ``max_active_fraction`` of it can be placed; pipeline buffers hold the block-boundary
+  activations that are in flight between a block's forward and backward (training).
+- Replicas (on-wafer data parallel) each get their regions and pay a gradient reduction
+  over the fabric per step; input transmission over the system I/O caps the rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dabench_ir.ir import DType
+from dabench_ir.lowering._common import LoweringContext, balance, place_node, weight_bytes
+from dabench_ir.lowering.wse._common import _FEED_LEVEL, _WHO, _params, _samples, _shape, _state_bytes
+from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.training import is_optimizer_step
+from dabench_ir.plan import Plan, Schedule, Unit
+
+if TYPE_CHECKING:
+    from dabench_ir.lowering.wse import WseOptions
+    from dabench_ir.targets import Target
+
+__all__ = ["_pipelined", "_pipelined_best", "_place_pipelined", "_size"]
+
+
+@dataclass(slots=True)
+class _Sizing:
+    kernels: list[WseKernel]
+    tau: list[float]
+    lo: list[int]
+    hi: list[int]
+    pes: list[int] | None  # None: even the minimum regions do not fit
+    state_bytes: int
+    buffer_bytes: int
+    buffer_pes: int
+    available: int
+
+
+def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
+    """Pipeline buffers per sample (training): block-boundary activations held for backward.
+
+    Block ``i`` of ``L`` (in order) holds its output for ``2(L-i)-1`` sample periods (the
+    round trip to its backward in a layer pipeline, Kosson et al. MLSys 2021), the block is
+    recomputed in backward from it; plus the logits gradient (two logits-sized buffers).
+    Inference streams through FIFOs only: no buffers beyond the routing PEs.
+    """
+    graph = ctx.graph
+    if meta.graph_mode(graph) != "train":
+        return 0
+    samples = max(1, _samples(ctx))
+    layers = graph.layers
+    boundary = dict.fromkeys(layers, 0)
+    for node in graph.nodes:
+        if node.layer is None or is_optimizer_step(node):
+            continue
+        for out in node.outputs:
+            readers = graph.consumers.get(out, [])
+            crosses = any(c.layer != node.layer and not is_optimizer_step(c) for c in readers) or out in graph.outputs
+            if out and crosses:
+                boundary[node.layer] += ctx.graph.type_of(out).nbytes() if _shape(ctx, out) else 0
+    total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
+    head = next((k for k in kernels if k.cls == "emb_fc"), None)
+    if head is not None:
+        last = next((n for n in reversed(head.nodes) if n.outputs and _shape(ctx, n.outputs[0])), None)
+        if last is not None and last.op_type != "Gather":
+            total += 2 * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
+    return total
+
+
+def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replicas: int) -> _Sizing | None:
+    """Region sizes (PEs per kernel, per replica) balanced to one period, or None if even the minimum does not fit."""
+    pes = target.num_units
+    clock = float(target.clock)
+    chunk = target.arch_value("row_chunk_elements", needed_by=_WHO)
+    u_min = target.arch_value("min_utilisation", needed_by=_WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
+    fifo = target.arch_value("fifo_sram_fraction", needed_by=_WHO)
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
+    active = target.arch_value("max_active_fraction", needed_by=_WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    samples_per_replica = ctx.batch  # every copy runs the graph's batch
+    taus, lo, hi = [], [], []
+    for k in kernels:
+        tau = _row_cycles(ctx, target, k) * k.tokens / clock
+        state = _state_bytes(ctx, k.nodes)
+        rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
+        fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
+        lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
+        shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
+        util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
+        taus.append(tau)
+        lo.append(lo_k)
+        hi.append(max(lo_k, min(shape_cap, util_cap)))
+    buffer_bytes = _in_flight_bytes(ctx, kernels)
+    buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
+    available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
+    state_bytes = _state_bytes(ctx, [n for k in kernels for n in k.nodes])
+    if available <= 0:
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, 0)
+    sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
+    if sizes is None:
+        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, available)
+    return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
+
+
+# Dependent reductions across a row before its first element can leave (per-token fixed time):
+# a layer norm needs the mean, then the variance; an RMS norm one mean of squares; a softmax
+# or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
+# Gimelshein, arXiv 1805.02867); a bare Reduce* op one. Each op's count is its
+# `OpTraits.row_reductions` (passes/cost_rules.py).
+def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
+    """Fixed cycles per token row a kernel pays (``tau`` x clock / tokens): the matmul class's
+    for kernels with contractions, one cross-row reduction per dependent reduction the kernel's
+    rows need (norms, loss), else the vector class's (elementwise and data movement)."""
+    if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
+        return target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
+    passes = sum(
+        traits_of(n).row_reductions for n in k.nodes
+    )
+    if passes:
+        return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)
+    return target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
+
+
+def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+    if options.replicas != "auto":
+        return _pipelined(ctx, target, options, int(options.replicas or 1))
+    best: Plan | None = None
+    for r in range(1, _MAX_AUTO_REPLICAS + 1):  # copies, each running the graph's batch
+        plan = _pipelined(ctx, target, options, r)
+        if not plan.fits:
+            break  # more copies only need more PEs and SRAM
+        if best is None or _rate(plan) > _rate(best) * (1 + 1e-9):
+            best = plan
+    return best if best is not None else _pipelined(ctx, target, options, 1)
+
+
+_MAX_AUTO_REPLICAS = 64
+"""``--replicas auto`` tries 1 to this many on-wafer copies (a wafer of 850k PEs holds a few dozen
+copies of a small decoder at most before the minimum region sizes stop it)."""
+
+
+def _rate(plan: Plan) -> float:
+    """Samples per second of a pipelined plan's step (all its copies)."""
+    return plan.samples_per_step / plan.extra["step_s"] if plan.extra["step_s"] > 0 else 0.0
+
+
+def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
+    return _place_pipelined(
+        ctx, target, options, replicas, wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
+    )
+
+
+def _place_pipelined(
+    ctx: LoweringContext, target: Target, options: WseOptions, replicas: int, kernels: list[WseKernel]
+) -> Plan:
+    pes = target.num_units
+    sram = target.memory(_FEED_LEVEL)
+    ridge = target.ridge_point(ctx.precision, sram)
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    per_replica = ctx.batch  # every copy runs the graph's batch (dabench_ir.run)
+    m = options.micro_batches or per_replica
+    plan = ctx.plan(
+        target, options, Schedule.CONCURRENT, micro_batches=m, replicas=replicas, pipelined_steps=options.steady_state
+    )
+    sizing = _size(ctx, target, kernels, replicas)
+    assert sizing is not None
+    need = (sizing.state_bytes + sizing.buffer_bytes) * replicas
+    plan.memory_bytes[sram.name] = need
+    plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
+    if need > usable * sram.capacity_bytes:
+        plan.fail(
+            f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
+            f"{sizing.state_bytes * replicas / 1e9:.2f} GB, pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
+            f", {replicas} cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
+            f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
+            need,
+            usable * sram.capacity_bytes,
+        )
+    sizes = sizing.pes
+    if sizes is None:
+        plan.fail(
+            f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
+            f"weights and optimizer state), "
+            f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
+            need,
+            usable * sram.capacity_bytes,
+        )
+        # still time it, squeezed in proportion, so a plan that does not fit stays physical
+        squeeze = max(sizing.available, 1) / max(sum(sizing.lo), 1)
+        sizes = [max(1, math.floor(p * squeeze)) for p in sizing.lo]
+    times = [k.work_s / p + tau for k, p, tau in zip(kernels, sizes, sizing.tau, strict=True)]
+    period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
+    rates = [1.0 / t if t > 0 else 0.0 for t in times]
+    kernel_pes = 0
+    for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, sizing.tau, times, strict=True)):
+        busy = k.work_s / p
+        width = math.ceil(math.sqrt(p))
+        unit = Unit(
+            id=f"region{i}",
+            kind=f"wse_region:{k.cls}",
+            nodes=[n.name for n in k.nodes if n.name not in plan.node_plans],
+            resources={
+                "pes": float(p),
+                "units": float(p * replicas),
+                "width": float(width),
+                "height": float(math.ceil(p / width)),
+                "utilisation": busy / t if t > 0 else 0.0,
+                "rate_samples_per_s": rates[i] * replicas,
+                "work_pe_s_per_sample": k.work_s,
+                "row_s_per_sample": tau,
+                "params": float(k.params),
+                "weight_bytes": float(weight_bytes(ctx, k.nodes)),
+                "skip_fifo_bytes": float(k.skip_bytes),
+                "replicas": float(replicas),
+            },
+            allocation=p * (1 + route) * replicas / pes,
+        )
+        kernel_pes += p * replicas
+        plan.units.append(unit)
+        for node in k.nodes:
+            w = k.node_work_s.get(node.name, 0.0)
+            share = w / k.work_s if k.work_s > 0 else 0.0
+            # the per-token fixed time is part of the kernel's execution (its utilisation says
+            # how much): a node's compute time is its share of W/p + tau
+            compute = (w / p + tau * share) * per_replica
+            over = 0.0
+            if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
+                prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
+                if compute + over > prev.compute_s + prev.overhead_s:
+                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, over, (compute + over) / m
+                continue
+            cost = ctx.costs[node.name]
+            plan.node_plans[node.name] = place_node(
+                ctx,
+                node,
+                unit=unit.id,
+                compute_s=compute,
+                overhead_s=over,
+                feed_level=sram.level,
+                feed_bytes=cost.bytes,
+                ridge=ridge,
+                allocation=p * replicas / pes,
+                micro_batches=m,
+            )
+            if not ctx.is_work(node) or k.work_s == 0:
+                plan.node_plans[node.name].per_micro_batch_s = 0.0
+    # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
+    plan.units.append(Unit(id="io", kind="wse_io", resources={"pes": float(io_pes)}, allocation=io_pes / pes))
+    if sizing.buffer_pes:
+        plan.units.append(
+            Unit(
+                id="buffers",
+                kind="wse_buffers",
+                resources={"pes": float(sizing.buffer_pes), "bytes": float(sizing.buffer_bytes * replicas)},
+                allocation=sizing.buffer_pes / pes,
+            )
+        )
+    # each region updates its own weights once per step, in the time it idles while the bottleneck
+    # works (per_replica x (period - its own time)); what does not fit in that slack stalls the step
+    spill = [
+        (k.params / p, per_replica * max(0.0, period - t))
+        for k, p, t in zip(kernels, sizes, times, strict=True)
+        if k.params
+    ]
+    _place_optimizer(ctx, plan, target, spill, sram.level, ridge)
+    step = period * per_replica
+    overheads = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
+    plan.step_overheads_s.update(overheads)
+    pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
+    ceiling = plan.extra.get("transmission_rate_samples_per_s", math.inf)
+    for unit in plan.units:  # the compile report's steady states (no per-step costs): compute-limited,
+        if unit.kind == "wse_io":  # and with the input-transmission ceiling applied
+            unit.resources["compute_samples_per_s"] = pipe_rate
+            unit.resources["transmission_samples_per_s"] = min(pipe_rate, ceiling)
+    weighted = sum(p * (t / period) for p, t, k in zip(sizes, times, kernels, strict=True) if k.work_s > 0 and t > 0)
+    total_p = sum(p for p, k in zip(sizes, kernels, strict=True) if k.work_s > 0)
+    route_pes = sum(sizes) * replicas * route
+    plan.extra.update({
+        "mode": "pipelined",
+        "pes": pes,
+        "pes_kernels": kernel_pes,
+        "pes_route": route_pes,
+        "pes_io": io_pes,
+        "pes_buffer": sizing.buffer_pes,
+        "pes_placed": kernel_pes,
+        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
+        "pipeline_rate_samples_per_s": pipe_rate,
+        "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
+        "compute_utilisation": (
+            sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
+            if period > 0 and total_p
+            else 0.0
+        ),
+        "kernels": len(kernels),
+        "period_s": period,
+        "step_s": step + sum(overheads.values()),
+        "buffer_bytes": sizing.buffer_bytes * replicas,
+        "state_bytes": sizing.state_bytes * replicas,
+    })  # fmt: skip
+    return plan
+
+
+def _place_optimizer(
+    ctx: LoweringContext, plan: Plan, target: Target, regions: list[tuple[float, float]], level: str, ridge: float
+) -> None:
+    """The optimizer step: every region updates its own weights (``regions``: parameters per PE
+    and the idle time per step it can do that in); the largest excess is a step overhead."""
+    params = _params(ctx)
+    for node in ctx.graph.nodes:
+        if not is_optimizer_step(node) or not params:
+            continue
+        per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
+        busy = max((max(0.0, per_param * q - slack) for q, slack in regions), default=0.0)
+        plan.units.append(
+            Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], resources={"units": 0.0}, allocation=0.0)
+        )
+        np_ = place_node(
+            ctx, node, unit="optimizer", compute_s=busy, feed_level=level, feed_bytes=ctx.costs[node.name].bytes,
+            ridge=ridge, allocation=0.0, time_s=0.0,
+        )  # fmt: skip
+        np_.note = (
+            "runs in every region on its own weights, in its idle time; the excess is the step overhead wse_optimizer"
+        )
+        plan.node_plans[node.name] = np_
+        plan.step_overheads_s["wse_optimizer"] = busy
+
+
+def _pipelined_overheads(
+    ctx: LoweringContext, target: Target, plan: Plan, replicas: int, step_s: float, kernel_pes: int
+) -> dict[str, float]:
+    """Per-step costs no region owns: replicas' gradient reduction and the input-transmission ceiling."""
+    out: dict[str, float] = {}
+    if replicas > 1 and meta.graph_mode(ctx.graph) == "train":
+        clock = float(target.clock)
+        link = target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO)
+        hop = target.link("fabric").latency_s if target.link("fabric") else 1.0 / clock
+        side = math.sqrt(target.num_units)
+        cut_bw = side * link * clock  # one link per row crossing the wafer's bisection
+        grad = _params(ctx) * 4  # fp32 gradients
+        from dabench_ir.lowering.collectives import ring_allreduce_time
+
+        out["wse_replica_reduce"] = ring_allreduce_time(grad, replicas, cut_bw) + (replicas - 1) * side * hop
+    io = target.link("system_io")
+    if io is not None:
+        samples = max(1, _samples(ctx))
+        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in ctx.graph.inputs if _shape(ctx, v)) / samples
+        if meta.graph_mode(ctx.graph) == "train":
+            in_bytes *= 2  # labels beside the inputs
+        send = plan.samples_per_step * in_bytes / io.bandwidth_bytes_per_s
+        plan.extra["transmission_rate_samples_per_s"] = io.bandwidth_bytes_per_s / in_bytes if in_bytes else math.inf
+        if send > step_s:
+            out["wse_input_transmission"] = send - step_s
+    return out

@@ -1,0 +1,239 @@
+"""WSE weight-streaming mode: each decoder layer in turn on the whole wafer, weights from MemoryX.
+
+Each decoder layer in turn runs on the whole wafer while its weights stream in from MemoryX
+(forward and again in backward; gradients stream back). Training keeps each layer's input on
+the wafer and recomputes the layer in backward; the micro-batch is the largest divisor of the
+batch whose checkpoints and one layer's working set fit in SRAM, so the number of layers that
+fits is finite. Weights, gradients and optimizer state live in MemoryX; the update runs
+there, overlapped except at the step boundary.
+
+Per-node work comes from the kernel rates (`kernels._Rates`); the kernel grouping
+(`kernels.wse_kernels`) says which Gather is the token-table lookup and what an attention
+kernel keeps for backward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dabench_ir.ir import Cost, Node
+from dabench_ir.lowering._common import (
+    LoweringContext,
+    largest_divisor,
+    layer_blocks,
+    peak_live_bytes,
+    place_node,
+    weight_bytes,
+)
+from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _samples, _shape, _state_bytes
+from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
+from dabench_ir.passes import meta
+from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
+from dabench_ir.plan import Plan, Schedule, Unit
+
+if TYPE_CHECKING:
+    from dabench_ir.lowering.wse import WseOptions
+    from dabench_ir.targets import Target
+
+__all__ = ["_streaming"]
+
+
+def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+    rates = _Rates.of(target)
+    kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
+    pes = target.num_units
+    target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
+    sram = target.memory("on-chip")
+    ext = target.memory("off-chip")
+    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    pass_s = target.overhead("ws_layer_pass_s")
+    recompute_always = bool(target.arch_value("ws_recompute", 1.0))
+    training = meta.graph_mode(ctx.graph) == "train"
+    train_state = meta.training_state(ctx.graph) or {}
+    recomputed = bool(train_state.get("recompute"))
+    samples = max(1, _samples(ctx))
+    batch = ctx.batch
+    plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
+    if options.replicas not in (None, 1, "auto"):
+        plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
+    kernel_of = {n.name: k for k in kernels for n in k.nodes}
+    blocks = [b for b in layer_blocks(ctx.graph) if any(not is_optimizer_step(n) for n in b.nodes)]
+
+    # per-sample whole-wafer work, stream bytes and on-wafer bytes of each block
+    info = []
+    for block in blocks:
+        nodes = [n for n in block.nodes if not is_optimizer_step(n)]
+        work = {}
+        for n in nodes:
+            if not ctx.is_work(n) or meta.FOLDED in n.meta:
+                work[n.name] = 0.0
+                continue
+            prec = ctx.node_precision(n)
+            total = ctx.costs[n.name]
+            w = rates.work_s(total, prec, _is_data(n))
+            if training and recompute_always and not recomputed:
+                w += rates.work_s(_cost(n, FORWARD_COST, Cost()), prec, _is_data(n))  # forward again in backward
+            k = kernel_of.get(n.name)
+            if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
+                w = k.node_work_s.get(n.name, 0.0) * samples
+            work[n.name] = w / samples
+        wbytes = weight_bytes(ctx, nodes)
+        stream = (3 if training else 1) * wbytes  # W in (fwd), W in again (bwd), dW out
+        is_layer = block.key.startswith("layer")
+        boundary = _block_out_bytes(ctx, nodes) // samples
+        working = _working_bytes(ctx, nodes, kernel_of) // samples
+        info.append((block, nodes, work, wbytes, stream, is_layer, boundary, working))
+    layers = sum(1 for i in info if i[5])
+    keep = sum(i[6] for i in info if i[5]) if training else 0
+    working = max((i[7] for i in info), default=0)
+    max_w = max((i[3] for i in info), default=0)
+    budget = usable * sram.capacity_bytes - 2 * max_w  # streamed weights double-buffered
+
+    def need(mb: int) -> float:
+        return mb * (keep + working) + 2 * max_w
+
+    if options.micro_batches:
+        mb = max(1, batch // options.micro_batches)
+    else:
+        per_sample = keep + working  # need(mb) grows linearly: the largest divisor under the bound fits
+        bound = (usable * sram.capacity_bytes - 2 * max_w) // per_sample if per_sample > 0 else batch
+        mb = largest_divisor(batch, int(max(1, min(batch, bound))))
+    n_mb = max(1, math.ceil(batch / mb))
+    plan.micro_batches = n_mb
+    per_layer = keep / layers if layers else 0
+    fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
+    plan.extra.update({
+        "mode": "streaming",
+        "micro_batch": mb,
+        "layers": layers,
+        "max_layers_at_micro_batch": fits_layers,
+        "sram_need_bytes": need(mb),
+        "checkpoint_bytes_per_sample": keep,
+        "working_bytes_per_sample": working,
+    })  # fmt: skip
+    sram_ridge = target.ridge_point(ctx.precision, sram)
+    ext_ridge = target.ridge_point(ctx.precision, ext)
+    for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
+        t_c = mb * sum(work.values()) / pes
+        t_s = stream / ext.bandwidth_bytes_per_s
+        unit = Unit(
+            id=block.key,
+            kind="wse_layer",
+            nodes=[n.name for n in nodes],
+            resources={
+                "pes": float(pes),
+                "units": float(pes),
+                "weight_bytes": float(wbytes),
+                "stream_s_per_micro_batch": t_s,
+                "compute_s_per_micro_batch": t_c,
+            },
+            allocation=1.0,
+            gap_before_s=pass_s * n_mb if is_layer else 0.0,
+            gap_kind="layer_switch",
+            min_time_s=t_s * n_mb,
+        )
+        plan.units.append(unit)
+        streamed = t_s > t_c
+        for n in nodes:
+            cost = ctx.costs[n.name]
+            compute = mb * work[n.name] / pes * n_mb
+            share = cost.weight_bytes / max(1, sum(ctx.costs[x.name].weight_bytes for x in nodes))
+            plan.node_plans[n.name] = place_node(
+                ctx,
+                n,
+                unit=unit.id,
+                compute_s=compute,
+                memory_s=t_s * n_mb * share if streamed else 0.0,
+                feed_level=ext.level if streamed else sram.level,
+                feed_bytes=cost.weight_bytes if streamed else cost.bytes,
+                ridge=ext_ridge if streamed else sram_ridge,
+                allocation=1.0 if ctx.is_work(n) else 0.0,
+                micro_batches=n_mb,
+            )
+            if streamed:  # the unit's min_time_s holds the stream; nodes carry their compute
+                np_ = plan.node_plans[n.name]
+                np_.per_micro_batch_s = compute / n_mb
+    total_w = weight_bytes(ctx)
+    state = _state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
+    plan.memory_bytes = {sram.name: int(need(mb)), ext.name: int(total_w + state)}
+    plan.traffic_bytes = {ext.name: int(sum(i[4] for i in info) * n_mb)}
+    last_layer = next((i for i in reversed(info) if i[5]), None)
+    lw = last_layer[3] if last_layer else max_w
+    if training:
+        plan.step_overheads_s["wse_grad_writeback"] = lw / ext.bandwidth_bytes_per_s
+        plan.step_overheads_s["wse_memoryx_update"] = lw / ext.bandwidth_bytes_per_s
+        for node in ctx.graph.nodes:
+            if is_optimizer_step(node):
+                plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
+                np_ = place_node(
+                    ctx, node, unit="memoryx", compute_s=0.0, feed_level=ext.level,
+                    feed_bytes=ctx.costs[node.name].bytes, ridge=ext_ridge, allocation=0.0, time_s=0.0,
+                )  # fmt: skip
+                np_.note = "runs in MemoryX, overlapped with the next layers; its tail is wse_memoryx_update"
+                plan.node_plans[node.name] = np_
+    if need(1) > usable * sram.capacity_bytes:
+        plan.fail(
+            f"weight streaming needs {need(1) / 1e9:.2f} GB of wafer SRAM at micro-batch 1 ({layers} layer "
+            f"checkpoints of {keep / max(layers, 1) / 1e6:.1f} MB, one layer's working set {working / 1e6:.1f} MB, "
+            f"double-buffered weights {2 * max_w / 1e6:.1f} MB); {usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB "
+            "is usable",
+            need(1),
+            usable * sram.capacity_bytes,
+        )
+    elif need(mb) > usable * sram.capacity_bytes:
+        plan.fail(
+            f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
+            f"{usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable (use more --micro-batches)",
+            need(mb),
+            usable * sram.capacity_bytes,
+        )
+    if total_w + state > ext.capacity_bytes:
+        plan.fail(f"weights and optimizer state ({(total_w + state) / 1e9:.1f} GB) exceed {ext.name}",
+                  total_w + state, ext.capacity_bytes)  # fmt: skip
+    return plan
+
+
+def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
+    """Bytes of the block's outputs read outside it: the checkpoint kept per layer for backward."""
+    graph = ctx.graph
+    names = {n.name for n in nodes}
+    total = 0
+    for node in nodes:
+        if node.layer is None:  # constants the exporter left unscoped (masks) are no per-sample activations
+            continue
+        for out in node.outputs:
+            readers = graph.consumers.get(out, [])
+            if out and _shape(ctx, out) and any(c.name not in names and not is_optimizer_step(c) for c in readers):
+                total += graph.type_of(out).nbytes()
+    return total
+
+
+def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[str, WseKernel]) -> int:
+    """One layer's activations for its backward: inputs of the nodes that need a gradient.
+
+    An attention kernel keeps only its own inputs and recomputes its internals (scores,
+    softmax) in backward, so tensors produced inside an attention kernel are not counted;
+    the loss keeps nothing (it writes the logits' gradient in the same pass).
+    Inference: the peak of live activations.
+    """
+    if meta.graph_mode(ctx.graph) != "train":
+        return peak_live_bytes(ctx, nodes)
+    graph = ctx.graph
+    seen: set[str] = set()
+    total = 0
+    for node in nodes:
+        if is_loss(node):  # it writes the logits' gradient in the same pass: nothing kept for backward
+            continue
+        k = kernel_of.get(node.name)
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or v in seen or value.kind.is_stored or not _shape(ctx, v):
+                continue
+            prod = kernel_of.get(value.producer) if value.producer else None
+            if k is not None and k.cls == "attention" and prod is k:
+                continue
+            seen.add(v)
+            total += graph.type_of(v).nbytes()
+    return total
