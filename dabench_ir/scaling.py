@@ -22,7 +22,6 @@ closed forms (collectives, bubbles, contiguous splits) live in `dabench_ir.lower
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import logging
@@ -239,7 +238,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
     and the bytes of each all-reduce a step needs: one per split module, of the value that
     leaves it (the row-parallel projection's partial sums).
     """
-    share = copy.deepcopy(graph)
+    share = graph.clone()
     module_of = {n.name: _tp_module(n) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it

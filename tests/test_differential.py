@@ -130,13 +130,10 @@ def test_a_sweep_point_is_the_profile_of_its_model(stamped, target, mode):
     _close(figures(profile_graph(graph, params)), figures(_api(path, target, mode=mode)))
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_a_validate_point_predicts_the_profile_of_its_model(stamped, target):
-    from dabench_ir.validate import parse_catalog, run_validation
-
-    path, cache = stamped
-    model = ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL.items())
-    text = f"""
+def _catalog(target: str, run: str, batch: int) -> str:
+    """A one-point measurement catalogue of the test's model on ``target`` (``run``: the TOML run table's body)."""
+    model = ", ".join(f"{k} = {json.dumps(batch if k == 'batch' else v)}" for k, v in MODEL.items())
+    return f"""
 format = "dabench-ir/measurements/v1"
 [[points]]
 id = "tiny-{target}"
@@ -144,10 +141,17 @@ kind = "model"
 target = "{target}"
 source = "this test"
 model = {{ {model} }}
-run = {{ mode = "train" }}
+run = {{ {run} }}
 measured = {{ samples_per_s = 1.0, step_time_s = 1.0 }}
 """
-    result = run_validation(parse_catalog(text), cache_dir=cache).results[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_validate_point_predicts_the_profile_of_its_model(stamped, target):
+    from dabench_ir.validate import parse_catalog, run_validation
+
+    path, cache = stamped
+    result = run_validation(parse_catalog(_catalog(target, 'mode = "train"', MODEL["batch"])), cache_dir=cache).results[0]
     assert result.status == "ok", result.reason
     predicted = {q.name: q.predicted for q in result.quantities}
     api = figures(_api(path, target, mode="train"))
@@ -204,18 +208,7 @@ def test_multi_chip_runs_agree_across_sweep_validate_and_scale(stamped, tmp_path
     assert point["time_s"] == pytest.approx(report["totals"]["time_s"], rel=1e-12)
     per_step = MODEL["batch"] * (2 if strategy == "dp" else 1)  # data parallel: each chip runs the graph's batch
     assert report["config"]["batch"] == per_step
-    model = ", ".join(f"{k} = {json.dumps(per_step if k == 'batch' else v)}" for k, v in MODEL.items())
-    text = f"""
-format = "dabench-ir/measurements/v1"
-[[points]]
-id = "tiny-{target}-{strategy}"
-kind = "model"
-target = "{target}"
-source = "this test"
-model = {{ {model} }}
-run = {{ mode = "train", chips = 2, strategy = "{strategy}" }}
-measured = {{ samples_per_s = 1.0 }}
-"""
+    text = _catalog(target, f'mode = "train", chips = 2, strategy = "{strategy}"', per_step)  # the global batch
     result = run_validation(parse_catalog(text), cache_dir=cache).results[0]
     assert result.status == "ok", result.reason
     predicted = {q.name: q.predicted for q in result.quantities}
