@@ -109,12 +109,15 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
     else:
         step = makespan
+    latency = makespan  # one step from its first input to its last output, nothing overlapping it
     for name, seconds in plan.step_overheads_s.items():  # serial: nothing else runs meanwhile
         overheads[name] += seconds
         step += seconds
+        latency += seconds
     timeline = Timeline(
         nodes=timings,
         step_time_s=step,
+        latency_s=latency,
         samples_per_step=plan.samples_per_step,
         source="emulated",
         unit_busy_s=dict(unit_busy),

@@ -62,9 +62,10 @@ class NodeTiming:
 class Timeline:
     """Per node: unit, start, end, bound; per unit: busy time.
 
-    ``step_time_s`` is the time of one step (one batch); it can be shorter than the
-    makespan of ``nodes`` when the target pipelines steps (WSE, IPU pipelines), and
-    longer when it adds costs no node owns (reconfiguration, sync, link transfers).
+    ``step_time_s`` is the time of one step (one batch) in steady state: on a target that
+    pipelines consecutive steps (WSE, IPU pipelines) it is the period, the bottleneck lane's
+    time, shorter than one step's own ``latency_s`` (first input to last output); elsewhere
+    the two are equal. Both include the costs no node owns (reconfiguration, sync, host).
     ``samples_per_step`` is the batch the step processes.
     """
 
@@ -72,6 +73,7 @@ class Timeline:
     step_time_s: float
     samples_per_step: int = 1
     source: str = "emulated"  # or "measured"
+    latency_s: float | None = None  # one step alone (None: as step_time_s, steps do not overlap)
     unit_busy_s: dict[str, float] = field(default_factory=dict)
     overheads_s: dict[str, float] = field(default_factory=dict)  # named step costs no node owns
     # Added for pipelined emulation (all optional; a measured timeline leaves them empty).
@@ -107,6 +109,16 @@ class Timeline:
             unit_busy_s=busy,
             overheads_s=dict(overheads_s or {}),
         )
+
+    @property
+    def pipelined(self) -> bool:
+        """Consecutive steps overlap: the step time is a period, shorter than one step's latency."""
+        return self.latency_s is not None and self.latency_s > self.step_time_s * (1 + 1e-12)
+
+    @property
+    def one_step_s(self) -> float:
+        """One step alone, first input to last output (the latency of a request)."""
+        return self.step_time_s if self.latency_s is None else self.latency_s
 
     @property
     def makespan_s(self) -> float:

@@ -110,3 +110,17 @@ def test_analyzed_onnx_graph_runs_end_to_end(target):
     assert metrics.total_flops == sum(plan.node_plans[n.name].flops for n in g.nodes) > 0
     assert set(metrics.node_intensity) == {n.name for n in g.nodes}
     assert all(t.bound is not None for t in timeline.nodes.values())
+
+
+def test_a_pipelined_step_reports_its_period_and_its_latency_apart():
+    """WSE pipelined mode overlaps consecutive steps: the step time is the period (the bottleneck
+    region's time), one step alone takes the pipeline's whole depth; a sequential target's are equal."""
+    from dabench_ir.pipeline import profile_graph
+
+    wse = profile_graph(decoder(layers=4, hidden=64), "wse", {"wse_mode": "pipelined"})
+    t = wse.totals
+    assert t["latency_s"] > 2 * t["time_s"] and t["period_s"] == t["time_s"]
+    assert t["time_basis"].startswith("steady-state period")
+    assert t["latency_s"] == pytest.approx(wse.timeline.makespan_s + sum(wse.timeline.overheads_s.values()))
+    rdu = profile_graph(decoder(layers=4, hidden=64), "rdu").totals
+    assert rdu["latency_s"] == rdu["time_s"] and rdu["time_basis"] == "one step"

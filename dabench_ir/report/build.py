@@ -106,6 +106,13 @@ def build_report(
         "unattributed_nodes": len(unattributed),
         # step costs no node owns (reconfiguration, stalls, host time, fill/drain, collectives)
         "overhead_s": sum((timeline.overheads_s or {}).values()) if timeline is not None else None,
+        # time_s is the steady-state step (a period where consecutive steps overlap); latency_s is one
+        # step alone: they differ on pipelined targets, and time_basis says which time_s is
+        "latency_s": timeline.one_step_s if timeline is not None else time_s,
+        "period_s": time_s,
+        "time_basis": None if time_s is None else (
+            "steady-state period (consecutive steps overlap in the pipeline)" if timeline is not None and timeline.pipelined
+            else "one step"),
         **_estimated_totals(estimated, records),
     }
     if measurement is not None:
