@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "layer_from_scope",
+    "walk_back",
 ]
 
 
@@ -232,6 +233,25 @@ class Node:
 
 
 _LAYER_RE = re.compile(r"(?:^|[./:_])(?:layers|layer|h|blocks|block)[._](\d+)(?=$|[./:_])")
+
+
+def walk_back(starts: Iterable[str], expand: Callable[[str], Iterable[str]], stop: Iterable[str] = ()) -> list[str]:
+    """Tensors reached walking producers back from ``starts``, each once, depth first on a stack
+    (the first start first, then a tensor's inputs last to first); ``expand(tensor)`` gives the
+    tensors its producer reads (nothing: a leaf), and the walk does not enter ``stop``. The one
+    backward walk of the IR and of the fusion map."""
+    stopped = set(stop)
+    seen: set[str] = set()
+    order: list[str] = []
+    todo = [t for t in reversed(list(starts)) if t]
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen or tensor in stopped:
+            continue
+        seen.add(tensor)
+        order.append(tensor)
+        todo.extend(t for t in expand(tensor) if t)
+    return order
 
 
 def layer_from_scope(scope: str) -> int | None:

@@ -95,8 +95,8 @@ class Lowering(ABC):
 
     ``name`` is how the pipeline and the tests refer to it, ``kinds`` the target kinds it
     serves, ``Options`` its own frozen options (a `LoweringOptions` subclass listing the
-    fields it reads). Subclasses implement `feed_level` and `_lower`; `lower` converts any
-    options object to ``Options`` first.
+    fields it reads), ``feed`` the memory level that feeds it. Subclasses implement `_lower`;
+    `lower` converts any options object to ``Options`` first.
     """
 
     name: ClassVar[str]
@@ -108,9 +108,13 @@ class Lowering(ABC):
         """This lowering's options read from ``source`` (a `ProfileOptions`, None: the defaults)."""
         return cls.Options.read(source, **internals)
 
-    @abstractmethod
+    feed: ClassVar[str]
+    """The memory level that feeds this architecture's units (the roofline's bandwidth):
+    ``on-chip`` (WSE PE SRAM, IPU tile SRAM) or ``off-chip`` (RDU DDR, GPU HBM, host DRAM)."""
+
     def feed_level(self, target: Target) -> str:
-        """The memory level that feeds this architecture's units (the roofline's bandwidth)."""
+        """The level of ``target``'s memories that feeds this architecture's units (`feed`)."""
+        return self.feed
 
     def lower(self, graph: Graph, target: Target, options: Any = None) -> Plan:
         """Place ``graph`` on ``target``; ``options`` is any options object (None: the defaults)."""

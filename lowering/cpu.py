@@ -541,9 +541,8 @@ class CpuLowering(Lowering):
     name = "cpu"
     kinds = ("cpu",)
     Options = CpuOptions
+    feed = "off-chip"  # every operand streams from host DRAM
 
-    def feed_level(self, target: Target) -> str:
-        return "off-chip"  # every operand streams from device memory (HBM, host DRAM)
 
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)

@@ -66,9 +66,8 @@ class GpuLowering(Lowering):
     name = "gpu"
     kinds = ("gpu",)
     Options = GpuOptions
+    feed = "off-chip"  # every operand streams from device memory (HBM)
 
-    def feed_level(self, target: Target) -> str:
-        return "off-chip"  # every operand streams from device memory (HBM, host DRAM)
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")

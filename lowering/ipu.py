@@ -82,9 +82,8 @@ class IpuLowering(Lowering):
     name = "ipu"
     kinds = ("ipu",)
     Options = IpuOptions
+    feed = "on-chip"  # tile SRAM feeds every superstep
 
-    def feed_level(self, target: Target) -> str:
-        return "on-chip"
 
     def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         return _lower(ctx, target, options)

@@ -262,9 +262,8 @@ class RduLowering(Lowering):
     name = "rdu"
     kinds = ("rdu",)
     Options = RduOptions
+    feed = "off-chip"  # sections read weights and boundary tensors from DDR
 
-    def feed_level(self, target: Target) -> str:
-        return "off-chip"
 
     def _lower(self, ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         return _lower(ctx, target, options)

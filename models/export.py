@@ -548,8 +548,8 @@ def export_model(
         from dabench_ir.models.mlir_export import export_mlir
 
         mode = resolve_weights(cfg, weights, max_weight_bytes)
-        names = export_mlir(cfg, path, dialect=format.removeprefix("mlir-"), weights=mode, dynamic=dynamic,
-                            seed=seed, progress=progress)  # fmt: skip
+        names = export_mlir(cfg, path, dialect=format.removeprefix("mlir-"), weights=mode,
+                            max_weight_bytes=max_weight_bytes, dynamic=dynamic, seed=seed, progress=progress)  # fmt: skip
         return ExportResult(path, format, mode, names, time.perf_counter() - start)
     if format != "onnx":
         raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")

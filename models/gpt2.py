@@ -97,26 +97,41 @@ def attend_cached(
     return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
-class GPT2Attention(nn.Module):
-    """Multi-head (or grouped-query) causal self-attention with biased projections."""
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention, with or without a KV cache: the one
+    attention of both families (LLaMA's rotates q and k first: ``rotate``)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, bias: bool) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim)
-        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None):
+    def attention(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None, rotate=None):
+        """``rotate(q, k)``: a positional rotation of q and k before the scores (None: GPT-2 adds
+        its positions to the embeddings instead)."""
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        if rotate is not None:
+            q, k = rotate(q, k)
         if cache is None:
             return self.o_proj(attend(q, k, v, mask))
         k = k.transpose(-1, -2)  # the cache's K layout, [B, kv_heads, D, S]
         return self.o_proj(attend_cached(q, cache[0], cache[1], k, v, mask)), k, v
+
+
+class GPT2Attention(Attention):
+    """GPT-2's attention: biased projections."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, bias=True)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None):
+        return self.attention(x, mask, cache)
 
 
 class GPT2MLP(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dabench_ir.models.config import ModelConfig
-from dabench_ir.models.gpt2 import attend, attend_cached, causal_mask
+from dabench_ir.models.gpt2 import Attention, causal_mask
 
 __all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "rotary_tables"]
 
@@ -52,27 +52,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(Attention):
     """Grouped-query attention with rotary q and k; projections without bias."""
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        super().__init__(cfg, bias=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, cache=None):
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if cache is None:
-            return self.o_proj(attend(q, k, v, mask))
-        k = k.transpose(-1, -2)  # the cache's K layout, [B, kv_heads, D, S]
-        return self.o_proj(attend_cached(q, cache[0], cache[1], k, v, mask)), k, v
+        return self.attention(x, mask, cache, rotate=lambda q, k: (_rotate(q, cos, sin), _rotate(k, cos, sin)))
 
 
 class LlamaMLP(nn.Module):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dabench_ir.models.config import ModelConfig
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +69,7 @@ def _params_as_inputs(model: nn.Module) -> tuple[nn.Module, list[str], list[torc
 
 
 def mlir_text(
-    cfg: ModelConfig, *, dialect: str = "torch", weights: str = "none", dynamic: bool = False, seed: int = 0
+    cfg: ModelConfig, *, dialect: str = "torch", weights: str, dynamic: bool = False, seed: int = 0
 ) -> tuple[str, list[str]]:
     """The MLIR module text for `cfg` and the names of its weight arguments (none if frozen)."""
     import torch
@@ -111,15 +112,22 @@ def export_mlir(
     path: str | Path,
     *,
     dialect: str = "torch",
-    weights: str = "none",
+    weights: str = "auto",
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     dynamic: bool = False,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Write `cfg` as MLIR (torch or linalg-on-tensors dialect) to `path`; returns weight names."""
+    """Write `cfg` as MLIR (torch or linalg-on-tensors dialect) to `path`; returns weight names.
+
+    ``weights`` and ``max_weight_bytes`` mean what they mean for `models.export.export_onnx`
+    (one rule, `resolve_weights`)."""
+    from dabench_ir.models.export import resolve_weights
+
     if progress:
         progress(f"importing {cfg.layers} blocks with torch-mlir (fx importer, {dialect})")
-    text, names = mlir_text(cfg, dialect=dialect, weights=weights, dynamic=dynamic, seed=seed)
+    mode = resolve_weights(cfg, weights, max_weight_bytes)
+    text, names = mlir_text(cfg, dialect=dialect, weights=mode, dynamic=dynamic, seed=seed)
     header = [
         f"// dabench.family: {cfg.family}",
         f"// dabench.preset: {cfg.preset or ''}",

@@ -52,20 +52,24 @@ def test_ridge_expressions_only_in_targets():
     assert not found, f"ridge point computed outside Target.ridge_point: {found}"
 
 
+def _lines_matching(pattern: str, owner: Path) -> list[str]:
+    """``file:line`` of every source line outside ``owner`` that matches ``pattern``."""
+    regex = re.compile(pattern)
+    return [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources()
+        if path != owner
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if regex.search(line)
+    ]
+
+
 # -- ring all-reduce: lowering/collectives.py ---------------------------------------------------
 
 
 def test_ring_allreduce_formula_only_in_collectives():
     """The ring's 2(n-1)/n volume factor is written once, in lowering/collectives.py."""
-    owner = ROOT / "lowering" / "collectives.py"
-    pattern = re.compile(r"2 \* \(\w+ - 1\) / \w+")
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        if path != owner
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
-    ]
+    found = _lines_matching(r"2 \* \(\w+ - 1\) / \w+", ROOT / "lowering" / "collectives.py")
     assert not found, f"ring all-reduce written outside lowering/collectives.py: {found}"
 
 
@@ -74,15 +78,7 @@ def test_ring_allreduce_formula_only_in_collectives():
 
 def test_parameter_count_only_in_graph():
     """Summing the weights' elements is Graph.num_params' job alone (dabench_ir/ir.py)."""
-    owner = ROOT / "dabench_ir" / "ir.py"
-    pattern = re.compile(r"numel\([^)]*\) for \w+ in \w+\.weights\(\)")
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        if path != owner
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
-    ]
+    found = _lines_matching(r"numel\([^)]*\) for \w+ in \w+\.weights\(\)", ROOT / "dabench_ir" / "ir.py")
     assert not found, f"parameter count written outside Graph.num_params: {found}"
 
 
@@ -96,14 +92,7 @@ def test_default_heads_is_hidden_over_64_and_written_once():
     assert default_heads(768) == 12
     with pytest.raises(UserError, match="multiple of 64: pass --heads"):
         default_heads(100, hint="pass --heads")
-    owner = ROOT / "models" / "config.py"
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        if path != owner
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"hidden\W*\s*(//|%) 64\b", line)
-    ]
+    found = _lines_matching(r"hidden\W*\s*(//|%) 64\b", ROOT / "models" / "config.py")
     assert not found, f"heads = hidden / 64 written outside models/config.py: {found}"
 
 
@@ -118,13 +107,7 @@ def test_weight_cap_is_one_constant():
     assert DEFAULT_MAX_WEIGHT_BYTES == 4 << 30
     assert ProfileOptions().max_weight_bytes == synth.DEFAULT_MAX_WEIGHT_BYTES == DEFAULT_MAX_WEIGHT_BYTES
     assert export.DEFAULT_MAX_WEIGHT_BYTES is DEFAULT_MAX_WEIGHT_BYTES
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        if path != ROOT / "dabench_ir" / "options.py"
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"\b4 << 30\b|\b4 \* 2\*\*30\b|default=\"4GiB\"", line)
-    ]
+    found = _lines_matching(r"\b4 << 30\b|\b4 \* 2\*\*30\b|default=\"4GiB\"", ROOT / "dabench_ir" / "options.py")
     assert not found, f"the 4 GiB weight cap written outside dabench_ir/options.py: {found}"
 
 
@@ -151,12 +134,7 @@ def test_percent_helpers_one_per_meaning():
     assert percent(0.031, width=5, missing="   n/a") == "  3.1%" and percent(None, missing="n/a") == "n/a"
     assert percent_change(2.0, 2.5) == "+25.0%" and percent_change(0, 1.0) == "-"
     assert parse_percent("12.5%") == 0.125 and parse_percent("-") is None and parse_percent("x") is None
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if re.match(r"\s*def _?pct\(", line)
-    ]
+    found = _lines_matching(r"^\s*def _?pct\(", ROOT / "dabench_ir" / "report" / "table.py")
     assert not found, f"a percentage helper defined outside dabench_ir/report/table.py: {found}"
 
 
@@ -172,11 +150,6 @@ def test_dtype_questions_answered_in_passes_precision_only():
     graph = decoder(dtype=DType.FLOAT16)
     assert graph_compute_dtype(graph) is DType.FLOAT16
     assert dominant_storage_dtype(graph) == str(DType.FLOAT16)
-    found = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        if path != ROOT / "passes" / "precision.py"
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if re.match(r"\s*def (graph_dtype|_dominant_dtype|compute_dtype|graph_compute_dtype|dominant_storage_dtype)\(", line)
-    ]
+    names = "graph_dtype|_dominant_dtype|compute_dtype|graph_compute_dtype|dominant_storage_dtype"
+    found = _lines_matching(rf"^\s*def ({names})\(", ROOT / "passes" / "precision.py")
     assert not found, f"a graph's dtype decided outside passes/precision.py: {found}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.ir import walk_back
 from dabench_ir.passes.cost_rules import OpClass, op_traits
 
 if TYPE_CHECKING:
@@ -315,25 +316,22 @@ def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMa
         found: list[str] = []
         if node.name in index:
             found.append(node.name)
-        stop = boundary | {t for t in node.input if t}
-        stack = [t for t in reversed(node.output) if t]  # pops the first output first
-        seen: set[str] = set()
         anchor = None
-        while stack:
-            tensor = stack.pop()
-            if tensor in seen or tensor in stop:
-                continue
-            seen.add(tensor)
+
+        def claim(tensor: str, this: str = node.name, found: list[str] = found) -> list[str]:
+            """The inputs of the source node that wrote ``tensor``, when this optimised node replaced it."""
+            nonlocal anchor
             prod = producer.get(tensor)
-            if prod is None or prod in claimed or prod in folded or prod == node.name:
-                continue
+            if prod is None or prod in claimed or prod in folded or prod == this:
+                return []
             if prod in opt_names:
-                continue  # still in the optimised graph: not replaced by this node
+                return []  # still in the optimised graph: not replaced by this node
             claimed.add(prod)
             found.append(prod)
-            if anchor is None:
-                anchor = prod
-            stack.extend(inputs_of[prod])
+            anchor = anchor or prod
+            return inputs_of[prod]
+
+        walk_back(node.output, claim, boundary | {t for t in node.input if t})  # the first output first
         if not found:
             inserted.add(node.name)
             continue

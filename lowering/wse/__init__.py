@@ -63,9 +63,8 @@ class WseLowering(Lowering):
     name = "wse"
     kinds = ("wse",)
     Options = WseOptions
+    feed = _FEED_LEVEL  # PE SRAM feeds every region
 
-    def feed_level(self, target: Target) -> str:
-        return _FEED_LEVEL
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         if options.wse_mode == "streaming":

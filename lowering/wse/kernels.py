@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dabench_ir.ir import Cost, DType, Node
+from dabench_ir.ir import Cost, DType, Node, walk_back
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
 from dabench_ir.passes import meta
@@ -279,17 +279,7 @@ def _skip_bytes(
         return 0
 
     def upstream(value: str, stop: set[str]) -> set[str]:
-        seen: set[str] = set()
-        todo = [value]
-        while todo:
-            v = todo.pop()
-            if v in seen or v in stop:
-                continue
-            seen.add(v)
-            node = producer.get(v)
-            if node is not None:
-                todo.extend(i for i in node.inputs if i)
-        return seen
+        return set(walk_back([value], lambda v: producer[v].inputs if v in producer else (), stop))
 
     for skip, branch in ((acts[0], acts[1]), (acts[1], acts[0])):
         path = upstream(branch, upstream(skip, set()))
