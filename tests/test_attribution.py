@@ -7,13 +7,14 @@ import json
 
 import pytest
 
+from dabench_ir.advice import advise, candidate_knobs
 from dabench_ir.options import KNOBS, ProfileOptions
 from dabench_ir.pipeline import profile_graph
 from dabench_ir.report.attribution import layer_runs, representative_layer, role_rows
 from dabench_ir.report.roles import general_scope, node_roles
 from dabench_ir.report.table import render_table
 from dabench_ir.report.trace import chrome_trace_events, track_count, validate_trace, write_report_trace
-from dabench_ir.report.why import candidate_knobs, explain
+from dabench_ir.report.why import explain
 from tests.conftest import analyze_text
 from tests.lowering_graphs import decoder
 
@@ -140,7 +141,12 @@ def test_candidate_knobs_come_from_the_option_schema(rdu_report):
 
 def test_why_is_computed_by_replacing(rdu_report):
     from dabench_ir.place import place
+    from dabench_ir.run import execute
 
+    if rdu_report.advice is None:
+        assert explain(rdu_report) == []  # no advice runs: nothing to render
+    advice = advise(rdu_report)
+    assert rdu_report.advice is advice and advice.placements == len(candidate_knobs(rdu_report))
     lines = explain(rdu_report)
     assert len(lines) == 3 and rdu_report.why == lines
     first = next(x for x in lines if x["role"] == "overhead: section_reconfig")
@@ -149,6 +155,11 @@ def test_why_is_computed_by_replacing(rdu_report):
                            dataclasses.replace(rdu_report.options, opt_level=first["value"]))  # fmt: skip
     assert first["new_step_s"] == pytest.approx(timeline.step_time_s)
     assert first["new_time_s"] == pytest.approx(timeline.overheads_s.get("section_reconfig", 0.0))
+    # the advice is the orchestration's run: the run with the knob changed, executed again, agrees
+    trial = next(t for t in advice.trials if t.knob.name == "opt_level" and t.value == first["value"])
+    assert trial.run.sources["opt_level"] == "user" and trial.run.options.opt_level == first["value"]
+    again = execute(rdu_report.run.variant(opt_level=first["value"]), rdu_report.graph.clone())
+    assert first["new_step_s"] == again.timeline.step_time_s
     memory = next(x for x in lines if x["bound"] == "memory")
     assert "ddr" in memory["resource"]
     assert first["text"] in [w["text"] for w in json.loads(rdu_report.to_json())["why"]]

@@ -50,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
         path = getattr(args, flag)
         if path is not None:
             check_output_path(path, f"--{flag}", inputs=args.reports)
+    from dabench_ir.execute.calibrate import host_powers
+
     reports = [load_report_json(p) for p in args.reports]
-    rows = compare_reports(reports)
+    rows = compare_reports(reports, powers=host_powers(reports))  # the host's figure, read before rendering
     if args.normalize_to is not None:
         from dabench_ir.report.compare import add_normalised
 

@@ -145,22 +145,24 @@ def _export(folder: Path, spec: dict[str, Any], name: str, weights: str, say: An
     return path
 
 
-def _refit(report: Any, name: str, say: Any) -> Any:
+def _refit(report: Any, name: str, say: Any) -> tuple[Any, Any]:
     """A target the default options do not fit on (GPT-2 small on one IPU) is placed again with
-    the knob change that fits (`report.why.fitting_knob`); the report says so."""
-    from dabench_ir.report.why import change_text, changes_of, fitting_knob
-    from dabench_ir.run import execute
+    the knob change that fits (`dabench_ir.advice.fitting_knob`: the variant run's own report);
+    the report says so. Returns the report and, when it is still the one given (no change
+    fits), the variant runs made for it, for its why lines to reuse."""
+    from dabench_ir.advice import VariantRuns, fitting_knob
+    from dabench_ir.report.why import change_text
 
-    found = fitting_knob(report)
-    if found is None:
-        return report
-    k, value, _ = found
-    text = change_text(k, value)
+    runs = VariantRuns(report)
+    found = fitting_knob(report, runs=runs)
+    if found is None or found.report is None:
+        return report, runs
+    text = change_text(found.changes)
     say(f"{name}: does not fit with the defaults; placing with {text}")
-    refit = execute(report.run.variant(**changes_of(k, value)), report.graph.clone())
+    refit = found.report
     reason = report.failure.get("reason") if report.failure else ""
     refit.extra["demo_note"] = f"placed with {text}: with the defaults it does not fit ({reason})"
-    return refit
+    return refit, None
 
 
 def _validation_errors(stems: dict[str, Any], say: Any) -> tuple[dict[str, float | None], str]:
@@ -198,6 +200,7 @@ def run_demo(
 ) -> DemoResult:
     """Profile the defaults (GPT-2 small on the dataflow chips, the small model measured on the
     host) or ``model`` on every target, and write the report folder."""
+    from dabench_ir.advice import advise
     from dabench_ir.fileio import write_output
     from dabench_ir.options import ProfileOptions
     from dabench_ir.pipeline import profile_targets
@@ -243,10 +246,12 @@ def run_demo(
         watts = getattr(report.target_obj, "watts", None)
         if watts:
             report.extra["target_power_w"] = float(watts)
+        runs = None
         if report.plan is not None and not report.plan.fits:
-            report = _refit(report, name, say)
+            report, runs = _refit(report, name, say)
         if report.plan is not None:
             say(f"{name}: re-placing with each target knob changed (why)")
+            advise(report, runs=runs)
             explain(report)
         result.reports[stem] = report
     if validation and result.reports:

@@ -81,9 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_profile(args.model, args.target, given, progress=progress)
     if report.plan is not None:
+        from dabench_ir.advice import advise
         from dabench_ir.report.why import explain
 
         progress("re-placing with each target knob changed, for the why lines")
+        advise(report)  # one variant run per knob change (dabench_ir.run.execute)
         explain(report)
     progress.done()
     return _after_profile(args, report, progress)
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
 def _compare_targets(args: argparse.Namespace, targets: list[str], progress, given: dict) -> int:
     """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many
     times. Each output flag gets the comparison and one file per target (see `_per_target_path`)."""
+    from dabench_ir.advice import advise
     from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
     from dabench_ir.report.why import explain
@@ -101,8 +104,10 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
     for name in targets:  # every name is checked before any work
         resolve_target(name, given.get("threads"))
     reports = profile_targets(args.model, targets, given, progress=progress)
-    for report in reports.values():
+    for name, report in reports.items():
         if report.plan is not None:
+            progress(f"{name}: re-placing with each target knob changed, for the why lines")
+            advise(report)
             explain(report)
     progress.done()
     rows = compare_reports(list(reports.values()))

@@ -30,7 +30,7 @@ import platform
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ __all__ = [
     "calibration_status",
     "cpu_target_path",
     "dump_toml",
+    "host_powers",
     "load_calibration",
     "machine_key",
     "measure_host",
@@ -240,6 +241,26 @@ def cpu_target_path(threads: int | None = None, *, measure_if_missing: bool = Tr
     result = calibrate(key["threads"], quick=quick)
     print(f"dabench-ir: calibrated in {time.perf_counter() - start:.0f} s; cached in {result}", file=sys.stderr)
     return result
+
+
+def host_powers(reports: Iterable[Any]) -> dict[str, float | None]:
+    """The power figures a comparison of ``reports`` needs from this host, before it is rendered
+    (`dabench_ir.report.compare.compare_reports` ``powers``): ``{"cpu": W}`` from the cached
+    calibration when a report dict names the ``cpu`` target (None: no calibration cached), else {}.
+
+    Never calibrates: a comparison uses the cached calibration or nothing.
+    """
+    if not any(isinstance(r, Mapping) and (r.get("target") or {}).get("name") == "cpu" for r in reports):
+        return {}
+    name = "cpu"
+    try:
+        name = str(cpu_target_path(measure_if_missing=False))
+        from dabench_ir.targets import load_target
+
+        return {"cpu": float(load_target(name).watts) or None}
+    except Exception as exc:
+        logger.info("no power figure for target %s: %s", name, exc)
+        return {"cpu": None}
 
 
 def _check_summary_fields(data: Mapping[str, Any]) -> None:

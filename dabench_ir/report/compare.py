@@ -116,8 +116,9 @@ def dominant_bound(nodes: Sequence[Mapping[str, Any]]) -> tuple[str | None, floa
     return best, times[best] / total
 
 
-def _power_w(data: Mapping[str, Any], target_obj: Any) -> float | None:
-    """The target's power: from the report itself, the live Target, or the target loaded by name."""
+def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> float | None:
+    """The target's power: from the report itself, the live Target, the figures the caller handed
+    (``powers``: the host CPU's, from its calibration), or the built-in target loaded by name."""
     for section in ("metrics", "extra"):
         value = (data.get(section) or {}).get("target_power_w")
         if isinstance(value, (int, float)) and value > 0:
@@ -128,11 +129,11 @@ def _power_w(data: Mapping[str, Any], target_obj: Any) -> float | None:
     name = (data.get("target") or {}).get("name")
     if not name:
         return None
+    if name in powers:
+        return powers[name]
+    if name == "cpu":  # the host's figure is measured, not rendered here: none was handed
+        return None
     try:
-        if name == "cpu":  # never calibrate from a compare: use the cached calibration or nothing
-            from dabench_ir.execute.calibrate import cpu_target_path
-
-            name = str(cpu_target_path(measure_if_missing=False))
         from dabench_ir.targets import load_target
 
         return float(load_target(name).watts) or None
@@ -168,12 +169,12 @@ def label_rows(rows: Sequence[dict[str, Any]]) -> None:
         row["label"] = _label(row, varying)
 
 
-def _row(data: Mapping[str, Any], target_obj: Any) -> dict[str, Any]:
+def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> dict[str, Any]:
     totals, metrics, config = data.get("totals") or {}, data.get("metrics") or {}, data.get("config") or {}
     model, target = data.get("model") or {}, data.get("target") or {}
     bound, share = dominant_bound(data.get("nodes") or [])
     achieved = totals.get("achieved_flops_per_s")
-    power = _power_w(data, target_obj)
+    power = _power_w(data, target_obj, powers)
     failure = data.get("failure")
     kind = target.get("kind")
     extra = data.get("extra") or {}
@@ -244,14 +245,22 @@ def _node_nm(target_name: Any) -> float | None:
         return None
 
 
-def compare_reports(reports: Sequence[Report | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per report (keys: `COMPARE_COLUMNS`), in the order given, those that do not fit last."""
+def compare_reports(
+    reports: Sequence[Report | Mapping[str, Any]], *, powers: Mapping[str, float | None] | None = None
+) -> list[dict[str, Any]]:
+    """One row per report (keys: `COMPARE_COLUMNS`), in the order given, those that do not fit last.
+
+    ``powers``: target name -> watts for report dicts that carry no power figure and name a target
+    that is not built in: the host CPU's, from its cached calibration
+    (`dabench_ir.execute.calibrate.host_powers`, which the commands call before rendering).
+    """
+    powers = powers or {}
     rows = []
     for rep in reports:
         if isinstance(rep, Report):
-            rows.append(_row(rep.to_dict(), rep.target_obj))
+            rows.append(_row(rep.to_dict(), rep.target_obj, powers))
         elif isinstance(rep, Mapping):
-            rows.append(_row(rep, None))
+            rows.append(_row(rep, None, powers))
         else:
             raise TypeError(f"compare_reports takes Report objects or report dicts, not {type(rep).__name__}")
     label_rows(rows)

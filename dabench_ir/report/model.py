@@ -110,6 +110,7 @@ class Report:
     run: Any = field(default=None, repr=False)  # the dabench_ir.run.ResolvedRun the report answers
     measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
+    advice: Any = field(default=None, repr=False)  # dabench_ir.advice.Advice: the variant runs the why lines read
 
     # -- views ----------------------------------------------------------------------
     def node(self, name: str) -> NodeRecord:

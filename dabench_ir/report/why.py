@@ -3,129 +3,35 @@
 For each of a report's top roles (by time): its bound, the resource that binds it (the
 memory that feeds it and how much it moves there, the compute units and their
 utilisation, the link, or the fixed cost), and the target knob whose change shortens it
-most — found by re-running the placement (`dabench_ir.place.place`) with each candidate
-value. Candidates come from the option schema (`dabench_ir.options.KNOBS`): every target
-knob that the target's lowering reads, tried at each of its other choices, or at twice
-its value for a count; nothing here lists knobs by name.
+most. The knob changes are runs the orchestration made (`dabench_ir.advice.advise`: one
+``ResolvedRun.variant`` per candidate, executed by `dabench_ir.run.execute`) and handed to
+the report as ``report.advice``; this module only renders from them and places nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from dabench_ir.errors import UserError
-from dabench_ir.options import KNOBS, Knob
+from dabench_ir.options import Knob
 
 from .attribution import is_overhead, role_rows, target_peak
 from .table import human, seconds
 
 if TYPE_CHECKING:
+    from dabench_ir.advice import Trial
+
     from .model import Report
 
-__all__ = ["candidate_knobs", "change_text", "changes_of", "explain", "fitting_knob"]
+__all__ = ["change_text", "explain"]
 
 logger = logging.getLogger(__name__)
 
 
-def candidate_knobs(report: Report) -> list[tuple[Knob, Any]]:
-    """(knob, value) pairs worth trying on the report's target: each target knob the target's
-    lowering reads (`Knob.targets`), at every other choice, the other setting of a switch, twice
-    a count (the plan's own when the option is unset) or half a fraction."""
-    target, opts, plan = report.target_obj, report.options, report.plan
-    if target is None or opts is None:
-        return []
-    fields = {f.name for f in dataclasses.fields(opts)}
-    out: list[tuple[Knob, Any]] = []
-    for name, k in KNOBS.items():
-        if name not in fields or k.group != "target" or (k.targets is not None and target.kind not in k.targets):
-            continue
-        current = getattr(opts, name)
-        if k.choices:
-            out += [(k, c) for c in k.choices if c != current]
-            continue
-        if current is None:
-            current = getattr(plan, name, None)
-        changed = _changed(current)
-        if changed is None:
-            continue
-        for form in (changed, ",".join(map(str, changed)) if isinstance(changed, (list, tuple)) else None):
-            if form is None:
-                continue
-            try:
-                out.append((k, k.validate(form)))
-                break
-            except ValueError:
-                continue
-    return out
-
-
-def _changed(value: Any) -> Any:
-    """The other setting of a switch, twice a count, half a fraction (each element of a tuple)."""
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value * 2 if value >= 1 else None
-    if isinstance(value, float):
-        return value / 2 if value > 0 else None
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
-        parts = [_changed(v) for v in value]
-        return None if any(p is None for p in parts) else type(value)(parts)
-    return None
-
-
-def fitting_knob(report: Report, *, doublings: int = 4) -> tuple[Any, Any, Any] | None:
-    """For a plan that does not fit: the smallest knob change whose re-placement fits — one
-    candidate (a count doubled up to ``doublings`` times), else two together; returns
-    (knobs, values, plan) with the flags joined (``--ipus 4 --matmul-proportion 0.3``) as
-    the first item's ``flag``, or None."""
-    from dabench_ir.place import place
-
-    if report.plan is None or report.plan.fits or report.options is None:
-        return None
-    singles: list[tuple[Knob, Any]] = []
-    for k, value in candidate_knobs(report):
-        if isinstance(value, int) and not isinstance(value, bool):
-            singles += [(k, value * 2**i) for i in range(doublings)]
-        else:
-            singles.append((k, value))
-    reason = report.plan.failure.reason if report.plan.failure is not None else ""
-    singles.sort(key=lambda c: c[0].flag not in reason)  # knobs the failure names are tried first
-    trials = [[c] for c in singles]
-    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:] if a[0].name != b[0].name]
-    for changes in trials[:64]:
-        try:
-            opts = dataclasses.replace(report.options, **{k.name: v for k, v in changes})
-            plan, _, _ = place(report.graph, report.target_obj, opts)
-        except (UserError, ValueError):
-            continue
-        if plan.fits:
-            if len(changes) == 1:
-                return changes[0][0], changes[0][1], plan
-            return _Joined(changes), None, plan
-    return None
-
-
-def change_text(knob: Any, value: Any) -> str:
-    """``--ipus 4`` for one change; the joined flags for several."""
-    return knob.text if isinstance(knob, _Joined) else f"{knob.flag} {_shown(value)}"
-
-
-def changes_of(knob: Any, value: Any) -> dict[str, Any]:
-    """The option fields to replace for a change `fitting_knob` found."""
-    return {k.name: v for k, v in knob.changes} if isinstance(knob, _Joined) else {knob.name: value}
-
-
-class _Joined:
-    """Several knob changes shown as one (``--ipus 4 --matmul-proportion 0.3``)."""
-
-    def __init__(self, changes: list[tuple[Knob, Any]]) -> None:
-        self.changes = changes
-        self.name = "+".join(k.name for k, _ in changes)
-        self.flag = " ".join(k.flag for k, _ in changes)
-        self.text = " ".join(f"{k.flag} {_shown(v)}" for k, v in changes)
+def change_text(changes: Iterable[tuple[Knob, Any]]) -> str:
+    """The flags of knob changes with their values: ``--ipus 4``, ``--ipus 4 --matmul-proportion 0.3``."""
+    return " ".join(f"{k.flag} {_shown(v)}" for k, v in changes)
 
 
 def _shown(value: Any) -> str:
@@ -196,33 +102,26 @@ def _share(x: float) -> str:
 
 def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     """One line each for the ``top`` roles by time: bound, binding resource, and the knob
-    (re-placed) that shortens the role most, with the role's and the step's new times.
+    that shortens the role most, with the role's and the step's new times.
 
-    Needs a placed report (its plan, options and graph); returns [] otherwise. The lines
-    are also stored on ``report.why`` (the JSON ``why`` key, the table's "Why" section).
+    Renders from ``report.advice`` (the variant runs `dabench_ir.advice.advise` made); needs a
+    placed report with its advice, returns [] otherwise. The lines are also stored on
+    ``report.why`` (the JSON ``why`` key, the table's "Why" section).
     """
-    from dabench_ir.place import place
-
-    if report.plan is None or report.graph is None or report.options is None or report.timeline is None:
+    advice = report.advice
+    if report.plan is None or report.options is None or report.timeline is None or advice is None:
         return []
     rows = [r for r in role_rows(report) if r["time_s"]][:top]
-    trials: list[tuple[Knob, Any, Any]] = []
-    for k, value in candidate_knobs(report):
-        try:
-            _, timeline, _ = place(report.graph, report.target_obj, dataclasses.replace(report.options, **{k.name: value}))
-        except (UserError, ValueError) as exc:
-            logger.info("why: %s %s not placeable: %s", k.flag, value, exc)
-            continue
-        trials.append((k, value, timeline))
+    trials: list[tuple[Knob, Any, Any]] = [(t.knob, t.value, t.timeline) for t in advice.trials]
     step = report.timeline.step_time_s
     out = []
     if not report.plan.fits:
-        found = fitting_knob(report)
+        found: Trial | None = advice.fit
         reason = report.plan.failure.reason if report.plan.failure is not None else "does not fit"
-        fix = f"{change_text(found[0], found[1])} makes it fit" if found else "no target knob makes it fit"
+        fix = f"{change_text(found.changes)} makes it fit" if found else "no target knob makes it fit"
         out.append({"role": "(fit)", "bound": None, "resource": reason, "time_s": None, "step_s": step,
-                    "knob": found[0].flag if found else None,
-                    "value": (changes_of(found[0], found[1]) if found else None),
+                    "knob": " ".join(k.flag for k, _ in found.changes) if found else None,
+                    "value": (found.values() if found else None),
                     "new_time_s": None, "new_step_s": None, "text": f"does not fit: {reason}; {fix}"})  # fmt: skip
     for row in rows:
         role = row["role"]

@@ -46,9 +46,10 @@ def _kind(target: str | None) -> str | None:
 
 def study_run(before: dict[str, Any], after: dict[str, Any], prov: Any = None) -> dict[str, Any]:
     """One run of a study (or of `dabench-ir diff`): labels, warnings and the diff of two report dicts."""
+    from dabench_ir.execute.calibrate import host_powers
     from dabench_ir.report.compare import compare_reports, estimated_warnings
 
-    rows = compare_reports([before, after])
+    rows = compare_reports([before, after], powers=host_powers([before, after]))
     diff = diff_reports(before, after, prov)
     return {
         "pipeline": rows[1]["pipeline"],

@@ -1,0 +1,221 @@
+"""The runs behind the "why" lines: a report's run with each target knob changed.
+
+For a placed `Report`, `advise` asks the orchestration for one variant run per candidate knob
+change (`candidate_knobs`: every target knob the target's lowering reads, at each of its other
+choices, or at twice its value for a count, half for a fraction; nothing here lists knobs by
+name): ``execute(report.run.variant(knob=value), report.graph.clone())``. Each variant is an
+ordinary run (`dabench_ir.run.execute`: resolved sources, the run's internals, scaling when
+it spans chips), placed once. For a plan that does not fit, `fitting_knob` searches the
+smallest change that makes it fit (one knob, a count doubled up to four times, else two
+knobs together) through the same runs. What the runs found is handed to the report as
+``report.advice`` (an `Advice`); `dabench_ir.report.why.explain` renders the lines from it
+and places nothing itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import KNOBS, Knob
+
+if TYPE_CHECKING:
+    from dabench_ir.plan import Plan
+    from dabench_ir.report.model import Report
+    from dabench_ir.run import ResolvedRun
+    from dabench_ir.timeline import Timeline
+
+__all__ = ["Advice", "Trial", "VariantRuns", "advise", "candidate_knobs", "fitting_knob"]
+
+logger = logging.getLogger(__name__)
+
+Change = tuple[Knob, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One variant run: the knob changes made, the run, and what its placement gave.
+
+    ``report`` is the variant's whole Report when the variant makes a plan fit that did not
+    (`fitting_knob` hands it on, so it is not executed again); otherwise only the figures the
+    why lines read (the timeline, the plan) are kept, not the variant's graph.
+    """
+
+    changes: tuple[Change, ...]
+    run: ResolvedRun
+    timeline: Timeline
+    plan: Plan
+    report: Report | None = None
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.plan.fits)
+
+    @property
+    def knob(self) -> Knob:
+        """The knob of a one-change trial (the first one of several)."""
+        return self.changes[0][0]
+
+    @property
+    def value(self) -> Any:
+        """The value of a one-change trial (the first one of several)."""
+        return self.changes[0][1]
+
+    def values(self) -> dict[str, Any]:
+        """The option fields the trial changed, by name."""
+        return {k.name: v for k, v in self.changes}
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """What the variant runs of one report found, for the why lines (``report.advice``).
+
+    ``trials``: each candidate change that could be run (`candidate_knobs` order; those the
+    lowering refused are left out). ``fit``: for a plan that does not fit, the smallest change
+    that makes it fit, None when none does (or the plan fits). ``placements``: the variant
+    runs executed for this report.
+    """
+
+    trials: tuple[Trial, ...]
+    fit: Trial | None = None
+    fit_searched: bool = False
+    placements: int = 0
+
+
+def candidate_knobs(report: Report) -> list[Change]:
+    """(knob, value) pairs worth trying on the report's target: each target knob the target's
+    lowering reads (`Knob.targets`), at every other choice, the other setting of a switch, twice
+    a count (the plan's own when the option is unset) or half a fraction."""
+    target, opts, plan = report.target_obj, report.options, report.plan
+    if target is None or opts is None:
+        return []
+    fields = {f.name for f in dataclasses.fields(opts)}
+    out: list[Change] = []
+    for name, k in KNOBS.items():
+        if name not in fields or k.group != "target" or (k.targets is not None and target.kind not in k.targets):
+            continue
+        current = getattr(opts, name)
+        if k.choices:
+            out += [(k, c) for c in k.choices if c != current]
+            continue
+        if current is None:
+            current = getattr(plan, name, None)
+        changed = _changed(current)
+        if changed is None:
+            continue
+        for form in (changed, ",".join(map(str, changed)) if isinstance(changed, (list, tuple)) else None):
+            if form is None:
+                continue
+            try:
+                out.append((k, k.validate(form)))
+                break
+            except ValueError:
+                continue
+    return out
+
+
+def _changed(value: Any) -> Any:
+    """The other setting of a switch, twice a count, half a fraction (each element of a tuple)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value >= 1 else None
+    if isinstance(value, float):
+        return value / 2 if value > 0 else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        parts = [_changed(v) for v in value]
+        return None if any(p is None for p in parts) else type(value)(parts)
+    return None
+
+
+class VariantRuns:
+    """The variant runs of one report, each executed once: the why lines' candidates and the
+    fitting search share them (a change both try is placed once)."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.placements = 0
+        self._done: dict[tuple[tuple[str, str], ...], Trial | None] = {}
+
+    def variant(self, changes: tuple[Change, ...] | list[Change]) -> ResolvedRun:
+        """The report's run with ``changes`` (the user's, as if given); placed, not measured again."""
+        run = self.report.run.variant(**{k.name: v for k, v in changes})
+        if run.options.measure:  # the host measurement is the report's own; a variant is placed
+            run = run.variant(source=self.report.run.sources.get("measure", "user"), measure=False)
+        return run
+
+    def trial(self, changes: tuple[Change, ...] | list[Change]) -> Trial | None:
+        """The variant run with ``changes``, executed on a clone of the report's costed graph;
+        None when the lowering refuses it (a UserError or ValueError, logged)."""
+        changes = tuple(changes)
+        key = tuple(sorted((k.name, repr(v)) for k, v in changes))
+        if key in self._done:
+            return self._done[key]
+        from dabench_ir.run import execute
+
+        trial: Trial | None = None
+        run = None
+        try:
+            run = self.variant(changes)
+            self.placements += 1
+            report = execute(run, self.report.graph.clone())
+        except (UserError, ValueError) as exc:
+            logger.info("why: %s not placeable: %s", " ".join(f"{k.flag} {v}" for k, v in changes), exc)
+        else:
+            base_fits = self.report.plan is None or self.report.plan.fits
+            keep = report if report.plan is not None and report.plan.fits and not base_fits else None
+            trial = Trial(changes, report.run, report.timeline, report.plan, keep)
+        self._done[key] = trial
+        return trial
+
+
+def _placeable(report: Report) -> bool:
+    return not (
+        report.plan is None or report.graph is None or report.options is None or report.timeline is None
+        or report.run is None
+    )  # fmt: skip
+
+
+def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None = None) -> Trial | None:
+    """For a plan that does not fit: the smallest knob change whose variant run fits — one
+    candidate (a count doubled up to ``doublings`` times), else two together (64 tries at most);
+    the `Trial` (its ``run`` and its ``report``, to use as it is), or None. ``runs``: the variant
+    runs already made for ``report`` (`VariantRuns`), reused."""
+    if report.plan is None or report.plan.fits or report.options is None or report.run is None:
+        return None
+    runs = runs or VariantRuns(report)
+    singles: list[Change] = []
+    for k, value in candidate_knobs(report):
+        if isinstance(value, int) and not isinstance(value, bool):
+            singles += [(k, value * 2**i) for i in range(doublings)]
+        else:
+            singles.append((k, value))
+    reason = report.plan.failure.reason if report.plan.failure is not None else ""
+    singles.sort(key=lambda c: c[0].flag not in reason)  # knobs the failure names are tried first
+    trials = [[c] for c in singles]
+    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:] if a[0].name != b[0].name]
+    for changes in trials[:64]:
+        trial = runs.trial(changes)
+        if trial is not None and trial.fits:
+            return trial
+    return None
+
+
+def advise(report: Report, *, runs: VariantRuns | None = None) -> Advice | None:
+    """Run ``report``'s run once per candidate knob change (and, when its plan does not fit, the
+    fitting search), set ``report.advice`` and return it; None for a report that was not placed.
+
+    ``runs``: variant runs already made for ``report`` (`VariantRuns`, e.g. by `fitting_knob`),
+    reused rather than executed again.
+    """
+    if not _placeable(report):
+        return None
+    runs = runs or VariantRuns(report)
+    trials = tuple(t for t in (runs.trial([c]) for c in candidate_knobs(report)) if t is not None)
+    searched = not report.plan.fits
+    fit = fitting_knob(report, runs=runs) if searched else None
+    report.advice = Advice(trials, fit, searched, runs.placements)
+    return report.advice

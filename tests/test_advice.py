@@ -1,0 +1,109 @@
+"""`dabench_ir.advice`: the why lines' knob changes are runs of the orchestration, each made once;
+the host's power for a comparison is read by the command, not by the renderer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dabench_ir.advice import VariantRuns, advise, candidate_knobs, fitting_knob
+from dabench_ir.options import ProfileOptions
+from dabench_ir.pipeline import profile_graph
+from dabench_ir.report.why import change_text, explain
+from tests.lowering_graphs import decoder
+
+
+@pytest.fixture(scope="module")
+def unfit_ipu():
+    """A decoder too large for one IPU with the default knobs."""
+    report = profile_graph(decoder(layers=24, hidden=2048, seq=128), "ipu", ProfileOptions())
+    assert report.plan is not None and not report.plan.fits
+    return report
+
+
+def test_fit_line_comes_from_a_variant_run(unfit_ipu):
+    from dabench_ir.run import execute
+
+    advice = advise(unfit_ipu)
+    assert advice.fit_searched and advice.fit is not None
+    fit = advice.fit
+    assert fit.report is not None and fit.report.plan.fits and fit.report.run is fit.run
+    assert all(fit.run.sources[k.name] == "user" for k, _ in fit.changes)
+    lines = explain(unfit_ipu)
+    first = lines[0]
+    assert first["role"] == "(fit)" and first["value"] == fit.values()
+    assert first["text"].endswith(f"; {change_text(fit.changes)} makes it fit")
+    again = execute(unfit_ipu.run.variant(**fit.values()), unfit_ipu.graph.clone())
+    assert again.plan.fits and again.timeline.step_time_s == fit.report.timeline.step_time_s
+    # kept only what the lines read: the reports of variants that do not make it fit are not held
+    assert all(t.report is None for t in advice.trials if not t.fits)
+
+
+def test_candidates_and_fitting_search_share_their_runs(unfit_ipu):
+    alone = VariantRuns(unfit_ipu)
+    assert fitting_knob(unfit_ipu, runs=alone) is not None
+    advice = advise(unfit_ipu)
+    # the search's first try is a candidate already run for the lines: placed once, not twice
+    assert advice.placements <= len(candidate_knobs(unfit_ipu)) + alone.placements - 1
+
+
+def test_refit_uses_the_variant_report(unfit_ipu, monkeypatch):
+    import dabench_ir.run as run_module
+    from dabench_ir.commands.demo import _refit
+
+    calls = []
+    real = run_module.execute
+    monkeypatch.setattr(run_module, "execute", lambda *a, **k: calls.append(1) or real(*a, **k))
+    searched = VariantRuns(unfit_ipu)
+    found = fitting_knob(unfit_ipu, runs=searched)
+    calls.clear()
+    refit, runs = _refit(unfit_ipu, "ipu", lambda _m: None)
+    assert runs is None and refit.plan.fits and "placed with" in refit.extra["demo_note"]
+    assert len(calls) == searched.placements  # the search alone; the fitting run is not executed again
+    assert refit.timeline.step_time_s == found.report.timeline.step_time_s
+
+
+def test_no_advice_no_lines():
+    report = profile_graph(decoder(layers=2), "rdu", ProfileOptions())
+    assert report.advice is None and explain(report) == []
+    assert advise(profile_graph(decoder(layers=2), None, ProfileOptions())) is None  # not placed
+
+
+def _cpu_report_dict() -> dict:
+    from tests.test_report_helpers import make_report
+
+    data = json.loads(make_report().to_json())
+    data["target"] = {"name": "cpu", "kind": "cpu"}
+    data["metrics"].pop("target_power_w", None)
+    data.get("extra", {}).pop("target_power_w", None)
+    return data
+
+
+def test_host_power_is_handed_to_the_comparison(monkeypatch):
+    import dabench_ir.execute.calibrate as calibrate
+    from dabench_ir.errors import UserError
+    from dabench_ir.report.compare import compare_reports
+
+    data = _cpu_report_dict()
+    assert compare_reports([data])[0]["power_w"] is None  # the renderer reads no calibration
+    assert compare_reports([data], powers={"cpu": 42.0})[0]["power_w"] == 42.0
+    assert calibrate.host_powers([{"target": {"name": "rdu"}}]) == {}
+
+    def missing(*_a, **_k):
+        raise UserError("no calibration cached")
+
+    monkeypatch.setattr(calibrate, "cpu_target_path", missing)
+    assert calibrate.host_powers([data]) == {"cpu": None}
+
+
+def test_compare_command_reads_the_host_power(tmp_path, monkeypatch):
+    import dabench_ir.execute.calibrate as calibrate
+    from dabench_ir.cli import main
+
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(_cpu_report_dict()))
+    monkeypatch.setattr(calibrate, "host_powers", lambda reports: {"cpu": 50.0})
+    assert main(["compare", str(path), "--json", str(tmp_path / "c.json"), "--quiet"]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert rows[0]["power_w"] == 50.0
