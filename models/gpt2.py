@@ -180,26 +180,37 @@ class GPT2Model(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if cfg.vocab else None
         self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden) if cfg.positional == "learned" else None
-        self.layers = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if cfg.vocab else None
-        if self.lm_head is not None and cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        stack(self, cfg, (GPT2Block(cfg) for _ in range(cfg.layers)), nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps))
 
     def forward(self, x: torch.Tensor, *caches: torch.Tensor):
         h = self.embed(x) if self.embed is not None else x
-        seq = h.shape[1]
-        start = caches[1].shape[2] if caches else 0
+        seq, start = h.shape[1], (caches[1].shape[2] if caches else 0)
         if self.pos_embed is not None:
             h = h + self.pos_embed(torch.arange(start, start + seq, device=h.device))
         mask = causal_mask(seq, h.dtype, h.device) if not caches or seq > 1 else None
-        new: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
-            if caches:
-                h, k, v = layer(h, mask, (caches[2 * i], caches[2 * i + 1]))
-                new += [k, v]
-            else:
-                h = layer(h, mask)
-        h = self.norm(h)
-        out = self.lm_head(h) if self.lm_head is not None else h
-        return (out, *new) if caches else out
+        return run_blocks(self, h, mask, caches)
+
+
+def stack(model: nn.Module, cfg: ModelConfig, blocks, norm: nn.Module) -> None:
+    """Give ``model`` what both families' stacks share after their embeddings: the blocks, the
+    final norm and the LM head (tied to the token embedding where the config says so)."""
+    model.layers = nn.ModuleList(blocks)
+    model.norm = norm
+    model.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if cfg.vocab else None
+    if model.lm_head is not None and cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+
+
+def run_blocks(model: nn.Module, h: torch.Tensor, mask: torch.Tensor | None, caches, *extra: torch.Tensor):
+    """The blocks (each given ``extra``, e.g. LLaMA's rotary tables, and its layer's cache), the final
+    norm and the head: the output, and with ``caches`` each layer's new K and V after it."""
+    new: list[torch.Tensor] = []
+    for i, layer in enumerate(model.layers):
+        if caches:
+            h, k, v = layer(h, mask, *extra, (caches[2 * i], caches[2 * i + 1]))
+            new += [k, v]
+        else:
+            h = layer(h, mask, *extra)
+    h = model.norm(h)
+    out = model.lm_head(h) if model.lm_head is not None else h
+    return (out, *new) if caches else out

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dabench_ir.models.config import ModelConfig
-from dabench_ir.models.gpt2 import Attention, causal_mask
+from dabench_ir.models.gpt2 import Attention, causal_mask, run_blocks, stack
 
 __all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "rotary_tables"]
 
@@ -105,25 +105,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if cfg.vocab else None
-        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if cfg.vocab else None
-        if self.lm_head is not None and cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        stack(self, cfg, (LlamaBlock(cfg) for _ in range(cfg.layers)), RMSNorm(cfg.hidden, cfg.norm_eps))
 
     def forward(self, x: torch.Tensor, *caches: torch.Tensor):
         h = self.embed(x) if self.embed is not None else x
-        seq = h.shape[1]
-        start = caches[1].shape[2] if caches else 0
+        seq, start = h.shape[1], (caches[1].shape[2] if caches else 0)
         mask = causal_mask(seq, h.dtype, h.device) if not caches or seq > 1 else None
         cos, sin = rotary_tables(seq, self.cfg.head_dim, self.cfg.rope_theta, h.dtype, h.device, start)
-        new: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
-            if caches:
-                h, k, v = layer(h, mask, cos, sin, (caches[2 * i], caches[2 * i + 1]))
-                new += [k, v]
-            else:
-                h = layer(h, mask, cos, sin)
-        h = self.norm(h)
-        out = self.lm_head(h) if self.lm_head is not None else h
-        return (out, *new) if caches else out
+        return run_blocks(self, h, mask, caches, cos, sin)
