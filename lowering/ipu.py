@@ -41,7 +41,7 @@ from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
 from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Cost, Node
@@ -435,7 +435,8 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for st in stages if st.ipu == k for n in st.nodes])
         util = weighted.get(k, 0.0) / busy[k] if busy.get(k) else 0.0
         unit.allocation = util / n_ipus
-        unit.resources = {"tiles": float(tiles), "tile_utilisation": util, "sram_bytes": float(resident),
+        unit.stats = UnitStats(tile_utilisation=util)
+        unit.resources = {"tiles": float(tiles), "sram_bytes": float(resident),
                           **{f"{name}_bytes": float(v) for name, v in t.items()}}  # fmt: skip
         if k in offchip_bytes:
             unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])

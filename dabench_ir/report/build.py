@@ -136,7 +136,7 @@ def build_report(
                     "nodes": list(unit.nodes),
                     "allocation": getattr(unit, "allocation", None),
                     "time_s": busy.get(unit.id),
-                    "resources": dict(getattr(unit, "resources", {}) or {}),
+                    "resources": unit.report_resources(),  # the lowering's detail and its UnitStats
                 }
             )
     fits = True if plan is None else bool(plan.fits)
@@ -268,7 +268,7 @@ def _chosen(run: ResolvedRun, plan: Any) -> dict[str, Any]:
     if plan is None:
         return {}
     chosen: dict[str, Any] = {}
-    mode = plan.extra.get("mode")
+    mode = plan.stats.mode
     if mode is not None and run.target is not None and run.target.kind == "wse":
         chosen["wse_mode"] = mode
     if run.options.replicas == "auto" or plan.replicas != 1:
