@@ -2,9 +2,9 @@
 
 A lowering states what later stages read about a unit in `UnitStats` (``Unit.stats``) and about
 the whole plan in `PlanStats` (``Plan.stats``); ``Unit.resources`` and ``Plan.extra`` hold the
-lowering's own detail, which only the report shows. An AST scan keeps it so: no module outside
-``lowering/`` reads a ``resources`` or a plan's ``extra`` by key, and a lowering reads only the
-keys it writes itself.
+lowering's own detail, which only the report shows; the training pass's record is a
+`TrainingRecord`. An AST scan keeps it so: no module outside ``lowering/`` reads a ``resources``
+or a plan's ``extra`` by key, and a lowering reads only the keys it writes itself.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dabench_ir.options import ProfileOptions
-from dabench_ir.passes.training import TrainingPass
+from dabench_ir.passes import meta
+from dabench_ir.passes.training import TrainingPass, TrainingRecord
 from dabench_ir.place import place
 from dabench_ir.plan import RESOURCE_KEYS, Plan, PlanStats, Schedule, Unit, UnitStats
 from dabench_ir.report.build import build_report
@@ -156,3 +157,17 @@ def test_report_resources_hold_the_stats_under_their_report_keys():
     io = next(row for row in report.to_dict()["units"] if row["kind"] == "wse_io")
     assert {"pes", "compute_samples_per_s", "transmission_samples_per_s"} <= set(io["resources"])
     assert plan.stats.mode == "pipelined" and plan.stats.step_s and plan.stats.step_s > 0
+
+
+def test_training_record_is_typed_and_serialises_as_before():
+    graph = TrainingPass(recompute="selective")(decoder(layers=1, hidden=64)).graph
+    train = meta.training_state(graph)
+    assert isinstance(train, TrainingRecord) and train.recompute_mode == "selective" and not train.recompute
+    assert list(train.to_dict()) == [
+        "optimizer", "loss", "recompute", "recompute_mode", "fused_attention", "params", "gradient_bytes",
+        "master_weight_bytes", "optimizer_state_bytes", "saved_activation_bytes",
+    ]  # fmt: skip
+    assert TrainingRecord.from_dict(train.to_dict()) == train
+    assert meta.training_state(decoder(layers=1, hidden=64)) is None
+    with pytest.raises(TypeError):
+        meta.graph_set(graph, meta.TRAINING, train.to_dict())  # the record, not a dict

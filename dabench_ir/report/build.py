@@ -259,7 +259,7 @@ def _config(graph: Graph, run: ResolvedRun, plan: Any, samples: int, *, placed: 
         config["precision_by_class"] = precision_by_class(graph)
     train = meta.training_state(graph)
     if train is not None:
-        config["train"] = dict(train)
+        config["train"] = train.to_dict()
     return config
 
 

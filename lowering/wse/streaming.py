@@ -51,8 +51,8 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     pass_s = target.overhead("ws_layer_pass_s")
     recompute_always = bool(target.arch_value("ws_recompute", 1.0))
     training = meta.graph_mode(ctx.graph) == "train"
-    train_state = meta.training_state(ctx.graph) or {}
-    recomputed = bool(train_state.get("recompute"))
+    train_state = meta.training_state(ctx.graph)
+    recomputed = train_state is not None and train_state.recompute
     samples = max(1, _samples(ctx))
     batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
