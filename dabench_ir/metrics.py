@@ -112,15 +112,16 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
             num += _ratio(list(lanes.values())) * w
             den += w
         li = num / den if den > 0 else 1.0
-        if plan.units and all("load_imbalance" in u.resources for u in plan.units):
+        stage_li = [u.stats.load_imbalance for u in plan.units]
+        if plan.units and all(x is not None for x in stage_li):
             # the lowering knows each section's stage balance (one pipeline per section): time-weight it
             total = sum(weights.values())
-            li = sum(u.resources["load_imbalance"] * weights[u.id] for u in plan.units) / total if total > 0 else li
+            li = sum(x * weights[u.id] for u, x in zip(plan.units, stage_li, strict=True)) / total if total > 0 else li
     else:
         li = _ratio(list(lanes_of["all"].values())) if lanes_of else 1.0
         # lanes that declare the compute units they hold (WSE regions) weigh by them: the share
         # of the held units' time that is busy, comparable across regions of very different sizes
-        held = {u.id: u.resources["units"] for u in plan.units if "units" in u.resources}
+        held = {u.id: u.stats.held_units for u in plan.units if u.stats.held_units is not None}
         lanes = lanes_of.get("all", {})
         if lanes and all(lane in held for lane in lanes) and max(lanes.values()) > 0:
             li = sum(held[lane] * b for lane, b in lanes.items()) / (max(lanes.values()) * sum(held[x] for x in lanes))
@@ -154,15 +155,15 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         intensity[name] = np_.flops / np_.feed_bytes if np_.feed_bytes else None
 
     extra: dict[str, Any] = {}
-    pmu = [u.resources.get("pmu_allocation") for u in plan.units if "pmu_allocation" in u.resources]
+    pmu = [u.stats.pmu_allocation for u in plan.units if u.stats.pmu_allocation is not None]
     if pmu and plan.schedule is Schedule.SEQUENTIAL:
         total = sum(weights.values())
         extra["pmu_allocation"] = (
-            sum(u.resources["pmu_allocation"] * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
+            sum((u.stats.pmu_allocation or 0.0) * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
         )
     if plan.schedule is Schedule.SEQUENTIAL and pmu:
         extra["highest_pcu_allocation"] = max(u.allocation for u in plan.units)
-    util = [u.resources["tile_utilisation"] for u in plan.units if "tile_utilisation" in u.resources]
+    util = [u.stats.tile_utilisation for u in plan.units if u.stats.tile_utilisation is not None]
     if util:
         extra["tile_utilisation"] = util
     if plan.traffic_bytes:

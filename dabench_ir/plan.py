@@ -10,7 +10,7 @@ a result, not an exception.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.timeline import Bound
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["Failure", "NodePlan", "Plan", "Schedule", "Unit"]
+__all__ = ["RESOURCE_KEYS", "Failure", "NodePlan", "Plan", "PlanStats", "Schedule", "Unit", "UnitStats"]
 
 
 class Schedule(enum.StrEnum):
@@ -42,6 +42,45 @@ class Failure:
         return {"reason": self.reason, "needed_bytes": self.needed_bytes, "capacity_bytes": self.capacity_bytes}
 
 
+@dataclass(frozen=True, slots=True)
+class UnitStats:
+    """What a lowering states about one unit that later stages read (metrics, validation, the report).
+
+    Every field is optional: a lowering sets the ones its target has. The report writes the
+    set ones into ``units[].resources`` under the keys of `RESOURCE_KEYS` (the report contract).
+    """
+
+    held_units: float | None = None
+    """Compute units the unit holds, all its copies (WSE PEs): metrics weigh each lane's balance by them."""
+    load_imbalance: float | None = None
+    """Mean / max busy time of the unit's concurrent stages (an RDU section's pipeline), 0 to 1."""
+    pmu_allocation: float | None = None
+    """Share of the chip's memory units (RDU PMUs) the unit holds while it runs, 0 to 1."""
+    tile_utilisation: float | None = None
+    """Busy share of the unit's tiles over the step (an IPU), 0 to 1."""
+    pes: float | None = None
+    """Processing elements one copy of the unit spans (WSE regions, layers, I/O, buffers)."""
+    utilisation: float | None = None
+    """Busy share of a WSE region's period: its work over work plus per-row fixed time, 0 to 1."""
+    compute_samples_per_s: float | None = None
+    """Steady-state rate of the slowest kernel, all copies, no per-step costs (the WSE I/O region)."""
+    transmission_samples_per_s: float | None = None
+    """``compute_samples_per_s`` under the input-transmission ceiling (the WSE I/O region)."""
+
+    def to_resources(self) -> dict[str, float]:
+        """The set fields under their report keys (`RESOURCE_KEYS`), as ``units[].resources`` holds them."""
+        out: dict[str, float] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[RESOURCE_KEYS[f.name]] = value
+        return out
+
+
+RESOURCE_KEYS: dict[str, str] = {f.name: f.name for f in fields(UnitStats)} | {"held_units": "units"}
+"""`UnitStats` field -> its key in the report's ``units[].resources`` (the schema's names)."""
+
+
 @dataclass(slots=True)
 class Unit:
     """A placed piece of hardware holding some nodes.
@@ -54,17 +93,25 @@ class Unit:
     (e.g. its DDR traffic at DDR bandwidth), whatever its nodes take. ``node_s``: a node's
     time per micro-batch in this unit, for nodes that run in several units (an RDU node's
     forward and backward sections); nodes not in it take their NodePlan's time.
+    ``stats``: what later stages read about the unit (`UnitStats`). ``resources``: the
+    lowering's own detail (tiles, bytes, per-phase times), shown in the report's
+    ``units[].resources`` and read by no other stage.
     """
 
     id: str
     kind: str
     nodes: list[str] = field(default_factory=list)
     resources: dict[str, float] = field(default_factory=dict)
+    stats: UnitStats = field(default_factory=UnitStats)
     allocation: float = 0.0
     gap_before_s: float = 0.0
     gap_kind: str = "reconfiguration"  # the overhead row its gap is reported under
     min_time_s: float = 0.0
     node_s: dict[str, float] = field(default_factory=dict)
+
+    def report_resources(self) -> dict[str, float]:
+        """The report's ``units[].resources``: the lowering's detail and the stats under their keys."""
+        return {**self.resources, **self.stats.to_resources()}
 
 
 @dataclass(slots=True)
@@ -93,6 +140,31 @@ class NodePlan:
     note: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class PlanStats:
+    """What a lowering states about the whole plan that other stages (and tests) read.
+
+    Every field is optional; the lowering's own detail stays in ``Plan.extra``.
+    """
+
+    mode: str | None = None
+    """The WSE execution mode the lowering chose: ``pipelined`` or ``streaming`` (None elsewhere)."""
+    step_s: float | None = None
+    """WSE pipelined: one step, per-step overheads included (how ``--replicas auto`` ranks copies)."""
+    pipeline_rate_samples_per_s: float | None = None
+    """WSE pipelined: the slowest kernel's steady-state rate, all copies, no per-step costs."""
+    transmission_rate_samples_per_s: float | None = None
+    """WSE pipelined: samples per second the system I/O link can feed (inf: no inputs to send)."""
+    micro_batch: int | None = None
+    """WSE streaming: samples in one micro-batch streamed through each layer."""
+    max_layers_at_micro_batch: int | None = None
+    """WSE streaming: layers whose checkpoints fit in SRAM at that micro-batch (None: no per-layer state)."""
+    weights_home: str | None = None
+    """Where the plan keeps the weights, in words (None: the scenario infers it from memory_bytes)."""
+    kv_cache_home: str | None = None
+    """Where the plan keeps a KV cache, in words (None: the scenario infers it)."""
+
+
 @dataclass(slots=True)
 class Plan:
     """The lowering of one graph onto one target."""
@@ -117,7 +189,8 @@ class Plan:
     step_overheads_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     unattributed: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    stats: PlanStats = field(default_factory=PlanStats)  # what other stages read (`PlanStats`)
+    extra: dict[str, Any] = field(default_factory=dict)  # the lowering's own detail, read by no other stage
 
     @property
     def samples_per_step(self) -> int:

@@ -289,7 +289,7 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
     split module are split too, those of norms and residuals are replicated (Korthikanti et
     al., MLSys 2023, without sequence parallelism: sbh·(10 + 24/t + 5as/(ht)) per layer)."""
     train = meta.training_state(share)
-    if not train:
+    if train is None:
         return
     try:
         before, after = graph.num_params, share.num_params
@@ -303,10 +303,13 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
         for value, nbytes in (node.meta.get(SAVED) or {}).items():
             split = producer_module.get(value.split("#")[0]) is not None  # made inside a split module
             saved[value] = math.ceil(nbytes / chips) if split else nbytes
-    shared = dict(train)
-    for key in ("gradient_bytes", "master_weight_bytes", "optimizer_state_bytes"):
-        shared[key] = math.ceil(int(train.get(key, 0)) * frac)
-    shared["params"] = after
+    shared = replace(
+        train,
+        gradient_bytes=math.ceil(int(train.gradient_bytes) * frac),
+        master_weight_bytes=math.ceil(int(train.master_weight_bytes) * frac),
+        optimizer_state_bytes=math.ceil(int(train.optimizer_state_bytes) * frac),
+        params=after,
+    )
     for node in share.nodes:  # the optimizer updates only this chip's shard
         cost = meta.get_cost(node)
         if is_optimizer_step(node) and cost is not None:
@@ -314,12 +317,12 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
                                         special_ops=math.ceil(cost.special_ops * frac),
                                         weight_bytes=math.ceil(cost.weight_bytes * frac),
                                         act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
-    if saved and train.get("recompute_mode") != "full":
-        shared["saved_activation_bytes"] = sum(saved.values())
+    if saved and train.recompute_mode != "full":
+        shared = replace(shared, saved_activation_bytes=sum(saved.values()))
     elif saved:
-        shared["saved_activation_bytes"] = math.ceil(int(train["saved_activation_bytes"]) * sum(saved.values())
-                                                     / max(1, sum(v for n in share.nodes
-                                                                  for v in (n.meta.get(SAVED) or {}).values())))
+        kept = sum(v for n in share.nodes for v in (n.meta.get(SAVED) or {}).values())
+        shared = replace(shared, saved_activation_bytes=math.ceil(
+            int(train.saved_activation_bytes) * sum(saved.values()) / max(1, kept)))  # fmt: skip
     meta.graph_set(share, meta.TRAINING, shared)
 
 
@@ -440,7 +443,8 @@ def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
 
 def _gradient_bytes(graph: Graph) -> int:
     """Bytes of one full gradient, as the training pass records them (its one owner)."""
-    return int((meta.training_state(graph) or {}).get("gradient_bytes", 0))
+    train = meta.training_state(graph)
+    return int(train.gradient_bytes) if train is not None else 0
 
 
 def scale(

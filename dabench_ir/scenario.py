@@ -304,14 +304,14 @@ def _given_pair(text: str) -> tuple[Any, Any]:
 def _homes(plan: Plan, target: Target) -> dict[str, str]:
     """Where the weights and the KV cache live on ``target``, as the plan holds them.
 
-    A lowering may say so in ``plan.extra["homes"]``. Otherwise: weights are streamed from
-    an off-chip memory when the plan keeps them there (WSE weight streaming, RDU DDR) and
-    resident in the on-chip memory when it holds none; the cache lives with the activations,
-    in the memory that feeds the units (`Target.feed_memory`).
+    A lowering may say so in ``plan.stats`` (`PlanStats.weights_home`, ``kv_cache_home``).
+    Otherwise: weights are streamed from an off-chip memory when the plan keeps them there
+    (WSE weight streaming, RDU DDR) and resident in the on-chip memory when it holds none;
+    the cache lives with the activations, in the memory that feeds the units (`Target.feed_memory`).
     """
-    given = plan.extra.get("homes")
-    if isinstance(given, dict):
-        return {str(k): str(v) for k, v in given.items()}
+    given = {"weights": plan.stats.weights_home, "kv_cache": plan.stats.kv_cache_home}
+    if any(v is not None for v in given.values()):
+        return {k: v for k, v in given.items() if v is not None}
     # "sram:ipu0" is a share of "sram"; a memory the plan holds nothing in is no home
     names = dict.fromkeys(name.split(":")[0] for name, held in plan.memory_bytes.items() if held > 0)
     held = [target.memory(name) for name in names if target.has_memory(name)]

@@ -196,13 +196,13 @@ def training_state(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
     (the training pass writes the totals).
     """
     train = meta.training_state(ctx.graph)
-    if not train:
+    if train is None:
         return TrainingState()
     kinds = (
-        int(train.get("gradient_bytes", 0)),
-        int(train.get("master_weight_bytes", 0)),
-        int(train["optimizer_state_bytes"]),
-        int(train["saved_activation_bytes"]),
+        int(train.gradient_bytes),
+        int(train.master_weight_bytes),
+        int(train.optimizer_state_bytes),
+        int(train.saved_activation_bytes),
     )
     if nodes is not None:
         if not ctx.total_weight_bytes:

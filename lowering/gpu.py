@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import Node
@@ -73,8 +73,8 @@ class GpuLowering(Lowering):
         unit = Unit(id="stream0", kind="gpu_stream")
         groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
-        plan.extra["homes"] = {"weights": f"{target.feed_memory.name} (read every step)",
-                               "kv_cache": f"{target.feed_memory.name} ({target.feed_memory.level})"}  # fmt: skip
+        plan.stats = replace(plan.stats, weights_home=f"{target.feed_memory.name} (read every step)",
+                             kv_cache_home=f"{target.feed_memory.name} ({target.feed_memory.level})")  # fmt: skip
         return plan
 
 

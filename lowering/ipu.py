@@ -41,7 +41,7 @@ from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
 from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Cost, Node
@@ -276,7 +276,7 @@ def _state_bytes_per_param(ctx: LoweringContext) -> tuple[float, float]:
     precision (Graphcore's GPT-2 example: ``accum_type=float16``); the optimizer side is the
     fp32 master copy and the Adam moments, which Poplar can keep in streaming memory.
     """
-    params = int((meta.training_state(ctx.graph) or {}).get("params") or 0)
+    params = _trained_params(ctx)
     if not params:
         return 0.0, 0.0
     state = training_state(ctx)
@@ -308,8 +308,9 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     if options.replicas == "auto":
         raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")
     replicas = int(options.replicas or 1)
-    training = meta.training_state(graph) is not None
-    recompute = bool((meta.training_state(graph) or {}).get("recompute"))
+    train = meta.training_state(graph)
+    training = train is not None
+    recompute = train is not None and train.recompute
 
     pre, layers, post, opt_nodes = _sections(ctx)
     tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
@@ -434,7 +435,8 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for st in stages if st.ipu == k for n in st.nodes])
         util = weighted.get(k, 0.0) / busy[k] if busy.get(k) else 0.0
         unit.allocation = util / n_ipus
-        unit.resources = {"tiles": float(tiles), "tile_utilisation": util, "sram_bytes": float(resident),
+        unit.stats = UnitStats(tile_utilisation=util)
+        unit.resources = {"tiles": float(tiles), "sram_bytes": float(resident),
                           **{f"{name}_bytes": float(v) for name, v in t.items()}}  # fmt: skip
         if k in offchip_bytes:
             unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])
@@ -512,10 +514,16 @@ def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int) -> float:
     return best
 
 
+def _trained_params(ctx: LoweringContext) -> int:
+    """Parameters the training pass's optimizer updates (0 for inference or a symbolic shape)."""
+    train = meta.training_state(ctx.graph)
+    return int(train.params or 0) if train is not None else 0
+
+
 def _adam_ops(ctx: LoweringContext, node: Node, special_cycles: float) -> float:
     """Vector cycles-worth of element ops per parameter of an optimizer step node."""
     cost = ctx.costs[node.name]
-    params = int((meta.training_state(ctx.graph) or {}).get("params") or 0)
+    params = _trained_params(ctx)
     if not params:
         return 0.0
     return (cost.vector_flops + special_cycles * cost.special_ops) / params

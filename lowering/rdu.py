@@ -45,7 +45,7 @@ from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
@@ -410,13 +410,12 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 "pcus": float(pcus),
                 "pmus": float(pmus),
                 "pcu_allocation": pcus / chip.pcus,
-                "pmu_allocation": pmus / chip.pmus,
-                "load_imbalance": li,
                 "flops": total_flops / sec.parts,
                 "ddr_bytes": float(ddr_bytes / sec.parts),
                 "compute_s": compute_s / sec.parts,
                 "ddr_s": memory_s / sec.parts,
             }
+            unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li)
             plan.units.append(unit)
     for node in graph.nodes:
         runs = times.get(node.name, [])
@@ -465,8 +464,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             "planning_capacity_pcus": chip.capacity,
             "highest_pcu_allocation": max((u.allocation for u in plan.units), default=0.0),
             "pcu_allocation_time_weighted": sum(u.allocation * t for u, _, t in busy) / span,
-            "pmu_allocation_time_weighted": sum(u.resources["pmu_allocation"] * t for u, _, t in busy) / span,
-            "load_imbalance_time_weighted": sum(u.resources["load_imbalance"] * t for u, _, t in busy) / span,
+            "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, _, t in busy) / span,
+            "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, _, t in busy) / span,
             "rdu_time_s": sum(reconfig + t for _, _, t in busy),
             "host_time_s": plan.step_overheads_s["host"],
         }

@@ -8,7 +8,8 @@ Reading an annotation that is missing says which pass writes it. Graph-level fac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dabench_ir.ir import Cost, Graph, Node
@@ -43,6 +44,7 @@ __all__ = [
     "UNATTRIBUTED",
     "GraphKey",
     "MissingAnnotationError",
+    "TrainingRecord",
     "analyzed_by",
     "get",
     "get_cost",
@@ -119,10 +121,50 @@ class GraphKey:
     writer: str
 
 
+@dataclass(frozen=True, slots=True)
+class TrainingRecord:
+    """The training pass's record of one step (`passes.training.TrainingPass`): how it trains and
+    the state it keeps beside the weights, by kind, over the whole bound batch.
+
+    ``to_dict`` is the report's ``config.train`` (these fields, in this order).
+    """
+
+    optimizer: str = "adam"
+    """The optimizer whose update step the pass appended (``adam``)."""
+    loss: str | None = None
+    """Name of the loss node the pass appended; None: no language-model logits to score."""
+    recompute: bool = False
+    """Whole blocks are recomputed in backward (``recompute_mode == "full"``; the IPU lowering's stash model)."""
+    recompute_mode: str = "none"
+    """``none`` | ``selective`` | ``full``: what the backward recomputes instead of keeping."""
+    fused_attention: bool = False
+    """The attention cores run as fused kernels (the scores never leave the chip)."""
+    params: int = 0
+    """Parameters the optimizer updates (0: a symbolic weight shape)."""
+    gradient_bytes: int = 0
+    """One full gradient, in the weights' precision."""
+    master_weight_bytes: int = 0
+    """The fp32 master copy of 16-bit weights (0 when the weights are fp32)."""
+    optimizer_state_bytes: int = 0
+    """Adam's two fp32 moments."""
+    saved_activation_bytes: int = 0
+    """Activations kept for backward: what autograd saves per op, or with full recompute the
+    tensors crossing block boundaries plus one block's set."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the report's ``config.train`` holds it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainingRecord:
+        """The record of a report's ``config.train`` (keys it does not know are ignored)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
 # The key strings are those the lowerings read today; read them through the accessors below.
 GRAPH_PRECISION = GraphKey("precision", str, "precision")  # fp16 | bf16 | mixed | fp32: the rewrite applied
 GRAPH_MODE = GraphKey("mode", str, "training")  # "train" once the training expansion ran
-TRAINING = GraphKey("train", dict, "training")  # optimizer/gradient/activation state of a training step
+TRAINING = GraphKey("train", TrainingRecord, "training")  # optimizer/gradient/activation state of a training step
 ANALYZED = GraphKey("dabench.analyzed", str, "cost")  # "onnx" | "linalg": which costing gave every node its Cost
 TRANSFORMED = GraphKey("dabench.transformed", tuple, "run")  # the rewrites applied after costing (run.transform_key)
 
@@ -164,6 +206,6 @@ def graph_mode(graph: Graph) -> str:
     return graph_find(graph, GRAPH_MODE, "inference")
 
 
-def training_state(graph: Graph) -> dict[str, Any] | None:
-    """The training step's state record (see `passes.training`), or None for inference."""
+def training_state(graph: Graph) -> TrainingRecord | None:
+    """The training step's record (see `passes.training`), or None for inference."""
     return graph_find(graph, TRAINING)

@@ -42,6 +42,7 @@ __all__ = [
     "SAVED",
     "FusedAttentionPass",
     "TrainingPass",
+    "TrainingRecord",
     "attention_cores",
     "backward_cost",
     "is_loss",
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 FORWARD_COST, BACKWARD_COST = meta.FORWARD_COST, meta.BACKWARD_COST  # declared in passes/meta.py
+TrainingRecord = meta.TrainingRecord  # the pass's record (``meta.TRAINING``), declared in passes/meta.py
 
 # Adam per parameter: m ← β1·m + (1−β1)·g (3), v ← β2·v + (1−β2)·g² (4), bias corrections
 # (2), p ← p − lr·m̂ / (√v̂ + ε) (4): 13 vector FLOPs and one sqrt.
@@ -358,20 +360,20 @@ class TrainingPass(Pass):
         graph.invalidate()
         layer_peak = max((sum(k.values()) for layer, k in per_layer.items() if layer is not None), default=0)
         kept = boundary + layer_peak if mode == "full" else sum(saved.values())
-        meta.graph_set(graph, meta.TRAINING, {
-            "optimizer": self.optimizer,
-            "loss": loss.name if loss is not None else None,  # None: no language-model logits to score
-            "recompute": mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
-            "recompute_mode": mode,
-            "fused_attention": bool(fused),
-            "params": params,
-            "gradient_bytes": itemsize * params,
-            "master_weight_bytes": MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
-            "optimizer_state_bytes": ADAM_MOMENT_BYTES_PER_PARAM * params,
+        meta.graph_set(graph, meta.TRAINING, TrainingRecord(
+            optimizer=self.optimizer,
+            loss=loss.name if loss is not None else None,  # None: no language-model logits to score
+            recompute=mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
+            recompute_mode=mode,
+            fused_attention=bool(fused),
+            params=params,
+            gradient_bytes=itemsize * params,
+            master_weight_bytes=MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
+            optimizer_state_bytes=ADAM_MOMENT_BYTES_PER_PARAM * params,
             # activations kept for backward over the whole bound batch: what autograd saves per
             # op, or with full recompute the tensors crossing block boundaries plus one block's set
-            "saved_activation_bytes": kept,
-        })  # fmt: skip
+            saved_activation_bytes=kept,
+        ))  # fmt: skip
         meta.graph_set(graph, meta.GRAPH_MODE, "train")
         return PassResult(graph, True)
 

@@ -109,7 +109,7 @@ def test_wse_compile_report_rate_is_the_steady_state_without_per_step_costs():
     g = _train(decoder(layers=2, hidden=256, seq=64, batch=1))
     plan, timeline, _ = place(g, load_target("wse2"), ProfileOptions(mode="train", wse_mode="pipelined"))
     io = next(u for u in plan.units if u.kind == "wse_io")
-    rate = io.resources["compute_samples_per_s"]
+    rate = io.stats.compute_samples_per_s
     assert rate > 0 and rate >= 1 / timeline.step_time_s * (1 - 1e-9)
 
 

@@ -193,8 +193,8 @@ def test_sections_respect_the_planning_capacity_and_report_allocation():
     for unit in plan.units:
         assert unit.resources["pcus"] <= 512 and unit.resources["pmus"] <= 512
         assert unit.allocation == unit.resources["pcus"] / 640
-        assert unit.resources["pmu_allocation"] == unit.resources["pmus"] / 640
-        assert 0 < unit.resources["load_imbalance"] <= 1
+        assert unit.stats.pmu_allocation == unit.resources["pmus"] / 640
+        assert 0 < unit.stats.load_imbalance <= 1
     assert plan.extra["highest_pcu_allocation"] == max(u.allocation for u in plan.units)
     assert 0 < plan.extra["pcu_allocation_time_weighted"] <= plan.extra["highest_pcu_allocation"]
 
@@ -229,9 +229,9 @@ def test_metrics_time_weight_section_allocation_and_balance():
     spans = {u.id: timeline.unit_spans[u.id][1] - timeline.unit_spans[u.id][0] for u in plan.units}
     total = sum(spans.values())
     assert metrics.allocation_ratio == pytest.approx(sum(u.allocation * spans[u.id] for u in plan.units) / total)
-    li = sum(u.resources["load_imbalance"] * spans[u.id] for u in plan.units) / total
+    li = sum(u.stats.load_imbalance * spans[u.id] for u in plan.units) / total
     assert metrics.load_imbalance == pytest.approx(li)
-    pmu = sum(u.resources["pmu_allocation"] * spans[u.id] for u in plan.units) / total
+    pmu = sum(u.stats.pmu_allocation * spans[u.id] for u in plan.units) / total
     assert metrics.extra["pmu_allocation"] == pytest.approx(pmu)
     assert metrics.extra["highest_pcu_allocation"] == max(u.allocation for u in plan.units)
 

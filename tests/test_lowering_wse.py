@@ -74,14 +74,14 @@ def test_small_kernels_get_just_enough_pes():
     for u in regions:
         cls = u.kind.split(":")[1]
         if cls == "add":
-            assert u.resources["pes"] >= math.ceil(768 / chunk)
+            assert u.stats.pes >= math.ceil(768 / chunk)
         # min_utilisation bounds growth for rate; a region sized by the skip FIFO it holds may sit below it
         floor = WSE.arch_value("min_utilisation") if not u.resources.get("skip_fifo_bytes") else 0.0
-        assert floor - 1e-9 <= u.resources["utilisation"] < 1
+        assert floor - 1e-9 <= u.stats.utilisation < 1
         tau = u.resources["row_s_per_sample"]
-        busy = u.resources["work_pe_s_per_sample"] / u.resources["pes"]
-        assert u.resources["utilisation"] == pytest.approx(busy / (busy + tau))
-    util = {u.kind.split(":")[1]: u.resources["utilisation"] for u in regions}
+        busy = u.resources["work_pe_s_per_sample"] / u.stats.pes
+        assert u.stats.utilisation == pytest.approx(busy / (busy + tau))
+    util = {u.kind.split(":")[1]: u.stats.utilisation for u in regions}
     assert util["fc"] > max(util["nlin"], util["add"])  # matmul PEs busier than vector PEs
 
 
@@ -100,8 +100,8 @@ def test_an_add_after_attention_holds_one_sample_of_its_skip_stream():
     # rows of ceil(768/64) = 12 PEs: 36 PEs (as the compile report's 24 larger adds); MLP adds 12
     g = _train(decoder(layers=2, hidden=768, seq=1024, heads=12))
     plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
-    regions = [u.resources for u in plan.units if u.kind == "wse_region:add"]
-    assert [(r["pes"], r["skip_fifo_bytes"]) for r in regions] == [(36, 1024 * 768 * 2)] * 2 + [(12, 0)] * 2 + [
+    regions = [u for u in plan.units if u.kind == "wse_region:add"]
+    assert [(u.stats.pes, u.resources["skip_fifo_bytes"]) for u in regions] == [(36, 1024 * 768 * 2)] * 2 + [(12, 0)] * 2 + [
         (36, 1024 * 768 * 2)
     ] * 2 + [(12, 0)] * 2
 
@@ -140,9 +140,9 @@ def test_pipelined_capacity_limit_falls_with_width():
 
 def test_auto_picks_pipelined_below_a_billion_parameters_and_streaming_above():
     small = lower(decoder(layers=2, hidden=512, seq=64), WSE, ProfileOptions(wse_mode="auto"))
-    assert small.extra["mode"] == "pipelined" and small.notes[0].startswith("auto: pipelined")
+    assert small.stats.mode == "pipelined" and small.notes[0].startswith("auto: pipelined")
     big = lower(decoder(layers=20, hidden=2048, seq=64), WSE, ProfileOptions(wse_mode="auto"))  # 1.0 B
-    assert big.extra["mode"] == "streaming" and "parameters >= 1 B" in big.notes[0]
+    assert big.stats.mode == "streaming" and "parameters >= 1 B" in big.notes[0]
     assert {u.kind for u in big.units} == {"wse_layer"}
 
 
@@ -150,7 +150,7 @@ def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():
     def limit(hidden, mb, seq=2048):
         g = _train(decoder(layers=2, hidden=hidden, seq=seq, batch=mb, heads=hidden // 128))
         plan = lower(g, WSE, ProfileOptions(wse_mode="streaming", micro_batches=1))  # the graph's batch, whole
-        return plan.extra["max_layers_at_micro_batch"]
+        return plan.stats.max_layers_at_micro_batch
 
     limits = [limit(h, 1) for h in (2560, 5120, 12288)]
     assert all(0 < x < 10_000 for x in limits)
@@ -162,7 +162,7 @@ def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():
 def test_streaming_too_deep_does_not_fit_and_micro_batch_shrinks_to_fit():
     g = _train(decoder(layers=48, hidden=8192, seq=2048, heads=64, batch=64))
     plan = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
-    assert plan.fits and plan.extra["micro_batch"] < 64  # the largest divisor that fits
+    assert plan.fits and plan.stats.micro_batch < 64  # the largest divisor that fits
     assert plan.memory_bytes["sram"] <= WSE.arch_value("sram_usable_fraction") * WSE.memory("sram").capacity_bytes
     deep = _train(decoder(layers=1200, hidden=8192, seq=2048, heads=64, batch=8))
     plan = lower(deep, WSE, ProfileOptions(wse_mode="streaming"))
@@ -237,15 +237,15 @@ def gpt2_small_train():
 def test_gpt2_small_compile_report(gpt2_small_train):
     g = gpt2_small_train
     plan = lower(g, WSE, ProfileOptions(wse_mode="auto", batch=128, precision="mixed"))
-    assert plan.extra["mode"] == "pipelined"
+    assert plan.stats.mode == "pipelined"
     m = compute_metrics(g, plan, emulate(plan, g), WSE)
-    assert plan.extra["pipeline_rate_samples_per_s"] == pytest.approx(860.3, rel=0.30)
+    assert plan.stats.pipeline_rate_samples_per_s == pytest.approx(860.3, rel=0.30)
     assert m.allocation_ratio == pytest.approx(0.92, rel=0.30)
     assert m.load_imbalance == pytest.approx(0.978, abs=0.05)
     pes: Counter[str] = Counter()
     for u in plan.units:
         if u.kind.startswith("wse_region:"):
-            pes[u.kind.split(":")[1]] += u.resources["pes"]
+            pes[u.kind.split(":")[1]] += u.stats.pes
     measured = {"attention": 106966, "fc": 85514, "emb_fc": 65604, "nlin": 13028, "add": 1152, "mlm_loss": 6318}
     for cls, meas in measured.items():
         assert pes[cls] == pytest.approx(meas, rel=0.30), cls
@@ -266,7 +266,7 @@ def test_a_row_pays_one_reduction_time_per_dependent_reduction(gpt2_small_train)
     assert row["layer_norm"] == pytest.approx(2 * per_pass)
     assert row["mlm_loss"] == pytest.approx(per_pass)
     loss = next(u for u in plan.units if u.kind == "wse_region:mlm_loss")
-    assert loss.resources["utilisation"] == pytest.approx(0.77, abs=0.05)  # report A: 77 %
+    assert loss.stats.utilisation == pytest.approx(0.77, abs=0.05)  # report A: 77 %
 
 
 def test_a_graph_without_scopes_is_grouped_by_op_pattern():
@@ -299,9 +299,9 @@ def test_input_transmission_ceiling_is_reported():
     g = decoder(layers=1, hidden=64, seq=16)
     plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
     io = WSE.link("system_io").bandwidth_bytes_per_s
-    assert plan.extra["transmission_rate_samples_per_s"] == pytest.approx(io / (16 * 64 * 2))
+    assert plan.stats.transmission_rate_samples_per_s == pytest.approx(io / (16 * 64 * 2))
     assert "wse_input_transmission" not in plan.step_overheads_s  # compute-limited, as report A
     io_unit = next(u for u in plan.units if u.kind == "wse_io")  # the report's two steady states
-    pipe = plan.extra["pipeline_rate_samples_per_s"]
-    assert io_unit.resources["compute_samples_per_s"] == pipe
-    assert io_unit.resources["transmission_samples_per_s"] == min(pipe, plan.extra["transmission_rate_samples_per_s"])
+    pipe = plan.stats.pipeline_rate_samples_per_s
+    assert io_unit.stats.compute_samples_per_s == pipe
+    assert io_unit.stats.transmission_samples_per_s == min(pipe, plan.stats.transmission_rate_samples_per_s)

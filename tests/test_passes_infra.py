@@ -176,7 +176,7 @@ def test_prepare_runs_precision_and_training_on_a_graph_once():
     run = resolve(graph, None, {"precision": "fp16", "mode": "train"})
     graph = prepare(run, graph)
     assert meta.graph_precision(graph) == "fp16" and meta.graph_mode(graph) == "train"
-    assert meta.training_state(graph)["optimizer"]
+    assert meta.training_state(graph).optimizer
     nodes = len(graph.nodes)
     assert len(prepare(run, graph).nodes) == nodes  # a rewritten graph is not rewritten twice
     with pytest.raises(RuntimeError, match="already rewritten"):

@@ -61,11 +61,11 @@ def test_training_triples_contraction_flops_and_adds_adam():
     assert step.op_type == "AdamStep"
     params = 8 + 8 + 64 + 64
     assert meta.get_cost(step).vector_flops == 13 * params
-    state = graph.meta["train"]
+    state = meta.training_state(graph)
     # fp32 weights: gradients in fp32, no separate master copy, two fp32 moments; the
     # weights themselves are counted once, where they are read, not as training state
-    assert state["optimizer_state_bytes"] == ADAM_MOMENT_BYTES_PER_PARAM * params
-    assert (state["gradient_bytes"], state["master_weight_bytes"]) == (4 * params, 0)
+    assert state.optimizer_state_bytes == ADAM_MOMENT_BYTES_PER_PARAM * params
+    assert (state.gradient_bytes, state.master_weight_bytes) == (4 * params, 0)
 
 
 def test_first_matmul_on_a_raw_input_skips_dx():
@@ -85,4 +85,4 @@ def test_recompute_adds_a_forward_pass_and_keeps_less():
     f = lambda g: sum(meta.get_cost(n).flops for n in g.nodes)  # noqa: E731
     fwd = sum(n.meta["dabench.cost.forward"].flops for n in plain.nodes if "dabench.cost.forward" in n.meta)
     assert f(again) - f(plain) == fwd
-    assert again.meta["train"]["saved_activation_bytes"] < plain.meta["train"]["saved_activation_bytes"]
+    assert meta.training_state(again).saved_activation_bytes < meta.training_state(plain).saved_activation_bytes

@@ -54,7 +54,7 @@ def test_dp_training_all_reduces_the_gradient():
     target = load_target("a100")
     link = target.link()
     grad = sum(v.type.nbytes() for v in graph.weights() if not v.name.startswith("__"))  # every weight, once
-    assert graph.meta["train"]["gradient_bytes"] == grad  # the training pass's record is what is reduced
+    assert meta.training_state(graph).gradient_bytes == grad  # the training pass's record is what is reduced
     result = scale(graph, target, [1, 4], "dp", ProfileOptions())
     one, four = result.points
     assert four.comm_time_s == pytest.approx(ring_allreduce_time(grad, 4, link.bandwidth_bytes_per_s, link.latency_s))
@@ -132,10 +132,10 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     assert not point.fits
     ctx = LoweringContext.build(graph)
     stage = [n for n in graph.nodes if n.layer in point.stages[0]]
-    train = graph.meta["train"]
+    train = meta.training_state(graph)
     share = weight_bytes(ctx, stage) / weight_bytes(ctx)
     kinds = ("gradient_bytes", "master_weight_bytes", "optimizer_state_bytes", "saved_activation_bytes")
-    exact = [train[k] * share for k in kinds]
+    exact = [getattr(train, k) * share for k in kinds]
     assert training_bytes(ctx, stage) == sum(math.ceil(e) for e in exact) > sum(math.floor(e) for e in exact)
     assert point.failure["needed_bytes"] == weight_bytes(ctx, stage) + training_bytes(ctx, stage)
 

@@ -80,10 +80,10 @@ def test_full_recompute_keeps_block_inputs_and_one_block():
     g = decoder(layers=4, hidden=64, seq=16, heads=4)
     TrainingPass(recompute=True)(g)  # True from older specs means full
     train = meta.training_state(g)
-    assert train["recompute_mode"] == "full" and train["recompute"] is True
+    assert train.recompute_mode == "full" and train.recompute is True
     sbh2 = 2 * 16 * 64
     # three block outputs cross into the next block; the largest block's saved set is layer 1+
-    assert train["saved_activation_bytes"] == 3 * sbh2 + _hand_count(16, 1, 64, 4, fused=False)
+    assert train.saved_activation_bytes == 3 * sbh2 + _hand_count(16, 1, 64, 4, fused=False)
 
 
 def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
@@ -92,7 +92,7 @@ def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
     h100 = load_target("h100")
     g = decoder(layers=2, hidden=64, seq=16, batch=8, heads=4)
     TrainingPass()(g)
-    acts = meta.training_state(g)["saved_activation_bytes"]
+    acts = meta.training_state(g).saved_activation_bytes
     one, _, _ = place(g, h100, ProfileOptions())
     four, tl4, _ = place(g, h100, ProfileOptions(micro_batches=4))
     assert resolve(g, None, {"micro_batch": 2}).samples.micro_batches == 4  # the graph's batch of 8 in 4 parts
@@ -125,9 +125,9 @@ def test_tensor_parallel_shards_the_training_state():
     share, _ = split_for_tp(g, 4)
     whole, part = meta.training_state(g), meta.training_state(share)
     # every weight of this decoder is in an attention or MLP module: all of it is split
-    assert part["optimizer_state_bytes"] * 4 == whole["optimizer_state_bytes"]
-    assert part["gradient_bytes"] * 4 == whole["gradient_bytes"]
-    assert whole["saved_activation_bytes"] / 4 < part["saved_activation_bytes"] < whole["saved_activation_bytes"]
+    assert part.optimizer_state_bytes * 4 == whole.optimizer_state_bytes
+    assert part.gradient_bytes * 4 == whole.gradient_bytes
+    assert whole.saved_activation_bytes / 4 < part.saved_activation_bytes < whole.saved_activation_bytes
 
 
 def test_a_target_default_precision_is_used_unless_asked():
@@ -209,7 +209,7 @@ def test_a_language_model_step_ends_in_its_loss_with_exact_cost():
     g = TrainingPass()(graph).graph
     loss = [n for n in g.nodes if is_loss(n)]
     assert [n.name for n in loss] == ["loss.cross_entropy"] and loss[0].inputs == ["logits"]
-    assert meta.training_state(g)["loss"] == "loss.cross_entropy"
+    assert meta.training_state(g).loss == "loss.cross_entropy"
     n, rows = 3 * 10, 3  # logits and token rows
     # forward 4 vector + 1 exp per logit, 1 log per row; the gradient in the same pass: 2 per logit + 1 per row
     assert loss[0].meta[FORWARD_COST] == Cost(
@@ -220,4 +220,4 @@ def test_a_language_model_step_ends_in_its_loss_with_exact_cost():
     assert g.nodes[-1].op_type == "AdamStep"  # the optimizer still closes the step
     # a graph without a token table has no logits to score: no loss
     plain = TrainingPass()(decoder(layers=1)).graph
-    assert not any(is_loss(node) for node in plain.nodes) and meta.training_state(plain)["loss"] is None
+    assert not any(is_loss(node) for node in plain.nodes) and meta.training_state(plain).loss is None

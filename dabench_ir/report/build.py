@@ -143,7 +143,7 @@ def build_report(
                     "nodes": list(unit.nodes),
                     "allocation": getattr(unit, "allocation", None),
                     "time_s": busy.get(unit.id),
-                    "resources": dict(getattr(unit, "resources", {}) or {}),
+                    "resources": unit.report_resources(),  # the lowering's detail and its UnitStats
                 }
             )
     fits = True if plan is None else bool(plan.fits)
@@ -266,7 +266,7 @@ def _config(graph: Graph, run: ResolvedRun, plan: Any, samples: int, *, placed: 
         config["precision_by_class"] = precision_by_class(graph)
     train = meta.training_state(graph)
     if train is not None:
-        config["train"] = dict(train)
+        config["train"] = train.to_dict()
     return config
 
 
@@ -275,7 +275,7 @@ def _chosen(run: ResolvedRun, plan: Any) -> dict[str, Any]:
     if plan is None:
         return {}
     chosen: dict[str, Any] = {}
-    mode = plan.extra.get("mode")
+    mode = plan.stats.mode
     if mode is not None and run.target is not None and run.target.kind == "wse":
         chosen["wse_mode"] = mode
     if run.options.replicas == "auto" or plan.replicas != 1:

@@ -257,11 +257,13 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
 
 def _train_basis(config: dict) -> str:
     """What a training step holds beyond the graph: its loss and optimizer (docs/training.md)."""
-    train = config.get("train")
-    if not train:
+    from dabench_ir.passes.meta import TrainingRecord
+
+    if not config.get("train"):
         return ""
-    loss = "softmax cross-entropy loss" if train.get("loss") else "no loss (no language-model logits)"
-    return f" ({loss}, {train.get('optimizer')}, recompute {train.get('recompute_mode')})"
+    train = TrainingRecord.from_dict(config["train"])  # the report's config.train: the pass's record
+    loss = "softmax cross-entropy loss" if train.loss else "no loss (no language-model logits)"
+    return f" ({loss}, {train.optimizer}, recompute {train.recompute_mode})"
 
 
 def _summary(report: Report, st: _Style) -> list[str]:

@@ -16,9 +16,16 @@ from dabench_ir.validate.kernels import kernel_classes, kernel_load_imbalance
 from dabench_ir.validate.results import Quantity
 
 if TYPE_CHECKING:
+    from dabench_ir.plan import Unit
     from dabench_ir.report import Report
 
 __all__ = ["PREDICTORS"]
+
+
+def _plan_units(report: Report | None) -> list[Unit]:
+    """The units of the plan behind ``report`` (none when it was not placed)."""
+    plan = getattr(report, "plan", None)
+    return list(plan.units) if plan is not None else []
 
 
 def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
@@ -30,12 +37,11 @@ def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = No
         return [Quantity(f"{key}", None, None, f"file {name} not found next to {Path(p.file).name}")]
     # the plan's regions by kernel class (WSE: unit kind "wse_region:<class>"; the I/O region is "patio")
     regions: dict[str, list[tuple[float, float | None]]] = {}
-    for u in report.units if report is not None and report.fits else []:
-        kind = str(u.get("kind", ""))
+    for u in _plan_units(report) if report is not None and report.fits else []:
+        kind = u.kind
         cls = kind.partition(":")[2] if kind.startswith("wse_region:") else "patio" if kind == "wse_io" else ""
         if cls:
-            res = u.get("resources", {})
-            regions.setdefault(cls, []).append((float(res.get("pes", 0.0)), res.get("utilisation")))
+            regions.setdefault(cls, []).append((float(u.stats.pes or 0.0), u.stats.utilisation))
     out = []
     for cls, c in sorted(kernel_classes(path).items()):
         mine = regions.get(cls)
@@ -58,20 +64,20 @@ def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = No
 def _kernel_utilisation(report: Report) -> float | None:
     """PE-weighted mean utilisation of the plan's kernel regions (what a compile report's "compute
     utilisation" is), else the compute efficiency."""
-    regions = [u.get("resources", {}) for u in report.units]
-    regions = [r for r in regions if "utilisation" in r and r.get("pes")]
+    regions = [(u.stats.utilisation, u.stats.pes) for u in _plan_units(report)]
+    regions = [(util, pes) for util, pes in regions if util is not None and pes]
     if not regions:
         return report.metrics.get("compute_efficiency")
-    return sum(r["utilisation"] * r["pes"] for r in regions) / sum(r["pes"] for r in regions)
+    return sum(util * pes for util, pes in regions) / sum(pes for _, pes in regions)
 
 
 def _io_rate(report: Report, key: str) -> float | None:
     """A compile report's steady-state ceilings as the plan's I/O region states them (WSE
     pipelined: ``compute``, the slowest kernel's rate, and ``transmission``, that rate under the
     input-transmission ceiling; no per-step optimizer or I/O cost); None where the plan has none."""
-    for u in report.units:
-        if u.get("kind") == "wse_io":
-            value = u.get("resources", {}).get(f"{key}_samples_per_s")
+    for u in _plan_units(report):
+        if u.kind == "wse_io":
+            value = u.stats.compute_samples_per_s if key == "compute" else u.stats.transmission_samples_per_s
             return float(value) if value is not None and math.isfinite(value) else None
     return None
 

@@ -24,7 +24,7 @@ once, samples streaming through.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import DType
@@ -34,7 +34,7 @@ from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.passes.training import is_optimizer_step
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Plan, PlanStats, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
@@ -163,7 +163,8 @@ copies of a small decoder at most before the minimum region sizes stop it)."""
 
 def _rate(plan: Plan) -> float:
     """Samples per second of a pipelined plan's step (all its copies)."""
-    return plan.samples_per_step / plan.extra["step_s"] if plan.extra["step_s"] > 0 else 0.0
+    step = plan.stats.step_s or 0.0
+    return plan.samples_per_step / step if step > 0 else 0.0
 
 
 def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
@@ -223,12 +224,10 @@ def _place_pipelined(
             id=f"region{i}",
             kind=f"wse_region:{k.cls}",
             nodes=[n.name for n in k.nodes if n.name not in plan.node_plans],
+            stats=UnitStats(pes=float(p), held_units=float(p * replicas), utilisation=busy / t if t > 0 else 0.0),
             resources={
-                "pes": float(p),
-                "units": float(p * replicas),
                 "width": float(width),
                 "height": float(math.ceil(p / width)),
-                "utilisation": busy / t if t > 0 else 0.0,
                 "rate_samples_per_s": rates[i] * replicas,
                 "work_pe_s_per_sample": k.work_s,
                 "row_s_per_sample": tau,
@@ -269,13 +268,14 @@ def _place_pipelined(
             if not ctx.is_work(node) or k.work_s == 0:
                 plan.node_plans[node.name].per_micro_batch_s = 0.0
     # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
-    plan.units.append(Unit(id="io", kind="wse_io", resources={"pes": float(io_pes)}, allocation=io_pes / pes))
+    plan.units.append(Unit(id="io", kind="wse_io", stats=UnitStats(pes=float(io_pes)), allocation=io_pes / pes))
     if sizing.buffer_pes:
         plan.units.append(
             Unit(
                 id="buffers",
                 kind="wse_buffers",
-                resources={"pes": float(sizing.buffer_pes), "bytes": float(sizing.buffer_bytes * replicas)},
+                stats=UnitStats(pes=float(sizing.buffer_pes)),
+                resources={"bytes": float(sizing.buffer_bytes * replicas)},
                 allocation=sizing.buffer_pes / pes,
             )
         )
@@ -288,19 +288,25 @@ def _place_pipelined(
     ]
     _place_optimizer(ctx, plan, target, spill, sram.level, ridge)
     step = period * per_replica
-    overheads = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
+    overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
     plan.step_overheads_s.update(overheads)
     pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
-    ceiling = plan.extra.get("transmission_rate_samples_per_s", math.inf)
+    ceiling = math.inf if transmission is None else transmission
     for unit in plan.units:  # the compile report's steady states (no per-step costs): compute-limited,
         if unit.kind == "wse_io":  # and with the input-transmission ceiling applied
-            unit.resources["compute_samples_per_s"] = pipe_rate
-            unit.resources["transmission_samples_per_s"] = min(pipe_rate, ceiling)
+            unit.stats = replace(
+                unit.stats, compute_samples_per_s=pipe_rate, transmission_samples_per_s=min(pipe_rate, ceiling)
+            )
     weighted = sum(p * (t / period) for p, t, k in zip(sizes, times, kernels, strict=True) if k.work_s > 0 and t > 0)
     total_p = sum(p for p, k in zip(sizes, kernels, strict=True) if k.work_s > 0)
     route_pes = sum(sizes) * replicas * route
+    plan.stats = PlanStats(
+        mode="pipelined",
+        step_s=step + sum(overheads.values()),
+        pipeline_rate_samples_per_s=pipe_rate,
+        transmission_rate_samples_per_s=transmission,
+    )
     plan.extra.update({
-        "mode": "pipelined",
         "pes": pes,
         "pes_kernels": kernel_pes,
         "pes_route": route_pes,
@@ -308,7 +314,6 @@ def _place_pipelined(
         "pes_buffer": sizing.buffer_pes,
         "pes_placed": kernel_pes,
         "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
-        "pipeline_rate_samples_per_s": pipe_rate,
         "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
         "compute_utilisation": (
             sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
@@ -317,7 +322,6 @@ def _place_pipelined(
         ),
         "kernels": len(kernels),
         "period_s": period,
-        "step_s": step + sum(overheads.values()),
         "buffer_bytes": sizing.buffer_bytes * replicas,
         "state_bytes": sizing.state_bytes * replicas,
     })  # fmt: skip
@@ -336,7 +340,7 @@ def _place_optimizer(
         per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
         busy = max((max(0.0, per_param * q - slack) for q, slack in regions), default=0.0)
         plan.units.append(
-            Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], resources={"units": 0.0}, allocation=0.0)
+            Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], stats=UnitStats(held_units=0.0), allocation=0.0)
         )
         np_ = place_node(
             ctx, node, unit="optimizer", compute_s=busy, feed_level=level, feed_bytes=ctx.costs[node.name].bytes,
@@ -351,9 +355,11 @@ def _place_optimizer(
 
 def _pipelined_overheads(
     ctx: LoweringContext, target: Target, plan: Plan, replicas: int, step_s: float, kernel_pes: int
-) -> dict[str, float]:
-    """Per-step costs no region owns: replicas' gradient reduction and the input-transmission ceiling."""
+) -> tuple[dict[str, float], float | None]:
+    """Per-step costs no region owns: replicas' gradient reduction and the input-transmission
+    ceiling; and the samples per second the system I/O link can feed (None: the target has none)."""
     out: dict[str, float] = {}
+    transmission: float | None = None
     if replicas > 1 and meta.graph_mode(ctx.graph) == "train":
         clock = float(target.clock)
         link = target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO)
@@ -371,7 +377,7 @@ def _pipelined_overheads(
         if meta.graph_mode(ctx.graph) == "train":
             in_bytes *= 2  # labels beside the inputs
         send = plan.samples_per_step * in_bytes / io.bandwidth_bytes_per_s
-        plan.extra["transmission_rate_samples_per_s"] = io.bandwidth_bytes_per_s / in_bytes if in_bytes else math.inf
+        transmission = io.bandwidth_bytes_per_s / in_bytes if in_bytes else math.inf
         if send > step_s:
             out["wse_input_transmission"] = send - step_s
-    return out
+    return out, transmission

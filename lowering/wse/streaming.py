@@ -31,7 +31,7 @@ from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _samples, _sh
 from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Plan, PlanStats, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
@@ -51,8 +51,8 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     pass_s = target.overhead("ws_layer_pass_s")
     recompute_always = bool(target.arch_value("ws_recompute", 1.0))
     training = meta.graph_mode(ctx.graph) == "train"
-    train_state = meta.training_state(ctx.graph) or {}
-    recomputed = bool(train_state.get("recompute"))
+    train_state = meta.training_state(ctx.graph)
+    recomputed = train_state is not None and train_state.recompute
     samples = max(1, _samples(ctx))
     batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
@@ -104,11 +104,9 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
     plan.micro_batches = n_mb
     per_layer = keep / layers if layers else 0
     fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
+    plan.stats = PlanStats(mode="streaming", micro_batch=mb, max_layers_at_micro_batch=fits_layers)
     plan.extra.update({
-        "mode": "streaming",
-        "micro_batch": mb,
         "layers": layers,
-        "max_layers_at_micro_batch": fits_layers,
         "sram_need_bytes": need(mb),
         "checkpoint_bytes_per_sample": keep,
         "working_bytes_per_sample": working,
@@ -122,9 +120,8 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
             id=block.key,
             kind="wse_layer",
             nodes=[n.name for n in nodes],
+            stats=UnitStats(pes=float(pes), held_units=float(pes)),
             resources={
-                "pes": float(pes),
-                "units": float(pes),
                 "weight_bytes": float(wbytes),
                 "stream_s_per_micro_batch": t_s,
                 "compute_s_per_micro_batch": t_c,
