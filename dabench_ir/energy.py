@@ -2,10 +2,13 @@
 
 Energy model (docs/energy.md): a node's energy is its dynamic energy — FLOPs × energy per
 FLOP at its precision, plus bytes × energy per byte at the memory level that feeds it —
-plus its share of the chip's static power over the step. Energy figures come from a
-target's ``[energy]`` table when it has one; otherwise they are derived from Horowitz's
-45 nm figures (ISSCC 2014) scaled to the target's node with the rule below, and marked as
-estimates.
+plus the static power of the units it holds while it runs (static watts × its share of the
+chips × its busy time). The rest of the step's static energy belongs to no node and has
+rows of its own: one per timeline overhead (host time, reconfiguration, stalls, fill/drain,
+collectives: the whole chip idles meanwhile) and ``idle`` (units idle while others run).
+Energy figures come from a target's ``[energy]`` table when it has one; otherwise they are
+derived from Horowitz's 45 nm figures (ISSCC 2014) scaled to the target's node with the
+rule below, and marked as estimates.
 
 Node normalisation (the survey's "bring every design to one node"): post-Dennard scaling
 by default (Esmaeilzadeh et al., ISCA 2011: voltage no longer scales, so energy per op
@@ -33,12 +36,15 @@ __all__ = [
     "HOROWITZ_45NM",
     "SCALING_RULES",
     "EnergyModel",
+    "StepEnergy",
     "check_process_node",
     "energy_model",
+    "held_share",
     "load_catalog",
     "node_energies",
     "normalize",
     "scale_factors",
+    "step_energy",
     "target_area_mm2",
 ]
 
@@ -176,19 +182,71 @@ def finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[str, float]:
-    """Joules per node for one step: dynamic energy plus a share of static power.
+@dataclass(frozen=True)
+class StepEnergy:
+    """One step's energy, attributed by what each node does (docs/energy.md).
 
-    Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level
-    that feeds it on this target. Static: the target's static power over the step,
-    shared out in proportion to each node's busy time, so node energies sum to the step's.
+    ``dynamic`` and ``static`` are per node (joules): its FLOPs and bytes, and the static
+    power of the share of the chips it holds for its busy time. ``overheads`` is the static
+    energy of each timeline overhead row (the whole plan idles meanwhile), ``idle_j`` the
+    static energy of units idle while others run. ``static_power_w`` is the static power of
+    every chip the plan uses; ``step_time_s`` the step these joules are of.
+    """
+
+    dynamic: Mapping[str, float]
+    static: Mapping[str, float]
+    overheads: Mapping[str, float]
+    idle_j: float
+    static_power_w: float
+    step_time_s: float
+
+    @property
+    def nodes(self) -> dict[str, float]:
+        """Joules per node: its dynamic energy plus the static energy of what it holds while it runs."""
+        return {name: e + self.static.get(name, 0.0) for name, e in self.dynamic.items()}
+
+    @property
+    def node_j(self) -> float:
+        """The nodes' joules together."""
+        return sum(self.dynamic.values()) + sum(self.static.values())
+
+    @property
+    def dynamic_j(self) -> float:
+        """The nodes' dynamic joules (FLOPs and bytes moved)."""
+        return sum(self.dynamic.values())
+
+    @property
+    def static_j(self) -> float:
+        """Static power over the whole step: the nodes' share, the overhead rows and the idle row."""
+        return sum(self.static.values()) + sum(self.overheads.values()) + self.idle_j
+
+    @property
+    def total_j(self) -> float:
+        """The step's joules: the nodes plus the rows no node owns."""
+        return self.node_j + sum(self.overheads.values()) + self.idle_j
+
+
+def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEnergy:
+    """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
+
+    Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level that
+    feeds it on this target. Static: the target's static power times the chips the plan
+    spans (``P_s``). A node gets ``P_s × share × busy``, ``share`` being the part of the
+    plan's hardware it holds while it runs (`held_share`), ``busy`` the time it really ran;
+    a node that takes no time on the timeline gets no static energy. Each overhead row of
+    the timeline gets ``P_s × its seconds``: nothing runs meanwhile. What is left of
+    ``P_s × step time`` is the idle row: units idle while others run (the SMs a kernel does
+    not use, WSE regions waiting on the bottleneck, the routing and I/O PEs, pipeline fill).
     """
     from dabench_ir.passes import meta
 
     model = energy_model(target)
     default_dtype = str(getattr(plan, "precision", "") or "fp32")
-    busy: dict[str, float] = {}
+    chips = max(1, int(getattr(plan, "chips", 1) or 1))
+    static_w = model.static_watts * chips
     dynamic: dict[str, float] = {}
+    static: dict[str, float] = {}
+    units = _units_by_node(plan)
     for node in graph.nodes:
         cost = meta.get_cost(node) if meta.COST in node.meta else None
         np_ = plan.node_plans.get(node.name) if plan is not None else None
@@ -199,13 +257,57 @@ def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[
         joules = model.flop_energy_j(cost.flops, dtype)
         joules += model.byte_energy_j(np_.feed_bytes, level_name if level_name in model.pj_per_byte else np_.feed_level)
         dynamic[node.name] = joules
-        busy[node.name] = timeline.busy(node.name) or 0.0
-    total_busy = sum(busy.values())
-    static_j = model.static_watts * timeline.step_time_s * max(1, int(getattr(plan, "chips", 1) or 1))  # per device
-    return {
-        name: e + (static_j * busy[name] / total_busy if total_busy > 0 else static_j / max(len(dynamic), 1))
-        for name, e in dynamic.items()
-    }
+        busy = timeline.busy(node.name) or 0.0
+        static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
+    step = float(timeline.step_time_s)
+    overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
+    idle = static_w * step - sum(static.values()) - sum(overheads.values())
+    if idle < -1e-9 * static_w * max(step, 1e-30):
+        logger.warning(
+            "energy: nodes and overhead rows hold %.3g J of static energy, more than the step's %.3g J; "
+            "idle row set to 0", sum(static.values()) + sum(overheads.values()), static_w * step,
+        )  # fmt: skip
+    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
+
+
+def _units_by_node(plan: Any) -> dict[str, list[Any]]:
+    """The units each node runs in, in plan order."""
+    out: dict[str, list[Any]] = {}
+    for unit in getattr(plan, "units", None) or []:
+        for name in unit.nodes:
+            out.setdefault(name, []).append(unit)
+    return out
+
+
+def held_share(plan: Any, name: str, units: Mapping[str, list[Any]] | None = None) -> float:
+    """Part of the plan's hardware (all its chips) node ``name`` holds while it runs, in [0, 1].
+
+    On a sequential schedule (RDU sections, streamed WSE layers) a unit is configured for
+    its nodes and holds its allocation while any of them runs: a node holds the allocation
+    of the unit it runs in (a node in several units, e.g. an RDU forward and backward
+    section, the time-weighted mean over them). On a concurrent schedule (a GPU stream, IPU
+    compute sets, WSE regions) a node holds its own allocation: the SMs its kernel uses,
+    the tiles of its compute set, its kernel's PEs. ``units``: `_units_by_node` of the plan,
+    when the caller asks for many nodes.
+    """
+    from dabench_ir.plan import Schedule
+
+    np_ = plan.node_plans[name]
+    if plan.schedule is Schedule.SEQUENTIAL:
+        m = max(1, int(getattr(plan, "micro_batches", 1) or 1))
+        held_in = (units if units is not None else _units_by_node(plan)).get(name, [])
+        runs = [(u.allocation, u.node_s.get(name, np_.per_micro_batch_s) * m) for u in held_in]
+        held = sum(t for _, t in runs)
+        if held > 0:
+            return min(1.0, max(0.0, sum(a * t for a, t in runs) / held))
+    return min(1.0, max(0.0, float(np_.allocation)))
+
+
+def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[str, float]:
+    """Joules per node for one step: dynamic energy plus the static energy of what it holds
+    while it runs (`step_energy`). They do not sum to the step's energy: the overhead and
+    idle rows of `StepEnergy` hold the rest."""
+    return step_energy(graph, plan, timeline, target).nodes
 
 
 def _feed_memory_name(target: Target, level: str) -> str:

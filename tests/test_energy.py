@@ -6,14 +6,18 @@ import pytest
 
 from dabench_ir.cli import main
 from dabench_ir.emulate import emulate
-from dabench_ir.energy import energy_model, load_catalog, node_energies, normalize, scale_factors
+from dabench_ir.energy import energy_model, load_catalog, node_energies, normalize, scale_factors, step_energy
 from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, DType, Graph, ValueKind
 from dabench_ir.lowering import lower
 from dabench_ir.options import ProfileOptions
+from dabench_ir.passes import meta
+from dabench_ir.passes.training import TrainingPass
+from dabench_ir.place import place
 from dabench_ir.report.build import build_report
 from dabench_ir.run import resolve
 from dabench_ir.targets import load_target
-from tests.lowering_graphs import decoder
+from tests.lowering_graphs import _Builder, decoder
 
 
 @pytest.mark.parametrize("rule", ["post-dennard", "dennard"])
@@ -52,18 +56,158 @@ def _emulated(target_name):
     return graph, plan, timeline, target
 
 
-@pytest.mark.parametrize("name", ["wse", "rdu", "ipu", "h100"])
-def test_energy_total_is_the_sum_of_node_energies(name):
-    graph, plan, timeline, target = _emulated(name)
-    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline)
+TARGETS = ["wse", "rdu", "ipu", "h100", "a100"]
+
+
+def _train(graph):
+    TrainingPass()(graph)
+    return graph
+
+
+def _placed(target_name, mode="inference", graph=None):
+    """A tiny decoder (or ``graph``) placed on a target and reported: (graph, plan, timeline, target, report)."""
+    graph = graph if graph is not None else decoder(layers=2, hidden=64)
+    if mode == "train":
+        _train(graph)
+    target = load_target(target_name)
+    plan, timeline, metrics = place(graph, target)
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline, metrics=metrics)
+    return graph, plan, timeline, target, report
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+@pytest.mark.parametrize("name", TARGETS)
+def test_energy_obeys_the_chips_power(name, mode):
+    # the physics check: no node draws more than the chips' rated power while it runs, nor the step
+    graph, plan, timeline, target, report = _placed(name, mode)
+    t = report.totals
+    rated = float(target.watts) * max(1, plan.chips)
+    assert t["target_power_w"] == rated
+    step = step_energy(graph, plan, timeline, target)
+    for n in report.nodes:
+        if n.energy_j is None:
+            continue
+        busy = timeline.busy(n.name) or 0.0
+        if busy > 0:
+            assert n.energy_j <= rated * busy, n.name
+        else:  # run off the timeline (an optimizer step inside a step overhead): no static energy
+            assert step.static[n.name] == 0.0 and n.energy_j == step.dynamic[n.name], n.name
+            assert n.energy_j <= rated * timeline.step_time_s, n.name
+    assert t["energy_j"] <= rated * timeline.step_time_s
+    assert t["power_w"] <= rated
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+@pytest.mark.parametrize("name", TARGETS)
+def test_energy_total_is_nodes_plus_rows(name, mode):
+    graph, plan, timeline, target, report = _placed(name, mode)
+    t = report.totals
     per_node = [n.energy_j for n in report.nodes if n.energy_j is not None]
     assert per_node and all(e > 0 for e in per_node)
-    assert report.totals["energy_j"] == pytest.approx(sum(per_node))
-    # and static energy is exactly the static power over the step
-    direct = sum(node_energies(graph, plan, timeline, target).values())
-    assert direct == pytest.approx(report.totals["energy_j"])
-    static = energy_model(target).static_watts * timeline.step_time_s
-    assert report.totals["energy_j"] > static
+    assert t["node_energy_j"] == pytest.approx(sum(per_node), rel=1e-12)
+    rows = t["idle_energy_j"] + sum(t["overhead_energy_j"].values())
+    assert t["energy_j"] == pytest.approx(t["node_energy_j"] + rows, rel=1e-12)
+    assert t["energy_j"] == pytest.approx(t["dynamic_energy_j"] + t["static_energy_j"], rel=1e-12)
+    # static power is drawn for the whole step, every second of it on exactly one row
+    static_w = energy_model(target).static_watts * max(1, plan.chips)
+    assert t["static_power_w"] == pytest.approx(static_w)
+    assert t["static_energy_j"] == pytest.approx(static_w * timeline.step_time_s, rel=1e-12)
+    assert t["node_static_energy_j"] + rows == pytest.approx(t["static_energy_j"], rel=1e-12)
+    assert t["idle_energy_j"] >= 0
+    assert set(t["overhead_energy_j"]) == set(timeline.overheads_s)
+    for row, seconds in timeline.overheads_s.items():  # the whole plan idles through an overhead
+        assert t["overhead_energy_j"][row] == pytest.approx(static_w * seconds, rel=1e-12)
+    assert sum(node_energies(graph, plan, timeline, target).values()) == pytest.approx(t["node_energy_j"])
+    assert t["energy_j"] > t["static_energy_j"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lowering/rdu.py shares a section's time out by FLOPs and SRAM bytes, not by DDR bytes: the GELU of "
+    "a DDR-bound section gets a few microseconds for the ~MBs it moves at 0.2 TB/s (its own memory_s is "
+    "longer), so its DDR energy over that time exceeds 500 W. The energy is the node's; its time is wrong.",
+)
+def test_rdu_ddr_bound_section_nodes_obey_the_chips_power():
+    _, _, timeline, target, report = _placed("rdu", "train", decoder(layers=1, hidden=512, seq=128, batch=4))
+    for n in report.nodes:
+        busy = timeline.busy(n.name) or 0.0
+        if n.energy_j is not None and busy > 0:
+            assert n.energy_j <= target.watts * busy, n.name
+
+
+def test_gpu_node_holds_only_its_sms_for_its_own_time():
+    # H100, bf16 by default: 0.06667 pJ/FLOP, 31.2 pJ per HBM byte, static 0.3 x 700 W;
+    # a small kernel holds one SM of 132 while it runs
+    graph, plan, timeline, _, report = _placed("h100")
+    name = "layers.0.attn.q_proj"
+    node, np_ = graph.node(name), plan.node_plans[name]
+    busy = timeline.busy(name)
+    assert np_.allocation == pytest.approx(1 / 132)
+    expected = node.meta[meta.COST].flops * 0.06667e-12 + np_.feed_bytes * 31.2e-12 + 210.0 / 132 * busy
+    assert report.node(name).energy_j == pytest.approx(expected, rel=1e-12)
+    # the other 131 SMs and the time the stream runs other kernels are the idle row, not this node's
+    t = report.totals
+    held = sum(210.0 * plan.node_plans[n.name].allocation * timeline.busy(n.name) for n in report.nodes)
+    assert t["idle_energy_j"] == pytest.approx(210.0 * timeline.step_time_s - held, rel=1e-9)
+    assert t["overhead_energy_j"] == {}
+
+
+def test_rdu_node_holds_its_sections_pcus_and_host_time_is_a_row():
+    # SN30: static 0.3 x 500 W; a node holds its section's PCU allocation while it runs; the
+    # host time and the section reconfigurations are rows of their own
+    graph, plan, timeline, target, report = _placed("rdu", "train")
+    t = report.totals
+    step = step_energy(graph, plan, timeline, target)
+    for n in report.nodes:
+        runs = [(u.allocation, u.node_s[n.name]) for u in plan.units if n.name in u.nodes]
+        share = sum(a * s for a, s in runs) / sum(s for _, s in runs)
+        assert step.static[n.name] == pytest.approx(150.0 * share * timeline.busy(n.name), rel=1e-12)
+    twice = [n.name for n in report.nodes if sum(n.name in u.nodes for u in plan.units) > 1]
+    assert twice  # forward and backward sections: the time-weighted mean of the two allocations
+    assert t["overhead_energy_j"]["host"] == pytest.approx(150.0 * timeline.overheads_s["host"], rel=1e-12)
+    assert t["overhead_energy_j"]["section_reconfig"] == pytest.approx(150.0 * 24 * 1e-5, rel=1e-9)
+    assert t["overhead_energy_j"]["host"] > 100 * t["node_static_energy_j"]  # training's host step: not the nodes'
+
+
+def _embedding_graph(vocab=50257, hidden=768, seq=128, batch=8):
+    """A token embedding (Gather) and one projection: the issue's short Gather on SN30."""
+    b = _Builder(DType.FLOAT16)
+    ids = b.value("ids", (batch, seq), ValueKind.INPUT)
+    wte = b.value("wte", (vocab, hidden), ValueKind.WEIGHT)
+    tok = (batch, seq, hidden)
+    rows = b.nbytes(tok)
+    x = b.node("embed", "Gather", [wte, ids], tok, Cost(act_bytes_in=rows + batch * seq * 8, act_bytes_out=rows),
+               "embed", None)  # fmt: skip
+    w = b.value("fc.weight", (hidden, hidden), ValueKind.WEIGHT)
+    cost = Cost(contraction_flops=2 * batch * seq * hidden * hidden, weight_bytes=b.nbytes((hidden, hidden)),
+                act_bytes_in=rows, act_bytes_out=rows)  # fmt: skip
+    y = b.node("fc", "MatMul", [x, w], tok, cost, "fc", None)
+    return Graph(b.nodes, b.values, ["ids"], [y], name="embed", bindings={"batch": batch})
+
+
+def test_short_gather_on_sn30_is_far_below_the_chips_power():
+    # the issue: the whole step's static power, host time included, spread over node time gave a
+    # microseconds-long Gather kilowatts on a ~500 W chip; now it holds its section's PCUs only
+    _, plan, timeline, target, report = _placed("rdu", graph=_embedding_graph())
+    busy = timeline.busy("embed")
+    assert busy < 20e-6 and timeline.overheads_s["host"] > 50 * busy
+    old_share = energy_model(target).static_watts * timeline.step_time_s * busy / (busy + timeline.busy("fc"))
+    assert old_share / busy > 2 * target.watts  # the old attribution: kilowatts
+    gather = report.node("embed").energy_j
+    # 1,574,912 DDR bytes at 120 pJ/B, no FLOPs, and 150 W x its section's PCUs (2 of 1280) while it runs
+    np_ = plan.node_plans["embed"]
+    section = next(u for u in plan.units if u.id == np_.unit)
+    assert np_.feed_bytes == 1574912 and section.allocation == pytest.approx(2 / 1280)
+    assert gather == pytest.approx(1574912 * 120e-12 + 150.0 * 2 / 1280 * busy, rel=1e-12)
+    assert gather / busy < 0.1 * target.watts
+    assert report.totals["overhead_energy_j"]["host"] == pytest.approx(150.0 * timeline.overheads_s["host"])
+
+
+def test_gops_per_watt_modelled_is_flops_per_modelled_joule():
+    *_, target, report = _placed("rdu")
+    t = report.totals
+    assert t["gops_per_w_modelled"] == pytest.approx(t["flops"] / t["energy_j"] / 1e9)
+    assert t["gops_per_w"] == pytest.approx(t["achieved_flops_per_s"] / 1e9 / target.watts)
 
 
 def test_gops_per_watt_is_achieved_over_power():

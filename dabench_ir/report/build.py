@@ -213,14 +213,28 @@ def _estimated_totals(estimated: list[NodeRecord], records: list[NodeRecord]) ->
     }
 
 
-def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:
-    """Per-node joules, and the step's energy, power and efficiency (docs/energy.md)."""
-    from dabench_ir.energy import node_energies
+_ENERGY_TOTALS = (
+    "energy_j", "energy_per_sample_j", "power_w", "gops_per_w", "gops_per_w_modelled", "node_energy_j",
+    "dynamic_energy_j", "static_energy_j", "node_static_energy_j", "idle_energy_j", "overhead_energy_j",
+    "static_power_w",
+)  # fmt: skip
+"""The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
-    energies = node_energies(graph, plan, timeline, target)
+
+def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:
+    """Per-node joules, the rows no node owns, and the step's energy, power and efficiency (docs/energy.md).
+
+    ``energy_j`` = ``node_energy_j`` (each node: dynamic + the static power of what it holds
+    while it runs) + ``idle_energy_j`` + the ``overhead_energy_j`` rows; it is also
+    ``dynamic_energy_j`` + ``static_energy_j`` (static power over the whole step).
+    """
+    from dabench_ir.energy import step_energy
+
+    step_e = step_energy(graph, plan, timeline, target)
+    energies = step_e.nodes
     for r in records:
         r.energy_j = energies.get(r.name)
-    energy = sum(energies.values())
+    energy = step_e.total_j
     step = timeline.step_time_s
     achieved = totals["achieved_flops_per_s"]
     watts = float(target.watts) * max(1, int(getattr(plan, "chips", 1) or 1))  # every device the plan uses
@@ -233,6 +247,14 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None
             # achieved GOP/s per rated watt, and per modelled watt (FLOPs per joule)
             "gops_per_w": achieved / 1e9 / watts if achieved and watts else None,
             "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy and achieved else None,
+            # where the joules go: the nodes, and the static energy no node holds
+            "node_energy_j": step_e.node_j,
+            "dynamic_energy_j": step_e.dynamic_j,
+            "static_energy_j": step_e.static_j,
+            "node_static_energy_j": sum(step_e.static.values()),
+            "idle_energy_j": step_e.idle_j,
+            "overhead_energy_j": dict(step_e.overheads),
+            "static_power_w": step_e.static_power_w,
         }
     )
 
@@ -305,7 +327,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
         "comm_time_s": point.comm_time_s,
         "chip_time_s": point.compute_time_s,
     })  # fmt: skip
-    for key in ("energy_j", "energy_per_sample_j", "power_w", "gops_per_w", "gops_per_w_modelled"):
+    for key in _ENERGY_TOTALS:
         if key in report.totals:  # one chip's energy over one chip's time: not the multi-chip step's
             report.totals[key] = None
     report.metrics.update({
