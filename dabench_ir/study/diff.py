@@ -6,16 +6,26 @@ dabench-ir/report/v1) and the `Provenance` of ``after``'s nodes (from `provenanc
 one row per node of ``after`` (with the source nodes it replaced) plus one per source node
 that nothing replaced, one row per module, and the totals. Every source node is in exactly
 one row.
+
+The step time of each side is split into **parts** (`speedup_split`): the node-owned time
+(the sum of the node times), one part per overhead row of the report (``overheads``: host,
+section reconfiguration, stalls, fill/drain, collectives, ...) and the ``step_residual``
+(step time neither owns: negative where node times overlap, as in a pipelined WSE step).
+The parts of each side add up to its step time, so every speedup is decomposed: the totals
+carry ``speedup_total``, ``speedup_nodes`` and ``speedup_overheads``, and the run's
+``split`` one row per part with its before, after, delta, share of the change and the
+speedup it alone would give.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .provenance import Provenance, module_of
 
-__all__ = ["NODE_COLUMNS", "diff_reports", "name_provenance"]
+__all__ = ["NODE_COLUMNS", "SPLIT_COLUMNS", "diff_reports", "name_provenance", "speedup_split"]
 
 NODE_COLUMNS = (
     "node",
@@ -35,6 +45,12 @@ NODE_COLUMNS = (
     "note",
 )
 """Keys of a node row of the diff (CSV column order)."""
+
+SPLIT_COLUMNS = ("part", "kind", "before_s", "after_s", "delta_s", "change_share", "speedup_alone")
+"""Keys of a row of a run's ``split``: one for node time, one per overhead row, the residual."""
+
+RESIDUAL = "step_residual"
+"""The split part for step time neither the nodes nor an overhead row own."""
 
 _WEIGHT = {"contraction": 3, "vector": 2}
 
@@ -146,7 +162,79 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
                 "note": n.get("note"),
             }
         )
-    return {"totals": _totals(before, after, rows), "nodes": rows, "modules": _modules(rows)}
+    totals, split = speedup_split(before, after)
+    return {
+        "totals": {**_totals(before, after, rows), **totals},
+        "nodes": rows,
+        "modules": _modules(rows),
+        "split": split,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b and b > 0 else None
+
+
+def _parts(report: Mapping[str, Any]) -> tuple[float, dict[str, float], float] | None:
+    """(node time, overhead rows, residual) of one report; None without a step time."""
+    total = (report.get("totals") or {}).get("time_s")
+    if total is None:
+        return None
+    nodes = math.fsum(float(n.get("time_s") or 0.0) for n in report.get("nodes") or [])
+    overheads = {str(k): float(v or 0.0) for k, v in (report.get("overheads") or {}).items()}
+    residual = float(total) - math.fsum([nodes, *overheads.values()])
+    if abs(residual) <= 1e-12 * abs(float(total)):  # float rounding of a step that is exactly the sum
+        residual = 0.0
+    return nodes, overheads, residual
+
+
+def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The speedup of ``after`` over ``before`` split into node time and overhead rows.
+
+    Returns the totals fields (``speedup_total``, ``speedup_nodes``, ``speedup_overheads``,
+    node, overhead and residual time on each side) and one row per part (`SPLIT_COLUMNS`): the
+    node time, every overhead row either side has (0 where the other lacks it) and
+    ``step_residual`` when either side has one. The parts of each side add up to its step
+    time; ``change_share`` is the part's share of the step-time change and ``speedup_alone``
+    the speedup if only that part had changed.
+    """
+    pb, pa = _parts(before), _parts(after)
+    t0, t1 = (before.get("totals") or {}).get("time_s"), (after.get("totals") or {}).get("time_s")
+    if pb is None or pa is None:
+        keys = ("speedup_total", "speedup_nodes", "speedup_overheads", "node_time_before_s", "node_time_after_s",
+                "overhead_time_before_s", "overhead_time_after_s", "residual_before_s", "residual_after_s")  # fmt: skip
+        return {k: (_ratio(t0, t1) if k == "speedup_total" else None) for k in keys}, []
+    (n0, o0, r0), (n1, o1, r1) = pb, pa
+    parts = [("nodes", "nodes", n0, n1)]
+    parts += [(k, "overhead", o0.get(k, 0.0), o1.get(k, 0.0)) for k in [*o0, *(k for k in o1 if k not in o0)]]
+    if r0 or r1:
+        parts.append((RESIDUAL, "residual", r0, r1))
+    change = float(t0) - float(t1)
+    rows = [
+        {
+            "part": name,
+            "kind": kind,
+            "before_s": b,
+            "after_s": a,
+            "delta_s": a - b,
+            "change_share": (b - a) / change if change else None,
+            "speedup_alone": _ratio(float(t0), float(t0) - (b - a)),
+        }
+        for name, kind, b, a in parts
+    ]
+    ob, oa = math.fsum(o0.values()), math.fsum(o1.values())
+    totals = {
+        "speedup_total": _ratio(t0, t1),
+        "speedup_nodes": _ratio(n0, n1),
+        "speedup_overheads": _ratio(ob, oa),
+        "node_time_before_s": n0,
+        "node_time_after_s": n1,
+        "overhead_time_before_s": ob,
+        "overhead_time_after_s": oa,
+        "residual_before_s": r0,
+        "residual_after_s": r1,
+    }
+    return totals, rows
 
 
 def _modules(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

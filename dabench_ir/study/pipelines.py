@@ -23,6 +23,8 @@ from dabench_ir.errors import UserError
 from dabench_ir.passes import Pass, PassResult
 from dabench_ir.passes.meta import MODEL_PARAMS
 
+from .scopes import attach_scopes, write_scopes
+
 if TYPE_CHECKING:
     import onnx
 
@@ -48,6 +50,10 @@ class OnnxRewritePass(Pass):
     ``rewrite(model, workdir)`` returns the optimised ModelProto; it is saved as
     ``<out_dir>/<stem>.<name>.onnx`` (a temporary folder when ``out_dir`` is None), and the
     new Graph's ``path`` points there, so later runs and measurements read the same model.
+
+    Optimisers drop the exporter's node scopes (onnxruntime keeps none); the pass re-attaches
+    them from ``graph`` through the `provenance` of each new node (`scopes.attach_scopes`:
+    the common module of the source nodes it came from) and records them in the saved file.
     """
 
     name: str = "onnx-rewrite"
@@ -82,6 +88,11 @@ class OnnxRewritePass(Pass):
         path = out_dir / f"{src.stem}.{self.name}.onnx"
         onnx.save(optimised, str(path))
         new = load_onnx(str(path))
+        counts = attach_scopes(graph, new)
+        write_scopes(optimised, new)  # later loads of the file (placing, diff, measuring) read them
+        onnx.save(optimised, str(path))
+        logger.info("%s: scopes re-attached to %d nodes (%s)", self.name, len(new.nodes),
+                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))  # fmt: skip
         new.metadata = {**graph.metadata, **new.metadata}
         return PassResult(new, True)
 

@@ -2,7 +2,9 @@
 
 `provenance(before, after)` matches the two Graphs of one model before and after a pipeline:
 
-1. **names**: a node kept under its name (and op) stands for itself;
+1. **names**: a node kept under its name (and op) stands for itself; a new node named after a
+   removed one and a ``/`` (onnxruntime names a fused node so: ``node_MatMul_42/MatMulAddFusion``)
+   claims that node (method ``names``);
 2. **subgraph**: a new node claims the removed source nodes between its inputs and its
    outputs, found by walking the source graph back from its output tensors (names the
    rewrite kept) to its inputs, a stored value or a node still present;
@@ -57,6 +59,16 @@ def _weight(node: Node) -> int:
     return {OpClass.CONTRACTION: 3, OpClass.VECTOR: 2}.get(t.op_class, 0) if not t.shape_only else -1  # type: ignore[arg-type]
 
 
+def _named_after(name: str, candidates: set[str]) -> str | None:
+    """The longest ``/``-prefix of ``name`` that is one of ``candidates`` (``a/b/Fusion`` -> ``a/b``)."""
+    parts = name.split("/")
+    for end in range(len(parts) - 1, 0, -1):
+        prefix = "/".join(parts[:end])
+        if prefix in candidates:
+            return prefix
+    return None
+
+
 def provenance(before: Graph, after: Graph) -> Provenance:
     """Match ``after``'s nodes to the ``before`` nodes they stand for (see the module doc)."""
     src = {n.name: n for n in before.nodes}
@@ -73,6 +85,12 @@ def provenance(before: Graph, after: Graph) -> Provenance:
     kept = set(out.method)
     gone = [n for n in before.nodes if n.name not in kept]
     owner: dict[str, str] = {}  # gone source node -> new node
+    gone_names = {n.name for n in gone}
+    for node in new_nodes:  # 1. names: "<source node>/<fusion>" stands for that source node
+        source = _named_after(node.name, gone_names)
+        if source is not None and source not in owner:
+            owner[source] = node.name
+            out.method[source] = "names"
 
     def producer(tensor: str) -> str | None:
         value = before.values.get(tensor)

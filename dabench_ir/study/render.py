@@ -15,13 +15,57 @@ from dabench_ir.report.table import human, percent_change, seconds
 
 from .diff import NODE_COLUMNS
 
-__all__ = ["render_study", "study_schema", "validate_study", "write_study_csv", "write_study_html", "write_study_json"]
+__all__ = [
+    "render_study",
+    "split_table",
+    "study_schema",
+    "validate_study",
+    "write_study_csv",
+    "write_study_html",
+    "write_study_json",
+]
 
 _CHANGED = ("fused", "replaced", "added", "removed", "folded")
 
 
 def _t(x: Any) -> str:
     return "-" if x is None else seconds(x)
+
+
+def _dt(x: Any) -> str:
+    """A signed time change (``-744 µs``)."""
+    if x is None:
+        return "-"
+    return ("-" if x < 0 else "+") + seconds(abs(x)) if x else "0 ns"
+
+
+def _x(x: Any) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _split_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The run's split parts (node time, overhead rows, residual); [] for a run written without them."""
+    return list(run.get("split") or [])
+
+
+def _overhead_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The split's overhead and residual parts that either side has (rows of the per-node tables)."""
+    return [p for p in _split_rows(run) if p["kind"] != "nodes" and (p["before_s"] or p["after_s"])]
+
+
+def split_table(run: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the run's speedup split, with a total line the parts add up to."""
+    t = run["totals"]
+    cells = [
+        [p["part"] if p["kind"] == "nodes" else f"overhead: {p['part']}" if p["kind"] == "overhead" else p["part"],
+         _t(p["before_s"]), _t(p["after_s"]), _dt(p["delta_s"]),
+         "-" if p["change_share"] is None else f"{100 * p['change_share']:.1f}%", _x(p["speedup_alone"])]
+        for p in _split_rows(run)
+    ]  # fmt: skip
+    delta = None if t["time_before_s"] is None or t["time_after_s"] is None else t["time_after_s"] - t["time_before_s"]
+    cells.append(["step (total)", _t(t["time_before_s"]), _t(t["time_after_s"]), _dt(delta),
+                  "100.0%" if delta else "-", _x(t.get("speedup_total", t.get("speedup")))])  # fmt: skip
+    return ["part", "before", "after", "delta", "share of change", "speedup alone"], cells
 
 
 def _changed_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -58,6 +102,8 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                 _t(t["time_before_s"]),
                 _t(t["time_after_s"]),
                 "-" if speed is None else f"{speed:.2f}x",
+                _x(t.get("speedup_nodes")),
+                _x(t.get("speedup_overheads")),
                 percent_change(t["flops_before"], t["flops_after"]),
                 percent_change(t["bytes_before"], t["bytes_after"]),
                 f"{t['nodes_before']} -> {t['nodes_after']}",
@@ -67,15 +113,23 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
             ]
         )
     out += _table(
-        ["run", "time before", "after", "speedup", "FLOPs", "bytes", "nodes", "fused/added/gone", "bound chg",
-         "no rule b/a"],
+        ["run", "time before", "after", "speedup", "node time x", "overheads x", "FLOPs", "bytes", "nodes",
+         "fused/added/gone", "bound chg", "no rule b/a"],
         summary,
     )  # fmt: skip
     for run in doc["runs"]:
         out += ["", f"{run['label']}  vs  {run['baseline_label']}"]
         out += [f"  {w}" for w in run.get("warnings", [])]
+        if _split_rows(run):
+            head, split = split_table(run)
+            out += ["  " + line for line in _table(head, split)] + [""]
         rows = _changed_rows(run)
-        if not rows:
+        extra = [
+            ["(overhead)" if p["kind"] == "overhead" else "(residual)", p["part"], p["kind"], "-",
+             _t(p["before_s"]), _t(p["after_s"]), "overhead -> overhead", "-"]
+            for p in _overhead_rows(run)
+        ]  # fmt: skip
+        if not rows and not extra:
             out.append("  no node changed")
             continue
         cells = []
@@ -94,7 +148,7 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                 ]
             )
         out += ["  " + line for line in _table(
-            ["node", "op", "status", "replaces", "before", "after", "bound", "bytes"], cells, left=4)]  # fmt: skip
+            ["node", "op", "status", "replaces", "before", "after", "bound", "bytes"], cells + extra, left=4)]  # fmt: skip
         if len(rows) > top:
             out.append(f"  ... and {len(rows) - top} more changed nodes (see --csv/--json)")
         mods = [
@@ -142,8 +196,17 @@ def write_study_json(doc: Mapping[str, Any], path: str | Path) -> Path:
     return write_output(path, json.dumps(clean, indent=1) + "\n")
 
 
+def _overhead_csv_row(part: Mapping[str, Any]) -> dict[str, Any]:
+    """An overhead (or residual) part as a CSV node row: status ``overhead``/``residual``, its times."""
+    return {"node": f"{part['kind']}: {part['part']}", "status": part["kind"], "replaces": [], "provenance": [],
+            "time_before_s": part["before_s"], "time_after_s": part["after_s"], "bound_before": "overhead",
+            "bound_after": "overhead"}  # fmt: skip
+
+
 def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
-    """One line per (run, node row): the run's pipeline, target and label, then `NODE_COLUMNS`."""
+    """One line per (run, node row): the run's pipeline, target and label, then `NODE_COLUMNS`;
+    then one per overhead row of the run's split (status ``overhead``, or ``residual``), so the
+    time columns of a run add up to its step times."""
     from dabench_ir.fileio import write_with
     from dabench_ir.report.model import csv_cell
 
@@ -153,7 +216,7 @@ def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
         writer = csv.writer(fh)
         writer.writerow(head)
         for run in doc["runs"]:
-            for r in run["nodes"]:
+            for r in [*run["nodes"], *(_overhead_csv_row(p) for p in _overhead_rows(run))]:
                 cells = [run["pipeline"], run["target"], run["label"]]
                 for k in NODE_COLUMNS:
                     v = r.get(k)
@@ -188,6 +251,9 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
     for run in doc["runs"]:
         parts.append(f"<h2>{html.escape(run['label'])}</h2>")
         parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
+        if _split_rows(run):
+            head, split = split_table(run)
+            parts.append("<h3>Speedup split: node time and overhead rows</h3>" + _html_table(head, split))
         rows = _changed_rows(run)
         parts.append(
             _html_table(
@@ -219,6 +285,22 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
                         human(r["bytes_after"], "B"),
                     ]
                     for r in rows
+                ]
+                + [
+                    [
+                        f"({p['kind']})",
+                        p["part"],
+                        p["kind"],
+                        "-",
+                        "-",
+                        _t(p["before_s"]),
+                        _t(p["after_s"]),
+                        "overhead",
+                        "overhead",
+                        "-",
+                        "-",
+                    ]
+                    for p in _overhead_rows(run)
                 ],
                 [r["status"] for r in rows],
             )
