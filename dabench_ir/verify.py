@@ -1,0 +1,333 @@
+"""Physics verifiers: invariants that hold on any real machine, checked on a finished `Report`.
+
+`verify(report)` returns every `Violation` of the invariants below; `check(report)` raises a
+`PhysicsError` carrying the first. Each check reads only the numbers the report already carries
+(its node records, totals, metrics, role rows, the lowering's `Plan` for feed levels and bytes,
+the `Target` for peaks, bandwidths and power) and recomputes nothing of the model. A tolerance
+of `RTOL` (relative) absorbs rounding; nodes with zero time or zero work are skipped.
+
+Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
+
+``node_peak_flops``
+    a node's achieved FLOP/s (FLOPs / its busy time) <= the peak FLOP/s at the dtype it
+    computes in x the chips the plan spans;
+``step_peak_flops``
+    the step's achieved FLOP/s (``totals``) <= the highest peak among the node dtypes x chips;
+``node_feed_bandwidth``
+    a node's bytes/s at the memory level that feeds it (feed bytes / busy time) <= that
+    level's bandwidth x chips;
+``memory_capacity``
+    resident bytes <= capacity at every memory level, when the plan says it fits;
+``step_time_work``
+    step time >= total FLOPs / (peak x chips);
+``step_time_critical_path``
+    step time >= the roofline lower bound (max(FLOPs / peak, feed bytes / bandwidth)) of the
+    largest single node and, when steps do not overlap and every node runs once per step,
+    of the heaviest dependency chain;
+``node_power``
+    a node's energy <= rated power x chips x its busy time;
+``step_power``
+    the step's energy <= rated power x chips x the step time;
+``shares_sum``
+    the shares a table states as shares of one total (role rows, the representative layer's
+    rows) sum to 100 % on their basis;
+``roofline_point``
+    every point the roofline plot draws (intensity, FLOPs / time) is at or below its roof:
+    min(peak at the report's precision, intensity x the bandwidth of the node's feed level).
+
+Light by design (no torch, no onnxruntime, no matplotlib): `dabench_ir.run.execute` may run it
+after every profile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dabench_ir.report.model import NodeRecord, Report
+
+__all__ = [
+    "INVARIANTS",
+    "RTOL",
+    "PhysicsError",
+    "Violation",
+    "check",
+    "verify",
+]
+
+RTOL = 1e-6
+"""Relative tolerance of every check: ``value <= limit * (1 + RTOL)``; shares within 1e-6 of 1."""
+
+INVARIANTS = (
+    "node_peak_flops",
+    "step_peak_flops",
+    "node_feed_bandwidth",
+    "memory_capacity",
+    "step_time_work",
+    "step_time_critical_path",
+    "node_power",
+    "step_power",
+    "shares_sum",
+    "roofline_point",
+)
+"""Every invariant `verify` checks, by name (see the module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: its name, where (a node, ``step``, a memory level, a table), the
+    report's number and the limit it breaks, and a line saying how the limit was made.
+
+    For the lower bounds (``step_time_*``) ``value`` is the step time and ``limit`` the bound it
+    falls under; for ``shares_sum`` ``value`` is the sum and ``limit`` 1.0."""
+
+    invariant: str
+    where: str
+    value: float
+    limit: float
+    detail: str = ""
+
+    def __str__(self) -> str:
+        op = "<" if self.invariant.startswith("step_time") else ("!=" if self.invariant == "shares_sum" else ">")
+        more = f" ({self.detail})" if self.detail else ""
+        return f"{self.invariant} at {self.where}: {self.value:.6g} {op} {self.limit:.6g}{more}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "where": self.where, "value": self.value, "limit": self.limit,
+                "detail": self.detail}  # fmt: skip
+
+
+class PhysicsError(RuntimeError):
+    """A report breaks an invariant no real machine breaks: a modelling bug, not the user's input.
+
+    ``violation`` is the first `Violation` found (`check`)."""
+
+    def __init__(self, violation: Violation) -> None:
+        self.violation = violation
+        super().__init__(f"physics check failed: {violation}")
+
+
+def check(report: Report) -> Report:
+    """``report`` when it keeps every invariant; else raise `PhysicsError` with the first violation."""
+    for violation in _violations(report):
+        raise PhysicsError(violation)
+    return report
+
+
+def verify(report: Report) -> list[Violation]:
+    """Every violation of the invariants (`INVARIANTS`) in ``report``; empty when it is physical."""
+    return list(_violations(report))
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+def _above(value: float, limit: float) -> bool:
+    return value > limit * (1.0 + RTOL)
+
+
+def _finite(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class _Context:
+    """What the checks read from a report: its target, plan, chips and a node's dtype peak."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.target = report.target_obj
+        self.plan = report.plan
+        self.node_plans: Mapping[str, Any] = getattr(self.plan, "node_plans", None) or {}
+        self.plan_chips = max(1, int(getattr(self.plan, "chips", 1) or 1))
+        self.step_chips = max(self.plan_chips, int(report.config.get("chips") or 1))
+        self.precision = str(report.config.get("precision") or getattr(self.plan, "precision", "") or "fp32")
+        self._peaks: dict[str, float] = {}
+
+    def peak(self, dtype: str | None) -> float:
+        """Peak FLOP/s of one chip at ``dtype``; a dtype the target lists no peak for gets its
+        highest peak (a bound no node exceeds whatever units it runs on)."""
+        key = str(dtype or self.precision)
+        if key not in self._peaks:
+            try:
+                self._peaks[key] = float(self.target.peak_flops(key))
+            except Exception:
+                self._peaks[key] = max(float(q.value) for q in self.target.peaks.values())
+        return self._peaks[key]
+
+    def node_dtype(self, record: NodeRecord) -> str:
+        return record.precision or str(getattr(self.plan, "precision", "") or self.precision)
+
+    def bandwidth(self, level: str | None) -> tuple[str, float] | None:
+        """(memory name, bytes/s of one chip) of the memory at ``level`` (a name or a level)."""
+        if not level or not self.target.has_memory(level):
+            return None
+        mem = self.target.memory(level)
+        return mem.name, float(mem.bandwidth_bytes_per_s)
+
+
+def _violations(report: Report) -> Iterable[Violation]:
+    yield from _shares(report)
+    if report.target_obj is None or report.plan is None:
+        return  # nothing placed: only the tables' shares to check
+    ctx = _Context(report)
+    yield from _nodes(ctx)
+    yield from _step(ctx)
+    yield from _memory(ctx)
+    yield from _roofline(ctx)
+
+
+def _timed(ctx: _Context) -> Iterable[tuple[NodeRecord, float, int, float]]:
+    """(record, busy time, FLOPs, feed bytes) of every node that ran and did work."""
+    for r in ctx.report.nodes:
+        t = _finite(r.time_s)
+        if not t or t <= 0:
+            continue
+        np_ = ctx.node_plans.get(r.name)
+        flops = int(r.flops or 0)
+        feed = int(getattr(np_, "feed_bytes", 0) or 0)
+        if flops <= 0 and feed <= 0:
+            continue
+        yield r, t, flops, feed
+
+
+def _nodes(ctx: _Context) -> Iterable[Violation]:
+    chips = ctx.plan_chips
+    watts = float(ctx.target.watts) * chips
+    for r, t, flops, feed in _timed(ctx):
+        np_ = ctx.node_plans.get(r.name)
+        if flops > 0:
+            dtype = ctx.node_dtype(r)
+            limit = ctx.peak(dtype) * chips
+            if _above(flops / t, limit):
+                yield Violation("node_peak_flops", r.name, flops / t, limit,
+                                f"{r.op_type}: {flops} FLOPs in {t:.6g} s; peak at {dtype} x {chips} chip(s)")  # fmt: skip
+        bw = ctx.bandwidth(getattr(np_, "feed_level", None))
+        if feed > 0 and bw is not None:
+            limit = bw[1] * chips
+            if _above(feed / t, limit):
+                yield Violation("node_feed_bandwidth", r.name, feed / t, limit,
+                                f"{r.op_type}: {feed} B at {bw[0]} in {t:.6g} s; {bw[0]} bandwidth x {chips} chip(s)")  # fmt: skip
+        energy = _finite(r.energy_j)
+        if energy is not None and energy > 0 and _above(energy, watts * t):
+            yield Violation("node_power", r.name, energy, watts * t,
+                            f"{r.op_type}: {energy:.6g} J in {t:.6g} s is {energy / t:.6g} W; "
+                            f"rated {watts:g} W x {t:.6g} s")  # fmt: skip
+
+
+def _node_bound(ctx: _Context, r: NodeRecord, flops: int, feed: int) -> float:
+    """A node's roofline lower bound on its own time: max(FLOPs / peak, bytes / bandwidth), x chips."""
+    chips = ctx.plan_chips
+    bound = flops / (ctx.peak(ctx.node_dtype(r)) * chips) if flops > 0 else 0.0
+    bw = ctx.bandwidth(getattr(ctx.node_plans.get(r.name), "feed_level", None))
+    if feed > 0 and bw is not None:
+        bound = max(bound, feed / (bw[1] * chips))
+    return bound
+
+
+def _step(ctx: _Context) -> Iterable[Violation]:
+    totals = ctx.report.totals
+    step = _finite(totals.get("time_s"))
+    timed = list(_timed(ctx))
+    if step is not None and step > 0:
+        chips = ctx.step_chips
+        peak = max([ctx.peak(ctx.node_dtype(r)) for r, _, f, _ in timed if f > 0] or [ctx.peak(None)])
+        achieved = _finite(totals.get("achieved_flops_per_s"))
+        if achieved is not None and _above(achieved, peak * chips):
+            yield Violation("step_peak_flops", "step", achieved, peak * chips,
+                            f"highest node-dtype peak x {chips} chip(s)")  # fmt: skip
+        flops = _finite(totals.get("flops")) or 0.0
+        if flops > 0 and _above(flops / (peak * chips), step):
+            yield Violation("step_time_work", "step", step, flops / (peak * chips),
+                            f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)")  # fmt: skip
+        bounds = {r.name: _node_bound(ctx, r, f, b) for r, _, f, b in timed}
+        if bounds:
+            name = max(bounds, key=bounds.__getitem__)
+            if _above(bounds[name], step):
+                yield Violation("step_time_critical_path", "step", step, bounds[name],
+                                f"node {name} alone needs {bounds[name]:.6g} s at its roofline")  # fmt: skip
+            chain = _chain_bound(ctx, bounds)
+            if chain is not None and chain[0] > bounds[name] and _above(chain[0], step):
+                yield Violation("step_time_critical_path", "step", step, chain[0],
+                                f"the chain ending at {chain[1]} needs {chain[0]:.6g} s at its nodes' rooflines")  # fmt: skip
+        energy = _finite(totals.get("energy_j"))
+        watts = _finite(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
+        if energy is not None and energy > 0 and _above(energy, watts * step):
+            yield Violation("step_power", "step", energy, watts * step,
+                            f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W")  # fmt: skip
+
+
+def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str] | None:
+    """The heaviest dependency chain's summed node bounds, and its last node; None where a chain
+    need not fit in one step (steps that overlap, nodes run once per micro-batch, a multi-chip step
+    whose nodes are one chip's share)."""
+    plan, report = ctx.plan, ctx.report
+    graph = report.graph
+    timeline = report.timeline
+    if (graph is None or getattr(plan, "pipelined_steps", False) or int(getattr(plan, "micro_batches", 1) or 1) != 1
+            or int(getattr(timeline, "micro_batches", 1) or 1) != 1 or "scale" in report.extra):  # fmt: skip
+        return None
+    producer: dict[str, str] = {}
+    for node in graph.nodes:
+        for out in node.outputs:
+            producer[out] = node.name
+    best: dict[str, float] = {}
+    top: tuple[float, str] | None = None
+    order = list(graph.nodes)
+    for node in order:  # costed graphs are in topological order; a later producer counts as 0
+        before = max((best.get(producer.get(i, ""), 0.0) for i in node.inputs), default=0.0)
+        best[node.name] = before + bounds.get(node.name, 0.0)
+        if top is None or best[node.name] > top[0]:
+            top = (best[node.name], node.name)
+    return top
+
+
+def _memory(ctx: _Context) -> Iterable[Violation]:
+    if not ctx.report.fits:
+        return
+    for level, use in (ctx.report.metrics.get("memory_use") or {}).items():
+        used = _finite((use or {}).get("bytes"))
+        cap = _finite((use or {}).get("capacity_bytes"))
+        if used is not None and cap is not None and cap > 0 and _above(used, cap):
+            yield Violation("memory_capacity", level, used, cap, "resident bytes over capacity in a plan that fits")
+
+
+def _shares(report: Report) -> Iterable[Violation]:
+    from dabench_ir.report.attribution import representative_layer, role_rows
+
+    for table, rows, basis in (("roles", role_rows(report), "summed busy time (node times and overheads)"),
+                               ("representative_layer", representative_layer(report), "the layer's time")):  # fmt: skip
+        shares = [_finite(r.get("share")) for r in rows]
+        if not rows or all(s is None for s in shares):
+            continue  # nothing to share out (no time, no FLOPs)
+        total = sum(s or 0.0 for s in shares)
+        if abs(total - 1.0) > RTOL:
+            yield Violation("shares_sum", table, total, 1.0, f"shares of {basis} over {len(rows)} rows")
+
+
+def _roofline(ctx: _Context) -> Iterable[Violation]:
+    """The roofline plot's points (`report.plots.roofline_figure`: nodes with FLOPs, a time and a
+    finite positive intensity) against the roof it draws at each node's feed level."""
+    peak = ctx.peak(ctx.precision)
+    for r in ctx.report.nodes:
+        intensity = _finite(r.intensity)
+        t = _finite(r.time_s)
+        if not r.flops or not t or t <= 0 or intensity is None or intensity <= 0:
+            continue
+        bw = ctx.bandwidth(getattr(ctx.node_plans.get(r.name), "feed_level", None))
+        if bw is None:  # no feed level known: the highest roof drawn
+            bw = max(((m.name, float(m.bandwidth_bytes_per_s)) for m in ctx.target.memories), key=lambda x: x[1])
+        roof = min(peak, intensity * bw[1])
+        achieved = r.flops / t
+        if _above(achieved, roof):
+            which = "peak" if roof == peak else f"{bw[0]} roof at {intensity:.6g} FLOP/B"
+            yield Violation("roofline_point", r.name, achieved, roof,
+                            f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)")  # fmt: skip
