@@ -6,9 +6,13 @@
   regions, RDU stages inside a section, IPU stages); time-weighted over sections.
 - compute efficiency: achieved FLOP/s over peak FLOP/s at the precision used.
 - per node: intensity (FLOPs per byte at the memory level that feeds it on this target)
-  and that level. A node's bound class is not recomputed here: the lowering classified it
+  and that level (`node_feed_intensity`). Where a unit runs its nodes as one pipeline (an
+  RDU section) the unit's feed traffic streams over the whole unit while the lowering shares
+  the unit's time among its nodes: a node's feed bytes are then its time share of the
+  unit's traffic, so its roofline point (FLOPs / busy time against that intensity) never
+  claims more bandwidth than the feed level has. A node's bound class is not recomputed here: the lowering classified it
   (`classify_bound`), the Plan and the Timeline carry it.
-- prediction error: predicted against measured node times.
+- prediction error: predicted against measured step (and node) times.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dabench_ir.plan import Plan, Schedule
 from dabench_ir.targets import Target
 from dabench_ir.timeline import Timeline
 
-__all__ = ["MemoryUse", "Metrics", "compute_metrics", "prediction_error"]
+__all__ = ["MemoryUse", "Metrics", "compute_metrics", "node_feed_intensity", "prediction_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class Metrics:
     memory_use: dict[str, MemoryUse] = field(default_factory=dict)
     node_intensity: dict[str, float | None] = field(default_factory=dict)
     node_feed_level: dict[str, str] = field(default_factory=dict)
+    node_feed_bytes: dict[str, float] = field(default_factory=dict)  # bytes behind node_intensity
     ridge_point: dict[str, float] = field(default_factory=dict)  # per memory level, at the precision used
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -145,14 +150,7 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
 
     # roofline per node (the bound class is the plan's, carried by the timeline)
     ridges = {m.level: target.ridge_point(prec, m) for m in target.memories}
-    intensity: dict[str, float | None] = {}
-    feed: dict[str, str] = {}
-    for name in timeline.nodes:
-        np_ = plan.node_plans.get(name)
-        if np_ is None:
-            continue
-        feed[name] = np_.feed_level
-        intensity[name] = np_.flops / np_.feed_bytes if np_.feed_bytes else None
+    intensity, feed, feed_bytes = node_feed_intensity(plan, timeline)
 
     extra: dict[str, Any] = {}
     pmu = [u.stats.pmu_allocation for u in plan.units if u.stats.pmu_allocation is not None]
@@ -179,9 +177,54 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         memory_use=memory_use,
         node_intensity=intensity,
         node_feed_level=feed,
+        node_feed_bytes=feed_bytes,
         ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
         extra=extra,
     )
+
+
+def _pipelined(plan: Plan) -> bool:
+    """True when every unit runs its nodes as one pipeline with its feed traffic named
+    (``resources["ddr_bytes"]`` and ``load_imbalance``: the RDU's sections)."""
+    return (
+        plan.schedule is Schedule.SEQUENTIAL
+        and bool(plan.units)
+        and all("load_imbalance" in u.resources and "ddr_bytes" in u.resources for u in plan.units)
+    )
+
+
+def node_feed_intensity(
+    plan: Plan, timeline: Timeline
+) -> tuple[dict[str, float | None], dict[str, str], dict[str, float]]:
+    """Per timed node: its intensity at the level that feeds it, that level, and the feed bytes.
+
+    A node's feed bytes are the lowering's (``NodePlan.feed_bytes``), except in a plan whose
+    units each run as one pipeline (`_pipelined`): there a unit's traffic streams over all
+    of its time, so a node holds its time share of each unit it runs in (``Unit.node_s``
+    times the micro-batches over the unit's summed node time). Intensity = FLOPs / feed
+    bytes (None without bytes). The one place a node's roofline intensity is computed.
+    """
+    feed: dict[str, str] = {}
+    nbytes: dict[str, float] = {}
+    for name in timeline.nodes:
+        np_ = plan.node_plans.get(name)
+        if np_ is not None:
+            feed[name] = np_.feed_level
+            nbytes[name] = float(np_.feed_bytes)
+    if _pipelined(plan):
+        m = max(1, int(plan.micro_batches or 1))
+        shared: dict[str, float] = dict.fromkeys(nbytes, 0.0)
+        for unit in plan.units:
+            share = {n: unit.node_s.get(n, 0.0) * m for n in unit.nodes if n in shared}
+            span = sum(share.values())
+            if span > 0:
+                for n, t in share.items():
+                    shared[n] += float(unit.resources["ddr_bytes"]) * t / span
+        nbytes = shared
+    intensity = {
+        name: (plan.node_plans[name].flops / b if b else None) for name, b in nbytes.items()
+    }
+    return intensity, feed, nbytes
 
 
 def prediction_error(
@@ -190,10 +233,18 @@ def prediction_error(
     *,
     min_share: float = 0.01,
     spread: Mapping[str, float] | None = None,
-) -> dict[str, float | int | None]:
-    """Error of predicted against measured node times.
+    predicted_step_s: float | None = None,
+    measured_step_s: float | None = None,
+) -> dict[str, Any]:
+    """Error of predicted against measured times: the step, the node sum, each node.
 
-    End to end: |sum predicted - sum measured| / sum measured over the nodes both have.
+    End to end (``end_to_end_rel_error``): with ``predicted_step_s`` (the predicted step:
+    node times plus the predicted overhead rows) and ``measured_step_s`` (the measured step:
+    onnxruntime's run time, its per-run overhead included), |pred step - meas step| / meas
+    step, signed in ``end_to_end_signed_error``; ``end_to_end_basis`` says ``step``. Without
+    them it falls back to the node sum and the basis says ``node sum``. The node-sum figure
+    (|sum predicted - sum measured| / sum measured over the nodes both have) is always
+    there as ``node_sum_rel_error``, beside ``predicted_node_sum_s``/``measured_node_sum_s``.
     Per node: |pred - meas| / meas, median and 90th percentile over nodes taking at least
     ``min_share`` of the measured time. With ``spread`` (node -> IQR / median of its
     measured runs) it also says how noisy the measurement was: ``median_node_spread``,
@@ -208,18 +259,35 @@ def prediction_error(
             "median_node_rel_error": None,
             "p90_node_rel_error": None,
             "nodes_compared": 0,
+            "node_sum_rel_error": None,
+            "end_to_end_basis": None,
         }
-    e2e = abs(sum(predicted[n] for n in common) - total) / total
+    predicted_sum = sum(predicted[n] for n in common)
+    node_sum = abs(predicted_sum - total) / total
+    step = predicted_step_s is not None and measured_step_s is not None and measured_step_s > 0
+    if step:
+        signed = (predicted_step_s - measured_step_s) / measured_step_s  # type: ignore[operator]
+        e2e = abs(signed)
+    else:
+        signed = (predicted_sum - total) / total
+        e2e = node_sum
     errors = sorted(
         abs(predicted[n] - measured[n]) / measured[n]
         for n in common
         if measured[n] > 0 and measured[n] >= min_share * total
     )
-    out: dict[str, float | int | None] = {
+    out: dict[str, Any] = {
         "end_to_end_rel_error": e2e,
         "median_node_rel_error": _quantile(errors, 0.5),
         "p90_node_rel_error": _quantile(errors, 0.9),
         "nodes_compared": len(errors),
+        "end_to_end_basis": "step" if step else "node sum",
+        "end_to_end_signed_error": signed,
+        "predicted_step_s": predicted_step_s if step else None,
+        "measured_step_s": measured_step_s if step else None,
+        "node_sum_rel_error": node_sum,
+        "predicted_node_sum_s": predicted_sum,
+        "measured_node_sum_s": total,
     }
     if spread is not None:
         big = [n for n in common if measured[n] > 0 and measured[n] >= min_share * total]

@@ -3,13 +3,18 @@ layer and identical layers collapsed.
 
 Every view here is computed from a `Report`'s node records (``role``, ``time_s``, cost) and
 its timeline's ``overheads_s``; the renderers (table, HTML, JSON, CSV) only format them.
-Shares are of the summed busy time (node times plus overheads): on a target that runs
-nodes concurrently this sum exceeds the step time, and a share says how much of the
-work a role is, not how much of the wall clock.
+Every time share here is on one basis, `TIME_BASIS`: the summed time, node busy times
+plus the overhead rows (`summed_time`). On a target that runs nodes one after another
+that is the step; on one that runs nodes concurrently it exceeds the step, and a share
+says how much of the work a role is, not how much of the wall clock. Groupings by op type,
+layer, op class or bound add the overheads as a row of their own (`OVERHEAD_GROUP`), so the
+shares on a basis sum to 100 %. The roofline's numbers (`roofline_points`, `roofline_roofs`)
+are computed here once for the plot, the tables and the HTML.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,13 +24,43 @@ from dabench_ir.report.roles import OVERHEAD_PREFIX, overhead_role
 if TYPE_CHECKING:
     from dabench_ir.report.model import NodeRecord, Report
 
-__all__ = ["ROLE_COLUMNS", "layer_runs", "overhead_rows", "representative_layer", "role_rows", "target_peak"]
+__all__ = [
+    "FLOPS_BASIS",
+    "LAYER_BASIS",
+    "OVERHEAD_GROUP",
+    "ROLE_COLUMNS",
+    "TIME_BASIS",
+    "bound_shares",
+    "dominant_bound",
+    "layer_runs",
+    "node_share",
+    "overhead_rows",
+    "representative_layer",
+    "role_rows",
+    "roofline_points",
+    "roofline_roofs",
+    "summed_time",
+    "target_peak",
+    "time_groups",
+]
+
+TIME_BASIS = "summed time"
+"""The basis of every time share: node busy times plus the overhead rows (headers: "share of summed time")."""
+FLOPS_BASIS = "FLOPs"
+"""The basis of a share of work when nothing is timed (headers: "share of FLOPs")."""
+LAYER_BASIS = "layer time"
+"""The representative layer's shares: of that one layer's summed node time (headers: "share of layer")."""
+OVERHEAD_GROUP = "(overhead)"
+"""The row a grouping by op type, layer or op class gives the step costs no node owns (bound: ``overhead``)."""
 
 ROLE_COLUMNS = (
     "role", "nodes", "layers", "time_s", "share", "flops", "bytes", "intensity", "achieved_flops_per_s",
-    "peak_fraction", "bound", "bound_share", "measured_time_s", "energy_j",
+    "peak_fraction", "bound", "bound_share", "measured_time_s", "energy_j", "cost_intensity",
 )  # fmt: skip
-"""The keys of one role row (JSON ``roles``, the roles CSV)."""
+"""The keys of one role row (JSON ``roles``, the roles CSV). ``share`` is of `TIME_BASIS` (of
+`FLOPS_BASIS` untimed); ``intensity`` is at the feed level, as the nodes' (their FLOPs over
+their feed bytes, FLOPs / node intensity), ``cost_intensity`` the FLOPs over every byte the
+nodes touch."""
 
 
 def target_peak(report: Report) -> float | None:
@@ -40,6 +75,175 @@ def target_peak(report: Report) -> float | None:
         except Exception:
             continue
     return None
+
+
+def _overheads(report: Report) -> dict[str, float]:
+    return {k: float(v) for k, v in (getattr(report.timeline, "overheads_s", None) or {}).items() if v}
+
+
+def summed_time(report: Report) -> float:
+    """The `TIME_BASIS` total: every node's busy time plus every overhead row (0.0 untimed)."""
+    return sum(n.time_s or 0.0 for n in report.nodes) + sum(_overheads(report).values())
+
+
+def node_share(report: Report, node: NodeRecord) -> float | None:
+    """One node's share of the summed time (`TIME_BASIS`), as the role table counts it."""
+    total = summed_time(report)
+    return node.time_s / total if total and node.time_s is not None else None
+
+
+def time_groups(report: Report, key: str) -> dict[Any, float]:
+    """Node time grouped by a NodeRecord attribute, plus the overheads: under the bound class
+    ``overhead`` for ``key="bound"``, else as the row `OVERHEAD_GROUP`. Sums to `summed_time`."""
+    out = dict(report.group_time(key))
+    extra = sum(_overheads(report).values())
+    if extra:
+        name = "overhead" if key == "bound" else OVERHEAD_GROUP
+        out[name] = out.get(name, 0.0) + extra
+    return out
+
+
+def bound_shares(
+    nodes: Sequence[Any], overheads: dict[str, float] | None = None
+) -> dict[str, float]:
+    """Share of the summed time (`TIME_BASIS`) per bound class, the overhead rows as the class
+    ``overhead``. ``nodes``: NodeRecords or report-JSON node dicts; ``overheads``: seconds by
+    name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
+    times: dict[str, float] = {}
+    for n in nodes:
+        t = n.get("time_s") if isinstance(n, dict) else n.time_s
+        bound = n.get("bound") if isinstance(n, dict) else n.bound
+        if t:
+            times[str(bound or "unknown")] = times.get(str(bound or "unknown"), 0.0) + float(t)
+    extra = sum(float(v) for v in (overheads or {}).values() if v)
+    if extra:
+        times["overhead"] = times.get("overhead", 0.0) + extra
+    total = sum(times.values())
+    return {k: v / total for k, v in times.items()} if total else {}
+
+
+def dominant_bound(
+    nodes: Sequence[Any], overheads: dict[str, float] | None = None
+) -> tuple[str | None, float | None]:
+    """The bound class with the largest share of the summed time, overheads counted as the class
+    ``overhead`` (a host-heavy step says overhead), and that share; (None, None) untimed."""
+    shares = bound_shares(nodes, overheads)
+    if not shares:
+        return None, None
+    best = max(shares, key=shares.__getitem__)
+    return best, shares[best]
+
+
+def _feed_level(report: Report, target: Any, name: str) -> str | None:
+    plan = report.plan
+    np_ = plan.node_plans.get(name) if plan is not None else None
+    if np_ is not None and np_.feed_level:
+        return str(np_.feed_level)
+    try:
+        return str(target.feed_level)
+    except Exception:
+        return None
+
+
+def _node_peak(target: Any, precision: str | None, fallback: str | None) -> float | None:
+    for p in (precision, fallback, "fp32"):
+        if not p:
+            continue
+        try:
+            return float(target.peak_flops(p))
+        except Exception:
+            continue
+    values = [float(q.value) for q in (getattr(target, "peaks", None) or {}).values()]
+    return max(values) if values else None
+
+
+def _ridge(target: Any, precision: str, mem: Any, peak: float) -> float:
+    """`Target.ridge_point` of ``mem`` at ``precision``; peak / bandwidth for a target without one."""
+    try:
+        return float(target.ridge_point(precision, mem))
+    except Exception:
+        from dabench_ir.targets import ridge
+
+        return ridge(peak, float(mem.bandwidth_bytes_per_s))
+
+
+def roofline_points(report: Report, target: Any = None) -> list[dict[str, Any]]:
+    """The roofline's point for every timed node with FLOPs and a feed-level intensity.
+
+    Each: ``name``, ``role``, ``op_class``, ``flops``, ``time_s``, ``intensity`` (the report's
+    node intensity: FLOPs per byte at the feed level, as the table and JSON state it),
+    ``achieved_flops_per_s`` (FLOPs / busy time), ``feed_level``, ``memory`` and
+    ``bandwidth_bytes_per_s`` (the feed memory), ``precision`` and ``peak_flops_per_s`` (at the
+    node's dtype), ``ridge`` (`Target.ridge_point` of the feed memory), ``roof_flops_per_s``
+    (min(peak, intensity x bandwidth)), ``roof_fraction`` (achieved / roof) and ``share`` (of
+    the summed time). Without a target the roof fields are None. The plot, the table and
+    the HTML all read these.
+    """
+    if target is None:
+        from .plots import target_of
+
+        target = target_of(report)
+    precision = report.config.get("precision") or "fp32"
+    total = summed_time(report) or None
+    out = []
+    for n in report.nodes:
+        x = n.intensity
+        if not (n.flops and n.time_s and x is not None and math.isfinite(x) and x > 0):
+            continue
+        level = memory = bw = peak = ridge = roof = None
+        if target is not None:
+            level = _feed_level(report, target, n.name)
+            try:
+                mem = target.memory(level) if level else None
+            except Exception:
+                mem = None
+            peak = _node_peak(target, n.precision, precision)
+            if mem is not None and peak:
+                memory, bw = mem.name, float(mem.bandwidth_bytes_per_s)
+                ridge = _ridge(target, n.precision or precision, mem, peak)
+                roof = min(peak, x * bw)
+        achieved = n.flops / n.time_s
+        out.append({
+            "name": n.name, "role": n.role, "op_class": n.op_class, "flops": n.flops, "time_s": n.time_s,
+            "intensity": x, "achieved_flops_per_s": achieved, "feed_level": level, "memory": memory,
+            "bandwidth_bytes_per_s": bw, "precision": n.precision or precision, "peak_flops_per_s": peak,
+            "ridge": ridge, "roof_flops_per_s": roof, "roof_fraction": achieved / roof if roof else None,
+            "share": n.time_s / total if total else None,
+        })  # fmt: skip
+    return out
+
+
+def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
+    """The roofs to draw: one per (memory, dtype) that feeds a plotted node, feed levels first, then
+    the target's other memories at the report's precision. Each: ``memory``, ``level``,
+    ``bandwidth_bytes_per_s``, ``precision``, ``peak_flops_per_s``, ``ridge``, ``feeds`` (the number
+    of plotted nodes it feeds)."""
+    if target is None:
+        from .plots import target_of
+
+        target = target_of(report)
+    if target is None:
+        return []
+    precision = report.config.get("precision") or "fp32"
+    feeds: dict[tuple[str, str], int] = {}
+    for p in roofline_points(report, target):
+        if p["memory"] is not None:
+            key = (p["memory"], p["precision"])
+            feeds[key] = feeds.get(key, 0) + 1
+    for mem in getattr(target, "memories", ()):
+        feeds.setdefault((mem.name, precision), 0)
+    out = []
+    for (name, prec), count in feeds.items():
+        mem = next((m for m in target.memories if m.name == name), None)
+        peak = _node_peak(target, prec, precision)
+        if mem is None or not peak:
+            continue
+        bw = float(mem.bandwidth_bytes_per_s)
+        ridge = _ridge(target, prec, mem, peak)
+        out.append({"memory": name, "level": mem.level, "bandwidth_bytes_per_s": bw, "precision": prec,
+                    "peak_flops_per_s": peak, "ridge": ridge, "feeds": count})  # fmt: skip
+    out.sort(key=lambda r: (-r["feeds"], r["bandwidth_bytes_per_s"]))
+    return out
 
 
 def overhead_rows(report: Report) -> list[dict[str, Any]]:
@@ -86,6 +290,11 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
     energy = [r.energy_j for r in records if r.energy_j is not None]
     bound, bound_share = _bound_of(records)
     achieved = flops / time_s if time_s else None
+    # at the feed level, as every node's intensity (and roofline point) says: sum of FLOPs over
+    # the sum of the nodes' feed bytes (FLOPs / intensity); nodes without FLOPs add no bytes here
+    worked = [r for r in records if r.flops and r.intensity]
+    feed_bytes = sum(r.flops / r.intensity for r in worked)  # type: ignore[operator]
+    feed_flops = sum(r.flops or 0 for r in worked)
     return {
         "role": role,
         "nodes": len(records),
@@ -94,13 +303,14 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
         "share": None,
         "flops": flops,
         "bytes": nbytes,
-        "intensity": flops / nbytes if nbytes else None,
+        "intensity": feed_flops / feed_bytes if feed_bytes else (flops / nbytes if nbytes else None),
         "achieved_flops_per_s": achieved,
         "peak_fraction": achieved / peak if achieved is not None and peak else None,
         "bound": bound,
         "bound_share": bound_share,
         "measured_time_s": sum(measured) if measured else None,
         "energy_j": sum(energy) if energy else None,
+        "cost_intensity": flops / nbytes if nbytes else None,
     }
 
 
@@ -112,6 +322,9 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
         groups.setdefault(r.role or r.op_type, []).append(r)
     peak = target_peak(report)
     rows = [_row(role, records, peak) for role, records in groups.items()]
+    if report.target is None:  # cost only: no feed level, the intensity is over every byte
+        for r in rows:
+            r["intensity"] = r["cost_intensity"]
     if overheads:
         rows += overhead_rows(report)
     total = sum(r["time_s"] or 0.0 for r in rows)
@@ -156,7 +369,7 @@ def representative_layer(report: Report) -> list[dict[str, Any]]:
                 "bound": bound,
             }
         )
-    layer_total = sum(r["time_s"] or 0.0 for r in rows)
+    layer_total = sum(r["time_s"] or 0.0 for r in rows)  # LAYER_BASIS
     for r in rows:
         r["share"] = (r["time_s"] or 0.0) / layer_total if layer_total else None
     return rows

@@ -19,7 +19,7 @@ from dabench_ir import __version__
 
 from .compare import format_row
 from .model import NodeRecord, Report
-from .table import human, percent, seconds
+from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent, prediction_text, seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -160,6 +160,9 @@ def _summary(report: Report) -> str:
         cards.append(_card("measured step", seconds(t["measured_time_s"])))
     cards.append(_card("unattributed", str(len(report.unattributed)), bad=bool(report.unattributed)))
     out = f'<section><h2>Summary</h2><div class="cards">{"".join(cards)}</div>'
+    err = m.get("prediction_error")
+    if err:
+        out += f'<p class="note">Predicted vs measured: {_e(prediction_text(err))}.</p>'
     if report.failure:
         f = report.failure
         out += (
@@ -169,7 +172,8 @@ def _summary(report: Report) -> str:
     return out + "</section>"
 
 
-_NUMERIC_HEADERS = frozenset({"layer", "FLOPs", "bytes", "FLOP/B", "time", "share", "share of FLOPs", "measured"})
+_SHARE_HEADERS = frozenset({SHARE_OF_TIME, SHARE_OF_FLOPS, SHARE_OF_LAYER})
+_NUMERIC_HEADERS = frozenset({"layer", "FLOPs", "bytes", "FLOP/B", "FLOP/B at feed", "time", "measured"}) | _SHARE_HEADERS
 
 
 def _top_nodes(report: Report, top: int) -> str:
@@ -177,26 +181,26 @@ def _top_nodes(report: Report, top: int) -> str:
     nodes: list[NodeRecord] = sorted(
         report.attributed, key=lambda n: (n.time_s or 0.0) if timed else (n.flops or 0), reverse=True
     )
-    total = sum(n.time_s or 0.0 for n in report.nodes) or None
+    from .attribution import node_share
+
     total_flops = sum(n.flops or 0 for n in report.attributed) or None
     measured = any(n.measured_time_s is not None for n in report.nodes)
-    headers = ["node", "op", "layer", "class", "FLOPs", "bytes", "FLOP/B"]
-    headers += ["time", "share", "bound", "unit"] if timed else ["share of FLOPs"]
+    headers = ["node", "op", "layer", "class", "FLOPs", "bytes", "FLOP/B at feed" if report.target else "FLOP/B"]
+    headers += ["time", SHARE_OF_TIME, "bound", "unit"] if timed else [SHARE_OF_FLOPS]
     headers += ["measured"] if measured else []
     rows = []
     for n in nodes[:top]:
         row = [n.name, n.op_type, "-" if n.layer is None else str(n.layer), _class_cell(n.op_class),
                human(n.flops), human(n.bytes, "B"), "-" if n.intensity is None else f"{n.intensity:.3g}"]  # fmt: skip
         if timed:
-            share = n.time_s / total if total and n.time_s is not None else None
-            row += [seconds(n.time_s), _share_cell(share), n.bound or "-", n.unit or "-"]
+            row += [seconds(n.time_s), _share_cell(node_share(report, n)), n.bound or "-", n.unit or "-"]
         else:
             row += [_share_cell((n.flops or 0) / total_flops if total_flops else None)]
         if measured:
             row.append(seconds(n.measured_time_s))
         rows.append(row)
     numeric = {i for i, h in enumerate(headers) if h in _NUMERIC_HEADERS}
-    raw = {i for i, h in enumerate(headers) if h in ("class", "share", "share of FLOPs")}
+    raw = {i for i, h in enumerate(headers) if h == "class" or h in _SHARE_HEADERS}
     what = "time" if timed else "FLOPs"
     return (
         f'<section><h2>Top {len(rows)} of {len(report.nodes)} nodes by {what}</h2>'
@@ -205,36 +209,35 @@ def _top_nodes(report: Report, top: int) -> str:
     )
 
 
-def _group_table(title: str, key_header: str, groups: Mapping[Any, float], *, fmt=seconds, limit: int = 15) -> str:
+def _group_table(
+    title: str, key_header: str, groups: Mapping[Any, float], *, fmt=seconds, limit: int = 15,
+    share_header: str = SHARE_OF_TIME,
+) -> str:
+    """One grouping with its share column; the groups hold every row of the basis (they sum to 100 %)."""
     total = sum(groups.values()) or None
     items = sorted(groups.items(), key=lambda kv: kv[1], reverse=True)
-    if key_header == "layer":
-        items = sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))
+    if key_header == "layer":  # layers in order, then the outside-block nodes, then the overheads
+        items = sorted(groups.items(), key=lambda kv: (
+            2 if isinstance(kv[0], str) else 1 if kv[0] is None else 0, kv[0] if isinstance(kv[0], int) else 0))
     rows = [
         ["(outside blocks)" if k is None and key_header == "layer" else str(k if k is not None else "-"),
          fmt(v), _share_cell(v / total if total else None)]
         for k, v in items[:limit]
     ]
     more = f'<p class="note">... and {len(items) - limit} more</p>' if len(items) > limit else ""
-    return f"<div><h3>{_e(title)}</h3>{_table([key_header, 'time' if fmt is seconds else 'FLOPs', 'share'], rows, {1, 2}, raw={2})}{more}</div>"
-
-
-def _bound_time(report: Report) -> dict[Any, float]:
-    """Node time by bound class, with the overheads no node owns as the class "overhead"."""
-    out = report.group_time("bound")
-    extra = sum((getattr(report.timeline, "overheads_s", None) or {}).values())
-    if extra:
-        out["overhead"] = out.get("overhead", 0.0) + extra
-    return out
+    headers = [key_header, "time" if fmt is seconds else "FLOPs", share_header]
+    return f"<div><h3>{_e(title)}</h3>{_table(headers, rows, {1, 2}, raw={2})}{more}</div>"
 
 
 def _attribution(report: Report) -> str:
     if report.has_times:
+        from .attribution import time_groups
+
         parts = [
-            _group_table("Time by op type", "op_type", report.group_time("op_type")),
-            _group_table("Time by layer", "layer", report.group_time("layer"), limit=200),
-            _group_table("Time by bound class", "bound", _bound_time(report)),
-            _group_table("Time by op class", "op_class", report.group_time("op_class")),
+            _group_table("Time by op type", "op_type", time_groups(report, "op_type")),
+            _group_table("Time by layer", "layer", time_groups(report, "layer"), limit=200),
+            _group_table("Time by bound class", "bound", time_groups(report, "bound")),
+            _group_table("Time by op class", "op_class", time_groups(report, "op_class")),
         ]
     else:
         def flops_by(key: str) -> dict[Any, float]:
@@ -244,9 +247,11 @@ def _attribution(report: Report) -> str:
             return out
 
         parts = [
-            _group_table("FLOPs by op type", "op_type", flops_by("op_type"), fmt=human),
-            _group_table("FLOPs by layer", "layer", flops_by("layer"), fmt=human, limit=200),
-            _group_table("FLOPs by op class", "op_class", flops_by("op_class"), fmt=human),
+            _group_table("FLOPs by op type", "op_type", flops_by("op_type"), fmt=human, share_header=SHARE_OF_FLOPS),
+            _group_table("FLOPs by layer", "layer", flops_by("layer"), fmt=human, limit=200,
+                         share_header=SHARE_OF_FLOPS),
+            _group_table("FLOPs by op class", "op_class", flops_by("op_class"), fmt=human,
+                         share_header=SHARE_OF_FLOPS),
         ]
     return f'<section><h2>Attribution</h2><div class="grid2">{"".join(parts)}</div></section>'
 
@@ -257,8 +262,8 @@ def _roles(report: Report, top: int) -> str:
 
     rows = role_rows(report)
     timed = report.has_times
-    headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B"]
-    headers += ["time", "share", "achieved", "of peak", "bound"] if timed else ["share of FLOPs"]
+    headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B at feed" if report.target else "FLOP/B"]
+    headers += ["time", SHARE_OF_TIME, "achieved", "of peak", "bound"] if timed else [SHARE_OF_FLOPS]
     body = []
     for r in rows[:top]:
         row = [r["role"], str(r["nodes"]), human(r["flops"]), human(r["bytes"], "B"),
@@ -270,11 +275,12 @@ def _roles(report: Report, top: int) -> str:
             row += [_share_cell(r["share"])]
         body.append(row)
     numeric = {i for i, h in enumerate(headers) if h in _NUMERIC_HEADERS | {"nodes", "achieved", "of peak"}}
-    raw = {i for i, h in enumerate(headers) if h in ("share", "share of FLOPs")}
+    raw = {i for i, h in enumerate(headers) if h in _SHARE_HEADERS}
     out = (
         f"<section><h2>Top {len(body)} of {len(rows)} module roles by {'time' if timed else 'FLOPs'}</h2>"
         '<p class="note">Node times added up by module role across all layers; overheads no node owns are rows '
-        "of their own. Shares are of summed busy time.</p>"
+        "of their own. Every time share on this page is a share of the summed time: node busy times plus "
+        "the overhead rows (on a target that runs nodes concurrently this exceeds the step).</p>"
         + _table(headers, body, numeric, raw=raw, cls={0: "name"})
     )
     if report.why:
@@ -284,7 +290,7 @@ def _roles(report: Report, top: int) -> str:
     rep = representative_layer(report)
     if rep:
         rtimed = any(r["time_s"] is not None for r in rep)
-        h = ["role", "nodes", "FLOPs", "bytes"] + (["time", "share", "min", "max", "spread", "bound"] if rtimed else [])
+        h = ["role", "nodes", "FLOPs", "bytes"] + (["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if rtimed else [])
         body = []
         for r in rep:
             row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]

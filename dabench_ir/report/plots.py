@@ -104,76 +104,66 @@ def target_of(report: Report) -> Any:
         return None
 
 
-def _peak(target: Any, precision: str | None) -> float | None:
-    try:
-        return float(target.peak_flops(precision or "fp32"))
-    except Exception:
-        values = [float(q.value) for q in getattr(target, "peaks", {}).values()]
-        return max(values) if values else None
-
-
-def _timed_points(report: Report) -> list[tuple[NodeRecord, float, float]]:
-    """(node, intensity, achieved FLOP/s) for nodes with FLOPs, bytes and a time."""
-    out = []
-    for n in report.nodes:
-        if n.flops and n.time_s and n.intensity and math.isfinite(n.intensity) and n.intensity > 0:
-            out.append((n, n.intensity, n.flops / n.time_s))
-    return out
-
-
 def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
-    """Roofline of ``report``'s target, one roof per memory level, one point per timed node.
+    """Roofline of ``report``'s target: a roof per (memory, dtype) that feeds a node, one point per timed node.
 
-    Point size is the node's share of total time, colour its op class; the ``top`` nodes
-    by time are labelled. None when there are neither roofs nor timed nodes to draw.
+    Points and roofs are `attribution.roofline_points` / `roofline_roofs`: x the node's
+    intensity at its feed level (the table's and JSON's ``intensity``), y its FLOPs over its
+    busy time; the roofs at the nodes' dtypes, bandwidths of their feed memories (solid;
+    memories feeding no node dashed, thin). Point size is the node's share of the summed
+    time, colour its op class; the ``top`` nodes by time are labelled. None when there are
+    neither roofs nor timed nodes to draw.
     """
+    from .attribution import roofline_points, roofline_roofs
+
     target = target_of(report)
-    points = _timed_points(report)
-    if target is None and not points:
+    pts = roofline_points(report, target)
+    roofs = roofline_roofs(report, target) if target is not None else []
+    if not roofs and not pts:
         return None
     fig, ax = _new_figure(8.5, 5.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
     _log_axes(ax)
-    xs = [p[1] for p in points]
+    xs = [p["intensity"] for p in pts]
     lo = min([*xs, 0.1]) / 4
     hi = max([*xs, 1000.0]) * 4
-    peak = _peak(target, report.config.get("precision")) if target is not None else None
-    if target is not None and peak:
-        from dabench_ir.targets import ridge as ridge_point
-
-        for i, mem in enumerate(sorted(target.memories, key=lambda m: m.bandwidth_bytes_per_s)):
-            bw = float(mem.bandwidth_bytes_per_s)
-            ridge = ridge_point(peak, bw)
-            lo, hi = min(lo, ridge / 20), max(hi, ridge * 20)
-            grid = _logspace(lo, hi, 200)
-            ax.plot(
-                grid,
-                [min(peak, x * bw) for x in grid],
-                _ROOF_STYLES[i % len(_ROOF_STYLES)],
-                color="#333333",
-                linewidth=1.4,
-                label=f"{mem.name} ({mem.level}) roof, ridge {ridge:.3g} FLOP/B",
-            )
-        ax.axhline(peak, color="#999999", linewidth=0.6)
-    total = sum(n.time_s or 0.0 for n in report.nodes) or 1.0
-    by_class: dict[str, list[tuple[NodeRecord, float, float]]] = {}
-    for p in points:
-        by_class.setdefault(p[0].op_class or "other", []).append(p)
-    for op_class, pts in sorted(by_class.items()):
+    for r in roofs:
+        lo, hi = min(lo, r["ridge"] / 20), max(hi, r["ridge"] * 20)
+    grid = _logspace(lo, hi, 200)
+    for i, r in enumerate(roofs):
+        peak, bw = r["peak_flops_per_s"], r["bandwidth_bytes_per_s"]
+        feeding = r["feeds"] > 0
+        ax.plot(
+            grid,
+            [min(peak, x * bw) for x in grid],
+            _ROOF_STYLES[i % len(_ROOF_STYLES)] if feeding else ":",
+            color="#333333" if feeding else "#aaaaaa",
+            linewidth=1.4 if feeding else 0.9,
+            label=f"{r['memory']} ({r['level']}) roof at {r['precision']}, ridge {r['ridge']:.3g} FLOP/B"
+            + (f", feeds {r['feeds']}" if feeding else ", feeds none"),
+        )
+    by_name = {n.name: n for n in report.nodes}
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for p in pts:
+        by_class.setdefault(p["op_class"] or "other", []).append(p)
+    for op_class, group in sorted(by_class.items()):
         ax.scatter(
-            [p[1] for p in pts],
-            [p[2] for p in pts],
-            s=[20 + 800 * (p[0].time_s or 0.0) / total for p in pts],
+            [p["intensity"] for p in group],
+            [p["achieved_flops_per_s"] for p in group],
+            s=[20 + 800 * (p["share"] or 0.0) for p in group],
             c=_color(op_class),
             alpha=0.7,
             edgecolors="black",
             linewidths=0.4,
-            label=f"{op_class} ({len(pts)})",
+            label=f"{op_class} ({len(group)})",
         )
-    for n, x, y in _spread(sorted(points, key=lambda p: p[0].time_s or 0.0, reverse=True), top):
+    ranked = sorted(pts, key=lambda p: p["time_s"], reverse=True)
+    triples = [(by_name[p["name"]], p["intensity"], p["achieved_flops_per_s"]) for p in ranked]
+    share = {p["name"]: p["share"] or 0.0 for p in pts}
+    for n, x, y in _spread(triples, top):
         ax.annotate(
-            f"{n.role or n.name} ({_share_text((n.time_s or 0.0) / total)})",
+            f"{n.role or n.name} ({_share_text(share[n.name])})",
             (x, y),
             xytext=(6, 4),
             textcoords="offset points",
@@ -184,8 +174,8 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
     name = (report.target or {}).get("name", "no target")
     note = f"; {hidden} zero-FLOP nodes not shown" if hidden else ""
     ax.set_title(f"Roofline on {name} ({report.config.get('precision') or 'fp32'}{note})", fontsize=10)
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved FLOP/s")
+    ax.set_xlabel("arithmetic intensity at the feed level (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s (FLOPs / busy time)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig

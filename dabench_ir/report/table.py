@@ -8,9 +8,29 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .attribution import node_share
 from .model import Report
 
-__all__ = ["BY", "human", "parse_percent", "percent", "percent_change", "render_table", "seconds"]
+__all__ = [
+    "BY",
+    "SHARE_OF_FLOPS",
+    "SHARE_OF_LAYER",
+    "SHARE_OF_TIME",
+    "human",
+    "parse_percent",
+    "percent",
+    "percent_change",
+    "prediction_text",
+    "render_table",
+    "seconds",
+]
+
+SHARE_OF_TIME = "share of summed time"
+"""Header of every time share: of node busy times plus overhead rows (`attribution.TIME_BASIS`)."""
+SHARE_OF_FLOPS = "share of FLOPs"
+"""Header of a share of the FLOPs (untimed tables, the per-layer table)."""
+SHARE_OF_LAYER = "share of layer"
+"""Header of the representative layer's shares: of that layer's summed node time."""
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -158,11 +178,11 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
     rows.sort(key=lambda r: -(r[key] or 0))
     shown = rows[:top] if top > 0 else rows
     timed = report.has_times
-    headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B"]
+    headers = ["role", "nodes", "FLOPs", "bytes", _intensity_header(report)]
     if timed:
-        headers += ["time", "share", "achieved", "of peak", "bound"]
+        headers += ["time", SHARE_OF_TIME, "achieved", "of peak", "bound"]
     else:
-        headers += ["share"]
+        headers += [SHARE_OF_FLOPS]
     measured = any(r["measured_time_s"] is not None for r in rows)
     if measured:
         headers += ["measured"]
@@ -181,7 +201,8 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             row.append(seconds(r["measured_time_s"]))
         out.append(row)
     what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
-    note = " (shares of summed busy time; overheads are rows of their own)" if timed else ""
+    note = (" (share of summed time = node busy times + overhead rows; overheads are rows of their own)"
+            if timed else "")  # fmt: skip
     title = st.bold(f"Top {len(shown)} of {len(rows)} module roles by {what}, all layers together") + note
     return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1} if timed
                           else set(range(1, len(headers))))]  # fmt: skip
@@ -198,7 +219,7 @@ def _representative(report: Report, st: _Style, width: int) -> list[str]:
     if not rows:
         return []
     timed = any(r["time_s"] is not None for r in rows)
-    headers = ["role", "nodes", "FLOPs", "bytes"] + (["time", "share", "min", "max", "spread", "bound"] if timed else [])
+    headers = ["role", "nodes", "FLOPs", "bytes"] + (["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else [])
     out = []
     for r in rows:
         row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
@@ -221,11 +242,10 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
     }
     nodes = sorted(report.attributed, key=keys[sort], reverse=True)
     energy = any(n.energy_j is not None for n in report.nodes)
-    total_time = sum(n.time_s or 0.0 for n in report.nodes) if timed else None
     shown = nodes[:top] if top > 0 else nodes
-    headers = ["node", "role", "op", "layer", "FLOPs", "bytes", "FLOP/B"]
+    headers = ["node", "role", "op", "layer", "FLOPs", "bytes", _intensity_header(report)]
     if timed:
-        headers += ["time", "share", "bound", "unit"]
+        headers += ["time", SHARE_OF_TIME, "bound", "unit"]
     measured = any(n.measured_time_s is not None for n in report.nodes)
     if measured:
         headers += ["measured"]
@@ -243,8 +263,7 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             "-" if n.intensity is None else f"{n.intensity:.3g}",
         ]
         if timed:
-            share = (n.time_s / total_time) if total_time and n.time_s is not None else None
-            row += [seconds(n.time_s), percent(share), n.bound or "-", n.unit or "-"]
+            row += [seconds(n.time_s), percent(node_share(report, n)), n.bound or "-", n.unit or "-"]
         if measured:
             row += [seconds(n.measured_time_s)]
         if energy:
@@ -321,10 +340,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         )
     err = m.get("prediction_error")
     if err:
-        out.append(
-            f"  predicted  end-to-end error {percent(err.get('end_to_end_rel_error'))}, median node error "
-            f"{percent(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes"
-        )
+        out.append(f"  predicted  {prediction_text(err)}")
         if err.get("end_to_end_spread") is not None:
             verdict = "within" if err.get("end_to_end_within_noise") else "beyond"
             out.append(
@@ -333,6 +349,30 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
+
+
+def prediction_text(err: dict[str, Any]) -> str:
+    """The prediction error in words, each figure with its basis: the step (predicted nodes and
+    overheads against the measured run, its per-run overhead included), the node sum, the nodes."""
+    basis = err.get("end_to_end_basis") or "node sum"
+    if basis == "step":
+        head = (f"end-to-end (step) error {percent(err.get('end_to_end_rel_error'))}: predicted step "
+                f"{seconds(err.get('predicted_step_s'))} vs measured step {seconds(err.get('measured_step_s'))}")
+    else:
+        head = f"end-to-end (node sum) error {percent(err.get('end_to_end_rel_error'))}"
+    parts = [head]
+    if basis == "step" and err.get("node_sum_rel_error") is not None:
+        parts.append(
+            f"node-sum error {percent(err.get('node_sum_rel_error'))} ({seconds(err.get('predicted_node_sum_s'))} "
+            f"vs {seconds(err.get('measured_node_sum_s'))}, no overheads)"
+        )
+    parts.append(f"median node error {percent(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes")
+    return "; ".join(parts)  # fmt: skip
+
+
+def _intensity_header(report: Report) -> str:
+    """FLOP/B at the feed level on a placed report (the roofline's x), over every byte otherwise."""
+    return "FLOP/B at feed" if report.target else "FLOP/B"
 
 
 def _fmt(x: Any) -> str:
@@ -345,7 +385,7 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
     runs = layer_runs(report)
     timed = report.has_times
     total_flops = sum(r["flops"] * r["count"] for r in runs)
-    headers = ["layer", "count", "FLOPs", "share", "bytes"] + (["time"] if timed else [])
+    headers = ["layer", "count", "FLOPs", SHARE_OF_FLOPS, "bytes"] + (["time"] if timed else [])
     rows = []
     for r in runs:
         row = [r["layers"], f"x{r['count']}" if r["count"] > 1 else "1", human(r["flops"]),
@@ -363,16 +403,16 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
 
 
 def _time_shares(report: Report, st: _Style, width: int) -> list[str]:
+    """Time by op type and by bound class, each with the overheads as a row of its own (the bound
+    class ``overhead``), every share of the summed time: each table sums to 100 %."""
+    from .attribution import summed_time, time_groups
+
     out = []
-    overheads = {k: v for k, v in (getattr(report.timeline, "overheads_s", None) or {}).items() if v}
-    total = (sum(report.group_time("op_type").values()) + sum(overheads.values())) or 1.0
+    total = summed_time(report) or 1.0
     for key, title in (("op_type", "Time by op type"), ("bound", "Time by bound class")):
-        grouped = report.group_time(key)
-        if key == "bound" and overheads:  # step costs no node owns are a bound class of their own
-            grouped["overhead"] = grouped.get("overhead", 0.0) + sum(overheads.values())
-        groups = sorted(grouped.items(), key=lambda kv: kv[1], reverse=True)[:10]
+        groups = sorted(time_groups(report, key).items(), key=lambda kv: kv[1], reverse=True)[:10]
         rows = [[str(k or "-"), seconds(v), percent(v / total)] for k, v in groups]
-        out += [st.bold(title), *_grid([key, "time", "share"], rows, width, right={1, 2}), ""]
+        out += [st.bold(title), *_grid([key, "time", SHARE_OF_TIME], rows, width, right={1, 2}), ""]
     return out[:-1]
 
 
