@@ -131,7 +131,10 @@ def build_report(
         for r in records:
             r.predicted_time_s = r.time_s
         spread = getattr(measurement, "node_spread", None) or None
-        metric_dict["prediction_error"] = prediction_error(predicted, measured, spread=spread)
+        metric_dict["prediction_error"] = prediction_error(
+            predicted, measured, spread=spread, predicted_step_s=timeline.step_time_s,
+            measured_step_s=measurement.run_time_s,
+        )  # fmt: skip
     units = []
     if plan is not None:
         busy = timeline.unit_busy_s if timeline is not None else {}

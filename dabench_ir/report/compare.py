@@ -17,6 +17,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
+from .attribution import dominant_bound
 from .model import SCHEMA, Report
 from .table import human, percent, seconds
 
@@ -101,21 +102,6 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def dominant_bound(nodes: Sequence[Mapping[str, Any]]) -> tuple[str | None, float | None]:
-    """The bound class with the largest share of node time, and that share (None without times)."""
-    times: dict[str, float] = {}
-    for n in nodes:
-        t = n.get("time_s")
-        if t:
-            key = str(n.get("bound") or "unknown")
-            times[key] = times.get(key, 0.0) + float(t)
-    total = sum(times.values())
-    if not total:
-        return None, None
-    best = max(times, key=times.__getitem__)
-    return best, times[best] / total
-
-
 def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> float | None:
     """The target's power: from the report itself, the live Target, the figures the caller handed
     (``powers``: the host CPU's, from its calibration), or the built-in target loaded by name."""
@@ -172,7 +158,7 @@ def label_rows(rows: Sequence[dict[str, Any]]) -> None:
 def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> dict[str, Any]:
     totals, metrics, config = data.get("totals") or {}, data.get("metrics") or {}, data.get("config") or {}
     model, target = data.get("model") or {}, data.get("target") or {}
-    bound, share = dominant_bound(data.get("nodes") or [])
+    bound, share = dominant_bound(data.get("nodes") or [], data.get("overheads"))  # one rule: report.attribution
     achieved = totals.get("achieved_flops_per_s")
     power = _power_w(data, target_obj, powers)
     failure = data.get("failure")

@@ -415,7 +415,7 @@ def render_compare_html(
         + _table([*headers, "files"], table_rows, numeric=set(range(2, 8)) | {n - 1}, raw={n},
                  cls={})
         + '<p class="note">alloc: resource allocation ratio; LI: load imbalance (mean/max busy time, 1 = balanced); '
-        "eff: achieved / peak FLOP/s; dominant bound: the bound class with the largest share of node time; "
+        "eff: achieved / peak FLOP/s; dominant bound: the bound class (overhead rows counted as one) with the largest share of the summed time; "
         "GOP/s/W: achieved GFLOP/s per watt of the target's rated power.</p></section>"
     )
     if errors:

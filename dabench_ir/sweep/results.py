@@ -117,12 +117,16 @@ def valid_record(record: Any, key: str | None = None) -> bool:
 def dominant_bound(report: dict[str, Any]) -> str | None:
     """The bound class (compute, memory, communication, ...) holding the largest share of time.
 
-    From the per-node times when the report has them; a scaled point carries it in metrics.
+    A multi-chip point's comes from the scaling stage (communication counted); any other's from
+    its node times and overhead rows, the rule every table uses (`report.attribution`).
     """
-    from dabench_ir.report.compare import dominant_bound as by_nodes
+    from dabench_ir.report.attribution import dominant_bound as by_time
 
-    bound, _ = by_nodes(report.get("nodes") or [])
-    return bound or (report.get("metrics") or {}).get("dominant_bound")
+    metrics = report.get("metrics") or {}
+    if (report.get("extra") or {}).get("scale"):
+        return metrics.get("dominant_bound")
+    bound, _ = by_time(report.get("nodes") or [], report.get("overheads"))
+    return bound or metrics.get("dominant_bound")
 
 
 def _num(x: Any) -> Any:
