@@ -237,7 +237,11 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
     the timeline gets ``P_s × its seconds``: nothing runs meanwhile. What is left of
     ``P_s × step time`` is the idle row: units idle while others run (the SMs a kernel does
     not use, WSE regions waiting on the bottleneck, the routing and I/O PEs, pipeline fill).
+    A node's bytes are those its roofline point counts (`metrics.node_feed_intensity`: in a
+    unit whose traffic streams over its span, the share in the node's time); what such a unit
+    streams while its nodes wait (its stall) is dynamic energy of the ``memory_stall`` row.
     """
+    from dabench_ir.metrics import node_feed_intensity
     from dabench_ir.passes import meta
 
     model = energy_model(target)
@@ -247,6 +251,9 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
     dynamic: dict[str, float] = {}
     static: dict[str, float] = {}
     units = _units_by_node(plan)
+    _, _, feed_bytes = node_feed_intensity(plan, timeline)
+    streamed = sum(u.stats.feed_bytes or 0.0 for u in plan.units)
+    streamed_in_nodes = 0.0
     for node in graph.nodes:
         cost = meta.get_cost(node) if meta.COST in node.meta else None
         np_ = plan.node_plans.get(node.name) if plan is not None else None
@@ -255,12 +262,21 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
         dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
         level_name = _feed_memory_name(target, np_.feed_level)
         joules = model.flop_energy_j(cost.flops, dtype)
-        joules += model.byte_energy_j(np_.feed_bytes, level_name if level_name in model.pj_per_byte else np_.feed_level)
+        moved = feed_bytes.get(node.name, float(np_.feed_bytes))
+        if any(u.stats.feed_bytes is not None for u in units.get(node.name, ())):
+            streamed_in_nodes += moved
+        joules += model.byte_energy_j(moved, level_name if level_name in model.pj_per_byte else np_.feed_level)
         dynamic[node.name] = joules
         busy = timeline.busy(node.name) or 0.0
         static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
+    if streamed > streamed_in_nodes * (1 + 1e-9):  # streamed while the nodes waited on it
+        level = next(plan.node_plans[n].feed_level for u in plan.units if u.stats.feed_bytes is not None
+                     for n in u.nodes if n in plan.node_plans)  # fmt: skip
+        name = _feed_memory_name(target, level)
+        stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
+        overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
     idle = static_w * step - sum(static.values()) - sum(overheads.values())
     if idle < -1e-9 * static_w * max(step, 1e-30):
         logger.warning(

@@ -183,25 +183,16 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
     )
 
 
-def _pipelined(plan: Plan) -> bool:
-    """True when every unit runs its nodes as one pipeline with its feed traffic named
-    (``resources["ddr_bytes"]`` and ``load_imbalance``: the RDU's sections)."""
-    return (
-        plan.schedule is Schedule.SEQUENTIAL
-        and bool(plan.units)
-        and all("load_imbalance" in u.resources and "ddr_bytes" in u.resources for u in plan.units)
-    )
-
-
 def node_feed_intensity(
     plan: Plan, timeline: Timeline
 ) -> tuple[dict[str, float | None], dict[str, str], dict[str, float]]:
     """Per timed node: its intensity at the level that feeds it, that level, and the feed bytes.
 
-    A node's feed bytes are the lowering's (``NodePlan.feed_bytes``), except in a plan whose
-    units each run as one pipeline (`_pipelined`): there a unit's traffic streams over all
-    of its time, so a node holds its time share of each unit it runs in (``Unit.node_s``
-    times the micro-batches over the unit's summed node time). Intensity = FLOPs / feed
+    A node's feed bytes are the lowering's (``NodePlan.feed_bytes``), except in a unit that runs
+    its nodes as one pipeline while its traffic streams (``UnitStats.feed_bytes``: an RDU
+    section's DDR traffic, a streamed WSE layer's weights): there the traffic flows over the
+    unit's whole span (its stall included), so a node holds the share that falls in its own time
+    there, and no node moves bytes faster than the level's bandwidth. Intensity = FLOPs / feed
     bytes (None without bytes). The one place a node's roofline intensity is computed.
     """
     feed: dict[str, str] = {}
@@ -211,16 +202,17 @@ def node_feed_intensity(
         if np_ is not None:
             feed[name] = np_.feed_level
             nbytes[name] = float(np_.feed_bytes)
-    if _pipelined(plan):
-        m = max(1, int(plan.micro_batches or 1))
-        shared: dict[str, float] = dict.fromkeys(nbytes, 0.0)
-        for unit in plan.units:
-            share = {n: unit.node_s.get(n, 0.0) * m for n in unit.nodes if n in shared}
-            span = sum(share.values())
-            if span > 0:
-                for n, t in share.items():
-                    shared[n] += float(unit.resources["ddr_bytes"]) * t / span
-        nbytes = shared
+    m = max(1, int(plan.micro_batches or 1))
+    streamed: dict[str, float] = {}
+    for unit in plan.units:
+        span = timeline.unit_spans.get(unit.id)
+        if unit.stats.feed_bytes is None or span is None or span[1] <= span[0]:
+            continue
+        for n in unit.nodes:
+            if n in nbytes and n in plan.node_plans:
+                busy = unit.node_s.get(n, plan.node_plans[n].per_micro_batch_s) * m
+                streamed[n] = streamed.get(n, 0.0) + unit.stats.feed_bytes * busy / (span[1] - span[0])
+    nbytes.update(streamed)
     intensity = {
         name: (plan.node_plans[name].flops / b if b else None) for name, b in nbytes.items()
     }

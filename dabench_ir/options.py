@@ -258,6 +258,10 @@ class ProfileOptions:
     via: str = knob(
         "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=frozenset({PROFILE})
     )
+    no_verify: bool = knob(
+        False, help="skip the physics verifier that checks every run (dabench_ir.verify; debugging only: a "
+        "violation is an internal error, and a report made without the check says so)", parse=_bool,
+    )  # fmt: skip
     # target lowering
     opt_level: str = knob(
         "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})

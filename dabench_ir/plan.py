@@ -66,6 +66,10 @@ class UnitStats:
     """Steady-state rate of the slowest kernel, all copies, no per-step costs (the WSE I/O region)."""
     transmission_samples_per_s: float | None = None
     """``compute_samples_per_s`` under the input-transmission ceiling (the WSE I/O region)."""
+    feed_bytes: float | None = None
+    """Bytes the unit moves at the plan's feed level over its whole span, its nodes running as one
+    pipeline while the traffic streams (an RDU section's DDR traffic, a streamed WSE layer's
+    weights): each node holds the share of it that falls in its time (`metrics.node_feed_intensity`)."""
 
     def to_resources(self) -> dict[str, float]:
         """The set fields under their report keys (`RESOURCE_KEYS`), as ``units[].resources`` holds them."""

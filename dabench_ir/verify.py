@@ -193,7 +193,8 @@ def _timed(ctx: _Context) -> Iterable[tuple[NodeRecord, float, int, float]]:
             continue
         np_ = ctx.node_plans.get(r.name)
         flops = int(r.flops or 0)
-        feed = int(getattr(np_, "feed_bytes", 0) or 0)
+        feed = r.feed_bytes if r.feed_bytes is not None else getattr(np_, "feed_bytes", 0)  # the roofline's bytes
+        feed = float(feed or 0)
         if flops <= 0 and feed <= 0:
             continue
         yield r, t, flops, feed

@@ -415,7 +415,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 "compute_s": compute_s / sec.parts,
                 "ddr_s": memory_s / sec.parts,
             }
-            unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li)
+            unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts))
             plan.units.append(unit)
     for node in graph.nodes:
         runs = times.get(node.name, [])

@@ -63,6 +63,7 @@ def build_report(
         )
         if node.name in node_intensity:
             record.intensity = node_intensity[node.name]
+            record.feed_bytes = metrics.node_feed_bytes.get(node.name)
         if timeline is not None and node.name in timeline.nodes:
             t = timeline.nodes[node.name]
             # busy time, not the first-start-to-last-end span: a pipelined node runs once

@@ -39,6 +39,7 @@ class NodeRecord:
     precision: str | None = None
     note: str | None = None
     role: str | None = None  # module role across layers (report.roles)
+    feed_bytes: float | None = None  # bytes at its feed level, as its roofline point counts them (metrics)
 
     @property
     def flops(self) -> int | None:
@@ -76,6 +77,7 @@ class NodeRecord:
             "act_bytes_out": None if c is None else c.act_bytes_out,
             "note": self.note,
             "role": self.role,
+            "feed_bytes": self.feed_bytes,
         }
 
 

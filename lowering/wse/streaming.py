@@ -120,7 +120,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
             id=block.key,
             kind="wse_layer",
             nodes=[n.name for n in nodes],
-            stats=UnitStats(pes=float(pes), held_units=float(pes)),
+            stats=UnitStats(pes=float(pes), held_units=float(pes), feed_bytes=float(stream * n_mb)),
             resources={
                 "weight_bytes": float(wbytes),
                 "stream_s_per_micro_batch": t_s,
