@@ -344,6 +344,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
         "dominant_bound": point.dominant_bound,
     })  # fmt: skip
     report.fits, report.failure = point.fits, point.failure
+    if point.memory_per_device:  # what one device holds in the multi-chip layout (sharded, or a stage's)
+        report.metrics["memory_use"] = _device_memory(run.target, point.memory_per_device)
     report.config.update({"chips": point.chips, "strategy": result.strategy, "batch": point.batch})
     report.config["samples"]["per_step"] = point.batch
     report.extra["scale"] = result.to_dict()
@@ -352,6 +354,20 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
         else "one chip's share of the step"
     )
     return report
+
+
+def _device_memory(target: Any, held: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Memory use per level of one device of a multi-chip point: ``held`` is by memory name, or by kind
+    (weights, gradients, ...; ``host``: off the device) all in the memory that feeds the units."""
+    if all(target.has_memory(name.split(":")[0]) for name in held):
+        levels = {name: float(b) for name, b in held.items()}
+    else:
+        levels = {target.feed_memory.name: float(sum(b for kind, b in held.items() if kind != "host"))}
+    out = {}
+    for name, used in levels.items():
+        cap = float(target.memory(name.split(":")[0]).capacity_bytes)
+        out[name] = {"bytes": used, "capacity_bytes": cap, "fraction": used / cap if cap else 0.0}
+    return out
 
 
 def _constant_elements(graph: Graph) -> int | None:
