@@ -271,18 +271,18 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
         static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
-    if streamed > streamed_in_nodes * (1 + 1e-9):  # streamed while the nodes waited on it
-        level = next(plan.node_plans[n].feed_level for u in plan.units if u.stats.feed_bytes is not None
-                     for n in u.nodes if n in plan.node_plans)  # fmt: skip
-        name = _feed_memory_name(target, level)
-        stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
-        overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
     idle = static_w * step - sum(static.values()) - sum(overheads.values())
     if idle < -1e-9 * static_w * max(step, 1e-30):
         logger.warning(
             "energy: nodes and overhead rows hold %.3g J of static energy, more than the step's %.3g J; "
             "idle row set to 0", sum(static.values()) + sum(overheads.values()), static_w * step,
         )  # fmt: skip
+    if streamed > streamed_in_nodes * (1 + 1e-9):  # streamed while the nodes waited on it
+        level = next(plan.node_plans[n].feed_level for u in plan.units if u.stats.feed_bytes is not None
+                     for n in u.nodes if n in plan.node_plans)  # fmt: skip
+        name = _feed_memory_name(target, level)
+        stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
+        overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
     return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
 
 
