@@ -1,12 +1,15 @@
 """GPU lowering: one kernel per node or fused elementwise chain, roofline timed.
 
-Each kernel takes ``max(flops / peak, bytes / DRAM bandwidth)`` plus a fixed launch
-overhead, on one in-order stream. Weights and the peak of live activations must fit in
+Each kernel takes ``max(compute, bytes / DRAM bandwidth)`` plus a fixed launch overhead, on
+one in-order stream, its compute the sum of its op classes' times (`Target.compute_time`:
+contraction FLOPs at the tensor-core peak times ``arch.matmul_efficiency``, vector FLOPs at the
+CUDA-core rate, special-function ops at the SFU rate). Weights and the peak of live activations must fit in
 device memory (HBM). In training the step runs ``micro_batches`` micro-batches one after
 another (gradient accumulation): each kernel launches and reads its weights once per
 micro-batch, activations are held for one micro-batch at a time, and the optimizer runs
 once per step. Attention cores run as one fused kernel when the fused-attention pass ran;
-they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share).
+they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share),
+but never run faster than their exps at the SFU rate and the rest at the hardware rates allow.
 ``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
 host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
@@ -41,6 +44,8 @@ from dabench_ir.passes.cost_rules import OpClass
 from dabench_ir.passes.meta import MODEL_PHASE
 from dabench_ir.passes.training import FUSED_ATTENTION, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.targets import ridge as ridge_of
+from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
@@ -93,12 +98,46 @@ def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
 LOWERING = GpuLowering()
 
 
-def _efficiency(node: Node, fused_attention: float, matmul: float) -> float:
-    """Share of the peak a kernel's FLOPs run at: a fused attention kernel's measured share,
-    a contraction's maximum achievable matmul rate, the full peak for the rest (memory-bound)."""
-    if FUSED_ATTENTION in node.meta:
-        return fused_attention
-    return matmul if node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION else 1.0
+_CLASS_WORDS = {"vector": "the vector (CUDA) cores", "special": "the special-function units (SFU)"}
+
+
+def _compute_times(
+    ctx: LoweringContext, target: Target, matmul_eff: float, fused_eff: float | None
+) -> dict[str, tuple[float, str]]:
+    """Compute seconds of every node and the op class that takes most of them.
+
+    A node's compute time is `Target.compute_time`: its contraction FLOPs at the plan
+    precision's tensor peak times ``matmul_eff`` (the maximum achievable matmul FLOP/s: a
+    contraction figure), its vector FLOPs and special-function ops at the vector and SFU rates
+    of the dtype the node computes in (`LoweringContext.node_precision`), added.
+
+    The nodes of one fused attention kernel (FlashAttention) run together: the kernel takes
+    its contraction FLOPs at ``fused_eff`` of the peak (the published share; FlashAttention
+    counts only the matmul FLOPs), but never less than all its work at the hardware rates in
+    series (its exps at the SFU rate, its scale, max and sums at the vector rate, its matmuls at
+    the peak); each node gets the kernel's time in proportion to its own work at those rates.
+    ``fused_eff`` None: the target has no published share; fused nodes are timed as any node.
+    """
+    out: dict[str, tuple[float, str]] = {}
+    cores: dict[object, list[tuple[str, dict[str, float]]]] = {}
+    for node in ctx.graph.nodes:
+        cost = ctx.costs[node.name]
+        prec = ctx.node_precision(node)
+        if fused_eff is not None and FUSED_ATTENTION in node.meta:
+            hw = target.class_times(cost, prec, contraction_dtype=ctx.precision)
+            cores.setdefault(node.meta[FUSED_ATTENTION], []).append((node.name, hw))
+            continue
+        times = target.class_times(cost, prec, contraction_dtype=ctx.precision, contraction_efficiency=matmul_eff)
+        out[node.name] = (sum(times.values()), max(times, key=times.get))
+    for members in cores.values():
+        floor = sum(sum(hw.values()) for _, hw in members)
+        share = sum(hw["contraction"] for _, hw in members) / fused_eff
+        kernel = max(share, floor)
+        for name, hw in members:
+            own = sum(hw.values())
+            binds = "contraction" if share >= floor else max(hw, key=hw.get)
+            out[name] = (kernel * own / floor if floor > 0 else 0.0, binds)
+    return out
 
 
 def device_memory(
@@ -144,7 +183,7 @@ def stream_plan(
     times = times or {}
     m = max(1, int(getattr(options, "micro_batches", None) or 1))
     offload = getattr(options, "optimizer_state", "auto") == "offchip"
-    peak = target.peak_flops(ctx.precision)
+    target.peak_flops(ctx.precision)  # an unsupported precision fails here, naming the ones the target has
     mem = target.feed_memory
     bw = mem.bandwidth_bytes_per_s
     ridge = target.ridge_point(ctx.precision, mem)
@@ -154,8 +193,9 @@ def stream_plan(
     grain = target.arch_value("min_grain_flops", 0.0)
     # a fused attention kernel reaches a published share of peak (FlashAttention-2 on this GPU);
     # a GEMM at best the maximum achievable matmul FLOP/s measured on the chip
-    fused_eff = target.arch_value("fused_attention_efficiency", 1.0)
+    fused_eff = target.arch.get("fused_attention_efficiency")
     matmul_eff = target.arch_value("matmul_efficiency", 1.0)
+    compute = _compute_times(ctx, target, matmul_eff, fused_eff.value if fused_eff is not None else None)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
@@ -172,19 +212,24 @@ def stream_plan(
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
             else:
                 alloc = (1.0 / n_units) if work else 0.0
+            compute_s, binds = compute[node.name]
             plan.node_plans[node.name] = np_ = place_node(
                 ctx,
                 node,
                 unit=unit.id,
-                compute_s=cost.flops / peak / _efficiency(node, fused_eff, matmul_eff),
+                compute_s=compute_s,
                 memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
                 overhead_s=overhead,
                 feed_level=mem.level,
                 feed_bytes=cost.bytes,
-                ridge=ridge,
+                # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
+                # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
+                ridge=ridge_of(cost.flops / compute_s, bw) if compute_s > 0 else ridge,
                 allocation=alloc,
                 time_s=times.get(node.name),
             )
+            if np_.bound is Bound.COMPUTE and binds in _CLASS_WORDS and not np_.note:
+                np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
             traffic += cost.bytes

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import TargetError
-from dabench_ir.ir import DType
+from dabench_ir.ir import Cost, DType
 
 __all__ = [
     "KINDS",
+    "OP_CLASSES",
     "Link",
     "MemoryLevel",
     "Quantity",
@@ -46,6 +47,21 @@ _DIR = Path(__file__).resolve().parent
 # their operands on-chip; DDR/HBM-backed targets read them off-chip.
 # Peak-FLOP fallbacks when a target lists no figure for a dtype (16-bit formats share units).
 _PEAK_FALLBACK = {"bf16": "fp16", "fp16": "bf16"}
+_DTYPE_KEYS = {"mixed": "fp16", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+OP_CLASSES = ("contraction", "vector", "special")
+"""The op classes a `Cost` splits its work into, each with its own rate (`Target.rate`):
+``contraction`` FLOP/s (tensor cores, the matmul datapath: ``[compute.peak_flops]``),
+``vector`` FLOP/s (elementwise arithmetic on the vector/CUDA cores: ``[compute.vector_flops]``)
+and ``special`` results/s (exp, erf, rsqrt, ... on the special-function units:
+``[compute.special_ops]``)."""
+_RATE_TABLES = {"vector": "vector_flops", "special": "special_ops"}
+
+
+def _dtype_key(dtype: DType | str) -> str:
+    """The target-file key of a dtype (``fp16``, ``bf16``, ``fp32``, ...)."""
+    key = dtype.short if isinstance(dtype, DType) else str(dtype).lower()
+    return _DTYPE_KEYS.get(key, key)
 
 
 def ridge(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
@@ -138,6 +154,8 @@ class Target:
     clock: Quantity | None
     peaks: Mapping[str, Quantity]
     memories: tuple[MemoryLevel, ...]
+    vector_rates: Mapping[str, Quantity] = field(default_factory=dict)
+    special_rates: Mapping[str, Quantity] = field(default_factory=dict)
     links: tuple[Link, ...] = ()
     overheads: Mapping[str, Quantity] = field(default_factory=dict)
     strategies: tuple[str, ...] = ()
@@ -167,8 +185,7 @@ class Target:
 
     def peak_flops(self, dtype: DType | str) -> float:
         """Peak FLOP/s at ``dtype``; bf16 and fp16 stand in for each other when one is absent."""
-        key = dtype.short if isinstance(dtype, DType) else str(dtype).lower()
-        key = {"mixed": "fp16", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(key, key)
+        key = _dtype_key(dtype)
         if key in self.peaks:
             return self.peaks[key].value
         alt = _PEAK_FALLBACK.get(key)
@@ -178,6 +195,69 @@ class Target:
         raise TargetError(
             f"target {self.name} does not support {key} (no peak FLOP/s for it); it supports "
             f"{', '.join(self.peaks)}: choose one of those with --precision"
+        )
+
+    def rate(self, op_class: str, dtype: DType | str) -> float:
+        """Peak rate of one op class (`OP_CLASSES`) at ``dtype``, per second: ``contraction``
+        FLOP/s is `peak_flops`; ``vector`` FLOP/s and ``special`` results/s come from
+        ``[compute.vector_flops]`` / ``[compute.special_ops]``. A dtype a table lacks takes its
+        16-bit twin (bf16/fp16), else the fp32 entry (elementwise and special-function math
+        runs in fp32 when the storage format has no unit of its own). A target whose file has
+        no table for the class runs that class at `peak_flops` (one rate for every FLOP)."""
+        if op_class == "contraction":
+            return self.peak_flops(dtype)
+        if op_class not in _RATE_TABLES:
+            raise ValueError(f"unknown op class {op_class!r}; one of {', '.join(OP_CLASSES)}")
+        table = self.vector_rates if op_class == "vector" else self.special_rates
+        if not table:
+            return self.peak_flops(dtype)
+        key = _dtype_key(dtype)
+        for k in (key, _PEAK_FALLBACK.get(key), "fp32"):
+            if k in table:
+                return table[k].value
+        raise TargetError(
+            f"target {self.name} has no {_RATE_TABLES[op_class]} rate for {key} (nor fp32); it lists "
+            f"{', '.join(table)}"
+        )
+
+    def class_times(
+        self,
+        cost: Cost,
+        dtype: DType | str,
+        *,
+        contraction_dtype: DType | str | None = None,
+        contraction_efficiency: float = 1.0,
+    ) -> dict[str, float]:
+        """Seconds of each op class of ``cost`` at its own rate (`rate`): contraction FLOPs at the
+        ``contraction_dtype`` (default ``dtype``) peak times ``contraction_efficiency`` (the
+        matmul efficiency is a contraction figure and applies to nothing else), vector FLOPs and
+        special-function ops at the vector and special rates of ``dtype``. Classes with no work
+        take 0 s (and need no rate)."""
+        work = {"contraction": cost.contraction_flops, "vector": cost.vector_flops, "special": cost.special_ops}
+        out = dict.fromkeys(OP_CLASSES, 0.0)
+        for cls, n in work.items():
+            if n:
+                dt = (contraction_dtype or dtype) if cls == "contraction" else dtype
+                eff = contraction_efficiency if cls == "contraction" else 1.0
+                out[cls] = n / (self.rate(cls, dt) * eff)
+        return out
+
+    def compute_time(
+        self,
+        cost: Cost,
+        dtype: DType | str,
+        *,
+        contraction_dtype: DType | str | None = None,
+        contraction_efficiency: float = 1.0,
+    ) -> float:
+        """Compute seconds of ``cost``: the sum of its op classes' times (`class_times`),
+        ``C / (rate_c x efficiency) + V / rate_v + S / rate_s``. The one rule every lowering
+        times compute with (docs/targets.md, "Rates per op class"): the classes share the
+        issue slots (a GPU warp scheduler, a WSE PE's single core), so their times add."""
+        return sum(
+            self.class_times(
+                cost, dtype, contraction_dtype=contraction_dtype, contraction_efficiency=contraction_efficiency
+            ).values()
         )
 
     def memory(self, name_or_level: str) -> MemoryLevel:
@@ -262,6 +342,8 @@ class Target:
         if self.clock is not None:
             items.append(("compute.clock_hz", self.clock))
         items += [(f"compute.peak_flops.{k}", q) for k, q in self.peaks.items()]
+        items += [(f"compute.vector_flops.{k}", q) for k, q in self.vector_rates.items()]
+        items += [(f"compute.special_ops.{k}", q) for k, q in self.special_rates.items()]
         for i, m in enumerate(self.memories):
             items += [(f"memory[{i}].capacity_bytes", m.capacity), (f"memory[{i}].bandwidth_bytes_per_s", m.bandwidth)]
         for i, lk in enumerate(self.links):
@@ -386,6 +468,15 @@ class _Parser:
             except ValueError:
                 raise self.fail(f"field compute.peak_flops.{key}: unknown precision {key!r}") from None
             peaks[key] = self.quantity(peaks_raw, key, f"compute.peak_flops.{key}", positive=True)
+        rates = {}
+        for table in _RATE_TABLES.values():  # per-class rates, optional: [compute.vector_flops], [compute.special_ops]
+            raw = self.table(compute, table, f"compute.{table}", required=False)
+            for key in raw:
+                try:
+                    DType.from_name(key)
+                except ValueError:
+                    raise self.fail(f"field compute.{table}.{key}: unknown precision {key!r}") from None
+            rates[table] = {k: self.quantity(raw, k, f"compute.{table}.{k}", positive=True) for k in raw}
 
         mems_raw = d.get("memory")
         if mems_raw is None:
@@ -451,6 +542,8 @@ class _Parser:
             clock=clock,
             peaks=peaks,
             memories=tuple(memories),
+            vector_rates=rates["vector_flops"],
+            special_rates=rates["special_ops"],
             links=tuple(links),
             overheads=overheads,
             strategies=tuple(strategies),

@@ -57,7 +57,7 @@ def test_kernel_work_and_row_time_exact():
     hidden, seq = 64, 16
     kernels = _kernels(decoder(layers=1, hidden=hidden, seq=seq))
     add = next(k for k in kernels if k.cls == "add")
-    vec = WSE.arch_value("pe_vector_ops_per_cycle")
+    vec = WSE.rate("vector", "fp16") / WSE.num_units / CLOCK  # elementwise ops per PE-cycle
     assert add.work_s == pytest.approx(seq * hidden / vec / CLOCK)  # one op per element
     assert (add.tokens, add.width) == (seq, hidden)
     fc1 = next(k for k in kernels if k.cls == "fc" and k.width == 4 * hidden)

@@ -174,14 +174,18 @@ def test_a_fused_attention_kernel_runs_at_its_published_share_of_peak():
     from dabench_ir.lowering import lower
 
     a100 = load_target("a100")
-    g = decoder(layers=1, hidden=64, seq=32, heads=4)
+    g = decoder(layers=1, hidden=512, seq=32, heads=4)  # head dim 128 (at 16 the exps would bind)
     FusedAttentionPass()(g)
     plan = lower(g, a100, ProfileOptions())
-    qk = g.node("layers.0.attn.qk")
     peak = a100.peak_flops(DType.FLOAT16)
-    assert plan.node_plans[qk.name].compute_s == pytest.approx(meta.get_cost(qk).flops / peak / 0.6)
-    proj = g.node("layers.0.attn.q_proj")
-    assert plan.node_plans[proj.name].compute_s == pytest.approx(meta.get_cost(proj).flops / peak)
+    # the kernel (the core's nodes together) takes its matmul FLOPs at the published share; its
+    # exps at the SFU rate and the rest fit in that time here (docs/targets.md, GPU section)
+    core = [n for n in g.nodes if meta.FUSED_ATTENTION in n.meta]
+    matmul = sum(meta.get_cost(n).contraction_flops for n in core)
+    assert sum(plan.node_plans[n.name].compute_s for n in core) == pytest.approx(matmul / peak / 0.6)
+    proj = g.node("layers.0.attn.q_proj")  # a GEMM outside it: the maximum achievable matmul share
+    mamf = peak * a100.arch_value("matmul_efficiency")
+    assert plan.node_plans[proj.name].compute_s == pytest.approx(meta.get_cost(proj).flops / mamf)
 
 
 def _tiny_lm(vocab: int = 10, hidden: int = 4, seq: int = 3):

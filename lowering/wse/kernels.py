@@ -6,10 +6,11 @@ embedding/LM head, loss; `wse_kernels`); each kernel then gets a rectangular reg
 (`pipelined`). Weight streaming (`streaming`) reads the same grouping for the token-table
 lookup's work and for what an attention kernel keeps for backward.
 
-- A kernel's busy PE-seconds per sample ``W = (C/f_mm + V/f_vec + S*c_sp + D/link) / clock``
-  from its nodes' `Cost` (contraction FLOPs at the matmul rate, vector ops at the vector
-  rate, transcendental ops at a fixed cycle count, data movement at the fabric link width;
-  `_Rates`, `_measure`).
+- A kernel's busy PE-seconds per sample ``W = C/f_mm + V/f_vec + S/f_sp + D/(link x clock)``
+  from its nodes' `Cost`, each rate a PE's share of the target's rate for that op class
+  (`Target.compute_time`: contraction FLOPs at ``pe_matmul_efficiency`` of the peak, vector
+  ops at ``[compute.vector_flops]``, transcendentals at ``[compute.special_ops]``), data
+  movement at the fabric link width (`_Rates`, `_measure`).
 - A residual add whose other input crosses attention holds one sample of its skip stream in
   a FIFO in its region (`_skip_bytes`; `pipelined` sizes the FIFO in whole rows).
 """
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import TargetError
 from dabench_ir.ir import Cost, DType, Node, walk_back
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
@@ -50,41 +52,43 @@ _NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
 # -- per-PE work of nodes and kernels -----------------------------------------------------
 @dataclass(slots=True)
 class _Rates:
-    """Per-PE rates the kernels run at (cycles per unit of work), read once from the Target."""
+    """What the kernels' per-PE work is timed with, read once from the Target: its per-class
+    rates (`Target.compute_time`: contraction at ``pe_matmul_efficiency`` of the peak, vector
+    and special-function ops at ``[compute.vector_flops]`` / ``[compute.special_ops]``), shared
+    evenly by its PEs, and the fabric link width for pure data movement."""
 
+    target: Target
+    pes: int
     clock: float
-    mm_cycles: dict[str, float]  # cycles per contraction FLOP, by precision name
-    vec_cycles: float
-    special_cycles: float
+    mm_efficiency: float
     link_bytes: float
 
     @classmethod
     def of(cls, target: Target) -> _Rates:
-        pes = target.num_units
-        clock = float(target.clock)
-        eff = target.arch_value("pe_matmul_efficiency", needed_by=_WHO)
-        mm = {}
-        for dt in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32):
-            try:
-                mm[dt.name] = 1.0 / (eff * target.peak_flops(dt) / pes / clock)
-            except Exception:
-                continue
         return cls(
-            clock=clock,
-            mm_cycles=mm,
-            vec_cycles=1.0 / target.arch_value("pe_vector_ops_per_cycle", needed_by=_WHO),
-            special_cycles=target.arch_value("pe_special_op_cycles", needed_by=_WHO),
+            target=target,
+            pes=target.num_units,
+            clock=float(target.clock),
+            mm_efficiency=target.arch_value("pe_matmul_efficiency", needed_by=_WHO),
             link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO),
         )
 
     def work_s(self, cost: Cost, precision: DType, data_movement: bool) -> float:
-        """Busy seconds of ``cost`` on one PE (the kernel-class rates of the module docstring)."""
-        mm = self.mm_cycles.get(precision.name) or self.mm_cycles[DType.FLOAT16.name]
-        cycles = cost.contraction_flops * mm + cost.vector_flops * self.vec_cycles
-        cycles += cost.special_ops * self.special_cycles
+        """Busy seconds of ``cost`` on one PE: its whole-wafer compute time at the per-class
+        rates times the PEs (one PE does a ``1/pes`` share of each rate), plus the bytes a
+        pure data-movement op moves at the link width. A precision the target has no peak
+        for computes its contractions at the fp16 rate."""
+        try:
+            self.target.peak_flops(precision)
+            mm_dtype = precision
+        except TargetError:
+            mm_dtype = DType.FLOAT16
+        seconds = self.target.compute_time(
+            cost, precision, contraction_dtype=mm_dtype, contraction_efficiency=self.mm_efficiency
+        ) * self.pes
         if data_movement and cost.flops == 0:
-            cycles += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes
-        return cycles / self.clock
+            seconds += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes / self.clock
+        return seconds
 
 
 # -- kernel grouping -------------------------------------------------------------------------
