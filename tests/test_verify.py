@@ -226,10 +226,7 @@ def violations(target: str, mode: str, precision: str, batch: int, chips: int, s
 
 
 # (invariant, target) -> why it fails today; each has its @example below and in docs/reports.md
-KNOWN = {
-    ("node_peak_flops", "h100"): "GPU softmax (kept fp32 under mixed) runs at tensor-core speed, above the fp32 peak",
-    ("node_peak_flops", "a100"): "GPU softmax (kept fp32 under mixed) runs at tensor-core speed, above the fp32 peak",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (invariant, target) -> why today's model breaks it: none
 
 
 def _cases():
