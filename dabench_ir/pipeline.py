@@ -21,18 +21,8 @@ from dabench_ir.options import ProfileOptions
 from dabench_ir.report.model import Report
 from dabench_ir.run import ResolvedRun, execute, prepare, resolve, resolve_target
 
-__all__ = [
-    "ProfileOptions",
-    "ResolvedRun",
-    "analyze",
-    "load_graph",
-    "prepare_graph",
-    "profile",
-    "profile_graph",
-    "profile_targets",
-    "resolve_target",
-    "run_profile",
-]
+__all__ = ["ProfileOptions", "ResolvedRun", "analyze", "load_graph", "prepare_graph", "profile", "profile_graph",
+           "profile_targets", "resolve_target", "run_profile"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 

@@ -49,3 +49,19 @@ def tiny_matmul_path(tmp_path):
     path = tmp_path / "mm.onnx"
     onnx.save(model, path)
     return path
+
+
+def property_settings(env: str, examples: int):
+    """Hypothesis settings of the property suites: ``examples`` cases (``env`` overrides), no deadline,
+    fixed examples in CI (``DABENCH_FUZZ_RANDOM`` set: explore), no example database."""
+    import os
+
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=int(os.environ.get(env, str(examples))),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+        derandomize=not os.environ.get("DABENCH_FUZZ_RANDOM"),
+    )

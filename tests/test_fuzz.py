@@ -23,18 +23,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from dabench_ir.cli import main
+from tests.conftest import property_settings
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-FUZZ = settings(
-    max_examples=int(os.environ.get("DABENCH_FUZZ_EXAMPLES", "40")),
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-    derandomize=not os.environ.get("DABENCH_FUZZ_RANDOM"),  # fixed examples in CI; set it to explore
-)
+FUZZ = property_settings("DABENCH_FUZZ_EXAMPLES", 40)
 
 
 def run(*argv: object) -> tuple[int, str, str]:

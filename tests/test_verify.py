@@ -14,7 +14,6 @@ the mark must go.
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 
@@ -26,10 +25,11 @@ from dabench_ir.plan import NodePlan, Plan, Schedule
 from dabench_ir.report.model import NodeRecord, Report
 from dabench_ir.targets import MemoryLevel, Quantity, Target
 from dabench_ir.verify import INVARIANTS, RTOL, PhysicsError, Violation, check, verify
+from tests.conftest import property_settings
 from tests.lowering_graphs import chain, decoder
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 # -- exact tiny cases ------------------------------------------------------------------------------
@@ -199,13 +199,7 @@ CHIPS = (1, 2)
 SIZES = ((2, 64, 16), (2, 128, 32))  # (layers, hidden, seq): both place in tens of milliseconds
 WSE_MODES = ("auto", "pipelined", "streaming")  # the WSE's execution modes; other targets have one
 
-GRID = settings(
-    max_examples=int(os.environ.get("DABENCH_VERIFY_EXAMPLES", "20")),
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-    derandomize=not os.environ.get("DABENCH_FUZZ_RANDOM"),  # fixed examples in CI; set it to explore
-)
+GRID = property_settings("DABENCH_VERIFY_EXAMPLES", 20)
 
 
 @functools.cache

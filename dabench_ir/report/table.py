@@ -322,12 +322,16 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 )
             )
     if t.get("time_s") is not None:
+        pipelined = (t.get("latency_s") or 0) > t["time_s"] * (1 + 1e-9)  # consecutive steps overlap
+        per = "period (steady state)" if pipelined else "per step"
         out.append(
-            f"  time       {seconds(t['time_s'])} per step, {human(t['throughput_samples_per_s'])} samples/s, "
-            f"{human(t['achieved_flops_per_s'], 'FLOP/s')} achieved"
+            f"  time       {seconds(t['time_s'])} {per}, {human(t['throughput_samples_per_s'])} samples/s, "
+            f"{human(t['achieved_flops_per_s'], 'FLOP/s')} achieved in steady state"
             if t.get("throughput_samples_per_s") is not None
-            else f"  time       {seconds(t['time_s'])} per step if it fitted; throughput: does not fit"
+            else f"  time       {seconds(t['time_s'])} {per} if it fitted; throughput: does not fit"
         )
+        if pipelined:
+            out.append(f"  latency    {seconds(t['latency_s'])} for one step alone (first input to last output)")
     if t.get("energy_j") is not None:
         out.append(
             f"  energy     {human(t['energy_j'], 'J')} per step, {human(t.get('energy_per_sample_j'), 'J')} per sample, "
@@ -395,10 +399,10 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
         rows.append(row)
     total = report.totals
     total_row = ["total", "", human(total.get("flops")), "100.0%", human(total.get("bytes"), "B")]
-    if timed:
-        total_row.append(seconds(total.get("time_s")))
+    if timed:  # the rows' own sum (node time), never the step: on a pipeline the step is a period
+        total_row.append(seconds(sum(r["time_s"] * r["count"] for r in runs if r["time_s"] is not None)))
     rows.append(total_row)
-    title = "Per layer (identical consecutive layers in one row; figures per layer)"
+    title = "Per layer (identical consecutive layers in one row; figures per layer; time: node busy time)"
     return [st.bold(title), *_grid(headers, rows, width, right=set(range(1, len(headers))))]
 
 

@@ -216,23 +216,18 @@ def _rewrite(name: str, fn: Rewrite) -> Callable[[str | None], Sequence[Pass]]:
 
 
 register_pipeline(Pipeline("none", "the model as exported (the baseline)"))
-register_pipeline(
-    Pipeline("onnxscript-optimizer", "onnxscript.optimizer.optimize: constant folding, dead code, ...",
-             _rewrite("onnxscript-optimizer", _onnxscript_optimizer), needs="onnxscript")
-)  # fmt: skip
-register_pipeline(
-    Pipeline("onnxscript-fusions", "onnxscript.rewriter.ort_fusions.optimize_for_ort: fused attention, norms, GELU",
-             _rewrite("onnxscript-fusions", _onnxscript_fusions), needs="onnxscript")
-)  # fmt: skip
-for _level in ("basic", "extended", "all"):
-    register_pipeline(
-        Pipeline(f"ort-{_level}", f"onnxruntime graph optimisation, level {_level} (its saved optimised model)",
-                 _rewrite(f"ort-{_level}", _ort_level(_level)), needs="onnxruntime")
-    )  # fmt: skip
-register_pipeline(
-    Pipeline("ort-transformers", "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
-             _rewrite("ort-transformers", _ort_transformers), needs="onnxruntime")
-)  # fmt: skip
+_REWRITES = [  # (name, what it does, the ModelProto rewrite, the module it needs)
+    ("onnxscript-optimizer", "onnxscript.optimizer.optimize: constant folding, dead code, ...", _onnxscript_optimizer,
+     "onnxscript"),
+    ("onnxscript-fusions", "onnxscript.rewriter.ort_fusions.optimize_for_ort: fused attention, norms, GELU",
+     _onnxscript_fusions, "onnxscript"),
+    *((f"ort-{level}", f"onnxruntime graph optimisation, level {level} (its saved optimised model)", _ort_level(level),
+       "onnxruntime") for level in ("basic", "extended", "all")),
+    ("ort-transformers", "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
+     _ort_transformers, "onnxruntime"),
+]  # fmt: skip
+for _name, _help, _fn, _needs in _REWRITES:
+    register_pipeline(Pipeline(_name, _help, _rewrite(_name, _fn), needs=_needs))
 for _opt in ("O0", "O1", "O3"):
     register_pipeline(
         Pipeline(f"rdu-{_opt}", f"the model as it is, placed at RDU opt level {_opt}", options={"opt_level": _opt},
