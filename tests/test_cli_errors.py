@@ -93,6 +93,13 @@ def test_external_data_outside_folder_is_refused_without_opening(capsys, tmp_pat
     for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "64")):
         entry = weight.external_data.add()
         entry.key, entry.value = key, value
+    path = _matmul_model(folder / "m.onnx", weight)
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "outside", "../secret.bin")
+
+
+def _matmul_model(path, weight):
+    """``x[2,4] @ W`` with the initializer ``weight`` (its data wherever the test puts it), written to ``path``."""
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"])],
         "g",
@@ -100,11 +107,8 @@ def test_external_data_outside_folder_is_refused_without_opening(capsys, tmp_pat
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
         initializer=[weight],
     )
-    path = folder / "m.onnx"
-    with open(path, "wb") as fh:
-        fh.write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
-    code, _, err = run_cli(capsys, "profile", str(path))
-    assert_one_line_error(code, err, "outside", "../secret.bin")
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    return path
 
 
 def test_absent_external_data_inside_folder_still_profiles(capsys, tmp_path):
@@ -113,15 +117,7 @@ def test_absent_external_data_inside_folder_still_profiles(capsys, tmp_path):
     weight.data_location = TensorProto.EXTERNAL
     entry = weight.external_data.add()
     entry.key, entry.value = "location", "weights.bin"  # never written: weights are not needed
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        initializer=[weight],
-    )
-    path = tmp_path / "m.onnx"
-    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    path = _matmul_model(tmp_path / "m.onnx", weight)
     code, out, _ = run_cli(capsys, "profile", str(path))
     assert code == 0
     assert "16 params" in out
