@@ -337,3 +337,13 @@ def test_generate_over_two_gpus_tensor_parallel(llama7b_pair):
     assert two.chips == 2 and two.to_dict()["strategy"] == "tp"
     # half the weights per GPU, plus two all-reduces per layer: faster, but not twice as fast
     assert one.tpot_s / 2 < two.tpot_s < one.tpot_s
+
+
+def test_a_preset_name_is_a_model_for_the_generation_scenario(capsys):
+    """The README's example: MODEL may be a preset name with --scenario generate (it exports it)."""
+    from dabench_ir.cli import main
+
+    assert main(["profile", "gpt2-small", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 0
+    assert "Generation: " in capsys.readouterr().out
+    assert main(["profile", "no-such-preset", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 2
+    assert "not a preset" in capsys.readouterr().err

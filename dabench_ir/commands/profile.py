@@ -201,6 +201,13 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
+    if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
+        from dabench_ir.models import PRESETS
+
+        if args.model in PRESETS:  # --scenario generate exports a preset itself
+            models = []
+        elif not args.model.endswith((".onnx", ".mlir")):
+            raise UserError(f"MODEL {args.model}: no such file, and not a preset (presets: {', '.join(sorted(PRESETS))})")
     for model in models:
         check_input_file(model, "MODEL")
     if args.top < 0:
