@@ -207,14 +207,16 @@ def resolve(
     *,
     model: Any = None,
     internals: Mapping[str, Any] | None = None,
+    defaults: bool = True,
 ) -> ResolvedRun:
     """The one place a run's question is answered: ``options`` (a mapping of what the user gave,
     or an options object) on ``graph`` (loaded, costed or not) and ``target``.
 
     Resolves the samples of a step from the graph's batch dim and ``--batch``/``--dim``, the
     micro-batches from ``--micro-batch``/``--micro-batches``, and what the user left open from the
-    target's ``[defaults]``. A UserError says what cannot be asked (a batch the model fixes
-    otherwise, a micro-batch that does not divide it).
+    target's ``[defaults]`` (``defaults=False``: options taken as they are, for a caller that placed
+    them already). A UserError says what cannot be asked (a batch the model fixes otherwise, a
+    micro-batch that does not divide it, a knob that cannot apply to the target or the mode).
     """
     opts, given = _given(options)
     tgt = resolve_target(target, opts.threads)
@@ -273,8 +275,12 @@ def resolve(
         changes["micro_batches"] = m
         sources["micro_batches"] = "user"
 
+    from dabench_ir.passes import meta as _meta
+
+    _refuse_what_cannot_apply(opts, given, tgt, trained=_meta.graph_mode(graph) == "train")
+
     # what the user left open, from the target's [defaults]
-    if tgt is not None:
+    if tgt is not None and defaults:
         for name in _TARGET_DEFAULTS:
             if getattr(opts, name) is not None:
                 continue
@@ -297,6 +303,38 @@ def resolve(
         linalg=linalg,
         internals=dict(internals or {}),
     )
+
+
+def _refuse_what_cannot_apply(opts: ScaleOptions, given: set[str], target: Target | None, *, trained: bool) -> None:
+    """No knob is accepted and ignored: one the target's lowering does not read, or one the mode
+    gives no meaning, is refused with one line naming it and where it applies."""
+    from dabench_ir.options import FLOAT_PRECISIONS
+
+    for name in sorted(given):
+        k = KNOBS[name]
+        if k.group != "target" or k.targets is None:
+            continue
+        kinds = ", ".join(sorted(k.targets))
+        if target is None:
+            raise UserError(f"{k.flag} sets how a {kinds} target places the model; give --target (e.g. -t {min(k.targets)})")
+        if target.kind not in k.targets:
+            raise UserError(f"{k.flag} applies to {kinds} targets, not {target.name} ({target.kind}); drop it")
+    inference = opts.mode != "train" and not trained  # a graph the training pass expanded trains
+    if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and not inference:
+        raise UserError(f"--precision {opts.precision} is an inference (quantised) precision; train in "
+                        f"{', '.join(FLOAT_PRECISIONS)}")  # fmt: skip
+    for name, idle in (("recompute", "none"), ("optimizer_state", "auto"), ("micro_batch", None), ("zero", 0)):
+        if inference and name in given and getattr(opts, name) != idle:
+            raise UserError(f"{KNOBS[name].flag} {_text(getattr(opts, name))} applies to training; add --mode train")
+    if opts.zero and opts.strategy not in (None, "dp"):
+        raise UserError(f"--zero {opts.zero} shards data-parallel training state; it does not apply to --strategy {opts.strategy}")
+    if isinstance(opts.replicas, int) and target is not None and opts.replicas > target.num_units:
+        raise UserError(f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy needs "
+                        "at least one")  # fmt: skip
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 # -- the passes a run needs ---------------------------------------------------------------------

@@ -22,7 +22,6 @@ closed forms (collectives, bubbles, contiguous splits) live in `dabench_ir.lower
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -461,8 +460,7 @@ def scale(
     the run (``replicas``, ``ipus``). Under ``pp`` the run's micro-batches are the pipeline's, and
     each chip's lowering runs without them.
     """
-    run = options if isinstance(options, ResolvedRun) else dataclasses.replace(resolve(graph, None, options),
-                                                                                target=target)  # fmt: skip
+    run = options if isinstance(options, ResolvedRun) else resolve(graph, target, options, defaults=False)
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
     supported = tuple(target.strategies)

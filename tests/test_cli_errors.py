@@ -181,3 +181,41 @@ def test_batch_on_a_fixed_batch_export(capsys, tmp_path):
     code, _, err = run_cli(capsys, "profile", str(path), "--batch", "8")
     assert_one_line_error(code, err, "fixed at 2", "--dynamic")
     assert main(["profile", str(path), "--batch", "2", "--quiet"]) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory):
+    """A one-block weight-free GPT-2 export (token ids [2, 4]): a model every target places."""
+    pytest.importorskip("torch")
+    from dabench_ir.models import ModelConfig, export_model
+
+    path = tmp_path_factory.mktemp("knobs") / "d.onnx"
+    export_model(ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["-t", "h100", "--opt-level", "O3"], ["--opt-level applies to rdu targets", "h100"]),
+        (["-t", "cpu", "--ipus", "4"], ["--ipus applies to ipu targets"]),
+        (["-t", "h100", "--replicas", "4"], ["--replicas applies to ipu, wse targets"]),
+        (["--opt-level", "O3"], ["give --target"]),
+        (["-t", "rdu", "--recompute", "full"], ["--recompute full applies to training"]),
+        (["-t", "ipu", "--optimizer-state", "offchip"], ["--optimizer-state offchip applies to training"]),
+        (["-t", "h100", "--precision", "int8", "--mode", "train"], ["--precision int8 is an inference"]),
+        (["-t", "wse", "--replicas", "10000000"], ["--replicas 10,000,000", "850,000 compute units"]),
+    ],
+)
+def test_a_knob_that_cannot_apply_is_refused_never_ignored(capsys, tiny_decoder, flags, needles):
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-q", *flags)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
+    code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "dp",
+                           "--zero", "3", "-q")  # fmt: skip
+    assert_one_line_error(code, err, "--zero 3 applies to training")
+    code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "tp",
+                           "--zero", "1", "--mode", "train", "-q")  # fmt: skip
+    assert_one_line_error(code, err, "does not apply to --strategy tp")
