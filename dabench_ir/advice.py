@@ -10,6 +10,12 @@ smallest change that makes it fit (one knob, a count doubled up to four times, e
 knobs together) through the same runs. What the runs found is handed to the report as
 ``report.advice`` (an `Advice`); `dabench_ir.report.why.explain` renders the lines from it
 and places nothing itself.
+
+A step cost that rests on an estimate only (an overhead row whose name says so,
+``ESTIMATE_MARK``: the RDU's host cost of an inference run, "host (estimate: fitted to
+training steps)") is held at the report's own
+value in every variant's timeline (`hold_estimates`): variants are compared on node-owned
+time plus grounded overheads, so no knob is credited with time that is only that estimate.
 """
 
 from __future__ import annotations
@@ -28,9 +34,13 @@ if TYPE_CHECKING:
     from dabench_ir.run import ResolvedRun
     from dabench_ir.timeline import Timeline
 
-__all__ = ["Advice", "Trial", "VariantRuns", "advise", "candidate_knobs", "fitting_knob"]
+__all__ = ["ESTIMATE_MARK", "Advice", "Trial", "VariantRuns", "advise", "candidate_knobs", "fitting_knob",
+           "hold_estimates"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+ESTIMATE_MARK = "(estimate"
+"""What the name of an overhead row resting on an estimate only contains (its label in every output)."""
 
 Change = tuple[Knob, Any]
 
@@ -131,6 +141,27 @@ def _changed(value: Any) -> Any:
     return None
 
 
+def hold_estimates(base: Report, timeline: Timeline) -> Timeline:
+    """``timeline`` (a variant's) with the base report's estimate-only overheads (rows whose
+    name contains ``ESTIMATE_MARK``, in either timeline) held at the base's values, the step
+    time (and one step's latency) moved by the difference; ``timeline`` itself when none."""
+    own = base.timeline
+    if own is None:
+        return timeline
+    keys = {k for t in (own, timeline) for k in (t.overheads_s or {}) if ESTIMATE_MARK in k}
+    if not keys:
+        return timeline
+    overheads = dict(timeline.overheads_s or {})
+    delta = 0.0
+    for key in sorted(keys):
+        held = float((own.overheads_s or {}).get(key, 0.0))
+        delta += held - float(overheads.get(key, 0.0))
+        overheads[key] = held
+    latency = None if timeline.latency_s is None else timeline.latency_s + delta
+    return dataclasses.replace(timeline, overheads_s=overheads, step_time_s=timeline.step_time_s + delta,
+                               latency_s=latency)  # fmt: skip
+
+
 class VariantRuns:
     """The variant runs of one report, each executed once: the why lines' candidates and the
     fitting search share them (a change both try is placed once)."""
@@ -167,7 +198,8 @@ class VariantRuns:
         else:
             base_fits = self.report.plan is None or self.report.plan.fits
             keep = report if report.plan is not None and report.plan.fits and not base_fits else None
-            trial = Trial(changes, report.run, report.timeline, report.plan, keep)
+            timeline = hold_estimates(self.report, report.timeline) if report.timeline is not None else None
+            trial = Trial(changes, report.run, timeline, report.plan, keep)
         self._done[key] = trial
         return trial
 

@@ -5,14 +5,18 @@ work spreads over (one tile per ``arch.min_grain_flops``), a sync (``overheads.s
 and an exchange phase moving its inputs between tiles (``arch.exchange_bytes_per_s``).
 Matmuls run on the AMP units at the achieved fraction of peak the microbenchmarks give
 (``arch.matmul_efficiency_<prec>``); vector ops run on each tile's 64-bit vector pipeline
-(``arch.vector_elems_per_cycle_<prec>``, transcendentals ``arch.special_op_cycles`` each).
+(``arch.vector_elems_per_cycle_<prec>``), transcendentals at ``arch.special_ops_per_cycle_<prec>``
+per tile: each of a node's three Cost parts at its own rate. A matmul whose full-speed
+temporaries exceed the matmul proportion's budget is serialised (`_serial_plan`): each pass
+after the first pays a sync and the broadcast operand's exchange again, and the plan holds
+what its passes need.
 
 Layout: ``layers_per_ipu`` (a leading 0 puts the embedding alone on IPU 0, and the head
 returns there, as Graphcore's GPT-2 examples place it) or ``ipus`` splitting the decoder
 layers evenly. Every IPU must hold, in its tile memory, what Poplar keeps there: program
 memory, code, weights in their stored precision, the gradient accumulator, on-chip optimizer
 state, the checkpoints its stages stash for micro-batches in flight, one layer's live
-activations, matmul temporaries under the matmul proportion, and the inter-IPU exchange
+activations, matmul temporaries as their (serialised) plans need them, and the inter-IPU exchange
 buffers. The most loaded IPU sets the pipeline cycle; a step is ``m`` cycles plus the
 pipeline fill and drain, the optimizer update (at streaming-memory bandwidth when its
 state is off-chip) and the gradient reduction over replicas, each once per step
@@ -295,9 +299,9 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     code_per = target.arch_value("code_bytes_per_tile_op", 0.0)
     program = target.arch_value("program_bytes_per_tile", needed_by=_WHO) * tiles
     gamma = target.arch_value("matmul_temp_per_operand_byte", needed_by=_WHO)
-    special_cycles = target.arch_value("special_op_cycles", needed_by=_WHO)
     eta = {p: target.arch_value(f"matmul_efficiency_{p}", needed_by=_WHO) for p in ("fp16", "fp32")}
     lanes = {p: target.arch_value(f"vector_elems_per_cycle_{p}", needed_by=_WHO) for p in ("fp16", "fp32")}
+    special = {p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=_WHO) for p in ("fp16", "fp32")}
     amp_peak = {p: target.peak_flops(p) / tiles for p in ("fp16", "fp32")}
     sync = target.overhead("sync_s")
     link = target.link("ipu_link") or target.link()
@@ -349,13 +353,18 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     weighted: dict[int, float] = {}
     for st in stages:
         k = st.ipu
+        budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
         for node in st.nodes:
             cost = ctx.costs[node.name]
             used = tiles_for(node)
             prec = _precision_key(node, ctx)
             work = ctx.is_work(node)
             matmul_s = cost.contraction_flops / (eta[prec] * amp_peak[prec] * used)
-            vector_s = (cost.vector_flops + special_cycles * cost.special_ops) / (lanes[prec] * clock * used)
+            vector_s = cost.vector_flops / (lanes[prec] * clock * used)
+            special_s = cost.special_ops / (special[prec] * clock * used)
+            serial = _serial_plan(ctx, node, m, gamma, budget)
+            extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
+            serial_comm_s = m * extra * serial.broadcast_bytes / exchange_bw
             link_bytes = 0
             for v in node.inputs:
                 value = graph.values.get(v) if v else None
@@ -363,9 +372,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                     link_bytes += value_bytes(graph, v) * (2 if training else 1)  # and its gradient back
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
             plan.node_plans[node.name] = np_ = place_node(
-                ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s,
-                memory_s=cost.bytes / (sram_bw * used / tiles), comm_s=cost.act_bytes_in / exchange_bw + comm_s,
-                overhead_s=sync * m if work else 0.0, feed_level=sram.level, feed_bytes=cost.bytes, ridge=ridge,
+                ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s + special_s,
+                memory_s=cost.bytes / (sram_bw * used / tiles),
+                comm_s=cost.act_bytes_in / exchange_bw + comm_s + serial_comm_s,
+                overhead_s=sync * m * (1 + extra) if work else 0.0, feed_level=sram.level, feed_bytes=cost.bytes, ridge=ridge,
                 allocation=used / tiles / n_ipus if work else 0.0, micro_batches=m,
             )  # fmt: skip
             lane_s[k] = lane_s.get(k, 0.0) + np_.per_micro_batch_s
@@ -382,6 +392,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     inflight_of: dict[int, int] = {}
     for s, st in enumerate(stages):
         k = st.ipu
+        budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
         t = terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
         inflight = 2 * (n_stages - 1 - s) + 1 if training else 1
         layer_nodes = [layers[i] for i in st.layers]
@@ -399,20 +410,18 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 live = 0.0
             else:
                 live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
-            phases.append((live, _temporaries(ctx, [n for ln in layer_nodes for n in ln], m)))
+            phases.append((live, _temporaries(ctx, [n for ln in layer_nodes for n in ln], m, gamma, budget)))
             if n_ipus > 1:
                 t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
         if other:
-            phases.append((peak_live_bytes(ctx, other) / m, _temporaries(ctx, other, m)))
+            phases.append((peak_live_bytes(ctx, other) / m, _temporaries(ctx, other, m, gamma, budget)))
             if n_ipus > 1:
                 entering = _boundary_bytes(ctx, other) / m
                 t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * entering)
         distinct = (layer_nodes[0] if layer_nodes else []) + other  # identical layers share outlined code
         factor = 1 + (_BACKWARD_KERNELS if training else 0)
         t["code"] += factor * code_per * sum(tiles_for(n) for n in distinct if ctx.is_work(n))
-        amp = amps[k] if len(amps) > 1 else amps[0]
-        for live, operands in phases:  # not-always-live memory peaks in the phase with the most
-            tmp = min(amp * capacity, gamma * operands)
+        for live, tmp in phases:  # not-always-live memory peaks in the phase with the most
             if live + tmp > t["live_activations"] + t["matmul_temporaries"]:
                 t["live_activations"], t["matmul_temporaries"] = live, tmp
     for k, t in terms.items():
@@ -463,10 +472,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         plan.step_overheads_s["pipeline_fill_drain"] = (n_stages - 1) * cycle
     opt_s = 0.0
     if opt_nodes:
-        vec = lanes["fp32"] * clock * tiles
         per_ipu = []
         for k in terms:
-            update = params_on[k] * sum(_adam_ops(ctx, n, special_cycles) for n in opt_nodes) / vec
+            cycles = sum(_adam_cycles(ctx, n, lanes["fp32"], special["fp32"]) for n in opt_nodes)
+            update = params_on[k] * cycles / (clock * tiles)
             moved = 2 * offchip_bytes.get(k, 0.0) / stream.bandwidth_bytes_per_s if offchip and stream else 0.0
             per_ipu.append(max(update, moved))  # the state streams in and out while the tiles update
         opt_s = max(per_ipu, default=0.0)
@@ -497,21 +506,49 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     return plan
 
 
-def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int) -> float:
-    """Operand bytes (activations for one micro-batch, weights, output) of the largest matmul among ``nodes``."""
+@dataclass(frozen=True, slots=True)
+class _Serial:
+    """A matmul's plan under the matmul proportion: serial passes, the temporaries the plan
+    holds, and the operand it broadcasts again in each pass (bytes per micro-batch)."""
+
+    passes: int = 1
+    temporaries: float = 0.0
+    broadcast_bytes: float = 0.0
+
+
+def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: float) -> _Serial:
+    """How the PopLibs planner fits a matmul's temporaries into ``budget`` (the matmul
+    proportion of the IPU's memory). At full speed the plan wants ``gamma`` bytes of
+    temporaries per operand byte (rearranged copies, partials), W. When W exceeds the budget
+    the planner serialises the matmul into k = ceil(W / budget) passes over the larger
+    operands; each pass holds 1/k of their temporaries plus the whole copy of the operand it
+    broadcasts to every pass (the smaller input), so a small budget can be exceeded by that
+    copy, as Poplar's plans can. Each pass after the first pays a sync and exchanges the
+    broadcast operand again (the lowering's time); none of it where the budget does not bind."""
     graph = ctx.graph
-    best = 0.0
-    for node in nodes:
-        if ctx.costs[node.name].contraction_flops <= 0:
+    if ctx.costs[node.name].contraction_flops <= 0:
+        return _Serial()
+    sizes: list[float] = []
+    total = 0.0
+    for i, v in enumerate([*node.inputs, *node.outputs]):
+        value = graph.values.get(v) if v else None
+        if value is None:
             continue
-        total = 0.0
-        for v in [*node.inputs, *node.outputs]:
-            value = graph.values.get(v) if v else None
-            if value is None:
-                continue
-            total += value_bytes(graph, v) if value.kind.is_stored else _act_bytes(ctx, v) / m
-        best = max(best, total)
-    return best
+        size = value_bytes(graph, v) if value.kind.is_stored else _act_bytes(ctx, v) / m
+        total += size
+        if i < len(node.inputs) and size > 0:
+            sizes.append(size)
+    broadcast = min(sizes, default=0.0)
+    want = gamma * total
+    if want <= budget or budget <= 0:
+        return _Serial(1, want, broadcast)
+    passes = math.ceil(want / budget)
+    return _Serial(passes, gamma * (broadcast + (total - broadcast) / passes), broadcast)
+
+
+def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int, gamma: float, budget: float) -> float:
+    """Matmul temporaries of ``nodes``: the largest any one matmul's plan holds (`_serial_plan`)."""
+    return max((_serial_plan(ctx, n, m, gamma, budget).temporaries for n in nodes), default=0.0)
 
 
 def _trained_params(ctx: LoweringContext) -> int:
@@ -520,13 +557,14 @@ def _trained_params(ctx: LoweringContext) -> int:
     return int(train.params or 0) if train is not None else 0
 
 
-def _adam_ops(ctx: LoweringContext, node: Node, special_cycles: float) -> float:
-    """Vector cycles-worth of element ops per parameter of an optimizer step node."""
+def _adam_cycles(ctx: LoweringContext, node: Node, lanes: float, special: float) -> float:
+    """Tile cycles per parameter of an optimizer step node: its element ops on the fp32 vector
+    lanes and its transcendentals (the square root) at the fp32 special-function rate."""
     cost = ctx.costs[node.name]
     params = _trained_params(ctx)
     if not params:
         return 0.0
-    return (cost.vector_flops + special_cycles * cost.special_ops) / params
+    return (cost.vector_flops / lanes + cost.special_ops / special) / params
 
 
 def _overflow(k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, recompute: bool,

@@ -22,13 +22,20 @@ Sections, per opt level (forward, backward and optimizer never share a section):
   cap on a forced split (measured PCU utilisation reaches 94 % with a 0.8 scale).
   The optimizer (all parameters) is one streaming section.
 
-A section costs ``section_reconfig_s`` (its switch) plus the larger of its FLOPs at
-``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` and its DDR traffic (weights, and every
+A section costs ``section_reconfig_s`` (its switch) plus the larger of its compute (below)
+and its DDR traffic (weights, and every
 tensor crossing its boundary: the section's inputs, its outputs read elsewhere and the
 activations it saves for backward) at the DDR streaming bandwidth. The host's per-step
 cost is its own row, ``Plan.step_overheads_s["host"] = host_step_s + host_per_section_s ·
-sections`` for a training step; ``host_step_s`` was measured on training steps (data
-loading, the Python training loop), so an inference run pays only the per-section launches.
+sections`` for a training step; both were fitted to training steps (data loading, the
+Python training loop). No SN30 inference host time is published, so an inference run pays
+only the per-section launches, as the row ``HOST_ESTIMATE`` ("host (estimate: fitted to
+training steps)", also in ``plan.notes``).
+
+A section's compute is each node's Cost in three parts at the compiled tiles' rates:
+contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` (PCUs in systolic
+mode), vector FLOPs at ``arch.vector_flops_per_s_<p>`` and special functions at
+``arch.special_ops_per_s_<p>`` (PCUs in SIMD mode), both scaled by ``tiles/tiles_per_rdu``.
 Every figure comes from the target (targets/sn30.toml) with its source.
 """
 
@@ -51,7 +58,8 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "Chip", "RduLowering", "RduOptions", "Section", "form_sections"]
+__all__ = ["HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
+           "form_sections"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +67,9 @@ _MAX_PARTS = 1_000_000
 """Sections one node group may be cut into before the placement is refused as meaningless (issue 21)."""
 _WHO = "rdu"
 PHASES = ("forward", "backward", "optimizer")
+HOST_ESTIMATE = "host (estimate: fitted to training steps)"
+"""The overhead row of an inference run's host cost: training's fitted per-section figure, no
+inference source. Its name says "(estimate": the why advice holds such rows fixed (`dabench_ir.advice`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,6 +338,34 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
     return sum(per_node.values()), per_node
 
 
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    """What the compiled tiles sustain per op class: contraction FLOPs on PCUs in systolic mode
+    (the peak at the fitted ``pcu_efficiency_<opt>``), vector FLOPs and special-function ops
+    on PCUs in SIMD mode (``arch.vector_flops_per_s_<p>``, ``arch.special_ops_per_s_<p>``)."""
+
+    contraction: float
+    vector: float
+    special: float
+
+    def time(self, cost: Cost) -> float:
+        """Seconds of ``cost``: each of its three parts at its own rate."""
+        return sum(n / r for n, r in ((cost.contraction_flops, self.contraction), (cost.vector_flops, self.vector),
+                                      (cost.special_ops, self.special)) if n and r > 0)  # fmt: skip
+
+
+def _class_rate(target: Target, name: str, dtype: object) -> float:
+    """``arch.<name>_<dtype>`` for the plan's precision: a 16-bit one reads its own key, or the
+    other 16-bit format's (bf16 and fp16 run on the same lanes), 32 bits read ``_fp32``."""
+    key = getattr(dtype, "short", str(dtype)).lower()
+    wide = getattr(dtype, "itemsize", 2) >= 4 or key == "fp32"
+    for k in ("fp32",) if wide else (key, "bf16", "fp16"):
+        value = target.arch_value(f"{name}_{k}", -1.0)
+        if value >= 0:
+            return value
+    return target.arch_value(f"{name}_{'fp32' if wide else 'bf16'}", needed_by=_WHO)
+
+
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     graph = ctx.graph
     chip = Chip.of(target, options)
@@ -334,7 +373,12 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     opt_level = options.opt_level
     eff = target.arch_value(f"pcu_efficiency_{opt_level.lower()}", needed_by=_WHO)
     peak = target.peak_flops(ctx.precision)
-    rate = peak * chip.tiles / chip.tiles_per_rdu * eff  # FLOP/s a section sustains on the compiled tiles
+    share = chip.tiles / chip.tiles_per_rdu
+    rates = _Rates(
+        contraction=peak * share * eff,  # systolic PCUs at the fitted achieved fraction
+        vector=_class_rate(target, "vector_flops_per_s", ctx.precision) * share,
+        special=_class_rate(target, "special_ops_per_s", ctx.precision) * share,
+    )
     ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
     ridge = target.ridge_point(ctx.precision, ddr)
@@ -348,23 +392,26 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
     core_fwd_flops: dict[int, int] = {}
+    core_fwd_s: dict[int, float] = {}
     for name, cid in cores.items():
-        core_fwd_flops[cid] = (
-            core_fwd_flops.get(cid, 0) + _phase_cost(graph.node(name), "forward", ctx.costs[name]).flops
-        )
+        fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
+        core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
+        core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + rates.time(fwd)
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     ddr_total = 0
     unit_index = 0
     for i, sec in enumerate(sections):
         ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed)
         flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
+        busy = {n.name: rates.time(_phase_cost(n, sec.phase, ctx.costs[n.name])) if ctx.is_work(n) else 0.0
+                for n in sec.nodes}  # fmt: skip
         if sec.phase == "backward":  # recompute: the core's forward runs again inside its backward section
             for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
                 first = next(n for n in sec.nodes if cores.get(n.name) == cid)
                 flops[first.name] += core_fwd_flops[cid]
+                busy[first.name] += core_fwd_s[cid]
         total_flops = sum(flops.values())
-        sec_rate = rate
-        compute_s = total_flops / sec_rate if sec_rate else 0.0
+        compute_s = sum(busy.values())
         memory_s = ddr_bytes / bw
         work_s = max(compute_s, memory_s)
         ddr_total += ddr_bytes
@@ -387,8 +434,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             # the section's PCUs plus its bytes through the PMUs, so a data-movement stage (or
             # one with an estimated cost) holds its share instead of none
             weights = {
-                n.name: (flops[n.name] / sec_rate if sec_rate else 0.0)
-                + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
+                n.name: busy[n.name] + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
                 for n in sec.nodes
                 if ctx.is_work(n)
             }
@@ -400,7 +446,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                     (
                         unit.id,
                         t,
-                        flops[n.name] / sec_rate / sec.parts if sec_rate else 0.0,
+                        busy[n.name] / sec.parts,
                         node_bytes.get(n.name, 0) / bw / sec.parts,
                         node_bytes.get(n.name, 0) // sec.parts,
                     )
@@ -439,8 +485,16 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             plan.node_plans[name].lane = plan.node_plans[name].unit
     n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
-    host_step = target.overhead("host_step_s") if meta.graph_mode(ctx.graph) == "train" else 0.0
-    plan.step_overheads_s["host"] = host_step + target.overhead("host_per_section_s") * n_sections
+    training = meta.graph_mode(ctx.graph) == "train"
+    host_step = target.overhead("host_step_s") if training else 0.0
+    host_key = "host" if training else HOST_ESTIMATE
+    plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * n_sections
+    if not training:
+        per = target.overhead("host_per_section_s") * 1e3
+        plan.notes.append(
+            f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
+            "(no published SN30 inference host time)"
+        )
     resident = ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if target.has_memory("on-chip"):
@@ -467,7 +521,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, _, t in busy) / span,
             "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, _, t in busy) / span,
             "rdu_time_s": sum(reconfig + t for _, _, t in busy),
-            "host_time_s": plan.step_overheads_s["host"],
+            "host_time_s": plan.step_overheads_s[host_key],
         }
     )
     return plan

@@ -107,3 +107,31 @@ def test_compare_command_reads_the_host_power(tmp_path, monkeypatch):
     assert main(["compare", str(path), "--json", str(tmp_path / "c.json"), "--quiet"]) == 0
     rows = json.loads((tmp_path / "c.json").read_text())["rows"]
     assert rows[0]["power_w"] == 50.0
+
+
+def test_an_estimate_only_overhead_is_held_fixed_in_the_variants():
+    """RDU inference: the host cost is training's fitted per-section figure (an estimate); the
+    variants are compared with it held at the report's value, so no knob is credited with it."""
+    from dabench_ir.advice import hold_estimates
+
+    report = profile_graph(decoder(layers=2, hidden=64, seq=16), "rdu", ProfileOptions())
+    label = "host (estimate: fitted to training steps)"
+    assert label in report.timeline.overheads_s
+    held = report.timeline.overheads_s[label]
+    advice = advise(report)
+    assert advice.trials
+    for trial in advice.trials:
+        assert trial.timeline.overheads_s[label] == held
+        raw = trial.plan.step_overheads_s[label]
+        assert trial.timeline.step_time_s >= 0 and raw >= 0
+    lines = explain(report)
+    host = [x for x in lines if x["role"] == f"overhead: {label}"]
+    assert all(x["knob"] is None for x in host)
+    # a timeline whose estimate differs moves by the difference, nothing else
+    import dataclasses
+
+    raw = dataclasses.replace(report.timeline, overheads_s={**report.timeline.overheads_s, label: held / 8},
+                              step_time_s=report.timeline.step_time_s - held * 7 / 8)  # fmt: skip
+    again = hold_estimates(report, raw)
+    assert again.overheads_s[label] == held
+    assert again.step_time_s == pytest.approx(report.timeline.step_time_s, rel=1e-12)

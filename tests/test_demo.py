@@ -69,3 +69,28 @@ def test_demo_end_to_end(tmp_path, capsys):
     index = (out / "index.html").read_text()
     assert "Side by side" in index
     assert all(f'href="{t}.html"' in index for t in ("cpu", "wse", "rdu", "ipu"))
+
+
+def test_a_knob_the_demo_applies_is_in_the_table_and_the_html(monkeypatch):
+    """The demo's refit is never silent: the side-by-side table and its HTML carry the change."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dabench_ir.commands.demo import DemoResult, _side_by_side, _side_by_side_html, render_side_by_side
+
+    def fake(name: str, extra: dict) -> SimpleNamespace:
+        return SimpleNamespace(target={"name": name}, model={"name": "m", "layers": 1}, totals={}, metrics={},
+                               extra=extra, why=[], measured_timeline=None, nodes=[], timeline=None, plan=None)
+
+    result = DemoResult(folder=Path("."), index=Path("index.html"))
+    result.reports = {"ipu": fake("bow", {"demo_change": "--matmul-proportion 0.3",
+                                          "demo_note": "placed with --matmul-proportion 0.3: with the defaults it does not fit (x)"}),
+                      "rdu": fake("sn30", {})}  # fmt: skip
+    from dabench_ir.report import attribution
+
+    monkeypatch.setattr(attribution, "role_rows", lambda _r: [])  # the fixed rows are what is tested
+    _headers, rows = _side_by_side(result)
+    placed = next(r for r in rows if r[0] == "placed with")
+    assert placed[1:] == ["--matmul-proportion 0.3", "defaults"]
+    assert "placed with --matmul-proportion 0.3" in render_side_by_side(result)
+    assert "Not the defaults" in _side_by_side_html(result) and "--matmul-proportion 0.3" in _side_by_side_html(result)

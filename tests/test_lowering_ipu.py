@@ -65,9 +65,45 @@ def test_one_matmul_runs_at_the_achieved_amp_fraction():
 def test_matmul_proportion_caps_the_temporaries():
     big = _gemm(3584)
     operands = 3 * 3584 * 3584 * 4
-    assert _terms(lower(big, IPU, ProfileOptions()))["matmul_temporaries"] == pytest.approx(0.6 * CAPACITY)
-    capped = _terms(lower(big, IPU, ProfileOptions(matmul_proportion="0.15")))["matmul_temporaries"]
-    assert capped == int(0.15 * CAPACITY) < 4 * operands
+    broadcast = 3584 * 3584 * 4  # the smaller input, copied whole for every pass
+    # 4 x operands (616 MB) over 0.6 x capacity (564 MB): two serial passes, each holding the
+    # broadcast copy and half of the rest's: what the plan needs, under the cap, not the cap
+    t = _terms(lower(big, IPU, ProfileOptions()))["matmul_temporaries"]
+    assert t == 4 * (broadcast + (operands - broadcast) / 2) == 411_041_792 < 0.6 * CAPACITY
+    capped = _terms(lower(big, IPU, ProfileOptions(matmul_proportion="0.3")))["matmul_temporaries"]
+    passes = math.ceil(4 * operands / (0.3 * CAPACITY))  # 3
+    assert passes == 3
+    assert capped == int(4 * (broadcast + (operands - broadcast) / passes)) < t
+    roomy = _terms(lower(big, IPU, ProfileOptions(matmul_proportion="0.9")))["matmul_temporaries"]
+    assert roomy == 4 * operands  # the budget does not bind: the full-speed plan
+
+
+def test_matmul_proportion_trades_memory_for_time_where_it_binds():
+    """Each serial pass after the first pays a sync and the broadcast operand's exchange again."""
+    big = _gemm(3584)
+    broadcast = 3584 * 3584 * 4
+    node = {}
+    for p in ("1.0", "0.9", "0.6", "0.3", "0.1", "0.05"):
+        node[p] = next(iter(lower(big, IPU, ProfileOptions(matmul_proportion=p)).node_plans.values()))
+    assert node["1.0"].per_micro_batch_s == node["0.9"].per_micro_batch_s  # unbound: one pass at both
+    base = node["0.9"]
+    two = node["0.6"]  # two passes
+    assert two.overhead_s == pytest.approx(2 * 5e-7, rel=1e-12)
+    assert two.comm_s == pytest.approx(base.comm_s + broadcast / 11e12, rel=1e-12)
+    assert two.compute_s == base.compute_s
+    times = [node[p].per_micro_batch_s for p in ("0.9", "0.6", "0.3", "0.1", "0.05")]
+    assert times == sorted(times) and len(set(times)) == len(times)  # slower as the proportion binds harder
+
+
+def test_each_op_class_at_its_own_rate():
+    """Contraction on the AMP units, vector FLOPs on the vector lanes, transcendentals at the
+    special-function rate: fp16 Exp of 65 536 elements on one tile, 1 element a cycle."""
+    g = analyze_text("agraph (float16[64,1024] X) => (float16[64,1024] Y) { Y = Exp(X) }")
+    np_ = next(iter(lower(g, IPU, ProfileOptions()).node_plans.values()))
+    assert np_.compute_s == pytest.approx(64 * 1024 / (1.0 * 1.85e9 * 1), rel=1e-12)
+    g32 = analyze_text("agraph (float[64,1024] X) => (float[64,1024] Y) { Y = Exp(X) }")
+    np32 = next(iter(lower(g32, IPU, ProfileOptions(precision="fp32")).node_plans.values()))
+    assert np32.compute_s == pytest.approx(64 * 1024 / (0.5 * 1.85e9 * 1), rel=1e-12)
 
 
 def test_vector_ops_run_on_the_vector_pipeline():
@@ -83,12 +119,13 @@ def test_vector_ops_run_on_the_vector_pipeline():
 
 def test_largest_fp32_gemm_near_the_measured_3584():
     assert lower(_gemm(3584), IPU, ProfileOptions()).fits
-    big = lower(_gemm(4096), IPU, ProfileOptions())
+    big = lower(_gemm(4608), IPU, ProfileOptions())
     assert not big.fits and "IPU 0" in big.failure.reason and "matmul temporaries" in big.failure.reason
-    # closed form of the same terms: 3 n^2 x 4 B = capacity - 0.6 capacity - program - code
-    free = CAPACITY * 0.4 - PROGRAM - TILES * 256
-    largest = math.isqrt(int(free / 12))
-    assert abs(largest / 3584 - 1) < 0.15
+    # closed form of the same terms: two serial passes (4 x 12 n^2 between 0.6 and 1.2 capacity),
+    # temporaries 4 x (n^2 x 4 B broadcast + half of the other 8 n^2 B) = 32 n^2, live 12 n^2
+    free = CAPACITY - PROGRAM - TILES * 256
+    largest = math.isqrt(int(free / 44))
+    assert largest == 4137 and abs(largest / 3584 - 1) < 0.16  # the catalogue point's +15 %
     assert lower(_gemm(largest), IPU, ProfileOptions()).fits
     assert not lower(_gemm(largest + 8), IPU, ProfileOptions()).fits
 
@@ -267,11 +304,14 @@ def test_gpt2_four_layers_on_two_ipus(gpt2_base):
     assert vendor.fits, vendor.failure
     # the tied table outweighs 2 layers' share: it sits alone on IPU 0 and the head returns there
     assert vendor.extra["layers_per_ipu"] == [0, 4]
-    # the PopLibs default proportion lets the 50 257-word head's temporaries take 60 % of IPU 0
+    # at the PopLibs default proportion the 50 257-word head's plan is serialised into the passes
+    # 60 % of IPU 0 allows and holds what those passes need, under the cap: it fits, and the
+    # vendor's 0.15 holds less there and exchanges more (more passes)
     default = lower(g, IPU, ProfileOptions(**base))
-    assert not default.fits
-    assert default.failure.reason.startswith("IPU 0 needs") and "matmul temporaries" in default.failure.reason
-    assert "--matmul-proportion" in default.failure.reason
+    assert default.fits, default.failure
+    assert _terms(vendor, 0)["matmul_temporaries"] < _terms(default, 0)["matmul_temporaries"] < 0.6 * CAPACITY
+    head = [n for n in default.node_plans if default.node_plans[n].unit == "ipu0"]
+    assert sum(vendor.node_plans[n].comm_s for n in head) > sum(default.node_plans[n].comm_s for n in head)
     stashed = lower(_gpt2(gpt2_base, 4, recompute=False), IPU, ProfileOptions(**base, matmul_proportion="0.15"))
     assert not stashed.fits and "largest part: stash" in stashed.failure.reason
     assert "--recompute" in stashed.failure.reason
@@ -287,3 +327,21 @@ def test_ipus_alone_balance_the_tied_table_as_graphcore_lays_gpt2_out(gpt2_base)
     assert four.extra["layers_per_ipu"] == [0, 4, 4, 4]
     assert [s["ipu"] for s in four.extra["stages"]] == [0, 1, 2, 3, 0]
     assert lower(g, IPU, ProfileOptions(**opts, ipus=1)).extra["layers_per_ipu"] == [12]
+
+
+def test_gpt2_small_inference_on_4_ipus_slows_as_the_matmul_proportion_binds():
+    """GPT-2 small, inference, 4 IPUs: the head's matmul binds at 0.3 and below, the layers'
+    at 0.05 and below; each proportion gives its own step time, slower the smaller it is, and
+    the temporaries it charges shrink with it."""
+    from dabench_ir.sweep import graphs
+
+    base = graphs.export_base(dict(family="gpt2", layers=12, hidden=768, heads=12, seq=1024, vocab=50257, batch=1))
+    g = rewrite(graphs.build_graph(base, 12), precision="fp16")
+    steps, temps = [], []
+    for p in ("0.6", "0.3", "0.15", "0.05", "0.01"):
+        plan = lower(g, IPU, ProfileOptions(ipus=4, matmul_proportion=p))
+        assert plan.fits
+        steps.append(emulate(plan, g).step_time_s)
+        temps.append(_terms(plan)["matmul_temporaries"])
+    assert steps == sorted(steps) and len(set(steps[1:])) == 4
+    assert temps == sorted(temps, reverse=True) and temps[0] < 0.6 * CAPACITY

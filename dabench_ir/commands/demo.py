@@ -162,6 +162,7 @@ def _refit(report: Any, name: str, say: Any) -> tuple[Any, Any]:
     refit = found.report
     reason = report.failure.get("reason") if report.failure else ""
     refit.extra["demo_note"] = f"placed with {text}: with the defaults it does not fit ({reason})"
+    refit.extra["demo_change"] = text  # the side-by-side table's "placed with" row
     return refit, None
 
 
@@ -296,10 +297,12 @@ def run_demo(
 
 
 _SIDE_ROLES = 8
+_FIXED_ROWS = 8  # model, step time, throughput, allocation, load imbalance, efficiency, validation, placed with
 
 
 def _side_by_side(result: DemoResult) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows: Level-1 metrics, validation error, then the top roles' shares per target."""
+    """Headers and rows: Level-1 metrics, validation error, the knob the demo applied to make a
+    target fit ("placed with": "defaults" when none), then the top roles' shares per target."""
     from dabench_ir.report.attribution import role_rows
     from dabench_ir.report.table import human, percent, seconds
 
@@ -315,6 +318,7 @@ def _side_by_side(result: DemoResult) -> tuple[list[str], list[list[str]]]:
         ["load imbalance"] + [_fmt(r.metrics.get("load_imbalance")) for r in reports],
         ["efficiency"] + [percent(r.metrics.get("compute_efficiency")) for r in reports],
         ["validation |error|"] + [_validation_cell(result, s, r) for s, r in zip(stems, reports, strict=True)],
+        ["placed with"] + [str(r.extra.get("demo_change") or "defaults") for r in reports],
     ]
     per = [{x["role"]: x for x in role_rows(r)} for r in reports]
     ranked: dict[str, float] = {}
@@ -354,9 +358,9 @@ def render_side_by_side(result: DemoResult) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows[:7]]
+    out += [line(r) for r in rows[:_FIXED_ROWS]]
     out.append(line(["share of time by module role (bound)", *[""] * (len(headers) - 1)]))
-    out += [line(r) for r in rows[7:]]
+    out += [line(r) for r in rows[_FIXED_ROWS:]]
     for stem, report in result.reports.items():
         if report.extra.get("demo_note"):
             out.append(f"{stem}: {report.extra['demo_note']}")
@@ -375,8 +379,11 @@ def _side_by_side_html(result: DemoResult) -> str:
     headers, rows = _side_by_side(result)
     why = "".join(f"<li><b>{_e(s)}</b>: {_e(r.why[0]['text'])}</li>" for s, r in result.reports.items() if r.why)
     note = f'<p class="note">validation |error|: {_e(result.validation_note)}</p>' if result.validation_note else ""
+    placed = "".join(f"<li><b>{_e(s)}</b>: {_e(r.extra['demo_note'])}</li>" for s, r in result.reports.items()
+                     if r.extra.get("demo_note"))  # fmt: skip  # a knob the demo applied to make a target fit
     return (
         "<section><h2>Side by side: Level-1 metrics and time by module role</h2>"
+        + (f'<h3>Not the defaults</h3><ul class="note">{placed}</ul>' if placed else "")
         + _table(headers, rows, set(range(1, len(headers))))
         + (f"<h3>Why</h3><ul>{why}</ul>" if why else "")
         + note
