@@ -34,8 +34,8 @@ training steps)", also in ``plan.notes``).
 
 A section's compute is each node's Cost in three parts at the compiled tiles' rates:
 contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` (PCUs in systolic
-mode), vector FLOPs at ``arch.vector_flops_per_s_<p>`` and special functions at
-``arch.special_ops_per_s_<p>`` (PCUs in SIMD mode), both scaled by ``tiles/tiles_per_rdu``.
+mode), vector FLOPs and special functions at the target's ``[compute.vector_flops]`` and
+``[compute.special_ops]`` rates (PCUs in SIMD mode; `Target.rate`), both scaled by ``tiles/tiles_per_rdu``.
 Every figure comes from the target (targets/sn30.toml) with its source.
 """
 
@@ -342,7 +342,7 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
 class _Rates:
     """What the compiled tiles sustain per op class: contraction FLOPs on PCUs in systolic mode
     (the peak at the fitted ``pcu_efficiency_<opt>``), vector FLOPs and special-function ops
-    on PCUs in SIMD mode (``arch.vector_flops_per_s_<p>``, ``arch.special_ops_per_s_<p>``)."""
+    on PCUs in SIMD mode (`Target.rate`: ``[compute.vector_flops]``, ``[compute.special_ops]``)."""
 
     contraction: float
     vector: float
@@ -352,18 +352,6 @@ class _Rates:
         """Seconds of ``cost``: each of its three parts at its own rate."""
         return sum(n / r for n, r in ((cost.contraction_flops, self.contraction), (cost.vector_flops, self.vector),
                                       (cost.special_ops, self.special)) if n and r > 0)  # fmt: skip
-
-
-def _class_rate(target: Target, name: str, dtype: object) -> float:
-    """``arch.<name>_<dtype>`` for the plan's precision: a 16-bit one reads its own key, or the
-    other 16-bit format's (bf16 and fp16 run on the same lanes), 32 bits read ``_fp32``."""
-    key = getattr(dtype, "short", str(dtype)).lower()
-    wide = getattr(dtype, "itemsize", 2) >= 4 or key == "fp32"
-    for k in ("fp32",) if wide else (key, "bf16", "fp16"):
-        value = target.arch_value(f"{name}_{k}", -1.0)
-        if value >= 0:
-            return value
-    return target.arch_value(f"{name}_{'fp32' if wide else 'bf16'}", needed_by=_WHO)
 
 
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
@@ -376,8 +364,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     share = chip.tiles / chip.tiles_per_rdu
     rates = _Rates(
         contraction=peak * share * eff,  # systolic PCUs at the fitted achieved fraction
-        vector=_class_rate(target, "vector_flops_per_s", ctx.precision) * share,
-        special=_class_rate(target, "special_ops_per_s", ctx.precision) * share,
+        vector=target.rate("vector", ctx.precision) * share,
+        special=target.rate("special", ctx.precision) * share,
     )
     ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
