@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_NONE_THRESHOLD_BYTES",
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "ExportOptions",
     "ExportResult",
     "bind_dims",
     "cache_names",
@@ -476,22 +478,30 @@ def _set_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
         prop.key, prop.value = key, value
 
 
-def export_onnx(
-    cfg: ModelConfig,
-    *,
-    weights: str = "auto",
-    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
-    dynamic: bool = False,
-    stamp: bool = True,
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> onnx.ModelProto:
-    """The ONNX model of `cfg` (in memory). See the module docstring for the method.
+@dataclass(frozen=True)
+class ExportOptions:
+    """How every exporter (ONNX, MLIR) writes a model: one set of options, one set of defaults.
 
-    `weights`: "none" (shape-only weight inputs), "random" (seeded initializers) or "auto"
-    (random up to 256 MiB of weights). `stamp=False` exports all L blocks with the plain
-    exporter (cost grows with L; kept for checking the stamped graph against it).
+    ``weights``: "none" (shape-only weight inputs), "random" (seeded initializers) or "auto"
+    (random up to 256 MiB of weights, `resolve_weights`); ``max_weight_bytes`` refuses
+    "random" above it. ``dynamic``: symbolic batch and seq. ``stamp=False`` (ONNX) exports all
+    L blocks with the plain exporter (cost grows with L; kept for checking the stamped graph).
     """
+
+    weights: str = "auto"
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES
+    dynamic: bool = False
+    stamp: bool = True
+    seed: int = 0
+
+
+def export_onnx(
+    cfg: ModelConfig, options: ExportOptions | None = None, *, progress: Progress | None = None, **overrides
+) -> onnx.ModelProto:
+    """The ONNX model of `cfg` (in memory). See the module docstring for the method; ``options``
+    (or keyword ``overrides`` of its fields) say how (`ExportOptions`)."""
+    o = _export_options(options, overrides)
+    weights, max_weight_bytes, dynamic, stamp, seed = o.weights, o.max_weight_bytes, o.dynamic, o.stamp, o.seed
     mode = resolve_weights(cfg, weights, max_weight_bytes)
     say = progress or (lambda _msg: None)
     base = cfg.replace(layers=1) if stamp else cfg
@@ -525,19 +535,25 @@ def export_onnx(
     return proto
 
 
+def _export_options(options: ExportOptions | None, overrides: dict) -> ExportOptions:
+    try:
+        return dataclasses.replace(options or ExportOptions(), **overrides)
+    except TypeError as exc:
+        raise TypeError(f"export: {exc} (the options are ExportOptions' fields)") from None
+
+
 def export_model(
     cfg: ModelConfig,
     path: str | Path,
+    options: ExportOptions | None = None,
     *,
     format: str = "onnx",
-    weights: str = "auto",
-    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
-    dynamic: bool = False,
-    stamp: bool = True,
-    seed: int = 0,
     progress: Progress | None = None,
+    **overrides,
 ) -> ExportResult:
-    """Export `cfg` to `path` as onnx, mlir-torch or mlir-linalg; returns what was written."""
+    """Export `cfg` to `path` as onnx, mlir-torch or mlir-linalg; returns what was written.
+    ``options`` (or keyword ``overrides`` of its fields): `ExportOptions`."""
+    o = _export_options(options, overrides)
     start = time.perf_counter()
     path = Path(path)
     if path.parent and not path.parent.exists():
@@ -547,16 +563,15 @@ def export_model(
     if format in ("mlir-torch", "mlir-linalg"):
         from dabench_ir.models.mlir_export import export_mlir
 
-        mode = resolve_weights(cfg, weights, max_weight_bytes)
-        names = export_mlir(cfg, path, dialect=format.removeprefix("mlir-"), weights=mode,
-                            max_weight_bytes=max_weight_bytes, dynamic=dynamic, seed=seed, progress=progress)  # fmt: skip
+        mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)
+        names = export_mlir(cfg, path, dataclasses.replace(o, weights=mode), dialect=format.removeprefix("mlir-"),
+                            progress=progress)  # fmt: skip
         return ExportResult(path, format, mode, names, time.perf_counter() - start)
     if format != "onnx":
         raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")
     import onnx
 
-    proto = export_onnx(cfg, weights=weights, max_weight_bytes=max_weight_bytes, dynamic=dynamic,
-                        stamp=stamp, seed=seed, progress=progress)  # fmt: skip
+    proto = export_onnx(cfg, o, progress=progress)
     mode = next(p.value for p in proto.metadata_props if p.key == "dabench.weights_mode")
     names = json.loads(next(p.value for p in proto.metadata_props if p.key == META_WEIGHTS))
     if progress:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dabench_ir.models.config import ModelConfig
-from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from dabench_ir.models.export import ExportOptions
 
 __all__ = ["export_mlir", "mlir_text"]
 
@@ -110,30 +111,29 @@ def mlir_text(
 def export_mlir(
     cfg: ModelConfig,
     path: str | Path,
+    options: ExportOptions | None = None,
     *,
     dialect: str = "torch",
-    weights: str = "auto",
-    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
-    dynamic: bool = False,
-    seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    **overrides,
 ) -> list[str]:
     """Write `cfg` as MLIR (torch or linalg-on-tensors dialect) to `path`; returns weight names.
 
-    ``weights`` and ``max_weight_bytes`` mean what they mean for `models.export.export_onnx`
-    (one rule, `resolve_weights`)."""
-    from dabench_ir.models.export import resolve_weights
+    ``options`` (or keyword ``overrides``) are the ONNX exporter's (`models.export.ExportOptions`:
+    one set, one rule for ``weights``, `resolve_weights`); ``stamp`` does not apply."""
+    from dabench_ir.models.export import _export_options, resolve_weights
 
+    o = _export_options(options, overrides)
     if progress:
         progress(f"importing {cfg.layers} blocks with torch-mlir (fx importer, {dialect})")
-    mode = resolve_weights(cfg, weights, max_weight_bytes)
-    text, names = mlir_text(cfg, dialect=dialect, weights=mode, dynamic=dynamic, seed=seed)
+    mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)
+    text, names = mlir_text(cfg, dialect=dialect, weights=mode, dynamic=o.dynamic, seed=o.seed)
     header = [
         f"// dabench.family: {cfg.family}",
         f"// dabench.preset: {cfg.preset or ''}",
-        f"// dabench.params: {json.dumps({**cfg.to_dict(), 'dynamic': dynamic}, sort_keys=True)}",
+        f"// dabench.params: {json.dumps({**cfg.to_dict(), 'dynamic': o.dynamic}, sort_keys=True)}",
         f"// dabench.weights: {json.dumps(names)}",
-        f"// dabench.weights_mode: {weights}",
+        f"// dabench.weights_mode: {mode}",
     ]
     from dabench_ir.fileio import write_output
 

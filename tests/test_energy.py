@@ -186,7 +186,8 @@ def test_short_gather_on_sn30_is_far_below_the_chips_power():
     # microseconds-long Gather kilowatts on a ~500 W chip; now it holds its section's PCUs only
     _, plan, timeline, target, report = _placed("rdu", graph=_embedding_graph())
     busy = timeline.busy("embed")
-    assert busy < 20e-6 and timeline.overheads_s["host"] > 50 * busy
+    host = next(k for k in timeline.overheads_s if k.startswith("host"))  # inference: labelled an estimate
+    assert busy < 20e-6 and timeline.overheads_s[host] > 50 * busy
     old_share = energy_model(target).static_watts * timeline.step_time_s * busy / (busy + timeline.busy("fc"))
     assert old_share / busy > 2 * target.watts  # the old attribution: kilowatts
     gather = report.node("embed").energy_j
@@ -196,7 +197,7 @@ def test_short_gather_on_sn30_is_far_below_the_chips_power():
     assert np_.feed_bytes == 1574912 and section.allocation == pytest.approx(2 / 1280)
     assert gather == pytest.approx(1574912 * 120e-12 + 150.0 * 2 / 1280 * busy, rel=1e-12)
     assert gather / busy < 0.1 * target.watts
-    assert report.totals["overhead_energy_j"]["host"] == pytest.approx(150.0 * timeline.overheads_s["host"])
+    assert report.totals["overhead_energy_j"][host] == pytest.approx(150.0 * timeline.overheads_s[host])
 
 
 def test_gops_per_watt_modelled_is_flops_per_modelled_joule():

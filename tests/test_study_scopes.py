@@ -68,7 +68,7 @@ def test_ort_optimised_model_keeps_scopes_layers_and_sections(study):
     base, opt = _report(out, "none", "rdu"), _report(out, "ort-all", "rdu")
     assert len(opt["units"]) >= len(base["units"]) - 3 > 8
     roles = {r["role"] for r in opt["roles"]}
-    assert {"overhead: host", "overhead: section_reconfig"} <= roles
+    assert "overhead: section_reconfig" in roles and any(r.startswith("overhead: host") for r in roles)
 
 
 def test_lost_scopes_collapse_sections(study, tmp_path):
@@ -115,7 +115,8 @@ def test_speedup_is_split_into_node_time_and_overhead_rows(study):
         assert t["speedup_nodes"] == pytest.approx(nodes["before_s"] / nodes["after_s"])
         assert sum(p["change_share"] for p in split) == pytest.approx(1.0)
     rdu = runs["rdu"]
-    assert {"host", "section_reconfig"} <= {p["part"] for p in rdu["split"]}
+    parts = {p["part"] for p in rdu["split"]}
+    assert "section_reconfig" in parts and any(p.startswith("host") for p in parts)  # inference: an estimate, so named
     assert rdu["totals"]["speedup_overheads"] == pytest.approx(
         rdu["totals"]["overhead_time_before_s"] / rdu["totals"]["overhead_time_after_s"]
     )
