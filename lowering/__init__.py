@@ -11,8 +11,9 @@ Target), and none emulates, measures or reports: `dabench_ir.place` and
 
 from __future__ import annotations
 
-if __name__ != "dabench_ir.lowering":  # the folder is installed as dabench_ir.lowering; one file, one module
-    raise ImportError(f"import dabench_ir.lowering instead of the bare top-level {__name__!r} package")
+from dabench_ir._layout import installed_as
+
+installed_as(__name__, "lowering")  # the folder is dabench_ir.lowering; one file, one module
 
 import dataclasses
 import importlib

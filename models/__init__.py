@@ -5,8 +5,9 @@ Building a model needs torch; `ModelConfig`, `PRESETS` and the closed-form count
 
 from __future__ import annotations
 
-if __name__ != "dabench_ir.models":  # the folder is installed as dabench_ir.models; one file, one module
-    raise ImportError(f"import dabench_ir.models instead of the bare top-level {__name__!r} package")
+from dabench_ir._layout import installed_as
+
+installed_as(__name__, "models")  # the folder is dabench_ir.models; one file, one module
 
 import logging
 from typing import TYPE_CHECKING, Any

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-if __name__ != "dabench_ir.passes":  # the folder is installed as dabench_ir.passes; one file, one module
-    raise ImportError(f"import dabench_ir.passes instead of the bare top-level {__name__!r} package")
+from dabench_ir._layout import installed_as
+
+installed_as(__name__, "passes")  # the folder is dabench_ir.passes; one file, one module
 
 from collections.abc import Mapping
 

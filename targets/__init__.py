@@ -8,8 +8,9 @@ figure. `load_target` takes a built-in name, an alias (``wse``, ``rdu``, ``ipu``
 
 from __future__ import annotations
 
-if __name__ != "dabench_ir.targets":  # the folder is installed as dabench_ir.targets; one file, one module
-    raise ImportError(f"import dabench_ir.targets instead of the bare top-level {__name__!r} package")
+from dabench_ir._layout import installed_as
+
+installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file, one module
 
 import logging
 import math

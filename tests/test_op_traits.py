@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -75,24 +76,11 @@ def test_registered_traits(op, domain, expected):
 def test_unknown_op_gets_the_documented_default():
     assert op_traits("Frobnicate", "com.example") is UNKNOWN_OP
     assert op_traits("SkipLayerNormalization") is UNKNOWN_OP  # registered in com.microsoft only
-    assert OpTraits(
-        op_class=None,
-        shape_only=False,
-        folds_on_weights=False,
-        keeps_fp32=False,
-        cpu_class=CPU_STREAM,
-        backward=Backward.VECTOR,
-        keeps_values=False,
-        has_cost_rule=False,
-        saves=Saves.INPUTS,
-        roles=frozenset(),
-        row_reductions=0,
-        nonlinear=False,
-        loss=False,
-        output_shape_input=None,
-        index_input=None,
-        output_types=None,
-    ) == UNKNOWN_OP
+    documented = {"op_class": None, "shape_only": False, "folds_on_weights": False, "keeps_fp32": False,
+                  "cpu_class": CPU_STREAM, "backward": Backward.VECTOR, "keeps_values": False, "has_cost_rule": False,
+                  "saves": Saves.INPUTS, "roles": frozenset(), "row_reductions": 0, "nonlinear": False, "loss": False,
+                  "output_shape_input": None, "index_input": None, "output_types": None}  # fmt: skip
+    assert OpTraits(**documented) == UNKNOWN_OP and set(documented) == {f.name for f in dataclasses.fields(OpTraits)}
 
 
 def test_traits_of_a_node_uses_its_domain():

@@ -188,21 +188,7 @@ model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 
 run = { mode = "train", precision = "mixed", opt_level = "O3", chips = 2, strategy = "tp" }
 measured = { samples_per_s = 100.0, sections = 3 }
 
-[[points]]
-id = "tiny-gemm"
-kind = "gemm"
-target = "ipu"
-source = "test"
-gemm = { size = 256, precision = "fp32" }
-measured = { tflops = 10.0 }
-
-[[points]]
-id = "huge-gemm"
-kind = "gemm"
-target = "ipu"
-source = "test"
-gemm = { size = 100000, precision = "fp32" }
-measured = { tflops = 10.0 }
+{gemms}
 
 [[points]]
 id = "tiny-bw"
@@ -211,7 +197,11 @@ target = "ipu"
 source = "test"
 bandwidth = { memory = "off-chip" }
 measured = { bandwidth_gb_s = 10.0 }
-"""
+""".replace("{gemms}", "".join(
+    f'[[points]]\nid = "{name}"\nkind = "gemm"\ntarget = "ipu"\nsource = "test"\n'
+    f'gemm = {{ size = {size}, precision = "fp32" }}\nmeasured = {{ tflops = 10.0 }}\n\n'
+    for name, size in (("tiny-gemm", 256), ("huge-gemm", 100000))
+))  # a GEMM that fits, one that cannot
 
 
 @pytest.mark.torch
