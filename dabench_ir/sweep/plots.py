@@ -46,6 +46,8 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
     by_target: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_target[target_label(r)].append(r)
+    if not by_target:
+        raise ValueError(f"no point has {y}")  # skipped, said in the log: e.g. every point failed
     fig, axes = _panels(plt, len(by_target))
     for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
         lines: dict[Any, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -76,6 +78,8 @@ def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
     by_target: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_target[target_label(r)].append(r)
+    if not by_target:
+        raise ValueError(f"no point has {y}")  # skipped, said in the log: e.g. every point failed
     fig, axes = _panels(plt, len(by_target))
     for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
         yes = [(r["layers"], r["hidden"]) for r in trows if str(r["fits"]).lower() == "true"]
