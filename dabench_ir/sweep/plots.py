@@ -79,7 +79,7 @@ def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         by_target[target_label(r)].append(r)
     if not by_target:
-        raise ValueError(f"no point has {y}")  # skipped, said in the log: e.g. every point failed
+        raise ValueError("no point has the figure")  # skipped, said in the log: e.g. every point failed
     fig, axes = _panels(plt, len(by_target))
     for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
         yes = [(r["layers"], r["hidden"]) for r in trows if str(r["fits"]).lower() == "true"]
