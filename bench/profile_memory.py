@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-CACHE = Path(__file__).parent / "_cache"
+from _models import llama_model
 
 _LOAD = "import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False)"
 _PROFILE = (
@@ -41,14 +41,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
     args = ap.parse_args()
-    CACHE.mkdir(exist_ok=True)
-    model = CACHE / f"llama-L{args.layers}-H{args.hidden}-V{args.vocab}-weights.onnx"
-    if not model.exists():
-        subprocess.run(
-            [sys.executable, "-m", "dabench_ir", "export", "--family", "llama", "--layers", str(args.layers),
-             "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--weights", "random", "-o", str(model)],
-            check=True,
-        )  # fmt: skip
+    model = llama_model(f"llama-L{args.layers}-H{args.hidden}-V{args.vocab}-weights.onnx", "--layers", str(args.layers),
+                        "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--weights", "random")  # fmt: skip
     size_mb = model.stat().st_size / 2**20
     load = _peak_rss_mb(_LOAD, str(model))
     with tempfile.TemporaryDirectory() as tmp:

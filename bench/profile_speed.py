@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CACHE = Path(__file__).resolve().parent / "_cache"
+from _models import llama_model
 
 BASELINE = (
     "import onnx, sys\n"
@@ -41,16 +41,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    CACHE.mkdir(exist_ok=True)
-    model = CACHE / f"llama_L{args.layers}_h{args.hidden}.onnx"
+    model = llama_model(f"llama_L{args.layers}_h{args.hidden}.onnx", "--layers", str(args.layers), "--hidden",
+                        str(args.hidden), "--seq", "2048", "--batch", "1", "--weights", "none")  # fmt: skip
     exe = [sys.executable, "-m", "dabench_ir"]
-    if not model.exists():
-        print(f"exporting {model.name} (weight-free) ...", file=sys.stderr)
-        subprocess.run(
-            [*exe, "export", "--family", "llama", "--layers", str(args.layers), "--hidden", str(args.hidden),
-             "--seq", "2048", "--batch", "1", "--weights", "none", "-o", str(model)],
-            check=True,
-        )
     import onnx
 
     nodes = len(onnx.load(str(model), load_external_data=False).graph.node)
