@@ -53,6 +53,7 @@ from dabench_ir.lowering._common import LoweringContext, module_key, place_node,
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
+from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
@@ -386,6 +387,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
         core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + rates.time(fwd)
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
+    section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
     ddr_total = 0
     unit_index = 0
     for i, sec in enumerate(sections):
@@ -451,23 +453,29 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             }
             unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts))
             plan.units.append(unit)
+            section_bound[unit.id] = Bound.MEMORY if memory_s > compute_s else Bound.COMPUTE
+    allocation = {u.id: u.allocation for u in plan.units}
     for node in graph.nodes:
         runs = times.get(node.name, [])
         total = sum(r[1] for r in runs)
+        home = runs[0][0] if runs else "section0"
         plan.node_plans[node.name] = place_node(
             ctx,
             node,
-            unit=runs[0][0] if runs else "section0",
+            unit=home,
             lane=None,
             compute_s=sum(r[2] for r in runs),
             memory_s=sum(r[3] for r in runs),
             feed_level=ddr.level,
             feed_bytes=sum(r[4] for r in runs),
             ridge=ridge,
-            allocation=plan.units[0].allocation if plan.units else 0.0,
+            allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
             micro_batches=m,
             time_s=total,
         )
+        np_ = plan.node_plans[node.name]
+        if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
+            np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
     for unit in plan.units:  # one pipeline per section: its nodes share the section's lane
         for name in unit.nodes:
             plan.node_plans[name].lane = plan.node_plans[name].unit
