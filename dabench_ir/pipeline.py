@@ -62,8 +62,21 @@ def _options(options: Any) -> Any:
     return options if options is None or dataclasses.is_dataclass(options) else dict(options)
 
 
+def _as_options(options: Any) -> Any:
+    """The options object of what was given (an object as it is; a mapping checked: a keyword no
+    knob has is one line)."""
+    if options is None or dataclasses.is_dataclass(options):
+        return options or ProfileOptions()
+    from dabench_ir.options import ScaleOptions
+
+    try:
+        return ScaleOptions(**options)
+    except TypeError as exc:
+        raise UserError(f"profile: {exc}") from None
+
+
 def _load(model: Any, options: Any) -> Graph:
-    opts = options if dataclasses.is_dataclass(options) else ProfileOptions(**dict(options or {}))
+    opts = _as_options(options)
     return load_graph(model, via=opts.via, dims=opts.dims)
 
 
@@ -88,12 +101,7 @@ def run_profile(model: Any, target: Any, options: Any = None, *, progress: Progr
     the user) or an options object."""
     say = progress or _quiet
     options = _options(options)
-    if isinstance(options, Mapping):
-        try:
-            ProfileOptions(**{k: v for k, v in options.items() if k in ProfileOptions.__dataclass_fields__})
-        except TypeError as exc:
-            raise UserError(f"profile: {exc}") from None
-    resolve_target(target, getattr(options, "threads", None) if not isinstance(options, Mapping) else options.get("threads"))  # a bad name fails before any work
+    resolve_target(target, _as_options(options).threads)  # a bad name or keyword fails before any work
     say("loading the model")
     graph = _load(model, options)
     return execute(resolve(graph, target, options, model=model), graph, progress=say)
