@@ -252,3 +252,28 @@ def test_grid_keeps_the_invariant(invariant, target, mode, precision, batch, chi
 def test_known_failures_name_real_invariants_and_targets():
     assert {i for i, _ in KNOWN} <= set(INVARIANTS)
     assert {t for _, t in KNOWN} <= set(TARGETS)
+
+
+def test_a_violation_is_an_internal_error_of_one_line_and_no_verify_skips_it(monkeypatch, tmp_path, capsys):
+    """The product runs the verifier after every placement: a violation exits 1 with one line naming the
+    invariant, the node and the two numbers, and prints no figure; --no-verify (debugging) skips it and
+    the report says its figures were not checked."""
+    import json
+
+    from dabench_ir import verify as verify_module
+    from dabench_ir.cli import main
+    from tests.conftest import parse
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(parse("agraph (float[2,8,8] x, float[8,8] w) => (float[2,8,8] y) { y = MatMul(x, w) }")
+                      .SerializeToString())  # fmt: skip
+    broken = Violation("node_peak_flops", "MatMul_0", 2.0, 1.0, "planted")
+    monkeypatch.setattr(verify_module, "_violations", lambda report: iter([broken]))
+    assert main(["profile", str(model), "-t", "h100"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "internal error" in err[0] and "node_peak_flops at MatMul_0" in err[0], err
+    assert "per step" not in captured.out  # no figure was printed
+    out = tmp_path / "r.json"
+    assert main(["profile", str(model), "-t", "h100", "--no-verify", "-q", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["extra"]["verified"] is False
