@@ -32,7 +32,8 @@ def test_small_sweep_end_to_end(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
     seen = []
     result = run_sweep(spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0: seen.append((d, t)))
-    assert result.failed == 0 and result.ran == 8 and result.exports == 2
+    errors = {r.get("error") for r in _rows(tmp_path) if r.get("status") != "ok"}
+    assert result.failed == 0 and result.ran == 8 and result.exports == 2, errors
     rows = _rows(tmp_path)
     assert len(rows) == len(spec.points) == 8
     assert {r["status"] for r in rows} == {"ok"}
