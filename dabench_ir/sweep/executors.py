@@ -84,9 +84,8 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, jobs: int) -> None:
-        # a fresh interpreter per worker: forking a driver that holds torch's or onnxruntime's
-        # thread pools can leave the child deadlocked (Python's multiprocessing docs warn against it)
-        self.ctx = multiprocessing.get_context("spawn")
+        methods = multiprocessing.get_all_start_methods()
+        self.ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self.jobs = jobs
         self.idle: list[_Worker] = []
         self.all: list[_Worker] = []
