@@ -83,9 +83,11 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, jobs: int) -> None:
+    def __init__(self, jobs: int, *, start: str = "fork") -> None:
+        """``start``: how workers start; ``spawn`` (a fresh interpreter) for work that runs torch, whose
+        thread pools do not survive a fork of a driver that used them (the exports)."""
         methods = multiprocessing.get_all_start_methods()
-        self.ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.ctx = multiprocessing.get_context(start if start in methods else "spawn")
         self.jobs = jobs
         self.idle: list[_Worker] = []
         self.all: list[_Worker] = []

@@ -28,7 +28,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.sweep import graphs, results, worker
-from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
+from dabench_ir.sweep.executors import Executor, LocalExecutor, WorkerLost, make_executor
 from dabench_ir.sweep.spec import SweepSpec
 
 __all__ = ["SweepResult", "point_key", "run_sweep"]
@@ -279,7 +279,13 @@ def _run(
     if missing:
         logger.info("exporting %d base model(s) with torch", len(missing))
         tasks = [(worker.run_export, (bkey, params)) for bkey, params in missing]
-        for i, out in ex.map_unordered(tasks):
+        exporter = LocalExecutor(ex.jobs, start="spawn") if isinstance(ex, LocalExecutor) else ex  # torch: no fork
+        try:
+            exported = list(exporter.map_unordered(tasks))
+        finally:
+            if exporter is not ex:
+                exporter.close()
+        for i, out in exported:
             bkey = missing[i][0]
             if isinstance(out, WorkerLost):
                 base_errors[bkey] = str(out)
