@@ -19,7 +19,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
 from dabench_ir.options import ProfileOptions
 from dabench_ir.report.model import Report
-from dabench_ir.run import ResolvedRun, execute, prepare, resolve, resolve_target
+from dabench_ir.run import ResolvedRun, _is_mlir_file, execute, prepare, resolve, resolve_target
 
 __all__ = ["ProfileOptions", "ResolvedRun", "analyze", "load_graph", "prepare_graph", "profile", "profile_graph",
            "profile_targets", "resolve_target", "run_profile"]  # fmt: skip
@@ -31,10 +31,6 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
-
-
-def _is_mlir_file(model: Any) -> bool:
-    return isinstance(model, (str, os.PathLike)) and Path(model).suffix.lower() == ".mlir"
 
 
 def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None) -> Graph:

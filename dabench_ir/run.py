@@ -275,9 +275,7 @@ def resolve(
         changes["micro_batches"] = m
         sources["micro_batches"] = "user"
 
-    from dabench_ir.passes import meta as _meta
-
-    _refuse_what_cannot_apply(opts, given, tgt, trained=_meta.graph_mode(graph) == "train")
+    _refuse_what_cannot_apply(opts, given, tgt, trained=meta.graph_mode(graph) == "train")
 
     # what the user left open, from the target's [defaults]
     if tgt is not None and defaults:
@@ -308,7 +306,7 @@ def resolve(
 def _refuse_what_cannot_apply(opts: ScaleOptions, given: set[str], target: Target | None, *, trained: bool) -> None:
     """No knob is accepted and ignored: one the target's lowering does not read, or one the mode
     gives no meaning, is refused with one line naming it and where it applies."""
-    from dabench_ir.options import FLOAT_PRECISIONS
+    from dabench_ir.options import FLOAT_PRECISIONS, _text
 
     for name in sorted(given):
         k = KNOBS[name]
@@ -331,10 +329,6 @@ def _refuse_what_cannot_apply(opts: ScaleOptions, given: set[str], target: Targe
     if isinstance(opts.replicas, int) and target is not None and opts.replicas > target.num_units:
         raise UserError(f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy needs "
                         "at least one")  # fmt: skip
-
-
-def _text(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 # -- the passes a run needs ---------------------------------------------------------------------
