@@ -1,0 +1,464 @@
+"""Study files: experiments (sweep specs), findings and plots in one TOML file, checked when read.
+
+Everything a finding names is checked against its experiment's points before anything
+runs: its kind and that kind's fields, every parameter a selector or an axis names, that
+each selector picks a point (exactly one where one is meant), that an axis has one point per
+value. A bad study file is one UserError line naming the file and the finding (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.reproduce import kinds as K
+from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, matches
+from dabench_ir.sweep.spec import Point, SweepSpec, parse_spec
+
+__all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "parse_study"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+COMMON_FIELDS = ("id", "level", "claim", "source", "experiment", "kind", "metric", "paper", "accept", "format",
+                 "mechanism", "note", "where")  # fmt: skip
+"""Fields every finding may have; a kind adds its own (`kinds.Kind.fields`)."""
+
+METRIC = "metric"  # a plot field: a results column (`rows.METRICS`)
+POINTS = "points"  # a plot field: paper points [{x, y, panel?, series?}]
+MAPPING = "mapping"  # a plot field: paper bars {label = value} or {series = {label = value}}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One claim of the paper, as data: what to compute from which experiment, and when it counts as reproduced."""
+
+    id: str
+    kind: str
+    experiment: str
+    claim: str
+    level: int | None = None
+    source: str = ""
+    metric: str = "throughput_samples_per_s"
+    paper: Any = None
+    accept: tuple[float, float] | None = None
+    format: str = "num"
+    mechanism: str = ""
+    note: str = ""
+    where: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One figure of the paper, drawn from an experiment (see `plots.PLOT_KINDS`)."""
+
+    id: str
+    kind: str
+    experiment: str
+    title: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Study:
+    """A parsed study: its experiments (parsed sweep specs), findings and plots."""
+
+    name: str
+    title: str
+    experiments: dict[str, SweepSpec]
+    findings: list[Finding]
+    plots: list[PlotSpec] = field(default_factory=list)
+    source: str = ""
+    description: str = ""
+    origin: str = "<study>"
+
+    def points(self) -> list[Point]:
+        """Every experiment's points, each distinct configuration once (in first-seen order)."""
+        seen: dict[str, Point] = {}
+        for spec in self.experiments.values():
+            for p in spec.points:
+                seen.setdefault(p.canonical(), p)
+        return list(seen.values())
+
+    def merged_spec(self) -> SweepSpec:
+        """All experiments as one sweep spec (identical points run once)."""
+        return SweepSpec(self.name, self.points(), self.title, self.origin)
+
+    def restrict(self, ids: Iterable[str]) -> Study:
+        """The study with only the findings ``ids``, the experiments they need and those experiments' plots."""
+        wanted = list(dict.fromkeys(ids))
+        known = {f.id for f in self.findings}
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            raise UserError(f"--only {','.join(unknown)}: no such finding in {self.origin}; it has {', '.join(known)}")
+        findings = [f for f in self.findings if f.id in wanted]
+        needed = {f.experiment for f in findings}
+        experiments = {n: s for n, s in self.experiments.items() if n in needed}
+        plots = [p for p in self.plots if p.experiment in needed]
+        return replace(self, experiments=experiments, findings=findings, plots=plots)
+
+
+# -- checking fields ---------------------------------------------------------------------------
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _params_of(spec: SweepSpec) -> set[str]:
+    return {k for p in spec.points for k in p.params}
+
+
+def _check_names(names: Iterable[str], params: set[str], where: str, exp: str) -> None:
+    for name in names:
+        if name not in params:
+            raise UserError(
+                f"{where} names {name!r}, a parameter no point of experiment {exp!r} has; it has "
+                f"{', '.join(sorted(params))}"
+            )
+
+
+def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str) -> Any:
+    """A kind's or plot's field value, checked by its declared type."""
+    if ftype in (K.ROW, K.GROUP_ROW, K.SELECTOR):
+        selector = check_selector(value, where)
+        _check_names(selector, params, where, exp)
+        return selector
+    if ftype == K.PARAM:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: expected a parameter name, got {value!r}")
+        _check_names([value], params, where, exp)
+        return value
+    if ftype == K.GROUP:
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise UserError(f"{where}: expected a parameter name or a list of them, got {value!r}")
+        _check_names(names, params, where, exp)
+        return value
+    if ftype in (K.REDUCE, K.GROUP_REDUCE):
+        choices = list(REDUCERS) + (["any"] if ftype == K.GROUP_REDUCE else [])
+        if value not in choices:
+            raise UserError(f"{where}: {value!r}; expected one of {', '.join(choices)}")
+        return value
+    if ftype == K.BOOL:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if ftype in (K.FRACTION, K.NUMBER):
+        if not _is_number(value) or not math.isfinite(value) or (ftype == K.FRACTION and not 0 <= value <= 1):
+            raise UserError(f"{where}: expected {'a number in [0, 1]' if ftype == K.FRACTION else 'a number'}, "
+                            f"got {value!r}")  # fmt: skip
+        return float(value)
+    if ftype == K.VALUE:
+        if not isinstance(value, (str, int, float, bool)):
+            raise UserError(f"{where}: expected an axis value, got {value!r}")
+        return value
+    if ftype == K.LABELS:
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items):
+            raise UserError(f"{where}: expected a label or a list of labels, got {value!r}")
+        return value
+    if ftype == K.DIRECTION:
+        if value not in ("increasing", "decreasing", "flat"):
+            raise UserError(f"{where}: {value!r}; expected increasing, decreasing or flat")
+        return value
+    if ftype == K.TEXT:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: expected a string, got {value!r}")
+        return value
+    if ftype == METRIC:
+        return _check_metric(value, where)
+    if ftype == POINTS:
+        return _check_paper_points(value, where)
+    if ftype == MAPPING:
+        return _check_paper_bars(value, where)
+    raise AssertionError(f"unknown field type {ftype}")
+
+
+def _check_metric(value: Any, where: str) -> str:
+    if value not in METRICS:
+        raise UserError(f"{where}: {value!r} is not a results column; expected one of {', '.join(METRICS)}")
+    return value
+
+
+def _check_paper_points(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise UserError(f"{where}: expected a list of {{ x = ..., y = ... }} tables")
+    for i, p in enumerate(value):
+        if not isinstance(p, Mapping) or not _is_number(p.get("x")) or not _is_number(p.get("y")):
+            raise UserError(f"{where} #{i + 1}: expected {{ x = number, y = number, panel?, series? }}, got {p!r}")
+        extra = set(p) - {"x", "y", "panel", "series", "label"}
+        if extra:
+            raise UserError(f"{where} #{i + 1}: unknown key {sorted(extra)[0]!r}; expected x, y, panel, series, label")
+    return [dict(p) for p in value]
+
+
+def _check_paper_bars(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: expected a table of label = number")
+    for k, v in value.items():
+        inner = v.values() if isinstance(v, Mapping) else [v]
+        if not all(_is_number(x) for x in inner):
+            raise UserError(f"{where}: {k} = {v!r}: expected a number (or a table of label = number)")
+    return dict(value)
+
+
+def _differ(points: list[Point]) -> str:
+    keys = {k for p in points for k in p.params}
+    return ", ".join(sorted(k for k in keys if len({json.dumps(p[k]) for p in points}) > 1)) or "nothing"
+
+
+def _pick(points: list[Point], *selectors: Mapping[str, Any] | None) -> list[Point]:
+    return [p for p in points if all(matches(p.params, s) for s in selectors)]
+
+
+def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None:
+    """What the points already tell: selectors pick points, one where one is meant; one point per axis value."""
+    base = _pick(spec.points, f.where)
+    if not base:
+        raise UserError(f"{where}: where ({f.where}) matches no point of experiment {f.experiment!r}")
+    group = f.options.get("group")
+    for name, ftype in kind.fields.items():
+        if name not in f.options or ftype not in (K.ROW, K.GROUP_ROW, K.SELECTOR):
+            continue
+        sel = f.options[name]
+        if ftype == K.GROUP_ROW:
+            if not group:
+                raise UserError(f"{where}: {name} needs group")
+            labels = sorted({group_label(p.params, group) for p in base})
+            for g in labels:
+                found = [p for p in _pick(base, sel) if group_label(p.params, group) == g]
+                if len(found) != 1:
+                    raise UserError(f"{where}: {name} ({sel}) matches {len(found)} points in group {g!r}, "
+                                    f"not one{' (they differ in ' + _differ(found) + ')' if found else ''}")  # fmt: skip
+            continue
+        found = _pick(base, sel)
+        if not found:
+            raise UserError(f"{where}: {name} ({sel}) matches no point of experiment {f.experiment!r} (with where)")
+        if ftype == K.ROW and len(found) > 1:
+            raise UserError(f"{where}: {name} ({sel}) matches {len(found)} points, not one "
+                            f"(they differ in {_differ(found)}); narrow it or where")  # fmt: skip
+    if ("numerator" in f.options) != ("denominator" in f.options):
+        raise UserError(f"{where}: numerator and denominator go together")
+    if f.kind == "value" and "select" in f.options and "reduce" in f.options:
+        raise UserError(f"{where}: give select (one point) or reduce (over where), not both")
+    if f.kind == "value" and "reduce" not in f.options and len(_pick(base, f.options.get("select"))) != 1:
+        found = _pick(base, f.options.get("select"))
+        raise UserError(f"{where}: select and where match {len(found)} points, not one "
+                        f"(they differ in {_differ(found)}); narrow them or give reduce")  # fmt: skip
+    if kind.fields.get("reduce") == K.GROUP_REDUCE and "reduce" in f.options:
+        if not group:
+            raise UserError(f"{where}: reduce combines the groups' figures: give group")
+        if f.options["reduce"] == "any" and f.accept is None:
+            raise UserError(f"{where}: reduce = 'any' needs accept")
+    if "axis" in f.options:
+        axis = f.options["axis"]
+        counts = Counter((group_label(p.params, group) if group else "", json.dumps(p[axis])) for p in base)
+        (g, value), n = counts.most_common(1)[0]
+        if n > 1:
+            found = [
+                p for p in base if json.dumps(p[axis]) == value and (not group or group_label(p.params, group) == g)
+            ]
+            raise UserError(f"{where}: {n} points at {axis} = {value}{' in group ' + repr(g) if g else ''} "
+                            f"(they differ in {_differ(found)}); add them to where or group")  # fmt: skip
+        values = {json.dumps(p[axis]) for p in base}
+        for end in ("from", "to"):
+            if end in f.options and json.dumps(f.options[end]) not in values:
+                raise UserError(f"{where}: {end} = {f.options[end]!r} is not a value of {axis} among the points")
+
+
+def _check_accept(value: Any, where: str) -> tuple[float, float]:
+    if not (isinstance(value, list) and len(value) == 2 and all(_is_number(v) and not math.isnan(v) for v in value)):
+        raise UserError(f"{where}: accept must be [low, high] (numbers; inf allowed), got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if lo > hi:
+        raise UserError(f"{where}: accept [{value[0]}, {value[1]}] is empty (low > high)")
+    return lo, hi
+
+
+def _check_paper(value: Any, where: str) -> Any:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, list) and len(value) == 2 and all(_is_number(v) for v in value):
+        return list(value)
+    raise UserError(f"{where}: paper must be a number, a [low, high] range or a text, got {value!r}")
+
+
+def _text(table: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> str:
+    value = table.get(key, "")
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise UserError(f"{where}: {key} must be {'a non-empty ' if required else 'a '}string, got {value!r}")
+    return value
+
+
+def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str) -> Finding:
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{origin}: [[finding]] #{i + 1} must be a table")
+    fid = raw.get("id")
+    if not isinstance(fid, str) or not _NAME.match(fid):
+        raise UserError(f"{origin}: [[finding]] #{i + 1}: id must be a name (letters, digits, _ . -), got {fid!r}")
+    where = f"{origin}: finding {fid}"
+    kind_name = raw.get("kind")
+    if kind_name not in K.KINDS:
+        raise UserError(f"{where}: unknown kind {kind_name!r}; known: {', '.join(K.KINDS)}")
+    kind = K.KINDS[kind_name]
+    unknown = [k for k in raw if k not in COMMON_FIELDS and k not in kind.fields]
+    if unknown:
+        takes = ", ".join([*COMMON_FIELDS, *kind.fields])
+        raise UserError(f"{where}: unknown field {unknown[0]!r} for kind {kind_name}; it takes {takes}")
+    exp = raw.get("experiment")
+    if exp not in experiments:
+        raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
+    params = _params_of(experiments[exp])
+    missing = [k for k in sorted(kind.required) if k not in raw]
+    if missing:
+        raise UserError(f"{where}: kind {kind_name} needs {', '.join(missing)}")
+    options = {k: _check_field(t, raw[k], f"{where}: {k}", params, exp) for k, t in kind.fields.items() if k in raw}
+    level = raw.get("level")
+    if level is not None and not (isinstance(level, int) and not isinstance(level, bool) and level > 0):
+        raise UserError(f"{where}: level must be a positive integer, got {level!r}")
+    accept = None
+    if "accept" in raw:
+        if kind.accept == K.NONE:
+            raise UserError(f"{where}: kind {kind_name} takes no accept range (it compares labels: use expect)")
+        accept = _check_accept(raw["accept"], where)
+    elif kind.accept == K.REQUIRED:
+        raise UserError(f"{where}: kind {kind_name} needs accept = [low, high]")
+    fmt = raw.get("format", kind.format)
+    if fmt not in K.FORMATS:
+        raise UserError(f"{where}: format {fmt!r}; expected one of {', '.join(K.FORMATS)}")
+    finding = Finding(
+        id=fid,
+        kind=kind_name,
+        experiment=exp,
+        claim=_text(raw, "claim", where, required=True),
+        level=level,
+        source=_text(raw, "source", where),
+        metric=_check_metric(raw.get("metric", "throughput_samples_per_s"), f"{where}: metric"),
+        paper=_check_paper(raw["paper"], where) if "paper" in raw else None,
+        accept=accept,
+        format=fmt,
+        mechanism=_text(raw, "mechanism", where),
+        note=_text(raw, "note", where),
+        where=_check_field(K.SELECTOR, raw.get("where", {}), f"{where}: where", params, exp),
+        options=options,
+    )
+    _check_static(finding, kind, experiments[exp], where)
+    return finding
+
+
+def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str) -> PlotSpec:
+    from dabench_ir.reproduce.plots import PLOT_KINDS
+
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{origin}: [[plot]] #{i + 1} must be a table")
+    pid = raw.get("id")
+    if not isinstance(pid, str) or not _NAME.match(pid):
+        raise UserError(f"{origin}: [[plot]] #{i + 1}: id must be a name (letters, digits, _ . -), got {pid!r}")
+    where = f"{origin}: plot {pid}"
+    kind = PLOT_KINDS.get(raw.get("kind"))  # type: ignore[arg-type]
+    if kind is None:
+        raise UserError(f"{where}: unknown kind {raw.get('kind')!r}; known: {', '.join(PLOT_KINDS)}")
+    exp = raw.get("experiment")
+    if exp not in experiments:
+        raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
+    fields = {**kind.fields, "where": K.SELECTOR}
+    unknown = [k for k in raw if k not in ("id", "kind", "experiment", "title", *fields)]
+    if unknown:
+        raise UserError(f"{where}: unknown field {unknown[0]!r}; plot kind {raw['kind']} takes "
+                        f"{', '.join(['title', *fields])}")  # fmt: skip
+    missing = [k for k in sorted(kind.required) if k not in raw]
+    if missing:
+        raise UserError(f"{where}: plot kind {raw['kind']} needs {', '.join(missing)}")
+    params = _params_of(experiments[exp])
+    options = {k: _check_field(t, raw[k], f"{where}: {k}", params, exp) for k, t in fields.items() if k in raw}
+    if not _pick(experiments[exp].points, options.get("where")):
+        raise UserError(f"{where}: where matches no point of experiment {exp!r}")
+    return PlotSpec(pid, raw["kind"], exp, _text(raw, "title", where), options)
+
+
+def parse_study(data: Mapping[str, Any], *, origin: str = "<study>", force: bool = False) -> Study:
+    """A study from its TOML (already parsed): every experiment parsed as a sweep spec, every
+    finding and plot checked against its experiment's points. Bad input raises UserError."""
+    allowed = ("name", "title", "source", "description", "experiment", "finding", "plot")
+    for key in data:
+        if key not in allowed:
+            raise UserError(f"{origin}: unknown top-level key {key!r}; expected {', '.join(allowed)}")
+    name = data.get("name", Path(origin).stem)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UserError(f"{origin}: name must be a name (letters, digits, _ . -), got {name!r}")
+    raw_exps = data.get("experiment", {})
+    if not isinstance(raw_exps, Mapping) or not raw_exps:
+        raise UserError(f"{origin}: no experiments; give [experiment.NAME] tables (sweep specs)")
+    experiments: dict[str, SweepSpec] = {}
+    for ename, table in raw_exps.items():
+        if not _NAME.match(ename):
+            raise UserError(f"{origin}: experiment name {ename!r} must be letters, digits, _ . -")
+        if not isinstance(table, Mapping):
+            raise UserError(f"{origin}: experiment.{ename} must be a table (a sweep spec)")
+        experiments[ename] = parse_spec(dict(table), origin=f"{origin} [experiment.{ename}]", name=ename, force=force)
+    raw_findings = data.get("finding", [])
+    if not isinstance(raw_findings, list) or not raw_findings:
+        raise UserError(f"{origin}: no findings; give [[finding]] tables")
+    findings = [_parse_finding(raw, i, experiments, origin) for i, raw in enumerate(raw_findings)]
+    dup = [i for i, n in Counter(f.id for f in findings).items() if n > 1]
+    if dup:
+        raise UserError(f"{origin}: finding id {dup[0]!r} is used more than once")
+    raw_plots = data.get("plot", [])
+    if not isinstance(raw_plots, list):
+        raise UserError(f"{origin}: plots are [[plot]] tables")
+    plots = [_parse_plot(raw, i, experiments, origin) for i, raw in enumerate(raw_plots)]
+    dup = [i for i, n in Counter(p.id for p in plots).items() if n > 1]
+    if dup:
+        raise UserError(f"{origin}: plot id {dup[0]!r} is used more than once")
+    where = f"{origin}"
+    return Study(
+        name=name,
+        title=_text(data, "title", where) or name,
+        experiments=experiments,
+        findings=findings,
+        plots=plots,
+        source=_text(data, "source", where),
+        description=_text(data, "description", where),
+        origin=origin,
+    )
+
+
+# -- files and bundled studies -----------------------------------------------------------------
+def _bundled_dir() -> Path:
+    return Path(str(resources.files("dabench_ir") / "data" / "reproduce"))
+
+
+def bundled_studies() -> dict[str, Path]:
+    """Bundled study name -> its TOML file."""
+    folder = _bundled_dir()
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+
+
+def load_study(source: str | Path, *, force: bool = False) -> Study:
+    """A study from a TOML path, or a bundled study by name (``dabench``)."""
+    text = str(source)
+    path = Path(text)
+    if not path.is_file():
+        bundled = bundled_studies()
+        if text in bundled:
+            path = bundled[text]
+        elif text.endswith(".toml") or "/" in text:
+            raise UserError(f"study file {text} does not exist")
+        else:
+            raise UserError(f"no study file or bundled study named {text!r}; bundled: {', '.join(bundled) or 'none'}")
+    from dabench_ir.fileio import read_text_file
+
+    body = read_text_file(path, "STUDY")
+    try:
+        data = tomllib.loads(body)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    return parse_study(data, origin=path.name, force=force)
