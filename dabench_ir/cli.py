@@ -33,6 +33,7 @@ _COMMANDS = (
     "calibrate",
     "demo",
     "validate",
+    "reproduce",
 )
 
 

@@ -1,0 +1,131 @@
+"""`dabench-ir reproduce STUDY`: a published study's experiments run and its findings checked, in one command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["register", "run"]
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, 80)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="run a published study's experiments and check its findings one by one (paper vs tool)",
+        description=_wrap("Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
+        "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
+        "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
+        "and the study's plots. Findings not reproduced are results: the exit code is 0 when the run completes. "
+        "docs/reproduce.md describes the study format."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("study", nargs="?", metavar="STUDY", help="a study .toml file or a bundled study name (dabench)")
+    p.add_argument("-o", "--output", metavar="OUT", help="output folder (default: out/reproduce-NAME)")
+    p.add_argument("--list", action="store_true", help="list the bundled studies and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the experiments and their point counts and exit")
+    p.add_argument("--only", metavar="ID,...", help="only these findings (and the experiments they need)")
+    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--cache-dir", metavar="DIR", help="where exported base models are cached (default: OUT/models)")
+    p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--force", action="store_true", help="allow an experiment above the sweep's size limits")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _unicode(stream: object) -> bool:
+    """True when ``stream`` can print the check marks."""
+    encoding = getattr(stream, "encoding", None) or "ascii"
+    try:
+        "✓✗".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _list() -> int:
+    from dabench_ir.reproduce import bundled_studies, load_study
+
+    for name, path in bundled_studies().items():
+        study = load_study(path)
+        print(f"{name:10s} {len(study.findings):3d} findings {len(study.points()):5d} points  {study.title}")
+    return 0
+
+
+def _dry_run(study: object) -> int:
+    from dabench_ir.reproduce import Study
+
+    assert isinstance(study, Study)
+    print(f"{study.name}: {study.title}")
+    width = max(len(n) for n in study.experiments)
+    for name, spec in study.experiments.items():
+        used = sum(1 for f in study.findings if f.experiment == name)
+        print(f"  {name:{width}s} {len(spec.points):5d} points  {used:2d} findings  {spec.description}".rstrip())
+    total = sum(len(s.points) for s in study.experiments.values())
+    print(f"{len(study.points())} distinct points ({total} over the experiments), {len(study.findings)} findings, "
+          f"{len(study.plots)} plots")  # fmt: skip
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from dabench_ir.errors import UserError
+    from dabench_ir.reproduce import load_study, run_study
+    from dabench_ir.reproduce.render import findings_table
+
+    if args.list:
+        return _list()
+    if not args.study:
+        raise UserError("reproduce: give a STUDY (.toml file or bundled name) or --list")
+    study = load_study(args.study, force=args.force)
+    if args.only:
+        study = study.restrict(i.strip() for i in args.only.split(",") if i.strip())
+    if args.dry_run:
+        return _dry_run(study)
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: expected a positive number")
+    out = args.output or os.path.join("out", f"reproduce-{study.name}")
+    from dabench_ir.fileio import check_output_dir
+
+    check_output_dir(out, "-o")
+    if args.cache_dir is not None:
+        check_output_dir(args.cache_dir, "--cache-dir")
+    from dabench_ir.progress import Progress
+
+    progress = Progress(quiet=args.quiet)
+    try:
+        result = run_study(
+            study,
+            out,
+            jobs=args.jobs or os.cpu_count(),
+            executor=args.executor,
+            address=args.address,
+            cache_dir=args.cache_dir,
+            retry_failed=args.retry_failed,
+            plots=not args.no_plots,
+            bar=lambda done, total, failed=0: progress.bar(done, total, failed=failed, label=f"{study.name} "),
+        )
+    finally:
+        progress.done()
+    print(findings_table(result.outcomes, unicode=_unicode(sys.stdout)))
+    sweep = result.sweep
+    if not args.quiet and sweep is not None:
+        print(
+            f"{sweep.total} points: {sweep.skipped} done before, {sweep.ran} run now ({sweep.failed} failed); "
+            f"{sweep.seconds:.1f}s; findings: {os.path.join(out, 'findings.md')}"
+        )
+    if sweep is not None and sweep.lost:
+        print(
+            f"dabench-ir: error: {sweep.lost} point(s) lost to a dead worker; run the same command again to finish them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
