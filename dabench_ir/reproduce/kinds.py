@@ -48,6 +48,7 @@ __all__ = [
     "finding_kind",
     "format_value",
     "in_accept",
+    "is_change",
 ]
 
 logger = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def evaluate(rows: Sequence[Row], finding: Finding) -> Outcome:
         logger.debug("finding %s: evaluation failed", finding.id, exc_info=True)
         return Outcome(None, False, reason=f"cannot evaluate: {exc}")
     if not outcome.reproduced and not outcome.reason:
-        shown = outcome.text or format_value(outcome.value, finding.format, signed=_signed(finding))
+        shown = outcome.text or format_value(outcome.value, finding.format, signed=is_change(finding))
         if finding.accept is not None and isinstance(outcome.value, (int, float)):
             lo, hi = finding.accept
             wanted = accept_text(finding.accept, finding.format)
@@ -197,9 +198,11 @@ def evaluate(rows: Sequence[Row], finding: Finding) -> Outcome:
     return outcome
 
 
-def _signed(f: Finding) -> bool:
-    """Relative changes are shown with their sign (``+10.7%``)."""
-    return f.kind in ("ratio", "trend") or bool(f.options.get("minus_one"))
+def is_change(f: Finding) -> bool:
+    """True when the finding's figure is a relative change, shown with its sign (``+10.7%``)."""
+    if f.kind == "trend":
+        return True
+    return bool(f.options.get("minus_one", f.kind in ("ratio", "argmax", "argmin")))
 
 
 def _one(

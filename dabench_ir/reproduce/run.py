@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.reproduce.kinds import accept_text, evaluate, format_value
+from dabench_ir.reproduce.kinds import accept_text, evaluate, format_value, is_change
 from dabench_ir.reproduce.study import Finding, Study
 from dabench_ir.sweep import SweepResult, point_key, run_sweep
 from dabench_ir.sweep.executors import Executor
@@ -91,7 +91,7 @@ def _paper_text(f: Finding, signed: bool) -> str:
 def outcome_row(f: Finding, rows: list[dict[str, Any]]) -> FindingOutcome:
     """Evaluate one finding on its experiment's rows and dress the outcome for the table."""
     outcome = evaluate(rows, f)
-    signed = f.kind in ("ratio", "trend") or bool(f.options.get("minus_one"))
+    signed = is_change(f)
     shown = outcome.text or format_value(outcome.value, f.format, signed=signed)
     if outcome.value is None and outcome.text is None:
         shown = "-"

@@ -1,0 +1,543 @@
+"""`dabench-ir reproduce`: finding kinds on hand-made rows (exact figures), study-file checks,
+the bundled DABench study (parsed, not run), and tiny studies end to end through the CLI
+(outputs, resume, interruption, failed points)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import textwrap
+
+import pytest
+
+from dabench_ir.cli import main
+from dabench_ir.errors import UserError
+from dabench_ir.reproduce import KINDS, Finding, bundled_studies, evaluate, load_study, parse_study
+from dabench_ir.reproduce.render import findings_table
+from dabench_ir.reproduce.rows import matches, select
+from dabench_ir.reproduce.run import outcome_row
+
+INF = math.inf
+
+
+def _f(kind: str, **fields) -> Finding:
+    """A finding as the loader makes it: common fields by name, the kind's own in ``options``."""
+    common = {k: fields.pop(k) for k in ("metric", "accept", "where", "format", "paper") if k in fields}
+    common.setdefault("format", KINDS[kind].format)
+    return Finding(id="f", kind=kind, experiment="e", claim="c", options=fields, **common)
+
+
+def _row(**params) -> dict:
+    row = {"key": "k", "status": "ok", "error": None, "fits": True, "failure_reason": None}
+    row.update(params)
+    return row
+
+
+TP = "throughput_samples_per_s"
+
+
+# -- kinds on hand-made rows ---------------------------------------------------------------------
+PREC = [
+    _row(target="wse", precision="fp32", **{TP: 100.0}),
+    _row(target="wse", precision="mixed", **{TP: 110.0}),
+    _row(target="rdu", precision="fp32", **{TP: 10.0}),
+    _row(target="rdu", precision="mixed", **{TP: 15.0}),
+]
+
+
+def test_ratio_is_numerator_over_denominator_minus_one():
+    f = _f("ratio", numerator={"target": "wse", "precision": "mixed"},
+           denominator={"target": "wse", "precision": "fp32"}, accept=(0.0, 0.25))  # fmt: skip
+    out = evaluate(PREC, f)
+    assert out.value == pytest.approx(0.1) and out.reproduced
+    plain = _f("ratio", numerator={"target": "rdu", "precision": "mixed"},
+               denominator={"target": "rdu", "precision": "fp32"}, minus_one=False, accept=(0.0, 1.2),
+               format="x")  # fmt: skip
+    out = evaluate(PREC, plain)
+    assert out.value == pytest.approx(1.5) and not out.reproduced
+    assert out.reason == "tool 1.50x outside [0.00x, 1.20x]"
+
+
+def test_value_of_one_row_and_reduced_over_rows():
+    one = _f("value", select={"target": "rdu", "precision": "mixed"}, accept=(10.0, 20.0))
+    assert evaluate(PREC, one).value == 15.0
+    for reduce, expected in (("max", 110.0), ("min", 10.0), ("mean", 58.75), ("median", 57.5)):
+        out = evaluate(PREC, _f("value", reduce=reduce, accept=(0.0, 200.0)))
+        assert out.value == pytest.approx(expected), reduce
+    wse = _f("value", reduce="mean", where={"target": "wse"}, accept=(0.0, 100.0))
+    out = evaluate(PREC, wse)
+    assert out.value == 105.0 and not out.reproduced and "outside" in out.reason
+
+
+def test_range_is_the_share_in_accept_and_reports_the_span():
+    rows = [_row(allocation_ratio=v) for v in (0.9, 0.92, 0.5, 0.93)]
+    rows.append(_row(status="error", error="boom"))
+    f = _f("range", metric="allocation_ratio", accept=(0.88, 0.95), share=0.8, format="pct")
+    out = evaluate(rows, f)
+    assert out.value == 0.75 and not out.reproduced
+    assert out.text == "75.0% in range (50.0%-93.0%)"
+    assert "1 point(s) left out" in out.detail and "boom" in out.detail
+    assert "below the 80.0% asked" in out.reason
+    assert evaluate(rows, _f("range", metric="allocation_ratio", accept=(0.88, 0.95), share=0.75)).reproduced
+
+
+BATCH = [_row(target=t, batch=b, **{TP: v}) for t, pts in
+         {"a": {16: 10.0, 32: 19.0, 64: 36.0}, "b": {16: 10.0, 32: 12.0, 64: 12.5}}.items()
+         for b, v in pts.items()]  # fmt: skip
+
+
+def test_curve_from_first_to_last_or_between_given_points():
+    f = _f("curve", axis="batch", where={"target": "a"}, accept=(3.0, INF))
+    assert evaluate(BATCH, f).value == pytest.approx(3.6)
+    f = _f("curve", axis="batch", where={"target": "a"}, **{"from": 32, "to": 64}, accept=(1.6, INF))
+    out = evaluate(BATCH, f)
+    assert out.value == pytest.approx(36 / 19) and out.reproduced
+    per = _f("curve", axis="batch", where={"target": "a"}, per_axis=True, minus_one=True, accept=(-1.0, 0.0))
+    assert evaluate(BATCH, per).value == pytest.approx((36 / 64) / (10 / 16) - 1)
+    grouped = _f("curve", axis="batch", group="target", reduce="min", accept=(1.0, 2.0))
+    out = evaluate(BATCH, grouped)
+    assert out.value == pytest.approx(1.25) and out.reproduced and "target=a: 3.60x" in out.detail
+    anyg = _f("curve", axis="batch", group="target", reduce="any", accept=(3.0, 4.0))
+    out = evaluate(BATCH, anyg)
+    assert out.value == pytest.approx(3.6) and out.reproduced
+
+
+def test_curve_with_a_missing_end_point_is_not_reproduced_with_the_reason():
+    rows = [r for r in BATCH if not (r["target"] == "a" and r["batch"] == 64)]
+    out = evaluate(rows, _f("curve", axis="batch", where={"target": "a"}, to=64, accept=(0.0, INF)))
+    assert out.value is None and not out.reproduced and out.reason == "no result at batch = 64"
+
+
+def test_trend_direction_share_of_steps_and_relative_change():
+    rows = [_row(layers=n, load_imbalance=v) for n, v in ((1, 1.0), (2, 0.9), (4, 0.91), (8, 0.8))]
+    f = _f("trend", metric="load_imbalance", axis="layers", expect="decreasing", tolerance=0.02)
+    out = evaluate(rows, f)
+    assert out.value == pytest.approx(-0.2) and out.reproduced  # +1.1 % is within the tolerance
+    assert out.detail.startswith("3 of 3 step(s) decreasing")
+    strict = _f("trend", metric="load_imbalance", axis="layers", expect="decreasing", tolerance=0.0)
+    out = evaluate(rows, strict)
+    assert not out.reproduced and "only 2 of 3 step(s)" in out.reason
+    up = _f("trend", metric="load_imbalance", axis="layers", expect="increasing")
+    assert not evaluate(rows, up).reproduced
+    flat = [_row(layers=n, load_imbalance=0.5) for n in (1, 2, 4)]
+    assert evaluate(flat, _f("trend", metric="load_imbalance", axis="layers", expect="flat")).reproduced
+
+
+def test_fit_limit_is_the_largest_fitting_axis_value():
+    rows = [_row(hidden=h, layers=n, fits=n <= lim) for h, lim in ((768, 12), (1024, 4)) for n in (1, 4, 12, 24)]
+    f = _f("fit_limit", axis="layers", where={"hidden": 768}, accept=(10.0, 16.0))
+    out = evaluate(rows, f)
+    assert out.value == 12 and out.reproduced
+    out = evaluate(rows, _f("fit_limit", axis="layers", group="hidden", reduce="min", accept=(10.0, 16.0)))
+    assert out.value == 4 and not out.reproduced and out.reason == "tool 4 outside [10, 16]"
+    allfit = [_row(layers=n, fits=True) for n in (1, 2)]
+    out = evaluate(allfit, _f("fit_limit", axis="layers", accept=(0.0, 10.0)))
+    assert out.value == 2 and "every point fits" in out.detail
+    nofit = [_row(layers=n, fits=False) for n in (1, 2)]
+    assert evaluate(nofit, _f("fit_limit", axis="layers", accept=(0.0, 10.0))).value == 0
+
+
+def test_argmax_and_argmin_over_groups():
+    rows = [
+        _row(target=t, compute_efficiency=v) for t, v in (("wse", 0.1), ("wse", 0.12), ("ipu", 0.36), ("rdu", 0.05))
+    ]
+    out = evaluate(rows, _f("argmax", group="target", metric="compute_efficiency", reduce="max", expect="ipu"))
+    assert out.value == "ipu" and out.reproduced and out.detail.startswith("ipu 0.36, wse 0.12, rdu 0.05")
+    out = evaluate(rows, _f("argmin", group="target", metric="compute_efficiency", reduce="mean", expect="wse"))
+    assert out.value == "rdu" and not out.reproduced and "tool picks rdu" in out.reason
+    gains = _f("argmin", group="target", numerator={"precision": "mixed"}, denominator={"precision": "fp32"},
+               expect="wse")  # fmt: skip
+    out = evaluate(PREC, gains)
+    assert out.value == "wse" and out.reproduced and "wse 10.0%" in out.detail and "rdu 50.0%" in out.detail
+
+
+def test_dominant_share_and_the_only_group_above_the_threshold():
+    rows = [_row(target=t, dominant_bound=b) for t, b in
+            (("wse", "compute"), ("wse", "compute"), ("ipu", "compute"), ("ipu", "memory"), ("ipu", "memory"))]  # fmt: skip
+    out = evaluate(rows, _f("dominant", where={"target": "ipu"}, bound="memory", share=0.5))
+    assert out.value == pytest.approx(2 / 3) and out.reproduced and out.text == "66.7% memory-bound"
+    only = _f("dominant", group="target", bound="compute", expect="wse", share=0.5)
+    out = evaluate(rows, only)
+    assert out.value == 1.0 and out.reproduced and out.text == "wse 100.0%, ipu 33.3%"
+    low = _f("dominant", group="target", bound="compute", expect="wse", share=0.3)
+    out = evaluate(rows, low)
+    assert not out.reproduced and "at least 30.0% of points: ipu, wse (expected wse" in out.reason
+
+
+def test_failed_and_unfitting_rows_give_not_reproduced_with_the_reason():
+    rows = [
+        _row(target="wse", precision="fp32", status="error", error="UserError: hidden (64) must be divisible"),
+        _row(target="wse", precision="mixed", fits=False, failure_reason="needs 2 GB, has 1 GB", **{TP: 0.0}),
+    ]
+    f = _f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, accept=(0.0, 1.0))
+    out = evaluate(rows, f)
+    assert not out.reproduced and out.value is None
+    assert "does not fit: needs 2 GB, has 1 GB" in out.reason
+    out = evaluate(rows[:1], f)
+    assert "no result for the numerator point" in out.reason
+    out = evaluate([*rows[:1], _row(target="wse", precision="mixed", **{TP: 1.0})], f)
+    assert "failed: UserError: hidden (64) must be divisible" in out.reason
+    row = outcome_row(f, rows)
+    assert row.tool == "-" and row.reproduced is False and row.reason
+
+
+def test_selectors_match_values_lists_and_conditions():
+    row = {"layers": 24, "target": "rdu", "opt_level": "O3", "layers_per_ipu": (3, 3)}
+    assert matches(row, {"layers": 24, "layers_per_ipu": [3, 3]})
+    assert matches(row, {"layers": {"min": 12, "max": 48}, "opt_level": {"in": ["O1", "O3"]}})
+    assert not matches(row, {"opt_level": {"not": "O3"}}) and not matches(row, {"precision": "fp32"})
+    assert select([row, {**row, "layers": 1}], {"layers": {"max": 2}}) == [{**row, "layers": 1}]
+
+
+def test_ascii_table_has_no_check_marks():
+    f = _f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, accept=(0.0, 0.25))
+    outcomes = [outcome_row(f, PREC[:2]), outcome_row(f, PREC[2:])]
+    text = findings_table(outcomes, unicode=False)
+    assert text.isascii() and " yes " in text and " NO " in text and text.endswith("1 of 2 findings reproduced")
+    assert "✓" in findings_table(outcomes) and "✗" in findings_table(outcomes)
+
+
+# -- study files ---------------------------------------------------------------------------------
+TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "positional": "none"}
+
+
+def _study(**finding) -> dict:
+    base = {"id": "x", "experiment": "e", "claim": "c", "kind": "ratio", "numerator": {"layers": 2},
+            "denominator": {"layers": 1}, "accept": [0, 1]}  # fmt: skip
+    base.update(finding)
+    return {"name": "t", "experiment": {"e": {"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}}},
+            "finding": [{k: v for k, v in base.items() if v is not None}]}  # fmt: skip
+
+
+def test_a_good_tiny_study_parses_and_shared_points_run_once():
+    data = _study()
+    data["experiment"]["deep"] = {"defaults": {**TINY, "target": "wse"}, "axes": {"layers": [2, 3]}}
+    study = parse_study(data, origin="t.toml")
+    assert [f.id for f in study.findings] == ["x"]
+    assert len(study.points()) == 3 and len(study.merged_spec().points) == 3  # layers 2 on wse is in both
+    only = study.restrict(["x"])
+    assert list(only.experiments) == ["e"]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"kind": "bogus"}, "t.toml: finding x: unknown kind 'bogus'; known: ratio"),
+        ({"numerator": {"flavour": "x"}}, "names 'flavour', a parameter no point of experiment 'e' has"),
+        ({"experiment": "nothere"}, "finding x: experiment 'nothere' is not defined; the study has e"),
+        ({"numerator": {"layers": 3}}, "numerator ({'layers': 3}) matches no point"),
+        ({"numerator": {"target": "wse"}}, "matches 2 points, not one (they differ in layers)"),
+        ({"accept": None}, "kind ratio needs accept"),
+        ({"accept": [1, 0]}, "is empty (low > high)"),
+        ({"nmerator": {"layers": 2}}, "unknown field 'nmerator' for kind ratio"),
+        ({"kind": "curve", "axis": "hidden", "numerator": None, "denominator": None}, "x: 2 points at hidden = 64"),
+        ({"format": "percent"}, "format 'percent'; expected one of pct"),
+    ],
+)
+def test_bad_study_files_are_one_user_error_naming_the_finding(change, needle):
+    with pytest.raises(UserError) as err:
+        parse_study(_study(**change), origin="t.toml")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_bundled_dabench_study_parses_and_every_selector_picks_a_point():
+    study = load_study("dabench")
+    assert "dabench" in bundled_studies() and study.name == "dabench"
+    assert {"precision", "batch", "tp", "dp", "level1"} <= set(study.experiments)
+    assert len(study.points()) <= 400  # minutes on 2 cores
+    assert {f.level for f in study.findings} == {1, 2}
+    for f in study.findings:
+        points = [p.params for p in study.experiments[f.experiment].points]
+        assert select(points, f.where), f.id
+        for name in ("numerator", "denominator", "select"):
+            if name in f.options:
+                assert select(points, f.where, f.options[name]), (f.id, name)
+        assert f.mechanism and f.source, f.id
+    assert {p.kind for p in study.plots} == {"lines", "bars", "roofline", "fits"}
+
+
+def test_list_and_dry_run(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    study = load_study("dabench")
+    assert out.startswith("dabench") and f"{len(study.findings)} findings" in out
+    assert main(["reproduce", "dabench", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(study.points())} distinct points" in out and "level1" in out
+    assert main(["reproduce", "dabench", "--dry-run", "--only", "precision-wse,tp-rdu-2to4"]) == 0
+    out = capsys.readouterr().out
+    assert "precision" in out and "tp " in out and "level1" not in out and "2 findings" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["reproduce", "nope"], "no study file or bundled study named 'nope'; bundled: dabench"),
+        (["reproduce", "dabench", "--only", "nope", "--dry-run"], "--only nope: no such finding"),
+        (["reproduce"], "give a STUDY"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_one_line(capsys, args, needle):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ('kind = "bogus"', "finding deeper-slower: unknown kind 'bogus'"),
+        ('numerator = { flavour = "a" }', "names 'flavour'"),
+        ('experiment = "nothere"', "experiment 'nothere' is not defined"),
+    ],
+)
+def test_bad_study_files_exit_2_from_the_cli(tmp_path, capsys, change, needle):
+    text = TINY_STUDY.replace('kind = "ratio"', change) if "kind" in change else TINY_STUDY
+    if "numerator" in change:
+        text = text.replace('numerator = { layers = 1, target = "wse" }', change)
+    if "experiment" in change:
+        text = text.replace('experiment = "layers"\nclaim = "a deeper', f'{change}\nclaim = "a deeper')
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["reproduce", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml" in err and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+# -- end to end on tiny models -------------------------------------------------------------------
+TINY_STUDY = textwrap.dedent(
+    """
+    name = "tiny"
+    title = "A tiny study"
+    source = "tests"
+
+    [experiment.layers]
+    [experiment.layers.defaults]
+    family = "gpt2"
+    hidden = 64
+    heads = 4
+    seq = 8
+    batch = 1
+    positional = "none"
+    [experiment.layers.axes]
+    layers = [1, 2]
+    target = ["wse", "rdu"]
+
+    [experiment.prec]
+    [experiment.prec.defaults]
+    family = "gpt2"
+    hidden = 64
+    heads = 4
+    seq = 8
+    batch = 1
+    positional = "none"
+    layers = 1
+    target = "wse"
+    [experiment.prec.axes]
+    precision = ["fp32", "fp16"]
+
+    [experiment.broken]
+    [experiment.broken.defaults]
+    family = "gpt2"
+    hidden = 64
+    heads = 5
+    seq = 8
+    positional = "none"
+    layers = 1
+    [experiment.broken.axes]
+    target = ["wse", "rdu"]
+
+    [[finding]]
+    id = "deeper-slower"
+    level = 1
+    experiment = "layers"
+    claim = "a deeper stack runs fewer samples a second on the WSE"
+    source = "tests"
+    kind = "ratio"
+    numerator = { layers = 1, target = "wse" }
+    denominator = { layers = 2, target = "wse" }
+    paper = 0.5
+    accept = [0.0, inf]
+    mechanism = "more layers, more work"
+
+    [[finding]]
+    id = "fits"
+    level = 1
+    experiment = "layers"
+    claim = "everything fits"
+    kind = "fit_limit"
+    axis = "layers"
+    group = "target"
+    reduce = "min"
+    paper = 2
+    accept = [2, 2]
+    mechanism = "tiny"
+
+    [[finding]]
+    id = "fastest"
+    level = 2
+    experiment = "layers"
+    claim = "some target is fastest"
+    kind = "argmax"
+    group = "target"
+    expect = ["wse", "rdu"]
+    mechanism = "placement"
+
+    [[finding]]
+    id = "precision"
+    level = 2
+    experiment = "prec"
+    claim = "fp16 is not slower than fp32"
+    kind = "ratio"
+    numerator = { precision = "fp16" }
+    denominator = { precision = "fp32" }
+    paper = 0.1
+    accept = [-0.01, inf]
+    mechanism = "peaks per dtype"
+
+    [[finding]]
+    id = "broken"
+    level = 2
+    experiment = "broken"
+    claim = "a broken model's ratio"
+    kind = "ratio"
+    numerator = { target = "wse" }
+    denominator = { target = "rdu" }
+    accept = [0, 1]
+    mechanism = "none"
+
+    [[plot]]
+    id = "tput"
+    kind = "lines"
+    experiment = "layers"
+    x = "layers"
+    paper = [{ panel = "wse", x = 1, y = 100 }]
+
+    [[plot]]
+    id = "gain"
+    kind = "bars"
+    experiment = "prec"
+    x = "target"
+    numerator = { precision = "fp16" }
+    denominator = { precision = "fp32" }
+    paper = { wse = 0.1 }
+
+    [[plot]]
+    id = "roof"
+    kind = "roofline"
+    experiment = "layers"
+
+    [[plot]]
+    id = "fitmap"
+    kind = "fits"
+    experiment = "layers"
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    return tmp_path_factory.mktemp("reproduce-models")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_STUDY)
+    return path
+
+
+def _csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_tiny_study_end_to_end_and_resume(tmp_path, tiny, cache, capsys):
+    out = tmp_path / "out"
+    args = ["reproduce", str(tiny), "-o", str(out), "-j", "1", "--cache-dir", str(cache)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "deeper-slower" in text and "4 of 5 findings reproduced" in text
+    assert "8 points: 0 done before, 8 run now (2 failed)" in text
+    findings = _csv(out / "findings.csv")
+    by_id = {r["id"]: r for r in findings}
+    assert list(by_id) == ["deeper-slower", "fits", "fastest", "precision", "broken"]
+    assert by_id["deeper-slower"]["reproduced"] == "True" and by_id["fits"]["tool"] == "2"
+    assert by_id["broken"]["reproduced"] == "False" and "failed: UserError: hidden (64)" in by_id["broken"]["reason"]
+    doc = json.loads((out / "findings.json").read_text())
+    assert doc["schema"] == "dabench-ir/reproduce/v1" and doc["study"] == "tiny" and doc["dabench_ir"]
+    assert doc["total"] == 5 and doc["findings"][0]["accept"] == [0.0, "inf"]
+    md = (out / "findings.md").read_text()
+    assert md.startswith("# A tiny study") and "| deeper-slower | 1 |" in md
+    for png in ("tput", "gain", "roof", "fitmap"):
+        assert (out / f"{png}.png").stat().st_size > 1000, png
+    assert len(_csv(out / "results.csv")) == 8
+    assert len(_csv(out / "experiments" / "layers" / "results.csv")) == 4
+    assert len(_csv(out / "experiments" / "prec" / "results.csv")) == 2
+    points = {p.name for p in (out / "points").iterdir()}
+    assert len(points) == 8 and not list(out.rglob(".*.tmp*"))
+    # a rerun skips every point and gives the same findings
+    before = (out / "findings.csv").read_text()
+    assert main([*args, "-q", "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    assert "done before" not in text  # --quiet: no sweep summary, the table still printed
+    assert "findings reproduced" in text and (out / "findings.csv").read_text() == before
+    assert main([*args, "--no-plots"]) == 0
+    assert "8 points: 8 done before, 0 run now" in capsys.readouterr().out
+
+
+class _StopAfterOne:
+    """An executor that finishes the first task, then stops as Ctrl-C does."""
+
+    name = "stop"
+    jobs = 1
+
+    def __init__(self):
+        from dabench_ir.sweep.executors import SerialExecutor
+
+        self.inner = SerialExecutor()
+
+    def map_unordered(self, tasks):
+        for i, result in self.inner.map_unordered(tasks):
+            yield i, result
+            raise KeyboardInterrupt
+
+    def close(self):
+        pass
+
+
+def test_an_interrupted_study_resumes_without_loss_or_duplicates(tmp_path, tiny, cache):
+    from dabench_ir.reproduce import run_study
+    from dabench_ir.sweep.executors import Executor
+
+    stop = type("Stop", (_StopAfterOne, Executor), {})()
+    study = load_study(tiny)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, out, executor=stop, cache_dir=cache, plots=False)
+    done = {p.name for p in (out / "points").glob("*.json")}
+    assert 1 <= len(done) < 8
+    result = run_study(study, out, jobs=1, cache_dir=cache, plots=False)
+    assert result.sweep.skipped == len(done) and result.sweep.ran == 8 - len(done)
+    rows = _csv(out / "results.csv")
+    assert len(rows) == 8 and len({r["key"] for r in rows}) == 8
+    # a lost point file is computed again, and only it
+    victim = sorted((out / "points").glob("*.json"))[0]
+    victim.unlink()
+    again = run_study(study, out, jobs=1, cache_dir=cache, plots=False)
+    assert again.sweep.ran == 1 and again.sweep.skipped == 7 and len(_csv(out / "results.csv")) == 8
+    assert [o.reproduced for o in again.outcomes] == [o.reproduced for o in result.outcomes]
+
+
+def test_only_runs_the_findings_experiments(tmp_path, tiny, cache, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", str(tiny), "-o", str(out), "-j", "1", "--cache-dir", str(cache), "--only", "precision",
+                 "--no-plots"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "1 of 1 findings reproduced" in text and "2 points: " in text
+    assert [r["id"] for r in _csv(out / "findings.csv")] == ["precision"]
+    assert not list(out.glob("*.png"))
