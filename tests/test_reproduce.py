@@ -226,6 +226,7 @@ def test_a_good_tiny_study_parses_and_shared_points_run_once():
         ({"kind": "bogus"}, "t.toml: finding x: unknown kind 'bogus'; known: ratio"),
         ({"numerator": {"flavour": "x"}}, "names 'flavour', a parameter no point of experiment 'e' has"),
         ({"experiment": "nothere"}, "finding x: experiment 'nothere' is not defined; the study has e"),
+        ({"experiment": None}, "finding x: give the experiment it reads (one of e)"),
         ({"numerator": {"layers": 3}}, "numerator ({'layers': 3}) matches no point"),
         ({"numerator": {"target": "wse"}}, "matches 2 points, not one (they differ in layers)"),
         ({"accept": None}, "kind ratio needs accept"),

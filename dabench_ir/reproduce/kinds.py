@@ -30,6 +30,7 @@ from dabench_ir.reproduce.rows import (
     group_label,
     label_sort_key,
     metric_value,
+    point_label,
     select,
     usable,
 )
@@ -70,6 +71,7 @@ VALUE = "value"  # an axis value
 LABELS = "labels"  # a group label or a list of them
 DIRECTION = "direction"  # increasing, decreasing, flat
 TEXT = "text"
+FORMAT = "format"  # one of FORMATS
 
 REQUIRED, OPTIONAL, NONE = "required", "optional", "none"
 
@@ -260,8 +262,6 @@ def value(rows: Sequence[Row], f: Finding) -> Outcome:
     reduce = f.options.get("reduce")
     if reduce is None:
         row, v = _one(rows, f, f.options.get("select"), "selected")
-        from dabench_ir.reproduce.rows import point_label
-
         return Outcome(v, in_accept(v, f.accept), f"{f.metric} of {point_label(row)}")
     ok, why = _usable_rows(rows, f)
     if not ok:

@@ -153,7 +153,7 @@ def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
 
 @plot_kind("bars", fields={"x": K.GROUP, "metric": _METRIC, "series": K.GROUP, "numerator": K.GROUP_ROW,
                            "denominator": K.GROUP_ROW, "minus_one": K.BOOL, "reduce": K.REDUCE, "ylabel": K.TEXT,
-                           "format": K.TEXT, "paper": _MAPPING}, required={"x"})  # fmt: skip
+                           "format": K.FORMAT, "paper": _MAPPING}, required={"x"})  # fmt: skip
 def bars(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     """A figure per ``x`` group (``reduce`` of the metric per ``series``, or a numerator/denominator
     ratio), tool bars beside hatched paper bars."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.sweep.results import METRIC_COLUMNS
 
 __all__ = [
     "CONDITIONS",
@@ -37,21 +38,10 @@ Row = Mapping[str, Any]
 CONDITIONS = ("min", "max", "in", "not")
 """The keys a selector's table value may use."""
 
-METRICS = (
-    "throughput_samples_per_s",
-    "time_s",
-    "achieved_tflops",
-    "compute_efficiency",
-    "allocation_ratio",
-    "load_imbalance",
-    "flops",
-    "bytes",
-    "params_count",
-    "nodes",
-    "units",
-    "seconds",
+METRICS: tuple[str, ...] = tuple(
+    c for c in METRIC_COLUMNS if c not in ("status", "error", "fits", "failure_reason", "dominant_bound")
 )
-"""The numeric columns of a sweep's results table a finding can read (`sweep.results.METRIC_COLUMNS`)."""
+"""The numeric columns of a sweep's results table (`dabench_ir.sweep.results.METRIC_COLUMNS`): what a finding reads."""
 
 REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
     "max": max,

@@ -96,7 +96,7 @@ class Study:
     def restrict(self, ids: Iterable[str]) -> Study:
         """The study with only the findings ``ids``, the experiments they need and those experiments' plots."""
         wanted = list(dict.fromkeys(ids))
-        known = {f.id for f in self.findings}
+        known = [f.id for f in self.findings]
         unknown = [i for i in wanted if i not in known]
         if unknown:
             raise UserError(f"--only {','.join(unknown)}: no such finding in {self.origin}; it has {', '.join(known)}")
@@ -168,6 +168,10 @@ def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str)
     if ftype == K.DIRECTION:
         if value not in ("increasing", "decreasing", "flat"):
             raise UserError(f"{where}: {value!r}; expected increasing, decreasing or flat")
+        return value
+    if ftype == K.FORMAT:
+        if value not in K.FORMATS:
+            raise UserError(f"{where}: {value!r}; expected one of {', '.join(K.FORMATS)}")
         return value
     if ftype == K.TEXT:
         if not isinstance(value, str):
@@ -314,6 +318,8 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
         takes = ", ".join([*COMMON_FIELDS, *kind.fields])
         raise UserError(f"{where}: unknown field {unknown[0]!r} for kind {kind_name}; it takes {takes}")
     exp = raw.get("experiment")
+    if exp is None:
+        raise UserError(f"{where}: give the experiment it reads (one of {', '.join(experiments)})")
     if exp not in experiments:
         raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
     params = _params_of(experiments[exp])
@@ -367,6 +373,8 @@ def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str
     if kind is None:
         raise UserError(f"{where}: unknown kind {raw.get('kind')!r}; known: {', '.join(PLOT_KINDS)}")
     exp = raw.get("experiment")
+    if exp is None:
+        raise UserError(f"{where}: give the experiment it draws (one of {', '.join(experiments)})")
     if exp not in experiments:
         raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
     fields = {**kind.fields, "where": K.SELECTOR}
