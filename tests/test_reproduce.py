@@ -542,3 +542,14 @@ def test_only_runs_the_findings_experiments(tmp_path, tiny, cache, capsys):
     assert "1 of 1 findings reproduced" in text and "2 points: " in text
     assert [r["id"] for r in _csv(out / "findings.csv")] == ["precision"]
     assert not list(out.glob("*.png"))
+
+
+def test_the_docs_example_study_parses():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reproduce.md").read_text()
+    example = re.findall(r"```toml\n(.*?)```", text, re.S)[0]
+    study = parse_study(tomllib.loads(example), origin="mini.toml")
+    assert [f.id for f in study.findings] == ["rdu-deeper-slower", "all-fit"] and len(study.points()) == 4
