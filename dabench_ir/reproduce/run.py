@@ -184,8 +184,9 @@ def run_study(
         for spec in study.plots:
             try:
                 fig = PLOT_KINDS[spec.kind].draw(by_exp[spec.experiment], spec, records)
-            except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
-                logger.warning("plot %s skipped: %s", spec.id, exc)
+            except Exception as exc:  # a plot is a view of results already written: never fail the run for it
+                logger.warning("plot %s skipped: %s: %s", spec.id, type(exc).__name__, exc)
+                logger.debug("plot %s", spec.id, exc_info=True)
                 continue
             files.append(save_figure(fig, out / f"{spec.id}.png"))
     return StudyResult(study, outcomes, sweep, files, out)
