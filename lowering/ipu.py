@@ -15,9 +15,13 @@ Layout: ``layers_per_ipu`` (a leading 0 puts the embedding alone on IPU 0, and t
 returns there, as Graphcore's GPT-2 examples place it) or ``ipus`` splitting the decoder
 layers evenly. Every IPU must hold, in its tile memory, what Poplar keeps there: program
 memory, code, weights in their stored precision, the gradient accumulator, on-chip optimizer
-state, the checkpoints its stages stash for micro-batches in flight, one layer's live
-activations, matmul temporaries as their (serialised) plans need them, and the inter-IPU exchange
-buffers. The most loaded IPU sets the pipeline cycle; a step is ``m`` cycles plus the
+state (an ``fp16`` plan trains as Graphcore's examples do: fp16 weights, no fp32 master copy,
+``arch.fp16_optimizer_bytes_per_param`` of Adam moments), the checkpoints its stages stash for
+micro-batches in flight (with ``--recompute selective`` each layer's saved tensors less its
+attention core's scores), one layer's live activations, matmul temporaries as their (serialised)
+plans need them, and the inter-IPU exchange buffers. Tile memory is reported per IPU
+(``sram:ipuK``), never summed. A tensor crossing to another IPU is copied over the IPU-Link
+once, however many of that IPU's ops read it. The most loaded IPU sets the pipeline cycle; a step is ``m`` cycles plus the
 pipeline fill and drain, the optimizer update (at streaming-memory bandwidth when its
 state is off-chip) and the gradient reduction over replicas, each once per step
 (``Plan.step_overheads_s``). docs/targets.md gives the terms and their sources.
@@ -44,7 +48,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
-from dabench_ir.passes.training import FORWARD_COST, is_optimizer_step
+from dabench_ir.passes.training import FORWARD_COST, attention_cores, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
@@ -219,14 +223,30 @@ def _boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
     return best
 
 
-def _saved_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+def _saved_bytes(ctx: LoweringContext, nodes: list[Node], dropped: frozenset[str] = frozenset()) -> float:
     """Activations a layer keeps for its backward pass, whole batch: each distinct activation read
     by an op whose backward needs its operands (contractions, vector ops), once; moves and
-    views need none."""
+    views need none; ``dropped`` (an attention core's scores and probabilities, `_core_internal`)
+    are not kept."""
     graph = ctx.graph
     seen = {v for n in nodes if _saves_inputs(ctx, n) for v in n.inputs
-            if v and v in graph.values and not graph.values[v].kind.is_stored}  # fmt: skip
+            if v and v in graph.values and not graph.values[v].kind.is_stored and v not in dropped}  # fmt: skip
     return sum(_act_bytes(ctx, v) for v in seen)
+
+
+def _core_internal(ctx: LoweringContext) -> frozenset[str]:
+    """The values an attention core produces and only that core reads (its S x S scores and
+    probabilities): with ``--recompute selective`` the backward recomputes them from Q, K and V
+    (Korthikanti et al., MLSys 2023) and a fused core never writes them, so neither is stashed."""
+    graph = ctx.graph
+    cores = attention_cores(graph)
+    internal = set()
+    for name, cid in cores.items():
+        for out in graph.node(name).outputs:
+            readers = graph.consumers.get(out, []) if out else []
+            if readers and all(cores.get(r.name) == cid for r in readers):
+                internal.add(out)
+    return frozenset(internal)
 
 
 def _saves_inputs(ctx: LoweringContext, node: Node) -> bool:
@@ -273,18 +293,25 @@ def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
     return total
 
 
-def _state_bytes_per_param(ctx: LoweringContext) -> tuple[float, float]:
+def _state_bytes_per_param(ctx: LoweringContext, fp16_optimizer: float | None) -> tuple[float, float]:
     """(gradient accumulator, optimizer side) bytes per parameter in training, (0, 0) for inference.
 
     From the training pass's state by kind: the accumulator holds gradients in the weights'
     precision (Graphcore's GPT-2 example: ``accum_type=float16``); the optimizer side is the
-    fp32 master copy and the Adam moments, which Poplar can keep in streaming memory.
+    fp32 master copy and the Adam moments, which Poplar can keep in streaming memory. A plan
+    rewritten to ``fp16`` trains as Graphcore's examples do (``model.half()`` with stochastic
+    rounding: no fp32 master copy, the first moment in fp16 and the second in fp32), so its
+    optimizer side is ``arch.fp16_optimizer_bytes_per_param`` (``fp16_optimizer``) when the
+    target gives it; ``mixed`` keeps the master copy.
     """
     params = _trained_params(ctx)
     if not params:
         return 0.0, 0.0
     state = training_state(ctx)
-    return state.gradients / params, state.optimizer_side / params
+    side = state.optimizer_side / params
+    if fp16_optimizer is not None and meta.graph_precision(ctx.graph) == "fp16":
+        side = fp16_optimizer
+    return state.gradients / params, side
 
 
 def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
@@ -349,6 +376,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
 
     # -- time: every node on its IPU's lane ---------------------------------------------------
     lane_s: dict[int, float] = {}
+    crossed: set[tuple[str, int]] = set()  # (tensor, IPU) pairs already copied over an IPU-Link
     busy: dict[int, float] = {}
     weighted: dict[int, float] = {}
     for st in stages:
@@ -365,11 +393,13 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
             serial = _serial_plan(ctx, node, m, gamma, budget)
             extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
             serial_comm_s = m * extra * serial.broadcast_bytes / exchange_bw
-            link_bytes = 0
+            link_bytes = 0.0
             for v in node.inputs:
                 value = graph.values.get(v) if v else None
-                if value is not None and value.producer is not None and ipu_of.get(value.producer, k) != k:
-                    link_bytes += value_bytes(graph, v) * (2 if training else 1)  # and its gradient back
+                if (value is not None and value.producer is not None and ipu_of.get(value.producer, k) != k
+                        and (v, k) not in crossed):  # fmt: skip
+                    crossed.add((v, k))  # one inter-IPU copy per tensor, however many ops read it there
+                    link_bytes += _act_bytes(ctx, v) * (2 if training else 1)  # and its gradient back
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
             plan.node_plans[node.name] = np_ = place_node(
                 ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s + special_s,
@@ -383,11 +413,14 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
             weighted[k] = weighted.get(k, 0.0) + np_.per_micro_batch_s * m * used / tiles
 
     # -- memory: what each IPU's tiles hold ---------------------------------------------------
-    accum_pp, state_pp = _state_bytes_per_param(ctx)
+    accum_pp, state_pp = _state_bytes_per_param(ctx, target.arch_value("fp16_optimizer_bytes_per_param", None))
     offchip = options.optimizer_state != "onchip" and stream is not None  # auto: Graphcore's default, off-chip
     shard = replicas if options.replicated_tensor_sharding else 1
     terms: dict[int, dict[str, float]] = {}
     offchip_bytes: dict[int, float] = {}
+    # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
+    dropped = _core_internal(ctx) if train is not None and (train.recompute_mode == "selective"
+                                                            or train.fused_attention) else frozenset()  # fmt: skip
     params_on: dict[int, int] = {}
     inflight_of: dict[int, int] = {}
     for s, st in enumerate(stages):
@@ -406,8 +439,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 t["stash"] += len(layer_nodes) * boundary * inflight
                 live = saved  # one layer recomputed and differentiated at a time
             elif training:
-                t["stash"] += len(layer_nodes) * saved * inflight
-                live = 0.0
+                kept = max(_saved_bytes(ctx, ln, dropped) for ln in layer_nodes) / m if dropped else saved
+                t["stash"] += len(layer_nodes) * kept * inflight
+                # the one core the backward recomputes is live while it does (a fused core: on-tile)
+                live = saved - kept if train.recompute_mode == "selective" else 0.0
             else:
                 live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
             phases.append((live, _temporaries(ctx, [n for ln in layer_nodes for n in ln], m, gamma, budget)))
@@ -460,7 +495,8 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
             plan.fail(f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
                       f"it has {stream.capacity_bytes / 1e9:.0f} GB; use more IPUs or replicas",
                       offchip_bytes[k], stream.capacity_bytes)  # fmt: skip
-    plan.memory_bytes[sram.name] = sum(int(u.resources["sram_bytes"]) for u in plan.units)
+    # no summed "sram" entry: tile memory is per IPU ("sram:ipuK" above), and a sum over IPUs
+    # read as one device's use (the multi-chip report does) would exceed any one IPU's capacity
     plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
 
     # -- once per step: fill and drain, optimizer, gradient reduction ----------------------------
