@@ -67,12 +67,14 @@ class _Option:
 
     ``field`` None: the tool has no knob for it. A field ProfileOptions does not declare (yet)
     is reported as ignored too, so adding the knob there makes the key take effect.
-    ``convert(value, point)`` turns the catalogue value into the field's value.
+    ``convert(value, point)`` turns the catalogue value into the field's value. ``read_by``: the
+    key whose conversion consumes this one (not a knob of its own, yet not ignored either).
     """
 
     field: str | None
     kinds: frozenset[str] | None = None  # None: every target kind
     convert: Callable[[Any, Point], Any] | None = None
+    read_by: str | None = None
 
 
 def _micro_batches(value: Any, point: Point) -> int:
@@ -95,7 +97,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "matmul_proportion": _Option("matmul_proportion", frozenset({"ipu"})),
     "optimizer_state": _Option("optimizer_state"),
     "gradient_accumulation": _Option("micro_batches", frozenset({"ipu"}), _micro_batches),
-    "micro_batch": _Option(None),
+    "micro_batch": _Option(None, read_by="gradient_accumulation"),  # samples per micro-batch (_micro_batches)
     "half_partials": _Option(None),
     "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
     "optimizer": _Option(None),

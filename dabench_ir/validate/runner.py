@@ -134,6 +134,9 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         opt = RUN_OPTIONS.get(key, _UNKNOWN)
         if key in _IMPLIED and str(value).lower() in _IMPLIED[key]:
             continue
+        reader = RUN_OPTIONS.get(opt.read_by) if opt.read_by in p.run else None
+        if reader is not None and (reader.kinds is None or kind in reader.kinds):
+            continue  # consumed by the key that reads it (micro_batch by gradient_accumulation)
         if opt.field is None or opt.field not in fields:
             result.ignored.append(f"{key}={_short(value)}")
             continue
