@@ -306,7 +306,7 @@ def _place_pipelined(
     route_pes = sum(sizes) * replicas * route
     plan.stats = PlanStats(
         mode="pipelined",
-        step_s=step + sum(overheads.values()),
+        step_s=step + sum(plan.step_overheads_s.values()),  # the optimizer excess too
         pipeline_rate_samples_per_s=pipe_rate,
         transmission_rate_samples_per_s=transmission,
     )
