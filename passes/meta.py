@@ -15,6 +15,7 @@ from typing import Any
 from dabench_ir.ir import Cost, Graph, Node
 
 __all__ = [
+    "ACCUMULATE",
     "ANALYZED",
     "BACKWARD_COST",
     "COST",
@@ -62,6 +63,7 @@ UNATTRIBUTED = "dabench.unattributed"  # str reason, written by the 'cost' pass
 ESTIMATED = "dabench.estimated"  # str: why no rule counted it; its COST is `estimate_cost`'s bytes-only lower bound
 OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
+ACCUMULATE = "dabench.accumulate"  # DType a contraction node accumulates its products in (mixed: fp32), by 'precision'
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
 SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, Scan), set by the ONNX frontend
 FORWARD_COST = "dabench.cost.forward"  # Cost of the forward phase, written by the 'training' pass
@@ -78,7 +80,7 @@ LINALG_COUNTS = "dabench.mlir.counts"  # list[OpCount], by the .mlir frontend or
 MODEL_FAMILY, MODEL_PRESET, MODEL_PARAMS, MODEL_WEIGHTS = "dabench.family", "dabench.preset", "dabench.params", "dabench.weights"
 MODEL_PHASE, MODEL_KV_CACHE = "dabench.phase", "dabench.kv_cache"
 
-_WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision"}
+_WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision", ACCUMULATE: "precision"}
 
 
 class MissingAnnotationError(KeyError):

@@ -5,7 +5,12 @@ ICLR 2018; NVIDIA's automatic mixed precision lists): matmuls, convolutions and 
 activations between them in half precision; softmax, normalisations, reductions and
 transcendental-heavy ops compute in fp32 and write fp32 (the ops whose `OpTraits.keeps_fp32`
 is set in passes/cost_rules.py); master weights stay fp32 (they matter in training, see
-passes/training.py).
+passes/training.py). Under ``mixed`` every contraction takes 16-bit inputs and accumulates in
+fp32 (the recipe's fp32 accumulation; Cerebras docs, "Data Formats": "16-bit input to arithmetic
+operations, and FP32 accumulations"): the pass marks each contraction's accumulation dtype in
+`meta.ACCUMULATE` (fp32 under ``mixed``; the compute dtype under fp32 / fp16 / bf16). A target
+whose matmul rate depends on the accumulator width declares it (``[compute.fp32_accumulate_flops]``,
+`dabench_ir.targets.Target.rate`); on the others the mark changes nothing.
 
 Quantised inference (docs/models.md, "Quantised precisions"): the weights of the matmuls in
 the decoder blocks are quantised; embeddings, the LM head and norm weights stay 16-bit, as
@@ -31,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, DType, Graph, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.options import KV_PRECISIONS, PRECISIONS
 
 from . import meta
@@ -42,6 +47,7 @@ __all__ = [
     "KV_CACHE_METADATA_KEY",
     "DequantisePass",
     "PrecisionPass",
+    "accumulate_dtype",
     "compute_dtype",
     "dominant_storage_dtype",
     "graph_compute_dtype",
@@ -77,6 +83,18 @@ def compute_dtype(precision: str | DType | None) -> DType | None:
     if key == "mixed":
         return DType.FLOAT16
     return DType.from_name(key)
+
+
+def accumulate_dtype(graph: Graph, node: Node | None = None) -> DType | None:
+    """The dtype contractions accumulate in: ``node``'s `meta.ACCUMULATE` mark when it has one,
+    else the graph's rule (fp32 under ``mixed``, the 16-bit recipe's fp32 accumulation), else None
+    (as the node computes: no rewrite said otherwise). The graph's rule also covers work a
+    lowering computes as a contraction that is no contraction node (the WSE's one-hot token lookup)."""
+    if node is not None:
+        mark = node.meta.get(meta.ACCUMULATE)
+        if isinstance(mark, DType):
+            return mark
+    return DType.FLOAT32 if meta.graph_precision(graph) == "mixed" else None
 
 
 def graph_compute_dtype(graph: Graph) -> DType:
@@ -128,8 +146,9 @@ class PrecisionPass(Pass):
     """Rewrite float values to ``precision`` (see the module docstring for each mode) and the
     KV cache to ``kv``; either may be None (left as the model is).
 
-    Writes `meta.PRECISION` (the dtype each node computes in) and, for weight-only modes, the
-    weights each matmul reads quantised (`QUANTISED`). It only rewrites types: the cost pass
+    Writes `meta.PRECISION` (the dtype each node computes in), `meta.ACCUMULATE` on contractions
+    in the float modes (fp32 under ``mixed``, else the compute dtype) and, for weight-only modes,
+    the weights each matmul reads quantised (`QUANTISED`). It only rewrites types: the cost pass
     must run after it (bytes follow the dtypes), then `DequantisePass` (`dabench_ir.run.
     transform_passes` lists the three in that order).
     """
@@ -187,6 +206,10 @@ class PrecisionPass(Pass):
                     if value is not None and value.type.dtype.is_float and value.kind is not ValueKind.OUTPUT:
                         value.type = value.type.with_dtype(DType.FLOAT32)
             node.meta[meta.PRECISION] = computes
+            if not quant and node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION:
+                node.meta[meta.ACCUMULATE] = DType.FLOAT32 if mixed else computes
+            else:
+                node.meta.pop(meta.ACCUMULATE, None)
         return quantised
 
 

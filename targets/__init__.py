@@ -57,6 +57,11 @@ OP_CLASSES = ("contraction", "vector", "special")
 and ``special`` results/s (exp, erf, rsqrt, ... on the special-function units:
 ``[compute.special_ops]``)."""
 _RATE_TABLES = {"vector": "vector_flops", "special": "special_ops"}
+_ACCUMULATE_TABLE = "fp32_accumulate_flops"
+"""``[compute.fp32_accumulate_flops]``: the contraction rate of 16-bit inputs accumulated in fp32,
+per input dtype, on a target whose matmul datapath is bound by the accumulator's width (the WSE:
+the partial sums stream through PE SRAM). Absent: fp32 accumulation runs at the 16-bit peak (GPU
+tensor cores accumulate in fp32 at full rate)."""
 
 
 def _dtype_key(dtype: DType | str) -> str:
@@ -157,6 +162,7 @@ class Target:
     memories: tuple[MemoryLevel, ...]
     vector_rates: Mapping[str, Quantity] = field(default_factory=dict)
     special_rates: Mapping[str, Quantity] = field(default_factory=dict)
+    accumulate_rates: Mapping[str, Quantity] = field(default_factory=dict)
     links: tuple[Link, ...] = ()
     overheads: Mapping[str, Quantity] = field(default_factory=dict)
     strategies: tuple[str, ...] = ()
@@ -198,14 +204,21 @@ class Target:
             f"{', '.join(self.peaks)}: choose one of those with --precision"
         )
 
-    def rate(self, op_class: str, dtype: DType | str) -> float:
+    def rate(self, op_class: str, dtype: DType | str, accumulate: DType | str | None = None) -> float:
         """Peak rate of one op class (`OP_CLASSES`) at ``dtype``, per second: ``contraction``
-        FLOP/s is `peak_flops`; ``vector`` FLOP/s and ``special`` results/s come from
+        FLOP/s is `peak_flops`, or with ``accumulate`` fp32 and 16-bit inputs the target's
+        ``[compute.fp32_accumulate_flops]`` entry for ``dtype`` where it has one (a datapath bound
+        by the accumulator's width; absent: the 16-bit peak); ``vector`` FLOP/s and ``special`` results/s come from
         ``[compute.vector_flops]`` / ``[compute.special_ops]``. A dtype a table lacks takes its
         16-bit twin (bf16/fp16), else the fp32 entry (elementwise and special-function math
         runs in fp32 when the storage format has no unit of its own). A target whose file has
         no table for the class runs that class at `peak_flops` (one rate for every FLOP)."""
         if op_class == "contraction":
+            key = _dtype_key(dtype)
+            if accumulate is not None and _dtype_key(accumulate) == "fp32" and key != "fp32":
+                for k in (key, _PEAK_FALLBACK.get(key)):
+                    if k in self.accumulate_rates:
+                        return self.accumulate_rates[k].value
             return self.peak_flops(dtype)
         if op_class not in _RATE_TABLES:
             raise ValueError(f"unknown op class {op_class!r}; one of {', '.join(OP_CLASSES)}")
@@ -228,19 +241,23 @@ class Target:
         *,
         contraction_dtype: DType | str | None = None,
         contraction_efficiency: float = 1.0,
+        accumulate_dtype: DType | str | None = None,
     ) -> dict[str, float]:
         """Seconds of each op class of ``cost`` at its own rate (`rate`): contraction FLOPs at the
-        ``contraction_dtype`` (default ``dtype``) peak times ``contraction_efficiency`` (the
-        matmul efficiency is a contraction figure and applies to nothing else), vector FLOPs and
+        ``contraction_dtype`` (default ``dtype``) rate with products accumulated in
+        ``accumulate_dtype`` (None: as the inputs), times ``contraction_efficiency`` (the matmul
+        efficiency is a contraction figure and applies to nothing else), vector FLOPs and
         special-function ops at the vector and special rates of ``dtype``. Classes with no work
         take 0 s (and need no rate)."""
         work = {"contraction": cost.contraction_flops, "vector": cost.vector_flops, "special": cost.special_ops}
         out = dict.fromkeys(OP_CLASSES, 0.0)
         for cls, n in work.items():
             if n:
-                dt = (contraction_dtype or dtype) if cls == "contraction" else dtype
-                eff = contraction_efficiency if cls == "contraction" else 1.0
-                out[cls] = n / (self.rate(cls, dt) * eff)
+                if cls == "contraction":
+                    rate = self.rate(cls, contraction_dtype or dtype, accumulate_dtype) * contraction_efficiency
+                else:
+                    rate = self.rate(cls, dtype)
+                out[cls] = n / rate
         return out
 
     def compute_time(
@@ -250,6 +267,7 @@ class Target:
         *,
         contraction_dtype: DType | str | None = None,
         contraction_efficiency: float = 1.0,
+        accumulate_dtype: DType | str | None = None,
     ) -> float:
         """Compute seconds of ``cost``: the sum of its op classes' times (`class_times`),
         ``C / (rate_c x efficiency) + V / rate_v + S / rate_s``. The one rule every lowering
@@ -257,7 +275,11 @@ class Target:
         issue slots (a GPU warp scheduler, a WSE PE's single core), so their times add."""
         return sum(
             self.class_times(
-                cost, dtype, contraction_dtype=contraction_dtype, contraction_efficiency=contraction_efficiency
+                cost,
+                dtype,
+                contraction_dtype=contraction_dtype,
+                contraction_efficiency=contraction_efficiency,
+                accumulate_dtype=accumulate_dtype,
             ).values()
         )
 
@@ -345,6 +367,7 @@ class Target:
         items += [(f"compute.peak_flops.{k}", q) for k, q in self.peaks.items()]
         items += [(f"compute.vector_flops.{k}", q) for k, q in self.vector_rates.items()]
         items += [(f"compute.special_ops.{k}", q) for k, q in self.special_rates.items()]
+        items += [(f"compute.{_ACCUMULATE_TABLE}.{k}", q) for k, q in self.accumulate_rates.items()]
         for i, m in enumerate(self.memories):
             items += [(f"memory[{i}].capacity_bytes", m.capacity), (f"memory[{i}].bandwidth_bytes_per_s", m.bandwidth)]
         for i, lk in enumerate(self.links):
@@ -478,6 +501,13 @@ class _Parser:
                 except ValueError:
                     raise self.fail(f"field compute.{table}.{key}: unknown precision {key!r}") from None
             rates[table] = {k: self.quantity(raw, k, f"compute.{table}.{k}", positive=True) for k in raw}
+        acc_raw = self.table(compute, _ACCUMULATE_TABLE, f"compute.{_ACCUMULATE_TABLE}", required=False)
+        for key in acc_raw:  # keyed by the 16-bit input dtype whose fp32-accumulated rate it is
+            if key not in ("fp16", "bf16"):
+                raise self.fail(f"field compute.{_ACCUMULATE_TABLE}.{key}: expected a 16-bit input dtype (fp16, bf16)")
+        accumulate = {
+            k: self.quantity(acc_raw, k, f"compute.{_ACCUMULATE_TABLE}.{k}", positive=True) for k in acc_raw
+        }
 
         mems_raw = d.get("memory")
         if mems_raw is None:
@@ -545,6 +575,7 @@ class _Parser:
             memories=tuple(memories),
             vector_rates=rates["vector_flops"],
             special_rates=rates["special_ops"],
+            accumulate_rates=accumulate,
             links=tuple(links),
             overheads=overheads,
             strategies=tuple(strategies),

@@ -171,3 +171,27 @@ def test_fused_attention_never_faster_than_its_sfu_work():
     floor = sum(h100.compute_time(ctx.costs[n], ctx.node_precision(g.node(n)), contraction_dtype="bf16") for n in core)
     assert seconds == pytest.approx(floor)
     assert ctx.costs[sm.name].special_ops / plan.node_plans[sm.name].compute_s <= h100.rate("special", "bf16")
+
+
+def test_fp32_accumulation_rate_is_the_targets_where_declared():
+    # the WSE's FMAC rate is set by the accumulator's width (64 bits per cycle through PE SRAM:
+    # 4 fp16 or 2 fp32 partial sums), so 16-bit inputs accumulated in fp32 run at the fp32 rate;
+    # GPU tensor cores accumulate in fp32 at the 16-bit peak (no table: the peak)
+    wse = load_target("wse2")
+    for half in ("fp16", "bf16"):
+        assert wse.rate("contraction", half, DType.FLOAT32) == wse.peak_flops("fp32")
+        assert wse.rate("contraction", half) == wse.peak_flops(half)  # 16-bit accumulation: 4 lanes
+        assert wse.rate("contraction", half, half) == wse.peak_flops(half)
+    assert wse.rate("contraction", "fp32", "fp32") == wse.peak_flops("fp32")
+    assert wse.rate("vector", "fp16", DType.FLOAT32) == wse.rate("vector", "fp16")  # contractions only
+    assert "compute.fp32_accumulate_flops.bf16" in {path for path, _ in wse.quantities()}
+    cost = Cost(contraction_flops=N)
+    assert wse.compute_time(cost, "bf16", accumulate_dtype="fp32") == pytest.approx(N / wse.peak_flops("fp32"))
+    for name in GPUS:
+        t = load_target(name)
+        assert not t.accumulate_rates
+        assert t.rate("contraction", "bf16", DType.FLOAT32) == t.peak_flops("bf16")
+    d = dict(wse.raw)
+    d["compute"] = {**d["compute"], "fp32_accumulate_flops": {"fp32": {"value": 1.0, "source": "a bad key"}}}
+    with pytest.raises(Exception, match="16-bit input dtype"):
+        Target.from_dict(d, origin="bad.toml")

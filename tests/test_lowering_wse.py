@@ -222,6 +222,90 @@ def test_fp32_matmuls_run_at_the_fp32_rate():
     assert fc32.work_s / fc16.work_s == pytest.approx(WSE.peak_flops("fp16") / WSE.peak_flops("fp32"))
 
 
+
+def test_a_contraction_runs_at_the_rate_of_its_accumulator():
+    # mixed precision (16-bit inputs, fp32 accumulation) runs the 2-lane fp32 datapath: the
+    # accumulator streams through SRAM 64 bits per cycle; only 16-bit accumulation (--precision
+    # fp16/bf16) runs 4 lanes; the 16-bit format itself (fp16 or bf16) changes nothing
+    from dabench_ir.ir import DType
+    from dabench_ir.passes import meta
+
+    def fc_work(dtype, accumulate=None):
+        g = decoder(layers=1, hidden=64, seq=16, dtype=dtype)
+        if accumulate is not None:
+            meta.graph_set(g, meta.GRAPH_PRECISION, "mixed")
+            for n in g.nodes:
+                if n.meta[meta.COST].contraction_flops:
+                    n.meta[meta.ACCUMULATE] = accumulate
+        return next(k for k in _kernels(g) if k.cls == "fc").work_s
+
+    fp32, mixed = fc_work(DType.FLOAT32), fc_work(DType.BFLOAT16, DType.FLOAT32)
+    fp16, bf16 = fc_work(DType.FLOAT16), fc_work(DType.BFLOAT16)
+    assert mixed == pytest.approx(fp32)
+    assert fp16 == pytest.approx(bf16)
+    assert mixed / fp16 == pytest.approx(WSE.peak_flops("fp16") / WSE.peak_flops("fp32"))
+    # the fitted efficiency is a share of the 2-lane datapath point A runs on: a physical figure
+    assert 0.9 < WSE.arch_value("pe_matmul_efficiency") <= 1.0
+
+
+def _step(layers, batch, *, train=True, **options):
+    g = decoder(layers=layers, hidden=256, seq=128, heads=4, batch=batch)
+    g = _train(g) if train else g
+    return lower(g, WSE, ProfileOptions(wse_mode="pipelined", **options))
+
+
+def test_a_training_step_drains_and_refills_the_pipeline():
+    # synchronous training: the update waits for the batch's last gradients, so each step pays one
+    # sample's latency through the forward and backward chain beyond the steady state (an attention
+    # kernel holds a whole sample, any other kernel one token row), then the first regions' update
+    plan = _step(12, 16)
+    period = plan.extra["period_s"]
+    chain = 0.0
+    for u in plan.units:
+        if u.kind.startswith("wse_region:"):
+            t = u.resources["work_pe_s_per_sample"] / u.stats.pes + u.resources["row_s_per_sample"]
+            chain += t if u.kind == "wse_region:attention" else t / 128
+    assert plan.extra["chain_latency_s"] == pytest.approx(chain)
+    assert plan.step_overheads_s["wse_fill_drain"] == pytest.approx(chain - period)
+    assert 11 * period < chain < 13 * period  # about one period per attention kernel (12 blocks)
+    assert plan.stats.step_s == pytest.approx(16 * period + sum(plan.step_overheads_s.values()))
+    # a region updates its weights in the window before the next step's first sample reaches it:
+    # the first regions' update holds the step back, a small cost beside the drain
+    assert 0 < plan.step_overheads_s["wse_optimizer"] < 0.1 * plan.step_overheads_s["wse_fill_drain"]
+    # inference streams batch after batch; the scenario's one-step latency times the fill itself
+    assert "wse_fill_drain" not in _step(12, 16, train=False).step_overheads_s
+    from dabench_ir.lowering.wse import WseLowering
+
+    g = _train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16))
+    single = lower(g, WSE, WseLowering.options(ProfileOptions(wse_mode="pipelined"), steady_state=False))
+    assert "wse_fill_drain" not in single.step_overheads_s
+
+
+def test_throughput_grows_with_batch_then_flattens():
+    # the drain is a fixed cost per step: about (layers - 1) periods, so the rate is
+    # B / (B + ~11) of the steady state at 12 layers, whatever the width
+    rate = {b: b / _step(12, b).stats.step_s for b in (16, 128, 256, 512)}
+    steady = _step(12, 16).stats.pipeline_rate_samples_per_s
+    assert rate[128] / rate[16] > 1.3
+    assert rate[512] / rate[256] < 1.05
+    assert rate[16] < rate[128] < rate[256] < rate[512] < steady
+    # deeper pipelines drain longer: the knee moves out with depth
+    shallow = {b: b / _step(4, b).stats.step_s for b in (16, 128)}
+    assert shallow[128] / shallow[16] < rate[128] / rate[16]
+
+
+def test_replicas_raise_throughput_at_a_falling_efficiency_per_replica():
+    g = _train(decoder(layers=2, hidden=768, seq=1024, heads=12, batch=16))
+    plans = {r: lower(g, WSE, ProfileOptions(wse_mode="pipelined", replicas=r)) for r in (1, 2, 4, 8)}
+    rate = {r: p.samples_per_step / p.stats.step_s for r, p in plans.items()}
+    assert rate[1] < rate[2] < rate[4] < rate[8]
+    per_replica = [rate[r] / r / rate[1] for r in (1, 2, 4, 8)]
+    assert per_replica == sorted(per_replica, reverse=True) and per_replica[-1] < 0.9
+    # each copy drains and updates its own weights every step, after the gradients are reduced
+    for r, p in plans.items():
+        assert {"wse_fill_drain", "wse_optimizer"} <= set(p.step_overheads_s)
+        assert ("wse_replica_reduce" in p.step_overheads_s) == (r > 1)
+
 # -- catalogue point A: the GPT-2 small pipelined compile report --------------------------------
 @pytest.fixture(scope="module")
 def gpt2_small_train():

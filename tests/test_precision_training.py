@@ -86,3 +86,24 @@ def test_recompute_adds_a_forward_pass_and_keeps_less():
     fwd = sum(n.meta["dabench.cost.forward"].flops for n in plain.nodes if "dabench.cost.forward" in n.meta)
     assert f(again) - f(plain) == fwd
     assert meta.training_state(again).saved_activation_bytes < meta.training_state(plain).saved_activation_bytes
+
+
+def test_mixed_marks_contractions_as_fp32_accumulated():
+    # mixed precision: 16-bit inputs, fp32 accumulation (Cerebras "Data Formats"; NVIDIA AMP);
+    # the pure modes accumulate as they compute; only contractions carry the mark
+    from dabench_ir.passes.precision import accumulate_dtype
+
+    graph = analyze_text(BLOCK)
+    rewrite(graph, precision="mixed")
+    ln, mm1, sm, mm2 = graph.nodes
+    assert mm1.meta[meta.ACCUMULATE] is DType.FLOAT32 and mm2.meta[meta.ACCUMULATE] is DType.FLOAT32
+    assert mm1.meta[meta.PRECISION] is DType.BFLOAT16  # the inputs stay 16-bit
+    assert meta.ACCUMULATE not in ln.meta and meta.ACCUMULATE not in sm.meta
+    assert accumulate_dtype(graph) is DType.FLOAT32  # the graph's rule, for work no node carries
+    for mode, dtype in (("fp16", DType.FLOAT16), ("bf16", DType.BFLOAT16), ("fp32", DType.FLOAT32)):
+        g = analyze_text(BLOCK)
+        rewrite(g, precision=mode)
+        assert [accumulate_dtype(g, n) for n in g.nodes if meta.ACCUMULATE in n.meta] == [dtype, dtype], mode
+        assert accumulate_dtype(g) is None
+    plain = analyze_text(BLOCK)  # no rewrite: as the model computes
+    assert accumulate_dtype(plain, plain.nodes[1]) is None

@@ -8,7 +8,8 @@ lookup's work and for what an attention kernel keeps for backward.
 
 - A kernel's busy PE-seconds per sample ``W = C/f_mm + V/f_vec + S/f_sp + D/(link x clock)``
   from its nodes' `Cost`, each rate a PE's share of the target's rate for that op class
-  (`Target.compute_time`: contraction FLOPs at ``pe_matmul_efficiency`` of the peak, vector
+  (`Target.compute_time`: contraction FLOPs at ``pe_matmul_efficiency`` of the rate of their
+  accumulator, fp32 under mixed precision (`passes.precision.accumulate_dtype`), vector
   ops at ``[compute.vector_flops]``, transcendentals at ``[compute.special_ops]``), data
   movement at the fabric link width (`_Rates`, `_measure`).
 - A residual add whose other input crosses attention holds one sample of its skip stream in
@@ -28,6 +29,7 @@ from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass, Role, traits_of
+from dabench_ir.passes.precision import accumulate_dtype
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step, token_table
 
 if TYPE_CHECKING:
@@ -73,18 +75,26 @@ class _Rates:
             link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO),
         )
 
-    def work_s(self, cost: Cost, precision: DType, data_movement: bool) -> float:
+    def work_s(
+        self, cost: Cost, precision: DType, data_movement: bool, accumulate: DType | None = None
+    ) -> float:
         """Busy seconds of ``cost`` on one PE: its whole-wafer compute time at the per-class
         rates times the PEs (one PE does a ``1/pes`` share of each rate), plus the bytes a
-        pure data-movement op moves at the link width. A precision the target has no peak
-        for computes its contractions at the fp16 rate."""
+        pure data-movement op moves at the link width. Contractions run at the rate of their
+        accumulator (``accumulate``: fp32 under mixed precision, the 2-lane datapath of
+        ``[compute.fp32_accumulate_flops]``; None: as the inputs). A precision the target has no
+        peak for computes its contractions at the fp16 rate."""
         try:
             self.target.peak_flops(precision)
             mm_dtype = precision
         except TargetError:
             mm_dtype = DType.FLOAT16
         seconds = self.target.compute_time(
-            cost, precision, contraction_dtype=mm_dtype, contraction_efficiency=self.mm_efficiency
+            cost,
+            precision,
+            contraction_dtype=mm_dtype,
+            contraction_efficiency=self.mm_efficiency,
+            accumulate_dtype=accumulate,
         ) * self.pes
         if data_movement and cost.flops == 0:
             seconds += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes / self.clock
@@ -309,9 +319,10 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
                 # (tied) table: 2 x tokens x hidden x vocab FLOPs (inferred from report A)
                 out = _shape(ctx, node.outputs[0]) if node.outputs else None
                 elems = math.prod(out) if out else 0
-                w = rates.work_s(Cost(contraction_flops=2 * elems * vocab), ctx.precision, False) if out else 0.0
+                lookup = Cost(contraction_flops=2 * elems * vocab)
+                w = rates.work_s(lookup, ctx.precision, False, accumulate_dtype(ctx.graph)) if out else 0.0
             else:
-                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node))
+                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node), accumulate_dtype(ctx.graph, node))
             k.node_work_s[node.name] = w / samples
         k.work_s = sum(k.node_work_s.values())
         last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and (n.outputs or n.inputs)), None)

@@ -279,16 +279,20 @@ def _place_pipelined(
                 allocation=sizing.buffer_pes / pes,
             )
         )
-    # each region updates its own weights once per step, in the time it idles while the bottleneck
-    # works (per_replica x (period - its own time)); what does not fit in that slack stalls the step
-    spill = [
-        (k.params / p, per_replica * max(0.0, period - t))
-        for k, p, t in zip(kernels, sizes, times, strict=True)
-        if k.params
-    ]
-    _place_optimizer(ctx, plan, target, spill, sram.level, ridge)
+    # synchronous training: a step's update waits for its last sample's gradients, so each step
+    # drains the pipeline, updates, and refills it (`_chain_latency`); each region updates its own
+    # weights in the window between its last backward and the next step's first forward
     step = period * per_replica
+    chain, before = _chain_latency(kernels, times)
+    training = meta.graph_mode(ctx.graph) == "train"
+    drain = max(0.0, chain - period) if training and options.steady_state else 0.0
+    windows = [
+        (k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params
+    ]
+    _place_optimizer(ctx, plan, target, windows, sram.level, ridge)
     overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
+    if drain > 0:
+        overheads["wse_fill_drain"] = drain
     plan.step_overheads_s.update(overheads)
     pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
     ceiling = math.inf if transmission is None else transmission
@@ -302,7 +306,7 @@ def _place_pipelined(
     route_pes = sum(sizes) * replicas * route
     plan.stats = PlanStats(
         mode="pipelined",
-        step_s=step + sum(overheads.values()),
+        step_s=step + sum(plan.step_overheads_s.values()),  # the optimizer excess too
         pipeline_rate_samples_per_s=pipe_rate,
         transmission_rate_samples_per_s=transmission,
     )
@@ -322,23 +326,49 @@ def _place_pipelined(
         ),
         "kernels": len(kernels),
         "period_s": period,
+        "chain_latency_s": chain,
         "buffer_bytes": sizing.buffer_bytes * replicas,
         "state_bytes": sizing.state_bytes * replicas,
     })  # fmt: skip
     return plan
 
 
+def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float, list[float]]:
+    """One sample's latency through the kernel chain, forward and backward, and each kernel's share
+    of it before the kernel (its window to update its weights between steps).
+
+    A kernel that streams token rows passes a sample on one row after it arrives (its time per
+    sample over its rows); an attention kernel emits a sample's rows only after it has read the
+    whole sample (its scores span the sequence: the skip FIFOs of `kernels._skip_bytes`), and its
+    backward reads every row's gradient before it emits one (the causal mask puts every later
+    query row behind each key row), so it holds the sample its whole time per sample (forward
+    and backward shares together). Summed over the chain in kernel order.
+    """
+    lats = [
+        t if k.cls == "attention" else t / max(1, k.tokens)
+        for k, t in zip(kernels, times, strict=True)
+    ]
+    before, acc = [], 0.0
+    for lat in lats:
+        before.append(acc)
+        acc += lat
+    return acc, before
+
+
 def _place_optimizer(
     ctx: LoweringContext, plan: Plan, target: Target, regions: list[tuple[float, float]], level: str, ridge: float
 ) -> None:
     """The optimizer step: every region updates its own weights (``regions``: parameters per PE
-    and the idle time per step it can do that in); the largest excess is a step overhead."""
+    and the window it has for that, from its last backward of a step to the next step's first
+    forward reaching it, beside the update that holds the next step back); the largest excess over
+    its window is the step overhead ``wse_optimizer`` (at least the first region's whole update:
+    its window is nil, the next step enters through it)."""
     params = _params(ctx)
     for node in ctx.graph.nodes:
         if not is_optimizer_step(node) or not params:
             continue
         per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
-        busy = max((max(0.0, per_param * q - slack) for q, slack in regions), default=0.0)
+        busy = max((max(0.0, per_param * q - window) for q, window in regions), default=0.0)
         plan.units.append(
             Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], stats=UnitStats(held_units=0.0), allocation=0.0)
         )
@@ -347,7 +377,8 @@ def _place_optimizer(
             ridge=ridge, allocation=0.0, time_s=0.0,
         )  # fmt: skip
         np_.note = (
-            "runs in every region on its own weights, in its idle time; the excess is the step overhead wse_optimizer"
+            "runs in every region on its own weights once the step's gradients are complete, while the "
+            "pipeline drains and refills; what outlasts that is the step overhead wse_optimizer"
         )
         plan.node_plans[node.name] = np_
         plan.step_overheads_s["wse_optimizer"] = busy

@@ -30,6 +30,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _samples, _shape, _state_bytes
 from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
 from dabench_ir.passes import meta
+from dabench_ir.passes.precision import accumulate_dtype
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
 from dabench_ir.plan import Plan, PlanStats, Schedule, Unit, UnitStats
 
@@ -71,10 +72,11 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
                 work[n.name] = 0.0
                 continue
             prec = ctx.node_precision(n)
+            acc = accumulate_dtype(ctx.graph, n)
             total = ctx.costs[n.name]
-            w = rates.work_s(total, prec, _is_data(n))
+            w = rates.work_s(total, prec, _is_data(n), acc)
             if training and recompute_always and not recomputed:
-                w += rates.work_s(_cost(n, FORWARD_COST, Cost()), prec, _is_data(n))  # forward again in backward
+                w += rates.work_s(_cost(n, FORWARD_COST, Cost()), prec, _is_data(n), acc)  # forward again in backward
             k = kernel_of.get(n.name)
             if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
                 w = k.node_work_s.get(n.name, 0.0) * samples
