@@ -352,6 +352,11 @@ class ScaleOptions(ProfileOptions):
     zero: int = knob(0, help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
                      "2 + gradients, 3 + weights = FSDP)", parse=_zero, group="scale",
                      commands=frozenset({SCALE, SWEEP}), metavar="{0,1,2,3}")  # fmt: skip
+    chips_per_node: int | None = knob(
+        None, help="how many of the run's chips share a node: a job spread over machines, its collectives and "
+        "pipeline boundaries crossing the inter-node link (default: the target's [topology] devices_per_node; "
+        "at most that)", parse=_chip_count, group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), metavar="N",
+    )  # fmt: skip
 
 
 def _collect(*classes: type) -> dict[str, Knob]:

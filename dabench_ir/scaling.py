@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.lowering._common import LoweringContext, training_state, weight_bytes
+from dabench_ir.lowering._common import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.collectives import (
     bubble_fraction,
     hierarchical_allreduce_time,
@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
     from dabench_ir.timeline import Timeline
 
-__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "scale", "split_for_tp"]
+__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "chips_per_node", "scale",
+           "split_for_tp"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class ScaleResult:
     points: list[ScalePoint]
     model: dict[str, Any] = field(default_factory=dict)
     devices_per_node: int | None = None  # the target's node size (None: no topology declared)
+    chips_per_node: int | None = None  # the run's chips to a node (the knob; default the node size)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +140,7 @@ class ScaleResult:
             "precision": self.precision,
             "link": self.link,
             "devices_per_node": self.devices_per_node,
+            "chips_per_node": self.chips_per_node,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -200,14 +203,32 @@ def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
 # -- collectives over the target's topology --------------------------------------------------
 
 
-def allreduce_time(target: Target, nbytes: float, chips: int) -> float:
+def chips_per_node(target: Target, options: Any = None) -> int | None:
+    """How many of a run's chips share a node: the ``chips_per_node`` knob (a job spread over
+    machines), else the target's ``[topology] devices_per_node``; None when the target declares
+    no topology. A UserError for more than a node holds, or for a node size on a target without one."""
+    given = getattr(options, "chips_per_node", None)
+    topo = target.topology
+    if topo is None:
+        if given is not None:
+            raise UserError(f"--chips-per-node {given}: {target.name} declares no [topology] (devices per node and "
+                            "the links inside and between nodes); drop it")  # fmt: skip
+        return None
+    if given is not None and given > topo.per_node:
+        raise UserError(f"--chips-per-node {given}: a {target.name} node holds {topo.per_node} devices "
+                        f"([topology] devices_per_node); give 1 to {topo.per_node}")  # fmt: skip
+    return given or topo.per_node
+
+
+def allreduce_time(target: Target, nbytes: float, chips: int, per_node: int | None = None) -> float:
     """All-reduce of ``nbytes`` over ``chips`` of ``target``: hierarchical when they span nodes
-    of its ``[topology]``, else a ring over its first link."""
+    of its ``[topology]`` (``per_node`` of them to a node, default the target's node size), else a
+    ring over its first link."""
     topo = target.topology
     if topo is not None:
         inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, topo.inter.latency_s)
         return hierarchical_allreduce_time(
-            nbytes, chips, topo.per_node, (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s), inter
+            nbytes, chips, per_node or topo.per_node, (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s), inter
         )
     link = target.link()
     if link is None:
@@ -253,7 +274,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
             if isinstance(node.meta.get(key), Cost):
                 node.meta[key] = _split_cost(node.meta[key], chips, inside_in, inside_out)
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
-            leaving[mod] = max(leaving.get(mod, 0), cost.act_bytes_out)
+            leaving[mod] = max(leaving.get(mod, 0), _leaving_bytes(graph, node, module_of, cost))
     for value in share.values.values():  # weights of split modules are sharded too, and the activations inside one
         readers = [r for r in share.consumers.get(value.name, []) if not is_optimizer_step(r)]
         inner = value.producer is not None and module_of.get(value.producer) is not None and bool(readers)
@@ -267,6 +288,21 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                     value.type = replace(value.type, shape=tuple(dims))
     _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
+
+
+def _leaving_bytes(graph: Graph, node: Node, module_of: dict[str, str | None], cost: Cost) -> int:
+    """Bytes of the values ``node`` hands out of its split module: one forward activation each, in
+    its own dtype (bf16 under mixed precision). Not the node's cost: in training that sums the
+    forward and backward traffic. Its forward cost's output bytes when no shape is known."""
+    mod = module_of[node.name]
+    out = 0
+    for v in node.outputs:
+        if v and any(module_of.get(c.name) != mod for c in graph.consumers.get(v, ())):
+            out += value_bytes(graph, v)
+    if out:
+        return out
+    fwd = node.meta.get(FORWARD_COST)
+    return (fwd if isinstance(fwd, Cost) else cost).act_bytes_out
 
 
 def _split_cost(cost: Cost, chips: int, inside_in: bool, inside_out: bool) -> Cost:
@@ -353,7 +389,8 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     boundary_bytes = _boundary_bytes(graph, stages)
     comm = 0.0
     if link is not None and chips > 1:
-        comm = sum(p2p_time(b / m, *_stage_link(target, i)) for i, b in enumerate(boundary_bytes)) * m
+        per_node = chips_per_node(target, run.options)
+        comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
     step = (m + chips - 1) * (worst / m) + comm
     # per-stage fit: the stage's weights and training state, and under 1F1B the activations of
     # the micro-batches in flight on it (stage i holds min(p - i, m) of them; Narayanan et al., SC'21)
@@ -405,12 +442,14 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     )
 
 
-def _stage_link(target: Target, boundary: int) -> tuple[float, float]:
+def _stage_link(target: Target, boundary: int, per_node: int | None = None) -> tuple[float, float]:
     """(bandwidth, latency) between pipeline stage ``boundary`` and the next: the inter-node link
-    where the boundary falls between two nodes of the target's topology, else the first link."""
+    where the boundary falls between two nodes of the target's topology (``per_node`` stages to a
+    node, default the target's node size), else the first link."""
     topo = target.topology
     if topo is not None:
-        link = topo.inter if (boundary + 1) % topo.per_node == 0 and topo.inter is not None else topo.intra
+        k = per_node or topo.per_node
+        link = topo.inter if (boundary + 1) % k == 0 and topo.inter is not None else topo.intra
     else:
         link = target.link()
     return link.bandwidth_bytes_per_s, link.latency_s
@@ -471,6 +510,10 @@ def scale(
         raise UserError("--chips: chip counts must be positive integers")
     train = meta.graph_mode(graph) == "train"
     link = target.link()
+    per_node = chips_per_node(target, run.options)
+    if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and target.kind == "ipu":
+        raise UserError(f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
+                        "a pipeline spread over machines is not modelled there")  # fmt: skip
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and target.kind != "ipu" else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
@@ -490,16 +533,16 @@ def scale(
             pt = _pp_point(graph, run, n, single)
         on_wafer = target.kind == "wse" and strategy == "dp"  # replicas share one wafer
         if target.topology is not None and not on_wafer:
-            pt.nodes = target.topology.nodes(n)
+            pt.nodes = max(1, math.ceil(n / per_node))
             if pt.nodes > 1 and strategy == "pp":
                 topo = target.topology
                 pt.notes.append(
-                    f"crosses the node boundary: {pt.nodes} nodes of {topo.per_node}; stage boundaries between "
+                    f"crosses the node boundary: {pt.nodes} nodes of {per_node}; stage boundaries between "
                     f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
                 )
             if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0:
                 pt.notes.append(
-                    f"crosses the node boundary: {pt.nodes} nodes of {target.topology.per_node} "
+                    f"crosses the node boundary: {pt.nodes} nodes of {per_node} "
                     f"(collectives over {target.topology.intra.name} inside a node, "
                     f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
                 )
@@ -520,6 +563,7 @@ def scale(
         link=link.name if link is not None else None,
         points=points,
         devices_per_node=target.topology.per_node if target.topology is not None else None,
+        chips_per_node=per_node,
     )
 
 
@@ -559,7 +603,8 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
             raise UserError(f"{target.name} declares no link; data parallel training needs one")
         # ZeRO 1/2: reduce-scatter + all-gather, the all-reduce's volume; ZeRO 3 also gathers the
         # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
-        comm = allreduce_time(target, _gradient_bytes(graph), n) * (1.5 if zero == 3 else 1.0)
+        comm = allreduce_time(target, _gradient_bytes(graph), n, chips_per_node(target, options)) * (
+            1.5 if zero == 3 else 1.0)
     pt = _point_from_run(single, n, batch * n, comm)
     pt.notes.append("weak scaling: each chip runs the graph's batch")
     if target.kind == "gpu":
@@ -607,7 +652,8 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
-    per_step = (2 if train else 1) * sum(allreduce_time(target, b, n) for b in allreduces)
+    per_node = chips_per_node(target, run.options)
+    per_step = (2 if train else 1) * sum(allreduce_time(target, b, n, per_node) for b in allreduces)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step)
     pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
     return pt

@@ -36,7 +36,16 @@ A section's compute is each node's Cost in three parts at the compiled tiles' ra
 contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` (PCUs in systolic
 mode), vector FLOPs and special functions at the target's ``[compute.vector_flops]`` and
 ``[compute.special_ops]`` rates (PCUs in SIMD mode; `Target.rate`), both scaled by ``tiles/tiles_per_rdu``.
+The rates are the plan's precision's: fp32 runs at half the bf16 rates (a 32-bit lane does one
+fp32 or two bf16 operations), and its bytes are twice, so the whole-step mixed / fp32 ratio
+comes out of the lanes, the DDR traffic and the fixed host cost.
 Every figure comes from the target (targets/sn30.toml) with its source.
+
+The RDU runs one section at a time and a section is one pipeline: every node is on one lane
+(``RDU_LANE``), so the emulated section lasts its planned time. The section's time is shared
+out over its stages for the per-node figures: first what each stage's own DDR stream and its
+FLOPs at the tiles' peak need (no stage is given less than its bytes can cross in), then the
+rest by what each stage would take alone.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import UserError
+from dabench_ir.errors import TargetError, UserError
 from dabench_ir.ir import Cost
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
@@ -69,6 +78,8 @@ _MAX_PARTS = 1_000_000
 _WHO = "rdu"
 PHASES = ("forward", "backward", "optimizer")
 HOST_ESTIMATE = "host (estimate: fitted to training steps)"
+RDU_LANE = "rdu"
+"""The one lane every node of an RDU plan runs on: sections run one after another, each one pipeline."""
 """The overhead row of an inference run's host cost: training's fitted per-section figure, no
 inference source. Its name says "(estimate": the why advice holds such rows fixed (`dabench_ir.advice`)."""
 
@@ -386,6 +397,18 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
         core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + rates.time(fwd)
+    node_peak: dict[str, float] = {}
+
+    def peak_of(name: str) -> float:  # the compiled tiles' peak at the dtype the node computes in
+        if name not in node_peak:
+            node = graph.node(name)
+            dt = ctx.node_precision(node)
+            try:
+                node_peak[name] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
+            except TargetError:
+                node_peak[name] = target.peak_flops(ctx.precision) * share
+        return node_peak[name]
+
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
     ddr_total = 0
@@ -403,7 +426,22 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         total_flops = sum(flops.values())
         compute_s = sum(busy.values())
         memory_s = ddr_bytes / bw
-        work_s = max(compute_s, memory_s)
+        # the section's time is shared out over its stages (one pipeline, reported per node):
+        # first each stage's floor, what its own DDR stream and its FLOPs at the tiles' peak need,
+        # then the rest by what it would take alone (its FLOPs on the PCUs plus its bytes through
+        # the PMUs, so a data-movement stage or one with an estimated cost holds a share too)
+        weights = {
+            n.name: busy[n.name] + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
+            for n in sec.nodes
+            if ctx.is_work(n)
+        }
+        wsum = sum(weights.values()) or 1
+        floors = {name: max(node_bytes.get(name, 0) / bw, flops[name] / peak_of(name)) for name in weights}
+        # the floors fit in all but tiny sections (the DDR streams add up to the section's, the
+        # FLOPs at the peak to pcu_efficiency of its compute); where they do not, the section
+        # lasts their sum: no stage streams or computes faster than the chip can
+        work_s = max(compute_s, memory_s, sum(floors.values()))
+        rest = work_s - sum(floors.values())
         ddr_total += ddr_bytes
         limit = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
         pcus = min(limit, math.ceil(sec.pcus / sec.parts))
@@ -419,18 +457,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 gap_kind="section_reconfig",
             )
             unit_index += 1
-            share_s = work_s / sec.parts
-            # the section's time is shared by what each stage would take alone: its FLOPs on
-            # the section's PCUs plus its bytes through the PMUs, so a data-movement stage (or
-            # one with an estimated cost) holds its share instead of none
-            weights = {
-                n.name: busy[n.name] + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
-                for n in sec.nodes
-                if ctx.is_work(n)
-            }
-            wsum = sum(weights.values()) or 1
             for n in sec.nodes:
-                t = share_s * weights.get(n.name, 0.0) / wsum
+                t = (floors.get(n.name, 0.0) + rest * weights.get(n.name, 0.0) / wsum) / sec.parts
                 unit.node_s[n.name] = t / m
                 times.setdefault(n.name, []).append(
                     (
@@ -450,6 +478,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 "ddr_bytes": float(ddr_bytes / sec.parts),
                 "compute_s": compute_s / sec.parts,
                 "ddr_s": memory_s / sec.parts,
+                "time_s": work_s / sec.parts,  # max(compute_s, ddr_s), or the stages' floors in a tiny section
             }
             unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts))
             plan.units.append(unit)
@@ -476,9 +505,12 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         np_ = plan.node_plans[node.name]
         if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
             np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
-    for unit in plan.units:  # one pipeline per section: its nodes share the section's lane
-        for name in unit.nodes:
-            plan.node_plans[name].lane = plan.node_plans[name].unit
+    # One lane for every node: the RDU runs one section at a time and a section is one pipeline,
+    # so nothing in a section overlaps anything else. A node runs in its forward and its backward
+    # section; a lane per home section would let a backward section's nodes from different
+    # forward sections overlap one another and end before the section's planned time.
+    for name in plan.node_plans:
+        plan.node_plans[name].lane = RDU_LANE
     n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
     training = meta.graph_mode(ctx.graph) == "train"
@@ -503,7 +535,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             resident,
             ddr.capacity_bytes,
         )
-    busy = [(u, u.resources["compute_s"], max(u.resources["compute_s"], u.resources["ddr_s"])) for u in plan.units]
+    busy = [(u, u.resources["compute_s"], u.resources["time_s"]) for u in plan.units]
     span = sum(t for _, _, t in busy) or 1.0
     plan.extra.update(
         {

@@ -180,3 +180,16 @@ def test_absurd_chip_counts_are_refused_naming_the_flag():
     assert ScaleOptions(chips=MAX_CHIPS).chips == MAX_CHIPS
     with pytest.raises(UserError, match=r"--chips .*at most 1,048,576 chips"):
         ScaleOptions(chips=99999999999)
+
+
+def test_chips_per_node_is_a_scale_knob_of_scale_sweep_and_profile():
+    k = KNOBS["chips_per_node"]
+    assert k.flag == "--chips-per-node" and k.group == "scale" and k.default is None
+    assert all("chips_per_node" in knobs_for(c) for c in (PROFILE, SCALE, SWEEP))
+    assert "how many of the run's chips share a node: a job spread over machines" in k.help
+    assert ScaleOptions(chips_per_node="2").chips_per_node == 2
+    with pytest.raises(UserError, match=r"--chips-per-node 0: expected a positive integer"):
+        ScaleOptions(chips_per_node=0)
+    (point,) = parse_spec({"point": [{"chips": 4, "strategy": "tp", "chips_per_node": 2}]}).points
+    assert point["chips_per_node"] == 2
+    assert recorded_config(ScaleOptions(chips=4, strategy="tp", chips_per_node=2))["chips_per_node"] == 2

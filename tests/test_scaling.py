@@ -169,3 +169,76 @@ def test_scale_table_marks_the_node_boundary():
     assert "crosses the node boundary" in text
     rows = [line.split() for line in text.splitlines()[2:5]]
     assert [r[:2] for r in rows] == [["1", "1"], ["8", "1"], ["16", "2*"]]
+
+
+def test_tp_allreduces_one_forward_activation_in_its_dtype_when_training():
+    """The all-reduce of a split module moves its output once, in the dtype it is stored in (16-bit
+    here, bf16 under mixed precision); the node's training cost sums forward and backward traffic
+    and must not size it. Four per layer in training: two forward, two in the backward."""
+    from dabench_ir.passes.training import TrainingPass
+
+    graph = decoder(layers=2, hidden=64, seq=16, batch=2)
+    TrainingPass()(graph)
+    _, allreduces = split_for_tp(graph, 2)
+    assert allreduces == [2 * 16 * 64 * 2] * 4
+    target = load_target("sn30")
+    intra = target.topology.intra
+    one = ring_allreduce_time(2 * 16 * 64 * 2, 2, intra.bandwidth_bytes_per_s, intra.latency_s)
+    point = scale(graph, target, [2], "tp", ProfileOptions()).points[0]
+    assert point.comm_time_s == pytest.approx(2 * 4 * one)
+
+
+def test_chips_per_node_spreads_a_tp_run_over_machines():
+    """Two RDUs to a node: a 4-chip TP run spans two nodes and its all-reduces cross node_net
+    (hierarchically); the default (the target's 8 per node) keeps it inside one node."""
+    from dabench_ir.options import ScaleOptions
+
+    graph = decoder(layers=2, hidden=64)
+    target = load_target("sn30")
+    inside = scale(graph, target, [2, 4], "tp", ScaleOptions())
+    spread = scale(graph, target, [2, 4], "tp", ScaleOptions(chips_per_node=2))
+    assert (inside.chips_per_node, spread.chips_per_node, spread.devices_per_node) == (8, 2, 8)
+    assert [p.nodes for p in inside.points] == [1, 1] and [p.nodes for p in spread.points] == [1, 2]
+    assert spread.points[0].comm_time_s == pytest.approx(inside.points[0].comm_time_s)  # two chips: one node
+    _, allreduces = split_for_tp(graph, 4)
+    intra, inter = target.topology.intra, target.topology.inter
+    per = hierarchical_allreduce_time(
+        allreduces[0], 4, 2, (intra.bandwidth_bytes_per_s, intra.latency_s), (inter.bandwidth_bytes_per_s, inter.latency_s)
+    )
+    assert spread.points[1].comm_time_s == pytest.approx(len(allreduces) * per)
+    assert spread.points[1].comm_time_s > inside.points[1].comm_time_s
+    assert any("2 nodes of 2" in n for n in spread.points[1].notes)
+    assert spread.to_dict()["chips_per_node"] == 2
+
+
+def test_chips_per_node_moves_pipeline_boundaries_onto_the_network():
+    from dabench_ir.options import ScaleOptions
+
+    graph = decoder(layers=4, hidden=64, batch=4)
+    target = load_target("h100")
+    inside = scale(graph, target, [4], "pp", ScaleOptions(micro_batches=4)).points[0]
+    spread = scale(graph, target, [4], "pp", ScaleOptions(micro_batches=4, chips_per_node=2)).points[0]
+    assert (inside.nodes, spread.nodes) == (1, 2)
+    assert spread.comm_time_s > inside.comm_time_s  # the middle boundary goes over infiniband
+
+
+def test_more_chips_per_node_than_a_node_holds_is_refused():
+    from dabench_ir.options import ScaleOptions
+
+    with pytest.raises(UserError, match=r"--chips-per-node 16: a sn30 node holds 8 devices"):
+        scale(decoder(layers=2), load_target("sn30"), [1, 2], "tp", ScaleOptions(chips_per_node=16))
+
+
+def test_tp_keeps_the_host_step_cost_on_every_chip():
+    """Tensor parallelism splits the RDU work, not the host's: each chip's step keeps the fixed
+    host cost (its runtime still drives its own sections)."""
+    from dabench_ir.passes.training import TrainingPass
+
+    graph = decoder(layers=2, hidden=256, seq=64, batch=4)
+    TrainingPass()(graph)
+    target = load_target("sn30")
+    for point in scale(graph, target, [1, 2, 4], "tp", ProfileOptions(opt_level="O3")).points:
+        plan = point.chip.plan
+        host = target.overhead("host_step_s") + target.overhead("host_per_section_s") * plan.extra["sections"]
+        assert plan.step_overheads_s["host"] == pytest.approx(host)
+        assert point.time_s > target.overhead("host_step_s")
