@@ -111,8 +111,9 @@ def render_scale(result) -> str:
     from dabench_ir.report.table import human, seconds
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, {result.precision}, link {result.link or '-'}"
-    if result.devices_per_node:
-        head += f", {result.devices_per_node} per node"
+    per_node = result.chips_per_node or result.devices_per_node
+    if per_node:
+        head += f", {per_node} per node"
     cols = [
         "chips",
         "nodes",
@@ -153,9 +154,9 @@ def render_scale(result) -> str:
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     crossing = [p.chips for p in result.points if p.nodes > 1]
-    if crossing and result.devices_per_node:
+    if crossing and per_node:
         lines.append(
-            f"  * crosses the node boundary ({result.devices_per_node} devices per node): collectives are "
+            f"  * crosses the node boundary ({per_node} devices per node): collectives are "
             "hierarchical, the inter-node link carries each device's shard"
         )
     for p in result.points:

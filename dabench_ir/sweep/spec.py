@@ -95,6 +95,8 @@ class Point:
         parts += [str(p.get("target"))] + [str(p[k]) for k in ("opt_level", "wse_mode") if p.get(k)]
         if p.get("chips", 1) != 1:
             parts.append(f"{p['chips']}x{p.get('strategy')}")
+        if p.get("chips_per_node"):
+            parts.append(f"{p['chips_per_node']}/node")
         if p.get("batch", 1) != 1:
             parts.append(f"b{p['batch']}")
         if p.get("precision"):
@@ -211,7 +213,8 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
 
         p["heads"] = default_heads(p["hidden"])
     if p["chips"] == 1:
-        p.pop("strategy", None)  # one chip: no strategy to choose
+        p.pop("strategy", None)  # one chip: no strategy to choose, no node to spread over
+        p.pop("chips_per_node", None)
     elif not p.get("strategy"):
         raise UserError(f"chips = {p['chips']} needs a strategy (dp, tp or pp)")
     kind = _target_kind(str(p["target"]))
