@@ -146,17 +146,17 @@ def _run_micro_batches(
 ) -> float:
     """Run ``m_count`` micro-batches of ``names`` from ``gate``; the time the last run ends.
 
-    The event times are a max-plus linear recurrence in the micro-batch index whose only cycles
-    are each lane's own order, so once one micro-batch ends exactly one bottleneck period (the
-    most loaded lane's time per micro-batch) after the one before for every node, every later one
-    does too. From there the rest of the micro-batches are added in closed form: m micro-batches
-    cost fill + m periods + drain without m simulations. ``slices`` keeps each simulated run and
-    the last one.
+    The event times are a max-plus linear recurrence in the micro-batch index. Each lane runs its
+    nodes in order every micro-batch, so a lane is a cycle whose rate (seconds per micro-batch) is
+    its own load or the rate of a lane that feeds it, whichever is larger (`_lane_rates`); a
+    lane fed by nothing slower runs ahead of the bottleneck at its own rate. Once every node's
+    run ends exactly its lane's rate after its previous run, for two micro-batches in a row, the
+    recurrence is linear from there on (each node's latest input is the fastest-growing one and
+    stays so), and the rest of the micro-batches are added in closed form: m micro-batches cost
+    fill + m periods + drain without m simulations. ``slices`` keeps each simulated run and the
+    last one.
     """
-    load: dict[str, float] = defaultdict(float)
-    for name in names:
-        load[plan.node_plans[name].lane] += durations[name]
-    period = max(load.values(), default=0.0)
+    rate = _lane_rates(names, durations, plan, preds)
     last = gate
     steady = 0
     for m in range(m_count):
@@ -172,19 +172,45 @@ def _run_micro_batches(
         if m == 0 or m == m_count - 1:
             continue
         tol = 1e-12 * max(abs(last), 1e-30)
-        steady = steady + 1 if all(abs(end[(n, m)] - end[(n, m - 1)] - period) <= tol for n in names) else 0
-        if steady >= 2:  # two periods in a row: the recurrence is periodic from here on
+        settled = all(abs(end[(n, m)] - end[(n, m - 1)] - rate[plan.node_plans[n].lane]) <= tol for n in names)
+        steady = steady + 1 if settled else 0
+        if steady >= 2:  # two micro-batches in a row at the lanes' rates: linear from here on
             rest = m_count - 1 - m
             for name in names:
                 start, finish = slices[name][-1]
-                shift = rest * period
+                shift = rest * rate[plan.node_plans[name].lane]
                 slices[name].append((start + shift, finish + shift))
                 end[(name, m_count - 1)] = finish + shift
                 busy_node[name] += rest * durations[name]
-            for lane in load:
-                lane_free[lane] += rest * period
-            return last + rest * period
+                last = max(last, finish + shift)
+            for lane in rate:
+                lane_free[lane] += rest * rate[lane]
+            return last
     return last
+
+
+def _lane_rates(
+    names: list[str], durations: dict[str, float], plan: Plan, preds: dict[str, list[str]]
+) -> dict[str, float]:
+    """Each lane's steady rate, seconds per micro-batch: its own load (its nodes' durations) or the
+    rate of a lane feeding one of its nodes, whichever is larger (a fixed point over the lanes:
+    a lane can go no faster than its slowest upstream lane, and never faster than its load)."""
+    rate: dict[str, float] = defaultdict(float)
+    for name in names:
+        rate[plan.node_plans[name].lane] += durations[name]
+    feeds: dict[str, set[str]] = defaultdict(set)
+    for name in names:
+        lane = plan.node_plans[name].lane
+        feeds[lane].update(plan.node_plans[p].lane for p in preds[name] if p in plan.node_plans)
+    changed = True
+    while changed:  # monotone and bounded by the largest load: at most one pass per lane
+        changed = False
+        for lane, sources in feeds.items():
+            top = max((rate[s] for s in sources), default=0.0)
+            if top > rate[lane]:
+                rate[lane] = top
+                changed = True
+    return dict(rate)
 
 
 def check_dependencies(timeline: Timeline, graph: Graph, tol: float = 1e-12) -> list[str]:

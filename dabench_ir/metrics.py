@@ -29,7 +29,7 @@ from dabench_ir.plan import Plan, Schedule
 from dabench_ir.targets import Target
 from dabench_ir.timeline import Timeline
 
-__all__ = ["MemoryUse", "Metrics", "compute_metrics", "node_feed_intensity", "prediction_error"]
+__all__ = ["MemoryUse", "Metrics", "compute_metrics", "node_feed_intensity", "prediction_error", "roofline_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +153,9 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
     intensity, feed, feed_bytes = node_feed_intensity(plan, timeline)
 
     extra: dict[str, Any] = {}
+    region = roofline_bound(plan, target, feed, feed_bytes)
+    if region is not None:
+        extra["roofline_bound"] = region
     pmu = [u.stats.pmu_allocation for u in plan.units if u.stats.pmu_allocation is not None]
     if pmu and plan.schedule is Schedule.SEQUENTIAL:
         total = sum(weights.values())
@@ -181,6 +184,26 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
         extra=extra,
     )
+
+
+def roofline_bound(plan: Plan, target: Target, feed: Mapping[str, str], feed_bytes: Mapping[str, float]) -> str | None:
+    """Where the run sits on its target's roofline, as a roofline chart places one point per model:
+    ``memory`` when its nodes' feed bytes take longer at their memories' bandwidth than their FLOPs
+    take at peak (left of the ridge), else ``compute``. It says what bounds the work, not the step:
+    the host, a pipeline drain or a stall are not in it (None without FLOPs or feed bytes)."""
+    peak = target.peak_flops(plan.precision)
+    memory_s = compute_s = 0.0
+    for name, nbytes in feed_bytes.items():
+        np_ = plan.node_plans.get(name)
+        if np_ is None or not np_.flops:
+            continue
+        compute_s += np_.flops / peak
+        level = feed.get(name)
+        if nbytes and level and target.has_memory(level):
+            memory_s += nbytes / target.memory(level).bandwidth_bytes_per_s
+    if compute_s <= 0 or memory_s <= 0:
+        return None
+    return "memory" if memory_s > compute_s else "compute"
 
 
 def node_feed_intensity(

@@ -70,6 +70,7 @@ NUMBER = "number"
 VALUE = "value"  # an axis value
 LABELS = "labels"  # a group label or a list of them
 DIRECTION = "direction"  # increasing, decreasing, flat
+BOUND_OF = "bound_of"  # step (dominant_bound), nodes (node_bound) or roofline (roofline_bound)
 TEXT = "text"
 FORMAT = "format"  # one of FORMATS
 
@@ -509,23 +510,33 @@ def argmin(rows: Sequence[Row], f: Finding) -> Outcome:
     return _arg(rows, f, min)
 
 
-@finding_kind("dominant", fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "share": FRACTION},
+BOUND_COLUMNS = {"step": "dominant_bound", "nodes": "node_bound", "roofline": "roofline_bound"}
+"""``of`` of a dominant finding -> the results column it reads: the bound holding most of the step
+(host, drain and other overhead rows counted as ``overhead``), most of the node work (the bound
+class of the operators' own times), or the run's side of its roofline's ridge (memory or
+compute: `dabench_ir.metrics.roofline_bound`, one point per model as a roofline chart shows it)."""
+
+
+@finding_kind("dominant", fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "share": FRACTION, "of": BOUND_OF},
               required={"bound"}, accept=NONE, format="pct")  # fmt: skip
 def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
-    """Share of the rows ``where`` picks whose dominant bound is ``bound``; with ``group``: reproduced when exactly the ``expect`` groups reach ``share`` (default 0.5)."""
+    """Share of the rows ``where`` picks whose dominant bound (``of`` the step, default, or of the
+    nodes' work) is ``bound``; with ``group``: reproduced when exactly the ``expect`` groups reach
+    ``share`` (default 0.5)."""
     from dabench_ir.report.table import percent
 
+    column = BOUND_COLUMNS[f.options.get("of", "step")]
     bound = f.options["bound"]
     threshold = float(f.options.get("share", 0.5))
     group = f.options.get("group")
     by: dict[str, list[bool]] = defaultdict(list)
     left_out: list[str] = []
     for r in select(rows, f.where):
-        why = usable(r) or (None if r.get("dominant_bound") else "point has no dominant bound")
+        why = usable(r) or (None if r.get(column) else f"point has no {column}")
         if why:
             left_out.append(why)
             continue
-        by[group_label(r, group) if group else ""].append(r.get("dominant_bound") == bound)
+        by[group_label(r, group) if group else ""].append(r.get(column) == bound)
     if not by:
         raise Unmet(left_out[0] if left_out else f"no point matches where ({_selector_text(f.where)})")
     shares = {g: sum(v) / len(v) for g, v in sorted(by.items(), key=lambda kv: label_sort_key(kv[0]))}

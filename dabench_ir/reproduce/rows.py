@@ -39,7 +39,7 @@ CONDITIONS = ("min", "max", "in", "not")
 """The keys a selector's table value may use."""
 
 METRICS: tuple[str, ...] = tuple(
-    c for c in METRIC_COLUMNS if c not in ("status", "error", "fits", "failure_reason", "dominant_bound")
+    c for c in METRIC_COLUMNS if c not in ("status", "error", "fits", "failure_reason", "dominant_bound", "node_bound", "roofline_bound")
 )
 """The numeric columns of a sweep's results table (`dabench_ir.sweep.results.METRIC_COLUMNS`): what a finding reads."""
 

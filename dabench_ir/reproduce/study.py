@@ -169,6 +169,10 @@ def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str)
         if value not in ("increasing", "decreasing", "flat"):
             raise UserError(f"{where}: {value!r}; expected increasing, decreasing or flat")
         return value
+    if ftype == K.BOUND_OF:
+        if value not in K.BOUND_COLUMNS:
+            raise UserError(f"{where}: {value!r}; expected one of {', '.join(K.BOUND_COLUMNS)}")
+        return value
     if ftype == K.FORMAT:
         if value not in K.FORMATS:
             raise UserError(f"{where}: {value!r}; expected one of {', '.join(K.FORMATS)}")

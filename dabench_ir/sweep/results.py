@@ -44,6 +44,8 @@ METRIC_COLUMNS = (
     "fits",
     "failure_reason",
     "dominant_bound",
+    "node_bound",
+    "roofline_bound",
     "params_count",
     "nodes",
     "units",
@@ -114,19 +116,24 @@ def valid_record(record: Any, key: str | None = None) -> bool:
     return True
 
 
-def dominant_bound(report: dict[str, Any]) -> str | None:
+def dominant_bound(report: dict[str, Any], *, nodes_only: bool = False) -> str | None:
     """The bound class (compute, memory, communication, ...) holding the largest share of time.
 
     A multi-chip point's comes from the scaling stage (communication counted); any other's from
-    its node times and overhead rows, the rule every table uses (`report.attribution`).
+    its node times and overhead rows, the rule every table uses (`report.attribution`). With
+    ``nodes_only``, the class of the node work alone (overhead rows left out: the roofline class
+    of the operators, whatever the host or a pipeline drain adds). A report kept without its node
+    rows (a sweep's ``node_detail=False``) gives what was stored in its metrics before.
     """
     from dabench_ir.report.attribution import dominant_bound as by_time
 
     metrics = report.get("metrics") or {}
-    if (report.get("extra") or {}).get("scale"):
-        return metrics.get("dominant_bound")
-    bound, _ = by_time(report.get("nodes") or [], report.get("overheads"))
-    return bound or metrics.get("dominant_bound")
+    key = "node_bound" if nodes_only else "dominant_bound"
+    nodes = report.get("nodes") or []
+    if not nodes or (not nodes_only and (report.get("extra") or {}).get("scale")):
+        return metrics.get(key)
+    bound, _ = by_time(nodes, None if nodes_only else report.get("overheads"))
+    return bound or metrics.get(key)
 
 
 def _num(x: Any) -> Any:
@@ -156,6 +163,8 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             "fits": report.get("fits") if report else None,
             "failure_reason": failure.get("reason"),
             "dominant_bound": dominant_bound(report) if report else None,
+            "node_bound": dominant_bound(report, nodes_only=True) if report else None,
+            "roofline_bound": metrics.get("roofline_bound"),
             "params_count": (report.get("model") or {}).get("params"),
             "nodes": (report.get("model") or {}).get("nodes"),
             "units": len(report.get("units") or []) if report else None,

@@ -216,7 +216,9 @@ def run_sweep(
         nonlocal done
         report = record.get("report")
         if not node_detail and report and report.get("nodes"):
-            report.setdefault("metrics", {})["dominant_bound"] = results.dominant_bound(report)
+            kept = report.setdefault("metrics", {})
+            kept["dominant_bound"] = results.dominant_bound(report)
+            kept["node_bound"] = results.dominant_bound(report, nodes_only=True)
             report["nodes"] = []
         results.write_point(points_dir, record)
         locks.release(record["key"])
