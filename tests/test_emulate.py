@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections import defaultdict
 
 import pytest
 
@@ -124,3 +126,27 @@ def test_a_pipelined_step_reports_its_period_and_its_latency_apart():
     assert t["latency_s"] == pytest.approx(wse.timeline.makespan_s + sum(wse.timeline.overheads_s.values()))
     rdu = profile_graph(decoder(layers=4, hidden=64), "rdu").totals
     assert rdu["latency_s"] == rdu["time_s"] and rdu["time_basis"] == "one step"
+
+
+@pytest.mark.parametrize(
+    ("stage_flops", "ipus", "micro_batches"),
+    [([10**9] * 3, 3, 64), ([10**9, 4 * 10**9, 10**9], 3, 200), ([10**8, 10**9, 3 * 10**9, 10**9], 2, 500)],
+)
+def test_the_closed_form_matches_simulating_every_micro_batch(monkeypatch, stage_flops, ipus, micro_batches):
+    # stages on fewer IPUs than stages, and light stages ahead of heavy ones: lanes that run ahead
+    # of the bottleneck at their own rate must not keep the closed form from applying, or bend it
+    import dabench_ir.emulate as emulate_module
+
+    g = chain(stage_flops, [10**3] * len(stage_flops))
+    for i, node in enumerate(g.nodes):
+        node.layer = i
+    opts = IpuLowering.options(ProfileOptions(ipus=ipus, micro_batches=micro_batches, precision="fp16"),
+                               steady_state=False)  # fmt: skip
+    closed = emulate(lower(g, load_target("ipu"), opts), g)
+    monkeypatch.setattr(emulate_module, "_lane_rates", lambda *a: defaultdict(lambda: math.nan))  # never settles
+    simulated = emulate(lower(g, load_target("ipu"), opts), g)
+    assert closed.makespan_s == pytest.approx(simulated.makespan_s, rel=1e-12)
+    for name, runs in simulated.slices.items():
+        assert closed.slices[name][-1] == pytest.approx(runs[-1], rel=1e-12)
+        assert closed.busy(name) == pytest.approx(simulated.busy(name), rel=1e-12)
+    assert len(closed.slices["n0"]) < micro_batches  # the closed form did apply

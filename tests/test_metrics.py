@@ -104,3 +104,26 @@ def test_rdu_reports_pmu_allocation_apart():
     g = decoder(layers=1, hidden=64, seq=8)
     _, _, _, m = _run("rdu", ProfileOptions(opt_level="O3"), g)
     assert 0 < m.extra["pmu_allocation"] <= 1
+
+
+@pytest.mark.parametrize("target,opts", CASES)
+def test_roofline_bound_is_the_side_of_the_ridge_the_summed_work_falls_on(target, opts):
+    from dabench_ir.metrics import node_feed_intensity
+
+    g = decoder(layers=2, hidden=1024, seq=256, batch=4)
+    tgt, plan, timeline, m = _run(target, opts, g)
+    _, feed, nbytes = node_feed_intensity(plan, timeline)
+    peak = tgt.peak_flops(plan.precision)
+    at_peak = sum(plan.node_plans[n].flops / peak for n in nbytes if plan.node_plans[n].flops)
+    at_bandwidth = sum(
+        b / tgt.memory(feed[n]).bandwidth_bytes_per_s for n, b in nbytes.items() if plan.node_plans[n].flops and b
+    )
+    assert m.extra["roofline_bound"] == ("memory" if at_bandwidth > at_peak else "compute")
+
+
+def test_roofline_bound_of_one_model_per_architecture():
+    # the same decoder: its GEMMs sit far right of the WSE's SRAM ridge (0.4 FLOP/B) and left of
+    # the RDU's DDR ridge (3,250 FLOP/B at bf16), whose section traffic and weights cross DDR
+    g = decoder(layers=2, hidden=1024, seq=256, batch=4)
+    assert _run("wse", ProfileOptions(wse_mode="pipelined"), g)[3].extra["roofline_bound"] == "compute"
+    assert _run("rdu", ProfileOptions(opt_level="O3"), g)[3].extra["roofline_bound"] == "memory"

@@ -165,6 +165,16 @@ def test_dominant_share_and_the_only_group_above_the_threshold():
     assert not out.reproduced and "at least 30.0% of points: ipu, wse (expected wse" in out.reason
 
 
+def test_dominant_reads_the_bound_of_the_step_the_nodes_or_the_roofline():
+    rows = [_row(target="rdu", dominant_bound="overhead", node_bound="compute", roofline_bound="memory")] * 2
+    step, nodes, roof = (
+        evaluate(rows, _f("dominant", bound=b, **({"of": of} if of else {})))
+        for b, of in (("overhead", None), ("compute", "nodes"), ("memory", "roofline"))
+    )
+    assert step.reproduced and nodes.reproduced and roof.reproduced and roof.value == 1.0
+    assert not evaluate(rows, _f("dominant", bound="memory", of="nodes")).reproduced
+
+
 def test_failed_and_unfitting_rows_give_not_reproduced_with_the_reason():
     rows = [
         _row(target="wse", precision="fp32", status="error", error="UserError: hidden (64) must be divisible"),
@@ -234,6 +244,8 @@ def test_a_good_tiny_study_parses_and_shared_points_run_once():
         ({"nmerator": {"layers": 2}}, "unknown field 'nmerator' for kind ratio"),
         ({"kind": "curve", "axis": "hidden", "numerator": None, "denominator": None}, "x: 2 points at hidden = 64"),
         ({"format": "percent"}, "format 'percent'; expected one of pct"),
+        ({"kind": "dominant", "bound": "memory", "of": "chip", "numerator": None, "denominator": None, "accept": None},
+         "'chip'; expected one of step, nodes, roofline"),
     ],
 )
 def test_bad_study_files_are_one_user_error_naming_the_finding(change, needle):
@@ -245,7 +257,7 @@ def test_bad_study_files_are_one_user_error_naming_the_finding(change, needle):
 def test_the_bundled_dabench_study_parses_and_every_selector_picks_a_point():
     study = load_study("dabench")
     assert "dabench" in bundled_studies() and study.name == "dabench"
-    assert {"precision", "batch", "tp", "dp", "level1"} <= set(study.experiments)
+    assert {"precision", "batch-wse", "batch-rdu", "batch-ipu", "tp", "pp", "dp", "level1"} <= set(study.experiments)
     assert len(study.points()) <= 400  # minutes on 2 cores
     assert {f.level for f in study.findings} == {1, 2}
     for f in study.findings:
