@@ -38,3 +38,35 @@ def test_ray_and_local_rows_identical(tmp_path):
         ray.shutdown()
     assert result.ran == 2 and result.failed == 0
     assert _rows(tmp_path / "ray") == _rows(tmp_path / "local")
+
+
+def test_a_study_on_ray_gives_the_local_findings(tmp_path):
+    from dabench_ir.reproduce import parse_study, run_study
+
+    study = parse_study(
+        {
+            "name": "tiny",
+            "experiment": {
+                "depth": {
+                    "defaults": {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "positional": "none"},
+                    "axes": {"layers": [1, 2], "target": ["rdu"]},
+                }
+            },
+            "finding": [
+                {"id": "deeper-slower", "experiment": "depth", "claim": "c", "kind": "ratio",
+                 "numerator": {"layers": 1}, "denominator": {"layers": 2}, "accept": [0.0, 10.0]},
+            ],
+        },
+        origin="tiny.toml",
+    )
+    cache = tmp_path / "models"
+    local = run_study(study, tmp_path / "local", jobs=1, cache_dir=cache, plots=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = run_study(study, tmp_path / "ray", executor=RayExecutor(2), cache_dir=cache, plots=False)
+    finally:
+        ray.shutdown()
+    assert on_ray.sweep.ran == 2 and on_ray.sweep.failed == 0
+    same = [(o.id, o.value, o.reproduced) for o in local.outcomes]
+    assert [(o.id, o.value, o.reproduced) for o in on_ray.outcomes] == same
+    assert local.outcomes[0].reproduced and local.outcomes[0].value > 0
