@@ -17,6 +17,7 @@ are named rows of ``Timeline.overheads_s``, and the step time includes every one
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 
 from dabench_ir.ir import Graph
@@ -146,17 +147,17 @@ def _run_micro_batches(
 ) -> float:
     """Run ``m_count`` micro-batches of ``names`` from ``gate``; the time the last run ends.
 
-    The event times are a max-plus linear recurrence in the micro-batch index. Each lane runs its
-    nodes in order every micro-batch, so a lane is a cycle whose rate (seconds per micro-batch) is
-    its own load or the rate of a lane that feeds it, whichever is larger (`_lane_rates`); a
-    lane fed by nothing slower runs ahead of the bottleneck at its own rate. Once every node's
-    run ends exactly its lane's rate after its previous run, for two micro-batches in a row, the
-    recurrence is linear from there on (each node's latest input is the fastest-growing one and
-    stays so), and the rest of the micro-batches are added in closed form: m micro-batches cost
+    The event times are a max-plus linear recurrence in the micro-batch index: a lane runs its
+    nodes in order every micro-batch, so each micro-batch waits for the one before on every lane.
+    Its growth rate, seconds per micro-batch, is a node's lane's `_lane_rates`: the largest mean
+    of the cycles that reach the lane (a lane's own load, or a round trip: a pipeline stage whose
+    forward waits for its backward of the micro-batch before). Once every node's run ends exactly
+    its rate after its previous run, for two micro-batches in a row, the recurrence is linear from
+    there on, and the rest of the micro-batches are added in closed form: m micro-batches cost
     fill + m periods + drain without m simulations. ``slices`` keeps each simulated run and the
     last one.
     """
-    rate = _lane_rates(names, durations, plan, preds)
+    rate: dict[str, float] = {}
     last = gate
     steady = 0
     for m in range(m_count):
@@ -171,6 +172,8 @@ def _run_micro_batches(
             last = max(last, finish)
         if m == 0 or m == m_count - 1:
             continue
+        if not rate:
+            rate = _lane_rates(names, durations, plan, preds)
         tol = 1e-12 * max(abs(last), 1e-30)
         settled = all(abs(end[(n, m)] - end[(n, m - 1)] - rate[plan.node_plans[n].lane]) <= tol for n in names)
         steady = steady + 1 if settled else 0
@@ -192,25 +195,112 @@ def _run_micro_batches(
 def _lane_rates(
     names: list[str], durations: dict[str, float], plan: Plan, preds: dict[str, list[str]]
 ) -> dict[str, float]:
-    """Each lane's steady rate, seconds per micro-batch: its own load (its nodes' durations) or the
-    rate of a lane feeding one of its nodes, whichever is larger (a fixed point over the lanes:
-    a lane can go no faster than its slowest upstream lane, and never faster than its load)."""
-    rate: dict[str, float] = defaultdict(float)
-    for name in names:
-        rate[plan.node_plans[name].lane] += durations[name]
-    feeds: dict[str, set[str]] = defaultdict(set)
-    for name in names:
-        lane = plan.node_plans[name].lane
-        feeds[lane].update(plan.node_plans[p].lane for p in preds[name] if p in plan.node_plans)
-    changed = True
-    while changed:  # monotone and bounded by the largest load: at most one pass per lane
-        changed = False
-        for lane, sources in feeds.items():
-            top = max((rate[s] for s in sources), default=0.0)
-            if top > rate[lane]:
-                rate[lane] = top
-                changed = True
-    return dict(rate)
+    """Each lane's steady growth rate, seconds per micro-batch, exactly (max-plus algebra).
+
+    Lanes form a graph: an edge a -> b weighs the longest path, inside one micro-batch, from a's
+    first node to b's last (node durations along graph and lane order), after which b's next
+    micro-batch may start. A lane's rate is the largest cycle mean (weight per edge, one edge a
+    micro-batch) of the strongly connected parts of that graph that reach it (Karp's algorithm on
+    each part). ``names`` is in graph order, which every lane's order follows."""
+    lane_of = {n: plan.node_plans[n].lane for n in names}
+    first: dict[str, str] = {}
+    final: dict[str, str] = {}
+    inputs: dict[str, list[str]] = {}
+    for n in names:
+        lane = lane_of[n]
+        inputs[n] = [p for p in preds[n] if p in lane_of] + ([final[lane]] if lane in final else [])
+        first.setdefault(lane, n)
+        final[lane] = n
+    index = {n: i for i, n in enumerate(names)}
+    weight: dict[str, dict[str, float]] = {}
+    for a, head in first.items():
+        dist: dict[str, float] = {}
+        for n in names[index[head]:]:
+            reached = [dist[p] for p in inputs[n] if p in dist]
+            if n == head or reached:
+                dist[n] = (max(reached) if n != head else 0.0) + durations[n]
+        weight[a] = {b: dist[tail] for b, tail in final.items() if tail in dist}
+    return _reached_cycle_means(weight)
+
+
+def _reached_cycle_means(weight: dict[str, dict[str, float]]) -> dict[str, float]:
+    """For a weighted digraph (``weight[a][b]``), each vertex's largest mean over the cycles of the
+    strongly connected components that reach it (its own included; a component with no cycle
+    contributes nothing)."""
+    order: list[list[str]] = _components(weight)  # reverse topological: sinks first
+    comp_of = {v: i for i, comp in enumerate(order) for v in comp}
+    best: dict[int, float] = {}
+    for i in reversed(range(len(order))):  # sources first
+        comp = order[i]
+        own = _max_cycle_mean(comp, weight)
+        upstream = [best[comp_of[u]] for u in weight for v in weight[u] if comp_of[v] == i and comp_of[u] != i]
+        best[i] = max([own, *upstream])
+    return {v: best[comp_of[v]] for v in weight}
+
+
+def _components(weight: dict[str, dict[str, float]]) -> list[list[str]]:
+    """Tarjan's strongly connected components, iteratively; in reverse topological order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in weight:
+        if root in index:
+            continue
+        work = [(root, iter(weight[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(weight[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(comp)
+    return out
+
+
+def _max_cycle_mean(comp: list[str], weight: dict[str, dict[str, float]]) -> float:
+    """Karp's maximum cycle mean of one strongly connected component (0 without a cycle)."""
+    members = set(comp)
+    if len(comp) == 1 and comp[0] not in weight[comp[0]]:
+        return 0.0
+    n = len(comp)
+    neg = -math.inf
+    d = [{v: neg for v in comp} for _ in range(n + 1)]
+    d[0][comp[0]] = 0.0
+    for k in range(1, n + 1):
+        for u in comp:
+            if d[k - 1][u] == neg:
+                continue
+            for v, w in weight[u].items():
+                if v in members and d[k - 1][u] + w > d[k][v]:
+                    d[k][v] = d[k - 1][u] + w
+    means = [
+        min((d[n][v] - d[k][v]) / (n - k) for k in range(n) if d[k][v] != neg)
+        for v in comp
+        if d[n][v] != neg
+    ]
+    return max(means, default=0.0)
 
 
 def check_dependencies(timeline: Timeline, graph: Graph, tol: float = 1e-12) -> list[str]:
