@@ -117,7 +117,11 @@ def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, 
     misses = [o for o in outcomes if not o.reproduced]
     if misses:
         lines += ["", "not reproduced:"]
-        lines += [f"  {o.id}: {' '.join(o.reason.split()) or 'no reason given'}" for o in misses]
+        for o in misses:
+            lines.append(f"  {o.id}: {' '.join(o.reason.split()) or 'no reason given'}")
+            if o.note:  # the study's account of why (what the model lacks, what the paper may measure)
+                lines += textwrap.wrap(" ".join(o.note.split()), 100, initial_indent="      why: ",
+                                       subsequent_indent="      ")  # fmt: skip
     lines += ["", summary_line(outcomes)]
     text = "\n".join(lines)
     return text if unicode else text.encode("ascii", "replace").decode("ascii")
