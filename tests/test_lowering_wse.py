@@ -389,3 +389,69 @@ def test_input_transmission_ceiling_is_reported():
     pipe = plan.stats.pipeline_rate_samples_per_s
     assert io_unit.stats.compute_samples_per_s == pipe
     assert io_unit.stats.transmission_samples_per_s == min(pipe, plan.stats.transmission_rate_samples_per_s)
+
+
+# -- per-class costs follow the op's shape (issue 30): tiny exported LLaMA and GPT-2 blocks --
+@pytest.fixture(scope="module")
+def tiny_blocks():
+    """One-block LLaMA (RMSNorm, rotary, SwiGLU) and GPT-2 (LayerNorm, GELU) of the same width,
+    exported weight-free, trained in mixed precision, with their WSE kernels."""
+    from dabench_ir.lowering.wse.pipelined import _row_cycles
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import load_graph
+    from dabench_ir.run import prepare, resolve
+
+    out = {}
+    for fam in ("llama", "gpt2"):
+        cfg = ModelConfig(family=fam, layers=1, hidden=128, heads=2, ffn=256, seq=64, batch=1, vocab=500)
+        g = load_graph(export_onnx(cfg, weights="none"))
+        graph = prepare(resolve(g, WSE, ProfileOptions(mode="train", precision="mixed", wse_mode="pipelined")), g)
+        ctx = LoweringContext.build(graph)
+        kernels = wse_kernels(ctx, WSE)
+        out[fam] = (ctx, kernels, {id(k): _row_cycles(ctx, WSE, k) for k in kernels})
+    return out
+
+
+def test_a_norm_pays_one_row_reduction_per_dependent_reduction_whatever_the_family(tiny_blocks):
+    # RMSNorm (Pow, ReduceMean, ..., Mul): one mean of squares before a row can leave; LayerNorm:
+    # the mean, then the variance. The row time follows the op, not a per-model kernel table.
+    per = WSE.arch_value("kernel_row_cycles_reduction")
+    for fam, passes in (("llama", 1), ("gpt2", 2)):
+        _, kernels, rows = tiny_blocks[fam]
+        norms = [k for k in kernels if k.cls == "layer_norm"]
+        assert len(norms) == 3  # two in the block, the final norm
+        assert {rows[id(k)] for k in norms} == {passes * per}
+        assert all((k.tokens, k.width) == (64, 128) for k in norms)
+
+
+def test_swiglu_pays_its_gate_multiply_and_one_transcendental_per_element(tiny_blocks):
+    # SwiGLU: silu(gate) * up = gate * sigmoid(gate) * up: the nlin kernel holds the sigmoid (one
+    # exp per element, software on the FMAC) and gate * sigmoid; the product with up rides on the
+    # up projection's fc. GELU: one transcendental per element (erf) and its few vector ops.
+    ctx, kernels, rows = tiny_blocks["llama"]
+    nlin = next(k for k in kernels if k.cls == "nlin")
+    assert sorted(n.op_type for n in nlin.nodes if ctx.is_work(n)) == ["Mul", "Sigmoid"]
+    assert (nlin.tokens, nlin.width) == (64, 256) and rows[id(nlin)] == WSE.arch_value("kernel_row_cycles_vector")
+    pe = WSE.num_units
+    sp = WSE.rate("special", "fp16") / pe  # transcendentals per PE-second
+    vec = WSE.rate("vector", "fp16") / pe
+    costs = {n.op_type: ctx.costs[n.name] for n in nlin.nodes if ctx.is_work(n)}
+    elems = 64 * 256
+    assert costs["Sigmoid"].special_ops >= elems and costs["Mul"].vector_flops >= elems
+    expect = sum(c.special_ops / sp + c.vector_flops / vec for c in costs.values())
+    assert nlin.work_s == pytest.approx(expect)
+    up = next(k for k in kernels if k.cls == "fc" and k.key.endswith("up_proj"))
+    assert sorted(n.op_type for n in up.nodes if ctx.is_work(n)) == ["MatMul", "Mul"]
+
+
+def test_rotary_positions_ride_in_the_attention_kernel_as_vector_work(tiny_blocks):
+    # RoPE on q and k (x*cos + rotate(x)*sin): Mul, Neg, Add and Slice/Concat layout inside the
+    # attention kernel, timed at the vector rate and the link width; no contraction of its own.
+    ctx, kernels, rows = tiny_blocks["llama"]
+    attn = next(k for k in kernels if k.cls == "attention")
+    ops = Counter(n.op_type for n in attn.nodes if ctx.is_work(n))
+    assert ops["Neg"] == 2 and ops["Concat"] == 2 and ops["Mul"] >= 4
+    assert rows[id(attn)] == WSE.arch_value("kernel_row_cycles_matmul")
+    rope = [n for n in attn.nodes if n.op_type in ("Neg", "Concat")]
+    assert all(ctx.costs[n.name].contraction_flops == 0 for n in rope)
