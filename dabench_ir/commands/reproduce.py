@@ -16,6 +16,8 @@ def _wrap(text: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from dabench_ir.commands.sweep import add_grid_arguments
+
     p = sub.add_parser(
         "reproduce",
         help="run a published study's experiments and check its findings one by one (paper vs tool)",
@@ -31,12 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the bundled studies and exit")
     p.add_argument("--dry-run", action="store_true", help="print the experiments and their point counts and exit")
     p.add_argument("--only", metavar="ID,...", help="only these findings (and the experiments they need)")
-    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
-    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--cache-dir", metavar="DIR", help="where exported base models are cached (default: OUT/models)")
-    p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
-    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    add_grid_arguments(p, out="OUT")
     p.add_argument("--force", action="store_true", help="allow an experiment above the sweep's size limits")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -77,6 +74,7 @@ def _dry_run(study: object) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dabench_ir.commands.sweep import grid_jobs, lost_points
     from dabench_ir.errors import UserError
     from dabench_ir.reproduce import load_study, run_study
     from dabench_ir.reproduce.render import findings_table
@@ -90,14 +88,8 @@ def run(args: argparse.Namespace) -> int:
         study = study.restrict(i.strip() for i in args.only.split(",") if i.strip())
     if args.dry_run:
         return _dry_run(study)
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError(f"--jobs {args.jobs}: expected a positive number")
     out = args.output or os.path.join("out", f"reproduce-{study.name}")
-    from dabench_ir.fileio import check_output_dir
-
-    check_output_dir(out, "-o")
-    if args.cache_dir is not None:
-        check_output_dir(args.cache_dir, "--cache-dir")
+    jobs = grid_jobs(args, out)
     from dabench_ir.progress import Progress
 
     progress = Progress(quiet=args.quiet)
@@ -105,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_study(
             study,
             out,
-            jobs=args.jobs or os.cpu_count(),
+            jobs=jobs,
             executor=args.executor,
             address=args.address,
             cache_dir=args.cache_dir,
@@ -122,10 +114,4 @@ def run(args: argparse.Namespace) -> int:
             f"{sweep.total} points: {sweep.skipped} done before, {sweep.ran} run now ({sweep.failed} failed); "
             f"{sweep.seconds:.1f}s; findings: {os.path.join(out, 'findings.md')}"
         )
-    if sweep is not None and sweep.lost:
-        print(
-            f"dabench-ir: error: {sweep.lost} point(s) lost to a dead worker; run the same command again to finish them",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return lost_points(sweep.lost if sweep is not None else 0)

@@ -7,7 +7,7 @@ import os
 
 from dabench_ir.options import SWEEP, add_knob_arguments, knob_values
 
-__all__ = ["register", "run"]
+__all__ = ["add_grid_arguments", "grid_jobs", "lost_points", "register", "run"]
 
 
 def _wrap(text: str) -> str:
@@ -47,12 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (level1, level2)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")
     p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
-    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
-    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--cache-dir", metavar="DIR", help="where exported base models are cached (default: DIR/models)")
-    p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
-    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    add_grid_arguments(p, out="DIR")
     p.add_argument(
         "--no-node-detail",
         action="store_true",
@@ -65,6 +60,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
     add_knob_arguments(p, SWEEP)  # each knob flag sets that parameter in the spec's [defaults]
     p.set_defaults(func=run)
+
+
+def add_grid_arguments(p: argparse.ArgumentParser, *, out: str) -> None:
+    """The flags of a command that runs a grid of points through `run_sweep` (sweep, reproduce):
+    where and how many workers, the model cache, failed points, plots. ``out`` names the output
+    folder's flag value in the help."""
+    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--cache-dir", metavar="DIR", help=f"where exported base models are cached (default: {out}/models)")
+    p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+
+
+def grid_jobs(args: argparse.Namespace, out: str) -> int:
+    """The worker count of a grid run, after checking its folders (one line each, before any work)."""
+    from dabench_ir.errors import UserError
+    from dabench_ir.fileio import check_output_dir
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: expected a positive number")
+    check_output_dir(out, "-o")
+    if args.cache_dir is not None:
+        check_output_dir(args.cache_dir, "--cache-dir")
+    return args.jobs or os.cpu_count() or 1
+
+
+def lost_points(lost: int) -> int:
+    """The exit code of a grid run that lost ``lost`` points to dead workers (1, saying so) or 0."""
+    if not lost:
+        return 0
+    import sys
+
+    print(
+        f"dabench-ir: error: {lost} point(s) lost to a dead worker; run the same command again to finish them",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,13 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.output:
         raise UserError("sweep: give the output folder with -o DIR")
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError(f"--jobs {args.jobs}: expected a positive number")
-    from dabench_ir.fileio import check_output_dir
-
-    check_output_dir(args.output, "-o")
-    if args.cache_dir is not None:
-        check_output_dir(args.cache_dir, "--cache-dir")
+    jobs = grid_jobs(args, args.output)
     from dabench_ir.progress import Progress
 
     progress = Progress(quiet=args.quiet)
@@ -100,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_sweep(
             spec,
             args.output,
-            jobs=args.jobs or os.cpu_count(),
+            jobs=jobs,
             executor=args.executor,
             address=args.address,
             cache_dir=args.cache_dir,
@@ -121,12 +148,4 @@ def run(args: argparse.Namespace) -> int:
         if result.elsewhere:
             print(f"{result.elsewhere} point(s) left to another sweep running into the same folder")
         print(f"results: {os.path.join(args.output, 'results.csv')}")
-    if result.lost:
-        import sys
-
-        print(
-            f"dabench-ir: error: {result.lost} point(s) lost to a dead worker; run the same command again to finish them",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return lost_points(result.lost)
