@@ -107,11 +107,19 @@ RUN_OPTIONS: dict[str, _Option] = {
     "strategy": _Option("strategy"),
     "zero": _Option("zero"),
     "chips_per_node": _Option("chips_per_node"),
-    "optimizer": _Option(None, refused="the training expansion models Adam(W) state (fp32 master weights and two "
-                         "moments) only", implied=("adam", "adamw")),
-    "half_partials": _Option(None, frozenset({"ipu"}), refused="the IPU target has one fp16 matmul rate, "
-                             "Graphcore's FP16.16 figure (half partials; Bow-2000 datasheet: 1.4 PFLOP/s FP16.16); "
-                             "fp32 partials have no rate", implied=(True,)),
+    "optimizer": _Option(
+        None,
+        refused="the training expansion models Adam(W) state (fp32 master weights and two moments) only",
+        implied=("adam", "adamw"),
+    ),
+    "half_partials": _Option(
+        None,
+        frozenset({"ipu"}),
+        refused="the IPU target has one fp16 matmul rate, "
+        "Graphcore's FP16.16 figure (half partials; Bow-2000 datasheet: 1.4 PFLOP/s FP16.16); "
+        "fp32 partials have no rate",
+        implied=(True,),
+    ),
 }
 """Catalogue ``run`` key -> ScaleOptions field. Adding a knob: one line here (or none, when the knob
 is named as the key already is: any `dabench_ir.options.KNOBS` run, target or scale knob not listed
@@ -123,15 +131,15 @@ NOT_RUN_KEYS: dict[str, str] = {
     "micro_batches": "give gradient_accumulation (micro-batches per optimizer step) or micro_batch",
     "via": "catalogue points are costed from ONNX rules",
     "no_verify": "every catalogue prediction passes the physics verifier",
-    "scenario": "a generation point is kind = \"generate\" with a [generate] table",
+    "scenario": 'a generation point is kind = "generate" with a [generate] table',
     "prompt": "a generation point gives generate.prompt",
     "gen": "a generation point gives generate.gen",
-    "measure": "the catalogue holds published measurements; live ones are kind = \"host\"",
-    "warmup": "a measurement setting (kind = \"host\" points measure live)",
-    "repeat": "a measurement setting (kind = \"host\" points measure live)",
-    "threads": "a measurement setting (kind = \"host\" points measure live)",
+    "measure": 'the catalogue holds published measurements; live ones are kind = "host"',
+    "warmup": 'a measurement setting (kind = "host" points measure live)',
+    "repeat": 'a measurement setting (kind = "host" points measure live)',
+    "threads": 'a measurement setting (kind = "host" points measure live)',
     "ort_opt": "a measurement setting (host points give host.ort_opt)",
-    "max_weight_bytes": "a measurement setting (kind = \"host\" points measure live)",
+    "max_weight_bytes": 'a measurement setting (kind = "host" points measure live)',
 }
 """Knobs that are not catalogue run keys, each with the reason (a point giving one is refused)."""
 
@@ -273,7 +281,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     if kind == "generate":
         _check_generate(generate, run, bad)
     elif generate:
-        raise bad("generate", "only a kind = \"generate\" point has a [generate] table")
+        raise bad("generate", 'only a kind = "generate" point has a [generate] table')
     if entry.get("holdout") and entry.get("informs"):
         raise bad("informs", "a holdout point informs no parameter (it is kept out of every fit)")
     if not all(isinstance(x, str) for x in entry.get("informs", [])):
@@ -366,7 +374,7 @@ def _check_generate(gen: Mapping[str, Any], run: Mapping[str, Any], bad: Callabl
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise bad(f"generate.{key}", f"expected a positive integer, got {value!r}")
     if run.get("mode", "inference") != "inference":
-        raise bad("run.mode", "a generation point serves the model: mode = \"inference\" (or leave it out)")
+        raise bad("run.mode", 'a generation point serves the model: mode = "inference" (or leave it out)')
 
 
 def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError], *, generate: bool = False) -> None:

@@ -288,8 +288,7 @@ def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
             continue
         predicted = figures.get(key)
-        note = "" if predicted is not None else "not predicted (a generation point predicts " \
-            + ", ".join(figures) + ")"
+        note = "" if predicted is not None else "not predicted (a generation point predicts " + ", ".join(figures) + ")"
         result.quantities.append(Quantity(key, float(value), predicted, note))
     if result.fits_expected is None and _numbers(p.measured):
         result.fits_expected = True
@@ -299,5 +298,3 @@ def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
 
 _SCALED = frozenset({"samples_per_s", "tokens_per_s", "step_time_s"})
 """The quantities a multi-chip point predicts (the step of all chips); the rest are one chip's."""
-
-
