@@ -275,13 +275,13 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     target = _check_target(entry["target"], bad)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
+    generate = entry.get("generate", {})
+    if generate and kind != "generate":
+        raise bad("generate", 'only a kind = "generate" point has a [generate] table')
     if kind in ("model", "generate"):
         _check_model(model, bad, generate=kind == "generate")
-    generate = entry.get("generate", {})
     if kind == "generate":
         _check_generate(generate, run, bad)
-    elif generate:
-        raise bad("generate", 'only a kind = "generate" point has a [generate] table')
     if entry.get("holdout") and entry.get("informs"):
         raise bad("informs", "a holdout point informs no parameter (it is kept out of every fit)")
     if not all(isinstance(x, str) for x in entry.get("informs", [])):
