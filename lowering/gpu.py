@@ -147,17 +147,25 @@ def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) ->
     """Share of the SMs' time one GEMM's thread blocks do useful work (NVIDIA, "Matrix Multiplication
     Background User's Guide" §3: tile and wave quantisation).
 
-    The ``batch`` x M x N output is cut into ``tile`` x ``tile`` tiles; the K loop may be split into
+    The ``batch`` x M x N output is cut into ``tile`` x ``tile`` tiles (a dimension smaller than a
+    tile: one tile as tall or wide as it, in multiples of the MMA shape); the K loop may be split into
     slices at least one tile deep (split-K: cuBLAS and CUTLASS split deep, narrow GEMMs so that
     every SM has work; the partial sums' reduction is not counted). Each (tile, slice) is one thread
     block; the blocks run in waves of one per SM, the last wave partial. The split that finishes
     soonest is taken. Efficiency = useful MACs / (waves x SMs x one block's MACs).
     """
-    tiles = batch * math.ceil(m / tile) * math.ceil(n / tile)
+    tm, tn = (min(tile, _MMA * math.ceil(d / _MMA)) for d in (m, n))  # no taller or wider than the GEMM needs
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     best = math.inf
     for split in range(1, max(1, min(sms, math.ceil(k / tile))) + 1):
         best = min(best, math.ceil(tiles * split / sms) * math.ceil(k / split))
-    return (batch * m * n * k) / (best * sms * tile * tile)
+    return (batch * m * n * k) / (best * sms * tm * tn)
+
+
+_MMA = 16
+"""Rows (and columns) of the smallest tensor-core tile: a 16-bit ``mma.sync`` is m16n8k16 on Ampere and
+Hopper (CUDA PTX ISA, warp-level matrix instructions), so a GEMM narrower than a tile pads only to a
+multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 
 def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:

@@ -62,7 +62,7 @@ def test_gemm_tile_and_wave_efficiency_exact_numbers():
     assert A100.arch_value("gemm_tile") == 128 and A100.num_units == 108
     assert _tile_efficiency(128 * 12, 128 * 9, 128, 1, 128, 108) == 1.0  # 108 tiles: one full wave
     assert _tile_efficiency(128 * 109, 128, 128, 1, 128, 108) == pytest.approx(109 / 216)  # a 2nd wave of one
-    assert _tile_efficiency(100, 128, 128, 1, 128, 108) == pytest.approx(100 / 128 / 108)  # a part tile, 1 block
+    assert _tile_efficiency(100, 128, 128, 1, 128, 108) == pytest.approx(100 / 112 / 108)  # one 112-row tile
     # 6 tiles of a 128 x 768 x 768 GEMM (a seq-128 prefill): K split 6 ways fills 36 of 108 SMs
     assert _tile_efficiency(128, 768, 768, 1, 128, 108) == pytest.approx(1 / 3)
     # point H's projection (65536 x 768 x 768): 3072 tiles; split-K 2 gives 57 waves of 384-deep blocks
@@ -104,3 +104,12 @@ def test_training_launches_the_backward_kernels():
     # dW (or both operands) for qk, av, o_proj, fc1, fc2, one kernel each for softmax, add1, ln2, gelu, add2;
     # ln1 (no weights, input without gradient) has no backward
     assert sum(p.overhead_s for p in plan.node_plans.values()) == pytest.approx((15 + 3 + 5 * 2 + 5) * launch)
+
+
+def test_a_gemm_narrower_than_a_tile_pads_to_the_mma_shape_only():
+    from dabench_ir.lowering.gpu import _tile_efficiency
+
+    # a batch-1 decode GEMV (1 x 4096 x 4096): one 16-row tile per 128 columns, 32 tiles; split-K 27 gives
+    # 864 blocks of 152-deep slices, 8 full waves on 108 SMs
+    assert _tile_efficiency(1, 4096, 4096, 1, 128, 108) == pytest.approx(4096 * 4096 / (108 * 16 * 128 * 8 * 152))
+    assert _tile_efficiency(64, 128 * 108, 128, 1, 128, 108) == 1.0  # 64-row tiles, no padding
