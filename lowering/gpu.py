@@ -170,7 +170,8 @@ multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
     """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
-    over the target's SMs; 1 when the target has no tile or the node's shapes are unknown).
+    over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
+    account for the contraction FLOPs its cost counts).
 
     In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
     dW: K x N output over M, one per operand needing a gradient) have their own shapes; the
@@ -185,9 +186,12 @@ def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> fl
     if dims is None:
         return 1.0
     batch, m, k, n = dims
+    forward, backward = node.meta.get(FORWARD_COST), node.meta.get(BACKWARD_COST)
+    counted = (forward or ctx.costs[node.name]).contraction_flops
+    if not math.isclose(2 * batch * m * n * k, counted, rel_tol=0.01):
+        return 1.0  # the shapes do not account for the FLOPs the cost counts: not this GEMM's tiles
     sms = target.num_units
     shapes = [(m, n, k)]
-    forward, backward = node.meta.get(FORWARD_COST), node.meta.get(BACKWARD_COST)
     if forward is not None and backward is not None and forward.contraction_flops:
         grads = round(backward.contraction_flops / forward.contraction_flops)
         shapes += [(m, k, n), (k, n, m)][:grads]
