@@ -23,6 +23,7 @@ weights, so a decode step is bound by reading weights and cache plus the launche
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping
@@ -40,9 +41,9 @@ from dabench_ir.lowering._common import (
     weight_bytes,
 )
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import OpClass
+from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
 from dabench_ir.passes.meta import MODEL_PHASE
-from dabench_ir.passes.training import FUSED_ATTENTION, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
@@ -50,7 +51,7 @@ from dabench_ir.timeline import Bound
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "device_memory", "stream_plan"]
+__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ def _compute_times(
             hw = target.class_times(cost, prec, contraction_dtype=ctx.precision)
             cores.setdefault(node.meta[FUSED_ATTENTION], []).append((node.name, hw))
             continue
-        times = target.class_times(cost, prec, contraction_dtype=ctx.precision, contraction_efficiency=matmul_eff)
+        eff = matmul_eff * gemm_wave_efficiency(ctx, node, target) if cost.contraction_flops else matmul_eff
+        times = target.class_times(cost, prec, contraction_dtype=ctx.precision, contraction_efficiency=eff)
         out[node.name] = (sum(times.values()), max(times, key=times.get))
     for members in cores.values():
         floor = sum(sum(hw.values()) for _, hw in members)
@@ -138,6 +140,90 @@ def _compute_times(
             binds = "contraction" if share >= floor else max(hw, key=hw.get)
             out[name] = (kernel * own / floor if floor > 0 else 0.0, binds)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) -> float:
+    """Share of the SMs' time one GEMM's thread blocks do useful work (NVIDIA, "Matrix Multiplication
+    Background User's Guide" §3: tile and wave quantisation).
+
+    The ``batch`` x M x N output is cut into ``tile`` x ``tile`` tiles (a dimension smaller than a
+    tile: one tile as tall or wide as it, in multiples of the MMA shape); the K loop may be split into
+    slices at least one tile deep (split-K: cuBLAS and CUTLASS split deep, narrow GEMMs so that
+    every SM has work; the partial sums' reduction is not counted). Each (tile, slice) is one thread
+    block; the blocks run in waves of one per SM, the last wave partial. The split that finishes
+    soonest is taken. Efficiency = useful MACs / (waves x SMs x one block's MACs).
+    """
+    tm, tn = (min(tile, _MMA * math.ceil(d / _MMA)) for d in (m, n))  # no taller or wider than the GEMM needs
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    best = math.inf
+    for split in range(1, max(1, min(sms, math.ceil(k / tile))) + 1):
+        best = min(best, math.ceil(tiles * split / sms) * math.ceil(k / split))
+    return (batch * m * n * k) / (best * sms * tm * tn)
+
+
+_MMA = 16
+"""Rows (and columns) of the smallest tensor-core tile: a 16-bit ``mma.sync`` is m16n8k16 on Ampere and
+Hopper (CUDA PTX ISA, warp-level matrix instructions), so a GEMM narrower than a tile pads only to a
+multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
+
+
+def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
+    """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
+    over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
+    account for the contraction FLOPs its cost counts).
+
+    In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
+    dW: K x N output over M, one per operand needing a gradient) have their own shapes; the
+    efficiency returned is the time-weighted one over the forward and those GEMMs.
+    """
+    tile = int(target.arch_value("gemm_tile", 0.0))
+    if tile <= 0:
+        return 1.0
+    from dabench_ir.lowering.cpu import matmul_dims
+
+    dims = matmul_dims(ctx.graph, node)
+    if dims is None:
+        return 1.0
+    batch, m, k, n = dims
+    forward, backward = node.meta.get(FORWARD_COST), node.meta.get(BACKWARD_COST)
+    counted = (forward or ctx.costs[node.name]).contraction_flops
+    if not math.isclose(2 * batch * m * n * k, counted, rel_tol=0.01):
+        return 1.0  # the shapes do not account for the FLOPs the cost counts: not this GEMM's tiles
+    sms = target.num_units
+    shapes = [(m, n, k)]
+    if forward is not None and backward is not None and forward.contraction_flops:
+        grads = round(backward.contraction_flops / forward.contraction_flops)
+        shapes += [(m, k, n), (k, n, m)][:grads]
+    slowness = sum(1.0 / _tile_efficiency(a, b, c, batch, tile, sms) for a, b, c in shapes)
+    return len(shapes) / slowness
+
+
+def _backward_kernels(ctx: LoweringContext, group: list[Node], cores: set[object]) -> int:
+    """Kernels the backward of one forward kernel launches (training; 0 in inference).
+
+    One per gradient contraction of its GEMMs (dX and dW; with recompute the forward GEMM again),
+    and one for the rest of the group's backward work, fused as its forward is. A fused attention
+    core's backward is one kernel (FlashAttention's backward), counted once per core (``cores``:
+    the cores counted so far). Layout moves (transpose, reshape) launch nothing of their own: the
+    gradient is read through a strided view by the kernel next to it.
+    """
+    gemms, rest = 0, False
+    for node in group:
+        backward, forward = node.meta.get(BACKWARD_COST), node.meta.get(FORWARD_COST)
+        if backward is None or traits_of(node).backward is Backward.MOVE:
+            continue
+        core = node.meta.get(FUSED_ATTENTION)
+        if core is not None:
+            if core not in cores and (backward.flops or backward.bytes):
+                cores.add(core)
+                gemms += 1
+            continue
+        if backward.contraction_flops and forward is not None and forward.contraction_flops:
+            gemms += max(1, round(backward.contraction_flops / forward.contraction_flops))
+        elif backward.flops or backward.bytes:
+            rest = True
+    return gemms + int(rest)
 
 
 def device_memory(
@@ -199,14 +285,16 @@ def stream_plan(
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     weighted_alloc = total_t = 0.0
     traffic = 0
+    cores: set[object] = set()
     for group in groups if groups is not None else kernel_groups(ctx, fuse):
         launched = False
+        kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
         for node in group:
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             work = ctx.is_work(node)
             runs = 1 if is_optimizer_step(node) else m  # the optimizer runs once per step
-            overhead = runs * launch if work and not launched else 0.0
+            overhead = runs * kernels * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)

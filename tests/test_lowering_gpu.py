@@ -51,3 +51,65 @@ def test_cpu_kind_uses_the_roofline_lowering():
     cpu = Target.from_dict(d, origin="host.toml")
     plan = lower(decoder(layers=1), cpu, ProfileOptions())
     assert plan.units[0].kind == "cpu" and plan.fits
+
+
+# -- GEMM tile and wave quantisation (arch.gemm_tile), backward kernels in training -----------------
+
+
+def test_gemm_tile_and_wave_efficiency_exact_numbers():
+    from dabench_ir.lowering.gpu import _tile_efficiency
+
+    assert A100.arch_value("gemm_tile") == 128 and A100.num_units == 108
+    assert _tile_efficiency(128 * 12, 128 * 9, 128, 1, 128, 108) == 1.0  # 108 tiles: one full wave
+    assert _tile_efficiency(128 * 109, 128, 128, 1, 128, 108) == pytest.approx(109 / 216)  # a 2nd wave of one
+    assert _tile_efficiency(100, 128, 128, 1, 128, 108) == pytest.approx(100 / 112 / 108)  # one 112-row tile
+    # 6 tiles of a 128 x 768 x 768 GEMM (a seq-128 prefill): K split 6 ways fills 36 of 108 SMs
+    assert _tile_efficiency(128, 768, 768, 1, 128, 108) == pytest.approx(1 / 3)
+    # point H's projection (65536 x 768 x 768): 3072 tiles; split-K 2 gives 57 waves of 384-deep blocks
+    assert _tile_efficiency(65536, 768, 768, 1, 128, 108) == pytest.approx(65536 * 768 * 768 / (57 * 384 * 108 * 128**2))
+    assert _tile_efficiency(65536, 768, 768, 1, 128, 132) > 0.99  # large GEMMs: the MAMF share is the ceiling
+
+
+def test_small_gemm_pays_its_partial_wave_large_gemm_does_not():
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.gpu import gemm_wave_efficiency
+
+    g = decoder(layers=1, hidden=768, seq=128)  # 128 x 768 x 768 projections, 128 x 768 x 3072 fc1
+    ctx = LoweringContext.build(g, None)
+    node = {n.name: n for n in g.nodes}
+    assert gemm_wave_efficiency(ctx, node["layers.0.attn.q_proj"], A100) == pytest.approx(1 / 3)
+    assert gemm_wave_efficiency(ctx, node["layers.0.mlp.fc1"], A100) == pytest.approx(8 / 9)  # 24 tiles x split-K 4: 96 blocks
+    plan = lower(g, A100, GpuLowering.options(ProfileOptions(precision="fp32"), fuse_elementwise=False))
+    q = plan.node_plans["layers.0.attn.q_proj"]
+    mm = A100.peak_flops("fp32") * A100.arch_value("matmul_efficiency")
+    assert q.compute_s == pytest.approx(2 * 128 * 768 * 768 / (mm / 3))
+    no_tile = Target.from_dict({**A100.raw, "arch": {k: v for k, v in A100.raw["arch"].items() if k != "gemm_tile"}},
+                               origin="a100-no-tile.toml")  # fmt: skip
+    plain = lower(g, no_tile, GpuLowering.options(ProfileOptions(precision="fp32"), fuse_elementwise=False))
+    assert plain.node_plans["layers.0.attn.q_proj"].compute_s == pytest.approx(q.compute_s / 3)
+
+
+def test_training_launches_the_backward_kernels():
+    from dabench_ir.passes import PassManager
+    from dabench_ir.passes.training import TrainingPass
+
+    launch = A100.overhead("kernel_launch_s")
+    g = decoder(layers=1, hidden=64, seq=8)
+    opts = GpuLowering.options(ProfileOptions(precision="fp32"), fuse_elementwise=False)
+    forward = lower(g.clone(), A100, opts)
+    assert sum(p.overhead_s for p in forward.node_plans.values()) == pytest.approx(14 * launch)  # one per node
+    trained = PassManager([TrainingPass()])(g).graph
+    plan = lower(trained, A100, opts)
+    # 14 forward kernels and the Adam step; backward: dW for q, k, v (their input needs no gradient), dX and
+    # dW (or both operands) for qk, av, o_proj, fc1, fc2, one kernel each for softmax, add1, ln2, gelu, add2;
+    # ln1 (no weights, input without gradient) has no backward
+    assert sum(p.overhead_s for p in plan.node_plans.values()) == pytest.approx((15 + 3 + 5 * 2 + 5) * launch)
+
+
+def test_a_gemm_narrower_than_a_tile_pads_to_the_mma_shape_only():
+    from dabench_ir.lowering.gpu import _tile_efficiency
+
+    # a batch-1 decode GEMV (1 x 4096 x 4096): one 16-row tile per 128 columns, 32 tiles; split-K 27 gives
+    # 864 blocks of 152-deep slices, 8 full waves on 108 SMs
+    assert _tile_efficiency(1, 4096, 4096, 1, 128, 108) == pytest.approx(4096 * 4096 / (108 * 16 * 128 * 8 * 152))
+    assert _tile_efficiency(64, 128 * 108, 128, 1, 128, 108) == 1.0  # 64-row tiles, no padding

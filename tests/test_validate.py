@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     points = validate.load_catalog()
     by_id = {p.id: p for p in points}
     assert len(by_id) == len(points)  # ids unique
-    assert {p.target for p in points if p.kind != "host"} == {"wse2", "sn30", "bow"}  # host points: cpu, live
+    assert {p.target for p in points if p.kind != "host"} == {"wse2", "sn30", "bow", "a100"}  # host points: cpu, live
     assert all(p.source for p in points)
     sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
     assert len(sn30) == 13  # every row of the SN30 depth sweep
@@ -41,7 +42,10 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     assert by_id["bow-gpt2-small-pod16-layout"].expect == {"fits": True}
     assert by_id["gc200-gemm-fp32-largest-fit"].measured == {"max_square": 3584}
     kinds = {p.kind for p in points}
-    assert kinds == set(validate.KINDS)
+    assert kinds == set(validate.KINDS) - {"generate"}  # no published TTFT/TPOT in measurements.md yet
+    h = by_id["a100x8-llmc-gpt2-124m"]  # point H: llm.c on 8x A100, held out of every fit
+    assert h.holdout and h.run["chips"] == 8 and h.run["zero"] == 1 and h.model["batch"] == 512
+    assert h.measured == {"step_time_s": 0.300, "samples_per_s": 1706.67}
 
 
 def test_compile_report_kernels_summarised_per_class():
@@ -93,13 +97,131 @@ def test_relative_error_and_summary_statistics():
     assert s["median_abs_error_throughput"] == pytest.approx(0.35) and s["worst_abs_error_throughput"] == 0.5
 
 
-def test_unknown_run_option_without_knob_is_reported_ignored():
-    point = _point(run={"opt_level": "O3", "half_partials": True, "wse_mode": "streaming"})
-    result = validate.PointResult(point)
-    opts = runner._options(point, "rdu", result)
-    assert opts.opt_level == "O3"
-    assert "half_partials=True" in result.ignored
-    assert any(i.startswith("wse_mode=streaming (no effect") for i in result.ignored)
+def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
+    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "zero": 1, "chips_per_node": 4,
+                        "fused_attention": False, "kv_precision": "fp8"})  # fmt: skip
+    opts = runner._options(point, "rdu", validate.PointResult(point))
+    assert (opts.opt_level, opts.zero, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
+        "O3", 1, 4, False, "fp8")  # fmt: skip
+    ipu = _point(target="bow", run={"half_partials": True})  # Graphcore's FP16.16 rate: what bow models
+    assert runner._options(ipu, "ipu", validate.PointResult(ipu)).ipus == 1
+    refused = {
+        ("rdu", "num_widgets", 2): "run.num_widgets = 2 refused: the tool has no such knob",
+        ("rdu", "wse_mode", "streaming"): "run.wse_mode = streaming: applies to wse targets, not sn30 (rdu)",
+        ("rdu", "half_partials", True): "run.half_partials = True: applies to ipu targets",
+        ("ipu", "half_partials", False): "fp32 partials have no rate (the tool models True)",
+        ("rdu", "optimizer", "sgd"): "run.optimizer = sgd refused: the training expansion models Adam(W) state",
+        ("gpu", "tiles", 4): "run.tiles = 4: applies to rdu targets",
+        ("gpu", "measure", True): "run.measure = True refused: not a run key: the catalogue holds published",
+        ("gpu", "micro_batches", 4): "not a run key: give gradient_accumulation",
+    }
+    for (kind, key, value), why in refused.items():
+        p = _point(run={key: value})
+        with pytest.raises(runner._CannotRun) as info:
+            runner._options(p, kind, validate.PointResult(p))
+        assert why in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_micro_batch_and_gradient_accumulation_reach_profile_as_it_takes_them():
+    def opts(model, **run):
+        p = _point(model=model, run=run)
+        return runner._options(p, "gpu", validate.PointResult(p))
+
+    train = opts({"batch": 64}, mode="train", micro_batch=8, gradient_accumulation=8)
+    assert (train.micro_batch, train.micro_batches) == (8, None)  # profile's --micro-batch: 8 micro-batches
+    assert opts({"batch": 64}, mode="train", gradient_accumulation=4).micro_batches == 4
+    assert opts({"batch": 8}, micro_batch=2).micro_batches == 4  # inference: a pipeline's micro-batches
+    # data parallel: the catalogue batch is global; a replica's share is micro_batch x GA
+    dp = opts({"batch": 512}, mode="train", chips=8, strategy="dp", micro_batch=64, gradient_accumulation=1)
+    assert (dp.micro_batch, dp.chips, dp.strategy) == (64, 8, "dp")
+    with pytest.raises(runner._CannotRun, match=r"micro_batch = 8 x run.gradient_accumulation = 2 is not the batch"):
+        opts({"batch": 64}, mode="train", micro_batch=8, gradient_accumulation=2)
+
+
+def test_every_knob_is_a_catalogue_run_key_or_refused_with_a_reason():
+    from dabench_ir.options import KNOBS
+    from dabench_ir.validate.catalog import NOT_RUN_KEYS, run_option
+
+    mapped = {o.field for o in validate.RUN_OPTIONS.values() if o.field}
+    for name in KNOBS:
+        if name in NOT_RUN_KEYS:
+            assert run_option(name).field is None and run_option(name).refused.startswith("not a run key: ")
+        else:
+            assert name in mapped or run_option(name).field == name, name
+    for key, opt in validate.RUN_OPTIONS.items():
+        assert opt.field in KNOBS or opt.refused, key  # a mapped key sets a declared knob
+
+
+def test_in_sample_and_out_of_sample_are_summarised_apart():
+    fit = validate.PointResult(_point("a", informs=("arch.x",)), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0),
+                                                                            validate.Quantity("sections", 4, 5)])  # fmt: skip
+    out1 = validate.PointResult(_point("b", holdout=True), quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)])
+    out2 = validate.PointResult(_point("c", holdout=True), quantities=[validate.Quantity("samples_per_s", 10.0, 9.0)])
+    s = validate.Validation([fit, out1, out2]).summary()["sn30"]
+    assert s["in_sample"]["compared"] == 2 and s["in_sample"]["median_abs_error"] == pytest.approx(0.175)
+    assert s["in_sample"]["worst_abs_error_throughput"] == pytest.approx(0.1)
+    assert s["out_of_sample"]["compared"] == 2 and s["out_of_sample"]["median_abs_error"] == pytest.approx(0.2)
+    assert s["out_of_sample"]["worst_abs_error"] == pytest.approx(0.3)
+    assert s["compared"] == 4 and s["worst_abs_error"] == pytest.approx(0.3)  # all points, as before
+    text = validate.Validation([fit, out1, out2]).format_table()
+    assert "b [out]" in text and "sn30     out of sample        2     20.0%     30.0%" in text
+    assert [r["holdout"] for r in out1.rows()] == [True]
+    parsed = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\n"
+                                    "source = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    assert parsed[0].holdout and parsed[0].informs == ()
+    with pytest.raises(UserError, match="a holdout point informs no parameter"):
+        validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
+                               "holdout = true\ninforms = ['arch.x']\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+
+
+_GEN = """
+[[points]]
+id = "tiny-gen"
+kind = "generate"
+target = "a100"
+source = "test"
+model = { family = "llama", layers = 2, hidden = 64, heads = 4, kv_heads = 2, vocab = 128, batch = 2 }
+generate = { prompt = 16, gen = 5 }
+run = { precision = "fp16" }
+measured = { ttft_s = 1e-4, tpot_s = 5e-5, latency_s = 4e-4, decode_tokens_per_s = 4e4, joules = 1.0 }
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (_GEN.replace("generate = { prompt = 16, gen = 5 }", ""), "generate.prompt: expected a positive integer"),
+        (_GEN.replace("gen = 5", "gen = 0"), "generate.gen: expected a positive integer"),
+        (_GEN.replace("gen = 5", "gen = 5, temperature = 1"), "generate.temperature: unknown key"),
+        (_GEN.replace('run = { precision = "fp16" }', 'run = { mode = "train" }'), "run.mode: a generation point serves"),
+        (_GEN.replace('kind = "generate"', 'kind = "model"'), "generate: only a kind = \"generate\" point"),
+    ],
+)
+def test_malformed_generate_points(body, needle):
+    with pytest.raises(UserError, match=re.escape(needle)):
+        validate.parse_catalog(_GOOD_HEAD + body)
+
+
+@pytest.mark.torch
+def test_generate_point_runs_the_generate_scenario(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.scenario import generate
+
+    (point,) = validate.parse_catalog(_GOOD_HEAD + _GEN)
+    assert point.kind == "generate" and point.generate == {"prompt": 16, "gen": 5} and "seq" not in point.model
+    (r,) = validate.run_validation([point], cache_dir=tmp_path).results
+    assert r.status == "ok", r.reason
+    q = {x.name: x for x in r.quantities}
+    cfg = ModelConfig(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, seq=16, batch=1)
+    g = generate(cfg, "a100", ScaleOptions(precision="fp16", batch=2), prompt=16, gen=5)
+    assert q["ttft_s"].predicted == pytest.approx(g.ttft_s) and q["tpot_s"].predicted == pytest.approx(g.tpot_s)
+    assert q["latency_s"].predicted == pytest.approx(g.ttft_s + 4 * g.tpot_s)
+    assert q["decode_tokens_per_s"].predicted == pytest.approx(2 / g.tpot_s)
+    assert q["joules"].predicted is None and q["joules"].note.startswith("not predicted")
+    assert r.fit_verdict == "right"
 
 
 def test_gemm_microbenchmark_exact_numbers():
@@ -175,9 +297,18 @@ kind = "model"
 target = "rdu"
 source = "test"
 model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
-run = { mode = "train", precision = "mixed", opt_level = "O3", half_partials = true, num_widgets = 2 }
+run = { mode = "train", precision = "mixed", opt_level = "O3" }
 measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, host_time_s = 0.005, sections = 3, joules = 5.0 }
 expect = { fits = true }
+
+[[points]]
+id = "tiny-refused"
+kind = "model"
+target = "rdu"
+source = "test"
+model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
+run = { mode = "train", half_partials = true }
+measured = { samples_per_s = 100.0 }
 
 [[points]]
 id = "tiny-rdu-tp2"
@@ -214,7 +345,8 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     args = ["validate", "--catalog", str(cat), "--cache-dir", str(tmp_path / "cache"), "-q"]
     assert main([*args, "--json", str(out_json), "--csv", str(out_csv), "--plots", str(plots)]) == 0
     text = capsys.readouterr().out
-    assert "tiny-rdu" in text and "ignored: half_partials=True, num_widgets=2" in text
+    assert "tiny-rdu" in text and "ignored" not in text
+    assert "tiny-refused" in text and "CANNOT RUN: run.half_partials = True: applies to ipu targets" in text
     assert "huge-gemm" in text and "CANNOT RUN" in text
     with out_csv.open(newline="") as fh:
         rows = list(csv.DictReader(fh))

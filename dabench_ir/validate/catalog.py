@@ -22,16 +22,18 @@ __all__ = [
     "HEADLINE",
     "HOST_TARGET",
     "KINDS",
+    "NOT_RUN_KEYS",
     "RUN_OPTIONS",
     "Point",
     "bundled_catalogs",
     "load_catalog",
     "parse_catalog",
+    "run_option",
 ]
 
 
 FORMAT = "dabench-ir/measurements/v1"
-KINDS = ("model", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
+KINDS = ("model", "generate", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
 HOST_TARGET = "cpu"
 """``host`` points (a model measured live on this machine) run only under ``--target cpu``."""
 HEADLINE = "samples_per_s"
@@ -43,7 +45,7 @@ HEADLINE = "samples_per_s"
 _POINT_KEYS = {
     "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
     "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
-    "host": dict,
+    "host": dict, "generate": dict, "holdout": bool, "informs": list,
 }  # fmt: skip
 _REQUIRED = ("id", "kind", "target", "source")
 _MODEL_KEYS = {
@@ -57,59 +59,112 @@ _MEASURED_NUMBERS = {
     "active_pes", "compute_utilization", "compute_limited_samples_per_s", "transmission_limited_samples_per_s",
     # microbenchmarks
     "tflops", "fraction_of_peak", "max_square", "ratio", "bandwidth_gb_s",
+    # generate points (dabench_ir.scenario): time to first token, per output token, end to end, decode rate
+    "ttft_s", "tpot_s", "decode_tokens_per_s",
 }  # fmt: skip
+_GENERATE_KEYS = ("prompt", "gen")
 _MEASURED_FILES = {"kernels_csv"}
 
 
 @dataclass(frozen=True)
 class _Option:
-    """How one catalogue run key reaches the tool: a ProfileOptions field, for some target kinds.
+    """How one catalogue run key reaches the tool: a ScaleOptions field, for some target kinds.
 
-    ``field`` None: the tool has no knob for it. A field ProfileOptions does not declare (yet)
-    is reported as ignored too, so adding the knob there makes the key take effect.
-    ``convert(value, point)`` turns the catalogue value into the field's value. ``read_by``: the
-    key whose conversion consumes this one (not a knob of its own, yet not ignored either).
+    ``field`` None: the tool cannot honour the key; ``refused`` says why (one line), and a point
+    that gives it is not run (a figure computed without it would not be the point's). ``implied``:
+    values the tool models without a knob (they are accepted; any other value is refused).
+    ``kinds`` None: the target kinds the knob itself applies to (`dabench_ir.options.Knob.targets`;
+    None there: every kind). A key given for a kind it does not apply to is refused too.
+    ``micro_batch`` and ``gradient_accumulation`` are read together (`runner._batching`).
     """
 
     field: str | None
-    kinds: frozenset[str] | None = None  # None: every target kind
-    convert: Callable[[Any, Point], Any] | None = None
-    read_by: str | None = None
-
-
-def _micro_batches(value: Any, point: Point) -> int:
-    """Pipeline micro-batches per step: the model's batch over the micro-batch."""
-    micro = int(point.run.get("micro_batch", 1))
-    return max(1, int(point.model.get("batch", value * micro)) // micro)
+    kinds: frozenset[str] | None = None
+    refused: str = ""
+    implied: tuple[Any, ...] = ()
 
 
 RUN_OPTIONS: dict[str, _Option] = {
     "mode": _Option("mode"),
     "precision": _Option("precision"),
+    "kv_precision": _Option("kv_precision"),
     "recompute": _Option("recompute"),
-    "opt_level": _Option("opt_level", frozenset({"rdu"})),
-    "tiles": _Option("tiles", frozenset({"rdu"})),
-    "resource_scaling": _Option("resource_scale", frozenset({"rdu"})),
-    "wse_mode": _Option("wse_mode", frozenset({"wse"})),
-    "replicas": _Option("replicas", frozenset({"wse", "ipu"})),  # IPU: data-parallel replicas (throughput of all)
-    "ipus": _Option("ipus", frozenset({"ipu"})),
-    "layers_per_ipu": _Option("layers_per_ipu", frozenset({"ipu"})),
-    "matmul_proportion": _Option("matmul_proportion", frozenset({"ipu"})),
+    "fused_attention": _Option("fused_attention"),
+    "opt_level": _Option("opt_level"),
+    "tiles": _Option("tiles"),
+    "resource_scaling": _Option("resource_scale"),
+    "wse_mode": _Option("wse_mode"),
+    "replicas": _Option("replicas"),  # IPU: data-parallel replicas (throughput of all); WSE: on-wafer copies
+    "ipus": _Option("ipus"),
+    "layers_per_ipu": _Option("layers_per_ipu"),
+    "matmul_proportion": _Option("matmul_proportion"),
     "optimizer_state": _Option("optimizer_state"),
-    "gradient_accumulation": _Option("micro_batches", frozenset({"ipu"}), _micro_batches),
-    "micro_batch": _Option(None, read_by="gradient_accumulation"),  # samples per micro-batch (_micro_batches)
-    "half_partials": _Option(None),
-    "replicated_tensor_sharding": _Option("replicated_tensor_sharding", frozenset({"ipu"})),
-    "optimizer": _Option(None),
+    "replicated_tensor_sharding": _Option("replicated_tensor_sharding"),
+    # samples per micro-batch and micro-batches per step: `_batching` (train: profile's --micro-batch)
+    "micro_batch": _Option("micro_batch"),
+    "gradient_accumulation": _Option("micro_batches"),
     "chips": _Option("chips"),  # chips of one model instance (with ``strategy``): through the scaling stage
     "strategy": _Option("strategy"),
+    "zero": _Option("zero"),
+    "chips_per_node": _Option("chips_per_node"),
+    "optimizer": _Option(
+        None,
+        refused="the training expansion models Adam(W) state (fp32 master weights and two moments) only",
+        implied=("adam", "adamw"),
+    ),
+    "half_partials": _Option(
+        None,
+        frozenset({"ipu"}),
+        refused="the IPU target has one fp16 matmul rate, "
+        "Graphcore's FP16.16 figure (half partials; Bow-2000 datasheet: 1.4 PFLOP/s FP16.16); "
+        "fp32 partials have no rate",
+        implied=(True,),
+    ),
 }
-"""Catalogue ``run`` key -> ProfileOptions field. Adding a knob: one line here (or none, when
-the knob is named as the key already is)."""
+"""Catalogue ``run`` key -> ScaleOptions field. Adding a knob: one line here (or none, when the knob
+is named as the key already is: any `dabench_ir.options.KNOBS` run, target or scale knob not listed
+here or in `NOT_RUN_KEYS` is taken under its own name)."""
 
-_UNKNOWN = _Option(None)
+NOT_RUN_KEYS: dict[str, str] = {
+    "batch": "the samples of a step are model.batch",
+    "dims": "the model table fixes every dimension",
+    "micro_batches": "give gradient_accumulation (micro-batches per optimizer step) or micro_batch",
+    "via": "catalogue points are costed from ONNX rules",
+    "no_verify": "every catalogue prediction passes the physics verifier",
+    "scenario": 'a generation point is kind = "generate" with a [generate] table',
+    "prompt": "a generation point gives generate.prompt",
+    "gen": "a generation point gives generate.gen",
+    "measure": 'the catalogue holds published measurements; live ones are kind = "host"',
+    "warmup": 'a measurement setting (kind = "host" points measure live)',
+    "repeat": 'a measurement setting (kind = "host" points measure live)',
+    "threads": 'a measurement setting (kind = "host" points measure live)',
+    "ort_opt": "a measurement setting (host points give host.ort_opt)",
+    "max_weight_bytes": 'a measurement setting (kind = "host" points measure live)',
+}
+"""Knobs that are not catalogue run keys, each with the reason (a point giving one is refused)."""
 
-_IMPLIED = {"optimizer": ("adam", "adamw")}  # values the tool models without a knob (its Adam state)
+
+def run_option(key: str) -> _Option:
+    """How the catalogue run key ``key`` reaches the tool (an unknown key: refused, with the reason)."""
+    from dabench_ir.options import KNOBS
+
+    if key in RUN_OPTIONS:
+        return RUN_OPTIONS[key]
+    if key in NOT_RUN_KEYS:
+        return _Option(None, refused=f"not a run key: {NOT_RUN_KEYS[key]}")
+    if key in KNOBS:
+        return _Option(key)
+    return _Option(None, refused="the tool has no such knob (dabench_ir.validate.RUN_OPTIONS lists the keys)")
+
+
+def option_kinds(opt: _Option) -> frozenset[str] | None:
+    """The target kinds ``opt`` applies to (None: every kind)."""
+    from dabench_ir.options import KNOBS
+
+    if opt.kinds is not None:
+        return opt.kinds
+    knob = KNOBS.get(opt.field) if opt.field else None
+    return knob.targets if knob is not None else None
 
 
 @dataclass(frozen=True)
@@ -132,6 +187,11 @@ class Point:
     gemm: Mapping[str, Any] = field(default_factory=dict)
     bandwidth: Mapping[str, Any] = field(default_factory=dict)
     host: Mapping[str, Any] = field(default_factory=dict)
+    generate: Mapping[str, Any] = field(default_factory=dict)
+    holdout: bool = False
+    """Not used to fit any parameter: the summary reports it apart (out of sample)."""
+    informs: tuple[str, ...] = ()
+    """The target parameters this point was used to fit (``[section] name``), when any."""
 
 
 def bundled_catalogs() -> list[Path]:
@@ -215,8 +275,17 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     target = _check_target(entry["target"], bad)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
-    if kind == "model":
-        _check_model(model, bad)
+    generate = entry.get("generate", {})
+    if generate and kind != "generate":
+        raise bad("generate", 'only a kind = "generate" point has a [generate] table')
+    if kind in ("model", "generate"):
+        _check_model(model, bad, generate=kind == "generate")
+    if kind == "generate":
+        _check_generate(generate, run, bad)
+    if entry.get("holdout") and entry.get("informs"):
+        raise bad("informs", "a holdout point informs no parameter (it is kept out of every fit)")
+    if not all(isinstance(x, str) for x in entry.get("informs", [])):
+        raise bad("informs", "expected a list of parameter names")
     for key, value in run.items():  # an option the tool does not know is run without and listed as ignored
         _check_run_value(key, value, bad)
     for key, value in measured.items():  # a quantity the tool does not know is listed as not predicted
@@ -259,6 +328,9 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         expect=dict(expect),
         gemm=dict(gemm),
         bandwidth=dict(bandwidth),
+        generate=dict(generate),
+        holdout=entry.get("holdout", False),
+        informs=tuple(entry.get("informs", [])),
     )
 
 
@@ -272,7 +344,7 @@ def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, s
 
     if entry["target"] != HOST_TARGET:
         raise bad("target", f"a host point runs on this machine: target = {HOST_TARGET!r}")
-    for key in ("model", "run", "measured", "expect", "gemm", "bandwidth"):
+    for key in ("model", "run", "measured", "expect", "gemm", "bandwidth", "generate"):
         if key in entry:
             raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
     check_host(entry.get("host", {}), bad)
@@ -292,7 +364,20 @@ def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
     return name if name.endswith(".toml") else target.name
 
 
-def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> None:
+def _check_generate(gen: Mapping[str, Any], run: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> None:
+    """A generation point's [generate] table: prompt and gen, positive integers; it serves (inference)."""
+    for key in gen:
+        if key not in _GENERATE_KEYS:
+            raise bad(f"generate.{key}", f"unknown key; expected {', '.join(_GENERATE_KEYS)}")
+    for key in _GENERATE_KEYS:
+        value = gen.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise bad(f"generate.{key}", f"expected a positive integer, got {value!r}")
+    if run.get("mode", "inference") != "inference":
+        raise bad("run.mode", 'a generation point serves the model: mode = "inference" (or leave it out)')
+
+
+def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError], *, generate: bool = False) -> None:
     if not model:
         raise bad("model", "missing: a model point needs a [model] table (family, layers, hidden, heads, seq, batch)")
     for key, value in model.items():
@@ -305,7 +390,7 @@ def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError])
         if key not in model:
             raise bad(f"model.{key}", "missing")
     if "preset" not in model:
-        for key in ("family", "hidden", "heads", "seq"):
+        for key in ("family", "hidden", "heads") if generate else ("family", "hidden", "heads", "seq"):
             if key not in model:
                 raise bad(f"model.{key}", "missing (or give model.preset)")
 
@@ -315,12 +400,16 @@ def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError])
         raise bad("run.precision", f"{value!r} is not one of {', '.join(_PRECISIONS)}")
     if key == "mode" and value not in ("inference", "train"):
         raise bad("run.mode", f"{value!r} is not inference or train")
-    if key in ("ipus", "tiles", "replicas", "micro_batch", "gradient_accumulation") and (
+    if key in ("ipus", "tiles", "replicas", "micro_batch", "gradient_accumulation", "chips", "chips_per_node") and (
         not isinstance(value, int) or isinstance(value, bool) or value < 1
     ):
         raise bad(f"run.{key}", f"expected a positive integer, got {value!r}")
     if key in ("layers_per_ipu", "matmul_proportion", "resource_scaling") and not isinstance(value, (list, int, float)):
         raise bad(f"run.{key}", f"expected a number or a list of numbers, got {value!r}")
+    if key == "zero" and value not in (0, 1, 2, 3):
+        raise bad("run.zero", f"expected a ZeRO stage 0, 1, 2 or 3, got {value!r}")
+    if key in ("fused_attention", "half_partials", "replicated_tensor_sharding") and not isinstance(value, bool):
+        raise bad(f"run.{key}", f"expected true or false, got {value!r}")
 
 
 def _check_gemm(kind: str, gemm: Mapping[str, Any], measured: Mapping[str, Any], bad: Callable) -> None:

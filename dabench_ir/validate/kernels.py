@@ -57,7 +57,12 @@ def _kernel_rows(csv_path: str | Path) -> Iterator[tuple[str, float, float | Non
     with open(csv_path, newline="") as fh:
         for row in csv.DictReader(fh):
             name = row["kernel"].rstrip("0123456789") or row["kernel"]
-            yield name, float(row["active_pes"]), parse_percent(row.get("compute_utilization_pct")), _float(row.get("samples_per_s"))
+            yield (
+                name,
+                float(row["active_pes"]),
+                parse_percent(row.get("compute_utilization_pct")),
+                _float(row.get("samples_per_s")),
+            )
 
 
 def _float(text: str | None) -> float | None:

@@ -60,7 +60,7 @@ class PointResult:
             "id": p.id, "target": p.target, "kind": p.kind, "status": self.status, "reason": self.reason,
             "reference_only": p.reference_only, "fits_expected": self.fits_expected,
             "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
-            "ignored": ";".join(self.ignored), "source": p.source,
+            "ignored": ";".join(self.ignored), "source": p.source, "holdout": p.holdout,
         }  # fmt: skip
         if self.host:  # live host points: per-node errors and the measured noise
             base["host"] = dict(self.host)
@@ -87,13 +87,16 @@ class Validation:
         """Per target: points, ran, cannot run, fit right/wrong, not predicted, and |error| statistics.
 
         ``median_abs_error``/``worst_abs_error`` over every compared quantity;
-        ``*_throughput`` over samples/s only. Reference-only points are left out.
+        ``*_throughput`` over samples/s only. Reference-only points are left out. The same
+        statistics of the points used to fit parameters and of the held-out ones (``holdout``:
+        not used to fit any) are under ``in_sample`` and ``out_of_sample``.
         """
         out: dict[str, dict[str, Any]] = {}
         for r in self.results:
             s = out.setdefault(r.point.target, {"points": 0, "ran": 0, "cannot_run": 0, "reference_only": 0,
                                                 "fit_right": 0, "fit_wrong": 0, "not_predicted": 0,
-                                                "_all": [], "_tp": []})  # fmt: skip
+                                                "_all": [], "_tp": [], "_groups": {"in_sample": ([], []),
+                                                "out_of_sample": ([], [])}})  # fmt: skip
             s["points"] += 1
             if r.point.reference_only:
                 s["reference_only"] += 1
@@ -106,20 +109,20 @@ class Validation:
                 s["fit_right"] += 1
             elif r.fit_verdict == "wrong":
                 s["fit_wrong"] += 1
+            group = s["_groups"]["out_of_sample" if r.point.holdout else "in_sample"]
             for q in r.quantities:
                 if q.error is not None:
                     s["_all"].append(abs(q.error))
+                    group[0].append(abs(q.error))
                     if q.name == HEADLINE:
                         s["_tp"].append(abs(q.error))
+                        group[1].append(abs(q.error))
                 elif q.note.startswith("not predicted"):
                     s["not_predicted"] += 1
         for s in out.values():
-            errs, tp = s.pop("_all"), s.pop("_tp")
-            s["compared"] = len(errs)
-            s["median_abs_error"] = statistics.median(errs) if errs else None
-            s["worst_abs_error"] = max(errs) if errs else None
-            s["median_abs_error_throughput"] = statistics.median(tp) if tp else None
-            s["worst_abs_error_throughput"] = max(tp) if tp else None
+            s.update(_stats(s.pop("_all"), s.pop("_tp")))
+            for name, (errs, tp) in s.pop("_groups").items():
+                s[name] = _stats(errs, tp)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,7 +133,7 @@ class Validation:
         """The text table: per point and quantity, then per target."""
         lines = [f"{'point':38s} {'quantity':30s} {'measured':>11s} {'predicted':>11s} {'error':>8s}  note"]
         for r in self.results:
-            head = r.point.id + (" [ref]" if r.point.reference_only else "")
+            head = r.point.id + (" [ref]" if r.point.reference_only else "") + (" [out]" if r.point.holdout else "")
             if r.status != "ok":
                 lines.append(f"{head:38s} CANNOT RUN: {r.reason}")
                 continue
@@ -161,7 +164,28 @@ class Validation:
                 f"{_pc(s['worst_abs_error']):>9s} {_pc(s['median_abs_error_throughput']):>8s} "
                 f"{_pc(s['worst_abs_error_throughput']):>8s}"
             )
+        lines.append("")
+        lines.append(f"{'target':8s} {'sample':13s} {'compared':>8s} {'median|e|':>9s} {'worst|e|':>9s} "
+                     f"{'tp med':>8s} {'tp worst':>8s}   (out of sample: holdout points, used to fit nothing)")  # fmt: skip
+        for target, s in self.summary().items():
+            for name in ("in_sample", "out_of_sample"):
+                g = s[name]
+                lines.append(
+                    f"{target:8s} {name.replace('_', ' '):13s} {g['compared']:8d} {_pc(g['median_abs_error']):>9s} "
+                    f"{_pc(g['worst_abs_error']):>9s} {_pc(g['median_abs_error_throughput']):>8s} "
+                    f"{_pc(g['worst_abs_error_throughput']):>8s}"
+                )
         return "\n".join(lines)
+
+
+def _stats(errs: list[float], tp: list[float]) -> dict[str, Any]:
+    return {
+        "compared": len(errs),
+        "median_abs_error": statistics.median(errs) if errs else None,
+        "worst_abs_error": max(errs) if errs else None,
+        "median_abs_error_throughput": statistics.median(tp) if tp else None,
+        "worst_abs_error_throughput": max(tp) if tp else None,
+    }
 
 
 def _yn(value: bool | None) -> str:

@@ -14,14 +14,13 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.validate.cache import Say, _default_cache, _graph_key, _GraphCache
 from dabench_ir.validate.catalog import (
-    _IMPLIED,
     _MEASURED_FILES,
     _MEASURED_NUMBERS,
-    _UNKNOWN,
     HOST_TARGET,
-    RUN_OPTIONS,
     Point,
     _numbers,
+    option_kinds,
+    run_option,
 )
 from dabench_ir.validate.gemm import _run_bandwidth, _run_gemm, _run_max_fit, _run_ratio
 from dabench_ir.validate.predict import PREDICTORS, _kernel_quantities
@@ -84,7 +83,7 @@ def run_validation(
 def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     result = PointResult(p, fits_expected=p.expect.get("fits"))
     try:
-        runner = {"model": _run_model, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
+        runner = {"model": _run_model, "generate": _run_generate, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
                   "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip
         runner(p, result, graphs)
     except _CannotRun as exc:
@@ -125,25 +124,26 @@ def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
 
 
 def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
-    """ScaleOptions for the point; run keys without a knob go to ``result.ignored``."""
+    """ScaleOptions for the point. A run key the tool cannot honour (no knob, a value it does not
+    model, a knob of other target kinds) refuses the point with the reason: no key is dropped."""
     from dabench_ir.options import KNOBS, ScaleOptions
 
-    fields = set(ScaleOptions.__dataclass_fields__)
     values: dict[str, Any] = {}
     for key, value in p.run.items():
-        opt = RUN_OPTIONS.get(key, _UNKNOWN)
-        if key in _IMPLIED and str(value).lower() in _IMPLIED[key]:
-            continue
-        reader = RUN_OPTIONS.get(opt.read_by) if opt.read_by in p.run else None
-        if reader is not None and (reader.kinds is None or kind in reader.kinds):
-            continue  # consumed by the key that reads it (micro_batch by gradient_accumulation)
-        if opt.field is None or opt.field not in fields:
-            result.ignored.append(f"{key}={_short(value)}")
-            continue
-        if opt.kinds is not None and kind not in opt.kinds:
-            result.ignored.append(f"{key}={_short(value)} (no effect on {kind} targets)")
-            continue
-        values[opt.field] = opt.convert(value, p) if opt.convert else value
+        opt = run_option(key)
+        kinds = option_kinds(opt)
+        if kinds is not None and kind not in kinds:
+            raise _CannotRun(f"run.{key} = {_short(value)}: applies to {', '.join(sorted(kinds))} targets, "
+                             f"not {p.target} ({kind}); drop it from the point")  # fmt: skip
+        if opt.field is None:
+            if _implied(value, opt.implied):
+                continue
+            shown = f" (the tool models {', '.join(map(_short, opt.implied))})" if opt.implied else ""
+            raise _CannotRun(f"run.{key} = {_short(value)} refused: {opt.refused}{shown}")
+        if key in _BATCHING:
+            continue  # `_batching` reads them together
+        values[opt.field] = value
+    values.update(_batching(p))
     values.update(extra)
     for name, value in list(values.items()):
         if isinstance(value, list) and name in KNOBS and KNOBS[name].parse is not None:
@@ -152,6 +152,41 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         return ScaleOptions(**values)
     except UserError as exc:
         raise _CannotRun(f"options: {exc}") from None
+
+
+_BATCHING = ("micro_batch", "gradient_accumulation")
+
+
+def _implied(value: Any, implied: tuple[Any, ...]) -> bool:
+    text = value.lower() if isinstance(value, str) else value
+    return any(text == v and type(text) is type(v) for v in implied)
+
+
+def _batching(p: Point) -> dict[str, Any]:
+    """``micro_batch`` and ``gradient_accumulation`` as profile takes them.
+
+    Training: ``micro_batch`` is profile's ``--micro-batch`` (the step runs batch / micro_batch
+    micro-batches: a pipeline's micro-batches, gradient accumulation on a GPU); given alone,
+    ``gradient_accumulation`` is ``--micro-batches``. Inference has no accumulation: the
+    micro-batches a pipeline runs are ``--micro-batches`` = batch / micro_batch. Given both, a
+    replica's batch must be micro_batch x gradient_accumulation (else the point is refused).
+    """
+    run = p.run
+    micro, accum = run.get("micro_batch"), run.get("gradient_accumulation")
+    if micro is None:
+        return {} if accum is None else {"micro_batches": accum}
+    batch = int(p.model.get("batch", micro * (accum or 1)))
+    chips = int(run.get("chips", 1))
+    if run.get("strategy") == "dp" and chips > 1:
+        batch //= chips  # the catalogue batch is the step's global batch (`_per_replica_model`)
+    if accum is not None and batch != micro * accum:
+        raise _CannotRun(f"run.micro_batch = {micro} x run.gradient_accumulation = {accum} is not the batch of a "
+                         f"replica ({batch}); the point contradicts itself")  # fmt: skip
+    if batch % micro:
+        raise _CannotRun(f"run.micro_batch = {micro} does not divide the batch of a replica ({batch})")
+    if run.get("mode", "inference") == "train":
+        return {"micro_batch": micro}
+    return {"micro_batches": batch // micro}
 
 
 def _short(value: Any) -> str:
@@ -221,7 +256,45 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
 
 
+def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+    """A generation point through ``--scenario generate`` (`dabench_ir.scenario.generate`): model.batch
+    equal requests of generate.prompt tokens, each generating generate.gen tokens."""
+    import dataclasses
+
+    from dabench_ir.scenario import generate
+    from dabench_ir.sweep.graphs import base_config
+    from dabench_ir.targets import load_target
+
+    target = load_target(p.target)
+    opts = _options(p, target.kind, result)
+    prompt, gen = int(p.generate["prompt"]), int(p.generate["gen"])
+    model = {**p.model, "seq": int(p.model.get("seq", prompt))}
+    try:
+        cfg = base_config({**model, "batch": 1}).replace(layers=int(p.model["layers"]))
+    except UserError as exc:
+        raise _CannotRun(f"model: {exc}") from None
+    if cfg.family == "gpt2" and cfg.positional in (None, "learned") and (cfg.max_positions or cfg.seq) < prompt + gen:
+        cfg = cfg.replace(max_positions=prompt + gen)  # room for the prompt and every generated token
+    opts = dataclasses.replace(opts, batch=int(p.model["batch"]))
+    g = generate(cfg, target, opts, prompt=prompt, gen=gen)
+    result.fits_predicted = bool(g.fits)
+    if not g.fits:
+        why = g.prefill.failure or next((d.failure for d in g.decode if d.failure), None) or "does not fit"
+        result.notes.append(f"the tool says it does not fit: {why}")
+    figures = {"ttft_s": g.ttft_s, "tpot_s": g.tpot_s, "latency_s": g.latency_s,
+               "decode_tokens_per_s": None if not g.tpot_s else g.batch / g.tpot_s}  # fmt: skip
+    for key, value in p.measured.items():
+        if not g.fits:
+            result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
+            continue
+        predicted = figures.get(key)
+        note = "" if predicted is not None else "not predicted (a generation point predicts " + ", ".join(figures) + ")"
+        result.quantities.append(Quantity(key, float(value), predicted, note))
+    if result.fits_expected is None and _numbers(p.measured):
+        result.fits_expected = True
+    if g.interpolated:
+        result.notes.append(f"tpot interpolated linearly in context between {len(g.decode)} placed decode steps")
+
+
 _SCALED = frozenset({"samples_per_s", "tokens_per_s", "step_time_s"})
 """The quantities a multi-chip point predicts (the step of all chips); the rest are one chip's."""
-
-
