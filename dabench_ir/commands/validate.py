@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run every point of the measurement catalogue (the bundled one, or --catalog FILE in the "
         "same format: docs/validation.md) through the tool and print measured vs predicted with the relative "
         "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
-        "run are listed with the reason; options it has no knob for are listed as ignored.",
+        "run, and points with a run key the tool has no knob for, are listed with the reason (CANNOT RUN).",
     )
     p.add_argument("--target", metavar="T", help="only the points on this target (name or alias)")
     p.add_argument(
