@@ -58,9 +58,16 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import TargetError, UserError
 from dabench_ir.ir import Cost
 from dabench_ir.lowering import Lowering, LoweringOptions
-from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
+from dabench_ir.lowering._common import (
+    LoweringContext,
+    module_key,
+    place_node,
+    training_state,
+    value_bytes,
+    weight_bytes,
+)
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 from dabench_ir.timeline import Bound
 
@@ -68,8 +75,8 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
-__all__ = ["HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
-           "form_sections"]  # fmt: skip
+__all__ = ["DDR_ASSUMPTION", "HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
+           "ddr_footprint", "form_sections"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -523,15 +530,21 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
-    resident = ctx.resident_bytes()
+    footprint = ddr_footprint(ctx, sections, section_of, recomputed) if training else None
+    resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
+    if footprint is not None:
+        plan.extra["ddr_bytes_by_kind"] = dict(footprint)
+        plan.notes.append(DDR_ASSUMPTION)
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")
         pmu_bytes = sram.capacity_bytes / (chip.tiles_per_rdu * chip.pmus / chip.tiles)
         plan.memory_bytes[sram.name] = int(max((u.resources["pmus"] for u in plan.units), default=0) * pmu_bytes)
     if resident > ddr.capacity_bytes:
+        held = f" ({DDR_ASSUMPTION})" if footprint is not None else ""
         plan.fail(
-            f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB",
+            f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB"
+            + held,
             resident,
             ddr.capacity_bytes,
         )
@@ -553,6 +566,53 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         }
     )
     return plan
+
+
+DDR_ASSUMPTION = (
+    "DDR as SambaFlow spends it in training: weights, gradients, fp32 master weights and Adam moments, "
+    "the whole batch's tensors the backward reads (each operator's saved inputs, as autograd keeps them; "
+    "the attention scores stay on chip and are recomputed in backward), and the largest section's "
+    "boundary tensors in flight; no micro-batching"
+)
+"""The memory assumption of a training plan's DDR figure, in its notes and in a does-not-fit reason."""
+
+
+def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dict[tuple[str, str], int],
+                  recomputed: set[str]) -> dict[str, int]:  # fmt: skip
+    """What a training step holds in DDR at its peak, by kind (bytes).
+
+    Sections exchange tensors through DDR and the backward reads what the forward left there:
+    ``saved_activations`` is what each operator's backward needs (the training pass's
+    ``SAVED`` record, PyTorch's saved tensors: a matmul's activation operands, a norm's input
+    and statistics, GELU's input, ...), over the whole batch, less the attention core's
+    internal values (scores, probabilities) that never leave the chip and are recomputed. ``transient`` is the largest section's boundary tensors besides its weights
+    (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
+    The training state is the training pass's (gradients, master weights, moments).
+    """
+    graph = ctx.graph
+    state = training_state(ctx)
+    saved = 0
+    for node in graph.nodes:
+        if is_optimizer_step(node) or section_of.get((node.name, "forward")) is None:
+            continue
+        for v, nbytes in (node.meta.get(SAVED) or {}).items():
+            if v.split("#")[0] not in recomputed:  # a core's scores and probabilities stay on chip
+                saved += int(nbytes)
+    transient = 0
+    for i, sec in enumerate(sections):
+        if sec.phase == "optimizer":
+            continue
+        total, _ = _section_ddr(ctx, sec, section_of, i, recomputed)
+        weights = sum(_phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
+        transient = max(transient, total - weights)
+    return {
+        "weights": weight_bytes(ctx),
+        "gradients": state.gradients,
+        "master_weights": state.master_weights,
+        "optimizer": state.optimizer,
+        "saved_activations": saved,
+        "transient": transient,
+    }
 
 
 def _core_internal(graph, v: str, cores: dict[str, int]) -> bool:
