@@ -633,7 +633,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             "pcu_allocation_time_weighted": sum(u.allocation * t for u, _, t in busy) / span,
             "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, _, t in busy) / span,
             "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, _, t in busy) / span,
-            "rdu_time_s": sum(reconfig + t for _, _, t in busy),
+            "rdu_time_s": sum(reconfig + t for _, _, t in busy) + plan.step_overheads_s.get(DEVICE_STEP, 0.0),
             "host_time_s": plan.step_overheads_s[host_key],
         }
     )
@@ -663,13 +663,14 @@ def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dic
     """
     graph = ctx.graph
     state = training_state(ctx)
-    saved = 0
+    kept: dict[str, int] = {}  # value -> bytes: one copy of a tensor several operators keep
     for node in graph.nodes:
         if is_optimizer_step(node) or section_of.get((node.name, "forward")) is None:
             continue
         for v, nbytes in (node.meta.get(SAVED) or {}).items():
             if v.split("#")[0] not in recomputed:  # a core's scores and probabilities stay on chip
-                saved += int(nbytes)
+                kept[v] = int(nbytes)
+    saved = sum(kept.values())
     transient = 0
     for i, sec in enumerate(sections):
         if sec.phase == "optimizer":
