@@ -24,8 +24,8 @@ E_O0 = RDU.arch_value("pcu_efficiency_o0")  # the fitted asymptotic contraction 
 K_HALF = RDU.arch_value("pcu_k_half")  # the reduction depth at half of it
 
 
-def _shape(k: float) -> float:
-    return k / (k + K_HALF)
+def _shape(k: float, k_half: float = K_HALF) -> float:
+    return k / (k + k_half)
 
 
 def _train(g):
@@ -418,24 +418,54 @@ def test_does_not_fit_reason_names_the_memory_assumption(tmp_path):
 # -- the contraction rate by reduction depth (issue 30) ---------------------------------------
 
 
-def test_contraction_rate_follows_the_reduction_depth():
-    """fp16 inference on the whole RDU at O0 (one operator a section): a forward matmul of depth K
-    runs at 650e12 x e_o0 x K / (K + k_half); in training fc1's backward is dW (reduced over the 8
-    tokens) plus dX (reduced over its 256 outputs), each one forward's FLOPs (depth 64)."""
+def _target_with(tmp_path, old: str, new: str):
+    from dabench_ir.targets import builtin_target_paths
+
+    toml = builtin_target_paths()["sn30"].read_text()
+    assert old in toml
+    path = tmp_path / "variant.toml"
+    path.write_text(toml.replace(old, new))
+    return load_target(str(path))
+
+
+def test_contraction_rate_follows_the_reduction_depth(tmp_path):
+    """fp16 inference on the whole RDU at O0 (one operator a section), pcu_k_half = 160: a forward
+    matmul of depth K runs at 650e12 x e_o0 x K / (K + 160); in training fc1's backward is dW
+    (reduced over the 8 tokens) plus dX (reduced over its 256 outputs), each one forward's FLOPs
+    (depth 64). The bundled sn30 fits pcu_k_half = 0 (the C points show no depth dependence)."""
+    assert K_HALF == 0
+    rdu = _target_with(tmp_path, "pcu_k_half = { value = 0,", "pcu_k_half = { value = 160,")
     rate = 650e12 * E_O0
 
     def unit_of(plan, name: str, phase: str):
         (u,) = [u for u in plan.units if u.nodes == [name] and f"phase_{phase}" in u.resources]
         return u.resources["compute_s"]
 
-    infer = lower(decoder(layers=1, hidden=64, seq=8, heads=4), RDU, ProfileOptions(opt_level="O0"))
+    infer = lower(decoder(layers=1, hidden=64, seq=8, heads=4), rdu, ProfileOptions(opt_level="O0"))
     q = 2 * 8 * 64 * 64
-    assert unit_of(infer, "layers.0.attn.q_proj", "forward") == pytest.approx(q / (rate * _shape(64)))
+    assert unit_of(infer, "layers.0.attn.q_proj", "forward") == pytest.approx(q / (rate * _shape(64, 160)))
     fc2 = 2 * 8 * 256 * 64
-    assert unit_of(infer, "layers.0.mlp.fc2", "forward") == pytest.approx(fc2 / (rate * _shape(256)))
-    train = lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), RDU, ProfileOptions(opt_level="O0"))
+    assert unit_of(infer, "layers.0.mlp.fc2", "forward") == pytest.approx(fc2 / (rate * _shape(256, 160)))
+    train = lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), rdu, ProfileOptions(opt_level="O0"))
     fwd, back = unit_of(train, "layers.0.mlp.fc1", "forward"), unit_of(train, "layers.0.mlp.fc1", "backward")
-    assert back / fwd == pytest.approx((1 / _shape(8) + 1 / _shape(256)) * _shape(64))
-    # the curve: half the asymptotic share at k_half, rising with depth toward it
-    assert _shape(K_HALF) == 0.5
-    assert _shape(64) < _shape(256) < _shape(5120) < 1.0
+    assert back / fwd == pytest.approx((1 / _shape(8, 160) + 1 / _shape(256, 160)) * _shape(64, 160))
+    # the bundled target: every depth at the asymptote (one constant, as fitted)
+    flat = lower(decoder(layers=1, hidden=64, seq=8, heads=4), RDU, ProfileOptions(opt_level="O0"))
+    assert unit_of(flat, "layers.0.attn.q_proj", "forward") == pytest.approx(q / rate)
+    assert _shape(160, 160) == 0.5
+    assert _shape(64, 160) < _shape(256, 160) < _shape(5120, 160) < 1.0
+
+
+def test_a_fixed_device_step_is_rdu_time_not_host(tmp_path):
+    """overheads.device_step_s (absent from the bundled sn30: its fit is blocked by the host model's
+    error at depth) is a training step's row `device step`, counted in rdu_time_s."""
+    from dabench_ir.lowering.rdu import DEVICE_STEP
+
+    rdu = _target_with(tmp_path, "sync_s = {", "device_step_s = { value = 0.1, source = \"test\", estimate = true }\nsync_s = {")
+    g = _train(decoder(layers=1, hidden=64, seq=8))
+    base = lower(g, RDU, ProfileOptions(opt_level="O3"))
+    plan = lower(_train(decoder(layers=1, hidden=64, seq=8)), rdu, ProfileOptions(opt_level="O3"))
+    assert DEVICE_STEP not in base.step_overheads_s
+    assert plan.step_overheads_s[DEVICE_STEP] == 0.1
+    assert plan.extra["rdu_time_s"] == pytest.approx(base.extra["rdu_time_s"] + 0.1)
+    assert plan.step_overheads_s["host"] == base.step_overheads_s["host"]
