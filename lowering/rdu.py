@@ -58,9 +58,16 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import TargetError, UserError
 from dabench_ir.ir import Cost
 from dabench_ir.lowering import Lowering, LoweringOptions
-from dabench_ir.lowering._common import LoweringContext, module_key, place_node, value_bytes
+from dabench_ir.lowering._common import (
+    LoweringContext,
+    module_key,
+    place_node,
+    training_state,
+    value_bytes,
+    weight_bytes,
+)
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 from dabench_ir.timeline import Bound
 
@@ -68,8 +75,8 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Node
     from dabench_ir.targets import Target
 
-__all__ = ["HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
-           "form_sections"]  # fmt: skip
+__all__ = ["DDR_ASSUMPTION", "DEVICE_STEP", "HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
+           "ddr_footprint", "form_sections"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +85,8 @@ _MAX_PARTS = 1_000_000
 _WHO = "rdu"
 PHASES = ("forward", "backward", "optimizer")
 HOST_ESTIMATE = "host (estimate: fitted to training steps)"
+DEVICE_STEP = "device step"
+"""The overhead row of a training step's fixed RDU time (``overheads.device_step_s``): device time, not host."""
 RDU_LANE = "rdu"
 """The one lane every node of an RDU plan runs on: sections run one after another, each one pipeline."""
 """The overhead row of an inference run's host cost: training's fitted per-section figure, no
@@ -350,20 +359,72 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
     return sum(per_node.values()), per_node
 
 
+def reduction_depths(ctx: LoweringContext, node: Node) -> tuple[float, float, float] | None:
+    """A contraction's reduction depths: the forward's K, and the two backward GEMMs' (dA = dC·Bᵀ
+    reduces over N, the output's last dim; dB = Aᵀ·dC over the rows, every token when B is a
+    weight, else the per-matrix rows M). None when the node contracts nothing or its shape is unknown."""
+    cost = ctx.costs[node.name]
+    out = next((v for v in node.outputs if v), None)
+    if cost.contraction_flops <= 0 or out is None:
+        return None
+    fwd = _phase_cost(node, "forward", cost)
+    try:
+        dims = ctx.graph.type_of(out).dims()
+    except Exception:  # an unknown rank or a free symbol: no shape to tile
+        return None
+    numel = math.prod(dims) if dims else 0
+    if not numel or not dims:
+        return None
+    k = fwd.contraction_flops / (2 * numel)
+    n = float(dims[-1])
+    b = node.inputs[1] if len(node.inputs) > 1 else None
+    b_value = ctx.graph.values.get(b) if b else None
+    rows = numel / n if (b_value is not None and b_value.kind.is_stored) else float(dims[-2] if len(dims) > 1 else 1)
+    return max(k, 1.0), n, rows
+
+
 @dataclass(frozen=True, slots=True)
 class _Rates:
-    """What the compiled tiles sustain per op class: contraction FLOPs on PCUs in systolic mode
-    (the peak at the fitted ``pcu_efficiency_<opt>``), vector FLOPs and special-function ops
-    on PCUs in SIMD mode (`Target.rate`: ``[compute.vector_flops]``, ``[compute.special_ops]``)."""
+    """What the compiled tiles sustain per op class: contraction FLOPs on PCUs in systolic mode,
+    vector FLOPs and special-function ops on PCUs in SIMD mode (`Target.rate`:
+    ``[compute.vector_flops]``, ``[compute.special_ops]``).
+
+    A contraction runs at ``contraction · K / (K + k_half)``: the PCU reduces along its lanes
+    (the cross-lane reduction tree, SN40L at Hot Chips 2024) and each output vector pays the
+    tree's drain and its write-back once, amortised over the reduction depth K. ``contraction``
+    is the tiles' peak times the fitted asymptotic share ``pcu_efficiency_<opt>``; ``k_half``
+    is the fitted ``arch.pcu_k_half`` (the depth at which half the asymptotic rate is reached).
+    """
 
     contraction: float
     vector: float
     special: float
+    k_half: float = 0.0
 
-    def time(self, cost: Cost) -> float:
-        """Seconds of ``cost``: each of its three parts at its own rate."""
-        return sum(n / r for n, r in ((cost.contraction_flops, self.contraction), (cost.vector_flops, self.vector),
-                                      (cost.special_ops, self.special)) if n and r > 0)  # fmt: skip
+    def shape(self, k: float) -> float:
+        """Share of the asymptotic contraction rate a GEMM of reduction depth ``k`` reaches."""
+        return k / (k + self.k_half) if self.k_half > 0 else 1.0
+
+    def time(self, cost: Cost, depths: tuple[float, ...] | None = None) -> float:
+        """Seconds of ``cost``: each of its three parts at its own rate.
+
+        ``depths``: the forward contraction's reduction depth K, as a 1-tuple (`reduction_depths`);
+        a backward's split over its GEMMs is `_backward_contraction_s`."""
+        t = sum(n / r for n, r in ((cost.vector_flops, self.vector), (cost.special_ops, self.special)) if n and r > 0)
+        c = cost.contraction_flops
+        if not c or self.contraction <= 0:
+            return t
+        if depths is None:
+            return t + c / self.contraction
+        return t + c / (self.contraction * self.shape(depths[0]))
+
+
+def _backward_contraction_s(rates: _Rates, c: float, k: float, n: float, rows: float, fwd: float | None = None) -> float:
+    """A backward's contraction seconds: dA (depth N) and dB (depth rows), each one forward's FLOPs;
+    with FLOPs for one gradient only, the weight's (dB) when there is one; the rest at depth K."""
+    one = fwd if fwd else c / 2  # FLOPs of one backward GEMM: the forward's
+    parts = [(min(c, one), rows), (min(max(c - one, 0.0), one), n), (max(c - 2 * one, 0.0), k)]
+    return sum(f / (rates.contraction * rates.shape(d)) for f, d in parts if f > 0)
 
 
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
@@ -378,7 +439,23 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         contraction=peak * share * eff,  # systolic PCUs at the fitted achieved fraction
         vector=target.rate("vector", ctx.precision) * share,
         special=target.rate("special", ctx.precision) * share,
+        k_half=target.arch_value("pcu_k_half", 0.0),
     )
+    depth_of: dict[str, tuple[float, float, float] | None] = {}
+
+    def node_s(node: Node, phase: str) -> float:  # a node's seconds in one phase at the tiles' rates
+        if node.name not in depth_of:
+            depth_of[node.name] = reduction_depths(ctx, node)
+        cost = _phase_cost(node, phase, ctx.costs[node.name])
+        d = depth_of[node.name]
+        if d is None or phase == "optimizer":
+            return rates.time(cost)
+        if phase == "forward":
+            return rates.time(cost, d[:1])
+        fwd = _phase_cost(node, "forward", ctx.costs[node.name]).contraction_flops
+        t = rates.time(Cost(vector_flops=cost.vector_flops, special_ops=cost.special_ops))
+        return t + _backward_contraction_s(rates, cost.contraction_flops, *d, fwd=fwd)
+
     ddr = target.memory(LOWERING.feed_level(target))
     bw = ddr.bandwidth_bytes_per_s
     ridge = target.ridge_point(ctx.precision, ddr)
@@ -396,7 +473,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     for name, cid in cores.items():
         fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
-        core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + rates.time(fwd)
+        core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + node_s(graph.node(name), "forward")
     node_peak: dict[str, float] = {}
 
     def peak_of(name: str) -> float:  # the compiled tiles' peak at the dtype the node computes in
@@ -416,8 +493,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     for i, sec in enumerate(sections):
         ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed)
         flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
-        busy = {n.name: rates.time(_phase_cost(n, sec.phase, ctx.costs[n.name])) if ctx.is_work(n) else 0.0
-                for n in sec.nodes}  # fmt: skip
+        busy = {n.name: node_s(n, sec.phase) if ctx.is_work(n) else 0.0 for n in sec.nodes}
         if sec.phase == "backward":  # recompute: the core's forward runs again inside its backward section
             for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
                 first = next(n for n in sec.nodes if cores.get(n.name) == cid)
@@ -517,21 +593,30 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     host_step = target.overhead("host_step_s") if training else 0.0
     host_key = "host" if training else HOST_ESTIMATE
     plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * n_sections
+    device_step = target.overhead("device_step_s") if training else 0.0
+    if device_step:
+        plan.step_overheads_s[DEVICE_STEP] = device_step
     if not training:
         per = target.overhead("host_per_section_s") * 1e3
         plan.notes.append(
             f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
-    resident = ctx.resident_bytes()
+    footprint = ddr_footprint(ctx, sections, section_of, recomputed) if training else None
+    resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
+    if footprint is not None:
+        plan.extra["ddr_bytes_by_kind"] = dict(footprint)
+        plan.notes.append(DDR_ASSUMPTION)
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")
         pmu_bytes = sram.capacity_bytes / (chip.tiles_per_rdu * chip.pmus / chip.tiles)
         plan.memory_bytes[sram.name] = int(max((u.resources["pmus"] for u in plan.units), default=0) * pmu_bytes)
     if resident > ddr.capacity_bytes:
+        held = f" ({DDR_ASSUMPTION})" if footprint is not None else ""
         plan.fail(
-            f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB",
+            f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB"
+            + held,
             resident,
             ddr.capacity_bytes,
         )
@@ -548,11 +633,59 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             "pcu_allocation_time_weighted": sum(u.allocation * t for u, _, t in busy) / span,
             "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, _, t in busy) / span,
             "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, _, t in busy) / span,
-            "rdu_time_s": sum(reconfig + t for _, _, t in busy),
+            "rdu_time_s": sum(reconfig + t for _, _, t in busy) + plan.step_overheads_s.get(DEVICE_STEP, 0.0),
             "host_time_s": plan.step_overheads_s[host_key],
         }
     )
     return plan
+
+
+DDR_ASSUMPTION = (
+    "DDR as SambaFlow spends it in training: weights, gradients, fp32 master weights and Adam moments, "
+    "the whole batch's tensors the backward reads (each operator's saved inputs, as autograd keeps them; "
+    "the attention scores stay on chip and are recomputed in backward), and the largest section's "
+    "boundary tensors in flight; no micro-batching"
+)
+"""The memory assumption of a training plan's DDR figure, in its notes and in a does-not-fit reason."""
+
+
+def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dict[tuple[str, str], int],
+                  recomputed: set[str]) -> dict[str, int]:  # fmt: skip
+    """What a training step holds in DDR at its peak, by kind (bytes).
+
+    Sections exchange tensors through DDR and the backward reads what the forward left there:
+    ``saved_activations`` is what each operator's backward needs (the training pass's
+    ``SAVED`` record, PyTorch's saved tensors: a matmul's activation operands, a norm's input
+    and statistics, GELU's input, ...), over the whole batch, less the attention core's
+    internal values (scores, probabilities) that never leave the chip and are recomputed. ``transient`` is the largest section's boundary tensors besides its weights
+    (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
+    The training state is the training pass's (gradients, master weights, moments).
+    """
+    graph = ctx.graph
+    state = training_state(ctx)
+    kept: dict[str, int] = {}  # value -> bytes: one copy of a tensor several operators keep
+    for node in graph.nodes:
+        if is_optimizer_step(node) or section_of.get((node.name, "forward")) is None:
+            continue
+        for v, nbytes in (node.meta.get(SAVED) or {}).items():
+            if v.split("#")[0] not in recomputed:  # a core's scores and probabilities stay on chip
+                kept[v] = int(nbytes)
+    saved = sum(kept.values())
+    transient = 0
+    for i, sec in enumerate(sections):
+        if sec.phase == "optimizer":
+            continue
+        total, _ = _section_ddr(ctx, sec, section_of, i, recomputed)
+        weights = sum(_phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
+        transient = max(transient, total - weights)
+    return {
+        "weights": weight_bytes(ctx),
+        "gradients": state.gradients,
+        "master_weights": state.master_weights,
+        "optimizer": state.optimizer,
+        "saved_activations": saved,
+        "transient": transient,
+    }
 
 
 def _core_internal(graph, v: str, cores: dict[str, int]) -> bool:

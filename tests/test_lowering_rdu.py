@@ -20,6 +20,12 @@ from tests.lowering_graphs import chain, decoder
 
 RDU = load_target("rdu")
 CATALOGUE = {"tiles": 4, "resource_scale": 0.8}  # the measured runs: --num-tiles 4, --resources-scaling-factors 0.8
+E_O0 = RDU.arch_value("pcu_efficiency_o0")  # the fitted asymptotic contraction share at O0
+K_HALF = RDU.arch_value("pcu_k_half")  # the reduction depth at half of it
+
+
+def _shape(k: float, k_half: float = K_HALF) -> float:
+    return k / (k + k_half)
 
 
 def _train(g):
@@ -33,12 +39,13 @@ def _phase(unit) -> str:
 
 
 def test_one_operator_section_costs_switch_plus_roofline_exactly():
-    # one fp32 contraction of 1e12 FLOPs on the whole RDU at O0: 1e-5 s switch + F / (325e12 * 0.0681)
-    # (fp32: half the bf16 peak, a 32-bit PCU lane does one fp32 FMA or two bf16)
+    # one fp32 contraction of 1e12 FLOPs on the whole RDU at O0: 1e-5 s switch + F / (325e12 * e_o0 * shape)
+    # (fp32: half the bf16 peak, a 32-bit PCU lane does one fp32 FMA or two bf16); the chain's
+    # [2]-element output makes the reduction depth K = F / (2 * 2)
     g = chain([10**12], [8])
     plan = lower(g, RDU, ProfileOptions(opt_level="O0"))
     (unit,) = plan.units
-    compute = 1e12 / (325e12 * 0.0681)
+    compute = 1e12 / (325e12 * E_O0 * _shape(1e12 / 4))
     assert unit.resources["compute_s"] == pytest.approx(compute)
     assert unit.resources["ddr_bytes"] == 8  # the fp32 [1] input and output cross DDR
     assert unit.gap_before_s == 1e-5
@@ -49,7 +56,7 @@ def test_one_operator_section_costs_switch_plus_roofline_exactly():
 
 
 def test_each_op_class_at_its_own_rate_on_the_compiled_tiles():
-    """bf16 on half an RDU (4 of 8 tiles) at O0: contraction at 650e12 x 0.0681 / 2, vector FLOPs
+    """bf16 on half an RDU (4 of 8 tiles) at O0: contraction at 650e12 x e_o0 / 2, vector FLOPs
     at 162.5e12 / 2, special functions at 54.2e12 / 2; a node's compute is their sum."""
     g = chain([10**12], [8], dtype=DType.BFLOAT16)
     name = g.nodes[0].name
@@ -57,7 +64,9 @@ def test_each_op_class_at_its_own_rate_on_the_compiled_tiles():
                                       act_bytes_in=4, act_bytes_out=4)  # fmt: skip
     plan = lower(g, RDU, ProfileOptions(opt_level="O0", tiles=4))
     (unit,) = plan.units
-    expect = 1e12 / (650e12 * 0.0681 / 2) + 1e11 / (162.5e12 / 2) + 1e10 / (54.2e12 / 2)
+    out = g.nodes[0].outputs[0]
+    k = 1e12 / (2 * g.type_of(out).numel())
+    expect = 1e12 / (650e12 * E_O0 / 2 * _shape(k)) + 1e11 / (162.5e12 / 2) + 1e10 / (54.2e12 / 2)
     assert unit.resources["compute_s"] == pytest.approx(expect, rel=1e-12)
     assert plan.node_plans[name].compute_s == pytest.approx(expect, rel=1e-12)
 
@@ -350,3 +359,113 @@ def test_no_stage_is_given_less_time_than_its_own_ddr_stream():
             assert p.feed_bytes / (p.per_micro_batch_s * plan.micro_batches) <= bw * (1 + 1e-9), name
     for unit in plan.units:  # the floors fit: a real section keeps its planned time
         assert unit.resources["time_s"] == max(unit.resources["compute_s"], unit.resources["ddr_s"])
+
+
+# -- DDR as SambaFlow spends it in training (issue 30) ----------------------------------------
+
+
+def _kinds(plan) -> dict[str, int]:
+    return plan.extra["ddr_bytes_by_kind"]
+
+
+def test_training_ddr_holds_the_state_and_what_the_backward_reads_exactly():
+    """One fp16 block (hidden 64, FFN 256, 4 heads, seq 8, batch 1) at O3: DDR holds the weights
+    (4 x 64² + 2 x 64 x 256 = 49,152 parameters x 2 B), their fp16 gradients, fp32 master
+    weights (4 B) and Adam moments (8 B), and the tensors the backward reads: LN1's output, Q, K,
+    V, the attention output, the residual, LN2's output (7 x 8 x 64 x 2 B), LN2's row statistics
+    (8 rows x 2 fp32) and fc1's and GELU's outputs (2 x 8 x 256 x 2 B). The softmax
+    probabilities (4 x 8 x 8 x 2 = 512 B) stay on chip inside the attention section and are
+    recomputed; the in-flight term is the largest section's boundary traffic less its weights."""
+    g = _train(decoder(layers=1, hidden=64, seq=8, heads=4))
+    plan = lower(g, RDU, ProfileOptions(opt_level="O3"))
+    params = 4 * 64 * 64 + 2 * 64 * 256
+    kinds = _kinds(plan)
+    assert kinds["weights"] == 2 * params
+    assert kinds["gradients"] == 2 * params
+    assert kinds["master_weights"] == 4 * params
+    assert kinds["optimizer"] == 8 * params
+    assert kinds["saved_activations"] == 7 * 8 * 64 * 2 + 8 * 2 * 4 + 2 * 8 * 256 * 2 == 15_424
+    forward = plan.units[0]
+    assert "phase_forward" in forward.resources and len(plan.units) == 3  # the block, its backward, Adam
+    assert kinds["transient"] == forward.resources["ddr_bytes"] - 2 * params == 19_456
+    assert plan.memory_bytes["ddr"] == sum(kinds.values())
+    assert any("attention scores stay on chip" in n for n in plan.notes)  # the fit names what it assumed
+
+
+def test_training_ddr_keeps_the_probabilities_without_a_fused_attention_core_and_scales_with_the_batch():
+    one = _kinds(lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), RDU, ProfileOptions(opt_level="O0")))
+    assert one["saved_activations"] == 15_424 + 4 * 8 * 8 * 2  # O0: no fused core, softmax's output kept
+    two = _kinds(lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4, batch=2)), RDU,
+                       ProfileOptions(opt_level="O0")))  # fmt: skip
+    assert two["saved_activations"] == 2 * one["saved_activations"]  # the whole batch: no micro-batching
+    assert two["weights"] == one["weights"]
+
+
+def test_does_not_fit_reason_names_the_memory_assumption(tmp_path):
+    from dabench_ir.targets import builtin_target_paths
+
+    toml = builtin_target_paths()["sn30"].read_text()
+    assert "capacity_bytes = { value = 1e12," in toml
+    small = tmp_path / "small.toml"
+    small.write_text(toml.replace("capacity_bytes = { value = 1e12,", "capacity_bytes = { value = 1e5,"))
+    plan = lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), load_target(str(small)),
+                 ProfileOptions(opt_level="O3"))  # fmt: skip
+    assert not plan.fits
+    assert plan.failure.needed_bytes == plan.memory_bytes["ddr"]
+    assert "attention scores stay on chip" in plan.failure.reason
+
+
+# -- the contraction rate by reduction depth (issue 30) ---------------------------------------
+
+
+def _target_with(tmp_path, old: str, new: str):
+    from dabench_ir.targets import builtin_target_paths
+
+    toml = builtin_target_paths()["sn30"].read_text()
+    assert old in toml
+    path = tmp_path / "variant.toml"
+    path.write_text(toml.replace(old, new))
+    return load_target(str(path))
+
+
+def test_contraction_rate_follows_the_reduction_depth(tmp_path):
+    """fp16 inference on the whole RDU at O0 (one operator a section), pcu_k_half = 160: a forward
+    matmul of depth K runs at 650e12 x e_o0 x K / (K + 160); in training fc1's backward is dW
+    (reduced over the 8 tokens) plus dX (reduced over its 256 outputs), each one forward's FLOPs
+    (depth 64). The bundled sn30 fits pcu_k_half = 0 (the C points show no depth dependence)."""
+    assert K_HALF == 0
+    rdu = _target_with(tmp_path, "pcu_k_half = { value = 0,", "pcu_k_half = { value = 160,")
+    rate = 650e12 * E_O0
+
+    def unit_of(plan, name: str, phase: str):
+        (u,) = [u for u in plan.units if u.nodes == [name] and f"phase_{phase}" in u.resources]
+        return u.resources["compute_s"]
+
+    infer = lower(decoder(layers=1, hidden=64, seq=8, heads=4), rdu, ProfileOptions(opt_level="O0"))
+    q = 2 * 8 * 64 * 64
+    assert unit_of(infer, "layers.0.attn.q_proj", "forward") == pytest.approx(q / (rate * _shape(64, 160)))
+    fc2 = 2 * 8 * 256 * 64
+    assert unit_of(infer, "layers.0.mlp.fc2", "forward") == pytest.approx(fc2 / (rate * _shape(256, 160)))
+    train = lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), rdu, ProfileOptions(opt_level="O0"))
+    fwd, back = unit_of(train, "layers.0.mlp.fc1", "forward"), unit_of(train, "layers.0.mlp.fc1", "backward")
+    assert back / fwd == pytest.approx((1 / _shape(8, 160) + 1 / _shape(256, 160)) * _shape(64, 160))
+    # the bundled target: every depth at the asymptote (one constant, as fitted)
+    flat = lower(decoder(layers=1, hidden=64, seq=8, heads=4), RDU, ProfileOptions(opt_level="O0"))
+    assert unit_of(flat, "layers.0.attn.q_proj", "forward") == pytest.approx(q / rate)
+    assert _shape(160, 160) == 0.5
+    assert _shape(64, 160) < _shape(256, 160) < _shape(5120, 160) < 1.0
+
+
+def test_a_fixed_device_step_is_rdu_time_not_host(tmp_path):
+    """overheads.device_step_s (absent from the bundled sn30: its fit is blocked by the host model's
+    error at depth) is a training step's row `device step`, counted in rdu_time_s."""
+    from dabench_ir.lowering.rdu import DEVICE_STEP
+
+    rdu = _target_with(tmp_path, "sync_s = {", "device_step_s = { value = 0.1, source = \"test\", estimate = true }\nsync_s = {")
+    g = _train(decoder(layers=1, hidden=64, seq=8))
+    base = lower(g, RDU, ProfileOptions(opt_level="O3"))
+    plan = lower(_train(decoder(layers=1, hidden=64, seq=8)), rdu, ProfileOptions(opt_level="O3"))
+    assert DEVICE_STEP not in base.step_overheads_s
+    assert plan.step_overheads_s[DEVICE_STEP] == 0.1
+    assert plan.extra["rdu_time_s"] == pytest.approx(base.extra["rdu_time_s"] + 0.1)
+    assert plan.step_overheads_s["host"] == base.step_overheads_s["host"]
