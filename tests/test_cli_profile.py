@@ -143,5 +143,5 @@ def test_scale_command(block, tmp_path, capsys):
     assert [p["chips"] for p in data["points"]] == [1, 2]
     assert data["points"][1]["comm_time_s"] > 0 and (tmp_path / "s.svg").exists()
     assert main(["scale", str(block), "--target", "rdu", "--chips", "1,2", "--strategy", "pp"]) == 2
-    assert "supports: tp" in capsys.readouterr().err
+    assert "supports: dp, tp" in capsys.readouterr().err
     assert main(["scale", str(block), "--target", "h100", "--chips", "1,x", "--strategy", "dp"]) == 2

@@ -88,7 +88,7 @@ def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
     assert wse.points[1].batch == 4  # two copies on the wafer, each running the graph's batch of 2
 
 
-@pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")])
+@pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")])
 def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
     with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):
         scale(decoder(layers=2), load_target(target), [1, 2], strategy)

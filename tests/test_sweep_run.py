@@ -81,7 +81,7 @@ def test_failing_point_does_not_stop_others(tmp_path, cache):
             "axes": {"layers": [1], "target": ["wse", str(gone), "rdu"]},
             "point": [
                 {"layers": 1, "chips": 2, "strategy": "tp", "target": "rdu"},
-                {"layers": 1, "chips": 4, "strategy": "dp", "target": "rdu"},
+                {"layers": 1, "chips": 4, "strategy": "pp", "target": "rdu"},
             ],
         }
     )
@@ -100,7 +100,7 @@ def test_failing_point_does_not_stop_others(tmp_path, cache):
     scaled = rows["rdu2"]
     assert scaled["status"] == "ok" and float(scaled["time_s"]) > 0 and float(scaled["throughput_samples_per_s"]) > 0
     refused = rows["rdu4"]
-    assert refused["status"] == "error" and "does not support --strategy dp; it supports: tp" in refused["error"]
+    assert refused["status"] == "error" and "does not support --strategy pp; it supports: dp, tp" in refused["error"]
 
 
 def test_fast_graph_path_matches_profile(tmp_path, cache):

@@ -29,7 +29,7 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     assert {p.target for p in points if p.kind != "host"} == {"wse2", "sn30", "bow", "a100"}  # host points: cpu, live
     assert all(p.source for p in points)
     sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
-    assert len(sn30) == 13  # every row of the SN30 depth sweep
+    assert len(sn30) == 14  # every row of the SN30 depth sweep, and the GPT 13B run over 4 RDUs
     assert sorted(p.model["layers"] for p in sn30 if p.run["opt_level"] == "O0") == [1, 6, 12, 18, 24, 30, 36]
     row = by_id["sn30-gpt2-h1600-L36-O3"]
     assert row.measured == {
