@@ -48,7 +48,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
-from dabench_ir.passes.training import FORWARD_COST, attention_cores, is_optimizer_step
+from dabench_ir.passes.training import FORWARD_COST, attention_cores, core_internal, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
@@ -238,15 +238,7 @@ def _core_internal(ctx: LoweringContext) -> frozenset[str]:
     """The values an attention core produces and only that core reads (its S x S scores and
     probabilities): with ``--recompute selective`` the backward recomputes them from Q, K and V
     (Korthikanti et al., MLSys 2023) and a fused core never writes them, so neither is stashed."""
-    graph = ctx.graph
-    cores = attention_cores(graph)
-    internal = set()
-    for name, cid in cores.items():
-        for out in graph.node(name).outputs:
-            readers = graph.consumers.get(out, []) if out else []
-            if readers and all(cores.get(r.name) == cid for r in readers):
-                internal.add(out)
-    return frozenset(internal)
+    return frozenset(core_internal(ctx.graph, attention_cores(ctx.graph)))
 
 
 def _saves_inputs(ctx: LoweringContext, node: Node) -> bool:

@@ -45,6 +45,7 @@ __all__ = [
     "TrainingRecord",
     "attention_cores",
     "backward_cost",
+    "core_internal",
     "is_loss",
     "is_optimizer_step",
     "lm_logits",
@@ -229,7 +230,7 @@ def attention_cores(graph: Graph) -> dict[str, int]:
     return core
 
 
-def _core_internal(graph: Graph, cores: dict[str, int]) -> set[str]:
+def core_internal(graph: Graph, cores: dict[str, int]) -> set[str]:
     """Values a core produces and only the same core reads (scores, probabilities)."""
     internal = set()
     for name, cid in cores.items():
@@ -253,7 +254,7 @@ class FusedAttentionPass(Pass):
         cores = attention_cores(graph)
         if not cores:
             return PassResult(graph, False)
-        internal = _core_internal(graph, cores)
+        internal = core_internal(graph, cores)
         for name, cid in cores.items():
             node = graph.node(name)
             cost = meta.get_cost(node)
@@ -308,7 +309,7 @@ class TrainingPass(Pass):
         needs = _needs_grad(graph)
         fused = {n.name: n.meta[FUSED_ATTENTION] for n in graph.nodes if FUSED_ATTENTION in n.meta}
         cores = fused or (attention_cores(graph) if mode == "selective" else {})
-        internal = _core_internal(graph, cores) if cores else set()
+        internal = core_internal(graph, cores) if cores else set()
         saved: dict[str, int] = {}
         per_layer: dict[int | None, dict[str, int]] = {}
         boundary = 0

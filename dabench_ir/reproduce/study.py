@@ -11,18 +11,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.reproduce import kinds as K
 from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, matches
-from dabench_ir.sweep.spec import Point, SweepSpec, parse_spec
+from dabench_ir.sweep.spec import Point, SweepSpec, bundled_tomls, parse_spec, read_named_toml
 
 __all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "parse_study"]
 
@@ -306,12 +304,28 @@ def _text(table: Mapping[str, Any], key: str, where: str, *, required: bool = Fa
     return value
 
 
-def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str) -> Finding:
+def _entry_id(raw: Any, i: int, table: str, origin: str) -> str:
+    """The id of the ``i``-th ``[[table]]`` entry, checked to be a table with a name."""
     if not isinstance(raw, Mapping):
-        raise UserError(f"{origin}: [[finding]] #{i + 1} must be a table")
-    fid = raw.get("id")
-    if not isinstance(fid, str) or not _NAME.match(fid):
-        raise UserError(f"{origin}: [[finding]] #{i + 1}: id must be a name (letters, digits, _ . -), got {fid!r}")
+        raise UserError(f"{origin}: [[{table}]] #{i + 1} must be a table")
+    name = raw.get("id")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UserError(f"{origin}: [[{table}]] #{i + 1}: id must be a name (letters, digits, _ . -), got {name!r}")
+    return name
+
+
+def _experiment(raw: Mapping[str, Any], experiments: dict[str, SweepSpec], where: str, verb: str) -> str:
+    """The experiment an entry names, checked to be defined (``verb``: what the entry does with it)."""
+    exp = raw.get("experiment")
+    if exp is None:
+        raise UserError(f"{where}: give the experiment it {verb} (one of {', '.join(experiments)})")
+    if exp not in experiments:
+        raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
+    return exp
+
+
+def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str) -> Finding:
+    fid = _entry_id(raw, i, "finding", origin)
     where = f"{origin}: finding {fid}"
     kind_name = raw.get("kind")
     if kind_name not in K.KINDS:
@@ -321,11 +335,7 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
     if unknown:
         takes = ", ".join([*COMMON_FIELDS, *kind.fields])
         raise UserError(f"{where}: unknown field {unknown[0]!r} for kind {kind_name}; it takes {takes}")
-    exp = raw.get("experiment")
-    if exp is None:
-        raise UserError(f"{where}: give the experiment it reads (one of {', '.join(experiments)})")
-    if exp not in experiments:
-        raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
+    exp = _experiment(raw, experiments, where, "reads")
     params = _params_of(experiments[exp])
     missing = [k for k in sorted(kind.required) if k not in raw]
     if missing:
@@ -367,20 +377,12 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
 def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str) -> PlotSpec:
     from dabench_ir.reproduce.plots import PLOT_KINDS
 
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{origin}: [[plot]] #{i + 1} must be a table")
-    pid = raw.get("id")
-    if not isinstance(pid, str) or not _NAME.match(pid):
-        raise UserError(f"{origin}: [[plot]] #{i + 1}: id must be a name (letters, digits, _ . -), got {pid!r}")
+    pid = _entry_id(raw, i, "plot", origin)
     where = f"{origin}: plot {pid}"
     kind = PLOT_KINDS.get(raw.get("kind"))  # type: ignore[arg-type]
     if kind is None:
         raise UserError(f"{where}: unknown kind {raw.get('kind')!r}; known: {', '.join(PLOT_KINDS)}")
-    exp = raw.get("experiment")
-    if exp is None:
-        raise UserError(f"{where}: give the experiment it draws (one of {', '.join(experiments)})")
-    if exp not in experiments:
-        raise UserError(f"{where}: experiment {exp!r} is not defined; the study has {', '.join(experiments) or 'none'}")
+    exp = _experiment(raw, experiments, where, "draws")
     fields = {**kind.fields, "where": K.SELECTOR}
     unknown = [k for k in raw if k not in ("id", "kind", "experiment", "title", *fields)]
     if unknown:
@@ -444,33 +446,12 @@ def parse_study(data: Mapping[str, Any], *, origin: str = "<study>", force: bool
 
 
 # -- files and bundled studies -----------------------------------------------------------------
-def _bundled_dir() -> Path:
-    return Path(str(resources.files("dabench_ir") / "data" / "reproduce"))
-
-
 def bundled_studies() -> dict[str, Path]:
     """Bundled study name -> its TOML file."""
-    folder = _bundled_dir()
-    return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+    return bundled_tomls("reproduce")
 
 
 def load_study(source: str | Path, *, force: bool = False) -> Study:
     """A study from a TOML path, or a bundled study by name (``dabench``)."""
-    text = str(source)
-    path = Path(text)
-    if not path.is_file():
-        bundled = bundled_studies()
-        if text in bundled:
-            path = bundled[text]
-        elif text.endswith(".toml") or "/" in text:
-            raise UserError(f"study file {text} does not exist")
-        else:
-            raise UserError(f"no study file or bundled study named {text!r}; bundled: {', '.join(bundled) or 'none'}")
-    from dabench_ir.fileio import read_text_file
-
-    body = read_text_file(path, "STUDY")
-    try:
-        data = tomllib.loads(body)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    path, data = read_named_toml(source, "reproduce", "study", "STUDY")
     return parse_study(data, origin=path.name, force=force)

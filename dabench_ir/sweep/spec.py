@@ -299,14 +299,38 @@ def parse_spec(
 
 
 # -- files and bundled specs -----------------------------------------------------------------
-def _bundled_dir() -> Path:
-    return Path(str(resources.files("dabench_ir") / "data" / "sweeps"))
+def bundled_tomls(folder: str) -> dict[str, Path]:
+    """Name -> TOML file of the package's ``data/<folder>`` (bundled sweep specs, studies)."""
+    path = Path(str(resources.files("dabench_ir") / "data" / folder))
+    return {p.stem: p for p in sorted(path.glob("*.toml"))} if path.is_dir() else {}
+
+
+def read_named_toml(source: str | Path, folder: str, what: str, flag: str) -> tuple[Path, dict[str, Any]]:
+    """A TOML file given as a path, or a bundled one by name (``data/<folder>``), parsed: its path
+    and table. ``what`` names the kind of file in errors (``spec``, ``study``), ``flag`` the argument."""
+    from dabench_ir.fileio import read_text_file
+
+    text = str(source)
+    path = Path(text)
+    if not path.is_file():
+        bundled = bundled_tomls(folder)
+        if text in bundled:
+            path = bundled[text]
+        elif text.endswith(".toml") or "/" in text:
+            raise UserError(f"{what} file {text} does not exist")
+        else:
+            names = ", ".join(bundled) or "none"
+            raise UserError(f"no {what} file or bundled {what} named {text!r}; bundled: {names}")
+    body = read_text_file(path, flag)  # a FIFO, folder or binary file is refused here
+    try:
+        return path, tomllib.loads(body)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
 
 
 def bundled_specs() -> dict[str, Path]:
     """Bundled spec name -> its TOML file."""
-    folder = _bundled_dir()
-    return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+    return bundled_tomls("sweeps")
 
 
 def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, force: bool = False) -> SweepSpec:
@@ -315,24 +339,7 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
     ``defaults`` (the ``sweep`` command's knob flags) go over the spec's ``[defaults]``;
     its axes and points still set their own values.
     """
-    text = str(source)
-    path = Path(text)
-    if not path.is_file():
-        bundled = bundled_specs()
-        if text in bundled:
-            path = bundled[text]
-        elif text.endswith(".toml") or "/" in text:
-            raise UserError(f"spec file {text} does not exist")
-        else:
-            names = ", ".join(bundled) or "none"
-            raise UserError(f"no spec file or bundled spec named {text!r}; bundled: {names}")
-    from dabench_ir.fileio import read_text_file
-
-    text = read_text_file(path, "spec")  # a FIFO, folder or binary file is refused here
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    path, data = read_named_toml(source, "sweeps", "spec", "spec")
     if defaults:
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
