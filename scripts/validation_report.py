@@ -93,6 +93,17 @@ def _host_main() -> int:
     return 0
 
 
+def _informed_table(result: validate.Validation) -> str:
+    """Per point, the parameters fitted to it (from the target files' ``fitted_to``); out of sample: none."""
+    lines = ["| point | target | sample | parameters fitted to it |", "|---|---|---|---|"]
+    for r in result.results:
+        if r.point.reference_only:
+            continue
+        names = ", ".join(f"`{n}`" for n in r.informed) or "none"
+        lines.append(f"| `{r.point.id}` | {r.point.target} | {'in' if r.in_sample else 'out'} | {names} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     if "--host" in sys.argv[1:]:
         return _host_main()
@@ -107,6 +118,7 @@ def main() -> int:
     text = DOC.read_text()
     text = _replace(text, "format", _format_section())
     text = _replace(text, "table", table)
+    text = _replace(text, "informed", _informed_table(result))
     text = _replace(text, "figures", figs)
     DOC.write_text(text)
     BASELINE.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from dabench_ir._layout import installed_as
 
 installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file, one module
 
+import fnmatch
 import logging
 import math
 import tomllib
@@ -81,11 +82,25 @@ def ridge(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Quantity:
-    """A number with the source it comes from; ``estimate`` marks an assumption."""
+    """A number with the source it comes from; ``estimate`` marks an assumption.
+
+    ``fitted_to`` names the validation-catalogue points a fitted parameter was fitted to
+    (point ids, ``fnmatch`` patterns such as ``"sn30-gpt2-h1600-L*-O3"``): the one record of
+    which points are in sample (`validate` scores every other point of the target out of sample).
+    """
 
     value: float
     source: str
     estimate: bool = False
+    fitted_to: tuple[str, ...] = ()
+
+    @property
+    def fitted(self) -> bool:
+        return bool(self.fitted_to)
+
+    def fitted_on(self, point_id: str) -> bool:
+        """Whether catalogue point ``point_id`` is one this parameter was fitted to."""
+        return any(fnmatch.fnmatchcase(point_id, pattern) for pattern in self.fitted_to)
 
     def __float__(self) -> float:
         return float(self.value)
@@ -355,6 +370,11 @@ class Target:
                 out.append(path)
         return out
 
+    def fitted_on(self, point_id: str) -> list[str]:
+        """The dotted names of the parameters fitted to catalogue point ``point_id`` (none: the
+        point is out of sample for this target)."""
+        return [path for path, q in self.quantities() if q.fitted_on(point_id)]
+
     def quantities(self) -> list[tuple[str, Quantity]]:
         """Every number in the target with its dotted field name."""
         items: list[tuple[str, Quantity]] = [
@@ -438,7 +458,13 @@ class _Parser:
         estimate = raw.get("estimate", False)
         if not isinstance(estimate, bool):
             raise self.fail(f"field {path}.estimate must be true or false, got {estimate!r}")
-        return Quantity(float(value), source, estimate)
+        fitted_to = raw.get("fitted_to", [])
+        if not isinstance(fitted_to, list) or not all(isinstance(x, str) and x.strip() for x in fitted_to):
+            raise self.fail(f"field {path}.fitted_to must be a list of catalogue point ids (or patterns), got {fitted_to!r}")
+        unknown = sorted(set(raw) - {"value", "source", "estimate", "fitted_to"})
+        if unknown:
+            raise self.fail(f"field {path} has unknown key {unknown[0]!r}: a figure is {{ value, source, estimate, fitted_to }}")
+        return Quantity(float(value), source, estimate, tuple(fitted_to))
 
     def topology(self, raw: Mapping[str, Any], links: list[Link]) -> Topology | None:
         """The ``[topology]`` table: ``devices_per_node`` and the names of two ``[[link]]`` entries."""

@@ -4,6 +4,7 @@ arithmetic, and the regression guard against tests/data/validation_baseline.json
 from __future__ import annotations
 
 import csv
+import fnmatch
 import json
 import math
 import re
@@ -153,10 +154,10 @@ def test_every_knob_is_a_catalogue_run_key_or_refused_with_a_reason():
 
 
 def test_in_sample_and_out_of_sample_are_summarised_apart():
-    fit = validate.PointResult(_point("a", informs=("arch.x",)), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0),
-                                                                            validate.Quantity("sections", 4, 5)])  # fmt: skip
+    fit = validate.PointResult(_point("a"), informed=("arch.x",), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0),
+                                                                             validate.Quantity("sections", 4, 5)])  # fmt: skip
     out1 = validate.PointResult(_point("b", holdout=True), quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)])
-    out2 = validate.PointResult(_point("c", holdout=True), quantities=[validate.Quantity("samples_per_s", 10.0, 9.0)])
+    out2 = validate.PointResult(_point("c"), quantities=[validate.Quantity("samples_per_s", 10.0, 9.0)])
     s = validate.Validation([fit, out1, out2]).summary()["sn30"]
     assert s["in_sample"]["compared"] == 2 and s["in_sample"]["median_abs_error"] == pytest.approx(0.175)
     assert s["in_sample"]["worst_abs_error_throughput"] == pytest.approx(0.1)
@@ -164,14 +165,36 @@ def test_in_sample_and_out_of_sample_are_summarised_apart():
     assert s["out_of_sample"]["worst_abs_error"] == pytest.approx(0.3)
     assert s["compared"] == 4 and s["worst_abs_error"] == pytest.approx(0.3)  # all points, as before
     text = validate.Validation([fit, out1, out2]).format_table()
-    assert "b [out]" in text and "sn30     out of sample        2     20.0%     30.0%" in text
-    assert [r["holdout"] for r in out1.rows()] == [True]
+    assert "b [out]" in text and "c [out]" in text and "a [out]" not in text
+    assert "sn30     out of sample        2     20.0%     30.0%" in text
+    assert [(r["in_sample"], r["informed"]) for r in fit.rows()] == [(True, "arch.x")] * 2
     parsed = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\n"
                                     "source = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
-    assert parsed[0].holdout and parsed[0].informs == ()
-    with pytest.raises(UserError, match="a holdout point informs no parameter"):
+    assert parsed[0].holdout
+    with pytest.raises(UserError, match="unknown key 'informs'|informs"):  # one record of what is in sample: fitted_to
         validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
-                               "holdout = true\ninforms = ['arch.x']\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+                               "informs = ['arch.x']\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+
+
+def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
+    """The target file's fitted_to is the one record of in sample; a holdout the file fits to is refused."""
+    from dabench_ir.targets import load_target
+
+    sn30 = load_target("sn30")
+    assert "arch.pcu_efficiency_o3" in sn30.fitted_on("sn30-gpt2-h1600-L12-O3")
+    assert sn30.fitted_on("sn30-gpt13b-dp4-ss2k") == []
+    points = {p.id: p for p in validate.load_catalog()}
+    for pid, p in points.items():  # every bundled holdout point is one no parameter is fitted to
+        if p.holdout and p.target != "cpu":
+            assert load_target(p.target).fitted_on(pid) == [], pid
+    for t in ("sn30", "wse2", "bow"):  # every fitted_to pattern names a bundled point
+        for name, q in load_target(t).quantities():
+            for pattern in q.fitted_to:
+                assert any(fnmatch.fnmatchcase(pid, pattern) for pid in points), (t, name, pattern)
+    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L12-O3'\nkind = 'bandwidth'\n"
+                                 "target = 'sn30'\nsource = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    with pytest.raises(UserError, match=r"marked holdout = true, but sn30.toml fits \S+ to it"):
+        validate.run_validation(bad)
 
 
 _GEN = """

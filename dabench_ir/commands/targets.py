@@ -89,7 +89,8 @@ def target_dict(target: Target) -> dict:
         "node_nm": target.node_nm,
         "strategies": list(target.strategies),
         "origin": target.origin,
-        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate, "basis": basis(q)}
+        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate, "basis": basis(q),
+                           "fitted_to": list(q.fitted_to)}
                     for name, q in target.quantities()},
     }
 
@@ -108,21 +109,48 @@ def _write_json(doc: dict, dest: str) -> None:
 
 
 def basis(q) -> str:
-    """How a figure is known: fitted to published measurements, an estimate, or sourced."""
-    if "fitted" in q.source.lower():
+    """How a figure is known: fitted to catalogue points (``fitted_to``), an estimate, or sourced."""
+    if q.fitted:
         return "fitted"
     return "estimate" if q.estimate else "sourced"
 
 
+def fitted_points(target: Target) -> dict[str, list[str]]:
+    """Per fitted parameter of ``target``, the bundled catalogue points it was fitted to (its
+    ``fitted_to`` patterns expanded; a pattern no bundled point matches is kept as written)."""
+    from dabench_ir.validate.catalog import load_catalog
+
+    ids = [p.id for p in load_catalog()]
+    out = {}
+    for name, q in target.quantities():
+        if q.fitted:
+            matched = [i for i in ids if q.fitted_on(i)]
+            unmatched = [pat for pat in q.fitted_to if not any(_matches(i, pat) for i in ids)]
+            out[name] = matched + unmatched
+    return out
+
+
+def _matches(point_id: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(point_id, pattern)
+
+
 def render_parameters(target: Target) -> str:
-    """Every number the models of ``target`` use: value, basis (sourced / fitted / estimate), source."""
+    """Every number the models of ``target`` use: value, basis (sourced / fitted / estimate), source;
+    a fitted parameter also names the catalogue points it was fitted to."""
     rows = [(name, f"{q.value:.6g}", basis(q), q.source) for name, q in target.quantities()]
+    points = fitted_points(target)
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     head = f"{target.name} [{target.kind}] from {target.origin}: {len(rows)} figures, " + ", ".join(
         f"{sum(1 for r in rows if r[2] == b)} {b}" for b in ("sourced", "fitted", "estimate")
     )
     lines = [head]
-    lines += [f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}" for n, v, b, src in rows]
+    for n, v, b, src in rows:
+        lines.append(f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}")
+        if n in points:
+            lines.append(f"  {'':{width[0]}}  {'':{width[1]}}  {'':{width[2]}}  fitted to {len(points[n])} point(s): "
+                         + ", ".join(points[n]))  # fmt: skip
     return "\n".join(lines)
 
 

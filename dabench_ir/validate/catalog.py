@@ -45,7 +45,7 @@ HEADLINE = "samples_per_s"
 _POINT_KEYS = {
     "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
     "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
-    "host": dict, "generate": dict, "holdout": bool, "informs": list,
+    "host": dict, "generate": dict, "holdout": bool,
 }  # fmt: skip
 _REQUIRED = ("id", "kind", "target", "source")
 _MODEL_KEYS = {
@@ -189,9 +189,8 @@ class Point:
     host: Mapping[str, Any] = field(default_factory=dict)
     generate: Mapping[str, Any] = field(default_factory=dict)
     holdout: bool = False
-    """Not used to fit any parameter: the summary reports it apart (out of sample)."""
-    informs: tuple[str, ...] = ()
-    """The target parameters this point was used to fit (``[section] name``), when any."""
+    """The catalogue's word that no parameter is fitted to the point: checked against the target
+    file's ``fitted_to`` lists, which decide in and out of sample (`PointResult.informed`)."""
 
 
 def bundled_catalogs() -> list[Path]:
@@ -282,10 +281,6 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         _check_model(model, bad, generate=kind == "generate")
     if kind == "generate":
         _check_generate(generate, run, bad)
-    if entry.get("holdout") and entry.get("informs"):
-        raise bad("informs", "a holdout point informs no parameter (it is kept out of every fit)")
-    if not all(isinstance(x, str) for x in entry.get("informs", [])):
-        raise bad("informs", "expected a list of parameter names")
     for key, value in run.items():  # an option the tool does not know is run without and listed as ignored
         _check_run_value(key, value, bad)
     for key, value in measured.items():  # a quantity the tool does not know is listed as not predicted
@@ -330,7 +325,6 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         bandwidth=dict(bandwidth),
         generate=dict(generate),
         holdout=entry.get("holdout", False),
-        informs=tuple(entry.get("informs", [])),
     )
 
 

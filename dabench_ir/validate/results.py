@@ -45,6 +45,13 @@ class PointResult:
     fits_predicted: bool | None = None
     notes: list[str] = field(default_factory=list)
     host: dict[str, Any] = field(default_factory=dict)  # host points: prediction_error with noise, label
+    informed: tuple[str, ...] = ()
+    """The target parameters fitted to this point (their ``fitted_to`` names it): none, and the
+    point is out of sample."""
+
+    @property
+    def in_sample(self) -> bool:
+        return bool(self.informed)
 
     @property
     def fit_verdict(self) -> str | None:
@@ -60,7 +67,8 @@ class PointResult:
             "id": p.id, "target": p.target, "kind": p.kind, "status": self.status, "reason": self.reason,
             "reference_only": p.reference_only, "fits_expected": self.fits_expected,
             "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
-            "ignored": ";".join(self.ignored), "source": p.source, "holdout": p.holdout,
+            "ignored": ";".join(self.ignored), "source": p.source, "in_sample": self.in_sample,
+            "informed": ";".join(self.informed),
         }  # fmt: skip
         if self.host:  # live host points: per-node errors and the measured noise
             base["host"] = dict(self.host)
@@ -88,8 +96,8 @@ class Validation:
 
         ``median_abs_error``/``worst_abs_error`` over every compared quantity;
         ``*_throughput`` over samples/s only. Reference-only points are left out. The same
-        statistics of the points used to fit parameters and of the held-out ones (``holdout``:
-        not used to fit any) are under ``in_sample`` and ``out_of_sample``.
+        statistics of the points some parameter was fitted to (its ``fitted_to`` in the target file)
+        and of the rest are under ``in_sample`` and ``out_of_sample``.
         """
         out: dict[str, dict[str, Any]] = {}
         for r in self.results:
@@ -109,7 +117,7 @@ class Validation:
                 s["fit_right"] += 1
             elif r.fit_verdict == "wrong":
                 s["fit_wrong"] += 1
-            group = s["_groups"]["out_of_sample" if r.point.holdout else "in_sample"]
+            group = s["_groups"]["in_sample" if r.in_sample else "out_of_sample"]
             for q in r.quantities:
                 if q.error is not None:
                     s["_all"].append(abs(q.error))
@@ -133,7 +141,7 @@ class Validation:
         """The text table: per point and quantity, then per target."""
         lines = [f"{'point':38s} {'quantity':30s} {'measured':>11s} {'predicted':>11s} {'error':>8s}  note"]
         for r in self.results:
-            head = r.point.id + (" [ref]" if r.point.reference_only else "") + (" [out]" if r.point.holdout else "")
+            head = r.point.id + (" [ref]" if r.point.reference_only else "") + ("" if r.in_sample else " [out]")
             if r.status != "ok":
                 lines.append(f"{head:38s} CANNOT RUN: {r.reason}")
                 continue
@@ -166,7 +174,7 @@ class Validation:
             )
         lines.append("")
         lines.append(f"{'target':8s} {'sample':13s} {'compared':>8s} {'median|e|':>9s} {'worst|e|':>9s} "
-                     f"{'tp med':>8s} {'tp worst':>8s}   (out of sample: holdout points, used to fit nothing)")  # fmt: skip
+                     f"{'tp med':>8s} {'tp worst':>8s}   (in sample: a parameter's fitted_to names the point)")  # fmt: skip
         for target, s in self.summary().items():
             for name in ("in_sample", "out_of_sample"):
                 g = s[name]

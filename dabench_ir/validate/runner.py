@@ -80,8 +80,23 @@ def run_validation(
     return Validation(results, seconds=time.perf_counter() - start)
 
 
+def _informed(p: Point) -> tuple[str, ...]:
+    """The parameters of ``p``'s target fitted to ``p``; a point its catalogue marks ``holdout``
+    that a parameter is fitted to is refused (the catalogue and the target file disagree)."""
+    from dabench_ir.targets import load_target
+
+    if p.target == HOST_TARGET:  # the host model is measured, not fitted to catalogue points
+        return ()
+    target = load_target(p.target)
+    informed = tuple(target.fitted_on(p.id))
+    if informed and p.holdout:
+        raise UserError(f"catalogue point {p.id}: marked holdout = true, but {target.origin} fits "
+                        f"{informed[0]} to it (its fitted_to names the point); drop one of the two")  # fmt: skip
+    return informed
+
+
 def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
-    result = PointResult(p, fits_expected=p.expect.get("fits"))
+    result = PointResult(p, fits_expected=p.expect.get("fits"), informed=_informed(p))
     try:
         runner = {"model": _run_model, "generate": _run_generate, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
                   "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip

@@ -20,7 +20,7 @@ __all__ = ["baseline", "regressions", "write_csv", "write_json", "write_plots"]
 
 
 _COLUMNS = ("id", "target", "kind", "status", "quantity", "measured", "predicted", "rel_error", "note",
-            "fits_expected", "fits_predicted", "fit_verdict", "ignored", "reference_only", "holdout", "reason", "source")  # fmt: skip
+            "fits_expected", "fits_predicted", "fit_verdict", "ignored", "reference_only", "in_sample", "informed", "reason", "source")  # fmt: skip
 
 
 def write_json(validation: Validation, path: str | Path) -> Path:
