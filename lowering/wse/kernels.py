@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import TargetError
-from dabench_ir.ir import Cost, DType, Node, walk_back
+from dabench_ir.ir import Cost, DType, Node
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
 from dabench_ir.passes import meta
@@ -176,6 +176,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     training = meta.graph_mode(graph) == "train"
     deferred: list[Node] = []
     producer = {out: node for node in graph.nodes for out in node.outputs if out}
+    latest = _LatestAttention(graph, producer, owner)
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -244,7 +245,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
             shapes = {_shape(ctx, v) for v in acts}
             if len(shapes) == 1:
-                skip = _skip_bytes(ctx, acts, producer, owner)
+                skip = _skip_bytes(ctx, acts, latest)
                 for key, direction in (
                     ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else ((node.name, ""),)
                 ):
@@ -278,11 +279,39 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     return kernels
 
 
-def _skip_bytes(
-    ctx: LoweringContext, acts: Sequence[str], producer: dict[str, Node], owner: dict[str, WseKernel]
-) -> int:
+class _LatestAttention:
+    """Per tensor, the position (in node order) of the latest attention-kernel output upstream of
+    it, -1 for none: one memoised walk over the graph however many residual adds ask, so the
+    kernel map stays linear in the graph's size."""
+
+    def __init__(self, graph, producer: dict[str, Node], owner: dict[str, WseKernel]) -> None:
+        self.producer, self.owner = producer, owner
+        self.pos = {out: i for i, node in enumerate(graph.nodes) for out in node.outputs if out}
+        self.memo: dict[str, int] = {}
+
+    def __call__(self, value: str) -> int:
+        memo, producer = self.memo, self.producer
+        stack = [value]
+        while stack:  # post-order without recursion (a chain may be 100k nodes deep)
+            v = stack[-1]
+            if v in memo:
+                stack.pop()
+                continue
+            inputs = [u for u in producer[v].inputs if u] if v in producer else []
+            pending = [u for u in inputs if u not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            own = self.pos[v] if v in self.owner and self.owner[v].cls == "attention" else -1
+            memo[v] = max([own, *(memo[u] for u in inputs)])
+        return memo[value]
+
+
+def _skip_bytes(ctx: LoweringContext, acts: Sequence[str], latest: _LatestAttention) -> int:
     """Bytes per sample a residual add holds in its region: one whole sample of its skip input
-    when the other input's path since the fork crosses an attention kernel, else 0.
+    when the other input has passed an attention kernel the skip has not (the latest attention
+    upstream of it comes after the skip's latest), else 0.
 
     Attention emits a sample's rows only after it has read the whole sample (its scores span the
     sequence), so the skip stream, which arrives at once, waits one sample in a FIFO in the add's
@@ -291,13 +320,8 @@ def _skip_bytes(
     """
     if len(acts) != 2:
         return 0
-
-    def upstream(value: str, stop: set[str]) -> set[str]:
-        return set(walk_back([value], lambda v: producer[v].inputs if v in producer else (), stop))
-
     for skip, branch in ((acts[0], acts[1]), (acts[1], acts[0])):
-        path = upstream(branch, upstream(skip, set()))
-        if any(v in owner and owner[v].cls == "attention" for v in path):
+        if latest(branch) > latest(skip):
             return ctx.graph.type_of(skip).nbytes() // max(1, _samples(ctx)) if _shape(ctx, skip) else 0
     return 0
 
