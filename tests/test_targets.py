@@ -121,12 +121,22 @@ def test_cli_targets_lists_figures(capsys):
 
 
 def test_targets_show_lists_every_parameter_with_its_basis(capsys):
-    """`targets --show T`: every number a model uses, with its source and basis (issue 14)."""
+    """`targets --show T`: every number a model uses, with its source and basis (issue 14), and
+    each fitted parameter with the catalogue points its fitted_to names (issue 30)."""
+    from dabench_ir.validate import load_catalog
+
     assert main(["targets", "--show", "rdu"]) == 0
     out = capsys.readouterr().out
     target = load_target("rdu")
     assert out.splitlines()[0].startswith(f"sn30 [rdu] from sn30.toml: {len(target.quantities())} figures")
     host = next(line for line in out.splitlines() if "overheads.host_step_s" in line)
     assert " fitted " in host and "sn30-gpt2-h1600" in host  # names the catalogue points it was fitted to
+    lines = out.splitlines()
+    expanded = lines[lines.index(host) + 1].strip()  # its fitted_to patterns, expanded over the bundled catalogue
+    fitted = target.overheads["host_step_s"]
+    ids = [p.id for p in load_catalog() if fitted.fitted_on(p.id)]
+    assert expanded == f"fitted to {len(ids)} point(s): " + ", ".join(ids) and len(ids) == 12
+    rows = {line.split()[0]: line.split()[2] for line in lines[1:] if not line.strip().startswith("fitted to")}
+    assert rows["overheads.host_step_s"] == "fitted" and rows["overheads.sync_s"] == "estimate"
     for name in ("wse2", "sn30", "bow", "a100", "h100", "h200"):
         assert all(q.source.strip() for _, q in load_target(name).quantities()), name
