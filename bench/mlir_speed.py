@@ -4,6 +4,11 @@ Exports a weight-free decoder (default: LLaMA, 32 layers, hidden 4096) once, the
 `onnx_via_mlir` and prints the phases. Target: under 10 s for the MLIR path.
 
     python bench/mlir_speed.py [--family llama] [--layers 32] [--hidden 4096] [--seq 128]
+    python bench/mlir_speed.py --family gpt2 --layers 12 --hidden 768 --heads 12 \
+        --passes linalg-generalize-named-ops,linalg-fuse-elementwise-ops,linalg-fold-unit-extent-dims,canonicalize,cse
+
+With ``--passes`` it also times the instrumented MLIR pipeline (`dabench_ir.mlirpasses`): the
+passes run one at a time, the module costed after each. Target: seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--model", help="an existing .onnx file to time instead of exporting one")
+    parser.add_argument("--passes", help="also time these MLIR passes run one at a time (comma-separated)")
     args = parser.parse_args(argv)
 
     from dabench_ir.crosscheck import cross_check
@@ -54,6 +60,19 @@ def main(argv: list[str] | None = None) -> int:
             f"MLIR path (import + lower + count): {mlir_s:.2f} s, {len(mlir_graph.nodes)} nodes, "
             f"{flops:,} FLOPs  [{'OK' if mlir_s < 10 else 'SLOW'}: target < 10 s]"
         )
+        if args.passes:
+            from dabench_ir.mlirpasses import parse_pipeline, run_mlir_pipeline
+            from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT
+
+            art = mlir_graph.meta[MLIR_ARTIFACT]
+            start = time.perf_counter()
+            record, _ = run_mlir_pipeline(art.module.operation.clone(), parse_pipeline(args.passes),
+                                          weight_args=art.weight_args)  # fmt: skip
+            total = time.perf_counter() - start
+            print(f"MLIR pipeline ({len(record.steps)} passes, each costed after): {total:.2f} s "
+                  f"[{'OK' if total < 10 else 'SLOW'}: target seconds]")  # fmt: skip
+            for step in record.steps:
+                print(f"  {step.name}: pass {step.seconds:.3f} s, {step.cost.ops} ops after")
         start = time.perf_counter()
         onnx_graph = analyze(path)
         result = cross_check(onnx_graph, mlir_graph)

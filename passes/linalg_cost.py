@@ -42,10 +42,12 @@ __all__ = [
     "MLIR_CLASS",
     "MLIR_OPS",
     "UNATTRIBUTED_NODE",
+    "VIEW_OPS",
     "LinalgCostPass",
     "MlirArtifact",
     "OpCount",
     "Origin",
+    "assign_costs",
     "count_module",
     "origin_keys",
     "origin_of",
@@ -86,7 +88,7 @@ _MUL = frozenset({"arith.mulf", "arith.muli"})
 _ADD = frozenset({"arith.addf", "arith.addi"})
 
 # Tensor-dialect ops that only change how data is viewed: no bytes, no FLOPs.
-_VIEW_OPS = frozenset(
+VIEW_OPS = frozenset(
     {"tensor.expand_shape", "tensor.collapse_shape", "tensor.reshape", "tensor.cast", "tensor.bitcast"}
 )
 # Ops that are neither work nor data movement: skipped silently.
@@ -104,7 +106,12 @@ _IGNORED = frozenset(
         "ml_program.global",
     }
 )
-_IGNORED_DIALECTS = ("arith.", "index.", "math.", "cf.", "torch_c.", "bufferization.")
+_IGNORED_DIALECTS = ("arith.", "index.", "math.", "cf.", "torch_c.", "bufferization.", "memref.")
+# After bufferization: ops that view a buffer (no bytes), and the copy that moves one.
+_BUFFER_VIEWS = frozenset(
+    {"memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview", "memref.reinterpret_cast",
+     "bufferization.to_memref", "bufferization.to_buffer", "bufferization.to_tensor"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,7 @@ class Origin:
     scope: str = ""
     file: str | None = None
     line: int | None = None
+    names: tuple[str, ...] = ()  # every node name a fused location names (``name`` is the first)
 
 
 @dataclass(slots=True)
@@ -178,9 +186,9 @@ def origin_of(loc: Any) -> Origin:
             files.append((loc.filename, loc.start_line))
 
     visit(loc)
-    names = [n for n in names if n and not n.startswith("graph:")]
+    names = list(dict.fromkeys(n for n in names if n and not n.startswith("graph:")))
     if names:
-        return Origin(names[0], "name", scope="")
+        return Origin(names[0], "name", scope="", names=tuple(names))
     if files:
         # The innermost frame outside torch's own sources is the user's model line.
         user = [f for f in files if not _LIB_PATH.search(f[0])] or files
@@ -237,10 +245,10 @@ def tensor_type_of(mlir_type: Any) -> TensorType | None:
 
 
 def _nbytes(mlir_type: Any) -> int:
-    """Bytes of a statically shaped ranked tensor; 0 for scalars; raises on dynamic dims."""
+    """Bytes of a statically shaped ranked tensor or buffer (memref); 0 for scalars; raises on dynamic dims."""
     from torch_mlir import ir
 
-    if not isinstance(mlir_type, ir.RankedTensorType):
+    if not isinstance(mlir_type, (ir.RankedTensorType, ir.MemRefType)):
         return 0
     if not mlir_type.has_static_shape:
         raise UserError(
@@ -380,9 +388,13 @@ def _count_generic(op: Any, is_weight: Any) -> tuple[Cost, str, tuple[int, ...]]
             weight_bytes += nbytes
         else:
             act_in += nbytes
+    seen: list[Any] = []
     for i, operand in enumerate(op.operands):
         if i >= n_inputs and i not in used:
             continue  # an init tensor the body never reads (its shape only)
+        if any(operand == v for v in seen):
+            continue  # one value in two operands (x * x) is read once
+        seen.append(operand)
         nbytes = _nbytes(operand.type)
         if is_weight(operand):
             weight_bytes += nbytes
@@ -390,6 +402,8 @@ def _count_generic(op: Any, is_weight: Any) -> tuple[Cost, str, tuple[int, ...]]
             act_in += nbytes
     for result in op.results:
         act_out += _nbytes(result.type)
+    if not op.results:  # on buffers (after bufferization): the outs buffers are written
+        act_out += sum(_nbytes(o.type) for o in list(op.operands)[n_inputs:])
     cost = Cost(domain * c, domain * v, domain * s, weight_bytes, act_in, act_out)
     op_class = "contraction" if c else ("vector" if (v or s) else "data_movement")
     return cost, op_class, bounds
@@ -398,7 +412,7 @@ def _count_generic(op: Any, is_weight: Any) -> tuple[Cost, str, tuple[int, ...]]
 def _count_tensor_op(op: Any, is_weight: Any) -> tuple[Cost, str]:
     """Data movement outside linalg: bytes read and written, no FLOPs."""
     name = op.name
-    if name in _VIEW_OPS:
+    if name in VIEW_OPS:
         return Cost(), "data_movement"
     results = sum(_nbytes(r.type) for r in op.results)
     if name == "tensor.extract_slice":
@@ -425,10 +439,10 @@ def _weight_tracer(weight_args: frozenset[int]) -> Any:
     activation: the weight bytes are counted once, where the weight is read."""
     from torch_mlir import ir
 
-    passthrough = _VIEW_OPS
+    passthrough = VIEW_OPS
 
     def is_weight(value: Any, depth: int = 0) -> bool:
-        if depth > 8 or not isinstance(value.type, ir.RankedTensorType):
+        if depth > 8 or not isinstance(value.type, (ir.RankedTensorType, ir.MemRefType)):
             return False
         if isinstance(value, ir.BlockArgument):
             block = value.owner
@@ -441,7 +455,7 @@ def _weight_tracer(weight_args: frozenset[int]) -> Any:
             attr = op.attributes["value"]
             splat = isinstance(attr, ir.DenseElementsAttr) and attr.is_splat  # not a parameter
             return ttype.has_static_shape and ttype.rank >= 1 and math.prod(ttype.shape) > 1 and not splat
-        if name in passthrough:
+        if name in passthrough or name in _BUFFER_VIEWS:
             return bool(op.operands) and is_weight(op.operands[0], depth + 1)
         return False
 
@@ -481,7 +495,7 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
     index = {id(op): i for i, op in enumerate(countable)}  # operations are unique objects per walk
     for op in originals:
         name = op.name
-        if name in _IGNORED or (name.startswith(_IGNORED_DIALECTS) and not _has_tensor(op)):
+        if name in _IGNORED or (name.startswith(_IGNORED_DIALECTS) and not _has_tensor(op) and name != "memref.copy"):
             continue
         origin = origin_of(op.location)
         if _countable(op):
@@ -498,6 +512,11 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
         elif name.startswith("tensor."):
             cost, op_class = _count_tensor_op(op, is_weight)
             counts.append(OpCount(name, origin, cost, op_class, op=op))
+        elif name == "memref.copy":  # a buffer copy: its source read, its target written
+            src, dst = op.operands[0], op.operands[1]
+            w = _nbytes(src.type) if is_weight(src) else 0
+            cost = Cost(weight_bytes=w, act_bytes_in=_nbytes(src.type) - w, act_bytes_out=_nbytes(dst.type))
+            counts.append(OpCount(name, origin, cost, "data_movement", op=op))
         elif _has_tensor(op):
             counts.append(
                 OpCount(name, origin, Cost(), "uncounted", reason=f"no linalg-level counting rule for {name}", op=op)
@@ -542,23 +561,29 @@ class LinalgCostPass(Pass):
         counts = graph.meta.get(LINALG_COUNTS)
         if counts is None:
             counts = graph.meta[LINALG_COUNTS] = count_module(artifact.module, weight_args=artifact.weight_args)
-        by_origin: dict[str, list[OpCount]] = {}
-        stray: list[OpCount] = []
-        for c, key in zip(counts, origin_keys(counts), strict=True):
-            if c.op_class == "uncounted" or key is None or not graph.has_node(key):
-                stray.append(c)
-            else:
-                by_origin.setdefault(key, []).append(c)
-        for node in graph.nodes:
-            ops = by_origin.get(node.name, [])
-            node.meta[COST] = sum((c.cost for c in ops), Cost())
-            node.meta[MLIR_OPS] = ops
-            node.meta[MLIR_CLASS] = _summary_class(ops) if ops else "none"
-        if stray:
-            _add_unattributed(graph, stray)
-        graph.invalidate()
-        meta.graph_set(graph, meta.ANALYZED, "linalg")
+        assign_costs(graph, counts, origin_keys(counts))
         return PassResult(graph, True)
+
+
+def assign_costs(graph: Graph, counts: list[OpCount], keys: Sequence[str | None]) -> None:
+    """Each op's cost onto the node named by its key (`origin_keys`, or one node per op); an op
+    whose key is not a node, or that could not be counted, goes to the ``unattributed`` node."""
+    by_key: dict[str, list[OpCount]] = {}
+    stray: list[OpCount] = []
+    for c, key in zip(counts, keys, strict=True):
+        if c.op_class == "uncounted" or key is None or not graph.has_node(key):
+            stray.append(c)
+        else:
+            by_key.setdefault(key, []).append(c)
+    for node in graph.nodes:
+        ops = by_key.get(node.name, [])
+        node.meta[COST] = sum((c.cost for c in ops), Cost())
+        node.meta[MLIR_OPS] = ops
+        node.meta[MLIR_CLASS] = _summary_class(ops) if ops else "none"
+    if stray:
+        _add_unattributed(graph, stray)
+    graph.invalidate()
+    meta.graph_set(graph, meta.ANALYZED, "linalg")
 
 
 def origin_keys(counts: list[OpCount]) -> list[str | None]:

@@ -43,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
     p.add_argument("--out-dir", metavar="DIR", help="keep every optimised model and report JSON here")
+    p.add_argument("--via", dest="study_via", choices=("onnx", "mlir"), default="onnx", help="mlir: run the MLIR pipelines on the "
+                   "model's linalg module, each diffed against it as lowered (docs/mlir.md)")  # fmt: skip
+    p.add_argument("--mlir-pipeline", metavar="PASSES", help="upstream MLIR passes, comma-separated "
+                   "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir")  # fmt: skip
     add_output_arguments(p)
     # run and target knobs: the baseline is placed with them, a pipeline's own overrides win
     add_knob_arguments(p, PROFILE, knobs={k: v for k, v in KNOBS.items() if v.group != "measure" and k != "via"})
@@ -102,13 +106,32 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.model:
         raise UserError("study: give the model (an .onnx file)")
-    pipelines = _split(args.pipeline)
+    pipelines: list = _split(args.pipeline)
+    if args.mlir_pipeline is not None:
+        from dabench_ir.mlirpasses import parse_pipeline
+        from dabench_ir.study import Pipeline
+
+        if args.study_via != "mlir":
+            raise UserError("--mlir-pipeline runs MLIR passes on linalg: add --via mlir")
+        passes = tuple(parse_pipeline(args.mlir_pipeline))
+        pipelines.append(Pipeline(f"mlir:{','.join(passes)}", args.mlir_pipeline, mlir=passes, needs="torch_mlir"))
     if not pipelines:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
     opts = options_from_args(args, ProfileOptions, PROFILE)
     progress = Progress(quiet=args.quiet)
-    doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress)
+    from dabench_ir.mlirpasses import MlirPassError
+
+    try:
+        doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress,
+                        via=args.study_via)  # fmt: skip
+    except MlirPassError as exc:  # the passes before the failing one keep their results: show them
+        progress.done()
+        if not args.quiet:
+            from dabench_ir.study.render import pass_table
+
+            print(pass_table(exc.before, exc.steps))
+        raise
     progress.done()
     write_outputs(args, doc)
     return 0

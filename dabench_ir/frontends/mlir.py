@@ -31,6 +31,7 @@ from dabench_ir.ir import Graph, Node, Value, ValueKind, layer_from_scope
 from dabench_ir.passes.linalg_cost import (
     LINALG_COUNTS,
     MLIR_ARTIFACT,
+    VIEW_OPS,
     MlirArtifact,
     OpCount,
     count_module,
@@ -461,6 +462,12 @@ def _build_nodes(graph: Graph, counts: list[OpCount], artifact: MlirArtifact) ->
     graph.invalidate()
 
 
+def _is_view_result(value: Any) -> bool:
+    from torch_mlir import ir
+
+    return isinstance(value, ir.OpResult) and value.owner.name in VIEW_OPS and len(value.owner.operands) > 0
+
+
 def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
     """Nodes for origins the graph lacks, wired by the SSA values that cross between them."""
     from torch_mlir import ir
@@ -502,6 +509,9 @@ def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: M
         for c in by_origin[name]:
             for operand in c.op.operands:
                 producer = owner_of.get(operand)
+                while producer is None and _is_view_result(operand):  # a view between two nodes is no node
+                    operand = operand.owner.operands[0]
+                    producer = owner_of.get(operand)
                 is_arg = isinstance(operand, ir.BlockArgument) and operand.owner.owner.operation.name == "func.func"
                 if not is_arg and (producer is None or producer == name or rank[producer] > rank[name]):
                     continue

@@ -104,6 +104,8 @@ class Pipeline:
     ``passes(out_dir)`` builds the passes (None: the model as it is); ``options`` overrides
     `ProfileOptions` knobs (``{"opt_level": "O0"}``); ``targets`` limits the pipeline to
     target kinds (None: every target); ``needs`` names a module that must be importable.
+    ``mlir`` makes it an MLIR pipeline: upstream MLIR passes run one at a time on the model's
+    linalg-on-tensors module (`dabench_ir.mlirpasses`; the study needs ``--via mlir``).
     """
 
     name: str
@@ -112,6 +114,7 @@ class Pipeline:
     options: Mapping[str, Any] = field(default_factory=dict)
     targets: frozenset[str] | None = None
     needs: str | None = None
+    mlir: tuple[str, ...] | None = None
 
     def applies_to(self, target_kind: str | None) -> bool:
         return self.targets is None or target_kind in self.targets
@@ -238,3 +241,14 @@ for _mode in ("pipelined", "streaming"):
         Pipeline(f"wse-{_mode}", f"the model as it is, placed in WSE {_mode} mode", options={"wse_mode": _mode},
                  targets=frozenset({"wse"}))
     )  # fmt: skip
+_MLIR = [  # (name, what it does, the MLIR passes)
+    ("mlir-elementwise", "linalg-fuse-elementwise-ops, then canonicalize and cse (on linalg, --via mlir)",
+     ("linalg-fuse-elementwise-ops", "canonicalize", "cse")),
+    ("mlir-generalize-fuse", "linalg-generalize-named-ops, linalg-fuse-elementwise-ops, canonicalize, cse "
+     "(named ops fused too; --via mlir)",
+     ("linalg-generalize-named-ops", "linalg-fuse-elementwise-ops", "canonicalize", "cse")),
+    ("mlir-bufferize", "mlir-elementwise, then one-shot-bufferize: the buffers that need memory (--via mlir)",
+     ("linalg-fuse-elementwise-ops", "canonicalize", "cse", "one-shot-bufferize{bufferize-function-boundaries}")),
+]  # fmt: skip
+for _name, _help, _passes in _MLIR:
+    register_pipeline(Pipeline(_name, _help, mlir=_passes, needs="torch_mlir"))

@@ -120,6 +120,8 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
     for run in doc["runs"]:
         out += ["", f"{run['label']}  vs  {run['baseline_label']}"]
         out += [f"  {w}" for w in run.get("warnings", [])]
+        if run.get("mlir"):
+            out += ["  " + line for line in _mlir_lines(run["mlir"], top)] + [""]
         if _split_rows(run):
             head, split = split_table(run)
             out += ["  " + line for line in _table(head, split)] + [""]
@@ -163,7 +165,68 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                 for line in _table(["module", "nodes before", "after", "time before", "after", "change"], mods)
             ),
         ]
+    for cmp in doc.get("mlir_vs_onnx") or []:
+        out += ["", *_agreement_lines(cmp, top)]
     return "\n".join(out)
+
+
+def _delta(v: Any, d: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    text = human(v, unit) if unit else str(v)
+    return text if not d else f"{text} ({'+' if d > 0 else '-'}{human(abs(d), unit) if unit else abs(d)})"
+
+
+def pass_table(before: Any, steps: Sequence[Any]) -> str:
+    """The per-pass table of an MLIR pipeline (`ModuleCost` before, `PassStep`s), e.g. up to a failed pass."""
+    prev, rows = before, []
+    for s in steps:
+        rows.append(s.to_dict(prev))
+        prev = s.cost
+    return "\n".join(_pass_lines(before.to_dict(), rows))
+
+
+def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[str]:
+    def cells(name: str, a: Mapping[str, Any], d: Mapping[str, Any], did: str, secs: str) -> list[str]:
+        buf = "-" if a["buffers"] is None else f"{a['buffers']} / {human(a['buffer_bytes'], 'B')}"
+        return [name, secs, _delta(a["ops"], d.get("ops")), _delta(a["linalg_ops"], d.get("linalg_ops")),
+                _delta(a["flops"], d.get("flops"), "FLOP"), _delta(a["bytes_read"], d.get("bytes_read"), "B"),
+                _delta(a["bytes_written"], d.get("bytes_written"), "B"),
+                f"{_delta(a['intermediates'], d.get('intermediates'))} / {human(a['intermediate_bytes'], 'B')}",
+                buf, did]  # fmt: skip
+
+    rows = [cells("(as lowered)", before, {}, "-", "-")]
+    rows += [cells(s["pass"], s["after"], s["delta"], f"{s['kept']}/{s['created']}/{s['fused_away']}/{s['removed']}",
+                   f"{s['seconds']:.3f}") for s in steps]  # fmt: skip
+    return _table(["pass", "s", "ops", "linalg", "FLOPs", "read", "written", "intermediates", "buffers",
+                   "kept/created/fused/removed"], rows)  # fmt: skip
+
+
+def _mlir_lines(rec: Mapping[str, Any], top: int) -> list[str]:
+    out = [f"MLIR passes ({rec['module']}):", *_pass_lines(rec["before"], rec["steps"]), ""]
+    rows = sorted(rec["nodes"], key=lambda r: -abs(r["bytes_before"] - r["bytes_after"]))[:top]
+    cells = [[r["node"], str(r["op"] or "-"), f"{r['ops_before']} -> {r['ops_after']}",
+              human(r["flops_before"], "FLOP") + " -> " + human(r["flops_after"], "FLOP"),
+              human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"),
+              ", ".join(r["shared_with"][:3]) + (f" +{len(r['shared_with']) - 3}" if len(r["shared_with"]) > 3 else "")
+              or "-"] for r in rows]  # fmt: skip
+    out.append("per ONNX node (a fused op's cost split by the nodes' costs before; docs/mlir.md):")
+    return out + _table(["node", "op", "ops", "FLOPs", "bytes", "split with"], cells, left=2)
+
+
+def _agreement_lines(cmp: Mapping[str, Any], top: int) -> list[str]:
+    s = cmp["summary"]
+    out = [f"ONNX-level {cmp['onnx_pipeline']} vs MLIR-level {cmp['mlir_pipeline']} on the nodes ONNX fused: "
+           f"{s['same bytes']} move the same bytes, MLIR moves more on {s['MLIR moves more']}, less on "
+           f"{s['MLIR moves less']}"]  # fmt: skip
+    cells = [[r["node"], str(r["op"]), str(r["replaces"]),
+              human(r["onnx_bytes_before"], "B") + " -> " + human(r["onnx_bytes_after"], "B"),
+              human(r["mlir_bytes_before"], "B") + " -> " + human(r["mlir_bytes_after"], "B"),
+              "yes" if r["mlir_fused"] else "no", r["verdict"]] for r in cmp["rows"][:top]]  # fmt: skip
+    if cells:
+        out += ["  " + line for line in _table(["ONNX node", "op", "nodes", "ONNX bytes", "MLIR bytes", "MLIR fused",
+                                                 "verdict"], cells, left=2)]  # fmt: skip
+    return out
 
 
 def study_schema() -> dict[str, Any]:

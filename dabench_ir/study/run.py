@@ -13,7 +13,7 @@ from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import PassManager
 
 from .diff import diff_reports
-from .pipelines import get_pipeline
+from .pipelines import Pipeline, get_pipeline
 from .provenance import provenance
 
 __all__ = ["STUDY_SCHEMA", "run_study", "study_run"]
@@ -65,18 +65,23 @@ def study_run(before: dict[str, Any], after: dict[str, Any], prov: Any = None) -
 
 def run_study(
     model: str | Path,
-    pipelines: Sequence[str],
+    pipelines: Sequence[str | Pipeline],
     targets: Sequence[str],
     opts: ProfileOptions | None = None,
     *,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    via: str = "onnx",
 ) -> dict[str, Any]:
     """Run each named pipeline on ``model``, place the result on each target, diff it against the
     baseline (the model as it is, placed with ``opts``) and return the study (schema `STUDY_SCHEMA`).
 
     With ``out_dir`` every optimised model and every report JSON is written there, so any two
     can be compared again with ``dabench-ir diff``.
+
+    ``via="mlir"`` runs the MLIR pipelines (`Pipeline.mlir`) on the model's linalg module, each
+    diffed against that module as lowered (`study.mlir`); ONNX-level pipelines keep the ONNX
+    baseline, and each is set beside each MLIR pipeline (``mlir_vs_onnx``).
     """
     from dabench_ir.pipeline import load_graph
 
@@ -84,7 +89,15 @@ def run_study(
     opts = opts or ProfileOptions()
     if not Path(model).is_file():
         raise UserError(f"{model}: no such model file")
-    chosen = [get_pipeline(p) for p in pipelines if p != BASELINE]  # unknown names fail before any work
+    picked = [p if isinstance(p, Pipeline) else get_pipeline(p) for p in pipelines if p != BASELINE]  # fail early
+    mlir_pipes = [p for p in picked if p.mlir is not None]
+    chosen = [p for p in picked if p.mlir is None]
+    if mlir_pipes and via != "mlir":
+        raise UserError(f"pipeline {mlir_pipes[0].name} runs MLIR passes on linalg: add --via mlir")
+    if via == "mlir" and not mlir_pipes:
+        raise UserError("--via mlir: give an MLIR pipeline (--mlir-pipeline PASSES, or a named one: --list-pipelines)")
+    for p in mlir_pipes:
+        p.build(None)  # its `needs` checked before any work
     tlist: list[str | None] = list(targets) or [None]
     kinds = {t: _kind(t) for t in tlist}
     out = Path(out_dir) if out_dir else None
@@ -101,12 +114,22 @@ def run_study(
         if out is not None:
             report.write_json(out / f"{stem}.{pipeline}.{target or 'cost'}.json")
 
+    runs: list[dict[str, Any]] = []
+    compared: list[dict[str, Any]] = []
+    per_node: dict[str, dict] = {}
+    if mlir_pipes:
+        from .mlir import mlir_runs
+
+        placed_mlir, per_node = mlir_runs(str(model), mlir_pipes, tlist, opts, out=out, save=save, say=say)
+        for _pipe, _t, before, after, prov, record in placed_mlir:
+            runs.append({**study_run(before, after, prov), "mlir": record})
+    if not chosen:
+        return _doc(model, tlist, [p.name for p in mlir_pipes], runs, compared)
     say(f"baseline: {stem} on {', '.join(t or 'no target' for t in tlist)}")
     base = _place(str(model), tlist, opts, say)
     for t, rep in base.items():
         save(rep, BASELINE, t)
     base_graph = next(iter(base.values())).graph
-    runs: list[dict[str, Any]] = []
     for i, pipe in enumerate(chosen, 1):
         ts = [t for t in tlist if pipe.applies_to(kinds[t])]
         if not ts:
@@ -124,12 +147,24 @@ def run_study(
             if prov is not None:
                 rep.extra["provenance"] = prov.to_dict()
             save(rep, pipe.name, t)
-            runs.append(study_run(base[t].to_dict(), rep.to_dict(), prov))
-    return {
+            run = study_run(base[t].to_dict(), rep.to_dict(), prov)
+            runs.append(run)
+            if t == tlist[0]:
+                from .mlir import agreement
+
+                compared += [agreement(run, name, nodes) for name, nodes in per_node.items()]
+    return _doc(model, tlist, [p.name for p in mlir_pipes + chosen], runs, compared)
+
+
+def _doc(model: Any, tlist: Sequence[str | None], names: list[str], runs: list, compared: list) -> dict[str, Any]:
+    doc = {
         "schema": STUDY_SCHEMA,
         "model": str(model),
         "baseline": BASELINE,
         "targets": [t for t in tlist if t],
-        "pipelines": [p.name for p in chosen],
+        "pipelines": names,
         "runs": runs,
     }
+    if compared:
+        doc["mlir_vs_onnx"] = compared
+    return doc

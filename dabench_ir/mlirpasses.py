@@ -1,0 +1,496 @@
+"""Instrumented MLIR pipelines: upstream passes run one at a time on the linalg module, costed after each.
+
+`run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"])` runs each
+pass with torch-mlir's bundled `PassManager` and, after it, counts the module again
+(`passes.linalg_cost.count_module`): ops, linalg ops, FLOPs by class, bytes read and written,
+the intermediate tensors it materialises, the buffers bufferization allocates, and which ops
+the pass kept, created, fused away or removed.
+
+Where ops come from. MLIR's elementwise fusion gives the fused op its consumer's location
+only, so the producers' names would be lost. Every op is tagged before a pass; after it, an op
+still tagged was kept, an untagged one was created and claims the ops that went (`_claims`):
+
+1. **dataflow**: a created op stands for the gone op whose result it replaced (a kept op now
+   reads it where it read that op), and claims the gone ops behind it up to its own inputs;
+2. **location**: a gone op nothing claimed joins a created op whose location names its node;
+3. otherwise it was **removed** (CSE, dead code, folding).
+
+A created op's location is then set to a fused location of every ONNX node its claims named,
+so the module itself says where each fused op came from (and is a valid `.mlir` input).
+
+Per node. An op naming several ONNX nodes has its cost split among them, each field in
+proportion to that node's value of the field before the pipeline (equal shares when all are
+zero; whole units by largest remainder, so the shares add up to the op's cost exactly); every
+such share is labelled with the nodes it is shared with.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import Cost, Graph
+
+__all__ = [
+    "MlirPassError",
+    "ModuleCost",
+    "PassStep",
+    "PipelineRecord",
+    "module_cost",
+    "parse_pipeline",
+    "run_mlir_pipeline",
+    "split_by_nodes",
+    "unit_graph",
+]
+
+logger = logging.getLogger(__name__)
+
+_TAG = "dabench.t"  # an op's index before a pass (temporary; removed when the pipeline ends)
+_NEW = "dabench.new"  # an op the pass created: its index after it
+
+
+def parse_pipeline(text: str) -> list[str]:
+    """``'a,b{x=1,y=2},func.func(c,d)'`` -> ``['a', 'b{x=1,y=2}', 'func.func(c,d)']`` (top-level commas)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur).strip())
+    passes = [p for p in out if p]
+    if depth != 0 or not passes:
+        raise UserError(f"--mlir-pipeline {text!r}: expected comma-separated MLIR pass names (balanced brackets)")
+    return passes
+
+
+class MlirPassError(UserError):
+    """A pass of an MLIR pipeline failed; ``steps`` holds the passes before it, with their results."""
+
+    def __init__(self, message: str, steps: list[PassStep], before: ModuleCost) -> None:
+        super().__init__(message)
+        self.steps = steps
+        self.before = before
+
+
+@dataclass(frozen=True)
+class ModuleCost:
+    """What a linalg (or bufferized) module does and moves, summed over its ops."""
+
+    ops: int
+    linalg_ops: int
+    contraction_flops: int
+    vector_flops: int
+    special_ops: int
+    bytes_read: int
+    bytes_written: int
+    intermediates: int  # tensors an op writes and another op reads back (not function results)
+    intermediate_bytes: int
+    buffers: int | None = None  # memref.alloc after bufferization (None: still on tensors)
+    buffer_bytes: int | None = None
+
+    @property
+    def flops(self) -> int:
+        return self.contraction_flops + self.vector_flops + self.special_ops
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"flops": self.flops}
+
+
+@dataclass
+class PassStep:
+    """One pass of a pipeline: the module's cost after it, and what it did to the ops."""
+
+    name: str
+    seconds: float
+    cost: ModuleCost
+    kept: int
+    created: int
+    fused_away: int  # ops that went and that a created op claims (fused into it, or rewritten as it)
+    removed: int  # ops that went and that nothing claims (CSE, dead code, folding)
+
+    def to_dict(self, before: ModuleCost) -> dict[str, Any]:
+        after = self.cost.to_dict()
+        prev = before.to_dict()
+        delta = {k: (v - prev[k] if isinstance(v, int) and isinstance(prev[k], int) else None) for k, v in after.items()}
+        return {"pass": self.name, "seconds": self.seconds, "kept": self.kept, "created": self.created,
+                "fused_away": self.fused_away, "removed": self.removed, "after": after, "delta": delta}  # fmt: skip
+
+
+@dataclass
+class PipelineRecord:
+    """A pipeline's run: the module before, each pass, and the op-level provenance."""
+
+    passes: list[str]
+    before: ModuleCost
+    steps: list[PassStep] = field(default_factory=list)
+    sources: dict[int, frozenset[int]] = field(default_factory=dict)  # op index after -> op indices before
+    kept: frozenset[int] = frozenset()  # op indices after that are ops of the module before, unchanged
+
+    def steps_dict(self) -> list[dict[str, Any]]:
+        out, prev = [], self.before
+        for s in self.steps:
+            out.append(s.to_dict(prev))
+            prev = s.cost
+        return out
+
+
+# -- the module's cost ---------------------------------------------------------------------
+def _top_ops(module: Any) -> list[Any]:
+    from dabench_ir.passes.linalg_cost import _ops_in
+
+    return [op for op in _ops_in(getattr(module, "operation", module)) if op.name not in ("builtin.module", "func.func")]
+
+
+def _is_view(name: str) -> bool:
+    from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS, VIEW_OPS
+
+    return name in VIEW_OPS or name in _BUFFER_VIEWS
+
+
+def _reaches_return(value: Any, depth: int = 0) -> bool:
+    for use in value.uses:
+        user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+        if user.name == "func.return":
+            return True
+        if depth < 16 and _is_view(user.name) and any(_reaches_return(r, depth + 1) for r in user.results):
+            return True
+    return False
+
+
+def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
+    """`ModuleCost` of ``module`` from its `count_module` counts."""
+    from torch_mlir import ir
+
+    from dabench_ir.passes.linalg_cost import _nbytes
+
+    total = sum((c.cost for c in counts), Cost())
+    inter = inter_bytes = 0
+    for c in counts:
+        if _is_view(c.op_name) or c.op_class == "uncounted":
+            continue
+        for r in c.op.results:
+            if isinstance(r.type, ir.RankedTensorType) and not _reaches_return(r):
+                inter += 1
+                inter_bytes += _nbytes(r.type)
+    allocs = [op for op in _top_ops(module) if op.name in ("memref.alloc", "memref.alloca")]
+    bufferized = bool(allocs) or any(isinstance(a.type, ir.MemRefType) for op in _top_ops(module)
+                                     if op.name == "func.return" for a in op.operands)  # fmt: skip
+    return ModuleCost(
+        ops=sum(1 for c in counts if not _is_view(c.op_name)),
+        linalg_ops=sum(1 for c in counts if c.op_name.startswith("linalg.")),
+        contraction_flops=total.contraction_flops,
+        vector_flops=total.vector_flops,
+        special_ops=total.special_ops,
+        bytes_read=total.weight_bytes + total.act_bytes_in,
+        bytes_written=total.act_bytes_out,
+        intermediates=inter,
+        intermediate_bytes=inter_bytes,
+        buffers=len(allocs) if bufferized else None,
+        buffer_bytes=sum(_nbytes(a.results[0].type) for a in allocs) if bufferized else None,
+    )
+
+
+# -- running passes ---------------------------------------------------------------------------
+def _pass_manager(text: str, context: Any) -> Any:
+    """A PassManager for one pass: on the module, else nested on func.func (a function pass)."""
+    from torch_mlir.passmanager import PassManager
+
+    with context:
+        try:
+            return PassManager.parse(f"builtin.module({text})")
+        except ValueError as first:
+            try:
+                return PassManager.parse(f"builtin.module(func.func({text}))")
+            except ValueError:
+                msg = next((ln.strip() for ln in str(first).splitlines() if "error" in ln), str(first).splitlines()[0])
+                raise UserError(f"--mlir-pipeline: pass {text!r} is not an MLIR pass torch-mlir knows: "
+                                f"{msg.split('error:', 1)[-1].strip()}") from None  # fmt: skip
+
+
+def _tag(ops: list[Any], context: Any, key: str = _TAG) -> None:
+    """Tag each op with its index in ``ops`` (Python op objects are not unique: attributes are)."""
+    from torch_mlir import ir
+
+    i64 = ir.IntegerType.get_signless(64, context=context)
+    for i, op in enumerate(ops):
+        op.attributes[key] = ir.IntegerAttr.get(i64, i)
+        if key == _TAG and _NEW in op.attributes:
+            del op.attributes[_NEW]
+
+
+def _tag_of(op: Any, key: str = _TAG) -> int | None:
+    from torch_mlir import ir
+
+    return ir.IntegerAttr(op.attributes[key]).value if key in op.attributes else None
+
+
+def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...], tuple[str, ...]]], after: list[Any],
+            after_tags: list[int | None]) -> tuple[dict[int, set[int]], dict[int, str]]:  # fmt: skip
+    """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
+    from dabench_ir.passes.linalg_cost import origin_of
+
+    kept = {t for t in after_tags if t is not None}
+    gone = set(before) - kept
+    created = [i for i, t in enumerate(after_tags) if t is None]
+    stands: dict[int, set[int]] = {i: set() for i in created}
+    for op, t in zip(after, after_tags, strict=True):  # 1. a kept op reads a created op where it read a gone one
+        if t is None or len(op.operands) != len(before[t][1]):
+            continue
+        for operand, old in zip(op.operands, before[t][1], strict=True):
+            new = _ids(operand)
+            if new[0] == "new" and old[0] == "op" and old[1] in gone and new[1] in stands:
+                stands[new[1]].add(old[1])
+    taken = {t for s in stands.values() for t in s}
+    # 1b. else a gone op of the same node: same kind and result types, else same kind, else a work op
+    # for a work op (a view for a view): an op re-created in another shape (reshapes propagated)
+    tiers = (lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
+             lambda op, e: op.name == e[0],
+             lambda op, e: _is_view(op.name) == _is_view(e[0]))  # fmt: skip
+    for match in tiers:
+        for i in created:
+            if stands[i]:
+                continue
+            op = after[i]
+            node = origin_of(op.location).names[:1]
+            same = [t for t in sorted(gone - taken) if node and before[t][2][:1] == node and match(op, before[t])]
+            if same:
+                stands[i].add(same[0])
+                taken.add(same[0])
+    anchors = taken
+    claims: dict[int, set[int]] = {i: set() for i in created}
+    method: dict[int, str] = {}
+    order = sorted(created, key=lambda i: (_is_view(after[i].name), -i))  # work ops first, last first
+    for i in order:
+        view = _is_view(after[i].name)
+        inputs = {_ids(o) for o in after[i].operands}
+        stack = [t for t in stands[i] if t not in method]
+        while stack:
+            t = stack.pop()
+            if t in method or (view and not _is_view(before[t][0])):
+                continue
+            claims[i].add(t)
+            method[t] = "dataflow"
+            for old in before[t][1]:
+                if old[0] != "op" or old in inputs or old[1] not in gone or old[1] in method:
+                    continue
+                if old[1] in anchors and old[1] not in stands[i]:
+                    continue
+                stack.append(old[1])
+    names = {i: set(origin_of(after[i].location).names) for i in created}
+    for t in sorted(gone - set(method)):  # 2. location: a created op that names the gone op's node
+        origin = before[t][2]
+        fits = [i for i in created if origin and names[i] & set(origin)]
+        if fits:
+            best = min(fits, key=lambda i: (_is_view(after[i].name) != _is_view(before[t][0]), i))
+            claims[best].add(t)
+            method[t] = "location"
+    return claims, method
+
+
+def run_mlir_pipeline(
+    module: Any,
+    passes: Sequence[str],
+    *,
+    weight_args: frozenset[int] = frozenset(),
+    counts: Sequence[Any] | None = None,
+) -> tuple[PipelineRecord, list[Any]]:
+    """Run ``passes`` on ``module`` (in place) one at a time, costing it after each.
+
+    Returns the record and the counts of the transformed module. ``counts`` are the module's
+    counts before (counted here when not given). A pass that fails raises `MlirPassError`
+    naming it and MLIR's first diagnostic; it holds the steps before it.
+    """
+    from torch_mlir import ir
+
+    from dabench_ir.frontends.mlir import _captured_stderr, _first_diagnostic
+    from dabench_ir.passes.linalg_cost import count_module, origin_of
+
+    operation = getattr(module, "operation", module)
+    context = operation.context
+    managers = [_pass_manager(p, context) for p in passes]  # an unknown pass fails before any work
+    counts = list(counts) if counts is not None else count_module(operation, weight_args=weight_args)
+    record = PipelineRecord(list(passes), module_cost(operation, counts))
+    first = _top_ops(operation)
+    _tag(first, context)
+    sources: dict[int, frozenset[int]] = {t: frozenset() for t in range(len(first))}  # tag -> counts before
+    for k, c in enumerate(counts):
+        t = _tag_of(c.op)
+        if t is not None:
+            sources[t] = frozenset({k})
+    pristine = {t for t in sources if sources[t]}
+    for text, pm in zip(passes, managers, strict=True):
+        ops = _top_ops(operation)
+        before = {}
+        for op in ops:
+            t = _tag_of(op)
+            before[t] = (op.name, [_ids(o) for o in op.operands], origin_of(op.location).names,
+                         tuple(str(r.type) for r in op.results))  # fmt: skip
+        started = time.perf_counter()
+        try:
+            with context, _captured_stderr():
+                pm.run(operation)
+        except ir.MLIRError as exc:
+            _untag(operation)
+            raise MlirPassError(f"--mlir-pipeline: pass {text!r} failed: {_first_diagnostic(exc)}",
+                                record.steps, record.before) from None  # fmt: skip
+        seconds = time.perf_counter() - started
+        after = _top_ops(operation)
+        after_tags = [_tag_of(op) for op in after]
+        _tag([op for op in after], context, _NEW)
+        claims, method = _claims(before, after, after_tags)
+        counted_before = {t for t, entry in before.items() if _counted(entry[0])}
+        kept = {t for t in after_tags if t is not None}
+        new_sources: dict[int, frozenset[int]] = {}
+        for i, op in enumerate(after):
+            t = after_tags[i]
+            if t is not None:
+                new_sources[i] = sources.get(t, frozenset())
+                continue
+            claimed = claims.get(i, set())
+            new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
+            names = list(dict.fromkeys([*origin_of(op.location).names,
+                                        *(n for c in sorted(claimed) for n in before[c][2])]))  # fmt: skip
+            if len(names) > 1:
+                op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
+        new_pristine = {i for i, t in enumerate(after_tags) if t is not None and t in pristine}
+        gone = counted_before - kept
+        created = sum(1 for i, t in enumerate(after_tags) if t is None and _counted(after[i].name))
+        sources = new_sources
+        _tag(after, context)  # tags are now the op's index in `after`
+        pristine = new_pristine
+        counts = count_module(operation, weight_args=weight_args)
+        step = PassStep(text, seconds, module_cost(operation, counts), kept=len(counted_before & kept),
+                        created=created, fused_away=sum(1 for t in gone if t in method),
+                        removed=sum(1 for t in gone if t not in method))  # fmt: skip
+        record.steps.append(step)
+        logger.info("mlir pass %s: %.3f s, %d ops -> %d", text, seconds, len(ops), len(after))
+    final = [_tag_of(c.op) for c in counts]
+    record.sources = {k: sources.get(t, frozenset()) if t is not None else frozenset() for k, t in enumerate(final)}
+    record.kept = frozenset(k for k, t in enumerate(final) if t in pristine)
+    _untag(operation)
+    return record, counts
+
+
+def _ids(value: Any) -> tuple[Any, ...]:
+    """An operand's id: (op, tag, result) for a tagged producer, (new, id, result) for an untagged
+    one (created by the pass), (arg, n) for a function argument."""
+    from torch_mlir import ir
+
+    if isinstance(value, ir.BlockArgument):
+        owner = value.owner.owner
+        if owner is not None and owner.operation.name == "func.func":
+            return ("arg", value.arg_number)
+        return ("block", 0)
+    op = value.owner.operation if hasattr(value.owner, "operation") else value.owner
+    tag = _tag_of(op)
+    return ("op", tag, value.result_number) if tag is not None else ("new", _tag_of(op, _NEW), value.result_number)
+
+
+def _counted(name: str) -> bool:
+    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not _is_view(
+        name
+    ) and name not in ("tensor.empty", "tensor.dim", "tensor.extract", "tensor.from_elements")
+
+
+def _untag(operation: Any) -> None:
+    for op in _top_ops(operation):
+        for key in (_TAG, _NEW):
+            if key in op.attributes:
+                del op.attributes[key]
+
+
+# -- per ONNX node ----------------------------------------------------------------------------
+def _shares(total: int, weights: Sequence[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (equal when all are 0), whole units, summing to ``total``."""
+    n = len(weights)
+    if sum(weights) <= 0:
+        weights = [1] * n
+    s = sum(weights)
+    raw = [total * w / s for w in weights]
+    out = [math.floor(r) for r in raw]
+    for i in sorted(range(n), key=lambda i: (-(raw[i] - out[i]), i))[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[dict[str, Cost], dict[str, set[str]]]:
+    """Each op's cost onto the ONNX nodes its location names (the module doc's rule).
+
+    ``before``: each node's cost before the pipeline (the weights of the split). Returns the
+    cost per node and, per node, the other nodes it shares a fused op with."""
+    out: dict[str, Cost] = {}
+    shared: dict[str, set[str]] = {}
+    for c in counts:
+        names = list(c.origin.names) or ([c.origin.name] if c.origin.name else ["unattributed"])
+        if len(names) == 1:
+            out[names[0]] = out.get(names[0], Cost()) + c.cost
+            continue
+        parts = {f.name: _shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
+                 for f in fields(Cost)}  # fmt: skip
+        for j, n in enumerate(names):
+            out[n] = out.get(n, Cost()) + Cost(**{k: v[j] for k, v in parts.items()})
+            shared.setdefault(n, set()).update(m for m in names if m != n)
+    return out, shared
+
+
+# -- the placed graph -----------------------------------------------------------------------
+def unit_names(counts: Sequence[Any], suffix: str = "") -> list[str | None]:
+    """A node name per counted op (None for views): ``<first node>`` when it is that node's only
+    op, else ``<first node>#k``; ``suffix`` marks ops a pipeline created (``node/linalg-fuse``)."""
+    bases = [None if _is_view(c.op_name) else (c.origin.name or "mlir_op") for c in counts]
+    total: dict[str, int] = {}
+    for b in bases:
+        if b is not None:
+            total[b] = total.get(b, 0) + 1
+    seen: dict[str, int] = {}
+    out: list[str | None] = []
+    for b in bases:
+        if b is None:
+            out.append(None)
+            continue
+        k = seen[b] = seen.get(b, -1) + 1
+        out.append(b + suffix if total[b] == 1 else f"{b}{suffix}#{k}")
+    return out
+
+
+def unit_graph(source: Graph, module: Any, counts: Sequence[Any], names: Sequence[str | None], *,
+               path: str | None) -> Graph:  # fmt: skip
+    """The module's ops as a costed Graph for the lowerings: one node per op (a fused
+    ``linalg.generic`` is one unit of work), named by ``names``, wired by SSA values, its module
+    scope the common scope of the ONNX nodes it names (from ``source``, the ONNX graph)."""
+    from dabench_ir.frontends.mlir import _create_nodes
+    from dabench_ir.ir import layer_from_scope
+    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, MlirArtifact, assign_costs
+    from dabench_ir.study.scopes import common_scope
+
+    artifact: MlirArtifact = source.meta[MLIR_ARTIFACT]
+    art = MlirArtifact(module, weight_args=artifact.weight_args, source=artifact.source)
+    graph = Graph([], {}, [], [], name=source.name, path=path, metadata=source.metadata, bindings=source.bindings)
+    graph.meta[MLIR_ARTIFACT] = art
+    by_unit: dict[str, list[Any]] = {}
+    for c, n in zip(counts, names, strict=True):
+        if n is not None and c.op_class != "uncounted":
+            by_unit.setdefault(n, []).append(c)
+    _create_nodes(graph, by_unit, art)
+    for node in graph.nodes:
+        c = by_unit[node.name][0]
+        onnx_nodes = [source.node(n) for n in c.origin.names if source.has_node(n)]
+        node.scope = common_scope([n.scope for n in onnx_nodes if n.scope])
+        layers = {n.layer for n in onnx_nodes}
+        node.layer = layer_from_scope(node.scope) if node.scope else (layers.pop() if len(layers) == 1 else None)
+        node.attrs["origins"] = list(c.origin.names)
+    graph.invalidate()
+    kept = [(c, n) for c, n in zip(counts, names, strict=True) if n is not None or c.op_class == "uncounted"]
+    assign_costs(graph, [c for c, _ in kept], [n for _, n in kept])  # views (no name) cost nothing
+    return graph

@@ -1,0 +1,171 @@
+"""MLIR pipelines in a study: the linalg module's ops placed before and after upstream MLIR passes.
+
+The baseline of an MLIR pipeline is the model's linalg-on-tensors module as torch-mlir lowers
+it, one graph node per op (`mlirpasses.unit_graph`); the pipeline's result is the transformed
+module, one node per op again (a fused ``linalg.generic`` is one unit of work). Both are placed
+on every target; the diff matches their ops through `mlirpasses.run_mlir_pipeline`'s
+provenance, and each run carries the per-pass table and the per-ONNX-node costs (``mlir``).
+`agreement` sets an MLIR pipeline beside an ONNX-level one: bytes of the nodes each fused.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.ir import Cost
+
+from .pipelines import Pipeline
+from .provenance import Provenance
+
+__all__ = ["MLIR_BASELINE", "agreement", "mlir_runs"]
+
+logger = logging.getLogger(__name__)
+
+MLIR_BASELINE = "mlir-none"
+"""The pipeline name of the MLIR baseline: the lowered linalg module, one node per op."""
+
+
+def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost], shared: Mapping[str, set[str]],
+               ops_before: Mapping[str, int], ops_after: Mapping[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        b, a = before.get(name, Cost()), after.get(name, Cost())
+        node = base.node(name) if base.has_node(name) else None
+        rows.append({
+            "node": name, "op": node.op_type if node else None,
+            "flops_before": b.flops, "flops_after": a.flops, "bytes_before": b.bytes, "bytes_after": a.bytes,
+            "ops_before": ops_before.get(name, 0), "ops_after": ops_after.get(name, 0),
+            "shared_with": sorted(shared.get(name, ())),
+            "label": "split: shares fused ops with " + ", ".join(sorted(shared[name])) if shared.get(name) else None,
+        })  # fmt: skip
+    return rows
+
+
+def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for n in c.origin.names or ((c.origin.name,) if c.origin.name else ("unattributed",)):
+            out[n] = out.get(n, 0) + 1
+    return out
+
+
+def _provenance(names0: Sequence[str | None], names1: Sequence[str | None], counts1: Sequence[Any],
+                record: Any) -> Provenance:  # fmt: skip
+    """After unit -> baseline units; each baseline unit in one row (the costliest unit that claims it)."""
+    owner: dict[str, tuple[int, str]] = {}
+    for k, name in enumerate(names1):
+        if name is None:
+            continue
+        for j in record.sources.get(k, ()):
+            src = names0[j]
+            if src is not None and (src not in owner or counts1[k].cost.bytes > owner[src][0]):
+                owner[src] = (counts1[k].cost.bytes, name)
+    prov = Provenance()
+    for name in names1:
+        if name is not None:
+            prov.members.setdefault(name, [])
+    for src in (n for n in names0 if n is not None):
+        if src in owner:
+            prov.members[owner[src][1]].append(src)
+            prov.method[src] = "names" if owner[src][1] == src else "subgraph"  # the schema's word for dataflow
+        else:
+            prov.method[src] = "removed"
+    return prov
+
+
+def mlir_runs(
+    model: str,
+    pipes: Sequence[Pipeline],
+    targets: Sequence[str | None],
+    opts: Any,
+    *,
+    out: Path | None,
+    save: Callable[[Any, str, str | None], None],
+    say: Callable[[str], None],
+) -> tuple[list[tuple[Pipeline, str | None, dict, dict, Provenance, dict]], dict[str, dict]]:
+    """Place the MLIR baseline and each MLIR pipeline on each target.
+
+    Returns (pipeline, target, baseline report, report, provenance, the run's ``mlir`` record)
+    per run, and per pipeline the per-ONNX-node costs before and after (for `agreement`)."""
+    from dabench_ir.mlirpasses import run_mlir_pipeline, split_by_nodes, unit_graph, unit_names
+    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, count_module
+    from dabench_ir.pipeline import load_graph, profile_graph
+
+    folder = out or Path(tempfile.mkdtemp(prefix="dabench-study-"))
+    stem = Path(model).stem
+    say(f"MLIR baseline: {stem} lowered to linalg")
+    base = load_graph(model, via="mlir", dims=opts.dims)
+    art = base.meta[MLIR_ARTIFACT]
+    counts0 = count_module(art.module, weight_args=art.weight_args)
+    names0 = unit_names(counts0)
+    path0 = folder / f"{stem}.{MLIR_BASELINE}.mlir"
+    path0.write_text(art.module.operation.get_asm(enable_debug_info=True, large_elements_limit=16))
+
+    def place(module: Any, counts: Sequence[Any], names: Sequence[str | None], path: Path, t: str | None) -> Any:
+        return profile_graph(unit_graph(base, module, counts, names, path=str(path)), t, opts, progress=say)
+
+    baseline = {}
+    for t in targets:
+        rep = place(art.module, counts0, names0, path0, t)
+        save(rep, MLIR_BASELINE, t)
+        baseline[t] = rep.to_dict()
+    by_node0, _ = split_by_nodes(counts0, {})
+    ops0 = _ops_per_node(counts0)
+    runs = []
+    per_node: dict[str, dict] = {}
+    for pipe in pipes:
+        assert pipe.mlir is not None
+        say(f"MLIR pipeline {pipe.name}: {', '.join(pipe.mlir)}")
+        module = art.module.operation.clone()
+        record, counts1 = run_mlir_pipeline(module, pipe.mlir, weight_args=art.weight_args, counts=None)
+        names1 = unit_names(counts1, suffix=f"/{pipe.name}")
+        for k in record.kept:  # an op no pass touched keeps its baseline name
+            (j,) = record.sources[k]
+            names1[k] = names0[j]
+        path1 = folder / f"{stem}.{pipe.name}.mlir"
+        path1.write_text(module.get_asm(enable_debug_info=True, large_elements_limit=16))
+        prov = _provenance(names0, names1, counts1, record)
+        by_node1, shared = split_by_nodes(counts1, by_node0)
+        rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
+        per_node[pipe.name] = {"before": by_node0, "after": by_node1, "shared": shared}
+        doc = {"passes": list(pipe.mlir), "module": str(path1), "before": record.before.to_dict(),
+               "steps": record.steps_dict(), "nodes": rows}  # fmt: skip
+        for t in targets:
+            rep = place(module, counts1, names1, path1, t)
+            rep.extra["provenance"] = prov.to_dict()
+            save(rep, pipe.name, t)
+            runs.append((pipe, t, baseline[t], rep.to_dict(), prov, doc))
+    return runs, per_node
+
+
+def agreement(onnx_run: Mapping[str, Any], mlir_pipeline: str, nodes: Mapping[str, Any]) -> dict[str, Any]:
+    """Where an ONNX-level pipeline fused nodes, the bytes the MLIR pipeline moves for the same nodes.
+
+    One row per node of ``onnx_run`` that replaced two or more source nodes: its bytes before and
+    after at ONNX level, the same source nodes' bytes before and after the MLIR pipeline (linalg
+    counts, fused ops split as `mlirpasses.split_by_nodes`), whether MLIR fused them too (an op of
+    the transformed module names two of them), and the verdict: ``same bytes`` (within 1 %), or
+    which level moves more."""
+    rows = []
+    for r in onnx_run["nodes"]:
+        group = r["replaces"]
+        if r["node"] is None or len(group) < 2:
+            continue
+        b = sum(nodes["before"].get(n, Cost()).bytes for n in group)
+        a = sum(nodes["after"].get(n, Cost()).bytes for n in group)
+        fused = any(set(nodes["shared"].get(n, ())) & set(group) for n in group)
+        onnx_after = r["bytes_after"] or 0
+        if abs(a - onnx_after) <= 0.01 * max(a, onnx_after, 1):
+            verdict = "same bytes"
+        else:
+            verdict = "MLIR moves more" if a > onnx_after else "MLIR moves less"
+        rows.append({"node": r["node"], "op": r["op"], "replaces": len(group), "onnx_bytes_before": r["bytes_before"],
+                     "onnx_bytes_after": onnx_after, "mlir_bytes_before": b, "mlir_bytes_after": a,
+                     "mlir_fused": fused, "verdict": verdict})  # fmt: skip
+    summary = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("same bytes", "MLIR moves more", "MLIR moves less")}
+    return {"onnx_pipeline": onnx_run["pipeline"], "mlir_pipeline": mlir_pipeline, "target": onnx_run["target"],
+            "summary": summary, "rows": rows}  # fmt: skip

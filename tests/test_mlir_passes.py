@@ -1,0 +1,171 @@
+"""Instrumented MLIR pipelines: exact per-pass costs on tiny hand-written modules, and the study path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch_mlir")
+
+from dabench_ir.cli import main
+from dabench_ir.errors import UserError
+from dabench_ir.frontends.mlir import _context, parse_mlir
+from dabench_ir.ir import Cost
+from dabench_ir.mlirpasses import MlirPassError, parse_pipeline, run_mlir_pipeline, split_by_nodes
+from dabench_ir.passes.linalg_cost import count_module
+from tests.test_study import _mlp
+
+MAP = "#map = affine_map<(d0, d1) -> (d0, d1)>\n"
+EW = """  %e{i} = tensor.empty() : tensor<4x8xf32>
+  %{out} = linalg.generic {{indexing_maps = [{maps}], iterator_types = ["parallel", "parallel"]}}
+      ins({ins} : {types}) outs(%e{i} : tensor<4x8xf32>) {{
+  ^bb0({args}, %o: f32):
+    %r = {body}
+    linalg.yield %r : f32
+  }} -> tensor<4x8xf32> loc("{loc}")
+"""
+
+
+def _ew(i: int, out: str, ins: list[str], body: str, loc: str) -> str:
+    return EW.format(i=i, out=out, maps=", ".join(["#map"] * (len(ins) + 1)), ins=", ".join(ins),
+                     types=", ".join(["tensor<4x8xf32>"] * len(ins)), args=", ".join(f"%x{k}: f32" for k in
+                     range(len(ins))), body=body, loc=loc)  # fmt: skip
+
+
+def _module(*ops: str, ret: str) -> str:
+    return (MAP + "func.func @main(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {\n"
+            "  %z = arith.constant 0.0 : f32\n" + "".join(ops) + f"  return %{ret} : tensor<4x8xf32>\n}}\n")  # fmt: skip
+
+
+ADD_RELU = _module(
+    _ew(0, "s", ["%a", "%b"], "arith.addf %x0, %x1 : f32", "Add"),
+    _ew(1, "t", ["%s"], "arith.maximumf %x0, %z : f32", "Relu"),
+    ret="t",
+)
+T = 4 * 8 * 4  # bytes of one 4x8 f32 tensor
+
+
+def _parse(text: str):
+    return parse_mlir(text, context=_context(), isolate=False)
+
+
+def test_add_then_relu_fused_reads_each_input_once_and_writes_once():
+    record, counts = run_mlir_pipeline(_parse(ADD_RELU), ["linalg-fuse-elementwise-ops"])
+    b = record.before
+    assert (b.ops, b.linalg_ops, b.vector_flops) == (2, 2, 64)
+    assert (b.bytes_read, b.bytes_written) == (3 * T, 2 * T)  # a, b, then s read back; s and t written
+    assert (b.intermediates, b.intermediate_bytes) == (1, T)  # s
+    (step,) = record.steps
+    a = step.cost
+    assert (a.ops, a.linalg_ops, a.vector_flops) == (1, 1, 64)  # the same arithmetic, one loop nest
+    assert (a.bytes_read, a.bytes_written, a.intermediates, a.intermediate_bytes) == (2 * T, T, 0, 0)
+    assert (step.kept, step.created, step.fused_away, step.removed) == (0, 1, 2, 0)
+    (fused,) = counts
+    assert set(fused.origin.names) == {"Add", "Relu"}  # the fused location names both nodes
+    assert record.sources == {0: frozenset({0, 1})} and record.kept == frozenset()
+    deltas = record.steps_dict()[0]["delta"]
+    assert (deltas["bytes_read"], deltas["bytes_written"], deltas["intermediate_bytes"]) == (-T, -T, -T)
+
+
+def test_a_fused_op_is_split_over_its_nodes_by_their_costs_before():
+    before = {"Add": Cost(vector_flops=32, act_bytes_in=2 * T, act_bytes_out=T),
+              "Relu": Cost(vector_flops=32, act_bytes_in=T, act_bytes_out=T)}  # fmt: skip
+    _, counts = run_mlir_pipeline(_parse(ADD_RELU), ["linalg-fuse-elementwise-ops"])
+    after, shared = split_by_nodes(counts, before)
+    # fused: 64 vector FLOPs, 256 B read, 128 B written; read split 256:128 -> 171 + 85 (largest remainder)
+    assert after["Add"] == Cost(vector_flops=32, act_bytes_in=171, act_bytes_out=64)
+    assert after["Relu"] == Cost(vector_flops=32, act_bytes_in=85, act_bytes_out=64)
+    assert after["Add"] + after["Relu"] == counts[0].cost
+    assert shared == {"Add": {"Relu"}, "Relu": {"Add"}}
+
+
+def test_one_value_in_two_operands_is_read_once():
+    square = _module(_ew(0, "s", ["%a", "%a"], "arith.mulf %x0, %x1 : f32", "Square"), ret="s")
+    (c,) = count_module(_parse(square))
+    assert c.cost == Cost(vector_flops=32, act_bytes_in=T, act_bytes_out=T)
+
+
+def test_dead_code_is_removed_not_fused():
+    dead = _module(
+        _ew(0, "s", ["%a", "%b"], "arith.addf %x0, %x1 : f32", "Add"),
+        _ew(1, "u", ["%a", "%b"], "arith.mulf %x0, %x1 : f32", "Dead"),
+        _ew(2, "t", ["%s"], "arith.maximumf %x0, %z : f32", "Relu"),
+        ret="t",
+    )
+    record, counts = run_mlir_pipeline(_parse(dead), ["canonicalize", "cse"])
+    canon, cse = record.steps
+    assert (canon.kept, canon.created, canon.fused_away, canon.removed) == (2, 0, 0, 1)
+    assert (record.before.ops, canon.cost.ops) == (3, 2)
+    # a dead op is never counted (the counter's generalising clone drops it): bytes do not move
+    assert (canon.cost.bytes_read, canon.cost.bytes_written) == (record.before.bytes_read, record.before.bytes_written)
+    assert (cse.kept, cse.created, cse.removed) == (2, 0, 0)
+    assert len(counts) == 2 and len(record.kept) == 2  # both ops are ops of the module before, untouched
+
+
+def test_bufferization_shows_the_buffers_that_need_memory():
+    unfused, _ = run_mlir_pipeline(_parse(ADD_RELU), ["one-shot-bufferize{bufferize-function-boundaries}"])
+    fused, _ = run_mlir_pipeline(
+        _parse(ADD_RELU), ["linalg-fuse-elementwise-ops", "one-shot-bufferize{bufferize-function-boundaries}"]
+    )
+    assert unfused.before.buffers is None  # still on tensors
+    b = unfused.steps[-1].cost
+    assert (b.buffers, b.buffer_bytes) == (2, 2 * T)  # s and t each get a buffer
+    assert (b.bytes_read, b.bytes_written) == (3 * T, 2 * T)  # on buffers the counts are those of the tensors
+    f = fused.steps[-1].cost
+    assert (f.buffers, f.buffer_bytes, f.bytes_read, f.bytes_written) == (1, T, 2 * T, T)  # only the result
+
+
+def test_a_failing_pass_names_itself_and_keeps_the_passes_before():
+    with pytest.raises(MlirPassError) as info:
+        run_mlir_pipeline(_parse(ADD_RELU), ["linalg-fuse-elementwise-ops", "one-shot-bufferize",
+                                             "one-shot-bufferize{bufferize-function-boundaries}"])  # fmt: skip
+    msg = str(info.value)
+    assert "one-shot-bufferize{bufferize-function-boundaries}" in msg and "to_tensor" in msg and "\n" not in msg
+    assert [s.name for s in info.value.steps] == ["linalg-fuse-elementwise-ops", "one-shot-bufferize"]
+    assert info.value.steps[0].cost.ops == 1
+
+
+def test_pipeline_text_and_unknown_passes():
+    assert parse_pipeline("a, b{x=1,y=2},func.func(c,d)") == ["a", "b{x=1,y=2}", "func.func(c,d)"]
+    with pytest.raises(UserError):
+        parse_pipeline("a,(b")
+    with pytest.raises(UserError, match="no-such-pass"):
+        run_mlir_pipeline(_parse(ADD_RELU), ["canonicalize", "no-such-pass"])
+
+
+def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
+    src = _mlp(tmp_path / "m.onnx")
+    argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",
+            "--pipeline", "ort-basic", "--target", "rdu", "--json", str(tmp_path / "s.json"),
+            "--out-dir", str(tmp_path / "o")]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "pipeline=mlir:linalg-fuse-elementwise-ops,canonicalize,cse" in text and "per ONNX node" in text
+    doc = json.loads((tmp_path / "s.json").read_text())
+    mlir = next(r for r in doc["runs"] if r["pipeline"].startswith("mlir:"))
+    t = mlir["totals"]
+    assert t["source_nodes_accounted"] == t["nodes_before"]  # every op of the lowered module is in one row
+    steps = mlir["mlir"]["steps"]
+    assert [s["pass"] for s in steps] == ["linalg-fuse-elementwise-ops", "canonicalize", "cse"]
+    # the bias Add and the Relu fuse: their intermediate is gone, the MatMuls stay
+    assert steps[0]["delta"]["intermediates"] < 0 and steps[0]["delta"]["bytes_written"] < 0
+    rows = {r["node"]: r for r in mlir["mlir"]["nodes"]}
+    assert rows["fc1_bias"]["shared_with"] and "act" in rows["fc1_bias"]["shared_with"] + [rows["act"]["node"]]
+    assert sum(r["bytes_after"] for r in rows.values()) == steps[-1]["after"]["bytes_read"] + steps[-1]["after"][
+        "bytes_written"]  # fmt: skip
+    assert (tmp_path / "o" / "m.mlir-none.rdu.json").is_file()
+    assert any(c["onnx_pipeline"] == "ort-basic" for c in doc.get("mlir_vs_onnx", []))
+
+
+def test_study_mlir_flags_are_checked(tmp_path, capsys):
+    src = _mlp(tmp_path / "m.onnx")
+    assert main(["study", src, "--mlir-pipeline", "cse"]) == 2
+    assert "add --via mlir" in capsys.readouterr().err
+    assert main(["study", src, "--via", "mlir", "--pipeline", "ort-basic"]) == 2
+    assert "MLIR pipeline" in capsys.readouterr().err
+    assert main(["study", src, "--pipeline", "mlir-elementwise"]) == 2
+    assert "--via mlir" in capsys.readouterr().err
+    assert main(["study", src, "--via", "mlir", "--mlir-pipeline", "cse,bogus-pass", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus-pass" in err and len(err.strip().splitlines()) == 1
