@@ -383,6 +383,12 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
     stage_times[0] += outside / 2
     stage_times[-1] += outside / 2
+    from dabench_ir.lowering.gpu import HOST_ISSUE
+
+    wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
+    if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
+        total = sum(stage_times) or 1.0
+        stage_times = [t + wait * t / total for t in stage_times]
     worst = max(stage_times)
     batch = run.samples.per_replica
     m = run.samples.micro_batches or batch  # at most one micro-batch per sample
