@@ -462,7 +462,7 @@ def lowering_options(run: ResolvedRun) -> Any:
 
 
 def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
-    from dabench_ir.execute import measure
+    from dabench_ir.execute import measure, measure_provider
 
     if run.model is None and graph.path is None:
         raise UserError("--measure runs a model file in onnxruntime; give the .onnx path")
@@ -480,6 +480,7 @@ def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
         threads=o.threads,
         ort_opt=o.ort_opt,
         max_weight_bytes=o.max_weight_bytes,
+        provider=measure_provider(tgt.kind if tgt is not None else None, tgt.name if tgt is not None else ""),
         target=tgt if tgt is not None and tgt.kind == "cpu" else None,
     )
 

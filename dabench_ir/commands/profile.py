@@ -230,25 +230,12 @@ def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
             "Give the .onnx file it came from (add --via mlir to profile it through linalg)"
         )
     if opts.measure and args.target:
+        from dabench_ir.execute import measure_provider
         from dabench_ir.pipeline import resolve_target
 
         for name in (t.strip() for t in args.target.split(",") if t.strip()):
             target = resolve_target(name, opts.threads)
-            if target.kind != "cpu":
-                raise UserError(
-                    f"--measure runs the model in onnxruntime on this host's CPU ({_providers()}), so it cannot "
-                    f"measure --target {name} ({target.kind}); drop --measure to emulate {name}, or use --target cpu"
-                )
-
-
-def _providers() -> str:
-    """onnxruntime's execution providers here, in words."""
-    try:
-        import onnxruntime as ort
-
-        return "onnxruntime execution providers here: " + ", ".join(ort.get_available_providers())
-    except ImportError:
-        return "onnxruntime is not installed"
+            measure_provider(target.kind, name)  # the CPU, or a GPU on the CUDA provider; else one line, exit 2
 
 
 def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) -> list[str]:
