@@ -6,6 +6,12 @@
   fails in a second rather than after minutes of profiling: not a directory, a folder that
   exists and is writable, not under /proc or /sys, no name over 255 bytes, not one of the
   run's own inputs.
+- `resolve_inside(folder, name, where)`: a path written inside a file (a catalogue's kernel
+  table, a sweep spec's target file, a model's external data) resolved against that file's
+  folder, symlinks followed, and refused unless it stays inside the folder.
+- `plan_outputs(inputs, outputs, folders=...)`: called once per command BEFORE the work with
+  every file the run will write (sidecars, plots, pages included): each one checked as above,
+  none the same file as an input, no two the same file, no input inside an output folder.
 - `write_output(path, data)`: a regular file is written atomically through a unique temporary
   name in its folder (`tempfile.mkstemp` + `os.replace`), so concurrent writers never share
   a temporary and a reader never sees half a file; a symlink is followed (its target is
@@ -31,7 +37,9 @@ __all__ = [
     "check_input_file",
     "check_output_dir",
     "check_output_path",
+    "plan_outputs",
     "read_text_file",
+    "resolve_inside",
     "write_output",
     "write_with",
 ]
@@ -110,6 +118,69 @@ def read_text_file(path: str | os.PathLike[str], flag: str | None = None) -> str
         raise UserError(f"{_flag(flag)}{_show(p)}: not UTF-8 text; is it the right file?") from None
     except OSError as exc:
         raise UserError(f"{_flag(flag)}{_show(p)}: cannot read ({exc.strerror or exc})") from None
+
+
+def resolve_inside(folder: str | os.PathLike[str], name: str, where: str = "") -> Path:
+    """``name`` (a path written inside a file) resolved against ``folder`` with symlinks
+    followed; a UserError (its line starting with ``where``) when it is absolute or lands
+    outside ``folder``. Opens no file."""
+    base = Path(os.path.realpath(folder))
+    target = Path(os.path.realpath(base / name))
+    if os.path.isabs(name) or not target.is_relative_to(base):
+        raise UserError(
+            f"{where + ': ' if where else ''}{_show(name)!r} points outside {_show(base)}; refusing to read it "
+            "(give a path inside that folder, e.g. move the file beside the one that names it)"
+        )
+    return target
+
+
+def _identity(p: str | os.PathLike[str]) -> tuple:
+    """What makes two paths one file: device and inode when it exists, else its resolved path."""
+    try:
+        st = os.stat(p)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.realpath(p))
+
+
+def plan_outputs(
+    inputs: Iterable[str | os.PathLike[str]],
+    outputs: Iterable[tuple[str | os.PathLike[str], str]],
+    *,
+    folders: Iterable[tuple[str | os.PathLike[str], str]] = (),
+    allow_stdout: bool = False,
+) -> None:
+    """Refuse, before any work, a run whose outputs would overwrite an input or each other.
+
+    ``outputs``: (path, how messages name it) for EVERY file the run writes, derived ones
+    (a CSV's ``.roles.csv``, per-target files, plot files) included; ``folders``: (folder,
+    flag) of output folders whose files are not listed one by one: no input may lie in one.
+    Each output is also checked as `check_output_path` does.
+    """
+    inputs = [Path(i) for i in inputs if os.fspath(i) not in ("", "-")]
+    seen: dict[tuple, str] = {}
+    for path, flag in outputs:
+        if allow_stdout and os.fspath(path) == "-":
+            key: tuple = ("stdout",)
+        else:
+            check_output_path(path, flag, inputs=inputs)
+            key = _identity(path)
+            for other in inputs:
+                if _identity(other) == key:
+                    raise UserError(f"{flag} {_show(path)}: is an input of this run; refusing to overwrite it (choose another name)")
+        if key in seen:
+            raise UserError(
+                f"{flag} {_show(path)}: {seen[key]} writes the same file; give each output its own name"
+            )
+        seen[key] = f"{flag} {_show(path)}" if key != ("stdout",) else flag
+    for folder, flag in folders:
+        base = os.path.realpath(folder)
+        for other in inputs:
+            if Path(os.path.realpath(other)).is_relative_to(base):
+                raise UserError(
+                    f"{flag} {_show(folder)}: input {_show(other)} lies inside this output folder, whose files "
+                    "the run writes; move the input or choose another folder"
+                )
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import InputError
+from dabench_ir.errors import InputError, UserError
+from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
 from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
@@ -67,13 +68,10 @@ def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entries = {e.key: e.value for e in init.external_data}
-        location = entries.get("location", "")
-        target = (folder / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(folder):
-            raise InputError(
-                f"initializer {init.name!r}: external data location {location!r} points outside the "
-                f"model's folder {folder}; refusing to follow it (move the data file beside the model)"
-            )
+        try:
+            resolve_inside(folder, entries.get("location", ""), f"initializer {init.name!r}: external data location")
+        except UserError as exc:
+            raise InputError(str(exc)) from None
 
 
 def _all_initializers(graph: onnx.GraphProto):
