@@ -522,10 +522,12 @@ def test_point_locks(tmp_path):
     a.release("k")
     assert b.acquire("k")
     b.release_all()
-    (tmp_path / "k.lock").write_text(f"{a.host} 999999999\n")  # a dead owner: stale, taken over
-    assert a.acquire("k")
-    a.release_all()
-    assert not (tmp_path / "k.lock").exists()
+    for text in (f"{a.host} 999999999\n", f"{a.host} 1\n", "\x00\xff garbage"):  # dead, unrelated (pid 1), garbage
+        (tmp_path / "k.lock").write_text(text, errors="surrogateescape")
+        assert a.acquire("k"), text  # no live sweep holds its OS lock: taken over
+        assert not b.acquire("k")
+        a.release_all()
+        assert not (tmp_path / "k.lock").exists()
 
 
 def test_damaged_cached_base_is_exported_again(tmp_path):
