@@ -40,6 +40,7 @@ __all__ = [
     "plan_outputs",
     "read_text_file",
     "resolve_inside",
+    "stdout_fails",
     "write_output",
     "write_with",
 ]
@@ -148,6 +149,7 @@ def plan_outputs(
     outputs: Iterable[tuple[str | os.PathLike[str], str]],
     *,
     folders: Iterable[tuple[str | os.PathLike[str], str]] = (),
+    creates: Iterable[tuple[str | os.PathLike[str], str]] = (),
     allow_stdout: bool = False,
 ) -> None:
     """Refuse, before any work, a run whose outputs would overwrite an input or each other.
@@ -155,15 +157,28 @@ def plan_outputs(
     ``outputs``: (path, how messages name it) for EVERY file the run writes, derived ones
     (a CSV's ``.roles.csv``, per-target files, plot files) included; ``folders``: (folder,
     flag) of output folders whose files are not listed one by one: no input may lie in one.
-    Each output is also checked as `check_output_path` does.
+    Each output is also checked as `check_output_path` does; ``creates``: (folder, flag) of
+    folders the run creates (checked as `check_output_dir` does): a file inside one that does
+    not exist yet needs no existing parent, and they are created once every check passed.
     """
     inputs = [Path(i) for i in inputs if os.fspath(i) not in ("", "-")]
+    creates = list(creates)
+    made = []
+    for folder, flag in creates:
+        check_output_dir(folder, flag)
+        made.append(Path(os.path.realpath(folder)))
     seen: dict[tuple, str] = {}
     for path, flag in outputs:
         if allow_stdout and os.fspath(path) == "-":
             key: tuple = ("stdout",)
+            if stdout_fails():
+                raise UserError(f"{flag} -: standard output refuses writes (a full disk?); give an output file")
         else:
-            check_output_path(path, flag, inputs=inputs)
+            parent = Path(os.path.realpath(Path(path).parent))
+            if not parent.exists() and any(parent.is_relative_to(m) for m in made):
+                _output_where(path, flag, "file")  # its folder is created by the run
+            else:
+                check_output_path(path, flag, inputs=inputs)
             key = _identity(path)
             for other in inputs:
                 if _identity(other) == key:
@@ -181,6 +196,43 @@ def plan_outputs(
                     f"{flag} {_show(folder)}: input {_show(other)} lies inside this output folder, whose files "
                     "the run writes; move the input or choose another folder"
                 )
+    for folder, flag in creates:
+        check_output_dir(folder, flag, create=True)
+
+
+def stdout_fails() -> bool:
+    """Whether standard output refuses writes (a full disk behind it): probed with an empty
+    write, which writes nothing. False when stdout is no file descriptor (a test's capture)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    return not _writes(fd)
+
+
+def _writes(fd: int) -> bool:
+    try:
+        os.write(fd, b"")
+    except OSError:
+        return False
+    return True
+
+
+def _device_refuses(p: Path) -> str | None:
+    """Why a device cannot take a write (``/dev/full``: no space), probed with an empty write; None if it can."""
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        os.write(fd, b"")
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -253,6 +305,9 @@ def check_output_path(
         if not stat.S_ISREG(st.st_mode):
             if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
                 raise UserError(f"{where}: a pipe or socket; give a file name")
+            why = _device_refuses(p)
+            if why:
+                raise UserError(f"{where}: the device refuses writes ({why}); give another file")
             return p  # a device: written through
     elif p.is_symlink():
         raise UserError(f"{where}: a symlink to a missing folder or file; give another name")
