@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
 
 
 def _is_folder(path: str) -> bool:
-    return path.endswith(("/", "\\")) or Path(path).is_dir()
+    return path.endswith(("/", "\\")) or os.path.isdir(path)  # os.path: an over-long name is no folder
 
 
 def _compare_path(path: str, suffix: str) -> Path:

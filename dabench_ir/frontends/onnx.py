@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import InputError, UserError
 from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
+from dabench_ir.frontends.checks import check_onnx_model, infer_checked, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
@@ -147,7 +147,6 @@ def load_onnx(
     infer_shapes: bool = True,
 ) -> Graph:
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
-    import onnx
 
     model, path = read_model(source)
     check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
@@ -158,7 +157,9 @@ def load_onnx(
         _drop_tensor_data(model.graph)
     if infer_shapes:
         try:
-            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            model = infer_checked(model, path)  # an op's refused shapes: InputError
+        except InputError:
+            raise
         except Exception as exc:  # shape inference is best effort; untyped values surface later
             logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
         from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
