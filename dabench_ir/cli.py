@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stdout)
             return 0
         code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk behind stdout fails here, not at exit
         if held is not None:
             held.show()
         return code
@@ -95,18 +96,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print("dabench-ir: error: the model is nested too deeply to read; is it the right file?", file=sys.stderr)
         return 2
+    except OSError as exc:
+        from dabench_ir.fileio import stdout_fails
+
+        if not stdout_fails():
+            return _internal_error(exc, debug)
+        _silence_stdout()
+        print(f"dabench-ir: error: cannot write to standard output ({exc.strerror or exc}); "
+              "redirect it to a file system with space, or give an output file", file=sys.stderr)  # fmt: skip
+        return 2
     except MemoryError:
         print("dabench-ir: error: out of memory; try a smaller model or fewer points", file=sys.stderr)
         return 1
     except Exception as exc:  # the last resort: one line, never a traceback unless asked
-        if debug:
-            traceback.print_exc()
-        print(
-            f"dabench-ir: internal error: {type(exc).__name__}: {_one_line(exc)}; "
-            "rerun with --debug for the traceback",
-            file=sys.stderr,
-        )
-        return 1
+        return _internal_error(exc, debug)
+
+
+def _internal_error(exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc)
+    print(
+        f"dabench-ir: internal error: {type(exc).__name__}: {_one_line(exc)}; rerun with --debug for the traceback",
+        file=sys.stderr,
+    )
+    return 1
 
 
 class _HeldWarnings(logging.Handler):

@@ -276,3 +276,78 @@ def test_sweep_point_file_of_any_content(workdir, record):
     (folder / "k.json").write_text(json.dumps(record))
     got = read_point(folder, "k")
     assert got is None or isinstance(record_row(got), dict)
+
+
+# ==== issue 33 (harden33): paths inside files, outputs of one run, graph wiring ====================
+_SEGMENT = st.sampled_from(["..", ".", "a", "b", "k.csv", "/etc", "/etc/passwd", "", "sub/..", "../.."])
+
+
+@FUZZ
+@given(parts=st.lists(_SEGMENT, min_size=1, max_size=4))
+def test_catalogue_file_paths_stay_inside_the_folder(workdir, parts):
+    """A catalogue's kernels_csv: resolved inside the catalogue's folder, or one line; never read outside."""
+    folder = workdir / "cat" / "inner"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "k.csv").write_text("kernel,active_pes\nmm0,10\n")
+    name = "/".join(parts)
+    cat = folder / "c.toml"
+    cat.write_text(
+        f'[[points]]\nid = "p"\nkind = "model"\ntarget = "wse"\nsource = "t"\n'
+        f"model = {{ family = \"gpt2\", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1 }}\n"
+        f"measured = {{ kernels_csv = {json.dumps(name)} }}\n"
+    )
+    from dabench_ir.errors import UserError
+    from dabench_ir.validate import load_catalog
+
+    try:
+        load_catalog(cat)
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        resolved = Path(os.path.realpath(folder / name))
+        assert os.path.isabs(name) or not resolved.is_relative_to(folder.resolve()) or "kernels_csv" in str(exc)
+    else:
+        assert not os.path.isabs(name) and Path(os.path.realpath(folder / name)).is_relative_to(folder.resolve())
+
+
+_OUT_NAMES = st.sampled_from(["m.onnx", "o.x", "o.roles.csv", "o.csv", "p/m-roofline.png", "p/", "o.json"])
+
+
+@FUZZ
+@given(flags=st.dictionaries(st.sampled_from(["--json", "--csv", "--html", "--trace", "--plots"]), _OUT_NAMES, max_size=4))
+def test_profile_outputs_never_overwrite_an_input_or_each_other(workdir, flags):
+    """Every output of one run is distinct from the others and from the model, or the run is refused."""
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    model = run_dir / "m.onnx"
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])  # fmt: skip
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    before = model.read_bytes()
+    argv = ["profile", model, "--target", "rdu", "-q"]
+    for flag, name in flags.items():
+        argv += [flag, run_dir / name]
+    contract(*argv)
+    assert model.read_bytes() == before
+
+
+_WIRING = [
+    "agraph (float[4,7] A, float[64,64] B) => (float[4,64] C) { C = MatMul(A, B) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = MatMul(A) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = Relu(X) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = Relu(A)\n C = Relu(A) }",
+    "agraph (float[4,7] A) => (float[4,7] A2) { A2 = Relu(A)\n A = Relu(A2) }",
+]
+
+
+@FUZZ
+@given(text=st.sampled_from(_WIRING), drop=st.integers(0, 3))
+def test_miswired_graphs_are_one_line(workdir, text, drop):
+    """A graph whose tensors are miswired (arity, undefined, defined twice, shapes an op refuses): exit 2."""
+    from tests.conftest import parse
+
+    model = parse(text)
+    if drop and len(model.graph.node[0].input) > 1:
+        del model.graph.node[0].input[-1]
+    path = workdir / "wired.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert contract("profile", path, "-q") == 2

@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_inputs(output: str, model: str | None) -> None:
     """Refuse a bad folder or model up front (exit 2), not as an error file after the work."""
-    from dabench_ir.fileio import check_output_dir
+    from dabench_ir.fileio import check_output_dir, plan_outputs
 
     check_output_dir(output, "-o")
+    plan_outputs([model] if model is not None else [], [], folders=[(output, "-o")])  # index.html, TARGET.*, plots/
     if model is not None:
         from dabench_ir.frontends.onnx import read_model
 

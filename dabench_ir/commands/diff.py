@@ -28,11 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.commands.study import _check_paths, write_outputs
-    from dabench_ir.report.compare import load_report_json
+    from dabench_ir.errors import UserError
+    from dabench_ir.report.compare import load_report_json, model_differences
     from dabench_ir.study import STUDY_SCHEMA, study_run
 
     _check_paths(args)
     before, after = load_report_json(args.before), load_report_json(args.after)
+    differs = model_differences(before, after)
+    if differs:
+        raise UserError(
+            f"{args.before} and {args.after} are reports of different models ({'; '.join(differs)}); diff compares "
+            "one model before and after a change: use `dabench-ir compare` to set different models side by side"
+        )
     doc = {
         "schema": STUDY_SCHEMA,
         "model": str((before.get("model") or {}).get("path") or args.before),

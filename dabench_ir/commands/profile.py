@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
                for flag in ("json", "csv", "html", "trace") if getattr(args, flag)}  # fmt: skip
         if args.plots:
             per["plots"] = args.plots
-            per["stem"] = f"{Path(args.model).stem}-{Path(name).stem if name.endswith('.toml') else name}"
+            per["stem"] = _plot_stem(args.model, name)
         written += _write_report(report, args, **per)
     if not args.quiet:
         print(render_compare(rows))
@@ -137,7 +138,7 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
 
 
 def _is_folder(path: str) -> bool:
-    return path.endswith(("/", "\\")) or Path(path).is_dir()
+    return path.endswith(("/", "\\")) or os.path.isdir(path)  # os.path: an over-long name is no folder
 
 
 def _compare_path(path: str, suffix: str) -> Path:
@@ -198,7 +199,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the work, not after, when an output cannot be written (dabench_ir.fileio)."""
     import os
 
-    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
+    from dabench_ir.fileio import check_input_file, plan_outputs
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
@@ -212,12 +213,45 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_input_file(model, "MODEL")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
+    creates = [(args.plots, "--plots")] if args.plots is not None else []
+    folders = [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")]
+    creates += [(path, flag) for path, flag in folders if _is_folder(path)]
+    plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
+
+
+def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
+    """Every file this run writes, with the flag that asks for it (one target or several)."""
+    from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
+
+    names = [t.strip() for t in args.target.split(",") if t.strip()] if args.target and "," in args.target else []
+    out: list[tuple[Path | str, str]] = []
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
-        if path is not None:
-            check_output_path(path, f"--{flag}", inputs=models, allow_stdout=True)
+        if path is None:
+            continue
+        suffix = "." + flag.replace("trace", "trace.json")
+        files = [path] if not names or flag == "annotate" else [_per_target_path(path, n, suffix) for n in names]
+        if names and flag in ("json", "csv", "html"):
+            files.append(Path(path) / f"compare{suffix}" if _is_folder(path) else Path(path))
+        for f in files:
+            out.append((f, f"--{flag}"))
+            if flag == "csv" and not (names and f == Path(path)):  # the comparison CSV has no roles table
+                out.append((_roles_path(f), "--csv (its .roles.csv)"))
     if args.plots is not None:
-        check_output_dir(args.plots, "--plots")
+        stems = [_plot_stem(args.model, n) for n in names] if names else [Path(args.model).stem]
+        out += [(plot_path(args.plots, stem, name, fmt), "--plots")
+                for stem in stems for name in PLOT_NAMES for fmt in PLOT_FORMATS]  # fmt: skip
+    return out
+
+
+def _roles_path(csv_path: str | Path) -> Path:
+    """The per-role table written beside a per-node CSV: F's stem + ``.roles.csv``."""
+    p = Path(csv_path)
+    return p.with_name(p.stem + ".roles.csv")
+
+
+def _plot_stem(model: str, target: str) -> str:
+    return f"{Path(model).stem}-{Path(target).stem if target.endswith('.toml') else target}"
 
 
 def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
@@ -249,7 +283,7 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
     if paths.get("csv"):
         csv_path = Path(paths["csv"])
         written.append(str(report.write_csv(csv_path)))
-        written.append(str(report.write_roles_csv(csv_path.with_name(csv_path.stem + ".roles.csv"))))
+        written.append(str(report.write_roles_csv(_roles_path(csv_path))))
     if paths.get("trace"):
         if report.timeline is None:
             raise UserError("--trace needs a timeline: give --target or --measure")

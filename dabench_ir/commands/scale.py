@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.fileio import check_input_file, check_output_path, write_output
+    from dabench_ir.fileio import check_input_file, check_output_path, plan_outputs, write_output
     from dabench_ir.pipeline import load_graph
     from dabench_ir.progress import Progress
     from dabench_ir.run import prepare, resolve
@@ -45,10 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.targets import load_target
 
     check_input_file(args.model, "MODEL")
-    if args.json is not None:
-        check_output_path(args.json, "--json", inputs=[args.model])
     if args.plot is not None:
         check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
+    plan_outputs([args.model], [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
     if getattr(args, "plots", None) is not None:
         from dabench_ir.fileio import check_output_dir
 

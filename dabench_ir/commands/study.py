@@ -16,6 +16,16 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for group in values or [] for v in group.split(",") if v.strip()]
 
 
+def _unique_targets(names: list[str]) -> list[str]:
+    """Each target once, in the order given: a repeat or an alias of one given before (rdu = sn30) is dropped."""
+    from dabench_ir.targets import load_target
+
+    seen: dict[str, str] = {}
+    for name in names:
+        seen.setdefault("cpu" if name.lower() == "cpu" else load_target(name).name, name)
+    return list(seen.values())
+
+
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     """The output flags `study` and `diff` share."""
     p.add_argument("--json", metavar="F", help="write the study as JSON (schema dabench-ir/study/v1)")
@@ -78,15 +88,12 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
+    from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
 
     inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
     for path in inputs:
         check_input_file(path)
-    for flag in ("json", "csv", "html"):
-        path = getattr(args, flag)
-        if path is not None:
-            check_output_path(path, f"--{flag}", inputs=inputs)
+    plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
     if getattr(args, "out_dir", None):
         check_output_dir(args.out_dir, "--out-dir")
 
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.model:
         raise UserError("study: give the model (an .onnx file)")
-    pipelines: list = _split(args.pipeline)
+    pipelines: list = list(dict.fromkeys(_split(args.pipeline)))  # a repeated pipeline runs once
     if args.mlir_pipeline is not None:
         from dabench_ir.mlirpasses import parse_pipeline
         from dabench_ir.study import Pipeline
@@ -123,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.mlirpasses import MlirPassError
 
     try:
-        doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress,
+        doc = run_study(args.model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,
                         via=args.study_via)  # fmt: skip
     except MlirPassError as exc:  # the passes before the failing one keep their results: show them
         progress.done()

@@ -35,13 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir import validate
     from dabench_ir.errors import UserError
-    from dabench_ir.fileio import check_output_dir, check_output_path
+    from dabench_ir.fileio import check_output_dir, plan_outputs
     from dabench_ir.progress import Progress
 
     inputs = list(args.catalog or [])
-    for flag, value in (("--json", args.json), ("--csv", args.csv)):
-        if value is not None:
-            check_output_path(value, flag, inputs=inputs)
+    plan_outputs(inputs, [(v, f) for f, v in (("--json", args.json), ("--csv", args.csv)) if v is not None])
     if args.plots is not None:
         check_output_dir(args.plots, "--plots")
     points = validate.load_catalog(args.catalog)

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import InputError
+from dabench_ir.errors import InputError, UserError
+from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
+from dabench_ir.frontends.checks import check_onnx_model, infer_checked, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
@@ -67,13 +68,10 @@ def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entries = {e.key: e.value for e in init.external_data}
-        location = entries.get("location", "")
-        target = (folder / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(folder):
-            raise InputError(
-                f"initializer {init.name!r}: external data location {location!r} points outside the "
-                f"model's folder {folder}; refusing to follow it (move the data file beside the model)"
-            )
+        try:
+            resolve_inside(folder, entries.get("location", ""), f"initializer {init.name!r}: external data location")
+        except UserError as exc:
+            raise InputError(str(exc)) from None
 
 
 def _all_initializers(graph: onnx.GraphProto):
@@ -149,7 +147,6 @@ def load_onnx(
     infer_shapes: bool = True,
 ) -> Graph:
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
-    import onnx
 
     model, path = read_model(source)
     check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
@@ -160,7 +157,9 @@ def load_onnx(
         _drop_tensor_data(model.graph)
     if infer_shapes:
         try:
-            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            model = infer_checked(model, path)  # an op's refused shapes: InputError
+        except InputError:
+            raise
         except Exception as exc:  # shape inference is best effort; untyped values surface later
             logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
         from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
