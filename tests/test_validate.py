@@ -181,7 +181,7 @@ def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
     from dabench_ir.targets import load_target
 
     sn30 = load_target("sn30")
-    assert "arch.pcu_efficiency_o3" in sn30.fitted_on("sn30-gpt2-h1600-L12-O3")
+    assert "arch.pcu_efficiency_o3" in sn30.fitted_on("sn30-gpt2-h1600-L24-O3")
     assert sn30.fitted_on("sn30-gpt13b-dp4-ss2k") == []
     points = {p.id: p for p in validate.load_catalog()}
     for pid, p in points.items():  # every bundled holdout point is one no parameter is fitted to
@@ -191,7 +191,7 @@ def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
         for name, q in load_target(t).quantities():
             for pattern in q.fitted_to:
                 assert any(fnmatch.fnmatchcase(pid, pattern) for pid in points), (t, name, pattern)
-    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L12-O3'\nkind = 'bandwidth'\n"
+    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L24-O3'\nkind = 'bandwidth'\n"
                                  "target = 'sn30'\nsource = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
     with pytest.raises(UserError, match=r"marked holdout = true, but sn30.toml fits \S+ to it"):
         validate.run_validation(bad)
