@@ -229,6 +229,8 @@ def resolve(
     # samples: the graph's batch dim, bound by --batch when it is symbolic
     dims = dict(opts.dims)
     dim = graph.batch_dim
+    if "batch" in dims and "batch" not in graph.symbols and isinstance(dim, int) and opts.batch in (None, dims["batch"]):
+        opts = dataclasses.replace(opts, batch=dims.pop("batch"), dims=dims)  # a static batch named as a dim
     per_replica: int | None
     if isinstance(dim, str):
         bound = dims.get(dim, graph.bindings.get(dim))
