@@ -233,6 +233,11 @@ class ProfileOptions:
         None, help="samples per step on each replica: binds the model's batch dim when it is symbolic; a static "
         "batch is the model's own (default: as exported)", parse=_positive, many=frozenset({SCALE})
     )
+    seq: int | None = knob(
+        None, help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
+        "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)", parse=_positive,
+        commands=frozenset({PROFILE, SCALE}),
+    )  # fmt: skip
     precision: str | None = knob(
         None, help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "
         "as the model is); int8 = W8A8, fp8 = e4m3 "

@@ -229,6 +229,8 @@ def resolve(
     # samples: the graph's batch dim, bound by --batch when it is symbolic
     dims = dict(opts.dims)
     dim = graph.batch_dim
+    if "batch" in dims and "batch" not in graph.symbols and isinstance(dim, int) and opts.batch in (None, dims["batch"]):
+        opts = dataclasses.replace(opts, batch=dims.pop("batch"), dims=dims)  # a static batch named as a dim
     per_replica: int | None
     if isinstance(dim, str):
         bound = dims.get(dim, graph.bindings.get(dim))
@@ -252,6 +254,7 @@ def resolve(
             raise UserError(f"--batch {opts.batch}: the model has no batch dimension ({what}); a batch is dim 0 of "
                             "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim")  # fmt: skip
         per_replica, source = 1, "user" if opts.batch is not None else "default"
+    _bind_seq_and_derived(graph, opts.seq, dims)
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
@@ -301,6 +304,30 @@ def resolve(
         linalg=linalg,
         internals=dict(internals or {}),
     )
+
+
+def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -> None:
+    """``--seq`` binds the sequence-length symbols; then the symbols the graph derives from its inputs'
+    (``sequence_length + 1``, ``unk__13``) follow from what is bound (`dabench_ir.frontends.onnx`)."""
+    from dabench_ir.frontends.onnx import derived_dims, seq_symbols, unbound_inputs
+
+    if seq is not None:
+        names = seq_symbols(graph)
+        if not names:
+            raise UserError(f"--seq {seq}: the model has no symbolic sequence length (its symbols: "
+                            f"{', '.join(sorted(graph.symbols)) or 'none'}); its sequence is fixed as exported")  # fmt: skip
+        for name in names:
+            if dims.get(name, seq) != seq:
+                raise UserError(f"--seq {seq} and --dim {name}={dims[name]} disagree; give one of them")
+            dims[name] = seq
+    bound = {**graph.bindings, **dims}
+    unbound = unbound_inputs(graph, bound)
+    if unbound:
+        flags = " ".join("--seq N" if s in seq_symbols(graph) else f"--dim {s}=N" for s in unbound)
+        raise UserError(f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "
+                        "(the dims the graph derives from them follow)")  # fmt: skip
+    for name, value in derived_dims(graph, bound).items():
+        dims.setdefault(name, value)
 
 
 def _refuse_what_cannot_apply(opts: ScaleOptions, given: set[str], target: Target | None, *, trained: bool) -> None:
