@@ -218,4 +218,4 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
     assert_one_line_error(code, err, "--zero 3 applies to training")
     code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "tp",
                            "--zero", "1", "--mode", "train", "-q")  # fmt: skip
-    assert_one_line_error(code, err, "does not apply to --strategy tp")
+    assert_one_line_error(code, err, "applies to --strategy dp, not --strategy tp")

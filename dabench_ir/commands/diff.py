@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     before, after = load_report_json(args.before), load_report_json(args.after)
     doc = {
         "schema": STUDY_SCHEMA,
+        "command": "diff",  # the table's header names the command that made it
         "model": str((before.get("model") or {}).get("path") or args.before),
         "baseline": args.before,
         "runs": [study_run(before, after)],

@@ -27,7 +27,7 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dabench_ir.options import KNOBS, PROFILE, add_knob_arguments
+    from dabench_ir.options import STUDY, add_flag, add_knob_arguments
 
     p = sub.add_parser(
         "study",
@@ -42,10 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "see --list-pipelines")  # fmt: skip
     p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
-    p.add_argument("--out-dir", metavar="DIR", help="keep every optimised model and report JSON here")
+    add_flag(p, "-o", "--output", dest="out_dir", metavar="DIR", deprecated=("--out-dir",),
+             help="keep every optimised model and report JSON here")  # fmt: skip
     add_output_arguments(p)
-    # run and target knobs: the baseline is placed with them, a pipeline's own overrides win
-    add_knob_arguments(p, PROFILE, knobs={k: v for k, v in KNOBS.items() if v.group != "measure" and k != "via"})
+    # run, target and scale knobs: the baseline is placed with them, a pipeline's own overrides win
+    add_knob_arguments(p, STUDY)
     p.set_defaults(func=run)
 
 
@@ -64,6 +65,8 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
         written.append(write_study_html(doc, args.html))
     if not args.quiet:
         print(render_study(doc, top=args.top))
+        for failure in doc.get("failed", ()):
+            print(f"{failure['pipeline']}: failed: {failure['reason']}")
         for path in written:
             print(f"wrote {path}")
     warnings = sorted({w for run in doc["runs"] for w in run["warnings"]})
@@ -84,7 +87,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         if path is not None:
             check_output_path(path, f"--{flag}", inputs=inputs)
     if getattr(args, "out_dir", None):
-        check_output_dir(args.out_dir, "--out-dir")
+        check_output_dir(args.out_dir, "-o")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             where = f" [{', '.join(sorted(pipe.targets))} only]" if pipe.targets else ""
             print(f"{name:22s} {pipe.help}{where}")
         return 0
-    from dabench_ir.options import PROFILE, ProfileOptions, options_from_args
+    from dabench_ir.options import STUDY, ScaleOptions, options_from_args
     from dabench_ir.progress import Progress
     from dabench_ir.study import run_study
 
@@ -106,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
     if not pipelines:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
-    opts = options_from_args(args, ProfileOptions, PROFILE)
+    opts = options_from_args(args, ScaleOptions, STUDY)
     progress = Progress(quiet=args.quiet)
     doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress)
     progress.done()
     write_outputs(args, doc)
+    if doc.get("failed"):  # the other pipelines ran and were written; the run still says it is incomplete
+        names = ", ".join(f"{f['pipeline']} ({f['reason']})" for f in doc["failed"])
+        raise UserError(f"study: {len(doc['failed'])} pipeline(s) failed: {names}")
     return 0

@@ -87,6 +87,12 @@ def run_study(
     chosen = [get_pipeline(p) for p in pipelines if p != BASELINE]  # unknown names fail before any work
     tlist: list[str | None] = list(targets) or [None]
     kinds = {t: _kind(t) for t in tlist}
+    for pipe in chosen:  # a pipeline no target takes would be an empty table: refused before any work
+        if not any(pipe.applies_to(kinds[t]) for t in tlist):
+            have = ", ".join(f"{t} ({kinds[t]})" for t in tlist if t)
+            raise UserError(f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
+                            f"{f'not {have}' if have else 'and no --target was given'}; add --target "
+                            f"{min(pipe.targets)} or drop it")  # fmt: skip
     out = Path(out_dir) if out_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -107,18 +113,20 @@ def run_study(
         save(rep, BASELINE, t)
     base_graph = next(iter(base.values())).graph
     runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     for i, pipe in enumerate(chosen, 1):
         ts = [t for t in tlist if pipe.applies_to(kinds[t])]
-        if not ts:
-            logger.info("pipeline %s applies to none of the targets", pipe.name)
-            continue
         say(f"pipeline {i}/{len(chosen)}: {pipe.name}")
-        passes = pipe.build(str(out) if out else None)
-        source = str(model)
-        if passes:
-            rewritten = PassManager(passes)(load_graph(source)).graph
-            source = str(rewritten.path)
-        placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+        try:  # one pipeline failing (an optimiser's own error) is its row; the others still run
+            passes = pipe.build(str(out) if out else None)
+            source = str(model)
+            if passes:
+                rewritten = PassManager(passes)(load_graph(source)).graph
+                source = str(rewritten.path)
+            placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+        except UserError as exc:
+            failed.append({"pipeline": pipe.name, "targets": [t for t in ts if t], "reason": " ".join(str(exc).split())})
+            continue
         prov = provenance(base_graph, next(iter(placed.values())).graph) if passes else None
         for t, rep in placed.items():
             if prov is not None:
@@ -132,4 +140,5 @@ def run_study(
         "targets": [t for t in tlist if t],
         "pipelines": [p.name for p in chosen],
         "runs": runs,
+        "failed": failed,
     }
