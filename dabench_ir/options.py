@@ -1,10 +1,14 @@
 """Every knob of dabench-ir, declared once.
 
 A knob is a dataclass field whose metadata holds a `Knob`: its help, its choices, how a
-command-line or TOML value is parsed and checked, and which commands offer it. The CLI
-flags of ``profile``, ``scale`` and ``sweep``, the sweep-spec validation, the lowerings'
-own option classes and the report's recorded configuration are all derived from these
-fields (xDSL's passes derive their CLI from their dataclass fields the same way).
+command-line or TOML value is parsed and checked (its range), which commands offer it, and
+which target kinds, modes and strategies it applies to. The CLI flags of ``profile``,
+``scale``, ``sweep`` and ``study``, the sweep-spec validation, the lowerings' own option
+classes and the report's recorded configuration are all derived from these fields (xDSL's
+passes derive their CLI from their dataclass fields the same way), and `check_applies`, which
+every run passes (`dabench_ir.run.resolve`), refuses a knob where its declaration says it
+does not apply: no flag is accepted and ignored. A renamed flag keeps its old spelling as a
+hidden alias with one deprecation line (`add_flag`).
 
 Adding a knob: one field below (``knob(...)``) plus the code that reads it.
 """
@@ -22,10 +26,10 @@ from dabench_ir.errors import UserError
 __all__ = [
     "DEFAULT_MAX_WEIGHT_BYTES",
     "FLOAT_PRECISIONS",
-    "MAX_LAYERS",
     "GROUP_TITLES",
     "KNOBS",
     "KV_PRECISIONS",
+    "MAX_LAYERS",
     "PRECISIONS",
     "PROFILE",
     "SCALE",
@@ -38,7 +42,6 @@ __all__ = [
     "add_flag",
     "add_knob_arguments",
     "check_applies",
-    "cpu_count",
     "knob",
     "knob_values",
     "knobs_for",
@@ -149,18 +152,10 @@ def _chip_count(value: Any) -> int:
     return chips
 
 
-def cpu_count() -> int:
-    """The CPUs this process may use (its affinity mask where the OS has one)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _thread_count(value: Any) -> int:
-    threads, cpus = _positive(value), cpu_count()
+    from dabench_ir.execute.ort import default_threads  # the CPUs this process may use
+
+    threads, cpus = _positive(value), default_threads()
     if threads > cpus:
         raise ValueError(f"expected at most {cpus} (the CPUs this process may use)")
     return threads
@@ -380,7 +375,7 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_chip_count,
+    chips: int = knob(1, help="chips to place the model over, with --strategy (scale: a list)", parse=_chip_count,
                       group="scale", many=frozenset({SCALE}))  # fmt: skip
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale")
     zero: int = knob(0, help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "

@@ -35,7 +35,7 @@ class _Presets(dict):
         return super().__getitem__(preset_name(name) or name)
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        return self[name] if name in self else default
+        return self[name] if name in self else default  # noqa: SIM401 (self.get is this method)
 
 
 PRESETS: dict[str, dict[str, Any]] = _Presets({

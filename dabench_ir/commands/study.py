@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="an .onnx model")
     p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
                    "see --list-pipelines")  # fmt: skip
-    p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
+    p.add_argument("--target", "-t", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
     add_flag(p, "-o", "--output", dest="out_dir", metavar="DIR", deprecated=("--out-dir",),
              help="keep every optimised model and report JSON here")  # fmt: skip
