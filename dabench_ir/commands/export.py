@@ -162,14 +162,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if not args.output:
         raise UserError("export needs -o PATH")
+    if cfg.phase == "decode" and args.format not in (None, "onnx"):
+        raise UserError("--phase decode exports ONNX only; drop --format or use --format onnx")
     args.format = _format(args.format, args.output)
     from dabench_ir.fileio import check_output_path
 
     check_output_path(args.output, "-o")  # before minutes of exporting, not after
     from dabench_ir.models.export import export_model, resolve_weights
-
-    if cfg.phase == "decode" and args.format != "onnx":
-        raise UserError("--phase decode exports ONNX only; drop --format or use --format onnx")
 
     resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
     try:
