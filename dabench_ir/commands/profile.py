@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
+from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
 __all__ = ["register", "run"]
 
@@ -232,8 +232,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def _check_request(args: argparse.Namespace, opts: ScaleOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
     if opts.chips == 1:  # one chip: nothing for a strategy to split (scale compares chip counts)
-        flag = next((f"--{f.replace('_', '-')}" for f in ("strategy", "zero", "chips_per_node")
-                     if getattr(args, f, None) is not None), None)  # fmt: skip
+        flag = next((KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None),
+                    None)  # fmt: skip
         if flag:
             raise UserError(f"{flag} applies to a run over several chips; add --chips N (or see `dabench-ir scale`)")
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
