@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from dabench_ir import __version__
 from dabench_ir.errors import UserError
+from dabench_ir.options import DEPRECATED
 
 __all__ = ["main"]
 
@@ -72,8 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = [a for a in head if a != "--debug"] + args_list[len(head) :]
     try:
         parser = build_parser()
-        args = parser.parse_args(args_list)
+        args, unknown = parser.parse_known_args(args_list)
+        if unknown:
+            raise UserError(_unrecognised(parser, getattr(args, "command", None), unknown))
         held = _setup_logging(args.verbose)
+        for line in getattr(args, DEPRECATED, None) or ():  # an old flag spelling: one line, with the rest
+            logging.getLogger("dabench_ir.cli").warning(line)
         if not getattr(args, "func", None):
             parser.print_help(sys.stdout)
             return 0
@@ -120,6 +125,17 @@ def _internal_error(exc: BaseException, debug: bool) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def _unrecognised(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> str:
+    """What argparse would say of arguments no flag takes, naming the commands a flag belongs to."""
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for flag in flags:
+        where = [name for name, p in sub.choices.items() if flag in p._option_string_actions]
+        if command and where:
+            return f"{command} has no {flag}; it is a flag of {', '.join(where)}"
+    return f"{'dabench-ir ' + command if command else 'dabench-ir'}: unrecognized arguments: {' '.join(unknown)}"
 
 
 class _HeldWarnings(logging.Handler):

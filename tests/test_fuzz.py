@@ -278,7 +278,8 @@ def test_sweep_point_file_of_any_content(workdir, record):
     assert got is None or isinstance(record_row(got), dict)
 
 
-# ==== issue 33 (harden33): paths inside files, outputs of one run, graph wiring ====================
+# ==== issue 33 (harden33): paths inside files, outputs of one run, graph wiring =============
+
 _SEGMENT = st.sampled_from(["..", ".", "a", "b", "k.csv", "/etc", "/etc/passwd", "", "sub/..", "../.."])
 
 
@@ -351,3 +352,55 @@ def test_miswired_graphs_are_one_line(workdir, text, drop):
     path = workdir / "wired.onnx"
     path.write_bytes(model.SerializeToString())
     assert contract("profile", path, "-q") == 2
+
+
+# == knobs against the option table (issues 32, 33: the flags32 helper) =======================================
+# Any mix of run, target and scale flags on any target: exit 0 or one line, and a run that exits 0 took
+# only knobs the table (dabench_ir.options.KNOBS) says apply to its target kind, mode and strategy.
+_KNOB_VALUES = ["1", "2", "4", "auto", "0.5", "0,4", "true", "false", "3", "100000000"]
+_KNOB_TARGETS = {None: None, "rdu": "rdu", "wse": "wse", "ipu": "ipu", "h100": "gpu"}
+
+
+def _knob_model(workdir: Path) -> Path:
+    path = workdir / "knobs.onnx"
+    if not path.exists():
+        w = helper.make_tensor("W", TensorProto.FLOAT, [8, 8], [0.5] * 64)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], initializer=[w],
+        )  # fmt: skip
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+@st.composite
+def knob_flags(draw) -> dict[str, str]:
+    from dabench_ir.options import PROFILE, knobs_for
+
+    knobs = {n: k for n, k in knobs_for(PROFILE).items() if k.group not in ("measure", "scenario") and n != "dims"}
+    chosen = draw(st.lists(st.sampled_from(sorted(knobs)), max_size=4, unique=True))
+    out = {}
+    for name in chosen:
+        k = knobs[name]
+        out[name] = "" if k.is_switch else draw(st.sampled_from(list(k.choices) if k.choices else _KNOB_VALUES))
+    return out
+
+
+@FUZZ
+@given(target=st.sampled_from(sorted(_KNOB_TARGETS, key=str)), flags=knob_flags(), batch=st.sampled_from(["1", "4"]))
+def test_profile_any_knobs_on_any_target(workdir, target, flags, batch):
+    from dabench_ir.options import KNOBS
+
+    argv = ["profile", _knob_model(workdir), "-q", "--dim", f"batch={batch}"] + (["-t", target] if target else [])
+    for name, value in flags.items():
+        argv += [KNOBS[name].flag] + ([value] if value else [])
+    if contract(*argv) != 0:
+        return
+    kind, mode = _KNOB_TARGETS[target], flags.get("mode", "inference")
+    for name, value in flags.items():
+        k = KNOBS[name]
+        assert k.targets is None or kind in k.targets, f"{k.flag} taken on {target}"
+        assert k.group != "scale" or target is not None, f"{k.flag} taken with no target"
+        assert k.modes is None or mode in k.modes or k.validate(value) == k.default, f"{k.flag} {value} taken in {mode}"
+        assert k.strategies is None or k.validate(value) == k.default or flags.get("strategy") in (None, *k.strategies)

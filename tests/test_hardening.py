@@ -299,7 +299,7 @@ def test_demo_bad_model_and_target(capsys, tmp_path):
     text.write_text("hello, not a model")
     code, _, err = run_cli(capsys, "demo", "--model", text, "-o", tmp_path / "d1", "--no-measure")
     one_line(code, err)
-    code, _, err = run_cli(capsys, "demo", "--targets", "foo", "-o", tmp_path / "d2", "--no-measure")
+    code, _, err = run_cli(capsys, "demo", "--target", "foo", "-o", tmp_path / "d2", "--no-measure")
     one_line(code, err, "foo")
 
 

@@ -99,11 +99,13 @@ def test_relative_error_and_summary_statistics():
 
 
 def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
-    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "zero": 1, "chips_per_node": 4,
+    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "chips_per_node": 4,
                         "fused_attention": False, "kv_precision": "fp8"})  # fmt: skip
     opts = runner._options(point, "rdu", validate.PointResult(point))
-    assert (opts.opt_level, opts.zero, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
-        "O3", 1, 4, False, "fp8")  # fmt: skip
+    assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
+        "O3", 4, False, "fp8")  # fmt: skip
+    gpu = _point(target="a100", run={"zero": 1})
+    assert runner._options(gpu, "gpu", validate.PointResult(gpu)).zero == 1
     ipu = _point(target="bow", run={"half_partials": True})  # Graphcore's FP16.16 rate: what bow models
     assert runner._options(ipu, "ipu", validate.PointResult(ipu)).ipus == 1
     refused = {
@@ -113,6 +115,7 @@ def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
         ("ipu", "half_partials", False): "fp32 partials have no rate (the tool models True)",
         ("rdu", "optimizer", "sgd"): "run.optimizer = sgd refused: the training expansion models Adam(W) state",
         ("gpu", "tiles", 4): "run.tiles = 4: applies to rdu targets",
+        ("rdu", "zero", 1): "run.zero = 1: applies to gpu targets",  # ZeRO sharding is modelled for GPUs
         ("gpu", "measure", True): "run.measure = True refused: not a run key: the catalogue holds published",
         ("gpu", "micro_batches", 4): "not a run key: give gradient_accumulation",
     }

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "diff",
         help="diff two reports (JSON) of one model node by node",
-        description="Compare report B against report A (both written by `profile --json` or `study --out-dir`): "
+        description="Compare report B against report A (both written by `profile --json` or `study -o DIR`): "
         "the total change, every node of B with the nodes of A it replaced (from B's recorded provenance when a "
         "study wrote it, else by names and module scopes), cost, time and bound before and after, and per module.",
     )
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         )
     doc = {
         "schema": STUDY_SCHEMA,
+        "command": "diff",  # the table's header names the command that made it
         "model": str((before.get("model") or {}).get("path") or args.before),
         "baseline": args.before,
         "runs": [study_run(before, after)],

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import PROFILE, ProfileOptions, add_knob_arguments, knob_values, options_from_args
+from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
 __all__ = ["register", "run"]
 
@@ -45,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
-    o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
+    o.add_argument(
+        "--annotate", metavar="F",
+        help="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
+        "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
+    )  # fmt: skip
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no tables (cross-check included)")
     o.add_argument(
@@ -57,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.progress import Progress
 
-    opts = options_from_args(args, ProfileOptions, PROFILE)  # checked once; the run resolves what was given
+    opts = options_from_args(args, ScaleOptions, PROFILE)  # checked once; the run resolves what was given
     given = knob_values(args, PROFILE)
     _check_outputs(args)
     _check_request(args, opts)
@@ -124,8 +128,8 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
 
         written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
     for name, report in reports.items():
-        per = {flag: _per_target_path(getattr(args, flag), name, "." + flag.replace("trace", "trace.json"))
-               for flag in ("json", "csv", "html", "trace") if getattr(args, flag)}  # fmt: skip
+        per = {flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
+               for flag in ("json", "csv", "html", "trace", "annotate") if getattr(args, flag)}  # fmt: skip
         if args.plots:
             per["plots"] = args.plots
             per["stem"] = _plot_stem(args.model, name)
@@ -135,6 +139,10 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+_SUFFIX = {"trace": ".trace.json", "annotate": ".onnx"}
+"""A per-target file's suffix where it is not the flag's name (a folder given: DIR/TARGET + suffix)."""
 
 
 def _is_folder(path: str) -> bool:
@@ -153,6 +161,7 @@ def _per_target_path(path: str, target: str, suffix: str) -> Path:
     """One target's file: DIR/TARGET.EXT for a folder, else F's stem + '-TARGET' + F's suffix."""
     stem = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")
     if _is_folder(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
         return Path(path) / f"{stem}{suffix}"
     p = Path(path)
     return p.with_name(f"{p.stem}-{stem}{p.suffix or suffix}")
@@ -254,10 +263,13 @@ def _plot_stem(model: str, target: str) -> str:
     return f"{Path(model).stem}-{Path(target).stem if target.endswith('.toml') else target}"
 
 
-def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
+def _check_request(args: argparse.Namespace, opts: ScaleOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
-    if not opts.scenario and (getattr(args, "chips", None) or getattr(args, "strategy", None)):
-        raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
+    if opts.chips == 1:  # one chip: nothing for a strategy to split (scale compares chip counts)
+        flag = next((KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None),
+                    None)  # fmt: skip
+        if flag:
+            raise UserError(f"{flag} applies to a run over several chips; add --chips N (or see `dabench-ir scale`)")
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
         raise UserError(
             "--cross-check compares the ONNX rules with the linalg counts; an .mlir input has only the linalg side. "

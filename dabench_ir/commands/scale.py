@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import SCALE, add_knob_arguments, knob_values
+from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
 
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plots", metavar="DIR",
         help="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
     )  # fmt: skip
-    p.add_argument("--plot", metavar="F", help="the same plot to one file F (.png or .svg); prefer --plots DIR")
+    add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 

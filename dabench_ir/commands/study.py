@@ -37,7 +37,7 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dabench_ir.options import KNOBS, PROFILE, add_knob_arguments
+    from dabench_ir.options import STUDY, add_flag, add_knob_arguments
 
     p = sub.add_parser(
         "study",
@@ -50,16 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="an .onnx model")
     p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
                    "see --list-pipelines")  # fmt: skip
-    p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
+    p.add_argument("--target", "-t", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
-    p.add_argument("--out-dir", metavar="DIR", help="keep every optimised model and report JSON here")
+    add_flag(p, "-o", "--output", dest="out_dir", metavar="DIR", deprecated=("--out-dir",),
+             help="keep every optimised model and report JSON here")  # fmt: skip
     p.add_argument("--via", dest="study_via", choices=("onnx", "mlir"), default="onnx", help="mlir: run the MLIR pipelines on the "
                    "model's linalg module, each diffed against it as lowered (docs/mlir.md)")  # fmt: skip
     p.add_argument("--mlir-pipeline", metavar="PASSES", help="upstream MLIR passes, comma-separated "
                    "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir")  # fmt: skip
     add_output_arguments(p)
-    # run and target knobs: the baseline is placed with them, a pipeline's own overrides win
-    add_knob_arguments(p, PROFILE, knobs={k: v for k, v in KNOBS.items() if v.group != "measure" and k != "via"})
+    # run, target and scale knobs: the baseline is placed with them, a pipeline's own overrides win
+    add_knob_arguments(p, STUDY)
     p.set_defaults(func=run)
 
 
@@ -78,6 +79,8 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
         written.append(write_study_html(doc, args.html))
     if not args.quiet:
         print(render_study(doc, top=args.top))
+        for failure in doc.get("failed", ()):
+            print(f"{failure['pipeline']}: failed: {failure['reason']}")
         for path in written:
             print(f"wrote {path}")
     warnings = sorted({w for run in doc["runs"] for w in run["warnings"]})
@@ -95,7 +98,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         check_input_file(path)
     plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
     if getattr(args, "out_dir", None):
-        check_output_dir(args.out_dir, "--out-dir")
+        check_output_dir(args.out_dir, "-o")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             where = f" [{', '.join(sorted(pipe.targets))} only]" if pipe.targets else ""
             print(f"{name:22s} {pipe.help}{where}")
         return 0
-    from dabench_ir.options import PROFILE, ProfileOptions, options_from_args
+    from dabench_ir.options import STUDY, ScaleOptions, options_from_args
     from dabench_ir.progress import Progress
     from dabench_ir.study import run_study
 
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if not pipelines:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
-    opts = options_from_args(args, ProfileOptions, PROFILE)
+    opts = options_from_args(args, ScaleOptions, STUDY)
     progress = Progress(quiet=args.quiet)
     from dabench_ir.mlirpasses import MlirPassError
 
@@ -141,4 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     progress.done()
     write_outputs(args, doc)
+    if doc.get("failed"):  # the other pipelines ran and were written; the run still says it is incomplete
+        names = ", ".join(f"{f['pipeline']} ({f['reason']})" for f in doc["failed"])
+        raise UserError(f"study: {len(doc['failed'])} pipeline(s) failed: {names}")
     return 0

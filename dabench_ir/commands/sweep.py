@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_bundled_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (level1, level2)")
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (listed below)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")
     p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
     add_grid_arguments(p, out="DIR")

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
         "run, and points with a run key the tool has no knob for, are listed with the reason (CANNOT RUN).",
     )
-    p.add_argument("--target", metavar="T", help="only the points on this target (name or alias)")
+    p.add_argument("--target", "-t", metavar="T", help="only the points on this target (name or alias)")
     p.add_argument(
         "--catalog",
         metavar="FILE",

@@ -91,7 +91,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
 
 def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
     """Per run: the total change, the nodes that changed most, and the modules."""
-    out: list[str] = [f"dabench-ir study: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
+    out: list[str] = [f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
     summary = []
     for run in doc["runs"]:
         t = run["totals"]

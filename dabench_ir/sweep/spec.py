@@ -148,8 +148,7 @@ def _check_model_value(name: str, value: Any, where: str) -> Any:
 MAX_POINTS = 100_000
 """The most points a sweep runs without ``--force`` (counted from the axes before expanding them)."""
 
-MAX_LAYERS = 10_000
-"""The most layers a sweep point may stamp without ``--force``."""
+MAX_LAYERS = options.MAX_LAYERS  # the one limit (export and validate read it too); a sweep may pass --force
 
 _MAX_INT = 2**31 - 1
 """No parameter is an integer beyond this (dims, counts): a larger value is a typo, refused always."""
