@@ -113,7 +113,6 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         "sram_need_bytes": need(mb),
         "checkpoint_bytes_per_sample": keep,
         "working_bytes_per_sample": working,
-        "lanes": n_mb,
     })  # fmt: skip
     if training and n_mb > 1 and not options.micro_batches:
         plan.notes.append(
