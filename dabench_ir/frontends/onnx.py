@@ -8,6 +8,7 @@ before anything could open it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -185,8 +186,9 @@ def load_onnx(
     values: dict[str, Value] = {}
     initializers = {init.name: init for init in g.initializer}
     for name, init in initializers.items():
-        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
-                             _initializer_kind(init, declared_weights, declared_constants))  # fmt: skip
+        kind = _initializer_kind(init, declared_weights, declared_constants)
+        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)), kind,
+                             scalar=_scalar(init) if kind is ValueKind.CONSTANT else None)  # fmt: skip
     graph_inputs: list[str] = []
     for vi in g.input:
         if vi.name in initializers:
@@ -228,6 +230,8 @@ def load_onnx(
             if value is None:
                 value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
             value.producer = name
+            if proto.op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
+                value.scalar = _scalar(proto.attribute[0].t)
         nodes.append(node)
 
     name = metadata.get(MODEL_FAMILY) or (path.stem if path else g.name) or "model"
@@ -461,6 +465,19 @@ def _drop_tensor_data(graph: onnx.GraphProto) -> None:
         if numel > _KEEP_DATA_ELEMENTS:
             for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
                 t.ClearField(name)
+
+
+def _scalar(t: onnx.TensorProto) -> float | None:
+    """The number a one-element tensor holds (`Value.scalar`); None for more elements or no data here."""
+    from onnx import numpy_helper
+
+    if math.prod(t.dims) != 1 or t.data_location == t.EXTERNAL:
+        return None
+    try:
+        a = numpy_helper.to_array(t)
+    except Exception:  # a malformed tensor: the rule that wanted it falls back to its general case
+        return None
+    return float(a.reshape(-1)[0]) if a.size == 1 and a.dtype.kind in "fiub" else None
 
 
 def _looks_like_parameter(init: onnx.TensorProto) -> bool:
