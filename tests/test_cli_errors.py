@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -366,10 +367,15 @@ def test_nonsense_options_of_other_commands(capsys, tmp_path, monkeypatch, argv,
 
 
 def test_the_layer_limit_is_one_constant():
+    """Export, sweep and validate read one limit, options.MAX_LAYERS; no module keeps a copy."""
+    import dabench_ir
     from dabench_ir import options
-    from dabench_ir.sweep import spec
 
-    assert spec.MAX_LAYERS is options.MAX_LAYERS == 10_000
+    assert options.MAX_LAYERS == 10_000
+    root = Path(dabench_ir.__file__).resolve().parent.parent
+    for path in [*root.glob("dabench_ir/**/*.py"), *root.glob("models/*.py")]:
+        text = path.read_text()
+        assert "MAX_LAYERS =" not in text or path.name == "options.py", path
 
 
 def test_preset_aliases_name_the_canonical_preset(capsys):

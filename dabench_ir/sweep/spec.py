@@ -148,7 +148,6 @@ def _check_model_value(name: str, value: Any, where: str) -> Any:
 MAX_POINTS = 100_000
 """The most points a sweep runs without ``--force`` (counted from the axes before expanding them)."""
 
-MAX_LAYERS = options.MAX_LAYERS  # the one limit (export and validate read it too); a sweep may pass --force
 
 _MAX_INT = 2**31 - 1
 """No parameter is an integer beyond this (dims, counts): a larger value is a typo, refused always."""
@@ -237,7 +236,7 @@ def parse_spec(
     a path the user gave) is taken as it is.
 
     The points are counted from the axes before they are expanded: above `MAX_POINTS`, or a
-    point above `MAX_LAYERS` layers, is refused unless ``force``.
+    point above `options.MAX_LAYERS` layers, is refused unless ``force``.
     """
     allowed = {"name", "description", "defaults", "axes", "point"}
     for key in data:
@@ -277,9 +276,9 @@ def parse_spec(
     layers += [t.get("layers") for t in listed if isinstance(t, dict) and isinstance(t.get("layers"), int)]
     if isinstance(defaults.get("layers"), int):
         layers.append(defaults["layers"])
-    if layers and max(layers) > MAX_LAYERS and not force:
+    if layers and max(layers) > options.MAX_LAYERS and not force:
         raise UserError(
-            f"{origin}: layers = {max(layers):,} is more than {MAX_LAYERS:,}; pass --force if you mean it"
+            f"{origin}: layers = {max(layers):,} is more than {options.MAX_LAYERS:,}; pass --force if you mean it"
         )
     raw_points: list[dict[str, Any]] = []
     if axes:

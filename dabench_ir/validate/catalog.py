@@ -16,7 +16,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
-from dabench_ir.sweep.spec import MAX_LAYERS
+from dabench_ir.options import MAX_LAYERS
 
 __all__ = [
     "FORMAT",
