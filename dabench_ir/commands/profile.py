@@ -311,12 +311,9 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
 
         written.extend(str(p) for p in write_plots(report, paths["plots"], stem=str(paths.get("stem") or Path(args.model).stem)))
     if paths.get("annotate"):
-        from dabench_ir.annotate import annotate
+        from dabench_ir.annotate import annotate_report
 
-        extra = {
-            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
-        }
-        written.append(str(annotate(args.model, report.graph, paths["annotate"], extra)))
+        written.append(str(annotate_report(args.model, report, paths["annotate"])))
     if written and not args.quiet:
         sys.stdout.flush()
     return written
