@@ -127,9 +127,13 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
         from dabench_ir.report.html import write_compare_html
 
         written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
+    if args.trace:  # one trace, a process per target
+        from dabench_ir.report.trace import write_targets_trace
+
+        written.append(str(write_targets_trace(reports, _trace_path(args.trace))))
     for name, report in reports.items():
         per = {flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
-               for flag in ("json", "csv", "html", "trace", "annotate") if getattr(args, flag)}  # fmt: skip
+               for flag in ("json", "csv", "html", "annotate") if getattr(args, flag)}  # fmt: skip
         if args.plots:
             per["plots"] = args.plots
             per["stem"] = _plot_stem(args.model, name)
@@ -154,6 +158,14 @@ def _compare_path(path: str, suffix: str) -> Path:
     if _is_folder(path):
         Path(path).mkdir(parents=True, exist_ok=True)
         return Path(path) / f"compare{suffix}"
+    return Path(path)
+
+
+def _trace_path(path: str) -> Path:
+    """The one trace of several targets: the file given, or DIR/trace.json."""
+    if _is_folder(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path) / "trace.json"
     return Path(path)
 
 
@@ -240,6 +252,8 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
             continue
         suffix = "." + flag.replace("trace", "trace.json")
         files = [path] if not names or flag == "annotate" else [_per_target_path(path, n, suffix) for n in names]
+        if names and flag == "trace":
+            files = [Path(path) / "trace.json" if _is_folder(path) else Path(path)]
         if names and flag in ("json", "csv", "html"):
             files.append(Path(path) / f"compare{suffix}" if _is_folder(path) else Path(path))
         for f in files:
