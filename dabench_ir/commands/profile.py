@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     o.add_argument("--csv", metavar="F", help="write one row per node (and F's .roles.csv: one row per module role)")
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit")
+    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
+                   "a process per target")
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare_targets(args: argparse.Namespace, targets: list[str], progress, given: dict) -> int:
     """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many
-    times. Each output flag gets the comparison and one file per target (see `_per_target_path`)."""
+    times. Each output flag gets the comparison and one file per target (see `_per_target_path`), but
+    --trace: one trace, a process per target."""
     from dabench_ir.advice import advise
     from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
