@@ -37,9 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--json", metavar="F",
         help="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
         "targets: F is the comparison and F-TARGET.json each report, or a folder DIR/ gets DIR/TARGET.json "
-        "and DIR/compare.json (the same for --csv, --html, --trace)",
+        "and DIR/compare.json (the same for --csv, --html)",
     )  # fmt: skip
-    o.add_argument("--csv", metavar="F", help="write one row per node (and F's .roles.csv: one row per module role)")
+    o.add_argument("--csv", metavar="F", help="write one row per node and per overhead, with model and target columns "
+                   "(and F's .roles.csv: one row per module role)")  # fmt: skip
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
                    "a process per target")
