@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
     p.add_argument(
-        "model", metavar="MODEL", help="an .onnx or .mlir file (--scenario generate: also a preset name)"
+        "model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (exported weight-free once, then cached; "
+        "see `dabench-ir export --list-presets`)"
     )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
@@ -211,13 +212,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, plan_outputs
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
-    if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
-        from dabench_ir.models import PRESETS
-
-        if args.model in PRESETS:  # --scenario generate exports a preset itself
-            models = []
-        elif not args.model.endswith((".onnx", ".mlir")):
-            raise UserError(f"MODEL {args.model}: no such file, and not a preset (presets: {', '.join(sorted(PRESETS))})")
+    if models == [args.model] and not os.path.lexists(args.model):
+        models = [] if _is_preset(args.model) else models  # a preset: the run exports it (dabench_ir.pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
     if args.top < 0:
@@ -226,6 +222,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
     folders = [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")]
     creates += [(path, flag) for path, flag in folders if _is_folder(path)]
     plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
+
+
+def _is_preset(model: str) -> bool:
+    """Whether MODEL, which is no file, names a preset; a name that is neither is one line naming the
+    close presets (a name ending .onnx/.mlir is left to the file check)."""
+    from dabench_ir.models.presets import close_presets, preset_name
+
+    if preset_name(model) is not None:
+        return True
+    if not model.endswith((".onnx", ".mlir")):
+        raise UserError(f"MODEL {model}: no such file, and not a preset ({close_presets(model)})")
+    return False
 
 
 def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
@@ -316,7 +324,7 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
         extra = {
             n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
         }
-        written.append(str(annotate(args.model, report.graph, paths["annotate"], extra)))
+        written.append(str(annotate(args.model if os.path.lexists(args.model) else report.graph.path, report.graph, paths["annotate"], extra)))
     if written and not args.quiet:
         sys.stdout.flush()
     return written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from dabench_ir.errors import UserError
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Scale MODEL over several chips of a target (DABench Level 2): throughput, speedup, "
         "scaling efficiency, communication share, per-chip allocation and load balance, fit.",
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (as profile takes)")
     p.add_argument("--target", "-t", required=True)
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
@@ -44,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
-    check_input_file(args.model, "MODEL")
+    from dabench_ir.commands.profile import _is_preset
+
+    inputs = [] if not os.path.lexists(args.model) and _is_preset(args.model) else [args.model]  # a preset: exported
+    for model in inputs:
+        check_input_file(model, "MODEL")
     if args.plot is not None:
-        check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
-    plan_outputs([args.model], [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
+        check_output_path(args.plot, "--plot", inputs=inputs, suffixes=(".png", ".svg"))
+    plan_outputs(inputs, [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
     if getattr(args, "plots", None) is not None:
         from dabench_ir.fileio import check_output_dir
 
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target)
     progress = Progress(quiet=args.quiet)
     merged: ScaleResult | None = None
-    loaded = load_graph(args.model, dims=values.get("dims"))
+    loaded = load_graph(args.model, dims=values.get("dims"), batch=batches[0])
     for batch in batches:
         progress(f"preparing the graph (batch {batch or 'as exported'})")
         run = resolve(loaded, target, {**values, "batch": batch}, model=args.model)
