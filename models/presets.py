@@ -20,7 +20,7 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
 
-__all__ = ["ALIASES", "PRESETS", "close_presets", "describe_presets", "get_preset", "preset_file", "preset_name", "preset_shape"]
+__all__ = ["ALIASES", "PRESETS", "close_presets", "describe_presets", "get_preset", "names_preset", "preset_file", "preset_name", "preset_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,16 @@ def preset_shape(name: str) -> dict[str, int]:
     ``--seq``): the symbols of its export (`preset_file`) by name."""
     cfg = get_preset(name)
     return {"batch": cfg.batch, "seq": cfg.seq}
+
+
+def names_preset(model: str) -> bool:
+    """Whether MODEL, a name that is no file, is a preset; a name that is neither is one line naming the
+    close presets (a name ending .onnx or .mlir is left to the file check: False)."""
+    if preset_name(model) is not None:
+        return True
+    if not model.endswith((".onnx", ".mlir")):
+        raise UserError(f"MODEL {model}: no such file, and not a preset ({close_presets(model)})")
+    return False
 
 
 _EXPORT_VERSION = "1"  # bump when a preset's export changes, to invalidate cached ones

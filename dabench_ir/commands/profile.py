@@ -210,10 +210,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     import os
 
     from dabench_ir.fileio import check_input_file, plan_outputs
+    from dabench_ir.models.presets import names_preset
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     if models == [args.model] and not os.path.lexists(args.model):
-        models = [] if _is_preset(args.model) else models  # a preset: the run exports it (dabench_ir.pipeline.load_graph)
+        models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
     if args.top < 0:
@@ -222,18 +223,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
     folders = [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")]
     creates += [(path, flag) for path, flag in folders if _is_folder(path)]
     plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
-
-
-def _is_preset(model: str) -> bool:
-    """Whether MODEL, which is no file, names a preset; a name that is neither is one line naming the
-    close presets (a name ending .onnx/.mlir is left to the file check)."""
-    from dabench_ir.models.presets import close_presets, preset_name
-
-    if preset_name(model) is not None:
-        return True
-    if not model.endswith((".onnx", ".mlir")):
-        raise UserError(f"MODEL {model}: no such file, and not a preset ({close_presets(model)})")
-    return False
 
 
 def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:

@@ -39,15 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.fileio import check_input_file, check_output_path, plan_outputs, write_output
+    from dabench_ir.models.presets import names_preset
     from dabench_ir.pipeline import load_graph
     from dabench_ir.progress import Progress
     from dabench_ir.run import prepare, resolve
     from dabench_ir.scaling import ScaleResult, scale
     from dabench_ir.targets import load_target
 
-    from dabench_ir.commands.profile import _is_preset
-
-    inputs = [] if not os.path.lexists(args.model) and _is_preset(args.model) else [args.model]  # a preset: exported
+    inputs = [] if not os.path.lexists(args.model) and names_preset(args.model) else [args.model]  # a preset: exported
     for model in inputs:
         check_input_file(model, "MODEL")
     if args.plot is not None:

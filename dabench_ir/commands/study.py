@@ -96,9 +96,9 @@ def _check_paths(args: argparse.Namespace) -> None:
 
     inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
     if getattr(args, "model", None) and not os.path.lexists(args.model):
-        from dabench_ir.commands.profile import _is_preset
+        from dabench_ir.models.presets import names_preset
 
-        inputs = [p for p in inputs if p != args.model or not _is_preset(p)]  # a preset: exported (see run)
+        inputs = [p for p in inputs if p != args.model or not names_preset(p)]  # a preset: exported (see run)
     for path in inputs:
         check_input_file(path)
     plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
