@@ -7,7 +7,6 @@ import json
 import os
 from pathlib import Path
 
-from dabench_ir.errors import UserError
 from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
@@ -38,13 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dabench_ir.api import scale_model
     from dabench_ir.fileio import check_input_file, check_output_path, plan_outputs, write_output
     from dabench_ir.models.presets import names_preset
-    from dabench_ir.pipeline import load_graph
     from dabench_ir.progress import Progress
-    from dabench_ir.run import prepare, resolve
-    from dabench_ir.scaling import ScaleResult, scale
-    from dabench_ir.targets import load_target
 
     inputs = [] if not os.path.lexists(args.model) and names_preset(args.model) else [args.model]  # a preset: exported
     for model in inputs:
@@ -59,30 +55,9 @@ def run(args: argparse.Namespace) -> int:
     values = knob_values(args, SCALE)
     chips: list[int] = values.pop("chips", list(_CHIPS))
     batches: list[int | None] = values.pop("batch", [None])
-    if values.get("strategy") is None:
-        raise UserError("scale: give --strategy dp, tp or pp")
-    target = load_target(args.target)
     progress = Progress(quiet=args.quiet)
-    merged: ScaleResult | None = None
-    loaded = load_graph(args.model, dims=values.get("dims"), batch=batches[0])
-    for batch in batches:
-        progress(f"preparing the graph (batch {batch or 'as exported'})")
-        run = resolve(loaded, target, {**values, "batch": batch}, model=args.model)
-        graph = prepare(run, loaded.clone())
-        progress(f"scaling over {','.join(map(str, chips))} chips ({run.options.strategy})")
-        result = scale(graph, target, chips, run.options.strategy, run)
-        result.model = {
-            "path": str(args.model),
-            "name": graph.name,
-            "nodes": len(graph.nodes),
-            "layers": len(graph.layers),
-        }
-        if merged is None:
-            merged = result
-        else:
-            merged.points.extend(result.points)
+    merged = scale_model(args.model, args.target, chips, batches, values, progress=progress)
     progress.done()
-    assert merged is not None
     if args.json:
         write_output(args.json, json.dumps(merged.to_dict(), indent=1, default=str))
     if args.plot or args.plots:

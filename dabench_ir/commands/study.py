@@ -134,15 +134,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
     opts = options_from_args(args, ScaleOptions, STUDY)
-    model = args.model
-    if not os.path.lexists(model):  # a preset (checked above): its export, every side at its batch and seq
-        import dataclasses
+    from dabench_ir.api import study_input
 
-        from dabench_ir.models.presets import preset_file, preset_shape
-
-        shape = preset_shape(model)
-        opts = dataclasses.replace(opts, batch=opts.batch or shape["batch"], seq=opts.seq or shape["seq"])
-        model = str(preset_file(model))
+    model, opts = study_input(args.model, opts)  # a preset: its export
     progress = Progress(quiet=args.quiet)
     from dabench_ir.mlirpasses import MlirPassError
 
