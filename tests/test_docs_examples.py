@@ -40,6 +40,9 @@ ILLUSTRATIVE: dict[tuple[str, str], str] = {
     ("docs/extending.md", '@cost_rule("Softplus", op_class=OpClass.VECTOR, roles=(Role.ACTIVATION,), <trait>=...)'):
         "a template (<trait>=...)",
     ("docs/validation.md", "dabench-ir validate"): "the whole catalogue (minutes); one target's points run below",
+    ("docs/validation.md", "from dabench_ir import validate"):
+        "uses `older_result`, a run the reader kept (docs/validation.md is the lead's to regenerate); the API's "
+        "run_validation example runs in tests/test_api.py",
 }  # fmt: skip
 """(doc, the example's first line) -> why it is not run."""
 
