@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
     p.add_argument(
-        "model", metavar="MODEL", help="an .onnx or .mlir file (--scenario generate: also a preset name)"
+        "model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (exported weight-free once, then cached; "
+        "see `dabench-ir export --list-presets`)"
     )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
@@ -224,15 +225,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     import os
 
     from dabench_ir.fileio import check_input_file, plan_outputs
+    from dabench_ir.models.presets import names_preset
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
-    if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
-        from dabench_ir.models import PRESETS
-
-        if args.model in PRESETS:  # --scenario generate exports a preset itself
-            models = []
-        elif not args.model.endswith((".onnx", ".mlir")):
-            raise UserError(f"MODEL {args.model}: no such file, and not a preset (presets: {', '.join(sorted(PRESETS))})")
+    if models == [args.model] and not os.path.lexists(args.model):
+        models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
     if args.top < 0:
@@ -330,7 +327,8 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
     if paths.get("annotate"):
         from dabench_ir.annotate import annotate_report
 
-        written.append(str(annotate_report(args.model, report, paths["annotate"])))
+        source = args.model if os.path.lexists(args.model) else report.graph.path  # a preset: its cached export
+        written.append(str(annotate_report(source, report, paths["annotate"])))
     if written and not args.quiet:
         sys.stdout.flush()
     return written
