@@ -150,7 +150,7 @@ def _compute_times(
 
 
 @functools.lru_cache(maxsize=4096)
-def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) -> float:
+def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int, k0: int = 0) -> float:
     """Share of the SMs' time one GEMM's thread blocks do useful work (NVIDIA, "Matrix Multiplication
     Background User's Guide" §3: tile and wave quantisation).
 
@@ -158,14 +158,17 @@ def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) ->
     tile: one tile as tall or wide as it, in multiples of the MMA shape); the K loop may be split into
     slices at least one tile deep (split-K: cuBLAS and CUTLASS split deep, narrow GEMMs so that
     every SM has work; the partial sums' reduction is not counted). Each (tile, slice) is one thread
-    block; the blocks run in waves of one per SM, the last wave partial. The split that finishes
-    soonest is taken. Efficiency = useful MACs / (waves x SMs x one block's MACs).
+    block; the blocks run in waves of one per SM, the last wave partial. Each block also pays a fixed
+    cost worth ``k0`` of K (filling its multistage pipeline before the first MMA and writing its tile
+    after the last, ``arch.gemm_block_overhead_k``), so a shallow K loop, or one split too finely, wastes
+    a larger share. The split that finishes soonest is taken. Efficiency = useful MACs / (waves x SMs x
+    one block's MAC time).
     """
     tm, tn = (min(tile, _MMA * math.ceil(d / _MMA)) for d in (m, n))  # no taller or wider than the GEMM needs
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     best = math.inf
     for split in range(1, max(1, min(sms, math.ceil(k / tile))) + 1):
-        best = min(best, math.ceil(tiles * split / sms) * math.ceil(k / split))
+        best = min(best, math.ceil(tiles * split / sms) * (math.ceil(k / split) + k0))
     return (batch * m * n * k) / (best * sms * tm * tn)
 
 
@@ -177,7 +180,7 @@ multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
     """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
-    over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
+    and ``arch.gemm_block_overhead_k`` over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
     account for the contraction FLOPs its cost counts).
 
     In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
@@ -198,11 +201,12 @@ def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> fl
     if not math.isclose(2 * batch * m * n * k, counted, rel_tol=0.01):
         return 1.0  # the shapes do not account for the FLOPs the cost counts: not this GEMM's tiles
     sms = target.num_units
+    k0 = int(target.arch_value("gemm_block_overhead_k", 0.0))
     shapes = [(m, n, k)]
     if forward is not None and backward is not None and forward.contraction_flops:
         grads = round(backward.contraction_flops / forward.contraction_flops)
         shapes += [(m, k, n), (k, n, m)][:grads]
-    slowness = sum(1.0 / _tile_efficiency(a, b, c, batch, tile, sms) for a, b, c in shapes)
+    slowness = sum(1.0 / _tile_efficiency(a, b, c, batch, tile, sms, k0) for a, b, c in shapes)
     return len(shapes) / slowness
 
 
