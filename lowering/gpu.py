@@ -44,7 +44,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
 from dabench_ir.passes.meta import MODEL_PHASE
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, core_internal, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
@@ -335,6 +335,13 @@ def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapp
     return wait
 
 
+def _on_chip(ctx: LoweringContext) -> set[str]:
+    """Values that never reach HBM: a fused attention core's S x S scores and probabilities (they
+    live in the kernel's registers and shared memory, FlashAttention's point)."""
+    cores = {n.name: n.meta[FUSED_ATTENTION] for n in ctx.graph.nodes if FUSED_ATTENTION in n.meta}
+    return core_internal(ctx.graph, cores) if cores else set()
+
+
 def device_memory(
     ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
 ) -> dict[str, int]:
@@ -356,7 +363,7 @@ def device_memory(
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(state.activations / m),
-        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m),
+        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes, skip=_on_chip(ctx)) / m),
         "host": optimizer if offload else 0,
     }
 

@@ -188,10 +188,12 @@ def test_a_memory_bound_kernel_runs_at_the_sustained_not_the_datasheet_bandwidth
     assert plan.node_plans["n0"].per_micro_batch_s == pytest.approx(10**9 / (2.039e12 * 0.871) + 4e-6)
 
 
+_W = "{" + ", ".join(["0.01"] * 256) + "}"
 _ATTENTION = """
-agraph (float[2, 8, 64] x, float[64, 64] wq, float[64, 64] wk, float[64, 64] wv, float[64, 64] wo) => (float[2, 8, 64] y) {
-    shape = Constant <value = int64[4] {2, 8, 4, 16}> ()
-    back = Constant <value = int64[3] {2, 8, 64}> ()
+agraph (float[2, SEQ, 16] x) => (float[2, SEQ, 16] y)
+    <float[16, 16] wq = W, float[16, 16] wk = W, float[16, 16] wv = W, float[16, 16] wo = W> {
+    shape = Constant <value = int64[4] {2, SEQ, 2, 8}> ()
+    back = Constant <value = int64[3] {2, SEQ, 16}> ()
     q0 = MatMul (x, wq)
     k0 = MatMul (x, wk)
     v0 = MatMul (x, wv)
@@ -208,14 +210,16 @@ agraph (float[2, 8, 64] x, float[64, 64] wq, float[64, 64] wk, float[64, 64] wv,
     o2 = Reshape (o1, back)
     y = MatMul (o2, wo)
 }
-"""
+""".replace("= W", "= " + _W)
+"""One attention block (batch 2, hidden 16 in 2 heads of 8) as eager PyTorch exports it: the head split
+(reshape, transpose to (batch, heads, seq, head_dim)), QK^T, softmax, PV and the merge back."""
 
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
     from tests.conftest import analyze_text, rewrite
 
-    g = rewrite(analyze_text(_ATTENTION), precision="fp32", fused_attention=fused)
+    g = rewrite(analyze_text(_ATTENTION.replace("SEQ", "8")), precision="fp32", fused_attention=fused)
     plan = lower(g, A100, GpuLowering.options(ProfileOptions(precision="fp32", fused_attention=fused)))
     moves = [n.name for n in g.nodes if n.op_type == "Transpose"]
     assert len(moves) == 4  # q, k (to K^T), v and the output back to (batch, seq, heads, head_dim)
@@ -224,6 +228,22 @@ def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
         if fused:  # FlashAttention takes (batch, seq, heads, head_dim) with strides: no copy, no launch
             assert (np_.per_micro_batch_s, np_.memory_s, np_.overhead_s) == (0.0, 0.0, 0.0), name
             assert "in place" in np_.note
-        else:  # the unfused path copies each: 2 x 8 x 64 fp32 read and written, at the sustained bandwidth
-            assert np_.memory_s == pytest.approx(2 * 2 * 8 * 64 * 4 / HBM), name
+        else:  # the unfused path copies each: 2 x 8 x 16 fp32 read and written, at the sustained bandwidth
+            assert np_.memory_s == pytest.approx(2 * 2 * 8 * 16 * 4 / HBM), name
             assert np_.overhead_s == A100.overhead("kernel_launch_s")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_fused_attention_core_keeps_its_scores_on_chip(fused):
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.gpu import device_memory
+    from tests.conftest import analyze_text, rewrite
+
+    g = rewrite(analyze_text(_ATTENTION.replace("SEQ", "256")), precision="fp32", fused_attention=fused)
+    live = device_memory(LoweringContext.build(g, None))["live"]
+    token = 2 * 256 * 16 * 4  # one (batch, seq, hidden) fp32 tensor
+    scores = 2 * 2 * 256 * 256 * 4  # one (batch, heads, seq, seq) fp32 tensor
+    if fused:  # the peak is the head split: q1 read, q written, k1 and v1 waiting; no S x S in HBM
+        assert live == 4 * token
+    else:  # at the softmax: its scores in, its probabilities out, and v waiting for PV
+        assert live == 2 * scores + token
