@@ -303,9 +303,10 @@ def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapp
     """Seconds per step the stream idles, its next kernel not yet issued by the host.
 
     ``kernels_of``: per kernel group, its kernels per run, its runs per step (1: the optimizer,
-    once per step) and whether it does work; ``device``: each working group's device seconds over
-    the step, launches included. The host issues one kernel every ``issue_s`` (the framework's
-    host cost per kernel, ``overheads.host_issue_s``) and runs ahead of the device as far as it
+    once per step) and whether the host issues it; ``device``: each issued group's device seconds
+    over the step, launches included (0 for a strided view: the host dispatches the op, no kernel
+    runs). The host issues one kernel (or view op) every ``issue_s`` (the framework's host cost per
+    op, ``overheads.host_issue_s``) and runs ahead of the device as far as it
     can; the device starts kernel i at ``max(end of kernel i-1, when the host issued i)``. A step
     starts with an empty queue (the loop reads the loss back every step, as training loops do), so
     a step of short kernels is bound by the host and one of long kernels hides it. Order: each
@@ -405,14 +406,19 @@ def stream_plan(
     traffic = 0
     cores: set[object] = set()
     views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
-    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, has work
+    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, issued by the host
+    host_only: set[int] = set()  # groups of views alone: the host dispatches them, nothing runs
     for group in groups if groups is not None else kernel_groups(ctx, fuse):
         kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
         work = [n for n in group if ctx.is_work(n) and n.name not in views]
+        viewed = [n for n in group if n.name in views]
+        if viewed and not work:  # the framework still dispatches the view (and its autograd backward)
+            kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
+            host_only.add(id(group))
         runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
-        kernels_of.append((group, kernels, runs, bool(work)))
-    device = {id(g): _group_device_s(ctx, g, compute, bw, m, views) + runs * kernels * launch
-              for g, kernels, runs, work in kernels_of if work}  # fmt: skip
+        kernels_of.append((group, kernels, runs, bool(work or viewed)))
+    device = {id(g): 0.0 if id(g) in host_only else _group_device_s(ctx, g, compute, bw, m, views)
+              + runs * kernels * launch for g, kernels, runs, issued in kernels_of if issued}  # fmt: skip
     issue = target.overhead("host_issue_s")
     for group, kernels, runs, _ in kernels_of:
         launched = False
