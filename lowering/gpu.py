@@ -180,8 +180,8 @@ multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
     """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
-    and ``arch.gemm_block_overhead_k`` over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
-    account for the contraction FLOPs its cost counts).
+    and ``arch.gemm_block_overhead_k`` over the target's SMs; 1 when the target has no tile, or the
+    node's shapes are unknown or do not account for the contraction FLOPs its cost counts).
 
     In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
     dW: K x N output over M, one per operand needing a gradient) have their own shapes; the
