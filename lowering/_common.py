@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -273,8 +273,9 @@ def layer_blocks(graph: Graph) -> list[Block]:
     return blocks
 
 
-def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
-    """Peak bytes of activations alive at once while ``nodes`` run in order (simple liveness)."""
+def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] = frozenset()) -> int:
+    """Peak bytes of activations alive at once while ``nodes`` run in order (simple liveness);
+    values in ``skip`` never reach memory (a fused kernel's on-chip intermediates)."""
     graph = ctx.graph
     in_set = {n.name for n in nodes}
     position = {n.name: i for i, n in enumerate(nodes)}
@@ -308,6 +309,8 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
     peak = live = 0
     events: dict[int, int] = {}
     for v, size in sizes.items():
+        if v in skip:
+            continue
         events[born[v]] = events.get(born[v], 0) + size
         events[last_use.get(v, born[v]) + 1] = events.get(last_use.get(v, born[v]) + 1, 0) - size
     for i in sorted(events):

@@ -1,7 +1,8 @@
 """GPU lowering: one kernel per node or fused elementwise chain, roofline timed.
 
-Each kernel takes ``max(compute, bytes / DRAM bandwidth)`` plus a fixed launch overhead, on
-one in-order stream, its compute the sum of its op classes' times (`Target.compute_time`:
+Each kernel takes ``max(compute, bytes / sustained DRAM bandwidth)`` plus a fixed launch overhead, on
+one in-order stream (the sustained bandwidth: the datasheet's times ``arch.memory_efficiency``, the
+share a streaming copy measures), its compute the sum of its op classes' times (`Target.compute_time`:
 contraction FLOPs at the tensor-core peak times ``arch.matmul_efficiency``, vector FLOPs at the
 CUDA-core rate, special-function ops at the SFU rate). Weights and the peak of live activations must fit in
 device memory (HBM). In training the step runs ``micro_batches`` micro-batches one after
@@ -43,7 +44,7 @@ from dabench_ir.lowering._common import (
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
 from dabench_ir.passes.meta import MODEL_PHASE
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, core_internal, is_optimizer_step
 from dabench_ir.plan import Plan, Schedule, Unit
 from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
@@ -51,7 +52,10 @@ from dabench_ir.timeline import Bound
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["HOST_ISSUE", "LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan"]
+__all__ = [
+    "HOST_ISSUE", "LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan",
+    "strided_views",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +150,7 @@ def _compute_times(
 
 
 @functools.lru_cache(maxsize=4096)
-def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) -> float:
+def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int, k0: int = 0) -> float:
     """Share of the SMs' time one GEMM's thread blocks do useful work (NVIDIA, "Matrix Multiplication
     Background User's Guide" §3: tile and wave quantisation).
 
@@ -154,14 +158,17 @@ def _tile_efficiency(m: int, n: int, k: int, batch: int, tile: int, sms: int) ->
     tile: one tile as tall or wide as it, in multiples of the MMA shape); the K loop may be split into
     slices at least one tile deep (split-K: cuBLAS and CUTLASS split deep, narrow GEMMs so that
     every SM has work; the partial sums' reduction is not counted). Each (tile, slice) is one thread
-    block; the blocks run in waves of one per SM, the last wave partial. The split that finishes
-    soonest is taken. Efficiency = useful MACs / (waves x SMs x one block's MACs).
+    block; the blocks run in waves of one per SM, the last wave partial. Each block also pays a fixed
+    cost worth ``k0`` of K (filling its multistage pipeline before the first MMA and writing its tile
+    after the last, ``arch.gemm_block_overhead_k``), so a shallow K loop, or one split too finely, wastes
+    a larger share. The split that finishes soonest is taken. Efficiency = useful MACs / (waves x SMs x
+    one block's MAC time).
     """
     tm, tn = (min(tile, _MMA * math.ceil(d / _MMA)) for d in (m, n))  # no taller or wider than the GEMM needs
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     best = math.inf
     for split in range(1, max(1, min(sms, math.ceil(k / tile))) + 1):
-        best = min(best, math.ceil(tiles * split / sms) * math.ceil(k / split))
+        best = min(best, math.ceil(tiles * split / sms) * (math.ceil(k / split) + k0))
     return (batch * m * n * k) / (best * sms * tm * tn)
 
 
@@ -173,8 +180,8 @@ multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
     """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
-    over the target's SMs; 1 when the target has no tile, or the node's shapes are unknown or do not
-    account for the contraction FLOPs its cost counts).
+    and ``arch.gemm_block_overhead_k`` over the target's SMs; 1 when the target has no tile, or the
+    node's shapes are unknown or do not account for the contraction FLOPs its cost counts).
 
     In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
     dW: K x N output over M, one per operand needing a gradient) have their own shapes; the
@@ -194,11 +201,12 @@ def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> fl
     if not math.isclose(2 * batch * m * n * k, counted, rel_tol=0.01):
         return 1.0  # the shapes do not account for the FLOPs the cost counts: not this GEMM's tiles
     sms = target.num_units
+    k0 = int(target.arch_value("gemm_block_overhead_k", 0.0))
     shapes = [(m, n, k)]
     if forward is not None and backward is not None and forward.contraction_flops:
         grads = round(backward.contraction_flops / forward.contraction_flops)
         shapes += [(m, k, n), (k, n, m)][:grads]
-    slowness = sum(1.0 / _tile_efficiency(a, b, c, batch, tile, sms) for a, b, c in shapes)
+    slowness = sum(1.0 / _tile_efficiency(a, b, c, batch, tile, sms, k0) for a, b, c in shapes)
     return len(shapes) / slowness
 
 
@@ -229,17 +237,62 @@ def _backward_kernels(ctx: LoweringContext, group: list[Node], cores: set[object
     return gemms + int(rest)
 
 
+_LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+def strided_views(ctx: LoweringContext) -> frozenset[str]:
+    """Transposes a fused attention kernel reads or writes through strides: they move no bytes.
+
+    FlashAttention takes Q, K and V as ``(batch, seq, heads, head_dim)`` with any batch, sequence
+    and head strides and writes its output in that layout (flash-attn's ``flash_attn_func``
+    interface; PyTorch's SDPA passes the ``transpose(1, 2)`` views of the projections unchanged, and
+    cuDNN's fused attention takes the packed QKV buffer with strides, as llm.c calls it), and its
+    backward writes dQ, dK and dV the same way. So the head split and merge around a fused core
+    (the chains of layout ops between the projections and the core, and from the core to the
+    output projection) copy nothing, forward or backward. A transpose is counted as a view only
+    when every reader of its output is the core or another such layout op.
+    """
+    graph = ctx.graph
+    producer = {v: n for n in graph.nodes for v in n.outputs if v}
+    cores = {n.name for n in graph.nodes if FUSED_ATTENTION in n.meta}
+    if not cores:
+        return frozenset()
+    found: set[str] = set()
+
+    def readers(node: Node) -> list[Node]:
+        return [c for v in node.outputs if v for c in graph.consumers.get(v, [])]
+
+    for name in cores:
+        node = graph.node(name)
+        up = [producer[v] for v in node.inputs if v in producer]
+        while up:  # the head split: projections -> layout ops -> core
+            n = up.pop()
+            if n.op_type in _LAYOUT_OPS and n.name not in found and all(
+                c.name in cores or c.op_type in _LAYOUT_OPS for c in readers(n)
+            ):
+                found.add(n.name)
+                up += [producer[v] for v in n.inputs[:1] if v in producer]
+        down = [c for c in readers(node) if c.name not in cores]
+        while down:  # the head merge: core -> layout ops -> output projection
+            n = down.pop()
+            if n.op_type in _LAYOUT_OPS and n.name not in found:
+                found.add(n.name)
+                down += readers(n)
+    return frozenset(n for n in found if graph.node(n).op_type == "Transpose")
+
+
 def _memory_s(cost: Cost, runs: int, bw: float) -> float:
     """HBM seconds of a node over the step: its bytes, its weights read again each further micro-batch."""
     return (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
 
 
 def _group_device_s(ctx: LoweringContext, group: list[Node], compute: Mapping[str, tuple[float, str]], bw: float,
-                    m: int) -> float:
-    """Device seconds of one kernel group's work over the step (roofline per node, launches apart)."""
+                    m: int, views: frozenset[str]) -> float:
+    """Device seconds of one kernel group's work over the step (roofline per node, launches apart;
+    ``views``: `strided_views`, no work)."""
     total = 0.0
     for node in group:
-        if ctx.is_work(node):
+        if ctx.is_work(node) and node.name not in views:
             runs = 1 if is_optimizer_step(node) else m
             total += max(compute[node.name][0], _memory_s(ctx.costs[node.name], runs, bw))
     return total
@@ -250,9 +303,10 @@ def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapp
     """Seconds per step the stream idles, its next kernel not yet issued by the host.
 
     ``kernels_of``: per kernel group, its kernels per run, its runs per step (1: the optimizer,
-    once per step) and whether it does work; ``device``: each working group's device seconds over
-    the step, launches included. The host issues one kernel every ``issue_s`` (the framework's
-    host cost per kernel, ``overheads.host_issue_s``) and runs ahead of the device as far as it
+    once per step) and whether the host issues it; ``device``: each issued group's device seconds
+    over the step, launches included (0 for a strided view: the host dispatches the op, no kernel
+    runs). The host issues one kernel (or view op) every ``issue_s`` (the framework's host cost per
+    op, ``overheads.host_issue_s``) and runs ahead of the device as far as it
     can; the device starts kernel i at ``max(end of kernel i-1, when the host issued i)``. A step
     starts with an empty queue (the loop reads the loss back every step, as training loops do), so
     a step of short kernels is bound by the host and one of long kernels hides it. Order: each
@@ -282,6 +336,13 @@ def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapp
     return wait
 
 
+def _on_chip(ctx: LoweringContext) -> set[str]:
+    """Values that never reach HBM: a fused attention core's S x S scores and probabilities (they
+    live in the kernel's registers and shared memory, FlashAttention's point)."""
+    cores = {n.name: n.meta[FUSED_ATTENTION] for n in ctx.graph.nodes if FUSED_ATTENTION in n.meta}
+    return core_internal(ctx.graph, cores) if cores else set()
+
+
 def device_memory(
     ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
 ) -> dict[str, int]:
@@ -303,7 +364,7 @@ def device_memory(
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(state.activations / m),
-        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes) / m),
+        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes, skip=_on_chip(ctx)) / m),
         "host": optimizer if offload else 0,
     }
 
@@ -327,7 +388,9 @@ def stream_plan(
     offload = getattr(options, "optimizer_state", "auto") == "offchip"
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, naming the ones the target has
     mem = target.feed_memory
-    bw = mem.bandwidth_bytes_per_s
+    # a streaming kernel sustains only part of the datasheet bandwidth (DRAM refresh, row switches,
+    # read/write turnarounds): measured copy and STREAM rates, ``arch.memory_efficiency``
+    bw = mem.bandwidth_bytes_per_s * target.arch_value("memory_efficiency", 1.0)
     ridge = target.ridge_point(ctx.precision, mem)
     # a CPU calibration may call its fixed per-op cost per_op_s
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
@@ -342,21 +405,28 @@ def stream_plan(
     weighted_alloc = total_t = 0.0
     traffic = 0
     cores: set[object] = set()
-    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, has work
+    views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
+    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, issued by the host
+    host_only: set[int] = set()  # groups of views alone: the host dispatches them, nothing runs
     for group in groups if groups is not None else kernel_groups(ctx, fuse):
         kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
-        work = [n for n in group if ctx.is_work(n)]
+        work = [n for n in group if ctx.is_work(n) and n.name not in views]
+        viewed = [n for n in group if n.name in views]
+        if viewed and not work:  # the framework still dispatches the view (and its autograd backward)
+            kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
+            host_only.add(id(group))
         runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
-        kernels_of.append((group, kernels, runs, bool(work)))
-    device = {id(g): _group_device_s(ctx, g, compute, bw, m) + runs * kernels * launch
-              for g, kernels, runs, work in kernels_of if work}  # fmt: skip
+        kernels_of.append((group, kernels, runs, bool(work or viewed)))
+    device = {id(g): 0.0 if id(g) in host_only else _group_device_s(ctx, g, compute, bw, m, views)
+              + runs * kernels * launch for g, kernels, runs, issued in kernels_of if issued}  # fmt: skip
     issue = target.overhead("host_issue_s")
     for group, kernels, runs, _ in kernels_of:
         launched = False
         for node in group:
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
-            work = ctx.is_work(node)
+            view = node.name in views
+            work = ctx.is_work(node) and not view
             overhead = runs * kernels * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
@@ -369,10 +439,10 @@ def stream_plan(
                 node,
                 unit=unit.id,
                 compute_s=compute_s,
-                memory_s=_memory_s(cost, runs, bw),
+                memory_s=0.0 if view else _memory_s(cost, runs, bw),
                 overhead_s=overhead,
                 feed_level=mem.level,
-                feed_bytes=cost.bytes,
+                feed_bytes=0 if view else cost.bytes,
                 # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
                 # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
                 ridge=ridge_of(cost.flops / compute_s, bw) if compute_s > 0 else ridge,
@@ -381,9 +451,11 @@ def stream_plan(
             )
             if np_.bound is Bound.COMPUTE and binds in _CLASS_WORDS and not np_.note:
                 np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
+            if view:
+                np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
-            traffic += cost.bytes
+            traffic += 0 if view else cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     wait = _host_wait(kernels_of, device, issue, m) if issue > 0 else 0.0
     if wait > 0:  # the stream idles, its next kernel not yet issued: a step cost no node owns
