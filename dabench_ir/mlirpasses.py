@@ -12,11 +12,16 @@ still tagged was kept, an untagged one was created and claims the ops that went 
 
 1. **dataflow**: a created op stands for the gone op whose result it replaced (a kept op now
    reads it where it read that op), and claims the gone ops behind it up to its own inputs;
-2. **location**: a gone op nothing claimed joins a created op whose location names its node;
-3. otherwise it was **removed** (CSE, dead code, folding).
+   a gone op behind one created op only was fused into it;
+2. **shared**: a gone op behind several created ops (one zero fill that torch-mlir shares between
+   the matmuls of every layer, re-created per consumer) is in each one's sources, but names none
+   of them: each copy is the work of the node its created op already names;
+3. **location**: a gone op nothing claimed joins a created op whose location names its node;
+4. otherwise it was **removed** (CSE, dead code, folding).
 
-A created op's location is then set to a fused location of every ONNX node its claims named,
-so the module itself says where each fused op came from (and is a valid `.mlir` input).
+A created op's location is then set to a fused location of its own location's nodes and those
+of the ops it claims by dataflow or location (not shared ones), so the module itself says where
+each fused op came from (and is a valid `.mlir` input).
 
 Per node. An op naming several ONNX nodes has its cost split among them, each field in
 proportion to that node's value of the field before the pipeline (equal shares when all are
@@ -41,6 +46,7 @@ __all__ = [
     "ModuleCost",
     "PassStep",
     "PipelineRecord",
+    "is_view",
     "module_cost",
     "parse_pipeline",
     "run_mlir_pipeline",
@@ -152,7 +158,8 @@ def _top_ops(module: Any) -> list[Any]:
     return [op for op in _ops_in(getattr(module, "operation", module)) if op.name not in ("builtin.module", "func.func")]
 
 
-def _is_view(name: str) -> bool:
+def is_view(name: str) -> bool:
+    """A tensor or buffer op that only views its operand (a reshape, a cast): no bytes, no unit of work."""
     from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS, VIEW_OPS
 
     return name in VIEW_OPS or name in _BUFFER_VIEWS
@@ -163,7 +170,7 @@ def _reaches_return(value: Any, depth: int = 0) -> bool:
         user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
         if user.name == "func.return":
             return True
-        if depth < 16 and _is_view(user.name) and any(_reaches_return(r, depth + 1) for r in user.results):
+        if depth < 16 and is_view(user.name) and any(_reaches_return(r, depth + 1) for r in user.results):
             return True
     return False
 
@@ -177,7 +184,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
     total = sum((c.cost for c in counts), Cost())
     inter = inter_bytes = 0
     for c in counts:
-        if _is_view(c.op_name) or c.op_class == "uncounted":
+        if is_view(c.op_name) or c.op_class == "uncounted":
             continue
         for r in c.op.results:
             if isinstance(r.type, ir.RankedTensorType) and not _reaches_return(r):
@@ -187,7 +194,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
     bufferized = bool(allocs) or any(isinstance(a.type, ir.MemRefType) for op in _top_ops(module)
                                      if op.name == "func.return" for a in op.operands)  # fmt: skip
     return ModuleCost(
-        ops=sum(1 for c in counts if not _is_view(c.op_name)),
+        ops=sum(1 for c in counts if not is_view(c.op_name)),
         linalg_ops=sum(1 for c in counts if c.op_name.startswith("linalg.")),
         contraction_flops=total.contraction_flops,
         vector_flops=total.vector_flops,
@@ -256,7 +263,7 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
     # for a work op (a view for a view): an op re-created in another shape (reshapes propagated)
     tiers = (lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
              lambda op, e: op.name == e[0],
-             lambda op, e: _is_view(op.name) == _is_view(e[0]))  # fmt: skip
+             lambda op, e: is_view(op.name) == is_view(e[0]))  # fmt: skip
     for match in tiers:
         for i in created:
             if stands[i]:
@@ -268,31 +275,33 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
                 stands[i].add(same[0])
                 taken.add(same[0])
     anchors = taken
-    claims: dict[int, set[int]] = {i: set() for i in created}
-    method: dict[int, str] = {}
-    order = sorted(created, key=lambda i: (_is_view(after[i].name), -i))  # work ops first, last first
-    for i in order:
-        view = _is_view(after[i].name)
+    reach: dict[int, set[int]] = {}
+    for i in created:  # the gone ops behind each created op, up to its own inputs and the others' anchors
+        view = is_view(after[i].name)
         inputs = {_ids(o) for o in after[i].operands}
-        stack = [t for t in stands[i] if t not in method]
+        seen: set[int] = set()
+        stack = list(stands[i])
         while stack:
             t = stack.pop()
-            if t in method or (view and not _is_view(before[t][0])):
+            if t in seen or (view and not is_view(before[t][0])):
                 continue
-            claims[i].add(t)
-            method[t] = "dataflow"
+            seen.add(t)
             for old in before[t][1]:
-                if old[0] != "op" or old in inputs or old[1] not in gone or old[1] in method:
-                    continue
-                if old[1] in anchors and old[1] not in stands[i]:
-                    continue
-                stack.append(old[1])
+                if old[0] == "op" and old not in inputs and old[1] in gone and (old[1] not in anchors or
+                                                                                 old[1] in stands[i]):  # fmt: skip
+                    stack.append(old[1])
+        reach[i] = seen
+    claims: dict[int, set[int]] = {i: reach[i] for i in created}
+    method: dict[int, str] = {}
+    for i in created:  # reached by one created op: fused into it; by several: re-created in each (shared)
+        for t in reach[i]:
+            method[t] = "shared" if t in method else "dataflow"
     names = {i: set(origin_of(after[i].location).names) for i in created}
     for t in sorted(gone - set(method)):  # 2. location: a created op that names the gone op's node
         origin = before[t][2]
         fits = [i for i in created if origin and names[i] & set(origin)]
         if fits:
-            best = min(fits, key=lambda i: (_is_view(after[i].name) != _is_view(before[t][0]), i))
+            best = min(fits, key=lambda i: (is_view(after[i].name) != is_view(before[t][0]), i))
             claims[best].add(t)
             method[t] = "location"
     return claims, method
@@ -360,7 +369,8 @@ def run_mlir_pipeline(
             claimed = claims.get(i, set())
             new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
             names = list(dict.fromkeys([*origin_of(op.location).names,
-                                        *(n for c in sorted(claimed) for n in before[c][2])]))  # fmt: skip
+                                        *(n for c in sorted(claimed) if method[c] != "shared"
+                                          for n in before[c][2])]))  # fmt: skip
             if len(names) > 1:
                 op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
         new_pristine = {i for i, t in enumerate(after_tags) if t is not None and t in pristine}
@@ -398,7 +408,7 @@ def _ids(value: Any) -> tuple[Any, ...]:
 
 
 def _counted(name: str) -> bool:
-    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not _is_view(
+    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not is_view(
         name
     ) and name not in ("tensor.empty", "tensor.dim", "tensor.extract", "tensor.from_elements")
 
@@ -448,7 +458,7 @@ def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[d
 def unit_names(counts: Sequence[Any], suffix: str = "") -> list[str | None]:
     """A node name per counted op (None for views): ``<first node>`` when it is that node's only
     op, else ``<first node>#k``; ``suffix`` marks ops a pipeline created (``node/linalg-fuse``)."""
-    bases = [None if _is_view(c.op_name) else (c.origin.name or "mlir_op") for c in counts]
+    bases = [None if is_view(c.op_name) else (c.origin.name or "mlir_op") for c in counts]
     total: dict[str, int] = {}
     for b in bases:
         if b is not None:

@@ -134,6 +134,76 @@ def test_pipeline_text_and_unknown_passes():
         run_mlir_pipeline(_parse(ADD_RELU), ["canonicalize", "no-such-pass"])
 
 
+# Two layers as torch-mlir lowers them: one zero fill (named after layer 0's MatMul, which CSE kept)
+# is the init of both layers' batch_matmuls through a reshape; bias Add then Relu per layer.
+M3, B3, T3 = "affine_map<(d0, d1, d2) -> (d0, d1, d2)>", "affine_map<(d0, d1, d2) -> (d2)>", "tensor<1x4x8xf32>"
+_EW3 = """  %{out} = linalg.generic {{indexing_maps = [{maps}], iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins({ins} : {types}) outs(%e3 : {T3}) {{
+  ^bb0({args}, %o: f32):
+    {body}
+  }} -> {T3} loc("{loc}")
+"""
+
+
+def _ew3(out: str, ins: list[tuple[str, str, str]], body: str, loc: str) -> str:
+    """A 1x4x8 elementwise generic; ``ins``: (value, type, indexing map); ``body`` yields %r."""
+    return _EW3.format(out=out, maps=", ".join([m for _, _, m in ins] + [M3]), ins=", ".join(v for v, _, _ in ins),
+                       types=", ".join(t for _, t, _ in ins), args=", ".join(f"%x{k}: f32" for k in range(len(ins))),
+                       body=body + "\n    linalg.yield %r : f32", T3=T3, loc=loc)  # fmt: skip
+
+
+def _layer(k: int, x: str) -> str:
+    return (f"  %fe{k} = tensor.expand_shape %f [[0, 1], [2]] output_shape [1, 4, 8] : tensor<4x8xf32> into {T3} "
+            f'loc("layers.{k}/MatMul")\n'
+            f"  %m{k} = linalg.batch_matmul ins({x}, %w{k} : {T3}, tensor<1x8x8xf32>) outs(%fe{k} : {T3}) -> {T3} "
+            f'loc("layers.{k}/MatMul")\n'
+            + _ew3(f"a{k}", [(f"%m{k}", T3, M3), (f"%b{k}", "tensor<8xf32>", B3)], "%r = arith.addf %x0, %x1 : f32",
+                   f"layers.{k}/Add")
+            + _ew3(f"r{k}", [(f"%a{k}", T3, M3)], "%r = arith.maximumf %x0, %z : f32", f"layers.{k}/Relu"))  # fmt: skip
+
+
+TWO_LAYERS = (
+    f"func.func @main(%x: {T3}, %w0: tensor<1x8x8xf32>, %b0: tensor<8xf32>, %w1: tensor<1x8x8xf32>, "
+    f"%b1: tensor<8xf32>) -> {T3} {{\n  %z = arith.constant 0.0 : f32\n"
+    '  %e = tensor.empty() : tensor<4x8xf32> loc("layers.0/MatMul")\n'
+    f'  %e3 = tensor.empty() : {T3} loc("layers.0/Add")\n'
+    '  %f = linalg.fill ins(%z : f32) outs(%e : tensor<4x8xf32>) -> tensor<4x8xf32> loc("layers.0/MatMul")\n'
+    + _layer(0, "%x") + _layer(1, "%r0") + f"  return %r1 : {T3}\n}}\n"
+)  # fmt: skip
+
+
+def test_a_shared_producer_re_created_per_layer_is_charged_to_each_layer_it_feeds():
+    weights = frozenset({1, 2, 3, 4})
+    module = _parse(TWO_LAYERS)
+    counts0 = count_module(module, weight_args=weights)
+    record, counts = run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"],
+                                       weight_args=weights)  # fmt: skip
+    fuse, canon, cse = record.steps
+    assert (fuse.kept, fuse.created, fuse.fused_away, fuse.removed) == (3, 2, 4, 0)  # Add+Relu, twice
+    # canonicalize folds reshape(fill) into fill(reshape): the shared fill becomes one per layer
+    assert (canon.kept, canon.created, canon.fused_away, canon.removed) == (4, 2, 1, 0)
+    assert (canon.cost.bytes_written - fuse.cost.bytes_written, cse.created) == (T, 0)  # one more 4x8 fill written
+    work = [(c.op_name, c.origin.names) for c in counts if c.op_name != "tensor.expand_shape"]
+    assert work == [(op, names) for k in (0, 1) for op, names in (
+        ("linalg.fill", (f"layers.{k}/MatMul",)), ("linalg.batch_matmul", (f"layers.{k}/MatMul",)),
+        ("linalg.generic", (f"layers.{k}/Relu", f"layers.{k}/Add")))]  # fmt: skip
+    before, _ = split_by_nodes(counts0, {})
+    after, shared = split_by_nodes(counts, before)
+    fill = Cost(act_bytes_out=T)
+    mm = Cost(contraction_flops=2 * 4 * 8 * 8, weight_bytes=8 * 8 * 4, act_bytes_in=2 * T, act_bytes_out=T)
+    assert before["layers.0/MatMul"] == fill + mm and before["layers.1/MatMul"] == mm  # the fill was layer 0's
+    assert after["layers.0/MatMul"] == after["layers.1/MatMul"] == fill + mm  # now each layer fills its own
+    for k in (0, 1):  # fused Add+Relu: reads the matmul result and the bias once, writes once; 32 adds, 32 maxes
+        assert after[f"layers.{k}/Add"] + after[f"layers.{k}/Relu"] == Cost(vector_flops=64, weight_bytes=32,
+                                                                            act_bytes_in=T, act_bytes_out=T)  # fmt: skip
+    assert shared == {f"layers.{k}/{a}": {f"layers.{k}/{b}"} for k in (0, 1) for a, b in (("Add", "Relu"),
+                                                                                           ("Relu", "Add"))}  # fmt: skip
+    # the shared fill (op 0 before) is behind both layers' fills; every op before is in some op's sources
+    fills = [k for k, c in enumerate(counts) if c.op_name == "linalg.fill"]
+    assert all(0 in record.sources[k] for k in fills)
+    assert set().union(*record.sources.values()) == set(range(len(counts0)))
+
+
 def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",

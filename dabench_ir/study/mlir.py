@@ -47,7 +47,11 @@ def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost],
 
 def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
     out: dict[str, int] = {}
+    from dabench_ir.mlirpasses import is_view
+
     for c in counts:
+        if is_view(c.op_name):
+            continue
         for n in c.origin.names or ((c.origin.name,) if c.origin.name else ("unattributed",)):
             out[n] = out.get(n, 0) + 1
     return out
