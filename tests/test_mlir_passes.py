@@ -211,6 +211,54 @@ def test_a_shared_producer_re_created_per_layer_is_charged_to_each_layer_it_feed
     assert set().union(*record.sources.values()) == set(range(len(counts0)))
 
 
+MM_BIAS_GELU = (  # batch_matmul into a zero fill, then bias Add, then erf-GELU lowered as two generics
+    f"func.func @main(%x: {T3}, %w: tensor<1x8x8xf32>, %b: tensor<8xf32>) -> {T3} {{\n"
+    "  %z = arith.constant 0.0 : f32\n  %h = arith.constant 0.5 : f32\n  %one = arith.constant 1.0 : f32\n"
+    f"  %s2 = arith.constant 0.70710678 : f32\n  %e3 = tensor.empty() : {T3}\n"
+    f'  %f = linalg.fill ins(%z : f32) outs(%e3 : {T3}) -> {T3} loc("MatMul")\n'
+    f'  %m = linalg.batch_matmul ins(%x, %w : {T3}, tensor<1x8x8xf32>) outs(%f : {T3}) -> {T3} loc("MatMul")\n'
+    + _ew3("a", [("%m", T3, M3), ("%b", "tensor<8xf32>", B3)], "%r = arith.addf %x0, %x1 : f32", "Add")
+    + _ew3("g", [("%a", T3, M3)], "%t = arith.mulf %x0, %s2 : f32\n    %r = math.erf %t : f32", "Gelu")
+    + _ew3("y", [("%a", T3, M3), ("%g", T3, M3)],
+           "%t = arith.addf %x1, %one : f32\n    %u = arith.mulf %x0, %t : f32\n    %r = arith.mulf %u, %h : f32", "Gelu")
+    + f"  return %y : {T3}\n}}\n"
+)  # fmt: skip
+
+
+def test_matmul_bias_gelu_bytes_per_pass_against_a_hand_count():
+    weights = frozenset({1, 2})  # %w (256 B) and %b (32 B)
+    module = _parse(MM_BIAS_GELU)
+    before = split_by_nodes(count_module(module, weight_args=weights), {})[0]
+    record, counts = run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"],
+                                       weight_args=weights)  # fmt: skip
+    # by hand, T = one 1x4x8 f32 tensor (128 B), 32 elements:
+    #   fill:   writes T                                      matmul: reads x (T), w (256), its init (T); writes T
+    #   Add:    reads m (T), b (32); writes a (T); 32 adds    erf:    reads a; writes g; 32 muls + 32 erf
+    #   combine: reads a and g (2T); writes T; 96 (add, mul, mul)
+    b = record.before
+    assert (b.ops, b.contraction_flops, b.vector_flops, b.special_ops) == (5, 512, 160, 32)
+    assert (b.bytes_read, b.bytes_written) == (6 * T + 256 + 32, 5 * T)
+    assert (b.intermediates, b.intermediate_bytes) == (4, 4 * T)  # the fill, m, a, g
+    fuse, canon, cse = record.steps
+    # Add, erf and combine fuse into one generic: it reads m and b once and writes y; a and g are gone
+    assert (fuse.kept, fuse.created, fuse.fused_away, fuse.removed) == (2, 1, 3, 0)
+    assert record.steps_dict()[0]["delta"] == {
+        "ops": -2, "linalg_ops": -2, "contraction_flops": 0, "vector_flops": 0, "special_ops": 0, "flops": 0,
+        "bytes_read": -3 * T, "bytes_written": -2 * T, "intermediates": -2, "intermediate_bytes": -2 * T,
+        "buffers": None, "buffer_bytes": None}  # fmt: skip
+    assert (fuse.cost.bytes_read, fuse.cost.bytes_written) == (3 * T + 256 + 32, 3 * T)
+    assert all(v in (0, None) for s in record.steps_dict()[1:] for v in s["delta"].values())  # nothing left to do
+    assert [c.origin.names for c in counts] == [("MatMul",), ("MatMul",), ("Gelu", "Add")]
+    after, _ = split_by_nodes(counts, before)
+    assert before["Add"] == Cost(vector_flops=32, weight_bytes=32, act_bytes_in=T, act_bytes_out=T)
+    assert before["Gelu"] == Cost(vector_flops=128, special_ops=32, act_bytes_in=3 * T, act_bytes_out=2 * T)
+    # the fused op (160 vector, 32 erf, 32 B weight, T in, T out) split field by field by those costs:
+    # in 128 as 1:3 -> 32 / 96; out 128 as 1:2 -> 42.7 / 85.3 -> 43 / 85 (largest remainder)
+    assert after["Add"] == Cost(vector_flops=32, weight_bytes=32, act_bytes_in=32, act_bytes_out=43)
+    assert after["Gelu"] == Cost(vector_flops=128, special_ops=32, act_bytes_in=96, act_bytes_out=85)
+    assert after["MatMul"] == before["MatMul"]
+
+
 def test_after_bufferization_the_placed_graph_is_wired_by_buffer_writes_and_reads():
     graph = load_mlir(TWO_LAYERS)
 
