@@ -249,7 +249,8 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
 
     kept = {t for t in after_tags if t is not None}
     gone = set(before) - kept
-    created = [i for i, t in enumerate(after_tags) if t is None]
+    # created ops that do work or view it (not tensor.empty, constants): only they stand for gone ops
+    created = [i for i, t in enumerate(after_tags) if t is None and (_counted(after[i].name) or is_view(after[i].name))]
     stands: dict[int, set[int]] = {i: set() for i in created}
     for op, t in zip(after, after_tags, strict=True):  # 1. a kept op reads a created op where it read a gone one
         if t is None or len(op.operands) != len(before[t][1]):
@@ -275,35 +276,51 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
                 stands[i].add(same[0])
                 taken.add(same[0])
     anchors = taken
-    reach: dict[int, set[int]] = {}
-    for i in created:  # the gone ops behind each created op, up to its own inputs and the others' anchors
-        view = is_view(after[i].name)
-        inputs = {_ids(o) for o in after[i].operands}
-        seen: set[int] = set()
-        stack = list(stands[i])
-        while stack:
-            t = stack.pop()
-            if t in seen or (view and not is_view(before[t][0])):
-                continue
-            seen.add(t)
-            for old in before[t][1]:
-                if old[0] == "op" and old not in inputs and old[1] in gone and (old[1] not in anchors or
-                                                                                 old[1] in stands[i]):  # fmt: skip
-                    stack.append(old[1])
-        reach[i] = seen
-    claims: dict[int, set[int]] = {i: reach[i] for i in created}
+    claims: dict[int, set[int]] = {i: set() for i in created}
     method: dict[int, str] = {}
-    for i in created:  # reached by one created op: fused into it; by several: re-created in each (shared)
-        for t in reach[i]:
-            method[t] = "shared" if t in method else "dataflow"
+
+    def walk(starts: dict[int, set[int]]) -> None:
+        """Claim the gone ops behind each created op's ``starts``, up to its own inputs and the others'
+        anchors: reached from one created op, fused into it; from several, re-created in each (shared)."""
+        reach: dict[int, set[int]] = {}
+        for i, first in starts.items():
+            view = is_view(after[i].name)
+            inputs = {_ids(o) for o in after[i].operands}
+            seen: set[int] = set()
+            stack = list(first)
+            while stack:
+                t = stack.pop()
+                work = not is_view(before[t][0])
+                if t in seen or (view and work) or (work and t in method and t not in first):
+                    continue  # a view claims views only; a view claimed already is walked through again
+                seen.add(t)
+                for old in before[t][1]:
+                    if old[0] != "op" or old in inputs or old[1] not in gone:
+                        continue
+                    if old[1] not in anchors or old[1] in stands[i] or is_view(before[old[1]][0]):
+                        stack.append(old[1])
+            reach[i] = seen
+        for i, seen in reach.items():
+            claims[i] |= seen
+            for t in seen - starts[i]:
+                method[t] = "shared" if t in method else "dataflow"
+            for t in seen & starts[i]:
+                method.setdefault(t, "dataflow")
+
+    walk(stands)
+    shared = {t for s in stands.values() for t in s if sum(t in v for v in stands.values()) > 1}
+    method.update((t, "shared") for t in shared)  # one gone op that several created ops each replaced
     names = {i: set(origin_of(after[i].location).names) for i in created}
+    placed: dict[int, set[int]] = {i: set() for i in created}
     for t in sorted(gone - set(method)):  # 2. location: a created op that names the gone op's node
         origin = before[t][2]
         fits = [i for i in created if origin and names[i] & set(origin)]
         if fits:
             best = min(fits, key=lambda i: (is_view(after[i].name) != is_view(before[t][0]), i))
+            placed[best].add(t)
             claims[best].add(t)
             method[t] = "location"
+    walk({i: p for i, p in placed.items() if p})  # and what was fused into the ops placed by location
     return claims, method
 
 
