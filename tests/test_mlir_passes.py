@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -316,7 +317,7 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",
             "--pipeline", "ort-basic", "--target", "rdu", "--json", str(tmp_path / "s.json"),
-            "--out-dir", str(tmp_path / "o")]  # fmt: skip
+            "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "s.html"), "--out-dir", str(tmp_path / "o")]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "pipeline=mlir:linalg-fuse-elementwise-ops,canonicalize,cse" in text and "per ONNX node" in text
@@ -334,6 +335,26 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
         "bytes_written"]  # fmt: skip
     assert (tmp_path / "o" / "m.mlir-none.rdu.json").is_file()
     assert any(c["onnx_pipeline"] == "ort-basic" for c in doc.get("mlir_vs_onnx", []))
+    # the CSV carries the per-pass table and the per-ONNX-node costs, once per MLIR pipeline
+    with open(tmp_path / "s.csv", newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    passes = [r for r in lines if r["status"] == "mlir-pass"]
+    assert [r["node"] for r in passes] == [s["pass"] for s in steps] and {r["target"] for r in passes} == {""}
+    prev = mlir["mlir"]["before"]
+    for r, s in zip(passes, steps, strict=True):
+        a = s["after"]
+        assert (int(r["bytes_before"]), int(r["bytes_after"])) == (prev["bytes_read"] + prev["bytes_written"],
+                                                                   a["bytes_read"] + a["bytes_written"])  # fmt: skip
+        assert (int(r["ops_before"]), int(r["ops_after"]), int(r["fused_away"])) == (prev["ops"], a["ops"],
+                                                                                      s["fused_away"])  # fmt: skip
+        prev = a
+    nodes = {r["node"]: r for r in lines if r["status"] == "mlir-node"}
+    assert set(nodes) == set(rows)
+    assert nodes["fc1_bias"]["shared_with"] == ";".join(rows["fc1_bias"]["shared_with"])
+    assert all(int(nodes[n]["bytes_after"]) == rows[n]["bytes_after"] for n in rows)
+    page = (tmp_path / "s.html").read_text()
+    assert "<h3>MLIR passes" in page and all(f"<td>{s['pass']}</td>" in page for s in steps)
+    assert all(f"<td>{n}</td>" in page for n in rows) and "ONNX-level ort-basic vs MLIR-level" in page
 
 
 def test_study_mlir_flags_are_checked(tmp_path, capsys):
