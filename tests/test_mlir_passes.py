@@ -368,3 +368,10 @@ def test_study_mlir_flags_are_checked(tmp_path, capsys):
     assert main(["study", src, "--via", "mlir", "--mlir-pipeline", "cse,bogus-pass", "-q"]) == 2
     err = capsys.readouterr().err
     assert "bogus-pass" in err and len(err.strip().splitlines()) == 1
+
+
+def test_study_times_keep_their_sign():
+    from dabench_ir.study.render import _t
+
+    # a WSE step residual is negative where node times overlap: printed as a time with its sign
+    assert (_t(-2.2e-3), _t(1e-6), _t(None)) == ("-2.2 ms", "1 µs", "-")

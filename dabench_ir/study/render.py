@@ -29,7 +29,8 @@ _CHANGED = ("fused", "replaced", "added", "removed", "folded")
 
 
 def _t(x: Any) -> str:
-    return "-" if x is None else seconds(x)
+    """A time; a negative one (a step residual where node times overlap) with its sign."""
+    return "-" if x is None else "-" + seconds(-x) if x < 0 else seconds(x)
 
 
 def _dt(x: Any) -> str:
