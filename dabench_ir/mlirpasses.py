@@ -16,7 +16,9 @@ still tagged was kept, an untagged one was created and claims the ops that went 
 2. **shared**: a gone op behind several created ops (one zero fill that torch-mlir shares between
    the matmuls of every layer, re-created per consumer) is in each one's sources, but names none
    of them: each copy is the work of the node its created op already names;
-3. **location**: a gone op nothing claimed joins a created op whose location names its node;
+3. **location** (consumers first): a gone op nothing claimed joins a created op that names its
+   node, by its location or (an elementwise op) by the ops in its body: the one its consumer went
+   to, else one that reads what it read; what was fused into it joins with it (as in 1);
 4. otherwise it was **removed** (CSE, dead code, folding).
 
 A created op's location is then set to a fused location of its own location's nodes and those
@@ -242,7 +244,23 @@ def _tag_of(op: Any, key: str = _TAG) -> int | None:
     return ir.IntegerAttr(op.attributes[key]).value if key in op.attributes else None
 
 
-def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...], tuple[str, ...]]], after: list[Any],
+def _fusable(op: Any) -> bool:
+    """Whether elementwise fusion can fold ``op`` into a consumer: not a reduction, not a contraction."""
+    if "iterator_types" in op.attributes:
+        return all("parallel" in str(a) for a in op.attributes["iterator_types"])
+    return not any(k in op.name for k in ("matmul", "conv", "reduce", "pooling", "contract"))
+
+
+def _payload_names(op: Any) -> set[str]:
+    """The ONNX nodes the ops in a linalg op's body name (fusion keeps each moved op's location)."""
+    from dabench_ir.passes.linalg_cost import origin_of
+
+    if not op.name.startswith("linalg.") or not op.regions or not len(op.regions[0].blocks):
+        return set()
+    return {n for inner in op.regions[0].blocks[0].operations for n in origin_of(inner.location).names}
+
+
+def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
             after_tags: list[int | None]) -> tuple[dict[int, set[int]], dict[int, str]]:  # fmt: skip
     """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
     from dabench_ir.passes.linalg_cost import origin_of
@@ -310,16 +328,43 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
     walk(stands)
     shared = {t for s in stands.values() for t in s if sum(t in v for v in stands.values()) > 1}
     method.update((t, "shared") for t in shared)  # one gone op that several created ops each replaced
-    names = {i: set(origin_of(after[i].location).names) for i in created}
+    # 2. location, consumers first: a gone op nothing claimed joins a created op that names its node,
+    # by its own location or (a producer fused into it) by the ops in its body; among those, the op
+    # its consumer went to, else one that reads what it read (fusion moves a producer's inputs into
+    # the op it joins). A reduction or contraction is never fused into another op: only an op of its
+    # own node can be it.
+    own = {i: set(origin_of(after[i].location).names) for i in created}
+    body = {i: own[i] | _payload_names(after[i]) for i in created}
+    inputs = {i: {_ids(o) for o in after[i].operands} for i in created}
+    consumers: dict[int, set[int]] = {}
+    for u, entry in before.items():
+        for old in entry[1]:
+            if old[0] == "op":
+                consumers.setdefault(old[1], set()).add(u)
+
+    def went_to(t: int, depth: int = 0) -> set[int]:
+        out: set[int] = set()
+        for u in consumers.get(t, ()):
+            have = {i for i in created if u in claims[i] and not is_view(after[i].name)}
+            out |= have or (went_to(u, depth + 1) if depth < 16 and u in gone and is_view(before[u][0]) else set())
+        return out
+
     placed: dict[int, set[int]] = {i: set() for i in created}
-    for t in sorted(gone - set(method)):  # 2. location: a created op that names the gone op's node
-        origin = before[t][2]
-        fits = [i for i in created if origin and names[i] & set(origin)]
-        if fits:
-            best = min(fits, key=lambda i: (is_view(after[i].name) != is_view(before[t][0]), i))
-            placed[best].add(t)
-            claims[best].add(t)
-            method[t] = "location"
+    for t in sorted(gone - set(method), reverse=True):
+        origin = set(before[t][2])
+        names = body if before[t][4] else own
+        fits = [i for i in created if origin & names[i]]
+        if not fits:
+            continue
+        view = is_view(before[t][0])
+        fits = [i for i in fits if is_view(after[i].name) == view] or fits
+        kept_in = {old for old in before[t][1] if old[0] == "arg" or (old[0] == "op" and old[1] not in gone)}
+        best = ({i for i in fits if i in went_to(t)} if not view else set()) or {
+            min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)}
+        for i in best:
+            placed[i].add(t)
+            claims[i].add(t)
+        method[t] = "location" if len(best) == 1 else "shared"
     walk({i: p for i, p in placed.items() if p})  # and what was fused into the ops placed by location
     return claims, method
 
@@ -361,7 +406,7 @@ def run_mlir_pipeline(
         for op in ops:
             t = _tag_of(op)
             before[t] = (op.name, [_ids(o) for o in op.operands], origin_of(op.location).names,
-                         tuple(str(r.type) for r in op.results))  # fmt: skip
+                         tuple(str(r.type) for r in op.results), _fusable(op))  # fmt: skip
         started = time.perf_counter()
         try:
             with context, _captured_stderr():

@@ -292,6 +292,52 @@ def test_an_op_fused_through_a_reshape_into_a_matmul_is_claimed_by_it():
     assert set().union(*record.sources.values()) == {0, 1, 2, 3}  # Rope, the reshape, the fill, the matmul
 
 
+R4, S4 = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>", "tensor<1x2x4x1xf32>"
+NORM_INTO_MATMUL = f"""func.func @main(%x: {T4}, %k: tensor<2x8x4xf32>) -> tensor<2x4x4xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e4 = tensor.empty() : {T4}
+  %sq = linalg.generic {{indexing_maps = [{M4}, {M4}], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%x : {T4}) outs(%e4 : {T4}) {{
+  ^bb0(%a: f32, %o: f32):
+    %m = arith.mulf %a, %a : f32 loc("Norm")
+    linalg.yield %m : f32
+  }} -> {T4} loc("Norm")
+  %es = tensor.empty() : {S4}
+  %fs = linalg.fill ins(%z : f32) outs(%es : {S4}) -> {S4} loc("Norm")
+  %s = linalg.generic {{indexing_maps = [{M4}, {R4}], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+      ins(%sq : {T4}) outs(%fs : {S4}) {{
+  ^bb0(%a: f32, %o: f32):
+    %m = arith.addf %a, %o : f32 loc("Norm")
+    linalg.yield %m : f32
+  }} -> {S4} loc("Norm")
+  %d = linalg.generic {{indexing_maps = [{M4}, {R4}, {M4}], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%x, %s : {T4}, {S4}) outs(%e4 : {T4}) {{
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %m = arith.mulf %a, %b : f32 loc("Norm")
+    linalg.yield %m : f32
+  }} -> {T4} loc("Norm")
+  %flat = tensor.collapse_shape %d [[0, 1], [2], [3]] : {T4} into tensor<2x4x8xf32> loc("MatMul")
+  %e = tensor.empty() : tensor<2x4x4xf32> loc("MatMul")
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x4x4xf32>) -> tensor<2x4x4xf32> loc("MatMul")
+  %r = linalg.batch_matmul ins(%flat, %k : tensor<2x4x8xf32>, tensor<2x8x4xf32>) outs(%f : tensor<2x4x4xf32>)
+      -> tensor<2x4x4xf32> loc("MatMul")
+  return %r : tensor<2x4x4xf32>
+}}
+"""  # a norm (x * sum(x^2), locations on its body's ops too) reshaped into a matmul
+
+
+def test_a_producer_fused_into_another_nodes_op_goes_with_its_consumer_not_to_its_nodes_other_op():
+    record, counts = run_mlir_pipeline(_parse(NORM_INTO_MATMUL), ["linalg-fuse-elementwise-ops"])
+    (step,) = record.steps
+    assert (step.kept, step.created, step.fused_away, step.removed) == (2, 2, 4, 0)
+    # the square fuses into the sum (an op of Norm's own); the multiply by the sum fuses into the matmul,
+    # whose body now holds Norm's multiply: it is claimed there, not by the sum that only names its node
+    work = {c.op_name + ":" + ",".join(c.origin.names): k for k, c in enumerate(counts) if c.op_name == "linalg.generic"}
+    assert set(work) == {"linalg.generic:Norm", "linalg.generic:MatMul,Norm"}
+    assert record.sources[work["linalg.generic:Norm"]] == {0, 2}  # square and sum (before: sq, fill, s, d, ...)
+    assert record.sources[work["linalg.generic:MatMul,Norm"]] == {3, 4, 6}  # d, the reshape, the matmul
+
+
 def test_after_bufferization_the_placed_graph_is_wired_by_buffer_writes_and_reads():
     graph = load_mlir(TWO_LAYERS)
 
