@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -283,13 +284,17 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
     tiers = (lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
              lambda op, e: op.name == e[0],
              lambda op, e: is_view(op.name) == is_view(e[0]))  # fmt: skip
+    by_node: dict[str, list[int]] = {}
+    for t in sorted(gone):
+        if before[t][2]:
+            by_node.setdefault(before[t][2][0], []).append(t)
     for match in tiers:
         for i in created:
             if stands[i]:
                 continue
             op = after[i]
             node = origin_of(op.location).names[:1]
-            same = [t for t in sorted(gone - taken) if node and before[t][2][:1] == node and match(op, before[t])]
+            same = [t for t in by_node.get(node[0], ()) if t not in taken and match(op, before[t])] if node else []
             if same:
                 stands[i].add(same[0])
                 taken.add(same[0])
@@ -326,8 +331,8 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
                 method.setdefault(t, "dataflow")
 
     walk(stands)
-    shared = {t for s in stands.values() for t in s if sum(t in v for v in stands.values()) > 1}
-    method.update((t, "shared") for t in shared)  # one gone op that several created ops each replaced
+    replaced = Counter(t for s in stands.values() for t in s)
+    method.update((t, "shared") for t, n in replaced.items() if n > 1)  # one gone op several created ops replaced
     # 2. location, consumers first: a gone op nothing claimed joins a created op that names its node,
     # by its own location or (a producer fused into it) by the ops in its body; among those, the op
     # its consumer went to, else one that reads what it read (fusion moves a producer's inputs into
