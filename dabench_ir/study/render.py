@@ -229,8 +229,12 @@ def _mlir_node_cells(rec: Mapping[str, Any], top: int, *, cap: int = 3) -> list[
             for r in rows]  # fmt: skip
 
 
+def _module_where(rec: Mapping[str, Any]) -> str:
+    return rec["module"] or "the module is written with --out-dir"
+
+
 def _mlir_lines(rec: Mapping[str, Any], top: int) -> list[str]:
-    out = [f"MLIR passes ({rec['module']}):", *_pass_lines(rec["before"], rec["steps"]), "", _MLIR_NODE_NOTE]
+    out = [f"MLIR passes ({_module_where(rec)}):", *_pass_lines(rec["before"], rec["steps"]), "", _MLIR_NODE_NOTE]
     return out + _table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, top), left=2)
 
 
@@ -387,7 +391,7 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
         if run.get("mlir"):
             rec = run["mlir"]
-            parts.append(f"<h3>MLIR passes ({html.escape(rec['module'])})</h3>"
+            parts.append(f"<h3>MLIR passes ({html.escape(_module_where(rec))})</h3>"
                          + _html_table(_PASS_HEADERS, _pass_cells(rec["before"], rec["steps"])))  # fmt: skip
             parts.append(f"<h3>{html.escape(_MLIR_NODE_NOTE.rstrip(':'))}</h3>"
                          + _html_table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, len(rec["nodes"]), cap=10**6)))  # fmt: skip
