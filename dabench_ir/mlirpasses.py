@@ -364,7 +364,7 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
         view = is_view(before[t][0])
         fits = [i for i in fits if is_view(after[i].name) == view] or fits
         kept_in = {old for old in before[t][1] if old[0] == "arg" or (old[0] == "op" and old[1] not in gone)}
-        best = ({i for i in fits if i in went_to(t)} if not view else set()) or {
+        best = (went_to(t) & set(fits) if not view else set()) or {
             min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)}
         for i in best:
             placed[i].add(t)

@@ -359,6 +359,35 @@ def test_after_bufferization_the_placed_graph_is_wired_by_buffer_writes_and_read
     }  # fmt: skip
 
 
+M2, I2 = "affine_map<(d0, d1) -> (d0, d1)>", "affine_map<(d0, d1) -> (d0)>"
+GATHER = f"""func.func @main(%ids: tensor<4xi64>, %table: tensor<16x8xf32>) -> tensor<4x8xf32> {{
+  %e = tensor.empty() : tensor<4x8xf32>
+  %g = linalg.generic {{indexing_maps = [{I2}, {M2}], iterator_types = ["parallel", "parallel"]}}
+      ins(%ids : tensor<4xi64>) outs(%e : tensor<4x8xf32>) {{
+  ^bb0(%i: i64, %o: f32):
+    %r = arith.index_cast %i : i64 to index
+    %c = linalg.index 1 : index
+    %v = tensor.extract %table[%r, %c] : tensor<16x8xf32>
+    linalg.yield %v : f32
+  }} -> tensor<4x8xf32> loc("Gather")
+  return %g : tensor<4x8xf32>
+}}
+"""  # an embedding lookup: 4 ids into a 16x8 table
+
+
+def test_a_bufferized_gather_counts_as_on_tensors_and_reads_its_table():
+    graph = load_mlir(GATHER)
+    module = graph.meta[MLIR_ARTIFACT].module.operation.clone()
+    record, counts = run_mlir_pipeline(module, ["one-shot-bufferize{bufferize-function-boundaries}"])
+    b, a = record.before, record.steps[0].cost
+    # 4 ids (32 B) read, one 4-byte element of the table per output element (32 x 4 B), 4x8 written
+    assert (b.bytes_read, b.bytes_written) == (a.bytes_read, a.bytes_written) == (32 + 128, 128)
+    (c,) = counts  # on buffers the body reads the table with memref.load: still a gather, not uncounted
+    assert c.op_class == "data_movement" and a.buffers == 1
+    (node,) = unit_graph(graph, module, counts, unit_names(counts), path=None).nodes
+    assert node.inputs == ["arg0", "arg1"]  # the ids and, through the body's load, the table
+
+
 def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",

@@ -45,9 +45,10 @@ def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost],
 
 
 def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
-    out: dict[str, int] = {}
+    """Work ops (views excluded) per ONNX node their location names."""
     from dabench_ir.mlirpasses import is_view
 
+    out: dict[str, int] = {}
     for c in counts:
         if is_view(c.op_name):
             continue
