@@ -2,7 +2,10 @@
 
     >>> import dabench_ir
     >>> report = dabench_ir.profile("model.onnx", target="rdu")
-    >>> report.to_dict()["totals"]["flops"]
+    >>> report.totals["flops"]
+
+The API is docs/api.md: `profile`, `profile_targets`, `Report` (`Report.from_json`,
+`Report.to_pandas`), `ApiError`.
 """
 
 from __future__ import annotations
@@ -11,17 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "profile"]
+__all__ = ["ApiError", "Report", "__version__", "profile", "profile_targets"]
 
 if TYPE_CHECKING:
-    from dabench_ir.report import Report
+    from dabench_ir.api import ApiError, profile, profile_targets
+    from dabench_ir.report.model import Report
+
+_LAZY = {"ApiError": "dabench_ir.api", "profile": "dabench_ir.api", "profile_targets": "dabench_ir.api",
+         "Report": "dabench_ir.report.model"}  # fmt: skip
 
 
-def profile(model: Any, target: str | None = None, **options: Any) -> Report:
-    """Load ``model`` (a path or an ``onnx.ModelProto``), run the passes, return a Report.
+def __getattr__(name: str) -> Any:
+    """The API's names, imported on first use (``import dabench_ir`` stays light)."""
+    if name in _LAZY:
+        import importlib
 
-    See `dabench_ir.pipeline.profile` for the options.
-    """
-    from dabench_ir.pipeline import profile as _profile
-
-    return _profile(model, target=target, **options)
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dabench_ir' has no attribute {name!r}")

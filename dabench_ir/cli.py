@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from dabench_ir import __version__
 from dabench_ir.errors import UserError
+from dabench_ir.options import DEPRECATED
 
 __all__ = ["main"]
 
@@ -72,12 +73,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = [a for a in head if a != "--debug"] + args_list[len(head) :]
     try:
         parser = build_parser()
-        args = parser.parse_args(args_list)
+        args, unknown = parser.parse_known_args(args_list)
+        if unknown:
+            raise UserError(_unrecognised(parser, getattr(args, "command", None), unknown))
         held = _setup_logging(args.verbose)
+        for line in getattr(args, DEPRECATED, None) or ():  # an old flag spelling: one line, with the rest
+            logging.getLogger("dabench_ir.cli").warning(line)
         if not getattr(args, "func", None):
             parser.print_help(sys.stdout)
             return 0
         code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk behind stdout fails here, not at exit
         if held is not None:
             held.show()
         return code
@@ -95,18 +101,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print("dabench-ir: error: the model is nested too deeply to read; is it the right file?", file=sys.stderr)
         return 2
+    except OSError as exc:
+        from dabench_ir.fileio import stdout_fails
+
+        if not stdout_fails():
+            return _internal_error(exc, debug)
+        _silence_stdout()
+        print(f"dabench-ir: error: cannot write to standard output ({exc.strerror or exc}); "
+              "redirect it to a file system with space, or give an output file", file=sys.stderr)  # fmt: skip
+        return 2
     except MemoryError:
         print("dabench-ir: error: out of memory; try a smaller model or fewer points", file=sys.stderr)
         return 1
     except Exception as exc:  # the last resort: one line, never a traceback unless asked
-        if debug:
-            traceback.print_exc()
-        print(
-            f"dabench-ir: internal error: {type(exc).__name__}: {_one_line(exc)}; "
-            "rerun with --debug for the traceback",
-            file=sys.stderr,
-        )
-        return 1
+        return _internal_error(exc, debug)
+
+
+def _internal_error(exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc)
+    print(
+        f"dabench-ir: internal error: {type(exc).__name__}: {_one_line(exc)}; rerun with --debug for the traceback",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _unrecognised(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> str:
+    """What argparse would say of arguments no flag takes, naming the commands a flag belongs to."""
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for flag in flags:
+        where = [name for name, p in sub.choices.items() if flag in p._option_string_actions]
+        if command and where:
+            return f"{command} has no {flag}; it is a flag of {', '.join(where)}"
+    return f"{'dabench-ir ' + command if command else 'dabench-ir'}: unrecognized arguments: {' '.join(unknown)}"
 
 
 class _HeldWarnings(logging.Handler):

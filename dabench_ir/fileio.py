@@ -6,6 +6,12 @@
   fails in a second rather than after minutes of profiling: not a directory, a folder that
   exists and is writable, not under /proc or /sys, no name over 255 bytes, not one of the
   run's own inputs.
+- `resolve_inside(folder, name, where)`: a path written inside a file (a catalogue's kernel
+  table, a sweep spec's target file, a model's external data) resolved against that file's
+  folder, symlinks followed, and refused unless it stays inside the folder.
+- `plan_outputs(inputs, outputs, folders=...)`: called once per command BEFORE the work with
+  every file the run will write (sidecars, plots, pages included): each one checked as above,
+  none the same file as an input, no two the same file, no input inside an output folder.
 - `write_output(path, data)`: a regular file is written atomically through a unique temporary
   name in its folder (`tempfile.mkstemp` + `os.replace`), so concurrent writers never share
   a temporary and a reader never sees half a file; a symlink is followed (its target is
@@ -31,7 +37,10 @@ __all__ = [
     "check_input_file",
     "check_output_dir",
     "check_output_path",
+    "plan_outputs",
     "read_text_file",
+    "resolve_inside",
+    "stdout_fails",
     "write_output",
     "write_with",
 ]
@@ -112,6 +121,120 @@ def read_text_file(path: str | os.PathLike[str], flag: str | None = None) -> str
         raise UserError(f"{_flag(flag)}{_show(p)}: cannot read ({exc.strerror or exc})") from None
 
 
+def resolve_inside(folder: str | os.PathLike[str], name: str, where: str = "") -> Path:
+    """``name`` (a path written inside a file) resolved against ``folder`` with symlinks
+    followed; a UserError (its line starting with ``where``) when it is absolute or lands
+    outside ``folder``. Opens no file."""
+    base = Path(os.path.realpath(folder))
+    target = Path(os.path.realpath(base / name))
+    if os.path.isabs(name) or not target.is_relative_to(base):
+        raise UserError(
+            f"{where + ': ' if where else ''}{_show(name)!r} points outside {_show(base)}; refusing to read it "
+            "(give a path inside that folder, e.g. move the file beside the one that names it)"
+        )
+    return target
+
+
+def _identity(p: str | os.PathLike[str]) -> tuple:
+    """What makes two paths one file: device and inode when it exists, else its resolved path."""
+    try:
+        st = os.stat(p)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.realpath(p))
+
+
+def plan_outputs(
+    inputs: Iterable[str | os.PathLike[str]],
+    outputs: Iterable[tuple[str | os.PathLike[str], str]],
+    *,
+    folders: Iterable[tuple[str | os.PathLike[str], str]] = (),
+    creates: Iterable[tuple[str | os.PathLike[str], str]] = (),
+    allow_stdout: bool = False,
+) -> None:
+    """Refuse, before any work, a run whose outputs would overwrite an input or each other.
+
+    ``outputs``: (path, how messages name it) for EVERY file the run writes, derived ones
+    (a CSV's ``.roles.csv``, per-target files, plot files) included; ``folders``: (folder,
+    flag) of output folders whose files are not listed one by one: no input may lie in one.
+    Each output is also checked as `check_output_path` does; ``creates``: (folder, flag) of
+    folders the run creates (checked as `check_output_dir` does): a file inside one that does
+    not exist yet needs no existing parent, and they are created once every check passed.
+    """
+    inputs = [Path(i) for i in inputs if os.fspath(i) not in ("", "-")]
+    creates = list(creates)
+    made = []
+    for folder, flag in creates:
+        check_output_dir(folder, flag)
+        made.append(Path(os.path.realpath(folder)))
+    seen: dict[tuple, str] = {}
+    for path, flag in outputs:
+        if allow_stdout and os.fspath(path) == "-":
+            key: tuple = ("stdout",)
+            if stdout_fails():
+                raise UserError(f"{flag} -: standard output refuses writes (a full disk?); give an output file")
+        else:
+            parent = Path(os.path.realpath(Path(path).parent))
+            if not parent.exists() and any(parent.is_relative_to(m) for m in made):
+                _output_where(path, flag, "file")  # its folder is created by the run
+            else:
+                check_output_path(path, flag, inputs=inputs)
+            key = _identity(path)
+            for other in inputs:
+                if _identity(other) == key:
+                    raise UserError(f"{flag} {_show(path)}: is an input of this run; refusing to overwrite it (choose another name)")
+        if key in seen:
+            raise UserError(
+                f"{flag} {_show(path)}: {seen[key]} writes the same file; give each output its own name"
+            )
+        seen[key] = f"{flag} {_show(path)}" if key != ("stdout",) else flag
+    for folder, flag in folders:
+        base = os.path.realpath(folder)
+        for other in inputs:
+            if Path(os.path.realpath(other)).is_relative_to(base):
+                raise UserError(
+                    f"{flag} {_show(folder)}: input {_show(other)} lies inside this output folder, whose files "
+                    "the run writes; move the input or choose another folder"
+                )
+    for folder, flag in creates:
+        check_output_dir(folder, flag, create=True)
+
+
+def stdout_fails() -> bool:
+    """Whether standard output refuses writes (a full disk behind it): probed with an empty
+    write, which writes nothing. False when stdout is no file descriptor (a test's capture)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    return not _writes(fd)
+
+
+def _writes(fd: int) -> bool:
+    try:
+        os.write(fd, b"")
+    except OSError:
+        return False
+    return True
+
+
+def _device_refuses(p: Path) -> str | None:
+    """Why a device cannot take a write (``/dev/full``: no space), probed with an empty write; None if it can."""
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        os.write(fd, b"")
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return None
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -182,6 +305,9 @@ def check_output_path(
         if not stat.S_ISREG(st.st_mode):
             if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
                 raise UserError(f"{where}: a pipe or socket; give a file name")
+            why = _device_refuses(p)
+            if why:
+                raise UserError(f"{where}: the device refuses writes ({why}); give another file")
             return p  # a device: written through
     elif p.is_symlink():
         raise UserError(f"{where}: a symlink to a missing folder or file; give another name")

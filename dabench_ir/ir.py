@@ -199,12 +199,17 @@ class ValueKind(enum.StrEnum):
 
 @dataclass(slots=True)
 class Value:
-    """A named tensor in the graph. ``producer`` is the node that writes it, if any."""
+    """A named tensor in the graph. ``producer`` is the node that writes it, if any.
+
+    ``scalar`` is the number a one-element constant holds (an initializer or a Constant node's
+    output), kept because a cost rule reads it (Pow's exponent); no other tensor data is kept.
+    """
 
     name: str
     type: TensorType
     kind: ValueKind
     producer: str | None = None
+    scalar: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -396,7 +401,7 @@ class Graph:
                  {k: (dict(v) if type(v) is dict else v) for k, v in n.meta.items()})
             for n in self.nodes
         ]  # fmt: skip
-        values = {k: Value(v.name, v.type, v.kind, v.producer) for k, v in self.values.items()}
+        values = {k: Value(v.name, v.type, v.kind, v.producer, v.scalar) for k, v in self.values.items()}
         copy = Graph(nodes, values, self.inputs, self.outputs, name=self.name, path=self.path, metadata=self.metadata,
                      bindings=self.bindings, opsets=self.opsets)  # fmt: skip
         copy.meta = {k: (dict(v) if type(v) is dict else v) for k, v in self.meta.items()}

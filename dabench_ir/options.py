@@ -1,10 +1,14 @@
 """Every knob of dabench-ir, declared once.
 
 A knob is a dataclass field whose metadata holds a `Knob`: its help, its choices, how a
-command-line or TOML value is parsed and checked, and which commands offer it. The CLI
-flags of ``profile``, ``scale`` and ``sweep``, the sweep-spec validation, the lowerings'
-own option classes and the report's recorded configuration are all derived from these
-fields (xDSL's passes derive their CLI from their dataclass fields the same way).
+command-line or TOML value is parsed and checked (its range), which commands offer it, and
+which target kinds, modes and strategies it applies to. The CLI flags of ``profile``,
+``scale``, ``sweep`` and ``study``, the sweep-spec validation, the lowerings' own option
+classes and the report's recorded configuration are all derived from these fields (xDSL's
+passes derive their CLI from their dataclass fields the same way), and `check_applies`, which
+every run passes (`dabench_ir.run.resolve`), refuses a knob where its declaration says it
+does not apply: no flag is accepted and ignored. A renamed flag keeps its old spelling as a
+hidden alias with one deprecation line (`add_flag`).
 
 Adding a knob: one field below (``knob(...)``) plus the code that reads it.
 """
@@ -25,14 +29,19 @@ __all__ = [
     "GROUP_TITLES",
     "KNOBS",
     "KV_PRECISIONS",
+    "MAX_LAYERS",
     "PRECISIONS",
     "PROFILE",
     "SCALE",
+    "STUDY",
     "SWEEP",
     "Knob",
     "ProfileOptions",
     "ScaleOptions",
+    "add_deprecated",
+    "add_flag",
     "add_knob_arguments",
+    "check_applies",
     "knob",
     "knob_values",
     "knobs_for",
@@ -40,8 +49,9 @@ __all__ = [
     "recorded_config",
 ]
 
-PROFILE, SCALE, SWEEP = "profile", "scale", "sweep"
-_ALL = frozenset({PROFILE, SCALE, SWEEP})
+PROFILE, SCALE, SWEEP, STUDY = "profile", "scale", "sweep", "study"
+_ALL = frozenset({PROFILE, SCALE, SWEEP, STUDY})
+_PROFILE_ONLY = frozenset({PROFILE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,9 @@ class Knob:
     cli: str = ""  # the flag's name when it is not the field's (dims -> dim)
     metavar: str | None = None
     targets: frozenset[str] | None = None  # target kinds whose lowering reads it (None: all)
+    modes: frozenset[str] | None = None  # --mode values it means something in (None: all); its default: any
+    strategies: frozenset[str] | None = None  # --strategy values it means something with (None: all)
+    aliases: tuple[str, ...] = ()  # older flag spellings: still accepted, with a deprecation line
     name: str = ""
     default: Any = None  # the field's default (filled in by `_collect`; None for a factory)
 
@@ -139,6 +152,20 @@ def _chip_count(value: Any) -> int:
     return chips
 
 
+def _thread_count(value: Any) -> int:
+    from dabench_ir.execute.ort import default_threads  # the CPUs this process may use
+
+    threads, cpus = _positive(value), default_threads()
+    if threads > cpus:
+        raise ValueError(f"expected at most {cpus} (the CPUs this process may use)")
+    return threads
+
+
+MAX_LAYERS = 10_000
+"""The most decoder blocks a model may have: export and sweep refuse more (sweep: unless --force),
+validate's catalogue reads the same limit. Far above any published model (LLaMA-2 70B: 80)."""
+
+
 def _positive_or_auto(value: Any) -> int | str:
     return "auto" if value == "auto" else _positive(value)
 
@@ -216,6 +243,7 @@ SCENARIOS = ("generate",)
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
+_TRAIN = frozenset({"train"})
 OPT_LEVELS = ("O0", "O1", "O3")
 WSE_MODES = ("pipelined", "streaming", "auto")
 STRATEGIES = ("dp", "tp", "pp")
@@ -227,12 +255,17 @@ class ProfileOptions:
 
     dims: Mapping[str, int] = knob(
         default_factory=dict, help="bind a symbolic dim, NAME=VALUE (repeatable)", parse=_dims, cli="dim",
-        metavar="NAME=VALUE", commands=frozenset({PROFILE, SCALE}),
+        metavar="NAME=VALUE", commands=frozenset({PROFILE, SCALE, STUDY}),
     )  # fmt: skip
     batch: int | None = knob(
         None, help="samples per step on each replica: binds the model's batch dim when it is symbolic; a static "
         "batch is the model's own (default: as exported)", parse=_positive, many=frozenset({SCALE})
     )
+    seq: int | None = knob(
+        None, help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
+        "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)", parse=_positive,
+        commands=frozenset({PROFILE, SCALE}),
+    )  # fmt: skip
     precision: str | None = knob(
         None, help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "
         "as the model is); int8 = W8A8, fp8 = e4m3 "
@@ -245,18 +278,19 @@ class ProfileOptions:
     recompute: str = knob(
         "none", help="train mode: none (keep what autograd saves), selective (recompute attention cores) or full "
         "(keep block inputs, recompute each block); true/false from older specs mean full/none",
-        choices=RECOMPUTE, parse=_recompute,
+        choices=RECOMPUTE, parse=_recompute, modes=_TRAIN,
     )  # fmt: skip
     fused_attention: bool | None = knob(
         None, help="run attention cores as one fused kernel (FlashAttention: no S×S tensor in memory; "
         "default: the target's [defaults])", parse=_bool, metavar="{true,false}",
     )  # fmt: skip
     micro_batch: int | None = knob(
-        None, help="train: samples in flight per micro-batch (gradient accumulation over --batch / --micro-batch "
-        "micro-batches; the optimizer runs once per step); sets --micro-batches", parse=_positive,
+        None, help="train: samples in flight per micro-batch (gradient accumulation over --batch / "
+        "--micro-batch-size micro-batches; the optimizer runs once per step); sets --micro-batches", parse=_positive,
+        modes=_TRAIN, cli="micro_batch_size", aliases=("--micro-batch",), metavar="N",
     )  # fmt: skip
     via: str = knob(
-        "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=frozenset({PROFILE})
+        "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=_PROFILE_ONLY
     )
     no_verify: bool = knob(
         False, help="skip the physics verifier that checks every run (dabench_ir.verify; debugging only: a "
@@ -297,7 +331,7 @@ class ProfileOptions:
     optimizer_state: str = knob(
         "auto", help="where optimizer state (fp32 master weights and moments) lives: auto (the vendor's default), "
         "onchip, or offchip (IPU streaming memory; GPU CPU offload)", choices=OPTIMIZER_STATE,
-        group="target", targets=frozenset({"ipu", "gpu"}),
+        group="target", targets=frozenset({"ipu", "gpu"}), modes=_TRAIN,
     )  # fmt: skip
     replicated_tensor_sharding: bool = knob(
         True, help="IPU: shard optimizer state over the replicas", parse=_bool, group="target",
@@ -306,33 +340,34 @@ class ProfileOptions:
     # measurement
     measure: bool = knob(
         False, help="run the model in onnxruntime and time every node", parse=_bool, group="measure",
-        commands=frozenset({PROFILE}),
+        commands=_PROFILE_ONLY,
     )  # fmt: skip
     warmup: int = knob(
-        2, help="untimed runs first", parse=_non_negative, group="measure", commands=frozenset({PROFILE})
+        2, help="untimed runs first", parse=_non_negative, group="measure", commands=_PROFILE_ONLY
     )
     repeat: int | str = knob(5, help="timed runs (the median is kept); auto: until the median's spread is known",
-                             parse=_positive_or_auto, group="measure", commands=frozenset({PROFILE}))  # fmt: skip
+                             parse=_positive_or_auto, group="measure", commands=_PROFILE_ONLY)  # fmt: skip
     threads: int | None = knob(
-        None, help="onnxruntime intra-op threads", parse=_positive, group="measure", commands=frozenset({PROFILE})
+        None, help="onnxruntime intra-op threads (at most the CPUs this process may use)", parse=_thread_count,
+        group="measure", commands=_PROFILE_ONLY,
     )
     ort_opt: bool = knob(
         False, help="keep onnxruntime graph optimisation on", parse=_bool, group="measure",
-        commands=frozenset({PROFILE}),
+        commands=_PROFILE_ONLY,
     )  # fmt: skip
     max_weight_bytes: int = knob(
-        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights", parse=_positive, group="measure", commands=frozenset({PROFILE})
+        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights", parse=_positive, group="measure", commands=_PROFILE_ONLY
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
     scenario: str | None = knob(
         None, help="generate: time to first token and per output token (MODEL: a preset or a dabench-ir export)",
-        choices=SCENARIOS, group="scenario", commands=frozenset({PROFILE}),
+        choices=SCENARIOS, group="scenario", commands=_PROFILE_ONLY,
     )  # fmt: skip
     prompt: int | None = knob(
-        None, help="prompt tokens per request", parse=_positive, group="scenario", commands=frozenset({PROFILE})
+        None, help="prompt tokens per request", parse=_positive, group="scenario", commands=_PROFILE_ONLY
     )
     gen: int | None = knob(
-        None, help="tokens generated per request", parse=_positive, group="scenario", commands=frozenset({PROFILE})
+        None, help="tokens generated per request", parse=_positive, group="scenario", commands=_PROFILE_ONLY
     )
 
     def __post_init__(self) -> None:
@@ -345,17 +380,16 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to scale over (profile: with --scenario generate)", parse=_chip_count,
-                      group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), many=frozenset({SCALE}))  # fmt: skip
-    strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale",
-                                commands=frozenset({SCALE, SWEEP, PROFILE}))  # fmt: skip
+    chips: int = knob(1, help="chips to place the model over, with --strategy (scale: a list)", parse=_chip_count,
+                      group="scale", many=frozenset({SCALE}))  # fmt: skip
+    strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale")
     zero: int = knob(0, help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
-                     "2 + gradients, 3 + weights = FSDP)", parse=_zero, group="scale",
-                     commands=frozenset({SCALE, SWEEP}), metavar="{0,1,2,3}")  # fmt: skip
+                     "2 + gradients, 3 + weights = FSDP)", parse=_zero, group="scale", modes=_TRAIN,
+                     strategies=frozenset({"dp"}), targets=frozenset({"gpu"}), metavar="{0,1,2,3}")  # fmt: skip
     chips_per_node: int | None = knob(
         None, help="how many of the run's chips share a node: a job spread over machines, its collectives and "
         "pipeline boundaries crossing the inter-node link (default: the target's [topology] devices_per_node; "
-        "at most that)", parse=_chip_count, group="scale", commands=frozenset({SCALE, SWEEP, PROFILE}), metavar="N",
+        "at most that)", parse=_chip_count, group="scale", metavar="N",
     )  # fmt: skip
 
 
@@ -421,7 +455,51 @@ def add_knob_arguments(
             kwargs["metavar"] = k.metavar or f"{name.upper()}[,{name.upper()}...]"
         else:
             kwargs["metavar"] = k.metavar or ("{" + ",".join(k.choices) + "}" if k.choices else name.upper())
-        target.add_argument(k.flag, **kwargs)
+        add_flag(target, k.flag, deprecated=k.aliases, **kwargs)
+
+
+DEPRECATED = "_deprecated"
+"""The parsed namespace's list of deprecation lines (an old spelling was used); `dabench_ir.cli` prints
+them as warnings after the command."""
+
+
+class _Deprecated(argparse.Action):
+    """An old flag, not shown in the help: it does what ``base`` (the flag that replaced it) does, or
+    stores its value, and records a deprecation line saying what to ``use``."""
+
+    def __init__(self, option_strings, dest, *, use: str, base: argparse.Action | None = None, nargs=None, const=None,
+                 default=None, metavar=None, **_: Any):  # fmt: skip
+        if base is not None:
+            nargs, const, default = base.nargs, base.const, argparse.SUPPRESS  # the new flag owns the default
+        super().__init__(option_strings, dest, nargs=nargs, const=const, default=default, metavar=metavar,
+                         help=argparse.SUPPRESS)  # fmt: skip
+        self.use, self.base = use, base
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        lines = getattr(namespace, DEPRECATED, None) or []
+        lines.append(f"{option_string} is deprecated and will be removed; use {self.use}")
+        setattr(namespace, DEPRECATED, lines)
+        if self.base is not None:
+            self.base(parser, namespace, values, option_string)
+        else:
+            setattr(namespace, self.dest, values)
+
+
+def add_flag(parser: Any, *flags: str, deprecated: tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(*flags, **kwargs)``, also answering to the ``deprecated`` spellings (not
+    shown in the help): each use of one records a deprecation line naming the flag to use. Every
+    command keeps a renamed flag's old spelling this way."""
+    action = parser.add_argument(*flags, **kwargs)
+    if deprecated:
+        use = next((f for f in flags if f.startswith("--")), flags[0])
+        parser.add_argument(*deprecated, dest=action.dest, action=_Deprecated, base=action, use=use)
+    return action
+
+
+def add_deprecated(parser: Any, flag: str, *, use: str, **kwargs: Any) -> argparse.Action:
+    """A retired flag that still works as it did (not shown in the help), with a deprecation line
+    saying what to ``use`` instead (``scale --plot F``: use --plots DIR)."""
+    return parser.add_argument(flag, action=_Deprecated, use=use, **kwargs)
 
 
 def _text(value: Any) -> str:
@@ -448,12 +526,52 @@ def knob_values(args: argparse.Namespace, command: str, *, knobs: Mapping[str, K
 def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed: Any) -> Any:
     """An options object (``cls``) from parsed flags; ``fixed`` sets fields (one value of a list flag)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in knob_values(args, command).items() if k in names}
+    values = knob_values(args, command)
+    dropped = [KNOBS[n].flag for n in values if n not in names]
+    if dropped:  # never accepted and ignored: a command offers only the knobs its options hold
+        raise RuntimeError(f"{command} offers {dropped[0]}, which {cls.__name__} has no field for")
     values.update(fixed)
     listed = [KNOBS[n].flag for n, v in values.items() if isinstance(v, list)]
     if listed:
         raise UserError(f"{listed[0]} takes one value here")
     return cls(**values)
+
+
+def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = None, *, trained: bool = False) -> None:
+    """The one check that no knob is accepted and ignored: each knob the user ``given`` must apply to
+    ``target`` (its kind, its size), the run's mode (``trained``: the graph is already a training
+    graph) and strategy, as its declaration says; a UserError names the flag and where it applies.
+
+    Every run passes here (`dabench_ir.run.resolve`), whatever command or API asked for it.
+    """
+    mode = "train" if trained else opts.mode
+    for name in sorted(given):
+        k = KNOBS[name]
+        value = getattr(opts, name)
+        if target is None and k.group == "scale":
+            raise UserError(f"{k.flag} places the model over several chips of a target; give --target")
+        if k.targets is not None:
+            kinds = ", ".join(sorted(k.targets))
+            if target is None:
+                raise UserError(f"{k.flag} sets how a {kinds} target places the model; give --target (e.g. -t {min(k.targets)})")
+            if target.kind not in k.targets:
+                raise UserError(f"{k.flag} applies to {kinds} targets, not {target.name} ({target.kind}); drop it")
+        if k.modes is not None and mode not in k.modes and value != k.default:
+            raise UserError(f"{k.flag} {_text(value)} applies to training; add --mode train")
+        if k.strategies is not None and value != k.default and opts.strategy not in (None, *k.strategies):
+            raise UserError(f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
+                            f"not --strategy {opts.strategy}; drop it or use --strategy dp")  # fmt: skip
+    if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and mode == "train":
+        raise UserError(f"--precision {opts.precision} is an inference (quantised) precision; train in "
+                        f"{', '.join(FLOAT_PRECISIONS)}")  # fmt: skip
+    if target is None or "replicas" not in given or opts.replicas in (None, 1):
+        return
+    if target.kind == "wse" and opts.wse_mode == "streaming":
+        raise UserError(f"--replicas {_text(opts.replicas)}: weight streaming runs one copy on the wafer; "
+                        "replicas apply to --wse-mode pipelined (or auto)")  # fmt: skip
+    if isinstance(opts.replicas, int) and opts.replicas > target.num_units:
+        raise UserError(f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy "
+                        "needs at least one")  # fmt: skip
 
 
 def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:

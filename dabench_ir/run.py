@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import KNOBS, ScaleOptions
+from dabench_ir.options import KNOBS, ScaleOptions, check_applies
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
@@ -213,7 +213,7 @@ def resolve(
     or an options object) on ``graph`` (loaded, costed or not) and ``target``.
 
     Resolves the samples of a step from the graph's batch dim and ``--batch``/``--dim``, the
-    micro-batches from ``--micro-batch``/``--micro-batches``, and what the user left open from the
+    micro-batches from ``--micro-batch-size``/``--micro-batches``, and what the user left open from the
     target's ``[defaults]`` (``defaults=False``: options taken as they are, for a caller that placed
     them already). A UserError says what cannot be asked (a batch the model fixes otherwise, a
     micro-batch that does not divide it, a knob that cannot apply to the target or the mode).
@@ -229,6 +229,8 @@ def resolve(
     # samples: the graph's batch dim, bound by --batch when it is symbolic
     dims = dict(opts.dims)
     dim = graph.batch_dim
+    if "batch" in dims and "batch" not in graph.symbols and isinstance(dim, int) and opts.batch in (None, dims["batch"]):
+        opts = dataclasses.replace(opts, batch=dims.pop("batch"), dims=dims)  # a static batch named as a dim
     per_replica: int | None
     if isinstance(dim, str):
         bound = dims.get(dim, graph.bindings.get(dim))
@@ -252,6 +254,7 @@ def resolve(
             raise UserError(f"--batch {opts.batch}: the model has no batch dimension ({what}); a batch is dim 0 of "
                             "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim")  # fmt: skip
         per_replica, source = 1, "user" if opts.batch is not None else "default"
+    _bind_seq_and_derived(graph, opts.seq, dims)
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
@@ -260,22 +263,23 @@ def resolve(
         changes["batch"] = per_replica
         sources["batch"] = source
 
-    # micro-batches: --micro-batch (the size in flight) sets their number
+    # micro-batches: --micro-batch-size (the samples in flight) sets their number
     micro_batches = opts.micro_batches
+    size, count = KNOBS["micro_batch"].flag, KNOBS["micro_batches"].flag
     if opts.micro_batch is not None:
         if per_replica is None:
-            raise UserError(f"--micro-batch {opts.micro_batch}: give --batch (the samples per step) too")
+            raise UserError(f"{size} {opts.micro_batch}: give --batch (the samples per step) too")
         if per_replica % opts.micro_batch:
-            raise UserError(f"--micro-batch {opts.micro_batch} does not divide the batch {per_replica}")
+            raise UserError(f"{size} {opts.micro_batch} does not divide the batch {per_replica}")
         m = per_replica // opts.micro_batch
         if opts.micro_batches is not None and opts.micro_batches != m:
-            raise UserError(f"--micro-batch {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
-                            f"not --micro-batches {opts.micro_batches}; give one of them")  # fmt: skip
+            raise UserError(f"{size} {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
+                            f"not {count} {opts.micro_batches}; give one of them")  # fmt: skip
         micro_batches = m
         changes["micro_batches"] = m
         sources["micro_batches"] = "user"
 
-    _refuse_what_cannot_apply(opts, given, tgt, trained=meta.graph_mode(graph) == "train")
+    check_applies(opts, given, tgt, trained=meta.graph_mode(graph) == "train")  # no knob accepted and ignored
 
     # what the user left open, from the target's [defaults]
     if tgt is not None and defaults:
@@ -303,32 +307,28 @@ def resolve(
     )
 
 
-def _refuse_what_cannot_apply(opts: ScaleOptions, given: set[str], target: Target | None, *, trained: bool) -> None:
-    """No knob is accepted and ignored: one the target's lowering does not read, or one the mode
-    gives no meaning, is refused with one line naming it and where it applies."""
-    from dabench_ir.options import FLOAT_PRECISIONS, _text
+def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -> None:
+    """``--seq`` binds the sequence-length symbols; then the symbols the graph derives from its inputs'
+    (``sequence_length + 1``, ``unk__13``) follow from what is bound (`dabench_ir.frontends.onnx`)."""
+    from dabench_ir.frontends.onnx import derived_dims, seq_symbols, unbound_inputs
 
-    for name in sorted(given):
-        k = KNOBS[name]
-        if k.group != "target" or k.targets is None:
-            continue
-        kinds = ", ".join(sorted(k.targets))
-        if target is None:
-            raise UserError(f"{k.flag} sets how a {kinds} target places the model; give --target (e.g. -t {min(k.targets)})")
-        if target.kind not in k.targets:
-            raise UserError(f"{k.flag} applies to {kinds} targets, not {target.name} ({target.kind}); drop it")
-    inference = opts.mode != "train" and not trained  # a graph the training pass expanded trains
-    if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and not inference:
-        raise UserError(f"--precision {opts.precision} is an inference (quantised) precision; train in "
-                        f"{', '.join(FLOAT_PRECISIONS)}")  # fmt: skip
-    for name, idle in (("recompute", "none"), ("optimizer_state", "auto"), ("micro_batch", None), ("zero", 0)):
-        if inference and name in given and getattr(opts, name) != idle:
-            raise UserError(f"{KNOBS[name].flag} {_text(getattr(opts, name))} applies to training; add --mode train")
-    if opts.zero and opts.strategy not in (None, "dp"):
-        raise UserError(f"--zero {opts.zero} shards data-parallel training state; it does not apply to --strategy {opts.strategy}")
-    if isinstance(opts.replicas, int) and target is not None and opts.replicas > target.num_units:
-        raise UserError(f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy needs "
-                        "at least one")  # fmt: skip
+    if seq is not None:
+        names = seq_symbols(graph)
+        if not names:
+            raise UserError(f"--seq {seq}: the model has no symbolic sequence length (its symbols: "
+                            f"{', '.join(sorted(graph.symbols)) or 'none'}); its sequence is fixed as exported")  # fmt: skip
+        for name in names:
+            if dims.get(name, seq) != seq:
+                raise UserError(f"--seq {seq} and --dim {name}={dims[name]} disagree; give one of them")
+            dims[name] = seq
+    bound = {**graph.bindings, **dims}
+    unbound = unbound_inputs(graph, bound)
+    if unbound:
+        flags = " ".join("--seq N" if s in seq_symbols(graph) else f"--dim {s}=N" for s in unbound)
+        raise UserError(f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "
+                        "(the dims the graph derives from them follow)")  # fmt: skip
+    for name, value in derived_dims(graph, bound).items():
+        dims.setdefault(name, value)
 
 
 # -- the passes a run needs ---------------------------------------------------------------------
@@ -462,7 +462,7 @@ def lowering_options(run: ResolvedRun) -> Any:
 
 
 def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
-    from dabench_ir.execute import measure
+    from dabench_ir.execute import measure, measure_provider
 
     if run.model is None and graph.path is None:
         raise UserError("--measure runs a model file in onnxruntime; give the .onnx path")
@@ -480,6 +480,7 @@ def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
         threads=o.threads,
         ort_opt=o.ort_opt,
         max_weight_bytes=o.max_weight_bytes,
+        provider=measure_provider(tgt.kind if tgt is not None else None, tgt.name if tgt is not None else ""),
         target=tgt if tgt is not None and tgt.kind == "cpu" else None,
     )
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
 __all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "chips_per_node", "scale",
-           "split_for_tp"]
+           "shard_optimizer_step", "split_for_tp"]
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,18 @@ def _split_cost(cost: Cost, chips: int, inside_in: bool, inside_out: bool) -> Co
     )
 
 
+def shard_optimizer_step(graph: Graph, frac: float) -> None:
+    """Scale the optimizer step's cost in ``graph`` to the ``frac`` of the parameters one chip
+    updates (its FLOPs and the states it reads and writes: a memory-bound pass over them)."""
+    for node in graph.nodes:
+        cost = meta.get_cost(node)
+        if is_optimizer_step(node) and cost is not None:
+            node.meta[meta.COST] = Cost(vector_flops=math.ceil(cost.vector_flops * frac),
+                                        special_ops=math.ceil(cost.special_ops * frac),
+                                        weight_bytes=math.ceil(cost.weight_bytes * frac),
+                                        act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
+
+
 def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str, str | None], chips: int) -> None:
     """Tensor parallelism shards the training state with the weights: gradients, master weights
     and moments follow the parameters each chip keeps; saved activations produced inside a
@@ -345,13 +357,7 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
         optimizer_state_bytes=math.ceil(int(train.optimizer_state_bytes) * frac),
         params=after,
     )
-    for node in share.nodes:  # the optimizer updates only this chip's shard
-        cost = meta.get_cost(node)
-        if is_optimizer_step(node) and cost is not None:
-            node.meta[meta.COST] = Cost(vector_flops=math.ceil(cost.vector_flops * frac),
-                                        special_ops=math.ceil(cost.special_ops * frac),
-                                        weight_bytes=math.ceil(cost.weight_bytes * frac),
-                                        act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
+    shard_optimizer_step(share, frac)  # the optimizer updates only this chip's shard
     if saved and train.recompute_mode != "full":
         shared = replace(shared, saved_activation_bytes=sum(saved.values()))
     elif saved:
@@ -377,6 +383,12 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
     stage_times[0] += outside / 2
     stage_times[-1] += outside / 2
+    from dabench_ir.lowering.gpu import HOST_ISSUE
+
+    wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
+    if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
+        total = sum(stage_times) or 1.0
+        stage_times = [t + wait * t / total for t in stage_times]
     worst = max(stage_times)
     batch = run.samples.per_replica
     m = run.samples.micro_batches or batch  # at most one micro-batch per sample
@@ -605,7 +617,14 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
         comm = allreduce_time(target, _gradient_bytes(graph), n, chips_per_node(target, options)) * (
             1.5 if zero == 3 else 1.0)
-    pt = _point_from_run(single, n, batch * n, comm)
+    chip = single
+    if zero and target.kind == "gpu":
+        # ZeRO >= 1 shards the optimizer state: each chip's optimizer pass updates 1/n of the
+        # parameters (its moments, master weights and gradient shard; Rajbhandari et al., SC'20, §5.1)
+        share = graph.clone()
+        shard_optimizer_step(share, 1.0 / n)
+        chip = _run_one(share, run)
+    pt = _point_from_run(chip, n, batch * n, comm)
     pt.notes.append("weak scaling: each chip runs the graph's batch")
     if target.kind == "gpu":
         from dabench_ir.lowering.gpu import device_memory

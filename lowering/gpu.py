@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dabench_ir.ir import Node
+from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
     LoweringContext,
@@ -51,7 +51,7 @@ from dabench_ir.timeline import Bound
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan"]
+__all__ = ["HOST_ISSUE", "LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,9 @@ def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
 
 
 LOWERING = GpuLowering()
+
+HOST_ISSUE = "host_issue"
+"""The step overhead (`Plan.step_overheads_s`) of a stream waiting for the host to issue its kernels."""
 
 
 _CLASS_WORDS = {"vector": "the vector (CUDA) cores", "special": "the special-function units (SFU)"}
@@ -226,6 +229,59 @@ def _backward_kernels(ctx: LoweringContext, group: list[Node], cores: set[object
     return gemms + int(rest)
 
 
+def _memory_s(cost: Cost, runs: int, bw: float) -> float:
+    """HBM seconds of a node over the step: its bytes, its weights read again each further micro-batch."""
+    return (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
+
+
+def _group_device_s(ctx: LoweringContext, group: list[Node], compute: Mapping[str, tuple[float, str]], bw: float,
+                    m: int) -> float:
+    """Device seconds of one kernel group's work over the step (roofline per node, launches apart)."""
+    total = 0.0
+    for node in group:
+        if ctx.is_work(node):
+            runs = 1 if is_optimizer_step(node) else m
+            total += max(compute[node.name][0], _memory_s(ctx.costs[node.name], runs, bw))
+    return total
+
+
+def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapping[int, float],
+               issue_s: float, micro_batches: int) -> float:
+    """Seconds per step the stream idles, its next kernel not yet issued by the host.
+
+    ``kernels_of``: per kernel group, its kernels per run, its runs per step (1: the optimizer,
+    once per step) and whether it does work; ``device``: each working group's device seconds over
+    the step, launches included. The host issues one kernel every ``issue_s`` (the framework's
+    host cost per kernel, ``overheads.host_issue_s``) and runs ahead of the device as far as it
+    can; the device starts kernel i at ``max(end of kernel i-1, when the host issued i)``. A step
+    starts with an empty queue (the loop reads the loss back every step, as training loops do), so
+    a step of short kernels is bound by the host and one of long kernels hides it. Order: each
+    micro-batch's forward kernels in graph order, then their backward kernels in reverse, the
+    once-per-step kernels last; a group's device time is split evenly over its kernels (exact for a
+    GEMM and its two gradient GEMMs).
+    """
+    forward: list[float] = []
+    backward: list[float] = []
+    once: list[float] = []
+    for group, kernels, runs, work in kernels_of:
+        if not work:
+            continue
+        each = device[id(group)] / (runs * kernels)
+        if any(is_optimizer_step(n) for n in group):
+            once += [each] * kernels
+            continue
+        forward.append(each)
+        backward += [each] * (kernels - 1)
+    wait = host = end = 0.0
+    for each in (forward + backward[::-1]) * micro_batches + once:
+        host += issue_s
+        if host > end:
+            wait += host - end
+            end = host
+        end += each
+    return wait
+
+
 def device_memory(
     ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
 ) -> dict[str, int]:
@@ -286,14 +342,21 @@ def stream_plan(
     weighted_alloc = total_t = 0.0
     traffic = 0
     cores: set[object] = set()
+    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, has work
     for group in groups if groups is not None else kernel_groups(ctx, fuse):
-        launched = False
         kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
+        work = [n for n in group if ctx.is_work(n)]
+        runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
+        kernels_of.append((group, kernels, runs, bool(work)))
+    device = {id(g): _group_device_s(ctx, g, compute, bw, m) + runs * kernels * launch
+              for g, kernels, runs, work in kernels_of if work}  # fmt: skip
+    issue = target.overhead("host_issue_s")
+    for group, kernels, runs, _ in kernels_of:
+        launched = False
         for node in group:
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             work = ctx.is_work(node)
-            runs = 1 if is_optimizer_step(node) else m  # the optimizer runs once per step
             overhead = runs * kernels * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
@@ -306,7 +369,7 @@ def stream_plan(
                 node,
                 unit=unit.id,
                 compute_s=compute_s,
-                memory_s=(cost.bytes + (runs - 1) * cost.weight_bytes) / bw,  # weights read per micro-batch
+                memory_s=_memory_s(cost, runs, bw),
                 overhead_s=overhead,
                 feed_level=mem.level,
                 feed_bytes=cost.bytes,
@@ -322,6 +385,9 @@ def stream_plan(
             total_t += np_.per_micro_batch_s
             traffic += cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
+    wait = _host_wait(kernels_of, device, issue, m) if issue > 0 else 0.0
+    if wait > 0:  # the stream idles, its next kernel not yet issued: a step cost no node owns
+        plan.step_overheads_s[HOST_ISSUE] = wait
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
     parts = device_memory(ctx, micro_batches=m, offload=offload)
     resident = sum(v for k, v in parts.items() if k != "host")

@@ -36,6 +36,13 @@ A section's compute is each node's Cost in three parts at the compiled tiles' ra
 contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` (PCUs in systolic
 mode), vector FLOPs and special functions at the target's ``[compute.vector_flops]`` and
 ``[compute.special_ops]`` rates (PCUs in SIMD mode; `Target.rate`), both scaled by ``tiles/tiles_per_rdu``.
+Those are a stage's seconds on all the compiled tiles; the section is one pipeline whose stages
+hold PCUs in proportion to their memory demand, spread over the planning capacity (every unit
+for a tiled group), so it lasts its slowest stage (`pipeline_s`): ``pcus/room · Σp · max_i t_i/p_i``.
+A balanced section (work in proportion to PCUs, a GEMM alone, a layer of large GEMMs) runs near
+the fitted rate; one whose PCUs follow weight bytes while its work follows FLOPs (small
+matmuls fused with norms, activations and the attention core at hidden 1600) waits on its
+slowest stage. This is the GEMM-shape dependence of the contraction rate on this chip.
 The rates are the plan's precision's: fp32 runs at half the bf16 rates (a 32-bit lane does one
 fp32 or two bf16 operations), and its bytes are twice, so the whole-step mixed / fp32 ratio
 comes out of the lanes, the DDR traffic and the fixed host cost.
@@ -76,7 +83,7 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
 __all__ = ["DDR_ASSUMPTION", "DEVICE_STEP", "HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
-           "ddr_footprint", "form_sections"]  # fmt: skip
+           "ddr_footprint", "form_sections", "pipeline_s"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -427,6 +434,23 @@ def _backward_contraction_s(rates: _Rates, c: float, k: float, n: float, rows: f
     return sum(f / (rates.contraction * rates.shape(d)) for f, d in parts if f > 0)
 
 
+def pipeline_s(stages: list[tuple[float, int]], room: int, pcus: int) -> float:
+    """A section's compute seconds as one pipeline whose slowest stage sets the pace.
+
+    ``stages``: (seconds the stage's work takes on all ``pcus`` PCUs of the compiled tiles, its
+    PCU demand). The compiler sizes each stage by its memory (a PCU per PMU it needs: `_Demand`),
+    not by its FLOPs, and spreads the section's stages over ``room`` PCUs (the planning capacity;
+    every unit for a group tiled into parts) in proportion to that demand: stage i holds
+    ``p_i · room / Σp`` PCUs and takes ``t_i · pcus / (p_i · room / Σp)``. Every stage streams
+    the same samples, so the section lasts its longest stage. A pipeline whose stages' work
+    follows their PCUs (t_i ∝ p_i) lasts ``Σt · pcus / room``; any imbalance lengthens it.
+    """
+    if not stages:
+        return 0.0
+    held = sum(max(1, p) for _, p in stages)
+    return pcus / room * held * max(t / max(1, p) for t, p in stages)
+
+
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     graph = ctx.graph
     chip = Chip.of(target, options)
@@ -494,13 +518,17 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed)
         flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
         busy = {n.name: node_s(n, sec.phase) if ctx.is_work(n) else 0.0 for n in sec.nodes}
+        stages = [(busy[n.name], demand.pcu(n, sec.phase)) for n in sec.nodes if busy[n.name] > 0]  # (s, PCUs)
         if sec.phase == "backward":  # recompute: the core's forward runs again inside its backward section
             for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
                 first = next(n for n in sec.nodes if cores.get(n.name) == cid)
                 flops[first.name] += core_fwd_flops[cid]
                 busy[first.name] += core_fwd_s[cid]
+                stages += [(node_s(graph.node(c), "forward"), demand.pcu(graph.node(c), "forward"))
+                           for c, k in cores.items() if k == cid]  # its forward nodes: stages of this section
         total_flops = sum(flops.values())
-        compute_s = sum(busy.values())
+        room = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
+        compute_s = pipeline_s(stages, room, chip.pcus)
         memory_s = ddr_bytes / bw
         # the section's time is shared out over its stages (one pipeline, reported per node):
         # first each stage's floor, what its own DDR stream and its FLOPs at the tiles' peak need,
@@ -519,9 +547,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         work_s = max(compute_s, memory_s, sum(floors.values()))
         rest = work_s - sum(floors.values())
         ddr_total += ddr_bytes
-        limit = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
-        pcus = min(limit, math.ceil(sec.pcus / sec.parts))
-        pmus = min(limit, math.ceil(sec.pmus / sec.parts))
+        pcus = min(room, math.ceil(sec.pcus / sec.parts))
+        pmus = min(room, math.ceil(sec.pmus / sec.parts))
         li = _section_li(demand, sec, flops)
         for _part in range(sec.parts):
             unit = Unit(

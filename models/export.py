@@ -27,7 +27,9 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import re
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -103,7 +105,48 @@ def resolve_weights(cfg: ModelConfig, weights: str, max_weight_bytes: int = DEFA
             f"random weights need {need:,} bytes ({need / 2**30:.2f} GiB), over --max-weight-bytes "
             f"{max_weight_bytes:,}; use --weights none or raise --max-weight-bytes"
         )
+    if weights == "random":
+        _check_memory(need)
     return weights
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory free for a new allocation (Linux MemAvailable, else free pages); None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(need: int) -> None:
+    """Refuse, before building, random weights this machine's free memory cannot hold (the
+    weights are held twice while the model is built: the torch state and the ONNX copy)."""
+    free = _available_memory()
+    if free is not None and 2 * need > free:
+        raise UserError(
+            f"random weights need {need:,} bytes ({need / 2**30:.2f} GiB), held twice while building, and this "
+            f"machine has {free / 2**30:.2f} GiB of memory free; use --weights none or a smaller model"
+        )
+
+
+def _check_disk(need: int, folder: Path) -> None:
+    """Refuse, before building, weights the output folder's file system has no room for."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if need > free:
+        raise UserError(
+            f"the model's weights need {need:,} bytes ({need / 2**30:.2f} GiB) on disk and {folder} has "
+            f"{free / 2**30:.2f} GiB free; use --weights none or write it elsewhere"
+        )
 
 
 @contextlib.contextmanager
@@ -560,6 +603,8 @@ def export_model(
         raise UserError(f"output folder {path.parent} does not exist; create it or change -o")
     if cfg.phase == "decode" and format != "onnx":
         raise UserError("a decode graph (phase decode) exports as ONNX only; use format onnx")
+    if resolve_weights(cfg, o.weights, o.max_weight_bytes) == "random":  # memory checked there
+        _check_disk(cfg.weight_bytes(), path.parent.absolute())
     if format in ("mlir-torch", "mlir-linalg"):
         from dabench_ir.models.mlir_export import export_mlir
 

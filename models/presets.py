@@ -16,14 +16,29 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
 
-__all__ = ["PRESETS", "describe_presets", "get_preset"]
+__all__ = ["ALIASES", "PRESETS", "describe_presets", "get_preset", "preset_name"]
 
 logger = logging.getLogger(__name__)
 
 _GPT2 = {"family": "gpt2", "vocab": 50257, "max_positions": 1024, "seq": 1024, "tie_embeddings": True}
 _LLAMA2 = {"family": "llama", "vocab": 32000, "seq": 4096, "tie_embeddings": False}
 
-PRESETS: dict[str, dict[str, Any]] = {
+class _Presets(dict):
+    """The presets by canonical name; ``in`` and ``[]`` also answer to an alias (`ALIASES`, any case),
+    so every reader of a preset name (export, sweep specs, --scenario's MODEL) takes the same names.
+    Iterating gives the canonical names only."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and preset_name(name) is not None
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return super().__getitem__(preset_name(name) or name)
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in self else default  # noqa: SIM401 (self.get is this method)
+
+
+PRESETS: dict[str, dict[str, Any]] = _Presets({
     "gpt2-small": {**_GPT2, "layers": 12, "hidden": 768, "heads": 12, "ffn": 3072},
     "gpt2-medium": {**_GPT2, "layers": 24, "hidden": 1024, "heads": 16, "ffn": 4096},
     "gpt2-large": {**_GPT2, "layers": 36, "hidden": 1280, "heads": 20, "ffn": 5120},
@@ -31,7 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-7b": {**_LLAMA2, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008},
     "llama-13b": {**_LLAMA2, "layers": 40, "hidden": 5120, "heads": 40, "kv_heads": 40, "ffn": 13824},
     "llama-70b": {**_LLAMA2, "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672},
-}
+})
 for _h, _l, _n in ((768, 12, 12), (1024, 24, 16), (1280, 36, 20), (1600, 48, 25)):
     PRESETS[f"dabench-gpt2-h{_h}"] = {
         "family": "gpt2", "layers": _l, "hidden": _h, "heads": _n, "ffn": 4 * _h,
@@ -39,13 +54,28 @@ for _h, _l, _n in ((768, 12, 12), (1024, 24, 16), (1280, 36, 20), (1600, 48, 25)
     }  # fmt: skip
 
 
+ALIASES: dict[str, str] = {
+    "gpt2": "gpt2-small",  # the Hugging Face checkpoint names: gpt2 is the 124 M model
+    "llama": "llama-7b", "llama2": "llama-7b",  # a family alone: its smallest size
+    **{f"{prefix}-{size}": f"llama-{size}" for prefix in ("llama2", "llama-2") for size in ("7b", "13b", "70b")},
+}  # fmt: skip
+"""Other names of presets (lower case): a family's name alone, and the released checkpoints' spellings."""
+
+
+def preset_name(name: str) -> str | None:
+    """The canonical name of preset ``name`` (itself, or what the alias stands for; any case), or None."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    return key if dict.__contains__(PRESETS, key) else None
+
+
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The preset's config with `overrides` (None values ignored) applied on top."""
-    try:
-        base = PRESETS[name]
-    except KeyError:
-        raise UserError(f"unknown preset {name!r}; see `dabench-ir export --list-presets`") from None
-    params = {**base, **{k: v for k, v in overrides.items() if v is not None}, "preset": name}
+    """The preset's config with `overrides` (None values ignored) applied on top; ``name`` may be an alias
+    (the config records the canonical name)."""
+    canonical = preset_name(name)
+    if canonical is None:
+        raise UserError(f"unknown preset {name!r}; see `dabench-ir export --list-presets`")
+    params = {**PRESETS[canonical], **{k: v for k, v in overrides.items() if v is not None}, "preset": canonical}
     return ModelConfig(**params)
 
 
@@ -60,4 +90,5 @@ def describe_presets() -> list[str]:
             f"kv={cfg.kv_heads:<3d} ffn={cfg.ffn:<6d} seq={cfg.seq:<5d} {vocab:18s} "
             f"{cfg.param_count() / 1e9:6.3f} B params"
         )
+    lines.append("aliases: " + ", ".join(f"{alias} = {name}" for alias, name in ALIASES.items()))
     return lines

@@ -398,6 +398,11 @@ class OpView:
     def out_dims(self, i: int = 0) -> tuple[int, ...]:
         return self.out_type(i).dims(self.graph.bindings)
 
+    def in_scalar(self, i: int) -> float | None:
+        """The number input ``i`` holds when it is a one-element constant (`Value.scalar`), else None."""
+        value = self.graph.values.get(self.node.inputs[i]) if self.has_input(i) else None
+        return value.scalar if value is not None else None
+
     def in_numel(self, i: int = 0) -> int:
         return math.prod(self.in_dims(i))
 
@@ -759,7 +764,16 @@ _elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf", **_NLIN)
 _elementwise("Exp", 0, 1, **_FP32, **_TANH, roles=_EW, **_KEEPS_OUT)
 _elementwise("Log", 0, 1, **_FP32, **_TANH)
 _elementwise("Sqrt", 0, 1, **_FP32, roles=_NORM_PART, **_KEEPS_OUT)
-_elementwise("Pow", 0, 1, **_FP32, roles=_NORM_PART)
+
+
+@cost_rule("Pow", op_class=OpClass.VECTOR, **_FP32, roles=_NORM_PART)
+def _pow(op: OpView) -> Cost:
+    """x ** 2: one multiply (vector) per element; x ** 0.5: a square root (special); any other or
+    unknown exponent: exp(y log x), one special op per element (a transcendental evaluation)."""
+    n = op.out_numel()
+    return Cost(vector_flops=n) if op.in_scalar(1) == 2.0 else Cost(special_ops=n)
+
+
 _elementwise("Sin", 0, 1, **_TANH, roles=(Role.ROTARY_TABLE,))
 _elementwise("Cos", 0, 1, **_TANH, roles=(Role.ROTARY_TABLE,))
 _elementwise("Tan", 0, 1)

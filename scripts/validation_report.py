@@ -94,13 +94,13 @@ def _host_main() -> int:
 
 
 def _informed_table(result: validate.Validation) -> str:
-    """Per point, the parameters fitted to it (from the target files' ``fitted_to``); out of sample: none."""
+    """Per point, the parameters fitted to it (from the target files' ``fitted_to``); out of sample: none.
+    A reference-only point (another chip generation, left out of the statistics) is marked ``(ref)``."""
     lines = ["| point | target | sample | parameters fitted to it |", "|---|---|---|---|"]
     for r in result.results:
-        if r.point.reference_only:
-            continue
         names = ", ".join(f"`{n}`" for n in r.informed) or "none"
-        lines.append(f"| `{r.point.id}` | {r.point.target} | {'in' if r.in_sample else 'out'} | {names} |")
+        sample = ("in" if r.in_sample else "out") + (" (ref)" if r.point.reference_only else "")
+        lines.append(f"| `{r.point.id}` | {r.point.target} | {sample} | {names} |")
     return "\n".join(lines)
 
 

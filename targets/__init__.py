@@ -4,6 +4,9 @@ Every number in a target file is an inline table ``{ value = ..., source = "..."
 estimate = true|false }``; the lowering code reads these and hard-codes no hardware
 figure. `load_target` takes a built-in name, an alias (``wse``, ``rdu``, ``ipu``), ``cpu``
 (measured on this host) or a path to a user's TOML file.
+
+A quantity whose name is a share of a whole (`SHARE_PATTERNS`: ``*efficiency*``,
+``*fraction*``, ``*utilisation*``, ``*utilization*``) must lie in (0, 1].
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file,
 import fnmatch
 import logging
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,12 +31,14 @@ from dabench_ir.ir import Cost, DType
 __all__ = [
     "KINDS",
     "OP_CLASSES",
+    "SHARE_PATTERNS",
     "Link",
     "MemoryLevel",
     "Quantity",
     "Target",
     "Topology",
     "builtin_target_paths",
+    "is_target_path",
     "list_targets",
     "load_target",
     "ridge",
@@ -43,6 +49,8 @@ logger = logging.getLogger(__name__)
 KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
 """The target kinds a target file may declare: the one list (`dabench_ir.lowering.KINDS` maps each to its lowering)."""
 LEVELS = ("on-chip", "off-chip")
+SHARE_PATTERNS = ("*efficiency*", "*fraction*", "*utilisation*", "*utilization*")
+"""Quantity names that are a share of a whole: their value must lie in (0, 1] (`_Parser.quantity`)."""
 _DIR = Path(__file__).resolve().parent
 
 # Where ops are fed from, for the roofline: dataflow chips with all-SRAM execution read
@@ -450,6 +458,8 @@ class _Parser:
             raise self.fail(f"field {path}.value must be a number, got {value!r}")
         if value < 0 or (positive and value == 0):
             raise self.fail(f"field {path}.value must be {'positive' if positive else 'non-negative'}, got {value!r}")
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in SHARE_PATTERNS) and not 0 < value <= 1:
+            raise self.fail(f"field {path}.value is a share of a whole, in (0, 1]; got {value!r}")
         if "source" not in raw:
             raise self.fail(f"missing field {path}.source")
         source = raw["source"]
@@ -645,16 +655,22 @@ def _alias_map() -> dict[str, Path]:
     return names
 
 
+def is_target_path(text: str) -> bool:
+    """Whether a target argument names a file (``*.toml``, or an existing path) rather than a target."""
+    text = text.strip()
+    return text.endswith(".toml") or ("/" in text and os.path.lexists(text))
+
+
 def load_target(name_or_path: str | Path) -> Target:
     """A target by built-in name, alias, ``cpu`` (host, calibrated) or path to a TOML file."""
     if isinstance(name_or_path, Target):
         return name_or_path
     text = str(name_or_path).strip()
     path = Path(text)
-    if isinstance(name_or_path, Path) or text.endswith(".toml") or ("/" in text and path.exists()):
-        if not path.is_file():
+    if isinstance(name_or_path, Path) or is_target_path(text):
+        if not os.path.lexists(path):
             raise TargetError(f"target file {text} does not exist")
-        return _load_file(path)
+        return _load_file(path)  # a folder or FIFO is refused there, by what it is
     key = text.lower()
     if key == "cpu":
         try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -218,4 +220,208 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
     assert_one_line_error(code, err, "--zero 3 applies to training")
     code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "tp",
                            "--zero", "1", "--mode", "train", "-q")  # fmt: skip
-    assert_one_line_error(code, err, "does not apply to --strategy tp")
+    assert_one_line_error(code, err, "applies to --strategy dp, not --strategy tp")
+
+
+# == issue 32/33: no flag accepted and ignored, one spelling per flag, no nonsense option ========================
+# (this section: the flags32 helper; each case is a real CLI run in-process)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["-t", "wse", "--wse-mode", "streaming", "--replicas", "4"], ["weight streaming runs one copy"]),
+        (["-t", "h100", "--strategy", "dp"], ["--strategy applies to a run over several chips", "--chips N"]),
+        (["-t", "h100", "--zero", "1", "--mode", "train"], ["--zero applies to a run over several chips"]),
+        (["--chips", "2", "--strategy", "dp"], ["--chips places the model over several chips", "give --target"]),
+        (["-t", "wse", "--chips", "2", "--strategy", "dp", "--mode", "train", "--zero", "1"],
+         ["--zero applies to gpu targets, not wse2"]),
+        (["-t", "a100", "--chips", "2", "--strategy", "dp", "--zero", "3"], ["--zero 3 applies to training"]),
+        (["-t", "a100", "--chips", "2", "--strategy", "tp", "--zero", "1", "--mode", "train"],
+         ["--zero 1 applies to --strategy dp, not --strategy tp"]),
+        (["-t", "h100", "--micro-batch-size", "1"], ["--micro-batch-size 1 applies to training"]),
+        (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
+    ],
+)  # fmt: skip
+def test_profile_refuses_a_knob_where_the_table_says_it_does_not_apply(capsys, tiny_decoder, argv, needles):
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-q", *argv)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_a_knob_applies_check_is_the_one_table(tiny_decoder):
+    """The refusals above come from the declarations, not from per-command code: a knob declared for
+    training only, or for one target kind, is refused wherever the table says it does not apply."""
+    from dabench_ir.options import KNOBS
+
+    assert KNOBS["zero"].modes == {"train"} and KNOBS["zero"].strategies == {"dp"} and KNOBS["zero"].targets == {"gpu"}
+    assert {n for n, k in KNOBS.items() if k.modes == {"train"}} == {"recompute", "micro_batch", "optimizer_state", "zero"}
+    assert KNOBS["micro_batch"].flag == "--micro-batch-size" and KNOBS["micro_batch"].aliases == ("--micro-batch",)
+
+
+def test_profile_over_several_chips_with_zero_runs_and_records_it(capsys, tiny_decoder, tmp_path):
+    out = tmp_path / "r.json"
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "a100", "--chips", "2", "--strategy", "dp",
+                           "--mode", "train", "--zero", "1", "-q", "--json", str(out))  # fmt: skip
+    assert code == 0, err
+    import json
+
+    config = json.loads(out.read_text())["config"]
+    assert (config["chips"], config["strategy"], config["zero"], config["samples"]["per_step"]) == (2, "dp", 1, 4)
+
+
+def test_annotate_with_several_targets_writes_one_model_per_target(capsys, tiny_decoder, tmp_path):
+    code, out, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "--annotate", str(tmp_path / "a.onnx"))
+    assert code == 0, err
+    for name in ("a-wse.onnx", "a-rdu.onnx"):
+        model = onnx.load(tmp_path / name)
+        units = {p.value for n in model.graph.node for p in n.metadata_props if p.key == "dabench.unit"}
+        assert units and f"wrote {tmp_path / name}" in out
+    assert not (tmp_path / "a.onnx").exists()
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "-q", "--annotate", f"{tmp_path}/ann/")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["rdu.onnx", "wse.onnx"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--pipeline", "rdu-O3", "--target", "h100"], ["--pipeline rdu-O3 applies to rdu targets only", "h100"]),
+        (["--pipeline", "rdu-O3", "--target", "wse"], ["--pipeline rdu-O3 applies to rdu targets only", "wse"]),
+        (["--pipeline", "rdu-O3"], ["no --target was given"]),
+        (["--pipeline", "ort-basic", "--target", "h100", "--scenario", "generate"],
+         ["study has no --scenario", "profile"]),
+        (["--pipeline", "ort-basic", "--target", "h100", "--chips", "4"], ["--chips 4 needs --strategy"]),
+        (["--pipeline", "ort-basic", "--strategy", "dp"], ["--strategy", "several chips"]),
+    ],
+)  # fmt: skip
+def test_study_refuses_what_it_would_ignore(capsys, tiny_decoder, argv, needles):
+    code, _, err = run_cli(capsys, "study", str(tiny_decoder), "-q", *argv)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_study_places_over_several_chips(capsys, tiny_decoder, tmp_path):
+    import json
+
+    code, _, err = run_cli(capsys, "study", str(tiny_decoder), "--pipeline", "ort-basic", "-t", "h100", "--chips", "2",
+                           "--strategy", "dp", "-q", "-o", str(tmp_path))  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / f"{tiny_decoder.stem}.ort-basic.h100.json").read_text())
+    assert (report["config"]["chips"], report["config"]["strategy"], report["config"]["samples"]["per_step"]) == (
+        2, "dp", 4)  # fmt: skip
+
+
+def test_a_failing_pipeline_is_its_row_and_the_study_goes_on(capsys, tiny_decoder, tmp_path):
+    import json
+
+    from dabench_ir.study import pipelines
+    from dabench_ir.study.pipelines import OnnxRewritePass, Pipeline
+
+    def broken(model, workdir):
+        return [][0]  # an optimiser's own bug: IndexError
+
+    pipelines.register_pipeline(
+        Pipeline("broken-test", "raises", lambda out: [OnnxRewritePass(name="broken-test", rewrite=broken, out_dir=out)]),
+        replace=True,
+    )
+    try:
+        code, out, err = run_cli(capsys, "study", str(tiny_decoder), "--pipeline", "broken-test,ort-basic", "-t", "h100",
+                                 "--json", str(tmp_path / "s.json"))  # fmt: skip
+    finally:
+        pipelines._PIPELINES.pop("broken-test")
+    assert_one_line_error(code, err, "1 pipeline(s) failed: broken-test", "list index out of range")
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [r["pipeline"] for r in doc["runs"]] == ["ort-basic"]
+    assert doc["failed"][0]["pipeline"] == "broken-test" and doc["failed"][0]["targets"] == ["h100"]
+    assert "broken-test: failed: pipeline pass 'broken-test' failed" in out
+
+
+def test_diff_names_itself_in_its_header(capsys, tiny_decoder, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        assert main(["profile", str(tiny_decoder), "-t", "rdu", "-q", "--json", str(path)]) == 0
+    code, out, err = run_cli(capsys, "diff", str(a), str(b))
+    assert code == 0, err
+    assert out.startswith(f"dabench-ir diff: {tiny_decoder} (baseline: {a})")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "--phase", "decode", "--context", "4",
+          "--chunk", "0", "-o", "x.onnx"], ["--chunk 0"]),
+        (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "--format", "mlir-linalg", "-o", "x.onnx"],
+         ["--format mlir-linalg writes a .mlir file", "x.mlir"]),
+        (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "-o", "x.mlir"], ["give --format mlir-"]),
+        (["export", "--preset", "gpt2", "--format", "onnx", "-o", "x.mlir"], ["--format onnx writes a .onnx file"]),
+        (["export", "--family", "gpt2", "--layers", "10001", "--hidden", "64", "-o", "x.onnx"], ["at most 10,000"]),
+        (["calibrate", "--threads", "100000"], ["--threads", "at most"]),
+        (["calibrate", "--threads", "0"], ["--threads", "positive"]),
+        (["sweep", "smoke", "--annotate", "x"], ["sweep has no --annotate", "profile"]),
+    ],
+)  # fmt: skip
+def test_nonsense_options_of_other_commands(capsys, tmp_path, monkeypatch, argv, needles):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, *needles)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_the_layer_limit_is_one_constant():
+    """Export, sweep and validate read one limit, options.MAX_LAYERS; no module keeps a copy."""
+    import dabench_ir
+    from dabench_ir import options
+
+    assert options.MAX_LAYERS == 10_000
+    root = Path(dabench_ir.__file__).resolve().parent.parent
+    for path in [*root.glob("dabench_ir/**/*.py"), *root.glob("models/*.py")]:
+        text = path.read_text()
+        assert "MAX_LAYERS =" not in text or path.name == "options.py", path
+
+
+def test_preset_aliases_name_the_canonical_preset(capsys):
+    from dabench_ir.models import PRESETS, get_preset
+
+    assert get_preset("gpt2").preset == "gpt2-small" and get_preset("Llama-2-13b").preset == "llama-13b"
+    assert "gpt2" in PRESETS and "gpt2" not in list(PRESETS) and PRESETS["GPT2"] is PRESETS["gpt2-small"]
+    code, out, _ = run_cli(capsys, "export", "--list-presets")
+    assert code == 0 and "gpt2 = gpt2-small" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value", "new"),
+    [
+        (["demo", "--targets", "rdu"], "targets", "rdu", "--target"),
+        (["study", "m.onnx", "--out-dir", "d"], "out_dir", "d", "--output"),
+        (["scale", "m.onnx", "-t", "rdu", "--plot", "p.png"], "plot", "p.png", "--plots DIR"),
+        (["profile", "m.onnx", "--micro-batch", "2"], "micro_batch", "2", "--micro-batch-size"),
+    ],
+)
+def test_an_old_spelling_still_works_with_one_deprecation_line(argv, dest, value, new):
+    from dabench_ir.cli import build_parser
+    from dabench_ir.options import DEPRECATED
+
+    args = build_parser().parse_args(argv)
+    assert getattr(args, dest) == value
+    assert getattr(args, DEPRECATED) == [f"{argv[-2]} is deprecated and will be removed; use {new}"]
+
+
+def test_an_old_spelling_prints_its_line_after_the_run(capsys, tiny_decoder):
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "h100", "--mode", "train", "--micro-batch", "1",
+                             "-q")  # fmt: skip
+    assert code == 0
+    assert err.strip().splitlines() == [
+        "WARNING dabench_ir.cli: --micro-batch is deprecated and will be removed; use --micro-batch-size"
+    ]
+
+
+def test_help_shows_one_spelling_per_flag():
+    from dabench_ir.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {name: p.format_help() for name, p in sub.choices.items()}
+    for old in ("--micro-batch ", "--targets", "--out-dir", "--plot "):
+        assert not [name for name, text in helps.items() if old in text], old
+    study = {s for a in sub.choices["study"]._actions for s in a.option_strings}
+    assert "--zero" in helps["profile"] and "--zero" in study and "--scenario" not in study
+    assert "smoke" in helps["sweep"]  # the bundled specs, listed

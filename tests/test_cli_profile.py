@@ -137,11 +137,11 @@ def test_subgraph_nodes_are_estimated_not_a_crash(tmp_path, capsys):
 def test_scale_command(block, tmp_path, capsys):
     path = tmp_path / "s.json"
     assert main(["scale", str(block), "--target", "h100", "--chips", "1,2", "--strategy", "dp", "--mode", "train",
-                 "--json", str(path), "--plot", str(tmp_path / "s.svg")]) == 0  # fmt: skip
+                 "--json", str(path), "--plots", str(tmp_path / "plots")]) == 0  # fmt: skip
     data = json.loads(path.read_text())
     assert data["schema"] == "dabench-ir/scale/v1"
     assert [p["chips"] for p in data["points"]] == [1, 2]
-    assert data["points"][1]["comm_time_s"] > 0 and (tmp_path / "s.svg").exists()
+    assert data["points"][1]["comm_time_s"] > 0 and (tmp_path / "plots" / f"{block.stem}-scaling.svg").exists()
     assert main(["scale", str(block), "--target", "rdu", "--chips", "1,2", "--strategy", "pp"]) == 2
     assert "supports: dp, tp" in capsys.readouterr().err
     assert main(["scale", str(block), "--target", "h100", "--chips", "1,x", "--strategy", "dp"]) == 2

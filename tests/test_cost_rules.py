@@ -112,6 +112,46 @@ def test_gelu_exact_and_tanh_forms():
     assert (tanh.vector_flops, tanh.special_ops) == (56, 8)
 
 
+_POW_INIT = "agraph (float[2,4] X) => (float[2,4] Y) <float{dims} e = {{{e}}}> {{ Y = Pow(X, e) }}"
+
+
+@pytest.mark.parametrize("exponent, dims, vector, special", [
+    ("2.0", "", 8, 0),  # a rank-0 initializer: x * x
+    ("2", "[1]", 8, 0),  # a one-element tensor holds the exponent just as well
+    ("0.5", "", 0, 8),  # a square root
+    ("3.0", "", 0, 8),  # exp(3 log x)
+])  # fmt: skip
+def test_pow_costs_its_constant_exponent(exponent, dims, vector, special):
+    # x: 32 B in, exponent: 4 B of constant (weight bytes, as every stored operand), y: 32 B out
+    cost = node_cost(analyze_text(_POW_INIT.format(dims=dims, e=exponent)))
+    assert cost == Cost(vector_flops=vector, special_ops=special, weight_bytes=4, act_bytes_in=32, act_bytes_out=32)
+
+
+def test_pow_reads_a_constant_node_and_falls_back_without_one():
+    const = """agraph (float[2,4] X) => (float[2,4] Y) {
+        e = Constant<value = float {2.0}>()
+        Y = Pow(X, e)
+    }"""
+    graph = analyze_text(const)
+    assert graph.values["e"].scalar == 2.0
+    pow_cost = node_cost(graph, 1)
+    assert (pow_cost.vector_flops, pow_cost.special_ops) == (8, 0)
+    # an exponent the graph computes (here an input) has no value to read: one transcendental each
+    dynamic = node_cost(analyze_text("agraph (float[2,4] X, float e) => (float[2,4] Y) { Y = Pow(X, e) }"))
+    assert (dynamic.vector_flops, dynamic.special_ops) == (0, 8)
+
+
+def test_only_one_element_constants_keep_a_value():
+    text = """agraph (float[2,4] X) => (float[2,4] Y) <float[4] w = {1, 2, 3, 4}, float e = {2.0}> {
+        Z = Mul(X, w)
+        Y = Pow(Z, e)
+    }"""
+    graph = analyze_text(text)
+    assert graph.values["e"].scalar == 2.0
+    assert graph.values["w"].scalar is None  # a tensor's data is not held
+    assert graph.clone().values["e"].scalar == 2.0
+
+
 def test_symbolic_dims_bind():
     text = "agraph (float[batch,3] A, float[3,4] B) => (float[batch,4] C) { C = MatMul(A, B) }"
     assert node_cost(analyze_text(text, dims={"batch": 5})).contraction_flops == 2 * 3 * 5 * 4

@@ -28,14 +28,14 @@ def test_demo_records_a_failing_target_and_goes_on(tiny_matmul_path, tmp_path):
 
 
 def test_demo_quiet_with_unknown_target_exits_2(tmp_path, capsys):
-    assert main(["demo", "-q", "-o", str(tmp_path / "x"), "--targets", "rdu,no-such-chip"]) == 2
+    assert main(["demo", "-q", "-o", str(tmp_path / "x"), "--target", "rdu,no-such-chip"]) == 2
     err = capsys.readouterr().err
-    assert "--targets no-such-chip" in err and not (tmp_path / "x").exists()
+    assert "--target no-such-chip" in err and not (tmp_path / "x").exists()
 
 
 def test_demo_rejects_empty_targets(tmp_path, capsys):
-    assert main(["demo", "-o", str(tmp_path / "x"), "--targets", ","]) == 2
-    assert "--targets" in capsys.readouterr().err
+    assert main(["demo", "-o", str(tmp_path / "x"), "--target", ","]) == 2
+    assert "--target" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ def _mlp(*, weight_input: bool = True, external_bias: bool = False, batch: int |
 
 def test_measured_path_times_every_node(tmp_path):
     path = tmp_path / "mlp.onnx"
-    onnx.save(_mlp(external_bias=True), str(path))
+    onnx.save(_mlp(), str(path))
     m = measure(path, dims={"B": 2}, warmup=1, repeat=3, threads=1)
     names = ["embed_lookup", "proj", "bias_add", "Relu_3", "probs"]
     assert set(m.node_times) == set(names)
@@ -61,7 +61,6 @@ def test_measured_path_times_every_node(tmp_path):
     assert m.synthesized == {
         "input_ids": "input",
         "w": "weight (shape-only graph input)",
-        "b": "weight (external data absent)",
     }
     # the timeline lays the nodes out one after another in graph order
     tl = m.timeline
@@ -70,6 +69,21 @@ def test_measured_path_times_every_node(tmp_path):
     assert tl.nodes["proj"].start == pytest.approx(tl.nodes["embed_lookup"].end)
     assert tl.duration("probs") == pytest.approx(m.node_times["probs"])
     assert tl.samples_per_step == 2
+
+
+@pytest.mark.parametrize("data", [None, b"\0" * 64])  # absent; shorter than offset + length (128 bytes)
+def test_measure_refuses_external_data_absent_or_cut_short(tmp_path, data):
+    """Issue 33: running needs the weights' bytes; a missing or truncated data file is a broken
+    model, refused in one line rather than filled with random numbers."""
+    from dabench_ir.errors import UserError
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(external_bias=True), str(path))
+    if data is not None:
+        (tmp_path / "absent.bin").write_bytes(data)
+    why = "no such file" if data is None else "the file has 64 bytes, the tensor ends at byte 128"
+    with pytest.raises(UserError, match=f"initializer 'b': external data 'absent.bin': {why}"):
+        measure(path, dims={"B": 2}, warmup=1, repeat=1, threads=1)
 
 
 def test_ort_opt_maps_fused_nodes_back():

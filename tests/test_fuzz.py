@@ -276,3 +276,131 @@ def test_sweep_point_file_of_any_content(workdir, record):
     (folder / "k.json").write_text(json.dumps(record))
     got = read_point(folder, "k")
     assert got is None or isinstance(record_row(got), dict)
+
+
+# ==== issue 33 (harden33): paths inside files, outputs of one run, graph wiring =============
+
+_SEGMENT = st.sampled_from(["..", ".", "a", "b", "k.csv", "/etc", "/etc/passwd", "", "sub/..", "../.."])
+
+
+@FUZZ
+@given(parts=st.lists(_SEGMENT, min_size=1, max_size=4))
+def test_catalogue_file_paths_stay_inside_the_folder(workdir, parts):
+    """A catalogue's kernels_csv: resolved inside the catalogue's folder, or one line; never read outside."""
+    folder = workdir / "cat" / "inner"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "k.csv").write_text("kernel,active_pes\nmm0,10\n")
+    name = "/".join(parts)
+    cat = folder / "c.toml"
+    cat.write_text(
+        f'[[points]]\nid = "p"\nkind = "model"\ntarget = "wse"\nsource = "t"\n'
+        f"model = {{ family = \"gpt2\", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1 }}\n"
+        f"measured = {{ kernels_csv = {json.dumps(name)} }}\n"
+    )
+    from dabench_ir.errors import UserError
+    from dabench_ir.validate import load_catalog
+
+    try:
+        load_catalog(cat)
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        resolved = Path(os.path.realpath(folder / name))
+        assert os.path.isabs(name) or not resolved.is_relative_to(folder.resolve()) or "kernels_csv" in str(exc)
+    else:
+        assert not os.path.isabs(name) and Path(os.path.realpath(folder / name)).is_relative_to(folder.resolve())
+
+
+_OUT_NAMES = st.sampled_from(["m.onnx", "o.x", "o.roles.csv", "o.csv", "p/m-roofline.png", "p/", "o.json"])
+
+
+@FUZZ
+@given(flags=st.dictionaries(st.sampled_from(["--json", "--csv", "--html", "--trace", "--plots"]), _OUT_NAMES, max_size=4))
+def test_profile_outputs_never_overwrite_an_input_or_each_other(workdir, flags):
+    """Every output of one run is distinct from the others and from the model, or the run is refused."""
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    model = run_dir / "m.onnx"
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])  # fmt: skip
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    before = model.read_bytes()
+    argv = ["profile", model, "--target", "rdu", "-q"]
+    for flag, name in flags.items():
+        argv += [flag, run_dir / name]
+    contract(*argv)
+    assert model.read_bytes() == before
+
+
+_WIRING = [
+    "agraph (float[4,7] A, float[64,64] B) => (float[4,64] C) { C = MatMul(A, B) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = MatMul(A) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = Relu(X) }",
+    "agraph (float[4,7] A) => (float[4,7] C) { C = Relu(A)\n C = Relu(A) }",
+    "agraph (float[4,7] A) => (float[4,7] A2) { A2 = Relu(A)\n A = Relu(A2) }",
+]
+
+
+@FUZZ
+@given(text=st.sampled_from(_WIRING), drop=st.integers(0, 3))
+def test_miswired_graphs_are_one_line(workdir, text, drop):
+    """A graph whose tensors are miswired (arity, undefined, defined twice, shapes an op refuses): exit 2."""
+    from tests.conftest import parse
+
+    model = parse(text)
+    if drop and len(model.graph.node[0].input) > 1:
+        del model.graph.node[0].input[-1]
+    path = workdir / "wired.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert contract("profile", path, "-q") == 2
+
+
+# == knobs against the option table (issues 32, 33: the flags32 helper) =======================================
+# Any mix of run, target and scale flags on any target: exit 0 or one line, and a run that exits 0 took
+# only knobs the table (dabench_ir.options.KNOBS) says apply to its target kind, mode and strategy.
+_KNOB_VALUES = ["1", "2", "4", "auto", "0.5", "0,4", "true", "false", "3", "100000000"]
+_KNOB_TARGETS = {None: None, "rdu": "rdu", "wse": "wse", "ipu": "ipu", "h100": "gpu"}
+
+
+def _knob_model(workdir: Path) -> Path:
+    path = workdir / "knobs.onnx"
+    if not path.exists():
+        w = helper.make_tensor("W", TensorProto.FLOAT, [8, 8], [0.5] * 64)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], initializer=[w],
+        )  # fmt: skip
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+@st.composite
+def knob_flags(draw) -> dict[str, str]:
+    from dabench_ir.options import PROFILE, knobs_for
+
+    knobs = {n: k for n, k in knobs_for(PROFILE).items() if k.group not in ("measure", "scenario") and n != "dims"}
+    chosen = draw(st.lists(st.sampled_from(sorted(knobs)), max_size=4, unique=True))
+    out = {}
+    for name in chosen:
+        k = knobs[name]
+        out[name] = "" if k.is_switch else draw(st.sampled_from(list(k.choices) if k.choices else _KNOB_VALUES))
+    return out
+
+
+@FUZZ
+@given(target=st.sampled_from(sorted(_KNOB_TARGETS, key=str)), flags=knob_flags(), batch=st.sampled_from(["1", "4"]))
+def test_profile_any_knobs_on_any_target(workdir, target, flags, batch):
+    from dabench_ir.options import KNOBS
+
+    argv = ["profile", _knob_model(workdir), "-q", "--dim", f"batch={batch}"] + (["-t", target] if target else [])
+    for name, value in flags.items():
+        argv += [KNOBS[name].flag] + ([value] if value else [])
+    if contract(*argv) != 0:
+        return
+    kind, mode = _KNOB_TARGETS[target], flags.get("mode", "inference")
+    for name, value in flags.items():
+        k = KNOBS[name]
+        assert k.targets is None or kind in k.targets, f"{k.flag} taken on {target}"
+        assert k.group != "scale" or target is not None, f"{k.flag} taken with no target"
+        assert k.modes is None or mode in k.modes or k.validate(value) == k.default, f"{k.flag} {value} taken in {mode}"
+        assert k.strategies is None or k.validate(value) == k.default or flags.get("strategy") in (None, *k.strategies)

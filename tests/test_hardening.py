@@ -299,7 +299,7 @@ def test_demo_bad_model_and_target(capsys, tmp_path):
     text.write_text("hello, not a model")
     code, _, err = run_cli(capsys, "demo", "--model", text, "-o", tmp_path / "d1", "--no-measure")
     one_line(code, err)
-    code, _, err = run_cli(capsys, "demo", "--targets", "foo", "-o", tmp_path / "d2", "--no-measure")
+    code, _, err = run_cli(capsys, "demo", "--target", "foo", "-o", tmp_path / "d2", "--no-measure")
     one_line(code, err, "foo")
 
 
@@ -522,10 +522,12 @@ def test_point_locks(tmp_path):
     a.release("k")
     assert b.acquire("k")
     b.release_all()
-    (tmp_path / "k.lock").write_text(f"{a.host} 999999999\n")  # a dead owner: stale, taken over
-    assert a.acquire("k")
-    a.release_all()
-    assert not (tmp_path / "k.lock").exists()
+    for text in (f"{a.host} 999999999\n", f"{a.host} 1\n", "\x00\xff garbage"):  # dead, unrelated (pid 1), garbage
+        (tmp_path / "k.lock").write_text(text, errors="surrogateescape")
+        assert a.acquire("k"), text  # no live sweep holds its OS lock: taken over
+        assert not b.acquire("k")
+        a.release_all()
+        assert not (tmp_path / "k.lock").exists()
 
 
 def test_damaged_cached_base_is_exported_again(tmp_path):
@@ -617,3 +619,205 @@ def test_astronomical_dims_refused_not_looped(capsys, tmp_path):
     one_line(code, err, "far larger than the chip")
     code, _, err = run_cli(capsys, "profile", path, "--target", "wse,ipu,h100", "-q")
     assert code in (0, 2), err
+
+
+# == issue 33: reads outside the input's folder =====================================================
+_POINT = (
+    '[[points]]\nid = "p"\nkind = "model"\ntarget = "{target}"\nsource = "t"\n'
+    'model = {{ family = "gpt2", layers = {layers}, hidden = 64, heads = 4, seq = 8, batch = 1 }}\n'
+    "measured = {{ {measured} }}\n"
+)
+
+
+def _catalogue(tmp_path: Path, *, target: str = "wse", layers: int = 1, measured: str = "samples_per_s = 1.0") -> Path:
+    folder = tmp_path / "cat"
+    folder.mkdir(exist_ok=True)
+    path = folder / "c.toml"
+    path.write_text(_POINT.format(target=target, layers=layers, measured=measured))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../SECRET.csv", "/etc/passwd", "link.csv"])
+def test_catalogue_file_outside_its_folder_is_refused(capsys, tmp_path, name):
+    (tmp_path / "SECRET.csv").write_text("kernel,active_pes\nx,1\n")
+    cat = _catalogue(tmp_path, measured=f'kernels_csv = "{name}"')
+    (cat.parent / "link.csv").symlink_to(tmp_path / "SECRET.csv")  # a symlink out is outside too
+    code, _, err = run_cli(capsys, "validate", "--catalog", cat, "-q")
+    one_line(code, err, "measured.kernels_csv", "points outside")
+
+
+def test_catalogue_kernel_table_without_its_columns(capsys, tmp_path):
+    cat = _catalogue(tmp_path, measured='kernels_csv = "k.csv"')
+    (cat.parent / "k.csv").write_text("name,pes\nmm0,1\n")
+    code, _, err = run_cli(capsys, "validate", "--catalog", cat, "-q")
+    one_line(code, err, "no column 'kernel', 'active_pes'")
+
+
+def test_catalogue_and_spec_target_files_resolve_inside(capsys, tmp_path):
+    from importlib import resources
+
+    (tmp_path / "t.toml").write_text((resources.files("dabench_ir.targets") / "sn30.toml").read_text())
+    cat = _catalogue(tmp_path, target="../t.toml")
+    code, _, err = run_cli(capsys, "validate", "--catalog", cat, "-q")
+    one_line(code, err, "target", "points outside")
+    spec = tmp_path / "cat" / "s.toml"
+    spec.write_text('[defaults]\nlayers = 1\nhidden = 64\ntarget = "../t.toml"\n[axes]\nbatch = [1]\n')
+    code, _, err = run_cli(capsys, "sweep", spec, "--dry-run")
+    one_line(code, err, "s.toml: target", "points outside")
+
+
+# == issue 33: file nonsense ==========================================================================
+def test_catalogue_share_above_one_and_layers_beyond_the_limit(capsys, tmp_path):
+    cat = _catalogue(tmp_path, measured="compute_utilization = 7.5")
+    code, _, err = run_cli(capsys, "validate", "--catalog", cat, "-q")
+    one_line(code, err, "measured.compute_utilization", "(0, 1]")
+    cat = _catalogue(tmp_path, layers=1_000_000_000)
+    code, _, err = run_cli(capsys, "validate", "--catalog", cat, "-q")
+    one_line(code, err, "model.layers", "10,000")
+
+
+def test_target_efficiency_above_one(capsys, tmp_path, mm):
+    from importlib import resources
+
+    text = (resources.files("dabench_ir.targets") / "sn30.toml").read_text()
+    assert "matmul_efficiency" in text or "pcu_efficiency" in text
+    bad = tmp_path / "t.toml"
+    import re
+
+    bad.write_text(re.sub(r"(pcu_efficiency_o1 = \{ value = )[0-9.]+", r"\g<1>5.0", text))
+    code, _, err = run_cli(capsys, "profile", mm, "--target", bad)
+    one_line(code, err, "pcu_efficiency_o1", "(0, 1]")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_folder_or_fifo_as_target_or_spec_says_what_it_is(capsys, tmp_path, mm, kind):
+    thing = tmp_path / "x.toml"
+    os.mkdir(thing) if kind == "folder" else os.mkfifo(thing)
+    want = "is a directory" if kind == "folder" else "not a regular file"
+    code, _, err = run_cli(capsys, "profile", mm, "--target", thing)
+    one_line(code, err, want)
+    code, _, err = run_cli(capsys, "sweep", thing, "--dry-run")
+    one_line(code, err, want)
+
+
+def _written_report(capsys, tmp_path: Path, mm: Path, name: str = "r.json") -> dict:
+    out = tmp_path / name
+    assert run_cli(capsys, "profile", mm, "--target", "rdu", "--json", out, "-q")[0] == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("edit", ["negative time", "no target", "node without name"])
+def test_hand_edited_report_given_to_compare_and_diff(capsys, tmp_path, mm, edit):
+    doc = _written_report(capsys, tmp_path, mm)
+    if edit == "negative time":
+        doc["totals"]["time_s"] = -1
+    elif edit == "no target":
+        del doc["target"]
+    else:
+        del doc["nodes"][0]["name"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, _, err = run_cli(capsys, "compare", bad, "-q")
+    one_line(code, err, "bad.json")
+    code, _, err = run_cli(capsys, "diff", tmp_path / "r.json", bad)
+    one_line(code, err, "bad.json")
+
+
+def test_diff_of_two_different_models_is_refused(capsys, tmp_path, mm):
+    _written_report(capsys, tmp_path, mm, "a.json")
+    other = _save(tmp_path, parse("agraph (float[2,3] A) => (float[2,3] C) { C = Relu(A) }"), "relu.onnx")
+    _written_report(capsys, tmp_path, other, "b.json")
+    code, _, err = run_cli(capsys, "diff", tmp_path / "a.json", tmp_path / "b.json")
+    one_line(code, err, "different models", "compare")
+
+
+# == issue 33: graph nonsense =========================================================================
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("agraph (float[4,7] A) => (float[4,7] C) { C = MatMul(A) }", "MatMul takes 2"),
+        ("agraph (float[4,7] A, float[64,64] B) => (float[4,64] C) { C = MatMul(A, B) }", "Incompatible dimensions"),
+        ("agraph (float[4,7] A) => (float[4,7] C) { C = Relu(X) }", "reads tensor 'X'"),
+        ("agraph (float[4,7] A) => (float[4,7] C) { C = Relu(A)\n C = Relu(A) }", "defined twice"),
+    ],
+)
+def test_miswired_graphs(capsys, tmp_path, text, needle):
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, parse(text)))
+    one_line(code, err, needle)
+
+
+def test_duplicate_initializer_names(capsys, tmp_path):
+    model = parse(MM)
+    w = helper.make_tensor("B", TensorProto.FLOAT, [3, 4], [0.0] * 12)
+    model.graph.initializer.extend([w, w])
+    code, _, err = run_cli(capsys, "profile", _save(tmp_path, model))
+    one_line(code, err, "two initializers are named 'B'")
+
+
+# == issue 33: overwrites and lost outputs ============================================================
+@pytest.mark.parametrize(
+    ("model_name", "flags", "needle"),
+    [
+        ("m.roles.csv", ("--csv", "m.csv"), "is an input of this run"),
+        ("mm.onnx", ("--json", "r.roles.csv", "--csv", "r.csv"), "writes the same file"),
+        ("mm.onnx", ("--json", "out.x", "--csv", "out.x"), "writes the same file"),
+        ("mm.onnx", ("--target", "rdu", "--trace", "t.json", "--html", "t.json"), "writes the same file"),
+        ("mm.onnx", ("--target", "rdu", "--plots", "p", "--json", "p/mm-roofline.png"), "writes the same file"),
+    ],
+)
+def test_one_run_never_writes_over_an_input_or_its_own_outputs(capsys, tmp_path, mm, model_name, flags, needle):
+    model = tmp_path / model_name
+    if model != mm:
+        model.write_bytes(mm.read_bytes())
+    before = model.read_bytes()
+    code, _, err = run_cli(capsys, "profile", model, *[tmp_path / f if "." in f or f == "p" else f for f in flags])
+    one_line(code, err, needle)
+    assert model.read_bytes() == before
+
+
+def test_demo_model_inside_its_output_folder(capsys, tmp_path, mm):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    model = rep / "index.html"
+    model.write_bytes(mm.read_bytes())
+    code, _, err = run_cli(capsys, "demo", "-o", rep, "--model", model, "--no-measure", "--no-validate")
+    one_line(code, err, "inside this output folder")
+    assert model.read_bytes() == mm.read_bytes()
+
+
+def test_study_runs_a_repeated_pipeline_and_an_alias_once(capsys, tmp_path, mm):
+    out = tmp_path / "s.json"
+    code, _, err = run_cli(capsys, "study", mm, "--pipeline", "none,none,ort-basic,ort-basic",
+                           "--target", "rdu,rdu,sn30", "--json", out, "-q")  # fmt: skip
+    assert code == 0, err
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["pipeline"], r["target"]) for r in runs] == [("ort-basic", "sn30")]
+
+
+# == issue 33: inputs that take long, messages that mislead ===========================================
+def test_export_random_weights_beyond_free_memory(capsys, tmp_path, monkeypatch):
+    import dabench_ir.models.export as export
+
+    monkeypatch.setattr(export, "_available_memory", lambda: 2**30)
+    code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "2", "--hidden", "4096",
+                           "--weights", "random", "--max-weight-bytes", str(10**18), "-o", tmp_path / "x.onnx")  # fmt: skip
+    one_line(code, err, "memory free")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("argv", [("profile", "{mm}", "--json", "-"), ("profile", "{mm}"), ("targets",)])
+def test_stdout_on_a_full_disk_is_one_line_exit_2(tmp_path, mm, argv):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    cmd = [sys.executable, "-m", "dabench_ir", *[a.format(mm=mm) for a in argv]]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    one_line(proc.returncode, proc.stderr, "standard output")
+
+
+def test_calibrate_json_to_a_full_device_fails_before_measuring(capsys):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    code, out, err = run_cli(capsys, "calibrate", "--json", "/dev/full")
+    one_line(code, err, "refuses writes")
+    assert out == ""

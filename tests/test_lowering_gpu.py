@@ -30,6 +30,27 @@ def test_kernel_time_is_roofline_plus_launch():
     assert tiny.node_plans["n0"].bound is Bound.OVERHEAD
 
 
+def test_a_step_of_short_kernels_is_bound_by_the_host_issuing_them():
+    from dabench_ir.emulate import emulate
+    from dabench_ir.lowering.gpu import HOST_ISSUE
+
+    launch, issue = A100.overhead("kernel_launch_s"), A100.overhead("host_issue_s")
+    assert 0 < launch < issue  # a tiny kernel runs (with its launch) faster than the host issues the next
+    opts = GpuLowering.options(ProfileOptions(precision="fp32"), fuse_elementwise=False)
+    bw = A100.memory("hbm").bandwidth_bytes_per_s
+    tiny_s = 2000 / bw + launch
+    # ten 2 kB kernels: the host issues one every `issue`, the device idles before each
+    g = chain([0] * 10, [2000] * 10)
+    tiny = lower(g, A100, opts)
+    assert tiny.step_overheads_s[HOST_ISSUE] == pytest.approx(issue + 9 * (issue - tiny_s))
+    assert emulate(tiny, g).step_time_s == pytest.approx(10 * issue + tiny_s)  # the host's pace, then the last kernel
+    # a 1 ms kernel first: the host issues the nine tiny ones while it runs; only the first waits
+    g = chain([0] * 10, [int(bw * 1e-3)] + [2000] * 9)
+    long = lower(g, A100, opts)
+    assert long.step_overheads_s[HOST_ISSUE] == pytest.approx(issue)
+    assert emulate(long, g).step_time_s == pytest.approx(issue + int(bw * 1e-3) / bw + launch + 9 * tiny_s)
+
+
 def test_fusion_saves_launches():
     g = decoder(layers=2, hidden=64, seq=8)
     fused = lower(g, A100, GpuLowering.options(ProfileOptions(), fuse_elementwise=True))
@@ -113,3 +134,23 @@ def test_a_gemm_narrower_than_a_tile_pads_to_the_mma_shape_only():
     # 864 blocks of 152-deep slices, 8 full waves on 108 SMs
     assert _tile_efficiency(1, 4096, 4096, 1, 128, 108) == pytest.approx(4096 * 4096 / (108 * 16 * 128 * 8 * 152))
     assert _tile_efficiency(64, 128 * 108, 128, 1, 128, 108) == 1.0  # 64-row tiles, no padding
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_divides_the_optimizer_pass_over_the_data_parallel_chips(zero):
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.passes.training import ADAM_MOMENT_BYTES_PER_PARAM, MASTER_BYTES_PER_PARAM, TrainingPass
+    from dabench_ir.scaling import scale
+
+    graph = decoder(layers=2, hidden=64)
+    TrainingPass()(graph)
+    params = sum(v.type.numel() for v in graph.weights())
+    # fp32 weights: Adam reads the parameter, its gradient and both moments and writes the
+    # parameter and both moments (no master copy): a memory-bound pass over the states
+    assert MASTER_BYTES_PER_PARAM == 4 and ADAM_MOMENT_BYTES_PER_PARAM == 8
+    adam_s = (4 + 4 + 8 + 4 + 8) * params / A100.memory("hbm").bandwidth_bytes_per_s
+    plain = scale(graph, A100, [4], "dp", ScaleOptions(precision="fp32")).points[0]
+    sharded = scale(graph, A100, [4], "dp", ScaleOptions(precision="fp32", zero=zero)).points[0]
+    # each of the 4 chips updates a quarter of the parameters; ZeRO 3 also gathers weights (1.5x comm)
+    assert plain.compute_time_s - sharded.compute_time_s == pytest.approx(adam_s * 3 / 4, rel=1e-3)
+    assert sharded.comm_time_s == pytest.approx(plain.comm_time_s * (1.5 if zero == 3 else 1.0))

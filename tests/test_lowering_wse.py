@@ -18,10 +18,11 @@ from dabench_ir.lowering.wse import wse_kernels
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes.training import TrainingPass
-from dabench_ir.targets import load_target
+from dabench_ir.targets import builtin_target_paths, load_target
 from tests.lowering_graphs import decoder
 
 WSE = load_target("wse")
+WSE_TOML = builtin_target_paths()["wse2"]
 CLOCK = float(WSE.clock)
 
 
@@ -182,6 +183,42 @@ def test_streaming_state_lives_in_memoryx_and_step_overheads_are_charged():
     n_mb = plan.micro_batches
     assert layer.gap_before_s == pytest.approx(WSE.overhead("ws_layer_pass_s") * n_mb)
     assert layer.min_time_s == pytest.approx(3 * lw / bw * n_mb)  # W in, W in again, dW out
+
+
+def test_streaming_runs_the_batch_in_lanes_whose_checkpoints_fit_on_the_wafer(tmp_path):
+    # Activations never leave the wafer: the batch runs in lanes (the Cerebras log's "per-box batch
+    # size 99 with 9 lanes"), each through every layer forward and backward with its own checkpoints.
+    # Per sample at 4 x 1024, seq 512 (fp16, one s x h tensor = 1 MiB): 3 block-boundary checkpoints
+    # (the last block's output is the graph's) and one layer's working set of 14 tensors (x, ln1 out,
+    # o_proj out, first residual, ln2 out, 4 x fc1 out, 4 x GELU out, fc2 out). A wafer sized for
+    # 10.5 samples next to the double-buffered 12 h^2 layer weights holds 8 of 32 (the largest
+    # divisor of 32 up to 10): 4 lanes.
+    act = 512 * 1024 * 2
+    per_sample = (3 + 14) * act
+    weights = 12 * 1024 * 1024 * 2
+    usable = WSE.arch_value("sram_usable_fraction")
+    sram = (10.5 * per_sample + 2 * weights) / usable
+    text = WSE_TOML.read_text().replace("capacity_bytes = { value = 40e9,", f"capacity_bytes = {{ value = {sram!r},")
+    path = tmp_path / "wse-small.toml"
+    path.write_text(text)
+    small = load_target(path)
+    assert small.memory("sram").capacity_bytes == sram
+    g = _train(decoder(layers=4, hidden=1024, seq=512, heads=8, batch=32))
+    plan = lower(g, small, ProfileOptions(wse_mode="streaming"))
+    assert plan.fits and (plan.stats.micro_batch, plan.micro_batches) == (8, 4)
+    assert plan.extra["checkpoint_bytes_per_sample"] == 3 * act
+    assert plan.extra["working_bytes_per_sample"] == 14 * act
+    assert plan.memory_bytes["sram"] == 8 * per_sample + 2 * weights
+    assert any("runs as 4 lanes of 8" in n and "(0.03 GB)" in n for n in plan.notes)
+    # each lane pays the layer pass and streams the layer's weights (W in, W in again, dW out)
+    layer = next(u for u in plan.units if u.id == "layer1")
+    bw = small.memory("memoryx").bandwidth_bytes_per_s
+    assert layer.gap_before_s == pytest.approx(4 * small.overhead("ws_layer_pass_s"))
+    assert layer.min_time_s == pytest.approx(4 * 3 * weights / bw)
+    # the whole 40 GB wafer holds the batch in one lane: no lanes to report
+    whole = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
+    assert (whole.stats.micro_batch, whole.micro_batches) == (32, 1)
+    assert not any("lanes of" in n for n in whole.notes)
 
 
 def test_streaming_throughput_flattens_with_batch():
@@ -443,6 +480,23 @@ def test_swiglu_pays_its_gate_multiply_and_one_transcendental_per_element(tiny_b
     assert nlin.work_s == pytest.approx(expect)
     up = next(k for k in kernels if k.cls == "fc" and k.key.endswith("up_proj"))
     assert sorted(n.op_type for n in up.nodes if ctx.is_work(n)) == ["MatMul", "Mul"]
+
+
+def test_rmsnorm_squares_at_the_vector_rate(tiny_blocks):
+    # LLaMA's RMSNorm: Pow(x, 2) with its exponent a one-element initializer the frontend keeps, so
+    # the square is one multiply per element (not a 110-cycle software transcendental): 64 x 128
+    # forward, twice that in backward (2 x g). The norm kernel's only transcendentals are the
+    # Sqrt's, one per row forward and one backward.
+    ctx, kernels, _ = tiny_blocks["llama"]
+    norm = next(k for k in kernels if k.cls == "layer_norm")
+    work = [(n.op_type, ctx.costs[n.name]) for n in norm.nodes if ctx.is_work(n)]
+    (square,) = [c for op, c in work if op == "Pow"]
+    assert (square.vector_flops, square.special_ops) == (3 * 64 * 128, 0)
+    assert sum(c.special_ops for _, c in work) == 2 * 64
+    pe = WSE.num_units
+    vec, sp = WSE.rate("vector", "fp32") / pe, WSE.rate("special", "fp32") / pe
+    expect = sum(c.vector_flops / vec + c.special_ops / sp for _, c in work)
+    assert norm.work_s == pytest.approx(expect)
 
 
 def test_rotary_positions_ride_in_the_attention_kernel_as_vector_work(tiny_blocks):

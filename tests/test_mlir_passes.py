@@ -392,7 +392,7 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",
             "--pipeline", "ort-basic", "--target", "rdu", "--json", str(tmp_path / "s.json"),
-            "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "s.html"), "--out-dir", str(tmp_path / "o")]  # fmt: skip
+            "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "s.html"), "-o", str(tmp_path / "o")]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "pipeline=mlir:linalg-fuse-elementwise-ops,canonicalize,cse" in text and "per ONNX node" in text

@@ -168,7 +168,7 @@ def test_a_registered_pipeline_runs_in_a_study(tmp_path):
 def test_cli_study_and_diff(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     out = tmp_path / "s"
-    argv = ["study", src, "--pipeline", "ort-basic", "--target", "rdu", "--out-dir", str(tmp_path / "o"),
+    argv = ["study", src, "--pipeline", "ort-basic", "--target", "rdu", "-o", str(tmp_path / "o"),
             "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out

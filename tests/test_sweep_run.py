@@ -149,3 +149,51 @@ def test_no_node_detail_keeps_the_row_and_drops_the_nodes(tmp_path, cache):
     assert [r["time_s"] for r in slim.rows] == [r["time_s"] for r in full.rows]
     record = json.loads(next((tmp_path / "slim" / "points").glob("*.json")).read_text())
     assert record["report"]["nodes"] == [] and record["report"]["metrics"]["dominant_bound"]
+
+
+@pytest.mark.parametrize("lock_text", ["{host} 1\n", "\x00\xff garbage", "{host} 999999999\n"])
+def test_a_lock_no_live_sweep_holds_is_taken_over(tmp_path, cache, lock_text):
+    """Issue 33: a lock naming an unrelated live process (pid 1), a dead one or garbage is not a
+    sweep at work: the point runs and is in the table; a lock a live sweep holds is waited for."""
+    import socket
+
+    from dabench_ir.sweep.runner import point_key
+
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse", "rdu"]}})
+    (tmp_path / "points").mkdir()
+    victim = point_key(spec.points[0].params)
+    (tmp_path / "points" / f"{victim}.lock").write_text(
+        lock_text.format(host=socket.gethostname()), errors="surrogateescape"
+    )
+    result = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert (result.ran, result.elsewhere, result.missing) == (2, 0, [])
+    assert {r["key"] for r in _rows(tmp_path)} == {point_key(p.params) for p in spec.points}
+    assert not list((tmp_path / "points").glob("*.lock"))
+
+
+def test_a_point_a_live_sweep_holds_is_waited_for_then_run_if_left(tmp_path, cache):
+    """A lock held by a live sweep that lets go without a record: this sweep runs the point
+    itself rather than ending without it (no point lost, none computed twice)."""
+    import threading
+
+    from dabench_ir.sweep.runner import _Locks, point_key
+
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse"]}})
+    (tmp_path / "points").mkdir()
+    other = _Locks(tmp_path / "points")
+    key = point_key(spec.points[0].params)
+    assert other.acquire(key)
+    threading.Timer(0.5, other.release, args=(key,)).start()  # the other sweep dies without a record
+    result = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert (result.elsewhere, result.ran, result.missing) == (1, 1, [])
+    assert [r["key"] for r in _rows(tmp_path)] == [key]
+
+
+def test_results_table_a_folder_is_refused_before_any_point(tmp_path, cache):
+    from dabench_ir.errors import UserError
+
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse"]}})
+    (tmp_path / "results.csv").mkdir()
+    with pytest.raises(UserError, match=r"results\.csv: is a directory"):
+        run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert not (tmp_path / "points").exists() or not list((tmp_path / "points").iterdir())

@@ -99,11 +99,13 @@ def test_relative_error_and_summary_statistics():
 
 
 def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
-    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "zero": 1, "chips_per_node": 4,
+    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "chips_per_node": 4,
                         "fused_attention": False, "kv_precision": "fp8"})  # fmt: skip
     opts = runner._options(point, "rdu", validate.PointResult(point))
-    assert (opts.opt_level, opts.zero, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
-        "O3", 1, 4, False, "fp8")  # fmt: skip
+    assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
+        "O3", 4, False, "fp8")  # fmt: skip
+    gpu = _point(target="a100", run={"zero": 1})
+    assert runner._options(gpu, "gpu", validate.PointResult(gpu)).zero == 1
     ipu = _point(target="bow", run={"half_partials": True})  # Graphcore's FP16.16 rate: what bow models
     assert runner._options(ipu, "ipu", validate.PointResult(ipu)).ipus == 1
     refused = {
@@ -113,6 +115,7 @@ def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
         ("ipu", "half_partials", False): "fp32 partials have no rate (the tool models True)",
         ("rdu", "optimizer", "sgd"): "run.optimizer = sgd refused: the training expansion models Adam(W) state",
         ("gpu", "tiles", 4): "run.tiles = 4: applies to rdu targets",
+        ("rdu", "zero", 1): "run.zero = 1: applies to gpu targets",  # ZeRO sharding is modelled for GPUs
         ("gpu", "measure", True): "run.measure = True refused: not a run key: the catalogue holds published",
         ("gpu", "micro_batches", 4): "not a run key: give gradient_accumulation",
     }
@@ -181,7 +184,7 @@ def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
     from dabench_ir.targets import load_target
 
     sn30 = load_target("sn30")
-    assert "arch.pcu_efficiency_o3" in sn30.fitted_on("sn30-gpt2-h1600-L12-O3")
+    assert "arch.pcu_efficiency_o3" in sn30.fitted_on("sn30-gpt2-h1600-L24-O3")
     assert sn30.fitted_on("sn30-gpt13b-dp4-ss2k") == []
     points = {p.id: p for p in validate.load_catalog()}
     for pid, p in points.items():  # every bundled holdout point is one no parameter is fitted to
@@ -191,7 +194,7 @@ def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
         for name, q in load_target(t).quantities():
             for pattern in q.fitted_to:
                 assert any(fnmatch.fnmatchcase(pid, pattern) for pid in points), (t, name, pattern)
-    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L12-O3'\nkind = 'bandwidth'\n"
+    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L24-O3'\nkind = 'bandwidth'\n"
                                  "target = 'sn30'\nsource = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
     with pytest.raises(UserError, match=r"marked holdout = true, but sn30.toml fits \S+ to it"):
         validate.run_validation(bad)

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from dabench_ir.errors import UserError
+from dabench_ir.options import KNOBS
 
 __all__ = ["register", "run"]
 
@@ -27,11 +27,9 @@ def register(subparsers: Any) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="onnxruntime intra-op threads (default: the CPUs this process may use)",
-    )
+        "--threads", metavar="N",
+        help="onnxruntime intra-op threads, at most the CPUs this process may use (default: all of them)",
+    )  # fmt: skip
     parser.add_argument("--force", action="store_true", help="measure again even when a valid calibration is cached")
     parser.add_argument(
         "--quick", action="store_true", help="a rough sub-second calibration (tiny shapes; for tests and smoke runs)"
@@ -39,18 +37,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--json", metavar="F", help="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)"
     )
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary (errors only)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.execute.calibrate import calibrate, calibration_status, load_calibration, machine_key
 
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be a positive integer, got {args.threads}")
-    key = machine_key(args.threads)
+    threads = KNOBS["threads"].check(args.threads)  # the one range of a thread count (profile's --threads too)
+    key = machine_key(threads)
     path, reason = calibration_status(key["threads"], allow_quick=args.quick)
     to_stdout = args.json == "-"
-    say = (lambda text: print(text, file=sys.stderr)) if to_stdout else print
+    say = _quiet if args.quiet else (lambda text: print(text, file=sys.stderr)) if to_stdout else print
     if args.json and not to_stdout:
         from dabench_ir.fileio import check_output_path
 
@@ -61,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"calibrating {key['cpu']} ({key['threads']} threads, onnxruntime {key['ort_version']})...")
         if to_stdout:
             with contextlib.redirect_stdout(sys.stderr):
-                path = calibrate(key["threads"], quick=args.quick, verbose=True)
+                path = calibrate(key["threads"], quick=args.quick, verbose=not args.quiet)
         else:
-            path = calibrate(key["threads"], quick=args.quick, verbose=True)
+            path = calibrate(key["threads"], quick=args.quick, verbose=not args.quiet)
         status = "measured"
     else:
         status = "cached"
@@ -84,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         say(f"wrote {args.json}")
     return 0
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.energy import check_process_node
-    from dabench_ir.fileio import check_output_path
+    from dabench_ir.fileio import plan_outputs
     from dabench_ir.report.compare import (
         compare_reports,
         load_report_json,
@@ -46,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.normalize_to is not None:
         check_process_node(args.normalize_to)
-    for flag in ("json", "csv", "html"):
-        path = getattr(args, flag)
-        if path is not None:
-            check_output_path(path, f"--{flag}", inputs=args.reports)
+    plan_outputs(args.reports, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
     from dabench_ir.execute.calibrate import host_powers
 
     reports = [load_report_json(p) for p in args.reports]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import add_flag
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_TARGETS", "HOST_MODEL", "DemoResult", "register", "render_side_by_side", "run",
            "run_demo"]
@@ -76,9 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)"
     )
-    p.add_argument(
-        "--targets", default=",".join(DEFAULT_TARGETS), help=f"comma list of targets (default {','.join(DEFAULT_TARGETS)})"
-    )
+    add_flag(p, "--target", "-t", dest="targets", default=",".join(DEFAULT_TARGETS), deprecated=("--targets",),
+             help=f"comma list of targets, as profile --target takes (default {','.join(DEFAULT_TARGETS)})")  # fmt: skip
     p.add_argument("--model", metavar="MODEL.onnx", help="profile this model on every target instead of the defaults")
     p.add_argument("--no-measure", action="store_true", help="do not run the model in onnxruntime on the cpu target")
     p.add_argument(
@@ -94,13 +94,13 @@ def run(args: argparse.Namespace) -> int:
 
     targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
     if not targets:
-        raise UserError("--targets: give at least one target, e.g. --targets cpu,rdu")
+        raise UserError("--target: give at least one target, e.g. --target cpu,rdu")
     _check_inputs(args.output, args.model)
     for name in targets:  # a misspelt target is the user's mistake: exit 2 before any work, quiet or not
         try:
             resolve_target(name)
         except UserError as exc:
-            raise UserError(f"--targets {name}: {exc}") from None
+            raise UserError(f"--target {name}: {exc}") from None
     progress = Progress(quiet=args.quiet)
     result = run_demo(
         args.output,
@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_inputs(output: str, model: str | None) -> None:
     """Refuse a bad folder or model up front (exit 2), not as an error file after the work."""
-    from dabench_ir.fileio import check_output_dir
+    from dabench_ir.fileio import check_output_dir, plan_outputs
 
     check_output_dir(output, "-o")
+    plan_outputs([model] if model is not None else [], [], folders=[(output, "-o")])  # index.html, TARGET.*, plots/
     if model is not None:
         from dabench_ir.frontends.onnx import read_model
 

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "diff",
         help="diff two reports (JSON) of one model node by node",
-        description="Compare report B against report A (both written by `profile --json` or `study --out-dir`): "
+        description="Compare report B against report A (both written by `profile --json` or `study -o DIR`): "
         "the total change, every node of B with the nodes of A it replaced (from B's recorded provenance when a "
         "study wrote it, else by names and module scopes), cost, time and bound before and after, and per module.",
     )
@@ -28,13 +28,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.commands.study import _check_paths, write_outputs
-    from dabench_ir.report.compare import load_report_json
+    from dabench_ir.errors import UserError
+    from dabench_ir.report.compare import load_report_json, model_differences
     from dabench_ir.study import STUDY_SCHEMA, study_run
 
     _check_paths(args)
     before, after = load_report_json(args.before), load_report_json(args.after)
+    differs = model_differences(before, after)
+    if differs:
+        raise UserError(
+            f"{args.before} and {args.after} are reports of different models ({'; '.join(differs)}); diff compares "
+            "one model before and after a change: use `dabench-ir compare` to set different models side by side"
+        )
     doc = {
         "schema": STUDY_SCHEMA,
+        "command": "diff",  # the table's header names the command that made it
         "model": str((before.get("model") or {}).get("path") or args.before),
         "baseline": args.before,
         "runs": [study_run(before, after)],

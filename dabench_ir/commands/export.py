@@ -13,7 +13,7 @@ import sys
 import time
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
+from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES, MAX_LAYERS
 
 __all__ = ["register", "run"]
 
@@ -29,6 +29,25 @@ def _byte_size(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4294967296, 4GiB, 512MB)")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+_SUFFIXES = {"onnx": ".onnx", "mlir-torch": ".mlir", "mlir-linalg": ".mlir"}
+"""What each --format writes: the output file's suffix."""
+
+
+def _format(fmt: str | None, output: str) -> str:
+    """The format to write: --format, checked against -o's suffix (or onnx when -o is not an .mlir file)."""
+    from pathlib import Path
+
+    suffix = Path(output).suffix.lower()
+    if fmt is None:
+        if suffix == ".mlir":
+            raise UserError(f"-o {output}: an .mlir file; give --format mlir-torch or --format mlir-linalg")
+        return "onnx"
+    if suffix in _SUFFIXES.values() and suffix != _SUFFIXES[fmt]:
+        raise UserError(f"-o {output}: --format {fmt} writes a {_SUFFIXES[fmt]} file, not {suffix}; name it "
+                        f"{Path(output).with_suffix(_SUFFIXES[fmt]).name} or change --format")  # fmt: skip
+    return fmt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,7 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"refuse --weights random above this many bytes (default {DEFAULT_MAX_WEIGHT_BYTES >> 30}GiB)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
-    p.add_argument("--format", choices=("onnx", "mlir-torch", "mlir-linalg"), default="onnx")
+    p.add_argument(
+        "--format", choices=tuple(_SUFFIXES),
+        help="onnx (default; -o NAME.onnx), or MLIR text (-o NAME.mlir): mlir-torch (the torch dialect) or "
+        "mlir-linalg (lowered to linalg on tensors)",
+    )  # fmt: skip
     p.add_argument("--dynamic", action="store_true", help="make batch and seq symbolic dims `batch`, `seq`")
     p.add_argument(
         "--no-stamp",
@@ -90,9 +113,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace):
     from dabench_ir.models import ModelConfig, get_preset
-    from dabench_ir.sweep.spec import MAX_LAYERS
 
-    for flag in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab"):
+    for flag in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab", "context", "chunk"):
         value = getattr(args, flag)
         if value is not None and not 0 < value <= 2**31 - 1:
             raise UserError(f"--{flag.replace('_', '-')} {value}: expected a positive integer below 2**31")
@@ -140,13 +162,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if not args.output:
         raise UserError("export needs -o PATH")
+    if cfg.phase == "decode" and args.format not in (None, "onnx"):
+        raise UserError("--phase decode exports ONNX only; drop --format or use --format onnx")
+    args.format = _format(args.format, args.output)
     from dabench_ir.fileio import check_output_path
 
     check_output_path(args.output, "-o")  # before minutes of exporting, not after
     from dabench_ir.models.export import export_model, resolve_weights
-
-    if cfg.phase == "decode" and args.format != "onnx":
-        raise UserError("--phase decode exports ONNX only; drop --format or use --format onnx")
 
     resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
     try:
@@ -167,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
     )
     nodes = f"{result.nodes} nodes, " if result.nodes else ""
     phase = f"decode {cfg.seq} token(s) on a {cfg.context}-token cache, " if cfg.phase == "decode" else ""
+    preset = "" if not args.preset else f"preset {cfg.preset}, " if cfg.preset == args.preset else f"preset {args.preset} = {cfg.preset}, "
     print(
-        f"wrote {result.path} ({result.format}, {cfg.family}, L={cfg.layers} h={cfg.hidden}, {phase}{nodes}"
+        f"wrote {result.path} ({result.format}, {preset}{cfg.family}, L={cfg.layers} h={cfg.hidden}, {phase}{nodes}"
         f"{cfg.param_count() / 1e6:.1f} M params, weights {result.weights}, "
         f"{time.perf_counter() - start:.1f} s)"
     )

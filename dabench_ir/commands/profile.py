@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import PROFILE, ProfileOptions, add_knob_arguments, knob_values, options_from_args
+from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
 __all__ = ["register", "run"]
 
@@ -44,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
-    o.add_argument("--annotate", metavar="F", help="write the model with per-node annotations")
+    o.add_argument(
+        "--annotate", metavar="F",
+        help="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
+        "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
+    )  # fmt: skip
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no tables (cross-check included)")
     o.add_argument(
@@ -56,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.progress import Progress
 
-    opts = options_from_args(args, ProfileOptions, PROFILE)  # checked once; the run resolves what was given
+    opts = options_from_args(args, ScaleOptions, PROFILE)  # checked once; the run resolves what was given
     given = knob_values(args, PROFILE)
     _check_outputs(args)
     _check_request(args, opts)
@@ -123,11 +128,11 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
 
         written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
     for name, report in reports.items():
-        per = {flag: _per_target_path(getattr(args, flag), name, "." + flag.replace("trace", "trace.json"))
-               for flag in ("json", "csv", "html", "trace") if getattr(args, flag)}  # fmt: skip
+        per = {flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
+               for flag in ("json", "csv", "html", "trace", "annotate") if getattr(args, flag)}  # fmt: skip
         if args.plots:
             per["plots"] = args.plots
-            per["stem"] = f"{Path(args.model).stem}-{Path(name).stem if name.endswith('.toml') else name}"
+            per["stem"] = _plot_stem(args.model, name)
         written += _write_report(report, args, **per)
     if not args.quiet:
         print(render_compare(rows))
@@ -136,8 +141,12 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
     return 0
 
 
+_SUFFIX = {"trace": ".trace.json", "annotate": ".onnx"}
+"""A per-target file's suffix where it is not the flag's name (a folder given: DIR/TARGET + suffix)."""
+
+
 def _is_folder(path: str) -> bool:
-    return path.endswith(("/", "\\")) or Path(path).is_dir()
+    return path.endswith(("/", "\\")) or os.path.isdir(path)  # os.path: an over-long name is no folder
 
 
 def _compare_path(path: str, suffix: str) -> Path:
@@ -152,6 +161,7 @@ def _per_target_path(path: str, target: str, suffix: str) -> Path:
     """One target's file: DIR/TARGET.EXT for a folder, else F's stem + '-TARGET' + F's suffix."""
     stem = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")
     if _is_folder(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
         return Path(path) / f"{stem}{suffix}"
     p = Path(path)
     return p.with_name(f"{p.stem}-{stem}{p.suffix or suffix}")
@@ -198,7 +208,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the work, not after, when an output cannot be written (dabench_ir.fileio)."""
     import os
 
-    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
+    from dabench_ir.fileio import check_input_file, plan_outputs
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
@@ -212,43 +222,66 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_input_file(model, "MODEL")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
+    creates = [(args.plots, "--plots")] if args.plots is not None else []
+    folders = [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")]
+    creates += [(path, flag) for path, flag in folders if _is_folder(path)]
+    plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
+
+
+def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
+    """Every file this run writes, with the flag that asks for it (one target or several)."""
+    from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
+
+    names = [t.strip() for t in args.target.split(",") if t.strip()] if args.target and "," in args.target else []
+    out: list[tuple[Path | str, str]] = []
     for flag in ("json", "csv", "html", "trace", "annotate"):
         path = getattr(args, flag)
-        if path is not None:
-            check_output_path(path, f"--{flag}", inputs=models, allow_stdout=True)
+        if path is None:
+            continue
+        suffix = "." + flag.replace("trace", "trace.json")
+        files = [path] if not names or flag == "annotate" else [_per_target_path(path, n, suffix) for n in names]
+        if names and flag in ("json", "csv", "html"):
+            files.append(Path(path) / f"compare{suffix}" if _is_folder(path) else Path(path))
+        for f in files:
+            out.append((f, f"--{flag}"))
+            if flag == "csv" and not (names and f == Path(path)):  # the comparison CSV has no roles table
+                out.append((_roles_path(f), "--csv (its .roles.csv)"))
     if args.plots is not None:
-        check_output_dir(args.plots, "--plots")
+        stems = [_plot_stem(args.model, n) for n in names] if names else [Path(args.model).stem]
+        out += [(plot_path(args.plots, stem, name, fmt), "--plots")
+                for stem in stems for name in PLOT_NAMES for fmt in PLOT_FORMATS]  # fmt: skip
+    return out
 
 
-def _check_request(args: argparse.Namespace, opts: ProfileOptions) -> None:
+def _roles_path(csv_path: str | Path) -> Path:
+    """The per-role table written beside a per-node CSV: F's stem + ``.roles.csv``."""
+    p = Path(csv_path)
+    return p.with_name(p.stem + ".roles.csv")
+
+
+def _plot_stem(model: str, target: str) -> str:
+    return f"{Path(model).stem}-{Path(target).stem if target.endswith('.toml') else target}"
+
+
+def _check_request(args: argparse.Namespace, opts: ScaleOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
-    if not opts.scenario and (getattr(args, "chips", None) or getattr(args, "strategy", None)):
-        raise UserError("--chips and --strategy apply to --scenario generate here; see `dabench-ir scale`")
+    if opts.chips == 1:  # one chip: nothing for a strategy to split (scale compares chip counts)
+        flag = next((KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None),
+                    None)  # fmt: skip
+        if flag:
+            raise UserError(f"{flag} applies to a run over several chips; add --chips N (or see `dabench-ir scale`)")
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
         raise UserError(
             "--cross-check compares the ONNX rules with the linalg counts; an .mlir input has only the linalg side. "
             "Give the .onnx file it came from (add --via mlir to profile it through linalg)"
         )
     if opts.measure and args.target:
+        from dabench_ir.execute import measure_provider
         from dabench_ir.pipeline import resolve_target
 
         for name in (t.strip() for t in args.target.split(",") if t.strip()):
             target = resolve_target(name, opts.threads)
-            if target.kind != "cpu":
-                raise UserError(
-                    f"--measure runs the model in onnxruntime on this host's CPU ({_providers()}), so it cannot "
-                    f"measure --target {name} ({target.kind}); drop --measure to emulate {name}, or use --target cpu"
-                )
-
-
-def _providers() -> str:
-    """onnxruntime's execution providers here, in words."""
-    try:
-        import onnxruntime as ort
-
-        return "onnxruntime execution providers here: " + ", ".join(ort.get_available_providers())
-    except ImportError:
-        return "onnxruntime is not installed"
+            measure_provider(target.kind, name)  # the CPU, or a GPU on the CUDA provider; else one line, exit 2
 
 
 def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) -> list[str]:
@@ -262,7 +295,7 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
     if paths.get("csv"):
         csv_path = Path(paths["csv"])
         written.append(str(report.write_csv(csv_path)))
-        written.append(str(report.write_roles_csv(csv_path.with_name(csv_path.stem + ".roles.csv"))))
+        written.append(str(report.write_roles_csv(_roles_path(csv_path))))
     if paths.get("trace"):
         if report.timeline is None:
             raise UserError("--trace needs a timeline: give --target or --measure")

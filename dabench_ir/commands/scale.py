@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import SCALE, add_knob_arguments, knob_values
+from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
 
@@ -31,13 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plots", metavar="DIR",
         help="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
     )  # fmt: skip
-    p.add_argument("--plot", metavar="F", help="the same plot to one file F (.png or .svg); prefer --plots DIR")
+    add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.fileio import check_input_file, check_output_path, write_output
+    from dabench_ir.fileio import check_input_file, check_output_path, plan_outputs, write_output
     from dabench_ir.pipeline import load_graph
     from dabench_ir.progress import Progress
     from dabench_ir.run import prepare, resolve
@@ -45,10 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.targets import load_target
 
     check_input_file(args.model, "MODEL")
-    if args.json is not None:
-        check_output_path(args.json, "--json", inputs=[args.model])
     if args.plot is not None:
         check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
+    plan_outputs([args.model], [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
     if getattr(args, "plots", None) is not None:
         from dabench_ir.fileio import check_output_dir
 

@@ -16,6 +16,16 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for group in values or [] for v in group.split(",") if v.strip()]
 
 
+def _unique_targets(names: list[str]) -> list[str]:
+    """Each target once, in the order given: a repeat or an alias of one given before (rdu = sn30) is dropped."""
+    from dabench_ir.targets import load_target
+
+    seen: dict[str, str] = {}
+    for name in names:
+        seen.setdefault("cpu" if name.lower() == "cpu" else load_target(name).name, name)
+    return list(seen.values())
+
+
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     """The output flags `study` and `diff` share."""
     p.add_argument("--json", metavar="F", help="write the study as JSON (schema dabench-ir/study/v1)")
@@ -27,7 +37,7 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dabench_ir.options import KNOBS, PROFILE, add_knob_arguments
+    from dabench_ir.options import STUDY, add_flag, add_knob_arguments
 
     p = sub.add_parser(
         "study",
@@ -40,16 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="an .onnx model")
     p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
                    "see --list-pipelines")  # fmt: skip
-    p.add_argument("--target", action="append", metavar="T", help="target(s), repeatable or comma-separated")
+    p.add_argument("--target", "-t", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
-    p.add_argument("--out-dir", metavar="DIR", help="keep every optimised model and report JSON here")
+    add_flag(p, "-o", "--output", dest="out_dir", metavar="DIR", deprecated=("--out-dir",),
+             help="keep every optimised model and report JSON here")  # fmt: skip
     p.add_argument("--via", dest="study_via", choices=("onnx", "mlir"), default="onnx", help="mlir: run the MLIR pipelines on the "
                    "model's linalg module, each diffed against it as lowered (docs/mlir.md)")  # fmt: skip
     p.add_argument("--mlir-pipeline", metavar="PASSES", help="upstream MLIR passes, comma-separated "
                    "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir")  # fmt: skip
     add_output_arguments(p)
-    # run and target knobs: the baseline is placed with them, a pipeline's own overrides win
-    add_knob_arguments(p, PROFILE, knobs={k: v for k, v in KNOBS.items() if v.group != "measure" and k != "via"})
+    # run, target and scale knobs: the baseline is placed with them, a pipeline's own overrides win
+    add_knob_arguments(p, STUDY)
     p.set_defaults(func=run)
 
 
@@ -68,6 +79,8 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
         written.append(write_study_html(doc, args.html))
     if not args.quiet:
         print(render_study(doc, top=args.top))
+        for failure in doc.get("failed", ()):
+            print(f"{failure['pipeline']}: failed: {failure['reason']}")
         for path in written:
             print(f"wrote {path}")
     warnings = sorted({w for run in doc["runs"] for w in run["warnings"]})
@@ -78,17 +91,14 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    from dabench_ir.fileio import check_input_file, check_output_dir, check_output_path
+    from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
 
     inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
     for path in inputs:
         check_input_file(path)
-    for flag in ("json", "csv", "html"):
-        path = getattr(args, flag)
-        if path is not None:
-            check_output_path(path, f"--{flag}", inputs=inputs)
+    plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
     if getattr(args, "out_dir", None):
-        check_output_dir(args.out_dir, "--out-dir")
+        check_output_dir(args.out_dir, "-o")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,13 +110,13 @@ def run(args: argparse.Namespace) -> int:
             where = f" [{', '.join(sorted(pipe.targets))} only]" if pipe.targets else ""
             print(f"{name:22s} {pipe.help}{where}")
         return 0
-    from dabench_ir.options import PROFILE, ProfileOptions, options_from_args
+    from dabench_ir.options import STUDY, ScaleOptions, options_from_args
     from dabench_ir.progress import Progress
     from dabench_ir.study import run_study
 
     if not args.model:
         raise UserError("study: give the model (an .onnx file)")
-    pipelines: list = _split(args.pipeline)
+    pipelines: list = list(dict.fromkeys(_split(args.pipeline)))  # a repeated pipeline runs once
     if args.mlir_pipeline is not None:
         from dabench_ir.mlirpasses import parse_pipeline
         from dabench_ir.study import Pipeline
@@ -118,12 +128,12 @@ def run(args: argparse.Namespace) -> int:
     if not pipelines:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
-    opts = options_from_args(args, ProfileOptions, PROFILE)
+    opts = options_from_args(args, ScaleOptions, STUDY)
     progress = Progress(quiet=args.quiet)
     from dabench_ir.mlirpasses import MlirPassError
 
     try:
-        doc = run_study(args.model, pipelines, _split(args.target), opts, out_dir=args.out_dir, progress=progress,
+        doc = run_study(args.model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,
                         via=args.study_via)  # fmt: skip
     except MlirPassError as exc:  # the passes before the failing one keep their results: show them
         progress.done()
@@ -134,4 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     progress.done()
     write_outputs(args, doc)
+    if doc.get("failed"):  # the other pipelines ran and were written; the run still says it is incomplete
+        names = ", ".join(f"{f['pipeline']} ({f['reason']})" for f in doc["failed"])
+        raise UserError(f"study: {len(doc['failed'])} pipeline(s) failed: {names}")
     return 0

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_bundled_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (level1, level2)")
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (listed below)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")
     p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
     add_grid_arguments(p, out="DIR")
@@ -87,14 +87,18 @@ def grid_jobs(args: argparse.Namespace, out: str) -> int:
     return args.jobs or os.cpu_count() or 1
 
 
-def lost_points(lost: int) -> int:
-    """The exit code of a grid run that lost ``lost`` points to dead workers (1, saying so) or 0."""
-    if not lost:
+def lost_points(lost: int, missing: list[str] | None = None) -> int:
+    """The exit code of a grid run that ended with points without a record (1, naming them:
+    ``missing``, their labels; ``lost``, how many went with a dead worker) or 0."""
+    if not lost and not missing:
         return 0
     import sys
 
+    count = len(missing) if missing else lost
+    which = f" ({'; '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
+    why = f", {lost} lost to a dead worker" if lost else ""
     print(
-        f"dabench-ir: error: {lost} point(s) lost to a dead worker; run the same command again to finish them",
+        f"dabench-ir: error: {count} point(s) have no result{which}{why}; run the same command again to finish them",
         file=sys.stderr,
     )
     return 1
@@ -148,4 +152,4 @@ def run(args: argparse.Namespace) -> int:
         if result.elsewhere:
             print(f"{result.elsewhere} point(s) left to another sweep running into the same folder")
         print(f"results: {os.path.join(args.output, 'results.csv')}")
-    return lost_points(result.lost)
+    return lost_points(result.lost, result.missing)

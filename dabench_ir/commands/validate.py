@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
         "run, and points with a run key the tool has no knob for, are listed with the reason (CANNOT RUN).",
     )
-    p.add_argument("--target", metavar="T", help="only the points on this target (name or alias)")
+    p.add_argument("--target", "-t", metavar="T", help="only the points on this target (name or alias)")
     p.add_argument(
         "--catalog",
         metavar="FILE",
@@ -35,13 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir import validate
     from dabench_ir.errors import UserError
-    from dabench_ir.fileio import check_output_dir, check_output_path
+    from dabench_ir.fileio import check_output_dir, plan_outputs
     from dabench_ir.progress import Progress
 
     inputs = list(args.catalog or [])
-    for flag, value in (("--json", args.json), ("--csv", args.csv)):
-        if value is not None:
-            check_output_path(value, flag, inputs=inputs)
+    plan_outputs(inputs, [(v, f) for f, v in (("--json", args.json), ("--csv", args.csv)) if v is not None])
     if args.plots is not None:
         check_output_dir(args.plots, "--plots")
     points = validate.load_catalog(args.catalog)

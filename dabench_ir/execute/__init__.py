@@ -9,6 +9,11 @@ says so in its note), so the per-node times add up to onnxruntime's own profile.
 headline step is on one basis, the warm median: the per-node medians plus the measured
 overhead rows (`Measurement.overheads_s`). Every node ends with a measured time or a
 reason it has none.
+
+A GPU target is measured on onnxruntime's CUDA execution provider (`measure_provider`): each
+node's time is the device time of the CUDA kernels it launched, and a kernel no node claims is
+its own labelled row. Where no CUDA provider or device is present the run is refused with one
+line, never measured on the CPU instead.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
 
     from dabench_ir.ir import Graph
 
-__all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "Measurement", "NodeRate", "measure"]
+__all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "Measurement", "NodeRate", "measure", "measure_provider"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +110,27 @@ class Measurement:
             "run_spread_rel": self.run_spread,
             "repeat_auto": self.repeat_auto,
         }
+
+
+def measure_provider(target_kind: str | None, target_name: str = "") -> str:
+    """The onnxruntime execution provider ``--measure`` runs a target of ``target_kind`` on:
+    ``cpu`` for the host (or no target), ``cuda`` for a GPU. Raises `UserError` (one line) when a
+    GPU target finds no CUDA provider here, or for a kind no provider measures."""
+    from dabench_ir.errors import UserError
+
+    if target_kind in (None, "cpu"):
+        return "cpu"
+    name = target_name or str(target_kind)
+    if target_kind != "gpu":
+        raise UserError(f"--measure runs the model in onnxruntime on this host's CPU or an NVIDIA GPU, so it cannot "
+                        f"measure --target {name} ({target_kind}); drop --measure to emulate {name}")  # fmt: skip
+    try:
+        resolve_provider("cuda")
+    except UserError as exc:
+        raise UserError(f"--measure --target {name} runs onnxruntime's CUDA execution provider: {exc}; install "
+                        f"onnxruntime-gpu on a machine with an NVIDIA GPU, drop --measure to emulate {name}, or use "
+                        "--target cpu to measure this host") from None
+    return "cuda"
 
 
 def measure(
@@ -210,6 +236,8 @@ def measure(
                 node_times[ort_name] = t
                 spread[ort_name] = profile.node_spread.get(ort_name, 0.0)
                 ort_ops[ort_name] = profile.op_types.get(ort_name, "")
+                if profile.kernels.get(ort_name):
+                    notes[ort_name] = "measured: its CUDA kernels " + ", ".join(profile.kernels[ort_name])
             else:
                 unmatched[ort_name] = t
 
@@ -243,6 +271,9 @@ def measure(
     overheads = {}
     if unmatched:
         overheads["onnxruntime_only_nodes"] = sum(unmatched.values())
+    if profile.unmatched_kernels:  # each kept under its own label in `Measurement.unmatched`
+        unmatched.update(profile.unmatched_kernels)
+        overheads["cuda_kernels_without_node"] = sum(profile.unmatched_kernels.values())
     if profile.overhead_s > 0:
         overheads["session"] = profile.overhead_s
     batch = _batch_of(graph, {**graph.bindings, **(dims or {})})

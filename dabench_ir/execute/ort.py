@@ -2,7 +2,14 @@
 
 The profiler writes Chrome-trace JSON: one ``cat == "Node"`` event per kernel run, named
 ``<node>_kernel_time``, with ``dur`` in microseconds and ``args.op_name``/``args.provider``,
-and one ``model_run`` session event per ``InferenceSession.run``. Node events are grouped
+and one ``model_run`` session event per ``InferenceSession.run``. On the CUDA execution provider
+a Node event's ``dur`` is the host's launch time; the device time is in the ``cat == "Kernel"``
+events (CUDA kernels, recorded through CUPTI when onnxruntime is built with
+``--enable_cuda_profiling``): each follows the Node event that launched it in the file, with
+``ts`` = that node's ``ts`` plus 1, 2, ... and ``args.op_name`` copied from it (onnxruntime
+``core/common/gpu_profiler_common.cc``, ``GPUProfilerBase::MergeEvents``). A CUDA node's time is
+the sum of its kernels' ``dur``; a kernel no node claims is kept as its own labelled row
+(`OrtProfile.unmatched_kernels`), never dropped. Node events are grouped
 by the run whose window holds them, warm-up runs are dropped, and the median over the
 remaining runs is kept. One basis everywhere (**warm median**): each kernel's time is its
 median over the warm runs, the overhead is the median over the warm runs of the run's
@@ -39,6 +46,8 @@ __all__ = [
     "AUTO_MAX_RUNS",
     "AUTO_MAX_S",
     "AUTO_TARGET",
+    "KERNEL_CAT",
+    "UNMATCHED_KERNEL_PREFIX",
     "FusionMap",
     "OrtProfile",
     "default_threads",
@@ -95,6 +104,8 @@ class OrtProfile:
     optimized: onnx.ModelProto | None = None  # the graph onnxruntime ran, when optimisation was on
     node_spread: dict[str, float] = field(default_factory=dict)  # ORT node -> IQR / median over the warm runs
     run_spread: float = 0.0  # IQR / median of the warm runs' durations
+    kernels: dict[str, list[str]] = field(default_factory=dict)  # ORT node -> the CUDA kernels it launched
+    unmatched_kernels: dict[str, float] = field(default_factory=dict)  # labelled row -> median seconds per run
 
 
 def run_profiled(
@@ -139,6 +150,9 @@ def run_profiled(
             session = ort.InferenceSession(source, so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise UserError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
+        if providers[0] not in session.get_providers():  # onnxruntime falls back to the CPU without a device
+            raise UserError(f"onnxruntime could not start {providers[0]} (no usable device here); "
+                            "refusing to measure on the CPU instead")  # fmt: skip
         try:
             for _ in range(warmup):
                 session.run(None, feeds)
@@ -220,16 +234,20 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
     kept = runs[warmup:]
     if not kept:
         raise UserError("the onnxruntime profile holds no measured run (is repeat >= 1?)")
+    if any(e.get("cat") == "Node" and _on_device(e) for e in events) and not any(
+            e.get("cat") == KERNEL_CAT for e in events):
+        raise UserError("this onnxruntime build records no CUDA kernel events, so node times on the GPU are unknown "
+                        "(a Node event's dur is the host's launch); use an onnxruntime built with "
+                        "--enable_cuda_profiling, CUPTI on the library path")  # fmt: skip
     windows = [(r["ts"], r["ts"] + r["dur"]) for r in kept]
     per_run: list[dict[str, float]] = [{} for _ in kept]
     op_types: dict[str, str] = {}
     providers: dict[str, str] = {}
     order: list[str] = []
-    nodes = sorted(
-        (e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith(_SUFFIX)), key=lambda e: e["ts"]
-    )
+    kernels: dict[str, list[str]] = {}
+    stray: list[dict[str, float]] = [{} for _ in kept]
     w = 0
-    for event in nodes:
+    for event, parent in sorted(_with_parents(events), key=lambda pair: pair[0]["ts"]):
         ts = event["ts"]
         while w < len(windows) and ts > windows[w][1]:
             w += 1
@@ -237,16 +255,32 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
             break
         if ts < windows[w][0]:
             continue  # a warm-up run or session set-up
-        name = event["name"][: -len(_SUFFIX)]
-        per_run[w][name] = per_run[w].get(name, 0.0) + event["dur"] * 1e-6
+        seconds = event["dur"] * 1e-6
+        if event.get("cat") == KERNEL_CAT:
+            if parent is None:
+                label = f"{UNMATCHED_KERNEL_PREFIX}{event.get('name', '?')}"
+                stray[w][label] = stray[w].get(label, 0.0) + seconds
+                continue
+            name = parent["name"][: -len(_SUFFIX)]
+            launched = kernels.setdefault(name, [])
+            if event.get("name", "?") not in launched:
+                launched.append(event.get("name", "?"))
+        else:
+            name = event["name"][: -len(_SUFFIX)]
+            if _on_device(event):
+                seconds = 0.0  # its dur is the host's launch; its kernels carry the device time
+        per_run[w][name] = per_run[w].get(name, 0.0) + seconds
         if name not in op_types:
-            args = event.get("args", {})
+            args = (parent or event).get("args", {})
             op_types[name] = str(args.get("op_name", ""))
             providers[name] = str(args.get("provider", ""))
             order.append(name)
     node_times = {name: statistics.median(run.get(name, 0.0) for run in per_run) for name in order}
+    labels = sorted({label for run in stray for label in run})
+    unmatched_kernels = {label: statistics.median(run.get(label, 0.0) for run in stray) for label in labels}
     run_times = [r["dur"] * 1e-6 for r in kept]
-    overhead = max(0.0, statistics.median(t - sum(run.values()) for t, run in zip(run_times, per_run, strict=True)))
+    overhead = max(0.0, statistics.median(t - sum(run.values()) - sum(extra.values())
+                                          for t, run, extra in zip(run_times, per_run, stray, strict=True)))  # fmt: skip
     spread = {name: rel_spread([run.get(name, 0.0) for run in per_run]) for name in order}
     return OrtProfile(
         node_spread=spread,
@@ -255,11 +289,46 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
         op_types=op_types,
         providers=providers,
         order=order,
-        run_time_s=sum(node_times.values()) + overhead,
+        run_time_s=sum(node_times.values()) + sum(unmatched_kernels.values()) + overhead,
         run_times_s=run_times,
         overhead_s=overhead,
         run_median_s=statistics.median(run_times),
+        kernels=kernels,
+        unmatched_kernels=unmatched_kernels,
     )
+
+
+KERNEL_CAT = "Kernel"
+"""The ``cat`` of a device kernel event in onnxruntime's profile (CUDA / ROCm execution providers)."""
+UNMATCHED_KERNEL_PREFIX = "cuda kernel without a node: "
+"""How a kernel no node event claims is labelled in `OrtProfile.unmatched_kernels`."""
+
+
+def _on_device(node_event: dict) -> bool:
+    return str(node_event.get("args", {}).get("provider", "")) == _PROVIDERS["cuda"]
+
+
+def _with_parents(events: Sequence[dict]) -> list[tuple[dict, dict | None]]:
+    """Node and Kernel events in file order, each Kernel with the Node event that launched it.
+
+    onnxruntime writes a node's kernels right after its Node event, at ``ts`` = the node's ``ts`` +
+    1, 2, ... and with the node's ``args.op_name``; a kernel that follows no node of the CUDA
+    provider, or whose ``ts`` or op name does not fit the node before it, has no parent (None).
+    """
+    out: list[tuple[dict, dict | None]] = []
+    parent: dict | None = None
+    count = 0
+    for event in events:
+        cat = event.get("cat")
+        if cat == "Node" and event.get("name", "").endswith(_SUFFIX):
+            parent, count = (event if _on_device(event) else None), 0
+            out.append((event, None))
+        elif cat == KERNEL_CAT:
+            count += 1
+            fits = parent is not None and 0 < event.get("ts", 0) - parent["ts"] <= count and str(
+                event.get("args", {}).get("op_name", "")) in ("", str(parent.get("args", {}).get("op_name", "")))
+            out.append((event, parent if fits else None))
+    return out
 
 
 @dataclass(slots=True)

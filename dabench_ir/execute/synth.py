@@ -5,8 +5,11 @@ weights are seeded random data of the right dtype and shape, built in memory and
 stated byte cap. Weights may be missing in two ways:
 
 - shape-only graph inputs that hold parameters (named in the model's ``dabench.weights``
-  metadata, or declared weights in the dabench Graph): they become initializers;
-- initializers whose external data file is absent: they are rewritten with inline data.
+  metadata, or declared weights in the dabench Graph): they become initializers.
+
+An initializer whose external data is missing or cut short (the file absent, or its offset
+and length past the file's end) is a broken model, not a missing weight: running it is
+refused in one line (profiling without running needs no weight data).
 
 Integer inputs get ranges that keep the model in bounds: token ids below the size of the
 table they index (found from the Gather that reads them), masks of ones, positions 0..S-1.
@@ -102,16 +105,12 @@ def prepare_model(
         shape = _shape_of(vi, bindings)
         why = "weight (shape-only graph input)" if vi.name in weight_inputs else "input"
         plan.append((vi.name, why, vi.type.tensor_type.elem_type, shape))
-    absent: list[onnx.TensorProto] = []
     for init in g.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
-            if _external_present(init, base):
-                onnx.external_data_helper.load_external_data_for_tensor(init, str(base))
-                init.data_location = onnx.TensorProto.DEFAULT
-                del init.external_data[:]
-            else:
-                absent.append(init)
-                plan.append((init.name, "weight (external data absent)", init.data_type, tuple(init.dims)))
+            _check_external(init, base)
+            onnx.external_data_helper.load_external_data_for_tensor(init, str(base))
+            init.data_location = onnx.TensorProto.DEFAULT
+            del init.external_data[:]
 
     needed = sum(math.prod(shape) * _itemsize(dtype) for _, _, dtype, shape in plan)
     if needed > max_weight_bytes:
@@ -122,13 +121,9 @@ def prepare_model(
 
     bounds = _index_bounds(model, graph, bindings)
     prepared = Prepared(model=model, feeds={}, synthesized_bytes=needed)
-    by_name = {init.name: init for init in absent}
     new_inits: list[onnx.TensorProto] = []
     for name, why, dtype, shape in plan:
         prepared.synthesized[name] = why
-        if name in by_name:
-            _fill_initializer(by_name[name], rng)
-            continue
         if why == "input":
             prepared.feeds[name] = _input_array(name, dtype, shape, bounds.get(name), rng)
         else:
@@ -196,18 +191,30 @@ def _itemsize(onnx_dtype: int) -> int:
     return size
 
 
-def _external_present(init: onnx.TensorProto, base: Path) -> bool:
+def _check_external(init: onnx.TensorProto, base: Path) -> None:
+    """Refuse, in one line, an initializer whose external data file is absent (or inside no
+    folder of the model's) or shorter than its offset + length: running needs its bytes."""
+    from dabench_ir.fileio import resolve_inside
+
     entries = {e.key: e.value for e in init.external_data}
-    target = base / entries.get("location", "")
-    if not target.is_file():
-        return False
+    location = entries.get("location", "")
+    where = f"initializer {init.name!r}: external data {location!r}"
+    fix = "--measure runs the model and needs its weights; put the data file beside the model, or drop --measure"
+    target = resolve_inside(base, location, where)
     try:
+        size = os.stat(target).st_size if target.is_file() else None
         end = int(entries.get("offset", 0) or 0) + int(entries.get("length", 0) or 0)
-    except ValueError:
-        return False  # not integers: treated as absent (synthesised); load_onnx refuses such files
-    if end < 0:
-        return False
-    return os.path.getsize(target) >= end
+    except (OSError, ValueError):
+        size, end = None, 0
+    if size is None:
+        raise UserError(f"{where}: no such file next to the model; {fix}")
+    need = end if "length" in entries else int(entries.get("offset", 0) or 0) + _nbytes(init)
+    if size < need:
+        raise UserError(f"{where}: the file has {size:,} bytes, the tensor ends at byte {need:,}; {fix}")
+
+
+def _nbytes(init: onnx.TensorProto) -> int:
+    return math.prod(init.dims) * _itemsize(init.data_type)
 
 
 def _random_floats(shape: tuple[int, ...], name: str, rng: np.random.Generator) -> np.ndarray:

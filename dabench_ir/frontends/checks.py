@@ -9,6 +9,12 @@ nonsense figure or a hang further on into one line saying what is wrong with the
   size (string, 4-bit) is named in a warning, never counted as 0 bytes unflagged;
 - external data: ``offset`` and ``length`` must be non-negative integers;
 - cycles: a graph whose nodes depend on each other in a loop is refused, as onnxruntime does;
+- wiring: duplicate initializer names, a tensor two nodes (or a node and an input) define, a
+  node input nothing defines (in its graph or an enclosing one), and a standard op given more
+  or fewer inputs or outputs than its ONNX schema takes are refused;
+- shapes: `infer_checked` runs ONNX shape inference strictly, so inputs an op cannot take
+  (``[4,7] x [64,64]``) are refused by the op's own rule; other inference failures fall back
+  to best effort;
 - metadata: `safe_name_scopes` and `safe_name_list` read exporter metadata of any shape.
 """
 
@@ -26,7 +32,7 @@ from dabench_ir.errors import InputError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "safe_name_list", "safe_name_scopes"]
+__all__ = ["MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +164,87 @@ def _check_acyclic(graph: onnx.GraphProto, where: str) -> None:
         )
 
 
+def _node_label(node: onnx.NodeProto) -> str:
+    return f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node"
+
+
+def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str) -> None:
+    """Every tensor defined once, every node input defined (here or in an enclosing graph),
+    and each standard op's input and output counts within its schema; subgraphs recursively."""
+    defined: dict[str, str] = {}
+
+    def define(name: str, by: str) -> None:
+        if name in defined:
+            raise InputError(f"{where}tensor {name!r} is defined twice ({defined[name]} and {by}); each name must be unique")
+        defined[name] = by
+
+    for vi in graph.input:
+        defined.setdefault(vi.name, "a graph input")  # an initializer may also be listed as an input
+    seen_inits: set[str] = set()
+    for init in graph.initializer:
+        if init.name in seen_inits:
+            raise InputError(f"{where}two initializers are named {init.name!r}; each name must be unique")
+        seen_inits.add(init.name)
+        if defined.get(init.name) != "a graph input":
+            define(init.name, "an initializer")
+    for init in graph.sparse_initializer:
+        define(init.values.name, "a sparse initializer")
+    for node in graph.node:
+        for out in node.output:
+            if out:
+                define(out, _node_label(node))
+    visible = outer | frozenset(defined)
+    for node in graph.node:
+        _check_arity(node, opsets, where)
+        for name in node.input:
+            if name and name not in visible:
+                raise InputError(
+                    f"{where}{_node_label(node)} reads tensor {name!r}, which no input, initializer or node "
+                    "defines; fix the model"
+                )
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _check_wiring(g, visible, opsets, where)
+
+
+def _check_arity(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
+    """A standard op given fewer or more inputs or outputs than its ONNX schema takes."""
+    import onnx
+
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    if domain or "" not in opsets:
+        return  # contrib and custom ops: their own rules (or none)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+    except onnx.defs.SchemaError:
+        return  # an op ONNX does not define here: reported where it is costed
+    ins = len(node.input)
+    while ins and not node.input[ins - 1]:
+        ins -= 1  # trailing optional inputs left out
+    for what, n, low, high in (("input", ins, schema.min_input, schema.max_input),
+                               ("output", len(node.output), schema.min_output, schema.max_output)):  # fmt: skip
+        if not low <= n <= high:
+            want = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
+            raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {node.op_type} takes {want}; fix the model")
+
+
+def infer_checked(model: onnx.ModelProto, path: Path | None = None) -> onnx.ModelProto:
+    """ONNX shape inference, strict first: an op whose input shapes its own rule refuses
+    (``MatMul`` of ``[4,7]`` and ``[64,64]``) is an InputError naming it; any other failure
+    of strict inference falls back to best effort (as before)."""
+    import onnx
+
+    where = f"{path}: " if path is not None else ""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        text = " ".join(str(exc).split())
+        if "[ShapeInferenceError]" in text and ("Incompatible dimensions" in text or "dimension mismatch" in text.lower()):
+            detail = text.split("Inference error(s): ", 1)[-1][:300]
+            raise InputError(f"{where}the model's shapes do not fit its ops: {detail}; fix the model") from None
+    return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+
+
 def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
     """Refuse a structurally broken model with one line; warn about unsized element types."""
     import onnx
@@ -184,6 +271,8 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
                     _check_type(f"{node.name or node.op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims),
                                 where, unsized)  # fmt: skip
         _check_acyclic(g, where)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    _check_wiring(model.graph, frozenset(), opsets, where)
     if unsized:
         first, label = next(iter(unsized.items()))
         logger.warning(

@@ -8,15 +8,17 @@ before anything could open it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import InputError
+from dabench_ir.errors import InputError, UserError
+from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.checks import check_onnx_model, safe_name_list, safe_name_scopes
+from dabench_ir.frontends.checks import check_onnx_model, infer_checked, safe_name_list, safe_name_scopes
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
@@ -24,7 +26,8 @@ from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["WEIGHTS_METADATA_KEY", "load_onnx", "onnx_node_names", "read_model"]
+__all__ = ["SEQ_SYMBOLS", "SHAPE_MODEL", "WEIGHTS_METADATA_KEY", "derived_dims", "load_onnx", "onnx_node_names",
+           "read_model", "seq_symbols", "unbound_inputs"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,16 @@ WEIGHTS_METADATA_KEY = MODEL_WEIGHTS
 """Model metadata key: JSON list of graph-input names that hold parameters."""
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+SHAPE_MODEL = "onnx.shape_model"
+"""Graph-level annotation: the model without weight data or inferred shapes, kept when the graph
+has symbols its inputs do not name (exporters' ``sequence_length + 1``, shape inference's
+``unk__13``), so `derived_dims` can infer them again once the input symbols are bound."""
+
+SEQ_SYMBOLS = frozenset({"seq", "seq_len", "seq_length", "sequence", "sequence_length", "sequence_len",
+                         "total_sequence_length", "total_seq_len"})  # fmt: skip
+"""The names exporters give a symbolic sequence length (ours: ``seq``; Hugging Face's and
+onnxruntime's: ``sequence_length``, ``total_sequence_length``): what ``--seq`` binds."""
 
 
 def read_model(source: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
@@ -67,13 +80,10 @@ def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entries = {e.key: e.value for e in init.external_data}
-        location = entries.get("location", "")
-        target = (folder / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(folder):
-            raise InputError(
-                f"initializer {init.name!r}: external data location {location!r} points outside the "
-                f"model's folder {folder}; refusing to follow it (move the data file beside the model)"
-            )
+        try:
+            resolve_inside(folder, entries.get("location", ""), f"initializer {init.name!r}: external data location")
+        except UserError as exc:
+            raise InputError(str(exc)) from None
 
 
 def _all_initializers(graph: onnx.GraphProto):
@@ -149,7 +159,6 @@ def load_onnx(
     infer_shapes: bool = True,
 ) -> Graph:
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
-    import onnx
 
     model, path = read_model(source)
     check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
@@ -158,9 +167,12 @@ def load_onnx(
     _check_domains(model.graph, opsets, path)
     if path is not None:  # our own copy: free weight bytes before shape inference copies the model
         _drop_tensor_data(model.graph)
+    exported = model
     if infer_shapes:
         try:
-            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            model = infer_checked(model, path)  # an op's refused shapes: InputError
+        except InputError:
+            raise
         except Exception as exc:  # shape inference is best effort; untyped values surface later
             logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
         from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
@@ -174,8 +186,9 @@ def load_onnx(
     values: dict[str, Value] = {}
     initializers = {init.name: init for init in g.initializer}
     for name, init in initializers.items():
-        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
-                             _initializer_kind(init, declared_weights, declared_constants))  # fmt: skip
+        kind = _initializer_kind(init, declared_weights, declared_constants)
+        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)), kind,
+                             scalar=_scalar(init) if kind is ValueKind.CONSTANT else None)  # fmt: skip
     graph_inputs: list[str] = []
     for vi in g.input:
         if vi.name in initializers:
@@ -217,6 +230,8 @@ def load_onnx(
             if value is None:
                 value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
             value.producer = name
+            if proto.op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
+                value.scalar = _scalar(proto.attribute[0].t)
         nodes.append(node)
 
     name = metadata.get(MODEL_FAMILY) or (path.stem if path else g.name) or "model"
@@ -230,8 +245,133 @@ def load_onnx(
         metadata=metadata,
         opsets=opsets,
     )
+    if graph.symbols - _input_symbols(graph):
+        graph.meta[SHAPE_MODEL] = _shape_model(exported)
     logger.info("loaded %s: %d nodes, %d values", graph.path or graph.name, len(nodes), len(values))
     return graph
+
+
+def _input_symbols(graph: Graph) -> frozenset[str]:
+    return frozenset().union(*(graph.values[name].type.symbols for name in graph.inputs))
+
+
+def seq_symbols(graph: Graph) -> list[str]:
+    """The graph's input symbols that name a sequence length (`SEQ_SYMBOLS`)."""
+    return sorted(s for s in _input_symbols(graph) if s.lower() in SEQ_SYMBOLS)
+
+
+def unbound_inputs(graph: Graph, bound: Mapping[str, int]) -> list[str]:
+    """The input symbols ``bound`` leaves open, in a graph that derives others from them (only
+    there: the others are named by the cost pass as unbound, with the dims that need them)."""
+    return sorted(_input_symbols(graph) - bound.keys()) if SHAPE_MODEL in graph.meta else []
+
+
+def _shape_model(model: onnx.ModelProto) -> bytes:
+    """``model`` as exported, without weight data and without the shapes inference wrote."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    _drop_tensor_data(copy.graph)
+    del copy.graph.value_info[:]
+    return copy.SerializeToString()
+
+
+def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
+    """The values of the symbols a graph derives from its inputs' (``sequence_length + 1``, ``unk__13``),
+    once ``bound`` binds every input symbol: ONNX shape inference run again on the exported model with
+    the inputs' dims concrete. Empty when the graph derives none or an input symbol is unbound (the
+    unbound-symbol error then names the input's)."""
+    blob = graph.meta.get(SHAPE_MODEL)
+    if blob is None or not _input_symbols(graph) <= bound.keys():
+        return {}
+    import onnx
+
+    model = onnx.load_from_string(blob)
+    for vi in model.graph.input:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param in bound:
+                d.dim_value = bound[d.dim_param]
+    try:
+        model = _fold_shapes(model)
+    except Exception as exc:  # best effort, as at load: what stays unbound is named by the cost pass
+        logger.warning("ONNX shape inference with the bound dims failed: %s", _first_line(exc))
+        return {}
+    concrete = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+                for vi in (*model.graph.value_info, *model.graph.output)}  # fmt: skip
+    concrete.update({init.name: list(init.dims) for init in model.graph.initializer})
+    found: dict[str, set[int]] = {}
+    for name, dims in concrete.items():
+        value = graph.values.get(name)
+        shape = value.type.shape if value is not None else None
+        if shape is None or len(shape) != len(dims):
+            continue
+        for symbol, d in zip(shape, dims, strict=True):
+            if isinstance(symbol, str) and symbol not in bound and d:
+                found.setdefault(symbol, set()).add(d)
+    return {symbol: values.pop() for symbol, values in found.items() if len(values) == 1}  # two values: not one dim
+
+
+_FOLD_ELEMENTS = 1 << 16
+"""Largest tensor the shape folding stores as a constant (a position range, not a causal mask)."""
+_FOLD_ROUNDS = 256
+
+
+def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its shape arithmetic folded: shape inference, then every node whose inputs are
+    known (``Shape`` of a tensor whose shape is now concrete, ops over constants) evaluated by onnx's
+    reference evaluator and replaced by its outputs as constants, until nothing new is known. ONNX
+    inference alone stops at a ``Reshape`` whose target is computed (``Range``, ``Div`` of shapes)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    opset = {o.domain or "": o.version for o in model.opset_import}
+    known = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if not _data_dropped(i)}
+    for _ in range(_FOLD_ROUNDS):
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+                  for vi in (*model.graph.input, *model.graph.value_info) if vi.type.tensor_type.HasField("shape")}  # fmt: skip
+        shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
+        kept, folded = [], []
+        for node in model.graph.node:
+            outputs = None
+            if node.op_type in ("Shape", "Size") and None not in shapes.get(node.input[0], [None]):
+                dims = shapes[node.input[0]]
+                if node.op_type == "Size":
+                    outputs = [np.array(int(np.prod(dims)), dtype=np.int64)]
+                else:
+                    attrs = {a.name: a.i for a in node.attribute}
+                    outputs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)]
+            elif (node.domain in ("", "ai.onnx") and not any(a.type in (5, 10) for a in node.attribute)
+                  and all(not i or i in known for i in node.input)):  # fmt: skip
+                try:
+                    run = ReferenceEvaluator(node, opsets={"": opset.get("", 18)})
+                    outputs = run.run(None, {i: known[i] for i in node.input if i})
+                except Exception:  # an op the reference evaluator does not run: leave it to inference
+                    outputs = None
+            if outputs is None or any(np.asarray(o).size > _FOLD_ELEMENTS for o in outputs):
+                kept.append(node)
+                continue
+            for name, out in zip(node.output, outputs, strict=False):
+                known[name] = np.asarray(out)
+                folded.append(numpy_helper.from_array(np.asarray(out), name))
+        if not folded:
+            return model
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        model.graph.initializer.extend(folded)
+        del model.graph.value_info[:]
+    return model
+
+
+def _data_dropped(init: onnx.TensorProto) -> bool:
+    """A tensor whose data `_drop_tensor_data` freed (or that lives in an external file)."""
+    numel = 1
+    for d in init.dims:
+        numel *= d
+    return numel > _KEEP_DATA_ELEMENTS or init.data_location == 1
 
 
 def _check_domains(graph: onnx.GraphProto, opsets: Mapping[str, int], path: Path | None) -> None:
@@ -325,6 +465,19 @@ def _drop_tensor_data(graph: onnx.GraphProto) -> None:
         if numel > _KEEP_DATA_ELEMENTS:
             for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
                 t.ClearField(name)
+
+
+def _scalar(t: onnx.TensorProto) -> float | None:
+    """The number a one-element tensor holds (`Value.scalar`); None for more elements or no data here."""
+    from onnx import numpy_helper
+
+    if math.prod(t.dims) != 1 or t.data_location == t.EXTERNAL:
+        return None
+    try:
+        a = numpy_helper.to_array(t)
+    except Exception:  # a malformed tensor: the rule that wanted it falls back to its general case
+        return None
+    return float(a.reshape(-1)[0]) if a.size == 1 and a.dtype.kind in "fiub" else None
 
 
 def _looks_like_parameter(init: onnx.TensorProto) -> bool:

@@ -94,12 +94,65 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
         raise UserError(
             f"{path} is not a dabench-ir report (schema {found!r}, expected {SCHEMA!r}); write one with profile --json"
         )
-    for key in ("model", "totals", "nodes"):
+    for key in ("model", "target", "totals", "nodes"):
         if key not in data:
             raise UserError(f"{path}: report has no {key!r} field; was it written by profile --json?")
     check_report_dict(data, str(path))
+    _check_read_back(data, path)
     data.setdefault("_source", str(path))
     return data
+
+
+def model_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """How two reports' models differ, in words ([] for one model before and after a change):
+    family, preset, layers or batch, or not one node name or module scope in common."""
+    out = []
+    for table, key in (("model", "family"), ("model", "preset"), ("model", "layers"), ("config", "batch")):
+        a, b = (before.get(table) or {}).get(key), (after.get(table) or {}).get(key)
+        if a is not None and b is not None and a != b:
+            out.append(f"{key} {a} vs {b}")
+
+    def keys(report: Mapping[str, Any]) -> set[str]:
+        nodes = report.get("nodes") or []
+        return {n["name"] for n in nodes} | {f"scope:{n['scope']}" for n in nodes if n.get("scope")}
+
+    if before.get("nodes") and after.get("nodes") and not keys(before) & keys(after):
+        out.append("not one node name or module scope in common")
+    return out
+
+
+_NON_NEGATIVE = ("_s", "flops", "bytes", "_j", "intensity", "_ops")
+"""A report number whose name ends so (a time, a rate, FLOPs, bytes, energy) is never negative."""
+
+
+def _check_read_back(data: Mapping[str, Any], path: Path) -> None:
+    """What `check_report_dict` leaves to the reader: the target named, every node named once,
+    no negative time, rate, count or energy (a hand-edited report)."""
+
+    def bad(what: str) -> UserError:
+        return UserError(f"{path}: {what}; give a report written by profile --json")
+
+    target = data.get("target")
+    if not isinstance(target, Mapping) or not target.get("name"):
+        raise bad("target has no 'name'")
+    tables = [("totals", data.get("totals") or {}), ("metrics", data.get("metrics") or {})]
+    names: set[str] = set()
+    for i, node in enumerate(data.get("nodes") or []):
+        name = node.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad(f"node #{i} has no 'name'")
+        if name in names:
+            raise bad(f"node {name!r} is listed twice")
+        names.add(name)
+        tables.append((f"node {name!r}", node))
+    for label, table in tables:
+        for key, value in table.items():
+            if key.endswith(_NON_NEGATIVE) and _is_real(value) and value < 0:
+                raise bad(f"{label} {key} = {value!r} is negative")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> float | None:

@@ -113,6 +113,7 @@ class Report:
     measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
     advice: Any = field(default=None, repr=False)  # dabench_ir.advice.Advice: the variant runs the why lines read
+    saved_roles: list[dict[str, Any]] | None = field(default=None, repr=False)  # the roles of a report read back
 
     # -- views ----------------------------------------------------------------------
     def node(self, name: str) -> NodeRecord:
@@ -210,13 +211,60 @@ class Report:
 
         return write_with(path, write)
 
-    def to_pandas(self):
-        """Per-node DataFrame (needs pandas)."""
+    def to_pandas(self, by: str = "node"):
+        """A DataFrame of the nodes (``by="node"``: the CSV's columns, one row per node) or of the module
+        roles and overheads (``by="role"``: the roles CSV's columns). Needs the ``pandas`` extra."""
+        from dabench_ir.report.attribution import ROLE_COLUMNS, role_rows
+
+        if by not in ("node", "role"):
+            raise ValueError(f"to_pandas(by={by!r}): expected 'node' or 'role'")
         try:
             import pandas as pd
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("Report.to_pandas() needs pandas: pip install pandas") from exc
-        return pd.DataFrame([n.to_dict() for n in self.nodes], columns=CSV_COLUMNS)
+        except ImportError:
+            raise ImportError("Report.to_pandas() needs pandas: pip install 'dabench-ir[pandas]'") from None
+        if by == "node":
+            return pd.DataFrame([n.to_dict() for n in self.nodes], columns=CSV_COLUMNS)
+        rows = self.saved_roles if self.saved_roles is not None else role_rows(self)
+        return pd.DataFrame([{k: r.get(k) for k in ROLE_COLUMNS} for r in rows], columns=list(ROLE_COLUMNS))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Report:
+        """A report written by ``profile --json`` (or `write_json`), read back: its tables as written,
+        nodes as NodeRecords; no graph, timeline or plan (renderers that need them say so)."""
+        from dabench_ir.errors import UserError
+        from dabench_ir.fileio import read_text_file
+
+        where = str(path)
+        try:
+            data = json.loads(read_text_file(path))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise UserError(f"{where}: not a dabench-ir report (schema {SCHEMA}); give a file written by profile --json")
+        check_report_dict(data, where)
+        return cls(
+            model=data.get("model") or {}, target=data.get("target"), config=data.get("config") or {},
+            nodes=[_node_from_dict(n) for n in data.get("nodes") or []], unattributed=data.get("unattributed") or [],
+            totals=data.get("totals") or {}, metrics=data.get("metrics") or {}, units=data.get("units") or [],
+            fits=data.get("fits"), failure=data.get("failure"), flop_convention=data.get("flop_convention", ""),
+            extra=data.get("extra") or {}, why=data.get("why") or [], saved_roles=data.get("roles"),
+        )  # fmt: skip
+
+
+_COST_FIELDS = ("contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in", "act_bytes_out")
+
+
+def _node_from_dict(row: dict[str, Any]) -> NodeRecord:
+    """A NodeRecord from its `NodeRecord.to_dict` row."""
+    cost = None if row.get("flops") is None else Cost(**{k: row.get(k) or 0 for k in _COST_FIELDS})
+    return NodeRecord(
+        name=row["name"], op_type=row.get("op_type", ""), layer=row.get("layer"), scope=row.get("scope") or "",
+        op_class=row.get("op_class"), cost=cost, intensity=row.get("intensity"), time_s=row.get("time_s"),
+        start_s=row.get("start_s"), bound=row.get("bound"), unit=row.get("unit"),
+        measured_time_s=row.get("measured_time_s"), measured_spread=row.get("measured_spread_rel"),
+        predicted_time_s=row.get("predicted_time_s"), energy_j=row.get("energy_j"), precision=row.get("precision"),
+        note=row.get("note"), role=row.get("role"), feed_bytes=row.get("feed_bytes"),
+    )  # fmt: skip
 
 
 def _clean(obj: Any) -> Any:

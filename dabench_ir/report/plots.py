@@ -363,22 +363,27 @@ def compare_figure(rows: Sequence[Mapping[str, Any]]) -> Figure | None:
     return fig
 
 
+PLOT_NAMES = ("roofline", "layers", "predicted-vs-measured")
+"""The plots `write_plots` may write, each as ``[STEM-]NAME.FORMAT``."""
+PLOT_FORMATS = ("png", "svg")
+
+
+def plot_path(folder: str | Path, stem: str, name: str, fmt: str) -> Path:
+    """Where `write_plots` puts plot ``name`` in format ``fmt`` (the outputs plan lists them before the work)."""
+    return Path(folder) / f"{stem + '-' if stem else ''}{name}.{fmt}"
+
+
 def write_plots(
-    report: Report, folder: str | Path, *, stem: str = "", formats: Iterable[str] = ("png", "svg")
+    report: Report, folder: str | Path, *, stem: str = "", formats: Iterable[str] = PLOT_FORMATS
 ) -> list[Path]:
     """Write every plot that applies to ``report`` into ``folder`` (created); returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = f"{stem}-" if stem else ""
     written = []
-    for name, make in (
-        ("roofline", roofline_figure),
-        ("layers", layer_time_figure),
-        ("predicted-vs-measured", predicted_vs_measured_figure),
-    ):
+    for name, make in zip(PLOT_NAMES, (roofline_figure, layer_time_figure, predicted_vs_measured_figure), strict=True):
         fig = make(report)
         if fig is None:
             continue
         for fmt in formats:
-            written.append(save_figure(fig, folder / f"{prefix}{name}.{fmt}"))
+            written.append(save_figure(fig, plot_path(folder, stem, name, fmt)))
     return written

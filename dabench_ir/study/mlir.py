@@ -99,7 +99,7 @@ def mlir_runs(
     from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, count_module
     from dabench_ir.pipeline import load_graph, profile_graph
 
-    folder = out or Path(".")  # without --out-dir the modules are named there but not written
+    folder = out or Path(".")  # without -o DIR the modules are named there but not written
 
     def keep(module: Any, name: str) -> Path:
         path = folder / name

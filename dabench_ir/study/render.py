@@ -92,7 +92,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
 
 def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
     """Per run: the total change, the nodes that changed most, and the modules."""
-    out: list[str] = [f"dabench-ir study: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
+    out: list[str] = [f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
     summary = []
     for run in doc["runs"]:
         t = run["totals"]
@@ -230,7 +230,7 @@ def _mlir_node_cells(rec: Mapping[str, Any], top: int, *, cap: int = 3) -> list[
 
 
 def _module_where(rec: Mapping[str, Any]) -> str:
-    return rec["module"] or "the module is written with --out-dir"
+    return rec["module"] or "the module is written with -o DIR"
 
 
 def _mlir_lines(rec: Mapping[str, Any], top: int) -> list[str]:

@@ -100,6 +100,12 @@ def run_study(
         p.build(None)  # its `needs` checked before any work
     tlist: list[str | None] = list(targets) or [None]
     kinds = {t: _kind(t) for t in tlist}
+    for pipe in chosen:  # a pipeline no target takes would be an empty table: refused before any work
+        if not any(pipe.applies_to(kinds[t]) for t in tlist):
+            have = ", ".join(f"{t} ({kinds[t]})" for t in tlist if t)
+            raise UserError(f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
+                            f"{f'not {have}' if have else 'and no --target was given'}; add --target "
+                            f"{min(pipe.targets)} or drop it")  # fmt: skip
     out = Path(out_dir) if out_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +121,7 @@ def run_study(
             report.write_json(out / f"{stem}.{pipeline}.{target or 'cost'}.json")
 
     runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []  # pipelines that failed, each with its one-line reason
     compared: list[dict[str, Any]] = []
     per_node: dict[str, dict] = {}
     if mlir_pipes:
@@ -123,8 +130,8 @@ def run_study(
         placed_mlir, per_node = mlir_runs(str(model), mlir_pipes, tlist, opts, out=out, save=save, say=say)
         for _pipe, _t, before, after, prov, record in placed_mlir:
             runs.append({**study_run(before, after, prov), "mlir": record})
-    if not chosen:
-        return _doc(model, tlist, [p.name for p in mlir_pipes], runs, compared)
+    if mlir_pipes and not chosen:  # MLIR pipelines only: their baseline is the module as lowered
+        return _doc(model, tlist, [p.name for p in mlir_pipes], runs, compared, failed)
     say(f"baseline: {stem} on {', '.join(t or 'no target' for t in tlist)}")
     base = _place(str(model), tlist, opts, say)
     for t, rep in base.items():
@@ -132,16 +139,17 @@ def run_study(
     base_graph = next(iter(base.values())).graph
     for i, pipe in enumerate(chosen, 1):
         ts = [t for t in tlist if pipe.applies_to(kinds[t])]
-        if not ts:
-            logger.info("pipeline %s applies to none of the targets", pipe.name)
-            continue
         say(f"pipeline {i}/{len(chosen)}: {pipe.name}")
-        passes = pipe.build(str(out) if out else None)
-        source = str(model)
-        if passes:
-            rewritten = PassManager(passes)(load_graph(source)).graph
-            source = str(rewritten.path)
-        placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+        try:  # one pipeline failing (an optimiser's own error) is its row; the others still run
+            passes = pipe.build(str(out) if out else None)
+            source = str(model)
+            if passes:
+                rewritten = PassManager(passes)(load_graph(source)).graph
+                source = str(rewritten.path)
+            placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+        except UserError as exc:
+            failed.append({"pipeline": pipe.name, "targets": [t for t in ts if t], "reason": " ".join(str(exc).split())})
+            continue
         prov = provenance(base_graph, next(iter(placed.values())).graph) if passes else None
         for t, rep in placed.items():
             if prov is not None:
@@ -153,10 +161,11 @@ def run_study(
                 from .mlir import agreement
 
                 compared += [agreement(run, name, nodes) for name, nodes in per_node.items()]
-    return _doc(model, tlist, [p.name for p in mlir_pipes + chosen], runs, compared)
+    return _doc(model, tlist, [p.name for p in mlir_pipes + chosen], runs, compared, failed)
 
 
-def _doc(model: Any, tlist: Sequence[str | None], names: list[str], runs: list, compared: list) -> dict[str, Any]:
+def _doc(model: Any, tlist: Sequence[str | None], names: list[str], runs: list, compared: list,
+         failed: list) -> dict[str, Any]:
     doc = {
         "schema": STUDY_SCHEMA,
         "model": str(model),
@@ -164,6 +173,7 @@ def _doc(model: Any, tlist: Sequence[str | None], names: list[str], runs: list, 
         "targets": [t for t in tlist if t],
         "pipelines": names,
         "runs": runs,
+        "failed": failed,
     }
     if compared:
         doc["mlir_vs_onnx"] = compared

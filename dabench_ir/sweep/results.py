@@ -182,6 +182,10 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     return ["key", *params, *extra, *METRIC_COLUMNS]
 
 
+TABLE_FILES = ("results.csv", "results.parquet")
+"""The table files a sweep writes into its folder (the parquet one when pyarrow is installed)."""
+
+
 def write_table(folder: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """Write ``results.csv`` (always) and ``results.parquet`` (when pyarrow is installed)."""
     cols = columns(rows)
@@ -190,7 +194,8 @@ def write_table(folder: Path, rows: list[dict[str, Any]]) -> list[Path]:
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
-    written = [atomic_write(folder / "results.csv", buf.getvalue())]
+    csv_name, parquet_name = TABLE_FILES
+    written = [atomic_write(folder / csv_name, buf.getvalue())]
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -200,6 +205,6 @@ def write_table(folder: Path, rows: list[dict[str, Any]]) -> list[Path]:
     table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
     from dabench_ir.fileio import write_with
 
-    path = folder / "results.parquet"
+    path = folder / parquet_name
     written.append(write_with(path, lambda fh: pq.write_table(table, fh), binary=True))
     return written

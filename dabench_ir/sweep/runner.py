@@ -48,6 +48,7 @@ class SweepResult:
     failed: int = 0
     lost: int = 0
     elsewhere: int = 0
+    missing: list[str] = field(default_factory=list)  # labels of the points left without a record
     exports: int = 0
     seconds: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -82,63 +83,58 @@ def point_key(params: dict[str, Any]) -> str:
 
 
 class _Locks:
-    """Per-point lock files ``points/<key>.lock`` (created with O_CREAT|O_EXCL, holding the
-    owner's host and pid), so two sweeps into one folder never compute the same point. A lock
-    whose owner process is gone (same host) is stale and taken over."""
+    """Per-point lock files ``points/<key>.lock``, each held with an OS lock (``fcntl.flock``)
+    by this sweep process for as long as the point runs, so two sweeps into one folder never
+    compute the same point. Only a live holder of the OS lock keeps a point: a lock file left
+    by a dead sweep, naming an unrelated process or holding garbage is simply taken over (the
+    kernel drops a dead process's lock); the file's text (host and pid) is for people only."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.held: set[str] = set()
+        self.held: dict[str, int] = {}  # key -> the open, locked file descriptor
         self.host = socket.gethostname()
 
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.lock"
 
-    def acquire(self, key: str) -> bool:
+    def acquire(self, key: str, *, wait: bool = False) -> bool:
+        """Lock ``key``'s point: True when this sweep now holds it; False when a live sweep
+        does (``wait``: block until it lets go instead)."""
+        import fcntl
+
         path = self._path(key)
-        for _ in range(2):
+        for _ in range(3):
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._stale(path):
-                    return False
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                continue
+                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
             except OSError as exc:
                 raise UserError(f"{path}: cannot create a lock file ({exc.strerror or exc})") from None
-            with os.fdopen(fd, "w") as fh:
-                fh.write(f"{self.host} {os.getpid()}\n")
-            self.held.add(key)
-            return True
-        return False
-
-    def _stale(self, path: Path) -> bool:
-        try:
-            host, pid_text = path.read_text(encoding="utf-8").split()[:2]
-            pid = int(pid_text)
-        except (OSError, ValueError):
-            try:  # unreadable or half-written: stale once it is a minute old
-                return time.time() - path.stat().st_mtime > 60
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False  # a live sweep holds it
+            except OSError as exc:
+                os.close(fd)
+                raise UserError(f"{path}: cannot lock it ({exc.strerror or exc})") from None
+            try:  # the file locked must still be the one at the path (a releaser unlinks it)
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
             except OSError:
-                return True
-        if host != self.host:
-            return False  # another machine's sweep: its process cannot be checked from here
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{self.host} {os.getpid()}\n".encode())
+            self.held[key] = fd
             return True
-        except PermissionError:
-            return False
         return False
 
     def release(self, key: str) -> None:
-        if key in self.held:
-            self.held.discard(key)
+        fd = self.held.pop(key, None)
+        if fd is not None:
             with contextlib.suppress(OSError):
-                self._path(key).unlink()
+                self._path(key).unlink()  # while still locked: a waiter re-checks the inode
+            os.close(fd)
 
     def release_all(self) -> None:
         for key in list(self.held):
@@ -174,7 +170,7 @@ def run_sweep(
     ``node_detail=False`` each point's JSON keeps the report without its per-node rows
     (about 100x smaller for large models; the dominant bound is kept in ``metrics``).
     """
-    from dabench_ir.fileio import check_output_dir
+    from dabench_ir.fileio import check_output_dir, plan_outputs
 
     start = time.perf_counter()
     out = Path(out_dir)
@@ -182,6 +178,7 @@ def run_sweep(
     models_dir = Path(cache_dir) if cache_dir else out / "models"
     for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir" if cache_dir else "-o")):
         check_output_dir(folder, flag, create=True)  # a file in a folder's place: one line, before any work
+    plan_outputs([], [(out / name, "-o") for name in results.TABLE_FILES])  # results.csv a folder: before any point
     keyed = [(point_key(p.params), p.params) for p in spec.points]
     keys = [k for k, _ in keyed]
     result = SweepResult(total=len(keyed))
@@ -195,18 +192,21 @@ def run_sweep(
 
     locks = _Locks(points_dir)
     todo: list[tuple[str, dict[str, Any]]] = []
+    held_elsewhere: list[tuple[str, dict[str, Any]]] = []
     for key, params in keyed:
         if is_done(key):
             result.skipped += 1
         elif not locks.acquire(key):
-            result.elsewhere += 1  # another sweep into this folder is computing it now
+            held_elsewhere.append((key, params))  # another live sweep into this folder is computing it now
         elif is_done(key):  # finished by another sweep between the check and the lock
             locks.release(key)
             result.skipped += 1
         else:
             todo.append((key, params))
+    result.elsewhere = len(held_elsewhere)
     if result.elsewhere:
-        logger.warning("%d point(s) are being computed by another sweep into %s; skipped here", result.elsewhere, out)
+        logger.warning("%d point(s) are being computed by another sweep into %s; waiting for them after ours",
+                       result.elsewhere, out)  # fmt: skip
     logger.info("%s: %d points, %d done before, %d to run", spec.name, len(keyed), result.skipped, len(todo))
     tick = bar or (lambda *a, **k: None)
     done = result.skipped
@@ -229,19 +229,32 @@ def run_sweep(
             logger.info("point %s failed: %s", record["key"], record["error"])
         tick(done, result.total, failed=result.failed)
 
+    ex: Executor | None = executor if isinstance(executor, Executor) else None
     try:
-        if todo:
-            ex = executor if isinstance(executor, Executor) else make_executor(executor, jobs, address)
-            try:
-                result.exports = _run(ex, todo, models_dir, finish, result)
-            finally:
-                if not isinstance(executor, Executor):
-                    ex.close()
+        while todo or held_elsewhere:
+            if todo:
+                if ex is None:
+                    ex = make_executor(str(executor), jobs, address)
+                result.exports += _run(ex, todo, models_dir, finish, result)
+            todo = []
+            for key, params in held_elsewhere:  # the other sweep's points: its record, or ours if it died
+                locks.acquire(key, wait=True)
+                if is_done(key):
+                    locks.release(key)
+                    done += 1
+                    tick(done, result.total, failed=result.failed)
+                else:
+                    todo.append((key, params))
+            held_elsewhere = []
     finally:
+        if ex is not None and not isinstance(executor, Executor):
+            ex.close()
         locks.release_all()
         result.rows = _collect(keys, points_dir)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
+    recorded = {row["key"] for row in result.rows}
+    result.missing = [p.label() for key, p in zip(keys, spec.points, strict=True) if key not in recorded]
     if plots:
         from dabench_ir.sweep.plots import write_plots
 

@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -147,8 +148,6 @@ def _check_model_value(name: str, value: Any, where: str) -> Any:
 MAX_POINTS = 100_000
 """The most points a sweep runs without ``--force`` (counted from the axes before expanding them)."""
 
-MAX_LAYERS = 10_000
-"""The most layers a sweep point may stamp without ``--force``."""
 
 _MAX_INT = 2**31 - 1
 """No parameter is an integer beyond this (dims, counts): a larger value is a typo, refused always."""
@@ -227,12 +226,17 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_spec(
-    data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None, force: bool = False
+    data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None, force: bool = False,
+    folder: str | Path | None = None, user_target: str | None = None,
 ) -> SweepSpec:
     """Expand a spec (TOML already parsed) into its points; bad names or values raise UserError.
 
+    ``folder``: the spec file's folder; a target file the spec names is found inside it
+    (`fileio.resolve_inside`), never outside; ``user_target`` (the command line's ``--target``,
+    a path the user gave) is taken as it is.
+
     The points are counted from the axes before they are expanded: above `MAX_POINTS`, or a
-    point above `MAX_LAYERS` layers, is refused unless ``force``.
+    point above `options.MAX_LAYERS` layers, is refused unless ``force``.
     """
     allowed = {"name", "description", "defaults", "axes", "point"}
     for key in data:
@@ -272,9 +276,9 @@ def parse_spec(
     layers += [t.get("layers") for t in listed if isinstance(t, dict) and isinstance(t.get("layers"), int)]
     if isinstance(defaults.get("layers"), int):
         layers.append(defaults["layers"])
-    if layers and max(layers) > MAX_LAYERS and not force:
+    if layers and max(layers) > options.MAX_LAYERS and not force:
         raise UserError(
-            f"{origin}: layers = {max(layers):,} is more than {MAX_LAYERS:,}; pass --force if you mean it"
+            f"{origin}: layers = {max(layers):,} is more than {options.MAX_LAYERS:,}; pass --force if you mean it"
         )
     raw_points: list[dict[str, Any]] = []
     if axes:
@@ -287,6 +291,8 @@ def parse_spec(
         raw_points.append({**defaults, **_check_table(table, f"{origin} [[point]] #{i + 1}")})
     if not raw_points:
         raise UserError(f"{origin}: no points; give [axes] lists or [[point]] tables")
+    if folder is not None:
+        _targets_inside(raw_points, folder, origin, user_target)
     points: dict[str, Point] = {}
     for params in raw_points:
         point = Point(_normalise(params))
@@ -296,6 +302,17 @@ def parse_spec(
     spec_name = name or str(data.get("name") or Path(origin).stem)
     axis_values = {a: [v[a] for v in vals] for a, vals in axes.items()}
     return SweepSpec(spec_name, list(points.values()), str(data.get("description", "")), origin, axis_values)
+
+
+def _targets_inside(raw_points: list[dict[str, Any]], folder: str | Path, origin: str, user_target: str | None) -> None:
+    """Each point's target file, resolved inside the spec's folder (in place); ``user_target`` stays."""
+    from dabench_ir.fileio import resolve_inside
+    from dabench_ir.targets import is_target_path
+
+    for params in raw_points:
+        target = params.get("target")
+        if isinstance(target, str) and target != user_target and is_target_path(target):
+            params["target"] = str(resolve_inside(folder, target, f"{origin}: target"))
 
 
 # -- files and bundled specs -----------------------------------------------------------------
@@ -312,7 +329,7 @@ def read_named_toml(source: str | Path, folder: str, what: str, flag: str) -> tu
 
     text = str(source)
     path = Path(text)
-    if not path.is_file():
+    if not os.path.lexists(path):  # a folder or FIFO is refused below, by what it is
         bundled = bundled_tomls(folder)
         if text in bundled:
             path = bundled[text]
@@ -343,4 +360,6 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
     if defaults:
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
-    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem, force=force)
+    user_target = (defaults or {}).get("target")
+    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem, force=force, folder=path.parent,
+                      user_target=user_target if isinstance(user_target, str) else None)  # fmt: skip

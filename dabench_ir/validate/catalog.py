@@ -16,6 +16,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
+from dabench_ir.options import MAX_LAYERS
 
 __all__ = [
     "FORMAT",
@@ -62,8 +63,11 @@ _MEASURED_NUMBERS = {
     # generate points (dabench_ir.scenario): time to first token, per output token, end to end, decode rate
     "ttft_s", "tpot_s", "decode_tokens_per_s",
 }  # fmt: skip
+_MEASURED_FRACTIONS = {"fraction_of_peak", "max_pcu_utilization", "compute_utilization"}
+"""Measured quantities that are shares of a whole: in (0, 1] (a percentage is given as 0.85, not 85)."""
 _GENERATE_KEYS = ("prompt", "gen")
 _MEASURED_FILES = {"kernels_csv"}
+"""Measured quantities that name a file: resolved inside the catalogue's folder (`fileio.resolve_inside`)."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         raise bad("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
     if kind == "host":
         return _parse_host_point(name, entry, bad)
-    target = _check_target(entry["target"], bad)
+    target = _check_target(entry["target"], bad, name)
     model, run, measured = entry.get("model", {}), entry.get("run", {}), entry.get("measured", {})
     expect = entry.get("expect", {})
     generate = entry.get("generate", {})
@@ -287,8 +291,18 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         if key in _MEASURED_FILES:
             if not isinstance(value, str):
                 raise bad(f"measured.{key}", f"expected a file name, got {value!r}")
+            table = _inside_catalog(name, value, f"measured.{key}", bad)
+            if table.is_file():  # a missing one is reported as "not found" on its row
+                from dabench_ir.validate.kernels import check_kernel_table
+
+                try:
+                    check_kernel_table(table)
+                except UserError as exc:
+                    raise bad(f"measured.{key}", str(exc)) from None
         elif not _is_number(value) or value <= 0:
             raise bad(f"measured.{key}", f"expected a positive number, got {value!r}")
+        elif key in _MEASURED_FRACTIONS and value > 1:
+            raise bad(f"measured.{key}", f"{value!r} is a share of a whole, in (0, 1]; give 0.75 for 75 %")
     for key, value in expect.items():
         if key != "fits" or not isinstance(value, bool):
             raise bad(f"expect.{key}", "the only expectation is fits = true|false")
@@ -346,16 +360,29 @@ def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, s
                  system=entry.get("system", ""), note=entry.get("note", ""), host=dict(entry.get("host", {})))  # fmt: skip
 
 
-def _check_target(name: str, bad: Callable[[str, str], UserError]) -> str:
-    """The target's own name (aliases resolved), or a UserError naming the key."""
-    from dabench_ir.targets import load_target
+def _check_target(name: str, bad: Callable[[str, str], UserError], catalog: str = "<catalog>") -> str:
+    """The target's own name (aliases resolved), or a UserError naming the key. A target file
+    is found inside the catalogue's folder (``catalog``: its path)."""
+    from dabench_ir.targets import is_target_path, load_target
 
+    if is_target_path(name):
+        name = str(_inside_catalog(catalog, name, "target", bad))
     try:
         target = load_target(name)
     except UserError as exc:
         raise bad("target", str(exc)) from None
-    # a target file given by path keeps its path, so the points load it again
+    # a target file given by path keeps its (resolved) path, so the points load it again
     return name if name.endswith(".toml") else target.name
+
+
+def _inside_catalog(catalog: str, name: str, key: str, bad: Callable[[str, str], UserError]) -> Path:
+    """A file a catalogue names (under ``key``), inside the catalogue's folder, or a UserError."""
+    from dabench_ir.fileio import resolve_inside
+
+    try:
+        return resolve_inside(Path(catalog).parent, name)
+    except UserError as exc:
+        raise bad(key, str(exc)) from None
 
 
 def _check_generate(gen: Mapping[str, Any], run: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> None:
@@ -383,6 +410,11 @@ def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError],
     for key in _MODEL_REQUIRED:
         if key not in model:
             raise bad(f"model.{key}", "missing")
+    for key, value in model.items():
+        if _MODEL_KEYS[key] is int and value < 1:
+            raise bad(f"model.{key}", f"expected a positive integer, got {value!r}")
+    if model["layers"] > MAX_LAYERS:
+        raise bad("model.layers", f"{model['layers']:,} is more than the {MAX_LAYERS:,} decoder blocks the tool builds")
     if "preset" not in model:
         for key in ("family", "hidden", "heads") if generate else ("family", "hidden", "heads", "seq"):
             if key not in model:

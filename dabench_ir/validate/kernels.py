@@ -10,9 +10,20 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+from dabench_ir.errors import UserError
 from dabench_ir.report.table import parse_percent
 
-__all__ = ["kernel_classes", "kernel_load_imbalance"]
+__all__ = ["REQUIRED_COLUMNS", "check_kernel_table", "kernel_classes", "kernel_load_imbalance"]
+
+REQUIRED_COLUMNS = ("kernel", "active_pes")
+"""The columns a compile report's kernel table must have (``compute_utilization_pct`` and
+``samples_per_s`` are read where present)."""
+
+
+def check_kernel_table(csv_path: str | Path, where: str = "") -> None:
+    """Refuse, in one line, a kernel table that lacks a required column or holds a bad number."""
+    for _ in _kernel_rows(csv_path, where):
+        pass
 
 
 def kernel_classes(csv_path: str | Path) -> dict[str, dict[str, float]]:
@@ -52,17 +63,28 @@ def kernel_load_imbalance(csv_path: str | Path) -> float | None:
     return sum(pes * slowest / rate for pes, rate in timed) / sum(pes for pes, _ in timed)
 
 
-def _kernel_rows(csv_path: str | Path) -> Iterator[tuple[str, float, float | None, float | None]]:
-    """(class, PEs, utilisation, samples/s) per row of a compile report's kernel table."""
-    with open(csv_path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            name = row["kernel"].rstrip("0123456789") or row["kernel"]
-            yield (
-                name,
-                float(row["active_pes"]),
-                parse_percent(row.get("compute_utilization_pct")),
-                _float(row.get("samples_per_s")),
-            )
+def _kernel_rows(csv_path: str | Path, where: str = "") -> Iterator[tuple[str, float, float | None, float | None]]:
+    """(class, PEs, utilisation, samples/s) per row of a compile report's kernel table; a
+    UserError naming the file (after ``where``) and the column when one is missing or bad."""
+    label = f"{where + ': ' if where else ''}{Path(csv_path).name}"
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(
+                    f"{label}: no column {', '.join(map(repr, missing))}; a kernel table has the columns "
+                    f"{', '.join(REQUIRED_COLUMNS)} (and compute_utilization_pct, samples_per_s)"
+                )
+            for line, row in enumerate(reader, start=2):
+                name = (row["kernel"] or "").rstrip("0123456789") or row["kernel"]
+                try:
+                    pes = float(row["active_pes"])
+                except (TypeError, ValueError):
+                    raise UserError(f"{label}: line {line}: active_pes {row['active_pes']!r} is not a number") from None
+                yield name, pes, parse_percent(row.get("compute_utilization_pct")), _float(row.get("samples_per_s"))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{label}: cannot read it as a CSV table ({exc})") from None
 
 
 def _float(text: str | None) -> float | None:

@@ -2,8 +2,9 @@
 
 Each decoder layer in turn runs on the whole wafer while its weights stream in from MemoryX
 (forward and again in backward; gradients stream back). Training keeps each layer's input on
-the wafer and recomputes the layer in backward; the micro-batch is the largest divisor of the
-batch whose checkpoints and one layer's working set fit in SRAM, so the number of layers that
+the wafer and recomputes the layer in backward; activations never leave the wafer, so the batch
+runs in lanes (the compiler's word; the tool's micro-batches): the lane is the largest divisor of
+the batch whose checkpoints and one layer's working set fit in SRAM, so the number of layers that
 fits is finite. Weights, gradients and optimizer state live in MemoryX; the update runs
 there, overlapped except at the step boundary.
 
@@ -113,6 +114,13 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Pla
         "checkpoint_bytes_per_sample": keep,
         "working_bytes_per_sample": working,
     })  # fmt: skip
+    if training and n_mb > 1 and not options.micro_batches:
+        plan.notes.append(
+            f"the batch of {batch} runs as {n_mb} lanes of {mb} (the Cerebras compiler's 'per-box batch size "
+            f"{batch} with {n_mb} lanes'): a lane goes through every layer forward and backward with its own "
+            f"{layers} layer checkpoints on the wafer ({mb * keep / 1e9:.2f} GB), the weights stream once per "
+            "lane, the gradients add up in MemoryX, one weight update per batch"
+        )
     sram_ridge = target.ridge_point(ctx.precision, sram)
     ext_ridge = target.ridge_point(ctx.precision, ext)
     for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
