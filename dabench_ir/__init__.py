@@ -4,8 +4,9 @@
     >>> report = dabench_ir.profile("model.onnx", target="rdu")
     >>> report.totals["flops"]
 
-The API is docs/api.md: `profile`, `profile_targets`, `Report` (`Report.from_json`,
-`Report.to_pandas`), `ApiError`.
+The API is docs/api.md: `profile`, `profile_targets`, `scale`, `run_study`, `run_validation`,
+`Report` (`Report.from_json`, `Report.to_pandas`), the typed mappings `Totals`, `Metrics`,
+`StudyTotals`, `TargetSummary`, and `ApiError`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,35 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ApiError", "Report", "__version__", "profile", "profile_targets"]
+_API = ("ApiError", "Metrics", "StudyResult", "StudyRun", "StudyTotals", "TargetSummary", "Totals", "profile",
+        "profile_targets", "run_study", "run_validation", "scale")  # fmt: skip
+_RESULTS = {"Report": "dabench_ir.report.model", "ScaleResult": "dabench_ir.scaling", "ScalePoint": "dabench_ir.scaling",
+            "Validation": "dabench_ir.validate", "PointResult": "dabench_ir.validate"}  # fmt: skip
+
+__all__ = ["ApiError", "Metrics", "PointResult", "Report", "ScalePoint", "ScaleResult", "StudyResult", "StudyRun",
+           "StudyTotals", "TargetSummary", "Totals", "Validation", "__version__", "profile", "profile_targets",
+           "run_study", "run_validation", "scale"]  # fmt: skip
 
 if TYPE_CHECKING:
-    from dabench_ir.api import ApiError, profile, profile_targets
+    from dabench_ir.api import (
+        ApiError,
+        Metrics,
+        StudyResult,
+        StudyRun,
+        StudyTotals,
+        TargetSummary,
+        Totals,
+        profile,
+        profile_targets,
+        run_study,
+        run_validation,
+        scale,
+    )
     from dabench_ir.report.model import Report
+    from dabench_ir.scaling import ScalePoint, ScaleResult
+    from dabench_ir.validate import PointResult, Validation
 
-_LAZY = {"ApiError": "dabench_ir.api", "profile": "dabench_ir.api", "profile_targets": "dabench_ir.api",
-         "Report": "dabench_ir.report.model"}  # fmt: skip
+_LAZY = {**dict.fromkeys(_API, "dabench_ir.api"), **_RESULTS}
 
 
 def __getattr__(name: str) -> Any:

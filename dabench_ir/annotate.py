@@ -1,8 +1,12 @@
 """Write the model back with per-node cost annotations a user can see in Netron or MLIR.
 
-- ONNX: node ``metadata_props`` ``dabench.flops``, ``dabench.bytes``,
-  ``dabench.intensity``, ``dabench.layer`` (and ``dabench.unit`` / ``dabench.time_s``
-  when given). External weight data is never loaded; the file stays checker-valid.
+- ONNX: node ``metadata_props`` (what Netron shows beside a node), readable keys first and
+  the exact numbers after them: ``dabench.target``, ``dabench.time`` (``"15.8 µs"``),
+  ``dabench.share``, ``dabench.bound``, ``dabench.role``, ``dabench.unit``, ``dabench.work``
+  (``"1.23 MFLOP"``), ``dabench.moved`` (``"2.05 kB"``), ``dabench.layer``, then
+  ``dabench.flops``, ``dabench.bytes``, ``dabench.intensity`` and ``dabench.time_s``
+  (seconds, Python's shortest exact float text). Model-level props give the step.
+  External weight data is never loaded; the file stays checker-valid.
 - MLIR: the lowered linalg module with discardable attributes on every counted op
   (``dabench.flops = 1234 : i64``, ``dabench.bytes``, ``dabench.origin``, ...), printed
   so torch-mlir parses it back.
@@ -20,7 +24,8 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
 from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED
 
-__all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "node_annotations"]
+__all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "annotate_report", "node_annotations",
+           "report_annotations"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +41,20 @@ def _extra_by_name(extra: Extra) -> dict[str, Mapping[str, Any]]:
     return out
 
 
+_READABLE = ("target", "time", "share", "bound", "role", "unit", "measured", "work", "moved", "layer")
+"""Keys (after ``dabench.``) written first, in this order: what a reader looks for in Netron."""
+
+
 def node_annotations(node: Node, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``dabench.*`` key/values for one node: cost figures, layer, then any extra."""
+    """The ``dabench.*`` key/values for one node: the readable keys (`_READABLE`, in that
+    order), then the exact numbers (FLOPs, bytes, intensity, seconds) and the rest."""
+    from dabench_ir.report.table import human
+
     out: dict[str, Any] = {}
     cost: Cost | None = node.meta.get(COST)
     if cost is not None:
+        out["dabench.work"] = human(cost.flops, "FLOP")
+        out["dabench.moved"] = human(cost.bytes, "B")
         out["dabench.flops"] = cost.flops
         out["dabench.bytes"] = cost.bytes
         if cost.intensity is not None:
@@ -55,10 +69,54 @@ def node_annotations(node: Node, extra: Mapping[str, Any] | None = None) -> dict
         if value is None:
             continue
         out[key if key.startswith(PREFIX) else PREFIX + key] = value
+    first = [PREFIX + k for k in _READABLE if PREFIX + k in out]
+    return {k: out[k] for k in [*first, *(k for k in out if k not in first)]}
+
+
+def report_annotations(report: Any) -> dict[str, dict[str, Any]]:
+    """Per node name, what a placed (or measured) Report adds: its target, the node's time in
+    human units and exact seconds, its share of the summed time, bound, role and unit."""
+    from dabench_ir.report.attribution import TIME_BASIS, node_share
+    from dabench_ir.report.table import percent, seconds
+
+    target = (report.target or {}).get("name")
+    out: dict[str, dict[str, Any]] = {}
+    for n in report.nodes:
+        values: dict[str, Any] = {"dabench.target": target, "dabench.role": n.role}
+        if n.time_s is not None:
+            share = node_share(report, n)
+            values.update({
+                "dabench.time": seconds(n.time_s),
+                "dabench.share": None if share is None else f"{percent(share)} of {TIME_BASIS}",
+                "dabench.bound": n.bound, "dabench.unit": n.unit, "dabench.time_s": n.time_s,
+            })  # fmt: skip
+        if n.measured_time_s is not None:
+            values["dabench.measured"] = seconds(n.measured_time_s) + " measured"
+            values["dabench.measured_time_s"] = n.measured_time_s
+        out[n.name] = values
     return out
 
 
-def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
+def _report_props(report: Any) -> dict[str, str]:
+    """Model-level ``dabench.*`` props of a report: target, step time (readable and exact)."""
+    from dabench_ir.report.table import seconds
+
+    props = {"dabench.target": (report.target or {}).get("name")}
+    step = report.totals.get("time_s")
+    if step is not None:
+        props.update({"dabench.step_time": seconds(step), "dabench.step_time_s": step,
+                      "dabench.time_basis": report.totals.get("time_basis")})  # fmt: skip
+    return {k: _text(v) for k, v in props.items() if v is not None}
+
+
+def annotate_report(model: Any, report: Any, out_path: str | os.PathLike[str]) -> Path:
+    """`--annotate F` for a Report: `annotate` with `report_annotations` (ONNX also gets the
+    report's target and step time as model-level props)."""
+    return annotate(model, report.graph, out_path, report_annotations(report), model_props=_report_props(report))
+
+
+def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None, *,
+                  model_props: Mapping[str, str] | None = None) -> Path:  # fmt: skip
     """Copy of `model` (path or ModelProto) with ``dabench.*`` node metadata; returns the path.
 
     Nodes are matched by the names the ONNX frontend gives. External weight data is not
@@ -85,8 +143,10 @@ def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], ex
             proto_node.metadata_props.add(key=key, value=_text(value))
         written += 1
     total = sum((n.meta.get(COST, Cost()) for n in graph.nodes if UNATTRIBUTED not in n.meta), Cost())
-    props = {p.key: p.value for p in copy.metadata_props if not p.key.startswith("dabench.total")}
+    ours = {"dabench.total_flops", "dabench.total_bytes", *(model_props or {})}
+    props = {p.key: p.value for p in copy.metadata_props if p.key not in ours}
     props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes)})
+    props.update(model_props or {})
     del copy.metadata_props[:]
     for key, value in props.items():
         copy.metadata_props.add(key=key, value=value)
@@ -100,9 +160,8 @@ def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], ex
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    """A prop's text; a float as ``repr`` (the shortest text that reads back to the same float)."""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _check_external_location(proto: Any, source: Path | None, out: Path) -> None:
@@ -131,6 +190,7 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
     from torch_mlir import ir
 
     from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, MLIR_OPS
+    from dabench_ir.report.table import seconds
 
     mlir_graph = graph
     if MLIR_ARTIFACT not in graph.meta:
@@ -156,11 +216,12 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
                 }
                 if c.cost.intensity is not None:
                     attrs["dabench.intensity"] = round(c.cost.intensity, 6)
-                for key in ("dabench.layer", "dabench.unit"):
+                for key in ("dabench.target", "dabench.layer", "dabench.unit", "dabench.bound", "dabench.role"):
                     if key in node_extra:
                         attrs[key] = node_extra[key]
                 if "dabench.time_s" in node_extra:  # the node's time split over its ops: they sum to it
                     attrs["dabench.time_s"] = float(node_extra["dabench.time_s"]) * share
+                    attrs["dabench.time"] = seconds(attrs["dabench.time_s"])
                     attrs["dabench.time_share"] = round(share, 6)
                 if c.reason:
                     attrs["dabench.unattributed"] = c.reason
@@ -232,14 +293,16 @@ def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
     return build_passes(ProfileOptions(dims=dims), linalg=True)(lowered).graph
 
 
-def annotate(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
-    """`--annotate F`: annotated ONNX for ``.onnx`` F, annotated linalg MLIR for ``.mlir`` F."""
+def annotate(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None, *,
+             model_props: Mapping[str, str] | None = None) -> Path:  # fmt: skip
+    """`--annotate F`: annotated ONNX for ``.onnx`` F (with ``model_props`` on the model),
+    annotated linalg MLIR for ``.mlir`` F."""
     suffix = Path(out_path).suffix.lower()
     if suffix == ".onnx":
         model_suffix = Path(model).suffix.lower() if isinstance(model, (str, os.PathLike)) else ".onnx"
         if model_suffix == ".mlir":
             raise UserError(f"--annotate {out_path}: an .mlir model can only be annotated as .mlir")
-        return annotate_onnx(model, graph, out_path, extra)
+        return annotate_onnx(model, graph, out_path, extra, model_props=model_props)
     if suffix == ".mlir":
         return annotate_mlir(model, graph, out_path, extra)
     raise UserError(f"--annotate {out_path}: expected a .onnx or .mlir file name")

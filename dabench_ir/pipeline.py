@@ -33,8 +33,18 @@ def _quiet(_: str) -> None:
     pass
 
 
-def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None) -> Graph:
-    """Read a model (path or onnx.ModelProto) into a Graph, by file type and `via` (frontends only load)."""
+def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None, batch: int | None = None) -> Graph:
+    """Read a model (path, onnx.ModelProto, or a preset name that is no file) into a Graph, by file type
+    and `via` (frontends only load). A preset is its weight-free export (`models.presets.preset_file`)
+    at the preset's batch and seq, unless the run binds them (``batch``: the run's, when given)."""
+    if isinstance(model, str) and not os.path.lexists(model) and not model.endswith((".onnx", ".mlir")):
+        from dabench_ir.models.presets import preset_file, preset_name, preset_shape
+
+        if preset_name(model) is not None:
+            graph = load_graph(preset_file(model), via=via, dims=dims)
+            bound = {*(dims or {}), *(["batch"] if batch is not None else [])}
+            graph.bindings.update({k: v for k, v in preset_shape(model).items() if k not in bound})
+            return graph
     if _is_mlir_file(model):
         from dabench_ir.frontends.mlir import load_mlir
 
@@ -73,7 +83,7 @@ def _as_options(options: Any) -> Any:
 
 def _load(model: Any, options: Any) -> Graph:
     opts = _as_options(options)
-    return load_graph(model, via=opts.via, dims=opts.dims)
+    return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
 
 
 def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "onnx") -> Graph:

@@ -20,19 +20,28 @@ class Progress:
         self.enabled = not quiet and self.stream.isatty()
         self.start = time.monotonic()
         self._width = 0
+        self._phase: str | None = None
+        self._phase_start = self.start
+        self._phase_from = 0  # ``done`` when the phase began: work done before it is not timed
 
     def __call__(self, message: str) -> None:
         self._write(f"[{time.monotonic() - self.start:5.1f}s] {message}")
 
-    def bar(self, done: int, total: int, *, failed: int = 0, label: str = "") -> None:
-        elapsed = time.monotonic() - self.start
+    def bar(self, done: int, total: int, *, failed: int = 0, label: str = "", phase: str = "") -> None:
+        """``done`` of ``total`` in ``phase`` (e.g. "exporting models", then the points). The ETA
+        is this phase's pace over the items it has done itself (``-`` until one is done), so a
+        slow phase before it, or items done by an earlier run, do not skew it."""
+        now = time.monotonic()
+        if phase != self._phase:
+            self._phase, self._phase_start, self._phase_from = phase, now, done
+        ran = done - self._phase_from
+        eta = f"{(now - self._phase_start) / ran * (total - done):.0f}s" if ran > 0 else "-"
         frac = done / total if total else 1.0
-        eta = elapsed / done * (total - done) if done else 0.0
         filled = int(30 * frac)
         fail = f", {failed} failed" if failed else ""
         self._write(
-            f"{label}[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} "
-            f"({elapsed:.0f}s elapsed, ETA {eta:.0f}s{fail})"
+            f"{label}{phase + ' ' if phase else ''}[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} "
+            f"({now - self.start:.0f}s elapsed, ETA {eta}{fail})"
         )
 
     def _write(self, text: str) -> None:

@@ -79,11 +79,23 @@ from dabench_ir.plan import Plan, Schedule, Unit, UnitStats
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
-    from dabench_ir.ir import Node
+    from dabench_ir.ir import Graph, Node
     from dabench_ir.targets import Target
 
-__all__ = ["DDR_ASSUMPTION", "DEVICE_STEP", "HOST_ESTIMATE", "LOWERING", "Chip", "RduLowering", "RduOptions", "Section",
-           "ddr_footprint", "form_sections", "pipeline_s"]  # fmt: skip
+__all__ = [
+    "DEVICE_STEP",
+    "HOST_ESTIMATE",
+    "LOWERING",
+    "Chip",
+    "RduLowering",
+    "RduOptions",
+    "Section",
+    "ddr_assumption",
+    "ddr_footprint",
+    "form_sections",
+    "pipeline_s",
+    "saved_for_backward",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -311,14 +323,32 @@ class RduLowering(Lowering):
 LOWERING = RduLowering()
 
 
+def saved_for_backward(graph: Graph, recomputed: set[str]) -> dict[str, dict[str, int]]:
+    """What the forward leaves in DDR for the backward, by the value that carries it: each entry
+    of the training pass's ``SAVED`` record (a matmul's activation operands, a norm's input and
+    statistics, a fused core's output and log-sum-exp, ``{key: bytes}``), less the attention
+    core's internals that are recomputed on chip. The one owner of that set: the DDR footprint
+    holds it and the sections' DDR traffic writes and reads it."""
+    out: dict[str, dict[str, int]] = {}
+    for node in graph.nodes:
+        if is_optimizer_step(node):
+            continue
+        for key, nbytes in (node.meta.get(SAVED) or {}).items():
+            base = key.split("#")[0]
+            if base not in recomputed:
+                out.setdefault(base, {})[key] = int(nbytes)
+    return out
+
+
 def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str, str], int], i: int,
-                 recomputed: set[str]) -> tuple[int, dict[str, int]]:  # fmt: skip
+                 recomputed: set[str], saved: dict[str, dict[str, int]]) -> tuple[int, dict[str, int]]:  # fmt: skip
     """DDR bytes of one section and each node's share: weights, and tensors crossing its boundary.
 
-    Forward: activations read from outside, outputs read by another forward section, and
-    outputs saved for the backward pass (unless the backward recomputes them on chip).
-    Backward: the gradient read from and written to other sections, the saved activations it
-    reads back and the weights (read) and gradients (written). Optimizer: its state traffic.
+    Forward: activations read from outside, outputs read by another forward section, and what
+    the backward keeps of its outputs (``saved``: `saved_for_backward`, written once).
+    Backward: the gradient read from and written to other sections, what its operators saved
+    (read back once each) and the weights (read) and gradients (written). Optimizer: its state
+    traffic.
     """
     graph = ctx.graph
     outputs = set(graph.outputs)
@@ -332,17 +362,21 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
             per_node[node.name] = cost.bytes
             continue
         nbytes = cost.weight_bytes
-        for v in node.inputs:  # activations from another section (forward) / saved values (backward)
-            value = graph.values.get(v) if v else None
-            if value is None or value.kind.is_stored or v in seen:
-                continue
-            inside = value.producer is not None and section_of.get((value.producer, sec.phase)) == i
-            if sec.phase == "forward" and inside:
-                continue
-            if sec.phase == "backward" and v in recomputed:
-                continue
-            seen.add(v)
-            nbytes += value_bytes(graph, v)
+        if sec.phase == "forward":
+            for v in node.inputs:  # activations from another section
+                value = graph.values.get(v) if v else None
+                if value is None or value.kind.is_stored or v in seen:
+                    continue
+                if value.producer is not None and section_of.get((value.producer, sec.phase)) == i:
+                    continue
+                seen.add(v)
+                nbytes += value_bytes(graph, v)
+        else:  # the backward reads back what its operator saved
+            for key, size in (node.meta.get(SAVED) or {}).items():
+                if key.split("#")[0] in recomputed or key in seen:
+                    continue
+                seen.add(key)
+                nbytes += int(size)
         for v in node.outputs:
             if not v:
                 continue
@@ -350,9 +384,11 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
             size = value_bytes(graph, v, cost.act_bytes_out // max(1, len(node.outputs)))
             if sec.phase == "forward":
                 leaves = v in outputs or any(section_of.get((c.name, "forward")) != i for c in readers)
-                saved = v not in recomputed and any(section_of.get((c.name, "backward")) is not None for c in readers)
-                if leaves or saved:
-                    nbytes += size
+                kept = saved.get(v, {})
+                if leaves:
+                    nbytes += size + sum(b for key, b in kept.items() if key != v)  # statistics beside it
+                elif kept:
+                    nbytes += sum(kept.values())
             elif any(section_of.get((c.name, "backward")) != i for c in readers):
                 nbytes += size  # the incoming gradient dY, read from the section that produced it
         if sec.phase == "backward":  # dX for inputs produced in another section
@@ -492,6 +528,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
+    saved = saved_for_backward(graph, recomputed)
     core_fwd_flops: dict[int, int] = {}
     core_fwd_s: dict[int, float] = {}
     for name, cid in cores.items():
@@ -515,7 +552,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     ddr_total = 0
     unit_index = 0
     for i, sec in enumerate(sections):
-        ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed)
+        ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
         flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
         busy = {n.name: node_s(n, sec.phase) if ctx.is_work(n) else 0.0 for n in sec.nodes}
         stages = [(busy[n.name], demand.pcu(n, sec.phase)) for n in sec.nodes if busy[n.name] > 0]  # (s, PCUs)
@@ -629,18 +666,18 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
-    footprint = ddr_footprint(ctx, sections, section_of, recomputed) if training else None
+    footprint = ddr_footprint(ctx, sections, section_of, recomputed, saved) if training else None
     resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if footprint is not None:
         plan.extra["ddr_bytes_by_kind"] = dict(footprint)
-        plan.notes.append(DDR_ASSUMPTION)
+        plan.notes.append(ddr_assumption(ctx, m, bool(recomputed)))
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")
         pmu_bytes = sram.capacity_bytes / (chip.tiles_per_rdu * chip.pmus / chip.tiles)
         plan.memory_bytes[sram.name] = int(max((u.resources["pmus"] for u in plan.units), default=0) * pmu_bytes)
     if resident > ddr.capacity_bytes:
-        held = f" ({DDR_ASSUMPTION})" if footprint is not None else ""
+        held = f" ({ddr_assumption(ctx, m, bool(recomputed))})" if footprint is not None else ""
         plan.fail(
             f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB"
             + held,
@@ -667,42 +704,42 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     return plan
 
 
-DDR_ASSUMPTION = (
-    "DDR as SambaFlow spends it in training: weights, gradients, fp32 master weights and Adam moments, "
-    "the whole batch's tensors the backward reads (each operator's saved inputs, as autograd keeps them; "
-    "the attention scores stay on chip and are recomputed in backward), and the largest section's "
-    "boundary tensors in flight; no micro-batching"
-)
-"""The memory assumption of a training plan's DDR figure, in its notes and in a does-not-fit reason."""
+def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -> str:
+    """The memory assumption of a training plan's DDR figure, for its notes and any does-not-fit
+    reason: what it holds, and how this run batches, recomputes and treats attention."""
+    record = meta.training_state(ctx.graph)
+    recompute = getattr(record, "recompute_mode", "none")
+    batching = (f"the batch of {ctx.batch} streams through each section in {micro_batches} piece(s) and its saved "
+                "tensors are all kept (one weight update per step, no gradient accumulation)")  # fmt: skip
+    attention = ("the attention scores stay on chip and are recomputed in backward (fused core)" if recomputed
+                 else "no attention core fused on chip: its scores are saved like any tensor")  # fmt: skip
+    return (
+        "DDR as SambaFlow spends it in training: weights, gradients, fp32 master weights and Adam moments, "
+        "each operator's saved inputs as autograd keeps them "
+        f"(recompute {recompute}), {batching}; {attention}; and the largest section's boundary tensors in flight"
+    )
 
 
 def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dict[tuple[str, str], int],
-                  recomputed: set[str]) -> dict[str, int]:  # fmt: skip
+                  recomputed: set[str], saved: dict[str, dict[str, int]]) -> dict[str, int]:  # fmt: skip
     """What a training step holds in DDR at its peak, by kind (bytes).
 
     Sections exchange tensors through DDR and the backward reads what the forward left there:
-    ``saved_activations`` is what each operator's backward needs (the training pass's
-    ``SAVED`` record, PyTorch's saved tensors: a matmul's activation operands, a norm's input
-    and statistics, GELU's input, ...), over the whole batch, less the attention core's
-    internal values (scores, probabilities) that never leave the chip and are recomputed. ``transient`` is the largest section's boundary tensors besides its weights
+    ``saved_activations`` is what each operator's backward needs (``saved``:
+    `saved_for_backward`, PyTorch's saved tensors: a matmul's activation operands, a norm's input
+    and statistics, GELU's input, ...), over the whole batch, less the attention core's internal
+    values (scores, probabilities) that never leave the chip and are recomputed; the sections'
+    DDR traffic writes and reads the same set. ``transient`` is the largest section's boundary
+    tensors besides its weights
     (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
     The training state is the training pass's (gradients, master weights, moments).
     """
-    graph = ctx.graph
     state = training_state(ctx)
-    kept: dict[str, int] = {}  # value -> bytes: one copy of a tensor several operators keep
-    for node in graph.nodes:
-        if is_optimizer_step(node) or section_of.get((node.name, "forward")) is None:
-            continue
-        for v, nbytes in (node.meta.get(SAVED) or {}).items():
-            if v.split("#")[0] not in recomputed:  # a core's scores and probabilities stay on chip
-                kept[v] = int(nbytes)
-    saved = sum(kept.values())
     transient = 0
     for i, sec in enumerate(sections):
         if sec.phase == "optimizer":
             continue
-        total, _ = _section_ddr(ctx, sec, section_of, i, recomputed)
+        total, _ = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
         weights = sum(_phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
         transient = max(transient, total - weights)
     return {
@@ -710,7 +747,7 @@ def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dic
         "gradients": state.gradients,
         "master_weights": state.master_weights,
         "optimizer": state.optimizer,
-        "saved_activations": saved,
+        "saved_activations": sum(b for kept in saved.values() for b in kept.values()),
         "transient": transient,
     }
 

@@ -10,13 +10,17 @@ with 12/24/36/48 layers.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
 
-__all__ = ["ALIASES", "PRESETS", "describe_presets", "get_preset", "preset_name"]
+__all__ = ["ALIASES", "PRESETS", "close_presets", "describe_presets", "get_preset", "names_preset", "preset_file", "preset_name", "preset_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,62 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
         raise UserError(f"unknown preset {name!r}; see `dabench-ir export --list-presets`")
     params = {**PRESETS[canonical], **{k: v for k, v in overrides.items() if v is not None}, "preset": canonical}
     return ModelConfig(**params)
+
+
+def close_presets(name: str) -> str:
+    """The presets (and aliases) spelt like ``name``, for a one-line refusal: ``close presets: a, b``,
+    or every preset when none is close."""
+    names = [*PRESETS, *ALIASES]
+    near = difflib.get_close_matches(name.strip().lower(), names, n=4, cutoff=0.5)
+    return f"close presets: {', '.join(near)}" if near else f"presets: {', '.join(PRESETS)}"
+
+
+def preset_shape(name: str) -> dict[str, int]:
+    """The batch and sequence length preset ``name`` runs at unless the run binds them (``--batch``,
+    ``--seq``): the symbols of its export (`preset_file`) by name."""
+    cfg = get_preset(name)
+    return {"batch": cfg.batch, "seq": cfg.seq}
+
+
+def names_preset(model: str) -> bool:
+    """Whether MODEL, a name that is no file, is a preset; a name that is neither is one line naming the
+    close presets (a name ending .onnx or .mlir is left to the file check: False)."""
+    if preset_name(model) is not None:
+        return True
+    if not model.endswith((".onnx", ".mlir")):
+        raise UserError(f"MODEL {model}: no such file, and not a preset ({close_presets(model)})")
+    return False
+
+
+_EXPORT_VERSION = "1"  # bump when a preset's export changes, to invalidate cached ones
+
+
+def preset_file(name: str, folder: Path | None = None) -> Path:
+    """The ONNX file of preset ``name``: weight-free, batch and seq symbolic (``--batch``/``--seq`` bind
+    them), exported once with torch (blocks stamped) and kept in ``folder`` (default: the per-machine
+    cache, ``$DABENCH_IR_CACHE`` or ``~/.cache/dabench-ir``, under ``presets/``). A damaged cached file
+    is exported again (`dabench_ir.sweep.graphs.load_base`, the sweeps' cache of exports)."""
+    from dabench_ir import __version__
+    from dabench_ir.sweep.graphs import load_base, save_base
+
+    cfg = get_preset(name)
+    if folder is None:
+        from dabench_ir.execute.calibrate import cache_dir
+
+        folder = cache_dir() / "presets"
+    text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION}, sort_keys=True)
+    where = folder / hashlib.sha256(text.encode()).hexdigest()[:12]  # the file keeps the preset's name
+    if load_base(where, cfg.preset) is None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UserError(f"MODEL {name}: exporting a preset needs torch (pip install torch); or give an .onnx "
+                            "file (dabench-ir export --preset NAME on a machine with torch)") from None  # fmt: skip
+        from dabench_ir.models.export import export_onnx
+
+        logger.info("exporting preset %s (weight-free, once; cached in %s)", cfg.preset, where)
+        save_base(where, cfg.preset, export_onnx(cfg, weights="none", dynamic=True).SerializeToString())
+    return where / f"{cfg.preset}.onnx"
 
 
 def describe_presets() -> list[str]:

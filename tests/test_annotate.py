@@ -95,3 +95,45 @@ def test_annotated_mlir_round_trips(tmp_path):
     assert 'dabench.unit = "pcu0"' in text
     again = _costed_load_mlir(out)  # the annotated file is a valid input too, with the same costs
     assert sum(n.meta["dabench.cost"].flops for n in again.nodes) == sum(found.values())
+
+
+ATTENTION = """
+agraph (float[1, 8, 16] x, float[16, 16] wq) => (float[1, 8, 8] p) {
+    q = MatMul(x, wq)
+    kt = Transpose<perm=[0,2,1]>(x)
+    s = MatMul(q, kt)
+    p = Softmax<axis=-1>(s)
+}
+"""
+
+
+def test_annotated_report_has_target_units_bound_and_role(tmp_path):
+    """What Netron shows: readable time, target, bound and role first, the exact numbers after."""
+    import dabench_ir
+    from dabench_ir.annotate import annotate_report
+    from dabench_ir.report.attribution import node_share
+
+    src = tmp_path / "att.onnx"
+    onnx.save(parse(ATTENTION), src)
+    report = dabench_ir.profile(src, target="rdu")
+    out = annotate_report(src, report, tmp_path / "ann.onnx")
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    from dabench_ir.frontends.onnx import onnx_node_names
+
+    index = next(i for i, n in enumerate(model.graph.node) if n.op_type == "MatMul" and n.input[1] == "kt")
+    props = _props(model.graph.node[index])
+    record = report.node(onnx_node_names(model.graph)[index])
+    assert list(props)[:6] == ["dabench.target", "dabench.time", "dabench.share", "dabench.bound", "dabench.role",
+                               "dabench.unit"]  # fmt: skip
+    assert props["dabench.target"] == "sn30" and props["dabench.role"] == "attention scores"
+    assert props["dabench.bound"] == record.bound == "memory"
+    assert float(props["dabench.time_s"]) == record.time_s  # exact: repr reads back to the same float
+    t = record.time_s
+    unit, scale = next(((u, s) for u, s in (("s", 1), ("ms", 1e3), ("µs", 1e6)) if t * s >= 1), ("ns", 1e9))
+    assert props["dabench.time"] == f"{t * scale:.3g} {unit}"
+    assert props["dabench.share"] == f"{100 * node_share(report, record):.1f}% of summed time"
+    assert props["dabench.flops"] == str(2 * 8 * 16 * 8) and props["dabench.work"] == "2.05 kFLOP"
+    top = {p.key: p.value for p in model.metadata_props}
+    assert top["dabench.target"] == "sn30" and float(top["dabench.step_time_s"]) == report.totals["time_s"]
+    assert top["dabench.time_basis"] == "one step"

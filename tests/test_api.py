@@ -71,3 +71,93 @@ def test_to_pandas_without_pandas_names_the_extra(model_dir):
     else:
         assert len(report.to_pandas()) == len(report.nodes)
         assert set(report.to_pandas(by="role").columns) >= {"role", "time_s"}
+
+
+# -- scale, study, validate: the CLI's answers, typed -------------------------------------------------
+
+
+def _cli_json(tmp_path, *argv: str) -> dict:
+    from dabench_ir.cli import main
+
+    out = tmp_path / "cli.json"
+    assert main([*argv, "--json", str(out), "-q"]) == 0
+    return json.loads(out.read_text())
+
+
+def test_scale_is_the_cli_scale(model_dir, tmp_path):
+    result = dabench_ir.scale(model_dir / "model.onnx", "h100", strategy="dp", chips=(1, 2), precision="fp16")
+    assert isinstance(result, dabench_ir.ScaleResult) and isinstance(result.points[0], dabench_ir.ScalePoint)
+    assert [(p.chips, p.batch) for p in result.points] == [(1, 1), (2, 2)]  # dp: a replica per chip
+    cli = _cli_json(tmp_path, "scale", str(model_dir / "model.onnx"), "-t", "h100", "--strategy", "dp",
+                    "--chips", "1,2", "--precision", "fp16")  # fmt: skip
+    assert json.loads(json.dumps(result.to_dict(), default=str)) == cli
+    assert result.points[1].speedup == result.points[1].throughput_samples_per_s / result.points[0].throughput_samples_per_s
+    with pytest.raises(dabench_ir.ApiError, match=r"^batch=4: the model's batch is fixed at 1"):
+        dabench_ir.scale(model_dir / "model.onnx", "h100", strategy="dp", batch=[1, 4])
+    with pytest.raises(dabench_ir.ApiError, match=r"^opt_level= applies to rdu targets"):
+        dabench_ir.scale(model_dir / "model.onnx", "h100", strategy="tp", opt_level="O3")
+
+
+def test_run_study_is_the_cli_study(model_dir, tmp_path):
+    study = dabench_ir.run_study(model_dir / "model.onnx", ["rdu-O3"], ["rdu"])
+    run = study.run("rdu-O3", "rdu")
+    assert isinstance(run, dabench_ir.StudyRun) and run.target == "sn30" and study.run("rdu-O3") is run
+    assert run.totals["speedup"] == run.totals["time_before_s"] / run.totals["time_after_s"]
+    assert run.totals["flops_before"] == run.totals["flops_after"] == study.doc["runs"][0]["totals"]["flops_after"]
+    assert run.config["opt_level"] == "O3" and study.failed == []
+    cli = _cli_json(tmp_path, "study", str(model_dir / "model.onnx"), "--pipeline", "rdu-O3", "-t", "rdu")
+    assert cli["runs"][0]["totals"] == run.totals and cli["runs"][0]["nodes"] == run.nodes
+    with pytest.raises(dabench_ir.ApiError, match=r"no such run"):
+        study.run("rdu-O0")
+    with pytest.raises(dabench_ir.ApiError, match=r"unknown pipeline"):
+        dabench_ir.run_study(model_dir / "model.onnx", ["nope"], ["rdu"])
+
+
+def test_run_validation_is_the_cli_validate(tmp_path):
+    catalog = tmp_path / "mine.toml"
+    catalog.write_text('format = "dabench-ir/measurements/v1"\n[[points]]\nid = "bw"\nkind = "bandwidth"\n'
+                       'target = "ipu"\nsource = "s"\nbandwidth = { memory = "off-chip", pattern = "streaming" }\n'
+                       "measured = { bandwidth_gb_s = 10.0 }\n")  # fmt: skip
+    check = dabench_ir.run_validation(catalog=catalog)
+    assert isinstance(check, dabench_ir.Validation) and isinstance(check.results[0], dabench_ir.PointResult)
+    (q,) = check.results[0].quantities
+    assert q.measured == 10.0 and q.error == (q.predicted - 10.0) / 10.0
+    summary = check.summary()["bow"]
+    assert set(summary) == set(dabench_ir.TargetSummary.__annotations__)
+    assert summary["compared"] == 1 and summary["median_abs_error"] == abs(q.error)
+    from dabench_ir.cli import main
+
+    assert main(["validate", "--catalog", str(catalog), "-q", "--json", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["rows"] == json.loads(json.dumps(check.to_dict()["rows"]))
+    with pytest.raises(dabench_ir.ApiError, match=r"nope.toml"):
+        dabench_ir.run_validation(catalog=tmp_path / "nope.toml")
+
+
+def test_the_typed_mappings_name_keys_the_reports_have(model_dir):
+    report = dabench_ir.profile(model_dir / "model.onnx", target="h100")
+    assert set(dabench_ir.Totals.__annotations__) <= set(report.totals)
+    assert set(dabench_ir.Metrics.__annotations__) <= set(report.metrics)
+    run = dabench_ir.run_study(model_dir / "model.onnx", ["rdu-O1"], ["rdu"]).runs[0]
+    assert set(dabench_ir.StudyTotals.__annotations__) <= set(run.totals)
+
+
+def test_to_pandas_rows_are_the_reports_nodes_and_roles():
+    """One MatMul of 2x3 @ 3x4: 48 FLOPs (2 per multiply-add); in bf16 (h100's default precision)
+    2 * (6 + 12 + 8) = 52 bytes; the roles are the node's and the host's kernel issue (7 us on h100)."""
+    from tests.conftest import parse
+
+    report = dabench_ir.profile(parse("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2,3] a, float[3,4] b) => (float[2,4] c) { c = MatMul(a, b) }"""), target="h100")
+    if importlib.util.find_spec("pandas") is None:  # CI installs '.[all]': pandas is there and this runs
+        with pytest.raises(ImportError, match=r"^Report.to_pandas\(\) needs pandas: pip install 'dabench-ir\[pandas\]'$"):
+            report.to_pandas()
+        pytest.skip("pandas is not installed here (the optional extra 'pandas'); the error path is checked above")
+    nodes = report.to_pandas()
+    assert list(nodes["op_type"]) == ["MatMul"] and list(nodes["flops"]) == [48] and list(nodes["bytes"]) == [52]
+    assert nodes["time_s"].iloc[0] == report.nodes[0].time_s and list(nodes.columns)[:3] == ["name", "op_type", "layer"]
+    roles = report.to_pandas(by="role")
+    assert roles["role"].tolist() == ["overhead: host_issue", "MatMul (activations)"]
+    assert roles["flops"].tolist() == [0, 48] and roles["bytes"].tolist() == [0, 52]
+    assert roles["time_s"].tolist() == [7e-06, report.nodes[0].time_s]
+    assert roles["time_s"].sum() == pytest.approx(report.totals["time_s"], rel=1e-12)

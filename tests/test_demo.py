@@ -68,6 +68,8 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert all(r["gops_per_w"] for r in rows)
     index = (out / "index.html").read_text()
     assert "Side by side" in index
+    assert (out / "plots" / "compare.png").is_file() and (out / "plots" / "compare-cpu.png").is_file()  # apart
+    assert "Throughput and efficiency: gpt2 (12 layers, 124 M params)" in index
     assert all(f'href="{t}.html"' in index for t in ("cpu", "wse", "rdu", "ipu"))
 
 
@@ -94,3 +96,28 @@ def test_a_knob_the_demo_applies_is_in_the_table_and_the_html(monkeypatch):
     assert placed[1:] == ["--matmul-proportion 0.3", "defaults"]
     assert "placed with --matmul-proportion 0.3" in render_side_by_side(result)
     assert "Not the defaults" in _side_by_side_html(result) and "--matmul-proportion 0.3" in _side_by_side_html(result)
+
+
+def test_throughput_charts_compare_one_model_at_a_time(monkeypatch, tmp_path):
+    """The 2-layer host model is never a bar beside GPT-2: one chart per model, each named."""
+    from types import SimpleNamespace
+
+    from dabench_ir.commands.demo import DemoResult, _charts_html
+    from dabench_ir.report import plots
+
+    gpt2 = {"name": "gpt2-small", "layers": 12, "params": 124_000_000}
+    small = {"name": "host-model", "layers": 2, "params": 500_000}
+    result = DemoResult(folder=tmp_path, index=tmp_path / "index.html")
+    result.reports = {s: SimpleNamespace(model=m) for s, m in (("wse", gpt2), ("cpu", small), ("rdu", gpt2))}
+    result.rows = [{"target": t, "throughput_samples_per_s": x, "compute_efficiency": 0.5, "dominant_bound": "compute"}
+                   for t, x in (("wse2", 100.0), ("cpu", 2300.0), ("sn30", 4.0))]  # fmt: skip
+    charted = []
+    real = plots.compare_figure
+    monkeypatch.setattr(plots, "compare_figure", lambda rows: charted.append([r["target"] for r in rows]) or real(rows))
+    html = _charts_html(result, list(result.reports), tmp_path / "plots")
+    assert charted == [["wse2", "sn30"], ["cpu"]]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "compare-cpu.png", "compare-cpu.svg", "compare.png", "compare.svg"]  # fmt: skip
+    first, second = html.split("</section>")[:2]
+    assert "gpt2-small (12 layers, 124 M params)" in first and "on wse, rdu" in first
+    assert "host-model (2 layers, 500 k params)" in second and "not comparable" in second

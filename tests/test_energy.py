@@ -141,11 +141,13 @@ def test_gpu_node_holds_only_its_sms_for_its_own_time():
     assert np_.allocation == pytest.approx(1 / 132)
     expected = node.meta[meta.COST].flops * 0.06667e-12 + np_.feed_bytes * 31.2e-12 + 210.0 / 132 * busy
     assert report.node(name).energy_j == pytest.approx(expected, rel=1e-12)
-    # the other 131 SMs and the time the stream runs other kernels are the idle row, not this node's
+    # the other 131 SMs and the time the stream runs other kernels are the idle row, not this node's;
+    # the time the GPU waits for the host to issue kernels is its own row, at static power
     t = report.totals
     held = sum(210.0 * plan.node_plans[n.name].allocation * timeline.busy(n.name) for n in report.nodes)
-    assert t["idle_energy_j"] == pytest.approx(210.0 * timeline.step_time_s - held, rel=1e-9)
-    assert t["overhead_energy_j"] == {}
+    waiting = 210.0 * timeline.overheads_s["host_issue"]
+    assert t["overhead_energy_j"] == {"host_issue": pytest.approx(waiting, rel=1e-12)}
+    assert t["idle_energy_j"] == pytest.approx(210.0 * timeline.step_time_s - held - waiting, rel=1e-9)
 
 
 def test_rdu_node_holds_its_sections_pcus_and_host_time_is_a_row():

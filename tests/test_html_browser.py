@@ -87,3 +87,46 @@ def test_dom_renders_headings_and_images(page, tmp_path):
         assert heading in dom, heading
     assert dom.count('src="data:image/png;base64,') == 3
     assert "l1_mlp_matmul" in dom
+
+
+_PROBE = """<script>
+(function () {
+  var table = Array.prototype.find.call(document.querySelectorAll("table.sortable"), function (t) {
+    return t.tHead.rows[0].cells[0].textContent === "node";
+  });
+  var head = Array.prototype.find.call(table.tHead.rows[0].cells, function (h) { return h.textContent === "time"; });
+  var col = Array.prototype.indexOf.call(table.tHead.rows[0].cells, head);
+  head.click();  // descending
+  head.click();  // ascending
+  var names = Array.prototype.map.call(table.tBodies[0].rows, function (r) { return r.cells[0].textContent; });
+  var box = table.parentNode.previousElementSibling;
+  box.value = "mlp";
+  box.dispatchEvent(new Event("input"));
+  var rows = Array.prototype.map.call(table.tBodies[0].rows, function (r) { return [r.hidden, r.textContent]; });
+  document.body.setAttribute("data-sorted", JSON.stringify(names));
+  document.body.setAttribute("data-rows", JSON.stringify(rows));
+  document.body.setAttribute("data-col", String(col));
+})();
+</script>"""
+
+
+def test_sort_and_filter_in_the_browser(tmp_path):
+    """A click on the time header sorts the node table by time; the filter box hides the other rows."""
+    import html as html_lib
+    import json
+
+    from dabench_ir.report.html import render_html
+
+    report = make_report()
+    page = tmp_path / "probe.html"
+    page.write_text(render_html(report).replace("</body>", _PROBE + "</body>"))
+    proc = subprocess.run([*_flags(tmp_path / "profile"), "--dump-dom", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    body = re.search(r"<body([^>]*)>", proc.stdout)
+    assert body, proc.stderr[-2000:]
+    attrs = dict((k, html_lib.unescape(v)) for k, v in re.findall(r'(data-[a-z]+)="([^"]*)"', body.group(1)))
+    times = [report.node(name).time_s for name in json.loads(attrs["data-sorted"])]
+    assert len(times) > 2 and times == sorted(times)  # ascending after the second click
+    rows = json.loads(attrs["data-rows"])
+    assert any(not hidden for hidden, _ in rows) and any(hidden for hidden, _ in rows)
+    assert all(hidden == ("mlp" not in text.lower()) for hidden, text in rows)

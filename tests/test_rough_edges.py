@@ -88,7 +88,7 @@ def test_several_targets_write_per_target_outputs(tiny_matmul_path, tmp_path):
     assert main(["profile", str(tiny_matmul_path), "--target", "rdu,wse", "--json", f"{out}/",
                  "--trace", f"{out}/", "--csv", str(tmp_path / "c.csv"), "--quiet"]) == 0  # fmt: skip
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["compare.json", "rdu.json", "rdu.trace.json", "wse.json", "wse.trace.json"]
+    assert names == ["compare.json", "rdu.json", "trace.json", "wse.json"]  # one trace, a process per target
     assert json.loads((out / "rdu.json").read_text())["target"]["name"] == "sn30"
     assert len(json.loads((out / "compare.json").read_text())) == 2
     assert (tmp_path / "c.csv").is_file() and (tmp_path / "c-rdu.csv").is_file()

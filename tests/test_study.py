@@ -175,7 +175,7 @@ def test_cli_study_and_diff(tmp_path, capsys):
     assert "m@sn30 pipeline=ort-basic" in text and "fused" in text and "Gemm" in text
     validate_study(json.loads((tmp_path / "s.json").read_text()))
     assert (tmp_path / "s.csv").read_text().splitlines()[0].startswith("pipeline,target,label,node,op,status")
-    assert "<table>" in (tmp_path / "s.html").read_text()
+    assert "<table class=\"sortable\">" in (tmp_path / "s.html").read_text()
     a, b = tmp_path / "o" / "m.none.rdu.json", tmp_path / "o" / "m.ort-basic.rdu.json"
     assert main(["diff", str(a), str(b), "--json", str(tmp_path / "d.json")]) == 0
     assert "fused" in capsys.readouterr().out

@@ -121,7 +121,11 @@ def test_speedup_is_split_into_node_time_and_overhead_rows(study):
         rdu["totals"]["overhead_time_before_s"] / rdu["totals"]["overhead_time_after_s"]
     )
     assert rdu["totals"]["speedup_total"] < 2  # bookkeeping no longer reads as a speedup
-    assert runs["h100"]["totals"]["speedup_overheads"] is None  # no overhead rows: all node time
+    h100 = runs["h100"]  # the GPU's one overhead row: the time it waits for the host to issue kernels
+    assert {p["part"] for p in h100["split"] if p["kind"] == "overhead"} == {"host_issue"}
+    assert h100["totals"]["speedup_overheads"] == pytest.approx(
+        h100["totals"]["overhead_time_before_s"] / h100["totals"]["overhead_time_after_s"]
+    )
     text = render_study(doc)
     assert "overhead: host" in text and "node time x" in text and "step (total)" in text
 

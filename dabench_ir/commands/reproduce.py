@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             retry_failed=args.retry_failed,
             plots=not args.no_plots,
-            bar=lambda done, total, failed=0: progress.bar(done, total, failed=failed, label=f"{study.name} "),
+            bar=lambda done, total, **kw: progress.bar(done, total, label=f"{study.name} ", **kw),
         )
     finally:
         progress.done()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
-from dabench_ir.errors import UserError
 from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Scale MODEL over several chips of a target (DABench Level 2): throughput, speedup, "
         "scaling efficiency, communication share, per-chip allocation and load balance, fit.",
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (as profile takes)")
     p.add_argument("--target", "-t", required=True)
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
@@ -37,17 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dabench_ir.api import scale_model
     from dabench_ir.fileio import check_input_file, check_output_path, plan_outputs, write_output
-    from dabench_ir.pipeline import load_graph
+    from dabench_ir.models.presets import names_preset
     from dabench_ir.progress import Progress
-    from dabench_ir.run import prepare, resolve
-    from dabench_ir.scaling import ScaleResult, scale
-    from dabench_ir.targets import load_target
 
-    check_input_file(args.model, "MODEL")
+    inputs = [] if not os.path.lexists(args.model) and names_preset(args.model) else [args.model]  # a preset: exported
+    for model in inputs:
+        check_input_file(model, "MODEL")
     if args.plot is not None:
-        check_output_path(args.plot, "--plot", inputs=[args.model], suffixes=(".png", ".svg"))
-    plan_outputs([args.model], [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
+        check_output_path(args.plot, "--plot", inputs=inputs, suffixes=(".png", ".svg"))
+    plan_outputs(inputs, [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
     if getattr(args, "plots", None) is not None:
         from dabench_ir.fileio import check_output_dir
 
@@ -55,30 +55,9 @@ def run(args: argparse.Namespace) -> int:
     values = knob_values(args, SCALE)
     chips: list[int] = values.pop("chips", list(_CHIPS))
     batches: list[int | None] = values.pop("batch", [None])
-    if values.get("strategy") is None:
-        raise UserError("scale: give --strategy dp, tp or pp")
-    target = load_target(args.target)
     progress = Progress(quiet=args.quiet)
-    merged: ScaleResult | None = None
-    loaded = load_graph(args.model, dims=values.get("dims"))
-    for batch in batches:
-        progress(f"preparing the graph (batch {batch or 'as exported'})")
-        run = resolve(loaded, target, {**values, "batch": batch}, model=args.model)
-        graph = prepare(run, loaded.clone())
-        progress(f"scaling over {','.join(map(str, chips))} chips ({run.options.strategy})")
-        result = scale(graph, target, chips, run.options.strategy, run)
-        result.model = {
-            "path": str(args.model),
-            "name": graph.name,
-            "nodes": len(graph.nodes),
-            "layers": len(graph.layers),
-        }
-        if merged is None:
-            merged = result
-        else:
-            merged.points.extend(result.points)
+    merged = scale_model(args.model, args.target, chips, batches, values, progress=progress)
     progress.done()
-    assert merged is not None
     if args.json:
         write_output(args.json, json.dumps(merged.to_dict(), indent=1, default=str))
     if args.plot or args.plots:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from dabench_ir.errors import UserError
 
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "total change and a per-node and per-module diff (which source nodes each fused node replaced, cost and "
         "time before and after, bound changes, nodes added or removed).",
     )
-    p.add_argument("model", nargs="?", help="an .onnx model")
+    p.add_argument("model", nargs="?", help="an .onnx model, or a preset name (as profile takes)")
     p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
                    "see --list-pipelines")  # fmt: skip
     p.add_argument("--target", "-t", action="append", metavar="T", help="target(s), repeatable or comma-separated")
@@ -94,6 +95,10 @@ def _check_paths(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
 
     inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
+    if getattr(args, "model", None) and not os.path.lexists(args.model):
+        from dabench_ir.models.presets import names_preset
+
+        inputs = [p for p in inputs if p != args.model or not names_preset(p)]  # a preset: exported (see run)
     for path in inputs:
         check_input_file(path)
     plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.study import run_study
 
     if not args.model:
-        raise UserError("study: give the model (an .onnx file)")
+        raise UserError("study: give the model (an .onnx file or a preset name)")
     pipelines: list = list(dict.fromkeys(_split(args.pipeline)))  # a repeated pipeline runs once
     if args.mlir_pipeline is not None:
         from dabench_ir.mlirpasses import parse_pipeline
@@ -129,11 +134,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
     _check_paths(args)
     opts = options_from_args(args, ScaleOptions, STUDY)
+    from dabench_ir.api import study_input
+
+    model, opts = study_input(args.model, opts)  # a preset: its export
     progress = Progress(quiet=args.quiet)
     from dabench_ir.mlirpasses import MlirPassError
 
     try:
-        doc = run_study(args.model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,
+        doc = run_study(model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,
                         via=args.study_via)  # fmt: skip
     except MlirPassError as exc:  # the passes before the failing one keep their results: show them
         progress.done()

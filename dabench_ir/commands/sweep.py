@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             retry_failed=args.retry_failed,
             plots=not args.no_plots,
             node_detail=not args.no_node_detail,
-            bar=lambda done, total, failed=0: progress.bar(done, total, failed=failed, label=f"{spec.name} "),
+            bar=lambda done, total, **kw: progress.bar(done, total, label=f"{spec.name} ", **kw),
         )
     finally:
         progress.done()

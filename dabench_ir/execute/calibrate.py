@@ -235,8 +235,8 @@ def cpu_target_path(threads: int | None = None, *, measure_if_missing: bool = Tr
     if not measure_if_missing:
         raise UserError(f"{reason}; run `dabench-ir calibrate --threads {key['threads']}`")
     check_cache_writable(path)
-    took = "about a second" if quick else "about 30 s on a few cores, once per machine"
-    print(f"dabench-ir: {reason}; calibrating the host CPU ({took})...", file=sys.stderr)
+    took = "about a second" if quick else "once per machine, ~20-60 s"
+    print(f"dabench-ir: calibrating this host's CPU ({took}; cached in {path}): {reason}", file=sys.stderr)
     start = time.perf_counter()
     result = calibrate(key["threads"], quick=quick)
     print(f"dabench-ir: calibrated in {time.perf_counter() - start:.0f} s; cached in {result}", file=sys.stderr)

@@ -1,7 +1,10 @@
 """Self-contained HTML reports: summary, attribution tables and plots in one offline file.
 
-Plots are embedded as base64 PNG and the style sheet is inline, so the file opens in any
-browser with no network and no scripts. `write_html` renders one Report;
+Plots are embedded as base64 PNG, the style sheet and one small script are inline, so the
+file opens in any browser with no network. Every table (`table_html`) sorts by a click on
+its header (numbers by value, SI prefixes and units read: ``1.2 ms`` > ``15.8 µs``) and
+filters by the text typed in the box above it (`TABLE_SCRIPT`), and scrolls sideways inside
+its section instead of overflowing the page. `write_html` renders one Report;
 `write_compare_html` renders a comparison (rows from `compare.compare_reports`).
 """
 
@@ -24,7 +27,8 @@ from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["figure_html", "render_compare_html", "render_html", "write_compare_html", "write_html"]
+__all__ = ["TABLE_CSS", "TABLE_SCRIPT", "figure_html", "render_compare_html", "render_html", "table_html",
+           "write_compare_html", "write_html"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +50,7 @@ h3 { font-size:14px; margin:0 0 8px; color:var(--muted); font-weight:600; }
 .card .v { font-size:17px; font-weight:600; margin-top:2px; overflow-wrap:anywhere; }
 .bad { color:var(--bad); }
 .grid2 { display:grid; grid-template-columns:repeat(auto-fit,minmax(340px,1fr)); gap:18px; }
-table { border-collapse:collapse; width:100%; font-size:12.5px; }
-th, td { padding:4px 8px; border-bottom:1px solid var(--line); text-align:left; white-space:nowrap; }
-th { background:#f0f2f5; font-weight:600; position:sticky; top:0; }
-td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
 td.name { max-width:330px; overflow:hidden; text-overflow:ellipsis; font-family:ui-monospace,Menlo,Consolas,monospace; }
-tr:hover td { background:#f5f8ff; }
 .bar { display:inline-block; height:9px; background:var(--accent); border-radius:2px; vertical-align:middle; margin-right:6px; }
 .dot { display:inline-block; width:9px; height:9px; border-radius:50%; margin-right:5px; vertical-align:middle; }
 figure { margin:0 0 14px; text-align:center; }
@@ -62,6 +61,71 @@ a { color:var(--accent); }
 footer { color:var(--muted); font-size:12px; text-align:center; padding:10px; }
 """
 
+TABLE_CSS = """
+.tablewrap { max-width:100%; overflow-x:auto; margin:0 0 10px; }
+input.filter { font:inherit; font-size:12.5px; padding:3px 8px; margin:0 0 6px; width:16em; max-width:100%;
+               border:1px solid #d0d5dd; border-radius:4px; }
+table { border-collapse:collapse; width:100%; font-size:12.5px; }
+th, td { padding:4px 8px; border-bottom:1px solid #e4e7ec; text-align:left; white-space:nowrap; }
+th { background:#f0f2f5; font-weight:600; position:sticky; top:0; cursor:pointer; user-select:none; }
+th[aria-sort="ascending"]::after { content:" \\25B2"; font-size:9px; }
+th[aria-sort="descending"]::after { content:" \\25BC"; font-size:9px; }
+td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
+tr:hover td { background:#f5f8ff; }
+"""
+"""The tables' style (this page's and the study page's)."""
+
+TABLE_SCRIPT = r"""
+(function () {
+  var SI = {"p": 1e-12, "n": 1e-9, "u": 1e-6, "\u00b5": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+            "P": 1e15, "E": 1e18};
+  function value(text) {
+    var m = /^\s*([-+]?\d*\.?\d+(?:e[-+]?\d+)?)\s*(?:x\s*)?([pnu\u00b5mkMGTPE](?=[A-Za-z\/]))?/.exec(text);
+    if (!m) return null;
+    return parseFloat(m[1]) * (m[2] ? SI[m[2]] : 1);
+  }
+  function sortBy(table, col, th) {
+    var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+    var numeric = th.classList.contains("n"), was = th.getAttribute("aria-sort");
+    var down = was ? was === "ascending" : numeric;  // first click: numbers largest first, text A to Z
+    rows.sort(function (a, b) {
+      var x = a.cells[col] ? a.cells[col].textContent : "", y = b.cells[col] ? b.cells[col].textContent : "";
+      var c;
+      var vx = numeric ? value(x) : null, vy = numeric ? value(y) : null;
+      if (vx !== null || vy !== null) {
+        c = (vx === null ? -Infinity : vx) - (vy === null ? -Infinity : vy);
+        if (isNaN(c)) c = 0;
+      } else {
+        c = x.localeCompare(y, undefined, {numeric: true});
+      }
+      return down ? -c : c;
+    });
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", down ? "descending" : "ascending");
+    rows.forEach(function (r) { body.appendChild(r); });
+  }
+  function filter(table, text) {
+    var needle = text.toLowerCase();
+    Array.prototype.forEach.call(table.tBodies[0].rows, function (r) {
+      r.hidden = needle !== "" && r.textContent.toLowerCase().indexOf(needle) < 0;
+    });
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (table) {
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, col) {
+      th.title = "sort";
+      th.addEventListener("click", function () { sortBy(table, col, th); });
+    });
+    var box = table.parentNode.previousElementSibling;
+    if (box && box.classList.contains("filter")) {
+      box.addEventListener("input", function () { filter(table, box.value); });
+    }
+  });
+})();
+"""
+"""Sorting (a click on a header: numbers largest first, text A to Z; again: the other way) and
+filtering (the box above a table hides the rows without its text, case-insensitive) for every
+``table.sortable``; no network."""
+
 
 def _e(x: Any) -> str:
     return html.escape("-" if x is None else str(x))
@@ -71,9 +135,10 @@ def _page(title: str, subtitle: str, body: str) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<title>{_e(title)}</title>\n<style>{_CSS}{TABLE_CSS}</style>\n</head>\n<body>\n"
         f"<header><h1>{_e(title)}</h1><p>{_e(subtitle)}</p></header>\n<main>\n{body}\n</main>\n"
-        f"<footer>generated by dabench-ir {_e(__version__)}</footer>\n</body>\n</html>\n"
+        f"<footer>generated by dabench-ir {_e(__version__)}</footer>\n<script>{TABLE_SCRIPT}</script>\n"
+        "</body>\n</html>\n"
     )
 
 
@@ -95,10 +160,13 @@ def figure_html(fig: Figure | bytes | None, caption: str) -> str:
     )
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int] = frozenset(), *,  # type: ignore[assignment]
-           raw: set[int] = frozenset(), cls: dict[int, str] | None = None) -> str:  # type: ignore[assignment]  # fmt: skip
-    """An HTML table; cells are escaped unless their column is in ``raw``."""
-    cls = cls or {}
+def table_html(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (), *,
+               raw: Iterable[int] = (), cls: Mapping[int, str] | None = None,
+               row_classes: Sequence[str] = ()) -> str:  # fmt: skip
+    """A sortable, filterable table (`TABLE_SCRIPT`) in a box that scrolls sideways: columns in
+    ``numeric`` are right-aligned and sort by value; cells are escaped unless their column is in
+    ``raw``; ``cls`` adds a class per column, ``row_classes`` one per row."""
+    cls, numeric, raw = cls or {}, set(numeric), set(raw)
 
     def attr(i: int) -> str:
         names = " ".join(x for x in ("n" if i in numeric else "", cls.get(i, "")) if x)
@@ -106,10 +174,18 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[i
 
     head = "".join(f"<th{attr(i)}>{_e(h)}</th>" for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(f"<td{attr(i)}>{c if i in raw else _e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows
+        (f'<tr class="{_e(row_classes[r])}">' if r < len(row_classes) and row_classes[r] else "<tr>")
+        + "".join(f"<td{attr(i)}>{c if i in raw else _e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+        for r, row in enumerate(rows)
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        '<input type="search" class="filter" placeholder="filter rows" aria-label="filter rows">'
+        f'<div class="tablewrap"><table class="sortable"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+_table = table_html
 
 
 def _share_cell(share: float | None) -> str:

@@ -189,25 +189,37 @@ class Report:
         return write_output(path, self.to_json(indent=1 if len(self.nodes) <= 300 else None))
 
     def write_csv(self, path: str | Path) -> Path:
-        """One row per node; text cells a spreadsheet would read as a formula are neutralised."""
+        """One row per node, then one per step cost no node owns, so that the ``time_s`` column
+        sums to the step (``totals.time_s``); columns `CSV_FILE_COLUMNS`. ``kind`` labels a row:
+        ``node``; ``overhead`` (host time, reconfiguration, memory stalls, fill/drain,
+        collectives: ``name`` is its role, ``overhead: section_reconfig``); ``overlap`` (negative:
+        the busy time concurrent nodes share, on a target that runs them at once, WSE or IPU);
+        ``remainder`` (step time neither nodes nor overheads account for). Text cells a
+        spreadsheet would read as a formula are neutralised."""
+        head = {"model": _csv_model_name(self), "target": (self.target or {}).get("name")}
 
         def write(fh) -> None:
-            writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+            writer = csv.DictWriter(fh, fieldnames=CSV_FILE_COLUMNS)
             writer.writeheader()
-            for n in self.nodes:
-                writer.writerow({k: csv_cell(v) for k, v in n.to_dict().items()})
+            for row in [*({**head, "kind": "node", **n.to_dict()} for n in self.nodes), *_step_rows(self, head)]:
+                writer.writerow({k: csv_cell(row.get(k)) for k in CSV_FILE_COLUMNS})
 
         return write_with(path, write)
 
     def write_roles_csv(self, path: str | Path) -> Path:
-        """One row per module role and per overhead (columns: `attribution.ROLE_COLUMNS`)."""
+        """One row per module role and per overhead (columns: ``model``, ``target``, then
+        `attribution.ROLE_COLUMNS`); the ``time_s`` column sums to the summed time
+        (`attribution.TIME_BASIS`)."""
         from dabench_ir.report.attribution import ROLE_COLUMNS, role_rows
 
+        head = {"model": _csv_model_name(self), "target": (self.target or {}).get("name")}
+        columns = [*head, *ROLE_COLUMNS]
+
         def write(fh) -> None:
-            writer = csv.DictWriter(fh, fieldnames=list(ROLE_COLUMNS))
+            writer = csv.DictWriter(fh, fieldnames=columns)
             writer.writeheader()
             for row in role_rows(self):
-                writer.writerow({k: csv_cell(row[k]) for k in ROLE_COLUMNS})
+                writer.writerow({k: csv_cell({**head, **row}[k]) for k in columns})
 
         return write_with(path, write)
 
@@ -249,6 +261,42 @@ class Report:
             fits=data.get("fits"), failure=data.get("failure"), flop_convention=data.get("flop_convention", ""),
             extra=data.get("extra") or {}, why=data.get("why") or [], saved_roles=data.get("roles"),
         )  # fmt: skip
+
+
+CSV_FILE_COLUMNS = ["model", "target", "kind", *CSV_COLUMNS]
+"""The per-node CSV's columns (`Report.write_csv`): which model and target, the row's kind, then
+a node's `NodeRecord.to_dict` keys."""
+
+
+def _csv_model_name(report: Report) -> str:
+    from dabench_ir.report.compare import _model_name
+
+    return _model_name({"model": report.model})
+
+
+def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CSV rows after the nodes: the overheads, then the overlap or remainder that makes the
+    ``time_s`` column sum to the step exactly (``math.fsum``); none for a report without a step."""
+    from dabench_ir.report.attribution import overhead_rows
+
+    step = report.totals.get("time_s")
+    if step is None:
+        return []
+    rows = [{**head, "kind": "overhead", "name": r["role"], "op_type": "overhead", "bound": "overhead",
+             "time_s": r["time_s"]} for r in overhead_rows(report)]  # fmt: skip
+    times = [n.time_s for n in report.nodes if n.time_s is not None] + [r["time_s"] for r in rows]
+    rest = float(step) - math.fsum(times)
+    if abs(rest) > 1e-12 * abs(step):
+        for _ in range(8):  # the rounding of the subtraction: nudge until the column sums to the step exactly
+            total = math.fsum([*times, rest])
+            if total == step:
+                break
+            rest = math.nextafter(rest, math.inf if total < step else -math.inf)
+        kind = "overlap" if rest < 0 else "remainder"
+        name = ("overlap: busy time of nodes that run concurrently" if rest < 0
+                else "remainder: step time no node or overhead accounts for")  # fmt: skip
+        rows.append({**head, "kind": kind, "name": name, "op_type": kind, "time_s": rest})
+    return rows
 
 
 _COST_FIELDS = ("contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in", "act_bytes_out")

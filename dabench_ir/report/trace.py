@@ -8,9 +8,14 @@ GPU stream, a host thread. Slices that overlap inside a group are packed onto as
 sub-tracks as needed, so a 7B model gives tens of tracks. Each node run is a complete
 ("X") slice with the node's FLOPs, bytes, bound and role in its args; the step costs no
 node owns (reconfiguration, memory stalls, host time, fill/drain, collectives) are slices
-on an "overheads" process; a measured host timeline, when given, is its own process
-next to the predicted one. `validate_trace` checks a document against the trace-event
-format (required fields per phase, slices on a thread properly nested).
+on the target's "step" process, beside two counter tracks ("ph": "C") over the step:
+``memory in use`` (the bytes of node outputs written and not yet read by their last
+reader, plus what the plan keeps resident) and ``link busy`` (the running nodes' share of
+their time spent on links and exchange). A measured host timeline, when given, is its own
+process next to the predicted one. Several targets' reports go into one file
+(`write_targets_trace`), each target's processes named after it and kept together.
+`validate_trace` checks a document against the trace-event format (required fields per
+phase, timestamps in microseconds non-decreasing per track, slices on a thread nested).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 from dabench_ir.ir import Graph
 from dabench_ir.timeline import Timeline
 
-__all__ = ["chrome_trace_events", "track_count", "validate_trace", "write_chrome_trace", "write_report_trace"]
+__all__ = ["chrome_trace_events", "track_count", "validate_trace", "write_chrome_trace", "write_report_trace",
+           "write_targets_trace"]
 
 logger = logging.getLogger(__name__)
 _US = 1e6
@@ -113,6 +119,19 @@ class _Tracks:
                             "dur": dur, "args": args})  # fmt: skip
         return True
 
+    def counter(self, process: str, name: str, samples: list[tuple[float, dict[str, float]]]) -> None:
+        """A counter track: ``samples`` (seconds, {series: value}) as "C" events, in time order."""
+        pid = self.pid(process)
+        for t, values in sorted(samples, key=lambda x: x[0]):
+            self.events.append({"ph": "C", "name": name, "cat": "counter", "pid": pid, "ts": t * _US,
+                                "args": dict(values)})  # fmt: skip
+
+    def ordered(self) -> list[dict[str, Any]]:
+        """Metadata first, then every timed event by timestamp (stable): each track's ``ts`` non-decreasing."""
+        meta = [e for e in self.events if e["ph"] == "M"]
+        timed = [e for e in self.events if e["ph"] != "M"]
+        return meta + sorted(timed, key=lambda e: e["ts"])
+
 
 def _unit_group(unit_id: str, kind: str | None, nodes: list[str], graph: Graph, target: str) -> tuple[str, str]:
     """(process, thread group) of a unit: see the module docstring. A kind's ``:sub`` part
@@ -146,11 +165,16 @@ def chrome_trace_events(
     plan: Any = None,
     roles: Mapping[str, str] | None = None,
     measured: Timeline | None = None,
+    label: str | None = None,
+    tracks: _Tracks | None = None,
 ) -> list[dict[str, Any]]:
-    """Trace events: metadata for each process and thread, then slices (see the module docstring)."""
+    """Trace events: metadata for each process and thread, then slices and counters in time
+    order (see the module docstring). ``label`` names the target's processes (default: the
+    plan's target name); ``tracks`` adds them to another target's trace (`write_targets_trace`)."""
     roles = roles or {}
-    tracks = _Tracks()
-    target = getattr(getattr(plan, "target", None), "name", "") or ""
+    own = tracks is None
+    tracks = tracks if tracks is not None else _Tracks()
+    target = label if label is not None else getattr(getattr(plan, "target", None), "name", "") or ""
     kinds = {u.id: u.kind for u in plan.units} if plan is not None else {}
     members = {u.id: list(u.nodes) for u in plan.units} if plan is not None else {}
     predicted = "predicted: " if measured is not None else ""
@@ -197,15 +221,89 @@ def chrome_trace_events(
                            {"nodes": len(u.nodes), "allocation": u.allocation}, cat="unit")  # fmt: skip
     if skipped:
         logger.info("trace: %d later micro-batch runs folded into their node's args (runs, busy_s)", skipped)
-    _overheads(tracks, timeline, plan, predicted)
+    step = f"{predicted}{target} step".strip()
+    _overheads(tracks, timeline, plan, step)
+    _counters(tracks, timeline, graph, plan, step)
     if measured is not None:
+        host = "measured: host (onnxruntime)"
         for name, timing in sorted(measured.nodes.items(), key=lambda kv: (kv[1].start, kv[0])):
             args = _node_args(graph, name, roles)
             args["unit"] = timing.unit
-            tracks.add("measured: host (onnxruntime)", "host", name, timing.start, timing.end, args,
-                       cat=args.get("op_type", "node"))  # fmt: skip
-        _overheads(tracks, measured, None, "measured: ")
-    return tracks.events
+            tracks.add(host, "host", name, timing.start, timing.end, args, cat=args.get("op_type", "node"))
+        _overheads(tracks, measured, None, host)
+        _counters(tracks, measured, graph, None, host)
+    return tracks.ordered() if own else tracks.events
+
+
+def _counters(tracks: _Tracks, timeline: Timeline, graph: Graph, plan: Any, process: str) -> None:
+    """The step's counter tracks on ``process``: memory in use and link busy (module docstring)."""
+    end = max([timeline.makespan_s, timeline.step_time_s, *(b for _, b in (timeline.unit_spans or {}).values())])
+    resident = {k: float(v) for k, v in (getattr(plan, "memory_bytes", None) or {}).items() if v}
+    live = _live_bytes(timeline, graph)
+    if live or resident:
+        changes = live or [(0.0, 0.0)]
+        samples = [(t, {**resident, "activations live": b}) for t, b in changes]
+        samples.append((max(end, changes[-1][0]), {**resident, "activations live": changes[-1][1]}))
+        tracks.counter(process, "memory in use (bytes)", samples)
+    links = _link_busy(timeline, plan)
+    if links:
+        tracks.counter(process, "link busy (share of running nodes' time on links/exchange)", links)
+
+
+def _live_bytes(timeline: Timeline, graph: Graph) -> list[tuple[float, float]]:
+    """(time, bytes) steps of the node outputs alive: from their producer's start to their last
+    reader's end (a graph output: to the step's end); values of unknown size are left out."""
+    readers: dict[str, float] = {}
+    for node in graph.nodes:
+        timing = timeline.nodes.get(node.name)
+        if timing is not None:
+            for v in node.inputs:
+                readers[v] = max(readers.get(v, timing.end), timing.end)
+    outputs = set(getattr(graph, "outputs", ()) or ())
+    deltas: dict[float, float] = {}
+    for node in graph.nodes:
+        timing = timeline.nodes.get(node.name)
+        if timing is None:
+            continue
+        for v in node.outputs:
+            value = graph.values.get(v)
+            try:
+                nbytes = float(value.type.nbytes(graph.bindings)) if value is not None else 0.0
+            except (KeyError, ValueError, TypeError):
+                continue
+            free = None if v in outputs else readers.get(v, timing.end)  # an output is held to the step's end
+            if nbytes and (free is None or free > timing.start):
+                deltas[timing.start] = deltas.get(timing.start, 0.0) + nbytes
+                if free is not None:
+                    deltas[free] = deltas.get(free, 0.0) - nbytes
+    out, level = [], 0.0
+    for t in sorted(deltas):
+        level += deltas[t]
+        out.append((t, max(level, 0.0)))
+    return out
+
+
+def _link_busy(timeline: Timeline, plan: Any) -> list[tuple[float, dict[str, float]]]:
+    """(time, {"busy": sum over running node runs of comm_s / their time}) steps; [] when no node
+    spends time on a link. The lowerings record each node's link and exchange time, not its bytes."""
+    if plan is None:
+        return []
+    deltas: dict[float, float] = {}
+    for name, timing in timeline.nodes.items():
+        np_ = plan.node_plans.get(name)
+        total = 0.0 if np_ is None else max(np_.compute_s, np_.memory_s) + np_.comm_s + np_.overhead_s
+        if np_ is None or np_.comm_s <= 0 or total <= 0:
+            continue
+        share = np_.comm_s / total
+        for start, stop in timeline.slices.get(name) or [(timing.start, timing.end)]:
+            if stop > start:
+                deltas[start] = deltas.get(start, 0.0) + share
+                deltas[stop] = deltas.get(stop, 0.0) - share
+    out, level = [], 0.0
+    for t in sorted(deltas):
+        level += deltas[t]
+        out.append((t, {"busy": round(max(level, 0.0), 12)}))
+    return out
 
 
 def _ipu_phases(tracks: _Tracks, process: str, name: str, start: float, end: float, np_: Any,
@@ -226,13 +324,12 @@ def _ipu_phases(tracks: _Tracks, process: str, name: str, start: float, end: flo
         t = stop
 
 
-def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, prefix: str) -> None:
-    """Slices for the step costs no node owns: unit gaps where the units start, memory stalls
-    where a unit outlasts its nodes, the rest after the last node."""
+def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, process: str) -> None:
+    """Slices on ``process`` for the step costs no node owns: unit gaps where the units start,
+    memory stalls where a unit outlasts its nodes, the rest after the last node."""
     remaining = {k: v for k, v in (timeline.overheads_s or {}).items() if v}
     if not remaining:
         return
-    process = f"{prefix}overheads"
     spans = timeline.unit_spans or {}
     if plan is not None:
         gaps = [(u, u.gap_before_s) for u in plan.units if u.gap_before_s > 0 and u.id in spans]
@@ -275,27 +372,43 @@ def track_count(events: list[dict[str, Any]]) -> int:
     return len({(e["pid"], e["tid"]) for e in events if e.get("ph") == "X"})
 
 
+_REQUIRED = {
+    "X": ("name", "ph", "pid", "tid", "ts", "dur"),
+    "B": ("name", "ph", "pid", "tid", "ts"),
+    "E": ("ph", "pid", "tid", "ts"),
+    "i": ("name", "ph", "pid", "tid", "ts"),
+    "C": ("name", "ph", "pid", "ts", "args"),
+    "M": ("name", "ph", "pid", "args"),
+}
+"""The keys each phase needs (Trace Event Format: "Duration Events", "Complete Events",
+"Instant Events", "Counter Events", "Metadata Events")."""
+
+
 def validate_trace(doc: Mapping[str, Any]) -> list[str]:
     """Problems with a trace document against the trace-event format (empty: valid).
 
-    Checks the JSON-object form (``traceEvents`` list), the fields each phase needs
-    (``X``: name, pid, tid, numeric ts and dur >= 0; ``M``: a known metadata name and its
-    args), and that complete events on one thread nest (a slice that starts inside
-    another ends inside it), which viewers need to draw them.
+    Checks the JSON-object form (``traceEvents`` list), the keys each phase needs
+    (`_REQUIRED`; ``ts`` and ``dur`` numbers in microseconds, ``dur`` >= 0; ``M``: a known
+    metadata name; ``C``: numeric series in ``args``), that each track's timestamps never go
+    back in file order (a thread's events, a process's counter of one name), and that
+    complete events on one thread nest (a slice that starts inside another ends inside it),
+    which viewers need to draw them.
     """
     problems: list[str] = []
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         return ["traceEvents is not a list"]
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    last_ts: dict[tuple[Any, ...], float] = {}
     for i, e in enumerate(events):
-        ph = e.get("ph")
-        if ph not in ("X", "M", "B", "E", "i", "C"):
+        ph = e.get("ph") if isinstance(e, dict) else None
+        if ph not in _REQUIRED:
             problems.append(f"event {i}: unknown phase {ph!r}")
             continue
-        for key in ("name", "pid", "tid") if ph != "C" else ("name", "pid"):
-            if key not in e:
-                problems.append(f"event {i} ({ph}): no {key}")
+        missing = [k for k in _REQUIRED[ph] if k not in e]
+        if missing:
+            problems.append(f"event {i} ({ph}): no {', '.join(missing)}")
+            continue
         if ph == "M":
             if e.get("name") not in ("process_name", "process_sort_index", "thread_name", "thread_sort_index",
                                      "process_labels"):  # fmt: skip
@@ -304,10 +417,19 @@ def validate_trace(doc: Mapping[str, Any]) -> list[str]:
                 problems.append(f"event {i}: metadata without args")
             continue
         ts = e.get("ts")
-        if not isinstance(ts, (int, float)):
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
             problems.append(f"event {i} ({ph}): ts is not a number")
             continue
-        if ph == "X":
+        track = (e["pid"], "counter", e["name"]) if ph == "C" else (e["pid"], e["tid"])
+        if ts < last_ts.get(track, ts):
+            problems.append(f"event {i} ({ph}): ts {ts} goes back on track {track} (was {last_ts[track]})")
+        last_ts[track] = ts
+        if ph == "C":
+            args = e["args"]
+            if not isinstance(args, dict) or not args or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values()):  # fmt: skip
+                problems.append(f"event {i} (C): args must hold numeric series")
+        elif ph == "X":
             dur = e.get("dur")
             if not isinstance(dur, (int, float)) or dur < 0:
                 problems.append(f"event {i}: dur missing or negative")
@@ -326,6 +448,26 @@ def validate_trace(doc: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def _other_data(timeline: Timeline, measured: Timeline | None) -> dict[str, Any]:
+    return {
+        "source": timeline.source,
+        "step_time_s": timeline.step_time_s,
+        "samples_per_step": timeline.samples_per_step,
+        "overheads_s": timeline.overheads_s,
+        **({"measured_step_time_s": measured.step_time_s} if measured is not None else {}),
+    }
+
+
+def _write_doc(path: str | Path, events: list[dict[str, Any]], other: dict[str, Any]) -> Path:
+    from dabench_ir.fileio import write_output
+
+    path = Path(path)
+    doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {**other, "tracks": track_count(events)}}
+    write_output(path, json.dumps(doc, default=str))
+    logger.info("wrote Chrome trace %s (%d events, %d tracks)", path, len(events), track_count(events))
+    return path
+
+
 def write_chrome_trace(
     timeline: Timeline,
     graph: Graph,
@@ -336,31 +478,32 @@ def write_chrome_trace(
     measured: Timeline | None = None,
 ) -> Path:
     """Write the trace JSON to ``path`` (see `chrome_trace_events`) and return it."""
-    path = Path(path)
     events = chrome_trace_events(timeline, graph, plan=plan, roles=roles, measured=measured)
-    doc = {
-        "traceEvents": events,
-        "displayTimeUnit": "ns",
-        "otherData": {
-            "source": timeline.source,
-            "step_time_s": timeline.step_time_s,
-            "samples_per_step": timeline.samples_per_step,
-            "overheads_s": timeline.overheads_s,
-            "tracks": track_count(events),
-            **({"measured_step_time_s": measured.step_time_s} if measured is not None else {}),
-        },
-    }
-    from dabench_ir.fileio import write_output
+    return _write_doc(path, events, _other_data(timeline, measured))
 
-    write_output(path, json.dumps(doc, default=str))
-    logger.info("wrote Chrome trace %s (%d events, %d tracks)", path, len(events), track_count(events))
-    return path
+
+def _report_events(report: Any, tracks: _Tracks | None = None, label: str | None = None) -> list[dict[str, Any]]:
+    roles = {n.name: n.role for n in report.nodes if n.role}
+    return chrome_trace_events(report.timeline, report.graph, plan=report.plan, roles=roles,
+                               measured=report.measured_timeline, label=label, tracks=tracks)  # fmt: skip
 
 
 def write_report_trace(report: Any, path: str | Path) -> Path:
     """The trace of a Report: its timeline on its plan's units, node roles in the args, and the
     measured host timeline as its own process when the report has one beside a prediction."""
-    roles = {n.name: n.role for n in report.nodes if n.role}
-    return write_chrome_trace(
-        report.timeline, report.graph, path, plan=report.plan, roles=roles, measured=report.measured_timeline
-    )
+    return _write_doc(path, _report_events(report), _other_data(report.timeline, report.measured_timeline))
+
+
+def write_targets_trace(reports: Mapping[str, Any], path: str | Path) -> Path:
+    """One trace for several targets' reports (``{name as given: Report}``, a report without a
+    timeline left out): each target's processes named after it, in the order given, every
+    target's step starting at 0; ``otherData.targets`` holds each one's step figures."""
+    tracks = _Tracks()
+    other: dict[str, Any] = {}
+    for name, report in reports.items():
+        if report.timeline is None:
+            continue
+        actual = getattr(report.target_obj, "name", None) or name
+        _report_events(report, tracks, label=name if actual == name else f"{name} ({actual})")
+        other[name] = _other_data(report.timeline, report.measured_timeline)
+    return _write_doc(path, tracks.ordered(), {"targets": other})

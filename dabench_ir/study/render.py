@@ -19,6 +19,7 @@ __all__ = [
     "render_study",
     "split_table",
     "study_schema",
+    "summary_table",
     "validate_study",
     "write_study_csv",
     "write_study_html",
@@ -90,14 +91,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
-    """Per run: the total change, the nodes that changed most, and the modules."""
-    out: list[str] = [f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
-    summary = []
+def summary_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and one row per run: the total change against its baseline (text and HTML)."""
+    rows = []
     for run in doc["runs"]:
         t = run["totals"]
         speed = t.get("speedup")
-        summary.append(
+        rows.append(
             [
                 run["label"],
                 _t(t["time_before_s"]),
@@ -113,11 +113,15 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                 f"{t['estimated_before']}/{t['estimated_after']}",
             ]
         )
-    out += _table(
-        ["run", "time before", "after", "speedup", "node time x", "overheads x", "FLOPs", "bytes", "nodes",
-         "fused/added/gone", "bound chg", "no rule b/a"],
-        summary,
-    )  # fmt: skip
+    headers = ["run", "time before", "after", "speedup", "node time x", "overheads x", "FLOPs", "bytes", "nodes",
+               "fused/added/gone", "bound chg", "no rule b/a"]  # fmt: skip
+    return headers, rows
+
+
+def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
+    """Per run: the total change, the nodes that changed most, and the modules."""
+    out: list[str] = [f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
+    out += _table(*summary_table(doc))
     for run in doc["runs"]:
         out += ["", f"{run['label']}  vs  {run['baseline_label']}"]
         out += [f"  {w}" for w in run.get("warnings", [])]
@@ -363,29 +367,22 @@ def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
     return write_with(path, write)
 
 
-_CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
-.warn{color:#a00}.fused{background:#eef6ff}.added{background:#efe}.removed,.folded{background:#fee}"""
+_CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222;max-width:100%}
+.warn{color:#a00}.fused td{background:#eef6ff}.added td{background:#efe}.removed td,.folded td{background:#fee}"""
 
 
 def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], classes: Sequence[str] = ()) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        f"<tr class='{classes[i] if i < len(classes) else ''}'>"
-        + "".join(f"<td>{html.escape(c)}</td>" for c in r)
-        + "</tr>"
-        for i, r in enumerate(rows)
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    """`report.html.table_html`: sortable, filterable, scrolling sideways; columns after the first are numbers."""
+    from dabench_ir.report.html import table_html
+
+    return table_html(headers, rows, numeric=range(1, len(headers)), row_classes=classes)
 
 
 def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
     """A self-contained page: the runs side by side, then each run's changed nodes and modules (an MLIR
     run: first its per-pass table and its per-ONNX-node costs), then MLIR beside the ONNX level."""
     parts = [f"<h1>Study: {html.escape(str(doc.get('model')))}</h1>"]
-    text = render_study(doc, top=10**6).split("\n\n")
-    summary = text[0].splitlines()[2:]
-    parts.append("<h2>Runs against the baseline</h2><pre>" + html.escape("\n".join(summary)) + "</pre>")
+    parts.append("<h2>Runs against the baseline</h2>" + _html_table(*summary_table(doc)))
     for run in doc["runs"]:
         parts.append(f"<h2>{html.escape(run['label'])}</h2>")
         parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
@@ -468,9 +465,11 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
     for cmp in doc.get("mlir_vs_onnx") or []:
         parts.append(f"<h2>{html.escape(_agreement_title(cmp))}</h2>"
                      + _html_table(_AGREEMENT_HEADERS, _agreement_cells(cmp, len(cmp["rows"]))))  # fmt: skip
+    from dabench_ir.report.html import TABLE_CSS, TABLE_SCRIPT
+
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>dabench-ir study</title>"
-        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+        f"<style>{_CSS}{TABLE_CSS}</style></head><body>{''.join(parts)}<script>{TABLE_SCRIPT}</script></body></html>\n"
     )
     from dabench_ir.fileio import write_output
 

@@ -36,6 +36,8 @@ __all__ = ["SweepResult", "point_key", "run_sweep"]
 logger = logging.getLogger(__name__)
 
 Bar = Callable[..., None]
+EXPORT_PHASE = "exporting models"
+"""The ``phase`` a sweep's bar shows while base models are exported with torch, before any point."""
 
 
 @dataclass
@@ -165,7 +167,8 @@ def run_sweep(
 ) -> SweepResult:
     """Run every point of ``spec`` not already done in ``out_dir``; return what happened.
 
-    ``bar(done, total, failed=...)`` is called as points finish (e.g. `Progress.bar`).
+    ``bar(done, total, failed=..., phase=...)`` is called as base models are exported (phase
+    `EXPORT_PHASE`) and as points finish (phase ``""``) (e.g. `Progress.bar`).
     Ctrl-C stops the workers, keeps every finished point and rewrites the table. With
     ``node_detail=False`` each point's JSON keeps the report without its per-node rows
     (about 100x smaller for large models; the dominant bound is kept in ``metrics``).
@@ -229,13 +232,18 @@ def run_sweep(
             logger.info("point %s failed: %s", record["key"], record["error"])
         tick(done, result.total, failed=result.failed)
 
+    def export_tick(exported: int, of: int) -> None:
+        tick(exported, of, failed=0, phase=EXPORT_PHASE)
+        if exported == of:  # the points' phase (and its ETA) starts now
+            tick(done, result.total, failed=result.failed, phase="")
+
     ex: Executor | None = executor if isinstance(executor, Executor) else None
     try:
         while todo or held_elsewhere:
             if todo:
                 if ex is None:
                     ex = make_executor(str(executor), jobs, address)
-                result.exports += _run(ex, todo, models_dir, finish, result)
+                result.exports += _run(ex, todo, models_dir, finish, result, export_tick)
             todo = []
             for key, params in held_elsewhere:  # the other sweep's points: its record, or ours if it died
                 locks.acquire(key, wait=True)
@@ -268,8 +276,10 @@ def _run(
     models_dir: Path,
     finish: Callable[[dict[str, Any]], None],
     result: SweepResult,
+    export_tick: Callable[[int, int], None] = lambda _n, _m: None,
 ) -> int:
-    """Export missing bases, then profile the points grouped by model; returns exports made."""
+    """Export missing bases, then profile the points grouped by model; returns exports made.
+    ``export_tick(exported, of)`` follows the exports."""
     by_base: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
     base_errors: dict[str, str] = {}
@@ -295,8 +305,12 @@ def _run(
         logger.info("exporting %d base model(s) with torch", len(missing))
         tasks = [(worker.run_export, (bkey, params)) for bkey, params in missing]
         exporter = LocalExecutor(ex.jobs, start="spawn") if isinstance(ex, LocalExecutor) else ex  # torch: no fork
+        exported = []
+        export_tick(0, len(tasks))
         try:
-            exported = list(exporter.map_unordered(tasks))
+            for item in exporter.map_unordered(tasks):
+                exported.append(item)
+                export_tick(len(exported), len(tasks))
         finally:
             if exporter is not ex:
                 exporter.close()

@@ -1,0 +1,115 @@
+"""Chrome/Perfetto traces: one file for several targets, counter tracks, and the format checks."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+import dabench_ir
+from dabench_ir.cli import main
+from dabench_ir.report.trace import validate_trace, write_report_trace, write_targets_trace
+from tests.conftest import parse
+
+CHAIN = """
+agraph (float[2, 4] x, float[4, 3] w) => (float[2, 3] y) {
+    h = MatMul(x, w)
+    y = Relu(h)
+}
+"""
+
+ATTENTION = """
+agraph (float[1, 8, 16] x, float[16, 16] wq) => (float[1, 8, 8] p) {
+    q = MatMul(x, wq)
+    kt = Transpose<perm=[0,2,1]>(x)
+    s = MatMul(q, kt)
+    p = Softmax<axis=-1>(s)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trace")
+    for name, text in (("chain", CHAIN), ("att", ATTENTION)):
+        onnx.save(parse(text), folder / f"{name}.onnx")
+    return folder
+
+
+def _processes(doc):
+    return {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+def test_several_targets_give_one_trace_with_a_process_per_target(models, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    code = main(["profile", str(models / "att.onnx"), "-t", "rdu,wse,ipu", "--trace", str(out), "-q"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no t-rdu.json and the like
+    doc = json.loads(out.read_text())
+    assert validate_trace(doc) == []
+    procs = _processes(doc)
+    labels = ("rdu (sn30)", "wse (wse2)", "ipu (bow)")
+    owner = {pid: next(x for x in labels if name.startswith(x)) for pid, name in procs.items()}
+    assert set(owner.values()) == set(labels)  # every process belongs to one target
+    order = [owner[pid] for pid in sorted(procs)]
+    assert order == sorted(order, key=labels.index)  # each target's processes kept together, in the order given
+    for label in labels:
+        step = next(pid for pid, name in procs.items() if name == f"{label} step")
+        counters = {e["name"] for e in doc["traceEvents"] if e["ph"] == "C" and e["pid"] == step}
+        assert "memory in use (bytes)" in counters, label
+    ipu_step = next(pid for pid, name in procs.items() if name == "ipu (bow) step")
+    busy = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["pid"] == ipu_step and e["name"].startswith("link")]
+    assert busy and max(e["args"]["busy"] for e in busy) > 0  # the IPU's nodes exchange
+    assert set(doc["otherData"]["targets"]) == {"rdu", "wse", "ipu"}
+
+
+def test_counters_follow_the_dataflow_in_microseconds(models, tmp_path):
+    """On the RDU the chain runs MatMul then Relu: h lives from MatMul's start to Relu's end, y from
+    Relu's start to the step's end; the plan's resident bytes are a constant series."""
+    report = dabench_ir.profile(models / "chain.onnx", target="rdu")
+    doc = json.loads(write_report_trace(report, tmp_path / "t.json").read_text())
+    assert validate_trace(doc) == []
+    mm, relu = (report.timeline.nodes[n.name] for n in report.graph.nodes)
+    size = {v: report.graph.values[v].type.dtype.itemsize * 6 for v in ("h", "y")}  # [2, 3] each
+    node = next(e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == report.graph.nodes[0].name)
+    assert node["ts"] == mm.start * 1e6 and node["dur"] == pytest.approx((mm.end - mm.start) * 1e6, rel=1e-12)
+    memory = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "memory in use (bytes)"]
+    live = [(e["ts"], e["args"]["activations live"]) for e in memory]
+    end = max(report.timeline.makespan_s, report.totals["time_s"])  # the host time runs after the nodes
+    expected = sorted({mm.start: size["h"], relu.start: size["h"] + size["y"], relu.end: size["y"]}.items())
+    assert live[: len(expected)] == [(t * 1e6, b) for t, b in expected]
+    assert live[-1] == (end * 1e6, size["y"])  # the output is held to the step's end
+    resident = {k: v for k, v in report.plan.memory_bytes.items() if v}
+    assert all({k: e["args"][k] for k in resident} == resident for e in memory)
+
+
+def test_write_targets_trace_skips_a_report_without_timeline(models, tmp_path):
+    rdu = dabench_ir.profile(models / "chain.onnx", target="rdu")
+    cost_only = dabench_ir.profile(models / "chain.onnx")
+    doc = json.loads(write_targets_trace({"rdu": rdu, "none": cost_only}, tmp_path / "t.json").read_text())
+    assert validate_trace(doc) == [] and set(doc["otherData"]["targets"]) == {"rdu"}
+    assert all(name.startswith("rdu (sn30)") for name in _processes(doc).values())
+
+
+@pytest.mark.parametrize(("event", "needle"), [
+    ({"ph": "C", "name": "m", "pid": 1, "ts": 0}, "no args"),
+    ({"ph": "C", "name": "m", "pid": 1, "ts": 0, "args": {"a": "x"}}, "numeric series"),
+    ({"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0}, "no dur"),
+    ({"ph": "M", "name": "process_name", "pid": 1}, "no args"),
+    ({"ph": "i", "name": "a", "pid": 1, "tid": 1, "ts": True}, "ts is not a number"),
+    ({"ph": "B", "name": "a", "pid": 1, "ts": 0}, "no tid"),
+])  # fmt: skip
+def test_validate_trace_names_the_missing_key(event, needle):
+    problems = validate_trace({"traceEvents": [event]})
+    assert len(problems) == 1 and needle in problems[0]
+
+
+def test_validate_trace_catches_time_going_back_per_track():
+    ok = [{"ph": "C", "name": "m", "pid": 1, "ts": 5, "args": {"a": 1}},
+          {"ph": "C", "name": "other", "pid": 1, "ts": 0, "args": {"a": 1}},  # another track: fine
+          {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]  # fmt: skip
+    assert validate_trace({"traceEvents": ok}) == []
+    back = [*ok, {"ph": "C", "name": "m", "pid": 1, "ts": 4, "args": {"a": 2}}]
+    problems = validate_trace({"traceEvents": back})
+    assert len(problems) == 1 and "goes back" in problems[0]
