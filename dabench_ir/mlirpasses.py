@@ -12,11 +12,18 @@ still tagged was kept, an untagged one was created and claims the ops that went 
 
 1. **dataflow**: a created op stands for the gone op whose result it replaced (a kept op now
    reads it where it read that op), and claims the gone ops behind it up to its own inputs;
-2. **location**: a gone op nothing claimed joins a created op whose location names its node;
-3. otherwise it was **removed** (CSE, dead code, folding).
+   a gone op behind one created op only was fused into it;
+2. **shared**: a gone op behind several created ops (one zero fill that torch-mlir shares between
+   the matmuls of every layer, re-created per consumer) is in each one's sources, but names none
+   of them: each copy is the work of the node its created op already names;
+3. **location** (consumers first): a gone op nothing claimed joins a created op that names its
+   node, by its location or (an elementwise op) by the ops in its body: the one its consumer went
+   to, else one that reads what it read; what was fused into it joins with it (as in 1);
+4. otherwise it was **removed** (CSE, dead code, folding).
 
-A created op's location is then set to a fused location of every ONNX node its claims named,
-so the module itself says where each fused op came from (and is a valid `.mlir` input).
+A created op's location is then set to a fused location of its own location's nodes and those
+of the ops it claims by dataflow or location (not shared ones), so the module itself says where
+each fused op came from (and is a valid `.mlir` input).
 
 Per node. An op naming several ONNX nodes has its cost split among them, each field in
 proportion to that node's value of the field before the pipeline (equal shares when all are
@@ -29,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -41,6 +49,7 @@ __all__ = [
     "ModuleCost",
     "PassStep",
     "PipelineRecord",
+    "is_view",
     "module_cost",
     "parse_pipeline",
     "run_mlir_pipeline",
@@ -152,7 +161,8 @@ def _top_ops(module: Any) -> list[Any]:
     return [op for op in _ops_in(getattr(module, "operation", module)) if op.name not in ("builtin.module", "func.func")]
 
 
-def _is_view(name: str) -> bool:
+def is_view(name: str) -> bool:
+    """A tensor or buffer op that only views its operand (a reshape, a cast): no bytes, no unit of work."""
     from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS, VIEW_OPS
 
     return name in VIEW_OPS or name in _BUFFER_VIEWS
@@ -163,7 +173,7 @@ def _reaches_return(value: Any, depth: int = 0) -> bool:
         user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
         if user.name == "func.return":
             return True
-        if depth < 16 and _is_view(user.name) and any(_reaches_return(r, depth + 1) for r in user.results):
+        if depth < 16 and is_view(user.name) and any(_reaches_return(r, depth + 1) for r in user.results):
             return True
     return False
 
@@ -177,7 +187,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
     total = sum((c.cost for c in counts), Cost())
     inter = inter_bytes = 0
     for c in counts:
-        if _is_view(c.op_name) or c.op_class == "uncounted":
+        if is_view(c.op_name) or c.op_class == "uncounted":
             continue
         for r in c.op.results:
             if isinstance(r.type, ir.RankedTensorType) and not _reaches_return(r):
@@ -187,7 +197,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
     bufferized = bool(allocs) or any(isinstance(a.type, ir.MemRefType) for op in _top_ops(module)
                                      if op.name == "func.return" for a in op.operands)  # fmt: skip
     return ModuleCost(
-        ops=sum(1 for c in counts if not _is_view(c.op_name)),
+        ops=sum(1 for c in counts if not is_view(c.op_name)),
         linalg_ops=sum(1 for c in counts if c.op_name.startswith("linalg.")),
         contraction_flops=total.contraction_flops,
         vector_flops=total.vector_flops,
@@ -235,14 +245,31 @@ def _tag_of(op: Any, key: str = _TAG) -> int | None:
     return ir.IntegerAttr(op.attributes[key]).value if key in op.attributes else None
 
 
-def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...], tuple[str, ...]]], after: list[Any],
+def _fusable(op: Any) -> bool:
+    """Whether elementwise fusion can fold ``op`` into a consumer: not a reduction, not a contraction."""
+    if "iterator_types" in op.attributes:
+        return all("parallel" in str(a) for a in op.attributes["iterator_types"])
+    return not any(k in op.name for k in ("matmul", "conv", "reduce", "pooling", "contract"))
+
+
+def _payload_names(op: Any) -> set[str]:
+    """The ONNX nodes the ops in a linalg op's body name (fusion keeps each moved op's location)."""
+    from dabench_ir.passes.linalg_cost import origin_of
+
+    if not op.name.startswith("linalg.") or not op.regions or not len(op.regions[0].blocks):
+        return set()
+    return {n for inner in op.regions[0].blocks[0].operations for n in origin_of(inner.location).names}
+
+
+def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
             after_tags: list[int | None]) -> tuple[dict[int, set[int]], dict[int, str]]:  # fmt: skip
     """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
     from dabench_ir.passes.linalg_cost import origin_of
 
     kept = {t for t in after_tags if t is not None}
     gone = set(before) - kept
-    created = [i for i, t in enumerate(after_tags) if t is None]
+    # created ops that do work or view it (not tensor.empty, constants): only they stand for gone ops
+    created = [i for i, t in enumerate(after_tags) if t is None and (_counted(after[i].name) or is_view(after[i].name))]
     stands: dict[int, set[int]] = {i: set() for i in created}
     for op, t in zip(after, after_tags, strict=True):  # 1. a kept op reads a created op where it read a gone one
         if t is None or len(op.operands) != len(before[t][1]):
@@ -256,45 +283,94 @@ def _claims(before: dict[int, tuple[str, list[tuple[Any, ...]], tuple[str, ...],
     # for a work op (a view for a view): an op re-created in another shape (reshapes propagated)
     tiers = (lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
              lambda op, e: op.name == e[0],
-             lambda op, e: _is_view(op.name) == _is_view(e[0]))  # fmt: skip
+             lambda op, e: is_view(op.name) == is_view(e[0]))  # fmt: skip
+    by_node: dict[str, list[int]] = {}
+    for t in sorted(gone):
+        if before[t][2]:
+            by_node.setdefault(before[t][2][0], []).append(t)
     for match in tiers:
         for i in created:
             if stands[i]:
                 continue
             op = after[i]
             node = origin_of(op.location).names[:1]
-            same = [t for t in sorted(gone - taken) if node and before[t][2][:1] == node and match(op, before[t])]
+            same = [t for t in by_node.get(node[0], ()) if t not in taken and match(op, before[t])] if node else []
             if same:
                 stands[i].add(same[0])
                 taken.add(same[0])
     anchors = taken
     claims: dict[int, set[int]] = {i: set() for i in created}
     method: dict[int, str] = {}
-    order = sorted(created, key=lambda i: (_is_view(after[i].name), -i))  # work ops first, last first
-    for i in order:
-        view = _is_view(after[i].name)
-        inputs = {_ids(o) for o in after[i].operands}
-        stack = [t for t in stands[i] if t not in method]
-        while stack:
-            t = stack.pop()
-            if t in method or (view and not _is_view(before[t][0])):
-                continue
+
+    def walk(starts: dict[int, set[int]]) -> None:
+        """Claim the gone ops behind each created op's ``starts``, up to its own inputs and the others'
+        anchors: reached from one created op, fused into it; from several, re-created in each (shared)."""
+        reach: dict[int, set[int]] = {}
+        for i, first in starts.items():
+            view = is_view(after[i].name)
+            inputs = {_ids(o) for o in after[i].operands}
+            seen: set[int] = set()
+            stack = list(first)
+            while stack:
+                t = stack.pop()
+                work = not is_view(before[t][0])
+                if t in seen or (view and work) or (work and t in method and t not in first):
+                    continue  # a view claims views only; a view claimed already is walked through again
+                seen.add(t)
+                for old in before[t][1]:
+                    if old[0] != "op" or old in inputs or old[1] not in gone:
+                        continue
+                    if old[1] not in anchors or old[1] in stands[i] or is_view(before[old[1]][0]):
+                        stack.append(old[1])
+            reach[i] = seen
+        for i, seen in reach.items():
+            claims[i] |= seen
+            for t in seen - starts[i]:
+                method[t] = "shared" if t in method else "dataflow"
+            for t in seen & starts[i]:
+                method.setdefault(t, "dataflow")
+
+    walk(stands)
+    replaced = Counter(t for s in stands.values() for t in s)
+    method.update((t, "shared") for t, n in replaced.items() if n > 1)  # one gone op several created ops replaced
+    # 2. location, consumers first: a gone op nothing claimed joins a created op that names its node,
+    # by its own location or (a producer fused into it) by the ops in its body; among those, the op
+    # its consumer went to, else one that reads what it read (fusion moves a producer's inputs into
+    # the op it joins). A reduction or contraction is never fused into another op: only an op of its
+    # own node can be it.
+    own = {i: set(origin_of(after[i].location).names) for i in created}
+    body = {i: own[i] | _payload_names(after[i]) for i in created}
+    inputs = {i: {_ids(o) for o in after[i].operands} for i in created}
+    consumers: dict[int, set[int]] = {}
+    for u, entry in before.items():
+        for old in entry[1]:
+            if old[0] == "op":
+                consumers.setdefault(old[1], set()).add(u)
+
+    def went_to(t: int, depth: int = 0) -> set[int]:
+        out: set[int] = set()
+        for u in consumers.get(t, ()):
+            have = {i for i in created if u in claims[i] and not is_view(after[i].name)}
+            out |= have or (went_to(u, depth + 1) if depth < 16 and u in gone and is_view(before[u][0]) else set())
+        return out
+
+    placed: dict[int, set[int]] = {i: set() for i in created}
+    for t in sorted(gone - set(method), reverse=True):
+        origin = set(before[t][2])
+        names = body if before[t][4] else own
+        fits = [i for i in created if origin & names[i]]
+        if not fits:
+            continue
+        view = is_view(before[t][0])
+        fits = [i for i in fits if is_view(after[i].name) == view] or fits
+        kept_in = {old for old in before[t][1] if old[0] == "arg" or (old[0] == "op" and old[1] not in gone)}
+        best = (went_to(t) & set(fits) if not view else set()) or {
+            min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)}
+        for i in best:
+            placed[i].add(t)
             claims[i].add(t)
-            method[t] = "dataflow"
-            for old in before[t][1]:
-                if old[0] != "op" or old in inputs or old[1] not in gone or old[1] in method:
-                    continue
-                if old[1] in anchors and old[1] not in stands[i]:
-                    continue
-                stack.append(old[1])
-    names = {i: set(origin_of(after[i].location).names) for i in created}
-    for t in sorted(gone - set(method)):  # 2. location: a created op that names the gone op's node
-        origin = before[t][2]
-        fits = [i for i in created if origin and names[i] & set(origin)]
-        if fits:
-            best = min(fits, key=lambda i: (_is_view(after[i].name) != _is_view(before[t][0]), i))
-            claims[best].add(t)
-            method[t] = "location"
+        method[t] = "location" if len(best) == 1 else "shared"
+    walk({i: p for i, p in placed.items() if p})  # and what was fused into the ops placed by location
     return claims, method
 
 
@@ -335,7 +411,7 @@ def run_mlir_pipeline(
         for op in ops:
             t = _tag_of(op)
             before[t] = (op.name, [_ids(o) for o in op.operands], origin_of(op.location).names,
-                         tuple(str(r.type) for r in op.results))  # fmt: skip
+                         tuple(str(r.type) for r in op.results), _fusable(op))  # fmt: skip
         started = time.perf_counter()
         try:
             with context, _captured_stderr():
@@ -360,7 +436,8 @@ def run_mlir_pipeline(
             claimed = claims.get(i, set())
             new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
             names = list(dict.fromkeys([*origin_of(op.location).names,
-                                        *(n for c in sorted(claimed) for n in before[c][2])]))  # fmt: skip
+                                        *(n for c in sorted(claimed) if method[c] != "shared"
+                                          for n in before[c][2])]))  # fmt: skip
             if len(names) > 1:
                 op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
         new_pristine = {i for i, t in enumerate(after_tags) if t is not None and t in pristine}
@@ -398,7 +475,7 @@ def _ids(value: Any) -> tuple[Any, ...]:
 
 
 def _counted(name: str) -> bool:
-    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not _is_view(
+    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not is_view(
         name
     ) and name not in ("tensor.empty", "tensor.dim", "tensor.extract", "tensor.from_elements")
 
@@ -448,7 +525,7 @@ def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[d
 def unit_names(counts: Sequence[Any], suffix: str = "") -> list[str | None]:
     """A node name per counted op (None for views): ``<first node>`` when it is that node's only
     op, else ``<first node>#k``; ``suffix`` marks ops a pipeline created (``node/linalg-fuse``)."""
-    bases = [None if _is_view(c.op_name) else (c.origin.name or "mlir_op") for c in counts]
+    bases = [None if is_view(c.op_name) else (c.origin.name or "mlir_op") for c in counts]
     total: dict[str, int] = {}
     for b in bases:
         if b is not None:

@@ -84,6 +84,7 @@ _FREE = frozenset(
         "arith.scaling_truncf",
     }
 )
+_GATHERS = frozenset({"tensor.extract", "memref.load"})  # an element read from a tensor (a buffer) in a payload
 _MUL = frozenset({"arith.mulf", "arith.muli"})
 _ADD = frozenset({"arith.addf", "arith.addi"})
 
@@ -235,10 +236,10 @@ _DTYPES = {
 
 
 def tensor_type_of(mlir_type: Any) -> TensorType | None:
-    """dabench TensorType of a ranked tensor type, or None for anything else."""
+    """dabench TensorType of a ranked tensor type or a buffer (memref), or None for anything else."""
     from torch_mlir import ir
 
-    if not isinstance(mlir_type, ir.RankedTensorType):
+    if not isinstance(mlir_type, (ir.RankedTensorType, ir.MemRefType)):
         return None
     shape = tuple(d if d >= 0 else "?" for d in mlir_type.shape)
     return TensorType(shape, _DTYPES.get(str(mlir_type.element_type), DType.UNDEFINED))
@@ -337,7 +338,7 @@ def _count_payload(op: Any, n_inputs: int, has_reduction: bool, gathers: list[An
         name = inner.name
         if name in _FREE or inner in fused_muls or inner in guards:
             continue
-        if name == "tensor.extract":  # a gather: one element read per iteration, no FLOPs
+        if name in _GATHERS:  # a gather: one element read per iteration, no FLOPs
             gathers.append(inner.operands[0])
             continue
         if name.startswith("math."):
@@ -362,7 +363,7 @@ def _guard_only(body: list[Any]) -> set[Any]:
             guards.add(inner)
             continue
         uses = [(use.owner.operation, use.operand_number) for r in inner.results for use in r.uses]
-        if uses and all(u in guards or (u.name == "tensor.extract" and k >= 1) for u, k in uses):
+        if uses and all(u in guards or (u.name in _GATHERS and k >= 1) for u, k in uses):
             guards.add(inner)
     return guards
 

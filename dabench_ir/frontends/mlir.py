@@ -528,4 +528,89 @@ def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: M
                         created[producer].outputs.append(vname)
                 if vname not in node.inputs:
                     node.inputs.append(vname)
+    _buffer_edges(graph, by_origin, created, rank, artifact)
     graph.nodes.extend(created.values())
+
+
+def _buffer_access(op: Any) -> tuple[list[Any], list[Any]]:
+    """The buffers (memref operands) an op reads and writes: a linalg op reads its ``ins`` and the
+    ``outs`` its body reads (an accumulator), and writes its ``outs``; ``memref.copy`` reads its
+    source and writes its target."""
+    from torch_mlir import ir
+
+    if op.name == "memref.copy":
+        return [op.operands[0]], [op.operands[1]]
+    operands = list(op.operands)
+    if not op.name.startswith("linalg.") or op.results or not operands:
+        return [], []
+    segments = list(op.attributes["operandSegmentSizes"]) if "operandSegmentSizes" in op.attributes else None
+    n_in = int(segments[0]) if segments else len(operands) - 1  # transpose, broadcast: one init
+    args = list(op.regions[0].blocks[0].arguments) if op.regions and len(op.regions[0].blocks) else []
+    reads = [v for k, v in enumerate(operands) if k < n_in or (k < len(args) and len(list(args[k].uses)) > 0)]
+    if op.regions and len(op.regions[0].blocks):  # a gather: memref.load of a buffer from outside the body
+        reads += [inner.operands[0] for inner in op.regions[0].blocks[0].operations if inner.name == "memref.load"]
+    buffers = [v for v in reads if isinstance(v.type, ir.MemRefType)]
+    return buffers, [v for v in operands[n_in:] if isinstance(v.type, ir.MemRefType)]
+
+
+def _buffer_root(value: Any) -> tuple[Any, bool]:
+    """The buffer a memref value views (through reshapes, casts and subviews), and whether the
+    value is all of it (no subview on the way)."""
+    from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS
+
+    whole = True
+    for _ in range(64):
+        owner = getattr(value, "owner", None)
+        op = getattr(owner, "operation", owner)
+        if op is None or not hasattr(op, "name") or op.name not in _BUFFER_VIEWS or not op.operands:
+            break
+        whole = whole and op.name not in ("memref.subview", "memref.reinterpret_cast")
+        value = op.operands[0]
+    return value, whole
+
+
+def _buffer_edges(graph: Graph, by_origin: dict[str, list[OpCount]], created: dict[str, Node], rank: dict[str, int],
+                  artifact: MlirArtifact) -> None:  # fmt: skip
+    """After bufferization ops have no results: an op that writes a buffer feeds the later ops that
+    read it (each write a value ``WRITER:k`` of the written buffer's type), until a write of the whole
+    buffer replaces it; a read of a function argument is that input (or weight)."""
+    from torch_mlir import ir
+
+    from dabench_ir.passes.linalg_cost import _ops_in
+
+    owner: dict[Any, str] = {c.op: name for name, ops in by_origin.items() if name in created for c in ops}
+    writers: dict[Any, list[tuple[str, str]]] = {}  # buffer -> (writer, value) since its last whole write
+
+    for op in _ops_in(artifact.module.operation):
+        name = owner.get(op)
+        if name is None:
+            continue
+        node = created[name]
+        reads, writes = _buffer_access(op)
+        for v in reads:
+            root, _ = _buffer_root(v)
+            if isinstance(root, ir.BlockArgument) and root.owner.owner.operation.name == "func.func":
+                ttype = tensor_type_of(root.type)
+                vname = f"arg{root.arg_number}"
+                if ttype is not None and vname not in graph.values:
+                    kind = ValueKind.WEIGHT if root.arg_number in artifact.weight_args else ValueKind.INPUT
+                    graph.values[vname] = Value(vname, ttype, kind)
+                sources = [vname] if ttype is not None else []
+            else:
+                sources = [val for w, val in writers.get(root, ()) if w != name and rank[w] < rank[name]]
+            node.inputs.extend(s for s in sources if s not in node.inputs)
+        for v in writes:
+            root, whole = _buffer_root(v)
+            ttype = tensor_type_of(v.type)
+            if ttype is None:
+                continue
+            k = 0
+            while f"{name}:{k}" in graph.values:
+                k += 1
+            vname = f"{name}:{k}"
+            graph.values[vname] = Value(vname, ttype, ValueKind.ACTIVATION, name)
+            node.outputs.append(vname)
+            ws = writers.setdefault(root, [])
+            if whole:
+                ws.clear()
+            ws.append((name, vname))

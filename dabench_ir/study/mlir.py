@@ -11,7 +11,6 @@ provenance, and each run carries the per-pass table and the per-ONNX-node costs 
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,13 @@ def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost],
 
 
 def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
+    """Work ops (views excluded) per ONNX node their location names."""
+    from dabench_ir.mlirpasses import is_view
+
     out: dict[str, int] = {}
     for c in counts:
+        if is_view(c.op_name):
+            continue
         for n in c.origin.names or ((c.origin.name,) if c.origin.name else ("unattributed",)):
             out[n] = out.get(n, 0) + 1
     return out
@@ -95,15 +99,21 @@ def mlir_runs(
     from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, count_module
     from dabench_ir.pipeline import load_graph, profile_graph
 
-    folder = out or Path(tempfile.mkdtemp(prefix="dabench-study-"))
+    folder = out or Path(".")  # without -o DIR the modules are named there but not written
+
+    def keep(module: Any, name: str) -> Path:
+        path = folder / name
+        if out is not None:
+            path.write_text(module.get_asm(enable_debug_info=True, large_elements_limit=16))
+        return path
+
     stem = Path(model).stem
     say(f"MLIR baseline: {stem} lowered to linalg")
     base = load_graph(model, via="mlir", dims=opts.dims)
     art = base.meta[MLIR_ARTIFACT]
     counts0 = count_module(art.module, weight_args=art.weight_args)
     names0 = unit_names(counts0)
-    path0 = folder / f"{stem}.{MLIR_BASELINE}.mlir"
-    path0.write_text(art.module.operation.get_asm(enable_debug_info=True, large_elements_limit=16))
+    path0 = keep(art.module.operation, f"{stem}.{MLIR_BASELINE}.mlir")
 
     def place(module: Any, counts: Sequence[Any], names: Sequence[str | None], path: Path, t: str | None) -> Any:
         return profile_graph(unit_graph(base, module, counts, names, path=str(path)), t, opts, progress=say)
@@ -126,13 +136,12 @@ def mlir_runs(
         for k in record.kept:  # an op no pass touched keeps its baseline name
             (j,) = record.sources[k]
             names1[k] = names0[j]
-        path1 = folder / f"{stem}.{pipe.name}.mlir"
-        path1.write_text(module.get_asm(enable_debug_info=True, large_elements_limit=16))
+        path1 = keep(module, f"{stem}.{pipe.name}.mlir")
         prov = _provenance(names0, names1, counts1, record)
         by_node1, shared = split_by_nodes(counts1, by_node0)
         rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
         per_node[pipe.name] = {"before": by_node0, "after": by_node1, "shared": shared}
-        doc = {"passes": list(pipe.mlir), "module": str(path1), "before": record.before.to_dict(),
+        doc = {"passes": list(pipe.mlir), "module": str(path1) if out is not None else None, "before": record.before.to_dict(),
                "steps": record.steps_dict(), "nodes": rows}  # fmt: skip
         for t in targets:
             rep = place(module, counts1, names1, path1, t)

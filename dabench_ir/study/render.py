@@ -30,7 +30,8 @@ _CHANGED = ("fused", "replaced", "added", "removed", "folded")
 
 
 def _t(x: Any) -> str:
-    return "-" if x is None else seconds(x)
+    """A time; a negative one (a step residual where node times overlap) with its sign."""
+    return "-" if x is None else "-" + seconds(-x) if x < 0 else seconds(x)
 
 
 def _dt(x: Any) -> str:
@@ -190,7 +191,13 @@ def pass_table(before: Any, steps: Sequence[Any]) -> str:
     return "\n".join(_pass_lines(before.to_dict(), rows))
 
 
-def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[str]:
+_PASS_HEADERS = ["pass", "s", "ops", "linalg", "FLOPs", "read", "written", "intermediates", "buffers",
+                 "kept/created/fused/removed"]  # fmt: skip
+
+
+def _pass_cells(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The per-pass table's rows: the module as lowered, then each pass (value after, change in brackets)."""
+
     def cells(name: str, a: Mapping[str, Any], d: Mapping[str, Any], did: str, secs: str) -> list[str]:
         buf = "-" if a["buffers"] is None else f"{a['buffers']} / {human(a['buffer_bytes'], 'B')}"
         return [name, secs, _delta(a["ops"], d.get("ops")), _delta(a["linalg_ops"], d.get("linalg_ops")),
@@ -200,36 +207,63 @@ def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -
                 buf, did]  # fmt: skip
 
     rows = [cells("(as lowered)", before, {}, "-", "-")]
-    rows += [cells(s["pass"], s["after"], s["delta"], f"{s['kept']}/{s['created']}/{s['fused_away']}/{s['removed']}",
-                   f"{s['seconds']:.3f}") for s in steps]  # fmt: skip
-    return _table(["pass", "s", "ops", "linalg", "FLOPs", "read", "written", "intermediates", "buffers",
-                   "kept/created/fused/removed"], rows)  # fmt: skip
+    return rows + [cells(s["pass"], s["after"], s["delta"],
+                         f"{s['kept']}/{s['created']}/{s['fused_away']}/{s['removed']}", f"{s['seconds']:.3f}")
+                   for s in steps]  # fmt: skip
+
+
+def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[str]:
+    return _table(_PASS_HEADERS, _pass_cells(before, steps))
+
+
+_MLIR_NODE_HEADERS = ["node", "op", "ops", "FLOPs", "bytes", "split with"]
+_MLIR_NODE_NOTE = "per ONNX node (a fused op's cost split by the nodes' costs before; docs/mlir.md):"
+
+
+def _mlir_node_cells(rec: Mapping[str, Any], top: int, *, cap: int = 3) -> list[list[str]]:
+    """Per ONNX node before -> after the pipeline, the largest byte changes first."""
+    rows = sorted(rec["nodes"], key=lambda r: -abs(r["bytes_before"] - r["bytes_after"]))[:top]
+
+    def others(names: Sequence[str]) -> str:
+        return (", ".join(names[:cap]) + (f" +{len(names) - cap}" if len(names) > cap else "")) or "-"
+
+    return [[r["node"], str(r["op"] or "-"), f"{r['ops_before']} -> {r['ops_after']}",
+             human(r["flops_before"], "FLOP") + " -> " + human(r["flops_after"], "FLOP"),
+             human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"), others(r["shared_with"])]
+            for r in rows]  # fmt: skip
+
+
+def _module_where(rec: Mapping[str, Any]) -> str:
+    return rec["module"] or "the module is written with -o DIR"
 
 
 def _mlir_lines(rec: Mapping[str, Any], top: int) -> list[str]:
-    out = [f"MLIR passes ({rec['module']}):", *_pass_lines(rec["before"], rec["steps"]), ""]
-    rows = sorted(rec["nodes"], key=lambda r: -abs(r["bytes_before"] - r["bytes_after"]))[:top]
-    cells = [[r["node"], str(r["op"] or "-"), f"{r['ops_before']} -> {r['ops_after']}",
-              human(r["flops_before"], "FLOP") + " -> " + human(r["flops_after"], "FLOP"),
-              human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"),
-              ", ".join(r["shared_with"][:3]) + (f" +{len(r['shared_with']) - 3}" if len(r["shared_with"]) > 3 else "")
-              or "-"] for r in rows]  # fmt: skip
-    out.append("per ONNX node (a fused op's cost split by the nodes' costs before; docs/mlir.md):")
-    return out + _table(["node", "op", "ops", "FLOPs", "bytes", "split with"], cells, left=2)
+    out = [f"MLIR passes ({_module_where(rec)}):", *_pass_lines(rec["before"], rec["steps"]), "", _MLIR_NODE_NOTE]
+    return out + _table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, top), left=2)
+
+
+def _agreement_title(cmp: Mapping[str, Any]) -> str:
+    s = cmp["summary"]
+    return (f"ONNX-level {cmp['onnx_pipeline']} vs MLIR-level {cmp['mlir_pipeline']} on the nodes ONNX fused: "
+            f"{s['same bytes']} move the same bytes, MLIR moves more on {s['MLIR moves more']}, less on "
+            f"{s['MLIR moves less']}")  # fmt: skip
+
+
+_AGREEMENT_HEADERS = ["ONNX node", "op", "nodes", "ONNX bytes", "MLIR bytes", "MLIR fused", "verdict"]
+
+
+def _agreement_cells(cmp: Mapping[str, Any], top: int) -> list[list[str]]:
+    return [[r["node"], str(r["op"]), str(r["replaces"]),
+             human(r["onnx_bytes_before"], "B") + " -> " + human(r["onnx_bytes_after"], "B"),
+             human(r["mlir_bytes_before"], "B") + " -> " + human(r["mlir_bytes_after"], "B"),
+             "yes" if r["mlir_fused"] else "no", r["verdict"]] for r in cmp["rows"][:top]]  # fmt: skip
 
 
 def _agreement_lines(cmp: Mapping[str, Any], top: int) -> list[str]:
-    s = cmp["summary"]
-    out = [f"ONNX-level {cmp['onnx_pipeline']} vs MLIR-level {cmp['mlir_pipeline']} on the nodes ONNX fused: "
-           f"{s['same bytes']} move the same bytes, MLIR moves more on {s['MLIR moves more']}, less on "
-           f"{s['MLIR moves less']}"]  # fmt: skip
-    cells = [[r["node"], str(r["op"]), str(r["replaces"]),
-              human(r["onnx_bytes_before"], "B") + " -> " + human(r["onnx_bytes_after"], "B"),
-              human(r["mlir_bytes_before"], "B") + " -> " + human(r["mlir_bytes_after"], "B"),
-              "yes" if r["mlir_fused"] else "no", r["verdict"]] for r in cmp["rows"][:top]]  # fmt: skip
+    out = [_agreement_title(cmp)]
+    cells = _agreement_cells(cmp, top)
     if cells:
-        out += ["  " + line for line in _table(["ONNX node", "op", "nodes", "ONNX bytes", "MLIR bytes", "MLIR fused",
-                                                 "verdict"], cells, left=2)]  # fmt: skip
+        out += ["  " + line for line in _table(_AGREEMENT_HEADERS, cells, left=2)]
     return out
 
 
@@ -270,25 +304,65 @@ def _overhead_csv_row(part: Mapping[str, Any]) -> dict[str, Any]:
             "bound_after": "overhead"}  # fmt: skip
 
 
+MLIR_CSV_COLUMNS = ("ops_before", "ops_after", "shared_with", "seconds", "kept", "created", "fused_away", "removed",
+                    "intermediates_after", "intermediate_bytes_after", "buffers_after", "buffer_bytes_after")  # fmt: skip
+"""Columns the CSV adds when a study has MLIR pipelines (its ``mlir-pass`` and ``mlir-node`` rows)."""
+
+
+def _mlir_records(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(pipeline, its ``mlir`` record) once per MLIR pipeline (the record is the same on every target)."""
+    seen: dict[str, Mapping[str, Any]] = {}
+    for run in doc["runs"]:
+        if run.get("mlir") and run["pipeline"] not in seen:
+            seen[run["pipeline"]] = run["mlir"]
+    return list(seen.items())
+
+
+def _mlir_csv_rows(rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per pass (status ``mlir-pass``: the module before and after it) and per ONNX node (``mlir-node``:
+    before and after the whole pipeline, fused ops split by the documented rule)."""
+    out, prev = [], rec["before"]
+    for s in rec["steps"]:
+        a = s["after"]
+        out.append({"node": s["pass"], "status": "mlir-pass", "flops_before": prev["flops"], "flops_after": a["flops"],
+                    "bytes_before": prev["bytes_read"] + prev["bytes_written"],
+                    "bytes_after": a["bytes_read"] + a["bytes_written"], "ops_before": prev["ops"], "ops_after": a["ops"],
+                    "seconds": s["seconds"], "kept": s["kept"], "created": s["created"], "fused_away": s["fused_away"],
+                    "removed": s["removed"], "intermediates_after": a["intermediates"],
+                    "intermediate_bytes_after": a["intermediate_bytes"], "buffers_after": a["buffers"],
+                    "buffer_bytes_after": a["buffer_bytes"]})  # fmt: skip
+        prev = a
+    for r in rec["nodes"]:
+        out.append({k: r[k] for k in ("node", "op", "flops_before", "flops_after", "bytes_before", "bytes_after",
+                                      "ops_before", "ops_after", "shared_with")} | {"status": "mlir-node",
+                                                                                      "note": r["label"]})  # fmt: skip
+    return out
+
+
 def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
     """One line per (run, node row): the run's pipeline, target and label, then `NODE_COLUMNS`;
-    then one per overhead row of the run's split (status ``overhead``, or ``residual``), so the
-    time columns of a run add up to its step times."""
+    then one per overhead row of the run's split (status ``overhead``/``residual``), so the time
+    columns of a run add up to its step times. A study with MLIR pipelines adds `MLIR_CSV_COLUMNS`
+    and, per MLIR pipeline (no target: the same on every one), one ``mlir-pass`` line per pass and
+    one ``mlir-node`` line per ONNX node."""
     from dabench_ir.fileio import write_with
     from dabench_ir.report.model import csv_cell
 
-    head = ["pipeline", "target", "label", *NODE_COLUMNS]
+    records = _mlir_records(doc)
+    columns = (*NODE_COLUMNS, *(MLIR_CSV_COLUMNS if records else ()))
+    lines = [((run["pipeline"], run["target"], run["label"]), r)
+             for run in doc["runs"] for r in [*run["nodes"], *(_overhead_csv_row(p) for p in _overhead_rows(run))]]
+    lines += [((pipe, None, pipe), r) for pipe, rec in records for r in _mlir_csv_rows(rec)]  # fmt: skip
 
     def write(fh: Any) -> None:
         writer = csv.writer(fh)
-        writer.writerow(head)
-        for run in doc["runs"]:
-            for r in [*run["nodes"], *(_overhead_csv_row(p) for p in _overhead_rows(run))]:
-                cells = [run["pipeline"], run["target"], run["label"]]
-                for k in NODE_COLUMNS:
-                    v = r.get(k)
-                    cells.append(";".join(map(str, v)) if isinstance(v, list) else v)
-                writer.writerow([csv_cell(c) for c in cells])
+        writer.writerow(["pipeline", "target", "label", *columns])
+        for head, r in lines:
+            cells = list(head)
+            for k in columns:
+                v = r.get(k)
+                cells.append(";".join(map(str, v)) if isinstance(v, list) else v)
+            writer.writerow([csv_cell(c) for c in cells])
 
     return write_with(path, write)
 
@@ -305,12 +379,19 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], classes: 
 
 
 def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
-    """A self-contained page: the runs side by side, then each run's changed nodes and modules."""
+    """A self-contained page: the runs side by side, then each run's changed nodes and modules (an MLIR
+    run: first its per-pass table and its per-ONNX-node costs), then MLIR beside the ONNX level."""
     parts = [f"<h1>Study: {html.escape(str(doc.get('model')))}</h1>"]
     parts.append("<h2>Runs against the baseline</h2>" + _html_table(*summary_table(doc)))
     for run in doc["runs"]:
         parts.append(f"<h2>{html.escape(run['label'])}</h2>")
         parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
+        if run.get("mlir"):
+            rec = run["mlir"]
+            parts.append(f"<h3>MLIR passes ({html.escape(_module_where(rec))})</h3>"
+                         + _html_table(_PASS_HEADERS, _pass_cells(rec["before"], rec["steps"])))  # fmt: skip
+            parts.append(f"<h3>{html.escape(_MLIR_NODE_NOTE.rstrip(':'))}</h3>"
+                         + _html_table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, len(rec["nodes"]), cap=10**6)))  # fmt: skip
         if _split_rows(run):
             head, split = split_table(run)
             parts.append("<h3>Speedup split: node time and overhead rows</h3>" + _html_table(head, split))
@@ -381,6 +462,9 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
                 ],
             )
         )
+    for cmp in doc.get("mlir_vs_onnx") or []:
+        parts.append(f"<h2>{html.escape(_agreement_title(cmp))}</h2>"
+                     + _html_table(_AGREEMENT_HEADERS, _agreement_cells(cmp, len(cmp["rows"]))))  # fmt: skip
     from dabench_ir.report.html import TABLE_CSS, TABLE_SCRIPT
 
     page = (
