@@ -424,7 +424,7 @@ def place_node(
         flops=cost.flops,
         bytes=cost.bytes,
         feed_level=feed_level,
-        feed_bytes=feed_bytes,
+        feed_bytes=feed,  # bookkeeping moves no bytes (a reshape is a view, even where it takes time)
         compute_s=compute_s,
         memory_s=memory_s,
         comm_s=comm_s,

@@ -546,8 +546,28 @@ class CpuLowering(Lowering):
 
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)
+        feed_of = feed_levels(ctx, target)
+        for name, level in feed_of.items():  # no node streams its bytes faster than the level feeding it
+            if name in times and ctx.is_work(ctx.graph.node(name)):
+                times[name] = max(times[name], ctx.costs[name].bytes / level.bandwidth_bytes_per_s)
         # onnxruntime runs one kernel per node, unfused
-        return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times)
+        return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times,
+                           feed_of=feed_of)  # fmt: skip
+
+
+def feed_levels(ctx: LoweringContext, target: Target) -> dict[str, Any]:
+    """The memory level that feeds each node: the last-level cache (the calibration's on-chip
+    ``llc`` level) when the node's bytes fit in it, else DRAM. A node's measured or interpolated
+    time never beats its bytes over that level's bandwidth (the physics verifier's bound):
+    between a cache-resident and a DRAM-sized calibration point the log-log curve would
+    otherwise run a 67 MB op at cache speed."""
+    dram = target.memory("off-chip")
+    cache = target.memory("on-chip") if target.has_memory("on-chip") else None
+    out = {}
+    for node in ctx.graph.nodes:
+        nbytes = ctx.costs[node.name].bytes
+        out[node.name] = cache if cache is not None and nbytes <= cache.capacity_bytes else dram
+    return out
 
 
 LOWERING = CpuLowering()

@@ -50,7 +50,7 @@ from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
-    from dabench_ir.targets import Target
+    from dabench_ir.targets import MemoryLevel, Target
 
 __all__ = [
     "HOST_ISSUE", "LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan",
@@ -378,11 +378,13 @@ def stream_plan(
     fuse: bool,
     times: Mapping[str, float] | None = None,
     groups: list[list[Node]] | None = None,
+    feed_of: Mapping[str, MemoryLevel] | None = None,
 ) -> Plan:
     """Kernels in order on one ``unit``: roofline time plus launch overhead per kernel, or
     ``times`` (seconds per node) where a finer model has them; ``groups`` replaces the kernel
-    grouping (default `kernel_groups`); fits when the weights and the
-    peak of live activations fit the feed memory."""
+    grouping (default `kernel_groups`); ``feed_of`` names the memory level that feeds a node
+    where it is not the target's feed memory (the host CPU's cache); fits when the weights and
+    the peak of live activations fit the feed memory."""
     times = times or {}
     m = max(1, int(getattr(options, "micro_batches", None) or 1))
     offload = getattr(options, "optimizer_state", "auto") == "offchip"
@@ -434,6 +436,7 @@ def stream_plan(
             else:
                 alloc = (1.0 / n_units) if work else 0.0
             compute_s, binds = compute[node.name]
+            fed = (feed_of or {}).get(node.name, mem)
             plan.node_plans[node.name] = np_ = place_node(
                 ctx,
                 node,
@@ -441,11 +444,12 @@ def stream_plan(
                 compute_s=compute_s,
                 memory_s=0.0 if view else _memory_s(cost, runs, bw),
                 overhead_s=overhead,
-                feed_level=mem.level,
+                feed_level=fed.level,
                 feed_bytes=0 if view else cost.bytes,
                 # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
                 # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
-                ridge=ridge_of(cost.flops / compute_s, bw) if compute_s > 0 else ridge,
+                ridge=(ridge_of(cost.flops / compute_s, bw if fed is mem else fed.bandwidth_bytes_per_s)
+                       if compute_s > 0 else ridge),
                 allocation=alloc,
                 time_s=times.get(node.name),
             )

@@ -130,3 +130,50 @@ def test_folded_weight_layouts_vanish_only_under_ort_optimisation():
     folded = predict_cpu_times(graph, cpu, ort_opt=True)
     assert folded[transpose.name] == 0.0
     assert folded[mm.name] < plain[mm.name]  # and the MatMul reads a constant, pre-packed weight
+
+
+_TWO_ADDS = parser.parse_model(
+    """
+    <ir_version: 9, opset_import: ["" : 20]>
+    g (float[64, 64] x, float[8, 8] y) => (float[64, 64] a, float[8, 8] b) {
+        a = Add(x, x)
+        b = Add(y, y)
+    }
+    """
+)
+
+
+def test_a_node_is_fed_by_the_cache_it_fits_in_and_never_streams_faster_than_its_level(tmp_path):
+    """The calibration's last-level cache (on-chip, 10 kB at 10 GB/s here) feeds a node whose bytes
+    fit in it; a larger one streams from DRAM (1 GB/s) and takes at least its bytes over DRAM's
+    bandwidth, though the warm Add curve (measured in cache at 10 GB/s) would run it faster."""
+    import onnx
+
+    from dabench_ir.execute.calibrate import dump_toml
+    from dabench_ir.pipeline import profile_graph
+
+    rec = {"source": "test", "estimate": False}
+    data = {
+        "name": "cpu", "kind": "cpu",
+        "compute": {"units": {"value": 1, **rec}, "peak_flops": {"fp32": {"value": 2e9, **rec}}},
+        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": {"value": 1e9, **rec},
+                    "capacity_bytes": {"value": 1e9, **rec}},
+                   {"name": "llc", "level": "on-chip", "bandwidth_bytes_per_s": {"value": 1e10, **rec},
+                    "capacity_bytes": {"value": 1e4, **rec}}],
+        "overheads": {"kernel_launch_s": {"value": 0.0, **rec}},
+        "power": {"watts": {"value": 10.0, **rec}},
+        "process": {"node_nm": {"value": 10.0, **rec}},
+        "calibration": {"ops": [{"op": "Add", "bytes": 1000, "time_s": 1e-7}]},
+    }  # fmt: skip
+    target = tmp_path / "cpu.toml"
+    target.write_text(dump_toml(data))
+    model = tmp_path / "adds.onnx"
+    onnx.save(_TWO_ADDS, model)
+    report = profile_graph(load_graph(str(model)), str(target))  # the physics verifier runs on it
+    big, small = report.graph.nodes
+    plans = report.plan.node_plans
+    assert plans[big.name].feed_level == "off-chip" and plans[small.name].feed_level == "on-chip"
+    # Add(x, x) reads x once and writes a: 2 x 16 kB
+    assert report.node(big.name).time_s == pytest.approx(2 * 64 * 64 * 4 / 1e9)  # DRAM-bound, not 10 GB/s
+    # the warm curve, at the bytes onnxruntime streams (both operands and the output)
+    assert report.node(small.name).time_s == pytest.approx(3 * 8 * 8 * 4 / 1e10)

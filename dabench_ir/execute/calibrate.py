@@ -55,7 +55,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_FORMAT = 4
+CALIBRATION_FORMAT = 5
 """Bumped when the benchmarks or the file layout change; older files are measured again."""
 MAX_AGE_DAYS = 90
 """A calibration older than this is stale (BIOS, kernel and library updates move figures)."""
@@ -506,6 +506,23 @@ def measure_host(
 
 
 # -- the target file --------------------------------------------------------------------
+def _cache_level(raw: Mapping[str, Any], src: str, rec: Any) -> list[dict[str, Any]]:
+    """The last-level cache as the on-chip memory level that feeds a node whose bytes fit in it:
+    its size (sysfs) and the fastest cache-warm elementwise rate measured, the per-kernel overhead
+    taken off (`lowering.cpu.feed_levels` bounds each node's time by it). None when unknown."""
+    llc, overhead = raw.get("llc_bytes") or 0, raw["overhead_s"]
+    warm = [r for r in raw["ops"] if not r.get("cold") and r["bytes"] <= llc and r["time_s"] > overhead]
+    if not llc or not warm:
+        return []
+    rate = max(r["bytes"] / (r["time_s"] - overhead) for r in warm)
+    return [{
+        "name": "llc",
+        "level": "on-chip",
+        "bandwidth_bytes_per_s": rec(rate, f"{src} (fastest cache-warm elementwise op through onnxruntime, per-op overhead removed)"),
+        "capacity_bytes": rec(llc, "last-level cache size (sysfs)"),
+    }]  # fmt: skip
+
+
 def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> dict[str, Any]:
     src = f"measured by dabench-ir calibrate on {date}"
 
@@ -541,7 +558,7 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
             "units": rec(key["threads"], f"{src} (onnxruntime intra-op threads)"),
             "peak_flops": peaks,
         },
-        "memory": [memory],
+        "memory": [memory, *_cache_level(raw, src, rec)],
         "overheads": {"kernel_launch_s": rec(raw["overhead_s"], f"{src} (one-element Add kernel time)")},
         "power": {
             "watts": rec(
