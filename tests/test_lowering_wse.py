@@ -509,3 +509,14 @@ def test_rotary_positions_ride_in_the_attention_kernel_as_vector_work(tiny_block
     assert rows[id(attn)] == WSE.arch_value("kernel_row_cycles_matmul")
     rope = [n for n in attn.nodes if n.op_type in ("Neg", "Concat")]
     assert all(ctx.costs[n.name].contraction_flops == 0 for n in rope)
+
+
+def test_explicit_replicas_keep_auto_mode_pipelined_and_fail_there_when_too_many():
+    """On-wafer copies exist only in pipelined mode: with --replicas N the auto mode never falls
+    back to weight streaming (one copy, the flag silently dropped); too many copies do not fit."""
+    g = decoder(layers=1, hidden=64, seq=16, heads=4)
+    four = lower(g, WSE, ProfileOptions(replicas=4))
+    assert four.fits and four.replicas == 4 and four.notes[0].startswith("auto: pipelined (--replicas 4")
+    many = lower(g, WSE, ProfileOptions(replicas=100_000))
+    assert not many.fits and many.replicas == 100_000 and "PEs" in many.failure.reason
+    assert lower(g, WSE, ProfileOptions()).replicas >= 1  # auto copies: still the best that fits

@@ -72,6 +72,10 @@ class WseLowering(Lowering):
         plan = _pipelined_best(ctx, target, options)
         if options.wse_mode == "pipelined":
             return plan
+        if options.replicas not in ("auto", None):  # copies exist only pipelined: no silent fallback
+            plan.notes.insert(0, f"auto: pipelined (--replicas {options.replicas}: on-wafer copies run only in "
+                                 "pipelined mode)")  # fmt: skip
+            return plan
         limit = target.arch_value("pipelined_max_params", needed_by=_WHO)
         params = _params(ctx)
         if plan.fits and params < limit:
