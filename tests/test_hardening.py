@@ -800,7 +800,7 @@ def test_export_random_weights_beyond_free_memory(capsys, tmp_path, monkeypatch)
 
     monkeypatch.setattr(export, "_available_memory", lambda: 2**30)
     code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "2", "--hidden", "4096",
-                           "--weights", "random", "--max-weight-bytes", str(10**18), "-o", tmp_path / "x.onnx")  # fmt: skip
+                           "--weights", "random", "--max-weight-bytes", "4e18", "-o", tmp_path / "x.onnx")  # fmt: skip
     one_line(code, err, "memory free")
     assert not (tmp_path / "x.onnx").exists()
 

@@ -19,7 +19,7 @@ __all__ = ["register", "run"]
 
 logger = logging.getLogger(__name__)
 
-_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?(?:e\+?\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
           "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}  # fmt: skip
 
@@ -27,7 +27,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib
 def _byte_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4294967296, 4GiB, 512MB)")
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4294967296, 4e9, 4GiB, 512MB)")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
 
 
