@@ -22,12 +22,22 @@ class TargetError(UserError):
 class UnboundSymbolError(UserError):
     """A cost needs the value of symbolic dims that nobody bound."""
 
-    def __init__(self, symbols: Iterable[str]) -> None:
+    def __init__(self, symbols: Iterable[str], *, batch: str | None = None) -> None:
         self.symbols = frozenset(symbols)
+        self.batch = batch  # the graph's batch symbol, which --batch binds
         super().__init__(self._message())
+
+    def _flag(self, symbol: str) -> str:
+        """The flag that binds ``symbol``: --batch for the batch, --seq for a sequence length
+        (`dabench_ir.frontends.onnx.SEQ_SYMBOLS`), else --dim."""
+        from dabench_ir.frontends.onnx import SEQ_SYMBOLS
+
+        if symbol == self.batch:
+            return "--batch N"
+        return "--seq N" if symbol.lower() in SEQ_SYMBOLS else f"--dim {symbol}=N"
 
     def _message(self) -> str:
         names = sorted(self.symbols)
-        flags = " ".join(f"--dim {s}=N" for s in names if not s.startswith("<"))
+        flags = " ".join(dict.fromkeys(self._flag(s) for s in names if not s.startswith("<")))
         hint = f"; bind them with {flags}" if flags else ""
         return f"unbound symbolic dims: {', '.join(names)}{hint}"

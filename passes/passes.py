@@ -181,7 +181,8 @@ class CostPass(Pass):
                     node.meta[meta.ESTIMATED] = reason
                     logger.debug("%s %s: %s", ESTIMATED_NOTE, node.name, reason)
         if unbound:
-            raise UnboundSymbolError(unbound)
+            batch = graph.batch_dim
+            raise UnboundSymbolError(unbound, batch=batch if isinstance(batch, str) else None)
         if meta.analyzed_by(graph) is None:
             meta.graph_set(graph, meta.ANALYZED, "onnx")
         return PassResult(graph, True)

@@ -141,7 +141,7 @@ def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):
     path = tmp_path / "sym.onnx"
     onnx.save(model, path)
     code, _, err = run_cli(capsys, "profile", str(path))
-    assert_one_line_error(code, err, "batch", "seq", "--dim batch=N", "--dim seq=N")
+    assert_one_line_error(code, err, "batch", "seq", "--batch N", "--seq N")  # the flags that bind them
     code, _out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
     assert code == 0
 

@@ -88,8 +88,7 @@ def test_the_cli_takes_batch_and_seq_alone(exports, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3"],
                              capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
-    flag = "--seq N" if kind == "torchscript" else "--dim sequence_length=N"  # derived dims: only the inputs' named
-    assert flag in missing.stderr and "unk__" not in missing.stderr, missing.stderr
+    assert "--seq N" in missing.stderr and "unk__" not in missing.stderr, missing.stderr  # only the inputs' named
 
 
 def test_seq_on_a_model_without_a_sequence_symbol_is_one_line(exports):
