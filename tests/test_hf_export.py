@@ -81,7 +81,7 @@ def test_batch_and_seq_alone_bind_a_dynamic_hf_export(exports):
 
 
 def test_the_cli_takes_batch_and_seq_alone(exports, tmp_path):
-    dynamic, _, kind = exports
+    dynamic, _, _ = exports
     done = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3",
                            "--seq", "12", "-q"], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
