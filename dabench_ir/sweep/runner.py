@@ -145,9 +145,13 @@ class _Locks:
             self.release(key)
 
 
-def _collect(spec_keys: list[str], points_dir: Path) -> list[dict[str, Any]]:
+def _collect(spec_keys: list[str], points_dir: Path, fresh: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table's rows: ``fresh`` (the rows of the points this run wrote) and, for the others, their files."""
     rows = []
     for key in spec_keys:
+        if key in fresh:
+            rows.append(fresh[key])
+            continue
         record = results.read_point(points_dir, key)
         if record is not None:
             rows.append(results.record_row(record))
@@ -212,6 +216,8 @@ def run_sweep(
     done = result.skipped
     tick(done, result.total, failed=0)
 
+    fresh: dict[str, dict[str, Any]] = {}  # rows of the points written here: not read back at the end
+
     def finish(record: dict[str, Any]) -> None:
         nonlocal done
         report = record.get("report")
@@ -221,6 +227,7 @@ def run_sweep(
             kept["node_bound"] = results.dominant_bound(report, nodes_only=True)
             report["nodes"] = []
         results.write_point(points_dir, record)
+        fresh[record["key"]] = results.record_row(record)
         locks.release(record["key"])
         done += 1
         result.ran += 1
@@ -239,7 +246,7 @@ def run_sweep(
                     ex.close()
     finally:
         locks.release_all()
-        result.rows = _collect(keys, points_dir)
+        result.rows = _collect(keys, points_dir, fresh)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
     if plots:
