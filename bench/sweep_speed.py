@@ -7,7 +7,7 @@ Goal (issue 34): level1 with --jobs 2 in 30 s on a 2-core machine. Prints export
 failures and the time (wall, and the CPU time of this process and its workers); ``--stages``
 adds the time of one 96-layer point broken into stages (build graph, then per-target profile).
 
-``--scaling`` runs a 70-point part of Level 1 (layers 1-24, hidden 768 and 1024, the 5 target
+``--scaling`` runs a 135-point part of Level 1 (layers 1-48, hidden 768-1280, the 5 target
 variants; bases exported once beforehand, not timed) with the local executor at --jobs 1 and 2
 and on a local Ray with 1, 2 and 4 workers, and prints each wall time and its speedup over
 --jobs 1, all in one run so a busy machine slows them alike.
@@ -52,7 +52,7 @@ _SCALING_SPEC = {
     "name": "level1-part",
     "defaults": {"family": "gpt2", "positional": "none", "seq": 1024, "batch": 1, "precision": "fp32",
                  "mode": "inference", "chips": 1},
-    "axes": {"layers": [1, 2, 4, 8, 12, 18, 24], "hidden": [768, 1024],
+    "axes": {"layers": [1, 2, 4, 8, 12, 18, 24, 36, 48], "hidden": [768, 1024, 1280],
              "target": ["wse", {"target": "rdu", "opt_level": "O0"}, {"target": "rdu", "opt_level": "O1"},
                         {"target": "rdu", "opt_level": "O3"}, "ipu"]},
 }  # fmt: skip
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", default="level1")
     parser.add_argument("--keep", metavar="DIR", help="write the sweep here (default: a temp folder)")
     parser.add_argument("--stages", action="store_true", help="also time one 96-layer point by stage")
-    parser.add_argument("--scaling", action="store_true", help="speed of a 70-point grid per executor and worker count")
+    parser.add_argument("--scaling", action="store_true", help="speed of a 135-point grid per executor and worker count")
     parser.add_argument("--ray", default="1,2,4", help="with --scaling: local Ray worker counts")
     parser.add_argument("--repeat", type=int, default=1, help="with --scaling: runs per executor (best kept)")
     args = parser.parse_args(argv)
