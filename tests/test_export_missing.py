@@ -22,11 +22,11 @@ def test_export_missing_exports_each_missing_base_once(tmp_path, monkeypatch):
     monkeypatch.setattr(graphs, "export_base", export)
     graphs.save_base(tmp_path, "cached", MODEL)
     wanted = {"cached": {"hidden": 1}, "new": {"hidden": 2}, "bad": {"hidden": 3}}
-    bases, errors = graphs.export_missing(tmp_path, wanted, SerialExecutor())
+    bases, errors, exported = graphs.export_missing(tmp_path, wanted, SerialExecutor())
     assert asked == [2, 3]  # the cached base is read, not exported
     assert bases == {"cached": MODEL, "new": MODEL}
-    assert errors == {"bad": "ValueError: no such model"}
+    assert errors == {"bad": "ValueError: no such model"} and exported == 2
     assert sorted(p.name for p in tmp_path.glob("*.onnx")) == ["cached.onnx", "new.onnx"]
     asked.clear()
-    assert graphs.export_missing(tmp_path, {"new": {"hidden": 2}}, SerialExecutor()) == ({"new": MODEL}, {})
+    assert graphs.export_missing(tmp_path, {"new": {"hidden": 2}}, SerialExecutor()) == ({"new": MODEL}, {}, 0)
     assert asked == []

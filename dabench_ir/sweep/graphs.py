@@ -113,12 +113,14 @@ def load_base(folder: Path, key: str) -> bytes | None:
     return data
 
 
-def export_missing(folder: Path, wanted: dict[str, dict[str, Any]], executor: Any) -> tuple[dict[str, bytes], dict[str, str]]:
+def export_missing(
+    folder: Path, wanted: dict[str, dict[str, Any]], executor: Any
+) -> tuple[dict[str, bytes], dict[str, str], int]:
     """The bases ``wanted`` (key -> a point's params): read from ``folder``, the missing ones exported
     on ``executor`` (one `worker.run_export` task each, in parallel) and saved there.
 
-    Returns ``(bases, errors)``: the serialized base of every key that has one, and for each export
-    that failed its error text (a lost worker's too). A `LocalExecutor` exports in workers of its own
+    Returns ``(bases, errors, exported)``: the serialized base of every key that has one, for each
+    export that failed its error text (a lost worker's too), and how many were exported. A `LocalExecutor` exports in workers of its own
     started fresh (``spawn``): torch's thread pools do not survive a fork of a driver that used them.
     """
     from dabench_ir.sweep import worker
@@ -134,7 +136,7 @@ def export_missing(folder: Path, wanted: dict[str, dict[str, Any]], executor: An
             bases[key] = data
     errors: dict[str, str] = {}
     if not missing:
-        return bases, errors
+        return bases, errors, 0
     logger.info("exporting %d base model(s) with torch", len(missing))
     tasks = [(worker.run_export, (key, params)) for key, params in missing]
     forks = isinstance(executor, LocalExecutor) and executor.ctx.get_start_method() != "spawn"
@@ -158,7 +160,7 @@ def export_missing(folder: Path, wanted: dict[str, dict[str, Any]], executor: An
         except OSError as exc:
             logger.warning("cannot cache the export in %s: %s", folder, exc)
         bases[key] = data
-    return bases, errors
+    return bases, errors, len(missing)
 
 
 def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:

@@ -28,7 +28,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.sweep import graphs, results, worker
-from dabench_ir.sweep.executors import Executor, LocalExecutor, WorkerLost, make_executor
+from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
 from dabench_ir.sweep.spec import SweepSpec
 
 __all__ = ["SweepResult", "point_key", "run_sweep"]
@@ -266,7 +266,6 @@ def _run(
     """Export missing bases, then profile the points grouped by model; returns exports made."""
     by_base: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
-    base_errors: dict[str, str] = {}
     for key, params in todo:
         try:
             bkey = graphs.base_key(params)
@@ -277,34 +276,7 @@ def _run(
         by_base.setdefault(bkey, params)
         groups.setdefault((bkey, int(params["layers"])), []).append((key, params))
 
-    bases: dict[str, bytes] = {}
-    missing = []
-    for bkey, params in by_base.items():
-        data = graphs.load_base(models_dir, bkey)
-        if data is None:
-            missing.append((bkey, params))
-        else:
-            bases[bkey] = data
-    if missing:
-        logger.info("exporting %d base model(s) with torch", len(missing))
-        tasks = [(worker.run_export, (bkey, params)) for bkey, params in missing]
-        exporter = LocalExecutor(ex.jobs, start="spawn") if isinstance(ex, LocalExecutor) else ex  # torch: no fork
-        try:
-            exported = list(exporter.map_unordered(tasks))
-        finally:
-            if exporter is not ex:
-                exporter.close()
-        for i, out in exported:
-            bkey = missing[i][0]
-            if isinstance(out, WorkerLost):
-                base_errors[bkey] = str(out)
-                continue
-            _, data, error = out
-            if data is None:
-                base_errors[bkey] = error or "export failed"
-            else:
-                graphs.save_base(models_dir, bkey, data)
-                bases[bkey] = data
+    bases, base_errors, exported = graphs.export_missing(models_dir, by_base, ex)
 
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][1] * len(kv[1]))  # longest first
     tasks = []
@@ -324,4 +296,4 @@ def _run(
             continue
         for record in records:
             finish(record)
-    return len(missing)
+    return exported

@@ -66,7 +66,7 @@ class _GraphCache:
         self.say(f"exporting {len(missing)} models in {min(jobs, len(missing))} processes (once; cached in {self.folder})")
         executor = LocalExecutor(min(jobs, len(missing)), start="spawn")
         try:
-            bases, _errors = graphs.export_missing(self.folder, {k: wanted[k] for k in missing}, executor)
+            bases, _errors, _ = graphs.export_missing(self.folder, {k: wanted[k] for k in missing}, executor)
         finally:
             executor.close()
         self.bases.update(bases)
