@@ -436,7 +436,7 @@ class Cost:
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Cost)))
+        return Cost(*[getattr(self, name) + getattr(other, name) for name in _COST_FIELDS])  # no fields() per add
 
     def __radd__(self, other: object) -> Cost:
         if other == 0:  # lets sum() start from its default 0
@@ -465,4 +465,5 @@ class Cost:
         return {f.name: getattr(self, f.name) for f in fields(Cost)}
 
 
+_COST_FIELDS = tuple(f.name for f in fields(Cost))
 ZERO_COST = Cost()

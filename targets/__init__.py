@@ -627,7 +627,30 @@ def builtin_target_paths() -> dict[str, Path]:
     return {p.stem: p for p in sorted(_DIR.glob("*.toml"))}
 
 
+_LOADED: dict[tuple, Target] = {}
+"""Targets read in this process, by file and its stat: a file read again unchanged is not parsed again
+(validate and sweeps load a target per point); a changed file (a new calibration) is read anew."""
+
+
+def _stat_key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _load_file(path: Path) -> Target:
+    key = _stat_key(path)
+    if key is not None and key in _LOADED:
+        return _LOADED[key]
+    target = _read_file(path)
+    if key is not None:
+        _LOADED[key] = target
+    return target
+
+
+def _read_file(path: Path) -> Target:
     from dabench_ir.errors import UserError
     from dabench_ir.fileio import read_text_file
 
@@ -642,9 +665,21 @@ def _load_file(path: Path) -> Target:
     return Target.from_dict(data, origin=path.name)
 
 
+_ALIASES: dict[tuple, dict[str, Path]] = {}
+
+
 def _alias_map() -> dict[str, Path]:
+    paths = builtin_target_paths()
+    key = tuple(_stat_key(p) for p in paths.values())  # the built-in files as they are now
+    if key not in _ALIASES:
+        _ALIASES.clear()
+        _ALIASES[key] = _read_aliases(paths)
+    return dict(_ALIASES[key])
+
+
+def _read_aliases(paths: dict[str, Path]) -> dict[str, Path]:
     names: dict[str, Path] = {}
-    for stem, path in builtin_target_paths().items():
+    for stem, path in paths.items():
         names[stem] = path
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,10 +46,21 @@ MAX_METADATA_CHARS = 1 << 20
 _UNSIZED = {"STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"}
 
 
+# The list the torch exporter writes, ``['layers.0', 'linear']``: quoted printable ASCII with no
+# quote or backslash inside, so each item is its text as written. Anything else is parsed in full.
+_PLAIN_ITEM = r"'[ -&(-\[\]-~]*'"
+_PLAIN_LIST = re.compile(rf"\[(?:{_PLAIN_ITEM}(?:, {_PLAIN_ITEM})*)?\]")
+
+
 def safe_name_scopes(text: Any) -> list[str]:
-    """``pkg.torch.onnx.name_scopes`` metadata as a list of strings; [] for anything else."""
+    """``pkg.torch.onnx.name_scopes`` metadata as a list of strings; [] for anything else.
+
+    The exporter's plain form is split directly (one regex match, where a full parse costs a
+    compile per node); any other text goes through `ast.literal_eval` and gives the same list."""
     if not isinstance(text, str) or not text or len(text) > MAX_METADATA_CHARS:
         return []
+    if _PLAIN_LIST.fullmatch(text):
+        return [s for s in text[2:-2].split("', '") if s] if len(text) > 2 else []
     try:
         entries = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -179,9 +179,12 @@ class Report:
     def to_json(self, indent: int | None = 1) -> str:
         """The JSON text; ``indent=None`` is compact (and several times faster to write)."""
         separators = (",", ": ") if indent is not None else (",", ":")
-        return json.dumps(
-            _clean(self.to_dict()), indent=indent, separators=separators, default=_json_default, allow_nan=False
-        )
+        data = self.to_dict()
+        dump = dict(indent=indent, separators=separators, default=_json_default, allow_nan=False)
+        try:  # one pass in json's C encoder, which refuses a NaN or infinity ...
+            return json.dumps(data, **dump)
+        except ValueError:  # ... and only a report holding one pays for the walk that nulls them
+            return json.dumps(_clean(data), **dump)
 
     def write_json(self, path: str | Path) -> Path:
         """Indented for small reports; compact past a few hundred nodes, where indentation
@@ -315,14 +318,17 @@ def _node_from_dict(row: dict[str, Any]) -> NodeRecord:
     )  # fmt: skip
 
 
+_LEAVES = frozenset({str, int, bool, type(None)})  # returned as they are: no call per leaf
+
+
 def _clean(obj: Any) -> Any:
-    """JSON has no NaN or infinity: those become null."""
+    """JSON has no NaN or infinity: those become null (tuples become lists)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: v if type(v) in _LEAVES else _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [v if type(v) in _LEAVES else _clean(v) for v in obj]
     return obj
 
 

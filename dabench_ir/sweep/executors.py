@@ -216,11 +216,20 @@ def _worker_main(conn: Any, parent_pid: int) -> None:
 
 
 class RayExecutor(Executor):
-    """Tasks as Ray tasks on a cluster (``address``) or on a local Ray started for the run."""
+    """Tasks as Ray tasks on a cluster (``address``) or on a local Ray started for the run.
+
+    Built for grids far larger than one machine's: a large argument many tasks share (a sweep's
+    base model, the same bytes for every depth of it) goes into Ray's object store once, not once
+    per task, and at most ``window`` tasks are in flight (default: 4 per cluster CPU), so the
+    driver and the object store hold a bounded part of a 10^5-point grid at any time.
+    """
 
     name = "ray"
 
-    def __init__(self, jobs: int, address: str | None = None) -> None:
+    SHARED_BYTES = 1 << 16
+    """Arguments of at least this many bytes are put in the object store once and passed by reference."""
+
+    def __init__(self, jobs: int, address: str | None = None, *, window: int | None = None) -> None:
         try:
             import ray
         except ImportError:
@@ -234,6 +243,25 @@ class RayExecutor(Executor):
                 ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
             self.started = True
         self._remote: dict[Callable[..., Any], Any] = {}
+        self.window = window
+
+    def _window(self) -> int:
+        if self.window is None:
+            cpus = int(self.ray.cluster_resources().get("CPU", 1) or 1)
+            self.window = max(4 * cpus, 1)
+        return self.window
+
+    def _args(self, args: tuple[Any, ...], shared: dict[int, tuple[Any, Any]]) -> tuple[Any, ...]:
+        """``args`` with each large bytes argument replaced by its object-store reference (one per
+        distinct object; Ray hands the task the value)."""
+        out = []
+        for arg in args:
+            if isinstance(arg, bytes) and len(arg) >= self.SHARED_BYTES:
+                if id(arg) not in shared:
+                    shared[id(arg)] = (arg, self.ray.put(arg))  # the object kept: its id stays its own
+                arg = shared[id(arg)][1]
+            out.append(arg)
+        return tuple(out)
 
     def _as_remote(self, fn: Callable[..., Any]) -> Any:
         if fn not in self._remote:
@@ -242,15 +270,21 @@ class RayExecutor(Executor):
 
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
         ray = self.ray
-        refs = {self._as_remote(fn).remote(*args): i for i, (fn, args) in enumerate(tasks)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+        shared: dict[int, tuple[Any, Any]] = {}
+        queue = deque(enumerate(tasks))
+        refs: dict[Any, int] = {}
+        window = self._window()
+        while queue or refs:
+            while queue and len(refs) < window:
+                i, (fn, args) = queue.popleft()
+                refs[self._as_remote(fn).remote(*self._args(args, shared))] = i
+            done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
+                i = refs.pop(ref)
                 try:
-                    yield refs[ref], ray.get(ref)
+                    yield i, ray.get(ref)
                 except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as exc:
-                    yield refs[ref], WorkerLost(f"a Ray worker died: {exc}")
+                    yield i, WorkerLost(f"a Ray worker died: {exc}")
 
     def close(self) -> None:
         if self.started and self.ray.is_initialized():

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Graph
     from dabench_ir.models import ModelConfig
 
-__all__ = ["base_config", "base_key", "build_graph", "export_base", "load_base", "model_key", "save_base"]
+__all__ = ["base_config", "base_key", "build_graph", "export_base", "export_missing", "load_base", "model_key",
+           "save_base"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +112,62 @@ def load_base(folder: Path, key: str) -> bytes | None:
             path.unlink()
         return None
     return data
+
+
+def export_missing(
+    folder: Path, wanted: dict[str, dict[str, Any]], executor: Any,
+    tick: Callable[[int, int], None] = lambda _n, _m: None,
+) -> tuple[dict[str, bytes], dict[str, str], int]:
+    """The bases ``wanted`` (key -> a point's params): read from ``folder``, the missing ones exported
+    on ``executor`` (one `worker.run_export` task each, in parallel) and saved there;
+    ``tick(exported, of)`` follows the exports (a sweep's progress shows the export phase).
+
+    Returns ``(bases, errors, exported)``: the serialized base of every key that has one, for each
+    export that failed its error text (a lost worker's too), and how many were exported. A `LocalExecutor` exports in workers of its own
+    started fresh (``spawn``): torch's thread pools do not survive a fork of a driver that used them.
+    """
+    from dabench_ir.sweep import worker
+    from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
+
+    bases: dict[str, bytes] = {}
+    missing = []
+    for key, params in wanted.items():
+        data = load_base(folder, key)
+        if data is None:
+            missing.append((key, params))
+        else:
+            bases[key] = data
+    errors: dict[str, str] = {}
+    if not missing:
+        return bases, errors, 0
+    logger.info("exporting %d base model(s) with torch", len(missing))
+    tasks = [(worker.run_export, (key, params)) for key, params in missing]
+    forks = isinstance(executor, LocalExecutor) and executor.ctx.get_start_method() != "spawn"
+    exporter = LocalExecutor(executor.jobs, start="spawn") if forks else executor
+    exported = []
+    tick(0, len(tasks))
+    try:
+        for item in exporter.map_unordered(tasks):
+            exported.append(item)
+            tick(len(exported), len(tasks))
+    finally:
+        if exporter is not executor:
+            exporter.close()
+    for i, out in exported:
+        key = missing[i][0]
+        if isinstance(out, WorkerLost):
+            errors[key] = str(out)
+            continue
+        _, data, error = out
+        if data is None:
+            errors[key] = error or "export failed"
+            continue
+        try:
+            save_base(folder, key, data)
+        except OSError as exc:
+            logger.warning("cannot cache the export in %s: %s", folder, exc)
+        bases[key] = data
+    return bases, errors, len(missing)
 
 
 def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:

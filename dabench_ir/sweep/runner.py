@@ -28,7 +28,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.sweep import graphs, results, worker
-from dabench_ir.sweep.executors import Executor, LocalExecutor, WorkerLost, make_executor
+from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
 from dabench_ir.sweep.spec import SweepSpec
 
 __all__ = ["SweepResult", "point_key", "run_sweep"]
@@ -143,9 +143,13 @@ class _Locks:
             self.release(key)
 
 
-def _collect(spec_keys: list[str], points_dir: Path) -> list[dict[str, Any]]:
+def _collect(spec_keys: list[str], points_dir: Path, fresh: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table's rows: ``fresh`` (the rows of the points this run wrote) and, for the others, their files."""
     rows = []
     for key in spec_keys:
+        if key in fresh:
+            rows.append(fresh[key])
+            continue
         record = results.read_point(points_dir, key)
         if record is not None:
             rows.append(results.record_row(record))
@@ -215,6 +219,8 @@ def run_sweep(
     done = result.skipped
     tick(done, result.total, failed=0)
 
+    fresh: dict[str, dict[str, Any]] = {}  # rows of the points written here: not read back at the end
+
     def finish(record: dict[str, Any]) -> None:
         nonlocal done
         report = record.get("report")
@@ -224,6 +230,7 @@ def run_sweep(
             kept["node_bound"] = results.dominant_bound(report, nodes_only=True)
             report["nodes"] = []
         results.write_point(points_dir, record)
+        fresh[record["key"]] = results.record_row(record)
         locks.release(record["key"])
         done += 1
         result.ran += 1
@@ -258,7 +265,7 @@ def run_sweep(
         if ex is not None and not isinstance(executor, Executor):
             ex.close()
         locks.release_all()
-        result.rows = _collect(keys, points_dir)
+        result.rows = _collect(keys, points_dir, fresh)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
     recorded = {row["key"] for row in result.rows}
@@ -282,7 +289,6 @@ def _run(
     ``export_tick(exported, of)`` follows the exports."""
     by_base: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
-    base_errors: dict[str, str] = {}
     for key, params in todo:
         try:
             bkey = graphs.base_key(params)
@@ -293,38 +299,7 @@ def _run(
         by_base.setdefault(bkey, params)
         groups.setdefault((bkey, int(params["layers"])), []).append((key, params))
 
-    bases: dict[str, bytes] = {}
-    missing = []
-    for bkey, params in by_base.items():
-        data = graphs.load_base(models_dir, bkey)
-        if data is None:
-            missing.append((bkey, params))
-        else:
-            bases[bkey] = data
-    if missing:
-        logger.info("exporting %d base model(s) with torch", len(missing))
-        tasks = [(worker.run_export, (bkey, params)) for bkey, params in missing]
-        exporter = LocalExecutor(ex.jobs, start="spawn") if isinstance(ex, LocalExecutor) else ex  # torch: no fork
-        exported = []
-        export_tick(0, len(tasks))
-        try:
-            for item in exporter.map_unordered(tasks):
-                exported.append(item)
-                export_tick(len(exported), len(tasks))
-        finally:
-            if exporter is not ex:
-                exporter.close()
-        for i, out in exported:
-            bkey = missing[i][0]
-            if isinstance(out, WorkerLost):
-                base_errors[bkey] = str(out)
-                continue
-            _, data, error = out
-            if data is None:
-                base_errors[bkey] = error or "export failed"
-            else:
-                graphs.save_base(models_dir, bkey, data)
-                bases[bkey] = data
+    bases, base_errors, exported = graphs.export_missing(models_dir, by_base, ex, export_tick)
 
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][1] * len(kv[1]))  # longest first
     tasks = []
@@ -344,4 +319,4 @@ def _run(
             continue
         for record in records:
             finish(record)
-    return len(missing)
+    return exported

@@ -42,6 +42,35 @@ class _GraphCache:
         self.bases: dict[str, bytes | Exception] = {}
         self.graphs: dict[tuple[str, int], Any] = {}
 
+    def prefetch(self, models: list[Mapping[str, Any]], jobs: int) -> None:
+        """Export the bases of ``models`` missing from the disk cache in ``jobs`` processes at once.
+
+        A base whose export fails here is left to `graph`, which exports it again in this process
+        and raises what the export raised (the point's reason, as without the prefetch)."""
+        from dabench_ir.sweep import graphs
+        from dabench_ir.sweep.executors import LocalExecutor
+
+        wanted: dict[str, dict[str, Any]] = {}
+        for model in models:
+            try:
+                key = graphs.base_key(dict(model))
+            except Exception:  # `graph` raises it for the point that asks
+                continue
+            if key not in self.bases:
+                wanted.setdefault(key, dict(model))
+        if jobs < 2 or len(wanted) < 2:
+            return  # one export: in this process, as `graph` does it
+        missing = [key for key in wanted if not (self.folder / f"{key}.onnx").is_file()]
+        if len(missing) < 2:
+            return
+        self.say(f"exporting {len(missing)} models in {min(jobs, len(missing))} processes (once; cached in {self.folder})")
+        executor = LocalExecutor(min(jobs, len(missing)), start="spawn")
+        try:
+            bases, _errors, _ = graphs.export_missing(self.folder, {k: wanted[k] for k in missing}, executor)
+        finally:
+            executor.close()
+        self.bases.update(bases)
+
     def graph(self, model: Mapping[str, Any]) -> Any:
         """A fresh costed Graph of ``model`` (raises what export or building raised)."""
         from dabench_ir.sweep import graphs

@@ -7,6 +7,7 @@ the public pipeline; microbenchmarks run in `gemm`; host points are measured liv
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ def run_validation(
     tick = bar or (lambda *a, **k: None)
     folder = Path(cache_dir) if cache_dir else _default_cache()
     graphs = _GraphCache(folder, say)
+    graphs.prefetch(_point_models(points), jobs=os.cpu_count() or 1)  # a cold cache: the exports in parallel
     results: list[PointResult] = []
     order = sorted(range(len(points)), key=lambda i: (points[i].kind != "model", _graph_key(points[i])))
     done: dict[int, PointResult] = {}
@@ -78,6 +80,22 @@ def run_validation(
     tick(len(points), len(points))
     results = [done[i] for i in range(len(points))]
     return Validation(results, seconds=time.perf_counter() - start)
+
+
+def _point_models(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """The model each model point asks the graph cache for (`_run_model`); a point refused before
+    that is left out here and refused in its turn."""
+    from dabench_ir.targets import load_target
+
+    models = []
+    for p in points:
+        if p.kind != "model":
+            continue
+        try:
+            models.append(_per_replica_model(p, _options(p, load_target(p.target).kind, PointResult(p))))
+        except Exception:  # the point's own run reports it
+            continue
+    return models
 
 
 def _informed(p: Point) -> tuple[str, ...]:
