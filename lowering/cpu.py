@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.gpu import stream_plan
+from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import (
     CPU_GELU_TANH,
     CPU_KERNEL_FALLBACK,
@@ -547,12 +548,25 @@ class CpuLowering(Lowering):
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)
         feed_of = feed_levels(ctx, target)
-        for name, level in feed_of.items():  # no node streams its bytes faster than the level feeding it
-            if name in times and ctx.is_work(ctx.graph.node(name)):
-                times[name] = max(times[name], ctx.costs[name].bytes / level.bandwidth_bytes_per_s)
+        for name, level in feed_of.items():  # the roofline floor: no faster than the peak, or the level feeding it
+            node = ctx.graph.node(name)
+            if name in times and ctx.is_work(node):
+                cost = ctx.costs[name]
+                peak = _peak(target, str(node.meta.get(meta.PRECISION) or ctx.precision))
+                times[name] = max(times[name], cost.bytes / level.bandwidth_bytes_per_s, cost.flops / peak)
         # onnxruntime runs one kernel per node, unfused
         return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times,
                            feed_of=feed_of)  # fmt: skip
+
+
+def _peak(target: Target, dtype: str) -> float:
+    """The calibrated peak FLOP/s at ``dtype``; a dtype it has none for gets its highest (the
+    physics verifier's rule). A node table timed faster than the calibrated matmuls (a noisy
+    calibration on a loaded machine) is held to the peak the report states."""
+    try:
+        return float(target.peak_flops(dtype))
+    except Exception:
+        return max(float(q.value) for q in target.peaks.values())
 
 
 def feed_levels(ctx: LoweringContext, target: Target) -> dict[str, Any]:

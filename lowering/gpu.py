@@ -237,7 +237,10 @@ def _backward_kernels(ctx: LoweringContext, group: list[Node], cores: set[object
     return gemms + int(rest)
 
 
-_LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+def _layout(node: Node) -> bool:
+    """A view or a strided view of its input (Reshape, Squeeze, ..., Transpose): no arithmetic."""
+    traits = traits_of(node)
+    return traits.strided_view or (traits.shape_only and traits.keeps_values)
 
 
 def strided_views(ctx: LoweringContext) -> frozenset[str]:
@@ -267,18 +270,16 @@ def strided_views(ctx: LoweringContext) -> frozenset[str]:
         up = [producer[v] for v in node.inputs if v in producer]
         while up:  # the head split: projections -> layout ops -> core
             n = up.pop()
-            if n.op_type in _LAYOUT_OPS and n.name not in found and all(
-                c.name in cores or c.op_type in _LAYOUT_OPS for c in readers(n)
-            ):
+            if _layout(n) and n.name not in found and all(c.name in cores or _layout(c) for c in readers(n)):
                 found.add(n.name)
                 up += [producer[v] for v in n.inputs[:1] if v in producer]
         down = [c for c in readers(node) if c.name not in cores]
         while down:  # the head merge: core -> layout ops -> output projection
             n = down.pop()
-            if n.op_type in _LAYOUT_OPS and n.name not in found:
+            if _layout(n) and n.name not in found:
                 found.add(n.name)
                 down += readers(n)
-    return frozenset(n for n in found if graph.node(n).op_type == "Transpose")
+    return frozenset(n for n in found if traits_of(graph.node(n)).strided_view)
 
 
 def _memory_s(cost: Cost, runs: int, bw: float) -> float:

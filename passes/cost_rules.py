@@ -167,6 +167,9 @@ class OpTraits:
     materialised at load (Constant). Its Cost still records the bytes ONNX semantics move."""
     folds_on_weights: bool = False
     """A layout op that a compiler applies once, at compile time, when every input is stored."""
+    strided_view: bool = False
+    """Its output is its input read with other strides (Transpose): a kernel that takes strided
+    operands (a fused attention kernel's Q, K, V and output) reads or writes it in place."""
     keeps_fp32: bool = False
     """Computes and writes fp32 under mixed precision (softmax, normalisations, reductions, ...)."""
     cpu_class: str = CPU_STREAM
@@ -259,6 +262,7 @@ def cost_rule(
     custom_bytes: bool = False,
     shape_only: bool = False,
     folds_on_weights: bool = False,
+    strided_view: bool = False,
     keeps_fp32: bool = False,
     cpu_class: str = CPU_STREAM,
     backward: Backward | None = None,
@@ -287,6 +291,7 @@ def cost_rule(
         cpu_class,
         shape_only=shape_only,
         folds_on_weights=folds_on_weights,
+        strided_view=strided_view,
         keeps_fp32=keeps_fp32,
         keeps_values=keeps_values,
         row_reductions=row_reductions,
@@ -1066,7 +1071,7 @@ _VIEW = {"shape_only": True, "folds_on_weights": True, "keeps_values": True}
 _LAYOUT = (Role.LAYOUT,)  # RoPE's cos/sin tables flow through it to their multiplies (report roles)
 _PASSES = (Role.LAYOUT, Role.PASS_THROUGH)  # and softmax probabilities reach P·V through it
 
-_moves("Transpose", folds_on_weights=True, cpu_class="Transpose", roles=_PASSES)
+_moves("Transpose", folds_on_weights=True, strided_view=True, cpu_class="Transpose", roles=_PASSES)
 _moves("Reshape", (1,), **_VIEW, roles=_PASSES, output_shape_input=1)
 _moves("Flatten", **_VIEW)
 _moves("Squeeze", (1,), **_VIEW, roles=_LAYOUT)

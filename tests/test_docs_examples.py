@@ -27,6 +27,9 @@ ILLUSTRATIVE: dict[tuple[str, str], str] = {
                         "[--no-validate] [-q]"): "a synopsis: [optional] flags",
     ("docs/sweeps.md", "dabench-ir sweep my.toml -o out/my --executor ray [--address HOST:PORT]"):
         "a synopsis; Ray's executor is tested in tests/test_sweep_ray.py",
+    ("docs/sweeps.md", "dabench-ir sweep big.toml -o /data/big --cache-dir /data/models  --executor ray --address "
+                       "HEAD:6379 --no-node-detail"):
+        "a Ray cluster's head (HEAD:6379) and a 10^5-point spec the reader writes; tests/test_sweep_ray.py runs Ray",
     ("docs/reproduce.md", "dabench-ir reproduce dabench -o out/repro --jobs 2"):
         "the whole DABench study: minutes on 2 cores (tests/test_reproduce.py runs studies end to end)",
     ("docs/reproduce.md", "dabench-ir reproduce my-study.toml -o out/mine"): "a study file the reader writes",

@@ -42,7 +42,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
         ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
                                         saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
         ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
-        ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, cpu_class="Transpose",
+        ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, strided_view=True, cpu_class="Transpose",
                                    backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
                                    roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}))),
         ("Reshape", "", OpTraits(OpClass.DATA_MOVEMENT, shape_only=True, folds_on_weights=True, keeps_values=True,
@@ -76,7 +76,7 @@ def test_registered_traits(op, domain, expected):
 def test_unknown_op_gets_the_documented_default():
     assert op_traits("Frobnicate", "com.example") is UNKNOWN_OP
     assert op_traits("SkipLayerNormalization") is UNKNOWN_OP  # registered in com.microsoft only
-    documented = {"op_class": None, "shape_only": False, "folds_on_weights": False, "keeps_fp32": False,
+    documented = {"op_class": None, "shape_only": False, "folds_on_weights": False, "strided_view": False, "keeps_fp32": False,
                   "cpu_class": CPU_STREAM, "backward": Backward.VECTOR, "keeps_values": False, "has_cost_rule": False,
                   "saves": Saves.INPUTS, "roles": frozenset(), "row_reductions": 0, "nonlinear": False, "loss": False,
                   "output_shape_input": None, "index_input": None, "output_types": None}  # fmt: skip
