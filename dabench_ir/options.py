@@ -264,7 +264,7 @@ class ProfileOptions:
     seq: int | None = knob(
         None, help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
         "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)", parse=_positive,
-        commands=frozenset({PROFILE, SCALE}),
+        commands=frozenset({PROFILE, SCALE, STUDY}),
     )  # fmt: skip
     precision: str | None = knob(
         None, help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "

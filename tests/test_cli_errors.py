@@ -144,6 +144,9 @@ def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):
     assert_one_line_error(code, err, "batch", "seq", "--batch N", "--seq N")  # the flags that bind them
     code, _out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
     assert code == 0
+    code, _out, err = run_cli(capsys, "study", str(path), "--pipeline", "ort-basic", "-t", "rdu", "--batch", "2",
+                              "--seq", "3", "-q")  # fmt: skip
+    assert code == 0, err  # study binds the sequence length like profile and scale
 
 
 def test_unknown_dim_name(capsys, tiny_matmul_path):
