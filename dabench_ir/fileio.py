@@ -397,3 +397,15 @@ def write_output(path: str | os.PathLike[str], data: str | bytes) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` safely: see the module doc."""
     binary = isinstance(data, bytes)
     return write_with(path, lambda fh: fh.write(data), binary=binary)
+
+
+def meminfo_bytes(field: str) -> int | None:
+    """A ``/proc/meminfo`` figure in bytes (``MemTotal``, ``MemAvailable``); None where unreadable."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -112,13 +112,11 @@ def resolve_weights(cfg: ModelConfig, weights: str, max_weight_bytes: int = DEFA
 
 def _available_memory() -> int | None:
     """Bytes of memory free for a new allocation (Linux MemAvailable, else free pages); None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    from dabench_ir.fileio import meminfo_bytes
+
+    free = meminfo_bytes("MemAvailable")
+    if free is not None:
+        return free
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

@@ -19,14 +19,7 @@ agraph (float[2, 4] x, float[4, 3] w) => (float[2, 3] y) {
 }
 """
 
-ATTENTION = """
-agraph (float[1, 8, 16] x, float[16, 16] wq) => (float[1, 8, 8] p) {
-    q = MatMul(x, wq)
-    kt = Transpose<perm=[0,2,1]>(x)
-    s = MatMul(q, kt)
-    p = Softmax<axis=-1>(s)
-}
-"""
+from tests.test_annotate import ATTENTION  # noqa: E402  (one attention graph for both files)
 
 
 @pytest.fixture(scope="module")

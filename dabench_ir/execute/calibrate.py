@@ -37,6 +37,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.execute.ort import default_threads, run_profiled
+from dabench_ir.fileio import meminfo_bytes
 from dabench_ir.passes.cost_rules import CPU_KERNELS, CPU_STREAM
 
 __all__ = [
@@ -132,15 +133,6 @@ def _llc_bytes() -> int:
     return best
 
 
-def _memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def machine_key(threads: int | None = None) -> dict[str, Any]:
@@ -541,7 +533,7 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
         "level": "off-chip",
         "bandwidth_bytes_per_s": rec(bandwidth, f"{src} (streaming Add through onnxruntime)"),
     }
-    capacity = _memory_bytes()
+    capacity = meminfo_bytes("MemTotal")
     memory["capacity_bytes"] = (
         rec(capacity, "/proc/meminfo MemTotal")
         if capacity
