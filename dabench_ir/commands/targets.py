@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import logging
 
 from dabench_ir.targets import Target, list_targets
@@ -125,15 +126,9 @@ def fitted_points(target: Target) -> dict[str, list[str]]:
     for name, q in target.quantities():
         if q.fitted:
             matched = [i for i in ids if q.fitted_on(i)]
-            unmatched = [pat for pat in q.fitted_to if not any(_matches(i, pat) for i in ids)]
+            unmatched = [pat for pat in q.fitted_to if not any(fnmatch.fnmatchcase(i, pat) for i in ids)]
             out[name] = matched + unmatched
     return out
-
-
-def _matches(point_id: str, pattern: str) -> bool:
-    import fnmatch
-
-    return fnmatch.fnmatchcase(point_id, pattern)
 
 
 def render_parameters(target: Target) -> str:
