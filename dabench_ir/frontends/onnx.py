@@ -131,7 +131,8 @@ def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
 
 def _scope_of(node: onnx.NodeProto) -> str:
     """Module path the exporter recorded for this node, or '' when none was recorded."""
-    props = {p.key: p.value for p in node.metadata_props}
+    wanted = ("pkg.torch.onnx.name_scopes", "namespace")  # read only these: the other props (stack traces) are long
+    props = {p.key: p.value for p in node.metadata_props if p.key in wanted}
     scopes = props.get("pkg.torch.onnx.name_scopes")
     if scopes:
         entries = safe_name_scopes(scopes)
