@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(args.spec)
     progress = Progress()
     start, cpu = time.perf_counter(), _cpu()
-    result = run_sweep(spec, out, jobs=args.jobs, bar=lambda d, t, failed=0: progress.bar(d, t, failed=failed))
+    result = run_sweep(spec, out, jobs=args.jobs, bar=progress.bar)
     wall, cpu = time.perf_counter() - start, _cpu() - cpu
     progress.done()
     print(f"{spec.name}: {result.total} points, {result.failed} failed, {result.exports} exports, "
