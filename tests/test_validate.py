@@ -440,3 +440,19 @@ def test_regressions_detects_worse_errors_and_flipped_fits():
     assert validate.regressions(validate.Validation([]), pinned) == [
         "a: pinned point is missing from the catalogue run"
     ]
+
+
+def test_points_run_in_forked_workers_give_the_serial_results(tmp_path):
+    """Issue 34: `run_validation` runs groups of points (one model's together) in forked workers; each
+    result equals the one the same point gets in this process, and carries the catalogue's own Point."""
+    points = [p for p in validate.load_catalog() if p.kind in ("gemm", "gemm_max_fit", "gemm_ratio", "bandwidth")]
+    assert len(points) >= 4
+    serial_cache = runner._GraphCache(tmp_path, lambda _m: None)
+    serial = [runner._run_point(p, serial_cache) for p in points]
+    done: dict = {}
+    groups = [[0, 1], *([i] for i in range(2, len(points)))]
+    runner._run_parallel(points, groups, tmp_path, 2, done, lambda *a, **k: None)
+    assert sorted(done) == list(range(len(points)))
+    assert [done[i] for i in range(len(points))] == serial
+    assert all(done[i].point is p for i, p in enumerate(points))
+    assert any(q.predicted is not None for r in serial for q in r.quantities)
