@@ -79,7 +79,8 @@ def run_validation(
         if points[i].kind != "host":  # measured live: one at a time, nothing beside them
             groups.setdefault(_graph_key(points[i]) if points[i].kind == "model" else ("", i), []).append(i)
     if jobs > 1 and len(groups) > 1 and "torch" not in sys.modules:  # torch's pools do not survive a fork
-        _run_parallel(points, list(groups.values()), folder, min(jobs, len(groups)), done, tick)
+        deepest = sorted(groups.values(), key=lambda g: -_depth(points[g[0]]))  # the longest first: no long tail
+        _run_parallel(points, deepest, folder, min(jobs, len(groups)), done, tick)
     for i in order:
         if i not in done:  # serial: host points, a lost worker's points, or one core
             p = points[i]
@@ -87,6 +88,14 @@ def run_validation(
             done[i] = _run_point(p, graphs)
     tick(len(points), len(points))
     return Validation([done[i] for i in range(len(points))], seconds=time.perf_counter() - start)
+
+
+def _depth(p: Point) -> int:
+    """A model point's layer count (what its time grows with); 0 for the other kinds."""
+    try:
+        return int(p.model.get("layers", 0)) if p.kind == "model" else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int,
