@@ -101,8 +101,8 @@ def _depth(p: Point) -> int:
 def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int,
                   done: dict[int, PointResult], tick: Bar) -> None:  # fmt: skip
     """Run ``groups`` of point indices (the points of one model together, so its graph is built
-    once) in ``jobs`` forked worker processes, filling ``done``; a lost worker's points are left
-    out of ``done`` (the caller runs them here)."""
+    once) in ``jobs`` forked worker processes, filling ``done``; the points of a lost worker, or
+    all not done when a result cannot come back, are left out of ``done`` (the caller runs them here)."""
     from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
 
     tasks = [(_run_points, ([points[i] for i in group], str(folder))) for group in groups]
@@ -116,6 +116,8 @@ def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path
                 result.point = points[i]  # the catalogue's own object, not the worker's copy
                 done[i] = result
             tick(len(done), len(points))
+    except Exception as exc:  # e.g. a result that does not pickle: the rest run in this process
+        logger.warning("points in worker processes stopped (%s: %s); the rest run here", type(exc).__name__, exc)
     finally:
         executor.close()
 
