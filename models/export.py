@@ -360,22 +360,30 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     new_value_info: list[onnx.ValueInfoProto] = []
     new_outputs: list[onnx.ValueInfoProto] = []
     copies: list[onnx.NodeProto] = []
+    # A block node's scope texts split around `layers.0` once: a copy joins them with `layers.i`
+    # (the pattern has no groups, so the join is the substitution).
+    scope_parts = [
+        [(k, parts) for k, prop in enumerate(node.metadata_props)
+         if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1]
+        for node in block
+    ]  # fmt: skip
     prev_out = block_out
     for i in range(1, layers):
         rename = {v: f"layers.{i}/{v}" for v in produced}
         rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in (*weights, *layer_outputs)})
         rename[block_in] = prev_out
-        for node in block:
+        layer = f"layers.{i}"
+        for node, scoped in zip(block, scope_parts, strict=True):
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"layers.{i}/{node.name}"
+            copy.name = f"{layer}/{node.name}"
             for k, name in enumerate(copy.input):
                 copy.input[k] = rename.get(name, name)
             for k, name in enumerate(copy.output):
                 copy.output[k] = rename.get(name, name)
-            for prop in copy.metadata_props:
-                if prop.key in (_SCOPES, _NAMESPACE):
-                    prop.value = _LAYER0.sub(f"layers.{i}", prop.value)
+            props = copy.metadata_props
+            for k, parts in scoped:
+                props[k].value = layer.join(parts)
             copies.append(copy)
         for w in weight_inputs:
             vi = onnx.ValueInfoProto()

@@ -200,3 +200,30 @@ def test_results_table_a_folder_is_refused_before_any_point(tmp_path, cache):
     with pytest.raises(UserError, match=r"results\.csv: is a directory"):
         run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
     assert not (tmp_path / "points").exists() or not list((tmp_path / "points").iterdir())
+
+
+class _Elsewhere(SerialExecutor):
+    """Tasks whose workers do not share the driver's files (as on a Ray cluster): records come back whole."""
+
+    shares_files = False
+
+
+@pytest.mark.parametrize("node_detail", [True, False])
+def test_records_a_worker_writes_equal_those_the_driver_writes(tmp_path, cache, node_detail):
+    """Issue 34: local workers write their points' records and send back only the row; the files and
+    rows are those the driver writes from the records a remote worker returns (all but ``seconds``)."""
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse", "rdu"]}})
+    runs = {}
+    for name, executor in (("here", SerialExecutor()), ("elsewhere", _Elsewhere())):
+        result = run_sweep(spec, tmp_path / name, executor=executor, cache_dir=cache, plots=False,
+                           node_detail=node_detail)  # fmt: skip
+        records = {}
+        for path in sorted((tmp_path / name / "points").glob("*.json")):
+            record = json.loads(path.read_text())
+            assert record.pop("seconds") > 0
+            records[path.name] = record
+        rows = [{k: v for k, v in r.items() if k != "seconds"} for r in result.rows]
+        runs[name] = (records, rows, [{k: v for k, v in r.items() if k != "seconds"} for r in _rows(tmp_path / name)])
+    assert len(runs["here"][0]) == 4 and runs["here"] == runs["elsewhere"]
+    nodes = [len(r["report"]["nodes"]) for r in runs["here"][0].values()]
+    assert all(nodes) if node_detail else not any(nodes)

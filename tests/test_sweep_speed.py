@@ -69,3 +69,18 @@ def test_ray_puts_a_shared_base_once_and_bounds_the_tasks_in_flight(monkeypatch)
     fake.most_in_flight = 0
     assert len(dict(RayExecutor(1, window=3).map_unordered(tasks))) == len(tasks)
     assert fake.most_in_flight == 3 and len(fake.puts) == 2
+
+
+def test_a_point_record_is_encoded_once_and_nan_becomes_null():
+    """Issue 34: a record without NaN is encoded as it is (the same object back, no walk); one with a
+    NaN or infinity is written with null there, and the record returned says the same."""
+    import json
+
+    from dabench_ir.sweep.results import encode_point
+
+    record = {"key": "k", "params": {"layers": 2}, "status": "ok", "report": {"totals": {"time_s": 0.5}, "units": (1, 2)}}
+    text, same = encode_point(record)
+    assert same is record and json.loads(text) == {**record, "report": {"totals": {"time_s": 0.5}, "units": [1, 2]}}
+    bad = {**record, "report": {"totals": {"time_s": float("nan"), "flops": float("inf")}}}
+    text, cleaned = encode_point(bad)
+    assert json.loads(text) == cleaned == {**record, "report": {"totals": {"time_s": None, "flops": None}}}

@@ -440,3 +440,38 @@ def test_regressions_detects_worse_errors_and_flipped_fits():
     assert validate.regressions(validate.Validation([]), pinned) == [
         "a: pinned point is missing from the catalogue run"
     ]
+
+
+def test_points_run_in_forked_workers_give_the_serial_results(tmp_path):
+    """Issue 34: `run_validation` runs groups of points (one model's together) in forked workers; each
+    result equals the one the same point gets in this process, and carries the catalogue's own Point."""
+    points = [p for p in validate.load_catalog() if p.kind in ("gemm", "gemm_max_fit", "gemm_ratio", "bandwidth")]
+    assert len(points) >= 4
+    serial_cache = runner._GraphCache(tmp_path, lambda _m: None)
+    serial = [runner._run_point(p, serial_cache) for p in points]
+    done: dict = {}
+    groups = [[0, 1], *([i] for i in range(2, len(points)))]
+    runner._run_parallel(points, groups, tmp_path, 2, done, lambda *a, **k: None)
+    assert sorted(done) == list(range(len(points)))
+    assert [done[i] for i in range(len(points))] == serial
+    assert all(done[i].point is p for i, p in enumerate(points))
+    assert any(q.predicted is not None for r in serial for q in r.quantities)
+
+
+def test_points_a_worker_cannot_return_run_in_this_process(tmp_path, monkeypatch):
+    """A worker whose results cannot come back (here: its task raises) leaves its points, and every
+    point not yet done, to the serial run: `run_validation` still gives every point its result."""
+    points = [p for p in validate.load_catalog() if p.kind in ("gemm_ratio", "bandwidth")]
+    expected = [runner._run_point(p, runner._GraphCache(tmp_path, lambda _m: None)) for p in points]
+
+    def broken(_points, _folder):
+        raise RuntimeError("cannot pickle this")
+
+    monkeypatch.setattr(runner, "_run_points", broken)
+    monkeypatch.delitem(__import__("sys").modules, "torch", raising=False)  # the fork path is taken
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    forked = []
+    parallel = runner._run_parallel
+    monkeypatch.setattr(runner, "_run_parallel", lambda *a: forked.append(parallel(*a)))
+    result = validate.run_validation(points, cache_dir=tmp_path)
+    assert forked and result.results == expected

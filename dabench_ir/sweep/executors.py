@@ -47,6 +47,8 @@ class Executor(abc.ABC):
     """Base: `map_unordered(tasks)` yields ``(index, result or WorkerLost)``; `close()` frees workers."""
 
     name = "base"
+    shares_files = False
+    """True when tasks run on this machine and may write the driver's output folder themselves."""
 
     @abc.abstractmethod
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
@@ -66,6 +68,7 @@ class SerialExecutor(Executor):
     """Tasks one after another in this process (``--jobs 1``): easiest to debug."""
 
     name = "serial"
+    shares_files = True
 
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
         for i, (fn, args) in enumerate(tasks):
@@ -82,6 +85,7 @@ class LocalExecutor(Executor):
     """
 
     name = "local"
+    shares_files = True
 
     def __init__(self, jobs: int, *, start: str = "fork") -> None:
         """``start``: how workers start; ``spawn`` (a fresh interpreter) for work that runs torch, whose

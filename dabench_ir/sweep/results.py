@@ -21,8 +21,10 @@ __all__ = [
     "atomic_write",
     "columns",
     "dominant_bound",
+    "encode_point",
     "read_point",
     "record_row",
+    "strip_nodes",
     "valid_record",
     "write_point",
     "write_table",
@@ -61,10 +63,37 @@ def atomic_write(path: Path, data: str | bytes) -> Path:
     return write_output(path, data)
 
 
-def write_point(folder: Path, record: dict[str, Any]) -> Path:
-    """Write one point's record as ``folder/<key>.json`` (compact JSON, atomically)."""
-    text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=str)
-    return atomic_write(folder / f"{record['key']}.json", text)
+def encode_point(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A point's record as compact JSON in one pass of json's C encoder, and the record the text
+    says: ``record`` itself, or, when it holds a NaN or infinity (which JSON has not), a copy with
+    those as null (`report.model._clean`), so a row built from it matches its file."""
+    dump = {"separators": (",", ":"), "allow_nan": False, "default": str}
+    try:
+        return json.dumps(record, **dump), record
+    except ValueError:
+        from dabench_ir.report.model import _clean
+
+        record = _clean(record)
+        return json.dumps(record, **dump), record
+
+
+def strip_nodes(record: dict[str, Any]) -> None:
+    """Drop the report's per-node rows (a sweep's ``--no-node-detail``), keeping the bounds they
+    give in ``metrics`` (``dominant_bound``, ``node_bound``)."""
+    report = record.get("report")
+    if report and report.get("nodes"):
+        kept = report.setdefault("metrics", {})
+        kept["dominant_bound"] = dominant_bound(report)
+        kept["node_bound"] = dominant_bound(report, nodes_only=True)
+        report["nodes"] = []
+
+
+def write_point(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """Write one point's record as ``folder/<key>.json`` (compact JSON, atomically); returns its
+    table row (`record_row`)."""
+    text, record = encode_point(record)
+    atomic_write(folder / f"{record['key']}.json", text)
+    return record_row(record)
 
 
 def read_point(folder: Path, key: str) -> dict[str, Any] | None:

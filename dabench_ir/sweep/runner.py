@@ -223,14 +223,12 @@ def run_sweep(
 
     def finish(record: dict[str, Any]) -> None:
         nonlocal done
-        report = record.get("report")
-        if not node_detail and report and report.get("nodes"):
-            kept = report.setdefault("metrics", {})
-            kept["dominant_bound"] = results.dominant_bound(report)
-            kept["node_bound"] = results.dominant_bound(report, nodes_only=True)
-            report["nodes"] = []
-        results.write_point(points_dir, record)
-        fresh[record["key"]] = results.record_row(record)
+        if "row" in record:  # a worker wrote it (`worker.run_group` with a folder)
+            fresh[record["key"]] = record["row"]
+        else:
+            if not node_detail:
+                results.strip_nodes(record)
+            fresh[record["key"]] = results.write_point(points_dir, record)
         locks.release(record["key"])
         done += 1
         result.ran += 1
@@ -250,7 +248,8 @@ def run_sweep(
             if todo:
                 if ex is None:
                     ex = make_executor(str(executor), jobs, address)
-                result.exports += _run(ex, todo, models_dir, finish, result, export_tick)
+                result.exports += _run(ex, todo, models_dir, finish, result, export_tick,
+                                       points_dir=points_dir if ex.shares_files else None, node_detail=node_detail)
             todo = []
             for key, params in held_elsewhere:  # the other sweep's points: its record, or ours if it died
                 locks.acquire(key, wait=True)
@@ -284,9 +283,13 @@ def _run(
     finish: Callable[[dict[str, Any]], None],
     result: SweepResult,
     export_tick: Callable[[int, int], None] = lambda _n, _m: None,
+    *,
+    points_dir: Path | None = None,
+    node_detail: bool = True,
 ) -> int:
     """Export missing bases, then profile the points grouped by model; returns exports made.
-    ``export_tick(exported, of)`` follows the exports."""
+    ``export_tick(exported, of)`` follows the exports. With ``points_dir`` the workers write the
+    points' records there themselves (`worker.run_group`)."""
     by_base: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
     for key, params in todo:
@@ -310,7 +313,8 @@ def _run(
                 finish({"key": key, "params": params, "status": "error",
                         "error": f"export failed: {base_errors.get(bkey)}", "report": None, "seconds": 0.0})  # fmt: skip
             continue
-        tasks.append((worker.run_group, (bases[bkey], layers, pts)))
+        folder = None if points_dir is None else str(points_dir)
+        tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))
         task_points.append(pts)
     for i, records in ex.map_unordered(tasks):
         if isinstance(records, WorkerLost):

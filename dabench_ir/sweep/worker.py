@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from dabench_ir.report.model import _clean
@@ -31,10 +32,14 @@ def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
 
     The point is one run (`dabench_ir.run`), resolved and executed exactly as ``profile`` would,
     one chip or many."""
+    return _clean(_report_dict(graph, params))
+
+
+def _report_dict(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
     from dabench_ir.run import execute, resolve
 
     run = resolve(graph, params["target"], point_options(params))
-    return _clean(execute(run, graph).to_dict())
+    return execute(run, graph).to_dict()
 
 
 def _error_text(exc: BaseException) -> str:
@@ -42,11 +47,19 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip().rstrip(":")
 
 
-def run_group(base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def run_group(
+    base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]], folder: str | None = None,
+    node_detail: bool = True,
+) -> list[dict[str, Any]]:
     """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.
 
     Returns one record per point: ``{"key", "params", "status", "error", "seconds", "report"}``.
+    With ``folder`` (the sweep's ``points/``, when this worker shares the driver's files) each
+    record is written there (`results.write_point`; without its per-node rows unless
+    ``node_detail``) and what returns is ``{"key", "status", "error", "row"}``: the report
+    crosses no pipe.
     """
+    from dabench_ir.sweep import results
     from dabench_ir.sweep.graphs import build_graph
 
     records: list[dict[str, Any]] = []
@@ -64,12 +77,20 @@ def run_group(base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]]
         try:
             if setup_error is not None:
                 raise setup_error
-            record["report"] = profile_graph(graph if i == len(points) - 1 else graph.clone(), params)
+            record["report"] = _report_dict(graph if i == len(points) - 1 else graph.clone(), params)
         except Exception as exc:
             record["status"], record["error"] = "error", _error_text(exc)
             record["traceback"] = traceback.format_exc(limit=8)
         record["seconds"] = time.perf_counter() - t0 + share
-        records.append(record)
+        if folder is None or not node_detail:  # NaN as null first, as the file will say
+            record = _clean(record)
+        if folder is None:
+            records.append(record)
+            continue
+        if not node_detail:
+            results.strip_nodes(record)
+        row = results.write_point(Path(folder), record)  # its one encoding (NaN as null only if any)
+        records.append({"key": key, "status": record["status"], "error": record["error"], "row": row})
     return records
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,17 +70,62 @@ def run_validation(
     tick = bar or (lambda *a, **k: None)
     folder = Path(cache_dir) if cache_dir else _default_cache()
     graphs = _GraphCache(folder, say)
-    graphs.prefetch(_point_models(points), jobs=os.cpu_count() or 1)  # a cold cache: the exports in parallel
-    results: list[PointResult] = []
+    jobs = os.cpu_count() or 1
+    graphs.prefetch(_point_models(points), jobs=jobs)  # a cold cache: the exports in parallel
     order = sorted(range(len(points)), key=lambda i: (points[i].kind != "model", _graph_key(points[i])))
     done: dict[int, PointResult] = {}
-    for n, i in enumerate(order):
-        p = points[i]
-        tick(n, len(points), label=f"{p.id[:28]:28s} ")
-        done[i] = _run_point(p, graphs)
+    groups: dict[tuple, list[int]] = {}
+    for i in order:
+        if points[i].kind != "host":  # measured live: one at a time, nothing beside them
+            groups.setdefault(_graph_key(points[i]) if points[i].kind == "model" else ("", i), []).append(i)
+    if jobs > 1 and len(groups) > 1 and "torch" not in sys.modules:  # torch's pools do not survive a fork
+        deepest = sorted(groups.values(), key=lambda g: -_depth(points[g[0]]))  # the longest first: no long tail
+        _run_parallel(points, deepest, folder, min(jobs, len(groups)), done, tick)
+    for i in order:
+        if i not in done:  # serial: host points, a lost worker's points, or one core
+            p = points[i]
+            tick(len(done), len(points), label=f"{p.id[:28]:28s} ")
+            done[i] = _run_point(p, graphs)
     tick(len(points), len(points))
-    results = [done[i] for i in range(len(points))]
-    return Validation(results, seconds=time.perf_counter() - start)
+    return Validation([done[i] for i in range(len(points))], seconds=time.perf_counter() - start)
+
+
+def _depth(p: Point) -> int:
+    """A model point's layer count (what its time grows with); 0 for the other kinds."""
+    try:
+        return int(p.model.get("layers", 0)) if p.kind == "model" else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int,
+                  done: dict[int, PointResult], tick: Bar) -> None:  # fmt: skip
+    """Run ``groups`` of point indices (the points of one model together, so its graph is built
+    once) in ``jobs`` forked worker processes, filling ``done``; the points of a lost worker, or
+    all not done when a result cannot come back, are left out of ``done`` (the caller runs them here)."""
+    from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
+
+    tasks = [(_run_points, ([points[i] for i in group], str(folder))) for group in groups]
+    executor = LocalExecutor(jobs)
+    try:
+        for task, out in executor.map_unordered(tasks):
+            if isinstance(out, WorkerLost):
+                logger.warning("%s; its %d point(s) run here", out, len(groups[task]))
+                continue
+            for i, result in zip(groups[task], out, strict=True):
+                result.point = points[i]  # the catalogue's own object, not the worker's copy
+                done[i] = result
+            tick(len(done), len(points))
+    except Exception as exc:  # e.g. a result that does not pickle: the rest run in this process
+        logger.warning("points in worker processes stopped (%s: %s); the rest run here", type(exc).__name__, exc)
+    finally:
+        executor.close()
+
+
+def _run_points(points: list[Point], folder: str) -> list[PointResult]:
+    """A worker's task: ``points`` run in order on one graph cache (bases from ``folder``)."""
+    graphs = _GraphCache(Path(folder), lambda _m: None)
+    return [_run_point(p, graphs) for p in points]
 
 
 def _point_models(points: Sequence[Point]) -> list[dict[str, Any]]:
