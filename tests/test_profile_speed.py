@@ -49,3 +49,37 @@ def test_name_scopes_property():
 
     assert hypothesis
     check()
+
+
+def test_one_subcommand_parser_keeps_the_whole_command_line(capsys, tiny_matmul_path):
+    """`main` builds only the named subcommand's parser; what a user sees is the whole command line's:
+    a flag of another command is named as such, help before the command lists every command, a
+    misspelt command is refused with the list."""
+    from dabench_ir.cli import main
+
+    assert main(["profile", str(tiny_matmul_path), "--list"]) == 2
+    assert capsys.readouterr().err.strip() == "dabench-ir: error: profile has no --list; it is a flag of sweep, reproduce"
+    with pytest.raises(SystemExit) as done:
+        main(["-v", "-h", "profile"])
+    assert done.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("profile", "export", "sweep", "validate", "reproduce"))
+    assert main(["profil", str(tiny_matmul_path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'profil'" in err and "'sweep'" in err and err.count("\n") == 1
+
+
+def test_arity_is_checked_per_node_with_the_schema_looked_up_once():
+    """The schema counts are cached per op and opset; each node is still checked against them."""
+    from onnx import parser
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model
+
+    ok = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                            "{ B = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    check_onnx_model(ok)
+    bad = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                             "{ B = Relu(A)\n C = Relu(B, A) }")  # fmt: skip
+    with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\); Relu takes 1"):
+        check_onnx_model(bad)

@@ -21,6 +21,7 @@ nonsense figure or a hang further on into one line saying what is wrong with the
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import re
@@ -95,6 +96,7 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from _graphs(g)
 
 
+@functools.cache
 def _elem_name(code: int) -> str | None:
     import onnx
 
@@ -122,14 +124,21 @@ def _check_type(name: str, elem_type: int, dims: list[int], where: str, unsized:
         unsized.setdefault(name, label)
 
 
-def _value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[int]]:
+def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> None:
+    """A declared tensor's dims and element type (one read of its shape)."""
     if not vi.type.HasField("tensor_type"):
-        return 0, []
+        return
     tt = vi.type.tensor_type
-    dims = [d.dim_value for d in tt.shape.dim if d.HasField("dim_value")] if tt.HasField("shape") else []
-    if tt.HasField("shape") and len(tt.shape.dim) > MAX_RANK:
-        dims = [0] * len(tt.shape.dim)
-    return tt.elem_type, dims
+    dims: list[int] = []
+    if tt.HasField("shape"):
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                if d.dim_value < 0:
+                    raise InputError(f"{where}tensor {vi.name!r} has a negative dim {d.dim_value}; fix the model")
+                dims.append(d.dim_value)
+        if len(tt.shape.dim) > MAX_RANK:
+            dims = [0] * len(tt.shape.dim)
+    _check_type(vi.name, tt.elem_type, dims, where, unsized)
 
 
 def _check_external(init: onnx.TensorProto, where: str) -> None:
@@ -219,22 +228,32 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
                 _check_wiring(g, visible, opsets, where)
 
 
-def _check_arity(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
-    """A standard op given fewer or more inputs or outputs than its ONNX schema takes."""
+@functools.cache
+def _arity(op_type: str, version: int) -> tuple[int, int, int, int] | None:
+    """The standard op's (min, max) input and output counts at this opset; None where ONNX does not define it.
+    Looked up once per op and opset (a schema lookup per node was most of the wiring check)."""
     import onnx
 
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    if domain or "" not in opsets:
-        return  # contrib and custom ops: their own rules (or none)
     try:
-        schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+        schema = onnx.defs.get_schema(op_type, version, "")
     except onnx.defs.SchemaError:
+        return None
+    return schema.min_input, schema.max_input, schema.min_output, schema.max_output
+
+
+def _check_arity(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
+    """A standard op given fewer or more inputs or outputs than its ONNX schema takes."""
+    if node.domain not in ("", "ai.onnx") or "" not in opsets:
+        return  # contrib and custom ops: their own rules (or none)
+    counts = _arity(node.op_type, opsets[""])
+    if counts is None:
         return  # an op ONNX does not define here: reported where it is costed
+    min_input, max_input, min_output, max_output = counts
     ins = len(node.input)
     while ins and not node.input[ins - 1]:
         ins -= 1  # trailing optional inputs left out
-    for what, n, low, high in (("input", ins, schema.min_input, schema.max_input),
-                               ("output", len(node.output), schema.min_output, schema.max_output)):  # fmt: skip
+    for what, n, low, high in (("input", ins, min_input, max_input),
+                               ("output", len(node.output), min_output, max_output)):  # fmt: skip
         if not low <= n <= high:
             want = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
             raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {node.op_type} takes {want}; fix the model")
@@ -269,14 +288,7 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 _check_external(init, where)
         for vi in (*g.input, *g.output, *g.value_info):
-            elem, dims = _value_info_dims(vi)
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                for d in vi.type.tensor_type.shape.dim:
-                    if d.HasField("dim_value") and d.dim_value < 0:
-                        raise InputError(
-                            f"{where}tensor {vi.name!r} has a negative dim {d.dim_value}; fix the model"
-                        )
-            _check_type(vi.name, elem, dims, where, unsized)
+            _check_value_info(vi, where, unsized)
         for node in g.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
