@@ -8,6 +8,7 @@ help on stdout and exits 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -67,7 +68,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_GC_YOUNG = 100_000
+"""Allocations between young-generation collections in a command's process (Python's default: 700).
+A run allocates mostly acyclic records (nodes, values, rows) that reference counting frees; the
+default made the cyclic collector traverse them, and the imported modules, 125 times in a profile
+of a 2,000-node model (25-35 ms of a 0.45 s run). A long sweep still collects, every 100,000."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     args_list = list(sys.argv[1:] if argv is None else argv)
     head = args_list[: args_list.index("--") if "--" in args_list else None]
     debug = "--debug" in head

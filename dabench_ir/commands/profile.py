@@ -242,8 +242,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
     """Every file this run writes, with the flag that asks for it (one target or several)."""
-    from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
-
     names = [t.strip() for t in args.target.split(",") if t.strip()] if args.target and "," in args.target else []
     out: list[tuple[Path | str, str]] = []
     for flag in ("json", "csv", "html", "trace", "annotate"):
@@ -261,6 +259,8 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
             if flag == "csv" and not (names and f == Path(path)):  # the comparison CSV has no roles table
                 out.append((_roles_path(f), "--csv (its .roles.csv)"))
     if args.plots is not None:
+        from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
+
         stems = [_plot_stem(args.model, n) for n in names] if names else [Path(args.model).stem]
         out += [(plot_path(args.plots, stem, name, fmt), "--plots")
                 for stem in stems for name in PLOT_NAMES for fmt in PLOT_FORMATS]  # fmt: skip
