@@ -83,3 +83,23 @@ def test_arity_is_checked_per_node_with_the_schema_looked_up_once():
                              "{ B = Relu(A)\n C = Relu(B, A) }")  # fmt: skip
     with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\); Relu takes 1"):
         check_onnx_model(bad)
+
+
+def test_value_info_dims_read_once_keep_their_meaning():
+    """A dim read by value first: a size, a symbol, an explicit 0 and an unknown dim each keep their reading,
+    and the first negative dim of a declared tensor is the one named."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import _check_value_info
+    from dabench_ir.frontends.onnx import _tensor_type
+    from dabench_ir.ir import DType
+
+    vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, "seq", 0])
+    assert _tensor_type(vi.type).shape == (4, "seq", 0) and _tensor_type(vi.type).dtype is DType.from_onnx(1)
+    vi.type.tensor_type.shape.dim.add()  # neither a value nor a symbol: the shape is unknown
+    assert _tensor_type(vi.type).shape is None
+    bad = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "b", -3, -5])
+    with pytest.raises(InputError, match="tensor 'y' has a negative dim -3; fix the model"):
+        _check_value_info(bad, "", {})
+    _check_value_info(vi, "", {})

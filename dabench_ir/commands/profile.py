@@ -225,10 +225,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     import os
 
     from dabench_ir.fileio import check_input_file, plan_outputs
-    from dabench_ir.models.presets import names_preset
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     if models == [args.model] and not os.path.lexists(args.model):
+        from dabench_ir.models.presets import names_preset  # a file needs no preset catalogue
+
         models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")

@@ -129,16 +129,14 @@ def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, st
     if not vi.type.HasField("tensor_type"):
         return
     tt = vi.type.tensor_type
-    dims: list[int] = []
+    rank = 0
     if tt.HasField("shape"):
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                if d.dim_value < 0:
-                    raise InputError(f"{where}tensor {vi.name!r} has a negative dim {d.dim_value}; fix the model")
-                dims.append(d.dim_value)
-        if len(tt.shape.dim) > MAX_RANK:
-            dims = [0] * len(tt.shape.dim)
-    _check_type(vi.name, tt.elem_type, dims, where, unsized)
+        dims = [d.dim_value for d in tt.shape.dim]  # a symbolic or unknown dim reads 0
+        if dims and min(dims) < 0:
+            first = next(d for d in dims if d < 0)
+            raise InputError(f"{where}tensor {vi.name!r} has a negative dim {first}; fix the model")
+        rank = len(dims)
+    _check_type(vi.name, tt.elem_type, [0] * rank if rank > MAX_RANK else [], where, unsized)  # rank: of every dim
 
 
 def _check_external(init: onnx.TensorProto, where: str) -> None:
@@ -192,11 +190,16 @@ def _node_label(node: onnx.NodeProto) -> str:
 def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str) -> None:
     """Every tensor defined once, every node input defined (here or in an enclosing graph),
     and each standard op's input and output counts within its schema; subgraphs recursively."""
-    defined: dict[str, str] = {}
+    defined: dict[str, str | onnx.NodeProto] = {}  # what defines each name: a node's label is made on error only
 
-    def define(name: str, by: str) -> None:
+    def label(by: str | onnx.NodeProto) -> str:
+        return by if isinstance(by, str) else _node_label(by)
+
+    def define(name: str, by: str | onnx.NodeProto) -> None:
         if name in defined:
-            raise InputError(f"{where}tensor {name!r} is defined twice ({defined[name]} and {by}); each name must be unique")
+            raise InputError(
+                f"{where}tensor {name!r} is defined twice ({label(defined[name])} and {label(by)}); each name must be unique"
+            )
         defined[name] = by
 
     for vi in graph.input:
@@ -213,7 +216,7 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
     for node in graph.node:
         for out in node.output:
             if out:
-                define(out, _node_label(node))
+                define(out, node)
     visible = outer | frozenset(defined)
     for node in graph.node:
         _check_arity(node, opsets, where)

@@ -90,7 +90,7 @@ def _all_initializers(graph: onnx.GraphProto):
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
-            if attr.g.node or attr.g.initializer:
+            if attr.HasField("g") and (attr.g.node or attr.g.initializer):
                 yield from _all_initializers(attr.g)
             for g in attr.graphs:
                 yield from _all_initializers(g)
@@ -105,10 +105,13 @@ def _tensor_type(type_proto) -> TensorType:
         return TensorType(None, dtype)
     dims: list[int | str] = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(d.dim_value)
+        value = d.dim_value  # 0 when unset
+        if value:  # a size: the common case, one read
+            dims.append(value)
         elif d.dim_param:
             dims.append(d.dim_param)
+        elif d.HasField("dim_value"):
+            dims.append(0)
         else:  # shape inference could not tell this dim: the shape is unknown
             return TensorType(None, dtype)
     return TensorType(tuple(dims), dtype)
@@ -131,9 +134,13 @@ def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
 
 def _scope_of(node: onnx.NodeProto) -> str:
     """Module path the exporter recorded for this node, or '' when none was recorded."""
-    wanted = ("pkg.torch.onnx.name_scopes", "namespace")  # read only these: the other props (stack traces) are long
-    props = {p.key: p.value for p in node.metadata_props if p.key in wanted}
-    scopes = props.get("pkg.torch.onnx.name_scopes")
+    scopes = namespace = None  # read only these two: the other props (stack traces) are long
+    for p in node.metadata_props:
+        key = p.key
+        if key == "pkg.torch.onnx.name_scopes":
+            scopes = p.value
+        elif key == "namespace":
+            namespace = p.value
     if scopes:
         entries = safe_name_scopes(scopes)
         # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
@@ -141,7 +148,6 @@ def _scope_of(node: onnx.NodeProto) -> str:
             return entries[-2]
         if entries and layer_from_scope(entries[0]) is not None:
             return entries[0]
-    namespace = props.get("namespace")
     if namespace:
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
         parts = [p.split(":")[0].strip() for p in namespace.split("/")]
