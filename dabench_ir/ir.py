@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -164,7 +165,7 @@ class TensorType:
 
     def bind(self, bindings: Mapping[str, int]) -> TensorType:
         """This type with every bound symbol replaced by its value."""
-        if self.shape is None or not self.symbols:
+        if self.shape is None or all(type(d) is int for d in self.shape):  # static: nothing to bind
             return self
         shape = tuple(bindings.get(d, d) if isinstance(d, str) else d for d in self.shape)
         return TensorType(shape, self.dtype)
@@ -436,7 +437,7 @@ class Cost:
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(*[getattr(self, name) + getattr(other, name) for name in _COST_FIELDS])  # no fields() per add
+        return Cost(*map(operator.add, _cost_fields(self), _cost_fields(other)))  # field by field, in C
 
     def __radd__(self, other: object) -> Cost:
         if other == 0:  # lets sum() start from its default 0
@@ -465,5 +466,5 @@ class Cost:
         return {f.name: getattr(self, f.name) for f in fields(Cost)}
 
 
-_COST_FIELDS = tuple(f.name for f in fields(Cost))
+_cost_fields = operator.attrgetter(*(f.name for f in fields(Cost)))
 ZERO_COST = Cost()
