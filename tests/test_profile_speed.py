@@ -103,3 +103,20 @@ def test_value_info_dims_read_once_keep_their_meaning():
     with pytest.raises(InputError, match="tensor 'y' has a negative dim -3; fix the model"):
         _check_value_info(bad, "", {})
     _check_value_info(vi, "", {})
+
+
+def test_static_and_symbolic_types_after_the_fast_paths():
+    """A static shape binds to itself and has no symbols; a symbolic one still resolves, and names what is unbound."""
+    from dabench_ir.errors import UnboundSymbolError
+    from dabench_ir.ir import Cost, DType, TensorType
+
+    static = TensorType((2, 3), DType.FLOAT16)
+    assert static.bind({"b": 4}) is static and static.symbols == frozenset() and static.nbytes() == 12
+    sym = TensorType(("b", 3, "s"), DType.FLOAT32)
+    assert sym.symbols == {"b", "s"} and sym.bind({"b": 4}).shape == (4, 3, "s")
+    assert sym.nbytes({"b": 4, "s": 5}) == sym.bind({"b": 4}).nbytes({"s": 5}) == 240
+    with pytest.raises(UnboundSymbolError) as unbound:
+        sym.dims({"b": 4})
+    assert unbound.value.symbols == {"s"}
+    assert TensorType((), DType.INT64).dims() == () and TensorType((), DType.INT64).nbytes() == 8
+    assert Cost(1, 2, 3, 4, 5, 6) + Cost(10, 20, 30, 40, 50, 60) == Cost(11, 22, 33, 44, 55, 66)
