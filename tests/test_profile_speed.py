@@ -120,3 +120,28 @@ def test_static_and_symbolic_types_after_the_fast_paths():
     assert unbound.value.symbols == {"s"}
     assert TensorType((), DType.INT64).dims() == () and TensorType((), DType.INT64).nbytes() == 8
     assert Cost(1, 2, 3, 4, 5, 6) + Cost(10, 20, 30, 40, 50, 60) == Cost(11, 22, 33, 44, 55, 66)
+
+
+def test_wiring_of_a_subgraph_is_still_checked():
+    """The node names read once for the model's graph; a subgraph's are read by its own check: a branch
+    reading a tensor nothing defines, and a branch op with too many inputs, are each refused."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model
+
+    def model(branch_node):
+        out = helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])
+        branch = helper.make_graph([branch_node], "b", [], [out])
+        graph = helper.make_graph(
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g",
+            [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    check_onnx_model(model(helper.make_node("Relu", ["x"], ["r"])))  # reads the enclosing graph's input
+    with pytest.raises(InputError, match="a Relu node reads tensor 'w', which no input"):
+        check_onnx_model(model(helper.make_node("Relu", ["w"], ["r"])))
+    with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\)"):
+        check_onnx_model(model(helper.make_node("Relu", ["x", "x"], ["r"])))

@@ -150,17 +150,22 @@ def _check_external(init: onnx.TensorProto, where: str) -> None:
                 )
 
 
-def _check_acyclic(graph: onnx.GraphProto, where: str) -> None:
+def _node_io(graph: onnx.GraphProto) -> list[tuple[list[str], list[str]]]:
+    """Each node's input and output names, read once from the protos for the checks that walk them."""
+    return [(list(node.input), list(node.output)) for node in graph.node]
+
+
+def _check_acyclic(graph: onnx.GraphProto, io: list[tuple[list[str], list[str]]], where: str) -> None:
     """Refuse a cycle among the nodes of one graph (Kahn's algorithm over producer edges)."""
     producer: dict[str, int] = {}
-    for i, node in enumerate(graph.node):
-        for out in node.output:
+    for i, (_, outputs) in enumerate(io):
+        for out in outputs:
             if out:
                 producer.setdefault(out, i)
     deps: list[set[int]] = []
     users: dict[int, list[int]] = {}
-    for i, node in enumerate(graph.node):
-        d = {producer[x] for x in node.input if x in producer}
+    for i, (inputs, _) in enumerate(io):
+        d = {producer[x] for x in inputs if x in producer}
         deps.append(d)
         for j in d:
             users.setdefault(j, []).append(i)
@@ -187,9 +192,12 @@ def _node_label(node: onnx.NodeProto) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node"
 
 
-def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str) -> None:
+def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str,
+                  io: list[tuple[list[str], list[str]]] | None = None) -> None:  # fmt: skip
     """Every tensor defined once, every node input defined (here or in an enclosing graph),
-    and each standard op's input and output counts within its schema; subgraphs recursively."""
+    and each standard op's input and output counts within its schema; subgraphs recursively.
+    ``io``: the graph's `_node_io`, when the caller has it."""
+    io = _node_io(graph) if io is None else io
     defined: dict[str, str | onnx.NodeProto] = {}  # what defines each name: a node's label is made on error only
 
     def label(by: str | onnx.NodeProto) -> str:
@@ -213,14 +221,14 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
             define(init.name, "an initializer")
     for init in graph.sparse_initializer:
         define(init.values.name, "a sparse initializer")
-    for node in graph.node:
-        for out in node.output:
+    for node, (_, outputs) in zip(graph.node, io, strict=True):
+        for out in outputs:
             if out:
                 define(out, node)
     visible = outer | frozenset(defined)
-    for node in graph.node:
-        _check_arity(node, opsets, where)
-        for name in node.input:
+    for node, (inputs, _) in zip(graph.node, io, strict=True):
+        _check_arity(node, inputs, len(outputs), opsets, where)
+        for name in inputs:
             if name and name not in visible:
                 raise InputError(
                     f"{where}{_node_label(node)} reads tensor {name!r}, which no input, initializer or node "
@@ -244,19 +252,20 @@ def _arity(op_type: str, version: int) -> tuple[int, int, int, int] | None:
     return schema.min_input, schema.max_input, schema.min_output, schema.max_output
 
 
-def _check_arity(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
-    """A standard op given fewer or more inputs or outputs than its ONNX schema takes."""
+def _check_arity(node: onnx.NodeProto, inputs: list[str], outputs: int, opsets: dict[str, int], where: str) -> None:
+    """A standard op given fewer or more inputs or outputs than its ONNX schema takes (``inputs``: the
+    node's input names; ``outputs``: how many outputs it lists)."""
     if node.domain not in ("", "ai.onnx") or "" not in opsets:
         return  # contrib and custom ops: their own rules (or none)
     counts = _arity(node.op_type, opsets[""])
     if counts is None:
         return  # an op ONNX does not define here: reported where it is costed
     min_input, max_input, min_output, max_output = counts
-    ins = len(node.input)
-    while ins and not node.input[ins - 1]:
+    ins = len(inputs)
+    while ins and not inputs[ins - 1]:
         ins -= 1  # trailing optional inputs left out
     for what, n, low, high in (("input", ins, min_input, max_input),
-                               ("output", len(node.output), min_output, max_output)):  # fmt: skip
+                               ("output", outputs, min_output, max_output)):  # fmt: skip
         if not low <= n <= high:
             want = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
             raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {node.op_type} takes {want}; fix the model")
@@ -285,6 +294,7 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
 
     where = f"{path}: " if path is not None else ""
     unsized: dict[str, str] = {}
+    top_io = None
     for g in _graphs(model.graph):
         for init in g.initializer:
             _check_type(init.name, init.data_type, list(init.dims), where, unsized)
@@ -297,9 +307,12 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
                 if attr.HasField("t"):
                     _check_type(f"{node.name or node.op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims),
                                 where, unsized)  # fmt: skip
-        _check_acyclic(g, where)
+        io = _node_io(g)
+        _check_acyclic(g, io, where)
+        if top_io is None:  # `_graphs` yields the model's own graph first
+            top_io = io
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    _check_wiring(model.graph, frozenset(), opsets, where)
+    _check_wiring(model.graph, frozenset(), opsets, where, top_io)
     if unsized:
         first, label = next(iter(unsized.items()))
         logger.warning(

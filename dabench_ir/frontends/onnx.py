@@ -35,6 +35,8 @@ WEIGHTS_METADATA_KEY = MODEL_WEIGHTS
 """Model metadata key: JSON list of graph-input names that hold parameters."""
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_GRAPH_ATTRS = (5, 10)  # onnx.AttributeProto.GRAPH, GRAPHS: an attribute holding a subgraph
+_TENSOR_ATTR = 4  # onnx.AttributeProto.TENSOR
 
 SHAPE_MODEL = "onnx.shape_model"
 """Graph-level annotation: the model without weight data or inferred shapes, kept when the graph
@@ -217,18 +219,26 @@ def load_onnx(
             existing.kind = ValueKind.OUTPUT
 
     nodes: list[Node] = []
+    scope_layers: dict[str, int | None] = {}  # a module's nodes share its scope, and so its layer
     for proto, name in zip(g.node, onnx_node_names(g), strict=True):
+        op_type = proto.op_type
+        attrs, nested = _attributes(proto)
         node = Node(
             name=name,
-            op_type=proto.op_type,
+            op_type=op_type,
             domain=proto.domain or "",
             inputs=list(proto.input),
             outputs=list(proto.output),
-            attrs=_attributes(proto),
+            attrs=attrs,
         )
-        node.scope = _scope_of(proto)
-        node.layer = layer_from_scope(node.scope) if node.scope else layer_from_scope(name)
-        if proto.op_type in _SUBGRAPH_OPS or any(a.type in (5, 10) for a in proto.attribute):
+        node.scope = scope = _scope_of(proto)
+        if not scope:
+            node.layer = layer_from_scope(name)
+        elif scope in scope_layers:
+            node.layer = scope_layers[scope]
+        else:
+            node.layer = scope_layers[scope] = layer_from_scope(scope)
+        if nested or op_type in _SUBGRAPH_OPS:
             node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:
             if not out:
@@ -237,7 +247,7 @@ def load_onnx(
             if value is None:
                 value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
             value.producer = name
-            if proto.op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
+            if op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
                 value.scalar = _scalar(proto.attribute[0].t)
         nodes.append(node)
 
@@ -351,7 +361,7 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 else:
                     attrs = {a.name: a.i for a in node.attribute}
                     outputs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)]
-            elif (node.domain in ("", "ai.onnx") and not any(a.type in (5, 10) for a in node.attribute)
+            elif (node.domain in ("", "ai.onnx") and not any(a.type in _GRAPH_ATTRS for a in node.attribute)
                   and all(not i or i in known for i in node.input)):  # fmt: skip
                 try:
                     run = ReferenceEvaluator(node, opsets={"": opset.get("", 18)})
@@ -496,14 +506,18 @@ def _looks_like_parameter(init: onnx.TensorProto) -> bool:
     return dtype.is_float and len(init.dims) >= 1 and numel > 1
 
 
-def _attributes(proto: onnx.NodeProto) -> dict[str, object]:
+def _attributes(proto: onnx.NodeProto) -> tuple[dict[str, object], bool]:
+    """The node's attributes by name, and whether one holds a subgraph (one read of them)."""
     import onnx
 
     out: dict[str, object] = {}
+    nested = False
     for attr in proto.attribute:
-        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        kind = attr.type
+        if kind in _GRAPH_ATTRS:
             out[attr.name] = "<subgraph>"
-        elif attr.type == onnx.AttributeProto.TENSOR:
+            nested = True
+        elif kind == _TENSOR_ATTR:
             out[attr.name] = TensorType(tuple(attr.t.dims), DType.from_onnx(attr.t.data_type))
         else:
             value = onnx.helper.get_attribute_value(attr)
@@ -512,4 +526,4 @@ def _attributes(proto: onnx.NodeProto) -> dict[str, object]:
             elif isinstance(value, list):
                 value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
             out[attr.name] = value
-    return out
+    return out, nested
