@@ -173,3 +173,21 @@ def test_inference_without_data_propagation_only_where_every_output_is_declared_
     assert check_onnx_model(refused) is True
     with pytest.raises(InputError, match="Incompatible dimensions"):
         infer_checked(refused, declared_static=True)
+
+
+def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
+    """`main` raises the young-generation threshold; it freezes what is left only when it runs the process's
+    own command line (argv None), never for a caller that goes on (tests, the API)."""
+    import gc
+    import subprocess
+    import sys
+
+    from dabench_ir.cli import _GC_YOUNG, main
+
+    before = gc.get_freeze_count()
+    assert main(["profile", str(tiny_matmul_path), "--quiet"]) == 0
+    assert gc.get_freeze_count() == before and gc.get_threshold()[0] == _GC_YOUNG
+    code = ("import gc, sys; from dabench_ir.cli import main; sys.argv = ['dabench-ir', 'profile', sys.argv[1], "
+            "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "True"]
