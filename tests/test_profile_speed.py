@@ -83,6 +83,10 @@ def test_arity_is_checked_per_node_with_the_schema_looked_up_once():
                              "{ B = Relu(A)\n C = Relu(B, A) }")  # fmt: skip
     with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\); Relu takes 1"):
         check_onnx_model(bad)
+    outputs = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                                 "{ B, D = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    with pytest.raises(InputError, match=r"a Relu node has 2 output\(s\); Relu takes 1"):
+        check_onnx_model(outputs)  # each node's own count, not the last node's
 
 
 def test_value_info_dims_read_once_keep_their_meaning():

@@ -232,7 +232,7 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
             if out:
                 define(out, node)
     visible = outer | frozenset(defined)
-    for node, (inputs, _) in zip(graph.node, io, strict=True):
+    for node, (inputs, outputs) in zip(graph.node, io, strict=True):
         _check_arity(node, inputs, len(outputs), opsets, where)
         for name in inputs:
             if name and name not in visible:
