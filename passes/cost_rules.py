@@ -33,7 +33,7 @@ from typing import Any
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.frontends import contrib_types as _types
-from dabench_ir.ir import Cost, Graph, Node, TensorType
+from dabench_ir.ir import Cost, Graph, Node, TensorType, Value
 
 __all__ = [
     "CPU_GELU_TANH",
@@ -385,11 +385,14 @@ class OpView:
     def has_input(self, i: int) -> bool:
         return i < len(self.node.inputs) and bool(self.node.inputs[i])
 
-    def _type(self, name: str) -> TensorType:
+    def _value(self, name: str) -> Value:
         value = self.graph.values.get(name)
         if value is None or value.type.shape is None:
             raise ShapeUnknownError(f"shape of {name!r} is unknown (shape inference could not infer it)")
-        return value.type.bind(self.graph.bindings)
+        return value
+
+    def _type(self, name: str) -> TensorType:
+        return self._value(name).type.bind(self.graph.bindings)
 
     def in_type(self, i: int) -> TensorType:
         return self._type(self.node.inputs[i])
@@ -422,14 +425,15 @@ class OpView:
             if not name or i in self.rule.params or name in seen:
                 continue
             seen.add(name)
-            nbytes = self._type(name).nbytes(self.graph.bindings)
-            if self.graph.values[name].kind.is_stored:
+            value = self._value(name)
+            nbytes = value.type.nbytes(self.graph.bindings)  # resolves the symbols: no bind() needed
+            if value.kind.is_stored:
                 weight += nbytes
             else:
                 act_in += nbytes
         for name in self.node.outputs:
             if name:
-                act_out += self._type(name).nbytes(self.graph.bindings)
+                act_out += self._value(name).type.nbytes(self.graph.bindings)
         return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out)
 
     def cost(self) -> Cost:

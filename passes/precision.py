@@ -119,12 +119,13 @@ def dominant_storage_dtype(graph: Graph) -> str | None:
     Counted per element, not per value or per node, so it can differ from `graph_compute_dtype`."""
     counts: dict[str, int] = {}
     for value in graph.values.values():
-        if value.type.dtype.is_float and value.type.shape is not None:
+        t = value.type
+        if t.shape is not None and t.dtype.is_float:
             try:
-                n = value.type.numel(graph.bindings)
+                n = t.numel(graph.bindings)
             except UserError:
                 n = 1
-            counts[str(value.type.dtype)] = counts.get(str(value.type.dtype), 0) + n
+            counts[t.dtype.short] = counts.get(t.dtype.short, 0) + n  # short: its str
     return max(counts, key=counts.__getitem__) if counts else None
 
 

@@ -49,3 +49,149 @@ def test_name_scopes_property():
 
     assert hypothesis
     check()
+
+
+def test_one_subcommand_parser_keeps_the_whole_command_line(capsys, tiny_matmul_path):
+    """`main` builds only the named subcommand's parser; what a user sees is the whole command line's:
+    a flag of another command is named as such, help before the command lists every command, a
+    misspelt command is refused with the list."""
+    from dabench_ir.cli import main
+
+    assert main(["profile", str(tiny_matmul_path), "--list"]) == 2
+    assert capsys.readouterr().err.strip() == "dabench-ir: error: profile has no --list; it is a flag of sweep, reproduce"
+    with pytest.raises(SystemExit) as done:
+        main(["-v", "-h", "profile"])
+    assert done.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("profile", "export", "sweep", "validate", "reproduce"))
+    assert main(["profil", str(tiny_matmul_path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'profil'" in err and "'sweep'" in err and err.count("\n") == 1
+
+
+def test_arity_is_checked_per_node_with_the_schema_looked_up_once():
+    """The schema counts are cached per op and opset; each node is still checked against them."""
+    from onnx import parser
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model
+
+    ok = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                            "{ B = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    check_onnx_model(ok)
+    bad = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                             "{ B = Relu(A)\n C = Relu(B, A) }")  # fmt: skip
+    with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\); Relu takes 1"):
+        check_onnx_model(bad)
+    outputs = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
+                                 "{ B, D = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    with pytest.raises(InputError, match=r"a Relu node has 2 output\(s\); Relu takes 1"):
+        check_onnx_model(outputs)  # each node's own count, not the last node's
+
+
+def test_value_info_dims_read_once_keep_their_meaning():
+    """A dim read by value first: a size, a symbol, an explicit 0 and an unknown dim each keep their reading,
+    and the first negative dim of a declared tensor is the one named."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import _check_value_info
+    from dabench_ir.frontends.onnx import _tensor_type
+    from dabench_ir.ir import DType
+
+    vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, "seq", 0])
+    assert _tensor_type(vi.type).shape == (4, "seq", 0) and _tensor_type(vi.type).dtype is DType.from_onnx(1)
+    vi.type.tensor_type.shape.dim.add()  # neither a value nor a symbol: the shape is unknown
+    assert _tensor_type(vi.type).shape is None
+    bad = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "b", -3, -5])
+    with pytest.raises(InputError, match="tensor 'y' has a negative dim -3; fix the model"):
+        _check_value_info(bad, "", {})
+    _check_value_info(vi, "", {})
+
+
+def test_static_and_symbolic_types_after_the_fast_paths():
+    """A static shape binds to itself and has no symbols; a symbolic one still resolves, and names what is unbound."""
+    from dabench_ir.errors import UnboundSymbolError
+    from dabench_ir.ir import Cost, DType, TensorType
+
+    static = TensorType((2, 3), DType.FLOAT16)
+    assert static.bind({"b": 4}) is static and static.symbols == frozenset() and static.nbytes() == 12
+    sym = TensorType(("b", 3, "s"), DType.FLOAT32)
+    assert sym.symbols == {"b", "s"} and sym.bind({"b": 4}).shape == (4, 3, "s")
+    assert sym.nbytes({"b": 4, "s": 5}) == sym.bind({"b": 4}).nbytes({"s": 5}) == 240
+    with pytest.raises(UnboundSymbolError) as unbound:
+        sym.dims({"b": 4})
+    assert unbound.value.symbols == {"s"}
+    assert TensorType((), DType.INT64).dims() == () and TensorType((), DType.INT64).nbytes() == 8
+    assert Cost(1, 2, 3, 4, 5, 6) + Cost(10, 20, 30, 40, 50, 60) == Cost(11, 22, 33, 44, 55, 66)
+
+
+def test_wiring_of_a_subgraph_is_still_checked():
+    """The node names read once for the model's graph; a subgraph's are read by its own check: a branch
+    reading a tensor nothing defines, and a branch op with too many inputs, are each refused."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model
+
+    def model(branch_node):
+        out = helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])
+        branch = helper.make_graph([branch_node], "b", [], [out])
+        graph = helper.make_graph(
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g",
+            [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    assert check_onnx_model(model(helper.make_node("Relu", ["x"], ["r"]))) is False  # reads the outer input; a subgraph
+    with pytest.raises(InputError, match="a Relu node reads tensor 'w', which no input"):
+        check_onnx_model(model(helper.make_node("Relu", ["w"], ["r"])))
+    with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\)"):
+        check_onnx_model(model(helper.make_node("Relu", ["x", "x"], ["r"])))
+
+
+def test_inference_without_data_propagation_only_where_every_output_is_declared_static():
+    """A model declaring a static shape for every node output is inferred without data propagation, and the
+    inferred model is the one full inference gives; a symbolic dim, an undeclared output or a subgraph keeps
+    the full inference, and a refused shape is still refused with the op's own message."""
+    import onnx
+    from onnx import parser
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model, infer_checked
+
+    head = '<ir_version: 8, opset_import: ["" : 17]>'
+    shape = "<int64[2] s = {4, 8}>"  # a Reshape target from a constant; data propagation adds nothing here
+    static = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
+                                "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    static.graph.value_info.append(onnx.helper.make_tensor_value_info("B", onnx.TensorProto.FLOAT, [2, 16]))
+    assert check_onnx_model(static) is True
+    full = onnx.shape_inference.infer_shapes(static, strict_mode=True, data_prop=True)
+    assert infer_checked(static, declared_static=True).SerializeToString() == full.SerializeToString()
+    undeclared = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
+                                    "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    symbolic = parser.parse_model(f"{head} g (float[n,16] A) => (float[n,16] C) {{ C = Relu(A) }}")
+    assert check_onnx_model(undeclared) is False and check_onnx_model(symbolic) is False
+    refused = parser.parse_model(f"{head} g (float[4,7] A, float[64,64] W) => (float[4,64] C) {{ C = MatMul(A, W) }}")
+    assert check_onnx_model(refused) is True
+    with pytest.raises(InputError, match="Incompatible dimensions"):
+        infer_checked(refused, declared_static=True)
+
+
+def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
+    """`main` raises the young-generation threshold; it freezes what is left only when it runs the process's
+    own command line (argv None), never for a caller that goes on (tests, the API)."""
+    import gc
+    import subprocess
+    import sys
+
+    from dabench_ir.cli import _GC_YOUNG, main
+
+    before = gc.get_freeze_count()
+    assert main(["profile", str(tiny_matmul_path), "--quiet"]) == 0
+    assert gc.get_freeze_count() == before and gc.get_threshold()[0] == _GC_YOUNG
+    code = ("import gc, sys; from dabench_ir.cli import main; sys.argv = ['dabench-ir', 'profile', sys.argv[1], "
+            "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "True"]

@@ -225,10 +225,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     import os
 
     from dabench_ir.fileio import check_input_file, plan_outputs
-    from dabench_ir.models.presets import names_preset
 
     models = [args.model] if os.path.lexists(args.model) else [m for m in args.model.split(",") if m]  # prefill,decode
     if models == [args.model] and not os.path.lexists(args.model):
+        from dabench_ir.models.presets import names_preset  # a file needs no preset catalogue
+
         models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
@@ -242,8 +243,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
     """Every file this run writes, with the flag that asks for it (one target or several)."""
-    from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
-
     names = [t.strip() for t in args.target.split(",") if t.strip()] if args.target and "," in args.target else []
     out: list[tuple[Path | str, str]] = []
     for flag in ("json", "csv", "html", "trace", "annotate"):
@@ -261,6 +260,8 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
             if flag == "csv" and not (names and f == Path(path)):  # the comparison CSV has no roles table
                 out.append((_roles_path(f), "--csv (its .roles.csv)"))
     if args.plots is not None:
+        from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
+
         stems = [_plot_stem(args.model, n) for n in names] if names else [Path(args.model).stem]
         out += [(plot_path(args.plots, stem, name, fmt), "--plots")
                 for stem in stems for name in PLOT_NAMES for fmt in PLOT_FORMATS]  # fmt: skip

@@ -21,6 +21,7 @@ nonsense figure or a hang further on into one line saying what is wrong with the
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import re
@@ -33,7 +34,7 @@ from dabench_ir.errors import InputError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
+__all__ = ["GRAPH_ATTRS", "MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ MAX_RANK = 64
 
 MAX_METADATA_CHARS = 1 << 20
 """Exporter metadata longer than this (1 MiB) is ignored rather than parsed."""
+
+GRAPH_ATTRS = (5, 10)
+"""The attribute types that hold a subgraph (``onnx.AttributeProto.GRAPH``, ``GRAPHS``)."""
 
 _UNSIZED = {"STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"}
 
@@ -95,6 +99,7 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from _graphs(g)
 
 
+@functools.cache
 def _elem_name(code: int) -> str | None:
     import onnx
 
@@ -122,14 +127,22 @@ def _check_type(name: str, elem_type: int, dims: list[int], where: str, unsized:
         unsized.setdefault(name, label)
 
 
-def _value_info_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[int]]:
+def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> bool:
+    """A declared tensor's dims and element type (one read of its shape); whether every dim is a size."""
     if not vi.type.HasField("tensor_type"):
-        return 0, []
+        return False
     tt = vi.type.tensor_type
-    dims = [d.dim_value for d in tt.shape.dim if d.HasField("dim_value")] if tt.HasField("shape") else []
-    if tt.HasField("shape") and len(tt.shape.dim) > MAX_RANK:
-        dims = [0] * len(tt.shape.dim)
-    return tt.elem_type, dims
+    rank = 0
+    static = tt.HasField("shape")
+    if static:
+        dims = [d.dim_value for d in tt.shape.dim]  # a symbolic or unknown dim reads 0
+        if dims and min(dims) < 0:
+            first = next(d for d in dims if d < 0)
+            raise InputError(f"{where}tensor {vi.name!r} has a negative dim {first}; fix the model")
+        rank = len(dims)
+        static = not dims or min(dims) > 0  # a symbol or an unknown dim reads 0 (an explicit 0 counts as not static)
+    _check_type(vi.name, tt.elem_type, [0] * rank if rank > MAX_RANK else [], where, unsized)  # rank: of every dim
+    return static
 
 
 def _check_external(init: onnx.TensorProto, where: str) -> None:
@@ -143,17 +156,22 @@ def _check_external(init: onnx.TensorProto, where: str) -> None:
                 )
 
 
-def _check_acyclic(graph: onnx.GraphProto, where: str) -> None:
+def _node_io(graph: onnx.GraphProto) -> list[tuple[list[str], list[str]]]:
+    """Each node's input and output names, read once from the protos for the checks that walk them."""
+    return [(list(node.input), list(node.output)) for node in graph.node]
+
+
+def _check_acyclic(graph: onnx.GraphProto, io: list[tuple[list[str], list[str]]], where: str) -> None:
     """Refuse a cycle among the nodes of one graph (Kahn's algorithm over producer edges)."""
     producer: dict[str, int] = {}
-    for i, node in enumerate(graph.node):
-        for out in node.output:
+    for i, (_, outputs) in enumerate(io):
+        for out in outputs:
             if out:
                 producer.setdefault(out, i)
     deps: list[set[int]] = []
     users: dict[int, list[int]] = {}
-    for i, node in enumerate(graph.node):
-        d = {producer[x] for x in node.input if x in producer}
+    for i, (inputs, _) in enumerate(io):
+        d = {producer[x] for x in inputs if x in producer}
         deps.append(d)
         for j in d:
             users.setdefault(j, []).append(i)
@@ -180,14 +198,22 @@ def _node_label(node: onnx.NodeProto) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"a {node.op_type} node"
 
 
-def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str) -> None:
+def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str,
+                  io: list[tuple[list[str], list[str]]] | None = None) -> None:  # fmt: skip
     """Every tensor defined once, every node input defined (here or in an enclosing graph),
-    and each standard op's input and output counts within its schema; subgraphs recursively."""
-    defined: dict[str, str] = {}
+    and each standard op's input and output counts within its schema; subgraphs recursively.
+    ``io``: the graph's `_node_io`, when the caller has it."""
+    io = _node_io(graph) if io is None else io
+    defined: dict[str, str | onnx.NodeProto] = {}  # what defines each name: a node's label is made on error only
 
-    def define(name: str, by: str) -> None:
+    def label(by: str | onnx.NodeProto) -> str:
+        return by if isinstance(by, str) else _node_label(by)
+
+    def define(name: str, by: str | onnx.NodeProto) -> None:
         if name in defined:
-            raise InputError(f"{where}tensor {name!r} is defined twice ({defined[name]} and {by}); each name must be unique")
+            raise InputError(
+                f"{where}tensor {name!r} is defined twice ({label(defined[name])} and {label(by)}); each name must be unique"
+            )
         defined[name] = by
 
     for vi in graph.input:
@@ -201,14 +227,14 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
             define(init.name, "an initializer")
     for init in graph.sparse_initializer:
         define(init.values.name, "a sparse initializer")
-    for node in graph.node:
-        for out in node.output:
+    for node, (_, outputs) in zip(graph.node, io, strict=True):
+        for out in outputs:
             if out:
-                define(out, _node_label(node))
+                define(out, node)
     visible = outer | frozenset(defined)
-    for node in graph.node:
-        _check_arity(node, opsets, where)
-        for name in node.input:
+    for node, (inputs, outputs) in zip(graph.node, io, strict=True):
+        _check_arity(node, inputs, len(outputs), opsets, where)
+        for name in inputs:
             if name and name not in visible:
                 raise InputError(
                     f"{where}{_node_label(node)} reads tensor {name!r}, which no input, initializer or node "
@@ -219,33 +245,54 @@ def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[st
                 _check_wiring(g, visible, opsets, where)
 
 
-def _check_arity(node: onnx.NodeProto, opsets: dict[str, int], where: str) -> None:
-    """A standard op given fewer or more inputs or outputs than its ONNX schema takes."""
+@functools.cache
+def _arity(op_type: str, version: int) -> tuple[int, int, int, int] | None:
+    """The standard op's (min, max) input and output counts at this opset; None where ONNX does not define it.
+    Looked up once per op and opset (a schema lookup per node was most of the wiring check)."""
     import onnx
 
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    if domain or "" not in opsets:
-        return  # contrib and custom ops: their own rules (or none)
     try:
-        schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+        schema = onnx.defs.get_schema(op_type, version, "")
     except onnx.defs.SchemaError:
+        return None
+    return schema.min_input, schema.max_input, schema.min_output, schema.max_output
+
+
+def _check_arity(node: onnx.NodeProto, inputs: list[str], outputs: int, opsets: dict[str, int], where: str) -> None:
+    """A standard op given fewer or more inputs or outputs than its ONNX schema takes (``inputs``: the
+    node's input names; ``outputs``: how many outputs it lists)."""
+    if node.domain not in ("", "ai.onnx") or "" not in opsets:
+        return  # contrib and custom ops: their own rules (or none)
+    counts = _arity(node.op_type, opsets[""])
+    if counts is None:
         return  # an op ONNX does not define here: reported where it is costed
-    ins = len(node.input)
-    while ins and not node.input[ins - 1]:
+    min_input, max_input, min_output, max_output = counts
+    ins = len(inputs)
+    while ins and not inputs[ins - 1]:
         ins -= 1  # trailing optional inputs left out
-    for what, n, low, high in (("input", ins, schema.min_input, schema.max_input),
-                               ("output", len(node.output), schema.min_output, schema.max_output)):  # fmt: skip
+    for what, n, low, high in (("input", ins, min_input, max_input),
+                               ("output", outputs, min_output, max_output)):  # fmt: skip
         if not low <= n <= high:
             want = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
             raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {node.op_type} takes {want}; fix the model")
 
 
-def infer_checked(model: onnx.ModelProto, path: Path | None = None) -> onnx.ModelProto:
+def infer_checked(model: onnx.ModelProto, path: Path | None = None, *, declared_static: bool = False) -> onnx.ModelProto:
     """ONNX shape inference, strict first: an op whose input shapes its own rule refuses
     (``MatMul`` of ``[4,7]`` and ``[64,64]``) is an InputError naming it; any other failure
-    of strict inference falls back to best effort (as before)."""
+    of strict inference falls back to best effort (as before).
+
+    ``declared_static`` (from `check_onnx_model`): the model declares a static shape for every node
+    output. Data propagation (``data_prop``: the values of shape tensors, ``Shape`` -> ``Concat`` ->
+    ``Reshape``) can then only confirm those shapes, so inference runs without it (2.5x faster); the
+    result is the same model. If that inference fails, the full one runs and says why."""
     import onnx
 
+    if declared_static:
+        try:
+            return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=False)
+        except onnx.shape_inference.InferenceError:
+            pass
     where = f"{path}: " if path is not None else ""
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
@@ -257,37 +304,41 @@ def infer_checked(model: onnx.ModelProto, path: Path | None = None) -> onnx.Mode
     return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
 
 
-def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> None:
-    """Refuse a structurally broken model with one line; warn about unsized element types."""
+def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> bool:
+    """Refuse a structurally broken model with one line; warn about unsized element types.
+
+    Returns whether the model declares a static shape for every node output and holds no subgraph
+    (`infer_checked`'s ``declared_static``: what the exporters write, read here in the same walk)."""
     import onnx
 
     where = f"{path}: " if path is not None else ""
     unsized: dict[str, str] = {}
+    top_io = None
+    static: set[str] | None = None  # the model's own graph: its declared tensors whose every dim is a size
+    nested = False
     for g in _graphs(model.graph):
         for init in g.initializer:
             _check_type(init.name, init.data_type, list(init.dims), where, unsized)
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 _check_external(init, where)
-        for vi in (*g.input, *g.output, *g.value_info):
-            elem, dims = _value_info_dims(vi)
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                for d in vi.type.tensor_type.shape.dim:
-                    if d.HasField("dim_value") and d.dim_value < 0:
-                        raise InputError(
-                            f"{where}tensor {vi.name!r} has a negative dim {d.dim_value}; fix the model"
-                        )
-            _check_type(vi.name, elem, dims, where, unsized)
+        declared = {vi.name for vi in (*g.input, *g.output, *g.value_info) if _check_value_info(vi, where, unsized)}
+        static = declared if static is None else static  # `_graphs` yields the model's own graph first
         for node in g.node:
             for attr in node.attribute:
+                nested = nested or attr.type in GRAPH_ATTRS
                 if attr.HasField("t"):
                     _check_type(f"{node.name or node.op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims),
                                 where, unsized)  # fmt: skip
-        _check_acyclic(g, where)
+        io = _node_io(g)
+        _check_acyclic(g, io, where)
+        if top_io is None:  # `_graphs` yields the model's own graph first
+            top_io = io
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    _check_wiring(model.graph, frozenset(), opsets, where)
+    _check_wiring(model.graph, frozenset(), opsets, where, top_io)
     if unsized:
         first, label = next(iter(unsized.items()))
         logger.warning(
             "%s%d tensor(s) have an element type with no whole-byte size (first: %r, %s); "
             "their bytes are not counted", where, len(unsized), first, label
         )
+    return not nested and all(out in static for _, outputs in top_io or () for out in outputs if out)

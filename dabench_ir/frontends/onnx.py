@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import InputError, UserError
 from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.checks import check_onnx_model, infer_checked, safe_name_list, safe_name_scopes
+from dabench_ir.frontends.checks import (
+    GRAPH_ATTRS,
+    check_onnx_model,
+    infer_checked,
+    safe_name_list,
+    safe_name_scopes,
+)
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind, layer_from_scope
 from dabench_ir.passes import meta
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
@@ -35,6 +41,7 @@ WEIGHTS_METADATA_KEY = MODEL_WEIGHTS
 """Model metadata key: JSON list of graph-input names that hold parameters."""
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_TENSOR_ATTR = 4  # onnx.AttributeProto.TENSOR
 
 SHAPE_MODEL = "onnx.shape_model"
 """Graph-level annotation: the model without weight data or inferred shapes, kept when the graph
@@ -90,7 +97,7 @@ def _all_initializers(graph: onnx.GraphProto):
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
-            if attr.g.node or attr.g.initializer:
+            if attr.HasField("g") and (attr.g.node or attr.g.initializer):
                 yield from _all_initializers(attr.g)
             for g in attr.graphs:
                 yield from _all_initializers(g)
@@ -105,10 +112,13 @@ def _tensor_type(type_proto) -> TensorType:
         return TensorType(None, dtype)
     dims: list[int | str] = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(d.dim_value)
+        value = d.dim_value  # 0 when unset
+        if value:  # a size: the common case, one read
+            dims.append(value)
         elif d.dim_param:
             dims.append(d.dim_param)
+        elif d.HasField("dim_value"):
+            dims.append(0)
         else:  # shape inference could not tell this dim: the shape is unknown
             return TensorType(None, dtype)
     return TensorType(tuple(dims), dtype)
@@ -131,9 +141,13 @@ def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
 
 def _scope_of(node: onnx.NodeProto) -> str:
     """Module path the exporter recorded for this node, or '' when none was recorded."""
-    wanted = ("pkg.torch.onnx.name_scopes", "namespace")  # read only these: the other props (stack traces) are long
-    props = {p.key: p.value for p in node.metadata_props if p.key in wanted}
-    scopes = props.get("pkg.torch.onnx.name_scopes")
+    scopes = namespace = None  # read only these two: the other props (stack traces) are long
+    for p in node.metadata_props:
+        key = p.key
+        if key == "pkg.torch.onnx.name_scopes":
+            scopes = p.value
+        elif key == "namespace":
+            namespace = p.value
     if scopes:
         entries = safe_name_scopes(scopes)
         # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
@@ -141,7 +155,6 @@ def _scope_of(node: onnx.NodeProto) -> str:
             return entries[-2]
         if entries and layer_from_scope(entries[0]) is not None:
             return entries[0]
-    namespace = props.get("namespace")
     if namespace:
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
         parts = [p.split(":")[0].strip() for p in namespace.split("/")]
@@ -162,7 +175,7 @@ def load_onnx(
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
 
     model, path = read_model(source)
-    check_onnx_model(model, path)  # negative dims, rank, element types, external-data fields, cycles
+    declared_static = check_onnx_model(model, path)  # negative dims, rank, element types, external data, cycles
     _check_external_data(model, path)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(model.graph, opsets, path)
@@ -171,7 +184,7 @@ def load_onnx(
     exported = model
     if infer_shapes:
         try:
-            model = infer_checked(model, path)  # an op's refused shapes: InputError
+            model = infer_checked(model, path, declared_static=declared_static)  # an op's refused shapes: InputError
         except InputError:
             raise
         except Exception as exc:  # shape inference is best effort; untyped values surface later
@@ -211,18 +224,26 @@ def load_onnx(
             existing.kind = ValueKind.OUTPUT
 
     nodes: list[Node] = []
+    scope_layers: dict[str, int | None] = {}  # a module's nodes share its scope, and so its layer
     for proto, name in zip(g.node, onnx_node_names(g), strict=True):
+        op_type = proto.op_type
+        attrs, nested = _attributes(proto)
         node = Node(
             name=name,
-            op_type=proto.op_type,
+            op_type=op_type,
             domain=proto.domain or "",
             inputs=list(proto.input),
             outputs=list(proto.output),
-            attrs=_attributes(proto),
+            attrs=attrs,
         )
-        node.scope = _scope_of(proto)
-        node.layer = layer_from_scope(node.scope) if node.scope else layer_from_scope(name)
-        if proto.op_type in _SUBGRAPH_OPS or any(a.type in (5, 10) for a in proto.attribute):
+        node.scope = scope = _scope_of(proto)
+        if not scope:
+            node.layer = layer_from_scope(name)
+        elif scope in scope_layers:
+            node.layer = scope_layers[scope]
+        else:
+            node.layer = scope_layers[scope] = layer_from_scope(scope)
+        if nested or op_type in _SUBGRAPH_OPS:
             node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:
             if not out:
@@ -231,7 +252,7 @@ def load_onnx(
             if value is None:
                 value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
             value.producer = name
-            if proto.op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
+            if op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
                 value.scalar = _scalar(proto.attribute[0].t)
         nodes.append(node)
 
@@ -345,7 +366,7 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 else:
                     attrs = {a.name: a.i for a in node.attribute}
                     outputs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)]
-            elif (node.domain in ("", "ai.onnx") and not any(a.type in (5, 10) for a in node.attribute)
+            elif (node.domain in ("", "ai.onnx") and not any(a.type in GRAPH_ATTRS for a in node.attribute)
                   and all(not i or i in known for i in node.input)):  # fmt: skip
                 try:
                     run = ReferenceEvaluator(node, opsets={"": opset.get("", 18)})
@@ -490,14 +511,18 @@ def _looks_like_parameter(init: onnx.TensorProto) -> bool:
     return dtype.is_float and len(init.dims) >= 1 and numel > 1
 
 
-def _attributes(proto: onnx.NodeProto) -> dict[str, object]:
+def _attributes(proto: onnx.NodeProto) -> tuple[dict[str, object], bool]:
+    """The node's attributes by name, and whether one holds a subgraph (one read of them)."""
     import onnx
 
     out: dict[str, object] = {}
+    nested = False
     for attr in proto.attribute:
-        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        kind = attr.type
+        if kind in GRAPH_ATTRS:
             out[attr.name] = "<subgraph>"
-        elif attr.type == onnx.AttributeProto.TENSOR:
+            nested = True
+        elif kind == _TENSOR_ATTR:
             out[attr.name] = TensorType(tuple(attr.t.dims), DType.from_onnx(attr.t.data_type))
         else:
             value = onnx.helper.get_attribute_value(attr)
@@ -506,4 +531,4 @@ def _attributes(proto: onnx.NodeProto) -> dict[str, object]:
             elif isinstance(value, list):
                 value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
             out[attr.name] = value
-    return out
+    return out, nested
