@@ -318,10 +318,11 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         raise ValueError("layers must be >= 1")
     graph = proto.graph
     nodes = list(graph.node)
-    in_block = [_layer_of(n) == 0 for n in nodes]
+    node_layers = [_layer_of(n) for n in nodes]  # one read of each node's scopes
+    in_block = [layer == 0 for layer in node_layers]
     if not any(in_block):
         raise RuntimeError("no node has a `layers.0` scope: cannot find the block to stamp")
-    if any(_layer_of(n) not in (None, 0) for n in nodes):
+    if any(layer not in (None, 0) for layer in node_layers):
         raise RuntimeError("stamping needs a 1-layer export; found nodes of other layers")
     if layers == 1:
         return proto
@@ -377,10 +378,8 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
             copy.name = f"{layer}/{node.name}"
-            for k, name in enumerate(copy.input):
-                copy.input[k] = rename.get(name, name)
-            for k, name in enumerate(copy.output):
-                copy.output[k] = rename.get(name, name)
+            copy.input[:] = [rename.get(name, name) for name in node.input]  # one write per list
+            copy.output[:] = [rename.get(name, name) for name in node.output]
             props = copy.metadata_props
             for k, parts in scoped:
                 props[k].value = layer.join(parts)

@@ -100,13 +100,36 @@ def test_value_info_dims_read_once_keep_their_meaning():
     from dabench_ir.ir import DType
 
     vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, "seq", 0])
-    assert _tensor_type(vi.type).shape == (4, "seq", 0) and _tensor_type(vi.type).dtype is DType.from_onnx(1)
+    assert _tensor_type(vi.type, {}).shape == (4, "seq", 0) and _tensor_type(vi.type, {}).dtype is DType.from_onnx(1)
     vi.type.tensor_type.shape.dim.add()  # neither a value nor a symbol: the shape is unknown
-    assert _tensor_type(vi.type).shape is None
+    assert _tensor_type(vi.type, {}).shape is None
     bad = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "b", -3, -5])
     with pytest.raises(InputError, match="tensor 'y' has a negative dim -3; fix the model"):
-        _check_value_info(bad, "", {})
-    _check_value_info(vi, "", {})
+        _check_value_info(bad, "", {}, {})
+    _check_value_info(vi, "", {}, {})
+
+
+def test_a_repeated_type_is_read_once_and_reads_the_same():
+    """The type caches of the check and of the Graph building: a type met again gives the same
+    reading, and an unsized element type still records every value that has it, in order."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.frontends.checks import _check_value_info
+    from dabench_ir.frontends.onnx import _tensor_type
+
+    types: dict = {}
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])
+    c = helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, "s"])
+    assert _tensor_type(b.type, types) is _tensor_type(a.type, types) and len(types) == 1
+    assert _tensor_type(c.type, types).shape == (2, "s") and len(types) == 2
+    passed: dict = {}
+    assert [_check_value_info(v, "", {}, passed) for v in (a, b, c, b)] == [True, True, False, True]
+    assert len(passed) == 2
+    unsized: dict = {}
+    for name in ("p", "q", "p", "r"):
+        _check_value_info(helper.make_tensor_value_info(name, TensorProto.INT4, [8]), "", unsized, passed)
+    assert list(unsized) == ["p", "q", "r"] and len(passed) == 2
 
 
 def test_static_and_symbolic_types_after_the_fast_paths():

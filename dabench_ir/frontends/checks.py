@@ -127,8 +127,22 @@ def _check_type(name: str, elem_type: int, dims: list[int], where: str, unsized:
         unsized.setdefault(name, label)
 
 
-def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> bool:
-    """A declared tensor's dims and element type (one read of its shape); whether every dim is a size."""
+def _check_value_info(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str], passed: dict[bytes, bool]) -> bool:
+    """A declared tensor's dims and element type (one read of its shape); whether every dim is a size.
+
+    ``passed`` holds the types (serialized) that passed with nothing to record: a model repeats a
+    few types over all its values (each layer's copies), and such a type passes again."""
+    key = vi.type.SerializeToString()
+    known = passed.get(key)
+    if known is not None:
+        return known
+    static = _checked_type(vi, where, unsized)
+    if _elem_name(vi.type.tensor_type.elem_type) not in _UNSIZED:  # an unsized type records each value's name
+        passed[key] = static
+    return static
+
+
+def _checked_type(vi: onnx.ValueInfoProto, where: str, unsized: dict[str, str]) -> bool:
     if not vi.type.HasField("tensor_type"):
         return False
     tt = vi.type.tensor_type
@@ -316,12 +330,14 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None) -> bool:
     top_io = None
     static: set[str] | None = None  # the model's own graph: its declared tensors whose every dim is a size
     nested = False
+    passed: dict[bytes, bool] = {}  # the value types that passed (see `_check_value_info`)
     for g in _graphs(model.graph):
         for init in g.initializer:
             _check_type(init.name, init.data_type, list(init.dims), where, unsized)
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 _check_external(init, where)
-        declared = {vi.name for vi in (*g.input, *g.output, *g.value_info) if _check_value_info(vi, where, unsized)}
+        declared = {vi.name for vi in (*g.input, *g.output, *g.value_info)
+                    if _check_value_info(vi, where, unsized, passed)}  # fmt: skip
         static = declared if static is None else static  # `_graphs` yields the model's own graph first
         for node in g.node:
             for attr in node.attribute:

@@ -103,7 +103,17 @@ def _all_initializers(graph: onnx.GraphProto):
                 yield from _all_initializers(g)
 
 
-def _tensor_type(type_proto) -> TensorType:
+def _tensor_type(type_proto, types: dict[bytes, TensorType]) -> TensorType:
+    """The TensorType of ``type_proto``; ``types`` holds those read already (by serialized type):
+    a model repeats a few types over all its values (each layer's copies), and a type is immutable."""
+    key = type_proto.SerializeToString()
+    known = types.get(key)
+    if known is None:
+        known = types[key] = _read_tensor_type(type_proto)
+    return known
+
+
+def _read_tensor_type(type_proto) -> TensorType:
     if not type_proto.HasField("tensor_type"):
         return TensorType(None, DType.UNDEFINED)
     tt = type_proto.tensor_type
@@ -198,6 +208,7 @@ def load_onnx(
     declared_weights, declared_constants = _declared_kinds(g, metadata)
 
     values: dict[str, Value] = {}
+    types: dict[bytes, TensorType] = {}  # by serialized type: see `_tensor_type`
     initializers = {init.name: init for init in g.initializer}
     for name, init in initializers.items():
         kind = _initializer_kind(init, declared_weights, declared_constants)
@@ -208,16 +219,16 @@ def load_onnx(
         if vi.name in initializers:
             continue  # older exporters list initializers as inputs too
         kind = ValueKind.WEIGHT if vi.name in declared_weights else ValueKind.INPUT
-        values[vi.name] = Value(vi.name, _tensor_type(vi.type), kind)
+        values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), kind)
         if kind is ValueKind.INPUT:
             graph_inputs.append(vi.name)
     for vi in g.value_info:
         if vi.name not in values:
-            values[vi.name] = Value(vi.name, _tensor_type(vi.type), ValueKind.ACTIVATION)
+            values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
     output_names = [o.name for o in g.output]
     for vi in g.output:
         existing = values.get(vi.name)
-        vtype = _tensor_type(vi.type)
+        vtype = _tensor_type(vi.type, types)
         if existing is None or (existing.type.shape is None and vtype.shape is not None):
             values[vi.name] = Value(vi.name, vtype, ValueKind.OUTPUT)
         else:
