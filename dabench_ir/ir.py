@@ -160,11 +160,18 @@ class TensorType:
         return tuple(bindings[d] if isinstance(d, str) else d for d in self.shape)
 
     def numel(self, bindings: Mapping[str, int] | None = None) -> int:
+        shape = self.shape
+        if shape is not None and _INTS.issuperset(map(type, shape)):  # static: `dims` is the shape itself
+            return math.prod(shape)
         return math.prod(self.dims(bindings))
 
     def nbytes(self, bindings: Mapping[str, int] | None = None) -> int:
         size = self.dtype.itemsize
-        numel = self.numel(bindings)
+        shape = self.shape
+        if shape is not None and _INTS.issuperset(map(type, shape)):  # static: as `numel`, without its calls
+            numel = math.prod(shape)
+        else:
+            numel = math.prod(self.dims(bindings))
         return numel * size if type(size) is int else math.ceil(numel * size)  # int4: half a byte each
 
     def bind(self, bindings: Mapping[str, int]) -> TensorType:

@@ -358,9 +358,7 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
 
     value_info = {v.name: v for v in graph.value_info}
     new_inputs: list[onnx.ValueInfoProto] = []
-    new_value_info: list[onnx.ValueInfoProto] = []
     new_outputs: list[onnx.ValueInfoProto] = []
-    copies: list[onnx.NodeProto] = []
     # A block node's scope texts split around `layers.0` once: a copy joins them with `layers.i`
     # (the pattern has no groups, so the join is the substitution).
     scope_parts = [
@@ -368,6 +366,21 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
          if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1]
         for node in block
     ]  # fmt: skip
+    # Order: nodes before the block, block 0, copies 1..L-1, then what reads the block output.
+    tainted = {block_out}
+    before, after = [], []
+    for node, b in zip(nodes, in_block, strict=True):
+        if b:
+            continue
+        if tainted.intersection(node.input):
+            tainted.update(node.output)
+            after.append(node)
+        else:
+            before.append(node)
+    # The copies are written straight into the graph (one copy each, not a copy of a copy), after
+    # the nodes before the block and block 0; `after` goes in once they are all there.
+    del graph.node[:]
+    graph.node.extend([*before, *block])
     prev_out = block_out
     for i in range(1, layers):
         rename = {v: f"layers.{i}/{v}" for v in produced}
@@ -375,7 +388,7 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         rename[block_in] = prev_out
         layer = f"layers.{i}"
         for node, scoped in zip(block, scope_parts, strict=True):
-            copy = onnx.NodeProto()
+            copy = graph.node.add()
             copy.CopyFrom(node)
             copy.name = f"{layer}/{node.name}"
             copy.input[:] = [rename.get(name, name) for name in node.input]  # one write per list
@@ -383,7 +396,6 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
             props = copy.metadata_props
             for k, parts in scoped:
                 props[k].value = layer.join(parts)
-            copies.append(copy)
         for w in weight_inputs:
             vi = onnx.ValueInfoProto()
             vi.CopyFrom(graph_inputs[w])
@@ -396,24 +408,12 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
             new_outputs.append(vi)
         for v in produced:
             if v in value_info:
-                vi = onnx.ValueInfoProto()
+                vi = graph.value_info.add()
                 vi.CopyFrom(value_info[v])
                 vi.name = rename[v]
-                new_value_info.append(vi)
         prev_out = rename[block_out]
     last_out = prev_out
 
-    # Order: nodes before the block, block 0, copies 1..L-1, then what reads the block output.
-    tainted = {block_out}
-    before, after = [], []
-    for node, b in zip(nodes, in_block, strict=True):
-        if b:
-            continue
-        if tainted.intersection(node.input):
-            tainted.update(node.output)
-            after.append(node)
-        else:
-            before.append(node)
     for node in after:
         for k, name in enumerate(node.input):
             if name == block_out:
@@ -424,15 +424,13 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
             vi.CopyFrom(out)
             vi.name = last_out
             out.CopyFrom(vi)
-    del graph.node[:]
-    graph.node.extend([*before, *block, *copies, *after])
+    graph.node.extend(after)
 
     # Weight inputs of copies go right after block 0's weights (the order a plain export uses).
     inputs = list(graph.input)
     last_w = max((k for k, v in enumerate(inputs) if v.name in weights), default=len(inputs) - 1)
     del graph.input[:]
     graph.input.extend([*inputs[: last_w + 1], *new_inputs, *inputs[last_w + 1 :]])
-    graph.value_info.extend(new_value_info)
     graph.output.extend(new_outputs)
     return proto
 
