@@ -167,11 +167,7 @@ class TensorType:
 
     def nbytes(self, bindings: Mapping[str, int] | None = None) -> int:
         size = self.dtype.itemsize
-        shape = self.shape
-        if shape is not None and _INTS.issuperset(map(type, shape)):  # static: as `numel`, without its calls
-            numel = math.prod(shape)
-        else:
-            numel = math.prod(self.dims(bindings))
+        numel = self.numel(bindings)
         return numel * size if type(size) is int else math.ceil(numel * size)  # int4: half a byte each
 
     def bind(self, bindings: Mapping[str, int]) -> TensorType:
