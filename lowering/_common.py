@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
@@ -60,6 +60,7 @@ class LoweringContext:
     precision: DType
     batch: int
     total_weight_bytes: int = 0
+    _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
@@ -96,7 +97,7 @@ class LoweringContext:
     def resident_bytes(self) -> int:
         """What one device holds running the whole graph: weights, the peak of live
         activations, and the training state."""
-        return weight_bytes(self) + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
+        return self.total_weight_bytes + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
 
     def node_precision(self, node: Node) -> DType:
         """The dtype ``node`` computes in: the precision pass's choice per node (mixed
@@ -109,8 +110,11 @@ class LoweringContext:
         return traits_of(node).shape_only
 
     def is_work(self, node: Node) -> bool:
-        cost = self.costs[node.name]
-        return not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
+        work = self._work.get(node.name)
+        if work is None:
+            cost = self.costs[node.name]
+            work = self._work[node.name] = not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
+        return work
 
     def is_elementwise(self, node: Node) -> bool:
         cls = _op_class(node)
@@ -298,8 +302,9 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
     for v in graph.outputs:
         if v in sizes:
             last_use[v] = len(nodes)
-    for v, consumers in graph.consumers.items():
-        if v in sizes and any(c.name not in in_set for c in consumers):
+    consumers = graph.consumers
+    for v in sizes:
+        if any(c.name not in in_set for c in consumers.get(v, ())):
             last_use[v] = len(nodes)  # read by a node outside this set: held to the end
     born: dict[str, int] = {}
     for v in sizes:
