@@ -61,6 +61,7 @@ class LoweringContext:
     batch: int
     total_weight_bytes: int = 0
     _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown)
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
@@ -116,6 +117,13 @@ class LoweringContext:
             work = self._work[node.name] = not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
         return work
 
+    def value_bytes(self, name: str, default: int = 0) -> int:
+        """`value_bytes` of the context's graph, each value's bound size computed once."""
+        size = self._sizes.get(name)
+        if size is None:
+            size = self._sizes[name] = value_bytes(self.graph, name, -1)
+        return default if size < 0 else size
+
     def is_elementwise(self, node: Node) -> bool:
         cls = _op_class(node)
         if cls:
@@ -165,7 +173,7 @@ def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> 
         for v in stored:
             root = stored_root(graph, v)
             if root not in out:
-                out[root] = value_bytes(graph, v, fallback)
+                out[root] = ctx.value_bytes(v, fallback)
     return out
 
 
@@ -292,12 +300,12 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
                 continue
             last_use[v] = i
             if v not in sizes:
-                sizes[v] = value_bytes(graph, v)
+                sizes[v] = ctx.value_bytes(v)
         out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
             value = graph.values.get(v) if v else None
             if v and (value is None or not value.kind.is_stored):  # a folded weight layout is a weight, not live
-                sizes[v] = value_bytes(graph, v, out_default)
+                sizes[v] = ctx.value_bytes(v, out_default)
                 last_use.setdefault(v, i)
     for v in graph.outputs:
         if v in sizes:
