@@ -151,6 +151,8 @@ class _Context:
         self.step_chips = max(self.plan_chips, int(report.config.get("chips") or 1))
         self.precision = str(report.config.get("precision") or getattr(self.plan, "precision", "") or "fp32")
         self._peaks: dict[str, float] = {}
+        self._bandwidths: dict[str | None, tuple[str, float] | None] = {}
+        self._timed: list[tuple[NodeRecord, float, int, float]] | None = None
 
     def peak(self, dtype: str | None) -> float:
         """Peak FLOP/s of one chip at ``dtype``; a dtype the target lists no peak for gets its
@@ -168,10 +170,19 @@ class _Context:
 
     def bandwidth(self, level: str | None) -> tuple[str, float] | None:
         """(memory name, bytes/s of one chip) of the memory at ``level`` (a name or a level)."""
-        if not level or not self.target.has_memory(level):
-            return None
-        mem = self.target.memory(level)
-        return mem.name, float(mem.bandwidth_bytes_per_s)
+        if level not in self._bandwidths:
+            if not level or not self.target.has_memory(level):
+                self._bandwidths[level] = None
+            else:
+                mem = self.target.memory(level)
+                self._bandwidths[level] = (mem.name, float(mem.bandwidth_bytes_per_s))
+        return self._bandwidths[level]
+
+    def timed(self) -> list[tuple[NodeRecord, float, int, float]]:
+        """`_timed`, walked once for every check that reads it."""
+        if self._timed is None:
+            self._timed = list(_timed(self))
+        return self._timed
 
 
 def _violations(report: Report) -> Iterable[Violation]:
@@ -203,7 +214,7 @@ def _timed(ctx: _Context) -> Iterable[tuple[NodeRecord, float, int, float]]:
 def _nodes(ctx: _Context) -> Iterable[Violation]:
     chips = ctx.plan_chips
     watts = float(ctx.target.watts) * chips
-    for r, t, flops, feed in _timed(ctx):
+    for r, t, flops, feed in ctx.timed():
         np_ = ctx.node_plans.get(r.name)
         if flops > 0:
             dtype = ctx.node_dtype(r)
@@ -237,7 +248,7 @@ def _node_bound(ctx: _Context, r: NodeRecord, flops: int, feed: int) -> float:
 def _step(ctx: _Context) -> Iterable[Violation]:
     totals = ctx.report.totals
     step = _finite(totals.get("time_s"))
-    timed = list(_timed(ctx))
+    timed = ctx.timed()
     if step is not None and step > 0:
         chips = ctx.step_chips
         peak = max([ctx.peak(ctx.node_dtype(r)) for r, _, f, _ in timed if f > 0] or [ctx.peak(None)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
@@ -60,6 +60,8 @@ class LoweringContext:
     precision: DType
     batch: int
     total_weight_bytes: int = 0
+    _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown)
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
@@ -96,7 +98,7 @@ class LoweringContext:
     def resident_bytes(self) -> int:
         """What one device holds running the whole graph: weights, the peak of live
         activations, and the training state."""
-        return weight_bytes(self) + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
+        return self.total_weight_bytes + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
 
     def node_precision(self, node: Node) -> DType:
         """The dtype ``node`` computes in: the precision pass's choice per node (mixed
@@ -109,8 +111,18 @@ class LoweringContext:
         return traits_of(node).shape_only
 
     def is_work(self, node: Node) -> bool:
-        cost = self.costs[node.name]
-        return not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
+        work = self._work.get(node.name)
+        if work is None:
+            cost = self.costs[node.name]
+            work = self._work[node.name] = not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
+        return work
+
+    def value_bytes(self, name: str, default: int = 0) -> int:
+        """`value_bytes` of the context's graph, each value's bound size computed once."""
+        size = self._sizes.get(name)
+        if size is None:
+            size = self._sizes[name] = value_bytes(self.graph, name, -1)
+        return default if size < 0 else size
 
     def is_elementwise(self, node: Node) -> bool:
         cls = _op_class(node)
@@ -161,7 +173,7 @@ def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> 
         for v in stored:
             root = stored_root(graph, v)
             if root not in out:
-                out[root] = value_bytes(graph, v, fallback)
+                out[root] = ctx.value_bytes(v, fallback)
     return out
 
 
@@ -288,18 +300,19 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
                 continue
             last_use[v] = i
             if v not in sizes:
-                sizes[v] = value_bytes(graph, v)
+                sizes[v] = ctx.value_bytes(v)
         out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
             value = graph.values.get(v) if v else None
             if v and (value is None or not value.kind.is_stored):  # a folded weight layout is a weight, not live
-                sizes[v] = value_bytes(graph, v, out_default)
+                sizes[v] = ctx.value_bytes(v, out_default)
                 last_use.setdefault(v, i)
     for v in graph.outputs:
         if v in sizes:
             last_use[v] = len(nodes)
-    for v, consumers in graph.consumers.items():
-        if v in sizes and any(c.name not in in_set for c in consumers):
+    consumers = graph.consumers
+    for v in sizes:
+        if any(c.name not in in_set for c in consumers.get(v, ())):
             last_use[v] = len(nodes)  # read by a node outside this set: held to the end
     born: dict[str, int] = {}
     for v in sizes:

@@ -43,7 +43,6 @@ from dabench_ir.lowering._common import (
     place_node,
     stored_values,
     training_state,
-    value_bytes,
 )
 from dabench_ir.lowering.collectives import ring_allreduce_time
 from dabench_ir.passes import meta
@@ -203,7 +202,7 @@ def _act_bytes(ctx: LoweringContext, name: str) -> float:
     16 bits (Graphcore's examples run ``model.half()``: norms and softmax too), whatever the
     graph's own dtype for the ops a framework keeps in fp32."""
     value = ctx.graph.values.get(name)
-    size = value_bytes(ctx.graph, name)
+    size = ctx.value_bytes(name)
     if value is None or not value.type.dtype.is_float or ctx.precision.itemsize >= value.type.dtype.itemsize:
         return float(size)
     return size * ctx.precision.itemsize / value.type.dtype.itemsize
@@ -268,7 +267,7 @@ def _numel(ctx: LoweringContext, name: str) -> int:
     value = ctx.graph.values.get(name)
     if value is None or not value.type.dtype.itemsize:  # absent, or an untyped value (no byte size)
         return 0
-    return value_bytes(ctx.graph, name) // value.type.dtype.itemsize
+    return ctx.value_bytes(name) // value.type.dtype.itemsize
 
 
 def _param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
@@ -562,7 +561,7 @@ def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget:
         value = graph.values.get(v) if v else None
         if value is None:
             continue
-        size = value_bytes(graph, v) if value.kind.is_stored else _act_bytes(ctx, v) / m
+        size = ctx.value_bytes(v) if value.kind.is_stored else _act_bytes(ctx, v) / m
         total += size
         if i < len(node.inputs) and size > 0:
             sizes.append(size)

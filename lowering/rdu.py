@@ -70,7 +70,6 @@ from dabench_ir.lowering._common import (
     module_key,
     place_node,
     training_state,
-    value_bytes,
     weight_bytes,
 )
 from dabench_ir.passes import meta
@@ -188,11 +187,20 @@ class _Demand:
     def __init__(self, ctx: LoweringContext, chip: Chip) -> None:
         self.ctx = ctx
         self.chip = chip
+        self._pmu: dict[tuple[str, str], int] = {}  # each asked several times a node and phase
+        self._pcu: dict[tuple[str, str], int] = {}
 
     def cost(self, node: Node, phase: str) -> Cost:
         return _phase_cost(node, phase, self.ctx.costs[node.name])
 
     def pmu(self, node: Node, phase: str) -> int:
+        key = (node.name, phase)
+        got = self._pmu.get(key)
+        if got is None:
+            got = self._pmu[key] = self._pmu_of(node, phase)
+        return got
+
+    def _pmu_of(self, node: Node, phase: str) -> int:
         if not self.ctx.is_work(node):
             return 0
         c = self.cost(node, phase)
@@ -202,11 +210,16 @@ class _Demand:
         )
 
     def pcu(self, node: Node, phase: str) -> int:
-        pmu = self.pmu(node, phase)
-        if pmu and self.cost(node, phase).contraction_flops > 0:
-            g = self.chip.matmul_grain
-            return math.ceil(pmu / g) * g
-        return pmu
+        key = (node.name, phase)
+        got = self._pcu.get(key)
+        if got is None:
+            pmu = self.pmu(node, phase)
+            got = pmu
+            if pmu and self.cost(node, phase).contraction_flops > 0:
+                g = self.chip.matmul_grain
+                got = math.ceil(pmu / g) * g
+            self._pcu[key] = got
+        return got
 
 
 def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
@@ -241,9 +254,10 @@ def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[lis
     return groups
 
 
-def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str) -> list[Section]:
-    """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer."""
-    demand = _Demand(ctx, chip)
+def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Demand | None = None) -> list[Section]:
+    """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer
+    (``demand``: the nodes' `_Demand` on ``chip``, when the caller has one)."""
+    demand = demand or _Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
     body = [n for n in ctx.graph.nodes if not is_optimizer_step(n)]
     optimizer = [n for n in ctx.graph.nodes if is_optimizer_step(n)]
@@ -370,7 +384,7 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
                 if value.producer is not None and section_of.get((value.producer, sec.phase)) == i:
                     continue
                 seen.add(v)
-                nbytes += value_bytes(graph, v)
+                nbytes += ctx.value_bytes(v)
         else:  # the backward reads back what its operator saved
             for key, size in (node.meta.get(SAVED) or {}).items():
                 if key.split("#")[0] in recomputed or key in seen:
@@ -381,7 +395,7 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
             if not v:
                 continue
             readers = graph.consumers.get(v, [])
-            size = value_bytes(graph, v, cost.act_bytes_out // max(1, len(node.outputs)))
+            size = ctx.value_bytes(v, cost.act_bytes_out // max(1, len(node.outputs)))
             if sec.phase == "forward":
                 leaves = v in outputs or any(section_of.get((c.name, "forward")) != i for c in readers)
                 kept = saved.get(v, {})
@@ -397,7 +411,7 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
                 if value is None or value.kind.is_stored or value.producer is None:
                     continue
                 if section_of.get((value.producer, "backward"), i) != i:
-                    nbytes += value_bytes(graph, v)
+                    nbytes += ctx.value_bytes(v)
         per_node[node.name] = nbytes
     return sum(per_node.values()), per_node
 
@@ -522,8 +536,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     reconfig = target.overhead("section_reconfig_s")
     sram_bw = target.memory("on-chip").bandwidth_bytes_per_s if target.has_memory("on-chip") else bw
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
-    sections = form_sections(ctx, chip, opt_level)
     demand = _Demand(ctx, chip)
+    sections = form_sections(ctx, chip, opt_level, demand)
     section_of = {(n.name, s.phase): i for i, s in enumerate(sections) for n in s.nodes}
     cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them

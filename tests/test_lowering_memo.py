@@ -1,0 +1,53 @@
+"""The lowering context's memoised answers (sizes, work, RDU demand) equal the functions they
+memoise, node by node, asked once or many times."""
+
+from __future__ import annotations
+
+from dabench_ir.ir import Cost, TensorType, Value, ValueKind
+from dabench_ir.lowering._common import LoweringContext, value_bytes
+from dabench_ir.lowering.rdu import Chip, RduOptions, _Demand
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.targets import load_target
+from tests.lowering_graphs import decoder
+
+
+def test_value_bytes_memo_equals_the_function_and_keeps_each_callers_default():
+    graph = decoder(layers=2, hidden=64, seq=16)
+    graph.values["free"] = Value("free", TensorType(("n", 4), graph.values[graph.inputs[0]].type.dtype),
+                                 ValueKind.ACTIVATION)  # fmt: skip
+    ctx = LoweringContext.build(graph)
+    names = [*graph.values, "free", "missing"]
+    for _ in range(2):  # the second round reads the memo
+        for name in names:
+            assert ctx.value_bytes(name) == value_bytes(graph, name)
+            assert ctx.value_bytes(name, 7) == value_bytes(graph, name, 7)
+    assert (ctx.value_bytes("free", 7), ctx.value_bytes("missing", 9), ctx.value_bytes("free")) == (7, 9, 0)
+    assert ctx.value_bytes(graph.inputs[0]) == 16 * 64 * 2  # seq x hidden, fp16
+
+
+def test_is_work_memo_equals_its_rule():
+    graph = decoder(layers=2, hidden=64, seq=16)
+    graph.nodes[1].meta[meta.COST] = Cost()  # no FLOPs, no bytes: not work
+    ctx = LoweringContext.build(graph)
+    for _ in range(2):
+        for node in graph.nodes:
+            cost = ctx.costs[node.name]
+            assert ctx.is_work(node) == (not traits_of(node).shape_only and (cost.flops > 0 or cost.bytes > 0))
+    assert not ctx.is_work(graph.nodes[1]) and any(ctx.is_work(n) for n in graph.nodes)
+
+
+def test_rdu_demand_memo_equals_a_fresh_computation():
+    graph = decoder(layers=2, hidden=64, seq=16)
+    target = load_target("rdu")
+    ctx = LoweringContext.build(graph)
+    opts = RduOptions(precision=None, micro_batches=None, opt_level="O3", tiles=None, resource_scale=1.0)
+    chip = Chip.of(target, opts)
+    memo = _Demand(ctx, chip)
+    for _ in range(2):
+        for node in graph.nodes:
+            for phase in ("forward", "backward"):
+                fresh = _Demand(ctx, chip)
+                assert memo.pmu(node, phase) == fresh._pmu_of(node, phase)
+                assert memo.pcu(node, phase) == fresh.pcu(node, phase)
+    assert any(memo.pcu(n, "forward") > 0 for n in graph.nodes)
