@@ -159,10 +159,7 @@ class _Context:
         highest peak (a bound no node exceeds whatever units it runs on)."""
         key = str(dtype or self.precision)
         if key not in self._peaks:
-            try:
-                self._peaks[key] = float(self.target.peak_flops(key))
-            except Exception:
-                self._peaks[key] = max(float(q.value) for q in self.target.peaks.values())
+            self._peaks[key] = float(self.target.peak_bound(key))
         return self._peaks[key]
 
     def node_dtype(self, record: NodeRecord) -> str:

@@ -63,7 +63,7 @@ from dabench_ir.plan import Unit
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
     from dabench_ir.plan import Plan
-    from dabench_ir.targets import Target
+    from dabench_ir.targets import MemoryLevel, Target
 
 __all__ = [
     "LOWERING",
@@ -552,24 +552,14 @@ class CpuLowering(Lowering):
             node = ctx.graph.node(name)
             if name in times and ctx.is_work(node):
                 cost = ctx.costs[name]
-                peak = _peak(target, str(node.meta.get(meta.PRECISION) or ctx.precision))
+                peak = target.peak_bound(str(node.meta.get(meta.PRECISION) or ctx.precision))
                 times[name] = max(times[name], cost.bytes / level.bandwidth_bytes_per_s, cost.flops / peak)
         # onnxruntime runs one kernel per node, unfused
         return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times,
                            feed_of=feed_of)  # fmt: skip
 
 
-def _peak(target: Target, dtype: str) -> float:
-    """The calibrated peak FLOP/s at ``dtype``; a dtype it has none for gets its highest (the
-    physics verifier's rule). A node table timed faster than the calibrated matmuls (a noisy
-    calibration on a loaded machine) is held to the peak the report states."""
-    try:
-        return float(target.peak_flops(dtype))
-    except Exception:
-        return max(float(q.value) for q in target.peaks.values())
-
-
-def feed_levels(ctx: LoweringContext, target: Target) -> dict[str, Any]:
+def feed_levels(ctx: LoweringContext, target: Target) -> dict[str, MemoryLevel]:
     """The memory level that feeds each node: the last-level cache (the calibration's on-chip
     ``llc`` level) when the node's bytes fit in it, else DRAM. A node's measured or interpolated
     time never beats its bytes over that level's bandwidth (the physics verifier's bound):

@@ -227,6 +227,15 @@ class Target:
             f"{', '.join(self.peaks)}: choose one of those with --precision"
         )
 
+    def peak_bound(self, dtype: DType | str) -> float:
+        """The FLOP/s no node at ``dtype`` may exceed: `peak_flops`, or for a dtype the target lists
+        no peak for its highest peak (a bound whatever units the node runs on). The physics
+        verifier checks it; the host CPU's times are floored by it."""
+        try:
+            return self.peak_flops(dtype)
+        except TargetError:
+            return max(q.value for q in self.peaks.values())
+
     def rate(self, op_class: str, dtype: DType | str, accumulate: DType | str | None = None) -> float:
         """Peak rate of one op class (`OP_CLASSES`) at ``dtype``, per second: ``contraction``
         FLOP/s is `peak_flops`, or with ``accumulate`` fp32 and 16-bit inputs the target's
