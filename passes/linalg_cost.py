@@ -289,6 +289,7 @@ class _Shapes:
         self._nbytes: dict[Any, int] = {}
         self._shape: dict[Any, tuple[int, ...] | None] = {}
         self._itemsize: dict[Any, int] = {}
+        self._segments: dict[Any, int | None] = {}
         self._loops: dict[tuple[Any, Any], tuple[list[list[tuple[int, int]]], int, bool]] = {}
 
     def nbytes(self, mlir_type: Any) -> int:
@@ -315,6 +316,15 @@ class _Shapes:
             return self._itemsize[elem]
         except KeyError:
             n = self._itemsize[elem] = _itemsize(elem)
+            return n
+
+    def first_segment(self, segments: Any) -> int | None:
+        """The first of an ``operandSegmentSizes`` (the number of ``ins``), None when it is empty."""
+        try:
+            return self._segments[segments]
+        except KeyError:
+            sizes = list(segments)
+            n = self._segments[segments] = int(sizes[0]) if sizes else None
             return n
 
     def loops(self, maps: Any, iterators: Any) -> tuple[list[list[tuple[int, int]]], int, bool]:
@@ -427,8 +437,8 @@ def _count_generic(op: Any, is_weight: Any, shapes: _Shapes, index_type: Any) ->
     dims, n_loops, has_reduction = shapes.loops(attrs["indexing_maps"], attrs["iterator_types"])
     operands = list(op.operands)
     results = list(op.results)
-    segments = list(attrs["operandSegmentSizes"]) if "operandSegmentSizes" in attrs else None
-    n_inputs = int(segments[0]) if segments else len(operands) - len(results)
+    segments = shapes.first_segment(attrs["operandSegmentSizes"]) if "operandSegmentSizes" in attrs else None
+    n_inputs = segments if segments is not None else len(operands) - len(results)
     bounds = _loop_bounds(operands, dims, n_loops, shapes)
     domain = math.prod(bounds)
     gathers: list[Any] = []

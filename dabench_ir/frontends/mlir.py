@@ -236,12 +236,14 @@ def lower_to_linalg(module: Any, *, where: str = "<mlir>", refine: bool = False)
             with module.context:
                 module.operation.verify()  # the passes run without a verifier between them: check what they get
                 with _captured_stderr():
-                    if level != "onnx" or refine or not _lower_static_onnx(module, text_head):
+                    static = level == "onnx" and not refine and _lower_static_onnx(module, text_head)
+                    if not static:
                         _run_pipeline(module, pipeline)
                 module.operation.verify()  # ... and what they made
         except ir.MLIRError as exc:
             raise UserError(f"{where}: cannot lower to linalg: {_first_diagnostic(exc)}") from None
-        logger.info("lowered %s (%s) to linalg in %.2f s", where, level, time.perf_counter() - start)
+        how = "static types, no shape refinement" if static else "shapes and dtypes refined"
+        logger.info("lowered %s (%s, %s) to linalg in %.2f s", where, level, how, time.perf_counter() - start)
     unknown = sorted(_dialects(module) - _LINALG_DIALECTS)
     if unknown:
         raise UserError(

@@ -1,0 +1,107 @@
+"""Lowering ONNX to linalg without torch-mlir's shape and dtype refinement when every type is
+static (`ONNX_STATIC_PIPELINE`): the same module as the full `ONNX_PIPELINE`, and the full one
+whenever a type is not static or the shortened pipeline fails."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("torch_mlir")
+
+from dabench_ir.errors import UserError
+from dabench_ir.frontends.mlir import _all_static, _context, import_onnx, lower_to_linalg, parse_mlir, prepare_onnx
+from tests.conftest import parse
+
+# A decoder-ish block: matmul, softmax, layer norm, erf (each lowered through torch's decompositions).
+BLOCK = """
+agraph (float[N, 8] x, float[8, 8] w, float[8] g, float[8] b) => (float[N, 8] y) {
+    h = MatMul(x, w)
+    s = Softmax <axis = -1> (h)
+    n = LayerNormalization <axis = -1, epsilon = 0.00001> (s, g, b)
+    e = Erf(n)
+    y = Mul(n, e)
+}
+"""
+
+# Range's length is data: ONNX shape inference leaves it `?`, torch-mlir's shape library refines it.
+RANGE = """
+agraph (float[N, 4] x) => (float[N, 4] y) {
+    zero = Constant <value = int64 {0}> ()
+    one = Constant <value = int64 {1}> ()
+    axes = Constant <value = int64[1] {1}> ()
+    shape = Shape(x)
+    n = Gather <axis = 0> (shape, zero)
+    r = Range(zero, n, one)
+    rf = Cast <to = 1> (r)
+    ru = Unsqueeze(rf, axes)
+    y = Add(x, ru)
+}
+"""
+
+
+def _lowered(text: str, caplog: pytest.LogCaptureFixture, **kwargs: bool) -> tuple[str, str]:
+    proto, _ = prepare_onnx(parse(text), {"N": 2}, frozenset())
+    module = import_onnx(proto, context=_context())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dabench_ir.frontends.mlir"):
+        assert lower_to_linalg(module, **kwargs) == "onnx"
+    lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lowered")]
+    return module.operation.get_asm(enable_debug_info=True, large_elements_limit=16), lowered[0]
+
+
+def test_static_onnx_skips_the_refinement_and_lowers_to_the_same_module(caplog):
+    refined, how_refined = _lowered(BLOCK, caplog, refine=True)
+    static, how = _lowered(BLOCK, caplog)
+    assert "static types, no shape refinement" in how and "shapes and dtypes refined" in how_refined
+    assert static == refined
+    assert "linalg.matmul" in static and "math.erf" in static and "?" not in static
+
+
+def test_a_dim_onnx_cannot_infer_takes_the_full_pipeline(caplog):
+    proto, _ = prepare_onnx(parse(RANGE), {"N": 2}, frozenset())
+    imported = import_onnx(proto, context=_context()).operation.get_asm(large_elements_limit=1)
+    assert "!torch.vtensor<[?],si64>" in imported and not _all_static(imported)
+    refined, _ = _lowered(RANGE, caplog, refine=True)
+    lowered, how = _lowered(RANGE, caplog)
+    assert "shapes and dtypes refined" in how and lowered == refined
+
+
+def test_the_full_pipeline_runs_on_the_module_as_it_was_when_the_short_one_fails(caplog):
+    text = """
+func.func @main_graph(%a: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+    attributes {torch.onnx_meta.opset_version = 17 : si64} {
+  %0 = torch.operator "onnx.Frobnicate"(%a) : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32> loc("n")
+  return %0 : !torch.vtensor<[2],f32>
+}
+"""
+    messages = []
+    for refine in (True, False):
+        module = parse_mlir(text, context=_context(), isolate=False)
+        assert _all_static(module.operation.get_asm())
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dabench_ir.frontends.mlir"), pytest.raises(UserError) as info:
+            lower_to_linalg(module, where="m.mlir", refine=refine)
+        messages.append(str(info.value))
+        fell_back = any("not static after the backend contract" in r.getMessage() for r in caplog.records)
+        assert fell_back is not refine  # the short pipeline was tried, failed, and was undone
+    assert messages[0] == messages[1] and messages[0].startswith("m.mlir: cannot lower to linalg: ")
+    assert "onnx.Frobnicate" in messages[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "static"),
+    [
+        ("%0 = f : !torch.vtensor<[1,2048,4096],f32> -> !torch.vtensor<[],si64>", True),
+        ("!torch.vtensor<[2],complex<f32>>", True),
+        ("!torch.vtensor<[?,4],f32>", False),
+        ("!torch.vtensor<[2,4],unk>", False),
+        ("!torch.vtensor<*,f32>", False),
+        ("(!torch.vtensor) -> !torch.vtensor<[2],f32>", False),
+        ("!torch.tensor<[2],f32>", False),
+        ("!torch.list<vtensor>, !torch.int", True),
+    ],
+)
+def test_static_means_every_tensor_type_has_static_dims_and_a_dtype(text, static):
+    assert _all_static(text) is static
