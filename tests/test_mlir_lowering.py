@@ -11,7 +11,15 @@ import pytest
 pytest.importorskip("torch_mlir")
 
 from dabench_ir.errors import UserError
-from dabench_ir.frontends.mlir import _all_static, _context, import_onnx, lower_to_linalg, parse_mlir, prepare_onnx
+from dabench_ir.frontends.mlir import (
+    _all_static,
+    _context,
+    _lower_static_onnx,
+    import_onnx,
+    lower_to_linalg,
+    parse_mlir,
+    prepare_onnx,
+)
 from tests.conftest import parse
 
 # A decoder-ish block: matmul, softmax, layer norm, erf (each lowered through torch's decompositions).
@@ -105,3 +113,10 @@ func.func @main_graph(%a: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
 )
 def test_static_means_every_tensor_type_has_static_dims_and_a_dtype(text, static):
     assert _all_static(text) is static
+
+
+@pytest.mark.parametrize("kind", ["list", "optional"])
+def test_an_imported_sequence_of_tensors_takes_the_full_pipeline(kind):
+    text = f'%0 = torch.operator "onnx.SequenceConstruct"(%a) : (!torch.vtensor<[2],f32>) -> !torch.{kind}<vtensor<[2],f32>>'
+    assert _all_static(text)  # the element type is static, but refinement may still type the sequence
+    assert _lower_static_onnx(None, text) is False  # decided on the text, before the module is touched

@@ -175,7 +175,7 @@ def _captured_stderr() -> Iterator[list[bool]]:
     """Hold what MLIR's C++ code prints on file descriptor 2 (warnings before an error), and
     log it as warnings: shown after a success, dropped before an error's one line.
 
-    Yields a one-item list: set it to ``[False]`` to drop what was printed (an attempt that is
+    Yields a one-item list: set ``keep[0] = False`` to drop what was printed (an attempt that is
     discarded and run again another way)."""
     keep = [True]
     try:
@@ -277,10 +277,11 @@ def _lower_static_onnx(module: Any, text: str) -> bool:
     gives what `ONNX_PIPELINE` gives: every tensor type static before it and after it (and the
     backend contract met, else it fails).
 
-    False, with the module as it was and nothing logged, when not: the full pipeline runs then."""
+    False, with the module as it was and what the attempt printed dropped, when not: the full
+    pipeline runs then. An imported list or optional of tensors (ONNX sequences) is not static."""
     from torch_mlir import ir
 
-    if not _all_static(text):
+    if not _all_static(text) or "!torch.list<" in text or "!torch.optional<" in text:
         return False
     backup = module.operation.clone()
     with _captured_stderr() as keep:
