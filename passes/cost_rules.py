@@ -419,26 +419,37 @@ class OpView:
 
     def default_bytes(self) -> Cost:
         """Weights and constants read, activations read (each distinct value once), outputs written."""
+        weight, act_in, act_out = self._default_bytes()
+        return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out)
+
+    def _default_bytes(self) -> tuple[int, int, int]:
+        """`default_bytes` as (weight, activations in, activations out)."""
+        values, bindings, params = self.graph.values, self.graph.bindings, self.rule.params
         weight = act_in = act_out = 0
         seen: set[str] = set()
         for i, name in enumerate(self.node.inputs):
-            if not name or i in self.rule.params or name in seen:
+            if not name or i in params or name in seen:
                 continue
             seen.add(name)
-            value = self._value(name)
-            nbytes = value.type.nbytes(self.graph.bindings)  # resolves the symbols: no bind() needed
+            value = values.get(name)
+            if value is None or value.type.shape is None:
+                value = self._value(name)  # raises, naming it
+            nbytes = value.type.nbytes(bindings)  # resolves the symbols: no bind() needed
             if value.kind.is_stored:
                 weight += nbytes
             else:
                 act_in += nbytes
         for name in self.node.outputs:
             if name:
-                act_out += self._value(name).type.nbytes(self.graph.bindings)
-        return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out)
+                value = values.get(name)
+                if value is None or value.type.shape is None:
+                    value = self._value(name)
+                act_out += value.type.nbytes(bindings)
+        return weight, act_in, act_out
 
     def cost(self) -> Cost:
         flops = self.rule.fn(self)
-        return flops if self.rule.custom_bytes else flops + self.default_bytes()
+        return flops if self.rule.custom_bytes else flops.plus_bytes(*self._default_bytes())
 
 
 ESTIMATED_NOTE = "estimated: no rule"

@@ -165,7 +165,7 @@ def _scope_of(node: onnx.NodeProto, name: str) -> str:
         if key == "pkg.torch.onnx.name_scopes":
             scopes = p.value
         elif key == "namespace":
-            namespace = p.value
+            namespace = p  # its text is read only when the name scopes say nothing
     if scopes:
         entries = safe_name_scopes(scopes)
         # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
@@ -173,9 +173,9 @@ def _scope_of(node: onnx.NodeProto, name: str) -> str:
             return entries[-2]
         if entries and layer_from_scope(entries[0]) is not None:
             return entries[0]
-    if namespace:
+    if namespace is not None and (text := namespace.value):
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
-        parts = [p.split(":")[0].strip() for p in namespace.split("/")]
+        parts = [p.split(":")[0].strip() for p in text.split("/")]
         modules = [p for p in parts[:-1] if p]
         if modules:
             return modules[-1]
