@@ -364,14 +364,19 @@ def registered_ops() -> list[str]:
 
 
 class OpView:
-    """A node with its value types resolved through the graph's symbol bindings."""
+    """A node with its value types resolved through the graph's symbol bindings.
 
-    __slots__ = ("graph", "node", "rule")
+    ``sizes``: bytes of the value types already sized, by the type's id, shared by the views of
+    one cost pass (a model repeats a few types over all its values; the types and bindings stay
+    as they are while the pass runs)."""
 
-    def __init__(self, node: Node, graph: Graph, rule: CostRule) -> None:
+    __slots__ = ("graph", "node", "rule", "sizes")
+
+    def __init__(self, node: Node, graph: Graph, rule: CostRule, sizes: dict[int, int] | None = None) -> None:
         self.node = node
         self.graph = graph
         self.rule = rule
+        self.sizes = {} if sizes is None else sizes
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
@@ -422,7 +427,7 @@ class OpView:
 
     def _default_bytes(self) -> tuple[int, int, int]:
         """`default_bytes` as (weight, activations in, activations out)."""
-        values, bindings, params = self.graph.values, self.graph.bindings, self.rule.params
+        values, params = self.graph.values, self.rule.params
         weight = act_in = act_out = 0
         seen: set[str] = set()
         for i, name in enumerate(self.node.inputs):
@@ -432,7 +437,7 @@ class OpView:
             value = values.get(name)
             if value is None or value.type.shape is None:
                 value = self._value(name)  # raises, naming it
-            nbytes = value.type.nbytes(bindings)  # resolves the symbols: no bind() needed
+            nbytes = self._nbytes(value.type)
             if value.kind.is_stored:
                 weight += nbytes
             else:
@@ -442,8 +447,15 @@ class OpView:
                 value = values.get(name)
                 if value is None or value.type.shape is None:
                     value = self._value(name)
-                act_out += value.type.nbytes(bindings)
+                act_out += self._nbytes(value.type)
         return weight, act_in, act_out
+
+    def _nbytes(self, t: TensorType) -> int:
+        """``t.nbytes`` with the graph's bindings (they resolve the symbols: no bind() needed), sized once per type."""
+        nbytes = self.sizes.get(id(t))
+        if nbytes is None:
+            nbytes = self.sizes[id(t)] = t.nbytes(self.graph.bindings)
+        return nbytes
 
     def cost(self) -> Cost:
         flops = self.rule.fn(self)

@@ -151,6 +151,7 @@ class CostPass(Pass):
 
     def call(self, graph: Graph) -> PassResult:
         unbound: set[str] = set()
+        sizes: dict[int, int] = {}  # the rules' views share the bytes of each value type (`OpView`)
         for node in graph.nodes:
             node.meta.pop(meta.UNATTRIBUTED, None)
             node.meta.pop(meta.ESTIMATED, None)
@@ -166,7 +167,7 @@ class CostPass(Pass):
                 reason = f"no cost rule for op {node.qualified_op!r}"
             else:
                 try:
-                    node.meta[meta.COST] = OpView(node, graph, rule).cost()
+                    node.meta[meta.COST] = OpView(node, graph, rule, sizes).cost()
                 except UnboundSymbolError as exc:
                     unbound |= {s for s in exc.symbols if not s.startswith("<")}
                     continue
