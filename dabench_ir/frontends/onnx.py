@@ -196,7 +196,7 @@ def load_onnx(
     # Each node's fields read once, for the checks and the Graph (shape inference adds value infos
     # and changes no node, so the exported model's nodes are the inferred model's).
     protos = read_nodes(model.graph)
-    declared_static = check_onnx_model(model, path, nodes=protos)  # negative dims, rank, element types, cycles
+    declared_static = check_onnx_model(model, path, nodes=protos)  # dims, rank, element types, external data, cycles
     _check_external_data(model, path, protos)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(protos, opsets, path)
