@@ -375,8 +375,8 @@ class Graph:
     @property
     def symbols(self) -> frozenset[str]:
         syms: set[str] = set()
-        for value in self.values.values():
-            syms |= value.type.symbols
+        for t in {id(v.type): v.type for v in self.values.values()}.values():  # a type is shared by many values
+            syms |= t.symbols
         return frozenset(syms)
 
     # -- graph algorithms -----------------------------------------------------------
@@ -445,6 +445,12 @@ class Cost:
         if not isinstance(other, Cost):
             return NotImplemented
         return Cost(*map(operator.add, _cost_fields(self), _cost_fields(other)))  # field by field, in C
+
+    def plus_bytes(self, weight: int, act_in: int, act_out: int) -> Cost:
+        """This cost with bytes read and written added: ``self + Cost(weight_bytes=weight, ...)``, one
+        record built instead of two (the cost pass adds each node's bytes to its rule's FLOPs)."""
+        return Cost(self.contraction_flops, self.vector_flops, self.special_ops, self.weight_bytes + weight,
+                    self.act_bytes_in + act_in, self.act_bytes_out + act_out)  # fmt: skip
 
     def __radd__(self, other: object) -> Cost:
         if other == 0:  # lets sum() start from its default 0

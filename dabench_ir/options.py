@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dabench_ir.errors import UserError
 
@@ -54,8 +54,7 @@ _ALL = frozenset({PROFILE, SCALE, SWEEP, STUDY})
 _PROFILE_ONLY = frozenset({PROFILE})
 
 
-@dataclass(frozen=True, slots=True)
-class Knob:
+class Knob(NamedTuple):  # a record built at import without generated code (a dataclass: ~1.5 ms)
     """How one option is offered and checked; ``name`` is the field's name."""
 
     help: str
@@ -399,7 +398,7 @@ def _collect(*classes: type) -> dict[str, Knob]:
         for f in dataclasses.fields(cls):
             if "knob" in f.metadata:
                 default = None if f.default is dataclasses.MISSING else f.default
-                found[f.name] = dataclasses.replace(f.metadata["knob"], name=f.name, default=default)
+                found[f.name] = f.metadata["knob"]._replace(name=f.name, default=default)
     return found
 
 

@@ -6,8 +6,7 @@ import abc
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
@@ -17,8 +16,7 @@ __all__ = ["Pass", "PassError", "PassManager", "PassResult"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class PassResult:
+class PassResult(NamedTuple):  # a record built at import without generated code (a dataclass: ~1 ms)
     graph: Graph
     modified: bool
 

@@ -28,8 +28,7 @@ import enum
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.frontends import contrib_types as _types
@@ -151,12 +150,12 @@ _SAVES_OF_BACKWARD = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class OpTraits:
+class OpTraits(NamedTuple):
     """Everything the passes, lowerings and the host predictor need to know about an op type.
 
     One record per registered op, written by its `cost_rule` (or `op_traits_only`)
-    registration; `op_traits` returns `UNKNOWN_OP` for an op nobody registered.
+    registration; `op_traits` returns `UNKNOWN_OP` for an op nobody registered. (A NamedTuple,
+    like `CostRule`: built at import without the code a dataclass generates, ~1 ms each.)
     """
 
     op_class: OpClass | None = None
@@ -214,8 +213,7 @@ applied to unclassified nodes). Such a node has no cost rule, so the cost pass e
 from its bytes (`estimate_cost`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CostRule:
+class CostRule(NamedTuple):
     fn: Callable[[OpView], Cost]
     op_class: OpClass
     params: frozenset[int]  # input indices that are shape parameters (not data, not costed)
@@ -366,14 +364,19 @@ def registered_ops() -> list[str]:
 
 
 class OpView:
-    """A node with its value types resolved through the graph's symbol bindings."""
+    """A node with its value types resolved through the graph's symbol bindings.
 
-    __slots__ = ("graph", "node", "rule")
+    ``sizes``: bytes of the value types already sized, by the type's id, shared by the views of
+    one cost pass (a model repeats a few types over all its values; the types and bindings stay
+    as they are while the pass runs)."""
 
-    def __init__(self, node: Node, graph: Graph, rule: CostRule) -> None:
+    __slots__ = ("graph", "node", "rule", "sizes")
+
+    def __init__(self, node: Node, graph: Graph, rule: CostRule, sizes: dict[int, int] | None = None) -> None:
         self.node = node
         self.graph = graph
         self.rule = rule
+        self.sizes = {} if sizes is None else sizes
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
@@ -419,26 +422,44 @@ class OpView:
 
     def default_bytes(self) -> Cost:
         """Weights and constants read, activations read (each distinct value once), outputs written."""
+        weight, act_in, act_out = self._default_bytes()
+        return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out)
+
+    def _default_bytes(self) -> tuple[int, int, int]:
+        """`default_bytes` as (weight, activations in, activations out)."""
+        values, params = self.graph.values, self.rule.params
         weight = act_in = act_out = 0
         seen: set[str] = set()
         for i, name in enumerate(self.node.inputs):
-            if not name or i in self.rule.params or name in seen:
+            if not name or i in params or name in seen:
                 continue
             seen.add(name)
-            value = self._value(name)
-            nbytes = value.type.nbytes(self.graph.bindings)  # resolves the symbols: no bind() needed
+            value = values.get(name)
+            if value is None or value.type.shape is None:
+                value = self._value(name)  # raises, naming it
+            nbytes = self._nbytes(value.type)
             if value.kind.is_stored:
                 weight += nbytes
             else:
                 act_in += nbytes
         for name in self.node.outputs:
             if name:
-                act_out += self._value(name).type.nbytes(self.graph.bindings)
-        return Cost(weight_bytes=weight, act_bytes_in=act_in, act_bytes_out=act_out)
+                value = values.get(name)
+                if value is None or value.type.shape is None:
+                    value = self._value(name)
+                act_out += self._nbytes(value.type)
+        return weight, act_in, act_out
+
+    def _nbytes(self, t: TensorType) -> int:
+        """``t.nbytes`` with the graph's bindings (they resolve the symbols: no bind() needed), sized once per type."""
+        nbytes = self.sizes.get(id(t))
+        if nbytes is None:
+            nbytes = self.sizes[id(t)] = t.nbytes(self.graph.bindings)
+        return nbytes
 
     def cost(self) -> Cost:
         flops = self.rule.fn(self)
-        return flops if self.rule.custom_bytes else flops + self.default_bytes()
+        return flops if self.rule.custom_bytes else flops.plus_bytes(*self._default_bytes())
 
 
 ESTIMATED_NOTE = "estimated: no rule"

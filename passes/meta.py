@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from dabench_ir.ir import Cost, Graph, Node
 
@@ -114,8 +114,7 @@ def get_op_class(node: Node) -> Any:
 # -- graph-level facts ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class GraphKey:
+class GraphKey(NamedTuple):  # a record built at import without generated code (a dataclass: ~1 ms)
     """A graph-level annotation: its key in ``Graph.meta``, its type and the pass that writes it."""
 
     key: str

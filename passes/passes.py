@@ -123,9 +123,12 @@ class FoldWeightLayouts(Pass):
         ins = [graph.values.get(v) for v in node.inputs if v]
         if any(v is None for v in ins):
             return None
+        shape_op = node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx")
+        if not shape_op and not all(v.kind.is_stored for v in ins):
+            return None  # reads an activation: none of the folds below applies (most nodes stop here)
         if traits_of(node).folds_on_weights and ins and all(v.kind.is_stored for v in ins):
             return f"layout of {node.inputs[0]!r}, folded at compile time"
-        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and ins:
+        if shape_op and ins:
             return "a static shape, known at compile time" if graph.type_of(ins[0].name).is_static else None
         if all(v.kind is ValueKind.CONSTANT for v in ins):
             return "computes on constants only: folded at compile time"
@@ -148,6 +151,7 @@ class CostPass(Pass):
 
     def call(self, graph: Graph) -> PassResult:
         unbound: set[str] = set()
+        sizes: dict[int, int] = {}  # the rules' views share the bytes of each value type (`OpView`)
         for node in graph.nodes:
             node.meta.pop(meta.UNATTRIBUTED, None)
             node.meta.pop(meta.ESTIMATED, None)
@@ -163,7 +167,7 @@ class CostPass(Pass):
                 reason = f"no cost rule for op {node.qualified_op!r}"
             else:
                 try:
-                    node.meta[meta.COST] = OpView(node, graph, rule).cost()
+                    node.meta[meta.COST] = OpView(node, graph, rule, sizes).cost()
                 except UnboundSymbolError as exc:
                     unbound |= {s for s in exc.symbols if not s.startswith("<")}
                     continue

@@ -218,3 +218,85 @@ def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
             "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["0", "True"]
+
+
+def test_nodes_out_of_order_pass_and_a_cycle_is_still_refused():
+    """The acyclic check passes nodes in topological order without Kahn's walk; nodes out of order
+    (acyclic) still pass, and a cycle, or a node reading its own output, is still refused by the walk."""
+    from onnx import TensorProto, helper
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends.checks import check_onnx_model
+
+    def model(*nodes):
+        x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "y"))
+        return helper.make_model(helper.make_graph(list(nodes), "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+
+    relu = helper.make_node
+    assert check_onnx_model(model(relu("Relu", ["x"], ["a"]), relu("Relu", ["a"], ["y"]))) is False  # in order
+    assert check_onnx_model(model(relu("Relu", ["a"], ["y"]), relu("Relu", ["x"], ["a"]))) is False  # out of order
+    with pytest.raises(InputError, match="the graph has a cycle \\(node 'n1' depends on its own output\\)"):
+        check_onnx_model(model(relu("Relu", ["b"], ["a"], name="n1"), relu("Relu", ["a"], ["b"], name="n2"),
+                               relu("Relu", ["a"], ["y"])))  # fmt: skip
+    with pytest.raises(InputError, match="the graph has a cycle \\(node 'self' depends"):
+        check_onnx_model(model(relu("Add", ["x", "y"], ["y"], name="self")))
+
+
+@pytest.fixture(scope="module")
+def exported_llama():
+    """A one-block LLaMA as the exporter writes it (scopes in the node metadata, attributes, no weights)."""
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+
+    return export_onnx(ModelConfig(family="llama", layers=1, hidden=64, heads=2, seq=8), weights="none")
+
+
+def test_the_graph_is_built_from_the_nodes_the_checks_read(exported_llama):
+    """`load_onnx` builds its nodes from `read_nodes` of the exported model (one read for the checks and
+    the Graph): the same names, ops, wiring, attributes and scopes as read from the inferred model's protos."""
+    import onnx
+
+    from dabench_ir.frontends.checks import read_nodes
+    from dabench_ir.frontends.onnx import _attributes, _scope_of, load_onnx, onnx_node_names
+
+    inferred = onnx.shape_inference.infer_shapes(exported_llama, data_prop=True)
+    graph = load_onnx(exported_llama)
+    reads = read_nodes(inferred.graph)
+    assert [n.name for n in graph.nodes] == onnx_node_names(inferred.graph)
+    assert [(n.op_type, n.domain, n.inputs, n.outputs) for n in graph.nodes] == [r[1:5] for r in reads]
+    assert [n.attrs for n in graph.nodes] == [_attributes(r[5])[0] for r in reads]
+    assert [n.scope for n in graph.nodes] == [_scope_of(r[0], r[0].name) for r in reads]
+    assert any(n.attrs for n in graph.nodes) and any(n.scope for n in graph.nodes)
+
+
+def test_a_nodes_cost_is_its_rule_count_plus_its_default_bytes(exported_llama):
+    """The cost pass builds a node's Cost once (`Cost.plus_bytes`) and sizes each value type once per pass:
+    the same Cost as the rule's count plus `default_bytes`, exactly."""
+    from dabench_ir.frontends.onnx import load_onnx
+    from dabench_ir.ir import Cost
+    from dabench_ir.passes import meta, standard_passes
+    from dabench_ir.passes.cost_rules import OpView, find_rule
+
+    cost = Cost(1, 2, 3, 4, 5, 6)
+    assert cost.plus_bytes(10, 20, 30) == cost + Cost(weight_bytes=10, act_bytes_in=20, act_bytes_out=30)
+    graph = standard_passes()(load_onnx(exported_llama)).graph
+    shared: dict[int, int] = {}
+    costed = 0
+    for node in graph.nodes:
+        rule = find_rule(node)
+        if rule is None or rule.custom_bytes or meta.FOLDED in node.meta:
+            continue
+        alone = OpView(node, graph, rule)
+        assert alone.rule.fn(alone) + alone.default_bytes() == node.meta[meta.COST] == OpView(node, graph, rule, shared).cost()
+        costed += 1
+    assert costed > 20 and 0 < len(shared) < costed
+
+
+def test_graph_symbols_are_every_values_symbols():
+    from dabench_ir.ir import DType, Graph, TensorType, Value, ValueKind
+
+    t = TensorType(("batch", 4), DType.FLOAT32)
+    values = {"a": Value("a", t, ValueKind.INPUT), "b": Value("b", t, ValueKind.ACTIVATION),
+              "c": Value("c", TensorType((2, "seq"), DType.FLOAT16), ValueKind.OUTPUT),
+              "d": Value("d", TensorType(None, DType.FLOAT32), ValueKind.ACTIVATION)}  # fmt: skip
+    assert Graph([], values, ["a"], ["c"]).symbols == frozenset({"batch", "seq"})

@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +20,10 @@ from dabench_ir.fileio import resolve_inside
 from dabench_ir.frontends import existing_file
 from dabench_ir.frontends.checks import (
     GRAPH_ATTRS,
+    NodeRead,
     check_onnx_model,
     infer_checked,
+    read_nodes,
     safe_name_list,
     safe_name_scopes,
 )
@@ -78,12 +80,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
-    """Refuse external-data locations that escape the model's folder. Opens no file."""
+def _check_external_data(model: onnx.ModelProto, base: Path | None, nodes: list[NodeRead] | None = None) -> None:
+    """Refuse external-data locations that escape the model's folder. Opens no file.
+    ``nodes``: the model's own graph's `read_nodes`, when the caller has them."""
     import onnx
 
     folder = (base.parent if base is not None else Path.cwd()).resolve()
-    for init in _all_initializers(model.graph):
+    for init in _all_initializers(model.graph, nodes):
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entries = {e.key: e.value for e in init.external_data}
@@ -93,10 +96,10 @@ def _check_external_data(model: onnx.ModelProto, base: Path | None) -> None:
             raise InputError(str(exc)) from None
 
 
-def _all_initializers(graph: onnx.GraphProto):
+def _all_initializers(graph: onnx.GraphProto, nodes: list[NodeRead] | None = None):
     yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
+    for attributes in (node.attribute for node in graph.node) if nodes is None else (read[5] for read in nodes):
+        for attr in attributes:
             if attr.HasField("g") and (attr.g.node or attr.g.initializer):
                 yield from _all_initializers(attr.g)
             for g in attr.graphs:
@@ -138,10 +141,15 @@ def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
     """The name of every node of ``graph_proto`` in dabench: its own, ``<op>_<index>`` when it
     has none, ``<name>__<index>`` for a repeat. The frontends, the annotated ONNX and the
     measured path (whose profiler reports node names) all name nodes with this function."""
+    return _node_names((proto.name, proto.op_type) for proto in graph_proto.node)
+
+
+def _node_names(named: Iterable[tuple[str, str]]) -> list[str]:
+    """`onnx_node_names` of the nodes' (name, op_type) pairs."""
     names: list[str] = []
     seen: set[str] = set()
-    for index, proto in enumerate(graph_proto.node):
-        name = proto.name or f"{proto.op_type}_{index}"
+    for index, (own, op_type) in enumerate(named):
+        name = own or f"{op_type}_{index}"
         if name in seen:
             name = f"{name}__{index}"
         seen.add(name)
@@ -149,15 +157,15 @@ def onnx_node_names(graph_proto: onnx.GraphProto) -> list[str]:
     return names
 
 
-def _scope_of(node: onnx.NodeProto) -> str:
-    """Module path the exporter recorded for this node, or '' when none was recorded."""
+def _scope_of(node: onnx.NodeProto, name: str) -> str:
+    """Module path the exporter recorded for this node (``name``: its own name), or '' when none was recorded."""
     scopes = namespace = None  # read only these two: the other props (stack traces) are long
     for p in node.metadata_props:
         key = p.key
         if key == "pkg.torch.onnx.name_scopes":
             scopes = p.value
         elif key == "namespace":
-            namespace = p.value
+            namespace = p  # its text is read only when the name scopes say nothing
     if scopes:
         entries = safe_name_scopes(scopes)
         # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
@@ -165,15 +173,15 @@ def _scope_of(node: onnx.NodeProto) -> str:
             return entries[-2]
         if entries and layer_from_scope(entries[0]) is not None:
             return entries[0]
-    if namespace:
+    if namespace is not None and (text := namespace.value):
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
-        parts = [p.split(":")[0].strip() for p in namespace.split("/")]
+        parts = [p.split(":")[0].strip() for p in text.split("/")]
         modules = [p for p in parts[:-1] if p]
         if modules:
             return modules[-1]
     # TorchScript exporter: node names like '/layers.0/attn/q_proj/MatMul'
-    if node.name.startswith("/") and node.name.count("/") >= 2:
-        return ".".join(part for part in node.name.strip("/").split("/")[:-1])
+    if name.startswith("/") and name.count("/") >= 2:
+        return ".".join(part for part in name.strip("/").split("/")[:-1])
     return ""
 
 
@@ -185,12 +193,15 @@ def load_onnx(
     """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
 
     model, path = read_model(source)
-    declared_static = check_onnx_model(model, path)  # negative dims, rank, element types, external data, cycles
-    _check_external_data(model, path)
+    # Each node's fields read once, for the checks and the Graph (shape inference adds value infos
+    # and changes no node, so the exported model's nodes are the inferred model's).
+    protos = read_nodes(model.graph)
+    declared_static = check_onnx_model(model, path, nodes=protos)  # dims, rank, element types, external data, cycles
+    _check_external_data(model, path, protos)
     opsets = {o.domain or "": o.version for o in model.opset_import}
-    _check_domains(model.graph, opsets, path)
+    _check_domains(protos, opsets, path)
     if path is not None:  # our own copy: free weight bytes before shape inference copies the model
-        _drop_tensor_data(model.graph)
+        _drop_tensor_data(model.graph, protos)
     exported = model
     if infer_shapes:
         try:
@@ -236,18 +247,12 @@ def load_onnx(
 
     nodes: list[Node] = []
     scope_layers: dict[str, int | None] = {}  # a module's nodes share its scope, and so its layer
-    for proto, name in zip(g.node, onnx_node_names(g), strict=True):
-        op_type = proto.op_type
-        attrs, nested = _attributes(proto)
-        node = Node(
-            name=name,
-            op_type=op_type,
-            domain=proto.domain or "",
-            inputs=list(proto.input),
-            outputs=list(proto.output),
-            attrs=attrs,
-        )
-        node.scope = scope = _scope_of(proto)
+    own_names = [read[0].name for read in protos]
+    names = _node_names(zip(own_names, (read[1] for read in protos), strict=True))
+    for (proto, op_type, domain, inputs, outputs, attributes), own, name in zip(protos, own_names, names, strict=True):
+        attrs, nested = _attributes(attributes) if attributes else ({}, False)
+        node = Node(name=name, op_type=op_type, domain=domain or "", inputs=inputs, outputs=outputs, attrs=attrs)
+        node.scope = scope = _scope_of(proto, own)
         if not scope:
             node.layer = layer_from_scope(name)
         elif scope in scope_layers:
@@ -263,8 +268,8 @@ def load_onnx(
             if value is None:
                 value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
             value.producer = name
-            if op_type == "Constant" and [a.name for a in proto.attribute] == ["value"]:
-                value.scalar = _scalar(proto.attribute[0].t)
+            if op_type == "Constant" and [a.name for a in attributes] == ["value"]:
+                value.scalar = _scalar(attributes[0].t)
         nodes.append(node)
 
     name = metadata.get(MODEL_FAMILY) or (path.stem if path else g.name) or "model"
@@ -407,9 +412,8 @@ def _data_dropped(init: onnx.TensorProto) -> bool:
     return numel > _KEEP_DATA_ELEMENTS or init.data_location == 1
 
 
-def _check_domains(graph: onnx.GraphProto, opsets: Mapping[str, int], path: Path | None) -> None:
-    for node in graph.node:
-        domain = node.domain or ""
+def _check_domains(nodes: list[NodeRead], opsets: Mapping[str, int], path: Path | None) -> None:
+    for node, _, domain, *_ in nodes:
         if domain not in opsets and domain != "ai.onnx":
             where = f"{path}: " if path else ""
             raise InputError(
@@ -484,13 +488,14 @@ _KEEP_DATA_ELEMENTS = 4096
 """Tensors up to this many elements keep their data: shape tensors that shape inference reads."""
 
 
-def _drop_tensor_data(graph: onnx.GraphProto) -> None:
+def _drop_tensor_data(graph: onnx.GraphProto, nodes: list[NodeRead] | None = None) -> None:
     """Free the data of every large initializer and Constant: the analysis reads shapes and
     types only, and holding weight bytes through shape inference (which copies the model)
-    would make peak memory several times the file. Small tensors (shapes) keep their data."""
+    would make peak memory several times the file. Small tensors (shapes) keep their data.
+    ``nodes``: the graph's `read_nodes`, when the caller has them."""
     tensors = list(graph.initializer)
-    for node in graph.node:
-        tensors += [a.t for a in node.attribute if a.HasField("t")]
+    for attributes in (node.attribute for node in graph.node) if nodes is None else (read[5] for read in nodes):
+        tensors += [a.t for a in attributes if a.HasField("t")]
     for t in tensors:
         numel = 1
         for d in t.dims:
@@ -522,13 +527,13 @@ def _looks_like_parameter(init: onnx.TensorProto) -> bool:
     return dtype.is_float and len(init.dims) >= 1 and numel > 1
 
 
-def _attributes(proto: onnx.NodeProto) -> tuple[dict[str, object], bool]:
-    """The node's attributes by name, and whether one holds a subgraph (one read of them)."""
+def _attributes(attributes: list[onnx.AttributeProto]) -> tuple[dict[str, object], bool]:
+    """A node's attributes by name, and whether one holds a subgraph (one read of them)."""
     import onnx
 
     out: dict[str, object] = {}
     nested = False
-    for attr in proto.attribute:
+    for attr in attributes:
         kind = attr.type
         if kind in GRAPH_ATTRS:
             out[attr.name] = "<subgraph>"
