@@ -36,31 +36,40 @@ def _quiet(_: str) -> None:
 def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None, batch: int | None = None) -> Graph:
     """Read a model (path, onnx.ModelProto, or a preset name that is no file) into a Graph, by file type
     and `via` (frontends only load). A preset is its weight-free export (`models.presets.preset_file`)
-    at the preset's batch and seq, unless the run binds them (``batch``: the run's, when given)."""
-    if isinstance(model, str) and not os.path.lexists(model) and not model.endswith((".onnx", ".mlir")):
-        from dabench_ir.models.presets import preset_file, preset_name, preset_shape
-
-        if preset_name(model) is not None:
-            graph = load_graph(preset_file(model), via=via, dims=dims)
-            bound = {*(dims or {}), *(["batch"] if batch is not None else [])}
-            graph.bindings.update({k: v for k, v in preset_shape(model).items() if k not in bound})
-            return graph
+    at the preset's batch and seq, unless the run binds them (``batch``: the run's, when given).
+    ONNX ``via`` MLIR is lowered at ``dims`` and the preset's shape (`pipeline.run_profile` binds a
+    run's batch and sequence first)."""
+    if via not in ("onnx", "mlir"):
+        raise UserError(f"--via {via}: expected 'onnx' or 'mlir'")
     if _is_mlir_file(model):
         from dabench_ir.frontends.mlir import load_mlir
 
         return load_mlir(model, dims=dict(dims or {}))
     if via == "mlir":
-        from dabench_ir.frontends.mlir import onnx_via_mlir
+        graph = load_graph(model, dims=dims, batch=batch)
+        return _lowered(graph, model, {**graph.bindings, **(dims or {})})
+    if isinstance(model, str) and not os.path.lexists(model) and not model.endswith((".onnx", ".mlir")):
+        from dabench_ir.models.presets import preset_file, preset_name, preset_shape
 
-        return onnx_via_mlir(model, dims=dict(dims or {}))
-    if via != "onnx":
-        raise UserError(f"--via {via}: expected 'onnx' or 'mlir'")
+        if preset_name(model) is not None:
+            graph = load_graph(preset_file(model), dims=dims)
+            bound = {*(dims or {}), *(["batch"] if batch is not None else [])}
+            graph.bindings.update({k: v for k, v in preset_shape(model).items() if k not in bound})
+            return graph
     suffix = Path(model).suffix.lower() if isinstance(model, (str, os.PathLike)) else ""
     if suffix and suffix != ".onnx" and Path(model).is_file():
         logger.info("%s has no .onnx suffix; reading it as ONNX", model)
     from dabench_ir.frontends.onnx import load_onnx
 
     return load_onnx(model)
+
+
+def _lowered(graph: Graph, model: Any, dims: Mapping[str, int]) -> Graph:
+    """The ONNX ``graph`` of ``model`` with its torch-mlir linalg module, lowered at ``dims``."""
+    from dabench_ir.frontends.mlir import attach_mlir
+
+    source = graph.path if graph.path is not None else model  # a preset's file; a proto as it is
+    return attach_mlir(graph, source, dims, where=str(graph.path or "<onnx>"))
 
 
 def _options(options: Any) -> Any:
@@ -83,7 +92,12 @@ def _as_options(options: Any) -> Any:
 
 def _load(model: Any, options: Any) -> Graph:
     opts = _as_options(options)
-    return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
+    if opts.via != "mlir" or _is_mlir_file(model):
+        return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
+    # torch-mlir imports static shapes only: the run binds the ONNX graph's batch, sequence and the
+    # dims derived from them (`run.resolve`, as on the ONNX path), and the module is lowered at those
+    graph = load_graph(model, dims=opts.dims, batch=opts.batch)
+    return _lowered(graph, model, {**graph.bindings, **resolve(graph, None, options).dims})
 
 
 def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "onnx") -> Graph:

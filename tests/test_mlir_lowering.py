@@ -120,3 +120,25 @@ def test_an_imported_sequence_of_tensors_takes_the_full_pipeline(kind):
     text = f'%0 = torch.operator "onnx.SequenceConstruct"(%a) : (!torch.vtensor<[2],f32>) -> !torch.{kind}<vtensor<[2],f32>>'
     assert _all_static(text)  # the element type is static, but refinement may still type the sequence
     assert _lower_static_onnx(None, text) is False  # decided on the text, before the module is touched
+
+
+# A symbolic batch and sequence: a run binds them with --batch and --seq before the MLIR import.
+SYMBOLIC = """
+agraph (float[batch, seq, 8] x) => (float[batch, seq, 8] y)
+<float[8, 8] w = {1,0,0,0,0,0,0,0, 0,1,0,0,0,0,0,0, 0,0,1,0,0,0,0,0, 0,0,0,1,0,0,0,0,
+                  0,0,0,0,1,0,0,0, 0,0,0,0,0,1,0,0, 0,0,0,0,0,0,1,0, 0,0,0,0,0,0,0,1}> {
+    y = MatMul(x, w)
+}
+"""
+
+
+def test_batch_and_seq_bind_the_dims_before_the_mlir_import():
+    from dabench_ir.pipeline import profile
+
+    model = parse(SYMBOLIC)
+    by_flags = profile(model, via="mlir", batch=2, seq=4)
+    by_dims = profile(model, via="mlir", dims={"batch": 2, "seq": 4})
+    assert by_flags.totals["flops"] == by_dims.totals["flops"] == 2 * 2 * 4 * 8 * 8  # 2 FLOPs per MAC
+    assert by_flags.to_dict()["nodes"] == by_dims.to_dict()["nodes"]
+    with pytest.raises(UserError, match=r"unbound symbolic dims: batch, seq; bind them with --batch N --seq N"):
+        profile(model, via="mlir")

@@ -6,7 +6,9 @@ formulas), and produce the same `Graph` type as the ONNX frontend:
 - `load_mlir(path_or_text)`: one node per origin recovered from op locations (an ONNX
   node name, or an fx ``file:line`` call site), wired by the SSA values between them.
 - `onnx_via_mlir(model, dims)`: the ONNX frontend's graph (names, scopes, layers, edges)
-  with every node's cost replaced by the sum of the linalg ops that carry its name.
+  with every node's cost replaced by the sum of the linalg ops that carry its name;
+  `attach_mlir(graph, model, dims)` the same for a graph already loaded (a run binds its
+  batch and sequence on the ONNX graph first: `pipeline.load_graph`).
 
 torch-mlir is imported here lazily, never when `dabench_ir` is imported.
 """
@@ -49,6 +51,7 @@ __all__ = [
     "ONNX_PIPELINE",
     "ONNX_STATIC_PIPELINE",
     "TORCH_PIPELINE",
+    "attach_mlir",
     "import_onnx",
     "load_mlir",
     "lower_to_linalg",
@@ -472,14 +475,25 @@ def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
     """The ONNX frontend's graph with its torch-mlir linalg module attached (cost it with `LinalgCostPass`)."""
     from dabench_ir.frontends.onnx import load_onnx, read_model
 
-    start = time.perf_counter()
     proto, path = read_model(model)
-    graph = load_onnx(path if path is not None else proto)
+    return attach_mlir(load_onnx(path if path is not None else proto), proto, dims, where=str(path or "<onnx>"))
+
+
+def attach_mlir(graph: Graph, model: Any, dims: Mapping[str, int] | None = None, *, where: str = "<onnx>") -> Graph:
+    """``graph`` (the ONNX frontend's, of ``model``: a path or an onnx.ModelProto) with ``model``
+    imported through torch-mlir and lowered to linalg at ``dims``, which bind every symbolic dim."""
+    from dabench_ir.frontends.onnx import read_model
+
+    start = time.perf_counter()
+    proto, _ = read_model(model)
     if dims:
         graph.bindings.update(dims)
     weights = frozenset(v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT)
-    prepared, weight_args = prepare_onnx(proto, dims, weights)
-    where = str(path) if path else "<onnx>"
+    try:
+        prepared, weight_args = prepare_onnx(proto, dims, weights)
+    except UnboundSymbolError as exc:  # named with the flag that binds each: --batch, --seq or --dim
+        batch = graph.batch_dim if isinstance(graph.batch_dim, str) else None
+        raise UnboundSymbolError(exc.symbols, batch=batch) from None
     ctx = _context()
     module = import_onnx(prepared, context=ctx, where=where)
     lower_to_linalg(module, where=where)
