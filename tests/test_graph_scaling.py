@@ -8,8 +8,8 @@ import random
 import pytest
 
 from dabench_ir.ir import Node
-from dabench_ir.passes.training import OPTIMIZER_OP
 from dabench_ir.lowering.gpu import _host_wait
+from dabench_ir.passes.training import OPTIMIZER_OP
 
 
 def _looped(kernels_of, device, issue_s, micro_batches):
