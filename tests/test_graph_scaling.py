@@ -1,9 +1,15 @@
-"""Issue 34: a run's time does not grow with its micro-batch count. The GPU stream's host wait
-repeats one micro-batch in closed form; it equals the kernel-by-kernel loop it replaces."""
+"""Issue 34: a run's work is linear in its nodes and independent of its micro-batch count, on
+every target, counted in Python calls and lines (machine-independent, unlike bench/graph_scaling.py's
+times); and the GPU stream's host wait, which repeats one micro-batch in closed form, equals the
+kernel-by-kernel loop it replaces."""
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +74,92 @@ def test_host_wait_by_example():
     device = {id(a): 0.5, id(b): 1.0}
     assert _host_wait(kernels_of, device, 0.5, 1) == 0.75
     assert _host_wait(kernels_of, device, 0.5, 4096) == _looped(kernels_of, device, 0.5, 4096) == 0.75 + 4095 * 0.5
+
+
+# -- work per node and per micro-batch, counted (not timed: the count is the same on any machine) ---
+
+TARGETS = ("wse2", "sn30", "bow", "h100", "cpu")
+
+
+def _calls(graph, target, options=None):
+    """Python function calls of one run of ``graph`` on ``target``, its report's JSON included."""
+    from dabench_ir.pipeline import profile_graph
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    profile_graph(graph.clone(), target, options).to_json(indent=None)
+    profiler.disable()
+    return pstats.Stats(profiler).total_calls
+
+
+def _lines(graph, target, options):
+    """Python lines run by one run of ``graph`` on ``target``: a loop inside one function counts too."""
+    from dabench_ir.pipeline import profile_graph
+
+    count = 0
+
+    def line(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return line
+
+    sys.settrace(lambda frame, event, arg: line)
+    try:
+        profile_graph(graph.clone(), target, options).to_json(indent=None)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def _chain(n: int, width: int):
+    """``width`` chains of elementwise nodes, n in all (bench/graph_scaling.py's graphs)."""
+    from dabench_ir.frontends.onnx import load_onnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        from graph_scaling import chain
+    finally:
+        sys.path.pop(0)
+    return load_onnx(chain(n, width))
+
+
+@pytest.mark.parametrize("width", [1, 8])
+def test_calls_per_node_do_not_grow_with_the_graph(width):
+    """A chain (and 8 side by side) of 400 and of 1,600 nodes: the larger makes no more calls per
+    node on any target (quadratic work would make 4x as many)."""
+    small, large = _chain(400, width), _chain(1600, width)
+    for target in TARGETS:
+        _calls(small, target)  # a target's first use loads its modules and calibration
+        per_node = [_calls(g, target) / len(g.nodes) for g in (small, large)]
+        assert per_node[1] <= 1.02 * per_node[0], (target, per_node)
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder():
+    """A 2-layer GPT-2 (hidden 64, seq 8) through the package's exporter, stamped like a sweep's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    from dabench_ir.frontends.onnx import load_onnx
+    from dabench_ir.sweep import graphs
+
+    params = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "positional": "none", "layers": 1}
+    base = graphs.export_base(params)
+    return {layers: load_onnx(graphs.stamped_proto(base, layers), infer_shapes=False) for layers in (2, 8)}
+
+
+def test_training_calls_per_node_do_not_grow_with_depth(tiny_decoder):
+    for target in TARGETS:
+        _calls(tiny_decoder[2], target, {"mode": "train"})
+        per_node = [_calls(g, target, {"mode": "train"}) / len(g.nodes) for g in tiny_decoder.values()]
+        assert per_node[1] <= 1.02 * per_node[0], (target, per_node)
+
+
+def test_training_work_does_not_grow_with_the_micro_batches(tiny_decoder):
+    """64 and 4,096 micro-batches per step run the same lines on every target: fill, the periods
+    that settle the pipeline, then the rest in closed form (the GPU's host wait looped over every
+    kernel of every micro-batch: 4096 / 64 times the lines)."""
+    graph = tiny_decoder[2]
+    for target in TARGETS:
+        _calls(graph, target, {"mode": "train"})
+        few, many = (_lines(graph, target, {"mode": "train", "micro_batches": m}) for m in (64, 4096))
+        assert many == few, (target, few, many)
