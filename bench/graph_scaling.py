@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="size,decoder,batch,pipeline", help="tables to run, comma-separated")
     ap.add_argument("--repeat", type=int, default=1, help="best of N runs per cell")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall", help="wall or CPU time (default wall)")
-    ap.add_argument("--growth", type=float, default=GROWTH, help=f"flag a column past this last/first (default {GROWTH})")
+    ap.add_argument("--growth", type=float, default=GROWTH, help=f"flag past this last/first ({GROWTH})")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = ap.parse_args(argv)
     if args.quick and "--sizes" not in (argv if argv is not None else sys.argv[1:]):
