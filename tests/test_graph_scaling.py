@@ -103,11 +103,12 @@ def _lines(graph, target, options):
         count += event == "line"
         return line
 
+    before = sys.gettrace()  # a coverage tool's tracer, put back after
     sys.settrace(lambda frame, event, arg: line)
     try:
         profile_graph(graph.clone(), target, options).to_json(indent=None)
     finally:
-        sys.settrace(None)
+        sys.settrace(before)
     return count
 
 
