@@ -328,12 +328,33 @@ def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapp
         forward.append(each)
         backward += [each] * (kernels - 1)
     wait = host = end = 0.0
-    for each in (forward + backward[::-1]) * micro_batches + once:
-        host += issue_s
-        if host > end:
-            wait += host - end
-            end = host
-        end += each
+
+    def issue(kernels: list[float]) -> None:
+        nonlocal wait, host, end
+        for each in kernels:
+            host += issue_s
+            if host > end:
+                wait += host - end
+                end = host
+            end += each
+
+    one = forward + backward[::-1]
+    issue(one)
+    if micro_batches > 1:
+        # The other micro-batches in closed form, not one simulation each (issue 34): a kernel maps the
+        # device's lead over the host, d = end - host, to max(d + each - issue_s, each), so a micro-batch
+        # maps it to max(d + a, b) and j of them to max(d + j a, b + (j - 1) max(a, 0)); the wait is the
+        # end's growth less the kernels' and the host's.
+        a, b = 0.0, -math.inf
+        for each in one:
+            a, b = a + each - issue_s, max(b + each - issue_s, each)
+        j = micro_batches - 1
+        lead = end - host
+        after = max(lead + j * a, b + (j - 1) * max(a, 0.0))
+        wait += after - lead - j * a
+        host += j * len(one) * issue_s
+        end = host + after
+    issue(once)
     return wait
 
 

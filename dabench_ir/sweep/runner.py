@@ -143,6 +143,20 @@ class _Locks:
             self.release(key)
 
 
+def _allow_open_files(count: int) -> None:
+    """Raise this process's soft limit of open files (up to the hard one) to hold ``count`` lock files
+    and some: a sweep holds one per point it has to run (a 10^5-point grid: 10^5), and the usual soft
+    limit is 1024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = count + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):  # a system that refuses: the lock says so, one line
+            limit = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+
 def _collect(spec_keys: list[str], points_dir: Path, fresh: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The table's rows: ``fresh`` (the rows of the points this run wrote) and, for the others, their files."""
     rows = []
@@ -198,6 +212,7 @@ def run_sweep(
         return record is not None and (record.get("status") == "ok" or not retry_failed)
 
     locks = _Locks(points_dir)
+    _allow_open_files(len(keyed))
     todo: list[tuple[str, dict[str, Any]]] = []
     held_elsewhere: list[tuple[str, dict[str, Any]]] = []
     for key, params in keyed:
