@@ -272,8 +272,8 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
             pcu = sum(demand.pcu(n, phase) for n in group)
             pmu = sum(demand.pmu(n, phase) for n in group)
             need = max(pcu, pmu)
-            has_work = any(ctx.is_work(n) for n in cur.nodes)
-            gkey = module_key(group[0])
+            has_work = cur.pcus > 0  # a node holds PCUs exactly when it works (`_Demand`): cur holds work
+            gkey = module_key(group[0]) if opt_level == "O1" else None  # only O1 cuts at modules
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
