@@ -114,7 +114,8 @@ class Report:
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
     advice: Any = field(default=None, repr=False)  # dabench_ir.advice.Advice: the variant runs the why lines read
     saved_roles: list[dict[str, Any]] | None = field(default=None, repr=False)  # the roles of a report read back
-    _tables: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = field(default=None, init=False, repr=False)
+    _tables: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = field(default=None, init=False, repr=False,
+                                                                         compare=False)  # share_tables, once
 
     # -- views ----------------------------------------------------------------------
     def node(self, name: str) -> NodeRecord:
