@@ -28,6 +28,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.plan import Schedule
 
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
@@ -226,7 +227,9 @@ class StepEnergy:
         return self.node_j + sum(self.overheads.values()) + self.idle_j
 
 
-def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEnergy:
+def step_energy(
+    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None
+) -> StepEnergy:
     """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
 
     Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level that
@@ -240,6 +243,7 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
     A node's bytes are those its roofline point counts (`metrics.node_feed_intensity`: in a
     unit whose traffic streams over its span, the share in the node's time); what such a unit
     streams while its nodes wait (its stall) is dynamic energy of the ``memory_stall`` row.
+    ``feed_bytes``: those bytes when the caller has them (`Metrics.node_feed_bytes` of this plan and timeline).
     """
     from dabench_ir.metrics import node_feed_intensity
     from dabench_ir.passes import meta
@@ -251,21 +255,27 @@ def step_energy(graph: Any, plan: Any, timeline: Any, target: Target) -> StepEne
     dynamic: dict[str, float] = {}
     static: dict[str, float] = {}
     units = _units_by_node(plan)
-    _, _, feed_bytes = node_feed_intensity(plan, timeline)
+    if feed_bytes is None:
+        _, _, feed_bytes = node_feed_intensity(plan, timeline)
     streamed = sum(u.stats.feed_bytes or 0.0 for u in plan.units)
+    in_streams = {n for u in plan.units if u.stats.feed_bytes is not None for n in u.nodes}  # nodes of a streaming unit
     streamed_in_nodes = 0.0
+    level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
     for node in graph.nodes:
         cost = meta.get_cost(node) if meta.COST in node.meta else None
         np_ = plan.node_plans.get(node.name) if plan is not None else None
         if cost is None or np_ is None:
             continue
         dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
-        level_name = _feed_memory_name(target, np_.feed_level)
+        key = level_key.get(np_.feed_level)
+        if key is None:
+            level_name = _feed_memory_name(target, np_.feed_level)
+            key = level_key[np_.feed_level] = level_name if level_name in model.pj_per_byte else np_.feed_level
         joules = model.flop_energy_j(cost.flops, dtype)
         moved = feed_bytes.get(node.name, float(np_.feed_bytes))
-        if any(u.stats.feed_bytes is not None for u in units.get(node.name, ())):
+        if node.name in in_streams:
             streamed_in_nodes += moved
-        joules += model.byte_energy_j(moved, level_name if level_name in model.pj_per_byte else np_.feed_level)
+        joules += model.byte_energy_j(moved, key)
         dynamic[node.name] = joules
         busy = timeline.busy(node.name) or 0.0
         static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
@@ -306,8 +316,6 @@ def held_share(plan: Any, name: str, units: Mapping[str, list[Any]] | None = Non
     the tiles of its compute set, its kernel's PEs. ``units``: `_units_by_node` of the plan,
     when the caller asks for many nodes.
     """
-    from dabench_ir.plan import Schedule
-
     np_ = plan.node_plans[name]
     if plan.schedule is Schedule.SEQUENTIAL:
         m = max(1, int(getattr(plan, "micro_batches", 1) or 1))

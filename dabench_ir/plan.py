@@ -74,15 +74,16 @@ class UnitStats:
     def to_resources(self) -> dict[str, float]:
         """The set fields under their report keys (`RESOURCE_KEYS`), as ``units[].resources`` holds them."""
         out: dict[str, float] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name, key in _RESOURCE_ITEMS:
+            value = getattr(self, name)
             if value is not None:
-                out[RESOURCE_KEYS[f.name]] = value
+                out[key] = value
         return out
 
 
 RESOURCE_KEYS: dict[str, str] = {f.name: f.name for f in fields(UnitStats)} | {"held_units": "units"}
 """`UnitStats` field -> its key in the report's ``units[].resources`` (the schema's names)."""
+_RESOURCE_ITEMS = tuple(RESOURCE_KEYS.items())  # field order; `fields()` per unit was 27 us of an RDU O0 plan's 2,500
 
 
 @dataclass(slots=True)

@@ -377,6 +377,26 @@ def transform_passes(options: Any) -> list[Any]:
     return passes
 
 
+@dataclass(frozen=True)
+class _CostsOnRetyping:
+    """The cost pass after the precision rewrite, on a graph the ONNX cost rules costed before it:
+    a node's cost follows its values' types (bytes follow dtypes) and nothing else the rewrite
+    writes, so where the rewrite changed no type (a model already at the asked precision: every
+    level-1 point) the costs the graph has are what the pass would compute again, and it does not
+    (a tenth of such a point's time). ``costed_types``: every value's type when it was costed."""
+
+    costed_types: list[Any]
+    name: str = "cost"
+
+    def __call__(self, graph: Graph) -> Any:
+        from dabench_ir.passes.base import PassResult
+        from dabench_ir.passes.passes import CostPass
+
+        if [v.type for v in graph.values.values()] == self.costed_types:
+            return PassResult(graph, False)
+        return CostPass()(graph)
+
+
 def prepare(run: ResolvedRun, graph: Graph) -> Graph:
     """``graph`` (loaded, costed or already rewritten; consumed) through every pass ``run`` needs that
     it has not had: the costing passes, then the rewrites (`transform_passes`)."""
@@ -396,6 +416,9 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
         if meta.graph_precision(graph) is not None:
             applied |= {"precision", "cost", "dequantise"}
         passes += [p for p in transform_passes(run.options) if p.name not in applied]
+        if meta.analyzed_by(graph) == "onnx" and not applied:  # costed by the ONNX rules, not rewritten since
+            costed_types = [v.type for v in graph.values.values()]
+            passes = [_CostsOnRetyping(costed_types) if p.name == "cost" else p for p in passes]
     graph = PassManager(passes)(graph).graph
     meta.graph_set(graph, meta.TRANSFORMED, key)
     return graph

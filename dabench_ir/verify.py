@@ -310,10 +310,9 @@ def _memory(ctx: _Context) -> Iterable[Violation]:
 
 
 def _shares(report: Report) -> Iterable[Violation]:
-    from dabench_ir.report.attribution import representative_layer, role_rows
-
-    for table, rows, basis in (("roles", role_rows(report), "summed busy time (node times and overheads)"),
-                               ("representative_layer", representative_layer(report), "the layer's time")):  # fmt: skip
+    roles, representative = report.share_tables()  # the rows the report's JSON writes
+    for table, rows, basis in (("roles", roles, "summed busy time (node times and overheads)"),
+                               ("representative_layer", representative, "the layer's time")):  # fmt: skip
         shares = [_finite(r.get("share")) for r in rows]
         if not rows or all(s is None for s in shares):
             continue  # nothing to share out (no time, no FLOPs)

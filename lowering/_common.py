@@ -62,6 +62,7 @@ class LoweringContext:
     total_weight_bytes: int = 0
     _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown)
+    _stored: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, repr=False)  # `stored_values` per node
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
@@ -161,20 +162,28 @@ def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> 
     A weight is one entry however many layouts of it are read: a matmul reading the folded
     ``Transpose(W)`` and the optimizer reading ``W`` hold one tensor between them.
     """
-    graph = ctx.graph
     out: dict[str, int] = {}
-    for node in graph.nodes if nodes is None else nodes:
-        if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
-            continue
-        shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
-        stored = [v for i, v in enumerate(node.inputs)
-                  if v and i != shape_input and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
-        fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
-        for v in stored:
-            root = stored_root(graph, v)
+    memo = ctx._stored  # each node's (root, bytes) worked out once: lowerings ask for every kernel, layer and stage
+    for node in ctx.graph.nodes if nodes is None else nodes:
+        read = memo.get(node.name)
+        if read is None:
+            read = memo[node.name] = _stored_reads(ctx, node)
+        for root, nbytes in read:
             if root not in out:
-                out[root] = ctx.value_bytes(v, fallback)
+                out[root] = nbytes
     return out
+
+
+def _stored_reads(ctx: LoweringContext, node: Node) -> tuple[tuple[str, int], ...]:
+    """The stored values one node reads, in input order: (root, bytes of the layout it reads)."""
+    graph = ctx.graph
+    if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
+        return ()
+    shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
+    stored = [v for i, v in enumerate(node.inputs)
+              if v and i != shape_input and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
+    fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
+    return tuple((stored_root(graph, v), ctx.value_bytes(v, fallback)) for v in stored)
 
 
 def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:

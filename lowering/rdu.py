@@ -272,8 +272,8 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
             pcu = sum(demand.pcu(n, phase) for n in group)
             pmu = sum(demand.pmu(n, phase) for n in group)
             need = max(pcu, pmu)
-            has_work = any(ctx.is_work(n) for n in cur.nodes)
-            gkey = module_key(group[0])
+            has_work = cur.pcus > 0  # a node holds PCUs exactly when it works (`_Demand`): cur holds work
+            gkey = module_key(group[0]) if opt_level == "O1" else None  # only O1 cuts at modules
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
@@ -565,8 +565,10 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
     ddr_total = 0
     unit_index = 0
+    section_bytes: list[int] = []  # each section's DDR bytes, for the training footprint
     for i, sec in enumerate(sections):
         ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
+        section_bytes.append(ddr_bytes)
         flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
         busy = {n.name: node_s(n, sec.phase) if ctx.is_work(n) else 0.0 for n in sec.nodes}
         stages = [(busy[n.name], demand.pcu(n, sec.phase)) for n in sec.nodes if busy[n.name] > 0]  # (s, PCUs)
@@ -680,7 +682,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
-    footprint = ddr_footprint(ctx, sections, section_of, recomputed, saved) if training else None
+    footprint = ddr_footprint(ctx, sections, section_of, recomputed, saved, section_bytes) if training else None
     resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if footprint is not None:
@@ -735,7 +737,8 @@ def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -
 
 
 def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dict[tuple[str, str], int],
-                  recomputed: set[str], saved: dict[str, dict[str, int]]) -> dict[str, int]:  # fmt: skip
+                  recomputed: set[str], saved: dict[str, dict[str, int]],
+                  section_bytes: list[int] | None = None) -> dict[str, int]:  # fmt: skip
     """What a training step holds in DDR at its peak, by kind (bytes).
 
     Sections exchange tensors through DDR and the backward reads what the forward left there:
@@ -747,13 +750,17 @@ def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dic
     tensors besides its weights
     (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
     The training state is the training pass's (gradients, master weights, moments).
+    ``section_bytes``: each section's DDR bytes (`_section_ddr`) when the caller worked them out.
     """
     state = training_state(ctx)
     transient = 0
     for i, sec in enumerate(sections):
         if sec.phase == "optimizer":
             continue
-        total, _ = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
+        if section_bytes is not None:
+            total = section_bytes[i]
+        else:
+            total, _ = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
         weights = sum(_phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
         transient = max(transient, total - weights)
     return {

@@ -222,3 +222,15 @@ def test_candidate_knobs_cover_switches_counts_and_fractions():
     assert pairs["replicated_tensor_sharding"] is (not default.replicated_tensor_sharding)
     assert pairs["matmul_proportion"] == tuple(p / 2 for p in default.matmul_proportion)
     assert "opt_level" not in pairs  # an RDU knob: the IPU lowering does not read it
+
+
+def test_the_verifier_checks_the_role_tables_the_json_writes_built_once():
+    report = profile_graph(decoder(layers=3), "rdu")  # verified: the tables were built for the check
+    tables = report.share_tables()
+    assert report.share_tables() is tables and report.share_tables()[0] is tables[0]
+    data = report.to_dict()
+    assert data["roles"] == role_rows(report) == tables[0] and data["roles"] is not tables[0]
+    assert data["representative_layer"] == representative_layer(report) == tables[1]
+    data["roles"][0]["share"] = 2.0  # a caller's change to the JSON's rows reaches no other caller
+    assert report.to_dict()["roles"] == role_rows(report)
+    assert sum(r["share"] for r in tables[0]) == pytest.approx(1.0)

@@ -51,3 +51,33 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
                 assert memo.pmu(node, phase) == fresh._pmu_of(node, phase)
                 assert memo.pcu(node, phase) == fresh.pcu(node, phase)
     assert any(memo.pcu(n, "forward") > 0 for n in graph.nodes)
+
+
+def _stored_reference(ctx: LoweringContext, nodes) -> dict[str, int]:
+    """The distinct stored values ``nodes`` read, by root, first reader's bytes: walked afresh."""
+    from dabench_ir.lowering._common import stored_root
+
+    graph, out = ctx.graph, {}
+    for node in nodes:
+        if meta.FOLDED in node.meta:
+            continue
+        skip = traits_of(node).output_shape_input
+        stored = [v for i, v in enumerate(node.inputs)
+                  if v and i != skip and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
+        for v in stored:
+            out.setdefault(stored_root(graph, v), value_bytes(graph, v, ctx.costs[node.name].weight_bytes // len(stored)))
+    return out
+
+
+def test_stored_values_memo_equals_a_fresh_walk_for_every_subset():
+    from dabench_ir.lowering._common import stored_values, weight_bytes
+
+    graph = decoder(layers=2, hidden=64, seq=16)
+    ctx = LoweringContext.build(graph)  # the whole graph once: every node's reads memoised
+    nodes = graph.nodes
+    subsets = [nodes, nodes[:7], nodes[5:], nodes[::3], list(reversed(nodes)), [n for n in nodes if n.layer == 1], []]
+    for _ in range(2):
+        for subset in subsets:
+            assert stored_values(ctx, subset) == _stored_reference(ctx, subset)
+            assert list(stored_values(ctx, subset)) == list(_stored_reference(ctx, subset))  # first reader's order
+    assert weight_bytes(ctx) == ctx.total_weight_bytes == sum(_stored_reference(ctx, nodes).values()) > 0

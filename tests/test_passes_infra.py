@@ -12,7 +12,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.frontends.onnx import load_onnx, onnx_node_names
 from dabench_ir.ir import DType, Graph, Node, TensorType, Value, ValueKind
 from dabench_ir.options import ProfileOptions
-from dabench_ir.passes import BindSymbols, Pass, PassError, PassManager, PassResult, TagLayers, meta
+from dabench_ir.passes import BindSymbols, Pass, PassError, PassManager, PassResult, TagLayers, meta, standard_passes
 from dabench_ir.run import analysis_passes, prepare, resolve, transform_passes
 from tests.conftest import parse
 
@@ -181,6 +181,20 @@ def test_prepare_runs_precision_and_training_on_a_graph_once():
     assert len(prepare(run, graph).nodes) == nodes  # a rewritten graph is not rewritten twice
     with pytest.raises(RuntimeError, match="already rewritten"):
         prepare(resolve(graph, None, {"precision": "bf16"}), graph)
+
+
+def test_a_precision_that_retypes_nothing_keeps_the_costs_the_cost_pass_would_give():
+    text = "agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }"
+    costed = standard_passes()(load_onnx(parse(text))).graph  # as a sweep costs a model once for its points
+    again = costed.clone()
+    kept = prepare(resolve(again, None, {"precision": "fp32"}), again)  # already fp32: the costs it has
+    assert kept.nodes[0].meta[meta.COST] is costed.nodes[0].meta[meta.COST]
+    fresh = PassManager(transform_passes(ProfileOptions(precision="fp32")))(costed.clone()).graph
+    assert meta.get_cost(kept.nodes[0]) == meta.get_cost(fresh.nodes[0]) == meta.get_cost(costed.nodes[0])
+    halved = prepare(resolve(costed.clone(), None, {"precision": "bf16"}), costed.clone())  # retyped: costed again
+    assert meta.get_cost(halved.nodes[0]).bytes * 2 == meta.get_cost(costed.nodes[0]).bytes
+    rewritten = PassManager(transform_passes(ProfileOptions(precision="bf16")))(costed.clone()).graph
+    assert meta.get_cost(halved.nodes[0]) == meta.get_cost(rewritten.nodes[0])
 
 
 def test_a_pass_that_breaks_its_in_place_declaration_is_a_pass_error():

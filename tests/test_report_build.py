@@ -42,3 +42,13 @@ def test_failure_and_config_come_from_their_types():
     assert (config["chips"], config["strategy"], config["opt_level"]) == (plan.chips, None, "O3")
     cost_only = build_report(graph, run=resolve(graph)).to_dict()["config"]
     assert "opt_level" not in cost_only and cost_only["mode"] == "inference"
+
+
+def test_the_report_total_adds_each_cost_field_as_sum_does():
+    from dabench_ir.ir import Cost
+    from dabench_ir.report.build import _total
+
+    costs = [Cost(1, 2, 3, 4, 5, 6), Cost(10, 0, 0, 1, 1, 1), Cost(0.1, 0, 0, 0, 0, 2**70), Cost(0.2, 7)]
+    for part in (costs, costs[:1], [], list(reversed(costs))):
+        assert _total(iter(part)) == sum(part, Cost())
+    assert _total(iter(costs)).contraction_flops == 0 + 1 + 10 + 0.1 + 0.2  # the same additions, in order

@@ -7,6 +7,9 @@ is the lowering's (timeline, else plan), never computed a second time here.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
@@ -88,7 +91,7 @@ def build_report(
             unattributed.append({"name": node.name, "op_type": node.qualified_op, "reason": reason})
         records.append(record)
 
-    total = sum((r.cost for r in records if r.cost is not None), Cost())
+    total = _total(r.cost for r in records if r.cost is not None)
     samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
@@ -119,7 +122,7 @@ def build_report(
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
     if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
-        _add_energy(graph, plan, timeline, target, records, totals, samples)
+        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics)
     metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
         metric_dict.update(metrics.to_dict())
@@ -204,6 +207,16 @@ def build_report(
     )
 
 
+_COST_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Cost)))
+
+
+def _total(costs: Iterable[Cost]) -> Cost:
+    """``sum(costs, Cost())``, each field added up in C in the same order (the same numbers) instead of
+    a Cost built per node."""
+    columns = list(zip(*map(_COST_FIELDS, costs), strict=True))
+    return Cost(*map(sum, columns)) if columns else Cost()
+
+
 def _estimated_totals(estimated: list[NodeRecord], records: list[NodeRecord]) -> dict[str, Any]:
     """Nodes costed by `estimate_cost` (no rule): their count, time and share of the summed node time."""
     node_time = sum(r.time_s or 0.0 for r in records)
@@ -225,7 +238,7 @@ _ENERGY_TOTALS = (
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
 
-def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None:
+def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None) -> None:
     """Per-node joules, the rows no node owns, and the step's energy, power and efficiency (docs/energy.md).
 
     ``energy_j`` = ``node_energy_j`` (each node: dynamic + the static power of what it holds
@@ -234,7 +247,8 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples) -> None
     """
     from dabench_ir.energy import step_energy
 
-    step_e = step_energy(graph, plan, timeline, target)
+    # the metrics' feed bytes are of this plan and timeline (`place`): read, not walked again
+    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None))
     energies = step_e.nodes
     for r in records:
         r.energy_j = energies.get(r.name)

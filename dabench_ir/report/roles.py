@@ -30,6 +30,7 @@ OVERHEAD_PREFIX = "overhead: "
 _LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)(?=$|[./:_])")
 
 _NORM_NAME = re.compile(r"(?:^|[._])(?:norm|ln|layernorm|layer_norm|rmsnorm|ln_\w+|\w*_norm|norm_\w+)$", re.I)
+_TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
 _MLP_NAME = re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)
 
 
@@ -51,8 +52,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
     """Every node's role (see the module docstring), by node name."""
     scopes = {n.scope for n in graph.nodes if n.scope}
     containers = _containers(scopes)
-    softmax_in, softmax_out = _around_softmax(graph)
-    rotary = _rotary(graph)
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}  # one map for both walks
+    softmax_in, softmax_out = _around_softmax(graph, producers)
+    rotary = _rotary(graph, producers)
     roles: dict[str, str] = {}
     general: dict[str, str] = {}  # scope -> general_scope(scope): the nodes of a module share it
     for node in graph.nodes:
@@ -86,7 +88,21 @@ def _roles(node: Node) -> frozenset[Role]:
     return traits_of(node).roles
 
 
-def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
+def _with_role(graph: Graph, role: Role) -> list[Node]:
+    """The nodes whose op signals ``role``, in order (the registry asked once per op type, not per node)."""
+    ops: dict[tuple[str, str], bool] = {}
+    out = []
+    for node in graph.nodes:
+        key = (node.op_type, node.domain)
+        has = ops.get(key)
+        if has is None:
+            has = ops[key] = role in _roles(node)
+        if has:
+            out.append(node)
+    return out
+
+
+def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str], set[str]]:
     """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
 
     Walks back from each Softmax through element-wise and layout ops to the first
@@ -94,9 +110,8 @@ def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
     """
     into: set[str] = set()
     out: set[str] = set()
-    producers = {o: n for n in graph.nodes for o in n.outputs if o}
     consumers = graph.consumers
-    for sm in (n for n in graph.nodes if Role.SOFTMAX in _roles(n)):
+    for sm in _with_role(graph, Role.SOFTMAX):
         stack = [i for i in sm.inputs if i]
         seen: set[str] = set()
         while stack:
@@ -125,19 +140,18 @@ def _around_softmax(graph: Graph) -> tuple[set[str], set[str]]:
     return into, out
 
 
-def _rotary(graph: Graph) -> set[str]:
+def _rotary(graph: Graph, producers: dict[str, Node]) -> set[str]:
     """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
-    tables = {o for n in graph.nodes if Role.ROTARY_TABLE in _roles(n) for o in n.outputs if o}
-    tables |= {v.name for v in graph.values.values() if v.kind.is_stored and re.search(r"(?:^|[._])(cos|sin)", v.name)}
+    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE) for o in n.outputs if o}
+    tables |= {v.name for v in graph.values.values() if v.kind.is_stored and _TABLE_NAME.search(v.name)}
     out: set[str] = set()
     for node in graph.nodes:  # topological order: tables flow forward through layout ops
-        if not any(i in tables for i in node.inputs):
+        if tables.isdisjoint(node.inputs):
             continue
         if Role.LAYOUT in _roles(node):
             tables.update(o for o in node.outputs if o)
         elif node.op_type == "Mul":
             out.add(node.name)
-    producers = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
         joins = node.op_type == "Add" and all(
             (p := producers.get(i)) is not None and p.name in out for i in node.inputs if i

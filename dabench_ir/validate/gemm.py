@@ -6,6 +6,7 @@ Each runner fills a PointResult from the target alone (no model export, no graph
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.validate.catalog import Point, _numbers
@@ -42,11 +43,20 @@ def _gemm_report(size: int, target: Any, precision: str) -> Report:
     return pipeline.run_profile(gemm_model(size, size, size), target, {"precision": precision})
 
 
-def _gemm_tflops(size: int, target: Any, precision: str) -> float | None:
+@functools.cache
+def _gemm_figures(size: int, target: Any, precision: str) -> tuple[bool, float | None]:
+    """Whether the ``size``^3 GEMM fits and its achieved FLOP/s: profiled once per (size, target,
+    precision) in a process. A point asks whether its size fits and then its rate, and the max-fit,
+    best-size and ratio points bisect and sweep the same sizes (a target is one object per file
+    state, `load_target`: a changed file is a new key)."""
     report = _gemm_report(size, target, precision)
-    if not report.fits:
+    return bool(report.fits), report.totals.get("achieved_flops_per_s")
+
+
+def _gemm_tflops(size: int, target: Any, precision: str) -> float | None:
+    fits, achieved = _gemm_figures(size, target, precision)
+    if not fits:
         return None
-    achieved = report.totals.get("achieved_flops_per_s")
     return achieved / 1e12 if achieved else None
 
 
@@ -65,7 +75,7 @@ def _best_gemm(target: Any, precision: str) -> tuple[int, float]:
 
 
 def _fits(size: int, target: Any, precision: str) -> bool:
-    return bool(_gemm_report(size, target, precision).fits)
+    return _gemm_figures(size, target, precision)[0]
 
 
 def _max_square(target: Any, precision: str, cap: int = 1 << 17) -> int:

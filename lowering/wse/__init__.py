@@ -67,9 +67,11 @@ class WseLowering(Lowering):
 
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+        # one kernel map for every plan tried (each copy count, then streaming): it depends on the graph alone
+        kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
         if options.wse_mode == "streaming":
-            return _streaming(ctx, target, options)
-        plan = _pipelined_best(ctx, target, options)
+            return _streaming(ctx, target, options, kernels)
+        plan = _pipelined_best(ctx, target, options, kernels)
         if options.wse_mode == "pipelined":
             return plan
         if options.replicas not in ("auto", None):  # copies exist only pipelined: no silent fallback
@@ -86,7 +88,7 @@ class WseLowering(Lowering):
             if params >= limit
             else f"pipelined mode does not fit ({plan.failure.reason if plan.failure else 'does not fit'})"
         )
-        streamed = _streaming(ctx, target, options)
+        streamed = _streaming(ctx, target, options, kernels)
         streamed.notes.insert(0, f"auto: weight streaming ({why})")
         return streamed
 

@@ -177,6 +177,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     deferred: list[Node] = []
     producer = {out: node for node in graph.nodes for out in node.outputs if out}
     latest = _LatestAttention(graph, producer, owner)
+    held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -184,6 +185,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
             k = by_key[key] = WseKernel(cls, key, direction=direction)
             kernels.append(k)
         k.nodes.append(node)
+        held_by.setdefault(node.name, k)
         for out in node.outputs:
             if out:
                 owner[out] = k
@@ -263,18 +265,18 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
     for node in deferred:
         readers = [owner[out] for out in node.outputs if out in owner]
-        readers += [
-            by_key[k.key]
+        readers += [  # the first reader's kernel (a map: a scan of every kernel per reader was quadratic)
+            held_by[n.name]
             for c in (graph.consumers.get(out, []) for out in node.outputs if out)
             for n in c
-            for k in kernels
-            if n in k.nodes
+            if n.name in held_by
         ][:1]
         if not readers and not kernels:
             add_to(node.name, "data", node)
             continue
         home = readers[0] if readers else kernels[0]
         home.nodes.append(node)
+        held_by.setdefault(node.name, home)
     _measure(ctx, kernels, vocab, _Rates.of(target))
     return kernels
 

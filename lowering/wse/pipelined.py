@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.ir import DType
 from dabench_ir.lowering._common import LoweringContext, balance, place_node, weight_bytes
 from dabench_ir.lowering.wse._common import _FEED_LEVEL, _WHO, _params, _samples, _shape, _state_bytes
-from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
+from dabench_ir.lowering.wse.kernels import WseKernel, _Rates
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.passes.training import is_optimizer_step
@@ -143,17 +143,18 @@ def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
     return target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
 
 
-def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
+    """The pipelined plan of ``kernels`` (`wse_kernels`: the graph's, the same for every copy count tried)."""
     if options.replicas != "auto":
-        return _pipelined(ctx, target, options, int(options.replicas or 1))
+        return _pipelined(ctx, target, options, int(options.replicas or 1), kernels)
     best: Plan | None = None
     for r in range(1, _MAX_AUTO_REPLICAS + 1):  # copies, each running the graph's batch
-        plan = _pipelined(ctx, target, options, r)
+        plan = _pipelined(ctx, target, options, r, kernels)
         if not plan.fits:
             break  # more copies only need more PEs and SRAM
         if best is None or _rate(plan) > _rate(best) * (1 + 1e-9):
             best = plan
-    return best if best is not None else _pipelined(ctx, target, options, 1)
+    return best if best is not None else _pipelined(ctx, target, options, 1, kernels)
 
 
 _MAX_AUTO_REPLICAS = 64
@@ -167,10 +168,9 @@ def _rate(plan: Plan) -> float:
     return plan.samples_per_step / step if step > 0 else 0.0
 
 
-def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int) -> Plan:
-    return _place_pipelined(
-        ctx, target, options, replicas, wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
-    )
+def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int,
+               kernels: list[WseKernel]) -> Plan:  # fmt: skip
+    return _place_pipelined(ctx, target, options, replicas, kernels)
 
 
 def _place_pipelined(

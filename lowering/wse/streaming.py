@@ -29,7 +29,7 @@ from dabench_ir.lowering._common import (
     weight_bytes,
 )
 from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _samples, _shape, _state_bytes
-from dabench_ir.lowering.wse.kernels import WseKernel, _Rates, wse_kernels
+from dabench_ir.lowering.wse.kernels import WseKernel, _Rates
 from dabench_ir.passes import meta
 from dabench_ir.passes.precision import accumulate_dtype
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["_streaming"]
 
 
-def _streaming(ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
+def _streaming(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
+    """The weight-streaming plan; ``kernels``: the graph's (`wse_kernels`), as the pipelined attempt had them."""
     rates = _Rates.of(target)
-    kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
     pes = target.num_units
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
     sram = target.memory("on-chip")
