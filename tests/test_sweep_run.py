@@ -227,3 +227,15 @@ def test_records_a_worker_writes_equal_those_the_driver_writes(tmp_path, cache, 
     assert len(runs["here"][0]) == 4 and runs["here"] == runs["elsewhere"]
     nodes = [len(r["report"]["nodes"]) for r in runs["here"][0].values()]
     assert all(nodes) if node_detail else not any(nodes)
+
+
+def test_base_exports_are_cached_per_machine_for_every_later_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path / "cache"))
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})
+    first = run_sweep(spec, tmp_path / "a", jobs=1, plots=False)
+    second = run_sweep(spec, tmp_path / "b", jobs=1, plots=False)  # another folder: the same cache
+    assert (first.exports, second.exports, second.ran) == (1, 0, 2)
+    assert len(list((tmp_path / "cache" / "models").glob("*.onnx"))) == 1
+    assert not (tmp_path / "a" / "models").exists()
+    timeless = [[{k: v for k, v in r.items() if k != "seconds"} for r in _rows(tmp_path / d)] for d in "ab"]
+    assert timeless[0] == timeless[1]

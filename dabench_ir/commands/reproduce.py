@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the bundled studies and exit")
     p.add_argument("--dry-run", action="store_true", help="print the experiments and their point counts and exit")
     p.add_argument("--only", metavar="ID,...", help="only these findings (and the experiments they need)")
-    add_grid_arguments(p, out="OUT")
+    add_grid_arguments(p)
     p.add_argument("--force", action="store_true", help="allow an experiment above the sweep's size limits")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (listed below)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")
     p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
-    add_grid_arguments(p, out="DIR")
+    add_grid_arguments(p)
     p.add_argument(
         "--no-node-detail",
         action="store_true",
@@ -62,14 +62,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_grid_arguments(p: argparse.ArgumentParser, *, out: str) -> None:
+CACHE_DIR_HELP = ("where exported 1-layer base models are cached (default: models/ in $DABENCH_IR_CACHE or "
+                  "~/.cache/dabench-ir, shared by sweep, reproduce and validate)")  # fmt: skip
+
+
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of a command that runs a grid of points through `run_sweep` (sweep, reproduce):
-    where and how many workers, the model cache, failed points, plots. ``out`` names the output
-    folder's flag value in the help."""
+    where and how many workers, the model cache, failed points, plots."""
     p.add_argument("--jobs", "-j", type=int, help="worker processes (default: number of cores)")
     p.add_argument("--executor", choices=["local", "ray"], default="local", help="where points run")
     p.add_argument("--address", metavar="ADDR", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--cache-dir", metavar="DIR", help=f"where exported base models are cached (default: {out}/models)")
+    p.add_argument("--cache-dir", metavar="DIR", help=CACHE_DIR_HELP)
     p.add_argument("--retry-failed", action="store_true", help="run points that failed before again")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
 

@@ -9,6 +9,8 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from dabench_ir.commands.sweep import CACHE_DIR_HELP
+
     p = sub.add_parser(
         "validate",
         help="compare the emulated targets with published measurements",
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="F", help="write the table and summary as JSON")
     p.add_argument("--csv", metavar="F", help="write the table as CSV (one row per point and quantity)")
     p.add_argument("--plots", metavar="DIR", help="write one figure per target (validation-<target>.png)")
-    p.add_argument("--cache-dir", metavar="DIR", help="where 1-layer model exports are cached")
+    p.add_argument("--cache-dir", metavar="DIR", help=CACHE_DIR_HELP)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 

@@ -11,6 +11,7 @@ types), and costed once for every point that shares the model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Graph
     from dabench_ir.models import ModelConfig
 
-__all__ = ["base_config", "base_key", "build_graph", "export_base", "export_missing", "load_base", "model_key",
+__all__ = ["base_config", "base_key", "build_graph", "default_cache", "export_base", "export_missing", "load_base", "model_key",
            "save_base"]
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,36 @@ def base_config(params: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def default_cache() -> Path:
+    """Where base exports are cached unless ``--cache-dir`` says otherwise: ``models`` in the user's
+    dabench-ir cache (`execute.calibrate.cache_dir`), shared by every sweep, study and validation."""
+    from dabench_ir.execute.calibrate import cache_dir
+
+    return cache_dir() / "models"
+
+
+@functools.cache
+def _exporter_versions() -> dict[str, str]:
+    """The versions of the packages an export comes from (a cached base outlives an upgrade)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "onnxscript", "onnx"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "none"
+    return found
+
+
 def base_key(params: dict[str, Any]) -> str:
-    """Cache key of a point's base export: model parameters except layers, and the tool version."""
+    """Cache key of a point's base export: model parameters except layers, the tool's version and
+    the exporter's (torch, onnxscript, onnx)."""
     from dabench_ir import __version__
 
     cfg = base_config(params)
-    text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION}, sort_keys=True)
+    text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION, **_exporter_versions()},
+                      sort_keys=True)  # fmt: skip
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return f"{cfg.family}-h{cfg.hidden}-n{cfg.heads}-s{cfg.seq}-b{cfg.batch}-{digest}"
 

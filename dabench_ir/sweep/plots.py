@@ -33,11 +33,28 @@ def _ok(rows: list[dict[str, Any]], *cols: str) -> list[dict[str, Any]]:
 def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
     cols = min(n, 3)
     nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
+    # constrained layout places the panels, titles and the shared legend in one pass at save time
+    # (tight_layout drew every figure once more)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols + 1.2, 3.4 * nrows), squeeze=False, layout="constrained")
     flat = [a for row in axes for a in row]
     for extra in flat[n:]:
         extra.set_visible(False)
     return fig, flat[:n]
+
+
+def _legend(fig: Any, axes: list[Any]) -> None:
+    """One legend for the figure, right of the panels: every panel shares the series' colours."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
+
+
+def _order(value: Any) -> tuple[int, float, str]:
+    """Series in numeric order (hidden 768 before 1024), then by name."""
+    return (0, float(value), "") if isinstance(value, (int, float)) else (1, 0.0, str(value))
 
 
 def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, title: str, ylabel: str,
@@ -49,6 +66,10 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
     if not by_target:
         raise ValueError(f"no point has {y}")  # skipped, said in the log: e.g. every point failed
     fig, axes = _panels(plt, len(by_target))
+    # one colour per series value in every panel, so that the figure's one legend reads for all
+    values = sorted({r.get(series) for r in rows} - {None}, key=_order)
+    ramp = plt.get_cmap("viridis")  # more series than the 10 cycle colours: an ordered ramp
+    colour = {s: f"C{i}" if len(values) <= 10 else ramp(i / (len(values) - 1)) for i, s in enumerate(values)}
     for ax, (label, trows) in zip(axes, sorted(by_target.items()), strict=True):
         lines: dict[Any, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in trows:
@@ -57,9 +78,10 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
         for pts in lines.values() if shared else ():  # e.g. the 1-chip point starts every strategy's line
             for xv, ys in shared.items():
                 pts[xv].extend(ys)
-        for s, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
+        for s, pts in sorted(lines.items(), key=lambda kv: _order(kv[0])):
             xs = sorted(pts)
-            ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=f"{series} {s}")
+            ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=f"{series} {s}",
+                    color=colour.get(s))  # fmt: skip
         ax.set_title(label)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
@@ -68,9 +90,8 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
         if logy:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend(fig, axes)
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -92,9 +113,8 @@ def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
         ax.set_xlabel("layers")
         ax.set_ylabel("hidden")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend(fig, axes)
     fig.suptitle("Fits on one chip (layers × hidden)")
-    fig.tight_layout()
     return fig
 
 

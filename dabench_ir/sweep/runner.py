@@ -196,8 +196,8 @@ def run_sweep(
     start = time.perf_counter()
     out = Path(out_dir)
     points_dir = out / "points"
-    models_dir = Path(cache_dir) if cache_dir else out / "models"
-    for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir" if cache_dir else "-o")):
+    models_dir = Path(cache_dir) if cache_dir else graphs.default_cache()
+    for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir")):
         check_output_dir(folder, flag, create=True)  # a file in a folder's place: one line, before any work
     plan_outputs([], [(out / name, "-o") for name in results.TABLE_FILES])  # results.csv a folder: before any point
     keyed = [(point_key(p.params), p.params) for p in spec.points]

@@ -21,12 +21,6 @@ logger = logging.getLogger(__name__)
 Say = Callable[[str], None]
 
 
-def _default_cache() -> Path:
-    from dabench_ir.execute.calibrate import cache_dir
-
-    return cache_dir() / "models"
-
-
 def _graph_key(p: Point) -> tuple:
     if p.kind != "model":
         return ("", 0)

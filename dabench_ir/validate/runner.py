@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.validate.cache import Say, _default_cache, _graph_key, _GraphCache
+from dabench_ir.validate.cache import Say, _graph_key, _GraphCache
 from dabench_ir.validate.catalog import (
     _MEASURED_FILES,
     _MEASURED_NUMBERS,
@@ -68,7 +68,9 @@ def run_validation(
             raise UserError(f"--target {target}: no catalogue point is on {wanted}")
     say = say or (lambda _m: None)
     tick = bar or (lambda *a, **k: None)
-    folder = Path(cache_dir) if cache_dir else _default_cache()
+    from dabench_ir.sweep.graphs import default_cache
+
+    folder = Path(cache_dir) if cache_dir else default_cache()
     graphs = _GraphCache(folder, say)
     jobs = os.cpu_count() or 1
     graphs.prefetch(_point_models(points), jobs=jobs)  # a cold cache: the exports in parallel
