@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,57 +292,58 @@ class _Shapes:
         self._segments: dict[Any, int | None] = {}
         self._loops: dict[tuple[Any, Any], tuple[list[list[tuple[int, int]]], int, bool]] = {}
 
-    def nbytes(self, mlir_type: Any) -> int:
-        """`_nbytes` of the type (it raises on dynamic dims, each time)."""
+    @staticmethod
+    def _once(table: dict[Any, Any], read: Callable[[Any], Any], key: Any) -> Any:
+        """``read(key)``, kept in ``table`` (an exception is raised again each time, not kept)."""
         try:
-            return self._nbytes[mlir_type]
+            return table[key]
         except KeyError:
-            n = self._nbytes[mlir_type] = _nbytes(mlir_type)
-            return n
+            value = table[key] = read(key)
+            return value
+
+    def nbytes(self, mlir_type: Any) -> int:
+        """`_nbytes` of the type (it raises on dynamic dims)."""
+        return self._once(self._nbytes, _nbytes, mlir_type)
 
     def shape(self, mlir_type: Any) -> tuple[int, ...] | None:
         """The dims of a ranked shaped type (negative: dynamic), None for any other type."""
-        try:
-            return self._shape[mlir_type]
-        except KeyError:
-            from torch_mlir import ir
-
-            ranked = isinstance(mlir_type, ir.ShapedType) and mlir_type.has_rank
-            shape = self._shape[mlir_type] = tuple(mlir_type.shape) if ranked else None
-            return shape
+        return self._once(self._shape, _shape_of, mlir_type)
 
     def itemsize(self, elem: Any) -> int:
-        try:
-            return self._itemsize[elem]
-        except KeyError:
-            n = self._itemsize[elem] = _itemsize(elem)
-            return n
+        return self._once(self._itemsize, _itemsize, elem)
 
     def first_segment(self, segments: Any) -> int | None:
         """The first of an ``operandSegmentSizes`` (the number of ``ins``), None when it is empty."""
-        try:
-            return self._segments[segments]
-        except KeyError:
-            sizes = list(segments)
-            n = self._segments[segments] = int(sizes[0]) if sizes else None
-            return n
+        return self._once(self._segments, _first_segment, segments)
 
     def loops(self, maps: Any, iterators: Any) -> tuple[list[list[tuple[int, int]]], int, bool]:
         """Per operand, (result position, loop dim) of each indexing-map result that is a plain
         loop dim; the number of loops; whether one is a reduction."""
-        try:
-            return self._loops[maps, iterators]
-        except KeyError:
-            from torch_mlir import ir
+        return self._once(self._loops, _loops_of, (maps, iterators))
 
-            dims = [
-                [(pos, expr.position) for pos, expr in enumerate(ir.AffineMapAttr(a).value.results)
-                 if isinstance(expr, ir.AffineDimExpr)]
-                for a in maps
-            ]  # fmt: skip
-            kinds = [str(a) for a in iterators]
-            entry = self._loops[maps, iterators] = (dims, len(kinds), any("reduction" in k for k in kinds))
-            return entry
+
+def _shape_of(mlir_type: Any) -> tuple[int, ...] | None:
+    from torch_mlir import ir
+
+    return tuple(mlir_type.shape) if isinstance(mlir_type, ir.ShapedType) and mlir_type.has_rank else None
+
+
+def _first_segment(segments: Any) -> int | None:
+    sizes = list(segments)
+    return int(sizes[0]) if sizes else None
+
+
+def _loops_of(key: tuple[Any, Any]) -> tuple[list[list[tuple[int, int]]], int, bool]:
+    from torch_mlir import ir
+
+    maps, iterators = key
+    dims = [
+        [(pos, expr.position) for pos, expr in enumerate(ir.AffineMapAttr(a).value.results)
+         if isinstance(expr, ir.AffineDimExpr)]
+        for a in maps
+    ]  # fmt: skip
+    kinds = [str(a) for a in iterators]
+    return dims, len(kinds), any("reduction" in k for k in kinds)
 
 
 def _loop_bounds(operands: list[Any], dims: list[list[tuple[int, int]]], n_loops: int,
