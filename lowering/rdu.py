@@ -682,7 +682,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
-    footprint = ddr_footprint(ctx, sections, section_of, recomputed, saved, section_bytes) if training else None
+    footprint = ddr_footprint(ctx, sections, section_bytes, saved) if training else None
     resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if footprint is not None:
@@ -736,9 +736,8 @@ def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -
     )
 
 
-def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dict[tuple[str, str], int],
-                  recomputed: set[str], saved: dict[str, dict[str, int]],
-                  section_bytes: list[int] | None = None) -> dict[str, int]:  # fmt: skip
+def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_bytes: list[int],
+                  saved: dict[str, dict[str, int]]) -> dict[str, int]:  # fmt: skip
     """What a training step holds in DDR at its peak, by kind (bytes).
 
     Sections exchange tensors through DDR and the backward reads what the forward left there:
@@ -750,19 +749,15 @@ def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_of: dic
     tensors besides its weights
     (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
     The training state is the training pass's (gradients, master weights, moments).
-    ``section_bytes``: each section's DDR bytes (`_section_ddr`) when the caller worked them out.
+    ``section_bytes``: each section's DDR bytes, as `_section_ddr` counted them for its time.
     """
     state = training_state(ctx)
     transient = 0
     for i, sec in enumerate(sections):
         if sec.phase == "optimizer":
             continue
-        if section_bytes is not None:
-            total = section_bytes[i]
-        else:
-            total, _ = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
         weights = sum(_phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
-        transient = max(transient, total - weights)
+        transient = max(transient, section_bytes[i] - weights)
     return {
         "weights": weight_bytes(ctx),
         "gradients": state.gradients,

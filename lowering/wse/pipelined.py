@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
     from dabench_ir.targets import Target
 
-__all__ = ["_pipelined", "_pipelined_best", "_place_pipelined", "_size"]
+__all__ = ["_pipelined_best", "_place_pipelined", "_size"]
 
 
 @dataclass(slots=True)
@@ -146,15 +146,15 @@ def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
 def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
     """The pipelined plan of ``kernels`` (`wse_kernels`: the graph's, the same for every copy count tried)."""
     if options.replicas != "auto":
-        return _pipelined(ctx, target, options, int(options.replicas or 1), kernels)
+        return _place_pipelined(ctx, target, options, int(options.replicas or 1), kernels)
     best: Plan | None = None
     for r in range(1, _MAX_AUTO_REPLICAS + 1):  # copies, each running the graph's batch
-        plan = _pipelined(ctx, target, options, r, kernels)
+        plan = _place_pipelined(ctx, target, options, r, kernels)
         if not plan.fits:
             break  # more copies only need more PEs and SRAM
         if best is None or _rate(plan) > _rate(best) * (1 + 1e-9):
             best = plan
-    return best if best is not None else _pipelined(ctx, target, options, 1, kernels)
+    return best if best is not None else _place_pipelined(ctx, target, options, 1, kernels)
 
 
 _MAX_AUTO_REPLICAS = 64
@@ -166,11 +166,6 @@ def _rate(plan: Plan) -> float:
     """Samples per second of a pipelined plan's step (all its copies)."""
     step = plan.stats.step_s or 0.0
     return plan.samples_per_step / step if step > 0 else 0.0
-
-
-def _pipelined(ctx: LoweringContext, target: Target, options: WseOptions, replicas: int,
-               kernels: list[WseKernel]) -> Plan:  # fmt: skip
-    return _place_pipelined(ctx, target, options, replicas, kernels)
 
 
 def _place_pipelined(
