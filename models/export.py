@@ -166,6 +166,43 @@ def _quiet() -> Iterator[None]:
             logger.debug("exporter output:\n%s", sink.getvalue())
 
 
+_REGISTRIES: dict[tuple, object] = {}
+
+
+@contextlib.contextmanager
+def _registry_once() -> Iterator[None]:
+    """Build torch's ATen-to-ONNX registry once per process instead of once per export.
+
+    ``torch.onnx.export(dynamo=True)`` rebuilds it from torchlib every call (onnxscript reads the
+    source of ~500 functions: ~0.5 s of the ~0.9 s a small export takes after the first). It is the
+    same registry each time and the export only reads it (a custom translation table, which we never
+    pass, is what writes to it), so within an export here the classmethod answers from a memo; the
+    bytes exported are identical (checked by tests/test_export.py). Where torch has no such method
+    (another torch version) nothing is changed.
+    """
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        cls = _registration.ONNXRegistry
+        original = cls.__dict__["from_torchlib"]
+        build = original.__func__
+    except (ImportError, AttributeError, KeyError):
+        yield
+        return
+
+    def from_torchlib(klass: type, *args: object, **kwargs: object) -> object:
+        key = (klass, args, tuple(sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = build(klass, *args, **kwargs)
+        return _REGISTRIES[key]
+
+    cls.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        cls.from_torchlib = original
+
+
 def cache_names(cfg: ModelConfig, layers: int | None = None) -> tuple[list[str], list[str]]:
     """Decode graphs: the KV-cache input names and the new-K/V output names, K then V per layer."""
     if cfg.phase != "decode":
@@ -233,7 +270,7 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
             seq_max = cfg.max_positions if cfg.positional == "learned" else None
             seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
             dynamic_shapes = ({0: batch, 1: seq},)
-    with _quiet():
+    with _quiet(), _registry_once():
         program = torch.onnx.export(
             model,
             (example, *caches),

@@ -225,6 +225,25 @@ def test_stamped_equals_plain_export(cfg: ModelConfig) -> None:
     assert matmul_flops(stamped) == matmul_flops(plain) == cfg.matmul_flops()
 
 
+def test_registry_memo_exports_the_same_bytes(monkeypatch) -> None:
+    """The exporter's registry, built once per process (`_registry_once`), gives the bytes a fresh
+    registry gives, and torch's own method is back in place after each export."""
+    import contextlib
+
+    from torch.onnx._internal.exporter import _registration
+
+    from dabench_ir.models import export as export_module
+
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    cfg = GPT2.replace(layers=1)
+    export_onnx(cfg.replace(hidden=48), weights="none")  # builds the memo
+    assert export_module._REGISTRIES
+    memo = export_onnx(cfg, weights="none").SerializeToString()
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original
+    monkeypatch.setattr(export_module, "_registry_once", contextlib.nullcontext)
+    assert export_onnx(cfg, weights="none").SerializeToString() == memo
+
+
 def test_dynamic_dims_are_named() -> None:
     cfg = LLAMA.replace(layers=1)
     model = export_onnx(cfg, weights="none", dynamic=True)

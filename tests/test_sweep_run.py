@@ -54,6 +54,22 @@ def test_small_sweep_end_to_end(tmp_path, cache):
     assert flops[("2", "64", "wse")] > flops[("1", "64", "wse")]
 
 
+
+def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
+    """The sweep's workers draw its figures (a task each); the files are the ones this process draws."""
+    from dabench_ir.sweep.executors import LocalExecutor
+    from dabench_ir.sweep.plots import write_plots
+
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
+    result = run_sweep(spec, tmp_path / "s", jobs=1, cache_dir=cache, plots=False)
+    here = write_plots(tmp_path / "s", result.rows, spec.varied())
+    with LocalExecutor(2) as workers:
+        (tmp_path / "w").mkdir()
+        there = write_plots(tmp_path / "w", result.rows, spec.varied(), executor=workers)
+    assert [p.name for p in here] == [p.name for p in there] == [
+        "allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"]
+    assert [p.read_bytes() for p in here] == [p.read_bytes() for p in there]
+
 def test_resume_skips_done_points(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})
     first = run_sweep(spec, tmp_path, jobs=1, cache_dir=cache, plots=False)

@@ -7,15 +7,19 @@ batch and throughput vs chips.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dabench_ir.fileio import write_with
+from dabench_ir.fileio import write_output
 
-__all__ = ["target_label", "write_plots"]
+if TYPE_CHECKING:
+    from dabench_ir.sweep.executors import Executor
+
+__all__ = ["render_plot", "target_label", "write_plots"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,46 +122,63 @@ def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str]) -> list[Path]:
-    """Write the plots that apply to what the sweep varies; returns the files written."""
-    if not rows:
-        return []
+_TPUT = "throughput_samples_per_s"
+
+_PLOTS: dict[str, tuple[set[str], Callable[[Any, list[dict[str, Any]]], Any]]] = {
+    "allocation_vs_layers.png": ({"layers"}, lambda plt, rows: _lines(
+        plt, _ok(rows, "allocation_ratio"), "layers", "allocation_ratio", "hidden",
+        "Resource allocation ratio vs layers", "allocation ratio")),
+    "li_vs_layers.png": ({"layers"}, lambda plt, rows: _lines(
+        plt, _ok(rows, "load_imbalance"), "layers", "load_imbalance", "hidden",
+        "Load imbalance (LI = mean/max) vs layers", "LI")),
+    "tflops_vs_hidden.png": ({"hidden"}, lambda plt, rows: _lines(
+        plt, _ok(rows, "achieved_tflops"), "hidden", "achieved_tflops", "layers",
+        "Achieved TFLOP/s vs hidden", "TFLOP/s")),
+    "fits_boundary.png": ({"layers", "hidden"}, lambda plt, rows: _fits(plt, _ok(rows, "fits"))),
+    "throughput_vs_batch.png": ({"batch"}, lambda plt, rows: _lines(
+        plt, _ok(rows, _TPUT), "batch", _TPUT, "precision", "Throughput vs batch", "samples/s",
+        logx=True, logy=True)),
+    "throughput_vs_chips.png": ({"chips"}, lambda plt, rows: _lines(
+        plt, _ok(rows, _TPUT), "chips", _TPUT, "strategy", "Throughput vs chips", "samples/s", logx=True)),
+}  # fmt: skip
+"""Each sweep plot: the axes the sweep must vary for it, and how it is drawn from the rows."""
+
+
+def render_plot(name: str, rows: list[dict[str, Any]]) -> bytes | str:
+    """Plot ``name`` of ``rows`` as PNG bytes, or why it is skipped (e.g. every point failed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tput = "throughput_samples_per_s"
-    jobs: list[tuple[str, set[str], Callable[[], Any]]] = [
-        ("allocation_vs_layers.png", {"layers"}, lambda: _lines(
-            plt, _ok(rows, "allocation_ratio"), "layers", "allocation_ratio", "hidden",
-            "Resource allocation ratio vs layers", "allocation ratio")),
-        ("li_vs_layers.png", {"layers"}, lambda: _lines(
-            plt, _ok(rows, "load_imbalance"), "layers", "load_imbalance", "hidden",
-            "Load imbalance (LI = mean/max) vs layers", "LI")),
-        ("tflops_vs_hidden.png", {"hidden"}, lambda: _lines(
-            plt, _ok(rows, "achieved_tflops"), "hidden", "achieved_tflops", "layers",
-            "Achieved TFLOP/s vs hidden", "TFLOP/s")),
-        ("fits_boundary.png", {"layers", "hidden"}, lambda: _fits(plt, _ok(rows, "fits"))),
-        ("throughput_vs_batch.png", {"batch"}, lambda: _lines(
-            plt, _ok(rows, tput), "batch", tput, "precision", "Throughput vs batch", "samples/s",
-            logx=True, logy=True)),
-        ("throughput_vs_chips.png", {"chips"}, lambda: _lines(
-            plt, _ok(rows, tput), "chips", tput, "strategy", "Throughput vs chips", "samples/s", logx=True)),
-    ]  # fmt: skip
+    try:
+        fig = _PLOTS[name][1](plt, rows)
+    except (ValueError, KeyError, TypeError) as exc:
+        return str(exc)
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        return buffer.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str], executor: Executor | None = None) -> list[Path]:
+    """Write the plots that apply to what the sweep varies; returns the files written.
+
+    With ``executor`` (the sweep's workers, idle once the points are done) the figures are drawn in
+    parallel there, a task each, and written here; without, one after another in this process.
+    """
+    from dabench_ir.sweep.executors import SerialExecutor, WorkerLost
+
+    names = [name for name, (needs, _) in _PLOTS.items() if needs <= varied] if rows else []
+    drawn: dict[str, bytes | str] = {}
+    for i, out in (executor or SerialExecutor()).map_unordered([(render_plot, (name, rows)) for name in names]):
+        drawn[names[i]] = str(out) if isinstance(out, WorkerLost) else out
     written = []
-    for name, needs, draw in jobs:
-        if not needs <= varied:
+    for name in names:  # in the table's order, whatever order they were drawn in
+        if isinstance(drawn[name], str):
+            logger.warning("plot %s skipped: %s", name, drawn[name])
             continue
-        try:
-            fig = draw()
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("plot %s skipped: %s", name, exc)
-            continue
-        path = folder / name
-        try:
-            write_with(path, lambda fh, fig=fig: fig.savefig(fh, format="png", dpi=110), binary=True)
-        finally:
-            plt.close(fig)
-        written.append(path)
+        written.append(write_output(folder / name, drawn[name]))
     return written

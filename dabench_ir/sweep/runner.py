@@ -258,6 +258,8 @@ def run_sweep(
             tick(done, result.total, failed=result.failed, phase="")
 
     ex: Executor | None = executor if isinstance(executor, Executor) else None
+    owned = not isinstance(executor, Executor)
+    finished = False
     try:
         while todo or held_elsewhere:
             if todo:
@@ -275,8 +277,9 @@ def run_sweep(
                 else:
                     todo.append((key, params))
             held_elsewhere = []
+        finished = True
     finally:
-        if ex is not None and not isinstance(executor, Executor):
+        if ex is not None and owned and not finished:  # Ctrl-C or an error: no worker writes after the table
             ex.close()
         locks.release_all()
         result.rows = _collect(keys, points_dir, fresh)
@@ -284,10 +287,14 @@ def run_sweep(
         result.seconds = time.perf_counter() - start
     recorded = {row["key"] for row in result.rows}
     result.missing = [p.label() for key, p in zip(keys, spec.points, strict=True) if key not in recorded]
-    if plots:
-        from dabench_ir.sweep.plots import write_plots
+    try:
+        if plots:
+            from dabench_ir.sweep.plots import write_plots
 
-        result.files += write_plots(out, result.rows, spec.varied())
+            result.files += write_plots(out, result.rows, spec.varied(), executor=ex)  # drawn by the idle workers
+    finally:
+        if ex is not None and owned:
+            ex.close()
     return result
 
 
