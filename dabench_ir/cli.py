@@ -16,7 +16,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from dabench_ir import __version__
+from dabench_ir import __version__, gcpolicy
 from dabench_ir.errors import UserError
 from dabench_ir.options import DEPRECATED
 
@@ -68,17 +68,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-_GC_YOUNG = 100_000
-"""Allocations between young-generation collections in a command's process (Python's default: 700).
-A run allocates mostly acyclic records (nodes, values, rows) that reference counting frees; the
-default made the cyclic collector traverse them, and the imported modules, 125 times in a profile
-of a 2,000-node model (25-35 ms of a 0.45 s run). A long sweep still collects, every 100,000.
-At the end of a command line's run everything left is frozen (`gc.freeze`): the interpreter's
-collection at exit would traverse it all once more just before the process ends."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
+    """Run a command line. The collector runs as `gcpolicy` says; at the end of the process's own
+    command line everything left is frozen (`gc.freeze`): the interpreter's collection at exit
+    would traverse it all once more just before the process ends."""
+    gcpolicy.tune()
     try:
         return _main(argv)
     finally:

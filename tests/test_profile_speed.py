@@ -209,11 +209,12 @@ def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
     import subprocess
     import sys
 
-    from dabench_ir.cli import _GC_YOUNG, main
+    from dabench_ir.cli import main
+    from dabench_ir.gcpolicy import YOUNG
 
     before = gc.get_freeze_count()
     assert main(["profile", str(tiny_matmul_path), "--quiet"]) == 0
-    assert gc.get_freeze_count() == before and gc.get_threshold()[0] == _GC_YOUNG
+    assert gc.get_freeze_count() == before and gc.get_threshold()[0] == YOUNG
     code = ("import gc, sys; from dabench_ir.cli import main; sys.argv = ['dabench-ir', 'profile', sys.argv[1], "
             "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True)

@@ -57,7 +57,7 @@ def test_small_sweep_end_to_end(tmp_path, cache):
 
 def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
     """The sweep's workers draw its figures (a task each); the files are the ones this process draws."""
-    from dabench_ir.sweep.executors import LocalExecutor
+    from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
     from dabench_ir.sweep.plots import write_plots
 
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
@@ -69,6 +69,14 @@ def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
     assert [p.name for p in here] == [p.name for p in there] == [
         "allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"]
     assert [p.read_bytes() for p in here] == [p.read_bytes() for p in there]
+
+    class Dying(SerialExecutor):  # every worker dies on its figure: each is drawn here instead
+        def map_unordered(self, tasks):
+            yield from ((i, WorkerLost("worker process 1 died (exit code -11)")) for i in range(len(tasks)))
+
+    (tmp_path / "d").mkdir()
+    again = write_plots(tmp_path / "d", result.rows, spec.varied(), executor=Dying())
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in here]
 
 def test_resume_skips_done_points(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})

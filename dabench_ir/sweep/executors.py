@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+from dabench_ir import gcpolicy
 from dabench_ir.errors import UserError
 
 __all__ = [
@@ -211,6 +212,7 @@ def _exit_now() -> None:
 def _worker_main(conn: Any, parent_pid: int) -> None:
     """A worker: run ``(index, fn, args)`` tasks from the pipe until it closes or sends None."""
     die_with_parent(parent_pid)
+    gcpolicy.tune()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     while True:
         try:
@@ -228,6 +230,12 @@ def _worker_main(conn: Any, parent_pid: int) -> None:
             conn.send(reply)
         except Exception as exc:  # an unpicklable result or exception
             conn.send((index, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+def _ray_task(fn: Callable[..., Any], *args: Any) -> Any:
+    """One task in a Ray worker, with the collector as a local worker runs it (`gcpolicy`)."""
+    gcpolicy.tune()
+    return fn(*args)
 
 
 class RayExecutor(Executor):
@@ -257,7 +265,7 @@ class RayExecutor(Executor):
             else:
                 ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
             self.started = True
-        self._remote: dict[Callable[..., Any], Any] = {}
+        self._remote: Any = None
         self.window = window
 
     def _window(self) -> int:
@@ -278,10 +286,10 @@ class RayExecutor(Executor):
             out.append(arg)
         return tuple(out)
 
-    def _as_remote(self, fn: Callable[..., Any]) -> Any:
-        if fn not in self._remote:
-            self._remote[fn] = self.ray.remote(max_retries=1)(fn)
-        return self._remote[fn]
+    def _as_remote(self) -> Any:
+        if self._remote is None:
+            self._remote = self.ray.remote(max_retries=1)(_ray_task)
+        return self._remote
 
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
         ray = self.ray
@@ -292,7 +300,7 @@ class RayExecutor(Executor):
         while queue or refs:
             while queue and len(refs) < window:
                 i, (fn, args) = queue.popleft()
-                refs[self._as_remote(fn).remote(*self._args(args, shared))] = i
+                refs[self._as_remote().remote(fn, *self._args(args, shared))] = i
             done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
                 i = refs.pop(ref)

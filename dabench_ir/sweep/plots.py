@@ -174,7 +174,10 @@ def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str], exec
     names = [name for name, (needs, _) in _PLOTS.items() if needs <= varied] if rows else []
     drawn: dict[str, bytes | str] = {}
     for i, out in (executor or SerialExecutor()).map_unordered([(render_plot, (name, rows)) for name in names]):
-        drawn[names[i]] = str(out) if isinstance(out, WorkerLost) else out
+        if isinstance(out, WorkerLost):  # the figure is not lost with the worker: drawn here instead
+            logger.info("plot %s: %s; drawing it here", names[i], out)
+            out = render_plot(names[i], rows)
+        drawn[names[i]] = out
     written = []
     for name in names:  # in the table's order, whatever order they were drawn in
         if isinstance(drawn[name], str):
