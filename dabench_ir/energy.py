@@ -254,31 +254,37 @@ def step_energy(
     static_w = model.static_watts * chips
     dynamic: dict[str, float] = {}
     static: dict[str, float] = {}
-    units = _units_by_node(plan)
+    holdings = _Holdings(plan)
     if feed_bytes is None:
         _, _, feed_bytes = node_feed_intensity(plan, timeline)
     streamed = sum(u.stats.feed_bytes or 0.0 for u in plan.units)
     in_streams = {n for u in plan.units if u.stats.feed_bytes is not None for n in u.nodes}  # nodes of a streaming unit
     streamed_in_nodes = 0.0
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
+    dtypes: dict[Any, str] = {}  # a node's precision -> its text, made once per dtype (DType.__str__ is Python)
+    node_plans = plan.node_plans
     for node in graph.nodes:
-        cost = meta.get_cost(node) if meta.COST in node.meta else None
-        np_ = plan.node_plans.get(node.name) if plan is not None else None
+        name, m = node.name, node.meta
+        cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
+        np_ = node_plans.get(name)
         if cost is None or np_ is None:
             continue
-        dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
+        precision = m.get(meta.PRECISION) or default_dtype
+        dtype = dtypes.get(precision)
+        if dtype is None:
+            dtype = dtypes[precision] = str(precision)
         key = level_key.get(np_.feed_level)
         if key is None:
             level_name = _feed_memory_name(target, np_.feed_level)
             key = level_key[np_.feed_level] = level_name if level_name in model.pj_per_byte else np_.feed_level
         joules = model.flop_energy_j(cost.flops, dtype)
-        moved = feed_bytes.get(node.name, float(np_.feed_bytes))
-        if node.name in in_streams:
+        moved = feed_bytes.get(name, float(np_.feed_bytes))
+        if name in in_streams:
             streamed_in_nodes += moved
         joules += model.byte_energy_j(moved, key)
-        dynamic[node.name] = joules
-        busy = timeline.busy(node.name) or 0.0
-        static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
+        dynamic[name] = joules
+        busy = timeline.busy(name) or 0.0
+        static[name] = static_w * holdings.share(name) * busy if busy > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
     idle = static_w * step - sum(static.values()) - sum(overheads.values())
@@ -314,17 +320,32 @@ def held_share(plan: Any, name: str, units: Mapping[str, list[Any]] | None = Non
     section, the time-weighted mean over them). On a concurrent schedule (a GPU stream, IPU
     compute sets, WSE regions) a node holds its own allocation: the SMs its kernel uses,
     the tiles of its compute set, its kernel's PEs. ``units``: `_units_by_node` of the plan,
-    when the caller asks for many nodes.
+    when the caller has it.
     """
-    np_ = plan.node_plans[name]
-    if plan.schedule is Schedule.SEQUENTIAL:
-        m = max(1, int(getattr(plan, "micro_batches", 1) or 1))
-        held_in = (units if units is not None else _units_by_node(plan)).get(name, [])
-        runs = [(u.allocation, u.node_s.get(name, np_.per_micro_batch_s) * m) for u in held_in]
-        held = sum(t for _, t in runs)
-        if held > 0:
-            return min(1.0, max(0.0, sum(a * t for a, t in runs) / held))
-    return min(1.0, max(0.0, float(np_.allocation)))
+    return _Holdings(plan, units).share(name)
+
+
+class _Holdings:
+    """`held_share` of the nodes of one plan: its schedule, micro-batches and units by node read
+    once, not once per node (`step_energy` asks for every node of a step)."""
+
+    def __init__(self, plan: Any, units: Mapping[str, list[Any]] | None = None) -> None:
+        self.node_plans = plan.node_plans
+        self.sequential = plan.schedule is Schedule.SEQUENTIAL
+        self.micro_batches = max(1, int(getattr(plan, "micro_batches", 1) or 1))
+        self.units = (units if units is not None else _units_by_node(plan)) if self.sequential else {}
+
+    def share(self, name: str) -> float:
+        np_ = self.node_plans[name]
+        if self.sequential:
+            held = weighted = 0  # the time in each unit and the allocation-weighted time, in unit order
+            for u in self.units.get(name, ()):
+                t = u.node_s.get(name, np_.per_micro_batch_s) * self.micro_batches
+                held += t
+                weighted += u.allocation * t
+            if held > 0:
+                return min(1.0, max(0.0, weighted / held))
+        return min(1.0, max(0.0, float(np_.allocation)))
 
 
 def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[str, float]:

@@ -143,7 +143,10 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
 def _rotary(graph: Graph, producers: dict[str, Node]) -> set[str]:
     """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
     tables = {o for n in _with_role(graph, Role.ROTARY_TABLE) for o in n.outputs if o}
-    tables |= {v.name for v in graph.values.values() if v.kind.is_stored and _TABLE_NAME.search(v.name)}
+    tables |= {  # the substring test first: most graphs' thousands of weights name neither
+        name for name, v in graph.values.items()
+        if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
+    }
     out: set[str] = set()
     for node in graph.nodes:  # topological order: tables flow forward through layout ops
         if tables.isdisjoint(node.inputs):
@@ -182,13 +185,12 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
     """What the node does, from its op and neighbours: a role without a scope."""
     op = node.op_type
     roles = _roles(node)
-    weight = _stored_input(graph, node)
-    scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
     if Role.ATTENTION in roles:
         return "attention"
     if Role.SOFTMAX in roles:
         return "softmax"
     if Role.CONTRACTION in roles:
+        weight = _stored_input(graph, node)
         if weight is not None:
             return _weight_role(weight, graph, node)
         if node.name in softmax_out:
@@ -198,8 +200,9 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return f"{op} (activations)"
     if node.name in softmax_in:
         return "attention scale/mask"
-    if op == "Gather" and weight is not None:
+    if op == "Gather" and _stored_input(graph, node) is not None:
         return "embedding"
+    scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
     if Role.NORM in roles or (scope_tail and _NORM_NAME.search(scope_tail)):
         return "norms"
     if Role.ROTARY in roles or Role.ROTARY_TABLE in roles:
