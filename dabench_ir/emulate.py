@@ -57,7 +57,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
 
     if plan.schedule is Schedule.SEQUENTIAL:
         groups = [
-            (u, sorted((n for n in u.nodes if n in placed), key=position.__getitem__)) for u in plan.units
+            (u, sorted([n for n in u.nodes if n in placed], key=position.__getitem__)) for u in plan.units
         ]
     else:
         groups = [(None, order)]
@@ -92,12 +92,12 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     timings = {}
     for name in order:
         runs = slices[name]
-        np_ = plan.node_plans[name]
+        np_ = node_plans[name]
         timings[name] = NodeTiming(name, np_.unit, runs[0][0], runs[-1][1], np_.bound)
     busy_node = dict(busy_node)
     unit_busy: dict[str, float] = defaultdict(float)
     for name, b in busy_node.items():
-        unit_busy[plan.node_plans[name].unit] += b
+        unit_busy[node_plans[name].unit] += b
     if plan.schedule is Schedule.SEQUENTIAL:
         unit_busy.update({uid: b - a for uid, (a, b) in unit_spans.items()})
     else:
@@ -109,7 +109,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     if plan.pipelined_steps and plan.schedule is Schedule.CONCURRENT:
         lane_busy: dict[str, float] = defaultdict(float)
         for name, b in busy_node.items():
-            lane_busy[plan.node_plans[name].lane] += b
+            lane_busy[lanes[name]] += b
         step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
     else:
         step = makespan

@@ -261,18 +261,15 @@ def step_energy(
     in_streams = {n for u in plan.units if u.stats.feed_bytes is not None for n in u.nodes}  # nodes of a streaming unit
     streamed_in_nodes = 0.0
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
-    dtypes: dict[Any, str] = {}  # a node's precision -> its text, made once per dtype (DType.__str__ is Python)
     node_plans = plan.node_plans
+    busy_times = timeline.busy_times()
     for node in graph.nodes:
         name, m = node.name, node.meta
         cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
         np_ = node_plans.get(name)
         if cost is None or np_ is None:
             continue
-        precision = m.get(meta.PRECISION) or default_dtype
-        dtype = dtypes.get(precision)
-        if dtype is None:
-            dtype = dtypes[precision] = str(precision)
+        dtype = str(m.get(meta.PRECISION) or default_dtype)
         key = level_key.get(np_.feed_level)
         if key is None:
             level_name = _feed_memory_name(target, np_.feed_level)
@@ -283,7 +280,7 @@ def step_energy(
             streamed_in_nodes += moved
         joules += model.byte_energy_j(moved, key)
         dynamic[name] = joules
-        busy = timeline.busy(name) or 0.0
+        busy = busy_times.get(name) or 0.0
         static[name] = static_w * holdings.share(name) * busy if busy > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}

@@ -52,17 +52,14 @@ def build_report(
     roles = node_roles(graph)
     feed_bytes = metrics.node_feed_bytes if node_intensity else {}
     timings = timeline.nodes if timeline is not None else {}
-    dtypes: dict[Any, str] = {}  # str() of each dtype once per report (DType.__str__ is Python code)
+    busy = timeline.busy_times() if timeline is not None else {}
     for node in graph.nodes:
         name, m = node.name, node.meta
         cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
         op_class = m.get(meta.OP_CLASS)
         if op_class is not None:
             op_class = str(op_class)
-        precision = None
-        if meta.PRECISION in m:
-            dtype = m[meta.PRECISION]
-            precision = dtypes.get(dtype) or dtypes.setdefault(dtype, str(dtype))
+        precision = str(m[meta.PRECISION]) if meta.PRECISION in m else None
         if name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
             intensity, feed = node_intensity[name], feed_bytes.get(name)
         else:
@@ -75,7 +72,7 @@ def build_report(
         if t is not None:
             # busy time, not the first-start-to-last-end span: a pipelined node runs once
             # per micro-batch and waits between runs
-            record.time_s, record.start_s, record.unit = timeline.busy(name), t.start, t.unit
+            record.time_s, record.start_s, record.unit = busy[name], t.start, t.unit
             record.bound = _bound(t.bound, plan, name)
         if meta.FOLDED in m:
             record.note = m[meta.FOLDED]

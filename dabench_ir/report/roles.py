@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from dabench_ir.ir import Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import Role, traits_of
+from dabench_ir.passes.cost_rules import Role, op_traits
 
 __all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
 
@@ -53,8 +53,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
     scopes = {n.scope for n in graph.nodes if n.scope}
     containers = _containers(scopes)
     producers = {o: n for n in graph.nodes for o in n.outputs if o}  # one map for both walks
-    softmax_in, softmax_out = _around_softmax(graph, producers)
-    rotary = _rotary(graph, producers)
+    op_roles = _OpRoles()
+    softmax_in, softmax_out = _around_softmax(graph, producers, op_roles)
+    rotary = _rotary(graph, producers, op_roles)
     roles: dict[str, str] = {}
     general: dict[str, str] = {}  # scope -> general_scope(scope): the nodes of a module share it
     for node in graph.nodes:
@@ -69,7 +70,7 @@ def node_roles(graph: Graph) -> dict[str, str]:
             if scope not in containers:
                 roles[node.name] = module  # a leaf module: its own name says what it is
                 continue
-        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out)
+        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out, op_roles)
         roles[node.name] = f"{module}: {pattern}" if scope else pattern
     return roles
 
@@ -84,25 +85,21 @@ def _containers(scopes: Iterable[str]) -> set[str]:
     return out
 
 
-def _roles(node: Node) -> frozenset[Role]:
-    return traits_of(node).roles
+class _OpRoles(dict[tuple[str, str], frozenset[Role]]):
+    """What each op signals (`OpTraits.roles`) by (op type, domain): the registry asked once per op
+    type of one `node_roles` call, not once per node it looks at (rules may be registered between calls)."""
+
+    def __missing__(self, key: tuple[str, str]) -> frozenset[Role]:
+        roles = self[key] = op_traits(key[0], key[1]).roles
+        return roles
 
 
-def _with_role(graph: Graph, role: Role) -> list[Node]:
-    """The nodes whose op signals ``role``, in order (the registry asked once per op type, not per node)."""
-    ops: dict[tuple[str, str], bool] = {}
-    out = []
-    for node in graph.nodes:
-        key = (node.op_type, node.domain)
-        has = ops.get(key)
-        if has is None:
-            has = ops[key] = role in _roles(node)
-        if has:
-            out.append(node)
-    return out
+def _with_role(graph: Graph, role: Role, op_roles: _OpRoles) -> list[Node]:
+    """The nodes whose op signals ``role``, in order."""
+    return [node for node in graph.nodes if role in op_roles[node.op_type, node.domain]]
 
 
-def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str], set[str]]:
+def _around_softmax(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> tuple[set[str], set[str]]:
     """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
 
     Walks back from each Softmax through element-wise and layout ops to the first
@@ -111,7 +108,7 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
     into: set[str] = set()
     out: set[str] = set()
     consumers = graph.consumers
-    for sm in _with_role(graph, Role.SOFTMAX):
+    for sm in _with_role(graph, Role.SOFTMAX, op_roles):
         stack = [i for i in sm.inputs if i]
         seen: set[str] = set()
         while stack:
@@ -120,7 +117,7 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
                 continue
             seen.add(node.name)
             into.add(node.name)
-            if Role.CONTRACTION in _roles(node):
+            if Role.CONTRACTION in op_roles[node.op_type, node.domain]:
                 continue  # the scores: stop here
             stack.extend(
                 i for i in node.inputs
@@ -133,16 +130,17 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
                 if reader.name in seen:
                     continue
                 seen.add(reader.name)
-                if Role.CONTRACTION in _roles(reader):
+                roles = op_roles[reader.op_type, reader.domain]
+                if Role.CONTRACTION in roles:
                     out.add(reader.name)
-                elif Role.PASS_THROUGH in _roles(reader):
+                elif Role.PASS_THROUGH in roles:
                     frontier.extend(o for o in reader.outputs if o)
     return into, out
 
 
-def _rotary(graph: Graph, producers: dict[str, Node]) -> set[str]:
+def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set[str]:
     """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
-    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE) for o in n.outputs if o}
+    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE, op_roles) for o in n.outputs if o}
     tables |= {  # the substring test first: most graphs' thousands of weights name neither
         name for name, v in graph.values.items()
         if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
@@ -151,7 +149,7 @@ def _rotary(graph: Graph, producers: dict[str, Node]) -> set[str]:
     for node in graph.nodes:  # topological order: tables flow forward through layout ops
         if tables.isdisjoint(node.inputs):
             continue
-        if Role.LAYOUT in _roles(node):
+        if Role.LAYOUT in op_roles[node.op_type, node.domain]:
             tables.update(o for o in node.outputs if o)
         elif node.op_type == "Mul":
             out.add(node.name)
@@ -181,10 +179,10 @@ def _stored_input(graph: Graph, node: Node) -> str | None:
     return None
 
 
-def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str]) -> str:
+def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str], op_roles: _OpRoles) -> str:
     """What the node does, from its op and neighbours: a role without a scope."""
     op = node.op_type
-    roles = _roles(node)
+    roles = op_roles[op, node.domain]
     if Role.ATTENTION in roles:
         return "attention"
     if Role.SOFTMAX in roles:
