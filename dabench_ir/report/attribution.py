@@ -337,7 +337,11 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
     ranked by time (by FLOPs when nothing is timed). Keys: `ROLE_COLUMNS`."""
     groups: dict[str, list[NodeRecord]] = {}
     for r in report.nodes:
-        groups.setdefault(r.role or r.op_type, []).append(r)
+        role = r.role or r.op_type
+        if role in groups:
+            groups[role].append(r)
+        else:
+            groups[role] = [r]
     peak = target_peak(report)
     rows = [_row(role, records, peak) for role, records in groups.items()]
     if report.target is None:  # cost only: no feed level, the intensity is over every byte
@@ -360,40 +364,47 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
 def representative_layer(report: Report) -> list[dict[str, Any]]:
     """One decoder layer, every role in it: the median layer's time (FLOPs, bytes) per role,
     and the spread across layers (min, max). Rows in the layer's node order."""
-    per: dict[str, dict[int, list[NodeRecord]]] = {}
-    # per role and layer: [time, FLOPs, bytes], each added in record order from 0 as sum() adds
-    sums: dict[tuple[str, int], list[Any]] = {}
+    # per role, its layers in first-seen order: [time, FLOPs, bytes, records], each sum added in
+    # record order from 0 as sum() adds
+    per: dict[str, dict[int, list[Any]]] = {}
     timed_roles: set[str] = set()
+    seen_layers: set[int] = set()
     for r in report.nodes:
-        if r.layer is None:
+        layer = r.layer
+        if layer is None:
             continue
         role = r.role or r.op_type
-        per.setdefault(role, {}).setdefault(r.layer, []).append(r)
-        acc = sums.get((role, r.layer))
+        by_layer = per.get(role)
+        if by_layer is None:
+            by_layer = per[role] = {}
+        acc = by_layer.get(layer)
         if acc is None:
-            acc = sums[(role, r.layer)] = [0, 0, 0]
+            acc = by_layer[layer] = [0, 0, 0, []]
+            seen_layers.add(layer)
+        t = r.time_s
+        acc[0] += t or 0.0
+        if t is not None:
+            timed_roles.add(role)
         c = r.cost
-        acc[0] += r.time_s or 0.0
         if c is not None:
             acc[1] += c.flops
             acc[2] += c.bytes
-        if r.time_s is not None:
-            timed_roles.add(role)
-    layers = sorted({r.layer for r in report.nodes if r.layer is not None})
-    none = (0, 0, 0)  # a layer without the role
+        acc[3].append(r)
+    layers = sorted(seen_layers)
+    none = (0, 0, 0, ())  # a layer without the role
     rows = []
     for role, by_layer in per.items():
-        layer_sums = [sums.get((role, i), none) for i in layers]
+        layer_sums = [by_layer.get(i, none) for i in layers]
         times = [x[0] for x in layer_sums]
         timed = role in timed_roles
         flops = [x[1] for x in layer_sums]
         nbytes = [x[2] for x in layer_sums]
-        bound, _ = _bound_of([x for recs in by_layer.values() for x in recs])
+        bound, _ = _bound_of([x for acc in by_layer.values() for x in acc[3]])
         rows.append(
             {
                 "role": role,
                 "layers": len(by_layer),
-                "nodes_per_layer": round(sum(len(v) for v in by_layer.values()) / len(by_layer)),
+                "nodes_per_layer": round(sum(len(acc[3]) for acc in by_layer.values()) / len(by_layer)),
                 "time_s": statistics.median(times) if timed else None,
                 "min_time_s": min(times) if timed else None,
                 "max_time_s": max(times) if timed else None,

@@ -146,7 +146,7 @@ def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set
         if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
     }
     out: set[str] = set()
-    for node in graph.nodes:  # topological order: tables flow forward through layout ops
+    for node in graph.nodes if tables else ():  # topological order: tables flow forward through layout ops
         if tables.isdisjoint(node.inputs):
             continue
         if Role.LAYOUT in op_roles[node.op_type, node.domain]:
@@ -154,13 +154,13 @@ def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set
         elif node.op_type == "Mul":
             out.add(node.name)
     for node in graph.nodes:
-        joins = node.op_type == "Add" and all(
-            (p := producers.get(i)) is not None and p.name in out for i in node.inputs if i
-        )
-        rotates = node.op_type == "Neg" and bool(node.scope) and any(
+        op = node.op_type
+        if op == "Add":  # joins
+            if all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i):
+                out.add(node.name)
+        elif op == "Neg" and node.scope and any(  # rotates
             r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])
-        )
-        if joins or rotates:
+        ):
             out.add(node.name)
     return out
 
