@@ -38,9 +38,8 @@ def _producers(graph: Graph, placed: set[str]) -> dict[str, list[str]]:
         seen: list[str] = []
         for v in node.inputs:
             value = values.get(v) if v else None
-            prod = value.producer if value is not None else None
-            if prod in placed and prod not in seen:
-                seen.append(prod)
+            if value is not None and value.producer in placed and value.producer not in seen:
+                seen.append(value.producer)
         preds[node.name] = seen
     return preds
 

@@ -104,13 +104,14 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
 
     # load imbalance over lanes that run concurrently
     lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    sequential = plan.schedule is Schedule.SEQUENTIAL
+    node_plans, lane_names = plan.node_plans, timeline.lanes
     for name, b in busy.items():
-        np_ = plan.node_plans.get(name)
+        np_ = node_plans.get(name)
         if np_ is None:
             continue
-        lane = timeline.lanes.get(name, np_.lane)
-        group = np_.unit if plan.schedule is Schedule.SEQUENTIAL else "all"
-        lanes_of[group][lane] += b
+        lane = lane_names.get(name, np_.lane)
+        lanes_of[np_.unit if sequential else "all"][lane] += b
     if plan.schedule is Schedule.SEQUENTIAL:
         num = den = 0.0
         for uid, lanes in lanes_of.items():
@@ -134,7 +135,7 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
     li = _clamp(li, 1e-12)
 
     # efficiency
-    total_flops = sum(plan.node_plans[n].flops for n in timeline.nodes if n in plan.node_plans)
+    total_flops = sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
     step = timeline.step_time_s
     achieved = total_flops / step if step > 0 else 0.0
     peak = target.peak_flops(prec) * plan.chips

@@ -64,10 +64,9 @@ def build_report(
             intensity, feed = node_intensity[name], feed_bytes.get(name)
         else:
             intensity, feed = (cost.intensity if cost is not None else None), None
-        record = NodeRecord(
-            name, node.qualified_op, node.layer, node.scope, op_class, cost, intensity,
-            precision=precision, role=roles.get(name), feed_bytes=feed,
-        )  # fmt: skip
+        record = NodeRecord(name, node.qualified_op, node.layer, node.scope, op_class, cost, intensity)
+        # set, not passed by keyword: matching keywords against 19 parameters cost more than the record
+        record.precision, record.role, record.feed_bytes = precision, roles.get(name), feed
         t = timings.get(name)
         if t is not None:
             # busy time, not the first-start-to-last-end span: a pipelined node runs once
