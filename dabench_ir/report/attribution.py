@@ -111,10 +111,13 @@ def bound_shares(
     name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
     times: dict[str, float] = {}
     for n in nodes:
-        t = n.get("time_s") if isinstance(n, dict) else n.time_s
-        bound = n.get("bound") if isinstance(n, dict) else n.bound
+        if isinstance(n, dict):
+            t, bound = n.get("time_s"), n.get("bound")
+        else:
+            t, bound = n.time_s, n.bound
         if t:
-            times[str(bound or "unknown")] = times.get(str(bound or "unknown"), 0.0) + float(t)
+            key = str(bound or "unknown")
+            times[key] = times.get(key, 0.0) + float(t)
     extra = sum(float(v) for v in (overheads or {}).values() if v)
     if extra:
         times["overhead"] = times.get("overhead", 0.0) + extra

@@ -44,11 +44,13 @@ class NodeRecord:
 
     @property
     def flops(self) -> int | None:
-        return None if self.cost is None else self.cost.flops
+        c = self.cost
+        return None if c is None else c.flops
 
     @property
     def bytes(self) -> int | None:
-        return None if self.cost is None else self.cost.bytes
+        c = self.cost
+        return None if c is None else c.bytes
 
     def to_dict(self) -> dict[str, Any]:
         c = self.cost if self.cost is not None else _NO_COST  # one test, not one per cost column
