@@ -97,3 +97,18 @@ def test_representative_layer_is_the_median_of_the_layer_sums(report):
         assert row["flops"] == int(statistics.median([sum(x.flops or 0 for x in by_layer.get(i, [])) for i in layers]))
         assert row["bytes"] == int(statistics.median([sum(x.bytes or 0 for x in by_layer.get(i, [])) for i in layers]))
         assert row["bound"] == _bound_of([x for recs in by_layer.values() for x in recs])[0]
+
+
+def test_containers_are_every_dotted_prefix():
+    import random
+
+    from dabench_ir.report.roles import _containers
+
+    def by_definition(scopes):
+        return {".".join(s.split(".")[:i]) for s in scopes for i in range(1, len(s.split(".")))}
+
+    rng = random.Random(34)
+    for _ in range(2000):
+        scopes = {"".join(rng.choice("ab.") for _ in range(rng.randint(0, 7))) for _ in range(rng.randint(0, 6))}
+        assert _containers(scopes) == by_definition(scopes), scopes
+    assert _containers({"layers.0.attn.q_proj", "layers.0.mlp"}) == {"layers", "layers.0", "layers.0.attn"}

@@ -15,6 +15,7 @@ op registry (`passes/cost_rules.py`); this module holds only the precedence betw
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -79,9 +80,13 @@ def _containers(scopes: Iterable[str]) -> set[str]:
     """Scopes that hold another scope (``layers.0.attn`` holds ``layers.0.attn.q_proj``)."""
     out: set[str] = set()
     for scope in scopes:
-        parts = scope.split(".")
-        for i in range(1, len(parts)):
-            out.add(".".join(parts[:i]))
+        end = scope.rfind(".")
+        while end >= 0:  # each prefix up to a dot, longest first
+            prefix = scope[:end]
+            if prefix in out:
+                break  # and so are its own prefixes: they were added with it
+            out.add(prefix)
+            end = scope.rfind(".", 0, end)
     return out
 
 
@@ -200,8 +205,8 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return "attention scale/mask"
     if op == "Gather" and _stored_input(graph, node) is not None:
         return "embedding"
-    scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
-    if Role.NORM in roles or (scope_tail and _NORM_NAME.search(scope_tail)):
+    norm_scope, mlp_scope = _scope_names(node.scope)
+    if Role.NORM in roles or norm_scope:
         return "norms"
     if Role.ROTARY in roles or Role.ROTARY_TABLE in roles:
         return "rotary embedding"
@@ -209,7 +214,7 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return "activation"
     if op == "Add" and _residual(graph, node):
         return "residual adds"
-    if scope_tail and _MLP_NAME.search(scope_tail) and Role.ELEMENTWISE in roles:
+    if mlp_scope and Role.ELEMENTWISE in roles:
         return "activation"
     if Role.NORM_PART in roles:
         return "norms"
@@ -219,6 +224,14 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
     if op_class is not None and str(op_class) == "shape":
         return "shape ops"
     return op
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _scope_names(scope: str) -> tuple[bool, bool]:
+    """Whether the last part of ``scope`` names a norm, and an MLP: once per scope (a 96-layer
+    model's attention blocks ask it for every reshape and transpose)."""
+    tail = scope.rsplit(".", 1)[-1]
+    return bool(tail and _NORM_NAME.search(tail)), bool(tail and _MLP_NAME.search(tail))
 
 
 def _residual(graph: Graph, node: Node) -> bool:
