@@ -51,13 +51,16 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     placed = set(order)
     lanes = {n: node_plans[n].lane for n in order}
     preds = _producers(graph, placed)
-    position = {name: i for i, name in enumerate(order)}
     m_count = max(1, plan.micro_batches)
 
     if plan.schedule is Schedule.SEQUENTIAL:
-        groups = [
-            (u, sorted([n for n in u.nodes if n in placed], key=position.__getitem__)) for u in plan.units
-        ]
+        position = {name: i for i, name in enumerate(order)}
+        groups = []
+        for u in plan.units:
+            names = [n for n in u.nodes if n in placed]
+            if len(names) > 1:
+                names.sort(key=position.__getitem__)
+            groups.append((u, names))
     else:
         groups = [(None, order)]
 
