@@ -178,11 +178,12 @@ def _run_micro_batches(
                 e = end.get((p, m))
                 if e is not None and e > ready:
                     ready = e
-            finish = ready + durations[name]
+            took = durations[name]
+            finish = ready + took
             end[(name, m)] = finish
             lane_free[lane] = finish
             slices[name].append((ready, finish))
-            busy_node[name] += durations[name]
+            busy_node[name] += took
             if finish > last:
                 last = finish
         if m == 0 or m == m_count - 1:

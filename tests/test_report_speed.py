@@ -1,7 +1,7 @@
 """The report path's one-walk forms give exactly what the plain definitions give (issue 34).
 
-`Timeline.busy_times` against `Timeline.busy` node by node, `energy._Holdings` against the
-time-weighted mean `held_share` defines, and the role table and representative layer against
+`Timeline.busy_times` against `Timeline.busy` node by node, `energy.held_shares` (one walk of
+the plan's units) against the time-weighted mean over each node's units, and the role table and representative layer against
 ``sum()`` over each group's records: equal, not approximately equal.
 """
 
@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from dabench_ir.energy import _Holdings, _units_by_node, held_share
+from dabench_ir.energy import held_share, held_shares
 from dabench_ir.options import ProfileOptions
 from dabench_ir.pipeline import profile_graph
 from dabench_ir.plan import Schedule
@@ -37,6 +37,14 @@ def test_busy_times_is_busy_of_every_node():
     assert ran_twice.busy_times() == {"a": 1.25, "b": 0.5, "c": 0.5}
 
 
+def _units_by_node(plan):
+    out: dict[str, list] = {}
+    for unit in plan.units:
+        for name in unit.nodes:
+            out.setdefault(name, []).append(unit)
+    return out
+
+
 def _held_share_by_definition(plan, name):
     """The time-weighted mean allocation over a sequential node's units, else its own allocation."""
     np_ = plan.node_plans[name]
@@ -49,10 +57,9 @@ def _held_share_by_definition(plan, name):
     return min(1.0, max(0.0, float(np_.allocation)))
 
 
-def test_holdings_are_held_share_by_definition(report):
+def test_held_shares_are_the_time_weighted_means(report):
     plan = report.plan
-    holdings = _Holdings(plan)
-    shares = {name: holdings.share(name) for name in plan.node_plans}
+    shares = held_shares(plan)
     assert shares == {name: _held_share_by_definition(plan, name) for name in plan.node_plans}
     assert shares == {name: held_share(plan, name) for name in plan.node_plans}
     if plan.schedule is Schedule.SEQUENTIAL and any(len(u) > 1 for u in _units_by_node(plan).values()):
