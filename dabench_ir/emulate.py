@@ -30,16 +30,17 @@ logger = logging.getLogger(__name__)
 
 
 def _producers(graph: Graph, placed: set[str]) -> dict[str, list[str]]:
+    """Each placed node's placed producers, in input order, each once."""
+    producer_of = {name: v.producer for name, v in graph.values.items() if name and v.producer in placed}
     preds: dict[str, list[str]] = {}
-    values = graph.values
     for node in graph.nodes:
         if node.name not in placed:
             continue
         seen: list[str] = []
         for v in node.inputs:
-            value = values.get(v) if v else None
-            if value is not None and value.producer in placed and value.producer not in seen:
-                seen.append(value.producer)
+            prod = producer_of.get(v)
+            if prod is not None and prod not in seen:
+                seen.append(prod)
         preds[node.name] = seen
     return preds
 
