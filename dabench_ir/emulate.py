@@ -30,15 +30,16 @@ logger = logging.getLogger(__name__)
 
 
 def _producers(graph: Graph, placed: set[str]) -> dict[str, list[str]]:
+    """Each placed node's placed producers, in input order, each once."""
+    producer_of = {name: v.producer for name, v in graph.values.items() if name and v.producer in placed}
     preds: dict[str, list[str]] = {}
     for node in graph.nodes:
         if node.name not in placed:
             continue
         seen: list[str] = []
         for v in node.inputs:
-            value = graph.values.get(v) if v else None
-            prod = value.producer if value is not None else None
-            if prod in placed and prod not in seen:
+            prod = producer_of.get(v)
+            if prod is not None and prod not in seen:
                 seen.append(prod)
         preds[node.name] = seen
     return preds
@@ -46,16 +47,21 @@ def _producers(graph: Graph, placed: set[str]) -> dict[str, list[str]]:
 
 def emulate(plan: Plan, graph: Graph) -> Timeline:
     """Simulate one step of ``plan``; the Timeline respects every graph dependency."""
-    order = [n.name for n in graph.nodes if n.name in plan.node_plans]
+    node_plans = plan.node_plans
+    order = [n.name for n in graph.nodes if n.name in node_plans]
     placed = set(order)
+    lanes = {n: node_plans[n].lane for n in order}
     preds = _producers(graph, placed)
-    position = {name: i for i, name in enumerate(order)}
     m_count = max(1, plan.micro_batches)
 
     if plan.schedule is Schedule.SEQUENTIAL:
-        groups = [
-            (u, sorted((n for n in u.nodes if n in placed), key=position.__getitem__)) for u in plan.units
-        ]
+        position = {name: i for i, name in enumerate(order)}
+        groups = []
+        for u in plan.units:
+            names = [n for n in u.nodes if n in placed]
+            if len(names) > 1:
+                names.sort(key=position.__getitem__)
+            groups.append((u, names))
     else:
         groups = [(None, order)]
 
@@ -71,12 +77,12 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         if unit is not None and unit.gap_before_s > 0:
             gate += unit.gap_before_s
             overheads[unit.gap_kind] += unit.gap_before_s
-        durations = {
-            name: unit.node_s.get(name, plan.node_plans[name].per_micro_batch_s) if unit else
-            plan.node_plans[name].per_micro_batch_s
-            for name in names
-        }  # fmt: skip
-        last = _run_micro_batches(names, durations, m_count, gate, plan, preds, end, lane_free, slices, busy_node)
+        if unit is not None:
+            node_s = unit.node_s
+            durations = {name: node_s.get(name, node_plans[name].per_micro_batch_s) for name in names}
+        else:
+            durations = {name: node_plans[name].per_micro_batch_s for name in names}
+        last = _run_micro_batches(names, durations, m_count, gate, lanes, preds, end, lane_free, slices, busy_node)
         if unit is not None:
             stall = max(0.0, gate + unit.min_time_s - last)
             if stall > 0:
@@ -89,12 +95,12 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     timings = {}
     for name in order:
         runs = slices[name]
-        np_ = plan.node_plans[name]
+        np_ = node_plans[name]
         timings[name] = NodeTiming(name, np_.unit, runs[0][0], runs[-1][1], np_.bound)
     busy_node = dict(busy_node)
     unit_busy: dict[str, float] = defaultdict(float)
     for name, b in busy_node.items():
-        unit_busy[plan.node_plans[name].unit] += b
+        unit_busy[node_plans[name].unit] += b
     if plan.schedule is Schedule.SEQUENTIAL:
         unit_busy.update({uid: b - a for uid, (a, b) in unit_spans.items()})
     else:
@@ -106,7 +112,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     if plan.pipelined_steps and plan.schedule is Schedule.CONCURRENT:
         lane_busy: dict[str, float] = defaultdict(float)
         for name, b in busy_node.items():
-            lane_busy[plan.node_plans[name].lane] += b
+            lane_busy[lanes[name]] += b
         step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
     else:
         step = makespan
@@ -126,7 +132,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         micro_batches=m_count,
         node_busy_s=busy_node,
         slices=slices,
-        lanes={n: plan.node_plans[n].lane for n in order},
+        lanes=lanes,
         unit_spans=unit_spans,
     )
     logger.debug("emulated %d nodes x %d micro-batch(es): step %.3g s", len(order), m_count, step)
@@ -138,7 +144,7 @@ def _run_micro_batches(
     durations: dict[str, float],
     m_count: int,
     gate: float,
-    plan: Plan,
+    lanes: dict[str, str],
     preds: dict[str, list[str]],
     end: dict[tuple[str, int], float],
     lane_free: dict[str, float],
@@ -162,26 +168,37 @@ def _run_micro_batches(
     steady = 0
     for m in range(m_count):
         for name in names:
-            lane = plan.node_plans[name].lane
-            ready = max([gate, lane_free[lane]] + [end[(p, m)] for p in preds[name] if (p, m) in end])
-            finish = ready + durations[name]
+            lane = lanes[name]
+            # max(gate, the lane free, the producers' ends of this micro-batch), as max() picks it,
+            # without the two lists that built its argument per run
+            ready = gate
+            free = lane_free[lane]
+            if free > ready:
+                ready = free
+            for p in preds[name]:
+                e = end.get((p, m))
+                if e is not None and e > ready:
+                    ready = e
+            took = durations[name]
+            finish = ready + took
             end[(name, m)] = finish
             lane_free[lane] = finish
             slices[name].append((ready, finish))
-            busy_node[name] += durations[name]
-            last = max(last, finish)
+            busy_node[name] += took
+            if finish > last:
+                last = finish
         if m == 0 or m == m_count - 1:
             continue
         if not rate:
-            rate = _lane_rates(names, durations, plan, preds)
+            rate = _lane_rates(names, durations, lanes, preds)
         tol = 1e-12 * max(abs(last), 1e-30)
-        settled = all(abs(end[(n, m)] - end[(n, m - 1)] - rate[plan.node_plans[n].lane]) <= tol for n in names)
+        settled = all(abs(end[(n, m)] - end[(n, m - 1)] - rate[lanes[n]]) <= tol for n in names)
         steady = steady + 1 if settled else 0
         if steady >= 2:  # two micro-batches in a row at the lanes' rates: linear from here on
             rest = m_count - 1 - m
             for name in names:
                 start, finish = slices[name][-1]
-                shift = rest * rate[plan.node_plans[name].lane]
+                shift = rest * rate[lanes[name]]
                 slices[name].append((start + shift, finish + shift))
                 end[(name, m_count - 1)] = finish + shift
                 busy_node[name] += rest * durations[name]
@@ -193,7 +210,7 @@ def _run_micro_batches(
 
 
 def _lane_rates(
-    names: list[str], durations: dict[str, float], plan: Plan, preds: dict[str, list[str]]
+    names: list[str], durations: dict[str, float], lanes: dict[str, str], preds: dict[str, list[str]]
 ) -> dict[str, float]:
     """Each lane's steady growth rate, seconds per micro-batch, exactly (max-plus algebra).
 
@@ -202,7 +219,7 @@ def _lane_rates(
     micro-batch may start. A lane's rate is the largest cycle mean (weight per edge, one edge a
     micro-batch) of the strongly connected parts of that graph that reach it (Karp's algorithm on
     each part). ``names`` is in graph order, which every lane's order follows."""
-    lane_of = {n: plan.node_plans[n].lane for n in names}
+    lane_of = {n: lanes[n] for n in names}
     first: dict[str, str] = {}
     final: dict[str, str] = {}
     inputs: dict[str, list[str]] = {}

@@ -41,6 +41,7 @@ __all__ = [
     "check_process_node",
     "energy_model",
     "held_share",
+    "held_shares",
     "load_catalog",
     "node_energies",
     "normalize",
@@ -235,7 +236,7 @@ def step_energy(
     Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level that
     feeds it on this target. Static: the target's static power times the chips the plan
     spans (``P_s``). A node gets ``P_s × share × busy``, ``share`` being the part of the
-    plan's hardware it holds while it runs (`held_share`), ``busy`` the time it really ran;
+    plan's hardware it holds while it runs (`held_shares`), ``busy`` the time it really ran;
     a node that takes no time on the timeline gets no static energy. Each overhead row of
     the timeline gets ``P_s × its seconds``: nothing runs meanwhile. What is left of
     ``P_s × step time`` is the idle row: units idle while others run (the SMs a kernel does
@@ -254,31 +255,34 @@ def step_energy(
     static_w = model.static_watts * chips
     dynamic: dict[str, float] = {}
     static: dict[str, float] = {}
-    units = _units_by_node(plan)
+    shares = held_shares(plan)
     if feed_bytes is None:
         _, _, feed_bytes = node_feed_intensity(plan, timeline)
     streamed = sum(u.stats.feed_bytes or 0.0 for u in plan.units)
     in_streams = {n for u in plan.units if u.stats.feed_bytes is not None for n in u.nodes}  # nodes of a streaming unit
     streamed_in_nodes = 0.0
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
+    node_plans = plan.node_plans
+    busy_times = timeline.busy_times()
     for node in graph.nodes:
-        cost = meta.get_cost(node) if meta.COST in node.meta else None
-        np_ = plan.node_plans.get(node.name) if plan is not None else None
+        name, m = node.name, node.meta
+        cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
+        np_ = node_plans.get(name)
         if cost is None or np_ is None:
             continue
-        dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
+        dtype = str(m.get(meta.PRECISION) or default_dtype)
         key = level_key.get(np_.feed_level)
         if key is None:
             level_name = _feed_memory_name(target, np_.feed_level)
             key = level_key[np_.feed_level] = level_name if level_name in model.pj_per_byte else np_.feed_level
         joules = model.flop_energy_j(cost.flops, dtype)
-        moved = feed_bytes.get(node.name, float(np_.feed_bytes))
-        if node.name in in_streams:
+        moved = feed_bytes.get(name, float(np_.feed_bytes))
+        if name in in_streams:
             streamed_in_nodes += moved
         joules += model.byte_energy_j(moved, key)
-        dynamic[node.name] = joules
-        busy = timeline.busy(node.name) or 0.0
-        static[node.name] = static_w * held_share(plan, node.name, units) * busy if busy > 0 else 0.0
+        dynamic[name] = joules
+        busy = busy_times.get(name) or 0.0
+        static[name] = static_w * shares[name] * busy if busy > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
     idle = static_w * step - sum(static.values()) - sum(overheads.values())
@@ -296,35 +300,39 @@ def step_energy(
     return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
 
 
-def _units_by_node(plan: Any) -> dict[str, list[Any]]:
-    """The units each node runs in, in plan order."""
-    out: dict[str, list[Any]] = {}
-    for unit in getattr(plan, "units", None) or []:
-        for name in unit.nodes:
-            out.setdefault(name, []).append(unit)
-    return out
+def held_share(plan: Any, name: str) -> float:
+    """Part of the plan's hardware (all its chips) node ``name`` holds while it runs, in [0, 1]
+    (`held_shares`; a caller asking for many nodes takes them all from there at once)."""
+    return held_shares(plan)[name]
 
 
-def held_share(plan: Any, name: str, units: Mapping[str, list[Any]] | None = None) -> float:
-    """Part of the plan's hardware (all its chips) node ``name`` holds while it runs, in [0, 1].
+def held_shares(plan: Any) -> dict[str, float]:
+    """Part of the plan's hardware (all its chips) each planned node holds while it runs, in [0, 1].
 
     On a sequential schedule (RDU sections, streamed WSE layers) a unit is configured for
     its nodes and holds its allocation while any of them runs: a node holds the allocation
     of the unit it runs in (a node in several units, e.g. an RDU forward and backward
     section, the time-weighted mean over them). On a concurrent schedule (a GPU stream, IPU
     compute sets, WSE regions) a node holds its own allocation: the SMs its kernel uses,
-    the tiles of its compute set, its kernel's PEs. ``units``: `_units_by_node` of the plan,
-    when the caller asks for many nodes.
+    the tiles of its compute set, its kernel's PEs.
     """
-    np_ = plan.node_plans[name]
+    node_plans = plan.node_plans
+    held: dict[str, float] = {}  # a node's time in its units, and that time weighted by their allocation,
+    weighted: dict[str, float] = {}  # each added up in plan order from 0 (one walk of the units, not one per node)
     if plan.schedule is Schedule.SEQUENTIAL:
         m = max(1, int(getattr(plan, "micro_batches", 1) or 1))
-        held_in = (units if units is not None else _units_by_node(plan)).get(name, [])
-        runs = [(u.allocation, u.node_s.get(name, np_.per_micro_batch_s) * m) for u in held_in]
-        held = sum(t for _, t in runs)
-        if held > 0:
-            return min(1.0, max(0.0, sum(a * t for a, t in runs) / held))
-    return min(1.0, max(0.0, float(np_.allocation)))
+        for u in getattr(plan, "units", None) or []:
+            for name in u.nodes:
+                np_ = node_plans.get(name)
+                if np_ is not None:
+                    t = u.node_s.get(name, np_.per_micro_batch_s) * m
+                    held[name] = held.get(name, 0) + t
+                    weighted[name] = weighted.get(name, 0) + u.allocation * t
+    shares = {}
+    for name, np_ in node_plans.items():
+        t = held.get(name, 0)
+        shares[name] = min(1.0, max(0.0, weighted[name] / t if t > 0 else float(np_.allocation)))
+    return shares
 
 
 def node_energies(graph: Any, plan: Any, timeline: Any, target: Target) -> dict[str, float]:

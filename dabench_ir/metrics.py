@@ -88,7 +88,8 @@ def _clamp(x: float, floor: float) -> float:
 def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target) -> Metrics:
     """Metrics of one step; ``timeline`` may be emulated or measured (nodes not in it are skipped)."""
     prec = plan.precision
-    busy = {n: timeline.busy(n) or 0.0 for n in timeline.nodes}
+    times = timeline.busy_times()
+    busy = {n: times[n] or 0.0 for n in timeline.nodes}
     floor = 1.0 / max(1, target.num_units * plan.chips)
 
     # allocation ratio
@@ -103,13 +104,14 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
 
     # load imbalance over lanes that run concurrently
     lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    sequential = plan.schedule is Schedule.SEQUENTIAL
+    node_plans, lane_names = plan.node_plans, timeline.lanes
     for name, b in busy.items():
-        np_ = plan.node_plans.get(name)
+        np_ = node_plans.get(name)
         if np_ is None:
             continue
-        lane = timeline.lanes.get(name, np_.lane)
-        group = np_.unit if plan.schedule is Schedule.SEQUENTIAL else "all"
-        lanes_of[group][lane] += b
+        lane = lane_names.get(name, np_.lane)
+        lanes_of[np_.unit if sequential else "all"][lane] += b
     if plan.schedule is Schedule.SEQUENTIAL:
         num = den = 0.0
         for uid, lanes in lanes_of.items():
@@ -133,7 +135,7 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
     li = _clamp(li, 1e-12)
 
     # efficiency
-    total_flops = sum(plan.node_plans[n].flops for n in timeline.nodes if n in plan.node_plans)
+    total_flops = sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
     step = timeline.step_time_s
     achieved = total_flops / step if step > 0 else 0.0
     peak = target.peak_flops(prec) * plan.chips
@@ -193,14 +195,19 @@ def roofline_bound(plan: Plan, target: Target, feed: Mapping[str, str], feed_byt
     the host, a pipeline drain or a stall are not in it (None without FLOPs or feed bytes)."""
     peak = target.peak_flops(plan.precision)
     memory_s = compute_s = 0.0
+    node_plans = plan.node_plans
+    bandwidth: dict[str, Any] = {}  # feed level -> its memory's bandwidth (None: the target has none), once a level
     for name, nbytes in feed_bytes.items():
-        np_ = plan.node_plans.get(name)
+        np_ = node_plans.get(name)
         if np_ is None or not np_.flops:
             continue
         compute_s += np_.flops / peak
         level = feed.get(name)
-        if nbytes and level and target.has_memory(level):
-            memory_s += nbytes / target.memory(level).bandwidth_bytes_per_s
+        if nbytes and level:
+            if level not in bandwidth:
+                bandwidth[level] = target.memory(level).bandwidth_bytes_per_s if target.has_memory(level) else None
+            if bandwidth[level] is not None:
+                memory_s += nbytes / bandwidth[level]
     if compute_s <= 0 or memory_s <= 0:
         return None
     return "memory" if memory_s > compute_s else "compute"
@@ -220,8 +227,9 @@ def node_feed_intensity(
     """
     feed: dict[str, str] = {}
     nbytes: dict[str, float] = {}
+    node_plans = plan.node_plans
     for name in timeline.nodes:
-        np_ = plan.node_plans.get(name)
+        np_ = node_plans.get(name)
         if np_ is not None:
             feed[name] = np_.feed_level
             nbytes[name] = float(np_.feed_bytes)
@@ -229,16 +237,16 @@ def node_feed_intensity(
     streamed: dict[str, float] = {}
     for unit in plan.units:
         span = timeline.unit_spans.get(unit.id)
-        if unit.stats.feed_bytes is None or span is None or span[1] <= span[0]:
+        traffic = unit.stats.feed_bytes
+        if traffic is None or span is None or span[1] <= span[0]:
             continue
+        length, node_s = span[1] - span[0], unit.node_s
         for n in unit.nodes:
-            if n in nbytes and n in plan.node_plans:
-                busy = unit.node_s.get(n, plan.node_plans[n].per_micro_batch_s) * m
-                streamed[n] = streamed.get(n, 0.0) + unit.stats.feed_bytes * busy / (span[1] - span[0])
+            if n in nbytes and n in node_plans:
+                busy = node_s.get(n, node_plans[n].per_micro_batch_s) * m
+                streamed[n] = streamed.get(n, 0.0) + traffic * busy / length
     nbytes.update(streamed)
-    intensity = {
-        name: (plan.node_plans[name].flops / b if b else None) for name, b in nbytes.items()
-    }
+    intensity = {name: (node_plans[name].flops / b if b else None) for name, b in nbytes.items()}
     return intensity, feed, nbytes
 
 

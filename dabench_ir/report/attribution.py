@@ -111,10 +111,13 @@ def bound_shares(
     name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
     times: dict[str, float] = {}
     for n in nodes:
-        t = n.get("time_s") if isinstance(n, dict) else n.time_s
-        bound = n.get("bound") if isinstance(n, dict) else n.bound
+        if isinstance(n, dict):
+            t, bound = n.get("time_s"), n.get("bound")
+        else:
+            t, bound = n.time_s, n.bound
         if t:
-            times[str(bound or "unknown")] = times.get(str(bound or "unknown"), 0.0) + float(t)
+            key = str(bound or "unknown")
+            times[key] = times.get(key, 0.0) + float(t)
     extra = sum(float(v) for v in (overheads or {}).values() if v)
     if extra:
         times["overhead"] = times.get("overhead", 0.0) + extra
@@ -282,23 +285,41 @@ def _bound_of(records: Sequence[NodeRecord]) -> tuple[str | None, float | None]:
 
 
 def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[str, Any]:
-    timed = [r.time_s for r in records if r.time_s is not None]
-    time_s = sum(timed) if timed else None
-    flops = sum(r.flops or 0 for r in records)
-    nbytes = sum(r.bytes or 0 for r in records)
-    measured = [r.measured_time_s for r in records if r.measured_time_s is not None]
-    energy = [r.energy_j for r in records if r.energy_j is not None]
+    # one pass over the records (a role of a 96-layer model holds hundreds); each sum adds in
+    # record order from 0, as sum() would
+    time_s: float | None = None
+    flops = nbytes = feed_flops = 0
+    feed_bytes = measured = energy = 0
+    any_measured = any_energy = False
+    layers = set()
+    for r in records:
+        c = r.cost
+        f = 0
+        if c is not None:
+            f = c.flops
+            nbytes += c.bytes
+        flops += f
+        if r.time_s is not None:
+            time_s = (0 if time_s is None else time_s) + r.time_s
+        if r.measured_time_s is not None:
+            measured += r.measured_time_s
+            any_measured = True
+        if r.energy_j is not None:
+            energy += r.energy_j
+            any_energy = True
+        # at the feed level, as every node's intensity (and roofline point) says: sum of FLOPs over
+        # the sum of the nodes' feed bytes (FLOPs / intensity); nodes without FLOPs add no bytes here
+        if f and r.intensity:
+            feed_bytes += f / r.intensity
+            feed_flops += f
+        if r.layer is not None:
+            layers.add(r.layer)
     bound, bound_share = _bound_of(records)
     achieved = flops / time_s if time_s else None
-    # at the feed level, as every node's intensity (and roofline point) says: sum of FLOPs over
-    # the sum of the nodes' feed bytes (FLOPs / intensity); nodes without FLOPs add no bytes here
-    worked = [r for r in records if r.flops and r.intensity]
-    feed_bytes = sum(r.flops / r.intensity for r in worked)  # type: ignore[operator]
-    feed_flops = sum(r.flops or 0 for r in worked)
     return {
         "role": role,
         "nodes": len(records),
-        "layers": len({r.layer for r in records if r.layer is not None}),
+        "layers": len(layers),
         "time_s": time_s,
         "share": None,
         "flops": flops,
@@ -308,8 +329,8 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
         "peak_fraction": achieved / peak if achieved is not None and peak else None,
         "bound": bound,
         "bound_share": bound_share,
-        "measured_time_s": sum(measured) if measured else None,
-        "energy_j": sum(energy) if energy else None,
+        "measured_time_s": measured if any_measured else None,
+        "energy_j": energy if any_energy else None,
         "cost_intensity": flops / nbytes if nbytes else None,
     }
 
@@ -319,7 +340,11 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
     ranked by time (by FLOPs when nothing is timed). Keys: `ROLE_COLUMNS`."""
     groups: dict[str, list[NodeRecord]] = {}
     for r in report.nodes:
-        groups.setdefault(r.role or r.op_type, []).append(r)
+        role = r.role or r.op_type
+        if role in groups:
+            groups[role].append(r)
+        else:
+            groups[role] = [r]
     peak = target_peak(report)
     rows = [_row(role, records, peak) for role, records in groups.items()]
     if report.target is None:  # cost only: no feed level, the intensity is over every byte
@@ -342,24 +367,47 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
 def representative_layer(report: Report) -> list[dict[str, Any]]:
     """One decoder layer, every role in it: the median layer's time (FLOPs, bytes) per role,
     and the spread across layers (min, max). Rows in the layer's node order."""
-    per: dict[str, dict[int, list[NodeRecord]]] = {}
+    # per role, its layers in first-seen order: [time, FLOPs, bytes, records], each sum added in
+    # record order from 0 as sum() adds
+    per: dict[str, dict[int, list[Any]]] = {}
+    timed_roles: set[str] = set()
+    seen_layers: set[int] = set()
     for r in report.nodes:
-        if r.layer is None:
+        layer = r.layer
+        if layer is None:
             continue
-        per.setdefault(r.role or r.op_type, {}).setdefault(r.layer, []).append(r)
-    layers = sorted({r.layer for r in report.nodes if r.layer is not None})
+        role = r.role or r.op_type
+        by_layer = per.get(role)
+        if by_layer is None:
+            by_layer = per[role] = {}
+        acc = by_layer.get(layer)
+        if acc is None:
+            acc = by_layer[layer] = [0, 0, 0, []]
+            seen_layers.add(layer)
+        t = r.time_s
+        acc[0] += t or 0.0
+        if t is not None:
+            timed_roles.add(role)
+        c = r.cost
+        if c is not None:
+            acc[1] += c.flops
+            acc[2] += c.bytes
+        acc[3].append(r)
+    layers = sorted(seen_layers)
+    none = (0, 0, 0, ())  # a layer without the role
     rows = []
     for role, by_layer in per.items():
-        times = [sum(x.time_s or 0.0 for x in by_layer.get(i, [])) for i in layers]
-        timed = any(x.time_s is not None for recs in by_layer.values() for x in recs)
-        flops = [sum(x.flops or 0 for x in by_layer.get(i, [])) for i in layers]
-        nbytes = [sum(x.bytes or 0 for x in by_layer.get(i, [])) for i in layers]
-        bound, _ = _bound_of([x for recs in by_layer.values() for x in recs])
+        layer_sums = [by_layer.get(i, none) for i in layers]
+        times = [x[0] for x in layer_sums]
+        timed = role in timed_roles
+        flops = [x[1] for x in layer_sums]
+        nbytes = [x[2] for x in layer_sums]
+        bound, _ = _bound_of([x for acc in by_layer.values() for x in acc[3]])
         rows.append(
             {
                 "role": role,
                 "layers": len(by_layer),
-                "nodes_per_layer": round(sum(len(v) for v in by_layer.values()) / len(by_layer)),
+                "nodes_per_layer": round(sum(len(acc[3]) for acc in by_layer.values()) / len(by_layer)),
                 "time_s": statistics.median(times) if timed else None,
                 "min_time_s": min(times) if timed else None,
                 "max_time_s": max(times) if timed else None,
@@ -386,9 +434,13 @@ def layer_runs(report: Report) -> list[dict[str, Any]]:
     totals: dict[int | None, list[float]] = {}
     timed = report.has_times
     for r in report.nodes:
-        t = totals.setdefault(r.layer, [0, 0, 0.0])
-        t[0] += r.flops or 0
-        t[1] += r.bytes or 0
+        t = totals.get(r.layer)
+        if t is None:
+            t = totals[r.layer] = [0, 0, 0.0]
+        c = r.cost
+        if c is not None:
+            t[0] += c.flops
+            t[1] += c.bytes
         t[2] += r.time_s or 0.0
     rows: list[dict[str, Any]] = []
     for layer in sorted(k for k in totals if k is not None):

@@ -50,45 +50,45 @@ def build_report(
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
     roles = node_roles(graph)
+    feed_bytes = metrics.node_feed_bytes if node_intensity else {}
+    timings = timeline.nodes if timeline is not None else {}
+    busy = timeline.busy_times() if timeline is not None else {}
     for node in graph.nodes:
-        cost = meta.get_cost(node) if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta else None
-        op_class = node.meta.get(meta.OP_CLASS)
-        record = NodeRecord(
-            name=node.name,
-            op_type=node.qualified_op,
-            layer=node.layer,
-            scope=node.scope,
-            op_class=str(op_class) if op_class is not None else None,
-            cost=cost,
-            intensity=cost.intensity if cost is not None else None,
-            precision=str(node.meta[meta.PRECISION]) if meta.PRECISION in node.meta else None,
-            role=roles.get(node.name),
-        )
-        if node.name in node_intensity:
-            record.intensity = node_intensity[node.name]
-            record.feed_bytes = metrics.node_feed_bytes.get(node.name)
-        if timeline is not None and node.name in timeline.nodes:
-            t = timeline.nodes[node.name]
+        name, m = node.name, node.meta
+        cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
+        op_class = m.get(meta.OP_CLASS)
+        if op_class is not None:
+            op_class = str(op_class)
+        precision = str(m[meta.PRECISION]) if meta.PRECISION in m else None
+        if name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
+            intensity, feed = node_intensity[name], feed_bytes.get(name)
+        else:
+            intensity, feed = (cost.intensity if cost is not None else None), None
+        record = NodeRecord(name, node.qualified_op, node.layer, node.scope, op_class, cost, intensity)
+        # set, not passed by keyword: matching keywords against 19 parameters cost more than the record
+        record.precision, record.role, record.feed_bytes = precision, roles.get(name), feed
+        t = timings.get(name)
+        if t is not None:
             # busy time, not the first-start-to-last-end span: a pipelined node runs once
             # per micro-batch and waits between runs
-            record.time_s, record.start_s, record.unit = timeline.busy(node.name), t.start, t.unit
-            record.bound = _bound(t.bound, plan, node.name)
-        if meta.FOLDED in node.meta:
-            record.note = meta.get(node, meta.FOLDED)
-        if meta.ESTIMATED in node.meta:
-            record.note = f"{ESTIMATED_NOTE} ({node.meta[meta.ESTIMATED]})"
+            record.time_s, record.start_s, record.unit = busy[name], t.start, t.unit
+            record.bound = _bound(t.bound, plan, name)
+        if meta.FOLDED in m:
+            record.note = m[meta.FOLDED]
+        if meta.ESTIMATED in m:
+            record.note = f"{ESTIMATED_NOTE} ({m[meta.ESTIMATED]})"
             estimated.append(record)
-        if node.name in measured:
-            record.measured_time_s = measured[node.name]
-            record.measured_spread = (getattr(measurement, "node_spread", None) or {}).get(node.name)
-            how = (getattr(measurement, "notes", None) or {}).get(node.name)
+        if name in measured:
+            record.measured_time_s = measured[name]
+            record.measured_spread = (getattr(measurement, "node_spread", None) or {}).get(name)
+            how = (getattr(measurement, "notes", None) or {}).get(name)
             if how:  # a fused kernel's share: say so beside any other note
                 record.note = f"{record.note}; {how}" if record.note else how
-        elif node.name in missing_measure:
-            record.note = f"not measured: {missing_measure[node.name]}"
+        elif name in missing_measure:
+            record.note = f"not measured: {missing_measure[name]}"
         if cost is None:
-            reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
-            unattributed.append({"name": node.name, "op_type": node.qualified_op, "reason": reason})
+            reason = m.get(meta.UNATTRIBUTED, "not costed")
+            unattributed.append({"name": name, "op_type": record.op_type, "reason": reason})
         records.append(record)
 
     total = _total(r.cost for r in records if r.cost is not None)

@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from dabench_ir.fileio import write_output, write_with
@@ -43,23 +44,26 @@ class NodeRecord:
 
     @property
     def flops(self) -> int | None:
-        return None if self.cost is None else self.cost.flops
+        c = self.cost
+        return None if c is None else c.flops
 
     @property
     def bytes(self) -> int | None:
-        return None if self.cost is None else self.cost.bytes
+        c = self.cost
+        return None if c is None else c.bytes
 
     def to_dict(self) -> dict[str, Any]:
-        c = self.cost
+        c = self.cost if self.cost is not None else _NO_COST  # one test, not one per cost column
+        x = self.intensity
         return {
             "name": self.name,
             "op_type": self.op_type,
             "layer": self.layer,
             "scope": self.scope,
             "op_class": self.op_class,
-            "flops": None if c is None else c.flops,
-            "bytes": None if c is None else c.bytes,
-            "intensity": _finite(self.intensity),
+            "flops": c.flops,
+            "bytes": c.bytes,
+            "intensity": x if x is None or math.isfinite(x) else None,
             "time_s": self.time_s,
             "bound": self.bound,
             "unit": self.unit,
@@ -69,20 +73,21 @@ class NodeRecord:
             "start_s": self.start_s,
             "energy_j": self.energy_j,
             "precision": self.precision,
-            "contraction_flops": None if c is None else c.contraction_flops,
-            "vector_flops": None if c is None else c.vector_flops,
-            "special_ops": None if c is None else c.special_ops,
-            "weight_bytes": None if c is None else c.weight_bytes,
-            "act_bytes_in": None if c is None else c.act_bytes_in,
-            "act_bytes_out": None if c is None else c.act_bytes_out,
+            "contraction_flops": c.contraction_flops,
+            "vector_flops": c.vector_flops,
+            "special_ops": c.special_ops,
+            "weight_bytes": c.weight_bytes,
+            "act_bytes_in": c.act_bytes_in,
+            "act_bytes_out": c.act_bytes_out,
             "note": self.note,
             "role": self.role,
             "feed_bytes": self.feed_bytes,
         }
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is None or math.isfinite(x) else None
+_NO_COST = SimpleNamespace(flops=None, bytes=None, contraction_flops=None, vector_flops=None, special_ops=None,
+                           weight_bytes=None, act_bytes_in=None, act_bytes_out=None)  # fmt: skip
+"""An unattributed node's cost columns in `NodeRecord.to_dict`: every one None."""
 
 
 CSV_COLUMNS = list(NodeRecord("", "", None, "", None, None).to_dict())

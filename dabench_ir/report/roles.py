@@ -15,12 +15,13 @@ op registry (`passes/cost_rules.py`); this module holds only the precedence betw
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
 from dabench_ir.ir import Graph, Node, ValueKind
 from dabench_ir.passes import meta
-from dabench_ir.passes.cost_rules import Role, traits_of
+from dabench_ir.passes.cost_rules import Role, op_traits
 
 __all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
 
@@ -53,8 +54,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
     scopes = {n.scope for n in graph.nodes if n.scope}
     containers = _containers(scopes)
     producers = {o: n for n in graph.nodes for o in n.outputs if o}  # one map for both walks
-    softmax_in, softmax_out = _around_softmax(graph, producers)
-    rotary = _rotary(graph, producers)
+    op_roles = _OpRoles()
+    softmax_in, softmax_out = _around_softmax(graph, producers, op_roles)
+    rotary = _rotary(graph, producers, op_roles)
     roles: dict[str, str] = {}
     general: dict[str, str] = {}  # scope -> general_scope(scope): the nodes of a module share it
     for node in graph.nodes:
@@ -69,7 +71,7 @@ def node_roles(graph: Graph) -> dict[str, str]:
             if scope not in containers:
                 roles[node.name] = module  # a leaf module: its own name says what it is
                 continue
-        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out)
+        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out, op_roles)
         roles[node.name] = f"{module}: {pattern}" if scope else pattern
     return roles
 
@@ -78,31 +80,31 @@ def _containers(scopes: Iterable[str]) -> set[str]:
     """Scopes that hold another scope (``layers.0.attn`` holds ``layers.0.attn.q_proj``)."""
     out: set[str] = set()
     for scope in scopes:
-        parts = scope.split(".")
-        for i in range(1, len(parts)):
-            out.add(".".join(parts[:i]))
+        end = scope.rfind(".")
+        while end >= 0:  # each prefix up to a dot, longest first
+            prefix = scope[:end]
+            if prefix in out:
+                break  # and so are its own prefixes: they were added with it
+            out.add(prefix)
+            end = scope.rfind(".", 0, end)
     return out
 
 
-def _roles(node: Node) -> frozenset[Role]:
-    return traits_of(node).roles
+class _OpRoles(dict[tuple[str, str], frozenset[Role]]):
+    """What each op signals (`OpTraits.roles`) by (op type, domain): the registry asked once per op
+    type of one `node_roles` call, not once per node it looks at (rules may be registered between calls)."""
+
+    def __missing__(self, key: tuple[str, str]) -> frozenset[Role]:
+        roles = self[key] = op_traits(key[0], key[1]).roles
+        return roles
 
 
-def _with_role(graph: Graph, role: Role) -> list[Node]:
-    """The nodes whose op signals ``role``, in order (the registry asked once per op type, not per node)."""
-    ops: dict[tuple[str, str], bool] = {}
-    out = []
-    for node in graph.nodes:
-        key = (node.op_type, node.domain)
-        has = ops.get(key)
-        if has is None:
-            has = ops[key] = role in _roles(node)
-        if has:
-            out.append(node)
-    return out
+def _with_role(graph: Graph, role: Role, op_roles: _OpRoles) -> list[Node]:
+    """The nodes whose op signals ``role``, in order."""
+    return [node for node in graph.nodes if role in op_roles[node.op_type, node.domain]]
 
 
-def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str], set[str]]:
+def _around_softmax(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> tuple[set[str], set[str]]:
     """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
 
     Walks back from each Softmax through element-wise and layout ops to the first
@@ -111,7 +113,7 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
     into: set[str] = set()
     out: set[str] = set()
     consumers = graph.consumers
-    for sm in _with_role(graph, Role.SOFTMAX):
+    for sm in _with_role(graph, Role.SOFTMAX, op_roles):
         stack = [i for i in sm.inputs if i]
         seen: set[str] = set()
         while stack:
@@ -120,7 +122,7 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
                 continue
             seen.add(node.name)
             into.add(node.name)
-            if Role.CONTRACTION in _roles(node):
+            if Role.CONTRACTION in op_roles[node.op_type, node.domain]:
                 continue  # the scores: stop here
             stack.extend(
                 i for i in node.inputs
@@ -133,33 +135,37 @@ def _around_softmax(graph: Graph, producers: dict[str, Node]) -> tuple[set[str],
                 if reader.name in seen:
                     continue
                 seen.add(reader.name)
-                if Role.CONTRACTION in _roles(reader):
+                roles = op_roles[reader.op_type, reader.domain]
+                if Role.CONTRACTION in roles:
                     out.add(reader.name)
-                elif Role.PASS_THROUGH in _roles(reader):
+                elif Role.PASS_THROUGH in roles:
                     frontier.extend(o for o in reader.outputs if o)
     return into, out
 
 
-def _rotary(graph: Graph, producers: dict[str, Node]) -> set[str]:
+def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set[str]:
     """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
-    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE) for o in n.outputs if o}
-    tables |= {v.name for v in graph.values.values() if v.kind.is_stored and _TABLE_NAME.search(v.name)}
+    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE, op_roles) for o in n.outputs if o}
+    tables |= {  # the substring test first: most graphs' thousands of weights name neither
+        name for name, v in graph.values.items()
+        if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
+    }
     out: set[str] = set()
-    for node in graph.nodes:  # topological order: tables flow forward through layout ops
+    for node in graph.nodes if tables else ():  # topological order: tables flow forward through layout ops
         if tables.isdisjoint(node.inputs):
             continue
-        if Role.LAYOUT in _roles(node):
+        if Role.LAYOUT in op_roles[node.op_type, node.domain]:
             tables.update(o for o in node.outputs if o)
         elif node.op_type == "Mul":
             out.add(node.name)
     for node in graph.nodes:
-        joins = node.op_type == "Add" and all(
-            (p := producers.get(i)) is not None and p.name in out for i in node.inputs if i
-        )
-        rotates = node.op_type == "Neg" and bool(node.scope) and any(
+        op = node.op_type
+        if op == "Add":  # joins
+            if all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i):
+                out.add(node.name)
+        elif op == "Neg" and node.scope and any(  # rotates
             r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])
-        )
-        if joins or rotates:
+        ):
             out.add(node.name)
     return out
 
@@ -178,17 +184,16 @@ def _stored_input(graph: Graph, node: Node) -> str | None:
     return None
 
 
-def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str]) -> str:
+def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str], op_roles: _OpRoles) -> str:
     """What the node does, from its op and neighbours: a role without a scope."""
     op = node.op_type
-    roles = _roles(node)
-    weight = _stored_input(graph, node)
-    scope_tail = node.scope.rsplit(".", 1)[-1] if node.scope else ""
+    roles = op_roles[op, node.domain]
     if Role.ATTENTION in roles:
         return "attention"
     if Role.SOFTMAX in roles:
         return "softmax"
     if Role.CONTRACTION in roles:
+        weight = _stored_input(graph, node)
         if weight is not None:
             return _weight_role(weight, graph, node)
         if node.name in softmax_out:
@@ -198,9 +203,10 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return f"{op} (activations)"
     if node.name in softmax_in:
         return "attention scale/mask"
-    if op == "Gather" and weight is not None:
+    if op == "Gather" and _stored_input(graph, node) is not None:
         return "embedding"
-    if Role.NORM in roles or (scope_tail and _NORM_NAME.search(scope_tail)):
+    norm_scope, mlp_scope = _scope_names(node.scope)
+    if Role.NORM in roles or norm_scope:
         return "norms"
     if Role.ROTARY in roles or Role.ROTARY_TABLE in roles:
         return "rotary embedding"
@@ -208,7 +214,7 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
         return "activation"
     if op == "Add" and _residual(graph, node):
         return "residual adds"
-    if scope_tail and _MLP_NAME.search(scope_tail) and Role.ELEMENTWISE in roles:
+    if mlp_scope and Role.ELEMENTWISE in roles:
         return "activation"
     if Role.NORM_PART in roles:
         return "norms"
@@ -218,6 +224,14 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
     if op_class is not None and str(op_class) == "shape":
         return "shape ops"
     return op
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _scope_names(scope: str) -> tuple[bool, bool]:
+    """Whether the last part of ``scope`` names a norm, and an MLP: once per scope (a 96-layer
+    model's attention blocks ask it for every reshape and transpose)."""
+    tail = scope.rsplit(".", 1)[-1]
+    return bool(tail and _NORM_NAME.search(tail)), bool(tail and _MLP_NAME.search(tail))
 
 
 def _residual(graph: Graph, node: Node) -> bool:
