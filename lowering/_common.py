@@ -60,6 +60,10 @@ class LoweringContext:
     precision: DType
     batch: int
     total_weight_bytes: int = 0
+    stored: frozenset[str] = frozenset()
+    """Names of the graph's stored values (weights, constants: `ValueKind.is_stored`), asked for every input read."""
+    activations: frozenset[str] = frozenset()
+    """Names of its other values (graph inputs, activations, outputs): what liveness and boundaries count."""
     _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown)
     _stored: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, repr=False)  # `stored_values` per node
@@ -81,6 +85,8 @@ class LoweringContext:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
         prec = precision or graph_compute_dtype(graph)
         ctx = cls(graph, costs, unattributed, prec, graph.batch_size or 1)
+        stored = {name for name, value in graph.values.items() if value.kind.is_stored}
+        ctx.stored, ctx.activations = frozenset(stored), frozenset(graph.values.keys() - stored)
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx
 
@@ -180,8 +186,7 @@ def _stored_reads(ctx: LoweringContext, node: Node) -> tuple[tuple[str, int], ..
     if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
         return ()
     shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
-    stored = [v for i, v in enumerate(node.inputs)
-              if v and i != shape_input and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
+    stored = [v for i, v in enumerate(node.inputs) if v in ctx.stored and i != shape_input]
     fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
     return tuple((stored_root(graph, v), ctx.value_bytes(v, fallback)) for v in stored)
 
@@ -302,18 +307,17 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
     position = {n.name: i for i, n in enumerate(nodes)}
     last_use: dict[str, int] = {}
     sizes: dict[str, int] = {}
+    activations, stored = ctx.activations, ctx.stored
     for i, node in enumerate(nodes):
         for v in node.inputs:
-            value = graph.values.get(v) if v else None
-            if value is None or value.kind.is_stored:
+            if v not in activations:
                 continue
             last_use[v] = i
             if v not in sizes:
                 sizes[v] = ctx.value_bytes(v)
         out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
-            value = graph.values.get(v) if v else None
-            if v and (value is None or not value.kind.is_stored):  # a folded weight layout is a weight, not live
+            if v and v not in stored:  # a folded weight layout is a weight, not live
                 sizes[v] = ctx.value_bytes(v, out_default)
                 last_use.setdefault(v, i)
     for v in graph.outputs:
