@@ -424,8 +424,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         phases: list[tuple[float, float]] = []  # (live activations, matmul temporaries) at once
         if layer_nodes:
             inflight_of[k] = max(inflight_of.get(k, 0), inflight)
-            boundary = max(_boundary_bytes(ctx, ln) for ln in layer_nodes) / m
-            saved = max(_saved_bytes(ctx, ln) for ln in layer_nodes) / m
+            # the layer's input, read by a recompute stash and by the exchange buffers only
+            boundary = max(_boundary_bytes(ctx, ln) for ln in layer_nodes) / m if recompute or n_ipus > 1 else 0.0
+            if training:
+                saved = max(_saved_bytes(ctx, ln) for ln in layer_nodes) / m
             if training and recompute:
                 t["stash"] += len(layer_nodes) * boundary * inflight
                 live = saved  # one layer recomputed and differentiated at a time
