@@ -81,9 +81,8 @@ class LoweringContext:
             cost = meta.get_cost(node)  # MissingAnnotationError names the cost pass
             if cost is None:
                 unattributed.append(node.name)
-                costs[node.name] = Cost()
-            else:
-                costs[node.name] = cost
+                cost = Cost()
+            costs[node.name] = cost
         if unattributed:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
         prec = precision or graph_compute_dtype(graph)
@@ -138,11 +137,13 @@ class LoweringContext:
         return traits_of(node).shape_only
 
     def is_work(self, node: Node) -> bool:
-        work = self._work.get(node.name)
-        if work is None:
+        """Whether some unit works on ``node``: no bookkeeping op, and it computes or moves something."""
+        try:
+            return self._work[node.name]
+        except KeyError:  # the first ask (a try costs nothing when it holds: ~8 asks a node)
             cost = self.costs[node.name]
             work = self._work[node.name] = not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
-        return work
+            return work
 
     def value_bytes(self, name: str, default: int = 0) -> int:
         """`value_bytes` of the context's graph, read from its index of sizes (`_index_values`)."""
@@ -205,6 +206,8 @@ def _stored_reads(ctx: LoweringContext, node: Node) -> tuple[tuple[str, int], ..
     """The stored values one node reads, in input order: (root, bytes of the layout it reads)."""
     graph = ctx.graph
     if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
+        return ()
+    if ctx.stored.isdisjoint(node.inputs):  # most nodes read none
         return ()
     shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
     stored = [v for i, v in enumerate(node.inputs) if v in ctx.stored and i != shape_input]
