@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import TargetError, UserError
-from dabench_ir.ir import Cost
+from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import (
     LoweringContext,
@@ -558,17 +558,16 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
         core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + node_s(graph.node(name), "forward")
-    node_peak: dict[str, float] = {}
+    dtype_peak: dict[DType, float] = {}
 
     def peak_of(name: str) -> float:  # the compiled tiles' peak at the dtype the node computes in
-        if name not in node_peak:
-            node = graph.node(name)
-            dt = ctx.node_precision(node)
+        dt = ctx.node_precision(graph.node(name))
+        if dt not in dtype_peak:  # one look-up a dtype, not one a node
             try:
-                node_peak[name] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
+                dtype_peak[dt] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
             except TargetError:
-                node_peak[name] = target.peak_flops(ctx.precision) * share
-        return node_peak[name]
+                dtype_peak[dt] = target.peak_flops(ctx.precision) * share
+        return dtype_peak[dt]
 
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
@@ -647,33 +646,30 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             plan.units.append(unit)
             section_bound[unit.id] = Bound.MEMORY if memory_s > compute_s else Bound.COMPUTE
     allocation = {u.id: u.allocation for u in plan.units}
-    for node in graph.nodes:
-        runs = times.get(node.name, [])
-        total = sum(r[1] for r in runs)
-        home = runs[0][0] if runs else "section0"
-        plan.node_plans[node.name] = place_node(
-            ctx,
-            node,
-            unit=home,
-            lane=None,
-            compute_s=sum(r[2] for r in runs),
-            memory_s=sum(r[3] for r in runs),
-            feed_level=ddr.level,
-            feed_bytes=sum(r[4] for r in runs),
-            ridge=ridge,
-            allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
-            micro_batches=m,
-            time_s=total,
-        )
-        np_ = plan.node_plans[node.name]
-        if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
-            np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
     # One lane for every node: the RDU runs one section at a time and a section is one pipeline,
     # so nothing in a section overlaps anything else. A node runs in its forward and its backward
     # section; a lane per home section would let a backward section's nodes from different
     # forward sections overlap one another and end before the section's planned time.
-    for name in plan.node_plans:
-        plan.node_plans[name].lane = RDU_LANE
+    for node in graph.nodes:
+        runs = times.get(node.name, [])
+        units, spans, computes, memories, moved = zip(*runs, strict=True) if runs else ((),) * 5  # its runs' columns
+        home = units[0] if runs else "section0"
+        plan.node_plans[node.name] = np_ = place_node(
+            ctx,
+            node,
+            unit=home,
+            lane=RDU_LANE,
+            compute_s=sum(computes),
+            memory_s=sum(memories),
+            feed_level=ddr.level,
+            feed_bytes=sum(moved),
+            ridge=ridge,
+            allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
+            micro_batches=m,
+            time_s=sum(spans),
+        )
+        if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
+            np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
     n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
     training = meta.graph_mode(ctx.graph) == "train"
