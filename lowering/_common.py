@@ -97,9 +97,9 @@ class LoweringContext:
         per distinct (shape, dtype) (a 96-layer decoder's 5,004 values have 16): `value_bytes`
         is a function of the type and the graph's bindings alone."""
         graph, sizes, stored = self.graph, self._sizes, set()
-        by_type: dict[tuple[Any, DType], int] = {}
+        by_type: dict[tuple[Any, str], int] = {}
         for name, value in graph.values.items():
-            key = (value.type.shape, value.type.dtype)
+            key = (value.type.shape, value.type.dtype._name_)  # the member's name: an enum hashes in Python
             size = by_type.get(key)
             if size is None:
                 size = by_type[key] = value_bytes(graph, name, -1)
@@ -329,7 +329,7 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
     """Peak bytes of activations alive at once while ``nodes`` run in order (simple liveness);
     values in ``skip`` never reach memory (a fused kernel's on-chip intermediates)."""
     graph = ctx.graph
-    activations, stored = ctx.activations, ctx.stored
+    activations, stored, known = ctx.activations, ctx.stored, ctx._sizes
     end = len(nodes)
     position = {n.name: i for i, n in enumerate(nodes)}
     last_use: dict[str, int] = {}
@@ -341,10 +341,10 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
             last_use[v] = i
             if v not in sizes:
                 sizes[v] = ctx.value_bytes(v)
-        out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
             if v and v not in stored:  # a folded weight layout is a weight, not live
-                sizes[v] = ctx.value_bytes(v, out_default)
+                size = known.get(v, -1)  # `ctx.value_bytes`, its default (a share of the node's bytes) only if unknown
+                sizes[v] = size if size >= 0 else ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
                 last_use.setdefault(v, i)
     for v in graph.outputs:
         if v in sizes:

@@ -442,8 +442,7 @@ def reduction_depths(ctx: LoweringContext, node: Node) -> tuple[float, float, fl
     k = fwd.contraction_flops / (2 * numel)
     n = float(dims[-1])
     b = node.inputs[1] if len(node.inputs) > 1 else None
-    b_value = ctx.graph.values.get(b) if b else None
-    rows = numel / n if (b_value is not None and b_value.kind.is_stored) else float(dims[-2] if len(dims) > 1 else 1)
+    rows = numel / n if b in ctx.stored else float(dims[-2] if len(dims) > 1 else 1)
     return max(k, 1.0), n, rows
 
 
