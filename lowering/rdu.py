@@ -607,8 +607,9 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         # the floors fit in all but tiny sections (the DDR streams add up to the section's, the
         # FLOPs at the peak to pcu_efficiency of its compute); where they do not, the section
         # lasts their sum: no stage streams or computes faster than the chip can
-        work_s = max(compute_s, memory_s, sum(floors.values()))
-        rest = work_s - sum(floors.values())
+        floor_s = sum(floors.values())
+        work_s = max(compute_s, memory_s, floor_s)
+        rest = work_s - floor_s
         ddr_total += ddr_bytes
         pcus = min(room, math.ceil(sec.pcus / sec.parts))
         pmus = min(room, math.ceil(sec.pmus / sec.parts))
@@ -618,6 +619,18 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 id=f"section{unit_index}",
                 kind="rdu_section",
                 nodes=[n.name for n in sec.nodes],
+                resources={
+                    "phase_" + sec.phase: 1.0,
+                    "pcus": float(pcus),
+                    "pmus": float(pmus),
+                    "pcu_allocation": pcus / chip.pcus,
+                    "flops": total_flops / sec.parts,
+                    "ddr_bytes": float(ddr_bytes / sec.parts),
+                    "compute_s": compute_s / sec.parts,
+                    "ddr_s": memory_s / sec.parts,
+                    "time_s": work_s / sec.parts,  # max(compute_s, ddr_s), or the stages' floors in a tiny section
+                },
+                stats=UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts)),
                 allocation=pcus / chip.pcus,
                 gap_before_s=reconfig,
                 gap_kind="section_reconfig",
@@ -630,18 +643,6 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 times.setdefault(n.name, []).append(
                     (unit.id, t, busy[n.name] / sec.parts, nbytes / bw / sec.parts, nbytes // sec.parts)
                 )
-            unit.resources = {
-                "phase_" + sec.phase: 1.0,
-                "pcus": float(pcus),
-                "pmus": float(pmus),
-                "pcu_allocation": pcus / chip.pcus,
-                "flops": total_flops / sec.parts,
-                "ddr_bytes": float(ddr_bytes / sec.parts),
-                "compute_s": compute_s / sec.parts,
-                "ddr_s": memory_s / sec.parts,
-                "time_s": work_s / sec.parts,  # max(compute_s, ddr_s), or the stages' floors in a tiny section
-            }
-            unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts))
             plan.units.append(unit)
             section_bound[unit.id] = Bound.MEMORY if memory_s > compute_s else Bound.COMPUTE
     allocation = {u.id: u.allocation for u in plan.units}
