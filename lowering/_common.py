@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node
+from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
@@ -43,6 +43,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_STORED_KINDS = frozenset(kind for kind in ValueKind if kind.is_stored)  # the property, read as a set per value
+
+
 def _op_class(node: Node) -> str:
     cls = node.meta.get(meta.OP_CLASS)
     if cls is None:
@@ -60,8 +63,12 @@ class LoweringContext:
     precision: DType
     batch: int
     total_weight_bytes: int = 0
+    stored: frozenset[str] = frozenset()
+    """Names of the graph's stored values (weights, constants: `ValueKind.is_stored`), asked for every input read."""
+    activations: frozenset[str] = frozenset()
+    """Names of its other values (graph inputs, activations, outputs): what liveness and boundaries count."""
     _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name, asked ~8 times a node
-    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown or absent)
     _stored: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, repr=False)  # `stored_values` per node
 
     @classmethod
@@ -74,15 +81,33 @@ class LoweringContext:
             cost = meta.get_cost(node)  # MissingAnnotationError names the cost pass
             if cost is None:
                 unattributed.append(node.name)
-                costs[node.name] = Cost()
-            else:
-                costs[node.name] = cost
+                cost = Cost()
+            costs[node.name] = cost
         if unattributed:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
         prec = precision or graph_compute_dtype(graph)
         ctx = cls(graph, costs, unattributed, prec, graph.batch_size or 1)
+        ctx._index_values()
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx
+
+    def _index_values(self) -> None:
+        """Every value's byte size and whether it is stored, in one pass over the graph's values:
+        the lowerings ask both for every input and output they read. A size is worked out once
+        per distinct (shape, dtype) (a 96-layer decoder's 5,004 values have 16): `value_bytes`
+        is a function of the type and the graph's bindings alone."""
+        graph, sizes, stored = self.graph, self._sizes, set()
+        by_type: dict[tuple[Any, str], int] = {}
+        for name, value in graph.values.items():
+            key = (value.type.shape, value.type.dtype._name_)  # the member's name: an enum hashes in Python
+            size = by_type.get(key)
+            if size is None:
+                size = by_type[key] = value_bytes(graph, name, -1)
+            sizes[name] = size
+            if value.kind in _STORED_KINDS:
+                stored.add(name)
+        # "" is an omitted optional input, never a value read
+        self.stored, self.activations = frozenset(stored - {""}), frozenset(sizes.keys() - stored - {""})
 
     def plan(self, target: Target, options: Any, schedule: Schedule, **fields: Any) -> Plan:
         """An empty Plan of this graph on ``target``: precision, batch and unattributed nodes filled in."""
@@ -112,17 +137,17 @@ class LoweringContext:
         return traits_of(node).shape_only
 
     def is_work(self, node: Node) -> bool:
-        work = self._work.get(node.name)
-        if work is None:
+        """Whether some unit works on ``node``: no bookkeeping op, and it computes or moves something."""
+        try:
+            return self._work[node.name]
+        except KeyError:  # the first ask (a try costs nothing when it holds: ~8 asks a node)
             cost = self.costs[node.name]
             work = self._work[node.name] = not self.is_shape(node) and (cost.flops > 0 or cost.bytes > 0)
-        return work
+            return work
 
     def value_bytes(self, name: str, default: int = 0) -> int:
-        """`value_bytes` of the context's graph, each value's bound size computed once."""
-        size = self._sizes.get(name)
-        if size is None:
-            size = self._sizes[name] = value_bytes(self.graph, name, -1)
+        """`value_bytes` of the context's graph, read from its index of sizes (`_index_values`)."""
+        size = self._sizes.get(name, -1)
         return default if size < 0 else size
 
     def is_elementwise(self, node: Node) -> bool:
@@ -143,6 +168,9 @@ def value_bytes(graph: Graph, name: str, default: int = 0) -> int:
 
 def stored_root(graph: Graph, name: str) -> str:
     """The stored value a folded weight layout came from (``W`` for a folded ``Transpose(W)``)."""
+    value = graph.values.get(name)
+    if value is None or not value.producer:  # a weight or constant as stored (the common case)
+        return name
     seen: set[str] = set()
     while name not in seen:
         seen.add(name)
@@ -179,11 +207,14 @@ def _stored_reads(ctx: LoweringContext, node: Node) -> tuple[tuple[str, int], ..
     graph = ctx.graph
     if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
         return ()
+    if ctx.stored.isdisjoint(node.inputs):  # most nodes read none
+        return ()
     shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
-    stored = [v for i, v in enumerate(node.inputs)
-              if v and i != shape_input and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
-    fallback = ctx.costs[node.name].weight_bytes // max(1, len(stored))
-    return tuple((stored_root(graph, v), ctx.value_bytes(v, fallback)) for v in stored)
+    stored = [v for i, v in enumerate(node.inputs) if v in ctx.stored and i != shape_input]
+    if not stored:
+        return ()
+    fallback = ctx.costs[node.name].weight_bytes // len(stored)
+    return tuple([(stored_root(graph, v), ctx.value_bytes(v, fallback)) for v in stored])
 
 
 def weight_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
@@ -298,46 +329,46 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
     """Peak bytes of activations alive at once while ``nodes`` run in order (simple liveness);
     values in ``skip`` never reach memory (a fused kernel's on-chip intermediates)."""
     graph = ctx.graph
-    in_set = {n.name for n in nodes}
+    activations, stored, known = ctx.activations, ctx.stored, ctx._sizes
+    end = len(nodes)
     position = {n.name: i for i, n in enumerate(nodes)}
     last_use: dict[str, int] = {}
     sizes: dict[str, int] = {}
     for i, node in enumerate(nodes):
         for v in node.inputs:
-            value = graph.values.get(v) if v else None
-            if value is None or value.kind.is_stored:
+            if v not in activations:
                 continue
             last_use[v] = i
             if v not in sizes:
                 sizes[v] = ctx.value_bytes(v)
-        out_default = ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
-            value = graph.values.get(v) if v else None
-            if v and (value is None or not value.kind.is_stored):  # a folded weight layout is a weight, not live
-                sizes[v] = ctx.value_bytes(v, out_default)
+            if v and v not in stored:  # a folded weight layout is a weight, not live
+                size = known.get(v, -1)  # `ctx.value_bytes`, its default (a share of the node's bytes) only if unknown
+                sizes[v] = size if size >= 0 else ctx.costs[node.name].act_bytes_out // max(1, len(node.outputs))
                 last_use.setdefault(v, i)
     for v in graph.outputs:
         if v in sizes:
-            last_use[v] = len(nodes)
-    consumers = graph.consumers
-    for v in sizes:
-        if any(c.name not in in_set for c in consumers.get(v, ())):
-            last_use[v] = len(nodes)  # read by a node outside this set: held to the end
-    born: dict[str, int] = {}
-    for v in sizes:
-        value = graph.values.get(v)
-        prod = value.producer if value is not None else None
-        born[v] = position.get(prod, 0) if prod in in_set else 0
-    peak = live = 0
+            last_use[v] = end
+    if nodes is not graph.nodes:  # the whole graph reads nothing from outside itself
+        consumers = graph.consumers
+        for v in sizes:
+            if any(c.name not in position for c in consumers.get(v, ())):
+                last_use[v] = end  # read by a node outside this set: held to the end
+    values = graph.values
     events: dict[int, int] = {}
     for v, size in sizes.items():
         if v in skip:
             continue
-        events[born[v]] = events.get(born[v], 0) + size
-        events[last_use.get(v, born[v]) + 1] = events.get(last_use.get(v, born[v]) + 1, 0) - size
+        value = values.get(v)
+        born = position.get(value.producer, 0) if value is not None else 0  # produced outside: live from the start
+        events[born] = events.get(born, 0) + size
+        dies = last_use[v] + 1
+        events[dies] = events.get(dies, 0) - size
+    peak = live = 0
     for i in sorted(events):
         live += events[i]
-        peak = max(peak, live)
+        if live > peak:
+            peak = live
     return peak
 
 
@@ -432,18 +463,21 @@ def place_node(
     note that says it takes zero time. Every lowering places nodes through here.
     """
     cost = ctx.costs[node.name]
-    if not ctx.is_work(node):  # bookkeeping: no unit works on it; its bound is overhead
+    all_flops = cost.flops
+    if ctx.is_work(node):
+        flops, feed = all_flops, feed_bytes
+    else:  # bookkeeping: no unit works on it; its bound is overhead
         compute_s = memory_s = comm_s = overhead_s = 0.0
+        flops = feed = 0
     work_s = max(compute_s, memory_s)
     if time_s is None:
         time_s = work_s + comm_s + overhead_s
-    flops, feed = (cost.flops, feed_bytes) if ctx.is_work(node) else (0, 0)
     return NodePlan(
         node=node.name,
         unit=unit,
         lane=lane or unit,
         per_micro_batch_s=time_s / micro_batches,
-        flops=cost.flops,
+        flops=all_flops,
         bytes=cost.bytes,
         feed_level=feed_level,
         feed_bytes=feed,  # bookkeeping moves no bytes (a reshape is a view, even where it takes time)

@@ -370,6 +370,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     crossed: set[tuple[str, int]] = set()  # (tensor, IPU) pairs already copied over an IPU-Link
     busy: dict[int, float] = {}
     weighted: dict[int, float] = {}
+    serials: dict[str, _Serial] = {}  # each node's matmul plan under its IPU's budget, for the time and the memory
     for st in stages:
         k = st.ipu
         budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
@@ -381,7 +382,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
             matmul_s = cost.contraction_flops / (eta[prec] * amp_peak[prec] * used)
             vector_s = cost.vector_flops / (lanes[prec] * clock * used)
             special_s = cost.special_ops / (special[prec] * clock * used)
-            serial = _serial_plan(ctx, node, m, gamma, budget)
+            serial = serials[node.name] = _serial_plan(ctx, node, m, gamma, budget)
             extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
             serial_comm_s = m * extra * serial.broadcast_bytes / exchange_bw
             link_bytes = 0.0
@@ -416,7 +417,6 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     inflight_of: dict[int, int] = {}
     for s, st in enumerate(stages):
         k = st.ipu
-        budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
         t = terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
         inflight = 2 * (n_stages - 1 - s) + 1 if training else 1
         layer_nodes = [layers[i] for i in st.layers]
@@ -424,8 +424,10 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         phases: list[tuple[float, float]] = []  # (live activations, matmul temporaries) at once
         if layer_nodes:
             inflight_of[k] = max(inflight_of.get(k, 0), inflight)
-            boundary = max(_boundary_bytes(ctx, ln) for ln in layer_nodes) / m
-            saved = max(_saved_bytes(ctx, ln) for ln in layer_nodes) / m
+            # the layer's input, read by a recompute stash and by the exchange buffers only
+            boundary = max(_boundary_bytes(ctx, ln) for ln in layer_nodes) / m if recompute or n_ipus > 1 else 0.0
+            if training:
+                saved = max(_saved_bytes(ctx, ln) for ln in layer_nodes) / m
             if training and recompute:
                 t["stash"] += len(layer_nodes) * boundary * inflight
                 live = saved  # one layer recomputed and differentiated at a time
@@ -436,11 +438,11 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                 live = saved - kept if train.recompute_mode == "selective" else 0.0
             else:
                 live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
-            phases.append((live, _temporaries(ctx, [n for ln in layer_nodes for n in ln], m, gamma, budget)))
+            phases.append((live, _temporaries(serials, [n for ln in layer_nodes for n in ln])))
             if n_ipus > 1:
                 t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
         if other:
-            phases.append((peak_live_bytes(ctx, other) / m, _temporaries(ctx, other, m, gamma, budget)))
+            phases.append((peak_live_bytes(ctx, other) / m, _temporaries(serials, other)))
             if n_ipus > 1:
                 entering = _boundary_bytes(ctx, other) / m
                 t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * entering)
@@ -573,9 +575,10 @@ def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget:
     return _Serial(passes, gamma * (broadcast + (total - broadcast) / passes), broadcast)
 
 
-def _temporaries(ctx: LoweringContext, nodes: list[Node], m: int, gamma: float, budget: float) -> float:
-    """Matmul temporaries of ``nodes``: the largest any one matmul's plan holds (`_serial_plan`)."""
-    return max((_serial_plan(ctx, n, m, gamma, budget).temporaries for n in nodes), default=0.0)
+def _temporaries(serials: dict[str, _Serial], nodes: list[Node]) -> float:
+    """Matmul temporaries of ``nodes``: the largest any one matmul's plan holds (``serials``: each
+    node's `_serial_plan` under its IPU's budget)."""
+    return max((serials[n.name].temporaries for n in nodes), default=0.0)
 
 
 def _trained_params(ctx: LoweringContext) -> int:

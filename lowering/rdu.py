@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import TargetError, UserError
-from dabench_ir.ir import Cost
+from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import (
     LoweringContext,
@@ -187,17 +187,29 @@ class _Demand:
     def __init__(self, ctx: LoweringContext, chip: Chip) -> None:
         self.ctx = ctx
         self.chip = chip
-        self._pmu: dict[tuple[str, str], int] = {}  # each asked several times a node and phase
-        self._pcu: dict[tuple[str, str], int] = {}
+        # (PMUs, PCUs) per node, one map a phase: each asked several times a node and phase
+        self._demand: dict[str, dict[str, tuple[int, int]]] = {phase: {} for phase in PHASES}
 
     def cost(self, node: Node, phase: str) -> Cost:
         return _phase_cost(node, phase, self.ctx.costs[node.name])
 
     def pmu(self, node: Node, phase: str) -> int:
-        key = (node.name, phase)
-        got = self._pmu.get(key)
+        return self.of(node, phase)[0]
+
+    def pcu(self, node: Node, phase: str) -> int:
+        return self.of(node, phase)[1]
+
+    def of(self, node: Node, phase: str) -> tuple[int, int]:
+        """(PMUs, PCUs) of ``node`` in ``phase``."""
+        memo = self._demand[phase]
+        got = memo.get(node.name)
         if got is None:
-            got = self._pmu[key] = self._pmu_of(node, phase)
+            pmu = self._pmu_of(node, phase)
+            pcu = pmu
+            if pmu and self.cost(node, phase).contraction_flops > 0:
+                g = self.chip.matmul_grain
+                pcu = math.ceil(pmu / g) * g
+            got = memo[node.name] = (pmu, pcu)
         return got
 
     def _pmu_of(self, node: Node, phase: str) -> int:
@@ -208,18 +220,6 @@ class _Demand:
         return max(1, math.ceil(act / self.chip.act_bytes_per_pmu)) + math.ceil(
             c.weight_bytes / self.chip.weight_bytes_per_pmu
         )
-
-    def pcu(self, node: Node, phase: str) -> int:
-        key = (node.name, phase)
-        got = self._pcu.get(key)
-        if got is None:
-            pmu = self.pmu(node, phase)
-            got = pmu
-            if pmu and self.cost(node, phase).contraction_flops > 0:
-                g = self.chip.matmul_grain
-                got = math.ceil(pmu / g) * g
-            self._pcu[key] = got
-        return got
 
 
 def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
@@ -269,8 +269,11 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
         cur = Section(phase)
         key = None
         for group in _groups(ctx, chain, opt_level):
-            pcu = sum(demand.pcu(n, phase) for n in group)
-            pmu = sum(demand.pmu(n, phase) for n in group)
+            pmu = pcu = 0
+            for n in group:
+                node_pmu, node_pcu = demand.of(n, phase)
+                pmu += node_pmu
+                pcu += node_pcu
             need = max(pcu, pmu)
             has_work = cur.pcus > 0  # a node holds PCUs exactly when it works (`_Demand`): cur holds work
             gkey = module_key(group[0]) if opt_level == "O1" else None  # only O1 cuts at modules
@@ -354,7 +357,7 @@ def saved_for_backward(graph: Graph, recomputed: set[str]) -> dict[str, dict[str
     return out
 
 
-def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str, str], int], i: int,
+def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[str, dict[str, int]], i: int,
                  recomputed: set[str], saved: dict[str, dict[str, int]]) -> tuple[int, dict[str, int]]:  # fmt: skip
     """DDR bytes of one section and each node's share: weights, and tensors crossing its boundary.
 
@@ -362,10 +365,13 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
     the backward keeps of its outputs (``saved``: `saved_for_backward`, written once).
     Backward: the gradient read from and written to other sections, what its operators saved
     (read back once each) and the weights (read) and gradients (written). Optimizer: its state
-    traffic.
+    traffic. ``section_of``: phase -> node -> the index of its section in that phase.
     """
     graph = ctx.graph
+    values, activations, consumers = graph.values, ctx.activations, graph.consumers
     outputs = set(graph.outputs)
+    forward = sec.phase == "forward"
+    home = section_of[sec.phase]
     per_node: dict[str, int] = {}
     seen: set[str] = set()
     for node in sec.nodes:
@@ -376,12 +382,12 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
             per_node[node.name] = cost.bytes
             continue
         nbytes = cost.weight_bytes
-        if sec.phase == "forward":
+        if forward:
             for v in node.inputs:  # activations from another section
-                value = graph.values.get(v) if v else None
-                if value is None or value.kind.is_stored or v in seen:
+                if v not in activations or v in seen:
                     continue
-                if value.producer is not None and section_of.get((value.producer, sec.phase)) == i:
+                producer = values[v].producer
+                if producer is not None and home.get(producer) == i:
                     continue
                 seen.add(v)
                 nbytes += ctx.value_bytes(v)
@@ -391,26 +397,27 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[tuple[str,
                     continue
                 seen.add(key)
                 nbytes += int(size)
+        out_default = cost.act_bytes_out // max(1, len(node.outputs))
         for v in node.outputs:
             if not v:
                 continue
-            readers = graph.consumers.get(v, [])
-            size = ctx.value_bytes(v, cost.act_bytes_out // max(1, len(node.outputs)))
-            if sec.phase == "forward":
-                leaves = v in outputs or any(section_of.get((c.name, "forward")) != i for c in readers)
-                kept = saved.get(v, {})
+            readers = consumers.get(v, ())
+            size = ctx.value_bytes(v, out_default)
+            if forward:
+                leaves = v in outputs or any(home.get(c.name) != i for c in readers)
+                kept = saved.get(v)
                 if leaves:
-                    nbytes += size + sum(b for key, b in kept.items() if key != v)  # statistics beside it
+                    nbytes += size + (sum(b for key, b in kept.items() if key != v) if kept else 0)  # statistics beside it
                 elif kept:
                     nbytes += sum(kept.values())
-            elif any(section_of.get((c.name, "backward")) != i for c in readers):
+            elif any(home.get(c.name) != i for c in readers):
                 nbytes += size  # the incoming gradient dY, read from the section that produced it
-        if sec.phase == "backward":  # dX for inputs produced in another section
+        if not forward:  # dX for inputs produced in another section
             for v in node.inputs:
-                value = graph.values.get(v) if v else None
-                if value is None or value.kind.is_stored or value.producer is None:
+                if v not in activations:
                     continue
-                if section_of.get((value.producer, "backward"), i) != i:
+                producer = values[v].producer
+                if producer is not None and home.get(producer, i) != i:
                     nbytes += ctx.value_bytes(v)
         per_node[node.name] = nbytes
     return sum(per_node.values()), per_node
@@ -435,8 +442,7 @@ def reduction_depths(ctx: LoweringContext, node: Node) -> tuple[float, float, fl
     k = fwd.contraction_flops / (2 * numel)
     n = float(dims[-1])
     b = node.inputs[1] if len(node.inputs) > 1 else None
-    b_value = ctx.graph.values.get(b) if b else None
-    rows = numel / n if (b_value is not None and b_value.kind.is_stored) else float(dims[-2] if len(dims) > 1 else 1)
+    rows = numel / n if b in ctx.stored else float(dims[-2] if len(dims) > 1 else 1)
     return max(k, 1.0), n, rows
 
 
@@ -538,7 +544,9 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
     demand = _Demand(ctx, chip)
     sections = form_sections(ctx, chip, opt_level, demand)
-    section_of = {(n.name, s.phase): i for i, s in enumerate(sections) for n in s.nodes}
+    section_of: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}  # phase -> node -> its section
+    for i, sec in enumerate(sections):
+        section_of[sec.phase].update(dict.fromkeys((n.name for n in sec.nodes), i))
     cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
@@ -549,17 +557,16 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
         core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + node_s(graph.node(name), "forward")
-    node_peak: dict[str, float] = {}
+    dtype_peak: dict[DType, float] = {}
 
     def peak_of(name: str) -> float:  # the compiled tiles' peak at the dtype the node computes in
-        if name not in node_peak:
-            node = graph.node(name)
-            dt = ctx.node_precision(node)
+        dt = ctx.node_precision(graph.node(name))
+        if dt not in dtype_peak:  # one look-up a dtype, not one a node
             try:
-                node_peak[name] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
+                dtype_peak[dt] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
             except TargetError:
-                node_peak[name] = target.peak_flops(ctx.precision) * share
-        return node_peak[name]
+                dtype_peak[dt] = target.peak_flops(ctx.precision) * share
+        return dtype_peak[dt]
 
     times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
     section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
@@ -569,8 +576,15 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     for i, sec in enumerate(sections):
         ddr_bytes, node_bytes = _section_ddr(ctx, sec, section_of, i, recomputed, saved)
         section_bytes.append(ddr_bytes)
-        flops = {n.name: _phase_cost(n, sec.phase, ctx.costs[n.name]).flops if ctx.is_work(n) else 0 for n in sec.nodes}
-        busy = {n.name: node_s(n, sec.phase) if ctx.is_work(n) else 0.0 for n in sec.nodes}
+        flops: dict[str, int] = {}
+        busy: dict[str, float] = {}
+        through_pmus: dict[str, float] = {}  # a working node's bytes through the PMUs, in seconds
+        for n in sec.nodes:  # each node's phase cost read once for its FLOPs, time and bytes
+            if ctx.is_work(n):
+                cost = _phase_cost(n, sec.phase, ctx.costs[n.name])
+                flops[n.name], busy[n.name], through_pmus[n.name] = cost.flops, node_s(n, sec.phase), cost.bytes / sram_bw
+            else:
+                flops[n.name], busy[n.name] = 0, 0.0
         stages = [(busy[n.name], demand.pcu(n, sec.phase)) for n in sec.nodes if busy[n.name] > 0]  # (s, PCUs)
         if sec.phase == "backward":  # recompute: the core's forward runs again inside its backward section
             for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
@@ -587,18 +601,15 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         # first each stage's floor, what its own DDR stream and its FLOPs at the tiles' peak need,
         # then the rest by what it would take alone (its FLOPs on the PCUs plus its bytes through
         # the PMUs, so a data-movement stage or one with an estimated cost holds a share too)
-        weights = {
-            n.name: busy[n.name] + _phase_cost(n, sec.phase, ctx.costs[n.name]).bytes / sram_bw
-            for n in sec.nodes
-            if ctx.is_work(n)
-        }
+        weights = {name: busy[name] + pmu_s for name, pmu_s in through_pmus.items()}
         wsum = sum(weights.values()) or 1
         floors = {name: max(node_bytes.get(name, 0) / bw, flops[name] / peak_of(name)) for name in weights}
         # the floors fit in all but tiny sections (the DDR streams add up to the section's, the
         # FLOPs at the peak to pcu_efficiency of its compute); where they do not, the section
         # lasts their sum: no stage streams or computes faster than the chip can
-        work_s = max(compute_s, memory_s, sum(floors.values()))
-        rest = work_s - sum(floors.values())
+        floor_s = sum(floors.values())
+        work_s = max(compute_s, memory_s, floor_s)
+        rest = work_s - floor_s
         ddr_total += ddr_bytes
         pcus = min(room, math.ceil(sec.pcus / sec.parts))
         pmus = min(room, math.ceil(sec.pmus / sec.parts))
@@ -608,6 +619,18 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 id=f"section{unit_index}",
                 kind="rdu_section",
                 nodes=[n.name for n in sec.nodes],
+                resources={
+                    "phase_" + sec.phase: 1.0,
+                    "pcus": float(pcus),
+                    "pmus": float(pmus),
+                    "pcu_allocation": pcus / chip.pcus,
+                    "flops": total_flops / sec.parts,
+                    "ddr_bytes": float(ddr_bytes / sec.parts),
+                    "compute_s": compute_s / sec.parts,
+                    "ddr_s": memory_s / sec.parts,
+                    "time_s": work_s / sec.parts,  # max(compute_s, ddr_s), or the stages' floors in a tiny section
+                },
+                stats=UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts)),
                 allocation=pcus / chip.pcus,
                 gap_before_s=reconfig,
                 gap_kind="section_reconfig",
@@ -616,57 +639,37 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
             for n in sec.nodes:
                 t = (floors.get(n.name, 0.0) + rest * weights.get(n.name, 0.0) / wsum) / sec.parts
                 unit.node_s[n.name] = t / m
+                nbytes = node_bytes.get(n.name, 0)
                 times.setdefault(n.name, []).append(
-                    (
-                        unit.id,
-                        t,
-                        busy[n.name] / sec.parts,
-                        node_bytes.get(n.name, 0) / bw / sec.parts,
-                        node_bytes.get(n.name, 0) // sec.parts,
-                    )
+                    (unit.id, t, busy[n.name] / sec.parts, nbytes / bw / sec.parts, nbytes // sec.parts)
                 )
-            unit.resources = {
-                "phase_" + sec.phase: 1.0,
-                "pcus": float(pcus),
-                "pmus": float(pmus),
-                "pcu_allocation": pcus / chip.pcus,
-                "flops": total_flops / sec.parts,
-                "ddr_bytes": float(ddr_bytes / sec.parts),
-                "compute_s": compute_s / sec.parts,
-                "ddr_s": memory_s / sec.parts,
-                "time_s": work_s / sec.parts,  # max(compute_s, ddr_s), or the stages' floors in a tiny section
-            }
-            unit.stats = UnitStats(pmu_allocation=pmus / chip.pmus, load_imbalance=li, feed_bytes=float(ddr_bytes / sec.parts))
             plan.units.append(unit)
             section_bound[unit.id] = Bound.MEMORY if memory_s > compute_s else Bound.COMPUTE
     allocation = {u.id: u.allocation for u in plan.units}
-    for node in graph.nodes:
-        runs = times.get(node.name, [])
-        total = sum(r[1] for r in runs)
-        home = runs[0][0] if runs else "section0"
-        plan.node_plans[node.name] = place_node(
-            ctx,
-            node,
-            unit=home,
-            lane=None,
-            compute_s=sum(r[2] for r in runs),
-            memory_s=sum(r[3] for r in runs),
-            feed_level=ddr.level,
-            feed_bytes=sum(r[4] for r in runs),
-            ridge=ridge,
-            allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
-            micro_batches=m,
-            time_s=total,
-        )
-        np_ = plan.node_plans[node.name]
-        if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
-            np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
     # One lane for every node: the RDU runs one section at a time and a section is one pipeline,
     # so nothing in a section overlaps anything else. A node runs in its forward and its backward
     # section; a lane per home section would let a backward section's nodes from different
     # forward sections overlap one another and end before the section's planned time.
-    for name in plan.node_plans:
-        plan.node_plans[name].lane = RDU_LANE
+    for node in graph.nodes:
+        runs = times.get(node.name, [])
+        units, spans, computes, memories, moved = zip(*runs, strict=True) if runs else ((),) * 5  # its runs' columns
+        home = units[0] if runs else "section0"
+        plan.node_plans[node.name] = np_ = place_node(
+            ctx,
+            node,
+            unit=home,
+            lane=RDU_LANE,
+            compute_s=sum(computes),
+            memory_s=sum(memories),
+            feed_level=ddr.level,
+            feed_bytes=sum(moved),
+            ridge=ridge,
+            allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
+            micro_batches=m,
+            time_s=sum(spans),
+        )
+        if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
+            np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes
     n_sections = len(plan.units)
     plan.traffic_bytes[ddr.name] = ddr_total
     training = meta.graph_mode(ctx.graph) == "train"

@@ -64,6 +64,7 @@ class _Rates:
     clock: float
     mm_efficiency: float
     link_bytes: float
+    _mm_dtype: dict[DType, DType] = field(default_factory=dict)  # precision -> the dtype its contractions run at
 
     @classmethod
     def of(cls, target: Target) -> _Rates:
@@ -84,11 +85,14 @@ class _Rates:
         accumulator (``accumulate``: fp32 under mixed precision, the 2-lane datapath of
         ``[compute.fp32_accumulate_flops]``; None: as the inputs). A precision the target has no
         peak for computes its contractions at the fp16 rate."""
-        try:
-            self.target.peak_flops(precision)
-            mm_dtype = precision
-        except TargetError:
-            mm_dtype = DType.FLOAT16
+        mm_dtype = self._mm_dtype.get(precision)
+        if mm_dtype is None:  # one look-up a precision, not one a node
+            try:
+                self.target.peak_flops(precision)
+                mm_dtype = precision
+            except TargetError:
+                mm_dtype = DType.FLOAT16
+            self._mm_dtype[precision] = mm_dtype
         seconds = self.target.compute_time(
             cost,
             precision,
@@ -131,21 +135,20 @@ def _block_prefix(scope: str) -> str:
     return ""
 
 
-def _scope_rest(scope: str) -> list[str]:
-    prefix = _block_prefix(scope)
+def _scope_rest(scope: str, prefix: str) -> list[str]:
+    """The lower-cased parts of ``scope`` below its block prefix (`_block_prefix`)."""
     rest = scope.replace("/", ".")[len(prefix) :] if prefix else scope.replace("/", ".")
     return [p.lower() for p in rest.split(".") if p]
 
 
 def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
+    """Whether ``node`` reads a stored value or a folded layout of one."""
+    if not ctx.stored.isdisjoint(node.inputs):
+        return True
     graph = ctx.graph
     for v in node.inputs:
         value = graph.values.get(v) if v else None
-        if value is None:
-            continue
-        if value.kind.is_stored:
-            return True
-        if value.producer and meta.FOLDED in graph.node(value.producer).meta:
+        if value is not None and value.producer and meta.FOLDED in graph.node(value.producer).meta:
             return True
     return False
 
@@ -194,10 +197,10 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if is_optimizer_step(node):
             continue
         prefix = _block_prefix(node.scope)
-        rest = _scope_rest(node.scope)
+        rest = _scope_rest(node.scope, prefix)
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
-        acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored]
+        acts = [v for v in node.inputs if v in ctx.activations]
         op_class = node.meta.get(meta.OP_CLASS)
         is_contraction = op_class is OpClass.CONTRACTION or (
             op_class is None and ctx.costs[node.name].contraction_flops > 0

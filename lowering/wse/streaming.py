@@ -143,10 +143,11 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions, kernel
         )
         plan.units.append(unit)
         streamed = t_s > t_c
+        block_weights = max(1, sum(ctx.costs[x.name].weight_bytes for x in nodes))
         for n in nodes:
             cost = ctx.costs[n.name]
             compute = mb * work[n.name] / pes * n_mb
-            share = cost.weight_bytes / max(1, sum(ctx.costs[x.name].weight_bytes for x in nodes))
+            share = cost.weight_bytes / block_weights
             plan.node_plans[n.name] = place_node(
                 ctx,
                 n,
