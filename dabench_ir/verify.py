@@ -197,21 +197,27 @@ class _Walk:
         self.points: list[_Point] = []
         chips = ctx.plan_chips
         watts = float(ctx.target.watts) * chips
-        node_plans, found, isfinite = ctx.node_plans, self.violations, math.isfinite
+        # the loop below runs once per node: the caches, lists and `math.isfinite` are read as locals,
+        # and `_finite` is inlined for the float a time, an energy or an intensity nearly always is
+        node_plans, peaks, bandwidths, isfinite = ctx.node_plans, ctx._peaks, ctx._bandwidths, math.isfinite
+        found, points, node_bounds, top = self.violations, self.points, self.bounds, None
         for r in ctx.report.nodes:
             t = r.time_s
-            if type(t) is not float or not isfinite(t):  # `_finite` inlined for the float it nearly always is
+            if type(t) is not float or not isfinite(t):
                 t = _finite(t)
             if not t or t <= 0:
                 continue  # not run: no node check and no roofline point
             np_ = node_plans.get(r.name)
-            bw = ctx.bandwidth(getattr(np_, "feed_level", None))
+            level = getattr(np_, "feed_level", None)
+            bw = bandwidths[level] if level in bandwidths else ctx.bandwidth(level)
             cost = r.cost
             flops = None if cost is None else cost.flops
             if flops:  # a roofline point when its intensity is a finite positive number
-                intensity = _finite(r.intensity)
+                intensity = r.intensity
+                if type(intensity) is not float or not isfinite(intensity):
+                    intensity = _finite(intensity)
                 if intensity is not None and intensity > 0:
-                    self.points.append((r, t, flops, intensity, bw))
+                    points.append((r, t, flops, intensity, bw))
             flops = int(flops or 0)
             feed = r.feed_bytes if r.feed_bytes is not None else getattr(np_, "feed_bytes", 0)  # the roofline's bytes
             feed = float(feed or 0)
@@ -220,9 +226,11 @@ class _Walk:
             bound = 0.0
             if flops > 0:
                 dtype = r.precision or ctx.plan_dtype
-                peak = ctx.peak(dtype)
-                if self.peak is None or peak > self.peak:
-                    self.peak = peak
+                peak = peaks.get(dtype)
+                if peak is None:
+                    peak = ctx.peak(dtype)
+                if top is None or peak > top:
+                    top = peak
                 limit = peak * chips
                 if flops / t > limit * _SLACK:
                     found.append(Violation("node_peak_flops", r.name, flops / t, limit,
@@ -236,13 +244,16 @@ class _Walk:
                                            f"{r.op_type}: {feed} B at {bw[0]} in {t:.6g} s; {bw[0]} bandwidth x {chips} chip(s)"))  # fmt: skip
                 if bounds:
                     bound = max(bound, feed / limit)
-            energy = _finite(r.energy_j)
+            energy = r.energy_j
+            if type(energy) is not float or not isfinite(energy):
+                energy = _finite(energy)
             if energy is not None and energy > 0 and energy > watts * t * _SLACK:
                 found.append(Violation("node_power", r.name, energy, watts * t,
                                        f"{r.op_type}: {energy:.6g} J in {t:.6g} s is {energy / t:.6g} W; "
                                        f"rated {watts:g} W x {t:.6g} s"))  # fmt: skip
             if bounds:
-                self.bounds[r.name] = bound
+                node_bounds[r.name] = bound
+        self.peak = top
 
 
 def _violations(report: Report) -> Iterable[Violation]:
