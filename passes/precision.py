@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, ValueKind
 from dabench_ir.options import KV_PRECISIONS, PRECISIONS
 
 from . import meta
@@ -189,10 +189,16 @@ class PrecisionPass(Pass):
         mixed = self.precision == "mixed"
         quant = _QUANT.get(self.precision)
         low = DType.FLOAT16 if quant else _MODES[self.half] if mixed else _MODES[self.precision]
+        # A value already at ``low`` keeps its type record; the others share one new record per distinct
+        # type (as the loaded graph shares them), so the cost pass after this sizes each once.
+        retyped: dict[TensorType, TensorType] = {}
         for value in graph.values.values():
             t = value.type
-            if t.dtype.is_float and t.dtype is not low:  # one already at ``low`` keeps its record (no copy)
-                value.type = t.with_dtype(low)
+            if t.dtype.is_float and t.dtype is not low:
+                new = retyped.get(t)
+                if new is None:
+                    new = retyped[t] = t.with_dtype(low)
+                value.type = new
         quantised = _block_matmul_weights(graph) if quant else {}
         for names in quantised.values():
             for name in names:
