@@ -242,15 +242,17 @@ def load_onnx(
                              scalar=_scalar(init) if kind is ValueKind.CONSTANT else None)  # fmt: skip
     graph_inputs: list[str] = []
     for vi in g.input:
-        if vi.name in initializers:
+        name = vi.name
+        if name in initializers:
             continue  # older exporters list initializers as inputs too
-        kind = ValueKind.WEIGHT if vi.name in declared_weights else ValueKind.INPUT
-        values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), kind)
+        kind = ValueKind.WEIGHT if name in declared_weights else ValueKind.INPUT
+        values[name] = Value(name, _tensor_type(vi.type, types), kind)
         if kind is ValueKind.INPUT:
-            graph_inputs.append(vi.name)
+            graph_inputs.append(name)
     for vi in g.value_info:
-        if vi.name not in values:
-            values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
+        name = vi.name  # one read: each read of a protobuf field builds a new str
+        if name not in values:
+            values[name] = Value(name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
     output_names = [o.name for o in g.output]
     for vi in g.output:
         existing = values.get(vi.name)
