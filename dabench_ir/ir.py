@@ -34,6 +34,10 @@ __all__ = [
 ]
 
 
+_FLOAT_SHORTS = frozenset({"fp32", "fp16", "fp64", "bf16", "fp8e4m3", "fp8e4m3fnuz", "fp8e5m2", "fp8e5m2fnuz"})
+"""The floating-point dtypes (`DType.is_float`), by short name."""
+
+
 class DType(enum.Enum):
     """Element types, with their size in bytes (0.5 for int4) and ONNX TensorProto code."""
 
@@ -64,13 +68,12 @@ class DType(enum.Enum):
         self.short = short
         self.itemsize = itemsize
         self.onnx_code = onnx_code
+        # an attribute, not a property: read for every value by the passes and lowerings, and a
+        # property's lookup in `_FLOAT_TYPES` ran Enum's Python-level __hash__ each time
+        self.is_float: bool = short in _FLOAT_SHORTS
 
     def __str__(self) -> str:
         return self.short
-
-    @property
-    def is_float(self) -> bool:
-        return self in _FLOAT_TYPES
 
     @classmethod
     def from_onnx(cls, code: int) -> DType:
@@ -91,18 +94,7 @@ class DType(enum.Enum):
 
 
 _BY_ONNX = {d.onnx_code: d for d in DType}
-_FLOAT_TYPES = frozenset(
-    {
-        DType.FLOAT32,
-        DType.FLOAT16,
-        DType.FLOAT64,
-        DType.BFLOAT16,
-        DType.FLOAT8E4M3FN,
-        DType.FLOAT8E4M3FNUZ,
-        DType.FLOAT8E5M2,
-        DType.FLOAT8E5M2FNUZ,
-    }
-)
+_FLOAT_TYPES = frozenset(d for d in DType if d.is_float)
 _ALIASES = {
     "float32": "fp32",
     "float": "fp32",
@@ -199,10 +191,14 @@ class ValueKind(enum.StrEnum):
     ACTIVATION = "activation"
     OUTPUT = "output"
 
-    @property
-    def is_stored(self) -> bool:
-        """Read from memory rather than produced by the graph (weights and constants)."""
-        return self in (ValueKind.WEIGHT, ValueKind.CONSTANT)
+    is_stored: bool
+    """Read from memory rather than produced by the graph (weights and constants). An attribute
+    set below, not a property: the lowerings read it ~10^5 times a point."""
+
+
+for _kind in ValueKind:
+    _kind.is_stored = _kind in (ValueKind.WEIGHT, ValueKind.CONSTANT)
+del _kind
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, ValueKind
 from dabench_ir.options import KV_PRECISIONS, PRECISIONS
 
 from . import meta
@@ -189,9 +189,16 @@ class PrecisionPass(Pass):
         mixed = self.precision == "mixed"
         quant = _QUANT.get(self.precision)
         low = DType.FLOAT16 if quant else _MODES[self.half] if mixed else _MODES[self.precision]
+        # A value already at ``low`` keeps its type record; the others share one new record per distinct
+        # type (as the loaded graph shares them), so the cost pass after this sizes each once.
+        retyped: dict[TensorType, TensorType] = {}
         for value in graph.values.values():
-            if value.type.dtype.is_float:
-                value.type = value.type.with_dtype(low)
+            t = value.type
+            if t.dtype.is_float and t.dtype is not low:
+                new = retyped.get(t)
+                if new is None:
+                    new = retyped[t] = t.with_dtype(low)
+                value.type = new
         quantised = _block_matmul_weights(graph) if quant else {}
         for names in quantised.values():
             for name in names:
@@ -204,7 +211,9 @@ class PrecisionPass(Pass):
                 computes = DType.FLOAT32
                 for out in node.outputs:
                     value = graph.values.get(out)
-                    if value is not None and value.type.dtype.is_float and value.kind is not ValueKind.OUTPUT:
+                    if value is None or value.kind is ValueKind.OUTPUT:
+                        continue
+                    if value.type.dtype.is_float and value.type.dtype is not DType.FLOAT32:
                         value.type = value.type.with_dtype(DType.FLOAT32)
             node.meta[meta.PRECISION] = computes
             if not quant and node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION:
@@ -265,10 +274,9 @@ def _block_matmul_weights(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def precision_by_class(graph: Graph) -> dict[str, str]:
     """Which dtype each op class computes in (``"fp32/bf16"`` when it is mixed)."""
+    pairs = {(node.meta.get(meta.OP_CLASS), node.meta.get(meta.PRECISION)) for node in graph.nodes}  # a few distinct
     seen: dict[str, set[str]] = {}
-    for node in graph.nodes:
-        dtype = node.meta.get(meta.PRECISION)
-        op_class = node.meta.get(meta.OP_CLASS)
+    for op_class, dtype in pairs:
         if dtype is None or op_class in (None, OpClass.SHAPE):
             continue
         seen.setdefault(str(op_class), set()).add(str(dtype))

@@ -23,6 +23,7 @@ The rules, with their sources, are in docs/training.md. In short:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dabench_ir.errors import UnboundSymbolError
@@ -30,7 +31,7 @@ from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import Backward, OpClass, Saves, traits_of
+from .cost_rules import Backward, OpClass, OpTraits, Saves, traits_of
 
 __all__ = [
     "ADAM_FLOPS_PER_PARAM",
@@ -125,9 +126,12 @@ def _needs_grad(graph: Graph) -> set[str]:
     return needs
 
 
-def backward_cost(node: Node, forward: Cost, grad_inputs: int, data_inputs: int) -> Cost:
-    """Backward cost of one node from its forward cost, by its op's `Backward` rule (module docstring)."""
-    rule = traits_of(node).backward
+def backward_cost(
+    node: Node, forward: Cost, grad_inputs: int, data_inputs: int, traits: OpTraits | None = None
+) -> Cost:
+    """Backward cost of one node from its forward cost, by its op's `Backward` rule (module docstring).
+    ``traits``: the node's `traits_of`, when the caller has them."""
+    rule = (traits or traits_of(node)).backward
     if rule is Backward.NONE or grad_inputs == 0:
         return Cost()
     contraction, vector, special = 0, 0, 0
@@ -172,7 +176,7 @@ def _nbytes(graph: Graph, name: str) -> int:
         return 0
 
 
-def saved_for_backward(graph: Graph, node: Node, needs: set[str]) -> dict[str, int]:
+def saved_for_backward(graph: Graph, node: Node, needs: set[str], traits: OpTraits | None = None) -> dict[str, int]:
     """What autograd keeps of ``node`` for the backward pass: value name -> bytes (extra
     per-row statistics under a ``name#stats`` key). Nothing when no gradient flows through it.
 
@@ -181,12 +185,13 @@ def saved_for_backward(graph: Graph, node: Node, needs: set[str]) -> dict[str, i
     keeps its input and two fp32 statistics per row; adds, casts, reductions, views and
     layout moves keep nothing; any other vector op (GELU, Pow, Mul, Div, ...) keeps its
     activation inputs that a partner's gradient needs. Which of these an op does is its
-    `OpTraits.saves` (PyTorch's saved tensors; docs/training.md).
+    `OpTraits.saves` (PyTorch's saved tensors; docs/training.md). ``traits``: the node's
+    `traits_of`, when the caller has them.
     """
     ins = [n for n in node.inputs if n]
-    if not any(n in needs for n in ins):
+    if needs.isdisjoint(ins):
         return {}
-    saves = traits_of(node).saves
+    saves = (traits or traits_of(node)).saves
     saved: dict[str, int] = {}
     if saves is Saves.OPERANDS:
         ops = ins[:2]
@@ -313,16 +318,18 @@ class TrainingPass(Pass):
         saved: dict[str, int] = {}
         per_layer: dict[int | None, dict[str, int]] = {}
         boundary = 0
+        values, consumers = graph.values, graph.consumers
         for node in graph.nodes:
             forward = meta.get_cost(node)
             if forward is None:
                 continue
-            data = [n for n in node.inputs if n and graph.values[n].kind is not ValueKind.CONSTANT]
-            if traits_of(node).backward is Backward.CONTRACTION:
+            traits = traits_of(node)  # read once for the three rules below
+            data = [n for n in node.inputs if n and values[n].kind is not ValueKind.CONSTANT]
+            if traits.backward is Backward.CONTRACTION:
                 data = [n for n in node.inputs[:2] if n]  # the two operands; a bias grad is a reduction
             grads = sum(1 for n in data if n in needs)
-            bwd = backward_cost(node, forward, grads, len(data))
-            keep = saved_for_backward(graph, node, needs)
+            bwd = backward_cost(node, forward, grads, len(data), traits)
+            keep = saved_for_backward(graph, node, needs, traits)
             if node.name in cores:
                 # a fused or recomputed core keeps only what enters it from outside (Q, K, V);
                 # its backward runs the scores' forward again (the last matmul's output is kept)
@@ -331,7 +338,7 @@ class TrainingPass(Pass):
                 if not last and grads:
                     bwd = bwd + Cost(contraction_flops=forward.contraction_flops, vector_flops=forward.vector_flops,
                                      special_ops=forward.special_ops)  # fmt: skip
-                if node.name in fused and node.outputs and (last or traits_of(node).saves is Saves.OUTPUT):
+                if node.name in fused and node.outputs and (last or traits.saves is Saves.OUTPUT):
                     out = node.outputs[0]
                     if last:  # the kernel's output O
                         keep[out] = _nbytes(graph, out)
@@ -345,9 +352,9 @@ class TrainingPass(Pass):
             node.meta[meta.COST] = forward + bwd
             if keep:
                 node.meta[SAVED] = keep
-            saved.update(keep)
-            per_layer.setdefault(node.layer, {}).update(keep)
-            if any(c.layer != node.layer for out in node.outputs for c in graph.consumers.get(out, ())):
+                saved.update(keep)
+                per_layer.setdefault(node.layer, {}).update(keep)  # (a layer that keeps nothing adds 0)
+            if _crosses_layer(node, consumers):
                 boundary += forward.act_bytes_out
         params = graph.num_params or 0  # None: a symbolic weight shape
         itemsize = _weight_itemsize(graph)
@@ -377,6 +384,16 @@ class TrainingPass(Pass):
         ))  # fmt: skip
         meta.graph_set(graph, meta.GRAPH_MODE, "train")
         return PassResult(graph, True)
+
+
+def _crosses_layer(node: Node, consumers: Mapping[str, list[Node]]) -> bool:
+    """Whether a node of another layer reads one of ``node``'s outputs (a block boundary)."""
+    layer = node.layer
+    for out in node.outputs:
+        for c in consumers.get(out, ()):
+            if c.layer != layer:
+                return True
+    return False
 
 
 def _last_dim(graph: Graph, name: str) -> int:

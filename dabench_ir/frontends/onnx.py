@@ -157,8 +157,10 @@ def _node_names(named: Iterable[tuple[str, str]]) -> list[str]:
     return names
 
 
-def _scope_of(node: onnx.NodeProto, name: str) -> str:
-    """Module path the exporter recorded for this node (``name``: its own name), or '' when none was recorded."""
+def _scope_of(node: onnx.NodeProto, name: str, seen: dict[str, str | None] | None = None) -> str:
+    """Module path the exporter recorded for this node (``name``: its own name), or '' when none was recorded.
+    ``seen``: what each name-scopes text said (`_module_of`), shared by the nodes of one model (a module's
+    nodes repeat most texts)."""
     scopes = namespace = None  # read only these two: the other props (stack traces) are long
     for p in node.metadata_props:
         key = p.key
@@ -167,12 +169,14 @@ def _scope_of(node: onnx.NodeProto, name: str) -> str:
         elif key == "namespace":
             namespace = p  # its text is read only when the name scopes say nothing
     if scopes:
-        entries = safe_name_scopes(scopes)
-        # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
-        if len(entries) >= 2:
-            return entries[-2]
-        if entries and layer_from_scope(entries[0]) is not None:
-            return entries[0]
+        if seen is None:
+            module = _module_of(scopes)
+        elif scopes in seen:
+            module = seen[scopes]
+        else:
+            module = seen[scopes] = _module_of(scopes)
+        if module is not None:
+            return module
     if namespace is not None and (text := namespace.value):
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
         parts = [p.split(":")[0].strip() for p in text.split("/")]
@@ -183,6 +187,17 @@ def _scope_of(node: onnx.NodeProto, name: str) -> str:
     if name.startswith("/") and name.count("/") >= 2:
         return ".".join(part for part in name.strip("/").split("/")[:-1])
     return ""
+
+
+def _module_of(scopes: str) -> str | None:
+    """The module a name-scopes text names, None when it names none (`_scope_of` reads on)."""
+    entries = safe_name_scopes(scopes)
+    # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
+    if len(entries) >= 2:
+        return entries[-2]
+    if entries and layer_from_scope(entries[0]) is not None:
+        return entries[0]
+    return None
 
 
 def load_onnx(
@@ -227,15 +242,17 @@ def load_onnx(
                              scalar=_scalar(init) if kind is ValueKind.CONSTANT else None)  # fmt: skip
     graph_inputs: list[str] = []
     for vi in g.input:
-        if vi.name in initializers:
+        name = vi.name
+        if name in initializers:
             continue  # older exporters list initializers as inputs too
-        kind = ValueKind.WEIGHT if vi.name in declared_weights else ValueKind.INPUT
-        values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), kind)
+        kind = ValueKind.WEIGHT if name in declared_weights else ValueKind.INPUT
+        values[name] = Value(name, _tensor_type(vi.type, types), kind)
         if kind is ValueKind.INPUT:
-            graph_inputs.append(vi.name)
+            graph_inputs.append(name)
     for vi in g.value_info:
-        if vi.name not in values:
-            values[vi.name] = Value(vi.name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
+        name = vi.name  # one read: each read of a protobuf field builds a new str
+        if name not in values:
+            values[name] = Value(name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
     output_names = [o.name for o in g.output]
     for vi in g.output:
         existing = values.get(vi.name)
@@ -247,18 +264,19 @@ def load_onnx(
 
     nodes: list[Node] = []
     scope_layers: dict[str, int | None] = {}  # a module's nodes share its scope, and so its layer
+    scopes_seen: dict[str, str | None] = {}  # see `_scope_of`
     own_names = [read[0].name for read in protos]
     names = _node_names(zip(own_names, (read[1] for read in protos), strict=True))
     for (proto, op_type, domain, inputs, outputs, attributes), own, name in zip(protos, own_names, names, strict=True):
         attrs, nested = _attributes(attributes) if attributes else ({}, False)
-        node = Node(name=name, op_type=op_type, domain=domain or "", inputs=inputs, outputs=outputs, attrs=attrs)
-        node.scope = scope = _scope_of(proto, own)
+        scope = _scope_of(proto, own, scopes_seen)
         if not scope:
-            node.layer = layer_from_scope(name)
+            layer = layer_from_scope(name)
         elif scope in scope_layers:
-            node.layer = scope_layers[scope]
+            layer = scope_layers[scope]
         else:
-            node.layer = scope_layers[scope] = layer_from_scope(scope)
+            layer = scope_layers[scope] = layer_from_scope(scope)
+        node = Node(name, op_type, domain or "", inputs, outputs, attrs, scope, layer)
         if nested or op_type in _SUBGRAPH_OPS:
             node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:

@@ -83,6 +83,7 @@ def run_validation(
     if jobs > 1 and len(groups) > 1 and "torch" not in sys.modules:  # torch's pools do not survive a fork
         deepest = sorted(groups.values(), key=lambda g: -_depth(points[g[0]]))  # the longest first: no long tail
         _run_parallel(points, deepest, folder, min(jobs, len(groups)), done, tick)
+    graphs.expect(_point_models([points[i] for i in order if i not in done]))
     for i in order:
         if i not in done:  # serial: host points, a lost worker's points, or one core
             p = points[i]
@@ -127,6 +128,7 @@ def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path
 def _run_points(points: list[Point], folder: str) -> list[PointResult]:
     """A worker's task: ``points`` run in order on one graph cache (bases from ``folder``)."""
     graphs = _GraphCache(Path(folder), lambda _m: None)
+    graphs.expect(_point_models(points))
     return [_run_point(p, graphs) for p in points]
 
 
