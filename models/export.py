@@ -177,7 +177,7 @@ def _registry_once() -> Iterator[None]:
     source of ~500 functions: ~0.5 s of the ~0.9 s a small export takes after the first). It is the
     same registry each time and the export only reads it (a custom translation table, which we never
     pass, is what writes to it), so within an export here the classmethod answers from a memo; the
-    bytes exported are identical (checked by tests/test_export.py). Where torch has no such method
+    bytes exported are identical (tests/test_export_onnx.py checks it). Where torch has no such method
     (another torch version) nothing is changed.
     """
     try:

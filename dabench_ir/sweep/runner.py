@@ -291,7 +291,8 @@ def run_sweep(
         if plots:
             from dabench_ir.sweep.plots import write_plots
 
-            result.files += write_plots(out, result.rows, spec.varied(), executor=ex)  # drawn by the idle workers
+            local = ex if ex is not None and ex.shares_files else None  # a cluster's nodes may lack matplotlib
+            result.files += write_plots(out, result.rows, spec.varied(), executor=local)  # drawn by the idle workers
     finally:
         if ex is not None and owned:
             ex.close()
