@@ -301,3 +301,21 @@ def test_graph_symbols_are_every_values_symbols():
               "c": Value("c", TensorType((2, "seq"), DType.FLOAT16), ValueKind.OUTPUT),
               "d": Value("d", TensorType(None, DType.FLOAT32), ValueKind.ACTIVATION)}  # fmt: skip
     assert Graph([], values, ["a"], ["c"]).symbols == frozenset({"batch", "seq"})
+
+
+def test_serial_sweep_tasks_run_with_the_collector_tuned_and_give_it_back():
+    """A sweep at --jobs 1 runs its tasks in the caller's process with `gcpolicy`'s threshold, as a
+    worker process does, and leaves the caller's thresholds as they were."""
+    import gc
+
+    from dabench_ir.gcpolicy import YOUNG
+    from dabench_ir.sweep.executors import SerialExecutor
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        seen = [out for _, out in SerialExecutor().map_unordered([(gc.get_threshold, ())] * 2)]
+        assert [t[0] for t in seen] == [YOUNG, YOUNG]
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)

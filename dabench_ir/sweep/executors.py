@@ -72,8 +72,9 @@ class SerialExecutor(Executor):
     shares_files = True
 
     def map_unordered(self, tasks: list[Task]) -> Iterator[tuple[int, Any]]:
-        for i, (fn, args) in enumerate(tasks):
-            yield i, fn(*args)
+        with gcpolicy.tuned():  # as a worker process runs its tasks; the caller's settings back after
+            for i, (fn, args) in enumerate(tasks):
+                yield i, fn(*args)
 
 
 class LocalExecutor(Executor):
