@@ -27,11 +27,6 @@ class _FakeRay(types.ModuleType):
     def cluster_resources(self):
         return {"CPU": 2.0}
 
-    def nodes(self):  # two live nodes: a cluster, whose workers return their records
-        return [{"Alive": True, "NodeManagerAddress": "10.0.0.1"}, {"Alive": True, "NodeManagerAddress": "10.0.0.2"}]
-
-    util = types.SimpleNamespace(get_node_ip_address=lambda: "10.0.0.1")
-
     def put(self, value):
         self.puts.append(value)
         return _Ref(value)
@@ -66,7 +61,6 @@ def test_ray_puts_a_shared_base_once_and_bounds_the_tasks_in_flight(monkeypatch)
     big, other, small = b"x" * RayExecutor.SHARED_BYTES, b"y" * (RayExecutor.SHARED_BYTES + 1), b"z"
     tasks = [(_size, (big, n)) for n in range(20)] + [(_size, (other, 1)), (_size, (small, 2))]
     executor = RayExecutor(1)
-    assert not executor.shares_files
     got = dict(executor.map_unordered(tasks))
     assert got == {i: (len(args[0]), args[1]) for i, (_, args) in enumerate(tasks)}  # each task once
     assert [len(p) for p in fake.puts] == [len(big), len(other)]  # the small one travels by value
