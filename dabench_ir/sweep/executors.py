@@ -266,13 +266,6 @@ class RayExecutor(Executor):
             else:
                 ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
             self.started = True
-        # a Ray of this machine alone (started here, or a one-node cluster here) has its workers
-        # beside the driver: they write the points' records themselves, as local workers do,
-        # instead of sending each 1-3 MB report to the driver to encode one after another; a
-        # cluster's workers may not see the driver's disk
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        here = ray.util.get_node_ip_address()
-        self.shares_files = len(alive) == 1 and alive[0].get("NodeManagerAddress") == here
         self._remote: Any = None
         self.window = window
 

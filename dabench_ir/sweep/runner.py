@@ -336,7 +336,7 @@ def _run(
                 finish({"key": key, "params": params, "status": "error",
                         "error": f"export failed: {base_errors.get(bkey)}", "report": None, "seconds": 0.0})  # fmt: skip
             continue
-        folder = None if points_dir is None else str(points_dir.resolve())  # a worker's cwd may differ
+        folder = None if points_dir is None else str(points_dir)
         tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))
         task_points.append(pts)
     for i, records in ex.map_unordered(tasks):
