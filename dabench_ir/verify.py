@@ -309,43 +309,19 @@ def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str
     if (graph is None or getattr(plan, "pipelined_steps", False) or int(getattr(plan, "micro_batches", 1) or 1) != 1
             or int(getattr(timeline, "micro_batches", 1) or 1) != 1 or "scale" in report.extra):  # fmt: skip
         return None
-    # Costed graphs are in topological order; an input whose producer comes later counts as 0. Each
-    # value's chain is kept as its producer is walked (no producer map built first), which is the
-    # same walk where every value has one producer and no node is named "" (the map's key for "no
-    # producer"); any other graph takes the map.
-    chain: dict[str, float] = {}  # value -> the heaviest chain ending at its producer
-    top: tuple[float, str] | None = None
-    written = 0
-    for node in graph.nodes:
-        before = 0.0
-        first = True
-        for i in node.inputs:  # max(..., default=0.0), written out
-            here = chain.get(i, 0.0)
-            if first or here > before:
-                before, first = here, False
-        here = before + bounds.get(node.name, 0.0)
-        for out in node.outputs:
-            chain[out] = here
-        written += len(node.outputs)
-        if top is None or here > top[0]:
-            top = (here, node.name)
-    return top if written == len(chain) and not graph.has_node("") else _chain_bound_mapped(graph, bounds)
-
-
-def _chain_bound_mapped(graph: Any, bounds: Mapping[str, float]) -> tuple[float, str] | None:
-    """`_chain_bound`'s walk through a producer map (a value's last producer), for a graph where a
-    value has more than one or a node is named ""."""
-    producer: dict[str, str] = {}
-    for node in graph.nodes:
-        for out in node.outputs:
-            producer[out] = node.name
+    # costed graphs are in topological order: an input whose producer comes later counts as 0
+    producer = {out: node.name for node in graph.nodes for out in node.outputs}  # a value's last producer
     best: dict[str, float] = {}
     top: tuple[float, str] | None = None
     for node in graph.nodes:
-        before = max((best.get(producer.get(i, ""), 0.0) for i in node.inputs), default=0.0)
-        best[node.name] = before + bounds.get(node.name, 0.0)
-        if top is None or best[node.name] > top[0]:
-            top = (best[node.name], node.name)
+        before, first = 0.0, True
+        for i in node.inputs:  # max(..., default=0.0) without a generator per node
+            here = best.get(producer.get(i, ""), 0.0)
+            if first or here > before:
+                before, first = here, False
+        here = best[node.name] = before + bounds.get(node.name, 0.0)
+        if top is None or here > top[0]:
+            top = (here, node.name)
     return top
 
 
