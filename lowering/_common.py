@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import Cost, DType, Graph, Node
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
@@ -42,8 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_STORED_KINDS = frozenset(kind for kind in ValueKind if kind.is_stored)  # the property, read as a set per value
 
 
 def _op_class(node: Node) -> str:
@@ -104,7 +102,7 @@ class LoweringContext:
             if size is None:
                 size = by_type[key] = value_bytes(graph, name, -1)
             sizes[name] = size
-            if value.kind in _STORED_KINDS:
+            if value.kind.is_stored:
                 stored.add(name)
         # "" is an omitted optional input, never a value read
         self.stored, self.activations = frozenset(stored - {""}), frozenset(sizes.keys() - stored - {""})
