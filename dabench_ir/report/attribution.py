@@ -340,11 +340,7 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
     ranked by time (by FLOPs when nothing is timed). Keys: `ROLE_COLUMNS`."""
     groups: dict[str, list[NodeRecord]] = {}
     for r in report.nodes:
-        role = r.role or r.op_type
-        if role in groups:
-            groups[role].append(r)
-        else:
-            groups[role] = [r]
+        groups.setdefault(r.role or r.op_type, []).append(r)
     peak = target_peak(report)
     rows = [_row(role, records, peak) for role, records in groups.items()]
     if report.target is None:  # cost only: no feed level, the intensity is over every byte
