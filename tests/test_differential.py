@@ -130,6 +130,34 @@ def test_a_sweep_point_is_the_profile_of_its_model(stamped, target, mode):
     _close(figures(profile_graph(graph, params)), figures(_api(path, target, mode=mode)))
 
 
+_JSON_NATIVE = (dict, list, tuple, str, int, float, bool, type(None))
+
+
+def _foreign(obj, path="report"):
+    """The paths in ``obj`` holding what JSON has no type for (an enum, a float subclass, a set ...)."""
+    if type(obj) not in _JSON_NATIVE:
+        return [f"{path}: {type(obj).__name__}"]
+    if type(obj) is dict:
+        return [p for k, v in obj.items() for p in ([f"{path}: key {k!r}"] if type(k) is not str else []) + _foreign(v, f"{path}.{k}")]
+    if type(obj) in (list, tuple):
+        return [p for v in obj[:50] for p in _foreign(v, f"{path}[]")]
+    return []
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_report_is_plain_json_and_both_encoders_write_it_alike(stamped, target, mode):
+    """Issue 34: compact reports and sweep records are written by orjson (`json_text`), indented
+    ones by json. A report dict holds only JSON's own types (so neither encoder's fallback decides
+    a value), and the two texts read back equal."""
+    from dabench_ir.report.model import json_text
+
+    path, _ = stamped
+    data = _api(path, target, mode=mode)
+    assert _foreign(data) == []
+    assert json.loads(json_text(data)) == json.loads(json_text(data, indent=1)) == json.loads(json.dumps(data))
+
+
 def _catalog(target: str, run: str, batch: int) -> str:
     """A one-point measurement catalogue of the test's model on ``target`` (``run``: the TOML run table's body)."""
     model = ", ".join(f"{k} = {json.dumps(batch if k == 'batch' else v)}" for k, v in MODEL.items())

@@ -72,15 +72,22 @@ def test_ray_puts_a_shared_base_once_and_bounds_the_tasks_in_flight(monkeypatch)
 
 
 def test_a_point_record_is_encoded_once_and_nan_becomes_null():
-    """Issue 34: a record without NaN is encoded as it is (the same object back, no walk); one with a
-    NaN or infinity is written with null there, and the record returned says the same."""
+    """Issue 34: a record is encoded in one pass, as it is (not copied), NaN and infinity written
+    as null; the table row built from the record in memory is the row its file gives back."""
     import json
+    import math
 
-    from dabench_ir.sweep.results import encode_point
+    from dabench_ir.sweep.results import encode_point, record_row
 
-    record = {"key": "k", "params": {"layers": 2}, "status": "ok", "report": {"totals": {"time_s": 0.5}, "units": (1, 2)}}
-    text, same = encode_point(record)
-    assert same is record and json.loads(text) == {**record, "report": {"totals": {"time_s": 0.5}, "units": [1, 2]}}
-    bad = {**record, "report": {"totals": {"time_s": float("nan"), "flops": float("inf")}}}
-    text, cleaned = encode_point(bad)
-    assert json.loads(text) == cleaned == {**record, "report": {"totals": {"time_s": None, "flops": None}}}
+    nodes = [{"name": "a", "time_s": 2.0, "bound": "compute"}, {"name": "b", "time_s": 1.0, "bound": "memory"}]
+    record = {"key": "k", "params": {"layers": 2}, "status": "ok", "error": None,
+              "report": {"totals": {"time_s": 0.5}, "units": (1, 2), "nodes": nodes}}  # fmt: skip
+    assert json.loads(encode_point(record)) == {**record, "report": {**record["report"], "units": [1, 2]}}
+    bad = {**record, "report": {"totals": {"time_s": math.nan, "flops": math.inf},
+                                "nodes": [*nodes, {"name": "c", "time_s": math.nan, "bound": "overhead"}]}}  # fmt: skip
+    back = json.loads(encode_point(bad))
+    assert back["report"]["totals"] == {"time_s": None, "flops": None} and back["report"]["nodes"][2]["time_s"] is None
+    assert math.isnan(bad["report"]["totals"]["time_s"])  # the record itself is left as it was
+    assert record_row(bad) == record_row(back) and record_row(back)["dominant_bound"] == "compute"
+
+

@@ -115,7 +115,7 @@ def bound_shares(
             t, bound = n.get("time_s"), n.get("bound")
         else:
             t, bound = n.time_s, n.bound
-        if t:
+        if t and math.isfinite(t):  # a NaN counts as the null its JSON holds
             key = str(bound or "unknown")
             times[key] = times.get(key, 0.0) + float(t)
     extra = sum(float(v) for v in (overheads or {}).values() if v)

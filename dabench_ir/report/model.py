@@ -195,14 +195,8 @@ class Report:
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        """The JSON text; ``indent=None`` is compact (and several times faster to write)."""
-        separators = (",", ": ") if indent is not None else (",", ":")
-        data = self.to_dict()
-        dump = dict(indent=indent, separators=separators, default=_json_default, allow_nan=False)
-        try:  # one pass in json's C encoder, which refuses a NaN or infinity ...
-            return json.dumps(data, **dump)
-        except ValueError:  # ... and only a report holding one pays for the walk that nulls them
-            return json.dumps(_clean(data), **dump)
+        """The JSON text (`json_text`); ``indent=None`` is compact (and several times faster to write)."""
+        return json_text(self.to_dict(), indent=indent)
 
     def write_json(self, path: str | Path) -> Path:
         """Indented for small reports; compact past a few hundred nodes, where indentation
@@ -350,11 +344,34 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def json_text(data: Any, *, indent: int | None = None) -> str:
+    """``data`` as JSON, NaN and infinity as null (JSON has neither): every report and sweep record
+    is written through here.
+
+    Compact text comes from orjson in one pass (~10x json's C encoder on a report's float-heavy
+    node rows), with json as the fallback for what orjson refuses (an integer past 64 bits).
+    Indented text (small reports, for people) comes from json; its C encoder refuses a NaN, and
+    only a report holding one pays for the walk that nulls them (`_clean`)."""
+    if indent is None:
+        import orjson
+
+        try:
+            return orjson.dumps(data, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # orjson.JSONEncodeError is one
+            pass
+    separators = (",", ": ") if indent is not None else (",", ":")
+    dump = dict(indent=indent, separators=separators, default=_json_default, allow_nan=False)
+    try:
+        return json.dumps(data, **dump)
+    except ValueError:
+        return json.dumps(_clean(data), **dump)
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "as_dict"):
         return obj.as_dict()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+    if isinstance(obj, float):  # a float subclass (numpy's float64): the number, as json writes it
+        return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
     return str(obj)

@@ -63,18 +63,13 @@ def atomic_write(path: Path, data: str | bytes) -> Path:
     return write_output(path, data)
 
 
-def encode_point(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A point's record as compact JSON in one pass of json's C encoder, and the record the text
-    says: ``record`` itself, or, when it holds a NaN or infinity (which JSON has not), a copy with
-    those as null (`report.model._clean`), so a row built from it matches its file."""
-    dump = {"separators": (",", ":"), "allow_nan": False, "default": str}
-    try:
-        return json.dumps(record, **dump), record
-    except ValueError:
-        from dabench_ir.report.model import _clean
+def encode_point(record: dict[str, Any]) -> str:
+    """A point's record as compact JSON (`report.model.json_text`: one pass, NaN and infinity as
+    null). The record is not copied: a row built from it (`record_row`) reads a non-finite
+    figure as the null its file holds."""
+    from dabench_ir.report.model import json_text
 
-        record = _clean(record)
-        return json.dumps(record, **dump), record
+    return json_text(record)
 
 
 def strip_nodes(record: dict[str, Any]) -> None:
@@ -91,8 +86,7 @@ def strip_nodes(record: dict[str, Any]) -> None:
 def write_point(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     """Write one point's record as ``folder/<key>.json`` (compact JSON, atomically); returns its
     table row (`record_row`)."""
-    text, record = encode_point(record)
-    atomic_write(folder / f"{record['key']}.json", text)
+    atomic_write(folder / f"{record['key']}.json", encode_point(record))
     return record_row(record)
 
 
@@ -170,7 +164,8 @@ def _num(x: Any) -> Any:
 
 
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
-    """One table row: the point's parameters, then the report's totals and metrics."""
+    """One table row: the point's parameters, then the report's totals and metrics; a NaN or
+    infinity is null there, as in the point's file (`encode_point`)."""
     row: dict[str, Any] = {"key": record["key"], **record["params"]}
     report = record.get("report") or {}
     totals = report.get("totals") or {}
@@ -181,14 +176,14 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         {
             "status": record.get("status"),
             "error": record.get("error"),
-            "time_s": _num(totals.get("time_s")),
-            "throughput_samples_per_s": _num(totals.get("throughput_samples_per_s")),
-            "achieved_tflops": _num(achieved / 1e12) if achieved is not None else None,
+            "time_s": totals.get("time_s"),
+            "throughput_samples_per_s": totals.get("throughput_samples_per_s"),
+            "achieved_tflops": achieved / 1e12 if achieved is not None else None,
             "flops": totals.get("flops"),
             "bytes": totals.get("bytes"),
-            "compute_efficiency": _num(metrics.get("compute_efficiency")),
-            "allocation_ratio": _num(metrics.get("allocation_ratio")),
-            "load_imbalance": _num(metrics.get("load_imbalance")),
+            "compute_efficiency": metrics.get("compute_efficiency"),
+            "allocation_ratio": metrics.get("allocation_ratio"),
+            "load_imbalance": metrics.get("load_imbalance"),
             "fits": report.get("fits") if report else None,
             "failure_reason": failure.get("reason"),
             "dominant_bound": dominant_bound(report) if report else None,
@@ -200,7 +195,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             "seconds": record.get("seconds"),
         }
     )
-    return row
+    return {k: _num(v) for k, v in row.items()}
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:

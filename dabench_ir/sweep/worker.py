@@ -82,14 +82,12 @@ def run_group(
             record["status"], record["error"] = "error", _error_text(exc)
             record["traceback"] = traceback.format_exc(limit=8)
         record["seconds"] = time.perf_counter() - t0 + share
-        if folder is None or not node_detail:  # NaN as null first, as the file will say
-            record = _clean(record)
         if folder is None:
             records.append(record)
             continue
         if not node_detail:
             results.strip_nodes(record)
-        row = results.write_point(Path(folder), record)  # its one encoding (NaN as null only if any)
+        row = results.write_point(Path(folder), record)
         records.append({"key": key, "status": record["status"], "error": record["error"], "row": row})
     return records
 
