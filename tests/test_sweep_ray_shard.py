@@ -2,11 +2,13 @@
 points: an interrupted Ray sweep resumes with each point run once; a Ray task retried after its
 worker died yields its result once; partitions of a grid run by separate drivers into one folder
 make the whole grid's table; a sweep holds a lock file per point to run past the usual open-file
-limit."""
+limit; a cluster's workers send each point's encoded record, and the driver writes the files a
+local worker would."""
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import resource
 import subprocess
@@ -20,7 +22,7 @@ pytest.importorskip("onnxscript")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dabench-ir[ray]')")
 
 from dabench_ir.sweep import graphs, parse_spec, run_sweep, worker  # noqa: E402
-from dabench_ir.sweep.executors import RayExecutor  # noqa: E402
+from dabench_ir.sweep.executors import RayExecutor, SerialExecutor  # noqa: E402
 
 TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "positional": "none"}
 
@@ -104,6 +106,43 @@ def test_partitions_run_apart_into_one_folder_make_the_whole_table(tmp_path, cac
         assert run_sweep(spec, out, jobs=1, cache_dir=cache, plots=False).ran == len(part)
     result = run_sweep(parse_spec(whole), out, jobs=1, cache_dir=cache, plots=False)
     assert (result.skipped, result.ran) == (3, 0) and len(set(_keys(out))) == 3
+
+
+class _Cluster(SerialExecutor):
+    """The serial executor as a cluster looks to the driver: its tasks do not share the driver's files."""
+
+    shares_files = False
+
+
+@pytest.mark.parametrize("node_detail", [True, False])
+def test_a_cluster_sweep_writes_the_files_and_rows_a_local_one_does(tmp_path, cache, node_detail):
+    """Issue 34: a worker that does not share the driver's files sends each point's encoded record
+    (its text and row, not the report's objects) and the driver writes it: byte for byte the files
+    and table a worker writing them itself leaves (but each point's ``seconds``)."""
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["rdu", "wse"]}})
+    folders = {}
+    for name, executor in (("local", SerialExecutor()), ("cluster", _Cluster())):
+        folders[name] = tmp_path / name
+        result = run_sweep(spec, folders[name], executor=executor, cache_dir=cache, plots=False, node_detail=node_detail)
+        assert (result.ran, result.failed) == (4, 0)
+
+    def records(folder):
+        out = {}
+        for path in sorted((folder / "points").glob("*.json")):
+            record = json.loads(path.read_text())
+            record.pop("seconds")
+            out[path.name] = record
+        return out
+
+    local, cluster = records(folders["local"]), records(folders["cluster"])
+    assert len(local) == 4 and local == cluster
+    assert all(bool(r["report"]["nodes"]) is node_detail for r in local.values())
+
+    def table(folder):
+        with open(folder / "results.csv", newline="") as fh:
+            return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)]
+
+    assert table(folders["local"]) == table(folders["cluster"])
 
 
 _FEW_FILES = """

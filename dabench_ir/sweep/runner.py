@@ -238,9 +238,11 @@ def run_sweep(
 
     def finish(record: dict[str, Any]) -> None:
         nonlocal done
-        if "row" in record:  # a worker wrote it (`worker.run_group` with a folder)
+        if "row" in record:  # a worker's (`worker.run_group`): its file written there, or its text sent
+            if "text" in record:
+                results.atomic_write(points_dir / f"{record['key']}.json", record["text"])
             fresh[record["key"]] = record["row"]
-        else:
+        else:  # one the driver records (a model that cannot be exported)
             if not node_detail:
                 results.strip_nodes(record)
             fresh[record["key"]] = results.write_point(points_dir, record)

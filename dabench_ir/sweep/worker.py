@@ -53,11 +53,13 @@ def run_group(
 ) -> list[dict[str, Any]]:
     """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.
 
-    Returns one record per point: ``{"key", "params", "status", "error", "seconds", "report"}``.
-    With ``folder`` (the sweep's ``points/``, when this worker shares the driver's files) each
-    record is written there (`results.write_point`; without its per-node rows unless
-    ``node_detail``) and what returns is ``{"key", "status", "error", "row"}``: the report
-    crosses no pipe.
+    Each point's record (``{"key", "params", "status", "error", "seconds", "report"}``, the report
+    without its per-node rows unless ``node_detail``) is encoded here, once (`results.encode_point`),
+    and either written into ``folder`` (the sweep's ``points/``, when this worker shares the driver's
+    files) or returned as that text for the driver to write. Returns one summary per point:
+    ``{"key", "status", "error", "row"}`` (`results.record_row`), plus ``"text"`` without ``folder``.
+    No report crosses a pipe or an object store as Python objects: decoding them there cost the
+    driver more than the encoding costs a worker.
     """
     from dabench_ir.sweep import results
     from dabench_ir.sweep.graphs import build_graph
@@ -82,13 +84,15 @@ def run_group(
             record["status"], record["error"] = "error", _error_text(exc)
             record["traceback"] = traceback.format_exc(limit=8)
         record["seconds"] = time.perf_counter() - t0 + share
-        if folder is None:
-            records.append(record)
-            continue
         if not node_detail:
             results.strip_nodes(record)
-        row = results.write_point(Path(folder), record)
-        records.append({"key": key, "status": record["status"], "error": record["error"], "row": row})
+        summary = {"key": key, "status": record["status"], "error": record["error"], "row": results.record_row(record)}
+        text = results.encode_point(record)
+        if folder is None:
+            summary["text"] = text
+        else:
+            results.atomic_write(Path(folder) / f"{key}.json", text)
+        records.append(summary)
     return records
 
 
