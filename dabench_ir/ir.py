@@ -327,10 +327,15 @@ class Graph:
     def consumers(self) -> dict[str, list[Node]]:
         """Value name -> nodes that read it."""
         out: dict[str, list[Node]] = {}
+        get = out.get
         for node in self.nodes:
-            for name in dict.fromkeys(node.inputs):  # a value read twice is one consumer
+            for name in node.inputs:
                 if name:
-                    out.setdefault(name, []).append(node)
+                    readers = get(name)
+                    if readers is None:
+                        out[name] = [node]
+                    elif readers[-1] is not node:  # a value read twice is one consumer (its list is in node order)
+                        readers.append(node)
         return out
 
     def weights(self) -> list[Value]:
@@ -400,11 +405,15 @@ class Graph:
         """An independent copy to run in-place passes on: nodes, values, bindings and annotations
         are copied (annotation values are immutable records, or replaced rather than mutated by the
         passes); opaque graph-level artifacts (an MLIR module) are shared."""
-        nodes = [
-            Node(n.name, n.op_type, n.domain, list(n.inputs), list(n.outputs), dict(n.attrs), n.scope, n.layer,
-                 {k: (dict(v) if type(v) is dict else v) for k, v in n.meta.items()})
-            for n in self.nodes
-        ]  # fmt: skip
+        nodes = []
+        for n in self.nodes:
+            meta = n.meta.copy()
+            for v in meta.values():  # a copy per node, a comprehension only where an annotation is a dict
+                if type(v) is dict:
+                    meta = {k: (dict(v) if type(v) is dict else v) for k, v in meta.items()}
+                    break
+            nodes.append(Node(n.name, n.op_type, n.domain, n.inputs.copy(), n.outputs.copy(), n.attrs.copy(), n.scope,
+                              n.layer, meta))  # fmt: skip
         values = {k: Value(v.name, v.type, v.kind, v.producer, v.scalar) for k, v in self.values.items()}
         copy = Graph(nodes, values, self.inputs, self.outputs, name=self.name, path=self.path, metadata=self.metadata,
                      bindings=self.bindings, opsets=self.opsets)  # fmt: skip
