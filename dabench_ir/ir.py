@@ -429,8 +429,17 @@ class Graph:
         return f"Graph({self.name!r}, nodes={len(self.nodes)}, values={len(self.values)})"
 
 
+class _CostSums:
+    """The two sums every reader of a `Cost` asks for, as slots `Cost.__post_init__` fills: read ~10^6
+    times a Level-1 sweep slice by the lowerings and the report, where a property ran a Python call each."""
+
+    __slots__ = ("bytes", "flops")
+    flops: int  # all arithmetic: contraction + vector + special-function ops
+    bytes: int  # weight bytes read + activation bytes read + bytes written
+
+
 @dataclass(frozen=True, slots=True)
-class Cost:
+class Cost(_CostSums):
     """What one node (or a sum of nodes) computes and moves.
 
     FLOP convention: a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one
@@ -445,6 +454,13 @@ class Cost:
     weight_bytes: int = 0
     act_bytes_in: int = 0
     act_bytes_out: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops", self.contraction_flops + self.vector_flops + self.special_ops)
+        object.__setattr__(self, "bytes", self.weight_bytes + self.act_bytes_in + self.act_bytes_out)
+
+    def __reduce__(self) -> tuple[type[Cost], tuple[int, ...]]:
+        return Cost, _cost_fields(self)  # the fields alone: unpickling runs __init__, which fills the sums
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
@@ -465,15 +481,6 @@ class Cost:
     def scale(self, factor: int | float) -> Cost:
         """Every field multiplied by ``factor`` (rounded to whole FLOPs and bytes)."""
         return Cost(*(round(getattr(self, f.name) * factor) for f in fields(Cost)))
-
-    @property
-    def flops(self) -> int:
-        """All arithmetic: contraction + vector + special-function ops."""
-        return self.contraction_flops + self.vector_flops + self.special_ops
-
-    @property
-    def bytes(self) -> int:
-        return self.weight_bytes + self.act_bytes_in + self.act_bytes_out
 
     @property
     def intensity(self) -> float | None:
