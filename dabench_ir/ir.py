@@ -454,7 +454,7 @@ class Cost(_CostSums):
     FLOP convention: a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one
     per elementwise arithmetic op; special-function ops (exp, erf, rsqrt, sin, ...) are
     counted apart, one per element. Bytes are weight bytes read, activation bytes read and
-    bytes written.
+    bytes written. ``flops`` and ``bytes`` are their sums, stored when the record is built.
     """
 
     contraction_flops: int = 0
