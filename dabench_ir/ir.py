@@ -327,10 +327,15 @@ class Graph:
     def consumers(self) -> dict[str, list[Node]]:
         """Value name -> nodes that read it."""
         out: dict[str, list[Node]] = {}
+        get = out.get
         for node in self.nodes:
-            for name in dict.fromkeys(node.inputs):  # a value read twice is one consumer
+            for name in node.inputs:
                 if name:
-                    out.setdefault(name, []).append(node)
+                    readers = get(name)
+                    if readers is None:
+                        out[name] = [node]
+                    elif readers[-1] is not node:  # a value read twice is one consumer (its list is in node order)
+                        readers.append(node)
         return out
 
     def weights(self) -> list[Value]:
@@ -339,10 +344,19 @@ class Graph:
     @property
     def num_params(self) -> int | None:
         """Number of weight elements, or None when a weight's shape is symbolic."""
+        bindings, total = self.bindings, 0
+        sizes: dict[int, int] = {}  # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
         try:
-            return sum(v.type.numel(self.bindings) for v in self.weights())
+            for v in self.values.values():
+                if v.kind is ValueKind.WEIGHT:
+                    t = v.type
+                    n = sizes.get(id(t))
+                    if n is None:
+                        n = sizes[id(t)] = t.numel(bindings)
+                    total += n
         except UnboundSymbolError:
             return None
+        return total
 
     @property
     def batch_dim(self) -> Dim | None:
@@ -400,11 +414,15 @@ class Graph:
         """An independent copy to run in-place passes on: nodes, values, bindings and annotations
         are copied (annotation values are immutable records, or replaced rather than mutated by the
         passes); opaque graph-level artifacts (an MLIR module) are shared."""
-        nodes = [
-            Node(n.name, n.op_type, n.domain, list(n.inputs), list(n.outputs), dict(n.attrs), n.scope, n.layer,
-                 {k: (dict(v) if type(v) is dict else v) for k, v in n.meta.items()})
-            for n in self.nodes
-        ]  # fmt: skip
+        nodes = []
+        for n in self.nodes:
+            meta = n.meta.copy()
+            for v in meta.values():  # a copy per node, a comprehension only where an annotation is a dict
+                if type(v) is dict:
+                    meta = {k: (dict(v) if type(v) is dict else v) for k, v in meta.items()}
+                    break
+            nodes.append(Node(n.name, n.op_type, n.domain, n.inputs.copy(), n.outputs.copy(), n.attrs.copy(), n.scope,
+                              n.layer, meta))  # fmt: skip
         values = {k: Value(v.name, v.type, v.kind, v.producer, v.scalar) for k, v in self.values.items()}
         copy = Graph(nodes, values, self.inputs, self.outputs, name=self.name, path=self.path, metadata=self.metadata,
                      bindings=self.bindings, opsets=self.opsets)  # fmt: skip
@@ -420,14 +438,23 @@ class Graph:
         return f"Graph({self.name!r}, nodes={len(self.nodes)}, values={len(self.values)})"
 
 
+class _CostSums:
+    """The two sums every reader of a `Cost` asks for, as slots `Cost.__post_init__` fills: read ~10^6
+    times a Level-1 sweep slice by the lowerings and the report, where a property ran a Python call each."""
+
+    __slots__ = ("bytes", "flops")
+    flops: int  # all arithmetic: contraction + vector + special-function ops
+    bytes: int  # weight bytes read + activation bytes read + bytes written
+
+
 @dataclass(frozen=True, slots=True)
-class Cost:
+class Cost(_CostSums):
     """What one node (or a sum of nodes) computes and moves.
 
     FLOP convention: a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one
     per elementwise arithmetic op; special-function ops (exp, erf, rsqrt, sin, ...) are
     counted apart, one per element. Bytes are weight bytes read, activation bytes read and
-    bytes written.
+    bytes written. ``flops`` and ``bytes`` are their sums, stored when the record is built.
     """
 
     contraction_flops: int = 0
@@ -436,6 +463,13 @@ class Cost:
     weight_bytes: int = 0
     act_bytes_in: int = 0
     act_bytes_out: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops", self.contraction_flops + self.vector_flops + self.special_ops)
+        object.__setattr__(self, "bytes", self.weight_bytes + self.act_bytes_in + self.act_bytes_out)
+
+    def __reduce__(self) -> tuple[type[Cost], tuple[int, ...]]:
+        return Cost, _cost_fields(self)  # the fields alone: unpickling runs __init__, which fills the sums
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
@@ -456,15 +490,6 @@ class Cost:
     def scale(self, factor: int | float) -> Cost:
         """Every field multiplied by ``factor`` (rounded to whole FLOPs and bytes)."""
         return Cost(*(round(getattr(self, f.name) * factor) for f in fields(Cost)))
-
-    @property
-    def flops(self) -> int:
-        """All arithmetic: contraction + vector + special-function ops."""
-        return self.contraction_flops + self.vector_flops + self.special_ops
-
-    @property
-    def bytes(self) -> int:
-        return self.weight_bytes + self.act_bytes_in + self.act_bytes_out
 
     @property
     def intensity(self) -> float | None:

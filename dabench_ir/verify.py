@@ -218,9 +218,13 @@ class _Walk:
                     intensity = _finite(intensity)
                 if intensity is not None and intensity > 0:
                     points.append((r, t, flops, intensity, bw))
-            flops = int(flops or 0)
-            feed = r.feed_bytes if r.feed_bytes is not None else getattr(np_, "feed_bytes", 0)  # the roofline's bytes
-            feed = float(feed or 0)
+            if type(flops) is not int:  # the conversions only where needed: no call per node
+                flops = int(flops or 0)
+            feed = r.feed_bytes
+            if feed is None:
+                feed = getattr(np_, "feed_bytes", 0)  # the roofline's bytes
+            if type(feed) is not float:
+                feed = float(feed or 0)
             if flops <= 0 and feed <= 0:
                 continue  # did no work
             bound = 0.0
@@ -242,8 +246,8 @@ class _Walk:
                 if feed / t > limit * _SLACK:
                     found.append(Violation("node_feed_bandwidth", r.name, feed / t, limit,
                                            f"{r.op_type}: {feed} B at {bw[0]} in {t:.6g} s; {bw[0]} bandwidth x {chips} chip(s)"))  # fmt: skip
-                if bounds:
-                    bound = max(bound, feed / limit)
+                if bounds and feed / limit > bound:
+                    bound = feed / limit
             energy = r.energy_j
             if type(energy) is not float or not isfinite(energy):
                 energy = _finite(energy)

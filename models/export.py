@@ -365,7 +365,7 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         return proto
 
     block = [n for n, b in zip(nodes, in_block, strict=True) if b]
-    produced = {o for n in block for o in n.output if o}
+    produced = dict.fromkeys(o for n in block for o in n.output if o)  # in block order: the copies' value infos follow it
     graph_inputs = {v.name: v for v in graph.input}
     initializers = {t.name for t in graph.initializer}
     weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]

@@ -102,9 +102,11 @@ def get(node: Node, key: str) -> Any:
 
 def get_cost(node: Node) -> Cost | None:
     """The node's Cost, or None when the node is unattributed (see `UNATTRIBUTED`)."""
-    if UNATTRIBUTED in node.meta:
+    annotations = node.meta
+    if UNATTRIBUTED in annotations:
         return None
-    return get(node, COST)
+    cost = annotations.get(COST)  # `get` written out for the common case: read once per node a lowering
+    return cost if cost is not None else get(node, COST)
 
 
 def get_op_class(node: Node) -> Any:

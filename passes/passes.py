@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dabench_ir.errors import UnboundSymbolError, UserError
-from dabench_ir.ir import Cost, Graph, Node, ValueKind, layer_from_scope
+from dabench_ir.ir import ZERO_COST, Graph, Node, ValueKind, layer_from_scope
 
 from . import meta
 from .base import Pass, PassResult
@@ -152,22 +152,24 @@ class CostPass(Pass):
     def call(self, graph: Graph) -> PassResult:
         unbound: set[str] = set()
         sizes: dict[int, int] = {}  # the rules' views share the bytes of each value type (`OpView`)
-        for node in graph.nodes:
-            node.meta.pop(meta.UNATTRIBUTED, None)
-            node.meta.pop(meta.ESTIMATED, None)
-            node.meta.pop(meta.COST, None)
+        unattributed, estimated, cost, folded, subgraph = meta.UNATTRIBUTED, meta.ESTIMATED, meta.COST, meta.FOLDED, meta.SUBGRAPH
+        for node in graph.nodes:  # the keys read as locals, each node's annotations once: a loop over every node
+            annotations = node.meta
+            annotations.pop(unattributed, None)
+            annotations.pop(estimated, None)
+            annotations.pop(cost, None)
             reason = None
             rule = find_rule(node)
-            if meta.FOLDED in node.meta:
-                node.meta[meta.COST] = Cost()
+            if folded in annotations:
+                annotations[cost] = ZERO_COST  # immutable: one record for every folded node
                 continue
-            if node.meta.get(meta.SUBGRAPH):
+            if annotations.get(subgraph):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
             elif rule is None:
                 reason = f"no cost rule for op {node.qualified_op!r}"
             else:
                 try:
-                    node.meta[meta.COST] = OpView(node, graph, rule, sizes).cost()
+                    annotations[cost] = OpView(node, graph, rule, sizes).cost()
                 except UnboundSymbolError as exc:
                     unbound |= {s for s in exc.symbols if not s.startswith("<")}
                     continue
