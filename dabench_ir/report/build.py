@@ -46,6 +46,7 @@ def build_report(
     records: list[NodeRecord] = []
     unattributed: list[dict[str, Any]] = []
     estimated: list[NodeRecord] = []
+    costs: list[Cost] = []  # the records' costs, for the totals
     measured = dict(getattr(measurement, "node_times", {}) or {})
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
@@ -99,9 +100,11 @@ def build_report(
         if cost is None:
             reason = m.get(unattributed_key, "not costed")
             unattributed.append({"name": name, "op_type": op_type, "reason": reason})
+        else:
+            costs.append(cost)
         records.append(record)
 
-    total = _total(r.cost for r in records if r.cost is not None)
+    total = _total(costs)
     samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
