@@ -128,7 +128,8 @@ class EnergyModel:
     sources: Mapping[str, str]
 
     def flop_energy_j(self, flops: float, dtype: str) -> float:
-        pj = self.pj_per_flop.get(dtype, self.pj_per_flop.get("fp32", 0.0))
+        table = self.pj_per_flop  # the fp32 fallback looked up only when needed (once a node in a report)
+        pj = table[dtype] if dtype in table else table.get("fp32", 0.0)
         return flops * pj * 1e-12
 
     def byte_energy_j(self, nbytes: float, level: str) -> float:
@@ -327,12 +328,13 @@ def held_shares(plan: Any) -> dict[str, float]:
     if plan.schedule is Schedule.SEQUENTIAL:
         m = max(1, int(getattr(plan, "micro_batches", 1) or 1))
         for u in getattr(plan, "units", None) or []:
+            node_s, allocation = u.node_s, u.allocation
             for name in u.nodes:
                 np_ = node_plans.get(name)
                 if np_ is not None:
-                    t = u.node_s.get(name, np_.per_micro_batch_s) * m
+                    t = (node_s[name] if name in node_s else np_.per_micro_batch_s) * m
                     held[name] = held.get(name, 0) + t
-                    weighted[name] = weighted.get(name, 0) + u.allocation * t
+                    weighted[name] = weighted.get(name, 0) + allocation * t
     shares = {}
     for name, np_ in node_plans.items():
         t = held.get(name, 0)

@@ -291,6 +291,11 @@ def _bound_of(records: Sequence[NodeRecord]) -> tuple[str | None, float | None]:
     for r in records:
         if r.bound is not None and r.time_s is not None:
             by[r.bound] = by.get(r.bound, 0.0) + r.time_s
+    return _bound_from(by, records)
+
+
+def _bound_from(by: dict[str, float], records: Sequence[NodeRecord]) -> tuple[str | None, float | None]:
+    """`_bound_of` from the time per bound its records add up (``by``, in record order)."""
     total = sum(by.values())
     if not by:
         counts: dict[str, int] = {}
@@ -313,6 +318,7 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
     feed_bytes = measured = energy = 0
     any_measured = any_energy = False
     layers = set()
+    by_bound: dict[str, float] = {}  # `_bound_of`'s sums, added in the same walk
     for r in records:
         c = r.cost
         f = 0
@@ -320,8 +326,12 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
             f = c.flops
             nbytes += c.bytes
         flops += f
-        if r.time_s is not None:
-            time_s = (0 if time_s is None else time_s) + r.time_s
+        t = r.time_s
+        if t is not None:
+            time_s = (0 if time_s is None else time_s) + t
+            bound = r.bound
+            if bound is not None:
+                by_bound[bound] = by_bound.get(bound, 0.0) + t
         if r.measured_time_s is not None:
             measured += r.measured_time_s
             any_measured = True
@@ -335,7 +345,7 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
             feed_flops += f
         if r.layer is not None:
             layers.add(r.layer)
-    bound, bound_share = _bound_of(records)
+    bound, bound_share = _bound_from(by_bound, records)
     achieved = flops / time_s if time_s else None
     return {
         "role": role,
