@@ -79,7 +79,8 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
             overheads[unit.gap_kind] += unit.gap_before_s
         if unit is not None:
             node_s = unit.node_s
-            durations = {name: node_s.get(name, node_plans[name].per_micro_batch_s) for name in names}
+            # each node's time in the unit, else its plan's (not `get(name, default)`: the default read every time)
+            durations = {name: node_s[name] if name in node_s else node_plans[name].per_micro_batch_s for name in names}
         else:
             durations = {name: node_plans[name].per_micro_batch_s for name in names}
         last = _run_micro_batches(names, durations, m_count, gate, lanes, preds, end, lane_free, slices, busy_node)

@@ -230,7 +230,8 @@ class StepEnergy:
 
 
 def step_energy(
-    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None
+    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None,
+    busy: Mapping[str, float] | None = None,
 ) -> StepEnergy:
     """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
 
@@ -245,7 +246,8 @@ def step_energy(
     A node's bytes are those its roofline point counts (`metrics.node_feed_intensity`: in a
     unit whose traffic streams over its span, the share in the node's time); what such a unit
     streams while its nodes wait (its stall) is dynamic energy of the ``memory_stall`` row.
-    ``feed_bytes``: those bytes when the caller has them (`Metrics.node_feed_bytes` of this plan and timeline).
+    ``feed_bytes``: those bytes when the caller has them (`Metrics.node_feed_bytes` of this plan and timeline);
+    ``busy``: the timeline's `Timeline.busy_times` when the caller has them.
     """
     from dabench_ir.metrics import node_feed_intensity
     from dabench_ir.passes import meta
@@ -264,7 +266,7 @@ def step_energy(
     streamed_in_nodes = 0.0
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
     node_plans = plan.node_plans
-    busy_times = timeline.busy_times()
+    busy_times = timeline.busy_times() if busy is None else busy
     # read for every node (~1,200 a point): the meta keys and the model's two rates in locals
     cost_key, unattributed_key, precision_key = meta.COST, meta.UNATTRIBUTED, meta.PRECISION
     flop_energy_j, byte_energy_j = model.flop_energy_j, model.byte_energy_j
@@ -332,7 +334,7 @@ def held_shares(plan: Any) -> dict[str, float]:
             for name in u.nodes:
                 np_ = node_plans.get(name)
                 if np_ is not None:
-                    t = (node_s[name] if name in node_s else np_.per_micro_batch_s) * m
+                    t = node_s.get(name, np_.per_micro_batch_s) * m
                     held[name] = held.get(name, 0) + t
                     weighted[name] = weighted.get(name, 0) + allocation * t
     shares = {}

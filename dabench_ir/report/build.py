@@ -135,7 +135,7 @@ def build_report(
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
     if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
-        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics)
+        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics, busy)
     metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
         metric_dict.update(metrics.to_dict())
@@ -251,7 +251,7 @@ _ENERGY_TOTALS = (
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
 
-def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None) -> None:
+def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None, busy=None) -> None:
     """Per-node joules, the rows no node owns, and the step's energy, power and efficiency (docs/energy.md).
 
     ``energy_j`` = ``node_energy_j`` (each node: dynamic + the static power of what it holds
@@ -260,8 +260,8 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics
     """
     from dabench_ir.energy import step_energy
 
-    # the metrics' feed bytes are of this plan and timeline (`place`): read, not walked again
-    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None))
+    # the metrics' feed bytes are of this plan and timeline (`place`), ``busy`` its busy times: read, not walked again
+    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
     energies = step_e.nodes
     for r in records:
         r.energy_j = energies.get(r.name)
