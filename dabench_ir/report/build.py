@@ -69,8 +69,7 @@ def build_report(
             intensity, feed = node_intensity[name], feed_bytes.get(name)
         else:
             intensity, feed = (cost.intensity if cost is not None else None), None
-        domain = node.domain
-        op_type = node.op_type if domain == "" or domain == "ai.onnx" else node.qualified_op  # its test, inline
+        op_type = node.qualified_op
         record = NodeRecord(name, op_type, node.layer, node.scope, op_class, cost, intensity)
         # set, not passed by keyword: matching keywords against 19 parameters cost more than the record
         record.precision, record.role, record.feed_bytes = precision, roles.get(name), feed
