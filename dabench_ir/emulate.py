@@ -79,7 +79,8 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
             overheads[unit.gap_kind] += unit.gap_before_s
         if unit is not None:
             node_s = unit.node_s
-            durations = {name: node_s.get(name, node_plans[name].per_micro_batch_s) for name in names}
+            # each node's time in the unit, else its plan's (not `get(name, default)`: the default read every time)
+            durations = {name: node_s[name] if name in node_s else node_plans[name].per_micro_batch_s for name in names}
         else:
             durations = {name: node_plans[name].per_micro_batch_s for name in names}
         last = _run_micro_batches(names, durations, m_count, gate, lanes, preds, end, lane_free, slices, busy_node)
@@ -93,10 +94,14 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
             clock = last
 
     timings = {}
+    latest = None  # the latest end, as max() over the timings picks it (one walk less)
     for name in order:
         runs = slices[name]
         np_ = node_plans[name]
-        timings[name] = NodeTiming(name, np_.unit, runs[0][0], runs[-1][1], np_.bound)
+        t_end = runs[-1][1]
+        timings[name] = NodeTiming(name, np_.unit, runs[0][0], t_end, np_.bound)
+        if latest is None or t_end > latest:
+            latest = t_end
     busy_node = dict(busy_node)
     unit_busy: dict[str, float] = defaultdict(float)
     for name, b in busy_node.items():
@@ -105,10 +110,22 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         unit_busy.update({uid: b - a for uid, (a, b) in unit_spans.items()})
     else:
         for u in plan.units:
-            members = [n for n in u.nodes if n in timings]
-            if members:
-                unit_spans[u.id] = (min(timings[n].start for n in members), max(timings[n].end for n in members))
-    makespan = max(clock, max((t.end for t in timings.values()), default=0.0))
+            # the first start and last end of its timed nodes, as min() and max() pick them, in one walk
+            lo = hi = None
+            for n in u.nodes:
+                t = timings.get(n)
+                if t is None:
+                    continue
+                if lo is None:
+                    lo, hi = t.start, t.end
+                else:
+                    if t.start < lo:
+                        lo = t.start
+                    if t.end > hi:
+                        hi = t.end
+            if lo is not None:
+                unit_spans[u.id] = (lo, hi)
+    makespan = max(clock, 0.0 if latest is None else latest)
     if plan.pipelined_steps and plan.schedule is Schedule.CONCURRENT:
         lane_busy: dict[str, float] = defaultdict(float)
         for name, b in busy_node.items():

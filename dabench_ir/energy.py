@@ -128,7 +128,8 @@ class EnergyModel:
     sources: Mapping[str, str]
 
     def flop_energy_j(self, flops: float, dtype: str) -> float:
-        pj = self.pj_per_flop.get(dtype, self.pj_per_flop.get("fp32", 0.0))
+        table = self.pj_per_flop  # the fp32 fallback looked up only when needed (once a node in a report)
+        pj = table[dtype] if dtype in table else table.get("fp32", 0.0)
         return flops * pj * 1e-12
 
     def byte_energy_j(self, nbytes: float, level: str) -> float:
@@ -229,7 +230,8 @@ class StepEnergy:
 
 
 def step_energy(
-    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None
+    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None,
+    busy: Mapping[str, float] | None = None,
 ) -> StepEnergy:
     """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
 
@@ -244,7 +246,8 @@ def step_energy(
     A node's bytes are those its roofline point counts (`metrics.node_feed_intensity`: in a
     unit whose traffic streams over its span, the share in the node's time); what such a unit
     streams while its nodes wait (its stall) is dynamic energy of the ``memory_stall`` row.
-    ``feed_bytes``: those bytes when the caller has them (`Metrics.node_feed_bytes` of this plan and timeline).
+    ``feed_bytes``: those bytes when the caller has them (`Metrics.node_feed_bytes` of this plan and timeline);
+    ``busy``: the timeline's `Timeline.busy_times` when the caller has them.
     """
     from dabench_ir.metrics import node_feed_intensity
     from dabench_ir.passes import meta
@@ -263,23 +266,28 @@ def step_energy(
     streamed_in_nodes = 0.0
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
     node_plans = plan.node_plans
-    busy_times = timeline.busy_times()
+    busy_times = timeline.busy_times() if busy is None else busy
+    # read for every node (~1,200 a point): the meta keys and the model's two rates in locals
+    cost_key, unattributed_key, precision_key = meta.COST, meta.UNATTRIBUTED, meta.PRECISION
+    flop_energy_j, byte_energy_j = model.flop_energy_j, model.byte_energy_j
     for node in graph.nodes:
         name, m = node.name, node.meta
-        cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
+        cost = None if unattributed_key in m else m.get(cost_key)
         np_ = node_plans.get(name)
         if cost is None or np_ is None:
             continue
-        dtype = str(m.get(meta.PRECISION) or default_dtype)
-        key = level_key.get(np_.feed_level)
+        dtype = str(m.get(precision_key) or default_dtype)
+        level = np_.feed_level
+        key = level_key.get(level)
         if key is None:
-            level_name = _feed_memory_name(target, np_.feed_level)
-            key = level_key[np_.feed_level] = level_name if level_name in model.pj_per_byte else np_.feed_level
-        joules = model.flop_energy_j(cost.flops, dtype)
-        moved = feed_bytes.get(name, float(np_.feed_bytes))
+            level_name = _feed_memory_name(target, level)
+            key = level_key[level] = level_name if level_name in model.pj_per_byte else level
+        joules = flop_energy_j(cost.flops, dtype)
+        # not `get(name, default)`: the default's float() ran for every node
+        moved = feed_bytes[name] if name in feed_bytes else float(np_.feed_bytes)
         if name in in_streams:
             streamed_in_nodes += moved
-        joules += model.byte_energy_j(moved, key)
+        joules += byte_energy_j(moved, key)
         dynamic[name] = joules
         busy = busy_times.get(name) or 0.0
         static[name] = static_w * shares[name] * busy if busy > 0 else 0.0
@@ -322,16 +330,19 @@ def held_shares(plan: Any) -> dict[str, float]:
     if plan.schedule is Schedule.SEQUENTIAL:
         m = max(1, int(getattr(plan, "micro_batches", 1) or 1))
         for u in getattr(plan, "units", None) or []:
+            node_s, allocation = u.node_s, u.allocation
             for name in u.nodes:
                 np_ = node_plans.get(name)
                 if np_ is not None:
-                    t = u.node_s.get(name, np_.per_micro_batch_s) * m
+                    t = node_s.get(name, np_.per_micro_batch_s) * m
                     held[name] = held.get(name, 0) + t
-                    weighted[name] = weighted.get(name, 0) + u.allocation * t
+                    weighted[name] = weighted.get(name, 0) + allocation * t
     shares = {}
     for name, np_ in node_plans.items():
         t = held.get(name, 0)
-        shares[name] = min(1.0, max(0.0, weighted[name] / t if t > 0 else float(np_.allocation)))
+        share = weighted[name] / t if t > 0 else float(np_.allocation)
+        # clamped to [0, 1]; min(max()) only outside (0, 1] (two calls a node saved; 0, -0.0 and NaN go through it)
+        shares[name] = share if 0.0 < share <= 1.0 else min(1.0, max(0.0, share))
     return shares
 
 

@@ -242,8 +242,9 @@ def node_feed_intensity(
             continue
         length, node_s = span[1] - span[0], unit.node_s
         for n in unit.nodes:
-            if n in nbytes and n in node_plans:
-                busy = node_s.get(n, node_plans[n].per_micro_batch_s) * m
+            if n in nbytes:  # a planned node's (nbytes holds no other)
+                # its time in the unit, else its plan's; not `node_s.get(n, default)`: that read the default every time
+                busy = (node_s[n] if n in node_s else node_plans[n].per_micro_batch_s) * m
                 streamed[n] = streamed.get(n, 0.0) + traffic * busy / length
     nbytes.update(streamed)
     intensity = {name: (node_plans[name].flops / b if b else None) for name, b in nbytes.items()}

@@ -119,3 +119,60 @@ def test_containers_are_every_dotted_prefix():
         scopes = {"".join(rng.choice("ab.") for _ in range(rng.randint(0, 7))) for _ in range(rng.randint(0, 6))}
         assert _containers(scopes) == by_definition(scopes), scopes
     assert _containers({"layers.0.attn.q_proj", "layers.0.mlp"}) == {"layers", "layers.0", "layers.0.attn"}
+
+
+def test_role_rows_bound_is_bound_of_their_records(report):
+    """`_row` adds up its bound sums in the walk that adds its time: the same answer as `_bound_of`."""
+    groups: dict[str, list] = {}
+    for r in report.nodes:
+        groups.setdefault(r.role or r.op_type, []).append(r)
+    for row in role_rows(report, overheads=False):
+        assert (row["bound"], row["bound_share"]) == _bound_of(groups[row["role"]])
+
+
+def test_held_shares_clamp_as_min_max_does():
+    """The clamp's fast path (inside (0, 1]) and min(max()) outside give the same float, -0.0 and NaN too."""
+    import math
+    from types import SimpleNamespace
+
+    for allocation in (0.5, 1.0, 1.5, 0.0, -0.0, -2.0, math.nan, math.inf, 1e-300):
+        node = SimpleNamespace(allocation=allocation)
+        plan = SimpleNamespace(schedule=Schedule.CONCURRENT, node_plans={"a": node}, units=[])  # a node's own allocation
+        got, want = held_shares(plan)["a"], min(1.0, max(0.0, float(allocation)))
+        assert math.copysign(1.0, got) == math.copysign(1.0, want) and (got == want or math.isnan(got) == math.isnan(want))
+
+
+def test_a_record_row_bounds_are_the_two_separate_passes():
+    """`record_row` takes the step's and the nodes' dominant bound from one pass over the node rows:
+    each the rule `attribution.dominant_bound` gives over the rows (with, and without, the overheads)."""
+    from dabench_ir.report.attribution import dominant_bound
+    from dabench_ir.sweep.results import record_row, strip_nodes
+
+    nodes = [{"time_s": 1.0, "bound": "memory"}, {"time_s": 0.5, "bound": "compute"}, {"time_s": None, "bound": "compute"},
+             {"time_s": 0.75, "bound": "compute"}, {"time_s": float("nan"), "bound": "memory"}, {"time_s": 0.1}]  # fmt: skip
+    for overheads in ({}, {"host": 3.0}, {"host": 0.1, "overhead": 0.2}):
+        report = {"nodes": nodes, "overheads": overheads, "metrics": {"dominant_bound": "x", "node_bound": "y"}}
+        row = record_row({"key": "k", "params": {}, "status": "ok", "report": report})
+        assert row["dominant_bound"] == dominant_bound(nodes, overheads)[0]
+        assert row["node_bound"] == dominant_bound(nodes)[0] == "compute"
+        record = {"report": dict(report, metrics={})}
+        strip_nodes(record)
+        assert record["report"]["metrics"] == {"dominant_bound": row["dominant_bound"], "node_bound": "compute"}
+    scaled = {"nodes": nodes, "extra": {"scale": {"chips": 4}}, "metrics": {"dominant_bound": "communication"}}
+    row = record_row({"key": "k", "params": {}, "status": "ok", "report": scaled})
+    assert (row["dominant_bound"], row["node_bound"]) == ("communication", "compute")
+
+
+def test_json_text_writes_string_keys_first_and_other_keys_as_their_text():
+    """`json_text` asks orjson for string keys first (twice as fast) and encodes data with another key
+    again with the option for them: both texts are what the option alone writes."""
+    import orjson
+
+    from dabench_ir.report.model import json_text
+
+    plain = {"a": [1.5, float("nan"), None, {"b": float("inf")}], "c": "text"}
+    keyed = {"a": {1: 2.0, None: 3}, "z": [{"k": {2: "x"}}]}
+    for data in (plain, keyed):
+        assert json_text(data) == orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS).decode()
+    assert json_text(keyed) == '{"a":{"1":2.0,"null":3},"z":[{"k":{"2":"x"}}]}'
+    assert json_text({"big": 1 << 70}) == '{"big":1180591620717411303424}'  # past 64 bits: json writes it

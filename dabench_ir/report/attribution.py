@@ -31,7 +31,9 @@ __all__ = [
     "ROLE_COLUMNS",
     "TIME_BASIS",
     "bound_shares",
+    "bound_times",
     "dominant_bound",
+    "dominant_of_shares",
     "layer_runs",
     "node_share",
     "overhead_rows",
@@ -39,6 +41,7 @@ __all__ = [
     "role_rows",
     "roofline_points",
     "roofline_roofs",
+    "shares_of_times",
     "summed_time",
     "target_peak",
     "time_groups",
@@ -109,17 +112,31 @@ def bound_shares(
     """Share of the summed time (`TIME_BASIS`) per bound class, the overhead rows as the class
     ``overhead``. ``nodes``: NodeRecords or report-JSON node dicts; ``overheads``: seconds by
     name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
+    return shares_of_times(bound_times(nodes), overheads)
+
+
+def bound_times(nodes: Sequence[Any]) -> dict[str, float]:
+    """The node time per bound class (``unknown`` for a timed node without one), added in node order:
+    what `bound_shares` divides, for a caller that wants the shares with and without the overheads
+    from one pass over the nodes (`shares_of_times`)."""
     times: dict[str, float] = {}
+    isfinite = math.isfinite
     for n in nodes:
         if isinstance(n, dict):
             t, bound = n.get("time_s"), n.get("bound")
         else:
             t, bound = n.time_s, n.bound
-        if t and math.isfinite(t):  # a NaN counts as the null its JSON holds
+        if t and isfinite(t):  # a NaN counts as the null its JSON holds
             key = str(bound or "unknown")
             times[key] = times.get(key, 0.0) + float(t)
+    return times
+
+
+def shares_of_times(times: dict[str, float], overheads: dict[str, float] | None = None) -> dict[str, float]:
+    """`bound_shares` from the node times of `bound_times` (not changed) and the overhead rows."""
     extra = sum(float(v) for v in (overheads or {}).values() if v)
     if extra:
+        times = dict(times)
         times["overhead"] = times.get("overhead", 0.0) + extra
     total = sum(times.values())
     return {k: v / total for k, v in times.items()} if total else {}
@@ -130,7 +147,11 @@ def dominant_bound(
 ) -> tuple[str | None, float | None]:
     """The bound class with the largest share of the summed time, overheads counted as the class
     ``overhead`` (a host-heavy step says overhead), and that share; (None, None) untimed."""
-    shares = bound_shares(nodes, overheads)
+    return dominant_of_shares(bound_shares(nodes, overheads))
+
+
+def dominant_of_shares(shares: dict[str, float]) -> tuple[str | None, float | None]:
+    """`dominant_bound` of the shares `bound_shares` (or `shares_of_times`) gives."""
     if not shares:
         return None, None
     best = max(shares, key=shares.__getitem__)
@@ -270,6 +291,11 @@ def _bound_of(records: Sequence[NodeRecord]) -> tuple[str | None, float | None]:
     for r in records:
         if r.bound is not None and r.time_s is not None:
             by[r.bound] = by.get(r.bound, 0.0) + r.time_s
+    return _bound_from(by, records)
+
+
+def _bound_from(by: dict[str, float], records: Sequence[NodeRecord]) -> tuple[str | None, float | None]:
+    """`_bound_of` from the time per bound its records add up (``by``, in record order)."""
     total = sum(by.values())
     if not by:
         counts: dict[str, int] = {}
@@ -292,6 +318,7 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
     feed_bytes = measured = energy = 0
     any_measured = any_energy = False
     layers = set()
+    by_bound: dict[str, float] = {}  # `_bound_of`'s sums, added in the same walk
     for r in records:
         c = r.cost
         f = 0
@@ -299,8 +326,12 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
             f = c.flops
             nbytes += c.bytes
         flops += f
-        if r.time_s is not None:
-            time_s = (0 if time_s is None else time_s) + r.time_s
+        t = r.time_s
+        if t is not None:
+            time_s = (0 if time_s is None else time_s) + t
+            bound = r.bound
+            if bound is not None:
+                by_bound[bound] = by_bound.get(bound, 0.0) + t
         if r.measured_time_s is not None:
             measured += r.measured_time_s
             any_measured = True
@@ -314,7 +345,7 @@ def _row(role: str, records: Sequence[NodeRecord], peak: float | None) -> dict[s
             feed_flops += f
         if r.layer is not None:
             layers.add(r.layer)
-    bound, bound_share = _bound_of(records)
+    bound, bound_share = _bound_from(by_bound, records)
     achieved = flops / time_s if time_s else None
     return {
         "role": role,

@@ -46,6 +46,7 @@ def build_report(
     records: list[NodeRecord] = []
     unattributed: list[dict[str, Any]] = []
     estimated: list[NodeRecord] = []
+    costs: list[Cost] = []  # the records' costs, for the totals
     measured = dict(getattr(measurement, "node_times", {}) or {})
     missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
@@ -53,18 +54,23 @@ def build_report(
     feed_bytes = metrics.node_feed_bytes if node_intensity else {}
     timings = timeline.nodes if timeline is not None else {}
     busy = timeline.busy_times() if timeline is not None else {}
+    node_plans = plan.node_plans if plan is not None else {}
+    # the meta keys in locals: read for every node (~1,200 a point), a module attribute each time otherwise
+    cost_key, unattributed_key, op_class_key, precision_key = meta.COST, meta.UNATTRIBUTED, meta.OP_CLASS, meta.PRECISION
+    folded_key, estimated_key = meta.FOLDED, meta.ESTIMATED
     for node in graph.nodes:
         name, m = node.name, node.meta
-        cost = None if meta.UNATTRIBUTED in m else m.get(meta.COST)
-        op_class = m.get(meta.OP_CLASS)
+        cost = None if unattributed_key in m else m.get(cost_key)
+        op_class = m.get(op_class_key)
         if op_class is not None:
             op_class = str(op_class)
-        precision = str(m[meta.PRECISION]) if meta.PRECISION in m else None
+        precision = str(m[precision_key]) if precision_key in m else None
         if name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
             intensity, feed = node_intensity[name], feed_bytes.get(name)
         else:
             intensity, feed = (cost.intensity if cost is not None else None), None
-        record = NodeRecord(name, node.qualified_op, node.layer, node.scope, op_class, cost, intensity)
+        op_type = node.qualified_op
+        record = NodeRecord(name, op_type, node.layer, node.scope, op_class, cost, intensity)
         # set, not passed by keyword: matching keywords against 19 parameters cost more than the record
         record.precision, record.role, record.feed_bytes = precision, roles.get(name), feed
         t = timings.get(name)
@@ -72,11 +78,15 @@ def build_report(
             # busy time, not the first-start-to-last-end span: a pipelined node runs once
             # per micro-batch and waits between runs
             record.time_s, record.start_s, record.unit = busy[name], t.start, t.unit
-            record.bound = _bound(t.bound, plan, name)
-        if meta.FOLDED in m:
-            record.note = m[meta.FOLDED]
-        if meta.ESTIMATED in m:
-            record.note = f"{ESTIMATED_NOTE} ({m[meta.ESTIMATED]})"
+            bound = t.bound
+            if bound is None and name in node_plans:  # the timeline's bound, else the plan's
+                bound = node_plans[name].bound
+            if bound is not None:
+                record.bound = str(bound)
+        if folded_key in m:
+            record.note = m[folded_key]
+        if estimated_key in m:
+            record.note = f"{ESTIMATED_NOTE} ({m[estimated_key]})"
             estimated.append(record)
         if name in measured:
             record.measured_time_s = measured[name]
@@ -87,11 +97,13 @@ def build_report(
         elif name in missing_measure:
             record.note = f"not measured: {missing_measure[name]}"
         if cost is None:
-            reason = m.get(meta.UNATTRIBUTED, "not costed")
-            unattributed.append({"name": name, "op_type": record.op_type, "reason": reason})
+            reason = m.get(unattributed_key, "not costed")
+            unattributed.append({"name": name, "op_type": op_type, "reason": reason})
+        else:
+            costs.append(cost)
         records.append(record)
 
-    total = _total(r.cost for r in records if r.cost is not None)
+    total = _total(costs)
     samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
@@ -122,7 +134,7 @@ def build_report(
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
     if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
-        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics)
+        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics, busy)
     metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
         metric_dict.update(metrics.to_dict())
@@ -238,7 +250,7 @@ _ENERGY_TOTALS = (
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
 
-def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None) -> None:
+def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None, busy=None) -> None:
     """Per-node joules, the rows no node owns, and the step's energy, power and efficiency (docs/energy.md).
 
     ``energy_j`` = ``node_energy_j`` (each node: dynamic + the static power of what it holds
@@ -247,8 +259,8 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics
     """
     from dabench_ir.energy import step_energy
 
-    # the metrics' feed bytes are of this plan and timeline (`place`): read, not walked again
-    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None))
+    # the metrics' feed bytes are of this plan and timeline (`place`), ``busy`` its busy times: read, not walked again
+    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
     energies = step_e.nodes
     for r in records:
         r.energy_j = energies.get(r.name)
@@ -275,13 +287,6 @@ def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics
             "static_power_w": step_e.static_power_w,
         }
     )
-
-
-def _bound(given: Any, plan: Any, name: str) -> str | None:
-    """The lowering's bound for a node: what the timeline says, else what the plan placed."""
-    if given is None and plan is not None and name in plan.node_plans:
-        given = plan.node_plans[name].bound
-    return str(given) if given is not None else None
 
 
 def _config(graph: Graph, run: ResolvedRun, plan: Any, samples: int, *, placed: bool) -> dict[str, Any]:

@@ -35,8 +35,10 @@ _TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
 _MLP_NAME = re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def general_scope(scope: str) -> str:
-    """The scope with its layer index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``."""
+    """The scope with its layer index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``.
+    Cached: the points of one model (and of its other layer counts) ask for the same scopes and weights."""
     return _LAYER_SUB.sub(_star, scope)
 
 
@@ -55,8 +57,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
     containers = _containers(scopes)
     producers = {o: n for n in graph.nodes for o in n.outputs if o}  # one map for both walks
     op_roles = _OpRoles()
-    softmax_in, softmax_out = _around_softmax(graph, producers, op_roles)
-    rotary = _rotary(graph, producers, op_roles)
+    softmaxes, table_ops = _softmaxes_and_tables(graph, op_roles)
+    softmax_in, softmax_out = _around_softmax(graph, softmaxes, producers, op_roles)
+    rotary = _rotary(graph, table_ops, producers, op_roles)
     roles: dict[str, str] = {}
     general: dict[str, str] = {}  # scope -> general_scope(scope): the nodes of a module share it
     for node in graph.nodes:
@@ -99,12 +102,24 @@ class _OpRoles(dict[tuple[str, str], frozenset[Role]]):
         return roles
 
 
-def _with_role(graph: Graph, role: Role, op_roles: _OpRoles) -> list[Node]:
-    """The nodes whose op signals ``role``, in order."""
-    return [node for node in graph.nodes if role in op_roles[node.op_type, node.domain]]
+def _softmaxes_and_tables(graph: Graph, op_roles: _OpRoles) -> tuple[list[Node], list[Node]]:
+    """The nodes whose op signals `Role.SOFTMAX`, and those signalling `Role.ROTARY_TABLE`, in order:
+    one walk of the nodes for both."""
+    softmaxes: list[Node] = []
+    tables: list[Node] = []
+    softmax, table = Role.SOFTMAX, Role.ROTARY_TABLE
+    for node in graph.nodes:
+        roles = op_roles[node.op_type, node.domain]
+        if softmax in roles:
+            softmaxes.append(node)
+        if table in roles:
+            tables.append(node)
+    return softmaxes, tables
 
 
-def _around_softmax(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> tuple[set[str], set[str]]:
+def _around_softmax(
+    graph: Graph, softmaxes: list[Node], producers: dict[str, Node], op_roles: _OpRoles
+) -> tuple[set[str], set[str]]:
     """Nodes on the path into a Softmax (scores, scale, mask) and those reading its output (P·V).
 
     Walks back from each Softmax through element-wise and layout ops to the first
@@ -113,7 +128,7 @@ def _around_softmax(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles
     into: set[str] = set()
     out: set[str] = set()
     consumers = graph.consumers
-    for sm in _with_role(graph, Role.SOFTMAX, op_roles):
+    for sm in softmaxes:
         stack = [i for i in sm.inputs if i]
         seen: set[str] = set()
         while stack:
@@ -143,9 +158,10 @@ def _around_softmax(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles
     return into, out
 
 
-def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set[str]:
-    """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them."""
-    tables = {o for n in _with_role(graph, Role.ROTARY_TABLE, op_roles) for o in n.outputs if o}
+def _rotary(graph: Graph, table_ops: list[Node], producers: dict[str, Node], op_roles: _OpRoles) -> set[str]:
+    """RoPE: the multiplies by the cos/sin tables (and their layout), the Neg and the Adds joining them;
+    ``table_ops``: the nodes computing the tables."""
+    tables = {o for n in table_ops for o in n.outputs if o}
     tables |= {  # the substring test first: most graphs' thousands of weights name neither
         name for name, v in graph.values.items()
         if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
@@ -160,8 +176,10 @@ def _rotary(graph: Graph, producers: dict[str, Node], op_roles: _OpRoles) -> set
             out.add(node.name)
     for node in graph.nodes:
         op = node.op_type
-        if op == "Add":  # joins
-            if all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i):
+        if op == "Add":  # joins: every input's producer is rotary (with none yet, only an Add reading nothing
+            # passes, and `any` says so without a generator for each of a model's hundreds of Adds)
+            if (all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i) if out
+                    else not any(node.inputs)):
                 out.add(node.name)
         elif op == "Neg" and node.scope and any(  # rotates
             r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])

@@ -78,8 +78,7 @@ def strip_nodes(record: dict[str, Any]) -> None:
     report = record.get("report")
     if report and report.get("nodes"):
         kept = report.setdefault("metrics", {})
-        kept["dominant_bound"] = dominant_bound(report)
-        kept["node_bound"] = dominant_bound(report, nodes_only=True)
+        kept["dominant_bound"], kept["node_bound"] = _bounds(report)
         report["nodes"] = []
 
 
@@ -148,15 +147,25 @@ def dominant_bound(report: dict[str, Any], *, nodes_only: bool = False) -> str |
     of the operators, whatever the host or a pipeline drain adds). A report kept without its node
     rows (a sweep's ``node_detail=False``) gives what was stored in its metrics before.
     """
-    from dabench_ir.report.attribution import dominant_bound as by_time
+    step, nodes = _bounds(report)
+    return nodes if nodes_only else step
+
+
+def _bounds(report: dict[str, Any]) -> tuple[str | None, str | None]:
+    """`dominant_bound` of ``report``, and with ``nodes_only``: both from one pass over its node rows
+    (a record's row asks both; each was a pass of its own)."""
+    from dabench_ir.report.attribution import bound_times, dominant_of_shares, shares_of_times
 
     metrics = report.get("metrics") or {}
-    key = "node_bound" if nodes_only else "dominant_bound"
     nodes = report.get("nodes") or []
-    if not nodes or (not nodes_only and (report.get("extra") or {}).get("scale")):
-        return metrics.get(key)
-    bound, _ = by_time(nodes, None if nodes_only else report.get("overheads"))
-    return bound or metrics.get(key)
+    if not nodes:
+        return metrics.get("dominant_bound"), metrics.get("node_bound")
+    times = bound_times(nodes)
+    node_bound = dominant_of_shares(shares_of_times(times))[0] or metrics.get("node_bound")
+    if (report.get("extra") or {}).get("scale"):
+        return metrics.get("dominant_bound"), node_bound
+    step_bound = dominant_of_shares(shares_of_times(times, report.get("overheads")))[0]
+    return step_bound or metrics.get("dominant_bound"), node_bound
 
 
 def _num(x: Any) -> Any:
@@ -172,6 +181,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     metrics = report.get("metrics") or {}
     failure = report.get("failure") or {}
     achieved = totals.get("achieved_flops_per_s")
+    step_bound, node_bound = _bounds(report) if report else (None, None)
     row.update(
         {
             "status": record.get("status"),
@@ -186,8 +196,8 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             "load_imbalance": metrics.get("load_imbalance"),
             "fits": report.get("fits") if report else None,
             "failure_reason": failure.get("reason"),
-            "dominant_bound": dominant_bound(report) if report else None,
-            "node_bound": dominant_bound(report, nodes_only=True) if report else None,
+            "dominant_bound": step_bound,
+            "node_bound": node_bound,
             "roofline_bound": metrics.get("roofline_bound"),
             "params_count": (report.get("model") or {}).get("params"),
             "nodes": (report.get("model") or {}).get("nodes"),
