@@ -167,6 +167,8 @@ def stored_root(graph: Graph, name: str) -> str:
     value = graph.values.get(name)
     if value is None or not value.producer:  # a weight or constant as stored (the common case)
         return name
+    if meta.FOLDED not in graph.node(value.producer).meta:  # a value an unfolded node writes: itself
+        return name
     seen: set[str] = set()
     while name not in seen:
         seen.add(name)
@@ -200,15 +202,16 @@ def stored_values(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> 
 
 def _stored_reads(ctx: LoweringContext, node: Node) -> tuple[tuple[str, int], ...]:
     """The stored values one node reads, in input order: (root, bytes of the layout it reads)."""
-    graph = ctx.graph
     if meta.FOLDED in node.meta:  # its output is the weight, read (and counted) by its consumer
         return ()
-    if ctx.stored.isdisjoint(node.inputs):  # most nodes read none
+    held, inputs = ctx.stored, node.inputs
+    if held.isdisjoint(inputs):  # most nodes read none
         return ()
     shape_input = traits_of(node).output_shape_input  # a target shape: compile-time metadata, not held
-    stored = [v for i, v in enumerate(node.inputs) if v in ctx.stored and i != shape_input]
+    stored = [v for i, v in enumerate(inputs) if v in held and i != shape_input]
     if not stored:
         return ()
+    graph = ctx.graph
     fallback = ctx.costs[node.name].weight_bytes // len(stored)
     return tuple([(stored_root(graph, v), ctx.value_bytes(v, fallback)) for v in stored])
 
@@ -348,21 +351,22 @@ def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] 
     if nodes is not graph.nodes:  # the whole graph reads nothing from outside itself
         consumers = graph.consumers
         for v in sizes:
-            if any(c.name not in position for c in consumers.get(v, ())):
-                last_use[v] = end  # read by a node outside this set: held to the end
+            for c in consumers.get(v, ()):
+                if c.name not in position:
+                    last_use[v] = end  # read by a node outside this set: held to the end
+                    break
     values = graph.values
-    events: dict[int, int] = {}
+    events = [0] * (end + 2)  # bytes born (+) and freed (-) before each position: a list, not a sorted map
     for v, size in sizes.items():
         if v in skip:
             continue
         value = values.get(v)
         born = position.get(value.producer, 0) if value is not None else 0  # produced outside: live from the start
-        events[born] = events.get(born, 0) + size
-        dies = last_use[v] + 1
-        events[dies] = events.get(dies, 0) - size
+        events[born] += size
+        events[last_use[v] + 1] -= size
     peak = live = 0
-    for i in sorted(events):
-        live += events[i]
+    for change in events:
+        live += change
         if live > peak:
             peak = live
     return peak

@@ -440,8 +440,10 @@ def reduction_depths(ctx: LoweringContext, node: Node) -> tuple[float, float, fl
     reduces over N, the output's last dim; dB = Aᵀ·dC over the rows, every token when B is a
     weight, else the per-matrix rows M). None when the node contracts nothing or its shape is unknown."""
     cost = ctx.costs[node.name]
+    if cost.contraction_flops <= 0:  # most nodes: asked first, before the output is looked for
+        return None
     out = next((v for v in node.outputs if v), None)
-    if cost.contraction_flops <= 0 or out is None:
+    if out is None:
         return None
     fwd = _phase_cost(node, "forward", cost)
     try:
@@ -568,7 +570,9 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     sections = form_sections(ctx, chip, opt_level, demand)
     section_of: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}  # phase -> node -> its section
     for i, sec in enumerate(sections):
-        section_of[sec.phase].update(dict.fromkeys((n.name for n in sec.nodes), i))
+        in_phase = section_of[sec.phase]
+        for n in sec.nodes:
+            in_phase[n.name] = i
     cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
