@@ -374,6 +374,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     for st in stages:
         k = st.ipu
         budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
+        unit_id = f"ipu{k}"
         for node in st.nodes:
             cost = ctx.costs[node.name]
             used = tiles_for(node)
@@ -394,7 +395,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                     link_bytes += _act_bytes(ctx, v) * (2 if training else 1)  # and its gradient back
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
             plan.node_plans[node.name] = np_ = place_node(
-                ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s + special_s,
+                ctx, node, unit=unit_id, compute_s=matmul_s + vector_s + special_s,
                 memory_s=cost.bytes / (sram_bw * used / tiles),
                 comm_s=cost.act_bytes_in / exchange_bw + comm_s + serial_comm_s,
                 overhead_s=sync * m * (1 + extra) if work else 0.0, feed_level=sram.level, feed_bytes=cost.bytes, ridge=ridge,

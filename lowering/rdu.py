@@ -240,9 +240,12 @@ def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
     return core
 
 
-def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[list[Node]]:
-    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each."""
-    core = _attention_cores(ctx, nodes) if opt_level != "O0" else {}
+def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str,
+            core: dict[str, int] | None = None) -> list[list[Node]]:  # fmt: skip
+    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each
+    (``core``: `_attention_cores` of ``nodes``, when the caller has it)."""
+    if core is None:
+        core = _attention_cores(ctx, nodes) if opt_level != "O0" else {}
     groups: list[list[Node]] = []
     last_key = None
     for node in nodes:
@@ -255,13 +258,14 @@ def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[lis
     return groups
 
 
-def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Demand | None = None) -> list[Section]:
+def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Demand | None = None,
+                  cores: dict[str, int] | None = None) -> list[Section]:  # fmt: skip
     """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer
-    (``demand``: the nodes' `_Demand` on ``chip``, when the caller has one)."""
+    (``demand``: the nodes' `_Demand` on ``chip``, ``cores``: the forward's `_attention_cores`
+    at that level, when the caller has them)."""
     demand = demand or _Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
-    body = [n for n in ctx.graph.nodes if not is_optimizer_step(n)]
-    optimizer = [n for n in ctx.graph.nodes if is_optimizer_step(n)]
+    body, optimizer = _body_and_optimizer(ctx.graph)
     out: list[Section] = []
     modules: dict[tuple[str, int | None], str] = {}  # `module_key` by (scope, layer): a scope holds ~3 nodes
     chains = [("forward", body)]
@@ -270,7 +274,7 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
     for phase, chain in chains:
         cur = Section(phase)
         key = None
-        for group in _groups(ctx, chain, opt_level):
+        for group in _groups(ctx, chain, opt_level, cores if phase == "forward" else None):
             pmu = pcu = 0
             for n in group:
                 node_pmu, node_pcu = demand.of(n, phase)
@@ -329,6 +333,15 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
         tensors = len({v for n in optimizer for v in n.inputs if v}) if opt_level == "O0" else 1
         out.append(Section("optimizer", optimizer, 1, 1, max(1, tensors)))
     return out
+
+
+def _body_and_optimizer(graph: Graph) -> tuple[list[Node], list[Node]]:
+    """The graph's nodes but its optimizer steps, and its optimizer steps, each in program order."""
+    body: list[Node] = []
+    optimizer: list[Node] = []
+    for n in graph.nodes:
+        (optimizer if is_optimizer_step(n) else body).append(n)
+    return body, optimizer
 
 
 class RduLowering(Lowering):
@@ -567,13 +580,13 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     sram_bw = target.memory("on-chip").bandwidth_bytes_per_s if target.has_memory("on-chip") else bw
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
     demand = _Demand(ctx, chip)
-    sections = form_sections(ctx, chip, opt_level, demand)
+    cores = _attention_cores(ctx, _body_and_optimizer(graph)[0]) if opt_level != "O0" else {}
+    sections = form_sections(ctx, chip, opt_level, demand, cores)  # the forward's cores found once for both
     section_of: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}  # phase -> node -> its section
     for i, sec in enumerate(sections):
         in_phase = section_of[sec.phase]
         for n in sec.nodes:
             in_phase[n.name] = i
-    cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
     saved = saved_for_backward(graph, recomputed)
