@@ -418,18 +418,21 @@ def balance(
     # the period can go no lower than the slowest task at its maximum: the others then get only
     # what keeps pace with it, and the rest of ``available`` stays unused
     floor_t = max(w / max(hi, 1) + f for w, hi, f in zip(work_s, max_units, fixed, strict=True) if w > 0)
-    if sum(units_at(floor_t)) <= available:
-        return units_at(floor_t)
+    at_floor = units_at(floor_t)
+    if sum(at_floor) <= available:
+        return at_floor
     lo_t = floor_t
+    at_hi = None  # units_at(hi_t) once a bisection step has found it (each is a pass over the tasks)
     for _ in range(100):  # bisection on a log scale; sum(units_at(t)) falls as t grows
         mid = math.sqrt(lo_t * hi_t)
-        if sum(units_at(mid)) <= available:
-            hi_t = mid
+        at_mid = units_at(mid)
+        if sum(at_mid) <= available:
+            hi_t, at_hi = mid, at_mid
         else:
             lo_t = mid
         if hi_t / lo_t < 1 + 1e-4:  # within 0.01%: finer balance changes no unit count that matters
             break
-    return units_at(hi_t)
+    return at_hi if at_hi is not None else units_at(hi_t)
 
 
 UNATTRIBUTED_NOTE = "unattributed: zero time"
