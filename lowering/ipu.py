@@ -546,6 +546,10 @@ class _Serial:
     broadcast_bytes: float = 0.0
 
 
+_NO_MATMUL = _Serial()
+"""The plan of a node that contracts nothing (most nodes): one pass, nothing held; shared, as it is frozen."""
+
+
 def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: float) -> _Serial:
     """How the PopLibs planner fits a matmul's temporaries into ``budget`` (the matmul
     proportion of the IPU's memory). At full speed the plan wants ``gamma`` bytes of
@@ -557,7 +561,7 @@ def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget:
     broadcast operand again (the lowering's time); none of it where the budget does not bind."""
     graph = ctx.graph
     if ctx.costs[node.name].contraction_flops <= 0:
-        return _Serial()
+        return _NO_MATMUL
     sizes: list[float] = []
     total = 0.0
     for i, v in enumerate([*node.inputs, *node.outputs]):

@@ -189,6 +189,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     producer = {out: node for node in graph.nodes for out in node.outputs if out}
     latest = _LatestAttention(graph, producer, owner)
     held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
+    activations = ctx.activations
     scopes: dict[str, tuple[str, list[str]]] = {}  # scope -> its block prefix and the parts below (~3 nodes a scope)
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
@@ -212,7 +213,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         prefix, rest = split
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
-        acts = [v for v in node.inputs if v in ctx.activations]
+        acts = [v for v in node.inputs if v in activations]
         op_class = node.meta.get(meta.OP_CLASS)
         is_contraction = op_class is OpClass.CONTRACTION or (
             op_class is None and ctx.costs[node.name].contraction_flops > 0
@@ -308,6 +309,9 @@ class _LatestAttention:
 
     def __call__(self, value: str) -> int:
         memo, producer = self.memo, self.producer
+        known = memo.get(value)
+        if known is not None:  # asked before, or upstream of an earlier ask: no walk
+            return known
         stack = [value]
         while stack:  # post-order without recursion (a chain may be 100k nodes deep)
             v = stack[-1]
