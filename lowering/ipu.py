@@ -374,6 +374,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
     for st in stages:
         k = st.ipu
         budget = (amps[k] if len(amps) > 1 else amps[0]) * capacity
+        unit_id = f"ipu{k}"
         for node in st.nodes:
             cost = ctx.costs[node.name]
             used = tiles_for(node)
@@ -394,7 +395,7 @@ def _lower(ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
                     link_bytes += _act_bytes(ctx, v) * (2 if training else 1)  # and its gradient back
             comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
             plan.node_plans[node.name] = np_ = place_node(
-                ctx, node, unit=f"ipu{k}", compute_s=matmul_s + vector_s + special_s,
+                ctx, node, unit=unit_id, compute_s=matmul_s + vector_s + special_s,
                 memory_s=cost.bytes / (sram_bw * used / tiles),
                 comm_s=cost.act_bytes_in / exchange_bw + comm_s + serial_comm_s,
                 overhead_s=sync * m * (1 + extra) if work else 0.0, feed_level=sram.level, feed_bytes=cost.bytes, ridge=ridge,
@@ -545,6 +546,10 @@ class _Serial:
     broadcast_bytes: float = 0.0
 
 
+_NO_MATMUL = _Serial()
+"""The plan of a node that contracts nothing (most nodes): one pass, nothing held; shared, as it is frozen."""
+
+
 def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: float) -> _Serial:
     """How the PopLibs planner fits a matmul's temporaries into ``budget`` (the matmul
     proportion of the IPU's memory). At full speed the plan wants ``gamma`` bytes of
@@ -556,7 +561,7 @@ def _serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget:
     broadcast operand again (the lowering's time); none of it where the budget does not bind."""
     graph = ctx.graph
     if ctx.costs[node.name].contraction_flops <= 0:
-        return _Serial()
+        return _NO_MATMUL
     sizes: list[float] = []
     total = 0.0
     for i, v in enumerate([*node.inputs, *node.outputs]):

@@ -204,18 +204,19 @@ class _Demand:
         memo = self._demand[phase]
         got = memo.get(node.name)
         if got is None:
-            pmu = self._pmu_of(node, phase)
+            cost = self.cost(node, phase)  # read once for both
+            pmu = self._pmu_of(node, phase, cost)
             pcu = pmu
-            if pmu and self.cost(node, phase).contraction_flops > 0:
+            if pmu and cost.contraction_flops > 0:
                 g = self.chip.matmul_grain
                 pcu = math.ceil(pmu / g) * g
             got = memo[node.name] = (pmu, pcu)
         return got
 
-    def _pmu_of(self, node: Node, phase: str) -> int:
+    def _pmu_of(self, node: Node, phase: str, cost: Cost | None = None) -> int:
         if not self.ctx.is_work(node):
             return 0
-        c = self.cost(node, phase)
+        c = self.cost(node, phase) if cost is None else cost
         act = (c.act_bytes_in + c.act_bytes_out) / self.ctx.batch
         return max(1, math.ceil(act / self.chip.act_bytes_per_pmu)) + math.ceil(
             c.weight_bytes / self.chip.weight_bytes_per_pmu
@@ -239,9 +240,12 @@ def _attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
     return core
 
 
-def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[list[Node]]:
-    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each."""
-    core = _attention_cores(ctx, nodes) if opt_level != "O0" else {}
+def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str,
+            core: dict[str, int] | None = None) -> list[list[Node]]:  # fmt: skip
+    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each
+    (``core``: `_attention_cores` of ``nodes``, when the caller has it)."""
+    if core is None:
+        core = _attention_cores(ctx, nodes) if opt_level != "O0" else {}
     groups: list[list[Node]] = []
     last_key = None
     for node in nodes:
@@ -254,21 +258,23 @@ def _groups(ctx: LoweringContext, nodes: list[Node], opt_level: str) -> list[lis
     return groups
 
 
-def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Demand | None = None) -> list[Section]:
+def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Demand | None = None,
+                  cores: dict[str, int] | None = None) -> list[Section]:  # fmt: skip
     """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer
-    (``demand``: the nodes' `_Demand` on ``chip``, when the caller has one)."""
+    (``demand``: the nodes' `_Demand` on ``chip``, ``cores``: the forward's `_attention_cores`
+    at that level, when the caller has them)."""
     demand = demand or _Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
-    body = [n for n in ctx.graph.nodes if not is_optimizer_step(n)]
-    optimizer = [n for n in ctx.graph.nodes if is_optimizer_step(n)]
+    body, optimizer = _body_and_optimizer(ctx.graph)
     out: list[Section] = []
+    modules: dict[tuple[str, int | None], str] = {}  # `module_key` by (scope, layer): a scope holds ~3 nodes
     chains = [("forward", body)]
     if train:
         chains.append(("backward", [n for n in reversed(body) if demand.cost(n, "backward").flops > 0]))
     for phase, chain in chains:
         cur = Section(phase)
         key = None
-        for group in _groups(ctx, chain, opt_level):
+        for group in _groups(ctx, chain, opt_level, cores if phase == "forward" else None):
             pmu = pcu = 0
             for n in group:
                 node_pmu, node_pcu = demand.of(n, phase)
@@ -276,7 +282,12 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
                 pcu += node_pcu
             need = max(pcu, pmu)
             has_work = cur.pcus > 0  # a node holds PCUs exactly when it works (`_Demand`): cur holds work
-            gkey = module_key(group[0]) if opt_level == "O1" else None  # only O1 cuts at modules
+            gkey = None
+            if opt_level == "O1":  # only O1 cuts at modules
+                first = group[0]
+                gkey = modules.get((first.scope, first.layer))
+                if gkey is None:
+                    gkey = modules[first.scope, first.layer] = module_key(first)
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
@@ -322,6 +333,15 @@ def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: _Dem
         tensors = len({v for n in optimizer for v in n.inputs if v}) if opt_level == "O0" else 1
         out.append(Section("optimizer", optimizer, 1, 1, max(1, tensors)))
     return out
+
+
+def _body_and_optimizer(graph: Graph) -> tuple[list[Node], list[Node]]:
+    """The graph's nodes but its optimizer steps, and its optimizer steps, each in program order."""
+    body: list[Node] = []
+    optimizer: list[Node] = []
+    for n in graph.nodes:
+        (optimizer if is_optimizer_step(n) else body).append(n)
+    return body, optimizer
 
 
 class RduLowering(Lowering):
@@ -404,7 +424,12 @@ def _section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[str, dict[
             readers = consumers.get(v, ())
             size = ctx.value_bytes(v, out_default)
             if forward:
-                leaves = v in outputs or any(home.get(c.name) != i for c in readers)
+                leaves = v in outputs  # or read by another section: any() written out (its generator cost more)
+                if not leaves:
+                    for c in readers:
+                        if home.get(c.name) != i:
+                            leaves = True
+                            break
                 kept = saved.get(v)
                 if leaves:
                     nbytes += size + (sum(b for key, b in kept.items() if key != v) if kept else 0)  # statistics beside it
@@ -428,8 +453,10 @@ def reduction_depths(ctx: LoweringContext, node: Node) -> tuple[float, float, fl
     reduces over N, the output's last dim; dB = Aᵀ·dC over the rows, every token when B is a
     weight, else the per-matrix rows M). None when the node contracts nothing or its shape is unknown."""
     cost = ctx.costs[node.name]
+    if cost.contraction_flops <= 0:  # most nodes: asked first, before the output is looked for
+        return None
     out = next((v for v in node.outputs if v), None)
-    if cost.contraction_flops <= 0 or out is None:
+    if out is None:
         return None
     fwd = _phase_cost(node, "forward", cost)
     try:
@@ -468,18 +495,22 @@ class _Rates:
         """Share of the asymptotic contraction rate a GEMM of reduction depth ``k`` reaches."""
         return k / (k + self.k_half) if self.k_half > 0 else 1.0
 
-    def time(self, cost: Cost, depths: tuple[float, ...] | None = None) -> float:
+    def time(self, cost: Cost, k: float | None = None) -> float:
         """Seconds of ``cost``: each of its three parts at its own rate.
 
-        ``depths``: the forward contraction's reduction depth K, as a 1-tuple (`reduction_depths`);
-        a backward's split over its GEMMs is `_backward_contraction_s`."""
-        t = sum(n / r for n, r in ((cost.vector_flops, self.vector), (cost.special_ops, self.special)) if n and r > 0)
+        ``k``: the forward contraction's reduction depth K (`reduction_depths`; None: the asymptotic
+        rate); a backward's split over its GEMMs is `_backward_contraction_s`."""
+        t = 0  # the vector and special parts added to 0 in turn, as sum() did (a generator cost more than both)
+        if cost.vector_flops and self.vector > 0:
+            t += cost.vector_flops / self.vector
+        if cost.special_ops and self.special > 0:
+            t += cost.special_ops / self.special
         c = cost.contraction_flops
         if not c or self.contraction <= 0:
             return t
-        if depths is None:
+        if k is None:
             return t + c / self.contraction
-        return t + c / (self.contraction * self.shape(depths[0]))
+        return t + c / (self.contraction * self.shape(k))
 
 
 def _backward_contraction_s(rates: _Rates, c: float, k: float, n: float, rows: float, fwd: float | None = None) -> float:
@@ -503,8 +534,14 @@ def pipeline_s(stages: list[tuple[float, int]], room: int, pcus: int) -> float:
     """
     if not stages:
         return 0.0
-    held = sum(max(1, p) for _, p in stages)
-    return pcus / room * held * max(t / max(1, p) for t, p in stages)
+    held = 0  # sum(max(1, p)) and max(t / max(1, p)) in one loop (two generators were most of its time)
+    slowest = None
+    for t, p in stages:
+        p = p if p > 1 else 1
+        held += p
+        if slowest is None or t / p > slowest:
+            slowest = t / p
+    return pcus / room * held * slowest
 
 
 def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
@@ -531,7 +568,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         if d is None or phase == "optimizer":
             return rates.time(cost)
         if phase == "forward":
-            return rates.time(cost, d[:1])
+            return rates.time(cost, d[0])
         fwd = _phase_cost(node, "forward", ctx.costs[node.name]).contraction_flops
         t = rates.time(Cost(vector_flops=cost.vector_flops, special_ops=cost.special_ops))
         return t + _backward_contraction_s(rates, cost.contraction_flops, *d, fwd=fwd)
@@ -543,32 +580,40 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     sram_bw = target.memory("on-chip").bandwidth_bytes_per_s if target.has_memory("on-chip") else bw
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=m)
     demand = _Demand(ctx, chip)
-    sections = form_sections(ctx, chip, opt_level, demand)
+    cores = _attention_cores(ctx, _body_and_optimizer(graph)[0]) if opt_level != "O0" else {}
+    sections = form_sections(ctx, chip, opt_level, demand, cores)  # the forward's cores found once for both
     section_of: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}  # phase -> node -> its section
     for i, sec in enumerate(sections):
-        section_of[sec.phase].update(dict.fromkeys((n.name for n in sec.nodes), i))
-    cores = _attention_cores(ctx, [n for n in graph.nodes if not is_optimizer_step(n)]) if opt_level != "O0" else {}
+        in_phase = section_of[sec.phase]
+        for n in sec.nodes:
+            in_phase[n.name] = i
     # values inside an attention core: never leave the chip; the backward recomputes them
     recomputed = {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
     saved = saved_for_backward(graph, recomputed)
     core_fwd_flops: dict[int, int] = {}
     core_fwd_s: dict[int, float] = {}
+    core_nodes: dict[int, list[Node]] = {}  # core id -> its nodes in order (a scan of every core per section was quadratic)
     for name, cid in cores.items():
-        fwd = _phase_cost(graph.node(name), "forward", ctx.costs[name])
+        node = graph.node(name)
+        fwd = _phase_cost(node, "forward", ctx.costs[name])
         core_fwd_flops[cid] = core_fwd_flops.get(cid, 0) + fwd.flops
-        core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + node_s(graph.node(name), "forward")
+        core_fwd_s[cid] = core_fwd_s.get(cid, 0.0) + node_s(node, "forward")
+        core_nodes.setdefault(cid, []).append(node)
     dtype_peak: dict[DType, float] = {}
 
-    def peak_of(name: str) -> float:  # the compiled tiles' peak at the dtype the node computes in
-        dt = ctx.node_precision(graph.node(name))
-        if dt not in dtype_peak:  # one look-up a dtype, not one a node
+    def peak_of(node: Node) -> float:  # the compiled tiles' peak at the dtype the node computes in
+        dt = ctx.node_precision(node)
+        peak = dtype_peak.get(dt)
+        if peak is None:  # one look-up a dtype, not one a node
             try:
-                dtype_peak[dt] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
+                peak = dtype_peak[dt] = target.peak_flops(dt if dt.is_float else ctx.precision) * share
             except TargetError:
-                dtype_peak[dt] = target.peak_flops(ctx.precision) * share
-        return dtype_peak[dt]
+                peak = dtype_peak[dt] = target.peak_flops(ctx.precision) * share
+        return peak
 
-    times: dict[str, list[tuple[str, float, float, float, int]]] = {}  # node -> (unit, time, compute, memory, bytes)
+    # node -> [its home unit, then its time, compute, memory and bytes summed over its runs, in run order
+    # from 0 as sum() adds] (a list of runs zipped and summed per node was a tenth of an O0 lowering)
+    runs: dict[str, list] = {}
     section_bound: dict[str, Bound] = {}  # section -> what binds its pipeline (DDR traffic or compute)
     ddr_total = 0
     unit_index = 0
@@ -579,10 +624,12 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         flops: dict[str, int] = {}
         busy: dict[str, float] = {}
         through_pmus: dict[str, float] = {}  # a working node's bytes through the PMUs, in seconds
+        working: list[Node] = []
         for n in sec.nodes:  # each node's phase cost read once for its FLOPs, time and bytes
             if ctx.is_work(n):
                 cost = _phase_cost(n, sec.phase, ctx.costs[n.name])
                 flops[n.name], busy[n.name], through_pmus[n.name] = cost.flops, node_s(n, sec.phase), cost.bytes / sram_bw
+                working.append(n)
             else:
                 flops[n.name], busy[n.name] = 0, 0.0
         stages = [(busy[n.name], demand.pcu(n, sec.phase)) for n in sec.nodes if busy[n.name] > 0]  # (s, PCUs)
@@ -591,8 +638,8 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 first = next(n for n in sec.nodes if cores.get(n.name) == cid)
                 flops[first.name] += core_fwd_flops[cid]
                 busy[first.name] += core_fwd_s[cid]
-                stages += [(node_s(graph.node(c), "forward"), demand.pcu(graph.node(c), "forward"))
-                           for c, k in cores.items() if k == cid]  # its forward nodes: stages of this section
+                stages += [(node_s(c, "forward"), demand.pcu(c, "forward"))
+                           for c in core_nodes[cid]]  # its forward nodes: stages of this section
         total_flops = sum(flops.values())
         room = chip.units if sec.oversized else chip.capacity  # a split group is tiled over every unit
         compute_s = pipeline_s(stages, room, chip.pcus)
@@ -603,7 +650,7 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         # the PMUs, so a data-movement stage or one with an estimated cost holds a share too)
         weights = {name: busy[name] + pmu_s for name, pmu_s in through_pmus.items()}
         wsum = sum(weights.values()) or 1
-        floors = {name: max(node_bytes.get(name, 0) / bw, flops[name] / peak_of(name)) for name in weights}
+        floors = {n.name: max(node_bytes.get(n.name, 0) / bw, flops[n.name] / peak_of(n)) for n in working}
         # the floors fit in all but tiny sections (the DDR streams add up to the section's, the
         # FLOPs at the peak to pcu_efficiency of its compute); where they do not, the section
         # lasts their sum: no stage streams or computes faster than the chip can
@@ -640,9 +687,13 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
                 t = (floors.get(n.name, 0.0) + rest * weights.get(n.name, 0.0) / wsum) / sec.parts
                 unit.node_s[n.name] = t / m
                 nbytes = node_bytes.get(n.name, 0)
-                times.setdefault(n.name, []).append(
-                    (unit.id, t, busy[n.name] / sec.parts, nbytes / bw / sec.parts, nbytes // sec.parts)
-                )
+                run = runs.get(n.name)
+                if run is None:
+                    run = runs[n.name] = [unit.id, 0, 0, 0, 0]
+                run[1] += t
+                run[2] += busy[n.name] / sec.parts
+                run[3] += nbytes / bw / sec.parts
+                run[4] += nbytes // sec.parts
             plan.units.append(unit)
             section_bound[unit.id] = Bound.MEMORY if memory_s > compute_s else Bound.COMPUTE
     allocation = {u.id: u.allocation for u in plan.units}
@@ -651,22 +702,20 @@ def _lower(ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
     # section; a lane per home section would let a backward section's nodes from different
     # forward sections overlap one another and end before the section's planned time.
     for node in graph.nodes:
-        runs = times.get(node.name, [])
-        units, spans, computes, memories, moved = zip(*runs, strict=True) if runs else ((),) * 5  # its runs' columns
-        home = units[0] if runs else "section0"
+        home, span, compute, memory, moved = runs.get(node.name) or ("section0", 0, 0, 0, 0)
         plan.node_plans[node.name] = np_ = place_node(
             ctx,
             node,
             unit=home,
             lane=RDU_LANE,
-            compute_s=sum(computes),
-            memory_s=sum(memories),
+            compute_s=compute,
+            memory_s=memory,
             feed_level=ddr.level,
-            feed_bytes=sum(moved),
+            feed_bytes=moved,
             ridge=ridge,
             allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
             micro_batches=m,
-            time_s=sum(spans),
+            time_s=span,
         )
         if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in section_bound:
             np_.bound = section_bound[home]  # one pipeline: what binds the section binds each of its nodes

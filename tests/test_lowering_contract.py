@@ -90,8 +90,9 @@ def test_place_node_bound_is_from_intensity_not_from_which_time_is_larger(comput
 
 
 def test_place_node_bookkeeping_takes_no_time_and_is_overhead_bound():
-    graph, ctx = _ctx([0], [64])
+    graph = chain([0], [64])
     graph.nodes[0].op_type = "Reshape"  # a shape op: no unit works on it
+    ctx = LoweringContext.build(graph)  # the context reads each node's work once, as built
     np_ = place_node(ctx, graph.nodes[0], unit="u", compute_s=1.0, memory_s=2.0, comm_s=3.0, overhead_s=4.0,
                      feed_level="on-chip", feed_bytes=64, ridge=1.0, allocation=0.0)
     assert np_.per_micro_batch_s == 0.0 and np_.bound is Bound.OVERHEAD

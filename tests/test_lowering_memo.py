@@ -81,3 +81,40 @@ def test_stored_values_memo_equals_a_fresh_walk_for_every_subset():
             assert stored_values(ctx, subset) == _stored_reference(ctx, subset)
             assert list(stored_values(ctx, subset)) == list(_stored_reference(ctx, subset))  # first reader's order
     assert weight_bytes(ctx) == ctx.total_weight_bytes == sum(_stored_reference(ctx, nodes).values()) > 0
+
+
+def test_wse_work_s_memo_equals_a_fresh_computation_for_every_node():
+    from dabench_ir.lowering.wse.kernels import _is_data, _Rates
+    from dabench_ir.passes.precision import accumulate_dtype
+
+    graph = decoder(layers=3, hidden=64, seq=16)
+    target = load_target("wse")
+    ctx = LoweringContext.build(graph)
+    memo = _Rates.of(target)
+    for _ in range(2):  # the second round reads the memo
+        for node in graph.nodes:
+            args = (ctx.costs[node.name], ctx.node_precision(node), _is_data(node), accumulate_dtype(graph, node))
+            assert memo.work_s(*args) == _Rates.of(target)._work_s(*args)
+    assert 0 < len(memo._seconds) < len(graph.nodes)  # repeated layers share their arguments
+
+
+def test_rdu_pipeline_and_rates_equal_their_sums_bit_for_bit():
+    import random
+
+    from dabench_ir.lowering.rdu import _Rates, pipeline_s
+
+    rng = random.Random(7)
+    for _ in range(300):
+        stages = [(rng.choice([0.0, rng.random()]), rng.randint(0, 9)) for _ in range(rng.randint(1, 6))]
+        room, pcus = rng.randint(1, 64), rng.randint(1, 64)
+        held = sum(max(1, p) for _, p in stages)
+        assert pipeline_s(stages, room, pcus) == pcus / room * held * max(t / max(1, p) for t, p in stages)
+        rates = _Rates(contraction=rng.random() * 1e12, vector=rng.choice([0.0, 1e11]), special=rng.choice([0.0, 1e10]),
+                       k_half=rng.choice([0.0, 64.0]))  # fmt: skip
+        cost = Cost(contraction_flops=rng.choice([0, 10**9]), vector_flops=rng.choice([0, 10**6]),
+                    special_ops=rng.choice([0, 10**5]))  # fmt: skip
+        parts = sum(n / r for n, r in ((cost.vector_flops, rates.vector), (cost.special_ops, rates.special)) if n and r > 0)
+        c = cost.contraction_flops
+        for k in (None, rng.random() * 512):
+            want = parts if not c else parts + c / (rates.contraction * (1.0 if k is None else rates.shape(k)))
+            assert rates.time(cost, k) == want

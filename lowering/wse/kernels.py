@@ -65,6 +65,7 @@ class _Rates:
     mm_efficiency: float
     link_bytes: float
     _mm_dtype: dict[DType, DType] = field(default_factory=dict)  # precision -> the dtype its contractions run at
+    _seconds: dict[tuple, float] = field(default_factory=dict)  # `work_s` by its arguments: a layer's costs repeat in every layer
 
     @classmethod
     def of(cls, target: Target) -> _Rates:
@@ -85,6 +86,13 @@ class _Rates:
         accumulator (``accumulate``: fp32 under mixed precision, the 2-lane datapath of
         ``[compute.fp32_accumulate_flops]``; None: as the inputs). A precision the target has no
         peak for computes its contractions at the fp16 rate."""
+        key = (cost, precision, data_movement, accumulate)
+        seconds = self._seconds.get(key)
+        if seconds is None:  # a 48-layer graph's 1,731 nodes have 15 distinct arguments
+            seconds = self._seconds[key] = self._work_s(cost, precision, data_movement, accumulate)
+        return seconds
+
+    def _work_s(self, cost: Cost, precision: DType, data_movement: bool, accumulate: DType | None) -> float:
         mm_dtype = self._mm_dtype.get(precision)
         if mm_dtype is None:  # one look-up a precision, not one a node
             try:
@@ -181,6 +189,8 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     producer = {out: node for node in graph.nodes for out in node.outputs if out}
     latest = _LatestAttention(graph, producer, owner)
     held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
+    activations = ctx.activations
+    scopes: dict[str, tuple[str, list[str]]] = {}  # scope -> its block prefix and the parts below (~3 nodes a scope)
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -196,11 +206,14 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     for node in graph.nodes:
         if is_optimizer_step(node):
             continue
-        prefix = _block_prefix(node.scope)
-        rest = _scope_rest(node.scope, prefix)
+        split = scopes.get(node.scope)
+        if split is None:
+            prefix = _block_prefix(node.scope)
+            split = scopes[node.scope] = (prefix, _scope_rest(node.scope, prefix))
+        prefix, rest = split
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
-        acts = [v for v in node.inputs if v in ctx.activations]
+        acts = [v for v in node.inputs if v in activations]
         op_class = node.meta.get(meta.OP_CLASS)
         is_contraction = op_class is OpClass.CONTRACTION or (
             op_class is None and ctx.costs[node.name].contraction_flops > 0
@@ -296,6 +309,9 @@ class _LatestAttention:
 
     def __call__(self, value: str) -> int:
         memo, producer = self.memo, self.producer
+        known = memo.get(value)
+        if known is not None:  # asked before, or upstream of an earlier ask: no walk
+            return known
         stack = [value]
         while stack:  # post-order without recursion (a chain may be 100k nodes deep)
             v = stack[-1]

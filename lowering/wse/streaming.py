@@ -213,7 +213,8 @@ def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
             continue
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
-            if out and _shape(ctx, out) and any(c.name not in names and not is_optimizer_step(c) for c in readers):
+            # read outside asked first: most outputs are not, and their shape need not be built
+            if out and any(c.name not in names and not is_optimizer_step(c) for c in readers) and _shape(ctx, out):
                 total += graph.type_of(out).nbytes()
     return total
 
