@@ -114,10 +114,12 @@ def _compute_times(
 ) -> dict[str, tuple[float, str]]:
     """Compute seconds of every node and the op class that takes most of them.
 
-    A node's compute time is `Target.compute_time`: its contraction FLOPs at the plan
-    precision's tensor peak times ``matmul_eff`` (the maximum achievable matmul FLOP/s: a
-    contraction figure), its vector FLOPs and special-function ops at the vector and SFU rates
-    of the dtype the node computes in (`LoweringContext.node_precision`), added.
+    A node's compute time is `Target.compute_time`: its contraction FLOPs at the tensor peak
+    times ``matmul_eff`` (the maximum achievable matmul FLOP/s: a contraction figure), its
+    vector FLOPs and special-function ops at the vector and SFU rates, added, every class at
+    the dtype the node computes in (`LoweringContext.node_precision`): under int8 or fp8 only
+    the quantised block matmuls run at that peak, the attention matmuls at fp16's, as the
+    verifier's ``node_peak_flops`` bounds them.
 
     The nodes of one fused attention kernel (FlashAttention) run together: the kernel takes
     its contraction FLOPs at ``fused_eff`` of the peak (the published share; FlashAttention
@@ -132,11 +134,11 @@ def _compute_times(
         cost = ctx.costs[node.name]
         prec = ctx.node_precision(node)
         if fused_eff is not None and FUSED_ATTENTION in node.meta:
-            hw = target.class_times(cost, prec, contraction_dtype=ctx.precision)
+            hw = target.class_times(cost, prec)
             cores.setdefault(node.meta[FUSED_ATTENTION], []).append((node.name, hw))
             continue
         eff = matmul_eff * gemm_wave_efficiency(ctx, node, target) if cost.contraction_flops else matmul_eff
-        times = target.class_times(cost, prec, contraction_dtype=ctx.precision, contraction_efficiency=eff)
+        times = target.class_times(cost, prec, contraction_efficiency=eff)
         out[node.name] = (sum(times.values()), max(times, key=times.get))
     for members in cores.values():
         floor = sum(sum(hw.values()) for _, hw in members)
