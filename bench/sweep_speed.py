@@ -3,6 +3,7 @@
     .venv/bin/python bench/sweep_speed.py [--jobs N] [--spec level1] [--keep DIR] [--no-plots] [--stages]
     .venv/bin/python bench/sweep_speed.py --scaling [--ray 1,2,4] [--repeat 1]
     .venv/bin/python bench/sweep_speed.py --validate [--repeat 3]
+    .venv/bin/python bench/sweep_speed.py --points [--hidden 1024] [--repeat 3]
 
 Goal (issue 34): level1 with --jobs 2 in 30 s on a 2-core machine. Runs ``dabench-ir sweep`` in a
 fresh process with an empty model cache (the first sweep on a machine: the 1-layer bases are
@@ -10,10 +11,15 @@ exported with torch), then into another folder (the next sweep: the bases cached
 one's wall and CPU time (the process and its workers) beside the goal; ``--stages`` first times
 one 96-layer point broken into stages (build graph, then per-target profile).
 
-``--scaling`` runs a 135-point part of Level 1 (layers 1-48, hidden 768-1280, the 5 target
-variants; bases exported once beforehand, not timed) with the local executor at --jobs 1 and 2
-and on a local Ray with 1, 2 and 4 workers, and prints each wall time and its speedup over
---jobs 1, all in one run so a busy machine slows them alike.
+``--scaling`` runs the Level-1 grid (``--spec``; bases exported once beforehand, not timed) with
+the local executor at --jobs 1 and 2 and on a local Ray with 1, 2 and 4 workers, and prints each
+wall time and its speedup over --jobs 1, all in one run so a busy machine slows them alike. A
+Ray run's time starts after ``ray.init`` and includes its workers' start-up (each a fresh
+interpreter importing dabench-ir, ~1 s), which a local worker forked from the driver does not pay.
+
+``--points`` times the points alone: one hidden size's 70 Level-1 points (14 depths x 5 target
+variants), serial in this process with the collector as a worker tunes it, bases exported first
+(untimed); best of ``--repeat``, wall and CPU. The figure to compare builds by (alternate them).
 
 ``--validate`` times ``dabench-ir validate --quiet`` of the bundled catalogue as a user runs it (a
 fresh process) with a cold ``--cache-dir`` (every base exported), then warm (best of ``--repeat``),
@@ -55,25 +61,18 @@ def _one_point(hidden: int = 768, layers: int = 96) -> None:
         print(f"  full point {target} {opt or ''}: {time.perf_counter() - t:.2f}s")
 
 
-_SCALING_SPEC = {
-    "name": "level1-part",
-    "defaults": {"family": "gpt2", "positional": "none", "seq": 1024, "batch": 1, "precision": "fp32",
-                 "mode": "inference", "chips": 1},
-    "axes": {"layers": [1, 2, 4, 8, 12, 18, 24, 36, 48], "hidden": [768, 1024, 1280],
-             "target": ["wse", {"target": "rdu", "opt_level": "O0"}, {"target": "rdu", "opt_level": "O1"},
-                        {"target": "rdu", "opt_level": "O3"}, "ipu"]},
-}  # fmt: skip
-
-
-def _scaling(ray_workers: list[int], repeat: int) -> None:
+def _scaling(spec_name: str, ray_workers: list[int], repeat: int) -> None:
     """Wall time of the same grid per executor, best of ``repeat``, and the speedup over --jobs 1."""
-    from dabench_ir.sweep import parse_spec, run_sweep
+    from dabench_ir.sweep import graphs, load_spec, run_sweep
+    from dabench_ir.sweep.spec import SweepSpec
 
-    spec = parse_spec(_SCALING_SPEC)
+    spec = load_spec(spec_name)
+    one_per_base = {graphs.base_key(p.params): p for p in spec.points if p.params["layers"] == 1}
+    bases = SweepSpec("bases", list(one_per_base.values()))
     root = tempfile.mkdtemp(prefix="dabench-sweep-scaling-")
     cache = os.path.join(root, "models")
     try:
-        run_sweep(spec, os.path.join(root, "warm"), jobs=2, cache_dir=cache, plots=False)  # the exports, untimed
+        run_sweep(bases, os.path.join(root, "warm"), jobs=2, cache_dir=cache, plots=False)  # the exports, untimed
         runs: list[tuple[str, float]] = []
         for label, kind, n in [("local --jobs 1", "local", 1), ("local --jobs 2", "local", 2),
                                *((f"ray, {n} worker(s)", "ray", n) for n in ray_workers)]:  # fmt: skip
@@ -127,6 +126,30 @@ def _validate(repeat: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _points(hidden: int, repeat: int) -> None:
+    """CPU of one hidden size's 70 Level-1 points, serial, best of ``repeat`` (exports untimed)."""
+    from dabench_ir.sweep import load_spec, run_sweep
+    from dabench_ir.sweep.spec import SweepSpec
+
+    spec = load_spec("level1")
+    points = [p for p in spec.points if p.params["hidden"] == hidden]
+    if not points:
+        raise SystemExit(f"--hidden {hidden}: Level 1 has {sorted({p.params['hidden'] for p in spec.points})}")
+    root = tempfile.mkdtemp(prefix="dabench-sweep-points-")
+    cache = os.path.join(root, "models")
+    try:
+        run_sweep(SweepSpec("bases", points[:1]), os.path.join(root, "warm"), jobs=1, cache_dir=cache, plots=False)
+        best = (float("inf"), float("inf"))
+        for r in range(repeat):
+            wall, cpu = time.perf_counter(), time.process_time()
+            run_sweep(SweepSpec("points", points), os.path.join(root, f"run{r}"), jobs=1, cache_dir=cache, plots=False)
+            best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
+        print(f"{len(points)} Level-1 points at hidden {hidden}, serial: {best[0]:.2f} s wall, {best[1]:.2f} s CPU "
+              f"(best of {repeat}, load {os.getloadavg()[0]:.1f})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _grid(spec: str, jobs: int, keep: str | None, plots: bool) -> int:
     """``dabench-ir sweep SPEC --jobs N`` as a user runs it (a fresh process), twice: the first sweep
     on a machine (an empty model cache: the base exports with torch) and the next one (another output
@@ -165,16 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", metavar="DIR", help="write the sweeps and their model cache here (default: a temp folder)")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="sweep with --no-plots")
     parser.add_argument("--stages", action="store_true", help="also time one 96-layer point by stage")
-    parser.add_argument("--scaling", action="store_true", help="speed of a 135-point grid per executor and worker count")
+    parser.add_argument("--scaling", action="store_true", help="speed of the grid per executor and worker count")
     parser.add_argument("--ray", default="1,2,4", help="with --scaling: local Ray worker counts")
     parser.add_argument("--repeat", type=int, default=1, help="with --scaling or --validate: runs (best kept)")
     parser.add_argument("--validate", action="store_true", help="time `dabench-ir validate`, cold and warm cache")
+    parser.add_argument("--points", action="store_true", help="CPU of one hidden size's 70 Level-1 points, serial")
+    parser.add_argument("--hidden", type=int, default=1024, help="with --points: the hidden size")
     args = parser.parse_args(argv)
     if args.validate:
         _validate(max(args.repeat, 1))
         return 0
+    if args.points:
+        _points(args.hidden, max(args.repeat, 1))
+        return 0
     if args.scaling:
-        _scaling([int(n) for n in args.ray.split(",") if n], args.repeat)
+        _scaling(args.spec, [int(n) for n in args.ray.split(",") if n], args.repeat)
         return 0
     if args.stages:
         _one_point()
