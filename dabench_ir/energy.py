@@ -40,7 +40,6 @@ __all__ = [
     "StepEnergy",
     "check_process_node",
     "energy_model",
-    "held_share",
     "held_shares",
     "load_catalog",
     "node_energies",
@@ -306,12 +305,6 @@ def step_energy(
         stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
         overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
     return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
-
-
-def held_share(plan: Any, name: str) -> float:
-    """Part of the plan's hardware (all its chips) node ``name`` holds while it runs, in [0, 1]
-    (`held_shares`; a caller asking for many nodes takes them all from there at once)."""
-    return held_shares(plan)[name]
 
 
 def held_shares(plan: Any) -> dict[str, float]:

@@ -205,7 +205,7 @@ class _Demand:
         got = memo.get(node.name)
         if got is None:
             cost = self.cost(node, phase)  # read once for both
-            pmu = self._pmu_of(node, phase, cost)
+            pmu = self._pmu_of(node, cost)
             pcu = pmu
             if pmu and cost.contraction_flops > 0:
                 g = self.chip.matmul_grain
@@ -213,10 +213,10 @@ class _Demand:
             got = memo[node.name] = (pmu, pcu)
         return got
 
-    def _pmu_of(self, node: Node, phase: str, cost: Cost | None = None) -> int:
+    def _pmu_of(self, node: Node, c: Cost) -> int:
+        """PMUs of ``node`` for ``c``, its cost in the phase asked (`cost`)."""
         if not self.ctx.is_work(node):
             return 0
-        c = self.cost(node, phase) if cost is None else cost
         act = (c.act_bytes_in + c.act_bytes_out) / self.ctx.batch
         return max(1, math.ceil(act / self.chip.act_bytes_per_pmu)) + math.ceil(
             c.weight_bytes / self.chip.weight_bytes_per_pmu

@@ -48,7 +48,7 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
         for node in graph.nodes:
             for phase in ("forward", "backward"):
                 fresh = _Demand(ctx, chip)
-                assert memo.pmu(node, phase) == fresh._pmu_of(node, phase)
+                assert memo.pmu(node, phase) == fresh._pmu_of(node, fresh.cost(node, phase))
                 assert memo.pcu(node, phase) == fresh.pcu(node, phase)
     assert any(memo.pcu(n, "forward") > 0 for n in graph.nodes)
 

@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from dabench_ir.energy import held_share, held_shares
+from dabench_ir.energy import held_shares
 from dabench_ir.options import ProfileOptions
 from dabench_ir.pipeline import profile_graph
 from dabench_ir.plan import Schedule
@@ -61,7 +61,6 @@ def test_held_shares_are_the_time_weighted_means(report):
     plan = report.plan
     shares = held_shares(plan)
     assert shares == {name: _held_share_by_definition(plan, name) for name in plan.node_plans}
-    assert shares == {name: held_share(plan, name) for name in plan.node_plans}
     if plan.schedule is Schedule.SEQUENTIAL and any(len(u) > 1 for u in _units_by_node(plan).values()):
         assert any(0.0 < s < 1.0 for s in shares.values())  # training: a node in a forward and a backward section
 

@@ -176,10 +176,8 @@ def _rotary(graph: Graph, table_ops: list[Node], producers: dict[str, Node], op_
             out.add(node.name)
     for node in graph.nodes:
         op = node.op_type
-        if op == "Add":  # joins: every input's producer is rotary (with none yet, only an Add reading nothing
-            # passes, and `any` says so without a generator for each of a model's hundreds of Adds)
-            if (all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i) if out
-                    else not any(node.inputs)):
+        if op == "Add":  # joins: every input's producer is rotary
+            if all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i):
                 out.add(node.name)
         elif op == "Neg" and node.scope and any(  # rotates
             r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])

@@ -22,6 +22,7 @@ __all__ = [
     "columns",
     "dominant_bound",
     "encode_point",
+    "point_file",
     "read_point",
     "record_row",
     "strip_nodes",
@@ -82,17 +83,22 @@ def strip_nodes(record: dict[str, Any]) -> None:
         report["nodes"] = []
 
 
+def point_file(folder: Path, key: str) -> Path:
+    """Where the record of point ``key`` is kept in a sweep's ``points/`` folder."""
+    return folder / f"{key}.json"
+
+
 def write_point(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     """Write one point's record as ``folder/<key>.json`` (compact JSON, atomically); returns its
     table row (`record_row`)."""
-    atomic_write(folder / f"{record['key']}.json", encode_point(record))
+    atomic_write(point_file(folder, record["key"]), encode_point(record))
     return record_row(record)
 
 
 def read_point(folder: Path, key: str) -> dict[str, Any] | None:
     """A point's record, or None when absent, unreadable or not a record of this point (a
     broken file counts as not done, and is computed again)."""
-    path = folder / f"{key}.json"
+    path = point_file(folder, key)
     try:
         if not path.is_file():
             return None

@@ -204,8 +204,8 @@ def run_sweep(
     keys = [k for k, _ in keyed]
     result = SweepResult(total=len(keyed))
     for key in keys:
-        if (points_dir / f"{key}.json").is_dir():
-            raise UserError(f"{points_dir / (key + '.json')}: a folder where a point's record goes; remove it")
+        if (path := results.point_file(points_dir, key)).is_dir():
+            raise UserError(f"{path}: a folder where a point's record goes; remove it")
 
     def is_done(key: str) -> bool:
         record = results.read_point(points_dir, key)
@@ -240,7 +240,7 @@ def run_sweep(
         nonlocal done
         if "row" in record:  # a worker's (`worker.run_group`): its file written there, or its text sent
             if "text" in record:
-                results.atomic_write(points_dir / f"{record['key']}.json", record["text"])
+                results.atomic_write(results.point_file(points_dir, record["key"]), record["text"])
             fresh[record["key"]] = record["row"]
         else:  # one the driver records (a model that cannot be exported)
             if not node_detail:

@@ -54,9 +54,9 @@ def run_group(
     """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.
 
     Each point's record (``{"key", "params", "status", "error", "seconds", "report"}``, the report
-    without its per-node rows unless ``node_detail``) is encoded here, once (`results.encode_point`),
-    and either written into ``folder`` (the sweep's ``points/``, when this worker shares the driver's
-    files) or returned as that text for the driver to write. Returns one summary per point:
+    without its per-node rows unless ``node_detail``) is encoded here, once, and either written into
+    ``folder`` (the sweep's ``points/``, when this worker shares the driver's files:
+    `results.write_point`) or returned as that text for the driver to write (`results.encode_point`). Returns one summary per point:
     ``{"key", "status", "error", "row"}`` (`results.record_row`), plus ``"text"`` without ``folder``.
     No report crosses a pipe or an object store as Python objects: decoding them there cost the
     driver more than the encoding costs a worker.
@@ -86,12 +86,11 @@ def run_group(
         record["seconds"] = time.perf_counter() - t0 + share
         if not node_detail:
             results.strip_nodes(record)
-        summary = {"key": key, "status": record["status"], "error": record["error"], "row": results.record_row(record)}
-        text = results.encode_point(record)
+        summary = {"key": key, "status": record["status"], "error": record["error"]}
         if folder is None:
-            summary["text"] = text
+            summary.update(row=results.record_row(record), text=results.encode_point(record))
         else:
-            results.atomic_write(Path(folder) / f"{key}.json", text)
+            summary["row"] = results.write_point(Path(folder), record)
         records.append(summary)
     return records
 
