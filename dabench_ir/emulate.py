@@ -263,12 +263,14 @@ def _reached_cycle_means(weight: dict[str, dict[str, float]]) -> dict[str, float
     contributes nothing)."""
     order: list[list[str]] = _components(weight)  # reverse topological: sinks first
     comp_of = {v: i for i, comp in enumerate(order) for v in comp}
+    upstream: list[set[int]] = [set() for _ in order]  # the components with an edge into each
+    for u, outs in weight.items():
+        for v in outs:
+            if comp_of[v] != comp_of[u]:
+                upstream[comp_of[v]].add(comp_of[u])
     best: dict[int, float] = {}
     for i in reversed(range(len(order))):  # sources first
-        comp = order[i]
-        own = _max_cycle_mean(comp, weight)
-        upstream = [best[comp_of[u]] for u in weight for v in weight[u] if comp_of[v] == i and comp_of[u] != i]
-        best[i] = max([own, *upstream])
+        best[i] = max([_max_cycle_mean(order[i], weight), *(best[j] for j in upstream[i])])
     return {v: best[comp_of[v]] for v in weight}
 
 
