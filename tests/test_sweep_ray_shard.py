@@ -156,7 +156,7 @@ class NoWork(SerialExecutor):  # every export fails: each point is recorded with
         return iter(())
 
 spec = parse_spec({"defaults": %r, "axes": {"layers": list(range(1, 301)), "target": ["rdu"]}})
-result = run_sweep(spec, sys.argv[1], executor=NoWork(), plots=False)
+result = run_sweep(spec, sys.argv[1], executor=NoWork(), plots=False, cache_dir=sys.argv[1] + "/models")  # none cached
 print(result.ran, result.failed, len(result.rows))
 """
 
