@@ -41,9 +41,11 @@ class MemoryUse:
     bytes: int
     capacity_bytes: int
     fraction: float
+    level: str  # on-chip (the shared SRAM) or off-chip (the global DRAM): `Target.memory`
 
-    def to_dict(self) -> dict[str, float]:
-        return {"bytes": self.bytes, "capacity_bytes": self.capacity_bytes, "fraction": self.fraction}
+    def to_dict(self) -> dict[str, float | str]:
+        return {"bytes": self.bytes, "capacity_bytes": self.capacity_bytes, "fraction": self.fraction,
+                "level": self.level}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -147,8 +149,9 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
         base, _, sub = key.partition(":")
         if not target.has_memory(base):
             continue
-        cap = target.memory(base).capacity_bytes * (1 if sub else plan.chips)
-        memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0)
+        mem = target.memory(base)
+        cap = mem.capacity_bytes * (1 if sub else plan.chips)
+        memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0, mem.level)
 
     # roofline per node (the bound class is the plan's, carried by the timeline)
     ridges = {m.level: target.ridge_point(prec, m) for m in target.memories}

@@ -16,6 +16,7 @@ from dabench_ir._layout import installed_as
 installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file, one module
 
 import fnmatch
+import json
 import logging
 import math
 import os
@@ -415,8 +416,75 @@ class Target:
             items.append(("topology.devices_per_node", self.topology.devices_per_node))
         return items
 
+    def with_changes(self, changes: Mapping[str, float | str]) -> Target:
+        """This target with some figures changed: a *counterfactual* machine (a finding's mechanism
+        switched off, `dabench_ir.reproduce`). ``changes`` maps a figure's dotted name in the file
+        (as `quantities` names it: ``compute.peak_flops.fp32``, ``memory[1].bandwidth_bytes_per_s``;
+        or ``energy.pj_per_byte.ddr``) to a number or to another figure's name whose value it takes
+        (``"compute.peak_flops.bf16"``: fp32 at the bf16 rate). A name in a table the file has
+        (``overheads``, ``arch``) may be new. Each changed figure's source says what it replaced;
+        a bad name or value raises TargetError naming it."""
+        import copy
+
+        raw = copy.deepcopy(dict(self.raw))
+        for path, value in changes.items():
+            if isinstance(value, str):
+                number = _figure_entry(raw, value, self.name, create=False)["value"]
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                number = float(value)
+            else:
+                raise TargetError(f"target {self.name}: {path} = {value!r}: expected a number or a figure's name")
+            entry = _figure_entry(raw, path, self.name, create=True)
+            old = f"was {entry['value']:g}" if "value" in entry else "not in the file"
+            entry.clear()
+            entry.update({"value": number, "source": f"counterfactual: {path} = {value!r}; {old}", "estimate": True})
+        return Target.from_dict(raw, origin=f"{self.origin} (counterfactual)")
+
+    def toml(self) -> str:
+        """The target file's text (`with_changes` targets are written with it for sweep workers)."""
+        return "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in self.raw.items())
+
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+
+def _figure_entry(raw: dict[str, Any], path: str, target: str, *, create: bool) -> dict[str, Any]:
+    """The inline table ``{ value, source, ... }`` of figure ``path`` in a target file's table
+    ``raw``; with ``create``, a new one in an existing ``overheads`` or ``arch`` table."""
+    parts = path.split(".")
+    node: Any = raw
+    for part in parts[:-1]:
+        name, _, index = part.partition("[")
+        node = node.get(name) if isinstance(node, dict) else None
+        if index and isinstance(node, list) and index[:-1].isdigit() and int(index[:-1]) < len(node):
+            node = node[int(index[:-1])]
+        if not isinstance(node, dict):
+            break
+    entry = node.get(parts[-1]) if isinstance(node, dict) else None
+    if isinstance(entry, dict) and "value" in entry:
+        return entry
+    if create and entry is None and isinstance(node, dict) and len(parts) == 2 and parts[0] in ("overheads", "arch"):
+        return node.setdefault(parts[-1], {})
+    raise TargetError(f"target {target}: no figure {path!r} (`dabench-ir targets --show {target}` lists them; "
+                      "a new figure may only be added to overheads or arch)")  # fmt: skip
+
+
+def _toml_key(key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return key if bare else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    """A value as inline TOML (strings in JSON's escapes, which TOML's basic strings share)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
 
 
 class _Parser:

@@ -316,6 +316,11 @@ def test_a_training_step_drains_and_refills_the_pipeline():
     g = _train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16))
     single = lower(g, WSE, WseLowering.options(ProfileOptions(wse_mode="pipelined"), steady_state=False))
     assert "wse_fill_drain" not in single.step_overheads_s
+    # the counterfactual machine: Cerebras' pipelined backpropagation, no drain a step (arch.drain_per_step 0)
+    flowing = lower(_train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16)),
+                    WSE.with_changes({"arch.drain_per_step": 0}), ProfileOptions(wse_mode="pipelined"))  # fmt: skip
+    assert "wse_fill_drain" not in flowing.step_overheads_s
+    assert flowing.extra["period_s"] == pytest.approx(period)
 
 
 def test_throughput_grows_with_batch_then_flattens():

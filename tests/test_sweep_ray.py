@@ -54,7 +54,9 @@ def test_a_study_on_ray_gives_the_local_findings(tmp_path):
             },
             "finding": [
                 {"id": "deeper-slower", "experiment": "depth", "claim": "c", "kind": "ratio",
-                 "numerator": {"layers": 1}, "denominator": {"layers": 2}, "accept": [0.0, 10.0]},
+                 "numerator": {"layers": 1}, "denominator": {"layers": 2}, "paper": "faster", "expect": "increasing",
+                 "counterfactual": {"what": "no section launch cost",
+                                    "target": {"overheads.host_per_section_s": 0}}},
             ],
         },
         origin="tiny.toml",
@@ -67,6 +69,7 @@ def test_a_study_on_ray_gives_the_local_findings(tmp_path):
     finally:
         ray.shutdown()
     assert on_ray.sweep.ran == 2 and on_ray.sweep.failed == 0
-    same = [(o.id, o.value, o.reproduced) for o in local.outcomes]
-    assert [(o.id, o.value, o.reproduced) for o in on_ray.outcomes] == same
-    assert local.outcomes[0].reproduced and local.outcomes[0].value > 0
+    assert on_ray.counterfactual_sweep.ran == 2 and on_ray.counterfactual_sweep.failed == 0  # the changed target's
+    same = [(o.id, o.value, o.verdict, o.counterfactual_tool) for o in local.outcomes]
+    assert [(o.id, o.value, o.verdict, o.counterfactual_tool) for o in on_ray.outcomes] == same
+    assert local.outcomes[0].value > 0 and local.outcomes[0].counterfactual_reproduced is True

@@ -140,3 +140,44 @@ def test_targets_show_lists_every_parameter_with_its_basis(capsys):
     assert rows["overheads.host_step_s"] == "fitted" and rows["overheads.sync_s"] == "estimate"
     for name in ("wse2", "sn30", "bow", "a100", "h100", "h200"):
         assert all(q.source.strip() for _, q in load_target(name).quantities()), name
+
+
+def test_a_counterfactual_target_changes_named_figures_and_says_so():
+    import tomllib
+
+    from dabench_ir.targets import Target
+
+    sn30 = load_target("sn30")
+    cf = sn30.with_changes({"compute.peak_flops.fp32": "compute.peak_flops.bf16",
+                            "link[1].bandwidth_bytes_per_s": "link[0].bandwidth_bytes_per_s",
+                            "energy.pj_per_byte.ddr": 0.5, "overheads.host_step_s": 0, "arch.new_switch": 1})  # fmt: skip
+    assert cf.peak_flops("fp32") == sn30.peak_flops("bf16") == 650e12 and sn30.peak_flops("fp32") == 325e12
+    assert cf.links[1].bandwidth_bytes_per_s == 32e9 and cf.overhead("host_step_s") == 0.0
+    assert cf.raw["energy"]["pj_per_byte"]["ddr"]["value"] == 0.5 and cf.arch_value("new_switch") == 1.0
+    q = cf.peaks["fp32"]
+    assert q.estimate and q.source == "counterfactual: compute.peak_flops.fp32 = 'compute.peak_flops.bf16'; was 3.25e+14"
+    assert not q.fitted_to and cf.overheads["host_step_s"].source.endswith("was 1.459")
+    # the file a sweep worker reads back is the same target
+    again = Target.from_dict(tomllib.loads(cf.toml()))
+    assert again.raw == cf.raw and again.peak_flops("fp32") == 650e12
+    for name in BUILTIN:
+        t = load_target(name)
+        assert tomllib.loads(t.toml()) == dict(t.raw), name
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"compute.peak_flops.fp64": 1.0}, "no figure 'compute.peak_flops.fp64'"),
+        ({"nope.x": 1.0}, "no figure 'nope.x'"),
+        ({"compute.peak_flops": 1.0}, "no figure 'compute.peak_flops'"),
+        ({"compute.peak_flops.fp32": "compute.nope"}, "no figure 'compute.nope'"),
+        ({"compute.peak_flops.fp32": True}, "expected a number or a figure's name"),
+        ({"compute.peak_flops.fp32": -1.0}, "compute.peak_flops.fp32.value must be positive"),
+        ({"arch.pcu_efficiency_o3": 2.0}, "is a share of a whole"),
+    ],
+)
+def test_a_counterfactual_target_refuses_what_is_not_a_figure(changes, needle):
+    with pytest.raises(TargetError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+        load_target("sn30").with_changes(changes)
+    assert "\n" not in str(err.value)

@@ -60,6 +60,7 @@ def _list() -> int:
 
 def _dry_run(study: object) -> int:
     from dabench_ir.reproduce import Study
+    from dabench_ir.reproduce.counterfactual import needed_points
 
     assert isinstance(study, Study)
     print(f"{study.name}: {study.title}")
@@ -70,6 +71,10 @@ def _dry_run(study: object) -> int:
     total = sum(len(s.points) for s in study.experiments.values())
     print(f"{len(study.points())} distinct points ({total} over the experiments), {len(study.findings)} findings, "
           f"{len(study.plots)} plots")  # fmt: skip
+    tested = [f for f in study.findings if f.counterfactual is not None]
+    reads = sum(len(needed_points(f, study.experiments[f.experiment])) for f in tested)
+    print(f"counterfactuals: {len(tested)} of {len(study.findings)} findings name one ({reads} points read, some shared "
+          "with the study's); the rest are not a test")  # fmt: skip
     return 0
 
 
@@ -108,10 +113,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.done()
     print(findings_table(result.outcomes, unicode=_unicode(sys.stdout)))
-    sweep = result.sweep
+    sweep, cf = result.sweep, result.counterfactual_sweep
     if not args.quiet and sweep is not None:
         print(
             f"{sweep.total} points: {sweep.skipped} done before, {sweep.ran} run now ({sweep.failed} failed); "
             f"{sweep.seconds:.1f}s; findings: {os.path.join(out, 'findings.md')}"
         )
-    return lost_points(sweep.lost if sweep is not None else 0)
+        if cf is not None:
+            print(f"counterfactuals: {cf.total} points: {cf.skipped} done before, {cf.ran} run now ({cf.failed} "
+                  f"failed); {cf.seconds:.1f}s")  # fmt: skip
+    return lost_points(sum(s.lost for s in (sweep, cf) if s is not None))

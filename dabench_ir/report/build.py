@@ -384,8 +384,9 @@ def _device_memory(target: Any, held: dict[str, int]) -> dict[str, dict[str, flo
         levels = {target.feed_memory.name: float(sum(b for kind, b in held.items() if kind != "host"))}
     out = {}
     for name, used in levels.items():
-        cap = float(target.memory(name.split(":")[0]).capacity_bytes)
-        out[name] = {"bytes": used, "capacity_bytes": cap, "fraction": used / cap if cap else 0.0}
+        mem = target.memory(name.split(":")[0])
+        cap = float(mem.capacity_bytes)
+        out[name] = {"bytes": used, "capacity_bytes": cap, "fraction": used / cap if cap else 0.0, "level": mem.level}
     return out
 
 

@@ -1,11 +1,12 @@
 """Finding kinds: one registered evaluator per kind, ``(rows, finding) -> Outcome``.
 
 A kind declares the fields a finding of it takes (with their types, checked when the study
-is read), which are required, whether it needs an ``accept`` range and how its figure is
-shown by default. Adding a kind is one decorated function::
+is read), which are required, the band rule its figure is graded by (`bands.RULES`: the
+study gives the paper's figure, the rule makes the band) and how its figure is shown by
+default. Adding a kind is one decorated function::
 
     @finding_kind("ratio", fields={"numerator": ROW, "denominator": ROW, "minus_one": BOOL},
-                  required={"numerator", "denominator"}, accept=REQUIRED, format="pct")
+                  required={"numerator", "denominator"}, band="change", format="pct")
     def ratio(rows, finding) -> Outcome: ...
 
 An evaluator raises `Unmet` (with the reason) when a row it needs is missing, failed or did
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dabench_ir.reproduce.bands import DIRECTION_TOLERANCE, KNEE_LEVEL, MAJORITY, RANGE_SHARE, SHARE_METRICS
 from dabench_ir.reproduce.rows import (
     REDUCERS,
     Unmet,
@@ -50,6 +52,7 @@ __all__ = [
     "format_value",
     "in_accept",
     "is_change",
+    "labels",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,16 +68,13 @@ GROUP = "group"  # a parameter name, or a list of them
 REDUCE = "reduce"  # max, min, mean, median
 GROUP_REDUCE = "group_reduce"  # the same, or "any" (some group's figure lies in accept)
 BOOL = "bool"
-FRACTION = "fraction"  # a number in [0, 1]
-NUMBER = "number"
 VALUE = "value"  # an axis value
 LABELS = "labels"  # a group label or a list of them
 DIRECTION = "direction"  # increasing, decreasing, flat
 BOUND_OF = "bound_of"  # step (dominant_bound), nodes (node_bound) or roofline (roofline_bound)
 TEXT = "text"
 FORMAT = "format"  # one of FORMATS
-
-REQUIRED, OPTIONAL, NONE = "required", "optional", "none"
+LABEL_MAP = "label_map"  # a table of group label -> expected label
 
 FORMATS = ("pct", "x", "num", "int", "label")
 """How a figure is shown: a percentage, a factor (1.99x), a number, an integer, a label."""
@@ -101,9 +101,13 @@ class Kind:
     evaluate: Callable[[Sequence[Row], Finding], Outcome]
     fields: Mapping[str, str]
     required: frozenset[str]
-    accept: str
+    band: str | Callable[[Mapping[str, Any], str], str]
     format: str
     doc: str
+
+    def rule(self, options: Mapping[str, Any], metric: str) -> str:
+        """The band rule (`bands.RULES`) a finding of this kind, with these options, is graded by."""
+        return self.band(options, metric) if callable(self.band) else self.band
 
 
 KINDS: dict[str, Kind] = {}
@@ -115,14 +119,16 @@ def finding_kind(
     *,
     fields: Mapping[str, str] | None = None,
     required: set[str] | frozenset[str] = frozenset(),
-    accept: str = REQUIRED,
+    band: str | Callable[[Mapping[str, Any], str], str],
     format: str = "num",
 ) -> Callable[[Callable[[Sequence[Row], Finding], Outcome]], Callable[[Sequence[Row], Finding], Outcome]]:
-    """Register an evaluator for findings of kind ``name`` (its docstring's first line documents it)."""
+    """Register an evaluator for findings of kind ``name`` (its docstring's first line documents
+    it), graded by the band rule ``band`` (a `bands.RULES` name, or a function of the finding's
+    options and metric giving one)."""
 
     def register(fn: Callable[[Sequence[Row], Finding], Outcome]) -> Callable[[Sequence[Row], Finding], Outcome]:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        KINDS[name] = Kind(name, fn, dict(fields or {}), frozenset(required), accept, format, doc)
+        KINDS[name] = Kind(name, fn, dict(fields or {}), frozenset(required), band, format, doc)
         return fn
 
     return register
@@ -246,10 +252,16 @@ def _skipped(why: list[str]) -> str:
     return f"; {len(why)} point(s) left out (e.g. {why[0]})"
 
 
-@finding_kind("ratio", fields={"numerator": ROW, "denominator": ROW, "minus_one": BOOL},
-              required={"numerator", "denominator"}, format="pct")  # fmt: skip
+def _change_or_factor(options: Mapping[str, Any], default_minus_one: bool) -> str:
+    return "change" if options.get("minus_one", default_minus_one) else "factor"
+
+
+@finding_kind("ratio", fields={"numerator": ROW, "denominator": ROW, "minus_one": BOOL, "expect": DIRECTION},
+              required={"numerator", "denominator"}, band=lambda o, _m: _change_or_factor(o, True),
+              format="pct")  # fmt: skip
 def ratio(rows: Sequence[Row], f: Finding) -> Outcome:
-    """metric(numerator) / metric(denominator) - 1 (a plain ratio with ``minus_one = false``)."""
+    """metric(numerator) / metric(denominator) - 1 (a plain ratio with ``minus_one = false``);
+    ``expect`` (increasing, decreasing, flat) where the paper gives no number."""
     minus_one = f.options.get("minus_one", True)
     _, a = _one(rows, f, f.options["numerator"], "numerator")
     _, b = _one(rows, f, f.options["denominator"], "denominator")
@@ -257,9 +269,13 @@ def ratio(rows: Sequence[Row], f: Finding) -> Outcome:
     return Outcome(value, in_accept(value, f.accept), f"{f.metric} {a:.4g} / {b:.4g}")
 
 
-@finding_kind("value", fields={"select": ROW, "reduce": REDUCE})
+def _share_or_relative(_options: Mapping[str, Any], metric: str) -> str:
+    return "share" if metric in SHARE_METRICS else "relative"
+
+
+@finding_kind("value", fields={"select": ROW, "reduce": REDUCE}, band=_share_or_relative)
 def value(rows: Sequence[Row], f: Finding) -> Outcome:
-    """metric of one selected row, or ``reduce`` (max, min, mean, median) over every row ``where`` picks."""
+    """metric of one selected row, or ``reduce`` (max, min, mean, median, p90) over every row ``where`` picks."""
     reduce = f.options.get("reduce")
     if reduce is None:
         row, v = _one(rows, f, f.options.get("select"), "selected")
@@ -273,16 +289,17 @@ def value(rows: Sequence[Row], f: Finding) -> Outcome:
     return Outcome(v, in_accept(v, f.accept), detail)
 
 
-@finding_kind("range", fields={"share": FRACTION}, format="pct")
+@finding_kind("range", band=_share_or_relative, format="pct")
 def range_(rows: Sequence[Row], f: Finding) -> Outcome:
-    """Share of the rows ``where`` picks whose metric lies in ``accept``; reproduced when it is at least ``share`` (default 1)."""
+    """Share of the rows ``where`` picks whose metric lies in the band; reproduced when it is at
+    least `bands.RANGE_SHARE` (the claim holds over the sweep)."""
     ok, why = _usable_rows(rows, f)
     if not ok:
         raise Unmet(why[0] if why else f"no point matches where ({_selector_text(f.where)})")
     values = [metric_value(r, f.metric) for r in ok]
     inside = [v for v in values if in_accept(v, f.accept)]
     share = len(inside) / len(values)
-    threshold = float(f.options.get("share", 1.0))
+    threshold = RANGE_SHARE
     from dabench_ir.report.table import percent
 
     lo, hi = min(values), max(values)  # type: ignore[type-var]
@@ -349,12 +366,18 @@ def _combine(values: dict[str, float], f: Finding, notes: list[str], default: st
 
 
 _CURVE_FIELDS = {"axis": PARAM, "from": VALUE, "to": VALUE, "minus_one": BOOL, "per_axis": BOOL, "group": GROUP,
-                 "reduce": GROUP_REDUCE}  # fmt: skip
+                 "reduce": GROUP_REDUCE, "scaling": BOOL, "expect": DIRECTION}  # fmt: skip
 
 
-@finding_kind("curve", fields=_CURVE_FIELDS, required={"axis"}, format="x")
+def _curve_rule(options: Mapping[str, Any], _metric: str) -> str:
+    return "scaling" if options.get("scaling") else _change_or_factor(options, False)
+
+
+@finding_kind("curve", fields=_CURVE_FIELDS, required={"axis"}, band=_curve_rule, format="x")
 def curve(rows: Sequence[Row], f: Finding) -> Outcome:
-    """Along ``axis``: metric at ``to`` (default the last point) / metric at ``from`` (default the first)."""
+    """Along ``axis``: metric at ``to`` (default the last point) / metric at ``from`` (default the
+    first); with ``scaling``, that gain over the linear one, ``(m_to / m_from - 1) / (to / from - 1)``
+    (1 near-linear, 0 flat)."""
     axis = f.options["axis"]
     values: dict[str, float] = {}
     notes: list[str] = []
@@ -366,7 +389,9 @@ def curve(rows: Sequence[Row], f: Finding) -> Outcome:
                 missing = start if start not in at else end
                 raise Unmet(f"no result at {axis} = {missing}")
             a, b = _figure(f, start, at[start]), _figure(f, end, at[end])
-            values[g] = _ratio(b, a, f, bool(f.options.get("minus_one", False)))
+            values[g] = _ratio(b, a, f, bool(f.options.get("minus_one", False) or f.options.get("scaling")))
+            if f.options.get("scaling"):
+                values[g] /= float(end) / float(start) - 1.0
         except Unmet as exc:
             if f.options.get("reduce") != "any" or not f.options.get("group"):
                 raise Unmet(f"{_group_name(f, g)}: {exc}" if g else str(exc)) from None
@@ -377,18 +402,20 @@ def curve(rows: Sequence[Row], f: Finding) -> Outcome:
     return _combine(values, f, notes)
 
 
-_TREND_FIELDS = {"axis": PARAM, "expect": DIRECTION, "tolerance": NUMBER, "share": FRACTION, "per_axis": BOOL,
-                 "group": GROUP}  # fmt: skip
+_TREND_FIELDS = {"axis": PARAM, "expect": DIRECTION, "per_axis": BOOL, "group": GROUP}
 
 
-@finding_kind("trend", fields=_TREND_FIELDS, required={"axis", "expect"}, accept=OPTIONAL, format="pct")
+@finding_kind("trend", fields=_TREND_FIELDS, required={"axis", "expect"}, band="direction", format="pct")
 def trend(rows: Sequence[Row], f: Finding) -> Outcome:
-    """Along ``axis``: ``expect`` decreasing, increasing or flat; the figure is the relative change first -> last."""
+    """Along ``axis``: ``expect`` decreasing, increasing or flat (direction only); the figure is
+    the relative change first -> last. Reproduced when that change goes the ``expect`` way by
+    more than `bands.DIRECTION_TOLERANCE` and `bands.RANGE_SHARE` of the steps do (a step within
+    the tolerance counts either way)."""
     from dabench_ir.report.table import percent
 
     axis, expect = f.options["axis"], f.options["expect"]
-    tol = float(f.options.get("tolerance", 0.02))
-    threshold = float(f.options.get("share", 1.0))
+    tol = DIRECTION_TOLERANCE
+    threshold = RANGE_SHARE
     step_ok = {"decreasing": lambda r: r <= tol, "increasing": lambda r: r >= -tol, "flat": lambda r: abs(r) <= tol}
     overall_ok = {"decreasing": lambda c: c < -tol, "increasing": lambda c: c > tol, "flat": lambda c: abs(c) <= tol}
     changes: dict[str, float] = {}
@@ -429,7 +456,7 @@ def trend(rows: Sequence[Row], f: Finding) -> Outcome:
 
 
 @finding_kind("fit_limit", fields={"axis": PARAM, "group": GROUP, "reduce": GROUP_REDUCE}, required={"axis"},
-              format="int")  # fmt: skip
+              band="limit", format="int")  # fmt: skip
 def fit_limit(rows: Sequence[Row], f: Finding) -> Outcome:
     """Along ``axis``: the largest axis value whose point fits (0 when none does); ``group`` + ``reduce`` over groups."""
     axis = f.options["axis"]
@@ -450,6 +477,79 @@ def fit_limit(rows: Sequence[Row], f: Finding) -> Outcome:
         if failed:
             notes.append(f"{name}{len(failed)} failed point(s) left out ({usable(failed[0])})")
     return _combine(limits, f, notes)
+
+
+@finding_kind("knee", fields={"axis": PARAM}, required={"axis"}, band="position", format="int")
+def knee(rows: Sequence[Row], f: Finding) -> Outcome:
+    """Along ``axis``: where the curve flattens, the first axis value whose metric reaches
+    `bands.KNEE_LEVEL` of the largest over the range ("gains flatten past batch 200")."""
+    axis = f.options["axis"]
+    ((_, pts),) = _series(rows, f).items()
+    figures = [(a, _figure(f, a, r)) for a, r in pts]
+    top = max(v for _, v in figures)
+    at = next(a for a, v in figures if v >= KNEE_LEVEL * top)
+    shown = ", ".join(f"{a}: {v / top:.0%}" for a, v in figures)
+    return Outcome(float(at), in_accept(float(at), f.accept),
+                   f"{f.metric} as a share of its largest along {axis}: {shown}")  # fmt: skip
+
+
+@finding_kind("switch", fields={"axis": PARAM, "expect": LABELS}, required={"axis", "expect"}, band="label",
+              format="label")  # fmt: skip
+def switch(rows: Sequence[Row], f: Finding) -> Outcome:
+    """Along ``axis``: the execution mode the lowering chose (``execution_mode``) goes from
+    ``expect[0]`` to ``expect[1]`` once and stays (points that do not fit are left out: they do
+    not run); the figure is the first axis value in the second mode."""
+    axis = f.options["axis"]
+    first, then = labels(f.options["expect"])
+    modes, why = [], []
+    for a, r in next(iter(_series(rows, f).values()), []):
+        reason = usable(r)
+        if reason:
+            why.append(reason)
+        else:
+            modes.append((a, r.get("execution_mode")))
+    shown = ", ".join(f"{a}: {m}" for a, m in modes) + _skipped(why)
+    seen = [m for _, m in modes]
+    k = seen.index(then) if then in seen else len(seen)
+    ok = 0 < k < len(seen) and set(seen[:k]) == {first} and set(seen[k:]) == {then}
+    reason = "" if ok else f"not {first} then {then} along {axis} ({shown or 'no point runs'})"
+    return Outcome(modes[k][0] if k < len(modes) else None, ok, f"execution_mode along {axis}: {shown}", reason)
+
+
+LIMITERS = ("capacity", "bandwidth", "compute")
+"""What a target's sweep meets first (`limits`): memory capacity (points that do not fit), memory
+bandwidth (most points that fit are memory-bound on their roofline) or neither."""
+
+
+@finding_kind("limits", fields={"group": GROUP, "expect": LABEL_MAP}, required={"group", "expect"}, band="label",
+              format="label")  # fmt: skip
+def limits(rows: Sequence[Row], f: Finding) -> Outcome:
+    """Per ``group``: the resource its sweep is limited by (`LIMITERS`): ``bandwidth`` when at
+    least `bands.MAJORITY` of the points that fit are memory-bound on their roofline, else
+    ``capacity`` when some point does not fit, else ``compute``; reproduced when every group's
+    is the ``expect`` table's."""
+    group = f.options["group"]
+    by: dict[str, list[Row]] = defaultdict(list)
+    for r in select(rows, f.where):
+        if r.get("status") == "ok":
+            by[group_label(r, group)].append(r)
+    found: dict[str, str] = {}
+    for g, mine in sorted(by.items(), key=lambda kv: label_sort_key(kv[0])):
+        fitting = [r for r in mine if r.get("fits") is not False]
+        bound = sum(1 for r in fitting if r.get("roofline_bound") == "memory")
+        if fitting and bound >= MAJORITY * len(fitting):
+            found[g] = f"bandwidth ({bound} of {len(fitting)} fitting points memory-bound)"
+        elif len(fitting) < len(mine):
+            found[g] = f"capacity ({len(mine) - len(fitting)} of {len(mine)} points do not fit)"
+        else:
+            found[g] = "compute (every point fits, most compute-bound)"
+    expect = {str(k): str(v) for k, v in f.options["expect"].items()}
+    shown = "; ".join(f"{g}: {v}" for g, v in found.items())
+    wrong = [g for g, want in expect.items() if found.get(g, "none").split()[0] != want]
+    reason = "" if not wrong else "; ".join(f"{g} {found.get(g, 'no result').split()[0]}, the paper {expect[g]}"
+                                            for g in wrong)  # fmt: skip
+    text = ", ".join(f"{g} {v.split()[0]}" for g, v in found.items())
+    return Outcome(text, not wrong, shown, reason, text=text)
 
 
 # -- across groups: argmax, argmin, dominant ---------------------------------------------------
@@ -476,13 +576,13 @@ def _group_figures(rows: Sequence[Row], f: Finding) -> tuple[dict[str, float], l
     return figures, notes
 
 
-def _labels(value: Any) -> list[str]:
+def labels(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 def _arg(rows: Sequence[Row], f: Finding, pick: Callable[..., Any]) -> Outcome:
     figures, notes = _group_figures(rows, f)
-    expect = _labels(f.options["expect"])
+    expect = labels(f.options["expect"])
     missing = [e for e in expect if e not in figures]
     if not figures or (len(expect) == 1 and missing):
         raise Unmet("; ".join(notes) or f"no figure for {', '.join(missing)}")
@@ -498,13 +598,13 @@ _ARG_FIELDS = {"group": GROUP, "reduce": REDUCE, "numerator": GROUP_ROW, "denomi
                "minus_one": BOOL, "expect": LABELS}  # fmt: skip
 
 
-@finding_kind("argmax", fields=_ARG_FIELDS, required={"group", "expect"}, accept=NONE, format="label")
+@finding_kind("argmax", fields=_ARG_FIELDS, required={"group", "expect"}, band="label", format="label")
 def argmax(rows: Sequence[Row], f: Finding) -> Outcome:
     """The ``group`` whose figure (``reduce`` of the metric, default max, or a numerator/denominator ratio) is largest."""
     return _arg(rows, f, max)
 
 
-@finding_kind("argmin", fields=_ARG_FIELDS, required={"group", "expect"}, accept=NONE, format="label")
+@finding_kind("argmin", fields=_ARG_FIELDS, required={"group", "expect"}, band="label", format="label")
 def argmin(rows: Sequence[Row], f: Finding) -> Outcome:
     """The ``group`` whose figure (as for argmax) is smallest."""
     return _arg(rows, f, min)
@@ -517,17 +617,17 @@ class of the operators' own times), or the run's side of its roofline's ridge (m
 compute: `dabench_ir.metrics.roofline_bound`, one point per model as a roofline chart shows it)."""
 
 
-@finding_kind("dominant", fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "share": FRACTION, "of": BOUND_OF},
-              required={"bound"}, accept=NONE, format="pct")  # fmt: skip
+@finding_kind("dominant", fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "of": BOUND_OF},
+              required={"bound"}, band="label", format="pct")  # fmt: skip
 def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
     """Share of the rows ``where`` picks whose dominant bound (``of`` the step, default, or of the
-    nodes' work) is ``bound``; with ``group``: reproduced when exactly the ``expect`` groups reach
-    ``share`` (default 0.5)."""
+    nodes' work) is ``bound``: reproduced when it is at least `bands.MAJORITY`; with ``group``,
+    when exactly the ``expect`` groups reach it."""
     from dabench_ir.report.table import percent
 
     column = BOUND_COLUMNS[f.options.get("of", "step")]
     bound = f.options["bound"]
-    threshold = float(f.options.get("share", 0.5))
+    threshold = MAJORITY
     group = f.options.get("group")
     by: dict[str, list[bool]] = defaultdict(list)
     left_out: list[str] = []
@@ -547,7 +647,7 @@ def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
         reason = "" if share >= threshold else (
             f"{percent(share)} of the points are {bound}-bound, below the {percent(threshold)} asked")  # fmt: skip
         return Outcome(share, share >= threshold, detail, reason, text=f"{percent(share)} {bound}-bound")
-    expect = _labels(f.options.get("expect", []))
+    expect = labels(f.options.get("expect", []))
     above = [g for g, s in shares.items() if s >= threshold]
     shown = ", ".join(f"{g} {percent(s)}" for g, s in sorted(shares.items(), key=lambda kv: -kv[1]))
     reproduced = set(above) == set(expect)

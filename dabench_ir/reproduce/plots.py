@@ -96,17 +96,51 @@ def _figure(n: int, width: float = 4.6, height: float = 3.5) -> tuple[Figure, li
     return fig, flat[:n]
 
 
-def _paper_points(ax: Any, paper: list[dict[str, Any]] | None, panel: str) -> None:
-    pts = [p for p in paper or [] if str(p.get("panel", panel)) == panel]
-    if pts:
-        ax.scatter([p["x"] for p in pts], [p["y"] for p in pts], **_PAPER)
-        for p in pts:
-            if p.get("label"):
-                ax.annotate(str(p["label"]), (p["x"], p["y"]), xytext=(5, 4), textcoords="offset points", fontsize=7)
+def _paper_points(
+    ax: Any, paper: list[dict[str, Any]] | None, panel: str, tool: Mapping[str, Mapping[Any, float]] | None = None
+) -> None:
+    """The paper's marks on one panel (`study._MARKS`): points, bands, lines, linear scaling.
+    ``tool`` (series -> x -> figure) places the marks drawn relative to the tool's figures."""
+    tool = tool or {}
+
+    def at(mark: Mapping[str, Any], x: Any) -> float | None:
+        series = tool.get(str(mark["series"])) if "series" in mark else next(iter(tool.values()), None)
+        return (series or {}).get(x)
+
+    mine = [p for p in paper or [] if str(p.get("panel", panel)) == panel]
+    for p in mine:
+        label = p.get("label", "paper")
+        if "hspan" in p:
+            ax.axhspan(*p["hspan"], color="black", alpha=0.08, label=label)
+        elif "vline" in p:
+            ax.axvline(p["vline"], color="black", linestyle=":", linewidth=1.2, label=label)
+        elif "linear_from" in p:
+            x0, xs = p["linear_from"], sorted(x for s in tool.values() for x in s)
+            y0 = at(p, x0)
+            if y0 is not None:
+                ax.plot([x for x in xs if x >= x0], [y0 * x / x0 for x in xs if x >= x0], color="black",
+                        linestyle="--", linewidth=1, label=label)  # fmt: skip
+        else:
+            base = at(p, p["relative_to"]) if "relative_to" in p else 1.0
+            if not base:
+                continue  # no tool figure to scale: the mark has no height
+            ax.scatter([p["x"]], [p["y"] * base], **{**_PAPER, "label": label})
+
+
+def _legend(ax: Any) -> None:
+    """The panel's legend, one entry per label (every paper mark is "paper" unless it says)."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
 
 
 def _finish(fig: Figure, spec: PlotSpec, default_title: str) -> Figure:
-    fig.suptitle(spec.title or default_title, fontsize=11)
+    """The title, wrapped to the figure's width (about 11 characters an inch at 11 pt), and the layout."""
+    import textwrap
+
+    width = max(30, int(fig.get_figwidth() * 11))
+    fig.suptitle("\n".join(textwrap.wrap(spec.title or default_title, width)), fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -132,13 +166,22 @@ def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     fig, axes = _figure(len(panels))
     for ax, (label, prows) in zip(axes, panels.items(), strict=True):
         by: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
+        shared = []  # points without the series parameter (normalised away: 1 chip has no chips_per_node)
         for r in prows:
+            if series and not group_label(r, series):
+                shared.append(r)
+                continue
             by[group_label(r, series) if series else "tool"][r.get(x)].append(metric_value(r, y))  # type: ignore[arg-type]
+        for r in shared:  # such a point is every series' point there
+            for s in by or {"tool": None}:
+                by[s][r.get(x)].append(metric_value(r, y))  # type: ignore[arg-type]
+        lines: dict[str, dict[Any, float]] = {}
         for s, pts in sorted(by.items(), key=lambda kv: label_sort_key(kv[0])):
             xs = sorted(pts, key=axis_sort_key)
             name = f"{series if isinstance(series, str) else ''} {s}".strip() if series else "tool"
-            ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=name)
-        _paper_points(ax, o.get("paper"), label)
+            lines[s] = {v: sum(pts[v]) / len(pts[v]) for v in xs}
+            ax.plot(xs, list(lines[s].values()), marker="o", ms=3, label=name)
+        _paper_points(ax, o.get("paper"), label, lines)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel(x)
         ax.set_ylabel(o.get("ylabel", y))
@@ -147,7 +190,7 @@ def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
         if o.get("logy"):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     return _finish(fig, spec, f"{y} vs {x}")
 
 
@@ -316,5 +359,5 @@ def fits(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     return _finish(fig, spec, f"Fits on one chip ({x} x {y})")

@@ -15,12 +15,17 @@ if TYPE_CHECKING:
     from dabench_ir.reproduce.run import FindingOutcome
     from dabench_ir.reproduce.study import Study
 
-__all__ = ["SCHEMA", "findings_doc", "findings_markdown", "findings_table", "summary_line", "write_findings"]
+__all__ = ["DOC_BEGIN", "DOC_END", "MARKS", "SCHEMA", "counts", "docs_table", "findings_doc", "findings_markdown", "findings_table", "summary_line",
+           "write_findings"]
 
 SCHEMA = "dabench-ir/reproduce/v1"
 
-CSV_COLUMNS = ("id", "level", "experiment", "kind", "claim", "source", "metric", "paper", "paper_text", "value",
-               "tool", "accept_text", "reproduced", "mechanism", "reason", "detail", "note")  # fmt: skip
+CSV_COLUMNS = ("id", "level", "table", "experiment", "kind", "claim", "source", "metric", "paper", "paper_text",
+               "value", "tool", "grading", "accept_text", "verdict", "reproduced", "provenance", "fitted",
+               "counterfactual", "counterfactual_tool", "counterfactual_reproduced", "mechanism", "reason", "detail",
+               "note")  # fmt: skip
+
+TABLE_TITLES = {"paper": "the paper's findings", "artifact": "checks against the paper's artifact (its logs)"}
 
 
 def _clean(obj: Any) -> Any:
@@ -34,13 +39,34 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def counts(outcomes: Sequence[FindingOutcome]) -> dict[str, int]:
+    """How many findings are reproduced and predicted, reproduced in sample, not a test, not reproduced."""
+    return {
+        "total": len(outcomes),
+        "predicted": sum(1 for o in outcomes if o.reproduced and not o.fitted),
+        "in_sample": sum(1 for o in outcomes if o.reproduced and o.fitted),
+        "not_a_test": sum(1 for o in outcomes if o.verdict == "not a test"),
+        "not_reproduced": sum(1 for o in outcomes if o.verdict == "not reproduced"),
+    }
+
+
+def _by_table(outcomes: Sequence[FindingOutcome]) -> dict[str, list[FindingOutcome]]:
+    return {t: [o for o in outcomes if o.table == t] for t in TABLE_TITLES if any(o.table == t for o in outcomes)}
+
+
 def summary_line(outcomes: Sequence[FindingOutcome]) -> str:
-    """``N of M findings reproduced``."""
-    return f"{sum(1 for o in outcomes if o.reproduced)} of {len(outcomes)} findings reproduced"
+    """``N of M predicted, K in sample; T not a test, X not reproduced``, per table (the paper's
+    findings, the artifact checks)."""
+    parts = []
+    for table, mine in _by_table(outcomes).items():
+        c = counts(mine)
+        parts.append(f"{TABLE_TITLES[table].split(' (')[0]}: {c['predicted']} of {c['total']} reproduced as predicted, "
+                     f"{c['in_sample']} in sample; {c['not_a_test']} not a test, {c['not_reproduced']} not reproduced")  # fmt: skip
+    return "\n".join(parts)
 
 
 def findings_doc(study: Study, outcomes: Sequence[FindingOutcome]) -> dict[str, Any]:
-    """findings.json: the study, the tool's version and every outcome."""
+    """findings.json: the study, the tool's version, the counts per table and every outcome."""
     from dabench_ir import __version__
 
     return _clean({
@@ -52,6 +78,7 @@ def findings_doc(study: Study, outcomes: Sequence[FindingOutcome]) -> dict[str, 
         "dabench_ir": __version__,
         "reproduced": sum(1 for o in outcomes if o.reproduced),
         "total": len(outcomes),
+        "counts": {table: counts(mine) for table, mine in _by_table(outcomes).items()},
         "findings": [o.to_dict() for o in outcomes],
     })  # fmt: skip
 
@@ -70,21 +97,67 @@ def _md_cell(text: Any) -> str:
     return " ".join(str("" if text is None else text).split()).replace("|", "\\|")
 
 
+def fitted_text(fitted: Sequence[str], shown: int = 3) -> str:
+    """``wse2 arch.max_active_fraction, ... (15 parameters)``: the first few of a finding's fitted parameters."""
+    more = f", ... ({len(fitted)} parameters)" if len(fitted) > shown else ""
+    return ", ".join(fitted[-shown:][::-1] if more else fitted) + more
+
+
+MARKS = {"reproduced": ("✓", "yes"), "not reproduced": ("✗", "NO"), "not a test": ("○", "n/t")}
+"""How a verdict is shown (unicode, ascii)."""
+
+
+def _cf_text(o: FindingOutcome) -> str:
+    if not o.counterfactual:
+        return "none"
+    fate = {True: "still reproduced", False: "fails", None: "not run"}[o.counterfactual_reproduced]
+    return f"{o.counterfactual}: {o.counterfactual_tool} ({fate})"
+
+
 def findings_markdown(study: Study, outcomes: Sequence[FindingOutcome]) -> str:
-    """findings.md: a title, the count, and one table row per finding."""
+    """findings.md: a title, the counts, and one table per kind of finding (the paper's, the artifact's)."""
     from dabench_ir import __version__
 
     lines = [f"# {study.title}", ""]
     if study.source:
         lines += [f"Source: {study.source}", ""]
-    lines += [f"dabench-ir {__version__}: {summary_line(outcomes)}.", ""]
-    head = ("id", "level", "claim", "source", "paper", "tool", "accept", "reproduced", "mechanism", "reason")
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for o in outcomes:
-        cells = (o.id, o.level or "", o.claim, o.source, o.paper_text, o.tool, o.accept_text,
-                 "yes" if o.reproduced else "no", o.mechanism, o.reason)  # fmt: skip
-        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    lines += [f"dabench-ir {__version__}:", ""] + [f"- {line}" for line in summary_line(outcomes).splitlines()]
+    head = ("id", "level", "claim", "paper", "band", "tool", "verdict", "provenance", "counterfactual", "mechanism",
+            "reason")  # fmt: skip
+    for table, mine in _by_table(outcomes).items():
+        lines += ["", f"## {TABLE_TITLES[table][0].upper()}{TABLE_TITLES[table][1:]}", ""]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for o in mine:
+            cells = (o.id, o.level or "", o.claim, o.paper_text, o.accept_text, o.tool, o.verdict,
+                     o.provenance + (f" ({fitted_text(o.fitted)})" if o.fitted else ""), _cf_text(o), o.mechanism,
+                     o.reason)  # fmt: skip
+            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+DOC_BEGIN, DOC_END = "<!-- findings:begin -->", "<!-- findings:end -->"
+"""The markers of the generated findings table in docs/reproduce.md (`docs_table`)."""
+
+
+def docs_table(doc: dict[str, Any]) -> str:
+    """The findings table docs/reproduce.md carries, from a run's findings.json (``doc``): the
+    counts, then per table each finding's paper figure, band, tool figure, verdict, provenance and
+    counterfactual figure. `scripts/reproduce_docs.py` writes it; a test compares it with a run."""
+    lines = []
+    for table, title in TABLE_TITLES.items():
+        mine = [f for f in doc["findings"] if f["table"] == table]
+        if not mine:
+            continue
+        c = doc["counts"][table]
+        lines += ["", f"**{title[0].upper()}{title[1:]}**: {c['predicted']} of {c['total']} reproduced as predicted, "
+                  f"{c['in_sample']} in sample; {c['not_a_test']} not a test, {c['not_reproduced']} not reproduced.", "",
+                  "| id | claim | paper | band | tool | verdict | provenance | counterfactual: its figure |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for f in mine:
+            cf = "none" if not f["counterfactual"] else f"{f['counterfactual']}: {f['counterfactual_tool']}"
+            cells = (f["id"], f["claim"], f["paper_text"], f["accept_text"], f["tool"], f["verdict"], f["provenance"], cf)
+            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return "\n".join(lines[1:])
 
 
 def write_findings(out: Path, study: Study, outcomes: Sequence[FindingOutcome]) -> list[Path]:
@@ -103,25 +176,40 @@ def _short(text: str, width: int) -> str:
     return textwrap.shorten(" ".join(str(text).split()), width, placeholder="...") if text else "-"
 
 
-def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, width: int = 40) -> str:
-    """The terminal's table: id, claim, paper, tool, verdict, mechanism (shortened); then why each
-    unreproduced finding is not, and the count line."""
-    yes, no = ("✓", "✗") if unicode else ("yes", "NO")
-    rows = [("id", "claim", "paper", "tool", "ok", "mechanism")]
-    for o in outcomes:
-        rows.append((o.id, _short(o.claim, width), _short(o.paper_text, 18), _short(o.tool, 28),
-                     yes if o.reproduced else no, _short(o.mechanism, width)))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    misses = [o for o in outcomes if not o.reproduced]
-    if misses:
-        lines += ["", "not reproduced:"]
+def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, width: int = 34) -> str:
+    """The terminal's tables (the paper's findings, then the artifact checks): id, claim, paper,
+    band, tool, verdict, provenance, counterfactual; then why each finding that is not reproduced
+    is not, why each that is not a test cannot fail, and the counts."""
+    mark = {v: m[0 if unicode else 1] for v, m in MARKS.items()}
+    lines: list[str] = []
+    for table, mine in _by_table(outcomes).items():
+        rows = [("id", "claim", "paper", "band", "tool", "ok", "basis", "counterfactual (its figure)")]
+        for o in mine:
+            band = o.accept_text.split(": ", 1)[-1] if o.accept else o.accept_text
+            cf = f"{o.counterfactual_tool} ({'still holds' if o.counterfactual_reproduced else 'fails'})" if (
+                o.counterfactual_reproduced is not None) else ("none" if not o.counterfactual else "not run")  # fmt: skip
+            rows.append((o.id, _short(o.claim, width), _short(o.paper_text, 16), _short(band, 26),
+                         _short(o.tool, 26), mark[o.verdict], "in sample" if o.fitted else "predicted", cf))  # fmt: skip
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        if lines:
+            lines.append("")
+        lines += [TABLE_TITLES[table][0].upper() + TABLE_TITLES[table][1:]]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[:1]]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[1:]]
+    for verdict, title in (("not reproduced", "not reproduced:"), ("not a test", "not a test (could not have failed):")):
+        misses = [o for o in outcomes if o.verdict == verdict]
+        if misses:
+            lines += ["", title]
         for o in misses:
             lines.append(f"  {o.id}: {' '.join(o.reason.split()) or 'no reason given'}")
-            if o.note:  # the study's account of why (what the model lacks, what the paper may measure)
+            if o.note and verdict == "not reproduced":  # the study's account of why (what the model lacks)
                 lines += textwrap.wrap(" ".join(o.note.split()), 100, initial_indent="      why: ",
                                        subsequent_indent="      ")  # fmt: skip
+    fitted = [o for o in outcomes if o.reproduced and o.fitted]
+    if fitted:
+        lines += ["", "in sample (a parameter was fitted to the figure checked):"]
+        lines += [f"  {o.id}: {fitted_text(o.fitted)}" for o in fitted]
     lines += ["", summary_line(outcomes)]
     text = "\n".join(lines)
     return text if unicode else text.encode("ascii", "replace").decode("ascii")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.sweep.results import METRIC_COLUMNS
+from dabench_ir.sweep.results import LABEL_COLUMNS, METRIC_COLUMNS
 
 __all__ = [
     "CONDITIONS",
@@ -38,16 +38,21 @@ Row = Mapping[str, Any]
 CONDITIONS = ("min", "max", "in", "not")
 """The keys a selector's table value may use."""
 
-METRICS: tuple[str, ...] = tuple(
-    c for c in METRIC_COLUMNS if c not in ("status", "error", "fits", "failure_reason", "dominant_bound", "node_bound", "roofline_bound")
-)
+METRICS: tuple[str, ...] = tuple(c for c in METRIC_COLUMNS if c not in LABEL_COLUMNS)
 """The numeric columns of a sweep's results table (`dabench_ir.sweep.results.METRIC_COLUMNS`): what a finding reads."""
+
+def _p90(values: Sequence[float]) -> float:
+    """The 90th percentile, nearest rank: nine figures in ten are at or below it ("rarely above")."""
+    ordered = sorted(values)
+    return ordered[math.ceil(0.9 * len(ordered)) - 1]
+
 
 REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
     "max": max,
     "min": min,
     "mean": statistics.fmean,
     "median": statistics.median,
+    "p90": _p90,
 }
 """How several figures become one."""
 

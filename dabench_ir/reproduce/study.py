@@ -19,6 +19,8 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.reproduce import kinds as K
+from dabench_ir.reproduce.bands import NO_FIGURE, Grading, grade
+from dabench_ir.reproduce.counterfactual import Counterfactual, needed_points, parse_counterfactual
 from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, matches
 from dabench_ir.sweep.spec import Point, SweepSpec, bundled_tomls, parse_spec, read_named_toml
 
@@ -26,9 +28,13 @@ __all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "par
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-COMMON_FIELDS = ("id", "level", "claim", "source", "experiment", "kind", "metric", "paper", "accept", "format",
-                 "mechanism", "note", "where")  # fmt: skip
+COMMON_FIELDS = ("id", "level", "table", "claim", "source", "experiment", "kind", "metric", "paper", "format",
+                 "mechanism", "note", "where", "counterfactual", "tautology", "evidence")  # fmt: skip
 """Fields every finding may have; a kind adds its own (`kinds.Kind.fields`)."""
+
+TABLES = ("paper", "artifact")
+"""Which table a finding belongs to: the paper's own findings, or checks against the paper's
+artifact (its logs and scripts), reported apart."""
 
 METRIC = "metric"  # a plot field: a results column (`rows.METRICS`)
 POINTS = "points"  # a plot field: paper points [{x, y, panel?, series?}]
@@ -47,12 +53,21 @@ class Finding:
     source: str = ""
     metric: str = "throughput_samples_per_s"
     paper: Any = None
-    accept: tuple[float, float] | None = None
     format: str = "num"
     mechanism: str = ""
     note: str = ""
     where: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    grading: Grading = NO_FIGURE
+    counterfactual: Counterfactual | None = None
+    tautology: str = ""
+    evidence: tuple[str, ...] = ()
+    table: str = "paper"
+
+    @property
+    def accept(self) -> tuple[float, float] | None:
+        """The band the tool's figure must lie in: the grading rule's, from the paper's figure."""
+        return self.grading.accept
 
 
 @dataclass(frozen=True)
@@ -149,11 +164,6 @@ def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str)
         if not isinstance(value, bool):
             raise UserError(f"{where}: expected true or false, got {value!r}")
         return value
-    if ftype in (K.FRACTION, K.NUMBER):
-        if not _is_number(value) or not math.isfinite(value) or (ftype == K.FRACTION and not 0 <= value <= 1):
-            raise UserError(f"{where}: expected {'a number in [0, 1]' if ftype == K.FRACTION else 'a number'}, "
-                            f"got {value!r}")  # fmt: skip
-        return float(value)
     if ftype == K.VALUE:
         if not isinstance(value, (str, int, float, bool)):
             raise UserError(f"{where}: expected an axis value, got {value!r}")
@@ -179,6 +189,10 @@ def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str)
         if not isinstance(value, str):
             raise UserError(f"{where}: expected a string, got {value!r}")
         return value
+    if ftype == K.LABEL_MAP:
+        if not isinstance(value, Mapping) or not value or not all(isinstance(v, str) for v in value.values()):
+            raise UserError(f"{where}: expected a table of group = label, got {value!r}")
+        return dict(value)
     if ftype == METRIC:
         return _check_metric(value, where)
     if ftype == POINTS:
@@ -194,15 +208,33 @@ def _check_metric(value: Any, where: str) -> str:
     return value
 
 
+_MARKS = {  # a paper mark's shape -> its keys (besides panel, series, label)
+    "point": ({"x", "y"}, {"relative_to"}),
+    "band": ({"hspan"}, set()),
+    "line": ({"vline"}, set()),
+    "linear": ({"linear_from"}, set()),
+}
+"""The paper's marks on a plot: a point (``y`` a figure, or with ``relative_to`` a factor of the
+tool's figure at that x), a horizontal band (``hspan = [lo, hi]``), a vertical line (``vline``) and
+a linear-scaling line through the tool's figure at ``linear_from`` (the paper's "near-linear")."""
+
+
 def _check_paper_points(value: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise UserError(f"{where}: expected a list of {{ x = ..., y = ... }} tables")
     for i, p in enumerate(value):
-        if not isinstance(p, Mapping) or not _is_number(p.get("x")) or not _is_number(p.get("y")):
-            raise UserError(f"{where} #{i + 1}: expected {{ x = number, y = number, panel?, series? }}, got {p!r}")
-        extra = set(p) - {"x", "y", "panel", "series", "label"}
+        shape = next((m for m, (keys, _) in _MARKS.items() if isinstance(p, Mapping) and keys <= set(p)), None)
+        if shape is None:
+            raise UserError(f"{where} #{i + 1}: expected {{ x, y }}, {{ hspan = [lo, hi] }}, {{ vline = x }} or "
+                            f"{{ linear_from = x }} (with panel?, series?, label?), got {p!r}")  # fmt: skip
+        keys, optional = _MARKS[shape]
+        extra = set(p) - keys - optional - {"panel", "series", "label"}
         if extra:
-            raise UserError(f"{where} #{i + 1}: unknown key {sorted(extra)[0]!r}; expected x, y, panel, series, label")
+            raise UserError(f"{where} #{i + 1}: unknown key {sorted(extra)[0]!r} for a paper {shape}")
+        numbers = [p[k] for k in (keys | optional) & set(p)]
+        numbers = [x for v in numbers for x in (v if isinstance(v, list) else [v])]
+        if not numbers or not all(_is_number(x) and math.isfinite(x) for x in numbers):
+            raise UserError(f"{where} #{i + 1}: {', '.join(sorted(keys | optional & set(p)))} must be numbers")
     return [dict(p) for p in value]
 
 
@@ -251,6 +283,8 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
         if ftype == K.ROW and len(found) > 1:
             raise UserError(f"{where}: {name} ({sel}) matches {len(found)} points, not one "
                             f"(they differ in {_differ(found)}); narrow it or where")  # fmt: skip
+    if f.kind == "switch" and len(K.labels(f.options["expect"])) != 2:
+        raise UserError(f"{where}: expect must name two modes, the one before the switch and the one after")
     if ("numerator" in f.options) != ("denominator" in f.options):
         raise UserError(f"{where}: numerator and denominator go together")
     if f.kind == "value" and "select" in f.options and "reduce" in f.options:
@@ -263,7 +297,7 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
         if not group:
             raise UserError(f"{where}: reduce combines the groups' figures: give group")
         if f.options["reduce"] == "any" and f.accept is None:
-            raise UserError(f"{where}: reduce = 'any' needs accept")
+            raise UserError(f"{where}: reduce = 'any' needs the paper's figure (paper)")
     if "axis" in f.options:
         axis = f.options["axis"]
         counts = Counter((group_label(p.params, group) if group else "", json.dumps(p[axis])) for p in base)
@@ -280,21 +314,20 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
                 raise UserError(f"{where}: {end} = {f.options[end]!r} is not a value of {axis} among the points")
 
 
-def _check_accept(value: Any, where: str) -> tuple[float, float]:
-    if not (isinstance(value, list) and len(value) == 2 and all(_is_number(v) and not math.isnan(v) for v in value)):
-        raise UserError(f"{where}: accept must be [low, high] (numbers; inf allowed), got {value!r}")
-    lo, hi = float(value[0]), float(value[1])
-    if lo > hi:
-        raise UserError(f"{where}: accept [{value[0]}, {value[1]}] is empty (low > high)")
-    return lo, hi
-
-
 def _check_paper(value: Any, where: str) -> Any:
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+    if isinstance(value, str) or (_is_number(value) and math.isfinite(value)):
         return value
-    if isinstance(value, list) and len(value) == 2 and all(_is_number(v) for v in value):
+    if isinstance(value, list) and len(value) == 2 and all(_is_number(v) and math.isfinite(v) for v in value):
+        if value[0] > value[1]:
+            raise UserError(f"{where}: paper range [{value[0]}, {value[1]}] is reversed (low > high)")
         return list(value)
     raise UserError(f"{where}: paper must be a number, a [low, high] range or a text, got {value!r}")
+
+
+def _check_evidence(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise UserError(f"{where}: evidence must be a list of measurement ids (catalogue points, artifact logs)")
+    return tuple(value)
 
 
 def _text(table: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> str:
@@ -331,6 +364,9 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
     if kind_name not in K.KINDS:
         raise UserError(f"{where}: unknown kind {kind_name!r}; known: {', '.join(K.KINDS)}")
     kind = K.KINDS[kind_name]
+    if "accept" in raw:
+        raise UserError(f"{where}: accept is not a finding's to set: the band comes from the paper's figure by the "
+                        "rule for the finding's kind (docs/reproduce.md, Bands); give paper")  # fmt: skip
     unknown = [k for k in raw if k not in COMMON_FIELDS and k not in kind.fields]
     if unknown:
         takes = ", ".join([*COMMON_FIELDS, *kind.fields])
@@ -344,16 +380,14 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
     level = raw.get("level")
     if level is not None and not (isinstance(level, int) and not isinstance(level, bool) and level > 0):
         raise UserError(f"{where}: level must be a positive integer, got {level!r}")
-    accept = None
-    if "accept" in raw:
-        if kind.accept == K.NONE:
-            raise UserError(f"{where}: kind {kind_name} takes no accept range (it compares labels: use expect)")
-        accept = _check_accept(raw["accept"], where)
-    elif kind.accept == K.REQUIRED:
-        raise UserError(f"{where}: kind {kind_name} needs accept = [low, high]")
+    table = raw.get("table", "paper")
+    if table not in TABLES:
+        raise UserError(f"{where}: table {table!r}; expected one of {', '.join(TABLES)}")
     fmt = raw.get("format", kind.format)
     if fmt not in K.FORMATS:
         raise UserError(f"{where}: format {fmt!r}; expected one of {', '.join(K.FORMATS)}")
+    metric = _check_metric(raw.get("metric", "throughput_samples_per_s"), f"{where}: metric")
+    paper = _check_paper(raw["paper"], where) if "paper" in raw else None
     finding = Finding(
         id=fid,
         kind=kind_name,
@@ -361,16 +395,24 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
         claim=_text(raw, "claim", where, required=True),
         level=level,
         source=_text(raw, "source", where),
-        metric=_check_metric(raw.get("metric", "throughput_samples_per_s"), f"{where}: metric"),
-        paper=_check_paper(raw["paper"], where) if "paper" in raw else None,
-        accept=accept,
+        metric=metric,
+        paper=paper,
         format=fmt,
         mechanism=_text(raw, "mechanism", where),
         note=_text(raw, "note", where),
         where=_check_field(K.SELECTOR, raw.get("where", {}), f"{where}: where", params, exp),
         options=options,
+        grading=grade(kind.rule(options, metric), paper, options),
+        tautology=_text(raw, "tautology", where),
+        evidence=_check_evidence(raw.get("evidence", []), where),
+        table=table,
     )
     _check_static(finding, kind, experiments[exp], where)
+    if "counterfactual" in raw:
+        if finding.tautology:
+            raise UserError(f"{where}: give a counterfactual or a tautology (why none exists), not both")
+        cf = parse_counterfactual(raw["counterfactual"], where, needed_points(finding, experiments[exp]))
+        finding = replace(finding, counterfactual=cf)
     return finding
 
 

@@ -49,12 +49,19 @@ METRIC_COLUMNS = (
     "dominant_bound",
     "node_bound",
     "roofline_bound",
+    "execution_mode",
+    "memory_onchip",
+    "memory_offchip",
     "params_count",
     "nodes",
     "units",
     "seconds",
 )
 """Columns after the point's parameters, in order."""
+
+LABEL_COLUMNS = ("status", "error", "fits", "failure_reason", "dominant_bound", "node_bound", "roofline_bound",
+                 "execution_mode")  # fmt: skip
+"""The columns of `METRIC_COLUMNS` that hold a label or a flag, not a number."""
 
 
 def atomic_write(path: Path, data: str | bytes) -> Path:
@@ -178,6 +185,19 @@ def _num(x: Any) -> Any:
     return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
+def _chosen(report: dict[str, Any], knob: str) -> Any:
+    """The value a lowering chose for a knob left to it (``--wse-mode auto``: pipelined or streaming)."""
+    entry = (((report.get("config") or {}).get("run") or {}).get("knobs") or {}).get(knob) or {}
+    return entry.get("chosen")
+
+
+def _memory_use(metrics: dict[str, Any], level: str) -> float | None:
+    """The fullest memory of one level (on-chip: the shared SRAM; off-chip: the global DRAM), as a
+    share of its capacity; None when the target has none at that level."""
+    uses = [u.get("fraction") for u in (metrics.get("memory_use") or {}).values() if u.get("level") == level]
+    return max((u for u in uses if u is not None), default=None)
+
+
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
     """One table row: the point's parameters, then the report's totals and metrics; a NaN or
     infinity is null there, as in the point's file (`encode_point`)."""
@@ -205,6 +225,9 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             "dominant_bound": step_bound,
             "node_bound": node_bound,
             "roofline_bound": metrics.get("roofline_bound"),
+            "execution_mode": _chosen(report, "wse_mode"),
+            "memory_onchip": _memory_use(metrics, "on-chip"),
+            "memory_offchip": _memory_use(metrics, "off-chip"),
             "params_count": (report.get("model") or {}).get("params"),
             "nodes": (report.get("model") or {}).get("nodes"),
             "units": len(report.get("units") or []) if report else None,

@@ -33,6 +33,7 @@ __all__ = [
     "SweepSpec",
     "bundled_specs",
     "load_spec",
+    "make_point",
     "parse_spec",
     "spec_params",
 ]
@@ -223,6 +224,11 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
     if p.get("mode") != "train":
         p.pop("recompute", None)
     return {k: v for k, v in sorted(p.items()) if v is not None}
+
+
+def make_point(params: dict[str, Any], where: str) -> Point:
+    """One point from its parameters, checked and normalised as a spec's points are."""
+    return Point(_normalise(_check_table(params, where)))
 
 
 def parse_spec(

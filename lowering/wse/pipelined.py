@@ -280,7 +280,8 @@ def _place_pipelined(
     step = period * per_replica
     chain, before = _chain_latency(kernels, times)
     training = meta.graph_mode(ctx.graph) == "train"
-    drain = max(0.0, chain - period) if training and options.steady_state else 0.0
+    drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=_WHO) > 0
+    drain = max(0.0, chain - period) if drains else 0.0
     windows = [
         (k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params
     ]
