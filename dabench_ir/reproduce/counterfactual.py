@@ -49,13 +49,11 @@ class Counterfactual:
     knobs: dict[str, Any] = field(default_factory=dict)
     unset: tuple[str, ...] = ()
 
-    def changed(self, target: Target) -> Target:
-        return target.with_changes(self.target)
 
-
-def _rows_read(f: Finding, points: Sequence[Point]) -> list[Point]:
-    """The points ``f`` reads: ``where``'s, narrowed to its one-point selectors and curve ends."""
-    picked = [p for p in points if matches(p.params, f.where)]
+def needed_points(f: Finding, spec: SweepSpec) -> list[Point]:
+    """The points of ``f``'s experiment its figure is computed from: ``where``'s, narrowed to its
+    one-point selectors and a curve's ends."""
+    picked = [p for p in spec.points if matches(p.params, f.where)]
     selectors = [f.options[k] for k in ("numerator", "denominator", "select") if k in f.options]
     if selectors and f.kind in ("ratio", "value"):
         picked = [p for p in picked if any(matches(p.params, s) for s in selectors)]
@@ -67,11 +65,6 @@ def _rows_read(f: Finding, points: Sequence[Point]) -> list[Point]:
             {values[-1]} if "to" not in f.options else set())  # fmt: skip
         picked = [p for p in picked if json.dumps(p[axis]) in keep]
     return picked
-
-
-def needed_points(f: Finding, spec: SweepSpec) -> list[Point]:
-    """The points of ``f``'s experiment that its figure is computed from."""
-    return _rows_read(f, spec.points)
 
 
 def _targets_of(points: Sequence[Point]) -> dict[str, Target]:
@@ -129,7 +122,7 @@ def _changed_target(cf: Counterfactual, targets: Mapping[str, Target], where: st
             raise UserError(f"{where}: counterfactual.on = {cf.on!r}: no point the finding reads runs on it "
                             f"(they run on {', '.join(sorted({t.name for t in targets.values()}))})")  # fmt: skip
         name = names[0]
-    return name, cf.changed(targets[name])
+    return name, targets[name].with_changes(cf.target)
 
 
 def _knobbed(cf: Counterfactual, points: Sequence[Point], where: str) -> list[Point]:

@@ -15,8 +15,19 @@ if TYPE_CHECKING:
     from dabench_ir.reproduce.run import FindingOutcome
     from dabench_ir.reproduce.study import Study
 
-__all__ = ["DOC_BEGIN", "DOC_END", "MARKS", "SCHEMA", "counts", "docs_table", "findings_doc", "findings_markdown", "findings_table", "summary_line",
-           "write_findings"]
+__all__ = [
+    "DOC_BEGIN",
+    "DOC_END",
+    "MARKS",
+    "SCHEMA",
+    "counts",
+    "docs_table",
+    "findings_doc",
+    "findings_markdown",
+    "findings_table",
+    "summary_line",
+    "write_findings",
+]
 
 SCHEMA = "dabench-ir/reproduce/v1"
 
@@ -25,7 +36,12 @@ CSV_COLUMNS = ("id", "level", "table", "experiment", "kind", "claim", "source", 
                "counterfactual", "counterfactual_tool", "counterfactual_reproduced", "mechanism", "reason", "detail",
                "note")  # fmt: skip
 
-TABLE_TITLES = {"paper": "the paper's findings", "artifact": "checks against the paper's artifact (its logs)"}
+TABLE_TITLES = {"paper": "the paper's findings", "artifact": "checks against the paper's artifact"}
+"""Each table's name (`study.TABLES`), as the counts line says it."""
+
+
+def _heading(table: str) -> str:
+    return TABLE_TITLES[table][0].upper() + TABLE_TITLES[table][1:]
 
 
 def _clean(obj: Any) -> Any:
@@ -54,15 +70,15 @@ def _by_table(outcomes: Sequence[FindingOutcome]) -> dict[str, list[FindingOutco
     return {t: [o for o in outcomes if o.table == t] for t in TABLE_TITLES if any(o.table == t for o in outcomes)}
 
 
+def _counts_text(c: dict[str, int]) -> str:
+    return (f"{c['predicted']} of {c['total']} reproduced as predicted, {c['in_sample']} in sample; "
+            f"{c['not_a_test']} not a test, {c['not_reproduced']} not reproduced")  # fmt: skip
+
+
 def summary_line(outcomes: Sequence[FindingOutcome]) -> str:
-    """``N of M predicted, K in sample; T not a test, X not reproduced``, per table (the paper's
-    findings, the artifact checks)."""
-    parts = []
-    for table, mine in _by_table(outcomes).items():
-        c = counts(mine)
-        parts.append(f"{TABLE_TITLES[table].split(' (')[0]}: {c['predicted']} of {c['total']} reproduced as predicted, "
-                     f"{c['in_sample']} in sample; {c['not_a_test']} not a test, {c['not_reproduced']} not reproduced")  # fmt: skip
-    return "\n".join(parts)
+    """``N of M reproduced as predicted, K in sample; T not a test, X not reproduced``, one line per
+    table (the paper's findings, the artifact checks)."""
+    return "\n".join(f"{TABLE_TITLES[t]}: {_counts_text(counts(mine))}" for t, mine in _by_table(outcomes).items())
 
 
 def findings_doc(study: Study, outcomes: Sequence[FindingOutcome]) -> dict[str, Any]:
@@ -98,20 +114,22 @@ def _md_cell(text: Any) -> str:
 
 
 def fitted_text(fitted: Sequence[str], shown: int = 3) -> str:
-    """``wse2 arch.max_active_fraction, ... (15 parameters)``: the first few of a finding's fitted parameters."""
+    """``wse2 compute.vector_flops.fp16, ... (15 parameters)``: the first few of a finding's fitted parameters."""
     more = f", ... ({len(fitted)} parameters)" if len(fitted) > shown else ""
-    return ", ".join(fitted[-shown:][::-1] if more else fitted) + more
+    return ", ".join(fitted[:shown]) + more
 
 
 MARKS = {"reproduced": ("✓", "yes"), "not reproduced": ("✗", "NO"), "not a test": ("○", "n/t")}
 """How a verdict is shown (unicode, ascii)."""
 
 
-def _cf_text(o: FindingOutcome) -> str:
+def _cf_text(o: FindingOutcome, *, what: bool = True) -> str:
+    """The counterfactual's figure and fate (``+70.1% (fails)``), after what it switches off."""
     if not o.counterfactual:
         return "none"
-    fate = {True: "still reproduced", False: "fails", None: "not run"}[o.counterfactual_reproduced]
-    return f"{o.counterfactual}: {o.counterfactual_tool} ({fate})"
+    fate = {True: "still holds", False: "fails", None: "not run"}[o.counterfactual_reproduced]
+    shown = fate if o.counterfactual_reproduced is None else f"{o.counterfactual_tool} ({fate})"
+    return f"{o.counterfactual}: {shown}" if what else shown
 
 
 def findings_markdown(study: Study, outcomes: Sequence[FindingOutcome]) -> str:
@@ -125,7 +143,7 @@ def findings_markdown(study: Study, outcomes: Sequence[FindingOutcome]) -> str:
     head = ("id", "level", "claim", "paper", "band", "tool", "verdict", "provenance", "counterfactual", "mechanism",
             "reason")  # fmt: skip
     for table, mine in _by_table(outcomes).items():
-        lines += ["", f"## {TABLE_TITLES[table][0].upper()}{TABLE_TITLES[table][1:]}", ""]
+        lines += ["", f"## {_heading(table)}", ""]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for o in mine:
             cells = (o.id, o.level or "", o.claim, o.paper_text, o.accept_text, o.tool, o.verdict,
@@ -144,13 +162,11 @@ def docs_table(doc: dict[str, Any]) -> str:
     counts, then per table each finding's paper figure, band, tool figure, verdict, provenance and
     counterfactual figure. `scripts/reproduce_docs.py` writes it; a test compares it with a run."""
     lines = []
-    for table, title in TABLE_TITLES.items():
+    for table in TABLE_TITLES:
         mine = [f for f in doc["findings"] if f["table"] == table]
         if not mine:
             continue
-        c = doc["counts"][table]
-        lines += ["", f"**{title[0].upper()}{title[1:]}**: {c['predicted']} of {c['total']} reproduced as predicted, "
-                  f"{c['in_sample']} in sample; {c['not_a_test']} not a test, {c['not_reproduced']} not reproduced.", "",
+        lines += ["", f"**{_heading(table)}**: {_counts_text(doc['counts'][table])}.", "",
                   "| id | claim | paper | band | tool | verdict | provenance | counterfactual: its figure |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for f in mine:
@@ -186,14 +202,12 @@ def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, 
         rows = [("id", "claim", "paper", "band", "tool", "ok", "basis", "counterfactual (its figure)")]
         for o in mine:
             band = o.accept_text.split(": ", 1)[-1] if o.accept else o.accept_text
-            cf = f"{o.counterfactual_tool} ({'still holds' if o.counterfactual_reproduced else 'fails'})" if (
-                o.counterfactual_reproduced is not None) else ("none" if not o.counterfactual else "not run")  # fmt: skip
             rows.append((o.id, _short(o.claim, width), _short(o.paper_text, 16), _short(band, 26),
-                         _short(o.tool, 26), mark[o.verdict], "in sample" if o.fitted else "predicted", cf))  # fmt: skip
+                         _short(o.tool, 26), mark[o.verdict], o.provenance, _cf_text(o, what=False)))  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         if lines:
             lines.append("")
-        lines += [TABLE_TITLES[table][0].upper() + TABLE_TITLES[table][1:]]
+        lines.append(_heading(table))
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[:1]]
         lines.append("  ".join("-" * w for w in widths))
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[1:]]
