@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -41,6 +42,7 @@ __all__ = [
     "add_deprecated",
     "add_flag",
     "add_knob_arguments",
+    "byte_size",
     "check_applies",
     "knob",
     "knob_values",
@@ -120,6 +122,21 @@ def _positive(value: Any) -> int:
     if isinstance(value, bool) or not str(value).strip().lstrip("+").isdigit() or int(value) < 1:
         raise ValueError("expected a positive integer")
     return int(value)
+
+
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?(?:e\+?\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
+          "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}  # fmt: skip
+
+
+def byte_size(value: Any) -> int:
+    """A size in bytes, a count or with a unit (``4294967296``, ``4e9``, ``4GiB``, ``512MB``): the one
+    parser of every flag that takes bytes (``profile --max-weight-bytes``, ``export --max-weight-bytes``)."""
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]) if match else 0
+    if size < 1:
+        raise ValueError(f"not a size: {value!r} (e.g. 4294967296, 4e9, 4GiB, 512MB)")
+    return size
 
 
 def _non_negative(value: Any) -> int:
@@ -355,7 +372,8 @@ class ProfileOptions:
         commands=_PROFILE_ONLY,
     )  # fmt: skip
     max_weight_bytes: int = knob(
-        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights", parse=_positive, group="measure", commands=_PROFILE_ONLY
+        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights (bytes: 4294967296, 4GiB, 512MB)", parse=byte_size,
+        group="measure", commands=_PROFILE_ONLY,
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
     scenario: str | None = knob(

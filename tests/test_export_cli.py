@@ -54,3 +54,23 @@ def test_tiny_export(capsys, tmp_path) -> None:
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["dabench.family"] == "llama"
     assert json.loads(meta["dabench.params"])["kv_heads"] == 2
+
+
+@pytest.mark.parametrize(("text", "size"), [("4GiB", 4 << 30), ("4294967296", 4 << 30), ("4e9", 4_000_000_000),
+                                            ("512MB", 512_000_000), ("1k", 1024)])  # fmt: skip
+def test_a_byte_size_parses_the_same_for_export_and_profile(text, size):
+    """One parser for every flag that takes bytes (issue 43: export took 4GiB, profile refused it)."""
+    from dabench_ir.commands.export import _byte_size
+    from dabench_ir.options import KNOBS
+
+    assert _byte_size(text) == KNOBS["max_weight_bytes"].validate(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "lots", "1.5x"])
+def test_a_bad_byte_size_is_refused_alike(text, capsys):
+    from dabench_ir.cli import main
+
+    assert main(["export", "--family", "gpt2", "--layers", "1", "--max-weight-bytes", text, "-o", "x.onnx"]) == 2
+    assert f"not a size: {text!r}" in capsys.readouterr().err
+    assert main(["profile", "gpt2-small", "--max-weight-bytes", text]) == 2
+    assert f"not a size: {text!r}" in capsys.readouterr().err

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import time
 
@@ -19,16 +18,14 @@ __all__ = ["register", "run"]
 
 logger = logging.getLogger(__name__)
 
-_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?(?:e\+?\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
-          "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}  # fmt: skip
-
-
 def _byte_size(text: str) -> int:
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4294967296, 4e9, 4GiB, 512MB)")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    """`options.byte_size`, as argparse wants a type's error."""
+    from dabench_ir.options import byte_size
+
+    try:
+        return byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _SUFFIXES = {"onnx": ".onnx", "mlir-torch": ".mlir", "mlir-linalg": ".mlir"}
