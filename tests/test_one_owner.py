@@ -138,6 +138,17 @@ def test_percent_helpers_one_per_meaning():
     assert not found, f"a percentage helper defined outside dabench_ir/report/table.py: {found}"
 
 
+@pytest.mark.parametrize(("share", "text"), [(0.42, "42%"), (0.097, "9.7%"), (0.0041, "0.41%"), (3e-5, "<0.01%")])
+def test_a_small_share_reads_alike_in_the_why_lines_and_the_plot_labels(share, text):
+    """One formatter for a share in prose and labels (the why lines and the roofline's labels had
+    two, with different thresholds: 0.097 read 9.7 % in one and 10 % in the other)."""
+    from dabench_ir.report import plots, why
+    from dabench_ir.report.table import short_percent
+
+    assert short_percent(share) == text
+    assert why.short_percent is plots.short_percent is short_percent
+
+
 # -- compute dtype: passes/precision.py (compute_dtype, graph_compute_dtype, dominant_storage_dtype)
 
 

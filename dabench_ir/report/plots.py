@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .model import NodeRecord, Report
-from .table import seconds
+from .table import seconds, short_percent
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -163,7 +163,7 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
     share = {p["name"]: p["share"] or 0.0 for p in pts}
     for n, x, y in _spread(triples, top):
         ax.annotate(
-            f"{n.role or n.name} ({_share_text(share[n.name])})",
+            f"{n.role or n.name} ({short_percent(share[n.name])})",
             (x, y),
             xytext=(6, 4),
             textcoords="offset points",
@@ -179,13 +179,6 @@ def roofline_figure(report: Report, *, top: int = 6) -> Figure | None:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return fig
-
-
-def _share_text(x: float) -> str:
-    """A share with the digits a small one needs: 12%, 0.41%, never a bare 0%."""
-    if x >= 0.095:
-        return f"{100 * x:.0f}%"
-    return f"{100 * x:.2g}%" if x >= 1e-5 else "<0.001%"
 
 
 def _spread(points: list[tuple[NodeRecord, float, float]], top: int) -> list[tuple[NodeRecord, float, float]]:

@@ -23,6 +23,7 @@ __all__ = [
     "prediction_text",
     "render_table",
     "seconds",
+    "short_percent",
 ]
 
 SHARE_OF_TIME = "share of summed time"
@@ -67,6 +68,14 @@ def percent(fraction: float | None, *, width: int = 0, missing: str = "-") -> st
     if fraction is None:
         return missing
     return f"{100 * fraction:{width}.1f}%" if width else f"{100 * fraction:.1f}%"
+
+
+def short_percent(fraction: float) -> str:
+    """A share with the digits a small one needs, for prose and labels: ``12%``, ``0.41%``, never a
+    bare ``0%`` (``<0.01%``)."""
+    if fraction >= 0.1:
+        return f"{fraction:.0%}"
+    return f"{100 * fraction:.2g}%" if fraction >= 1e-4 else "<0.01%"
 
 
 def percent_change(before: Any, after: Any) -> str:

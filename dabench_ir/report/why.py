@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.options import Knob
 
 from .attribution import is_overhead, role_rows, target_peak
-from .table import human, seconds
+from .table import human, seconds, short_percent
 
 if TYPE_CHECKING:
     from dabench_ir.advice import Trial
@@ -82,8 +82,8 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
         allocation = min(1.0, sum(per_unit.values())) if concurrent else max(per_unit.values(), default=0.0)
         busy = sum(n.time_s or 0.0 for n in records)
         util = sum(p.compute_s for p in plans) / busy if busy else None
-        used = f", busy at {_share(util)} of their peak" if util is not None else ""
-        units = f"{_share(allocation)} of the {target.unit_name}s" if allocation else f"the {target.unit_name}s"
+        used = f", busy at {short_percent(util)} of their peak" if util is not None else ""
+        units = f"{short_percent(allocation)} of the {target.unit_name}s" if allocation else f"the {target.unit_name}s"
         return f"{target.unit_name} compute on {units}{used} ({human(target_peak(report), 'FLOP/s')} chip peak)"
     if bound == "communication":
         link = target.link()
@@ -91,13 +91,6 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
         via = f"{link.name} {human(link.bandwidth_bytes_per_s, 'B/s')}" if link is not None else "exchange"
         return f"{via} exchange: {seconds(comm)} of link and exchange time"
     return f"fixed costs (launch, sync): {seconds(sum(p.overhead_s for p in plans))}"
-
-
-def _share(x: float) -> str:
-    """A fraction as a percentage with the digits a small one needs (0.4 %, not 0 %)."""
-    if x >= 0.1:
-        return f"{x:.0%}"
-    return f"{100 * x:.2g}%" if x >= 1e-4 else "<0.01%"
 
 
 def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
