@@ -116,10 +116,11 @@ def scale_model(
     progress: Callable[[str], None] | None = None,
 ) -> ScaleResult:
     """``model`` over each of ``chips`` on ``target`` for each batch (None: as exported): the points of one
-    `ScaleResult`, in batch order. ``options``: the knobs given (``strategy`` among them). Raises UserError."""
+    `ScaleResult`, in batch order. ``options``: the knobs given (``strategy`` among them). Each point is a
+    run of its own through `dabench_ir.run.execute`, checked by the physics verifier like any other.
+    Raises UserError."""
     from dabench_ir.pipeline import load_graph
-    from dabench_ir.run import prepare, resolve
-    from dabench_ir.scaling import scale as _scale
+    from dabench_ir.run import execute, prepare, resolve
     from dabench_ir.targets import load_target
 
     say = progress or (lambda _m: None)
@@ -132,13 +133,14 @@ def scale_model(
         say(f"preparing the graph (batch {batch or 'as exported'})")
         run = resolve(loaded, tgt, {**options, "batch": batch}, model=model)
         graph = prepare(run, loaded.clone())
-        say(f"scaling over {','.join(map(str, chips))} chips ({run.options.strategy})")
-        result = _scale(graph, tgt, chips, run.options.strategy, run)
-        result.model = {"path": str(model), "name": graph.name, "nodes": len(graph.nodes), "layers": len(graph.layers)}
-        if merged is None:
-            merged = result
-        else:
-            merged.points.extend(result.points)
+        for n in chips:
+            say(f"{n} chip{'s' if n > 1 else ''} ({run.options.strategy}), batch {batch or 'as exported'}")
+            result = execute(run.variant(chips=n), graph.clone()).scaling
+            if merged is None:
+                merged = dataclasses.replace(result, points=[])
+                merged.model = {"path": str(model), "name": graph.name, "nodes": len(graph.nodes),
+                                "layers": len(graph.layers)}  # fmt: skip
+            merged.points.append(result.points[-1])
     assert merged is not None
     return merged
 

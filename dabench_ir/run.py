@@ -456,7 +456,7 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     if tgt is None:
         timeline = measurement.timeline if measurement is not None else None
         return build_report(graph, run=run, timeline=timeline, measurement=measurement)
-    if opts.chips > 1:
+    if opts.chips > 1 or opts.strategy is not None:  # a scaling run (each point of `scale` too): verified alike
         return _verified(run, _scaled(run, graph, say))
     from dabench_ir.place import place
 
@@ -516,6 +516,6 @@ def _scaled(run: ResolvedRun, graph: Graph, say: Progress) -> Report:
     o = run.options
     if o.strategy is None:
         raise UserError(f"--chips {o.chips} needs --strategy dp, tp or pp")
-    say(f"scaling over {o.chips} chips ({o.strategy})")
-    result = scale(graph, run.target, [1, o.chips], o.strategy, run)
+    say(f"scaling over {o.chips} chip{'s' if o.chips > 1 else ''} ({o.strategy})")
+    result = scale(graph, run.target, sorted({1, o.chips}), o.strategy, run)
     return build_scaled_report(graph, run=run, result=result)

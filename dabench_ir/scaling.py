@@ -86,6 +86,7 @@ class ScalePoint:
     notes: list[str] = field(default_factory=list)
     memory_per_device: dict[str, int] | None = None  # bytes one device holds, by kind (weights, gradients, ...)
     micro_batches: int | None = None
+    superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
     chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
 
     @property
@@ -115,6 +116,7 @@ class ScalePoint:
             "notes": self.notes,
             "memory_per_device": self.memory_per_device,
             "micro_batches": self.micro_batches,
+            "superlinear": self.superlinear,
         }
 
 
@@ -636,6 +638,8 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         _fit_device(pt, target, parts)
         if zero:
             pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
+            pt.superlinear = (f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
+                              "(Rajbhandari et al., SC'20, §5.1), work one chip does alone")  # fmt: skip
     elif zero:
         raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     return pt

@@ -33,7 +33,10 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
     rows) sum to 100 % on their basis;
 ``roofline_point``
     every point the roofline plot draws (intensity, FLOPs / time) is at or below its roof:
-    min(peak at the report's precision, intensity x the bandwidth of the node's feed level).
+    min(peak at the report's precision, intensity x the bandwidth of the node's feed level);
+``speedup_linear``
+    a multi-chip point's speedup over one chip <= its chips, unless the point names the
+    mechanism that lets it exceed them (``superlinear``: ZeRO sharding the optimizer's work).
 
 Light by design (no torch, no onnxruntime, no matplotlib): `dabench_ir.run.execute` may run it
 after every profile.
@@ -72,6 +75,7 @@ INVARIANTS = (
     "step_time_critical_path",
     "node_power",
     "step_power",
+    "speedup_linear",
     "shares_sum",
     "roofline_point",
 )
@@ -262,6 +266,7 @@ class _Walk:
 
 def _violations(report: Report) -> Iterable[Violation]:
     yield from _shares(report)
+    yield from _speedups(report)
     if report.target_obj is None or report.plan is None:
         return  # nothing placed: only the tables' shares to check
     ctx = _Context(report)
@@ -271,6 +276,15 @@ def _violations(report: Report) -> Iterable[Violation]:
     yield from _step(ctx, walk, step)
     yield from _memory(ctx)
     yield from _roofline(ctx, walk.points)
+
+
+def _speedups(report: Report) -> Iterable[Violation]:
+    """A multi-chip point faster than its chips allow, with no mechanism named for it."""
+    for point in (report.extra.get("scale") or {}).get("points") or []:
+        speedup, chips = _finite(point.get("speedup")), point.get("chips") or 1
+        if speedup is not None and _above(speedup, chips) and not point.get("superlinear"):
+            yield Violation("speedup_linear", f"{chips} chips", speedup, float(chips),
+                            "speedup over one chip above linear, and no mechanism named for it")  # fmt: skip
 
 
 def _step(ctx: _Context, walk: _Walk, step: float | None) -> Iterable[Violation]:

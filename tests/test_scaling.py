@@ -242,3 +242,28 @@ def test_tp_keeps_the_host_step_cost_on_every_chip():
         host = target.overhead("host_step_s") + target.overhead("host_per_section_s") * plan.extra["sections"]
         assert plan.step_overheads_s["host"] == pytest.approx(host)
         assert point.time_s > target.overhead("host_step_s")
+
+
+def test_every_scale_point_is_a_verified_run_and_answers_as_profile_does(tmp_path):
+    """`scale` asks each chip count as a run of its own through `execute` (so the physics verifier
+    checks it), and each point gives what `profile --chips N --strategy S` gives (issue 43)."""
+    pytest.importorskip("torch")
+    from dabench_ir import api
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.verify import verify
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(export_onnx(ModelConfig(family="gpt2", layers=2, hidden=64, heads=2, seq=16, batch=1),
+                                 weights="none").SerializeToString())  # fmt: skip
+    result = api.scale(str(path), "h100", strategy="dp", chips=(1, 2, 8), mode="train", zero=1)
+    assert [p.chips for p in result.points] == [1, 2, 8]
+    for point in result.points[1:]:
+        report = api.profile(str(path), "h100", chips=point.chips, strategy="dp", mode="train", zero=1)
+        assert report.totals["throughput_samples_per_s"] == pytest.approx(point.throughput_samples_per_s, rel=1e-12)
+        assert report.extra["scale"]["points"][-1]["superlinear"] == point.superlinear
+        assert verify(report) == []
+    # ZeRO-1: each chip updates 1/8 of the weights, work one chip does alone: the mechanism that may take
+    # the speedup above 8 is named, and the verifier (speedup_linear) accepts nothing above linear without it
+    assert result.points[-1].superlinear.startswith("ZeRO-1 shards the optimizer update")
+    assert result.points[0].superlinear is None

@@ -92,6 +92,16 @@ def test_a_report_at_every_limit_passes():
     assert check(report) is report
 
 
+@pytest.mark.parametrize(("speedup", "superlinear", "broken"), [(8.0, None, False), (8.55, None, True),
+                                                                (8.91, "ZeRO-1 shards the optimizer update", False)])  # fmt: skip
+def test_a_speedup_above_linear_needs_a_named_mechanism(speedup, superlinear, broken):
+    report = tiny()
+    report.extra["scale"] = {"points": [{"chips": 1, "speedup": 1.0}, {"chips": 8, "speedup": speedup,
+                                                                       "superlinear": superlinear}]}  # fmt: skip
+    found = _only(report).get("speedup_linear", [])
+    assert [(v.where, v.value, v.limit) for v in found] == ([("8 chips", speedup, 8.0)] if broken else [])
+
+
 def test_node_above_its_dtype_peak():
     found = _only(tiny(n0={"time_s": 0.5}))
     (v,) = found["node_peak_flops"]

@@ -140,4 +140,6 @@ def render_scale(result) -> str:
     for p in result.points:
         if p.failure:
             lines.append(f"  {p.chips} chips: {p.failure['reason']}")
+        if p.superlinear and p.speedup is not None and p.speedup > p.chips:
+            lines.append(f"  {p.chips} chips: {p.speedup:.2f}x, above linear: {p.superlinear}")
     return "\n".join(lines)

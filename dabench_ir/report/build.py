@@ -368,6 +368,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     report.config.update({"chips": point.chips, "strategy": result.strategy, "batch": point.batch})
     report.config["samples"]["per_step"] = point.batch
     report.extra["scale"] = result.to_dict()
+    report.scaling = result
     report.extra["nodes_basis"] = (
         "the whole graph on one chip; the pipeline stages are its layers' shares" if result.strategy == "pp"
         else "one chip's share of the step"

@@ -118,6 +118,7 @@ class Report:
     measured_timeline: Any = field(default=None, repr=False)  # the host's measured Timeline, beside a prediction
     why: list[dict[str, Any]] = field(default_factory=list)  # report.why.explain: the top roles in words
     advice: Any = field(default=None, repr=False)  # dabench_ir.advice.Advice: the variant runs the why lines read
+    scaling: Any = field(default=None, repr=False)  # dabench_ir.scaling.ScaleResult of a multi-chip run
     saved_roles: list[dict[str, Any]] | None = field(default=None, repr=False)  # the roles of a report read back
     _tables: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = field(default=None, init=False, repr=False,
                                                                          compare=False)  # share_tables, once
