@@ -234,3 +234,19 @@ def test_the_verifier_checks_the_role_tables_the_json_writes_built_once():
     data["roles"][0]["share"] = 2.0  # a caller's change to the JSON's rows reaches no other caller
     assert report.to_dict()["roles"] == role_rows(report)
     assert sum(r["share"] for r in tables[0]) == pytest.approx(1.0)
+
+
+def test_a_measured_run_counts_the_samples_its_run_records(tmp_path):
+    """The measured timeline's samples are the graph's batch (`Graph.batch_size`), the one the run
+    resolves: a 64 x 128 GEMM is one sample, not 64 (issue 43: the measurement counted the first
+    input's leading dim)."""
+    import onnx
+
+    from dabench_ir import profile
+    from tests.conftest import parse
+
+    path = tmp_path / "gemm.onnx"
+    onnx.save(parse("agraph (float[64,128] A, float[128,32] B) => (float[64,32] C) { C = MatMul(A, B) }"), path)
+    report = profile(path, None, measure=True, warmup=0, repeat=1)
+    assert report.timeline.samples_per_step == report.config["run"]["samples"]["per_replica"] == 1
+    assert report.totals["throughput_samples_per_s"] == pytest.approx(1 / report.totals["time_s"])

@@ -276,9 +276,9 @@ def measure(
         overheads["cuda_kernels_without_node"] = sum(profile.unmatched_kernels.values())
     if profile.overhead_s > 0:
         overheads["session"] = profile.overhead_s
-    batch = _batch_of(graph, {**graph.bindings, **(dims or {})})
-    timeline = Timeline.from_timings(
-        timings, step_time_s=profile.run_time_s, samples_per_step=batch, source="measured", overheads_s=overheads
+    timeline = Timeline.from_timings(  # the samples of a step: the graph's batch (`Graph.batch_size`), as emulated
+        timings, step_time_s=profile.run_time_s, samples_per_step=graph.batch_size or 1, source="measured",
+        overheads_s=overheads,
     )
     return Measurement(
         timeline=timeline,
@@ -357,14 +357,3 @@ def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[s
     return out
 
 
-def _batch_of(graph: Graph, bindings: Mapping[str, int]) -> int:
-    """The leading dim of the first input when it is known (samples per step), else 1."""
-    for name in graph.inputs:
-        value = graph.values.get(name)
-        if value is None or not value.type.shape:
-            continue
-        first = value.type.shape[0]
-        first = bindings.get(first) if isinstance(first, str) else first
-        if isinstance(first, int) and first > 0:
-            return first
-    return 1
