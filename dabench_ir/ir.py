@@ -191,14 +191,13 @@ class ValueKind(enum.StrEnum):
     ACTIVATION = "activation"
     OUTPUT = "output"
 
-    is_stored: bool
-    """Read from memory rather than produced by the graph (weights and constants). An attribute
-    set below, not a property: the lowerings read it ~10^5 times a point."""
+    @property
+    def is_stored(self) -> bool:
+        """Read from memory rather than produced by the graph (weights and constants)."""
+        return self in _STORED
 
 
-for _kind in ValueKind:
-    _kind.is_stored = _kind in (ValueKind.WEIGHT, ValueKind.CONSTANT)
-del _kind
+_STORED = frozenset({ValueKind.WEIGHT, ValueKind.CONSTANT})
 
 
 @dataclass(slots=True)

@@ -465,20 +465,30 @@ def place_node(
     FLOP/s over the bandwidth of ``feed_level``), and an unattributed node carries the
     note that says it takes zero time. Every lowering places nodes through here.
     """
-    name = node.name
-    cost = ctx.costs[name]
-    all_flops = cost.flops
-    if ctx._work[name]:  # `ctx.is_work`, read from its map: ~1,300 placements a point
-        flops, feed = all_flops, feed_bytes
-    else:  # bookkeeping: no unit works on it; its bound is overhead
+    cost = ctx.costs[node.name]
+    if ctx.is_work(node):
+        flops, feed = cost.flops, feed_bytes
+    else:  # bookkeeping: no unit works on it, it moves no feed bytes (a reshape is a view); its bound is overhead
         compute_s = memory_s = comm_s = overhead_s = 0.0
         flops = feed = 0
-    work_s = memory_s if memory_s > compute_s else compute_s  # max(compute_s, memory_s), as max picks
+    work_s = max(compute_s, memory_s)
     if time_s is None:
         time_s = work_s + comm_s + overhead_s
-    bound = classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s)
-    note = UNATTRIBUTED_NOTE if name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else ""
-    # NodePlan's fields in order (positional: the keyword call took a third of its time);
-    # bookkeeping moves no feed bytes (a reshape is a view, even where it takes time)
-    return NodePlan(name, unit, lane or unit, time_s / micro_batches, all_flops, cost.bytes, feed_level, feed,
-                    compute_s, memory_s, comm_s, overhead_s, bound, allocation, note)  # fmt: skip
+    note = UNATTRIBUTED_NOTE if node.name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else ""
+    return NodePlan(
+        node=node.name,
+        unit=unit,
+        lane=lane or unit,
+        per_micro_batch_s=time_s / micro_batches,
+        flops=cost.flops,
+        bytes=cost.bytes,
+        feed_level=feed_level,
+        feed_bytes=feed,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        comm_s=comm_s,
+        overhead_s=overhead_s,
+        bound=classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s),
+        allocation=allocation,
+        note=note,
+    )
