@@ -372,9 +372,13 @@ class Graph:
     @property
     def batch_size(self) -> int | None:
         """The batch with the graph's bindings applied, or None while it is an unbound symbol."""
+        return self.batch_under(self.bindings)
+
+    def batch_under(self, bindings: Mapping[str, int]) -> int | None:
+        """The batch with ``bindings`` applied (a run's dims beside the graph's), or None while unbound."""
         dim = self.batch_dim
         if isinstance(dim, str):
-            dim = self.bindings.get(dim)
+            dim = bindings.get(dim)
         return dim if isinstance(dim, int) and dim > 0 else None
 
     @property

@@ -276,9 +276,9 @@ def measure(
         overheads["cuda_kernels_without_node"] = sum(profile.unmatched_kernels.values())
     if profile.overhead_s > 0:
         overheads["session"] = profile.overhead_s
-    timeline = Timeline.from_timings(  # the samples of a step: the graph's batch (`Graph.batch_size`), as emulated
-        timings, step_time_s=profile.run_time_s, samples_per_step=graph.batch_size or 1, source="measured",
-        overheads_s=overheads,
+    samples = graph.batch_under({**graph.bindings, **(dims or {})}) or 1  # the graph's batch, as emulated
+    timeline = Timeline.from_timings(
+        timings, step_time_s=profile.run_time_s, samples_per_step=samples, source="measured", overheads_s=overheads
     )
     return Measurement(
         timeline=timeline,
