@@ -339,6 +339,7 @@ def test_generate_over_two_gpus_tensor_parallel(llama7b_pair):
     assert one.tpot_s / 2 < two.tpot_s < one.tpot_s
 
 
+@pytest.mark.slow
 def test_a_preset_name_is_a_model_for_the_generation_scenario(capsys):
     """The README's example: MODEL may be a preset name with --scenario generate (it exports it)."""
     from dabench_ir.cli import main

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the development lane (-m "not slow") leaves it out
+
 torch = pytest.importorskip("torch")
 nn = torch.nn
 

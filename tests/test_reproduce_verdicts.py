@@ -15,6 +15,8 @@ import pytest
 from dabench_ir.reproduce import load_study, run_study
 from dabench_ir.reproduce.render import DOC_BEGIN, DOC_END, docs_table
 
+pytestmark = pytest.mark.slow  # the whole study and its counterfactuals: about two minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PINNED = {

@@ -10,6 +10,8 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxscript")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dabench-ir[ray]')")
 
+pytestmark = pytest.mark.slow  # the development lane (-m "not slow") leaves it out
+
 from dabench_ir.sweep import parse_spec, run_sweep  # noqa: E402
 from dabench_ir.sweep.executors import RayExecutor  # noqa: E402
 

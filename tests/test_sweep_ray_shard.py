@@ -59,6 +59,7 @@ class _Interrupted(RayExecutor):
                 raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_an_interrupted_ray_sweep_resumes_each_point_once(tmp_path, cluster, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2, 3], "target": ["rdu"]}})
     out = tmp_path / "out"

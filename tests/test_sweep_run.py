@@ -28,6 +28,7 @@ def _rows(folder):
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow
 def test_small_sweep_end_to_end(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
     seen = []

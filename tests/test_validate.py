@@ -228,6 +228,7 @@ def test_malformed_generate_points(body, needle):
         validate.parse_catalog(_GOOD_HEAD + body)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_generate_point_runs_the_generate_scenario(tmp_path):
     pytest.importorskip("torch")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the development lane (-m "not slow") leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
