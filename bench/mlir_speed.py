@@ -7,7 +7,7 @@ Exports a weight-free decoder (default: LLaMA, 32 layers, hidden 4096) once, the
     python bench/mlir_speed.py --family gpt2 --layers 12 --hidden 768 --heads 12 \
         --passes linalg-generalize-named-ops,linalg-fuse-elementwise-ops,linalg-fold-unit-extent-dims,canonicalize,cse
 
-With ``--passes`` it also times the instrumented MLIR pipeline (`dabench_ir.mlirpasses`): the
+With ``--passes`` it also times the instrumented MLIR pipeline (`dabench_ir.mlir.pipelines`): the
 passes run one at a time, the module costed after each. Target: seconds, not minutes.
 
 With ``--profile-process`` it also times `dabench-ir profile MODEL --via mlir -q --json OUT` as a
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{flops:,} FLOPs  [{'OK' if mlir_s < 10 else 'SLOW'}: target < 10 s]"
         )
         if args.passes:
-            from dabench_ir.mlirpasses import parse_pipeline, run_mlir_pipeline
-            from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT
+            from dabench_ir.mlir import MLIR_ARTIFACT, parse_pipeline, run_mlir_pipeline
 
             art = mlir_graph.meta[MLIR_ARTIFACT]
             start = time.perf_counter()

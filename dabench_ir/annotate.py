@@ -189,7 +189,7 @@ def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], e
     """
     from torch_mlir import ir
 
-    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, MLIR_OPS
+    from dabench_ir.mlir import MLIR_ARTIFACT, MLIR_OPS
     from dabench_ir.report.table import seconds
 
     mlir_graph = graph
@@ -253,15 +253,15 @@ def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
     import json
 
     from dabench_ir.ir import ValueKind
-    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT
+    from dabench_ir.mlir import MLIR_ARTIFACT
 
     header = {k: v for k, v in graph.metadata.items()
               if k.startswith(PREFIX) and k not in ("dabench.frontend", MODEL_WEIGHTS) and "\n" not in str(v)}  # fmt: skip
-    from dabench_ir.frontends.mlir import _entry_func
+    from dabench_ir.mlir import entry_func
 
     artifact = mlir_graph.meta.get(MLIR_ARTIFACT)
     weights = sorted(getattr(artifact, "weight_args", ()) or ())
-    n_args = len(_entry_func(artifact.module).regions[0].blocks[0].arguments) if artifact is not None else 0
+    n_args = len(entry_func(artifact.module).regions[0].blocks[0].arguments) if artifact is not None else 0
     if weights and weights == list(range(n_args - len(weights), n_args)):  # the loader's convention: (x, *weights)
         names = [v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT]
         header[MODEL_WEIGHTS] = json.dumps(names if len(names) == len(weights) else [f"arg{i}" for i in weights])
@@ -283,7 +283,7 @@ def _attr(value: Any, i64: Any, f64: Any) -> Any:
 
 
 def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
-    from dabench_ir.frontends.mlir import load_mlir, onnx_via_mlir
+    from dabench_ir.mlir import load_mlir, onnx_via_mlir
     from dabench_ir.options import ProfileOptions
     from dabench_ir.pipeline import build_passes
 

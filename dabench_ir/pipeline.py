@@ -42,7 +42,7 @@ def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None 
     if via not in ("onnx", "mlir"):
         raise UserError(f"--via {via}: expected 'onnx' or 'mlir'")
     if _is_mlir_file(model):
-        from dabench_ir.frontends.mlir import load_mlir
+        from dabench_ir.mlir import load_mlir
 
         return load_mlir(model, dims=dict(dims or {}))
     if via == "mlir":
@@ -66,7 +66,7 @@ def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None 
 
 def _lowered(graph: Graph, model: Any, dims: Mapping[str, int]) -> Graph:
     """The ONNX ``graph`` of ``model`` with its torch-mlir linalg module, lowered at ``dims``."""
-    from dabench_ir.frontends.mlir import attach_mlir
+    from dabench_ir.mlir import attach_mlir
 
     source = graph.path if graph.path is not None else model  # a preset's file; a proto as it is
     return attach_mlir(graph, source, dims, where=str(graph.path or "<onnx>"))

@@ -13,15 +13,13 @@ from tests.conftest import parse
 
 def _costed_load_mlir(*args, **kwargs):
     """Frontends only load: the linalg cost pass counts."""
-    from dabench_ir.frontends.mlir import load_mlir
-    from dabench_ir.passes.linalg_cost import LinalgCostPass
+    from dabench_ir.mlir import LinalgCostPass, load_mlir
 
     return LinalgCostPass()(load_mlir(*args, **kwargs)).graph
 
 
 def _costed_onnx_via_mlir(*args, **kwargs):
-    from dabench_ir.frontends.mlir import onnx_via_mlir
-    from dabench_ir.passes.linalg_cost import LinalgCostPass
+    from dabench_ir.mlir import LinalgCostPass, onnx_via_mlir
 
     return LinalgCostPass()(onnx_via_mlir(*args, **kwargs)).graph
 
@@ -76,7 +74,7 @@ def test_annotated_mlir_round_trips(tmp_path):
     from torch_mlir import ir
 
     from dabench_ir.annotate import annotate_mlir
-    from dabench_ir.frontends.mlir import parse_mlir
+    from dabench_ir.mlir import parse_mlir
 
     graph = _costed_onnx_via_mlir(parse(MODEL))
     out = annotate_mlir(None, graph, tmp_path / "ann.mlir", extra={graph.nodes[0].name: {"unit": "pcu0"}})

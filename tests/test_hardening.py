@@ -569,9 +569,9 @@ def test_measure_string_input_names_the_type(capsys, tmp_path):
 
 
 def test_native_stderr_is_held_as_warnings(caplog):
-    from dabench_ir.frontends.mlir import _captured_stderr
+    from dabench_ir.mlir.load import captured_stderr
 
-    with caplog.at_level("WARNING"), _captured_stderr():
+    with caplog.at_level("WARNING"), captured_stderr():
         os.write(2, b"loc(x): warning: something torch-mlir said\n")
     assert any("something torch-mlir said" in r.getMessage() for r in caplog.records)
 

@@ -8,20 +8,19 @@ pytest.importorskip("torch_mlir")
 pytest.importorskip("torch")
 
 from dabench_ir.crosscheck import cross_check, render_cross_check
-from dabench_ir.frontends.mlir import onnx_via_mlir
+from dabench_ir.mlir import onnx_via_mlir
 from dabench_ir.pipeline import analyze
 
 
 def _costed_load_mlir(*args, **kwargs):
     """Frontends only load: the linalg cost pass counts."""
-    from dabench_ir.frontends.mlir import load_mlir
-    from dabench_ir.passes.linalg_cost import LinalgCostPass
+    from dabench_ir.mlir import LinalgCostPass, load_mlir
 
     return LinalgCostPass()(load_mlir(*args, **kwargs)).graph
 
 
 def _costed_onnx_via_mlir(*args, **kwargs):
-    from dabench_ir.passes.linalg_cost import LinalgCostPass
+    from dabench_ir.mlir import LinalgCostPass
 
     return LinalgCostPass()(onnx_via_mlir(*args, **kwargs)).graph
 

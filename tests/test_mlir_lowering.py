@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("torch_mlir")
 
 from dabench_ir.errors import UserError
-from dabench_ir.frontends.mlir import (
-    _all_static,
-    _context,
-    _lower_static_onnx,
+from dabench_ir.mlir.load import (
+    all_static,
     import_onnx,
+    lower_static_onnx,
     lower_to_linalg,
+    mlir_context,
     parse_mlir,
     prepare_onnx,
 )
@@ -51,9 +51,9 @@ agraph (float[N, 4] x) => (float[N, 4] y) {
 
 def _lowered(text: str, caplog: pytest.LogCaptureFixture, **kwargs: bool) -> tuple[str, str]:
     proto, _ = prepare_onnx(parse(text), {"N": 2}, frozenset())
-    module = import_onnx(proto, context=_context())
+    module = import_onnx(proto, context=mlir_context())
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="dabench_ir.frontends.mlir"):
+    with caplog.at_level(logging.INFO, logger="dabench_ir.mlir.load"):
         assert lower_to_linalg(module, **kwargs) == "onnx"
     lowered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lowered")]
     return module.operation.get_asm(enable_debug_info=True, large_elements_limit=16), lowered[0]
@@ -69,8 +69,8 @@ def test_static_onnx_skips_the_refinement_and_lowers_to_the_same_module(caplog):
 
 def test_a_dim_onnx_cannot_infer_takes_the_full_pipeline(caplog):
     proto, _ = prepare_onnx(parse(RANGE), {"N": 2}, frozenset())
-    imported = import_onnx(proto, context=_context()).operation.get_asm(large_elements_limit=1)
-    assert "!torch.vtensor<[?],si64>" in imported and not _all_static(imported)
+    imported = import_onnx(proto, context=mlir_context()).operation.get_asm(large_elements_limit=1)
+    assert "!torch.vtensor<[?],si64>" in imported and not all_static(imported)
     refined, _ = _lowered(RANGE, caplog, refine=True)
     lowered, how = _lowered(RANGE, caplog)
     assert "shapes and dtypes refined" in how and lowered == refined
@@ -86,10 +86,10 @@ func.func @main_graph(%a: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
 """
     messages = []
     for refine in (True, False):
-        module = parse_mlir(text, context=_context(), isolate=False)
-        assert _all_static(module.operation.get_asm())
+        module = parse_mlir(text, context=mlir_context(), isolate=False)
+        assert all_static(module.operation.get_asm())
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="dabench_ir.frontends.mlir"), pytest.raises(UserError) as info:
+        with caplog.at_level(logging.INFO, logger="dabench_ir.mlir.load"), pytest.raises(UserError) as info:
             lower_to_linalg(module, where="m.mlir", refine=refine)
         messages.append(str(info.value))
         fell_back = any("not static after the backend contract" in r.getMessage() for r in caplog.records)
@@ -112,14 +112,14 @@ func.func @main_graph(%a: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
     ],
 )
 def test_static_means_every_tensor_type_has_static_dims_and_a_dtype(text, static):
-    assert _all_static(text) is static
+    assert all_static(text) is static
 
 
 @pytest.mark.parametrize("kind", ["list", "optional"])
 def test_an_imported_sequence_of_tensors_takes_the_full_pipeline(kind):
     text = f'%0 = torch.operator "onnx.SequenceConstruct"(%a) : (!torch.vtensor<[2],f32>) -> !torch.{kind}<vtensor<[2],f32>>'
-    assert _all_static(text)  # the element type is static, but refinement may still type the sequence
-    assert _lower_static_onnx(None, text) is False  # decided on the text, before the module is touched
+    assert all_static(text)  # the element type is static, but refinement may still type the sequence
+    assert lower_static_onnx(None, text) is False  # decided on the text, before the module is touched
 
 
 # A symbolic batch and sequence: a run binds them with --batch and --seq before the MLIR import.

@@ -11,17 +11,20 @@ pytest.importorskip("torch_mlir")
 
 from dabench_ir.cli import main
 from dabench_ir.errors import UserError
-from dabench_ir.frontends.mlir import _context, load_mlir, parse_mlir
 from dabench_ir.ir import Cost
-from dabench_ir.mlirpasses import (
+from dabench_ir.mlir import (
+    MLIR_ARTIFACT,
     MlirPassError,
+    count_module,
+    load_mlir,
+    mlir_context,
+    parse_mlir,
     parse_pipeline,
     run_mlir_pipeline,
     split_by_nodes,
     unit_graph,
     unit_names,
 )
-from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, count_module
 from tests.test_study import _mlp
 
 MAP = "#map = affine_map<(d0, d1) -> (d0, d1)>\n"
@@ -55,7 +58,7 @@ T = 4 * 8 * 4  # bytes of one 4x8 f32 tensor
 
 
 def _parse(text: str):
-    return parse_mlir(text, context=_context(), isolate=False)
+    return parse_mlir(text, context=mlir_context(), isolate=False)
 
 
 def test_add_then_relu_fused_reads_each_input_once_and_writes_once():

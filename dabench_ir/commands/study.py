@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("study: give the model (an .onnx file or a preset name)")
     pipelines: list = list(dict.fromkeys(_split(args.pipeline)))  # a repeated pipeline runs once
     if args.mlir_pipeline is not None:
-        from dabench_ir.mlirpasses import parse_pipeline
+        from dabench_ir.mlir import parse_pipeline
         from dabench_ir.study import Pipeline
 
         if args.study_via != "mlir":
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, opts = study_input(args.model, opts)  # a preset: its export
     progress = Progress(quiet=args.quiet)
-    from dabench_ir.mlirpasses import MlirPassError
+    from dabench_ir.mlir import MlirPassError
 
     try:
         doc = run_study(model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,

@@ -1,9 +1,9 @@
 """MLIR pipelines in a study: the linalg module's ops placed before and after upstream MLIR passes.
 
 The baseline of an MLIR pipeline is the model's linalg-on-tensors module as torch-mlir lowers
-it, one graph node per op (`mlirpasses.unit_graph`); the pipeline's result is the transformed
+it, one graph node per op (`dabench_ir.mlir.unit_graph`); the pipeline's result is the transformed
 module, one node per op again (a fused ``linalg.generic`` is one unit of work). Both are placed
-on every target; the diff matches their ops through `mlirpasses.run_mlir_pipeline`'s
+on every target; the diff matches their ops through `dabench_ir.mlir.run_mlir_pipeline`'s
 provenance, and each run carries the per-pass table and the per-ONNX-node costs (``mlir``).
 `agreement` sets an MLIR pipeline beside an ONNX-level one: bytes of the nodes each fused.
 """
@@ -46,7 +46,7 @@ def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost],
 
 def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
     """Work ops (views excluded) per ONNX node their location names."""
-    from dabench_ir.mlirpasses import is_view
+    from dabench_ir.mlir import is_view
 
     out: dict[str, int] = {}
     for c in counts:
@@ -95,8 +95,7 @@ def mlir_runs(
 
     Returns (pipeline, target, baseline report, report, provenance, the run's ``mlir`` record)
     per run, and per pipeline the per-ONNX-node costs before and after (for `agreement`)."""
-    from dabench_ir.mlirpasses import run_mlir_pipeline, split_by_nodes, unit_graph, unit_names
-    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, count_module
+    from dabench_ir.mlir import MLIR_ARTIFACT, count_module, run_mlir_pipeline, split_by_nodes, unit_graph, unit_names
     from dabench_ir.pipeline import load_graph, profile_graph
 
     folder = out or Path(".")  # without -o DIR the modules are named there but not written
@@ -156,7 +155,7 @@ def agreement(onnx_run: Mapping[str, Any], mlir_pipeline: str, nodes: Mapping[st
 
     One row per node of ``onnx_run`` that replaced two or more source nodes: its bytes before and
     after at ONNX level, the same source nodes' bytes before and after the MLIR pipeline (linalg
-    counts, fused ops split as `mlirpasses.split_by_nodes`), whether MLIR fused them too (an op of
+    counts, fused ops split as `dabench_ir.mlir.split_by_nodes`), whether MLIR fused them too (an op of
     the transformed module names two of them), and the verdict: ``same bytes`` (within 1 %), or
     which level moves more."""
     rows = []

@@ -105,7 +105,7 @@ class Pipeline:
     `ProfileOptions` knobs (``{"opt_level": "O0"}``); ``targets`` limits the pipeline to
     target kinds (None: every target); ``needs`` names a module that must be importable.
     ``mlir`` makes it an MLIR pipeline: upstream MLIR passes run one at a time on the model's
-    linalg-on-tensors module (`dabench_ir.mlirpasses`; the study needs ``--via mlir``).
+    linalg-on-tensors module (`dabench_ir.mlir.pipelines`; the study needs ``--via mlir``).
     """
 
     name: str

@@ -2,7 +2,7 @@
 
 `run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"])` runs each
 pass with torch-mlir's bundled `PassManager` and, after it, counts the module again
-(`passes.linalg_cost.count_module`): ops, linalg ops, FLOPs by class, bytes read and written,
+(`dabench_ir.mlir.count.count_module`): ops, linalg ops, FLOPs by class, bytes read and written,
 the intermediate tensors it materialises, the buffers bufferization allocates, and which ops
 the pass kept, created, fused away or removed.
 
@@ -42,7 +42,20 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph
+from dabench_ir.ir import Cost, Graph, layer_from_scope
+from dabench_ir.mlir.count import (
+    BUFFER_VIEWS,
+    MLIR_ARTIFACT,
+    VIEW_OPS,
+    MlirArtifact,
+    assign_costs,
+    count_module,
+    generic_op_views,
+    ops_in,
+    origin_of,
+    tensor_nbytes,
+)
+from dabench_ir.mlir.load import captured_stderr, create_nodes, first_diagnostic
 
 __all__ = [
     "MlirPassError",
@@ -55,6 +68,7 @@ __all__ = [
     "run_mlir_pipeline",
     "split_by_nodes",
     "unit_graph",
+    "unit_names",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,7 +145,9 @@ class PassStep:
     def to_dict(self, before: ModuleCost) -> dict[str, Any]:
         after = self.cost.to_dict()
         prev = before.to_dict()
-        delta = {k: (v - prev[k] if isinstance(v, int) and isinstance(prev[k], int) else None) for k, v in after.items()}
+        delta = {
+            k: (v - prev[k] if isinstance(v, int) and isinstance(prev[k], int) else None) for k, v in after.items()
+        }
         return {"pass": self.name, "seconds": self.seconds, "kept": self.kept, "created": self.created,
                 "fused_away": self.fused_away, "removed": self.removed, "after": after, "delta": delta}  # fmt: skip
 
@@ -156,16 +172,12 @@ class PipelineRecord:
 
 # -- the module's cost ---------------------------------------------------------------------
 def _top_ops(module: Any) -> list[Any]:
-    from dabench_ir.passes.linalg_cost import _ops_in
-
-    return [op for op in _ops_in(getattr(module, "operation", module)) if op.name not in ("builtin.module", "func.func")]
+    return [op for op in ops_in(getattr(module, "operation", module)) if op.name not in ("builtin.module", "func.func")]
 
 
 def is_view(name: str) -> bool:
     """A tensor or buffer op that only views its operand (a reshape, a cast): no bytes, no unit of work."""
-    from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS, VIEW_OPS
-
-    return name in VIEW_OPS or name in _BUFFER_VIEWS
+    return name in VIEW_OPS or name in BUFFER_VIEWS
 
 
 def _reaches_return(value: Any, depth: int = 0) -> bool:
@@ -178,11 +190,10 @@ def _reaches_return(value: Any, depth: int = 0) -> bool:
     return False
 
 
+@generic_op_views()
 def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
     """`ModuleCost` of ``module`` from its `count_module` counts."""
     from torch_mlir import ir
-
-    from dabench_ir.passes.linalg_cost import _nbytes
 
     total = sum((c.cost for c in counts), Cost())
     inter = inter_bytes = 0
@@ -192,7 +203,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
         for r in c.op.results:
             if isinstance(r.type, ir.RankedTensorType) and not _reaches_return(r):
                 inter += 1
-                inter_bytes += _nbytes(r.type)
+                inter_bytes += tensor_nbytes(r.type)
     allocs = [op for op in _top_ops(module) if op.name in ("memref.alloc", "memref.alloca")]
     bufferized = bool(allocs) or any(isinstance(a.type, ir.MemRefType) for op in _top_ops(module)
                                      if op.name == "func.return" for a in op.operands)  # fmt: skip
@@ -207,7 +218,7 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
         intermediates=inter,
         intermediate_bytes=inter_bytes,
         buffers=len(allocs) if bufferized else None,
-        buffer_bytes=sum(_nbytes(a.results[0].type) for a in allocs) if bufferized else None,
+        buffer_bytes=sum(tensor_nbytes(a.results[0].type) for a in allocs) if bufferized else None,
     )
 
 
@@ -254,8 +265,6 @@ def _fusable(op: Any) -> bool:
 
 def _payload_names(op: Any) -> set[str]:
     """The ONNX nodes the ops in a linalg op's body name (fusion keeps each moved op's location)."""
-    from dabench_ir.passes.linalg_cost import origin_of
-
     if not op.name.startswith("linalg.") or not op.regions or not len(op.regions[0].blocks):
         return set()
     return {n for inner in op.regions[0].blocks[0].operations for n in origin_of(inner.location).names}
@@ -264,8 +273,6 @@ def _payload_names(op: Any) -> set[str]:
 def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
             after_tags: list[int | None]) -> tuple[dict[int, set[int]], dict[int, str]]:  # fmt: skip
     """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
-    from dabench_ir.passes.linalg_cost import origin_of
-
     kept = {t for t in after_tags if t is not None}
     gone = set(before) - kept
     # created ops that do work or view it (not tensor.empty, constants): only they stand for gone ops
@@ -365,7 +372,8 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
         fits = [i for i in fits if is_view(after[i].name) == view] or fits
         kept_in = {old for old in before[t][1] if old[0] == "arg" or (old[0] == "op" and old[1] not in gone)}
         best = (went_to(t) & set(fits) if not view else set()) or {
-            min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)}
+            min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)
+        }
         for i in best:
             placed[i].add(t)
             claims[i].add(t)
@@ -374,6 +382,7 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
     return claims, method
 
 
+@generic_op_views()
 def run_mlir_pipeline(
     module: Any,
     passes: Sequence[str],
@@ -388,9 +397,6 @@ def run_mlir_pipeline(
     naming it and MLIR's first diagnostic; it holds the steps before it.
     """
     from torch_mlir import ir
-
-    from dabench_ir.frontends.mlir import _captured_stderr, _first_diagnostic
-    from dabench_ir.passes.linalg_cost import count_module, origin_of
 
     operation = getattr(module, "operation", module)
     context = operation.context
@@ -414,11 +420,11 @@ def run_mlir_pipeline(
                          tuple(str(r.type) for r in op.results), _fusable(op))  # fmt: skip
         started = time.perf_counter()
         try:
-            with context, _captured_stderr():
+            with context, captured_stderr():
                 pm.run(operation)
         except ir.MLIRError as exc:
             _untag(operation)
-            raise MlirPassError(f"--mlir-pipeline: pass {text!r} failed: {_first_diagnostic(exc)}",
+            raise MlirPassError(f"--mlir-pipeline: pass {text!r} failed: {first_diagnostic(exc)}",
                                 record.steps, record.before) from None  # fmt: skip
         seconds = time.perf_counter() - started
         after = _top_ops(operation)
@@ -475,9 +481,11 @@ def _ids(value: Any) -> tuple[Any, ...]:
 
 
 def _counted(name: str) -> bool:
-    return (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy") and not is_view(
-        name
-    ) and name not in ("tensor.empty", "tensor.dim", "tensor.extract", "tensor.from_elements")
+    return (
+        (name.startswith("linalg.") or name.startswith("tensor.") or name == "memref.copy")
+        and not is_view(name)
+        and name not in ("tensor.empty", "tensor.dim", "tensor.extract", "tensor.from_elements")
+    )
 
 
 def _untag(operation: Any) -> None:
@@ -546,9 +554,6 @@ def unit_graph(source: Graph, module: Any, counts: Sequence[Any], names: Sequenc
     """The module's ops as a costed Graph for the lowerings: one node per op (a fused
     ``linalg.generic`` is one unit of work), named by ``names``, wired by SSA values, its module
     scope the common scope of the ONNX nodes it names (from ``source``, the ONNX graph)."""
-    from dabench_ir.frontends.mlir import _create_nodes
-    from dabench_ir.ir import layer_from_scope
-    from dabench_ir.passes.linalg_cost import MLIR_ARTIFACT, MlirArtifact, assign_costs
     from dabench_ir.study.scopes import common_scope
 
     artifact: MlirArtifact = source.meta[MLIR_ARTIFACT]
@@ -559,7 +564,7 @@ def unit_graph(source: Graph, module: Any, counts: Sequence[Any], names: Sequenc
     for c, n in zip(counts, names, strict=True):
         if n is not None and c.op_class != "uncounted":
             by_unit.setdefault(n, []).append(c)
-    _create_nodes(graph, by_unit, art)
+    create_nodes(graph, by_unit, art)
     for node in graph.nodes:
         c = by_unit[node.name][0]
         onnx_nodes = [source.node(n) for n in c.origin.names if source.has_node(n)]

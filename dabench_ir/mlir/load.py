@@ -1,6 +1,6 @@
-"""MLIR frontend: torch-dialect or linalg `.mlir`, and ONNX imported through torch-mlir.
+"""Loading into a Graph: `.mlir` files (torch dialect or linalg) and ONNX imported through torch-mlir.
 
-Both paths end in linalg on tensors, counted by `passes.linalg_cost` (no per-op
+Both paths end in linalg on tensors, counted by `dabench_ir.mlir.count` (no per-op
 formulas), and produce the same `Graph` type as the ONNX frontend:
 
 - `load_mlir(path_or_text)`: one node per origin recovered from op locations (an ONNX
@@ -9,6 +9,9 @@ formulas), and produce the same `Graph` type as the ONNX frontend:
   with every node's cost replaced by the sum of the linalg ops that carry its name;
   `attach_mlir(graph, model, dims)` the same for a graph already loaded (a run binds its
   batch and sequence on the ONNX graph first: `pipeline.load_graph`).
+
+Also the MLIR plumbing the package shares: `mlir_context`, `parse_mlir`, `first_diagnostic`,
+`captured_stderr`, `entry_func`, and `create_nodes` (a module's ops as graph nodes).
 
 torch-mlir is imported here lazily, never when `dabench_ir` is imported.
 """
@@ -31,13 +34,16 @@ from dabench_ir.errors import InputError, UnboundSymbolError, UserError
 from dabench_ir.frontends import existing_file
 from dabench_ir.frontends.onnx import onnx_node_names
 from dabench_ir.ir import Graph, Node, Value, ValueKind, layer_from_scope
-from dabench_ir.passes.linalg_cost import (
+from dabench_ir.mlir.count import (
+    BUFFER_VIEWS,
     LINALG_COUNTS,
     MLIR_ARTIFACT,
     VIEW_OPS,
     MlirArtifact,
     OpCount,
     count_module,
+    generic_op_views,
+    ops_in,
     origin_keys,
     tensor_type_of,
 )
@@ -51,11 +57,18 @@ __all__ = [
     "ONNX_PIPELINE",
     "ONNX_STATIC_PIPELINE",
     "TORCH_PIPELINE",
+    "all_static",
     "attach_mlir",
+    "captured_stderr",
+    "create_nodes",
+    "entry_func",
+    "first_diagnostic",
     "import_onnx",
     "load_mlir",
+    "lower_static_onnx",
     "lower_to_linalg",
     "mlir_asm",
+    "mlir_context",
     "onnx_via_mlir",
     "parse_mlir",
     "prepare_onnx",
@@ -83,18 +96,22 @@ _LINALG_DIALECTS = frozenset(
 
 
 # -- MLIR plumbing -----------------------------------------------------------------------
-def _context() -> Any:
+def mlir_context() -> Any:
+    """A fresh torch-mlir context with the torch dialect registered; a UserError when torch-mlir is missing."""
     try:
         from torch_mlir import ir
-        from torch_mlir.dialects import torch as torch_d
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise UserError(f"the MLIR path needs torch-mlir ({exc}); pip install 'dabench-ir[mlir]'") from None
+    try:  # the registration alone: `torch_mlir.dialects.torch` also builds the dialect's op classes (0.16 s)
+        from torch_mlir._mlir_libs._torchMlir import register_dialect
+    except ImportError:  # pragma: no cover - another torch-mlir layout
+        from torch_mlir.dialects.torch import register_dialect
     ctx = ir.Context()
-    torch_d.register_dialect(ctx)
+    register_dialect(ctx)
     return ctx
 
 
-def _first_diagnostic(exc: Exception) -> str:
+def first_diagnostic(exc: Exception) -> str:
     """The first diagnostic MLIR reported, as one line."""
     diags = getattr(exc, "error_diagnostics", None) or []
     if diags:
@@ -120,14 +137,14 @@ def parse_mlir(text: str, *, context: Any = None, where: str = "<mlir>", isolate
     """
     from torch_mlir import ir
 
-    ctx = context or _context()
+    ctx = context or mlir_context()
     if isolate:
         _parse_in_child(text, ctx, where)
     try:
-        with ctx, _captured_stderr():
+        with ctx, captured_stderr():
             return ir.Module.parse(text)
     except ir.MLIRError as exc:
-        raise InputError(f"{where}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+        raise InputError(f"{where}: MLIR does not parse: {first_diagnostic(exc)}") from None
 
 
 def _parse_in_child(text: str, ctx: Any, where: str) -> None:
@@ -148,7 +165,7 @@ def _parse_in_child(text: str, ctx: Any, where: str) -> None:
                 with ctx:
                     ir.Module.parse(text)
             except ir.MLIRError as exc:
-                os.write(write_fd, _first_diagnostic(exc).encode("utf-8", "replace")[:2000])
+                os.write(write_fd, first_diagnostic(exc).encode("utf-8", "replace")[:2000])
                 code = 3
         except BaseException:  # the child must exit, whatever happened
             code = 4
@@ -174,7 +191,7 @@ def _parse_in_child(text: str, ctx: Any, where: str) -> None:
 
 
 @contextlib.contextmanager
-def _captured_stderr() -> Iterator[list[bool]]:
+def captured_stderr() -> Iterator[list[bool]]:
     """Hold what MLIR's C++ code prints on file descriptor 2 (warnings before an error), and
     log it as warnings: shown after a success, dropped before an error's one line.
 
@@ -215,6 +232,7 @@ def _dialects(module: Any) -> set[str]:
     return seen
 
 
+@generic_op_views()
 def lower_to_linalg(module: Any, *, where: str = "<mlir>", refine: bool = False) -> str:
     """Lower a torch-dialect (ONNX-imported or fx-imported) module to linalg in place.
 
@@ -238,13 +256,13 @@ def lower_to_linalg(module: Any, *, where: str = "<mlir>", refine: bool = False)
         try:
             with module.context:
                 module.operation.verify()  # the passes run without a verifier between them: check what they get
-                with _captured_stderr():
-                    static = level == "onnx" and not refine and _lower_static_onnx(module, text_head)
+                with captured_stderr():
+                    static = level == "onnx" and not refine and lower_static_onnx(module, text_head)
                     if not static:
                         _run_pipeline(module, pipeline)
                 module.operation.verify()  # ... and what they made
         except ir.MLIRError as exc:
-            raise UserError(f"{where}: cannot lower to linalg: {_first_diagnostic(exc)}") from None
+            raise UserError(f"{where}: cannot lower to linalg: {first_diagnostic(exc)}") from None
         how = "static types, no shape refinement" if static else "shapes and dtypes refined"
         logger.info("lowered %s (%s, %s) to linalg in %.2f s", where, level, how, time.perf_counter() - start)
     unknown = sorted(_dialects(module) - _LINALG_DIALECTS)
@@ -270,12 +288,12 @@ _TORCH_TENSOR_TYPE = re.compile(r"!torch\.v?tensor(?:<[^>]*>+)?")
 _STATIC_VTENSOR = re.compile(r"!torch\.vtensor<\[\d*(?:,\d+)*\],(?!unk>)[^>]+>+")
 
 
-def _all_static(text: str) -> bool:
+def all_static(text: str) -> bool:
     """Every tensor in this torch-dialect text has a value-semantic type of static shape and known dtype."""
     return all(_STATIC_VTENSOR.fullmatch(t) for t in set(_TORCH_TENSOR_TYPE.findall(text)))
 
 
-def _lower_static_onnx(module: Any, text: str) -> bool:
+def lower_static_onnx(module: Any, text: str) -> bool:
     """Lower an ONNX-level module with `ONNX_STATIC_PIPELINE`, then `LINALG_PIPELINE`, when that
     gives what `ONNX_PIPELINE` gives: every tensor type static before it and after it (and the
     backend contract met, else it fails).
@@ -284,13 +302,13 @@ def _lower_static_onnx(module: Any, text: str) -> bool:
     pipeline runs then. An imported list or optional of tensors (ONNX sequences) is not static."""
     from torch_mlir import ir
 
-    if not _all_static(text) or "!torch.list<" in text or "!torch.optional<" in text:
+    if not all_static(text) or "!torch.list<" in text or "!torch.optional<" in text:
         return False
     backup = module.operation.clone()
-    with _captured_stderr() as keep:
+    with captured_stderr() as keep:
         try:
             _run_pipeline(module, ONNX_STATIC_PIPELINE)
-            keep[0] = _all_static(module.operation.get_asm(large_elements_limit=1))
+            keep[0] = all_static(module.operation.get_asm(large_elements_limit=1))
         except ir.MLIRError:
             keep[0] = False
         if keep[0]:
@@ -305,7 +323,8 @@ def _lower_static_onnx(module: Any, text: str) -> bool:
     return False
 
 
-def _entry_func(module: Any) -> Any:
+def entry_func(module: Any) -> Any:
+    """The module's entry ``func.func`` (``main``, ``main_graph`` or ``forward``, else the first)."""
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     if not funcs:
         raise InputError("the MLIR module has no func.func")
@@ -316,14 +335,15 @@ def _entry_func(module: Any) -> Any:
 
 
 # -- .mlir files -------------------------------------------------------------------------
+@generic_op_views()
 def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = None) -> Graph:
     """Load a `.mlir` file (or MLIR text) as a Graph of its ops' origins (cost it with `LinalgCostPass`)."""
     text, path = _read_text(source)
     where = str(path) if path else "<mlir>"
-    ctx = _context()
+    ctx = mlir_context()
     module = parse_mlir(text, context=ctx, where=where)
     level = lower_to_linalg(module, where=where)
-    func = _entry_func(module)
+    func = entry_func(module)
     header = _header(text)
     args = list(func.regions[0].blocks[0].arguments)
     weight_names = _weight_names(header)
@@ -453,19 +473,20 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+@generic_op_views()
 def import_onnx(proto: onnx.ModelProto, *, context: Any = None, where: str = "<onnx>") -> Any:
     """Import a (shape-inferred) ONNX model into the torch dialect with torch-mlir."""
     from torch_mlir import ir
     from torch_mlir.extras import onnx_importer
 
-    ctx = context or _context()
+    ctx = context or mlir_context()
     try:
-        with _captured_stderr():
+        with captured_stderr():
             info = onnx_importer.ModelInfo(proto, config=onnx_importer.Config())
             module = info.create_module(context=ctx)
             onnx_importer.NodeImporter.define_function(info.main_graph, module.operation).import_all()
     except ir.MLIRError as exc:
-        raise UserError(f"{where}: torch-mlir cannot import the model: {_first_diagnostic(exc)}") from None
+        raise UserError(f"{where}: torch-mlir cannot import the model: {first_diagnostic(exc)}") from None
     except Exception as exc:  # OnnxImportError and friends carry a one-line cause
         raise UserError(f"{where}: torch-mlir cannot import the model: {_one_line(exc)}") from None
     return module
@@ -494,7 +515,7 @@ def attach_mlir(graph: Graph, model: Any, dims: Mapping[str, int] | None = None,
     except UnboundSymbolError as exc:  # named with the flag that binds each: --batch, --seq or --dim
         batch = graph.batch_dim if isinstance(graph.batch_dim, str) else None
         raise UnboundSymbolError(exc.symbols, batch=batch) from None
-    ctx = _context()
+    ctx = mlir_context()
     module = import_onnx(prepared, context=ctx, where=where)
     lower_to_linalg(module, where=where)
     graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
@@ -541,7 +562,7 @@ def _build_nodes(graph: Graph, counts: list[OpCount], artifact: MlirArtifact) ->
     for c, key in zip(counts, origin_keys(counts), strict=True):
         if c.op_class != "uncounted" and key is not None:
             by_origin.setdefault(key, []).append(c)
-    _create_nodes(graph, by_origin, artifact)
+    create_nodes(graph, by_origin, artifact)
     graph.invalidate()
 
 
@@ -551,8 +572,13 @@ def _is_view_result(value: Any) -> bool:
     return isinstance(value, ir.OpResult) and value.owner.name in VIEW_OPS and len(value.owner.operands) > 0
 
 
-def _create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
-    """Nodes for origins the graph lacks, wired by the SSA values that cross between them."""
+@generic_op_views()
+def create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: MlirArtifact) -> None:
+    """Nodes for origins the graph lacks, wired by the SSA values that cross between them.
+
+    ``by_origin`` maps a node name to its counted ops (in module order); the `.mlir` loader
+    names them by origin, `dabench_ir.mlir.pipelines.unit_graph` one per op. After
+    bufferization (ops without results) the edges go through the buffers ops write and read."""
     from torch_mlir import ir
 
     owner_of: dict[Any, str] = {}
@@ -639,13 +665,11 @@ def _buffer_access(op: Any) -> tuple[list[Any], list[Any]]:
 def _buffer_root(value: Any) -> tuple[Any, bool]:
     """The buffer a memref value views (through reshapes, casts and subviews), and whether the
     value is all of it (no subview on the way)."""
-    from dabench_ir.passes.linalg_cost import _BUFFER_VIEWS
-
     whole = True
     for _ in range(64):
         owner = getattr(value, "owner", None)
         op = getattr(owner, "operation", owner)
-        if op is None or not hasattr(op, "name") or op.name not in _BUFFER_VIEWS or not op.operands:
+        if op is None or not hasattr(op, "name") or op.name not in BUFFER_VIEWS or not op.operands:
             break
         whole = whole and op.name not in ("memref.subview", "memref.reinterpret_cast")
         value = op.operands[0]
@@ -659,12 +683,10 @@ def _buffer_edges(graph: Graph, by_origin: dict[str, list[OpCount]], created: di
     buffer replaces it; a read of a function argument is that input (or weight)."""
     from torch_mlir import ir
 
-    from dabench_ir.passes.linalg_cost import _ops_in
-
     owner: dict[Any, str] = {c.op: name for name, ops in by_origin.items() if name in created for c in ops}
     writers: dict[Any, list[tuple[str, str]]] = {}  # buffer -> (writer, value) since its last whole write
 
-    for op in _ops_in(artifact.module.operation):
+    for op in ops_in(artifact.module.operation):
         name = owner.get(op)
         if name is None:
             continue

@@ -1,4 +1,4 @@
-"""Formula-free cost from linalg on tensors: iteration domain × arithmetic in the region.
+"""Counting a linalg module (formula-free cost from linalg on tensors): iteration domain × arithmetic in the region.
 
 Every structured linalg op (named or generic) is counted the same way: a clone of the
 module is generalised (`linalg-generalize-named-ops`), each op's loop bounds are derived
@@ -22,6 +22,7 @@ torch-mlir's ONNX importer names every op after its ONNX node, the fx importer r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
 
 __all__ = [
+    "BUFFER_VIEWS",
     "LINALG_COUNTS",
     "MLIR_ARTIFACT",
     "MLIR_CLASS",
@@ -49,8 +51,12 @@ __all__ = [
     "Origin",
     "assign_costs",
     "count_module",
+    "generic_op_views",
+    "ops_in",
     "origin_keys",
     "origin_of",
+    "tensor_nbytes",
+    "tensor_type_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -108,10 +114,18 @@ _IGNORED = frozenset(
     }
 )
 _IGNORED_DIALECTS = ("arith.", "index.", "math.", "cf.", "torch_c.", "bufferization.", "memref.")
-# After bufferization: ops that view a buffer (no bytes), and the copy that moves one.
-_BUFFER_VIEWS = frozenset(
-    {"memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview", "memref.reinterpret_cast",
-     "bufferization.to_memref", "bufferization.to_buffer", "bufferization.to_tensor"}
+# After bufferization: ops that only view a buffer (no bytes, no FLOPs).
+BUFFER_VIEWS = frozenset(
+    {
+        "memref.expand_shape",
+        "memref.collapse_shape",
+        "memref.cast",
+        "memref.subview",
+        "memref.reinterpret_cast",
+        "bufferization.to_memref",
+        "bufferization.to_buffer",
+        "bufferization.to_tensor",
+    }
 )
 
 
@@ -245,7 +259,7 @@ def tensor_type_of(mlir_type: Any) -> TensorType | None:
     return TensorType(shape, _DTYPES.get(str(mlir_type.element_type), DType.UNDEFINED))
 
 
-def _nbytes(mlir_type: Any) -> int:
+def tensor_nbytes(mlir_type: Any) -> int:
     """Bytes of a statically shaped ranked tensor or buffer (memref); 0 for scalars; raises on dynamic dims."""
     from torch_mlir import ir
 
@@ -265,7 +279,30 @@ def _countable(op: Any) -> bool:
     return name.startswith("linalg.") and name not in ("linalg.yield", "linalg.index")
 
 
-def _ops_in(region_holder: Any) -> Iterator[Any]:
+@contextlib.contextmanager
+def generic_op_views() -> Iterator[None]:
+    """Inside it, ops are handed out as generic views: torch-mlir imports no dialect's Python module.
+
+    The bindings import a dialect's generated Python classes the first time they hand out one of
+    its ops (``torch_mlir.dialects.linalg`` brings its op DSL: 0.2 s of a `profile --via mlir`).
+    The MLIR path reads ops only through what every view has (name, attributes, operands,
+    results, regions, location), so it needs none of them. Usable as a decorator."""
+    try:
+        from torch_mlir._mlir_libs._mlir import globals as bindings
+
+        saved = bindings.dialect_search_modules
+    except (ImportError, AttributeError):  # pragma: no cover - another torch-mlir layout: typed views
+        bindings = saved = None
+    if bindings is not None:
+        bindings.dialect_search_modules = []
+    try:
+        yield
+    finally:
+        if bindings is not None:
+            bindings.dialect_search_modules = saved
+
+
+def ops_in(region_holder: Any) -> Iterator[Any]:
     """Ops under `region_holder` in program order, not descending into linalg payloads."""
     for region in region_holder.regions:
         for block in region.blocks:
@@ -273,7 +310,7 @@ def _ops_in(region_holder: Any) -> Iterator[Any]:
                 op = op.operation
                 yield op
                 if not _countable(op):
-                    yield from _ops_in(op)
+                    yield from ops_in(op)
 
 
 class _Shapes:
@@ -302,8 +339,8 @@ class _Shapes:
             return value
 
     def nbytes(self, mlir_type: Any) -> int:
-        """`_nbytes` of the type (it raises on dynamic dims)."""
-        return self._once(self._nbytes, _nbytes, mlir_type)
+        """`tensor_nbytes` of the type (it raises on dynamic dims)."""
+        return self._once(self._nbytes, tensor_nbytes, mlir_type)
 
     def shape(self, mlir_type: Any) -> tuple[int, ...] | None:
         """The dims of a ranked shaped type (negative: dynamic), None for any other type."""
@@ -477,17 +514,17 @@ def _count_tensor_op(op: Any, is_weight: Any) -> tuple[Cost, str]:
     name = op.name
     if name in VIEW_OPS:
         return Cost(), "data_movement"
-    results = sum(_nbytes(r.type) for r in op.results)
+    results = sum(tensor_nbytes(r.type) for r in op.results)
     if name == "tensor.extract_slice":
         read = results
     elif name in ("tensor.insert_slice", "tensor.parallel_insert_slice"):
-        read = _nbytes(op.operands[0].type)
+        read = tensor_nbytes(op.operands[0].type)
         results = read  # written in place into the destination
     else:
         read = 0
         w = 0
         for operand in op.operands:
-            nb = _nbytes(operand.type)
+            nb = tensor_nbytes(operand.type)
             if is_weight(operand):
                 w += nb
             else:
@@ -518,13 +555,14 @@ def _weight_tracer(weight_args: frozenset[int]) -> Any:
             attr = op.attributes["value"]
             splat = isinstance(attr, ir.DenseElementsAttr) and attr.is_splat  # not a parameter
             return ttype.has_static_shape and ttype.rank >= 1 and math.prod(ttype.shape) > 1 and not splat
-        if name in passthrough or name in _BUFFER_VIEWS:
+        if name in passthrough or name in BUFFER_VIEWS:
             return bool(op.operands) and is_weight(op.operands[0], depth + 1)
         return False
 
     return is_weight
 
 
+@generic_op_views()
 def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = ()) -> list[OpCount]:
     """Count every op of a linalg-on-tensors module; one OpCount per counted op, in order.
 
@@ -535,7 +573,7 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
     from torch_mlir.passmanager import PassManager
 
     operation = getattr(module, "operation", module)
-    originals = [op for op in _ops_in(operation)]
+    originals = [op for op in ops_in(operation)]
     i64 = ir.IntegerType.get_signless(64, context=operation.context)
     countable = [op for op in originals if _countable(op)]
     for i, op in enumerate(countable):
@@ -548,7 +586,7 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
         for op in countable:
             del op.attributes[_IDX_ATTR]
     generic_by_idx: dict[int, Any] = {}
-    for op in _ops_in(clone):
+    for op in ops_in(clone):
         if _countable(op) and _IDX_ATTR in op.attributes:
             generic_by_idx[ir.IntegerAttr(op.attributes[_IDX_ATTR]).value] = op
 
@@ -579,8 +617,8 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
             counts.append(OpCount(name, origin, cost, op_class, op=op))
         elif name == "memref.copy":  # a buffer copy: its source read, its target written
             src, dst = op.operands[0], op.operands[1]
-            w = _nbytes(src.type) if is_weight(src) else 0
-            cost = Cost(weight_bytes=w, act_bytes_in=_nbytes(src.type) - w, act_bytes_out=_nbytes(dst.type))
+            w = tensor_nbytes(src.type) if is_weight(src) else 0
+            cost = Cost(weight_bytes=w, act_bytes_in=tensor_nbytes(src.type) - w, act_bytes_out=tensor_nbytes(dst.type))
             counts.append(OpCount(name, origin, cost, "data_movement", op=op))
         elif _has_tensor(op):
             counts.append(
