@@ -168,6 +168,9 @@ class PlanStats:
     """Where the plan keeps the weights, in words (None: the scenario infers it from memory_bytes)."""
     kv_cache_home: str | None = None
     """Where the plan keeps a KV cache, in words (None: the scenario infers it)."""
+    link_bytes: float = 0.0
+    """Bytes a plan that spans several devices moves over their chip-to-chip links per step
+    (an IPU pipeline's stage boundaries); 0 on one device."""
 
 
 @dataclass(slots=True)

@@ -11,6 +11,10 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
 ``node_peak_flops``
     a node's achieved FLOP/s (FLOPs / its busy time) <= the peak FLOP/s at the dtype it
     computes in x the chips the plan spans;
+``node_class_rate``
+    a node's vector FLOPs and its special-function ops per second <= their op class's rate
+    (`Target.rate`, at the node's dtype or the plan's, whichever is faster) x the chips: an
+    elementwise op cannot borrow the contraction units' peak;
 ``step_peak_flops``
     the step's achieved FLOP/s (``totals``) <= the highest peak among the node dtypes x chips;
 ``node_feed_bandwidth``
@@ -21,7 +25,8 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
 ``step_time_work``
     step time >= total FLOPs / (peak x chips);
 ``step_time_critical_path``
-    step time >= the roofline lower bound (max(FLOPs / peak, feed bytes / bandwidth)) of the
+    step time >= the roofline lower bound (max(FLOPs / peak, each op class's work / its rate,
+    feed bytes / bandwidth)) of the
     largest single node and, when steps do not overlap and every node runs once per step,
     of the heaviest dependency chain;
 ``node_power``
@@ -44,15 +49,18 @@ after every profile.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from dabench_ir.errors import TargetError
+
 if TYPE_CHECKING:
     from dabench_ir.report.model import NodeRecord, Report
-
-    _Point = tuple[NodeRecord, float, int, float, tuple[str, float] | None]  # a roofline point (`_Walk.points`)
 
 __all__ = [
     "INVARIANTS",
@@ -68,6 +76,7 @@ RTOL = 1e-6
 
 INVARIANTS = (
     "node_peak_flops",
+    "node_class_rate",
     "step_peak_flops",
     "node_feed_bandwidth",
     "memory_capacity",
@@ -135,12 +144,8 @@ def _above(value: float, limit: float) -> bool:
     return value > limit * (1.0 + RTOL)
 
 
-_SLACK = 1.0 + RTOL  # `_above` written out in the per-node loop: value > limit * _SLACK
-
-
 def _finite(x: Any) -> float | None:
-    if type(x) is float:  # the common case (a time, an energy) without the conversion below
-        return x if math.isfinite(x) else None
+    """``x`` as a finite float, or None (missing, not a number, infinite)."""
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -150,8 +155,13 @@ def _finite(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def _column(values: Iterable[Any]) -> np.ndarray:
+    """A float column with NaN where a value is missing or not finite."""
+    return np.array([math.nan if (f := _finite(v)) is None else f for v in values], dtype=np.float64)
+
+
 class _Context:
-    """What the checks read from a report: its target, plan, chips and a node's dtype peak."""
+    """What the checks read from a report: its target, plan, chips, and each dtype's limits."""
 
     def __init__(self, report: Report) -> None:
         self.report = report
@@ -162,106 +172,112 @@ class _Context:
         self.step_chips = max(self.plan_chips, int(report.config.get("chips") or 1))
         self.precision = str(report.config.get("precision") or getattr(self.plan, "precision", "") or "fp32")
         self.plan_dtype = str(getattr(self.plan, "precision", "") or self.precision)  # a node's without its own
-        self._peaks: dict[str, float] = {}
-        self._bandwidths: dict[str | None, tuple[str, float] | None] = {}
+        self.peak = functools.cache(self._peak)
+        self.rate = functools.cache(self._rate)
+        self.bandwidth = functools.cache(self._bandwidth)
 
-    def peak(self, dtype: str | None) -> float:
+    def _peak(self, dtype: str | None) -> float:
         """Peak FLOP/s of one chip at ``dtype``; a dtype the target lists no peak for gets its
         highest peak (a bound no node exceeds whatever units it runs on)."""
-        key = str(dtype or self.precision)
-        if key not in self._peaks:
-            self._peaks[key] = float(self.target.peak_bound(key))
-        return self._peaks[key]
+        return float(self.target.peak_bound(str(dtype or self.precision)))
 
-    def bandwidth(self, level: str | None) -> tuple[str, float] | None:
+    def _rate(self, op_class: str, dtype: str) -> float:
+        """The fastest one chip runs ``op_class`` (vector FLOPs, special-function ops) for a node
+        computing in ``dtype``: its rate at that dtype or at the plan's (a lowering may time a
+        node's elementwise math at the plan's precision)."""
+        rates = []
+        for d in {dtype, self.plan_dtype}:
+            try:
+                rates.append(float(self.target.rate(op_class, d)))
+            except (TargetError, ValueError):
+                continue
+        return max(rates) if rates else self.peak(dtype)
+
+    def _bandwidth(self, level: str | None) -> tuple[str, float] | None:
         """(memory name, bytes/s of one chip) of the memory at ``level`` (a name or a level)."""
-        if level not in self._bandwidths:
-            if not level or not self.target.has_memory(level):
-                self._bandwidths[level] = None
-            else:
-                mem = self.target.memory(level)
-                self._bandwidths[level] = (mem.name, float(mem.bandwidth_bytes_per_s))
-        return self._bandwidths[level]
+        if not level or not self.target.has_memory(level):
+            return None
+        mem = self.target.memory(level)
+        return mem.name, float(mem.bandwidth_bytes_per_s)
 
 
-class _Walk:
-    """The one pass over the report's nodes that the node, step and roofline checks read.
+class _Nodes:
+    """The report's nodes that ran (a finite, positive time), as columns: one array a figure,
+    NaN where a node has none. Every per-node check is one expression over them.
 
-    ``violations``: the per-node ones (``node_peak_flops``, ``node_feed_bandwidth``,
-    ``node_power``, in node order); ``peak``: the highest node-dtype peak of the nodes with FLOPs
-    (None: no such node); ``bounds``: each node's roofline lower bound on its own time (only with
-    ``bounds=True``: the step has a time); ``points``: the roofline plot's points
-    (record, time, FLOPs, intensity, feed memory). One walk instead of one per check (each read
-    every record's fields, plan and feed level again: ~60 % of the verifier's time)."""
+    ``peak``, ``vector_rate``, ``special_rate`` and ``bandwidth`` are one chip's limits at each
+    node's dtype and feed level (`_Context`); ``memory`` is the feed memory's name."""
 
-    def __init__(self, ctx: _Context, *, bounds: bool) -> None:
-        self.violations: list[Violation] = []
-        self.peak: float | None = None
-        self.bounds: dict[str, float] = {}
-        self.points: list[_Point] = []
-        chips = ctx.plan_chips
-        watts = float(ctx.target.watts) * chips
-        # the loop below runs once per node: the caches, lists and `math.isfinite` are read as locals,
-        # and `_finite` is inlined for the float a time, an energy or an intensity nearly always is
-        node_plans, peaks, bandwidths, isfinite = ctx.node_plans, ctx._peaks, ctx._bandwidths, math.isfinite
-        found, points, node_bounds, top = self.violations, self.points, self.bounds, None
-        for r in ctx.report.nodes:
-            t = r.time_s
-            if type(t) is not float or not isfinite(t):
-                t = _finite(t)
-            if not t or t <= 0:
-                continue  # not run: no node check and no roofline point
-            np_ = node_plans.get(r.name)
-            level = getattr(np_, "feed_level", None)
-            bw = bandwidths[level] if level in bandwidths else ctx.bandwidth(level)
-            cost = r.cost
-            flops = None if cost is None else cost.flops
-            if flops:  # a roofline point when its intensity is a finite positive number
-                intensity = r.intensity
-                if type(intensity) is not float or not isfinite(intensity):
-                    intensity = _finite(intensity)
-                if intensity is not None and intensity > 0:
-                    points.append((r, t, flops, intensity, bw))
-            if type(flops) is not int:  # the conversions only where needed: no call per node
-                flops = int(flops or 0)
-            feed = r.feed_bytes
-            if feed is None:
-                feed = getattr(np_, "feed_bytes", 0)  # the roofline's bytes
-            if type(feed) is not float:
-                feed = float(feed or 0)
-            if flops <= 0 and feed <= 0:
-                continue  # did no work
-            bound = 0.0
-            if flops > 0:
-                dtype = r.precision or ctx.plan_dtype
-                peak = peaks.get(dtype)
-                if peak is None:
-                    peak = ctx.peak(dtype)
-                if top is None or peak > top:
-                    top = peak
-                limit = peak * chips
-                if flops / t > limit * _SLACK:
-                    found.append(Violation("node_peak_flops", r.name, flops / t, limit,
-                                           f"{r.op_type}: {flops} FLOPs in {t:.6g} s; peak at {dtype} x {chips} chip(s)"))  # fmt: skip
-                if bounds:
-                    bound = flops / limit
-            if feed > 0 and bw is not None:
-                limit = bw[1] * chips
-                if feed / t > limit * _SLACK:
-                    found.append(Violation("node_feed_bandwidth", r.name, feed / t, limit,
-                                           f"{r.op_type}: {feed} B at {bw[0]} in {t:.6g} s; {bw[0]} bandwidth x {chips} chip(s)"))  # fmt: skip
-                if bounds and feed / limit > bound:
-                    bound = feed / limit
-            energy = r.energy_j
-            if type(energy) is not float or not isfinite(energy):
-                energy = _finite(energy)
-            if energy is not None and energy > 0 and energy > watts * t * _SLACK:
-                found.append(Violation("node_power", r.name, energy, watts * t,
-                                       f"{r.op_type}: {energy:.6g} J in {t:.6g} s is {energy / t:.6g} W; "
-                                       f"rated {watts:g} W x {t:.6g} s"))  # fmt: skip
-            if bounds:
-                node_bounds[r.name] = bound
-        self.peak = top
+    def __init__(self, ctx: _Context) -> None:
+        def feed_bytes(r: NodeRecord) -> Any:  # what its roofline point counts, else its plan's
+            return r.feed_bytes if r.feed_bytes is not None else getattr(ctx.node_plans.get(r.name), "feed_bytes", 0)
+
+        def did_work(r: NodeRecord) -> bool:  # a node with no FLOPs and no bytes has no limit to break
+            return (_finite(r.flops) or 0.0) > 0 or (_finite(feed_bytes(r)) or 0.0) > 0
+
+        records = [r for r in ctx.report.nodes if (_finite(r.time_s) or 0.0) > 0 and did_work(r)]
+        costs = [r.cost for r in records]
+        feeds = [ctx.bandwidth(getattr(ctx.node_plans.get(r.name), "feed_level", None)) for r in records]
+        self.records = records
+        self.dtypes = [str(r.precision or ctx.plan_dtype) for r in records]
+        self.time = _column(r.time_s for r in records)
+        self.flops = _column(0 if c is None else c.flops for c in costs)
+        self.vector = _column(0 if c is None else c.vector_flops for c in costs)
+        self.special = _column(0 if c is None else c.special_ops for c in costs)
+        self.feed = _column(feed_bytes(r) for r in records)
+        self.energy = _column(r.energy_j for r in records)
+        self.intensity = _column(r.intensity for r in records)
+        self.peak = np.array([ctx.peak(d) for d in self.dtypes], dtype=np.float64)
+        self.vector_rate = np.array([ctx.rate("vector", d) for d in self.dtypes], dtype=np.float64)
+        self.special_rate = np.array([ctx.rate("special", d) for d in self.dtypes], dtype=np.float64)
+        self.bandwidth = np.array([math.nan if f is None else f[1] for f in feeds], dtype=np.float64)
+        self.memory = [None if f is None else f[0] for f in feeds]
+
+    def top_peak(self) -> float | None:
+        """The highest dtype peak among the nodes with FLOPs (None: no such node)."""
+        working = self.flops > 0
+        return float(self.peak[working].max()) if working.any() else None
+
+    def least_times(self, chips: int) -> np.ndarray:
+        """Each node's least time on ``chips``: the longest of its FLOPs at its dtype's peak, its
+        vector and special work at their classes' rates, its feed bytes at its level's bandwidth."""
+        if not self.records:
+            return np.zeros(0)
+        feed_s = np.where(np.isnan(self.bandwidth), 0.0, self.feed / self.bandwidth)
+        parts = np.stack([self.flops / self.peak, self.vector / self.vector_rate, self.special / self.special_rate,
+                          feed_s])  # fmt: skip
+        return np.nan_to_num(parts).max(axis=0) / chips
+
+
+def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
+    """``node_peak_flops``, ``node_class_rate``, ``node_feed_bandwidth`` and ``node_power``: by
+    node, and each node's in that order."""
+    chips = ctx.plan_chips
+    watts = float(ctx.target.watts) * chips
+    t, dtypes = nodes.time, nodes.dtypes
+    found: list[tuple[int, int, Violation]] = []
+
+    def over(invariant: str, value: np.ndarray, limit: np.ndarray, detail: Callable[[int, NodeRecord], str]) -> None:
+        for i in np.flatnonzero((value > 0) & (value > limit * (1.0 + RTOL))):
+            record = nodes.records[i]
+            violation = Violation(invariant, record.name, float(value[i]), float(limit[i]), detail(i, record))
+            found.append((int(i), INVARIANTS.index(invariant), violation))
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        over("node_peak_flops", nodes.flops / t, nodes.peak * chips,
+             lambda i, r: f"{r.op_type}: {nodes.flops[i]:.0f} FLOPs in {t[i]:.6g} s; peak at {dtypes[i]} x {chips} chip(s)")  # fmt: skip
+        for cls, work, rate in (("vector", nodes.vector, nodes.vector_rate),
+                                ("special", nodes.special, nodes.special_rate)):  # fmt: skip
+            over("node_class_rate", work / t, rate * chips,
+                 lambda i, r, cls=cls, work=work: f"{r.op_type}: {work[i]:.0f} {cls} ops in {t[i]:.6g} s; "
+                                                  f"{cls} rate at {dtypes[i]} x {chips} chip(s)")  # fmt: skip
+        over("node_feed_bandwidth", np.where(np.isnan(nodes.bandwidth), 0.0, nodes.feed / t), nodes.bandwidth * chips,
+             lambda i, r: f"{r.op_type}: {nodes.feed[i]:.6g} B at {nodes.memory[i]} in {t[i]:.6g} s; "
+                          f"{nodes.memory[i]} bandwidth x {chips} chip(s)")  # fmt: skip
+        over("node_power", nodes.energy, watts * t,
+             lambda i, r: f"{r.op_type}: {nodes.energy[i]:.6g} J in {t[i]:.6g} s is {nodes.energy[i] / t[i]:.6g} W; "
+                          f"rated {watts:g} W x {t[i]:.6g} s")  # fmt: skip
+    return [violation for _, _, violation in sorted(found, key=lambda f: f[:2])]
 
 
 def _violations(report: Report) -> Iterable[Violation]:
@@ -270,12 +286,11 @@ def _violations(report: Report) -> Iterable[Violation]:
     if report.target_obj is None or report.plan is None:
         return  # nothing placed: only the tables' shares to check
     ctx = _Context(report)
-    step = _finite(report.totals.get("time_s"))
-    walk = _Walk(ctx, bounds=step is not None and step > 0)
-    yield from walk.violations
-    yield from _step(ctx, walk, step)
+    nodes = _Nodes(ctx)
+    yield from _node_checks(ctx, nodes)
+    yield from _step(ctx, nodes)
     yield from _memory(ctx)
-    yield from _roofline(ctx, walk.points)
+    yield from _roofline(ctx, nodes)
 
 
 def _speedups(report: Report) -> Iterable[Violation]:
@@ -287,11 +302,12 @@ def _speedups(report: Report) -> Iterable[Violation]:
                             "speedup over one chip above linear, and no mechanism named for it")  # fmt: skip
 
 
-def _step(ctx: _Context, walk: _Walk, step: float | None) -> Iterable[Violation]:
+def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
     totals = ctx.report.totals
+    step = _finite(totals.get("time_s"))
     if step is not None and step > 0:
         chips = ctx.step_chips
-        peak = walk.peak if walk.peak is not None else ctx.peak(None)
+        peak = nodes.top_peak() or ctx.peak(None)
         achieved = _finite(totals.get("achieved_flops_per_s"))
         if achieved is not None and _above(achieved, peak * chips):
             yield Violation("step_peak_flops", "step", achieved, peak * chips,
@@ -300,7 +316,7 @@ def _step(ctx: _Context, walk: _Walk, step: float | None) -> Iterable[Violation]
         if flops > 0 and _above(flops / (peak * chips), step):
             yield Violation("step_time_work", "step", step, flops / (peak * chips),
                             f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)")  # fmt: skip
-        bounds = walk.bounds
+        bounds = dict(zip((r.name for r in nodes.records), nodes.least_times(ctx.plan_chips).tolist(), strict=True))
         if bounds:
             name = max(bounds, key=bounds.__getitem__)
             if _above(bounds[name], step):
@@ -330,17 +346,10 @@ def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str
     # costed graphs are in topological order: an input whose producer comes later counts as 0
     producer = {out: node.name for node in graph.nodes for out in node.outputs}  # a value's last producer
     best: dict[str, float] = {}
-    top: tuple[float, str] | None = None
     for node in graph.nodes:
-        before, first = 0.0, True
-        for i in node.inputs:  # max(..., default=0.0) without a generator per node
-            here = best.get(producer.get(i, ""), 0.0)
-            if first or here > before:
-                before, first = here, False
-        here = best[node.name] = before + bounds.get(node.name, 0.0)
-        if top is None or here > top[0]:
-            top = (here, node.name)
-    return top
+        before = max((best.get(producer.get(i, ""), 0.0) for i in node.inputs), default=0.0)
+        best[node.name] = before + bounds.get(node.name, 0.0)
+    return max(((chain, name) for name, chain in best.items()), key=lambda c: c[0], default=None)
 
 
 def _memory(ctx: _Context) -> Iterable[Violation]:
@@ -365,20 +374,20 @@ def _shares(report: Report) -> Iterable[Violation]:
             yield Violation("shares_sum", table, total, 1.0, f"shares of {basis} over {len(rows)} rows")
 
 
-def _roofline(ctx: _Context, points: list[_Point]) -> Iterable[Violation]:
+def _roofline(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
     """The roofline plot's points (`report.plots.roofline_figure`: nodes with FLOPs, a time and a
-    finite positive intensity, found by the `_Walk`) against the roof it draws at each node's feed level."""
+    finite positive intensity) against the roof it draws at each node's feed level (a node with
+    none known: the highest roof drawn)."""
     peak = ctx.peak(ctx.precision)
-    highest = None  # the highest roof drawn, for a node with no feed level known
-    for r, t, flops, intensity, bw in points:
-        if bw is None:
-            if highest is None:
-                highest = max(((m.name, float(m.bandwidth_bytes_per_s)) for m in ctx.target.memories),
-                              key=lambda x: x[1])  # fmt: skip
-            bw = highest
-        roof = min(peak, intensity * bw[1])
-        achieved = flops / t
+    highest = max(ctx.target.memories, key=lambda m: float(m.bandwidth_bytes_per_s))
+    plotted = (nodes.flops > 0) & (nodes.intensity > 0)  # NaN compares False: not plotted
+    for i in np.flatnonzero(plotted):
+        r, intensity = nodes.records[i], float(nodes.intensity[i])
+        known = not math.isnan(nodes.bandwidth[i])
+        memory = nodes.memory[i] if known else highest.name
+        roof = min(peak, intensity * (float(nodes.bandwidth[i]) if known else float(highest.bandwidth_bytes_per_s)))
+        achieved = float(nodes.flops[i] / nodes.time[i])
         if _above(achieved, roof):
-            which = "peak" if roof == peak else f"{bw[0]} roof at {intensity:.6g} FLOP/B"
+            which = "peak" if roof == peak else f"{memory} roof at {intensity:.6g} FLOP/B"
             yield Violation("roofline_point", r.name, achieved, roof,
                             f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)")  # fmt: skip

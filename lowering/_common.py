@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node
+from dabench_ir.ir import Cost, DType, Graph, Node, module_of
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
@@ -269,12 +269,8 @@ def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
 
 
 def module_key(node: Node) -> str:
-    """The module a node belongs to, one level below its decoder block (``layers.0.attn``)."""
-    parts = [p for p in node.scope.replace("/", ".").split(".") if p]
-    for i, part in enumerate(parts):
-        if part.isdigit() and i > 0:
-            return ".".join(parts[: i + 2])
-    return ".".join(parts[:1]) if parts else (f"layer{node.layer}" if node.layer is not None else "")
+    """The module a node belongs to, one level below its decoder block (``layers.0.attn``: `module_of`)."""
+    return module_of(node.scope).module or (f"layer{node.layer}" if node.layer is not None else "")
 
 
 def kernel_groups(ctx: LoweringContext, fuse_elementwise: bool) -> list[list[Node]]:

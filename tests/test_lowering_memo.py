@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dabench_ir.ir import Cost, TensorType, Value, ValueKind
 from dabench_ir.lowering._common import LoweringContext, value_bytes
-from dabench_ir.lowering.rdu import Chip, RduOptions, _Demand
+from dabench_ir.lowering.rdu import Chip, RduOptions
+from dabench_ir.lowering.rdu.sections import Demand, pmu_demand
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.targets import load_target
@@ -43,12 +44,12 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
     ctx = LoweringContext.build(graph)
     opts = RduOptions(precision=None, micro_batches=None, opt_level="O3", tiles=None, resource_scale=1.0)
     chip = Chip.of(target, opts)
-    memo = _Demand(ctx, chip)
+    memo = Demand(ctx, chip)
     for _ in range(2):
         for node in graph.nodes:
             for phase in ("forward", "backward"):
-                fresh = _Demand(ctx, chip)
-                assert memo.pmu(node, phase) == fresh._pmu_of(node, fresh.cost(node, phase))
+                fresh = Demand(ctx, chip)
+                assert memo.pmu(node, phase) == pmu_demand(ctx, chip, node, fresh.cost(node, phase))
                 assert memo.pcu(node, phase) == fresh.pcu(node, phase)
     assert any(memo.pcu(n, "forward") > 0 for n in graph.nodes)
 
@@ -84,24 +85,26 @@ def test_stored_values_memo_equals_a_fresh_walk_for_every_subset():
 
 
 def test_wse_work_s_memo_equals_a_fresh_computation_for_every_node():
-    from dabench_ir.lowering.wse.kernels import _is_data, _Rates
+    from dabench_ir.lowering.wse.common import is_data
+    from dabench_ir.lowering.wse.kernels import KernelRates
     from dabench_ir.passes.precision import accumulate_dtype
 
     graph = decoder(layers=3, hidden=64, seq=16)
     target = load_target("wse")
     ctx = LoweringContext.build(graph)
-    memo = _Rates.of(target)
+    memo = KernelRates.of(target)
     for _ in range(2):  # the second round reads the memo
         for node in graph.nodes:
-            args = (ctx.costs[node.name], ctx.node_precision(node), _is_data(node), accumulate_dtype(graph, node))
-            assert memo.work_s(*args) == _Rates.of(target)._work_s(*args)
+            args = (ctx.costs[node.name], ctx.node_precision(node), is_data(node), accumulate_dtype(graph, node))
+            assert memo.work_s(*args) == KernelRates.of(target)._work_s(*args)
     assert 0 < len(memo._seconds) < len(graph.nodes)  # repeated layers share their arguments
 
 
 def test_rdu_pipeline_and_rates_equal_their_sums_bit_for_bit():
     import random
 
-    from dabench_ir.lowering.rdu import _Rates, pipeline_s
+    from dabench_ir.lowering.rdu import pipeline_s
+    from dabench_ir.lowering.rdu.timing import Rates
 
     rng = random.Random(7)
     for _ in range(300):
@@ -109,7 +112,7 @@ def test_rdu_pipeline_and_rates_equal_their_sums_bit_for_bit():
         room, pcus = rng.randint(1, 64), rng.randint(1, 64)
         held = sum(max(1, p) for _, p in stages)
         assert pipeline_s(stages, room, pcus) == pcus / room * held * max(t / max(1, p) for t, p in stages)
-        rates = _Rates(contraction=rng.random() * 1e12, vector=rng.choice([0.0, 1e11]), special=rng.choice([0.0, 1e10]),
+        rates = Rates(contraction=rng.random() * 1e12, vector=rng.choice([0.0, 1e11]), special=rng.choice([0.0, 1e10]),
                        k_half=rng.choice([0.0, 64.0]))  # fmt: skip
         cost = Cost(contraction_flops=rng.choice([0, 10**9]), vector_flops=rng.choice([0, 10**6]),
                     special_ops=rng.choice([0, 10**5]))  # fmt: skip

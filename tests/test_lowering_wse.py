@@ -438,7 +438,7 @@ def test_input_transmission_ceiling_is_reported():
 def tiny_blocks():
     """One-block LLaMA (RMSNorm, rotary, SwiGLU) and GPT-2 (LayerNorm, GELU) of the same width,
     exported weight-free, trained in mixed precision, with their WSE kernels."""
-    from dabench_ir.lowering.wse.pipelined import _row_cycles
+    from dabench_ir.lowering.wse.pipelined import row_cycles
     from dabench_ir.models import ModelConfig
     from dabench_ir.models.export import export_onnx
     from dabench_ir.pipeline import load_graph
@@ -451,7 +451,7 @@ def tiny_blocks():
         graph = prepare(resolve(g, WSE, ProfileOptions(mode="train", precision="mixed", wse_mode="pipelined")), g)
         ctx = LoweringContext.build(graph)
         kernels = wse_kernels(ctx, WSE)
-        out[fam] = (ctx, kernels, {id(k): _row_cycles(ctx, WSE, k) for k in kernels})
+        out[fam] = (ctx, kernels, {id(k): row_cycles(ctx, WSE, k) for k in kernels})
     return out
 
 

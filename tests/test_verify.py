@@ -287,3 +287,24 @@ def test_a_violation_is_an_internal_error_of_one_line_and_no_verify_skips_it(mon
     out = tmp_path / "r.json"
     assert main(["profile", str(model), "-t", "h100", "--no-verify", "-q", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["extra"]["verified"] is False
+
+
+def test_an_elementwise_node_cannot_borrow_the_contraction_peak(monkeypatch):
+    """node_class_rate (issue 43): a node's vector and special-function work runs at its op class's rate.
+    The RDU shares a section's time out over its stages from floors; floored at the contraction peak (the
+    rule before), a Softmax or a Mul ran up to 4x (here; 12x on LLaMA) faster than the PCUs' SIMD rates allow."""
+    from dabench_ir import api
+    from dabench_ir.lowering.rdu import timing
+
+    report = api.profile("gpt2-small", "sn30", batch=4, dims={"seq": 128})
+    assert verify(report) == []
+    target = report.target_obj
+
+    def contraction_peak_floor(self, node, cost):  # the old floor: every FLOP at the tiles' contraction peak
+        return cost.flops / (target.peak_flops(self.ctx.precision) * self.share)
+
+    monkeypatch.setattr(timing.TileFloor, "seconds", contraction_peak_floor)
+    found = _only(api.profile("gpt2-small", "sn30", batch=4, dims={"seq": 128}, no_verify=True))
+    broken = found["node_class_rate"]
+    assert {v.where.split("_")[1].lower() for v in broken} >= {"softmax", "mul"}
+    assert max(v.value / v.limit for v in broken) == pytest.approx(4.0)  # the contraction peak over the vector rate

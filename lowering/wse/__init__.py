@@ -8,7 +8,7 @@ The lowering is split by concern, one file each:
   on its own rectangular region of PEs, all running at once, samples streaming through;
 - `streaming` (`lowering/wse/streaming.py`): **weight streaming**, each decoder layer in turn
   on the whole wafer while its weights stream in from MemoryX;
-- `_common` (`lowering/wse/_common.py`): graph queries the three share (shapes, samples,
+- `common` (`lowering/wse/common.py`): graph queries the three share (shapes, samples,
   parameters, weight and optimizer-state bytes).
 
 This package holds the `Lowering` itself (`WseLowering`, `LOWERING`), the options it reads
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import LoweringContext
-from dabench_ir.lowering.wse._common import _FEED_LEVEL, _WHO, _params
+from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, trained_params
 from dabench_ir.lowering.wse.kernels import KERNEL_CLASSES, WseKernel, wse_kernels
-from dabench_ir.lowering.wse.pipelined import _pipelined_best
-from dabench_ir.lowering.wse.streaming import _streaming
+from dabench_ir.lowering.wse.pipelined import pipelined_best
+from dabench_ir.lowering.wse.streaming import streaming_plan
 from dabench_ir.plan import Plan
 
 if TYPE_CHECKING:
@@ -63,23 +63,24 @@ class WseLowering(Lowering):
     name = "wse"
     kinds = ("wse",)
     Options = WseOptions
-    feed = _FEED_LEVEL  # PE SRAM feeds every region
+    feed = FEED_LEVEL  # PE SRAM feeds every region
+    replicas_on_chip = True  # data parallelism: copies of the model on one wafer (`--replicas`)
 
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         # one kernel map for every plan tried (each copy count, then streaming): it depends on the graph alone
         kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
         if options.wse_mode == "streaming":
-            return _streaming(ctx, target, options, kernels)
-        plan = _pipelined_best(ctx, target, options, kernels)
+            return streaming_plan(ctx, target, options, kernels)
+        plan = pipelined_best(ctx, target, options, kernels)
         if options.wse_mode == "pipelined":
             return plan
         if options.replicas not in ("auto", None):  # copies exist only pipelined: no silent fallback
             plan.notes.insert(0, f"auto: pipelined (--replicas {options.replicas}: on-wafer copies run only in "
                                  "pipelined mode)")  # fmt: skip
             return plan
-        limit = target.arch_value("pipelined_max_params", needed_by=_WHO)
-        params = _params(ctx)
+        limit = target.arch_value("pipelined_max_params", needed_by=WHO)
+        params = trained_params(ctx)
         if plan.fits and params < limit:
             plan.notes.insert(0, f"auto: pipelined ({params / 1e6:.0f} M parameters < {limit / 1e9:g} B, and it fits)")
             return plan
@@ -88,7 +89,7 @@ class WseLowering(Lowering):
             if params >= limit
             else f"pipelined mode does not fit ({plan.failure.reason if plan.failure else 'does not fit'})"
         )
-        streamed = _streaming(ctx, target, options, kernels)
+        streamed = streaming_plan(ctx, target, options, kernels)
         streamed.notes.insert(0, f"auto: weight streaming ({why})")
         return streamed
 

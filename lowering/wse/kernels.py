@@ -11,7 +11,7 @@ lookup's work and for what an attention kernel keeps for backward.
   (`Target.compute_time`: contraction FLOPs at ``pe_matmul_efficiency`` of the rate of their
   accumulator, fp32 under mixed precision (`passes.precision.accumulate_dtype`), vector
   ops at ``[compute.vector_flops]``, transcendentals at ``[compute.special_ops]``), data
-  movement at the fabric link width (`_Rates`, `_measure`).
+  movement at the fabric link width (`KernelRates`, `_measure`).
 - A residual add whose other input crosses attention holds one sample of its skip stream in
   a FIFO in its region (`_skip_bytes`; `pipelined` sizes the FIFO in whole rows).
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import TargetError
-from dabench_ir.ir import Cost, DType, Node
+from dabench_ir.ir import Cost, DType, Node, module_kind, module_of
 from dabench_ir.lowering._common import LoweringContext
-from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _params, _samples, _shape
+from dabench_ir.lowering.wse.common import WHO, is_data, phase_cost, sample_count, shape_of, trained_params
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass, Role, traits_of
 from dabench_ir.passes.precision import accumulate_dtype
@@ -35,7 +35,7 @@ from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step,
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
-__all__ = ["KERNEL_CLASSES", "WseKernel", "_Rates", "_is_norm", "wse_kernels"]
+__all__ = ["KERNEL_CLASSES", "KernelRates", "WseKernel", "wse_kernels"]
 
 KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm_loss", "vector", "data")
 """Kernel classes as the compile report names them (``vector``/``data``: any other kernel)."""
@@ -47,13 +47,11 @@ def _is_norm(node: Node) -> bool:
     return Role.NORM in t.roles and t.row_reductions > 0
 
 
-_ATTN_WORDS = ("attn", "attention")
-_NORM_WORDS = ("norm", "ln_", "ln1", "ln2", "ln_f")
 
 
 # -- per-PE work of nodes and kernels -----------------------------------------------------
 @dataclass(slots=True)
-class _Rates:
+class KernelRates:
     """What the kernels' per-PE work is timed with, read once from the Target: its per-class
     rates (`Target.compute_time`: contraction at ``pe_matmul_efficiency`` of the peak, vector
     and special-function ops at ``[compute.vector_flops]`` / ``[compute.special_ops]``), shared
@@ -68,13 +66,13 @@ class _Rates:
     _seconds: dict[tuple, float] = field(default_factory=dict)  # `work_s` by its arguments: a layer's costs repeat in every layer
 
     @classmethod
-    def of(cls, target: Target) -> _Rates:
+    def of(cls, target: Target) -> KernelRates:
         return cls(
             target=target,
             pes=target.num_units,
             clock=float(target.clock),
-            mm_efficiency=target.arch_value("pe_matmul_efficiency", needed_by=_WHO),
-            link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO),
+            mm_efficiency=target.arch_value("pe_matmul_efficiency", needed_by=WHO),
+            link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=WHO),
         )
 
     def work_s(
@@ -135,20 +133,6 @@ class WseKernel:
     skip_bytes: int = 0  # per sample: a residual add's skip stream held while its other input crosses attention
 
 
-def _block_prefix(scope: str) -> str:
-    parts = [p for p in scope.replace("/", ".").split(".") if p]
-    for i, part in enumerate(parts):
-        if part.isdigit() and i > 0:
-            return ".".join(parts[: i + 1])
-    return ""
-
-
-def _scope_rest(scope: str, prefix: str) -> list[str]:
-    """The lower-cased parts of ``scope`` below its block prefix (`_block_prefix`)."""
-    rest = scope.replace("/", ".")[len(prefix) :] if prefix else scope.replace("/", ".")
-    return [p.lower() for p in rest.split(".") if p]
-
-
 def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
     """Whether ``node`` reads a stored value or a folded layout of one."""
     if not ctx.stored.isdisjoint(node.inputs):
@@ -190,7 +174,6 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     latest = _LatestAttention(graph, producer, owner)
     held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
     activations = ctx.activations
-    scopes: dict[str, tuple[str, list[str]]] = {}  # scope -> its block prefix and the parts below (~3 nodes a scope)
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -206,11 +189,8 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     for node in graph.nodes:
         if is_optimizer_step(node):
             continue
-        split = scopes.get(node.scope)
-        if split is None:
-            prefix = _block_prefix(node.scope)
-            split = scopes[node.scope] = (prefix, _scope_rest(node.scope, prefix))
-        prefix, rest = split
+        module = module_of(node.scope)  # its decoder block, and the module it is in there
+        prefix, rest = module.block, module.rest
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
         acts = [v for v in node.inputs if v in activations]
@@ -221,7 +201,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         weighted = _stored_weight(ctx, node)
         layer = str(node.layer) if node.layer is not None else prefix
         # 1. attention by scope
-        if prefix and rest and rest[0].endswith(_ATTN_WORDS):
+        if prefix and module.kind == "attention":
             add_to(f"{prefix}.attention", "attention", node)
             continue
         if bookkeeping:
@@ -231,7 +211,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
                 deferred.append(node)
             continue
         if is_contraction and weighted:
-            out = _shape(ctx, node.outputs[0]) if node.outputs else None
+            out = shape_of(ctx, node.outputs[0]) if node.outputs else None
             if vocab and out and out[-1] == vocab:
                 add_to("emb_fc", "emb_fc", node)
                 after_head = True
@@ -251,17 +231,18 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if open_into is not None and not weighted and not _is_norm(node):
             add_to(open_into.key, "attention", node)
             continue
-        if _is_norm(node) or (rest and any(w in rest[-1] for w in _NORM_WORDS)):
+        if _is_norm(node) or (rest and module_kind(rest[-1]) == "norm"):
             add_to(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
             continue
-        if traits_of(node).nonlinear or (rest and rest[-1] in ("act", "activation", "gelu")):
-            add_to(node.scope if rest and rest[-1] in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
+        tail = rest[-1].lower() if rest else ""
+        if traits_of(node).nonlinear or tail in ("act", "activation", "gelu"):
+            add_to(node.scope if tail in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
             continue
         if is_loss(node) or (after_head and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())):
             add_to("mlm_loss", "mlm_loss", node)
             continue
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
-            shapes = {_shape(ctx, v) for v in acts}
+            shapes = {shape_of(ctx, v) for v in acts}
             if len(shapes) == 1:
                 skip = _skip_bytes(ctx, acts, latest)
                 for key, direction in (
@@ -277,7 +258,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
             if produced and all(len(graph.consumers.get(v, [])) == 1 for v in produced) and prev.direction == "":
                 add_to(prev.key, prev.cls, node)
                 continue
-        cls = "data" if _is_data(node) else "vector"
+        cls = "data" if is_data(node) else "vector"
         add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
     for node in deferred:
         readers = [owner[out] for out in node.outputs if out in owner]
@@ -293,7 +274,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         home = readers[0] if readers else kernels[0]
         home.nodes.append(node)
         held_by.setdefault(node.name, home)
-    _measure(ctx, kernels, vocab, _Rates.of(target))
+    _measure(ctx, kernels, vocab, KernelRates.of(target))
     return kernels
 
 
@@ -343,36 +324,36 @@ def _skip_bytes(ctx: LoweringContext, acts: Sequence[str], latest: _LatestAttent
         return 0
     for skip, branch in ((acts[0], acts[1]), (acts[1], acts[0])):
         if latest(branch) > latest(skip):
-            return ctx.graph.type_of(skip).nbytes() // max(1, _samples(ctx)) if _shape(ctx, skip) else 0
+            return ctx.graph.type_of(skip).nbytes() // max(1, sample_count(ctx)) if shape_of(ctx, skip) else 0
     return 0
 
 
-def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: _Rates) -> None:
+def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: KernelRates) -> None:
     """Fill each kernel's per-sample work, token rows, row width, shape bound and parameters."""
-    samples = max(1, _samples(ctx))
+    samples = max(1, sample_count(ctx))
     for k in kernels:
-        k.params = _params(ctx, k.nodes)
+        k.params = trained_params(ctx, k.nodes)
         k.node_work_s = {}
         for node in k.nodes:
             cost = ctx.costs[node.name]
             if k.direction:  # forward add; backward: the gradient sum where the paths rejoin, one add per element
-                cost = _cost(node, FORWARD_COST, cost)
+                cost = phase_cost(node, FORWARD_COST, cost)
             if not ctx.is_work(node) or meta.FOLDED in node.meta:
                 w = 0.0
             elif node.op_type == "Gather" and k.cls == "emb_fc":
                 # the compiler computes the token lookup as a dense one-hot matmul on the
                 # (tied) table: 2 x tokens x hidden x vocab FLOPs (inferred from report A)
-                out = _shape(ctx, node.outputs[0]) if node.outputs else None
+                out = shape_of(ctx, node.outputs[0]) if node.outputs else None
                 elems = math.prod(out) if out else 0
                 lookup = Cost(contraction_flops=2 * elems * vocab)
                 w = rates.work_s(lookup, ctx.precision, False, accumulate_dtype(ctx.graph)) if out else 0.0
             else:
-                w = rates.work_s(cost, ctx.node_precision(node), _is_data(node), accumulate_dtype(ctx.graph, node))
+                w = rates.work_s(cost, ctx.node_precision(node), is_data(node), accumulate_dtype(ctx.graph, node))
             k.node_work_s[node.name] = w / samples
         k.work_s = sum(k.node_work_s.values())
         last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and (n.outputs or n.inputs)), None)
         row = (last.outputs or last.inputs)[0] if last is not None else None  # a loss writes no tensor: its input
-        shape = _shape(ctx, row) if row else None
+        shape = shape_of(ctx, row) if row else None
         if shape:
             k.width = max(1, shape[-1])
             numel = math.prod(shape)

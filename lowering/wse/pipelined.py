@@ -7,7 +7,7 @@ once, samples streaming through.
 - A kernel's busy PE-seconds per sample ``W`` come from `kernels` (its nodes' costs at the
   per-PE rates); on ``p`` PEs one sample takes ``t = W/p + tau``: ``tau`` is the per-token
   fixed time of the kernel's class (task handshakes, reduction latency, fabric hops) that
-  more PEs do not shorten (`_row_cycles`). Utilisation ``(W/p)/t``, rate ``1/t``.
+  more PEs do not shorten (`row_cycles`). Utilisation ``(W/p)/t``, rate ``1/t``.
 - Regions are balanced to one period (`balance` with the fixed times): heavy kernels get
   what keeps pace, small ones just enough. A region is at least ``ceil(width/row_chunk)``
   PEs and large enough to hold its weights and optimizer state, at most one row chunk per
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.ir import DType
 from dabench_ir.lowering._common import LoweringContext, balance, place_node, weight_bytes
-from dabench_ir.lowering.wse._common import _FEED_LEVEL, _WHO, _params, _samples, _shape, _state_bytes
-from dabench_ir.lowering.wse.kernels import WseKernel, _Rates
+from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, sample_count, shape_of, trained_params, weight_state_bytes
+from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.passes.training import is_optimizer_step
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
     from dabench_ir.targets import Target
 
-__all__ = ["_pipelined_best", "_place_pipelined", "_size"]
+__all__ = ["pipelined_best", "row_cycles"]
 
 
 @dataclass(slots=True)
@@ -67,7 +67,7 @@ def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
     graph = ctx.graph
     if meta.graph_mode(graph) != "train":
         return 0
-    samples = max(1, _samples(ctx))
+    samples = max(1, sample_count(ctx))
     layers = graph.layers
     boundary = dict.fromkeys(layers, 0)
     for node in graph.nodes:
@@ -77,11 +77,11 @@ def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
             readers = graph.consumers.get(out, [])
             crosses = any(c.layer != node.layer and not is_optimizer_step(c) for c in readers) or out in graph.outputs
             if out and crosses:
-                boundary[node.layer] += ctx.graph.type_of(out).nbytes() if _shape(ctx, out) else 0
+                boundary[node.layer] += ctx.graph.type_of(out).nbytes() if shape_of(ctx, out) else 0
     total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
     head = next((k for k in kernels if k.cls == "emb_fc"), None)
     if head is not None:
-        last = next((n for n in reversed(head.nodes) if n.outputs and _shape(ctx, n.outputs[0])), None)
+        last = next((n for n in reversed(head.nodes) if n.outputs and shape_of(ctx, n.outputs[0])), None)
         if last is not None and last.op_type != "Gather":
             total += 2 * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
     return total
@@ -91,19 +91,19 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     """Region sizes (PEs per kernel, per replica) balanced to one period, or None if even the minimum does not fit."""
     pes = target.num_units
     clock = float(target.clock)
-    chunk = target.arch_value("row_chunk_elements", needed_by=_WHO)
-    u_min = target.arch_value("min_utilisation", needed_by=_WHO)
-    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
-    pe_sram = target.arch_value("pe_sram_bytes", needed_by=_WHO)
-    fifo = target.arch_value("fifo_sram_fraction", needed_by=_WHO)
-    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
-    active = target.arch_value("max_active_fraction", needed_by=_WHO)
-    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    chunk = target.arch_value("row_chunk_elements", needed_by=WHO)
+    u_min = target.arch_value("min_utilisation", needed_by=WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
+    pe_sram = target.arch_value("pe_sram_bytes", needed_by=WHO)
+    fifo = target.arch_value("fifo_sram_fraction", needed_by=WHO)
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
+    active = target.arch_value("max_active_fraction", needed_by=WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
     samples_per_replica = ctx.batch  # every copy runs the graph's batch
     taus, lo, hi = [], [], []
     for k in kernels:
-        tau = _row_cycles(ctx, target, k) * k.tokens / clock
-        state = _state_bytes(ctx, k.nodes)
+        tau = row_cycles(ctx, target, k) * k.tokens / clock
+        state = weight_state_bytes(ctx, k.nodes)
         rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
         fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
         lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
@@ -115,7 +115,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
     buffer_bytes = _in_flight_bytes(ctx, kernels)
     buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
     available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
-    state_bytes = _state_bytes(ctx, [n for k in kernels for n in k.nodes])
+    state_bytes = weight_state_bytes(ctx, [n for k in kernels for n in k.nodes])
     if available <= 0:
         return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, 0)
     sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
@@ -129,21 +129,21 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
 # or the loss one (online softmax keeps the running max and sum in one pass: Milakov and
 # Gimelshein, arXiv 1805.02867); a bare Reduce* op one. Each op's count is its
 # `OpTraits.row_reductions` (passes/cost_rules.py).
-def _row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
+def row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
     """Fixed cycles per token row a kernel pays (``tau`` x clock / tokens): the matmul class's
     for kernels with contractions, one cross-row reduction per dependent reduction the kernel's
     rows need (norms, loss), else the vector class's (elementwise and data movement)."""
     if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
-        return target.arch_value("kernel_row_cycles_matmul", needed_by=_WHO)
+        return target.arch_value("kernel_row_cycles_matmul", needed_by=WHO)
     passes = sum(
         traits_of(n).row_reductions for n in k.nodes
     )
     if passes:
-        return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=_WHO)
-    return target.arch_value("kernel_row_cycles_vector", needed_by=_WHO)
+        return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=WHO)
+    return target.arch_value("kernel_row_cycles_vector", needed_by=WHO)
 
 
-def _pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
+def pipelined_best(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
     """The pipelined plan of ``kernels`` (`wse_kernels`: the graph's, the same for every copy count tried)."""
     if options.replicas != "auto":
         return _place_pipelined(ctx, target, options, int(options.replicas or 1), kernels)
@@ -172,11 +172,11 @@ def _place_pipelined(
     ctx: LoweringContext, target: Target, options: WseOptions, replicas: int, kernels: list[WseKernel]
 ) -> Plan:
     pes = target.num_units
-    sram = target.memory(_FEED_LEVEL)
+    sram = target.memory(FEED_LEVEL)
     ridge = target.ridge_point(ctx.precision, sram)
-    route = target.arch_value("route_pes_per_kernel_pe", needed_by=_WHO)
-    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
-    io_pes = int(target.arch_value("io_region_pes", needed_by=_WHO))
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
     per_replica = ctx.batch  # every copy runs the graph's batch (dabench_ir.run)
     m = options.micro_batches or per_replica
     plan = ctx.plan(
@@ -280,7 +280,7 @@ def _place_pipelined(
     step = period * per_replica
     chain, before = _chain_latency(kernels, times)
     training = meta.graph_mode(ctx.graph) == "train"
-    drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=_WHO) > 0
+    drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
     drain = max(0.0, chain - period) if drains else 0.0
     windows = [
         (k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params
@@ -359,11 +359,11 @@ def _place_optimizer(
     forward reaching it, beside the update that holds the next step back); the largest excess over
     its window is the step overhead ``wse_optimizer`` (at least the first region's whole update:
     its window is nil, the next step enters through it)."""
-    params = _params(ctx)
+    params = trained_params(ctx)
     for node in ctx.graph.nodes:
         if not is_optimizer_step(node) or not params:
             continue
-        per_param = _Rates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
+        per_param = KernelRates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
         busy = max((max(0.0, per_param * q - window) for q, window in regions), default=0.0)
         plan.units.append(
             Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], stats=UnitStats(held_units=0.0), allocation=0.0)
@@ -389,18 +389,18 @@ def _pipelined_overheads(
     transmission: float | None = None
     if replicas > 1 and meta.graph_mode(ctx.graph) == "train":
         clock = float(target.clock)
-        link = target.arch_value("fabric_link_bytes_per_cycle", needed_by=_WHO)
+        link = target.arch_value("fabric_link_bytes_per_cycle", needed_by=WHO)
         hop = target.link("fabric").latency_s if target.link("fabric") else 1.0 / clock
         side = math.sqrt(target.num_units)
         cut_bw = side * link * clock  # one link per row crossing the wafer's bisection
-        grad = _params(ctx) * 4  # fp32 gradients
+        grad = trained_params(ctx) * 4  # fp32 gradients
         from dabench_ir.lowering.collectives import ring_allreduce_time
 
         out["wse_replica_reduce"] = ring_allreduce_time(grad, replicas, cut_bw) + (replicas - 1) * side * hop
     io = target.link("system_io")
     if io is not None:
-        samples = max(1, _samples(ctx))
-        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in ctx.graph.inputs if _shape(ctx, v)) / samples
+        samples = max(1, sample_count(ctx))
+        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in ctx.graph.inputs if shape_of(ctx, v)) / samples
         if meta.graph_mode(ctx.graph) == "train":
             in_bytes *= 2  # labels beside the inputs
         send = plan.samples_per_step * in_bytes / io.bandwidth_bytes_per_s

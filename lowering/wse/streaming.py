@@ -8,7 +8,7 @@ the batch whose checkpoints and one layer's working set fit in SRAM, so the numb
 fits is finite. Weights, gradients and optimizer state live in MemoryX; the update runs
 there, overlapped except at the step boundary.
 
-Per-node work comes from the kernel rates (`kernels._Rates`); the kernel grouping
+Per-node work comes from the kernel rates (`kernels.KernelRates`); the kernel grouping
 (`kernels.wse_kernels`) says which Gather is the token-table lookup and what an attention
 kernel keeps for backward.
 """
@@ -28,8 +28,8 @@ from dabench_ir.lowering._common import (
     place_node,
     weight_bytes,
 )
-from dabench_ir.lowering.wse._common import _WHO, _cost, _is_data, _samples, _shape, _state_bytes
-from dabench_ir.lowering.wse.kernels import WseKernel, _Rates
+from dabench_ir.lowering.wse.common import WHO, is_data, phase_cost, sample_count, shape_of, weight_state_bytes
+from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.precision import accumulate_dtype
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step
@@ -39,23 +39,23 @@ if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
     from dabench_ir.targets import Target
 
-__all__ = ["_streaming"]
+__all__ = ["streaming_plan"]
 
 
-def _streaming(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
+def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
     """The weight-streaming plan; ``kernels``: the graph's (`wse_kernels`), as the pipelined attempt had them."""
-    rates = _Rates.of(target)
+    rates = KernelRates.of(target)
     pes = target.num_units
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
     sram = target.memory("on-chip")
     ext = target.memory("off-chip")
-    usable = target.arch_value("sram_usable_fraction", needed_by=_WHO)
+    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
     pass_s = target.overhead("ws_layer_pass_s")
     recompute_always = bool(target.arch_value("ws_recompute", 1.0))
     training = meta.graph_mode(ctx.graph) == "train"
     train_state = meta.training_state(ctx.graph)
     recomputed = train_state is not None and train_state.recompute
-    samples = max(1, _samples(ctx))
+    samples = max(1, sample_count(ctx))
     batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
     if options.replicas not in (None, 1, "auto"):
@@ -75,9 +75,9 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions, kernel
             prec = ctx.node_precision(n)
             acc = accumulate_dtype(ctx.graph, n)
             total = ctx.costs[n.name]
-            w = rates.work_s(total, prec, _is_data(n), acc)
+            w = rates.work_s(total, prec, is_data(n), acc)
             if training and recompute_always and not recomputed:
-                w += rates.work_s(_cost(n, FORWARD_COST, Cost()), prec, _is_data(n), acc)  # forward again in backward
+                w += rates.work_s(phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc)  # forward again in backward
             k = kernel_of.get(n.name)
             if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
                 w = k.node_work_s.get(n.name, 0.0) * samples
@@ -164,7 +164,7 @@ def _streaming(ctx: LoweringContext, target: Target, options: WseOptions, kernel
                 np_ = plan.node_plans[n.name]
                 np_.per_micro_batch_s = compute / n_mb
     total_w = weight_bytes(ctx)
-    state = _state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
+    state = weight_state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
     plan.memory_bytes = {sram.name: int(need(mb)), ext.name: int(total_w + state)}
     plan.traffic_bytes = {ext.name: int(sum(i[4] for i in info) * n_mb)}
     last_layer = next((i for i in reversed(info) if i[5]), None)
@@ -214,7 +214,7 @@ def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
         for out in node.outputs:
             readers = graph.consumers.get(out, [])
             # read outside asked first: most outputs are not, and their shape need not be built
-            if out and any(c.name not in names and not is_optimizer_step(c) for c in readers) and _shape(ctx, out):
+            if out and any(c.name not in names and not is_optimizer_step(c) for c in readers) and shape_of(ctx, out):
                 total += graph.type_of(out).nbytes()
     return total
 
@@ -238,7 +238,7 @@ def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[
         k = kernel_of.get(node.name)
         for v in node.inputs:
             value = graph.values.get(v) if v else None
-            if value is None or v in seen or value.kind.is_stored or not _shape(ctx, v):
+            if value is None or v in seen or value.kind.is_stored or not shape_of(ctx, v):
                 continue
             prod = kernel_of.get(value.producer) if value.producer else None
             if k is not None and k.cls == "attention" and prod is k:

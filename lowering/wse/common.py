@@ -16,45 +16,49 @@ from dabench_ir.lowering._common import LoweringContext, training_state, weight_
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
 
-__all__ = ["_FEED_LEVEL", "_WHO", "_cost", "_is_data", "_params", "_samples", "_shape", "_state_bytes"]
+__all__ = [
+    "FEED_LEVEL", "WHO", "is_data", "phase_cost", "sample_count", "shape_of", "trained_params", "weight_state_bytes",
+]  # fmt: skip
 
-_WHO = "wse"
+WHO = "wse"
 """The lowering's name in missing-field messages (``needed by the wse lowering``)."""
 
-_FEED_LEVEL = "on-chip"
+FEED_LEVEL = "on-chip"
 """The memory level that feeds the kernels: PE SRAM (`WseLowering.feed_level`)."""
 
 
-def _state_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+def weight_state_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
     """Weights and the training state that lives with them (gradients, fp32 master, moments)."""
     state = training_state(ctx, nodes)
     return weight_bytes(ctx, nodes) + state.gradients + state.master_weights + state.optimizer
 
 
-def _is_data(node: Node) -> bool:
+def is_data(node: Node) -> bool:
+    """Whether ``node`` only moves data (the data-movement op class): timed at the fabric link width."""
     cls = node.meta.get(meta.OP_CLASS)
     return cls is OpClass.DATA_MOVEMENT or str(getattr(cls, "value", cls)) == "data_movement"
 
 
-def _cost(node: Node, which: str, fallback: Cost) -> Cost:
+def phase_cost(node: Node, which: str, fallback: Cost) -> Cost:
     """The node's forward or backward cost when the training pass split it, else ``fallback``."""
     c = node.meta.get(which)
     return c if isinstance(c, Cost) else fallback
 
 
-def _samples(ctx: LoweringContext) -> int:
+def sample_count(ctx: LoweringContext) -> int:
     """Samples the graph's costs cover (one replica's step), to turn costs into per-sample work."""
     return ctx.batch
 
 
-def _shape(ctx: LoweringContext, name: str) -> tuple[int, ...] | None:
+def shape_of(ctx: LoweringContext, name: str) -> tuple[int, ...] | None:
+    """The concrete shape of value ``name``, or None when it is unknown or has an unbound symbol."""
     try:
         return tuple(int(d) for d in ctx.graph.type_of(name).dims(ctx.graph.bindings))
     except (UnboundSymbolError, KeyError, TypeError, ValueError):
         return None
 
 
-def _params(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
+def trained_params(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
     """Trained parameters (weight elements) that ``nodes`` (None: the graph) read, each counted once."""
     graph = ctx.graph
     if nodes is None:

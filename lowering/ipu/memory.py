@@ -1,0 +1,321 @@
+"""What each IPU's tile memory holds, and whether it fits.
+
+Every IPU must hold, in its tile memory, what Poplar keeps there (`MEMORY_TERMS`): program
+memory, code, weights in their stored precision, the gradient accumulator, on-chip optimizer
+state (an ``fp16`` plan trains as Graphcore's examples do: fp16 weights, no fp32 master copy,
+``arch.fp16_optimizer_bytes_per_param`` of Adam moments), the checkpoints its stages stash for
+micro-batches in flight (with ``--recompute selective`` each layer's saved tensors less its
+attention core's scores), one layer's live activations, matmul temporaries as their (serialised)
+plans need them, and the inter-IPU exchange buffers. `tile_memory` is the lowering's step that
+adds them up per IPU; `place_units` turns them into the plan's units and fails a plan that
+overflows (`overflow_message`, `ipus_needed`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from dabench_ir.errors import UnboundSymbolError
+from dabench_ir.ir import ValueKind
+from dabench_ir.lowering._common import peak_live_bytes, stored_values, training_state
+from dabench_ir.lowering.ipu.common import act_bytes, forward_cost, numel, trained_params
+from dabench_ir.lowering.ipu.supersteps import tiles_for
+from dabench_ir.passes import meta
+from dabench_ir.passes.cost_rules import Backward, traits_of
+from dabench_ir.passes.training import attention_cores, core_internal
+from dabench_ir.plan import Unit, UnitStats
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Node
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.ipu.common import IpuRun
+    from dabench_ir.lowering.ipu.stages import Pipeline, Stage
+    from dabench_ir.lowering.ipu.supersteps import IpuTimes, SerialPlan
+    from dabench_ir.plan import Plan
+
+__all__ = [
+    "BACKWARD_KERNELS", "MEMORY_TERMS", "Phase", "TileMemory", "boundary_bytes", "core_internal_values",
+    "ipus_needed", "overflow_message", "param_count", "place_units", "saved_bytes", "saves_inputs",
+    "state_bytes_per_param", "temporaries", "tile_memory",
+]  # fmt: skip
+
+MEMORY_TERMS = (
+    "program", "code", "weights", "grad_accum", "optimizer_state", "stash", "live_activations",
+    "matmul_temporaries", "exchange_buffers",
+)  # fmt: skip
+"""What each IPU's tile memory holds, in the order the report lists it (docs/targets.md)."""
+
+BACKWARD_KERNELS = 2  # a differentiable op adds about two backward kernels (dX, dW): code for 3 per op
+"""Backward kernels a differentiable op adds, for the code term of a training plan."""
+
+
+class Phase(NamedTuple):
+    """Memory that is live at once while a part of a stage runs (not always live: the IPU's
+    peak is the phase with the most)."""
+
+    live: float  # live activations
+    temporaries: float  # matmul temporaries
+
+
+@dataclass(slots=True)
+class TileMemory:
+    """Tile memory by term per IPU (`MEMORY_TERMS`, by IPU index in stage order), and what the
+    optimizer, the fit check and the step costs read besides."""
+
+    terms: dict[int, dict[str, float]] = field(default_factory=dict)
+    offchip: bool = False  # the optimizer state lives in streaming memory
+    offchip_bytes: dict[int, float] = field(default_factory=dict)  # per IPU, when ``offchip``
+    params_on: dict[int, int] = field(default_factory=dict)  # parameters each IPU holds
+    inflight_of: dict[int, int] = field(default_factory=dict)  # micro-batches its stash holds
+    accum_pp: float = 0.0  # gradient-accumulator bytes per parameter
+
+
+def boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """The largest activation entering ``nodes`` from outside (a layer's input hidden state), whole batch."""
+    graph = ctx.graph
+    inside = {n.name for n in nodes}
+    best = 0.0
+    for node in nodes:
+        for v in node.inputs:
+            value = graph.values.get(v) if v else None
+            if value is None or value.kind.is_stored or value.producer in inside:
+                continue
+            best = max(best, act_bytes(ctx, v))
+    return best
+
+
+def saved_bytes(ctx: LoweringContext, nodes: list[Node], dropped: frozenset[str] = frozenset()) -> float:
+    """Activations a layer keeps for its backward pass, whole batch: each distinct activation read
+    by an op whose backward needs its operands (contractions, vector ops), once; moves and
+    views need none; ``dropped`` (an attention core's scores and probabilities,
+    `core_internal_values`) are not kept."""
+    graph = ctx.graph
+    seen = {v for n in nodes if saves_inputs(ctx, n) for v in n.inputs
+            if v and v in graph.values and not graph.values[v].kind.is_stored and v not in dropped}  # fmt: skip
+    return sum(act_bytes(ctx, v) for v in seen)
+
+
+def core_internal_values(ctx: LoweringContext) -> frozenset[str]:
+    """The values an attention core produces and only that core reads (its S x S scores and
+    probabilities): with ``--recompute selective`` the backward recomputes them from Q, K and V
+    (Korthikanti et al., MLSys 2023) and a fused core never writes them, so neither is stashed."""
+    return frozenset(core_internal(ctx.graph, attention_cores(ctx.graph)))
+
+
+def saves_inputs(ctx: LoweringContext, node: Node) -> bool:
+    """Whether the backward pass of ``node`` reads its forward inputs: a contraction does; a
+    vector op does when its derivative depends on them (special functions, norms and
+    softmax with several FLOPs an element, a product of two activations); a sum, a scaling
+    by a constant, a move or a view does not."""
+    if not ctx.is_work(node):
+        return False
+    rule = traits_of(node).backward
+    if rule is Backward.CONTRACTION:
+        return True
+    if rule is not Backward.VECTOR:
+        return False
+    cost = ctx.costs[node.name]
+    fwd = forward_cost(node, ctx)
+    out = max((numel(ctx, v) for v in node.outputs if v), default=0)
+    if fwd.special_ops > 0 or (out and fwd.vector_flops > out):
+        return True
+    graph = ctx.graph
+    acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored
+            and numel(ctx, v) >= out]  # fmt: skip
+    return cost.vector_flops > 0 and len(acts) >= 2 and node.op_type in ("Mul", "Div")
+
+
+def param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
+    """Parameters (trainable weights) among ``roots``."""
+    graph = ctx.graph
+    total = 0
+    for name in roots:
+        value = graph.values.get(name)
+        if value is not None and value.kind is ValueKind.WEIGHT:
+            try:
+                total += value.type.numel(graph.bindings)
+            except UnboundSymbolError:
+                continue
+    return total
+
+
+def state_bytes_per_param(ctx: LoweringContext, fp16_optimizer: float | None) -> tuple[float, float]:
+    """(gradient accumulator, optimizer side) bytes per parameter in training, (0, 0) for inference.
+
+    From the training pass's state by kind: the accumulator holds gradients in the weights'
+    precision (Graphcore's GPT-2 example: ``accum_type=float16``); the optimizer side is the
+    fp32 master copy and the Adam moments, which Poplar can keep in streaming memory. A plan
+    rewritten to ``fp16`` trains as Graphcore's examples do (``model.half()`` with stochastic
+    rounding: no fp32 master copy, the first moment in fp16 and the second in fp32), so its
+    optimizer side is ``arch.fp16_optimizer_bytes_per_param`` (``fp16_optimizer``) when the
+    target gives it; ``mixed`` keeps the master copy.
+    """
+    params = trained_params(ctx)
+    if not params:
+        return 0.0, 0.0
+    state = training_state(ctx)
+    side = state.optimizer_side / params
+    if fp16_optimizer is not None and meta.graph_precision(ctx.graph) == "fp16":
+        side = fp16_optimizer
+    return state.gradients / params, side
+
+
+def temporaries(serials: dict[str, SerialPlan], nodes: list[Node]) -> float:
+    """Matmul temporaries of ``nodes``: the largest any one matmul's plan holds (``serials``: each
+    node's `supersteps.serial_plan` under its IPU's budget)."""
+    return max((serials[n.name].temporaries for n in nodes), default=0.0)
+
+
+def _layer_phase(run: IpuRun, pipeline: Pipeline, layer_nodes: list[list[Node]], inflight: int,
+                 t: dict[str, float], serials: dict[str, SerialPlan], dropped: frozenset[str]) -> Phase:  # fmt: skip
+    """A stage's decoder layers: add their stash (``inflight`` micro-batches of it) and exchange
+    buffers to ``t``; their phase is one layer's live activations with its matmul temporaries."""
+    ctx, m, train, training = run.ctx, run.m, run.train, run.training
+    # the layer's input, read by a recompute stash and by the exchange buffers only
+    boundary = (max(boundary_bytes(ctx, ln) for ln in layer_nodes) / m
+                if run.recompute or pipeline.ipus > 1 else 0.0)  # fmt: skip
+    if training:
+        saved = max(saved_bytes(ctx, ln) for ln in layer_nodes) / m
+    if training and run.recompute:
+        t["stash"] += len(layer_nodes) * boundary * inflight
+        live = saved  # one layer recomputed and differentiated at a time
+    elif training:
+        kept = max(saved_bytes(ctx, ln, dropped) for ln in layer_nodes) / m if dropped else saved
+        t["stash"] += len(layer_nodes) * kept * inflight
+        # the one core the backward recomputes is live while it does (a fused core: on-tile)
+        live = saved - kept if train.recompute_mode == "selective" else 0.0
+    else:
+        live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
+    if pipeline.ipus > 1:
+        t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
+    return Phase(live, temporaries(serials, [n for ln in layer_nodes for n in ln]))
+
+
+def _other_phase(run: IpuRun, pipeline: Pipeline, other: list[Node], t: dict[str, float],
+                 serials: dict[str, SerialPlan]) -> Phase:  # fmt: skip
+    """A stage's nodes outside any layer (embedding, head, loss): add the exchange buffers for what
+    enters them to ``t``; their phase is their peak of live activations with their matmul temporaries."""
+    ctx, m = run.ctx, run.m
+    phase = Phase(peak_live_bytes(ctx, other) / m, temporaries(serials, other))
+    if pipeline.ipus > 1:
+        entering = boundary_bytes(ctx, other) / m
+        t["exchange_buffers"] = max(t["exchange_buffers"], (4 if run.training else 2) * entering)
+    return phase
+
+
+def _add_stage(run: IpuRun, pipeline: Pipeline, s: int, st: Stage, memory: TileMemory,
+               serials: dict[str, SerialPlan], dropped: frozenset[str]) -> None:  # fmt: skip
+    """Add stage ``s`` (``st``) to its IPU's terms: stash, exchange buffers, code for its distinct
+    ops, and its live activations and matmul temporaries where its phase peaks above the IPU's."""
+    ctx, training, k = run.ctx, run.training, st.ipu
+    t = memory.terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
+    inflight = 2 * (pipeline.n_stages - 1 - s) + 1 if training else 1
+    layer_nodes = [pipeline.sections.layers[i] for i in st.layers]
+    other = [n for n in st.nodes if n.layer is None and not any(n in ln for ln in layer_nodes)]
+    phases: list[Phase] = []
+    if layer_nodes:
+        memory.inflight_of[k] = max(memory.inflight_of.get(k, 0), inflight)
+        phases.append(_layer_phase(run, pipeline, layer_nodes, inflight, t, serials, dropped))
+    if other:
+        phases.append(_other_phase(run, pipeline, other, t, serials))
+    distinct = (layer_nodes[0] if layer_nodes else []) + other  # identical layers share outlined code
+    factor = 1 + (BACKWARD_KERNELS if training else 0)
+    t["code"] += factor * run.fig.code_per * sum(tiles_for(run, n) for n in distinct if ctx.is_work(n))
+    for live, tmp in phases:  # not-always-live memory peaks in the phase with the most
+        if live + tmp > t["live_activations"] + t["matmul_temporaries"]:
+            t["live_activations"], t["matmul_temporaries"] = live, tmp
+
+
+def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan]) -> TileMemory:
+    """Step 3: what each IPU's tiles hold, term by term (`MEMORY_TERMS`): each stage's
+    activations, stash, exchange buffers and code (`_add_stage`), then per IPU the program,
+    its weights, gradient accumulator and optimizer state (`state_bytes_per_param`). The
+    optimizer state goes off-chip unless ``--optimizer-state onchip`` or the target has no
+    streaming memory; ``--replicated-tensor-sharding`` shards it over the replicas."""
+    ctx, train, options = run.ctx, run.train, run.options
+    fp16_optimizer = run.target.arch_value("fp16_optimizer_bytes_per_param", None)
+    accum_pp, state_pp = state_bytes_per_param(ctx, fp16_optimizer)
+    memory = TileMemory(accum_pp=accum_pp)
+    # auto: Graphcore's default, off-chip
+    memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
+    shard = run.replicas if options.replicated_tensor_sharding else 1
+    # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
+    drops_cores = train is not None and (train.recompute_mode == "selective" or train.fused_attention)
+    dropped = core_internal_values(ctx) if drops_cores else frozenset()
+    for s, st in enumerate(pipeline.stages):
+        _add_stage(run, pipeline, s, st, memory, serials, dropped)
+    for k, t in memory.terms.items():
+        roots = stored_values(ctx, pipeline.nodes_on(k))
+        memory.params_on[k] = param_count(ctx, roots)
+        t["program"] = run.fig.program
+        t["weights"] = sum(roots.values())
+        t["grad_accum"] = memory.params_on[k] * accum_pp
+        state = memory.params_on[k] * state_pp / shard
+        if memory.offchip:
+            memory.offchip_bytes[k] = state
+        else:
+            t["optimizer_state"] = state
+    return memory
+
+
+def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuTimes, plan: Plan) -> None:
+    """Step 4: one unit per IPU with its tiles, tile use and memory terms; tile memory per IPU
+    (``sram:ipuK``, never summed) and streaming memory for off-chip state; the plan fails where
+    an IPU's tiles or its streaming memory overflow."""
+    fig = run.fig
+    sram, stream, capacity = fig.sram, fig.stream, fig.capacity
+    n_ipus = pipeline.ipus
+    offchip_bytes = memory.offchip_bytes
+    for k in sorted(memory.terms):
+        t = memory.terms[k]
+        resident = sum(t.values())
+        unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for n in pipeline.nodes_on(k)])
+        util = times.utilisation(k)
+        unit.allocation = util / n_ipus
+        unit.stats = UnitStats(tile_utilisation=util)
+        unit.resources = {"tiles": float(fig.tiles), "sram_bytes": float(resident),
+                          **{f"{name}_bytes": float(v) for name, v in t.items()}}  # fmt: skip
+        if k in offchip_bytes:
+            unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])
+        plan.units.append(unit)
+        plan.memory_bytes[f"{sram.name}:ipu{k}"] = int(resident)
+        if k in offchip_bytes and stream is not None:
+            plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
+        if resident > capacity:
+            plan.fail(overflow_message(k, t, resident, capacity, memory.inflight_of.get(k, 0), run.recompute,
+                                       run.training, n_ipus), resident, capacity)  # fmt: skip
+        if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
+            plan.fail(f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
+                      f"it has {stream.capacity_bytes / 1e9:.0f} GB; use more IPUs or replicas",
+                      offchip_bytes[k], stream.capacity_bytes)  # fmt: skip
+    # no summed "sram" entry: tile memory is per IPU ("sram:ipuK" above), and a sum over IPUs
+    # read as one device's use (the multi-chip report does) would exceed any one IPU's capacity
+    plan.traffic_bytes[sram.name] = sum(c.bytes for c in run.ctx.costs.values())
+
+
+def overflow_message(k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, recompute: bool,
+                     training: bool, n_ipus: int) -> str:  # fmt: skip
+    """The failure line: the IPU, its total, the part that overflows most, and what to try."""
+    largest = max((name for name in t if name != "program"), key=t.__getitem__)
+    parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
+    hint = {
+        "stash": "use --recompute" if training and not recompute else "put fewer layers on early IPUs (--layers-per-ipu)",
+        "matmul_temporaries": "lower --matmul-proportion",
+        "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
+        "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
+        + ("" if recompute or not training else " or --recompute"),
+    }.get(largest, f"use more IPUs (--ipus {ipus_needed(t, capacity, n_ipus)} or more)")
+    extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
+    return (
+        f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
+        f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
+    )
+
+
+def ipus_needed(t: dict[str, float], capacity: float, n_ipus: int) -> int:
+    """IPUs that would hold this IPU's load spread evenly, each paying its own program memory."""
+    spare = capacity - t["program"]
+    spread = sum(v for name, v in t.items() if name != "program") * n_ipus
+    return max(n_ipus + 1, math.ceil(spread / spare)) if spare > 0 else n_ipus + 1

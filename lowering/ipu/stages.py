@@ -1,0 +1,172 @@
+"""The layout of a graph over IPUs: sections, layers per IPU, and the pipeline stages.
+
+The graph splits into the nodes before the decoder layers (the embedding), the nodes of each
+layer, those after (final norm, head, loss) and the optimizer step (`sections`). The layers go
+over the IPUs as ``--layers-per-ipu`` says or evenly over ``--ipus`` (`layout`), and each IPU's
+share becomes a pipeline stage, with the head back on IPU 0 where its weight is tied to the
+embedding (`pipeline_stages`). `form_stages` is the lowering's step that does all three.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from dabench_ir.errors import UserError
+from dabench_ir.lowering._common import stored_values
+from dabench_ir.passes.training import is_optimizer_step
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Node
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.ipu import IpuOptions
+
+__all__ = ["Layout", "Pipeline", "Sections", "Stage", "form_stages", "layout", "pipeline_stages", "sections"]
+
+
+@dataclass(slots=True)
+class Stage:
+    """One pipeline stage: the IPU it runs on, its nodes, and its decoder layers (by index)."""
+
+    ipu: int
+    nodes: list[Node] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
+
+
+class Sections(NamedTuple):
+    """The graph's nodes by where they sit in the pipeline."""
+
+    pre: list[Node]  # before the first decoder layer (the embedding)
+    layers: dict[int, list[Node]]  # each decoder layer's nodes, by layer index in order
+    post: list[Node]  # after the last layer (final norm, head, loss)
+    optimizer: list[Node]  # the optimizer step, in no stage
+
+
+class Layout(NamedTuple):
+    """Decoder layers on each IPU, and whether the head returns to IPU 0 as a stage of its own."""
+
+    counts: list[int]
+    head_home: bool
+
+
+@dataclass(slots=True)
+class Pipeline:
+    """The stages a plan runs, the layout they come from, and the IPUs they use."""
+
+    sections: Sections
+    counts: list[int]  # decoder layers on each IPU
+    stages: list[Stage]
+    ipus: int  # IPUs the stages use
+    note: str  # a line for the plan's notes ("" when none)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    def ipu_of(self) -> dict[str, int]:
+        """Each stage node's IPU, by node name."""
+        return {n.name: st.ipu for st in self.stages for n in st.nodes}
+
+    def nodes_on(self, ipu: int) -> list[Node]:
+        """The nodes of every stage on ``ipu``, in stage order."""
+        return [n for st in self.stages if st.ipu == ipu for n in st.nodes]
+
+
+def sections(ctx: LoweringContext) -> Sections:
+    """The graph's pre-layer nodes, nodes per decoder layer, post-layer nodes and optimizer step nodes.
+
+    A node without a layer joins the layer before it (residual adds the exporter left
+    unscoped), except before the first layer (the embedding) and after the last (final
+    norm, head, loss).
+    """
+    nodes = [n for n in ctx.graph.nodes]
+    opt = [n for n in nodes if is_optimizer_step(n)]
+    rest = [n for n in nodes if not is_optimizer_step(n)]
+    layered = [i for i, n in enumerate(rest) if n.layer is not None]
+    if not layered:
+        return Sections(rest, {}, [], opt)
+    first, last = layered[0], layered[-1]
+    layers: dict[int, list[Node]] = {}
+    current = rest[first].layer
+    for n in rest[first : last + 1]:
+        current = n.layer if n.layer is not None else current
+        layers.setdefault(int(current), []).append(n)
+    return Sections(rest[:first], dict(sorted(layers.items())), rest[last + 1 :], opt)
+
+
+def layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float = 0.0) -> Layout:
+    """Layers on each IPU, and whether the head returns to IPU 0 as a pipeline stage of its own.
+
+    With ``layers_per_ipu`` a head tied to the embedding goes back to IPU 0, where its
+    weight is (Graphcore's GPT-2 examples). With ``ipus`` alone and a tied head, the table is
+    kept once, on IPU 0, and counted as ``embed_layers`` layers' worth of weights: IPU 0 takes
+    what is left of an even share (none when the table is larger than a share) and the other
+    IPUs split the rest evenly, the remainder on late IPUs (GPT-2 small/medium/large on 4/8/16
+    IPUs give Graphcore's shipped layouts 0,4,4,4 / 0,3,3,3,3,4,4,4 / 0,2,...,3,...,2-like).
+    Otherwise the layers split evenly and the head stays on the last IPU.
+    """
+    if options.layers_per_ipu is not None:
+        counts = list(options.layers_per_ipu)
+        shown = ",".join(map(str, counts))
+        if options.ipus not in (1, len(counts)):
+            raise UserError(f"--layers-per-ipu {shown} names {len(counts)} IPUs but --ipus is {options.ipus}; "
+                            "give one count per IPU")  # fmt: skip
+        if sum(counts) != n_layers:
+            raise UserError(f"--layers-per-ipu {shown} places {sum(counts)} layers; the model has {n_layers}")
+        return Layout(counts, tied and len(counts) > 1)
+    n = max(1, min(options.ipus, n_layers))
+    if tied and embed_layers > 0 and n > 1:
+        first = max(0, min(n_layers, math.floor((n_layers + embed_layers) / n - embed_layers + 0.5)))
+        base, extra = divmod(n_layers - first, n - 1)
+        return Layout([first] + [base + (1 if k >= n - 1 - extra else 0) for k in range(n - 1)], True)
+    base, extra = divmod(n_layers, n)
+    return Layout([base + (1 if k >= n - extra else 0) for k in range(n)], False)  # the remainder on late IPUs
+
+
+def pipeline_stages(parts: Sections, place: Layout) -> list[Stage]:
+    """Pipeline stages in order. With ``place.head_home`` IPU 0 runs the first stage (embedding)
+    and the last (head, loss); otherwise the embedding joins the first IPU's layers and the
+    head the last IPU's."""
+    order = list(parts.layers)
+    stages: list[Stage] = []
+    i = 0
+    for k, c in enumerate(place.counts):
+        st = Stage(k)
+        if k == 0:
+            st.nodes += parts.pre
+        for idx in order[i : i + c]:
+            st.layers.append(idx)
+            st.nodes += parts.layers[idx]
+        i += c
+        stages.append(st)
+    if place.head_home:
+        stages.append(Stage(0, list(parts.post)))
+    else:
+        stages[-1].nodes += parts.post
+    return [s for s in stages if s.nodes] or [Stage(0)]
+
+
+def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
+    """Step 1: lay the decoder layers out over the IPUs as pipeline stages.
+
+    A head whose weight is the embedding's (tied) returns to IPU 0; with ``--ipus`` alone the
+    table counts as its layers' worth of weights (`layout`). ``--matmul-proportion`` must give
+    one value or one per IPU used; IPUs left without a layer are noted.
+    """
+    parts = sections(ctx)
+    tied = bool(set(stored_values(ctx, parts.pre)) & set(stored_values(ctx, parts.post)))
+    layer_weights = [sum(stored_values(ctx, nodes).values()) for nodes in parts.layers.values()]
+    per_layer = sum(layer_weights) / len(layer_weights) if layer_weights else 0.0
+    embed = sum(stored_values(ctx, parts.pre).values()) / per_layer if per_layer else 0.0  # the table, in layers' worth
+    place = layout(options, len(parts.layers), tied, embed)
+    stages = pipeline_stages(parts, place)
+    n_ipus = max(s.ipu for s in stages) + 1
+    amps = options.matmul_proportion
+    if len(amps) not in (1, n_ipus):
+        raise UserError(f"--matmul-proportion {','.join(map(str, amps))}: give one value or one per IPU ({n_ipus})")
+    if options.layers_per_ipu is None and options.ipus > n_ipus:
+        note = f"only {len(parts.layers)} decoder layer(s) to place: {options.ipus - n_ipus} IPU(s) unused"
+    else:
+        note = ""
+    return Pipeline(parts, place.counts, stages, n_ipus, note)

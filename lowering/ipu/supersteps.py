@@ -1,0 +1,177 @@
+"""Each node as one bulk-synchronous superstep on its IPU: tiles, compute, sync, exchange.
+
+A node's work spreads over the tiles it needs (`tiles_for`); its three Cost parts run at their
+own rates (`precision_key` picks them): contractions on the AMP units at
+``arch.matmul_efficiency_<prec>`` of peak, vector ops on the tile's vector lanes, transcendentals
+at the special-function rate. A sync follows, then an exchange of its inputs between tiles and,
+for a tensor made on another IPU, one copy over the IPU-Link. A matmul whose full-speed
+temporaries exceed the matmul proportion's budget is serialised (`serial_plan`): each pass after
+the first pays a sync and the broadcast operand's exchange again. `place_nodes` is the
+lowering's step that times every stage node this way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dabench_ir.lowering._common import place_node
+from dabench_ir.lowering.ipu.common import act_bytes
+from dabench_ir.passes.training import is_optimizer_step
+
+if TYPE_CHECKING:
+    from dabench_ir.ir import Node
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.ipu.common import IpuRun
+    from dabench_ir.lowering.ipu.stages import Pipeline
+    from dabench_ir.plan import NodePlan, Plan
+
+__all__ = ["NO_MATMUL", "IpuTimes", "SerialPlan", "place_nodes", "precision_key", "serial_plan", "tiles_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class SerialPlan:
+    """A matmul's plan under the matmul proportion: serial passes, the temporaries the plan
+    holds, and the operand it broadcasts again in each pass (bytes per micro-batch)."""
+
+    passes: int = 1
+    temporaries: float = 0.0
+    broadcast_bytes: float = 0.0
+
+
+NO_MATMUL = SerialPlan()
+"""The plan of a node that contracts nothing (most nodes): one pass, nothing held; shared, as it is frozen."""
+
+
+@dataclass(slots=True)
+class IpuTimes:
+    """What `place_nodes` adds up per IPU (by index), and each node's matmul plan (by name)."""
+
+    lane_s: dict[int, float] = field(default_factory=dict)  # one micro-batch through the IPU's stages
+    busy_s: dict[int, float] = field(default_factory=dict)  # a step's busy time
+    tile_weighted_s: dict[int, float] = field(default_factory=dict)  # busy time x the share of tiles used
+    serials: dict[str, SerialPlan] = field(default_factory=dict)  # under its IPU's budget, for time and memory
+    link_bytes: float = 0.0  # a step's bytes over the IPU-Links (activations, and their gradients back)
+
+    @property
+    def cycle_s(self) -> float:
+        """The pipeline cycle: the most loaded IPU's time for one micro-batch."""
+        return max(self.lane_s.values(), default=0.0)
+
+    def utilisation(self, ipu: int) -> float:
+        """The busy-time-weighted share of ``ipu``'s tiles its nodes use (0 when it is never busy)."""
+        return self.tile_weighted_s.get(ipu, 0.0) / self.busy_s[ipu] if self.busy_s.get(ipu) else 0.0
+
+
+def precision_key(node: Node, ctx: LoweringContext) -> str:
+    """fp32 or fp16 (16-bit AMP and vector lanes serve fp16 and bf16 alike): the node's own
+    precision, except that a 16-bit plan keeps every op but the optimizer in 16 bits
+    (Graphcore's examples run ``model.half()``; the fp32 state is the optimizer's)."""
+    if ctx.precision.itemsize < 4 and not is_optimizer_step(node):
+        return "fp16"  # a 16-bit plan runs norms and softmax in 16 bits too, as model.half() does
+    return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
+
+
+def tiles_for(run: IpuRun, node: Node) -> int:
+    """Tiles an operator spreads over: enough for its work (one micro-batch per superstep,
+    at least ``arch.min_grain_flops`` a tile) and enough to hold its tensors in tile memory."""
+    cost = run.ctx.costs[node.name]
+    by_work = math.ceil(cost.flops / run.m / run.fig.grain)
+    by_data = math.ceil(cost.bytes / run.m / run.fig.tile_sram)
+    return max(1, min(run.fig.tiles, max(by_work, by_data)))
+
+
+def serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: float) -> SerialPlan:
+    """How the PopLibs planner fits a matmul's temporaries into ``budget`` (the matmul
+    proportion of the IPU's memory). At full speed the plan wants ``gamma`` bytes of
+    temporaries per operand byte (rearranged copies, partials), W. When W exceeds the budget
+    the planner serialises the matmul into k = ceil(W / budget) passes over the larger
+    operands; each pass holds 1/k of their temporaries plus the whole copy of the operand it
+    broadcasts to every pass (the smaller input), so a small budget can be exceeded by that
+    copy, as Poplar's plans can. Each pass after the first pays a sync and exchanges the
+    broadcast operand again (the lowering's time); none of it where the budget does not bind."""
+    graph = ctx.graph
+    if ctx.costs[node.name].contraction_flops <= 0:
+        return NO_MATMUL
+    sizes: list[float] = []
+    total = 0.0
+    for i, v in enumerate([*node.inputs, *node.outputs]):
+        value = graph.values.get(v) if v else None
+        if value is None:
+            continue
+        size = ctx.value_bytes(v) if value.kind.is_stored else act_bytes(ctx, v) / m
+        total += size
+        if i < len(node.inputs) and size > 0:
+            sizes.append(size)
+    broadcast = min(sizes, default=0.0)
+    want = gamma * total
+    if want <= budget or budget <= 0:
+        return SerialPlan(1, want, broadcast)
+    passes = math.ceil(want / budget)
+    return SerialPlan(passes, gamma * (broadcast + (total - broadcast) / passes), broadcast)
+
+
+def _link_bytes(run: IpuRun, node: Node, ipu: int, ipu_of: dict[str, int], crossed: set[tuple[str, int]]) -> float:
+    """Bytes ``node`` brings over the IPU-Link onto ``ipu``: each input made on another IPU, once
+    per IPU however many ops read it there (``crossed`` holds the copies made), and in training
+    its gradient back."""
+    graph = run.ctx.graph
+    link_bytes = 0.0
+    for v in node.inputs:
+        value = graph.values.get(v) if v else None
+        if (value is not None and value.producer is not None and ipu_of.get(value.producer, ipu) != ipu
+                and (v, ipu) not in crossed):  # fmt: skip
+            crossed.add((v, ipu))  # one inter-IPU copy per tensor, however many ops read it there
+            link_bytes += act_bytes(run.ctx, v) * (2 if run.training else 1)  # and its gradient back
+    return link_bytes
+
+
+def _superstep(run: IpuRun, node: Node, unit_id: str, used: int, serial: SerialPlan, link_bytes: float,
+               n_ipus: int) -> NodePlan:  # fmt: skip
+    """The `NodePlan` of ``node`` on ``used`` tiles: its Cost parts at their rates, the
+    exchange of its inputs, its link copies and the serial passes' extra broadcasts, and a
+    sync per superstep (one more per extra serial pass)."""
+    ctx, fig, m = run.ctx, run.fig, run.m
+    link = fig.link
+    cost = ctx.costs[node.name]
+    prec = precision_key(node, ctx)
+    work = ctx.is_work(node)
+    matmul_s = cost.contraction_flops / (fig.eta[prec] * fig.amp_peak[prec] * used)
+    vector_s = cost.vector_flops / (fig.lanes[prec] * fig.clock * used)
+    special_s = cost.special_ops / (fig.special[prec] * fig.clock * used)
+    extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
+    serial_comm_s = m * extra * serial.broadcast_bytes / fig.exchange_bw
+    comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
+    return place_node(
+        ctx, node, unit=unit_id, compute_s=matmul_s + vector_s + special_s,
+        memory_s=cost.bytes / (fig.sram_bw * used / fig.tiles),
+        comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
+        overhead_s=fig.sync * m * (1 + extra) if work else 0.0, feed_level=fig.sram.level, feed_bytes=cost.bytes,
+        ridge=fig.ridge, allocation=used / fig.tiles / n_ipus if work else 0.0, micro_batches=m,
+    )  # fmt: skip
+
+
+def place_nodes(run: IpuRun, pipeline: Pipeline, plan: Plan) -> IpuTimes:
+    """Step 2: every stage node as a superstep on its IPU's lane (``plan.node_plans``), in stage
+    order, each matmul planned under its IPU's matmul proportion of tile memory; the lanes'
+    times and tile use add up per IPU."""
+    ctx, fig, m = run.ctx, run.fig, run.m
+    amps = run.options.matmul_proportion
+    ipu_of = pipeline.ipu_of()
+    crossed: set[tuple[str, int]] = set()  # (tensor, IPU) pairs already copied over an IPU-Link
+    times = IpuTimes()
+    for st in pipeline.stages:
+        k = st.ipu
+        budget = (amps[k] if len(amps) > 1 else amps[0]) * fig.capacity
+        unit_id = f"ipu{k}"
+        for node in st.nodes:
+            used = tiles_for(run, node)
+            serial = times.serials[node.name] = serial_plan(ctx, node, m, fig.gamma, budget)
+            link_bytes = _link_bytes(run, node, k, ipu_of, crossed)
+            times.link_bytes += link_bytes
+            plan.node_plans[node.name] = np_ = _superstep(run, node, unit_id, used, serial, link_bytes, pipeline.ipus)
+            times.lane_s[k] = times.lane_s.get(k, 0.0) + np_.per_micro_batch_s
+            times.busy_s[k] = times.busy_s.get(k, 0.0) + np_.per_micro_batch_s * m
+            times.tile_weighted_s[k] = times.tile_weighted_s.get(k, 0.0) + np_.per_micro_batch_s * m * used / fig.tiles
+    return times

@@ -1,0 +1,45 @@
+"""Time no node owns: the host's per-step rows and the device's fixed step time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dabench_ir.passes import meta
+
+if TYPE_CHECKING:
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.plan import Plan
+    from dabench_ir.targets import Target
+
+__all__ = ["DEVICE_STEP", "HOST_ESTIMATE", "step_overheads"]
+
+HOST_ESTIMATE = "host (estimate: fitted to training steps)"
+"""The overhead row of an inference run's host cost: training's fitted per-section figure, no
+inference source. Its name says "(estimate": the why advice holds such rows fixed (`dabench_ir.advice`)."""
+DEVICE_STEP = "device step"
+"""The overhead row of a training step's fixed RDU time (``overheads.device_step_s``): device time, not host."""
+
+
+def step_overheads(ctx: LoweringContext, plan: Plan, target: Target) -> str:
+    """Add the plan's per-step rows and return the host row's name.
+
+    The host pays ``host_step_s + host_per_section_s · sections`` for a training step (both fitted
+    to training steps: data loading, the Python training loop), the device ``device_step_s``. No
+    SN30 inference host time is published, so an inference run pays only the per-section
+    launches, as the row `HOST_ESTIMATE`, and a note says so.
+    """
+    n_sections = len(plan.units)
+    training = meta.graph_mode(ctx.graph) == "train"
+    host_step = target.overhead("host_step_s") if training else 0.0
+    host_key = "host" if training else HOST_ESTIMATE
+    plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * n_sections
+    device_step = target.overhead("device_step_s") if training else 0.0
+    if device_step:
+        plan.step_overheads_s[DEVICE_STEP] = device_step
+    if not training:
+        per = target.overhead("host_per_section_s") * 1e3
+        plan.notes.append(
+            f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
+            "(no published SN30 inference host time)"
+        )
+    return host_key
