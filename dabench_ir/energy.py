@@ -37,11 +37,13 @@ __all__ = [
     "HOROWITZ_45NM",
     "SCALING_RULES",
     "EnergyModel",
+    "MultiChipEnergy",
     "StepEnergy",
     "check_process_node",
     "energy_model",
     "held_shares",
     "load_catalog",
+    "multi_chip_energy",
     "node_energies",
     "normalize",
     "scale_factors",
@@ -307,6 +309,55 @@ def step_energy(
     return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
 
 
+@dataclass(frozen=True, slots=True)
+class MultiChipEnergy:
+    """One step of a run over several devices (docs/energy.md, "Several chips"): every chip's
+    work, the static power of every device over the whole step (its collectives, bubbles and
+    waits included: a device draws it whether it computes or not) and the bytes the
+    chip-to-chip links carry. Global figures: all devices together."""
+
+    dynamic_j: float  # every chip's FLOPs and memory traffic
+    static_j: float  # static power x devices x step time
+    link_j: float  # chip-to-chip bytes x the link's pJ/B
+    link_bytes: float  # bytes all links carry in one step
+    devices: int  # devices drawing power: chips, or IPUs of a pipeline, or the wafer its replicas share
+    rated_w: float  # rated power of those devices together
+
+    @property
+    def total_j(self) -> float:
+        return self.dynamic_j + self.static_j + self.link_j
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"energy_j": self.total_j, "dynamic_energy_j": self.dynamic_j, "static_energy_j": self.static_j,
+                "link_energy_j": self.link_j, "link_bytes": self.link_bytes, "devices": self.devices,
+                "target_power_w": self.rated_w}  # fmt: skip
+
+
+def multi_chip_energy(
+    chip: StepEnergy, target: Target, *, copies: int, devices: int, step_s: float, link_bytes: float,
+    link: str | None,
+) -> MultiChipEnergy:
+    """The energy of a multi-chip step from one chip's (``chip``: its placement's `step_energy`).
+
+    ``copies``: how many chips do that placement's work each step (n for data and tensor
+    parallelism, whose chips each run a replica or a share; 1 when the placement is already
+    the whole step's work: a pipeline's stages are its layers, a plan that spans its own
+    devices); ``devices``: the devices drawing static power for ``step_s``; ``link_bytes``
+    over ``link`` (its ``[energy.pj_per_byte]`` entry, else the chip-to-chip estimate).
+    The chip's dynamic energy counts its memory stalls (bytes streamed while nodes wait)."""
+    model = energy_model(target)
+    dynamic = chip.dynamic_j + chip.overheads.get("memory_stall", 0.0)
+    pj = model.pj_per_byte.get(link or "", model.pj_per_byte["link"])
+    return MultiChipEnergy(
+        dynamic_j=copies * dynamic,
+        static_j=model.static_watts * devices * step_s,
+        link_j=link_bytes * pj * 1e-12,
+        link_bytes=link_bytes,
+        devices=devices,
+        rated_w=float(target.watts) * devices,
+    )
+
+
 def held_shares(plan: Any) -> dict[str, float]:
     """Part of the plan's hardware (all its chips) each planned node holds while it runs, in [0, 1].
 
@@ -334,8 +385,7 @@ def held_shares(plan: Any) -> dict[str, float]:
     for name, np_ in node_plans.items():
         t = held.get(name, 0)
         share = weighted[name] / t if t > 0 else float(np_.allocation)
-        # clamped to [0, 1]; min(max()) only outside (0, 1] (two calls a node saved; 0, -0.0 and NaN go through it)
-        shares[name] = share if 0.0 < share <= 1.0 else min(1.0, max(0.0, share))
+        shares[name] = min(1.0, max(0.0, share))
     return shares
 
 

@@ -7,6 +7,7 @@ data: a model without weights is a normal, complete input.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import operator
 import re
@@ -21,15 +22,20 @@ if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = [
+    "MODULE_KINDS",
     "Cost",
     "DType",
     "Dim",
     "Graph",
     "Node",
+    "ScopeModule",
     "TensorType",
     "Value",
     "ValueKind",
     "layer_from_scope",
+    "module_kind",
+    "module_of",
+    "scope_parts",
     "walk_back",
 ]
 
@@ -272,6 +278,57 @@ def layer_from_scope(scope: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+MODULE_KINDS = ("attention", "mlp", "norm")
+"""The kinds of module a decoder block holds, by the names models give them (`module_kind`)."""
+
+_MODULE_NAMES = (
+    ("attention", re.compile(r"(?:attn|attention)$", re.I)),  # attn, self_attn, attention, self_attention
+    ("mlp", re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)),
+    ("norm", re.compile(r"(?:^|[._])(?:norm|ln\d*|layernorm|layer_norm|rmsnorm|ln_\w+|\w*_norm|norm_\w+)$", re.I)),
+)
+
+
+def scope_parts(scope: str) -> tuple[str, ...]:
+    """A node scope's module path as its parts: ``layers.3.attn`` and ``/layers/3/attn`` alike."""
+    return tuple(p for p in scope.replace("/", ".").split(".") if p)
+
+
+def module_kind(name: str) -> str | None:
+    """The kind (`MODULE_KINDS`) of a module named ``name`` (one part of a scope: ``self_attn``,
+    ``mlp``, ``post_attention_layernorm``), or None for any other name. The one vocabulary: tensor
+    parallelism splits attention and MLP modules, the WSE lowering maps an attention to one kernel,
+    the report's roles name norms and MLPs by it."""
+    return next((kind for kind, pattern in _MODULE_NAMES if pattern.search(name)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeModule:
+    """Where a scope sits in a decoder stack (`module_of`).
+
+    ``block``: the decoder block's path (``layers.3``; '' outside every block) and ``index`` its
+    number; ``module``: the module right below the block (``layers.3.attn``), or outside a block
+    the scope's first part; ``kind``: that module's (`module_kind`); ``rest``: the parts below the block."""
+
+    block: str
+    index: int | None
+    module: str
+    kind: str | None
+    rest: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def module_of(scope: str) -> ScopeModule:
+    """The block and module of ``scope`` (`ScopeModule`): the block ends at the first numeric part
+    after the first (``layers.3``, ``model.layers.3``, ``h.3``). Cached: a scope holds a few nodes."""
+    parts = scope_parts(scope)
+    for i, part in enumerate(parts):
+        if part.isdigit() and i > 0:
+            rest = parts[i + 1 :]
+            module = ".".join(parts[: i + 2])
+            return ScopeModule(".".join(parts[: i + 1]), int(part), module, module_kind(rest[0]) if rest else None, rest)
+    return ScopeModule("", None, parts[0] if parts else "", module_kind(parts[0]) if parts else None, parts)
+
+
 class Graph:
     """Nodes in topological order, the values they connect, and symbol bindings."""
 
@@ -441,23 +498,14 @@ class Graph:
         return f"Graph({self.name!r}, nodes={len(self.nodes)}, values={len(self.values)})"
 
 
-class _CostSums:
-    """The two sums every reader of a `Cost` asks for, as slots `Cost.__post_init__` fills: read ~10^6
-    times a Level-1 sweep slice by the lowerings and the report, where a property ran a Python call each."""
-
-    __slots__ = ("bytes", "flops")
-    flops: int  # all arithmetic: contraction + vector + special-function ops
-    bytes: int  # weight bytes read + activation bytes read + bytes written
-
-
 @dataclass(frozen=True, slots=True)
-class Cost(_CostSums):
+class Cost:
     """What one node (or a sum of nodes) computes and moves.
 
     FLOP convention: a multiply-add in a contraction is 2 FLOPs; vector FLOPs count one
     per elementwise arithmetic op; special-function ops (exp, erf, rsqrt, sin, ...) are
     counted apart, one per element. Bytes are weight bytes read, activation bytes read and
-    bytes written. ``flops`` and ``bytes`` are their sums, stored when the record is built.
+    bytes written. ``flops`` and ``bytes`` are their sums.
     """
 
     contraction_flops: int = 0
@@ -467,17 +515,20 @@ class Cost(_CostSums):
     act_bytes_in: int = 0
     act_bytes_out: int = 0
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "flops", self.contraction_flops + self.vector_flops + self.special_ops)
-        object.__setattr__(self, "bytes", self.weight_bytes + self.act_bytes_in + self.act_bytes_out)
+    @property
+    def flops(self) -> int:
+        """All arithmetic: contraction + vector + special-function ops."""
+        return self.contraction_flops + self.vector_flops + self.special_ops
 
-    def __reduce__(self) -> tuple[type[Cost], tuple[int, ...]]:
-        return Cost, _cost_fields(self)  # the fields alone: unpickling runs __init__, which fills the sums
+    @property
+    def bytes(self) -> int:
+        """Weight bytes read + activation bytes read + bytes written."""
+        return self.weight_bytes + self.act_bytes_in + self.act_bytes_out
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(*map(operator.add, _cost_fields(self), _cost_fields(other)))  # field by field, in C
+        return Cost(*map(operator.add, _cost_fields(self), _cost_fields(other)))  # field by field
 
     def plus_bytes(self, weight: int, act_in: int, act_out: int) -> Cost:
         """This cost with bytes read and written added: ``self + Cost(weight_bytes=weight, ...)``, one

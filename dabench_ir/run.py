@@ -30,6 +30,7 @@ from dabench_ir.options import KNOBS, ScaleOptions, check_applies
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
+    from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
     from dabench_ir.targets import Target
 
@@ -38,8 +39,10 @@ __all__ = [
     "SOURCES",
     "ResolvedRun",
     "Samples",
+    "analysis_passes",
     "analyzed",
     "execute",
+    "placement",
     "prepare",
     "resolve",
     "resolve_target",
@@ -341,15 +344,16 @@ def analyzed(graph: Graph) -> bool:
     return meta.analyzed_by(graph) is not None
 
 
-def analysis_passes(run: ResolvedRun) -> list[Any]:
-    """The costing passes: the standard ONNX passes with the run's bindings, or the linalg cost pass."""
-    if run.linalg:
-        from dabench_ir.passes.linalg_cost import LinalgCostPass
+def analysis_passes(dims: Mapping[str, int] | None = None, *, linalg: bool = False) -> list[Any]:
+    """The costing passes every run starts with (`prepare`, and the sweep's stamped graphs): the
+    standard ONNX passes with ``dims`` bound, or for a linalg module the linalg cost pass."""
+    if linalg:
+        from dabench_ir.mlir import LinalgCostPass
 
         return [LinalgCostPass()]
     from dabench_ir.passes import standard_passes
 
-    return list(standard_passes(run.dims).passes)
+    return list(standard_passes(dims).passes)
 
 
 def transform_key(options: Any) -> tuple[Any, ...]:
@@ -402,7 +406,7 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
     it has not had: the costing passes, then the rewrites (`transform_passes`)."""
     from dabench_ir.passes import PassManager, meta
 
-    passes = [] if analyzed(graph) else analysis_passes(run)
+    passes = [] if analyzed(graph) else analysis_passes(run.dims, linalg=run.linalg)
     if analyzed(graph):
         rebound = {k: v for k, v in run.dims.items() if graph.bindings.get(k) != v}
         if rebound:
@@ -440,14 +444,8 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     """
     say = progress or _quiet
     opts = run.options
-    say("costing the graph")
-    graph = prepare(run, graph)
+    run, graph = _prepared(run, graph, say)
     tgt = run.target
-    if tgt is not None and tgt.kind == "cpu" and run.model is not None and not _is_mlir_file(run.model):
-        from dabench_ir.execute.microbench import ensure_for_target
-
-        tgt = ensure_for_target(run.model, graph, tgt, threads=opts.threads, say=say)
-        run = dataclasses.replace(run, target=tgt)
     measurement = None
     if opts.measure:
         measurement = _measure(run, graph, say)
@@ -464,6 +462,33 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     plan, timeline, metrics = place(graph, tgt, lowering_options(run))
     report = build_report(graph, run=run, plan=plan, timeline=timeline, metrics=metrics, measurement=measurement)
     return _verified(run, report)
+
+
+def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Plan:
+    """The placement of ``run`` on its target alone, without emulation or a report: what a fit check
+    reads (`Plan.fits`, `Plan.failure`). ``graph`` is prepared as `execute` prepares it, and consumed."""
+    from dabench_ir.lowering import lower
+
+    say = progress or _quiet
+    if run.target is None:
+        raise UserError("a placement needs a target; give --target")
+    run, graph = _prepared(run, graph, say)
+    say(f"placing on {run.target.name}")
+    return lower(graph, run.target, lowering_options(run))
+
+
+def _prepared(run: ResolvedRun, graph: Graph, say: Progress) -> tuple[ResolvedRun, Graph]:
+    """``graph`` costed and rewritten for ``run`` (`prepare`), and the run with its target ready: the
+    host CPU's node benchmarks taken for a model file (``cpu``: its node table)."""
+    say("costing the graph")
+    graph = prepare(run, graph)
+    tgt = run.target
+    if tgt is not None and tgt.kind == "cpu" and run.model is not None and not _is_mlir_file(run.model):
+        from dabench_ir.execute.microbench import ensure_for_target
+
+        tgt = ensure_for_target(run.model, graph, tgt, threads=run.options.threads, say=say)
+        run = dataclasses.replace(run, target=tgt)
+    return run, graph
 
 
 def _verified(run: ResolvedRun, report: Report) -> Report:

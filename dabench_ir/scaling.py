@@ -30,13 +30,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph, Node
+from dabench_ir.ir import Cost, Graph, Node, module_of
+from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering._common import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.collectives import (
     bubble_fraction,
     hierarchical_allreduce_time,
     optimal_contiguous_split,
     p2p_time,
+    ring_allreduce_bytes,
     ring_allreduce_time,
 )
 from dabench_ir.passes import meta
@@ -45,6 +47,7 @@ from dabench_ir.place import place
 from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
 if TYPE_CHECKING:
+    from dabench_ir.energy import MultiChipEnergy
     from dabench_ir.metrics import Metrics
     from dabench_ir.plan import Plan
     from dabench_ir.targets import Target
@@ -57,10 +60,6 @@ logger = logging.getLogger(__name__)
 
 SCALE_SCHEMA = "dabench-ir/scale/v1"
 STRATEGIES = ("dp", "tp", "pp")
-
-# Module names (the path component right below a decoder block) that TP splits.
-_TP_MODULES = ("attn", "attention", "self_attn", "mlp", "ffn", "feed_forward", "feedforward")
-
 
 @dataclass(slots=True)
 class ScalePoint:
@@ -88,6 +87,24 @@ class ScalePoint:
     micro_batches: int | None = None
     superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
     chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
+    copies: int = 1  # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
+    devices: int = 1  # devices drawing power: the chips, the IPUs of a pipeline, the wafer on-wafer replicas share
+    link_bytes: float = 0.0  # bytes the chip-to-chip links carry per step, all links together
+    energy: MultiChipEnergy | None = None  # the step's energy on every device and link (`multi_chip_energy`)
+
+    @property
+    def device_bytes(self) -> int | None:
+        """Bytes the most loaded device holds: ``memory_per_device`` is one device's by kind (weights,
+        gradients, ...) or by memory, or each device's by memory (``sram:ipu2``: one IPU's tile
+        memory), summed per device; ``host`` is off the devices. None when the point states none."""
+        if not self.memory_per_device:
+            return None
+        per_device: dict[str, int] = {}
+        for key, held in self.memory_per_device.items():
+            if key != "host":
+                device = key.partition(":")[2]
+                per_device[device] = per_device.get(device, 0) + held
+        return max(per_device.values(), default=0)
 
     @property
     def comm_share(self) -> float:
@@ -117,6 +134,9 @@ class ScalePoint:
             "memory_per_device": self.memory_per_device,
             "micro_batches": self.micro_batches,
             "superlinear": self.superlinear,
+            "devices": self.devices,
+            "link_bytes": self.link_bytes,
+            "energy": None if self.energy is None else self.energy.to_dict(),
         }
 
 
@@ -242,14 +262,12 @@ def allreduce_time(target: Target, nbytes: float, chips: int, per_node: int | No
 
 
 def _tp_module(node: Node) -> str | None:
-    """The split module (``layers.3.attn``) a node belongs to, or None when it is replicated."""
-    if node.layer is None:
+    """The split module (``layers.3.attn``: an attention or MLP of the node's decoder block) a node
+    belongs to, or None when it is replicated (norms, residual adds, everything outside the blocks)."""
+    module = module_of(node.scope)
+    if node.layer is None or module.index != node.layer or module.kind not in ("attention", "mlp"):
         return None
-    parts = [p for p in node.scope.replace("/", ".").split(".") if p]
-    for i, part in enumerate(parts[:-1]):
-        if part.isdigit() and int(part) == node.layer and parts[i + 1].lower() in _TP_MODULES:
-            return ".".join(parts[: i + 2])
-    return None
+    return module.module
 
 
 def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
@@ -453,6 +471,9 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         memory_per_device=worst_memory,
         micro_batches=m,
         chip=single,  # the whole graph on one chip: the stages are its layers' shares
+        copies=1,  # ... so its work is the whole step's, done once over the stages
+        devices=chips,
+        link_bytes=float(sum(boundary_bytes)),
     )
 
 
@@ -525,10 +546,11 @@ def scale(
     train = meta.graph_mode(graph) == "train"
     link = target.link()
     per_node = chips_per_node(target, run.options)
-    if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and target.kind == "ipu":
+    lowering = lowering_for(target)
+    if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and lowering.pipelines_itself:
         raise UserError(f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
                         "a pipeline spread over machines is not modelled there")  # fmt: skip
-    chip_run = run.variant(micro_batches=None) if strategy == "pp" and target.kind != "ipu" else run
+    chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
     points: list[ScalePoint] = []
@@ -539,13 +561,13 @@ def scale(
             pt = _dp_point(graph, chip_run, n, single, train)
         elif strategy == "tp":
             pt = _tp_point(graph, chip_run, n, train)
-        elif target.kind == "ipu":
+        elif lowering.pipelines_itself:
             one = _run_one(graph, run.variant(ipus=n))
-            pt = _point_from_run(one, n, one.plan.samples_per_step, comm=0.0)
-            pt.notes.append("IPU lowering pipelines the blocks over the IPUs itself")
+            pt = _point_from_run(one, n, one.plan.samples_per_step, comm=0.0, link_bytes=one.plan.stats.link_bytes)
+            pt.notes.append(f"the {lowering.name} lowering pipelines the blocks over the devices itself")
         else:
             pt = _pp_point(graph, run, n, single)
-        on_wafer = target.kind == "wse" and strategy == "dp"  # replicas share one wafer
+        on_wafer = lowering.replicas_on_chip and strategy == "dp"  # replicas share one chip
         if target.topology is not None and not on_wafer:
             pt.nodes = max(1, math.ceil(n / per_node))
             if pt.nodes > 1 and strategy == "pp":
@@ -566,6 +588,7 @@ def scale(
         if base and pt.throughput_samples_per_s is not None:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
+        pt.energy = _point_energy(pt, target, link)
     precision = lowering_options(run).precision  # the dtype peaks were taken at
     if link is None and any(p.comm_time_s for p in points):
         logger.warning("%s has no link declared; communication is free", target.name)
@@ -581,7 +604,23 @@ def scale(
     )
 
 
-def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoint:
+def _point_energy(pt: ScalePoint, target: Target, link: Any) -> MultiChipEnergy | None:
+    """The point's step energy on every device and link, from its chip's placement (None: no placement)."""
+    from dabench_ir.energy import multi_chip_energy, step_energy
+
+    chip = pt.chip
+    if chip is None or chip.plan is None or chip.timeline is None:
+        return None
+    feed = chip.metrics.node_feed_bytes if chip.metrics is not None else None
+    one = step_energy(chip.graph, chip.plan, chip.timeline, target, feed)
+    return multi_chip_energy(one, target, copies=pt.copies, devices=pt.devices, step_s=pt.time_s,
+                             link_bytes=pt.link_bytes, link=None if link is None else link.name)  # fmt: skip
+
+
+def _point_from_run(run: _Run, chips: int, batch: int, comm: float, *, copies: int = 1,
+                    link_bytes: float = 0.0) -> ScalePoint:
+    """The point of ``chips`` whose step is ``copies`` chips each running ``run``'s placement, then ``comm``
+    seconds of collectives moving ``link_bytes`` (the devices: ``copies`` x the chips the placement spans)."""
     step = run.time_s + comm
     return ScalePoint(
         chips=chips,
@@ -598,16 +637,20 @@ def _point_from_run(run: _Run, chips: int, batch: int, comm: float) -> ScalePoin
         dominant_bound=run.dominant_bound(comm),
         memory_per_device=dict(run.memory) or None,
         chip=run,
+        copies=copies,
+        devices=copies * (run.plan.chips if run.plan is not None else 1),
+        link_bytes=link_bytes,
     )
 
 
 def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:
     target, options = run.target, run.options
+    lowering = lowering_for(target)
     batch = single.plan.samples_per_step
-    if target.kind == "wse":  # replicas on one wafer: no link, the wafer's fabric carries gradients
-        copies = _run_one(graph, run.variant(replicas=n))
-        pt = _point_from_run(copies, n, copies.plan.samples_per_step, comm=0.0)
-        pt.notes.append("on-wafer replicas (intra-chip data parallel)")
+    if lowering.replicas_on_chip:  # no link: the chip's fabric carries gradients
+        replicas = _run_one(graph, run.variant(replicas=n))
+        pt = _point_from_run(replicas, n, replicas.plan.samples_per_step, comm=0.0)
+        pt.notes.append("replicas on one chip (intra-chip data parallel)")
         return pt
     comm = 0.0
     zero = int(getattr(options, "zero", 0) or 0) if train else 0
@@ -619,29 +662,27 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
         comm = allreduce_time(target, _gradient_bytes(graph), n, chips_per_node(target, options)) * (
             1.5 if zero == 3 else 1.0)
+    lowering_opts = lowering_options(run)
+    parts = lowering.device_memory(LoweringContext.build(graph, lowering_opts.precision), lowering_opts, zero=zero,
+                                   shards=n)  # fmt: skip
+    if zero and parts is None:
+        raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     chip = single
-    if zero and target.kind == "gpu":
+    if zero:
         # ZeRO >= 1 shards the optimizer state: each chip's optimizer pass updates 1/n of the
         # parameters (its moments, master weights and gradient shard; Rajbhandari et al., SC'20, §5.1)
         share = graph.clone()
         shard_optimizer_step(share, 1.0 / n)
         chip = _run_one(share, run)
-    pt = _point_from_run(chip, n, batch * n, comm)
+    link_bytes = ring_allreduce_bytes(_gradient_bytes(graph), n) * (1.5 if zero == 3 else 1.0) if train else 0.0
+    pt = _point_from_run(chip, n, batch * n, comm, copies=n, link_bytes=link_bytes)
     pt.notes.append("weak scaling: each chip runs the graph's batch")
-    if target.kind == "gpu":
-        from dabench_ir.lowering.gpu import device_memory
-
-        lowering_opts = lowering_options(run)
-        ctx = LoweringContext.build(graph, lowering_opts.precision)
-        parts = device_memory(ctx, micro_batches=lowering_opts.micro_batches or 1,
-                              offload=lowering_opts.optimizer_state == "offchip", zero=zero, shards=n)  # fmt: skip
+    if parts is not None:
         _fit_device(pt, target, parts)
-        if zero:
-            pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
-            pt.superlinear = (f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
-                              "(Rajbhandari et al., SC'20, §5.1), work one chip does alone")  # fmt: skip
-    elif zero:
-        raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
+    if zero:
+        pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
+        pt.superlinear = (f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
+                          "(Rajbhandari et al., SC'20, §5.1), work one chip does alone")  # fmt: skip
     return pt
 
 
@@ -676,7 +717,9 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
     per_node = chips_per_node(target, run.options)
-    per_step = (2 if train else 1) * sum(allreduce_time(target, b, n, per_node) for b in allreduces)
-    pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step)
+    passes = 2 if train else 1  # the backward all-reduces the inputs' gradients of each split module too
+    per_step = passes * sum(allreduce_time(target, b, n, per_node) for b in allreduces)
+    moved = passes * sum(ring_allreduce_bytes(b, n) for b in allreduces)
+    pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)
     pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
     return pt

@@ -113,6 +113,20 @@ class Lowering(ABC):
     """The memory level that feeds this architecture's units (the roofline's bandwidth):
     ``on-chip`` (WSE PE SRAM, IPU tile SRAM) or ``off-chip`` (RDU DDR, GPU HBM, host DRAM)."""
 
+    replicas_on_chip: ClassVar[bool] = False
+    """Data-parallel copies share one chip (WSE on-wafer replicas): data parallelism over n is one plan of
+    n replicas, its gradients carried by the chip's own fabric, no link between chips."""
+
+    pipelines_itself: ClassVar[bool] = False
+    """The lowering places a pipeline over several devices itself (the IPU's ``--ipus``): pipeline
+    parallelism over n is its plan on n devices, not the scaling stage's stage split."""
+
+    def device_memory(self, ctx: LoweringContext, options: Any, *, zero: int, shards: int) -> dict[str, int] | None:
+        """Bytes one device holds by kind (weights, gradients, optimizer, activations, ...; ``host`` off the
+        device) when the run is data-parallel over ``shards`` devices with ZeRO stage ``zero``; None where the
+        lowering models no such layout (its plan's own memory stands, and ZeRO is refused)."""
+        return None
+
     def feed_level(self, target: Target) -> str:
         """The level of ``target``'s memories that feeds this architecture's units (`feed`)."""
         return self.feed

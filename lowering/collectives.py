@@ -32,6 +32,13 @@ def ring_allreduce_time(nbytes: float, chips: int, bandwidth: float, latency: fl
     return 2 * (chips - 1) / chips * nbytes / bandwidth + 2 * (chips - 1) * latency
 
 
+def ring_allreduce_bytes(nbytes: float, chips: int) -> float:
+    """Bytes the links carry in an all-reduce of ``nbytes`` over ``chips``, all links together: each
+    chip sends 2(n−1)/n of the buffer (`ring_allreduce_time`'s volume), and the hierarchical form
+    moves the same volume split between its two levels. What the links' energy is of."""
+    return 2.0 * (chips - 1) * nbytes if chips > 1 else 0.0
+
+
 def hierarchical_allreduce_time(
     nbytes: float,
     chips: int,

@@ -78,6 +78,10 @@ class GpuLowering(Lowering):
     Options = GpuOptions
     feed = "off-chip"  # every operand streams from device memory (HBM)
 
+    def device_memory(self, ctx: LoweringContext, options: GpuOptions, *, zero: int, shards: int) -> dict[str, int]:
+        """One GPU's bytes under data parallelism over ``shards`` with ZeRO stage ``zero`` (`device_memory`)."""
+        return device_memory(ctx, micro_batches=options.micro_batches or 1, offload=options.optimizer_state == "offchip",
+                             zero=zero, shards=shards)  # fmt: skip
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")

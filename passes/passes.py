@@ -152,24 +152,22 @@ class CostPass(Pass):
     def call(self, graph: Graph) -> PassResult:
         unbound: set[str] = set()
         sizes: dict[int, int] = {}  # the rules' views share the bytes of each value type (`OpView`)
-        unattributed, estimated, cost, folded, subgraph = meta.UNATTRIBUTED, meta.ESTIMATED, meta.COST, meta.FOLDED, meta.SUBGRAPH
-        for node in graph.nodes:  # the keys read as locals, each node's annotations once: a loop over every node
+        for node in graph.nodes:
             annotations = node.meta
-            annotations.pop(unattributed, None)
-            annotations.pop(estimated, None)
-            annotations.pop(cost, None)
+            for stale in (meta.UNATTRIBUTED, meta.ESTIMATED, meta.COST):
+                annotations.pop(stale, None)
             reason = None
             rule = find_rule(node)
-            if folded in annotations:
-                annotations[cost] = ZERO_COST  # immutable: one record for every folded node
+            if meta.FOLDED in annotations:
+                annotations[meta.COST] = ZERO_COST  # immutable: one record for every folded node
                 continue
-            if annotations.get(subgraph):
+            if annotations.get(meta.SUBGRAPH):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
             elif rule is None:
                 reason = f"no cost rule for op {node.qualified_op!r}"
             else:
                 try:
-                    annotations[cost] = OpView(node, graph, rule, sizes).cost()
+                    annotations[meta.COST] = OpView(node, graph, rule, sizes).cost()
                 except UnboundSymbolError as exc:
                     unbound |= {s for s in exc.symbols if not s.startswith("<")}
                     continue

@@ -58,6 +58,9 @@ __all__ = [
 KV_CACHE_METADATA_KEY = meta.MODEL_KV_CACHE  # declared in passes/meta.py
 
 _MODES = {"fp32": DType.FLOAT32, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
+MIXED_HALF = "bf16"
+"""The 16-bit type of ``--precision mixed``: what its contractions read and its peaks are taken at
+(bf16 needs no loss scaling: Kalamkar et al., arXiv 1905.12322)."""
 _KV = {**_MODES, "fp8": DType.FLOAT8E4M3FN, "int8": DType.INT8}
 # quantised modes: (weight dtype, dtype the block matmuls compute in)
 _QUANT = {
@@ -73,15 +76,15 @@ _CHOICES = PRECISIONS  # the knob's choices are dabench_ir.options'; each has it
 
 
 def compute_dtype(precision: str | DType | None) -> DType | None:
-    """The dtype peak FLOP/s are taken at for a ``--precision`` value: mixed and the
-    weight-only modes compute in fp16, int8 and fp8 at their own peaks."""
+    """The dtype peak FLOP/s are taken at for a ``--precision`` value: mixed in its 16-bit type
+    (`MIXED_HALF`, what the pass stores), the weight-only modes in fp16, int8 and fp8 at their own peaks."""
     if precision is None or isinstance(precision, DType):
         return precision
     key = str(precision).lower()
     if key in _QUANT:
         return _QUANT[key][1]
     if key == "mixed":
-        return DType.FLOAT16
+        return _MODES[MIXED_HALF]
     return DType.from_name(key)
 
 
@@ -155,7 +158,6 @@ class PrecisionPass(Pass):
     """
 
     precision: str | None
-    half: str = "bf16"  # the half type of ``mixed``
     kv: str | None = None
     name: str = "precision"
 
@@ -188,7 +190,7 @@ class PrecisionPass(Pass):
     def _rewrite(self, graph: Graph) -> dict[str, tuple[str, ...]]:
         mixed = self.precision == "mixed"
         quant = _QUANT.get(self.precision)
-        low = DType.FLOAT16 if quant else _MODES[self.half] if mixed else _MODES[self.precision]
+        low = DType.FLOAT16 if quant else _MODES[MIXED_HALF] if mixed else _MODES[self.precision]
         # A value already at ``low`` keeps its type record; the others share one new record per distinct
         # type (as the loaded graph shares them), so the cost pass after this sizes each once.
         retyped: dict[TensorType, TensorType] = {}

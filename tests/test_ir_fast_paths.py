@@ -10,7 +10,7 @@ import pickle
 from dabench_ir.ir import ZERO_COST, Cost, DType, Graph, Node, TensorType, Value, ValueKind
 
 
-def test_cost_sums_are_stored_and_follow_every_way_a_cost_is_made():
+def test_cost_sums_follow_every_way_a_cost_is_made():
     c = Cost(contraction_flops=10, vector_flops=2, special_ops=1, weight_bytes=4, act_bytes_in=8, act_bytes_out=16)
     assert (c.flops, c.bytes) == (13, 28)
     assert [f.name for f in dataclasses.fields(Cost)] == [

@@ -156,7 +156,7 @@ def test_options_read_knobs_by_name_with_their_declared_defaults():
     assert (wse.wse_mode, wse.replicas) == (defaults.wse_mode, defaults.replicas)
     assert not hasattr(wse, "batch")  # the batch is the graph's (dabench_ir.run), never a lowering option
     assert wse.fuse_elementwise and wse.steady_state  # internal settings keep their defaults
-    assert GpuLowering.options(ProfileOptions(precision="mixed")).precision is DType.FLOAT16
+    assert GpuLowering.options(ProfileOptions(precision="mixed")).precision is DType.BFLOAT16  # mixed stores bf16
     assert IpuLowering.options(ProfileOptions(precision="bf16"), steady_state=False).precision is DType.BFLOAT16
     assert IpuLowering.options(WseLowering.options(ProfileOptions(micro_batches=3))).micro_batches == 3
     with pytest.raises(TypeError, match="fuse_elementwise"):

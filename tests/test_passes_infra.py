@@ -163,12 +163,12 @@ def _names(passes) -> list[str]:
 def test_a_run_assembles_the_whole_pass_list_from_its_options():
     standard = ["bind-symbols", "tag-layers", "classify", "fold-weight-layouts", "cost"]
     graph = load_onnx(parse("agraph (float[2,3] A, float[3,4] B) => (float[2,4] C) { C = MatMul(A, B) }"))
-    assert _names(analysis_passes(resolve(graph))) == standard
+    assert _names(analysis_passes(resolve(graph).dims)) == standard
     assert _names(transform_passes(ProfileOptions())) == []
     opts = ProfileOptions(precision="bf16", mode="train")
     # the precision rewrite changes types only: the costs follow in their own pass, visibly
     assert _names(transform_passes(opts)) == ["precision", "cost", "dequantise", "training"]
-    assert _names(analysis_passes(resolve(graph, None, {"via": "mlir"}))) == ["linalg-cost"]
+    assert _names(analysis_passes(linalg=resolve(graph, None, {"via": "mlir"}).linalg)) == ["linalg-cost"]
 
 
 def test_prepare_runs_precision_and_training_on_a_graph_once():

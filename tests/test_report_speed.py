@@ -105,21 +105,6 @@ def test_representative_layer_is_the_median_of_the_layer_sums(report):
         assert row["bound"] == _bound_of([x for recs in by_layer.values() for x in recs])[0]
 
 
-def test_containers_are_every_dotted_prefix():
-    import random
-
-    from dabench_ir.report.roles import _containers
-
-    def by_definition(scopes):
-        return {".".join(s.split(".")[:i]) for s in scopes for i in range(1, len(s.split(".")))}
-
-    rng = random.Random(34)
-    for _ in range(2000):
-        scopes = {"".join(rng.choice("ab.") for _ in range(rng.randint(0, 7))) for _ in range(rng.randint(0, 6))}
-        assert _containers(scopes) == by_definition(scopes), scopes
-    assert _containers({"layers.0.attn.q_proj", "layers.0.mlp"}) == {"layers", "layers.0", "layers.0.attn"}
-
-
 def test_role_rows_bound_is_bound_of_their_records(report):
     """`_row` adds up its bound sums in the walk that adds its time: the same answer as `_bound_of`."""
     groups: dict[str, list] = {}
@@ -127,18 +112,6 @@ def test_role_rows_bound_is_bound_of_their_records(report):
         groups.setdefault(r.role or r.op_type, []).append(r)
     for row in role_rows(report, overheads=False):
         assert (row["bound"], row["bound_share"]) == _bound_of(groups[row["role"]])
-
-
-def test_held_shares_clamp_as_min_max_does():
-    """The clamp's fast path (inside (0, 1]) and min(max()) outside give the same float, -0.0 and NaN too."""
-    import math
-    from types import SimpleNamespace
-
-    for allocation in (0.5, 1.0, 1.5, 0.0, -0.0, -2.0, math.nan, math.inf, 1e-300):
-        node = SimpleNamespace(allocation=allocation)
-        plan = SimpleNamespace(schedule=Schedule.CONCURRENT, node_plans={"a": node}, units=[])  # a node's own allocation
-        got, want = held_shares(plan)["a"], min(1.0, max(0.0, float(allocation)))
-        assert math.copysign(1.0, got) == math.copysign(1.0, want) and (got == want or math.isnan(got) == math.isnan(want))
 
 
 def test_a_record_row_bounds_are_the_two_separate_passes():

@@ -48,6 +48,8 @@ def _format(fmt: str | None, output: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from dabench_ir.models.config import DTYPES, FAMILIES, PHASES, ModelConfig  # the config owns its choices
+
     p = subparsers.add_parser(
         "export",
         help="export a GPT-2 / LLaMA decoder stack to ONNX or MLIR",
@@ -59,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--list-presets", action="store_true", help="list the named presets and exit")
     p.add_argument("--preset", metavar="NAME", help="start from a named shape (see --list-presets)")
-    p.add_argument("--family", choices=("gpt2", "llama"), help="model family (default: the preset's)")
+    p.add_argument("--family", choices=FAMILIES, help="model family (default: the preset's)")
     p.add_argument("--layers", type=int, metavar="L", help="decoder blocks")
     p.add_argument("--hidden", type=int, metavar="H", help="model width")
     p.add_argument("--heads", type=int, metavar="N", help="attention heads (default hidden/64)")
@@ -68,11 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=int, metavar="S", help="sequence length (default 128)")
     p.add_argument("--batch", type=int, metavar="B", help="batch size (default 1)")
     p.add_argument("--vocab", type=int, metavar="V", help="add token embedding and LM head of this vocab")
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help="parameter dtype (default fp32)")
+    p.add_argument("--dtype", choices=DTYPES, help=f"parameter dtype (default {ModelConfig.dtype})")
     p.add_argument(
         "--phase",
-        choices=("prefill", "decode"),
-        default="prefill",
+        choices=PHASES,
+        default=PHASES[0],
         help="prefill: one pass over --seq tokens; decode: --chunk new tokens against a KV cache of "
         "--context past tokens (cache inputs and new K/V outputs per layer)",
     )

@@ -107,6 +107,7 @@ def render_scale(result) -> str:
         "bound",
         "fits",
         "mem/device",
+        "J/sample",
     ]
     rows = []
     for p in result.points:
@@ -125,12 +126,15 @@ def render_scale(result) -> str:
                 "-" if p.load_imbalance is None else f"{p.load_imbalance:.2f}",
                 p.dominant_bound or "-",
                 "yes" if p.fits else "NO",
-                human(sum(v for k, v in p.memory_per_device.items() if k != "host"), "B") if p.memory_per_device else "-",
+                "-" if p.device_bytes is None else human(p.device_bytes, "B"),
+                "-" if p.energy is None or not p.batch else human(p.energy.total_j / p.batch, "J"),
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("  mem/device: what the most loaded device holds; J/sample: every device's energy and the links', "
+                 "over the step's samples")  # fmt: skip
     crossing = [p.chips for p in result.points if p.nodes > 1]
     if crossing and per_node:
         lines.append(

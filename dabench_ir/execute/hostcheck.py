@@ -2,9 +2,9 @@
 
 A ``kind = "host"`` catalogue point names a model (its ``[host]`` table), not measured
 numbers: `run_host` exports it (cached under the dabench-ir cache folder), benchmarks its
-node shapes (`dabench_ir.execute.microbench`), measures it in onnxruntime with
-``repeat="auto"`` and predicts it from the calibrated host model, and returns the
-end-to-end and per-node errors beside the measurement's spread.
+node shapes, measures it in onnxruntime with ``repeat="auto"`` and predicts it from the
+calibrated host model, all as ``profile MODEL --target cpu --measure`` does (`dabench_ir.run.execute`),
+and returns the step and per-node errors beside the measurement's spread.
 
 ``[host]`` keys: ``builder`` ("hf": `dabench_ir.execute.hostmodels`, written apart from
 dabench-ir's builders; "own": `models/`), ``family`` ("llama" or "gpt2"), ``layers``,
@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["HOST_KEYS", "HostResult", "check_host", "host_label", "run_host"]
@@ -65,18 +66,17 @@ def host_label(host: Mapping[str, Any]) -> str:
 
 @dataclass
 class HostResult:
-    """One host point measured and predicted."""
+    """One host point measured and predicted, as ``profile MODEL --target cpu --measure`` reports it."""
 
     label: str
-    measured_s: float  # sum of the per-node warm medians
-    predicted_s: float  # over the same nodes
-    error: dict[str, Any] = field(default_factory=dict)  # `prediction_error` with spread
+    measured_s: float  # the measured step: per-node warm medians and onnxruntime's per-run overhead
+    predicted_s: float  # the predicted step
+    error: dict[str, Any] = field(default_factory=dict)  # the report's `prediction_error`, with the spread
     repeat: int = 0
-    bench_s: float = 0.0  # node benchmarks (0 when cached)
 
 
-def _export(host: Mapping[str, Any]) -> Any:
-    """The model's ONNX, exported once and cached (dynamo exports take seconds)."""
+def _export(host: Mapping[str, Any]) -> Path:
+    """The model's ONNX file, exported once and cached (dynamo exports take seconds)."""
     import onnx
 
     from dabench_ir.execute.calibrate import cache_dir
@@ -85,7 +85,7 @@ def _export(host: Mapping[str, Any]) -> Any:
     digest = hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir() / "models" / f"host-{digest}.onnx"
     if path.is_file():
-        return onnx.load(str(path))
+        return path
     heads, kv = host["heads"], host.get("kv_heads")
     if host.get("builder", "hf") == "hf":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
@@ -104,35 +104,22 @@ def _export(host: Mapping[str, Any]) -> Any:
     tmp = path.with_name(f"{path.name}.tmp")
     onnx.save(proto, str(tmp))
     tmp.replace(path)
-    return proto
+    return path
 
 
 def run_host(host: Mapping[str, Any], *, threads: int | None = None, say: Callable[[str], None] | None = None
              ) -> HostResult:  # fmt: skip
-    """Export, benchmark the node shapes, measure (``repeat="auto"``) and predict one host point."""
-    from dabench_ir.execute import measure
-    from dabench_ir.execute.calibrate import cpu_target_path
-    from dabench_ir.execute.microbench import ensure_node_table
-    from dabench_ir.lowering.cpu import load_cpu_model, predict_cpu_times
-    from dabench_ir.metrics import prediction_error
-    from dabench_ir.pipeline import analyze
+    """Export one host point and profile it as ``profile MODEL --target cpu --measure --warmup 3 --repeat
+    auto`` does (`dabench_ir.run.execute`: the node benchmarks, the measurement, the prediction, its error)."""
+    from dabench_ir.pipeline import run_profile
 
-    label = host_label(host)
-    ort_opt = bool(host.get("ort_opt", False))
-    proto = _export(host)
-    graph = analyze(proto)
-    path = cpu_target_path(threads)
-    bench = ensure_node_table(proto, graph, path, threads=threads, say=say)
-    bench_s = bench.seconds if bench.measured else 0.0
-    m = measure(proto, graph, warmup=3, repeat="auto", threads=threads, target=path, ort_opt=ort_opt)
-    pred = predict_cpu_times(graph, load_cpu_model(path), ort_opt=ort_opt)
-    err = prediction_error(pred, m.node_times, spread=m.node_spread)
-    common = [n for n in m.node_times if n in pred]
+    options = {"measure": True, "warmup": 3, "repeat": "auto", "threads": threads, "ort_opt": bool(host.get("ort_opt"))}
+    report = run_profile(_export(host), "cpu", options, progress=say)
+    error = report.metrics["prediction_error"]
     return HostResult(
-        label=label,
-        measured_s=sum(m.node_times[n] for n in common),
-        predicted_s=sum(pred[n] for n in common),
-        error=err,
-        repeat=m.repeat,
-        bench_s=bench_s,
+        label=host_label(host),
+        measured_s=error["measured_step_s"],
+        predicted_s=error["predicted_step_s"],
+        error=error,
+        repeat=report.extra["measurement"]["repeat"],
     )

@@ -179,6 +179,7 @@ def build_report(
             "threads": measurement.threads,
             "provider": measurement.provider,
             "run_time_s": measurement.run_time_s,
+            "repeat": measurement.repeat,  # timed runs (``repeat="auto"``: as many as the median needed)
             "basis": getattr(measurement, "BASIS", None),
             "overheads_s": dict(getattr(measurement, "overheads_s", {}) or {}),
             "fused": measurement.fused,
@@ -248,6 +249,11 @@ _ENERGY_TOTALS = (
     "static_power_w",
 )  # fmt: skip
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
+
+_WORK_TOTALS = ("flops", "contraction_flops", "vector_flops", "special_ops")
+"""The totals that count work: of the model at the step's batch in a multi-chip report."""
+_BYTE_TOTALS = ("weight_bytes", "act_bytes_in", "act_bytes_out")
+"""The totals that count bytes moved (``bytes`` is their sum): every chip's in a multi-chip report."""
 
 
 def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None, busy=None) -> None:
@@ -332,27 +338,57 @@ def _chosen(run: ResolvedRun, plan: Any) -> dict[str, Any]:
 
 def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) -> Report:
     """The report of a multi-chip run: one chip's placement for the nodes (a TP share, a DP replica),
-    the scaling stage's step for the totals and metrics, the whole scaling record under ``extra.scale``."""
+    the scaling stage's step for the totals and metrics, the whole scaling record under ``extra.scale``.
+
+    ``totals`` are the whole step's, every device together: the model's work at the step's batch
+    (FLOPs of the unsplit graph, not counting what tensor parallelism replicates), the bytes every
+    chip moves, the energy of every device and link. What one chip does is ``extra.per_chip``, and
+    the node rows are one chip's (``extra.nodes_basis``)."""
     point = result.points[-1]
     chip = point.chip
     if chip is not None and chip.plan is not None:
         report = build_report(chip.graph, run=run, plan=chip.plan, timeline=chip.timeline, metrics=chip.metrics)
     else:
         report = build_report(graph, run=run)
-    whole = build_report(graph, run=run).totals  # the unsplit graph: FLOPs of one replica's step
-    flops_per_sample = whole["flops"] / max(run.samples.per_replica, 1)
+    whole = build_report(graph, run=run)  # the unsplit graph: one replica's step
+    steps = point.batch / max(run.samples.per_replica, 1)  # replica steps in the multi-chip step
+    one = report.totals
+    report.extra["per_chip"] = {
+        **{key: one.get(key) for key in (*_WORK_TOTALS, "bytes", "intensity")},
+        "params": report.model.get("params"),
+        "copies": point.copies,  # chips doing this work each step (1: the placement is the whole step's)
+        "time_s": point.compute_time_s,
+        "overhead_s": one.get("overhead_s"),
+        "energy_j": one.get("energy_j"),
+    }
     tp = point.throughput_samples_per_s
-    report.totals.update({
-        "flops": flops_per_sample * point.batch,
+    totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
+    totals.update({key: whole.totals[key] * steps for key in _WORK_TOTALS})
+    totals.update({key: (one.get(key) or 0) * point.copies for key in ("bytes", *_BYTE_TOTALS)})
+    totals.update({
+        "intensity": totals["flops"] / totals["bytes"] if totals["bytes"] else None,
         "time_s": point.time_s,
+        "period_s": point.time_s,
+        # a pipelined chip's first sample takes its fill on top of the period: so does the step's
+        "latency_s": point.time_s + (one.get("latency_s") or 0) - (one.get("period_s") or 0),
+        "overhead_s": (one.get("overhead_s") or 0) + point.comm_time_s,  # time no node owns: collectives too
         "throughput_samples_per_s": tp,
-        "achieved_flops_per_s": None if tp is None else tp * flops_per_sample,
+        "achieved_flops_per_s": None if tp is None else totals["flops"] / point.time_s,
         "comm_time_s": point.comm_time_s,
         "chip_time_s": point.compute_time_s,
     })  # fmt: skip
-    for key in _ENERGY_TOTALS:
-        if key in report.totals:  # one chip's energy over one chip's time: not the multi-chip step's
-            report.totals[key] = None
+    energy = point.energy
+    if energy is not None:
+        joules = energy.total_j
+        totals.update({
+            **energy.to_dict(),
+            "energy_per_sample_j": joules / point.batch if point.batch else None,
+            "power_w": joules / point.time_s if point.time_s else None,
+            "gops_per_w": totals["achieved_flops_per_s"] / 1e9 / energy.rated_w
+            if totals["achieved_flops_per_s"] and energy.rated_w else None,
+        })  # fmt: skip
+    report.totals = totals
+    report.model = {**report.model, "params": whole.model.get("params")}
     report.metrics.update({
         "allocation_ratio": point.allocation_ratio,
         "load_imbalance": point.load_imbalance,

@@ -19,7 +19,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from dabench_ir.ir import Graph, Node, ValueKind
+from dabench_ir.ir import Graph, Node, ValueKind, module_kind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Role, op_traits
 
@@ -30,9 +30,7 @@ OVERHEAD_PREFIX = "overhead: "
 
 _LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)(?=$|[./:_])")
 
-_NORM_NAME = re.compile(r"(?:^|[._])(?:norm|ln|layernorm|layer_norm|rmsnorm|ln_\w+|\w*_norm|norm_\w+)$", re.I)
 _TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
-_MLP_NAME = re.compile(r"(?:^|[._])(?:mlp|ffn|feed_forward|feedforward|ff)$", re.I)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -81,16 +79,7 @@ def node_roles(graph: Graph) -> dict[str, str]:
 
 def _containers(scopes: Iterable[str]) -> set[str]:
     """Scopes that hold another scope (``layers.0.attn`` holds ``layers.0.attn.q_proj``)."""
-    out: set[str] = set()
-    for scope in scopes:
-        end = scope.rfind(".")
-        while end >= 0:  # each prefix up to a dot, longest first
-            prefix = scope[:end]
-            if prefix in out:
-                break  # and so are its own prefixes: they were added with it
-            out.add(prefix)
-            end = scope.rfind(".", 0, end)
-    return out
+    return {".".join(parts[:i]) for parts in (scope.split(".") for scope in scopes) for i in range(1, len(parts))}
 
 
 class _OpRoles(dict[tuple[str, str], frozenset[Role]]):
@@ -246,8 +235,8 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
 def _scope_names(scope: str) -> tuple[bool, bool]:
     """Whether the last part of ``scope`` names a norm, and an MLP: once per scope (a 96-layer
     model's attention blocks ask it for every reshape and transpose)."""
-    tail = scope.rsplit(".", 1)[-1]
-    return bool(tail and _NORM_NAME.search(tail)), bool(tail and _MLP_NAME.search(tail))
+    kind = module_kind(scope.rsplit(".", 1)[-1])
+    return kind == "norm", kind == "mlp"
 
 
 def _residual(graph: Graph, node: Node) -> bool:

@@ -296,6 +296,7 @@ def _train_basis(config: dict) -> str:
 
 def _summary(report: Report, st: _Style) -> list[str]:
     t, m, c = report.totals, report.metrics, report.config
+    chips = c.get("chips") if "per_chip" in report.extra else None  # a multi-chip step
     model = report.model
     name = model.get("preset") or model.get("family") or model.get("name")
     out = [
@@ -304,10 +305,12 @@ def _summary(report: Report, st: _Style) -> list[str]:
         f"{human(model['params'])} params"
         + (f" (+{human(model['constants'])} constants)" if model.get("constants") else "")
         + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}{_train_basis(c)}",
-        f"  work       {human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
-        f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
-        f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B",
+        f"  work       {_work(t)}" + (f" (all {chips} chips: the model's work, every chip's bytes)" if chips else ""),
     ]
+    one = report.extra.get("per_chip") or {}
+    if chips and one.get("copies", 1) > 1:  # chips each doing a share: what one does, labelled apart
+        out.append(f"  one chip   {_work(one)}, {human(one.get('params'))} params, "
+                   f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')}: the node rows)")  # fmt: skip
     if t.get("estimated_nodes"):  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
         est = report.extra.get("estimated") or []
         share = t.get("estimated_time_share")
@@ -341,14 +344,19 @@ def _summary(report: Report, st: _Style) -> list[str]:
         )
         if pipelined:
             out.append(f"  latency    {seconds(t['latency_s'])} for one step alone (first input to last output)")
+        if chips:
+            out.append(f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of collectives, "
+                       f"{human(t.get('link_bytes'), 'B')} over the links, speedup {_fmt(m.get('speedup'))}x, "
+                       f"scaling efficiency {percent(m.get('scaling_efficiency'))}")  # fmt: skip
     if t.get("energy_j") is not None:
         out.append(
             f"  energy     {human(t['energy_j'], 'J')} per step, {human(t.get('energy_per_sample_j'), 'J')} per sample, "
             f"{human(t.get('power_w'), 'W')} modelled, {_fmt(t.get('gops_per_w'))} GOP/s per rated W"
+            + (f" ({t['devices']} devices and their links)" if chips else "")
         )
     if report.target:
         out.append(
-            f"  metrics    allocation {percent(m.get('allocation_ratio'))}, load balance LI "
+            f"  metrics    {'per chip: ' if chips else ''}allocation {percent(m.get('allocation_ratio'))}, load balance LI "
             f"{_fmt(m.get('load_imbalance'))}, efficiency {percent(m.get('compute_efficiency'))} of peak"
         )
     err = m.get("prediction_error")
@@ -362,6 +370,13 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
+
+
+def _work(t: dict[str, Any]) -> str:
+    """FLOPs by class, bytes and intensity of a totals block (the step's, or one chip's)."""
+    return (f"{human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
+            f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
+            f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B")  # fmt: skip
 
 
 def prediction_text(err: dict[str, Any]) -> str:

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from dabench_ir.ir import scope_parts
+
 if TYPE_CHECKING:
     import onnx
 
@@ -46,16 +48,12 @@ _SCOPES_KEY = "pkg.torch.onnx.name_scopes"  # what the ONNX loader reads (`front
 
 def common_scope(scopes: list[str]) -> str:
     """The longest common dotted prefix of the non-empty ``scopes`` ('' when none is left)."""
-    split = [s.replace("/", ".").split(".") for s in scopes if s]
-    if not split:
-        return ""
-    prefix = split[0]
-    for parts in split[1:]:
-        n = 0
-        while n < min(len(prefix), len(parts)) and prefix[n] == parts[n]:
-            n += 1
-        prefix = prefix[:n]
-    return ".".join(p for p in prefix if p)
+    prefix: list[str] = []
+    for column in zip(*(scope_parts(s) for s in scopes if s), strict=False):  # i-th parts, while every scope has one
+        if any(part != column[0] for part in column):
+            break
+        prefix.append(column[0])
+    return ".".join(prefix)
 
 
 def attach_scopes(source: Graph, rewritten: Graph, prov: Provenance | None = None) -> Counter[str]:

@@ -208,7 +208,8 @@ def stamped_proto(base: bytes, layers: int) -> onnx.ModelProto:
 def build_graph(base: bytes, layers: int) -> Graph:
     """The costed L-layer Graph (standard passes run), ready for precision, lowering, emulation."""
     from dabench_ir.frontends.onnx import load_onnx
-    from dabench_ir.passes import standard_passes
+    from dabench_ir.passes import PassManager
+    from dabench_ir.run import analysis_passes
 
     graph = load_onnx(stamped_proto(base, layers), infer_shapes=False)
-    return standard_passes()(graph).graph
+    return PassManager(analysis_passes())(graph).graph

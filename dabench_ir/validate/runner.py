@@ -203,7 +203,7 @@ def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         f"noise (IQR/median): end to end {pc(e.get('end_to_end_spread'))}, median node "
         f"{pc(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
     )
-    result.host = {"label": h.label, "repeat": h.repeat, "bench_s": h.bench_s, **e}
+    result.host = {"label": h.label, "repeat": h.repeat, **e}
 
 
 def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
@@ -291,7 +291,7 @@ def _per_replica_model(p: Point, opts: Any) -> dict[str, Any]:
 
 
 def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
-    from dabench_ir.run import execute, lowering_options, prepare, resolve
+    from dabench_ir.run import execute, placement, resolve
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
@@ -307,9 +307,7 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
     run = resolve(graph, target, opts)
     if not p.measured and opts.chips == 1:  # fit only: the placement decides it, no emulation needed
-        from dabench_ir.lowering import lower
-
-        plan = lower(prepare(run, graph), target, lowering_options(run))
+        plan = placement(run, graph)
         result.fits_predicted = bool(plan.fits)
         if not plan.fits:
             why = plan.failure.reason if plan.failure is not None else "does not fit"

@@ -1,0 +1,106 @@
+"""A multi-chip step's figures (issue 43): energy on every device and link, the step's (global)
+figures labelled apart from one chip's, and the memory of the most loaded device."""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.energy import energy_model, step_energy
+from dabench_ir.lowering.collectives import ring_allreduce_bytes
+from dabench_ir.options import ProfileOptions
+from dabench_ir.passes.training import TrainingPass
+from dabench_ir.report.table import render_table
+from dabench_ir.scaling import scale
+from dabench_ir.targets import load_target
+from dabench_ir.verify import verify
+from tests.lowering_graphs import decoder
+
+
+def _one_chip_energy(point, target):
+    chip = point.chip
+    return step_energy(chip.graph, chip.plan, chip.timeline, target, chip.metrics.node_feed_bytes)
+
+
+@pytest.mark.parametrize("chips", [2, 8])
+def test_dp_step_energy_is_every_chip_plus_static_over_the_step_plus_the_links(chips):
+    graph = decoder(layers=2, hidden=64)
+    TrainingPass()(graph)
+    target = load_target("h100")
+    point = scale(graph, target, [chips], "dp", ProfileOptions()).points[0]
+    one = _one_chip_energy(point, target)
+    model = energy_model(target)
+    gradient = sum(v.type.nbytes() for v in graph.weights() if not v.name.startswith("__"))
+    link_bytes = 2 * (chips - 1) * gradient  # a ring all-reduce: each chip sends 2(n-1)/n of the buffer
+    assert point.link_bytes == ring_allreduce_bytes(gradient, chips) == link_bytes
+    e = point.energy
+    assert e.devices == chips and e.rated_w == chips * target.watts
+    assert e.dynamic_j == pytest.approx(chips * (one.dynamic_j + one.overheads.get("memory_stall", 0.0)))
+    assert e.static_j == pytest.approx(model.static_watts * chips * point.time_s)  # collectives' time included
+    assert e.link_j == pytest.approx(link_bytes * model.pj_per_byte["nvlink"] * 1e-12)
+    assert e.total_j == pytest.approx(e.dynamic_j + e.static_j + e.link_j)
+    assert e.total_j <= e.rated_w * point.time_s  # what the verifier's step_power checks on the report
+
+
+def test_one_chip_point_energy_is_the_profile_energy():
+    graph = decoder(layers=2, hidden=64)
+    target = load_target("a100")
+    point = scale(graph, target, [1], "dp", ProfileOptions()).points[0]
+    one = _one_chip_energy(point, target)
+    assert point.energy.total_j == pytest.approx(one.total_j, rel=1e-9)
+    assert point.link_bytes == 0.0
+
+
+def test_pipeline_energy_counts_the_work_once_and_every_stage_device():
+    graph = decoder(layers=4, hidden=64)
+    target = load_target("a100")
+    point = scale(graph, target, [4], "pp", ProfileOptions(micro_batches=1)).points[0]
+    one = _one_chip_energy(point, target)
+    assert point.copies == 1 and point.devices == 4
+    assert point.energy.dynamic_j == pytest.approx(one.dynamic_j + one.overheads.get("memory_stall", 0.0))
+    assert point.link_bytes > 0  # the stage boundaries' activations
+
+
+def test_a_multi_chip_report_labels_the_step_and_one_chip_apart():
+    from dabench_ir import api
+
+    one = api.profile("gpt2-small", "h100", batch=8, dims={"seq": 128})
+    tp = api.profile("gpt2-small", "h100", batch=8, dims={"seq": 128}, chips=4, strategy="tp")
+    assert verify(tp) == []
+    # the step's work is the model's, not a chip's share: the same FLOPs by class as one chip running it all
+    for key in ("flops", "contraction_flops", "vector_flops", "special_ops"):
+        assert tp.totals[key] == pytest.approx(one.totals[key], rel=1e-12)
+    per_chip = tp.extra["per_chip"]
+    assert per_chip["copies"] == 4
+    assert per_chip["contraction_flops"] < one.totals["contraction_flops"] / 2  # a quarter of the split GEMMs + the head
+    assert tp.model["params"] == one.model["params"] and per_chip["params"] < one.model["params"]
+    assert tp.totals["bytes"] == 4 * per_chip["bytes"]  # every chip's bytes
+    assert tp.totals["energy_j"] > 0 and tp.totals["devices"] == 4 and tp.totals["target_power_w"] == 4 * 700
+    text = render_table(tp, color=False, width=200)
+    assert "(all 4 chips: the model's work, every chip's bytes)" in text
+    assert "  one chip   " in text and "metrics    per chip: " in text
+    assert "(4 devices and their links)" in text
+
+
+def test_ipu_pipeline_memory_per_device_is_the_heaviest_ipu_not_their_sum():
+    from dabench_ir import api
+
+    report = api.profile("gpt2-small", "bow", batch=8, dims={"seq": 128}, ipus=4)
+    per_ipu = {k.partition(":")[2]: 0 for k in report.plan.memory_bytes}
+    for key, held in report.plan.memory_bytes.items():
+        per_ipu[key.partition(":")[2]] += held
+    assert len(per_ipu) == 4
+    result = api.scale("gpt2-small", "bow", strategy="pp", chips=(1, 4), batch=8, dims={"seq": 128})
+    four = result.points[-1]
+    assert four.device_bytes == max(per_ipu.values()) < sum(per_ipu.values())  # the scale table's mem/device
+    assert four.link_bytes == report.plan.stats.link_bytes > 0  # the stage boundaries' activations over IPU-Links
+    assert four.energy.link_j > 0 and four.energy.devices == 4
+
+
+def test_device_bytes_sums_each_devices_memories_and_leaves_the_host_out():
+    from dabench_ir.scaling import ScalePoint
+
+    point = ScalePoint(chips=2, batch=1, time_s=1.0, throughput_samples_per_s=1.0, compute_time_s=1.0, comm_time_s=0.0,
+                       memory_per_device={"sram:ipu0": 5, "ddr:ipu0": 4, "sram:ipu1": 7, "ddr:ipu1": 1})  # fmt: skip
+    assert point.device_bytes == 9
+    point.memory_per_device = {"weights": 3, "gradients": 3, "host": 100}
+    assert point.device_bytes == 6
