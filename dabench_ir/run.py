@@ -419,7 +419,10 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
         applied = {"training"} if meta.graph_mode(graph) == "train" else set()
         if meta.graph_precision(graph) is not None:
             applied |= {"precision", "cost", "dequantise"}
-        passes += [p for p in transform_passes(run.options) if p.name not in applied]
+        rewrites = [p for p in transform_passes(run.options) if p.name not in applied]
+        if passes and not run.linalg and any(p.name == "cost" for p in rewrites):
+            passes = [p for p in passes if p.name != "cost"]  # costed once, after the rewrite retypes the values
+        passes += rewrites
         if meta.analyzed_by(graph) == "onnx" and not applied:  # costed by the ONNX rules, not rewritten since
             costed_types = [v.type for v in graph.values.values()]
             passes = [_CostsOnRetyping(costed_types) if p.name == "cost" else p for p in passes]

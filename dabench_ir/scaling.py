@@ -151,6 +151,7 @@ class ScaleResult:
     model: dict[str, Any] = field(default_factory=dict)
     devices_per_node: int | None = None  # the target's node size (None: no topology declared)
     chips_per_node: int | None = None  # the run's chips to a node (the knob; default the node size)
+    base_samples: int | None = None  # one chip's samples per step: the speedups' baseline
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +164,7 @@ class ScaleResult:
             "link": self.link,
             "devices_per_node": self.devices_per_node,
             "chips_per_node": self.chips_per_node,
+            "base_samples": self.base_samples,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -601,6 +603,7 @@ def scale(
         points=points,
         devices_per_node=target.topology.per_node if target.topology is not None else None,
         chips_per_node=per_node,
+        base_samples=per_step,
     )
 
 

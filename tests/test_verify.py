@@ -102,6 +102,18 @@ def test_a_speedup_above_linear_needs_a_named_mechanism(speedup, superlinear, br
     assert [(v.where, v.value, v.limit) for v in found] == ([("8 chips", speedup, 8.0)] if broken else [])
 
 
+@pytest.mark.parametrize(("batch", "speedup", "limit"), [(16, 8.55, 8.0), (32, 8.55, None), (32, 16.5, 16.0),
+                                                         (2, 8.5, 8.0)])  # fmt: skip
+def test_a_chip_running_more_samples_may_scale_above_its_count(batch, speedup, limit):
+    """8 chips over one chip of 2 samples a step: each chip of a 32-sample step runs 4 (2x the one
+    chip's), so up to 16x; a 16-sample step (the one chip's 2 each) stays at 8x; tensor-parallel
+    shares of the one chip's 2 samples (1/8 each) are still held to 8x, not below."""
+    report = tiny()
+    report.extra["scale"] = {"base_samples": 2, "points": [{"chips": 8, "batch": batch, "speedup": speedup}]}
+    found = _only(report).get("speedup_linear", [])
+    assert [v.limit for v in found] == ([limit] if limit else [])
+
+
 def test_node_above_its_dtype_peak():
     found = _only(tiny(n0={"time_s": 0.5}))
     (v,) = found["node_peak_flops"]
