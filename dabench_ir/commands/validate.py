@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
         result = validate.run_validation(
             points, target=args.target, cache_dir=args.cache_dir, say=progress, bar=progress.bar
         )
+        if not args.catalog:  # the folds are of the bundled catalogue's sources
+            from dabench_ir.validate.crossval import cross_validate
+
+            progress("cross-validating: each source's points at the parameters fitted without it")
+            result.cross_validation = cross_validate(result)
     finally:
         progress.done()
     print(result.format_table())

@@ -87,6 +87,8 @@ class Validation:
 
     results: list[PointResult]
     seconds: float = 0.0
+    cross_validation: Any = None
+    """The leave-one-source-out errors (`crossval.CrossValidation`), when computed: the figure to trust."""
 
     def rows(self) -> list[dict[str, Any]]:
         return [row for r in self.results for row in r.rows()]
@@ -134,8 +136,9 @@ class Validation:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        cv = None if self.cross_validation is None else self.cross_validation.to_dict()
         return {"schema": "dabench-ir/validation/v1", "seconds": self.seconds, "summary": self.summary(),
-                "rows": self.rows()}  # fmt: skip
+                "cross_validation": cv, "rows": self.rows()}  # fmt: skip
 
     def format_table(self) -> str:
         """The text table: per point and quantity, then per target."""
@@ -183,6 +186,9 @@ class Validation:
                     f"{_pc(g['worst_abs_error']):>9s} {_pc(g['median_abs_error_throughput']):>8s} "
                     f"{_pc(g['worst_abs_error_throughput']):>8s}"
                 )
+        if self.cross_validation is not None:
+            lines += ["", "cross-validated: the figure to trust for runs the models were not built on",
+                      self.cross_validation.format_table()]  # fmt: skip
         return "\n".join(lines)
 
 

@@ -1,0 +1,276 @@
+"""Leave one source out: each source's points predicted by parameters fitted without it.
+
+A point's error is only evidence about points the model was not built on. The in- and
+out-of-sample split of `Validation.summary` says which points a parameter was fitted to; this
+module asks the harder question, per target and per *source* (a paper, a log set, a vendor
+table: `source_of`): refit every parameter that source informed on the other sources' points
+alone, then predict the source's points with the refitted values. The errors of all folds
+together are the target's cross-validated error, the figure to trust for runs nobody has seen.
+
+- A source no parameter was fitted to needs no refit: its points' errors at the file's values
+  already are out of sample (every GPU point today).
+- A source that alone informs some parameter (no other source's point is in its ``fitted_to``)
+  cannot be cross-validated: without it that parameter has nothing to be fitted to. Its points
+  are counted and the parameters named, never scored.
+- A parameter whose refitted value moves by more than `MOVED` between folds (or from the
+  file's value, the all-sources fit) is flagged as not identified by the points.
+
+The fits are slow (a validation per trial value), so ``scripts/refit.py --cross-validate``
+runs them once and records each fold's values in ``dabench_ir/data/crossval.json`` with a key
+of what they were fitted to (`inputs_key`); `cross_validate` then predicts every fold live, at
+the recorded values, and calls a fold stale when its target's parameters or points changed
+since (rerun the script).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dabench_ir.validate.catalog import Point
+from dabench_ir.validate.fit import counts, fit, informed_by, with_values
+from dabench_ir.validate.results import Validation
+from dabench_ir.validate.runner import run_validation
+
+__all__ = ["MOVED", "CrossValidation", "Fold", "cross_validate", "fit_folds", "folds_of", "source_of"]
+
+MOVED = 0.25
+"""A parameter is not identified when its refitted values (and the file's) span more than 25 %
+(max / min - 1), stated before any fold was fitted."""
+
+RECORD = "crossval.json"
+"""The recorded fold fits, package data beside the catalogue (``dabench_ir/data/``)."""
+
+_REPO = re.compile(r"\b([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)\b")
+
+
+def source_of(point: Point) -> str:
+    """The source a point comes from, for leaving it out: the repository its ``source`` names
+    first (``graphcore/examples``, ``augustuszzq/Regular-DABench-LLM``), else the text before the
+    first comma (``Jia et al.``: one paper)."""
+    head = point.source.split(",", 1)[0].strip()
+    repo = _REPO.search(head)
+    return repo.group(1) if repo else head
+
+
+@dataclass
+class Fold:
+    """One source left out of one target's fits."""
+
+    target: str
+    source: str
+    points: tuple[str, ...]
+    informed: tuple[str, ...] = ()  # the parameters fitted to some of the source's points
+    alone: tuple[str, ...] = ()  # of those, the ones no other source's point informs (not cross-validatable)
+    fit_points: tuple[str, ...] = ()  # the other sources' points the informed parameters are refitted to
+    values: dict[str, float] = field(default_factory=dict)  # the refit (empty: nothing to refit, or alone)
+
+    @property
+    def needs_fit(self) -> bool:
+        return bool(self.informed) and not self.alone
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "points": list(self.points), "informed": list(self.informed),
+                "alone": list(self.alone), "fit_points": list(self.fit_points), "values": self.values}  # fmt: skip
+
+
+def _target(name: str) -> Any:
+    from dabench_ir.targets import load_target
+
+    return load_target(name)
+
+
+def folds_of(target: str, catalogue: Sequence[Point]) -> list[Fold]:
+    """The folds of ``target``: one per source of its catalogue points (live host points aside),
+    with what each source informs; no fitting."""
+    t = _target(target)
+    quantities = dict(t.quantities())
+    mine = [p.id for p in catalogue if p.kind != "host" and _target(p.target).name == t.name]
+    by_source: dict[str, list[str]] = {}
+    for p in catalogue:
+        if p.id in mine:
+            by_source.setdefault(source_of(p), []).append(p.id)
+    folds = []
+    for source, ids in by_source.items():
+        informed = informed_by(quantities.items(), ids)
+        elsewhere = {q: [i for i in mine if i not in ids and quantities[q].fitted_on(i)] for q in informed}
+        alone = tuple(q for q, others in elsewhere.items() if not others)
+        fit_points = tuple(dict.fromkeys(i for others in elsewhere.values() for i in others))
+        folds.append(Fold(t.name, source, tuple(sorted(ids)), tuple(informed), alone, fit_points))
+    return folds
+
+
+def inputs_key(target: str, catalogue: Sequence[Point]) -> str:
+    """What a target's fold fits depend on: its fitted parameters' values and ``fitted_to``, and the
+    measured values of its catalogue points (a text edit to a source does not change it)."""
+    t = _target(target)
+    parts = [(name, q.value, sorted(q.fitted_to)) for name, q in t.quantities() if q.fitted]
+    points = sorted((p.id, sorted(p.measured.items()), source_of(p)) for p in catalogue
+                    if p.kind != "host" and _target(p.target).name == t.name)  # fmt: skip
+    blob = json.dumps([parts, points], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def fit_folds(target: str, catalogue: Sequence[Point], *, progress: Callable[[str], None] | None = None,
+              steps: int = 14, rounds: int = 2) -> list[Fold]:  # fmt: skip
+    """Every fold of ``target`` with its refit (`fit`, the same search as ``scripts/refit.py``)."""
+    from dabench_ir.targets import builtin_target_paths
+
+    t = _target(target)
+    text = builtin_target_paths()[t.name].read_text(encoding="utf-8")
+    quantities = dict(t.quantities())
+    by_id = {p.id: p for p in catalogue}
+    folds = folds_of(target, catalogue)
+    with tempfile.TemporaryDirectory(prefix="dabench-crossval-") as scratch:
+        for fold in folds:
+            if fold.needs_fit:
+                if progress is not None:
+                    progress(f"{t.name}: without {fold.source}")
+                start = {q: quantities[q].value for q in fold.informed}
+                fold.values = fit([by_id[i] for i in fold.fit_points], text, start, Path(scratch), steps=steps,
+                                  rounds=rounds, progress=progress)  # fmt: skip
+    return folds
+
+
+def _record_path() -> Path:
+    return Path(str(resources.files("dabench_ir") / "data" / RECORD))
+
+
+def load_record() -> dict[str, Any]:
+    """The recorded fold fits by target (``{}`` when none were recorded)."""
+    path = _record_path()
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def save_record(target: str, folds: list[Fold], key: str, command: str, date: str) -> Path:
+    """Record ``target``'s fold fits (other targets' records kept)."""
+    record = load_record()
+    record[target] = {"inputs": key, "command": command, "date": date, "folds": [f.to_dict() for f in folds]}
+    path = _record_path()
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass
+class TargetCv:
+    """One target's cross-validated errors."""
+
+    target: str
+    errors: list[float] = field(default_factory=list)  # |relative error| of every scored quantity
+    scored: list[str] = field(default_factory=list)  # point ids predicted without their source
+    alone: dict[str, list[str]] = field(default_factory=dict)  # source -> the parameters only it informs
+    unscored: list[str] = field(default_factory=list)  # point ids not cross-validatable
+    moved: dict[str, float] = field(default_factory=dict)  # parameter -> spread over folds, above MOVED
+    stale: str = ""  # why the recorded fits cannot be used (nothing is scored from them)
+    refitted: int = 0  # folds predicted at refitted values
+
+    def stats(self) -> dict[str, Any]:
+        e = self.errors
+        return {"compared": len(e), "median_abs_error": statistics.median(e) if e else None,
+                "worst_abs_error": max(e) if e else None, "points": len(self.scored),
+                "not_cross_validatable": len(self.unscored), "alone": self.alone, "not_identified": self.moved,
+                "refitted_folds": self.refitted, "stale": self.stale or None}  # fmt: skip
+
+
+@dataclass
+class CrossValidation:
+    targets: dict[str, TargetCv]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {t: cv.stats() for t, cv in self.targets.items()}
+
+    def format_table(self) -> str:
+        lines = [f"{'target':8s} {'compared':>8s} {'points':>6s} {'median|e|':>9s} {'worst|e|':>9s} "
+                 f"{'refits':>6s} {'not cv':>6s}  (leave one source out: each source predicted by the "
+                 f"parameters refitted without it)"]  # fmt: skip
+        notes = []
+        for target, cv in self.targets.items():
+            s = cv.stats()
+            lines.append(f"{target:8s} {s['compared']:8d} {s['points']:6d} {_pc(s['median_abs_error']):>9s} "
+                         f"{_pc(s['worst_abs_error']):>9s} {cv.refitted:6d} {len(cv.unscored):6d}")  # fmt: skip
+            if cv.stale:
+                notes.append(f"  {target}: {cv.stale}")
+            for source, params in cv.alone.items():
+                notes.append(f"  {target}: not cross-validatable, only {source} informs {', '.join(params)}")
+            for param, spread in cv.moved.items():
+                notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
+        return "\n".join(lines + notes)
+
+
+def cross_validate(validation: Validation) -> CrossValidation:
+    """The cross-validated errors of every target ``validation`` ran bundled catalogue points of:
+    the points of sources nothing was fitted to from ``validation`` (the file's values), the others
+    predicted live at their fold's recorded values. The folds are the whole bundled catalogue's."""
+    from dabench_ir.targets import builtin_target_paths
+    from dabench_ir.validate.catalog import load_catalog
+
+    catalogue = load_catalog()
+    record = load_record()
+    results = {r.point.id: r for r in validation.results if r.point.kind != "host"}
+    by_id = {p.id: p for p in catalogue}
+    out: dict[str, TargetCv] = {}
+    for target in dict.fromkeys(_target(r.point.target).name for r in results.values()):
+        cv = out[target] = TargetCv(target)
+        folds = folds_of(target, catalogue)
+        recorded = record.get(target)
+        fits = {f["source"]: f for f in recorded["folds"]} if recorded else {}
+        if any(f.needs_fit for f in folds):
+            if recorded is None:
+                cv.stale = f"no fold fits recorded: run scripts/refit.py --cross-validate {target}"
+            elif recorded["inputs"] != inputs_key(target, catalogue):
+                cv.stale = (f"the fold fits of {recorded['date']} were made on other parameters or points: "
+                            f"rerun scripts/refit.py --cross-validate {target}")  # fmt: skip
+        for fold in folds:
+            ran = [i for i in fold.points if i in results]
+            if not ran:
+                continue
+            if fold.alone:
+                cv.alone[fold.source] = list(fold.alone)
+                cv.unscored += ran
+                continue
+            if not fold.needs_fit:
+                predicted = [results[i] for i in ran]
+            elif cv.stale or fold.source not in fits:
+                cv.unscored += ran
+                continue
+            else:
+                predicted = _predict(target, [by_id[i] for i in ran], fits[fold.source]["values"],
+                                     builtin_target_paths()[target])  # fmt: skip
+                cv.refitted += 1
+            for r in predicted:
+                if r.point.reference_only:
+                    continue
+                cv.scored.append(r.point.id)
+                cv.errors += [abs(e) for e in counts(r)]
+        cv.moved = _moved(target, fits.values()) if not cv.stale else {}
+    return CrossValidation(out)
+
+
+def _predict(target: str, points: list[Point], values: dict[str, float], path: Path) -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="dabench-crossval-") as scratch:
+        trial = Path(scratch) / f"{target}.toml"
+        trial.write_text(with_values(path.read_text(encoding="utf-8"), values), encoding="utf-8")
+        return run_validation([replace(p, target=str(trial)) for p in points]).results
+
+
+def _moved(target: str, folds: Any) -> dict[str, float]:
+    """Parameters whose fold values and file value span more than `MOVED`."""
+    quantities = dict(_target(target).quantities())
+    seen: dict[str, list[float]] = {}
+    for fold in folds:
+        for param, value in fold["values"].items():
+            seen.setdefault(param, [quantities[param].value]).append(value)
+    spread = {p: max(v) / min(v) - 1 for p, v in seen.items() if min(v) > 0}
+    return {p: s for p, s in spread.items() if s > MOVED}
+
+
+def _pc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
