@@ -19,7 +19,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
 from dabench_ir.options import ProfileOptions
 from dabench_ir.report.model import Report
-from dabench_ir.run import ResolvedRun, _is_mlir_file, execute, prepare, resolve, resolve_target
+from dabench_ir.run import ResolvedRun, _is_mlir_file, check_target, execute, prepare, resolve, resolve_target
 
 __all__ = ["ProfileOptions", "ResolvedRun", "analyze", "load_graph", "prepare_graph", "profile", "profile_graph",
            "profile_targets", "resolve_target", "run_profile"]  # fmt: skip
@@ -121,7 +121,7 @@ def run_profile(model: Any, target: Any, options: Any = None, *, progress: Progr
     the user) or an options object."""
     say = progress or _quiet
     options = _options(options)
-    resolve_target(target, _as_options(options).threads)  # a bad name or keyword fails before any work
+    check_target(target)  # a bad name or file fails before any work
     say("loading the model")
     graph = _load(model, options)
     return execute(resolve(graph, target, options, model=model), graph, progress=say)

@@ -188,6 +188,29 @@ def _declared_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
 
 
+@dataclass(frozen=True)
+class HostKind:
+    """What the knob checks read of the host ``cpu`` target (its name and kind) before it is calibrated."""
+
+    name: str = "cpu"
+    kind: str = "cpu"
+
+
+HOST_CPU = HostKind()
+
+
+def is_host_cpu(target: Any) -> bool:
+    """Whether ``target`` names this host's CPU (``cpu``), a target measured on first use."""
+    return isinstance(target, str) and target.strip().lower() == "cpu"
+
+
+def check_target(target: Any) -> None:
+    """A bad target name or file fails here, before any work; the host ``cpu`` is always a valid name and
+    is calibrated (up to a minute the first time) only once a run's question has been checked."""
+    if not is_host_cpu(target):
+        resolve_target(target)
+
+
 def resolve_target(target: Any, threads: int | None = None) -> Target | None:
     """A Target from a name, alias, path or Target (None stays None); ``cpu`` is calibrated with ``threads``."""
     if target is None:
@@ -222,7 +245,8 @@ def resolve(
     micro-batch that does not divide it, a knob that cannot apply to the target or the mode).
     """
     opts, given = _given(options)
-    tgt = resolve_target(target, opts.threads)
+    host = is_host_cpu(target)  # calibrated once the question is checked
+    tgt = None if host else resolve_target(target, opts.threads)
     sources = {name: ("user" if name in given else "default") for name in KNOBS}
     from dabench_ir.passes import meta
 
@@ -282,7 +306,10 @@ def resolve(
         changes["micro_batches"] = m
         sources["micro_batches"] = "user"
 
-    check_applies(opts, given, tgt, trained=meta.graph_mode(graph) == "train")  # no knob accepted and ignored
+    trained = meta.graph_mode(graph) == "train"
+    check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
+    if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
+        tgt = resolve_target(target, opts.threads)
 
     # what the user left open, from the target's [defaults]
     if tgt is not None and defaults:

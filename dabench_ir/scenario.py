@@ -261,24 +261,20 @@ def _metadata(proto: onnx.ModelProto) -> dict[str, str]:
 
 
 def _export_pair(cfg: ModelConfig, prompt: int, gen: int, say: Progress) -> tuple[Any, Any]:
-    """Dynamic, weight-free prefill and decode exports of ``cfg`` (one block each, stamped)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise UserError(
-            "exporting the scenario's graphs needs torch; or give PREFILL.onnx,DECODE.onnx made with --dynamic"
-        ) from None
-    from dabench_ir.models.export import export_onnx
+    """Dynamic, weight-free prefill and decode exports of ``cfg`` (one block each, stamped), exported
+    once per configuration and prompt length and kept in the preset cache (`cached_export`)."""
+    from dabench_ir.models.presets import cached_export
 
     if cfg.positional == "learned" and prompt + gen > (cfg.max_positions or 0):
         raise UserError(
             f"--prompt {prompt} + --gen {gen} exceeds the model's {cfg.max_positions} learned positions"
         )
     base = cfg.replace(batch=1, seq=max(prompt, 2))
-    say("exporting the prefill graph (one block, stamped)")
-    prefill = export_onnx(base, weights="none", dynamic=True)
-    say("exporting the decode graph (one block, stamped)")
-    decode = export_onnx(base.replace(phase="decode", context=max(prompt, 2), seq=1), weights="none", dynamic=True)
+    say("the prefill graph (one block exported, stamped; cached)")
+    what = "--scenario generate (or give PREFILL.onnx,DECODE.onnx made with --dynamic)"
+    prefill = _load(cached_export(base, what=what))
+    say("the decode graph (one block exported, stamped; cached)")
+    decode = _load(cached_export(base.replace(phase="decode", context=max(prompt, 2), seq=1), what=what))
     return prefill, decode
 
 

@@ -113,30 +113,36 @@ _EXPORT_VERSION = "1"  # bump when a preset's export changes, to invalidate cach
 
 def preset_file(name: str, folder: Path | None = None) -> Path:
     """The ONNX file of preset ``name``: weight-free, batch and seq symbolic (``--batch``/``--seq`` bind
-    them), exported once with torch (blocks stamped) and kept in ``folder`` (default: the per-machine
-    cache, ``$DABENCH_IR_CACHE`` or ``~/.cache/dabench-ir``, under ``presets/``). A damaged cached file
-    is exported again (`dabench_ir.sweep.graphs.load_base`, the sweeps' cache of exports)."""
+    them), exported once with torch (blocks stamped) and kept in ``folder`` (`cached_export`)."""
+    return cached_export(get_preset(name), folder, what=f"MODEL {name}")
+
+
+def cached_export(cfg: ModelConfig, folder: Path | None = None, *, what: str = "the model") -> Path:
+    """The weight-free dynamic export of ``cfg``, made once with torch and kept in ``folder`` (default:
+    the per-machine cache, ``$DABENCH_IR_CACHE`` or ``~/.cache/dabench-ir``, under ``presets/``),
+    keyed by the whole configuration, the tool's version and the export's. A damaged cached file is
+    exported again (`dabench_ir.sweep.graphs.load_base`, the sweeps' cache of exports)."""
     from dabench_ir import __version__
     from dabench_ir.sweep.graphs import load_base, save_base
 
-    cfg = get_preset(name)
     if folder is None:
         from dabench_ir.execute.calibrate import cache_dir
 
         folder = cache_dir() / "presets"
     text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION}, sort_keys=True)
-    where = folder / hashlib.sha256(text.encode()).hexdigest()[:12]  # the file keeps the preset's name
-    if load_base(where, cfg.preset) is None:
+    where = folder / hashlib.sha256(text.encode()).hexdigest()[:12]
+    name = cfg.preset or "model"  # the file keeps the preset's name
+    if load_base(where, name) is None:
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise UserError(f"MODEL {name}: exporting a preset needs torch (pip install torch); or give an .onnx "
+            raise UserError(f"{what}: exporting a preset needs torch (pip install torch); or give an .onnx "
                             "file (dabench-ir export --preset NAME on a machine with torch)") from None  # fmt: skip
         from dabench_ir.models.export import export_onnx
 
-        logger.info("exporting preset %s (weight-free, once; cached in %s)", cfg.preset, where)
-        save_base(where, cfg.preset, export_onnx(cfg, weights="none", dynamic=True).SerializeToString())
-    return where / f"{cfg.preset}.onnx"
+        logger.info("exporting %s (weight-free, once; cached in %s)", cfg.preset or "the model", where)
+        save_base(where, name, export_onnx(cfg, weights="none", dynamic=True).SerializeToString())
+    return where / f"{name}.onnx"
 
 
 def describe_presets() -> list[str]:

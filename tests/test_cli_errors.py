@@ -217,6 +217,14 @@ def test_a_knob_that_cannot_apply_is_refused_never_ignored(capsys, tiny_decoder,
     assert_one_line_error(code, err, *needles)
 
 
+def test_a_refused_knob_on_the_host_cpu_is_refused_before_calibrating_it(capsys, tiny_decoder, tmp_path, monkeypatch):
+    """The host ``cpu`` is measured on first use (15-60 s): a question that cannot be asked never waits for it."""
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "cpu", "--ipus", "4")
+    assert_one_line_error(code, err, "--ipus applies to ipu targets, not cpu")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
     code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "dp",
                            "--zero", "3", "-q")  # fmt: skip

@@ -104,14 +104,15 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
     times. Each output flag gets the comparison and one file per target (see `_per_target_path`), but
     --trace: one trace, a process per target."""
     from dabench_ir.advice import advise
-    from dabench_ir.pipeline import profile_targets, resolve_target
+    from dabench_ir.pipeline import profile_targets
     from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
     from dabench_ir.report.why import explain
+    from dabench_ir.run import check_target
 
     if args.json == "-":
         raise UserError("--json -: several targets give several reports; give a folder (--json DIR/) or a file name")
     for name in targets:  # every name is checked before any work
-        resolve_target(name, given.get("threads"))
+        check_target(name)
     reports = profile_targets(args.model, targets, given, progress=progress)
     for name, report in reports.items():
         if report.plan is not None:
