@@ -47,58 +47,44 @@ def build_report(
     unattributed: list[dict[str, Any]] = []
     estimated: list[NodeRecord] = []
     costs: list[Cost] = []  # the records' costs, for the totals
-    measured = dict(getattr(measurement, "node_times", {}) or {})
-    missing_measure = dict(getattr(measurement, "missing", {}) or {})
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
-    roles = node_roles(graph)
     feed_bytes = metrics.node_feed_bytes if node_intensity else {}
+    roles = node_roles(graph)
     timings = timeline.nodes if timeline is not None else {}
     busy = timeline.busy_times() if timeline is not None else {}
     node_plans = plan.node_plans if plan is not None else {}
-    # the meta keys in locals: read for every node (~1,200 a point), a module attribute each time otherwise
-    cost_key, unattributed_key, op_class_key, precision_key = meta.COST, meta.UNATTRIBUTED, meta.OP_CLASS, meta.PRECISION
-    folded_key, estimated_key = meta.FOLDED, meta.ESTIMATED
     for node in graph.nodes:
-        name, m = node.name, node.meta
-        cost = None if unattributed_key in m else m.get(cost_key)
-        op_class = m.get(op_class_key)
-        if op_class is not None:
-            op_class = str(op_class)
-        precision = str(m[precision_key]) if precision_key in m else None
-        if name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
-            intensity, feed = node_intensity[name], feed_bytes.get(name)
+        cost = None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
+        if node.name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
+            intensity, feed = node_intensity[node.name], feed_bytes.get(node.name)
         else:
             intensity, feed = (cost.intensity if cost is not None else None), None
-        op_type = node.qualified_op
-        record = NodeRecord(name, op_type, node.layer, node.scope, op_class, cost, intensity)
-        # set, not passed by keyword: matching keywords against 19 parameters cost more than the record
-        record.precision, record.role, record.feed_bytes = precision, roles.get(name), feed
-        t = timings.get(name)
-        if t is not None:
-            # busy time, not the first-start-to-last-end span: a pipelined node runs once
+        record = NodeRecord(
+            name=node.name,
+            op_type=node.qualified_op,
+            layer=node.layer,
+            scope=node.scope,
+            op_class=_text(node.meta.get(meta.OP_CLASS)),
+            cost=cost,
+            intensity=intensity,
+            precision=_text(node.meta.get(meta.PRECISION)),
+            note=_note(node.meta),
+            role=roles.get(node.name),
+            feed_bytes=feed,
+        )
+        t = timings.get(node.name)
+        if t is not None:  # busy time, not the first-start-to-last-end span: a pipelined node runs once
             # per micro-batch and waits between runs
-            record.time_s, record.start_s, record.unit = busy[name], t.start, t.unit
-            bound = t.bound
-            if bound is None and name in node_plans:  # the timeline's bound, else the plan's
-                bound = node_plans[name].bound
-            if bound is not None:
-                record.bound = str(bound)
-        if folded_key in m:
-            record.note = m[folded_key]
-        if estimated_key in m:
-            record.note = f"{ESTIMATED_NOTE} ({m[estimated_key]})"
+            record.time_s, record.start_s, record.unit = busy[node.name], t.start, t.unit
+            bound = t.bound if t.bound is not None else getattr(node_plans.get(node.name), "bound", None)
+            record.bound = _text(bound)  # the timeline's bound, else the plan's
+        if measurement is not None:
+            _add_measured(record, measurement)
+        if meta.ESTIMATED in node.meta:
             estimated.append(record)
-        if name in measured:
-            record.measured_time_s = measured[name]
-            record.measured_spread = (getattr(measurement, "node_spread", None) or {}).get(name)
-            how = (getattr(measurement, "notes", None) or {}).get(name)
-            if how:  # a fused kernel's share: say so beside any other note
-                record.note = f"{record.note}; {how}" if record.note else how
-        elif name in missing_measure:
-            record.note = f"not measured: {missing_measure[name]}"
         if cost is None:
-            reason = m.get(unattributed_key, "not costed")
-            unattributed.append({"name": name, "op_type": op_type, "reason": reason})
+            reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
+            unattributed.append({"name": node.name, "op_type": record.op_type, "reason": reason})
         else:
             costs.append(cost)
         records.append(record)
@@ -146,11 +132,13 @@ def build_report(
         predicted = {r.name: r.time_s for r in records if r.time_s is not None}
         for r in records:
             r.predicted_time_s = r.time_s
-        spread = getattr(measurement, "node_spread", None) or None
         metric_dict["prediction_error"] = prediction_error(
-            predicted, measured, spread=spread, predicted_step_s=timeline.step_time_s,
+            predicted,
+            measurement.node_times,
+            spread=measurement.node_spread or None,
+            predicted_step_s=timeline.step_time_s,
             measured_step_s=measurement.run_time_s,
-        )  # fmt: skip
+        )
     units = []
     if plan is not None:
         busy = timeline.unit_busy_s if timeline is not None else {}
@@ -221,6 +209,31 @@ def build_report(
 
 
 _COST_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Cost)))
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _note(node_meta: dict[str, Any]) -> str | None:
+    """A node row's note: an estimate says so (and why), else a folded constant says what it folded."""
+    if meta.ESTIMATED in node_meta:
+        return f"{ESTIMATED_NOTE} ({node_meta[meta.ESTIMATED]})"
+    return node_meta.get(meta.FOLDED)
+
+
+def _add_measured(record: NodeRecord, measurement: Any) -> None:
+    """The node's measured time (and spread, and how a fused kernel's time was shared) from ``measurement``,
+    or why it was not measured."""
+    name = record.name
+    if name in measurement.node_times:
+        record.measured_time_s = measurement.node_times[name]
+        record.measured_spread = measurement.node_spread.get(name)
+        how = measurement.notes.get(name)
+        if how:  # a fused kernel's share: say so beside any other note
+            record.note = f"{record.note}; {how}" if record.note else how
+    elif name in measurement.missing:
+        record.note = f"not measured: {measurement.missing[name]}"
 
 
 def _total(costs: Iterable[Cost]) -> Cost:
