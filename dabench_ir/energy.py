@@ -268,30 +268,22 @@ def step_energy(
     level_key: dict[str, str] = {}  # feed level -> the key of its bytes' energy (the memory's name, else the level)
     node_plans = plan.node_plans
     busy_times = timeline.busy_times() if busy is None else busy
-    # read for every node (~1,200 a point): the meta keys and the model's two rates in locals
-    cost_key, unattributed_key, precision_key = meta.COST, meta.UNATTRIBUTED, meta.PRECISION
-    flop_energy_j, byte_energy_j = model.flop_energy_j, model.byte_energy_j
     for node in graph.nodes:
-        name, m = node.name, node.meta
-        cost = None if unattributed_key in m else m.get(cost_key)
-        np_ = node_plans.get(name)
-        if cost is None or np_ is None:
+        cost = None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
+        node_plan = node_plans.get(node.name)
+        if cost is None or node_plan is None:
             continue
-        dtype = str(m.get(precision_key) or default_dtype)
-        level = np_.feed_level
-        key = level_key.get(level)
-        if key is None:
+        level = node_plan.feed_level
+        if level not in level_key:
             level_name = _feed_memory_name(target, level)
-            key = level_key[level] = level_name if level_name in model.pj_per_byte else level
-        joules = flop_energy_j(cost.flops, dtype)
-        # not `get(name, default)`: the default's float() ran for every node
-        moved = feed_bytes[name] if name in feed_bytes else float(np_.feed_bytes)
-        if name in in_streams:
+            level_key[level] = level_name if level_name in model.pj_per_byte else level
+        moved = feed_bytes.get(node.name, float(node_plan.feed_bytes))
+        if node.name in in_streams:
             streamed_in_nodes += moved
-        joules += byte_energy_j(moved, key)
-        dynamic[name] = joules
-        busy = busy_times.get(name) or 0.0
-        static[name] = static_w * shares[name] * busy if busy > 0 else 0.0
+        dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
+        dynamic[node.name] = model.flop_energy_j(cost.flops, dtype) + model.byte_energy_j(moved, level_key[level])
+        busy_s = busy_times.get(node.name) or 0.0
+        static[node.name] = static_w * shares[node.name] * busy_s if busy_s > 0 else 0.0
     step = float(timeline.step_time_s)
     overheads = {name: static_w * float(s) for name, s in (timeline.overheads_s or {}).items()}
     idle = static_w * step - sum(static.values()) - sum(overheads.values())

@@ -205,8 +205,7 @@ class PrecisionPass(Pass):
         for names in quantised.values():
             for name in names:
                 graph.values[name].type = graph.values[name].type.with_dtype(quant[0])
-        precision, accumulate, op_class, contraction = meta.PRECISION, meta.ACCUMULATE, meta.OP_CLASS, OpClass.CONTRACTION
-        for node in graph.nodes:  # the keys read as locals: this loop writes every node of every point
+        for node in graph.nodes:
             computes = low
             if quant and node.name in quantised:
                 computes = quant[1]
@@ -218,12 +217,11 @@ class PrecisionPass(Pass):
                         continue
                     if value.type.dtype.is_float and value.type.dtype is not DType.FLOAT32:
                         value.type = value.type.with_dtype(DType.FLOAT32)
-            annotations = node.meta
-            annotations[precision] = computes
-            if not quant and annotations.get(op_class) is contraction:
-                annotations[accumulate] = DType.FLOAT32 if mixed else computes
+            node.meta[meta.PRECISION] = computes
+            if not quant and node.meta.get(meta.OP_CLASS) is OpClass.CONTRACTION:
+                node.meta[meta.ACCUMULATE] = DType.FLOAT32 if mixed else computes
             else:
-                annotations.pop(accumulate, None)
+                node.meta.pop(meta.ACCUMULATE, None)
         return quantised
 
 
