@@ -160,12 +160,7 @@ def section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[str, dict[s
             readers = consumers.get(v, ())
             size = ctx.value_bytes(v, out_default)
             if forward:
-                leaves = v in outputs  # or read by another section: any() written out (its generator cost more)
-                if not leaves:
-                    for c in readers:
-                        if home.get(c.name) != i:
-                            leaves = True
-                            break
+                leaves = v in outputs or any(home.get(c.name) != i for c in readers)  # or read by another section
                 kept = saved.get(v)
                 if leaves:
                     beside = sum(b for key, b in kept.items() if key != v) if kept else 0  # statistics beside it

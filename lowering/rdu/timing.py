@@ -117,7 +117,7 @@ class Rates:
 
         ``k``: the forward contraction's reduction depth K (`reduction_depths`; None: the asymptotic
         rate); a backward's split over its GEMMs is `backward_contraction_s`."""
-        t = 0  # the vector and special parts added to 0 in turn, as sum() did (a generator cost more than both)
+        t = 0  # from int 0, as a sum of the parts
         if cost.vector_flops and self.vector > 0:
             t += cost.vector_flops / self.vector
         if cost.special_ops and self.special > 0:
