@@ -37,10 +37,18 @@ def _child(layers: int, out: str) -> None:
     result = export_model(ModelConfig(layers=layers, **SHAPE), out, weights="none")
     done = time.perf_counter()
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({
-        "layers": layers, "import_s": imported - start, "export_s": done - imported,
-        "nodes": result.nodes, "file_bytes": Path(out).stat().st_size, "child_rss_bytes": rss_kib * 1024,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "layers": layers,
+                "import_s": imported - start,
+                "export_s": done - imported,
+                "nodes": result.nodes,
+                "file_bytes": Path(out).stat().st_size,
+                "child_rss_bytes": rss_kib * 1024,
+            }
+        )
+    )
 
 
 def measure(layers: int) -> dict:
@@ -77,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     first, last = rows[0], rows[-1]
-    print(f"wall ratio L={last['layers']}/L={first['layers']}: {last['wall_s'] / first['wall_s']:.2f}x "
-          f"(target <= 2x); peak RSS of any child: {children_peak / 1e6:.0f} MB (target < 1500 MB)")  # fmt: skip
+    print(
+        f"wall ratio L={last['layers']}/L={first['layers']}: {last['wall_s'] / first['wall_s']:.2f}x "
+        f"(target <= 2x); peak RSS of any child: {children_peak / 1e6:.0f} MB (target < 1500 MB)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -69,8 +69,15 @@ def _export(kind: str, family: str, layers: int, hidden: int, kv: int | None, se
     if kind == "foreign":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
 
-        cfg = HostModel(family=family, layers=layers, hidden=hidden, heads=default_heads(hidden), kv_heads=kv, seq=seq,
-                        attention=attention)  # fmt: skip
+        cfg = HostModel(
+            family=family,
+            layers=layers,
+            hidden=hidden,
+            heads=default_heads(hidden),
+            kv_heads=kv,
+            seq=seq,
+            attention=attention,
+        )
         return export_host_model(cfg), f"hf-{cfg.label}"
     from dabench_ir.models import ModelConfig
     from dabench_ir.models.export import export_onnx
@@ -96,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibration: {path}   (load average now: {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
     models = [("foreign", *m) for m in FOREIGN] if args.set in ("foreign", "all") else []
     models += [("own", *m) for m in OWN] if args.set in ("own", "all") else []
-    print(f"{'model':34s} {'cmp':>4s} {'meas ms':>8s} {'pred ms':>8s} {'e2e':>6s} {'spread':>6s} {'median':>6s} "
-          f"{'p90':>6s} {'nspread':>7s} {'in-noise':>8s} {'bench s':>7s} {'busy':>5s}")  # fmt: skip
+    print(
+        f"{'model':34s} {'cmp':>4s} {'meas ms':>8s} {'pred ms':>8s} {'e2e':>6s} {'spread':>6s} {'median':>6s} "
+        f"{'p90':>6s} {'nspread':>7s} {'in-noise':>8s} {'bench s':>7s} {'busy':>5s}"
+    )
     e2es: list[float] = []
     medians: list[float] = []
     by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -109,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         bench = ensure_node_table(proto, graph, path, threads=args.threads)
         for ort_opt in (False, True) if args.ort_opt else (False,):
             before = probe.time()
-            m = measure(proto, graph, warmup=args.warmup, repeat=repeat, threads=args.threads, target=path,
-                        ort_opt=ort_opt)  # fmt: skip
+            m = measure(
+                proto, graph, warmup=args.warmup, repeat=repeat, threads=args.threads, target=path, ort_opt=ort_opt
+            )
             busy = max(before, probe.time()) / quiet  # the machine's speed around the measurement (1: quiet)
             model = load_cpu_model(path)
             pred = predict_cpu_times(graph, model, ort_opt=ort_opt)
@@ -134,12 +144,16 @@ def main(argv: list[str] | None = None) -> int:
                 if t is not None and node.name in pred and t >= 0.01 * total and not ort_opt:
                     by_op[node.op_type].append((pred[node.name], t))
     if e2es:
-        print(f"{'mean over models':34s} {'':4s} {'':8s} {'':8s} {_percent(statistics.mean(e2es))} {'':6s} "
-              f"{_percent(statistics.mean(medians))}")  # fmt: skip
+        print(
+            f"{'mean over models':34s} {'':4s} {'':8s} {'':8s} {_percent(statistics.mean(e2es))} {'':6s} "
+            f"{_percent(statistics.mean(medians))}"
+        )
         ok = max(e2es) <= 0.10 and max(medians) <= 0.25
         print(f"goal (e2e <= 10%, median node <= 25% on every model): {'met' if ok else 'NOT met'}")
-    print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
-          f"({time.strftime('%Y-%m-%d %H:%M')})")  # fmt: skip
+    print(
+        f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+        f"({time.strftime('%Y-%m-%d %H:%M')})"
+    )
     if args.by_op:
         print("\nper op type (nodes >= 1% of their model's time): count, sum pred/meas, median |err|")
         for op, pairs in sorted(by_op.items(), key=lambda kv: -sum(t for _, t in kv[1])):

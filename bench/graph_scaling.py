@@ -129,8 +129,10 @@ class Table:
             (first_keys, first), (last_keys, last) = rows[0], rows[-1]
             for column, a, b in zip(self.columns, first, last, strict=True):
                 if len(rows) > 1 and b > limit * a:
-                    flagged.append(f"{self.title}: {name} {column} {b / a:.2f}x {self.unit} "
-                                   f"from {'/'.join(first_keys)} to {'/'.join(last_keys)}")  # fmt: skip
+                    flagged.append(
+                        f"{self.title}: {name} {column} {b / a:.2f}x {self.unit} "
+                        f"from {'/'.join(first_keys)} to {'/'.join(last_keys)}"
+                    )
         return flagged
 
 
@@ -196,14 +198,21 @@ def main(argv: list[str] | None = None) -> int:
                 options = {**DECODER_SHAPE, "batch": batch, "mode": mode}
                 if mode == "train":
                     options["micro_batch"] = 1
-                table.row([mode, str(batch), str(batch) if mode == "train" else "-"],
-                          cells(graph, options, i == 0, per_node=False))  # fmt: skip
+                table.row(
+                    [mode, str(batch), str(batch) if mode == "train" else "-"],
+                    cells(graph, options, i == 0, per_node=False),
+                )
         flagged += table.growth(lambda keys: keys[0], args.growth)
 
     if "pipeline" in sections:
         graph = load_graph(str(exported("gpt2-small-dyn.onnx", *GPT2)))
-        table = Table("GPT-2 small training, 4 IPUs, layers 0,4,4,4, micro-batch 1", ["batch", "micro-batches"],
-                      ["bow"], "s", args.markdown)  # fmt: skip
+        table = Table(
+            "GPT-2 small training, 4 IPUs, layers 0,4,4,4, micro-batch 1",
+            ["batch", "micro-batches"],
+            ["bow"],
+            "s",
+            args.markdown,
+        )
         for i, batch in enumerate(int(s) for s in args.micro_batches.split(",")):
             if i == 0:
                 _seconds(graph, "bow", {**IPU_PIPELINE, "batch": batch}, 1)

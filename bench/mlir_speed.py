@@ -53,12 +53,16 @@ def _profile_processes(path: Path, repeat: int) -> None:
             onnx_runs.append(_timed([*exe, "--json", out]))
             mlir_runs.append(_timed([*exe, "--via", "mlir", "--json", out]))
     (ow, oc), (mw, mc) = (tuple(map(min, zip(*runs, strict=True))) for runs in (onnx_runs, mlir_runs))
-    print(f"whole process, {path.name}: fresh processes alternating, best of {repeat} "
-          f"(load average {load:.2f} -> {os.getloadavg()[0]:.2f})")  # fmt: skip
+    print(
+        f"whole process, {path.name}: fresh processes alternating, best of {repeat} "
+        f"(load average {load:.2f} -> {os.getloadavg()[0]:.2f})"
+    )
     print("                                          wall       cpu")
     print(f"profile -q --json (ONNX rules)        {ow:7.3f} s {oc:7.3f} s")
-    print(f"profile --via mlir -q --json          {mw:7.3f} s {mc:7.3f} s   "
-          f"[{'OK' if mw <= PROCESS_GOAL_S else 'SLOW'}: goal <= {PROCESS_GOAL_S} s wall, quiet machine]")  # fmt: skip
+    print(
+        f"profile --via mlir -q --json          {mw:7.3f} s {mc:7.3f} s   "
+        f"[{'OK' if mw <= PROCESS_GOAL_S else 'SLOW'}: goal <= {PROCESS_GOAL_S} s wall, quiet machine]"
+    )
     print(f"ratio mlir / onnx                     {mw / ow:7.2f}x {mc / oc:7.2f}x")
 
 
@@ -71,16 +75,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--model", help="an existing .onnx file to time instead of exporting one")
     parser.add_argument("--passes", help="also time these MLIR passes run one at a time (comma-separated)")
-    parser.add_argument("--profile-process", action="store_true",
-                        help="also time whole `profile --via mlir` processes beside the ONNX-rules profile")  # fmt: skip
+    parser.add_argument(
+        "--profile-process",
+        action="store_true",
+        help="also time whole `profile --via mlir` processes beside the ONNX-rules profile",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="--profile-process: processes of each (best of)")
     args = parser.parse_args(argv)
     if args.profile_process and not args.model:
         from _models import llama_model
 
-        args.model = str(llama_model(f"llama_L{args.layers}_h{args.hidden}.onnx", "--layers", str(args.layers),
-                                     "--hidden", str(args.hidden), "--seq", "2048", "--batch", "1",
-                                     "--weights", "none"))  # fmt: skip
+        args.model = str(
+            llama_model(
+                f"llama_L{args.layers}_h{args.hidden}.onnx",
+                "--layers",
+                str(args.layers),
+                "--hidden",
+                str(args.hidden),
+                "--seq",
+                "2048",
+                "--batch",
+                "1",
+                "--weights",
+                "none",
+            )
+        )
 
     from dabench_ir.crosscheck import cross_check
     from dabench_ir.pipeline import analyze
@@ -112,11 +131,14 @@ def main(argv: list[str] | None = None) -> int:
 
             art = mlir_graph.meta[MLIR_ARTIFACT]
             start = time.perf_counter()
-            record, _ = run_mlir_pipeline(art.module.operation.clone(), parse_pipeline(args.passes),
-                                          weight_args=art.weight_args)  # fmt: skip
+            record, _ = run_mlir_pipeline(
+                art.module.operation.clone(), parse_pipeline(args.passes), weight_args=art.weight_args
+            )
             total = time.perf_counter() - start
-            print(f"MLIR pipeline ({len(record.steps)} passes, each costed after): {total:.2f} s "
-                  f"[{'OK' if total < 10 else 'SLOW'}: target seconds]")  # fmt: skip
+            print(
+                f"MLIR pipeline ({len(record.steps)} passes, each costed after): {total:.2f} s "
+                f"[{'OK' if total < 10 else 'SLOW'}: target seconds]"
+            )
             for step in record.steps:
                 print(f"  {step.name}: pass {step.seconds:.3f} s, {step.cost.ops} ops after")
         start = time.perf_counter()

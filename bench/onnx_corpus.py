@@ -163,8 +163,16 @@ def run(jobs: list[tuple[int, Path, str]], timeout: float, budget: float) -> tup
         if out_of_time:
             break
         if os.WIFSIGNALED(status) and current < len(jobs):
-            results.append({"i": current, "outcome": "crash", "s": 0.0, "model": jobs[current][1].name,
-                            "path": jobs[current][2], "line": f"signal {os.WTERMSIG(status)}"})  # fmt: skip
+            results.append(
+                {
+                    "i": current,
+                    "outcome": "crash",
+                    "s": 0.0,
+                    "model": jobs[current][1].name,
+                    "path": jobs[current][2],
+                    "line": f"signal {os.WTERMSIG(status)}",
+                }
+            )
             current += 1
         start_at = current
     return results, out_of_time

@@ -28,10 +28,16 @@ _PROFILE = (
 def _peak_rss_mb(code: str, *args: str) -> float:
     """Peak RSS (MiB) of a fresh Python process running ``code``."""
     proc = subprocess.run(
-        [sys.executable, "-c", code + "; import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
-         *args],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code + "; import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return int(proc.stdout.strip().splitlines()[-1]) / 1024
 
 
@@ -41,8 +47,17 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
     args = ap.parse_args()
-    model = llama_model(f"llama-L{args.layers}-H{args.hidden}-V{args.vocab}-weights.onnx", "--layers", str(args.layers),
-                        "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--weights", "random")  # fmt: skip
+    model = llama_model(
+        f"llama-L{args.layers}-H{args.hidden}-V{args.vocab}-weights.onnx",
+        "--layers",
+        str(args.layers),
+        "--hidden",
+        str(args.hidden),
+        "--vocab",
+        str(args.vocab),
+        "--weights",
+        "random",
+    )
     size_mb = model.stat().st_size / 2**20
     load = _peak_rss_mb(_LOAD, str(model))
     with tempfile.TemporaryDirectory() as tmp:

@@ -96,8 +96,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--stages", action="store_true", help="also print each stage's in-process time")
     args = ap.parse_args()
-    model = llama_model(f"llama_L{args.layers}_h{args.hidden}.onnx", "--layers", str(args.layers), "--hidden",
-                        str(args.hidden), "--seq", "2048", "--batch", "1", "--weights", "none")  # fmt: skip
+    model = llama_model(
+        f"llama_L{args.layers}_h{args.hidden}.onnx",
+        "--layers",
+        str(args.layers),
+        "--hidden",
+        str(args.hidden),
+        "--seq",
+        "2048",
+        "--batch",
+        "1",
+        "--weights",
+        "none",
+    )
     for folder in ("dabench_ir", "passes", "lowering", "targets", "models"):
         compileall.compile_dir(str(ROOT / folder), quiet=1)
     exe = [sys.executable, "-m", "dabench_ir"]

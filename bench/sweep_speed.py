@@ -46,8 +46,18 @@ def _one_point(hidden: int = 768, layers: int = 96) -> None:
     from dabench_ir.models.config import default_heads
     from dabench_ir.sweep import graphs, worker
 
-    params = {"family": "gpt2", "positional": "none", "layers": layers, "hidden": hidden, "heads": default_heads(hidden),
-              "seq": 1024, "batch": 1, "precision": "fp32", "mode": "inference", "chips": 1}  # fmt: skip
+    params = {
+        "family": "gpt2",
+        "positional": "none",
+        "layers": layers,
+        "hidden": hidden,
+        "heads": default_heads(hidden),
+        "seq": 1024,
+        "batch": 1,
+        "precision": "fp32",
+        "mode": "inference",
+        "chips": 1,
+    }
     t = time.perf_counter()
     base = graphs.export_base(params)
     print(f"export 1-layer base h{hidden}: {time.perf_counter() - t:.2f}s")
@@ -74,8 +84,11 @@ def _scaling(spec_name: str, ray_workers: list[int], repeat: int) -> None:
     try:
         run_sweep(bases, os.path.join(root, "warm"), jobs=2, cache_dir=cache, plots=False)  # the exports, untimed
         runs: list[tuple[str, float]] = []
-        for label, kind, n in [("local --jobs 1", "local", 1), ("local --jobs 2", "local", 2),
-                               *((f"ray, {n} worker(s)", "ray", n) for n in ray_workers)]:  # fmt: skip
+        for label, kind, n in [
+            ("local --jobs 1", "local", 1),
+            ("local --jobs 2", "local", 2),
+            *((f"ray, {n} worker(s)", "ray", n) for n in ray_workers),
+        ]:
             best = float("inf")
             for r in range(repeat):
                 out = os.path.join(root, f"{kind}{n}-{r}")
@@ -96,7 +109,9 @@ def _scaling(spec_name: str, ray_workers: list[int], repeat: int) -> None:
                 best = min(best, time.perf_counter() - start)
                 assert result.ran == result.total and not result.failed, (label, result)
             runs.append((label, best))
-            print(f"{label:<22} {len(spec.points)} points: {best:6.1f} s   speedup {runs[0][1] / best:4.2f}x", flush=True)
+            print(
+                f"{label:<22} {len(spec.points)} points: {best:6.1f} s   speedup {runs[0][1] / best:4.2f}x", flush=True
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -114,14 +129,20 @@ def _validate(repeat: int) -> None:
             for _ in range(runs):
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.perf_counter()
-                subprocess.run([cli, "validate", "--cache-dir", os.path.join(root, "models"), "--quiet"],
-                               check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [cli, "validate", "--cache-dir", os.path.join(root, "models"), "--quiet"],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 wall = time.perf_counter() - start
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
                 best = min(best, (wall, cpu))
-            print(f"validate, {label} cache: {best[0]:5.1f} s wall, {best[1]:5.1f} s CPU   "
-                  f"goal <= {goal:g} s: {best[0] / goal:4.2f}x of it (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+            print(
+                f"validate, {label} cache: {best[0]:5.1f} s wall, {best[1]:5.1f} s CPU   "
+                f"goal <= {goal:g} s: {best[0] / goal:4.2f}x of it (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -144,8 +165,10 @@ def _points(hidden: int, repeat: int) -> None:
             wall, cpu = time.perf_counter(), time.process_time()
             run_sweep(SweepSpec("points", points), os.path.join(root, f"run{r}"), jobs=1, cache_dir=cache, plots=False)
             best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
-        print(f"{len(points)} Level-1 points at hidden {hidden}, serial: {best[0]:.2f} s wall, {best[1]:.2f} s CPU "
-              f"(best of {repeat}, load {os.getloadavg()[0]:.1f})")
+        print(
+            f"{len(points)} Level-1 points at hidden {hidden}, serial: {best[0]:.2f} s wall, {best[1]:.2f} s CPU "
+            f"(best of {repeat}, load {os.getloadavg()[0]:.1f})"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -167,14 +190,30 @@ def _grid(spec: str, jobs: int, keep: str | None, plots: bool) -> int:
         for label, out in (("first sweep on the machine (exports)", "first"), ("next sweep (bases cached)", "next")):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            subprocess.run([cli, "sweep", spec, "-o", os.path.join(root, out), "--jobs", str(jobs), "--quiet",
-                            *([] if plots else ["--no-plots"])], check=True, env=env)  # fmt: skip
+            subprocess.run(
+                [
+                    cli,
+                    "sweep",
+                    spec,
+                    "-o",
+                    os.path.join(root, out),
+                    "--jobs",
+                    str(jobs),
+                    "--quiet",
+                    *([] if plots else ["--no-plots"]),
+                ],
+                check=True,
+                env=env,
+            )
             wall = time.perf_counter() - start
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             worst = max(worst, wall)
-            print(f"{spec} --jobs {jobs}{'' if plots else ' --no-plots'}, {label}: {wall:5.1f} s wall, {cpu:5.1f} s CPU"
-                  f"   goal <= 30 s: {wall / 30:4.2f}x of it (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+            print(
+                f"{spec} --jobs {jobs}{'' if plots else ' --no-plots'}, {label}: {wall:5.1f} s wall, {cpu:5.1f} s CPU"
+                f"   goal <= 30 s: {wall / 30:4.2f}x of it (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -185,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("--spec", default="level1")
-    parser.add_argument("--keep", metavar="DIR", help="write the sweeps and their model cache here (default: a temp folder)")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="write the sweeps and their model cache here (default: a temp folder)"
+    )
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="sweep with --no-plots")
     parser.add_argument("--stages", action="store_true", help="also time one 96-layer point by stage")
     parser.add_argument("--scaling", action="store_true", help="speed of the grid per executor and worker count")

@@ -15,14 +15,48 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_API = ("ApiError", "Metrics", "StudyResult", "StudyRun", "StudyTotals", "TargetSummary", "Totals", "profile",
-        "profile_targets", "run_study", "run_validation", "scale")  # fmt: skip
-_RESULTS = {"Report": "dabench_ir.report.model", "ScaleResult": "dabench_ir.scaling", "ScalePoint": "dabench_ir.scaling",
-            "Validation": "dabench_ir.validate", "PointResult": "dabench_ir.validate"}  # fmt: skip
+_API = (
+    "ApiError",
+    "Metrics",
+    "StudyResult",
+    "StudyRun",
+    "StudyTotals",
+    "TargetSummary",
+    "Totals",
+    "profile",
+    "profile_targets",
+    "run_study",
+    "run_validation",
+    "scale",
+)
+_RESULTS = {
+    "Report": "dabench_ir.report.model",
+    "ScaleResult": "dabench_ir.scaling",
+    "ScalePoint": "dabench_ir.scaling",
+    "Validation": "dabench_ir.validate",
+    "PointResult": "dabench_ir.validate",
+}
 
-__all__ = ["ApiError", "Metrics", "PointResult", "Report", "ScalePoint", "ScaleResult", "StudyResult", "StudyRun",
-           "StudyTotals", "TargetSummary", "Totals", "Validation", "__version__", "profile", "profile_targets",
-           "run_study", "run_validation", "scale"]  # fmt: skip
+__all__ = [
+    "ApiError",
+    "Metrics",
+    "PointResult",
+    "Report",
+    "ScalePoint",
+    "ScaleResult",
+    "StudyResult",
+    "StudyRun",
+    "StudyTotals",
+    "TargetSummary",
+    "Totals",
+    "Validation",
+    "__version__",
+    "profile",
+    "profile_targets",
+    "run_study",
+    "run_validation",
+    "scale",
+]
 
 if TYPE_CHECKING:
     from dabench_ir.api import (

@@ -34,8 +34,16 @@ if TYPE_CHECKING:
     from dabench_ir.run import ResolvedRun
     from dabench_ir.timeline import Timeline
 
-__all__ = ["ESTIMATE_MARK", "Advice", "Trial", "VariantRuns", "advise", "candidate_knobs", "fitting_knob",
-           "hold_estimates"]  # fmt: skip
+__all__ = [
+    "ESTIMATE_MARK",
+    "Advice",
+    "Trial",
+    "VariantRuns",
+    "advise",
+    "candidate_knobs",
+    "fitting_knob",
+    "hold_estimates",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +166,9 @@ def hold_estimates(base: Report, timeline: Timeline) -> Timeline:
         delta += held - float(overheads.get(key, 0.0))
         overheads[key] = held
     latency = None if timeline.latency_s is None else timeline.latency_s + delta
-    return dataclasses.replace(timeline, overheads_s=overheads, step_time_s=timeline.step_time_s + delta,
-                               latency_s=latency)  # fmt: skip
+    return dataclasses.replace(
+        timeline, overheads_s=overheads, step_time_s=timeline.step_time_s + delta, latency_s=latency
+    )
 
 
 class VariantRuns:
@@ -206,9 +215,12 @@ class VariantRuns:
 
 def _placeable(report: Report) -> bool:
     return not (
-        report.plan is None or report.graph is None or report.options is None or report.timeline is None
+        report.plan is None
+        or report.graph is None
+        or report.options is None
+        or report.timeline is None
         or report.run is None
-    )  # fmt: skip
+    )
 
 
 def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None = None) -> Trial | None:
@@ -228,7 +240,7 @@ def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None
     reason = report.plan.failure.reason if report.plan.failure is not None else ""
     singles.sort(key=lambda c: c[0].flag not in reason)  # knobs the failure names are tried first
     trials = [[c] for c in singles]
-    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:] if a[0].name != b[0].name]
+    trials += [[a, b] for i, a in enumerate(singles) for b in singles[i + 1 :] if a[0].name != b[0].name]
     for changes in trials[:64]:
         trial = runs.trial(changes)
         if trial is not None and trial.fits:

@@ -24,8 +24,15 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
 from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED
 
-__all__ = ["PREFIX", "annotate", "annotate_mlir", "annotate_onnx", "annotate_report", "node_annotations",
-           "report_annotations"]
+__all__ = [
+    "PREFIX",
+    "annotate",
+    "annotate_mlir",
+    "annotate_onnx",
+    "annotate_report",
+    "node_annotations",
+    "report_annotations",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +92,15 @@ def report_annotations(report: Any) -> dict[str, dict[str, Any]]:
         values: dict[str, Any] = {"dabench.target": target, "dabench.role": n.role}
         if n.time_s is not None:
             share = node_share(report, n)
-            values.update({
-                "dabench.time": seconds(n.time_s),
-                "dabench.share": None if share is None else f"{percent(share)} of {TIME_BASIS}",
-                "dabench.bound": n.bound, "dabench.unit": n.unit, "dabench.time_s": n.time_s,
-            })  # fmt: skip
+            values.update(
+                {
+                    "dabench.time": seconds(n.time_s),
+                    "dabench.share": None if share is None else f"{percent(share)} of {TIME_BASIS}",
+                    "dabench.bound": n.bound,
+                    "dabench.unit": n.unit,
+                    "dabench.time_s": n.time_s,
+                }
+            )
         if n.measured_time_s is not None:
             values["dabench.measured"] = seconds(n.measured_time_s) + " measured"
             values["dabench.measured_time_s"] = n.measured_time_s
@@ -104,8 +115,13 @@ def _report_props(report: Any) -> dict[str, str]:
     props = {"dabench.target": (report.target or {}).get("name")}
     step = report.totals.get("time_s")
     if step is not None:
-        props.update({"dabench.step_time": seconds(step), "dabench.step_time_s": step,
-                      "dabench.time_basis": report.totals.get("time_basis")})  # fmt: skip
+        props.update(
+            {
+                "dabench.step_time": seconds(step),
+                "dabench.step_time_s": step,
+                "dabench.time_basis": report.totals.get("time_basis"),
+            }
+        )
     return {k: _text(v) for k, v in props.items() if v is not None}
 
 
@@ -115,8 +131,14 @@ def annotate_report(model: Any, report: Any, out_path: str | os.PathLike[str]) -
     return annotate(model, report.graph, out_path, report_annotations(report), model_props=_report_props(report))
 
 
-def annotate_onnx(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None, *,
-                  model_props: Mapping[str, str] | None = None) -> Path:  # fmt: skip
+def annotate_onnx(
+    model: Any,
+    graph: Graph,
+    out_path: str | os.PathLike[str],
+    extra: Extra = None,
+    *,
+    model_props: Mapping[str, str] | None = None,
+) -> Path:
     """Copy of `model` (path or ModelProto) with ``dabench.*`` node metadata; returns the path.
 
     Nodes are matched by the names the ONNX frontend gives. External weight data is not
@@ -255,8 +277,11 @@ def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
     from dabench_ir.ir import ValueKind
     from dabench_ir.mlir import MLIR_ARTIFACT
 
-    header = {k: v for k, v in graph.metadata.items()
-              if k.startswith(PREFIX) and k not in ("dabench.frontend", MODEL_WEIGHTS) and "\n" not in str(v)}  # fmt: skip
+    header = {
+        k: v
+        for k, v in graph.metadata.items()
+        if k.startswith(PREFIX) and k not in ("dabench.frontend", MODEL_WEIGHTS) and "\n" not in str(v)
+    }
     from dabench_ir.mlir import entry_func
 
     artifact = mlir_graph.meta.get(MLIR_ARTIFACT)
@@ -293,8 +318,14 @@ def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
     return build_passes(ProfileOptions(dims=dims), linalg=True)(lowered).graph
 
 
-def annotate(model: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None, *,
-             model_props: Mapping[str, str] | None = None) -> Path:  # fmt: skip
+def annotate(
+    model: Any,
+    graph: Graph,
+    out_path: str | os.PathLike[str],
+    extra: Extra = None,
+    *,
+    model_props: Mapping[str, str] | None = None,
+) -> Path:
     """`--annotate F`: annotated ONNX for ``.onnx`` F (with ``model_props`` on the model),
     annotated linalg MLIR for ``.mlir`` F."""
     suffix = Path(out_path).suffix.lower()

@@ -22,8 +22,22 @@ if TYPE_CHECKING:
     from dabench_ir.scaling import ScaleResult
     from dabench_ir.validate import Validation
 
-__all__ = ["ApiError", "Metrics", "StudyResult", "StudyRun", "StudyTotals", "TargetSummary", "Totals", "profile",
-           "profile_targets", "run_study", "run_validation", "scale", "scale_model", "study_input"]  # fmt: skip
+__all__ = [
+    "ApiError",
+    "Metrics",
+    "StudyResult",
+    "StudyRun",
+    "StudyTotals",
+    "TargetSummary",
+    "Totals",
+    "profile",
+    "profile_targets",
+    "run_study",
+    "run_validation",
+    "scale",
+    "scale_model",
+    "study_input",
+]
 
 
 class Totals(TypedDict, total=False):
@@ -112,7 +126,11 @@ def profile_targets(model: str | Path | Any, targets: Sequence[str], **options: 
 
 
 def scale_model(
-    model: Any, target: str, chips: Sequence[int], batches: Sequence[int | None], options: Mapping[str, Any],
+    model: Any,
+    target: str,
+    chips: Sequence[int],
+    batches: Sequence[int | None],
+    options: Mapping[str, Any],
     progress: Callable[[str], None] | None = None,
 ) -> ScaleResult:
     """``model`` over each of ``chips`` on ``target`` for each batch (None: as exported): the points of one
@@ -138,16 +156,25 @@ def scale_model(
             result = execute(run.variant(chips=n), graph.clone()).scaling
             if merged is None:
                 merged = dataclasses.replace(result, points=[])
-                merged.model = {"path": str(model), "name": graph.name, "nodes": len(graph.nodes),
-                                "layers": len(graph.layers)}  # fmt: skip
+                merged.model = {
+                    "path": str(model),
+                    "name": graph.name,
+                    "nodes": len(graph.nodes),
+                    "layers": len(graph.layers),
+                }
             merged.points.append(result.points[-1])
     assert merged is not None
     return merged
 
 
 def scale(
-    model: str | Path | Any, target: str, *, strategy: str, chips: Sequence[int] = (1, 2, 4, 8),
-    batch: int | Sequence[int] | None = None, **options: Any,
+    model: str | Path | Any,
+    target: str,
+    *,
+    strategy: str,
+    chips: Sequence[int] = (1, 2, 4, 8),
+    batch: int | Sequence[int] | None = None,
+    **options: Any,
 ) -> ScaleResult:
     """``model`` over ``chips`` chips of ``target`` with ``strategy`` (dp, tp, pp): a `ScaleResult`
     (``.points``: one `ScalePoint` per batch and chip count). ``batch``: one, several, or None (as
@@ -233,7 +260,11 @@ class StudyResult:
 
 
 def run_study(
-    model: str | Path, pipelines: Sequence[str], targets: Sequence[str] = (), *, out_dir: str | Path | None = None,
+    model: str | Path,
+    pipelines: Sequence[str],
+    targets: Sequence[str] = (),
+    *,
+    out_dir: str | Path | None = None,
     **options: Any,
 ) -> StudyResult:
     """The CLI's ``study``: each of ``pipelines`` (``--list-pipelines``) on ``model``, placed on each of
@@ -249,8 +280,10 @@ def run_study(
             raise UserError(f"run_study: {exc}") from None
         source, opts = study_input(str(model), opts)
         doc = _run_study(source, list(pipelines), list(targets), opts, out_dir=out_dir)
-        runs = [StudyRun(r["pipeline"], r.get("target"), r["totals"], r["config"], r["nodes"], r["modules"],
-                         r["warnings"]) for r in doc["runs"]]  # fmt: skip
+        runs = [
+            StudyRun(r["pipeline"], r.get("target"), r["totals"], r["config"], r["nodes"], r["modules"], r["warnings"])
+            for r in doc["runs"]
+        ]
         return StudyResult(doc["model"], doc["targets"], doc["pipelines"], runs, doc["failed"], doc)
 
     return _api(call)
@@ -278,7 +311,9 @@ class TargetSummary(TypedDict):
 
 
 def run_validation(
-    target: str | None = None, *, catalog: str | Path | Sequence[str | Path] | None = None,
+    target: str | None = None,
+    *,
+    catalog: str | Path | Sequence[str | Path] | None = None,
     cache_dir: str | Path | None = None,
 ) -> Validation:
     """The CLI's ``validate``: every catalogue point (the bundled catalogue, or ``catalog`` files in its

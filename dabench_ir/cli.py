@@ -122,8 +122,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if not stdout_fails():
             return _internal_error(exc, debug)
         _silence_stdout()
-        print(f"dabench-ir: error: cannot write to standard output ({exc.strerror or exc}); "
-              "redirect it to a file system with space, or give an output file", file=sys.stderr)  # fmt: skip
+        print(
+            f"dabench-ir: error: cannot write to standard output ({exc.strerror or exc}); "
+            "redirect it to a file system with space, or give an output file",
+            file=sys.stderr,
+        )
         return 2
     except MemoryError:
         print("dabench-ir: error: out of memory; try a smaller model or fewer points", file=sys.stderr)

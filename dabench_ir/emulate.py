@@ -249,7 +249,7 @@ def _lane_rates(
     weight: dict[str, dict[str, float]] = {}
     for a, head in first.items():
         dist: dict[str, float] = {}
-        for n in names[index[head]:]:
+        for n in names[index[head] :]:
             reached = [dist[p] for p in inputs[n] if p in dist]
             if n == head or reached:
                 dist[n] = (max(reached) if n != head else 0.0) + durations[n]
@@ -331,11 +331,7 @@ def _max_cycle_mean(comp: list[str], weight: dict[str, dict[str, float]]) -> flo
             for v, w in weight[u].items():
                 if v in members and d[k - 1][u] + w > d[k][v]:
                     d[k][v] = d[k - 1][u] + w
-    means = [
-        min((d[n][v] - d[k][v]) / (n - k) for k in range(n) if d[k][v] != neg)
-        for v in comp
-        if d[n][v] != neg
-    ]
+    means = [min((d[n][v] - d[k][v]) / (n - k) for k in range(n) if d[k][v] != neg) for v in comp if d[n][v] != neg]
     return max(means, default=0.0)
 
 

@@ -231,7 +231,11 @@ class StepEnergy:
 
 
 def step_energy(
-    graph: Any, plan: Any, timeline: Any, target: Target, feed_bytes: Mapping[str, float] | None = None,
+    graph: Any,
+    plan: Any,
+    timeline: Any,
+    target: Target,
+    feed_bytes: Mapping[str, float] | None = None,
     busy: Mapping[str, float] | None = None,
 ) -> StepEnergy:
     """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
@@ -290,11 +294,18 @@ def step_energy(
     if idle < -1e-9 * static_w * max(step, 1e-30):
         logger.warning(
             "energy: nodes and overhead rows hold %.3g J of static energy, more than the step's %.3g J; "
-            "idle row set to 0", sum(static.values()) + sum(overheads.values()), static_w * step,
-        )  # fmt: skip
+            "idle row set to 0",
+            sum(static.values()) + sum(overheads.values()),
+            static_w * step,
+        )
     if streamed > streamed_in_nodes * (1 + 1e-9):  # streamed while the nodes waited on it
-        level = next(plan.node_plans[n].feed_level for u in plan.units if u.stats.feed_bytes is not None
-                     for n in u.nodes if n in plan.node_plans)  # fmt: skip
+        level = next(
+            plan.node_plans[n].feed_level
+            for u in plan.units
+            if u.stats.feed_bytes is not None
+            for n in u.nodes
+            if n in plan.node_plans
+        )
         name = _feed_memory_name(target, level)
         stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
         overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
@@ -320,13 +331,25 @@ class MultiChipEnergy:
         return self.dynamic_j + self.static_j + self.link_j
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"energy_j": self.total_j, "dynamic_energy_j": self.dynamic_j, "static_energy_j": self.static_j,
-                "link_energy_j": self.link_j, "link_bytes": self.link_bytes, "devices": self.devices,
-                "target_power_w": self.rated_w}  # fmt: skip
+        return {
+            "energy_j": self.total_j,
+            "dynamic_energy_j": self.dynamic_j,
+            "static_energy_j": self.static_j,
+            "link_energy_j": self.link_j,
+            "link_bytes": self.link_bytes,
+            "devices": self.devices,
+            "target_power_w": self.rated_w,
+        }
 
 
 def multi_chip_energy(
-    chip: StepEnergy, target: Target, *, copies: int, devices: int, step_s: float, link_bytes: float,
+    chip: StepEnergy,
+    target: Target,
+    *,
+    copies: int,
+    devices: int,
+    step_s: float,
+    link_bytes: float,
     link: str | None,
 ) -> MultiChipEnergy:
     """The energy of a multi-chip step from one chip's (``chip``: its placement's `step_energy`).

@@ -182,11 +182,11 @@ def plan_outputs(
             key = _identity(path)
             for other in inputs:
                 if _identity(other) == key:
-                    raise UserError(f"{flag} {_show(path)}: is an input of this run; refusing to overwrite it (choose another name)")
+                    raise UserError(
+                        f"{flag} {_show(path)}: is an input of this run; refusing to overwrite it (choose another name)"
+                    )
         if key in seen:
-            raise UserError(
-                f"{flag} {_show(path)}: {seen[key]} writes the same file; give each output its own name"
-            )
+            raise UserError(f"{flag} {_show(path)}: {seen[key]} writes the same file; give each output its own name")
         seen[key] = f"{flag} {_show(path)}" if key != ("stdout",) else flag
     for folder, flag in folders:
         base = os.path.realpath(folder)

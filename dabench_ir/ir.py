@@ -325,7 +325,9 @@ def module_of(scope: str) -> ScopeModule:
         if part.isdigit() and i > 0:
             rest = parts[i + 1 :]
             module = ".".join(parts[: i + 2])
-            return ScopeModule(".".join(parts[: i + 1]), int(part), module, module_kind(rest[0]) if rest else None, rest)
+            return ScopeModule(
+                ".".join(parts[: i + 1]), int(part), module, module_kind(rest[0]) if rest else None, rest
+            )
     return ScopeModule("", None, parts[0] if parts else "", module_kind(parts[0]) if parts else None, parts)
 
 
@@ -401,7 +403,9 @@ class Graph:
     def num_params(self) -> int | None:
         """Number of weight elements, or None when a weight's shape is symbolic."""
         bindings, total = self.bindings, 0
-        sizes: dict[int, int] = {}  # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
+        sizes: dict[
+            int, int
+        ] = {}  # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
         try:
             for v in self.values.values():
                 if v.kind is ValueKind.WEIGHT:
@@ -481,11 +485,31 @@ class Graph:
                 if type(v) is dict:
                     meta = {k: (dict(v) if type(v) is dict else v) for k, v in meta.items()}
                     break
-            nodes.append(Node(n.name, n.op_type, n.domain, n.inputs.copy(), n.outputs.copy(), n.attrs.copy(), n.scope,
-                              n.layer, meta))  # fmt: skip
+            nodes.append(
+                Node(
+                    n.name,
+                    n.op_type,
+                    n.domain,
+                    n.inputs.copy(),
+                    n.outputs.copy(),
+                    n.attrs.copy(),
+                    n.scope,
+                    n.layer,
+                    meta,
+                )
+            )
         values = {k: Value(v.name, v.type, v.kind, v.producer, v.scalar) for k, v in self.values.items()}
-        copy = Graph(nodes, values, self.inputs, self.outputs, name=self.name, path=self.path, metadata=self.metadata,
-                     bindings=self.bindings, opsets=self.opsets)  # fmt: skip
+        copy = Graph(
+            nodes,
+            values,
+            self.inputs,
+            self.outputs,
+            name=self.name,
+            path=self.path,
+            metadata=self.metadata,
+            bindings=self.bindings,
+            opsets=self.opsets,
+        )
         copy.meta = {k: (dict(v) if type(v) is dict else v) for k, v in self.meta.items()}
         return copy
 
@@ -533,8 +557,14 @@ class Cost:
     def plus_bytes(self, weight: int, act_in: int, act_out: int) -> Cost:
         """This cost with bytes read and written added: ``self + Cost(weight_bytes=weight, ...)``, one
         record built instead of two (the cost pass adds each node's bytes to its rule's FLOPs)."""
-        return Cost(self.contraction_flops, self.vector_flops, self.special_ops, self.weight_bytes + weight,
-                    self.act_bytes_in + act_in, self.act_bytes_out + act_out)  # fmt: skip
+        return Cost(
+            self.contraction_flops,
+            self.vector_flops,
+            self.special_ops,
+            self.weight_bytes + weight,
+            self.act_bytes_in + act_in,
+            self.act_bytes_out + act_out,
+        )
 
     def __radd__(self, other: object) -> Cost:
         if other == 0:  # lets sum() start from its default 0

@@ -44,8 +44,12 @@ class MemoryUse:
     level: str  # on-chip (the shared SRAM) or off-chip (the global DRAM): `Target.memory`
 
     def to_dict(self) -> dict[str, float | str]:
-        return {"bytes": self.bytes, "capacity_bytes": self.capacity_bytes, "fraction": self.fraction,
-                "level": self.level}  # fmt: skip
+        return {
+            "bytes": self.bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "fraction": self.fraction,
+            "level": self.level,
+        }
 
 
 @dataclass(slots=True)

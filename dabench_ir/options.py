@@ -125,8 +125,22 @@ def _positive(value: Any) -> int:
 
 
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?(?:e\+?\d+)?)\s*(b|kb|kib|k|mb|mib|m|gb|gib|g|tb|tib|t)?\s*$")
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
-          "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
 
 
 def byte_size(value: Any) -> int:
@@ -235,8 +249,16 @@ def _recompute(value: Any) -> str:
     if isinstance(value, bool):
         return "full" if value else "none"
     text = str(value).strip().lower()
-    legacy = {"true": "full", "yes": "full", "on": "full", "1": "full", "false": "none", "no": "none", "off": "none",
-              "0": "none"}  # fmt: skip
+    legacy = {
+        "true": "full",
+        "yes": "full",
+        "on": "full",
+        "1": "full",
+        "false": "none",
+        "no": "none",
+        "off": "none",
+        "0": "none",
+    }
     return legacy.get(text, text)
 
 
@@ -270,116 +292,183 @@ class ProfileOptions:
     """Everything `profile` can be asked. The CLI flags are derived from these fields."""
 
     dims: Mapping[str, int] = knob(
-        default_factory=dict, help="bind a symbolic dim, NAME=VALUE (repeatable)", parse=_dims, cli="dim",
-        metavar="NAME=VALUE", commands=frozenset({PROFILE, SCALE, STUDY}),
-    )  # fmt: skip
+        default_factory=dict,
+        help="bind a symbolic dim, NAME=VALUE (repeatable)",
+        parse=_dims,
+        cli="dim",
+        metavar="NAME=VALUE",
+        commands=frozenset({PROFILE, SCALE, STUDY}),
+    )
     batch: int | None = knob(
-        None, help="samples per step on each replica: binds the model's batch dim when it is symbolic; a static "
-        "batch is the model's own (default: as exported)", parse=_positive, many=frozenset({SCALE})
+        None,
+        help="samples per step on each replica: binds the model's batch dim when it is symbolic; a static "
+        "batch is the model's own (default: as exported)",
+        parse=_positive,
+        many=frozenset({SCALE}),
     )
     seq: int | None = knob(
-        None, help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
-        "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)", parse=_positive,
+        None,
+        help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
+        "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)",
+        parse=_positive,
         commands=frozenset({PROFILE, SCALE, STUDY}),
-    )  # fmt: skip
+    )
     precision: str | None = knob(
-        None, help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "
+        None,
+        help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "
         "as the model is); int8 = W8A8, fp8 = e4m3 "
-        "weights and matmul inputs, w8a16/w4a16 = weight-only with dequantisation counted", choices=PRECISIONS,
-    )  # fmt: skip
+        "weights and matmul inputs, w8a16/w4a16 = weight-only with dequantisation counted",
+        choices=PRECISIONS,
+    )
     kv_precision: str | None = knob(
         None, help="dtype of a decode graph's KV cache (default: the activations')", choices=KV_PRECISIONS
     )
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
     recompute: str = knob(
-        "none", help="train mode: none (keep what autograd saves), selective (recompute attention cores) or full "
+        "none",
+        help="train mode: none (keep what autograd saves), selective (recompute attention cores) or full "
         "(keep block inputs, recompute each block); true/false from older specs mean full/none",
-        choices=RECOMPUTE, parse=_recompute, modes=_TRAIN,
-    )  # fmt: skip
+        choices=RECOMPUTE,
+        parse=_recompute,
+        modes=_TRAIN,
+    )
     fused_attention: bool | None = knob(
-        None, help="run attention cores as one fused kernel (FlashAttention: no S×S tensor in memory; "
-        "default: the target's [defaults])", parse=_bool, metavar="{true,false}",
-    )  # fmt: skip
+        None,
+        help="run attention cores as one fused kernel (FlashAttention: no S×S tensor in memory; "
+        "default: the target's [defaults])",
+        parse=_bool,
+        metavar="{true,false}",
+    )
     micro_batch: int | None = knob(
-        None, help="train: samples in flight per micro-batch (gradient accumulation over --batch / "
-        "--micro-batch-size micro-batches; the optimizer runs once per step); sets --micro-batches", parse=_positive,
-        modes=_TRAIN, cli="micro_batch_size", aliases=("--micro-batch",), metavar="N",
-    )  # fmt: skip
+        None,
+        help="train: samples in flight per micro-batch (gradient accumulation over --batch / "
+        "--micro-batch-size micro-batches; the optimizer runs once per step); sets --micro-batches",
+        parse=_positive,
+        modes=_TRAIN,
+        cli="micro_batch_size",
+        aliases=("--micro-batch",),
+        metavar="N",
+    )
     via: str = knob(
         "onnx", help="cost from ONNX rules or from linalg", choices=("onnx", "mlir"), commands=_PROFILE_ONLY
     )
     no_verify: bool = knob(
-        False, help="skip the physics verifier that checks every run (dabench_ir.verify; debugging only: a "
-        "violation is an internal error, and a report made without the check says so)", parse=_bool,
-    )  # fmt: skip
+        False,
+        help="skip the physics verifier that checks every run (dabench_ir.verify; debugging only: a "
+        "violation is an internal error, and a report made without the check says so)",
+        parse=_bool,
+    )
     # target lowering
     opt_level: str = knob(
         "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})
     )
     tiles: int | None = knob(
-        None, help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
-        parse=_positive, group="target", targets=frozenset({"rdu"}),
-    )  # fmt: skip
-    resource_scale: float = knob(
-        1.0, help="share of the tiles' PCUs/PMUs the RDU compiler plans with (SambaFlow --resources-scaling-factors: "
-        "one factor, or a comma list whose smallest is used)", parse=_fraction, group="target",
+        None,
+        help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
+        parse=_positive,
+        group="target",
         targets=frozenset({"rdu"}),
-    )  # fmt: skip
+    )
+    resource_scale: float = knob(
+        1.0,
+        help="share of the tiles' PCUs/PMUs the RDU compiler plans with (SambaFlow --resources-scaling-factors: "
+        "one factor, or a comma list whose smallest is used)",
+        parse=_fraction,
+        group="target",
+        targets=frozenset({"rdu"}),
+    )
     wse_mode: str = knob(
         "auto", help="WSE execution mode", choices=WSE_MODES, group="target", targets=frozenset({"wse"})
     )
     replicas: int | str | None = knob(
-        None, help="WSE on-wafer replicas (N or 'auto'); IPU data-parallel replicas (N)", parse=_positive_or_auto,
-        group="target", targets=frozenset({"wse", "ipu"}),
-    )  # fmt: skip
+        None,
+        help="WSE on-wafer replicas (N or 'auto'); IPU data-parallel replicas (N)",
+        parse=_positive_or_auto,
+        group="target",
+        targets=frozenset({"wse", "ipu"}),
+    )
     ipus: int = knob(1, help="IPUs to pipeline over", parse=_positive, group="target", targets=frozenset({"ipu"}))
     micro_batches: int | None = knob(
         None, help="micro-batches per step where the target pipelines", parse=_positive, group="target"
     )
     layers_per_ipu: tuple[int, ...] | None = knob(
-        None, help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding alone on IPU 0; a tied head returns there)",
-        parse=_counts, group="target", targets=frozenset({"ipu"}), metavar="N,N,...",
-    )  # fmt: skip
+        None,
+        help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding alone on IPU 0; a tied head returns there)",
+        parse=_counts,
+        group="target",
+        targets=frozenset({"ipu"}),
+        metavar="N,N,...",
+    )
     matmul_proportion: tuple[float, ...] = knob(
-        (0.6,), help="share of each IPU's memory the planner may give matmul temporaries (one value, or one per IPU)",
-        parse=_proportions, group="target", targets=frozenset({"ipu"}), metavar="P[,P...]",
-    )  # fmt: skip
+        (0.6,),
+        help="share of each IPU's memory the planner may give matmul temporaries (one value, or one per IPU)",
+        parse=_proportions,
+        group="target",
+        targets=frozenset({"ipu"}),
+        metavar="P[,P...]",
+    )
     optimizer_state: str = knob(
-        "auto", help="where optimizer state (fp32 master weights and moments) lives: auto (the vendor's default), "
-        "onchip, or offchip (IPU streaming memory; GPU CPU offload)", choices=OPTIMIZER_STATE,
-        group="target", targets=frozenset({"ipu", "gpu"}), modes=_TRAIN,
-    )  # fmt: skip
+        "auto",
+        help="where optimizer state (fp32 master weights and moments) lives: auto (the vendor's default), "
+        "onchip, or offchip (IPU streaming memory; GPU CPU offload)",
+        choices=OPTIMIZER_STATE,
+        group="target",
+        targets=frozenset({"ipu", "gpu"}),
+        modes=_TRAIN,
+    )
     replicated_tensor_sharding: bool = knob(
-        True, help="IPU: shard optimizer state over the replicas", parse=_bool, group="target",
-        targets=frozenset({"ipu"}), metavar="{true,false}",
-    )  # fmt: skip
+        True,
+        help="IPU: shard optimizer state over the replicas",
+        parse=_bool,
+        group="target",
+        targets=frozenset({"ipu"}),
+        metavar="{true,false}",
+    )
     # measurement
     measure: bool = knob(
-        False, help="run the model in onnxruntime and time every node", parse=_bool, group="measure",
+        False,
+        help="run the model in onnxruntime and time every node",
+        parse=_bool,
+        group="measure",
         commands=_PROFILE_ONLY,
-    )  # fmt: skip
-    warmup: int = knob(
-        2, help="untimed runs first", parse=_non_negative, group="measure", commands=_PROFILE_ONLY
     )
-    repeat: int | str = knob(5, help="timed runs (the median is kept); auto: until the median's spread is known",
-                             parse=_positive_or_auto, group="measure", commands=_PROFILE_ONLY)  # fmt: skip
+    warmup: int = knob(2, help="untimed runs first", parse=_non_negative, group="measure", commands=_PROFILE_ONLY)
+    repeat: int | str = knob(
+        5,
+        help="timed runs (the median is kept); auto: until the median's spread is known",
+        parse=_positive_or_auto,
+        group="measure",
+        commands=_PROFILE_ONLY,
+    )
     threads: int | None = knob(
-        None, help="onnxruntime intra-op threads (at most the CPUs this process may use)", parse=_thread_count,
-        group="measure", commands=_PROFILE_ONLY,
+        None,
+        help="onnxruntime intra-op threads (at most the CPUs this process may use)",
+        parse=_thread_count,
+        group="measure",
+        commands=_PROFILE_ONLY,
     )
     ort_opt: bool = knob(
-        False, help="keep onnxruntime graph optimisation on", parse=_bool, group="measure",
+        False,
+        help="keep onnxruntime graph optimisation on",
+        parse=_bool,
+        group="measure",
         commands=_PROFILE_ONLY,
-    )  # fmt: skip
+    )
     max_weight_bytes: int = knob(
-        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights (bytes: 4294967296, 4GiB, 512MB)", parse=byte_size,
-        group="measure", commands=_PROFILE_ONLY,
+        DEFAULT_MAX_WEIGHT_BYTES,
+        help="cap on synthesised weights (bytes: 4294967296, 4GiB, 512MB)",
+        parse=byte_size,
+        group="measure",
+        commands=_PROFILE_ONLY,
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
     scenario: str | None = knob(
-        None, help="generate: time to first token and per output token (MODEL: a preset or a dabench-ir export)",
-        choices=SCENARIOS, group="scenario", commands=_PROFILE_ONLY,
-    )  # fmt: skip
+        None,
+        help="generate: time to first token and per output token (MODEL: a preset or a dabench-ir export)",
+        choices=SCENARIOS,
+        group="scenario",
+        commands=_PROFILE_ONLY,
+    )
     prompt: int | None = knob(
         None, help="prompt tokens per request", parse=_positive, group="scenario", commands=_PROFILE_ONLY
     )
@@ -397,17 +486,34 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(1, help="chips to place the model over, with --strategy (scale: a list)", parse=_chip_count,
-                      group="scale", many=frozenset({SCALE}))  # fmt: skip
+    chips: int = knob(
+        1,
+        help="chips to place the model over, with --strategy (scale: a list)",
+        parse=_chip_count,
+        group="scale",
+        many=frozenset({SCALE}),
+    )
     strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale")
-    zero: int = knob(0, help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
-                     "2 + gradients, 3 + weights = FSDP)", parse=_zero, group="scale", modes=_TRAIN,
-                     strategies=frozenset({"dp"}), targets=frozenset({"gpu"}), metavar="{0,1,2,3}")  # fmt: skip
+    zero: int = knob(
+        0,
+        help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
+        "2 + gradients, 3 + weights = FSDP)",
+        parse=_zero,
+        group="scale",
+        modes=_TRAIN,
+        strategies=frozenset({"dp"}),
+        targets=frozenset({"gpu"}),
+        metavar="{0,1,2,3}",
+    )
     chips_per_node: int | None = knob(
-        None, help="how many of the run's chips share a node: a job spread over machines, its collectives and "
+        None,
+        help="how many of the run's chips share a node: a job spread over machines, its collectives and "
         "pipeline boundaries crossing the inter-node link (default: the target's [topology] devices_per_node; "
-        "at most that)", parse=_chip_count, group="scale", metavar="N",
-    )  # fmt: skip
+        "at most that)",
+        parse=_chip_count,
+        group="scale",
+        metavar="N",
+    )
 
 
 def _collect(*classes: type) -> dict[str, Knob]:
@@ -484,12 +590,24 @@ class _Deprecated(argparse.Action):
     """An old flag, not shown in the help: it does what ``base`` (the flag that replaced it) does, or
     stores its value, and records a deprecation line saying what to ``use``."""
 
-    def __init__(self, option_strings, dest, *, use: str, base: argparse.Action | None = None, nargs=None, const=None,
-                 default=None, metavar=None, **_: Any):  # fmt: skip
+    def __init__(
+        self,
+        option_strings,
+        dest,
+        *,
+        use: str,
+        base: argparse.Action | None = None,
+        nargs=None,
+        const=None,
+        default=None,
+        metavar=None,
+        **_: Any,
+    ):
         if base is not None:
             nargs, const, default = base.nargs, base.const, argparse.SUPPRESS  # the new flag owns the default
-        super().__init__(option_strings, dest, nargs=nargs, const=const, default=default, metavar=metavar,
-                         help=argparse.SUPPRESS)  # fmt: skip
+        super().__init__(
+            option_strings, dest, nargs=nargs, const=const, default=default, metavar=metavar, help=argparse.SUPPRESS
+        )
         self.use, self.base = use, base
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
@@ -570,25 +688,35 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
         if k.targets is not None:
             kinds = ", ".join(sorted(k.targets))
             if target is None:
-                raise UserError(f"{k.flag} sets how a {kinds} target places the model; give --target (e.g. -t {min(k.targets)})")
+                raise UserError(
+                    f"{k.flag} sets how a {kinds} target places the model; give --target (e.g. -t {min(k.targets)})"
+                )
             if target.kind not in k.targets:
                 raise UserError(f"{k.flag} applies to {kinds} targets, not {target.name} ({target.kind}); drop it")
         if k.modes is not None and mode not in k.modes and value != k.default:
             raise UserError(f"{k.flag} {_text(value)} applies to training; add --mode train")
         if k.strategies is not None and value != k.default and opts.strategy not in (None, *k.strategies):
-            raise UserError(f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
-                            f"not --strategy {opts.strategy}; drop it or use --strategy dp")  # fmt: skip
+            raise UserError(
+                f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
+                f"not --strategy {opts.strategy}; drop it or use --strategy dp"
+            )
     if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and mode == "train":
-        raise UserError(f"--precision {opts.precision} is an inference (quantised) precision; train in "
-                        f"{', '.join(FLOAT_PRECISIONS)}")  # fmt: skip
+        raise UserError(
+            f"--precision {opts.precision} is an inference (quantised) precision; train in "
+            f"{', '.join(FLOAT_PRECISIONS)}"
+        )
     if target is None or "replicas" not in given or opts.replicas in (None, 1):
         return
     if target.kind == "wse" and opts.wse_mode == "streaming":
-        raise UserError(f"--replicas {_text(opts.replicas)}: weight streaming runs one copy on the wafer; "
-                        "replicas apply to --wse-mode pipelined (or auto)")  # fmt: skip
+        raise UserError(
+            f"--replicas {_text(opts.replicas)}: weight streaming runs one copy on the wafer; "
+            "replicas apply to --wse-mode pipelined (or auto)"
+        )
     if isinstance(opts.replicas, int) and opts.replicas > target.num_units:
-        raise UserError(f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy "
-                        "needs at least one")  # fmt: skip
+        raise UserError(
+            f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy "
+            "needs at least one"
+        )
 
 
 def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:

@@ -21,8 +21,18 @@ from dabench_ir.options import ProfileOptions
 from dabench_ir.report.model import Report
 from dabench_ir.run import ResolvedRun, _is_mlir_file, check_target, execute, prepare, resolve, resolve_target
 
-__all__ = ["ProfileOptions", "ResolvedRun", "analyze", "load_graph", "prepare_graph", "profile", "profile_graph",
-           "profile_targets", "resolve_target", "run_profile"]  # fmt: skip
+__all__ = [
+    "ProfileOptions",
+    "ResolvedRun",
+    "analyze",
+    "load_graph",
+    "prepare_graph",
+    "profile",
+    "profile_graph",
+    "profile_targets",
+    "resolve_target",
+    "run_profile",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +43,9 @@ def _quiet(_: str) -> None:
     pass
 
 
-def load_graph(model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None, batch: int | None = None) -> Graph:
+def load_graph(
+    model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None, batch: int | None = None
+) -> Graph:
     """Read a model (path, onnx.ModelProto, or a preset name that is no file) into a Graph, by file type
     and `via` (frontends only load). A preset is its weight-free export (`models.presets.preset_file`)
     at the preset's batch and seq, unless the run binds them (``batch``: the run's, when given).
@@ -152,7 +164,9 @@ def profile_targets(
     options = _options(options)
     measures = options.get("measure") if isinstance(options, Mapping) else getattr(options, "measure", False)
     measured = measure_on or (lambda _t: bool(measures))
-    placed_options = {**options, "measure": False} if isinstance(options, Mapping) else dataclasses.replace(options, measure=False)
+    placed_options = (
+        {**options, "measure": False} if isinstance(options, Mapping) else dataclasses.replace(options, measure=False)
+    )
     say("loading the model")
     loaded = _load(model, options)
     costed: dict[tuple[Any, ...], Graph | UserError] = {}
@@ -160,7 +174,11 @@ def profile_targets(
     for target in targets:
         try:
             if measured(target):
-                measuring = {**options, "measure": True} if isinstance(options, Mapping) else dataclasses.replace(options, measure=True)
+                measuring = (
+                    {**options, "measure": True}
+                    if isinstance(options, Mapping)
+                    else dataclasses.replace(options, measure=True)
+                )
                 run = resolve(loaded, target, measuring, model=model)
                 results[target] = execute(run, loaded.clone(), progress=say)
                 continue
@@ -180,4 +198,3 @@ def profile_targets(
                 raise
             results[target] = exc
     return results
-

@@ -86,8 +86,12 @@ class Samples:
         return None if self.micro_batches is None else self.per_replica // self.micro_batches
 
     def to_dict(self) -> dict[str, Any]:
-        return {"per_replica": self.per_replica, "micro_batches": self.micro_batches,
-                "micro_batch": self.micro_batch, "source": self.source}  # fmt: skip
+        return {
+            "per_replica": self.per_replica,
+            "micro_batches": self.micro_batches,
+            "micro_batch": self.micro_batch,
+            "source": self.source,
+        }
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,15 @@ class ResolvedRun:
     def cost_key(self) -> tuple[Any, ...]:
         """What the costed graph depends on: runs with equal keys share one costed graph."""
         o = self.options
-        return (tuple(sorted(o.dims.items())), self.linalg, o.precision, o.kv_precision, o.fused_attention, o.mode,
-                o.recompute)  # fmt: skip
+        return (
+            tuple(sorted(o.dims.items())),
+            self.linalg,
+            o.precision,
+            o.kv_precision,
+            o.fused_attention,
+            o.mode,
+            o.recompute,
+        )
 
     def knob(self, name: str) -> Any:
         return getattr(self.options, name)
@@ -129,8 +140,9 @@ class ResolvedRun:
         samples = self.samples
         if "micro_batches" in changes:
             samples = dataclasses.replace(samples, micro_batches=changes["micro_batches"])
-        return dataclasses.replace(self, options=options, samples=samples,
-                                   sources={**self.sources, **dict.fromkeys(changes, source)})  # fmt: skip
+        return dataclasses.replace(
+            self, options=options, samples=samples, sources={**self.sources, **dict.fromkeys(changes, source)}
+        )
 
     def to_dict(self, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Every knob with its value and source; ``chosen``: what a lowering decided for a knob left
@@ -176,9 +188,10 @@ def _given(options: Any) -> tuple[ScaleOptions, set[str]]:
     if not isinstance(options, ScaleOptions):  # a ProfileOptions: the same knobs, no scale fields set
         options = ScaleOptions(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
     given = {
-        f.name for f in dataclasses.fields(options)
+        f.name
+        for f in dataclasses.fields(options)
         if f.name in KNOBS and getattr(options, f.name) != _declared_default(f)
-    }  # fmt: skip
+    }
     return options, given
 
 
@@ -256,7 +269,12 @@ def resolve(
     # samples: the graph's batch dim, bound by --batch when it is symbolic
     dims = dict(opts.dims)
     dim = graph.batch_dim
-    if "batch" in dims and "batch" not in graph.symbols and isinstance(dim, int) and opts.batch in (None, dims["batch"]):
+    if (
+        "batch" in dims
+        and "batch" not in graph.symbols
+        and isinstance(dim, int)
+        and opts.batch in (None, dims["batch"])
+    ):
         opts = dataclasses.replace(opts, batch=dims.pop("batch"), dims=dims)  # a static batch named as a dim
     per_replica: int | None
     if isinstance(dim, str):
@@ -278,14 +296,18 @@ def resolve(
         if opts.batch not in (None, 1):
             first = next((n for n in graph.inputs if graph.values[n].type.shape is not None), None)
             what = f"its first input {first!r} is {graph.values[first].type}" if first else "it has no shaped input"
-            raise UserError(f"--batch {opts.batch}: the model has no batch dimension ({what}); a batch is dim 0 of "
-                            "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim")  # fmt: skip
+            raise UserError(
+                f"--batch {opts.batch}: the model has no batch dimension ({what}); a batch is dim 0 of "
+                "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim"
+            )
         per_replica, source = 1, "user" if opts.batch is not None else "default"
     _bind_seq_and_derived(graph, opts.seq, dims)
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
-        raise UserError(f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
-                        "export the model with a smaller batch or bind a smaller --batch")  # fmt: skip
+        raise UserError(
+            f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
+            "export the model with a smaller batch or bind a smaller --batch"
+        )
     if per_replica is not None:
         changes["batch"] = per_replica
         sources["batch"] = source
@@ -300,8 +322,10 @@ def resolve(
             raise UserError(f"{size} {opts.micro_batch} does not divide the batch {per_replica}")
         m = per_replica // opts.micro_batch
         if opts.micro_batches is not None and opts.micro_batches != m:
-            raise UserError(f"{size} {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
-                            f"not {count} {opts.micro_batches}; give one of them")  # fmt: skip
+            raise UserError(
+                f"{size} {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
+                f"not {count} {opts.micro_batches}; give one of them"
+            )
         micro_batches = m
         changes["micro_batches"] = m
         sources["micro_batches"] = "user"
@@ -345,8 +369,10 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -
     if seq is not None:
         names = seq_symbols(graph)
         if not names:
-            raise UserError(f"--seq {seq}: the model has no symbolic sequence length (its symbols: "
-                            f"{', '.join(sorted(graph.symbols)) or 'none'}); its sequence is fixed as exported")  # fmt: skip
+            raise UserError(
+                f"--seq {seq}: the model has no symbolic sequence length (its symbols: "
+                f"{', '.join(sorted(graph.symbols)) or 'none'}); its sequence is fixed as exported"
+            )
         for name in names:
             if dims.get(name, seq) != seq:
                 raise UserError(f"--seq {seq} and --dim {name}={dims[name]} disagree; give one of them")
@@ -355,8 +381,10 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -
     unbound = unbound_inputs(graph, bound)
     if unbound:
         flags = " ".join("--seq N" if s in seq_symbols(graph) else f"--dim {s}=N" for s in unbound)
-        raise UserError(f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "
-                        "(the dims the graph derives from them follow)")  # fmt: skip
+        raise UserError(
+            f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "
+            "(the dims the graph derives from them follow)"
+        )
     for name, value in derived_dims(graph, bound).items():
         dims.setdefault(name, value)
 

@@ -53,13 +53,23 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
     from dabench_ir.timeline import Timeline
 
-__all__ = ["SCALE_SCHEMA", "STRATEGIES", "ScalePoint", "ScaleResult", "allreduce_time", "chips_per_node", "scale",
-           "shard_optimizer_step", "split_for_tp"]
+__all__ = [
+    "SCALE_SCHEMA",
+    "STRATEGIES",
+    "ScalePoint",
+    "ScaleResult",
+    "allreduce_time",
+    "chips_per_node",
+    "scale",
+    "shard_optimizer_step",
+    "split_for_tp",
+]
 
 logger = logging.getLogger(__name__)
 
 SCALE_SCHEMA = "dabench-ir/scale/v1"
 STRATEGIES = ("dp", "tp", "pp")
+
 
 @dataclass(slots=True)
 class ScalePoint:
@@ -87,7 +97,9 @@ class ScalePoint:
     micro_batches: int | None = None
     superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
     chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
-    copies: int = 1  # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
+    copies: int = (
+        1  # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
+    )
     devices: int = 1  # devices drawing power: the chips, the IPUs of a pipeline, the wafer on-wafer replicas share
     link_bytes: float = 0.0  # bytes the chip-to-chip links carry per step, all links together
     energy: MultiChipEnergy | None = None  # the step's energy on every device and link (`multi_chip_energy`)
@@ -235,12 +247,16 @@ def chips_per_node(target: Target, options: Any = None) -> int | None:
     topo = target.topology
     if topo is None:
         if given is not None:
-            raise UserError(f"--chips-per-node {given}: {target.name} declares no [topology] (devices per node and "
-                            "the links inside and between nodes); drop it")  # fmt: skip
+            raise UserError(
+                f"--chips-per-node {given}: {target.name} declares no [topology] (devices per node and "
+                "the links inside and between nodes); drop it"
+            )
         return None
     if given is not None and given > topo.per_node:
-        raise UserError(f"--chips-per-node {given}: a {target.name} node holds {topo.per_node} devices "
-                        f"([topology] devices_per_node); give 1 to {topo.per_node}")  # fmt: skip
+        raise UserError(
+            f"--chips-per-node {given}: a {target.name} node holds {topo.per_node} devices "
+            f"([topology] devices_per_node); give 1 to {topo.per_node}"
+        )
     return given or topo.per_node
 
 
@@ -346,10 +362,12 @@ def shard_optimizer_step(graph: Graph, frac: float) -> None:
     for node in graph.nodes:
         cost = meta.get_cost(node)
         if is_optimizer_step(node) and cost is not None:
-            node.meta[meta.COST] = Cost(vector_flops=math.ceil(cost.vector_flops * frac),
-                                        special_ops=math.ceil(cost.special_ops * frac),
-                                        weight_bytes=math.ceil(cost.weight_bytes * frac),
-                                        act_bytes_out=math.ceil(cost.act_bytes_out * frac))  # fmt: skip
+            node.meta[meta.COST] = Cost(
+                vector_flops=math.ceil(cost.vector_flops * frac),
+                special_ops=math.ceil(cost.special_ops * frac),
+                weight_bytes=math.ceil(cost.weight_bytes * frac),
+                act_bytes_out=math.ceil(cost.act_bytes_out * frac),
+            )
 
 
 def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str, str | None], chips: int) -> None:
@@ -384,8 +402,10 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
         shared = replace(shared, saved_activation_bytes=sum(saved.values()))
     elif saved:
         kept = sum(v for n in share.nodes for v in (n.meta.get(SAVED) or {}).values())
-        shared = replace(shared, saved_activation_bytes=math.ceil(
-            int(train.saved_activation_bytes) * sum(saved.values()) / max(1, kept)))  # fmt: skip
+        shared = replace(
+            shared,
+            saved_activation_bytes=math.ceil(int(train.saved_activation_bytes) * sum(saved.values()) / max(1, kept)),
+        )
     meta.graph_set(share, meta.TRAINING, shared)
 
 
@@ -396,7 +416,9 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     target = run.target
     layers = graph.layers
     if len(layers) < chips:
-        raise UserError(f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}")
+        raise UserError(
+            f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}"
+        )
     loads = [single.layer_time.get(layer, 0.0) for layer in layers]
     starts, worst = optimal_contiguous_split(loads, chips)
     bounds = [*starts, len(layers)]
@@ -440,8 +462,12 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
         acts = math.ceil(state.activations * len(st) / max(len(layers), 1) * in_flight / m)
-        parts = {"weights": weight_bytes(ctx, nodes), "gradients": part.gradients,
-                 "optimizer": part.optimizer_side, "activations": acts}  # fmt: skip
+        parts = {
+            "weights": weight_bytes(ctx, nodes),
+            "gradients": part.gradients,
+            "optimizer": part.optimizer_side,
+            "activations": acts,
+        }
         need = sum(parts.values())
         if worst_memory is None or need > sum(worst_memory.values()):
             worst_memory = parts
@@ -550,8 +576,10 @@ def scale(
     per_node = chips_per_node(target, run.options)
     lowering = lowering_for(target)
     if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and lowering.pipelines_itself:
-        raise UserError(f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
-                        "a pipeline spread over machines is not modelled there")  # fmt: skip
+        raise UserError(
+            f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
+            "a pipeline spread over machines is not modelled there"
+        )
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
@@ -616,12 +644,20 @@ def _point_energy(pt: ScalePoint, target: Target, link: Any) -> MultiChipEnergy 
         return None
     feed = chip.metrics.node_feed_bytes if chip.metrics is not None else None
     one = step_energy(chip.graph, chip.plan, chip.timeline, target, feed)
-    return multi_chip_energy(one, target, copies=pt.copies, devices=pt.devices, step_s=pt.time_s,
-                             link_bytes=pt.link_bytes, link=None if link is None else link.name)  # fmt: skip
+    return multi_chip_energy(
+        one,
+        target,
+        copies=pt.copies,
+        devices=pt.devices,
+        step_s=pt.time_s,
+        link_bytes=pt.link_bytes,
+        link=None if link is None else link.name,
+    )
 
 
-def _point_from_run(run: _Run, chips: int, batch: int, comm: float, *, copies: int = 1,
-                    link_bytes: float = 0.0) -> ScalePoint:
+def _point_from_run(
+    run: _Run, chips: int, batch: int, comm: float, *, copies: int = 1, link_bytes: float = 0.0
+) -> ScalePoint:
     """The point of ``chips`` whose step is ``copies`` chips each running ``run``'s placement, then ``comm``
     seconds of collectives moving ``link_bytes`` (the devices: ``copies`` x the chips the placement spans)."""
     step = run.time_s + comm
@@ -664,10 +700,12 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         # ZeRO 1/2: reduce-scatter + all-gather, the all-reduce's volume; ZeRO 3 also gathers the
         # weights again for the backward: 1.5x (Rajbhandari et al., SC'20, §7)
         comm = allreduce_time(target, _gradient_bytes(graph), n, chips_per_node(target, options)) * (
-            1.5 if zero == 3 else 1.0)
+            1.5 if zero == 3 else 1.0
+        )
     lowering_opts = lowering_options(run)
-    parts = lowering.device_memory(LoweringContext.build(graph, lowering_opts.precision), lowering_opts, zero=zero,
-                                   shards=n)  # fmt: skip
+    parts = lowering.device_memory(
+        LoweringContext.build(graph, lowering_opts.precision), lowering_opts, zero=zero, shards=n
+    )
     if zero and parts is None:
         raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     chip = single
@@ -684,8 +722,10 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         _fit_device(pt, target, parts)
     if zero:
         pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
-        pt.superlinear = (f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
-                          "(Rajbhandari et al., SC'20, §5.1), work one chip does alone")  # fmt: skip
+        pt.superlinear = (
+            f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
+            "(Rajbhandari et al., SC'20, §5.1), work one chip does alone"
+        )
     return pt
 
 
@@ -695,13 +735,17 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
     need = sum(v for k, v in parts.items() if k != "host")
     pt.memory_per_device = parts
     pt.fits = need <= mem.capacity_bytes
-    pt.failure = None if pt.fits else {
-        "reason": f"one device needs {need / 1e9:.2f} GB of {mem.name} "
-        f"({', '.join(f'{k} {v / 1e9:.1f}' for k, v in parts.items() if v)} GB), "
-        f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
-        "needed_bytes": need,
-        "capacity_bytes": int(mem.capacity_bytes),
-    }  # fmt: skip
+    pt.failure = (
+        None
+        if pt.fits
+        else {
+            "reason": f"one device needs {need / 1e9:.2f} GB of {mem.name} "
+            f"({', '.join(f'{k} {v / 1e9:.1f}' for k, v in parts.items() if v)} GB), "
+            f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
+            "needed_bytes": need,
+            "capacity_bytes": int(mem.capacity_bytes),
+        }
+    )
     if not pt.fits:
         pt.throughput_samples_per_s = None
     elif pt.throughput_samples_per_s is None and pt.time_s > 0:

@@ -266,9 +266,7 @@ def _export_pair(cfg: ModelConfig, prompt: int, gen: int, say: Progress) -> tupl
     from dabench_ir.models.presets import cached_export
 
     if cfg.positional == "learned" and prompt + gen > (cfg.max_positions or 0):
-        raise UserError(
-            f"--prompt {prompt} + --gen {gen} exceeds the model's {cfg.max_positions} learned positions"
-        )
+        raise UserError(f"--prompt {prompt} + --gen {gen} exceeds the model's {cfg.max_positions} learned positions")
     base = cfg.replace(batch=1, seq=max(prompt, 2))
     say("the prefill graph (one block exported, stamped; cached)")
     what = "--scenario generate (or give PREFILL.onnx,DECODE.onnx made with --dynamic)"
@@ -432,8 +430,9 @@ def generate(
     contexts = range(prompt, prompt + gen - 1)
     points = [(d.context, d.time_s) for d in decode]
     total = sum(_interp(points, c) for c in contexts) if decode else 0.0
-    model_info = {k: params.get(k) for k in ("family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn",
-                                               "vocab", "dtype")}  # fmt: skip
+    model_info = {
+        k: params.get(k) for k in ("family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype")
+    }
     return GenerateResult(
         model=model_info,
         target=tgt.name,
@@ -476,8 +475,10 @@ def _top_nodes(run: PhaseRun, top: int) -> list[str]:
     total = sum(n.time_s for n in timed) or 1.0
     lines = []
     for node in timed[:top]:
-        lines.append(f"  {node.name[:48]:48s} {node.op_type:10s} {_t(node.time_s):>9s} {node.time_s / total:6.1%}"
-                     f"  {node.bound or ''}")  # fmt: skip
+        lines.append(
+            f"  {node.name[:48]:48s} {node.op_type:10s} {_t(node.time_s):>9s} {node.time_s / total:6.1%}"
+            f"  {node.bound or ''}"
+        )
     return lines
 
 

@@ -111,8 +111,13 @@ class Violation:
         return f"{self.invariant} at {self.where}: {self.value:.6g} {op} {self.limit:.6g}{more}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "where": self.where, "value": self.value, "limit": self.limit,
-                "detail": self.detail}  # fmt: skip
+        return {
+            "invariant": self.invariant,
+            "where": self.where,
+            "value": self.value,
+            "limit": self.limit,
+            "detail": self.detail,
+        }
 
 
 class PhysicsError(RuntimeError):
@@ -244,8 +249,9 @@ class _Nodes:
         if not self.records:
             return np.zeros(0)
         feed_s = np.where(np.isnan(self.bandwidth), 0.0, self.feed / self.bandwidth)
-        parts = np.stack([self.flops / self.peak, self.vector / self.vector_rate, self.special / self.special_rate,
-                          feed_s])  # fmt: skip
+        parts = np.stack(
+            [self.flops / self.peak, self.vector / self.vector_rate, self.special / self.special_rate, feed_s]
+        )
         return np.nan_to_num(parts).max(axis=0) / chips
 
 
@@ -264,19 +270,44 @@ def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
             found.append((int(i), INVARIANTS.index(invariant), violation))
 
     with np.errstate(invalid="ignore", divide="ignore"):
-        over("node_peak_flops", nodes.flops / t, nodes.peak * chips,
-             lambda i, r: f"{r.op_type}: {nodes.flops[i]:.0f} FLOPs in {t[i]:.6g} s; peak at {dtypes[i]} x {chips} chip(s)")  # fmt: skip
-        for cls, work, rate in (("vector", nodes.vector, nodes.vector_rate),
-                                ("special", nodes.special, nodes.special_rate)):  # fmt: skip
-            over("node_class_rate", work / t, rate * chips,
-                 lambda i, r, cls=cls, work=work: f"{r.op_type}: {work[i]:.0f} {cls} ops in {t[i]:.6g} s; "
-                                                  f"{cls} rate at {dtypes[i]} x {chips} chip(s)")  # fmt: skip
-        over("node_feed_bandwidth", np.where(np.isnan(nodes.bandwidth), 0.0, nodes.feed / t), nodes.bandwidth * chips,
-             lambda i, r: f"{r.op_type}: {nodes.feed[i]:.6g} B at {nodes.memory[i]} in {t[i]:.6g} s; "
-                          f"{nodes.memory[i]} bandwidth x {chips} chip(s)")  # fmt: skip
-        over("node_power", nodes.energy, watts * t,
-             lambda i, r: f"{r.op_type}: {nodes.energy[i]:.6g} J in {t[i]:.6g} s is {nodes.energy[i] / t[i]:.6g} W; "
-                          f"rated {watts:g} W x {t[i]:.6g} s")  # fmt: skip
+        over(
+            "node_peak_flops",
+            nodes.flops / t,
+            nodes.peak * chips,
+            lambda i, r: (
+                f"{r.op_type}: {nodes.flops[i]:.0f} FLOPs in {t[i]:.6g} s; peak at {dtypes[i]} x {chips} chip(s)"
+            ),
+        )
+        for cls, work, rate in (
+            ("vector", nodes.vector, nodes.vector_rate),
+            ("special", nodes.special, nodes.special_rate),
+        ):
+            over(
+                "node_class_rate",
+                work / t,
+                rate * chips,
+                lambda i, r, cls=cls, work=work: (
+                    f"{r.op_type}: {work[i]:.0f} {cls} ops in {t[i]:.6g} s; {cls} rate at {dtypes[i]} x {chips} chip(s)"
+                ),
+            )
+        over(
+            "node_feed_bandwidth",
+            np.where(np.isnan(nodes.bandwidth), 0.0, nodes.feed / t),
+            nodes.bandwidth * chips,
+            lambda i, r: (
+                f"{r.op_type}: {nodes.feed[i]:.6g} B at {nodes.memory[i]} in {t[i]:.6g} s; "
+                f"{nodes.memory[i]} bandwidth x {chips} chip(s)"
+            ),
+        )
+        over(
+            "node_power",
+            nodes.energy,
+            watts * t,
+            lambda i, r: (
+                f"{r.op_type}: {nodes.energy[i]:.6g} J in {t[i]:.6g} s is {nodes.energy[i] / t[i]:.6g} W; "
+                f"rated {watts:g} W x {t[i]:.6g} s"
+            ),
+        )
     return [violation for _, _, violation in sorted(found, key=lambda f: f[:2])]
 
 
@@ -304,9 +335,14 @@ def _speedups(report: Report) -> Iterable[Violation]:
         per_chip = point["batch"] / chips / base if base and point.get("batch") else 1.0
         limit = chips * max(1.0, per_chip)
         if speedup is not None and _above(speedup, limit) and not point.get("superlinear"):
-            yield Violation("speedup_linear", f"{chips} chips", speedup, limit,
-                            f"speedup over one chip above {chips} chip(s) x {max(1.0, per_chip):.3g} (each chip's "
-                            "samples a step over the one chip's), and no mechanism named for it")  # fmt: skip
+            yield Violation(
+                "speedup_linear",
+                f"{chips} chips",
+                speedup,
+                limit,
+                f"speedup over one chip above {chips} chip(s) x {max(1.0, per_chip):.3g} (each chip's "
+                "samples a step over the one chip's), and no mechanism named for it",
+            )
 
 
 def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
@@ -317,27 +353,48 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
         peak = nodes.top_peak() or ctx.peak(None)
         achieved = _finite(totals.get("achieved_flops_per_s"))
         if achieved is not None and _above(achieved, peak * chips):
-            yield Violation("step_peak_flops", "step", achieved, peak * chips,
-                            f"highest node-dtype peak x {chips} chip(s)")  # fmt: skip
+            yield Violation(
+                "step_peak_flops", "step", achieved, peak * chips, f"highest node-dtype peak x {chips} chip(s)"
+            )
         flops = _finite(totals.get("flops")) or 0.0
         if flops > 0 and _above(flops / (peak * chips), step):
-            yield Violation("step_time_work", "step", step, flops / (peak * chips),
-                            f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)")  # fmt: skip
+            yield Violation(
+                "step_time_work",
+                "step",
+                step,
+                flops / (peak * chips),
+                f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)",
+            )
         bounds = dict(zip((r.name for r in nodes.records), nodes.least_times(ctx.plan_chips).tolist(), strict=True))
         if bounds:
             name = max(bounds, key=bounds.__getitem__)
             if _above(bounds[name], step):
-                yield Violation("step_time_critical_path", "step", step, bounds[name],
-                                f"node {name} alone needs {bounds[name]:.6g} s at its roofline")  # fmt: skip
+                yield Violation(
+                    "step_time_critical_path",
+                    "step",
+                    step,
+                    bounds[name],
+                    f"node {name} alone needs {bounds[name]:.6g} s at its roofline",
+                )
             chain = _chain_bound(ctx, bounds)
             if chain is not None and chain[0] > bounds[name] and _above(chain[0], step):
-                yield Violation("step_time_critical_path", "step", step, chain[0],
-                                f"the chain ending at {chain[1]} needs {chain[0]:.6g} s at its nodes' rooflines")  # fmt: skip
+                yield Violation(
+                    "step_time_critical_path",
+                    "step",
+                    step,
+                    chain[0],
+                    f"the chain ending at {chain[1]} needs {chain[0]:.6g} s at its nodes' rooflines",
+                )
         energy = _finite(totals.get("energy_j"))
         watts = _finite(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
         if energy is not None and energy > 0 and _above(energy, watts * step):
-            yield Violation("step_power", "step", energy, watts * step,
-                            f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W")  # fmt: skip
+            yield Violation(
+                "step_power",
+                "step",
+                energy,
+                watts * step,
+                f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W",
+            )
 
 
 def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str] | None:
@@ -347,8 +404,13 @@ def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str
     plan, report = ctx.plan, ctx.report
     graph = report.graph
     timeline = report.timeline
-    if (graph is None or getattr(plan, "pipelined_steps", False) or int(getattr(plan, "micro_batches", 1) or 1) != 1
-            or int(getattr(timeline, "micro_batches", 1) or 1) != 1 or "scale" in report.extra):  # fmt: skip
+    if (
+        graph is None
+        or getattr(plan, "pipelined_steps", False)
+        or int(getattr(plan, "micro_batches", 1) or 1) != 1
+        or int(getattr(timeline, "micro_batches", 1) or 1) != 1
+        or "scale" in report.extra
+    ):
         return None
     # costed graphs are in topological order: an input whose producer comes later counts as 0
     producer = {out: node.name for node in graph.nodes for out in node.outputs}  # a value's last producer
@@ -371,8 +433,10 @@ def _memory(ctx: _Context) -> Iterable[Violation]:
 
 def _shares(report: Report) -> Iterable[Violation]:
     roles, representative = report.share_tables()  # the rows the report's JSON writes
-    for table, rows, basis in (("roles", roles, "summed busy time (node times and overheads)"),
-                               ("representative_layer", representative, "the layer's time")):  # fmt: skip
+    for table, rows, basis in (
+        ("roles", roles, "summed busy time (node times and overheads)"),
+        ("representative_layer", representative, "the layer's time"),
+    ):
         shares = [_finite(r.get("share")) for r in rows]
         if not rows or all(s is None for s in shares):
             continue  # nothing to share out (no time, no FLOPs)
@@ -396,5 +460,10 @@ def _roofline(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
         achieved = float(nodes.flops[i] / nodes.time[i])
         if _above(achieved, roof):
             which = "peak" if roof == peak else f"{memory} roof at {intensity:.6g} FLOP/B"
-            yield Violation("roofline_point", r.name, achieved, roof,
-                            f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)")  # fmt: skip
+            yield Violation(
+                "roofline_point",
+                r.name,
+                achieved,
+                roof,
+                f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)",
+            )

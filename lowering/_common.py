@@ -65,9 +65,15 @@ class LoweringContext:
     """Names of the graph's stored values (weights, constants: `ValueKind.is_stored`), asked for every input read."""
     activations: frozenset[str] = frozenset()
     """Names of its other values (graph inputs, activations, outputs): what liveness and boundaries count."""
-    _work: dict[str, bool] = field(default_factory=dict, repr=False)  # is_work by node name (`build`), asked ~8 times a node
-    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # value_bytes by value name (-1: unknown or absent)
-    _stored: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, repr=False)  # `stored_values` per node
+    _work: dict[str, bool] = field(
+        default_factory=dict, repr=False
+    )  # is_work by node name (`build`), asked ~8 times a node
+    _sizes: dict[str, int] = field(
+        default_factory=dict, repr=False
+    )  # value_bytes by value name (-1: unknown or absent)
+    _stored: dict[str, tuple[tuple[str, int], ...]] = field(
+        default_factory=dict, repr=False
+    )  # `stored_values` per node
 
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:

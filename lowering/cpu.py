@@ -544,7 +544,6 @@ class CpuLowering(Lowering):
     Options = CpuOptions
     feed = "off-chip"  # every operand streams from host DRAM
 
-
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)
         feed_of = feed_levels(ctx, target)
@@ -555,8 +554,7 @@ class CpuLowering(Lowering):
                 peak = target.peak_bound(str(node.meta.get(meta.PRECISION) or ctx.precision))
                 times[name] = max(times[name], cost.bytes / level.bandwidth_bytes_per_s, cost.flops / peak)
         # onnxruntime runs one kernel per node, unfused
-        return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times,
-                           feed_of=feed_of)  # fmt: skip
+        return stream_plan(ctx, target, options, Unit(id="cpu0", kind="cpu"), fuse=False, times=times, feed_of=feed_of)
 
 
 def feed_levels(ctx: LoweringContext, target: Target) -> dict[str, MemoryLevel]:

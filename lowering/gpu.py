@@ -53,7 +53,13 @@ if TYPE_CHECKING:
     from dabench_ir.targets import MemoryLevel, Target
 
 __all__ = [
-    "HOST_ISSUE", "LOWERING", "GpuLowering", "GpuOptions", "device_memory", "gemm_wave_efficiency", "stream_plan",
+    "HOST_ISSUE",
+    "LOWERING",
+    "GpuLowering",
+    "GpuOptions",
+    "device_memory",
+    "gemm_wave_efficiency",
+    "stream_plan",
     "strided_views",
 ]
 
@@ -80,15 +86,23 @@ class GpuLowering(Lowering):
 
     def device_memory(self, ctx: LoweringContext, options: GpuOptions, *, zero: int, shards: int) -> dict[str, int]:
         """One GPU's bytes under data parallelism over ``shards`` with ZeRO stage ``zero`` (`device_memory`)."""
-        return device_memory(ctx, micro_batches=options.micro_batches or 1, offload=options.optimizer_state == "offchip",
-                             zero=zero, shards=shards)  # fmt: skip
+        return device_memory(
+            ctx,
+            micro_batches=options.micro_batches or 1,
+            offload=options.optimizer_state == "offchip",
+            zero=zero,
+            shards=shards,
+        )
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
         groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
-        plan.stats = replace(plan.stats, weights_home=f"{target.feed_memory.name} (read every step)",
-                             kv_cache_home=f"{target.feed_memory.name} ({target.feed_memory.level})")  # fmt: skip
+        plan.stats = replace(
+            plan.stats,
+            weights_home=f"{target.feed_memory.name} (read every step)",
+            kv_cache_home=f"{target.feed_memory.name} ({target.feed_memory.level})",
+        )
         return plan
 
 
@@ -293,8 +307,14 @@ def _memory_s(cost: Cost, runs: int, bw: float) -> float:
     return (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
 
 
-def _group_device_s(ctx: LoweringContext, group: list[Node], compute: Mapping[str, tuple[float, str]], bw: float,
-                    m: int, views: frozenset[str]) -> float:
+def _group_device_s(
+    ctx: LoweringContext,
+    group: list[Node],
+    compute: Mapping[str, tuple[float, str]],
+    bw: float,
+    m: int,
+    views: frozenset[str],
+) -> float:
     """Device seconds of one kernel group's work over the step (roofline per node, launches apart;
     ``views``: `strided_views`, no work)."""
     total = 0.0
@@ -305,8 +325,9 @@ def _group_device_s(ctx: LoweringContext, group: list[Node], compute: Mapping[st
     return total
 
 
-def _host_wait(kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapping[int, float],
-               issue_s: float, micro_batches: int) -> float:
+def _host_wait(
+    kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapping[int, float], issue_s: float, micro_batches: int
+) -> float:
     """Seconds per step the stream idles, its next kernel not yet issued by the host.
 
     ``kernels_of``: per kernel group, its kernels per run, its runs per step (1: the optimizer,
@@ -447,8 +468,11 @@ def stream_plan(
             host_only.add(id(group))
         runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
         kernels_of.append((group, kernels, runs, bool(work or viewed)))
-    device = {id(g): 0.0 if id(g) in host_only else _group_device_s(ctx, g, compute, bw, m, views)
-              + runs * kernels * launch for g, kernels, runs, issued in kernels_of if issued}  # fmt: skip
+    device = {
+        id(g): 0.0 if id(g) in host_only else _group_device_s(ctx, g, compute, bw, m, views) + runs * kernels * launch
+        for g, kernels, runs, issued in kernels_of
+        if issued
+    }
     issue = target.overhead("host_issue_s")
     for group, kernels, runs, _ in kernels_of:
         launched = False
@@ -476,8 +500,11 @@ def stream_plan(
                 feed_bytes=0 if view else cost.bytes,
                 # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
                 # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
-                ridge=(ridge_of(cost.flops / compute_s, bw if fed is mem else fed.bandwidth_bytes_per_s)
-                       if compute_s > 0 else ridge),
+                ridge=(
+                    ridge_of(cost.flops / compute_s, bw if fed is mem else fed.bandwidth_bytes_per_s)
+                    if compute_s > 0
+                    else ridge
+                ),
                 allocation=alloc,
                 time_s=times.get(node.name),
             )

@@ -290,7 +290,9 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
         proto = ir.serde.serialize_model(program.model)
     if dynamic:
         names = {input_name: ("batch", "seq")}
-        names.update({c: ("batch", "", "", "context") if ".k_" in c else ("batch", "", "context", "") for c in cache_in})
+        names.update(
+            {c: ("batch", "", "", "context") if ".k_" in c else ("batch", "", "context", "") for c in cache_in}
+        )
         _rename_dims(proto, names)
     for node in proto.graph.node:
         _drop_props(node)
@@ -365,7 +367,9 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         return proto
 
     block = [n for n, b in zip(nodes, in_block, strict=True) if b]
-    produced = dict.fromkeys(o for n in block for o in n.output if o)  # in block order: the copies' value infos follow it
+    produced = dict.fromkeys(
+        o for n in block for o in n.output if o
+    )  # in block order: the copies' value infos follow it
     graph_inputs = {v.name: v for v in graph.input}
     initializers = {t.name for t in graph.initializer}
     weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]
@@ -399,10 +403,13 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     # A block node's scope texts split around `layers.0` once: a copy joins them with `layers.i`
     # (the pattern has no groups, so the join is the substitution).
     scope_parts = [
-        [(k, parts) for k, prop in enumerate(node.metadata_props)
-         if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1]
+        [
+            (k, parts)
+            for k, prop in enumerate(node.metadata_props)
+            if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1
+        ]
         for node in block
-    ]  # fmt: skip
+    ]
     # Order: nodes before the block, block 0, copies 1..L-1, then what reads the block output.
     tainted = {block_out}
     before, after = [], []
@@ -473,8 +480,12 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
 
 
 # ---- binding symbolic dims ------------------------------------------------------------------
-_DIM_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-            ast.FloorDiv: lambda a, b: a // b}  # fmt: skip
+_DIM_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+}
 
 
 def _eval_dim(text: str, dims: dict[str, int]) -> int | None:
@@ -649,8 +660,9 @@ def export_model(
         from dabench_ir.models.mlir_export import export_mlir
 
         mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)
-        names = export_mlir(cfg, path, dataclasses.replace(o, weights=mode), dialect=format.removeprefix("mlir-"),
-                            progress=progress)  # fmt: skip
+        names = export_mlir(
+            cfg, path, dataclasses.replace(o, weights=mode), dialect=format.removeprefix("mlir-"), progress=progress
+        )
         return ExportResult(path, format, mode, names, time.perf_counter() - start)
     if format != "onnx":
         raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")

@@ -20,12 +20,23 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
 
-__all__ = ["ALIASES", "PRESETS", "close_presets", "describe_presets", "get_preset", "names_preset", "preset_file", "preset_name", "preset_shape"]
+__all__ = [
+    "ALIASES",
+    "PRESETS",
+    "close_presets",
+    "describe_presets",
+    "get_preset",
+    "names_preset",
+    "preset_file",
+    "preset_name",
+    "preset_shape",
+]
 
 logger = logging.getLogger(__name__)
 
 _GPT2 = {"family": "gpt2", "vocab": 50257, "max_positions": 1024, "seq": 1024, "tie_embeddings": True}
 _LLAMA2 = {"family": "llama", "vocab": 32000, "seq": 4096, "tie_embeddings": False}
+
 
 class _Presets(dict):
     """The presets by canonical name; ``in`` and ``[]`` also answer to an alias (`ALIASES`, any case),
@@ -42,27 +53,36 @@ class _Presets(dict):
         return self[name] if name in self else default  # noqa: SIM401 (self.get is this method)
 
 
-PRESETS: dict[str, dict[str, Any]] = _Presets({
-    "gpt2-small": {**_GPT2, "layers": 12, "hidden": 768, "heads": 12, "ffn": 3072},
-    "gpt2-medium": {**_GPT2, "layers": 24, "hidden": 1024, "heads": 16, "ffn": 4096},
-    "gpt2-large": {**_GPT2, "layers": 36, "hidden": 1280, "heads": 20, "ffn": 5120},
-    "gpt2-xl": {**_GPT2, "layers": 48, "hidden": 1600, "heads": 25, "ffn": 6400},
-    "llama-7b": {**_LLAMA2, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008},
-    "llama-13b": {**_LLAMA2, "layers": 40, "hidden": 5120, "heads": 40, "kv_heads": 40, "ffn": 13824},
-    "llama-70b": {**_LLAMA2, "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672},
-})
+PRESETS: dict[str, dict[str, Any]] = _Presets(
+    {
+        "gpt2-small": {**_GPT2, "layers": 12, "hidden": 768, "heads": 12, "ffn": 3072},
+        "gpt2-medium": {**_GPT2, "layers": 24, "hidden": 1024, "heads": 16, "ffn": 4096},
+        "gpt2-large": {**_GPT2, "layers": 36, "hidden": 1280, "heads": 20, "ffn": 5120},
+        "gpt2-xl": {**_GPT2, "layers": 48, "hidden": 1600, "heads": 25, "ffn": 6400},
+        "llama-7b": {**_LLAMA2, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008},
+        "llama-13b": {**_LLAMA2, "layers": 40, "hidden": 5120, "heads": 40, "kv_heads": 40, "ffn": 13824},
+        "llama-70b": {**_LLAMA2, "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672},
+    }
+)
 for _h, _l, _n in ((768, 12, 12), (1024, 24, 16), (1280, 36, 20), (1600, 48, 25)):
     PRESETS[f"dabench-gpt2-h{_h}"] = {
-        "family": "gpt2", "layers": _l, "hidden": _h, "heads": _n, "ffn": 4 * _h,
-        "vocab": None, "positional": "none", "seq": 1024,
-    }  # fmt: skip
+        "family": "gpt2",
+        "layers": _l,
+        "hidden": _h,
+        "heads": _n,
+        "ffn": 4 * _h,
+        "vocab": None,
+        "positional": "none",
+        "seq": 1024,
+    }
 
 
 ALIASES: dict[str, str] = {
     "gpt2": "gpt2-small",  # the Hugging Face checkpoint names: gpt2 is the 124 M model
-    "llama": "llama-7b", "llama2": "llama-7b",  # a family alone: its smallest size
+    "llama": "llama-7b",
+    "llama2": "llama-7b",  # a family alone: its smallest size
     **{f"{prefix}-{size}": f"llama-{size}" for prefix in ("llama2", "llama-2") for size in ("7b", "13b", "70b")},
-}  # fmt: skip
+}
 """Other names of presets (lower case): a family's name alone, and the released checkpoints' spellings."""
 
 
@@ -136,8 +156,10 @@ def cached_export(cfg: ModelConfig, folder: Path | None = None, *, what: str = "
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise UserError(f"{what}: exporting a preset needs torch (pip install torch); or give an .onnx "
-                            "file (dabench-ir export --preset NAME on a machine with torch)") from None  # fmt: skip
+            raise UserError(
+                f"{what}: exporting a preset needs torch (pip install torch); or give an .onnx "
+                "file (dabench-ir export --preset NAME on a machine with torch)"
+            ) from None
         from dabench_ir.models.export import export_onnx
 
         logger.info("exporting %s (weight-free, once; cached in %s)", cfg.preset or "the model", where)

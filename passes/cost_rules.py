@@ -127,9 +127,17 @@ CPU_GELU_TANH = "GeluTanh"
 CPU_TRANSPOSE_2D = "Transpose2D"
 """Host-CPU kernel class of a Transpose that moves the innermost axis (an element-wise gather)."""
 CPU_KERNELS = (
-    CPU_STREAM, "Tanh", "Erf", "Gelu", CPU_GELU_TANH, "Softmax", "ReduceMean", "Transpose", CPU_TRANSPOSE_2D,
+    CPU_STREAM,
+    "Tanh",
+    "Erf",
+    "Gelu",
+    CPU_GELU_TANH,
+    "Softmax",
+    "ReduceMean",
+    "Transpose",
+    CPU_TRANSPOSE_2D,
     "LayerNormalization",
-)  # fmt: skip
+)
 """The host-CPU kernel classes `execute.calibrate` measures (bytes -> seconds curves), in the order
 it measures them: every registered `OpTraits.cpu_class` is one of them or `CPU_MATMUL`."""
 CPU_KERNEL_FALLBACK = {CPU_GELU_TANH: "Gelu", "Gelu": "Erf", "Erf": "Tanh", CPU_TRANSPOSE_2D: "Transpose"}
@@ -530,8 +538,14 @@ def qlinear_matmul(op: OpView) -> Cost:
     )
 
 
-@cost_rule("MatMulNBits", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,),
-           output_types=_types.matmul_nbits)  # fmt: skip
+@cost_rule(
+    "MatMulNBits",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    roles=(Role.CONTRACTION,),
+    output_types=_types.matmul_nbits,
+)
 def matmul_nbits(op: OpView) -> Cost:
     """A [..., K] @ dequantized B [N, K] (block-quantized, ``bits`` per weight, read packed): 2·K
     per output element, 2 per weight element to dequantize ((q − zp)·scale, done on the fly per
@@ -541,8 +555,14 @@ def matmul_nbits(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * out, vector_flops=2 * k * n + (out if op.has_input(5) else 0))
 
 
-@cost_rule("FusedMatMul", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,),
-           output_types=_types.fused_matmul)  # fmt: skip
+@cost_rule(
+    "FusedMatMul",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    roles=(Role.CONTRACTION,),
+    output_types=_types.fused_matmul,
+)
 def fused_matmul(op: OpView) -> Cost:
     """2·K FLOPs per output element, plus the alpha scaling when alpha ≠ 1."""
     a = op.in_dims(0)
@@ -629,8 +649,15 @@ def _attention_flops(batch: int, heads: int, s: int, t: int, h_qk: int, h_v: int
     )
 
 
-@cost_rule("Attention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           params=(6,), roles=(Role.ATTENTION,), output_types=_types.attention)  # fmt: skip
+@cost_rule(
+    "Attention",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    params=(6,),
+    roles=(Role.ATTENTION,),
+    output_types=_types.attention,
+)
 def ms_attention(op: OpView) -> Cost:
     """Packed-projection attention (input [B,S,D], weights [D, Dq+Dk+Dv], bias, mask_index, past,
     attention_bias): the QKV projection (2·D per projected element, plus the bias add), then
@@ -660,8 +687,14 @@ def _kv_length(op: OpView, key_index: int, past_index: int) -> int:
     return past + (key[2] if len(key) == 4 else key[1])  # [B,N,L,H] or [B,L,D] / [B,L,N,2,H]
 
 
-@cost_rule("MultiHeadAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           roles=(Role.ATTENTION,), output_types=_types.mha)  # fmt: skip
+@cost_rule(
+    "MultiHeadAttention",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    roles=(Role.ATTENTION,),
+    output_types=_types.mha,
+)
 def ms_multi_head_attention(op: OpView) -> Cost:
     """query [B,S,D] (or packed [B,S,N,3,H]), key/value [B,L,D] or [B,N,L,H], optional bias
     (added to Q, K and V), key_padding_mask, attention_bias, past key/value: fused attention over
@@ -678,8 +711,15 @@ def ms_multi_head_attention(op: OpView) -> Cost:
     return _attention_flops(b, heads, s, t, h_qk, h_v, masks) + Cost(vector_flops=bias)
 
 
-@cost_rule("GroupQueryAttention", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           params=(5, 6), roles=(Role.ATTENTION,), output_types=_types.gqa)  # fmt: skip
+@cost_rule(
+    "GroupQueryAttention",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    params=(5, 6),
+    roles=(Role.ATTENTION,),
+    output_types=_types.gqa,
+)
 def ms_group_query_attention(op: OpView) -> Cost:
     """query [B,S,N·H] (or packed QKV), key/value [B,S,Nkv·H], past key/value [B,Nkv,P,H]: causal
     attention of ``num_heads`` query heads over T keys (the present key's length), the K/V heads
@@ -696,8 +736,15 @@ def ms_group_query_attention(op: OpView) -> Cost:
     return cost
 
 
-@cost_rule("RotaryEmbedding", domain="com.microsoft", op_class=OpClass.VECTOR, custom_bytes=True, params=(1,),
-           roles=(Role.ROTARY,), output_types=_types.same)  # fmt: skip
+@cost_rule(
+    "RotaryEmbedding",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    custom_bytes=True,
+    params=(1,),
+    roles=(Role.ROTARY,),
+    output_types=_types.same,
+)
 @cost_rule("RotaryEmbedding", op_class=OpClass.VECTOR, custom_bytes=True, params=(3,), roles=(Role.ROTARY,))
 def rotary_embedding(op: OpView) -> Cost:
     """x·cos + rotate(x)·sin over the rotated part (``rotary_embedding_dim``, else the whole head):
@@ -717,8 +764,13 @@ def rotary_embedding(op: OpView) -> Cost:
     return Cost(vector_flops=3 * rotated, act_bytes_in=n * itemsize + pos + gathered, act_bytes_out=n * itemsize)
 
 
-@cost_rule("FusedGemm", domain="com.microsoft", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL,
-           output_types=_types.fused_gemm)  # fmt: skip
+@cost_rule(
+    "FusedGemm",
+    domain="com.microsoft",
+    op_class=OpClass.CONTRACTION,
+    cpu_class=CPU_MATMUL,
+    output_types=_types.fused_gemm,
+)
 def fused_gemm(op: OpView) -> Cost:
     """Gemm followed by its fused ``activation`` (Relu, LeakyRelu, Sigmoid, Tanh, ...): the Gemm's
     count plus the activation's per output element (1 vector; Sigmoid/Tanh add 1 special)."""
@@ -729,6 +781,7 @@ def fused_gemm(op: OpView) -> Cost:
 
 
 # -- elementwise -----------------------------------------------------------------------
+
 
 def _elementwise(op_type: str, vector: int, special: int, **traits: Any) -> None:
     """Register ``op_type``: ``vector`` vector FLOPs and ``special`` special ops per output element."""
@@ -834,10 +887,23 @@ def gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n, special_ops=n)
 
 
-@cost_rule("Gelu", "BiasGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Gelu", **_NLIN,
-           output_types=_types.same)  # fmt: skip
-@cost_rule("FastGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class=CPU_GELU_TANH, **_NLIN,
-           output_types=_types.same)  # fmt: skip
+@cost_rule(
+    "Gelu",
+    "BiasGelu",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    cpu_class="Gelu",
+    **_NLIN,
+    output_types=_types.same,
+)
+@cost_rule(
+    "FastGelu",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    cpu_class=CPU_GELU_TANH,
+    **_NLIN,
+    output_types=_types.same,
+)
 def ms_gelu(op: OpView) -> Cost:
     """Exact (Gelu, BiasGelu) or tanh-approximated (FastGelu) GELU, plus the bias add when given."""
     n = op.out_numel()
@@ -846,8 +912,9 @@ def ms_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n + bias, special_ops=n)
 
 
-@cost_rule("QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh", **_NLIN,
-           output_types=_types.same)  # fmt: skip
+@cost_rule(
+    "QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh", **_NLIN, output_types=_types.same
+)
 def quick_gelu(op: OpView) -> Cost:
     """x·sigmoid(alpha·x): the sigmoid (2 vector + 1 exp), the product, and the alpha scaling
     when alpha ≠ 1 (onnxruntime fuses SiLU, x·sigmoid(x), into QuickGelu with alpha 1)."""
@@ -896,10 +963,18 @@ def _rows(dims: tuple[int, ...], axis: int) -> tuple[int, int]:
     return math.prod(dims[:axis]), math.prod(dims[axis:])
 
 
-@cost_rule("Softmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax", **_KEEPS_OUT, row_reductions=1,
-           roles=(Role.SOFTMAX,))  # fmt: skip
-@cost_rule("LogSoftmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax", **_KEEPS_OUT, row_reductions=1,
-           loss=True)  # fmt: skip
+@cost_rule(
+    "Softmax",
+    op_class=OpClass.VECTOR,
+    **_FP32,
+    cpu_class="Softmax",
+    **_KEEPS_OUT,
+    row_reductions=1,
+    roles=(Role.SOFTMAX,),
+)
+@cost_rule(
+    "LogSoftmax", op_class=OpClass.VECTOR, **_FP32, cpu_class="Softmax", **_KEEPS_OUT, row_reductions=1, loss=True
+)
 def softmax(op: OpView) -> Cost:
     """Per element: max, subtract, exp, sum, divide (LogSoftmax: subtract, plus a log per row).
 
@@ -938,24 +1013,48 @@ def rms_norm(op: OpView) -> Cost:
     return Cost(vector_flops=4 * math.prod(dims) + 2 * rows, special_ops=rows)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="", op_class=OpClass.VECTOR, **_NORM, row_reductions=1,
-           output_types=_types.simplified_norm)  # fmt: skip
+@cost_rule(
+    "SimplifiedLayerNormalization",
+    domain="",
+    op_class=OpClass.VECTOR,
+    **_NORM,
+    row_reductions=1,
+    output_types=_types.simplified_norm,
+)
 def simplified_layer_norm(op: OpView) -> Cost:
     """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule("SimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM, row_reductions=1,
-           output_types=_types.simplified_norm)  # fmt: skip
+@cost_rule(
+    "SimplifiedLayerNormalization",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    **_NORM,
+    row_reductions=1,
+    output_types=_types.simplified_norm,
+)
 def ms_simplified_layer_norm(op: OpView) -> Cost:
     """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule("SkipLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM, row_reductions=2,
-           output_types=_types.skip_norm)  # fmt: skip
-@cost_rule("SkipSimplifiedLayerNormalization", domain="com.microsoft", op_class=OpClass.VECTOR, **_NORM,
-           row_reductions=1, output_types=_types.skip_norm)  # fmt: skip
+@cost_rule(
+    "SkipLayerNormalization",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    **_NORM,
+    row_reductions=2,
+    output_types=_types.skip_norm,
+)
+@cost_rule(
+    "SkipSimplifiedLayerNormalization",
+    domain="com.microsoft",
+    op_class=OpClass.VECTOR,
+    **_NORM,
+    row_reductions=1,
+    output_types=_types.skip_norm,
+)
 def skip_layer_norm(op: OpView) -> Cost:
     """input + skip (+ bias), then LayerNormalization (with beta when given) or RMS normalisation
     over the last axis. Inputs: SkipLayerNormalization (input, skip, gamma, beta, bias),
@@ -1006,6 +1105,7 @@ def lp_norm(op: OpView) -> Cost:
 
 
 # -- reductions ------------------------------------------------------------------------
+
 
 def _reduction(op_type: str, per_in: int, special_in: int, per_out: int, special_out: int, **traits: Any) -> None:
     """Register ``op_type``: vector and special counts per input element and per output element."""
@@ -1129,8 +1229,14 @@ _moves("Unique")
 _moves("SplitToSequence", (1,))
 
 
-@cost_rule("Gather", op_class=OpClass.DATA_MOVEMENT, custom_bytes=True, backward=Backward.SCATTER_ADD, roles=_LAYOUT,
-           index_input=1)  # fmt: skip
+@cost_rule(
+    "Gather",
+    op_class=OpClass.DATA_MOVEMENT,
+    custom_bytes=True,
+    backward=Backward.SCATTER_ADD,
+    roles=_LAYOUT,
+    index_input=1,
+)
 def gather(op: OpView) -> Cost:
     """Reads only the gathered slices (an embedding lookup reads B·S rows, not the table)."""
     data = op.graph.values[op.node.inputs[0]]
@@ -1149,8 +1255,16 @@ def shape_of(op: OpView) -> Cost:
 
 
 @cost_rule("Constant", op_class=OpClass.SHAPE, params=(0,), shape_only=True)  # an initializer once loaded
-@cost_rule("ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-           op_class=OpClass.SHAPE, params=(0,))
+@cost_rule(
+    "ConstantOfShape",
+    "EyeLike",
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    op_class=OpClass.SHAPE,
+    params=(0,),
+)
 def constant(op: OpView) -> Cost:
     """Materialises its output: bytes written, nothing computed."""
     return Cost()
@@ -1174,7 +1288,9 @@ op_traits_only("SoftmaxCrossEntropy", domain="dabench", op_class=None, loss=True
 
 # -- the per-op table of docs/costs.md -----------------------------------------------------
 
-_DOC_BEGIN = "<!-- per-op table: generated by passes.cost_rules.render_costs_markdown(); run scripts/gen_costs_doc.py -->"
+_DOC_BEGIN = (
+    "<!-- per-op table: generated by passes.cost_rules.render_costs_markdown(); run scripts/gen_costs_doc.py -->"
+)
 _DOC_END = "<!-- end of generated per-op table -->"
 
 

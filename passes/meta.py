@@ -77,7 +77,12 @@ MLIR_CLASS = "dabench.mlir.class"  # contraction | vector | data_movement | none
 MLIR_ARTIFACT = "dabench.mlir.artifact"  # MlirArtifact (the lowered module), by the MLIR frontend
 LINALG_COUNTS = "dabench.mlir.counts"  # list[OpCount], by the .mlir frontend or 'linalg-cost'
 # model metadata keys (Graph.metadata, the ONNX file's metadata_props) the exporter writes
-MODEL_FAMILY, MODEL_PRESET, MODEL_PARAMS, MODEL_WEIGHTS = "dabench.family", "dabench.preset", "dabench.params", "dabench.weights"
+MODEL_FAMILY, MODEL_PRESET, MODEL_PARAMS, MODEL_WEIGHTS = (
+    "dabench.family",
+    "dabench.preset",
+    "dabench.params",
+    "dabench.weights",
+)
 MODEL_PHASE, MODEL_KV_CACHE = "dabench.phase", "dabench.kv_cache"
 
 _WRITERS = {COST: "cost", OP_CLASS: "classify", PRECISION: "precision", ACCUMULATE: "precision"}

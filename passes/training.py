@@ -169,8 +169,11 @@ FUSED_ATTENTION, SAVED = meta.FUSED_ATTENTION, meta.SAVED  # declared in passes/
 
 def _is_activation(graph: Graph, name: str) -> bool:
     value = graph.values.get(name) if name else None
-    return value is not None and not value.kind.is_stored and value.kind is not ValueKind.CONSTANT and (
-        value.type.dtype.is_float
+    return (
+        value is not None
+        and not value.kind.is_stored
+        and value.kind is not ValueKind.CONSTANT
+        and (value.type.dtype.is_float)
     )
 
 
@@ -341,8 +344,11 @@ class TrainingPass(Pass):
                 keep = {v: b for v, b in keep.items() if v.split("#")[0] not in internal}
                 last = not any(out in internal for out in node.outputs)
                 if not last and grads:
-                    bwd = bwd + Cost(contraction_flops=forward.contraction_flops, vector_flops=forward.vector_flops,
-                                     special_ops=forward.special_ops)  # fmt: skip
+                    bwd = bwd + Cost(
+                        contraction_flops=forward.contraction_flops,
+                        vector_flops=forward.vector_flops,
+                        special_ops=forward.special_ops,
+                    )
                 if node.name in fused and node.outputs and (last or traits.saves is Saves.OUTPUT):
                     out = node.outputs[0]
                     if last:  # the kernel's output O
@@ -373,20 +379,24 @@ class TrainingPass(Pass):
         graph.invalidate()
         layer_peak = max((sum(k.values()) for layer, k in per_layer.items() if layer is not None), default=0)
         kept = boundary + layer_peak if mode == "full" else sum(saved.values())
-        meta.graph_set(graph, meta.TRAINING, TrainingRecord(
-            optimizer=self.optimizer,
-            loss=loss.name if loss is not None else None,  # None: no language-model logits to score
-            recompute=mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
-            recompute_mode=mode,
-            fused_attention=bool(fused),
-            params=params,
-            gradient_bytes=itemsize * params,
-            master_weight_bytes=MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
-            optimizer_state_bytes=ADAM_MOMENT_BYTES_PER_PARAM * params,
-            # activations kept for backward over the whole bound batch: what autograd saves per
-            # op, or with full recompute the tensors crossing block boundaries plus one block's set
-            saved_activation_bytes=kept,
-        ))  # fmt: skip
+        meta.graph_set(
+            graph,
+            meta.TRAINING,
+            TrainingRecord(
+                optimizer=self.optimizer,
+                loss=loss.name if loss is not None else None,  # None: no language-model logits to score
+                recompute=mode == "full",  # the IPU lowering's stash model: whole blocks recomputed
+                recompute_mode=mode,
+                fused_attention=bool(fused),
+                params=params,
+                gradient_bytes=itemsize * params,
+                master_weight_bytes=MASTER_BYTES_PER_PARAM * params if itemsize < 4 else 0,
+                optimizer_state_bytes=ADAM_MOMENT_BYTES_PER_PARAM * params,
+                # activations kept for backward over the whole bound batch: what autograd saves per
+                # op, or with full recompute the tensors crossing block boundaries plus one block's set
+                saved_activation_bytes=kept,
+            ),
+        )
         meta.graph_set(graph, meta.GRAPH_MODE, "train")
         return PassResult(graph, True)
 
@@ -429,9 +439,11 @@ def _loss_node(graph: Graph, logits: str) -> Node:
     size = logits_type.dtype.itemsize
     f = LOSS_FLOPS_PER_LOGIT
     forward = Cost(
-        vector_flops=f["forward_vector"] * n, special_ops=f["forward_exp"] * n + rows,
-        act_bytes_in=size * n + 8 * rows, act_bytes_out=4,  # logits and int64 labels in, the loss out
-    )  # fmt: skip
+        vector_flops=f["forward_vector"] * n,
+        special_ops=f["forward_exp"] * n + rows,
+        act_bytes_in=size * n + 8 * rows,
+        act_bytes_out=4,  # logits and int64 labels in, the loss out
+    )
     gradient = Cost(vector_flops=f["backward_vector"] * n + rows, act_bytes_out=size * n)  # d logits
     # the gradient is written in the same pass as the loss: the whole cost is forward, the
     # backward of the logits' producer starts from it

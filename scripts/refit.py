@@ -89,7 +89,9 @@ def _refit(args: argparse.Namespace) -> int:
         raise FitError(f"no {target.name} catalogue point {sorted(unknown)[0]}")
     fit_points = [p for p in mine if p.id not in held and any(quantities[q].fitted_on(p.id) for q in args.params)]
     rest = [p for p in mine if p not in fit_points]
-    print(f"{target.name}: fitting {', '.join(args.params)} to {len(fit_points)} point(s); {len(rest)} scored out of sample")
+    print(
+        f"{target.name}: fitting {', '.join(args.params)} to {len(fit_points)} point(s); {len(rest)} scored out of sample"
+    )
     start = {p: quantities[p].value for p in args.params}
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -118,14 +120,21 @@ def _cross_validate(args: argparse.Namespace) -> int:
     catalogue = validate.load_catalog()
     names = [_builtin(t)[0].name for t in [args.target, *args.params]]
     for name in names:
-        folds = crossval.fit_folds(name, catalogue, steps=args.steps, rounds=args.rounds,
-                                   progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))  # fmt: skip
+        folds = crossval.fit_folds(
+            name,
+            catalogue,
+            steps=args.steps,
+            rounds=args.rounds,
+            progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
+        )
         quantities = dict(load_target(name).quantities())
         for fold in folds:
             if fold.alone:
                 print(f"{name}: {fold.source}: not cross-validatable, only it informs {', '.join(fold.alone)}")
             elif not fold.informed:
-                print(f"{name}: {fold.source}: informs no parameter ({len(fold.points)} point(s) out of sample as they are)")
+                print(
+                    f"{name}: {fold.source}: informs no parameter ({len(fold.points)} point(s) out of sample as they are)"
+                )
             else:
                 moves = ", ".join(f"{p} {quantities[p].value:.4g} -> {v:.4g}" for p, v in fold.values.items())
                 print(f"{name}: without {fold.source} (refitted to {len(fold.fit_points)} point(s)): {moves}")
@@ -139,13 +148,24 @@ def _cross_validate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="a built-in target name (sn30, wse2, bow, ...)")
-    ap.add_argument("params", nargs="*", help="fitted parameters, section.key (arch.pcu_efficiency_o3); "
-                    "with --cross-validate: more targets")
-    ap.add_argument("--cross-validate", action="store_true",
-                    help="leave each source out in turn, refit what it informed, record the folds")
+    ap.add_argument(
+        "params",
+        nargs="*",
+        help="fitted parameters, section.key (arch.pcu_efficiency_o3); with --cross-validate: more targets",
+    )
+    ap.add_argument(
+        "--cross-validate",
+        action="store_true",
+        help="leave each source out in turn, refit what it informed, record the folds",
+    )
     ap.add_argument("--hold-out", nargs="*", default=[], metavar="ID", help="points to leave out of the fit")
-    ap.add_argument("--range", action="append", default=[], metavar="P=LO:HI",
-                    help="search range of a parameter (default: a quarter to four times its value)")
+    ap.add_argument(
+        "--range",
+        action="append",
+        default=[],
+        metavar="P=LO:HI",
+        help="search range of a parameter (default: a quarter to four times its value)",
+    )
     ap.add_argument("--steps", type=int, default=14, help="golden-section steps per parameter and round")
     ap.add_argument("--rounds", type=int, default=2, help="coordinate-descent rounds (several parameters)")
     ap.add_argument("--write", action="store_true", help="write the refitted values into the target file")
@@ -153,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cross_validate:
             if args.hold_out or args.range or args.write:
-                raise FitError("--cross-validate chooses its own held-out points and writes only its record: "
-                               "drop --hold-out, --range and --write")
+                raise FitError(
+                    "--cross-validate chooses its own held-out points and writes only its record: "
+                    "drop --hold-out, --range and --write"
+                )
             return _cross_validate(args)
         if not args.params:
             raise FitError("name the fitted parameters to refit (section.key), or give --cross-validate")

@@ -263,8 +263,7 @@ class Target:
             if k in table:
                 return table[k].value
         raise TargetError(
-            f"target {self.name} has no {_RATE_TABLES[op_class]} rate for {key} (nor fp32); it lists "
-            f"{', '.join(table)}"
+            f"target {self.name} has no {_RATE_TABLES[op_class]} rate for {key} (nor fp32); it lists {', '.join(table)}"
         )
 
     def class_times(
@@ -465,8 +464,10 @@ def _figure_entry(raw: dict[str, Any], path: str, target: str, *, create: bool) 
         return entry
     if create and entry is None and isinstance(node, dict) and len(parts) == 2 and parts[0] in ("overheads", "arch"):
         return node.setdefault(parts[-1], {})
-    raise TargetError(f"target {target}: no figure {path!r} (`dabench-ir targets --show {target}` lists them; "
-                      "a new figure may only be added to overheads or arch)")  # fmt: skip
+    raise TargetError(
+        f"target {target}: no figure {path!r} (`dabench-ir targets --show {target}` lists them; "
+        "a new figure may only be added to overheads or arch)"
+    )
 
 
 def _toml_key(key: str) -> str:
@@ -525,9 +526,7 @@ class _Parser:
             return None
         raw = d[key]
         if not isinstance(raw, Mapping):
-            raise self.fail(
-                f"field {path} must be an inline table {{ value = ..., source = \"...\" }}, got {raw!r}"
-            )
+            raise self.fail(f'field {path} must be an inline table {{ value = ..., source = "..." }}, got {raw!r}')
         if "value" not in raw:
             raise self.fail(f"missing field {path}.value")
         value = raw["value"]
@@ -547,10 +546,14 @@ class _Parser:
             raise self.fail(f"field {path}.estimate must be true or false, got {estimate!r}")
         fitted_to = raw.get("fitted_to", [])
         if not isinstance(fitted_to, list) or not all(isinstance(x, str) and x.strip() for x in fitted_to):
-            raise self.fail(f"field {path}.fitted_to must be a list of catalogue point ids (or patterns), got {fitted_to!r}")
+            raise self.fail(
+                f"field {path}.fitted_to must be a list of catalogue point ids (or patterns), got {fitted_to!r}"
+            )
         unknown = sorted(set(raw) - {"value", "source", "estimate", "fitted_to"})
         if unknown:
-            raise self.fail(f"field {path} has unknown key {unknown[0]!r}: a figure is {{ value, source, estimate, fitted_to }}")
+            raise self.fail(
+                f"field {path} has unknown key {unknown[0]!r}: a figure is {{ value, source, estimate, fitted_to }}"
+            )
         return Quantity(float(value), source, estimate, tuple(fitted_to))
 
     def topology(self, raw: Mapping[str, Any], links: list[Link]) -> Topology | None:
@@ -618,9 +621,7 @@ class _Parser:
         for key in acc_raw:  # keyed by the 16-bit input dtype whose fp32-accumulated rate it is
             if key not in ("fp16", "bf16"):
                 raise self.fail(f"field compute.{_ACCUMULATE_TABLE}.{key}: expected a 16-bit input dtype (fp16, bf16)")
-        accumulate = {
-            k: self.quantity(acc_raw, k, f"compute.{_ACCUMULATE_TABLE}.{k}", positive=True) for k in acc_raw
-        }
+        accumulate = {k: self.quantity(acc_raw, k, f"compute.{_ACCUMULATE_TABLE}.{k}", positive=True) for k in acc_raw}
 
         mems_raw = d.get("memory")
         if mems_raw is None:
@@ -671,7 +672,7 @@ class _Parser:
         topology = self.topology(self.table(d, "topology", "topology", required=False), links)
         for key, entry in self.table(d, "defaults", "defaults", required=False).items():
             if not isinstance(entry, Mapping) or "value" not in entry or not str(entry.get("source", "")).strip():
-                raise self.fail(f"field defaults.{key} must be an inline table {{ value = ..., source = \"...\" }}")
+                raise self.fail(f'field defaults.{key} must be an inline table {{ value = ..., source = "..." }}')
 
         return Target(
             name=name,
@@ -788,9 +789,7 @@ def load_target(name_or_path: str | Path) -> Target:
         try:
             from dabench_ir.execute.calibrate import cpu_target_path
         except ImportError as exc:
-            raise TargetError(
-                f"the cpu target needs host calibration, which is unavailable here ({exc})"
-            ) from None
+            raise TargetError(f"the cpu target needs host calibration, which is unavailable here ({exc})") from None
         return load_target(Path(cpu_target_path()))
     names = _alias_map()
     if key in names:

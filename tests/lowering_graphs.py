@@ -24,8 +24,16 @@ class _Builder:
         self.values[name] = Value(name, TensorType(shape, self.dtype), kind, producer)
         return name
 
-    def node(self, name: str, op: str, inputs: list[str], out_shape: tuple[int, ...], cost: Cost, scope: str,
-             layer: int | None) -> str:
+    def node(
+        self,
+        name: str,
+        op: str,
+        inputs: list[str],
+        out_shape: tuple[int, ...],
+        cost: Cost,
+        scope: str,
+        layer: int | None,
+    ) -> str:
         out = self.value(f"{name}_out", out_shape, ValueKind.ACTIVATION, name)
         node = Node(name, op, inputs=inputs, outputs=[out], scope=scope, layer=layer)
         node.meta[meta.COST] = cost
@@ -39,8 +47,9 @@ class _Builder:
         return n
 
 
-def decoder(layers: int = 2, hidden: int = 64, seq: int = 16, batch: int = 1, heads: int = 4,
-            dtype: DType = DType.FLOAT16) -> Graph:
+def decoder(
+    layers: int = 2, hidden: int = 64, seq: int = 16, batch: int = 1, heads: int = 4, dtype: DType = DType.FLOAT16
+) -> Graph:
     """A GPT-2-style decoder stack with closed-form costs on every node."""
     b = _Builder(dtype)
     tok = (batch, seq, hidden)
@@ -71,36 +80,59 @@ def decoder(layers: int = 2, hidden: int = 64, seq: int = 16, batch: int = 1, he
         v = linear(f"{p}.attn.v_proj", h, hidden, hidden, f"{p}.attn.v_proj", i)
         s_shape = (batch, heads, seq, seq)
         s = b.node(
-            f"{p}.attn.qk", "MatMul", [q, k], s_shape,
-            Cost(contraction_flops=2 * batch * seq * seq * hidden, act_bytes_in=2 * act,
-                 act_bytes_out=b.nbytes(s_shape)),
-            f"{p}.attn", i,
+            f"{p}.attn.qk",
+            "MatMul",
+            [q, k],
+            s_shape,
+            Cost(
+                contraction_flops=2 * batch * seq * seq * hidden, act_bytes_in=2 * act, act_bytes_out=b.nbytes(s_shape)
+            ),
+            f"{p}.attn",
+            i,
         )
         sm = b.node(
-            f"{p}.attn.softmax", "Softmax", [s], s_shape,
-            Cost(vector_flops=4 * batch * heads * seq * seq, special_ops=batch * heads * seq * seq,
-                 act_bytes_in=b.nbytes(s_shape), act_bytes_out=b.nbytes(s_shape)),
-            f"{p}.attn", i,
+            f"{p}.attn.softmax",
+            "Softmax",
+            [s],
+            s_shape,
+            Cost(
+                vector_flops=4 * batch * heads * seq * seq,
+                special_ops=batch * heads * seq * seq,
+                act_bytes_in=b.nbytes(s_shape),
+                act_bytes_out=b.nbytes(s_shape),
+            ),
+            f"{p}.attn",
+            i,
         )
         a = b.node(
-            f"{p}.attn.av", "MatMul", [sm, v], tok,
-            Cost(contraction_flops=2 * batch * seq * seq * hidden, act_bytes_in=b.nbytes(s_shape) + act,
-                 act_bytes_out=act),
-            f"{p}.attn", i,
+            f"{p}.attn.av",
+            "MatMul",
+            [sm, v],
+            tok,
+            Cost(
+                contraction_flops=2 * batch * seq * seq * hidden,
+                act_bytes_in=b.nbytes(s_shape) + act,
+                act_bytes_out=act,
+            ),
+            f"{p}.attn",
+            i,
         )
         o = linear(f"{p}.attn.o_proj", a, hidden, hidden, f"{p}.attn.o_proj", i)
         r1 = vector(f"{p}.add1", "Add", [x, o], 1, p, i)
         h2 = vector(f"{p}.ln2", "LayerNormalization", [r1], 8, f"{p}.ln2", i)
         f1 = linear(f"{p}.mlp.fc1", h2, hidden, 4 * hidden, f"{p}.mlp.fc1", i)
         g = b.node(
-            f"{p}.mlp.gelu", "Gelu", [f1], (batch, seq, 4 * hidden),
+            f"{p}.mlp.gelu",
+            "Gelu",
+            [f1],
+            (batch, seq, 4 * hidden),
             Cost(vector_flops=8 * batch * seq * 4 * hidden, act_bytes_in=4 * act, act_bytes_out=4 * act),
-            f"{p}.mlp", i,
+            f"{p}.mlp",
+            i,
         )
         f2 = linear(f"{p}.mlp.fc2", g, 4 * hidden, hidden, f"{p}.mlp.fc2", i)
         x = vector(f"{p}.add2", "Add", [r1, f2], 1, p, i)
-    return Graph(b.nodes, b.values, ["x"], [x], name=f"decoder-L{layers}-H{hidden}",
-                 bindings={"batch": batch})
+    return Graph(b.nodes, b.values, ["x"], [x], name=f"decoder-L{layers}-H{hidden}", bindings={"batch": batch})
 
 
 def chain(flops: list[int], nbytes: list[int], dtype: DType = DType.FLOAT32) -> Graph:
@@ -108,6 +140,13 @@ def chain(flops: list[int], nbytes: list[int], dtype: DType = DType.FLOAT32) -> 
     b = _Builder(dtype)
     x = b.value("x", (1,), ValueKind.INPUT)
     for i, (f, n) in enumerate(zip(flops, nbytes, strict=True)):
-        x = b.node(f"n{i}", "Op", [x], (1,), Cost(contraction_flops=f, act_bytes_in=n // 2,
-                                                  act_bytes_out=n - n // 2), f"op{i}", None)
+        x = b.node(
+            f"n{i}",
+            "Op",
+            [x],
+            (1,),
+            Cost(contraction_flops=f, act_bytes_in=n // 2, act_bytes_out=n - n // 2),
+            f"op{i}",
+            None,
+        )
     return Graph(b.nodes, b.values, ["x"], [x], name="chain")

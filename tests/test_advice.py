@@ -130,8 +130,11 @@ def test_an_estimate_only_overhead_is_held_fixed_in_the_variants():
     # a timeline whose estimate differs moves by the difference, nothing else
     import dataclasses
 
-    raw = dataclasses.replace(report.timeline, overheads_s={**report.timeline.overheads_s, label: held / 8},
-                              step_time_s=report.timeline.step_time_s - held * 7 / 8)  # fmt: skip
+    raw = dataclasses.replace(
+        report.timeline,
+        overheads_s={**report.timeline.overheads_s, label: held / 8},
+        step_time_s=report.timeline.step_time_s - held * 7 / 8,
+    )
     again = hold_estimates(report, raw)
     assert again.overheads_s[label] == held
     assert again.step_time_s == pytest.approx(report.timeline.step_time_s, rel=1e-12)

@@ -122,8 +122,14 @@ def test_annotated_report_has_target_units_bound_and_role(tmp_path):
     index = next(i for i, n in enumerate(model.graph.node) if n.op_type == "MatMul" and n.input[1] == "kt")
     props = _props(model.graph.node[index])
     record = report.node(onnx_node_names(model.graph)[index])
-    assert list(props)[:6] == ["dabench.target", "dabench.time", "dabench.share", "dabench.bound", "dabench.role",
-                               "dabench.unit"]  # fmt: skip
+    assert list(props)[:6] == [
+        "dabench.target",
+        "dabench.time",
+        "dabench.share",
+        "dabench.bound",
+        "dabench.role",
+        "dabench.unit",
+    ]
     assert props["dabench.target"] == "sn30" and props["dabench.role"] == "attention scores"
     assert props["dabench.bound"] == record.bound == "memory"
     assert float(props["dabench.time_s"]) == record.time_s  # exact: repr reads back to the same float

@@ -88,10 +88,24 @@ def test_scale_is_the_cli_scale(model_dir, tmp_path):
     result = dabench_ir.scale(model_dir / "model.onnx", "h100", strategy="dp", chips=(1, 2), precision="fp16")
     assert isinstance(result, dabench_ir.ScaleResult) and isinstance(result.points[0], dabench_ir.ScalePoint)
     assert [(p.chips, p.batch) for p in result.points] == [(1, 1), (2, 2)]  # dp: a replica per chip
-    cli = _cli_json(tmp_path, "scale", str(model_dir / "model.onnx"), "-t", "h100", "--strategy", "dp",
-                    "--chips", "1,2", "--precision", "fp16")  # fmt: skip
+    cli = _cli_json(
+        tmp_path,
+        "scale",
+        str(model_dir / "model.onnx"),
+        "-t",
+        "h100",
+        "--strategy",
+        "dp",
+        "--chips",
+        "1,2",
+        "--precision",
+        "fp16",
+    )
     assert json.loads(json.dumps(result.to_dict(), default=str)) == cli
-    assert result.points[1].speedup == result.points[1].throughput_samples_per_s / result.points[0].throughput_samples_per_s
+    assert (
+        result.points[1].speedup
+        == result.points[1].throughput_samples_per_s / result.points[0].throughput_samples_per_s
+    )
     with pytest.raises(dabench_ir.ApiError, match=r"^batch=4: the model's batch is fixed at 1"):
         dabench_ir.scale(model_dir / "model.onnx", "h100", strategy="dp", batch=[1, 4])
     with pytest.raises(dabench_ir.ApiError, match=r"^opt_level= applies to rdu targets"):
@@ -115,9 +129,11 @@ def test_run_study_is_the_cli_study(model_dir, tmp_path):
 
 def test_run_validation_is_the_cli_validate(tmp_path):
     catalog = tmp_path / "mine.toml"
-    catalog.write_text('format = "dabench-ir/measurements/v1"\n[[points]]\nid = "bw"\nkind = "bandwidth"\n'
-                       'target = "ipu"\nsource = "s"\nbandwidth = { memory = "off-chip", pattern = "streaming" }\n'
-                       "measured = { bandwidth_gb_s = 10.0 }\n")  # fmt: skip
+    catalog.write_text(
+        'format = "dabench-ir/measurements/v1"\n[[points]]\nid = "bw"\nkind = "bandwidth"\n'
+        'target = "ipu"\nsource = "s"\nbandwidth = { memory = "off-chip", pattern = "streaming" }\n'
+        "measured = { bandwidth_gb_s = 10.0 }\n"
+    )
     check = dabench_ir.run_validation(catalog=catalog)
     assert isinstance(check, dabench_ir.Validation) and isinstance(check.results[0], dabench_ir.PointResult)
     (q,) = check.results[0].quantities
@@ -146,11 +162,16 @@ def test_to_pandas_rows_are_the_reports_nodes_and_roles():
     2 * (6 + 12 + 8) = 52 bytes; the roles are the node's and the host's kernel issue (7 us on h100)."""
     from tests.conftest import parse
 
-    report = dabench_ir.profile(parse("""
+    report = dabench_ir.profile(
+        parse("""
         <ir_version: 8, opset_import: ["" : 18]>
-        g (float[2,3] a, float[3,4] b) => (float[2,4] c) { c = MatMul(a, b) }"""), target="h100")
+        g (float[2,3] a, float[3,4] b) => (float[2,4] c) { c = MatMul(a, b) }"""),
+        target="h100",
+    )
     if importlib.util.find_spec("pandas") is None:  # CI installs '.[all]': pandas is there and this runs
-        with pytest.raises(ImportError, match=r"^Report.to_pandas\(\) needs pandas: pip install 'dabench-ir\[pandas\]'$"):
+        with pytest.raises(
+            ImportError, match=r"^Report.to_pandas\(\) needs pandas: pip install 'dabench-ir\[pandas\]'$"
+        ):
             report.to_pandas()
         pytest.skip("pandas is not installed here (the optional extra 'pandas'); the error path is checked above")
     nodes = report.to_pandas()

@@ -32,11 +32,20 @@ def test_roles_from_scopes():
     for r in roles.values():
         counts[r] = counts.get(r, 0) + 1
     assert counts == {
-        "layers.*.ln1": 3, "layers.*.attn.q_proj": 3, "layers.*.attn.k_proj": 3, "layers.*.attn.v_proj": 3,
-        "layers.*.attn: attention scores": 3, "layers.*.attn: softmax": 3, "layers.*.attn: attention values": 3,
-        "layers.*.attn.o_proj": 3, "layers.*: residual adds": 6, "layers.*.ln2": 3, "layers.*.mlp.fc1": 3,
-        "layers.*.mlp: activation": 3, "layers.*.mlp.fc2": 3,
-    }  # fmt: skip
+        "layers.*.ln1": 3,
+        "layers.*.attn.q_proj": 3,
+        "layers.*.attn.k_proj": 3,
+        "layers.*.attn.v_proj": 3,
+        "layers.*.attn: attention scores": 3,
+        "layers.*.attn: softmax": 3,
+        "layers.*.attn: attention values": 3,
+        "layers.*.attn.o_proj": 3,
+        "layers.*: residual adds": 6,
+        "layers.*.ln2": 3,
+        "layers.*.mlp.fc1": 3,
+        "layers.*.mlp: activation": 3,
+        "layers.*.mlp.fc2": 3,
+    }
 
 
 def test_roles_without_scopes_from_op_patterns():
@@ -59,10 +68,12 @@ def test_roles_without_scopes_from_op_patterns():
         "g",
         [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
-        [oh.make_tensor(w, TensorProto.FLOAT, [16, 16], [0.0] * 256),
-         oh.make_tensor("g", TensorProto.FLOAT, [16], [1.0] * 16),
-         oh.make_tensor("b", TensorProto.FLOAT, [16], [0.0] * 16)],
-    )  # fmt: skip
+        [
+            oh.make_tensor(w, TensorProto.FLOAT, [16, 16], [0.0] * 256),
+            oh.make_tensor("g", TensorProto.FLOAT, [16], [1.0] * 16),
+            oh.make_tensor("b", TensorProto.FLOAT, [16], [0.0] * 16),
+        ],
+    )
     g = analyze(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
     assert list(node_roles(g).values()) == [
         "model.layers.*.q_proj",  # a weight contraction, named after its weight
@@ -152,8 +163,9 @@ def test_why_is_computed_by_replacing(rdu_report):
     assert len(lines) == 3 and rdu_report.why == lines
     first = next(x for x in lines if x["role"] == "overhead: section_reconfig")
     assert first["knob"] == "--opt-level" and "before each of" in first["resource"]
-    _, timeline, _ = place(rdu_report.graph, rdu_report.target_obj,
-                           dataclasses.replace(rdu_report.options, opt_level=first["value"]))  # fmt: skip
+    _, timeline, _ = place(
+        rdu_report.graph, rdu_report.target_obj, dataclasses.replace(rdu_report.options, opt_level=first["value"])
+    )
     # an inference run's host cost is an estimate (fitted to training steps): the variant is
     # compared with it held at the report's own value (dabench_ir.advice.hold_estimates)
     label = "host (estimate: fitted to training steps)"
@@ -190,16 +202,27 @@ def test_trace_has_tens_of_tracks_for_many_layers(target):
 
 
 def test_validate_trace_catches_bad_events():
-    bad = {"traceEvents": [
-        {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
-        {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5, "dur": 10},  # overlaps a without nesting
-        {"ph": "X", "name": "c", "pid": 1, "tid": 2, "ts": 0, "dur": -1},
-        {"ph": "Q", "name": "d", "pid": 1, "tid": 1},
-    ]}  # fmt: skip
+    bad = {
+        "traceEvents": [
+            {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+            {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5, "dur": 10},  # overlaps a without nesting
+            {"ph": "X", "name": "c", "pid": 1, "tid": 2, "ts": 0, "dur": -1},
+            {"ph": "Q", "name": "d", "pid": 1, "tid": 1},
+        ]
+    }
     problems = validate_trace(bad)
     assert len(problems) == 3
-    assert validate_trace({"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
-                                           {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 2, "dur": 3}]}) == []
+    assert (
+        validate_trace(
+            {
+                "traceEvents": [
+                    {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+                    {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 2, "dur": 3},
+                ]
+            }
+        )
+        == []
+    )
 
 
 def test_measured_trace_is_its_own_process(tiny_matmul_path, tmp_path):

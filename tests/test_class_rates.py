@@ -52,8 +52,9 @@ def test_gpu_each_class_at_its_own_rate(name):
     add = _gpu_node(t, _one_node("Add", Cost(vector_flops=N, **_tiny_bytes()), DType.BFLOAT16), "bf16")
     assert add.compute_s == pytest.approx(N / t.rate("vector", "bf16"))
     assert add.bound is Bound.COMPUTE and "vector" in add.note
-    mm = _gpu_node(t, _one_node("MatMul", Cost(contraction_flops=N * 1000, **_tiny_bytes()), DType.BFLOAT16,
-                                weight=True), "bf16")  # fmt: skip
+    mm = _gpu_node(
+        t, _one_node("MatMul", Cost(contraction_flops=N * 1000, **_tiny_bytes()), DType.BFLOAT16, weight=True), "bf16"
+    )
     assert mm.compute_s == pytest.approx(N * 1000 / (t.peak_flops("bf16") * t.arch_value("matmul_efficiency")))
     assert mm.bound is Bound.COMPUTE and mm.note == ""
     # the classes add (one issue slot per warp scheduler for all of them)
@@ -162,8 +163,12 @@ def test_fused_attention_never_faster_than_its_sfu_work():
     g = _fused_decoder()
     sm = g.node("layers.0.attn.softmax")
     c = sm.meta[meta.COST]
-    sm.meta[meta.COST] = Cost(vector_flops=c.vector_flops, special_ops=c.special_ops * 200,
-                              act_bytes_in=c.act_bytes_in, act_bytes_out=c.act_bytes_out)  # fmt: skip
+    sm.meta[meta.COST] = Cost(
+        vector_flops=c.vector_flops,
+        special_ops=c.special_ops * 200,
+        act_bytes_in=c.act_bytes_in,
+        act_bytes_out=c.act_bytes_out,
+    )
     plan = lower(g, h100, ProfileOptions(precision="bf16"))
     ctx = LoweringContext.build(g)
     core = [n.name for n in g.nodes if FUSED_ATTENTION in n.meta]

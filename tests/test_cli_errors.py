@@ -144,8 +144,9 @@ def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):
     assert_one_line_error(code, err, "batch", "seq", "--batch N", "--seq N")  # the flags that bind them
     code, _out, _ = run_cli(capsys, "profile", str(path), "--dim", "batch=2", "--dim", "seq=3")
     assert code == 0
-    code, _out, err = run_cli(capsys, "study", str(path), "--pipeline", "ort-basic", "-t", "rdu", "--batch", "2",
-                              "--seq", "3", "-q")  # fmt: skip
+    code, _out, err = run_cli(
+        capsys, "study", str(path), "--pipeline", "ort-basic", "-t", "rdu", "--batch", "2", "--seq", "3", "-q"
+    )
     assert code == 0, err  # study binds the sequence length like profile and scale
 
 
@@ -182,7 +183,9 @@ def test_batch_on_a_fixed_batch_export(capsys, tmp_path):
 
     pytest.importorskip("torch")
     path = tmp_path / "b2.onnx"
-    export_model(ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none")
+    export_model(
+        ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none"
+    )
     code, _, err = run_cli(capsys, "profile", str(path), "--batch", "8")
     assert_one_line_error(code, err, "fixed at 2", "--dynamic")
     assert main(["profile", str(path), "--batch", "2", "--quiet"]) == 0
@@ -195,7 +198,9 @@ def tiny_decoder(tmp_path_factory):
     from dabench_ir.models import ModelConfig, export_model
 
     path = tmp_path_factory.mktemp("knobs") / "d.onnx"
-    export_model(ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none")
+    export_model(
+        ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none"
+    )
     return path
 
 
@@ -226,11 +231,26 @@ def test_a_refused_knob_on_the_host_cpu_is_refused_before_calibrating_it(capsys,
 
 
 def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
-    code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "dp",
-                           "--zero", "3", "-q")  # fmt: skip
+    code, _, err = run_cli(
+        capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "dp", "--zero", "3", "-q"
+    )
     assert_one_line_error(code, err, "--zero 3 applies to training")
-    code, _, err = run_cli(capsys, "scale", str(tiny_decoder), "-t", "a100", "--chips", "1,2", "--strategy", "tp",
-                           "--zero", "1", "--mode", "train", "-q")  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "scale",
+        str(tiny_decoder),
+        "-t",
+        "a100",
+        "--chips",
+        "1,2",
+        "--strategy",
+        "tp",
+        "--zero",
+        "1",
+        "--mode",
+        "train",
+        "-q",
+    )
     assert_one_line_error(code, err, "applies to --strategy dp, not --strategy tp")
 
 
@@ -245,15 +265,19 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
         (["-t", "h100", "--strategy", "dp"], ["--strategy applies to a run over several chips", "--chips N"]),
         (["-t", "h100", "--zero", "1", "--mode", "train"], ["--zero applies to a run over several chips"]),
         (["--chips", "2", "--strategy", "dp"], ["--chips places the model over several chips", "give --target"]),
-        (["-t", "wse", "--chips", "2", "--strategy", "dp", "--mode", "train", "--zero", "1"],
-         ["--zero applies to gpu targets, not wse2"]),
+        (
+            ["-t", "wse", "--chips", "2", "--strategy", "dp", "--mode", "train", "--zero", "1"],
+            ["--zero applies to gpu targets, not wse2"],
+        ),
         (["-t", "a100", "--chips", "2", "--strategy", "dp", "--zero", "3"], ["--zero 3 applies to training"]),
-        (["-t", "a100", "--chips", "2", "--strategy", "tp", "--zero", "1", "--mode", "train"],
-         ["--zero 1 applies to --strategy dp, not --strategy tp"]),
+        (
+            ["-t", "a100", "--chips", "2", "--strategy", "tp", "--zero", "1", "--mode", "train"],
+            ["--zero 1 applies to --strategy dp, not --strategy tp"],
+        ),
         (["-t", "h100", "--micro-batch-size", "1"], ["--micro-batch-size 1 applies to training"]),
         (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
     ],
-)  # fmt: skip
+)
 def test_profile_refuses_a_knob_where_the_table_says_it_does_not_apply(capsys, tiny_decoder, argv, needles):
     code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-q", *argv)
     assert_one_line_error(code, err, *needles)
@@ -265,14 +289,35 @@ def test_a_knob_applies_check_is_the_one_table(tiny_decoder):
     from dabench_ir.options import KNOBS
 
     assert KNOBS["zero"].modes == {"train"} and KNOBS["zero"].strategies == {"dp"} and KNOBS["zero"].targets == {"gpu"}
-    assert {n for n, k in KNOBS.items() if k.modes == {"train"}} == {"recompute", "micro_batch", "optimizer_state", "zero"}
+    assert {n for n, k in KNOBS.items() if k.modes == {"train"}} == {
+        "recompute",
+        "micro_batch",
+        "optimizer_state",
+        "zero",
+    }
     assert KNOBS["micro_batch"].flag == "--micro-batch-size" and KNOBS["micro_batch"].aliases == ("--micro-batch",)
 
 
 def test_profile_over_several_chips_with_zero_runs_and_records_it(capsys, tiny_decoder, tmp_path):
     out = tmp_path / "r.json"
-    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "a100", "--chips", "2", "--strategy", "dp",
-                           "--mode", "train", "--zero", "1", "-q", "--json", str(out))  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "profile",
+        str(tiny_decoder),
+        "-t",
+        "a100",
+        "--chips",
+        "2",
+        "--strategy",
+        "dp",
+        "--mode",
+        "train",
+        "--zero",
+        "1",
+        "-q",
+        "--json",
+        str(out),
+    )
     assert code == 0, err
     import json
 
@@ -281,14 +326,18 @@ def test_profile_over_several_chips_with_zero_runs_and_records_it(capsys, tiny_d
 
 
 def test_annotate_with_several_targets_writes_one_model_per_target(capsys, tiny_decoder, tmp_path):
-    code, out, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "--annotate", str(tmp_path / "a.onnx"))
+    code, out, err = run_cli(
+        capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "--annotate", str(tmp_path / "a.onnx")
+    )
     assert code == 0, err
     for name in ("a-wse.onnx", "a-rdu.onnx"):
         model = onnx.load(tmp_path / name)
         units = {p.value for n in model.graph.node for p in n.metadata_props if p.key == "dabench.unit"}
         assert units and f"wrote {tmp_path / name}" in out
     assert not (tmp_path / "a.onnx").exists()
-    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "-q", "--annotate", f"{tmp_path}/ann/")
+    code, _, err = run_cli(
+        capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "-q", "--annotate", f"{tmp_path}/ann/"
+    )
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["rdu.onnx", "wse.onnx"]
 
@@ -299,12 +348,14 @@ def test_annotate_with_several_targets_writes_one_model_per_target(capsys, tiny_
         (["--pipeline", "rdu-O3", "--target", "h100"], ["--pipeline rdu-O3 applies to rdu targets only", "h100"]),
         (["--pipeline", "rdu-O3", "--target", "wse"], ["--pipeline rdu-O3 applies to rdu targets only", "wse"]),
         (["--pipeline", "rdu-O3"], ["no --target was given"]),
-        (["--pipeline", "ort-basic", "--target", "h100", "--scenario", "generate"],
-         ["study has no --scenario", "profile"]),
+        (
+            ["--pipeline", "ort-basic", "--target", "h100", "--scenario", "generate"],
+            ["study has no --scenario", "profile"],
+        ),
         (["--pipeline", "ort-basic", "--target", "h100", "--chips", "4"], ["--chips 4 needs --strategy"]),
         (["--pipeline", "ort-basic", "--strategy", "dp"], ["--strategy", "several chips"]),
     ],
-)  # fmt: skip
+)
 def test_study_refuses_what_it_would_ignore(capsys, tiny_decoder, argv, needles):
     code, _, err = run_cli(capsys, "study", str(tiny_decoder), "-q", *argv)
     assert_one_line_error(code, err, *needles)
@@ -313,12 +364,29 @@ def test_study_refuses_what_it_would_ignore(capsys, tiny_decoder, argv, needles)
 def test_study_places_over_several_chips(capsys, tiny_decoder, tmp_path):
     import json
 
-    code, _, err = run_cli(capsys, "study", str(tiny_decoder), "--pipeline", "ort-basic", "-t", "h100", "--chips", "2",
-                           "--strategy", "dp", "-q", "-o", str(tmp_path))  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "study",
+        str(tiny_decoder),
+        "--pipeline",
+        "ort-basic",
+        "-t",
+        "h100",
+        "--chips",
+        "2",
+        "--strategy",
+        "dp",
+        "-q",
+        "-o",
+        str(tmp_path),
+    )
     assert code == 0, err
     report = json.loads((tmp_path / f"{tiny_decoder.stem}.ort-basic.h100.json").read_text())
     assert (report["config"]["chips"], report["config"]["strategy"], report["config"]["samples"]["per_step"]) == (
-        2, "dp", 4)  # fmt: skip
+        2,
+        "dp",
+        4,
+    )
 
 
 def test_a_failing_pipeline_is_its_row_and_the_study_goes_on(capsys, tiny_decoder, tmp_path):
@@ -331,12 +399,23 @@ def test_a_failing_pipeline_is_its_row_and_the_study_goes_on(capsys, tiny_decode
         return [][0]  # an optimiser's own bug: IndexError
 
     pipelines.register_pipeline(
-        Pipeline("broken-test", "raises", lambda out: [OnnxRewritePass(name="broken-test", rewrite=broken, out_dir=out)]),
+        Pipeline(
+            "broken-test", "raises", lambda out: [OnnxRewritePass(name="broken-test", rewrite=broken, out_dir=out)]
+        ),
         replace=True,
     )
     try:
-        code, out, err = run_cli(capsys, "study", str(tiny_decoder), "--pipeline", "broken-test,ort-basic", "-t", "h100",
-                                 "--json", str(tmp_path / "s.json"))  # fmt: skip
+        code, out, err = run_cli(
+            capsys,
+            "study",
+            str(tiny_decoder),
+            "--pipeline",
+            "broken-test,ort-basic",
+            "-t",
+            "h100",
+            "--json",
+            str(tmp_path / "s.json"),
+        )
     finally:
         pipelines._PIPELINES.pop("broken-test")
     assert_one_line_error(code, err, "1 pipeline(s) failed: broken-test", "list index out of range")
@@ -358,10 +437,42 @@ def test_diff_names_itself_in_its_header(capsys, tiny_decoder, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
-        (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "--phase", "decode", "--context", "4",
-          "--chunk", "0", "-o", "x.onnx"], ["--chunk 0"]),
-        (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "--format", "mlir-linalg", "-o", "x.onnx"],
-         ["--format mlir-linalg writes a .mlir file", "x.mlir"]),
+        (
+            [
+                "export",
+                "--family",
+                "gpt2",
+                "--layers",
+                "1",
+                "--hidden",
+                "64",
+                "--phase",
+                "decode",
+                "--context",
+                "4",
+                "--chunk",
+                "0",
+                "-o",
+                "x.onnx",
+            ],
+            ["--chunk 0"],
+        ),
+        (
+            [
+                "export",
+                "--family",
+                "gpt2",
+                "--layers",
+                "1",
+                "--hidden",
+                "64",
+                "--format",
+                "mlir-linalg",
+                "-o",
+                "x.onnx",
+            ],
+            ["--format mlir-linalg writes a .mlir file", "x.mlir"],
+        ),
         (["export", "--family", "gpt2", "--layers", "1", "--hidden", "64", "-o", "x.mlir"], ["give --format mlir-"]),
         (["export", "--preset", "gpt2", "--format", "onnx", "-o", "x.mlir"], ["--format onnx writes a .onnx file"]),
         (["export", "--family", "gpt2", "--layers", "10001", "--hidden", "64", "-o", "x.onnx"], ["at most 10,000"]),
@@ -369,7 +480,7 @@ def test_diff_names_itself_in_its_header(capsys, tiny_decoder, tmp_path):
         (["calibrate", "--threads", "0"], ["--threads", "positive"]),
         (["sweep", "smoke", "--annotate", "x"], ["sweep has no --annotate", "profile"]),
     ],
-)  # fmt: skip
+)
 def test_nonsense_options_of_other_commands(capsys, tmp_path, monkeypatch, argv, needles):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, *argv)
@@ -417,8 +528,9 @@ def test_an_old_spelling_still_works_with_one_deprecation_line(argv, dest, value
 
 
 def test_an_old_spelling_prints_its_line_after_the_run(capsys, tiny_decoder):
-    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "h100", "--mode", "train", "--micro-batch", "1",
-                             "-q")  # fmt: skip
+    code, _, err = run_cli(
+        capsys, "profile", str(tiny_decoder), "-t", "h100", "--mode", "train", "--micro-batch", "1", "-q"
+    )
     assert code == 0
     assert err.strip().splitlines() == [
         "WARNING dabench_ir.cli: --micro-batch is deprecated and will be removed; use --micro-batch-size"

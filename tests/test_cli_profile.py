@@ -34,9 +34,22 @@ def test_profile_on_a_target_writes_every_output(block, tmp_path, capsys):
     out = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "html")}
     trace = tmp_path / "trace.json"
     code = main(
-        ["profile", str(block), "--target", "rdu", "--json", str(out["json"]), "--csv", str(out["csv"]),
-         "--html", str(out["html"]), "--trace", str(trace), "--no-color"]
-    )  # fmt: skip
+        [
+            "profile",
+            str(block),
+            "--target",
+            "rdu",
+            "--json",
+            str(out["json"]),
+            "--csv",
+            str(out["csv"]),
+            "--html",
+            str(out["html"]),
+            "--trace",
+            str(trace),
+            "--no-color",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "target     sn30 (rdu), fits: yes" in text and "Time by bound class" in text
@@ -56,7 +69,11 @@ def test_precision_and_training_change_the_figures(block, tmp_path):
         assert main(["profile", str(block), "--target", "h100", "--quiet", "--json", str(path), *extra]) == 0
         return json.loads(path.read_text())
 
-    fp32, fp16, train = run("--precision", "fp32"), run("--precision", "fp16"), run("--mode", "train", "--precision", "fp32")
+    fp32, fp16, train = (
+        run("--precision", "fp32"),
+        run("--precision", "fp16"),
+        run("--mode", "train", "--precision", "fp32"),
+    )
     assert fp16["totals"]["bytes"] * 2 == fp32["totals"]["bytes"]
     assert run()["config"]["precision"] == "bf16"  # what practitioners run on an H100: targets/h100.toml [defaults]
     assert fp16["config"]["precision_by_class"] == {"contraction": "fp16", "vector": "fp16"}
@@ -72,13 +89,16 @@ def test_precision_and_training_change_the_figures(block, tmp_path):
 def test_a_language_model_trains_with_its_loss_and_says_so(tmp_path, capsys):
     path = tmp_path / "lm.onnx"
     zeros = ",".join(["0.0"] * 40)
-    onnx.save(parse(f"""
+    onnx.save(
+        parse(f"""
         lm (int64[1,3] ids) => (float[1,3,10] logits)
         <float[10,4] wte = {{{zeros}}}, float[4,10] head = {{{zeros}}}> {{
             h = Gather(wte, ids)
             logits = MatMul(h, head)
         }}
-        """), path)  # fmt: skip
+        """),
+        path,
+    )
     out = tmp_path / "r.json"
     assert main(["profile", str(path), "--target", "wse", "--mode", "train", "--json", str(out), "--no-color"]) == 0
     assert "train (softmax cross-entropy loss, adam, recompute none)" in capsys.readouterr().out
@@ -118,8 +138,14 @@ def test_subgraph_nodes_are_estimated_not_a_crash(tmp_path, capsys):
             helper.make_node("Relu", ["x"], ["z"]),
         ],
         "g",
-        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [4]),
+        ],
     )
     path = tmp_path / "if.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
@@ -136,8 +162,27 @@ def test_subgraph_nodes_are_estimated_not_a_crash(tmp_path, capsys):
 
 def test_scale_command(block, tmp_path, capsys):
     path = tmp_path / "s.json"
-    assert main(["scale", str(block), "--target", "h100", "--chips", "1,2", "--strategy", "dp", "--mode", "train",
-                 "--json", str(path), "--plots", str(tmp_path / "plots")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scale",
+                str(block),
+                "--target",
+                "h100",
+                "--chips",
+                "1,2",
+                "--strategy",
+                "dp",
+                "--mode",
+                "train",
+                "--json",
+                str(path),
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
     data = json.loads(path.read_text())
     assert data["schema"] == "dabench-ir/scale/v1"
     assert [p["chips"] for p in data["points"]] == [1, 2]

@@ -105,7 +105,7 @@ def test_rule_exact(text, expected):
 
 
 def test_gelu_exact_and_tanh_forms():
-    text = "agraph (float[2,4] A) => (float[2,4] C) {{ C = Gelu<approximate=\"{a}\">(A) }}"
+    text = 'agraph (float[2,4] A) => (float[2,4] C) {{ C = Gelu<approximate="{a}">(A) }}'
     exact = node_cost(analyze_text(text.format(a="none"), opset=20))
     tanh = node_cost(analyze_text(text.format(a="tanh"), opset=20))
     assert (exact.vector_flops, exact.special_ops) == (32, 8)
@@ -115,12 +115,15 @@ def test_gelu_exact_and_tanh_forms():
 _POW_INIT = "agraph (float[2,4] X) => (float[2,4] Y) <float{dims} e = {{{e}}}> {{ Y = Pow(X, e) }}"
 
 
-@pytest.mark.parametrize("exponent, dims, vector, special", [
-    ("2.0", "", 8, 0),  # a rank-0 initializer: x * x
-    ("2", "[1]", 8, 0),  # a one-element tensor holds the exponent just as well
-    ("0.5", "", 0, 8),  # a square root
-    ("3.0", "", 0, 8),  # exp(3 log x)
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "exponent, dims, vector, special",
+    [
+        ("2.0", "", 8, 0),  # a rank-0 initializer: x * x
+        ("2", "[1]", 8, 0),  # a one-element tensor holds the exponent just as well
+        ("0.5", "", 0, 8),  # a square root
+        ("3.0", "", 0, 8),  # exp(3 log x)
+    ],
+)
 def test_pow_costs_its_constant_exponent(exponent, dims, vector, special):
     # x: 32 B in, exponent: 4 B of constant (weight bytes, as every stored operand), y: 32 B out
     cost = node_cost(analyze_text(_POW_INIT.format(dims=dims, e=exponent)))
@@ -174,12 +177,64 @@ def test_unknown_op_is_estimated_never_zero():
 
 def test_registry_covers_what_decoder_exporters_emit():
     needed = {
-        "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Softmax",
-        "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Erf", "Gelu", "Tanh", "Sigmoid", "Exp",
-        "Cos", "Sin", "Where", "Equal", "Trilu", "Cast", "Transpose", "Reshape", "Split", "Concat", "Slice",
-        "Gather", "Unsqueeze", "Squeeze", "Expand", "Shape", "Constant", "ConstantOfShape", "Range", "Identity",
-        "Max", "Min", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization", "Relu",
-        "RMSNormalization", "Einsum", "CumSum", "ArgMax", "TopK", "Pad", "Tile", "Flatten", "Dropout", "Clip",
+        "MatMul",
+        "Gemm",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Sqrt",
+        "Reciprocal",
+        "Neg",
+        "Softmax",
+        "LayerNormalization",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "Erf",
+        "Gelu",
+        "Tanh",
+        "Sigmoid",
+        "Exp",
+        "Cos",
+        "Sin",
+        "Where",
+        "Equal",
+        "Trilu",
+        "Cast",
+        "Transpose",
+        "Reshape",
+        "Split",
+        "Concat",
+        "Slice",
+        "Gather",
+        "Unsqueeze",
+        "Squeeze",
+        "Expand",
+        "Shape",
+        "Constant",
+        "ConstantOfShape",
+        "Range",
+        "Identity",
+        "Max",
+        "Min",
+        "Conv",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "BatchNormalization",
+        "Relu",
+        "RMSNormalization",
+        "Einsum",
+        "CumSum",
+        "ArgMax",
+        "TopK",
+        "Pad",
+        "Tile",
+        "Flatten",
+        "Dropout",
+        "Clip",
     }
     assert needed <= set(registered_ops())
 

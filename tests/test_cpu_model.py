@@ -121,8 +121,12 @@ def test_node_table_is_read_beside_the_calibration(tmp_path):
 
     target = tmp_path / "cpu-1t-x.toml"
     target.write_text(dump_toml(_minimal_target()))
-    table = {"format": NODE_TABLE_FORMAT, "threads": 1, "l2_bytes": 4096,
-             "nodes": {"sig-a": {"time_s": 1e-5, "cold_s": 2e-5}, "bad": {"time_s": "x"}}}  # fmt: skip
+    table = {
+        "format": NODE_TABLE_FORMAT,
+        "threads": 1,
+        "l2_bytes": 4096,
+        "nodes": {"sig-a": {"time_s": 1e-5, "cold_s": 2e-5}, "bad": {"time_s": "x"}},
+    }
     node_table_path(target).write_text(json.dumps(table))
     model = load_cpu_model(target)
     assert model.nodes == {"sig-a": (1e-5, 2e-5)} and model.l2_bytes == 4096
@@ -287,15 +291,23 @@ def test_host_points_run_only_under_target_cpu(monkeypatch):
     from dabench_ir import validate
     from dabench_ir.execute import hostcheck
 
-    err = {"end_to_end_rel_error": 0.05, "median_node_rel_error": 0.1, "p90_node_rel_error": 0.3,
-           "nodes_compared": 12, "median_node_spread": 0.04, "end_to_end_spread": 0.06,
-           "end_to_end_within_noise": True, "nodes_within_noise": 5}  # fmt: skip
+    err = {
+        "end_to_end_rel_error": 0.05,
+        "median_node_rel_error": 0.1,
+        "p90_node_rel_error": 0.3,
+        "nodes_compared": 12,
+        "median_node_spread": 0.04,
+        "end_to_end_spread": 0.06,
+        "end_to_end_within_noise": True,
+        "nodes_within_noise": 5,
+    }
     calls = []
 
     def fake(host, **_kw):
         calls.append(host)
-        return hostcheck.HostResult(label=hostcheck.host_label(host), measured_s=1e-3, predicted_s=1.05e-3,
-                                    error=err, repeat=40)  # fmt: skip
+        return hostcheck.HostResult(
+            label=hostcheck.host_label(host), measured_s=1e-3, predicted_s=1.05e-3, error=err, repeat=40
+        )
 
     monkeypatch.setattr(hostcheck, "run_host", fake)
     points = validate.parse_catalog(_HOST_POINT)

@@ -15,12 +15,17 @@ def _point(pid: str, source: str) -> Point:
     return Point(id=pid, kind="gemm", target="bow", source=source, file="test.toml")
 
 
-@pytest.mark.parametrize(("source", "key"), [
-    ("Jia et al., arXiv 1912.03413, Table 5.1: fp32 GEMM", "Jia et al."),
-    ("graphcore/examples nlp/gpt2/pytorch/run/pretraining_small.sh (commit 2d8b565)", "graphcore/examples"),
-    ("DABench-LLM artifact (GitHub augustuszzq/Regular-DABench-LLM), sambaNova/x.numbers, O3 row",
-     "augustuszzq/Regular-DABench-LLM"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("source", "key"),
+    [
+        ("Jia et al., arXiv 1912.03413, Table 5.1: fp32 GEMM", "Jia et al."),
+        ("graphcore/examples nlp/gpt2/pytorch/run/pretraining_small.sh (commit 2d8b565)", "graphcore/examples"),
+        (
+            "DABench-LLM artifact (GitHub augustuszzq/Regular-DABench-LLM), sambaNova/x.numbers, O3 row",
+            "augustuszzq/Regular-DABench-LLM",
+        ),
+    ],
+)
 def test_a_source_is_its_repository_or_its_paper(source, key):
     assert crossval.source_of(_point("p", source)) == key
 
@@ -50,7 +55,8 @@ def test_the_recorded_fits_are_of_todays_parameters_and_points():
         if any(f.needs_fit for f in crossval.folds_of(target, catalogue)):
             assert target in record, f"no fold fits recorded for {target}"
             assert record[target]["inputs"] == crossval.inputs_key(target, catalogue), (
-                f"{target}: rerun scripts/refit.py --cross-validate {target}")
+                f"{target}: rerun scripts/refit.py --cross-validate {target}"
+            )
             fitted = {f["source"] for f in record[target]["folds"] if f["values"]}
             assert fitted == {f.source for f in crossval.folds_of(target, catalogue) if f.needs_fit}
 

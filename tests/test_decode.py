@@ -40,8 +40,9 @@ def test_kv_cache_bytes_known_values():
 
 
 def test_decode_flops_closed_form():
-    cfg = ModelConfig(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, seq=1, batch=3,
-                      phase="decode", context=10)  # fmt: skip
+    cfg = ModelConfig(
+        family="llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, seq=1, batch=3, phase="decode", context=10
+    )
     # 2·B·S·(2h² + 2h·kv + 3h·f) + 4·B·S·(C+S)·h per block
     block = 2 * 3 * 1 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 4 * 3 * 1 * 11 * 64
     assert cfg.block_matmul_flops() == block
@@ -120,8 +121,20 @@ def test_decode_with_cache_matches_prefill(cfg):
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 
-SMALL = ModelConfig(family="llama", layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, seq=1, batch=2, vocab=100,
-                    dtype="fp16", phase="decode", context=16)  # fmt: skip
+SMALL = ModelConfig(
+    family="llama",
+    layers=3,
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    ffn=128,
+    seq=1,
+    batch=2,
+    vocab=100,
+    dtype="fp16",
+    phase="decode",
+    context=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +189,9 @@ def test_decode_graph_hand_count(small_graph):
         graph.type_of(v).nbytes()
         for n in graph.nodes
         for v in n.inputs
-        if v in graph.values and graph.values[v].kind.is_stored and stored_root(graph, v) not in declared
+        if v in graph.values
+        and graph.values[v].kind.is_stored
+        and stored_root(graph, v) not in declared
         and graph.values[v].type.dtype.is_float  # int64 shape tensors are shape parameters, not data
     )
     rows = cfg.batch * cfg.seq * cfg.hidden * 2
@@ -218,8 +233,14 @@ def test_weight_only_int4_counts_dequantisation(small_decode):
     assert total.contraction_flops == base.contraction_flops
     assert total.vector_flops == base.vector_flops + 2 * block_weights  # subtract zero point, multiply scale
     # int4 block weights (half a byte) + group scales/zeros (2.5 B per 128) instead of fp16
-    expected = base.weight_bytes - block_weights * 2 + block_weights // 2 + sum(
-        -(-(g * 25) // 10) for g in [-(-n // 128) for n in (h * h, h * kv, h * kv, h * h, h * f, h * f, f * h)] * layers
+    expected = (
+        base.weight_bytes
+        - block_weights * 2
+        + block_weights // 2
+        + sum(
+            -(-(g * 25) // 10)
+            for g in [-(-n // 128) for n in (h * h, h * kv, h * kv, h * h, h * f, h * f, f * h)] * layers
+        )
     )
     assert total.weight_bytes == expected
 
@@ -255,8 +276,13 @@ def _decode_time(proto, batch, context, target="h100", **opts):
     from dabench_ir.pipeline import resolve_target
     from dabench_ir.scenario import run_phase
 
-    run = run_phase(proto, {"batch": batch, "context": context}, "decode", resolve_target(target),
-                    ProfileOptions(batch=batch, **opts))  # fmt: skip
+    run = run_phase(
+        proto,
+        {"batch": batch, "context": context},
+        "decode",
+        resolve_target(target),
+        ProfileOptions(batch=batch, **opts),
+    )
     return run
 
 
@@ -316,15 +342,50 @@ def test_generate_cli(llama7b_pair, tmp_path, capsys):
         paths.append(str(tmp_path / name))
     pair = ",".join(paths)
     out = tmp_path / "gen.json"
-    assert main(["profile", pair, "--scenario", "generate", "--prompt", "64", "--gen", "8", "-t", "h100",
-                 "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                pair,
+                "--scenario",
+                "generate",
+                "--prompt",
+                "64",
+                "--gen",
+                "8",
+                "-t",
+                "h100",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "time to first token" in text and "time per output token" in text
     assert json.loads(out.read_text())["schema"] == "dabench-ir/scenario/generate/v1"
     assert main(["profile", pair, "--scenario", "generate", "--gen", "8", "-t", "h100"]) == 2
     assert "--prompt" in capsys.readouterr().err
-    assert main(["profile", pair, "--scenario", "generate", "--prompt", "4", "--gen", "8", "-t", "ipu",
-                 "--precision", "fp8", "-q"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                pair,
+                "--scenario",
+                "generate",
+                "--prompt",
+                "4",
+                "--gen",
+                "8",
+                "-t",
+                "ipu",
+                "--precision",
+                "fp8",
+                "-q",
+            ]
+        )
+        == 2
+    )
     assert "does not support fp8e4m3" in capsys.readouterr().err
 
 
@@ -346,5 +407,7 @@ def test_a_preset_name_is_a_model_for_the_generation_scenario(capsys):
 
     assert main(["profile", "gpt2-small", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 0
     assert "Generation: " in capsys.readouterr().out
-    assert main(["profile", "no-such-preset", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 2
+    assert (
+        main(["profile", "no-such-preset", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 2
+    )
     assert "not a preset" in capsys.readouterr().err

@@ -81,13 +81,30 @@ def test_a_knob_the_demo_applies_is_in_the_table_and_the_html(monkeypatch):
     from dabench_ir.commands.demo import DemoResult, _side_by_side, _side_by_side_html, render_side_by_side
 
     def fake(name: str, extra: dict) -> SimpleNamespace:
-        return SimpleNamespace(target={"name": name}, model={"name": "m", "layers": 1}, totals={}, metrics={},
-                               extra=extra, why=[], measured_timeline=None, nodes=[], timeline=None, plan=None)
+        return SimpleNamespace(
+            target={"name": name},
+            model={"name": "m", "layers": 1},
+            totals={},
+            metrics={},
+            extra=extra,
+            why=[],
+            measured_timeline=None,
+            nodes=[],
+            timeline=None,
+            plan=None,
+        )
 
     result = DemoResult(folder=Path("."), index=Path("index.html"))
-    result.reports = {"ipu": fake("bow", {"demo_change": "--matmul-proportion 0.3",
-                                          "demo_note": "placed with --matmul-proportion 0.3: with the defaults it does not fit (x)"}),
-                      "rdu": fake("sn30", {})}  # fmt: skip
+    result.reports = {
+        "ipu": fake(
+            "bow",
+            {
+                "demo_change": "--matmul-proportion 0.3",
+                "demo_note": "placed with --matmul-proportion 0.3: with the defaults it does not fit (x)",
+            },
+        ),
+        "rdu": fake("sn30", {}),
+    }
     from dabench_ir.report import attribution
 
     monkeypatch.setattr(attribution, "role_rows", lambda _r: [])  # the fixed rows are what is tested
@@ -109,15 +126,21 @@ def test_throughput_charts_compare_one_model_at_a_time(monkeypatch, tmp_path):
     small = {"name": "host-model", "layers": 2, "params": 500_000}
     result = DemoResult(folder=tmp_path, index=tmp_path / "index.html")
     result.reports = {s: SimpleNamespace(model=m) for s, m in (("wse", gpt2), ("cpu", small), ("rdu", gpt2))}
-    result.rows = [{"target": t, "throughput_samples_per_s": x, "compute_efficiency": 0.5, "dominant_bound": "compute"}
-                   for t, x in (("wse2", 100.0), ("cpu", 2300.0), ("sn30", 4.0))]  # fmt: skip
+    result.rows = [
+        {"target": t, "throughput_samples_per_s": x, "compute_efficiency": 0.5, "dominant_bound": "compute"}
+        for t, x in (("wse2", 100.0), ("cpu", 2300.0), ("sn30", 4.0))
+    ]
     charted = []
     real = plots.compare_figure
     monkeypatch.setattr(plots, "compare_figure", lambda rows: charted.append([r["target"] for r in rows]) or real(rows))
     html = _charts_html(result, list(result.reports), tmp_path / "plots")
     assert charted == [["wse2", "sn30"], ["cpu"]]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "compare-cpu.png", "compare-cpu.svg", "compare.png", "compare.svg"]  # fmt: skip
+        "compare-cpu.png",
+        "compare-cpu.svg",
+        "compare.png",
+        "compare.svg",
+    ]
     first, second = html.split("</section>")[:2]
     assert "gpt2-small (12 layers, 124 M params)" in first and "on wse, rdu" in first
     assert "host-model (2 layers, 500 k params)" in second and "not comparable" in second

@@ -43,30 +43,111 @@ def _fits(shape, layers, seq, batch, target_name, *, chips=1, strategy=None, **k
 
 DEPLOYMENTS = [
     # (id, model shape, layers, seq, batch, target, chips, strategy, knobs, fits, source)
-    ("llama2-7b-bf16-inference-1xA100-80GB", _LLAMA7B, 32, 2048, 1, "a100", 1, None, {}, True,
-     "Touvron et al. 2023 (LLaMA 2) / Hugging Face TGI and vLLM: the 7B model (13.5 GB in bf16) is served on one "
-     "80 GB A100"),
-    ("llama2-70b-bf16-inference-1xA100-80GB", _LLAMA70B, 80, 2048, 1, "a100", 1, None, {}, False,
-     "138 GB of bf16 weights alone exceed one 80 GB GPU (Touvron et al. 2023, 70B parameters x 2 B)"),
-    ("llama2-70b-bf16-inference-TP4-A100-80GB", _LLAMA70B, 80, 2048, 1, "a100", 4, "tp", {}, True,
-     "vLLM / TGI documentation: Llama-2-70B served with --tensor-parallel-size 4 on 4 x A100 80GB"),
-    ("mpt-7b-train-FSDP-8xA100-80GB-mb6-seq2048", _MPT7B, 32, 2048, 6, "a100", 8, "dp",
-     {"mode": "train", "zero": 3}, True,
-     "MosaicML llm-foundry benchmarks (scripts/train/benchmarking/README.md): MPT-7B, seq 2048, micro-batch 6 per "
-     "GPU, FSDP FULL_SHARD on 8 x A100 80GB, bf16 mixed precision, FlashAttention"),
-    ("mpt-7b-train-DDP-8xA100-80GB-mb6-seq2048", _MPT7B, 32, 2048, 6, "a100", 8, "dp",
-     {"mode": "train", "zero": 0}, False,
-     "without sharding every GPU holds 16 B/parameter of weights, gradients and Adam state: 108 GB > 80 GB "
-     "(Rajbhandari et al., ZeRO, SC'20, section 3.1)"),
-    ("gpt2-small-train-1xA100-80GB-b64-seq1024", _GPT2S, 12, 1024, 64, "a100", 1, None, {"mode": "train"}, True,
-     "karpathy/llm.c discussion #481 (reproducing GPT-2 124M): micro-batch 64 x 1024 tokens per A100 80GB, bf16, "
-     "FlashAttention (cuDNN)"),
-    ("gpt2-small-train-4xBow-0/4/4/4", _GPT2S, 12, 1024, 64, "bow", 1, None,
-     {"mode": "train", "precision": "mixed", "recompute": "full", "micro_batches": 64, "layers_per_ipu": "0,4,4,4",
-      "matmul_proportion": "0.15", "replicas": 4}, True,
-     "graphcore/examples nlp/gpt2/pytorch pretraining_small.sh: GPT-2 small on 4 IPUs, layers 0/4/4/4, recompute, "
-     "matmul proportion 0.15, replicated tensor sharding"),
-]  # fmt: skip
+    (
+        "llama2-7b-bf16-inference-1xA100-80GB",
+        _LLAMA7B,
+        32,
+        2048,
+        1,
+        "a100",
+        1,
+        None,
+        {},
+        True,
+        "Touvron et al. 2023 (LLaMA 2) / Hugging Face TGI and vLLM: the 7B model (13.5 GB in bf16) is served on one "
+        "80 GB A100",
+    ),
+    (
+        "llama2-70b-bf16-inference-1xA100-80GB",
+        _LLAMA70B,
+        80,
+        2048,
+        1,
+        "a100",
+        1,
+        None,
+        {},
+        False,
+        "138 GB of bf16 weights alone exceed one 80 GB GPU (Touvron et al. 2023, 70B parameters x 2 B)",
+    ),
+    (
+        "llama2-70b-bf16-inference-TP4-A100-80GB",
+        _LLAMA70B,
+        80,
+        2048,
+        1,
+        "a100",
+        4,
+        "tp",
+        {},
+        True,
+        "vLLM / TGI documentation: Llama-2-70B served with --tensor-parallel-size 4 on 4 x A100 80GB",
+    ),
+    (
+        "mpt-7b-train-FSDP-8xA100-80GB-mb6-seq2048",
+        _MPT7B,
+        32,
+        2048,
+        6,
+        "a100",
+        8,
+        "dp",
+        {"mode": "train", "zero": 3},
+        True,
+        "MosaicML llm-foundry benchmarks (scripts/train/benchmarking/README.md): MPT-7B, seq 2048, micro-batch 6 per "
+        "GPU, FSDP FULL_SHARD on 8 x A100 80GB, bf16 mixed precision, FlashAttention",
+    ),
+    (
+        "mpt-7b-train-DDP-8xA100-80GB-mb6-seq2048",
+        _MPT7B,
+        32,
+        2048,
+        6,
+        "a100",
+        8,
+        "dp",
+        {"mode": "train", "zero": 0},
+        False,
+        "without sharding every GPU holds 16 B/parameter of weights, gradients and Adam state: 108 GB > 80 GB "
+        "(Rajbhandari et al., ZeRO, SC'20, section 3.1)",
+    ),
+    (
+        "gpt2-small-train-1xA100-80GB-b64-seq1024",
+        _GPT2S,
+        12,
+        1024,
+        64,
+        "a100",
+        1,
+        None,
+        {"mode": "train"},
+        True,
+        "karpathy/llm.c discussion #481 (reproducing GPT-2 124M): micro-batch 64 x 1024 tokens per A100 80GB, bf16, "
+        "FlashAttention (cuDNN)",
+    ),
+    (
+        "gpt2-small-train-4xBow-0/4/4/4",
+        _GPT2S,
+        12,
+        1024,
+        64,
+        "bow",
+        1,
+        None,
+        {
+            "mode": "train",
+            "precision": "mixed",
+            "recompute": "full",
+            "micro_batches": 64,
+            "layers_per_ipu": "0,4,4,4",
+            "matmul_proportion": "0.15",
+            "replicas": 4,
+        },
+        True,
+        "graphcore/examples nlp/gpt2/pytorch pretraining_small.sh: GPT-2 small on 4 IPUs, layers 0/4/4/4, recompute, "
+        "matmul proportion 0.15, replicated tensor sharding",
+    ),
+]
 
 
 @pytest.mark.parametrize(

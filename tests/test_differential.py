@@ -138,7 +138,11 @@ def _foreign(obj, path="report"):
     if type(obj) not in _JSON_NATIVE:
         return [f"{path}: {type(obj).__name__}"]
     if type(obj) is dict:
-        return [p for k, v in obj.items() for p in ([f"{path}: key {k!r}"] if type(k) is not str else []) + _foreign(v, f"{path}.{k}")]
+        return [
+            p
+            for k, v in obj.items()
+            for p in ([f"{path}: key {k!r}"] if type(k) is not str else []) + _foreign(v, f"{path}.{k}")
+        ]
     if type(obj) in (list, tuple):
         return [p for v in obj[:50] for p in _foreign(v, f"{path}[]")]
     return []
@@ -179,7 +183,9 @@ def test_a_validate_point_predicts_the_profile_of_its_model(stamped, target):
     from dabench_ir.validate import parse_catalog, run_validation
 
     path, cache = stamped
-    result = run_validation(parse_catalog(_catalog(target, 'mode = "train"', MODEL["batch"])), cache_dir=cache).results[0]
+    result = run_validation(parse_catalog(_catalog(target, 'mode = "train"', MODEL["batch"])), cache_dir=cache).results[
+        0
+    ]
     assert result.status == "ok", result.reason
     predicted = {q.name: q.predicted for q in result.quantities}
     api = figures(_api(path, target, mode="train"))
@@ -203,8 +209,26 @@ def test_one_chip_of_scale_is_the_profile(stamped, tmp_path, target):
     path, _ = stamped
     out = tmp_path / "s.json"
     strategy = {"wse": "dp", "rdu": "tp", "ipu": "pp", "h100": "dp"}[target]
-    assert main(["scale", str(path), "-t", target, "--chips", "1", "--strategy", strategy, "--mode", "train",
-                 "--json", str(out), "-q"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scale",
+                str(path),
+                "-t",
+                target,
+                "--chips",
+                "1",
+                "--strategy",
+                strategy,
+                "--mode",
+                "train",
+                "--json",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     point = json.loads(out.read_text())["points"][0]
     api = figures(_api(path, target, mode="train"))
     assert point["time_s"] == pytest.approx(api["time_s"], rel=1e-12)
@@ -229,8 +253,26 @@ def test_multi_chip_runs_agree_across_sweep_validate_and_scale(stamped, tmp_path
     report = execute(resolve(graph, target, knobs, model=str(path)), graph).to_dict()
     _close(figures(sweep), figures(report))
     out = tmp_path / "s.json"
-    assert main(["scale", str(path), "-t", target, "--chips", "1,2", "--strategy", strategy, "--mode", "train",
-                 "--json", str(out), "-q"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scale",
+                str(path),
+                "-t",
+                target,
+                "--chips",
+                "1,2",
+                "--strategy",
+                strategy,
+                "--mode",
+                "train",
+                "--json",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     point = json.loads(out.read_text())["points"][1]
     assert point["throughput_samples_per_s"] == pytest.approx(report["totals"]["throughput_samples_per_s"], rel=1e-12)
     assert point["time_s"] == pytest.approx(report["totals"]["time_s"], rel=1e-12)

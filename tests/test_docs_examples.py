@@ -21,52 +21,90 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 ILLUSTRATIVE: dict[tuple[str, str], str] = {
-    ("docs/reports.md", "dabench-ir compare wse.json rdu.json ipu.json [--csv F] [--json F] [--html F] [-q]"):
-        "a synopsis: [optional] flags",
-    ("docs/reports.md", "dabench-ir demo [-o DIR] [--target wse,rdu,ipu,cpu] [--model M.onnx] [--no-measure] "
-                        "[--no-validate] [-q]"): "a synopsis: [optional] flags",
-    ("docs/sweeps.md", "dabench-ir sweep my.toml -o out/my --executor ray [--address HOST:PORT]"):
-        "a synopsis; Ray's executor is tested in tests/test_sweep_ray.py",
-    ("docs/sweeps.md", "dabench-ir sweep big.toml -o /data/big --cache-dir /data/models  --executor ray --address "
-                       "HEAD:6379 --no-node-detail"):
-        "a Ray cluster's head (HEAD:6379) and a 10^5-point spec the reader writes; tests/test_sweep_ray.py runs Ray",
-    ("docs/reproduce.md", "dabench-ir reproduce dabench -o out/repro --jobs 2"):
-        "the whole DABench study: minutes on 2 cores (tests/test_reproduce.py runs studies end to end)",
+    (
+        "docs/reports.md",
+        "dabench-ir compare wse.json rdu.json ipu.json [--csv F] [--json F] [--html F] [-q]",
+    ): "a synopsis: [optional] flags",
+    (
+        "docs/reports.md",
+        "dabench-ir demo [-o DIR] [--target wse,rdu,ipu,cpu] [--model M.onnx] [--no-measure] [--no-validate] [-q]",
+    ): "a synopsis: [optional] flags",
+    (
+        "docs/sweeps.md",
+        "dabench-ir sweep my.toml -o out/my --executor ray [--address HOST:PORT]",
+    ): "a synopsis; Ray's executor is tested in tests/test_sweep_ray.py",
+    (
+        "docs/sweeps.md",
+        "dabench-ir sweep big.toml -o /data/big --cache-dir /data/models  --executor ray --address "
+        "HEAD:6379 --no-node-detail",
+    ): "a Ray cluster's head (HEAD:6379) and a 10^5-point spec the reader writes; tests/test_sweep_ray.py runs Ray",
+    (
+        "docs/reproduce.md",
+        "dabench-ir reproduce dabench -o out/repro --jobs 2",
+    ): "the whole DABench study: minutes on 2 cores (tests/test_reproduce.py runs studies end to end)",
     ("docs/reproduce.md", "dabench-ir reproduce my-study.toml -o out/mine"): "a study file the reader writes",
-    ("docs/reproduce.md", "from dabench_ir.reproduce import load_study, run_study"):
-        "the whole DABench study, as the command above",
-    ("docs/costs.md", '@cost_rule("Swizzle", op_class=OpClass.VECTOR, params=(1,), keeps_fp32=True, cpu_class="Tanh")'):
-        "a fragment of passes/cost_rules.py (how a rule is written)",
+    (
+        "docs/reproduce.md",
+        "from dabench_ir.reproduce import load_study, run_study",
+    ): "the whole DABench study, as the command above",
+    (
+        "docs/costs.md",
+        '@cost_rule("Swizzle", op_class=OpClass.VECTOR, params=(1,), keeps_fp32=True, cpu_class="Tanh")',
+    ): "a fragment of passes/cost_rules.py (how a rule is written)",
     ("docs/extending.md", "    wse_clock_ghz: float | None = knob("): "a fragment of a dataclass body",
-    ("docs/extending.md", "clock_hz = options.wse_clock_ghz * 1e9 if options.wse_clock_ghz else float(target.clock)"):
-        "a fragment of a lowering",
-    ("docs/extending.md", '@cost_rule("Softplus", op_class=OpClass.VECTOR, roles=(Role.ACTIVATION,), <trait>=...)'):
-        "a template (<trait>=...)",
+    (
+        "docs/extending.md",
+        "clock_hz = options.wse_clock_ghz * 1e9 if options.wse_clock_ghz else float(target.clock)",
+    ): "a fragment of a lowering",
+    (
+        "docs/extending.md",
+        '@cost_rule("Softplus", op_class=OpClass.VECTOR, roles=(Role.ACTIVATION,), <trait>=...)',
+    ): "a template (<trait>=...)",
     ("docs/validation.md", "dabench-ir validate"): "the whole catalogue (minutes); one target's points run below",
-    ("docs/validation.md", "from dabench_ir import validate"):
-        "uses `older_result`, a run the reader kept (docs/validation.md is the lead's to regenerate); the API's "
-        "run_validation example runs in tests/test_api.py",
-}  # fmt: skip
+    (
+        "docs/validation.md",
+        "from dabench_ir import validate",
+    ): "uses `older_result`, a run the reader kept (docs/validation.md is the lead's to regenerate); the API's "
+    "run_validation example runs in tests/test_api.py",
+}
 """(doc, the example's first line) -> why it is not run."""
 
 SUBSTITUTE: list[tuple[str, str, str]] = [
-    ("--preset llama-7b --seq 2048", "--family llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seq 32",
-     "a LLaMA stack at test size (the 7B export takes a minute)"),
+    (
+        "--preset llama-7b --seq 2048",
+        "--family llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seq 32",
+        "a LLaMA stack at test size (the 7B export takes a minute)",
+    ),
     ("profile llama-7b ", "profile tiny-llama ", "a preset at test size (tiny-llama, added by the test)"),
     ("--prompt 512 --gen 128", "--prompt 16 --gen 4", "a short request"),
     ("sweep level1 -o", "sweep smoke -o", "the bundled smoke grid (level1 is 420 points)"),
-    ("load_spec(\"level1\")", "load_spec(\"smoke\")", "the bundled smoke grid"),
-    ("validate.run_validation(points, target=\"rdu\")", "validate.run_validation(points, target=\"ipu\")",
-     "one target's points (the IPU's are the quickest)"),
+    ('load_spec("level1")', 'load_spec("smoke")', "the bundled smoke grid"),
+    (
+        'validate.run_validation(points, target="rdu")',
+        'validate.run_validation(points, target="ipu")',
+        "one target's points (the IPU's are the quickest)",
+    ),
     ("validate --target rdu", "validate --target ipu", "one target's points (the IPU's are the quickest)"),
     ("--target cpu --measure", "--target cpu --measure --repeat 1 --warmup 0", "one measured run"),
-    ("--target rdu,cpu", "--target rdu", "the cpu side needs a calibration (~18 s), and a fresh one on a loaded "
-     "machine tripped the verifier (node_feed_bandwidth, an internal error: reported to the lead)"),
+    (
+        "--target rdu,cpu",
+        "--target rdu",
+        "the cpu side needs a calibration (~18 s), and a fresh one on a loaded "
+        "machine tripped the verifier (node_feed_bandwidth, an internal error: reported to the lead)",
+    ),
 ]
 """(text, replacement, why): applied to every example that holds the text."""
 
-TINY_LLAMA = {"family": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 128,
-              "seq": 32}  # fmt: skip
+TINY_LLAMA = {
+    "family": "llama",
+    "layers": 2,
+    "hidden": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "ffn": 128,
+    "vocab": 128,
+    "seq": 32,
+}
 
 
 def _examples() -> list[tuple[str, int, str, str]]:
@@ -130,7 +168,7 @@ def _files(folder: Path) -> None:
     (folder / "mine.toml").write_text(
         'format = "dabench-ir/measurements/v1"\n[[points]]\nid = "bw"\nkind = "bandwidth"\ntarget = "ipu"\n'
         'source = "s"\nbandwidth = { memory = "off-chip", pattern = "streaming" }\nmeasured = { bandwidth_gb_s = 20.0 }\n'
-    )  # fmt: skip
+    )
     shutil.copy(ROOT / "dabench_ir" / "data" / "sweeps" / "smoke.toml", folder / "my.toml")
 
 

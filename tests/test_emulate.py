@@ -60,7 +60,9 @@ def test_pipeline_fill_and_drain():
     )
     # steady state: consecutive steps overlap, the busiest stage sets the step time
     assert timeline.step_time_s == pytest.approx(max(timeline.unit_busy_s.values()))
-    one_step = emulate(lower(g, ipu, IpuLowering.options(ProfileOptions(ipus=3, micro_batches=4), steady_state=False)), g)
+    one_step = emulate(
+        lower(g, ipu, IpuLowering.options(ProfileOptions(ipus=3, micro_batches=4), steady_state=False)), g
+    )
     assert one_step.step_time_s == pytest.approx(one_step.makespan_s)
 
 
@@ -140,8 +142,9 @@ def test_the_closed_form_matches_simulating_every_micro_batch(monkeypatch, stage
     g = chain(stage_flops, [10**3] * len(stage_flops))
     for i, node in enumerate(g.nodes):
         node.layer = i
-    opts = IpuLowering.options(ProfileOptions(ipus=ipus, micro_batches=micro_batches, precision="fp16"),
-                               steady_state=False)  # fmt: skip
+    opts = IpuLowering.options(
+        ProfileOptions(ipus=ipus, micro_batches=micro_batches, precision="fp16"), steady_state=False
+    )
     closed = emulate(lower(g, load_target("ipu"), opts), g)
     monkeypatch.setattr(emulate_module, "_lane_rates", lambda *a: defaultdict(lambda: math.nan))  # never settles
     simulated = emulate(lower(g, load_target("ipu"), opts), g)
@@ -160,4 +163,7 @@ def test_lane_rates_are_the_largest_cycle_mean_that_reaches_each_lane():
     # no way back: b goes at the slower of its own load and the lane that feeds it
     assert _reached_cycle_means({"a": {"a": 2.0, "b": 5.0}, "b": {"b": 1.0}}) == {"a": 2.0, "b": 2.0}
     assert _reached_cycle_means({"a": {"a": 2.0, "b": 5.0}, "b": {"b": 4.0}, "c": {"c": 0.5}}) == {
-        "a": 2.0, "b": 4.0, "c": 0.5}  # fmt: skip
+        "a": 2.0,
+        "b": 4.0,
+        "c": 0.5,
+    }

@@ -174,11 +174,16 @@ def _embedding_graph(vocab=50257, hidden=768, seq=128, batch=8):
     wte = b.value("wte", (vocab, hidden), ValueKind.WEIGHT)
     tok = (batch, seq, hidden)
     rows = b.nbytes(tok)
-    x = b.node("embed", "Gather", [wte, ids], tok, Cost(act_bytes_in=rows + batch * seq * 8, act_bytes_out=rows),
-               "embed", None)  # fmt: skip
+    x = b.node(
+        "embed", "Gather", [wte, ids], tok, Cost(act_bytes_in=rows + batch * seq * 8, act_bytes_out=rows), "embed", None
+    )
     w = b.value("fc.weight", (hidden, hidden), ValueKind.WEIGHT)
-    cost = Cost(contraction_flops=2 * batch * seq * hidden * hidden, weight_bytes=b.nbytes((hidden, hidden)),
-                act_bytes_in=rows, act_bytes_out=rows)  # fmt: skip
+    cost = Cost(
+        contraction_flops=2 * batch * seq * hidden * hidden,
+        weight_bytes=b.nbytes((hidden, hidden)),
+        act_bytes_in=rows,
+        act_bytes_out=rows,
+    )
     y = b.node("fc", "MatMul", [x, w], tok, cost, "fc", None)
     return Graph(b.nodes, b.values, ["ids"], [y], name="embed", bindings={"batch": batch})
 

@@ -46,8 +46,25 @@ def test_tiny_export(capsys, tmp_path) -> None:
     pytest.importorskip("torch")
     onnx = pytest.importorskip("onnx")
     path = tmp_path / "m.onnx"
-    argv = ["export", "--family", "llama", "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
-            "--seq", "8", "--weights", "none", "-o", str(path)]  # fmt: skip
+    argv = [
+        "export",
+        "--family",
+        "llama",
+        "--layers",
+        "2",
+        "--hidden",
+        "32",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--seq",
+        "8",
+        "--weights",
+        "none",
+        "-o",
+        str(path),
+    ]
     assert main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     model = onnx.load(path)
@@ -56,8 +73,10 @@ def test_tiny_export(capsys, tmp_path) -> None:
     assert json.loads(meta["dabench.params"])["kv_heads"] == 2
 
 
-@pytest.mark.parametrize(("text", "size"), [("4GiB", 4 << 30), ("4294967296", 4 << 30), ("4e9", 4_000_000_000),
-                                            ("512MB", 512_000_000), ("1k", 1024)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4GiB", 4 << 30), ("4294967296", 4 << 30), ("4e9", 4_000_000_000), ("512MB", 512_000_000), ("1k", 1024)],
+)
 def test_a_byte_size_parses_the_same_for_export_and_profile(text, size):
     """One parser for every flag that takes bytes (issue 43: export took 4GiB, profile refused it)."""
     from dabench_ir.commands.export import _byte_size

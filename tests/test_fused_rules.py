@@ -264,20 +264,35 @@ def _elementwise_chain(ops: list[tuple[str, list[str]]], extra_inputs=(), inits=
 def test_gelu_family_equals_unfused():
     bias_gelu = _total(_model([_ms("BiasGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])]))
     exact = _elementwise_chain(
-        [("Add", ["x", "b"]), ("Div", ["t0", "c"]), ("Erf", ["t1"]), ("Add", ["t2", "one"]), ("Mul", ["t0", "t3"]),
-         ("Mul", ["t4", "half"])],
+        [
+            ("Add", ["x", "b"]),
+            ("Div", ["t0", "c"]),
+            ("Erf", ["t1"]),
+            ("Add", ["t2", "one"]),
+            ("Mul", ["t0", "t3"]),
+            ("Mul", ["t4", "half"]),
+        ],
         [("b", F, [D])],
         [_const("c", math.sqrt(2)), _const("one", 1.0), _const("half", 0.5)],
-    )  # fmt: skip
+    )
     assert bias_gelu.flops == exact.flops == 6 * ELEMS
     fast = _total(_model([_ms("FastGelu", ["x", "b"], ["y"])], [*X, ("b", F, [D])], [("y", F, [B, S, D])]))
     # 0.5·x·(1 + tanh(x·(a + g·x²))) after the bias add, as onnxruntime's kernel computes it
     tanh_form = _elementwise_chain(
-        [("Add", ["x", "b"]), ("Mul", ["t0", "t0"]), ("Mul", ["t1", "g"]), ("Add", ["t2", "a"]), ("Mul", ["t3", "t0"]),
-         ("Tanh", ["t4"]), ("Add", ["t5", "one"]), ("Mul", ["t6", "t0"]), ("Mul", ["t7", "half"])],
+        [
+            ("Add", ["x", "b"]),
+            ("Mul", ["t0", "t0"]),
+            ("Mul", ["t1", "g"]),
+            ("Add", ["t2", "a"]),
+            ("Mul", ["t3", "t0"]),
+            ("Tanh", ["t4"]),
+            ("Add", ["t5", "one"]),
+            ("Mul", ["t6", "t0"]),
+            ("Mul", ["t7", "half"]),
+        ],
         [("b", F, [D])],
         [_const("g", 0.0356774), _const("a", 0.7978846), _const("one", 1.0), _const("half", 0.5)],
-    )  # fmt: skip
+    )
     assert fast.flops == tanh_form.flops
     ms_gelu = _total(_model([_ms("Gelu", ["x"], ["y"])], X, [("y", F, [B, S, D])]))
     onnx_gelu = _total(_model([helper.make_node("Gelu", ["x"], ["y"])], X, [("y", F, [B, S, D])]))
@@ -372,8 +387,11 @@ def test_matmul_nbits_equals_dequantize_plus_matmul():
 
 def test_quantized_matmuls_contract_like_matmul():
     u8 = TensorProto.UINT8
-    mm = _total(_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", F, [S, D]), ("b", F, [D, 8])],
-                       [("y", F, [S, 8])]))  # fmt: skip
+    mm = _total(
+        _model(
+            [helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", F, [S, D]), ("b", F, [D, 8])], [("y", F, [S, 8])]
+        )
+    )
     integer = _total(
         _model(
             [helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])],
@@ -385,25 +403,41 @@ def test_quantized_matmuls_contract_like_matmul():
     qlinear = _total(
         _model(
             [helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])],
-            [("a", u8, [S, D]), ("as", F, []), ("az", u8, []), ("b", u8, [D, 8]), ("bs", F, []), ("bz", u8, []),
-             ("ys", F, []), ("yz", u8, [])],
+            [
+                ("a", u8, [S, D]),
+                ("as", F, []),
+                ("az", u8, []),
+                ("b", u8, [D, 8]),
+                ("bs", F, []),
+                ("bz", u8, []),
+                ("ys", F, []),
+                ("yz", u8, []),
+            ],
             [("y", u8, [S, 8])],
         )
-    )  # fmt: skip
+    )
     assert qlinear.contraction_flops == mm.contraction_flops
     assert qlinear.vector_flops == S * D + D * 8 + 2 * S * 8
 
 
 def test_quantize_dequantize_and_dynamic():
     q = _total(
-        _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], X, [("y", TensorProto.UINT8, [B, S, D])],
-               inits=[_const("s", 0.1), helper.make_tensor("z", TensorProto.UINT8, [], [3])])
-    )  # fmt: skip
+        _model(
+            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+            X,
+            [("y", TensorProto.UINT8, [B, S, D])],
+            inits=[_const("s", 0.1), helper.make_tensor("z", TensorProto.UINT8, [], [3])],
+        )
+    )
     assert q.vector_flops == 2 * ELEMS
     dq = _total(
-        _model([helper.make_node("DequantizeLinear", ["xq", "s"], ["y"])], [("xq", TensorProto.INT8, [B, S, D])],
-               [("y", F, [B, S, D])], inits=[_const("s", 0.1)])
-    )  # fmt: skip
+        _model(
+            [helper.make_node("DequantizeLinear", ["xq", "s"], ["y"])],
+            [("xq", TensorProto.INT8, [B, S, D])],
+            [("y", F, [B, S, D])],
+            inits=[_const("s", 0.1)],
+        )
+    )
     assert dq.vector_flops == ELEMS  # no zero point: the scale only
     dyn = _total(
         _model(
@@ -427,8 +461,9 @@ def decoder_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("decoders")
     out = {}
     for family in ("gpt2", "llama"):
-        cfg = ModelConfig(family=family, layers=1, hidden=64, heads=4, kv_heads=2 if family == "llama" else None,
-                          seq=16, vocab=128)  # fmt: skip
+        cfg = ModelConfig(
+            family=family, layers=1, hidden=64, heads=4, kv_heads=2 if family == "llama" else None, seq=16, vocab=128
+        )
         out[family] = folder / f"{family}.onnx"
         onnx.save(export_onnx(cfg, weights="random"), out[family])
     return out
@@ -460,8 +495,11 @@ def test_optimised_decoders_have_no_node_without_a_rule(optimised_decoders):
         estimated = [n.qualified_op for n in graph.nodes if meta.ESTIMATED in n.meta or meta.UNATTRIBUTED in n.meta]
         assert estimated == [], key
         fused_ops |= {n.qualified_op for n in graph.nodes if n.domain == "com.microsoft"}
-    assert {"com.microsoft::MultiHeadAttention", "com.microsoft::SkipLayerNormalization",
-            "com.microsoft::SkipSimplifiedLayerNormalization"} <= fused_ops  # fmt: skip
+    assert {
+        "com.microsoft::MultiHeadAttention",
+        "com.microsoft::SkipLayerNormalization",
+        "com.microsoft::SkipSimplifiedLayerNormalization",
+    } <= fused_ops
 
 
 def test_study_of_decoders_accounts_for_every_source_node(decoder_files, tmp_path):

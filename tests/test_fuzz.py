@@ -63,8 +63,28 @@ def workdir():
 
 
 # -- graphs -------------------------------------------------------------------------------------------------
-_OPS = ["MatMul", "Add", "Mul", "Relu", "Softmax", "Gemm", "Transpose", "Reshape", "Concat", "LayerNormalization",
-        "Gather", "Conv", "ReduceMean", "Cast", "Identity", "Where", "Foo", "Shape", "Expand", "Sqrt"]  # fmt: skip
+_OPS = [
+    "MatMul",
+    "Add",
+    "Mul",
+    "Relu",
+    "Softmax",
+    "Gemm",
+    "Transpose",
+    "Reshape",
+    "Concat",
+    "LayerNormalization",
+    "Gather",
+    "Conv",
+    "ReduceMean",
+    "Cast",
+    "Identity",
+    "Where",
+    "Foo",
+    "Shape",
+    "Expand",
+    "Sqrt",
+]
 _DIMS = st.one_of(st.integers(-2, 6), st.sampled_from(["batch", "seq", "", "n", 2**31, 2**62]))
 _ELEM = st.one_of(st.sampled_from([1, 1, 1, 10, 16, 7, 6, 9]), st.integers(0, 40))
 
@@ -84,8 +104,10 @@ def graphs(draw) -> bytes:
         out = f"v{i}"
         node = helper.make_node(op, ins, [out], name=draw(st.sampled_from([f"n{i}", "", "=cmd|x", "n0", "@a"])))
         if draw(st.booleans()):
-            node.metadata_props.add(key="pkg.torch.onnx.name_scopes",
-                                    value=draw(st.sampled_from(["['layers.0', 'mm']", "5", "[[[", "{'a': 1}", "x"])))  # fmt: skip
+            node.metadata_props.add(
+                key="pkg.torch.onnx.name_scopes",
+                value=draw(st.sampled_from(["['layers.0', 'mm']", "5", "[[[", "{'a': 1}", "x"])),
+            )
         nodes.append(node)
         pool.append(out)
     outputs = [helper.make_tensor_value_info(pool[-1], draw(_ELEM), None)]
@@ -97,7 +119,7 @@ def graphs(draw) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", draw(st.sampled_from([13, 17, 18, 99])))])
     model.ir_version = draw(st.sampled_from([8, 9, 0]))
     if draw(st.booleans()):
-        model.metadata_props.add(key="dabench.weights", value=draw(st.sampled_from(['["w"]', "5", "{}", "[", '[1]'])))
+        model.metadata_props.add(key="dabench.weights", value=draw(st.sampled_from(['["w"]', "5", "{}", "[", "[1]"])))
     data = model.SerializeToString()
     if draw(st.integers(0, 4)) == 0:  # damage the bytes
         cut = draw(st.integers(0, len(data)))
@@ -125,8 +147,18 @@ def test_profile_measure_any_graph(workdir, data):
 
 
 # -- paths -------------------------------------------------------------------------------------------------
-_SPECIAL_PATHS = ["{dir}", "{dir}/missing/r.json", "/proc/self/r.json", "{model}", "/dev/null", "{dir}/" + "y" * 300,
-                  "{dir}/ok.json", "{dir}/sub/", "{file}/r.json", "-"]  # fmt: skip
+_SPECIAL_PATHS = [
+    "{dir}",
+    "{dir}/missing/r.json",
+    "/proc/self/r.json",
+    "{model}",
+    "/dev/null",
+    "{dir}/" + "y" * 300,
+    "{dir}/ok.json",
+    "{dir}/sub/",
+    "{file}/r.json",
+    "-",
+]
 
 
 @FUZZ
@@ -137,10 +169,17 @@ _SPECIAL_PATHS = ["{dir}", "{dir}/missing/r.json", "/proc/self/r.json", "{model}
 def test_profile_output_paths(workdir, flag, path):
     model = workdir / "mm.onnx"
     if not model.exists():
-        onnx.save(helper.make_model(helper.make_graph(
-            [helper.make_node("MatMul", ["A", "B"], ["C"])], "g",
-            [helper.make_tensor_value_info("A", 1, [2, 3]), helper.make_tensor_value_info("B", 1, [3, 4])],
-            [helper.make_tensor_value_info("C", 1, [2, 4])])), model)  # fmt: skip
+        onnx.save(
+            helper.make_model(
+                helper.make_graph(
+                    [helper.make_node("MatMul", ["A", "B"], ["C"])],
+                    "g",
+                    [helper.make_tensor_value_info("A", 1, [2, 3]), helper.make_tensor_value_info("B", 1, [3, 4])],
+                    [helper.make_tensor_value_info("C", 1, [2, 4])],
+                )
+            ),
+            model,
+        )
     (workdir / "afile").write_text("x")
     before = model.read_bytes()
     target = path.replace("{dir}", str(workdir)).replace("{model}", str(model))
@@ -158,11 +197,29 @@ def stat_kind(path: str) -> str:
 
 
 # -- specs --------------------------------------------------------------------------------------------------
-_KEYS = ["layers", "hidden", "seq", "batch", "target", "precision", "chips", "strategy", "family", "heads",
-         "opt_level", "mode", "junk", "preset", "vocab"]  # fmt: skip
+_KEYS = [
+    "layers",
+    "hidden",
+    "seq",
+    "batch",
+    "target",
+    "precision",
+    "chips",
+    "strategy",
+    "family",
+    "heads",
+    "opt_level",
+    "mode",
+    "junk",
+    "preset",
+    "vocab",
+]
 _SCALARS = st.one_of(
-    st.integers(-5, 10**6), st.just(99999999999999999999), st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from(["rdu", "wse", "nosuch", "gpt2", "fp16", "dp", "", "llama"]), st.booleans(),
+    st.integers(-5, 10**6),
+    st.just(99999999999999999999),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["rdu", "wse", "nosuch", "gpt2", "fp16", "dp", "", "llama"]),
+    st.booleans(),
 )
 
 
@@ -197,8 +254,12 @@ def test_sweep_any_spec(workdir, defaults, axes, garbage):
 
 # -- reports given to compare ------------------------------------------------------------------------------
 _JSON = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=8)),
-    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=6), children, max_size=3)),
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=8)
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=12,
 )
 _REPORT_KEYS = ["model", "totals", "nodes", "target", "metrics", "fits", "units", "failure", "config"]
@@ -233,9 +294,17 @@ def test_targets_normalize_to(value):
 def test_profile_any_target_name(workdir, target):
     model = workdir / "t.onnx"
     if not model.exists():
-        onnx.save(helper.make_model(helper.make_graph(
-            [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", 1, [4])],
-            [helper.make_tensor_value_info("y", 1, [4])])), model)  # fmt: skip
+        onnx.save(
+            helper.make_model(
+                helper.make_graph(
+                    [helper.make_node("Relu", ["x"], ["y"])],
+                    "g",
+                    [helper.make_tensor_value_info("x", 1, [4])],
+                    [helper.make_tensor_value_info("y", 1, [4])],
+                )
+            ),
+            model,
+        )
     if "cpu" in target.lower():
         return  # cpu calibrates the host: not for a fuzz loop
     contract("profile", model, "-q", "--target", target.replace("\0", ""))
@@ -243,8 +312,13 @@ def test_profile_any_target_name(workdir, target):
 
 # -- caches ------------------------------------------------------------------------------------------------
 @FUZZ
-@given(content=st.one_of(st.binary(max_size=40), st.text(max_size=80),
-                         st.sampled_from(["calibration = 5\n", "[calibration]\nformat = 1\n", "[compute]\n"])))  # fmt: skip
+@given(
+    content=st.one_of(
+        st.binary(max_size=40),
+        st.text(max_size=80),
+        st.sampled_from(["calibration = 5\n", "[calibration]\nformat = 1\n", "[compute]\n"]),
+    )
+)
 def test_calibration_cache_of_any_content(workdir, content, monkeypatch_module):
     from dabench_ir.execute.calibrate import calibration_status
 
@@ -294,7 +368,7 @@ def test_catalogue_file_paths_stay_inside_the_folder(workdir, parts):
     cat = folder / "c.toml"
     cat.write_text(
         f'[[points]]\nid = "p"\nkind = "model"\ntarget = "wse"\nsource = "t"\n'
-        f"model = {{ family = \"gpt2\", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1 }}\n"
+        f'model = {{ family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1 }}\n'
         f"measured = {{ kernels_csv = {json.dumps(name)} }}\n"
     )
     from dabench_ir.errors import UserError
@@ -314,14 +388,19 @@ _OUT_NAMES = st.sampled_from(["m.onnx", "o.x", "o.roles.csv", "o.csv", "p/m-roof
 
 
 @FUZZ
-@given(flags=st.dictionaries(st.sampled_from(["--json", "--csv", "--html", "--trace", "--plots"]), _OUT_NAMES, max_size=4))
+@given(
+    flags=st.dictionaries(st.sampled_from(["--json", "--csv", "--html", "--trace", "--plots"]), _OUT_NAMES, max_size=4)
+)
 def test_profile_outputs_never_overwrite_an_input_or_each_other(workdir, flags):
     """Every output of one run is distinct from the others and from the model, or the run is refused."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     model = run_dir / "m.onnx"
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])  # fmt: skip
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
     before = model.read_bytes()
     argv = ["profile", model, "--target", "rdu", "-q"]
@@ -366,10 +445,12 @@ def _knob_model(workdir: Path) -> Path:
     if not path.exists():
         w = helper.make_tensor("W", TensorProto.FLOAT, [8, 8], [0.5] * 64)
         graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+            [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+            "g",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], initializer=[w],
-        )  # fmt: skip
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+            initializer=[w],
+        )
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
     return path
 

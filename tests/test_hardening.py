@@ -178,8 +178,11 @@ def test_external_offset_not_integer_refused(capsys, tmp_path):
 def test_cyclic_graph_refused(capsys, tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
-    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
-             helper.make_node("Identity", ["a"], ["y"], name="n3")]  # fmt: skip
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="n1"),
+        helper.make_node("Relu", ["a"], ["b"], name="n2"),
+        helper.make_node("Identity", ["a"], ["y"], name="n3"),
+    ]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
     code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--target", "rdu")
     one_line(code, err, "cycle")
@@ -313,9 +316,17 @@ def _report(tmp_path: Path, **fields) -> Path:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"nodes": 5}, {"nodes": {"a": 1}}, {"nodes": [5]}, {"nodes": [{"time_s": "x"}]}, {"totals": []},
-     {"totals": {"time_s": "slow"}}, {"target": {"name": 5}}, {"model": "x"}],
-)  # fmt: skip
+    [
+        {"nodes": 5},
+        {"nodes": {"a": 1}},
+        {"nodes": [5]},
+        {"nodes": [{"time_s": "x"}]},
+        {"totals": []},
+        {"totals": {"time_s": "slow"}},
+        {"target": {"name": 5}},
+        {"model": "x"},
+    ],
+)
 def test_compare_malformed_report(capsys, tmp_path, fields):
     code, _, err = run_cli(capsys, "compare", _report(tmp_path, **fields))
     one_line(code, err)
@@ -324,7 +335,7 @@ def test_compare_malformed_report(capsys, tmp_path, fields):
 def test_csv_formula_cells_neutralised(tmp_path):
     from dabench_ir.report.model import csv_cell
 
-    assert csv_cell("=HYPERLINK(\"x\")") == "'=HYPERLINK(\"x\")"
+    assert csv_cell('=HYPERLINK("x")') == '\'=HYPERLINK("x")'
     assert [csv_cell(v) for v in ("+1", "-x", "@a", "ok", -3, None)] == ["'+1", "'-x", "'@a", "ok", -3, ""]
 
 
@@ -341,16 +352,16 @@ def test_subprocess_has_no_traceback(tmp_path):
     """The installed entry point, end to end, on a FIFO: one line, exit 2, and it returns."""
     fifo = tmp_path / "m.onnx"
     os.mkfifo(fifo)
-    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(fifo)], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", str(fifo)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # -- MLIR: a crash in torch-mlir's parser is exit 2, not a segfault ----------------------------------
 _TRUNCATED_RESOURCE = (
     "func.func @f() -> tensor<4xf32> {\n  %0 = arith.constant dense_resource<blob1> : tensor<4xf32>\n"
-    "  return %0 : tensor<4xf32>\n}\n{-#\n  dialect_resources: {\n    builtin: {\n      blob1: \"0x04000000"
-    + "AB" * 200
+    '  return %0 : tensor<4xf32>\n}\n{-#\n  dialect_resources: {\n    builtin: {\n      blob1: "0x04000000' + "AB" * 200
 )
 
 
@@ -358,8 +369,9 @@ def test_truncated_mlir_is_exit_2_not_a_segfault(tmp_path):
     pytest.importorskip("torch_mlir")
     path = tmp_path / "cut.mlir"
     path.write_text(_TRUNCATED_RESOURCE)
-    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(path)], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "does not parse" in proc.stderr
 
@@ -391,7 +403,9 @@ def test_cache_file_replaced_by_a_directory(capsys, tmp_path, monkeypatch):
     one_line(code, err, "is a directory", "DABENCH_IR_CACHE")
 
 
-@pytest.mark.parametrize("text", ['calibration = 5\n', '[calibration]\nformat = "x"\n[compute]\npeak_flops = 3\n', "\0\1\2"])
+@pytest.mark.parametrize(
+    "text", ["calibration = 5\n", '[calibration]\nformat = "x"\n[compute]\npeak_flops = 3\n', "\0\1\2"]
+)
 def test_cache_of_the_wrong_type_is_measured_again(capsys, tmp_path, monkeypatch, text):
     from dabench_ir.execute.calibrate import calibration_status
 
@@ -433,7 +447,6 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
         "ex = LocalExecutor(2)\nit = ex.map_unordered([(_sleep_forever, ()), (_sleep_forever, ())])\n"
         "import threading\nthreading.Thread(target=lambda: list(it), daemon=True).start()\n"
         "import time\ntime.sleep(1.5)\nprint(' '.join(str(w.proc.pid) for w in ex.all), flush=True)\ntime.sleep(600)\n"
-
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
@@ -462,7 +475,9 @@ def _alive(pid: int) -> bool:
 
 def test_sweep_grid_counted_before_expanding(capsys, tmp_path):
     axes = "\n".join(f"{k} = [{', '.join(str(64 * (i + 1)) for i in range(10))}]" for k in ("hidden", "seq", "ffn"))
-    axes += "\n" + "\n".join(f"{k} = [{', '.join(str(i + 1) for i in range(10))}]" for k in ("layers", "batch", "vocab"))
+    axes += "\n" + "\n".join(
+        f"{k} = [{', '.join(str(i + 1) for i in range(10))}]" for k in ("layers", "batch", "vocab")
+    )
     spec = tmp_path / "huge.toml"
     spec.write_text("[axes]\n" + axes + "\n")
     code, _, err = run_cli(capsys, "sweep", spec, "--dry-run")
@@ -472,7 +487,7 @@ def test_sweep_grid_counted_before_expanding(capsys, tmp_path):
 @pytest.mark.parametrize("value", ["99999999999999999999", "999999"])
 def test_sweep_absurd_layers_refused(capsys, tmp_path, value):
     spec = tmp_path / "s.toml"
-    spec.write_text(f"[defaults]\nlayers = {value}\n[axes]\ntarget = [\"rdu\"]\n")
+    spec.write_text(f'[defaults]\nlayers = {value}\n[axes]\ntarget = ["rdu"]\n')
     code, _, err = run_cli(capsys, "sweep", spec, "--dry-run")
     one_line(code, err, "layers")
 
@@ -580,16 +595,30 @@ def test_onnxruntime_log_line_is_not_printed(capsys, tmp_path):
     """A model onnxruntime refuses: our one line only, not its [E:onnxruntime...] line too."""
     model = parse(MM)
     model.graph.node[0].op_type = "MatMulInteger"  # float inputs: onnxruntime refuses the types
-    proc = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", str(_save(tmp_path, model)), "--measure"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", str(_save(tmp_path, model)), "--measure"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, 2), proc.stderr
     if proc.returncode == 2:
         assert len(proc.stderr.strip().splitlines()) == 1 and "[E:onnxruntime" not in proc.stderr, proc.stderr
 
 
 def test_export_absurd_layers_refused_up_front(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "99999999999999999999", "--hidden", "64",
-                           "-o", tmp_path / "x.onnx")  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "export",
+        "--family",
+        "gpt2",
+        "--layers",
+        "99999999999999999999",
+        "--hidden",
+        "64",
+        "-o",
+        tmp_path / "x.onnx",
+    )
     one_line(code, err, "--layers")
 
 
@@ -787,8 +816,18 @@ def test_demo_model_inside_its_output_folder(capsys, tmp_path, mm):
 
 def test_study_runs_a_repeated_pipeline_and_an_alias_once(capsys, tmp_path, mm):
     out = tmp_path / "s.json"
-    code, _, err = run_cli(capsys, "study", mm, "--pipeline", "none,none,ort-basic,ort-basic",
-                           "--target", "rdu,rdu,sn30", "--json", out, "-q")  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "study",
+        mm,
+        "--pipeline",
+        "none,none,ort-basic,ort-basic",
+        "--target",
+        "rdu,rdu,sn30",
+        "--json",
+        out,
+        "-q",
+    )
     assert code == 0, err
     runs = json.loads(out.read_text())["runs"]
     assert [(r["pipeline"], r["target"]) for r in runs] == [("ort-basic", "sn30")]
@@ -799,8 +838,22 @@ def test_export_random_weights_beyond_free_memory(capsys, tmp_path, monkeypatch)
     import dabench_ir.models.export as export
 
     monkeypatch.setattr(export, "_available_memory", lambda: 2**30)
-    code, _, err = run_cli(capsys, "export", "--family", "gpt2", "--layers", "2", "--hidden", "4096",
-                           "--weights", "random", "--max-weight-bytes", "4e18", "-o", tmp_path / "x.onnx")  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "export",
+        "--family",
+        "gpt2",
+        "--layers",
+        "2",
+        "--hidden",
+        "4096",
+        "--weights",
+        "random",
+        "--max-weight-bytes",
+        "4e18",
+        "-o",
+        tmp_path / "x.onnx",
+    )
     one_line(code, err, "memory free")
     assert not (tmp_path / "x.onnx").exists()
 

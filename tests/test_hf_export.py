@@ -17,8 +17,11 @@ nn = torch.nn
 
 from dabench_ir.pipeline import profile  # noqa: E402
 
-AXES = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: "sequence_length"},
-        "logits": {0: "batch_size", 1: "sequence_length"}}  # fmt: skip
+AXES = {
+    "input_ids": {0: "batch_size", 1: "sequence_length"},
+    "attention_mask": {0: "batch_size", 1: "sequence_length"},
+    "logits": {0: "batch_size", 1: "sequence_length"},
+}
 
 
 class _Block(nn.Module):
@@ -58,8 +61,15 @@ def _export(path, batch: int, seq: int, *, dynamo: bool, dynamic: bool) -> str:
     torch.manual_seed(0)
     ids, mask = torch.zeros(batch, seq, dtype=torch.long), torch.ones(batch, seq, dtype=torch.long)
     kwargs = {"dynamo": dynamo, **({} if dynamo else {"opset_version": 17})}
-    torch.onnx.export(_Decoder().eval(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["logits"], dynamic_axes=AXES if dynamic else None, **kwargs)  # fmt: skip
+    torch.onnx.export(
+        _Decoder().eval(),
+        (ids, mask),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["logits"],
+        dynamic_axes=AXES if dynamic else None,
+        **kwargs,
+    )
     return str(path)
 
 
@@ -67,9 +77,11 @@ def _export(path, batch: int, seq: int, *, dynamo: bool, dynamic: bool) -> str:
 def exports(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf")
     dynamo = request.param
-    return (_export(folder / "dyn.onnx", 2, 8, dynamo=dynamo, dynamic=True),
-            _export(folder / "static.onnx", 3, 12, dynamo=dynamo, dynamic=False),
-            "dynamo" if dynamo else "torchscript")  # fmt: skip
+    return (
+        _export(folder / "dyn.onnx", 2, 8, dynamo=dynamo, dynamic=True),
+        _export(folder / "static.onnx", 3, 12, dynamo=dynamo, dynamic=False),
+        "dynamo" if dynamo else "torchscript",
+    )
 
 
 def test_batch_and_seq_alone_bind_a_dynamic_hf_export(exports):
@@ -84,11 +96,19 @@ def test_batch_and_seq_alone_bind_a_dynamic_hf_export(exports):
 
 def test_the_cli_takes_batch_and_seq_alone(exports, tmp_path):
     dynamic, _, _ = exports
-    done = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3",
-                           "--seq", "12", "-q"], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3", "--seq", "12", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
-    missing = subprocess.run([sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3"],
-                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "dabench_ir", "profile", dynamic, "-t", "h100", "--batch", "3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "--seq N" in missing.stderr and "unk__" not in missing.stderr, missing.stderr  # only the inputs' named
 

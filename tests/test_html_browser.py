@@ -57,8 +57,14 @@ def page(tmp_path_factory) -> Path:
 def test_screenshot_is_not_blank(page, tmp_path):
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [*_flags(tmp_path / "profile"), f"--screenshot={shot}", "--window-size=1280,2000",
-         "--enable-logging=stderr", "--v=0", page.resolve().as_uri()],
+        [
+            *_flags(tmp_path / "profile"),
+            f"--screenshot={shot}",
+            "--window-size=1280,2000",
+            "--enable-logging=stderr",
+            "--v=0",
+            page.resolve().as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -120,8 +126,12 @@ def test_sort_and_filter_in_the_browser(tmp_path):
     report = make_report()
     page = tmp_path / "probe.html"
     page.write_text(render_html(report).replace("</body>", _PROBE + "</body>"))
-    proc = subprocess.run([*_flags(tmp_path / "profile"), "--dump-dom", page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [*_flags(tmp_path / "profile"), "--dump-dom", page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     body = re.search(r"<body([^>]*)>", proc.stdout)
     assert body, proc.stderr[-2000:]
     attrs = dict((k, html_lib.unescape(v)) for k, v in re.findall(r'(data-[a-z]+)="([^"]*)"', body.group(1)))

@@ -42,8 +42,15 @@ class _Tables(HTMLParser):
         if tag == "div" and "tablewrap" in a.get("class", "").split():
             self._before_wrap, self._in_wrap = self._last_start, True
         elif tag == "table":
-            self._table = {"class": a.get("class", ""), "wrapped": self._in_wrap, "before": self._before_wrap,
-                           "head": [], "rows": [], "thead": False, "tbody": False}  # fmt: skip
+            self._table = {
+                "class": a.get("class", ""),
+                "wrapped": self._in_wrap,
+                "before": self._before_wrap,
+                "head": [],
+                "rows": [],
+                "thead": False,
+                "tbody": False,
+            }
         elif tag in ("thead", "tbody") and self._table is not None:
             self._part = tag
             self._table[tag] = True
@@ -88,8 +95,14 @@ def _check_tables(page: _Tables, at_least: int) -> None:
     assert [src for src, _ in page.scripts] == [None]  # one inline script, nothing loaded
     script = page.scripts[0][1]
     assert script == TABLE_SCRIPT
-    for needle in ('querySelectorAll("table.sortable")', 'addEventListener("click"', 'addEventListener("input"',
-                   "aria-sort", "r.hidden", "previousElementSibling"):  # fmt: skip
+    for needle in (
+        'querySelectorAll("table.sortable")',
+        'addEventListener("click"',
+        'addEventListener("input"',
+        "aria-sort",
+        "r.hidden",
+        "previousElementSibling",
+    ):
         assert needle in script, needle
 
 
@@ -134,8 +147,20 @@ def test_script_reads_units_and_si_prefixes():
     """The sort key of a cell, by the script's own ``value`` function run in node."""
     body = re.search(r"function value\(text\) \{.*?\n  \}", TABLE_SCRIPT, re.S).group(0)
     si = re.search(r"var SI = \{.*?\};", TABLE_SCRIPT, re.S).group(0)
-    cells = ["15.8 µs", "1.2 ms", "4 s", "2.05 kB", "1.23 MFLOP", "12 GFLOP/s", "100.0%", "0.462", "-", "3.2x",
-             "7 ns", "abc"]  # fmt: skip
+    cells = [
+        "15.8 µs",
+        "1.2 ms",
+        "4 s",
+        "2.05 kB",
+        "1.23 MFLOP",
+        "12 GFLOP/s",
+        "100.0%",
+        "0.462",
+        "-",
+        "3.2x",
+        "7 ns",
+        "abc",
+    ]
     program = f"{si}\n{body}\nconsole.log(JSON.stringify({json.dumps(cells)}.map(value)));"
     out = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
     got = json.loads(out)
@@ -175,9 +200,10 @@ ths[0].on.click(); out.text = names(); out.cleared = ths[1].getAttribute("aria-s
 box.value = "MLP"; box.on.input(); out.hidden = body.rows.map(function (r) { return r.hidden; });
 console.log(JSON.stringify(out));
 """
-    program = (f"var HEAD = {json.dumps(head)}, ROWS = {json.dumps(rows)};" + _FAKE_DOM + TABLE_SCRIPT + probe)
-    got = json.loads(subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30,
-                                    check=True).stdout)  # fmt: skip
+    program = f"var HEAD = {json.dumps(head)}, ROWS = {json.dumps(rows)};" + _FAKE_DOM + TABLE_SCRIPT + probe
+    got = json.loads(
+        subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    )
     assert got["down"] == ["c", "a", "mlp_x", "b", "d"] and got["sort1"] == "descending"  # 1.2 ms > 40 µs > ...
     assert got["up"] == ["d", "b", "mlp_x", "a", "c"]
     assert got["text"] == ["a", "b", "c", "d", "mlp_x"] and got["cleared"] is None

@@ -14,8 +14,13 @@ def test_cost_sums_follow_every_way_a_cost_is_made():
     c = Cost(contraction_flops=10, vector_flops=2, special_ops=1, weight_bytes=4, act_bytes_in=8, act_bytes_out=16)
     assert (c.flops, c.bytes) == (13, 28)
     assert [f.name for f in dataclasses.fields(Cost)] == [
-        "contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in", "act_bytes_out"
-    ]  # fmt: skip
+        "contraction_flops",
+        "vector_flops",
+        "special_ops",
+        "weight_bytes",
+        "act_bytes_in",
+        "act_bytes_out",
+    ]
     assert repr(c) == (
         "Cost(contraction_flops=10, vector_flops=2, special_ops=1, weight_bytes=4, act_bytes_in=8, act_bytes_out=16)"
     )
@@ -28,13 +33,26 @@ def test_cost_sums_follow_every_way_a_cost_is_made():
         "deepcopy": copy.deepcopy(c),
         "copy": copy.copy(c),
     }
-    expected = {"sum": (26, 56), "plus_bytes": (13, 34), "scale": (39, 84), "replace": (18, 28), "pickle": (13, 28),
-                "deepcopy": (13, 28), "copy": (13, 28)}  # fmt: skip
+    expected = {
+        "sum": (26, 56),
+        "plus_bytes": (13, 34),
+        "scale": (39, 84),
+        "replace": (18, 28),
+        "pickle": (13, 28),
+        "deepcopy": (13, 28),
+        "copy": (13, 28),
+    }
     assert {k: (v.flops, v.bytes) for k, v in made.items()} == expected
     assert made["pickle"] == c and hash(made["pickle"]) == hash(c)
     assert (ZERO_COST.flops, ZERO_COST.bytes, ZERO_COST.intensity) == (0, 0, None)
-    assert c.as_dict() == {"contraction_flops": 10, "vector_flops": 2, "special_ops": 1, "weight_bytes": 4,
-                           "act_bytes_in": 8, "act_bytes_out": 16}  # fmt: skip
+    assert c.as_dict() == {
+        "contraction_flops": 10,
+        "vector_flops": 2,
+        "special_ops": 1,
+        "weight_bytes": 4,
+        "act_bytes_in": 8,
+        "act_bytes_out": 16,
+    }
 
 
 def _graph() -> Graph:
@@ -60,8 +78,13 @@ def _graph() -> Graph:
 def test_consumers_list_each_reader_once_in_node_order():
     g = _graph()
     assert {k: [n.name for n in v] for k, v in g.consumers.items()} == {
-        "x": ["mm"], "w1": ["mm"], "h": ["sq", "out"], "s": ["out"], "b": ["out"], "w2": ["out"]
-    }  # fmt: skip
+        "x": ["mm"],
+        "w1": ["mm"],
+        "h": ["sq", "out"],
+        "s": ["out"],
+        "b": ["out"],
+        "w2": ["out"],
+    }
     assert list(g.consumers) == ["x", "w1", "h", "s", "b", "w2"]  # first read first
 
 

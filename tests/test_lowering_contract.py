@@ -58,8 +58,11 @@ def test_classify_bound_is_defined_once():
     found = []
     for path in [*ROOT.glob("dabench_ir/**/*.py"), *ROOT.glob("lowering/**/*.py"), *ROOT.glob("passes/*.py")]:
         tree = ast.parse(path.read_text())
-        found += [f"{path.relative_to(ROOT)}" for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                  and n.name == "classify_bound"]
+        found += [
+            f"{path.relative_to(ROOT)}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.name == "classify_bound"
+        ]
     assert found == ["dabench_ir/timeline.py"]
 
 
@@ -73,8 +76,20 @@ def _ctx(flops, nbytes):
 
 def test_place_node_roofline_plus_comm_and_overhead_per_micro_batch():
     graph, ctx = _ctx([4000], [100])
-    np_ = place_node(ctx, graph.nodes[0], unit="u", compute_s=4.0, memory_s=1.0, comm_s=0.5, overhead_s=0.25,
-                     feed_level="off-chip", feed_bytes=100, ridge=10.0, allocation=0.5, micro_batches=4)
+    np_ = place_node(
+        ctx,
+        graph.nodes[0],
+        unit="u",
+        compute_s=4.0,
+        memory_s=1.0,
+        comm_s=0.5,
+        overhead_s=0.25,
+        feed_level="off-chip",
+        feed_bytes=100,
+        ridge=10.0,
+        allocation=0.5,
+        micro_batches=4,
+    )
     assert np_.per_micro_batch_s == (4.0 + 0.5 + 0.25) / 4
     assert (np_.unit, np_.lane, np_.flops, np_.bytes, np_.feed_bytes) == ("u", "u", 4000, 100, 100)
     assert (np_.compute_s, np_.memory_s, np_.comm_s, np_.overhead_s) == (4.0, 1.0, 0.5, 0.25)
@@ -84,8 +99,18 @@ def test_place_node_roofline_plus_comm_and_overhead_per_micro_batch():
 @pytest.mark.parametrize(("compute", "memory", "expected"), [(1.0, 3.0, Bound.MEMORY), (3.0, 1.0, Bound.MEMORY)])
 def test_place_node_bound_is_from_intensity_not_from_which_time_is_larger(compute, memory, expected):
     graph, ctx = _ctx([100], [100])  # intensity 1 below ridge 10
-    np_ = place_node(ctx, graph.nodes[0], unit="u", lane="u/a", compute_s=compute, memory_s=memory,
-                     feed_level="off-chip", feed_bytes=100, ridge=10.0, allocation=1.0)
+    np_ = place_node(
+        ctx,
+        graph.nodes[0],
+        unit="u",
+        lane="u/a",
+        compute_s=compute,
+        memory_s=memory,
+        feed_level="off-chip",
+        feed_bytes=100,
+        ridge=10.0,
+        allocation=1.0,
+    )
     assert np_.per_micro_batch_s == 3.0 and np_.lane == "u/a" and np_.bound is expected
 
 
@@ -93,8 +118,19 @@ def test_place_node_bookkeeping_takes_no_time_and_is_overhead_bound():
     graph = chain([0], [64])
     graph.nodes[0].op_type = "Reshape"  # a shape op: no unit works on it
     ctx = LoweringContext.build(graph)  # the context reads each node's work once, as built
-    np_ = place_node(ctx, graph.nodes[0], unit="u", compute_s=1.0, memory_s=2.0, comm_s=3.0, overhead_s=4.0,
-                     feed_level="on-chip", feed_bytes=64, ridge=1.0, allocation=0.0)
+    np_ = place_node(
+        ctx,
+        graph.nodes[0],
+        unit="u",
+        compute_s=1.0,
+        memory_s=2.0,
+        comm_s=3.0,
+        overhead_s=4.0,
+        feed_level="on-chip",
+        feed_bytes=64,
+        ridge=1.0,
+        allocation=0.0,
+    )
     assert np_.per_micro_batch_s == 0.0 and np_.bound is Bound.OVERHEAD
     assert (np_.compute_s, np_.memory_s, np_.comm_s, np_.overhead_s) == (0.0, 0.0, 0.0, 0.0)
 
@@ -104,11 +140,21 @@ def test_place_node_time_override_and_unattributed_note():
     del graph.nodes[1].meta[meta.COST]
     graph.nodes[1].meta[meta.UNATTRIBUTED] = "no rule"
     ctx = LoweringContext.build(graph)
-    timed = place_node(ctx, graph.nodes[0], unit="u", compute_s=1.0, feed_level="x", feed_bytes=10, ridge=1.0,
-                       allocation=1.0, time_s=7.0)
+    timed = place_node(
+        ctx,
+        graph.nodes[0],
+        unit="u",
+        compute_s=1.0,
+        feed_level="x",
+        feed_bytes=10,
+        ridge=1.0,
+        allocation=1.0,
+        time_s=7.0,
+    )
     assert timed.per_micro_batch_s == 7.0
-    loose = place_node(ctx, graph.nodes[1], unit="u", compute_s=1.0, feed_level="x", feed_bytes=0, ridge=1.0,
-                       allocation=1.0)
+    loose = place_node(
+        ctx, graph.nodes[1], unit="u", compute_s=1.0, feed_level="x", feed_bytes=0, ridge=1.0, allocation=1.0
+    )
     assert loose.note == UNATTRIBUTED_NOTE and loose.per_micro_batch_s == 0.0 and ctx.costs["n1"] == Cost()
 
 
@@ -194,8 +240,8 @@ def test_cpu_lowering_reads_ort_opt_as_an_option():
     from tests.conftest import parse
 
     model = parse(
-        """agraph (float[4,16] x) => (float[4,32] y) <float[32,16] W = {%s}>
-        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }""" % ",".join(["0.5"] * 512)  # noqa: UP031
+        """agraph (float[4,16] x) => (float[4,32] y) <float[32,16] W = {WEIGHTS}>
+        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }""".replace("WEIGHTS", ",".join(["0.5"] * 512))
     )
     graph = analyze(model)
     cpu = load_target("cpu")
@@ -235,7 +281,9 @@ def _imports(path: Path) -> set[str]:
     "path", sorted((ROOT / "lowering").rglob("*.py")), ids=lambda p: p.relative_to(ROOT / "lowering").as_posix()
 )
 def test_lowering_imports_no_later_stage(path):
-    bad = {n for n in _imports(path) for s in _LATER_STAGES if n == f"dabench_ir.{s}" or n.startswith(f"dabench_ir.{s}.")}
+    bad = {
+        n for n in _imports(path) for s in _LATER_STAGES if n == f"dabench_ir.{s}" or n.startswith(f"dabench_ir.{s}.")
+    }
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
@@ -246,5 +294,7 @@ def test_bare_top_level_import_fails_clearly(package):
     proc = subprocess.run([sys.executable, "-c", f"import {package}"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
     assert f"ImportError: import dabench_ir.{package} instead of the bare top-level '{package}' package" in proc.stderr
-    ok = subprocess.run([sys.executable, "-c", f"import dabench_ir.{package}"], cwd=ROOT, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-c", f"import dabench_ir.{package}"], cwd=ROOT, capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr

@@ -112,8 +112,8 @@ def test_folded_weight_layouts_vanish_only_under_ort_optimisation():
     from tests.conftest import parse
 
     model = parse(
-        """agraph (float[4,16] x) => (float[4,32] y) <float[32,16] W = {%s}>
-        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }""" % ",".join(["0.5"] * 512)  # noqa: UP031
+        """agraph (float[4,16] x) => (float[4,32] y) <float[32,16] W = {WEIGHTS}>
+        { Wt = Transpose<perm=[1,0]>(W)  y = MatMul(x, Wt) }""".replace("WEIGHTS", ",".join(["0.5"] * 512))
     )
     cpu = CpuModel(
         peak_flops=1e9,
@@ -154,17 +154,28 @@ def test_a_node_is_fed_by_the_cache_it_fits_in_and_never_streams_faster_than_its
 
     rec = {"source": "test", "estimate": False}
     data = {
-        "name": "cpu", "kind": "cpu",
+        "name": "cpu",
+        "kind": "cpu",
         "compute": {"units": {"value": 1, **rec}, "peak_flops": {"fp32": {"value": 2e9, **rec}}},
-        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": {"value": 1e9, **rec},
-                    "capacity_bytes": {"value": 1e9, **rec}},
-                   {"name": "llc", "level": "on-chip", "bandwidth_bytes_per_s": {"value": 1e10, **rec},
-                    "capacity_bytes": {"value": 1e4, **rec}}],
+        "memory": [
+            {
+                "name": "dram",
+                "level": "off-chip",
+                "bandwidth_bytes_per_s": {"value": 1e9, **rec},
+                "capacity_bytes": {"value": 1e9, **rec},
+            },
+            {
+                "name": "llc",
+                "level": "on-chip",
+                "bandwidth_bytes_per_s": {"value": 1e10, **rec},
+                "capacity_bytes": {"value": 1e4, **rec},
+            },
+        ],
         "overheads": {"kernel_launch_s": {"value": 0.0, **rec}},
         "power": {"watts": {"value": 10.0, **rec}},
         "process": {"node_nm": {"value": 10.0, **rec}},
         "calibration": {"ops": [{"op": "Add", "bytes": 1000, "time_s": 1e-7}]},
-    }  # fmt: skip
+    }
     target = tmp_path / "cpu.toml"
     target.write_text(dump_toml(data))
     model = tmp_path / "adds.onnx"

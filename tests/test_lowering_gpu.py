@@ -91,7 +91,9 @@ def test_gemm_tile_and_wave_efficiency_exact_numbers():
     # 6 tiles of a 128 x 768 x 768 GEMM (a seq-128 prefill): K split 6 ways fills 36 of 108 SMs
     assert _tile_efficiency(128, 768, 768, 1, 128, 108) == pytest.approx(1 / 3)
     # point H's projection (65536 x 768 x 768): 3072 tiles; split-K 2 gives 57 waves of 384-deep blocks
-    assert _tile_efficiency(65536, 768, 768, 1, 128, 108) == pytest.approx(65536 * 768 * 768 / (57 * 384 * 108 * 128**2))
+    assert _tile_efficiency(65536, 768, 768, 1, 128, 108) == pytest.approx(
+        65536 * 768 * 768 / (57 * 384 * 108 * 128**2)
+    )
     assert _tile_efficiency(65536, 768, 768, 1, 128, 132) > 0.99  # large GEMMs: the MAMF share is the ceiling
 
 
@@ -130,8 +132,10 @@ def test_small_gemm_pays_its_partial_wave_large_gemm_does_not():
     q = plan.node_plans["layers.0.attn.q_proj"]
     mm = A100.peak_flops("fp32") * A100.arch_value("matmul_efficiency")
     assert q.compute_s == pytest.approx(2 * 128 * 768 * 768 / (mm * 2 / 9))
-    no_tile = Target.from_dict({**A100.raw, "arch": {k: v for k, v in A100.raw["arch"].items() if k != "gemm_tile"}},
-                               origin="a100-no-tile.toml")  # fmt: skip
+    no_tile = Target.from_dict(
+        {**A100.raw, "arch": {k: v for k, v in A100.raw["arch"].items() if k != "gemm_tile"}},
+        origin="a100-no-tile.toml",
+    )
     plain = lower(g, no_tile, GpuLowering.options(ProfileOptions(precision="fp32"), fuse_elementwise=False))
     assert plain.node_plans["layers.0.attn.q_proj"].compute_s == pytest.approx(q.compute_s * 2 / 9)
 

@@ -24,7 +24,9 @@ PROGRAM = 127000 * TILES
 
 
 def _gemm(n: int, dtype: str = "float") -> object:
-    return analyze_text(f"agraph ({dtype}[{n},{n}] A, {dtype}[{n},{n}] B) => ({dtype}[{n},{n}] C) {{ C = MatMul(A, B) }}")
+    return analyze_text(
+        f"agraph ({dtype}[{n},{n}] A, {dtype}[{n},{n}] B) => ({dtype}[{n},{n}] C) {{ C = MatMul(A, B) }}"
+    )
 
 
 def _terms(plan, ipu: int = 0) -> dict[str, int]:
@@ -190,8 +192,17 @@ def test_training_memory_terms_exact():
         assert plan.memory_bytes[f"streaming_ddr:ipu{k}"] == 2 * layer_params * 12 // 2  # master + moments, RTS /2
         assert t["stash"] == 2 * boundary * inflight
         assert t["exchange_buffers"] == 4 * boundary
-    onchip = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m, optimizer_state="onchip",
-                                          replicated_tensor_sharding=False, replicas=2))  # fmt: skip
+    onchip = lower(
+        g,
+        IPU,
+        ProfileOptions(
+            layers_per_ipu="2,2",
+            micro_batches=m,
+            optimizer_state="onchip",
+            replicated_tensor_sharding=False,
+            replicas=2,
+        ),
+    )
     assert _terms(onchip, 0)["optimizer_state"] == 2 * layer_params * 12
     assert "streaming_ddr:ipu0" not in onchip.memory_bytes
     no_rc = lower(_train(4, recompute=False), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=m))
@@ -249,8 +260,9 @@ def test_pipeline_reports_tiles_and_most_loaded_ipu_sets_the_cycle():
 
 
 def test_more_layers_eventually_do_not_fit_and_more_ipus_fix_it():
-    fits = {layers: lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1))
-            for layers in (4, 64)}  # fmt: skip
+    fits = {
+        layers: lower(decoder(layers=layers, hidden=1024, seq=8), IPU, ProfileOptions(ipus=1)) for layers in (4, 64)
+    }
     assert fits[4].fits and not fits[64].fits
     failure = fits[64].failure
     assert failure.reason.startswith("IPU 0 needs") and "largest part: weights" in failure.reason
@@ -281,8 +293,16 @@ def test_gpt2_small_fits_the_vendor_layout(gpt2_base):
     """graphcore/examples pretraining_small.sh: 0/4/4/4, matmul proportion 0.15, recompute,
     micro-batch 1, state off-chip with RTS over 4 replicas (measurements.md section D)."""
     g = _gpt2(gpt2_base, 12)
-    opts = ProfileOptions(mode="train", precision="mixed", recompute=True, batch=64, micro_batches=64,
-                          layers_per_ipu="0,4,4,4", matmul_proportion="0.15", replicas=4)  # fmt: skip
+    opts = ProfileOptions(
+        mode="train",
+        precision="mixed",
+        recompute=True,
+        batch=64,
+        micro_batches=64,
+        layers_per_ipu="0,4,4,4",
+        matmul_proportion="0.15",
+        replicas=4,
+    )
     plan = lower(g, IPU, opts)
     assert plan.fits, plan.failure
     assert plan.extra["pipeline_stages"] == 5  # embedding, 3 x 4 layers, then the tied head back on IPU 0
@@ -403,8 +423,15 @@ def test_a_tensor_crosses_the_ipu_link_once_however_many_ops_read_it():
     g = _trained(2, "fp16")
     plan = lower(g, IPU, ProfileOptions(layers_per_ipu="1,1", micro_batches=m))
     on1 = [n for n in g.nodes if plan.node_plans[n.name].unit == "ipu1"]
-    readers = [n for n in on1 if any(v in g.values and g.values[v].producer is not None
-                                     and plan.node_plans[g.values[v].producer].unit == "ipu0" for v in n.inputs if v)]
+    readers = [
+        n
+        for n in on1
+        if any(
+            v in g.values and g.values[v].producer is not None and plan.node_plans[g.values[v].producer].unit == "ipu0"
+            for v in n.inputs
+            if v
+        )
+    ]
     assert len(readers) >= 2  # read twice on IPU 1
     exchange = sum(meta.get_cost(n).act_bytes_in for n in on1 if plan.node_plans[n.name].comm_s > 0)
     link = sum(plan.node_plans[n.name].comm_s for n in on1) - exchange / IPU.arch_value("exchange_bytes_per_s")
@@ -419,7 +446,9 @@ def test_pipeline_over_chips_checks_each_ipu_against_its_own_memory():
     from dabench_ir.run import execute, resolve
 
     g = decoder(layers=8, hidden=1024, seq=128, batch=8)
-    run = resolve(g, "ipu", ScaleOptions(chips=4, strategy="pp", mode="train", recompute="full", micro_batch=1, batch=8))
+    run = resolve(
+        g, "ipu", ScaleOptions(chips=4, strategy="pp", mode="train", recompute="full", micro_batch=1, batch=8)
+    )
     report = execute(run, g)  # the physics verifier runs inside: no memory_capacity violation
     assert report.fits
     use = report.metrics["memory_use"]

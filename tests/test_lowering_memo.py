@@ -15,8 +15,9 @@ from tests.lowering_graphs import decoder
 
 def test_value_bytes_memo_equals_the_function_and_keeps_each_callers_default():
     graph = decoder(layers=2, hidden=64, seq=16)
-    graph.values["free"] = Value("free", TensorType(("n", 4), graph.values[graph.inputs[0]].type.dtype),
-                                 ValueKind.ACTIVATION)  # fmt: skip
+    graph.values["free"] = Value(
+        "free", TensorType(("n", 4), graph.values[graph.inputs[0]].type.dtype), ValueKind.ACTIVATION
+    )
     ctx = LoweringContext.build(graph)
     names = [*graph.values, "free", "missing"]
     for _ in range(2):  # the second round reads the memo
@@ -63,10 +64,15 @@ def _stored_reference(ctx: LoweringContext, nodes) -> dict[str, int]:
         if meta.FOLDED in node.meta:
             continue
         skip = traits_of(node).output_shape_input
-        stored = [v for i, v in enumerate(node.inputs)
-                  if v and i != skip and v in graph.values and graph.values[v].kind.is_stored]  # fmt: skip
+        stored = [
+            v
+            for i, v in enumerate(node.inputs)
+            if v and i != skip and v in graph.values and graph.values[v].kind.is_stored
+        ]
         for v in stored:
-            out.setdefault(stored_root(graph, v), value_bytes(graph, v, ctx.costs[node.name].weight_bytes // len(stored)))
+            out.setdefault(
+                stored_root(graph, v), value_bytes(graph, v, ctx.costs[node.name].weight_bytes // len(stored))
+            )
     return out
 
 
@@ -112,11 +118,20 @@ def test_rdu_pipeline_and_rates_equal_their_sums_bit_for_bit():
         room, pcus = rng.randint(1, 64), rng.randint(1, 64)
         held = sum(max(1, p) for _, p in stages)
         assert pipeline_s(stages, room, pcus) == pcus / room * held * max(t / max(1, p) for t, p in stages)
-        rates = Rates(contraction=rng.random() * 1e12, vector=rng.choice([0.0, 1e11]), special=rng.choice([0.0, 1e10]),
-                       k_half=rng.choice([0.0, 64.0]))  # fmt: skip
-        cost = Cost(contraction_flops=rng.choice([0, 10**9]), vector_flops=rng.choice([0, 10**6]),
-                    special_ops=rng.choice([0, 10**5]))  # fmt: skip
-        parts = sum(n / r for n, r in ((cost.vector_flops, rates.vector), (cost.special_ops, rates.special)) if n and r > 0)
+        rates = Rates(
+            contraction=rng.random() * 1e12,
+            vector=rng.choice([0.0, 1e11]),
+            special=rng.choice([0.0, 1e10]),
+            k_half=rng.choice([0.0, 64.0]),
+        )
+        cost = Cost(
+            contraction_flops=rng.choice([0, 10**9]),
+            vector_flops=rng.choice([0, 10**6]),
+            special_ops=rng.choice([0, 10**5]),
+        )
+        parts = sum(
+            n / r for n, r in ((cost.vector_flops, rates.vector), (cost.special_ops, rates.special)) if n and r > 0
+        )
         c = cost.contraction_flops
         for k in (None, rng.random() * 512):
             want = parts if not c else parts + c / (rates.contraction * (1.0 if k is None else rates.shape(k)))

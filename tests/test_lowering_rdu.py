@@ -60,8 +60,9 @@ def test_each_op_class_at_its_own_rate_on_the_compiled_tiles():
     at 162.5e12 / 2, special functions at 54.2e12 / 2; a node's compute is their sum."""
     g = chain([10**12], [8], dtype=DType.BFLOAT16)
     name = g.nodes[0].name
-    g.nodes[0].meta[meta.COST] = Cost(contraction_flops=10**12, vector_flops=10**11, special_ops=10**10,
-                                      act_bytes_in=4, act_bytes_out=4)  # fmt: skip
+    g.nodes[0].meta[meta.COST] = Cost(
+        contraction_flops=10**12, vector_flops=10**11, special_ops=10**10, act_bytes_in=4, act_bytes_out=4
+    )
     plan = lower(g, RDU, ProfileOptions(opt_level="O0", tiles=4))
     (unit,) = plan.units
     out = g.nodes[0].outputs[0]
@@ -399,8 +400,9 @@ def test_training_ddr_holds_the_state_and_what_the_backward_reads_exactly():
 def test_training_ddr_keeps_the_probabilities_without_a_fused_attention_core_and_scales_with_the_batch():
     one = _kinds(lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), RDU, ProfileOptions(opt_level="O0")))
     assert one["saved_activations"] == 15_424 + 4 * 8 * 8 * 2  # O0: no fused core, softmax's output kept
-    two = _kinds(lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4, batch=2)), RDU,
-                       ProfileOptions(opt_level="O0")))  # fmt: skip
+    two = _kinds(
+        lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4, batch=2)), RDU, ProfileOptions(opt_level="O0"))
+    )
     assert two["saved_activations"] == 2 * one["saved_activations"]  # the whole batch: no micro-batching
     assert two["weights"] == one["weights"]
 
@@ -438,8 +440,9 @@ def test_does_not_fit_reason_names_the_memory_assumption(tmp_path):
     assert "capacity_bytes = { value = 1e12," in toml
     small = tmp_path / "small.toml"
     small.write_text(toml.replace("capacity_bytes = { value = 1e12,", "capacity_bytes = { value = 1e5,"))
-    plan = lower(_train(decoder(layers=1, hidden=64, seq=8, heads=4)), load_target(str(small)),
-                 ProfileOptions(opt_level="O3"))  # fmt: skip
+    plan = lower(
+        _train(decoder(layers=1, hidden=64, seq=8, heads=4)), load_target(str(small)), ProfileOptions(opt_level="O3")
+    )
     assert not plan.fits
     assert plan.failure.needed_bytes == plan.memory_bytes["ddr"]
     assert "attention scores stay on chip" in plan.failure.reason
@@ -511,4 +514,3 @@ def test_a_section_lasts_its_slowest_stage_on_its_share_of_the_pcus():
     assert pipeline_s([(0.1, 100), (0.3, 300)], 512, 640) == pytest.approx(0.4 * 640 / 512)
     assert pipeline_s([(0.3, 700)], 640, 640) == pytest.approx(0.3)  # one stage over every unit: its own seconds
     assert pipeline_s([], 512, 640) == 0.0
-

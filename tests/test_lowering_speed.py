@@ -57,8 +57,9 @@ def _peak_reference(ctx: LoweringContext, nodes, skip=frozenset()) -> int:
 
 def _graphs():
     inference = decoder(layers=3, hidden=64, seq=16)
-    inference.values["free"] = Value("free", TensorType(("n", 4), inference.values[inference.inputs[0]].type.dtype),
-                                     ValueKind.ACTIVATION)  # fmt: skip
+    inference.values["free"] = Value(
+        "free", TensorType(("n", 4), inference.values[inference.inputs[0]].type.dtype), ValueKind.ACTIVATION
+    )
     train = PassManager([TrainingPass()])(decoder(layers=2, hidden=64, seq=16)).graph
     return [inference, train]
 

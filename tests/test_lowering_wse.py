@@ -102,9 +102,9 @@ def test_an_add_after_attention_holds_one_sample_of_its_skip_stream():
     g = _train(decoder(layers=2, hidden=768, seq=1024, heads=12))
     plan = lower(g, WSE, ProfileOptions(wse_mode="pipelined"))
     regions = [u for u in plan.units if u.kind == "wse_region:add"]
-    assert [(u.stats.pes, u.resources["skip_fifo_bytes"]) for u in regions] == [(36, 1024 * 768 * 2)] * 2 + [(12, 0)] * 2 + [
-        (36, 1024 * 768 * 2)
-    ] * 2 + [(12, 0)] * 2
+    assert [(u.stats.pes, u.resources["skip_fifo_bytes"]) for u in regions] == [(36, 1024 * 768 * 2)] * 2 + [
+        (12, 0)
+    ] * 2 + [(36, 1024 * 768 * 2)] * 2 + [(12, 0)] * 2
 
 
 def test_allocation_counts_io_routing_and_buffers():
@@ -123,8 +123,9 @@ def test_allocation_counts_io_routing_and_buffers():
 
 def test_in_flight_buffers_grow_with_depth_squared():
     def buf(layers):
-        return lower(_train(decoder(layers=layers, hidden=256, seq=128)), WSE,
-                     ProfileOptions(wse_mode="pipelined")).extra["buffer_bytes"]  # fmt: skip
+        return lower(
+            _train(decoder(layers=layers, hidden=256, seq=128)), WSE, ProfileOptions(wse_mode="pipelined")
+        ).extra["buffer_bytes"]
 
     per_sample = 128 * 256 * 2  # one block boundary, fp16
     assert buf(1) == per_sample * 1
@@ -259,7 +260,6 @@ def test_fp32_matmuls_run_at_the_fp32_rate():
     assert fc32.work_s / fc16.work_s == pytest.approx(WSE.peak_flops("fp16") / WSE.peak_flops("fp32"))
 
 
-
 def test_a_contraction_runs_at_the_rate_of_its_accumulator():
     # mixed precision (16-bit inputs, fp32 accumulation) runs the 2-lane fp32 datapath: the
     # accumulator streams through SRAM 64 bits per cycle; only 16-bit accumulation (--precision
@@ -317,8 +317,11 @@ def test_a_training_step_drains_and_refills_the_pipeline():
     single = lower(g, WSE, WseLowering.options(ProfileOptions(wse_mode="pipelined"), steady_state=False))
     assert "wse_fill_drain" not in single.step_overheads_s
     # the counterfactual machine: Cerebras' pipelined backpropagation, no drain a step (arch.drain_per_step 0)
-    flowing = lower(_train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16)),
-                    WSE.with_changes({"arch.drain_per_step": 0}), ProfileOptions(wse_mode="pipelined"))  # fmt: skip
+    flowing = lower(
+        _train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16)),
+        WSE.with_changes({"arch.drain_per_step": 0}),
+        ProfileOptions(wse_mode="pipelined"),
+    )
     assert "wse_fill_drain" not in flowing.step_overheads_s
     assert flowing.extra["period_s"] == pytest.approx(period)
 
@@ -347,6 +350,7 @@ def test_replicas_raise_throughput_at_a_falling_efficiency_per_replica():
     for r, p in plans.items():
         assert {"wse_fill_drain", "wse_optimizer"} <= set(p.step_overheads_s)
         assert ("wse_replica_reduce" in p.step_overheads_s) == (r > 1)
+
 
 # -- catalogue point A: the GPT-2 small pipelined compile report --------------------------------
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from dabench_ir.execute import ort
 from dabench_ir.execute.ort import UNMATCHED_KERNEL_PREFIX, parse_profile
 
 PROFILE = Path(__file__).parent / "data" / "ort_cuda_profile.json"
-STRAY = UNMATCHED_KERNEL_PREFIX + "void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)"
+STRAY = (
+    UNMATCHED_KERNEL_PREFIX + "void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)"
+)
 
 
 def _events() -> list[dict]:
@@ -26,8 +28,10 @@ def test_a_cuda_node_is_the_sum_of_its_kernels_and_a_stray_kernel_its_own_row():
     us = 1e-6
     # run 1: sgemm 40 + split-K reduce 6; run 2: 42 + 6; the Node events' dur (host launch) is not counted
     assert p.node_times == pytest.approx({"mm": 47 * us, "add": 10 * us, "relu": 7 * us})
-    assert p.kernels["mm"] == ["ampere_sgemm_32x32_sliced1x4_nn",
-                               "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, false, false>"]
+    assert p.kernels["mm"] == [
+        "ampere_sgemm_32x32_sliced1x4_nn",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, false, false>",
+    ]
     assert p.providers["mm"] == "CUDAExecutionProvider" and p.op_types["add"] == "Add"
     assert p.unmatched_kernels == pytest.approx({STRAY: 3 * us})  # kept, labelled, not dropped
     # the warm median of each run less its kernels: (300 - 62 - 3, 310 - 66 - 3) -> 238 us
@@ -115,8 +119,9 @@ def test_the_session_must_keep_the_cuda_provider(monkeypatch):
         g (float[2] x) => (float[2] y) { y = Relu (x) }""")
     monkeypatch.setattr(ort, "resolve_provider", lambda provider: "CUDAExecutionProvider")
     real = onnxruntime.InferenceSession
-    monkeypatch.setattr(onnxruntime, "InferenceSession",
-                        lambda src, so, providers: real(src, so, providers=["CPUExecutionProvider"]))
+    monkeypatch.setattr(
+        onnxruntime, "InferenceSession", lambda src, so, providers: real(src, so, providers=["CPUExecutionProvider"])
+    )
     import numpy as np
 
     with pytest.raises(UserError, match="could not start CUDAExecutionProvider"):

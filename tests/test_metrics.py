@@ -88,8 +88,10 @@ def test_gpu_matmul_compute_bound_elementwise_memory_bound():
 
 def test_feed_level_is_per_architecture():
     g = decoder(layers=1, hidden=64, seq=8)
-    levels = {t: set(_run(t, ProfileOptions(wse_mode="pipelined"), g)[3].node_feed_level.values())
-              for t in ("wse", "ipu", "rdu", "a100")}
+    levels = {
+        t: set(_run(t, ProfileOptions(wse_mode="pipelined"), g)[3].node_feed_level.values())
+        for t in ("wse", "ipu", "rdu", "a100")
+    }
     assert levels == {"wse": {"on-chip"}, "ipu": {"on-chip"}, "rdu": {"off-chip"}, "a100": {"off-chip"}}
 
 

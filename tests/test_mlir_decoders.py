@@ -38,8 +38,19 @@ def decoder(request, tmp_path_factory):
 
 def test_a_decoder_through_an_mlir_pipeline_on_rdu_wse_and_ipu(decoder, tmp_path):
     out = tmp_path / "s.json"
-    argv = ["study", str(decoder), "--via", "mlir", "--mlir-pipeline", PIPELINE, "--target", "rdu,wse,ipu",
-            "--json", str(out), "-q"]  # fmt: skip
+    argv = [
+        "study",
+        str(decoder),
+        "--via",
+        "mlir",
+        "--mlir-pipeline",
+        PIPELINE,
+        "--target",
+        "rdu,wse,ipu",
+        "--json",
+        str(out),
+        "-q",
+    ]
     assert main(argv) == 0
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 3 and len({r["target"] for r in runs}) == 3

@@ -39,14 +39,23 @@ EW = """  %e{i} = tensor.empty() : tensor<4x8xf32>
 
 
 def _ew(i: int, out: str, ins: list[str], body: str, loc: str) -> str:
-    return EW.format(i=i, out=out, maps=", ".join(["#map"] * (len(ins) + 1)), ins=", ".join(ins),
-                     types=", ".join(["tensor<4x8xf32>"] * len(ins)), args=", ".join(f"%x{k}: f32" for k in
-                     range(len(ins))), body=body, loc=loc)  # fmt: skip
+    return EW.format(
+        i=i,
+        out=out,
+        maps=", ".join(["#map"] * (len(ins) + 1)),
+        ins=", ".join(ins),
+        types=", ".join(["tensor<4x8xf32>"] * len(ins)),
+        args=", ".join(f"%x{k}: f32" for k in range(len(ins))),
+        body=body,
+        loc=loc,
+    )
 
 
 def _module(*ops: str, ret: str) -> str:
-    return (MAP + "func.func @main(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {\n"
-            "  %z = arith.constant 0.0 : f32\n" + "".join(ops) + f"  return %{ret} : tensor<4x8xf32>\n}}\n")  # fmt: skip
+    return (
+        MAP + "func.func @main(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {\n"
+        "  %z = arith.constant 0.0 : f32\n" + "".join(ops) + f"  return %{ret} : tensor<4x8xf32>\n}}\n"
+    )
 
 
 ADD_RELU = _module(
@@ -80,8 +89,10 @@ def test_add_then_relu_fused_reads_each_input_once_and_writes_once():
 
 
 def test_a_fused_op_is_split_over_its_nodes_by_their_costs_before():
-    before = {"Add": Cost(vector_flops=32, act_bytes_in=2 * T, act_bytes_out=T),
-              "Relu": Cost(vector_flops=32, act_bytes_in=T, act_bytes_out=T)}  # fmt: skip
+    before = {
+        "Add": Cost(vector_flops=32, act_bytes_in=2 * T, act_bytes_out=T),
+        "Relu": Cost(vector_flops=32, act_bytes_in=T, act_bytes_out=T),
+    }
     _, counts = run_mlir_pipeline(_parse(ADD_RELU), ["linalg-fuse-elementwise-ops"])
     after, shared = split_by_nodes(counts, before)
     # fused: 64 vector FLOPs, 256 B read, 128 B written; read split 256:128 -> 171 + 85 (largest remainder)
@@ -129,8 +140,10 @@ def test_bufferization_shows_the_buffers_that_need_memory():
 
 def test_a_failing_pass_names_itself_and_keeps_the_passes_before():
     with pytest.raises(MlirPassError) as info:
-        run_mlir_pipeline(_parse(ADD_RELU), ["linalg-fuse-elementwise-ops", "one-shot-bufferize",
-                                             "one-shot-bufferize{bufferize-function-boundaries}"])  # fmt: skip
+        run_mlir_pipeline(
+            _parse(ADD_RELU),
+            ["linalg-fuse-elementwise-ops", "one-shot-bufferize", "one-shot-bufferize{bufferize-function-boundaries}"],
+        )
     msg = str(info.value)
     assert "one-shot-bufferize{bufferize-function-boundaries}" in msg and "to_tensor" in msg and "\n" not in msg
     assert [s.name for s in info.value.steps] == ["linalg-fuse-elementwise-ops", "one-shot-bufferize"]
@@ -158,19 +171,32 @@ _EW3 = """  %{out} = linalg.generic {{indexing_maps = [{maps}], iterator_types =
 
 def _ew3(out: str, ins: list[tuple[str, str, str]], body: str, loc: str) -> str:
     """A 1x4x8 elementwise generic; ``ins``: (value, type, indexing map); ``body`` yields %r."""
-    return _EW3.format(out=out, maps=", ".join([m for _, _, m in ins] + [M3]), ins=", ".join(v for v, _, _ in ins),
-                       types=", ".join(t for _, t, _ in ins), args=", ".join(f"%x{k}: f32" for k in range(len(ins))),
-                       body=body + "\n    linalg.yield %r : f32", T3=T3, loc=loc)  # fmt: skip
+    return _EW3.format(
+        out=out,
+        maps=", ".join([m for _, _, m in ins] + [M3]),
+        ins=", ".join(v for v, _, _ in ins),
+        types=", ".join(t for _, t, _ in ins),
+        args=", ".join(f"%x{k}: f32" for k in range(len(ins))),
+        body=body + "\n    linalg.yield %r : f32",
+        T3=T3,
+        loc=loc,
+    )
 
 
 def _layer(k: int, x: str) -> str:
-    return (f"  %fe{k} = tensor.expand_shape %f [[0, 1], [2]] output_shape [1, 4, 8] : tensor<4x8xf32> into {T3} "
-            f'loc("layers.{k}/MatMul")\n'
-            f"  %m{k} = linalg.batch_matmul ins({x}, %w{k} : {T3}, tensor<1x8x8xf32>) outs(%fe{k} : {T3}) -> {T3} "
-            f'loc("layers.{k}/MatMul")\n'
-            + _ew3(f"a{k}", [(f"%m{k}", T3, M3), (f"%b{k}", "tensor<8xf32>", B3)], "%r = arith.addf %x0, %x1 : f32",
-                   f"layers.{k}/Add")
-            + _ew3(f"r{k}", [(f"%a{k}", T3, M3)], "%r = arith.maximumf %x0, %z : f32", f"layers.{k}/Relu"))  # fmt: skip
+    return (
+        f"  %fe{k} = tensor.expand_shape %f [[0, 1], [2]] output_shape [1, 4, 8] : tensor<4x8xf32> into {T3} "
+        f'loc("layers.{k}/MatMul")\n'
+        f"  %m{k} = linalg.batch_matmul ins({x}, %w{k} : {T3}, tensor<1x8x8xf32>) outs(%fe{k} : {T3}) -> {T3} "
+        f'loc("layers.{k}/MatMul")\n'
+        + _ew3(
+            f"a{k}",
+            [(f"%m{k}", T3, M3), (f"%b{k}", "tensor<8xf32>", B3)],
+            "%r = arith.addf %x0, %x1 : f32",
+            f"layers.{k}/Add",
+        )
+        + _ew3(f"r{k}", [(f"%a{k}", T3, M3)], "%r = arith.maximumf %x0, %z : f32", f"layers.{k}/Relu")
+    )
 
 
 TWO_LAYERS = (
@@ -179,25 +205,34 @@ TWO_LAYERS = (
     '  %e = tensor.empty() : tensor<4x8xf32> loc("layers.0/MatMul")\n'
     f'  %e3 = tensor.empty() : {T3} loc("layers.0/Add")\n'
     '  %f = linalg.fill ins(%z : f32) outs(%e : tensor<4x8xf32>) -> tensor<4x8xf32> loc("layers.0/MatMul")\n'
-    + _layer(0, "%x") + _layer(1, "%r0") + f"  return %r1 : {T3}\n}}\n"
-)  # fmt: skip
+    + _layer(0, "%x")
+    + _layer(1, "%r0")
+    + f"  return %r1 : {T3}\n}}\n"
+)
 
 
 def test_a_shared_producer_re_created_per_layer_is_charged_to_each_layer_it_feeds():
     weights = frozenset({1, 2, 3, 4})
     module = _parse(TWO_LAYERS)
     counts0 = count_module(module, weight_args=weights)
-    record, counts = run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"],
-                                       weight_args=weights)  # fmt: skip
+    record, counts = run_mlir_pipeline(
+        module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"], weight_args=weights
+    )
     fuse, canon, cse = record.steps
     assert (fuse.kept, fuse.created, fuse.fused_away, fuse.removed) == (3, 2, 4, 0)  # Add+Relu, twice
     # canonicalize folds reshape(fill) into fill(reshape): the shared fill becomes one per layer
     assert (canon.kept, canon.created, canon.fused_away, canon.removed) == (4, 2, 1, 0)
     assert (canon.cost.bytes_written - fuse.cost.bytes_written, cse.created) == (T, 0)  # one more 4x8 fill written
     work = [(c.op_name, c.origin.names) for c in counts if c.op_name != "tensor.expand_shape"]
-    assert work == [(op, names) for k in (0, 1) for op, names in (
-        ("linalg.fill", (f"layers.{k}/MatMul",)), ("linalg.batch_matmul", (f"layers.{k}/MatMul",)),
-        ("linalg.generic", (f"layers.{k}/Relu", f"layers.{k}/Add")))]  # fmt: skip
+    assert work == [
+        (op, names)
+        for k in (0, 1)
+        for op, names in (
+            ("linalg.fill", (f"layers.{k}/MatMul",)),
+            ("linalg.batch_matmul", (f"layers.{k}/MatMul",)),
+            ("linalg.generic", (f"layers.{k}/Relu", f"layers.{k}/Add")),
+        )
+    ]
     before, _ = split_by_nodes(counts0, {})
     after, shared = split_by_nodes(counts, before)
     fill = Cost(act_bytes_out=T)
@@ -205,10 +240,12 @@ def test_a_shared_producer_re_created_per_layer_is_charged_to_each_layer_it_feed
     assert before["layers.0/MatMul"] == fill + mm and before["layers.1/MatMul"] == mm  # the fill was layer 0's
     assert after["layers.0/MatMul"] == after["layers.1/MatMul"] == fill + mm  # now each layer fills its own
     for k in (0, 1):  # fused Add+Relu: reads the matmul result and the bias once, writes once; 32 adds, 32 maxes
-        assert after[f"layers.{k}/Add"] + after[f"layers.{k}/Relu"] == Cost(vector_flops=64, weight_bytes=32,
-                                                                            act_bytes_in=T, act_bytes_out=T)  # fmt: skip
-    assert shared == {f"layers.{k}/{a}": {f"layers.{k}/{b}"} for k in (0, 1) for a, b in (("Add", "Relu"),
-                                                                                           ("Relu", "Add"))}  # fmt: skip
+        assert after[f"layers.{k}/Add"] + after[f"layers.{k}/Relu"] == Cost(
+            vector_flops=64, weight_bytes=32, act_bytes_in=T, act_bytes_out=T
+        )
+    assert shared == {
+        f"layers.{k}/{a}": {f"layers.{k}/{b}"} for k in (0, 1) for a, b in (("Add", "Relu"), ("Relu", "Add"))
+    }
     # the shared fill (op 0 before) is behind both layers' fills; every op before is in some op's sources
     fills = [k for k, c in enumerate(counts) if c.op_name == "linalg.fill"]
     assert all(0 in record.sources[k] for k in fills)
@@ -223,18 +260,23 @@ MM_BIAS_GELU = (  # batch_matmul into a zero fill, then bias Add, then erf-GELU 
     f'  %m = linalg.batch_matmul ins(%x, %w : {T3}, tensor<1x8x8xf32>) outs(%f : {T3}) -> {T3} loc("MatMul")\n'
     + _ew3("a", [("%m", T3, M3), ("%b", "tensor<8xf32>", B3)], "%r = arith.addf %x0, %x1 : f32", "Add")
     + _ew3("g", [("%a", T3, M3)], "%t = arith.mulf %x0, %s2 : f32\n    %r = math.erf %t : f32", "Gelu")
-    + _ew3("y", [("%a", T3, M3), ("%g", T3, M3)],
-           "%t = arith.addf %x1, %one : f32\n    %u = arith.mulf %x0, %t : f32\n    %r = arith.mulf %u, %h : f32", "Gelu")
+    + _ew3(
+        "y",
+        [("%a", T3, M3), ("%g", T3, M3)],
+        "%t = arith.addf %x1, %one : f32\n    %u = arith.mulf %x0, %t : f32\n    %r = arith.mulf %u, %h : f32",
+        "Gelu",
+    )
     + f"  return %y : {T3}\n}}\n"
-)  # fmt: skip
+)
 
 
 def test_matmul_bias_gelu_bytes_per_pass_against_a_hand_count():
     weights = frozenset({1, 2})  # %w (256 B) and %b (32 B)
     module = _parse(MM_BIAS_GELU)
     before = split_by_nodes(count_module(module, weight_args=weights), {})[0]
-    record, counts = run_mlir_pipeline(module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"],
-                                       weight_args=weights)  # fmt: skip
+    record, counts = run_mlir_pipeline(
+        module, ["linalg-fuse-elementwise-ops", "canonicalize", "cse"], weight_args=weights
+    )
     # by hand, T = one 1x4x8 f32 tensor (128 B), 32 elements:
     #   fill:   writes T                                      matmul: reads x (T), w (256), its init (T); writes T
     #   Add:    reads m (T), b (32); writes a (T); 32 adds    erf:    reads a; writes g; 32 muls + 32 erf
@@ -247,9 +289,19 @@ def test_matmul_bias_gelu_bytes_per_pass_against_a_hand_count():
     # Add, erf and combine fuse into one generic: it reads m and b once and writes y; a and g are gone
     assert (fuse.kept, fuse.created, fuse.fused_away, fuse.removed) == (2, 1, 3, 0)
     assert record.steps_dict()[0]["delta"] == {
-        "ops": -2, "linalg_ops": -2, "contraction_flops": 0, "vector_flops": 0, "special_ops": 0, "flops": 0,
-        "bytes_read": -3 * T, "bytes_written": -2 * T, "intermediates": -2, "intermediate_bytes": -2 * T,
-        "buffers": None, "buffer_bytes": None}  # fmt: skip
+        "ops": -2,
+        "linalg_ops": -2,
+        "contraction_flops": 0,
+        "vector_flops": 0,
+        "special_ops": 0,
+        "flops": 0,
+        "bytes_read": -3 * T,
+        "bytes_written": -2 * T,
+        "intermediates": -2,
+        "intermediate_bytes": -2 * T,
+        "buffers": None,
+        "buffer_bytes": None,
+    }
     assert (fuse.cost.bytes_read, fuse.cost.bytes_written) == (3 * T + 256 + 32, 3 * T)
     assert all(v in (0, None) for s in record.steps_dict()[1:] for v in s["delta"].values())  # nothing left to do
     assert [c.origin.names for c in counts] == [("MatMul",), ("MatMul",), ("Gelu", "Add")]
@@ -335,7 +387,9 @@ def test_a_producer_fused_into_another_nodes_op_goes_with_its_consumer_not_to_it
     assert (step.kept, step.created, step.fused_away, step.removed) == (2, 2, 4, 0)
     # the square fuses into the sum (an op of Norm's own); the multiply by the sum fuses into the matmul,
     # whose body now holds Norm's multiply: it is claimed there, not by the sum that only names its node
-    work = {c.op_name + ":" + ",".join(c.origin.names): k for k, c in enumerate(counts) if c.op_name == "linalg.generic"}
+    work = {
+        c.op_name + ":" + ",".join(c.origin.names): k for k, c in enumerate(counts) if c.op_name == "linalg.generic"
+    }
     assert set(work) == {"linalg.generic:Norm", "linalg.generic:MatMul,Norm"}
     assert record.sources[work["linalg.generic:Norm"]] == {0, 2}  # square and sum (before: sq, fill, s, d, ...)
     assert record.sources[work["linalg.generic:MatMul,Norm"]] == {3, 4, 6}  # d, the reshape, the matmul
@@ -350,16 +404,24 @@ def test_after_bufferization_the_placed_graph_is_wired_by_buffer_writes_and_read
         return set(unit_graph(graph, module, counts, unit_names(counts), path=None).to_networkx().edges())
 
     on_tensors = edges(["canonicalize"])  # SSA values: fill -> matmul -> add -> relu -> next layer's matmul
-    chain = {(f"layers.{k}/{a}", f"layers.{k}/{b}") for k in (0, 1) for a, b in (("MatMul#0", "MatMul#1"),
-             ("MatMul#1", "Add"), ("Add", "Relu"))} | {("layers.0/Relu", "layers.1/MatMul#1")}  # fmt: skip
+    chain = {
+        (f"layers.{k}/{a}", f"layers.{k}/{b}")
+        for k in (0, 1)
+        for a, b in (("MatMul#0", "MatMul#1"), ("MatMul#1", "Add"), ("Add", "Relu"))
+    } | {("layers.0/Relu", "layers.1/MatMul#1")}
     assert on_tensors == chain
     # bufferized (in place where it can): layer 0 copies the zero fill into its own buffer (MatMul#1),
     # layer 1 accumulates into the fill's buffer itself; Relu overwrites Add's buffer; the ops have no results
     assert edges(["one-shot-bufferize{bufferize-function-boundaries}"]) == {
-        ("layers.0/MatMul#0", "layers.0/MatMul#1"), ("layers.0/MatMul#1", "layers.0/MatMul#2"),
-        ("layers.0/MatMul#2", "layers.0/Add"), ("layers.0/Add", "layers.0/Relu"), ("layers.0/Relu", "layers.1/MatMul"),
-        ("layers.0/MatMul#0", "layers.1/MatMul"), ("layers.1/MatMul", "layers.1/Add"), ("layers.1/Add", "layers.1/Relu"),
-    }  # fmt: skip
+        ("layers.0/MatMul#0", "layers.0/MatMul#1"),
+        ("layers.0/MatMul#1", "layers.0/MatMul#2"),
+        ("layers.0/MatMul#2", "layers.0/Add"),
+        ("layers.0/Add", "layers.0/Relu"),
+        ("layers.0/Relu", "layers.1/MatMul"),
+        ("layers.0/MatMul#0", "layers.1/MatMul"),
+        ("layers.1/MatMul", "layers.1/Add"),
+        ("layers.1/Add", "layers.1/Relu"),
+    }
 
 
 M2, I2 = "affine_map<(d0, d1) -> (d0, d1)>", "affine_map<(d0, d1) -> (d0)>"
@@ -393,9 +455,26 @@ def test_a_bufferized_gather_counts_as_on_tensors_and_reads_its_table():
 
 def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
-    argv = ["study", src, "--via", "mlir", "--mlir-pipeline", "linalg-fuse-elementwise-ops,canonicalize,cse",
-            "--pipeline", "ort-basic", "--target", "rdu", "--json", str(tmp_path / "s.json"),
-            "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "s.html"), "-o", str(tmp_path / "o")]  # fmt: skip
+    argv = [
+        "study",
+        src,
+        "--via",
+        "mlir",
+        "--mlir-pipeline",
+        "linalg-fuse-elementwise-ops,canonicalize,cse",
+        "--pipeline",
+        "ort-basic",
+        "--target",
+        "rdu",
+        "--json",
+        str(tmp_path / "s.json"),
+        "--csv",
+        str(tmp_path / "s.csv"),
+        "--html",
+        str(tmp_path / "s.html"),
+        "-o",
+        str(tmp_path / "o"),
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "pipeline=mlir:linalg-fuse-elementwise-ops,canonicalize,cse" in text and "per ONNX node" in text
@@ -409,8 +488,10 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     assert steps[0]["delta"]["intermediates"] < 0 and steps[0]["delta"]["bytes_written"] < 0
     rows = {r["node"]: r for r in mlir["mlir"]["nodes"]}
     assert rows["fc1_bias"]["shared_with"] and "act" in rows["fc1_bias"]["shared_with"] + [rows["act"]["node"]]
-    assert sum(r["bytes_after"] for r in rows.values()) == steps[-1]["after"]["bytes_read"] + steps[-1]["after"][
-        "bytes_written"]  # fmt: skip
+    assert (
+        sum(r["bytes_after"] for r in rows.values())
+        == steps[-1]["after"]["bytes_read"] + steps[-1]["after"]["bytes_written"]
+    )
     assert (tmp_path / "o" / "m.mlir-none.rdu.json").is_file()
     assert any(c["onnx_pipeline"] == "ort-basic" for c in doc.get("mlir_vs_onnx", []))
     # the CSV carries the per-pass table and the per-ONNX-node costs, once per MLIR pipeline
@@ -421,10 +502,15 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     prev = mlir["mlir"]["before"]
     for r, s in zip(passes, steps, strict=True):
         a = s["after"]
-        assert (int(r["bytes_before"]), int(r["bytes_after"])) == (prev["bytes_read"] + prev["bytes_written"],
-                                                                   a["bytes_read"] + a["bytes_written"])  # fmt: skip
-        assert (int(r["ops_before"]), int(r["ops_after"]), int(r["fused_away"])) == (prev["ops"], a["ops"],
-                                                                                      s["fused_away"])  # fmt: skip
+        assert (int(r["bytes_before"]), int(r["bytes_after"])) == (
+            prev["bytes_read"] + prev["bytes_written"],
+            a["bytes_read"] + a["bytes_written"],
+        )
+        assert (int(r["ops_before"]), int(r["ops_after"]), int(r["fused_away"])) == (
+            prev["ops"],
+            a["ops"],
+            s["fused_away"],
+        )
         prev = a
     nodes = {r["node"]: r for r in lines if r["status"] == "mlir-node"}
     assert set(nodes) == set(rows)

@@ -71,7 +71,9 @@ def test_a_multi_chip_report_labels_the_step_and_one_chip_apart():
         assert tp.totals[key] == pytest.approx(one.totals[key], rel=1e-12)
     per_chip = tp.extra["per_chip"]
     assert per_chip["copies"] == 4
-    assert per_chip["contraction_flops"] < one.totals["contraction_flops"] / 2  # a quarter of the split GEMMs + the head
+    assert (
+        per_chip["contraction_flops"] < one.totals["contraction_flops"] / 2
+    )  # a quarter of the split GEMMs + the head
     assert tp.model["params"] == one.model["params"] and per_chip["params"] < one.model["params"]
     assert tp.totals["bytes"] == 4 * per_chip["bytes"]  # every chip's bytes
     assert tp.totals["energy_j"] > 0 and tp.totals["devices"] == 4 and tp.totals["target_power_w"] == 4 * 700
@@ -99,8 +101,15 @@ def test_ipu_pipeline_memory_per_device_is_the_heaviest_ipu_not_their_sum():
 def test_device_bytes_sums_each_devices_memories_and_leaves_the_host_out():
     from dabench_ir.scaling import ScalePoint
 
-    point = ScalePoint(chips=2, batch=1, time_s=1.0, throughput_samples_per_s=1.0, compute_time_s=1.0, comm_time_s=0.0,
-                       memory_per_device={"sram:ipu0": 5, "ddr:ipu0": 4, "sram:ipu1": 7, "ddr:ipu1": 1})  # fmt: skip
+    point = ScalePoint(
+        chips=2,
+        batch=1,
+        time_s=1.0,
+        throughput_samples_per_s=1.0,
+        compute_time_s=1.0,
+        comm_time_s=0.0,
+        memory_per_device={"sram:ipu0": 5, "ddr:ipu0": 4, "sram:ipu1": 7, "ddr:ipu1": 1},
+    )
     assert point.device_bytes == 9
     point.memory_per_device = {"weights": 3, "gradients": 3, "host": 100}
     assert point.device_bytes == 6

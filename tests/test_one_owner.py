@@ -67,8 +67,9 @@ def test_default_heads_answer_alike_in_the_config_and_the_cli():
     with pytest.raises(UserError, match="multiple of 64: pass --heads"):
         default_heads(100, hint="pass --heads")
     for family in ("gpt2", "llama"):
-        args = build_parser().parse_args(["export", "--family", family, "--layers", "2", "--hidden", "768",
-                                          "-o", "x.onnx"])  # fmt: skip
+        args = build_parser().parse_args(
+            ["export", "--family", family, "--layers", "2", "--hidden", "768", "-o", "x.onnx"]
+        )
         assert _config(args).heads == default_heads(768) == 12
 
 
@@ -124,7 +125,9 @@ def test_the_compute_dtype_is_one_answer(precision, dtype):
     from dabench_ir.passes.precision import compute_dtype, graph_compute_dtype
 
     report = api.profile("gpt2-small", "h100", batch=2, dims={"seq": 64}, precision=precision)
-    assert str(report.plan.precision) == str(graph_compute_dtype(report.graph)) == str(compute_dtype(precision)) == dtype
+    assert (
+        str(report.plan.precision) == str(graph_compute_dtype(report.graph)) == str(compute_dtype(precision)) == dtype
+    )
 
 
 # -- percentages: one formatter per meaning ------------------------------------------------------

@@ -28,9 +28,18 @@ def _op_names() -> frozenset[str]:
 def _string_literals(value: ast.expr) -> list[str]:
     """String constants directly inside a set/frozenset/dict/tuple/list display (or a call
     such as ``frozenset({...})`` / ``dict(...)`` wrapping one)."""
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in (
-        "frozenset", "set", "tuple", "list", "dict",
-    ):  # fmt: skip
+    if (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id
+        in (
+            "frozenset",
+            "set",
+            "tuple",
+            "list",
+            "dict",
+        )
+    ):
         out = [s for arg in value.args for s in _string_literals(arg)]
         out += [kw.arg for kw in value.keywords if kw.arg]
         return out
@@ -38,9 +47,7 @@ def _string_literals(value: ast.expr) -> list[str]:
         return [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     if isinstance(value, ast.Dict):
         return [
-            e.value
-            for e in (*value.keys, *value.values)
-            if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            e.value for e in (*value.keys, *value.values) if isinstance(e, ast.Constant) and isinstance(e.value, str)
         ]
     return []
 

@@ -34,40 +34,157 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
 @pytest.mark.parametrize(
     ("op", "domain", "expected"),
     [
-        ("MatMul", "", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
-                                has_cost_rule=True, saves=Saves.OPERANDS, roles=frozenset({Role.CONTRACTION}))),
-        ("Softmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
-                                 saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
-        ("Softmax", "ai.onnx", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
-                                        saves=Saves.OUTPUT, roles=frozenset({Role.SOFTMAX}), row_reductions=1)),
+        (
+            "MatMul",
+            "",
+            OpTraits(
+                OpClass.CONTRACTION,
+                cpu_class=CPU_MATMUL,
+                backward=Backward.CONTRACTION,
+                has_cost_rule=True,
+                saves=Saves.OPERANDS,
+                roles=frozenset({Role.CONTRACTION}),
+            ),
+        ),
+        (
+            "Softmax",
+            "",
+            OpTraits(
+                OpClass.VECTOR,
+                keeps_fp32=True,
+                cpu_class="Softmax",
+                has_cost_rule=True,
+                saves=Saves.OUTPUT,
+                roles=frozenset({Role.SOFTMAX}),
+                row_reductions=1,
+            ),
+        ),
+        (
+            "Softmax",
+            "ai.onnx",
+            OpTraits(
+                OpClass.VECTOR,
+                keeps_fp32=True,
+                cpu_class="Softmax",
+                has_cost_rule=True,
+                saves=Saves.OUTPUT,
+                roles=frozenset({Role.SOFTMAX}),
+                row_reductions=1,
+            ),
+        ),
         ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
-        ("Transpose", "", OpTraits(OpClass.DATA_MOVEMENT, folds_on_weights=True, strided_view=True, cpu_class="Transpose",
-                                   backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
-                                   roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}))),
-        ("Reshape", "", OpTraits(OpClass.DATA_MOVEMENT, shape_only=True, folds_on_weights=True, keeps_values=True,
-                                 backward=Backward.MOVE, has_cost_rule=True, saves=Saves.NOTHING,
-                                 roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}), output_shape_input=1)),
-        ("Gather", "", OpTraits(OpClass.DATA_MOVEMENT, backward=Backward.SCATTER_ADD, has_cost_rule=True,
-                                saves=Saves.NOTHING, roles=frozenset({Role.LAYOUT}), index_input=1)),
-        ("Shape", "", OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True,
-                               saves=Saves.NOTHING)),
-        ("SkipLayerNormalization", "com.microsoft",
-         OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization", has_cost_rule=True,
-                  saves=Saves.INPUT_AND_STATS, roles=frozenset({Role.NORM}), row_reductions=2,
-                  output_types=contrib_types.skip_norm)),
-        ("RMSNormalization", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="LayerNormalization",
-                                          has_cost_rule=True, saves=Saves.INPUT_AND_STATS,
-                                          roles=frozenset({Role.NORM}), row_reductions=1)),
-        ("FastGelu", "com.microsoft", OpTraits(OpClass.VECTOR, cpu_class="GeluTanh", has_cost_rule=True,
-                                               roles=frozenset({Role.ACTIVATION}), nonlinear=True,
-                                               output_types=contrib_types.same)),
-        ("LogSoftmax", "", OpTraits(OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", has_cost_rule=True,
-                                    saves=Saves.OUTPUT, row_reductions=1, loss=True)),
-        ("FusedGemm", "com.microsoft", OpTraits(OpClass.CONTRACTION, cpu_class=CPU_MATMUL, backward=Backward.CONTRACTION,
-                                                has_cost_rule=True, saves=Saves.OPERANDS,
-                                                output_types=contrib_types.fused_gemm)),
+        (
+            "Transpose",
+            "",
+            OpTraits(
+                OpClass.DATA_MOVEMENT,
+                folds_on_weights=True,
+                strided_view=True,
+                cpu_class="Transpose",
+                backward=Backward.MOVE,
+                has_cost_rule=True,
+                saves=Saves.NOTHING,
+                roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}),
+            ),
+        ),
+        (
+            "Reshape",
+            "",
+            OpTraits(
+                OpClass.DATA_MOVEMENT,
+                shape_only=True,
+                folds_on_weights=True,
+                keeps_values=True,
+                backward=Backward.MOVE,
+                has_cost_rule=True,
+                saves=Saves.NOTHING,
+                roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}),
+                output_shape_input=1,
+            ),
+        ),
+        (
+            "Gather",
+            "",
+            OpTraits(
+                OpClass.DATA_MOVEMENT,
+                backward=Backward.SCATTER_ADD,
+                has_cost_rule=True,
+                saves=Saves.NOTHING,
+                roles=frozenset({Role.LAYOUT}),
+                index_input=1,
+            ),
+        ),
+        (
+            "Shape",
+            "",
+            OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True, saves=Saves.NOTHING),
+        ),
+        (
+            "SkipLayerNormalization",
+            "com.microsoft",
+            OpTraits(
+                OpClass.VECTOR,
+                keeps_fp32=True,
+                cpu_class="LayerNormalization",
+                has_cost_rule=True,
+                saves=Saves.INPUT_AND_STATS,
+                roles=frozenset({Role.NORM}),
+                row_reductions=2,
+                output_types=contrib_types.skip_norm,
+            ),
+        ),
+        (
+            "RMSNormalization",
+            "",
+            OpTraits(
+                OpClass.VECTOR,
+                keeps_fp32=True,
+                cpu_class="LayerNormalization",
+                has_cost_rule=True,
+                saves=Saves.INPUT_AND_STATS,
+                roles=frozenset({Role.NORM}),
+                row_reductions=1,
+            ),
+        ),
+        (
+            "FastGelu",
+            "com.microsoft",
+            OpTraits(
+                OpClass.VECTOR,
+                cpu_class="GeluTanh",
+                has_cost_rule=True,
+                roles=frozenset({Role.ACTIVATION}),
+                nonlinear=True,
+                output_types=contrib_types.same,
+            ),
+        ),
+        (
+            "LogSoftmax",
+            "",
+            OpTraits(
+                OpClass.VECTOR,
+                keeps_fp32=True,
+                cpu_class="Softmax",
+                has_cost_rule=True,
+                saves=Saves.OUTPUT,
+                row_reductions=1,
+                loss=True,
+            ),
+        ),
+        (
+            "FusedGemm",
+            "com.microsoft",
+            OpTraits(
+                OpClass.CONTRACTION,
+                cpu_class=CPU_MATMUL,
+                backward=Backward.CONTRACTION,
+                has_cost_rule=True,
+                saves=Saves.OPERANDS,
+                output_types=contrib_types.fused_gemm,
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_registered_traits(op, domain, expected):
     assert op_traits(op, domain) == expected
 
@@ -75,10 +192,25 @@ def test_registered_traits(op, domain, expected):
 def test_unknown_op_gets_the_documented_default():
     assert op_traits("Frobnicate", "com.example") is UNKNOWN_OP
     assert op_traits("SkipLayerNormalization") is UNKNOWN_OP  # registered in com.microsoft only
-    documented = {"op_class": None, "shape_only": False, "folds_on_weights": False, "strided_view": False, "keeps_fp32": False,
-                  "cpu_class": CPU_STREAM, "backward": Backward.VECTOR, "keeps_values": False, "has_cost_rule": False,
-                  "saves": Saves.INPUTS, "roles": frozenset(), "row_reductions": 0, "nonlinear": False, "loss": False,
-                  "output_shape_input": None, "index_input": None, "output_types": None}  # fmt: skip
+    documented = {
+        "op_class": None,
+        "shape_only": False,
+        "folds_on_weights": False,
+        "strided_view": False,
+        "keeps_fp32": False,
+        "cpu_class": CPU_STREAM,
+        "backward": Backward.VECTOR,
+        "keeps_values": False,
+        "has_cost_rule": False,
+        "saves": Saves.INPUTS,
+        "roles": frozenset(),
+        "row_reductions": 0,
+        "nonlinear": False,
+        "loss": False,
+        "output_shape_input": None,
+        "index_input": None,
+        "output_types": None,
+    }
     assert OpTraits(**documented) == UNKNOWN_OP and set(documented) == set(OpTraits._fields)
 
 
@@ -110,8 +242,16 @@ def test_shape_only_ops_are_metadata_views_and_load_time_constants():
     target does any work, so it is the predictor's: ConstantOfShape, Range, EyeLike and Random*
     write a tensor (onnxruntime runs a kernel for each) and are not shape-only."""
     assert ops_with(shape_only=True) == {
-        "Shape", "Size", "Constant", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout",
-    }  # fmt: skip
+        "Shape",
+        "Size",
+        "Constant",
+        "Reshape",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Identity",
+        "Dropout",
+    }
     for op in ("ConstantOfShape", "Range", "EyeLike", "RandomNormal", "RandomUniformLike"):
         assert op_traits(op).op_class is OpClass.SHAPE  # reads no tensor data
         assert not op_traits(op).shape_only  # but writes its output
@@ -133,9 +273,7 @@ def test_shape_only_ops_compute_nothing_and_views_still_record_their_bytes():
 
 
 def test_mixed_precision_follows_keeps_fp32():
-    graph = analyze_text(
-        "agraph (float[2,4] x) => (float[2,4] y, float[2,4] z) { y = Exp(x)  z = Tanh(x) }"
-    )
+    graph = analyze_text("agraph (float[2,4] x) => (float[2,4] y, float[2,4] z) { y = Exp(x)  z = Tanh(x) }")
     rewrite(graph, precision="mixed")
     exp, tanh = graph.nodes
     assert op_traits("Exp").keeps_fp32 and exp.meta[meta.PRECISION] is DType.FLOAT32
@@ -206,8 +344,16 @@ def test_a_new_op_declares_its_role_saves_and_kernel_traits_in_one_registration(
     monkeypatch.setattr(cost_rules, "_RULES", dict(cost_rules._RULES))
     monkeypatch.setattr(cost_rules, "_TRAITS", dict(cost_rules._TRAITS))
 
-    @cost_rule("Frobnicate", domain="com.example", op_class=OpClass.VECTOR, cpu_class="Tanh",
-               roles=(Role.ACTIVATION,), saves=Saves.OUTPUT, nonlinear=True, row_reductions=1)  # fmt: skip
+    @cost_rule(
+        "Frobnicate",
+        domain="com.example",
+        op_class=OpClass.VECTOR,
+        cpu_class="Tanh",
+        roles=(Role.ACTIVATION,),
+        saves=Saves.OUTPUT,
+        nonlinear=True,
+        row_reductions=1,
+    )
     def frobnicate(op):
         """One vector FLOP and one special op per output element."""
         return Cost(vector_flops=op.out_numel(), special_ops=op.out_numel())

@@ -43,8 +43,13 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
 def test_defaults_come_from_the_fields():
     opts = ProfileOptions()
     assert (opts.mode, opts.opt_level, opts.wse_mode, opts.ipus, opts.warmup, opts.repeat) == (
-        "inference", "O1", "auto", 1, 2, 5,
-    )  # fmt: skip
+        "inference",
+        "O1",
+        "auto",
+        1,
+        2,
+        5,
+    )
     assert KNOBS["opt_level"].default == "O1" and KNOBS["max_weight_bytes"].default == 4 << 30
     assert ScaleOptions().chips == 1 and ScaleOptions().strategy is None
 

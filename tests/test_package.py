@@ -18,4 +18,3 @@ def test_subpackages_import_under_dabench_ir_only(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr
-

@@ -70,7 +70,9 @@ def test_training_triples_contraction_flops_and_adds_adam():
 
 def test_first_matmul_on_a_raw_input_skips_dx():
     graph = analyze_text(
-        "agraph (float[2,8] x) => (float[2,8] y) <float[8,8] W = {{{}}}> {{ y = MatMul(x, W) }}".format(",".join(["1"] * 64))
+        "agraph (float[2,8] x) => (float[2,8] y) <float[8,8] W = {{{}}}> {{ y = MatMul(x, W) }}".format(
+            ",".join(["1"] * 64)
+        )
     )
     forward = meta.get_cost(graph.nodes[0]).contraction_flops
     TrainingPass()(graph)

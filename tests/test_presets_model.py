@@ -13,8 +13,16 @@ import pytest
 from dabench_ir.cli import main
 from dabench_ir.models import PRESETS, ModelConfig
 
-TINY = {"family": "gpt2", "layers": 2, "hidden": 64, "heads": 2, "ffn": 256, "vocab": 128, "max_positions": 64,
-        "seq": 32}  # fmt: skip
+TINY = {
+    "family": "gpt2",
+    "layers": 2,
+    "hidden": 64,
+    "heads": 2,
+    "ffn": 256,
+    "vocab": 128,
+    "max_positions": 64,
+    "seq": 32,
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +62,26 @@ def test_profile_a_preset_at_its_shape_and_rebound(tiny, cache, capsys, monkeypa
 
 
 def test_scale_and_study_take_a_preset(tiny, capsys):
-    assert main(["scale", "tiny-test", "-t", "h100", "--chips", "1,2", "--strategy", "dp", "--batch", "1,2",
-                 "--json", "s.json", "-q"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scale",
+                "tiny-test",
+                "-t",
+                "h100",
+                "--chips",
+                "1,2",
+                "--strategy",
+                "dp",
+                "--batch",
+                "1,2",
+                "--json",
+                "s.json",
+                "-q",
+            ]
+        )
+        == 0
+    )
     points = json.loads((tiny / "s.json").read_text())["points"]
     assert [(p["chips"], p["batch"]) for p in points] == [(1, 1), (2, 2), (1, 2), (2, 4)]
     assert main(["study", "tiny-test", "--pipeline", "rdu-O3", "-t", "rdu", "-q", "--json", "st.json"]) == 0
@@ -63,11 +89,15 @@ def test_scale_and_study_take_a_preset(tiny, capsys):
     assert [r["pipeline"] for r in study["runs"]] == ["rdu-O3"] and study["runs"][0]["config"]["batch"] == 1
 
 
-@pytest.mark.parametrize("command", [["profile"], ["scale", "-t", "h100", "--strategy", "dp"], ["study", "--pipeline", "rdu-O3"]])
+@pytest.mark.parametrize(
+    "command", [["profile"], ["scale", "-t", "h100", "--strategy", "dp"], ["study", "--pipeline", "rdu-O3"]]
+)
 def test_neither_file_nor_preset_is_one_line_naming_close_presets(command, capsys):
     assert main([command[0], "gpt2-smal", *command[1:]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["dabench-ir: error: MODEL gpt2-smal: no such file, and not a preset (close presets: gpt2-small, "
-                   "gpt2-xl, gpt2-large, gpt2)"]  # fmt: skip
+    assert err == [
+        "dabench-ir: error: MODEL gpt2-smal: no such file, and not a preset (close presets: gpt2-small, "
+        "gpt2-xl, gpt2-large, gpt2)"
+    ]
     assert main([command[0], "gone.onnx", *command[1:]]) == 2
     assert capsys.readouterr().err.strip().endswith("gone.onnx: no such file")

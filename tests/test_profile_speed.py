@@ -23,11 +23,32 @@ def _reference(text: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "text",
-    ["['', 'full']", "['layers.0', 'layers.0.self_attn', 'linear']", "[]", "['']", "['a']", "['a', '']",
-     "['a b', 'c;d']", "['a','b']", "[ 'a']", " ['a']", "['a', 'b',]", "['it\\'s']", '["a", "b"]',
-     "['a\\nb']", "['é']", "['a', 5]", "('a', 'b')", "['a'] + ['b']", "['a', 'b'", "['a\tb']", "[''a']",
-     "['[', ']']", "['a', ', ', 'b']"],
-)  # fmt: skip
+    [
+        "['', 'full']",
+        "['layers.0', 'layers.0.self_attn', 'linear']",
+        "[]",
+        "['']",
+        "['a']",
+        "['a', '']",
+        "['a b', 'c;d']",
+        "['a','b']",
+        "[ 'a']",
+        " ['a']",
+        "['a', 'b',]",
+        "['it\\'s']",
+        '["a", "b"]',
+        "['a\\nb']",
+        "['é']",
+        "['a', 5]",
+        "('a', 'b')",
+        "['a'] + ['b']",
+        "['a', 'b'",
+        "['a\tb']",
+        "[''a']",
+        "['[', ']']",
+        "['a', ', ', 'b']",
+    ],
+)
 def test_name_scopes_as_literal_eval(text):
     assert safe_name_scopes(text) == _reference(text)
 
@@ -58,7 +79,9 @@ def test_one_subcommand_parser_keeps_the_whole_command_line(capsys, tiny_matmul_
     from dabench_ir.cli import main
 
     assert main(["profile", str(tiny_matmul_path), "--list"]) == 2
-    assert capsys.readouterr().err.strip() == "dabench-ir: error: profile has no --list; it is a flag of sweep, reproduce"
+    assert (
+        capsys.readouterr().err.strip() == "dabench-ir: error: profile has no --list; it is a flag of sweep, reproduce"
+    )
     with pytest.raises(SystemExit) as done:
         main(["-v", "-h", "profile"])
     assert done.value.code == 0
@@ -76,15 +99,18 @@ def test_arity_is_checked_per_node_with_the_schema_looked_up_once():
     from dabench_ir.errors import InputError
     from dabench_ir.frontends.checks import check_onnx_model
 
-    ok = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
-                            "{ B = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    ok = parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) { B = Relu(A)\n C = Relu(B) }'
+    )
     check_onnx_model(ok)
-    bad = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
-                             "{ B = Relu(A)\n C = Relu(B, A) }")  # fmt: skip
+    bad = parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) { B = Relu(A)\n C = Relu(B, A) }'
+    )
     with pytest.raises(InputError, match=r"a Relu node has 2 input\(s\); Relu takes 1"):
         check_onnx_model(bad)
-    outputs = parser.parse_model('<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) '
-                                 "{ B, D = Relu(A)\n C = Relu(B) }")  # fmt: skip
+    outputs = parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[2] A) => (float[2] C) { B, D = Relu(A)\n C = Relu(B) }'
+    )
     with pytest.raises(InputError, match=r"a Relu node has 2 output\(s\); Relu takes 1"):
         check_onnx_model(outputs)  # each node's own count, not the last node's
 
@@ -161,10 +187,14 @@ def test_wiring_of_a_subgraph_is_still_checked():
         out = helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])
         branch = helper.make_graph([branch_node], "b", [], [out])
         graph = helper.make_graph(
-            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g",
-            [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+            [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
+            "g",
+            [
+                helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+            ],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-        )  # fmt: skip
+        )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
     assert check_onnx_model(model(helper.make_node("Relu", ["x"], ["r"]))) is False  # reads the outer input; a subgraph
@@ -186,14 +216,16 @@ def test_inference_without_data_propagation_only_where_every_output_is_declared_
 
     head = '<ir_version: 8, opset_import: ["" : 17]>'
     shape = "<int64[2] s = {4, 8}>"  # a Reshape target from a constant; data propagation adds nothing here
-    static = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
-                                "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    static = parser.parse_model(
+        f"{head} g (float[2,16] A) => (float[4,8] C) {shape} {{ B = Relu(A)\n C = Reshape(B, s) }}"
+    )
     static.graph.value_info.append(onnx.helper.make_tensor_value_info("B", onnx.TensorProto.FLOAT, [2, 16]))
     assert check_onnx_model(static) is True
     full = onnx.shape_inference.infer_shapes(static, strict_mode=True, data_prop=True)
     assert infer_checked(static, declared_static=True).SerializeToString() == full.SerializeToString()
-    undeclared = parser.parse_model(f"{head} g (float[2,16] A) => (float[4,8] C) {shape} "
-                                    "{ B = Relu(A)\n C = Reshape(B, s) }")  # fmt: skip
+    undeclared = parser.parse_model(
+        f"{head} g (float[2,16] A) => (float[4,8] C) {shape} {{ B = Relu(A)\n C = Reshape(B, s) }}"
+    )
     symbolic = parser.parse_model(f"{head} g (float[n,16] A) => (float[n,16] C) {{ C = Relu(A) }}")
     assert check_onnx_model(undeclared) is False and check_onnx_model(symbolic) is False
     refused = parser.parse_model(f"{head} g (float[4,7] A, float[64,64] W) => (float[4,64] C) {{ C = MatMul(A, W) }}")
@@ -215,9 +247,13 @@ def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
     before = gc.get_freeze_count()
     assert main(["profile", str(tiny_matmul_path), "--quiet"]) == 0
     assert gc.get_freeze_count() == before and gc.get_threshold()[0] == YOUNG
-    code = ("import gc, sys; from dabench_ir.cli import main; sys.argv = ['dabench-ir', 'profile', sys.argv[1], "
-            "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True)
+    code = (
+        "import gc, sys; from dabench_ir.cli import main; sys.argv = ['dabench-ir', 'profile', sys.argv[1], "
+        "'--quiet']; rc = main(); print(rc, gc.get_freeze_count() > 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_matmul_path)], capture_output=True, text=True, check=True
+    )
     assert done.stdout.split() == ["0", "True"]
 
 
@@ -231,14 +267,19 @@ def test_nodes_out_of_order_pass_and_a_cycle_is_still_refused():
 
     def model(*nodes):
         x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "y"))
-        return helper.make_model(helper.make_graph(list(nodes), "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+        return helper.make_model(
+            helper.make_graph(list(nodes), "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)]
+        )
 
     relu = helper.make_node
     assert check_onnx_model(model(relu("Relu", ["x"], ["a"]), relu("Relu", ["a"], ["y"]))) is False  # in order
     assert check_onnx_model(model(relu("Relu", ["a"], ["y"]), relu("Relu", ["x"], ["a"]))) is False  # out of order
     with pytest.raises(InputError, match="the graph has a cycle \\(node 'n1' depends on its own output\\)"):
-        check_onnx_model(model(relu("Relu", ["b"], ["a"], name="n1"), relu("Relu", ["a"], ["b"], name="n2"),
-                               relu("Relu", ["a"], ["y"])))  # fmt: skip
+        check_onnx_model(
+            model(
+                relu("Relu", ["b"], ["a"], name="n1"), relu("Relu", ["a"], ["b"], name="n2"), relu("Relu", ["a"], ["y"])
+            )
+        )
     with pytest.raises(InputError, match="the graph has a cycle \\(node 'self' depends"):
         check_onnx_model(model(relu("Add", ["x", "y"], ["y"], name="self")))
 
@@ -288,7 +329,11 @@ def test_a_nodes_cost_is_its_rule_count_plus_its_default_bytes(exported_llama):
         if rule is None or rule.custom_bytes or meta.FOLDED in node.meta:
             continue
         alone = OpView(node, graph, rule)
-        assert alone.rule.fn(alone) + alone.default_bytes() == node.meta[meta.COST] == OpView(node, graph, rule, shared).cost()
+        assert (
+            alone.rule.fn(alone) + alone.default_bytes()
+            == node.meta[meta.COST]
+            == OpView(node, graph, rule, shared).cost()
+        )
         costed += 1
     assert costed > 20 and 0 < len(shared) < costed
 
@@ -297,9 +342,12 @@ def test_graph_symbols_are_every_values_symbols():
     from dabench_ir.ir import DType, Graph, TensorType, Value, ValueKind
 
     t = TensorType(("batch", 4), DType.FLOAT32)
-    values = {"a": Value("a", t, ValueKind.INPUT), "b": Value("b", t, ValueKind.ACTIVATION),
-              "c": Value("c", TensorType((2, "seq"), DType.FLOAT16), ValueKind.OUTPUT),
-              "d": Value("d", TensorType(None, DType.FLOAT32), ValueKind.ACTIVATION)}  # fmt: skip
+    values = {
+        "a": Value("a", t, ValueKind.INPUT),
+        "b": Value("b", t, ValueKind.ACTIVATION),
+        "c": Value("c", TensorType((2, "seq"), DType.FLOAT16), ValueKind.OUTPUT),
+        "d": Value("d", TensorType(None, DType.FLOAT32), ValueKind.ACTIVATION),
+    }
     assert Graph([], values, ["a"], ["c"]).symbols == frozenset({"batch", "seq"})
 
 

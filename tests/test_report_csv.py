@@ -37,11 +37,14 @@ def _rows(report, tmp_path):
         return list(csv.DictReader(fh))
 
 
-@pytest.mark.parametrize(("target", "name", "kinds"), [
-    ("rdu", "sn30", {"node", "overhead"}),  # sequential: node times plus the overheads are the step
-    ("h100", "h100", {"node", "overhead"}),
-    ("wse", "wse2", {"node", "overlap"}),  # regions run at once: their busy times overlap
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target", "name", "kinds"),
+    [
+        ("rdu", "sn30", {"node", "overhead"}),  # sequential: node times plus the overheads are the step
+        ("h100", "h100", {"node", "overhead"}),
+        ("wse", "wse2", {"node", "overlap"}),  # regions run at once: their busy times overlap
+    ],
+)
 def test_csv_time_column_sums_to_the_step(attention_path, tmp_path, target, name, kinds):
     report = dabench_ir.profile(attention_path, target=target)
     rows = _rows(report, tmp_path)

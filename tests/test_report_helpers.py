@@ -43,8 +43,10 @@ class FakeTarget:
 
 
 def _node(name, op_type, layer, op_class, flops, nbytes, time_s, bound, measured=None) -> NodeRecord:
-    cost = Cost(contraction_flops=flops, act_bytes_in=nbytes) if op_class == "contraction" else Cost(
-        vector_flops=flops, act_bytes_in=nbytes
+    cost = (
+        Cost(contraction_flops=flops, act_bytes_in=nbytes)
+        if op_class == "contraction"
+        else Cost(vector_flops=flops, act_bytes_in=nbytes)
     )
     return NodeRecord(
         name=name,
@@ -81,8 +83,15 @@ def make_report(*, timed: bool = True, measured: bool = True, target: bool = Tru
     time_s = sum(n.time_s or 0.0 for n in nodes) if timed else None
     tgt = FakeTarget() if target else None
     return Report(
-        model={"path": "/tmp/tiny.onnx", "name": "tiny", "nodes": len(nodes), "params": 1234, "layers": 2,
-               "family": "gpt2", "preset": None},
+        model={
+            "path": "/tmp/tiny.onnx",
+            "name": "tiny",
+            "nodes": len(nodes),
+            "params": 1234,
+            "layers": 2,
+            "family": "gpt2",
+            "preset": None,
+        },
         target={"name": tgt.name, "kind": tgt.kind} if tgt else None,
         config={"batch": 2, "precision": "fp32", "mode": "inference", "chips": 1, "strategy": None, "dims": {}},
         nodes=nodes,
@@ -97,8 +106,9 @@ def make_report(*, timed: bool = True, measured: bool = True, target: bool = Tru
             "intensity": total.intensity,
             **({"measured_time_s": 356e-6} if measured else {}),
         },
-        metrics={"allocation_ratio": 0.25, "load_imbalance": 0.8, "compute_efficiency": 0.1} if target else
-                {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None},
+        metrics={"allocation_ratio": 0.25, "load_imbalance": 0.8, "compute_efficiency": 0.1}
+        if target
+        else {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None},
         units=[{"id": "u0", "kind": "section", "nodes": ["l0_qkv_matmul"], "allocation": 0.5, "time_s": 1e-4}],
         fits=True,
         flop_convention="2 FLOPs per multiply-add",

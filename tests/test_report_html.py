@@ -33,8 +33,9 @@ class _Collect(HTMLParser):
             self._in, self._text = tag, ""
         if tag == "img":
             self.images.append(a.get("src", ""))
-        if tag in ("link", "iframe") or (tag in ("img", "script") and a.get("src") is not None
-                                          and not a["src"].startswith("data:")):  # fmt: skip
+        if tag in ("link", "iframe") or (
+            tag in ("img", "script") and a.get("src") is not None and not a["src"].startswith("data:")
+        ):
             self.external.append(tag)
         if tag == "tr":
             self._row = []
@@ -68,8 +69,16 @@ def test_html_has_summary_tables_and_embedded_plots(tmp_path):
     text = path.read_text()
     page = _parse(text)
     assert page.headings[0] == "dabench-ir: tiny on fakechip"
-    for heading in ("Summary", "Plots", "Top 7 of 8 nodes by time", "Attribution", "Time by op type",
-                    "Time by layer", "Time by bound class", "Unattributed nodes (1)"):  # fmt: skip
+    for heading in (
+        "Summary",
+        "Plots",
+        "Top 7 of 8 nodes by time",
+        "Attribution",
+        "Time by op type",
+        "Time by layer",
+        "Time by bound class",
+        "Unattributed nodes (1)",
+    ):
         assert heading in page.headings, heading
     # roofline, layer plot, predicted vs measured: embedded PNGs, nothing loaded from elsewhere
     assert len(page.images) == 3

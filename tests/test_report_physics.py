@@ -130,8 +130,9 @@ def test_shares_on_one_basis_across_tables(reports, tiny_path):
 
 def test_prediction_error_compares_steps_and_keeps_the_node_sum():
     # the case: the nodes agree to 12.9 % but the step misses onnxruntime's per-run overhead
-    err = prediction_error({"a": 1.0e-3, "b": 0.34e-3}, {"a": 0.9e-3, "b": 0.3e-3},
-                           predicted_step_s=1.34e-3, measured_step_s=1.93e-3)  # fmt: skip
+    err = prediction_error(
+        {"a": 1.0e-3, "b": 0.34e-3}, {"a": 0.9e-3, "b": 0.3e-3}, predicted_step_s=1.34e-3, measured_step_s=1.93e-3
+    )
     assert err["end_to_end_basis"] == "step"
     assert err["end_to_end_signed_error"] == pytest.approx(1.34 / 1.93 - 1)
     assert err["end_to_end_rel_error"] == pytest.approx(1 - 1.34 / 1.93)

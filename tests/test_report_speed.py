@@ -50,7 +50,9 @@ def _held_share_by_definition(plan, name):
     np_ = plan.node_plans[name]
     if plan.schedule is Schedule.SEQUENTIAL:
         m = max(1, int(plan.micro_batches or 1))
-        runs = [(u.allocation, u.node_s.get(name, np_.per_micro_batch_s) * m) for u in _units_by_node(plan).get(name, [])]
+        runs = [
+            (u.allocation, u.node_s.get(name, np_.per_micro_batch_s) * m) for u in _units_by_node(plan).get(name, [])
+        ]
         held = sum(t for _, t in runs)
         if held > 0:
             return min(1.0, max(0.0, sum(a * t for a, t in runs) / held))
@@ -120,8 +122,14 @@ def test_a_record_row_bounds_are_the_two_separate_passes():
     from dabench_ir.report.attribution import dominant_bound
     from dabench_ir.sweep.results import record_row, strip_nodes
 
-    nodes = [{"time_s": 1.0, "bound": "memory"}, {"time_s": 0.5, "bound": "compute"}, {"time_s": None, "bound": "compute"},
-             {"time_s": 0.75, "bound": "compute"}, {"time_s": float("nan"), "bound": "memory"}, {"time_s": 0.1}]  # fmt: skip
+    nodes = [
+        {"time_s": 1.0, "bound": "memory"},
+        {"time_s": 0.5, "bound": "compute"},
+        {"time_s": None, "bound": "compute"},
+        {"time_s": 0.75, "bound": "compute"},
+        {"time_s": float("nan"), "bound": "memory"},
+        {"time_s": 0.1},
+    ]
     for overheads in ({}, {"host": 3.0}, {"host": 0.1, "overhead": 0.2}):
         report = {"nodes": nodes, "overheads": overheads, "metrics": {"dominant_bound": "x", "node_bound": "y"}}
         row = record_row({"key": "k", "params": {}, "status": "ok", "report": report})

@@ -30,8 +30,15 @@ def _f(kind: str, **fields) -> Finding:
     common = {k: fields.pop(k) for k in ("metric", "where", "format", "paper") if k in fields}
     common.setdefault("format", KINDS[kind].format)
     rule = KINDS[kind].rule(fields, common.get("metric", TP))
-    return Finding(id="f", kind=kind, experiment="e", claim="c", options=fields,
-                   grading=grade(rule, common.get("paper"), fields), **common)  # fmt: skip
+    return Finding(
+        id="f",
+        kind=kind,
+        experiment="e",
+        claim="c",
+        options=fields,
+        grading=grade(rule, common.get("paper"), fields),
+        **common,
+    )
 
 
 def _row(**params) -> dict:
@@ -89,12 +96,22 @@ PREC = [
 
 
 def test_ratio_is_numerator_over_denominator_minus_one():
-    f = _f("ratio", numerator={"target": "wse", "precision": "mixed"},
-           denominator={"target": "wse", "precision": "fp32"}, paper=0.107)  # fmt: skip
+    f = _f(
+        "ratio",
+        numerator={"target": "wse", "precision": "mixed"},
+        denominator={"target": "wse", "precision": "fp32"},
+        paper=0.107,
+    )
     out = evaluate(PREC, f)
     assert out.value == pytest.approx(0.1) and out.reproduced  # +10 % in [+7.1 %, +14.3 %]
-    plain = _f("ratio", numerator={"target": "rdu", "precision": "mixed"},
-               denominator={"target": "rdu", "precision": "fp32"}, minus_one=False, paper=1.2, format="x")  # fmt: skip
+    plain = _f(
+        "ratio",
+        numerator={"target": "rdu", "precision": "mixed"},
+        denominator={"target": "rdu", "precision": "fp32"},
+        minus_one=False,
+        paper=1.2,
+        format="x",
+    )
     out = evaluate(PREC, plain)
     assert out.value == pytest.approx(1.5) and not out.reproduced
     assert out.reason == "tool 1.50x outside [1.13x, 1.27x]"
@@ -126,9 +143,11 @@ def test_range_is_the_share_in_the_band_and_reports_the_span():
     assert evaluate(rows[:2] + rows[3:], f).reproduced
 
 
-BATCH = [_row(target=t, batch=b, **{TP: v}) for t, pts in
-         {"a": {16: 10.0, 32: 19.0, 64: 36.0}, "b": {16: 10.0, 32: 12.0, 64: 12.5}}.items()
-         for b, v in pts.items()]  # fmt: skip
+BATCH = [
+    _row(target=t, batch=b, **{TP: v})
+    for t, pts in {"a": {16: 10.0, 32: 19.0, 64: 36.0}, "b": {16: 10.0, 32: 12.0, 64: 12.5}}.items()
+    for b, v in pts.items()
+]
 
 
 def test_curve_from_first_to_last_or_between_given_points():
@@ -209,7 +228,9 @@ def test_limits_name_what_each_group_meets():
     out = evaluate(rows, f)
     assert not out.reproduced and out.text == "ipu compute, rdu bandwidth, wse capacity"
     assert out.reason == "ipu compute, the paper bandwidth"
-    assert evaluate(rows, replace(f, options={**f.options, "expect": {"wse": "capacity", "rdu": "bandwidth"}})).reproduced
+    assert evaluate(
+        rows, replace(f, options={**f.options, "expect": {"wse": "capacity", "rdu": "bandwidth"}})
+    ).reproduced
 
 
 def test_fit_limit_is_the_largest_fitting_axis_value():
@@ -234,15 +255,18 @@ def test_argmax_and_argmin_over_groups():
     assert out.value == "ipu" and out.reproduced and out.detail.startswith("ipu 0.36, wse 0.12, rdu 0.05")
     out = evaluate(rows, _f("argmin", group="target", metric="compute_efficiency", reduce="mean", expect="wse"))
     assert out.value == "rdu" and not out.reproduced and "tool picks rdu" in out.reason
-    gains = _f("argmin", group="target", numerator={"precision": "mixed"}, denominator={"precision": "fp32"},
-               expect="wse")  # fmt: skip
+    gains = _f(
+        "argmin", group="target", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, expect="wse"
+    )
     out = evaluate(PREC, gains)
     assert out.value == "wse" and out.reproduced and "wse 10.0%" in out.detail and "rdu 50.0%" in out.detail
 
 
 def test_dominant_share_and_the_only_group_above_half():
-    rows = [_row(target=t, dominant_bound=b) for t, b in
-            (("wse", "compute"), ("wse", "compute"), ("ipu", "compute"), ("ipu", "memory"), ("ipu", "memory"))]  # fmt: skip
+    rows = [
+        _row(target=t, dominant_bound=b)
+        for t, b in (("wse", "compute"), ("wse", "compute"), ("ipu", "compute"), ("ipu", "memory"), ("ipu", "memory"))
+    ]
     out = evaluate(rows, _f("dominant", where={"target": "ipu"}, bound="memory"))
     assert out.value == pytest.approx(2 / 3) and out.reproduced and out.text == "66.7% memory-bound"
     only = _f("dominant", group="target", bound="compute", expect="wse")
@@ -295,8 +319,10 @@ CF = Counterfactual("the fp32 rate at the 16-bit one", target={"compute.peak_flo
     ],
 )
 def test_the_verdict_needs_the_band_and_a_counterfactual_that_fails(rows, cf_rows, counterfactual, verdict, reason):
-    f = replace(_f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, paper=0.107),
-                counterfactual=counterfactual)  # fmt: skip
+    f = replace(
+        _f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, paper=0.107),
+        counterfactual=counterfactual,
+    )
     out = outcome_row(f, rows, cf_rows)
     assert out.verdict == verdict and reason in out.reason
     assert out.reproduced == (verdict == "reproduced")
@@ -316,12 +342,19 @@ def test_selectors_match_values_lists_and_conditions():
 
 
 def test_ascii_table_has_no_check_marks():
-    f = replace(_f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, paper=0.107),
-                counterfactual=CF)  # fmt: skip
-    outcomes = [outcome_row(f, PREC[:2], PREC[2:]), outcome_row(f, PREC[2:], PREC[:2]), outcome_row(f, PREC[:2], PREC[:2])]
+    f = replace(
+        _f("ratio", numerator={"precision": "mixed"}, denominator={"precision": "fp32"}, paper=0.107), counterfactual=CF
+    )
+    outcomes = [
+        outcome_row(f, PREC[:2], PREC[2:]),
+        outcome_row(f, PREC[2:], PREC[:2]),
+        outcome_row(f, PREC[:2], PREC[:2]),
+    ]
     text = findings_table(outcomes, unicode=False)
     assert text.isascii() and " yes " in text and " NO " in text and " n/t " in text
-    assert text.endswith("the paper's findings: 1 of 3 reproduced as predicted, 0 in sample; 1 not a test, 1 not reproduced")
+    assert text.endswith(
+        "the paper's findings: 1 of 3 reproduced as predicted, 0 in sample; 1 not a test, 1 not reproduced"
+    )
     assert all(m in findings_table(outcomes) for m in "✓✗○")
 
 
@@ -330,11 +363,21 @@ TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "posit
 
 
 def _study(**finding) -> dict:
-    base = {"id": "x", "experiment": "e", "claim": "c", "kind": "ratio", "numerator": {"layers": 2},
-            "denominator": {"layers": 1}, "paper": 0.5}  # fmt: skip
+    base = {
+        "id": "x",
+        "experiment": "e",
+        "claim": "c",
+        "kind": "ratio",
+        "numerator": {"layers": 2},
+        "denominator": {"layers": 1},
+        "paper": 0.5,
+    }
     base.update(finding)
-    return {"name": "t", "experiment": {"e": {"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}}},
-            "finding": [{k: v for k, v in base.items() if v is not None}]}  # fmt: skip
+    return {
+        "name": "t",
+        "experiment": {"e": {"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}}},
+        "finding": [{k: v for k, v in base.items() if v is not None}],
+    }
 
 
 def test_a_good_tiny_study_parses_and_shared_points_run_once():
@@ -358,10 +401,15 @@ def test_a_good_tiny_study_parses_and_shared_points_run_once():
         ({"numerator": {"target": "wse"}}, "matches 2 points, not one (they differ in layers)"),
         ({"paper": [1, 0]}, "paper range [1, 0] is reversed (low > high)"),
         ({"paper": math.nan}, "paper must be a number, a [low, high] range or a text"),
-        ({"counterfactual": {"what": "x", "target": {"compute.peak_flops.fp64": 1}}},
-         "counterfactual: target wse2: no figure 'compute.peak_flops.fp64'"),
+        (
+            {"counterfactual": {"what": "x", "target": {"compute.peak_flops.fp64": 1}}},
+            "counterfactual: target wse2: no figure 'compute.peak_flops.fp64'",
+        ),
         ({"counterfactual": {"what": "x", "knobs": {"flavour": 1}}}, "unknown parameter 'flavour'"),
-        ({"counterfactual": {"what": "x", "on": "rdu", "target": {"arch.x": 1}}}, "no point the finding reads runs on it"),
+        (
+            {"counterfactual": {"what": "x", "on": "rdu", "target": {"arch.x": 1}}},
+            "no point the finding reads runs on it",
+        ),
         ({"counterfactual": {"target": {"arch.x": 1}}}, "counterfactual.what must say what is switched off"),
         ({"counterfactual": {"what": "x"}}, "counterfactual needs target"),
         ({"counterfactual": {"what": "x", "knobs": {"batch": 2}}, "tautology": "t"}, "not both"),
@@ -370,8 +418,17 @@ def test_a_good_tiny_study_parses_and_shared_points_run_once():
         ({"nmerator": {"layers": 2}}, "unknown field 'nmerator' for kind ratio"),
         ({"kind": "curve", "axis": "hidden", "numerator": None, "denominator": None}, "x: 2 points at hidden = 64"),
         ({"format": "percent"}, "format 'percent'; expected one of pct"),
-        ({"kind": "dominant", "bound": "memory", "of": "chip", "numerator": None, "denominator": None, "paper": None},
-         "'chip'; expected one of step, nodes, roofline"),
+        (
+            {
+                "kind": "dominant",
+                "bound": "memory",
+                "of": "chip",
+                "numerator": None,
+                "denominator": None,
+                "paper": None,
+            },
+            "'chip'; expected one of step, nodes, roofline",
+        ),
     ],
 )
 def test_bad_study_files_are_one_user_error_naming_the_finding(change, needle):
@@ -617,13 +674,22 @@ def test_tiny_study_end_to_end_and_resume(tmp_path, tiny, cache, capsys):
     by_id = {r["id"]: r for r in findings}
     assert list(by_id) == ["deeper-slower", "fits", "fastest", "precision", "broken"]
     # the section launch cost is not what makes a deeper stack slower: the finding does not test it
-    assert by_id["deeper-slower"]["verdict"] == "not a test" and "still reproduced with no cost" in by_id["deeper-slower"]["reason"]
-    assert by_id["fits"]["tool"] == "2" and by_id["fits"]["verdict"] == "not a test" and by_id["fits"]["table"] == "artifact"
+    assert (
+        by_id["deeper-slower"]["verdict"] == "not a test"
+        and "still reproduced with no cost" in by_id["deeper-slower"]["reason"]
+    )
+    assert (
+        by_id["fits"]["tool"] == "2"
+        and by_id["fits"]["verdict"] == "not a test"
+        and by_id["fits"]["table"] == "artifact"
+    )
     assert by_id["fits"]["accept_text"] == "within ±15 % of the paper's count: [2, 2]"
     prec = by_id["precision"]  # fp16 faster; at the fp16 rate fp32 is not: reproduced, and in sample by its evidence
     assert prec["verdict"] == "reproduced" and prec["counterfactual_reproduced"] == "False"
     assert prec["provenance"] == "in sample" and "wse2 arch.pe_matmul_efficiency" in prec["fitted"]
-    assert by_id["broken"]["verdict"] == "not reproduced" and "failed: UserError: hidden (64)" in by_id["broken"]["reason"]
+    assert (
+        by_id["broken"]["verdict"] == "not reproduced" and "failed: UserError: hidden (64)" in by_id["broken"]["reason"]
+    )
     doc = json.loads((out / "findings.json").read_text())
     assert doc["schema"] == "dabench-ir/reproduce/v1" and doc["study"] == "tiny" and doc["dabench_ir"]
     assert doc["total"] == 5 and doc["reproduced"] == 1 and doc["counts"]["paper"]["in_sample"] == 1
@@ -701,8 +767,24 @@ def test_an_interrupted_study_resumes_without_loss_or_duplicates(tmp_path, tiny,
 
 def test_only_runs_the_findings_experiments(tmp_path, tiny, cache, capsys):
     out = tmp_path / "out"
-    assert main(["reproduce", str(tiny), "-o", str(out), "-j", "1", "--cache-dir", str(cache), "--only", "precision",
-                 "--no-plots"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "reproduce",
+                str(tiny),
+                "-o",
+                str(out),
+                "-j",
+                "1",
+                "--cache-dir",
+                str(cache),
+                "--only",
+                "precision",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "0 of 1 reproduced as predicted, 1 in sample" in text and "2 points: " in text
     assert [r["id"] for r in _csv(out / "findings.csv")] == ["precision"]

@@ -23,8 +23,13 @@ def _linear_model(*, declared: bool, extra_inits: list[TensorProto]) -> onnx.Mod
         last = f"a{i}"
     nodes.append(oh.make_node("Identity", [last], ["y"], name="out"))
     w = oh.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w, *extra_inits])  # fmt: skip
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w, *extra_inits],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
     if declared:
         model.metadata_props.add(key="dabench.weights", value=json.dumps(["w"]))
@@ -43,9 +48,11 @@ def test_folded_constants_are_not_parameters():
     bias = oh.make_tensor("fc.bias", TensorProto.FLOAT, [2, 4], [0.0] * 8)
     g = load_onnx(_linear_model(declared=False, extra_inits=[cos, causal, bias]))
     assert {n: v.kind for n, v in g.values.items() if n in ("w", "fc.bias", cos.name, "causal_mask")} == {
-        "w": ValueKind.WEIGHT, "fc.bias": ValueKind.WEIGHT,
-        cos.name: ValueKind.CONSTANT, "causal_mask": ValueKind.CONSTANT,
-    }  # fmt: skip
+        "w": ValueKind.WEIGHT,
+        "fc.bias": ValueKind.WEIGHT,
+        cos.name: ValueKind.CONSTANT,
+        "causal_mask": ValueKind.CONSTANT,
+    }
     assert g.num_params == 16 + 8
 
 
@@ -85,8 +92,24 @@ def test_large_tensor_data_is_dropped_small_kept():
 
 def test_several_targets_write_per_target_outputs(tiny_matmul_path, tmp_path):
     out = tmp_path / "out"
-    assert main(["profile", str(tiny_matmul_path), "--target", "rdu,wse", "--json", f"{out}/",
-                 "--trace", f"{out}/", "--csv", str(tmp_path / "c.csv"), "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                str(tiny_matmul_path),
+                "--target",
+                "rdu,wse",
+                "--json",
+                f"{out}/",
+                "--trace",
+                f"{out}/",
+                "--csv",
+                str(tmp_path / "c.csv"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     names = sorted(p.name for p in out.iterdir())
     assert names == ["compare.json", "rdu.json", "trace.json", "wse.json"]  # one trace, a process per target
     assert json.loads((out / "rdu.json").read_text())["target"]["name"] == "sn30"
@@ -94,8 +117,10 @@ def test_several_targets_write_per_target_outputs(tiny_matmul_path, tmp_path):
     assert (tmp_path / "c.csv").is_file() and (tmp_path / "c-rdu.csv").is_file()
     assert (tmp_path / "c-wse.roles.csv").is_file()
     # a file name: the comparison there, each report beside it with the target's name
-    assert main(["profile", str(tiny_matmul_path), "--target", "rdu,wse", "--json", str(tmp_path / "r.json"),
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(["profile", str(tiny_matmul_path), "--target", "rdu,wse", "--json", str(tmp_path / "r.json"), "--quiet"])
+        == 0
+    )
     assert (tmp_path / "r-rdu.json").is_file() and (tmp_path / "r-wse.json").is_file()
 
 
@@ -145,8 +170,21 @@ def test_measure_past_the_protobuf_limit_goes_through_external_data(tiny_matmul_
 def test_calibration_table_labels_each_shape():
     from dabench_ir.commands.calibrate import _summary
 
-    rows = [{"dtype": "fp32", "batch": 1, "m": 8, "k": 8, "n": 8, "packed": p, "cold": c, "flops_per_s": 1e9,
-             "time_s": 1e-6} for p in (False, True) for c in (False, True)]  # fmt: skip
+    rows = [
+        {
+            "dtype": "fp32",
+            "batch": 1,
+            "m": 8,
+            "k": 8,
+            "n": 8,
+            "packed": p,
+            "cold": c,
+            "flops_per_s": 1e9,
+            "time_s": 1e-6,
+        }
+        for p in (False, True)
+        for c in (False, True)
+    ]
     data = {
         "calibration": {"matmul": rows, "date": "-", "threads": 1, "ort_version": "-"},
         "compute": {"peak_flops": {"fp32": {"value": 1e9}}},
@@ -155,8 +193,11 @@ def test_calibration_table_labels_each_shape():
     }
     text = _summary(data, "cached")
     assert [line.split("1x8x8x8")[1].split("  ")[1].strip() for line in text.splitlines() if "1x8x8x8" in line] == [
-        "B fed", "B fed, cold", "constant B", "constant B, cold"
-    ]  # fmt: skip
+        "B fed",
+        "B fed, cold",
+        "constant B",
+        "constant B, cold",
+    ]
 
 
 def test_targets_json(capsys):
@@ -175,8 +216,24 @@ def test_sweep_help_lists_bundled_grids(capsys):
 
 def test_scale_plots_dir_like_profile(tiny_matmul_path, tmp_path):
     pytest.importorskip("matplotlib")
-    assert main(["scale", str(tiny_matmul_path), "--target", "h100", "--chips", "1,2", "--strategy", "dp", "--plots", str(tmp_path),
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "scale",
+                str(tiny_matmul_path),
+                "--target",
+                "h100",
+                "--chips",
+                "1,2",
+                "--strategy",
+                "dp",
+                "--plots",
+                str(tmp_path),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in tmp_path.iterdir() if "scaling" in p.name) == ["mm-scaling.png", "mm-scaling.svg"]
 
 

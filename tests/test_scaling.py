@@ -88,7 +88,9 @@ def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
     assert wse.points[1].batch == 4  # two copies on the wafer, each running the graph's batch of 2
 
 
-@pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")])
+@pytest.mark.parametrize(
+    ("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")]
+)
 def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
     with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):
         scale(decoder(layers=2), load_target(target), [1, 2], strategy)
@@ -152,7 +154,11 @@ def test_tp_crosses_the_node_boundary_hierarchically():
     _, allreduces = split_for_tp(graph, 16)
     intra, inter = target.topology.intra, target.topology.inter
     per = hierarchical_allreduce_time(
-        allreduces[0], 16, 8, (intra.bandwidth_bytes_per_s, intra.latency_s), (inter.bandwidth_bytes_per_s, inter.latency_s)
+        allreduces[0],
+        16,
+        8,
+        (intra.bandwidth_bytes_per_s, intra.latency_s),
+        (inter.bandwidth_bytes_per_s, inter.latency_s),
     )
     assert sixteen.comm_time_s == pytest.approx(len(allreduces) * per)
     assert per > ring_allreduce_time(allreduces[0], 8, intra.bandwidth_bytes_per_s, intra.latency_s)
@@ -203,7 +209,11 @@ def test_chips_per_node_spreads_a_tp_run_over_machines():
     _, allreduces = split_for_tp(graph, 4)
     intra, inter = target.topology.intra, target.topology.inter
     per = hierarchical_allreduce_time(
-        allreduces[0], 4, 2, (intra.bandwidth_bytes_per_s, intra.latency_s), (inter.bandwidth_bytes_per_s, inter.latency_s)
+        allreduces[0],
+        4,
+        2,
+        (intra.bandwidth_bytes_per_s, intra.latency_s),
+        (inter.bandwidth_bytes_per_s, inter.latency_s),
     )
     assert spread.points[1].comm_time_s == pytest.approx(len(allreduces) * per)
     assert spread.points[1].comm_time_s > inside.points[1].comm_time_s
@@ -254,8 +264,11 @@ def test_every_scale_point_is_a_verified_run_and_answers_as_profile_does(tmp_pat
     from dabench_ir.verify import verify
 
     path = tmp_path / "m.onnx"
-    path.write_bytes(export_onnx(ModelConfig(family="gpt2", layers=2, hidden=64, heads=2, seq=16, batch=1),
-                                 weights="none").SerializeToString())  # fmt: skip
+    path.write_bytes(
+        export_onnx(
+            ModelConfig(family="gpt2", layers=2, hidden=64, heads=2, seq=16, batch=1), weights="none"
+        ).SerializeToString()
+    )
     result = api.scale(str(path), "h100", strategy="dp", chips=(1, 2, 8), mode="train", zero=1)
     assert [p.chips for p in result.points] == [1, 2, 8]
     for point in result.points[1:]:

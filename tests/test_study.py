@@ -93,16 +93,29 @@ def _report(nodes, time_s, **totals):
 
 
 def _node(name, op, flops, time_s, bound, scope="layers.0.mlp"):
-    return {"name": name, "op_type": op, "flops": flops, "bytes": 10, "time_s": time_s, "bound": bound,
-            "scope": scope, "layer": 0, "op_class": "contraction"}  # fmt: skip
+    return {
+        "name": name,
+        "op_type": op,
+        "flops": flops,
+        "bytes": 10,
+        "time_s": time_s,
+        "bound": bound,
+        "scope": scope,
+        "layer": 0,
+        "op_class": "contraction",
+    }
 
 
 def test_diff_accounts_for_every_source_node():
     before = _report(
-        [_node("fc1", "MatMul", 100, 3e-6, "compute"), _node("fc1_bias", "Add", 4, 1e-6, "memory"),
-         _node("act", "Relu", 4, 1e-6, "memory"), _node("cast", "Cast", 0, 0.5e-6, "memory", scope="embed")],
+        [
+            _node("fc1", "MatMul", 100, 3e-6, "compute"),
+            _node("fc1_bias", "Add", 4, 1e-6, "memory"),
+            _node("act", "Relu", 4, 1e-6, "memory"),
+            _node("cast", "Cast", 0, 0.5e-6, "memory", scope="embed"),
+        ],
         5.5e-6,
-    )  # fmt: skip
+    )
     after = _report([_node("fused_gemm", "Gemm", 104, 2e-6, "compute"), _node("act", "Relu", 4, 1e-6, "memory")], 3e-6)
     diff = diff_reports(before, after, name_provenance(before["nodes"], after["nodes"]))
     rows = {r["node"]: r for r in diff["nodes"]}
@@ -139,10 +152,14 @@ def test_study_on_onnxruntime_levels_and_rdu_opt_levels(tmp_path):
     assert o0["config"]["opt_level"] == "O0" and "O0" in o0["label"] and "O1" in o0["baseline_label"]
     assert all(r["status"] == "kept" for r in o0["nodes"])
     # the report files written beside the study diff the same way
-    again = json.loads(json.dumps(diff_reports(
-        json.loads((tmp_path / "out" / "m.none.rdu.json").read_text()),
-        json.loads((tmp_path / "out" / "m.ort-basic.rdu.json").read_text()),
-    )))  # fmt: skip
+    again = json.loads(
+        json.dumps(
+            diff_reports(
+                json.loads((tmp_path / "out" / "m.none.rdu.json").read_text()),
+                json.loads((tmp_path / "out" / "m.ort-basic.rdu.json").read_text()),
+            )
+        )
+    )
     assert again["totals"] == ort["totals"]
 
 
@@ -168,14 +185,28 @@ def test_a_registered_pipeline_runs_in_a_study(tmp_path):
 def test_cli_study_and_diff(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     out = tmp_path / "s"
-    argv = ["study", src, "--pipeline", "ort-basic", "--target", "rdu", "-o", str(tmp_path / "o"),
-            "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html"]  # fmt: skip
+    argv = [
+        "study",
+        src,
+        "--pipeline",
+        "ort-basic",
+        "--target",
+        "rdu",
+        "-o",
+        str(tmp_path / "o"),
+        "--json",
+        f"{out}.json",
+        "--csv",
+        f"{out}.csv",
+        "--html",
+        f"{out}.html",
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "m@sn30 pipeline=ort-basic" in text and "fused" in text and "Gemm" in text
     validate_study(json.loads((tmp_path / "s.json").read_text()))
     assert (tmp_path / "s.csv").read_text().splitlines()[0].startswith("pipeline,target,label,node,op,status")
-    assert "<table class=\"sortable\">" in (tmp_path / "s.html").read_text()
+    assert '<table class="sortable">' in (tmp_path / "s.html").read_text()
     a, b = tmp_path / "o" / "m.none.rdu.json", tmp_path / "o" / "m.ort-basic.rdu.json"
     assert main(["diff", str(a), str(b), "--json", str(tmp_path / "d.json")]) == 0
     assert "fused" in capsys.readouterr().out
@@ -201,9 +232,25 @@ def test_estimated_nodes_warn_and_strict_exits_2(tmp_path, capsys):
 def test_compare_labels_say_what_differs(tmp_path):
     src = _mlp(tmp_path / "m.onnx")
     for level in ("O0", "O3"):
-        assert main(["profile", src, "--target", "rdu", "--opt-level", level, "--json", str(tmp_path / f"{level}.json"),
-                     "--quiet"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "profile",
+                    src,
+                    "--target",
+                    "rdu",
+                    "--opt-level",
+                    level,
+                    "--json",
+                    str(tmp_path / f"{level}.json"),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     rows = compare_reports([json.loads((tmp_path / f"{lv}.json").read_text()) for lv in ("O0", "O3")])
     assert [r["label"] for r in rows] == ["m@sn30 O0", "m@sn30 O3"]
     assert [r["opt_level"] for r in rows] == ["O0", "O3"] and rows[0]["wse_mode"] is None
-    assert rows[0]["pipeline"] == "none" and rows[0]["mode"] == "inference" and rows[0]["batch"] == 1  # x[4,64]: one sample
+    assert (
+        rows[0]["pipeline"] == "none" and rows[0]["mode"] == "inference" and rows[0]["batch"] == 1
+    )  # x[4,64]: one sample

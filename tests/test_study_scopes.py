@@ -133,8 +133,17 @@ def test_speedup_is_split_into_node_time_and_overhead_rows(study):
 def test_diff_shows_the_split(study, tmp_path, capsys):
     _, out, doc = study
     a, b = out / "gpt2.none.rdu.json", out / "gpt2.ort-all.rdu.json"
-    argv = ["diff", str(a), str(b), "--json", str(tmp_path / "d.json"), "--csv", str(tmp_path / "d.csv"),
-            "--html", str(tmp_path / "d.html")]  # fmt: skip
+    argv = [
+        "diff",
+        str(a),
+        str(b),
+        "--json",
+        str(tmp_path / "d.json"),
+        "--csv",
+        str(tmp_path / "d.csv"),
+        "--html",
+        str(tmp_path / "d.html"),
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "overhead: host" in text and "(overhead)" in text and "speedup alone" in text
@@ -150,8 +159,11 @@ def test_split_residual_when_node_times_overlap():
     """A step shorter than its node times (pipelined): the residual makes the parts add up."""
 
     def rep(nodes, overheads, total):
-        return {"nodes": [{"name": f"n{i}", "op_type": "Add", "time_s": t} for i, t in enumerate(nodes)],
-                "overheads": overheads, "totals": {"time_s": total}}  # fmt: skip
+        return {
+            "nodes": [{"name": f"n{i}", "op_type": "Add", "time_s": t} for i, t in enumerate(nodes)],
+            "overheads": overheads,
+            "totals": {"time_s": total},
+        }
 
     d = diff_reports(rep([3.0, 3.0], {"fill_drain": 1.0}, 4.0), rep([2.0, 2.0], {}, 2.0))
     parts = {p["part"]: p for p in d["split"]}

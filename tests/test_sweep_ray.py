@@ -55,10 +55,17 @@ def test_a_study_on_ray_gives_the_local_findings(tmp_path):
                 }
             },
             "finding": [
-                {"id": "deeper-slower", "experiment": "depth", "claim": "c", "kind": "ratio",
-                 "numerator": {"layers": 1}, "denominator": {"layers": 2}, "paper": "faster", "expect": "increasing",
-                 "counterfactual": {"what": "no section launch cost",
-                                    "target": {"overheads.host_per_section_s": 0}}},
+                {
+                    "id": "deeper-slower",
+                    "experiment": "depth",
+                    "claim": "c",
+                    "kind": "ratio",
+                    "numerator": {"layers": 1},
+                    "denominator": {"layers": 2},
+                    "paper": "faster",
+                    "expect": "increasing",
+                    "counterfactual": {"what": "no section launch cost", "target": {"overheads.host_per_section_s": 0}},
+                },
             ],
         },
         origin="tiny.toml",

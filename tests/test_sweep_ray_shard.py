@@ -124,7 +124,9 @@ def test_a_cluster_sweep_writes_the_files_and_rows_a_local_one_does(tmp_path, ca
     folders = {}
     for name, executor in (("local", SerialExecutor()), ("cluster", _Cluster())):
         folders[name] = tmp_path / name
-        result = run_sweep(spec, folders[name], executor=executor, cache_dir=cache, plots=False, node_detail=node_detail)
+        result = run_sweep(
+            spec, folders[name], executor=executor, cache_dir=cache, plots=False, node_detail=node_detail
+        )
         assert (result.ran, result.failed) == (4, 0)
 
     def records(folder):
@@ -165,7 +167,8 @@ print(result.ran, result.failed, len(result.rows))
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048, reason="hard open-file limit too low")
 def test_a_sweep_of_more_points_than_the_soft_open_file_limit_runs(tmp_path):
     """300 points to run, one lock file each, under a soft limit of 256 open files."""
-    proc = subprocess.run([sys.executable, "-c", _FEW_FILES % TINY, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _FEW_FILES % TINY, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["300", "300", "300"]

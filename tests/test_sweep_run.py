@@ -32,7 +32,9 @@ def _rows(folder):
 def test_small_sweep_end_to_end(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "hidden": [64, 128], "target": ["wse", "rdu"]}})
     seen = []
-    result = run_sweep(spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0, phase="": seen.append((phase, d, t)))
+    result = run_sweep(
+        spec, tmp_path, jobs=2, cache_dir=cache, bar=lambda d, t, failed=0, phase="": seen.append((phase, d, t))
+    )
     errors = {r.get("error") for r in _rows(tmp_path) if r.get("status") != "ok"}
     assert result.failed == 0 and result.ran == 8 and result.exports == 2, errors
     rows = _rows(tmp_path)
@@ -43,8 +45,11 @@ def test_small_sweep_end_to_end(tmp_path, cache):
         assert r["dominant_bound"] and r["fits"] in ("True", "False")
         assert (tmp_path / "points" / f"{r['key']}.json").is_file()
     assert seen[-1] == ("", 8, 8)
-    assert [x for x in seen if x[0]] == [("exporting models", 0, 2), ("exporting models", 1, 2),
-                                         ("exporting models", 2, 2)]  # before the first point, not at 0/8  # fmt: skip
+    assert [x for x in seen if x[0]] == [
+        ("exporting models", 0, 2),
+        ("exporting models", 1, 2),
+        ("exporting models", 2, 2),
+    ]  # before the first point, not at 0/8
     assert seen.index(("exporting models", 2, 2)) < seen.index(("", 1, 8))
     for png in ("allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"):
         assert (tmp_path / png).stat().st_size > 1000
@@ -53,7 +58,6 @@ def test_small_sweep_end_to_end(tmp_path, cache):
     # the FLOPs of the 2-layer model are twice the 1-layer model's, up to the shared tail
     flops = {(r["layers"], r["hidden"], r["target"]): int(r["flops"]) for r in rows}
     assert flops[("2", "64", "wse")] > flops[("1", "64", "wse")]
-
 
 
 def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
@@ -67,8 +71,11 @@ def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
     with LocalExecutor(2) as workers:
         (tmp_path / "w").mkdir()
         there = write_plots(tmp_path / "w", result.rows, spec.varied(), executor=workers)
-    assert [p.name for p in here] == [p.name for p in there] == [
-        "allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"]
+    assert (
+        [p.name for p in here]
+        == [p.name for p in there]
+        == ["allocation_vs_layers.png", "li_vs_layers.png", "tflops_vs_hidden.png", "fits_boundary.png"]
+    )
     assert [p.read_bytes() for p in here] == [p.read_bytes() for p in there]
 
     class Dying(SerialExecutor):  # every worker dies on its figure: each is drawn here instead
@@ -78,6 +85,7 @@ def test_plots_drawn_by_workers_match_drawn_here(tmp_path, cache):
     (tmp_path / "d").mkdir()
     again = write_plots(tmp_path / "d", result.rows, spec.varied(), executor=Dying())
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in here]
+
 
 def test_resume_skips_done_points(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})
@@ -137,8 +145,15 @@ def test_fast_graph_path_matches_profile(tmp_path, cache):
 
     import dabench_ir
 
-    params = {**TINY, "layers": 3, "target": "rdu", "opt_level": "O1", "precision": "fp16", "mode": "inference",
-              "chips": 1}  # fmt: skip
+    params = {
+        **TINY,
+        "layers": 3,
+        "target": "rdu",
+        "opt_level": "O1",
+        "precision": "fp16",
+        "mode": "inference",
+        "chips": 1,
+    }
     key = graphs.base_key(params)
     base = graphs.load_base(cache, key) or graphs.export_base(params)
     path = tmp_path / "m.onnx"
@@ -171,8 +186,9 @@ def test_bundled_smoke_spec_runs_from_cli(tmp_path, cache, capsys):
 def test_no_node_detail_keeps_the_row_and_drops_the_nodes(tmp_path, cache):
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse", "rdu"]}})
     full = run_sweep(spec, tmp_path / "full", executor=SerialExecutor(), cache_dir=cache, plots=False)
-    slim = run_sweep(spec, tmp_path / "slim", executor=SerialExecutor(), cache_dir=cache, plots=False,
-                     node_detail=False)  # fmt: skip
+    slim = run_sweep(
+        spec, tmp_path / "slim", executor=SerialExecutor(), cache_dir=cache, plots=False, node_detail=False
+    )
     assert [r["dominant_bound"] for r in slim.rows] == [r["dominant_bound"] for r in full.rows]
     assert [r["time_s"] for r in slim.rows] == [r["time_s"] for r in full.rows]
     record = json.loads(next((tmp_path / "slim" / "points").glob("*.json")).read_text())
@@ -240,8 +256,9 @@ def test_records_a_worker_writes_equal_those_the_driver_writes(tmp_path, cache, 
     spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse", "rdu"]}})
     runs = {}
     for name, executor in (("here", SerialExecutor()), ("elsewhere", _Elsewhere())):
-        result = run_sweep(spec, tmp_path / name, executor=executor, cache_dir=cache, plots=False,
-                           node_detail=node_detail)  # fmt: skip
+        result = run_sweep(
+            spec, tmp_path / name, executor=executor, cache_dir=cache, plots=False, node_detail=node_detail
+        )
         records = {}
         for path in sorted((tmp_path / name / "points").glob("*.json")):
             record = json.loads(path.read_text())

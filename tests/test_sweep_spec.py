@@ -72,8 +72,12 @@ def test_bundled_grids():
     level1 = load_spec("level1")
     assert len(level1.points) == 14 * 6 * 5 == 420
     assert {(p["target"], p["opt_level"]) for p in level1.points} == {
-        ("wse", None), ("rdu", "O0"), ("rdu", "O1"), ("rdu", "O3"), ("ipu", None),
-    }  # fmt: skip
+        ("wse", None),
+        ("rdu", "O0"),
+        ("rdu", "O1"),
+        ("rdu", "O3"),
+        ("ipu", None),
+    }
     level2 = load_spec("level2")
     assert {p["chips"] for p in level2.points} == {1, 2, 4, 8}
     assert {p["precision"] for p in level2.points} == {"fp32", "fp16", "bf16", "mixed"}
@@ -81,8 +85,10 @@ def test_bundled_grids():
     # each target with the strategy it supports: 3 targets x 4 chip counts x 6 batches x 4 precisions
     assert len(level2.points) == 3 * 4 * 6 * 4
     assert {(p["target"], p.params.get("strategy")) for p in level2.points if p["chips"] > 1} == {
-        ("wse", "dp"), ("rdu", "tp"), ("ipu", "pp"),
-    }  # fmt: skip
+        ("wse", "dp"),
+        ("rdu", "tp"),
+        ("ipu", "pp"),
+    }
 
 
 def test_point_key_depends_on_params_only():

@@ -80,14 +80,22 @@ def test_a_point_record_is_encoded_once_and_nan_becomes_null():
     from dabench_ir.sweep.results import encode_point, record_row
 
     nodes = [{"name": "a", "time_s": 2.0, "bound": "compute"}, {"name": "b", "time_s": 1.0, "bound": "memory"}]
-    record = {"key": "k", "params": {"layers": 2}, "status": "ok", "error": None,
-              "report": {"totals": {"time_s": 0.5}, "units": (1, 2), "nodes": nodes}}  # fmt: skip
+    record = {
+        "key": "k",
+        "params": {"layers": 2},
+        "status": "ok",
+        "error": None,
+        "report": {"totals": {"time_s": 0.5}, "units": (1, 2), "nodes": nodes},
+    }
     assert json.loads(encode_point(record)) == {**record, "report": {**record["report"], "units": [1, 2]}}
-    bad = {**record, "report": {"totals": {"time_s": math.nan, "flops": math.inf},
-                                "nodes": [*nodes, {"name": "c", "time_s": math.nan, "bound": "overhead"}]}}  # fmt: skip
+    bad = {
+        **record,
+        "report": {
+            "totals": {"time_s": math.nan, "flops": math.inf},
+            "nodes": [*nodes, {"name": "c", "time_s": math.nan, "bound": "overhead"}],
+        },
+    }
     back = json.loads(encode_point(bad))
     assert back["report"]["totals"] == {"time_s": None, "flops": None} and back["report"]["nodes"][2]["time_s"] is None
     assert math.isnan(bad["report"]["totals"]["time_s"])  # the record itself is left as it was
     assert record_row(bad) == record_row(back) and record_row(back)["dominant_bound"] == "compute"
-
-

@@ -89,14 +89,18 @@ def test_user_file_loads(tmp_path):
 @pytest.mark.parametrize(
     "edit,field",
     [
-        (lambda s: s.replace('bandwidth_bytes_per_s = { value = 1e11, source = "s" }\n', ""),
-         "memory[0].bandwidth_bytes_per_s"),
+        (
+            lambda s: s.replace('bandwidth_bytes_per_s = { value = 1e11, source = "s" }\n', ""),
+            "memory[0].bandwidth_bytes_per_s",
+        ),
         (lambda s: s.replace('[power]\nwatts = { value = 100, source = "s" }\n', ""), "power"),
-        (lambda s: s.replace('units = { value = 10, source = "s" }', 'units = { value = 10 }'), "compute.units.source"),
-        (lambda s: s.replace('value = 10,', 'value = "ten",'), "compute.units.value"),
+        (lambda s: s.replace('units = { value = 10, source = "s" }', "units = { value = 10 }"), "compute.units.source"),
+        (lambda s: s.replace("value = 10,", 'value = "ten",'), "compute.units.value"),
         (lambda s: s.replace('kind = "gpu"', 'kind = "tpu"'), "kind"),
-        (lambda s: s + '[[memory]]\nname = "x"\nlevel = "on-chip"\ncapacity_bytes = { value = 1, source = "s" }\n',
-         "memory[1].bandwidth_bytes_per_s"),
+        (
+            lambda s: s + '[[memory]]\nname = "x"\nlevel = "on-chip"\ncapacity_bytes = { value = 1, source = "s" }\n',
+            "memory[1].bandwidth_bytes_per_s",
+        ),
     ],
 )
 def test_bad_file_names_the_field(tmp_path, edit, field):
@@ -148,14 +152,22 @@ def test_a_counterfactual_target_changes_named_figures_and_says_so():
     from dabench_ir.targets import Target
 
     sn30 = load_target("sn30")
-    cf = sn30.with_changes({"compute.peak_flops.fp32": "compute.peak_flops.bf16",
-                            "link[1].bandwidth_bytes_per_s": "link[0].bandwidth_bytes_per_s",
-                            "energy.pj_per_byte.ddr": 0.5, "overheads.host_step_s": 0, "arch.new_switch": 1})  # fmt: skip
+    cf = sn30.with_changes(
+        {
+            "compute.peak_flops.fp32": "compute.peak_flops.bf16",
+            "link[1].bandwidth_bytes_per_s": "link[0].bandwidth_bytes_per_s",
+            "energy.pj_per_byte.ddr": 0.5,
+            "overheads.host_step_s": 0,
+            "arch.new_switch": 1,
+        }
+    )
     assert cf.peak_flops("fp32") == sn30.peak_flops("bf16") == 650e12 and sn30.peak_flops("fp32") == 325e12
     assert cf.links[1].bandwidth_bytes_per_s == 32e9 and cf.overhead("host_step_s") == 0.0
     assert cf.raw["energy"]["pj_per_byte"]["ddr"]["value"] == 0.5 and cf.arch_value("new_switch") == 1.0
     q = cf.peaks["fp32"]
-    assert q.estimate and q.source == "counterfactual: compute.peak_flops.fp32 = 'compute.peak_flops.bf16'; was 3.25e+14"
+    assert (
+        q.estimate and q.source == "counterfactual: compute.peak_flops.fp32 = 'compute.peak_flops.bf16'; was 3.25e+14"
+    )
     assert not q.fitted_to and cf.overheads["host_step_s"].source.endswith("was 1.459")
     # the file a sweep worker reads back is the same target
     again = Target.from_dict(tomllib.loads(cf.toml()))

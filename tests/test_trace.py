@@ -85,23 +85,28 @@ def test_write_targets_trace_skips_a_report_without_timeline(models, tmp_path):
     assert all(name.startswith("rdu (sn30)") for name in _processes(doc).values())
 
 
-@pytest.mark.parametrize(("event", "needle"), [
-    ({"ph": "C", "name": "m", "pid": 1, "ts": 0}, "no args"),
-    ({"ph": "C", "name": "m", "pid": 1, "ts": 0, "args": {"a": "x"}}, "numeric series"),
-    ({"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0}, "no dur"),
-    ({"ph": "M", "name": "process_name", "pid": 1}, "no args"),
-    ({"ph": "i", "name": "a", "pid": 1, "tid": 1, "ts": True}, "ts is not a number"),
-    ({"ph": "B", "name": "a", "pid": 1, "ts": 0}, "no tid"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("event", "needle"),
+    [
+        ({"ph": "C", "name": "m", "pid": 1, "ts": 0}, "no args"),
+        ({"ph": "C", "name": "m", "pid": 1, "ts": 0, "args": {"a": "x"}}, "numeric series"),
+        ({"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0}, "no dur"),
+        ({"ph": "M", "name": "process_name", "pid": 1}, "no args"),
+        ({"ph": "i", "name": "a", "pid": 1, "tid": 1, "ts": True}, "ts is not a number"),
+        ({"ph": "B", "name": "a", "pid": 1, "ts": 0}, "no tid"),
+    ],
+)
 def test_validate_trace_names_the_missing_key(event, needle):
     problems = validate_trace({"traceEvents": [event]})
     assert len(problems) == 1 and needle in problems[0]
 
 
 def test_validate_trace_catches_time_going_back_per_track():
-    ok = [{"ph": "C", "name": "m", "pid": 1, "ts": 5, "args": {"a": 1}},
-          {"ph": "C", "name": "other", "pid": 1, "ts": 0, "args": {"a": 1}},  # another track: fine
-          {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]  # fmt: skip
+    ok = [
+        {"ph": "C", "name": "m", "pid": 1, "ts": 5, "args": {"a": 1}},
+        {"ph": "C", "name": "other", "pid": 1, "ts": 0, "args": {"a": 1}},  # another track: fine
+        {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1},
+    ]
     assert validate_trace({"traceEvents": ok}) == []
     back = [*ok, {"ph": "C", "name": "m", "pid": 1, "ts": 4, "args": {"a": 2}}]
     problems = validate_trace({"traceEvents": back})

@@ -99,7 +99,8 @@ def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
     assert one.memory_bytes["hbm"] - four.memory_bytes["hbm"] >= acts * 3 // 4
     opt = next(n for n in g.nodes if n.op_type == "AdamStep")
     assert tl4.nodes[opt.name].end - tl4.nodes[opt.name].start == pytest.approx(
-        one.node_plans[opt.name].per_micro_batch_s)  # once per step, same time as without accumulation
+        one.node_plans[opt.name].per_micro_batch_s
+    )  # once per step, same time as without accumulation
     with pytest.raises(UserError, match="does not divide"):
         resolve(g, None, {"micro_batch": 3})
 
@@ -109,12 +110,17 @@ def test_zero_stages_shard_the_state_over_data_parallel_gpus():
 
     g = decoder(layers=2, hidden=256, seq=16, batch=1, heads=4, dtype=DType.BFLOAT16)
     TrainingPass()(g)
-    mem = {z: scale(g, load_target("a100"), [8], "dp", ScaleOptions(batch=1, zero=z)).points[0].memory_per_device
-           for z in (0, 1, 2, 3)}  # fmt: skip
+    mem = {
+        z: scale(g, load_target("a100"), [8], "dp", ScaleOptions(batch=1, zero=z)).points[0].memory_per_device
+        for z in (0, 1, 2, 3)
+    }
     assert mem[1]["optimizer"] * 8 == pytest.approx(mem[0]["optimizer"], rel=1e-3)
     assert mem[1]["gradients"] == mem[0]["gradients"] and mem[2]["gradients"] * 8 == pytest.approx(
-        mem[0]["gradients"], rel=1e-3)
-    assert mem[2]["weights"] == mem[0]["weights"] and mem[3]["weights"] * 8 == pytest.approx(mem[0]["weights"], rel=1e-3)
+        mem[0]["gradients"], rel=1e-3
+    )
+    assert mem[2]["weights"] == mem[0]["weights"] and mem[3]["weights"] * 8 == pytest.approx(
+        mem[0]["weights"], rel=1e-3
+    )
 
 
 def test_tensor_parallel_shards_the_training_state():
@@ -220,9 +226,11 @@ def test_a_language_model_step_ends_in_its_loss_with_exact_cost():
     n, rows = 3 * 10, 3  # logits and token rows
     # forward 4 vector + 1 exp per logit, 1 log per row; the gradient in the same pass: 2 per logit + 1 per row
     assert loss[0].meta[FORWARD_COST] == Cost(
-        vector_flops=4 * n + 2 * n + rows, special_ops=n + rows,
-        act_bytes_in=4 * n + 8 * rows, act_bytes_out=4 + 4 * n,
-    )  # fmt: skip
+        vector_flops=4 * n + 2 * n + rows,
+        special_ops=n + rows,
+        act_bytes_in=4 * n + 8 * rows,
+        act_bytes_out=4 + 4 * n,
+    )
     assert loss[0].meta[BACKWARD_COST] == Cost()
     assert g.nodes[-1].op_type == "AdamStep"  # the optimizer still closes the step
     # a graph without a token table has no logits to score: no loss

@@ -59,24 +59,35 @@ def _reads(tree: ast.AST, name: str, *, plan_only: bool = False) -> list[tuple[i
     out = []
     for node in ast.walk(tree):
         key = None
-        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _field(node.value, name,
-                                                                                         plan_only=plan_only):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and _field(node.value, name, plan_only=plan_only)
+        ):
             key = node.slice
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop")
-              and _field(node.func.value, name, plan_only=plan_only) and node.args):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop")
+            and _field(node.func.value, name, plan_only=plan_only)
+            and node.args
+        ):
             key = node.args[0]
-        elif isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops) and any(
-            _field(c, name, plan_only=plan_only) for c in node.comparators
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+            and any(_field(c, name, plan_only=plan_only) for c in node.comparators)
         ):
             key = node.left
         else:
             continue
         out.append((node.lineno, key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None))
-    return out  # fmt: skip
+    return out
 
 
 def _json_reads(tree: ast.AST, key: str) -> list[int]:
     """``x["resources"]`` loads and ``x.get("resources")`` calls: a serialised unit read back."""
+
     def is_key(expr: ast.expr | None) -> bool:
         return isinstance(expr, ast.Constant) and expr.value == key
 
@@ -128,8 +139,9 @@ def test_no_stage_reads_another_modules_string_keys(field_name):
         if not _in_lowering(path):
             bad += [f"{rel}:{line}: {field_name}[{key!r}]" for line, key in reads]
             if field_name == "resources":
-                bad += [f"{rel}:{line}: a serialised unit's resources read back" for line in
-                        _json_reads(tree, "resources")]  # fmt: skip
+                bad += [
+                    f"{rel}:{line}: a serialised unit's resources read back" for line in _json_reads(tree, "resources")
+                ]
             continue
         written = written_by[_lowering_of(path)]
         bad += [
@@ -141,8 +153,9 @@ def test_no_stage_reads_another_modules_string_keys(field_name):
 
 
 def test_the_scan_sees_a_read():
-    tree = ast.parse('x = unit.resources["pes"]\ny = plan.extra.get("mode")\nz = "a" in u.resources\n'
-                     'w = report.extra["estimated"]')  # fmt: skip
+    tree = ast.parse(
+        'x = unit.resources["pes"]\ny = plan.extra.get("mode")\nz = "a" in u.resources\nw = report.extra["estimated"]'
+    )
     assert _reads(tree, "resources") == [(1, "pes"), (3, "a")]
     assert _reads(tree, "extra", plan_only=True) == [(2, "mode")]
 
@@ -174,9 +187,17 @@ def test_training_record_is_typed_and_serialises_as_before():
     train = meta.training_state(graph)
     assert isinstance(train, TrainingRecord) and train.recompute_mode == "selective" and not train.recompute
     assert list(train.to_dict()) == [
-        "optimizer", "loss", "recompute", "recompute_mode", "fused_attention", "params", "gradient_bytes",
-        "master_weight_bytes", "optimizer_state_bytes", "saved_activation_bytes",
-    ]  # fmt: skip
+        "optimizer",
+        "loss",
+        "recompute",
+        "recompute_mode",
+        "fused_attention",
+        "params",
+        "gradient_bytes",
+        "master_weight_bytes",
+        "optimizer_state_bytes",
+        "saved_activation_bytes",
+    ]
     assert TrainingRecord.from_dict(train.to_dict()) == train
     assert meta.training_state(decoder(layers=1, hidden=64)) is None
     with pytest.raises(TypeError):

@@ -34,9 +34,13 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     assert sorted(p.model["layers"] for p in sn30 if p.run["opt_level"] == "O0") == [1, 6, 12, 18, 24, 30, 36]
     row = by_id["sn30-gpt2-h1600-L36-O3"]
     assert row.measured == {
-        "samples_per_s": 3.59, "step_time_s": 4.5, "host_time_s": 1.668, "device_time_s": 2.783,
-        "sections": 185, "max_pcu_utilization": 0.75,
-    }  # fmt: skip
+        "samples_per_s": 3.59,
+        "step_time_s": 4.5,
+        "host_time_s": 1.668,
+        "device_time_s": 2.783,
+        "sections": 185,
+        "max_pcu_utilization": 0.75,
+    }
     streaming = [p for p in points if p.run.get("wse_mode") == "streaming"]
     assert sorted(p.measured["samples_per_s"] for p in streaming) == [11.9, 20.445, 46.6, 373.4]
     assert by_id["bow-gpt2-small-pod16-layout"].run["layers_per_ipu"] == [0, 4, 4, 4]
@@ -54,8 +58,12 @@ def test_compile_report_kernels_summarised_per_class():
     classes = validate.kernel_classes(Path(wse.file).parent / wse.measured["kernels_csv"])
     assert sum(c["count"] for c in classes.values()) == 128
     assert {k: classes[k]["count"] for k in ("attention", "fc", "layer_norm", "add", "nlin")} == {
-        "attention": 12, "fc": 24, "layer_norm": 25, "add": 48, "nlin": 12,
-    }  # fmt: skip
+        "attention": 12,
+        "fc": 24,
+        "layer_norm": 25,
+        "add": 48,
+        "nlin": 12,
+    }
     assert classes["attention"]["pes_min"] == 8788 and classes["attention"]["pes_max"] == 10298
     assert classes["emb_fc"]["pes"] == 65604 and classes["patio"]["pes"] == 307840
     assert classes["patio"]["util_max"] == 0.0
@@ -82,12 +90,19 @@ def test_relative_error_and_summary_statistics():
     assert validate.Quantity("x", 2.0, 3.0).error == 0.5
     assert validate.Quantity("x", 4.0, 3.0).error == -0.25
     assert validate.Quantity("x", 4.0, None).error is None
-    ok1 = validate.PointResult(_point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 12.0),
-                                                        validate.Quantity("host_time_s", 1.0, None, "not predicted")])  # fmt: skip
+    ok1 = validate.PointResult(
+        _point("a"),
+        quantities=[
+            validate.Quantity("samples_per_s", 10.0, 12.0),
+            validate.Quantity("host_time_s", 1.0, None, "not predicted"),
+        ],
+    )
     ok2 = validate.PointResult(
-        _point("b"), quantities=[validate.Quantity("samples_per_s", 10.0, 5.0), validate.Quantity("sections", 4, 5)],
-        fits_expected=True, fits_predicted=False,
-    )  # fmt: skip
+        _point("b"),
+        quantities=[validate.Quantity("samples_per_s", 10.0, 5.0), validate.Quantity("sections", 4, 5)],
+        fits_expected=True,
+        fits_predicted=False,
+    )
     ref = validate.PointResult(_point("c", reference_only=True), quantities=[validate.Quantity("tflops", 1.0, 9.0)])
     bad = validate.PointResult(_point("d"), status="cannot run", reason="export failed")
     s = validate.Validation([ok1, ok2, ref, bad]).summary()["sn30"]
@@ -99,11 +114,17 @@ def test_relative_error_and_summary_statistics():
 
 
 def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
-    point = _point(run={"opt_level": "O3", "optimizer": "AdamW", "chips_per_node": 4,
-                        "fused_attention": False, "kv_precision": "fp8"})  # fmt: skip
+    point = _point(
+        run={
+            "opt_level": "O3",
+            "optimizer": "AdamW",
+            "chips_per_node": 4,
+            "fused_attention": False,
+            "kv_precision": "fp8",
+        }
+    )
     opts = runner._options(point, "rdu", validate.PointResult(point))
-    assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == (
-        "O3", 4, False, "fp8")  # fmt: skip
+    assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == ("O3", 4, False, "fp8")
     gpu = _point(target="a100", run={"zero": 1})
     assert runner._options(gpu, "gpu", validate.PointResult(gpu)).zero == 1
     ipu = _point(target="bow", run={"half_partials": True})  # Graphcore's FP16.16 rate: what bow models
@@ -157,8 +178,11 @@ def test_every_knob_is_a_catalogue_run_key_or_refused_with_a_reason():
 
 
 def test_in_sample_and_out_of_sample_are_summarised_apart():
-    fit = validate.PointResult(_point("a"), informed=("arch.x",), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0),
-                                                                             validate.Quantity("sections", 4, 5)])  # fmt: skip
+    fit = validate.PointResult(
+        _point("a"),
+        informed=("arch.x",),
+        quantities=[validate.Quantity("samples_per_s", 10.0, 11.0), validate.Quantity("sections", 4, 5)],
+    )
     out1 = validate.PointResult(_point("b", holdout=True), quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)])
     out2 = validate.PointResult(_point("c"), quantities=[validate.Quantity("samples_per_s", 10.0, 9.0)])
     s = validate.Validation([fit, out1, out2]).summary()["sn30"]
@@ -171,12 +195,16 @@ def test_in_sample_and_out_of_sample_are_summarised_apart():
     assert "b [out]" in text and "c [out]" in text and "a [out]" not in text
     assert "sn30     out of sample        2     20.0%     30.0%" in text
     assert [(r["in_sample"], r["informed"]) for r in fit.rows()] == [(True, "arch.x")] * 2
-    parsed = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\n"
-                                    "source = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    parsed = validate.parse_catalog(
+        _GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\n"
+        "source = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n"
+    )
     assert parsed[0].holdout
     with pytest.raises(UserError, match="informs: unknown key"):  # one record of what is in sample: fitted_to
-        validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
-                               "informs = ['arch.x']\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+        validate.parse_catalog(
+            _GOOD_HEAD + "[[points]]\nid = 'h'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
+            "informs = ['arch.x']\nmeasured = {bandwidth_gb_s = 20.0}\n"
+        )
 
 
 def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
@@ -194,8 +222,10 @@ def test_fitted_to_decides_the_sample_and_a_contradicting_holdout_is_refused():
         for name, q in load_target(t).quantities():
             for pattern in q.fitted_to:
                 assert any(fnmatch.fnmatchcase(pid, pattern) for pid in points), (t, name, pattern)
-    bad = validate.parse_catalog(_GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L24-O3'\nkind = 'bandwidth'\n"
-                                 "target = 'sn30'\nsource = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    bad = validate.parse_catalog(
+        _GOOD_HEAD + "[[points]]\nid = 'sn30-gpt2-h1600-L24-O3'\nkind = 'bandwidth'\n"
+        "target = 'sn30'\nsource = 's'\nholdout = true\nmeasured = {bandwidth_gb_s = 20.0}\n"
+    )
     with pytest.raises(UserError, match=r"marked holdout = true, but sn30.toml fits \S+ to it"):
         validate.run_validation(bad)
 
@@ -219,8 +249,11 @@ measured = { ttft_s = 1e-4, tpot_s = 5e-5, latency_s = 4e-4, decode_tokens_per_s
         (_GEN.replace("generate = { prompt = 16, gen = 5 }", ""), "generate.prompt: expected a positive integer"),
         (_GEN.replace("gen = 5", "gen = 0"), "generate.gen: expected a positive integer"),
         (_GEN.replace("gen = 5", "gen = 5, temperature = 1"), "generate.temperature: unknown key"),
-        (_GEN.replace('run = { precision = "fp16" }', 'run = { mode = "train" }'), "run.mode: a generation point serves"),
-        (_GEN.replace('kind = "generate"', 'kind = "model"'), "generate: only a kind = \"generate\" point"),
+        (
+            _GEN.replace('run = { precision = "fp16" }', 'run = { mode = "train" }'),
+            "run.mode: a generation point serves",
+        ),
+        (_GEN.replace('kind = "generate"', 'kind = "model"'), 'generate: only a kind = "generate" point'),
     ],
 )
 def test_malformed_generate_points(body, needle):
@@ -303,8 +336,10 @@ def test_malformed_user_catalogue_exits_2_with_one_line(tmp_path, capsys, body, 
 
 def test_unwritable_output_is_a_user_error(tmp_path, capsys):
     cat = tmp_path / "bw.toml"
-    cat.write_text(_GOOD_HEAD + "[[points]]\nid = 'b'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
-                   "measured = {bandwidth_gb_s = 20.0}\n")  # fmt: skip
+    cat.write_text(
+        _GOOD_HEAD + "[[points]]\nid = 'b'\nkind = 'bandwidth'\ntarget = 'ipu'\nsource = 's'\n"
+        "measured = {bandwidth_gb_s = 20.0}\n"
+    )
     assert main(["validate", "--catalog", str(cat), "-q", "--csv", str(tmp_path / "no" / "dir" / "v.csv")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--csv" in err
@@ -355,11 +390,14 @@ target = "ipu"
 source = "test"
 bandwidth = { memory = "off-chip" }
 measured = { bandwidth_gb_s = 10.0 }
-""".replace("{gemms}", "".join(
-    f'[[points]]\nid = "{name}"\nkind = "gemm"\ntarget = "ipu"\nsource = "test"\n'
-    f'gemm = {{ size = {size}, precision = "fp32" }}\nmeasured = {{ tflops = 10.0 }}\n\n'
-    for name, size in (("tiny-gemm", 256), ("huge-gemm", 100000))
-))  # a GEMM that fits, one that cannot
+""".replace(
+    "{gemms}",
+    "".join(
+        f'[[points]]\nid = "{name}"\nkind = "gemm"\ntarget = "ipu"\nsource = "test"\n'
+        f'gemm = {{ size = {size}, precision = "fp32" }}\nmeasured = {{ tflops = 10.0 }}\n\n'
+        for name, size in (("tiny-gemm", 256), ("huge-gemm", 100000))
+    ),
+)  # a GEMM that fits, one that cannot
 
 
 @pytest.mark.torch
@@ -426,15 +464,19 @@ def test_no_point_got_worse_than_the_pinned_baseline():
 
 def test_regressions_detects_worse_errors_and_flipped_fits():
     good = validate.PointResult(
-        _point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 11.0)], fits_expected=True,
+        _point("a"),
+        quantities=[validate.Quantity("samples_per_s", 10.0, 11.0)],
+        fits_expected=True,
         fits_predicted=True,
-    )  # fmt: skip
+    )
     pinned = validate.baseline(validate.Validation([good]))
     assert validate.regressions(validate.Validation([good]), pinned) == []
     worse = validate.PointResult(
-        _point("a"), quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)], fits_expected=True,
+        _point("a"),
+        quantities=[validate.Quantity("samples_per_s", 10.0, 13.0)],
+        fits_expected=True,
         fits_predicted=False,
-    )  # fmt: skip
+    )
     problems = validate.regressions(validate.Validation([worse]), pinned)
     assert any("fit verdict flipped" in p for p in problems)
     assert any("samples_per_s |error| 30.0%" in p for p in problems)

@@ -40,23 +40,34 @@ def _q(value: float) -> Quantity:
 
 
 TOY = Target(
-    name="toy", kind="gpu", description="a toy chip", aliases=(), process_node=_q(7), power=_q(10),
-    power_covers="chip", units=_q(1), unit_name="core", clock=None,
+    name="toy",
+    kind="gpu",
+    description="a toy chip",
+    aliases=(),
+    process_node=_q(7),
+    power=_q(10),
+    power_covers="chip",
+    units=_q(1),
+    unit_name="core",
+    clock=None,
     peaks={"fp32": _q(100), "fp16": _q(400)},
     memories=(MemoryLevel("sram", "on-chip", _q(1000), _q(1000)), MemoryLevel("dram", "off-chip", _q(10_000), _q(10))),
-)  # fmt: skip
+)
 
 
-def tiny(*, step: float = 2.5, fits: bool = True, graph: bool = True, memory: int = 500, energy: float = 7.0,
-         **nodes: dict) -> Report:
+def tiny(
+    *, step: float = 2.5, fits: bool = True, graph: bool = True, memory: int = 500, energy: float = 7.0, **nodes: dict
+) -> Report:
     """Two chained nodes on TOY that keep every invariant, each at or under its limit:
 
     n0: 100 FLOPs, 5 B from DRAM, 1 s (100 FLOP/s = the fp32 peak; intensity 20, roof 100), 5 J;
     n1: 50 FLOPs, 10 B from DRAM, 1 s (10 B/s = the DRAM bandwidth; intensity 5, roof 50), 2 J;
     the step: 2.5 s (work bound 1.5 s, chain bound 2 s), 150 FLOPs, 7 J of 25 J rated, 500 B of
     10,000 resident. ``nodes``: per-node changes to the records (``feed_bytes``: to the plan)."""
-    base = {"n0": {"flops": 100, "feed_bytes": 5, "time_s": 1.0, "energy_j": 5.0, "intensity": 20.0},
-            "n1": {"flops": 50, "feed_bytes": 10, "time_s": 1.0, "energy_j": 2.0, "intensity": 5.0}}  # fmt: skip
+    base = {
+        "n0": {"flops": 100, "feed_bytes": 5, "time_s": 1.0, "energy_j": 5.0, "intensity": 20.0},
+        "n1": {"flops": 50, "feed_bytes": 10, "time_s": 1.0, "energy_j": 2.0, "intensity": 5.0},
+    }
     for name, change in nodes.items():
         base[name].update(change)
     g = chain([base["n0"]["flops"], base["n1"]["flops"]], [2, 2])
@@ -64,19 +75,42 @@ def tiny(*, step: float = 2.5, fits: bool = True, graph: bool = True, memory: in
     records = []
     for node in g.nodes:
         b = base[node.name]
-        plan.node_plans[node.name] = NodePlan(node.name, "u", "u", b["time_s"], flops=b["flops"], feed_level="dram",
-                                              feed_bytes=b["feed_bytes"])  # fmt: skip
-        rec = NodeRecord(node.name, "Op", None, node.scope, None, meta.get_cost(node), intensity=b["intensity"],
-                         time_s=b["time_s"], energy_j=b["energy_j"], precision=b.get("precision"))  # fmt: skip
+        plan.node_plans[node.name] = NodePlan(
+            node.name, "u", "u", b["time_s"], flops=b["flops"], feed_level="dram", feed_bytes=b["feed_bytes"]
+        )
+        rec = NodeRecord(
+            node.name,
+            "Op",
+            None,
+            node.scope,
+            None,
+            meta.get_cost(node),
+            intensity=b["intensity"],
+            time_s=b["time_s"],
+            energy_j=b["energy_j"],
+            precision=b.get("precision"),
+        )
         records.append(rec)
     flops = sum(r.flops for r in records)
     return Report(
-        model={}, target={"name": "toy", "kind": "gpu"}, config={"precision": "fp32", "chips": 1}, nodes=records,
-        unattributed=[], fits=fits, plan=plan, target_obj=TOY, graph=g if graph else None,
-        totals={"flops": flops, "time_s": step, "achieved_flops_per_s": flops / step, "energy_j": energy,
-                "target_power_w": 10.0},
+        model={},
+        target={"name": "toy", "kind": "gpu"},
+        config={"precision": "fp32", "chips": 1},
+        nodes=records,
+        unattributed=[],
+        fits=fits,
+        plan=plan,
+        target_obj=TOY,
+        graph=g if graph else None,
+        totals={
+            "flops": flops,
+            "time_s": step,
+            "achieved_flops_per_s": flops / step,
+            "energy_j": energy,
+            "target_power_w": 10.0,
+        },
         metrics={"memory_use": {"dram": {"bytes": memory, "capacity_bytes": 10_000, "fraction": memory / 10_000}}},
-    )  # fmt: skip
+    )
 
 
 def _only(report: Report) -> dict[str, list[Violation]]:
@@ -92,18 +126,22 @@ def test_a_report_at_every_limit_passes():
     assert check(report) is report
 
 
-@pytest.mark.parametrize(("speedup", "superlinear", "broken"), [(8.0, None, False), (8.55, None, True),
-                                                                (8.91, "ZeRO-1 shards the optimizer update", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("speedup", "superlinear", "broken"),
+    [(8.0, None, False), (8.55, None, True), (8.91, "ZeRO-1 shards the optimizer update", False)],
+)
 def test_a_speedup_above_linear_needs_a_named_mechanism(speedup, superlinear, broken):
     report = tiny()
-    report.extra["scale"] = {"points": [{"chips": 1, "speedup": 1.0}, {"chips": 8, "speedup": speedup,
-                                                                       "superlinear": superlinear}]}  # fmt: skip
+    report.extra["scale"] = {
+        "points": [{"chips": 1, "speedup": 1.0}, {"chips": 8, "speedup": speedup, "superlinear": superlinear}]
+    }
     found = _only(report).get("speedup_linear", [])
     assert [(v.where, v.value, v.limit) for v in found] == ([("8 chips", speedup, 8.0)] if broken else [])
 
 
-@pytest.mark.parametrize(("batch", "speedup", "limit"), [(16, 8.55, 8.0), (32, 8.55, None), (32, 16.5, 16.0),
-                                                         (2, 8.5, 8.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("batch", "speedup", "limit"), [(16, 8.55, 8.0), (32, 8.55, None), (32, 16.5, 16.0), (2, 8.5, 8.0)]
+)
 def test_a_chip_running_more_samples_may_scale_above_its_count(batch, speedup, limit):
     """8 chips over one chip of 2 samples a step: each chip of a 32-sample step runs 4 (2x the one
     chip's), so up to 16x; a 16-sample step (the one chip's 2 each) stays at 8x; tensor-parallel
@@ -205,8 +243,10 @@ def test_an_unplaced_report_has_only_shares_to_check():
 
 
 def test_verify_imports_no_heavy_module():
-    code = ("import sys, dabench_ir.verify\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxruntime', 'matplotlib')))")  # fmt: skip
+    code = (
+        "import sys, dabench_ir.verify\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxruntime', 'matplotlib')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -225,8 +265,9 @@ GRID = property_settings("DABENCH_VERIFY_EXAMPLES", 20)
 
 
 @functools.cache
-def violations(target: str, mode: str, precision: str, batch: int, chips: int, size: tuple[int, int, int],
-               wse_mode: str | None) -> tuple[Violation, ...]:
+def violations(
+    target: str, mode: str, precision: str, batch: int, chips: int, size: tuple[int, int, int], wse_mode: str | None
+) -> tuple[Violation, ...]:
     """Every violation in the report of a small decoder run (cached: each invariant asks it)."""
     from dabench_ir.pipeline import profile_graph
     from dabench_ir.targets import load_target
@@ -258,8 +299,14 @@ SMALL, WIDER = SIZES
 
 @pytest.mark.parametrize(("invariant", "target"), list(_cases()))
 @GRID
-@given(mode=st.sampled_from(MODES), precision=st.sampled_from(PRECISIONS), batch=st.sampled_from(BATCHES),
-       chips=st.sampled_from(CHIPS), size=st.sampled_from(SIZES), wse_mode=st.sampled_from(WSE_MODES))  # fmt: skip
+@given(
+    mode=st.sampled_from(MODES),
+    precision=st.sampled_from(PRECISIONS),
+    batch=st.sampled_from(BATCHES),
+    chips=st.sampled_from(CHIPS),
+    size=st.sampled_from(SIZES),
+    wse_mode=st.sampled_from(WSE_MODES),
+)
 # the examples that break an invariant today (KNOWN), tried first on every target
 @example(mode="inference", precision="fp32", batch=1, chips=1, size=SMALL, wse_mode="auto")  # RDU
 @example(mode="inference", precision="mixed", batch=1, chips=1, size=SMALL, wse_mode="auto")  # GPU softmax
@@ -287,8 +334,9 @@ def test_a_violation_is_an_internal_error_of_one_line_and_no_verify_skips_it(mon
     from tests.conftest import parse
 
     model = tmp_path / "m.onnx"
-    model.write_bytes(parse("agraph (float[2,8,8] x, float[8,8] w) => (float[2,8,8] y) { y = MatMul(x, w) }")
-                      .SerializeToString())  # fmt: skip
+    model.write_bytes(
+        parse("agraph (float[2,8,8] x, float[8,8] w) => (float[2,8,8] y) { y = MatMul(x, w) }").SerializeToString()
+    )
     broken = Violation("node_peak_flops", "MatMul_0", 2.0, 1.0, "planted")
     monkeypatch.setattr(verify_module, "_violations", lambda report: iter([broken]))
     assert main(["profile", str(model), "-t", "h100"]) == 1

@@ -40,12 +40,22 @@ def built(tmp_path_factory) -> tuple[Path, str]:
     # a copy without the checkout's build state: a stale *.egg-info/SOURCES.txt would add files the
     # configuration leaves out
     tree = tmp_path_factory.mktemp("tree") / "src"
-    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "*.egg-info", "build", "dist",
-                                                              "__pycache__", "*_cache", "dabench-report"))  # fmt: skip
+    shutil.copytree(
+        ROOT,
+        tree,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "*.egg-info", "build", "dist", "__pycache__", "*_cache", "dabench-report"
+        ),
+    )
     out = tmp_path_factory.mktemp("dist")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # else distutils says so
-    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(tree)],
-                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(tree)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (wheel,) = out.glob("*.whl")
     return wheel, done.stdout + done.stderr
@@ -56,8 +66,12 @@ def test_the_wheel_holds_every_package_and_data_file(built):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = sorted(set(_source_files()) - names)
     assert not missing, f"{wheel.name} leaves out {len(missing)} file(s), first: {missing[:8]}"
-    assert {"dabench_ir/study/__init__.py", "dabench_ir/lowering/wse/__init__.py",
-            "dabench_ir/data/sweeps/smoke.toml", "dabench_ir/targets/h100.toml"} <= names  # fmt: skip
+    assert {
+        "dabench_ir/study/__init__.py",
+        "dabench_ir/lowering/wse/__init__.py",
+        "dabench_ir/data/sweeps/smoke.toml",
+        "dabench_ir/targets/h100.toml",
+    } <= names
     assert not any(n.split("/")[0] in {"passes", "lowering", "targets", "models", "tests"} for n in names)
 
 

@@ -27,15 +27,18 @@ def register(subparsers: Any) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument(
-        "--threads", metavar="N",
+        "--threads",
+        metavar="N",
         help="onnxruntime intra-op threads, at most the CPUs this process may use (default: all of them)",
-    )  # fmt: skip
+    )
     parser.add_argument("--force", action="store_true", help="measure again even when a valid calibration is cached")
     parser.add_argument(
         "--quick", action="store_true", help="a rough sub-second calibration (tiny shapes; for tests and smoke runs)"
     )
     parser.add_argument(
-        "--json", metavar="F", help="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)"
+        "--json",
+        metavar="F",
+        help="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)",
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary (errors only)")
     parser.set_defaults(func=run)

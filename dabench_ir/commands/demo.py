@@ -24,8 +24,16 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.options import add_flag
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_TARGETS", "HOST_MODEL", "DemoResult", "register", "render_side_by_side", "run",
-           "run_demo"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_TARGETS",
+    "HOST_MODEL",
+    "DemoResult",
+    "register",
+    "render_side_by_side",
+    "run",
+    "run_demo",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +87,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)"
     )
-    add_flag(p, "--target", "-t", dest="targets", default=",".join(DEFAULT_TARGETS), deprecated=("--targets",),
-             help=f"comma list of targets, as profile --target takes (default {','.join(DEFAULT_TARGETS)})")  # fmt: skip
+    add_flag(
+        p,
+        "--target",
+        "-t",
+        dest="targets",
+        default=",".join(DEFAULT_TARGETS),
+        deprecated=("--targets",),
+        help=f"comma list of targets, as profile --target takes (default {','.join(DEFAULT_TARGETS)})",
+    )
     p.add_argument("--model", metavar="MODEL.onnx", help="profile this model on every target instead of the defaults")
     p.add_argument("--no-measure", action="store_true", help="do not run the model in onnxruntime on the cpu target")
     p.add_argument(
-        "--no-validate", action="store_true", help="do not show each target's median error against published measurements"
+        "--no-validate",
+        action="store_true",
+        help="do not show each target's median error against published measurements",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table; print only the index path")
     p.set_defaults(func=run)
@@ -228,15 +245,22 @@ def run_demo(
     if emulated:
         big = Path(model) if model is not None else _export(folder, DEFAULT_MODEL, "gpt2-small.onnx", "none", say)
         outcomes.update(
-            profile_targets(str(big), emulated, ProfileOptions(),
-                            measure_on=lambda name: measure and name == HOST_TARGET, keep_going=True, progress=say)
-        )  # fmt: skip  # costed once, placed on every target
+            profile_targets(
+                str(big),
+                emulated,
+                ProfileOptions(),
+                measure_on=lambda name: measure and name == HOST_TARGET,
+                keep_going=True,
+                progress=say,
+            )
+        )  # costed once, placed on every target
     if host:
         small = _export(folder, HOST_MODEL, "host-model.onnx", "random", say)
         outcomes.update(
-            profile_targets(str(small), host, ProfileOptions(), measure_on=lambda _n: measure, keep_going=True,
-                            progress=say)
-        )  # fmt: skip
+            profile_targets(
+                str(small), host, ProfileOptions(), measure_on=lambda _n: measure, keep_going=True, progress=say
+            )
+        )
     for name in targets:
         stem = name.replace("/", "_").replace(".toml", "")
         (folder / f"{stem}.error.txt").unlink(missing_ok=True)
@@ -318,10 +342,16 @@ def _charts_html(result: DemoResult, stems: list[str], plot_dir: Path) -> str:
         save_figure(fig, plot_dir / f"{base}.png")
         save_figure(fig, plot_dir / f"{base}.svg")
         who = ", ".join(stems[i] for i in rows)
-        note = ("" if n == 0 else '<p class="note">A smaller model than the chart above: its throughput is not '
-                "comparable with theirs.</p>")  # fmt: skip
-        out += (f"<section><h2>Throughput and efficiency: {_e(named)}</h2>{note}"
-                f"{figure_html(fig, f'{named} on {who}; colour: dominant bound class')}</section>")  # fmt: skip
+        note = (
+            ""
+            if n == 0
+            else '<p class="note">A smaller model than the chart above: its throughput is not '
+            "comparable with theirs.</p>"
+        )
+        out += (
+            f"<section><h2>Throughput and efficiency: {_e(named)}</h2>{note}"
+            f"{figure_html(fig, f'{named} on {who}; colour: dominant bound class')}</section>"
+        )
     return out
 
 
@@ -384,7 +414,9 @@ def render_side_by_side(result: DemoResult) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out = [line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in rows[:_FIXED_ROWS]]
@@ -408,8 +440,11 @@ def _side_by_side_html(result: DemoResult) -> str:
     headers, rows = _side_by_side(result)
     why = "".join(f"<li><b>{_e(s)}</b>: {_e(r.why[0]['text'])}</li>" for s, r in result.reports.items() if r.why)
     note = f'<p class="note">validation |error|: {_e(result.validation_note)}</p>' if result.validation_note else ""
-    placed = "".join(f"<li><b>{_e(s)}</b>: {_e(r.extra['demo_note'])}</li>" for s, r in result.reports.items()
-                     if r.extra.get("demo_note"))  # fmt: skip  # a knob the demo applied to make a target fit
+    placed = "".join(
+        f"<li><b>{_e(s)}</b>: {_e(r.extra['demo_note'])}</li>"
+        for s, r in result.reports.items()
+        if r.extra.get("demo_note")
+    )  # a knob the demo applied to make a target fit
     return (
         "<section><h2>Side by side: Level-1 metrics and time by module role</h2>"
         + (f'<h3>Not the defaults</h3><ul class="note">{placed}</ul>' if placed else "")

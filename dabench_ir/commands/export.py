@@ -18,6 +18,7 @@ __all__ = ["register", "run"]
 
 logger = logging.getLogger(__name__)
 
+
 def _byte_size(text: str) -> int:
     """`options.byte_size`, as argparse wants a type's error."""
     from dabench_ir.options import byte_size
@@ -42,8 +43,10 @@ def _format(fmt: str | None, output: str) -> str:
             raise UserError(f"-o {output}: an .mlir file; give --format mlir-torch or --format mlir-linalg")
         return "onnx"
     if suffix in _SUFFIXES.values() and suffix != _SUFFIXES[fmt]:
-        raise UserError(f"-o {output}: --format {fmt} writes a {_SUFFIXES[fmt]} file, not {suffix}; name it "
-                        f"{Path(output).with_suffix(_SUFFIXES[fmt]).name} or change --format")  # fmt: skip
+        raise UserError(
+            f"-o {output}: --format {fmt} writes a {_SUFFIXES[fmt]} file, not {suffix}; name it "
+            f"{Path(output).with_suffix(_SUFFIXES[fmt]).name} or change --format"
+        )
     return fmt
 
 
@@ -96,10 +99,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
     p.add_argument(
-        "--format", choices=tuple(_SUFFIXES),
+        "--format",
+        choices=tuple(_SUFFIXES),
         help="onnx (default; -o NAME.onnx), or MLIR text (-o NAME.mlir): mlir-torch (the torch dialect) or "
         "mlir-linalg (lowered to linalg on tensors)",
-    )  # fmt: skip
+    )
     p.add_argument("--dynamic", action="store_true", help="make batch and seq symbolic dims `batch`, `seq`")
     p.add_argument(
         "--no-stamp",
@@ -121,10 +125,17 @@ def _config(args: argparse.Namespace):
         raise UserError(f"--layers {args.layers:,}: at most {MAX_LAYERS:,} decoder blocks")
 
     given = {
-        "family": args.family, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-        "kv_heads": args.kv_heads, "ffn": args.ffn, "seq": args.seq, "batch": args.batch,
-        "vocab": args.vocab, "dtype": args.dtype,
-    }  # fmt: skip
+        "family": args.family,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "ffn": args.ffn,
+        "seq": args.seq,
+        "batch": args.batch,
+        "vocab": args.vocab,
+        "dtype": args.dtype,
+    }
     if args.phase == "decode":
         if args.context is None:
             raise UserError("--phase decode needs --context N (past tokens in the KV cache)")
@@ -188,7 +199,13 @@ def run(args: argparse.Namespace) -> int:
     )
     nodes = f"{result.nodes} nodes, " if result.nodes else ""
     phase = f"decode {cfg.seq} token(s) on a {cfg.context}-token cache, " if cfg.phase == "decode" else ""
-    preset = "" if not args.preset else f"preset {cfg.preset}, " if cfg.preset == args.preset else f"preset {args.preset} = {cfg.preset}, "
+    preset = (
+        ""
+        if not args.preset
+        else f"preset {cfg.preset}, "
+        if cfg.preset == args.preset
+        else f"preset {args.preset} = {cfg.preset}, "
+    )
     print(
         f"wrote {result.path} ({result.format}, {preset}{cfg.family}, L={cfg.layers} h={cfg.hidden}, {phase}{nodes}"
         f"{cfg.param_count() / 1e6:.1f} M params, weights {result.weights}, "

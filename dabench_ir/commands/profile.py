@@ -21,8 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
     )
     p.add_argument(
-        "model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (exported weight-free once, then cached; "
-        "see `dabench-ir export --list-presets`)"
+        "model",
+        metavar="MODEL",
+        help="an .onnx or .mlir file, or a preset name (exported weight-free once, then cached; "
+        "see `dabench-ir export --list-presets`)",
     )
     p.add_argument("--target", "-t", help="cpu|wse|rdu|ipu|a100|h100|h200, a target name, or a path to a target .toml")
     p.add_argument("--cross-check", action="store_true", help="compare ONNX-rule and linalg counts per node")
@@ -31,28 +33,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--top", type=int, default=20, help="rows in the node table (0: all)")
     o.add_argument("--sort", choices=["time", "flops", "energy"], help="rank rows by (default: time when timed)")
     o.add_argument(
-        "--by", choices=["role", "node"], default="role",
+        "--by",
+        choices=["role", "node"],
+        default="role",
         help="group the table by module role across layers (default), or show single nodes",
-    )  # fmt: skip
+    )
     o.add_argument(
-        "--json", metavar="F",
+        "--json",
+        metavar="F",
         help="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
         "targets: F is the comparison and F-TARGET.json each report, or a folder DIR/ gets DIR/TARGET.json "
         "and DIR/compare.json (the same for --csv, --html)",
-    )  # fmt: skip
-    o.add_argument("--csv", metavar="F", help="write one row per node and per overhead, with model and target columns "
-                   "(and F's .roles.csv: one row per module role)")  # fmt: skip
+    )
+    o.add_argument(
+        "--csv",
+        metavar="F",
+        help="write one row per node and per overhead, with model and target columns "
+        "(and F's .roles.csv: one row per module role)",
+    )
     o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    o.add_argument("--trace", metavar="F", help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
-                   "a process per target")
+    o.add_argument(
+        "--trace",
+        metavar="F",
+        help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
+        "a process per target",
+    )
     o.add_argument(
         "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
     )
     o.add_argument(
-        "--annotate", metavar="F",
+        "--annotate",
+        metavar="F",
         help="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
         "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
-    )  # fmt: skip
+    )
     o.add_argument("--no-color", action="store_true")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress, no tables (cross-check included)")
     o.add_argument(
@@ -137,8 +151,11 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
 
         written.append(str(write_targets_trace(reports, _trace_path(args.trace))))
     for name, report in reports.items():
-        per = {flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
-               for flag in ("json", "csv", "html", "annotate") if getattr(args, flag)}  # fmt: skip
+        per = {
+            flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
+            for flag in ("json", "csv", "html", "annotate")
+            if getattr(args, flag)
+        }
         if args.plots:
             per["plots"] = args.plots
             per["stem"] = _plot_stem(args.model, name)
@@ -199,13 +216,17 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         if not args.quiet:
             print(render_cross_check(check))
     written = _write_report(
-        report, args, json=args.json, csv=args.csv, html=args.html, trace=args.trace, plots=args.plots,
+        report,
+        args,
+        json=args.json,
+        csv=args.csv,
+        html=args.html,
+        trace=args.trace,
+        plots=args.plots,
         annotate=args.annotate,
-    )  # fmt: skip
+    )
     if not args.quiet:
-        print(
-            render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by)
-        )
+        print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by))
         for path in written:
             print(f"wrote {path}")
     uncounted = report.unattributed + list(report.extra.get("estimated") or [])  # estimated: no rule
@@ -237,7 +258,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
     creates = [(args.plots, "--plots")] if args.plots is not None else []
-    folders = [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")]
+    folders = [
+        (getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")
+    ]
     creates += [(path, flag) for path, flag in folders if _is_folder(path)]
     plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
 
@@ -264,8 +287,12 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
         from dabench_ir.report.plots import PLOT_FORMATS, PLOT_NAMES, plot_path
 
         stems = [_plot_stem(args.model, n) for n in names] if names else [Path(args.model).stem]
-        out += [(plot_path(args.plots, stem, name, fmt), "--plots")
-                for stem in stems for name in PLOT_NAMES for fmt in PLOT_FORMATS]  # fmt: skip
+        out += [
+            (plot_path(args.plots, stem, name, fmt), "--plots")
+            for stem in stems
+            for name in PLOT_NAMES
+            for fmt in PLOT_FORMATS
+        ]
     return out
 
 
@@ -282,8 +309,9 @@ def _plot_stem(model: str, target: str) -> str:
 def _check_request(args: argparse.Namespace, opts: ScaleOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
     if opts.chips == 1:  # one chip: nothing for a strategy to split (scale compares chip counts)
-        flag = next((KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None),
-                    None)  # fmt: skip
+        flag = next(
+            (KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None), None
+        )
         if flag:
             raise UserError(f"{flag} applies to a run over several chips; add --chips N (or see `dabench-ir scale`)")
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
@@ -325,7 +353,9 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
     if paths.get("plots"):
         from dabench_ir.report.plots import write_plots
 
-        written.extend(str(p) for p in write_plots(report, paths["plots"], stem=str(paths.get("stem") or Path(args.model).stem)))
+        written.extend(
+            str(p) for p in write_plots(report, paths["plots"], stem=str(paths.get("stem") or Path(args.model).stem))
+        )
     if paths.get("annotate"):
         from dabench_ir.annotate import annotate_report
 

@@ -21,13 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
         help="run a published study's experiments and check its findings one by one (paper vs tool)",
-        description=_wrap("Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
-        "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
-        "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
-        "and the study's plots. Findings not reproduced are results: the exit code is 0 when the run completes. "
-        "docs/reproduce.md describes the study format."),
+        description=_wrap(
+            "Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
+            "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
+            "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
+            "and the study's plots. Findings not reproduced are results: the exit code is 0 when the run completes. "
+            "docs/reproduce.md describes the study format."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study .toml file or a bundled study name (dabench)")
     p.add_argument("-o", "--output", metavar="OUT", help="output folder (default: out/reproduce-NAME)")
     p.add_argument("--list", action="store_true", help="list the bundled studies and exit")
@@ -69,12 +71,16 @@ def _dry_run(study: object) -> int:
         used = sum(1 for f in study.findings if f.experiment == name)
         print(f"  {name:{width}s} {len(spec.points):5d} points  {used:2d} findings  {spec.description}".rstrip())
     total = sum(len(s.points) for s in study.experiments.values())
-    print(f"{len(study.points())} distinct points ({total} over the experiments), {len(study.findings)} findings, "
-          f"{len(study.plots)} plots")  # fmt: skip
+    print(
+        f"{len(study.points())} distinct points ({total} over the experiments), {len(study.findings)} findings, "
+        f"{len(study.plots)} plots"
+    )
     tested = [f for f in study.findings if f.counterfactual is not None]
     reads = sum(len(needed_points(f, study.experiments[f.experiment])) for f in tested)
-    print(f"counterfactuals: {len(tested)} of {len(study.findings)} findings name one ({reads} points read, some shared "
-          "with the study's); the rest are not a test")  # fmt: skip
+    print(
+        f"counterfactuals: {len(tested)} of {len(study.findings)} findings name one ({reads} points read, some shared "
+        "with the study's); the rest are not a test"
+    )
     return 0
 
 
@@ -120,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             f"{sweep.seconds:.1f}s; findings: {os.path.join(out, 'findings.md')}"
         )
         if cf is not None:
-            print(f"counterfactuals: {cf.total} points: {cf.skipped} done before, {cf.ran} run now ({cf.failed} "
-                  f"failed); {cf.seconds:.1f}s")  # fmt: skip
+            print(
+                f"counterfactuals: {cf.total} points: {cf.skipped} done before, {cf.ran} run now ({cf.failed} "
+                f"failed); {cf.seconds:.1f}s"
+            )
     return lost_points(sum(s.lost for s in (sweep, cf) if s is not None))

@@ -28,9 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
     p.add_argument(
-        "--plots", metavar="DIR",
+        "--plots",
+        metavar="DIR",
         help="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
-    )  # fmt: skip
+    )
     add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
@@ -133,8 +134,10 @@ def render_scale(result) -> str:
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append("  mem/device: what the most loaded device holds; J/sample: every device's energy and the links', "
-                 "over the step's samples")  # fmt: skip
+    lines.append(
+        "  mem/device: what the most loaded device holds; J/sample: every device's energy and the links', "
+        "over the step's samples"
+    )
     crossing = [p.chips for p in result.points if p.nodes > 1]
     if crossing and per_node:
         lines.append(

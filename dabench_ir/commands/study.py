@@ -49,16 +49,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         "time before and after, bound changes, nodes added or removed).",
     )
     p.add_argument("model", nargs="?", help="an .onnx model, or a preset name (as profile takes)")
-    p.add_argument("--pipeline", action="append", metavar="NAME", help="pipeline(s), repeatable or comma-separated; "
-                   "see --list-pipelines")  # fmt: skip
+    p.add_argument(
+        "--pipeline",
+        action="append",
+        metavar="NAME",
+        help="pipeline(s), repeatable or comma-separated; see --list-pipelines",
+    )
     p.add_argument("--target", "-t", action="append", metavar="T", help="target(s), repeatable or comma-separated")
     p.add_argument("--list-pipelines", action="store_true", help="list the registered pipelines and exit")
-    add_flag(p, "-o", "--output", dest="out_dir", metavar="DIR", deprecated=("--out-dir",),
-             help="keep every optimised model and report JSON here")  # fmt: skip
-    p.add_argument("--via", dest="study_via", choices=("onnx", "mlir"), default="onnx", help="mlir: run the MLIR pipelines on the "
-                   "model's linalg module, each diffed against it as lowered (docs/mlir.md)")  # fmt: skip
-    p.add_argument("--mlir-pipeline", metavar="PASSES", help="upstream MLIR passes, comma-separated "
-                   "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir")  # fmt: skip
+    add_flag(
+        p,
+        "-o",
+        "--output",
+        dest="out_dir",
+        metavar="DIR",
+        deprecated=("--out-dir",),
+        help="keep every optimised model and report JSON here",
+    )
+    p.add_argument(
+        "--via",
+        dest="study_via",
+        choices=("onnx", "mlir"),
+        default="onnx",
+        help="mlir: run the MLIR pipelines on the "
+        "model's linalg module, each diffed against it as lowered (docs/mlir.md)",
+    )
+    p.add_argument(
+        "--mlir-pipeline",
+        metavar="PASSES",
+        help="upstream MLIR passes, comma-separated "
+        "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir",
+    )
     add_output_arguments(p)
     # run, target and scale knobs: the baseline is placed with them, a pipeline's own overrides win
     add_knob_arguments(p, STUDY)
@@ -94,7 +115,9 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
 def _check_paths(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
 
-    inputs = [p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p]
+    inputs = [
+        p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p
+    ]
     if getattr(args, "model", None) and not os.path.lexists(args.model):
         from dabench_ir.models.presets import names_preset
 
@@ -141,8 +164,15 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.mlir import MlirPassError
 
     try:
-        doc = run_study(model, pipelines, _unique_targets(_split(args.target)), opts, out_dir=args.out_dir, progress=progress,
-                        via=args.study_via)  # fmt: skip
+        doc = run_study(
+            model,
+            pipelines,
+            _unique_targets(_split(args.target)),
+            opts,
+            out_dir=args.out_dir,
+            progress=progress,
+            via=args.study_via,
+        )
     except MlirPassError as exc:  # the passes before the failing one keep their results: show them
         progress.done()
         if not args.quiet:

@@ -38,9 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a grid of models x targets x options and tabulate it",
-        description=_wrap("Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
-        "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
-        "A rerun skips points already done."),
+        description=_wrap(
+            "Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
+            "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
+            "A rerun skips points already done."
+        ),
         epilog=_bundled_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -62,8 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-CACHE_DIR_HELP = ("where exported 1-layer base models are cached (default: models/ in $DABENCH_IR_CACHE or "
-                  "~/.cache/dabench-ir, shared by sweep, reproduce and validate)")  # fmt: skip
+CACHE_DIR_HELP = (
+    "where exported 1-layer base models are cached (default: models/ in $DABENCH_IR_CACHE or "
+    "~/.cache/dabench-ir, shared by sweep, reproduce and validate)"
+)
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:

@@ -81,8 +81,12 @@ def target_dict(target: Target) -> dict:
         "unit_name": target.unit_name,
         "peak_flops": {k: q.value for k, q in target.peaks.items()},
         "memories": [
-            {"name": m.name, "level": m.level, "capacity_bytes": m.capacity_bytes,
-             "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s}
+            {
+                "name": m.name,
+                "level": m.level,
+                "capacity_bytes": m.capacity_bytes,
+                "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s,
+            }
             for m in target.memories
         ],
         "watts": target.watts,
@@ -90,9 +94,16 @@ def target_dict(target: Target) -> dict:
         "node_nm": target.node_nm,
         "strategies": list(target.strategies),
         "origin": target.origin,
-        "figures": {name: {"value": q.value, "source": q.source, "estimate": q.estimate, "basis": basis(q),
-                           "fitted_to": list(q.fitted_to)}
-                    for name, q in target.quantities()},
+        "figures": {
+            name: {
+                "value": q.value,
+                "source": q.source,
+                "estimate": q.estimate,
+                "basis": basis(q),
+                "fitted_to": list(q.fitted_to),
+            }
+            for name, q in target.quantities()
+        },
     }
 
 
@@ -144,8 +155,10 @@ def render_parameters(target: Target) -> str:
     for n, v, b, src in rows:
         lines.append(f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}")
         if n in points:
-            lines.append(f"  {'':{width[0]}}  {'':{width[1]}}  {'':{width[2]}}  fitted to {len(points[n])} point(s): "
-                         + ", ".join(points[n]))  # fmt: skip
+            lines.append(
+                f"  {'':{width[0]}}  {'':{width[1]}}  {'':{width[2]}}  fitted to {len(points[n])} point(s): "
+                + ", ".join(points[n])
+            )
     return "\n".join(lines)
 
 
@@ -174,8 +187,14 @@ def run(args: argparse.Namespace) -> int:
             from dabench_ir.energy import normalize
 
             for row in doc.get("catalog") or doc["efficiency"]:
-                row["normalized"] = normalize(row.get("gops"), row.get("gops_per_w"), row["node_nm"], args.normalize_to,
-                                              gops_per_mm2=row.get("gops_per_mm2"), rule=args.scaling)  # fmt: skip
+                row["normalized"] = normalize(
+                    row.get("gops"),
+                    row.get("gops_per_w"),
+                    row["node_nm"],
+                    args.normalize_to,
+                    gops_per_mm2=row.get("gops_per_mm2"),
+                    rule=args.scaling,
+                )
             doc["normalized_to_nm"], doc["scaling"] = args.normalize_to, args.scaling
         _write_json(doc, args.json)
         return 0
@@ -227,18 +246,29 @@ def render_efficiency(rows: list[dict], to_nm: float | None, rule: str, *, title
     fmt = lambda x: "-" if x is None else f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"  # noqa: E731
     for r in rows:
         mark = " (unverified)" if not r.get("verified", True) else " *" if r.get("estimate") else ""
-        line = [r["name"] + mark, r["platform"], f"{r['node_nm']:g}",
-                fmt(r.get("gops")), fmt(r.get("gops_per_w")), fmt(r.get("gops_per_mm2"))]
+        line = [
+            r["name"] + mark,
+            r["platform"],
+            f"{r['node_nm']:g}",
+            fmt(r.get("gops")),
+            fmt(r.get("gops_per_w")),
+            fmt(r.get("gops_per_mm2")),
+        ]
         if to_nm is not None:
-            n = normalize(r.get("gops"), r.get("gops_per_w"), r["node_nm"], to_nm,
-                          gops_per_mm2=r.get("gops_per_mm2"), rule=rule)
+            n = normalize(
+                r.get("gops"), r.get("gops_per_w"), r["node_nm"], to_nm, gops_per_mm2=r.get("gops_per_mm2"), rule=rule
+            )
             line += [fmt(n["gops"]), fmt(n["gops_per_w"]), fmt(n["gops_per_mm2"])]
         body.append(line)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     out = [f"{title}" + (f", normalised to {to_nm:g} nm ({rule} scaling, docs/energy.md)" if to_nm else "")]
-    out.append("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))))
+    out.append(
+        "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True)))
+    )
     for b in body:
-        out.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths, strict=True))))
+        out.append(
+            "  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(b, widths, strict=True)))
+        )
     if any(r.get("estimate") for r in rows):
         out.append("* power or process node is an estimate (see the target file)")
     return "\n".join(out)

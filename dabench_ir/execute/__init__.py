@@ -122,14 +122,18 @@ def measure_provider(target_kind: str | None, target_name: str = "") -> str:
         return "cpu"
     name = target_name or str(target_kind)
     if target_kind != "gpu":
-        raise UserError(f"--measure runs the model in onnxruntime on this host's CPU or an NVIDIA GPU, so it cannot "
-                        f"measure --target {name} ({target_kind}); drop --measure to emulate {name}")  # fmt: skip
+        raise UserError(
+            f"--measure runs the model in onnxruntime on this host's CPU or an NVIDIA GPU, so it cannot "
+            f"measure --target {name} ({target_kind}); drop --measure to emulate {name}"
+        )
     try:
         resolve_provider("cuda")
     except UserError as exc:
-        raise UserError(f"--measure --target {name} runs onnxruntime's CUDA execution provider: {exc}; install "
-                        f"onnxruntime-gpu on a machine with an NVIDIA GPU, drop --measure to emulate {name}, or use "
-                        "--target cpu to measure this host") from None
+        raise UserError(
+            f"--measure --target {name} runs onnxruntime's CUDA execution provider: {exc}; install "
+            f"onnxruntime-gpu on a machine with an NVIDIA GPU, drop --measure to emulate {name}, or use "
+            "--target cpu to measure this host"
+        ) from None
     return "cuda"
 
 
@@ -355,5 +359,3 @@ def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[s
             bound = classify_bound(cost.flops, cost.bytes, model.ridge, work_s=work_s, overhead_s=model.overhead_s)
         out[node.name] = NodeRate(cost.flops / t, cost.bytes / t, bound)
     return out
-
-

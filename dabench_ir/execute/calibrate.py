@@ -133,8 +133,6 @@ def _llc_bytes() -> int:
     return best
 
 
-
-
 def machine_key(threads: int | None = None) -> dict[str, Any]:
     """What a calibration is valid for: CPU model and count, onnxruntime version, threads."""
     import onnxruntime as ort
@@ -507,12 +505,16 @@ def _cache_level(raw: Mapping[str, Any], src: str, rec: Any) -> list[dict[str, A
     if not llc or not warm:
         return []
     rate = max(r["bytes"] / (r["time_s"] - overhead) for r in warm)
-    return [{
-        "name": "llc",
-        "level": "on-chip",
-        "bandwidth_bytes_per_s": rec(rate, f"{src} (fastest cache-warm elementwise op through onnxruntime, per-op overhead removed)"),
-        "capacity_bytes": rec(llc, "last-level cache size (sysfs)"),
-    }]  # fmt: skip
+    return [
+        {
+            "name": "llc",
+            "level": "on-chip",
+            "bandwidth_bytes_per_s": rec(
+                rate, f"{src} (fastest cache-warm elementwise op through onnxruntime, per-op overhead removed)"
+            ),
+            "capacity_bytes": rec(llc, "last-level cache size (sysfs)"),
+        }
+    ]
 
 
 def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> dict[str, Any]:

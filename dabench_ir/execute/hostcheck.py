@@ -24,9 +24,16 @@ from typing import Any
 __all__ = ["HOST_KEYS", "HostResult", "check_host", "host_label", "run_host"]
 
 HOST_KEYS: dict[str, type | tuple[type, ...]] = {
-    "builder": str, "family": str, "layers": int, "hidden": int, "heads": int, "kv_heads": int, "seq": int,
-    "attention": str, "ort_opt": bool,
-}  # fmt: skip
+    "builder": str,
+    "family": str,
+    "layers": int,
+    "hidden": int,
+    "heads": int,
+    "kv_heads": int,
+    "seq": int,
+    "attention": str,
+    "ort_opt": bool,
+}
 _REQUIRED = ("family", "layers", "hidden", "heads", "seq")
 _CHOICES = {"builder": ("hf", "own"), "family": ("llama", "gpt2"), "attention": ("eager", "sdpa")}
 
@@ -90,15 +97,28 @@ def _export(host: Mapping[str, Any]) -> Path:
     if host.get("builder", "hf") == "hf":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
 
-        cfg = HostModel(family=host["family"], layers=host["layers"], hidden=host["hidden"], heads=heads,
-                        kv_heads=kv, seq=host["seq"], attention=host.get("attention", "eager"))  # fmt: skip
+        cfg = HostModel(
+            family=host["family"],
+            layers=host["layers"],
+            hidden=host["hidden"],
+            heads=heads,
+            kv_heads=kv,
+            seq=host["seq"],
+            attention=host.get("attention", "eager"),
+        )
         proto = export_host_model(cfg)
     else:
         from dabench_ir.models import ModelConfig
         from dabench_ir.models.export import export_onnx
 
-        cfg = ModelConfig(family=host["family"], layers=host["layers"], hidden=host["hidden"], heads=heads,
-                          kv_heads=kv, seq=host["seq"])  # fmt: skip
+        cfg = ModelConfig(
+            family=host["family"],
+            layers=host["layers"],
+            hidden=host["hidden"],
+            heads=heads,
+            kv_heads=kv,
+            seq=host["seq"],
+        )
         proto = export_onnx(cfg, weights="random")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")
@@ -107,8 +127,9 @@ def _export(host: Mapping[str, Any]) -> Path:
     return path
 
 
-def run_host(host: Mapping[str, Any], *, threads: int | None = None, say: Callable[[str], None] | None = None
-             ) -> HostResult:  # fmt: skip
+def run_host(
+    host: Mapping[str, Any], *, threads: int | None = None, say: Callable[[str], None] | None = None
+) -> HostResult:
     """Export one host point and profile it as ``profile MODEL --target cpu --measure --warmup 3 --repeat
     auto`` does (`dabench_ir.run.execute`: the node benchmarks, the measurement, the prediction, its error)."""
     from dabench_ir.pipeline import run_profile

@@ -191,8 +191,11 @@ def ensure_node_table(
         per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
         try:
             speed = probe.time()
-            samples[sig] = ([_time_node(*hot, threads=threads, max_s=per_s)],
-                            [_time_node(*cold, threads=threads, max_s=per_s)], [speed])  # fmt: skip
+            samples[sig] = (
+                [_time_node(*hot, threads=threads, max_s=per_s)],
+                [_time_node(*cold, threads=threads, max_s=per_s)],
+                [speed],
+            )
         except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
             result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
             continue
@@ -225,8 +228,11 @@ def ensure_node_table(
     result.seconds = time.perf_counter() - start
     logger.info(
         "node benchmarks: %d measured, %d cached, %d left to the class model (%.1f s)",
-        len(result.measured), result.cached, len(result.skipped), result.seconds,
-    )  # fmt: skip
+        len(result.measured),
+        result.cached,
+        len(result.skipped),
+        result.seconds,
+    )
     return result
 
 
@@ -480,14 +486,16 @@ def combine_passes(
     for recs in ([hots[i] for i in keep], [colds[i] for i in keep]):
         times = [float(r["time_s"]) for r in recs]
         med = statistics.median(times)
-        picked.append({
-            "time_s": med,
-            "spread": statistics.median(float(r.get("spread", 0.0)) for r in recs),
-            "runs": sum(int(r.get("runs", 0)) for r in recs),
-            "attempts": len(recs),
-            "busy": len(hots) - len(recs),
-            "drift": (max(times) - min(times)) / med if med > 0 else 0.0,
-        })  # fmt: skip
+        picked.append(
+            {
+                "time_s": med,
+                "spread": statistics.median(float(r.get("spread", 0.0)) for r in recs),
+                "runs": sum(int(r.get("runs", 0)) for r in recs),
+                "attempts": len(recs),
+                "busy": len(hots) - len(recs),
+                "drift": (max(times) - min(times)) / med if med > 0 else 0.0,
+            }
+        )
     return picked[0], picked[1]
 
 
@@ -505,10 +513,12 @@ class SpeedProbe:
         rng = np.random.default_rng(0)
         weight = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
         graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])], "probe",
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "probe",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, (128, 256))],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, (128, 512))], [weight],
-        )  # fmt: skip
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, (128, 512))],
+            [weight],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
         model.ir_version = 8
         so = ort.SessionOptions()

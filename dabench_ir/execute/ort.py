@@ -151,8 +151,10 @@ def run_profiled(
         except Exception as exc:  # onnxruntime raises its own exception types
             raise UserError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
         if providers[0] not in session.get_providers():  # onnxruntime falls back to the CPU without a device
-            raise UserError(f"onnxruntime could not start {providers[0]} (no usable device here); "
-                            "refusing to measure on the CPU instead")  # fmt: skip
+            raise UserError(
+                f"onnxruntime could not start {providers[0]} (no usable device here); "
+                "refusing to measure on the CPU instead"
+            )
         try:
             for _ in range(warmup):
                 session.run(None, feeds)
@@ -221,8 +223,14 @@ def _external(model: onnx.ModelProto, folder: str) -> str:
     import onnx
 
     path = os.path.join(folder, "model.onnx")
-    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.data",
-                    size_threshold=1024)  # fmt: skip
+    onnx.save_model(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.data",
+        size_threshold=1024,
+    )
     return path
 
 
@@ -235,10 +243,13 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
     if not kept:
         raise UserError("the onnxruntime profile holds no measured run (is repeat >= 1?)")
     if any(e.get("cat") == "Node" and _on_device(e) for e in events) and not any(
-            e.get("cat") == KERNEL_CAT for e in events):
-        raise UserError("this onnxruntime build records no CUDA kernel events, so node times on the GPU are unknown "
-                        "(a Node event's dur is the host's launch); use an onnxruntime built with "
-                        "--enable_cuda_profiling, CUPTI on the library path")  # fmt: skip
+        e.get("cat") == KERNEL_CAT for e in events
+    ):
+        raise UserError(
+            "this onnxruntime build records no CUDA kernel events, so node times on the GPU are unknown "
+            "(a Node event's dur is the host's launch); use an onnxruntime built with "
+            "--enable_cuda_profiling, CUPTI on the library path"
+        )
     windows = [(r["ts"], r["ts"] + r["dur"]) for r in kept]
     per_run: list[dict[str, float]] = [{} for _ in kept]
     op_types: dict[str, str] = {}
@@ -279,8 +290,12 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
     labels = sorted({label for run in stray for label in run})
     unmatched_kernels = {label: statistics.median(run.get(label, 0.0) for run in stray) for label in labels}
     run_times = [r["dur"] * 1e-6 for r in kept]
-    overhead = max(0.0, statistics.median(t - sum(run.values()) - sum(extra.values())
-                                          for t, run, extra in zip(run_times, per_run, stray, strict=True)))  # fmt: skip
+    overhead = max(
+        0.0,
+        statistics.median(
+            t - sum(run.values()) - sum(extra.values()) for t, run, extra in zip(run_times, per_run, stray, strict=True)
+        ),
+    )
     spread = {name: rel_spread([run.get(name, 0.0) for run in per_run]) for name in order}
     return OrtProfile(
         node_spread=spread,
@@ -325,8 +340,12 @@ def _with_parents(events: Sequence[dict]) -> list[tuple[dict, dict | None]]:
             out.append((event, None))
         elif cat == KERNEL_CAT:
             count += 1
-            fits = parent is not None and 0 < event.get("ts", 0) - parent["ts"] <= count and str(
-                event.get("args", {}).get("op_name", "")) in ("", str(parent.get("args", {}).get("op_name", "")))
+            fits = (
+                parent is not None
+                and 0 < event.get("ts", 0) - parent["ts"] <= count
+                and str(event.get("args", {}).get("op_name", ""))
+                in ("", str(parent.get("args", {}).get("op_name", "")))
+            )
             out.append((event, parent if fits else None))
     return out
 

@@ -33,7 +33,15 @@ from dabench_ir.errors import InputError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["GRAPH_ATTRS", "MAX_METADATA_CHARS", "MAX_RANK", "check_onnx_model", "infer_checked", "safe_name_list", "safe_name_scopes"]
+__all__ = [
+    "GRAPH_ATTRS",
+    "MAX_METADATA_CHARS",
+    "MAX_RANK",
+    "check_onnx_model",
+    "infer_checked",
+    "safe_name_list",
+    "safe_name_scopes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -221,13 +229,20 @@ def _subgraphs(attributes: list[Any]) -> list[onnx.GraphProto]:
     return found
 
 
-def _check_wiring(graph: onnx.GraphProto, outer: frozenset[str], opsets: dict[str, int], where: str,
-                  nodes: list[NodeRead] | None = None) -> None:  # fmt: skip
+def _check_wiring(
+    graph: onnx.GraphProto,
+    outer: frozenset[str],
+    opsets: dict[str, int],
+    where: str,
+    nodes: list[NodeRead] | None = None,
+) -> None:
     """Every tensor defined once, every node input defined (here or in an enclosing graph),
     and each standard op's input and output counts within its schema; subgraphs recursively.
     ``nodes``: the graph's `read_nodes`, when the caller has them."""
     nodes = read_nodes(graph) if nodes is None else nodes
-    defined: dict[str, str | int] = {}  # what defines each name: a label, or the index of the node (labelled on error only)
+    defined: dict[
+        str, str | int
+    ] = {}  # what defines each name: a label, or the index of the node (labelled on error only)
 
     def label(by: str | int) -> str:
         return by if isinstance(by, str) else _node_label(nodes[by][0])
@@ -297,14 +312,15 @@ def _check_arity(node: onnx.NodeProto, op_type: str, inputs: list[str], outputs:
         ins -= 1  # trailing optional inputs left out
     if min_input <= ins <= max_input and min_output <= outputs <= max_output:
         return
-    for what, n, low, high in (("input", ins, min_input, max_input),
-                               ("output", outputs, min_output, max_output)):  # fmt: skip
+    for what, n, low, high in (("input", ins, min_input, max_input), ("output", outputs, min_output, max_output)):
         if not low <= n <= high:
             want = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
             raise InputError(f"{where}{_node_label(node)} has {n} {what}(s); {op_type} takes {want}; fix the model")
 
 
-def infer_checked(model: onnx.ModelProto, path: Path | None = None, *, declared_static: bool = False) -> onnx.ModelProto:
+def infer_checked(
+    model: onnx.ModelProto, path: Path | None = None, *, declared_static: bool = False
+) -> onnx.ModelProto:
     """ONNX shape inference, strict first: an op whose input shapes its own rule refuses
     (``MatMul`` of ``[4,7]`` and ``[64,64]``) is an InputError naming it; any other failure
     of strict inference falls back to best effort (as before).
@@ -325,7 +341,9 @@ def infer_checked(model: onnx.ModelProto, path: Path | None = None, *, declared_
         return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as exc:
         text = " ".join(str(exc).split())
-        if "[ShapeInferenceError]" in text and ("Incompatible dimensions" in text or "dimension mismatch" in text.lower()):
+        if "[ShapeInferenceError]" in text and (
+            "Incompatible dimensions" in text or "dimension mismatch" in text.lower()
+        ):
             detail = text.split("Inference error(s): ", 1)[-1][:300]
             raise InputError(f"{where}the model's shapes do not fit its ops: {detail}; fix the model") from None
     return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
@@ -347,14 +365,18 @@ def check_onnx_model(model: onnx.ModelProto, path: Path | None = None, *, nodes:
     if unsized:
         first, label = next(iter(unsized.items()))
         logger.warning(
-            "%s%d tensor(s) have an element type with no whole-byte size (first: %r, %s); "
-            "their bytes are not counted", where, len(unsized), first, label
+            "%s%d tensor(s) have an element type with no whole-byte size (first: %r, %s); their bytes are not counted",
+            where,
+            len(unsized),
+            first,
+            label,
         )
     return not nested and all(out in static for read in top for out in read[4] if out)
 
 
-def _check_graph(g: onnx.GraphProto, nodes: list[NodeRead], where: str, unsized: dict[str, str],
-                 passed: dict[bytes, bool]) -> tuple[set[str], bool]:  # fmt: skip
+def _check_graph(
+    g: onnx.GraphProto, nodes: list[NodeRead], where: str, unsized: dict[str, str], passed: dict[bytes, bool]
+) -> tuple[set[str], bool]:
     """One graph's types, external data and cycles, then its subgraphs' (depth first, in node and
     attribute order); ``g``'s declared tensors whose every dim is a size, and whether any graph walked
     has a graph-valued attribute."""
@@ -364,16 +386,14 @@ def _check_graph(g: onnx.GraphProto, nodes: list[NodeRead], where: str, unsized:
         _check_type(init.name, init.data_type, list(init.dims), where, unsized)
         if init.data_location == onnx.TensorProto.EXTERNAL:
             _check_external(init, where)
-    declared = {vi.name for vi in (*g.input, *g.output, *g.value_info)
-                if _check_value_info(vi, where, unsized, passed)}  # fmt: skip
+    declared = {vi.name for vi in (*g.input, *g.output, *g.value_info) if _check_value_info(vi, where, unsized, passed)}
     nested = False
     subgraphs: list[onnx.GraphProto] = []
     for node, op_type, _, _, _, attributes in nodes:
         for attr in attributes:
             nested = nested or attr.type in GRAPH_ATTRS
             if attr.HasField("t"):
-                _check_type(f"{node.name or op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims), where,
-                            unsized)  # fmt: skip
+                _check_type(f"{node.name or op_type}.{attr.name}", attr.t.data_type, list(attr.t.dims), where, unsized)
         if attributes:
             subgraphs += _subgraphs(attributes)
     _check_acyclic(g, nodes, where)

@@ -146,8 +146,6 @@ def dequantize(node, ins):
     return [(ins[0][0], ins[1][1])]
 
 
-
-
 def has_contrib_ops(model: onnx.ModelProto) -> bool:
     """Whether any node is a com.microsoft op (or an onnx-domain op ONNX has no schema for here)."""
     return any(n.domain == "com.microsoft" or n.op_type == "SimplifiedLayerNormalization" for n in model.graph.node)

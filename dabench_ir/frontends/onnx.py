@@ -34,8 +34,17 @@ from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_WEIGHTS
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["SEQ_SYMBOLS", "SHAPE_MODEL", "WEIGHTS_METADATA_KEY", "derived_dims", "load_onnx", "onnx_node_names",
-           "read_model", "seq_symbols", "unbound_inputs"]  # fmt: skip
+__all__ = [
+    "SEQ_SYMBOLS",
+    "SHAPE_MODEL",
+    "WEIGHTS_METADATA_KEY",
+    "derived_dims",
+    "load_onnx",
+    "onnx_node_names",
+    "read_model",
+    "seq_symbols",
+    "unbound_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +59,18 @@ SHAPE_MODEL = "onnx.shape_model"
 has symbols its inputs do not name (exporters' ``sequence_length + 1``, shape inference's
 ``unk__13``), so `derived_dims` can infer them again once the input symbols are bound."""
 
-SEQ_SYMBOLS = frozenset({"seq", "seq_len", "seq_length", "sequence", "sequence_length", "sequence_len",
-                         "total_sequence_length", "total_seq_len"})  # fmt: skip
+SEQ_SYMBOLS = frozenset(
+    {
+        "seq",
+        "seq_len",
+        "seq_length",
+        "sequence",
+        "sequence_length",
+        "sequence_len",
+        "total_sequence_length",
+        "total_seq_len",
+    }
+)
 """The names exporters give a symbolic sequence length (ours: ``seq``; Hugging Face's and
 onnxruntime's: ``sequence_length``, ``total_sequence_length``): what ``--seq`` binds."""
 
@@ -238,8 +257,12 @@ def load_onnx(
     initializers = {init.name: init for init in g.initializer}
     for name, init in initializers.items():
         kind = _initializer_kind(init, declared_weights, declared_constants)
-        values[name] = Value(name, TensorType(tuple(init.dims), DType.from_onnx(init.data_type)), kind,
-                             scalar=_scalar(init) if kind is ValueKind.CONSTANT else None)  # fmt: skip
+        values[name] = Value(
+            name,
+            TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
+            kind,
+            scalar=_scalar(init) if kind is ValueKind.CONSTANT else None,
+        )
     graph_inputs: list[str] = []
     for vi in g.input:
         name = vi.name
@@ -353,8 +376,10 @@ def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
     except Exception as exc:  # best effort, as at load: what stays unbound is named by the cost pass
         logger.warning("ONNX shape inference with the bound dims failed: %s", _first_line(exc))
         return {}
-    concrete = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-                for vi in (*model.graph.value_info, *model.graph.output)}  # fmt: skip
+    concrete = {
+        vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        for vi in (*model.graph.value_info, *model.graph.output)
+    }
     concrete.update({init.name: list(init.dims) for init in model.graph.initializer})
     found: dict[str, set[int]] = {}
     for name, dims in concrete.items():
@@ -387,8 +412,11 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     known = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if not _data_dropped(i)}
     for _ in range(_FOLD_ROUNDS):
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-        shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-                  for vi in (*model.graph.input, *model.graph.value_info) if vi.type.tensor_type.HasField("shape")}  # fmt: skip
+        shapes = {
+            vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+            for vi in (*model.graph.input, *model.graph.value_info)
+            if vi.type.tensor_type.HasField("shape")
+        }
         shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
         kept, folded = [], []
         for node in model.graph.node:
@@ -399,9 +427,12 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                     outputs = [np.array(int(np.prod(dims)), dtype=np.int64)]
                 else:
                     attrs = {a.name: a.i for a in node.attribute}
-                    outputs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)]
-            elif (node.domain in ("", "ai.onnx") and not any(a.type in GRAPH_ATTRS for a in node.attribute)
-                  and all(not i or i in known for i in node.input)):  # fmt: skip
+                    outputs = [np.array(dims[attrs.get("start", 0) : attrs.get("end", len(dims))], dtype=np.int64)]
+            elif (
+                node.domain in ("", "ai.onnx")
+                and not any(a.type in GRAPH_ATTRS for a in node.attribute)
+                and all(not i or i in known for i in node.input)
+            ):
                 try:
                     run = ReferenceEvaluator(node, opsets={"": opset.get("", 18)})
                     outputs = run.run(None, {i: known[i] for i in node.input if i})

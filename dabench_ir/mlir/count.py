@@ -375,16 +375,20 @@ def _loops_of(key: tuple[Any, Any]) -> tuple[list[list[tuple[int, int]]], int, b
 
     maps, iterators = key
     dims = [
-        [(pos, expr.position) for pos, expr in enumerate(ir.AffineMapAttr(a).value.results)
-         if isinstance(expr, ir.AffineDimExpr)]
+        [
+            (pos, expr.position)
+            for pos, expr in enumerate(ir.AffineMapAttr(a).value.results)
+            if isinstance(expr, ir.AffineDimExpr)
+        ]
         for a in maps
-    ]  # fmt: skip
+    ]
     kinds = [str(a) for a in iterators]
     return dims, len(kinds), any("reduction" in k for k in kinds)
 
 
-def _loop_bounds(operands: list[Any], dims: list[list[tuple[int, int]]], n_loops: int,
-                 shapes: _Shapes) -> tuple[int, ...]:  # fmt: skip
+def _loop_bounds(
+    operands: list[Any], dims: list[list[tuple[int, int]]], n_loops: int, shapes: _Shapes
+) -> tuple[int, ...]:
     bounds: list[int | None] = [None] * n_loops
     for operand, operand_dims in zip(operands, dims, strict=False):
         shape = shapes.shape(operand.type)
@@ -403,8 +407,9 @@ class _Uncountable(Exception):
     """An op this counter cannot count; the message is the reason shown to the user."""
 
 
-def _count_payload(op: Any, n_inputs: int, has_reduction: bool, gathers: list[Any],
-                   index_type: Any) -> tuple[int, int, int, set[int]]:  # fmt: skip
+def _count_payload(
+    op: Any, n_inputs: int, has_reduction: bool, gathers: list[Any], index_type: Any
+) -> tuple[int, int, int, set[int]]:
     """Per-iteration (contraction, vector, special) counts and the block args the body reads.
 
     Tensors the body gathers from (``tensor.extract``) are appended to `gathers`."""

@@ -676,8 +676,13 @@ def _buffer_root(value: Any) -> tuple[Any, bool]:
     return value, whole
 
 
-def _buffer_edges(graph: Graph, by_origin: dict[str, list[OpCount]], created: dict[str, Node], rank: dict[str, int],
-                  artifact: MlirArtifact) -> None:  # fmt: skip
+def _buffer_edges(
+    graph: Graph,
+    by_origin: dict[str, list[OpCount]],
+    created: dict[str, Node],
+    rank: dict[str, int],
+    artifact: MlirArtifact,
+) -> None:
     """After bufferization ops have no results: an op that writes a buffer feeds the later ops that
     read it (each write a value ``WRITER:k`` of the written buffer's type), until a write of the whole
     buffer replaces it; a read of a function argument is that input (or weight)."""

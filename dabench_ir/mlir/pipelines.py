@@ -148,8 +148,16 @@ class PassStep:
         delta = {
             k: (v - prev[k] if isinstance(v, int) and isinstance(prev[k], int) else None) for k, v in after.items()
         }
-        return {"pass": self.name, "seconds": self.seconds, "kept": self.kept, "created": self.created,
-                "fused_away": self.fused_away, "removed": self.removed, "after": after, "delta": delta}  # fmt: skip
+        return {
+            "pass": self.name,
+            "seconds": self.seconds,
+            "kept": self.kept,
+            "created": self.created,
+            "fused_away": self.fused_away,
+            "removed": self.removed,
+            "after": after,
+            "delta": delta,
+        }
 
 
 @dataclass
@@ -205,8 +213,9 @@ def module_cost(module: Any, counts: Sequence[Any]) -> ModuleCost:
                 inter += 1
                 inter_bytes += tensor_nbytes(r.type)
     allocs = [op for op in _top_ops(module) if op.name in ("memref.alloc", "memref.alloca")]
-    bufferized = bool(allocs) or any(isinstance(a.type, ir.MemRefType) for op in _top_ops(module)
-                                     if op.name == "func.return" for a in op.operands)  # fmt: skip
+    bufferized = bool(allocs) or any(
+        isinstance(a.type, ir.MemRefType) for op in _top_ops(module) if op.name == "func.return" for a in op.operands
+    )
     return ModuleCost(
         ops=sum(1 for c in counts if not is_view(c.op_name)),
         linalg_ops=sum(1 for c in counts if c.op_name.startswith("linalg.")),
@@ -235,8 +244,10 @@ def _pass_manager(text: str, context: Any) -> Any:
                 return PassManager.parse(f"builtin.module(func.func({text}))")
             except ValueError:
                 msg = next((ln.strip() for ln in str(first).splitlines() if "error" in ln), str(first).splitlines()[0])
-                raise UserError(f"--mlir-pipeline: pass {text!r} is not an MLIR pass torch-mlir knows: "
-                                f"{msg.split('error:', 1)[-1].strip()}") from None  # fmt: skip
+                raise UserError(
+                    f"--mlir-pipeline: pass {text!r} is not an MLIR pass torch-mlir knows: "
+                    f"{msg.split('error:', 1)[-1].strip()}"
+                ) from None
 
 
 def _tag(ops: list[Any], context: Any, key: str = _TAG) -> None:
@@ -270,8 +281,9 @@ def _payload_names(op: Any) -> set[str]:
     return {n for inner in op.regions[0].blocks[0].operations for n in origin_of(inner.location).names}
 
 
-def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
-            after_tags: list[int | None]) -> tuple[dict[int, set[int]], dict[int, str]]:  # fmt: skip
+def _claims(
+    before: dict[int, tuple[Any, ...]], after: list[Any], after_tags: list[int | None]
+) -> tuple[dict[int, set[int]], dict[int, str]]:
     """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
     kept = {t for t in after_tags if t is not None}
     gone = set(before) - kept
@@ -288,9 +300,11 @@ def _claims(before: dict[int, tuple[Any, ...]], after: list[Any],
     taken = {t for s in stands.values() for t in s}
     # 1b. else a gone op of the same node: same kind and result types, else same kind, else a work op
     # for a work op (a view for a view): an op re-created in another shape (reshapes propagated)
-    tiers = (lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
-             lambda op, e: op.name == e[0],
-             lambda op, e: is_view(op.name) == is_view(e[0]))  # fmt: skip
+    tiers = (
+        lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
+        lambda op, e: op.name == e[0],
+        lambda op, e: is_view(op.name) == is_view(e[0]),
+    )
     by_node: dict[str, list[int]] = {}
     for t in sorted(gone):
         if before[t][2]:
@@ -416,16 +430,22 @@ def run_mlir_pipeline(
         before = {}
         for op in ops:
             t = _tag_of(op)
-            before[t] = (op.name, [_ids(o) for o in op.operands], origin_of(op.location).names,
-                         tuple(str(r.type) for r in op.results), _fusable(op))  # fmt: skip
+            before[t] = (
+                op.name,
+                [_ids(o) for o in op.operands],
+                origin_of(op.location).names,
+                tuple(str(r.type) for r in op.results),
+                _fusable(op),
+            )
         started = time.perf_counter()
         try:
             with context, captured_stderr():
                 pm.run(operation)
         except ir.MLIRError as exc:
             _untag(operation)
-            raise MlirPassError(f"--mlir-pipeline: pass {text!r} failed: {first_diagnostic(exc)}",
-                                record.steps, record.before) from None  # fmt: skip
+            raise MlirPassError(
+                f"--mlir-pipeline: pass {text!r} failed: {first_diagnostic(exc)}", record.steps, record.before
+            ) from None
         seconds = time.perf_counter() - started
         after = _top_ops(operation)
         after_tags = [_tag_of(op) for op in after]
@@ -441,9 +461,14 @@ def run_mlir_pipeline(
                 continue
             claimed = claims.get(i, set())
             new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
-            names = list(dict.fromkeys([*origin_of(op.location).names,
-                                        *(n for c in sorted(claimed) if method[c] != "shared"
-                                          for n in before[c][2])]))  # fmt: skip
+            names = list(
+                dict.fromkeys(
+                    [
+                        *origin_of(op.location).names,
+                        *(n for c in sorted(claimed) if method[c] != "shared" for n in before[c][2]),
+                    ]
+                )
+            )
             if len(names) > 1:
                 op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
         new_pristine = {i for i, t in enumerate(after_tags) if t is not None and t in pristine}
@@ -453,9 +478,15 @@ def run_mlir_pipeline(
         _tag(after, context)  # tags are now the op's index in `after`
         pristine = new_pristine
         counts = count_module(operation, weight_args=weight_args)
-        step = PassStep(text, seconds, module_cost(operation, counts), kept=len(counted_before & kept),
-                        created=created, fused_away=sum(1 for t in gone if t in method),
-                        removed=sum(1 for t in gone if t not in method))  # fmt: skip
+        step = PassStep(
+            text,
+            seconds,
+            module_cost(operation, counts),
+            kept=len(counted_before & kept),
+            created=created,
+            fused_away=sum(1 for t in gone if t in method),
+            removed=sum(1 for t in gone if t not in method),
+        )
         record.steps.append(step)
         logger.info("mlir pass %s: %.3f s, %d ops -> %d", text, seconds, len(ops), len(after))
     final = [_tag_of(c.op) for c in counts]
@@ -521,8 +552,10 @@ def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[d
         if len(names) == 1:
             out[names[0]] = out.get(names[0], Cost()) + c.cost
             continue
-        parts = {f.name: _shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
-                 for f in fields(Cost)}  # fmt: skip
+        parts = {
+            f.name: _shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
+            for f in fields(Cost)
+        }
         for j, n in enumerate(names):
             out[n] = out.get(n, Cost()) + Cost(**{k: v[j] for k, v in parts.items()})
             shared.setdefault(n, set()).update(m for m in names if m != n)
@@ -549,8 +582,9 @@ def unit_names(counts: Sequence[Any], suffix: str = "") -> list[str | None]:
     return out
 
 
-def unit_graph(source: Graph, module: Any, counts: Sequence[Any], names: Sequence[str | None], *,
-               path: str | None) -> Graph:  # fmt: skip
+def unit_graph(
+    source: Graph, module: Any, counts: Sequence[Any], names: Sequence[str | None], *, path: str | None
+) -> Graph:
     """The module's ops as a costed Graph for the lowerings: one node per op (a fused
     ``linalg.generic`` is one unit of work), named by ``names``, wired by SSA values, its module
     scope the common scope of the ONNX nodes it names (from ``source``, the ONNX graph)."""

@@ -57,9 +57,22 @@ OVERHEAD_GROUP = "(overhead)"
 """The row a grouping by op type, layer or op class gives the step costs no node owns (bound: ``overhead``)."""
 
 ROLE_COLUMNS = (
-    "role", "nodes", "layers", "time_s", "share", "flops", "bytes", "intensity", "achieved_flops_per_s",
-    "peak_fraction", "bound", "bound_share", "measured_time_s", "energy_j", "cost_intensity",
-)  # fmt: skip
+    "role",
+    "nodes",
+    "layers",
+    "time_s",
+    "share",
+    "flops",
+    "bytes",
+    "intensity",
+    "achieved_flops_per_s",
+    "peak_fraction",
+    "bound",
+    "bound_share",
+    "measured_time_s",
+    "energy_j",
+    "cost_intensity",
+)
 """The keys of one role row (JSON ``roles``, the roles CSV). ``share`` is of `TIME_BASIS` (of
 `FLOPS_BASIS` untimed); ``intensity`` is at the feed level, as the nodes' (their FLOPs over
 their feed bytes, FLOPs / node intensity), ``cost_intensity`` the FLOPs over every byte the
@@ -106,9 +119,7 @@ def time_groups(report: Report, key: str) -> dict[Any, float]:
     return out
 
 
-def bound_shares(
-    nodes: Sequence[Any], overheads: dict[str, float] | None = None
-) -> dict[str, float]:
+def bound_shares(nodes: Sequence[Any], overheads: dict[str, float] | None = None) -> dict[str, float]:
     """Share of the summed time (`TIME_BASIS`) per bound class, the overhead rows as the class
     ``overhead``. ``nodes``: NodeRecords or report-JSON node dicts; ``overheads``: seconds by
     name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
@@ -142,9 +153,7 @@ def shares_of_times(times: dict[str, float], overheads: dict[str, float] | None 
     return {k: v / total for k, v in times.items()} if total else {}
 
 
-def dominant_bound(
-    nodes: Sequence[Any], overheads: dict[str, float] | None = None
-) -> tuple[str | None, float | None]:
+def dominant_bound(nodes: Sequence[Any], overheads: dict[str, float] | None = None) -> tuple[str | None, float | None]:
     """The bound class with the largest share of the summed time, overheads counted as the class
     ``overhead`` (a host-heavy step says overhead), and that share; (None, None) untimed."""
     return dominant_of_shares(bound_shares(nodes, overheads))
@@ -227,13 +236,26 @@ def roofline_points(report: Report, target: Any = None) -> list[dict[str, Any]]:
                 ridge = _ridge(target, n.precision or precision, mem, peak)
                 roof = min(peak, x * bw)
         achieved = n.flops / n.time_s
-        out.append({
-            "name": n.name, "role": n.role, "op_class": n.op_class, "flops": n.flops, "time_s": n.time_s,
-            "intensity": x, "achieved_flops_per_s": achieved, "feed_level": level, "memory": memory,
-            "bandwidth_bytes_per_s": bw, "precision": n.precision or precision, "peak_flops_per_s": peak,
-            "ridge": ridge, "roof_flops_per_s": roof, "roof_fraction": achieved / roof if roof else None,
-            "share": n.time_s / total if total else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "name": n.name,
+                "role": n.role,
+                "op_class": n.op_class,
+                "flops": n.flops,
+                "time_s": n.time_s,
+                "intensity": x,
+                "achieved_flops_per_s": achieved,
+                "feed_level": level,
+                "memory": memory,
+                "bandwidth_bytes_per_s": bw,
+                "precision": n.precision or precision,
+                "peak_flops_per_s": peak,
+                "ridge": ridge,
+                "roof_flops_per_s": roof,
+                "roof_fraction": achieved / roof if roof else None,
+                "share": n.time_s / total if total else None,
+            }
+        )
     return out
 
 
@@ -264,8 +286,17 @@ def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
             continue
         bw = float(mem.bandwidth_bytes_per_s)
         ridge = _ridge(target, prec, mem, peak)
-        out.append({"memory": name, "level": mem.level, "bandwidth_bytes_per_s": bw, "precision": prec,
-                    "peak_flops_per_s": peak, "ridge": ridge, "feeds": count})  # fmt: skip
+        out.append(
+            {
+                "memory": name,
+                "level": mem.level,
+                "bandwidth_bytes_per_s": bw,
+                "precision": prec,
+                "peak_flops_per_s": peak,
+                "ridge": ridge,
+                "feeds": count,
+            }
+        )
     out.sort(key=lambda r: (-r["feeds"], r["bandwidth_bytes_per_s"]))
     return out
 
@@ -279,8 +310,16 @@ def overhead_rows(report: Report) -> list[dict[str, Any]]:
         if not seconds:
             continue
         row = dict.fromkeys(ROLE_COLUMNS)
-        row.update(role=overhead_role(name), nodes=0, layers=0, time_s=float(seconds), flops=0, bytes=0,
-                   bound="overhead", bound_share=1.0)  # fmt: skip
+        row.update(
+            role=overhead_role(name),
+            nodes=0,
+            layers=0,
+            time_s=float(seconds),
+            flops=0,
+            bytes=0,
+            bound="overhead",
+            bound_share=1.0,
+        )
         rows.append(row)
     return rows
 
@@ -483,12 +522,28 @@ def layer_runs(report: Report) -> list[dict[str, Any]]:
             last["last"] = layer
             last["count"] += 1
             continue
-        rows.append({"first": layer, "last": layer, "count": 1, "flops": int(flops), "bytes": int(nbytes),
-                     "time_s": time_s if timed else None})  # fmt: skip
+        rows.append(
+            {
+                "first": layer,
+                "last": layer,
+                "count": 1,
+                "flops": int(flops),
+                "bytes": int(nbytes),
+                "time_s": time_s if timed else None,
+            }
+        )
     if None in totals:
         flops, nbytes, time_s = totals[None]
-        rows.append({"first": None, "last": None, "count": 1, "flops": int(flops), "bytes": int(nbytes),
-                     "time_s": time_s if timed else None})  # fmt: skip
+        rows.append(
+            {
+                "first": None,
+                "last": None,
+                "count": 1,
+                "flops": int(flops),
+                "bytes": int(nbytes),
+                "time_s": time_s if timed else None,
+            }
+        )
     for r in rows:
         if r["first"] is None:
             r["layers"] = "(outside blocks)"

@@ -112,9 +112,13 @@ def build_report(
         # step alone: they differ on pipelined targets, and time_basis says which time_s is
         "latency_s": timeline.one_step_s if timeline is not None else time_s,
         "period_s": time_s,
-        "time_basis": None if time_s is None else (
-            "steady-state period (consecutive steps overlap in the pipeline)" if timeline is not None and timeline.pipelined
-            else "one step"),
+        "time_basis": None
+        if time_s is None
+        else (
+            "steady-state period (consecutive steps overlap in the pipeline)"
+            if timeline is not None and timeline.pipelined
+            else "one step"
+        ),
         **_estimated_totals(estimated, records),
     }
     if measurement is not None:
@@ -202,7 +206,9 @@ def build_report(
         plan=plan,
         measured_timeline=(
             measurement.timeline
-            if measurement is not None and timeline is not None and timeline is not getattr(measurement, "timeline", None)
+            if measurement is not None
+            and timeline is not None
+            and timeline is not getattr(measurement, "timeline", None)
             else None
         ),
     )
@@ -257,10 +263,19 @@ def _estimated_totals(estimated: list[NodeRecord], records: list[NodeRecord]) ->
 
 
 _ENERGY_TOTALS = (
-    "energy_j", "energy_per_sample_j", "power_w", "gops_per_w", "gops_per_w_modelled", "node_energy_j",
-    "dynamic_energy_j", "static_energy_j", "node_static_energy_j", "idle_energy_j", "overhead_energy_j",
+    "energy_j",
+    "energy_per_sample_j",
+    "power_w",
+    "gops_per_w",
+    "gops_per_w_modelled",
+    "node_energy_j",
+    "dynamic_energy_j",
+    "static_energy_j",
+    "node_static_energy_j",
+    "idle_energy_j",
+    "overhead_energy_j",
     "static_power_w",
-)  # fmt: skip
+)
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
 _WORK_TOTALS = ("flops", "contraction_flops", "vector_flops", "special_ops")
@@ -378,39 +393,46 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
     totals.update({key: whole.totals[key] * steps for key in _WORK_TOTALS})
     totals.update({key: (one.get(key) or 0) * point.copies for key in ("bytes", *_BYTE_TOTALS)})
-    totals.update({
-        "intensity": totals["flops"] / totals["bytes"] if totals["bytes"] else None,
-        "time_s": point.time_s,
-        "period_s": point.time_s,
-        # a pipelined chip's first sample takes its fill on top of the period: so does the step's
-        "latency_s": point.time_s + (one.get("latency_s") or 0) - (one.get("period_s") or 0),
-        "overhead_s": (one.get("overhead_s") or 0) + point.comm_time_s,  # time no node owns: collectives too
-        "throughput_samples_per_s": tp,
-        "achieved_flops_per_s": None if tp is None else totals["flops"] / point.time_s,
-        "comm_time_s": point.comm_time_s,
-        "chip_time_s": point.compute_time_s,
-    })  # fmt: skip
+    totals.update(
+        {
+            "intensity": totals["flops"] / totals["bytes"] if totals["bytes"] else None,
+            "time_s": point.time_s,
+            "period_s": point.time_s,
+            # a pipelined chip's first sample takes its fill on top of the period: so does the step's
+            "latency_s": point.time_s + (one.get("latency_s") or 0) - (one.get("period_s") or 0),
+            "overhead_s": (one.get("overhead_s") or 0) + point.comm_time_s,  # time no node owns: collectives too
+            "throughput_samples_per_s": tp,
+            "achieved_flops_per_s": None if tp is None else totals["flops"] / point.time_s,
+            "comm_time_s": point.comm_time_s,
+            "chip_time_s": point.compute_time_s,
+        }
+    )
     energy = point.energy
     if energy is not None:
         joules = energy.total_j
-        totals.update({
-            **energy.to_dict(),
-            "energy_per_sample_j": joules / point.batch if point.batch else None,
-            "power_w": joules / point.time_s if point.time_s else None,
-            "gops_per_w": totals["achieved_flops_per_s"] / 1e9 / energy.rated_w
-            if totals["achieved_flops_per_s"] and energy.rated_w else None,
-        })  # fmt: skip
+        totals.update(
+            {
+                **energy.to_dict(),
+                "energy_per_sample_j": joules / point.batch if point.batch else None,
+                "power_w": joules / point.time_s if point.time_s else None,
+                "gops_per_w": totals["achieved_flops_per_s"] / 1e9 / energy.rated_w
+                if totals["achieved_flops_per_s"] and energy.rated_w
+                else None,
+            }
+        )
     report.totals = totals
     report.model = {**report.model, "params": whole.model.get("params")}
-    report.metrics.update({
-        "allocation_ratio": point.allocation_ratio,
-        "load_imbalance": point.load_imbalance,
-        "compute_efficiency": point.compute_efficiency,
-        "speedup": point.speedup,
-        "scaling_efficiency": point.scaling_efficiency,
-        "comm_share": point.comm_share,
-        "dominant_bound": point.dominant_bound,
-    })  # fmt: skip
+    report.metrics.update(
+        {
+            "allocation_ratio": point.allocation_ratio,
+            "load_imbalance": point.load_imbalance,
+            "compute_efficiency": point.compute_efficiency,
+            "speedup": point.speedup,
+            "scaling_efficiency": point.scaling_efficiency,
+            "comm_share": point.comm_share,
+            "dominant_bound": point.dominant_bound,
+        }
+    )
     report.fits, report.failure = point.fits, point.failure
     if point.memory_per_device:  # what one device holds in the multi-chip layout (sharded, or a stage's)
         report.metrics["memory_use"] = _device_memory(run.target, point.memory_per_device)
@@ -419,7 +441,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     report.extra["scale"] = result.to_dict()
     report.scaling = result
     report.extra["nodes_basis"] = (
-        "the whole graph on one chip; the pipeline stages are its layers' shares" if result.strategy == "pp"
+        "the whole graph on one chip; the pipeline stages are its layers' shares"
+        if result.strategy == "pp"
         else "one chip's share of the step"
     )
     return report
@@ -453,5 +476,3 @@ def _constant_elements(graph: Graph) -> int | None:
         )
     except (UserError, TypeError):
         return None
-
-

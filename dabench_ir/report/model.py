@@ -85,8 +85,16 @@ class NodeRecord:
         }
 
 
-_NO_COST = SimpleNamespace(flops=None, bytes=None, contraction_flops=None, vector_flops=None, special_ops=None,
-                           weight_bytes=None, act_bytes_in=None, act_bytes_out=None)  # fmt: skip
+_NO_COST = SimpleNamespace(
+    flops=None,
+    bytes=None,
+    contraction_flops=None,
+    vector_flops=None,
+    special_ops=None,
+    weight_bytes=None,
+    act_bytes_in=None,
+    act_bytes_out=None,
+)
 """An unattributed node's cost columns in `NodeRecord.to_dict`: every one None."""
 
 
@@ -120,8 +128,9 @@ class Report:
     advice: Any = field(default=None, repr=False)  # dabench_ir.advice.Advice: the variant runs the why lines read
     scaling: Any = field(default=None, repr=False)  # dabench_ir.scaling.ScaleResult of a multi-chip run
     saved_roles: list[dict[str, Any]] | None = field(default=None, repr=False)  # the roles of a report read back
-    _tables: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = field(default=None, init=False, repr=False,
-                                                                         compare=False)  # share_tables, once
+    _tables: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )  # share_tables, once
 
     # -- views ----------------------------------------------------------------------
     def node(self, name: str) -> NodeRecord:
@@ -268,15 +277,26 @@ class Report:
         except json.JSONDecodeError as exc:
             raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise UserError(f"{where}: not a dabench-ir report (schema {SCHEMA}); give a file written by profile --json")
+            raise UserError(
+                f"{where}: not a dabench-ir report (schema {SCHEMA}); give a file written by profile --json"
+            )
         check_report_dict(data, where)
         return cls(
-            model=data.get("model") or {}, target=data.get("target"), config=data.get("config") or {},
-            nodes=[_node_from_dict(n) for n in data.get("nodes") or []], unattributed=data.get("unattributed") or [],
-            totals=data.get("totals") or {}, metrics=data.get("metrics") or {}, units=data.get("units") or [],
-            fits=data.get("fits"), failure=data.get("failure"), flop_convention=data.get("flop_convention", ""),
-            extra=data.get("extra") or {}, why=data.get("why") or [], saved_roles=data.get("roles"),
-        )  # fmt: skip
+            model=data.get("model") or {},
+            target=data.get("target"),
+            config=data.get("config") or {},
+            nodes=[_node_from_dict(n) for n in data.get("nodes") or []],
+            unattributed=data.get("unattributed") or [],
+            totals=data.get("totals") or {},
+            metrics=data.get("metrics") or {},
+            units=data.get("units") or [],
+            fits=data.get("fits"),
+            failure=data.get("failure"),
+            flop_convention=data.get("flop_convention", ""),
+            extra=data.get("extra") or {},
+            why=data.get("why") or [],
+            saved_roles=data.get("roles"),
+        )
 
 
 CSV_FILE_COLUMNS = ["model", "target", "kind", *CSV_COLUMNS]
@@ -298,8 +318,17 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
     step = report.totals.get("time_s")
     if step is None:
         return []
-    rows = [{**head, "kind": "overhead", "name": r["role"], "op_type": "overhead", "bound": "overhead",
-             "time_s": r["time_s"]} for r in overhead_rows(report)]  # fmt: skip
+    rows = [
+        {
+            **head,
+            "kind": "overhead",
+            "name": r["role"],
+            "op_type": "overhead",
+            "bound": "overhead",
+            "time_s": r["time_s"],
+        }
+        for r in overhead_rows(report)
+    ]
     times = [n.time_s for n in report.nodes if n.time_s is not None] + [r["time_s"] for r in rows]
     rest = float(step) - math.fsum(times)
     if abs(rest) > 1e-12 * abs(step):
@@ -309,8 +338,11 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
                 break
             rest = math.nextafter(rest, math.inf if total < step else -math.inf)
         kind = "overlap" if rest < 0 else "remainder"
-        name = ("overlap: busy time of nodes that run concurrently" if rest < 0
-                else "remainder: step time no node or overhead accounts for")  # fmt: skip
+        name = (
+            "overlap: busy time of nodes that run concurrently"
+            if rest < 0
+            else "remainder: step time no node or overhead accounts for"
+        )
         rows.append({**head, "kind": kind, "name": name, "op_type": kind, "time_s": rest})
     return rows
 
@@ -322,13 +354,26 @@ def _node_from_dict(row: dict[str, Any]) -> NodeRecord:
     """A NodeRecord from its `NodeRecord.to_dict` row."""
     cost = None if row.get("flops") is None else Cost(**{k: row.get(k) or 0 for k in _COST_FIELDS})
     return NodeRecord(
-        name=row["name"], op_type=row.get("op_type", ""), layer=row.get("layer"), scope=row.get("scope") or "",
-        op_class=row.get("op_class"), cost=cost, intensity=row.get("intensity"), time_s=row.get("time_s"),
-        start_s=row.get("start_s"), bound=row.get("bound"), unit=row.get("unit"),
-        measured_time_s=row.get("measured_time_s"), measured_spread=row.get("measured_spread_rel"),
-        predicted_time_s=row.get("predicted_time_s"), energy_j=row.get("energy_j"), precision=row.get("precision"),
-        note=row.get("note"), role=row.get("role"), feed_bytes=row.get("feed_bytes"),
-    )  # fmt: skip
+        name=row["name"],
+        op_type=row.get("op_type", ""),
+        layer=row.get("layer"),
+        scope=row.get("scope") or "",
+        op_class=row.get("op_class"),
+        cost=cost,
+        intensity=row.get("intensity"),
+        time_s=row.get("time_s"),
+        start_s=row.get("start_s"),
+        bound=row.get("bound"),
+        unit=row.get("unit"),
+        measured_time_s=row.get("measured_time_s"),
+        measured_spread=row.get("measured_spread_rel"),
+        predicted_time_s=row.get("predicted_time_s"),
+        energy_j=row.get("energy_j"),
+        precision=row.get("precision"),
+        note=row.get("note"),
+        role=row.get("role"),
+        feed_bytes=row.get("feed_bytes"),
+    )
 
 
 _LEAVES = frozenset({str, int, bool, type(None)})  # returned as they are: no call per leaf
@@ -396,16 +441,49 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
-
-_REPORT_TABLES = {"model": dict, "totals": dict, "metrics": (dict, type(None)), "target": (dict, type(None)),
-                  "config": (dict, type(None)), "failure": (dict, type(None)), "units": (list, type(None)),
-                  "unattributed": (list, type(None)), "nodes": list, "fits": (bool, type(None))}  # fmt: skip
-_REPORT_NUMBERS = frozenset({"time_s", "throughput_samples_per_s", "achieved_flops_per_s", "measured_time_s",
-                             "allocation_ratio", "load_imbalance", "compute_efficiency", "target_power_w",
-                             "flops", "bytes", "energy_j"})  # fmt: skip
-_NODE_NUMBERS = ("flops", "bytes", "intensity", "time_s", "start_s", "measured_time_s", "predicted_time_s",
-                 "energy_j", "contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in",
-                 "act_bytes_out")  # fmt: skip
+_REPORT_TABLES = {
+    "model": dict,
+    "totals": dict,
+    "metrics": (dict, type(None)),
+    "target": (dict, type(None)),
+    "config": (dict, type(None)),
+    "failure": (dict, type(None)),
+    "units": (list, type(None)),
+    "unattributed": (list, type(None)),
+    "nodes": list,
+    "fits": (bool, type(None)),
+}
+_REPORT_NUMBERS = frozenset(
+    {
+        "time_s",
+        "throughput_samples_per_s",
+        "achieved_flops_per_s",
+        "measured_time_s",
+        "allocation_ratio",
+        "load_imbalance",
+        "compute_efficiency",
+        "target_power_w",
+        "flops",
+        "bytes",
+        "energy_j",
+    }
+)
+_NODE_NUMBERS = (
+    "flops",
+    "bytes",
+    "intensity",
+    "time_s",
+    "start_s",
+    "measured_time_s",
+    "predicted_time_s",
+    "energy_j",
+    "contraction_flops",
+    "vector_flops",
+    "special_ops",
+    "weight_bytes",
+    "act_bytes_in",
+    "act_bytes_out",
+)
 _NODE_TEXT = ("name", "op_type", "scope", "op_class", "bound", "unit", "precision", "note")
 
 
@@ -429,7 +507,9 @@ def check_report_dict(data: dict[str, Any], where: str = "report") -> dict[str, 
         if not isinstance(section, dict):
             raise bad(f"field {table!r} is not an object")
         for name, value in section.items():
-            if name in _REPORT_NUMBERS and (not _is_number(value) or (isinstance(value, float) and not math.isfinite(value))):
+            if name in _REPORT_NUMBERS and (
+                not _is_number(value) or (isinstance(value, float) and not math.isfinite(value))
+            ):
                 raise bad(f"{table} {name!r} = {value!r} is not a number")
     for table, keys in (("target", ("name", "kind")), ("model", ("name", "preset", "path"))):
         for key in keys:

@@ -213,7 +213,10 @@ def layer_time_figure(report: Report) -> Figure | None:
     if not cells:
         return None
     layers = sorted({k[0] for k in cells}, key=lambda x: (x is not None, x if x is not None else 0))
-    classes = sorted({k[1] for k in cells}, key=lambda c: (c not in OP_CLASS_COLORS, list(OP_CLASS_COLORS).index(c) if c in OP_CLASS_COLORS else 0, c))
+    classes = sorted(
+        {k[1] for k in cells},
+        key=lambda c: (c not in OP_CLASS_COLORS, list(OP_CLASS_COLORS).index(c) if c in OP_CLASS_COLORS else 0, c),
+    )
     fig, ax = _new_figure(max(6.0, 0.5 * len(layers) + 3), 4.5)
     xs = list(range(len(layers)))
     bottom = [0.0] * len(layers)
@@ -303,8 +306,15 @@ def predicted_vs_measured_figure(report: Report, *, top: int = 5) -> Figure | No
     for p in pts:
         by_class.setdefault(p[0].op_class or "other", []).append(p)  # type: ignore[arg-type]
     for op_class, group in sorted(by_class.items()):
-        ax.scatter([g[1] for g in group], [g[2] for g in group], c=_color(op_class), alpha=0.7,
-                   edgecolors="black", linewidths=0.4, label=f"{op_class} ({len(group)})")  # fmt: skip
+        ax.scatter(
+            [g[1] for g in group],
+            [g[2] for g in group],
+            c=_color(op_class),
+            alpha=0.7,
+            edgecolors="black",
+            linewidths=0.4,
+            label=f"{op_class} ({len(group)})",
+        )
     values = [v for p in pts for v in (p[1], p[2])]
     lo, hi = min(values) / 2, max(values) * 2
     ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="y = x")
@@ -317,9 +327,7 @@ def predicted_vs_measured_figure(report: Report, *, top: int = 5) -> Figure | No
     ax.set_ylabel("predicted time per node (s)")
     total_m = sum(p[1] for p in pts)
     total_p = sum(p[2] for p in pts)
-    ax.set_title(
-        f"Predicted vs measured, {len(pts)} nodes (sum {seconds(total_p)} vs {seconds(total_m)})", fontsize=10
-    )
+    ax.set_title(f"Predicted vs measured, {len(pts)} nodes (sum {seconds(total_p)} vs {seconds(total_m)})", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return fig

@@ -72,7 +72,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
             if scope not in containers:
                 roles[node.name] = module  # a leaf module: its own name says what it is
                 continue
-        pattern = "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out, op_roles)
+        pattern = (
+            "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out, op_roles)
+        )
         roles[node.name] = f"{module}: {pattern}" if scope else pattern
     return roles
 
@@ -129,9 +131,10 @@ def _around_softmax(
             if Role.CONTRACTION in op_roles[node.op_type, node.domain]:
                 continue  # the scores: stop here
             stack.extend(
-                i for i in node.inputs
+                i
+                for i in node.inputs
                 if i and _is_activation(graph, i) and (p := producers.get(i)) is not None and p.layer == sm.layer
-            )  # fmt: skip
+            )
         frontier = [o for o in sm.outputs if o]
         seen = set()
         while frontier:
@@ -152,7 +155,8 @@ def _rotary(graph: Graph, table_ops: list[Node], producers: dict[str, Node], op_
     ``table_ops``: the nodes computing the tables."""
     tables = {o for n in table_ops for o in n.outputs if o}
     tables |= {  # the substring test first: most graphs' thousands of weights name neither
-        name for name, v in graph.values.items()
+        name
+        for name, v in graph.values.items()
         if ("cos" in name or "sin" in name) and v.kind.is_stored and _TABLE_NAME.search(v.name)
     }
     out: set[str] = set()
@@ -168,8 +172,12 @@ def _rotary(graph: Graph, table_ops: list[Node], producers: dict[str, Node], op_
         if op == "Add":  # joins: every input's producer is rotary
             if all((p := producers.get(i)) is not None and p.name in out for i in node.inputs if i):
                 out.add(node.name)
-        elif op == "Neg" and node.scope and any(  # rotates
-            r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])
+        elif (
+            op == "Neg"
+            and node.scope
+            and any(  # rotates
+                r.name in out or r.op_type == "Concat" for o in node.outputs for r in graph.consumers.get(o, [])
+            )
         ):
             out.add(node.name)
     return out

@@ -202,19 +202,30 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             bound = r["bound"] or "-"
             if r["bound_share"] is not None and r["bound_share"] < 0.995:
                 bound += f" ({100 * r['bound_share']:.0f}%)"
-            row += [seconds(r["time_s"]), percent(r["share"]), human(r["achieved_flops_per_s"], "FLOP/s"),
-                    percent(r["peak_fraction"]), bound]  # fmt: skip
+            row += [
+                seconds(r["time_s"]),
+                percent(r["share"]),
+                human(r["achieved_flops_per_s"], "FLOP/s"),
+                percent(r["peak_fraction"]),
+                bound,
+            ]
         else:
             row += [percent(r["share"])]
         if measured:
             row.append(seconds(r["measured_time_s"]))
         out.append(row)
     what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
-    note = (" (share of summed time = node busy times + overhead rows; overheads are rows of their own)"
-            if timed else "")  # fmt: skip
+    note = " (share of summed time = node busy times + overhead rows; overheads are rows of their own)" if timed else ""
     title = st.bold(f"Top {len(shown)} of {len(rows)} module roles by {what}, all layers together") + note
-    return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1} if timed
-                          else set(range(1, len(headers))))]  # fmt: skip
+    return [
+        title,
+        *_grid(
+            headers,
+            out,
+            width,
+            right=set(range(1, len(headers))) - {len(headers) - 1} if timed else set(range(1, len(headers))),
+        ),
+    ]
 
 
 def _why(report: Report, st: _Style) -> list[str]:
@@ -228,14 +239,22 @@ def _representative(report: Report, st: _Style, width: int) -> list[str]:
     if not rows:
         return []
     timed = any(r["time_s"] is not None for r in rows)
-    headers = ["role", "nodes", "FLOPs", "bytes"] + (["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else [])
+    headers = ["role", "nodes", "FLOPs", "bytes"] + (
+        ["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else []
+    )
     out = []
     for r in rows:
         row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
         if timed:
             spread = r["spread"]
-            row += [seconds(r["time_s"]), percent(r["share"]), seconds(r["min_time_s"]), seconds(r["max_time_s"]),
-                    "-" if spread is None else ("0%" if spread < 1e-6 else f"{100 * spread:.1f}%"), r["bound"] or "-"]  # fmt: skip
+            row += [
+                seconds(r["time_s"]),
+                percent(r["share"]),
+                seconds(r["min_time_s"]),
+                seconds(r["max_time_s"]),
+                "-" if spread is None else ("0%" if spread < 1e-6 else f"{100 * spread:.1f}%"),
+                r["bound"] or "-",
+            ]
         out.append(row)
     n = max(r["layers"] for r in rows)
     title = st.bold(f"One decoder layer (median of {n} layers), every role; min/max/spread across layers")
@@ -309,16 +328,20 @@ def _summary(report: Report, st: _Style) -> list[str]:
     ]
     one = report.extra.get("per_chip") or {}
     if chips and one.get("copies", 1) > 1:  # chips each doing a share: what one does, labelled apart
-        out.append(f"  one chip   {_work(one)}, {human(one.get('params'))} params, "
-                   f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')}: the node rows)")  # fmt: skip
+        out.append(
+            f"  one chip   {_work(one)}, {human(one.get('params'))} params, "
+            f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')}: the node rows)"
+        )
     if t.get("estimated_nodes"):  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
         est = report.extra.get("estimated") or []
         share = t.get("estimated_time_share")
-        out.append(st.red(
-            f"  estimated  {t['estimated_nodes']} node(s) without a cost rule (estimated: no rule, bytes only), "
-            f"{'-' if share is None else f'{100 * share:.1f}%'} of node time: "
-            + ", ".join(sorted({e['op_type'] for e in est}))
-        ))  # fmt: skip
+        out.append(
+            st.red(
+                f"  estimated  {t['estimated_nodes']} node(s) without a cost rule (estimated: no rule, bytes only), "
+                f"{'-' if share is None else f'{100 * share:.1f}%'} of node time: "
+                + ", ".join(sorted({e["op_type"] for e in est}))
+            )
+        )
     by_class = c.get("precision_by_class")
     if by_class:
         out.append("  precision  " + ", ".join(f"{k} {v}" for k, v in by_class.items()))
@@ -345,9 +368,11 @@ def _summary(report: Report, st: _Style) -> list[str]:
         if pipelined:
             out.append(f"  latency    {seconds(t['latency_s'])} for one step alone (first input to last output)")
         if chips:
-            out.append(f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of collectives, "
-                       f"{human(t.get('link_bytes'), 'B')} over the links, speedup {_fmt(m.get('speedup'))}x, "
-                       f"scaling efficiency {percent(m.get('scaling_efficiency'))}")  # fmt: skip
+            out.append(
+                f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of collectives, "
+                f"{human(t.get('link_bytes'), 'B')} over the links, speedup {_fmt(m.get('speedup'))}x, "
+                f"scaling efficiency {percent(m.get('scaling_efficiency'))}"
+            )
     if t.get("energy_j") is not None:
         out.append(
             f"  energy     {human(t['energy_j'], 'J')} per step, {human(t.get('energy_per_sample_j'), 'J')} per sample, "
@@ -374,9 +399,11 @@ def _summary(report: Report, st: _Style) -> list[str]:
 
 def _work(t: dict[str, Any]) -> str:
     """FLOPs by class, bytes and intensity of a totals block (the step's, or one chip's)."""
-    return (f"{human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
-            f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
-            f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B")  # fmt: skip
+    return (
+        f"{human(t['flops'], 'FLOP')} ({human(t['contraction_flops'], 'FLOP')} contraction, "
+        f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
+        f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B"
+    )
 
 
 def prediction_text(err: dict[str, Any]) -> str:
@@ -384,8 +411,10 @@ def prediction_text(err: dict[str, Any]) -> str:
     overheads against the measured run, its per-run overhead included), the node sum, the nodes."""
     basis = err.get("end_to_end_basis") or "node sum"
     if basis == "step":
-        head = (f"end-to-end (step) error {percent(err.get('end_to_end_rel_error'))}: predicted step "
-                f"{seconds(err.get('predicted_step_s'))} vs measured step {seconds(err.get('measured_step_s'))}")
+        head = (
+            f"end-to-end (step) error {percent(err.get('end_to_end_rel_error'))}: predicted step "
+            f"{seconds(err.get('predicted_step_s'))} vs measured step {seconds(err.get('measured_step_s'))}"
+        )
     else:
         head = f"end-to-end (node sum) error {percent(err.get('end_to_end_rel_error'))}"
     parts = [head]
@@ -394,8 +423,10 @@ def prediction_text(err: dict[str, Any]) -> str:
             f"node-sum error {percent(err.get('node_sum_rel_error'))} ({seconds(err.get('predicted_node_sum_s'))} "
             f"vs {seconds(err.get('measured_node_sum_s'))}, no overheads)"
         )
-    parts.append(f"median node error {percent(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes")
-    return "; ".join(parts)  # fmt: skip
+    parts.append(
+        f"median node error {percent(err.get('median_node_rel_error'))} over {err.get('nodes_compared')} nodes"
+    )
+    return "; ".join(parts)
 
 
 def _intensity_header(report: Report) -> str:
@@ -416,8 +447,13 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
     headers = ["layer", "count", "FLOPs", SHARE_OF_FLOPS, "bytes"] + (["time"] if timed else [])
     rows = []
     for r in runs:
-        row = [r["layers"], f"x{r['count']}" if r["count"] > 1 else "1", human(r["flops"]),
-               percent(r["flops"] / total_flops if total_flops else None), human(r["bytes"], "B")]  # fmt: skip
+        row = [
+            r["layers"],
+            f"x{r['count']}" if r["count"] > 1 else "1",
+            human(r["flops"]),
+            percent(r["flops"] / total_flops if total_flops else None),
+            human(r["bytes"], "B"),
+        ]
         if timed:
             row.append(seconds(r["time_s"]))
         rows.append(row)
@@ -453,4 +489,3 @@ def _unattributed(report: Report, st: _Style) -> list[str]:
     if len(report.unattributed) > 10:
         out.append(f"  ... and {len(report.unattributed) - 10} more (see --json)")
     return out
-

@@ -31,8 +31,14 @@ from typing import Any
 from dabench_ir.ir import Graph
 from dabench_ir.timeline import Timeline
 
-__all__ = ["chrome_trace_events", "track_count", "validate_trace", "write_chrome_trace", "write_report_trace",
-           "write_targets_trace"]
+__all__ = [
+    "chrome_trace_events",
+    "track_count",
+    "validate_trace",
+    "write_chrome_trace",
+    "write_report_trace",
+    "write_targets_trace",
+]
 
 logger = logging.getLogger(__name__)
 _US = 1e6
@@ -92,12 +98,22 @@ class _Tracks:
         if process not in self.pids:
             pid = self.pids[process] = len(self.pids) + 1
             self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}})
-            self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                                "args": {"sort_index": pid}})  # fmt: skip
+            self.events.append(
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+            )
         return self.pids[process]
 
-    def add(self, process: str, group: str, name: str, start_s: float, end_s: float, args: dict[str, Any],
-            cat: str = "node", cap: int | None = None) -> bool:  # fmt: skip
+    def add(
+        self,
+        process: str,
+        group: str,
+        name: str,
+        start_s: float,
+        end_s: float,
+        args: dict[str, Any],
+        cat: str = "node",
+        cap: int | None = None,
+    ) -> bool:
         """Add a slice on the first free sub-track of (process, group); with ``cap``, refuse
         (return False) rather than open a sub-track past ``cap``."""
         ts, dur = start_s * _US, max(0.0, (end_s - start_s) * _US)
@@ -115,16 +131,18 @@ class _Tracks:
             tid = self.tids[key] = 1 + sum(1 for p, _g, _k in self.tids if p == process)
             label = group if k == 0 else f"{group} #{k + 1}"
             self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
-        self.events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": self.tids[key], "ts": ts,
-                            "dur": dur, "args": args})  # fmt: skip
+        self.events.append(
+            {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": self.tids[key], "ts": ts, "dur": dur, "args": args}
+        )
         return True
 
     def counter(self, process: str, name: str, samples: list[tuple[float, dict[str, float]]]) -> None:
         """A counter track: ``samples`` (seconds, {series: value}) as "C" events, in time order."""
         pid = self.pid(process)
         for t, values in sorted(samples, key=lambda x: x[0]):
-            self.events.append({"ph": "C", "name": name, "cat": "counter", "pid": pid, "ts": t * _US,
-                                "args": dict(values)})  # fmt: skip
+            self.events.append(
+                {"ph": "C", "name": name, "cat": "counter", "pid": pid, "ts": t * _US, "args": dict(values)}
+            )
 
     def ordered(self) -> list[dict[str, Any]]:
         """Metadata first, then every timed event by timestamp (stable): each track's ``ts`` non-decreasing."""
@@ -208,8 +226,9 @@ def chrome_trace_events(
             else:
                 later.append((process, group, name, start, end, slice_args))
     for process, group, name, start, end, slice_args in sorted(later, key=lambda x: x[3]):
-        if not tracks.add(process, group, name, start, end, slice_args, cat=slice_args.get("op_type", "node"),
-                          cap=_MAX_SUBTRACKS):  # fmt: skip
+        if not tracks.add(
+            process, group, name, start, end, slice_args, cat=slice_args.get("op_type", "node"), cap=_MAX_SUBTRACKS
+        ):
             skipped += 1
     if plan is not None:  # sequential units (RDU sections, streamed layers): their spans on a track of their own
         for u in plan.units:
@@ -217,8 +236,15 @@ def chrome_trace_events(
                 start, end = timeline.unit_spans[u.id]
                 process, _ = _unit_group(u.id, u.kind, [], graph, target)
                 group = "sections" if u.kind == "rdu_section" else "layers"
-                tracks.add(predicted + process, group, u.id, start, end,
-                           {"nodes": len(u.nodes), "allocation": u.allocation}, cat="unit")  # fmt: skip
+                tracks.add(
+                    predicted + process,
+                    group,
+                    u.id,
+                    start,
+                    end,
+                    {"nodes": len(u.nodes), "allocation": u.allocation},
+                    cat="unit",
+                )
     if skipped:
         logger.info("trace: %d later micro-batch runs folded into their node's args (runs, busy_s)", skipped)
     step = f"{predicted}{target} step".strip()
@@ -306,8 +332,9 @@ def _link_busy(timeline: Timeline, plan: Any) -> list[tuple[float, dict[str, flo
     return out
 
 
-def _ipu_phases(tracks: _Tracks, process: str, name: str, start: float, end: float, np_: Any,
-                args: dict[str, Any]) -> None:  # fmt: skip
+def _ipu_phases(
+    tracks: _Tracks, process: str, name: str, start: float, end: float, np_: Any, args: dict[str, Any]
+) -> None:
     """An IPU node run as its bulk-synchronous phases: compute, then exchange, then sync."""
     work = max(np_.compute_s, np_.memory_s)
     parts = [("compute", work), ("exchange", np_.comm_s), ("sync", np_.overhead_s)]
@@ -349,8 +376,15 @@ def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, process: str) -> 
                     continue
                 stall = spans[u.id][1] - max(ends)
                 if stall > 1e-15:
-                    tracks.add(process, "memory_stall", "memory_stall", max(ends), spans[u.id][1],
-                               {"unit": u.id, "bound": "overhead"}, cat="overhead")  # fmt: skip
+                    tracks.add(
+                        process,
+                        "memory_stall",
+                        "memory_stall",
+                        max(ends),
+                        spans[u.id][1],
+                        {"unit": u.id, "bound": "overhead"},
+                        cat="overhead",
+                    )
                     remaining["memory_stall"] = max(0.0, remaining["memory_stall"] - stall)
     t = max(timeline.makespan_s, max((b for _, b in spans.values()), default=0.0))
     for kind, seconds in remaining.items():
@@ -410,8 +444,13 @@ def validate_trace(doc: Mapping[str, Any]) -> list[str]:
             problems.append(f"event {i} ({ph}): no {', '.join(missing)}")
             continue
         if ph == "M":
-            if e.get("name") not in ("process_name", "process_sort_index", "thread_name", "thread_sort_index",
-                                     "process_labels"):  # fmt: skip
+            if e.get("name") not in (
+                "process_name",
+                "process_sort_index",
+                "thread_name",
+                "thread_sort_index",
+                "process_labels",
+            ):
                 problems.append(f"event {i}: unknown metadata {e.get('name')!r}")
             if not isinstance(e.get("args"), dict):
                 problems.append(f"event {i}: metadata without args")
@@ -426,8 +465,11 @@ def validate_trace(doc: Mapping[str, Any]) -> list[str]:
         last_ts[track] = ts
         if ph == "C":
             args = e["args"]
-            if not isinstance(args, dict) or not args or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values()):  # fmt: skip
+            if (
+                not isinstance(args, dict)
+                or not args
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
+            ):
                 problems.append(f"event {i} (C): args must hold numeric series")
         elif ph == "X":
             dur = e.get("dur")
@@ -484,8 +526,15 @@ def write_chrome_trace(
 
 def _report_events(report: Any, tracks: _Tracks | None = None, label: str | None = None) -> list[dict[str, Any]]:
     roles = {n.name: n.role for n in report.nodes if n.role}
-    return chrome_trace_events(report.timeline, report.graph, plan=report.plan, roles=roles,
-                               measured=report.measured_timeline, label=label, tracks=tracks)  # fmt: skip
+    return chrome_trace_events(
+        report.timeline,
+        report.graph,
+        plan=report.plan,
+        roles=roles,
+        measured=report.measured_timeline,
+        label=label,
+        tracks=tracks,
+    )
 
 
 def write_report_trace(report: Any, path: str | Path) -> Path:

@@ -1,4 +1,4 @@
-""""Why" in words: for the top roles, what binds them and which knob would change it.
+""" "Why" in words: for the top roles, what binds them and which knob would change it.
 
 For each of a report's top roles (by time): its bound, the resource that binds it (the
 memory that feeds it and how much it moves there, the compute units and their
@@ -112,17 +112,35 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
         found: Trial | None = advice.fit
         reason = report.plan.failure.reason if report.plan.failure is not None else "does not fit"
         fix = f"{change_text(found.changes)} makes it fit" if found else "no target knob makes it fit"
-        out.append({"role": "(fit)", "bound": None, "resource": reason, "time_s": None, "step_s": step,
-                    "knob": " ".join(k.flag for k, _ in found.changes) if found else None,
-                    "value": (found.values() if found else None),
-                    "new_time_s": None, "new_step_s": None, "text": f"does not fit: {reason}; {fix}"})  # fmt: skip
+        out.append(
+            {
+                "role": "(fit)",
+                "bound": None,
+                "resource": reason,
+                "time_s": None,
+                "step_s": step,
+                "knob": " ".join(k.flag for k, _ in found.changes) if found else None,
+                "value": (found.values() if found else None),
+                "new_time_s": None,
+                "new_step_s": None,
+                "text": f"does not fit: {reason}; {fix}",
+            }
+        )
     for row in rows:
         role = row["role"]
         before = _role_time(report, role, report.timeline)
         best = _best(report, role, before, trials)
-        entry: dict[str, Any] = {"role": role, "bound": row["bound"], "resource": _resource(report, row),
-                                 "time_s": before, "step_s": step, "knob": None, "value": None,
-                                 "new_time_s": None, "new_step_s": None}  # fmt: skip
+        entry: dict[str, Any] = {
+            "role": role,
+            "bound": row["bound"],
+            "resource": _resource(report, row),
+            "time_s": before,
+            "step_s": step,
+            "knob": None,
+            "value": None,
+            "new_time_s": None,
+            "new_step_s": None,
+        }
         text = f"{role}: {row['bound'] or '-'}-bound, {entry['resource']}; "
         if best is None:
             tried = ", ".join(sorted({k.flag for k, _, _ in trials})) or "no target knob"

@@ -66,8 +66,9 @@ MAJORITY = 0.5
 KNEE_LEVEL = 0.9
 """Where a curve flattens: the first axis value whose figure reaches this share of the range's largest."""
 
-SHARE_METRICS = frozenset({"allocation_ratio", "compute_efficiency", "load_imbalance", "memory_onchip",
-                           "memory_offchip"})  # fmt: skip
+SHARE_METRICS = frozenset(
+    {"allocation_ratio", "compute_efficiency", "load_imbalance", "memory_onchip", "memory_offchip"}
+)
 """Results columns that are a fraction of a whole (graded by ``share``)."""
 
 SCALING_WORDS = {"near-linear": 1.0, "linear": 1.0, "flat": 0.0}

@@ -61,8 +61,11 @@ def needed_points(f: Finding, spec: SweepSpec) -> list[Point]:
         axis = f.options["axis"]
         ends = [f.options[k] for k in ("from", "to") if k in f.options]
         values = sorted({json.dumps(p[axis]) for p in picked})
-        keep = {json.dumps(e) for e in ends} | ({values[0]} if "from" not in f.options else set()) | (
-            {values[-1]} if "to" not in f.options else set())  # fmt: skip
+        keep = (
+            {json.dumps(e) for e in ends}
+            | ({values[0]} if "from" not in f.options else set())
+            | ({values[-1]} if "to" not in f.options else set())
+        )
         picked = [p for p in picked if json.dumps(p[axis]) in keep]
     return picked
 
@@ -91,8 +94,10 @@ def parse_counterfactual(raw: Any, where: str, points: Sequence[Point]) -> Count
     if not isinstance(unset, list) or not all(isinstance(u, str) for u in unset):
         raise UserError(f"{where}: counterfactual.unset must be a list of parameter names")
     if not isinstance(changes, Mapping) or not isinstance(knobs, Mapping) or not (changes or knobs or unset):
-        raise UserError(f"{where}: counterfactual needs target = {{ figure = value }}, knobs = {{ knob = value }} "
-                        "or unset = [parameter, ...]")  # fmt: skip
+        raise UserError(
+            f"{where}: counterfactual needs target = {{ figure = value }}, knobs = {{ knob = value }} "
+            "or unset = [parameter, ...]"
+        )
     cf = Counterfactual(what.strip(), raw.get("on"), dict(changes), dict(knobs), tuple(unset))
     targets = _targets_of(points)
     try:
@@ -110,8 +115,10 @@ def _changed_target(cf: Counterfactual, targets: Mapping[str, Target], where: st
     if cf.on is None:
         if len({t.name for t in targets.values()}) != 1:
             names = ", ".join(sorted({t.name for t in targets.values()}))
-            raise UserError(f"{where}: counterfactual changes figures of several targets' points ({names}): "
-                            "say which with on = NAME")  # fmt: skip
+            raise UserError(
+                f"{where}: counterfactual changes figures of several targets' points ({names}): "
+                "say which with on = NAME"
+            )
         name = next(iter(targets))
     else:
         from dabench_ir.targets import load_target
@@ -119,8 +126,10 @@ def _changed_target(cf: Counterfactual, targets: Mapping[str, Target], where: st
         wanted = load_target(str(cf.on)).name
         names = [n for n, t in targets.items() if t.name == wanted]
         if not names:
-            raise UserError(f"{where}: counterfactual.on = {cf.on!r}: no point the finding reads runs on it "
-                            f"(they run on {', '.join(sorted({t.name for t in targets.values()}))})")  # fmt: skip
+            raise UserError(
+                f"{where}: counterfactual.on = {cf.on!r}: no point the finding reads runs on it "
+                f"(they run on {', '.join(sorted({t.name for t in targets.values()}))})"
+            )
         name = names[0]
     return name, targets[name].with_changes(cf.target)
 

@@ -256,9 +256,13 @@ def _change_or_factor(options: Mapping[str, Any], default_minus_one: bool) -> st
     return "change" if options.get("minus_one", default_minus_one) else "factor"
 
 
-@finding_kind("ratio", fields={"numerator": ROW, "denominator": ROW, "minus_one": BOOL, "expect": DIRECTION},
-              required={"numerator", "denominator"}, band=lambda o, _m: _change_or_factor(o, True),
-              format="pct")  # fmt: skip
+@finding_kind(
+    "ratio",
+    fields={"numerator": ROW, "denominator": ROW, "minus_one": BOOL, "expect": DIRECTION},
+    required={"numerator", "denominator"},
+    band=lambda o, _m: _change_or_factor(o, True),
+    format="pct",
+)
 def ratio(rows: Sequence[Row], f: Finding) -> Outcome:
     """metric(numerator) / metric(denominator) - 1 (a plain ratio with ``minus_one = false``);
     ``expect`` (increasing, decreasing, flat) where the paper gives no number."""
@@ -308,10 +312,14 @@ def range_(rows: Sequence[Row], f: Finding) -> Outcome:
     detail = f"{len(inside)} of {len(values)} point(s) have {f.metric} in {accept_text(f.accept, f.format)}"
     detail += _skipped(why)
     reproduced = share >= threshold
-    reason = "" if reproduced else (
-        f"{percent(share)} of {len(values)} point(s) have {f.metric} in {accept_text(f.accept, f.format)} "
-        f"(range {span}), below the {percent(threshold)} asked"
-    )  # fmt: skip
+    reason = (
+        ""
+        if reproduced
+        else (
+            f"{percent(share)} of {len(values)} point(s) have {f.metric} in {accept_text(f.accept, f.format)} "
+            f"(range {span}), below the {percent(threshold)} asked"
+        )
+    )
     return Outcome(share, reproduced, detail, reason, text)
 
 
@@ -359,14 +367,22 @@ def _combine(values: dict[str, float], f: Finding, notes: list[str], default: st
             return Outcome(values[inside[0]], True, f"{_group_name(f, inside[0])}; {detail}")
         lo, hi = f.accept  # type: ignore[misc]
         closest = min(values, key=lambda g: max(lo - values[g], values[g] - hi))
-        return Outcome(values[closest], False, detail,
-                       f"no group in {accept_text(f.accept, f.format)} ({shown})")  # fmt: skip
+        return Outcome(values[closest], False, detail, f"no group in {accept_text(f.accept, f.format)} ({shown})")
     v = REDUCERS[reduce](list(values.values()))
     return Outcome(v, in_accept(v, f.accept), f"{reduce} over {detail}")
 
 
-_CURVE_FIELDS = {"axis": PARAM, "from": VALUE, "to": VALUE, "minus_one": BOOL, "per_axis": BOOL, "group": GROUP,
-                 "reduce": GROUP_REDUCE, "scaling": BOOL, "expect": DIRECTION}  # fmt: skip
+_CURVE_FIELDS = {
+    "axis": PARAM,
+    "from": VALUE,
+    "to": VALUE,
+    "minus_one": BOOL,
+    "per_axis": BOOL,
+    "group": GROUP,
+    "reduce": GROUP_REDUCE,
+    "scaling": BOOL,
+    "expect": DIRECTION,
+}
 
 
 def _curve_rule(options: Mapping[str, Any], _metric: str) -> str:
@@ -455,8 +471,13 @@ def trend(rows: Sequence[Row], f: Finding) -> Outcome:
     return Outcome(v, reproduced, detail, reason)
 
 
-@finding_kind("fit_limit", fields={"axis": PARAM, "group": GROUP, "reduce": GROUP_REDUCE}, required={"axis"},
-              band="limit", format="int")  # fmt: skip
+@finding_kind(
+    "fit_limit",
+    fields={"axis": PARAM, "group": GROUP, "reduce": GROUP_REDUCE},
+    required={"axis"},
+    band="limit",
+    format="int",
+)
 def fit_limit(rows: Sequence[Row], f: Finding) -> Outcome:
     """Along ``axis``: the largest axis value whose point fits (0 when none does); ``group`` + ``reduce`` over groups."""
     axis = f.options["axis"]
@@ -489,12 +510,14 @@ def knee(rows: Sequence[Row], f: Finding) -> Outcome:
     top = max(v for _, v in figures)
     at = next(a for a, v in figures if v >= KNEE_LEVEL * top)
     shown = ", ".join(f"{a}: {v / top:.0%}" for a, v in figures)
-    return Outcome(float(at), in_accept(float(at), f.accept),
-                   f"{f.metric} as a share of its largest along {axis}: {shown}")  # fmt: skip
+    return Outcome(
+        float(at), in_accept(float(at), f.accept), f"{f.metric} as a share of its largest along {axis}: {shown}"
+    )
 
 
-@finding_kind("switch", fields={"axis": PARAM, "expect": LABELS}, required={"axis", "expect"}, band="label",
-              format="label")  # fmt: skip
+@finding_kind(
+    "switch", fields={"axis": PARAM, "expect": LABELS}, required={"axis", "expect"}, band="label", format="label"
+)
 def switch(rows: Sequence[Row], f: Finding) -> Outcome:
     """Along ``axis``: the execution mode the lowering chose (``execution_mode``) goes from
     ``expect[0]`` to ``expect[1]`` once and stays (points that do not fit are left out: they do
@@ -521,8 +544,9 @@ LIMITERS = ("capacity", "bandwidth", "compute")
 bandwidth (most points that fit are memory-bound on their roofline) or neither."""
 
 
-@finding_kind("limits", fields={"group": GROUP, "expect": LABEL_MAP}, required={"group", "expect"}, band="label",
-              format="label")  # fmt: skip
+@finding_kind(
+    "limits", fields={"group": GROUP, "expect": LABEL_MAP}, required={"group", "expect"}, band="label", format="label"
+)
 def limits(rows: Sequence[Row], f: Finding) -> Outcome:
     """Per ``group``: the resource its sweep is limited by (`LIMITERS`): ``bandwidth`` when at
     least `bands.MAJORITY` of the points that fit are memory-bound on their roofline, else
@@ -546,8 +570,11 @@ def limits(rows: Sequence[Row], f: Finding) -> Outcome:
     expect = {str(k): str(v) for k, v in f.options["expect"].items()}
     shown = "; ".join(f"{g}: {v}" for g, v in found.items())
     wrong = [g for g, want in expect.items() if found.get(g, "none").split()[0] != want]
-    reason = "" if not wrong else "; ".join(f"{g} {found.get(g, 'no result').split()[0]}, the paper {expect[g]}"
-                                            for g in wrong)  # fmt: skip
+    reason = (
+        ""
+        if not wrong
+        else "; ".join(f"{g} {found.get(g, 'no result').split()[0]}, the paper {expect[g]}" for g in wrong)
+    )
     text = ", ".join(f"{g} {v.split()[0]}" for g, v in found.items())
     return Outcome(text, not wrong, shown, reason, text=text)
 
@@ -594,8 +621,14 @@ def _arg(rows: Sequence[Row], f: Finding, pick: Callable[..., Any]) -> Outcome:
     return Outcome(winner, winner in expect, detail, reason)
 
 
-_ARG_FIELDS = {"group": GROUP, "reduce": REDUCE, "numerator": GROUP_ROW, "denominator": GROUP_ROW,
-               "minus_one": BOOL, "expect": LABELS}  # fmt: skip
+_ARG_FIELDS = {
+    "group": GROUP,
+    "reduce": REDUCE,
+    "numerator": GROUP_ROW,
+    "denominator": GROUP_ROW,
+    "minus_one": BOOL,
+    "expect": LABELS,
+}
 
 
 @finding_kind("argmax", fields=_ARG_FIELDS, required={"group", "expect"}, band="label", format="label")
@@ -617,8 +650,13 @@ class of the operators' own times), or the run's side of its roofline's ridge (m
 compute: `dabench_ir.metrics.roofline_bound`, one point per model as a roofline chart shows it)."""
 
 
-@finding_kind("dominant", fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "of": BOUND_OF},
-              required={"bound"}, band="label", format="pct")  # fmt: skip
+@finding_kind(
+    "dominant",
+    fields={"bound": TEXT, "group": GROUP, "expect": LABELS, "of": BOUND_OF},
+    required={"bound"},
+    band="label",
+    format="pct",
+)
 def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
     """Share of the rows ``where`` picks whose dominant bound (``of`` the step, default, or of the
     nodes' work) is ``bound``: reproduced when it is at least `bands.MAJORITY`; with ``group``,
@@ -644,17 +682,24 @@ def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
     if not group:
         share = shares[""]
         detail = "; ".join([f"{sum(by[''])} of {len(by[''])} point(s) {bound}-bound", *notes])
-        reason = "" if share >= threshold else (
-            f"{percent(share)} of the points are {bound}-bound, below the {percent(threshold)} asked")  # fmt: skip
+        reason = (
+            ""
+            if share >= threshold
+            else (f"{percent(share)} of the points are {bound}-bound, below the {percent(threshold)} asked")
+        )
         return Outcome(share, share >= threshold, detail, reason, text=f"{percent(share)} {bound}-bound")
     expect = labels(f.options.get("expect", []))
     above = [g for g, s in shares.items() if s >= threshold]
     shown = ", ".join(f"{g} {percent(s)}" for g, s in sorted(shares.items(), key=lambda kv: -kv[1]))
     reproduced = set(above) == set(expect)
     detail = "; ".join([f"{bound}-bound share: {shown}", *notes])
-    reason = "" if reproduced else (
-        f"{bound}-bound in at least {percent(threshold)} of points: {', '.join(above) or 'none'} "
-        f"(expected {', '.join(expect) or 'none'}; {shown})"
-    )  # fmt: skip
+    reason = (
+        ""
+        if reproduced
+        else (
+            f"{bound}-bound in at least {percent(threshold)} of points: {', '.join(above) or 'none'} "
+            f"(expected {', '.join(expect) or 'none'}; {shown})"
+        )
+    )
     value = shares.get(expect[0]) if len(expect) == 1 else None
     return Outcome(value, reproduced, detail, reason, text=shown)

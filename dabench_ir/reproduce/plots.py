@@ -118,8 +118,14 @@ def _paper_points(
             x0, xs = p["linear_from"], sorted(x for s in tool.values() for x in s)
             y0 = at(p, x0)
             if y0 is not None:
-                ax.plot([x for x in xs if x >= x0], [y0 * x / x0 for x in xs if x >= x0], color="black",
-                        linestyle="--", linewidth=1, label=label)  # fmt: skip
+                ax.plot(
+                    [x for x in xs if x >= x0],
+                    [y0 * x / x0 for x in xs if x >= x0],
+                    color="black",
+                    linestyle="--",
+                    linewidth=1,
+                    label=label,
+                )
         else:
             base = at(p, p["relative_to"]) if "relative_to" in p else 1.0
             if not base:
@@ -156,8 +162,20 @@ def _panels(rows: Sequence[Row], spec: PlotSpec, metric: str | None) -> dict[str
 
 
 # -- kinds ---------------------------------------------------------------------------------------
-@plot_kind("lines", fields={"x": K.PARAM, "metric": _METRIC, "series": K.GROUP, "panel": K.GROUP, "logx": K.BOOL,
-                            "logy": K.BOOL, "ylabel": K.TEXT, "paper": _POINTS}, required={"x"})  # fmt: skip
+@plot_kind(
+    "lines",
+    fields={
+        "x": K.PARAM,
+        "metric": _METRIC,
+        "series": K.GROUP,
+        "panel": K.GROUP,
+        "logx": K.BOOL,
+        "logy": K.BOOL,
+        "ylabel": K.TEXT,
+        "paper": _POINTS,
+    },
+    required={"x"},
+)
 def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     """``metric`` along ``x``: one line per ``series`` value, one panel per ``panel`` (default: the target)."""
     o = spec.options
@@ -194,9 +212,22 @@ def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     return _finish(fig, spec, f"{y} vs {x}")
 
 
-@plot_kind("bars", fields={"x": K.GROUP, "metric": _METRIC, "series": K.GROUP, "numerator": K.GROUP_ROW,
-                           "denominator": K.GROUP_ROW, "minus_one": K.BOOL, "reduce": K.REDUCE, "ylabel": K.TEXT,
-                           "format": K.FORMAT, "paper": _MAPPING}, required={"x"})  # fmt: skip
+@plot_kind(
+    "bars",
+    fields={
+        "x": K.GROUP,
+        "metric": _METRIC,
+        "series": K.GROUP,
+        "numerator": K.GROUP_ROW,
+        "denominator": K.GROUP_ROW,
+        "minus_one": K.BOOL,
+        "reduce": K.REDUCE,
+        "ylabel": K.TEXT,
+        "format": K.FORMAT,
+        "paper": _MAPPING,
+    },
+    required={"x"},
+)
 def bars(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     """A figure per ``x`` group (``reduce`` of the metric per ``series``, or a numerator/denominator
     ratio), tool bars beside hatched paper bars."""
@@ -236,8 +267,15 @@ def bars(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
         drawn = ax.bar(xs, heights, width=width * 0.95, label=name, **style)
         for rect, v in zip(drawn, ys, strict=True):
             text = K.format_value(v, fmt, signed=fmt == "pct") if v is not None else "n/a"
-            ax.annotate(text, (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center",
-                        va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")  # fmt: skip
+            ax.annotate(
+                text,
+                (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)
     ax.set_xlabel(x if isinstance(x, str) else " ".join(x))
@@ -318,14 +356,21 @@ def roofline(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
             lo, hi = min(lo, ridge / 20), max(hi, ridge * 20)
         grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]
         for name, peak, bw, ridge in roofs.values():
-            ax.plot(grid, [min(peak, g * bw) for g in grid], "-", color="#333333", linewidth=1.2,
-                    label=f"roof: {name}, ridge {ridge:.3g} FLOP/B")  # fmt: skip
+            ax.plot(
+                grid,
+                [min(peak, g * bw) for g in grid],
+                "-",
+                color="#333333",
+                linewidth=1.2,
+                label=f"roof: {name}, ridge {ridge:.3g} FLOP/B",
+            )
         for s, v in sorted(pts.items(), key=lambda kv: label_sort_key(kv[0])):
             name = (
                 f"{o['series'] if isinstance(o.get('series'), str) else ''} {s}".strip() if o.get("series") else "tool"
             )
-            ax.scatter([p[0] for p in v], [p[1] for p in v], s=18, alpha=0.8, edgecolors="black", linewidths=0.3,
-                       label=name)  # fmt: skip
+            ax.scatter(
+                [p[0] for p in v], [p[1] for p in v], s=18, alpha=0.8, edgecolors="black", linewidths=0.3, label=name
+            )
         _paper_points(ax, o.get("paper"), label)
         ax.set_xscale("log")
         ax.set_yscale("log")

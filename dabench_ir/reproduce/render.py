@@ -31,10 +31,33 @@ __all__ = [
 
 SCHEMA = "dabench-ir/reproduce/v1"
 
-CSV_COLUMNS = ("id", "level", "table", "experiment", "kind", "claim", "source", "metric", "paper", "paper_text",
-               "value", "tool", "grading", "accept_text", "verdict", "reproduced", "provenance", "fitted",
-               "counterfactual", "counterfactual_tool", "counterfactual_reproduced", "mechanism", "reason", "detail",
-               "note")  # fmt: skip
+CSV_COLUMNS = (
+    "id",
+    "level",
+    "table",
+    "experiment",
+    "kind",
+    "claim",
+    "source",
+    "metric",
+    "paper",
+    "paper_text",
+    "value",
+    "tool",
+    "grading",
+    "accept_text",
+    "verdict",
+    "reproduced",
+    "provenance",
+    "fitted",
+    "counterfactual",
+    "counterfactual_tool",
+    "counterfactual_reproduced",
+    "mechanism",
+    "reason",
+    "detail",
+    "note",
+)
 
 TABLE_TITLES = {"paper": "the paper's findings", "artifact": "checks against the paper's artifact"}
 """Each table's name (`study.TABLES`), as the counts line says it."""
@@ -71,8 +94,10 @@ def _by_table(outcomes: Sequence[FindingOutcome]) -> dict[str, list[FindingOutco
 
 
 def _counts_text(c: dict[str, int]) -> str:
-    return (f"{c['predicted']} of {c['total']} reproduced as predicted, {c['in_sample']} in sample; "
-            f"{c['not_a_test']} not a test, {c['not_reproduced']} not reproduced")  # fmt: skip
+    return (
+        f"{c['predicted']} of {c['total']} reproduced as predicted, {c['in_sample']} in sample; "
+        f"{c['not_a_test']} not a test, {c['not_reproduced']} not reproduced"
+    )
 
 
 def summary_line(outcomes: Sequence[FindingOutcome]) -> str:
@@ -85,18 +110,20 @@ def findings_doc(study: Study, outcomes: Sequence[FindingOutcome]) -> dict[str, 
     """findings.json: the study, the tool's version, the counts per table and every outcome."""
     from dabench_ir import __version__
 
-    return _clean({
-        "schema": SCHEMA,
-        "study": study.name,
-        "title": study.title,
-        "source": study.source,
-        "origin": study.origin,
-        "dabench_ir": __version__,
-        "reproduced": sum(1 for o in outcomes if o.reproduced),
-        "total": len(outcomes),
-        "counts": {table: counts(mine) for table, mine in _by_table(outcomes).items()},
-        "findings": [o.to_dict() for o in outcomes],
-    })  # fmt: skip
+    return _clean(
+        {
+            "schema": SCHEMA,
+            "study": study.name,
+            "title": study.title,
+            "source": study.source,
+            "origin": study.origin,
+            "dabench_ir": __version__,
+            "reproduced": sum(1 for o in outcomes if o.reproduced),
+            "total": len(outcomes),
+            "counts": {table: counts(mine) for table, mine in _by_table(outcomes).items()},
+            "findings": [o.to_dict() for o in outcomes],
+        }
+    )
 
 
 def _csv(outcomes: Sequence[FindingOutcome]) -> str:
@@ -140,15 +167,36 @@ def findings_markdown(study: Study, outcomes: Sequence[FindingOutcome]) -> str:
     if study.source:
         lines += [f"Source: {study.source}", ""]
     lines += [f"dabench-ir {__version__}:", ""] + [f"- {line}" for line in summary_line(outcomes).splitlines()]
-    head = ("id", "level", "claim", "paper", "band", "tool", "verdict", "provenance", "counterfactual", "mechanism",
-            "reason")  # fmt: skip
+    head = (
+        "id",
+        "level",
+        "claim",
+        "paper",
+        "band",
+        "tool",
+        "verdict",
+        "provenance",
+        "counterfactual",
+        "mechanism",
+        "reason",
+    )
     for table, mine in _by_table(outcomes).items():
         lines += ["", f"## {_heading(table)}", ""]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for o in mine:
-            cells = (o.id, o.level or "", o.claim, o.paper_text, o.accept_text, o.tool, o.verdict,
-                     o.provenance + (f" ({fitted_text(o.fitted)})" if o.fitted else ""), _cf_text(o), o.mechanism,
-                     o.reason)  # fmt: skip
+            cells = (
+                o.id,
+                o.level or "",
+                o.claim,
+                o.paper_text,
+                o.accept_text,
+                o.tool,
+                o.verdict,
+                o.provenance + (f" ({fitted_text(o.fitted)})" if o.fitted else ""),
+                _cf_text(o),
+                o.mechanism,
+                o.reason,
+            )
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -166,12 +214,25 @@ def docs_table(doc: dict[str, Any]) -> str:
         mine = [f for f in doc["findings"] if f["table"] == table]
         if not mine:
             continue
-        lines += ["", f"**{_heading(table)}**: {_counts_text(doc['counts'][table])}.", "",
-                  "| id | claim | paper | band | tool | verdict | provenance | counterfactual: its figure |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"**{_heading(table)}**: {_counts_text(doc['counts'][table])}.",
+            "",
+            "| id | claim | paper | band | tool | verdict | provenance | counterfactual: its figure |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for f in mine:
             cf = "none" if not f["counterfactual"] else f"{f['counterfactual']}: {f['counterfactual_tool']}"
-            cells = (f["id"], f["claim"], f["paper_text"], f["accept_text"], f["tool"], f["verdict"], f["provenance"], cf)
+            cells = (
+                f["id"],
+                f["claim"],
+                f["paper_text"],
+                f["accept_text"],
+                f["tool"],
+                f["verdict"],
+                f["provenance"],
+                cf,
+            )
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines[1:])
 
@@ -202,8 +263,18 @@ def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, 
         rows = [("id", "claim", "paper", "band", "tool", "ok", "basis", "counterfactual (its figure)")]
         for o in mine:
             band = o.accept_text.split(": ", 1)[-1] if o.accept else o.accept_text
-            rows.append((o.id, _short(o.claim, width), _short(o.paper_text, 16), _short(band, 26),
-                         _short(o.tool, 26), mark[o.verdict], o.provenance, _cf_text(o, what=False)))  # fmt: skip
+            rows.append(
+                (
+                    o.id,
+                    _short(o.claim, width),
+                    _short(o.paper_text, 16),
+                    _short(band, 26),
+                    _short(o.tool, 26),
+                    mark[o.verdict],
+                    o.provenance,
+                    _cf_text(o, what=False),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         if lines:
             lines.append("")
@@ -211,15 +282,19 @@ def findings_table(outcomes: Sequence[FindingOutcome], *, unicode: bool = True, 
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[:1]]
         lines.append("  ".join("-" * w for w in widths))
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[1:]]
-    for verdict, title in (("not reproduced", "not reproduced:"), ("not a test", "not a test (could not have failed):")):
+    for verdict, title in (
+        ("not reproduced", "not reproduced:"),
+        ("not a test", "not a test (could not have failed):"),
+    ):
         misses = [o for o in outcomes if o.verdict == verdict]
         if misses:
             lines += ["", title]
         for o in misses:
             lines.append(f"  {o.id}: {' '.join(o.reason.split()) or 'no reason given'}")
             if o.note and verdict == "not reproduced":  # the study's account of why (what the model lacks)
-                lines += textwrap.wrap(" ".join(o.note.split()), 100, initial_indent="      why: ",
-                                       subsequent_indent="      ")  # fmt: skip
+                lines += textwrap.wrap(
+                    " ".join(o.note.split()), 100, initial_indent="      why: ", subsequent_indent="      "
+                )
     fitted = [o for o in outcomes if o.reproduced and o.fitted]
     if fitted:
         lines += ["", "in sample (a parameter was fitted to the figure checked):"]

@@ -41,6 +41,7 @@ CONDITIONS = ("min", "max", "in", "not")
 METRICS: tuple[str, ...] = tuple(c for c in METRIC_COLUMNS if c not in LABEL_COLUMNS)
 """The numeric columns of a sweep's results table (`dabench_ir.sweep.results.METRIC_COLUMNS`): what a finding reads."""
 
+
 def _p90(values: Sequence[float]) -> float:
     """The 90th percentile, nearest rank: nine figures in ten are at or below it ("rarely above")."""
     ordered = sorted(values)

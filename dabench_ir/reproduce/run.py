@@ -173,26 +173,47 @@ def _verdict(f: Finding, outcome: Outcome, cf: Outcome | None, cf_rows: Sequence
         return "not a test", f"the counterfactual ({f.counterfactual.what}) did not run: {why}"
     if cf.reproduced:
         shown = _shown(f, cf)
-        return "not a test", f"still reproduced with {f.counterfactual.what} (tool {shown}): the finding does not test it"
+        return (
+            "not a test",
+            f"still reproduced with {f.counterfactual.what} (tool {shown}): the finding does not test it",
+        )
     return "reproduced", ""
 
 
-def outcome_row(f: Finding, rows: Sequence[Row], cf_rows: Sequence[Row] = (), study: Study | None = None) -> FindingOutcome:
+def outcome_row(
+    f: Finding, rows: Sequence[Row], cf_rows: Sequence[Row] = (), study: Study | None = None
+) -> FindingOutcome:
     """Evaluate one finding on its experiment's rows (and its counterfactual's) and dress the outcome for the table."""
     outcome = evaluate(rows, f)
     cf = evaluate(cf_rows, f) if f.counterfactual is not None and cf_rows else None
     verdict, reason = _verdict(f, outcome, cf, cf_rows)
     fitted = _fitted(study, f, (str(r["target"]) for r in rows if r.get("target"))) if study is not None else []
     return FindingOutcome(
-        id=f.id, level=f.level, table=f.table, experiment=f.experiment, kind=f.kind, claim=f.claim, source=f.source,
-        metric=f.metric, paper=f.paper, paper_text=_paper_text(f, is_change(f)), value=outcome.value,
-        tool=_shown(f, outcome), verdict=verdict, grading=f.grading.rule,
-        accept=list(f.accept) if f.accept else None, accept_text=_accept_text(f),
+        id=f.id,
+        level=f.level,
+        table=f.table,
+        experiment=f.experiment,
+        kind=f.kind,
+        claim=f.claim,
+        source=f.source,
+        metric=f.metric,
+        paper=f.paper,
+        paper_text=_paper_text(f, is_change(f)),
+        value=outcome.value,
+        tool=_shown(f, outcome),
+        verdict=verdict,
+        grading=f.grading.rule,
+        accept=list(f.accept) if f.accept else None,
+        accept_text=_accept_text(f),
         counterfactual=f.counterfactual.what if f.counterfactual else "",
         counterfactual_tool=_shown(f, cf) if cf is not None else "-",
-        counterfactual_reproduced=cf.reproduced if cf is not None else None, fitted=fitted,
-        mechanism=f.mechanism, reason=reason, detail=outcome.detail, note=f.note,
-    )  # fmt: skip
+        counterfactual_reproduced=cf.reproduced if cf is not None else None,
+        fitted=fitted,
+        mechanism=f.mechanism,
+        reason=reason,
+        detail=outcome.detail,
+        note=f.note,
+    )
 
 
 def _keys(study: Study) -> dict[str, str]:
@@ -259,8 +280,15 @@ def run_study(
     cf_folder = out / COUNTERFACTUALS
     for folder in (out, cf_folder, cf_folder / "targets"):  # a file in a folder's place: one line, before any work
         check_output_dir(folder, "-o")
-    run = dict(jobs=jobs, executor=executor, address=address, cache_dir=cache_dir, retry_failed=retry_failed,
-               plots=False, node_detail=False)  # fmt: skip
+    run = dict(
+        jobs=jobs,
+        executor=executor,
+        address=address,
+        cache_dir=cache_dir,
+        retry_failed=retry_failed,
+        plots=False,
+        node_detail=False,
+    )
     sweep = run_sweep(study.merged_spec(), out, bar=bar, **run)
     rows_by_key = {r["key"]: r for r in sweep.rows}
     files = list(sweep.files)
@@ -274,10 +302,16 @@ def run_study(
     fresh = [p for p in plan.points if point_key(p.params) not in own]
     cf_sweep = None
     if fresh:
-        cf_bar = None if bar is None else (
-            lambda done, total, **kw: bar(done, total, **{**kw, "phase": f"counterfactuals {kw.get('phase', '')}"}))
-        cf_sweep = run_sweep(SweepSpec(f"{study.name}-counterfactuals", fresh, origin=study.origin), cf_folder,
-                             bar=cf_bar, **run)  # fmt: skip
+        cf_bar = (
+            None
+            if bar is None
+            else (
+                lambda done, total, **kw: bar(done, total, **{**kw, "phase": f"counterfactuals {kw.get('phase', '')}"})
+            )
+        )
+        cf_sweep = run_sweep(
+            SweepSpec(f"{study.name}-counterfactuals", fresh, origin=study.origin), cf_folder, bar=cf_bar, **run
+        )
         files += cf_sweep.files
         rows_by_key.update((r["key"], r) for r in cf_sweep.rows)
     outcomes = evaluate_study(study, rows_by_key, counterfactual_rows(plan, rows_by_key))

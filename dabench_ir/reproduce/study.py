@@ -28,8 +28,24 @@ __all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "par
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-COMMON_FIELDS = ("id", "level", "table", "claim", "source", "experiment", "kind", "metric", "paper", "format",
-                 "mechanism", "note", "where", "counterfactual", "tautology", "evidence")  # fmt: skip
+COMMON_FIELDS = (
+    "id",
+    "level",
+    "table",
+    "claim",
+    "source",
+    "experiment",
+    "kind",
+    "metric",
+    "paper",
+    "format",
+    "mechanism",
+    "note",
+    "where",
+    "counterfactual",
+    "tautology",
+    "evidence",
+)
 """Fields every finding may have; a kind adds its own (`kinds.Kind.fields`)."""
 
 TABLES = ("paper", "artifact")
@@ -225,8 +241,10 @@ def _check_paper_points(value: Any, where: str) -> list[dict[str, Any]]:
     for i, p in enumerate(value):
         shape = next((m for m, (keys, _) in _MARKS.items() if isinstance(p, Mapping) and keys <= set(p)), None)
         if shape is None:
-            raise UserError(f"{where} #{i + 1}: expected {{ x, y }}, {{ hspan = [lo, hi] }}, {{ vline = x }} or "
-                            f"{{ linear_from = x }} (with panel?, series?, label?), got {p!r}")  # fmt: skip
+            raise UserError(
+                f"{where} #{i + 1}: expected {{ x, y }}, {{ hspan = [lo, hi] }}, {{ vline = x }} or "
+                f"{{ linear_from = x }} (with panel?, series?, label?), got {p!r}"
+            )
         keys, optional = _MARKS[shape]
         extra = set(p) - keys - optional - {"panel", "series", "label"}
         if extra:
@@ -274,15 +292,19 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
             for g in labels:
                 found = [p for p in _pick(base, sel) if group_label(p.params, group) == g]
                 if len(found) != 1:
-                    raise UserError(f"{where}: {name} ({sel}) matches {len(found)} points in group {g!r}, "
-                                    f"not one{' (they differ in ' + _differ(found) + ')' if found else ''}")  # fmt: skip
+                    raise UserError(
+                        f"{where}: {name} ({sel}) matches {len(found)} points in group {g!r}, "
+                        f"not one{' (they differ in ' + _differ(found) + ')' if found else ''}"
+                    )
             continue
         found = _pick(base, sel)
         if not found:
             raise UserError(f"{where}: {name} ({sel}) matches no point of experiment {f.experiment!r} (with where)")
         if ftype == K.ROW and len(found) > 1:
-            raise UserError(f"{where}: {name} ({sel}) matches {len(found)} points, not one "
-                            f"(they differ in {_differ(found)}); narrow it or where")  # fmt: skip
+            raise UserError(
+                f"{where}: {name} ({sel}) matches {len(found)} points, not one "
+                f"(they differ in {_differ(found)}); narrow it or where"
+            )
     if f.kind == "switch" and len(K.labels(f.options["expect"])) != 2:
         raise UserError(f"{where}: expect must name two modes, the one before the switch and the one after")
     if ("numerator" in f.options) != ("denominator" in f.options):
@@ -291,8 +313,10 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
         raise UserError(f"{where}: give select (one point) or reduce (over where), not both")
     if f.kind == "value" and "reduce" not in f.options and len(_pick(base, f.options.get("select"))) != 1:
         found = _pick(base, f.options.get("select"))
-        raise UserError(f"{where}: select and where match {len(found)} points, not one "
-                        f"(they differ in {_differ(found)}); narrow them or give reduce")  # fmt: skip
+        raise UserError(
+            f"{where}: select and where match {len(found)} points, not one "
+            f"(they differ in {_differ(found)}); narrow them or give reduce"
+        )
     if kind.fields.get("reduce") == K.GROUP_REDUCE and "reduce" in f.options:
         if not group:
             raise UserError(f"{where}: reduce combines the groups' figures: give group")
@@ -306,8 +330,10 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
             found = [
                 p for p in base if json.dumps(p[axis]) == value and (not group or group_label(p.params, group) == g)
             ]
-            raise UserError(f"{where}: {n} points at {axis} = {value}{' in group ' + repr(g) if g else ''} "
-                            f"(they differ in {_differ(found)}); add them to where or group")  # fmt: skip
+            raise UserError(
+                f"{where}: {n} points at {axis} = {value}{' in group ' + repr(g) if g else ''} "
+                f"(they differ in {_differ(found)}); add them to where or group"
+            )
         values = {json.dumps(p[axis]) for p in base}
         for end in ("from", "to"):
             if end in f.options and json.dumps(f.options[end]) not in values:
@@ -365,8 +391,10 @@ def _parse_finding(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: 
         raise UserError(f"{where}: unknown kind {kind_name!r}; known: {', '.join(K.KINDS)}")
     kind = K.KINDS[kind_name]
     if "accept" in raw:
-        raise UserError(f"{where}: accept is not a finding's to set: the band comes from the paper's figure by the "
-                        "rule for the finding's kind (docs/reproduce.md, Bands); give paper")  # fmt: skip
+        raise UserError(
+            f"{where}: accept is not a finding's to set: the band comes from the paper's figure by the "
+            "rule for the finding's kind (docs/reproduce.md, Bands); give paper"
+        )
     unknown = [k for k in raw if k not in COMMON_FIELDS and k not in kind.fields]
     if unknown:
         takes = ", ".join([*COMMON_FIELDS, *kind.fields])
@@ -428,8 +456,9 @@ def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str
     fields = {**kind.fields, "where": K.SELECTOR}
     unknown = [k for k in raw if k not in ("id", "kind", "experiment", "title", *fields)]
     if unknown:
-        raise UserError(f"{where}: unknown field {unknown[0]!r}; plot kind {raw['kind']} takes "
-                        f"{', '.join(['title', *fields])}")  # fmt: skip
+        raise UserError(
+            f"{where}: unknown field {unknown[0]!r}; plot kind {raw['kind']} takes {', '.join(['title', *fields])}"
+        )
     missing = [k for k in sorted(kind.required) if k not in raw]
     if missing:
         raise UserError(f"{where}: plot kind {raw['kind']} needs {', '.join(missing)}")

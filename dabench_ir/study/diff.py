@@ -201,8 +201,17 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     pb, pa = _parts(before), _parts(after)
     t0, t1 = (before.get("totals") or {}).get("time_s"), (after.get("totals") or {}).get("time_s")
     if pb is None or pa is None:
-        keys = ("speedup_total", "speedup_nodes", "speedup_overheads", "node_time_before_s", "node_time_after_s",
-                "overhead_time_before_s", "overhead_time_after_s", "residual_before_s", "residual_after_s")  # fmt: skip
+        keys = (
+            "speedup_total",
+            "speedup_nodes",
+            "speedup_overheads",
+            "node_time_before_s",
+            "node_time_after_s",
+            "overhead_time_before_s",
+            "overhead_time_after_s",
+            "residual_before_s",
+            "residual_after_s",
+        )
         return {k: (_ratio(t0, t1) if k == "speedup_total" else None) for k in keys}, []
     (n0, o0, r0), (n1, o1, r1) = pb, pa
     parts = [("nodes", "nodes", n0, n1)]
@@ -242,9 +251,18 @@ def _modules(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         m = mods.setdefault(
             r["module"],
-            {"module": r["module"], "nodes_before": 0, "nodes_after": 0, "flops_before": 0, "flops_after": 0,
-             "bytes_before": 0, "bytes_after": 0, "time_before_s": 0.0, "time_after_s": 0.0},
-        )  # fmt: skip
+            {
+                "module": r["module"],
+                "nodes_before": 0,
+                "nodes_after": 0,
+                "flops_before": 0,
+                "flops_after": 0,
+                "bytes_before": 0,
+                "bytes_after": 0,
+                "time_before_s": 0.0,
+                "time_after_s": 0.0,
+            },
+        )
         m["nodes_before"] += len(r["replaces"])
         m["nodes_after"] += 1 if r["node"] else 0
         for key in ("flops_before", "flops_after", "bytes_before", "bytes_after", "time_before_s", "time_after_s"):

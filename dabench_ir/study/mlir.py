@@ -28,19 +28,34 @@ MLIR_BASELINE = "mlir-none"
 """The pipeline name of the MLIR baseline: the lowered linalg module, one node per op."""
 
 
-def _node_rows(base: Any, before: Mapping[str, Cost], after: Mapping[str, Cost], shared: Mapping[str, set[str]],
-               ops_before: Mapping[str, int], ops_after: Mapping[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+def _node_rows(
+    base: Any,
+    before: Mapping[str, Cost],
+    after: Mapping[str, Cost],
+    shared: Mapping[str, set[str]],
+    ops_before: Mapping[str, int],
+    ops_after: Mapping[str, int],
+) -> list[dict[str, Any]]:
     rows = []
     for name in [*before, *(n for n in after if n not in before)]:
         b, a = before.get(name, Cost()), after.get(name, Cost())
         node = base.node(name) if base.has_node(name) else None
-        rows.append({
-            "node": name, "op": node.op_type if node else None,
-            "flops_before": b.flops, "flops_after": a.flops, "bytes_before": b.bytes, "bytes_after": a.bytes,
-            "ops_before": ops_before.get(name, 0), "ops_after": ops_after.get(name, 0),
-            "shared_with": sorted(shared.get(name, ())),
-            "label": "split: shares fused ops with " + ", ".join(sorted(shared[name])) if shared.get(name) else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "node": name,
+                "op": node.op_type if node else None,
+                "flops_before": b.flops,
+                "flops_after": a.flops,
+                "bytes_before": b.bytes,
+                "bytes_after": a.bytes,
+                "ops_before": ops_before.get(name, 0),
+                "ops_after": ops_after.get(name, 0),
+                "shared_with": sorted(shared.get(name, ())),
+                "label": "split: shares fused ops with " + ", ".join(sorted(shared[name]))
+                if shared.get(name)
+                else None,
+            }
+        )
     return rows
 
 
@@ -57,8 +72,9 @@ def _ops_per_node(counts: Sequence[Any]) -> dict[str, int]:
     return out
 
 
-def _provenance(names0: Sequence[str | None], names1: Sequence[str | None], counts1: Sequence[Any],
-                record: Any) -> Provenance:  # fmt: skip
+def _provenance(
+    names0: Sequence[str | None], names1: Sequence[str | None], counts1: Sequence[Any], record: Any
+) -> Provenance:
     """After unit -> baseline units; each baseline unit in one row (the costliest unit that claims it)."""
     owner: dict[str, tuple[int, str]] = {}
     for k, name in enumerate(names1):
@@ -140,8 +156,13 @@ def mlir_runs(
         by_node1, shared = split_by_nodes(counts1, by_node0)
         rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
         per_node[pipe.name] = {"before": by_node0, "after": by_node1, "shared": shared}
-        doc = {"passes": list(pipe.mlir), "module": str(path1) if out is not None else None, "before": record.before.to_dict(),
-               "steps": record.steps_dict(), "nodes": rows}  # fmt: skip
+        doc = {
+            "passes": list(pipe.mlir),
+            "module": str(path1) if out is not None else None,
+            "before": record.before.to_dict(),
+            "steps": record.steps_dict(),
+            "nodes": rows,
+        }
         for t in targets:
             rep = place(module, counts1, names1, path1, t)
             rep.extra["provenance"] = prov.to_dict()
@@ -171,9 +192,26 @@ def agreement(onnx_run: Mapping[str, Any], mlir_pipeline: str, nodes: Mapping[st
             verdict = "same bytes"
         else:
             verdict = "MLIR moves more" if a > onnx_after else "MLIR moves less"
-        rows.append({"node": r["node"], "op": r["op"], "replaces": len(group), "onnx_bytes_before": r["bytes_before"],
-                     "onnx_bytes_after": onnx_after, "mlir_bytes_before": b, "mlir_bytes_after": a,
-                     "mlir_fused": fused, "verdict": verdict})  # fmt: skip
-    summary = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("same bytes", "MLIR moves more", "MLIR moves less")}
-    return {"onnx_pipeline": onnx_run["pipeline"], "mlir_pipeline": mlir_pipeline, "target": onnx_run["target"],
-            "summary": summary, "rows": rows}  # fmt: skip
+        rows.append(
+            {
+                "node": r["node"],
+                "op": r["op"],
+                "replaces": len(group),
+                "onnx_bytes_before": r["bytes_before"],
+                "onnx_bytes_after": onnx_after,
+                "mlir_bytes_before": b,
+                "mlir_bytes_after": a,
+                "mlir_fused": fused,
+                "verdict": verdict,
+            }
+        )
+    summary = {
+        v: sum(1 for r in rows if r["verdict"] == v) for v in ("same bytes", "MLIR moves more", "MLIR moves less")
+    }
+    return {
+        "onnx_pipeline": onnx_run["pipeline"],
+        "mlir_pipeline": mlir_pipeline,
+        "target": onnx_run["target"],
+        "summary": summary,
+        "rows": rows,
+    }

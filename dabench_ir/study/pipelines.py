@@ -91,8 +91,12 @@ class OnnxRewritePass(Pass):
         counts = attach_scopes(graph, new)
         write_scopes(optimised, new)  # later loads of the file (placing, diff, measuring) read them
         onnx.save(optimised, str(path))
-        logger.info("%s: scopes re-attached to %d nodes (%s)", self.name, len(new.nodes),
-                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))  # fmt: skip
+        logger.info(
+            "%s: scopes re-attached to %d nodes (%s)",
+            self.name,
+            len(new.nodes),
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        )
         new.metadata = {**graph.metadata, **new.metadata}
         return PassResult(new, True)
 
@@ -220,35 +224,70 @@ def _rewrite(name: str, fn: Rewrite) -> Callable[[str | None], Sequence[Pass]]:
 
 register_pipeline(Pipeline("none", "the model as exported (the baseline)"))
 _REWRITES = [  # (name, what it does, the ModelProto rewrite, the module it needs)
-    ("onnxscript-optimizer", "onnxscript.optimizer.optimize: constant folding, dead code, ...", _onnxscript_optimizer,
-     "onnxscript"),
-    ("onnxscript-fusions", "onnxscript.rewriter.ort_fusions.optimize_for_ort: fused attention, norms, GELU",
-     _onnxscript_fusions, "onnxscript"),
-    *((f"ort-{level}", f"onnxruntime graph optimisation, level {level} (its saved optimised model)", _ort_level(level),
-       "onnxruntime") for level in ("basic", "extended", "all")),
-    ("ort-transformers", "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
-     _ort_transformers, "onnxruntime"),
-]  # fmt: skip
+    (
+        "onnxscript-optimizer",
+        "onnxscript.optimizer.optimize: constant folding, dead code, ...",
+        _onnxscript_optimizer,
+        "onnxscript",
+    ),
+    (
+        "onnxscript-fusions",
+        "onnxscript.rewriter.ort_fusions.optimize_for_ort: fused attention, norms, GELU",
+        _onnxscript_fusions,
+        "onnxscript",
+    ),
+    *(
+        (
+            f"ort-{level}",
+            f"onnxruntime graph optimisation, level {level} (its saved optimised model)",
+            _ort_level(level),
+            "onnxruntime",
+        )
+        for level in ("basic", "extended", "all")
+    ),
+    (
+        "ort-transformers",
+        "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
+        _ort_transformers,
+        "onnxruntime",
+    ),
+]
 for _name, _help, _fn, _needs in _REWRITES:
     register_pipeline(Pipeline(_name, _help, _rewrite(_name, _fn), needs=_needs))
 for _opt in ("O0", "O1", "O3"):
     register_pipeline(
-        Pipeline(f"rdu-{_opt}", f"the model as it is, placed at RDU opt level {_opt}", options={"opt_level": _opt},
-                 targets=frozenset({"rdu"}))
-    )  # fmt: skip
+        Pipeline(
+            f"rdu-{_opt}",
+            f"the model as it is, placed at RDU opt level {_opt}",
+            options={"opt_level": _opt},
+            targets=frozenset({"rdu"}),
+        )
+    )
 for _mode in ("pipelined", "streaming"):
     register_pipeline(
-        Pipeline(f"wse-{_mode}", f"the model as it is, placed in WSE {_mode} mode", options={"wse_mode": _mode},
-                 targets=frozenset({"wse"}))
-    )  # fmt: skip
+        Pipeline(
+            f"wse-{_mode}",
+            f"the model as it is, placed in WSE {_mode} mode",
+            options={"wse_mode": _mode},
+            targets=frozenset({"wse"}),
+        )
+    )
 _MLIR = [  # (name, what it does, the MLIR passes)
-    ("mlir-elementwise", "linalg-fuse-elementwise-ops, then canonicalize and cse (on linalg, --via mlir)",
-     ("linalg-fuse-elementwise-ops", "canonicalize", "cse")),
-    ("mlir-generalize-fuse", "linalg-generalize-named-ops, linalg-fuse-elementwise-ops, canonicalize, cse "
-     "(named ops fused too; --via mlir)",
-     ("linalg-generalize-named-ops", "linalg-fuse-elementwise-ops", "canonicalize", "cse")),
-    ("mlir-bufferize", "mlir-elementwise, then one-shot-bufferize: the buffers that need memory (--via mlir)",
-     ("linalg-fuse-elementwise-ops", "canonicalize", "cse", "one-shot-bufferize{bufferize-function-boundaries}")),
-]  # fmt: skip
+    (
+        "mlir-elementwise",
+        "linalg-fuse-elementwise-ops, then canonicalize and cse (on linalg, --via mlir)",
+        ("linalg-fuse-elementwise-ops", "canonicalize", "cse"),
+    ),
+    (
+        "mlir-generalize-fuse",
+        "linalg-generalize-named-ops, linalg-fuse-elementwise-ops, canonicalize, cse (named ops fused too; --via mlir)",
+        ("linalg-generalize-named-ops", "linalg-fuse-elementwise-ops", "canonicalize", "cse"),
+    ),
+    (
+        "mlir-bufferize",
+        "mlir-elementwise, then one-shot-bufferize: the buffers that need memory (--via mlir)",
+        ("linalg-fuse-elementwise-ops", "canonicalize", "cse", "one-shot-bufferize{bufferize-function-boundaries}"),
+    ),
+]
 for _name, _help, _passes in _MLIR:
     register_pipeline(Pipeline(_name, _help, mlir=_passes, needs="torch_mlir"))

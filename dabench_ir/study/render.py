@@ -59,14 +59,27 @@ def split_table(run: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the run's speedup split, with a total line the parts add up to."""
     t = run["totals"]
     cells = [
-        [p["part"] if p["kind"] == "nodes" else f"overhead: {p['part']}" if p["kind"] == "overhead" else p["part"],
-         _t(p["before_s"]), _t(p["after_s"]), _dt(p["delta_s"]),
-         "-" if p["change_share"] is None else f"{100 * p['change_share']:.1f}%", _x(p["speedup_alone"])]
+        [
+            p["part"] if p["kind"] == "nodes" else f"overhead: {p['part']}" if p["kind"] == "overhead" else p["part"],
+            _t(p["before_s"]),
+            _t(p["after_s"]),
+            _dt(p["delta_s"]),
+            "-" if p["change_share"] is None else f"{100 * p['change_share']:.1f}%",
+            _x(p["speedup_alone"]),
+        ]
         for p in _split_rows(run)
-    ]  # fmt: skip
+    ]
     delta = None if t["time_before_s"] is None or t["time_after_s"] is None else t["time_after_s"] - t["time_before_s"]
-    cells.append(["step (total)", _t(t["time_before_s"]), _t(t["time_after_s"]), _dt(delta),
-                  "100.0%" if delta else "-", _x(t.get("speedup_total", t.get("speedup")))])  # fmt: skip
+    cells.append(
+        [
+            "step (total)",
+            _t(t["time_before_s"]),
+            _t(t["time_after_s"]),
+            _dt(delta),
+            "100.0%" if delta else "-",
+            _x(t.get("speedup_total", t.get("speedup"))),
+        ]
+    )
     return ["part", "before", "after", "delta", "share of change", "speedup alone"], cells
 
 
@@ -113,14 +126,29 @@ def summary_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 f"{t['estimated_before']}/{t['estimated_after']}",
             ]
         )
-    headers = ["run", "time before", "after", "speedup", "node time x", "overheads x", "FLOPs", "bytes", "nodes",
-               "fused/added/gone", "bound chg", "no rule b/a"]  # fmt: skip
+    headers = [
+        "run",
+        "time before",
+        "after",
+        "speedup",
+        "node time x",
+        "overheads x",
+        "FLOPs",
+        "bytes",
+        "nodes",
+        "fused/added/gone",
+        "bound chg",
+        "no rule b/a",
+    ]
     return headers, rows
 
 
 def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
     """Per run: the total change, the nodes that changed most, and the modules."""
-    out: list[str] = [f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})", ""]
+    out: list[str] = [
+        f"dabench-ir {doc.get('command', 'study')}: {doc.get('model')} (baseline: {doc.get('baseline', 'none')})",
+        "",
+    ]
     out += _table(*summary_table(doc))
     for run in doc["runs"]:
         out += ["", f"{run['label']}  vs  {run['baseline_label']}"]
@@ -132,10 +160,18 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
             out += ["  " + line for line in _table(head, split)] + [""]
         rows = _changed_rows(run)
         extra = [
-            ["(overhead)" if p["kind"] == "overhead" else "(residual)", p["part"], p["kind"], "-",
-             _t(p["before_s"]), _t(p["after_s"]), "overhead -> overhead", "-"]
+            [
+                "(overhead)" if p["kind"] == "overhead" else "(residual)",
+                p["part"],
+                p["kind"],
+                "-",
+                _t(p["before_s"]),
+                _t(p["after_s"]),
+                "overhead -> overhead",
+                "-",
+            ]
             for p in _overhead_rows(run)
-        ]  # fmt: skip
+        ]
         if not rows and not extra:
             out.append("  no node changed")
             continue
@@ -154,15 +190,25 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
                     human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"),
                 ]
             )
-        out += ["  " + line for line in _table(
-            ["node", "op", "status", "replaces", "before", "after", "bound", "bytes"], cells + extra, left=4)]  # fmt: skip
+        out += [
+            "  " + line
+            for line in _table(
+                ["node", "op", "status", "replaces", "before", "after", "bound", "bytes"], cells + extra, left=4
+            )
+        ]
         if len(rows) > top:
             out.append(f"  ... and {len(rows) - top} more changed nodes (see --csv/--json)")
         mods = [
-            [m["module"], str(m["nodes_before"]), str(m["nodes_after"]), _t(m["time_before_s"]), _t(m["time_after_s"]),
-             percent_change(m["time_before_s"], m["time_after_s"])]
+            [
+                m["module"],
+                str(m["nodes_before"]),
+                str(m["nodes_after"]),
+                _t(m["time_before_s"]),
+                _t(m["time_after_s"]),
+                percent_change(m["time_before_s"], m["time_after_s"]),
+            ]
             for m in run["modules"][:top]
-        ]  # fmt: skip
+        ]
         out += [
             "",
             *(
@@ -191,8 +237,18 @@ def pass_table(before: Any, steps: Sequence[Any]) -> str:
     return "\n".join(_pass_lines(before.to_dict(), rows))
 
 
-_PASS_HEADERS = ["pass", "s", "ops", "linalg", "FLOPs", "read", "written", "intermediates", "buffers",
-                 "kept/created/fused/removed"]  # fmt: skip
+_PASS_HEADERS = [
+    "pass",
+    "s",
+    "ops",
+    "linalg",
+    "FLOPs",
+    "read",
+    "written",
+    "intermediates",
+    "buffers",
+    "kept/created/fused/removed",
+]
 
 
 def _pass_cells(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -200,16 +256,30 @@ def _pass_cells(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -
 
     def cells(name: str, a: Mapping[str, Any], d: Mapping[str, Any], did: str, secs: str) -> list[str]:
         buf = "-" if a["buffers"] is None else f"{a['buffers']} / {human(a['buffer_bytes'], 'B')}"
-        return [name, secs, _delta(a["ops"], d.get("ops")), _delta(a["linalg_ops"], d.get("linalg_ops")),
-                _delta(a["flops"], d.get("flops"), "FLOP"), _delta(a["bytes_read"], d.get("bytes_read"), "B"),
-                _delta(a["bytes_written"], d.get("bytes_written"), "B"),
-                f"{_delta(a['intermediates'], d.get('intermediates'))} / {human(a['intermediate_bytes'], 'B')}",
-                buf, did]  # fmt: skip
+        return [
+            name,
+            secs,
+            _delta(a["ops"], d.get("ops")),
+            _delta(a["linalg_ops"], d.get("linalg_ops")),
+            _delta(a["flops"], d.get("flops"), "FLOP"),
+            _delta(a["bytes_read"], d.get("bytes_read"), "B"),
+            _delta(a["bytes_written"], d.get("bytes_written"), "B"),
+            f"{_delta(a['intermediates'], d.get('intermediates'))} / {human(a['intermediate_bytes'], 'B')}",
+            buf,
+            did,
+        ]
 
     rows = [cells("(as lowered)", before, {}, "-", "-")]
-    return rows + [cells(s["pass"], s["after"], s["delta"],
-                         f"{s['kept']}/{s['created']}/{s['fused_away']}/{s['removed']}", f"{s['seconds']:.3f}")
-                   for s in steps]  # fmt: skip
+    return rows + [
+        cells(
+            s["pass"],
+            s["after"],
+            s["delta"],
+            f"{s['kept']}/{s['created']}/{s['fused_away']}/{s['removed']}",
+            f"{s['seconds']:.3f}",
+        )
+        for s in steps
+    ]
 
 
 def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -227,10 +297,17 @@ def _mlir_node_cells(rec: Mapping[str, Any], top: int, *, cap: int = 3) -> list[
     def others(names: Sequence[str]) -> str:
         return (", ".join(names[:cap]) + (f" +{len(names) - cap}" if len(names) > cap else "")) or "-"
 
-    return [[r["node"], str(r["op"] or "-"), f"{r['ops_before']} -> {r['ops_after']}",
-             human(r["flops_before"], "FLOP") + " -> " + human(r["flops_after"], "FLOP"),
-             human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"), others(r["shared_with"])]
-            for r in rows]  # fmt: skip
+    return [
+        [
+            r["node"],
+            str(r["op"] or "-"),
+            f"{r['ops_before']} -> {r['ops_after']}",
+            human(r["flops_before"], "FLOP") + " -> " + human(r["flops_after"], "FLOP"),
+            human(r["bytes_before"], "B") + " -> " + human(r["bytes_after"], "B"),
+            others(r["shared_with"]),
+        ]
+        for r in rows
+    ]
 
 
 def _module_where(rec: Mapping[str, Any]) -> str:
@@ -244,19 +321,29 @@ def _mlir_lines(rec: Mapping[str, Any], top: int) -> list[str]:
 
 def _agreement_title(cmp: Mapping[str, Any]) -> str:
     s = cmp["summary"]
-    return (f"ONNX-level {cmp['onnx_pipeline']} vs MLIR-level {cmp['mlir_pipeline']} on the nodes ONNX fused: "
-            f"{s['same bytes']} move the same bytes, MLIR moves more on {s['MLIR moves more']}, less on "
-            f"{s['MLIR moves less']}")  # fmt: skip
+    return (
+        f"ONNX-level {cmp['onnx_pipeline']} vs MLIR-level {cmp['mlir_pipeline']} on the nodes ONNX fused: "
+        f"{s['same bytes']} move the same bytes, MLIR moves more on {s['MLIR moves more']}, less on "
+        f"{s['MLIR moves less']}"
+    )
 
 
 _AGREEMENT_HEADERS = ["ONNX node", "op", "nodes", "ONNX bytes", "MLIR bytes", "MLIR fused", "verdict"]
 
 
 def _agreement_cells(cmp: Mapping[str, Any], top: int) -> list[list[str]]:
-    return [[r["node"], str(r["op"]), str(r["replaces"]),
-             human(r["onnx_bytes_before"], "B") + " -> " + human(r["onnx_bytes_after"], "B"),
-             human(r["mlir_bytes_before"], "B") + " -> " + human(r["mlir_bytes_after"], "B"),
-             "yes" if r["mlir_fused"] else "no", r["verdict"]] for r in cmp["rows"][:top]]  # fmt: skip
+    return [
+        [
+            r["node"],
+            str(r["op"]),
+            str(r["replaces"]),
+            human(r["onnx_bytes_before"], "B") + " -> " + human(r["onnx_bytes_after"], "B"),
+            human(r["mlir_bytes_before"], "B") + " -> " + human(r["mlir_bytes_after"], "B"),
+            "yes" if r["mlir_fused"] else "no",
+            r["verdict"],
+        ]
+        for r in cmp["rows"][:top]
+    ]
 
 
 def _agreement_lines(cmp: Mapping[str, Any], top: int) -> list[str]:
@@ -299,13 +386,32 @@ def write_study_json(doc: Mapping[str, Any], path: str | Path) -> Path:
 
 def _overhead_csv_row(part: Mapping[str, Any]) -> dict[str, Any]:
     """An overhead (or residual) part as a CSV node row: status ``overhead``/``residual``, its times."""
-    return {"node": f"{part['kind']}: {part['part']}", "status": part["kind"], "replaces": [], "provenance": [],
-            "time_before_s": part["before_s"], "time_after_s": part["after_s"], "bound_before": "overhead",
-            "bound_after": "overhead"}  # fmt: skip
+    return {
+        "node": f"{part['kind']}: {part['part']}",
+        "status": part["kind"],
+        "replaces": [],
+        "provenance": [],
+        "time_before_s": part["before_s"],
+        "time_after_s": part["after_s"],
+        "bound_before": "overhead",
+        "bound_after": "overhead",
+    }
 
 
-MLIR_CSV_COLUMNS = ("ops_before", "ops_after", "shared_with", "seconds", "kept", "created", "fused_away", "removed",
-                    "intermediates_after", "intermediate_bytes_after", "buffers_after", "buffer_bytes_after")  # fmt: skip
+MLIR_CSV_COLUMNS = (
+    "ops_before",
+    "ops_after",
+    "shared_with",
+    "seconds",
+    "kept",
+    "created",
+    "fused_away",
+    "removed",
+    "intermediates_after",
+    "intermediate_bytes_after",
+    "buffers_after",
+    "buffer_bytes_after",
+)
 """Columns the CSV adds when a study has MLIR pipelines (its ``mlir-pass`` and ``mlir-node`` rows)."""
 
 
@@ -324,18 +430,46 @@ def _mlir_csv_rows(rec: Mapping[str, Any]) -> list[dict[str, Any]]:
     out, prev = [], rec["before"]
     for s in rec["steps"]:
         a = s["after"]
-        out.append({"node": s["pass"], "status": "mlir-pass", "flops_before": prev["flops"], "flops_after": a["flops"],
-                    "bytes_before": prev["bytes_read"] + prev["bytes_written"],
-                    "bytes_after": a["bytes_read"] + a["bytes_written"], "ops_before": prev["ops"], "ops_after": a["ops"],
-                    "seconds": s["seconds"], "kept": s["kept"], "created": s["created"], "fused_away": s["fused_away"],
-                    "removed": s["removed"], "intermediates_after": a["intermediates"],
-                    "intermediate_bytes_after": a["intermediate_bytes"], "buffers_after": a["buffers"],
-                    "buffer_bytes_after": a["buffer_bytes"]})  # fmt: skip
+        out.append(
+            {
+                "node": s["pass"],
+                "status": "mlir-pass",
+                "flops_before": prev["flops"],
+                "flops_after": a["flops"],
+                "bytes_before": prev["bytes_read"] + prev["bytes_written"],
+                "bytes_after": a["bytes_read"] + a["bytes_written"],
+                "ops_before": prev["ops"],
+                "ops_after": a["ops"],
+                "seconds": s["seconds"],
+                "kept": s["kept"],
+                "created": s["created"],
+                "fused_away": s["fused_away"],
+                "removed": s["removed"],
+                "intermediates_after": a["intermediates"],
+                "intermediate_bytes_after": a["intermediate_bytes"],
+                "buffers_after": a["buffers"],
+                "buffer_bytes_after": a["buffer_bytes"],
+            }
+        )
         prev = a
     for r in rec["nodes"]:
-        out.append({k: r[k] for k in ("node", "op", "flops_before", "flops_after", "bytes_before", "bytes_after",
-                                      "ops_before", "ops_after", "shared_with")} | {"status": "mlir-node",
-                                                                                      "note": r["label"]})  # fmt: skip
+        out.append(
+            {
+                k: r[k]
+                for k in (
+                    "node",
+                    "op",
+                    "flops_before",
+                    "flops_after",
+                    "bytes_before",
+                    "bytes_after",
+                    "ops_before",
+                    "ops_after",
+                    "shared_with",
+                )
+            }
+            | {"status": "mlir-node", "note": r["label"]}
+        )
     return out
 
 
@@ -350,9 +484,12 @@ def write_study_csv(doc: Mapping[str, Any], path: str | Path) -> Path:
 
     records = _mlir_records(doc)
     columns = (*NODE_COLUMNS, *(MLIR_CSV_COLUMNS if records else ()))
-    lines = [((run["pipeline"], run["target"], run["label"]), r)
-             for run in doc["runs"] for r in [*run["nodes"], *(_overhead_csv_row(p) for p in _overhead_rows(run))]]
-    lines += [((pipe, None, pipe), r) for pipe, rec in records for r in _mlir_csv_rows(rec)]  # fmt: skip
+    lines = [
+        ((run["pipeline"], run["target"], run["label"]), r)
+        for run in doc["runs"]
+        for r in [*run["nodes"], *(_overhead_csv_row(p) for p in _overhead_rows(run))]
+    ]
+    lines += [((pipe, None, pipe), r) for pipe, rec in records for r in _mlir_csv_rows(rec)]
 
     def write(fh: Any) -> None:
         writer = csv.writer(fh)
@@ -388,10 +525,14 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         parts += [f"<p class='warn'>{html.escape(w)}</p>" for w in run.get("warnings", [])]
         if run.get("mlir"):
             rec = run["mlir"]
-            parts.append(f"<h3>MLIR passes ({html.escape(_module_where(rec))})</h3>"
-                         + _html_table(_PASS_HEADERS, _pass_cells(rec["before"], rec["steps"])))  # fmt: skip
-            parts.append(f"<h3>{html.escape(_MLIR_NODE_NOTE.rstrip(':'))}</h3>"
-                         + _html_table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, len(rec["nodes"]), cap=10**6)))  # fmt: skip
+            parts.append(
+                f"<h3>MLIR passes ({html.escape(_module_where(rec))})</h3>"
+                + _html_table(_PASS_HEADERS, _pass_cells(rec["before"], rec["steps"]))
+            )
+            parts.append(
+                f"<h3>{html.escape(_MLIR_NODE_NOTE.rstrip(':'))}</h3>"
+                + _html_table(_MLIR_NODE_HEADERS, _mlir_node_cells(rec, len(rec["nodes"]), cap=10**6))
+            )
         if _split_rows(run):
             head, split = split_table(run)
             parts.append("<h3>Speedup split: node time and overhead rows</h3>" + _html_table(head, split))
@@ -463,8 +604,10 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
             )
         )
     for cmp in doc.get("mlir_vs_onnx") or []:
-        parts.append(f"<h2>{html.escape(_agreement_title(cmp))}</h2>"
-                     + _html_table(_AGREEMENT_HEADERS, _agreement_cells(cmp, len(cmp["rows"]))))  # fmt: skip
+        parts.append(
+            f"<h2>{html.escape(_agreement_title(cmp))}</h2>"
+            + _html_table(_AGREEMENT_HEADERS, _agreement_cells(cmp, len(cmp["rows"])))
+        )
     from dabench_ir.report.html import TABLE_CSS, TABLE_SCRIPT
 
     page = (

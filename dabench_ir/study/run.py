@@ -103,9 +103,11 @@ def run_study(
     for pipe in chosen:  # a pipeline no target takes would be an empty table: refused before any work
         if not any(pipe.applies_to(kinds[t]) for t in tlist):
             have = ", ".join(f"{t} ({kinds[t]})" for t in tlist if t)
-            raise UserError(f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
-                            f"{f'not {have}' if have else 'and no --target was given'}; add --target "
-                            f"{min(pipe.targets)} or drop it")  # fmt: skip
+            raise UserError(
+                f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
+                f"{f'not {have}' if have else 'and no --target was given'}; add --target "
+                f"{min(pipe.targets)} or drop it"
+            )
     out = Path(out_dir) if out_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +150,9 @@ def run_study(
                 source = str(rewritten.path)
             placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
         except UserError as exc:
-            failed.append({"pipeline": pipe.name, "targets": [t for t in ts if t], "reason": " ".join(str(exc).split())})
+            failed.append(
+                {"pipeline": pipe.name, "targets": [t for t in ts if t], "reason": " ".join(str(exc).split())}
+            )
             continue
         prov = provenance(base_graph, next(iter(placed.values())).graph) if passes else None
         for t, rep in placed.items():
@@ -164,8 +168,9 @@ def run_study(
     return _doc(model, tlist, [p.name for p in mlir_pipes + chosen], runs, compared, failed)
 
 
-def _doc(model: Any, tlist: Sequence[str | None], names: list[str], runs: list, compared: list,
-         failed: list) -> dict[str, Any]:
+def _doc(
+    model: Any, tlist: Sequence[str | None], names: list[str], runs: list, compared: list, failed: list
+) -> dict[str, Any]:
     doc = {
         "schema": STUDY_SCHEMA,
         "model": str(model),

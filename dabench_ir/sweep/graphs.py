@@ -27,8 +27,17 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Graph
     from dabench_ir.models import ModelConfig
 
-__all__ = ["base_config", "base_key", "build_graph", "default_cache", "export_base", "export_missing", "load_base", "model_key",
-           "save_base"]
+__all__ = [
+    "base_config",
+    "base_key",
+    "build_graph",
+    "default_cache",
+    "export_base",
+    "export_missing",
+    "load_base",
+    "model_key",
+    "save_base",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +88,9 @@ def base_key(params: dict[str, Any]) -> str:
     from dabench_ir import __version__
 
     cfg = base_config(params)
-    text = json.dumps({"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION, **_exporter_versions()},
-                      sort_keys=True)  # fmt: skip
+    text = json.dumps(
+        {"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION, **_exporter_versions()}, sort_keys=True
+    )
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return f"{cfg.family}-h{cfg.hidden}-n{cfg.heads}-s{cfg.seq}-b{cfg.batch}-{digest}"
 
@@ -140,7 +150,9 @@ def load_base(folder: Path, key: str) -> bytes | None:
 
 
 def export_missing(
-    folder: Path, wanted: dict[str, dict[str, Any]], executor: Any,
+    folder: Path,
+    wanted: dict[str, dict[str, Any]],
+    executor: Any,
     tick: Callable[[int, int], None] = lambda _n, _m: None,
 ) -> tuple[dict[str, bytes], dict[str, str], int]:
     """The bases ``wanted`` (key -> a point's params): read from ``folder``, the missing ones exported

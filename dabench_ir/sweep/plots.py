@@ -61,8 +61,18 @@ def _order(value: Any) -> tuple[int, float, str]:
     return (0, float(value), "") if isinstance(value, (int, float)) else (1, 0.0, str(value))
 
 
-def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, title: str, ylabel: str,
-           *, logx: bool = False, logy: bool = False) -> Any:  # fmt: skip
+def _lines(
+    plt: Any,
+    rows: list[dict[str, Any]],
+    x: str,
+    y: str,
+    series: str,
+    title: str,
+    ylabel: str,
+    *,
+    logx: bool = False,
+    logy: bool = False,
+) -> Any:
     """One panel per target, one line per value of ``series``."""
     by_target: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -84,8 +94,14 @@ def _lines(plt: Any, rows: list[dict[str, Any]], x: str, y: str, series: str, ti
                 pts[xv].extend(ys)
         for s, pts in sorted(lines.items(), key=lambda kv: _order(kv[0])):
             xs = sorted(pts)
-            ax.plot(xs, [sum(pts[v]) / len(pts[v]) for v in xs], marker="o", ms=3, label=f"{series} {s}",
-                    color=colour.get(s))  # fmt: skip
+            ax.plot(
+                xs,
+                [sum(pts[v]) / len(pts[v]) for v in xs],
+                marker="o",
+                ms=3,
+                label=f"{series} {s}",
+                color=colour.get(s),
+            )
         ax.set_title(label)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
@@ -125,22 +141,56 @@ def _fits(plt: Any, rows: list[dict[str, Any]]) -> Any:
 _TPUT = "throughput_samples_per_s"
 
 _PLOTS: dict[str, tuple[set[str], Callable[[Any, list[dict[str, Any]]], Any]]] = {
-    "allocation_vs_layers.png": ({"layers"}, lambda plt, rows: _lines(
-        plt, _ok(rows, "allocation_ratio"), "layers", "allocation_ratio", "hidden",
-        "Resource allocation ratio vs layers", "allocation ratio")),
-    "li_vs_layers.png": ({"layers"}, lambda plt, rows: _lines(
-        plt, _ok(rows, "load_imbalance"), "layers", "load_imbalance", "hidden",
-        "Load imbalance (LI = mean/max) vs layers", "LI")),
-    "tflops_vs_hidden.png": ({"hidden"}, lambda plt, rows: _lines(
-        plt, _ok(rows, "achieved_tflops"), "hidden", "achieved_tflops", "layers",
-        "Achieved TFLOP/s vs hidden", "TFLOP/s")),
+    "allocation_vs_layers.png": (
+        {"layers"},
+        lambda plt, rows: _lines(
+            plt,
+            _ok(rows, "allocation_ratio"),
+            "layers",
+            "allocation_ratio",
+            "hidden",
+            "Resource allocation ratio vs layers",
+            "allocation ratio",
+        ),
+    ),
+    "li_vs_layers.png": (
+        {"layers"},
+        lambda plt, rows: _lines(
+            plt,
+            _ok(rows, "load_imbalance"),
+            "layers",
+            "load_imbalance",
+            "hidden",
+            "Load imbalance (LI = mean/max) vs layers",
+            "LI",
+        ),
+    ),
+    "tflops_vs_hidden.png": (
+        {"hidden"},
+        lambda plt, rows: _lines(
+            plt,
+            _ok(rows, "achieved_tflops"),
+            "hidden",
+            "achieved_tflops",
+            "layers",
+            "Achieved TFLOP/s vs hidden",
+            "TFLOP/s",
+        ),
+    ),
     "fits_boundary.png": ({"layers", "hidden"}, lambda plt, rows: _fits(plt, _ok(rows, "fits"))),
-    "throughput_vs_batch.png": ({"batch"}, lambda plt, rows: _lines(
-        plt, _ok(rows, _TPUT), "batch", _TPUT, "precision", "Throughput vs batch", "samples/s",
-        logx=True, logy=True)),
-    "throughput_vs_chips.png": ({"chips"}, lambda plt, rows: _lines(
-        plt, _ok(rows, _TPUT), "chips", _TPUT, "strategy", "Throughput vs chips", "samples/s", logx=True)),
-}  # fmt: skip
+    "throughput_vs_batch.png": (
+        {"batch"},
+        lambda plt, rows: _lines(
+            plt, _ok(rows, _TPUT), "batch", _TPUT, "precision", "Throughput vs batch", "samples/s", logx=True, logy=True
+        ),
+    ),
+    "throughput_vs_chips.png": (
+        {"chips"},
+        lambda plt, rows: _lines(
+            plt, _ok(rows, _TPUT), "chips", _TPUT, "strategy", "Throughput vs chips", "samples/s", logx=True
+        ),
+    ),
+}
 """Each sweep plot: the axes the sweep must vary for it, and how it is drawn from the rows."""
 
 
@@ -163,7 +213,9 @@ def render_plot(name: str, rows: list[dict[str, Any]]) -> bytes | str:
         plt.close(fig)
 
 
-def write_plots(folder: Path, rows: list[dict[str, Any]], varied: set[str], executor: Executor | None = None) -> list[Path]:
+def write_plots(
+    folder: Path, rows: list[dict[str, Any]], varied: set[str], executor: Executor | None = None
+) -> list[Path]:
     """Write the plots that apply to what the sweep varies; returns the files written.
 
     With ``executor`` (the sweep's workers, idle once the points are done) the figures are drawn in

@@ -59,8 +59,16 @@ METRIC_COLUMNS = (
 )
 """Columns after the point's parameters, in order."""
 
-LABEL_COLUMNS = ("status", "error", "fits", "failure_reason", "dominant_bound", "node_bound", "roofline_bound",
-                 "execution_mode")  # fmt: skip
+LABEL_COLUMNS = (
+    "status",
+    "error",
+    "fits",
+    "failure_reason",
+    "dominant_bound",
+    "node_bound",
+    "roofline_bound",
+    "execution_mode",
+)
 """The columns of `METRIC_COLUMNS` that hold a label or a flag, not a number."""
 
 
@@ -143,8 +151,14 @@ def valid_record(record: Any, key: str | None = None) -> bool:
         if not all(isinstance(n, dict) for n in report.get("nodes") or []):
             return False
         numbers = {**(report.get("totals") or {}), **(report.get("metrics") or {})}
-        for name in ("time_s", "throughput_samples_per_s", "achieved_flops_per_s", "compute_efficiency",
-                     "allocation_ratio", "load_imbalance"):  # fmt: skip
+        for name in (
+            "time_s",
+            "throughput_samples_per_s",
+            "achieved_flops_per_s",
+            "compute_efficiency",
+            "allocation_ratio",
+            "load_imbalance",
+        ):
             value = numbers.get(name)
             if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
                 return False

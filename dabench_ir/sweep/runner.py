@@ -227,8 +227,11 @@ def run_sweep(
             todo.append((key, params))
     result.elsewhere = len(held_elsewhere)
     if result.elsewhere:
-        logger.warning("%d point(s) are being computed by another sweep into %s; waiting for them after ours",
-                       result.elsewhere, out)  # fmt: skip
+        logger.warning(
+            "%d point(s) are being computed by another sweep into %s; waiting for them after ours",
+            result.elsewhere,
+            out,
+        )
     logger.info("%s: %d points, %d done before, %d to run", spec.name, len(keyed), result.skipped, len(todo))
     tick = bar or (lambda *a, **k: None)
     done = result.skipped
@@ -267,8 +270,16 @@ def run_sweep(
             if todo:
                 if ex is None:
                     ex = make_executor(str(executor), jobs, address)
-                result.exports += _run(ex, todo, models_dir, finish, result, export_tick,
-                                       points_dir=points_dir if ex.shares_files else None, node_detail=node_detail)
+                result.exports += _run(
+                    ex,
+                    todo,
+                    models_dir,
+                    finish,
+                    result,
+                    export_tick,
+                    points_dir=points_dir if ex.shares_files else None,
+                    node_detail=node_detail,
+                )
             todo = []
             for key, params in held_elsewhere:  # the other sweep's points: its record, or ours if it died
                 locks.acquire(key, wait=True)
@@ -321,8 +332,16 @@ def _run(
         try:
             bkey = graphs.base_key(params)
         except UserError as exc:  # a model the config refuses: record it, go on
-            finish({"key": key, "params": params, "status": "error", "error": f"UserError: {exc}",
-                    "report": None, "seconds": 0.0})  # fmt: skip
+            finish(
+                {
+                    "key": key,
+                    "params": params,
+                    "status": "error",
+                    "error": f"UserError: {exc}",
+                    "report": None,
+                    "seconds": 0.0,
+                }
+            )
             continue
         by_base.setdefault(bkey, params)
         groups.setdefault((bkey, int(params["layers"])), []).append((key, params))
@@ -335,8 +354,16 @@ def _run(
     for (bkey, layers), pts in ordered:
         if bkey not in bases:
             for key, params in pts:
-                finish({"key": key, "params": params, "status": "error",
-                        "error": f"export failed: {base_errors.get(bkey)}", "report": None, "seconds": 0.0})  # fmt: skip
+                finish(
+                    {
+                        "key": key,
+                        "params": params,
+                        "status": "error",
+                        "error": f"export failed: {base_errors.get(bkey)}",
+                        "report": None,
+                        "seconds": 0.0,
+                    }
+                )
             continue
         folder = None if points_dir is None else str(points_dir)
         tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))

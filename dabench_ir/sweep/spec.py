@@ -232,8 +232,13 @@ def make_point(params: dict[str, Any], where: str) -> Point:
 
 
 def parse_spec(
-    data: dict[str, Any], *, origin: str = "<spec>", name: str | None = None, force: bool = False,
-    folder: str | Path | None = None, user_target: str | None = None,
+    data: dict[str, Any],
+    *,
+    origin: str = "<spec>",
+    name: str | None = None,
+    force: bool = False,
+    folder: str | Path | None = None,
+    user_target: str | None = None,
 ) -> SweepSpec:
     """Expand a spec (TOML already parsed) into its points; bad names or values raise UserError.
 
@@ -367,5 +372,11 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
     user_target = (defaults or {}).get("target")
-    return parse_spec(data, origin=path.name, name=data.get("name") or path.stem, force=force, folder=path.parent,
-                      user_target=user_target if isinstance(user_target, str) else None)  # fmt: skip
+    return parse_spec(
+        data,
+        origin=path.name,
+        name=data.get("name") or path.stem,
+        force=force,
+        folder=path.parent,
+        user_target=user_target if isinstance(user_target, str) else None,
+    )

@@ -48,7 +48,10 @@ def _error_text(exc: BaseException) -> str:
 
 
 def run_group(
-    base: bytes, layers: int, points: list[tuple[str, dict[str, Any]]], folder: str | None = None,
+    base: bytes,
+    layers: int,
+    points: list[tuple[str, dict[str, Any]]],
+    folder: str | None = None,
     node_detail: bool = True,
 ) -> list[dict[str, Any]]:
     """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.

@@ -71,7 +71,9 @@ class _GraphCache:
         missing = [key for key in wanted if not (self.folder / f"{key}.onnx").is_file()]
         if len(missing) < 2:
             return
-        self.say(f"exporting {len(missing)} models in {min(jobs, len(missing))} processes (once; cached in {self.folder})")
+        self.say(
+            f"exporting {len(missing)} models in {min(jobs, len(missing))} processes (once; cached in {self.folder})"
+        )
         executor = LocalExecutor(min(jobs, len(missing)), start="spawn")
         try:
             bases, _errors, _ = graphs.export_missing(self.folder, {k: wanted[k] for k in missing}, executor)

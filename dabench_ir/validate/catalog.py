@@ -44,25 +44,64 @@ HEADLINE = "samples_per_s"
 # -- the catalogue's schema ----------------------------------------------------------------
 
 _POINT_KEYS = {
-    "id": str, "kind": str, "target": str, "source": str, "system": str, "note": str, "reference_only": bool,
-    "assumptions": list, "model": dict, "run": dict, "measured": dict, "expect": dict, "gemm": dict, "bandwidth": dict,
-    "host": dict, "generate": dict, "holdout": bool,
-}  # fmt: skip
+    "id": str,
+    "kind": str,
+    "target": str,
+    "source": str,
+    "system": str,
+    "note": str,
+    "reference_only": bool,
+    "assumptions": list,
+    "model": dict,
+    "run": dict,
+    "measured": dict,
+    "expect": dict,
+    "gemm": dict,
+    "bandwidth": dict,
+    "host": dict,
+    "generate": dict,
+    "holdout": bool,
+}
 _REQUIRED = ("id", "kind", "target", "source")
 _MODEL_KEYS = {
-    "family": str, "preset": str, "layers": int, "hidden": int, "heads": int, "kv_heads": int, "ffn": int,
-    "seq": int, "vocab": int, "batch": int, "positional": str,
-}  # fmt: skip
+    "family": str,
+    "preset": str,
+    "layers": int,
+    "hidden": int,
+    "heads": int,
+    "kv_heads": int,
+    "ffn": int,
+    "seq": int,
+    "vocab": int,
+    "batch": int,
+    "positional": str,
+}
 _MODEL_REQUIRED = ("layers", "batch")
 _MEASURED_NUMBERS = {
     # model points
-    "samples_per_s", "tokens_per_s", "step_time_s", "latency_s", "host_time_s", "device_time_s", "sections", "max_pcu_utilization",
-    "active_pes", "compute_utilization", "compute_limited_samples_per_s", "transmission_limited_samples_per_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "latency_s",
+    "host_time_s",
+    "device_time_s",
+    "sections",
+    "max_pcu_utilization",
+    "active_pes",
+    "compute_utilization",
+    "compute_limited_samples_per_s",
+    "transmission_limited_samples_per_s",
     # microbenchmarks
-    "tflops", "fraction_of_peak", "max_square", "ratio", "bandwidth_gb_s",
+    "tflops",
+    "fraction_of_peak",
+    "max_square",
+    "ratio",
+    "bandwidth_gb_s",
     # generate points (dabench_ir.scenario): time to first token, per output token, end to end, decode rate
-    "ttft_s", "tpot_s", "decode_tokens_per_s",
-}  # fmt: skip
+    "ttft_s",
+    "tpot_s",
+    "decode_tokens_per_s",
+}
 _MEASURED_FRACTIONS = {"fraction_of_peak", "max_pcu_utilization", "compute_utilization"}
 """Measured quantities that are shares of a whole: in (0, 1] (a percentage is given as 0.85, not 85)."""
 _GENERATE_KEYS = ("prompt", "gen")
@@ -356,8 +395,16 @@ def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, s
         if key in entry:
             raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
     check_host(entry.get("host", {}), bad)
-    return Point(id=entry["id"], kind="host", target=HOST_TARGET, source=entry["source"], file=name,
-                 system=entry.get("system", ""), note=entry.get("note", ""), host=dict(entry.get("host", {})))  # fmt: skip
+    return Point(
+        id=entry["id"],
+        kind="host",
+        target=HOST_TARGET,
+        source=entry["source"],
+        file=name,
+        system=entry.get("system", ""),
+        note=entry.get("note", ""),
+        host=dict(entry.get("host", {})),
+    )
 
 
 def _check_target(name: str, bad: Callable[[str, str], UserError], catalog: str = "<catalog>") -> str:

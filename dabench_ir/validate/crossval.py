@@ -78,8 +78,14 @@ class Fold:
         return bool(self.informed) and not self.alone
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "points": list(self.points), "informed": list(self.informed),
-                "alone": list(self.alone), "fit_points": list(self.fit_points), "values": self.values}  # fmt: skip
+        return {
+            "source": self.source,
+            "points": list(self.points),
+            "informed": list(self.informed),
+            "alone": list(self.alone),
+            "fit_points": list(self.fit_points),
+            "values": self.values,
+        }
 
 
 def _target(name: str) -> Any:
@@ -113,14 +119,23 @@ def inputs_key(target: str, catalogue: Sequence[Point]) -> str:
     measured values of its catalogue points (a text edit to a source does not change it)."""
     t = _target(target)
     parts = [(name, q.value, sorted(q.fitted_to)) for name, q in t.quantities() if q.fitted]
-    points = sorted((p.id, sorted(p.measured.items()), source_of(p)) for p in catalogue
-                    if p.kind != "host" and _target(p.target).name == t.name)  # fmt: skip
+    points = sorted(
+        (p.id, sorted(p.measured.items()), source_of(p))
+        for p in catalogue
+        if p.kind != "host" and _target(p.target).name == t.name
+    )
     blob = json.dumps([parts, points], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def fit_folds(target: str, catalogue: Sequence[Point], *, progress: Callable[[str], None] | None = None,
-              steps: int = 14, rounds: int = 2) -> list[Fold]:  # fmt: skip
+def fit_folds(
+    target: str,
+    catalogue: Sequence[Point],
+    *,
+    progress: Callable[[str], None] | None = None,
+    steps: int = 14,
+    rounds: int = 2,
+) -> list[Fold]:
     """Every fold of ``target`` with its refit (`fit`, the same search as ``scripts/refit.py``)."""
     from dabench_ir.targets import builtin_target_paths
 
@@ -135,8 +150,15 @@ def fit_folds(target: str, catalogue: Sequence[Point], *, progress: Callable[[st
                 if progress is not None:
                     progress(f"{t.name}: without {fold.source}")
                 start = {q: quantities[q].value for q in fold.informed}
-                fold.values = fit([by_id[i] for i in fold.fit_points], text, start, Path(scratch), steps=steps,
-                                  rounds=rounds, progress=progress)  # fmt: skip
+                fold.values = fit(
+                    [by_id[i] for i in fold.fit_points],
+                    text,
+                    start,
+                    Path(scratch),
+                    steps=steps,
+                    rounds=rounds,
+                    progress=progress,
+                )
     return folds
 
 
@@ -174,10 +196,17 @@ class TargetCv:
 
     def stats(self) -> dict[str, Any]:
         e = self.errors
-        return {"compared": len(e), "median_abs_error": statistics.median(e) if e else None,
-                "worst_abs_error": max(e) if e else None, "points": len(self.scored),
-                "not_cross_validatable": len(self.unscored), "alone": self.alone, "not_identified": self.moved,
-                "refitted_folds": self.refitted, "stale": self.stale or None}  # fmt: skip
+        return {
+            "compared": len(e),
+            "median_abs_error": statistics.median(e) if e else None,
+            "worst_abs_error": max(e) if e else None,
+            "points": len(self.scored),
+            "not_cross_validatable": len(self.unscored),
+            "alone": self.alone,
+            "not_identified": self.moved,
+            "refitted_folds": self.refitted,
+            "stale": self.stale or None,
+        }
 
 
 @dataclass
@@ -188,14 +217,18 @@ class CrossValidation:
         return {t: cv.stats() for t, cv in self.targets.items()}
 
     def format_table(self) -> str:
-        lines = [f"{'target':8s} {'compared':>8s} {'points':>6s} {'median|e|':>9s} {'worst|e|':>9s} "
-                 f"{'refits':>6s} {'not cv':>6s}  (leave one source out: each source predicted by the "
-                 f"parameters refitted without it)"]  # fmt: skip
+        lines = [
+            f"{'target':8s} {'compared':>8s} {'points':>6s} {'median|e|':>9s} {'worst|e|':>9s} "
+            f"{'refits':>6s} {'not cv':>6s}  (leave one source out: each source predicted by the "
+            f"parameters refitted without it)"
+        ]
         notes = []
         for target, cv in self.targets.items():
             s = cv.stats()
-            lines.append(f"{target:8s} {s['compared']:8d} {s['points']:6d} {_pc(s['median_abs_error']):>9s} "
-                         f"{_pc(s['worst_abs_error']):>9s} {cv.refitted:6d} {len(cv.unscored):6d}")  # fmt: skip
+            lines.append(
+                f"{target:8s} {s['compared']:8d} {s['points']:6d} {_pc(s['median_abs_error']):>9s} "
+                f"{_pc(s['worst_abs_error']):>9s} {cv.refitted:6d} {len(cv.unscored):6d}"
+            )
             if cv.stale:
                 notes.append(f"  {target}: {cv.stale}")
             for source, params in cv.alone.items():
@@ -226,8 +259,10 @@ def cross_validate(validation: Validation) -> CrossValidation:
             if recorded is None:
                 cv.stale = f"no fold fits recorded: run scripts/refit.py --cross-validate {target}"
             elif recorded["inputs"] != inputs_key(target, catalogue):
-                cv.stale = (f"the fold fits of {recorded['date']} were made on other parameters or points: "
-                            f"rerun scripts/refit.py --cross-validate {target}")  # fmt: skip
+                cv.stale = (
+                    f"the fold fits of {recorded['date']} were made on other parameters or points: "
+                    f"rerun scripts/refit.py --cross-validate {target}"
+                )
         for fold in folds:
             ran = [i for i in fold.points if i in results]
             if not ran:
@@ -242,8 +277,9 @@ def cross_validate(validation: Validation) -> CrossValidation:
                 cv.unscored += ran
                 continue
             else:
-                predicted = _predict(target, [by_id[i] for i in ran], fits[fold.source]["values"],
-                                     builtin_target_paths()[target])  # fmt: skip
+                predicted = _predict(
+                    target, [by_id[i] for i in ran], fits[fold.source]["values"], builtin_target_paths()[target]
+                )
                 cv.refitted += 1
             for r in predicted:
                 if r.point.reference_only:

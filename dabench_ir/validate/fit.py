@@ -45,7 +45,7 @@ def _locate(text: str, param: str) -> re.Match[str]:
     head = re.search(rf"^\[{re.escape(section)}\]\s*$", text, re.M)
     if not head:
         raise FitError(f"no [{section}] table in the target file (parameter {param})")
-    nxt = re.search(r"^\[", text[head.end():], re.M)
+    nxt = re.search(r"^\[", text[head.end() :], re.M)
     end = head.end() + (nxt.start() if nxt else len(text) - head.end())
     m = re.compile(rf"^{re.escape(key)}\s*=\s*\{{\s*value\s*=\s*([-+0-9.eE_]+)", re.M).search(text, head.end(), end)
     if not m:
@@ -57,7 +57,7 @@ def with_values(text: str, values: Mapping[str, float]) -> str:
     """Target file ``text`` with each parameter's ``value`` replaced (6 significant digits)."""
     for param, value in values.items():
         m = _locate(text, param)
-        text = text[: m.start(1)] + f"{value:.6g}" + text[m.end(1):]
+        text = text[: m.start(1)] + f"{value:.6g}" + text[m.end(1) :]
     return text
 
 
@@ -66,8 +66,11 @@ def counts(result: PointResult) -> list[float]:
     but of a reference-only point (another chip generation) only the dimensionless ones (fraction
     of peak, ratios): its absolute figures measure that chip's clock, not this target's efficiency."""
     point = result.point
-    return [q.error for q in result.quantities if q.error is not None
-            and (not point.reference_only or "fraction" in q.name or "ratio" in q.name)]  # fmt: skip
+    return [
+        q.error
+        for q in result.quantities
+        if q.error is not None and (not point.reference_only or "fraction" in q.name or "ratio" in q.name)
+    ]
 
 
 def score(points: list[Point], text: str, scratch: Path) -> tuple[float, Validation]:
@@ -110,9 +113,17 @@ def _golden(f: Callable[[float], float], lo: float, hi: float, log: bool, steps:
     return back((a + b) / 2)
 
 
-def fit(points: list[Point], text: str, start: Mapping[str, float], scratch: Path, *,
-        ranges: Mapping[str, tuple[float, float]] | None = None, steps: int = 14, rounds: int = 2,
-        progress: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
+def fit(
+    points: list[Point],
+    text: str,
+    start: Mapping[str, float],
+    scratch: Path,
+    *,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    steps: int = 14,
+    rounds: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float]:
     """The values of the parameters ``start`` names (from their ``start`` values) that fit ``points``
     best under target file ``text``: golden-section search per parameter within its range (default
     a quarter to four times its start value), ``rounds`` rounds of coordinates when several."""

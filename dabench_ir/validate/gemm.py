@@ -29,8 +29,9 @@ def gemm_model(m: int, n: int, k: int) -> onnx.ModelProto:
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])
     b = helper.make_tensor_value_info("B", TensorProto.FLOAT, [k, n])
     c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [m, n])
-    graph = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["C"], name="gemm")], f"gemm{m}x{n}x{k}",
-                              [a, b], [c])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["C"], name="gemm")], f"gemm{m}x{n}x{k}", [a, b], [c]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="dabench-ir validate")
     model.ir_version = 9
     onnx.checker.check_model(model)

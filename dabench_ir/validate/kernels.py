@@ -43,12 +43,17 @@ def kernel_classes(csv_path: str | Path) -> dict[str, dict[str, float]]:
         utils = [k[1] for k in kernels if k[1] is not None]
         rates = [k[2] for k in kernels if k[2] is not None]
         out[name] = {
-            "count": len(kernels), "pes": sum(pes), "pes_min": min(pes), "pes_max": max(pes),
+            "count": len(kernels),
+            "pes": sum(pes),
+            "pes_min": min(pes),
+            "pes_max": max(pes),
             "pes_median": statistics.median(pes),
-            "util_min": min(utils, default=None), "util_max": max(utils, default=None),
+            "util_min": min(utils, default=None),
+            "util_max": max(utils, default=None),
             "util_median": statistics.median(utils) if utils else None,
-            "rate_min": min(rates, default=None), "rate_max": max(rates, default=None),
-        }  # fmt: skip
+            "rate_min": min(rates, default=None),
+            "rate_max": max(rates, default=None),
+        }
     return out
 
 

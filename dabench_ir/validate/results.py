@@ -64,18 +64,34 @@ class PointResult:
         """One table row per quantity (a point with none gets one row for its status)."""
         p = self.point
         base = {
-            "id": p.id, "target": p.target, "kind": p.kind, "status": self.status, "reason": self.reason,
-            "reference_only": p.reference_only, "fits_expected": self.fits_expected,
-            "fits_predicted": self.fits_predicted, "fit_verdict": self.fit_verdict,
-            "ignored": ";".join(self.ignored), "source": p.source, "in_sample": self.in_sample,
+            "id": p.id,
+            "target": p.target,
+            "kind": p.kind,
+            "status": self.status,
+            "reason": self.reason,
+            "reference_only": p.reference_only,
+            "fits_expected": self.fits_expected,
+            "fits_predicted": self.fits_predicted,
+            "fit_verdict": self.fit_verdict,
+            "ignored": ";".join(self.ignored),
+            "source": p.source,
+            "in_sample": self.in_sample,
             "informed": ";".join(self.informed),
-        }  # fmt: skip
+        }
         if self.host:  # live host points: per-node errors and the measured noise
             base["host"] = dict(self.host)
         out = []
         for q in self.quantities:
-            out.append({**base, "quantity": q.name, "measured": q.measured, "predicted": q.predicted,
-                        "rel_error": q.error, "note": q.note})  # fmt: skip
+            out.append(
+                {
+                    **base,
+                    "quantity": q.name,
+                    "measured": q.measured,
+                    "predicted": q.predicted,
+                    "rel_error": q.error,
+                    "note": q.note,
+                }
+            )
         if not out:
             out.append({**base, "quantity": None, "measured": None, "predicted": None, "rel_error": None, "note": ""})
         return out
@@ -103,10 +119,21 @@ class Validation:
         """
         out: dict[str, dict[str, Any]] = {}
         for r in self.results:
-            s = out.setdefault(r.point.target, {"points": 0, "ran": 0, "cannot_run": 0, "reference_only": 0,
-                                                "fit_right": 0, "fit_wrong": 0, "not_predicted": 0,
-                                                "_all": [], "_tp": [], "_groups": {"in_sample": ([], []),
-                                                "out_of_sample": ([], [])}})  # fmt: skip
+            s = out.setdefault(
+                r.point.target,
+                {
+                    "points": 0,
+                    "ran": 0,
+                    "cannot_run": 0,
+                    "reference_only": 0,
+                    "fit_right": 0,
+                    "fit_wrong": 0,
+                    "not_predicted": 0,
+                    "_all": [],
+                    "_tp": [],
+                    "_groups": {"in_sample": ([], []), "out_of_sample": ([], [])},
+                },
+            )
             s["points"] += 1
             if r.point.reference_only:
                 s["reference_only"] += 1
@@ -137,8 +164,13 @@ class Validation:
 
     def to_dict(self) -> dict[str, Any]:
         cv = None if self.cross_validation is None else self.cross_validation.to_dict()
-        return {"schema": "dabench-ir/validation/v1", "seconds": self.seconds, "summary": self.summary(),
-                "cross_validation": cv, "rows": self.rows()}  # fmt: skip
+        return {
+            "schema": "dabench-ir/validation/v1",
+            "seconds": self.seconds,
+            "summary": self.summary(),
+            "cross_validation": cv,
+            "rows": self.rows(),
+        }
 
     def format_table(self) -> str:
         """The text table: per point and quantity, then per target."""
@@ -166,8 +198,10 @@ class Validation:
                 )
             lines += [f"{'':38s}   {e}" for e in extra]
         lines.append("")
-        lines.append(f"{'target':8s} {'points':>6s} {'ran':>4s} {'n/run':>5s} {'ref':>4s} {'fit ok':>6s} "
-                     f"{'fit bad':>7s} {'n/pred':>6s} {'median|e|':>9s} {'worst|e|':>9s} {'tp med':>8s} {'tp worst':>8s}")  # fmt: skip
+        lines.append(
+            f"{'target':8s} {'points':>6s} {'ran':>4s} {'n/run':>5s} {'ref':>4s} {'fit ok':>6s} "
+            f"{'fit bad':>7s} {'n/pred':>6s} {'median|e|':>9s} {'worst|e|':>9s} {'tp med':>8s} {'tp worst':>8s}"
+        )
         for target, s in self.summary().items():
             lines.append(
                 f"{target:8s} {s['points']:6d} {s['ran']:4d} {s['cannot_run']:5d} {s['reference_only']:4d} "
@@ -176,8 +210,10 @@ class Validation:
                 f"{_pc(s['worst_abs_error_throughput']):>8s}"
             )
         lines.append("")
-        lines.append(f"{'target':8s} {'sample':13s} {'compared':>8s} {'median|e|':>9s} {'worst|e|':>9s} "
-                     f"{'tp med':>8s} {'tp worst':>8s}   (in sample: a parameter's fitted_to names the point)")  # fmt: skip
+        lines.append(
+            f"{'target':8s} {'sample':13s} {'compared':>8s} {'median|e|':>9s} {'worst|e|':>9s} "
+            f"{'tp med':>8s} {'tp worst':>8s}   (in sample: a parameter's fitted_to names the point)"
+        )
         for target, s in self.summary().items():
             for name in ("in_sample", "out_of_sample"):
                 g = s[name]
@@ -187,8 +223,11 @@ class Validation:
                     f"{_pc(g['worst_abs_error_throughput']):>8s}"
                 )
         if self.cross_validation is not None:
-            lines += ["", "cross-validated: the figure to trust for runs the models were not built on",
-                      self.cross_validation.format_table()]  # fmt: skip
+            lines += [
+                "",
+                "cross-validated: the figure to trust for runs the models were not built on",
+                self.cross_validation.format_table(),
+            ]
         return "\n".join(lines)
 
 

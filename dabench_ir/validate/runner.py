@@ -101,8 +101,9 @@ def _depth(p: Point) -> int:
         return 0
 
 
-def _run_parallel(points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int,
-                  done: dict[int, PointResult], tick: Bar) -> None:  # fmt: skip
+def _run_parallel(
+    points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int, done: dict[int, PointResult], tick: Bar
+) -> None:
     """Run ``groups`` of point indices (the points of one model together, so its graph is built
     once) in ``jobs`` forked worker processes, filling ``done``; the points of a lost worker, or
     all not done when a result cannot come back, are left out of ``done`` (the caller runs them here)."""
@@ -158,16 +159,25 @@ def _informed(p: Point) -> tuple[str, ...]:
     target = load_target(p.target)
     informed = tuple(target.fitted_on(p.id))
     if informed and p.holdout:
-        raise UserError(f"catalogue point {p.id}: marked holdout = true, but {target.origin} fits "
-                        f"{informed[0]} to it (its fitted_to names the point); drop one of the two")  # fmt: skip
+        raise UserError(
+            f"catalogue point {p.id}: marked holdout = true, but {target.origin} fits "
+            f"{informed[0]} to it (its fitted_to names the point); drop one of the two"
+        )
     return informed
 
 
 def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
     result = PointResult(p, fits_expected=p.expect.get("fits"), informed=_informed(p))
     try:
-        runner = {"model": _run_model, "generate": _run_generate, "gemm": _run_gemm, "gemm_max_fit": _run_max_fit,
-                  "gemm_ratio": _run_ratio, "bandwidth": _run_bandwidth, "host": _run_host}[p.kind]  # fmt: skip
+        runner = {
+            "model": _run_model,
+            "generate": _run_generate,
+            "gemm": _run_gemm,
+            "gemm_max_fit": _run_max_fit,
+            "gemm_ratio": _run_ratio,
+            "bandwidth": _run_bandwidth,
+            "host": _run_host,
+        }[p.kind]
         runner(p, result, graphs)
     except _CannotRun as exc:
         result.status, result.reason = "cannot run", str(exc)
@@ -216,8 +226,10 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         opt = run_option(key)
         kinds = option_kinds(opt)
         if kinds is not None and kind not in kinds:
-            raise _CannotRun(f"run.{key} = {_short(value)}: applies to {', '.join(sorted(kinds))} targets, "
-                             f"not {p.target} ({kind}); drop it from the point")  # fmt: skip
+            raise _CannotRun(
+                f"run.{key} = {_short(value)}: applies to {', '.join(sorted(kinds))} targets, "
+                f"not {p.target} ({kind}); drop it from the point"
+            )
         if opt.field is None:
             if _implied(value, opt.implied):
                 continue
@@ -263,8 +275,10 @@ def _batching(p: Point) -> dict[str, Any]:
     if run.get("strategy") == "dp" and chips > 1:
         batch //= chips  # the catalogue batch is the step's global batch (`_per_replica_model`)
     if accum is not None and batch != micro * accum:
-        raise _CannotRun(f"run.micro_batch = {micro} x run.gradient_accumulation = {accum} is not the batch of a "
-                         f"replica ({batch}); the point contradicts itself")  # fmt: skip
+        raise _CannotRun(
+            f"run.micro_batch = {micro} x run.gradient_accumulation = {accum} is not the batch of a "
+            f"replica ({batch}); the point contradicts itself"
+        )
     if batch % micro:
         raise _CannotRun(f"run.micro_batch = {micro} does not divide the batch of a replica ({batch})")
     if run.get("mode", "inference") == "train":
@@ -362,8 +376,12 @@ def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     if not g.fits:
         why = g.prefill.failure or next((d.failure for d in g.decode if d.failure), None) or "does not fit"
         result.notes.append(f"the tool says it does not fit: {why}")
-    figures = {"ttft_s": g.ttft_s, "tpot_s": g.tpot_s, "latency_s": g.latency_s,
-               "decode_tokens_per_s": None if not g.tpot_s else g.batch / g.tpot_s}  # fmt: skip
+    figures = {
+        "ttft_s": g.ttft_s,
+        "tpot_s": g.tpot_s,
+        "latency_s": g.latency_s,
+        "decode_tokens_per_s": None if not g.tpot_s else g.batch / g.tpot_s,
+    }
     for key, value in p.measured.items():
         if not g.fits:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))

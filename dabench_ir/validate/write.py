@@ -19,8 +19,26 @@ from dabench_ir.validate.results import PointResult, Validation
 __all__ = ["baseline", "regressions", "write_csv", "write_json", "write_plots"]
 
 
-_COLUMNS = ("id", "target", "kind", "status", "quantity", "measured", "predicted", "rel_error", "note",
-            "fits_expected", "fits_predicted", "fit_verdict", "ignored", "reference_only", "in_sample", "informed", "reason", "source")  # fmt: skip
+_COLUMNS = (
+    "id",
+    "target",
+    "kind",
+    "status",
+    "quantity",
+    "measured",
+    "predicted",
+    "rel_error",
+    "note",
+    "fits_expected",
+    "fits_predicted",
+    "fit_verdict",
+    "ignored",
+    "reference_only",
+    "in_sample",
+    "informed",
+    "reason",
+    "source",
+)
 
 
 def write_json(validation: Validation, path: str | Path) -> Path:
@@ -107,8 +125,14 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
             color = colors[c % len(colors)]
             ax.plot(xs, meas, "o-", color=color, label=f"{label}: measured")
             if any(v is not None for v in pred):
-                ax.plot(xs, [v if v is not None else math.nan for v in pred], "s--", color=color,
-                        mfc="none", label=f"{label}: predicted")  # fmt: skip
+                ax.plot(
+                    xs,
+                    [v if v is not None else math.nan for v in pred],
+                    "s--",
+                    color=color,
+                    mfc="none",
+                    label=f"{label}: predicted",
+                )
         ax.set_xlabel("decoder layers")
         ax.set_ylabel("throughput (samples/s)")
         ax.set_yscale("log")
@@ -136,8 +160,9 @@ def _target_figure(target: str, results: list[PointResult]) -> Any:
         ax.scatter(xs, meas, marker="o", color="#1f77b4", label="measured", zorder=3)
         ax.scatter(xs, pred, marker="s", facecolors="none", edgecolors="#d62728", label="predicted", zorder=3)
         for x, m in nofit:
-            ax.annotate("tool: does not fit", (x, m), xytext=(6, -3), textcoords="offset points", fontsize=7,
-                        color="#d62728")  # fmt: skip
+            ax.annotate(
+                "tool: does not fit", (x, m), xytext=(6, -3), textcoords="offset points", fontsize=7, color="#d62728"
+            )
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=6)
         ax.set_yscale("log")

@@ -89,8 +89,15 @@ class IpuLowering(Lowering):
     def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         run = IpuRun.build(ctx, target, options)
         pipeline = form_stages(ctx, options)
-        plan = ctx.plan(target, options, Schedule.CONCURRENT, micro_batches=run.m, chips=pipeline.ipus * run.replicas,
-                        replicas=run.replicas, pipelined_steps=options.steady_state)  # fmt: skip
+        plan = ctx.plan(
+            target,
+            options,
+            Schedule.CONCURRENT,
+            micro_batches=run.m,
+            chips=pipeline.ipus * run.replicas,
+            replicas=run.replicas,
+            pipelined_steps=options.steady_state,
+        )
         if pipeline.note:
             plan.notes.append(pipeline.note)
         times = place_nodes(run, pipeline, plan)
@@ -108,12 +115,18 @@ LOWERING = IpuLowering()
 def _record_layout(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s: float, plan: Plan) -> None:
     """Step 6: the plan's IPU summary (``plan.extra``): the layout, the stages, the pipeline
     cycle, where the optimizer state lives, and each IPU's tile memory by term."""
-    plan.extra.update({
-        "ipus": pipeline.ipus,
-        "layers_per_ipu": pipeline.counts,
-        "pipeline_stages": pipeline.n_stages,
-        "stages": [{"ipu": st.ipu, "layers": st.layers} for st in pipeline.stages],
-        "cycle_s": cycle_s,
-        "optimizer_state": ("off-chip (streaming memory)" if memory.offchip else "on-chip") if run.training else None,
-        "memory_terms": {f"ipu{k}": {name: int(v) for name, v in t.items()} for k, t in sorted(memory.terms.items())},
-    })  # fmt: skip
+    plan.extra.update(
+        {
+            "ipus": pipeline.ipus,
+            "layers_per_ipu": pipeline.counts,
+            "pipeline_stages": pipeline.n_stages,
+            "stages": [{"ipu": st.ipu, "layers": st.layers} for st in pipeline.stages],
+            "cycle_s": cycle_s,
+            "optimizer_state": ("off-chip (streaming memory)" if memory.offchip else "on-chip")
+            if run.training
+            else None,
+            "memory_terms": {
+                f"ipu{k}": {name: int(v) for name, v in t.items()} for k, t in sorted(memory.terms.items())
+            },
+        }
+    )

@@ -36,15 +36,34 @@ if TYPE_CHECKING:
     from dabench_ir.plan import Plan
 
 __all__ = [
-    "BACKWARD_KERNELS", "MEMORY_TERMS", "Phase", "TileMemory", "boundary_bytes", "core_internal_values",
-    "ipus_needed", "overflow_message", "param_count", "place_units", "saved_bytes", "saves_inputs",
-    "state_bytes_per_param", "temporaries", "tile_memory",
-]  # fmt: skip
+    "BACKWARD_KERNELS",
+    "MEMORY_TERMS",
+    "Phase",
+    "TileMemory",
+    "boundary_bytes",
+    "core_internal_values",
+    "ipus_needed",
+    "overflow_message",
+    "param_count",
+    "place_units",
+    "saved_bytes",
+    "saves_inputs",
+    "state_bytes_per_param",
+    "temporaries",
+    "tile_memory",
+]
 
 MEMORY_TERMS = (
-    "program", "code", "weights", "grad_accum", "optimizer_state", "stash", "live_activations",
-    "matmul_temporaries", "exchange_buffers",
-)  # fmt: skip
+    "program",
+    "code",
+    "weights",
+    "grad_accum",
+    "optimizer_state",
+    "stash",
+    "live_activations",
+    "matmul_temporaries",
+    "exchange_buffers",
+)
 """What each IPU's tile memory holds, in the order the report lists it (docs/targets.md)."""
 
 BACKWARD_KERNELS = 2  # a differentiable op adds about two backward kernels (dX, dW): code for 3 per op
@@ -92,8 +111,13 @@ def saved_bytes(ctx: LoweringContext, nodes: list[Node], dropped: frozenset[str]
     views need none; ``dropped`` (an attention core's scores and probabilities,
     `core_internal_values`) are not kept."""
     graph = ctx.graph
-    seen = {v for n in nodes if saves_inputs(ctx, n) for v in n.inputs
-            if v and v in graph.values and not graph.values[v].kind.is_stored and v not in dropped}  # fmt: skip
+    seen = {
+        v
+        for n in nodes
+        if saves_inputs(ctx, n)
+        for v in n.inputs
+        if v and v in graph.values and not graph.values[v].kind.is_stored and v not in dropped
+    }
     return sum(act_bytes(ctx, v) for v in seen)
 
 
@@ -122,8 +146,11 @@ def saves_inputs(ctx: LoweringContext, node: Node) -> bool:
     if fwd.special_ops > 0 or (out and fwd.vector_flops > out):
         return True
     graph = ctx.graph
-    acts = [v for v in node.inputs if v and v in graph.values and not graph.values[v].kind.is_stored
-            and numel(ctx, v) >= out]  # fmt: skip
+    acts = [
+        v
+        for v in node.inputs
+        if v and v in graph.values and not graph.values[v].kind.is_stored and numel(ctx, v) >= out
+    ]
     return cost.vector_flops > 0 and len(acts) >= 2 and node.op_type in ("Mul", "Div")
 
 
@@ -168,14 +195,20 @@ def temporaries(serials: dict[str, SerialPlan], nodes: list[Node]) -> float:
     return max((serials[n.name].temporaries for n in nodes), default=0.0)
 
 
-def _layer_phase(run: IpuRun, pipeline: Pipeline, layer_nodes: list[list[Node]], inflight: int,
-                 t: dict[str, float], serials: dict[str, SerialPlan], dropped: frozenset[str]) -> Phase:  # fmt: skip
+def _layer_phase(
+    run: IpuRun,
+    pipeline: Pipeline,
+    layer_nodes: list[list[Node]],
+    inflight: int,
+    t: dict[str, float],
+    serials: dict[str, SerialPlan],
+    dropped: frozenset[str],
+) -> Phase:
     """A stage's decoder layers: add their stash (``inflight`` micro-batches of it) and exchange
     buffers to ``t``; their phase is one layer's live activations with its matmul temporaries."""
     ctx, m, train, training = run.ctx, run.m, run.train, run.training
     # the layer's input, read by a recompute stash and by the exchange buffers only
-    boundary = (max(boundary_bytes(ctx, ln) for ln in layer_nodes) / m
-                if run.recompute or pipeline.ipus > 1 else 0.0)  # fmt: skip
+    boundary = max(boundary_bytes(ctx, ln) for ln in layer_nodes) / m if run.recompute or pipeline.ipus > 1 else 0.0
     if training:
         saved = max(saved_bytes(ctx, ln) for ln in layer_nodes) / m
     if training and run.recompute:
@@ -193,8 +226,9 @@ def _layer_phase(run: IpuRun, pipeline: Pipeline, layer_nodes: list[list[Node]],
     return Phase(live, temporaries(serials, [n for ln in layer_nodes for n in ln]))
 
 
-def _other_phase(run: IpuRun, pipeline: Pipeline, other: list[Node], t: dict[str, float],
-                 serials: dict[str, SerialPlan]) -> Phase:  # fmt: skip
+def _other_phase(
+    run: IpuRun, pipeline: Pipeline, other: list[Node], t: dict[str, float], serials: dict[str, SerialPlan]
+) -> Phase:
     """A stage's nodes outside any layer (embedding, head, loss): add the exchange buffers for what
     enters them to ``t``; their phase is their peak of live activations with their matmul temporaries."""
     ctx, m = run.ctx, run.m
@@ -205,8 +239,15 @@ def _other_phase(run: IpuRun, pipeline: Pipeline, other: list[Node], t: dict[str
     return phase
 
 
-def _add_stage(run: IpuRun, pipeline: Pipeline, s: int, st: Stage, memory: TileMemory,
-               serials: dict[str, SerialPlan], dropped: frozenset[str]) -> None:  # fmt: skip
+def _add_stage(
+    run: IpuRun,
+    pipeline: Pipeline,
+    s: int,
+    st: Stage,
+    memory: TileMemory,
+    serials: dict[str, SerialPlan],
+    dropped: frozenset[str],
+) -> None:
     """Add stage ``s`` (``st``) to its IPU's terms: stash, exchange buffers, code for its distinct
     ops, and its live activations and matmul temporaries where its phase peaks above the IPU's."""
     ctx, training, k = run.ctx, run.training, st.ipu
@@ -275,8 +316,11 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         util = times.utilisation(k)
         unit.allocation = util / n_ipus
         unit.stats = UnitStats(tile_utilisation=util)
-        unit.resources = {"tiles": float(fig.tiles), "sram_bytes": float(resident),
-                          **{f"{name}_bytes": float(v) for name, v in t.items()}}  # fmt: skip
+        unit.resources = {
+            "tiles": float(fig.tiles),
+            "sram_bytes": float(resident),
+            **{f"{name}_bytes": float(v) for name, v in t.items()},
+        }
         if k in offchip_bytes:
             unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])
         plan.units.append(unit)
@@ -284,24 +328,42 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         if k in offchip_bytes and stream is not None:
             plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
         if resident > capacity:
-            plan.fail(overflow_message(k, t, resident, capacity, memory.inflight_of.get(k, 0), run.recompute,
-                                       run.training, n_ipus), resident, capacity)  # fmt: skip
+            plan.fail(
+                overflow_message(
+                    k, t, resident, capacity, memory.inflight_of.get(k, 0), run.recompute, run.training, n_ipus
+                ),
+                resident,
+                capacity,
+            )
         if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
-            plan.fail(f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
-                      f"it has {stream.capacity_bytes / 1e9:.0f} GB; use more IPUs or replicas",
-                      offchip_bytes[k], stream.capacity_bytes)  # fmt: skip
+            plan.fail(
+                f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
+                f"it has {stream.capacity_bytes / 1e9:.0f} GB; use more IPUs or replicas",
+                offchip_bytes[k],
+                stream.capacity_bytes,
+            )
     # no summed "sram" entry: tile memory is per IPU ("sram:ipuK" above), and a sum over IPUs
     # read as one device's use (the multi-chip report does) would exceed any one IPU's capacity
     plan.traffic_bytes[sram.name] = sum(c.bytes for c in run.ctx.costs.values())
 
 
-def overflow_message(k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, recompute: bool,
-                     training: bool, n_ipus: int) -> str:  # fmt: skip
+def overflow_message(
+    k: int,
+    t: dict[str, float],
+    resident: float,
+    capacity: float,
+    inflight: int,
+    recompute: bool,
+    training: bool,
+    n_ipus: int,
+) -> str:
     """The failure line: the IPU, its total, the part that overflows most, and what to try."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
     hint = {
-        "stash": "use --recompute" if training and not recompute else "put fewer layers on early IPUs (--layers-per-ipu)",
+        "stash": "use --recompute"
+        if training and not recompute
+        else "put fewer layers on early IPUs (--layers-per-ipu)",
         "matmul_temporaries": "lower --matmul-proportion",
         "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
         "live_activations": "use fewer samples per micro-batch (more --micro-batches)"

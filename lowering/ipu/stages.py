@@ -110,8 +110,10 @@ def layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float =
         counts = list(options.layers_per_ipu)
         shown = ",".join(map(str, counts))
         if options.ipus not in (1, len(counts)):
-            raise UserError(f"--layers-per-ipu {shown} names {len(counts)} IPUs but --ipus is {options.ipus}; "
-                            "give one count per IPU")  # fmt: skip
+            raise UserError(
+                f"--layers-per-ipu {shown} names {len(counts)} IPUs but --ipus is {options.ipus}; "
+                "give one count per IPU"
+            )
         if sum(counts) != n_layers:
             raise UserError(f"--layers-per-ipu {shown} places {sum(counts)} layers; the model has {n_layers}")
         return Layout(counts, tied and len(counts) > 1)

@@ -56,10 +56,18 @@ def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: P
     plan.units.append(unit)
     for node in opt_nodes:
         plan.node_plans[node.name] = place_node(
-            ctx, node, unit=unit.id, compute_s=0.0, memory_s=opt_s, feed_level=stream.level if offchip and stream
-            else fig.sram.level, feed_bytes=ctx.costs[node.name].bytes, ridge=fig.ridge, allocation=0.0,
-            micro_batches=run.m, time_s=0.0,
-        )  # fmt: skip
+            ctx,
+            node,
+            unit=unit.id,
+            compute_s=0.0,
+            memory_s=opt_s,
+            feed_level=stream.level if offchip and stream else fig.sram.level,
+            feed_bytes=ctx.costs[node.name].bytes,
+            ridge=fig.ridge,
+            allocation=0.0,
+            micro_batches=run.m,
+            time_s=0.0,
+        )
     plan.step_overheads_s["optimizer"] = opt_s
     if offchip and stream is not None:
         plan.traffic_bytes[stream.name] = int(2 * sum(memory.offchip_bytes.values()))

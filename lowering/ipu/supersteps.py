@@ -120,15 +120,20 @@ def _link_bytes(run: IpuRun, node: Node, ipu: int, ipu_of: dict[str, int], cross
     link_bytes = 0.0
     for v in node.inputs:
         value = graph.values.get(v) if v else None
-        if (value is not None and value.producer is not None and ipu_of.get(value.producer, ipu) != ipu
-                and (v, ipu) not in crossed):  # fmt: skip
+        if (
+            value is not None
+            and value.producer is not None
+            and ipu_of.get(value.producer, ipu) != ipu
+            and (v, ipu) not in crossed
+        ):
             crossed.add((v, ipu))  # one inter-IPU copy per tensor, however many ops read it there
             link_bytes += act_bytes(run.ctx, v) * (2 if run.training else 1)  # and its gradient back
     return link_bytes
 
 
-def _superstep(run: IpuRun, node: Node, unit_id: str, used: int, serial: SerialPlan, link_bytes: float,
-               n_ipus: int) -> NodePlan:  # fmt: skip
+def _superstep(
+    run: IpuRun, node: Node, unit_id: str, used: int, serial: SerialPlan, link_bytes: float, n_ipus: int
+) -> NodePlan:
     """The `NodePlan` of ``node`` on ``used`` tiles: its Cost parts at their rates, the
     exchange of its inputs, its link copies and the serial passes' extra broadcasts, and a
     sync per superstep (one more per extra serial pass)."""
@@ -144,12 +149,19 @@ def _superstep(run: IpuRun, node: Node, unit_id: str, used: int, serial: SerialP
     serial_comm_s = m * extra * serial.broadcast_bytes / fig.exchange_bw
     comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
     return place_node(
-        ctx, node, unit=unit_id, compute_s=matmul_s + vector_s + special_s,
+        ctx,
+        node,
+        unit=unit_id,
+        compute_s=matmul_s + vector_s + special_s,
         memory_s=cost.bytes / (fig.sram_bw * used / fig.tiles),
         comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
-        overhead_s=fig.sync * m * (1 + extra) if work else 0.0, feed_level=fig.sram.level, feed_bytes=cost.bytes,
-        ridge=fig.ridge, allocation=used / fig.tiles / n_ipus if work else 0.0, micro_batches=m,
-    )  # fmt: skip
+        overhead_s=fig.sync * m * (1 + extra) if work else 0.0,
+        feed_level=fig.sram.level,
+        feed_bytes=cost.bytes,
+        ridge=fig.ridge,
+        allocation=used / fig.tiles / n_ipus if work else 0.0,
+        micro_batches=m,
+    )
 
 
 def place_nodes(run: IpuRun, pipeline: Pipeline, plan: Plan) -> IpuTimes:

@@ -121,7 +121,7 @@ __all__ = [
     "pipeline_s",
     "reduction_depths",
     "saved_for_backward",
-]  # fmt: skip
+]
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +165,14 @@ class RduLowering(Lowering):
         return plan
 
 
-def _time_and_place(ctx: LoweringContext, plan: Plan, layout: SectionLayout, state: SavedState,
-                    timer: SectionTimer, placement: Placement) -> list[int]:  # fmt: skip
+def _time_and_place(
+    ctx: LoweringContext,
+    plan: Plan,
+    layout: SectionLayout,
+    state: SavedState,
+    timer: SectionTimer,
+    placement: Placement,
+) -> list[int]:
     """Time each section (its DDR traffic, `section_ddr`, and its pipeline) and add its units to
     ``plan``, then place every node; returns each section's DDR bytes, in order."""
     section_bytes: list[int] = []

@@ -28,7 +28,7 @@ __all__ = [
     "recomputed_values",
     "saved_for_backward",
     "section_ddr",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +113,14 @@ class SectionTraffic:
     per_node: dict[str, int]
 
 
-def section_ddr(ctx: LoweringContext, sec: Section, section_of: dict[str, dict[str, int]], i: int,
-                recomputed: set[str], saved: dict[str, dict[str, int]]) -> SectionTraffic:  # fmt: skip
+def section_ddr(
+    ctx: LoweringContext,
+    sec: Section,
+    section_of: dict[str, dict[str, int]],
+    i: int,
+    recomputed: set[str],
+    saved: dict[str, dict[str, int]],
+) -> SectionTraffic:
     """DDR bytes of one section and each node's share: weights, and tensors crossing its boundary.
 
     Forward: activations read from outside, outputs read by another forward section, and what
@@ -185,10 +191,15 @@ def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -
     reason: what it holds, and how this run batches, recomputes and treats attention."""
     record = meta.training_state(ctx.graph)
     recompute = getattr(record, "recompute_mode", "none")
-    batching = (f"the batch of {ctx.batch} streams through each section in {micro_batches} piece(s) and its saved "
-                "tensors are all kept (one weight update per step, no gradient accumulation)")  # fmt: skip
-    attention = ("the attention scores stay on chip and are recomputed in backward (fused core)" if recomputed
-                 else "no attention core fused on chip: its scores are saved like any tensor")  # fmt: skip
+    batching = (
+        f"the batch of {ctx.batch} streams through each section in {micro_batches} piece(s) and its saved "
+        "tensors are all kept (one weight update per step, no gradient accumulation)"
+    )
+    attention = (
+        "the attention scores stay on chip and are recomputed in backward (fused core)"
+        if recomputed
+        else "no attention core fused on chip: its scores are saved like any tensor"
+    )
     return (
         "DDR as SambaFlow spends it in training: weights, gradients, fp32 master weights and Adam moments, "
         "each operator's saved inputs as autograd keeps them "
@@ -196,8 +207,9 @@ def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -
     )
 
 
-def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_bytes: list[int],
-                  saved: dict[str, dict[str, int]]) -> dict[str, int]:  # fmt: skip
+def ddr_footprint(
+    ctx: LoweringContext, sections: list[Section], section_bytes: list[int], saved: dict[str, dict[str, int]]
+) -> dict[str, int]:
     """What a training step holds in DDR at its peak, by kind (bytes).
 
     Sections exchange tensors through DDR and the backward reads what the forward left there:
@@ -228,8 +240,17 @@ def ddr_footprint(ctx: LoweringContext, sections: list[Section], section_bytes: 
     }
 
 
-def fit(ctx: LoweringContext, plan: Plan, target: Target, chip: Chip, layout: SectionLayout, state: SavedState,
-        section_bytes: list[int], feed: Feed, micro_batches: int) -> None:  # fmt: skip
+def fit(
+    ctx: LoweringContext,
+    plan: Plan,
+    target: Target,
+    chip: Chip,
+    layout: SectionLayout,
+    state: SavedState,
+    section_bytes: list[int],
+    feed: Feed,
+    micro_batches: int,
+) -> None:
     """Fit the plan's memory against the target's: what DDR holds (a training step's footprint,
     `ddr_footprint`, else the resident weights and activations), the largest section's PMU SRAM,
     and a failure when DDR is too small. ``section_bytes``: each section's DDR bytes, in order."""

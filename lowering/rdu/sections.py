@@ -34,7 +34,7 @@ __all__ = [
     "fusion_groups",
     "phase_cost",
     "pmu_demand",
-]  # fmt: skip
+]
 
 PHASES = ("forward", "backward", "optimizer")
 """The phases of a step, in the order their sections run; no section holds two."""
@@ -137,8 +137,9 @@ def attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
     return core
 
 
-def fusion_groups(ctx: LoweringContext, nodes: list[Node], opt_level: str,
-                  core: dict[str, int] | None = None) -> list[list[Node]]:  # fmt: skip
+def fusion_groups(
+    ctx: LoweringContext, nodes: list[Node], opt_level: str, core: dict[str, int] | None = None
+) -> list[list[Node]]:
     """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each
     (``core``: `attention_cores` of ``nodes``, when the caller has it)."""
     if core is None:
@@ -164,8 +165,9 @@ def body_and_optimizer(graph: Graph) -> tuple[list[Node], list[Node]]:
     return body, optimizer
 
 
-def form_sections(ctx: LoweringContext, chip: Chip, opt_level: str, demand: Demand | None = None,
-                  cores: dict[str, int] | None = None) -> list[Section]:  # fmt: skip
+def form_sections(
+    ctx: LoweringContext, chip: Chip, opt_level: str, demand: Demand | None = None, cores: dict[str, int] | None = None
+) -> list[Section]:
     """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer
     (``demand``: the nodes' `Demand` on ``chip``, ``cores``: the forward's `attention_cores`
     at that level, when the caller has them)."""

@@ -40,7 +40,7 @@ __all__ = [
     "core_forwards",
     "pipeline_s",
     "reduction_depths",
-]  # fmt: skip
+]
 
 
 class Depths(NamedTuple):
@@ -231,8 +231,9 @@ class CoreForward:
     nodes: list[Node] = field(default_factory=list)
 
 
-def core_forwards(ctx: LoweringContext, cores: dict[str, int], timer: NodeTimer, floor: TileFloor
-                  ) -> dict[int, CoreForward]:  # fmt: skip
+def core_forwards(
+    ctx: LoweringContext, cores: dict[str, int], timer: NodeTimer, floor: TileFloor
+) -> dict[int, CoreForward]:
     """Core id -> its `CoreForward` (``cores``: node -> core id), gathered once for every backward
     section (a scan of every core per section was quadratic)."""
     out: dict[int, CoreForward] = {}
@@ -300,8 +301,9 @@ class _NodeWork:
 class SectionTimer:
     """Times the sections of one plan: their pipelines, their DDR traffic, and each node's share."""
 
-    def __init__(self, ctx: LoweringContext, chip: Chip, layout: SectionLayout, timer: NodeTimer,
-                 floor: TileFloor, feed: Feed) -> None:  # fmt: skip
+    def __init__(
+        self, ctx: LoweringContext, chip: Chip, layout: SectionLayout, timer: NodeTimer, floor: TileFloor, feed: Feed
+    ) -> None:
         self.ctx = ctx
         self.chip = chip
         self.layout = layout

@@ -66,7 +66,6 @@ class WseLowering(Lowering):
     feed = FEED_LEVEL  # PE SRAM feeds every region
     replicas_on_chip = True  # data parallelism: copies of the model on one wafer (`--replicas`)
 
-
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         # one kernel map for every plan tried (each copy count, then streaming): it depends on the graph alone
         kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
@@ -76,8 +75,9 @@ class WseLowering(Lowering):
         if options.wse_mode == "pipelined":
             return plan
         if options.replicas not in ("auto", None):  # copies exist only pipelined: no silent fallback
-            plan.notes.insert(0, f"auto: pipelined (--replicas {options.replicas}: on-wafer copies run only in "
-                                 "pipelined mode)")  # fmt: skip
+            plan.notes.insert(
+                0, f"auto: pipelined (--replicas {options.replicas}: on-wafer copies run only in pipelined mode)"
+            )
             return plan
         limit = target.arch_value("pipelined_max_params", needed_by=WHO)
         params = trained_params(ctx)

@@ -17,8 +17,15 @@ from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
 
 __all__ = [
-    "FEED_LEVEL", "WHO", "is_data", "phase_cost", "sample_count", "shape_of", "trained_params", "weight_state_bytes",
-]  # fmt: skip
+    "FEED_LEVEL",
+    "WHO",
+    "is_data",
+    "phase_cost",
+    "sample_count",
+    "shape_of",
+    "trained_params",
+    "weight_state_bytes",
+]
 
 WHO = "wse"
 """The lowering's name in missing-field messages (``needed by the wse lowering``)."""
@@ -83,4 +90,3 @@ def trained_params(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
                         seen.add(w)
                         total += wv.type.numel(graph.bindings)
     return total
-

@@ -47,8 +47,6 @@ def _is_norm(node: Node) -> bool:
     return Role.NORM in t.roles and t.row_reductions > 0
 
 
-
-
 # -- per-PE work of nodes and kernels -----------------------------------------------------
 @dataclass(slots=True)
 class KernelRates:
@@ -63,7 +61,9 @@ class KernelRates:
     mm_efficiency: float
     link_bytes: float
     _mm_dtype: dict[DType, DType] = field(default_factory=dict)  # precision -> the dtype its contractions run at
-    _seconds: dict[tuple, float] = field(default_factory=dict)  # `work_s` by its arguments: a layer's costs repeat in every layer
+    _seconds: dict[tuple, float] = field(
+        default_factory=dict
+    )  # `work_s` by its arguments: a layer's costs repeat in every layer
 
     @classmethod
     def of(cls, target: Target) -> KernelRates:
@@ -75,9 +75,7 @@ class KernelRates:
             link_bytes=target.arch_value("fabric_link_bytes_per_cycle", needed_by=WHO),
         )
 
-    def work_s(
-        self, cost: Cost, precision: DType, data_movement: bool, accumulate: DType | None = None
-    ) -> float:
+    def work_s(self, cost: Cost, precision: DType, data_movement: bool, accumulate: DType | None = None) -> float:
         """Busy seconds of ``cost`` on one PE: its whole-wafer compute time at the per-class
         rates times the PEs (one PE does a ``1/pes`` share of each rate), plus the bytes a
         pure data-movement op moves at the link width. Contractions run at the rate of their
@@ -99,13 +97,16 @@ class KernelRates:
             except TargetError:
                 mm_dtype = DType.FLOAT16
             self._mm_dtype[precision] = mm_dtype
-        seconds = self.target.compute_time(
-            cost,
-            precision,
-            contraction_dtype=mm_dtype,
-            contraction_efficiency=self.mm_efficiency,
-            accumulate_dtype=accumulate,
-        ) * self.pes
+        seconds = (
+            self.target.compute_time(
+                cost,
+                precision,
+                contraction_dtype=mm_dtype,
+                contraction_efficiency=self.mm_efficiency,
+                accumulate_dtype=accumulate,
+            )
+            * self.pes
+        )
         if data_movement and cost.flops == 0:
             seconds += (cost.act_bytes_in + cost.act_bytes_out) / self.link_bytes / self.clock
         return seconds
@@ -238,7 +239,10 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         if traits_of(node).nonlinear or tail in ("act", "activation", "gelu"):
             add_to(node.scope if tail in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
             continue
-        if is_loss(node) or (after_head and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())):
+        if is_loss(node) or (
+            after_head
+            and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())
+        ):
             add_to("mlm_loss", "mlm_loss", node)
             continue
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
@@ -359,4 +363,3 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
             numel = math.prod(shape)
             k.tokens = max(1, numel // k.width // samples)
             k.out_elems = max(1, numel // samples)
-

@@ -135,9 +135,7 @@ def row_cycles(ctx: LoweringContext, target: Target, k: WseKernel) -> float:
     rows need (norms, loss), else the vector class's (elementwise and data movement)."""
     if k.cls in ("attention", "fc", "emb_fc") or any(ctx.costs[n.name].contraction_flops for n in k.nodes):
         return target.arch_value("kernel_row_cycles_matmul", needed_by=WHO)
-    passes = sum(
-        traits_of(n).row_reductions for n in k.nodes
-    )
+    passes = sum(traits_of(n).row_reductions for n in k.nodes)
     if passes:
         return passes * target.arch_value("kernel_row_cycles_reduction", needed_by=WHO)
     return target.arch_value("kernel_row_cycles_vector", needed_by=WHO)
@@ -282,9 +280,7 @@ def _place_pipelined(
     training = meta.graph_mode(ctx.graph) == "train"
     drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
     drain = max(0.0, chain - period) if drains else 0.0
-    windows = [
-        (k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params
-    ]
+    windows = [(k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params]
     _place_optimizer(ctx, plan, target, windows, sram.level, ridge)
     overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
     if drain > 0:
@@ -306,26 +302,28 @@ def _place_pipelined(
         pipeline_rate_samples_per_s=pipe_rate,
         transmission_rate_samples_per_s=transmission,
     )
-    plan.extra.update({
-        "pes": pes,
-        "pes_kernels": kernel_pes,
-        "pes_route": route_pes,
-        "pes_io": io_pes,
-        "pes_buffer": sizing.buffer_pes,
-        "pes_placed": kernel_pes,
-        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
-        "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
-        "compute_utilisation": (
-            sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
-            if period > 0 and total_p
-            else 0.0
-        ),
-        "kernels": len(kernels),
-        "period_s": period,
-        "chain_latency_s": chain,
-        "buffer_bytes": sizing.buffer_bytes * replicas,
-        "state_bytes": sizing.state_bytes * replicas,
-    })  # fmt: skip
+    plan.extra.update(
+        {
+            "pes": pes,
+            "pes_kernels": kernel_pes,
+            "pes_route": route_pes,
+            "pes_io": io_pes,
+            "pes_buffer": sizing.buffer_pes,
+            "pes_placed": kernel_pes,
+            "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
+            "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
+            "compute_utilisation": (
+                sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
+                if period > 0 and total_p
+                else 0.0
+            ),
+            "kernels": len(kernels),
+            "period_s": period,
+            "chain_latency_s": chain,
+            "buffer_bytes": sizing.buffer_bytes * replicas,
+            "state_bytes": sizing.state_bytes * replicas,
+        }
+    )
     return plan
 
 
@@ -340,10 +338,7 @@ def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float,
     query row behind each key row), so it holds the sample its whole time per sample (forward
     and backward shares together). Summed over the chain in kernel order.
     """
-    lats = [
-        t if k.cls == "attention" else t / max(1, k.tokens)
-        for k, t in zip(kernels, times, strict=True)
-    ]
+    lats = [t if k.cls == "attention" else t / max(1, k.tokens) for k, t in zip(kernels, times, strict=True)]
     before, acc = [], 0.0
     for lat in lats:
         before.append(acc)
@@ -366,12 +361,21 @@ def _place_optimizer(
         per_param = KernelRates.of(target).work_s(ctx.costs[node.name], DType.FLOAT32, False) / params
         busy = max((max(0.0, per_param * q - window) for q, window in regions), default=0.0)
         plan.units.append(
-            Unit(id="optimizer", kind="wse_optimizer", nodes=[node.name], stats=UnitStats(held_units=0.0), allocation=0.0)
+            Unit(
+                id="optimizer", kind="wse_optimizer", nodes=[node.name], stats=UnitStats(held_units=0.0), allocation=0.0
+            )
         )
         np_ = place_node(
-            ctx, node, unit="optimizer", compute_s=busy, feed_level=level, feed_bytes=ctx.costs[node.name].bytes,
-            ridge=ridge, allocation=0.0, time_s=0.0,
-        )  # fmt: skip
+            ctx,
+            node,
+            unit="optimizer",
+            compute_s=busy,
+            feed_level=level,
+            feed_bytes=ctx.costs[node.name].bytes,
+            ridge=ridge,
+            allocation=0.0,
+            time_s=0.0,
+        )
         np_.note = (
             "runs in every region on its own weights once the step's gradients are complete, while the "
             "pipeline drains and refills; what outlasts that is the step overhead wse_optimizer"

@@ -77,7 +77,9 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
             total = ctx.costs[n.name]
             w = rates.work_s(total, prec, is_data(n), acc)
             if training and recompute_always and not recomputed:
-                w += rates.work_s(phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc)  # forward again in backward
+                w += rates.work_s(
+                    phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc
+                )  # forward again in backward
             k = kernel_of.get(n.name)
             if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
                 w = k.node_work_s.get(n.name, 0.0) * samples
@@ -108,12 +110,14 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
     per_layer = keep / layers if layers else 0
     fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
     plan.stats = PlanStats(mode="streaming", micro_batch=mb, max_layers_at_micro_batch=fits_layers)
-    plan.extra.update({
-        "layers": layers,
-        "sram_need_bytes": need(mb),
-        "checkpoint_bytes_per_sample": keep,
-        "working_bytes_per_sample": working,
-    })  # fmt: skip
+    plan.extra.update(
+        {
+            "layers": layers,
+            "sram_need_bytes": need(mb),
+            "checkpoint_bytes_per_sample": keep,
+            "working_bytes_per_sample": working,
+        }
+    )
     if training and n_mb > 1 and not options.micro_batches:
         plan.notes.append(
             f"the batch of {batch} runs as {n_mb} lanes of {mb} (the Cerebras compiler's 'per-box batch size "
@@ -176,9 +180,16 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
             if is_optimizer_step(node):
                 plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
                 np_ = place_node(
-                    ctx, node, unit="memoryx", compute_s=0.0, feed_level=ext.level,
-                    feed_bytes=ctx.costs[node.name].bytes, ridge=ext_ridge, allocation=0.0, time_s=0.0,
-                )  # fmt: skip
+                    ctx,
+                    node,
+                    unit="memoryx",
+                    compute_s=0.0,
+                    feed_level=ext.level,
+                    feed_bytes=ctx.costs[node.name].bytes,
+                    ridge=ext_ridge,
+                    allocation=0.0,
+                    time_s=0.0,
+                )
                 np_.note = "runs in MemoryX, overlapped with the next layers; its tail is wse_memoryx_update"
                 plan.node_plans[node.name] = np_
     if need(1) > usable * sram.capacity_bytes:
@@ -198,8 +209,11 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
             usable * sram.capacity_bytes,
         )
     if total_w + state > ext.capacity_bytes:
-        plan.fail(f"weights and optimizer state ({(total_w + state) / 1e9:.1f} GB) exceed {ext.name}",
-                  total_w + state, ext.capacity_bytes)  # fmt: skip
+        plan.fail(
+            f"weights and optimizer state ({(total_w + state) / 1e9:.1f} GB) exceed {ext.name}",
+            total_w + state,
+            ext.capacity_bytes,
+        )
     return plan
 
 
