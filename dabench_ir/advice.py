@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +30,14 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, Knob
 
 if TYPE_CHECKING:
-    from dabench_ir.plan import Plan
-    from dabench_ir.report.model import Report
+    from dabench_ir.report.model import NodeRecord, Report
     from dabench_ir.run import ResolvedRun
     from dabench_ir.timeline import Timeline
 
 __all__ = [
     "ESTIMATE_MARK",
     "Advice",
+    "StepTimes",
     "Trial",
     "VariantRuns",
     "advise",
@@ -54,23 +55,50 @@ Change = tuple[Knob, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class StepTimes:
+    """What the why lines compare between a report and its variant runs: the step, its overhead rows
+    and each role's busy time (a role: a node row's ``role``, else its op type), summed over the base
+    report's node rows in their order. A variant keeps this, not its timeline and plan: on a
+    10,000-layer model those held ~50 MB per variant."""
+
+    step_time_s: float
+    overheads_s: dict[str, float]
+    role_s: dict[str, float]
+
+    @classmethod
+    def of(cls, records: Iterable[NodeRecord], timeline: Timeline) -> StepTimes:
+        busy = timeline.busy_times()
+        role_s: dict[str, float] = {}
+        for r in records:
+            if r.name in timeline.nodes:
+                role = r.role or r.op_type
+                role_s[role] = role_s.get(role, 0) + (busy[r.name] or 0.0)
+        return cls(timeline.step_time_s, dict(timeline.overheads_s or {}), role_s)
+
+    def role_time(self, role: str) -> float:
+        """The role's time: its nodes' busy time, or for an overhead role its row's amount."""
+        from dabench_ir.report.attribution import is_overhead
+
+        if is_overhead(role):
+            return float(self.overheads_s.get(role.split(": ", 1)[1], 0.0))
+        return self.role_s.get(role, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class Trial:
-    """One variant run: the knob changes made, the run, and what its placement gave.
+    """One variant run: the knob changes made, the run, and what its placement gave: whether it
+    fits, and its `StepTimes` (estimate-only overheads held at the base report's, `hold_estimates`).
 
     ``report`` is the variant's whole Report when the variant makes a plan fit that did not
-    (`fitting_knob` hands it on, so it is not executed again); otherwise only the figures the
-    why lines read (the timeline, the plan) are kept, not the variant's graph.
+    (`fitting_knob` hands it on, so it is not executed again); otherwise only those figures are
+    kept, not the variant's graph, plan or timeline.
     """
 
     changes: tuple[Change, ...]
     run: ResolvedRun
-    timeline: Timeline
-    plan: Plan
+    times: StepTimes
+    fits: bool
     report: Report | None = None
-
-    @property
-    def fits(self) -> bool:
-        return bool(self.plan.fits)
 
     @property
     def knob(self) -> Knob:
@@ -205,10 +233,10 @@ class VariantRuns:
         except (UserError, ValueError) as exc:
             logger.info("why: %s not placeable: %s", " ".join(f"{k.flag} {v}" for k, v in changes), exc)
         else:
+            fits = bool(report.plan.fits)
             base_fits = self.report.plan is None or self.report.plan.fits
-            keep = report if report.plan is not None and report.plan.fits and not base_fits else None
-            timeline = hold_estimates(self.report, report.timeline) if report.timeline is not None else None
-            trial = Trial(changes, report.run, timeline, report.plan, keep)
+            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, report.timeline))
+            trial = Trial(changes, report.run, times, fits, report if fits and not base_fits else None)
         self._done[key] = trial
         return trial
 

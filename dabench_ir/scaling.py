@@ -1,8 +1,12 @@
 """Level 2: scaling one model over several chips (DP, TP, PP), on top of single-chip lowerings.
 
 - DP (data parallel): every chip runs the whole graph on its own batch (weak scaling); in
-  training, gradients are all-reduced once per step over the target's link. On a WSE,
-  "chips" are copies of the model on one wafer (intra-chip data parallel).
+  training, gradients are all-reduced once per step over the target's link. Where the lowering's
+  systems stream their weights (`Lowering.systems_stream_weights`: a Cerebras Wafer-Scale
+  Cluster), "chips" are systems that each stream the same weights from one store through a
+  broadcast/reduce tree, which sums the gradients on the way back: no all-reduce, the tree's
+  latency per level. Where copies share one chip (`Lowering.replicas_on_chip`), they are one
+  plan of n replicas.
 - TP (tensor parallel, Megatron-style; Shoeybi et al. 2019): attention heads and MLP
   columns are split across chips. Nodes inside a block's attention or MLP module do 1/n of
   the work and hold 1/n of the weights; norms, residual adds and everything outside the
@@ -59,6 +63,7 @@ __all__ = [
     "ScalePoint",
     "ScaleResult",
     "allreduce_time",
+    "broadcast_tree",
     "chips_per_node",
     "scale",
     "shard_optimizer_step",
@@ -559,8 +564,8 @@ def scale(
 
     ``options``: the `ResolvedRun` (`dabench_ir.run.execute` and ``scale`` pass theirs), or an
     options object taken as it is (no target defaults applied). Each chip count is a variant of
-    the run (``replicas``, ``ipus``). Under ``pp`` the run's micro-batches are the pipeline's, and
-    each chip's lowering runs without them.
+    the run (``replicas``, ``ipus``, the lowering's internal ``systems``). Under ``pp`` the run's
+    micro-batches are the pipeline's, and each chip's lowering runs without them.
     """
     run = options if isinstance(options, ResolvedRun) else resolve(graph, target, options, defaults=False)
     if strategy not in STRATEGIES:
@@ -580,6 +585,12 @@ def scale(
             f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
             "a pipeline spread over machines is not modelled there"
         )
+    systems = strategy == "dp" and lowering.systems_stream_weights  # n chips: n systems streaming the weights
+    if systems and max(chips) > 1:
+        lowering_options(_on_systems(run, max(chips)))  # the lowering refuses a mode that runs on one system
+        _tree_link(target)
+    if systems and target.topology is not None and target.topology.inter is not None:
+        link = target.topology.inter  # what joins the systems: the tree's links
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
@@ -587,6 +598,8 @@ def scale(
     for n in chips:
         if n == 1:
             pt = _point_from_run(single, 1, per_step, comm=0.0)
+        elif systems:
+            pt = _systems_point(graph, chip_run, n, single, train)
         elif strategy == "dp":
             pt = _dp_point(graph, chip_run, n, single, train)
         elif strategy == "tp":
@@ -597,7 +610,7 @@ def scale(
             pt.notes.append(f"the {lowering.name} lowering pipelines the blocks over the devices itself")
         else:
             pt = _pp_point(graph, run, n, single)
-        on_wafer = lowering.replicas_on_chip and strategy == "dp"  # replicas share one chip
+        on_wafer = lowering.replicas_on_chip and strategy == "dp" and not systems  # replicas share one chip
         if target.topology is not None and not on_wafer:
             pt.nodes = max(1, math.ceil(n / per_node))
             if pt.nodes > 1 and strategy == "pp":
@@ -606,7 +619,7 @@ def scale(
                     f"crosses the node boundary: {pt.nodes} nodes of {per_node}; stage boundaries between "
                     f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
                 )
-            if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0:
+            if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0 and not systems:
                 pt.notes.append(
                     f"crosses the node boundary: {pt.nodes} nodes of {per_node} "
                     f"(collectives over {target.topology.intra.name} inside a node, "
@@ -725,6 +738,83 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
         pt.superlinear = (
             f"ZeRO-{zero} shards the optimizer update: each chip updates 1/{n} of the weights "
             "(Rajbhandari et al., SC'20, §5.1), work one chip does alone"
+        )
+    return pt
+
+
+# -- systems that stream the weights (a Cerebras Wafer-Scale Cluster) ----------------------------
+
+
+def _on_systems(run: ResolvedRun, n: int) -> ResolvedRun:
+    """``run`` as one of ``n`` systems that stream the weights (the lowering's internal ``systems``)."""
+    return replace(run, internals={**run.internals, "systems": n})
+
+
+def _tree_link(target: Target) -> Any:
+    """The link between the systems, one hop of the broadcast/reduce tree per level (``[topology]
+    inter_node_link``). A UserError when the target declares none."""
+    topo = target.topology
+    if topo is None or topo.inter is None:
+        raise UserError(
+            f"{target.name} declares no link between systems ([topology] inter_node_link); "
+            "data parallelism over several systems needs one"
+        )
+    return topo.inter
+
+
+def broadcast_tree(systems: int, fanout: int) -> tuple[int, int]:
+    """(levels, nodes) of the smallest tree of ``fanout``-way broadcast/reduce nodes that reaches
+    ``systems`` leaves from one root store: ``ceil(log_fanout(systems))`` levels, and at level l
+    ``ceil(systems / fanout**l)`` nodes. One system needs no tree (0, 0)."""
+    if fanout < 2:
+        raise UserError(f"broadcast_fanout {fanout}: a broadcast/reduce tree needs a fan-out of 2 or more")
+    levels = nodes = 0
+    width = systems
+    while width > 1:
+        width = -(-width // fanout)
+        levels += 1
+        nodes += width
+    return levels, nodes
+
+
+def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:
+    """``n`` systems that each run the one-system streaming plan on the graph's batch, joined by the
+    broadcast/reduce tree (SwarmX glossary, cerebras.net: a bidirectional tree of broadcast-reduce
+    nodes; each system receives the weights at its own I/O rate, as alone; the gradients are summed at
+    line rate on their way back; the latency grows with the tree's depth). The weights stream ahead of
+    the layers (double-buffered), so inside a step the tree adds no time; at the step boundary of
+    training the last gradient goes up the tree and the updated first layer comes down before the next
+    step can start: 2 x levels hops. Inference streams unchanged weights ahead: no hop is exposed."""
+    target = run.target
+    lowering = lowering_for(target)
+    one = _run_one(graph, _on_systems(run, n))
+    link = _tree_link(target)
+    fanout = int(target.arch_value("broadcast_fanout", needed_by=lowering.name))
+    levels, tree_nodes = broadcast_tree(n, fanout)
+    hops = 2 * levels if train else 0
+    comm = hops * link.latency_s
+    plan = one.plan
+    streamed = plan.traffic_bytes.get(target.memory("off-chip").name, 0) if plan is not None else 0
+    per_system = plan.samples_per_step if plan is not None else run.samples.per_replica
+    # every tree node's incoming link carries one system's stream (weights down, summed gradients up)
+    pt = _point_from_run(one, n, per_system * n, comm, copies=n, link_bytes=float(tree_nodes * streamed))
+    if plan is not None and plan.notes:  # the lowering's own word for its systems opens its notes
+        pt.notes.append(plan.notes[0])
+    pt.notes.append(
+        f"weak scaling: each system runs the graph's batch; broadcast/reduce tree of {tree_nodes} "
+        f"node{'s' if tree_nodes != 1 else ''} ({levels} level{'s' if levels != 1 else ''} of fan-out {fanout} "
+        f"over {link.name}): "
+        + (
+            f"{hops} hops of {link.latency_s * 1e6:g} µs at the step boundary (gradients up, weights down)"
+            if train
+            else "no hop exposed (the weights stream ahead of the layers)"
+        )
+    )
+    mode = single.plan.stats.mode if single.plan is not None else None
+    if plan is not None and mode != plan.stats.mode:
+        pt.notes.append(
+            f"one system runs {mode} (the speedups' baseline); {mode} mode runs on one system, "
+            f"so {n} systems stream the weights"
         )
     return pt
 

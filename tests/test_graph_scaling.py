@@ -6,6 +6,7 @@ kernel-by-kernel loop it replaces."""
 from __future__ import annotations
 
 import cProfile
+import json
 import pstats
 import random
 import sys
@@ -164,3 +165,18 @@ def test_training_work_does_not_grow_with_the_micro_batches(tiny_decoder):
         _calls(graph, target, {"mode": "train"})
         few, many = (_lines(graph, target, {"mode": "train", "micro_batches": m}) for m in (64, 4096))
         assert many == few, (target, few, many)
+
+
+def test_a_deep_models_weight_list_is_read_past_the_metadata_cap(caplog):
+    """A 10,000-layer export names ~120,000 weights (3.6 MB of ``dabench.weights``): read, as long as the
+    list is no longer than the quoted names of the graph's inputs and initializers; longer, ignored
+    with a warning (a hostile file cannot make the reader parse more than its own names)."""
+    from dabench_ir.frontends.checks import MAX_METADATA_CHARS, safe_name_list
+
+    names = [f"layers.{i}.attn.c_attn.weight" for i in range(40_000)]
+    text = json.dumps(names)
+    assert len(text) > MAX_METADATA_CHARS
+    assert safe_name_list(text, "dabench.weights", names) == names
+    assert not caplog.records
+    assert safe_name_list(text, "dabench.weights", names[:1000]) == []
+    assert "too large" in caplog.text

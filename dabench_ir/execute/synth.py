@@ -147,7 +147,8 @@ def _weight_inputs(model: onnx.ModelProto, graph: Graph | None) -> set[str]:
         if prop.key == _WEIGHTS_KEY:
             from dabench_ir.frontends.checks import safe_name_list
 
-            names.update(safe_name_list(prop.value, _WEIGHTS_KEY))
+            listable = (v.name for v in (*model.graph.input, *model.graph.initializer))
+            names.update(safe_name_list(prop.value, _WEIGHTS_KEY, listable))
     if graph is not None:
         from dabench_ir.ir import ValueKind
 

@@ -25,6 +25,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,9 +82,12 @@ def safe_name_scopes(text: Any) -> list[str]:
     return [s for s in entries if isinstance(s, str) and s]
 
 
-def safe_name_list(text: Any, key: str) -> list[str]:
-    """A JSON list of names (``dabench.weights``); a warning and [] for anything else."""
-    if not isinstance(text, str) or len(text) > MAX_METADATA_CHARS:
+def safe_name_list(text: Any, key: str, names_of: Iterable[str] = ()) -> list[str]:
+    """A JSON list of names (``dabench.weights``); a warning and [] for anything else. It may be as
+    long as `MAX_METADATA_CHARS`, or as the quoted names it can list (``names_of``: the graph's
+    inputs and initializers), whichever is more: a 10,000-layer model names ~120,000 weights."""
+    limit = max(MAX_METADATA_CHARS, sum(len(n) + 4 for n in names_of))
+    if not isinstance(text, str) or len(text) > limit:
         logger.warning("model metadata %s is too large or not text; ignoring it", key)
         return []
     try:

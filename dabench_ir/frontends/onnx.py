@@ -484,7 +484,8 @@ def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tupl
     constants: set[str] = set()
     raw = metadata.get(WEIGHTS_METADATA_KEY)
     if raw:
-        weights.update(safe_name_list(raw, WEIGHTS_METADATA_KEY))
+        listable = (v.name for v in (*graph.input, *graph.initializer))
+        weights.update(safe_name_list(raw, WEIGHTS_METADATA_KEY, listable))
     folded: dict[str, str] = {}
     for vi in (*graph.input, *graph.value_info, *graph.initializer):
         for prop in vi.metadata_props:

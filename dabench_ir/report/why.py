@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from dabench_ir.advice import StepTimes
 from dabench_ir.options import Knob
 
 from .attribution import is_overhead, role_rows, target_peak
@@ -36,14 +37,6 @@ def change_text(changes: Iterable[tuple[Knob, Any]]) -> str:
 
 def _shown(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-
-def _role_time(report: Report, role: str, timeline: Any) -> float:
-    """The role's time (its nodes' busy time, or the overhead's amount) on ``timeline``."""
-    if is_overhead(role):
-        return float((timeline.overheads_s or {}).get(role.split(": ", 1)[1], 0.0))
-    names = [n.name for n in report.nodes if (n.role or n.op_type) == role]
-    return sum(timeline.busy(n) or 0.0 for n in names if n in timeline.nodes)
 
 
 def _resource(report: Report, row: dict[str, Any]) -> str:
@@ -105,8 +98,8 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     if report.plan is None or report.options is None or report.timeline is None or advice is None:
         return []
     rows = [r for r in role_rows(report) if r["time_s"]][:top]
-    trials: list[tuple[Knob, Any, Any]] = [(t.knob, t.value, t.timeline) for t in advice.trials]
-    step = report.timeline.step_time_s
+    own = StepTimes.of(report.nodes, report.timeline)
+    step = own.step_time_s
     out = []
     if not report.plan.fits:
         found: Trial | None = advice.fit
@@ -128,8 +121,8 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
         )
     for row in rows:
         role = row["role"]
-        before = _role_time(report, role, report.timeline)
-        best = _best(report, role, before, trials)
+        before = own.role_time(role)
+        best = _best(step, role, before, advice.trials)
         entry: dict[str, Any] = {
             "role": role,
             "bound": row["bound"],
@@ -143,14 +136,15 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
         }
         text = f"{role}: {row['bound'] or '-'}-bound, {entry['resource']}; "
         if best is None:
-            tried = ", ".join(sorted({k.flag for k, _, _ in trials})) or "no target knob"
+            tried = ", ".join(sorted({t.knob.flag for t in advice.trials})) or "no target knob"
             text += f"no knob shortens it without lengthening the step ({tried} tried)"
         else:
-            k, value, timeline, after = best
-            entry.update(knob=k.flag, value=value, new_time_s=after, new_step_s=timeline.step_time_s)
+            trial, after = best
+            new_step = trial.times.step_time_s
+            entry.update(knob=trial.knob.flag, value=trial.value, new_time_s=after, new_step_s=new_step)
             text += (
-                f"{k.flag} {value} would take it from {seconds(before)} to {seconds(after)} "
-                f"(step {seconds(step)} -> {seconds(timeline.step_time_s)})"
+                f"{trial.knob.flag} {trial.value} would take it from {seconds(before)} to {seconds(after)} "
+                f"(step {seconds(step)} -> {seconds(new_step)})"
             )
         entry["text"] = text
         out.append(entry)
@@ -158,15 +152,14 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     return out
 
 
-def _best(report: Report, role: str, before: float, trials: Iterable[tuple[Knob, Any, Any]]):
-    """Among the trials that shorten ``role`` and do not lengthen the step, the one with the
-    shortest step (ties: the shorter role time); None when there is none."""
-    step = report.timeline.step_time_s
+def _best(step: float, role: str, before: float, trials: Iterable[Trial]) -> tuple[Trial, float] | None:
+    """Among the trials that shorten ``role`` and do not lengthen the ``step``, the one with the
+    shortest step (ties: the shorter role time), with the role's time in it; None when there is none."""
     best = None
-    for k, value, timeline in trials:
-        after = _role_time(report, role, timeline)
-        if after >= before * (1 - 1e-6) or timeline.step_time_s > step * (1 + 1e-9):
+    for trial in trials:
+        after = trial.times.role_time(role)
+        if after >= before * (1 - 1e-6) or trial.times.step_time_s > step * (1 + 1e-9):
             continue
-        if best is None or (timeline.step_time_s, after) < (best[2].step_time_s, best[3]):
-            best = (k, value, timeline, after)
+        if best is None or (trial.times.step_time_s, after) < (best[0].times.step_time_s, best[1]):
+            best = (trial, after)
     return best

@@ -17,6 +17,12 @@ This package holds the `Lowering` itself (`WseLowering`, `LOWERING`), the option
 
 ``--wse-mode auto`` follows the Cerebras documentation: pipelined for models below about
 1 B parameters when the pipelined plan fits, weight streaming otherwise.
+
+Data parallelism over several chips (``--chips N --strategy dp``) is N CS-2 systems of a
+Wafer-Scale Cluster (`WseLowering.systems_stream_weights`): each system runs weight streaming
+on its own batch, MemoryX streams the weights through SwarmX, which copies them to every system
+and sums the gradients on their way back. Pipelined mode runs on one system; copies of the model
+on one wafer are ``--replicas``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UserError
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, trained_params
@@ -47,7 +54,11 @@ class WseOptions(LoweringOptions):
 
     Internal (no knobs): ``fuse_elementwise`` fuses an elementwise op the kernel rules do not
     name onto the kernel whose output it alone reads; ``steady_state`` overlaps consecutive
-    steps (step time = the slowest region).
+    steps (step time = the slowest region); ``systems`` is the CS-2 systems of a Wafer-Scale
+    Cluster running the plan data-parallel, each on its own batch (the scaling stage sets it for
+    ``--strategy dp``): above 1 the plan streams weights, and pipelined mode or on-wafer replicas
+    are refused (pipelined execution "doesn't support distributed training across multiple CS-2
+    systems", Cerebras docs 2.0.3 Glossary, "Pipelined Execution").
     """
 
     micro_batches: int | None
@@ -55,6 +66,22 @@ class WseOptions(LoweringOptions):
     replicas: int | str | None
     fuse_elementwise: bool = internal(True)
     steady_state: bool = internal(True)
+    systems: int = internal(1)
+
+    def __post_init__(self) -> None:
+        if self.systems <= 1:
+            return
+        chips = f"--chips {self.systems} --strategy dp runs {self.systems} CS-2 systems in weight streaming"
+        if self.wse_mode == "pipelined":
+            raise UserError(
+                f"--wse-mode pipelined runs on one CS-2 system; {chips}: use --wse-mode streaming (or auto), "
+                "or --replicas N for copies of the model on one wafer"
+            )
+        if self.replicas not in (None, 1):
+            raise UserError(
+                f"--replicas {self.replicas} places copies of the model on one wafer (pipelined mode); {chips}, "
+                "one copy each: drop --replicas or --chips"
+            )
 
 
 class WseLowering(Lowering):
@@ -64,11 +91,21 @@ class WseLowering(Lowering):
     kinds = ("wse",)
     Options = WseOptions
     feed = FEED_LEVEL  # PE SRAM feeds every region
-    replicas_on_chip = True  # data parallelism: copies of the model on one wafer (`--replicas`)
+    replicas_on_chip = True  # copies of the model on one wafer (`--replicas`)
+    systems_stream_weights = True  # data parallelism: CS-2 systems joined by MemoryX and SwarmX
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         # one kernel map for every plan tried (each copy count, then streaming): it depends on the graph alone
         kernels = wse_kernels(ctx, target, fuse_elementwise=options.fuse_elementwise)
+        if options.systems > 1:  # one system of a cluster: weight streaming (pipelined mode is single-system)
+            plan = streaming_plan(ctx, target, options, kernels)
+            plan.notes.insert(
+                0,
+                f"{options.systems} CS-2 systems, weight streaming, SwarmX broadcast/reduce: this plan is one "
+                "system's, on its own batch; MemoryX streams the weights through SwarmX, which copies them to every "
+                "system and sums the gradients on their way back (pipelined mode runs on one system)",
+            )
+            return plan
         if options.wse_mode == "streaming":
             return streaming_plan(ctx, target, options, kernels)
         plan = pipelined_best(ctx, target, options, kernels)
