@@ -76,6 +76,10 @@ SCALE_SCHEMA = "dabench-ir/scale/v1"
 STRATEGIES = ("dp", "tp", "pp")
 
 
+NODE_CROSSING = "crosses the node boundary"
+"""How a point's note begins when its collectives or pipeline stages cross machines (`ScalePoint.crosses_nodes`)."""
+
+
 @dataclass(slots=True)
 class ScalePoint:
     """One chip count (and batch) of a scaling study."""
@@ -102,12 +106,16 @@ class ScalePoint:
     micro_batches: int | None = None
     superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
     chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
-    copies: int = (
-        1  # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
-    )
+    # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
+    copies: int = 1
     devices: int = 1  # devices drawing power: the chips, the IPUs of a pipeline, the wafer on-wafer replicas share
     link_bytes: float = 0.0  # bytes the chip-to-chip links carry per step, all links together
     energy: MultiChipEnergy | None = None  # the step's energy on every device and link (`multi_chip_energy`)
+
+    @property
+    def crosses_nodes(self) -> bool:
+        """Whether the point's collectives or stage boundaries cross machines (its note says how)."""
+        return any(note.startswith(NODE_CROSSING) for note in self.notes)
 
     @property
     def device_bytes(self) -> int | None:
@@ -616,12 +624,12 @@ def scale(
             if pt.nodes > 1 and strategy == "pp":
                 topo = target.topology
                 pt.notes.append(
-                    f"crosses the node boundary: {pt.nodes} nodes of {per_node}; stage boundaries between "
+                    f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node}; stage boundaries between "
                     f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
                 )
             if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0 and not systems:
                 pt.notes.append(
-                    f"crosses the node boundary: {pt.nodes} nodes of {per_node} "
+                    f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node} "
                     f"(collectives over {target.topology.intra.name} inside a node, "
                     f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
                 )
@@ -816,6 +824,12 @@ def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: 
             f"one system runs {mode} (the speedups' baseline); {mode} mode runs on one system, "
             f"so {n} systems stream the weights"
         )
+        alone = single.plan.samples_per_step / single.time_s if single.time_s > 0 else 0.0
+        if pt.time_s > 0 and per_system / pt.time_s > alone:  # each system outruns the one-system baseline
+            pt.superlinear = (
+                f"each system runs {plan.stats.mode}, at this batch faster per sample than the {mode} mode "
+                f"one system runs ({per_system / pt.time_s:.4g} against {alone:.4g} samples/s)"
+            )
     return pt
 
 

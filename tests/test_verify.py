@@ -29,7 +29,7 @@ from tests.conftest import property_settings
 from tests.lowering_graphs import chain, decoder
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import example, given  # noqa: E402
+from hypothesis import assume, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 # -- exact tiny cases ------------------------------------------------------------------------------
@@ -313,6 +313,7 @@ SMALL, WIDER = SIZES
 @example(mode="inference", precision="fp32", batch=1, chips=1, size=SMALL, wse_mode="streaming")  # WSE
 @example(mode="train", precision="fp16", batch=1, chips=1, size=WIDER, wse_mode="auto")  # IPU power
 def test_grid_keeps_the_invariant(invariant, target, mode, precision, batch, chips, size, wse_mode):
+    assume(not (target == "wse" and chips > 1 and wse_mode == "pipelined"))  # one system only: refused
     run = (target, mode, precision, batch, chips, size, wse_mode if target == "wse" else None)
     found = [v for v in violations(*run) if v.invariant == invariant]
     assert not found, f"{run}: {found[0]} (+{len(found) - 1} more)"

@@ -115,7 +115,7 @@ def render_scale(result) -> str:
         rows.append(
             [
                 str(p.chips),
-                str(p.nodes) + ("*" if p.nodes > 1 else ""),
+                str(p.nodes) + ("*" if p.crosses_nodes else ""),
                 str(p.batch),
                 seconds(p.time_s),
                 "does not fit" if p.throughput_samples_per_s is None else human(p.throughput_samples_per_s),
@@ -138,7 +138,7 @@ def render_scale(result) -> str:
         "  mem/device: what the most loaded device holds; J/sample: every device's energy and the links', "
         "over the step's samples"
     )
-    crossing = [p.chips for p in result.points if p.nodes > 1]
+    crossing = [p.chips for p in result.points if p.crosses_nodes]
     if crossing and per_node:
         lines.append(
             f"  * crosses the node boundary ({per_node} devices per node): collectives are "
