@@ -589,11 +589,29 @@ class ExportOptions:
     seed: int = 0
 
 
+EXPORTER_MODULES = ("torch", "onnxscript", "onnx_ir")
+"""What exporting a model imports (the ``export`` extra): torch's dynamo exporter, and the ONNX IR it writes."""
+
+
+def require_exporter(what: str) -> None:
+    """A UserError naming what is missing when ``what`` (an export) cannot run here: found without
+    importing (torch takes seconds to import), before any work."""
+    import importlib.util
+
+    missing = [m for m in EXPORTER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(
+            f"{what} needs {', '.join(EXPORTER_MODULES)} ({', '.join(missing)} not installed): pip install "
+            "'dabench-ir[export]' (install the torch build for your machine first); or give an .onnx file"
+        )
+
+
 def export_onnx(
     cfg: ModelConfig, options: ExportOptions | None = None, *, progress: Progress | None = None, **overrides
 ) -> onnx.ModelProto:
     """The ONNX model of `cfg` (in memory). See the module docstring for the method; ``options``
     (or keyword ``overrides`` of its fields) say how (`ExportOptions`)."""
+    require_exporter(f"exporting {cfg.preset or cfg.family}")
     o = _export_options(options, overrides)
     weights, max_weight_bytes, dynamic, stamp, seed = o.weights, o.max_weight_bytes, o.dynamic, o.stamp, o.seed
     mode = resolve_weights(cfg, weights, max_weight_bytes)

@@ -153,14 +153,9 @@ def cached_export(cfg: ModelConfig, folder: Path | None = None, *, what: str = "
     where = folder / hashlib.sha256(text.encode()).hexdigest()[:12]
     name = cfg.preset or "model"  # the file keeps the preset's name
     if load_base(where, name) is None:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise UserError(
-                f"{what}: exporting a preset needs torch (pip install torch); or give an .onnx "
-                "file (dabench-ir export --preset NAME on a machine with torch)"
-            ) from None
-        from dabench_ir.models.export import export_onnx
+        from dabench_ir.models.export import export_onnx, require_exporter
+
+        require_exporter(f"{what}: exporting the model")
 
         logger.info("exporting %s (weight-free, once; cached in %s)", cfg.preset or "the model", where)
         save_base(where, name, export_onnx(cfg, weights="none", dynamic=True).SerializeToString())

@@ -548,3 +548,23 @@ def test_help_shows_one_spelling_per_flag():
     study = {s for a in sub.choices["study"]._actions for s in a.option_strings}
     assert "--zero" in helps["profile"] and "--zero" in study and "--scenario" not in study
     assert "smoke" in helps["sweep"]  # the bundled specs, listed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "-q", "--no-measure", "--no-validate", "-t", "rdu"],
+        ["export", "--preset", "gpt2-small", "--weights", "none"],
+        ["profile", "gpt2-small", "-t", "rdu", "-q"],
+    ],
+)
+def test_an_export_without_the_export_extra_says_what_to_install(capsys, tmp_path, monkeypatch, argv):
+    """``pip install .`` without ``[export]``: every command that exports a model says which module is
+    missing and what to install, in one line (it was `No module named 'onnx_ir'` from inside torch)."""
+    import sys
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "onnx_ir", None)  # as if not installed: find_spec gives None
+    out = ["-o", str(tmp_path / ("demo" if argv[0] == "demo" else "m.onnx"))] if argv[0] != "profile" else []
+    code, _, err = run_cli(capsys, *argv, *out)
+    assert_one_line_error(code, err, "onnx_ir not installed", "pip install 'dabench-ir[export]'")

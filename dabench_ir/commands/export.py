@@ -178,13 +178,10 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.fileio import check_output_path
 
     check_output_path(args.output, "-o")  # before minutes of exporting, not after
-    from dabench_ir.models.export import export_model, resolve_weights
+    from dabench_ir.models.export import export_model, require_exporter, resolve_weights
 
     resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise UserError("export needs torch: pip install 'dabench-ir[export]'") from None
+    require_exporter("export")
     start = time.perf_counter()
     result = export_model(
         cfg,
