@@ -165,3 +165,17 @@ def validate(instance: Any, schema: dict[str, Any], path: str = "$") -> list[str
         for i, item in enumerate(instance):
             errors += validate(item, schema["items"], f"{path}[{i}]")
     return errors
+
+
+def test_a_ratio_shows_a_slowdown_with_its_digits():
+    from dabench_ir.report.table import times
+
+    assert [times(x) for x in (2.0, 1.0, 0.35, 0.1, 0.0041, 0.0, None)] == [
+        "2.00x",
+        "1.00x",
+        "0.35x",
+        "0.10x",
+        "0.0041x",
+        "0.00x",
+        "-",
+    ]

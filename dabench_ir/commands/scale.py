@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_scale(result) -> str:
-    from dabench_ir.report.table import human, seconds
+    from dabench_ir.report.table import human, seconds, times
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, {result.precision}, link {result.link or '-'}"
     per_node = result.chips_per_node or result.devices_per_node
@@ -119,7 +119,7 @@ def render_scale(result) -> str:
                 str(p.batch),
                 seconds(p.time_s),
                 "does not fit" if p.throughput_samples_per_s is None else human(p.throughput_samples_per_s),
-                "-" if p.speedup is None else f"{p.speedup:.2f}x",
+                times(p.speedup),
                 "-" if p.scaling_efficiency is None else f"{100 * p.scaling_efficiency:.0f}%",
                 f"{100 * p.comm_share:.1f}%",
                 f"{100 * p.bubble_fraction:.0f}%",
@@ -148,5 +148,5 @@ def render_scale(result) -> str:
         if p.failure:
             lines.append(f"  {p.chips} chips: {p.failure['reason']}")
         if p.superlinear and p.speedup is not None and p.speedup > p.chips:
-            lines.append(f"  {p.chips} chips: {p.speedup:.2f}x, above linear: {p.superlinear}")
+            lines.append(f"  {p.chips} chips: {times(p.speedup)}, above linear: {p.superlinear}")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ __all__ = [
     "render_table",
     "seconds",
     "short_percent",
+    "times",
 ]
 
 SHARE_OF_TIME = "share of summed time"
@@ -58,6 +59,14 @@ def seconds(t: float | None) -> str:
     if t >= 1e-6:
         return f"{t * 1e6:.3g} µs"
     return f"{t * 1e9:.3g} ns"
+
+
+def times(ratio: float | None, missing: str = "-") -> str:
+    """A ratio of two rates or times (a speedup): ``2.00x``; below 0.1 with the digits it needs
+    (``0.0041x``, never a bare ``0.00x`` for a slowdown); None: ``missing``."""
+    if ratio is None:
+        return missing
+    return f"{ratio:.2f}x" if abs(ratio) >= 0.1 or ratio == 0 else f"{ratio:.2g}x"
 
 
 # -- percentages: one helper per meaning --------------------------------------------------------

@@ -137,7 +137,7 @@ def finding_kind(
 # -- shown values ------------------------------------------------------------------------------
 def format_value(value: Any, fmt: str, *, signed: bool = False) -> str:
     """``value`` as the finding's ``format`` shows it (``+10.7%``, ``1.99x``, ``72``, ``ipu``)."""
-    from dabench_ir.report.table import percent
+    from dabench_ir.report.table import percent, times
 
     if value is None:
         return "-"
@@ -151,7 +151,7 @@ def format_value(value: Any, fmt: str, *, signed: bool = False) -> str:
     if fmt == "pct":
         return ("+" if signed and v > 0 else "") + percent(v)
     if fmt == "x":
-        return f"{v:.2f}x"
+        return times(v)
     if fmt == "int":
         return str(round(v))
     return f"{v:.4g}"

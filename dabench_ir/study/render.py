@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.report.table import human, percent_change, seconds
+from dabench_ir.report.table import human, percent_change, seconds, times
 
 from .diff import NODE_COLUMNS
 
@@ -42,7 +42,7 @@ def _dt(x: Any) -> str:
 
 
 def _x(x: Any) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+    return times(x)
 
 
 def _split_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -115,7 +115,7 @@ def summary_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 run["label"],
                 _t(t["time_before_s"]),
                 _t(t["time_after_s"]),
-                "-" if speed is None else f"{speed:.2f}x",
+                times(speed),
                 _x(t.get("speedup_nodes")),
                 _x(t.get("speedup_overheads")),
                 percent_change(t["flops_before"], t["flops_after"]),
