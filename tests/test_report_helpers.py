@@ -6,9 +6,14 @@ Reports are built by hand so these tests do not depend on the lowerings' numbers
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+import pytest
 
 from dabench_ir.ir import Cost
 from dabench_ir.report.model import NodeRecord, Report
@@ -179,3 +184,16 @@ def test_a_ratio_shows_a_slowdown_with_its_digits():
         "0.00x",
         "-",
     ]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node not installed: the table script's value reader not run")
+def test_the_html_tables_read_a_prefixed_count_as_its_value():
+    """Sorting by a numeric column reads ``262 k`` as 262,000 (a count `human` writes without a unit) as it
+    reads ``5 ms`` and ``1.2 TFLOP/s``: the page sorted ``512; 262 k; 90.1 k`` above ``8.39 M``."""
+    from dabench_ir.report.html import TABLE_SCRIPT
+
+    reader = re.search(r"var SI = .*?\n  function value\(text\) \{.*?\n  \}\n", TABLE_SCRIPT, re.S).group(0)
+    texts = ["512", "262 k", "90.1 k", "8.39 M", "5 ms", "1.2 TFLOP/s", "2.00x", "-"]
+    script = reader + f"console.log(JSON.stringify({json.dumps(texts)}.map(value)));"
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [512, 262e3, 90.1e3, 8.39e6, 5e-3, 1.2e12, 2.0, None]

@@ -88,7 +88,8 @@ TABLE_SCRIPT = r"""
   var SI = {"p": 1e-12, "n": 1e-9, "u": 1e-6, "\u00b5": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
             "P": 1e15, "E": 1e18};
   function value(text) {
-    var m = /^\s*([-+]?\d*\.?\d+(?:e[-+]?\d+)?)\s*(?:x\s*)?([pnu\u00b5mkMGTPE](?=[A-Za-z\/]))?/.exec(text);
+    // a prefix before a unit ("5 ms", "1.2 TFLOP/s") or alone after the number ("262 k", as human() writes a count)
+    var m = /^\s*([-+]?\d*\.?\d+(?:e[-+]?\d+)?)\s*(?:x\s*)?([pnu\u00b5mkMGTPE](?=[A-Za-z\/]|\s*$))?/.exec(text);
     if (!m) return null;
     return parseFloat(m[1]) * (m[2] ? SI[m[2]] : 1);
   }
