@@ -523,15 +523,25 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
 
 def test_study_mlir_flags_are_checked(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
-    assert main(["study", src, "--mlir-pipeline", "cse"]) == 2
-    assert "add --via mlir" in capsys.readouterr().err
+    assert main(["study", src, "--via", "onnx", "--mlir-pipeline", "cse"]) == 2
+    assert "drop --via onnx" in capsys.readouterr().err
     assert main(["study", src, "--via", "mlir", "--pipeline", "ort-basic"]) == 2
     assert "MLIR pipeline" in capsys.readouterr().err
-    assert main(["study", src, "--pipeline", "mlir-elementwise"]) == 2
-    assert "--via mlir" in capsys.readouterr().err
+    assert main(["study", src, "--via", "onnx", "--pipeline", "mlir-elementwise"]) == 2
+    assert "drop --via onnx" in capsys.readouterr().err
     assert main(["study", src, "--via", "mlir", "--mlir-pipeline", "cse,bogus-pass", "-q"]) == 2
     err = capsys.readouterr().err
     assert "bogus-pass" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_mlir_pipeline_runs_the_study_through_linalg_without_being_told(tmp_path, capsys):
+    """``--mlir-pipeline`` (or a named MLIR pipeline) means ``--via mlir``: the flag is not needed twice."""
+    src = _mlp(tmp_path / "m.onnx")
+    out = tmp_path / "s.json"
+    assert main(["study", src, "--mlir-pipeline", "cse", "-q", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert run["pipeline"] == "mlir:cse" and run["baseline_label"].endswith("pipeline=mlir-none") and run["mlir"]
 
 
 def test_study_times_keep_their_sign():

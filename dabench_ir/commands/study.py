@@ -70,9 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--via",
         dest="study_via",
         choices=("onnx", "mlir"),
-        default="onnx",
-        help="mlir: run the MLIR pipelines on the "
-        "model's linalg module, each diffed against it as lowered (docs/mlir.md)",
+        default=None,
+        help="mlir: run the MLIR pipelines on the model's linalg module, each diffed against it as lowered "
+        "(docs/mlir.md); the default when an MLIR pipeline is given, else onnx",
     )
     p.add_argument(
         "--mlir-pipeline",
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
         from dabench_ir.mlir import parse_pipeline
         from dabench_ir.study import Pipeline
 
-        if args.study_via != "mlir":
-            raise UserError("--mlir-pipeline runs MLIR passes on linalg: add --via mlir")
+        if args.study_via == "onnx":
+            raise UserError("--mlir-pipeline runs MLIR passes on linalg: drop --via onnx")
         passes = tuple(parse_pipeline(args.mlir_pipeline))
         pipelines.append(Pipeline(f"mlir:{','.join(passes)}", args.mlir_pipeline, mlir=passes, needs="torch_mlir"))
     if not pipelines:

@@ -71,7 +71,7 @@ def run_study(
     *,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
-    via: str = "onnx",
+    via: str | None = None,
 ) -> dict[str, Any]:
     """Run each named pipeline on ``model``, place the result on each target, diff it against the
     baseline (the model as it is, placed with ``opts``) and return the study (schema `STUDY_SCHEMA`).
@@ -79,7 +79,7 @@ def run_study(
     With ``out_dir`` every optimised model and every report JSON is written there, so any two
     can be compared again with ``dabench-ir diff``.
 
-    ``via="mlir"`` runs the MLIR pipelines (`Pipeline.mlir`) on the model's linalg module, each
+    ``via="mlir"`` (the default when a pipeline is an MLIR one) runs the MLIR pipelines (`Pipeline.mlir`) on the model's linalg module, each
     diffed against that module as lowered (`study.mlir`); ONNX-level pipelines keep the ONNX
     baseline, and each is set beside each MLIR pipeline (``mlir_vs_onnx``).
     """
@@ -92,8 +92,10 @@ def run_study(
     picked = [p if isinstance(p, Pipeline) else get_pipeline(p) for p in pipelines if p != BASELINE]  # fail early
     mlir_pipes = [p for p in picked if p.mlir is not None]
     chosen = [p for p in picked if p.mlir is None]
+    if via is None:  # an MLIR pipeline runs on linalg: it says how the study costs
+        via = "mlir" if mlir_pipes else "onnx"
     if mlir_pipes and via != "mlir":
-        raise UserError(f"pipeline {mlir_pipes[0].name} runs MLIR passes on linalg: add --via mlir")
+        raise UserError(f"pipeline {mlir_pipes[0].name} runs MLIR passes on linalg: drop --via {via}")
     if via == "mlir" and not mlir_pipes:
         raise UserError("--via mlir: give an MLIR pipeline (--mlir-pipeline PASSES, or a named one: --list-pipelines)")
     for p in mlir_pipes:
