@@ -172,3 +172,22 @@ def test_split_residual_when_node_times_overlap():
     assert sum(p["before_s"] for p in d["split"]) == 4.0 and sum(p["after_s"] for p in d["split"]) == 2.0
     assert d["totals"]["speedup_total"] == 2.0 and d["totals"]["speedup_nodes"] == 1.5
     assert parts["fill_drain"]["speedup_alone"] == pytest.approx(4 / 3)
+
+
+def test_torchs_placeholder_for_a_missing_module_stack_is_no_module():
+    """torch writes ``_empty_nn_module_stack_from_metadata_hook`` as the module of a node whose module
+    stack a model's hooks dropped (HF models): read as no module, never shown as a role of that name."""
+    from onnx import TensorProto, helper
+
+    placeholder = "_empty_nn_module_stack_from_metadata_hook"
+    nodes = []
+    for name, scopes in (("a", [placeholder, "linear"]), ("b", ["layers.0", placeholder, "linear"])):
+        node = helper.make_node("Relu", ["x"], [f"y_{name}"], name=name)
+        prop = node.metadata_props.add()
+        prop.key, prop.value = "pkg.torch.onnx.name_scopes", str(scopes)
+        nodes.append(node)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    outs = [helper.make_tensor_value_info(f"y_{n}", TensorProto.FLOAT, [4]) for n in "ab"]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
+    graph = load_onnx(model)
+    assert [n.scope for n in graph.nodes] == ["", "layers.0"]

@@ -199,7 +199,7 @@ def _scope_of(node: onnx.NodeProto, name: str, seen: dict[str, str | None] | Non
     if namespace is not None and (text := namespace.value):
         # ": pkg.M/layers.0: pkg.Block/layers.0.attn: pkg.Attn/matmul: aten.matmul"
         parts = [p.split(":")[0].strip() for p in text.split("/")]
-        modules = [p for p in parts[:-1] if p]
+        modules = [p for p in parts[:-1] if p and p != _NO_MODULE_STACK]
         if modules:
             return modules[-1]
     # TorchScript exporter: node names like '/layers.0/attn/q_proj/MatMul'
@@ -208,9 +208,14 @@ def _scope_of(node: onnx.NodeProto, name: str, seen: dict[str, str | None] | Non
     return ""
 
 
+_NO_MODULE_STACK = "_empty_nn_module_stack_from_metadata_hook"
+"""What torch's exporter writes as the module of a node it has no module stack for (HF models whose
+hooks drop it): no module, not a role of that name."""
+
+
 def _module_of(scopes: str) -> str | None:
     """The module a name-scopes text names, None when it names none (`_scope_of` reads on)."""
-    entries = safe_name_scopes(scopes)
+    entries = [e for e in safe_name_scopes(scopes) if e != _NO_MODULE_STACK]
     # The last entry names the aten call (e.g. 'linear'); the ones before are modules.
     if len(entries) >= 2:
         return entries[-2]
