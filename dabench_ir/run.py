@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,6 +388,34 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -
         )
     for name, value in derived_dims(graph, bound).items():
         dims.setdefault(name, value)
+    _check_positions(graph, {**graph.bindings, **dims})
+
+
+_POSITION_TABLE = re.compile(r"wpe|position|pos_emb", re.IGNORECASE)
+"""A learned position table by its weight's name: GPT-2's ``wpe`` (HF), ``pos_embed`` (this tool's
+exporter), ``position_embeddings`` / ``embed_positions`` (BERT-, OPT-style)."""
+
+
+def _check_positions(graph: Graph, bound: Mapping[str, int]) -> None:
+    """A UserError when a bound sequence indexes past a learned position table: a Gather from a
+    position table whose indices span more positions than the table has rows."""
+    from dabench_ir.ir import ValueKind
+
+    for node in graph.nodes:
+        if node.op_type != "Gather" or len(node.inputs) < 2:
+            continue
+        table, indices = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
+        if table is None or indices is None or table.kind is not ValueKind.WEIGHT:
+            continue
+        rows = table.type.shape[0] if table.type.shape and len(table.type.shape) == 2 else None
+        if not isinstance(rows, int) or not _POSITION_TABLE.search(table.name) or indices.type.shape is None:
+            continue
+        spans = [bound[d] for d in indices.type.shape if isinstance(d, str) and d in bound]
+        if spans and max(spans) > rows:
+            raise UserError(
+                f"sequence {max(spans):,}: the model's learned position table {table.name} has {rows:,} rows "
+                f"(positions): bind --seq to at most {rows:,}"
+            )
 
 
 # -- the passes a run needs ---------------------------------------------------------------------

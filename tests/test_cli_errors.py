@@ -568,3 +568,17 @@ def test_an_export_without_the_export_extra_says_what_to_install(capsys, tmp_pat
     out = ["-o", str(tmp_path / ("demo" if argv[0] == "demo" else "m.onnx"))] if argv[0] != "profile" else []
     code, _, err = run_cli(capsys, *argv, *out)
     assert_one_line_error(code, err, "onnx_ir not installed", "pip install 'dabench-ir[export]'")
+
+
+def test_a_sequence_longer_than_the_learned_position_table_is_refused(capsys, tmp_path):
+    """GPT-2's positions are a table: a --seq past its rows would index nothing; refused in one line."""
+    pytest.importorskip("torch")
+    from dabench_ir.models import ModelConfig, export_model
+
+    path = tmp_path / "g.onnx"
+    cfg = ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=8, vocab=16, max_positions=16)
+    export_model(cfg, path, weights="none", dynamic=True)
+    code, _, err = run_cli(capsys, "profile", str(path), "-t", "rdu", "--seq", "17", "--batch", "1", "-q")
+    assert_one_line_error(code, err, "sequence 17", "pos_embed.weight has 16 rows", "at most 16")
+    code, _, _ = run_cli(capsys, "profile", str(path), "-t", "rdu", "--seq", "16", "--batch", "1", "-q")
+    assert code == 0

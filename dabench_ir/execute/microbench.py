@@ -168,7 +168,10 @@ def ensure_node_table(
     flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
     context = _Context.of(prepared.model, prepared.feeds, graph)
     if say:
-        say(f"measuring {len(todo)} node shapes on the host CPU (at most {budget_s:.0f} s)")
+        say(
+            f"measuring {len(todo)} node shapes this host has not timed yet (the cpu target predicts from them; "
+            f"once per shape, cached in {table_path}; at most {budget_s:.0f} s)"
+        )
     ready: list[tuple[str, str, Any, Any]] = []  # signature, op, hot and flushed one-node models
     samples: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]]] = {}
     probe = SpeedProbe(threads)
