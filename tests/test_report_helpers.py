@@ -197,3 +197,15 @@ def test_the_html_tables_read_a_prefixed_count_as_its_value():
     script = reader + f"console.log(JSON.stringify({json.dumps(texts)}.map(value)));"
     out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [512, 262e3, 90.1e3, 8.39e6, 5e-3, 1.2e12, 2.0, None]
+
+
+def test_the_summary_says_what_each_memory_holds_against_its_capacity():
+    from dabench_ir.report.table import _memory_use
+
+    use = {
+        "ddr": {"bytes": 355e6, "capacity_bytes": 1e12, "fraction": 355e-6, "level": "off-chip"},
+        "pmu_sram": {"bytes": 179e6, "capacity_bytes": 640e6, "fraction": 179 / 640, "level": "on-chip"},
+    }
+    assert _memory_use(use) == "pmu_sram 179 MB of 640 MB (28.0%), ddr 355 MB of 1 TB (0.0%)"
+    many = {f"sram:ipu{i}": {"bytes": i, "capacity_bytes": 10, "fraction": i / 10} for i in range(5)}
+    assert _memory_use(many, shown=2) == "sram:ipu4 4 B of 10 B (40.0%), sram:ipu3 3 B of 10 B (30.0%) and 3 less full"

@@ -365,6 +365,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
                     f"has {human(f['capacity_bytes'], 'B')})"
                 )
             )
+        if m.get("memory_use"):
+            out.append(f"  memory     {_memory_use(m['memory_use'])}")
     if t.get("time_s") is not None:
         pipelined = (t.get("latency_s") or 0) > t["time_s"] * (1 + 1e-9)  # consecutive steps overlap
         per = "period (steady state)" if pipelined else "per step"
@@ -379,7 +381,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         if chips:
             out.append(
                 f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of collectives, "
-                f"{human(t.get('link_bytes'), 'B')} over the links, speedup {_fmt(m.get('speedup'))}x, "
+                f"{human(t.get('link_bytes'), 'B')} over the links, speedup {times(m.get('speedup'))}, "
                 f"scaling efficiency {percent(m.get('scaling_efficiency'))}"
             )
     if t.get("energy_j") is not None:
@@ -404,6 +406,17 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
+
+
+def _memory_use(use: dict[str, dict[str, Any]], shown: int = 3) -> str:
+    """What each memory holds against its capacity, the fullest first (``sram 1.2 GB of 40 GB (3.0%)``),
+    ``shown`` of them and how many more (a pipeline's devices each have their own)."""
+    rows = sorted(use.items(), key=lambda kv: -(kv[1].get("fraction") or 0.0))
+    text = ", ".join(
+        f"{name} {human(u.get('bytes'), 'B')} of {human(u.get('capacity_bytes'), 'B')} ({percent(u.get('fraction'))})"
+        for name, u in rows[:shown]
+    )
+    return text + (f" and {len(rows) - shown} less full" if len(rows) > shown else "")
 
 
 def _work(t: dict[str, Any]) -> str:
