@@ -209,3 +209,14 @@ def test_the_summary_says_what_each_memory_holds_against_its_capacity():
     assert _memory_use(use) == "pmu_sram 179 MB of 640 MB (28.0%), ddr 355 MB of 1 TB (0.0%)"
     many = {f"sram:ipu{i}": {"bytes": i, "capacity_bytes": 10, "fraction": i / 10} for i in range(5)}
     assert _memory_use(many, shown=2) == "sram:ipu4 4 B of 10 B (40.0%), sram:ipu3 3 B of 10 B (30.0%) and 3 less full"
+
+
+def test_a_pipelines_period_is_marked_beside_whole_steps():
+    """The cross-target time column holds the WSE's steady-state period beside the others' whole step:
+    marked, with the note saying which, and each row's one-step latency in the row."""
+    from dabench_ir.report.compare import PERIOD_NOTE, format_row, render_compare
+
+    period = {"label": "m wse2", "time_s": 6.29e-4, "latency_s": 2.1e-3}
+    step = {"label": "m h100", "time_s": 1.32e-3, "latency_s": 1.32e-3}
+    assert format_row(period)["time"].endswith("(period)") and "period" not in format_row(step)["time"]
+    assert PERIOD_NOTE in render_compare([period, step]) and PERIOD_NOTE not in render_compare([step])

@@ -24,10 +24,12 @@ from .table import human, percent, seconds
 __all__ = [
     "COMPARE_COLUMNS",
     "LABEL_FIELDS",
+    "PERIOD_NOTE",
     "compare_reports",
     "dominant_bound",
     "estimated_warnings",
     "format_row",
+    "is_period",
     "load_report_json",
     "render_compare",
     "write_compare_csv",
@@ -48,6 +50,7 @@ COMPARE_COLUMNS = (
     "batch",
     "pipeline",
     "time_s",
+    "latency_s",
     "throughput_samples_per_s",
     "achieved_flops_per_s",
     "allocation_ratio",
@@ -230,6 +233,7 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "batch": config.get("batch"),
         "pipeline": extra.get("pipeline") or "none",
         "time_s": totals.get("time_s"),
+        "latency_s": totals.get("latency_s"),  # one step alone: above time_s where a pipeline overlaps steps
         "throughput_samples_per_s": totals.get("throughput_samples_per_s"),
         "achieved_flops_per_s": achieved,
         "allocation_ratio": metrics.get("allocation_ratio"),
@@ -328,6 +332,18 @@ def _num(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
 
 
+PERIOD_NOTE = (
+    "(period): the steady-state period of a pipeline whose consecutive steps overlap (one step alone takes "
+    "longer: latency_s); the other times are one whole step"
+)
+
+
+def is_period(row: Mapping[str, Any]) -> bool:
+    """Whether the row's time is a pipeline's steady-state period, shorter than one step alone."""
+    time_s, latency_s = row.get("time_s"), row.get("latency_s")
+    return time_s is not None and latency_s is not None and latency_s > time_s * (1 + 1e-9)
+
+
 def format_row(row: Mapping[str, Any]) -> dict[str, str]:
     """Display strings for one compare row (shared by the terminal table and the HTML page)."""
     fits = row.get("fits")
@@ -336,7 +352,7 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         "model": str(row.get("model") or "-"),
         "target": str(row.get("target") or "-"),
         "run": " ".join(row["label"].split(" ")[1:]) if row.get("label") and " " in row["label"] else "-",
-        "time": seconds(row.get("time_s")),
+        "time": seconds(row.get("time_s")) + (" (period)" if is_period(row) else ""),
         "throughput": ("does not fit" if fits is False else "-")
         if row.get("throughput_samples_per_s") is None
         else human(row["throughput_samples_per_s"], "samples/s"),
@@ -376,6 +392,8 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
 
     out = [line({h: h for h in headers}), line({h: "-" * widths[h] for h in headers})]
     out += [line(c) for c in cells]
+    if any(is_period(r) for r in rows):
+        out.append(PERIOD_NOTE)
     failures = [r for r in rows if r.get("failure")]
     for r in failures:
         out.append(f"{r.get('target')}: does not fit: {r['failure']}")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir import __version__
 
-from .compare import format_row
+from .compare import PERIOD_NOTE, format_row, is_period
 from .model import NodeRecord, Report
 from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent, prediction_text, seconds
 
@@ -553,7 +553,9 @@ def render_compare_html(
         + _table([*headers, "files"], table_rows, numeric=set(range(2, 8)) | {n - 1}, raw={n}, cls={})
         + '<p class="note">alloc: resource allocation ratio; LI: load imbalance (mean/max busy time, 1 = balanced); '
         "eff: achieved / peak FLOP/s; dominant bound: the bound class (overhead rows counted as one) with the largest share of the summed time; "
-        "GOP/s/W: achieved GFLOP/s per watt of the target's rated power.</p></section>"
+        "GOP/s/W: achieved GFLOP/s per watt of the target's rated power."
+        + (f" time {_e(PERIOD_NOTE)}" if any(is_period(r) for r in rows) else "")
+        + "</p></section>"
     )
     if errors:
         err_rows = [[k, v] for k, v in errors.items()]
