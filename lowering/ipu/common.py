@@ -54,6 +54,7 @@ class IpuFigures:
     amp_peak: dict[str, float]  # one tile's share of the AMP peak, FLOP/s
     sync: float  # overheads.sync_s, one BSP sync
     link: Link | None  # the IPU-Link
+    host: Link | None  # the host's path to the IPUs (the IPU-Gateway): host data streams
     stream: MemoryLevel | None  # streaming (off-chip) memory, where the target has one
     sram_bw: float
     ridge: float  # at the plan's precision against tile SRAM
@@ -81,6 +82,7 @@ class IpuFigures:
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},
             sync=target.overhead("sync_s"),
             link=target.link("ipu_link") or target.link(),
+            host=target.link("gateway"),
             stream=target.memory("off-chip") if target.has_memory("off-chip") else None,
             sram_bw=sram.bandwidth_bytes_per_s,
             ridge=target.ridge_point(ctx.precision, sram),

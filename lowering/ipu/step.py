@@ -1,10 +1,31 @@
-"""What a step pays once, outside the pipeline cycle: fill and drain, the optimizer, the gradient reduction.
+"""What a training step pays outside the pipeline cycle: ramp, host streams, accumulation, optimizer, reduction.
 
-A step is ``m`` cycles of the most loaded IPU plus, once per step (``Plan.step_overheads_s``),
-the pipeline fill and drain (training drains before each weight update), the optimizer update
-(on the tiles' fp32 vector lanes, or at streaming-memory bandwidth when its state is
-off-chip) and the gradient reduction over replicas. `add_step_costs` is the lowering's step
-that adds them.
+A step is ``m`` cycles of the most loaded IPU plus (``Plan.step_overheads_s``, one row each, in
+this order):
+
+- ``pipeline_fill_drain``: the ramp up and ramp down, (S - 1) cycles (training drains before
+  each weight update; Graphcore: "2N stages are always under-utilised during the ramp up and
+  ramp down phases", Memory and Performance Optimisation on the IPU, sec. 4.2: with the 2S - 1
+  forward/backward pipeline stages of a training pipeline, their partial cycles add up to S - 1
+  full ones when the stages are balanced);
+- ``host_streams``: each micro-batch's graph inputs (token ids, labels) streamed from the host
+  through the IPU-Gateway (``link.gateway``: its latency once a micro-batch, the bytes at its
+  bandwidth), serial with compute and holding every IPU (PopART streams host data serially to
+  computation unless IO tiles are set, and its default ``Full`` sync pattern makes any host
+  transfer synchronise all IPUs: PopART User Guide, "Overlapping IO with compute" and
+  "Performance optimisation: sync configuration"). Outputs return once per host call
+  (``outputMode(Sum)`` in Graphcore's GPT-2 example), not per micro-batch;
+- ``grad_accumulate``: with ``m`` > 1, each micro-batch's weight gradients added into the
+  accumulator (PopART glossary, "Accumulation factor": accumulated over that many micro-batches in
+  series before a weight update) on the tiles' vector lanes of the accumulator's precision
+  (``arch.vector_elems_per_cycle_<p>``), the most loaded IPU's;
+- ``optimizer``: the update on the tiles' fp32 vector lanes, or at streaming-memory bandwidth
+  when its state is off-chip (`place_optimizer`);
+- ``gradient_reduce``: the gradient ring all-reduce over replicas.
+
+`add_step_costs` is the lowering's step that adds them. Not modelled (no published figure): the
+host's own time per ``poptorch`` call (Python, ``setOptimizer`` each call in the example), spread
+over ``deviceIterations`` steps.
 """
 
 from __future__ import annotations
@@ -12,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import place_node
 from dabench_ir.lowering.collectives import ring_allreduce_bytes, ring_allreduce_time
 from dabench_ir.lowering.ipu.common import trained_params
@@ -25,7 +47,14 @@ if TYPE_CHECKING:
     from dabench_ir.lowering.ipu.stages import Pipeline
     from dabench_ir.plan import Plan
 
-__all__ = ["adam_cycles", "add_step_costs", "place_optimizer"]
+__all__ = [
+    "adam_cycles",
+    "add_step_costs",
+    "grad_accumulate_s",
+    "host_input_bytes",
+    "host_streams_s",
+    "place_optimizer",
+]
 
 
 def adam_cycles(ctx: LoweringContext, node: Node, lanes: float, special: float) -> float:
@@ -36,6 +65,33 @@ def adam_cycles(ctx: LoweringContext, node: Node, lanes: float, special: float) 
     if not params:
         return 0.0
     return (cost.vector_flops / lanes + cost.special_ops / special) / params
+
+
+def host_input_bytes(ctx: LoweringContext) -> float:
+    """Bytes of the graph's inputs (token ids, labels) over the whole bound batch: what the host
+    streams to the IPUs a step."""
+    return float(sum(ctx.value_bytes(v.name) for v in ctx.graph.values.values() if v.kind is ValueKind.INPUT))
+
+
+def host_streams_s(run: IpuRun) -> float:
+    """A step's host data streams: ``m`` stream copies through the IPU-Gateway, each its latency
+    plus one micro-batch's inputs at its bandwidth (0 without a gateway link or inputs)."""
+    host = run.fig.host
+    total = host_input_bytes(run.ctx)
+    if host is None or total <= 0:
+        return 0.0
+    return run.m * host.latency_s + total / host.bandwidth_bytes_per_s
+
+
+def grad_accumulate_s(run: IpuRun, memory: TileMemory) -> float:
+    """A step's gradient accumulation: with ``m`` > 1 micro-batches, ``m`` adds of each IPU's
+    weight gradients into its accumulator on all its tiles' vector lanes, in the accumulator's
+    precision (fp32 lanes for 4-byte gradients, else 16-bit); the most loaded IPU's."""
+    if run.m <= 1 or not memory.params_on:
+        return 0.0
+    fig = run.fig
+    lanes = fig.lanes["fp32" if memory.accum_pp >= 4 else "fp16"]
+    return run.m * max(memory.params_on.values()) / (lanes * fig.clock * fig.tiles)
 
 
 def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: Plan) -> None:
@@ -74,13 +130,20 @@ def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: P
 
 
 def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s: float, plan: Plan) -> None:
-    """Step 5: what a step pays once (``plan.step_overheads_s``), in this order: the pipeline fill
-    and drain, the optimizer (`place_optimizer`), and the gradient ring all-reduce over replicas."""
+    """Step 5: what a training step pays outside the cycle (``plan.step_overheads_s``), in this
+    order: the pipeline fill and drain, the host data streams (`host_streams_s`), the gradient
+    accumulation (`grad_accumulate_s`), the optimizer (`place_optimizer`), and the gradient ring
+    all-reduce over replicas."""
     if run.training and pipeline.n_stages > 1 and run.options.steady_state:
         # the pipeline drains before each weight update: the bubble is paid every step (in
         # inference consecutive steps stream through without one; without steady_state the
         # event simulation already holds the fill and drain)
         plan.step_overheads_s["pipeline_fill_drain"] = (pipeline.n_stages - 1) * cycle_s
+    if run.training:
+        if streams := host_streams_s(run):
+            plan.step_overheads_s["host_streams"] = streams
+        if accumulate := grad_accumulate_s(run, memory):
+            plan.step_overheads_s["grad_accumulate"] = accumulate
     if pipeline.sections.optimizer:
         place_optimizer(run, pipeline, memory, plan)
     link = run.fig.link

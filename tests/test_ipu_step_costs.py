@@ -1,0 +1,91 @@
+"""The IPU step's fixed costs, each a row of its own (lowering/ipu/step.py): host data streams,
+gradient accumulation, pipeline ramp, optimizer; exact figures from their formulas on a tiny GPT-2."""
+
+from __future__ import annotations
+
+import pytest
+
+import dabench_ir
+from dabench_ir.ir import ValueKind
+from dabench_ir.models import ModelConfig, export_model
+from dabench_ir.targets import load_target
+
+IPU = load_target("bow")
+GATEWAY = IPU.link("gateway")
+ROWS = ("pipeline_fill_drain", "host_streams", "grad_accumulate", "optimizer")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ipu_step") / "gpt2.onnx"
+    cfg = ModelConfig(family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2)
+    export_model(cfg, path, weights="none")
+    return str(path)
+
+
+def _train(path: str, m: int, precision: str = "fp16", **kw) -> dabench_ir.Report:
+    return dabench_ir.profile(path, target="ipu", mode="train", precision=precision, ipus=2, micro_batches=m, **kw)
+
+
+def _inputs(report) -> float:
+    """The graph's input bytes counted here from its values (token ids, and labels if any)."""
+    graph = report.graph
+    inputs = [v for v in graph.values.values() if v.kind is ValueKind.INPUT]
+    return float(sum(v.type.numel(graph.bindings) * v.type.dtype.itemsize for v in inputs))
+
+
+def test_the_figures_the_rows_read():
+    assert GATEWAY.bandwidth_bytes_per_s == 6.25e9 and GATEWAY.latency_s == 5e-6
+    assert IPU.arch_value("vector_elems_per_cycle_fp16") == 4 and IPU.arch_value("vector_elems_per_cycle_fp32") == 2
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_host_streams_are_m_latencies_plus_the_inputs_at_gateway_bandwidth(tiny, m):
+    report = _train(tiny, m)
+    inputs = _inputs(report)
+    assert inputs == 2 * 32 * 8  # one int64 token-id tensor of the batch
+    want = m * 5e-6 + inputs / 6.25e9
+    assert report.timeline.overheads_s["host_streams"] == pytest.approx(want, rel=1e-12)
+
+
+def test_grad_accumulate_is_m_adds_of_the_most_loaded_ipus_gradients(tiny):
+    report = _train(tiny, 2)
+    params = max(u.resources["grad_accum_bytes"] / 2 for u in report.plan.units if u.kind == "ipu")  # fp16 grads
+    want = 2 * params / (4 * 1.85e9 * 1472)  # m adds on the fp16 vector lanes of every tile
+    assert report.timeline.overheads_s["grad_accumulate"] == pytest.approx(want, rel=1e-12)
+    fp32 = _train(tiny, 2, precision="fp32")
+    params32 = max(u.resources["grad_accum_bytes"] / 4 for u in fp32.plan.units if u.kind == "ipu")
+    assert params32 == params
+    assert fp32.timeline.overheads_s["grad_accumulate"] == pytest.approx(2 * params / (2 * 1.85e9 * 1472))
+    # one micro-batch a step: nothing accumulated, no row
+    assert "grad_accumulate" not in _train(tiny, 1).timeline.overheads_s
+
+
+def test_step_is_m_cycles_plus_each_row_and_the_rows_are_the_reports_own(tiny):
+    report = _train(tiny, 2)
+    over = report.timeline.overheads_s
+    assert tuple(over) == ROWS  # this order; no replicas: no gradient_reduce
+    cycle = report.plan.extra["cycle_s"]
+    stages = report.plan.extra["pipeline_stages"]
+    assert over["pipeline_fill_drain"] == pytest.approx((stages - 1) * cycle)
+    assert report.timeline.step_time_s == pytest.approx(2 * cycle + sum(over.values()), rel=1e-12)
+    d = report.to_dict()
+    assert d["overheads"] == pytest.approx(dict(over))
+    roles = {r["role"]: r for r in d["roles"]}
+    for name in ROWS:  # time no node owns: its own row, bound "overhead"
+        assert roles[f"overhead: {name}"]["time_s"] == pytest.approx(over[name])
+        assert roles[f"overhead: {name}"]["bound"] == "overhead" and roles[f"overhead: {name}"]["nodes"] == 0
+
+
+def test_without_the_mechanisms_the_step_is_shorter_by_exactly_their_rows(tiny):
+    """The counterfactual: the same run with host streams and accumulation taken out."""
+    report = _train(tiny, 2)
+    over = report.timeline.overheads_s
+    without = report.timeline.step_time_s - over["host_streams"] - over["grad_accumulate"]
+    assert without < report.timeline.step_time_s
+    assert without == pytest.approx(2 * report.plan.extra["cycle_s"] + over["pipeline_fill_drain"] + over["optimizer"])
+
+
+def test_inference_streams_through_without_step_rows(tiny):
+    report = dabench_ir.profile(tiny, target="ipu", ipus=2, micro_batches=2)
+    assert not {"host_streams", "grad_accumulate"} & set(report.timeline.overheads_s)
