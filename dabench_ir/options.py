@@ -313,6 +313,15 @@ class ProfileOptions:
         parse=_positive,
         commands=frozenset({PROFILE, SCALE, STUDY}),
     )
+    past: int | None = knob(
+        None,
+        help="tokens already in the KV cache of a decode-step model: binds its cache inputs' symbolic "
+        "length (past_sequence_length, a dynamo export's sNN, this tool's context: "
+        "dabench_ir.frontends.onnx.past_symbols); a dim made of bound parts (past_sequence_length + "
+        "sequence_length) follows",
+        parse=_positive,
+        commands=frozenset({PROFILE, SCALE, STUDY}),
+    )
     precision: str | None = knob(
         None,
         help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "

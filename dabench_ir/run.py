@@ -302,7 +302,7 @@ def resolve(
                 "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim"
             )
         per_replica, source = 1, "user" if opts.batch is not None else "default"
-    _bind_seq_and_derived(graph, opts.seq, dims)
+    _bind_seq_and_derived(graph, opts.seq, dims, opts.past)
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(
@@ -362,22 +362,34 @@ def resolve(
     )
 
 
-def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int]) -> None:
-    """``--seq`` binds the sequence-length symbols; then the symbols the graph derives from its inputs'
+def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], past: int | None = None) -> None:
+    """``--seq`` binds the sequence-length symbols and ``--past`` the KV-cache inputs' length; a dim
+    written as arithmetic of bound ones (``past_sequence_length + sequence_length``) is valued from
+    them (a ``--dim`` that disagrees is refused); then the symbols the graph derives from its inputs'
     (``sequence_length + 1``, ``unk__13``) follow from what is bound (`dabench_ir.frontends.onnx`)."""
-    from dabench_ir.frontends.onnx import derived_dims, seq_symbols, unbound_inputs
+    from dabench_ir.frontends.onnx import combined_dims, derived_dims, past_symbols, seq_symbols, unbound_inputs
 
-    if seq is not None:
-        names = seq_symbols(graph)
-        if not names:
+    for flag, value, names, what in (
+        ("--seq", seq, seq_symbols, "symbolic sequence length"),
+        ("--past", past, past_symbols, "KV-cache input with a symbolic length"),
+    ):
+        if value is None:
+            continue
+        symbols = names(graph)
+        if not symbols:
             raise UserError(
-                f"--seq {seq}: the model has no symbolic sequence length (its symbols: "
-                f"{', '.join(sorted(graph.symbols)) or 'none'}); its sequence is fixed as exported"
+                f"{flag} {value}: the model has no {what} (its symbols: "
+                f"{', '.join(sorted(graph.symbols)) or 'none'}); its shape is fixed as exported"
             )
-        for name in names:
-            if dims.get(name, seq) != seq:
-                raise UserError(f"--seq {seq} and --dim {name}={dims[name]} disagree; give one of them")
-            dims[name] = seq
+        for name in symbols:
+            if dims.get(name, value) != value:
+                raise UserError(f"{flag} {value} and --dim {name}={dims[name]} disagree; give one of them")
+            dims[name] = value
+    bound = {**graph.bindings, **dims}
+    for name, value in combined_dims(graph, bound).items():
+        if bound.get(name, value) != value:
+            raise UserError(f"--dim {name}={bound[name]} disagrees with its parts (= {value}); drop it")
+        dims[name] = value
     bound = {**graph.bindings, **dims}
     unbound = unbound_inputs(graph, bound)
     if unbound:

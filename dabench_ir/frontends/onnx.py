@@ -7,6 +7,7 @@ before anything could open it.
 
 from __future__ import annotations
 
+import ast
 import logging
 import math
 import os
@@ -344,6 +345,56 @@ def seq_symbols(graph: Graph) -> list[str]:
     return sorted(s for s in _input_symbols(graph) if s.lower() in SEQ_SYMBOLS)
 
 
+_CACHE_INPUT = re.compile(r"past|cache|present", re.IGNORECASE)
+
+
+def past_symbols(graph: Graph) -> list[str]:
+    """The symbols of the KV-cache inputs' length: in each rank-4 cache input (the exporter's
+    ``dabench.kv_cache`` list, else an input named like ``past_key_values.0.key``) its symbolic dims
+    but the first (the batch): [batch, heads, past, head_dim], or this tool's [batch, heads, dim, context]."""
+    from dabench_ir.passes.precision import kv_cache_values
+
+    listed = set(kv_cache_values(graph))
+    found: set[str] = set()
+    for name in graph.inputs:
+        shape = graph.values[name].type.shape
+        if shape is None or len(shape) != 4 or not (name in listed or _CACHE_INPUT.search(name)):
+            continue
+        found.update(d for d in shape[1:] if isinstance(d, str))
+    return sorted(found)
+
+
+_DIM_EXPRESSION = re.compile(r"[A-Za-z_]\w*|\d+|[-+*()\s]")
+
+
+def combined_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
+    """The input symbols written as arithmetic of other symbols (``past_sequence_length +
+    sequence_length``, as Hugging Face's exporters name an attention mask's length), valued from
+    ``bound`` once all their parts are bound (whether or not ``bound`` holds the symbol itself); the
+    others are left out."""
+    values: dict[str, int] = {}
+    for symbol in _input_symbols(graph):
+        tokens = _DIM_EXPRESSION.findall(symbol)
+        if "".join(tokens) != symbol or not set("+-*") & set(symbol):
+            continue  # a plain name, or not arithmetic of names and numbers
+        names = [t for t in tokens if t[0].isalpha() or t[0] == "_"]
+        if names and all(n in bound for n in names):
+            values[symbol] = _evaluate(ast.parse(symbol, mode="eval").body, bound)
+    return values
+
+
+def _evaluate(node: ast.AST, bound: Mapping[str, int]) -> int:
+    """A dim expression's value: names, integers, +, - and *, nothing else."""
+    if isinstance(node, ast.Name):
+        return bound[node.id]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        a, b = _evaluate(node.left, bound), _evaluate(node.right, bound)
+        return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+    raise ValueError(f"not a dim expression: {ast.dump(node)}")
+
+
 def unbound_inputs(graph: Graph, bound: Mapping[str, int]) -> list[str]:
     """The input symbols ``bound`` leaves open, in a graph that derives others from them (only
     there: the others are named by the cost pass as unbound, with the dims that need them)."""
@@ -372,7 +423,7 @@ def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
     import onnx
 
     model = onnx.load_from_string(blob)
-    for vi in model.graph.input:
+    for vi in (*model.graph.input, *model.graph.output):  # an output's declared dims too (a KV cache's present.*)
         for d in vi.type.tensor_type.shape.dim:
             if d.dim_param in bound:
                 d.dim_value = bound[d.dim_param]
@@ -419,7 +470,7 @@ def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         shapes = {
             vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-            for vi in (*model.graph.input, *model.graph.value_info)
+            for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output)
             if vi.type.tensor_type.HasField("shape")
         }
         shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
