@@ -212,6 +212,8 @@ class Value:
 
     ``scalar`` is the number a one-element constant holds (an initializer or a Constant node's
     output), kept because a cost rule reads it (Pow's exponent); no other tensor data is kept.
+    ``tied_to`` names the weight this one is a stored copy of (a tied LM head the exporter wrote
+    as the embedding's transpose): read and stored as itself, one parameter with it.
     """
 
     name: str
@@ -219,6 +221,7 @@ class Value:
     kind: ValueKind
     producer: str | None = None
     scalar: float | None = None
+    tied_to: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -401,14 +404,14 @@ class Graph:
 
     @property
     def num_params(self) -> int | None:
-        """Number of weight elements, or None when a weight's shape is symbolic."""
+        """Number of weight elements (a tied copy counted once, with its original), or None when a
+        weight's shape is symbolic."""
         bindings, total = self.bindings, 0
-        sizes: dict[
-            int, int
-        ] = {}  # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
+        # by the type's id: a model's weights share a few type records (1,538 weights, 5 types)
+        sizes: dict[int, int] = {}
         try:
             for v in self.values.values():
-                if v.kind is ValueKind.WEIGHT:
+                if v.kind is ValueKind.WEIGHT and v.tied_to is None:
                     t = v.type
                     n = sizes.get(id(t))
                     if n is None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
 
@@ -18,6 +18,7 @@ from dabench_ir.cli import main  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 64, 4, 2, 128, 256, 128
 PAST, SEQ = 31, 1
+PARAMS: dict[str, int] = {}  # each model's own count (transformers' num_parameters)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,11 @@ def exports(tmp_path_factory):
     }
     out = {}
     for name, model in models.items():
+        with torch.no_grad():  # trained-looking values: the exporter stores equal tensors (zero biases) once
+            for param in model.parameters():
+                param.normal_(0.0, 0.02)
         model.save_pretrained(root / name)
+        PARAMS[name] = model.num_parameters()  # the tied embedding and LM head once
         main_export(str(root / name), output=root / f"{name}-past", task="text-generation-with-past")
         out[name] = root / f"{name}-past" / "model.onnx"
     return out
@@ -74,6 +79,8 @@ def test_a_kv_cache_export_profiles_with_batch_seq_and_past(exports, family, tar
     report = json.loads(out.read_text())
     assert report["totals"]["contraction_flops"] == _decode_contraction_flops(family)
     assert report["config"]["past"] == PAST
+    # GPT-2's LM head is the embedding (tied): the export holds it again as its transpose, one parameter
+    assert report["model"]["params"] == PARAMS[family]
 
 
 def test_a_combined_dim_follows_from_its_parts_and_a_contradiction_is_refused(exports, capsys):

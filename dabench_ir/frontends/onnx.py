@@ -240,6 +240,7 @@ def load_onnx(
     _check_external_data(model, path, protos)
     opsets = {o.domain or "": o.version for o in model.opset_import}
     _check_domains(protos, opsets, path)
+    tied = _tied_copies(model.graph)  # before the weight bytes are freed: they are compared
     if path is not None:  # our own copy: free weight bytes before shape inference copies the model
         _drop_tensor_data(model.graph, protos)
     exported = model
@@ -268,6 +269,7 @@ def load_onnx(
             TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
             kind,
             scalar=_scalar(init) if kind is ValueKind.CONSTANT else None,
+            tied_to=tied.get(name),
         )
     graph_inputs: list[str] = []
     for vi in g.input:
@@ -567,6 +569,41 @@ def _folded_from_parameter(sources: str, weights: set[str]) -> bool:
 
 _CONSTANT_NAME = re.compile(r"(?:^|[._/])(?:cos|sin)(?:_cached|_cache)?$|inv_freq|rotary|causal|(?:^|[._/])mask", re.I)
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+
+
+_TIE_SAMPLES = 1 << 16
+"""Elements compared (a strided grid over the tensor) to call one 2-D weight another's transpose."""
+
+
+def _tied_copies(graph: onnx.GraphProto) -> dict[str, str]:
+    """Initializers that hold another's transpose (TorchScript writes a tied LM head as the embedding's
+    transpose, under an ``onnx::MatMul_N`` name): copy -> original, the copy being the unnamed one (or
+    the later one). Compared on the data (raw bytes in the file, read in place) at up to `_TIE_SAMPLES`
+    elements; a tensor without its bytes here (external data, a weight-free export) is never tied."""
+    import numpy as np
+    from onnx import helper
+
+    by_shape: dict[tuple[tuple[int, ...], int], list[onnx.TensorProto]] = {}
+    for init in graph.initializer:
+        if len(init.dims) == 2 and init.raw_data and init.data_location != 1 and init.dims[0] != init.dims[1]:
+            by_shape.setdefault((tuple(init.dims), init.data_type), []).append(init)
+    order = {init.name: i for i, init in enumerate(graph.initializer)}
+    tied: dict[str, str] = {}
+    for (shape, dtype), copies in by_shape.items():
+        for copy in copies:
+            for original in by_shape.get(((shape[1], shape[0]), dtype), ()):
+                if copy.name in tied or original.name in tied:
+                    continue
+                unnamed = copy.name.startswith("onnx::") and not original.name.startswith("onnx::")
+                if not (unnamed or order[copy.name] > order[original.name]):
+                    continue
+                np_type = helper.tensor_dtype_to_np_dtype(dtype)
+                a = np.frombuffer(copy.raw_data, dtype=np_type).reshape(shape)
+                b = np.frombuffer(original.raw_data, dtype=np_type).reshape(shape[::-1]).T
+                step = max(1, int((a.size / _TIE_SAMPLES) ** 0.5))
+                if np.array_equal(a[::step, ::step], b[::step, ::step]):
+                    tied[copy.name] = original.name
+    return tied
 
 
 def _initializer_kind(init: onnx.TensorProto, weights: frozenset[str], constants: frozenset[str]) -> ValueKind:
