@@ -220,3 +220,21 @@ def test_a_pipelines_period_is_marked_beside_whole_steps():
     step = {"label": "m h100", "time_s": 1.32e-3, "latency_s": 1.32e-3}
     assert format_row(period)["time"].endswith("(period)") and "period" not in format_row(step)["time"]
     assert PERIOD_NOTE in render_compare([period, step]) and PERIOD_NOTE not in render_compare([step])
+
+
+def test_every_json_writer_writes_json_non_finite_figures_as_null(tmp_path):
+    """JSON has no NaN or infinity: compare, validate, reproduce and trace files write them as null
+    (each through the one writer, `report.model.json_text`), never as ``NaN`` (or a crash)."""
+    from types import SimpleNamespace
+
+    from dabench_ir.report.compare import write_compare_json
+    from dabench_ir.validate.write import write_json
+
+    def strict(path):
+        return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path.name} holds {c}"))
+
+    rows = [{"label": "m t", "time_s": float("nan"), "gops_per_w": float("inf")}]
+    doc = strict(write_compare_json(rows, tmp_path / "c.json"))
+    assert doc["rows"][0]["time_s"] is None and doc["rows"][0]["gops_per_w"] is None
+    validation = SimpleNamespace(to_dict=lambda: {"rows": [{"error": float("-inf"), "tflops": float("nan")}]})
+    assert strict(write_json(validation, tmp_path / "v.json")) == {"rows": [{"error": None, "tflops": None}]}

@@ -417,10 +417,8 @@ def write_compare_csv(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pa
 def write_compare_json(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """``{"schema": "dabench-ir/compare/v1", "rows": [...]}`` (NaN and infinity become null)."""
 
-    def clean(v: Any) -> Any:
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-
-    doc = {"schema": "dabench-ir/compare/v1", "rows": [{k: clean(r.get(k)) for k in COMPARE_COLUMNS} for r in rows]}
     from dabench_ir.fileio import write_output
+    from dabench_ir.report.model import json_text
 
-    return write_output(path, json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
+    doc = {"schema": "dabench-ir/compare/v1", "rows": [{k: r.get(k) for k in COMPARE_COLUMNS} for r in rows]}
+    return write_output(path, json_text(doc, indent=1) + "\n")

@@ -21,7 +21,6 @@ phase, timestamps in microseconds non-decreasing per track, slices on a thread n
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.ir import Graph
+from dabench_ir.report.model import json_text
 from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -505,7 +505,7 @@ def _write_doc(path: str | Path, events: list[dict[str, Any]], other: dict[str, 
 
     path = Path(path)
     doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {**other, "tracks": track_count(events)}}
-    write_output(path, json.dumps(doc, default=str))
+    write_output(path, json_text(doc))  # NaN and infinity as null
     logger.info("wrote Chrome trace %s (%d events, %d tracks)", path, len(events), track_count(events))
     return path
 

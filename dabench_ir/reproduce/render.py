@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import textwrap
 from collections.abc import Sequence
@@ -240,8 +239,9 @@ def docs_table(doc: dict[str, Any]) -> str:
 def write_findings(out: Path, study: Study, outcomes: Sequence[FindingOutcome]) -> list[Path]:
     """Write findings.csv, findings.json and findings.md into ``out`` (atomically); returns them."""
     from dabench_ir.fileio import write_output
+    from dabench_ir.report.model import json_text
 
-    text = json.dumps(findings_doc(study, outcomes), indent=1, allow_nan=False, default=str) + "\n"
+    text = json_text(findings_doc(study, outcomes), indent=1) + "\n"
     return [
         write_output(out / "findings.csv", _csv(outcomes)),
         write_output(out / "findings.json", text),

@@ -7,7 +7,6 @@ Matplotlib is imported only when a figure is drawn.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,8 +43,9 @@ _COLUMNS = (
 def write_json(validation: Validation, path: str | Path) -> Path:
     """The summary and every row as JSON (schema ``dabench-ir/validation/v1``)."""
     from dabench_ir.fileio import write_output
+    from dabench_ir.report.model import json_text
 
-    return write_output(path, json.dumps(validation.to_dict(), indent=1, default=str) + "\n")
+    return write_output(path, json_text(validation.to_dict(), indent=1) + "\n")  # NaN and infinity as null
 
 
 def write_csv(validation: Validation, path: str | Path) -> Path:
