@@ -332,6 +332,13 @@ def resolve(
         sources["micro_batches"] = "user"
 
     trained = meta.graph_mode(graph) == "train"
+    if linalg and (opts.precision is not None or opts.kv_precision is not None):
+        flag = "--precision" if opts.precision is not None else "--kv-precision"
+        raise UserError(
+            f"{flag} with --via mlir: the linalg module is costed in the dtypes the model was exported in "
+            "(the rewrite works on ONNX ops); export it at that precision (dabench-ir export --dtype), "
+            "or drop --via mlir"
+        )
     check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
     if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
         tgt = resolve_target(target, opts.threads)

@@ -582,3 +582,11 @@ def test_a_sequence_longer_than_the_learned_position_table_is_refused(capsys, tm
     assert_one_line_error(code, err, "sequence 17", "pos_embed.weight has 16 rows", "at most 16")
     code, _, _ = run_cli(capsys, "profile", str(path), "-t", "rdu", "--seq", "16", "--batch", "1", "-q")
     assert code == 0
+
+
+def test_a_precision_rewrite_through_linalg_is_refused_in_one_line(capsys, tiny_decoder):
+    """The precision rewrite works on ONNX ops; a linalg-costed run says so (it was an internal
+    PassError about a missing op-class annotation)."""
+    pytest.importorskip("torch_mlir")
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "rdu", "--via", "mlir", "--precision", "bf16")
+    assert_one_line_error(code, err, "--precision with --via mlir", "dabench-ir export --dtype")

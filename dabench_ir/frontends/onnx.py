@@ -40,6 +40,7 @@ __all__ = [
     "SHAPE_MODEL",
     "WEIGHTS_METADATA_KEY",
     "derived_dims",
+    "fold_shapes",
     "load_onnx",
     "onnx_node_names",
     "read_model",
@@ -430,7 +431,7 @@ def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
             if d.dim_param in bound:
                 d.dim_value = bound[d.dim_param]
     try:
-        model = _fold_shapes(model)
+        model = fold_shapes(model)
     except Exception as exc:  # best effort, as at load: what stays unbound is named by the cost pass
         logger.warning("ONNX shape inference with the bound dims failed: %s", _first_line(exc))
         return {}
@@ -456,7 +457,7 @@ _FOLD_ELEMENTS = 1 << 16
 _FOLD_ROUNDS = 256
 
 
-def _fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its shape arithmetic folded: shape inference, then every node whose inputs are
     known (``Shape`` of a tensor whose shape is now concrete, ops over constants) evaluated by onnx's
     reference evaluator and replaced by its outputs as constants, until nothing new is known. ONNX

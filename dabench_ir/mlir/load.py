@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import InputError, UnboundSymbolError, UserError
 from dabench_ir.frontends import existing_file
-from dabench_ir.frontends.onnx import onnx_node_names
+from dabench_ir.frontends.onnx import fold_shapes, onnx_node_names
 from dabench_ir.ir import Graph, Node, Value, ValueKind, layer_from_scope
 from dabench_ir.mlir.count import (
     BUFFER_VIEWS,
@@ -461,8 +461,8 @@ def prepare_onnx(
     initialized = {init.name for init in g.initializer}
     arg_names = [vi.name for vi in g.input if vi.name not in initialized]
     weight_args = frozenset(i for i, n in enumerate(arg_names) if n in weights)
-    try:
-        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    try:  # the shape arithmetic folded with the dims bound: TorchScript's Shape/Gather/Concat chains
+        proto = fold_shapes(proto)  # leave ``unk__N`` dims that ONNX inference alone cannot resolve
     except Exception as exc:
         raise InputError(f"ONNX shape inference failed before MLIR import: {_one_line(exc)}") from None
     return proto, weight_args
