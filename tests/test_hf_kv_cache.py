@@ -101,3 +101,14 @@ def test_past_on_a_model_without_a_cache_is_refused(tmp_path, capsys):
     assert main(["profile", str(path), "-t", "rdu", "--past", "8", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--past 8: the model has no KV-cache input" in err
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_kv_cache_export_profiles_through_linalg_too(exports, family, tmp_path, capsys):
+    """``--via mlir`` on the same TorchScript export: the shape arithmetic folded with the dims bound, so
+    torch-mlir imports static types; the linalg counts give the closed form's contraction FLOPs."""
+    pytest.importorskip("torch_mlir")
+    out = tmp_path / "r.json"
+    argv = ["profile", str(exports[family]), "-t", "rdu", "--via", "mlir", "--batch", "1", "--seq", str(SEQ)]
+    assert main([*argv, "--past", str(PAST), "-q", "--json", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["totals"]["contraction_flops"] == _decode_contraction_flops(family)
