@@ -111,10 +111,33 @@ def _api(call: Callable[[], Any]) -> Any:
         raise ApiError(_keywords(str(exc))) from None
 
 
+def _model(model: Any) -> Any:
+    """``model`` as the API takes it (a path, a preset name, an ``onnx.ModelProto``), else an ApiError."""
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+        return model
+    raise ApiError(
+        f"model={model!r}: give a path to an .onnx or .mlir file, a preset name (e.g. 'gpt2-small') "
+        "or an onnx.ModelProto"
+    )
+
+
+def _counts(name: str, values: Any, example: str) -> list[int]:
+    """A non-empty sequence of positive integers (``chips``, ``batch``), else an ApiError naming it."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ApiError(f"{name}={values!r}: give a sequence of positive integers, e.g. {name}={example}")
+    if not values:
+        raise ApiError(f"{name}={values!r}: give at least one, e.g. {name}={example}")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise ApiError(f"{name}={values!r}: {bad[0]!r} is not a positive integer")
+    return list(values)
+
+
 def profile(model: str | Path | Any, target: str | None = None, **options: Any) -> Report:
     """``model`` (a path to .onnx/.mlir, or an ``onnx.ModelProto``) on ``target`` (None: cost only)."""
     from dabench_ir.pipeline import run_profile
 
+    model = _model(model)
     return _api(lambda: run_profile(model, target, options))
 
 
@@ -122,6 +145,9 @@ def profile_targets(model: str | Path | Any, targets: Sequence[str], **options: 
     """``model`` on each of ``targets``, costed once per distinct costing: ``{target: Report}``."""
     from dabench_ir.pipeline import profile_targets as _profile_targets
 
+    model = _model(model)
+    if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets:
+        raise ApiError(f"targets={targets!r}: give a list of target names, e.g. targets=['rdu', 'h100']")
     return _api(lambda: _profile_targets(model, list(targets), options))
 
 
@@ -179,8 +205,14 @@ def scale(
     """``model`` over ``chips`` chips of ``target`` with ``strategy`` (dp, tp, pp): a `ScaleResult`
     (``.points``: one `ScalePoint` per batch and chip count). ``batch``: one, several, or None (as
     exported)."""
-    batches = [None] if batch is None else [batch] if isinstance(batch, int) else list(batch)
-    return _api(lambda: scale_model(model, target, list(chips), batches, {**options, "strategy": strategy}))
+    model = _model(model)
+    counts = _counts("chips", chips, "(1, 2, 4)")
+    batches = (
+        [None]
+        if batch is None
+        else _counts("batch", [batch] if isinstance(batch, int) else batch, "8 or batch=(8, 32)")
+    )
+    return _api(lambda: scale_model(model, target, counts, batches, {**options, "strategy": strategy}))
 
 
 def study_input(model: Any, options: Any) -> tuple[Any, Any]:

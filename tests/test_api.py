@@ -182,3 +182,25 @@ def test_to_pandas_rows_are_the_reports_nodes_and_roles():
     assert roles["flops"].tolist() == [0, 48] and roles["bytes"].tolist() == [0, 52]
     assert roles["time_s"].tolist() == [7e-06, report.nodes[0].time_s]
     assert roles["time_s"].sum() == pytest.approx(report.totals["time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda d: d.profile(None), "model=None: give a path"),
+        (lambda d: d.profile(123), "model=123: give a path"),
+        (lambda d: d.profile_targets("gpt2-small", "rdu"), "targets='rdu': give a list of target names"),
+        (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips=4), "chips=4: give a sequence"),
+        (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips="1,2"), "chips='1,2': give a sequence"),
+        (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips=()), "chips=(): give at least one"),
+        (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips=(1, 0)), "0 is not a positive integer"),
+        (lambda d: d.scale("gpt2-small", "h100", strategy="dp", batch=float("nan")), "batch=nan"),
+    ],
+)
+def test_a_bad_api_argument_is_an_api_error_in_the_apis_own_words(call, needle):
+    """Every bad argument is an `ApiError` (a ValueError) naming the parameter, before any work: never a
+    TypeError from deep inside, never a string iterated as a list of targets."""
+    import dabench_ir
+
+    with pytest.raises(dabench_ir.ApiError, match=re.escape(needle)):
+        call(dabench_ir)
