@@ -590,3 +590,10 @@ def test_a_precision_rewrite_through_linalg_is_refused_in_one_line(capsys, tiny_
     pytest.importorskip("torch_mlir")
     code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "rdu", "--via", "mlir", "--precision", "bf16")
     assert_one_line_error(code, err, "--precision with --via mlir", "dabench-ir export --dtype")
+
+
+@pytest.mark.parametrize("only", [",", " , ", ""])
+def test_reproduce_only_that_names_no_finding_is_refused(capsys, tmp_path, only):
+    code, _, err = run_cli(capsys, "reproduce", "dabench", "--only", only, "--dry-run", "-o", str(tmp_path / "r"))
+    lines = err.strip().splitlines()
+    assert code == 2 and "--only names no finding" in lines[-1] and "Traceback" not in err

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.study:
         raise UserError("reproduce: give a STUDY (.toml file or bundled name) or --list")
     study = load_study(args.study, force=args.force)
-    if args.only:
+    if args.only is not None:
         study = study.restrict(i.strip() for i in args.only.split(",") if i.strip())
     if args.dry_run:
         return _dry_run(study)

@@ -126,6 +126,8 @@ class Study:
         """The study with only the findings ``ids``, the experiments they need and those experiments' plots."""
         wanted = list(dict.fromkeys(ids))
         known = [f.id for f in self.findings]
+        if not wanted:
+            raise UserError(f"--only names no finding; give finding ids, comma-separated (e.g. --only {known[0]})")
         unknown = [i for i in wanted if i not in known]
         if unknown:
             raise UserError(f"--only {','.join(unknown)}: no such finding in {self.origin}; it has {', '.join(known)}")
