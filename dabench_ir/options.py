@@ -208,6 +208,8 @@ def _dims(value: Any) -> dict[str, int]:
         name = str(name).strip()
         if not name or isinstance(number, bool) or not str(number).strip().isdigit() or int(number) <= 0:
             raise ValueError(f"expected NAME=VALUE with a positive integer, e.g. --dim batch=1 (got {name}={number})")
+        if dims.get(name, int(number)) != int(number):
+            raise ValueError(f"{name} given twice ({dims[name]} and {int(number)}); give it once")
         dims[name] = int(number)
     return dims
 

@@ -597,3 +597,25 @@ def test_reproduce_only_that_names_no_finding_is_refused(capsys, tmp_path, only)
     code, _, err = run_cli(capsys, "reproduce", "dabench", "--only", only, "--dry-run", "-o", str(tmp_path / "r"))
     lines = err.strip().splitlines()
     assert code == 2 and "--only names no finding" in lines[-1] and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--dim", "batch=1", "--dim", "batch=2"], "batch given twice (1 and 2)"),
+        (["--mlir-pipeline", "cse", "--mlir-pipeline", "canonicalize"], "--mlir-pipeline given twice"),
+        (["--mlir-pipeline", "canonicalize,,cse"], "an empty pass name between commas"),
+    ],
+)
+def test_a_repeated_or_empty_value_is_refused_never_the_last_kept(capsys, tiny_decoder, argv, needle):
+    command = "study" if argv[0] == "--mlir-pipeline" else "profile"
+    code, _, err = run_cli(capsys, command, str(tiny_decoder), "-q", *argv)
+    assert_one_line_error(code, err, needle)
+
+
+def test_a_cache_folder_that_is_a_file_is_refused_before_any_work(capsys, tiny_decoder, tmp_path, monkeypatch):
+    afile = tmp_path / "cache"
+    afile.write_text("")
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(afile))
+    code, _, err = run_cli(capsys, "profile", "gpt2-small", "-t", "rdu", "-q")
+    assert_one_line_error(code, err, "is a file, not a folder")

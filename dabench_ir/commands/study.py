@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mlir-pipeline",
         metavar="PASSES",
+        action="append",  # given twice is refused, not the last kept
         help="upstream MLIR passes, comma-separated "
         "('linalg-fuse-elementwise-ops,canonicalize,cse'), run one at a time with --via mlir",
     )
@@ -148,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
     if args.mlir_pipeline is not None:
         from dabench_ir.mlir import parse_pipeline
         from dabench_ir.study import Pipeline
+
+        if len(args.mlir_pipeline) > 1:
+            raise UserError("--mlir-pipeline given twice; give one, its passes comma-separated")
+        args.mlir_pipeline = args.mlir_pipeline[0]
 
         if args.study_via == "onnx":
             raise UserError("--mlir-pipeline runs MLIR passes on linalg: drop --via onnx")

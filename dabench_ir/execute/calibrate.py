@@ -101,7 +101,10 @@ def cache_dir() -> Path:
     """Where calibrations are kept: ``$DABENCH_IR_CACHE`` or the XDG cache folder."""
     override = os.environ.get("DABENCH_IR_CACHE")
     if override:
-        return Path(override).expanduser()
+        folder = Path(override).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"DABENCH_IR_CACHE={override} is a file, not a folder; point it at a folder (or unset it)")
+        return folder
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "dabench-ir"

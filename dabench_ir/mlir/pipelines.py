@@ -91,10 +91,11 @@ def parse_pipeline(text: str) -> list[str]:
         else:
             cur.append(ch)
     out.append("".join(cur).strip())
-    passes = [p for p in out if p]
-    if depth != 0 or not passes:
+    if depth != 0 or not any(out):
         raise UserError(f"--mlir-pipeline {text!r}: expected comma-separated MLIR pass names (balanced brackets)")
-    return passes
+    if not all(out):
+        raise UserError(f"--mlir-pipeline {text!r}: an empty pass name between commas; drop the extra comma")
+    return out
 
 
 class MlirPassError(UserError):
