@@ -77,8 +77,9 @@ class Metrics(TypedDict, total=False):
     roofline_bound: str | None  # compute | memory | communication | overhead
 
 
-class ApiError(ValueError):
-    """Bad input to the Python API: one line saying what is wrong and how to fix it."""
+class ApiError(UserError, ValueError):
+    """Bad input to the Python API: one line saying what is wrong and how to fix it (a ValueError, and a
+    UserError: a command line that meets one exits 2 with the line)."""
 
 
 _FLAG = re.compile(r"--dim (\S+?)=(\S+?)(?=[:;,\s]|$)|(--[a-z][a-z-]*)(?: (\d\S*?|\S+?(?=[:;,]|$))(?=[:;,\s]|$))?")

@@ -43,6 +43,7 @@ __all__ = [
     "list_targets",
     "load_target",
     "ridge",
+    "target_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -766,6 +767,14 @@ def _read_aliases(paths: dict[str, Path]) -> dict[str, Path]:
         for alias in data.get("aliases", []) or []:
             names.setdefault(str(alias), path)
     return names
+
+
+def target_files(targets: str | list[str] | None) -> list[str]:
+    """The ``--target`` arguments (comma-separated or a list of them) that name target files: inputs of
+    the run, which no output may overwrite (`dabench_ir.fileio.plan_outputs`)."""
+    given = [targets] if isinstance(targets, str) else list(targets or [])
+    names = [t.strip() for text in given for t in text.split(",") if t.strip()]
+    return [t for t in names if is_target_path(t)]
 
 
 def is_target_path(text: str) -> bool:

@@ -619,3 +619,37 @@ def test_a_cache_folder_that_is_a_file_is_refused_before_any_work(capsys, tiny_d
     monkeypatch.setenv("DABENCH_IR_CACHE", str(afile))
     code, _, err = run_cli(capsys, "profile", "gpt2-small", "-t", "rdu", "-q")
     assert_one_line_error(code, err, "is a file, not a folder")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profile", "{model}", "-t", "{target}", "--json", "{target}", "-q"],
+        ["profile", "{model}", "-t", "{target}", "--csv", "{target}", "-q"],
+        ["scale", "{model}", "-t", "{target}", "--chips", "1,2", "--strategy", "tp", "--json", "{target}", "-q"],
+        ["study", "{model}", "--pipeline", "ort-basic", "-t", "{target}", "--json", "{target}", "-q"],
+        ["targets", "--show", "{target}", "--json", "{target}"],
+    ],
+)
+def test_a_target_file_is_an_input_no_output_overwrites(capsys, tiny_decoder, tmp_path, argv):
+    """A target file is read by the run: an output flag naming it is refused before any work, the file intact."""
+    target = tmp_path / "t.toml"
+    target.write_text((Path(__file__).resolve().parents[1] / "targets" / "sn30.toml").read_text())
+    before = target.read_bytes()
+    code, _, err = run_cli(capsys, *(a.format(model=tiny_decoder, target=target) for a in argv))
+    assert_one_line_error(code, err, "is an input of this run")
+    assert target.read_bytes() == before
+
+
+def test_a_report_never_writes_over_its_model(tiny_decoder, tmp_path):
+    import shutil
+
+    import dabench_ir
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(tiny_decoder, model)
+    report = dabench_ir.profile(str(model), "rdu")
+    for write in (report.write_json, report.write_csv, report.write_roles_csv):
+        with pytest.raises(dabench_ir.ApiError, match="is an input"):
+            write(model)
+    assert model.read_bytes() == tiny_decoder.read_bytes()

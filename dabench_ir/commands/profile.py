@@ -262,7 +262,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         (getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")
     ]
     creates += [(path, flag) for path, flag in folders if _is_folder(path)]
-    plan_outputs(models, _planned_outputs(args), creates=creates, allow_stdout=True)
+    from dabench_ir.targets import target_files
+
+    inputs = [*models, *target_files(args.target)]  # a target file is an input too
+    plan_outputs(inputs, _planned_outputs(args), creates=creates, allow_stdout=True)
 
 
 def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:

@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         check_input_file(model, "MODEL")
     if args.plot is not None:
         check_output_path(args.plot, "--plot", inputs=inputs, suffixes=(".png", ".svg"))
+    from dabench_ir.targets import target_files
+
+    inputs += target_files(args.target)  # a target file is an input too
     plan_outputs(inputs, [(p, f) for p, f in ((args.json, "--json"), (args.plot, "--plot")) if p is not None])
     if getattr(args, "plots", None) is not None:
         from dabench_ir.fileio import check_output_dir

@@ -125,6 +125,9 @@ def _check_paths(args: argparse.Namespace) -> None:
         inputs = [p for p in inputs if p != args.model or not names_preset(p)]  # a preset: exported (see run)
     for path in inputs:
         check_input_file(path)
+    from dabench_ir.targets import target_files
+
+    inputs += target_files(getattr(args, "target", None))  # a target file is an input too
     plan_outputs(inputs, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
     if getattr(args, "out_dir", None):
         check_output_dir(args.out_dir, "-o")

@@ -107,16 +107,16 @@ def target_dict(target: Target) -> dict:
     }
 
 
-def _write_json(doc: dict, dest: str) -> None:
-    import json
+def _write_json(doc: dict, dest: str, inputs: list[str] | tuple[str, ...] = ()) -> None:
+    from dabench_ir.report.model import json_text
 
-    text = json.dumps(doc, indent=1)
+    text = json_text(doc, indent=1)
     if dest == "-":
         print(text)
         return
     from dabench_ir.fileio import check_output_path, write_output
 
-    path = write_output(check_output_path(dest, "--json"), text + "\n")
+    path = write_output(check_output_path(dest, "--json", inputs=inputs), text + "\n")
     print(f"wrote {path}")
 
 
@@ -168,11 +168,12 @@ def run(args: argparse.Namespace) -> int:
 
         check_process_node(args.normalize_to)
     if args.show:
-        from dabench_ir.targets import load_target
+        from dabench_ir.targets import load_target, target_files
 
         target = load_target(args.show)
         if args.json:
-            _write_json({"schema": "dabench-ir/targets/v1", "targets": [target_dict(target)]}, args.json)
+            doc = {"schema": "dabench-ir/targets/v1", "targets": [target_dict(target)]}
+            _write_json(doc, args.json, target_files(args.show))  # the shown file is an input
         else:
             print(render_parameters(target))
         return 0

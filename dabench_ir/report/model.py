@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from dabench_ir.errors import UserError
 from dabench_ir.fileio import write_output, write_with
 from dabench_ir.ir import Cost
 
@@ -208,10 +209,22 @@ class Report:
         """The JSON text (`json_text`); ``indent=None`` is compact (and several times faster to write)."""
         return json_text(self.to_dict(), indent=indent)
 
+    def _output(self, path: str | Path) -> Path:
+        """``path`` checked as an output of this report: never the model file it was made from (an
+        `ApiError` otherwise, as every bad argument of the Python API)."""
+        from dabench_ir.api import ApiError
+        from dabench_ir.fileio import check_output_path
+
+        model = (self.model or {}).get("path")
+        try:
+            return check_output_path(path, "path", inputs=[model] if model else [])
+        except UserError as exc:
+            raise ApiError(str(exc)) from None
+
     def write_json(self, path: str | Path) -> Path:
         """Indented for small reports; compact past a few hundred nodes, where indentation
         would force json's pure-Python encoder and dominate the whole profile's time."""
-        return write_output(path, self.to_json(indent=1 if len(self.nodes) <= 300 else None))
+        return write_output(self._output(path), self.to_json(indent=1 if len(self.nodes) <= 300 else None))
 
     def write_csv(self, path: str | Path) -> Path:
         """One row per node, then one per step cost no node owns, so that the ``time_s`` column
@@ -229,7 +242,7 @@ class Report:
             for row in [*({**head, "kind": "node", **n.to_dict()} for n in self.nodes), *_step_rows(self, head)]:
                 writer.writerow({k: csv_cell(row.get(k)) for k in CSV_FILE_COLUMNS})
 
-        return write_with(path, write)
+        return write_with(self._output(path), write)
 
     def write_roles_csv(self, path: str | Path) -> Path:
         """One row per module role and per overhead (columns: ``model``, ``target``, then
@@ -246,7 +259,7 @@ class Report:
             for row in role_rows(self):
                 writer.writerow({k: csv_cell({**head, **row}[k]) for k in columns})
 
-        return write_with(path, write)
+        return write_with(self._output(path), write)
 
     def to_pandas(self, by: str = "node"):
         """A DataFrame of the nodes (``by="node"``: the CSV's columns, one row per node) or of the module
