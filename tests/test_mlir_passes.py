@@ -549,3 +549,32 @@ def test_study_times_keep_their_sign():
 
     # a WSE step residual is negative where node times overlap: printed as a time with its sign
     assert (_t(-2.2e-3), _t(1e-6), _t(None)) == ("-2.2 ms", "1 µs", "-")
+
+
+@pytest.mark.parametrize(
+    ("passes", "lost"),
+    [
+        ("strip-debuginfo", "provenance lost: 100% of the work traced to graph nodes before the passes, 0% after"),
+        (
+            "one-shot-bufferize{bufferize-function-boundaries},convert-linalg-to-affine-loops",
+            "work left the costed ops",
+        ),
+        ("canonicalize,cse", None),
+    ],
+)
+def test_a_pass_that_loses_provenance_or_costed_work_gets_no_speedup(tmp_path, passes, lost):
+    """Dropping locations (every op loses its node, sections collapse) or lowering to loops (the counts
+    see no FLOPs) changes what the instrument sees, not the computation: the run says so and claims
+    no speedup (an RDU "8.98x" from strip-debuginfo before)."""
+    src = _mlp(tmp_path / "m.onnx")
+    out = tmp_path / "s.json"
+    assert main(["study", src, "--mlir-pipeline", passes, "-t", "rdu", "-q", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["mlir"]["conservation"]["problem"] == lost or lost in (run["mlir"]["conservation"]["problem"] or "")
+    if lost:
+        assert (
+            run["totals"]["speedup_total"] is None
+            and f"no speedup: {run['mlir']['conservation']['problem']}" in run["warnings"]
+        )
+    else:
+        assert run["totals"]["speedup_total"] is not None and not run["warnings"]

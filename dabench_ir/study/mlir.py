@@ -97,6 +97,42 @@ def _provenance(
     return prov
 
 
+CONSERVATION_TOLERANCE = 0.01
+"""The share of the module's work (FLOPs + bytes) that may lose its graph node, and of its FLOPs
+that may leave the costed ops, before a pipeline's run is refused a speedup (`conservation`)."""
+
+
+def conservation(counts0: Sequence[Any], counts1: Sequence[Any]) -> dict[str, Any]:
+    """Whether an MLIR pipeline kept what a study compares: the share of the counted work (FLOPs +
+    bytes) whose ops still carry a graph node's location, and the FLOPs the counts still see, before
+    and after. ``problem`` names what was lost past `CONSERVATION_TOLERANCE` (a pass that drops
+    locations, ``strip-debuginfo``, makes every op lose its node; one that lowers to loops moves the
+    work out of the ops the counts cost): such a run gets no speedup (`dabench_ir.study.run`)."""
+    from dabench_ir.mlir import is_view
+
+    def traced(counts: Sequence[Any]) -> tuple[float, int]:
+        ops = [c for c in counts if not is_view(c.op_name)]
+        work = sum(c.cost.flops + c.cost.bytes for c in ops)
+        kept = sum(c.cost.flops + c.cost.bytes for c in ops if c.origin.name is not None)
+        return (kept / work if work else 1.0), sum(c.cost.flops for c in ops)
+
+    (share0, flops0), (share1, flops1) = traced(counts0), traced(counts1)
+    problems = []
+    if share1 < share0 - CONSERVATION_TOLERANCE:
+        problems.append(
+            f"provenance lost: {share0:.0%} of the work traced to graph nodes before the passes, {share1:.0%} after"
+        )
+    if flops1 < flops0 * (1 - CONSERVATION_TOLERANCE):
+        problems.append(f"work left the costed ops: {flops0:,} FLOPs before the passes, {flops1:,} after")
+    return {
+        "traced_before": share0,
+        "traced_after": share1,
+        "flops_before": flops0,
+        "flops_after": flops1,
+        "problem": "; ".join(problems) or None,
+    }
+
+
 def mlir_runs(
     model: str,
     pipes: Sequence[Pipeline],
@@ -162,6 +198,7 @@ def mlir_runs(
             "before": record.before.to_dict(),
             "steps": record.steps_dict(),
             "nodes": rows,
+            "conservation": conservation(counts0, counts1),
         }
         for t in targets:
             rep = place(module, counts1, names1, path1, t)

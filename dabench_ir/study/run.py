@@ -133,7 +133,12 @@ def run_study(
 
         placed_mlir, per_node = mlir_runs(str(model), mlir_pipes, tlist, opts, out=out, save=save, say=say)
         for _pipe, _t, before, after, prov, record in placed_mlir:
-            runs.append({**study_run(before, after, prov), "mlir": record})
+            run = {**study_run(before, after, prov), "mlir": record}
+            lost = record["conservation"]["problem"]
+            if lost:  # the figures compare what the instrument lost, not what the passes changed
+                run["totals"].update(dict.fromkeys(("speedup_total", "speedup_nodes", "speedup_overheads")))
+                run["warnings"].append(f"no speedup: {lost}")
+            runs.append(run)
     if mlir_pipes and not chosen:  # MLIR pipelines only: their baseline is the module as lowered
         return _doc(model, tlist, [p.name for p in mlir_pipes], runs, compared, failed)
     say(f"baseline: {stem} on {', '.join(t or 'no target' for t in tlist)}")
