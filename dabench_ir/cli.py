@@ -12,6 +12,7 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -68,11 +69,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what batch schedulers and ``kill`` send), raised where the process is, as Ctrl-C's
+    KeyboardInterrupt is: a sweep or study stops its workers, writes its table and removes its locks."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: a second must not cut the cleanup short
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command line. The collector runs as `gcpolicy` says; at the end of the process's own
     command line everything left is frozen (`gc.freeze`): the interpreter's collection at exit
-    would traverse it all once more just before the process ends."""
+    would traverse it all once more just before the process ends. The process's own command line
+    takes SIGTERM as Ctrl-C (`Terminated`; exit 143 where Ctrl-C's is 130)."""
     gcpolicy.tune()
+    if argv is None:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return _main(argv)
     finally:
@@ -105,9 +119,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except UserError as exc:
         print(f"dabench-ir: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dabench-ir: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"dabench-ir: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:
         _silence_stdout()
         return 0

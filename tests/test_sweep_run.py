@@ -281,3 +281,33 @@ def test_base_exports_are_cached_per_machine_for_every_later_sweep(tmp_path, mon
     assert not (tmp_path / "a" / "models").exists()
     timeless = [[{k: v for k, v in r.items() if k != "seconds"} for r in _rows(tmp_path / d)] for d in "ab"]
     assert timeless[0] == timeless[1]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path):
+    """What a batch scheduler sends (SIGTERM, to the whole process group) stops a sweep like Ctrl-C:
+    its workers end, the points done so far are in results.csv, no lock file is left; exit 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "sw"
+    spec = Path(__file__).resolve().parents[1] / "dabench_ir" / "data" / "sweeps" / "level1.toml"
+    env = {**os.environ, "DABENCH_IR_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "dabench_ir", "sweep", str(spec), "-o", str(out), "--jobs", "2", "-q"]
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list((out / "points").glob("*.json"))) < 3:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "dabench-ir: terminated (SIGTERM)" in err and "Traceback" not in err
+    assert not list((out / "points").glob("*.lock"))
+    done = len(list((out / "points").glob("*.json")))
+    rows = (out / "results.csv").read_text().splitlines()
+    assert 3 <= done < 420 and len(rows) == done + 1  # every finished point in the table, nothing more

@@ -215,6 +215,7 @@ def _worker_main(conn: Any, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     gcpolicy.tune()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's `cli.Terminated`: a worker just ends
     while True:
         try:
             message = conn.recv()

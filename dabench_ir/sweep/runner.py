@@ -215,16 +215,20 @@ def run_sweep(
     _allow_open_files(len(keyed))
     todo: list[tuple[str, dict[str, Any]]] = []
     held_elsewhere: list[tuple[str, dict[str, Any]]] = []
-    for key, params in keyed:
-        if is_done(key):
-            result.skipped += 1
-        elif not locks.acquire(key):
-            held_elsewhere.append((key, params))  # another live sweep into this folder is computing it now
-        elif is_done(key):  # finished by another sweep between the check and the lock
-            locks.release(key)
-            result.skipped += 1
-        else:
-            todo.append((key, params))
+    try:
+        for key, params in keyed:
+            if is_done(key):
+                result.skipped += 1
+            elif not locks.acquire(key):
+                held_elsewhere.append((key, params))  # another live sweep into this folder is computing it now
+            elif is_done(key):  # finished by another sweep between the check and the lock
+                locks.release(key)
+                result.skipped += 1
+            else:
+                todo.append((key, params))
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM) while taking the locks: none is left behind
+        locks.release_all()
+        raise
     result.elsewhere = len(held_elsewhere)
     if result.elsewhere:
         logger.warning(
