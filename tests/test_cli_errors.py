@@ -653,3 +653,19 @@ def test_a_report_never_writes_over_its_model(tiny_decoder, tmp_path):
         with pytest.raises(dabench_ir.ApiError, match="is an input"):
             write(model)
     assert model.read_bytes() == tiny_decoder.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("address", "needle"),
+    [("not an address", "expected HOST:PORT of a Ray cluster's head"), ("127.0.0.1:1", "no Ray head answers there")],
+)
+def test_a_ray_address_that_is_no_head_fails_in_one_line_within_seconds(capsys, tmp_path, address, needle):
+    import time
+
+    pytest.importorskip("ray")
+    start = time.monotonic()
+    spec = Path(__file__).resolve().parents[1] / "dabench_ir" / "data" / "sweeps" / "smoke.toml"
+    argv = ["sweep", str(spec), "-o", str(tmp_path / "s"), "--executor", "ray", "--address", address, "-q"]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, needle)
+    assert time.monotonic() - start < 10  # Ray alone retried for minutes

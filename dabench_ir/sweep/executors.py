@@ -263,6 +263,7 @@ class RayExecutor(Executor):
         self.started = False
         if not ray.is_initialized():
             if address:
+                check_ray_address(address)  # one line within seconds, not Ray's minutes of retries
                 ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
@@ -314,6 +315,32 @@ class RayExecutor(Executor):
     def close(self) -> None:
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+RAY_CONNECT_S = 3.0
+"""How long `check_ray_address` waits for a Ray head to accept a connection."""
+
+
+def check_ray_address(address: str) -> None:
+    """A UserError, in one line, for an ``--address`` that is no Ray head's: not ``HOST:PORT``
+    (``ray://HOST:PORT`` for Ray Client; ``auto`` is Ray's own lookup), or nothing accepting a TCP
+    connection there within `RAY_CONNECT_S` (Ray itself retries for minutes)."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise UserError(
+            f"--address {address}: expected HOST:PORT of a Ray cluster's head (or ray://HOST:PORT, or auto)"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_S).close()
+    except OSError as exc:
+        raise UserError(
+            f"--address {address}: no Ray head answers there ({exc.strerror or exc}); start one with "
+            "`ray start --head`, or check the address"
+        ) from None
 
 
 def make_executor(kind: str, jobs: int | None = None, address: str | None = None) -> Executor:
