@@ -374,7 +374,14 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
     written as arithmetic of bound ones (``past_sequence_length + sequence_length``) is valued from
     them (a ``--dim`` that disagrees is refused); then the symbols the graph derives from its inputs'
     (``sequence_length + 1``, ``unk__13``) follow from what is bound (`dabench_ir.frontends.onnx`)."""
-    from dabench_ir.frontends.onnx import combined_dims, derived_dims, past_symbols, seq_symbols, unbound_inputs
+    from dabench_ir.frontends.onnx import (
+        combined_dims,
+        derived_dims,
+        dim_parts,
+        past_symbols,
+        seq_symbols,
+        unbound_inputs,
+    )
 
     for flag, value, names, what in (
         ("--seq", seq, seq_symbols, "symbolic sequence length"),
@@ -396,11 +403,11 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
     for name, value in combined_dims(graph, bound).items():
         if bound.get(name, value) != value:
             raise UserError(f"--dim {name}={bound[name]} disagrees with its parts (= {value}); drop it")
-        dims[name] = value
-    bound = {**graph.bindings, **dims}
-    unbound = unbound_inputs(graph, bound)
+        bound[name] = dims[name] = value
+    unbound = [s for s in unbound_inputs(graph, bound) if dim_parts(s) is None]  # a sum of symbols follows
     if unbound:
-        flags = " ".join("--seq N" if s in seq_symbols(graph) else f"--dim {s}=N" for s in unbound)
+        flag = {**dict.fromkeys(past_symbols(graph), "--past N"), **dict.fromkeys(seq_symbols(graph), "--seq N")}
+        flags = " ".join(dict.fromkeys(flag.get(s, f"--dim {s}=N") for s in unbound))
         raise UserError(
             f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "
             "(the dims the graph derives from them follow)"

@@ -5,8 +5,8 @@
   systems stream their weights (`Lowering.systems_stream_weights`: a Cerebras Wafer-Scale
   Cluster), "chips" are systems that each stream the same weights from one store through a
   broadcast/reduce tree, which sums the gradients on the way back: no all-reduce, the tree's
-  latency per level. Where copies share one chip (`Lowering.replicas_on_chip`), they are one
-  plan of n replicas.
+  latency per level. Copies of a model on one chip are that lowering's own knob (the WSE's
+  ``--replicas``), not chips.
 - TP (tensor parallel, Megatron-style; Shoeybi et al. 2019): attention heads and MLP
   columns are split across chips. Nodes inside a block's attention or MLP module do 1/n of
   the work and hold 1/n of the weights; norms, residual adds and everything outside the
@@ -618,8 +618,7 @@ def scale(
             pt.notes.append(f"the {lowering.name} lowering pipelines the blocks over the devices itself")
         else:
             pt = _pp_point(graph, run, n, single)
-        on_wafer = lowering.replicas_on_chip and strategy == "dp" and not systems  # replicas share one chip
-        if target.topology is not None and not on_wafer:
+        if target.topology is not None:
             pt.nodes = max(1, math.ceil(n / per_node))
             if pt.nodes > 1 and strategy == "pp":
                 topo = target.topology
@@ -707,11 +706,6 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
     target, options = run.target, run.options
     lowering = lowering_for(target)
     batch = single.plan.samples_per_step
-    if lowering.replicas_on_chip:  # no link: the chip's fabric carries gradients
-        replicas = _run_one(graph, run.variant(replicas=n))
-        pt = _point_from_run(replicas, n, replicas.plan.samples_per_step, comm=0.0)
-        pt.notes.append("replicas on one chip (intra-chip data parallel)")
-        return pt
     comm = 0.0
     zero = int(getattr(options, "zero", 0) or 0) if train else 0
     if train:

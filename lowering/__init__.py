@@ -113,11 +113,6 @@ class Lowering(ABC):
     """The memory level that feeds this architecture's units (the roofline's bandwidth):
     ``on-chip`` (WSE PE SRAM, IPU tile SRAM) or ``off-chip`` (RDU DDR, GPU HBM, host DRAM)."""
 
-    replicas_on_chip: ClassVar[bool] = False
-    """Data-parallel copies share one chip (WSE on-wafer replicas, the ``replicas`` knob): unless the
-    lowering's systems stream their weights (`systems_stream_weights`), data parallelism over n is one plan
-    of n replicas, its gradients carried by the chip's own fabric, no link between chips."""
-
     systems_stream_weights: ClassVar[bool] = False
     """Data parallelism over n chips is n systems that each stream the weights from one off-chip store,
     joined by a broadcast/reduce tree that copies the weights to every system and sums the gradients on
@@ -125,8 +120,8 @@ class Lowering(ABC):
     on its own batch; the lowering learns the count through its internal option ``systems``, places
     each system in its streaming mode and opens that plan's notes with what the systems are. Each system
     streams the bytes one system alone does; the step adds the tree's latency: levels of the target's
-    ``[arch] broadcast_fanout``, each one hop of its ``[topology] inter_node_link``. Takes precedence over
-    `replicas_on_chip` under ``--strategy dp``."""
+    ``[arch] broadcast_fanout``, each one hop of its ``[topology] inter_node_link``. (Copies of the model on
+    one chip are a lowering's own knob, the WSE's ``replicas``, not chips.)"""
 
     pipelines_itself: ClassVar[bool] = False
     """The lowering places a pipeline over several devices itself (the IPU's ``--ipus``): pipeline

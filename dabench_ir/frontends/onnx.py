@@ -40,6 +40,7 @@ __all__ = [
     "SHAPE_MODEL",
     "WEIGHTS_METADATA_KEY",
     "derived_dims",
+    "dim_parts",
     "fold_shapes",
     "load_onnx",
     "onnx_node_names",
@@ -377,13 +378,19 @@ def combined_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
     others are left out."""
     values: dict[str, int] = {}
     for symbol in _input_symbols(graph):
-        tokens = _DIM_EXPRESSION.findall(symbol)
-        if "".join(tokens) != symbol or not set("+-*") & set(symbol):
-            continue  # a plain name, or not arithmetic of names and numbers
-        names = [t for t in tokens if t[0].isalpha() or t[0] == "_"]
+        names = dim_parts(symbol)
         if names and all(n in bound for n in names):
             values[symbol] = _evaluate(ast.parse(symbol, mode="eval").body, bound)
     return values
+
+
+def dim_parts(symbol: str) -> list[str] | None:
+    """The names a dim written as arithmetic is made of (``past_sequence_length + sequence_length``:
+    both); None for a plain name or anything but names, integers, +, - and * (`combined_dims`)."""
+    tokens = _DIM_EXPRESSION.findall(symbol)
+    if "".join(tokens) != symbol or not set("+-*") & set(symbol):
+        return None
+    return [t for t in tokens if t[0].isalpha() or t[0] == "_"] or None
 
 
 def _evaluate(node: ast.AST, bound: Mapping[str, int]) -> int:

@@ -91,7 +91,6 @@ class WseLowering(Lowering):
     kinds = ("wse",)
     Options = WseOptions
     feed = FEED_LEVEL  # PE SRAM feeds every region
-    replicas_on_chip = True  # copies of the model on one wafer (`--replicas`)
     systems_stream_weights = True  # data parallelism: CS-2 systems joined by MemoryX and SwarmX
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
