@@ -3,9 +3,9 @@
 For a placed `Report`, `advise` asks the orchestration for one variant run per candidate knob
 change (`candidate_knobs`: every target knob the target's lowering reads, at each of its other
 choices, or at twice its value for a count, half for a fraction; nothing here lists knobs by
-name): ``execute(report.run.variant(knob=value), report.graph.clone())``. Each variant is an
-ordinary run (`dabench_ir.run.execute`: resolved sources, the run's internals, scaling when
-it spans chips), placed once. For a plan that does not fit, `fitting_knob` searches the
+name): ``placed(report.run.variant(knob=value), report.graph.clone())``. Each variant is an
+ordinary run (`dabench_ir.run.placed`: resolved sources, the run's internals, scaling when
+it spans chips), placed once; its report is built only when the fitting search hands it on. For a plan that does not fit, `fitting_knob` searches the
 smallest change that makes it fit (one knob, a count doubled up to four times, else two
 knobs together) through the same runs. What the runs found is handed to the report as
 ``report.advice`` (an `Advice`); `dabench_ir.report.why.explain` renders the lines from it
@@ -222,21 +222,21 @@ class VariantRuns:
         key = tuple(sorted((k.name, repr(v)) for k, v in changes))
         if key in self._done:
             return self._done[key]
-        from dabench_ir.run import execute
+        from dabench_ir.run import placed
 
         trial: Trial | None = None
-        run = None
         try:
             run = self.variant(changes)
             self.placements += 1
-            report = execute(run, self.report.graph.clone())
+            variant = placed(run, self.report.graph.clone())
         except (UserError, ValueError) as exc:
             logger.info("why: %s not placeable: %s", " ".join(f"{k.flag} {v}" for k, v in changes), exc)
         else:
-            fits = bool(report.plan.fits)
             base_fits = self.report.plan is None or self.report.plan.fits
-            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, report.timeline))
-            trial = Trial(changes, report.run, times, fits, report if fits and not base_fits else None)
+            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, variant.timeline))
+            made_fit = variant.fits and not base_fits  # the fitting search hands this report on
+            report = variant.report() if made_fit else None
+            trial = Trial(changes, report.run if report else variant.run, times, variant.fits, report)
         self._done[key] = trial
         return trial
 

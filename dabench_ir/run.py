@@ -34,15 +34,18 @@ if TYPE_CHECKING:
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
     from dabench_ir.targets import Target
+    from dabench_ir.timeline import Timeline
 
 __all__ = [
     "MAX_BATCH",
     "SOURCES",
+    "Placed",
     "ResolvedRun",
     "Samples",
     "analysis_passes",
     "analyzed",
     "execute",
+    "placed",
     "placement",
     "prepare",
     "resolve",
@@ -575,6 +578,63 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     plan, timeline, metrics = place(graph, tgt, lowering_options(run))
     report = build_report(graph, run=run, plan=plan, timeline=timeline, metrics=metrics, measurement=measurement)
     return _verified(run, report)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A run placed and emulated, its report not built yet: what a caller that keeps only the step
+    reads (a why line's variant run keeps its `StepTimes` and whether it fits), with the report on
+    demand (`report`). On a 1,000-layer model the report and its verification are a third of a
+    run; a caller that drops them does not pay for them.
+
+    The step is checked when placed (`dabench_ir.verify.check_step`); the report, when built, is
+    verified whole as `execute`'s is. A multi-chip run is answered by the scaling stage, which
+    builds its report itself (``built``)."""
+
+    run: ResolvedRun
+    graph: Graph | None
+    plan: Plan
+    timeline: Timeline
+    built: Report | None = None
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.plan.fits)
+
+    def report(self) -> Report:
+        """The run's verified `Report`, as `execute` gives it (the graph is consumed: build it once)."""
+        if self.built is not None:
+            return self.built
+        from dabench_ir.metrics import compute_metrics
+        from dabench_ir.report.build import build_report
+
+        metrics = compute_metrics(self.graph, self.plan, self.timeline, self.run.target)
+        report = build_report(self.graph, run=self.run, plan=self.plan, timeline=self.timeline, metrics=metrics)
+        return _verified(self.run, report)
+
+
+def placed(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Placed:
+    """``run`` placed and emulated on ``graph`` (consumed), as `execute` places it, without building
+    its report: `Placed`. A run that measures is refused (its figures are the measurement's)."""
+    if run.target is None:
+        raise UserError("a placement needs a target; give --target")
+    if run.options.measure:
+        raise ValueError("a measured run is answered by execute(), not placed()")
+    say = progress or _quiet
+    if run.options.chips > 1 or run.options.strategy is not None:
+        report = execute(run, graph, progress=progress)
+        return Placed(report.run, None, report.plan, report.timeline, built=report)
+    from dabench_ir.emulate import emulate
+    from dabench_ir.lowering import lower
+    from dabench_ir.verify import check_step
+
+    run, graph = _prepared(run, graph, say)
+    say(f"placing on {run.target.name}")
+    plan = lower(graph, run.target, lowering_options(run))
+    timeline = emulate(plan, graph)
+    if not run.options.no_verify:
+        check_step(graph, run.target, plan, timeline)
+    return Placed(run, graph, plan, timeline)
 
 
 def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Plan:

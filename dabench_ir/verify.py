@@ -58,9 +58,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dabench_ir.errors import TargetError
+from dabench_ir.passes import meta
 
 if TYPE_CHECKING:
+    from dabench_ir.ir import Graph
+    from dabench_ir.plan import Plan
     from dabench_ir.report.model import NodeRecord, Report
+    from dabench_ir.targets import Target
+    from dabench_ir.timeline import Timeline
 
 __all__ = [
     "INVARIANTS",
@@ -68,6 +73,7 @@ __all__ = [
     "PhysicsError",
     "Violation",
     "check",
+    "check_step",
     "verify",
 ]
 
@@ -135,6 +141,30 @@ def check(report: Report) -> Report:
     for violation in _violations(report):
         raise PhysicsError(violation)
     return report
+
+
+def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> None:
+    """The step of a placement whose report is not built (`dabench_ir.run.Placed`, a why line's
+    variant run): ``step_time_work`` with the step's FLOPs (the costed nodes') at the target's
+    highest peak x the plan's chips, a bound whatever dtype each node computes in. Raises
+    `PhysicsError`. The node-level invariants are checked on every report the same lowering
+    gives (`check`)."""
+    step = _finite(timeline.step_time_s)
+    if step is None or step <= 0:
+        return
+    flops = sum(
+        float(c.flops)
+        for n in graph.nodes
+        if meta.UNATTRIBUTED not in n.meta and (c := n.meta.get(meta.COST)) is not None
+    )
+    chips = max(1, int(plan.chips or 1))
+    peak = max(q.value for q in target.peaks.values()) * chips
+    if flops > 0 and _above(flops / peak, step):
+        raise PhysicsError(
+            Violation(
+                "step_time_work", "step", step, flops / peak, f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)"
+            )
+        )
 
 
 def verify(report: Report) -> list[Violation]:

@@ -53,8 +53,9 @@ def test_refit_uses_the_variant_report(unfit_ipu, monkeypatch):
     from dabench_ir.commands.demo import _refit
 
     calls = []
-    real = run_module.execute
-    monkeypatch.setattr(run_module, "execute", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("execute", "placed"):  # every run placed: the variants' and any whole execute
+        real = getattr(run_module, name)
+        monkeypatch.setattr(run_module, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
     searched = VariantRuns(unfit_ipu)
     found = fitting_knob(unfit_ipu, runs=searched)
     calls.clear()
@@ -137,3 +138,20 @@ def test_an_estimate_only_overhead_is_held_fixed_in_the_variants():
     again = hold_estimates(report, raw)
     assert again.overheads_s[label] == held
     assert again.step_time_s == pytest.approx(report.timeline.step_time_s, rel=1e-12)
+
+
+def test_a_variant_run_is_physics_checked(unfit_ipu, monkeypatch):
+    """A variant's report is not built (`dabench_ir.run.placed`), but its step is still checked: a
+    variant the verifier refuses is an internal error, never a why line."""
+    import dabench_ir.verify as verify_module
+
+    checked = []
+
+    def refuse(graph, target, plan, timeline):
+        checked.append(timeline.step_time_s)
+        raise verify_module.PhysicsError(verify_module.Violation("step_time_work", "step", 1.0, 2.0))
+
+    monkeypatch.setattr(verify_module, "check_step", refuse)
+    with pytest.raises(verify_module.PhysicsError):
+        VariantRuns(unfit_ipu).trial([candidate_knobs(unfit_ipu)[0]])
+    assert checked

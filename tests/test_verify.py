@@ -13,6 +13,7 @@ the mark must go.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -369,3 +370,20 @@ def test_an_elementwise_node_cannot_borrow_the_contraction_peak(monkeypatch):
     broken = found["node_class_rate"]
     assert {v.where.split("_")[1].lower() for v in broken} >= {"softmax", "mul"}
     assert max(v.value / v.limit for v in broken) == pytest.approx(4.0)  # the contraction peak over the vector rate
+
+
+def test_a_placed_step_shorter_than_its_work_at_the_highest_peak():
+    """`check_step` (a placement whose report is not built, a why line's variant): the step's
+    150 FLOPs at TOY's highest peak (400 FLOP/s, fp16) need 0.375 s, whatever dtype each node has."""
+    from types import SimpleNamespace
+
+    from dabench_ir.verify import check_step
+
+    g = chain([100, 50], [2, 2])
+    plan = Plan(target=TOY, options=None, precision=DType.FLOAT32, schedule=Schedule.CONCURRENT)
+    check_step(g, TOY, plan, SimpleNamespace(step_time_s=0.375))
+    with pytest.raises(PhysicsError) as err:
+        check_step(g, TOY, plan, SimpleNamespace(step_time_s=0.3))
+    v = err.value.violation
+    assert (v.invariant, v.value, v.limit) == ("step_time_work", 0.3, 0.375)
+    check_step(g, TOY, dataclasses.replace(plan, chips=2), SimpleNamespace(step_time_s=0.1875))  # 2 chips
