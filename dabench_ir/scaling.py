@@ -44,6 +44,7 @@ from dabench_ir.lowering.collectives import (
     p2p_time,
     ring_allreduce_bytes,
     ring_allreduce_time,
+    root_allreduce_time,
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
@@ -273,16 +274,27 @@ def chips_per_node(target: Target, options: Any = None) -> int | None:
     return given or topo.per_node
 
 
-def allreduce_time(target: Target, nbytes: float, chips: int, per_node: int | None = None) -> float:
+def tp_collective(target: Target) -> str:
+    """How ``target``'s tensor-parallel compile reduces a split module's partial results: ``ring``
+    (the default) or ``root`` (`root_allreduce_time`), from its ``[parallel] tp_collective``."""
+    entry = (target.raw.get("parallel") or {}).get("tp_collective")
+    value = entry.get("value") if isinstance(entry, dict) else entry
+    return str(value or "ring")
+
+
+def allreduce_time(
+    target: Target, nbytes: float, chips: int, per_node: int | None = None, *, algorithm: str = "ring"
+) -> float:
     """All-reduce of ``nbytes`` over ``chips`` of ``target``: hierarchical when they span nodes
     of its ``[topology]`` (``per_node`` of them to a node, default the target's node size), else a
-    ring over its first link."""
+    ring over its first link; ``algorithm`` ``root``: through one root device (`root_allreduce_time`)."""
     topo = target.topology
     if topo is not None:
         inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, topo.inter.latency_s)
-        return hierarchical_allreduce_time(
-            nbytes, chips, per_node or topo.per_node, (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s), inter
-        )
+        intra = (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s)
+        if algorithm == "root":
+            return root_allreduce_time(nbytes, chips, per_node or topo.per_node, intra, inter)
+        return hierarchical_allreduce_time(nbytes, chips, per_node or topo.per_node, intra, inter)
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; all-reduce across chips needs one")
@@ -863,7 +875,8 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
     per_node = chips_per_node(target, run.options)
     passes = 2 if train else 1  # the backward all-reduces the inputs' gradients of each split module too
-    per_step = passes * sum(allreduce_time(target, b, n, per_node) for b in allreduces)
+    algorithm = tp_collective(target)  # how the target's compile reduces the partial results
+    per_step = passes * sum(allreduce_time(target, b, n, per_node, algorithm=algorithm) for b in allreduces)
     moved = passes * sum(ring_allreduce_bytes(b, n) for b in allreduces)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)
     pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")

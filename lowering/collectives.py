@@ -16,6 +16,7 @@ __all__ = [
     "optimal_contiguous_split",
     "p2p_time",
     "ring_allreduce_time",
+    "root_allreduce_time",
 ]
 
 
@@ -64,6 +65,38 @@ def hierarchical_allreduce_time(
     k = per_node
     nodes = -(-chips // k)
     return ring_allreduce_time(nbytes, k, *intra) + ring_allreduce_time(nbytes / k, nodes, *inter)
+
+
+def root_allreduce_time(
+    nbytes: float,
+    chips: int,
+    per_node: int,
+    intra: tuple[float, float],
+    inter: tuple[float, float] | None,
+) -> float:
+    """All-reduce of ``nbytes`` over ``chips`` through one root device: every other device sends
+    its partial result to the root, which adds them and sends the sum back to each.
+
+    This is how SambaFlow's tensor-parallel compile accumulates a split operator's partial results
+    (the root receives each other RDU's result point to point and runs the Add; the split region's
+    input goes out from it the same way), so the root's link carries every transfer one after
+    another: 2(n−1) transfers of the whole buffer, against 2(n−1)/n of it per device in a ring.
+    ``intra``/``inter``: (bandwidth, latency) of the link inside a node and between nodes; the
+    ``per_node`` devices beside the root in its node use ``intra``, the others ``inter`` (``intra``
+    when None). One chip: free.
+    """
+    if chips <= 1 or nbytes <= 0:
+        return 0.0
+    if per_node < 1:
+        raise ValueError("devices per node must be at least 1")
+    local = min(chips, per_node) - 1  # the root's node-mates
+    remote = chips - 1 - local
+    far = inter or intra
+    for bandwidth, _ in (intra, far):
+        if bandwidth <= 0:
+            raise ValueError("link bandwidth must be positive")
+    one_way = local * (nbytes / intra[0] + intra[1]) + remote * (nbytes / far[0] + far[1])
+    return 2 * one_way  # gather the partial results in, send the sum out
 
 
 def p2p_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:

@@ -28,7 +28,7 @@ PINNED = {
     "batch-wse-knee": ("reproduced", "predicted"),
     "batch-rdu-linear": ("not reproduced", "predicted"),
     "batch-ipu-linear": ("not reproduced", "predicted"),
-    "tp-rdu-2to4": ("not reproduced", "predicted"),
+    "tp-rdu-2to4": ("reproduced", "predicted"),  # issue 44: the TP reduction through RDU 0 (SambaFlow docs)
     "pp-ipu-equal-max": ("not a test", "predicted"),
     "pp-ipu-max-layers": ("not a test", "predicted"),
     "dp-wse-replicas": ("not a test", "predicted"),
