@@ -285,6 +285,8 @@ OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
 _TRAIN = frozenset({"train"})
 OPT_LEVELS = ("O0", "O1", "O3")
+RDU_MAPPINGS = ("compiler", "tuned")
+"""Every ``--rdu-mapping`` choice: the compiler's own stage mapping, or SambaNova's tuned one."""
 WSE_MODES = ("pipelined", "streaming", "auto")
 STRATEGIES = ("dp", "tp", "pp")
 
@@ -377,6 +379,15 @@ class ProfileOptions:
         None,
         help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
         parse=_positive,
+        group="target",
+        targets=frozenset({"rdu"}),
+    )
+    rdu_mapping: str = knob(
+        "compiler",
+        help="RDU stage mapping: compiler (each stage of a section holds PCUs by its memory demand, "
+        "SambaFlow's own mapping) or tuned (SambaNova's human-decision files, --mac-human-decision: "
+        "each stage tiled over PCUs by its work)",
+        choices=RDU_MAPPINGS,
         group="target",
         targets=frozenset({"rdu"}),
     )

@@ -136,6 +136,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "opt_level": _Option("opt_level"),
     "tiles": _Option("tiles"),
     "resource_scaling": _Option("resource_scale"),
+    "rdu_mapping": _Option("rdu_mapping"),  # RDU stage mapping: compiler or tuned (human-decision files)
     "wse_mode": _Option("wse_mode"),
     "replicas": _Option("replicas"),  # IPU: data-parallel replicas (throughput of all); WSE: on-wafer copies
     "ipus": _Option("ipus"),

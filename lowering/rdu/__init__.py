@@ -38,7 +38,11 @@ mode), vector FLOPs and special functions at the target's ``[compute.vector_flop
 ``[compute.special_ops]`` rates (PCUs in SIMD mode; `Target.rate`), both scaled by ``tiles/tiles_per_rdu``.
 Those are a stage's seconds on all the compiled tiles; the section is one pipeline whose stages
 hold PCUs in proportion to their memory demand, spread over the planning capacity (every unit
-for a tiled group), so it lasts its slowest stage (`pipeline_s`): ``pcus/room · Σp · max_i t_i/p_i``.
+for a tiled group), so it lasts its slowest stage (`pipeline_s`): ``pcus/room · Σp · max_i t_i/p_i``. With
+``--rdu-mapping tuned`` (SambaNova's human-decision files, which set each operator's tiling and
+PCUs by hand: the model-zoo GPT apps' ``..._spatialmapping_tiling16_...json``) every stage holds
+PCUs in proportion to its work, so the section lasts its balanced time ``Σt · pcus/room``
+(`balanced_s`): the compile mode changes the mapping, not the PCU's rate.
 A balanced section (work in proportion to PCUs, a GEMM alone, a layer of large GEMMs) runs near
 the fitted rate; one whose PCUs follow weight bytes while its work follows FLOPs (small
 matmuls fused with norms, activations and the attention core at hidden 1600) waits on its
@@ -134,6 +138,7 @@ class RduOptions(LoweringOptions):
     opt_level: str
     tiles: int | None
     resource_scale: float
+    rdu_mapping: str
 
 
 class RduLowering(Lowering):
@@ -155,7 +160,15 @@ class RduLowering(Lowering):
         plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=micro_batches)
         layout = SectionLayout.compile(ctx, chip, options.opt_level)
         state = SavedState.of(ctx.graph, layout.cores)
-        timer = SectionTimer(ctx, chip, layout, NodeTimer(ctx, rates), TileFloor(ctx, target, chip.share), feed)
+        timer = SectionTimer(
+            ctx,
+            chip,
+            layout,
+            NodeTimer(ctx, rates),
+            TileFloor(ctx, target, chip.share),
+            feed,
+            tuned=options.rdu_mapping == "tuned",
+        )
         placement = Placement(chip, feed, reconfig_s, micro_batches)
         section_bytes = _time_and_place(ctx, plan, layout, state, timer, placement)
         plan.traffic_bytes[feed.ddr.name] = sum(section_bytes)

@@ -37,6 +37,7 @@ __all__ = [
     "Stage",
     "TileFloor",
     "backward_contraction_s",
+    "balanced_s",
     "core_forwards",
     "pipeline_s",
     "reduction_depths",
@@ -169,6 +170,16 @@ def pipeline_s(stages: list[Stage], room: int, pcus: int) -> float:
     return pcus / room * held * slowest
 
 
+def balanced_s(stages: list[Stage], room: int, pcus: int) -> float:
+    """A section's compute seconds when its stages hold PCUs in proportion to their work.
+
+    A tuned mapping (SambaNova's human-decision files: each operator's tiling and PCUs set by hand)
+    gives stage i ``t_i / Σt`` of the ``room`` PCUs, so every stage takes ``Σt · pcus / room``: the
+    pipeline at its balanced time, which `pipeline_s` reaches only when work follows memory demand.
+    """
+    return pcus / room * sum(t for t, _ in stages)
+
+
 class NodeTimer:
     """A node's seconds in one phase at the compiled tiles' ``rates``: a forward contraction at its
     depth K, a backward's two GEMMs at theirs (`backward_contraction_s`), the optimizer at the
@@ -299,11 +310,23 @@ class _NodeWork:
 
 
 class SectionTimer:
-    """Times the sections of one plan: their pipelines, their DDR traffic, and each node's share."""
+    """Times the sections of one plan: their pipelines, their DDR traffic, and each node's share.
+
+    ``tuned``: the stages hold PCUs by their work (`balanced_s`, SambaNova's tuned mapping), else by
+    their memory demand (`pipeline_s`, the compiler's own)."""
 
     def __init__(
-        self, ctx: LoweringContext, chip: Chip, layout: SectionLayout, timer: NodeTimer, floor: TileFloor, feed: Feed
+        self,
+        ctx: LoweringContext,
+        chip: Chip,
+        layout: SectionLayout,
+        timer: NodeTimer,
+        floor: TileFloor,
+        feed: Feed,
+        *,
+        tuned: bool = False,
     ) -> None:
+        self.tuned = tuned  # stages hold PCUs by their work (`balanced_s`), not by their memory demand
         self.ctx = ctx
         self.chip = chip
         self.layout = layout
@@ -321,7 +344,7 @@ class SectionTimer:
             self._recompute(sec, work, stages)
         total_flops = sum(work.flops.values())
         room = self.chip.units if sec.oversized else self.chip.capacity  # a split group is tiled over every unit
-        compute_s = pipeline_s(stages, room, self.chip.pcus)
+        compute_s = (balanced_s if self.tuned else pipeline_s)(stages, room, self.chip.pcus)
         bw = self.feed.bandwidth
         memory_s = traffic.total / bw
         # the section's time is shared out over its stages (one pipeline, reported per node):
