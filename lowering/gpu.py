@@ -44,7 +44,14 @@ from dabench_ir.lowering._common import (
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
 from dabench_ir.passes.meta import MODEL_PHASE
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, FUSED_ATTENTION, core_internal, is_optimizer_step
+from dabench_ir.passes.training import (
+    BACKWARD_COST,
+    FORWARD_COST,
+    FUSED_ATTENTION,
+    SAVED,
+    core_internal,
+    is_optimizer_step,
+)
 from dabench_ir.plan import Plan, Schedule, Unit
 from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
@@ -53,12 +60,14 @@ if TYPE_CHECKING:
     from dabench_ir.targets import MemoryLevel, Target
 
 __all__ = [
+    "DECODE_STEP",
     "HOST_ISSUE",
     "LOWERING",
     "GpuLowering",
     "GpuOptions",
     "device_memory",
     "gemm_wave_efficiency",
+    "saved_activation_bytes",
     "stream_plan",
     "strided_views",
 ]
@@ -98,6 +107,9 @@ class GpuLowering(Lowering):
         unit = Unit(id="stream0", kind="gpu_stream")
         groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
+        step_s = target.overhead(DECODE_STEP + "_s") if groups is not None else 0.0
+        if step_s > 0:  # the serving engine's host work between two decode steps: its own row, no node's
+            plan.step_overheads_s[DECODE_STEP] = step_s
         plan.stats = replace(
             plan.stats,
             weights_home=f"{target.feed_memory.name} (read every step)",
@@ -119,6 +131,11 @@ def _serving_kernels(ctx: LoweringContext) -> list[list[Node]]:
 
 
 LOWERING = GpuLowering()
+
+DECODE_STEP = "decode_step"
+"""The step overhead of one decode step that belongs to no node: what a serving engine does on the
+host between two steps and the device waits for (scheduling, input preparation, sampling, output
+processing), ``overheads.decode_step_s`` of the target."""
 
 HOST_ISSUE = "host_issue"
 """The step overhead (`Plan.step_overheads_s`) of a stream waiting for the host to issue its kernels."""
@@ -385,6 +402,12 @@ def _host_wait(
     return wait
 
 
+def _view_outputs(ctx: LoweringContext) -> set[str]:
+    """Outputs of the strided views a fused attention kernel reads in place (`strided_views`): no memory of their own."""
+    views = strided_views(ctx)
+    return {v for n in ctx.graph.nodes if n.name in views for v in n.outputs if v}
+
+
 def _on_chip(ctx: LoweringContext) -> set[str]:
     """Values that never reach HBM: a fused attention core's S x S scores and probabilities (they
     live in the kernel's registers and shared memory, FlashAttention's point)."""
@@ -392,17 +415,78 @@ def _on_chip(ctx: LoweringContext) -> set[str]:
     return core_internal(ctx.graph, cores) if cores else set()
 
 
+def _storage_root(ctx: LoweringContext, name: str, producer: Mapping[str, Node], cores: set[str]) -> str:
+    """The value whose memory ``name`` is a view of: up the chain of layout ops (transpose,
+    reshape, ...) that make it, and through a GQA ``Expand`` of K or V that only a fused attention
+    core reads (FlashAttention takes K and V with fewer heads than Q and saves them as passed:
+    flash-attn's ``flash_attn_func``, "MQA/GQA"; ``torch.expand`` is itself a stride-0 view)."""
+    seen: set[str] = set()
+    while name in producer and name not in seen:
+        seen.add(name)
+        node = producer[name]
+        readers = ctx.graph.consumers.get(name, [])
+        gqa = node.op_type == "Expand" and cores and all(_reaches_core(ctx, r, cores) for r in readers)
+        if not (_layout(node) or gqa) or not node.inputs or not node.inputs[0]:
+            break
+        name = node.inputs[0]
+    return name
+
+
+def _reaches_core(ctx: LoweringContext, node: Node, cores: set[str]) -> bool:
+    """Whether ``node`` is a fused attention core or a chain of layout ops that only feeds cores."""
+    for _ in range(8):  # head split chains are a few ops long
+        if node.name in cores:
+            return True
+        if not _layout(node):
+            return False
+        readers = [c for v in node.outputs if v for c in ctx.graph.consumers.get(v, [])]
+        if len(readers) != 1:
+            return bool(readers) and all(_reaches_core(ctx, r, cores) for r in readers)
+        node = readers[0]
+    return False
+
+
+def saved_activation_bytes(ctx: LoweringContext) -> tuple[int, frozenset[str]]:
+    """Bytes the backward pass keeps (what autograd saves, ``passes.training``'s per-node
+    `meta.SAVED`), each memory counted once, and the names of the values that hold it.
+
+    Autograd saves tensors, not names: a value that is a view of another saved value (the
+    attention output O and its merged-heads reshape that the output projection saves; Q, K, V
+    as strided views of their projections) shares its memory, and a fused core saves GQA's K
+    and V before the head broadcast, at ``kv_heads``. So each saved value is charged as the
+    value at the root of its view chain (`_storage_root`), once; per-row statistics (the
+    norms' mean and 1/σ, the fused softmax's log-sum-exp) are counted as recorded.
+    """
+    producer = {v: n for n in ctx.graph.nodes for v in n.outputs if v}
+    cores = {n.name for n in ctx.graph.nodes if FUSED_ATTENTION in n.meta}
+    roots: dict[str, int] = {}
+    extra = 0
+    for node in ctx.graph.nodes:
+        for name, nbytes in (node.meta.get(SAVED) or {}).items():
+            if "#" in name:
+                extra += nbytes
+                continue
+            root = _storage_root(ctx, name, producer, cores)
+            size = ctx.value_bytes(root) if root != name else nbytes
+            roots[root] = max(roots.get(root, 0), size if size > 0 else nbytes)
+    return sum(roots.values()) + extra, frozenset(roots)
+
+
 def device_memory(
     ctx: LoweringContext, *, micro_batches: int = 1, offload: bool = False, zero: int = 0, shards: int = 1
 ) -> dict[str, int]:
     """Bytes one device holds, by kind: ``weights``, ``gradients``, ``optimizer`` (fp32 master
-    weights and Adam moments), ``activations`` (saved for backward, one micro-batch), ``live``
-    (the forward's peak of live tensors, one micro-batch) and ``host`` (optimizer state
-    offloaded to CPU memory). ``zero``: the ZeRO stage over ``shards`` data-parallel devices
-    (Rajbhandari et al., SC'20: 1 shards the optimizer state, 2 also gradients, 3 also the
-    weights, as FSDP does)."""
+    weights and Adam moments), ``activations`` (saved for backward, one micro-batch, each memory
+    once: `saved_activation_bytes`), ``live`` (one micro-batch's working set beyond the saved
+    tensors: in inference the forward's peak of live tensors; in training the peak of the live
+    tensors that are not saved, since the saved ones are already held) and ``host`` (optimizer
+    state offloaded to CPU memory). ``zero``: the ZeRO stage over ``shards`` data-parallel
+    devices (Rajbhandari et al., SC'20: 1 shards the optimizer state, 2 also gradients, 3 also
+    the weights, as FSDP does)."""
     m = max(1, micro_batches)
     state = training_state(ctx)
+    saved, held = saved_activation_bytes(ctx) if state.activations else (0, frozenset())
+    skip = _on_chip(ctx) | held | _view_outputs(ctx)
 
     def shard(nbytes: int, stage: int) -> int:
         return math.ceil(nbytes / shards) if zero >= stage and shards > 1 else nbytes
@@ -412,8 +496,8 @@ def device_memory(
         "weights": shard(weight_bytes(ctx), 3),
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
-        "activations": math.ceil(state.activations / m),
-        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes, skip=_on_chip(ctx)) / m),
+        "activations": math.ceil(saved / m),
+        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes, skip=skip) / m),
         "host": optimizer if offload else 0,
     }
 

@@ -1,0 +1,147 @@
+"""GPU decode and training memory against independent references (issue 44).
+
+- What a decode step reads: the KV cache once per K/V head (grouped-query attention), checked
+  exactly against the bytes a real decode kernel reads: onnxruntime PR #21414 (microsoft/onnxruntime,
+  "[CUDA] Page Attention", FA2 paged batch decode on an H100 SXM, nvbench): llama3 70B's attention,
+  64 sequences x 32 cached tokens, 64 query heads, 8 K/V heads, head size 128, reads 9.000 MiB
+  (K and V, 8 MiB, plus Q, 1 MiB) and writes 1.000 MiB (O).
+- The fixed host cost of a decode step is its own row (`DECODE_STEP`), never a node's.
+- Activations saved for the backward pass without recompute, each memory once: GPT-2 with a fused
+  attention against Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models" (MLSys 2023), section 4.1: 34sbh + 5as^2bh bytes per layer at 16 bits, less the two
+  dropout masks (sbh each; no dropout here) and the 5as^2b of the scores (a fused kernel keeps none,
+  only the softmax's log-sum-exp): 32sbh bytes, i.e. 16 values of s x b x h per layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dabench_ir.models import ModelConfig
+from dabench_ir.options import ProfileOptions
+
+MIB = 1 << 20
+
+
+def _graph(cfg: ModelConfig, **opts):
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    return prepare_graph(export_onnx(cfg, weights="none"), ProfileOptions(**opts))
+
+
+def _ctx(graph):
+    from dabench_ir.lowering._common import LoweringContext
+
+    return LoweringContext.build(graph)
+
+
+@pytest.fixture(scope="module")
+def llama70b_attention_decode():
+    """One llama3-70B-shaped decode layer at the nvbench configuration of onnxruntime PR #21414."""
+    cfg = ModelConfig(
+        family="llama",
+        layers=1,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        ffn=256,
+        seq=1,
+        batch=64,
+        dtype="bf16",
+        phase="decode",
+        context=32,
+    )
+    return _graph(cfg, precision="bf16")
+
+
+def test_a_gqa_decode_step_reads_the_cache_once_per_kv_head_as_a_decode_kernel_does(llama70b_attention_decode):
+    from dabench_ir.passes import meta
+
+    graph = llama70b_attention_decode
+    caches = {n for n in graph.inputs if n.endswith(("k_cache", "v_cache"))}
+    assert len(caches) == 2
+    readers = [n for n in graph.nodes if caches & set(n.inputs)]
+    assert [n.op_type for n in readers] == ["MatMul", "MatMul"]  # no Expand, no copy of the cache
+    cache_bytes = sum(graph.type_of(v).nbytes() for v in caches)
+    assert cache_bytes == 8 * MIB  # 64 x 32 tokens x 8 heads x 128 x 2 (K, V) x 2 bytes
+    # the scores against the cache read Q once: nvbench's 9 MiB read = K/V + Q
+    qk = readers[0]
+    q = next(v for v in qk.inputs if v not in caches)
+    assert cache_bytes + graph.type_of(q).nbytes() == 9 * MIB
+    # every cached K/V byte is counted as read once, by its MatMul, no more
+    for node in readers:
+        cost = meta.get_cost(node)
+        cache = next(v for v in node.inputs if v in caches)
+        others = sum(graph.type_of(v).nbytes() for v in node.inputs if v and v != cache)
+        assert cost.act_bytes_in == graph.type_of(cache).nbytes() + others
+
+
+def test_a_decode_step_pays_the_engine_host_cost_as_its_own_row(llama70b_attention_decode):
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import DECODE_STEP, GpuLowering
+    from dabench_ir.targets import load_target
+
+    for name in ("h100", "a100", "h200"):
+        target = load_target(name)
+        plan = lower(llama70b_attention_decode, target, GpuLowering.options(ProfileOptions(precision="bf16")))
+        figure = target.overheads[DECODE_STEP + "_s"]
+        assert figure.estimate  # a sum of sourced parts and an estimate: says so
+        assert plan.step_overheads_s[DECODE_STEP] == figure.value == pytest.approx(0.77e-3)
+        assert all(DECODE_STEP not in (np_.note or "") for np_ in plan.node_plans.values())
+
+
+def test_a_prefill_has_no_decode_step_row():
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import DECODE_STEP, GpuLowering
+    from dabench_ir.targets import load_target
+
+    cfg = ModelConfig(family="llama", layers=1, hidden=256, heads=8, kv_heads=2, ffn=512, seq=16, batch=1)
+    plan = lower(_graph(cfg), load_target("h100"), GpuLowering.options(ProfileOptions()))
+    assert DECODE_STEP not in plan.step_overheads_s
+
+
+@pytest.mark.parametrize("precision, itemsize", [("bf16", 2), ("fp32", 4)])
+def test_saved_activations_match_korthikanti_without_dropout_with_a_fused_core(precision, itemsize):
+    from dabench_ir.lowering.gpu import device_memory
+
+    layers, hidden, heads, seq, batch = 2, 256, 4, 128, 2
+    cfg = ModelConfig(family="gpt2", layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch)
+    graph = _graph(cfg, mode="train", precision=precision, fused_attention=True, recompute="none")
+    sbh = seq * batch * hidden
+    rows = seq * batch
+    korthikanti = 16 * sbh * itemsize  # 32sbh bytes at 16 bits, per layer: LN 4, attention 10, MLP 18
+    lse = 4 * batch * heads * seq  # the fused softmax's log-sum-exp, fp32 per score row
+    stats = 2 * 4 * rows  # a LayerNorm's mean and 1/sigma, fp32 per row
+    final_norm = sbh * itemsize + stats  # the last LayerNorm keeps its input too
+    expected = layers * (korthikanti + lse + 2 * stats) + final_norm
+    assert device_memory(_ctx(graph))["activations"] == expected
+
+
+def test_gqa_keeps_k_and_v_at_kv_heads_under_a_fused_core():
+    """FlashAttention takes K and V with fewer heads than Q and saves them so; the head broadcast
+    (``Expand``) is a view, so a GQA model saves K and V at kv_heads, not heads."""
+    from dabench_ir.lowering.gpu import device_memory
+
+    def saved(kv_heads: int) -> int:
+        cfg = ModelConfig(family="llama", layers=1, hidden=256, heads=8, kv_heads=kv_heads, ffn=512, seq=64, batch=2)
+        graph = _graph(cfg, mode="train", precision="fp32", fused_attention=True, recompute="none")
+        return device_memory(_ctx(graph))["activations"]
+
+    kv_bytes = 2 * 64 * (256 // 8) * 4  # one K/V head of one sequence's 64 tokens, fp32, x batch 2
+    # the K and V kept shrink with the K/V heads (before RoPE's K and after, V), nothing else changes
+    mha, gqa = saved(8), saved(2)
+    k_rope_inputs = 3  # K enters RoPE (kept by its two Muls: K and its rotated half) and the core keeps K after
+    assert mha - gqa == (8 - 2) * kv_bytes * (k_rope_inputs + 1)
+
+
+def test_training_working_set_beyond_the_saved_tensors_is_not_counted_twice():
+    """The live tensors of the forward that are already saved are held once (``activations``),
+    not again as ``live``: what ``live`` adds is what is not saved."""
+    from dabench_ir.lowering.gpu import device_memory
+
+    cfg = ModelConfig(family="gpt2", layers=2, hidden=256, heads=4, seq=128, batch=2)
+    graph = _graph(cfg, mode="train", precision="fp32", fused_attention=True, recompute="none")
+    parts = device_memory(_ctx(graph))
+    sbh = 128 * 2 * 256 * 4
+    assert parts["live"] <= 4 * sbh  # a residual, a norm output and the MLP's ffn = 4h-wide tensor at most
