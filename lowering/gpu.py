@@ -305,9 +305,13 @@ def strided_views(ctx: LoweringContext) -> frozenset[str]:
     for name in cores:
         node = graph.node(name)
         up = [producer[v] for v in node.inputs if v in producer]
-        while up:  # the head split: projections -> layout ops -> core
+        while up:  # the head split: projections -> layout ops (GQA's broadcast of K and V too) -> core
             n = up.pop()
-            if _layout(n) and n.name not in found and all(c.name in cores or _layout(c) for c in readers(n)):
+            if (
+                (_layout(n) or _gqa_broadcast(n))
+                and n.name not in found
+                and all(c.name in cores or _layout(c) for c in readers(n))
+            ):
                 found.add(n.name)
                 up += [producer[v] for v in n.inputs[:1] if v in producer]
         down = [c for c in readers(node) if c.name not in cores]
@@ -316,7 +320,16 @@ def strided_views(ctx: LoweringContext) -> frozenset[str]:
             if _layout(n) and n.name not in found:
                 found.add(n.name)
                 down += readers(n)
-    return frozenset(n for n in found if traits_of(graph.node(n)).strided_view)
+    return frozenset(n for n in found if traits_of(graph.node(n)).strided_view or _gqa_broadcast(graph.node(n)))
+
+
+def _gqa_broadcast(node: Node) -> bool:
+    """A forward-only ``Expand`` (GQA's ``repeat_kv`` of K or V) on the way into a fused core: the
+    kernel reads K and V with fewer heads than Q (flash-attn's ``flash_attn_func``: "MQA/GQA",
+    nheads_k < nheads; PyTorch SDPA's ``enable_gqa``), so the broadcast copies nothing. In training
+    it stays a kernel: FlashAttention-2's backward sums dK and dV over each group of query heads
+    (flash-attn csrc/flash_attn/flash_api.cpp, ``mha_bwd``: ``at::sum_out`` of ``dk_expanded``)."""
+    return node.op_type == "Expand" and BACKWARD_COST not in node.meta
 
 
 def _memory_s(cost: Cost, runs: int, bw: float) -> float:

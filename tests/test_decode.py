@@ -294,7 +294,9 @@ def test_decode_batch1_h100_is_weight_bandwidth_bound(llama7b_pair):
     floor = run.weight_bytes / bw
     assert run.weight_bytes == L7B.weight_bytes()  # 13.48 GB in fp16
     assert run.kv_cache_bytes == L7B.kv_cache_bytes(512)
-    assert floor <= run.time_s <= 1.5 * floor, (run.time_s, floor)
+    # the device's part of the step (the engine's host work between steps is its own row, issue 44)
+    device_s = run.time_s - run.report.plan.step_overheads_s.get("decode_step", 0.0)
+    assert floor <= device_s <= 1.5 * floor, (device_s, floor)
 
 
 def test_decode_throughput_knee_at_the_ridge(llama7b_pair):

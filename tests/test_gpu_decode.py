@@ -145,3 +145,20 @@ def test_training_working_set_beyond_the_saved_tensors_is_not_counted_twice():
     parts = device_memory(_ctx(graph))
     sbh = 128 * 2 * 256 * 4
     assert parts["live"] <= 4 * sbh  # a residual, a norm output and the MLP's ffn = 4h-wide tensor at most
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_gqa_broadcast_into_a_fused_core_is_a_view_in_inference_and_a_kernel_in_training(mode):
+    """Forward: FlashAttention reads K/V at kv_heads, the ``Expand`` copies nothing and launches
+    nothing. Training: FA2's backward sums dK/dV over each query-head group (a kernel of its own)."""
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import GpuLowering
+    from dabench_ir.targets import load_target
+
+    cfg = ModelConfig(family="llama", layers=1, hidden=256, heads=8, kv_heads=2, ffn=512, seq=16, batch=1)
+    graph = _graph(cfg, mode=mode, fused_attention=True)
+    plan = lower(graph, load_target("h100"), GpuLowering.options(ProfileOptions(mode=mode)))
+    expands = [n.name for n in graph.nodes if n.op_type == "Expand"]
+    assert len(expands) == 2  # K and V
+    times = [plan.node_plans[n].per_micro_batch_s for n in expands]
+    assert all(t == 0 for t in times) if mode == "inference" else all(t > 0 for t in times)
