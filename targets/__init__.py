@@ -5,8 +5,14 @@ estimate = true|false }``; the lowering code reads these and hard-codes no hardw
 figure. `load_target` takes a built-in name, an alias (``wse``, ``rdu``, ``ipu``), ``cpu``
 (measured on this host) or a path to a user's TOML file.
 
-A quantity whose name is a share of a whole (`SHARE_PATTERNS`: ``*efficiency*``,
-``*fraction*``, ``*utilisation*``, ``*utilization*``) must lie in (0, 1].
+The file's schema is `_Parser`, one validator for the whole format: every number finite and
+in the range its field allows (`dabench_ir.schema`): non-negative by default, positive where a
+zero is meaningless (peaks, capacities, bandwidths, power, area, energies), a fraction in (0, 1]
+for a share of a whole (`SHARE_PATTERNS`: ``*efficiency*``, ``*fraction*``, ``*utilisation*``,
+``*utilization*``), a positive integer for a count (``compute.units``,
+``topology.devices_per_node``, the `ARCH_COUNTS`); every precision a known one; every
+``[defaults]`` entry a valid value of its knob. A bad field is one TargetError line naming the
+file, the field and the allowed range.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dabench_ir import schema
 from dabench_ir.errors import TargetError
 from dabench_ir.ir import Cost, DType
 
@@ -53,6 +60,24 @@ KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
 LEVELS = ("on-chip", "off-chip")
 SHARE_PATTERNS = ("*efficiency*", "*fraction*", "*utilisation*", "*utilization*")
 """Quantity names that are a share of a whole: their value must lie in (0, 1] (`_Parser.quantity`)."""
+ARCH_COUNTS = frozenset(
+    {
+        "gemm_tile",
+        "tiles",
+        "tiles_per_rdu",
+        "pcus_per_tile",
+        "pmus_per_tile",
+        "ipus_per_board",
+        "matmul_pcu_grain",
+        "row_chunk_elements",
+        "broadcast_fanout",
+        "io_region_pes",
+    }
+)
+"""``[arch]`` figures that count things (tiles, units, elements, PEs): positive integers (`_Parser.quantity`)."""
+ENERGY_TABLES = ("pj_per_flop", "pj_per_byte")
+"""The ``[energy]`` tables (`dabench_ir.energy.energy_model`): picojoules per FLOP by precision, per
+byte by memory or link name; each figure positive. ``static_fraction`` beside them: a fraction."""
 _DIR = Path(__file__).resolve().parent
 
 # Where ops are fed from, for the roofline: dataflow chips with all-SRAM execution read
@@ -519,8 +544,18 @@ class _Parser:
         return val
 
     def quantity(
-        self, d: Mapping[str, Any], key: str, path: str, *, required: bool = True, positive: bool = False
+        self,
+        d: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        required: bool = True,
+        positive: bool = False,
+        rule: schema.Range | None = None,
     ) -> Quantity | None:
+        """The figure ``d[key]`` (``{ value, source, estimate?, fitted_to? }``), its value in the range
+        ``rule`` (default: a fraction for a share of a whole, `SHARE_PATTERNS`, else positive
+        with ``positive``, else non-negative)."""
         if key not in d:
             if required:
                 raise self.fail(f"missing field {path}")
@@ -530,13 +565,10 @@ class _Parser:
             raise self.fail(f'field {path} must be an inline table {{ value = ..., source = "..." }}, got {raw!r}')
         if "value" not in raw:
             raise self.fail(f"missing field {path}.value")
-        value = raw["value"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise self.fail(f"field {path}.value must be a number, got {value!r}")
-        if value < 0 or (positive and value == 0):
-            raise self.fail(f"field {path}.value must be {'positive' if positive else 'non-negative'}, got {value!r}")
-        if any(fnmatch.fnmatchcase(key, pattern) for pattern in SHARE_PATTERNS) and not 0 < value <= 1:
-            raise self.fail(f"field {path}.value is a share of a whole, in (0, 1]; got {value!r}")
+        if rule is None and any(fnmatch.fnmatchcase(key, pattern) for pattern in SHARE_PATTERNS):
+            rule = schema.FRACTION
+        rule = rule or (schema.POSITIVE if positive else schema.NON_NEGATIVE)
+        value = schema.check(raw["value"], rule, f"target file {self.origin}: field {path}.value", TargetError)
         if "source" not in raw:
             raise self.fail(f"missing field {path}.source")
         source = raw["source"]
@@ -557,13 +589,49 @@ class _Parser:
             )
         return Quantity(float(value), source, estimate, tuple(fitted_to))
 
+    def precision(self, key: str, path: str) -> None:
+        """A table key that names a precision (``fp32``, ``bf16``; ``tf32``: fp32 storage on tensor cores)."""
+        try:
+            DType.from_name("fp32" if key == "tf32" else key)
+        except ValueError:
+            raise self.fail(f"field {path}: unknown precision {key!r}") from None
+
+    def energy(self, raw: Mapping[str, Any]) -> None:
+        """The ``[energy]`` table (read by `dabench_ir.energy.energy_model`): ``static_fraction`` a
+        fraction of the rated power, `ENERGY_TABLES` of positive picojoule figures."""
+        unknown = sorted(set(raw) - {"static_fraction", *ENERGY_TABLES})
+        if unknown:
+            raise self.fail(
+                f"field energy.{unknown[0]}: unknown key; [energy] takes static_fraction, {', '.join(ENERGY_TABLES)}"
+            )
+        self.quantity(raw, "static_fraction", "energy.static_fraction", required=False, rule=schema.FRACTION)
+        for table in ENERGY_TABLES:
+            entries = self.table(raw, table, f"energy.{table}", required=False)
+            for key in entries:
+                if table == "pj_per_flop":
+                    self.precision(key, f"energy.{table}.{key}")
+                self.quantity(entries, key, f"energy.{table}.{key}", rule=schema.POSITIVE)
+
+    def defaults(self, raw: Mapping[str, Any]) -> None:
+        """The ``[defaults]`` table: each entry ``{ value, source }`` whose value its knob
+        (`dabench_ir.options.KNOBS`) accepts, as the command line's flag would be checked."""
+        from dabench_ir.options import KNOBS
+
+        for key, entry in raw.items():
+            if not isinstance(entry, Mapping) or "value" not in entry or not str(entry.get("source", "")).strip():
+                raise self.fail(f'field defaults.{key} must be an inline table {{ value = ..., source = "..." }}')
+            if key not in KNOBS:
+                raise self.fail(f"field defaults.{key}: no such knob; a default is a knob's value (e.g. precision)")
+            try:
+                KNOBS[key].validate(entry["value"])
+            except ValueError as exc:
+                raise self.fail(f"field defaults.{key}.value {entry['value']!r}: {exc}") from None
+
     def topology(self, raw: Mapping[str, Any], links: list[Link]) -> Topology | None:
         """The ``[topology]`` table: ``devices_per_node`` and the names of two ``[[link]]`` entries."""
         if not raw:
             return None
-        per_node = self.quantity(raw, "devices_per_node", "topology.devices_per_node", positive=True)
-        if per_node.value != int(per_node.value):
-            raise self.fail(f"field topology.devices_per_node.value must be a whole number, got {per_node.value!r}")
+        per_node = self.quantity(raw, "devices_per_node", "topology.devices_per_node", rule=schema.COUNT)
         by_name = {lk.name: lk for lk in links}
 
         def link(key: str, required: bool) -> Link | None:
@@ -591,12 +659,13 @@ class _Parser:
 
         process = self.table(d, "process", "process")
         node = self.quantity(process, "node_nm", "process.node_nm", positive=True)
+        self.quantity(process, "area_mm2", "process.area_mm2", required=False, positive=True)  # energy.target_area_mm2
         power = self.table(d, "power", "power")
         watts = self.quantity(power, "watts", "power.watts", positive=True)
         covers = self.string(power, "covers", "power.covers", default="chip")
 
         compute = self.table(d, "compute", "compute")
-        units = self.quantity(compute, "units", "compute.units", positive=True)
+        units = self.quantity(compute, "units", "compute.units", rule=schema.COUNT)
         clock = self.quantity(compute, "clock_hz", "compute.clock_hz", required=False, positive=True)
         unit_name = self.string(compute, "unit_name", "compute.unit_name", default="unit")
         peaks_raw = self.table(compute, "peak_flops", "compute.peak_flops")
@@ -604,19 +673,13 @@ class _Parser:
             raise self.fail("field compute.peak_flops must list at least one precision (fp32 = {...})")
         peaks = {}
         for key in peaks_raw:
-            try:
-                DType.from_name("fp32" if key == "tf32" else key)  # TF32: fp32 storage on tensor cores
-            except ValueError:
-                raise self.fail(f"field compute.peak_flops.{key}: unknown precision {key!r}") from None
+            self.precision(key, f"compute.peak_flops.{key}")
             peaks[key] = self.quantity(peaks_raw, key, f"compute.peak_flops.{key}", positive=True)
         rates = {}
         for table in _RATE_TABLES.values():  # per-class rates, optional: [compute.vector_flops], [compute.special_ops]
             raw = self.table(compute, table, f"compute.{table}", required=False)
             for key in raw:
-                try:
-                    DType.from_name(key)
-                except ValueError:
-                    raise self.fail(f"field compute.{table}.{key}: unknown precision {key!r}") from None
+                self.precision(key, f"compute.{table}.{key}")
             rates[table] = {k: self.quantity(raw, k, f"compute.{table}.{k}", positive=True) for k in raw}
         acc_raw = self.table(compute, _ACCUMULATE_TABLE, f"compute.{_ACCUMULATE_TABLE}", required=False)
         for key in acc_raw:  # keyed by the 16-bit input dtype whose fp32-accumulated rate it is
@@ -669,11 +732,13 @@ class _Parser:
         if not isinstance(strategies, list) or not all(s in ("dp", "tp", "pp") for s in strategies):
             raise self.fail(f"field parallel.strategies must list some of dp, tp, pp, got {strategies!r}")
         arch_raw = self.table(d, "arch", "arch", required=False)
-        arch = {k: self.quantity(arch_raw, k, f"arch.{k}") for k in arch_raw}
+        arch = {
+            k: self.quantity(arch_raw, k, f"arch.{k}", rule=schema.COUNT if k in ARCH_COUNTS else None)
+            for k in arch_raw
+        }
         topology = self.topology(self.table(d, "topology", "topology", required=False), links)
-        for key, entry in self.table(d, "defaults", "defaults", required=False).items():
-            if not isinstance(entry, Mapping) or "value" not in entry or not str(entry.get("source", "")).strip():
-                raise self.fail(f'field defaults.{key} must be an inline table {{ value = ..., source = "..." }}')
+        self.energy(self.table(d, "energy", "energy", required=False))
+        self.defaults(self.table(d, "defaults", "defaults", required=False))
 
         return Target(
             name=name,
