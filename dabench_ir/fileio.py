@@ -127,7 +127,12 @@ def resolve_inside(folder: str | os.PathLike[str], name: str, where: str = "") -
     outside ``folder``. Opens no file."""
     base = Path(os.path.realpath(folder))
     target = Path(os.path.realpath(base / name))
-    if os.path.isabs(name) or not target.is_relative_to(base):
+    if os.path.isabs(name):
+        raise UserError(
+            f"{where + ': ' if where else ''}{_show(name)!r} is an absolute path; a file named in a file is read "
+            f"relative to its folder ({_show(base)}) and never points outside it: give a path relative to that folder"
+        )
+    if not target.is_relative_to(base):
         raise UserError(
             f"{where + ': ' if where else ''}{_show(name)!r} points outside {_show(base)}; refusing to read it "
             "(give a path inside that folder, e.g. move the file beside the one that names it)"

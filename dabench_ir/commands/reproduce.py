@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         return _dry_run(study)
     out = args.output or os.path.join("out", f"reproduce-{study.name}")
     jobs = grid_jobs(args, out)
+    from dabench_ir.fileio import plan_outputs
+
+    # findings.*, results tables, experiments/, counterfactuals/ and plots are written into OUT:
+    # the study file and its target files may not lie there (`reproduce findings.md -o .`)
+    plan_outputs(study.input_files(), [], folders=[(out, "-o")])
     from dabench_ir.progress import Progress
 
     progress = Progress(quiet=args.quiet)

@@ -82,12 +82,18 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def grid_jobs(args: argparse.Namespace, out: str) -> int:
-    """The worker count of a grid run, after checking its folders (one line each, before any work)."""
+    """The worker count of a grid run, after checking its folders and its executor (one line each,
+    before any work: a Ray address no head answers is refused before the results table is begun)."""
     from dabench_ir.errors import UserError
     from dabench_ir.fileio import check_output_dir
+    from dabench_ir.sweep.executors import check_ray_address
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected a positive number")
+    if args.address is not None and args.executor != "ray":
+        raise UserError("--address is for --executor ray")
+    if args.executor == "ray" and args.address is not None:
+        check_ray_address(args.address)
     check_output_dir(out, "-o")
     if args.cache_dir is not None:
         check_output_dir(args.cache_dir, "--cache-dir")

@@ -36,11 +36,13 @@ from dabench_ir.reproduce.rows import (
     select,
     usable,
 )
+from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
     from dabench_ir.reproduce.study import Finding
 
 __all__ = [
+    "BOUND_VALUES",
     "FORMATS",
     "KINDS",
     "Kind",
@@ -642,6 +644,14 @@ def argmin(rows: Sequence[Row], f: Finding) -> Outcome:
     """The ``group`` whose figure (as for argmax) is smallest."""
     return _arg(rows, f, min)
 
+
+BOUND_VALUES: dict[str, tuple[str, ...]] = {
+    "step": tuple(Bound),
+    "nodes": tuple(Bound),
+    "roofline": ("memory", "compute"),
+}
+"""``of`` of a dominant finding -> the bounds its column takes (`dabench_ir.timeline.Bound`; a
+roofline's side of the ridge: `dabench_ir.metrics.roofline_bound`): what ``bound`` may name."""
 
 BOUND_COLUMNS = {"step": "dominant_bound", "nodes": "node_bound", "roofline": "roofline_bound"}
 """``of`` of a dominant finding -> the results column it reads: the bound holding most of the step

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.schema import FINITE, check
 from dabench_ir.sweep.results import LABEL_COLUMNS, METRIC_COLUMNS
 
 __all__ = [
@@ -111,10 +112,14 @@ def check_selector(value: Any, where: str) -> dict[str, Any]:
             if unknown or not want:
                 raise UserError(f"{where}: {name} = {dict(want)!r}: a condition table takes {', '.join(CONDITIONS)}")
             for bound in ("min", "max"):
-                if bound in want and not _is_number(want[bound]):
-                    raise UserError(f"{where}: {name}.{bound} must be a number, got {want[bound]!r}")
-            if "in" in want and not isinstance(want["in"], list):
-                raise UserError(f"{where}: {name}.in must be a list, got {want['in']!r}")
+                if bound in want:
+                    check(want[bound], FINITE, f"{where}: {name}.{bound}")
+            if "min" in want and "max" in want and want["min"] > want["max"]:
+                raise UserError(
+                    f"{where}: {name} = {dict(want)!r}: the range is reversed (min > max); no point lies in it"
+                )
+            if "in" in want and (not isinstance(want["in"], list) or not want["in"]):
+                raise UserError(f"{where}: {name}.in must be a non-empty list of values, got {want['in']!r}")
     return dict(value)
 
 

@@ -3,7 +3,12 @@
 Everything a finding names is checked against its experiment's points before anything
 runs: its kind and that kind's fields, every parameter a selector or an axis names, that
 each selector picks a point (exactly one where one is meant), that an axis has one point per
-value. A bad study file is one UserError line naming the file and the finding (exit 2).
+value, that each ``where`` condition filters (keeps some points, not all), that a ratio's two
+points differ, that every group an ``expect`` names is among the points' groups, that a
+dominant finding's ``bound`` is a bound its column takes. The study's points together are held
+to the sweep's `MAX_POINTS` (without ``--force``); its target files are found inside the study
+file's folder, never outside. A bad study file is one UserError line naming the file, the
+finding and the field (exit 2).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from dabench_ir.errors import UserError
 from dabench_ir.reproduce import kinds as K
 from dabench_ir.reproduce.bands import NO_FIGURE, Grading, grade
 from dabench_ir.reproduce.counterfactual import Counterfactual, needed_points, parse_counterfactual
-from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, matches
-from dabench_ir.sweep.spec import Point, SweepSpec, bundled_tomls, parse_spec, read_named_toml
+from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, label_sort_key, matches
+from dabench_ir.sweep.spec import MAX_POINTS, Point, SweepSpec, bundled_tomls, parse_spec, point_count, read_named_toml
 
 __all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "parse_study"]
 
@@ -109,6 +114,16 @@ class Study:
     source: str = ""
     description: str = ""
     origin: str = "<study>"
+    path: Path | None = None
+    """The study file (None: parsed from a table); with the target files its points name, an
+    input no output of the run may overwrite (`input_files`)."""
+
+    def input_files(self) -> list[Path]:
+        """The files the study reads: its own file and the target files its points name."""
+        from dabench_ir.targets import is_target_path
+
+        targets = {str(p["target"]) for p in self.points() if is_target_path(str(p["target"]))}
+        return ([self.path] if self.path is not None else []) + [Path(t) for t in sorted(targets)]
 
     def points(self) -> list[Point]:
         """Every experiment's points, each distinct configuration once (in first-seen order)."""
@@ -254,7 +269,10 @@ def _check_paper_points(value: Any, where: str) -> list[dict[str, Any]]:
         numbers = [p[k] for k in (keys | optional) & set(p)]
         numbers = [x for v in numbers for x in (v if isinstance(v, list) else [v])]
         if not numbers or not all(_is_number(x) and math.isfinite(x) for x in numbers):
-            raise UserError(f"{where} #{i + 1}: {', '.join(sorted(keys | optional & set(p)))} must be numbers")
+            raise UserError(f"{where} #{i + 1}: {', '.join(sorted(keys | optional & set(p)))} must be finite numbers")
+        span = p.get("hspan")
+        if shape == "band" and (not isinstance(span, list) or len(span) != 2 or span[0] > span[1]):
+            raise UserError(f"{where} #{i + 1}: hspan must be [low, high] with low <= high, got {span!r}")
     return [dict(p) for p in value]
 
 
@@ -277,12 +295,27 @@ def _pick(points: list[Point], *selectors: Mapping[str, Any] | None) -> list[Poi
     return [p for p in points if all(matches(p.params, s) for s in selectors)]
 
 
+def _check_filters(selector: Mapping[str, Any], points: list[Point], where: str, exp: str) -> None:
+    """Each entry of a ``where`` selector leaves out some of ``points``: one that keeps every point
+    filters nothing (a typo of a value, a bound below every point's), refused."""
+    for name, want in selector.items():
+        if len(points) > 1 and all(matches(p.params, {name: want}) for p in points):
+            raise UserError(
+                f"{where}: {name} = {want!r} keeps every point of experiment {exp!r}: a filter that "
+                "filters nothing; drop it or give a value that selects"
+            )
+
+
 def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None:
-    """What the points already tell: selectors pick points, one where one is meant; one point per axis value."""
+    """What the points already tell: selectors pick points, one where one is meant; one point per
+    axis value; a ratio's two points differ; the groups ``expect`` names exist."""
+    _check_filters(f.where, spec.points, f"{where}: where", f.experiment)
     base = _pick(spec.points, f.where)
     if not base:
         raise UserError(f"{where}: where ({f.where}) matches no point of experiment {f.experiment!r}")
     group = f.options.get("group")
+    _check_pair(f, base, group, where)
+    _check_expect(f, base, group, where)
     for name, ftype in kind.fields.items():
         if name not in f.options or ftype not in (K.ROW, K.GROUP_ROW, K.SELECTOR):
             continue
@@ -340,6 +373,53 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
         for end in ("from", "to"):
             if end in f.options and json.dumps(f.options[end]) not in values:
                 raise UserError(f"{where}: {end} = {f.options[end]!r} is not a value of {axis} among the points")
+
+
+def _check_pair(f: Finding, base: list[Point], group: Any, where: str) -> None:
+    """A numerator and a denominator that pick the same point (in some group) give a ratio of 1
+    whatever the tool computes: refused."""
+    if "numerator" not in f.options or "denominator" not in f.options:
+        return
+    groups = {group_label(p.params, group) for p in base} if group else {""}
+    for g in sorted(groups):
+        mine = [p for p in base if not group or group_label(p.params, group) == g]
+        num, den = _pick(mine, f.options["numerator"]), _pick(mine, f.options["denominator"])
+        if num and {p.canonical() for p in num} == {p.canonical() for p in den}:
+            shown = f" in group {g!r}" if g else ""
+            raise UserError(
+                f"{where}: numerator and denominator pick the same point{shown} ({num[0].label()}): "
+                "a ratio of a point over itself; make them differ in the parameter the finding compares"
+            )
+
+
+def _check_expect(f: Finding, base: list[Point], group: Any, where: str) -> None:
+    """The groups an ``expect`` names are groups of the points (argmax, argmin, dominant, limits), the
+    limiters a ``limits`` finding expects are `kinds.LIMITERS`; a dominant ``bound`` is one its
+    column takes (`kinds.BOUND_VALUES`)."""
+    if f.kind == "dominant":
+        of = f.options.get("of", "step")
+        allowed = K.BOUND_VALUES[of]
+        if f.options["bound"] not in allowed:
+            raise UserError(
+                f"{where}: bound {f.options['bound']!r}; with of = {of!r} expected one of {', '.join(allowed)}"
+            )
+        if "expect" in f.options and not group:
+            raise UserError(f"{where}: expect names groups: give group")
+    if "expect" not in f.options or not group or f.kind not in ("argmax", "argmin", "dominant", "limits"):
+        return
+    expect = f.options["expect"]
+    named = [str(k) for k in expect] if isinstance(expect, Mapping) else K.labels(expect)
+    groups = sorted({group_label(p.params, group) for p in base}, key=label_sort_key)
+    missing = [g for g in named if g not in groups]
+    if missing:
+        raise UserError(
+            f"{where}: expect names group {missing[0]!r}, which no point (with where) has; "
+            f"the groups of {group!r} are {', '.join(groups)}"
+        )
+    if f.kind == "limits":
+        wrong = [f"{g} = {v!r}" for g, v in expect.items() if v not in K.LIMITERS]
+        if wrong:
+            raise UserError(f"{where}: expect {wrong[0]}; a limiter is one of {', '.join(K.LIMITERS)}")
 
 
 def _check_paper(value: Any, where: str) -> Any:
@@ -466,14 +546,21 @@ def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str
         raise UserError(f"{where}: plot kind {raw['kind']} needs {', '.join(missing)}")
     params = _params_of(experiments[exp])
     options = {k: _check_field(t, raw[k], f"{where}: {k}", params, exp) for k, t in fields.items() if k in raw}
+    _check_filters(options.get("where") or {}, experiments[exp].points, f"{where}: where", exp)
     if not _pick(experiments[exp].points, options.get("where")):
         raise UserError(f"{where}: where matches no point of experiment {exp!r}")
     return PlotSpec(pid, raw["kind"], exp, _text(raw, "title", where), options)
 
 
-def parse_study(data: Mapping[str, Any], *, origin: str = "<study>", force: bool = False) -> Study:
+def parse_study(
+    data: Mapping[str, Any], *, origin: str = "<study>", force: bool = False, folder: str | Path | None = None
+) -> Study:
     """A study from its TOML (already parsed): every experiment parsed as a sweep spec, every
-    finding and plot checked against its experiment's points. Bad input raises UserError."""
+    finding and plot checked against its experiment's points. Bad input raises UserError.
+
+    ``folder``: the study file's folder; a target file an experiment names is found inside it
+    (`fileio.resolve_inside`: relative to it, never outside it), as a sweep spec's is. The points
+    of all experiments together are held to `MAX_POINTS` unless ``force``."""
     allowed = ("name", "title", "source", "description", "experiment", "finding", "plot")
     for key in data:
         if key not in allowed:
@@ -484,13 +571,21 @@ def parse_study(data: Mapping[str, Any], *, origin: str = "<study>", force: bool
     raw_exps = data.get("experiment", {})
     if not isinstance(raw_exps, Mapping) or not raw_exps:
         raise UserError(f"{origin}: no experiments; give [experiment.NAME] tables (sweep specs)")
+    total = sum(point_count(t) for t in raw_exps.values() if isinstance(t, Mapping))
+    if total > MAX_POINTS and not force:
+        raise UserError(
+            f"{origin}: {total:,} points over {len(raw_exps)} experiment(s), more than {MAX_POINTS:,} for the "
+            "whole study; narrow the axes, or pass --force to run them all"
+        )
     experiments: dict[str, SweepSpec] = {}
     for ename, table in raw_exps.items():
         if not _NAME.match(ename):
             raise UserError(f"{origin}: experiment name {ename!r} must be letters, digits, _ . -")
         if not isinstance(table, Mapping):
             raise UserError(f"{origin}: experiment.{ename} must be a table (a sweep spec)")
-        experiments[ename] = parse_spec(dict(table), origin=f"{origin} [experiment.{ename}]", name=ename, force=force)
+        experiments[ename] = parse_spec(
+            dict(table), origin=f"{origin} [experiment.{ename}]", name=ename, force=force, folder=folder
+        )
     raw_findings = data.get("finding", [])
     if not isinstance(raw_findings, list) or not raw_findings:
         raise UserError(f"{origin}: no findings; give [[finding]] tables")
@@ -527,4 +622,4 @@ def bundled_studies() -> dict[str, Path]:
 def load_study(source: str | Path, *, force: bool = False) -> Study:
     """A study from a TOML path, or a bundled study by name (``dabench``)."""
     path, data = read_named_toml(source, "reproduce", "study", "STUDY")
-    return parse_study(data, origin=path.name, force=force)
+    return replace(parse_study(data, origin=path.name, force=force, folder=path.parent), path=path)

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "load_spec",
     "make_point",
     "parse_spec",
+    "point_count",
     "spec_params",
 ]
 
@@ -277,8 +279,7 @@ def parse_spec(
     listed = data.get("point", [])
     if not isinstance(listed, list):
         raise UserError(f"{origin}: points are [[point]] tables")
-    count = math.prod(len(v) for v in axes.values()) if axes else 0
-    count += len(listed)
+    count = point_count(data)
     if count > MAX_POINTS and not force:
         raise UserError(
             f"{origin}: {count:,} points, more than {MAX_POINTS:,}; narrow the axes, or pass --force to run them all"
@@ -313,6 +314,17 @@ def parse_spec(
     spec_name = name or str(data.get("name") or Path(origin).stem)
     axis_values = {a: [v[a] for v in vals] for a, vals in axes.items()}
     return SweepSpec(spec_name, list(points.values()), str(data.get("description", "")), origin, axis_values)
+
+
+def point_count(data: Mapping[str, Any]) -> int:
+    """The points a spec's table (TOML already parsed) gives, counted from its axes and listed
+    points before anything is expanded (duplicates included): what `MAX_POINTS` limits, for one
+    spec or (summed) for a whole study. A malformed axis or list counts nothing here: the
+    parser refuses it by name."""
+    axes = data.get("axes", {})
+    lists = [v for v in axes.values() if isinstance(v, list)] if isinstance(axes, Mapping) else []
+    listed = data.get("point", [])
+    return (math.prod(len(v) for v in lists) if lists else 0) + (len(listed) if isinstance(listed, list) else 0)
 
 
 def _targets_inside(raw_points: list[dict[str, Any]], folder: str | Path, origin: str, user_target: str | None) -> None:
