@@ -39,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.errors import UserError
     from dabench_ir.fileio import check_output_dir, plan_outputs
     from dabench_ir.progress import Progress
+    from dabench_ir.validate.catalog import input_files
 
-    inputs = list(args.catalog or [])
-    plan_outputs(inputs, [(v, f) for f, v in (("--json", args.json), ("--csv", args.csv)) if v is not None])
+    points = validate.load_catalog(args.catalog)  # read and checked, not run: the inputs are known before any work
+    outputs = [(v, f) for f, v in (("--json", args.json), ("--csv", args.csv)) if v is not None]
+    plan_outputs([*(args.catalog or []), *input_files(points)], outputs)  # kernel tables and target files too
     if args.plots is not None:
         check_output_dir(args.plots, "--plots")
-    points = validate.load_catalog(args.catalog)
     progress = Progress(quiet=args.quiet)
     try:
         result = validate.run_validation(

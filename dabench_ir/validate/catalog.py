@@ -27,6 +27,7 @@ __all__ = [
     "RUN_OPTIONS",
     "Point",
     "bundled_catalogs",
+    "input_files",
     "load_catalog",
     "parse_catalog",
     "run_option",
@@ -271,6 +272,23 @@ def load_catalog(paths: str | Path | Iterable[str | Path] | None = None) -> list
     return points
 
 
+def input_files(points: Iterable[Point]) -> list[Path]:
+    """Every file the points read: their catalogue files, the kernel tables they name and the
+    target files they run on; inputs of ``validate`` that no output of it may overwrite
+    (`dabench_ir.fileio.plan_outputs`)."""
+    from dabench_ir.targets import is_target_path
+
+    files: dict[str, Path] = {}
+    for p in points:
+        files.setdefault(p.file, Path(p.file))
+        for key in _MEASURED_FILES & set(p.measured):
+            table = Path(p.file).parent / str(p.measured[key])
+            files.setdefault(str(table), table)
+        if is_target_path(p.target):
+            files.setdefault(p.target, Path(p.target))
+    return list(files.values())
+
+
 def parse_catalog(text: str, name: str = "<catalog>") -> list[Point]:
     """Points from catalogue TOML text; ``name`` is used in error messages."""
     try:
@@ -332,10 +350,12 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
             if not isinstance(value, str):
                 raise bad(f"measured.{key}", f"expected a file name, got {value!r}")
             table = _inside_catalog(name, value, f"measured.{key}", bad)
-            if table.is_file():  # a missing one is reported as "not found" on its row
+            if table.exists():  # a missing one is reported as "not found" on its row
+                from dabench_ir.fileio import check_input_file
                 from dabench_ir.validate.kernels import check_kernel_table
 
                 try:
+                    check_input_file(table)  # a folder or FIFO says what it is, not "not found"
                     check_kernel_table(table)
                 except UserError as exc:
                     raise bad(f"measured.{key}", str(exc)) from None
@@ -484,6 +504,14 @@ def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError])
         raise bad("run.zero", f"expected a ZeRO stage 0, 1, 2 or 3, got {value!r}")
     if key in ("fused_attention", "half_partials", "replicated_tensor_sharding") and not isinstance(value, bool):
         raise bad(f"run.{key}", f"expected true or false, got {value!r}")
+    from dabench_ir.options import KNOBS
+
+    opt = run_option(key)
+    if opt.field in KNOBS:  # the value the knob takes, as its flag would be checked (nan, 0, 9.82 refused here)
+        try:
+            KNOBS[opt.field].validate(value)
+        except ValueError as exc:
+            raise bad(f"run.{key}", f"{value!r}: {exc}") from None
 
 
 def _check_gemm(kind: str, gemm: Mapping[str, Any], measured: Mapping[str, Any], bad: Callable) -> None:

@@ -1,6 +1,10 @@
 """A compile report's kernel table (CSV) read per kernel class, and its load imbalance.
 
 Kept apart from the catalogue schema: these read measurement files, not the catalogue's TOML.
+The table's schema is `_kernel_rows`, its one reader: the `REQUIRED_COLUMNS`, ``active_pes`` a
+positive count of PEs, ``compute_utilization_pct`` a percentage in [0, 100], ``samples_per_s``
+a positive rate (blank where not stated); any other value is one UserError line naming the
+file, the line, the column and the allowed range.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dabench_ir.errors import UserError
-from dabench_ir.report.table import parse_percent
+from dabench_ir.schema import COUNT, POSITIVE, Range, check
 
 __all__ = ["REQUIRED_COLUMNS", "check_kernel_table", "kernel_classes", "kernel_load_imbalance"]
 
@@ -83,17 +87,30 @@ def _kernel_rows(csv_path: str | Path, where: str = "") -> Iterator[tuple[str, f
                 )
             for line, row in enumerate(reader, start=2):
                 name = (row["kernel"] or "").rstrip("0123456789") or row["kernel"]
-                try:
-                    pes = float(row["active_pes"])
-                except (TypeError, ValueError):
-                    raise UserError(f"{label}: line {line}: active_pes {row['active_pes']!r} is not a number") from None
-                yield name, pes, parse_percent(row.get("compute_utilization_pct")), _float(row.get("samples_per_s"))
+                where = f"{label}: line {line}: column"
+                pes = _cell(row, "active_pes", COUNT, where, required=True)
+                util = _cell(row, "compute_utilization_pct", _PERCENT, where)
+                rate = _cell(row, "samples_per_s", POSITIVE, where)
+                yield name, pes, None if util is None else util / 100, rate  # type: ignore[misc]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{label}: cannot read it as a CSV table ({exc})") from None
 
 
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text not in (None, "", "-", "–") else None
-    except ValueError:
+_PERCENT = Range("a percentage in [0, 100]", low=0.0, high=100.0)
+"""``compute_utilization_pct``: a share of the kernel's PEs' time, written as a percentage (a compile
+report rounds a tiny one to 0 %)."""
+_BLANK = ("", "-", "--", "–")
+"""How a kernel table writes a figure it does not state (the I/O region has no rate)."""
+
+
+def _cell(row: dict[str, str | None], column: str, rule: Range, where: str, *, required: bool = False) -> float | None:
+    """The number in ``column`` of a kernel table's ``row`` (a trailing ``%`` allowed), in ``rule``'s
+    range; None when blank and not ``required``, else one UserError line naming the column."""
+    text = (row.get(column) or "").strip()
+    if text in _BLANK and not required:
         return None
+    try:
+        value = float(text.rstrip("%").strip())
+    except ValueError:
+        value = text  # type: ignore[assignment]  # refused below, shown as written
+    return check(value, rule, f"{where} {column}")
