@@ -206,8 +206,8 @@ def _dims(value: Any) -> dict[str, int]:
     dims: dict[str, int] = {}
     for name, number in items:
         name = str(name).strip()
-        if not name or isinstance(number, bool) or not str(number).strip().isdigit() or int(number) <= 0:
-            raise ValueError(f"expected NAME=VALUE with a positive integer, e.g. --dim batch=1 (got {name}={number})")
+        if not name or isinstance(number, bool) or not str(number).strip().isdigit():
+            raise ValueError(f"expected NAME=VALUE with a whole number, e.g. --dim batch=1 (got {name}={number})")
         if dims.get(name, int(number)) != int(number):
             raise ValueError(f"{name} given twice ({dims[name]} and {int(number)}); give it once")
         dims[name] = int(number)
@@ -297,7 +297,7 @@ class ProfileOptions:
 
     dims: Mapping[str, int] = knob(
         default_factory=dict,
-        help="bind a symbolic dim, NAME=VALUE (repeatable)",
+        help="bind a symbolic dim, NAME=VALUE (repeatable; 0 only for a KV cache's length: an empty cache)",
         parse=_dims,
         cli="dim",
         metavar="NAME=VALUE",
@@ -322,8 +322,8 @@ class ProfileOptions:
         help="tokens already in the KV cache of a decode-step model: binds its cache inputs' symbolic "
         "length (past_sequence_length, a dynamo export's sNN, this tool's context: "
         "dabench_ir.frontends.onnx.past_symbols); a dim made of bound parts (past_sequence_length + "
-        "sequence_length) follows",
-        parse=_positive,
+        "sequence_length) follows; 0: the cache empty (a prefill through a cache model)",
+        parse=_non_negative,
         commands=frozenset({PROFILE, SCALE, STUDY}),
     )
     precision: str | None = knob(

@@ -402,6 +402,12 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
             if dims.get(name, value) != value:
                 raise UserError(f"{flag} {value} and --dim {name}={dims[name]} disagree; give one of them")
             dims[name] = value
+    empty = sorted(n for n, v in dims.items() if v == 0 and n not in past_symbols(graph))
+    if empty:
+        raise UserError(
+            f"--dim {empty[0]}=0: only a KV cache's length may be 0 (an empty cache: --past 0); "
+            "every other dim needs at least 1"
+        )
     bound = {**graph.bindings, **dims}
     for name, value in combined_dims(graph, bound).items():
         if bound.get(name, value) != value:
@@ -410,6 +416,8 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
     unbound = [s for s in unbound_inputs(graph, bound) if dim_parts(s) is None]  # a sum of symbols follows
     if unbound:
         flag = {**dict.fromkeys(past_symbols(graph), "--past N"), **dict.fromkeys(seq_symbols(graph), "--seq N")}
+        if isinstance(graph.batch_dim, str):
+            flag[graph.batch_dim] = "--batch N"
         flags = " ".join(dict.fromkeys(flag.get(s, f"--dim {s}=N") for s in unbound))
         raise UserError(
             f"unbound symbolic dims of the model's inputs: {', '.join(unbound)}; bind them with {flags} "

@@ -23,8 +23,13 @@ for every length: `bind_dims` binds batch, prompt and context before costing.
 
 MODEL is a preset name (``llama-7b``), a file written by ``dabench-ir export`` (its
 ``dabench.params`` give the shape; both phases are exported from it, weight-free, which
-needs torch), or ``PREFILL.onnx,DECODE.onnx``: a prefill and a decode export made with
-``--dynamic`` (no torch needed).
+needs torch), ``PREFILL.onnx,DECODE.onnx``: a prefill and a decode export made with
+``--dynamic`` (no torch needed), or any decoder ONNX file with a symbolic sequence length
+(a Hugging Face export, with or without its cache): the file is both phases, bound through the
+run's own ``--seq`` and ``--past`` (`DECODE_GRAPHS`). A file with KV-cache inputs is its own
+decode step (one new token over ``--past`` cached ones; its prefill: the prompt over an empty
+cache); one without has no cache to read, so each decode step runs the whole sequence again,
+as generating with that file would. The result says which (``decode_graph``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
 __all__ = [
+    "DECODE_GRAPHS",
     "DEFAULT_SAMPLES",
     "SCHEMA",
     "GenerateResult",
@@ -71,6 +77,13 @@ DEFAULT_SAMPLES = 4
 """Context lengths the decode graph is placed at (the first and last step included)."""
 
 Progress = Callable[[str], None]
+
+DECODE_GRAPHS = {
+    "export": "the tool's decode export: one new token over the cached context",
+    "kv-cache": "the file's own KV-cache inputs: one new token over the cached context (--past)",
+    "recompute": "the file has no KV-cache input: each step runs the whole sequence again (context + 1 tokens)",
+}
+"""How the scenario's decode steps are made (`GenerateResult.decode_graph`), by the model it was given."""
 
 
 def _quiet(_: str) -> None:
@@ -126,6 +139,7 @@ class GenerateResult:
     interpolated: bool
     chips: int = 1
     strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
+    decode_graph: str = "export"  # a DECODE_GRAPHS key
 
     @property
     def ttft_s(self) -> float:
@@ -183,6 +197,8 @@ class GenerateResult:
             "decode_tokens_per_s_per_user": self.decode_tokens_per_s_per_user,
             "decode_tokens_per_s_total": None if tpot is None else self.batch / tpot,
             "tpot_interpolation": "linear in context between the sampled steps" if self.interpolated else "exact",
+            "decode_graph": self.decode_graph,
+            "decode_graph_rule": DECODE_GRAPHS[self.decode_graph],
             "fits": self.fits,
             "prefill": self.prefill.to_dict(nodes=True),
             "decode": [d.to_dict(nodes=i == len(self.decode) - 1) for i, d in enumerate(self.decode)],
@@ -276,6 +292,54 @@ def _export_pair(cfg: ModelConfig, prompt: int, gen: int, say: Progress) -> tupl
     return prefill, decode
 
 
+@dataclass(frozen=True)
+class _OwnFile:
+    """A user's decoder file (no ``dabench.params``) as both phases of the scenario, each step bound
+    through the run's ``--seq`` and ``--past`` (`dabench_ir.run.resolve` owns the binding)."""
+
+    proto: onnx.ModelProto
+    name: str
+    layers: int
+    cache: bool  # it has KV-cache inputs with a symbolic length
+
+    @property
+    def decode_graph(self) -> str:
+        return "kv-cache" if self.cache else "recompute"
+
+    def step(self, phase: str, length: int) -> dict[str, int | None]:
+        """The run's ``seq`` and ``past`` for the prefill of ``length`` prompt tokens, or the decode
+        step that reads ``length`` cached ones (`DECODE_GRAPHS`)."""
+        if phase == "prefill":
+            return {"seq": length, "past": 0 if self.cache else None}
+        return {"seq": 1, "past": length} if self.cache else {"seq": length + 1, "past": None}
+
+
+def _own_file(model: Any) -> _OwnFile | None:
+    """``model`` as a user's decoder file, or None for a preset, a config or a dabench-ir export."""
+    from dabench_ir.frontends.onnx import past_symbols, seq_symbols
+    from dabench_ir.pipeline import load_graph
+
+    path = Path(str(model))
+    if not isinstance(model, (str, Path)) or str(model) in _presets() or not path.is_file():
+        return None
+    proto = _load(path)
+    if _metadata(proto).get(MODEL_PARAMS):
+        return None
+    graph = load_graph(proto)
+    if not seq_symbols(graph):
+        raise UserError(
+            f"{path}: its sequence length is fixed as exported (symbols: {', '.join(sorted(graph.symbols)) or 'none'}); "
+            "--scenario generate binds the prompt and each step's length: export it with a dynamic sequence axis"
+        )
+    return _OwnFile(proto, path.name, len(graph.layers), bool(past_symbols(graph)))
+
+
+def _presets() -> Any:
+    from dabench_ir.models import PRESETS
+
+    return PRESETS
+
+
 def _given_pair(text: str) -> tuple[Any, Any]:
     paths = [Path(p.strip()) for p in text.split(",")]
     if len(paths) != 2:
@@ -342,17 +406,20 @@ def _place(graph: Any, run: ResolvedRun) -> Report:
     return execute(run, graph)
 
 
-def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions) -> PhaseRun:
-    """One phase's graph bound to ``dims`` (batch, seq or context), costed and placed: one run
-    (`dabench_ir.run`), one chip or, with ``opts.chips`` > 1 (``--strategy``, default tp:
-    Megatron-style heads and MLP columns split), many; the per-node report is then one chip's.
+def run_phase(
+    proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions, *, context: int | None = None
+) -> PhaseRun:
+    """One phase's graph bound to ``dims`` (batch, seq or context; a user's file: by ``opts``' seq and
+    past), costed and placed: one run (`dabench_ir.run`), one chip or, with ``opts.chips`` > 1
+    (``--strategy``, default tp: Megatron-style heads and MLP columns split), many; the per-node
+    report is then one chip's. ``context``: the cached tokens the step reads (default: ``dims``').
 
     A prefill on a target whose pipeline streams tokens through its stages runs at the
     pipeline's steady state (its latency is the period, not the sum of the stages).
     """
+    from dabench_ir.frontends.onnx import cache_inputs
     from dabench_ir.lowering import lowering_for
     from dabench_ir.models.export import bind_dims
-    from dabench_ir.passes.precision import kv_cache_values
     from dabench_ir.pipeline import load_graph
     from dabench_ir.run import resolve
 
@@ -365,15 +432,13 @@ def run_phase(proto: Any, dims: dict[str, int], phase: str, target: Target, opts
     report = _place(graph, run)
     graph, plan = report.graph, report.plan
     failure = report.failure["reason"] if report.failure else None
-    cache = kv_cache_values(graph)
-    cache_in = [n for n in cache if n in graph.inputs]
-    kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_in) if phase == "decode" else 0
+    kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_inputs(graph)) if phase == "decode" else 0
     declared = json.loads(graph.metadata.get(MODEL_WEIGHTS, "[]") or "[]")  # the model's parameters
     names = [n for n in declared if n in graph.values] or [v.name for v in graph.weights()]
     weights = sum(graph.type_of(n).nbytes() for n in names)
     return PhaseRun(
         phase=phase,
-        context=dims.get("context", 0),
+        context=dims.get("context", 0) if context is None else context,
         time_s=report.totals["time_s"],
         fits=bool(report.fits),
         failure=failure,
@@ -410,36 +475,56 @@ def generate(
             raise UserError(f"--scenario generate needs {name} N (a positive integer)")
     batch = opts.batch or 1
     tgt = resolve_target(target, opts.threads)
+    own = None
     if isinstance(model, tuple):
         prefill_proto, decode_proto = (_load(Path(m)) if not hasattr(m, "graph") else m for m in model)
     elif isinstance(model, str) and "," in model:
         prefill_proto, decode_proto = _given_pair(model)
+    elif (own := _own_file(model)) is not None:
+        prefill_proto = decode_proto = own.proto
     else:
         cfg = _model_config(model)
         prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
     params = json.loads(_metadata(decode_proto).get(MODEL_PARAMS, "{}"))
     run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
     chips = getattr(opts, "chips", 1)
+
+    def step(phase: str, length: int, proto: Any, phase_opts: ProfileOptions) -> PhaseRun:
+        """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones."""
+        if own is not None:
+            return run_phase(
+                proto,
+                {},
+                phase,
+                tgt,
+                dataclasses.replace(phase_opts, **own.step(phase, length)),
+                context=0 if phase == "prefill" else length,
+            )
+        dims = {"batch": batch, "seq" if phase == "prefill" else "context": length}
+        return run_phase(proto, dims, phase, tgt, phase_opts)
+
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
     prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
-    prefill = run_phase(prefill_proto, {"batch": batch, "seq": prompt}, "prefill", tgt, prefill_opts)
+    prefill = step("prefill", prompt, prefill_proto, prefill_opts)
     decode = []
     for context in sample_contexts(prompt, gen, samples):
         say(f"placing a decode step at context {context} on {tgt.name}")
-        decode.append(run_phase(decode_proto, {"batch": batch, "context": context}, "decode", tgt, run_opts))
+        decode.append(step("decode", context, decode_proto, run_opts))
     contexts = range(prompt, prompt + gen - 1)
     points = [(d.context, d.time_s) for d in decode]
     total = sum(_interp(points, c) for c in contexts) if decode else 0.0
     model_info = {
         k: params.get(k) for k in ("family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype")
     }
+    if own is not None:
+        model_info.update(file=own.name, layers=own.layers)
     return GenerateResult(
         model=model_info,
         target=tgt.name,
         prompt=prompt,
         gen=gen,
         batch=batch,
-        precision=opts.precision or str(params.get("dtype", "model")),
+        precision=prefill.report.config.get("precision") or opts.precision or str(params.get("dtype", "model")),
         kv_precision=opts.kv_precision or "as activations",
         prefill=prefill,
         decode=decode,
@@ -447,6 +532,7 @@ def generate(
         interpolated=len(decode) < len(contexts),
         chips=chips,
         strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
+        decode_graph=own.decode_graph if own is not None else "export",
     )
 
 
@@ -485,7 +571,7 @@ def _top_nodes(run: PhaseRun, top: int) -> list[str]:
 def render_generate(result: GenerateResult, *, top: int = 8) -> str:
     """The scenario as a terminal table: summary, decode steps sampled, top nodes of each phase."""
     m = result.model
-    name = m.get("preset") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
+    name = m.get("preset") or m.get("file") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
     rate = result.decode_tokens_per_s_per_user
     on = f"{result.chips} x {result.target} ({result.strategy})" if result.chips > 1 else result.target
@@ -514,6 +600,7 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
         )
     if result.interpolated:
         lines.append("  (decode steps between these context lengths: linear interpolation)")
+    lines.append(f"  decode steps: {DECODE_GRAPHS[result.decode_graph]}")
     if not result.prefill.fits:
         lines.append(f"  prefill does not fit: {result.prefill.failure}")
     if top:

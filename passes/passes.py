@@ -35,8 +35,8 @@ class BindSymbols(Pass):
             have = ", ".join(sorted(graph.symbols)) or "none"
             raise UserError(f"--dim {unknown[0]}: the model has no symbolic dim {unknown[0]!r} (its symbols: {have})")
         for sym, value in self.dims.items():
-            if value <= 0:
-                raise UserError(f"--dim {sym}={value}: dims must be positive integers")
+            if value < 0:  # 0: an empty KV cache, or a dim derived from one (`dabench_ir.run.resolve`)
+                raise UserError(f"--dim {sym}={value}: dims must be whole numbers")
         graph.bindings.update(self.dims)
         return PassResult(graph, bool(self.dims))
 

@@ -130,10 +130,15 @@ def test_unknown_target(capsys, tiny_matmul_path):
     assert_one_line_error(code, err, "tpu9000")
 
 
-@pytest.mark.parametrize("bad", ["batch", "batch=", "=4", "batch=x", "batch=0", "batch=-1"])
+@pytest.mark.parametrize("bad", ["batch", "batch=", "=4", "batch=x", "batch=-1"])
 def test_malformed_dim(capsys, tiny_matmul_path, bad):
     code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--dim", bad)
     assert_one_line_error(code, err, "--dim", "NAME=VALUE")
+
+
+def test_a_dim_of_zero_is_only_an_empty_kv_cache(capsys, tiny_matmul_path):
+    code, _, err = run_cli(capsys, "profile", str(tiny_matmul_path), "--dim", "batch=0")
+    assert_one_line_error(code, err, "--dim batch=0", "only a KV cache's length may be 0")
 
 
 def test_unbound_symbol_lists_every_symbol_and_the_flag(capsys, tmp_path):

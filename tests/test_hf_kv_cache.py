@@ -54,20 +54,22 @@ def exports(tmp_path_factory):
         PARAMS[name] = model.num_parameters()  # the tied embedding and LM head once
         main_export(str(root / name), output=root / f"{name}-past", task="text-generation-with-past")
         out[name] = root / f"{name}-past" / "model.onnx"
+    main_export(str(root / "llama"), output=root / "llama-plain", task="text-generation")  # no cache
+    out["llama-plain"] = root / "llama-plain" / "model.onnx"
     return out
 
 
-def _decode_contraction_flops(family: str) -> int:
-    """One decode step (SEQ new tokens over PAST cached ones): 2 FLOPs per weight of every matmul the
-    token passes, plus the scores and the weighted values over all PAST + SEQ positions."""
+def _decode_contraction_flops(family: str, *, past: int = PAST, seq: int = SEQ) -> int:
+    """One step (``seq`` new tokens over ``past`` cached ones): 2 FLOPs per weight of every matmul a
+    token passes, plus the scores and the weighted values over all past + seq positions."""
     head = HIDDEN // HEADS
     kv = KV_HEADS * head if family == "llama" else HIDDEN
     per_layer = HIDDEN * HIDDEN * 2 + 2 * HIDDEN * kv  # q, o and k, v projections
     per_layer += 3 * HIDDEN * FFN if family == "llama" else 2 * HIDDEN * 4 * HIDDEN  # SwiGLU or GELU MLP
     weights = LAYERS * per_layer + HIDDEN * VOCAB  # the LM head
-    attention = LAYERS * 2 * (2 * SEQ * (PAST + SEQ) * HIDDEN)  # scores and values, every head
-    rotary = 2 * (head // 2) * SEQ if family == "llama" else 0  # HF's rotary angles: inv_freq @ position_ids
-    return SEQ * 2 * weights + attention + rotary
+    attention = LAYERS * 2 * (2 * seq * (past + seq) * HIDDEN)  # scores and values, every head
+    rotary = 2 * (head // 2) * seq if family == "llama" else 0  # HF's rotary angles: inv_freq @ position_ids
+    return seq * 2 * weights + attention + rotary
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -112,3 +114,71 @@ def test_a_kv_cache_export_profiles_through_linalg_too(exports, family, tmp_path
     argv = ["profile", str(exports[family]), "-t", "rdu", "--via", "mlir", "--batch", "1", "--seq", str(SEQ)]
     assert main([*argv, "--past", str(PAST), "-q", "--json", str(out)]) == 0, capsys.readouterr().err
     assert json.loads(out.read_text())["totals"]["contraction_flops"] == _decode_contraction_flops(family)
+
+
+def _report(argv: list[str], tmp_path, capsys) -> dict:
+    out = tmp_path / "r.json"
+    assert main([*argv, "-q", "--json", str(out)]) == 0, capsys.readouterr().err
+    return json.loads(out.read_text())
+
+
+def test_past_0_is_a_prefill_through_the_cache_model(exports, tmp_path, capsys):
+    """``--past 0``: the cache empty, the prompt alone; the same contraction FLOPs as the export without
+    a cache at that length (and the closed form). Any other dim of 0 is refused in one line."""
+    seq = ["--batch", "1", "--seq", "8"]
+    cached = _report(["profile", str(exports["llama"]), "-t", "h100", *seq, "--past", "0"], tmp_path, capsys)
+    plain = _report(["profile", str(exports["llama-plain"]), "-t", "h100", *seq], tmp_path, capsys)
+    flops = _decode_contraction_flops("llama", past=0, seq=8)
+    assert cached["totals"]["contraction_flops"] == plain["totals"]["contraction_flops"] == flops
+    argv = ["profile", str(exports["llama"]), "-t", "h100", "--past", "3", "-q"]
+    assert main([*argv, "--batch", "1", "--dim", "sequence_length=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--dim sequence_length=0: only a KV cache's length may be 0" in err
+    assert main([*argv, "--seq", "1"]) == 2  # the batch unbound: the flag that binds it is named
+    assert "bind them with --batch N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("family", "graph"), [("llama", "kv-cache"), ("gpt2", "kv-cache"), ("llama-plain", "recompute")]
+)
+@pytest.mark.parametrize("target", ["sn30", "h100"])
+def test_generate_on_a_users_decoder_file(exports, family, graph, target, tmp_path, capsys):
+    """``--scenario generate`` on a Hugging Face export: a file with a KV cache is its own decode step
+    (one token over the context, as ``--seq 1 --past C`` profiles it; its prefill ``--past 0``); one
+    without runs the whole sequence again each step (``--seq C+1``). The result says which."""
+    path, prompt, gen = str(exports[family]), 12, 6
+    argv = ["profile", path, "-t", target, "--scenario", "generate", "--prompt", str(prompt), "--gen", str(gen)]
+    result = _report([*argv, "--batch", "2"], tmp_path, capsys)
+    assert result["decode_graph"] == graph and result["model"]["layers"] == LAYERS
+    cached = graph == "kv-cache"
+    prefill = ["--seq", str(prompt), *(["--past", "0"] if cached else [])]
+    alone = _report(["profile", path, "-t", target, "--batch", "2", *prefill], tmp_path, capsys)
+    assert result["ttft_s"] == alone["totals"]["time_s"]
+    last = result["decode"][-1]
+    assert last["context"] == prompt + gen - 2
+    step = ["--seq", "1", "--past", str(last["context"])] if cached else ["--seq", str(last["context"] + 1)]
+    alone = _report(["profile", path, "-t", target, "--batch", "2", *step], tmp_path, capsys)
+    assert last["time_s"] == alone["totals"]["time_s"]
+    assert last["report"]["totals"]["contraction_flops"] == alone["totals"]["contraction_flops"]
+    if family == "llama":  # 2 layers x K and V x batch 2 x 2 KV heads x 16 x context, at the run's precision
+        size = {"fp32": 4, "bf16": 2, "fp16": 2}[result["precision"]]
+        assert result["precision"] == alone["config"]["precision"]
+        assert last["kv_cache_bytes"] == LAYERS * 2 * 2 * KV_HEADS * (HIDDEN // HEADS) * last["context"] * size
+    main([*argv, "--top", "0"])
+    assert (
+        "decode steps: " + ("the file's own KV-cache" if cached else "the file has no KV-cache")
+        in capsys.readouterr().out
+    )
+
+
+def test_generate_refuses_a_file_with_a_fixed_sequence(exports, tmp_path, capsys):
+    import onnx
+
+    from dabench_ir.models.export import bind_dims
+
+    static = tmp_path / "static.onnx"
+    proto = onnx.load(str(exports["llama-plain"]), load_external_data=False)
+    onnx.save(bind_dims(proto, {"batch_size": 1, "sequence_length": 8}), str(static))
+    assert main(["profile", str(static), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "its sequence length is fixed as exported" in err

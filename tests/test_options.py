@@ -71,7 +71,7 @@ def test_flags_and_choices():
         ("replicas", "many", "--replicas 'many': expected a positive integer"),
         ("warmup", -1, "--warmup -1: expected a non-negative integer"),
         ("recompute", "maybe", "--recompute 'maybe': expected one of none, selective, full"),
-        ("dims", {"seq": 0}, "--dim"),
+        ("dims", {"seq": -1}, "--dim"),
     ],
 )
 def test_a_bad_value_names_the_flag(field, value, message):

@@ -116,8 +116,8 @@ def test_bind_symbols_binds_and_refuses_unknown_names():
     assert BindSymbols({})(graph).modified is False
     with pytest.raises(UserError, match=r"^--dim seq: the model has no symbolic dim 'seq' \(its symbols: batch\)$"):
         BindSymbols({"seq": 8})(graph)
-    with pytest.raises(UserError, match=r"--dim batch=0: dims must be positive"):
-        BindSymbols({"batch": 0})(graph)
+    with pytest.raises(UserError, match=r"--dim batch=-1: dims must be whole numbers"):
+        BindSymbols({"batch": -1})(graph)
 
 
 # -- layer tagging -------------------------------------------------------------------------------

@@ -39,11 +39,14 @@ __all__ = [
     "SEQ_SYMBOLS",
     "SHAPE_MODEL",
     "WEIGHTS_METADATA_KEY",
+    "cache_inputs",
+    "combined_dims",
     "derived_dims",
     "dim_parts",
     "fold_shapes",
     "load_onnx",
     "onnx_node_names",
+    "past_symbols",
     "read_model",
     "seq_symbols",
     "unbound_inputs",
@@ -352,19 +355,28 @@ def seq_symbols(graph: Graph) -> list[str]:
 _CACHE_INPUT = re.compile(r"past|cache|present", re.IGNORECASE)
 
 
-def past_symbols(graph: Graph) -> list[str]:
-    """The symbols of the KV-cache inputs' length: in each rank-4 cache input (the exporter's
-    ``dabench.kv_cache`` list, else an input named like ``past_key_values.0.key``) its symbolic dims
-    but the first (the batch): [batch, heads, past, head_dim], or this tool's [batch, heads, dim, context]."""
+def cache_inputs(graph: Graph) -> list[str]:
+    """The KV-cache inputs of a decode-step model: rank-4 inputs the exporter lists in
+    ``dabench.kv_cache``, else named like one (``past_key_values.0.key``, ``cache``, ``present``)."""
     from dabench_ir.passes.precision import kv_cache_values
 
     listed = set(kv_cache_values(graph))
+    return [
+        name
+        for name in graph.inputs
+        if (shape := graph.values[name].type.shape) is not None
+        and len(shape) == 4
+        and (name in listed or _CACHE_INPUT.search(name))
+    ]
+
+
+def past_symbols(graph: Graph) -> list[str]:
+    """The symbols of the KV-cache inputs' length: in each cache input (`cache_inputs`) its symbolic
+    dims but the first (the batch): [batch, heads, past, head_dim], or this tool's [batch, heads, dim,
+    context]."""
     found: set[str] = set()
-    for name in graph.inputs:
-        shape = graph.values[name].type.shape
-        if shape is None or len(shape) != 4 or not (name in listed or _CACHE_INPUT.search(name)):
-            continue
-        found.update(d for d in shape[1:] if isinstance(d, str))
+    for name in cache_inputs(graph):
+        found.update(d for d in graph.values[name].type.shape[1:] if isinstance(d, str))
     return sorted(found)
 
 
