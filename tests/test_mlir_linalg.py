@@ -119,10 +119,30 @@ def test_graph_edges_and_origin_nodes():
 
 
 def test_op_without_location_is_unattributed():
-    graph = _costed_load_mlir(MATMUL.replace(' loc("mm")', ""))
+    """In a module whose other ops name their nodes, an op without a location is listed apart."""
+    graph = _costed_load_mlir(MATMUL.replace(' loc("mm")', "", 1))  # the fill loses its location
     node = graph.node(UNATTRIBUTED_NODE)
     assert UNATTRIBUTED in node.meta and "no origin" in node.meta[UNATTRIBUTED]
-    assert node.meta[COST].contraction_flops == 48
+    assert graph.node("mm").meta[COST].contraction_flops == 48
+
+
+def test_module_without_locations_costs_each_op():
+    """A hand-written module without any location: each op is a node of its own, its work costed
+    (issue 46: it was 0 FLOP, 0 ns and "fits" whatever the operands)."""
+    costs = _costs(MATMUL.replace(' loc("mm")', ""))
+    assert set(costs) == {"linalg.fill", "linalg.matmul"}
+    assert costs["linalg.matmul"] == Cost(contraction_flops=48, act_bytes_in=24 + 48 + 32, act_bytes_out=32)
+
+
+def test_work_on_no_node_is_refused_not_zero():
+    """Every op's origin names no node of the graph (a pass dropped or renamed them): refused, never 0 FLOP."""
+    from dabench_ir.mlir import LinalgCostPass
+
+    graph = load_mlir(MATMUL)
+    graph.nodes[:] = []  # the node the locations name is gone
+    graph.invalidate()
+    with pytest.raises(UserError, match=r"none of the module's work can be costed on the graph: 2 op\(s\), 48 FLOPs"):
+        LinalgCostPass()(graph)
 
 
 def test_parse_error_is_one_line_user_error():

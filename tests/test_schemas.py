@@ -332,3 +332,61 @@ def test_catalogue_input_files(tmp_path):
     cat = _catalogue(tmp_path, target="t.toml", measured='samples_per_s = 1.0, kernels_csv = "k.csv"')
     files = {p.resolve() for p in input_files(load_catalog(cat))}
     assert files == {cat.resolve(), (tmp_path / "k.csv").resolve(), (tmp_path / "t.toml").resolve()}
+
+
+# -- .mlir headers ----------------------------------------------------------------------------------
+MLIR = """{header}
+func.func @main(%a: tensor<2x3xf32>, %b: tensor<3x4xf32>) -> tensor<2x4xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<2x4xf32>
+  %c = linalg.fill ins(%zero : f32) outs(%init : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
+  %0 = linalg.matmul ins(%a, %b : tensor<2x3xf32>, tensor<3x4xf32>)
+                     outs(%c : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
+  return %0 : tensor<2x4xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("header", "needle"),
+    [
+        ("// dabench.params: {bad", "header // dabench.params: expected a JSON object of the model's parameters"),
+        ("// dabench.params: [1, 2]", "header // dabench.params: expected a JSON object"),
+        ('// dabench.params: {"layers": -2}', "header // dabench.params: layers must be a positive integer, got -2"),
+        ('// dabench.params: {"layers": 2.5}', "layers must be a positive integer, got 2.5"),
+        ("// dabench.weights: 5", "header // dabench.weights: expected a JSON list of weight names, got '5'"),
+        ("// dabench.weights: [1]", "header // dabench.weights: expected a JSON list of weight names (non-empty"),
+        ('// dabench.weights: ["a", "b", "c"]', "names 3 weights, but the entry function has 2 argument(s)"),
+    ],
+)
+def test_mlir_header_fields(tmp_path, header, needle):
+    pytest.importorskip("torch_mlir")
+    from dabench_ir.errors import InputError
+    from dabench_ir.mlir import load_mlir
+
+    path = tmp_path / "m.mlir"
+    path.write_text(MLIR.format(header=header))
+    with pytest.raises(InputError) as err:
+        load_mlir(path)
+    assert str(err.value).startswith(f"{path}: header //") and needle in str(err.value), str(err.value)
+
+
+def test_mlir_header_weights_mark_the_last_arguments(tmp_path):
+    pytest.importorskip("torch_mlir")
+    from dabench_ir.ir import ValueKind
+    from dabench_ir.mlir import load_mlir
+
+    path = tmp_path / "m.mlir"
+    path.write_text(MLIR.format(header='// dabench.params: {"layers": 1}\n// dabench.weights: ["w"]'))
+    graph = load_mlir(path)
+    assert graph.values["arg1"].kind == ValueKind.WEIGHT and graph.values["arg0"].kind == ValueKind.INPUT
+
+
+def test_mlir_without_locations_is_costed_not_zero(capsys, tmp_path):
+    """Issue 46: a hand-written linalg matmul without locations profiled at 0 FLOP, 0 ns, "fits"."""
+    pytest.importorskip("torch_mlir")
+    path = tmp_path / "m.mlir"
+    path.write_text(MLIR.format(header="").replace(' loc("mm")', ""))
+    code, out, err = run_cli(capsys, "profile", path, "--target", "rdu")
+    assert code == 0, err
+    assert "48 FLOP (48 FLOP contraction" in out and "Unattributed nodes: 0" in out

@@ -52,6 +52,7 @@ __all__ = [
     "assign_costs",
     "count_module",
     "generic_op_views",
+    "node_keys",
     "ops_in",
     "origin_keys",
     "origin_of",
@@ -669,8 +670,51 @@ class LinalgCostPass(Pass):
         counts = graph.meta.get(LINALG_COUNTS)
         if counts is None:
             counts = graph.meta[LINALG_COUNTS] = count_module(artifact.module, weight_args=artifact.weight_args)
-        assign_costs(graph, counts, origin_keys(counts))
+        keys = node_keys(counts)
+        assign_costs(graph, counts, keys)
+        _check_costed(graph, counts, keys, artifact.source)
         return PassResult(graph, True)
+
+
+def node_keys(counts: list[OpCount]) -> list[str | None]:
+    """The node each op's cost goes to: its origin (`origin_keys`); in a module where no op carries
+    an origin (a hand-written ``.mlir`` file without locations) each counted op is a node of its
+    own, named by its op (``linalg.matmul``, then ``linalg.matmul#1``), so its work is costed rather
+    than left unattributed. The `.mlir` loader builds the nodes by these keys, the cost pass
+    assigns by them."""
+    keys = origin_keys(counts)
+    if any(k is not None for k in keys):
+        return keys
+    seen: dict[str, int] = {}
+    out: list[str | None] = []
+    for c in counts:
+        k = seen[c.op_name] = seen.get(c.op_name, -1) + 1
+        out.append(c.op_name if k == 0 else f"{c.op_name}#{k}")
+    return out
+
+
+def _check_costed(graph: Graph, counts: list[OpCount], keys: Sequence[str | None], source: str) -> None:
+    """A UserError when the module's counted work (FLOPs and bytes) is all on ops that map to no node
+    of the graph: the run would report 0 FLOP in 0 ns and "fits" whatever the work (a pass that
+    drops locations, ``strip-debuginfo``, leaves nothing to attribute). Never a silent zero."""
+    work = lambda c: c.cost.flops + c.cost.bytes  # noqa: E731
+    placed = sum(
+        work(c) for c, k in zip(counts, keys, strict=True) if c.op_class != "uncounted" and k and graph.has_node(k)
+    )
+    stray = [c for c, k in zip(counts, keys, strict=True) if work(c) and not (k and graph.has_node(k))]
+    if placed or not stray:
+        return
+    flops = sum(c.cost.flops for c in stray)
+    missing = sum(1 for c in stray if c.origin.name is None)
+    why = (
+        f"{missing} of them carry no location naming a node (a pass that strips locations leaves nothing to attribute)"
+        if missing
+        else "their locations name no node of the graph"
+    )
+    raise UserError(
+        f"{source}: none of the module's work can be costed on the graph: {len(stray)} op(s), {flops:,} FLOPs, "
+        f"map to no node; {why}"
+    )
 
 
 def assign_costs(graph: Graph, counts: list[OpCount], keys: Sequence[str | None]) -> None:

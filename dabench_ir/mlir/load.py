@@ -43,8 +43,8 @@ from dabench_ir.mlir.count import (
     OpCount,
     count_module,
     generic_op_views,
+    node_keys,
     ops_in,
-    origin_keys,
     tensor_type_of,
 )
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PARAMS, MODEL_WEIGHTS
@@ -344,11 +344,11 @@ def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     module = parse_mlir(text, context=ctx, where=where)
     level = lower_to_linalg(module, where=where)
     func = entry_func(module)
-    header = _header(text)
     args = list(func.regions[0].blocks[0].arguments)
-    weight_names = _weight_names(header)
+    header = _header(text)
+    weight_names = _check_header(header, len(args), where)
     # The exporter passes (x, *weights): the last len(weights) arguments are the weights.
-    first_weight = len(args) - len(weight_names) if 0 < len(weight_names) <= len(args) else len(args)
+    first_weight = len(args) - len(weight_names)
     values: dict[str, Value] = {}
     inputs: list[str] = []
     for arg in args:
@@ -387,12 +387,36 @@ def _header(text: str) -> dict[str, str]:
     return out
 
 
-def _weight_names(header: Mapping[str, str]) -> list[str]:
-    try:
-        names = json.loads(header.get(MODEL_WEIGHTS, "[]"))
-    except json.JSONDecodeError:
-        return []
-    return [str(n) for n in names] if isinstance(names, list) else []
+def _check_header(header: Mapping[str, str], arguments: int, where: str) -> list[str]:
+    """The header's schema (what `models.mlir_export` writes): ``dabench.params`` a JSON object whose
+    ``layers``, when given, is a positive integer; ``dabench.weights`` a JSON list of names, no
+    more than the entry function has arguments (the last ones are the weights). A malformed one
+    is refused in one line (InputError), not ignored: it decides which arguments are weights and
+    which layer each op is in. Returns the weight names."""
+    from dabench_ir.schema import COUNT, violates
+
+    def bad(key: str, why: str) -> InputError:
+        return InputError(f"{where}: header // {key}: {why}")
+
+    def parsed(key: str, default: str, shape: type, what: str) -> Any:
+        text = header.get(key, default)
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            value = None
+        if not isinstance(value, shape):
+            raise bad(key, f"expected {what}, got {text[:60]!r}")
+        return value
+
+    params = parsed(MODEL_PARAMS, "{}", dict, "a JSON object of the model's parameters")
+    if params.get("layers") is not None and violates(params["layers"], COUNT):
+        raise bad(MODEL_PARAMS, f"layers {violates(params['layers'], COUNT)}")
+    names = parsed(MODEL_WEIGHTS, "[]", list, "a JSON list of weight names")
+    if not all(isinstance(n, str) and n for n in names):
+        raise bad(MODEL_WEIGHTS, "expected a JSON list of weight names (non-empty strings)")
+    if len(names) > arguments:
+        raise bad(MODEL_WEIGHTS, f"names {len(names)} weights, but the entry function has {arguments} argument(s)")
+    return names
 
 
 def _read_text(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
@@ -556,10 +580,10 @@ def _dominant(ops: list[OpCount]) -> str:
 
 
 def _build_nodes(graph: Graph, counts: list[OpCount], artifact: MlirArtifact) -> None:
-    """One node per origin of the counted ops (named by `origin_keys`, as the linalg cost
+    """One node per origin of the counted ops (named by `node_keys`, as the linalg cost
     pass will look them up), wired by the SSA values that cross between them."""
     by_origin: dict[str, list[OpCount]] = {}
-    for c, key in zip(counts, origin_keys(counts), strict=True):
+    for c, key in zip(counts, node_keys(counts), strict=True):
         if c.op_class != "uncounted" and key is not None:
             by_origin.setdefault(key, []).append(c)
     create_nodes(graph, by_origin, artifact)
