@@ -473,6 +473,9 @@ def generate(
     for name, value in (("--prompt", prompt), ("--gen", gen)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"--scenario generate needs {name} N (a positive integer)")
+    for name in ("seq", "past"):  # each step's own: the prompt, then the context (`_OwnFile.step`)
+        if getattr(opts, name, None) is not None:
+            raise UserError(f"--{name} is set per step by --prompt and --gen with --scenario generate; drop it")
     batch = opts.batch or 1
     tgt = resolve_target(target, opts.threads)
     own = None

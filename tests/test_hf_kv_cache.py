@@ -182,3 +182,12 @@ def test_generate_refuses_a_file_with_a_fixed_sequence(exports, tmp_path, capsys
     assert main(["profile", str(static), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "its sequence length is fixed as exported" in err
+
+
+@pytest.mark.parametrize("flag", ["--seq", "--past"])
+def test_generate_refuses_seq_and_past(exports, flag, capsys):
+    """Each step binds its own length: a --seq or --past beside --scenario generate is refused, not ignored."""
+    argv = ["profile", str(exports["llama"]), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "4"]
+    assert main([*argv, flag, "3", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag} is set per step by --prompt and --gen" in err
