@@ -333,6 +333,10 @@ def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, c
         if not os.access(p, os.W_OK | os.X_OK):
             raise UserError(f"{where}: folder is not writable; choose another folder")
         return p
+    if p.is_symlink():  # a dangling link: mkdir would say "File exists"
+        raise UserError(
+            f"{where}: a symlink to a missing folder ({_show(os.readlink(p))}); create that folder or give another name"
+        )
     ancestor = p.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent

@@ -390,3 +390,34 @@ def test_mlir_without_locations_is_costed_not_zero(capsys, tmp_path):
     code, out, err = run_cli(capsys, "profile", path, "--target", "rdu")
     assert code == 0, err
     assert "48 FLOP (48 FLOP contraction" in out and "Unattributed nodes: 0" in out
+
+
+# -- report JSON ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ('{"schema": "dabench-ir/report/v1"}', "report has no 'model' field (nor 'target', 'totals', 'nodes')"),
+        ('{"schema": "dabench-ir/report/v1", "model": {}, "target": null, "nodes": []}', "has no 'totals' field"),
+        ('{"schema": "dabench-ir/report/v1", "model": [], "target": null, "totals": {}, "nodes": []}', "'model'"),
+        ("[" * 5000, "not JSON"),
+        ('{"schema": "other"}', "not a dabench-ir report"),
+    ],
+)
+def test_report_from_json_is_an_api_error_naming_the_fault(tmp_path, content, needle):
+    import dabench_ir
+
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    with pytest.raises(dabench_ir.ApiError) as err:
+        dabench_ir.Report.from_json(path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# -- messages that said the wrong thing ----------------------------------------------------------------
+def test_dangling_output_folder_symlink_says_so(capsys, tmp_path):
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY + _finding(kind='"value"', reduce='"max"', where='{ target = "rdu" }'))
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "missing" / "folder")
+    code, _, err = run_cli(capsys, "reproduce", study, "-o", link)
+    one_line(code, err, "-o", "a symlink to a missing folder")  # was "cannot create it (File exists)"

@@ -280,20 +280,25 @@ class Report:
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
         """A report written by ``profile --json`` (or `write_json`), read back: its tables as written,
-        nodes as NodeRecords; no graph, timeline or plan (renderers that need them say so)."""
-        from dabench_ir.errors import UserError
+        nodes as NodeRecords; no graph, timeline or plan (renderers that need them say so). A file
+        that is no report (not JSON, another schema, a field missing or of the wrong type) is an
+        `ApiError` naming what is wrong: this is the Python API's reader."""
+        from dabench_ir.api import ApiError
         from dabench_ir.fileio import read_text_file
 
         where = str(path)
         try:
             data = json.loads(read_text_file(path))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise UserError(
-                f"{where}: not a dabench-ir report (schema {SCHEMA}); give a file written by profile --json"
-            )
-        check_report_dict(data, where)
+            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+                raise UserError(
+                    f"{where}: not a dabench-ir report (schema {SCHEMA}); give a file written by profile --json"
+                )
+            check_report_dict(data, where)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            what = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            raise ApiError(f"{where}: not JSON ({what})") from None
+        except UserError as exc:
+            raise ApiError(str(exc)) from None
         return cls(
             model=data.get("model") or {},
             target=data.get("target"),
@@ -454,6 +459,8 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+REQUIRED_FIELDS = ("model", "target", "totals", "nodes")
+"""The fields every report JSON has (`Report.to_dict` writes them all): one without them is no report."""
 _REPORT_TABLES = {
     "model": dict,
     "totals": dict,
@@ -505,13 +512,18 @@ def _is_number(value: Any) -> bool:
 
 
 def check_report_dict(data: dict[str, Any], where: str = "report") -> dict[str, Any]:
-    """Check a report read back from JSON (``compare``): every table has its type, every node is an
-    object whose numbers are numbers and whose texts are texts. A UserError names the first fault."""
+    """Check a report read back from JSON (``compare``, `Report.from_json`): the `REQUIRED_FIELDS`
+    are there, every table has its type, every node is an object whose numbers are numbers and whose
+    texts are texts. A UserError names the first fault. The one schema of the report JSON."""
     from dabench_ir.errors import UserError
 
     def bad(what: str) -> UserError:
         return UserError(f"{where}: {what}; give a report written by profile --json")
 
+    missing = [k for k in REQUIRED_FIELDS if k not in data]
+    if missing:
+        others = f" (nor {', '.join(map(repr, missing[1:]))})" if len(missing) > 1 else ""
+        raise bad(f"report has no {missing[0]!r} field{others}")
     for key, kind in _REPORT_TABLES.items():
         if key in data and not isinstance(data[key], kind):
             raise bad(f"field {key!r} is a {type(data[key]).__name__}, not the expected type")
