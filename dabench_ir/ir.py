@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODULE_KINDS",
+    "SCOPE_CACHE",
     "Cost",
     "DType",
     "Dim",
@@ -39,6 +40,11 @@ __all__ = [
     "walk_back",
 ]
 
+
+SCOPE_CACHE = 1 << 20
+"""Entries of each per-scope memo (`module_of`, `dabench_ir.report.roles`): a model has ~11 scopes a
+layer, so a bound of 16,384 thrashed past ~1,500 layers (a 3,000-layer model called `module_of`
+11x as often as a 1,000-layer one); a million holds a 90,000-layer model's scopes."""
 
 _FLOAT_SHORTS = frozenset({"fp32", "fp16", "fp64", "bf16", "fp8e4m3", "fp8e4m3fnuz", "fp8e5m2", "fp8e5m2fnuz"})
 """The floating-point dtypes (`DType.is_float`), by short name."""
@@ -319,7 +325,7 @@ class ScopeModule:
     rest: tuple[str, ...]
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=SCOPE_CACHE)
 def module_of(scope: str) -> ScopeModule:
     """The block and module of ``scope`` (`ScopeModule`): the block ends at the first numeric part
     after the first (``layers.3``, ``model.layers.3``, ``h.3``). Cached: a scope holds a few nodes."""

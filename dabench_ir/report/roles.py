@@ -19,7 +19,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from dabench_ir.ir import Graph, Node, ValueKind, module_kind
+from dabench_ir.ir import SCOPE_CACHE, Graph, Node, ValueKind, module_kind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Role, op_traits
 
@@ -33,7 +33,7 @@ _LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)
 _TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=SCOPE_CACHE)
 def general_scope(scope: str) -> str:
     """The scope with its layer index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``.
     Cached: the points of one model (and of its other layer counts) ask for the same scopes and weights."""
@@ -239,7 +239,7 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
     return op
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=SCOPE_CACHE)
 def _scope_names(scope: str) -> tuple[bool, bool]:
     """Whether the last part of ``scope`` names a norm, and an MLP: once per scope (a 96-layer
     model's attention blocks ask it for every reshape and transpose)."""
