@@ -43,7 +43,9 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
     graph = decoder(layers=2, hidden=64, seq=16)
     target = load_target("rdu")
     ctx = LoweringContext.build(graph)
-    opts = RduOptions(precision=None, micro_batches=None, opt_level="O3", tiles=None, resource_scale=1.0)
+    opts = RduOptions(
+        precision=None, micro_batches=None, opt_level="O3", tiles=None, resource_scale=1.0, rdu_mapping="compiler"
+    )
     chip = Chip.of(target, opts)
     memo = Demand(ctx, chip)
     for _ in range(2):

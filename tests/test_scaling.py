@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.errors import UserError
-from dabench_ir.lowering.collectives import hierarchical_allreduce_time, ring_allreduce_time
+from dabench_ir.lowering.collectives import ring_allreduce_time, root_allreduce_time
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.scaling import scale, split_for_tp
@@ -142,8 +142,9 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     assert point.failure["needed_bytes"] == weight_bytes(ctx, stage) + training_bytes(ctx, stage)
 
 
-def test_tp_crosses_the_node_boundary_hierarchically():
-    # SN30-8 nodes hold 8 RDUs: 8 chips stay inside one node, 16 span two
+def test_tp_crosses_the_node_boundary_through_its_root():
+    # SN30-8 nodes hold 8 RDUs: 8 chips stay inside one node, 16 span two; the SN30's TP reduction
+    # goes through RDU 0 (targets/sn30.toml [parallel] tp_collective, issue 44)
     graph = decoder(layers=2, hidden=64)
     target = load_target("sn30")
     assert target.topology.per_node == 8
@@ -153,7 +154,7 @@ def test_tp_crosses_the_node_boundary_hierarchically():
     assert (eight.nodes, sixteen.nodes) == (1, 2)
     _, allreduces = split_for_tp(graph, 16)
     intra, inter = target.topology.intra, target.topology.inter
-    per = hierarchical_allreduce_time(
+    per = root_allreduce_time(
         allreduces[0],
         16,
         8,
@@ -189,14 +190,14 @@ def test_tp_allreduces_one_forward_activation_in_its_dtype_when_training():
     assert allreduces == [2 * 16 * 64 * 2] * 4
     target = load_target("sn30")
     intra = target.topology.intra
-    one = ring_allreduce_time(2 * 16 * 64 * 2, 2, intra.bandwidth_bytes_per_s, intra.latency_s)
+    one = root_allreduce_time(2 * 16 * 64 * 2, 2, 8, (intra.bandwidth_bytes_per_s, intra.latency_s), None)
     point = scale(graph, target, [2], "tp", ProfileOptions()).points[0]
     assert point.comm_time_s == pytest.approx(2 * 4 * one)
 
 
 def test_chips_per_node_spreads_a_tp_run_over_machines():
     """Two RDUs to a node: a 4-chip TP run spans two nodes and its all-reduces cross node_net
-    (hierarchically); the default (the target's 8 per node) keeps it inside one node."""
+    (through RDU 0, the SN30's TP reduction); the default (the target's 8 per node) keeps it inside one node."""
     from dabench_ir.options import ScaleOptions
 
     graph = decoder(layers=2, hidden=64)
@@ -208,7 +209,7 @@ def test_chips_per_node_spreads_a_tp_run_over_machines():
     assert spread.points[0].comm_time_s == pytest.approx(inside.points[0].comm_time_s)  # two chips: one node
     _, allreduces = split_for_tp(graph, 4)
     intra, inter = target.topology.intra, target.topology.inter
-    per = hierarchical_allreduce_time(
+    per = root_allreduce_time(
         allreduces[0],
         4,
         2,
