@@ -191,3 +191,20 @@ def test_generate_refuses_seq_and_past(exports, flag, capsys):
     assert main([*argv, flag, "3", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{flag} is set per step by --prompt and --gen" in err
+
+
+def test_an_onnxruntime_pipeline_on_a_dynamic_export_is_rewritten_at_the_runs_dims(exports, tmp_path):
+    """``study --pipeline ort-all`` on optimum's dynamic Llama at --batch 2 --seq 16: the model is
+    rewritten with those dims bound, so onnxruntime's fused ``com.microsoft`` ops (opaque to ONNX shape
+    inference) leave no ``unk__N`` dim to bind; the contraction work is the baseline's."""
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.study import run_study
+
+    opts = ProfileOptions(batch=2, seq=16)
+    doc = run_study(str(exports["llama-plain"]), ["ort-all"], ["h100"], opts, out_dir=tmp_path / "out")
+    assert doc["failed"] == []
+    (run,) = doc["runs"]
+    assert run["totals"]["nodes_after"] < run["totals"]["nodes_before"]
+    before, after = (json.loads((tmp_path / "out" / f"model.{p}.h100.json").read_text()) for p in ("none", "ort-all"))
+    flops = _decode_contraction_flops("llama", past=0, seq=16) * 2  # two sequences
+    assert before["totals"]["contraction_flops"] == after["totals"]["contraction_flops"] == flops

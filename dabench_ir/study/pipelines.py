@@ -54,6 +54,11 @@ class OnnxRewritePass(Pass):
     Optimisers drop the exporter's node scopes (onnxruntime keeps none); the pass re-attaches
     them from ``graph`` through the `provenance` of each new node (`scopes.attach_scopes`:
     the common module of the source nodes it came from) and records them in the saved file.
+
+    A ``graph`` with bound dims (a study's run at ``--batch``/``--seq``) is rewritten at those
+    dims (`bind_dims`): the optimiser sees the shapes the run asks, and its output has no
+    symbols of its own to bind (onnxruntime's fused ``com.microsoft`` ops are opaque to ONNX
+    shape inference, so the ``unk__N`` dims it names in a dynamic model could not be derived).
     """
 
     name: str = "onnx-rewrite"
@@ -77,6 +82,12 @@ class OnnxRewritePass(Pass):
         model = onnx.load(str(src), load_external_data=False)
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
             model = onnx.load(str(src))
+        if graph.bindings:
+            from dabench_ir.models.export import bind_dims
+
+            model = bind_dims(model, dict(graph.bindings))
+            del model.graph.value_info[:]  # the export's inferred shapes, symbolic: inferred again, static
+            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         try:
             optimised = self.rewrite(model, out_dir)
         except UserError:

@@ -151,11 +151,15 @@ def run_study(
         say(f"pipeline {i}/{len(chosen)}: {pipe.name}")
         try:  # one pipeline failing (an optimiser's own error) is its row; the others still run
             passes = pipe.build(str(out) if out else None)
-            source = str(model)
+            source, pipe_opts = str(model), dataclasses.replace(opts, **dict(pipe.options))
             if passes:
-                rewritten = PassManager(passes)(load_graph(source)).graph
+                graph = load_graph(source)
+                graph.bindings.update(base_graph.bindings)  # rewritten at the run's dims (`OnnxRewritePass`)
+                rewritten = PassManager(passes)(graph).graph
                 source = str(rewritten.path)
-            placed = _place(source, ts, dataclasses.replace(opts, **dict(pipe.options)), say)
+                if base_graph.bindings:  # the dims are the rewritten model's own now
+                    pipe_opts = dataclasses.replace(pipe_opts, seq=None, past=None, dims={})
+            placed = _place(source, ts, pipe_opts, say)
         except UserError as exc:
             failed.append(
                 {"pipeline": pipe.name, "targets": [t for t in ts if t], "reason": " ".join(str(exc).split())}
