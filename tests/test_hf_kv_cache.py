@@ -208,3 +208,18 @@ def test_an_onnxruntime_pipeline_on_a_dynamic_export_is_rewritten_at_the_runs_di
     before, after = (json.loads((tmp_path / "out" / f"model.{p}.h100.json").read_text()) for p in ("none", "ort-all"))
     flops = _decode_contraction_flops("llama", past=0, seq=16) * 2  # two sequences
     assert before["totals"]["contraction_flops"] == after["totals"]["contraction_flops"] == flops
+
+
+def test_ort_transformers_takes_the_models_family(exports, tmp_path):
+    """onnxruntime's transformers optimizer has no Llama model type: on optimum's Llama the pipeline is
+    a failed row saying so (it ran as GPT-2 before); GPT-2's parameter names make it gpt2."""
+    import onnx
+
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.study import run_study
+    from dabench_ir.study.pipelines import _family
+
+    doc = run_study(str(exports["llama-plain"]), ["ort-transformers"], ["h100"], ProfileOptions(batch=1, seq=8))
+    (failed,) = doc["failed"]
+    assert "has no model type for llama" in failed["reason"] and doc["runs"] == []
+    assert _family(onnx.load(str(exports["gpt2"]), load_external_data=False), {}) == "gpt2"

@@ -206,6 +206,23 @@ def _ort_level(level: str) -> Rewrite:
     return rewrite
 
 
+_ORT_MODEL_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "phi": "phi", "qwen3": "qwen3"}
+"""The decoder families onnxruntime's transformers optimizer has a model type for (its
+``optimizer.MODEL_TYPES``, onnxruntime 1.2x), by this tool's family name."""
+
+_FAMILY_BY_NAME = (("c_attn", "gpt2"), ("gate_proj", "llama"), ("query_key_value", "gpt_neox"))
+"""A Hugging Face export's family by its parameter and node names, when it carries no ``dabench.params``:
+GPT-2's fused ``c_attn``, Llama-style ``gate_proj`` (Llama, Qwen2, Mistral), GPT-NeoX's ``query_key_value``."""
+
+
+def _family(model: onnx.ModelProto, params: dict[str, Any]) -> str | None:
+    """The model's family: its ``dabench.params``, else its parameter and node names (`_FAMILY_BY_NAME`)."""
+    if params.get("family"):
+        return str(params["family"])
+    names = [*(i.name for i in model.graph.initializer), *(n.name for n in model.graph.node)]
+    return next((family for part, family in _FAMILY_BY_NAME if any(part in n for n in names)), None)
+
+
 def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
     import json
 
@@ -217,12 +234,20 @@ def _ort_transformers(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
         params = json.loads(meta.get(MODEL_PARAMS) or "{}")
     except ValueError:
         params = {}
+    family = _family(model, params)
+    model_type = _ORT_MODEL_TYPES.get(family or "")
+    if model_type is None:
+        raise UserError(
+            f"ort-transformers: onnxruntime's transformers optimizer has no model type for "
+            f"{family or 'this model (its family is not known)'} (it has {', '.join(sorted(_ORT_MODEL_TYPES))}); "
+            "use --pipeline onnxscript-fusions or ort-all for its fusions"
+        )
     heads, hidden = int(params.get("heads") or 0), int(params.get("hidden") or 0)
     fd, src = tempfile.mkstemp(suffix=".onnx", dir=workdir)
     os.close(fd)
     onnx.save(model, src)  # the optimiser reads a file
     try:
-        opt = optimizer.optimize_model(src, model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=0)
+        opt = optimizer.optimize_model(src, model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
         opt.save_model_to_file(src)  # adds the com.microsoft opset import
         return onnx.load(src)
     finally:
@@ -258,7 +283,8 @@ _REWRITES = [  # (name, what it does, the ModelProto rewrite, the module it need
     ),
     (
         "ort-transformers",
-        "onnxruntime.transformers.optimizer (model_type gpt2): attention and norm fusions",
+        "onnxruntime.transformers.optimizer, model type by the model's family (gpt2, gpt_neox, phi, qwen3; "
+        "refused for others): attention and norm fusions",
         _ort_transformers,
         "onnxruntime",
     ),
