@@ -121,15 +121,21 @@ def test_allocation_counts_io_routing_and_buffers():
     assert plan.extra["pes_buffer"] > 0  # block-boundary activations in flight
 
 
-def test_in_flight_buffers_grow_with_depth_squared():
-    def buf(layers):
-        return lower(
-            _train(decoder(layers=layers, hidden=256, seq=128)), WSE, ProfileOptions(wse_mode="pipelined")
-        ).extra["buffer_bytes"]
+def test_in_flight_buffers_grow_with_depth_squared_up_to_the_steps_batch():
+    def buf(layers, batch, target=WSE):
+        graph = _train(decoder(layers=layers, hidden=256, seq=128, batch=batch))
+        return lower(graph, target, ProfileOptions(wse_mode="pipelined")).extra["buffer_bytes"]
 
     per_sample = 128 * 256 * 2  # one block boundary, fp16
-    assert buf(1) == per_sample * 1
-    assert buf(4) == per_sample * (7 + 5 + 3 + 1)
+    # block i of L holds its output for the 2(L-i)-1 periods of its round trip to backward ...
+    assert buf(4, batch=8) == per_sample * (7 + 5 + 3 + 1)
+    # ... but a synchronous step drains before its update: never more samples than its batch
+    assert buf(4, batch=4) == per_sample * (4 + 4 + 3 + 1)
+    assert buf(4, batch=1) == per_sample * 4
+    # the mechanism off (Cerebras' pipelined backpropagation: no drain, the pipeline stays full
+    # across steps): the whole round trip is held whatever the batch
+    flowing = WSE.with_changes({"arch.drain_per_step": 0})
+    assert buf(4, batch=1, target=flowing) == per_sample * (7 + 5 + 3 + 1)
 
 
 def test_pipelined_capacity_limit_falls_with_width():

@@ -56,18 +56,26 @@ class _Sizing:
     available: int
 
 
-def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
+def _in_flight_bytes(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> int:
     """Pipeline buffers per sample (training): block-boundary activations held for backward.
 
-    Block ``i`` of ``L`` (in order) holds its output for ``2(L-i)-1`` sample periods (the
-    round trip to its backward in a layer pipeline, Kosson et al. MLSys 2021), the block is
-    recomputed in backward from it; plus the logits gradient (two logits-sized buffers).
-    Inference streams through FIFOs only: no buffers beyond the routing PEs.
+    Block ``i`` of ``L`` (in order) holds its output until the sample's backward comes back to it:
+    ``2(L-i)-1`` sample periods in a full layer pipeline (the round trip to its backward, Kosson et
+    al. MLSys 2021), the block recomputed in backward from it; plus the logits gradient (two
+    logits-sized buffers). A buffer holds one sample per period of that round trip, but never more
+    samples than the step has: a synchronous step drains the pipeline before its weight update
+    (`arch.drain_per_step`, the ``wse_fill_drain`` row), so at most the step's batch (one copy's:
+    the micro-batches of a step flow back to back) is in flight, and a block deeper than half the
+    batch holds the whole batch. Cerebras' pipelined backpropagation (``drain_per_step`` 0) keeps
+    the pipeline full across steps: the full round trip. Inference streams through FIFOs only: no
+    buffers beyond the routing PEs.
     """
     graph = ctx.graph
     if meta.graph_mode(graph) != "train":
         return 0
     samples = max(1, sample_count(ctx))
+    flowing = options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) <= 0
+    in_step = math.inf if flowing else samples  # samples a step can have in flight
     layers = graph.layers
     boundary = dict.fromkeys(layers, 0)
     for node in graph.nodes:
@@ -78,16 +86,19 @@ def _in_flight_bytes(ctx: LoweringContext, kernels: list[WseKernel]) -> int:
             crosses = any(c.layer != node.layer and not is_optimizer_step(c) for c in readers) or out in graph.outputs
             if out and crosses:
                 boundary[node.layer] += ctx.graph.type_of(out).nbytes() if shape_of(ctx, out) else 0
-    total = sum(boundary[lay] * (2 * (len(layers) - i) - 1) for i, lay in enumerate(layers)) // samples
+    held = [min(2 * (len(layers) - i) - 1, in_step) for i in range(len(layers))]
+    total = sum(boundary[lay] * int(n) for lay, n in zip(layers, held, strict=True)) // samples
     head = next((k for k in kernels if k.cls == "emb_fc"), None)
     if head is not None:
         last = next((n for n in reversed(head.nodes) if n.outputs and shape_of(ctx, n.outputs[0])), None)
         if last is not None and last.op_type != "Gather":
-            total += 2 * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
+            total += min(2, in_step) * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
     return total
 
 
-def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replicas: int) -> _Sizing | None:
+def _size(
+    ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel], replicas: int
+) -> _Sizing | None:
     """Region sizes (PEs per kernel, per replica) balanced to one period, or None if even the minimum does not fit."""
     pes = target.num_units
     clock = float(target.clock)
@@ -112,7 +123,7 @@ def _size(ctx: LoweringContext, target: Target, kernels: list[WseKernel], replic
         taus.append(tau)
         lo.append(lo_k)
         hi.append(max(lo_k, min(shape_cap, util_cap)))
-    buffer_bytes = _in_flight_bytes(ctx, kernels)
+    buffer_bytes = _in_flight_bytes(ctx, target, options, kernels)
     buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
     available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
     state_bytes = weight_state_bytes(ctx, [n for k in kernels for n in k.nodes])
@@ -180,7 +191,7 @@ def _place_pipelined(
     plan = ctx.plan(
         target, options, Schedule.CONCURRENT, micro_batches=m, replicas=replicas, pipelined_steps=options.steady_state
     )
-    sizing = _size(ctx, target, kernels, replicas)
+    sizing = _size(ctx, target, options, kernels, replicas)
     assert sizing is not None
     need = (sizing.state_bytes + sizing.buffer_bytes) * replicas
     plan.memory_bytes[sram.name] = need
