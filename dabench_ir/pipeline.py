@@ -25,6 +25,7 @@ __all__ = [
     "ProfileOptions",
     "ResolvedRun",
     "analyze",
+    "load_for_run",
     "load_graph",
     "prepare_graph",
     "profile",
@@ -102,7 +103,9 @@ def _as_options(options: Any) -> Any:
         raise UserError(f"profile: {exc}") from None
 
 
-def _load(model: Any, options: Any) -> Graph:
+def load_for_run(model: Any, options: Any) -> Graph:
+    """``model`` loaded as a run with ``options`` loads it: by ``--via``; an ONNX model lowered to
+    linalg at the run's dims (its batch, sequence and the dims derived from them)."""
     opts = _as_options(options)
     if opts.via != "mlir" or _is_mlir_file(model):
         return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
@@ -119,7 +122,7 @@ def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "on
 
 def prepare_graph(model: Any, options: Any = None, target: Any = None) -> Graph:
     """``model`` loaded and through every pass its run on ``target`` (None: cost only) needs."""
-    graph = _load(model, options)
+    graph = load_for_run(model, options)
     return prepare(resolve(graph, target, _options(options), model=model), graph)
 
 
@@ -135,7 +138,7 @@ def run_profile(model: Any, target: Any, options: Any = None, *, progress: Progr
     options = _options(options)
     check_target(target)  # a bad name or file fails before any work
     say("loading the model")
-    graph = _load(model, options)
+    graph = load_for_run(model, options)
     return execute(resolve(graph, target, options, model=model), graph, progress=say)
 
 
@@ -168,7 +171,7 @@ def profile_targets(
         {**options, "measure": False} if isinstance(options, Mapping) else dataclasses.replace(options, measure=False)
     )
     say("loading the model")
-    loaded = _load(model, options)
+    loaded = load_for_run(model, options)
     costed: dict[tuple[Any, ...], Graph | UserError] = {}
     results: dict[Any, Report | UserError] = {}
     for target in targets:

@@ -223,3 +223,21 @@ def test_ort_transformers_takes_the_models_family(exports, tmp_path):
     (failed,) = doc["failed"]
     assert "has no model type for llama" in failed["reason"] and doc["runs"] == []
     assert _family(onnx.load(str(exports["gpt2"]), load_external_data=False), {}) == "gpt2"
+
+
+def test_study_via_mlir_runs_the_asked_batch_and_sequence(exports, tmp_path, capsys):
+    """``study --via mlir`` on a dynamic export lowers it at --batch 2 --seq 8 and its MLIR rows run two
+    samples a step, as the ONNX path's run does (the MLIR rows ran one: the unit graph had no batch, so
+    the same step showed half the samples/s), with the same contraction FLOPs. (The step itself is each graph's own: linalg units, ONNX nodes.)"""
+    pytest.importorskip("torch_mlir")
+    path, out = str(exports["llama-plain"]), tmp_path / "out"
+    argv = ["study", path, "--via", "mlir", "--mlir-pipeline", "canonicalize", "-t", "rdu"]
+    argv += ["--batch", "2", "--seq", "8"]
+    assert main([*argv, "-o", str(out), "-q"]) == 0, capsys.readouterr().err
+    onnx_run = _report(["profile", path, "-t", "rdu", "--batch", "2", "--seq", "8"], tmp_path, capsys)
+    for name in ("mlir-none", "mlir:canonicalize"):
+        mlir_run = json.loads((out / f"model.{name}.rdu.json").read_text())
+        assert mlir_run["config"]["batch"] == onnx_run["config"]["batch"] == 2
+        assert mlir_run["totals"]["contraction_flops"] == onnx_run["totals"]["contraction_flops"]
+        for run in (mlir_run, onnx_run):  # two samples a step in both kinds of rows
+            assert run["totals"]["throughput_samples_per_s"] * run["totals"]["time_s"] == pytest.approx(2, rel=1e-12)

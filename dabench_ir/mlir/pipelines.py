@@ -33,6 +33,7 @@ such share is labelled with the nodes it is shared with.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -593,7 +594,12 @@ def unit_graph(
 
     artifact: MlirArtifact = source.meta[MLIR_ARTIFACT]
     art = MlirArtifact(module, weight_args=artifact.weight_args, source=artifact.source)
-    graph = Graph([], {}, [], [], name=source.name, path=path, metadata=source.metadata, bindings=source.bindings)
+    # the source's inputs, unread: the run's batch is the graph's batch dim (`dabench_ir.run`), so a
+    # unit graph runs the samples its ONNX graph does (it had no input: one sample, half the samples/s)
+    inputs = {name: dataclasses.replace(source.values[name], producer=None) for name in source.inputs}
+    graph = Graph(
+        [], inputs, list(inputs), [], name=source.name, path=path, metadata=source.metadata, bindings=source.bindings
+    )
     graph.meta[MLIR_ARTIFACT] = art
     by_unit: dict[str, list[Any]] = {}
     for c, n in zip(counts, names, strict=True):

@@ -10,6 +10,7 @@ provenance, and each run carries the per-pass table and the per-ONNX-node costs 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -148,7 +149,7 @@ def mlir_runs(
     Returns (pipeline, target, baseline report, report, provenance, the run's ``mlir`` record)
     per run, and per pipeline the per-ONNX-node costs before and after (for `agreement`)."""
     from dabench_ir.mlir import MLIR_ARTIFACT, count_module, run_mlir_pipeline, split_by_nodes, unit_graph, unit_names
-    from dabench_ir.pipeline import load_graph, profile_graph
+    from dabench_ir.pipeline import load_for_run, profile_graph
 
     folder = out or Path(".")  # without -o DIR the modules are named there but not written
 
@@ -160,7 +161,7 @@ def mlir_runs(
 
     stem = Path(model).stem
     say(f"MLIR baseline: {stem} lowered to linalg")
-    base = load_graph(model, via="mlir", dims=opts.dims)
+    base = load_for_run(model, dataclasses.replace(opts, via="mlir"))  # at the run's --batch, --seq
     art = base.meta[MLIR_ARTIFACT]
     counts0 = count_module(art.module, weight_args=art.weight_args)
     names0 = unit_names(counts0)
