@@ -446,6 +446,15 @@ class ProfileOptions:
         targets=frozenset({"ipu"}),
         metavar="{true,false}",
     )
+    half_partials: bool = knob(
+        True,
+        help="IPU: 16-bit matmuls keep fp16 partial sums (PopTorch setPartialsType(half), the GPT-2 examples' "
+        "--enable-half-partials); false: fp32 partials, on half the AMP units",
+        parse=_bool,
+        group="target",
+        targets=frozenset({"ipu"}),
+        metavar="{true,false}",
+    )
     # measurement
     measure: bool = knob(
         False,

@@ -73,6 +73,7 @@ class IpuOptions(LoweringOptions):
     matmul_proportion: tuple[float, ...]
     optimizer_state: str
     replicated_tensor_sharding: bool
+    half_partials: bool
     replicas: int | str | None
     steady_state: bool = internal(True)
 

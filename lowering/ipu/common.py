@@ -49,6 +49,7 @@ class IpuFigures:
     program: float  # program memory over all tiles, bytes
     gamma: float  # arch.matmul_temp_per_operand_byte
     eta: dict[str, float]  # arch.matmul_efficiency_<prec>
+    fp32_partials_share: float  # arch.amp_share_fp32_partials: the 16-bit AMP rate kept with fp32 partials
     lanes: dict[str, float]  # arch.vector_elems_per_cycle_<prec>
     special: dict[str, float]  # arch.special_ops_per_cycle_<prec>
     amp_peak: dict[str, float]  # one tile's share of the AMP peak, FLOP/s
@@ -77,6 +78,7 @@ class IpuFigures:
             program=target.arch_value("program_bytes_per_tile", needed_by=WHO) * tiles,
             gamma=target.arch_value("matmul_temp_per_operand_byte", needed_by=WHO),
             eta={p: target.arch_value(f"matmul_efficiency_{p}", needed_by=WHO) for p in _PRECISIONS},
+            fp32_partials_share=target.arch_value("amp_share_fp32_partials", 1.0),
             lanes={p: target.arch_value(f"vector_elems_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             special={p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},

@@ -2,7 +2,8 @@
 
 A node's work spreads over the tiles it needs (`tiles_for`); its three Cost parts run at their
 own rates (`precision_key` picks them): contractions on the AMP units at
-``arch.matmul_efficiency_<prec>`` of peak, vector ops on the tile's vector lanes, transcendentals
+``arch.matmul_efficiency_<prec>`` of peak (`amp_rate`: ``arch.amp_share_fp32_partials`` of it for 16-bit contractions with fp32
+partial sums, ``--half-partials false``), vector ops on the tile's vector lanes, transcendentals
 at the special-function rate. A sync follows, then an exchange of its inputs between tiles and,
 for a tensor made on another IPU, one copy over the IPU-Link. A matmul whose full-speed
 temporaries exceed the matmul proportion's budget is serialised (`serial_plan`): each pass after
@@ -27,7 +28,16 @@ if TYPE_CHECKING:
     from dabench_ir.lowering.ipu.stages import Pipeline
     from dabench_ir.plan import NodePlan, Plan
 
-__all__ = ["NO_MATMUL", "IpuTimes", "SerialPlan", "place_nodes", "precision_key", "serial_plan", "tiles_for"]
+__all__ = [
+    "NO_MATMUL",
+    "IpuTimes",
+    "SerialPlan",
+    "amp_rate",
+    "place_nodes",
+    "precision_key",
+    "serial_plan",
+    "tiles_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,19 @@ def precision_key(node: Node, ctx: LoweringContext) -> str:
     if ctx.precision.itemsize < 4 and not is_optimizer_step(node):
         return "fp16"  # a 16-bit plan runs norms and softmax in 16 bits too, as model.half() does
     return "fp32" if ctx.node_precision(node).itemsize >= 4 else "fp16"
+
+
+def amp_rate(run: IpuRun, prec: str) -> float:
+    """One tile's achieved AMP rate for a contraction of precision key ``prec``, FLOP/s: the
+    tile's share of the peak at ``arch.matmul_efficiency_<prec>``. A 16-bit contraction keeping
+    fp32 partial sums (``--half-partials false``) gets ``arch.amp_share_fp32_partials`` of it:
+    on the Mk2 AMP an fp32 partial needs twice the store width of an fp16 one, so PopLibs plans
+    it on half the conv units (targets/bow.toml gives the source)."""
+    fig = run.fig
+    rate = fig.eta[prec] * fig.amp_peak[prec]
+    if prec == "fp16" and not run.options.half_partials:
+        rate *= fig.fp32_partials_share
+    return rate
 
 
 def tiles_for(run: IpuRun, node: Node) -> int:
@@ -142,7 +165,7 @@ def _superstep(
     cost = ctx.costs[node.name]
     prec = precision_key(node, ctx)
     work = ctx.is_work(node)
-    matmul_s = cost.contraction_flops / (fig.eta[prec] * fig.amp_peak[prec] * used)
+    matmul_s = cost.contraction_flops / (amp_rate(run, prec) * used)
     vector_s = cost.vector_flops / (fig.lanes[prec] * fig.clock * used)
     special_s = cost.special_ops / (fig.special[prec] * fig.clock * used)
     extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange

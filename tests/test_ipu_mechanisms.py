@@ -1,0 +1,80 @@
+"""The IPU's matmul partials (lowering/ipu/supersteps.py amp_rate): exact figures on tiny graphs, and
+what a run loses when the mechanism is taken away (the precision-ipu finding's counterfactual)."""
+
+from __future__ import annotations
+
+import pytest
+
+import dabench_ir
+from dabench_ir.lowering import lower
+from dabench_ir.models import ModelConfig, export_model
+from dabench_ir.options import ProfileOptions
+from dabench_ir.targets import load_target
+from tests.conftest import analyze_text, rewrite
+
+IPU = load_target("ipu")
+TILES = 1472
+SHARE = 0.5  # arch.amp_share_fp32_partials: 8 of the AMP's 16 conv units with fp32 partials
+
+
+def _gemm(n: int) -> object:
+    return analyze_text(f"agraph (float[{n},{n}] A, float[{n},{n}] B) => (float[{n},{n}] C) {{ C = MatMul(A, B) }}")
+
+
+def _matmul(precision: str, *, target=IPU, **kw) -> object:
+    """The one MatMul's NodePlan of a 64^3 GEMM rewritten to ``precision``."""
+    graph = rewrite(_gemm(64), precision=precision)
+    plan = lower(graph, target, ProfileOptions(precision=precision, **kw))
+    return next(iter(plan.node_plans.values()))
+
+
+def test_the_figure_the_rate_reads():
+    assert IPU.arch_value("amp_share_fp32_partials") == SHARE
+    assert IPU.arch_value("matmul_efficiency_fp16") == 0.378
+
+
+def test_a_16_bit_matmul_with_fp32_partials_runs_on_half_the_amp():
+    tiles = 6  # one tile per 1e5 FLOPs of its 2 x 64^3
+    half = _matmul("fp16")  # the default: fp16 partials, as Graphcore's GPT-2 examples run
+    assert half.compute_s == pytest.approx(2 * 64**3 / (0.378 * 350e12 / TILES * tiles), rel=1e-12)
+    full = _matmul("fp16", half_partials=False)
+    assert full.compute_s == pytest.approx(2 * 64**3 / (SHARE * 0.378 * 350e12 / TILES * tiles), rel=1e-12)
+    # only the AMP time changes: the exchange, the syncs and the memory feed are the data's
+    assert (full.comm_s, full.overhead_s, full.memory_s) == (half.comm_s, half.overhead_s, half.memory_s)
+
+
+def test_fp32_data_keeps_fp32_partials_whatever_the_knob():
+    assert _matmul("fp32", half_partials=False).compute_s == _matmul("fp32").compute_s
+
+
+def test_without_the_mechanism_fp32_partials_cost_nothing():
+    same = IPU.with_changes({"arch.amp_share_fp32_partials": 1.0})
+    assert _matmul("fp16", target=same, half_partials=False).compute_s == pytest.approx(_matmul("fp16").compute_s)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ipu_mech") / "gpt2.onnx"
+    export_model(
+        ModelConfig(family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2), path, weights="none"
+    )
+    return str(path)
+
+
+def test_a_training_step_pays_the_amp_time_once_more_and_nothing_else(tiny):
+    """The step with fp32 partials is longer by exactly its matmuls' AMP time at the fp16-partials
+    rate (each micro-batch's, on the most loaded IPU): the rows outside the cycle do not move."""
+
+    def step(hp: bool):
+        return dabench_ir.profile(tiny, target="ipu", mode="train", precision="fp16", micro_batches=2, half_partials=hp)
+
+    half, full = step(True), step(False)
+    assert full.timeline.overheads_s["optimizer"] == half.timeline.overheads_s["optimizer"]
+    assert full.timeline.overheads_s["host_streams"] == half.timeline.overheads_s["host_streams"]
+    extra_s = sum(full.plan.node_plans[name].compute_s - np_.compute_s for name, np_ in half.plan.node_plans.items())
+    amp_s = sum(
+        np_.compute_s for name, np_ in half.plan.node_plans.items() if half.node(name).cost.contraction_flops > 0
+    )
+    assert extra_s == pytest.approx(amp_s * (1 / SHARE - 1), rel=1e-9) and extra_s > 0
+    # one IPU: the cycle is every node's per-micro-batch time; m = 2 micro-batches a step
+    assert full.plan.extra["cycle_s"] - half.plan.extra["cycle_s"] == pytest.approx(extra_s / 2, rel=1e-9)
