@@ -381,6 +381,7 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
         combined_dims,
         derived_dims,
         dim_parts,
+        mask_length_symbols,
         past_symbols,
         seq_symbols,
         unbound_inputs,
@@ -402,6 +403,14 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
             if dims.get(name, value) != value:
                 raise UserError(f"{flag} {value} and --dim {name}={dims[name]} disagree; give one of them")
             dims[name] = value
+    if seq is not None and past is not None:  # an attention mask of its own length spans both
+        for name in mask_length_symbols(graph):
+            if dims.get(name, seq + past) != seq + past:
+                raise UserError(
+                    f"--dim {name}={dims[name]}: the attention mask spans the cache and the new tokens "
+                    f"(--past {past} + --seq {seq} = {seq + past}); drop it"
+                )
+            dims[name] = seq + past
     empty = sorted(n for n, v in dims.items() if v == 0 and n not in past_symbols(graph))
     if empty:
         raise UserError(

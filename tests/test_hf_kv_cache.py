@@ -241,3 +241,63 @@ def test_study_via_mlir_runs_the_asked_batch_and_sequence(exports, tmp_path, cap
         assert mlir_run["totals"]["contraction_flops"] == onnx_run["totals"]["contraction_flops"]
         for run in (mlir_run, onnx_run):  # two samples a step in both kinds of rows
             assert run["totals"]["throughput_samples_per_s"] * run["totals"]["time_s"] == pytest.approx(2, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def dynamo_kv_export(exports, tmp_path_factory):
+    """The same Llama (its saved weights) exported by torch.onnx's dynamo exporter with its cache as
+    inputs, the dims named by `torch.export.Dim`: the mask's length is a symbol of its own (``total``)."""
+    root = exports["llama"].parents[1]
+    model = transformers.LlamaForCausalLM.from_pretrained(root / "llama", attn_implementation="eager").eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, keys, values):
+            cache = transformers.DynamicCache()
+            for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                cache.update(k, v, i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+            layers = out.past_key_values.layers
+            return out.logits, *(layer.keys for layer in layers), *(layer.values for layer in layers)
+
+    batch, seq, past, total = (torch.export.Dim(n) for n in ("batch", "seq", "past", "total"))
+    b, s, p, head = 2, 3, 7, HIDDEN // HEADS  # a sample with no dim of 1 (torch.export specialises those)
+    cache = [torch.randn(b, KV_HEADS, p, head) for _ in range(LAYERS)]
+    shapes = {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: total},
+        "keys": [{0: batch, 2: past}] * LAYERS,
+        "values": [{0: batch, 2: past}] * LAYERS,
+    }
+    names = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(LAYERS)]
+    path = tmp_path_factory.mktemp("dynamo") / "llama-kv.onnx"
+    args = (torch.zeros(b, s, dtype=torch.long), torch.ones(b, p + s, dtype=torch.long), cache, list(cache))
+    torch.onnx.export(
+        Step(model),
+        args,
+        str(path),
+        dynamo=True,
+        dynamic_shapes=shapes,
+        input_names=["input_ids", "attention_mask", *names],
+    )
+    return path
+
+
+@pytest.mark.parametrize("target", ["wse2", "sn30", "bow", "h100"])
+def test_a_dynamo_kv_export_binds_with_batch_seq_and_past_alone(dynamo_kv_export, target, tmp_path, capsys):
+    """``--batch --seq --past`` bind the dynamo export: its mask's own length symbol is the cache plus the
+    new tokens (Hugging Face's contract for attention_mask). Its parameters are the model's own (the
+    rotary ``inv_freq`` buffer folded into a table is no parameter), as the optimum export's are; its
+    contraction FLOPs are the closed form's but the rotary angles, which it computes from the cache's
+    length, a shape: folded at compile time."""
+    argv = ["profile", str(dynamo_kv_export), "-t", target, "--batch", "1", "--seq", str(SEQ), "--past", str(PAST)]
+    report = _report(argv, tmp_path, capsys)
+    assert report["model"]["params"] == PARAMS["llama"]
+    rotary = 2 * (HIDDEN // HEADS // 2) * SEQ
+    assert report["totals"]["contraction_flops"] == _decode_contraction_flops("llama") - rotary
+    assert main([*argv, "--dim", "total=5", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the attention mask spans the cache and the new tokens" in err

@@ -45,6 +45,7 @@ __all__ = [
     "dim_parts",
     "fold_shapes",
     "load_onnx",
+    "mask_length_symbols",
     "onnx_node_names",
     "past_symbols",
     "read_model",
@@ -380,6 +381,25 @@ def past_symbols(graph: Graph) -> list[str]:
     return sorted(found)
 
 
+def mask_length_symbols(graph: Graph) -> list[str]:
+    """The symbols of an attention mask's length in a model with a KV cache: dim 1 of a rank-2 input
+    named ``attention_mask`` when it is its own symbol (a dynamo export's ``total``), not the sequence
+    nor the cache length nor a sum of symbols. Hugging Face's contract makes it the cache length plus
+    the new tokens ("the attention_mask always has to have the length len(past_key_values) +
+    len(input_ids)", transformers' GPT-2 and Llama docs), so ``--seq`` and ``--past`` bind it."""
+    if not past_symbols(graph):
+        return []
+    known = {*seq_symbols(graph), *past_symbols(graph)}
+    found = []
+    for name in graph.inputs:
+        shape = graph.values[name].type.shape
+        if "attention_mask" in name and shape is not None and len(shape) == 2:
+            length = shape[1]
+            if isinstance(length, str) and length not in known and dim_parts(length) is None:
+                found.append(length)
+    return sorted(set(found))
+
+
 _DIM_EXPRESSION = re.compile(r"[A-Za-z_]\w*|\d+|[-+*()\s]")
 
 
@@ -582,12 +602,15 @@ def _declared_kinds(graph: onnx.GraphProto, metadata: Mapping[str, str]) -> tupl
 def _folded_from_parameter(sources: str, weights: set[str]) -> bool:
     """A folded tensor is a parameter when it is a layout of one (folded from a declared
     parameter, or from a module path such as ``layers.0.fc.weight``); folded from temporaries
-    only (``arange``, ``val_4``: RoPE tables, causal masks) it is a constant."""
+    only (``arange``, ``val_4``: RoPE tables, causal masks) or from a buffer's path
+    (``rotary_emb.inv_freq``, torch.export's ``lifted_tensor_4``: `_CONSTANT_NAME`) it is a constant."""
     names = safe_name_scopes(sources)  # any shape of metadata: a list of strings or nothing
-    return any(n in weights or "." in n for n in names)
+    return any(n in weights or ("." in n and not _CONSTANT_NAME.search(n)) for n in names)
 
 
-_CONSTANT_NAME = re.compile(r"(?:^|[._/])(?:cos|sin)(?:_cached|_cache)?$|inv_freq|rotary|causal|(?:^|[._/])mask", re.I)
+_CONSTANT_NAME = re.compile(
+    r"(?:^|[._/])(?:cos|sin)(?:_cached|_cache)?$|inv_freq|rotary|causal|(?:^|[._/])mask|lifted_tensor", re.I
+)
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 
 
