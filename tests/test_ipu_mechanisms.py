@@ -39,8 +39,33 @@ def test_a_16_bit_matmul_with_fp32_partials_runs_on_half_the_amp():
     assert half.compute_s == pytest.approx(2 * 64**3 / (0.378 * 350e12 / TILES * tiles), rel=1e-12)
     full = _matmul("fp16", half_partials=False)
     assert full.compute_s == pytest.approx(2 * 64**3 / (SHARE * 0.378 * 350e12 / TILES * tiles), rel=1e-12)
-    # only the AMP time changes: the exchange, the syncs and the memory feed are the data's
-    assert (full.comm_s, full.overhead_s, full.memory_s) == (half.comm_s, half.overhead_s, half.memory_s)
+    # the exchange and the syncs are the data's; the AMP loop's partials traffic is per AMP cycle
+    assert (full.comm_s, full.overhead_s) == (half.comm_s, half.overhead_s)
+    assert full.feed_bytes == 2 * half.feed_bytes
+
+
+def test_a_matmuls_roofline_bytes_are_its_amp_loops_partials_traffic():
+    """24 B a tile-cycle (two 64-bit loads, one 64-bit store) for every AMP cycle its FLOPs need at
+    the full rate: 350e12 / 1472 / 1.85e9 = 128.5 FLOP a cycle with fp16 partials, half that with
+    fp32 partials; fp32 data 87.5e12 / 1472 / 1.85e9 = 32.1."""
+    flops = 2 * 64**3
+    cycle16, cycle32 = 350e12 / TILES / 1.85e9, 87.5e12 / TILES / 1.85e9
+    assert _matmul("fp16").feed_bytes == pytest.approx(flops / cycle16 * 24, rel=1e-12)
+    assert _matmul("fp16", half_partials=False).feed_bytes == pytest.approx(flops / (SHARE * cycle16) * 24, rel=1e-12)
+    assert _matmul("fp32").feed_bytes == pytest.approx(flops / cycle32 * 24, rel=1e-12)
+    # against tile SRAM (65 TB/s) over the FLOPs at the 16-bit peak: fp16 partials at the ridge (24 B
+    # a cycle on every tile is 65.4 TB/s), fp32 partials twice there: left of the ridge
+    at_ridge = TILES * 1.85e9 * 24 / 65e12  # 1.0055
+    sram = IPU.memory("sram").bandwidth_bytes_per_s
+    assert _matmul("fp16").feed_bytes / sram / (flops / 350e12) == pytest.approx(at_ridge, rel=1e-12)
+    full = _matmul("fp16", half_partials=False)
+    assert full.feed_bytes / sram / (flops / 350e12) == pytest.approx(2 * at_ridge, rel=1e-12)
+
+
+def test_without_the_amp_loop_a_matmul_moves_its_operands_once():
+    operands = 3 * 64 * 64 * 2  # A, B and C in fp16
+    once = IPU.with_changes({"arch.amp_bytes_per_cycle": 0})
+    assert _matmul("fp16", target=once).feed_bytes == operands
 
 
 def test_fp32_data_keeps_fp32_partials_whatever_the_knob():

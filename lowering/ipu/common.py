@@ -50,6 +50,9 @@ class IpuFigures:
     gamma: float  # arch.matmul_temp_per_operand_byte
     eta: dict[str, float]  # arch.matmul_efficiency_<prec>
     fp32_partials_share: float  # arch.amp_share_fp32_partials: the 16-bit AMP rate kept with fp32 partials
+    amp_bytes: (
+        float  # arch.amp_bytes_per_cycle: tile-memory bytes an AMP instruction's loads and store move (0: none given)
+    )
     lanes: dict[str, float]  # arch.vector_elems_per_cycle_<prec>
     special: dict[str, float]  # arch.special_ops_per_cycle_<prec>
     amp_peak: dict[str, float]  # one tile's share of the AMP peak, FLOP/s
@@ -79,6 +82,7 @@ class IpuFigures:
             gamma=target.arch_value("matmul_temp_per_operand_byte", needed_by=WHO),
             eta={p: target.arch_value(f"matmul_efficiency_{p}", needed_by=WHO) for p in _PRECISIONS},
             fp32_partials_share=target.arch_value("amp_share_fp32_partials", 1.0),
+            amp_bytes=target.arch_value("amp_bytes_per_cycle", 0.0),
             lanes={p: target.arch_value(f"vector_elems_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             special={p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},

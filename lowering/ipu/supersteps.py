@@ -7,7 +7,9 @@ partial sums, ``--half-partials false``), vector ops on the tile's vector lanes,
 at the special-function rate. A sync follows, then an exchange of its inputs between tiles and,
 for a tensor made on another IPU, one copy over the IPU-Link. A matmul whose full-speed
 temporaries exceed the matmul proportion's budget is serialised (`serial_plan`): each pass after
-the first pays a sync and the broadcast operand's exchange again. `place_nodes` is the
+the first pays a sync and the broadcast operand's exchange again. A contraction's tile-memory
+traffic is its AMP loop's (`amp_stream_bytes`: partial sums loaded and stored every cycle), which
+places it on the roofline. `place_nodes` is the
 lowering's step that times every stage node this way.
 """
 
@@ -96,6 +98,23 @@ def amp_rate(run: IpuRun, prec: str) -> float:
     return rate
 
 
+def amp_stream_bytes(run: IpuRun, node: Node, prec: str) -> float:
+    """Tile-memory bytes a contraction's AMP loop moves: ``arch.amp_bytes_per_cycle`` (each AMP
+    instruction's input load and partials load and store) for every AMP cycle its FLOPs need at
+    the unit's full rate (the tile's peak, times ``arch.amp_share_fp32_partials`` with fp32
+    partials). Partial sums stream through memory on every pass over 16 input channels, so a
+    matmul's traffic is this, not its operands once: at the peak rate it takes as long as its
+    FLOPs (the loop sits at the ridge), and fp32 partials on half the units move the same bytes
+    for half the FLOPs (left of it). 0 for a node that contracts nothing."""
+    fig = run.fig
+    flops = run.ctx.costs[node.name].contraction_flops
+    if flops <= 0 or fig.amp_bytes <= 0:
+        return 0.0
+    share = fig.fp32_partials_share if prec == "fp16" and not run.options.half_partials else 1.0
+    flops_per_cycle = fig.amp_peak[prec] * share / fig.clock
+    return flops / flops_per_cycle * fig.amp_bytes
+
+
 def tiles_for(run: IpuRun, node: Node) -> int:
     """Tiles an operator spreads over: enough for its work (one micro-batch per superstep,
     at least ``arch.min_grain_flops`` a tile) and enough to hold its tensors in tile memory."""
@@ -170,17 +189,18 @@ def _superstep(
     special_s = cost.special_ops / (fig.special[prec] * fig.clock * used)
     extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
     serial_comm_s = m * extra * serial.broadcast_bytes / fig.exchange_bw
+    feed = max(float(cost.bytes), amp_stream_bytes(run, node, prec))  # the AMP's partials, where it runs
     comm_s = (link_bytes / link.bandwidth_bytes_per_s + link.latency_s * m) if link and link_bytes else 0.0
     return place_node(
         ctx,
         node,
         unit=unit_id,
         compute_s=matmul_s + vector_s + special_s,
-        memory_s=cost.bytes / (fig.sram_bw * used / fig.tiles),
+        memory_s=feed / (fig.sram_bw * used / fig.tiles),
         comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
         overhead_s=fig.sync * m * (1 + extra) if work else 0.0,
         feed_level=fig.sram.level,
-        feed_bytes=cost.bytes,
+        feed_bytes=feed,
         ridge=fig.ridge,
         allocation=used / fig.tiles / n_ipus if work else 0.0,
         micro_batches=m,
