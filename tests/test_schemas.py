@@ -172,6 +172,14 @@ def _study(text: str, **kw):
         ),
         (_finding(kind='"dominant"', bound='"memory"', expect='"rdu"'), "expect names groups: give group"),
         (_finding(kind='"limits"', group='"target"', expect='{ rdu = "capcity" }'), "a limiter is one of capacity"),
+        (
+            _finding(kind='"switch"', axis='"batch"', expect='["pipelined", "streamed"]'),
+            "expect 'streamed' is no execution mode (modes: pipelined, streaming)",
+        ),
+        (
+            _finding(kind='"switch"', axis='"batch"', expect='["pipelined", "streaming"]', where='{ target = "wse" }'),
+            None,
+        ),
         (_finding(kind='"value"', reduce='"max"', where="{ layers = 2 }"), "keeps every point of experiment 'a'"),
         (
             _finding(kind='"value"', reduce='"max"', where='{ target = { not = "gpu" } }'),

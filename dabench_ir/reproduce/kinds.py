@@ -517,6 +517,14 @@ def knee(rows: Sequence[Row], f: Finding) -> Outcome:
     )
 
 
+def execution_modes() -> tuple[str, ...]:
+    """The modes a point's ``execution_mode`` can be (`dabench_ir.sweep.results`: the WSE mode a run
+    was placed in): the ``--wse-mode`` knob's choices but ``auto``, which is a rule, not a mode."""
+    from dabench_ir.options import KNOBS
+
+    return tuple(c for c in KNOBS["wse_mode"].choices if c != "auto")
+
+
 @finding_kind(
     "switch", fields={"axis": PARAM, "expect": LABELS}, required={"axis", "expect"}, band="label", format="label"
 )

@@ -342,6 +342,11 @@ def _check_static(f: Finding, kind: K.Kind, spec: SweepSpec, where: str) -> None
             )
     if f.kind == "switch" and len(K.labels(f.options["expect"])) != 2:
         raise UserError(f"{where}: expect must name two modes, the one before the switch and the one after")
+    if f.kind == "switch" and not set(K.labels(f.options["expect"])) <= set(K.execution_modes()):
+        unknown = sorted(set(K.labels(f.options["expect"])) - set(K.execution_modes()))
+        raise UserError(
+            f"{where}: expect {unknown[0]!r} is no execution mode (modes: {', '.join(K.execution_modes())})"
+        )
     if ("numerator" in f.options) != ("denominator" in f.options):
         raise UserError(f"{where}: numerator and denominator go together")
     if f.kind == "value" and "select" in f.options and "reduce" in f.options:
