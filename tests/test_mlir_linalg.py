@@ -203,3 +203,17 @@ def test_counting_imports_no_dialect_python_module():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "48 []", done.stdout + done.stderr
+
+
+def test_unattributed_work_says_how_much(tmp_path):
+    """An op without an origin is listed apart, not in the totals, with the work counted on it: the
+    fill's 2x4 fp32 result, 32 B written, in the JSON row and in the table's line."""
+    from dabench_ir.pipeline import profile
+    from dabench_ir.report.table import render_table
+
+    path = tmp_path / "m.mlir"
+    path.write_text(MATMUL.replace(' loc("mm")', "", 1))
+    report = profile(str(path), "h100")
+    (row,) = report.unattributed
+    assert (row["flops"], row["bytes"]) == (0, 32) and report.totals["flops"] == 48
+    assert "not counted in the totals above: 0 FLOP, 32 B counted on 1 of them" in render_table(report)

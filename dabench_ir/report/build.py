@@ -84,7 +84,11 @@ def build_report(
             estimated.append(record)
         if cost is None:
             reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
-            unattributed.append({"name": node.name, "op_type": record.op_type, "reason": reason})
+            row = {"name": node.name, "op_type": record.op_type, "reason": reason}
+            counted = node.meta.get(meta.COST)  # work counted but owned by no node (MLIR ops without an origin)
+            if counted is not None:
+                row.update(flops=counted.flops, bytes=counted.bytes)
+            unattributed.append(row)
         else:
             costs.append(cost)
         records.append(record)

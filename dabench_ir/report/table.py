@@ -505,9 +505,17 @@ def _time_shares(report: Report, st: _Style, width: int) -> list[str]:
 def _unattributed(report: Report, st: _Style) -> list[str]:
     if not report.unattributed:
         return ["Unattributed nodes: 0"]
-    out = [st.red(f"Unattributed nodes: {len(report.unattributed)} (not counted in the totals above)")]
+    counted = [u for u in report.unattributed if u.get("flops") is not None]
+    work = (
+        f": {human(sum(u['flops'] for u in counted), 'FLOP')}, {human(sum(u['bytes'] for u in counted), 'B')} "
+        f"counted on {len(counted)} of them"
+        if counted
+        else ""
+    )
+    out = [st.red(f"Unattributed nodes: {len(report.unattributed)} (not counted in the totals above{work})")]
     for u in report.unattributed[:10]:
-        out.append(f"  {u['name']} ({u['op_type']}): {u['reason']}")
+        size = f" [{human(u['flops'], 'FLOP')}, {human(u['bytes'], 'B')}]" if u.get("flops") is not None else ""
+        out.append(f"  {u['name']} ({u['op_type']}){size}: {u['reason']}")
     if len(report.unattributed) > 10:
         out.append(f"  ... and {len(report.unattributed) - 10} more (see --json)")
     return out
