@@ -317,11 +317,12 @@ class _OwnFile:
 def _own_file(model: Any) -> _OwnFile | None:
     """``model`` as a user's decoder file, or None for a preset, a config or a dabench-ir export."""
     from dabench_ir.frontends.onnx import past_symbols, seq_symbols
+    from dabench_ir.models import PRESETS
     from dabench_ir.pipeline import load_graph
 
-    path = Path(str(model))
-    if not isinstance(model, (str, Path)) or str(model) in _presets() or not path.is_file():
+    if not isinstance(model, (str, Path)) or str(model) in PRESETS or not Path(model).is_file():
         return None
+    path = Path(model)
     proto = _load(path)
     if _metadata(proto).get(MODEL_PARAMS):
         return None
@@ -332,12 +333,6 @@ def _own_file(model: Any) -> _OwnFile | None:
             "--scenario generate binds the prompt and each step's length: export it with a dynamic sequence axis"
         )
     return _OwnFile(proto, path.name, len(graph.layers), bool(past_symbols(graph)))
-
-
-def _presets() -> Any:
-    from dabench_ir.models import PRESETS
-
-    return PRESETS
 
 
 def _given_pair(text: str) -> tuple[Any, Any]:
@@ -494,17 +489,11 @@ def generate(
 
     def step(phase: str, length: int, proto: Any, phase_opts: ProfileOptions) -> PhaseRun:
         """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones."""
-        if own is not None:
-            return run_phase(
-                proto,
-                {},
-                phase,
-                tgt,
-                dataclasses.replace(phase_opts, **own.step(phase, length)),
-                context=0 if phase == "prefill" else length,
-            )
-        dims = {"batch": batch, "seq" if phase == "prefill" else "context": length}
-        return run_phase(proto, dims, phase, tgt, phase_opts)
+        if own is None:
+            dims = {"batch": batch, "seq" if phase == "prefill" else "context": length}
+            return run_phase(proto, dims, phase, tgt, phase_opts)
+        bound = dataclasses.replace(phase_opts, **own.step(phase, length))
+        return run_phase(proto, {}, phase, tgt, bound, context=0 if phase == "prefill" else length)
 
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
     prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
