@@ -127,13 +127,12 @@ def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
     assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == ("O3", 4, False, "fp8")
     gpu = _point(target="a100", run={"zero": 1})
     assert runner._options(gpu, "gpu", validate.PointResult(gpu)).zero == 1
-    ipu = _point(target="bow", run={"half_partials": True})  # Graphcore's FP16.16 rate: what bow models
-    assert runner._options(ipu, "ipu", validate.PointResult(ipu)).ipus == 1
+    ipu = _point(target="bow", run={"half_partials": False})  # fp32 partials: half the AMP units
+    assert runner._options(ipu, "ipu", validate.PointResult(ipu)).half_partials is False
     refused = {
         ("rdu", "num_widgets", 2): "run.num_widgets = 2 refused: the tool has no such knob",
         ("rdu", "wse_mode", "streaming"): "run.wse_mode = streaming: applies to wse targets, not sn30 (rdu)",
         ("rdu", "half_partials", True): "run.half_partials = True: applies to ipu targets",
-        ("ipu", "half_partials", False): "fp32 partials have no rate (the tool models True)",
         ("rdu", "optimizer", "sgd"): "run.optimizer = sgd refused: the training expansion models Adam(W) state",
         ("gpu", "tiles", 4): "run.tiles = 4: applies to rdu targets",
         ("rdu", "zero", 1): "run.zero = 1: applies to gpu targets",  # ZeRO sharding is modelled for GPUs

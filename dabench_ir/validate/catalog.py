@@ -157,14 +157,7 @@ RUN_OPTIONS: dict[str, _Option] = {
         refused="the training expansion models Adam(W) state (fp32 master weights and two moments) only",
         implied=("adam", "adamw"),
     ),
-    "half_partials": _Option(
-        None,
-        frozenset({"ipu"}),
-        refused="the IPU target has one fp16 matmul rate, "
-        "Graphcore's FP16.16 figure (half partials; Bow-2000 datasheet: 1.4 PFLOP/s FP16.16); "
-        "fp32 partials have no rate",
-        implied=(True,),
-    ),
+    "half_partials": _Option("half_partials"),  # IPU matmul partials: fp32 ones on half the AMP units
 }
 """Catalogue ``run`` key -> ScaleOptions field. Adding a knob: one line here (or none, when the knob
 is named as the key already is: any `dabench_ir.options.KNOBS` run, target or scale knob not listed
