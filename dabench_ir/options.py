@@ -326,6 +326,17 @@ class ProfileOptions:
         parse=_non_negative,
         commands=frozenset({PROFILE, SCALE, STUDY}),
     )
+    compiled_seq: int | None = knob(
+        None,
+        help="the sequence length an RDU program (PEF) was compiled for: SambaFlow compiles static shapes "
+        "and a shorter input is padded to it (sambanova/tutorials generative_nlp/generative_inference.py "
+        "pads input_ids to --max_seq_length), so the step runs this many tokens; --seq (at most this) "
+        "stays the sample's own",
+        parse=_positive,
+        group="target",
+        targets=frozenset({"rdu"}),
+        commands=frozenset({PROFILE, SCALE, STUDY}),
+    )
     precision: str | None = knob(
         None,
         help="rewrite dtypes before costing (default: the target's [defaults] precision; without a target, "

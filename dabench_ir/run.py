@@ -176,6 +176,17 @@ def _is_mlir_file(model: Any) -> bool:
     return isinstance(model, (str, os.PathLike)) and Path(model).suffix.lower() == ".mlir"
 
 
+def _mlir_module_only(graph: Graph, model: Any) -> bool:
+    """Whether a linalg run's module has no ONNX model to import again at a precision: a `.mlir`
+    file, or a graph of a module's own ops (an MLIR pipeline's units) not imported at one."""
+    if _is_mlir_file(model):
+        return True
+    from dabench_ir.passes import meta
+
+    artifact = graph.meta.get(meta.MLIR_ARTIFACT)
+    return artifact is not None and artifact.onnx_model is None and artifact.precision is None
+
+
 def _given(options: Any) -> tuple[ScaleOptions, set[str]]:
     """Options as a `ScaleOptions` and the knob names the user set.
 
@@ -305,7 +316,7 @@ def resolve(
                 "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim"
             )
         per_replica, source = 1, "user" if opts.batch is not None else "default"
-    _bind_seq_and_derived(graph, opts.seq, dims, opts.past)
+    _bind_seq_and_derived(graph, _compiled_seq(graph, opts), dims, opts.past)
     changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(
@@ -335,13 +346,21 @@ def resolve(
         sources["micro_batches"] = "user"
 
     trained = meta.graph_mode(graph) == "train"
-    if linalg and (opts.precision is not None or opts.kv_precision is not None):
-        flag = "--precision" if opts.precision is not None else "--kv-precision"
+    mlir_file = linalg and _mlir_module_only(graph, model)
+    if linalg and opts.kv_precision is not None:
         raise UserError(
-            f"{flag} with --via mlir: the linalg module is costed in the dtypes the model was exported in "
-            "(the rewrite works on ONNX ops); export it at that precision (dabench-ir export --dtype), "
-            "or drop --via mlir"
+            "--kv-precision with --via mlir: the linalg module is imported at one float precision "
+            "(--precision); a cache of its own dtype is a rewrite of ONNX values: drop --via mlir"
         )
+    if mlir_file and opts.precision is not None:
+        raise UserError(
+            f"--precision {opts.precision}: an MLIR module keeps the types it was written in; export it at "
+            "that precision (dabench-ir export --dtype), or profile the .onnx file with --via mlir"
+        )
+    if linalg and opts.precision is not None:
+        from dabench_ir.mlir.load import check_import_precision
+
+        check_import_precision(opts.precision)  # the quantised modes: one line, why
     check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
     if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
         tgt = resolve_target(target, opts.threads)
@@ -351,8 +370,8 @@ def resolve(
         for name in _TARGET_DEFAULTS:
             if getattr(opts, name) is not None:
                 continue
-            if name == "precision" and linalg:
-                continue  # a graph costed from linalg keeps its dtypes: the rewrite works on ONNX ops
+            if name == "precision" and mlir_file:
+                continue  # an MLIR module keeps its types; an ONNX model is imported at the precision
             value = tgt.default(name)
             if value is not None:
                 changes[name] = bool(value) if name == "fused_attention" else str(value)
@@ -370,6 +389,27 @@ def resolve(
         linalg=linalg,
         internals=dict(internals or {}),
     )
+
+
+def _compiled_seq(graph: Graph, opts: Any) -> int | None:
+    """The sequence length the step runs: ``--seq``, or padded to ``--compiled-seq`` (a program compiled
+    for static shapes runs its compiled length whatever the input's, `ProfileOptions.compiled_seq`)."""
+    from dabench_ir.frontends.onnx import seq_symbols
+
+    padded = opts.compiled_seq
+    if padded is None:
+        return opts.seq
+    if opts.seq is not None and opts.seq > padded:
+        raise UserError(
+            f"--seq {opts.seq} is longer than --compiled-seq {padded}: the program takes at most {padded} "
+            "tokens; compile it for more"
+        )
+    if not seq_symbols(graph):
+        raise UserError(
+            f"--compiled-seq {padded} pads the model's symbolic sequence length; this model's is fixed as "
+            "exported (export it with a dynamic sequence axis)"
+        )
+    return padded
 
 
 def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], past: int | None = None) -> None:
@@ -474,13 +514,18 @@ def analyzed(graph: Graph) -> bool:
     return meta.analyzed_by(graph) is not None
 
 
-def analysis_passes(dims: Mapping[str, int] | None = None, *, linalg: bool = False) -> list[Any]:
+def analysis_passes(
+    dims: Mapping[str, int] | None = None, *, linalg: bool = False, precision: str | None = None
+) -> list[Any]:
     """The costing passes every run starts with (`prepare`, and the sweep's stamped graphs): the
-    standard ONNX passes with ``dims`` bound, or for a linalg module the linalg cost pass."""
+    standard ONNX passes with ``dims`` bound, or for a linalg module the linalg cost pass, after the
+    module is imported at the run's ``precision`` (`dabench_ir.mlir.load.MlirPrecisionPass`: bytes
+    follow the module's dtypes, so the precision applies before the count, not after it)."""
     if linalg:
         from dabench_ir.mlir import LinalgCostPass
+        from dabench_ir.mlir.load import MlirPrecisionPass
 
-        return [LinalgCostPass()]
+        return [*([MlirPrecisionPass(precision)] if precision is not None else []), LinalgCostPass()]
     from dabench_ir.passes import standard_passes
 
     return list(standard_passes(dims).passes)
@@ -536,7 +581,7 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
     it has not had: the costing passes, then the rewrites (`transform_passes`)."""
     from dabench_ir.passes import PassManager, meta
 
-    passes = [] if analyzed(graph) else analysis_passes(run.dims, linalg=run.linalg)
+    passes = [] if analyzed(graph) else analysis_passes(run.dims, linalg=run.linalg, precision=run.options.precision)
     if analyzed(graph):
         rebound = {k: v for k, v in run.dims.items() if graph.bindings.get(k) != v}
         if rebound:
@@ -547,7 +592,7 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
         raise RuntimeError(f"graph already rewritten for {done}, asked for {key}: pass a clone of the costed graph")
     if done is None:  # rewrites a caller applied by hand (a TrainingPass run directly) are not applied twice
         applied = {"training"} if meta.graph_mode(graph) == "train" else set()
-        if meta.graph_precision(graph) is not None:
+        if meta.graph_precision(graph) is not None or run.linalg:  # linalg: applied at import (analysis_passes)
             applied |= {"precision", "cost", "dequantise"}
         rewrites = [p for p in transform_passes(run.options) if p.name not in applied]
         if passes and not run.linalg and any(p.name == "cost" for p in rewrites):

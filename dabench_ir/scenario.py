@@ -140,6 +140,7 @@ class GenerateResult:
     chips: int = 1
     strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
     decode_graph: str = "export"  # a DECODE_GRAPHS key
+    compiled_seq: int | None = None  # static shapes: every step runs this window (`--compiled-seq`)
 
     @property
     def ttft_s(self) -> float:
@@ -199,6 +200,7 @@ class GenerateResult:
             "tpot_interpolation": "linear in context between the sampled steps" if self.interpolated else "exact",
             "decode_graph": self.decode_graph,
             "decode_graph_rule": DECODE_GRAPHS[self.decode_graph],
+            "compiled_seq": self.compiled_seq,
             "fits": self.fits,
             "prefill": self.prefill.to_dict(nodes=True),
             "decode": [d.to_dict(nodes=i == len(self.decode) - 1) for i, d in enumerate(self.decode)],
@@ -487,13 +489,20 @@ def generate(
     run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
     chips = getattr(opts, "chips", 1)
 
+    compiled = _static_window(opts, tgt, prompt, gen)
+    run_opts = dataclasses.replace(run_opts, compiled_seq=None)  # applied below, per step
+
     def step(phase: str, length: int, proto: Any, phase_opts: ProfileOptions) -> PhaseRun:
-        """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones."""
+        """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones;
+        with static shapes, the compiled window's (the prompt padded to it, the cache one short of it)."""
+        context = 0 if phase == "prefill" else length
+        if compiled is not None:
+            length = compiled if phase == "prefill" else compiled - 1
         if own is None:
             dims = {"batch": batch, "seq" if phase == "prefill" else "context": length}
-            return run_phase(proto, dims, phase, tgt, phase_opts)
+            return run_phase(proto, dims, phase, tgt, phase_opts, context=context)
         bound = dataclasses.replace(phase_opts, **own.step(phase, length))
-        return run_phase(proto, {}, phase, tgt, bound, context=0 if phase == "prefill" else length)
+        return run_phase(proto, {}, phase, tgt, bound, context=context)
 
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
     prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
@@ -525,7 +534,25 @@ def generate(
         chips=chips,
         strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
         decode_graph=own.decode_graph if own is not None else "export",
+        compiled_seq=compiled,
     )
+
+
+def _static_window(opts: ProfileOptions, target: Target, prompt: int, gen: int) -> int | None:
+    """``--compiled-seq``: the window every step of a program compiled for static shapes runs (an RDU's
+    PEF: SambaFlow pads the input to it), checked against the target and the request; None without it."""
+    from dabench_ir.options import check_applies
+
+    compiled = getattr(opts, "compiled_seq", None)
+    if compiled is None:
+        return None
+    check_applies(opts, {"compiled_seq"}, target)
+    if prompt + gen > compiled:
+        raise UserError(
+            f"--prompt {prompt} + --gen {gen} is {prompt + gen} tokens, more than --compiled-seq {compiled} "
+            "holds; compile the program for more"
+        )
+    return compiled
 
 
 # ---- output ------------------------------------------------------------------------------------
@@ -593,6 +620,12 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
     if result.interpolated:
         lines.append("  (decode steps between these context lengths: linear interpolation)")
     lines.append(f"  decode steps: {DECODE_GRAPHS[result.decode_graph]}")
+    if result.compiled_seq is not None:
+        n = result.compiled_seq
+        lines.append(
+            f"  static shapes (--compiled-seq {n}): the prompt padded to {n} tokens, each decode step over a "
+            f"cache of {n - 1}, whatever the context"
+        )
     if not result.prefill.fits:
         lines.append(f"  prefill does not fit: {result.prefill.failure}")
     if top:

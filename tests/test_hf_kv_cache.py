@@ -301,3 +301,56 @@ def test_a_dynamo_kv_export_binds_with_batch_seq_and_past_alone(dynamo_kv_export
     assert main([*argv, "--dim", "total=5", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the attention mask spans the cache and the new tokens" in err
+
+
+def test_compiled_seq_pads_the_step_to_the_programs_length(exports, tmp_path, capsys):
+    """``--compiled-seq N`` on an RDU: a program compiled for static shapes runs N tokens whatever the
+    input's (SambaNova's generative tutorial pads input_ids to --max_seq_length): --seq 20 costs the
+    contraction FLOPs of 32 tokens; the sample's own length stays recorded. Elsewhere, or longer, refused."""
+    path = str(exports["llama-plain"])
+    padded = _report(
+        ["profile", path, "-t", "rdu", "--batch", "1", "--seq", "20", "--compiled-seq", "32"], tmp_path, capsys
+    )
+    assert padded["totals"]["contraction_flops"] == _decode_contraction_flops("llama", past=0, seq=32)
+    assert (padded["config"]["seq"], padded["config"]["compiled_seq"]) == (20, 32)
+    for argv, needle in (
+        (["-t", "h100", "--seq", "20", "--compiled-seq", "32"], "--compiled-seq applies to rdu targets"),
+        (["-t", "rdu", "--seq", "40", "--compiled-seq", "32"], "--seq 40 is longer than --compiled-seq 32"),
+    ):
+        assert main(["profile", path, "--batch", "1", *argv, "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_generate_with_static_shapes_runs_the_compiled_window(exports, tmp_path, capsys):
+    """With --compiled-seq N every prefill is N tokens and every decode step one token over a cache of
+    N - 1, whatever the context (the table keeps each step's own context); a request longer than N is
+    refused."""
+    path = str(exports["llama"])
+    argv = [
+        "profile",
+        path,
+        "-t",
+        "rdu",
+        "--scenario",
+        "generate",
+        "--prompt",
+        "10",
+        "--gen",
+        "6",
+        "--compiled-seq",
+        "32",
+    ]
+    result = _report(argv, tmp_path, capsys)
+    assert result["compiled_seq"] == 32
+    assert result["prefill"]["report"]["totals"]["contraction_flops"] == _decode_contraction_flops(
+        "llama", past=0, seq=32
+    )
+    last = result["decode"][-1]
+    assert last["context"] == 14 and last["report"]["totals"]["contraction_flops"] == _decode_contraction_flops(
+        "llama", past=31
+    )
+    assert len({d["time_s"] for d in result["decode"]}) == 1  # one window: every step alike
+    assert main([*argv[:-1], "12", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than --compiled-seq 12 holds" in err
