@@ -77,12 +77,13 @@ def load_graph(
     return load_onnx(model)
 
 
-def _lowered(graph: Graph, model: Any, dims: Mapping[str, int]) -> Graph:
-    """The ONNX ``graph`` of ``model`` with its torch-mlir linalg module, lowered at ``dims``."""
+def _lowered(graph: Graph, model: Any, dims: Mapping[str, int], precision: str | None = None) -> Graph:
+    """The ONNX ``graph`` of ``model`` with its torch-mlir linalg module, lowered at ``dims`` and
+    imported at ``precision`` (None: the dtypes it was exported in)."""
     from dabench_ir.mlir import attach_mlir
 
     source = graph.path if graph.path is not None else model  # a preset's file; a proto as it is
-    return attach_mlir(graph, source, dims, where=str(graph.path or "<onnx>"))
+    return attach_mlir(graph, source, dims, where=str(graph.path or "<onnx>"), precision=precision)
 
 
 def _options(options: Any) -> Any:
@@ -103,16 +104,22 @@ def _as_options(options: Any) -> Any:
         raise UserError(f"profile: {exc}") from None
 
 
-def load_for_run(model: Any, options: Any) -> Graph:
-    """``model`` loaded as a run with ``options`` loads it: by ``--via``; an ONNX model lowered to
-    linalg at the run's dims (its batch, sequence and the dims derived from them)."""
+def load_for_run(model: Any, options: Any, target: Any = None) -> Graph:
+    """``model`` loaded as a run with ``options`` on ``target`` loads it: by ``--via``; an ONNX model
+    lowered to linalg at the run's dims (its batch, sequence and the dims derived from them) and
+    imported at the run's precision (the user's, else ``target``'s ``[defaults]``: `run.resolve`).
+    A run at another precision imports it again (`dabench_ir.mlir.load.MlirPrecisionPass`)."""
     opts = _as_options(options)
     if opts.via != "mlir" or _is_mlir_file(model):
         return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
     # torch-mlir imports static shapes only: the run binds the ONNX graph's batch, sequence and the
     # dims derived from them (`run.resolve`, as on the ONNX path), and the module is lowered at those
     graph = load_graph(model, dims=opts.dims, batch=opts.batch)
-    return _lowered(graph, model, {**graph.bindings, **resolve(graph, None, options).dims})
+    from dabench_ir.run import is_host_cpu
+
+    # the host CPU is calibrated when resolved against; its [defaults] hold no precision
+    run = resolve(graph, None if target is None or is_host_cpu(target) else target, options)
+    return _lowered(graph, model, {**graph.bindings, **run.dims}, run.options.precision)
 
 
 def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "onnx") -> Graph:
@@ -122,7 +129,7 @@ def analyze(model: Any, dims: Mapping[str, int] | None = None, *, via: str = "on
 
 def prepare_graph(model: Any, options: Any = None, target: Any = None) -> Graph:
     """``model`` loaded and through every pass its run on ``target`` (None: cost only) needs."""
-    graph = load_for_run(model, options)
+    graph = load_for_run(model, options, target)
     return prepare(resolve(graph, target, _options(options), model=model), graph)
 
 
@@ -138,7 +145,7 @@ def run_profile(model: Any, target: Any, options: Any = None, *, progress: Progr
     options = _options(options)
     check_target(target)  # a bad name or file fails before any work
     say("loading the model")
-    graph = load_for_run(model, options)
+    graph = load_for_run(model, options, target)
     return execute(resolve(graph, target, options, model=model), graph, progress=say)
 
 
@@ -171,7 +178,7 @@ def profile_targets(
         {**options, "measure": False} if isinstance(options, Mapping) else dataclasses.replace(options, measure=False)
     )
     say("loading the model")
-    loaded = load_for_run(model, options)
+    loaded = load_for_run(model, options, targets[0] if targets else None)
     costed: dict[tuple[Any, ...], Graph | UserError] = {}
     results: dict[Any, Report | UserError] = {}
     for target in targets:

@@ -156,12 +156,27 @@ class OpCount:
 
 
 class MlirArtifact:
-    """A lowered torch_mlir module kept on a Graph; shared (not copied) by deepcopy."""
+    """A lowered torch_mlir module kept on a Graph; shared (not copied) by deepcopy.
 
-    def __init__(self, module: Any, *, weight_args: frozenset[int] = frozenset(), source: str = "") -> None:
+    ``precision``: the float precision an ONNX model was imported at (`dabench_ir.mlir.load.
+    attach_mlir`; None: the dtypes it was exported in). ``onnx_model``: the ONNX model (a path or
+    an onnx.ModelProto) the module was imported from, so a run at another precision imports it
+    again; None for a `.mlir` file, which keeps its own types."""
+
+    def __init__(
+        self,
+        module: Any,
+        *,
+        weight_args: frozenset[int] = frozenset(),
+        source: str = "",
+        precision: str | None = None,
+        onnx_model: Any = None,
+    ) -> None:
         self.module = module
         self.weight_args = weight_args
         self.source = source
+        self.precision = precision
+        self.onnx_model = onnx_model
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MlirArtifact:
         return self

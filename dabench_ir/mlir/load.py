@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,19 +48,23 @@ from dabench_ir.mlir.count import (
     ops_in,
     tensor_type_of,
 )
+from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PARAMS, MODEL_WEIGHTS
 
 if TYPE_CHECKING:
     import onnx
 
 __all__ = [
+    "IMPORT_PRECISIONS",
     "LINALG_PIPELINE",
     "ONNX_PIPELINE",
     "ONNX_STATIC_PIPELINE",
     "TORCH_PIPELINE",
+    "MlirPrecisionPass",
     "all_static",
     "attach_mlir",
     "captured_stderr",
+    "check_import_precision",
     "create_nodes",
     "entry_func",
     "first_diagnostic",
@@ -72,6 +77,8 @@ __all__ = [
     "onnx_via_mlir",
     "parse_mlir",
     "prepare_onnx",
+    "reimport_at",
+    "retype_onnx",
 ]
 
 logger = logging.getLogger(__name__)
@@ -524,11 +531,20 @@ def onnx_via_mlir(model: Any, dims: Mapping[str, int] | None = None) -> Graph:
     return attach_mlir(load_onnx(path if path is not None else proto), proto, dims, where=str(path or "<onnx>"))
 
 
-def attach_mlir(graph: Graph, model: Any, dims: Mapping[str, int] | None = None, *, where: str = "<onnx>") -> Graph:
+def attach_mlir(
+    graph: Graph,
+    model: Any,
+    dims: Mapping[str, int] | None = None,
+    *,
+    where: str = "<onnx>",
+    precision: str | None = None,
+) -> Graph:
     """``graph`` (the ONNX frontend's, of ``model``: a path or an onnx.ModelProto) with ``model``
-    imported through torch-mlir and lowered to linalg at ``dims``, which bind every symbolic dim."""
+    imported through torch-mlir and lowered to linalg at ``dims``, which bind every symbolic dim,
+    and at ``precision`` (`retype_onnx`; None: the dtypes it was exported in)."""
     from dabench_ir.frontends.onnx import read_model
 
+    check_import_precision(precision)
     start = time.perf_counter()
     proto, _ = read_model(model)
     if dims:
@@ -539,13 +555,152 @@ def attach_mlir(graph: Graph, model: Any, dims: Mapping[str, int] | None = None,
     except UnboundSymbolError as exc:  # named with the flag that binds each: --batch, --seq or --dim
         batch = graph.batch_dim if isinstance(graph.batch_dim, str) else None
         raise UnboundSymbolError(exc.symbols, batch=batch) from None
+    if precision is not None:
+        retype_onnx(prepared, precision)
     ctx = mlir_context()
     module = import_onnx(prepared, context=ctx, where=where)
     lower_to_linalg(module, where=where)
-    graph.meta[MLIR_ARTIFACT] = MlirArtifact(module, weight_args=weight_args, source=where)
+    graph.meta[MLIR_ARTIFACT] = MlirArtifact(
+        module, weight_args=weight_args, source=where, precision=precision, onnx_model=model
+    )
     graph.metadata["dabench.frontend"] = "onnx via mlir"
     logger.info("%s via MLIR: %d nodes in %.2f s", where, len(graph.nodes), time.perf_counter() - start)
     return graph
+
+
+# -- precision at import -----------------------------------------------------------------
+IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+"""The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
+``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md)."""
+
+_IMPORT_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "mixed": "bf16"}
+
+
+def check_import_precision(precision: str | None) -> None:
+    """A UserError, in one line, for a precision the linalg module cannot be imported at: the quantised
+    modes, recipes over the block matmuls' weights that torch-mlir's linalg cannot express as the
+    ONNX path costs them (tried with its ONNX importer): a block-wise int4 ``DequantizeLinear``
+    (w4a16) is not legalised, an fp8 weight is cast to f32 before the matmul (no fp8 contraction),
+    and int8 / w8a16 weights would need the model rewritten into quantised ONNX ops."""
+    if precision is None or precision in IMPORT_PRECISIONS:
+        return
+    why = {
+        "w4a16": "torch-mlir does not lower a block-wise int4 DequantizeLinear",
+        "fp8": "torch-mlir casts an fp8 weight to f32 before the matmul (no fp8 contraction in its linalg)",
+    }.get(
+        precision, f"{precision} weights need the model rewritten into quantised ONNX ops, which the import does not do"
+    )
+    raise UserError(
+        f"--precision {precision} with --via mlir: {why}; the linalg module is imported at "
+        f"{', '.join(IMPORT_PRECISIONS)} (drop --via mlir for {precision})"
+    )
+
+
+def retype_onnx(proto: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+    """Retype ``proto``'s float tensors to ``precision`` (``mixed``: bf16) in place, as if it had been exported so:
+    graph inputs, outputs and value_info, inline initializers (converted, round to nearest even),
+    ``Cast`` to a float type, ``dtype`` attributes and float tensor attributes (``Constant``,
+    ``ConstantOfShape``), subgraphs included.
+
+    Weights are function arguments by now (`prepare_onnx`): retyping them reads no weight data.
+    torch-mlir then lowers the model with its own numerics at that dtype (a 16-bit matmul
+    accumulates in f32, softmax computes in f32, LayerNormalization in its ``stash_type``):
+    docs/mlir.md, "Precision"."""
+    import onnx
+
+    check_import_precision(precision)
+    dtypes = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}
+    to = dtypes[_IMPORT_DTYPE[precision]]
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    _retype_graph(proto.graph, to, floats)
+    return proto
+
+
+def _retype_graph(g: Any, to: int, floats: set[int]) -> None:
+    import onnx
+
+    for vi in (*g.input, *g.output, *g.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in floats:
+            vi.type.tensor_type.elem_type = to
+    for init in g.initializer:
+        if init.data_type in floats:
+            init.CopyFrom(_converted(init, to))
+    for node in g.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.INT and attr.name in ("to", "dtype") and attr.i in floats:
+                attr.i = to
+            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in floats:
+                attr.t.CopyFrom(_converted(attr.t, to))
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _retype_graph(attr.g, to, floats)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _retype_graph(sub, to, floats)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):  # value_float(s): an f32 constant
+            for k, attr in enumerate(node.attribute):
+                if attr.name in ("value_float", "value_floats"):
+                    values = [attr.f] if attr.name == "value_float" else list(attr.floats)
+                    dims = [] if attr.name == "value_float" else [len(values)]
+                    tensor = onnx.helper.make_tensor("value", onnx.TensorProto.FLOAT, dims, values)
+                    node.attribute[k].CopyFrom(onnx.helper.make_attribute("value", _converted(tensor, to)))
+
+
+def _converted(tensor: Any, to: int) -> Any:
+    """``tensor`` (a float TensorProto) as ``to``, its data as ``raw_data``: torch-mlir's importer
+    reads bf16 initializer data from ``raw_data`` only."""
+    import ml_dtypes
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if tensor.data_type == to:
+        return tensor
+    data = numpy_helper.to_array(tensor).astype(np.float32)
+    dtype = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}.get(to, ml_dtypes.bfloat16)
+    out = onnx.helper.make_tensor(tensor.name, to, list(tensor.dims), data.astype(dtype).tobytes(), raw=True)
+    out.doc_string = tensor.doc_string
+    return out
+
+
+def reimport_at(graph: Graph, precision: str | None) -> None:
+    """``graph``'s linalg module imported again from its ONNX model at ``precision`` (a run at another
+    precision than the one it was loaded at: `dabench_ir.run.prepare`); a `.mlir` module, which keeps
+    its own types, is refused in one line."""
+    artifact: MlirArtifact = graph.meta[MLIR_ARTIFACT]
+    if artifact.precision == precision:
+        return
+    if artifact.onnx_model is None:
+        raise UserError(
+            f"--precision {precision}: {artifact.source} is an MLIR module and keeps the types it was written "
+            "in; export it at that precision, or profile the .onnx file with --via mlir"
+        )
+    attach_mlir(graph, artifact.onnx_model, dict(graph.bindings), where=artifact.source, precision=precision)
+    graph.meta.pop(LINALG_COUNTS, None)
+
+
+@dataclass(frozen=True)
+class MlirPrecisionPass(Pass):
+    """A linalg run at ``precision``: its module imported at it (`reimport_at`, when the graph was
+    loaded at another), then, on the ONNX frontend's graph (``--via mlir``), its values retyped and
+    its nodes marked by `PrecisionPass` as on the ONNX path (what the lowerings read: each node's
+    compute and accumulation dtype, the weights' resident bytes); the costs stay the module's
+    (`LinalgCostPass` runs after this). A graph of the module's own ops keeps the module's types."""
+
+    precision: str
+    name: str = "mlir-precision"
+
+    def call(self, graph: Graph) -> PassResult:
+        from dabench_ir.passes import meta
+        from dabench_ir.passes.passes import ClassifyOps
+        from dabench_ir.passes.precision import PrecisionPass
+
+        reimport_at(graph, self.precision)
+        if graph.metadata.get("dabench.frontend") == "onnx via mlir":
+            ClassifyOps()(graph)
+            PrecisionPass(self.precision)(graph)
+        else:
+            meta.graph_set(graph, meta.GRAPH_PRECISION, self.precision)
+        return PassResult(graph, True)
 
 
 def mlir_asm(graph: Graph, *, debug_info: bool = True) -> str:

@@ -1,0 +1,129 @@
+"""`--via mlir` at a precision: the ONNX model is imported at it, chosen as on the ONNX path.
+
+The graph: ``y = Softmax(MatMul(x, W))``, x a [4, 8] input, W an [8, 16] weight, y [4, 16] (T = 64
+elements of y). Expected figures, written before running (docs/mlir.md, "Precision"):
+
+- FLOPs do not depend on the precision on either path, and the MatMul's contraction FLOPs agree
+  between the paths (2 x 4 x 8 x 16 = 1024);
+- weight bytes agree between the paths at each precision: W is stored at the precision and read
+  once (512 B in fp32, 256 B in bf16);
+- every tensor that crosses an ONNX node is at the precision, but torch-mlir lowers a bf16 model
+  with its own numerics: the matmul accumulates in an f32 tensor (zero fill, accumulate, then a
+  truncf to bf16) and softmax computes in f32 (extf in, truncf out). So at linalg level:
+  MatMul bf16 = MatMul fp32 - 64 (x read at 2 B) - 256 (W at 2 B) + 256 + 128 (truncf: the f32
+  accumulator read, y written in bf16); Softmax bf16 = Softmax fp32 + 128 + 256 (extf) + 256 + 128
+  (truncf). The ONNX path halves both nodes' bytes (its bf16 accumulates in bf16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+from dabench_ir.errors import UserError
+from dabench_ir.options import ProfileOptions
+from dabench_ir.passes import meta
+from dabench_ir.pipeline import prepare_graph, profile
+
+pytest.importorskip("torch_mlir")
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+tiny (float[4,8] x) => (float[4,16] y) {
+    m = MatMul(x, W)
+    y = Softmax<axis = -1>(m)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    proto = onnx.parser.parse_model(TEXT)
+    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
+    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
+    path = tmp_path_factory.mktemp("prec") / "tiny.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+def _costs(model, target=None, **options):
+    graph = prepare_graph(model, ProfileOptions(**options), target)
+    by_op = {n.op_type: meta.get_cost(n) for n in graph.nodes if meta.get_cost(n) is not None}
+    return by_op["MatMul"], by_op["Softmax"]
+
+
+@pytest.fixture(scope="module")
+def costs(model):
+    return {
+        (via, prec): _costs(model, via=via, precision=prec) for via in ("onnx", "mlir") for prec in ("fp32", "bf16")
+    }
+
+
+def test_flops_follow_no_precision(costs):
+    for via in ("onnx", "mlir"):
+        for k in range(2):
+            assert costs[via, "fp32"][k].flops == costs[via, "bf16"][k].flops
+    assert costs["mlir", "bf16"][0].contraction_flops == costs["onnx", "bf16"][0].contraction_flops == 1024
+
+
+def test_weight_bytes_agree_between_paths(costs):
+    for prec, size in (("fp32", 4), ("bf16", 2)):
+        assert costs["onnx", prec][0].weight_bytes == costs["mlir", prec][0].weight_bytes == 128 * size
+
+
+def test_onnx_path_halves_bytes(costs):
+    assert costs["onnx", "fp32"][0].bytes == 128 + 512 + 256
+    assert costs["onnx", "bf16"][0].bytes == (128 + 512 + 256) // 2
+    assert costs["onnx", "bf16"][1].bytes * 2 == costs["onnx", "fp32"][1].bytes
+
+
+def test_mlir_bytes_follow_torch_mlir_numerics(costs):
+    matmul32, softmax32 = costs["mlir", "fp32"]
+    matmul16, softmax16 = costs["mlir", "bf16"]
+    # fp32: zero fill 256 written; x 128 + W 512 + accumulator 256 read; y 256 written
+    assert matmul32.bytes == 256 + 128 + 512 + 256 + 256
+    assert matmul16.bytes == matmul32.bytes - 64 - 256 + 256 + 128
+    assert softmax16.bytes == softmax32.bytes + 128 + 256 + 256 + 128
+
+
+def test_target_default_applies_to_both_paths(model, costs):
+    """The RDU's [defaults] precision is bf16: both paths run at it, say so, and cost what --precision bf16 costs."""
+    for via in ("onnx", "mlir"):
+        run = profile(model, "rdu", via=via).to_dict()["config"]
+        assert run["precision"] == "bf16"
+        assert run["run"]["knobs"]["precision"] == {"value": "bf16", "source": "target"}
+        assert run["run"]["costed_from"] == ("linalg" if via == "mlir" else "onnx")
+        matmul, softmax = _costs(model, "rdu", via=via)
+        assert (matmul.bytes, softmax.bytes) == (costs[via, "bf16"][0].bytes, costs[via, "bf16"][1].bytes)
+
+
+def test_fp16_and_mixed_import(model, costs):
+    """fp16 is imported as bf16 is (same sizes); mixed is imported at bf16, the graph marked mixed."""
+    assert [c.bytes for c in _costs(model, via="mlir", precision="fp16")] == [c.bytes for c in costs["mlir", "bf16"]]
+    config = profile(model, "rdu", via="mlir", precision="mixed").to_dict()["config"]
+    assert config["precision"] == "mixed"
+    assert config["precision_by_class"] == {"contraction": "bf16", "vector": "fp32"}  # softmax in fp32
+    assert [c.bytes for c in _costs(model, via="mlir", precision="mixed")] == [c.bytes for c in costs["mlir", "bf16"]]
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8", "w8a16", "w4a16"])
+def test_quantised_refused_in_one_line(model, precision):
+    with pytest.raises(UserError, match=f"--precision {precision} with --via mlir") as info:
+        profile(model, "rdu", via="mlir", precision=precision)
+    assert "\n" not in str(info.value)
+
+
+def test_mlir_file_keeps_its_types(model, tmp_path):
+    from dabench_ir.mlir.load import onnx_via_mlir
+
+    path = tmp_path / "tiny.mlir"
+    graph = onnx_via_mlir(model)
+    path.write_text(graph.meta[meta.MLIR_ARTIFACT].module.operation.get_asm(enable_debug_info=True))
+    with pytest.raises(UserError, match="keeps the types it was written in") as info:
+        profile(str(path), "rdu", precision="bf16")
+    assert "\n" not in str(info.value)
+    config = profile(str(path), "rdu").to_dict()["config"]  # the target's bf16 default does not apply
+    assert config["run"]["knobs"]["precision"]["source"] == "model"
