@@ -177,14 +177,14 @@ def _is_mlir_file(model: Any) -> bool:
 
 
 def _mlir_module_only(graph: Graph, model: Any) -> bool:
-    """Whether a linalg run's module has no ONNX model to import again at a precision: a `.mlir`
-    file, or a graph of a module's own ops (an MLIR pipeline's units) not imported at one."""
-    if _is_mlir_file(model):
-        return True
+    """Whether a linalg run's module keeps the types it was written in: a `.mlir` file, or a graph of
+    a module's own ops (an MLIR pipeline's units, written as `.mlir`) not imported at a precision."""
     from dabench_ir.passes import meta
 
     artifact = graph.meta.get(meta.MLIR_ARTIFACT)
-    return artifact is not None and artifact.onnx_model is None and artifact.precision is None
+    if artifact is not None:
+        return artifact.onnx_model is None and artifact.precision is None
+    return _is_mlir_file(model)
 
 
 def _given(options: Any) -> tuple[ScaleOptions, set[str]]:

@@ -127,3 +127,16 @@ def test_mlir_file_keeps_its_types(model, tmp_path):
     assert "\n" not in str(info.value)
     config = profile(str(path), "rdu").to_dict()["config"]  # the target's bf16 default does not apply
     assert config["run"]["knobs"]["precision"]["source"] == "model"
+
+
+def test_study_mlir_rows_record_their_precision(model):
+    """Each MLIR row runs, and records, the precision its target's ONNX rows run at (the RDU's bf16,
+    the WSE's mixed): the module is imported once per precision."""
+    from dabench_ir.study import run_study
+
+    doc = run_study(model, ["mlir-elementwise", "ort-basic"], ["rdu", "wse"], ProfileOptions(), via="mlir")
+    rows = {(r["pipeline"], r["target"]): r for r in doc["runs"]}
+    for target, precision in (("sn30", "bf16"), ("wse2", "mixed")):
+        assert rows["mlir-elementwise", target]["config"]["precision"] == precision
+        assert rows["mlir-elementwise", target]["mlir"]["precision"] == precision
+        assert rows["ort-basic", target]["config"]["precision"] == precision

@@ -160,53 +160,80 @@ def mlir_runs(
         return path
 
     stem = Path(model).stem
-    say(f"MLIR baseline: {stem} lowered to linalg")
-    base = load_for_run(model, dataclasses.replace(opts, via="mlir"))  # at the run's --batch, --seq
-    art = base.meta[MLIR_ARTIFACT]
-    counts0 = count_module(art.module, weight_args=art.weight_args)
-    names0 = unit_names(counts0)
-    path0 = keep(art.module.operation, f"{stem}.{MLIR_BASELINE}.mlir")
-
-    def place(module: Any, counts: Sequence[Any], names: Sequence[str | None], path: Path, t: str | None) -> Any:
-        return profile_graph(unit_graph(base, module, counts, names, path=str(path)), t, opts, progress=say)
-
-    baseline = {}
-    for t in targets:
-        rep = place(art.module, counts0, names0, path0, t)
-        save(rep, MLIR_BASELINE, t)
-        baseline[t] = rep.to_dict()
-    by_node0, _ = split_by_nodes(counts0, {})
-    ops0 = _ops_per_node(counts0)
     runs = []
     per_node: dict[str, dict] = {}
-    for pipe in pipes:
-        assert pipe.mlir is not None
-        say(f"MLIR pipeline {pipe.name}: {', '.join(pipe.mlir)}")
-        module = art.module.operation.clone()
-        record, counts1 = run_mlir_pipeline(module, pipe.mlir, weight_args=art.weight_args, counts=None)
-        names1 = unit_names(counts1, suffix=f"/{pipe.name}")
-        for k in record.kept:  # an op no pass touched keeps its baseline name
-            (j,) = record.sources[k]
-            names1[k] = names0[j]
-        path1 = keep(module, f"{stem}.{pipe.name}.mlir")
-        prov = _provenance(names0, names1, counts1, record)
-        by_node1, shared = split_by_nodes(counts1, by_node0)
-        rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
-        per_node[pipe.name] = {"before": by_node0, "after": by_node1, "shared": shared}
-        doc = {
-            "passes": list(pipe.mlir),
-            "module": str(path1) if out is not None else None,
-            "before": record.before.to_dict(),
-            "steps": record.steps_dict(),
-            "nodes": rows,
-            "conservation": conservation(counts0, counts1),
-        }
-        for t in targets:
-            rep = place(module, counts1, names1, path1, t)
-            rep.extra["provenance"] = prov.to_dict()
-            save(rep, pipe.name, t)
-            runs.append((pipe, t, baseline[t], rep.to_dict(), prov, doc))
+    groups = _by_precision(model, targets, opts)
+    for precision, group in groups.items():
+        label = f"{stem}.{precision}" if len(groups) > 1 else stem
+        say(f"MLIR baseline: {stem} lowered to linalg" + (f" at {precision}" if precision else ""))
+        base = load_for_run(model, _at(opts, precision))  # at the run's --batch, --seq and precision
+        art = base.meta[MLIR_ARTIFACT]
+        counts0 = count_module(art.module, weight_args=art.weight_args)
+        names0 = unit_names(counts0)
+        path0 = keep(art.module.operation, f"{label}.{MLIR_BASELINE}.mlir")
+
+        def place(module: Any, counts: Sequence[Any], names: Sequence[str | None], path: Path, t: str | None) -> Any:
+            units = unit_graph(base, module, counts, names, path=str(path))  # noqa: B023 - used in this iteration
+            units.meta[MLIR_ARTIFACT].precision = art.precision  # noqa: B023 - the module's, which the run records
+            return profile_graph(units, t, opts, progress=say)
+
+        baseline = {}
+        for t in group:
+            rep = place(art.module, counts0, names0, path0, t)
+            save(rep, MLIR_BASELINE, t)
+            baseline[t] = rep.to_dict()
+        by_node0, _ = split_by_nodes(counts0, {})
+        ops0 = _ops_per_node(counts0)
+        for pipe in pipes:
+            assert pipe.mlir is not None
+            say(f"MLIR pipeline {pipe.name}: {', '.join(pipe.mlir)}")
+            module = art.module.operation.clone()
+            record, counts1 = run_mlir_pipeline(module, pipe.mlir, weight_args=art.weight_args, counts=None)
+            names1 = unit_names(counts1, suffix=f"/{pipe.name}")
+            for k in record.kept:  # an op no pass touched keeps its baseline name
+                (j,) = record.sources[k]
+                names1[k] = names0[j]
+            path1 = keep(module, f"{label}.{pipe.name}.mlir")
+            prov = _provenance(names0, names1, counts1, record)
+            by_node1, shared = split_by_nodes(counts1, by_node0)
+            rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
+            per_node.setdefault(pipe.name, {"before": by_node0, "after": by_node1, "shared": shared})
+            doc = {
+                "passes": list(pipe.mlir),
+                "precision": art.precision,
+                "module": str(path1) if out is not None else None,
+                "before": record.before.to_dict(),
+                "steps": record.steps_dict(),
+                "nodes": rows,
+                "conservation": conservation(counts0, counts1),
+            }
+            for t in group:
+                rep = place(module, counts1, names1, path1, t)
+                rep.extra["provenance"] = prov.to_dict()
+                save(rep, pipe.name, t)
+                runs.append((pipe, t, baseline[t], rep.to_dict(), prov, doc))
     return runs, per_node
+
+
+def _at(opts: Any, precision: str | None) -> Any:
+    """The study's options for loading the MLIR baseline at ``precision`` (through `--via mlir`)."""
+    return dataclasses.replace(opts, via="mlir", precision=precision)
+
+
+def _by_precision(model: str, targets: Sequence[str | None], opts: Any) -> dict[str | None, list[str | None]]:
+    """The targets by the precision each runs at, as `dabench_ir.run.resolve` chooses it (the user's,
+    else the target's ``[defaults]``): the module is imported once per precision, and each MLIR row
+    runs, and records, the precision its target's ONNX rows run at."""
+    from dabench_ir.pipeline import load_graph
+    from dabench_ir.run import is_host_cpu, resolve
+
+    graph = load_graph(model, dims=opts.dims, batch=opts.batch)
+    groups: dict[str | None, list[str | None]] = {}
+    for t in targets:
+        target = None if t is None or is_host_cpu(t) else t  # the host's [defaults] hold no precision
+        precision = resolve(graph, target, dataclasses.replace(opts, via="mlir")).options.precision
+        groups.setdefault(precision, []).append(t)
+    return groups
 
 
 def agreement(onnx_run: Mapping[str, Any], mlir_pipeline: str, nodes: Mapping[str, Any]) -> dict[str, Any]:
