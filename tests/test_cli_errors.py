@@ -589,12 +589,14 @@ def test_a_sequence_longer_than_the_learned_position_table_is_refused(capsys, tm
     assert code == 0
 
 
-def test_a_precision_rewrite_through_linalg_is_refused_in_one_line(capsys, tiny_decoder):
-    """The precision rewrite works on ONNX ops; a linalg-costed run says so (it was an internal
-    PassError about a missing op-class annotation)."""
+def test_a_quantised_precision_through_linalg_is_refused_in_one_line(capsys, tiny_decoder):
+    """A float precision is applied at import (tests/test_mlir_precision.py; it was an internal
+    PassError about a missing op-class annotation); a quantised one is refused in one line, saying why."""
     pytest.importorskip("torch_mlir")
-    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "rdu", "--via", "mlir", "--precision", "bf16")
-    assert_one_line_error(code, err, "--precision with --via mlir", "dabench-ir export --dtype")
+    code, _, _ = run_cli(capsys, "profile", str(tiny_decoder), "-t", "rdu", "--via", "mlir", "--precision", "bf16")
+    assert code == 0
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "rdu", "--via", "mlir", "--precision", "w4a16")
+    assert_one_line_error(code, err, "--precision w4a16 with --via mlir", "block-wise int4 DequantizeLinear")
 
 
 @pytest.mark.parametrize("only", [",", " , ", ""])
