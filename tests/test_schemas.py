@@ -343,16 +343,11 @@ def test_catalogue_input_files(tmp_path):
 
 
 # -- .mlir headers ----------------------------------------------------------------------------------
-MLIR = """{header}
-func.func @main(%a: tensor<2x3xf32>, %b: tensor<3x4xf32>) -> tensor<2x4xf32> {{
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<2x4xf32>
-  %c = linalg.fill ins(%zero : f32) outs(%init : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
-  %0 = linalg.matmul ins(%a, %b : tensor<2x3xf32>, tensor<3x4xf32>)
-                     outs(%c : tensor<2x4xf32>) -> tensor<2x4xf32> loc("mm")
-  return %0 : tensor<2x4xf32>
-}}
-"""
+def _mlir(header: str) -> str:
+    """The linalg matmul module of tests/test_mlir_linalg.py under ``header``."""
+    from tests.test_mlir_linalg import MATMUL
+
+    return header + MATMUL
 
 
 @pytest.mark.parametrize(
@@ -373,7 +368,7 @@ def test_mlir_header_fields(tmp_path, header, needle):
     from dabench_ir.mlir import load_mlir
 
     path = tmp_path / "m.mlir"
-    path.write_text(MLIR.format(header=header))
+    path.write_text(_mlir(header))
     with pytest.raises(InputError) as err:
         load_mlir(path)
     assert str(err.value).startswith(f"{path}: header //") and needle in str(err.value), str(err.value)
@@ -385,7 +380,7 @@ def test_mlir_header_weights_mark_the_last_arguments(tmp_path):
     from dabench_ir.mlir import load_mlir
 
     path = tmp_path / "m.mlir"
-    path.write_text(MLIR.format(header='// dabench.params: {"layers": 1}\n// dabench.weights: ["w"]'))
+    path.write_text(_mlir('// dabench.params: {"layers": 1}\n// dabench.weights: ["w"]'))
     graph = load_mlir(path)
     assert graph.values["arg1"].kind == ValueKind.WEIGHT and graph.values["arg0"].kind == ValueKind.INPUT
 
@@ -394,7 +389,7 @@ def test_mlir_without_locations_is_costed_not_zero(capsys, tmp_path):
     """Issue 46: a hand-written linalg matmul without locations profiled at 0 FLOP, 0 ns, "fits"."""
     pytest.importorskip("torch_mlir")
     path = tmp_path / "m.mlir"
-    path.write_text(MLIR.format(header="").replace(' loc("mm")', ""))
+    path.write_text(_mlir("").replace(' loc("mm")', ""))
     code, out, err = run_cli(capsys, "profile", path, "--target", "rdu")
     assert code == 0, err
     assert "48 FLOP (48 FLOP contraction" in out and "Unattributed nodes: 0" in out
