@@ -1,4 +1,4 @@
-"""Decoder-block model families (GPT-2, LLaMA) and their exporters (ONNX, MLIR).
+"""Decoder-block model families (GPT-2, LLaMA, GPT-J, GPT-NeoX) and their exporters (ONNX, MLIR).
 
 Building a model needs torch; `ModelConfig`, `PRESETS` and the closed-form counts do not.
 """
@@ -39,9 +39,10 @@ def build_model(cfg: ModelConfig, *, device: str = "cpu", seed: int | None = 0) 
     import torch
 
     from dabench_ir.models.gpt2 import GPT2Model, torch_dtype
+    from dabench_ir.models.gptj import ParallelModel
     from dabench_ir.models.llama import LlamaModel
 
-    cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
+    cls = {"gpt2": GPT2Model, "llama": LlamaModel}.get(cfg.family, ParallelModel)  # gptj, gpt_neox
     if seed is not None and device != "meta":
         torch.manual_seed(seed)
     with torch.device(device):

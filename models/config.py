@@ -14,11 +14,14 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["DTYPES", "FAMILIES", "HEAD_DIM", "PHASES", "ModelConfig", "default_heads"]
+__all__ = ["DTYPES", "FAMILIES", "HEAD_DIM", "PARALLEL_FAMILIES", "PHASES", "ModelConfig", "default_heads"]
 
 logger = logging.getLogger(__name__)
 
-FAMILIES = ("gpt2", "llama")
+FAMILIES = ("gpt2", "llama", "gptj", "gpt_neox")
+PARALLEL_FAMILIES = ("gptj", "gpt_neox")
+"""Families whose block is parallel-residual: x + attn(ln(x)) + mlp(ln'(x)) (GPT-J: one LayerNorm read
+by both branches; GPT-NeoX: one per branch). Named as Hugging Face's ``model_type``."""
 DTYPES = ("fp32", "fp16", "bf16")
 PHASES = ("prefill", "decode")
 HEAD_DIM = 64
@@ -34,7 +37,7 @@ def default_heads(hidden: int, *, hint: str = "give heads for it") -> int:
 
 
 def _default_ffn(family: str, hidden: int) -> int:
-    """GPT-2: 4h. LLaMA: 2/3 of 4h, rounded up to a multiple of 256 (the LLaMA recipe)."""
+    """GPT-2, GPT-J, GPT-NeoX: 4h. LLaMA: 2/3 of 4h, rounded up to a multiple of 256 (the LLaMA recipe)."""
     if family == "llama":
         ffn = int(2 * 4 * hidden / 3)
         return 256 * ((ffn + 255) // 256)
@@ -48,6 +51,9 @@ class ModelConfig:
     `vocab` set means the model has a token embedding and an LM head (input: token ids);
     `vocab` None means a bare stack of blocks (input: hidden states `[batch, seq, hidden]`).
     `kv_heads` < `heads` is grouped-query attention. `ffn`, `kv_heads` default per family.
+    `rotary_dim` (GPT-J, GPT-NeoX only): the leading dims of each head that rotary embedding
+    rotates, the rest pass through; default head_dim / 4 (GPT-J-6B's 64 of 256, GPT-NeoX's
+    rotary_pct 0.25).
 
     `phase` "prefill" (default) runs `seq` tokens from an empty cache; "decode" runs `seq`
     new tokens (the chunk, usually 1) against a KV cache of `context` past tokens, which the
@@ -69,6 +75,7 @@ class ModelConfig:
     tie_embeddings: bool | None = None  # LM head shares the embedding (GPT-2) or not (LLaMA)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rotary_dim: int | None = None  # gptj, gpt_neox: rotated dims per head; default head_dim // 4
     preset: str | None = None
     phase: str = "prefill"
     context: int = 0  # past tokens in the KV cache (decode)
@@ -81,7 +88,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("kv_heads", "ffn", "vocab", "max_positions"):
+        for name in ("kv_heads", "ffn", "vocab", "max_positions", "rotary_dim"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
@@ -105,10 +112,11 @@ class ModelConfig:
             raise UserError(
                 f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads}); change --heads or --kv-heads"
             )
+        self._check_rotary()
         if self.dtype not in DTYPES:
             raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         positional = self.positional or ("learned" if fam == "gpt2" else "rope")
-        allowed = ("learned", "none") if fam == "gpt2" else ("rope",)
+        allowed = ("learned", "none") if fam == "gpt2" else ("rope",)  # llama, gptj, gpt_neox: rotary
         if positional not in allowed:
             raise UserError(f"positional for {fam} must be one of {', '.join(allowed)}, got {positional!r}")
         object.__setattr__(self, "positional", positional)
@@ -123,6 +131,23 @@ class ModelConfig:
             raise UserError(f"{what} exceeds max_positions ({self.max_positions})")
         if self.tie_embeddings is None:
             object.__setattr__(self, "tie_embeddings", fam == "gpt2")
+
+    def _check_rotary(self) -> None:
+        """Partial rotary (GPT-J, GPT-NeoX): default `rotary_dim`, and refuse one that is odd, wider than a
+        head, or given to a family that rotates whole heads (LLaMA) or has none (GPT-2); and refuse
+        grouped-query attention there (GPT-J and GPT-NeoX have none)."""
+        if self.family not in PARALLEL_FAMILIES:
+            if self.rotary_dim is not None:
+                raise UserError(f"rotary_dim applies to {', '.join(PARALLEL_FAMILIES)}, not {self.family}")
+            return
+        if self.kv_heads != self.heads:
+            raise UserError(f"{self.family} has no grouped-query attention: kv_heads must equal heads ({self.heads})")
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", max(2, self.head_dim // 4 // 2 * 2))
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise UserError(
+                f"rotary_dim ({self.rotary_dim}) must be even and at most the head dim hidden/heads ({self.head_dim})"
+            )
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -143,35 +168,51 @@ class ModelConfig:
         """Tokens attended to by the last new token: past context plus the new ones."""
         return self.context + self.seq
 
+    @property
+    def parallel_residual(self) -> bool:
+        """Attention and MLP read the block's input side by side and are summed into it (GPT-J, GPT-NeoX)."""
+        return self.family in PARALLEL_FAMILIES
+
+    @property
+    def lm_head_bias(self) -> bool:
+        """GPT-J's LM head has a bias (HF ``GPTJForCausalLM.lm_head``); the other families' heads do not."""
+        return self.family == "gptj"
+
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with `changes` applied (and validated again)."""
         return dataclasses.replace(self, **changes)
 
     # ---- closed forms --------------------------------------------------------------------
     def block_params(self) -> int:
-        """Parameters of one decoder block."""
+        """Parameters of one decoder block.
+
+        Attention 2h² + 2h·kv, plus q/k/v/o biases for GPT-2 and GPT-NeoX (its fused qkv and dense are
+        biased; GPT-J's four projections are not); MLP 2hf + f + h (fc_in, fc_out with biases) or 3hf
+        (LLaMA's SwiGLU, no bias); norms: two LayerNorms (GPT-2, GPT-NeoX), one (GPT-J: both branches
+        read it) or two RMSNorms (LLaMA, weight only).
+        """
         h, f, kv = self.hidden, self.ffn, self.kv_dim
         attn = 2 * h * h + 2 * h * kv
-        if self.family == "gpt2":
+        if self.family in ("gpt2", "gpt_neox"):
             attn += 2 * h + 2 * kv  # biases of q, o and k, v
-            mlp = 2 * h * f + f + h
-            norms = 2 * 2 * h  # two LayerNorms, weight + bias
-        else:
-            mlp = 3 * h * f
-            norms = 2 * h  # two RMSNorms, weight only
-        return attn + mlp + norms
+        if self.family == "llama":
+            return attn + 3 * h * f + 2 * h  # SwiGLU; two RMSNorms, weight only
+        norms = 2 * h if self.family == "gptj" else 2 * 2 * h  # LayerNorms, weight + bias
+        return attn + 2 * h * f + f + h + norms
 
     def param_count(self) -> int:
-        """All parameters: blocks, final norm, embeddings and LM head when `vocab` is set."""
+        """All parameters: blocks, final norm, embeddings and LM head (with GPT-J's bias) when `vocab` is set."""
         h = self.hidden
         total = self.layers * self.block_params()
-        total += 2 * h if self.family == "gpt2" else h  # final norm
+        total += h if self.family == "llama" else 2 * h  # final norm
         if self.positional == "learned":
             total += self.max_positions * h
         if self.vocab:
             total += self.vocab * h
             if not self.tie_embeddings:
                 total += self.vocab * h
+            if self.lm_head_bias:
+                total += self.vocab
         return total
 
     def weight_bytes(self) -> int:
@@ -181,14 +222,16 @@ class ModelConfig:
     def block_matmul_flops(self) -> int:
         """MatMul FLOPs (2 per multiply-add) of one block's forward pass.
 
-        2·B·S·(2h² + 2h·kv + m·h·f) + 4·B·S·T·h, with m = 2 (GPT-2) or 3 (LLaMA SwiGLU),
+        2·B·S·(2h² + 2h·kv + m·h·f) + 4·B·S·T·h, with m = 3 (LLaMA SwiGLU) or 2 (GPT-2, GPT-J,
+        GPT-NeoX: the parallel residual runs the same matmuls side by side; GPT-NeoX's fused qkv
+        is one h×3h matmul, the FLOPs of three),
         kv = kv_heads·head_dim and T = context + S the keys attended to (T = S in prefill).
         The S·T term is Q·Kᵀ plus P·V over all heads (causal masking is applied by adding
         −inf, so the full S×T rectangle is computed). Grouped-query attention shares K and V
         between heads but not the FLOPs: every query head still multiplies.
         """
         b, s, h, f, kv = self.batch, self.seq, self.hidden, self.ffn, self.kv_dim
-        m = 2 if self.family == "gpt2" else 3
+        m = 3 if self.family == "llama" else 2
         return 2 * b * s * (2 * h * h + 2 * h * kv + m * h * f) + 4 * b * s * self.total_len * h
 
     def matmul_flops(self) -> int:

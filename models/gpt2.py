@@ -99,23 +99,40 @@ def attend_cached(
 
 class Attention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention, with or without a KV cache: the one
-    attention of both families (LLaMA's rotates q and k first: ``rotate``)."""
+    attention of every family (LLaMA's, GPT-J's and GPT-NeoX's rotate q and k first: ``rotate``).
 
-    def __init__(self, cfg: ModelConfig, *, bias: bool) -> None:
+    ``fused_qkv`` (GPT-NeoX): one h → 3h projection ``qkv_proj`` whose output holds, per head, that
+    head's q, k and v side by side (HF ``GPTNeoXAttention.query_key_value``'s layout) instead of
+    ``q_proj``, ``k_proj``, ``v_proj``: the same FLOPs in one MatMul.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, bias: bool, fused_qkv: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(cfg.hidden, cfg.hidden + 2 * cfg.kv_dim, bias=bias)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+            self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
+            self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[B, heads, S, D]`, k and v `[B, kv_heads, S, D]` of ``x``."""
+        batch, seq, _ = x.shape
+        if hasattr(self, "qkv_proj"):  # fused: heads == kv_heads (ModelConfig refuses GQA there)
+            qkv = self.qkv_proj(x).view(batch, seq, self.heads, 3 * self.head_dim).transpose(1, 2)
+            d = self.head_dim  # three Slices: a Split would leave the exporter's node without a scope
+            return qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
+        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
 
     def attention(self, x: torch.Tensor, mask: torch.Tensor | None, cache=None, rotate=None):
         """``rotate(q, k)``: a positional rotation of q and k before the scores (None: GPT-2 adds
         its positions to the embeddings instead)."""
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
         if rotate is not None:
             q, k = rotate(q, k)
         if cache is None:
@@ -135,12 +152,13 @@ class GPT2Attention(Attention):
 
 
 class GPT2MLP(nn.Module):
-    """fc_in → GELU (tanh approximation, as GPT-2) → fc_out."""
+    """fc_in → GELU → fc_out, both biased. GELU is the tanh approximation (GPT-2's and GPT-J's
+    ``gelu_new``) unless ``approximate="none"`` (GPT-NeoX's exact ``gelu``)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, approximate: str = "tanh") -> None:
         super().__init__()
         self.fc_in = nn.Linear(cfg.hidden, cfg.ffn)
-        self.act = nn.GELU(approximate="tanh")
+        self.act = nn.GELU(approximate=approximate)
         self.fc_out = nn.Linear(cfg.ffn, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,11 +210,12 @@ class GPT2Model(nn.Module):
 
 
 def stack(model: nn.Module, cfg: ModelConfig, blocks, norm: nn.Module) -> None:
-    """Give ``model`` what both families' stacks share after their embeddings: the blocks, the
-    final norm and the LM head (tied to the token embedding where the config says so)."""
+    """Give ``model`` what every family's stack shares after its embeddings: the blocks, the
+    final norm and the LM head (tied to the token embedding where the config says so; biased
+    where the family's is, `ModelConfig.lm_head_bias`)."""
     model.layers = nn.ModuleList(blocks)
     model.norm = norm
-    model.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if cfg.vocab else None
+    model.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=cfg.lm_head_bias) if cfg.vocab else None
     if model.lm_head is not None and cfg.tie_embeddings:
         model.lm_head.weight = model.embed.weight
 

@@ -34,19 +34,24 @@ class RMSNorm(nn.Module):
         return (xf * scale).to(x.dtype) * self.weight
 
 
-def rotary_tables(seq: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device, start=0):
-    """cos and sin tables `[seq, head_dim]` for positions start…start+seq−1 (half-split layout)."""
+def rotary_tables(
+    seq: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device, start=0, *, interleaved=False
+):
+    """cos and sin tables `[seq, head_dim]` for positions start…start+seq−1: half-split layout (LLaMA,
+    GPT-NeoX: frequency i at columns i and i + head_dim/2) or ``interleaved`` (GPT-J: at 2i and 2i+1).
+    ``head_dim`` is the width rotated (GPT-J's and GPT-NeoX's ``rotary_dim``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     if isinstance(start, int) and start == 0:
         pos = torch.arange(seq, device=device, dtype=torch.float32)
     else:  # decode: positions after a cache whose length may be symbolic
         pos = torch.arange(start, start + seq, device=device).to(torch.float32)
     freqs = pos[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    emb = torch.stack((freqs, freqs), dim=-1).flatten(-2) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin, half-split layout (`rotary_tables`)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

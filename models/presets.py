@@ -1,9 +1,15 @@
-"""Named model shapes: published GPT-2 and LLaMA-2 sizes and the DABench sweep points.
+"""Named model shapes: published GPT-2, LLaMA-2, GPT-J and GPT-NeoX sizes and the DABench sweep points.
 
 Sources: GPT-2 sizes from Radford et al. 2019 (Table 2) and the released checkpoints'
 config.json (n_embd, n_layer, n_head, n_positions 1024, vocab 50257); LLaMA-2 sizes from
 Touvron et al. 2023 and the released params.json (dim, n_layers, n_heads, n_kv_heads,
-ffn hidden size, vocab 32000, context 4096). The DABench points are the GPT-2-family
+ffn hidden size, vocab 32000, context 4096). GPT-J-6B from the config.json of EleutherAI/gpt-j-6b
+(n_layer 28, n_embd 4096, n_head 16, n_inner null = 4h, rotary_dim 64, n_positions 2048, vocab
+50400, tie_word_embeddings false). GPT-NeoX sizes from the config.json of EleutherAI/pythia-160m,
+-1.4b, -2.8b, -6.9b, -12b and EleutherAI/gpt-neox-20b (hidden_size, num_hidden_layers,
+num_attention_heads, intermediate_size = 4h, rotary_pct 0.25, max_position_embeddings 2048,
+use_parallel_residual true, untied; vocab 50304, 50432 (6.9b, 20b), 50688 (12b)); the 20B shape
+is also transformers' `GPTNeoXConfig` default. The DABench points are the GPT-2-family
 decoder stacks (no embedding, no head) of the DABench sweep: hidden 768/1024/1280/1600
 with 12/24/36/48 layers.
 """
@@ -36,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 _GPT2 = {"family": "gpt2", "vocab": 50257, "max_positions": 1024, "seq": 1024, "tie_embeddings": True}
 _LLAMA2 = {"family": "llama", "vocab": 32000, "seq": 4096, "tie_embeddings": False}
+_GPTJ = {"family": "gptj", "seq": 2048, "tie_embeddings": False}  # rotary_dim: head_dim/4, 64 of 256
+_NEOX = {"family": "gpt_neox", "seq": 2048, "tie_embeddings": False}  # rotary_pct 0.25: head_dim/4
 
 
 class _Presets(dict):
@@ -62,6 +70,21 @@ PRESETS: dict[str, dict[str, Any]] = _Presets(
         "llama-7b": {**_LLAMA2, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008},
         "llama-13b": {**_LLAMA2, "layers": 40, "hidden": 5120, "heads": 40, "kv_heads": 40, "ffn": 13824},
         "llama-70b": {**_LLAMA2, "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672},
+        "gpt-j-6b": {
+            **_GPTJ,
+            "layers": 28,
+            "hidden": 4096,
+            "heads": 16,
+            "ffn": 16384,
+            "rotary_dim": 64,
+            "vocab": 50400,
+        },
+        "pythia-160m": {**_NEOX, "layers": 12, "hidden": 768, "heads": 12, "ffn": 3072, "vocab": 50304},
+        "pythia-1.4b": {**_NEOX, "layers": 24, "hidden": 2048, "heads": 16, "ffn": 8192, "vocab": 50304},
+        "pythia-2.8b": {**_NEOX, "layers": 32, "hidden": 2560, "heads": 32, "ffn": 10240, "vocab": 50304},
+        "pythia-6.9b": {**_NEOX, "layers": 32, "hidden": 4096, "heads": 32, "ffn": 16384, "vocab": 50432},
+        "pythia-12b": {**_NEOX, "layers": 36, "hidden": 5120, "heads": 40, "ffn": 20480, "vocab": 50688},
+        "gpt-neox-20b": {**_NEOX, "layers": 44, "hidden": 6144, "heads": 64, "ffn": 24576, "vocab": 50432},
     }
 )
 for _h, _l, _n in ((768, 12, 12), (1024, 24, 16), (1280, 36, 20), (1600, 48, 25)):
@@ -82,6 +105,12 @@ ALIASES: dict[str, str] = {
     "llama": "llama-7b",
     "llama2": "llama-7b",  # a family alone: its smallest size
     **{f"{prefix}-{size}": f"llama-{size}" for prefix in ("llama2", "llama-2") for size in ("7b", "13b", "70b")},
+    "gptj": "gpt-j-6b",
+    "gpt-j": "gpt-j-6b",
+    "gptj-6b": "gpt-j-6b",
+    "pythia": "pythia-160m",
+    "gpt-neox": "gpt-neox-20b",
+    "gpt_neox": "gpt-neox-20b",
 }
 """Other names of presets (lower case): a family's name alone, and the released checkpoints' spellings."""
 
@@ -169,7 +198,7 @@ def describe_presets() -> list[str]:
         cfg = get_preset(name)
         vocab = f"vocab {cfg.vocab}" if cfg.vocab else "no embedding/head"
         lines.append(
-            f"{name:18s} {cfg.family:5s} L={cfg.layers:<3d} h={cfg.hidden:<5d} heads={cfg.heads:<3d} "
+            f"{name:18s} {cfg.family:8s} L={cfg.layers:<3d} h={cfg.hidden:<5d} heads={cfg.heads:<3d} "
             f"kv={cfg.kv_heads:<3d} ffn={cfg.ffn:<6d} seq={cfg.seq:<5d} {vocab:18s} "
             f"{cfg.param_count() / 1e9:6.3f} B params"
         )
