@@ -27,7 +27,13 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     points = validate.load_catalog()
     by_id = {p.id: p for p in points}
     assert len(by_id) == len(points)  # ids unique
-    assert {p.target for p in points if p.kind != "host"} == {"wse2", "sn30", "bow", "a100", "h100"}  # host points: cpu, live
+    assert {p.target for p in points if p.kind != "host"} == {
+        "wse2",
+        "sn30",
+        "bow",
+        "a100",
+        "h100",
+    }  # host points: cpu, live
     assert all(p.source for p in points)
     sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
     assert len(sn30) == 14  # every row of the SN30 depth sweep, and the GPT 13B run over 4 RDUs
