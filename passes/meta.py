@@ -19,6 +19,7 @@ __all__ = [
     "ANALYZED",
     "BACKWARD_COST",
     "COST",
+    "ELIMINATED",
     "ESTIMATED",
     "FOLDED",
     "FORWARD_COST",
@@ -65,6 +66,7 @@ OP_CLASS = "dabench.op_class"  # OpClass, written by the 'classify' pass
 PRECISION = "dabench.precision"  # DType the node computes in, written by the 'precision' pass
 ACCUMULATE = "dabench.accumulate"  # DType a contraction node accumulates its products in (mixed: fp32), by 'precision'
 FOLDED = "dabench.folded"  # str: why the node costs nothing (a weight layout folded at compile time)
+ELIMINATED = "dabench.eliminated"  # str: why it costs nothing (a no-op copy, or read for its shape only), by 'cost'
 SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, Scan), set by the ONNX frontend
 FORWARD_COST = "dabench.cost.forward"  # Cost of the forward phase, written by the 'training' pass
 BACKWARD_COST = "dabench.cost.backward"  # Cost of the backward phase, written by the 'training' pass

@@ -152,14 +152,22 @@ class CostPass(Pass):
     def call(self, graph: Graph) -> PassResult:
         unbound: set[str] = set()
         sizes: dict[int, int] = {}  # the rules' views share the bytes of each value type (`OpView`)
+        unread = _shape_reads_only(graph)
         for node in graph.nodes:
             annotations = node.meta
-            for stale in (meta.UNATTRIBUTED, meta.ESTIMATED, meta.COST):
+            for stale in (meta.UNATTRIBUTED, meta.ESTIMATED, meta.COST, meta.ELIMINATED):
                 annotations.pop(stale, None)
             reason = None
             rule = find_rule(node)
             if meta.FOLDED in annotations:
                 annotations[meta.COST] = ZERO_COST  # immutable: one record for every folded node
+                continue
+            noop = _no_op(graph, node) if node.op_type in _NO_OP_TYPES else None
+            if node.name in unread:
+                noop = "its outputs are read only for their shapes, known at compile time: never computed"
+            if noop is not None:
+                annotations[meta.COST] = ZERO_COST
+                annotations[meta.ELIMINATED] = noop
                 continue
             if annotations.get(meta.SUBGRAPH):
                 reason = f"{node.op_type} holds a nested subgraph; subgraphs are not costed"
@@ -190,3 +198,55 @@ class CostPass(Pass):
         if meta.analyzed_by(graph) is None:
             meta.graph_set(graph, meta.ANALYZED, "onnx")
         return PassResult(graph, True)
+
+
+_NO_OP_TYPES = frozenset({"Cast", "Slice", "Expand"})
+
+
+def _no_op(graph: Graph, node: Node) -> str | None:
+    """Why ``node`` is the identity, with the graph's dims bound, or None: a ``Cast`` to the type its
+    input already has, a ``Slice`` or an ``Expand`` whose output has its input's static shape and type
+    (a Slice only with unit steps: a reversing one keeps the shape). Every compiler removes them before
+    it runs anything: onnxruntime's level-1 rewrite rules ``CastElimination``, ``EliminateSlice`` and
+    ``ExpandElimination`` (onnxruntime/core/optimizer/graph_transformer_utils.cc, GenerateRewriteRules),
+    applied to every execution provider. Exporters differ in how many they write: TorchScript records
+    ``hidden.to(torch.float32)`` on an fp32 tensor and ``mask[:, :, :, :key_length]`` over the whole mask
+    as nodes, dynamo drops them while tracing; left in, each was a kernel on a GPU and a section cut or a
+    region on a dataflow chip that the other export of the same model did not pay (issue 45)."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or not node.outputs or not node.inputs[0]:
+        return None
+    try:
+        source, result = graph.type_of(node.inputs[0]), graph.type_of(node.outputs[0])
+    except KeyError:
+        return None
+    if source.dtype != result.dtype:
+        return None
+    if node.op_type == "Cast":
+        return f"a Cast to its input's type ({result.dtype.name.lower()}): eliminated at compile time"
+    shape = source.shape
+    if shape is None or shape != result.shape or not all(isinstance(d, int) for d in shape):
+        return None  # another shape, or one not known statically: a real copy
+    if node.op_type == "Slice" and len(node.inputs) > 4 and node.inputs[4]:
+        steps = graph.values.get(node.inputs[4])
+        if steps is None or steps.scalar != 1:  # unknown or not all ones (a reversal keeps the shape)
+            return None
+    return f"a {node.op_type} that returns its whole input: eliminated at compile time"
+
+
+def _shape_reads_only(graph: Graph) -> set[str]:
+    """Nodes no run computes: every reader of their outputs is folded at compile time (``Shape`` of a
+    now static tensor: `FoldWeightLayouts`) or is such a node itself, and no output is the graph's.
+    TorchScript keeps GPT-2's ``key.transpose(1, 2)`` as a node after it wrote the matmul's operand as
+    one ``Transpose`` from the projection: what still reads it is ``key.shape`` (folded). Once the
+    shapes are constants the node has no reader, and compilers drop it ("elimination of layers whose
+    outputs are not used", the first build-phase optimization of the TensorRT User Guide, DU-08540-021,
+    section 2.3; torch's own dead-code elimination: dynamo's exporter never writes it) (issue 45)."""
+    dead: set[str] = set()
+    outputs = set(graph.outputs)
+    for node in reversed(graph.nodes):
+        if meta.FOLDED in node.meta or not node.outputs or outputs.intersection(node.outputs):
+            continue
+        readers = [c for v in node.outputs if v for c in graph.consumers.get(v, ())]
+        if readers and all(meta.FOLDED in c.meta or c.name in dead for c in readers):
+            dead.add(node.name)
+    return dead

@@ -226,10 +226,11 @@ def _text(value: Any) -> str | None:
 
 
 def _note(node_meta: dict[str, Any]) -> str | None:
-    """A node row's note: an estimate says so (and why), else a folded constant says what it folded."""
+    """A node row's note: an estimate says so (and why), else a folded constant says what it folded (a
+    no-op eliminated at compile time, what it was)."""
     if meta.ESTIMATED in node_meta:
         return f"{ESTIMATED_NOTE} ({node_meta[meta.ESTIMATED]})"
-    return node_meta.get(meta.FOLDED)
+    return node_meta.get(meta.FOLDED) or node_meta.get(meta.ELIMINATED)
 
 
 def _add_measured(record: NodeRecord, measurement: Any) -> None:
