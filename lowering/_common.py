@@ -284,17 +284,23 @@ def kernel_groups(ctx: LoweringContext, fuse_elementwise: bool) -> list[list[Nod
 
     An elementwise node joins the previous kernel when it reads the previous node's output
     and that output has no other reader (a fusible chain, as GPU and WSE compilers do).
+    A node that does no work (bookkeeping, a node folded at compile time, a no-op the cost pass
+    eliminated) rides along with the kernel before it, and a folded node is never "the previous
+    node": the compiled program does not hold it, so the constant arithmetic an exporter writes
+    between a matmul and its scaling (TorchScript's ``Shape -> Gather -> Cast -> Pow`` of the
+    head size) neither launches a kernel nor breaks the chain (issue 45: two exports of one model
+    had different kernel counts from the order their nodes were written in).
     """
     groups: list[list[Node]] = []
     graph = ctx.graph
     for node in graph.nodes:
         if fuse_elementwise and groups and ctx.is_elementwise(node):
-            prev = groups[-1][-1]
+            prev = next((n for n in reversed(groups[-1]) if meta.FOLDED not in n.meta), groups[-1][-1])
             shared = [v for v in prev.outputs if v in node.inputs]
             if shared and all(len(graph.consumers.get(v, [])) == 1 for v in prev.outputs if v):
                 groups[-1].append(node)
                 continue
-        if groups and ctx.is_shape(node) and not ctx.is_work(node):
+        if groups and not ctx.is_work(node):
             groups[-1].append(node)  # bookkeeping ops ride along with the kernel before them
             continue
         groups.append([node])
