@@ -359,7 +359,12 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
         row = (last.outputs or last.inputs)[0] if last is not None else None  # a loss writes no tensor: its input
         shape = shape_of(ctx, row) if row else None
         if shape:
-            k.width = max(1, shape[-1])
+            # a row is the last dim that holds more than one element: a trailing dim of 1 is layout
+            # only (the tool's own rule: Unsqueeze and Reshape are free views of the same bytes), so a
+            # (1, 1, 1, 128, 1) mask streams as the one row of 128 its (1, 1, 1, 128) view is, not as
+            # 128 rows of one element each paying the per-row fixed time (TorchScript's vmap mask
+            # ends in such a dim, dynamo's GatherND does not: issue 45)
+            k.width = max(1, next((d for d in reversed(shape) if d != 1), 1))
             numel = math.prod(shape)
             k.tokens = max(1, numel // k.width // samples)
             k.out_elems = max(1, numel // samples)
