@@ -170,7 +170,15 @@ def form_sections(
 ) -> list[Section]:
     """The sections SambaFlow compiles at ``opt_level``: forward, then backward, then optimizer
     (``demand``: the nodes' `Demand` on ``chip``, ``cores``: the forward's `attention_cores`
-    at that level, when the caller has them)."""
+    at that level, when the caller has them).
+
+    At O1 a node the exporter left without a scope joins the module it is written in: a module is
+    what the program ran inside one ``nn.Module``'s forward (SambaFlow's o1 fuses operators within
+    the modules it traces, docs.sambanova.ai/developer/latest/compiler-o1.html), and a node without a
+    recorded scope ran there too; its exporter only dropped the record. torch's dynamo exporter writes
+    GPT-2's ``c_attn(x).split(...)`` (inside ``GPT2Attention.forward``) as one ``Split`` without a
+    module stack, TorchScript keeps it: as a module of its own it cut the attention into three
+    sections in one export of the model and not in the other (issue 45)."""
     demand = demand or Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
     body, optimizer = body_and_optimizer(ctx.graph)
@@ -196,6 +204,8 @@ def form_sections(
                 gkey = modules.get((first.scope, first.layer))
                 if gkey is None:
                     gkey = modules[first.scope, first.layer] = module_key(first)
+                if not first.scope and key is not None:  # no scope recorded: stays in the current module
+                    gkey = key
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
