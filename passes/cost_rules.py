@@ -185,6 +185,11 @@ class OpTraits(NamedTuple):
     """The training pass's backward rule."""
     keeps_values: bool = False
     """Output holds the input's values, only re-shaped or re-typed (token ids stay token ids)."""
+    identity_when_unchanged: bool = False
+    """Its output is its input whenever the output's type (shape and dtype) is the input's: a Cast to
+    the input's dtype, a Slice or an Expand to the input's whole shape. Compilers remove such a node
+    (onnxruntime's level-1 CastElimination, EliminateSlice, ExpandElimination); the cost pass marks it
+    `meta.ELIMINATED` (passes/passes.py, ``_no_op``)."""
     has_cost_rule: bool = False
     """A cost rule is registered; without one the cost pass gives the node a bytes-only estimate
     (`estimate_cost`, labelled `ESTIMATED_NOTE`)."""
@@ -273,6 +278,7 @@ def cost_rule(
     cpu_class: str = CPU_STREAM,
     backward: Backward | None = None,
     keeps_values: bool = False,
+    identity_when_unchanged: bool = False,
     saves: Saves | None = None,
     roles: Iterable[Role] = (),
     row_reductions: int = 0,
@@ -300,6 +306,7 @@ def cost_rule(
         strided_view=strided_view,
         keeps_fp32=keeps_fp32,
         keeps_values=keeps_values,
+        identity_when_unchanged=identity_when_unchanged,
         row_reductions=row_reductions,
         nonlinear=nonlinear,
         loss=loss,
@@ -1207,11 +1214,11 @@ _moves("Identity", **_VIEW, roles=_PASSES)
 _moves("Dropout", (1, 2), shape_only=True, roles=(Role.PASS_THROUGH,))  # inference (training_mode false): the identity
 _moves("Concat", roles=_LAYOUT)
 _moves("Split", (1,))
-_moves("Slice", (1, 2, 3, 4), roles=_LAYOUT)
-_moves("Expand", (1,), keeps_values=True, roles=_LAYOUT, output_shape_input=1)
+_moves("Slice", (1, 2, 3, 4), roles=_LAYOUT, identity_when_unchanged=True)
+_moves("Expand", (1,), keeps_values=True, roles=_LAYOUT, output_shape_input=1, identity_when_unchanged=True)
 _moves("Tile", (1,))
 _moves("Pad", (1, 2, 3))
-_moves("Cast", folds_on_weights=True, keeps_values=True, roles=(*_EW, *_PASSES))
+_moves("Cast", folds_on_weights=True, keeps_values=True, roles=(*_EW, *_PASSES), identity_when_unchanged=True)
 _moves("CastLike", (1,))
 _moves("Trilu", (1,))
 _moves("DepthToSpace")

@@ -162,7 +162,7 @@ class CostPass(Pass):
             if meta.FOLDED in annotations:
                 annotations[meta.COST] = ZERO_COST  # immutable: one record for every folded node
                 continue
-            noop = _no_op(graph, node) if node.op_type in _NO_OP_TYPES else None
+            noop = _no_op(graph, node) if traits_of(node).identity_when_unchanged else None
             if node.name in unread:
                 noop = "its outputs are read only for their shapes, known at compile time: never computed"
             if noop is not None:
@@ -200,9 +200,6 @@ class CostPass(Pass):
         return PassResult(graph, True)
 
 
-_NO_OP_TYPES = frozenset({"Cast", "Slice", "Expand"})
-
-
 def _no_op(graph: Graph, node: Node) -> str | None:
     """Why ``node`` is the identity, with the graph's dims bound, or None: a ``Cast`` to the type its
     input already has, a ``Slice`` or an ``Expand`` whose output has its input's static shape and type
@@ -221,7 +218,7 @@ def _no_op(graph: Graph, node: Node) -> str | None:
         return None
     if source.dtype != result.dtype:
         return None
-    if node.op_type == "Cast":
+    if node.op_type == "Cast":  # `OpTraits.identity_when_unchanged`: the dtype alone
         return f"a Cast to its input's type ({result.dtype.name.lower()}): eliminated at compile time"
     shape = source.shape
     if shape is None or shape != result.shape or not all(isinstance(d, int) for d in shape):

@@ -201,6 +201,7 @@ def test_unknown_op_gets_the_documented_default():
         "cpu_class": CPU_STREAM,
         "backward": Backward.VECTOR,
         "keeps_values": False,
+        "identity_when_unchanged": False,
         "has_cost_rule": False,
         "saves": Saves.INPUTS,
         "roles": frozenset(),
