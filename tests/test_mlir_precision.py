@@ -109,7 +109,44 @@ def test_fp16_and_mixed_import(model, costs):
     assert [c.bytes for c in _costs(model, via="mlir", precision="mixed")] == [c.bytes for c in costs["mlir", "bf16"]]
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp8", "w8a16", "w4a16"])
+def _block_model(folder, opset: int) -> str:
+    """The graph with its MatMul inside decoder block 0 (the node's scope), so w8a16 quantises W."""
+    proto = onnx.parser.parse_model(TEXT.replace('"" : 17', f'"" : {opset}'))
+    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
+    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
+    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
+    path = folder / f"block{opset}.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def block_model(tmp_path_factory):
+    return _block_model(tmp_path_factory.mktemp("w8a16"), 19)
+
+
+def test_w8a16_imports_the_weight_int8_behind_a_dequantize(block_model):
+    """w8a16 through linalg: W stored int8 (128 B) with an fp16 scale (32 B) and, because torch-mlir
+    lowers a DequantizeLinear only with one, an int8 zero point (16 B) per output channel; the
+    dequantisation is the matmul's work, 2 vector FLOPs a weight element (subtract the zero point,
+    multiply the scale). The ONNX path: 128 + 32 B and 1 FLOP an element (no zero point). The
+    contraction (2 x 4 x 8 x 16) is the same on both."""
+    onnx_mm, _ = _costs(block_model, via="onnx", precision="w8a16")
+    mlir_mm, _ = _costs(block_model, via="mlir", precision="w8a16")
+    assert onnx_mm.contraction_flops == mlir_mm.contraction_flops == 1024
+    assert (onnx_mm.weight_bytes, mlir_mm.weight_bytes) == (128 + 32, 128 + 32 + 16)
+    assert (onnx_mm.vector_flops, mlir_mm.vector_flops) == (128, 256)
+    assert profile(block_model, "h100", via="mlir", precision="w8a16").to_dict()["config"]["precision"] == "w8a16"
+
+
+def test_w8a16_before_opset_19_dequantizes_through_fp32(tmp_path):
+    """Before opset 19 a DequantizeLinear's scale and output are fp32 (ONNX's DequantizeLinear-13):
+    the scale is 16 x 4 B and the result is cast to the fp16 the matmul reads."""
+    mlir_mm, _ = _costs(_block_model(tmp_path, 17), via="mlir", precision="w8a16")
+    assert mlir_mm.weight_bytes == 128 + 16 * 4 + 16 and mlir_mm.contraction_flops == 1024
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8", "w4a16"])
 def test_quantised_refused_in_one_line(model, precision):
     with pytest.raises(UserError, match=f"--precision {precision} with --via mlir") as info:
         profile(model, "rdu", via="mlir", precision=precision)

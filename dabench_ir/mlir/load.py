@@ -489,14 +489,20 @@ def prepare_onnx(
         g.initializer.extend(keep)
         existing = {vi.name for vi in g.input}
         g.input.extend(vi for vi in moved if vi.name not in existing)
-    initialized = {init.name for init in g.initializer}
-    arg_names = [vi.name for vi in g.input if vi.name not in initialized]
-    weight_args = frozenset(i for i, n in enumerate(arg_names) if n in weights)
+    weight_args = weight_arg_indices(g, weights)
     try:  # the shape arithmetic folded with the dims bound: TorchScript's Shape/Gather/Concat chains
         proto = fold_shapes(proto)  # leave ``unk__N`` dims that ONNX inference alone cannot resolve
     except Exception as exc:
         raise InputError(f"ONNX shape inference failed before MLIR import: {_one_line(exc)}") from None
     return proto, weight_args
+
+
+def weight_arg_indices(g: Any, weights: frozenset[str]) -> frozenset[int]:
+    """The positions of ``weights`` among the function arguments the importer makes of ``g``'s
+    inputs (those no initializer holds)."""
+    initialized = {init.name for init in g.initializer}
+    arg_names = [vi.name for vi in g.input if vi.name not in initialized]
+    return frozenset(i for i, n in enumerate(arg_names) if n in weights)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -557,6 +563,9 @@ def attach_mlir(
         raise UnboundSymbolError(exc.symbols, batch=batch) from None
     if precision is not None:
         retype_onnx(prepared, precision)
+    if precision in QUANTISED_IMPORTS:
+        quantised = dequantised_weights(prepared, graph)
+        weight_args = weight_arg_indices(prepared.graph, weights | quantised)
     ctx = mlir_context()
     module = import_onnx(prepared, context=ctx, where=where)
     lower_to_linalg(module, where=where)
@@ -569,11 +578,16 @@ def attach_mlir(
 
 
 # -- precision at import -----------------------------------------------------------------
-IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed")
+IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "w8a16")
 """The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
-``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md)."""
+``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md);
+``w8a16`` at fp16, each block matmul's weight int8 behind a per-channel ``DequantizeLinear``
+(`dequantised_weights`)."""
 
-_IMPORT_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "mixed": "bf16"}
+QUANTISED_IMPORTS = frozenset({"w8a16"})
+"""Import precisions whose block-matmul weights are stored quantised (`dequantised_weights`)."""
+
+_IMPORT_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "mixed": "bf16", "w8a16": "fp16"}
 
 
 def check_import_precision(precision: str | None) -> None:
@@ -581,7 +595,7 @@ def check_import_precision(precision: str | None) -> None:
     modes, recipes over the block matmuls' weights that torch-mlir's linalg cannot express as the
     ONNX path costs them (tried with its ONNX importer): a block-wise int4 ``DequantizeLinear``
     (w4a16) is not legalised, an fp8 weight is cast to f32 before the matmul (no fp8 contraction),
-    and int8 / w8a16 weights would need the model rewritten into quantised ONNX ops."""
+    and int8 (W8A8) would need its activations quantised too (QLinear ops the import does not write)."""
     if precision is None or precision in IMPORT_PRECISIONS:
         return
     why = {
@@ -660,6 +674,61 @@ def _converted(tensor: Any, to: int) -> Any:
     out = onnx.helper.make_tensor(tensor.name, to, list(tensor.dims), data.astype(dtype).tobytes(), raw=True)
     out.doc_string = tensor.doc_string
     return out
+
+
+def dequantised_weights(proto: onnx.ModelProto, graph: Graph) -> frozenset[str]:
+    """``proto`` (prepared, retyped to fp16) with the weight of every matmul inside a decoder block
+    stored int8 and dequantised per output channel before it is read, as a ``DequantizeLinear``
+    (int8 weight, fp16 scale and int8 zero point per channel: torch-mlir lowers it only with a zero
+    point) named as the matmul, so its linalg work is the matmul's, where the ONNX path adds its
+    dequantisation (`passes.precision.DequantisePass`); returns the scale and zero-point arguments,
+    weights of the module. The weights quantised are the ONNX path's (`_block_matmul_weights` of
+    the frontend's ``graph``)."""
+    import onnx
+
+    from dabench_ir.passes import PassManager
+    from dabench_ir.passes.passes import ClassifyOps, FoldWeightLayouts, TagLayers
+    from dabench_ir.passes.precision import _block_matmul_weights
+
+    classified = PassManager([TagLayers(), ClassifyOps(), FoldWeightLayouts()])(graph.clone()).graph
+    g = proto.graph
+    inputs = {vi.name: vi for vi in g.input}
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 19)
+    added: set[str] = set()
+    for matmul, chain in _block_matmul_weights(classified).items():
+        stored = chain[0]
+        if stored not in inputs or stored in added:
+            continue
+        reader = classified.node(matmul)
+        direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
+        axis = 1 if direct else 0  # the output channels: W[K, N] read as it is, else W[N, K]
+        dims = [d.dim_value for d in inputs[stored].type.tensor_type.shape.dim]
+        inputs[stored].type.tensor_type.elem_type = onnx.TensorProto.INT8
+        scale, zero, read = f"{stored}.scale", f"{stored}.zero_point", f"{stored}.dequantised"
+        g.input.extend(
+            [
+                onnx.helper.make_tensor_value_info(scale, onnx.TensorProto.FLOAT16, [dims[axis]]),
+                onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.INT8, [dims[axis]]),
+            ]
+        )
+        for node in g.node:
+            node.input[:] = [read if i == stored else i for i in node.input]
+        if opset >= 19:  # DequantizeLinear-19 writes its scale's type
+            g.node.insert(
+                0, onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [read], name=matmul, axis=axis)
+            )
+        else:  # before opset 19 it writes fp32 (its scale is fp32): cast to the fp16 the matmul reads
+            g.input[-2].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+            wide = f"{stored}.dequantised_fp32"
+            g.node.insert(0, onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
+            g.node.insert(
+                0, onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [wide], name=matmul, axis=axis)
+            )
+        added |= {stored, scale, zero}
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    del g.value_info[:]
+    g.value_info.extend(inferred.graph.value_info)
+    return frozenset(added)
 
 
 def reimport_at(graph: Graph, precision: str | None) -> None:
