@@ -93,33 +93,17 @@ def _export(host: Mapping[str, Any]) -> Path:
     path = cache_dir() / "models" / f"host-{digest}.onnx"
     if path.is_file():
         return path
-    heads, kv = host["heads"], host.get("kv_heads")
+    shape = {k: host[k] for k in ("family", "layers", "hidden", "heads", "seq")}
+    shape["kv_heads"] = host.get("kv_heads")
     if host.get("builder", "hf") == "hf":
         from dabench_ir.execute.hostmodels import HostModel, export_host_model
 
-        cfg = HostModel(
-            family=host["family"],
-            layers=host["layers"],
-            hidden=host["hidden"],
-            heads=heads,
-            kv_heads=kv,
-            seq=host["seq"],
-            attention=host.get("attention", "eager"),
-        )
-        proto = export_host_model(cfg)
+        proto = export_host_model(HostModel(**shape, attention=host.get("attention", "eager")))
     else:
         from dabench_ir.models import ModelConfig
         from dabench_ir.models.export import export_onnx
 
-        cfg = ModelConfig(
-            family=host["family"],
-            layers=host["layers"],
-            hidden=host["hidden"],
-            heads=heads,
-            kv_heads=kv,
-            seq=host["seq"],
-        )
-        proto = export_onnx(cfg, weights="random")
+        proto = export_onnx(ModelConfig(**shape), weights="random")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")
     onnx.save(proto, str(tmp))

@@ -34,6 +34,18 @@ def _t(x: Any) -> str:
     return "-" if x is None else "-" + seconds(-x) if x < 0 else seconds(x)
 
 
+def _module_cells(m: dict[str, Any]) -> list[str]:
+    """One module row of a study run, as the terminal and the HTML tables show it."""
+    return [
+        m["module"],
+        str(m["nodes_before"]),
+        str(m["nodes_after"]),
+        _t(m["time_before_s"]),
+        _t(m["time_after_s"]),
+        percent_change(m["time_before_s"], m["time_after_s"]),
+    ]
+
+
 def _dt(x: Any) -> str:
     """A signed time change (``-744 µs``)."""
     if x is None:
@@ -198,17 +210,7 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
         ]
         if len(rows) > top:
             out.append(f"  ... and {len(rows) - top} more changed nodes (see --csv/--json)")
-        mods = [
-            [
-                m["module"],
-                str(m["nodes_before"]),
-                str(m["nodes_after"]),
-                _t(m["time_before_s"]),
-                _t(m["time_after_s"]),
-                percent_change(m["time_before_s"], m["time_after_s"]),
-            ]
-            for m in run["modules"][:top]
-        ]
+        mods = [_module_cells(m) for m in run["modules"][:top]]
         out += [
             "",
             *(
@@ -590,17 +592,7 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         parts.append(
             _html_table(
                 ["module", "nodes before", "after", "time before", "after", "change"],
-                [
-                    [
-                        m["module"],
-                        str(m["nodes_before"]),
-                        str(m["nodes_after"]),
-                        _t(m["time_before_s"]),
-                        _t(m["time_after_s"]),
-                        percent_change(m["time_before_s"], m["time_after_s"]),
-                    ]
-                    for m in run["modules"]
-                ],
+                [_module_cells(m) for m in run["modules"]],
             )
         )
     for cmp in doc.get("mlir_vs_onnx") or []:
