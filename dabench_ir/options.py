@@ -247,7 +247,7 @@ def _proportions(value: Any) -> tuple[float, ...]:
 
 
 def _recompute(value: Any) -> str:
-    """``none``, ``selective`` or ``full``; a boolean from older specs means full (True) or none (False)."""
+    """``none``, ``selective``, ``op`` or ``full``; a boolean from older specs means full (True) or none (False)."""
     if isinstance(value, bool):
         return "full" if value else "none"
     text = str(value).strip().lower()
@@ -280,7 +280,8 @@ PRECISIONS = (*FLOAT_PRECISIONS, "int8", "fp8", "w8a16", "w4a16")
 KV_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
 """Every ``--kv-precision`` choice."""
 SCENARIOS = ("generate",)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
+"""Every ``--recompute`` choice; `dabench_ir.passes.training` says what each one keeps (docs/training.md)."""
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 MODES = ("inference", "train")
 _TRAIN = frozenset({"train"})
@@ -350,8 +351,10 @@ class ProfileOptions:
     mode: str = knob("inference", help="inference (forward) or train (backward and optimizer too)", choices=MODES)
     recompute: str = knob(
         "none",
-        help="train mode: none (keep what autograd saves), selective (recompute attention cores) or full "
-        "(keep block inputs, recompute each block); true/false from older specs mean full/none",
+        help="train mode: none (keep what autograd saves), selective (recompute attention cores), op "
+        "(torchtitan's per-op selective checkpointing: keep the block input, every other matmul's and the "
+        "attention kernel's outputs, recompute the rest) or full (keep block inputs, recompute each block); "
+        "true/false from older specs mean full/none",
         choices=RECOMPUTE,
         parse=_recompute,
         modes=_TRAIN,

@@ -10,7 +10,9 @@ The rules, with their sources, are in docs/training.md. In short:
 - data movement: backward moves the same bytes back (transpose back, scatter-add for gather);
 - bytes: backward reads dY, the saved inputs and the weights, writes dX and dW;
 - with ``recompute``, each layer's forward runs again during backward and only the tensors
-  that cross layer boundaries are kept;
+  that cross layer boundaries are kept (``full``), or only the attention cores are recomputed
+  (``selective``), or each block keeps the outputs of torchtitan's save-listed ops and runs the
+  rest again (``op``);
 - a language model's step ends in its loss: one `dabench::SoftmaxCrossEntropy` node reads the
   logits (the graph output as wide as the token-embedding table) and writes their gradient,
   as fused cross-entropy kernels do (the forward's exponentials give p − onehot, no second exp);
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.options import RECOMPUTE
 
 from . import meta
 from .base import Pass, PassResult
@@ -163,7 +166,8 @@ def _itemsize(node: Node) -> int:
     return dtype.itemsize if isinstance(dtype, DType) else 4
 
 
-RECOMPUTE = ("none", "selective", "full")
+# the ``--recompute`` choices, owned by dabench_ir.options (the knob); what each keeps is below
+# (`TrainingPass`, `op_checkpoint_keeps`) and in docs/training.md
 FUSED_ATTENTION, SAVED = meta.FUSED_ATTENTION, meta.SAVED  # declared in passes/meta.py
 
 
@@ -287,6 +291,68 @@ class FusedAttentionPass(Pass):
         return PassResult(graph, True)
 
 
+def _weight_matmul(graph: Graph, node: Node, traits: OpTraits) -> bool:
+    """A contraction with a stored operand (X·W): PyTorch's ``aten.mm`` of a linear layer, as
+    opposed to the activation-by-activation matmuls of an attention core."""
+    if traits.backward is not Backward.CONTRACTION:
+        return False
+    operands = [n for n in node.inputs[:2] if n]
+    return len(operands) == 2 and not all(_is_activation(graph, n) for n in operands)
+
+
+def op_checkpoint_keeps(graph: Graph, cores: Mapping[str, int]) -> tuple[dict[str, dict[str, int]], frozenset[str]]:
+    """torchtitan's per-op selective activation checkpointing (``selective_ac_option = "op"``)
+    on each decoder block: node name -> what it keeps (value -> bytes) for every node of a block,
+    and the nodes whose forward the backward runs again (every node of a block but the
+    save-listed ones, whose cached outputs the recomputation returns; an attention core's
+    scores are recomputed by the core's own rule, as FlashAttention's backward does).
+
+    The policy (pytorch/torchtitan, ``_apply_ac_to_transformer_block`` in
+    torchtitan/models/llama3/parallelize_llama.py, December 2024; now
+    torchtitan/distributed/activation_checkpoint.py): each block runs under
+    ``create_selective_checkpoint_contexts`` with a fresh ``mm`` counter; an op's output is
+    ``MUST_SAVE`` when the op is in ``_save_list`` (``aten.mm``, the SDPA flash/efficient/cudnn
+    kernels, ``reduce_scatter_tensor``, ``aten.max``) "except every second mm" (the count is
+    incremented before the test, so the 2nd, 4th, 6th... mm of a block are recomputed), and
+    every other op is ``PREFER_RECOMPUTE``. The checkpoint wrapper keeps the block's input. Here:
+    a block's weight matmuls counted in graph order (q, k, v, o, gate, up, down in a Llama block:
+    q, v, gate and down saved), an attention core as the SDPA kernel (its output O and the
+    softmax's log-sum-exp, one fp32 per score row), and the activations entering the block from
+    outside it. Nodes outside the blocks (embedding, final norm, LM head) are not checkpointed
+    and are absent from the result (they keep what autograd saves)."""
+    producer_layer = {v: n.layer for n in graph.nodes for v in n.outputs if v}
+    internal = core_internal(graph, dict(cores)) if cores else set()
+    count: dict[int, int] = {}
+    keeps: dict[str, dict[str, int]] = {}
+    recomputed: set[str] = set()
+    for node in graph.nodes:
+        layer = node.layer
+        if layer is None or is_optimizer_step(node) or is_loss(node):
+            continue
+        traits = traits_of(node)
+        keep: dict[str, int] = {}
+        for name in node.inputs:  # the block's input, kept by the checkpoint wrapper
+            if name and _is_activation(graph, name) and producer_layer.get(name) != layer:
+                keep[name] = _nbytes(graph, name)
+        out = node.outputs[0] if node.outputs else ""
+        if node.name in cores and out:
+            if not any(o in internal for o in node.outputs):  # the kernel's output O
+                keep[out] = _nbytes(graph, out)
+            elif traits.saves is Saves.OUTPUT:  # the softmax's log-sum-exp, one fp32 per score row
+                itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
+                keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
+        elif _weight_matmul(graph, node, traits) and out:
+            count[layer] = count.get(layer, 0) + 1
+            if count[layer] % 2 == 1:  # "except every second mm"
+                keep[out] = _nbytes(graph, out)
+            else:
+                recomputed.add(node.name)
+        else:
+            recomputed.add(node.name)
+        keeps[node.name] = keep
+    return keeps, frozenset(recomputed)
+
+
 def _recompute_mode(value: object) -> str:
     if value is True:
         return "full"
@@ -301,7 +367,9 @@ class TrainingPass(Pass):
 
     ``recompute``: ``none`` keeps what autograd saves; ``selective`` recomputes each
     attention core in backward and keeps only its inputs (Korthikanti et al., MLSys 2023);
-    ``full`` keeps each block's input and recomputes the block (``True``/``False`` from
+    ``op`` is torchtitan's per-op selective checkpointing (`op_checkpoint_keeps`: each block
+    keeps its input, every other weight matmul's output and the attention kernel's output and
+    log-sum-exp, and recomputes the rest); ``full`` keeps each block's input and recomputes the block (``True``/``False`` from
     older specs mean full/none).
     """
 
@@ -321,8 +389,9 @@ class TrainingPass(Pass):
         mode = _recompute_mode(self.recompute)
         needs = _needs_grad(graph)
         fused = {n.name: n.meta[FUSED_ATTENTION] for n in graph.nodes if FUSED_ATTENTION in n.meta}
-        cores = fused or (attention_cores(graph) if mode == "selective" else {})
+        cores = fused or (attention_cores(graph) if mode in ("selective", "op") else {})
         internal = core_internal(graph, cores) if cores else set()
+        op_keeps, op_recomputed = op_checkpoint_keeps(graph, cores) if mode == "op" else ({}, frozenset())
         saved: dict[str, int] = {}
         per_layer: dict[int | None, dict[str, int]] = {}
         boundary = 0
@@ -356,7 +425,11 @@ class TrainingPass(Pass):
                     else:  # the softmax's log-sum-exp, one fp32 per score row
                         itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
                         keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
-            if mode == "full" and grads:
+            if node.name in op_keeps:  # a checkpointed block under the per-op policy
+                keep = dict(op_keeps[node.name])
+            # its forward runs again in backward (under op also a block's ops no gradient flows
+            # through, such as the first block's norm: their outputs feed the saved ops' inputs)
+            if (mode == "full" and grads) or node.name in op_recomputed:
                 bwd = bwd + forward
             node.meta[FORWARD_COST] = forward
             node.meta[BACKWARD_COST] = bwd

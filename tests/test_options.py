@@ -59,7 +59,7 @@ def test_flags_and_choices():
     assert KNOBS["dims"].flag == "--dim"
     assert KNOBS["precision"].choices == ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
     assert KNOBS["measure"].is_switch and not KNOBS["batch"].is_switch
-    assert KNOBS["recompute"].choices == ("none", "selective", "full")
+    assert KNOBS["recompute"].choices == ("none", "selective", "op", "full")
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_flags_and_choices():
         ("precision", "fp4", "--precision 'fp4': expected one of fp32, fp16, bf16, mixed, int8, fp8, w8a16, w4a16"),
         ("replicas", "many", "--replicas 'many': expected a positive integer"),
         ("warmup", -1, "--warmup -1: expected a non-negative integer"),
-        ("recompute", "maybe", "--recompute 'maybe': expected one of none, selective, full"),
+        ("recompute", "maybe", "--recompute 'maybe': expected one of none, selective, op, full"),
         ("dims", {"seq": -1}, "--dim"),
     ],
 )

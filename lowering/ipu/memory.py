@@ -283,7 +283,7 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
     shard = run.replicas if options.replicated_tensor_sharding else 1
     # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
-    drops_cores = train is not None and (train.recompute_mode == "selective" or train.fused_attention)
+    drops_cores = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
     dropped = core_internal_values(ctx) if drops_cores else frozenset()
     for s, st in enumerate(pipeline.stages):
         _add_stage(run, pipeline, s, st, memory, serials, dropped)
