@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -469,20 +469,49 @@ def saved_activation_bytes(ctx: LoweringContext) -> tuple[int, frozenset[str]]:
     and V before the head broadcast, at ``kv_heads``. So each saved value is charged as the
     value at the root of its view chain (`_storage_root`), once; per-row statistics (the
     norms' mean and 1/σ, the fused softmax's log-sum-exp) are counted as recorded.
-    """
+
+    Under ``--recompute full`` a block keeps only its input and recomputes the rest in its
+    backward: what is held is every block's input (the values that cross a block boundary), the
+    saved sets of the nodes outside the blocks (embedding, final norm, LM head, loss), and during
+    one block's backward that block's own set beside them (the largest block's)."""
+    nodes = ctx.graph.nodes
+    record = meta.training_state(ctx.graph)
+    if record is None or record.recompute_mode != "full":
+        roots = _saved_roots(ctx, nodes)
+        return sum(roots.values()), frozenset(roots)
+    held = _saved_roots(ctx, [n for n in nodes if n.layer is None])
+    producer = {v: n for n in nodes for v in n.outputs if v}
+    cores = {n.name for n in nodes if FUSED_ATTENTION in n.meta}
+    for node in nodes:
+        for out in node.outputs:
+            if out and any(reader.layer != node.layer for reader in ctx.graph.consumers.get(out, [])):
+                root = _storage_root(ctx, out, producer, cores)
+                held[root] = max(held.get(root, 0), ctx.value_bytes(root))
+    block = max(
+        (
+            sum(b for r, b in _saved_roots(ctx, [n for n in nodes if n.layer == layer]).items() if r not in held)
+            for layer in {n.layer for n in nodes if n.layer is not None}
+        ),
+        default=0,
+    )
+    return sum(held.values()) + block, frozenset(held)
+
+
+def _saved_roots(ctx: LoweringContext, nodes: Sequence[Node]) -> dict[str, int]:
+    """The saved memories of ``nodes`` (`saved_activation_bytes`): bytes by the value at the root of
+    each saved value's view chain; a per-row statistic keeps its own ``name#stat`` key."""
     producer = {v: n for n in ctx.graph.nodes for v in n.outputs if v}
     cores = {n.name for n in ctx.graph.nodes if FUSED_ATTENTION in n.meta}
     roots: dict[str, int] = {}
-    extra = 0
-    for node in ctx.graph.nodes:
+    for node in nodes:
         for name, nbytes in (node.meta.get(SAVED) or {}).items():
             if "#" in name:
-                extra += nbytes
+                roots[name] = roots.get(name, 0) + nbytes
                 continue
             root = _storage_root(ctx, name, producer, cores)
             size = ctx.value_bytes(root) if root != name else nbytes
             roots[root] = max(roots.get(root, 0), size if size > 0 else nbytes)
-    return sum(roots.values()) + extra, frozenset(roots)
+    return roots
 
 
 def device_memory(

@@ -91,3 +91,22 @@ def test_op_adds_exactly_the_recomputed_ops_forward_flops():
     assert c1 - c0 == sum(f.contraction_flops for f in forward)
     assert v1 - v0 == sum(f.vector_flops for f in forward) > 0
     assert s1 - s0 == sum(f.special_ops for f in forward) > 0
+
+
+def test_full_recompute_holds_each_block_input_and_one_block_on_a_gpu():
+    """``--recompute full`` on a GPU holds every block's input, what the nodes outside the blocks save
+    and one block's set during its backward: with two blocks less than ``none``, and at least the
+    final norm's 4,160 B plus a block input. It held as much as ``none`` while paying the recompute
+    (session 51)."""
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.gpu import device_memory
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    cfg = ModelConfig(family="llama", layers=2, hidden=H, heads=A, kv_heads=KV_HEADS, ffn=FFN, seq=S, batch=B)
+    held = {}
+    for mode in ("none", "full"):
+        opts = ProfileOptions(mode="train", precision="fp32", fused_attention=True, recompute=mode)
+        graph = prepare_graph(export_onnx(cfg, weights="none"), opts)
+        held[mode] = device_memory(LoweringContext.build(graph))["activations"]
+    assert 4160 + E * S * B * H <= held["full"] < held["none"]
