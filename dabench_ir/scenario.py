@@ -572,7 +572,8 @@ def _b(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def _top_nodes(run: PhaseRun, top: int) -> list[str]:
+def _top_nodes(run: PhaseRun, top: int | None) -> list[str]:
+    """The phase's nodes by time, the ``top`` first (None: all)."""
     report = run.report
     if report is None or top == 0:
         return []
@@ -587,8 +588,9 @@ def _top_nodes(run: PhaseRun, top: int) -> list[str]:
     return lines
 
 
-def render_generate(result: GenerateResult, *, top: int = 8) -> str:
-    """The scenario as a terminal table: summary, decode steps sampled, top nodes of each phase."""
+def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
+    """The scenario as a terminal table: summary, decode steps sampled, the ``top`` nodes of each
+    phase by time (None: every node; 0: no node table)."""
     m = result.model
     name = m.get("preset") or m.get("file") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
@@ -628,11 +630,12 @@ def render_generate(result: GenerateResult, *, top: int = 8) -> str:
         )
     if not result.prefill.fits:
         lines.append(f"  prefill does not fit: {result.prefill.failure}")
-    if top:
-        lines += ["", f"Prefill: top {top} nodes", *_top_nodes(result.prefill, top)]
+    if top != 0:
+        which = "all" if top is None else f"top {top}"
+        lines += ["", f"Prefill: {which} nodes", *_top_nodes(result.prefill, top)]
         if result.decode:
             last = result.decode[-1]
-            lines += ["", f"Decode step at context {last.context}: top {top} nodes", *_top_nodes(last, top)]
+            lines += ["", f"Decode step at context {last.context}: {which} nodes", *_top_nodes(last, top)]
     return "\n".join(lines)
 
 
@@ -652,7 +655,7 @@ def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
     progress.done()
     written = [str(result.write_json(args.json))] if getattr(args, "json", None) else []
     if not getattr(args, "quiet", False):
-        print(render_generate(result, top=min(args.top, 10) if args.top else 8))
+        print(render_generate(result, top=args.top or None))  # --top 0: every node, as profile's table
         for path in written:
             print(f"wrote {path}")
     return 0

@@ -354,3 +354,15 @@ def test_generate_with_static_shapes_runs_the_compiled_window(exports, tmp_path,
     assert main([*argv[:-1], "12", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "more than --compiled-seq 12 holds" in err
+
+
+def test_generate_top_is_the_flag_as_given(exports, capsys):
+    """``--top N`` shows N nodes of each phase (it was capped at 10, and 0 showed 8); ``--top 0`` every
+    node, as profile's node table does."""
+    argv = ["profile", str(exports["llama"]), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "4"]
+    for top in ("3", "0"):
+        assert main([*argv, "--top", top]) == 0
+        out = capsys.readouterr().out
+        head = "Prefill: top 3 nodes" if top == "3" else "Prefill: all nodes"
+        rows = out.split(head, 1)[1].split("\n\n", 1)[0].strip().splitlines()
+        assert len(rows) == 3 if top == "3" else len(rows) > 10
