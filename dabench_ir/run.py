@@ -451,7 +451,8 @@ def _bind_seq_and_derived(graph: Graph, seq: int | None, dims: dict[str, int], p
                     f"(--past {past} + --seq {seq} = {seq + past}); drop it"
                 )
             dims[name] = seq + past
-    empty = sorted(n for n, v in dims.items() if v == 0 and n not in past_symbols(graph))
+    cache_lengths = set(past_symbols(graph))
+    empty = sorted(n for n, v in dims.items() if v == 0 and n not in cache_lengths)
     if empty:
         raise UserError(
             f"--dim {empty[0]}=0: only a KV cache's length may be 0 (an empty cache: --past 0); "

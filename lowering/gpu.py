@@ -475,13 +475,16 @@ def saved_activation_bytes(ctx: LoweringContext) -> tuple[int, frozenset[str]]:
     saved sets of the nodes outside the blocks (embedding, final norm, LM head, loss), and during
     one block's backward that block's own set beside them (the largest block's)."""
     nodes = ctx.graph.nodes
-    record = meta.training_state(ctx.graph)
-    if record is None or record.recompute_mode != "full":
-        roots = _saved_roots(ctx, nodes)
-        return sum(roots.values()), frozenset(roots)
-    held = _saved_roots(ctx, [n for n in nodes if n.layer is None])
     producer = {v: n for n in nodes for v in n.outputs if v}
     cores = {n.name for n in nodes if FUSED_ATTENTION in n.meta}
+    record = meta.training_state(ctx.graph)
+    if record is None or record.recompute_mode != "full":
+        roots = _saved_roots(ctx, nodes, producer, cores)
+        return sum(roots.values()), frozenset(roots)
+    by_layer: dict[int | None, list[Node]] = {}
+    for node in nodes:
+        by_layer.setdefault(node.layer, []).append(node)
+    held = _saved_roots(ctx, by_layer.pop(None, []), producer, cores)
     for node in nodes:
         for out in node.outputs:
             if out and any(reader.layer != node.layer for reader in ctx.graph.consumers.get(out, [])):
@@ -489,19 +492,19 @@ def saved_activation_bytes(ctx: LoweringContext) -> tuple[int, frozenset[str]]:
                 held[root] = max(held.get(root, 0), ctx.value_bytes(root))
     block = max(
         (
-            sum(b for r, b in _saved_roots(ctx, [n for n in nodes if n.layer == layer]).items() if r not in held)
-            for layer in {n.layer for n in nodes if n.layer is not None}
+            sum(b for r, b in _saved_roots(ctx, layer, producer, cores).items() if r not in held)
+            for layer in by_layer.values()
         ),
         default=0,
     )
     return sum(held.values()) + block, frozenset(held)
 
 
-def _saved_roots(ctx: LoweringContext, nodes: Sequence[Node]) -> dict[str, int]:
+def _saved_roots(
+    ctx: LoweringContext, nodes: Sequence[Node], producer: Mapping[str, Node], cores: set[str]
+) -> dict[str, int]:
     """The saved memories of ``nodes`` (`saved_activation_bytes`): bytes by the value at the root of
     each saved value's view chain; a per-row statistic keeps its own ``name#stat`` key."""
-    producer = {v: n for n in ctx.graph.nodes for v in n.outputs if v}
-    cores = {n.name for n in ctx.graph.nodes if FUSED_ATTENTION in n.meta}
     roots: dict[str, int] = {}
     for node in nodes:
         for name, nbytes in (node.meta.get(SAVED) or {}).items():

@@ -48,6 +48,7 @@ __all__ = [
     "DequantisePass",
     "PrecisionPass",
     "accumulate_dtype",
+    "block_matmul_weights",
     "compute_dtype",
     "dominant_storage_dtype",
     "graph_compute_dtype",
@@ -201,7 +202,7 @@ class PrecisionPass(Pass):
                 if new is None:
                     new = retyped[t] = t.with_dtype(low)
                 value.type = new
-        quantised = _block_matmul_weights(graph) if quant else {}
+        quantised = block_matmul_weights(graph) if quant else {}
         for names in quantised.values():
             for name in names:
                 graph.values[name].type = graph.values[name].type.with_dtype(quant[0])
@@ -252,7 +253,7 @@ class DequantisePass(Pass):
         return PassResult(graph, modified)
 
 
-def _block_matmul_weights(graph: Graph) -> dict[str, tuple[str, ...]]:
+def block_matmul_weights(graph: Graph) -> dict[str, tuple[str, ...]]:
     """Matmuls inside decoder blocks that read a 2-D weight -> the stored values to quantise
     (the weight and the folded layouts between it and the matmul, the matmul's own input last)."""
     found: dict[str, tuple[str, ...]] = {}

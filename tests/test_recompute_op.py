@@ -13,27 +13,20 @@ from dabench_ir.options import RECOMPUTE, ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.passes import training as training_pass
 from dabench_ir.passes.training import SAVED
+from tests.test_training_memory import _layer_saved
 
 S, B, H, A, KV_HEADS, FFN = 8, 1, 64, 4, 2, 128
 KV = KV_HEADS * (H // A)  # the K/V projections' width, 32
 E = 4  # fp32
 
 
-def _graph(recompute: str):
+def _graph(recompute: str, layers: int = 1):
     from dabench_ir.models.export import export_onnx
     from dabench_ir.pipeline import prepare_graph
 
-    cfg = ModelConfig(family="llama", layers=1, hidden=H, heads=A, kv_heads=KV_HEADS, ffn=FFN, seq=S, batch=B)
+    cfg = ModelConfig(family="llama", layers=layers, hidden=H, heads=A, kv_heads=KV_HEADS, ffn=FFN, seq=S, batch=B)
     opts = ProfileOptions(mode="train", precision="fp32", fused_attention=True, recompute=recompute)
     return prepare_graph(export_onnx(cfg, weights="none"), opts)
-
-
-def _layer_saved(graph, layer: int) -> int:
-    kept: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.layer == layer:
-            kept.update(node.meta.get(SAVED) or {})
-    return sum(kept.values())
 
 
 def _totals(graph) -> tuple[int, int, int]:
@@ -100,13 +93,8 @@ def test_full_recompute_holds_each_block_input_and_one_block_on_a_gpu():
     (session 51)."""
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.lowering.gpu import device_memory
-    from dabench_ir.models.export import export_onnx
-    from dabench_ir.pipeline import prepare_graph
 
-    cfg = ModelConfig(family="llama", layers=2, hidden=H, heads=A, kv_heads=KV_HEADS, ffn=FFN, seq=S, batch=B)
-    held = {}
-    for mode in ("none", "full"):
-        opts = ProfileOptions(mode="train", precision="fp32", fused_attention=True, recompute=mode)
-        graph = prepare_graph(export_onnx(cfg, weights="none"), opts)
-        held[mode] = device_memory(LoweringContext.build(graph))["activations"]
+    held = {
+        mode: device_memory(LoweringContext.build(_graph(mode, layers=2)))["activations"] for mode in ("none", "full")
+    }
     assert 4160 + E * S * B * H <= held["full"] < held["none"]

@@ -682,49 +682,52 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph) -> frozenset[str]:
     (int8 weight, fp16 scale and int8 zero point per channel: torch-mlir lowers it only with a zero
     point) named as the matmul, so its linalg work is the matmul's, where the ONNX path adds its
     dequantisation (`passes.precision.DequantisePass`); returns the scale and zero-point arguments,
-    weights of the module. The weights quantised are the ONNX path's (`_block_matmul_weights` of
+    weights of the module. The weights quantised are the ONNX path's (`block_matmul_weights` of
     the frontend's ``graph``)."""
     import onnx
 
     from dabench_ir.passes import PassManager
     from dabench_ir.passes.passes import ClassifyOps, FoldWeightLayouts, TagLayers
-    from dabench_ir.passes.precision import _block_matmul_weights
+    from dabench_ir.passes.precision import block_matmul_weights
 
     classified = PassManager([TagLayers(), ClassifyOps(), FoldWeightLayouts()])(graph.clone()).graph
     g = proto.graph
     inputs = {vi.name: vi for vi in g.input}
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 19)
-    added: set[str] = set()
-    for matmul, chain in _block_matmul_weights(classified).items():
+    # DequantizeLinear-19 writes its scale's type; before opset 19 both are fp32, cast to the fp16 read
+    scale_type = onnx.TensorProto.FLOAT16 if opset >= 19 else onnx.TensorProto.FLOAT
+    reads: dict[str, str] = {}  # stored weight -> the dequantised value its readers take
+    added: set[str] = set()  # the weights, scales and zero points: the module's weight arguments
+    dequantise: list[onnx.NodeProto] = []
+    for matmul, chain in block_matmul_weights(classified).items():
         stored = chain[0]
-        if stored not in inputs or stored in added:
+        if stored not in inputs or stored in reads:
             continue
         reader = classified.node(matmul)
         direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
         axis = 1 if direct else 0  # the output channels: W[K, N] read as it is, else W[N, K]
-        dims = [d.dim_value for d in inputs[stored].type.tensor_type.shape.dim]
+        channels = [d.dim_value for d in inputs[stored].type.tensor_type.shape.dim][axis]
         inputs[stored].type.tensor_type.elem_type = onnx.TensorProto.INT8
         scale, zero, read = f"{stored}.scale", f"{stored}.zero_point", f"{stored}.dequantised"
         g.input.extend(
             [
-                onnx.helper.make_tensor_value_info(scale, onnx.TensorProto.FLOAT16, [dims[axis]]),
-                onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.INT8, [dims[axis]]),
+                onnx.helper.make_tensor_value_info(scale, scale_type, [channels]),
+                onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.INT8, [channels]),
             ]
         )
-        for node in g.node:
-            node.input[:] = [read if i == stored else i for i in node.input]
-        if opset >= 19:  # DequantizeLinear-19 writes its scale's type
-            g.node.insert(
-                0, onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [read], name=matmul, axis=axis)
-            )
-        else:  # before opset 19 it writes fp32 (its scale is fp32): cast to the fp16 the matmul reads
-            g.input[-2].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-            wide = f"{stored}.dequantised_fp32"
-            g.node.insert(0, onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
-            g.node.insert(
-                0, onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [wide], name=matmul, axis=axis)
-            )
+        wide = read if opset >= 19 else f"{stored}.dequantised_fp32"
+        dequantise.append(
+            onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [wide], name=matmul, axis=axis)
+        )
+        if wide != read:
+            dequantise.append(onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
+        reads[stored] = read
         added |= {stored, scale, zero}
+    for node in g.node:
+        node.input[:] = [reads.get(i, i) for i in node.input]
+    rest = list(g.node)
+    del g.node[:]
+    g.node.extend([*dequantise, *rest])  # a repeated message field takes no slice assignment
     inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     del g.value_info[:]
     g.value_info.extend(inferred.graph.value_info)
