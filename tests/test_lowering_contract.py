@@ -74,22 +74,15 @@ def _ctx(flops, nbytes):
     return graph, LoweringContext.build(graph)
 
 
+def _place(ctx, node, **fields):
+    """`place_node` on unit "u" from the off-chip memory at ridge 10, whole allocation, unless ``fields`` say."""
+    return place_node(ctx, node, **{"unit": "u", "feed_level": "off-chip", "ridge": 10.0, "allocation": 1.0, **fields})
+
+
 def test_place_node_roofline_plus_comm_and_overhead_per_micro_batch():
     graph, ctx = _ctx([4000], [100])
-    np_ = place_node(
-        ctx,
-        graph.nodes[0],
-        unit="u",
-        compute_s=4.0,
-        memory_s=1.0,
-        comm_s=0.5,
-        overhead_s=0.25,
-        feed_level="off-chip",
-        feed_bytes=100,
-        ridge=10.0,
-        allocation=0.5,
-        micro_batches=4,
-    )
+    times = {"compute_s": 4.0, "memory_s": 1.0, "comm_s": 0.5, "overhead_s": 0.25}
+    np_ = _place(ctx, graph.nodes[0], **times, feed_bytes=100, allocation=0.5, micro_batches=4)
     assert np_.per_micro_batch_s == (4.0 + 0.5 + 0.25) / 4
     assert (np_.unit, np_.lane, np_.flops, np_.bytes, np_.feed_bytes) == ("u", "u", 4000, 100, 100)
     assert (np_.compute_s, np_.memory_s, np_.comm_s, np_.overhead_s) == (4.0, 1.0, 0.5, 0.25)
@@ -99,18 +92,7 @@ def test_place_node_roofline_plus_comm_and_overhead_per_micro_batch():
 @pytest.mark.parametrize(("compute", "memory", "expected"), [(1.0, 3.0, Bound.MEMORY), (3.0, 1.0, Bound.MEMORY)])
 def test_place_node_bound_is_from_intensity_not_from_which_time_is_larger(compute, memory, expected):
     graph, ctx = _ctx([100], [100])  # intensity 1 below ridge 10
-    np_ = place_node(
-        ctx,
-        graph.nodes[0],
-        unit="u",
-        lane="u/a",
-        compute_s=compute,
-        memory_s=memory,
-        feed_level="off-chip",
-        feed_bytes=100,
-        ridge=10.0,
-        allocation=1.0,
-    )
+    np_ = _place(ctx, graph.nodes[0], lane="u/a", compute_s=compute, memory_s=memory, feed_bytes=100)
     assert np_.per_micro_batch_s == 3.0 and np_.lane == "u/a" and np_.bound is expected
 
 
@@ -118,19 +100,8 @@ def test_place_node_bookkeeping_takes_no_time_and_is_overhead_bound():
     graph = chain([0], [64])
     graph.nodes[0].op_type = "Reshape"  # a shape op: no unit works on it
     ctx = LoweringContext.build(graph)  # the context reads each node's work once, as built
-    np_ = place_node(
-        ctx,
-        graph.nodes[0],
-        unit="u",
-        compute_s=1.0,
-        memory_s=2.0,
-        comm_s=3.0,
-        overhead_s=4.0,
-        feed_level="on-chip",
-        feed_bytes=64,
-        ridge=1.0,
-        allocation=0.0,
-    )
+    times = {"compute_s": 1.0, "memory_s": 2.0, "comm_s": 3.0, "overhead_s": 4.0}
+    np_ = _place(ctx, graph.nodes[0], **times, feed_level="on-chip", feed_bytes=64, ridge=1.0, allocation=0.0)
     assert np_.per_micro_batch_s == 0.0 and np_.bound is Bound.OVERHEAD
     assert (np_.compute_s, np_.memory_s, np_.comm_s, np_.overhead_s) == (0.0, 0.0, 0.0, 0.0)
 
@@ -140,21 +111,9 @@ def test_place_node_time_override_and_unattributed_note():
     del graph.nodes[1].meta[meta.COST]
     graph.nodes[1].meta[meta.UNATTRIBUTED] = "no rule"
     ctx = LoweringContext.build(graph)
-    timed = place_node(
-        ctx,
-        graph.nodes[0],
-        unit="u",
-        compute_s=1.0,
-        feed_level="x",
-        feed_bytes=10,
-        ridge=1.0,
-        allocation=1.0,
-        time_s=7.0,
-    )
+    timed = _place(ctx, graph.nodes[0], compute_s=1.0, feed_level="x", feed_bytes=10, ridge=1.0, time_s=7.0)
     assert timed.per_micro_batch_s == 7.0
-    loose = place_node(
-        ctx, graph.nodes[1], unit="u", compute_s=1.0, feed_level="x", feed_bytes=0, ridge=1.0, allocation=1.0
-    )
+    loose = _place(ctx, graph.nodes[1], compute_s=1.0, feed_level="x", feed_bytes=0, ridge=1.0)
     assert loose.note == UNATTRIBUTED_NOTE and loose.per_micro_batch_s == 0.0 and ctx.costs["n1"] == Cost()
 
 

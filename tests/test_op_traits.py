@@ -31,128 +31,77 @@ from tests.conftest import analyze_text, rewrite
 DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
 
 
+def _rule(op_class: OpClass, **fields) -> OpTraits:
+    """The traits of an op registered with a cost rule: ``fields`` are those away from the default."""
+    return OpTraits(op_class, has_cost_rule=True, **fields)
+
+
+_SOFTMAX = _rule(
+    OpClass.VECTOR,
+    keeps_fp32=True,
+    cpu_class="Softmax",
+    saves=Saves.OUTPUT,
+    roles=frozenset({Role.SOFTMAX}),
+    row_reductions=1,
+)
+_MOVE = {"backward": Backward.MOVE, "saves": Saves.NOTHING, "roles": frozenset({Role.LAYOUT, Role.PASS_THROUGH})}
+_NORM = {
+    "keeps_fp32": True,
+    "cpu_class": "LayerNormalization",
+    "saves": Saves.INPUT_AND_STATS,
+    "roles": frozenset({Role.NORM}),
+}
+_CONTRACTION = {"cpu_class": CPU_MATMUL, "backward": Backward.CONTRACTION, "saves": Saves.OPERANDS}
+
+
 @pytest.mark.parametrize(
     ("op", "domain", "expected"),
     [
-        (
-            "MatMul",
-            "",
-            OpTraits(
-                OpClass.CONTRACTION,
-                cpu_class=CPU_MATMUL,
-                backward=Backward.CONTRACTION,
-                has_cost_rule=True,
-                saves=Saves.OPERANDS,
-                roles=frozenset({Role.CONTRACTION}),
-            ),
-        ),
-        (
-            "Softmax",
-            "",
-            OpTraits(
-                OpClass.VECTOR,
-                keeps_fp32=True,
-                cpu_class="Softmax",
-                has_cost_rule=True,
-                saves=Saves.OUTPUT,
-                roles=frozenset({Role.SOFTMAX}),
-                row_reductions=1,
-            ),
-        ),
-        (
-            "Softmax",
-            "ai.onnx",
-            OpTraits(
-                OpClass.VECTOR,
-                keeps_fp32=True,
-                cpu_class="Softmax",
-                has_cost_rule=True,
-                saves=Saves.OUTPUT,
-                roles=frozenset({Role.SOFTMAX}),
-                row_reductions=1,
-            ),
-        ),
-        ("Relu", "", OpTraits(OpClass.VECTOR, has_cost_rule=True, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
+        ("MatMul", "", _rule(OpClass.CONTRACTION, **_CONTRACTION, roles=frozenset({Role.CONTRACTION}))),
+        ("Softmax", "", _SOFTMAX),
+        ("Softmax", "ai.onnx", _SOFTMAX),
+        ("Relu", "", _rule(OpClass.VECTOR, roles=frozenset({Role.ACTIVATION}), nonlinear=True)),
         (
             "Transpose",
             "",
-            OpTraits(
-                OpClass.DATA_MOVEMENT,
-                folds_on_weights=True,
-                strided_view=True,
-                cpu_class="Transpose",
-                backward=Backward.MOVE,
-                has_cost_rule=True,
-                saves=Saves.NOTHING,
-                roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}),
-            ),
+            _rule(OpClass.DATA_MOVEMENT, **_MOVE, folds_on_weights=True, strided_view=True, cpu_class="Transpose"),
         ),
         (
             "Reshape",
             "",
-            OpTraits(
+            _rule(
                 OpClass.DATA_MOVEMENT,
+                **_MOVE,
                 shape_only=True,
                 folds_on_weights=True,
                 keeps_values=True,
-                backward=Backward.MOVE,
-                has_cost_rule=True,
-                saves=Saves.NOTHING,
-                roles=frozenset({Role.LAYOUT, Role.PASS_THROUGH}),
                 output_shape_input=1,
             ),
         ),
         (
             "Gather",
             "",
-            OpTraits(
+            _rule(
                 OpClass.DATA_MOVEMENT,
                 backward=Backward.SCATTER_ADD,
-                has_cost_rule=True,
                 saves=Saves.NOTHING,
                 roles=frozenset({Role.LAYOUT}),
                 index_input=1,
             ),
         ),
-        (
-            "Shape",
-            "",
-            OpTraits(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, has_cost_rule=True, saves=Saves.NOTHING),
-        ),
+        ("Shape", "", _rule(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, saves=Saves.NOTHING)),
         (
             "SkipLayerNormalization",
             "com.microsoft",
-            OpTraits(
-                OpClass.VECTOR,
-                keeps_fp32=True,
-                cpu_class="LayerNormalization",
-                has_cost_rule=True,
-                saves=Saves.INPUT_AND_STATS,
-                roles=frozenset({Role.NORM}),
-                row_reductions=2,
-                output_types=contrib_types.skip_norm,
-            ),
+            _rule(OpClass.VECTOR, **_NORM, row_reductions=2, output_types=contrib_types.skip_norm),
         ),
-        (
-            "RMSNormalization",
-            "",
-            OpTraits(
-                OpClass.VECTOR,
-                keeps_fp32=True,
-                cpu_class="LayerNormalization",
-                has_cost_rule=True,
-                saves=Saves.INPUT_AND_STATS,
-                roles=frozenset({Role.NORM}),
-                row_reductions=1,
-            ),
-        ),
+        ("RMSNormalization", "", _rule(OpClass.VECTOR, **_NORM, row_reductions=1)),
         (
             "FastGelu",
             "com.microsoft",
-            OpTraits(
+            _rule(
                 OpClass.VECTOR,
                 cpu_class="GeluTanh",
-                has_cost_rule=True,
                 roles=frozenset({Role.ACTIVATION}),
                 nonlinear=True,
                 output_types=contrib_types.same,
@@ -161,27 +110,14 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costs.md"
         (
             "LogSoftmax",
             "",
-            OpTraits(
-                OpClass.VECTOR,
-                keeps_fp32=True,
-                cpu_class="Softmax",
-                has_cost_rule=True,
-                saves=Saves.OUTPUT,
-                row_reductions=1,
-                loss=True,
+            _rule(
+                OpClass.VECTOR, keeps_fp32=True, cpu_class="Softmax", saves=Saves.OUTPUT, row_reductions=1, loss=True
             ),
         ),
         (
             "FusedGemm",
             "com.microsoft",
-            OpTraits(
-                OpClass.CONTRACTION,
-                cpu_class=CPU_MATMUL,
-                backward=Backward.CONTRACTION,
-                has_cost_rule=True,
-                saves=Saves.OPERANDS,
-                output_types=contrib_types.fused_gemm,
-            ),
+            _rule(OpClass.CONTRACTION, **_CONTRACTION, output_types=contrib_types.fused_gemm),
         ),
     ],
 )
