@@ -37,6 +37,11 @@ def node_cost(graph: Graph, index: int = 0) -> Cost | None:
     return meta.get_cost(graph.nodes[index])
 
 
+def report_flags(stem) -> list[str]:
+    """``--json``, ``--csv`` and ``--html`` to ``stem``.json, .csv and .html: every table format a command writes."""
+    return [arg for fmt in ("json", "csv", "html") for arg in (f"--{fmt}", f"{stem}.{fmt}")]
+
+
 @pytest.fixture
 def tiny_matmul_path(tmp_path):
     model = parse(

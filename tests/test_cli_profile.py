@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dabench_ir.cli import main
-from tests.conftest import parse
+from tests.conftest import parse, report_flags
 
 BLOCK = """
 agraph (float[2,16,32] x) => (float[2,16,32] y)
@@ -34,21 +34,7 @@ def test_profile_on_a_target_writes_every_output(block, tmp_path, capsys):
     out = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "html")}
     trace = tmp_path / "trace.json"
     code = main(
-        [
-            "profile",
-            str(block),
-            "--target",
-            "rdu",
-            "--json",
-            str(out["json"]),
-            "--csv",
-            str(out["csv"]),
-            "--html",
-            str(out["html"]),
-            "--trace",
-            str(trace),
-            "--no-color",
-        ]
+        ["profile", str(block), "--target", "rdu", *report_flags(tmp_path / "r"), "--trace", str(trace), "--no-color"]
     )
     assert code == 0
     text = capsys.readouterr().out
@@ -162,27 +148,8 @@ def test_subgraph_nodes_are_estimated_not_a_crash(tmp_path, capsys):
 
 def test_scale_command(block, tmp_path, capsys):
     path = tmp_path / "s.json"
-    assert (
-        main(
-            [
-                "scale",
-                str(block),
-                "--target",
-                "h100",
-                "--chips",
-                "1,2",
-                "--strategy",
-                "dp",
-                "--mode",
-                "train",
-                "--json",
-                str(path),
-                "--plots",
-                str(tmp_path / "plots"),
-            ]
-        )
-        == 0
-    )
+    flags = ["--target", "h100", "--chips", "1,2", "--strategy", "dp", "--mode", "train"]
+    assert main(["scale", str(block), *flags, "--json", str(path), "--plots", str(tmp_path / "plots")]) == 0
     data = json.loads(path.read_text())
     assert data["schema"] == "dabench-ir/scale/v1"
     assert [p["chips"] for p in data["points"]] == [1, 2]

@@ -16,6 +16,7 @@ from dabench_ir.report.compare import (
     write_compare_csv,
     write_compare_json,
 )
+from tests.conftest import report_flags
 from tests.test_report_helpers import make_report
 
 
@@ -97,7 +98,7 @@ def test_cli_compare(tmp_path, capsys):
     a, b = _two_reports()
     pa, pb = a.write_json(tmp_path / "a.json"), b.write_json(tmp_path / "b.json")
     out = tmp_path / "cmp"
-    argv = ["compare", str(pa), str(pb), "--csv", f"{out}.csv", "--json", f"{out}.json", "--html", f"{out}.html"]
+    argv = ["compare", str(pa), str(pb), *report_flags(out)]
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     assert "fakechip" in stdout and "otherchip" in stdout and "wrote" in stdout

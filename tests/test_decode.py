@@ -344,50 +344,17 @@ def test_generate_cli(llama7b_pair, tmp_path, capsys):
         paths.append(str(tmp_path / name))
     pair = ",".join(paths)
     out = tmp_path / "gen.json"
-    assert (
-        main(
-            [
-                "profile",
-                pair,
-                "--scenario",
-                "generate",
-                "--prompt",
-                "64",
-                "--gen",
-                "8",
-                "-t",
-                "h100",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+
+    def generate(flags: str, *paths: str) -> int:
+        return main(["profile", pair, "--scenario", "generate", *flags.split(), *paths])
+
+    assert generate("--prompt 64 --gen 8 -t h100 --json", str(out)) == 0
     text = capsys.readouterr().out
     assert "time to first token" in text and "time per output token" in text
     assert json.loads(out.read_text())["schema"] == "dabench-ir/scenario/generate/v1"
-    assert main(["profile", pair, "--scenario", "generate", "--gen", "8", "-t", "h100"]) == 2
+    assert generate("--gen 8 -t h100") == 2
     assert "--prompt" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "profile",
-                pair,
-                "--scenario",
-                "generate",
-                "--prompt",
-                "4",
-                "--gen",
-                "8",
-                "-t",
-                "ipu",
-                "--precision",
-                "fp8",
-                "-q",
-            ]
-        )
-        == 2
-    )
+    assert generate("--prompt 4 --gen 8 -t ipu --precision fp8 -q") == 2
     assert "does not support fp8e4m3" in capsys.readouterr().err
 
 

@@ -99,6 +99,13 @@ def _api(path: Path, target: str, **knobs) -> dict:
     return dabench_ir.profile(str(path), target=target, **knobs).to_dict()
 
 
+def _scale_points(path: Path, target: str, chips: str, strategy: str, out: Path) -> list[dict]:
+    """The points of ``dabench-ir scale`` of ``path`` in training on ``chips`` (a list, as the flag takes it)."""
+    argv = ["scale", str(path), "-t", target, "--chips", chips, "--strategy", strategy, "--mode", "train"]
+    assert main([*argv, "--json", str(out), "-q"]) == 0
+    return json.loads(out.read_text())["points"]
+
+
 def _flags(knobs: dict) -> list[str]:
     out = []
     for name, value in knobs.items():
@@ -207,29 +214,8 @@ def test_a_study_baseline_is_the_profile_of_its_model(stamped, tmp_path):
 @pytest.mark.parametrize("target", TARGETS)
 def test_one_chip_of_scale_is_the_profile(stamped, tmp_path, target):
     path, _ = stamped
-    out = tmp_path / "s.json"
     strategy = {"wse": "dp", "rdu": "tp", "ipu": "pp", "h100": "dp"}[target]
-    assert (
-        main(
-            [
-                "scale",
-                str(path),
-                "-t",
-                target,
-                "--chips",
-                "1",
-                "--strategy",
-                strategy,
-                "--mode",
-                "train",
-                "--json",
-                str(out),
-                "-q",
-            ]
-        )
-        == 0
-    )
-    point = json.loads(out.read_text())["points"][0]
+    point = _scale_points(path, target, "1", strategy, tmp_path / "s.json")[0]
     api = figures(_api(path, target, mode="train"))
     assert point["time_s"] == pytest.approx(api["time_s"], rel=1e-12)
     assert point["throughput_samples_per_s"] == pytest.approx(api["throughput"], rel=1e-12)
@@ -252,28 +238,7 @@ def test_multi_chip_runs_agree_across_sweep_validate_and_scale(stamped, tmp_path
     graph = load_graph(str(path))
     report = execute(resolve(graph, target, knobs, model=str(path)), graph).to_dict()
     _close(figures(sweep), figures(report))
-    out = tmp_path / "s.json"
-    assert (
-        main(
-            [
-                "scale",
-                str(path),
-                "-t",
-                target,
-                "--chips",
-                "1,2",
-                "--strategy",
-                strategy,
-                "--mode",
-                "train",
-                "--json",
-                str(out),
-                "-q",
-            ]
-        )
-        == 0
-    )
-    point = json.loads(out.read_text())["points"][1]
+    point = _scale_points(path, target, "1,2", strategy, tmp_path / "s.json")[1]
     assert point["throughput_samples_per_s"] == pytest.approx(report["totals"]["throughput_samples_per_s"], rel=1e-12)
     assert point["time_s"] == pytest.approx(report["totals"]["time_s"], rel=1e-12)
     per_step = MODEL["batch"] * (2 if strategy == "dp" else 1)  # data parallel: each chip runs the graph's batch

@@ -25,6 +25,7 @@ from dabench_ir.mlir import (
     unit_graph,
     unit_names,
 )
+from tests.conftest import report_flags
 from tests.test_study import _mlp
 
 MAP = "#map = affine_map<(d0, d1) -> (d0, d1)>\n"
@@ -466,12 +467,7 @@ def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
         "ort-basic",
         "--target",
         "rdu",
-        "--json",
-        str(tmp_path / "s.json"),
-        "--csv",
-        str(tmp_path / "s.csv"),
-        "--html",
-        str(tmp_path / "s.html"),
+        *report_flags(tmp_path / "s"),
         "-o",
         str(tmp_path / "o"),
     ]

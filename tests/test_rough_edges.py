@@ -216,24 +216,8 @@ def test_sweep_help_lists_bundled_grids(capsys):
 
 def test_scale_plots_dir_like_profile(tiny_matmul_path, tmp_path):
     pytest.importorskip("matplotlib")
-    assert (
-        main(
-            [
-                "scale",
-                str(tiny_matmul_path),
-                "--target",
-                "h100",
-                "--chips",
-                "1,2",
-                "--strategy",
-                "dp",
-                "--plots",
-                str(tmp_path),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    flags = ["--target", "h100", "--chips", "1,2", "--strategy", "dp", "--quiet"]
+    assert main(["scale", str(tiny_matmul_path), *flags, "--plots", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if "scaling" in p.name) == ["mm-scaling.png", "mm-scaling.svg"]
 
 

@@ -22,6 +22,7 @@ from dabench_ir.study import (
     run_study,
 )
 from dabench_ir.study.render import validate_study
+from tests.conftest import report_flags
 
 F = TensorProto.FLOAT
 
@@ -194,12 +195,7 @@ def test_cli_study_and_diff(tmp_path, capsys):
         "rdu",
         "-o",
         str(tmp_path / "o"),
-        "--json",
-        f"{out}.json",
-        "--csv",
-        f"{out}.csv",
-        "--html",
-        f"{out}.html",
+        *report_flags(out),
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out

@@ -13,6 +13,7 @@ from dabench_ir.models import ModelConfig, export_model
 from dabench_ir.study import diff_reports, provenance, run_study
 from dabench_ir.study.render import render_study, validate_study
 from dabench_ir.study.scopes import common_scope
+from tests.conftest import report_flags
 
 pytest.importorskip("onnxruntime")
 
@@ -133,17 +134,7 @@ def test_speedup_is_split_into_node_time_and_overhead_rows(study):
 def test_diff_shows_the_split(study, tmp_path, capsys):
     _, out, doc = study
     a, b = out / "gpt2.none.rdu.json", out / "gpt2.ort-all.rdu.json"
-    argv = [
-        "diff",
-        str(a),
-        str(b),
-        "--json",
-        str(tmp_path / "d.json"),
-        "--csv",
-        str(tmp_path / "d.csv"),
-        "--html",
-        str(tmp_path / "d.html"),
-    ]
+    argv = ["diff", str(a), str(b), *report_flags(tmp_path / "d")]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "overhead: host" in text and "(overhead)" in text and "speedup alone" in text
