@@ -456,22 +456,9 @@ def test_a_bufferized_gather_counts_as_on_tensors_and_reads_its_table():
 
 def test_study_via_mlir_places_the_transformed_module(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
-    argv = [
-        "study",
-        src,
-        "--via",
-        "mlir",
-        "--mlir-pipeline",
-        "linalg-fuse-elementwise-ops,canonicalize,cse",
-        "--pipeline",
-        "ort-basic",
-        "--target",
-        "rdu",
-        *report_flags(tmp_path / "s"),
-        "-o",
-        str(tmp_path / "o"),
-    ]
-    assert main(argv) == 0
+    fuse = "linalg-fuse-elementwise-ops,canonicalize,cse"
+    argv = ["study", src, "--via", "mlir", "--mlir-pipeline", fuse, "--pipeline", "ort-basic", "--target", "rdu"]
+    assert main([*argv, *report_flags(tmp_path / "s"), "-o", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
     assert "pipeline=mlir:linalg-fuse-elementwise-ops,canonicalize,cse" in text and "per ONNX node" in text
     doc = json.loads((tmp_path / "s.json").read_text())

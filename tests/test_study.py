@@ -186,17 +186,7 @@ def test_a_registered_pipeline_runs_in_a_study(tmp_path):
 def test_cli_study_and_diff(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx")
     out = tmp_path / "s"
-    argv = [
-        "study",
-        src,
-        "--pipeline",
-        "ort-basic",
-        "--target",
-        "rdu",
-        "-o",
-        str(tmp_path / "o"),
-        *report_flags(out),
-    ]
+    argv = ["study", src, "--pipeline", "ort-basic", "--target", "rdu", "-o", str(tmp_path / "o"), *report_flags(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "m@sn30 pipeline=ort-basic" in text and "fused" in text and "Gemm" in text
