@@ -33,6 +33,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_LABELS = ("fits", "failure_reason", "dominant_bound", "node_bound", "roofline_bound", "execution_mode")
+"""The placement's labels and flags, together in `METRIC_COLUMNS` after the figures of the step."""
+
 METRIC_COLUMNS = (
     "status",
     "error",
@@ -44,12 +47,7 @@ METRIC_COLUMNS = (
     "compute_efficiency",
     "allocation_ratio",
     "load_imbalance",
-    "fits",
-    "failure_reason",
-    "dominant_bound",
-    "node_bound",
-    "roofline_bound",
-    "execution_mode",
+    *_LABELS,
     "memory_onchip",
     "memory_offchip",
     "params_count",
@@ -59,16 +57,7 @@ METRIC_COLUMNS = (
 )
 """Columns after the point's parameters, in order."""
 
-LABEL_COLUMNS = (
-    "status",
-    "error",
-    "fits",
-    "failure_reason",
-    "dominant_bound",
-    "node_bound",
-    "roofline_bound",
-    "execution_mode",
-)
+LABEL_COLUMNS = ("status", "error", *_LABELS)
 """The columns of `METRIC_COLUMNS` that hold a label or a flag, not a number."""
 
 
