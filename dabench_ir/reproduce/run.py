@@ -28,7 +28,6 @@ from dabench_ir.reproduce.kinds import Outcome, accept_text, evaluate, format_va
 from dabench_ir.reproduce.rows import usable
 from dabench_ir.reproduce.study import Finding, Study
 from dabench_ir.sweep import SweepResult, point_key, run_sweep
-from dabench_ir.sweep.executors import Executor
 from dabench_ir.sweep.spec import SweepSpec
 
 __all__ = ["COUNTERFACTUALS", "VERDICTS", "FindingOutcome", "StudyResult", "evaluate_study", "run_study"]
@@ -91,6 +90,10 @@ class FindingOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "reproduced": self.reproduced, "provenance": self.provenance}
+
+
+_AS_GIVEN = ("id", "level", "table", "experiment", "kind", "claim", "source", "metric", "paper", "mechanism", "note")
+"""The fields of a `FindingOutcome` that are its `Finding`'s, as the study gives them."""
 
 
 @dataclass
@@ -189,15 +192,7 @@ def outcome_row(
     verdict, reason = _verdict(f, outcome, cf, cf_rows)
     fitted = _fitted(study, f, (str(r["target"]) for r in rows if r.get("target"))) if study is not None else []
     return FindingOutcome(
-        id=f.id,
-        level=f.level,
-        table=f.table,
-        experiment=f.experiment,
-        kind=f.kind,
-        claim=f.claim,
-        source=f.source,
-        metric=f.metric,
-        paper=f.paper,
+        **{name: getattr(f, name) for name in _AS_GIVEN},
         paper_text=_paper_text(f, is_change(f)),
         value=outcome.value,
         tool=_shown(f, outcome),
@@ -209,10 +204,8 @@ def outcome_row(
         counterfactual_tool=_shown(f, cf) if cf is not None else "-",
         counterfactual_reproduced=cf.reproduced if cf is not None else None,
         fitted=fitted,
-        mechanism=f.mechanism,
         reason=reason,
         detail=outcome.detail,
-        note=f.note,
     )
 
 
@@ -262,16 +255,14 @@ def run_study(
     study: Study,
     out_dir: str | Path,
     *,
-    jobs: int | None = None,
-    executor: str | Executor = "local",
-    address: str | None = None,
-    cache_dir: str | Path | None = None,
-    retry_failed: bool = False,
     plots: bool = True,
     bar: Any = None,
+    **grid: Any,
 ) -> StudyResult:
     """Run every experiment's points (one sweep into ``out_dir``), evaluate the findings, write
-    the findings tables and the plots. Ctrl-C keeps every finished point (rerun to resume)."""
+    the findings tables and the plots. Ctrl-C keeps every finished point (rerun to resume).
+    ``grid``: how the points run, as `run_sweep` takes it (``jobs``, ``executor``, ``address``,
+    ``cache_dir``, ``retry_failed``)."""
     from dabench_ir.fileio import check_output_dir
     from dabench_ir.reproduce.render import write_findings
     from dabench_ir.sweep.results import read_point, write_table
@@ -280,15 +271,7 @@ def run_study(
     cf_folder = out / COUNTERFACTUALS
     for folder in (out, cf_folder, cf_folder / "targets"):  # a file in a folder's place: one line, before any work
         check_output_dir(folder, "-o")
-    run = dict(
-        jobs=jobs,
-        executor=executor,
-        address=address,
-        cache_dir=cache_dir,
-        retry_failed=retry_failed,
-        plots=False,
-        node_detail=False,
-    )
+    run = {**grid, "plots": False, "node_detail": False}  # the study draws its own plots; records without node rows
     sweep = run_sweep(study.merged_spec(), out, bar=bar, **run)
     rows_by_key = {r["key"]: r for r in sweep.rows}
     files = list(sweep.files)
