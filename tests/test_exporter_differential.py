@@ -34,6 +34,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
+from tests._helpers import hf_causal_lm
 
 REL_TOL = 0.05
 """Step time, relative, per target: see the module docstring (stated before the first comparison)."""
@@ -45,23 +46,8 @@ PARAMS: dict[str, int] = {}
 
 
 def _model(family: str):
-    import transformers
-
-    if family == "gpt2":
-        config = transformers.GPT2Config(
-            n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS, n_positions=POSITIONS, vocab_size=VOCAB
-        )
-        return transformers.GPT2LMHeadModel(config)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=LAYERS,
-        hidden_size=HIDDEN,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        intermediate_size=FFN,
-        vocab_size=VOCAB,
-        max_position_embeddings=POSITIONS,
-    )
-    return transformers.LlamaForCausalLM(config)
+    gqa = {"num_key_value_heads": KV_HEADS, "ffn": FFN} if family == "llama" else {}  # GPT-2: 4 x hidden
+    return hf_causal_lm(family, layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, positions=POSITIONS, **gqa)
 
 
 def _step_class(base):

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
 
 from dabench_ir.cli import main  # noqa: E402
+from tests._helpers import hf_causal_lm  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 64, 4, 2, 128, 256, 128
 PAST, SEQ = 31, 1
@@ -27,23 +28,10 @@ def exports(tmp_path_factory):
     from optimum.exporters.onnx import main_export
 
     root = tmp_path_factory.mktemp("hf")
+    sizes = {"layers": LAYERS, "hidden": HIDDEN, "heads": HEADS, "vocab": VOCAB, "positions": POSITIONS}
     models = {
-        "gpt2": transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(
-                n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS, n_positions=POSITIONS, vocab_size=VOCAB
-            )
-        ),
-        "llama": transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(
-                num_hidden_layers=LAYERS,
-                hidden_size=HIDDEN,
-                num_attention_heads=HEADS,
-                num_key_value_heads=KV_HEADS,
-                intermediate_size=FFN,
-                vocab_size=VOCAB,
-                max_position_embeddings=POSITIONS,
-            )
-        ),
+        "gpt2": hf_causal_lm("gpt2", **sizes),  # an MLP of 4 x hidden, a KV head per head
+        "llama": hf_causal_lm("llama", **sizes, num_key_value_heads=KV_HEADS, ffn=FFN),
     }
     out = {}
     for name, model in models.items():

@@ -7,7 +7,7 @@ import pytest
 from dabench_ir.errors import UserError
 from dabench_ir.models import PRESETS, ModelConfig, get_preset
 
-# Published totals: GPT-2 (tied LM head, 1024 learned positions) and LLaMA-2 (untied head).
+# Published totals: GPT-2 (tied LM head, 1024 learned positions), LLaMA-2 (untied head), GPT-J and GPT-NeoX.
 PUBLISHED = {
     "gpt2-small": 124_439_808,
     "gpt2-medium": 354_823_168,
@@ -16,6 +16,17 @@ PUBLISHED = {
     "llama-7b": 6_738_415_616,
     "llama-13b": 13_015_864_320,
     "llama-70b": 68_976_648_192,
+    # Pythia (Biderman et al. 2023, Table 1 "total params") and GPT-NeoX-20B (Black et al. 2022); each
+    # equals transformers' num_parameters() of the checkpoint's config.json (checked on the meta device
+    # when this was written). GPT-J-6B: the same count of its config.json (vocab 50400); its model
+    # card's 6,053,381,344 is 2,498,560 more, a count from the original JAX code not reconstructed here.
+    "gpt-j-6b": 6_050_882_784,
+    "pythia-160m": 162_322_944,
+    "pythia-1.4b": 1_414_647_808,
+    "pythia-2.8b": 2_775_208_960,
+    "pythia-6.9b": 6_857_302_016,
+    "pythia-12b": 11_846_072_320,
+    "gpt-neox-20b": 20_554_567_680,
 }
 
 

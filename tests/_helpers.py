@@ -1,0 +1,33 @@
+"""Helpers that several test modules call and that are no fixture: Hugging Face reference models."""
+
+from __future__ import annotations
+
+_HF_CLASSES = {  # family: transformers' config class and causal-LM class
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+}
+_FFN_FIELD = {"gpt2": "n_inner", "gptj": "n_inner"}  # the others' is intermediate_size
+
+
+def hf_causal_lm(family: str, *, layers: int, hidden: int, heads: int, vocab: int, positions: int, **fields):
+    """transformers' causal LM of ``family`` at these sizes, randomly initialised (no download).
+
+    The sizes go by transformers' common names, which its ``attribute_map`` turns into GPT-2's and
+    GPT-J's own (``n_layer``, ``n_embd``, ``n_head``, ``n_positions``); ``ffn`` is the MLP width under the
+    family's name for it; every other field of ``fields`` is the family's config field as it is."""
+    import transformers
+
+    config_class, model_class = _HF_CLASSES[family]
+    if "ffn" in fields:
+        fields[_FFN_FIELD.get(family, "intermediate_size")] = fields.pop("ffn")
+    config = getattr(transformers, config_class)(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+        **fields,
+    )
+    return getattr(transformers, model_class)(config)
