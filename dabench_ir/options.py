@@ -20,6 +20,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 from dabench_ir.errors import UserError
@@ -54,6 +55,7 @@ __all__ = [
 PROFILE, SCALE, SWEEP, STUDY = "profile", "scale", "sweep", "study"
 _ALL = frozenset({PROFILE, SCALE, SWEEP, STUDY})
 _PROFILE_ONLY = frozenset({PROFILE})
+_NO_SWEEP = _ALL - {SWEEP}
 
 
 class Knob(NamedTuple):  # a record built at import without generated code (a dataclass: ~1.5 ms)
@@ -113,6 +115,20 @@ def knob(default: Any = None, *, default_factory: Callable[[], Any] | None = Non
     else:
         kwargs["default"] = default
     return field(**kwargs)
+
+
+def _target_knob(default: Any = None, *, on: str | None = None, **how: Any) -> Any:
+    """A knob of the ``target`` group (how a lowering places the model), read by the lowerings of the
+    target kinds ``on`` names (space-separated; None: every kind's)."""
+    return knob(default, group="target", targets=None if on is None else frozenset(on.split()), **how)
+
+
+_measure_knob = partial(knob, group="measure", commands=_PROFILE_ONLY)
+"""A knob of profile's onnxruntime measurement (``--measure``), offered by profile alone."""
+_scenario_knob = partial(knob, group="scenario", commands=_PROFILE_ONLY)
+"""A knob of profile's generation scenario (``--scenario generate``), offered by profile alone."""
+_scale_knob = partial(knob, group="scale")
+"""A knob of the placement over several chips (``scale``, multi-chip sweep points)."""
 
 
 # -- value parsers: each raises ValueError with what it expected --------------------------------
@@ -302,7 +318,7 @@ class ProfileOptions:
         parse=_dims,
         cli="dim",
         metavar="NAME=VALUE",
-        commands=frozenset({PROFILE, SCALE, STUDY}),
+        commands=_NO_SWEEP,
     )
     batch: int | None = knob(
         None,
@@ -316,7 +332,7 @@ class ProfileOptions:
         help="tokens per sample: binds the model's symbolic sequence length (seq, sequence_length, "
         "total_sequence_length: dabench_ir.frontends.onnx.SEQ_SYMBOLS)",
         parse=_positive,
-        commands=frozenset({PROFILE, SCALE, STUDY}),
+        commands=_NO_SWEEP,
     )
     past: int | None = knob(
         None,
@@ -325,18 +341,17 @@ class ProfileOptions:
         "dabench_ir.frontends.onnx.past_symbols); a dim made of bound parts (past_sequence_length + "
         "sequence_length) follows; 0: the cache empty (a prefill through a cache model)",
         parse=_non_negative,
-        commands=frozenset({PROFILE, SCALE, STUDY}),
+        commands=_NO_SWEEP,
     )
-    compiled_seq: int | None = knob(
+    compiled_seq: int | None = _target_knob(
         None,
         help="the sequence length an RDU program (PEF) was compiled for: SambaFlow compiles static shapes "
         "and a shorter input is padded to it (sambanova/tutorials generative_nlp/generative_inference.py "
         "pads input_ids to --max_seq_length), so the step runs this many tokens; --seq (at most this) "
         "stays the sample's own",
         parse=_positive,
-        group="target",
-        targets=frozenset({"rdu"}),
-        commands=frozenset({PROFILE, SCALE, STUDY}),
+        on="rdu",
+        commands=_NO_SWEEP,
     )
     precision: str | None = knob(
         None,
@@ -386,140 +401,93 @@ class ProfileOptions:
         parse=_bool,
     )
     # target lowering
-    opt_level: str = knob(
-        "O1", help="RDU compiler fusion level", choices=OPT_LEVELS, group="target", targets=frozenset({"rdu"})
-    )
-    tiles: int | None = knob(
+    opt_level: str = _target_knob("O1", help="RDU compiler fusion level", choices=OPT_LEVELS, on="rdu")
+    tiles: int | None = _target_knob(
         None,
         help="RDU tiles the graph is compiled onto (SambaFlow --num-tiles; default: the whole RDU)",
         parse=_positive,
-        group="target",
-        targets=frozenset({"rdu"}),
+        on="rdu",
     )
-    rdu_mapping: str = knob(
+    rdu_mapping: str = _target_knob(
         "compiler",
         help="RDU stage mapping: compiler (each stage of a section holds PCUs by its memory demand, "
         "SambaFlow's own mapping) or tuned (SambaNova's human-decision files, --mac-human-decision: "
         "each stage tiled over PCUs by its work)",
         choices=RDU_MAPPINGS,
-        group="target",
-        targets=frozenset({"rdu"}),
+        on="rdu",
     )
-    resource_scale: float = knob(
+    resource_scale: float = _target_knob(
         1.0,
         help="share of the tiles' PCUs/PMUs the RDU compiler plans with (SambaFlow --resources-scaling-factors: "
         "one factor, or a comma list whose smallest is used)",
         parse=_fraction,
-        group="target",
-        targets=frozenset({"rdu"}),
+        on="rdu",
     )
-    wse_mode: str = knob(
-        "auto", help="WSE execution mode", choices=WSE_MODES, group="target", targets=frozenset({"wse"})
-    )
-    replicas: int | str | None = knob(
+    wse_mode: str = _target_knob("auto", help="WSE execution mode", choices=WSE_MODES, on="wse")
+    replicas: int | str | None = _target_knob(
         None,
         help="WSE on-wafer replicas (N or 'auto'); IPU data-parallel replicas (N)",
         parse=_positive_or_auto,
-        group="target",
-        targets=frozenset({"wse", "ipu"}),
+        on="wse ipu",
     )
-    ipus: int = knob(1, help="IPUs to pipeline over", parse=_positive, group="target", targets=frozenset({"ipu"}))
-    micro_batches: int | None = knob(
-        None, help="micro-batches per step where the target pipelines", parse=_positive, group="target"
+    ipus: int = _target_knob(1, help="IPUs to pipeline over", parse=_positive, on="ipu")
+    micro_batches: int | None = _target_knob(
+        None, help="micro-batches per step where the target pipelines", parse=_positive
     )
-    layers_per_ipu: tuple[int, ...] | None = knob(
+    layers_per_ipu: tuple[int, ...] | None = _target_knob(
         None,
         help="decoder layers on each IPU, e.g. 0,4,4,4 (a leading 0: the embedding alone on IPU 0; a tied head returns there)",
         parse=_counts,
-        group="target",
-        targets=frozenset({"ipu"}),
+        on="ipu",
         metavar="N,N,...",
     )
-    matmul_proportion: tuple[float, ...] = knob(
+    matmul_proportion: tuple[float, ...] = _target_knob(
         (0.6,),
         help="share of each IPU's memory the planner may give matmul temporaries (one value, or one per IPU)",
         parse=_proportions,
-        group="target",
-        targets=frozenset({"ipu"}),
+        on="ipu",
         metavar="P[,P...]",
     )
-    optimizer_state: str = knob(
+    optimizer_state: str = _target_knob(
         "auto",
         help="where optimizer state (fp32 master weights and moments) lives: auto (the vendor's default), "
         "onchip, or offchip (IPU streaming memory; GPU CPU offload)",
         choices=OPTIMIZER_STATE,
-        group="target",
-        targets=frozenset({"ipu", "gpu"}),
+        on="ipu gpu",
         modes=_TRAIN,
     )
-    replicated_tensor_sharding: bool = knob(
-        True,
-        help="IPU: shard optimizer state over the replicas",
-        parse=_bool,
-        group="target",
-        targets=frozenset({"ipu"}),
-        metavar="{true,false}",
+    replicated_tensor_sharding: bool = _target_knob(
+        True, help="IPU: shard optimizer state over the replicas", parse=_bool, on="ipu", metavar="{true,false}"
     )
-    half_partials: bool = knob(
+    half_partials: bool = _target_knob(
         True,
         help="IPU: 16-bit matmuls keep fp16 partial sums (PopTorch setPartialsType(half), the GPT-2 examples' "
         "--enable-half-partials); false: fp32 partials, on half the AMP units",
         parse=_bool,
-        group="target",
-        targets=frozenset({"ipu"}),
+        on="ipu",
         metavar="{true,false}",
     )
     # measurement
-    measure: bool = knob(
-        False,
-        help="run the model in onnxruntime and time every node",
-        parse=_bool,
-        group="measure",
-        commands=_PROFILE_ONLY,
+    measure: bool = _measure_knob(False, help="run the model in onnxruntime and time every node", parse=_bool)
+    warmup: int = _measure_knob(2, help="untimed runs first", parse=_non_negative)
+    repeat: int | str = _measure_knob(
+        5, help="timed runs (the median is kept); auto: until the median's spread is known", parse=_positive_or_auto
     )
-    warmup: int = knob(2, help="untimed runs first", parse=_non_negative, group="measure", commands=_PROFILE_ONLY)
-    repeat: int | str = knob(
-        5,
-        help="timed runs (the median is kept); auto: until the median's spread is known",
-        parse=_positive_or_auto,
-        group="measure",
-        commands=_PROFILE_ONLY,
+    threads: int | None = _measure_knob(
+        None, help="onnxruntime intra-op threads (at most the CPUs this process may use)", parse=_thread_count
     )
-    threads: int | None = knob(
-        None,
-        help="onnxruntime intra-op threads (at most the CPUs this process may use)",
-        parse=_thread_count,
-        group="measure",
-        commands=_PROFILE_ONLY,
-    )
-    ort_opt: bool = knob(
-        False,
-        help="keep onnxruntime graph optimisation on",
-        parse=_bool,
-        group="measure",
-        commands=_PROFILE_ONLY,
-    )
-    max_weight_bytes: int = knob(
-        DEFAULT_MAX_WEIGHT_BYTES,
-        help="cap on synthesised weights (bytes: 4294967296, 4GiB, 512MB)",
-        parse=byte_size,
-        group="measure",
-        commands=_PROFILE_ONLY,
+    ort_opt: bool = _measure_knob(False, help="keep onnxruntime graph optimisation on", parse=_bool)
+    max_weight_bytes: int = _measure_knob(
+        DEFAULT_MAX_WEIGHT_BYTES, help="cap on synthesised weights (bytes: 4294967296, 4GiB, 512MB)", parse=byte_size
     )
     # generation scenario (dabench_ir.scenario): prefill + decode of one request batch
-    scenario: str | None = knob(
+    scenario: str | None = _scenario_knob(
         None,
         help="generate: time to first token and per output token (MODEL: a preset or a dabench-ir export)",
         choices=SCENARIOS,
-        group="scenario",
-        commands=_PROFILE_ONLY,
     )
-    prompt: int | None = knob(
-        None, help="prompt tokens per request", parse=_positive, group="scenario", commands=_PROFILE_ONLY
-    )
-    gen: int | None = knob(
-        None, help="tokens generated per request", parse=_positive, group="scenario", commands=_PROFILE_ONLY
-    )
+    prompt: int | None = _scenario_knob(None, help="prompt tokens per request", parse=_positive)
+    gen: int | None = _scenario_knob(None, help="tokens generated per request", parse=_positive)
 
     def __post_init__(self) -> None:
         for name, k in KNOBS.items():
@@ -531,32 +499,29 @@ class ProfileOptions:
 class ScaleOptions(ProfileOptions):
     """`scale` and multi-chip sweep points: a profile placed over several chips."""
 
-    chips: int = knob(
+    chips: int = _scale_knob(
         1,
         help="chips to place the model over, with --strategy (scale: a list)",
         parse=_chip_count,
-        group="scale",
         many=frozenset({SCALE}),
     )
-    strategy: str | None = knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES, group="scale")
-    zero: int = knob(
+    strategy: str | None = _scale_knob(None, help="data, tensor or pipeline parallel", choices=STRATEGIES)
+    zero: int = _scale_knob(
         0,
         help="data parallel training: ZeRO stage sharding over the chips (1 optimizer state, "
         "2 + gradients, 3 + weights = FSDP)",
         parse=_zero,
-        group="scale",
         modes=_TRAIN,
         strategies=frozenset({"dp"}),
         targets=frozenset({"gpu"}),
         metavar="{0,1,2,3}",
     )
-    chips_per_node: int | None = knob(
+    chips_per_node: int | None = _scale_knob(
         None,
         help="how many of the run's chips share a node: a job spread over machines, its collectives and "
         "pipeline boundaries crossing the inter-node link (default: the target's [topology] devices_per_node; "
         "at most that)",
         parse=_chip_count,
-        group="scale",
         metavar="N",
     )
 
