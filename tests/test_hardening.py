@@ -48,6 +48,13 @@ def mm(tmp_path) -> Path:
     return path
 
 
+def _one_op(op: str, elem_type: int, shape: list[int]) -> onnx.ModelProto:
+    """A model of one ``op`` from x to y, both of ``elem_type`` and ``shape``."""
+    x = helper.make_tensor_value_info("x", elem_type, shape)
+    y = helper.make_tensor_value_info("y", elem_type, shape)
+    return helper.make_model(helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g", [x], [y]))
+
+
 def _save(tmp_path: Path, model: onnx.ModelProto, name: str = "bad.onnx") -> Path:
     path = tmp_path / name
     path.write_bytes(model.SerializeToString())
@@ -139,9 +146,7 @@ def test_negative_dim_refused(capsys, tmp_path):
 
 
 def test_rank_over_64_refused(capsys, tmp_path):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1] * 70)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1] * 70)
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    model = _one_op("Relu", TensorProto.FLOAT, [1] * 70)
     code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--measure")
     one_line(code, err, "rank 70")
 
@@ -154,9 +159,7 @@ def test_unknown_element_type_refused(capsys, tmp_path):
 
 
 def test_string_tensor_flagged_not_zero_silently(capsys, tmp_path):
-    x = helper.make_tensor_value_info("x", TensorProto.STRING, [3])
-    y = helper.make_tensor_value_info("y", TensorProto.STRING, [3])
-    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
+    model = _one_op("Identity", TensorProto.STRING, [3])
     code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "-q")
     assert code == 0 and "STRING" in err
 
@@ -576,9 +579,7 @@ def test_peak_error_suggests_precision(capsys, mm):
 
 
 def test_measure_string_input_names_the_type(capsys, tmp_path):
-    x = helper.make_tensor_value_info("x", TensorProto.STRING, [3])
-    y = helper.make_tensor_value_info("y", TensorProto.STRING, [3])
-    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
+    model = _one_op("Identity", TensorProto.STRING, [3])
     code, _, err = run_cli(capsys, "profile", _save(tmp_path, model), "--measure")
     one_line(code, err, "STRING", "without --measure")
 
@@ -606,19 +607,15 @@ def test_onnxruntime_log_line_is_not_printed(capsys, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1 and "[E:onnxruntime" not in proc.stderr, proc.stderr
 
 
-def test_export_absurd_layers_refused_up_front(capsys, tmp_path):
-    code, _, err = run_cli(
-        capsys,
-        "export",
-        "--family",
-        "gpt2",
-        "--layers",
-        "99999999999999999999",
-        "--hidden",
-        "64",
-        "-o",
-        tmp_path / "x.onnx",
+def _export_gpt2(capsys, tmp_path, layers: str, hidden: str, *flags: str):
+    """``dabench-ir export`` of a GPT-2 of ``layers`` and ``hidden`` to ``tmp_path``/x.onnx: code, out, err."""
+    return run_cli(
+        capsys, "export", "--family", "gpt2", "--layers", layers, "--hidden", hidden, *flags, "-o", tmp_path / "x.onnx"
     )
+
+
+def test_export_absurd_layers_refused_up_front(capsys, tmp_path):
+    code, _, err = _export_gpt2(capsys, tmp_path, "99999999999999999999", "64")
     one_line(code, err, "--layers")
 
 
@@ -838,22 +835,7 @@ def test_export_random_weights_beyond_free_memory(capsys, tmp_path, monkeypatch)
     import dabench_ir.models.export as export
 
     monkeypatch.setattr(export, "_available_memory", lambda: 2**30)
-    code, _, err = run_cli(
-        capsys,
-        "export",
-        "--family",
-        "gpt2",
-        "--layers",
-        "2",
-        "--hidden",
-        "4096",
-        "--weights",
-        "random",
-        "--max-weight-bytes",
-        "4e18",
-        "-o",
-        tmp_path / "x.onnx",
-    )
+    code, _, err = _export_gpt2(capsys, tmp_path, "2", "4096", "--weights", "random", "--max-weight-bytes", "4e18")
     one_line(code, err, "memory free")
     assert not (tmp_path / "x.onnx").exists()
 
