@@ -15,21 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_API = (
-    "ApiError",
-    "Metrics",
-    "StudyResult",
-    "StudyRun",
-    "StudyTotals",
-    "TargetSummary",
-    "Totals",
-    "profile",
-    "profile_targets",
-    "run_study",
-    "run_validation",
-    "scale",
-)
-_RESULTS = {
+_RESULTS = {  # the result types' modules; every other name of __all__ is dabench_ir.api's
     "Report": "dabench_ir.report.model",
     "ScaleResult": "dabench_ir.scaling",
     "ScalePoint": "dabench_ir.scaling",
@@ -77,13 +63,11 @@ if TYPE_CHECKING:
     from dabench_ir.scaling import ScalePoint, ScaleResult
     from dabench_ir.validate import PointResult, Validation
 
-_LAZY = {**dict.fromkeys(_API, "dabench_ir.api"), **_RESULTS}
-
 
 def __getattr__(name: str) -> Any:
     """The API's names, imported on first use (``import dabench_ir`` stays light)."""
-    if name in _LAZY:
+    if name in __all__:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_RESULTS.get(name, "dabench_ir.api")), name)
     raise AttributeError(f"module 'dabench_ir' has no attribute {name!r}")
