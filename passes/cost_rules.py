@@ -241,13 +241,15 @@ _ONNX_DOMAINS = ("", "ai.onnx")
 
 def _traits(
     op_class: OpClass | None,
-    backward: Backward | None,
     has_rule: bool,
+    backward: Backward | None = None,
     saves: Saves | None = None,
     roles: Iterable[Role] = (),
     cpu_class: str = CPU_STREAM,
     **flags: Any,
 ) -> OpTraits:
+    """The `OpTraits` a registration declares: ``backward`` defaults to the rule of ``op_class``,
+    ``saves`` to that of ``backward``; ``flags`` are the other fields by name (a wrong name raises)."""
     if backward is None:
         backward = _BACKWARD_OF_CLASS[op_class] if op_class is not None else UNKNOWN_OP.backward
     if saves is None:
@@ -271,73 +273,35 @@ def cost_rule(
     domain: str = "",
     params: Iterable[int] = (),
     custom_bytes: bool = False,
-    shape_only: bool = False,
-    folds_on_weights: bool = False,
-    strided_view: bool = False,
-    keeps_fp32: bool = False,
-    cpu_class: str = CPU_STREAM,
-    backward: Backward | None = None,
-    keeps_values: bool = False,
-    identity_when_unchanged: bool = False,
-    saves: Saves | None = None,
-    roles: Iterable[Role] = (),
-    row_reductions: int = 0,
-    nonlinear: bool = False,
-    loss: bool = False,
-    output_shape_input: int | None = None,
-    index_input: int | None = None,
-    output_types: Callable[[Any, list[Any]], list[Any]] | None = None,
+    **traits: Any,
 ) -> Callable[[Callable[[OpView], Cost]], Callable[[OpView], Cost]]:
-    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``, with their `OpTraits`
-    (each keyword is the `OpTraits` field of the same name).
+    """Register ``fn`` as the cost rule of ``op_types`` in ``domain``, with their `OpTraits`:
+    ``traits`` are its fields by name (``keeps_fp32=True``, ``cpu_class="Tanh"``, ``roles=(...)``;
+    `op_traits_only` takes the same).
 
-    ``backward`` defaults to the rule of ``op_class`` (contraction, vector, move, none) and
-    ``saves`` to that of ``backward`` (operands, inputs, nothing).
+    ``params``: the input indices that are shape parameters (neither data nor costed);
+    ``custom_bytes``: the rule counts the bytes moved itself. ``backward`` defaults to the rule
+    of ``op_class`` (contraction, vector, move, none) and ``saves`` to that of ``backward``
+    (operands, inputs, nothing).
     """
-    traits = _traits(
-        op_class,
-        backward,
-        True,
-        saves,
-        roles,
-        cpu_class,
-        shape_only=shape_only,
-        folds_on_weights=folds_on_weights,
-        strided_view=strided_view,
-        keeps_fp32=keeps_fp32,
-        keeps_values=keeps_values,
-        identity_when_unchanged=identity_when_unchanged,
-        row_reductions=row_reductions,
-        nonlinear=nonlinear,
-        loss=loss,
-        output_shape_input=output_shape_input,
-        index_input=index_input,
-        output_types=output_types,
-    )
+    registered = _traits(op_class, True, **traits)
 
     def register(fn: Callable[[OpView], Cost]) -> Callable[[OpView], Cost]:
-        rule = CostRule(fn, op_class, frozenset(params), custom_bytes, traits)
+        rule = CostRule(fn, op_class, frozenset(params), custom_bytes, registered)
         for op_type in op_types:
             _RULES[(domain, op_type)] = rule
-            _TRAITS[(domain, op_type)] = traits
+            _TRAITS[(domain, op_type)] = registered
         return fn
 
     return register
 
 
-def op_traits_only(
-    *op_types: str,
-    op_class: OpClass | None,
-    domain: str = "",
-    cpu_class: str = CPU_STREAM,
-    backward: Backward | None = None,
-    **traits_: Any,
-) -> None:
+def op_traits_only(*op_types: str, op_class: OpClass | None, domain: str = "", **traits: Any) -> None:
     """Register traits for ops the registry does not cost (their nodes get a bytes-only estimate);
-    ``traits_`` are the other `cost_rule` trait keywords (``roles=``, ``nonlinear=``, ``loss=``, ...)."""
-    traits = _traits(op_class, backward, False, cpu_class=cpu_class, **traits_)
+    ``traits`` are `cost_rule`'s (`OpTraits` fields by name: ``roles=``, ``nonlinear=``, ``loss=``, ...)."""
+    registered = _traits(op_class, False, **traits)
     for op_type in op_types:
-        _TRAITS[(domain, op_type)] = traits
+        _TRAITS[(domain, op_type)] = registered
 
 
 def _key(op_type: str, domain: str) -> tuple[str, str]:
@@ -516,8 +480,12 @@ def estimate_cost(node: Node, graph: Graph) -> Cost | None:
 
 # -- contractions ---------------------------------------------------------------------
 
+_CONTRIB = {"domain": "com.microsoft"}  # an onnxruntime contrib op
+_MATMUL_KERNEL = {"op_class": OpClass.CONTRACTION, "cpu_class": CPU_MATMUL}  # timed on the host as a matmul
+_MATMUL = {**_MATMUL_KERNEL, "roles": (Role.CONTRACTION,)}  # and a matmul to the report's roles
 
-@cost_rule("MatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
+
+@cost_rule("MatMul", **_MATMUL)
 def matmul(op: OpView) -> Cost:
     """[..., M, K] @ [..., K, N]: 2·K FLOPs per output element (broadcast batch dims included)."""
     a = op.in_dims(0)
@@ -525,7 +493,7 @@ def matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel())
 
 
-@cost_rule("MatMulInteger", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
+@cost_rule("MatMulInteger", **_MATMUL)
 def matmul_integer(op: OpView) -> Cost:
     """Integer matmul (int32 out): 2·K per output element, plus one zero-point subtraction per
     element of A (input 2 given) and of B (input 3 given)."""
@@ -533,7 +501,7 @@ def matmul_integer(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * op.in_dims(0)[-1] * op.out_numel(), vector_flops=zero_points)
 
 
-@cost_rule("QLinearMatMul", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
+@cost_rule("QLinearMatMul", **_MATMUL)
 def qlinear_matmul(op: OpView) -> Cost:
     """Quantized matmul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): 2·K per output
     element in integers, one zero-point subtraction per element of A and of B, and a requantize
@@ -545,14 +513,7 @@ def qlinear_matmul(op: OpView) -> Cost:
     )
 
 
-@cost_rule(
-    "MatMulNBits",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    roles=(Role.CONTRACTION,),
-    output_types=_types.matmul_nbits,
-)
+@cost_rule("MatMulNBits", **_CONTRIB, **_MATMUL, output_types=_types.matmul_nbits)
 def matmul_nbits(op: OpView) -> Cost:
     """A [..., K] @ dequantized B [N, K] (block-quantized, ``bits`` per weight, read packed): 2·K
     per output element, 2 per weight element to dequantize ((q − zp)·scale, done on the fly per
@@ -562,14 +523,7 @@ def matmul_nbits(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * out, vector_flops=2 * k * n + (out if op.has_input(5) else 0))
 
 
-@cost_rule(
-    "FusedMatMul",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    roles=(Role.CONTRACTION,),
-    output_types=_types.fused_matmul,
-)
+@cost_rule("FusedMatMul", **_CONTRIB, **_MATMUL, output_types=_types.fused_matmul)
 def fused_matmul(op: OpView) -> Cost:
     """2·K FLOPs per output element, plus the alpha scaling when alpha ≠ 1."""
     a = op.in_dims(0)
@@ -578,7 +532,7 @@ def fused_matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel(), vector_flops=scale)
 
 
-@cost_rule("Gemm", op_class=OpClass.CONTRACTION, cpu_class=CPU_MATMUL, roles=(Role.CONTRACTION,))
+@cost_rule("Gemm", **_MATMUL)
 def gemm(op: OpView) -> Cost:
     """alpha·A'B' + beta·C: 2·K per output, plus alpha/beta scaling and the C add."""
     a = op.in_dims(0)
@@ -646,6 +600,9 @@ def einsum(op: OpView) -> Cost:
 # 1 exp per score for the softmax (as `Softmax`), and 1 per score per mask or bias added.
 
 
+_ATTENTION = {**_CONTRIB, **_MATMUL_KERNEL, "roles": (Role.ATTENTION,)}  # a fused attention kernel
+
+
 def _attention_flops(batch: int, heads: int, s: int, t: int, h_qk: int, h_v: int, masks: int) -> Cost:
     """Scores, scale, ``masks`` additive masks/biases, softmax and P·V for ``heads`` heads."""
     scores = batch * heads * s * t
@@ -656,15 +613,7 @@ def _attention_flops(batch: int, heads: int, s: int, t: int, h_qk: int, h_v: int
     )
 
 
-@cost_rule(
-    "Attention",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    params=(6,),
-    roles=(Role.ATTENTION,),
-    output_types=_types.attention,
-)
+@cost_rule("Attention", **_ATTENTION, params=(6,), output_types=_types.attention)
 def ms_attention(op: OpView) -> Cost:
     """Packed-projection attention (input [B,S,D], weights [D, Dq+Dk+Dv], bias, mask_index, past,
     attention_bias): the QKV projection (2·D per projected element, plus the bias add), then
@@ -694,14 +643,7 @@ def _kv_length(op: OpView, key_index: int, past_index: int) -> int:
     return past + (key[2] if len(key) == 4 else key[1])  # [B,N,L,H] or [B,L,D] / [B,L,N,2,H]
 
 
-@cost_rule(
-    "MultiHeadAttention",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    roles=(Role.ATTENTION,),
-    output_types=_types.mha,
-)
+@cost_rule("MultiHeadAttention", **_ATTENTION, output_types=_types.mha)
 def ms_multi_head_attention(op: OpView) -> Cost:
     """query [B,S,D] (or packed [B,S,N,3,H]), key/value [B,L,D] or [B,N,L,H], optional bias
     (added to Q, K and V), key_padding_mask, attention_bias, past key/value: fused attention over
@@ -718,15 +660,7 @@ def ms_multi_head_attention(op: OpView) -> Cost:
     return _attention_flops(b, heads, s, t, h_qk, h_v, masks) + Cost(vector_flops=bias)
 
 
-@cost_rule(
-    "GroupQueryAttention",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    params=(5, 6),
-    roles=(Role.ATTENTION,),
-    output_types=_types.gqa,
-)
+@cost_rule("GroupQueryAttention", **_ATTENTION, params=(5, 6), output_types=_types.gqa)
 def ms_group_query_attention(op: OpView) -> Cost:
     """query [B,S,N·H] (or packed QKV), key/value [B,S,Nkv·H], past key/value [B,Nkv,P,H]: causal
     attention of ``num_heads`` query heads over T keys (the present key's length), the K/V heads
@@ -743,16 +677,12 @@ def ms_group_query_attention(op: OpView) -> Cost:
     return cost
 
 
-@cost_rule(
-    "RotaryEmbedding",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    custom_bytes=True,
-    params=(1,),
-    roles=(Role.ROTARY,),
-    output_types=_types.same,
-)
-@cost_rule("RotaryEmbedding", op_class=OpClass.VECTOR, custom_bytes=True, params=(3,), roles=(Role.ROTARY,))
+# a rotary embedding: counts its own bytes (it reads only the cos/sin rows it gathers)
+_ROTARY = {"op_class": OpClass.VECTOR, "custom_bytes": True, "roles": (Role.ROTARY,)}
+
+
+@cost_rule("RotaryEmbedding", **_CONTRIB, **_ROTARY, params=(1,), output_types=_types.same)
+@cost_rule("RotaryEmbedding", **_ROTARY, params=(3,))
 def rotary_embedding(op: OpView) -> Cost:
     """x·cos + rotate(x)·sin over the rotated part (``rotary_embedding_dim``, else the whole head):
     2 multiplies and 1 add or subtract per rotated element, the rest copied. Reads the input, the
@@ -771,13 +701,7 @@ def rotary_embedding(op: OpView) -> Cost:
     return Cost(vector_flops=3 * rotated, act_bytes_in=n * itemsize + pos + gathered, act_bytes_out=n * itemsize)
 
 
-@cost_rule(
-    "FusedGemm",
-    domain="com.microsoft",
-    op_class=OpClass.CONTRACTION,
-    cpu_class=CPU_MATMUL,
-    output_types=_types.fused_gemm,
-)
+@cost_rule("FusedGemm", **_CONTRIB, **_MATMUL_KERNEL, output_types=_types.fused_gemm)
 def fused_gemm(op: OpView) -> Cost:
     """Gemm followed by its fused ``activation`` (Relu, LeakyRelu, Sigmoid, Tanh, ...): the Gemm's
     count plus the activation's per output element (1 vector; Sigmoid/Tanh add 1 special)."""
@@ -894,23 +818,12 @@ def gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n, special_ops=n)
 
 
-@cost_rule(
-    "Gelu",
-    "BiasGelu",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    cpu_class="Gelu",
-    **_NLIN,
-    output_types=_types.same,
-)
-@cost_rule(
-    "FastGelu",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    cpu_class=CPU_GELU_TANH,
-    **_NLIN,
-    output_types=_types.same,
-)
+# an onnxruntime activation kernel: its output typed as its input
+_CONTRIB_ACT = {**_CONTRIB, "op_class": OpClass.VECTOR, **_NLIN, "output_types": _types.same}
+
+
+@cost_rule("Gelu", "BiasGelu", **_CONTRIB_ACT, cpu_class="Gelu")
+@cost_rule("FastGelu", **_CONTRIB_ACT, cpu_class=CPU_GELU_TANH)
 def ms_gelu(op: OpView) -> Cost:
     """Exact (Gelu, BiasGelu) or tanh-approximated (FastGelu) GELU, plus the bias add when given."""
     n = op.out_numel()
@@ -919,9 +832,7 @@ def ms_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n + bias, special_ops=n)
 
 
-@cost_rule(
-    "QuickGelu", domain="com.microsoft", op_class=OpClass.VECTOR, cpu_class="Tanh", **_NLIN, output_types=_types.same
-)
+@cost_rule("QuickGelu", **_CONTRIB_ACT, **_TANH)
 def quick_gelu(op: OpView) -> Cost:
     """x·sigmoid(alpha·x): the sigmoid (2 vector + 1 exp), the product, and the alpha scaling
     when alpha ≠ 1 (onnxruntime fuses SiLU, x·sigmoid(x), into QuickGelu with alpha 1)."""
@@ -997,71 +908,56 @@ def softmax(op: OpView) -> Cost:
 
 
 # a fused layer or RMS normalisation over the last axis: fp32, timed as the host's layer norm,
-# autograd keeps its input and per-row statistics; row_reductions: 2 (mean, then variance) or 1 (mean square)
-_NORM = {"keeps_fp32": True, "cpu_class": "LayerNormalization", "roles": (Role.NORM,), "saves": Saves.INPUT_AND_STATS}
+# autograd keeps its input and per-row statistics
+_NORM = {
+    "op_class": OpClass.VECTOR,
+    "keeps_fp32": True,
+    "cpu_class": "LayerNormalization",
+    "roles": (Role.NORM,),
+    "saves": Saves.INPUT_AND_STATS,
+}
+_LAYER_NORM = {**_NORM, "row_reductions": 2}  # mean, then variance
+_RMS_NORM = {**_NORM, "row_reductions": 1}  # mean square
 
 
-@cost_rule("LayerNormalization", op_class=OpClass.VECTOR, **_NORM, row_reductions=2)
+def _layer_norm_flops(n: int, rows: int, beta: bool) -> Cost:
+    """LayerNormalization of ``n`` elements in ``rows`` rows (``beta``: with the bias)."""
+    return Cost(vector_flops=(7 if beta else 6) * n + 3 * rows, special_ops=rows)
+
+
+def _rms_norm_flops(n: int, rows: int) -> Cost:
+    """RMS normalisation of ``n`` elements in ``rows`` rows."""
+    return Cost(vector_flops=4 * n + 2 * rows, special_ops=rows)
+
+
+def _norm_rows(op: OpView) -> tuple[int, int]:
+    """(elements, rows) of a normalisation over input 0 from its ``axis`` on."""
+    dims = op.in_dims(0)
+    return math.prod(dims), _rows(dims, op.attr("axis", -1))[0]
+
+
+@cost_rule("LayerNormalization", **_LAYER_NORM)
 def layer_norm(op: OpView) -> Cost:
     """Per element: sum, subtract mean, square, sum, normalise, scale (+ bias) = 6 (7);
     per row: mean and variance divisions, add epsilon (3 vector) and one rsqrt."""
-    dims = op.in_dims(0)
-    rows, _ = _rows(dims, op.attr("axis", -1))
-    n = math.prod(dims)
-    per_element = 7 if op.has_input(2) else 6
-    return Cost(vector_flops=per_element * n + 3 * rows, special_ops=rows)
+    return _layer_norm_flops(*_norm_rows(op), beta=op.has_input(2))
 
 
-@cost_rule("RMSNormalization", op_class=OpClass.VECTOR, **_NORM, row_reductions=1)
+@cost_rule("RMSNormalization", **_RMS_NORM)
 def rms_norm(op: OpView) -> Cost:
     """Per element: square, sum, normalise, scale = 4; per row: divide, add epsilon, rsqrt."""
-    dims = op.in_dims(0)
-    rows, _ = _rows(dims, op.attr("axis", -1))
-    return Cost(vector_flops=4 * math.prod(dims) + 2 * rows, special_ops=rows)
+    return _rms_norm_flops(*_norm_rows(op))
 
 
-@cost_rule(
-    "SimplifiedLayerNormalization",
-    domain="",
-    op_class=OpClass.VECTOR,
-    **_NORM,
-    row_reductions=1,
-    output_types=_types.simplified_norm,
-)
+@cost_rule("SimplifiedLayerNormalization", **_CONTRIB, **_RMS_NORM, output_types=_types.simplified_norm)
+@cost_rule("SimplifiedLayerNormalization", **_RMS_NORM, output_types=_types.simplified_norm)
 def simplified_layer_norm(op: OpView) -> Cost:
     """As RMSNormalization."""
     return rms_norm(op)
 
 
-@cost_rule(
-    "SimplifiedLayerNormalization",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    **_NORM,
-    row_reductions=1,
-    output_types=_types.simplified_norm,
-)
-def ms_simplified_layer_norm(op: OpView) -> Cost:
-    """As RMSNormalization."""
-    return rms_norm(op)
-
-
-@cost_rule(
-    "SkipLayerNormalization",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    **_NORM,
-    row_reductions=2,
-    output_types=_types.skip_norm,
-)
-@cost_rule(
-    "SkipSimplifiedLayerNormalization",
-    domain="com.microsoft",
-    op_class=OpClass.VECTOR,
-    **_NORM,
-    row_reductions=1,
-    output_types=_types.skip_norm,
-)
+@cost_rule("SkipLayerNormalization", **_CONTRIB, **_LAYER_NORM, output_types=_types.skip_norm)
+@cost_rule("SkipSimplifiedLayerNormalization", **_CONTRIB, **_RMS_NORM, output_types=_types.skip_norm)
 def skip_layer_norm(op: OpView) -> Cost:
     """input + skip (+ bias), then LayerNormalization (with beta when given) or RMS normalisation
     over the last axis. Inputs: SkipLayerNormalization (input, skip, gamma, beta, bias),
@@ -1071,10 +967,7 @@ def skip_layer_norm(op: OpView) -> Cost:
     rows = n // dims[-1] if dims else 1
     simplified = "Simplified" in op.node.op_type
     adds = n * (2 if op.has_input(3 if simplified else 4) else 1)
-    if simplified:
-        norm = Cost(vector_flops=4 * n + 2 * rows, special_ops=rows)
-    else:
-        norm = Cost(vector_flops=(7 if op.has_input(3) else 6) * n + 3 * rows, special_ops=rows)
+    norm = _rms_norm_flops(n, rows) if simplified else _layer_norm_flops(n, rows, beta=op.has_input(3))
     return norm + Cost(vector_flops=adds)
 
 
