@@ -37,6 +37,19 @@ def node_cost(graph: Graph, index: int = 0) -> Cost | None:
     return meta.get_cost(graph.nodes[index])
 
 
+def attention_text(x: str, v: str, out: str) -> str:
+    """The nodes, in ONNX text, of one head of self-attention on ``x`` with weights ``Wq`` and ``Wk``:
+    ``out`` = softmax(q kᵀ) ``v``, q = x Wq and k = x Wk, kᵀ by a Transpose (as exporters write it)."""
+    return f"""
+        q = MatMul({x}, Wq)
+        k = MatMul({x}, Wk)
+        kt = Transpose<perm=[0,2,1]>(k)
+        s = MatMul(q, kt)
+        p = Softmax<axis=-1>(s)
+        {out} = MatMul(p, {v})
+    """
+
+
 def report_flags(stem) -> list[str]:
     """``--json``, ``--csv`` and ``--html`` to ``stem``.json, .csv and .html: every table format a command writes."""
     return [arg for fmt in ("json", "csv", "html") for arg in (f"--{fmt}", f"{stem}.{fmt}")]

@@ -406,7 +406,7 @@ def test_a_row_pays_one_reduction_time_per_dependent_reduction(gpt2_small_train)
 
 
 def test_a_graph_without_scopes_is_grouped_by_op_pattern():
-    from tests.conftest import analyze_text
+    from tests.conftest import analyze_text, attention_text
 
     zeros = ",".join(["0.0"] * 64 * 64)
     g = analyze_text(
@@ -414,20 +414,15 @@ def test_a_graph_without_scopes_is_grouped_by_op_pattern():
         agraph (float[1,16,64] X) => (float[1,16,64] Y)
         <float[64,64] Wq = {{{zeros}}}, float[64,64] Wk = {{{zeros}}}, float[64,64] Wv = {{{zeros}}},
          float[64,64] Wo = {{{zeros}}}> {{
-            q = MatMul(X, Wq)
-            k = MatMul(X, Wk)
             v = MatMul(X, Wv)
-            kt = Transpose<perm=[0,2,1]>(k)
-            s = MatMul(q, kt)
-            p = Softmax<axis=-1>(s)
-            a = MatMul(p, v)
+            {attention_text("X", v="v", out="a")}
             o = MatMul(a, Wo)
             Y = Add(X, o)
         }}
         """
     )
     kernels = _kernels(g)
-    assert [k.cls for k in kernels] == ["fc", "fc", "fc", "data", "attention", "fc", "add"]
+    assert [k.cls for k in kernels] == ["fc", "fc", "fc", "data", "attention", "fc", "add"]  # v, q, k, kᵀ, ...
     assert [n.op_type for n in kernels[4].nodes] == ["MatMul", "Softmax", "MatMul"]
 
 

@@ -8,17 +8,12 @@ import math
 import pytest
 
 import dabench_ir
-from tests.conftest import parse
+from tests.conftest import attention_text, parse
 
-ATTENTION = """
-agraph (float[1, 8, 16] x, float[16, 16] wq, float[16, 16] wk) => (float[1, 8, 16] y) {
-    q = MatMul(x, wq)
-    k = MatMul(x, wk)
-    kt = Transpose<perm=[0,2,1]>(k)
-    s = MatMul(q, kt)
-    p = Softmax<axis=-1>(s)
-    y = MatMul(p, x)
-}
+ATTENTION = f"""
+agraph (float[1, 8, 16] x, float[16, 16] Wq, float[16, 16] Wk) => (float[1, 8, 16] y) {{
+    {attention_text("x", v="x", out="y")}
+}}
 """
 
 
