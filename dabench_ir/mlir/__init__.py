@@ -16,88 +16,10 @@ inside the functions that need it, never when this package is imported.
 
 from __future__ import annotations
 
-from dabench_ir.mlir.count import (
-    BUFFER_VIEWS,
-    LINALG_COUNTS,
-    MLIR_ARTIFACT,
-    MLIR_CLASS,
-    MLIR_OPS,
-    UNATTRIBUTED_NODE,
-    VIEW_OPS,
-    LinalgCostPass,
-    MlirArtifact,
-    OpCount,
-    Origin,
-    assign_costs,
-    count_module,
-    node_keys,
-    origin_keys,
-    origin_of,
-    tensor_type_of,
-)
-from dabench_ir.mlir.load import (
-    attach_mlir,
-    entry_func,
-    import_onnx,
-    load_mlir,
-    lower_to_linalg,
-    mlir_asm,
-    mlir_context,
-    onnx_via_mlir,
-    parse_mlir,
-    prepare_onnx,
-)
-from dabench_ir.mlir.pipelines import (
-    MlirPassError,
-    ModuleCost,
-    PassStep,
-    PipelineRecord,
-    is_view,
-    module_cost,
-    parse_pipeline,
-    run_mlir_pipeline,
-    split_by_nodes,
-    unit_graph,
-    unit_names,
-)
+from dabench_ir.mlir import count, load, pipelines
+from dabench_ir.mlir.count import *  # noqa: F403
+from dabench_ir.mlir.load import *  # noqa: F403
+from dabench_ir.mlir.pipelines import *  # noqa: F403
 
-__all__ = [
-    "BUFFER_VIEWS",
-    "LINALG_COUNTS",
-    "MLIR_ARTIFACT",
-    "MLIR_CLASS",
-    "MLIR_OPS",
-    "UNATTRIBUTED_NODE",
-    "VIEW_OPS",
-    "LinalgCostPass",
-    "MlirArtifact",
-    "MlirPassError",
-    "ModuleCost",
-    "OpCount",
-    "Origin",
-    "PassStep",
-    "PipelineRecord",
-    "assign_costs",
-    "attach_mlir",
-    "count_module",
-    "entry_func",
-    "import_onnx",
-    "is_view",
-    "load_mlir",
-    "lower_to_linalg",
-    "mlir_asm",
-    "mlir_context",
-    "module_cost",
-    "node_keys",
-    "onnx_via_mlir",
-    "origin_keys",
-    "origin_of",
-    "parse_mlir",
-    "parse_pipeline",
-    "prepare_onnx",
-    "run_mlir_pipeline",
-    "split_by_nodes",
-    "tensor_type_of",
-    "unit_graph",
-    "unit_names",
-]
+__all__ = [*count.__all__, *load.__all__, *pipelines.__all__]
+"""The package offers what each module offers (its ``__all__``): a name is listed once, in its module."""
