@@ -25,6 +25,7 @@ import fnmatch
 import json
 import logging
 import math
+import operator
 import os
 import tomllib
 from collections.abc import Mapping
@@ -115,6 +116,11 @@ def ridge(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
     return peak_flops / bandwidth_bytes_per_s
 
 
+def _value_of(figure: str) -> property:
+    """A read-only attribute that is the value of the `Quantity` field ``figure`` (``watts`` of ``power``)."""
+    return property(operator.attrgetter(f"{figure}.value"))
+
+
 @dataclass(frozen=True, slots=True)
 class Quantity:
     """A number with the source it comes from; ``estimate`` marks an assumption.
@@ -143,33 +149,25 @@ class Quantity:
 
 @dataclass(frozen=True, slots=True)
 class MemoryLevel:
+    """One of a target's memories (``[[memory]]``): its level, its capacity and its bandwidth."""
+
     name: str
     level: str  # "on-chip" | "off-chip"
     capacity: Quantity
     bandwidth: Quantity
-
-    @property
-    def capacity_bytes(self) -> float:
-        return self.capacity.value
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return self.bandwidth.value
+    capacity_bytes = _value_of("capacity")
+    bandwidth_bytes_per_s = _value_of("bandwidth")
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
+    """A link between devices (``[[link]]``): its bandwidth and the latency of one transfer."""
+
     name: str
     bandwidth: Quantity
     latency: Quantity
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return self.bandwidth.value
-
-    @property
-    def latency_s(self) -> float:
-        return self.latency.value
+    bandwidth_bytes_per_s = _value_of("bandwidth")
+    latency_s = _value_of("latency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,13 +230,8 @@ class Target:
     def num_units(self) -> int:
         return int(self.units.value)
 
-    @property
-    def node_nm(self) -> float:
-        return self.process_node.value
-
-    @property
-    def watts(self) -> float:
-        return self.power.value
+    node_nm = _value_of("process_node")
+    watts = _value_of("power")
 
     def peak_flops(self, dtype: DType | str) -> float:
         """Peak FLOP/s at ``dtype``; bf16 and fp16 stand in for each other when one is absent."""
@@ -318,28 +311,13 @@ class Target:
                 out[cls] = n / rate
         return out
 
-    def compute_time(
-        self,
-        cost: Cost,
-        dtype: DType | str,
-        *,
-        contraction_dtype: DType | str | None = None,
-        contraction_efficiency: float = 1.0,
-        accumulate_dtype: DType | str | None = None,
-    ) -> float:
-        """Compute seconds of ``cost``: the sum of its op classes' times (`class_times`),
+    def compute_time(self, cost: Cost, dtype: DType | str, **contraction: Any) -> float:
+        """Compute seconds of ``cost``: the sum of its op classes' times (`class_times`, whose
+        ``contraction_*`` and ``accumulate_dtype`` keywords ``contraction`` holds),
         ``C / (rate_c x efficiency) + V / rate_v + S / rate_s``. The one rule every lowering
         times compute with (docs/targets.md, "Rates per op class"): the classes share the
         issue slots (a GPU warp scheduler, a WSE PE's single core), so their times add."""
-        return sum(
-            self.class_times(
-                cost,
-                dtype,
-                contraction_dtype=contraction_dtype,
-                contraction_efficiency=contraction_efficiency,
-                accumulate_dtype=accumulate_dtype,
-            ).values()
-        )
+        return sum(self.class_times(cost, dtype, **contraction).values())
 
     def memory(self, name_or_level: str) -> MemoryLevel:
         """A memory by name (``hbm``), or the first one at a level (``on-chip``/``off-chip``)."""
