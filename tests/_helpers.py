@@ -1,4 +1,5 @@
-"""Helpers that several test modules call and that are no fixture: Hugging Face reference models."""
+"""Helpers that several test modules call and that are no fixture: Hugging Face reference models and
+one-finding studies."""
 
 from __future__ import annotations
 
@@ -31,3 +32,23 @@ def hf_causal_lm(family: str, *, layers: int, hidden: int, heads: int, vocab: in
         **fields,
     )
     return getattr(transformers, model_class)(config)
+
+
+def one_finding_study(defaults: dict, axes: dict, **finding) -> dict:
+    """A study, as its TOML file reads, of one experiment ``e`` (``defaults``, ``axes``) and one finding ``x``:
+    layers 2 over layers 1 against a paper's 0.5, each field as ``finding`` gives it instead (None: left out)."""
+    base = {
+        "id": "x",
+        "experiment": "e",
+        "claim": "c",
+        "kind": "ratio",
+        "numerator": {"layers": 2},
+        "denominator": {"layers": 1},
+        "paper": 0.5,
+    }
+    base.update(finding)
+    return {
+        "name": "t",
+        "experiment": {"e": {"defaults": defaults, "axes": axes}},
+        "finding": [{k: v for k, v in base.items() if v is not None}],
+    }

@@ -20,6 +20,7 @@ from dabench_ir.reproduce.counterfactual import Counterfactual
 from dabench_ir.reproduce.render import findings_table
 from dabench_ir.reproduce.rows import matches, select
 from dabench_ir.reproduce.run import outcome_row
+from tests._helpers import one_finding_study
 
 INF = math.inf
 
@@ -363,21 +364,7 @@ TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "posit
 
 
 def _study(**finding) -> dict:
-    base = {
-        "id": "x",
-        "experiment": "e",
-        "claim": "c",
-        "kind": "ratio",
-        "numerator": {"layers": 2},
-        "denominator": {"layers": 1},
-        "paper": 0.5,
-    }
-    base.update(finding)
-    return {
-        "name": "t",
-        "experiment": {"e": {"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}}},
-        "finding": [{k: v for k, v in base.items() if v is not None}],
-    }
+    return one_finding_study(TINY, {"layers": [1, 2], "target": ["wse"]}, **finding)
 
 
 def test_a_good_tiny_study_parses_and_shared_points_run_once():

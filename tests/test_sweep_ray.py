@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow  # the development lane (-m "not slow") leaves it 
 
 from dabench_ir.sweep import parse_spec, run_sweep  # noqa: E402
 from dabench_ir.sweep.executors import RayExecutor  # noqa: E402
+from tests._helpers import one_finding_study  # noqa: E402
 
 _NONDETERMINISTIC = {"seconds"}  # wall time of the worker
 
@@ -45,31 +46,18 @@ def test_ray_and_local_rows_identical(tmp_path):
 def test_a_study_on_ray_gives_the_local_findings(tmp_path):
     from dabench_ir.reproduce import parse_study, run_study
 
-    study = parse_study(
-        {
-            "name": "tiny",
-            "experiment": {
-                "depth": {
-                    "defaults": {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "positional": "none"},
-                    "axes": {"layers": [1, 2], "target": ["rdu"]},
-                }
-            },
-            "finding": [
-                {
-                    "id": "deeper-slower",
-                    "experiment": "depth",
-                    "claim": "c",
-                    "kind": "ratio",
-                    "numerator": {"layers": 1},
-                    "denominator": {"layers": 2},
-                    "paper": "faster",
-                    "expect": "increasing",
-                    "counterfactual": {"what": "no section launch cost", "target": {"overheads.host_per_section_s": 0}},
-                },
-            ],
-        },
-        origin="tiny.toml",
+    defaults = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "positional": "none"}
+    data = one_finding_study(
+        defaults,
+        {"layers": [1, 2], "target": ["rdu"]},
+        id="deeper-slower",
+        numerator={"layers": 1},
+        denominator={"layers": 2},
+        paper="faster",
+        expect="increasing",
+        counterfactual={"what": "no section launch cost", "target": {"overheads.host_per_section_s": 0}},
     )
+    study = parse_study(data, origin="tiny.toml")
     cache = tmp_path / "models"
     local = run_study(study, tmp_path / "local", jobs=1, cache_dir=cache, plots=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
