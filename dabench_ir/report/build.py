@@ -7,7 +7,6 @@ is the lowering's (timeline, else plan), never computed a second time here.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PRESET
 from dabench_ir.passes.precision import dominant_storage_dtype
-from dabench_ir.report.model import NodeRecord, Report
+from dabench_ir.report.model import COST_FIELDS, NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
@@ -218,7 +217,7 @@ def build_report(
     )
 
 
-_COST_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Cost)))
+_COST_FIELDS = operator.attrgetter(*COST_FIELDS)
 
 
 def _text(value: Any) -> str | None:

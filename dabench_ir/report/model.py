@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +14,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.fileio import write_output, write_with
 from dabench_ir.ir import Cost
 
-__all__ = ["SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell"]
+__all__ = ["COST_FIELDS", "SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell"]
 
 SCHEMA = "dabench-ir/report/v1"
 
@@ -86,16 +86,9 @@ class NodeRecord:
         }
 
 
-_NO_COST = SimpleNamespace(
-    flops=None,
-    bytes=None,
-    contraction_flops=None,
-    vector_flops=None,
-    special_ops=None,
-    weight_bytes=None,
-    act_bytes_in=None,
-    act_bytes_out=None,
-)
+COST_FIELDS = tuple(f.name for f in fields(Cost))
+"""A node's cost columns, in `Cost`'s field order (``flops`` and ``bytes`` are their sums)."""
+_NO_COST = SimpleNamespace(flops=None, bytes=None, **dict.fromkeys(COST_FIELDS))
 """An unattributed node's cost columns in `NodeRecord.to_dict`: every one None."""
 
 
@@ -365,32 +358,21 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-_COST_FIELDS = ("contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in", "act_bytes_out")
+_COLUMN_OF = {"measured_spread": "measured_spread_rel"}
+"""NodeRecord fields whose `NodeRecord.to_dict` column has another name."""
+_PLAIN_FIELDS = tuple(f.name for f in fields(NodeRecord) if f.name not in ("name", "op_type", "scope", "cost"))
+"""NodeRecord fields read back from their column as written (None where it is missing)."""
 
 
 def _node_from_dict(row: dict[str, Any]) -> NodeRecord:
     """A NodeRecord from its `NodeRecord.to_dict` row."""
-    cost = None if row.get("flops") is None else Cost(**{k: row.get(k) or 0 for k in _COST_FIELDS})
+    cost = None if row.get("flops") is None else Cost(**{k: row.get(k) or 0 for k in COST_FIELDS})
     return NodeRecord(
         name=row["name"],
         op_type=row.get("op_type", ""),
-        layer=row.get("layer"),
         scope=row.get("scope") or "",
-        op_class=row.get("op_class"),
         cost=cost,
-        intensity=row.get("intensity"),
-        time_s=row.get("time_s"),
-        start_s=row.get("start_s"),
-        bound=row.get("bound"),
-        unit=row.get("unit"),
-        measured_time_s=row.get("measured_time_s"),
-        measured_spread=row.get("measured_spread_rel"),
-        predicted_time_s=row.get("predicted_time_s"),
-        energy_j=row.get("energy_j"),
-        precision=row.get("precision"),
-        note=row.get("note"),
-        role=row.get("role"),
-        feed_bytes=row.get("feed_bytes"),
+        **{f: row.get(_COLUMN_OF.get(f, f)) for f in _PLAIN_FIELDS},
     )
 
 
@@ -497,12 +479,7 @@ _NODE_NUMBERS = (
     "measured_time_s",
     "predicted_time_s",
     "energy_j",
-    "contraction_flops",
-    "vector_flops",
-    "special_ops",
-    "weight_bytes",
-    "act_bytes_in",
-    "act_bytes_out",
+    *COST_FIELDS,
 )
 _NODE_TEXT = ("name", "op_type", "scope", "op_class", "bound", "unit", "precision", "note")
 
