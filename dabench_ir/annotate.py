@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 PREFIX = "dabench."
 
 Extra = Mapping[Any, Mapping[str, Any]] | None
+"""Per node (a Node or its name), more ``dabench.*`` values to write (a placed report's unit, time)."""
+OutPath = str | os.PathLike[str]
+"""Where an annotated model is written; its suffix (``.onnx``, ``.mlir``) picks the format."""
+Props = Mapping[str, str] | None
+"""Model-level ONNX props to add (a report's target and step time)."""
 
 
 def _extra_by_name(extra: Extra) -> dict[str, Mapping[str, Any]]:
@@ -125,19 +130,14 @@ def _report_props(report: Any) -> dict[str, str]:
     return {k: _text(v) for k, v in props.items() if v is not None}
 
 
-def annotate_report(model: Any, report: Any, out_path: str | os.PathLike[str]) -> Path:
+def annotate_report(model: Any, report: Any, out_path: OutPath) -> Path:
     """`--annotate F` for a Report: `annotate` with `report_annotations` (ONNX also gets the
     report's target and step time as model-level props)."""
     return annotate(model, report.graph, out_path, report_annotations(report), model_props=_report_props(report))
 
 
 def annotate_onnx(
-    model: Any,
-    graph: Graph,
-    out_path: str | os.PathLike[str],
-    extra: Extra = None,
-    *,
-    model_props: Mapping[str, str] | None = None,
+    model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None
 ) -> Path:
     """Copy of `model` (path or ModelProto) with ``dabench.*`` node metadata; returns the path.
 
@@ -202,7 +202,7 @@ def _check_external_location(proto: Any, source: Path | None, out: Path) -> None
             return
 
 
-def annotate_mlir(source: Any, graph: Graph, out_path: str | os.PathLike[str], extra: Extra = None) -> Path:
+def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = None) -> Path:
     """Write the lowered linalg module with ``dabench.*`` attributes on each counted op.
 
     Uses the module kept on `graph` by the MLIR frontend; otherwise lowers `source`
@@ -318,14 +318,7 @@ def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
     return build_passes(ProfileOptions(dims=dims), linalg=True)(lowered).graph
 
 
-def annotate(
-    model: Any,
-    graph: Graph,
-    out_path: str | os.PathLike[str],
-    extra: Extra = None,
-    *,
-    model_props: Mapping[str, str] | None = None,
-) -> Path:
+def annotate(model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None) -> Path:
     """`--annotate F`: annotated ONNX for ``.onnx`` F (with ``model_props`` on the model),
     annotated linalg MLIR for ``.mlir`` F."""
     suffix = Path(out_path).suffix.lower()
