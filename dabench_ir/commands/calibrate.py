@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import Any
 
+from dabench_ir.commands.flags import add_outputs, add_quiet
 from dabench_ir.options import KNOBS
 
 __all__ = ["register", "run"]
@@ -35,12 +36,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a rough sub-second calibration (tiny shapes; for tests and smoke runs)"
     )
-    parser.add_argument(
-        "--json",
-        metavar="F",
-        help="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)",
-    )
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary (errors only)")
+    add_outputs(parser, json="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)")
+    add_quiet(parser, "no progress and no summary (errors only)")
     parser.set_defaults(func=run)
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+from functools import partial
 from pathlib import Path
 
-from dabench_ir.errors import UserError
+from dabench_ir.commands.flags import add_node_scaling, add_outputs, add_quiet, strict_warnings, write_given
 
 __all__ = ["check_estimated", "register", "run"]
 
@@ -21,12 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "load imbalance, efficiency, fit, dominant bound and GOP/s/W, one row per report.",
     )
     p.add_argument("reports", nargs="+", metavar="REPORT.json", help="report files (schema dabench-ir/report/v1)")
-    p.add_argument("--json", metavar="F", help="write the comparison as JSON")
-    p.add_argument("--csv", metavar="F", help="write the comparison as CSV")
-    p.add_argument("--html", metavar="F", help="write the comparison as a self-contained HTML page")
-    p.add_argument("--normalize-to", type=float, metavar="NM", help="add GOP/s/W as if built at this node (nm)")
-    p.add_argument("--scaling", choices=["post-dennard", "dennard"], default="post-dennard")
-    p.add_argument("--quiet", "-q", action="store_true", help="no table on stdout")
+    add_outputs(
+        p,
+        json="write the comparison as JSON",
+        csv="write the comparison as CSV",
+        html="write the comparison as a self-contained HTML page",
+    )
+    add_node_scaling(p, "add GOP/s/W as if built at this node (nm)")
+    add_quiet(p, "no table on stdout")
     p.add_argument(
         "--strict", action="store_true", help="exit 2 when a report has nodes without a cost rule (estimated)"
     )
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         write_compare_csv,
         write_compare_json,
     )
+    from dabench_ir.report.html import write_compare_html
 
     if args.normalize_to is not None:
         check_process_node(args.normalize_to)
@@ -55,16 +59,15 @@ def run(args: argparse.Namespace) -> int:
         from dabench_ir.report.compare import add_normalised
 
         add_normalised(rows, args.normalize_to, args.scaling)
-    written = []
-    if args.json:
-        written.append(write_compare_json(rows, args.json))
-    if args.csv:
-        written.append(write_compare_csv(rows, args.csv))
-    if args.html:
-        from dabench_ir.report.html import write_compare_html
-
-        links = [[("json", Path(src).resolve().as_uri())] for src in args.reports]
-        written.append(write_compare_html(rows, args.html, links=links))
+    links = [[("json", Path(src).resolve().as_uri())] for src in args.reports]  # --html: each row to its report
+    written = write_given(
+        args,
+        {
+            "json": partial(write_compare_json, rows),
+            "csv": partial(write_compare_csv, rows),
+            "html": partial(write_compare_html, rows, links=links),
+        },
+    )
     if not args.quiet:
         print(render_compare(rows))
         for path in written:
@@ -75,12 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_estimated(rows: list, *, strict: bool) -> None:
     """Warn (stderr) for every row with nodes no rule counts; with ``strict`` that is an error (exit 2)."""
-    import sys
-
     from dabench_ir.report.compare import estimated_warnings
 
-    warnings = estimated_warnings(rows)
-    for line in warnings:
-        print(line, file=sys.stderr)
-    if strict and warnings:
-        raise UserError(f"--strict: {len(warnings)} report(s) hold nodes without a cost rule (see the warnings above)")
+    strict_warnings(estimated_warnings(rows), strict=strict, holders="report(s)")

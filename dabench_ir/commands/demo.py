@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dabench_ir.commands.flags import add_quiet
 from dabench_ir.errors import UserError
 from dabench_ir.options import add_flag
 
@@ -103,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not show each target's median error against published measurements",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress and no table; print only the index path")
+    add_quiet(p, "no progress and no table; print only the index path")
     p.set_defaults(func=run)
 
 

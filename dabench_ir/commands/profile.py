@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from dabench_ir.commands.flags import add_outputs, add_quiet, write_given
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
@@ -38,37 +39,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="role",
         help="group the table by module role across layers (default), or show single nodes",
     )
-    o.add_argument(
-        "--json",
-        metavar="F",
-        help="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
+    add_outputs(
+        o,
+        json="write the report as JSON (schema dabench-ir/report/v1); '-' writes it to stdout. With several "
         "targets: F is the comparison and F-TARGET.json each report, or a folder DIR/ gets DIR/TARGET.json "
         "and DIR/compare.json (the same for --csv, --html)",
-    )
-    o.add_argument(
-        "--csv",
-        metavar="F",
-        help="write one row per node and per overhead, with model and target columns "
+        csv="write one row per node and per overhead, with model and target columns "
         "(and F's .roles.csv: one row per module role)",
-    )
-    o.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    o.add_argument(
-        "--trace",
-        metavar="F",
-        help="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
+        html="write a self-contained HTML report",
+        trace="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
         "a process per target",
-    )
-    o.add_argument(
-        "--plots", metavar="DIR", help="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)"
-    )
-    o.add_argument(
-        "--annotate",
-        metavar="F",
-        help="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
+        plots="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)",
+        annotate="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
         "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
     )
     o.add_argument("--no-color", action="store_true")
-    o.add_argument("--quiet", "-q", action="store_true", help="no progress, no tables (cross-check included)")
+    add_quiet(o, "no progress, no tables (cross-check included)")
     o.add_argument(
         "--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)"
     )
@@ -119,7 +105,9 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
     --trace: one trace, a process per target."""
     from dabench_ir.advice import advise
     from dabench_ir.pipeline import profile_targets
-    from dabench_ir.report.compare import compare_reports, render_compare, write_compare_json
+    from dabench_ir.report.compare import compare_reports, render_compare, write_compare_csv, write_compare_json
+    from dabench_ir.report.html import write_compare_html
+    from dabench_ir.report.trace import write_targets_trace
     from dabench_ir.report.why import explain
     from dabench_ir.run import check_target
 
@@ -135,21 +123,15 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
             explain(report)
     progress.done()
     rows = compare_reports(list(reports.values()))
-    written = []
-    if args.json:
-        written.append(str(write_compare_json(rows, _compare_path(args.json, ".json"))))
-    if args.csv:
-        from dabench_ir.report.compare import write_compare_csv
-
-        written.append(str(write_compare_csv(rows, _compare_path(args.csv, ".csv"))))
-    if args.html:
-        from dabench_ir.report.html import write_compare_html
-
-        written.append(str(write_compare_html(rows, _compare_path(args.html, ".html"))))
-    if args.trace:  # one trace, a process per target
-        from dabench_ir.report.trace import write_targets_trace
-
-        written.append(str(write_targets_trace(reports, _trace_path(args.trace))))
+    written = write_given(
+        args,
+        {
+            "json": lambda path: write_compare_json(rows, _compare_path(path, ".json")),
+            "csv": lambda path: write_compare_csv(rows, _compare_path(path, ".csv")),
+            "html": lambda path: write_compare_html(rows, _compare_path(path, ".html")),
+            "trace": lambda path: write_targets_trace(reports, _trace_path(path)),  # one trace, a process per target
+        },
+    )
     for name, report in reports.items():
         per = {
             flag: _per_target_path(getattr(args, flag), name, _SUFFIX.get(flag, "." + flag))
@@ -215,16 +197,7 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         check = cross_check(onnx_graph, mlir_graph)
         if not args.quiet:
             print(render_cross_check(check))
-    written = _write_report(
-        report,
-        args,
-        json=args.json,
-        csv=args.csv,
-        html=args.html,
-        trace=args.trace,
-        plots=args.plots,
-        annotate=args.annotate,
-    )
+    written = _write_report(report, args, **{flag: getattr(args, flag) for flag in _OUTPUTS})
     if not args.quiet:
         print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by))
         for path in written:

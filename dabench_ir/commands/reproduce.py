@@ -6,13 +6,9 @@ import argparse
 import os
 import sys
 
+from dabench_ir.commands.flags import add_quiet, wrap
+
 __all__ = ["register", "run"]
-
-
-def _wrap(text: str) -> str:
-    import textwrap
-
-    return textwrap.fill(text, 80)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
         help="run a published study's experiments and check its findings one by one (paper vs tool)",
-        description=_wrap(
+        description=wrap(
             "Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
             "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
             "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
@@ -37,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", metavar="ID,...", help="only these findings (and the experiments they need)")
     add_grid_arguments(p)
     p.add_argument("--force", action="store_true", help="allow an experiment above the sweep's size limits")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_quiet(p, "no progress bar")
     p.set_defaults(func=run)
 
 
@@ -85,7 +81,7 @@ def _dry_run(study: object) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.commands.sweep import grid_jobs, lost_points
+    from dabench_ir.commands.sweep import grid_options, lost_points, run_grid
     from dabench_ir.errors import UserError
     from dabench_ir.reproduce import load_study, run_study
     from dabench_ir.reproduce.render import findings_table
@@ -100,29 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(study)
     out = args.output or os.path.join("out", f"reproduce-{study.name}")
-    jobs = grid_jobs(args, out)
+    grid = grid_options(args, out)
     from dabench_ir.fileio import plan_outputs
 
     # findings.*, results tables, experiments/, counterfactuals/ and plots are written into OUT:
     # the study file and its target files may not lie there (`reproduce findings.md -o .`)
     plan_outputs(study.input_files(), [], folders=[(out, "-o")])
-    from dabench_ir.progress import Progress
-
-    progress = Progress(quiet=args.quiet)
-    try:
-        result = run_study(
-            study,
-            out,
-            jobs=jobs,
-            executor=args.executor,
-            address=args.address,
-            cache_dir=args.cache_dir,
-            retry_failed=args.retry_failed,
-            plots=not args.no_plots,
-            bar=lambda done, total, **kw: progress.bar(done, total, label=f"{study.name} ", **kw),
-        )
-    finally:
-        progress.done()
+    result = run_grid(args, run_study, study, out, grid)
     print(findings_table(result.outcomes, unicode=_unicode(sys.stdout)))
     sweep, cf = result.sweep, result.counterfactual_sweep
     if not args.quiet and sweep is not None:

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from dabench_ir.commands.flags import add_outputs, add_quiet
 from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
 __all__ = ["register", "render_scale", "run"]
@@ -26,14 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (as profile takes)")
     p.add_argument("--target", "-t", required=True)
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
-    p.add_argument("--json", metavar="F", help="write dabench-ir/scale/v1 JSON")
-    p.add_argument(
-        "--plots",
-        metavar="DIR",
-        help="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
+    add_outputs(
+        p,
+        json="write dabench-ir/scale/v1 JSON",
+        plots="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
     )
     add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
-    p.add_argument("--quiet", "-q", action="store_true")
+    add_quiet(p)
     p.set_defaults(func=run)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from functools import partial
 
+from dabench_ir.commands.flags import add_outputs, add_quiet, strict_warnings, write_given
 from dabench_ir.errors import UserError
 
 __all__ = ["register", "run", "write_outputs"]
@@ -29,12 +31,15 @@ def _unique_targets(names: list[str]) -> list[str]:
 
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     """The output flags `study` and `diff` share."""
-    p.add_argument("--json", metavar="F", help="write the study as JSON (schema dabench-ir/study/v1)")
-    p.add_argument("--csv", metavar="F", help="write one CSV line per run and node row")
-    p.add_argument("--html", metavar="F", help="write a self-contained HTML page")
+    add_outputs(
+        p,
+        json="write the study as JSON (schema dabench-ir/study/v1)",
+        csv="write one CSV line per run and node row",
+        html="write a self-contained HTML page",
+    )
     p.add_argument("--top", type=int, default=12, metavar="N", help="changed nodes and modules shown per run")
     p.add_argument("--strict", action="store_true", help="exit 2 when a side has nodes without a cost rule")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no table")
+    add_quiet(p, "no progress, no table")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,17 +94,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def write_outputs(args: argparse.Namespace, doc: dict) -> None:
     """Print the table and write --json/--csv/--html; warnings on stderr; --strict exits 2 on them."""
-    import sys
-
     from dabench_ir.study.render import render_study, write_study_csv, write_study_html, write_study_json
 
-    written = []
-    if args.json:
-        written.append(write_study_json(doc, args.json))
-    if args.csv:
-        written.append(write_study_csv(doc, args.csv))
-    if args.html:
-        written.append(write_study_html(doc, args.html))
+    written = write_given(
+        args,
+        {
+            "json": partial(write_study_json, doc),
+            "csv": partial(write_study_csv, doc),
+            "html": partial(write_study_html, doc),
+        },
+    )
     if not args.quiet:
         print(render_study(doc, top=args.top))
         for failure in doc.get("failed", ()):
@@ -107,10 +111,7 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
         for path in written:
             print(f"wrote {path}")
     warnings = sorted({w for run in doc["runs"] for w in run["warnings"]})
-    for line in warnings:
-        print(line, file=sys.stderr)
-    if args.strict and warnings:
-        raise UserError(f"--strict: {len(warnings)} side(s) hold nodes without a cost rule (see the warnings above)")
+    strict_warnings(warnings, strict=args.strict, holders="side(s)")
 
 
 def _check_paths(args: argparse.Namespace) -> None:

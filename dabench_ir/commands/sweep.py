@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
 
+from dabench_ir.commands.flags import add_quiet, wrap
 from dabench_ir.options import SWEEP, add_knob_arguments, knob_values
 
-__all__ = ["add_grid_arguments", "grid_jobs", "lost_points", "register", "run"]
-
-
-def _wrap(text: str) -> str:
-    import textwrap
-
-    return textwrap.fill(text, 80)
+__all__ = ["add_grid_arguments", "grid_options", "lost_points", "register", "run", "run_grid"]
 
 
 def _bundled_epilog() -> str:
@@ -38,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a grid of models x targets x options and tabulate it",
-        description=_wrap(
+        description=wrap(
             "Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
             "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
             "A rerun skips points already done."
@@ -59,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force", action="store_true", help="run a grid above 100,000 points or a point above 10,000 layers"
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary")
+    add_quiet(p, "no progress bar, no summary")
     add_knob_arguments(p, SWEEP)  # each knob flag sets that parameter in the spec's [defaults]
     p.set_defaults(func=run)
 
@@ -81,9 +78,10 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
 
 
-def grid_jobs(args: argparse.Namespace, out: str) -> int:
-    """The worker count of a grid run, after checking its folders and its executor (one line each,
-    before any work: a Ray address no head answers is refused before the results table is begun)."""
+def grid_options(args: argparse.Namespace, out: str) -> dict[str, Any]:
+    """How a grid command's points run, from its grid flags (`add_grid_arguments`): `run_sweep`'s
+    keywords (`run_study` takes them too), after checking its folders and its executor (one line
+    each, before any work: a Ray address no head answers is refused before the results table is begun)."""
     from dabench_ir.errors import UserError
     from dabench_ir.fileio import check_output_dir
     from dabench_ir.sweep.executors import check_ray_address
@@ -97,7 +95,34 @@ def grid_jobs(args: argparse.Namespace, out: str) -> int:
     check_output_dir(out, "-o")
     if args.cache_dir is not None:
         check_output_dir(args.cache_dir, "--cache-dir")
-    return args.jobs or os.cpu_count() or 1
+    return {
+        "jobs": args.jobs or os.cpu_count() or 1,
+        "executor": args.executor,
+        "address": args.address,
+        "cache_dir": args.cache_dir,
+        "retry_failed": args.retry_failed,
+        "plots": not args.no_plots,
+    }
+
+
+def run_grid(
+    args: argparse.Namespace, run: Callable[..., Any], what: Any, out: str, grid: dict[str, Any], **more: Any
+) -> Any:
+    """``run(what, out, ...)``, `run_sweep` of a spec or `run_study` of a study, as ``grid``
+    (`grid_options`) says, with a progress bar labelled with ``what``'s name (none with --quiet)."""
+    from dabench_ir.progress import Progress
+
+    progress = Progress(quiet=args.quiet)
+    try:
+        return run(
+            what,
+            out,
+            bar=lambda done, total, **kw: progress.bar(done, total, label=f"{what.name} ", **kw),
+            **grid,
+            **more,
+        )
+    finally:
+        progress.done()
 
 
 def lost_points(lost: int, missing: list[str] | None = None) -> int:
@@ -136,25 +161,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.output:
         raise UserError("sweep: give the output folder with -o DIR")
-    jobs = grid_jobs(args, args.output)
-    from dabench_ir.progress import Progress
-
-    progress = Progress(quiet=args.quiet)
-    try:
-        result = run_sweep(
-            spec,
-            args.output,
-            jobs=jobs,
-            executor=args.executor,
-            address=args.address,
-            cache_dir=args.cache_dir,
-            retry_failed=args.retry_failed,
-            plots=not args.no_plots,
-            node_detail=not args.no_node_detail,
-            bar=lambda done, total, **kw: progress.bar(done, total, label=f"{spec.name} ", **kw),
-        )
-    finally:
-        progress.done()
+    grid = grid_options(args, args.output)
+    result = run_grid(args, run_sweep, spec, args.output, grid, node_detail=not args.no_node_detail)
     if not args.quiet:
         ok = sum(1 for r in result.rows if r.get("status") == "ok")
         print(

@@ -6,6 +6,7 @@ import argparse
 import fnmatch
 import logging
 
+from dabench_ir.commands.flags import add_node_scaling, add_outputs
 from dabench_ir.targets import Target, list_targets
 
 __all__ = ["register", "run", "target_dict"]
@@ -20,22 +21,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="List the built-in targets with peak FLOP/s per precision, memories, power and process "
         "node. Figures marked * are estimates (see the target file for the basis).",
     )
-    parser.add_argument(
-        "--normalize-to",
-        type=float,
-        metavar="NM",
-        help="also show peak GOP/s, GOP/s/W and GOP/s/mm² scaled to this process node (docs/energy.md)",
-    )
-    parser.add_argument(
-        "--scaling", choices=["post-dennard", "dennard"], default="post-dennard", help="node scaling rule"
+    add_node_scaling(
+        parser,
+        "also show peak GOP/s, GOP/s/W and GOP/s/mm² scaled to this process node (docs/energy.md)",
+        "node scaling rule",
     )
     parser.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
     parser.add_argument(
         "--show", metavar="T", help="every figure and model parameter of target T, each with its basis and source"
     )
-    parser.add_argument(
-        "--json", metavar="F", help="write the listing as JSON to F ('-': stdout), every figure with its source"
-    )
+    add_outputs(parser, json="write the listing as JSON to F ('-': stdout), every figure with its source")
     parser.set_defaults(func=run)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dabench_ir.commands.flags import add_outputs, add_quiet
+
 __all__ = ["register", "run"]
 
 
@@ -26,11 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         help="a catalogue TOML file instead of the bundled ones (repeatable)",
     )
-    p.add_argument("--json", metavar="F", help="write the table and summary as JSON")
-    p.add_argument("--csv", metavar="F", help="write the table as CSV (one row per point and quantity)")
-    p.add_argument("--plots", metavar="DIR", help="write one figure per target (validation-<target>.png)")
+    add_outputs(
+        p,
+        json="write the table and summary as JSON",
+        csv="write the table as CSV (one row per point and quantity)",
+        plots="write one figure per target (validation-<target>.png)",
+    )
     p.add_argument("--cache-dir", metavar="DIR", help=CACHE_DIR_HELP)
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    add_quiet(p, "no progress on stderr")
     p.set_defaults(func=run)
 
 
