@@ -40,13 +40,21 @@ def ring_allreduce_bytes(nbytes: float, chips: int) -> float:
     return 2.0 * (chips - 1) * nbytes if chips > 1 else 0.0
 
 
-def hierarchical_allreduce_time(
-    nbytes: float,
-    chips: int,
-    per_node: int,
-    intra: tuple[float, float],
-    inter: tuple[float, float] | None,
-) -> float:
+_Link = tuple[float, float]
+"""A link's (bandwidth in bytes/s, latency in s)."""
+
+
+def _nothing_to_reduce(nbytes: float, chips: int, per_node: int) -> bool:
+    """Whether an all-reduce over nodes of ``per_node`` devices is free (one chip, or no bytes);
+    a node of no device is refused."""
+    if chips <= 1 or nbytes <= 0:
+        return True
+    if per_node < 1:
+        raise ValueError("devices per node must be at least 1")
+    return False
+
+
+def hierarchical_allreduce_time(nbytes: float, chips: int, per_node: int, intra: _Link, inter: _Link | None) -> float:
     """All-reduce of ``nbytes`` over ``chips`` grouped ``per_node`` to a node.
 
     ``intra``/``inter``: (bandwidth, latency) of the link inside a node and of each device's
@@ -56,10 +64,8 @@ def hierarchical_allreduce_time(
     shard), then an all-gather inside each node; the two intra-node halves together cost
     one intra-node ring all-reduce (Thakur et al., IJHPCA 2005; NCCL's tree/ring hierarchy).
     """
-    if chips <= 1 or nbytes <= 0:
+    if _nothing_to_reduce(nbytes, chips, per_node):
         return 0.0
-    if per_node < 1:
-        raise ValueError("devices per node must be at least 1")
     if chips <= per_node or inter is None:
         return ring_allreduce_time(nbytes, chips, *intra)
     k = per_node
@@ -67,13 +73,7 @@ def hierarchical_allreduce_time(
     return ring_allreduce_time(nbytes, k, *intra) + ring_allreduce_time(nbytes / k, nodes, *inter)
 
 
-def root_allreduce_time(
-    nbytes: float,
-    chips: int,
-    per_node: int,
-    intra: tuple[float, float],
-    inter: tuple[float, float] | None,
-) -> float:
+def root_allreduce_time(nbytes: float, chips: int, per_node: int, intra: _Link, inter: _Link | None) -> float:
     """All-reduce of ``nbytes`` over ``chips`` through one root device: every other device sends
     its partial result to the root, which adds them and sends the sum back to each.
 
@@ -85,10 +85,8 @@ def root_allreduce_time(
     ``per_node`` devices beside the root in its node use ``intra``, the others ``inter`` (``intra``
     when None). One chip: free.
     """
-    if chips <= 1 or nbytes <= 0:
+    if _nothing_to_reduce(nbytes, chips, per_node):
         return 0.0
-    if per_node < 1:
-        raise ValueError("devices per node must be at least 1")
     local = min(chips, per_node) - 1  # the root's node-mates
     remote = chips - 1 - local
     far = inter or intra
