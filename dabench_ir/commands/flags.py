@@ -1,0 +1,58 @@
+"""Flags several commands declare alike, each declared here once: what one command says of its
+own use of a flag is its help text, passed in.
+
+Not a subcommand: `dabench_ir.cli` registers only the modules it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["add_node_scaling", "add_outputs", "add_quiet", "strict_warnings", "wrap", "write_given"]
+
+
+def wrap(text: str) -> str:
+    """A description for `argparse.RawDescriptionHelpFormatter`, filled to 80 columns (an epilog follows it as written)."""
+    import textwrap
+
+    return textwrap.fill(text, 80)
+
+
+def add_quiet(p: Any, help: str | None = None) -> None:
+    """``--quiet``/``-q``; ``help`` says what the command leaves out."""
+    p.add_argument("--quiet", "-q", action="store_true", help=help)
+
+
+def add_outputs(p: Any, **helps: str) -> None:
+    """One output flag per keyword, in the order given: ``json="..."`` declares ``--json F`` with that
+    help; ``plots`` a folder, ``--plots DIR``."""
+    for name, help in helps.items():
+        p.add_argument(f"--{name}", metavar="DIR" if name == "plots" else "F", help=help)
+
+
+def add_node_scaling(p: argparse.ArgumentParser, normalize_help: str, scaling_help: str | None = None) -> None:
+    """``--normalize-to NM`` and the rule it scales by, ``--scaling`` (`energy.SCALING_RULES`)."""
+    from dabench_ir.energy import SCALING_RULES
+
+    p.add_argument("--normalize-to", type=float, metavar="NM", help=normalize_help)
+    p.add_argument("--scaling", choices=list(SCALING_RULES), default="post-dennard", help=scaling_help)
+
+
+def strict_warnings(warnings: Sequence[str], *, strict: bool, holders: str) -> None:
+    """Print each warning of nodes without a cost rule on stderr; with ``--strict`` they are an error
+    (exit 2) naming how many ``holders`` (e.g. "report(s)") hold such nodes."""
+    from dabench_ir.errors import UserError
+
+    for line in warnings:
+        print(line, file=sys.stderr)
+    if strict and warnings:
+        raise UserError(f"--strict: {len(warnings)} {holders} hold nodes without a cost rule (see the warnings above)")
+
+
+def write_given(args: argparse.Namespace, writers: Mapping[str, Callable[[str], Any]]) -> list[str]:
+    """Each output flag given on ``args``, written by its writer in ``writers`` (flag name -> a function
+    of the flag's path returning the path written), in that order; the paths written, as text."""
+    return [str(write(getattr(args, flag))) for flag, write in writers.items() if getattr(args, flag)]
