@@ -17,7 +17,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TOML = HERE / "heldout_probe.toml"
 
-_SN30_RUN = 'mode = "train", precision = "{prec}", opt_level = "{opt}", tiles = 4, resource_scaling = [0.8, 0.8, 0.8]'
 _SN30_SHAPES = [
     ("tiny", 480, 8, 12),
     ("small", 768, 12, 12),
@@ -25,15 +24,17 @@ _SN30_SHAPES = [
     ("large", 1280, 20, 36),
     ("xl", 1600, 25, 42),
 ]
+"""The DABench-LLM SN30 model list: name, hidden, heads, layers."""
 _CGPT = [
-    ("111m", 10, 768, 12),
-    ("256m", 14, 1088, 17),
-    ("590m", 18, 1536, 12),
-    ("1.3b", 24, 2048, 16),
-    ("2.7b", 32, 2560, 32),
-    ("6.7b", 32, 4096, 32),
-    ("13b", 40, 5120, 40),
+    ("111m", 768, 12, 10),
+    ("256m", 1088, 17, 14),
+    ("590m", 1536, 12, 18),
+    ("1.3b", 2048, 16, 24),
+    ("2.7b", 2560, 32, 32),
+    ("6.7b", 4096, 32, 32),
+    ("13b", 5120, 40, 40),
 ]
+"""Cerebras-GPT's sizes, as `_SN30_SHAPES`: name, hidden, heads, layers."""
 
 
 def _point(pid: str, target: str, model: str, run: str) -> str:
@@ -43,142 +44,93 @@ def _point(pid: str, target: str, model: str, run: str) -> str:
     )
 
 
+def _gpt2(L: int, h: int, n: int, s: int, b: int) -> str:
+    """A GPT-2 decoder's model table: ``L`` layers, hidden ``h``, ``n`` heads, seq ``s``, batch ``b``."""
+    return f'family = "gpt2", layers = {L}, hidden = {h}, heads = {n}, seq = {s}, vocab = 50257, batch = {b}'
+
+
+def _sn30(prec: str, opt: str) -> str:
+    return f'mode = "train", precision = "{prec}", opt_level = "{opt}", tiles = 4, resource_scaling = [0.8, 0.8, 0.8]'
+
+
+def _wse(mode: str) -> str:
+    return f'mode = "train", precision = "mixed", wse_mode = "{mode}"'
+
+
+def _bow(p: int, mb: int, ga: int, lpi: str = "") -> str:
+    return (
+        f'mode = "train", precision = "mixed", ipus = {p}, micro_batch = {mb}, gradient_accumulation = {ga}, '
+        f'recompute = true, matmul_proportion = 0.15, optimizer_state = "offchip"{lpi}'
+    )
+
+
 def points() -> list[str]:
     """The probe points, as TOML tables."""
     out = []
-    gpt2 = 'family = "gpt2", layers = {L}, hidden = {h}, heads = {n}, seq = {s}, vocab = 50257, batch = {b}'
     # SN30: the DABench-LLM model list at O0/O3; a depth sweep at 768; batch; precision
-    for name, h, n, L in _SN30_SHAPES:
-        for opt in ("O3", "O0"):
-            out.append(
-                _point(
-                    f"sn30-{name}-L{L}-{opt}",
-                    "sn30",
-                    gpt2.format(L=L, h=h, n=n, s=1024, b=16),
-                    _SN30_RUN.format(prec="mixed", opt=opt),
-                )
-            )
-    for L in (1, 6, 24, 48):
-        out.append(
-            _point(
-                f"sn30-small-L{L}-O3",
-                "sn30",
-                gpt2.format(L=L, h=768, n=12, s=1024, b=16),
-                _SN30_RUN.format(prec="mixed", opt="O3"),
-            )
-        )
-    for b in (4, 8, 32, 64):
-        for opt in ("O3", "O0"):
-            out.append(
-                _point(
-                    f"sn30-small-L12-{opt}-b{b}",
-                    "sn30",
-                    gpt2.format(L=12, h=768, n=12, s=1024, b=b),
-                    _SN30_RUN.format(prec="mixed", opt=opt),
-                )
-            )
-    for name, h, n, L in _SN30_SHAPES[1:3]:
-        out.append(
-            _point(
-                f"sn30-{name}-L{L}-O3-fp32",
-                "sn30",
-                gpt2.format(L=L, h=h, n=n, s=1024, b=16),
-                _SN30_RUN.format(prec="fp32", opt="O3"),
-            )
-        )
-        out.append(
-            _point(
-                f"sn30-{name}-L{L}-O3-bf16",
-                "sn30",
-                gpt2.format(L=L, h=h, n=n, s=1024, b=16),
-                _SN30_RUN.format(prec="bf16", opt="O3"),
-            )
-        )
+    out += [
+        _point(f"sn30-{name}-L{L}-{opt}", "sn30", _gpt2(L, h, n, 1024, 16), _sn30("mixed", opt))
+        for name, h, n, L in _SN30_SHAPES
+        for opt in ("O3", "O0")
+    ]
+    out += [
+        _point(f"sn30-small-L{L}-O3", "sn30", _gpt2(L, 768, 12, 1024, 16), _sn30("mixed", "O3")) for L in (1, 6, 24, 48)
+    ]
+    out += [
+        _point(f"sn30-small-L12-{opt}-b{b}", "sn30", _gpt2(12, 768, 12, 1024, b), _sn30("mixed", opt))
+        for b in (4, 8, 32, 64)
+        for opt in ("O3", "O0")
+    ]
+    out += [
+        _point(f"sn30-{name}-L{L}-O3-{prec}", "sn30", _gpt2(L, h, n, 1024, 16), _sn30(prec, "O3"))
+        for name, h, n, L in _SN30_SHAPES[1:3]
+        for prec in ("fp32", "bf16")
+    ]
     # WSE-2: pipelined GPT-2 compiles (depth sweep at 768; medium, large), Cerebras-GPT streaming and auto
-    pipe = 'mode = "train", precision = "mixed", wse_mode = "{m}"'
-    for L in (1, 2, 4, 6, 12, 24, 36, 48):
-        out.append(
-            _point(
-                f"wse-gpt2-small-L{L}-pipe",
-                "wse2",
-                gpt2.format(L=L, h=768, n=12, s=1024, b=1),
-                pipe.format(m="pipelined"),
-            )
-        )
-    for name, h, n, L in (("medium", 1024, 16, 24), ("large", 1280, 20, 36), ("xl", 1600, 25, 48)):
-        for m in ("pipelined", "auto"):
-            out.append(
-                _point(f"wse-gpt2-{name}-L{L}-{m}", "wse2", gpt2.format(L=L, h=h, n=n, s=1024, b=1), pipe.format(m=m))
-            )
-    for name, L, h, n in _CGPT:
-        for m in ("streaming", "auto"):
-            out.append(
-                _point(f"wse-cgpt-{name}-b128-{m}", "wse2", gpt2.format(L=L, h=h, n=n, s=2048, b=128), pipe.format(m=m))
-            )
-    for name, L, h, n in (_CGPT[1], _CGPT[3], _CGPT[6]):
-        for b in (32, 64, 256, 512):
-            out.append(
-                _point(
-                    f"wse-cgpt-{name}-b{b}-streaming",
-                    "wse2",
-                    gpt2.format(L=L, h=h, n=n, s=2048, b=b),
-                    pipe.format(m="streaming"),
-                )
-            )
-    for L in (40, 80, 160, 320, 640):
-        out.append(
-            _point(
-                f"wse-13b-depth{L}-b128-streaming",
-                "wse2",
-                gpt2.format(L=L, h=5120, n=40, s=2048, b=128),
-                pipe.format(m="streaming"),
-            )
-        )
+    out += [
+        _point(f"wse-gpt2-small-L{L}-pipe", "wse2", _gpt2(L, 768, 12, 1024, 1), _wse("pipelined"))
+        for L in (1, 2, 4, 6, 12, 24, 36, 48)
+    ]
+    out += [
+        _point(f"wse-gpt2-{name}-L{L}-{m}", "wse2", _gpt2(L, h, n, 1024, 1), _wse(m))
+        for name, h, n, L in (("medium", 1024, 16, 24), ("large", 1280, 20, 36), ("xl", 1600, 25, 48))
+        for m in ("pipelined", "auto")
+    ]
+    out += [
+        _point(f"wse-cgpt-{name}-b128-{m}", "wse2", _gpt2(L, h, n, 2048, 128), _wse(m))
+        for name, h, n, L in _CGPT
+        for m in ("streaming", "auto")
+    ]
+    out += [
+        _point(f"wse-cgpt-{name}-b{b}-streaming", "wse2", _gpt2(L, h, n, 2048, b), _wse("streaming"))
+        for name, h, n, L in (_CGPT[1], _CGPT[3], _CGPT[6])
+        for b in (32, 64, 256, 512)
+    ]
+    out += [
+        _point(f"wse-13b-depth{L}-b128-streaming", "wse2", _gpt2(L, 5120, 40, 2048, 128), _wse("streaming"))
+        for L in (40, 80, 160, 320, 640)
+    ]
     # Bow IPU: GPT-2 small/medium training, micro-batch 1..4, gradient accumulation 16..2048, 4/8/16 IPUs
-    ipu = (
-        'mode = "train", precision = "mixed", ipus = {p}, micro_batch = {mb}, gradient_accumulation = {ga}, '
-        'recompute = true, matmul_proportion = 0.15, optimizer_state = "offchip"{lpi}'
-    )
-    for ga in (16, 64, 256, 1024, 2048):
-        out.append(
-            _point(
-                f"bow-small-4ipu-mb1-ga{ga}",
-                "bow",
-                gpt2.format(L=12, h=768, n=12, s=1024, b=ga),
-                ipu.format(p=4, mb=1, ga=ga, lpi=", layers_per_ipu = [0, 4, 4, 4]"),
-            )
-        )
-    for mb in (2, 4):
-        out.append(
-            _point(
-                f"bow-small-4ipu-mb{mb}-ga256",
-                "bow",
-                gpt2.format(L=12, h=768, n=12, s=1024, b=256 * mb),
-                ipu.format(p=4, mb=mb, ga=256, lpi=", layers_per_ipu = [0, 4, 4, 4]"),
-            )
-        )
-    for ga in (16, 256, 2048):
-        out.append(
-            _point(
-                f"bow-medium-8ipu-mb1-ga{ga}",
-                "bow",
-                gpt2.format(L=24, h=1024, n=16, s=1024, b=ga),
-                ipu.format(p=8, mb=1, ga=ga, lpi=", layers_per_ipu = [0, 3, 3, 3, 3, 4, 4, 4]"),
-            )
-        )
+    small, medium = ", layers_per_ipu = [0, 4, 4, 4]", ", layers_per_ipu = [0, 3, 3, 3, 3, 4, 4, 4]"
+    out += [
+        _point(f"bow-small-4ipu-mb1-ga{ga}", "bow", _gpt2(12, 768, 12, 1024, ga), _bow(4, 1, ga, small))
+        for ga in (16, 64, 256, 1024, 2048)
+    ]
+    out += [
+        _point(f"bow-small-4ipu-mb{mb}-ga256", "bow", _gpt2(12, 768, 12, 1024, 256 * mb), _bow(4, mb, 256, small))
+        for mb in (2, 4)
+    ]
+    out += [
+        _point(f"bow-medium-8ipu-mb1-ga{ga}", "bow", _gpt2(24, 1024, 16, 1024, ga), _bow(8, 1, ga, medium))
+        for ga in (16, 256, 2048)
+    ]
     # capacity: layers per IPU count (fit only), small width, seq 1024, micro-batch 1
-    for p in (1, 2, 4, 8, 16):
-        for L in (2, 4, 6, 8, 12, 16, 24, 36, 48, 64):
-            if p - 1 > L:
-                continue
-            out.append(
-                _point(
-                    f"bow-fit-h768-{p}ipu-L{L}",
-                    "bow",
-                    gpt2.format(L=L, h=768, n=12, s=1024, b=64),
-                    ipu.format(p=p, mb=1, ga=64, lpi=""),
-                )
-            )
+    out += [
+        _point(f"bow-fit-h768-{p}ipu-L{L}", "bow", _gpt2(L, 768, 12, 1024, 64), _bow(p, 1, 64))
+        for p in (1, 2, 4, 8, 16)
+        for L in (2, 4, 6, 8, 12, 16, 24, 36, 48, 64)
+        if p - 1 <= L
+    ]
     return out
 
 

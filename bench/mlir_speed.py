@@ -22,7 +22,6 @@ bench's cached 32-layer hidden-4096 LLaMA at seq 2048 (bench/_cache/, as `profil
 from __future__ import annotations
 
 import argparse
-import compileall
 import logging
 import os
 import sys
@@ -34,25 +33,23 @@ __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
 PROCESS_GOAL_S = 1.5  # issue 34: `profile --via mlir` of the 32-layer hidden-4096 LLaMA, whole process
 
 
 def _profile_processes(path: Path, repeat: int) -> None:
     """Whole-process `profile --via mlir` beside the ONNX-rules `profile`, alternating, best of ``repeat``."""
-    from profile_speed import _timed
+    from _timing import best, compile_package, timed
 
-    for folder in ("dabench_ir", "passes", "lowering", "targets", "models"):  # as an installed package has it
-        compileall.compile_dir(str(ROOT / folder), quiet=1)
+    compile_package()
     exe = [sys.executable, "-m", "dabench_ir", "profile", str(path), "-q"]
     load = os.getloadavg()[0]
     onnx_runs, mlir_runs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "r.json")
         for _ in range(repeat):
-            onnx_runs.append(_timed([*exe, "--json", out]))
-            mlir_runs.append(_timed([*exe, "--via", "mlir", "--json", out]))
-    (ow, oc), (mw, mc) = (tuple(map(min, zip(*runs, strict=True))) for runs in (onnx_runs, mlir_runs))
+            onnx_runs.append(timed([*exe, "--json", out]))
+            mlir_runs.append(timed([*exe, "--via", "mlir", "--json", out]))
+    (ow, oc), (mw, mc) = best(onnx_runs), best(mlir_runs)
     print(
         f"whole process, {path.name}: fresh processes alternating, best of {repeat} "
         f"(load average {load:.2f} -> {os.getloadavg()[0]:.2f})"
@@ -83,23 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="--profile-process: processes of each (best of)")
     args = parser.parse_args(argv)
     if args.profile_process and not args.model:
-        from _models import llama_model
+        from _models import profile_model
 
-        args.model = str(
-            llama_model(
-                f"llama_L{args.layers}_h{args.hidden}.onnx",
-                "--layers",
-                str(args.layers),
-                "--hidden",
-                str(args.hidden),
-                "--seq",
-                "2048",
-                "--batch",
-                "1",
-                "--weights",
-                "none",
-            )
-        )
+        args.model = str(profile_model(args.layers, args.hidden))
 
     from dabench_ir.crosscheck import cross_check
     from dabench_ir.pipeline import analyze

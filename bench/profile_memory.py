@@ -49,14 +49,10 @@ def main() -> None:
     args = ap.parse_args()
     model = llama_model(
         f"llama-L{args.layers}-H{args.hidden}-V{args.vocab}-weights.onnx",
-        "--layers",
-        str(args.layers),
-        "--hidden",
-        str(args.hidden),
-        "--vocab",
-        str(args.vocab),
-        "--weights",
-        "random",
+        layers=args.layers,
+        hidden=args.hidden,
+        vocab=args.vocab,
+        weights="random",
     )
     size_mb = model.stat().st_size / 2**20
     load = _peak_rss_mb(_LOAD, str(model))

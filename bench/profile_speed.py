@@ -19,18 +19,15 @@ in-process time of each stage (best of N), to see where the difference goes.
 from __future__ import annotations
 
 import argparse
-import compileall
 import itertools
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _models import llama_model
+from _models import profile_model
+from _timing import best, compile_package, timed
 
-ROOT = Path(__file__).resolve().parent.parent
 GOAL = 1.5
 
 BASELINE = (
@@ -38,17 +35,6 @@ BASELINE = (
     "m = onnx.load(sys.argv[1], load_external_data=False)\n"
     "onnx.shape_inference.infer_shapes(m, data_prop=True)\n"
 )
-
-
-def _timed(cmd: list[str]) -> tuple[float, float]:
-    """Wall and CPU (user + system) seconds of one process: on a busy machine the CPU time
-    stays close to what the wall time is on a quiet one, and the wall time does not."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _stages(model: Path, repeat: int) -> None:
@@ -96,21 +82,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--stages", action="store_true", help="also print each stage's in-process time")
     args = ap.parse_args()
-    model = llama_model(
-        f"llama_L{args.layers}_h{args.hidden}.onnx",
-        "--layers",
-        str(args.layers),
-        "--hidden",
-        str(args.hidden),
-        "--seq",
-        "2048",
-        "--batch",
-        "1",
-        "--weights",
-        "none",
-    )
-    for folder in ("dabench_ir", "passes", "lowering", "targets", "models"):
-        compileall.compile_dir(str(ROOT / folder), quiet=1)
+    model = profile_model(args.layers, args.hidden)
+    compile_package()
     exe = [sys.executable, "-m", "dabench_ir"]
     import onnx
 
@@ -119,9 +92,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         for _ in range(args.repeat):
-            base.append(_timed([sys.executable, "-c", BASELINE, str(model)]))
-            prof.append(_timed([*exe, "profile", str(model), "--quiet", "--json", str(out)]))
-    (bw, bc), (pw, pc) = (tuple(map(min, zip(*runs, strict=True))) for runs in (base, prof))
+            base.append(timed([sys.executable, "-c", BASELINE, str(model)]))
+            prof.append(timed([*exe, "profile", str(model), "--quiet", "--json", str(out)]))
+    (bw, bc), (pw, pc) = best(base), best(prof)
     print(f"model       {model.name}: {nodes} nodes, {model.stat().st_size / 1e6:.2f} MB; best of {args.repeat}")
     print("                                            wall      cpu")
     print(f"baseline    onnx.load + infer_shapes    {bw:7.3f} s {bc:7.3f} s")
