@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -490,143 +490,7 @@ def test_bad_study_files_exit_2_from_the_cli(tmp_path, capsys, change, needle):
 
 
 # -- end to end on tiny models -------------------------------------------------------------------
-TINY_STUDY = textwrap.dedent(
-    """
-    name = "tiny"
-    title = "A tiny study"
-    source = "tests"
-
-    [experiment.layers]
-    [experiment.layers.defaults]
-    family = "gpt2"
-    hidden = 64
-    heads = 4
-    seq = 8
-    batch = 1
-    positional = "none"
-    [experiment.layers.axes]
-    layers = [1, 2]
-    target = ["wse", "rdu"]
-
-    [experiment.prec]
-    [experiment.prec.defaults]
-    family = "gpt2"
-    hidden = 64
-    heads = 4
-    seq = 8
-    batch = 1
-    positional = "none"
-    layers = 1
-    target = "wse"
-    [experiment.prec.axes]
-    precision = ["fp32", "fp16"]
-
-    [experiment.broken]
-    [experiment.broken.defaults]
-    family = "gpt2"
-    hidden = 64
-    heads = 5
-    seq = 8
-    positional = "none"
-    layers = 1
-    [experiment.broken.axes]
-    target = ["wse", "rdu"]
-
-    [[finding]]
-    id = "deeper-slower"
-    level = 1
-    experiment = "layers"
-    claim = "a deeper stack runs fewer samples a second on the RDU"
-    source = "tests"
-    kind = "ratio"
-    numerator = { layers = 1, target = "rdu" }
-    denominator = { layers = 2, target = "rdu" }
-    paper = "faster"
-    expect = "increasing"
-    mechanism = "more layers, more work"
-    [finding.counterfactual]
-    what = "no cost to launch a section"
-    target = { "overheads.host_per_section_s" = 0 }
-
-    [[finding]]
-    id = "fits"
-    level = 1
-    table = "artifact"
-    experiment = "layers"
-    claim = "everything fits"
-    kind = "fit_limit"
-    axis = "layers"
-    group = "target"
-    reduce = "min"
-    paper = 2
-    mechanism = "tiny"
-    tautology = "two layers of 64 fit by orders of magnitude"
-
-    [[finding]]
-    id = "fastest"
-    level = 2
-    experiment = "layers"
-    claim = "some target is fastest"
-    kind = "argmax"
-    group = "target"
-    expect = ["wse", "rdu"]
-    mechanism = "placement"
-
-    [[finding]]
-    id = "precision"
-    level = 2
-    experiment = "prec"
-    claim = "fp16 is faster than fp32 on the WSE"
-    kind = "ratio"
-    numerator = { precision = "fp16" }
-    denominator = { precision = "fp32" }
-    paper = "faster"
-    expect = "increasing"
-    evidence = ["wse2-gpt2-small-pipelined-compile"]
-    mechanism = "peaks per dtype"
-    [finding.counterfactual]
-    what = "fp32 at the fp16 rate"
-    target = { "compute.peak_flops.fp32" = "compute.peak_flops.fp16", "compute.vector_flops.fp32" = "compute.vector_flops.fp16", "compute.special_ops.fp32" = "compute.special_ops.fp16" }
-
-    [[finding]]
-    id = "broken"
-    level = 2
-    experiment = "broken"
-    claim = "a broken model's ratio"
-    kind = "ratio"
-    numerator = { target = "wse" }
-    denominator = { target = "rdu" }
-    paper = 0.5
-    mechanism = "none"
-    tautology = "a broken model"
-
-    [[plot]]
-    id = "tput"
-    kind = "lines"
-    experiment = "layers"
-    x = "layers"
-    paper = [{ panel = "wse", x = 1, y = 100 }]
-
-    [[plot]]
-    id = "gain"
-    kind = "bars"
-    experiment = "prec"
-    x = "target"
-    numerator = { precision = "fp16" }
-    denominator = { precision = "fp32" }
-    paper = { wse = 0.1 }
-
-    [[plot]]
-    id = "roof"
-    kind = "roofline"
-    experiment = "layers"
-
-    [[plot]]
-    id = "fitmap"
-    kind = "fits"
-    experiment = "layers"
-    """
-)
+TINY_STUDY = (Path(__file__).parent / "data" / "tiny_study.toml").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -781,7 +645,6 @@ def test_only_runs_the_findings_experiments(tmp_path, tiny, cache, capsys):
 def test_the_docs_example_study_parses():
     import re
     import tomllib
-    from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "reproduce.md").read_text()
     (example,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if b.startswith('name = "mini"')]

@@ -355,54 +355,7 @@ def test_missing_catalogue_file_is_a_user_error(tmp_path):
         validate.load_catalog(tmp_path / "nothere.toml")
 
 
-_TINY = """
-format = "dabench-ir/measurements/v1"
-
-[[points]]
-id = "tiny-rdu"
-kind = "model"
-target = "rdu"
-source = "test"
-model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
-run = { mode = "train", precision = "mixed", opt_level = "O3" }
-measured = { samples_per_s = 100.0, tokens_per_s = 800.0, step_time_s = 0.01, host_time_s = 0.005, sections = 3, joules = 5.0 }
-expect = { fits = true }
-
-[[points]]
-id = "tiny-refused"
-kind = "model"
-target = "rdu"
-source = "test"
-model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
-run = { mode = "train", half_partials = true }
-measured = { samples_per_s = 100.0 }
-
-[[points]]
-id = "tiny-rdu-tp2"
-kind = "model"
-target = "rdu"
-source = "test"
-model = { family = "gpt2", layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1, positional = "none" }
-run = { mode = "train", precision = "mixed", opt_level = "O3", chips = 2, strategy = "tp" }
-measured = { samples_per_s = 100.0, sections = 3 }
-
-{gemms}
-
-[[points]]
-id = "tiny-bw"
-kind = "bandwidth"
-target = "ipu"
-source = "test"
-bandwidth = { memory = "off-chip" }
-measured = { bandwidth_gb_s = 10.0 }
-""".replace(
-    "{gemms}",
-    "".join(
-        f'[[points]]\nid = "{name}"\nkind = "gemm"\ntarget = "ipu"\nsource = "test"\n'
-        f'gemm = {{ size = {size}, precision = "fp32" }}\nmeasured = {{ tflops = 10.0 }}\n\n'
-        for name, size in (("tiny-gemm", 256), ("huge-gemm", 100000))
-    ),
-)  # a GEMM that fits, one that cannot
+_TINY = Path(__file__).parent / "data" / "tiny_catalogue.toml"  # a user's catalogue in little
 
 
 @pytest.mark.torch
@@ -410,7 +363,7 @@ def test_tiny_user_catalogue_runs_through_the_cli(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("onnxscript")
     cat = tmp_path / "mine.toml"
-    cat.write_text(_TINY)
+    cat.write_text(_TINY.read_text())
     out_json, out_csv, plots = tmp_path / "v.json", tmp_path / "v.csv", tmp_path / "plots"
     args = ["validate", "--catalog", str(cat), "--cache-dir", str(tmp_path / "cache"), "-q"]
     assert main([*args, "--json", str(out_json), "--csv", str(out_csv), "--plots", str(plots)]) == 0
