@@ -9,18 +9,13 @@ import pickle
 
 from dabench_ir.ir import ZERO_COST, Cost, DType, Graph, Node, TensorType, Value, ValueKind
 
+_FIELDS = ("contraction_flops", "vector_flops", "special_ops", "weight_bytes", "act_bytes_in", "act_bytes_out")
+
 
 def test_cost_sums_follow_every_way_a_cost_is_made():
     c = Cost(contraction_flops=10, vector_flops=2, special_ops=1, weight_bytes=4, act_bytes_in=8, act_bytes_out=16)
     assert (c.flops, c.bytes) == (13, 28)
-    assert [f.name for f in dataclasses.fields(Cost)] == [
-        "contraction_flops",
-        "vector_flops",
-        "special_ops",
-        "weight_bytes",
-        "act_bytes_in",
-        "act_bytes_out",
-    ]
+    assert tuple(f.name for f in dataclasses.fields(Cost)) == _FIELDS
     assert repr(c) == (
         "Cost(contraction_flops=10, vector_flops=2, special_ops=1, weight_bytes=4, act_bytes_in=8, act_bytes_out=16)"
     )
@@ -45,14 +40,7 @@ def test_cost_sums_follow_every_way_a_cost_is_made():
     assert {k: (v.flops, v.bytes) for k, v in made.items()} == expected
     assert made["pickle"] == c and hash(made["pickle"]) == hash(c)
     assert (ZERO_COST.flops, ZERO_COST.bytes, ZERO_COST.intensity) == (0, 0, None)
-    assert c.as_dict() == {
-        "contraction_flops": 10,
-        "vector_flops": 2,
-        "special_ops": 1,
-        "weight_bytes": 4,
-        "act_bytes_in": 8,
-        "act_bytes_out": 16,
-    }
+    assert c.as_dict() == dict(zip(_FIELDS, (10, 2, 1, 4, 8, 16), strict=True))
 
 
 def _graph() -> Graph:
