@@ -77,6 +77,9 @@ BOUND_OF = "bound_of"  # step (dominant_bound), nodes (node_bound) or roofline (
 TEXT = "text"
 FORMAT = "format"  # one of FORMATS
 LABEL_MAP = "label_map"  # a table of group label -> expected label
+METRIC = "metric"  # a plot field: a results column (`rows.METRICS`)
+POINTS = "points"  # a plot field: paper points [{x, y, panel?, series?}]
+MAPPING = "mapping"  # a plot field: paper bars {label = value} or {series = {label = value}}
 
 FORMATS = ("pct", "x", "num", "int", "label")
 """How a figure is shown: a percentage, a factor (1.99x), a number, an integer, a label."""

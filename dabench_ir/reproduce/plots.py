@@ -42,7 +42,6 @@ Records = Callable[[Row], "dict[str, Any] | None"]
 """A row's point record (its report), read on demand: only the roofline needs it."""
 
 TPUT = "throughput_samples_per_s"
-_METRIC, _POINTS, _MAPPING = "metric", "points", "mapping"  # field types of `study._check_field`
 _PAPER = {"marker": "X", "color": "black", "s": 70, "zorder": 5, "label": "paper"}
 
 
@@ -162,18 +161,14 @@ def _panels(rows: Sequence[Row], spec: PlotSpec, metric: str | None) -> dict[str
 
 
 # -- kinds ---------------------------------------------------------------------------------------
+_METRIC_FIELDS = {"metric": K.METRIC, "series": K.GROUP, "ylabel": K.TEXT}
+"""The fields of a plot of one metric: the results column (default throughput), one line or bar per
+``series`` value, the y axis label (default the metric's name)."""
+
+
 @plot_kind(
     "lines",
-    fields={
-        "x": K.PARAM,
-        "metric": _METRIC,
-        "series": K.GROUP,
-        "panel": K.GROUP,
-        "logx": K.BOOL,
-        "logy": K.BOOL,
-        "ylabel": K.TEXT,
-        "paper": _POINTS,
-    },
+    fields={"x": K.PARAM, **_METRIC_FIELDS, "panel": K.GROUP, "logx": K.BOOL, "logy": K.BOOL, "paper": K.POINTS},
     required={"x"},
 )
 def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
@@ -216,15 +211,13 @@ def lines(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     "bars",
     fields={
         "x": K.GROUP,
-        "metric": _METRIC,
-        "series": K.GROUP,
+        **_METRIC_FIELDS,
         "numerator": K.GROUP_ROW,
         "denominator": K.GROUP_ROW,
         "minus_one": K.BOOL,
         "reduce": K.REDUCE,
-        "ylabel": K.TEXT,
         "format": K.FORMAT,
-        "paper": _MAPPING,
+        "paper": K.MAPPING,
     },
     required={"x"},
 )
@@ -329,7 +322,7 @@ def _roof(target_name: str, precision: str | None) -> tuple[str, float, float, f
         return None
 
 
-@plot_kind("roofline", fields={"panel": K.GROUP, "series": K.GROUP, "paper": _POINTS})
+@plot_kind("roofline", fields={"panel": K.GROUP, "series": K.GROUP, "paper": K.POINTS})
 def roofline(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     """Per panel (default: the target): each point's feed-level intensity vs its achieved FLOP/s
     (`roofline_point`), under the roof of its target at its precision (peak, feed memory bandwidth)."""
@@ -383,7 +376,7 @@ def roofline(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     return _finish(fig, spec, "Roofline per target")
 
 
-@plot_kind("fits", fields={"x": K.PARAM, "y": K.PARAM, "panel": K.GROUP, "paper": _POINTS})
+@plot_kind("fits", fields={"x": K.PARAM, "y": K.PARAM, "panel": K.GROUP, "paper": K.POINTS})
 def fits(rows: Sequence[Row], spec: PlotSpec, records: Records) -> Figure:
     """``x`` (default layers) x ``y`` (default hidden) per panel: which points fit, which do not, which failed."""
     o = spec.options

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,10 +56,6 @@ COMMON_FIELDS = (
 TABLES = ("paper", "artifact")
 """Which table a finding belongs to: the paper's own findings, or checks against the paper's
 artifact (its logs and scripts), reported apart."""
-
-METRIC = "metric"  # a plot field: a results column (`rows.METRICS`)
-POINTS = "points"  # a plot field: paper points [{x, y, panel?, series?}]
-MAPPING = "mapping"  # a plot field: paper bars {label = value} or {series = {label = value}}
 
 
 @dataclass(frozen=True)
@@ -171,66 +167,63 @@ def _check_names(names: Iterable[str], params: set[str], where: str, exp: str) -
             )
 
 
+def _is_names(value: Any) -> bool:
+    names = [value] if isinstance(value, str) else value
+    return isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names)
+
+
+def _is_labels(value: Any) -> bool:
+    items = value if isinstance(value, list) else [value]
+    return bool(items) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items)
+
+
+def _is_label_map(value: Any) -> bool:
+    return isinstance(value, Mapping) and bool(value) and all(isinstance(v, str) for v in value.values())
+
+
+_ONE_OF: dict[str, tuple[tuple[Any, ...], str]] = {
+    K.REDUCE: (tuple(REDUCERS), "one of " + ", ".join(REDUCERS)),
+    K.GROUP_REDUCE: ((*REDUCERS, "any"), "one of " + ", ".join([*REDUCERS, "any"])),
+    K.DIRECTION: (("increasing", "decreasing", "flat"), "increasing, decreasing or flat"),
+    K.BOUND_OF: (tuple(K.BOUND_COLUMNS), "one of " + ", ".join(K.BOUND_COLUMNS)),
+    K.FORMAT: (K.FORMATS, "one of " + ", ".join(K.FORMATS)),
+}
+"""Field types that take one of a set of words: the words, and how a refusal lists them."""
+_OF_SHAPE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    K.PARAM: (lambda v: isinstance(v, str), "a parameter name"),
+    K.GROUP: (_is_names, "a parameter name or a list of them"),
+    K.BOOL: (lambda v: isinstance(v, bool), "true or false"),
+    K.VALUE: (lambda v: isinstance(v, (str, int, float, bool)), "an axis value"),
+    K.LABELS: (_is_labels, "a label or a list of labels"),
+    K.TEXT: (lambda v: isinstance(v, str), "a string"),
+    K.LABEL_MAP: (_is_label_map, "a table of group = label"),
+}
+"""Field types whose value has a shape: its test, and what a refusal says was expected."""
+
+
 def _check_field(ftype: str, value: Any, where: str, params: set[str], exp: str) -> Any:
     """A kind's or plot's field value, checked by its declared type."""
     if ftype in (K.ROW, K.GROUP_ROW, K.SELECTOR):
         selector = check_selector(value, where)
         _check_names(selector, params, where, exp)
         return selector
-    if ftype == K.PARAM:
-        if not isinstance(value, str):
-            raise UserError(f"{where}: expected a parameter name, got {value!r}")
-        _check_names([value], params, where, exp)
+    if ftype in _ONE_OF:
+        words, listed = _ONE_OF[ftype]
+        if value not in words:
+            raise UserError(f"{where}: {value!r}; expected {listed}")
         return value
-    if ftype == K.GROUP:
-        names = [value] if isinstance(value, str) else value
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise UserError(f"{where}: expected a parameter name or a list of them, got {value!r}")
-        _check_names(names, params, where, exp)
-        return value
-    if ftype in (K.REDUCE, K.GROUP_REDUCE):
-        choices = list(REDUCERS) + (["any"] if ftype == K.GROUP_REDUCE else [])
-        if value not in choices:
-            raise UserError(f"{where}: {value!r}; expected one of {', '.join(choices)}")
-        return value
-    if ftype == K.BOOL:
-        if not isinstance(value, bool):
-            raise UserError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if ftype == K.VALUE:
-        if not isinstance(value, (str, int, float, bool)):
-            raise UserError(f"{where}: expected an axis value, got {value!r}")
-        return value
-    if ftype == K.LABELS:
-        items = value if isinstance(value, list) else [value]
-        if not items or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items):
-            raise UserError(f"{where}: expected a label or a list of labels, got {value!r}")
-        return value
-    if ftype == K.DIRECTION:
-        if value not in ("increasing", "decreasing", "flat"):
-            raise UserError(f"{where}: {value!r}; expected increasing, decreasing or flat")
-        return value
-    if ftype == K.BOUND_OF:
-        if value not in K.BOUND_COLUMNS:
-            raise UserError(f"{where}: {value!r}; expected one of {', '.join(K.BOUND_COLUMNS)}")
-        return value
-    if ftype == K.FORMAT:
-        if value not in K.FORMATS:
-            raise UserError(f"{where}: {value!r}; expected one of {', '.join(K.FORMATS)}")
-        return value
-    if ftype == K.TEXT:
-        if not isinstance(value, str):
-            raise UserError(f"{where}: expected a string, got {value!r}")
-        return value
-    if ftype == K.LABEL_MAP:
-        if not isinstance(value, Mapping) or not value or not all(isinstance(v, str) for v in value.values()):
-            raise UserError(f"{where}: expected a table of group = label, got {value!r}")
-        return dict(value)
-    if ftype == METRIC:
+    if ftype in _OF_SHAPE:
+        test, expected = _OF_SHAPE[ftype]
+        if not test(value):
+            raise UserError(f"{where}: expected {expected}, got {value!r}")
+        if ftype in (K.PARAM, K.GROUP):
+            _check_names([value] if isinstance(value, str) else value, params, where, exp)
+        return dict(value) if ftype == K.LABEL_MAP else value
+    if ftype == K.METRIC:
         return _check_metric(value, where)
-    if ftype == POINTS:
+    if ftype == K.POINTS:
         return _check_paper_points(value, where)
-    if ftype == MAPPING:
+    if ftype == K.MAPPING:
         return _check_paper_bars(value, where)
     raise AssertionError(f"unknown field type {ftype}")
 
