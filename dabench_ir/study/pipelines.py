@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabench_ir.errors import UserError
+from dabench_ir.options import OPT_LEVELS, WSE_MODES
 from dabench_ir.passes import Pass, PassResult
 from dabench_ir.passes.meta import MODEL_PARAMS
 
@@ -291,24 +292,20 @@ _REWRITES = [  # (name, what it does, the ModelProto rewrite, the module it need
 ]
 for _name, _help, _fn, _needs in _REWRITES:
     register_pipeline(Pipeline(_name, _help, _rewrite(_name, _fn), needs=_needs))
-for _opt in ("O0", "O1", "O3"):
-    register_pipeline(
-        Pipeline(
-            f"rdu-{_opt}",
-            f"the model as it is, placed at RDU opt level {_opt}",
-            options={"opt_level": _opt},
-            targets=frozenset({"rdu"}),
+_PLACEMENTS = [  # (target kind, the knob, its values, how the help names one)
+    ("rdu", "opt_level", OPT_LEVELS, "at RDU opt level {}"),
+    ("wse", "wse_mode", tuple(m for m in WSE_MODES if m != "auto"), "in WSE {} mode"),
+]
+for _kind, _knob, _values, _how in _PLACEMENTS:
+    for _value in _values:
+        register_pipeline(
+            Pipeline(
+                f"{_kind}-{_value}",
+                f"the model as it is, placed {_how.format(_value)}",
+                options={_knob: _value},
+                targets=frozenset({_kind}),
+            )
         )
-    )
-for _mode in ("pipelined", "streaming"):
-    register_pipeline(
-        Pipeline(
-            f"wse-{_mode}",
-            f"the model as it is, placed in WSE {_mode} mode",
-            options={"wse_mode": _mode},
-            targets=frozenset({"wse"}),
-        )
-    )
 _MLIR = [  # (name, what it does, the MLIR passes)
     (
         "mlir-elementwise",
