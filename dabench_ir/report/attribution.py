@@ -489,6 +489,11 @@ def representative_layer(report: Report) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_of_one(layer: int | None, flops: float, nbytes: float, time_s: float | None) -> dict[str, Any]:
+    """A `layer_runs` row of one layer (None: the outside-block nodes); later identical layers extend it."""
+    return {"first": layer, "last": layer, "count": 1, "flops": int(flops), "bytes": int(nbytes), "time_s": time_s}
+
+
 def layer_runs(report: Report) -> list[dict[str, Any]]:
     """The per-layer totals with runs of identical consecutive layers collapsed into one row.
 
@@ -522,28 +527,10 @@ def layer_runs(report: Report) -> list[dict[str, Any]]:
             last["last"] = layer
             last["count"] += 1
             continue
-        rows.append(
-            {
-                "first": layer,
-                "last": layer,
-                "count": 1,
-                "flops": int(flops),
-                "bytes": int(nbytes),
-                "time_s": time_s if timed else None,
-            }
-        )
+        rows.append(_run_of_one(layer, flops, nbytes, time_s if timed else None))
     if None in totals:
         flops, nbytes, time_s = totals[None]
-        rows.append(
-            {
-                "first": None,
-                "last": None,
-                "count": 1,
-                "flops": int(flops),
-                "bytes": int(nbytes),
-                "time_s": time_s if timed else None,
-            }
-        )
+        rows.append(_run_of_one(None, flops, nbytes, time_s if timed else None))
     for r in rows:
         if r["first"] is None:
             r["layers"] = "(outside blocks)"

@@ -22,7 +22,7 @@ from dabench_ir import __version__
 
 from .compare import PERIOD_NOTE, format_row, is_period
 from .model import NodeRecord, Report
-from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent, prediction_text, seconds
+from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent, prediction_text, role_table, seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -416,24 +416,7 @@ def _roles(report: Report, top: int) -> str:
     out += "</section>"
     rep = representative_layer(report)
     if rep:
-        rtimed = any(r["time_s"] is not None for r in rep)
-        h = ["role", "nodes", "FLOPs", "bytes"] + (
-            ["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if rtimed else []
-        )
-        body = []
-        for r in rep:
-            row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
-            if rtimed:
-                spread = r["spread"]
-                row += [
-                    seconds(r["time_s"]),
-                    _share_cell(r["share"]),
-                    seconds(r["min_time_s"]),
-                    seconds(r["max_time_s"]),
-                    "-" if spread is None else f"{100 * spread:.1f}%",
-                    r["bound"] or "-",
-                ]
-            body.append(row)
+        h, body = role_table(rep, share=_share_cell, spread=percent)
         out += (
             "<section><h2>One decoder layer, every role</h2>"
             f'<p class="note">Median over {max(r["layers"] for r in rep)} layers; min, max and spread across layers.</p>'

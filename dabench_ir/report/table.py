@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .attribution import node_share
@@ -22,6 +22,7 @@ __all__ = [
     "percent_change",
     "prediction_text",
     "render_table",
+    "role_table",
     "seconds",
     "short_percent",
     "times",
@@ -241,30 +242,43 @@ def _why(report: Report, st: _Style) -> list[str]:
     return [st.bold("Why"), *(f"  {w['text']}" for w in report.why)]
 
 
+def role_table(
+    rows: Sequence[dict[str, Any]], *, share: Callable[[float | None], str], spread: Callable[[float | None], str]
+) -> tuple[list[str], list[list[str]]]:
+    """The representative layer's table (`attribution.representative_layer` ``rows``) as every
+    renderer shows it: headers and one row per role, the time columns only when timed; ``share`` and
+    ``spread`` write those two cells (a bar in HTML)."""
+    timed = any(r["time_s"] is not None for r in rows)
+    headers = ["role", "nodes", "FLOPs", "bytes"] + (
+        ["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else []
+    )
+    body = []
+    for r in rows:
+        row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
+        if timed:
+            row += [
+                seconds(r["time_s"]),
+                share(r["share"]),
+                seconds(r["min_time_s"]),
+                seconds(r["max_time_s"]),
+                spread(r["spread"]),
+                r["bound"] or "-",
+            ]
+        body.append(row)
+    return headers, body
+
+
+def _spread(spread: float | None) -> str:
+    return "0%" if spread is not None and spread < 1e-6 else percent(spread)
+
+
 def _representative(report: Report, st: _Style, width: int) -> list[str]:
     from .attribution import representative_layer
 
     rows = representative_layer(report)
     if not rows:
         return []
-    timed = any(r["time_s"] is not None for r in rows)
-    headers = ["role", "nodes", "FLOPs", "bytes"] + (
-        ["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else []
-    )
-    out = []
-    for r in rows:
-        row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
-        if timed:
-            spread = r["spread"]
-            row += [
-                seconds(r["time_s"]),
-                percent(r["share"]),
-                seconds(r["min_time_s"]),
-                seconds(r["max_time_s"]),
-                "-" if spread is None else ("0%" if spread < 1e-6 else f"{100 * spread:.1f}%"),
-                r["bound"] or "-",
-            ]
-        out.append(row)
+    headers, out = role_table(rows, share=percent, spread=_spread)
     n = max(r["layers"] for r in rows)
     title = st.bold(f"One decoder layer (median of {n} layers), every role; min/max/spread across layers")
     return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1})]
