@@ -19,7 +19,16 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
 from dabench_ir.options import ProfileOptions
 from dabench_ir.report.model import Report
-from dabench_ir.run import ResolvedRun, _is_mlir_file, check_target, execute, prepare, resolve, resolve_target
+from dabench_ir.run import (
+    Progress,
+    ResolvedRun,
+    _is_mlir_file,
+    check_target,
+    execute,
+    prepare,
+    resolve,
+    resolve_target,
+)
 
 __all__ = [
     "ProfileOptions",
@@ -36,8 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Progress = Callable[[str], None]
 
 
 def _quiet(_: str) -> None:
