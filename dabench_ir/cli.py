@@ -1,4 +1,5 @@
-"""The `dabench-ir` command line: one subcommand per module in `dabench_ir.commands`.
+"""The `dabench-ir` command line: one subcommand per module in `dabench_ir.commands`, named after
+it (its ``HELP``, ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args)``).
 
 Exit codes: 0 success, 2 bad input or usage (one line on stderr), 1 internal error (one
 line on stderr naming it; ``--debug`` prints the traceback). ``dabench-ir`` alone prints the
@@ -65,7 +66,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             if exc.name == f"dabench_ir.commands.{name}":
                 continue  # subcommand not built yet
             raise
-        module.register(sub)
+        command = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
+        module.add_arguments(command)
+        command.set_defaults(func=module.run)
     return parser
 
 

@@ -16,29 +16,27 @@ from typing import Any
 from dabench_ir.commands.flags import add_outputs, add_quiet
 from dabench_ir.options import KNOBS
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 logger = logging.getLogger(__name__)
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "calibrate",
-        help="measure the host CPU (matmul FLOP/s, bandwidth, per-op overhead) for the cpu target",
-        description=__doc__.splitlines()[0],
-    )
-    parser.add_argument(
+HELP = "measure the host CPU (matmul FLOP/s, bandwidth, per-op overhead) for the cpu target"
+DESCRIPTION = __doc__.splitlines()[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--threads",
         metavar="N",
         help="onnxruntime intra-op threads, at most the CPUs this process may use (default: all of them)",
     )
-    parser.add_argument("--force", action="store_true", help="measure again even when a valid calibration is cached")
-    parser.add_argument(
+    p.add_argument("--force", action="store_true", help="measure again even when a valid calibration is cached")
+    p.add_argument(
         "--quick", action="store_true", help="a rough sub-second calibration (tiny shapes; for tests and smoke runs)"
     )
-    add_outputs(parser, json="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)")
-    add_quiet(parser, "no progress and no summary (errors only)")
-    parser.set_defaults(func=run)
+    add_outputs(p, json="write the calibration (figures, shapes and their labels) as JSON to F ('-': stdout)")
+    add_quiet(p, "no progress and no summary (errors only)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,18 +9,19 @@ from pathlib import Path
 
 from dabench_ir.commands.flags import add_node_scaling, add_outputs, add_quiet, strict_warnings, write_given
 
-__all__ = ["check_estimated", "register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "check_estimated", "run"]
 
 logger = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="put profile reports (JSON) side by side",
-        description="Compare reports written by `dabench-ir profile --json`: time, throughput, allocation, "
-        "load imbalance, efficiency, fit, dominant bound and GOP/s/W, one row per report.",
-    )
+HELP = "put profile reports (JSON) side by side"
+DESCRIPTION = (
+    "Compare reports written by `dabench-ir profile --json`: time, throughput, allocation, "
+    "load imbalance, efficiency, fit, dominant bound and GOP/s/W, one row per report."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("reports", nargs="+", metavar="REPORT.json", help="report files (schema dabench-ir/report/v1)")
     add_outputs(
         p,
@@ -33,7 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strict", action="store_true", help="exit 2 when a report has nodes without a cost rule (estimated)"
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,9 +28,11 @@ from dabench_ir.options import add_flag
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_TARGETS",
+    "DESCRIPTION",
+    "HELP",
     "HOST_MODEL",
     "DemoResult",
-    "register",
+    "add_arguments",
     "render_side_by_side",
     "run",
     "run_demo",
@@ -78,13 +80,14 @@ class DemoResult:
     validation_note: str = ""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="profile an embedded GPT-2 model on cpu, wse, rdu and ipu; write an HTML report folder",
-        description="Export a small GPT-2-style decoder, measure it on the host CPU and emulate it on "
-        "WSE, RDU and IPU, then write per-target HTML/JSON reports, plots and a comparison to DIR.",
-    )
+HELP = "profile an embedded GPT-2 model on cpu, wse, rdu and ipu; write an HTML report folder"
+DESCRIPTION = (
+    "Export a small GPT-2-style decoder, measure it on the host CPU and emulate it on "
+    "WSE, RDU and IPU, then write per-target HTML/JSON reports, plots and a comparison to DIR."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", default="dabench-report", metavar="DIR", help="output folder (default ./dabench-report)"
     )
@@ -105,7 +108,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="do not show each target's median error against published measurements",
     )
     add_quiet(p, "no progress and no table; print only the index path")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,25 +5,25 @@ from __future__ import annotations
 import argparse
 import logging
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 logger = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+HELP = "diff two reports (JSON) of one model node by node"
+DESCRIPTION = (
+    "Compare report B against report A (both written by `profile --json` or `study -o DIR`): "
+    "the total change, every node of B with the nodes of A it replaced (from B's recorded provenance when a "
+    "study wrote it, else by names and module scopes), cost, time and bound before and after, and per module."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from dabench_ir.commands.study import add_output_arguments
 
-    p = sub.add_parser(
-        "diff",
-        help="diff two reports (JSON) of one model node by node",
-        description="Compare report B against report A (both written by `profile --json` or `study -o DIR`): "
-        "the total change, every node of B with the nodes of A it replaced (from B's recorded provenance when a "
-        "study wrote it, else by names and module scopes), cost, time and bound before and after, and per module.",
-    )
     p.add_argument("before", metavar="A.json", help="the baseline report")
     p.add_argument("after", metavar="B.json", help="the report to compare with it")
     add_output_arguments(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import time
 from dabench_ir.errors import UserError
 from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES, MAX_LAYERS
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +50,17 @@ def _format(fmt: str | None, output: str) -> str:
     return fmt
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+HELP = "export a GPT-2 / LLaMA decoder stack to ONNX or MLIR"
+DESCRIPTION = (
+    "Build a decoder-block model (GPT-2: LayerNorm, MHA, GELU; LLaMA: RMSNorm, RoPE, GQA, "
+    "SwiGLU) and write it as ONNX (torch dynamo exporter, one block exported and stamped "
+    "L times) or MLIR (torch-mlir fx importer). Weight-free by default above 256 MiB."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from dabench_ir.models.config import DTYPES, FAMILIES, PHASES, ModelConfig  # the config owns its choices
 
-    p = subparsers.add_parser(
-        "export",
-        help="export a GPT-2 / LLaMA decoder stack to ONNX or MLIR",
-        description=(
-            "Build a decoder-block model (GPT-2: LayerNorm, MHA, GELU; LLaMA: RMSNorm, RoPE, GQA, "
-            "SwiGLU) and write it as ONNX (torch dynamo exporter, one block exported and stamped "
-            "L times) or MLIR (torch-mlir fx importer). Weight-free by default above 256 MiB."
-        ),
-    )
     p.add_argument("--list-presets", action="store_true", help="list the named presets and exit")
     p.add_argument("--preset", metavar="NAME", help="start from a named shape (see --list-presets)")
     p.add_argument("--family", choices=FAMILIES, help="model family (default: the preset's)")
@@ -111,7 +110,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="ONNX: export all L blocks with the plain exporter instead of stamping one (slow for big L)",
     )
     p.add_argument("-o", "--output", metavar="PATH", help="output file")
-    p.set_defaults(func=run)
 
 
 def _config(args: argparse.Namespace):

@@ -11,16 +11,17 @@ from dabench_ir.commands.flags import add_outputs, add_quiet, write_given
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "profile",
-        help="cost, place and time a model on a target",
-        description="Cost every node of MODEL (.onnx or .mlir), optionally place it on a target "
-        "(emulated) or run it in onnxruntime (--measure), and attribute the time per node.",
-    )
+HELP = "cost, place and time a model on a target"
+DESCRIPTION = (
+    "Cost every node of MODEL (.onnx or .mlir), optionally place it on a target "
+    "(emulated) or run it in onnxruntime (--measure), and attribute the time per node."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
@@ -58,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)"
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

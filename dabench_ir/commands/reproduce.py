@@ -8,24 +8,23 @@ import sys
 
 from dabench_ir.commands.flags import add_quiet, wrap
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+HELP = "run a published study's experiments and check its findings one by one (paper vs tool)"
+DESCRIPTION = wrap(
+    "Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
+    "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
+    "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
+    "and the study's plots. Findings not reproduced are results: the exit code is 0 when the run completes. "
+    "docs/reproduce.md describes the study format."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from dabench_ir.commands.sweep import add_grid_arguments
 
-    p = sub.add_parser(
-        "reproduce",
-        help="run a published study's experiments and check its findings one by one (paper vs tool)",
-        description=wrap(
-            "Run every experiment of a study (a TOML file, or a bundled study by name: see --list) "
-            "as one resumable sweep into OUT, evaluate each of its findings and print paper vs tool, reproduced or "
-            "not, and the mechanism in the tool behind it. Writes OUT/findings.csv, .json, .md, the results tables "
-            "and the study's plots. Findings not reproduced are results: the exit code is 0 when the run completes. "
-            "docs/reproduce.md describes the study format."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # DESCRIPTION as `wrap` filled it, at any width
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study .toml file or a bundled study name (dabench)")
     p.add_argument("-o", "--output", metavar="OUT", help="output folder (default: out/reproduce-NAME)")
     p.add_argument("--list", action="store_true", help="list the bundled studies and exit")
@@ -34,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_grid_arguments(p)
     p.add_argument("--force", action="store_true", help="allow an experiment above the sweep's size limits")
     add_quiet(p, "no progress bar")
-    p.set_defaults(func=run)
 
 
 def _unicode(stream: object) -> bool:

@@ -10,20 +10,21 @@ from pathlib import Path
 from dabench_ir.commands.flags import add_outputs, add_quiet
 from dabench_ir.options import SCALE, add_deprecated, add_knob_arguments, knob_values
 
-__all__ = ["register", "render_scale", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "render_scale", "run"]
 
 
 _CHIPS = (1, 2, 4, 8)
 """Chip counts `scale` tries when --chips is not given."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "scale",
-        help="throughput over 1..n chips with data, tensor or pipeline parallelism",
-        description="Scale MODEL over several chips of a target (DABench Level 2): throughput, speedup, "
-        "scaling efficiency, communication share, per-chip allocation and load balance, fit.",
-    )
+HELP = "throughput over 1..n chips with data, tensor or pipeline parallelism"
+DESCRIPTION = (
+    "Scale MODEL over several chips of a target (DABench Level 2): throughput, speedup, "
+    "scaling efficiency, communication share, per-chip allocation and load balance, fit."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (as profile takes)")
     p.add_argument("--target", "-t", required=True)
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
@@ -34,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
     add_quiet(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from functools import partial
 from dabench_ir.commands.flags import add_outputs, add_quiet, strict_warnings, write_given
 from dabench_ir.errors import UserError
 
-__all__ = ["register", "run", "write_outputs"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run", "write_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +42,18 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     add_quiet(p, "no progress, no table")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+HELP = "run named pass pipelines on one model and diff them node by node per target"
+DESCRIPTION = (
+    "Run pass pipelines (onnxscript, onnxruntime, RDU opt levels, WSE modes, or your own: "
+    "docs/studies.md) on MODEL, place each on every target and report, against the model as it is, the "
+    "total change and a per-node and per-module diff (which source nodes each fused node replaced, cost and "
+    "time before and after, bound changes, nodes added or removed)."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from dabench_ir.options import STUDY, add_flag, add_knob_arguments
 
-    p = sub.add_parser(
-        "study",
-        help="run named pass pipelines on one model and diff them node by node per target",
-        description="Run pass pipelines (onnxscript, onnxruntime, RDU opt levels, WSE modes, or your own: "
-        "docs/studies.md) on MODEL, place each on every target and report, against the model as it is, the "
-        "total change and a per-node and per-module diff (which source nodes each fused node replaced, cost and "
-        "time before and after, bound changes, nodes added or removed).",
-    )
     p.add_argument("model", nargs="?", help="an .onnx model, or a preset name (as profile takes)")
     p.add_argument(
         "--pipeline",
@@ -89,7 +90,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_arguments(p)
     # run, target and scale knobs: the baseline is placed with them, a pipeline's own overrides win
     add_knob_arguments(p, STUDY)
-    p.set_defaults(func=run)
 
 
 def write_outputs(args: argparse.Namespace, doc: dict) -> None:

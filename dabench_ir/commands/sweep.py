@@ -10,7 +10,16 @@ from typing import Any
 from dabench_ir.commands.flags import add_quiet, wrap
 from dabench_ir.options import SWEEP, add_knob_arguments, knob_values
 
-__all__ = ["add_grid_arguments", "grid_options", "lost_points", "register", "run", "run_grid"]
+__all__ = [
+    "DESCRIPTION",
+    "HELP",
+    "add_arguments",
+    "add_grid_arguments",
+    "grid_options",
+    "lost_points",
+    "run",
+    "run_grid",
+]
 
 
 def _bundled_epilog() -> str:
@@ -31,18 +40,18 @@ def _bundled_epilog() -> str:
     return "\n".join(lines)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sweep",
-        help="run a grid of models x targets x options and tabulate it",
-        description=wrap(
-            "Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
-            "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
-            "A rerun skips points already done."
-        ),
-        epilog=_bundled_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "run a grid of models x targets x options and tabulate it"
+DESCRIPTION = wrap(
+    "Run every point of a sweep spec (a TOML file, or a bundled spec by name: see --list), "
+    "writing DIR/results.csv, DIR/results.parquet, per-point JSON reports and plots. "
+    "A rerun skips points already done."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = _bundled_epilog()
+    # the epilog one grid a line, and DESCRIPTION as `wrap` filled it
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("spec", nargs="?", metavar="SPEC", help="a spec .toml file or a bundled spec name (listed below)")
     p.add_argument("-o", "--output", metavar="DIR", help="output folder")
     p.add_argument("--list", action="store_true", help="list the bundled specs and exit")
@@ -58,7 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_quiet(p, "no progress bar, no summary")
     add_knob_arguments(p, SWEEP)  # each knob flag sets that parameter in the spec's [defaults]
-    p.set_defaults(func=run)
 
 
 CACHE_DIR_HELP = (

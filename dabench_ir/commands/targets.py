@@ -9,29 +9,29 @@ import logging
 from dabench_ir.commands.flags import add_node_scaling, add_outputs
 from dabench_ir.targets import Target, list_targets
 
-__all__ = ["register", "run", "target_dict"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run", "target_dict"]
 
 logger = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "targets",
-        help="list targets and their key figures",
-        description="List the built-in targets with peak FLOP/s per precision, memories, power and process "
-        "node. Figures marked * are estimates (see the target file for the basis).",
-    )
+HELP = "list targets and their key figures"
+DESCRIPTION = (
+    "List the built-in targets with peak FLOP/s per precision, memories, power and process "
+    "node. Figures marked * are estimates (see the target file for the basis)."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_node_scaling(
-        parser,
+        p,
         "also show peak GOP/s, GOP/s/W and GOP/s/mm² scaled to this process node (docs/energy.md)",
         "node scaling rule",
     )
-    parser.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
-    parser.add_argument(
+    p.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
+    p.add_argument(
         "--show", metavar="T", help="every figure and model parameter of target T, each with its basis and source"
     )
-    add_outputs(parser, json="write the listing as JSON to F ('-': stdout), every figure with its source")
-    parser.set_defaults(func=run)
+    add_outputs(p, json="write the listing as JSON to F ('-': stdout), every figure with its source")
 
 
 def _si(value: float, unit: str) -> str:

@@ -7,20 +7,21 @@ import sys
 
 from dabench_ir.commands.flags import add_outputs, add_quiet
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+HELP = "compare the emulated targets with published measurements"
+DESCRIPTION = (
+    "Run every point of the measurement catalogue (the bundled one, or --catalog FILE in the "
+    "same format: docs/validation.md) through the tool and print measured vs predicted with the relative "
+    "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
+    "run, and points with a run key the tool has no knob for, are listed with the reason (CANNOT RUN)."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from dabench_ir.commands.sweep import CACHE_DIR_HELP
 
-    p = sub.add_parser(
-        "validate",
-        help="compare the emulated targets with published measurements",
-        description="Run every point of the measurement catalogue (the bundled one, or --catalog FILE in the "
-        "same format: docs/validation.md) through the tool and print measured vs predicted with the relative "
-        "error of each quantity, then per target the median and worst absolute error. Points the tool cannot "
-        "run, and points with a run key the tool has no knob for, are listed with the reason (CANNOT RUN).",
-    )
     p.add_argument("--target", "-t", metavar="T", help="only the points on this target (name or alias)")
     p.add_argument(
         "--catalog",
@@ -36,7 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cache-dir", metavar="DIR", help=CACHE_DIR_HELP)
     add_quiet(p, "no progress on stderr")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
