@@ -50,6 +50,18 @@ def _format(fmt: str | None, output: str) -> str:
     return fmt
 
 
+_SIZES = {
+    "layers": ("L", "decoder blocks"),
+    "hidden": ("H", "model width"),
+    "heads": ("N", "attention heads (default hidden/64)"),
+    "kv_heads": ("K", "K/V heads, < heads for GQA (default heads)"),
+    "ffn": ("F", "MLP width (default 4h GPT-2, ~8h/3 LLaMA)"),
+    "seq": ("S", "sequence length (default 128)"),
+    "batch": ("B", "batch size (default 1)"),
+    "vocab": ("V", "add token embedding and LM head of this vocab"),
+}
+"""The model's sizes export takes, each a `ModelConfig` field: its metavar and help."""
+
 HELP = "export a GPT-2 / LLaMA decoder stack to ONNX or MLIR"
 DESCRIPTION = (
     "Build a decoder-block model (GPT-2: LayerNorm, MHA, GELU; LLaMA: RMSNorm, RoPE, GQA, "
@@ -64,14 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list-presets", action="store_true", help="list the named presets and exit")
     p.add_argument("--preset", metavar="NAME", help="start from a named shape (see --list-presets)")
     p.add_argument("--family", choices=FAMILIES, help="model family (default: the preset's)")
-    p.add_argument("--layers", type=int, metavar="L", help="decoder blocks")
-    p.add_argument("--hidden", type=int, metavar="H", help="model width")
-    p.add_argument("--heads", type=int, metavar="N", help="attention heads (default hidden/64)")
-    p.add_argument("--kv-heads", type=int, metavar="K", help="K/V heads, < heads for GQA (default heads)")
-    p.add_argument("--ffn", type=int, metavar="F", help="MLP width (default 4h GPT-2, ~8h/3 LLaMA)")
-    p.add_argument("--seq", type=int, metavar="S", help="sequence length (default 128)")
-    p.add_argument("--batch", type=int, metavar="B", help="batch size (default 1)")
-    p.add_argument("--vocab", type=int, metavar="V", help="add token embedding and LM head of this vocab")
+    for name, (metavar, help) in _SIZES.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, metavar=metavar, help=help)
     p.add_argument("--dtype", choices=DTYPES, help=f"parameter dtype (default {ModelConfig.dtype})")
     p.add_argument(
         "--phase",
@@ -115,25 +121,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace):
     from dabench_ir.models import ModelConfig, get_preset
 
-    for flag in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab", "context", "chunk"):
+    for flag in (*_SIZES, "context", "chunk"):
         value = getattr(args, flag)
         if value is not None and not 0 < value <= 2**31 - 1:
             raise UserError(f"--{flag.replace('_', '-')} {value}: expected a positive integer below 2**31")
     if args.layers is not None and args.layers > MAX_LAYERS:
         raise UserError(f"--layers {args.layers:,}: at most {MAX_LAYERS:,} decoder blocks")
 
-    given = {
-        "family": args.family,
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "heads": args.heads,
-        "kv_heads": args.kv_heads,
-        "ffn": args.ffn,
-        "seq": args.seq,
-        "batch": args.batch,
-        "vocab": args.vocab,
-        "dtype": args.dtype,
-    }
+    given = {"family": args.family, **{name: getattr(args, name) for name in _SIZES}, "dtype": args.dtype}
     if args.phase == "decode":
         if args.context is None:
             raise UserError("--phase decode needs --context N (past tokens in the KV cache)")
