@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 from dabench_ir.ir import Graph
 from dabench_ir.plan import Plan, Schedule
@@ -29,61 +30,74 @@ __all__ = ["check_dependencies", "emulate"]
 logger = logging.getLogger(__name__)
 
 
-def _producers(graph: Graph, placed: set[str]) -> dict[str, list[str]]:
-    """Each placed node's placed producers, in input order, each once."""
-    producer_of = {name: v.producer for name, v in graph.values.items() if name and v.producer in placed}
-    preds: dict[str, list[str]] = {}
+def _producers(graph: Graph, position: dict[str, int]) -> list[list[int]]:
+    """Each placed node's placed producers (by ``position``: a node's index in the placed order),
+    in input order, each once; a list in that order."""
+    producer_of = {name: position[v.producer] for name, v in graph.values.items() if name and v.producer in position}
+    preds: list[list[int]] = [[] for _ in position]
     for node in graph.nodes:
-        if node.name not in placed:
+        i = position.get(node.name)
+        if i is None:
             continue
-        seen: list[str] = []
+        seen = preds[i]
         for v in node.inputs:
-            prod = producer_of.get(v)
-            if prod is not None and prod not in seen:
-                seen.append(prod)
-        preds[node.name] = seen
+            p = producer_of.get(v)
+            if p is not None and p not in seen:
+                seen.append(p)
     return preds
+
+
+@dataclass(slots=True)
+class _Runs:
+    """The emulation's state, one column per placed node, indexed by its position in the placed
+    (graph) order: per-node data held by position, not in tables keyed by name (a lookup by name in
+    a table of every node misses the caches on a deep model; bench/lookup_scaling.py).
+
+    ``ends[i]``: node i's end per micro-batch simulated (and the last, once the closed form added
+    it); ``slices[i]``: its runs; ``busy[i]``: the time it ran; ``lane_free``: when each lane is free."""
+
+    lanes: list[str]
+    preds: list[list[int]]
+    ends: list[dict[int, float]]
+    slices: list[list[tuple[float, float]]]
+    busy: list[float]
+    lane_free: dict[str, float]
+
+    @classmethod
+    def start(cls, lanes: list[str], preds: list[list[int]]) -> _Runs:
+        n = len(lanes)
+        return cls(lanes, preds, [{} for _ in range(n)], [[] for _ in range(n)], [0.0] * n, defaultdict(float))
 
 
 def emulate(plan: Plan, graph: Graph) -> Timeline:
     """Simulate one step of ``plan``; the Timeline respects every graph dependency."""
     node_plans = plan.node_plans
     order = [n.name for n in graph.nodes if n.name in node_plans]
-    placed = set(order)
-    lanes = {n: node_plans[n].lane for n in order}
-    preds = _producers(graph, placed)
+    position = {name: i for i, name in enumerate(order)}
+    plans = [node_plans[name] for name in order]
+    runs = _Runs.start([np_.lane for np_ in plans], _producers(graph, position))
     m_count = max(1, plan.micro_batches)
 
     if plan.schedule is Schedule.SEQUENTIAL:
-        position = {name: i for i, name in enumerate(order)}
         groups = []
         for u in plan.units:
-            names = [n for n in u.nodes if n in placed]
-            if len(names) > 1:
-                names.sort(key=position.__getitem__)
-            groups.append((u, names))
+            members = sorted(position[n] for n in u.nodes if n in position)
+            groups.append((u, members))
     else:
-        groups = [(None, order)]
+        groups = [(None, list(range(len(order))))]
 
-    end: dict[tuple[str, int], float] = {}
-    lane_free: dict[str, float] = defaultdict(float)
-    slices: dict[str, list[tuple[float, float]]] = {name: [] for name in order}
-    busy_node: dict[str, float] = defaultdict(float)
-    unit_spans: dict[str, tuple[float, float]] = {}
     overheads: dict[str, float] = defaultdict(float)
+    unit_spans: dict[str, tuple[float, float]] = {}
     clock = 0.0
-    for unit, names in groups:
+    for unit, members in groups:
         gate = clock
         if unit is not None and unit.gap_before_s > 0:
             gate += unit.gap_before_s
             overheads[unit.gap_kind] += unit.gap_before_s
-        if unit is not None:
-            node_s = unit.node_s
-            # each node's time in the unit, else its plan's (not `get(name, default)`: the default read every time)
-            durations = {name: node_s[name] if name in node_s else node_plans[name].per_micro_batch_s for name in names}
-        else:
-            durations = {name: node_plans[name].per_micro_batch_s for name in names}
-        last = _run_micro_batches(names, durations, m_count, gate, lanes, preds, end, lane_free, slices, busy_node)
+        node_s = unit.node_s if unit is not None else {}
+        # each node's time in the unit, else its plan's
+        durations = [node_s[order[i]] if order[i] in node_s else plans[i].per_micro_batch_s for i in members]
+        last = _run_micro_batches(members, durations, m_count, gate, runs)
         if unit is not None:
             stall = max(0.0, gate + unit.min_time_s - last)
             if stall > 0:
@@ -93,43 +107,28 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         else:
             clock = last
 
-    timings = {}
-    latest = None  # the latest end, as max() over the timings picks it (one walk less)
-    for name in order:
-        runs = slices[name]
-        np_ = node_plans[name]
-        t_end = runs[-1][1]
-        timings[name] = NodeTiming(name, np_.unit, runs[0][0], t_end, np_.bound)
-        if latest is None or t_end > latest:
-            latest = t_end
-    busy_node = dict(busy_node)
+    timings = {
+        name: NodeTiming(name, np_.unit, ran[0][0], ran[-1][1], np_.bound)
+        for name, np_, ran in zip(order, plans, runs.slices, strict=True)
+    }
+    latest = max((ran[-1][1] for ran in runs.slices), default=None)
+    ran_order = dict.fromkeys(i for _, members in groups for i in members)  # the order the nodes first ran
+    busy_node = {order[i]: runs.busy[i] for i in ran_order}
     unit_busy: dict[str, float] = defaultdict(float)
-    for name, b in busy_node.items():
-        unit_busy[node_plans[name].unit] += b
+    for i in ran_order:
+        unit_busy[plans[i].unit] += runs.busy[i]
     if plan.schedule is Schedule.SEQUENTIAL:
         unit_busy.update({uid: b - a for uid, (a, b) in unit_spans.items()})
     else:
         for u in plan.units:
-            # the first start and last end of its timed nodes, as min() and max() pick them, in one walk
-            lo = hi = None
-            for n in u.nodes:
-                t = timings.get(n)
-                if t is None:
-                    continue
-                if lo is None:
-                    lo, hi = t.start, t.end
-                else:
-                    if t.start < lo:
-                        lo = t.start
-                    if t.end > hi:
-                        hi = t.end
-            if lo is not None:
-                unit_spans[u.id] = (lo, hi)
+            spans = [runs.slices[position[n]] for n in u.nodes if n in position]
+            if spans:
+                unit_spans[u.id] = (min(ran[0][0] for ran in spans), max(ran[-1][1] for ran in spans))
     makespan = max(clock, 0.0 if latest is None else latest)
     if plan.pipelined_steps and plan.schedule is Schedule.CONCURRENT:
         lane_busy: dict[str, float] = defaultdict(float)
-        for name, b in busy_node.items():
-            lane_busy[lanes[name]] += b
+        for lane, b in zip(runs.lanes, runs.busy, strict=True):
+            lane_busy[lane] += b
         step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
     else:
         step = makespan
@@ -148,27 +147,17 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         overheads_s=dict(overheads),
         micro_batches=m_count,
         node_busy_s=busy_node,
-        slices=slices,
-        lanes=lanes,
+        slices=dict(zip(order, runs.slices, strict=True)),
+        lanes=dict(zip(order, runs.lanes, strict=True)),
         unit_spans=unit_spans,
     )
     logger.debug("emulated %d nodes x %d micro-batch(es): step %.3g s", len(order), m_count, step)
     return timeline
 
 
-def _run_micro_batches(
-    names: list[str],
-    durations: dict[str, float],
-    m_count: int,
-    gate: float,
-    lanes: dict[str, str],
-    preds: dict[str, list[str]],
-    end: dict[tuple[str, int], float],
-    lane_free: dict[str, float],
-    slices: dict[str, list[tuple[float, float]]],
-    busy_node: dict[str, float],
-) -> float:
-    """Run ``m_count`` micro-batches of ``names`` from ``gate``; the time the last run ends.
+def _run_micro_batches(members: list[int], durations: list[float], m_count: int, gate: float, runs: _Runs) -> float:
+    """Run ``m_count`` micro-batches of the nodes at ``members`` (positions, in graph order; their
+    ``durations`` alike) from ``gate``, recording each run in ``runs``; the time the last run ends.
 
     The event times are a max-plus linear recurrence in the micro-batch index: a lane runs its
     nodes in order every micro-batch, so each micro-batch waits for the one before on every lane.
@@ -177,48 +166,51 @@ def _run_micro_batches(
     forward waits for its backward of the micro-batch before). Once every node's run ends exactly
     its rate after its previous run, for two micro-batches in a row, the recurrence is linear from
     there on, and the rest of the micro-batches are added in closed form: m micro-batches cost
-    fill + m periods + drain without m simulations. ``slices`` keeps each simulated run and the
-    last one.
+    fill + m periods + drain without m simulations. ``runs.slices`` keeps each simulated run and
+    the last one.
     """
+    lanes, preds, ends, slices, busy, lane_free = (
+        runs.lanes,
+        runs.preds,
+        runs.ends,
+        runs.slices,
+        runs.busy,
+        runs.lane_free,
+    )
     rate: dict[str, float] = {}
     last = gate
     steady = 0
     for m in range(m_count):
-        for name in names:
-            lane = lanes[name]
-            # max(gate, the lane free, the producers' ends of this micro-batch), as max() picks it,
-            # without the two lists that built its argument per run
-            ready = gate
-            free = lane_free[lane]
-            if free > ready:
-                ready = free
-            for p in preds[name]:
-                e = end.get((p, m))
+        for i, took in zip(members, durations, strict=True):
+            lane = lanes[i]
+            # the latest of the gate, the lane free and the producers' ends of this micro-batch
+            ready = max(gate, lane_free[lane])
+            for p in preds[i]:
+                e = ends[p].get(m)
                 if e is not None and e > ready:
                     ready = e
-            took = durations[name]
             finish = ready + took
-            end[(name, m)] = finish
+            ends[i][m] = finish
             lane_free[lane] = finish
-            slices[name].append((ready, finish))
-            busy_node[name] += took
+            slices[i].append((ready, finish))
+            busy[i] += took
             if finish > last:
                 last = finish
         if m == 0 or m == m_count - 1:
             continue
         if not rate:
-            rate = _lane_rates(names, durations, lanes, preds)
+            rate = _lane_rates(members, durations, runs)
         tol = 1e-12 * max(abs(last), 1e-30)
-        settled = all(abs(end[(n, m)] - end[(n, m - 1)] - rate[lanes[n]]) <= tol for n in names)
+        settled = all(abs(ends[i][m] - ends[i][m - 1] - rate[lanes[i]]) <= tol for i in members)
         steady = steady + 1 if settled else 0
         if steady >= 2:  # two micro-batches in a row at the lanes' rates: linear from here on
             rest = m_count - 1 - m
-            for name in names:
-                start, finish = slices[name][-1]
-                shift = rest * rate[lanes[name]]
-                slices[name].append((start + shift, finish + shift))
-                end[(name, m_count - 1)] = finish + shift
-                busy_node[name] += rest * durations[name]
+            for i, took in zip(members, durations, strict=True):
+                start, finish = slices[i][-1]
+                shift = rest * rate[lanes[i]]
+                slices[i].append((start + shift, finish + shift))
+                ends[i][m_count - 1] = finish + shift
+                busy[i] += rest * took
                 last = max(last, finish + shift)
             for lane in rate:
                 lane_free[lane] += rest * rate[lane]
@@ -226,33 +218,31 @@ def _run_micro_batches(
     return last
 
 
-def _lane_rates(
-    names: list[str], durations: dict[str, float], lanes: dict[str, str], preds: dict[str, list[str]]
-) -> dict[str, float]:
-    """Each lane's steady growth rate, seconds per micro-batch, exactly (max-plus algebra).
+def _lane_rates(members: list[int], durations: list[float], runs: _Runs) -> dict[str, float]:
+    """Each lane's steady growth rate, seconds per micro-batch, exactly (max-plus algebra), for
+    the nodes at ``members`` (positions in graph order, which every lane's order follows).
 
     Lanes form a graph: an edge a -> b weighs the longest path, inside one micro-batch, from a's
     first node to b's last (node durations along graph and lane order), after which b's next
     micro-batch may start. A lane's rate is the largest cycle mean (weight per edge, one edge a
     micro-batch) of the strongly connected parts of that graph that reach it (Karp's algorithm on
-    each part). ``names`` is in graph order, which every lane's order follows."""
-    lane_of = {n: lanes[n] for n in names}
-    first: dict[str, str] = {}
-    final: dict[str, str] = {}
-    inputs: dict[str, list[str]] = {}
-    for n in names:
-        lane = lane_of[n]
-        inputs[n] = [p for p in preds[n] if p in lane_of] + ([final[lane]] if lane in final else [])
-        first.setdefault(lane, n)
-        final[lane] = n
-    index = {n: i for i, n in enumerate(names)}
+    each part)."""
+    local = {i: j for j, i in enumerate(members)}  # a member's index in ``members``
+    first: dict[str, int] = {}
+    final: dict[str, int] = {}
+    inputs: list[list[int]] = []
+    for j, i in enumerate(members):
+        lane = runs.lanes[i]
+        inputs.append([local[p] for p in runs.preds[i] if p in local] + ([final[lane]] if lane in final else []))
+        first.setdefault(lane, j)
+        final[lane] = j
     weight: dict[str, dict[str, float]] = {}
     for a, head in first.items():
-        dist: dict[str, float] = {}
-        for n in names[index[head] :]:
-            reached = [dist[p] for p in inputs[n] if p in dist]
-            if n == head or reached:
-                dist[n] = (max(reached) if n != head else 0.0) + durations[n]
+        dist: dict[int, float] = {}
+        for j in range(head, len(members)):
+            reached = [dist[p] for p in inputs[j] if p in dist]
+            if j == head or reached:
+                dist[j] = (max(reached) if j != head else 0.0) + durations[j]
         weight[a] = {b: dist[tail] for b, tail in final.items() if tail in dist}
     return _reached_cycle_means(weight)
 
@@ -339,11 +329,11 @@ def check_dependencies(timeline: Timeline, graph: Graph, tol: float = 1e-12) -> 
     """Violations of graph order in a timeline: each run of a node must start after the
     matching run of every producer ended. An empty list means the timeline is consistent."""
     problems = []
-    placed = set(timeline.nodes)
-    preds = _producers(graph, placed)
-    for name, ps in preds.items():
+    placed = [n.name for n in graph.nodes if n.name in timeline.nodes]
+    preds = _producers(graph, {name: i for i, name in enumerate(placed)})
+    for name, positions in zip(placed, preds, strict=True):
         mine = timeline.slices.get(name) or [(timeline.nodes[name].start, timeline.nodes[name].end)]
-        for p in ps:
+        for p in (placed[i] for i in positions):
             theirs = timeline.slices.get(p) or [(timeline.nodes[p].start, timeline.nodes[p].end)]
             for m, ((start, _), (_, p_end)) in enumerate(zip(mine, theirs, strict=False)):
                 if start + tol < p_end:
