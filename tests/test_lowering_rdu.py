@@ -494,12 +494,13 @@ def test_a_fixed_device_step_is_rdu_time_not_host(tmp_path):
     counted in rdu_time_s and not in the host row."""
     from dabench_ir.lowering.rdu import DEVICE_STEP
 
-    rdu = _target_with(tmp_path, "device_step_s = { value = 0.205,", "device_step_s = { value = 0.5,")
+    fitted = RDU.overhead("device_step_s")
+    rdu = _target_with(tmp_path, f"device_step_s = {{ value = {fitted},", "device_step_s = { value = 0.5,")
     base = lower(_train(decoder(layers=1, hidden=64, seq=8)), RDU, ProfileOptions(opt_level="O3"))
     plan = lower(_train(decoder(layers=1, hidden=64, seq=8)), rdu, ProfileOptions(opt_level="O3"))
-    assert base.step_overheads_s[DEVICE_STEP] == 0.205
+    assert base.step_overheads_s[DEVICE_STEP] == fitted
     assert plan.step_overheads_s[DEVICE_STEP] == 0.5
-    assert plan.extra["rdu_time_s"] == pytest.approx(base.extra["rdu_time_s"] + 0.5 - 0.205)
+    assert plan.extra["rdu_time_s"] == pytest.approx(base.extra["rdu_time_s"] + 0.5 - fitted)
     assert plan.step_overheads_s["host"] == base.step_overheads_s["host"]
 
 
