@@ -219,6 +219,30 @@ def test_place_is_lower_emulate_metrics():
     assert {n: t.bound for n, t in timeline.nodes.items()} == {n: p.bound for n, p in plan.node_plans.items()}
 
 
+def _state(graph) -> tuple:
+    """Everything a pass or a lowering could write to ``graph``, as comparable values."""
+    nodes = [
+        (n.name, n.op_type, n.domain, n.inputs, n.outputs, repr(n.attrs), n.scope, n.layer, repr(n.meta))
+        for n in graph.nodes
+    ]
+    values = [(v.name, v.type, v.kind, v.producer, v.scalar) for v in graph.values.values()]
+    return nodes, values, repr(graph.meta), repr(graph.bindings), graph.inputs, graph.outputs
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_placing_writes_nothing_to_the_graph(kind, micro_batches):
+    """Lowering, emulating and measuring a placement read the graph and never write it: what lets
+    a why line's variant run share the report's prepared graph (`advice.VariantRuns.shares_graph`)."""
+    from dabench_ir.verify import check_step
+
+    graph, target = decoder(layers=2, hidden=64, seq=8, batch=4), load_target(TARGETS[kind])
+    before = _state(graph)
+    plan, timeline, _ = place(graph, target, ProfileOptions(micro_batches=micro_batches))
+    check_step(graph, target, plan, timeline)
+    assert _state(graph) == before
+
+
 # -- module hygiene ------------------------------------------------------------------------------
 
 _LATER_STAGES = ("emulate", "metrics", "execute", "report", "scaling", "place", "pipeline", "commands", "sweep")
