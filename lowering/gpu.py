@@ -19,7 +19,10 @@ Decode graphs (``dabench.phase`` = decode, from ``dabench-ir export --phase deco
 grouped as serving engines run them: one kernel per matmul, with the norms, rotary
 embedding, softmax and residual adds around it fused into it (vLLM and TensorRT-LLM fuse
 these into the GEMM and attention kernels). The KV cache is an input held in HBM with the
-weights, so a decode step is bound by reading weights and cache plus the launches.
+weights, so a decode step is bound by reading weights and cache plus the launches. Their decode
+attention kernels run one thread block per query head: under grouped-query attention HBM delivers
+the cache once per K/V head, but each query head of a group loads it again from L2, so a cache read
+takes at least all those loads at ``arch.l2_bandwidth_bytes_per_s`` (`cache_rereads`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -65,6 +68,7 @@ __all__ = [
     "LOWERING",
     "GpuLowering",
     "GpuOptions",
+    "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
     "saved_activation_bytes",
@@ -332,26 +336,67 @@ def _gqa_broadcast(node: Node) -> bool:
     return node.op_type == "Expand" and BACKWARD_COST not in node.meta
 
 
-def _memory_s(cost: Cost, runs: int, bw: float) -> float:
-    """HBM seconds of a node over the step: its bytes, its weights read again each further micro-batch."""
-    return (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
+def _memory_s(cost: Cost, runs: int, bw: float, reread: int = 0, l2_bw: float = 0.0) -> float:
+    """Memory seconds of a node over the step: its bytes from HBM, its weights read again each further
+    micro-batch; with ``reread`` (`cache_rereads`: bytes loaded again, from L2) never less than all it
+    loads at ``l2_bw``, the L2's sustained read rate."""
+    hbm = (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
+    return max(hbm, runs * (cost.bytes + reread) / l2_bw) if reread and l2_bw > 0 else hbm
+
+
+def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
+    """Bytes a decode step's attention loads from the KV cache beyond reading it once, by node.
+
+    The decode attention kernels of the serving engines run one thread block per (sequence, query
+    head), each loading the K and V of its head's group: TensorRT-LLM's masked multi-head attention
+    (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderMaskedMultiheadAttentionTemplate.h:
+    ``hi = blockIdx.x``, ``hi_kv = hi / qhead_per_kv``) and vLLM's paged attention
+    (csrc/attention/attention_kernels.cu: ``head_idx = blockIdx.x``, ``kv_head_idx = head_idx /
+    num_queries_per_kv``). Under grouped-query attention the decode graph reads each cached K/V head
+    once, with the group's query heads as the rows of one matmul (`models.gpt2.attend_cached`), and
+    its cost counts the cache once: what HBM delivers when the group's blocks, launched side by side,
+    find it in L2. But each of the ``rows`` query heads loads it again from L2: ``rows - 1`` more
+    loads of the cache. A matmul of a decode graph (``dabench.phase`` = decode) reading a KV-cache
+    input (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other
+    operand's (for the second operand; its columns for the first). Multi-head attention (one row)
+    rereads nothing; nodes that reread nothing are left out.
+    """
+    if ctx.graph.metadata.get(MODEL_PHASE) != "decode":
+        return {}
+    from dabench_ir.lowering.cpu import matmul_dims
+    from dabench_ir.passes.precision import kv_cache_values
+
+    caches = set(kv_cache_values(ctx.graph)) & set(ctx.graph.inputs)
+    out: dict[str, int] = {}
+    for node in ctx.graph.nodes:
+        if node.op_type != "MatMul" or len(node.inputs) < 2 or not caches.intersection(node.inputs[:2]):
+            continue
+        dims = matmul_dims(ctx.graph, node)
+        if dims is None:
+            continue
+        _, rows, _, cols = dims
+        side = 1 if node.inputs[1] in caches else 0
+        loads = rows if side == 1 else cols
+        if loads > 1:
+            out[node.name] = (loads - 1) * ctx.value_bytes(node.inputs[side])
+    return out
 
 
 def _group_device_s(
     ctx: LoweringContext,
     group: list[Node],
     compute: Mapping[str, tuple[float, str]],
-    bw: float,
+    memory: Callable[[Node, int], float],
     m: int,
     views: frozenset[str],
 ) -> float:
     """Device seconds of one kernel group's work over the step (roofline per node, launches apart;
-    ``views``: `strided_views`, no work)."""
+    ``memory``: a node's memory seconds over its runs; ``views``: `strided_views`, no work)."""
     total = 0.0
     for node in group:
         if ctx.is_work(node) and node.name not in views:
             runs = 1 if is_optimizer_step(node) else m
-            total += max(compute[node.name][0], _memory_s(ctx.costs[node.name], runs, bw))
+            total += max(compute[node.name][0], memory(node, runs))
     return total
 
 
@@ -571,6 +616,13 @@ def stream_plan(
     # a streaming kernel sustains only part of the datasheet bandwidth (DRAM refresh, row switches,
     # read/write turnarounds): measured copy and STREAM rates, ``arch.memory_efficiency``
     bw = mem.bandwidth_bytes_per_s * target.arch_value("memory_efficiency", 1.0)
+    # a decode attention kernel loads a GQA cache once per query head, the repeats from L2
+    l2_bw = target.arch_value("l2_bandwidth_bytes_per_s", 0.0)
+    rereads = cache_rereads(ctx) if l2_bw > 0 else {}
+
+    def memory(node: Node, runs: int) -> float:
+        return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), l2_bw)
+
     ridge = target.ridge_point(ctx.precision, mem)
     # a CPU calibration may call its fixed per-op cost per_op_s
     launch = target.overhead("kernel_launch_s", target.overhead("per_op_s"))
@@ -598,7 +650,9 @@ def stream_plan(
         runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
         kernels_of.append((group, kernels, runs, bool(work or viewed)))
     device = {
-        id(g): 0.0 if id(g) in host_only else _group_device_s(ctx, g, compute, bw, m, views) + runs * kernels * launch
+        id(g): 0.0
+        if id(g) in host_only
+        else _group_device_s(ctx, g, compute, memory, m, views) + runs * kernels * launch
         for g, kernels, runs, issued in kernels_of
         if issued
     }
@@ -623,7 +677,7 @@ def stream_plan(
                 node,
                 unit=unit.id,
                 compute_s=compute_s,
-                memory_s=0.0 if view else _memory_s(cost, runs, bw),
+                memory_s=0.0 if view else memory(node, runs),
                 overhead_s=overhead,
                 feed_level=fed.level,
                 feed_bytes=0 if view else cost.bytes,
@@ -641,6 +695,8 @@ def stream_plan(
                 np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
             if view:
                 np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
+            elif node.name in rereads and np_.memory_s > _memory_s(cost, runs, bw):
+                np_.note = "L2-bound: the decode attention kernel loads the K/V cache once per query head"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
             traffic += 0 if view else cost.bytes
