@@ -259,11 +259,23 @@ measured = { ttft_s = 1e-4, tpot_s = 5e-5, latency_s = 4e-4, decode_tokens_per_s
             "run.mode: a generation point serves",
         ),
         (_GEN.replace('kind = "generate"', 'kind = "model"'), 'generate: only a kind = "generate" point'),
+        (_GEN.replace('precision = "fp16"', 'precision = "fp4"'), "run.precision: 'fp4' is not one of fp32, fp16"),
+        (_GEN.replace('precision = "fp16"', 'kv_precision = "w4a16"'), "run.kv_precision: 'w4a16' is not one of"),
     ],
 )
 def test_malformed_generate_points(body, needle):
     with pytest.raises(UserError, match=re.escape(needle)):
         validate.parse_catalog(_GOOD_HEAD + body)
+
+
+def test_a_serving_point_runs_at_a_quantised_precision():
+    """Serving benchmarks publish fp8 and int8 runs (TensorRT-LLM's H100 tables: fp8 weights, an fp8
+    cache): a point takes every precision `profile` takes, as profile takes it."""
+    body = _GEN.replace('target = "a100"', 'target = "h100"').replace(
+        'precision = "fp16"', 'precision = "fp8", kv_precision = "fp8"'
+    )
+    (point,) = validate.parse_catalog(_GOOD_HEAD + body)
+    assert point.run == {"precision": "fp8", "kv_precision": "fp8"}
 
 
 @pytest.mark.slow

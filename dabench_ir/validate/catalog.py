@@ -16,7 +16,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
-from dabench_ir.options import MAX_LAYERS
+from dabench_ir.options import KV_PRECISIONS, MAX_LAYERS, PRECISIONS
 
 __all__ = [
     "FORMAT",
@@ -483,8 +483,10 @@ def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError],
 
 
 def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError]) -> None:
-    if key == "precision" and value not in _PRECISIONS:
-        raise bad("run.precision", f"{value!r} is not one of {', '.join(_PRECISIONS)}")
+    if key == "precision" and value not in PRECISIONS:  # a run at any precision profile takes
+        raise bad("run.precision", f"{value!r} is not one of {', '.join(PRECISIONS)}")
+    if key == "kv_precision" and value not in KV_PRECISIONS:
+        raise bad("run.kv_precision", f"{value!r} is not one of {', '.join(KV_PRECISIONS)}")
     if key == "mode" and value not in ("inference", "train"):
         raise bad("run.mode", f"{value!r} is not inference or train")
     if key in ("ipus", "tiles", "replicas", "micro_batch", "gradient_accumulation", "chips", "chips_per_node") and (
