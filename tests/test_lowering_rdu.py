@@ -515,3 +515,39 @@ def test_a_section_lasts_its_slowest_stage_on_its_share_of_the_pcus():
     assert pipeline_s([(0.1, 100), (0.3, 300)], 512, 640) == pytest.approx(0.4 * 640 / 512)
     assert pipeline_s([(0.3, 700)], 640, 640) == pytest.approx(0.3)  # one stage over every unit: its own seconds
     assert pipeline_s([], 512, 640) == 0.0
+
+
+# -- gradient accumulation (issue 44) -----------------------------------------------------------
+
+
+def test_gradient_accumulation_holds_one_micro_batch_and_runs_each_section_per_micro_batch():
+    """Training with --micro-batch S accumulates gradients over batch / S micro-batches: each runs
+    forward and backward over every section before the next (SambaFlow's host loop calls the
+    compiled graph once a micro-batch, the optimizer once a step). Against the same batch streamed
+    through each section in as many pieces: one micro-batch's saved tensors and boundary tensors
+    are held, and each forward and backward section is switched to, launched and streams its
+    weights once per micro-batch; the optimizer runs once."""
+
+    def plan(**kw):
+        return lower(_train(decoder(layers=2, hidden=64, seq=8, batch=8)), RDU, ProfileOptions(opt_level="O3", **kw))
+
+    streamed, accumulated = plan(micro_batches=4), plan(micro_batches=4, micro_batch=2)
+    assert accumulated.micro_batches == streamed.micro_batches == 4
+    held, kept = accumulated.extra["ddr_bytes_by_kind"], streamed.extra["ddr_bytes_by_kind"]
+    assert held["saved_activations"] == kept["saved_activations"] // 4 > 0
+    assert held["transient"] == kept["transient"] // 4
+    assert {k: held[k] for k in ("weights", "gradients", "optimizer")} == {
+        k: kept[k] for k in ("weights", "gradients", "optimizer")
+    }
+    assert "4 accumulated micro-batches of 2" in " ".join(accumulated.notes)
+    reconfig = RDU.overhead("section_reconfig_s")
+    assert [u.gap_before_s for u in accumulated.units] == [
+        reconfig * (1 if _phase(u) == "optimizer" else 4) for u in accumulated.units
+    ]
+    passes = sum(1 if _phase(u) == "optimizer" else 4 for u in accumulated.units)
+    host = RDU.overhead("host_step_s") + RDU.overhead("host_per_section_s") * passes
+    assert accumulated.step_overheads_s["host"] == pytest.approx(host, rel=1e-12)
+    # three more passes, each streaming every (matmul) weight three times again: the forward reads
+    # it, the backward reads it (for dX) and writes its gradient; the activations move once
+    moved = accumulated.traffic_bytes["ddr"] - streamed.traffic_bytes["ddr"]
+    assert moved == 3 * 3 * held["weights"] == 3 * 3 * 2 * (2 * (4 * 64 * 64 + 2 * 64 * 256))

@@ -104,6 +104,7 @@ from dabench_ir.lowering.rdu.placement import RDU_LANE, Placement
 from dabench_ir.lowering.rdu.sections import PHASES, Section, SectionLayout, form_sections
 from dabench_ir.lowering.rdu.stats import plan_stats
 from dabench_ir.lowering.rdu.timing import NodeTimer, Rates, SectionTimer, TileFloor, pipeline_s, reduction_depths
+from dabench_ir.passes import meta
 from dabench_ir.plan import Plan, Schedule
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class RduOptions(LoweringOptions):
     """What the RDU lowering reads."""
 
     micro_batches: int | None
+    micro_batch: int | None
     opt_level: str
     tiles: int | None
     resource_scale: float
@@ -154,6 +156,9 @@ class RduLowering(Lowering):
         and sum up the plan's statistics."""
         chip = Chip.of(target, options)
         micro_batches = options.micro_batches or ctx.batch
+        # training with --micro-batch accumulates gradients: each micro-batch runs forward and
+        # backward over every section before the next, one weight update per step
+        accumulated = options.micro_batch is not None and meta.graph_mode(ctx.graph) == "train"
         rates = Rates.of(target, ctx.precision, chip, options.opt_level)
         feed = Feed.of(target, ctx.precision, self.feed_level(target))
         reconfig_s = target.overhead("section_reconfig_s")
@@ -169,12 +174,11 @@ class RduLowering(Lowering):
             feed,
             tuned=options.rdu_mapping == "tuned",
         )
-        placement = Placement(chip, feed, reconfig_s, micro_batches)
+        placement = Placement(chip, feed, reconfig_s, micro_batches, accumulated=accumulated)
         section_bytes = _time_and_place(ctx, plan, layout, state, timer, placement)
-        plan.traffic_bytes[feed.ddr.name] = sum(section_bytes)
-        host_key = step_overheads(ctx, plan, target)
-        fit(ctx, plan, target, chip, layout, state, section_bytes, feed, micro_batches)
-        plan.extra.update(plan_stats(plan, chip, options.opt_level, reconfig_s, host_key))
+        host_key = step_overheads(ctx, plan, target, placement.launches)
+        fit(ctx, plan, target, chip, layout, state, section_bytes, feed, micro_batches, accumulated)
+        plan.extra.update(plan_stats(plan, chip, options.opt_level, host_key))
         return plan
 
 
@@ -186,13 +190,18 @@ def _time_and_place(
     timer: SectionTimer,
     placement: Placement,
 ) -> list[int]:
-    """Time each section (its DDR traffic, `section_ddr`, and its pipeline) and add its units to
-    ``plan``, then place every node; returns each section's DDR bytes, in order."""
+    """Time each section (its DDR traffic, `section_ddr`, over every pass the step makes of it, and
+    its pipeline), add its units to ``plan`` and its traffic to the plan's, then place every node;
+    returns each section's DDR bytes in one pass, in order (what a pass holds in flight)."""
     section_bytes: list[int] = []
+    moved = 0
     for i, sec in enumerate(layout.sections):
         traffic = section_ddr(ctx, sec, layout.section_of, i, state.recomputed, state.saved)
         section_bytes.append(traffic.total)
+        traffic = traffic.passes(placement.passes(sec))
+        moved += traffic.total
         placement.add_section(plan, sec, timer.time(sec, traffic))
+    plan.traffic_bytes[timer.feed.ddr.name] = moved
     placement.place_nodes(ctx, plan)
     return section_bytes
 

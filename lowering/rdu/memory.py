@@ -107,10 +107,22 @@ class SavedState:
 
 @dataclass(frozen=True, slots=True)
 class SectionTraffic:
-    """One section's DDR bytes (``total``) and each working node's share (``per_node``)."""
+    """One section's DDR bytes (``total``) and each working node's share (``per_node``), of which
+    ``weights`` per node are the weights it streams in (read once per pass over the section)."""
 
     total: int
     per_node: dict[str, int]
+    weights: dict[str, int]
+
+    def passes(self, count: int) -> SectionTraffic:
+        """The traffic of ``count`` passes over the section that share out one pass's activations:
+        gradient accumulation runs the section once per micro-batch, streaming its weights in each
+        time, while the micro-batches together move the batch's activations once."""
+        if count == 1:
+            return self
+        extra = {n: (count - 1) * w for n, w in self.weights.items()}
+        per_node = {n: b + extra.get(n, 0) for n, b in self.per_node.items()}
+        return SectionTraffic(self.total + sum(extra.values()), per_node, self.weights)
 
 
 def section_ddr(
@@ -135,6 +147,7 @@ def section_ddr(
     forward = sec.phase == "forward"
     home = section_of[sec.phase]
     per_node: dict[str, int] = {}
+    weights: dict[str, int] = {}
     seen: set[str] = set()
     for node in sec.nodes:
         if not ctx.is_work(node):
@@ -143,7 +156,7 @@ def section_ddr(
         if sec.phase == "optimizer":
             per_node[node.name] = cost.bytes
             continue
-        nbytes = cost.weight_bytes
+        nbytes = weights[node.name] = cost.weight_bytes
         if forward:
             for v in node.inputs:  # activations from another section
                 if v not in activations or v in seen:
@@ -183,18 +196,25 @@ def section_ddr(
                 if producer is not None and home.get(producer, i) != i:
                     nbytes += ctx.value_bytes(v)
         per_node[node.name] = nbytes
-    return SectionTraffic(sum(per_node.values()), per_node)
+    return SectionTraffic(sum(per_node.values()), per_node, weights)
 
 
-def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -> str:
+def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool, accumulated: bool = False) -> str:
     """The memory assumption of a training plan's DDR figure, for its notes and any does-not-fit
     reason: what it holds, and how this run batches, recomputes and treats attention."""
     record = meta.training_state(ctx.graph)
     recompute = getattr(record, "recompute_mode", "none")
-    batching = (
-        f"the batch of {ctx.batch} streams through each section in {micro_batches} piece(s) and its saved "
-        "tensors are all kept (one weight update per step, no gradient accumulation)"
-    )
+    if accumulated:
+        batching = (
+            f"the batch of {ctx.batch} runs as {micro_batches} accumulated micro-batches of "
+            f"{ctx.batch // micro_batches}: each runs forward and backward over every section before the next, so "
+            "one micro-batch's saved tensors are held, the gradients summed in place (one weight update per step)"
+        )
+    else:
+        batching = (
+            f"the batch of {ctx.batch} streams through each section in {micro_batches} piece(s) and its saved "
+            "tensors are all kept (one weight update per step, no gradient accumulation)"
+        )
     attention = (
         "the attention scores stay on chip and are recomputed in backward (fused core)"
         if recomputed
@@ -208,7 +228,11 @@ def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool) -
 
 
 def ddr_footprint(
-    ctx: LoweringContext, sections: list[Section], section_bytes: list[int], saved: dict[str, dict[str, int]]
+    ctx: LoweringContext,
+    sections: list[Section],
+    section_bytes: list[int],
+    saved: dict[str, dict[str, int]],
+    accumulated: int = 1,
 ) -> dict[str, int]:
     """What a training step holds in DDR at its peak, by kind (bytes).
 
@@ -221,7 +245,9 @@ def ddr_footprint(
     tensors besides its weights
     (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
     The training state is the training pass's (gradients, master weights, moments).
-    ``section_bytes``: each section's DDR bytes, as `section_ddr` counted them for its time.
+    ``section_bytes``: each section's DDR bytes in one pass over the batch (`section_ddr`).
+    ``accumulated``: the micro-batches a gradient-accumulating step runs one after another, each
+    forward and backward whole; what is saved and in flight is one micro-batch's.
     """
     state = training_state(ctx)
     transient = 0
@@ -235,8 +261,8 @@ def ddr_footprint(
         "gradients": state.gradients,
         "master_weights": state.master_weights,
         "optimizer": state.optimizer,
-        "saved_activations": sum(b for kept in saved.values() for b in kept.values()),
-        "transient": transient,
+        "saved_activations": sum(b for kept in saved.values() for b in kept.values()) // accumulated,
+        "transient": transient // accumulated,
     }
 
 
@@ -250,24 +276,31 @@ def fit(
     section_bytes: list[int],
     feed: Feed,
     micro_batches: int,
+    accumulated: bool = False,
 ) -> None:
     """Fit the plan's memory against the target's: what DDR holds (a training step's footprint,
     `ddr_footprint`, else the resident weights and activations), the largest section's PMU SRAM,
-    and a failure when DDR is too small. ``section_bytes``: each section's DDR bytes, in order."""
+    and a failure when DDR is too small. ``section_bytes``: each section's DDR bytes in one pass,
+    in order; ``accumulated``: the step accumulates gradients over its ``micro_batches``."""
     training = meta.graph_mode(ctx.graph) == "train"
     ddr = feed.ddr
-    footprint = ddr_footprint(ctx, layout.sections, section_bytes, state.saved) if training else None
+    passes = micro_batches if accumulated else 1
+    footprint = ddr_footprint(ctx, layout.sections, section_bytes, state.saved, passes) if training else None
     resident = sum(footprint.values()) if footprint is not None else ctx.resident_bytes()
     plan.memory_bytes[ddr.name] = resident
     if footprint is not None:
         plan.extra["ddr_bytes_by_kind"] = dict(footprint)
-        plan.notes.append(ddr_assumption(ctx, micro_batches, bool(state.recomputed)))
+        plan.notes.append(ddr_assumption(ctx, micro_batches, bool(state.recomputed), accumulated))
     if target.has_memory("on-chip"):
         sram = target.memory("on-chip")
         pmu_bytes = sram.capacity_bytes / (chip.tiles_per_rdu * chip.pmus / chip.tiles)
         plan.memory_bytes[sram.name] = int(max((u.resources["pmus"] for u in plan.units), default=0) * pmu_bytes)
     if resident > ddr.capacity_bytes:
-        held = f" ({ddr_assumption(ctx, micro_batches, bool(state.recomputed))})" if footprint is not None else ""
+        held = (
+            f" ({ddr_assumption(ctx, micro_batches, bool(state.recomputed), accumulated)})"
+            if footprint is not None
+            else ""
+        )
         plan.fail(
             f"weights and activations need {resident / 1e9:.1f} GB of DDR, the RDU has {ddr.capacity_bytes / 1e9:.1f} GB"
             + held,

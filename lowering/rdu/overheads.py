@@ -20,15 +20,16 @@ DEVICE_STEP = "device step"
 """The overhead row of a training step's fixed RDU time (``overheads.device_step_s``): device time, not host."""
 
 
-def step_overheads(ctx: LoweringContext, plan: Plan, target: Target) -> str:
+def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: int) -> str:
     """Add the plan's per-step rows and return the host row's name.
 
-    The host pays ``host_step_s + host_per_section_s · sections`` for a training step (both fitted
-    to training steps: data loading, the Python training loop), the device ``device_step_s``. No
-    SN30 inference host time is published, so an inference run pays only the per-section
-    launches, as the row `HOST_ESTIMATE`, and a note says so.
+    The host pays ``host_step_s + host_per_section_s · launches`` for a training step (both fitted
+    to training steps: data loading, the Python training loop; ``launches``: the section launches
+    of a step, one per section unless the step accumulates gradients and runs each section once a
+    micro-batch), the device ``device_step_s``. No SN30 inference host time is published, so an
+    inference run pays only the per-section launches, as the row `HOST_ESTIMATE`, and a note says so.
     """
-    n_sections = len(plan.units)
+    n_sections = launches
     training = meta.graph_mode(ctx.graph) == "train"
     host_step = target.overhead("host_step_s") if training else 0.0
     host_key = "host" if training else HOST_ESTIMATE

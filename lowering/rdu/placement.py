@@ -44,19 +44,30 @@ class Placement:
     its section's pipeline (DDR traffic or compute).
     """
 
-    def __init__(self, chip: Chip, feed: Feed, reconfig_s: float, micro_batches: int) -> None:
+    def __init__(
+        self, chip: Chip, feed: Feed, reconfig_s: float, micro_batches: int, *, accumulated: bool = False
+    ) -> None:
         self.chip = chip
         self.feed = feed
         self.reconfig_s = reconfig_s
         self.micro_batches = micro_batches
+        self.accumulated = accumulated
+        self.launches = 0
+        """Section launches the host makes a step: a unit's, once per pass over it (`passes`)."""
         self.runs: dict[str, NodeRun] = {}
         self.bound: dict[str, Bound] = {}
         self._next_unit = 0
 
+    def passes(self, sec: Section) -> int:
+        """How many times a step runs ``sec``: once per micro-batch when the step accumulates
+        gradients (each micro-batch's forward and backward run whole, the optimizer once), else once
+        (the micro-batches stream through the section in one run)."""
+        return self.micro_batches if self.accumulated and sec.phase != "optimizer" else 1
+
     def add_section(self, plan: Plan, sec: Section, timed: SectionTime) -> None:
         """Append a Unit to ``plan`` for each part of ``sec`` (timed as ``timed``), and add each
         node's share of every part to its run."""
-        chip, parts = self.chip, sec.parts
+        chip, parts, passes = self.chip, sec.parts, self.passes(sec)
         ddr_bytes = timed.traffic.total
         pcus = min(timed.room, math.ceil(sec.pcus / parts))
         pmus = min(timed.room, math.ceil(sec.pmus / parts))
@@ -82,10 +93,11 @@ class Placement:
                     feed_bytes=float(ddr_bytes / parts),
                 ),
                 allocation=pcus / chip.pcus,
-                gap_before_s=self.reconfig_s,
+                gap_before_s=self.reconfig_s * passes,  # a switch to the section at each pass
                 gap_kind="section_reconfig",
             )
             self._next_unit += 1
+            self.launches += passes
             self._add_runs(unit, sec, timed)
             plan.units.append(unit)
             self.bound[unit.id] = timed.bound

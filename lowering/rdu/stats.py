@@ -24,7 +24,7 @@ def section_load_imbalance(demand: Demand, sec: Section, flops: dict[str, int]) 
     return (sum(times) / len(times)) / max(times)
 
 
-def plan_stats(plan: Plan, chip: Chip, opt_level: str, reconfig_s: float, host_key: str) -> dict[str, Any]:
+def plan_stats(plan: Plan, chip: Chip, opt_level: str, host_key: str) -> dict[str, Any]:
     """The plan's ``extra`` figures: its sections (by phase), the chip it was compiled for, its PCU
     and PMU allocation and load imbalance weighted by each section's time, the RDU's time (sections,
     their switches and the device step) and the host's (its row ``host_key``)."""
@@ -42,6 +42,6 @@ def plan_stats(plan: Plan, chip: Chip, opt_level: str, reconfig_s: float, host_k
         "pcu_allocation_time_weighted": sum(u.allocation * t for u, t in timed) / span,
         "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, t in timed) / span,
         "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, t in timed) / span,
-        "rdu_time_s": sum(reconfig_s + t for t in times) + plan.step_overheads_s.get(DEVICE_STEP, 0.0),
+        "rdu_time_s": sum(u.gap_before_s + t for u, t in timed) + plan.step_overheads_s.get(DEVICE_STEP, 0.0),
         "host_time_s": plan.step_overheads_s[host_key],
     }
