@@ -39,7 +39,6 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
     from dabench_ir.models.config import ModelConfig
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
-    from dabench_ir.run import ResolvedRun
+    from dabench_ir.run import Progress, ResolvedRun
     from dabench_ir.targets import Target
 
 __all__ = [
@@ -76,7 +75,6 @@ SCHEMA = "dabench-ir/scenario/generate/v1"
 DEFAULT_SAMPLES = 4
 """Context lengths the decode graph is placed at (the first and last step included)."""
 
-Progress = Callable[[str], None]
 
 DECODE_GRAPHS = {
     "export": "the tool's decode export: one new token over the cached context",

@@ -18,7 +18,18 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["COUNT", "FINITE", "FRACTION", "NON_NEGATIVE", "POSITIVE", "Range", "check", "is_number", "violates"]
+__all__ = [
+    "COUNT",
+    "FINITE",
+    "FRACTION",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "Range",
+    "check",
+    "finite_float",
+    "is_number",
+    "violates",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,18 @@ COUNT = Range("a positive integer", low=1.0, integer=True)
 def is_number(value: Any) -> bool:
     """True for a finite int or float (a bool is no number here: TOML's ``true`` is not 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finite_float(value: Any) -> float | None:
+    """``value`` (a number, or a number's text) as a finite float, else None: missing, a bool, not a
+    number, infinite or NaN. How a report's or a row's figure is read where it may be absent."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def violates(value: Any, rule: Range) -> str | None:

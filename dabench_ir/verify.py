@@ -59,6 +59,7 @@ import numpy as np
 
 from dabench_ir.errors import TargetError
 from dabench_ir.passes import meta
+from dabench_ir.schema import finite_float
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
@@ -149,7 +150,7 @@ def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> 
     highest peak x the plan's chips, a bound whatever dtype each node computes in. Raises
     `PhysicsError`. The node-level invariants are checked on every report the same lowering
     gives (`check`)."""
-    step = _finite(timeline.step_time_s)
+    step = finite_float(timeline.step_time_s)
     if step is None or step <= 0:
         return
     flops = sum(
@@ -179,20 +180,9 @@ def _above(value: float, limit: float) -> bool:
     return value > limit * (1.0 + RTOL)
 
 
-def _finite(x: Any) -> float | None:
-    """``x`` as a finite float, or None (missing, not a number, infinite)."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def _column(values: Iterable[Any]) -> np.ndarray:
     """A float column with NaN where a value is missing or not finite."""
-    return np.array([math.nan if (f := _finite(v)) is None else f for v in values], dtype=np.float64)
+    return np.array([math.nan if (f := finite_float(v)) is None else f for v in values], dtype=np.float64)
 
 
 class _Context:
@@ -248,9 +238,9 @@ class _Nodes:
             return r.feed_bytes if r.feed_bytes is not None else getattr(ctx.node_plans.get(r.name), "feed_bytes", 0)
 
         def did_work(r: NodeRecord) -> bool:  # a node with no FLOPs and no bytes has no limit to break
-            return (_finite(r.flops) or 0.0) > 0 or (_finite(feed_bytes(r)) or 0.0) > 0
+            return (finite_float(r.flops) or 0.0) > 0 or (finite_float(feed_bytes(r)) or 0.0) > 0
 
-        records = [r for r in ctx.report.nodes if (_finite(r.time_s) or 0.0) > 0 and did_work(r)]
+        records = [r for r in ctx.report.nodes if (finite_float(r.time_s) or 0.0) > 0 and did_work(r)]
         costs = [r.cost for r in records]
         feeds = [ctx.bandwidth(getattr(ctx.node_plans.get(r.name), "feed_level", None)) for r in records]
         self.records = records
@@ -361,7 +351,7 @@ def _speedups(report: Report) -> Iterable[Violation]:
     study = report.extra.get("scale") or {}
     base = study.get("base_samples")
     for point in study.get("points") or []:
-        speedup, chips = _finite(point.get("speedup")), point.get("chips") or 1
+        speedup, chips = finite_float(point.get("speedup")), point.get("chips") or 1
         per_chip = point["batch"] / chips / base if base and point.get("batch") else 1.0
         limit = chips * max(1.0, per_chip)
         if speedup is not None and _above(speedup, limit) and not point.get("superlinear"):
@@ -377,16 +367,16 @@ def _speedups(report: Report) -> Iterable[Violation]:
 
 def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
     totals = ctx.report.totals
-    step = _finite(totals.get("time_s"))
+    step = finite_float(totals.get("time_s"))
     if step is not None and step > 0:
         chips = ctx.step_chips
         peak = nodes.top_peak() or ctx.peak(None)
-        achieved = _finite(totals.get("achieved_flops_per_s"))
+        achieved = finite_float(totals.get("achieved_flops_per_s"))
         if achieved is not None and _above(achieved, peak * chips):
             yield Violation(
                 "step_peak_flops", "step", achieved, peak * chips, f"highest node-dtype peak x {chips} chip(s)"
             )
-        flops = _finite(totals.get("flops")) or 0.0
+        flops = finite_float(totals.get("flops")) or 0.0
         if flops > 0 and _above(flops / (peak * chips), step):
             yield Violation(
                 "step_time_work",
@@ -415,8 +405,8 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
                     chain[0],
                     f"the chain ending at {chain[1]} needs {chain[0]:.6g} s at its nodes' rooflines",
                 )
-        energy = _finite(totals.get("energy_j"))
-        watts = _finite(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
+        energy = finite_float(totals.get("energy_j"))
+        watts = finite_float(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
         if energy is not None and energy > 0 and _above(energy, watts * step):
             yield Violation(
                 "step_power",
@@ -455,8 +445,8 @@ def _memory(ctx: _Context) -> Iterable[Violation]:
     if not ctx.report.fits:
         return
     for level, use in (ctx.report.metrics.get("memory_use") or {}).items():
-        used = _finite((use or {}).get("bytes"))
-        cap = _finite((use or {}).get("capacity_bytes"))
+        used = finite_float((use or {}).get("bytes"))
+        cap = finite_float((use or {}).get("capacity_bytes"))
         if used is not None and cap is not None and cap > 0 and _above(used, cap):
             yield Violation("memory_capacity", level, used, cap, "resident bytes over capacity in a plan that fits")
 
@@ -467,7 +457,7 @@ def _shares(report: Report) -> Iterable[Violation]:
         ("roles", roles, "summed busy time (node times and overheads)"),
         ("representative_layer", representative, "the layer's time"),
     ):
-        shares = [_finite(r.get("share")) for r in rows]
+        shares = [finite_float(r.get("share")) for r in rows]
         if not rows or all(s is None for s in shares):
             continue  # nothing to share out (no time, no FLOPs)
         total = sum(s or 0.0 for s in shares)

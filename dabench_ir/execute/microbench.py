@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import math
 import os
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.execute.ort import default_threads, parse_profile
 from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT, load_cpu_model, node_signature, node_table_path, predict_node
 from dabench_ir.passes.cost_rules import op_traits
+from dabench_ir.schema import is_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -589,12 +589,8 @@ def _read_table(path: Path, threads: int) -> dict[str, dict[str, Any]]:
     if not isinstance(nodes, dict):
         return {}
     return {
-        k: v for k, v in nodes.items() if isinstance(v, dict) and all(_finite(v.get(f)) for f in ("time_s", "cold_s"))
+        k: v for k, v in nodes.items() if isinstance(v, dict) and all(is_number(v.get(f)) for f in ("time_s", "cold_s"))
     }
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def _l2_bytes() -> int:
@@ -616,7 +612,7 @@ def _read_probe(path: Path) -> float:
         value = json.loads(path.read_text(encoding="utf-8")).get("probe_s")
     except (OSError, ValueError, AttributeError, RecursionError):
         return 0.0
-    return float(value) if _finite(value) and value > 0 else 0.0
+    return float(value) if is_number(value) and value > 0 else 0.0
 
 
 def _write_table(path: Path, table: Mapping[str, Mapping[str, Any]], threads: int, *, probe_s: float = 0.0) -> None:

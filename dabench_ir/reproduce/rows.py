@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.schema import FINITE, check
+from dabench_ir.schema import FINITE, check, finite_float
 from dabench_ir.sweep.results import LABEL_COLUMNS, METRIC_COLUMNS
 
 __all__ = [
@@ -132,14 +132,7 @@ def point_label(row: Row) -> str:
 
 def metric_value(row: Row, metric: str) -> float | None:
     """The row's figure ``metric`` as a finite float, else None."""
-    value = row.get(metric)
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    return finite_float(row.get(metric))
 
 
 def usable(row: Row, metric: str | None = None) -> str | None:
