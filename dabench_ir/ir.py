@@ -34,6 +34,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "layer_from_scope",
+    "model_root",
     "module_kind",
     "module_of",
     "scope_parts",
@@ -316,7 +317,9 @@ class ScopeModule:
 
     ``block``: the decoder block's path (``layers.3``; '' outside every block) and ``index`` its
     number; ``module``: the module right below the block (``layers.3.attn``), or outside a block
-    the scope's first part; ``kind``: that module's (`module_kind`); ``rest``: the parts below the block."""
+    the child of the model's root (`model_root`) the scope is in; ``kind``: that module's
+    (`module_kind`); ``rest``: the parts below the block (outside a block: below the root). Paths are
+    the scope's own, a wrapper's part included: the root changes where the parts are counted from."""
 
     block: str
     index: int | None
@@ -325,10 +328,65 @@ class ScopeModule:
     rest: tuple[str, ...]
 
 
+def model_root(scopes: Iterable[str]) -> str:
+    """The module the whole model is in below a user's wrapper: the longest path every recorded scope
+    (``''``: none) is at or below, when a scope is below it (else its parent), and never a decoder
+    stack (``layers``) or inside one; '' when the model is the exported module.
+
+    A user's wrapper (``self.model = hf_model``, whose forward only calls it: how a model is exported
+    with tensors-only inputs) puts every scope one level down, ``model.lm_head`` for ``lm_head``; the
+    root is that wrapper's child (``model``), so `module_of` counts a scope's parts from there and a
+    module's identity does not depend on how deep the model sits. A module that holds every node
+    besides has no sibling to be told apart from: when every scope is one path, the root is its parent.
+    """
+    named = {s for s in scopes if s}
+    if not named or not scope_parts(_common_text(min(named), max(named))):
+        return ""  # the usual case (``lm_head``, ``model.layers.0``): the text of every scope shares nothing
+    common: tuple[str, ...] | None = None
+    for scope in named:
+        parts = scope_parts(scope)
+        if common is None:
+            common = parts
+        elif parts[: len(common)] != common:
+            same = 0
+            for mine, theirs in zip(common, parts, strict=False):
+                if mine != theirs:
+                    break
+                same += 1
+            common = common[:same]
+            if not common:
+                return ""
+    if not common:
+        return ""
+    below = [parts[len(common)] for parts in map(scope_parts, named) if len(parts) > len(common)]
+    if not below:
+        common = common[:-1]  # one path holds every node: that module is the model's own, not a wrapper
+    for i, part in enumerate(common):
+        if part.isdigit() and i > 0:  # every node in one decoder block: the root is above its stack
+            return ".".join(common[: i - 1])
+    if any(part.isdigit() for part in below):
+        common = common[:-1]  # the decoder stack (``layers``) holds every node: the root is above it
+    return ".".join(common)
+
+
+def _common_text(low: str, high: str) -> str:
+    """The text two strings start with (of the lowest and highest of many: the text all of them start with)."""
+    end = 0
+    for a, b in zip(low, high, strict=False):
+        if a != b:
+            break
+        end += 1
+    return low[:end]
+
+
 @functools.lru_cache(maxsize=SCOPE_CACHE)
-def module_of(scope: str) -> ScopeModule:
-    """The block and module of ``scope`` (`ScopeModule`): the block ends at the first numeric part
-    after the first (``layers.3``, ``model.layers.3``, ``h.3``). Cached: a scope holds a few nodes."""
+def module_of(scope: str, root: str = "") -> ScopeModule:
+    """The block and module of ``scope`` (`ScopeModule`). The block ends at the first numeric part after
+    the first (``layers.3``, ``model.layers.3``, ``h.3``): a decoder block is found by its own shape, at
+    any depth. Outside a block the module is the child of ``root`` the scope is in (``lm_head``,
+    ``model``), where ``root`` is the module the model is in below a user's wrapper (`model_root`; ''
+    for the exported module); the root's own nodes are in none, as an unwrapped export leaves them
+    unscoped. Cached: a scope holds a few nodes."""
     parts = scope_parts(scope)
     for i, part in enumerate(parts):
         if part.isdigit() and i > 0:
@@ -337,7 +395,12 @@ def module_of(scope: str) -> ScopeModule:
             return ScopeModule(
                 ".".join(parts[: i + 1]), int(part), module, module_kind(rest[0]) if rest else None, rest
             )
-    return ScopeModule("", None, parts[0] if parts else "", module_kind(parts[0]) if parts else None, parts)
+    top = scope_parts(root) if root else ()
+    skip = len(top) if top and parts[: len(top)] == top else 0
+    below = parts[skip:]
+    if not below:
+        return ScopeModule("", None, "", None, ())
+    return ScopeModule("", None, ".".join(parts[: skip + 1]), module_kind(below[0]), below)
 
 
 class Graph:

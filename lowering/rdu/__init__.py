@@ -12,8 +12,8 @@ Sections, per opt level (forward, backward and optimizer never share a section):
 
 - O0: one operator per section (SambaFlow: "o0 compiles each operator as a separate
   section"); the optimizer is one section per parameter tensor.
-- O1: one module (an attention, an MLP: ``module_key``) per section, cut where it would
-  exceed the planning capacity.
+- O1: one module (an attention, an MLP: ``module_key``; outside the blocks, read below a user's
+  wrapper: `model_root`) per section, cut where it would exceed the planning capacity.
 - O3: greedy fusion of fusion groups along the program order while the section's demand
   fits the planning capacity. The attention core (QKᵀ matmul to AV matmul) is one atomic
   group: its scores stay on chip and the backward recomputes them. A group larger than the

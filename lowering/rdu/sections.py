@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost
+from dabench_ir.ir import Cost, model_root, module_of
 from dabench_ir.lowering._common import LoweringContext, module_key
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_loss, is_optimizer_step
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
@@ -178,12 +178,18 @@ def form_sections(
     recorded scope ran there too; its exporter only dropped the record. torch's dynamo exporter writes
     GPT-2's ``c_attn(x).split(...)`` (inside ``GPT2Attention.forward``) as one ``Split`` without a
     module stack, TorchScript keeps it: as a module of its own it cut the attention into three
-    sections in one export of the model and not in the other (issue 45)."""
+    sections in one export of the model and not in the other (issue 45).
+
+    A module is read below the model's root (`model_root`): a user's wrapper around the model (its
+    ``self.model``) neither makes the whole model one module outside the decoder blocks (the final
+    norm and the LM head in one section) nor its own nodes a module the unwrapped export does not have;
+    the root is the exported nodes', not the training pass's loss and optimizer step's."""
     demand = demand or Demand(ctx, chip)
     train = meta.graph_mode(ctx.graph) == "train"
     body, optimizer = body_and_optimizer(ctx.graph)
     out: list[Section] = []
-    modules: dict[tuple[str, int | None], str] = {}  # `module_key` by (scope, layer): a scope holds ~3 nodes
+    root = model_root(n.scope for n in body if not is_loss(n)) if opt_level == "O1" else ""  # the model's nodes
+    modules: dict[str, str] = {}  # the module of each scope ('': none recorded): a scope holds ~3 nodes
     chains = [("forward", body)]
     if train:
         chains.append(("backward", [n for n in reversed(body) if demand.cost(n, "backward").flops > 0]))
@@ -201,11 +207,11 @@ def form_sections(
             gkey = None
             if opt_level == "O1":  # only O1 cuts at modules
                 first = group[0]
-                gkey = modules.get((first.scope, first.layer))
+                gkey = modules.get(first.scope)
                 if gkey is None:
-                    gkey = modules[first.scope, first.layer] = module_key(first)
-                if not first.scope and key is not None:  # no scope recorded: stays in the current module
-                    gkey = key
+                    gkey = modules[first.scope] = module_of(first.scope, root).module
+                if not gkey:  # no module recorded (no scope, or the wrapper's own): stays in the current one
+                    gkey = key if key is not None else module_key(first)
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
