@@ -33,6 +33,7 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
         "bow",
         "a100",
         "h100",
+        "h200",
     }  # host points: cpu, live
     assert all(p.source for p in points)
     sn30 = [p for p in points if p.target == "sn30" and p.kind == "model"]
