@@ -44,7 +44,13 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
     target = load_target("rdu")
     ctx = LoweringContext.build(graph)
     opts = RduOptions(
-        precision=None, micro_batches=None, opt_level="O3", tiles=None, resource_scale=1.0, rdu_mapping="compiler"
+        precision=None,
+        micro_batches=None,
+        micro_batch=None,
+        opt_level="O3",
+        tiles=None,
+        resource_scale=1.0,
+        rdu_mapping="compiler",
     )
     chip = Chip.of(target, opts)
     memo = Demand(ctx, chip)
