@@ -34,6 +34,17 @@ def hf_causal_lm(family: str, *, layers: int, hidden: int, heads: int, vocab: in
     return getattr(transformers, model_class)(config)
 
 
+SMALL = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 2048, "positions": 512}
+"""The small decoder the exporter tests build (`small_decoder`): its sizes by hf_causal_lm's names."""
+SMALL_KV_HEADS, SMALL_FFN = 2, 688  # Llama's grouped K/V heads and MLP width; GPT-2: all heads, 4 x hidden
+
+
+def small_decoder(family: str):
+    """A random-initialised HF GPT-2 or Llama of the `SMALL` sizes (Llama with grouped-query attention)."""
+    gqa = {"num_key_value_heads": SMALL_KV_HEADS, "ffn": SMALL_FFN} if family == "llama" else {}
+    return hf_causal_lm(family, **SMALL, **gqa)
+
+
 def one_finding_study(defaults: dict, axes: dict, **finding) -> dict:
     """A study, as its TOML file reads, of one experiment ``e`` (``defaults``, ``axes``) and one finding ``x``:
     layers 2 over layers 1 against a paper's 0.5, each field as ``finding`` gives it instead (None: left out)."""

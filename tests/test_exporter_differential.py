@@ -34,20 +34,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
-from tests._helpers import hf_causal_lm
+from tests._helpers import SMALL, SMALL_KV_HEADS, small_decoder
 
 REL_TOL = 0.05
 """Step time, relative, per target: see the module docstring (stated before the first comparison)."""
 
-LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 256, 4, 2, 688, 2048, 512
+LAYERS, HIDDEN, HEADS, KV_HEADS = SMALL["layers"], SMALL["hidden"], SMALL["heads"], SMALL_KV_HEADS
 SEQ, PAST = 128, 127  # a prefill of 128 tokens; a decode step of one token over 127 cached
 TARGETS = ("wse2", "sn30", "bow", "a100", "h100", "h200")
 PARAMS: dict[str, int] = {}
-
-
-def _model(family: str):
-    gqa = {"num_key_value_heads": KV_HEADS, "ffn": FFN} if family == "llama" else {}  # GPT-2: 4 x hidden
-    return hf_causal_lm(family, layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, positions=POSITIONS, **gqa)
 
 
 def _step_class(base):
@@ -112,7 +107,7 @@ def exports(tmp_path_factory):
     out: dict[str, dict[str, dict[str, str]]] = {}
     for family in ("gpt2", "llama"):
         torch.manual_seed(0)
-        model = _model(family)
+        model = small_decoder(family)
         with torch.no_grad():  # trained-looking values (no zero biases an exporter would store once)
             for param in model.parameters():
                 param.normal_(0.0, 0.02)

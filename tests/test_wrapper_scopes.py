@@ -28,10 +28,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
 from dabench_ir.ir import ScopeModule, model_root, module_of
-from tests._helpers import hf_causal_lm
+from tests._helpers import small_decoder
 
 TARGETS = ("wse2", "sn30", "bow", "a100", "h100", "h200")
-LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 256, 4, 2, 688, 2048, 512
 SEQ = 128
 
 # -- the scope functions ---------------------------------------------------------------------------
@@ -255,8 +254,7 @@ def exports(tmp_path_factory):
     out: dict[str, dict[str, dict[str, str]]] = {}
     for family in ("gpt2", "llama"):
         torch.manual_seed(0)
-        gqa = {"num_key_value_heads": KV_HEADS, "ffn": FFN} if family == "llama" else {}
-        model = hf_causal_lm(family, layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, positions=POSITIONS, **gqa)
+        model = small_decoder(family)
         model.config._attn_implementation = "eager"  # both exporters write the same attention program
         with torch.no_grad():  # trained-looking values (no zero biases an exporter would store once)
             for param in model.parameters():

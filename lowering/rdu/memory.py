@@ -232,7 +232,7 @@ def ddr_footprint(
     sections: list[Section],
     section_bytes: list[int],
     saved: dict[str, dict[str, int]],
-    accumulated: int = 1,
+    passes: int = 1,
 ) -> dict[str, int]:
     """What a training step holds in DDR at its peak, by kind (bytes).
 
@@ -246,7 +246,7 @@ def ddr_footprint(
     (what is in flight while it runs; it may count a saved tensor twice: an upper bound).
     The training state is the training pass's (gradients, master weights, moments).
     ``section_bytes``: each section's DDR bytes in one pass over the batch (`section_ddr`).
-    ``accumulated``: the micro-batches a gradient-accumulating step runs one after another, each
+    ``passes``: the micro-batches a gradient-accumulating step runs one after another, each
     forward and backward whole; what is saved and in flight is one micro-batch's.
     """
     state = training_state(ctx)
@@ -261,8 +261,8 @@ def ddr_footprint(
         "gradients": state.gradients,
         "master_weights": state.master_weights,
         "optimizer": state.optimizer,
-        "saved_activations": sum(b for kept in saved.values() for b in kept.values()) // accumulated,
-        "transient": transient // accumulated,
+        "saved_activations": sum(b for kept in saved.values() for b in kept.values()) // passes,
+        "transient": transient // passes,
     }
 
 
