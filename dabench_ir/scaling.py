@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph, Node, module_of
+from dabench_ir.frontends.onnx import cache_inputs
+from dabench_ir.ir import Cost, Graph, Node, Value, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering._common import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.collectives import (
@@ -349,8 +350,25 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                 if isinstance(dims[-1], int) and dims[-1] % chips == 0:
                     dims[-1] //= chips
                     value.type = replace(value.type, shape=tuple(dims))
+    for name in cache_inputs(share):
+        _shard_cache_heads(share.values[name], chips)
     _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
+
+
+def _shard_cache_heads(value: Value, chips: int) -> None:
+    """One chip's share of a decode graph's KV-cache input: its K/V heads (dim 1 of the cache,
+    [batch, heads, ...]) split over the chips, a head kept whole on each chip that reads it. With fewer
+    K/V heads than chips (grouped-query attention at a high TP degree) every chip keeps one, copied on
+    chips / heads of them: TensorRT-LLM's runtime sizes each rank's cache at ceil(kv_heads / tp)
+    heads (NVIDIA/TensorRT-LLM tensorrt_llm/runtime/model_runner.py at 0243026,
+    `_engine_config_to_model_config`: ``num_kv_heads = (num_kv_heads + tp_size - 1) // tp_size``)."""
+    shape = value.type.shape
+    if shape is None or len(shape) < 2 or not isinstance(shape[1], int):
+        return
+    dims = list(shape)
+    dims[1] = math.ceil(dims[1] / chips)
+    value.type = replace(value.type, shape=tuple(dims))
 
 
 def _leaving_bytes(graph: Graph, node: Node, module_of: dict[str, str | None], cost: Cost) -> int:
