@@ -458,7 +458,9 @@ def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
     """The values of the symbols a graph derives from its inputs' (``sequence_length + 1``, ``unk__13``),
     once ``bound`` binds every input symbol: ONNX shape inference run again on the exported model with
     the inputs' dims concrete. Empty when the graph derives none or an input symbol is unbound (the
-    unbound-symbol error then names the input's)."""
+    unbound-symbol error then names the input's). A derived dim may be 0: an empty slice, as Phi-3's
+    rotary split leaves the pass-through part of a head when the whole head rotates
+    (``partial_rotary_factor`` = 1)."""
     blob = graph.meta.get(SHAPE_MODEL)
     if blob is None or not _input_symbols(graph) <= bound.keys():
         return {}
@@ -486,7 +488,7 @@ def derived_dims(graph: Graph, bound: Mapping[str, int]) -> dict[str, int]:
         if shape is None or len(shape) != len(dims):
             continue
         for symbol, d in zip(shape, dims, strict=True):
-            if isinstance(symbol, str) and symbol not in bound and d:
+            if isinstance(symbol, str) and symbol not in bound and d is not None:  # 0: an empty slice
                 found.setdefault(symbol, set()).add(d)
     return {symbol: values.pop() for symbol, values in found.items() if len(values) == 1}  # two values: not one dim
 

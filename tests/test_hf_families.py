@@ -1,0 +1,130 @@
+"""Decoder families beyond GPT-2 and Llama, as Hugging Face builds them from configs (no download) and
+optimum exports them (``text-generation``, and ``text-generation-with-past`` for one), profiled with
+``--batch`` and ``--seq`` (and ``--past``) alone (issue 45).
+
+Each family differs where a frontend can trip: Phi-3 fuses q/k/v and gate/up into one projection each
+and splits its heads for the rotary embedding into a rotated part and a pass-through part, which is
+*empty* when the whole head rotates (``partial_rotary_factor`` = 1: a dim shape inference derives as
+0, which was read as unknown, and the run asked for ``--dim unk__22=N``); Gemma has a head wider than
+hidden / heads and a GeGLU MLP; Falcon runs attention and MLP in parallel with one K/V head (MQA);
+BLOOM has ALiBi instead of rotary positions.
+
+The reference: FlopCounterMode over the same forward, fed what the export takes (input ids, an
+attention mask, position ids of the batch's shape), eager attention so every matmul is an aten op. A
+node the tool folds at compile time (computing on constants only: Gemma's rotary angles, whose
+positions the export derives from the bound sequence length) is left out of the tool's total and says
+so in its note; it is added back to compare. No tolerance: the counts are equal.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("optimum.exporters.onnx")
+
+from dabench_ir.cli import main  # noqa: E402
+
+BATCH, SEQ, PAST = 2, 16, 15
+FOLDED = "folded at compile time"
+FAMILIES = {  # a config of each family's own fields, small; vocab 256, 2 layers
+    "phi3": {
+        "model_type": "phi3",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        "pad_token_id": 0,
+    },
+    "gemma": {
+        "model_type": "gemma",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+    },
+    "falcon": {
+        "model_type": "falcon",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "multi_query": True,
+        "parallel_attn": True,
+        "new_decoder_architecture": False,
+        "alibi": False,
+        "bias": False,
+    },
+    "bloom": {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """Each family's random model (its saved folder, its parameter count and the reference FLOPs of
+    one forward at BATCH x SEQ) and optimum's exports of it: ``plain`` for all, ``past`` for Phi-3."""
+    from optimum.exporters.onnx import main_export
+    from torch.utils.flop_counter import FlopCounterMode
+
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family, fields in FAMILIES.items():
+        fields = dict(fields)
+        config = transformers.AutoConfig.for_model(fields.pop("model_type"), vocab_size=256, **fields)
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():  # distinct values: the exporter stores equal tensors (zero biases) once
+            for param in model.parameters():
+                param.normal_(0.0, 0.02)
+        ids = torch.randint(0, 256, (BATCH, SEQ))
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(SEQ).expand(BATCH, SEQ))
+        model.save_pretrained(root / family)
+        main_export(str(root / family), output=root / f"{family}-plain", task="text-generation")
+        out[family] = {
+            "plain": root / f"{family}-plain" / "model.onnx",
+            "params": model.num_parameters(),
+            "flops": counter.get_total_flops(),
+        }
+    main_export(str(root / "phi3"), output=root / "phi3-past", task="text-generation-with-past")
+    out["phi3"]["past"] = root / "phi3-past" / "model.onnx"
+    return out
+
+
+def _report(argv: list[str], tmp_path, capsys) -> dict:
+    out = tmp_path / "r.json"
+    assert main([*argv, "-q", "--json", str(out)]) == 0, capsys.readouterr().err
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_family_profiles_with_batch_and_seq_alone_and_counts_as_flop_counter_mode(exports, family, tmp_path, capsys):
+    model = exports[family]
+    argv = ["profile", str(model["plain"]), "-t", "h100", "--batch", str(BATCH), "--seq", str(SEQ)]
+    report = _report(argv, tmp_path, capsys)
+    folded = [n for n in report["nodes"] if n["op_type"] == "MatMul" and FOLDED in (n.get("note") or "")]
+    assert all(n["contraction_flops"] == 0 for n in folded)  # at compile time: no work in the step
+    head = FAMILIES[family].get("head_dim", 64 // 4)
+    rotary = 2 * BATCH * SEQ * (head // 2)  # the rotary angles: inv_freq @ positions, one matmul
+    assert [n["scope"] for n in folded] in ([], ["model.rotary_emb"])
+    assert report["totals"]["contraction_flops"] + rotary * len(folded) == model["flops"]
+    assert report["model"]["params"] == model["params"]
+
+
+@pytest.mark.parametrize("target", ["wse2", "sn30", "bow", "h100"])
+def test_phi3s_empty_pass_through_half_is_a_dim_of_zero_not_an_unbound_one(exports, target, tmp_path, capsys):
+    """The rotary split's pass-through part, 0 wide, follows from the bound inputs like any derived dim:
+    the plain export and the one with a KV cache profile with the run's flags alone, on every target."""
+    plain = ["profile", str(exports["phi3"]["plain"]), "-t", target, "--batch", str(BATCH), "--seq", str(SEQ)]
+    _report(plain, tmp_path, capsys)
+    cached = ["profile", str(exports["phi3"]["past"]), "-t", target, "--batch", str(BATCH), "--seq", "1"]
+    report = _report([*cached, "--past", str(PAST)], tmp_path, capsys)
+    assert report["config"]["past"] == PAST
