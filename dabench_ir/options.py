@@ -299,6 +299,8 @@ SCENARIOS = ("generate",)
 RECOMPUTE = ("none", "selective", "op", "full")
 """Every ``--recompute`` choice; `dabench_ir.passes.training` says what each one keeps (docs/training.md)."""
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
+DECODE_ATTENTION = ("per-query-head", "per-kv-head")
+"""How a GPU decode step's attention kernel loads a grouped-query KV cache (`lowering.gpu.cache_rereads`)."""
 MODES = ("inference", "train")
 _TRAIN = frozenset({"train"})
 OPT_LEVELS = ("O0", "O1", "O3")
@@ -380,6 +382,15 @@ class ProfileOptions:
         "default: the target's [defaults])",
         parse=_bool,
         metavar="{true,false}",
+    )
+    decode_attention: str = knob(
+        "per-query-head",
+        help="GPU decode step's attention kernel under grouped-query attention: per-query-head (a thread "
+        "block per query head loads its group's K/V, the repeats from L2: TensorRT-LLM's masked MHA, vLLM's "
+        "paged attention) or per-kv-head (a block per K/V head serves its query heads, the cache loaded "
+        "once: TensorRT-LLM's XQA, TRTLLM_ENABLE_XQA=1)",
+        choices=DECODE_ATTENTION,
+        targets=frozenset({"gpu"}),
     )
     micro_batch: int | None = knob(
         None,

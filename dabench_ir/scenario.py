@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import ProfileOptions
+from dabench_ir.options import KNOBS, ProfileOptions
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 
 if TYPE_CHECKING:
@@ -503,7 +503,8 @@ def generate(
         return run_phase(proto, {}, phase, tgt, bound, context=context)
 
     say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
-    prefill_opts = dataclasses.replace(run_opts, kv_precision=None)  # the cache is a decode graph's input
+    # the cache, and the kernel that reads it, are a decode graph's
+    prefill_opts = dataclasses.replace(run_opts, kv_precision=None, decode_attention=KNOBS["decode_attention"].default)
     prefill = step("prefill", prompt, prefill_proto, prefill_opts)
     decode = []
     for context in sample_contexts(prompt, gen, samples):

@@ -22,7 +22,9 @@ these into the GEMM and attention kernels). The KV cache is an input held in HBM
 weights, so a decode step is bound by reading weights and cache plus the launches. Their decode
 attention kernels run one thread block per query head: under grouped-query attention HBM delivers
 the cache once per K/V head, but each query head of a group loads it again from L2, so a cache read
-takes at least all those loads at ``arch.l2_bandwidth_bytes_per_s`` (`cache_rereads`).
+takes at least all those loads at ``arch.l2_bandwidth_bytes_per_s`` (`cache_rereads`). A kernel of
+one thread block per K/V head serving its group's query heads (TensorRT-LLM's XQA: "reducing data
+loading", docs/source/blogs/XQA-kernel.md) loads it once: ``--decode-attention per-kv-head``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering._common import (
@@ -87,6 +90,7 @@ class GpuOptions(LoweringOptions):
     fuse_elementwise: bool = internal(True)
     micro_batches: int | None
     optimizer_state: str
+    decode_attention: str
 
 
 class GpuLowering(Lowering):
@@ -616,9 +620,18 @@ def stream_plan(
     # a streaming kernel sustains only part of the datasheet bandwidth (DRAM refresh, row switches,
     # read/write turnarounds): measured copy and STREAM rates, ``arch.memory_efficiency``
     bw = mem.bandwidth_bytes_per_s * target.arch_value("memory_efficiency", 1.0)
-    # a decode attention kernel loads a GQA cache once per query head, the repeats from L2
+    # a decode attention kernel of a thread block per query head loads a GQA cache once per query
+    # head, the repeats from L2; a block per K/V head (--decode-attention per-kv-head) loads it once
     l2_bw = target.arch_value("l2_bandwidth_bytes_per_s", 0.0)
     rereads = cache_rereads(ctx) if l2_bw > 0 else {}
+    if getattr(options, "decode_attention", None) == "per-kv-head":
+        if not rereads:
+            raise UserError(
+                "--decode-attention per-kv-head: the graph has no decode attention over a grouped-query KV "
+                "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
+                "--phase decode); drop it"
+            )
+        rereads = {}
 
     def memory(node: Node, runs: int) -> float:
         return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), l2_bw)

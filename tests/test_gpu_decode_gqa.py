@@ -23,9 +23,9 @@ FP16 = 2
 CACHE_PER_KV_HEAD = BATCH * HEAD_DIM * CONTEXT * FP16  # one K (or V) head of the cache, every sequence
 
 
-def _decode(kv_heads: int, *, phase: str = "decode"):
+def _model(kv_heads: int, *, phase: str = "decode"):
+    """The tiny Llama's weight-free export: a decode step over CONTEXT cached tokens, or a prefill of them."""
     from dabench_ir.models.export import export_onnx
-    from dabench_ir.pipeline import prepare_graph
 
     cfg = ModelConfig(
         family="llama",
@@ -42,7 +42,13 @@ def _decode(kv_heads: int, *, phase: str = "decode"):
         phase=phase,
         context=CONTEXT if phase == "decode" else 0,
     )
-    return prepare_graph(export_onnx(cfg, weights="none"), ProfileOptions(precision="fp16"))
+    return export_onnx(cfg, weights="none")
+
+
+def _decode(kv_heads: int, *, phase: str = "decode"):
+    from dabench_ir.pipeline import prepare_graph
+
+    return prepare_graph(_model(kv_heads, phase=phase), ProfileOptions(precision="fp16"))
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +155,50 @@ def test_a_cache_matmul_takes_the_slower_of_hbm_once_and_l2_per_query_head(graph
         else:
             assert np_.memory_s == pytest.approx(once, rel=1e-12)
             assert "L2" not in np_.note
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_a_kernel_per_kv_head_loads_a_grouped_cache_once(graphs, kv_heads):
+    """``--decode-attention per-kv-head`` (TensorRT-LLM's XQA: a thread block per K/V head serves its
+    query heads): the cache matmul's memory time is its bytes once at the sustained HBM rate, the L2
+    repeats gone; every other node is placed as by the kernel per query head."""
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import GpuLowering
+    from dabench_ir.passes import meta
+    from dabench_ir.targets import load_target
+
+    target = load_target("a100")
+    graph = graphs[kv_heads]
+    hbm = target.feed_memory.bandwidth_bytes_per_s * target.arch_value("memory_efficiency")
+    plans = {
+        kernel: lower(graph, target, GpuLowering.options(ProfileOptions(precision="fp16", decode_attention=kernel)))
+        for kernel in ("per-query-head", "per-kv-head")
+    }
+    readers = {node.name for node in _cache_readers(graph).values()}
+    for name, grouped in plans["per-kv-head"].node_plans.items():
+        per_head = plans["per-query-head"].node_plans[name]
+        if name in readers:
+            assert grouped.memory_s == pytest.approx(meta.get_cost(graph.node(name)).bytes / hbm, rel=1e-12)
+            assert grouped.memory_s < per_head.memory_s  # 4 and 8 query heads a group: past the L2 / HBM ratio
+            assert "L2" not in grouped.note
+        else:
+            assert grouped.per_micro_batch_s == per_head.per_micro_batch_s
+
+
+@pytest.mark.parametrize(
+    ("target", "kv_heads", "phase", "why"),
+    [
+        ("a100", 8, "decode", "no decode attention over a grouped-query KV cache"),  # multi-head: nothing grouped
+        ("a100", 2, "prefill", "no decode attention over a grouped-query KV cache"),
+        ("sn30", 2, "decode", "applies to gpu targets, not sn30"),
+    ],
+)
+def test_a_kernel_per_kv_head_is_refused_where_nothing_reads_a_grouped_cache(target, kv_heads, phase, why):
+    from dabench_ir import api
+    from dabench_ir.errors import UserError
+
+    with pytest.raises(UserError, match=why):
+        api.profile(_model(kv_heads, phase=phase), target, precision="fp16", decode_attention="per-kv-head")
 
 
 def test_l2_binds_a_gqa_cache_read_exactly_when_its_query_heads_outrun_the_l2_hbm_ratio():
