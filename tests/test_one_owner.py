@@ -185,3 +185,21 @@ def test_a_scope_is_the_same_module_to_every_user():
     assert norms, "the decoder has norm modules"
     # a norm module's nodes carry its name as their role, or the "norms" pattern inside a container
     assert all(roles[n] == general_scope(module) or roles[n].endswith(": norms") for n, module in norms.items())
+
+
+# -- the peak a role's "of peak" divides by: the metrics' (the plan's precision) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "precision"), [("h100", "fp8"), ("h100", "int8"), ("h100", "w4a16"), ("sn30", "mixed")]
+)
+def test_a_roles_share_of_peak_is_over_the_peak_the_metrics_read(target, precision):
+    """``fp8`` runs the contraction at the target's ``fp8e4m3`` peak: the role table's "of peak" read the
+    bf16 peak instead and printed 155 % for an fp8 GEMM on an H100."""
+    from dabench_ir.report.attribution import role_rows, target_peak
+
+    report = api.profile("gpt2-small", target, batch=8, dims={"seq": 512}, precision=precision)
+    chips = report.plan.chips
+    assert target_peak(report) * chips == report.metrics["peak_flops_per_s"]
+    fractions = [r["peak_fraction"] for r in role_rows(report, overheads=False) if r["peak_fraction"] is not None]
+    assert fractions and max(fractions) <= 1.0

@@ -80,11 +80,13 @@ nodes touch."""
 
 
 def target_peak(report: Report) -> float | None:
-    """The target's peak FLOP/s at the report's precision (None without a target)."""
+    """The target's peak FLOP/s at the precision the placement ran at, as the metrics' efficiency reads
+    it: the plan's (``fp8`` runs the contraction at ``fp8e4m3``, ``w4a16`` at fp16); the report's
+    precision without a plan (None without a target)."""
     target = report.target_obj
     if target is None:
         return None
-    precision = report.config.get("precision") or "fp32"
+    precision = report.plan.precision if report.plan is not None else report.config.get("precision") or "fp32"
     for p in (precision, "bf16", "fp32"):
         try:
             return float(target.peak_flops(p))
