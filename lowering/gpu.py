@@ -9,8 +9,10 @@ device memory (HBM). In training the step runs ``micro_batches`` micro-batches o
 another (gradient accumulation): each kernel launches and reads its weights once per
 micro-batch, activations are held for one micro-batch at a time, and the optimizer runs
 once per step. Attention cores run as one fused kernel when the fused-attention pass ran;
-they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share),
-but never run faster than their exps at the SFU rate and the rest at the hardware rates allow.
+they reach ``arch.fused_attention_efficiency`` of peak (FlashAttention-2's measured share) on the
+scores they compute (a causal kernel skips the key blocks above the diagonal, about half:
+``meta.CAUSAL_SHARE``), but never run faster than their exps at the SFU rate and the rest at the
+hardware rates allow.
 ``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
 host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
 onnxruntime kernel, with its calibrated times.
@@ -166,26 +168,32 @@ def _compute_times(
 
     The nodes of one fused attention kernel (FlashAttention) run together: the kernel takes
     its contraction FLOPs at ``fused_eff`` of the peak (the published share; FlashAttention
-    counts only the matmul FLOPs), but never less than all its work at the hardware rates in
+    counts only the matmul FLOPs, a causal run's as half), on the share of the scores it computes
+    (``CAUSAL_SHARE``: a causal kernel skips the key blocks above the diagonal,
+    `passes.training.causal_shares`), but never less than all its work at the hardware rates in
     series (its exps at the SFU rate, its scale, max and sums at the vector rate, its matmuls at
-    the peak); each node gets the kernel's time in proportion to its own work at those rates.
-    ``fused_eff`` None: the target has no published share; fused nodes are timed as any node.
+    the peak: the graph counts every score, and the verifier holds each node to that); each node
+    gets the kernel's time in proportion to its own work at those rates. ``fused_eff`` None: the
+    target has no published share; fused nodes are timed as any node.
     """
     out: dict[str, tuple[float, str]] = {}
     cores: dict[object, list[tuple[str, dict[str, float]]]] = {}
+    computed: dict[object, float] = {}  # core -> the share of its scores the kernel computes
     for node in ctx.graph.nodes:
         cost = ctx.costs[node.name]
         prec = ctx.node_precision(node)
         if fused_eff is not None and FUSED_ATTENTION in node.meta:
             hw = target.class_times(cost, prec)
-            cores.setdefault(node.meta[FUSED_ATTENTION], []).append((node.name, hw))
+            core = node.meta[FUSED_ATTENTION]
+            cores.setdefault(core, []).append((node.name, hw))
+            computed[core] = node.meta.get(meta.CAUSAL_SHARE, 1.0)
             continue
         eff = matmul_eff * gemm_wave_efficiency(ctx, node, target) if cost.contraction_flops else matmul_eff
         times = target.class_times(cost, prec, contraction_efficiency=eff)
         out[node.name] = (sum(times.values()), max(times, key=times.get))
-    for members in cores.values():
+    for core, members in cores.items():
         floor = sum(sum(hw.values()) for _, hw in members)
-        share = sum(hw["contraction"] for _, hw in members) / fused_eff
+        share = computed[core] * sum(hw["contraction"] for _, hw in members) / fused_eff
         kernel = max(share, floor)
         for name, hw in members:
             own = sum(hw.values())

@@ -210,6 +210,9 @@ class OpTraits(NamedTuple):
     output's static shape."""
     index_input: int | None = None
     """The input that holds indices (Gather*): a microbenchmark may feed zeros, which are valid."""
+    makes_causal_mask: bool = False
+    """An attention mask made by it is causal: a triangle of the score matrix (Trilu, ``torch.triu``) or
+    key positions compared with query positions (Less, Greater, ...: ``kv_idx <= q_idx``) (`passes.training.causal_shares`)."""
     output_types: Callable[[Any, list[Any]], list[Any]] | None = None
     """Output (shape, elem type) from the inputs' for an op ONNX shape inference does not know
     (onnxruntime contrib ops; `frontends.contrib_types.complete_contrib_types` calls it)."""
@@ -752,12 +755,13 @@ _elementwise("BitwiseAnd", 1, 0)
 _elementwise("BitwiseOr", 1, 0)
 _elementwise("BitwiseXor", 1, 0)
 _elementwise("BitwiseNot", 1, 0)
-# comparisons and selection
+# comparisons and selection (an order comparison of positions makes a causal mask)
+_ORDERS = {"makes_causal_mask": True}
 _elementwise("Equal", 1, 0)
-_elementwise("Less", 1, 0)
-_elementwise("LessOrEqual", 1, 0)
-_elementwise("Greater", 1, 0)
-_elementwise("GreaterOrEqual", 1, 0)
+_elementwise("Less", 1, 0, **_ORDERS)
+_elementwise("LessOrEqual", 1, 0, **_ORDERS)
+_elementwise("Greater", 1, 0, **_ORDERS)
+_elementwise("GreaterOrEqual", 1, 0, **_ORDERS)
 _elementwise("And", 1, 0)
 _elementwise("Or", 1, 0)
 _elementwise("Xor", 1, 0)
@@ -1113,7 +1117,7 @@ _moves("Tile", (1,))
 _moves("Pad", (1, 2, 3))
 _moves("Cast", folds_on_weights=True, keeps_values=True, roles=(*_EW, *_PASSES), identity_when_unchanged=True)
 _moves("CastLike", (1,))
-_moves("Trilu", (1,))
+_moves("Trilu", (1,), makes_causal_mask=True)  # torch.triu of a full mask: the causal triangle
 _moves("DepthToSpace")
 _moves("SpaceToDepth")
 _moves("GatherElements", index_input=1)

@@ -18,6 +18,7 @@ __all__ = [
     "ACCUMULATE",
     "ANALYZED",
     "BACKWARD_COST",
+    "CAUSAL_SHARE",
     "COST",
     "ELIMINATED",
     "ESTIMATED",
@@ -71,6 +72,9 @@ SUBGRAPH = "dabench.subgraph"  # True: the node holds a nested graph (If, Loop, 
 FORWARD_COST = "dabench.cost.forward"  # Cost of the forward phase, written by the 'training' pass
 BACKWARD_COST = "dabench.cost.backward"  # Cost of the backward phase, written by the 'training' pass
 FUSED_ATTENTION = "dabench.fused_attention"  # the attention core id a fused kernel runs the node in ('fused-attention')
+CAUSAL_SHARE = (
+    "dabench.causal_share"  # float: share of its core's scores a causal fused kernel computes ('fused-attention')
+)
 SAVED = "dabench.train.saved"  # {value: bytes} the node keeps for backward (whole bound batch), by 'training'
 QUANTISED = "dabench.quantised"  # (mode, weight value names) of a weight-only quantised matmul, by 'precision'
 MLIR_OPS = "dabench.mlir.ops"  # list[OpCount] attributed to the node, by 'linalg-cost'

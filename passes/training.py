@@ -25,6 +25,7 @@ The rules, with their sources, are in docs/training.md. In short:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from dabench_ir.options import RECOMPUTE
 from . import meta
 from .base import Pass, PassResult
 from .cost_rules import Backward, OpClass, OpTraits, Saves, traits_of
+from .meta import MODEL_FAMILY
 
 __all__ = [
     "ADAM_FLOPS_PER_PARAM",
@@ -247,6 +249,67 @@ def attention_cores(graph: Graph) -> dict[str, int]:
     return core
 
 
+_MASK_WALK = 64
+"""Producers walked back from a core's mask to find what makes it (a mask shared by every layer: walked once)."""
+
+
+def causal_shares(graph: Graph, cores: dict[str, int]) -> dict[int, float]:
+    """Core id -> the share of its S x T scores a causal kernel computes, for each core whose mask is
+    causal (`_causal_mask`): the S queries are the last S of the T keys, and query i sees the keys up
+    to its own position, S·(T − S) + S·(S + 1)/2 pairs of S·T. A fused causal kernel skips the key
+    blocks wholly above the diagonal (FlashAttention-2, Dao 2023, section 3.1.1: "we can skip the
+    computation of blocks where all the column indices are more than the row indices"; its FLOP/s
+    figures count a causal run's FLOPs as half). A decode step (S = 1) sees every key: share 1, left
+    out, as is a core with no causal mask."""
+    by_core: dict[int, list[Node]] = {}
+    for name, cid in cores.items():
+        by_core.setdefault(cid, []).append(graph.node(name))
+    made: dict[str, bool] = {}
+    shares: dict[int, float] = {}
+    for cid, members in by_core.items():
+        masks = [n for n in members if n.op_type in ("Add", "Where")]
+        if not any(_causal_mask(graph, v, made) for n in masks for v in n.inputs if v):
+            continue
+        try:  # the scores' [.., S, T], the run's dims bound
+            shape = graph.type_of(members[0].outputs[0]).shape
+        except (UnboundSymbolError, KeyError, IndexError):
+            continue
+        if not shape or len(shape) < 2 or not all(isinstance(d, int) for d in shape[-2:]):
+            continue
+        s, t = shape[-2:]
+        if 1 < s <= t:
+            shares[cid] = (s * (t - s) + s * (s + 1) / 2) / (s * t)
+    return shares
+
+
+def _causal_mask(graph: Graph, value: str, made: dict[str, bool]) -> bool:
+    """Whether ``value`` is, or is made from, a causal mask: within `_MASK_WALK` producers, nearest
+    first (not through a contraction, the scores' own path, nor into what a Shape reads) an op that
+    makes a causal mask (`OpTraits.makes_causal_mask`), or a constant matrix of this tool's
+    decoder export, whose one mask is the causal triangle (`models.gpt2.causal_mask`; the exporter
+    folds its Trilu into a constant). ``made``: the answers so far, by value."""
+    if value in made:
+        return made[value]
+    exported = MODEL_FAMILY in graph.metadata
+    queue, visited, found = deque([value]), set(), False
+    while queue and len(visited) < _MASK_WALK and not found:  # nearest producers first
+        name = queue.popleft()
+        if name in visited or name not in graph.values:
+            continue
+        visited.add(name)
+        v = graph.values[name]
+        if v.producer is None:
+            found = exported and v.kind is ValueKind.CONSTANT and len(v.type.shape or ()) >= 2
+            continue
+        node = graph.node(v.producer)
+        traits = traits_of(node)
+        found = traits.makes_causal_mask
+        if node.op_type != "Shape" and traits.backward is not Backward.CONTRACTION:
+            queue.extend(i for i in node.inputs if i)  # not a Shape's input: only its dims are read
+    made[value] = found
+    return found
+
+
 def core_internal(graph: Graph, cores: dict[str, int]) -> set[str]:
     """Values a core produces and only the same core reads (scores, probabilities)."""
     internal = set()
@@ -272,10 +335,13 @@ class FusedAttentionPass(Pass):
         if not cores:
             return PassResult(graph, False)
         internal = core_internal(graph, cores)
+        causal = causal_shares(graph, cores)
         for name, cid in cores.items():
             node = graph.node(name)
             cost = meta.get_cost(node)
             node.meta[FUSED_ATTENTION] = cid
+            if cid in causal:
+                node.meta[meta.CAUSAL_SHARE] = causal[cid]
             if cost is None:
                 continue
             drop_in = sum(_nbytes(graph, v) for v in node.inputs if v in internal)

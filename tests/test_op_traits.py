@@ -146,6 +146,7 @@ def test_unknown_op_gets_the_documented_default():
         "loss": False,
         "output_shape_input": None,
         "index_input": None,
+        "makes_causal_mask": False,
         "output_types": None,
     }
     assert OpTraits(**documented) == UNKNOWN_OP and set(documented) == set(OpTraits._fields)
