@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dabench_ir.errors import UserError
@@ -52,6 +52,7 @@ __all__ = [
     "assign_costs",
     "count_module",
     "generic_op_views",
+    "mark_narrow_contractions",
     "node_keys",
     "ops_in",
     "origin_keys",
@@ -94,6 +95,8 @@ _FREE = frozenset(
 _GATHERS = frozenset({"tensor.extract", "memref.load"})  # an element read from a tensor (a buffer) in a payload
 _MUL = frozenset({"arith.mulf", "arith.muli"})
 _ADD = frozenset({"arith.addf", "arith.addi"})
+_SUB = frozenset({"arith.subf", "arith.subi"})
+_WIDENINGS = frozenset({"arith.extf"})  # a cast to a wider float: what a pure widening op's body holds
 
 # Tensor-dialect ops that only change how data is viewed: no bytes, no FLOPs.
 VIEW_OPS = frozenset(
@@ -153,6 +156,7 @@ class OpCount:
     reason: str | None = None
     domain: tuple[int, ...] | None = None
     op: Any = field(default=None, repr=False)  # the torch_mlir Operation (original module)
+    operand_dtype: DType | None = None  # a contraction's narrowest operand, when 8-bit (`_narrow_operand`)
 
 
 class MlirArtifact:
@@ -457,7 +461,7 @@ def _count_payload(
                 if idx is not None:
                     used_args.add(idx)
         name = inner.name
-        if name in _FREE or inner in fused_muls or inner in guards:
+        if name in _FREE or inner in fused_muls or inner in guards or _subtracts_zero(op, inner, arg_index, n_inputs):
             continue
         if name in _GATHERS:  # a gather: one element read per iteration, no FLOPs
             gathers.append(inner.operands[0])
@@ -473,6 +477,37 @@ def _count_payload(
         else:
             raise _Uncountable(f"payload op {name} has no counting rule")
     return contraction, vector, special, used_args
+
+
+def _subtracts_zero(op: Any, inner: Any, arg_index: dict[Any, int], n_inputs: int) -> bool:
+    """``inner`` subtracts an input of ``op`` that is a constant zero (``x - 0`` is ``x``): the zero
+    point of a symmetric quantisation, which ``linalg.quantized_matmul`` subtracts from each operand
+    before it multiplies (torch-mlir's int8 matmul writes the constant 0 there)."""
+    if inner.name not in _SUB:
+        return False
+    idx = arg_index.get(inner.operands[1])
+    if idx is None or idx >= n_inputs:
+        return False
+    source = op.operands[idx]
+    owner = source.owner
+    if isinstance(owner, type(op.regions[0].blocks[0])) or owner.name != "arith.constant":
+        return False
+    return _is_zero(owner.attributes["value"])
+
+
+def _is_zero(attr: Any) -> bool:
+    """A scalar or splat zero (integer or float) constant."""
+    from torch_mlir import ir
+
+    if isinstance(attr, ir.DenseElementsAttr):
+        if not attr.is_splat:
+            return False
+        attr = attr.get_splat_value()
+    if isinstance(attr, ir.IntegerAttr):
+        return attr.value == 0
+    if isinstance(attr, ir.FloatAttr):
+        return attr.value == 0.0
+    return False
 
 
 def _guard_only(body: list[Any]) -> set[Any]:
@@ -645,7 +680,91 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
             counts.append(
                 OpCount(name, origin, Cost(), "uncounted", reason=f"no linalg-level counting rule for {name}", op=op)
             )
+    _fuse_narrow_widenings(counts, is_weight)
     return counts
+
+
+# -- 8-bit operands ------------------------------------------------------------------------
+_NARROW_DTYPES = {
+    "i8": DType.INT8,
+    "si8": DType.INT8,
+    "ui8": DType.UINT8,
+    "f8E4M3FN": DType.FLOAT8E4M3FN,
+    "f8E4M3FNUZ": DType.FLOAT8E4M3FNUZ,
+    "f8E5M2": DType.FLOAT8E5M2,
+    "f8E5M2FNUZ": DType.FLOAT8E5M2FNUZ,
+}
+"""The 8-bit element types a contraction can multiply in (an i1 mask is no 8-bit operand)."""
+
+
+def _widened_source(op: Any) -> Any | None:
+    """The 8-bit float ``op`` only widens (a ``linalg.generic`` whose body is one ``arith.extf`` of its
+    single input), else None: what a compiler fuses into the op that reads the wide copy."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or len(op.operands) != 2:
+        return None
+    source = op.operands[0]
+    if not str(getattr(source.type, "element_type", "")).startswith("f8"):
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) != 2 or body[0].name not in _WIDENINGS or body[1].name != "linalg.yield":
+        return None
+    arg = op.regions[0].blocks[0].arguments[0]
+    return source if body[0].operands[0] == arg and body[1].operands[0] == body[0].results[0] else None
+
+
+def _fuse_narrow_widenings(counts: list[OpCount], is_weight: Any) -> None:
+    """Fuse each widening of an 8-bit float (`_widened_source`) into the linalg ops that read it, as a
+    compiler fuses the cast into its consumer: the widening costs nothing, each consumer reads the
+    8-bit source instead of the wide copy (a weight's bytes stay weight bytes); then mark every
+    contraction whose operand is 8-bit, read directly or through such a widening and data
+    movement (a broadcast of the weight), with that dtype (`OpCount.operand_dtype`). A widening
+    something other than a linalg op reads (a function result) is left as it is."""
+    by_op = {c.op: c for c in counts if c.op is not None and c.op_name.startswith("linalg.")}
+    fused: dict[Any, Any] = {}  # a fused widening's op -> its 8-bit source
+    for c in counts:
+        source = _widened_source(c.op) if c.op is not None else None
+        if source is None:
+            continue
+        wide = c.op.results[0]
+        readers = [by_op.get(use.owner.operation) for use in wide.uses]
+        if not readers or any(r is None or r.op_class == "uncounted" for r in readers):
+            continue
+        narrow, wide_bytes = tensor_nbytes(source.type), tensor_nbytes(wide.type)
+        moved = Cost(weight_bytes=narrow) if is_weight(source) else Cost(act_bytes_in=narrow)
+        for reader in {id(r): r for r in readers}.values():
+            cost = reader.cost
+            cost = replace(cost, act_bytes_in=max(0, cost.act_bytes_in - wide_bytes))
+            reader.cost = cost + moved
+        c.cost, c.reason = Cost(), "an 8-bit float widening, fused into the ops that read it"
+        fused[c.op] = source
+    for c in counts:
+        if c.op_class == "contraction" and c.op is not None:
+            c.operand_dtype = _narrow_operand(c.op, by_op, fused)
+
+
+def _narrow_operand(op: Any, by_op: dict[Any, OpCount], fused: dict[Any, Any]) -> DType | None:
+    """The 8-bit dtype a contraction multiplies in: one of its inputs is 8-bit, read directly (the
+    i8 operands of ``linalg.quantized_matmul``) or through a fused widening and ops that only move
+    data; None when none is."""
+    n_results = len(op.results)
+    found: DType | None = None
+    for value in list(op.operands)[: len(op.operands) - n_results]:
+        for _ in range(8):
+            dtype = _NARROW_DTYPES.get(str(getattr(value.type, "element_type", "")))
+            if dtype is not None:
+                found = found or dtype
+                break
+            owner = value.owner
+            producer = by_op.get(getattr(owner, "operation", owner))
+            if producer is None:
+                break
+            if producer.op in fused:
+                value = fused[producer.op]
+            elif producer.op_class == "data_movement" and len(producer.op.operands) == 2:
+                value = producer.op.operands[0]
+            else:
+                break
+    return found
 
 
 def _has_tensor(op: Any) -> bool:
@@ -688,7 +807,20 @@ class LinalgCostPass(Pass):
         keys = node_keys(counts)
         assign_costs(graph, counts, keys)
         _check_costed(graph, counts, keys, artifact.source)
+        mark_narrow_contractions(graph)
         return PassResult(graph, True)
+
+
+def mark_narrow_contractions(graph: Graph) -> None:
+    """A node whose linalg contraction multiplies an 8-bit operand (`OpCount.operand_dtype`: the i8
+    operands of ``linalg.quantized_matmul``, an fp8 weight whose widening the count fused) computes
+    in that dtype (`meta.PRECISION`, what the lowerings take the peak at), as the module says,
+    whatever precision pass ran before; the other nodes keep theirs."""
+    for node in graph.nodes:
+        dtypes = {c.operand_dtype for c in node.meta.get(MLIR_OPS, ()) if c.operand_dtype is not None}
+        if dtypes:
+            node.meta[meta.PRECISION] = min(dtypes, key=str)
+            node.meta.pop(meta.ACCUMULATE, None)
 
 
 def node_keys(counts: list[OpCount]) -> list[str | None]:

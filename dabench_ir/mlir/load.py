@@ -564,7 +564,7 @@ def attach_mlir(
     if precision is not None:
         retype_onnx(prepared, precision)
     if precision in QUANTISED_IMPORTS:
-        quantised = dequantised_weights(prepared, graph)
+        quantised = dequantised_weights(prepared, graph, precision)
         weight_args = weight_arg_indices(prepared.graph, weights | quantised)
     ctx = mlir_context()
     module = import_onnx(prepared, context=ctx, where=where)
@@ -578,32 +578,39 @@ def attach_mlir(
 
 
 # -- precision at import -----------------------------------------------------------------
-IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "w8a16")
+IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16")
 """The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
 ``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md);
-``w8a16`` at fp16, each block matmul's weight int8 behind a per-channel ``DequantizeLinear``
-(`dequantised_weights`)."""
+the quantised modes at fp16, each block matmul's weight stored quantised (`dequantised_weights`):
+``int8`` in QDQ form (activation and weight each quantised per tensor, which torch-mlir fuses into
+an integer matmul), ``fp8`` as float8e4m3fn behind a ``Cast``, ``w8a16`` int8 behind a per-channel
+``DequantizeLinear``."""
 
-QUANTISED_IMPORTS = frozenset({"w8a16"})
+QUANTISED_IMPORTS = frozenset({"int8", "fp8", "w8a16"})
 """Import precisions whose block-matmul weights are stored quantised (`dequantised_weights`)."""
 
-_IMPORT_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "mixed": "bf16", "w8a16": "fp16"}
+_IMPORT_DTYPE = {
+    "fp32": "fp32",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "mixed": "bf16",
+    "int8": "fp16",
+    "fp8": "fp16",
+    "w8a16": "fp16",
+}
 
 
 def check_import_precision(precision: str | None) -> None:
-    """A UserError, in one line, for a precision the linalg module cannot be imported at: the quantised
-    modes, recipes over the block matmuls' weights that torch-mlir's linalg cannot express as the
-    ONNX path costs them (tried with its ONNX importer): a block-wise int4 ``DequantizeLinear``
-    (w4a16) is not legalised, an fp8 weight is cast to f32 before the matmul (no fp8 contraction),
-    and int8 (W8A8) would need its activations quantised too (QLinear ops the import does not write)."""
+    """A UserError, in one line, for a precision the linalg module cannot be imported at: w4a16, the
+    ONNX path's group-wise int4 (group 128, a scale and zero point per group): torch-mlir does not
+    legalise a block-wise int4 ``DequantizeLinear`` ("failed to legalize operation 'torch.operator'
+    ... onnx.DequantizeLinear"); a per-channel one it lowers, but that is another recipe than the
+    ONNX path's, and the count sizes an i4 element at a byte (docs/mlir.md, "Precision")."""
     if precision is None or precision in IMPORT_PRECISIONS:
         return
     why = {
-        "w4a16": "torch-mlir does not lower a block-wise int4 DequantizeLinear",
-        "fp8": "torch-mlir casts an fp8 weight to f32 before the matmul (no fp8 contraction in its linalg)",
-    }.get(
-        precision, f"{precision} weights need the model rewritten into quantised ONNX ops, which the import does not do"
-    )
+        "w4a16": "torch-mlir does not lower a block-wise int4 DequantizeLinear (the group-wise int4 the ONNX path costs)",
+    }.get(precision, f"no import writes {precision} weights")
     raise UserError(
         f"--precision {precision} with --via mlir: {why}; the linalg module is imported at "
         f"{', '.join(IMPORT_PRECISIONS)} (drop --via mlir for {precision})"
@@ -676,14 +683,22 @@ def _converted(tensor: Any, to: int) -> Any:
     return out
 
 
-def dequantised_weights(proto: onnx.ModelProto, graph: Graph) -> frozenset[str]:
+def dequantised_weights(proto: onnx.ModelProto, graph: Graph, precision: str = "w8a16") -> frozenset[str]:
     """``proto`` (prepared, retyped to fp16) with the weight of every matmul inside a decoder block
-    stored int8 and dequantised per output channel before it is read, as a ``DequantizeLinear``
-    (int8 weight, fp16 scale and int8 zero point per channel: torch-mlir lowers it only with a zero
-    point) named as the matmul, so its linalg work is the matmul's, where the ONNX path adds its
-    dequantisation (`passes.precision.DequantisePass`); returns the scale and zero-point arguments,
-    weights of the module. The weights quantised are the ONNX path's (`block_matmul_weights` of
-    the frontend's ``graph``)."""
+    stored quantised at ``precision`` and widened before the matmul reads it, each added node named
+    as the matmul, so its linalg work is the matmul's; returns the arguments added (scales, zero
+    points), weights of the module. The weights quantised are the ONNX path's (`block_matmul_weights`
+    of the frontend's ``graph``).
+
+    - ``w8a16``: int8, dequantised per output channel by a ``DequantizeLinear`` (fp16 scale and int8
+      zero point per channel: torch-mlir lowers it only with a zero point), where the ONNX path adds
+      its dequantisation (`passes.precision.DequantisePass`); `_dequantise_per_channel`;
+    - ``int8`` (W8A8): the QDQ form, `_quantise_qdq`: torch-mlir's torch-dialect pipeline fuses a
+      per-tensor ``DequantizeLinear`` of both operands into ``linalg.quantized_matmul`` (i8 x i8
+      accumulating in i32); a per-channel one it does not fuse;
+    - ``fp8``: float8e4m3fn behind a ``Cast`` to fp16 (`_widen_fp8`): torch-mlir legalises neither a
+      float8 ``DequantizeLinear`` nor a ``Cast`` to float8, so the activations stay fp16; the count
+      fuses the widening into the contraction (`dabench_ir.mlir.count`, docs/mlir.md)."""
     import onnx
 
     from dabench_ir.passes import PassManager
@@ -694,44 +709,121 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph) -> frozenset[str]:
     g = proto.graph
     inputs = {vi.name: vi for vi in g.input}
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 19)
-    # DequantizeLinear-19 writes its scale's type; before opset 19 both are fp32, cast to the fp16 read
-    scale_type = onnx.TensorProto.FLOAT16 if opset >= 19 else onnx.TensorProto.FLOAT
-    reads: dict[str, str] = {}  # stored weight -> the dequantised value its readers take
+    readers = {node.name: node for node in g.node}
+    reads: dict[str, str] = {}  # stored weight -> the widened value its readers take
+    before: dict[str, list[onnx.NodeProto]] = {}  # a matmul's name -> the nodes to run just before it
+    front: list[onnx.NodeProto] = []  # nodes that read only graph inputs (weights)
     added: set[str] = set()  # the weights, scales and zero points: the module's weight arguments
-    dequantise: list[onnx.NodeProto] = []
     for matmul, chain in block_matmul_weights(classified).items():
         stored = chain[0]
         if stored not in inputs or stored in reads:
             continue
         reader = classified.node(matmul)
-        direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
-        axis = 1 if direct else 0  # the output channels: W[K, N] read as it is, else W[N, K]
-        channels = [d.dim_value for d in inputs[stored].type.tensor_type.shape.dim][axis]
-        inputs[stored].type.tensor_type.elem_type = onnx.TensorProto.INT8
-        scale, zero, read = f"{stored}.scale", f"{stored}.zero_point", f"{stored}.dequantised"
-        g.input.extend(
-            [
-                onnx.helper.make_tensor_value_info(scale, scale_type, [channels]),
-                onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.INT8, [channels]),
-            ]
-        )
-        wide = read if opset >= 19 else f"{stored}.dequantised_fp32"
-        dequantise.append(
-            onnx.helper.make_node("DequantizeLinear", [stored, scale, zero], [wide], name=matmul, axis=axis)
-        )
-        if wide != read:
-            dequantise.append(onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
-        reads[stored] = read
-        added |= {stored, scale, zero}
+        if precision == "int8":
+            node = readers.get(matmul)
+            if node is None:
+                continue
+            nodes, activation_nodes, names = _quantise_qdq(g, inputs[stored], node, chain[-1], added)
+            before.setdefault(matmul, []).extend(activation_nodes)
+        elif precision == "fp8":
+            nodes, names = _widen_fp8(inputs[stored], matmul)
+        else:
+            direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
+            nodes, names = _dequantise_per_channel(g, inputs[stored], matmul, axis=1 if direct else 0, opset=opset)
+        front.extend(nodes)
+        reads[stored] = nodes[-1].output[0]
+        added |= {stored, *names}
     for node in g.node:
         node.input[:] = [reads.get(i, i) for i in node.input]
     rest = list(g.node)
     del g.node[:]
-    g.node.extend([*dequantise, *rest])  # a repeated message field takes no slice assignment
+    g.node.extend(front)  # a repeated message field takes no slice assignment
+    for node in rest:
+        g.node.extend(before.get(node.name, []))
+        g.node.append(node)
     inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     del g.value_info[:]
     g.value_info.extend(inferred.graph.value_info)
     return frozenset(added)
+
+
+def _dequantise_per_channel(g: Any, stored: Any, matmul: str, *, axis: int, opset: int) -> tuple[list[Any], set[str]]:
+    """w8a16: ``stored`` (a graph input) retyped int8, dequantised along ``axis`` (its output channels)
+    by a ``DequantizeLinear`` with an fp16 scale and an int8 zero point per channel (before opset 19
+    the scale and result are fp32, cast to fp16); the nodes and the arguments added."""
+    import onnx
+
+    channels = [d.dim_value for d in stored.type.tensor_type.shape.dim][axis]
+    stored.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    # DequantizeLinear-19 writes its scale's type; before opset 19 both are fp32, cast to the fp16 read
+    scale_type = onnx.TensorProto.FLOAT16 if opset >= 19 else onnx.TensorProto.FLOAT
+    name = stored.name
+    scale, zero, read = f"{name}.scale", f"{name}.zero_point", f"{name}.dequantised"
+    g.input.extend(
+        [
+            onnx.helper.make_tensor_value_info(scale, scale_type, [channels]),
+            onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.INT8, [channels]),
+        ]
+    )
+    wide = read if opset >= 19 else f"{name}.dequantised_fp32"
+    nodes = [onnx.helper.make_node("DequantizeLinear", [name, scale, zero], [wide], name=matmul, axis=axis)]
+    if wide != read:
+        nodes.append(onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
+    return nodes, {scale, zero}
+
+
+_INT8_ZERO = "dabench.int8_zero_point"
+"""The int8 zero point (0: symmetric) every int8 QDQ pair shares, an inline initializer."""
+
+
+def _quantise_qdq(
+    g: Any, stored: Any, matmul: Any, weight_read: str, added: set[str]
+) -> tuple[list[Any], list[Any], set[str]]:
+    """int8 (W8A8) in QDQ form: ``stored`` retyped int8 behind a per-tensor ``DequantizeLinear``, and
+    the activation ``matmul`` reads quantised and dequantised (``QuantizeLinear`` then
+    ``DequantizeLinear``), each with an fp16 scale and the shared zero point 0, named as ``matmul``.
+    An activation two matmuls read (the Q, K and V projections) is quantised once, by the first.
+    Returns the weight's nodes, the activation's (to run just before ``matmul``) and the scale
+    arguments added. torch-mlir's conversion takes the QDQ types as written (fp16 scale and
+    dequantised value at any opset)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if not any(init.name == _INT8_ZERO for init in g.initializer):
+        g.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int8), _INT8_ZERO))
+    fp16, name = onnx.TensorProto.FLOAT16, stored.name
+    stored.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    scale, read = f"{name}.scale", f"{name}.dequantised"
+    g.input.append(onnx.helper.make_tensor_value_info(scale, fp16, []))
+    weight = [onnx.helper.make_node("DequantizeLinear", [name, scale, _INT8_ZERO], [read], name=matmul.name)]
+    activations: list[Any] = []
+    names = {scale}
+    for k, value in enumerate(matmul.input[:2]):
+        if value == weight_read or not value:
+            continue
+        act_scale, quantised, dequantised = f"{value}.scale", f"{value}.quantised", f"{value}.dequantised"
+        if act_scale not in added:  # the first matmul to read it quantises it
+            g.input.append(onnx.helper.make_tensor_value_info(act_scale, fp16, []))
+            activations += [
+                onnx.helper.make_node("QuantizeLinear", [value, act_scale, _INT8_ZERO], [quantised], name=matmul.name),
+                onnx.helper.make_node(
+                    "DequantizeLinear", [quantised, act_scale, _INT8_ZERO], [dequantised], name=matmul.name
+                ),
+            ]
+            added.add(act_scale)
+        names.add(act_scale)
+        matmul.input[k] = dequantised
+    return weight, activations, names
+
+
+def _widen_fp8(stored: Any, matmul: str) -> tuple[list[Any], set[str]]:
+    """fp8: ``stored`` retyped float8e4m3fn and widened to fp16 by a ``Cast`` named as ``matmul``."""
+    import onnx
+
+    stored.type.tensor_type.elem_type = onnx.TensorProto.FLOAT8E4M3FN
+    read = f"{stored.name}.widened"
+    return [onnx.helper.make_node("Cast", [stored.name], [read], name=matmul, to=onnx.TensorProto.FLOAT16)], set()
 
 
 def reimport_at(graph: Graph, precision: str | None) -> None:

@@ -1,0 +1,129 @@
+"""`--via mlir` at the quantised precisions int8 (W8A8) and fp8: the block matmuls' weights stored
+quantised in the ONNX model imported (dabench_ir/mlir/load.py, `dequantised_weights`), costed from
+the linalg module as the ONNX path costs them (docs/mlir.md, "Precision").
+
+Expected before running: the contraction FLOPs equal the ONNX path's (the quantisation changes no
+multiply-add); each block matmul node computes at the 8-bit dtype, read from the module
+(`count.mark_narrow_contractions`): int8 from ``linalg.quantized_matmul``'s i8 operands, fp8 from
+the contraction's weight widened from f8E4M3FN; weight bytes one byte an element on both paths.
+On a decoder the MLIR path's step time over the ONNX path's is what it is at fp16 (the precision
+both import the rest of the model at), within 10 %, and total FLOPs agree within 1 %.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+from dabench_ir.errors import UserError
+from dabench_ir.ir import DType
+from dabench_ir.options import ProfileOptions
+from dabench_ir.passes import meta
+from dabench_ir.pipeline import prepare_graph, profile
+
+pytest.importorskip("torch_mlir")
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 19]>
+tiny (float[4,8] x) => (float[4,16] y) {
+    m = MatMul(x, W)
+    y = Softmax<axis = -1>(m)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def block_model(tmp_path_factory):
+    """``y = Softmax(MatMul(x, W))``, the MatMul inside decoder block 0, so its weight is quantised."""
+    proto = onnx.parser.parse_model(TEXT)
+    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
+    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
+    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
+    path = tmp_path_factory.mktemp("quantised") / "block.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+def _matmul(model, **options):
+    graph = prepare_graph(model, ProfileOptions(**options), "h100")
+    (node,) = [n for n in graph.nodes if n.op_type == "MatMul"]
+    return node, meta.get_cost(node)
+
+
+def test_int8_is_an_integer_matmul_in_the_module(block_model):
+    """W8A8 in QDQ form: torch-mlir fuses it into linalg.quantized_matmul (i8 x i8 into i32); its
+    zero-point subtractions (of the constant 0) are free, so the contraction is 2 x 4 x 8 x 16; the
+    activation's quantisation (divide, round, add the zero point, clamp twice: 4 vector FLOPs and a
+    special op per x element) and the output's rescale (1 multiply per y element) are the matmul's."""
+    node, cost = _matmul(block_model, via="mlir", precision="int8")
+    ops = {c.op_name for c in node.meta[meta.MLIR_OPS]}
+    assert "linalg.quantized_matmul" in ops
+    assert node.meta[meta.PRECISION] is DType.INT8
+    assert cost.contraction_flops == 1024 and cost.weight_bytes == 128
+    assert (cost.vector_flops, cost.special_ops) == (4 * 32 + 64, 32)
+
+
+def test_fp8_weight_widening_is_fused_into_the_contraction(block_model):
+    """fp8: W stored f8E4M3FN behind a Cast to fp16; the widening is fused into the matmul, which
+    reads W at one byte (a weight) and computes at fp8; its bytes are the fp16 matmul's less W's
+    second byte an element."""
+    node, cost = _matmul(block_model, via="mlir", precision="fp8")
+    _, fp16 = _matmul(block_model, via="mlir", precision="fp16")
+    assert node.meta[meta.PRECISION] is DType.FLOAT8E4M3FN
+    widening = [c for c in node.meta[meta.MLIR_OPS] if c.reason and "widening" in c.reason]
+    assert len(widening) == 1 and widening[0].cost.bytes == 0
+    assert cost.contraction_flops == fp16.contraction_flops == 1024 and cost.vector_flops == fp16.vector_flops
+    assert cost.weight_bytes == 128 and cost.bytes == fp16.bytes - 128
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_quantised_runs_record_their_precision(block_model, precision):
+    config = profile(block_model, "h100", via="mlir", precision=precision).to_dict()["config"]
+    assert config["precision"] == precision
+    assert config["run"]["costed_from"] == "linalg"
+
+
+def test_w4a16_refused_in_one_line(block_model):
+    with pytest.raises(UserError, match="--precision w4a16 with --via mlir") as info:
+        profile(block_model, "h100", via="mlir", precision="w4a16")
+    assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    """A 2-block LLaMA (GQA, SwiGLU) large enough that its step on an H100 is not all host issue."""
+    pytest.importorskip("torch")
+    from dabench_ir.models import ModelConfig, export_model
+
+    path = tmp_path_factory.mktemp("decoder") / "llama.onnx"
+    export_model(
+        ModelConfig(family="llama", layers=2, hidden=512, heads=8, kv_heads=4, seq=256, batch=8), path, weights="none"
+    )
+    return str(path)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_decoder_agrees_with_the_onnx_path(decoder, precision):
+    totals = {
+        (via, p): profile(decoder, "h100", via=via, precision=p).to_dict()["totals"]
+        for via in ("onnx", "mlir")
+        for p in ("fp16", precision)
+    }
+    onnx_t, mlir_t = totals["onnx", precision], totals["mlir", precision]
+    assert mlir_t["contraction_flops"] == onnx_t["contraction_flops"]
+    assert mlir_t["flops"] == pytest.approx(onnx_t["flops"], rel=0.01)
+    ratio = mlir_t["time_s"] / onnx_t["time_s"]
+    at_fp16 = totals["mlir", "fp16"]["time_s"] / totals["onnx", "fp16"]["time_s"]
+    assert ratio == pytest.approx(at_fp16, rel=0.10)
+
+
+def test_study_mlir_row_records_a_quantised_precision(block_model):
+    from dabench_ir.study import run_study
+
+    doc = run_study(block_model, ["mlir-elementwise"], ["h100"], ProfileOptions(precision="int8"), via="mlir")
+    (row,) = doc["runs"]
+    assert row["config"]["precision"] == row["mlir"]["precision"] == "int8"
