@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MODULE_KINDS",
     "SCOPE_CACHE",
+    "TOOL_DOMAIN",
     "Cost",
     "DType",
     "Dim",
@@ -34,6 +35,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "layer_from_scope",
+    "model_path",
     "model_root",
     "module_kind",
     "module_of",
@@ -46,6 +48,11 @@ SCOPE_CACHE = 1 << 20
 """Entries of each per-scope memo (`module_of`, `dabench_ir.report.roles`): a model has ~11 scopes a
 layer, so a bound of 16,384 thrashed past ~1,500 layers (a 3,000-layer model called `module_of`
 11x as often as a 1,000-layer one); a million holds a 90,000-layer model's scopes."""
+
+TOOL_DOMAIN = "dabench"
+"""The operator domain of the nodes the tool's own passes append to a model (the training pass's loss
+and optimizer step, ``dabench::SoftmaxCrossEntropy`` and ``dabench::AdamStep``): they are in none of
+the model's modules, so the model's root (`Graph.model_root`) is read without them."""
 
 _FLOAT_SHORTS = frozenset({"fp32", "fp16", "fp64", "bf16", "fp8e4m3", "fp8e4m3fnuz", "fp8e5m2", "fp8e5m2fnuz"})
 """The floating-point dtypes (`DType.is_float`), by short name."""
@@ -338,13 +345,18 @@ def model_root(scopes: Iterable[str]) -> str:
     root is that wrapper's child (``model``), so `module_of` counts a scope's parts from there and a
     module's identity does not depend on how deep the model sits. A module that holds every node
     besides has no sibling to be told apart from: when every scope is one path, the root is its parent.
+
+    A numeric part every scope shares is a decoder block that holds every node (``layers.0``: the root
+    is above its stack) only when no scope has a numeric part below it, for a block holds no decoder
+    stack: otherwise it is the entry of a list that holds the model, the root (``models.0``, a wrapper's
+    ``self.models = nn.ModuleList([hf_model])``, above ``models.0.model.layers.3``).
     """
     named = {s for s in scopes if s}
     if not named or not scope_parts(_common_text(min(named), max(named))):
         return ""  # the usual case (``lm_head``, ``model.layers.0``): the text of every scope shares nothing
+    parts_of = [scope_parts(scope) for scope in named]
     common: tuple[str, ...] | None = None
-    for scope in named:
-        parts = scope_parts(scope)
+    for parts in parts_of:
         if common is None:
             common = parts
         elif parts[: len(common)] != common:
@@ -358,11 +370,12 @@ def model_root(scopes: Iterable[str]) -> str:
                 return ""
     if not common:
         return ""
-    below = [parts[len(common)] for parts in map(scope_parts, named) if len(parts) > len(common)]
+    below = [parts[len(common)] for parts in parts_of if len(parts) > len(common)]
     if not below:
         common = common[:-1]  # one path holds every node: that module is the model's own, not a wrapper
+    deepest = max((i for parts in parts_of for i, part in enumerate(parts) if i and part.isdigit()), default=0)
     for i, part in enumerate(common):
-        if part.isdigit() and i > 0:  # every node in one decoder block: the root is above its stack
+        if part.isdigit() and 0 < i == deepest:  # every node in one decoder block: the root is above its stack
             return ".".join(common[: i - 1])
     if any(part.isdigit() for part in below):
         common = common[:-1]  # the decoder stack (``layers``) holds every node: the root is above it
@@ -381,26 +394,38 @@ def _common_text(low: str, high: str) -> str:
 
 @functools.lru_cache(maxsize=SCOPE_CACHE)
 def module_of(scope: str, root: str = "") -> ScopeModule:
-    """The block and module of ``scope`` (`ScopeModule`). The block ends at the first numeric part after
-    the first (``layers.3``, ``model.layers.3``, ``h.3``): a decoder block is found by its own shape, at
-    any depth. Outside a block the module is the child of ``root`` the scope is in (``lm_head``,
-    ``model``), where ``root`` is the module the model is in below a user's wrapper (`model_root`; ''
-    for the exported module); the root's own nodes are in none, as an unwrapped export leaves them
+    """The block and module of ``scope`` (`ScopeModule`), its parts counted below ``root``, the module the
+    model is in below a user's wrapper (`model_root`; '' for the exported module). The block ends at the
+    first numeric part after the first below the root (``layers.3``, ``model.layers.3``, ``h.3``): a
+    decoder block is found by its own shape, at any depth, and a list that holds the model (the root
+    ``models.0``) is none. Outside a block the module is the child of the root the scope is in
+    (``lm_head``, ``model``); the root's own nodes are in none, as an unwrapped export leaves them
     unscoped. Cached: a scope holds a few nodes."""
     parts = scope_parts(scope)
-    for i, part in enumerate(parts):
-        if part.isdigit() and i > 0:
+    top = scope_parts(root) if root else ()
+    skip = len(top) if top and parts[: len(top)] == top else 0
+    for i in range(skip + 1, len(parts)):
+        if parts[i].isdigit():
             rest = parts[i + 1 :]
             module = ".".join(parts[: i + 2])
             return ScopeModule(
-                ".".join(parts[: i + 1]), int(part), module, module_kind(rest[0]) if rest else None, rest
+                ".".join(parts[: i + 1]), int(parts[i]), module, module_kind(rest[0]) if rest else None, rest
             )
-    top = scope_parts(root) if root else ()
-    skip = len(top) if top and parts[: len(top)] == top else 0
     below = parts[skip:]
     if not below:
         return ScopeModule("", None, "", None, ())
     return ScopeModule("", None, ".".join(parts[: skip + 1]), module_kind(below[0]), below)
+
+
+def model_path(path: str, root: str) -> str:
+    """A module's or a weight's path (``.``-separated) below the model's root (`model_root`): ``lm_head``
+    for ``model.lm_head`` under the root ``model``, '' for the root itself, the path itself when it is
+    not below the root. What names a module alike whether the model was exported inside a wrapper or not."""
+    if not root or not path.startswith(root):
+        return path
+    if len(path) == len(root):
+        return ""
+    return path[len(root) + 1 :] if path[len(root)] == "." else path
 
 
 class Graph:
@@ -467,6 +492,14 @@ class Graph:
                     elif readers[-1] is not node:  # a value read twice is one consumer (its list is in node order)
                         readers.append(node)
         return out
+
+    @cached_property
+    def model_root(self) -> str:
+        """The module the model is in below a user's wrapper (`model_root` of the nodes' scopes), read once
+        per graph: its nodes' modules (`module_of`) and identities (`model_path`) are read below it. The
+        nodes the tool's passes append (`TOOL_DOMAIN`: the training pass's loss and optimizer step) are
+        none of the exported model's and are left out."""
+        return model_root(n.scope for n in self.nodes if n.domain != TOOL_DOMAIN)
 
     def weights(self) -> list[Value]:
         return [v for v in self.values.values() if v.kind is ValueKind.WEIGHT]
@@ -589,6 +622,7 @@ class Graph:
         """Forget cached views after nodes were added or rewired."""
         self._by_name = {n.name: n for n in self.nodes}
         self.__dict__.pop("consumers", None)
+        self.__dict__.pop("model_root", None)
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, nodes={len(self.nodes)}, values={len(self.values)})"

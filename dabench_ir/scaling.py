@@ -305,10 +305,11 @@ def allreduce_time(
 # -- tensor parallel -----------------------------------------------------------------------
 
 
-def _tp_module(node: Node) -> str | None:
+def _tp_module(node: Node, root: str) -> str | None:
     """The split module (``layers.3.attn``: an attention or MLP of the node's decoder block) a node
-    belongs to, or None when it is replicated (norms, residual adds, everything outside the blocks)."""
-    module = module_of(node.scope)
+    belongs to, or None when it is replicated (norms, residual adds, everything outside the blocks);
+    ``root``: its graph's `Graph.model_root`."""
+    module = module_of(node.scope, root)
     if node.layer is None or module.index != node.layer or module.kind not in ("attention", "mlp"):
         return None
     return module.module
@@ -323,7 +324,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
     leaves it (the row-parallel projection's partial sums).
     """
     share = graph.clone()
-    module_of = {n.name: _tp_module(n) for n in share.nodes}
+    module_of = {n.name: _tp_module(n, share.model_root) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
     for node in share.nodes:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node, module_of
+from dabench_ir.ir import Cost, DType, Graph, Node, model_path, module_of
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
@@ -274,9 +274,13 @@ def training_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) ->
     return training_state(ctx, nodes).total
 
 
-def module_key(node: Node) -> str:
-    """The module a node belongs to, one level below its decoder block (``layers.0.attn``: `module_of`)."""
-    return module_of(node.scope).module or (f"layer{node.layer}" if node.layer is not None else "")
+def module_key(node: Node, root: str = "") -> str:
+    """The module a node belongs to, one level below its decoder block (``layers.0.attn``: `module_of`),
+    named below the model's root (``root``: its graph's `Graph.model_root`; `model_path`), so that a
+    model exported inside a user's wrapper has the modules of the unwrapped export, names and all; the
+    node's layer (``layer0``) when no module is recorded."""
+    module = module_of(node.scope, root).module
+    return model_path(module, root) if module else (f"layer{node.layer}" if node.layer is not None else "")
 
 
 def kernel_groups(ctx: LoweringContext, fuse_elementwise: bool) -> list[list[Node]]:

@@ -8,6 +8,9 @@ a Linear, a norm, an embedding) takes the module's scope; a node in a container 
 (attention, MLP, the block) takes the container's scope and the pattern it matches.
 A graph without scopes (a foreign ONNX file) gets the pattern alone, and the fallback
 is the op type. Overheads that belong to no node are rows of their own (`overhead_role`).
+Scopes and weight names are read below the model's root (`Graph.model_root`, `model_path`): a
+model exported inside a user's wrapper has the roles of the unwrapped export (``lm_head``, not
+``model.lm_head``).
 
 What an op signals (a contraction, a norm, an activation, ...) is its `OpTraits.roles` in the
 op registry (`passes/cost_rules.py`); this module holds only the precedence between them.
@@ -19,7 +22,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from dabench_ir.ir import SCOPE_CACHE, Graph, Node, ValueKind, module_kind
+from dabench_ir.ir import SCOPE_CACHE, Graph, Node, ValueKind, model_path, module_kind
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Role, op_traits
 
@@ -51,7 +54,8 @@ def overhead_role(name: str) -> str:
 
 def node_roles(graph: Graph) -> dict[str, str]:
     """Every node's role (see the module docstring), by node name."""
-    scopes = {n.scope for n in graph.nodes if n.scope}
+    root = graph.model_root
+    scopes = {model_path(n.scope, root) for n in graph.nodes if n.scope}
     containers = _containers(scopes)
     producers = {o: n for n in graph.nodes for o in n.outputs if o}  # one map for both walks
     op_roles = _OpRoles()
@@ -65,6 +69,7 @@ def node_roles(graph: Graph) -> dict[str, str]:
         if scope.startswith("optimizer") or node.name.startswith("optimizer."):
             roles[node.name] = "optimizer"
             continue
+        scope = model_path(scope, root)  # the root's own nodes: unscoped, as in an unwrapped export
         if scope:
             module = general.get(scope)
             if module is None:
@@ -73,7 +78,9 @@ def node_roles(graph: Graph) -> dict[str, str]:
                 roles[node.name] = module  # a leaf module: its own name says what it is
                 continue
         pattern = (
-            "rotary embedding" if node.name in rotary else _pattern(graph, node, softmax_in, softmax_out, op_roles)
+            "rotary embedding"
+            if node.name in rotary
+            else _pattern(graph, node, softmax_in, softmax_out, op_roles, root)
         )
         roles[node.name] = f"{module}: {pattern}" if scope else pattern
     return roles
@@ -197,8 +204,11 @@ def _stored_input(graph: Graph, node: Node) -> str | None:
     return None
 
 
-def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str], op_roles: _OpRoles) -> str:
-    """What the node does, from its op and neighbours: a role without a scope."""
+def _pattern(
+    graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[str], op_roles: _OpRoles, root: str
+) -> str:
+    """What the node does, from its op and neighbours: a role without a scope (``root``: the model's,
+    that a weight's name is read below)."""
     op = node.op_type
     roles = op_roles[op, node.domain]
     if Role.ATTENTION in roles:
@@ -208,7 +218,7 @@ def _pattern(graph: Graph, node: Node, softmax_in: set[str], softmax_out: set[st
     if Role.CONTRACTION in roles:
         weight = _stored_input(graph, node)
         if weight is not None:
-            return _weight_role(weight, graph, node)
+            return _weight_role(model_path(weight, root), graph, node)
         if node.name in softmax_out:
             return "attention values"
         if node.name in softmax_in:

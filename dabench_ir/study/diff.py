@@ -5,7 +5,8 @@ dabench-ir/report/v1) and the `Provenance` of ``after``'s nodes (from `provenanc
 ``after["extra"]["provenance"]``, or else matched by names and by module scopes), and returns
 one row per node of ``after`` (with the source nodes it replaced) plus one per source node
 that nothing replaced, one row per module, and the totals. Every source node is in exactly
-one row.
+one row. A module is named below its report's model root (`report_root`), so the same model
+exported inside a user's wrapper and not matches module for module.
 
 The step time of each side is split into **parts** (`speedup_split`): the node-owned time
 (the sum of the node times), one part per overhead row of the report (``overheads``: host,
@@ -23,9 +24,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dabench_ir.ir import TOOL_DOMAIN, model_root
+
 from .provenance import Provenance, module_of
 
-__all__ = ["NODE_COLUMNS", "SPLIT_COLUMNS", "diff_reports", "name_provenance", "speedup_split"]
+__all__ = ["NODE_COLUMNS", "SPLIT_COLUMNS", "diff_reports", "name_provenance", "report_root", "speedup_split"]
 
 NODE_COLUMNS = (
     "node",
@@ -55,6 +58,13 @@ RESIDUAL = "step_residual"
 _WEIGHT = {"contraction": 3, "vector": 2}
 
 
+def report_root(nodes: Sequence[Mapping[str, Any]]) -> str:
+    """The model's root of a report's nodes, as `Graph.model_root` reads it of the graph's: `model_root`
+    of their scopes, the nodes the tool's passes appended (op ``dabench::...``: `TOOL_DOMAIN`) left out."""
+    tool = f"{TOOL_DOMAIN}::"
+    return model_root(str(n.get("scope") or "") for n in nodes if not str(n.get("op_type") or "").startswith(tool))
+
+
 def name_provenance(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> Provenance:
     """Provenance from report nodes alone: kept names, then module scopes (no graph structure)."""
     src = {n["name"]: n for n in before}
@@ -68,13 +78,14 @@ def name_provenance(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping
         else:
             new.append(n)
             out.members[n["name"]] = []
+    old_root, new_root = report_root(before), report_root(after)
     by_module: dict[str, list[Mapping[str, Any]]] = {}
     for n in new:
-        by_module.setdefault(module_of(n.get("scope"), n.get("layer")), []).append(n)
+        by_module.setdefault(module_of(n.get("scope"), n.get("layer"), new_root), []).append(n)
     for n in before:
         if n["name"] in out.method:
             continue
-        candidates = by_module.get(module_of(n.get("scope"), n.get("layer")))
+        candidates = by_module.get(module_of(n.get("scope"), n.get("layer"), old_root))
         if candidates:
             best = max(candidates, key=lambda c: _WEIGHT.get(str(c.get("op_class")), 0))
             out.members[best["name"]].append(n["name"])
@@ -105,6 +116,7 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
         stored = (after.get("extra") or {}).get("provenance")
         prov = Provenance.from_dict(stored) if stored else name_provenance(src_nodes, new_nodes)
     src = {n["name"]: n for n in src_nodes}
+    old_root, new_root = report_root(src_nodes), report_root(new_nodes)
     rows: list[dict[str, Any]] = []
     claimed: set[str] = set()
     for n in new_nodes:
@@ -117,9 +129,9 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
         else:
             status = "fused" if len(members) > 1 else "replaced"
         module = (
-            module_of(members[0].get("scope"), members[0].get("layer"))
+            module_of(members[0].get("scope"), members[0].get("layer"), old_root)
             if members
-            else module_of(n.get("scope"), n.get("layer"))
+            else module_of(n.get("scope"), n.get("layer"), new_root)
         )
         rows.append(
             {
@@ -150,7 +162,7 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
                 "status": "folded" if prov.method.get(n["name"]) == "folded" else "removed",
                 "replaces": [n["name"]],
                 "provenance": [prov.method.get(n["name"], "removed")],
-                "module": module_of(n.get("scope"), n.get("layer")),
+                "module": module_of(n.get("scope"), n.get("layer"), old_root),
                 "flops_before": n.get("flops"),
                 "flops_after": 0,
                 "bytes_before": n.get("bytes"),

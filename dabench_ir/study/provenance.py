@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 __all__ = ["Provenance", "module_of", "provenance"]
 
 
-def module_of(scope: str | None, layer: int | None) -> str:
-    """The module of a node from its scope and layer (`lowering._common.module_key`)."""
+def module_of(scope: str | None, layer: int | None, root: str = "") -> str:
+    """The module of a node from its scope and layer, named below its model's root (``root``:
+    `Graph.model_root`): `lowering._common.module_key`, alike for a model exported in a wrapper or not."""
     from dabench_ir.lowering._common import module_key
 
-    return module_key(SimpleNamespace(scope=scope or "", layer=layer)) or "(outside modules)"  # type: ignore[arg-type]
+    return module_key(SimpleNamespace(scope=scope or "", layer=layer), root) or "(outside modules)"  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -73,6 +74,7 @@ def provenance(before: Graph, after: Graph) -> Provenance:
     """Match ``after``'s nodes to the ``before`` nodes they stand for (see the module doc)."""
     src = {n.name: n for n in before.nodes}
     order = {n.name: i for i, n in enumerate(before.nodes)}
+    old_root, new_root = before.model_root, after.model_root
     out = Provenance()
     new_nodes: list[Node] = []
     for node in after.nodes:
@@ -127,14 +129,14 @@ def provenance(before: Graph, after: Graph) -> Provenance:
                 changed = True
     by_module: dict[str, list[str]] = {}
     for node in new_nodes:  # 4. scope: a new node of the same module (its own scope or its members')
-        mods = Counter(module_of(src[m].scope, src[m].layer) for m, o in owner.items() if o == node.name)
-        module = mods.most_common(1)[0][0] if mods else module_of(node.scope, node.layer)
+        mods = Counter(module_of(src[m].scope, src[m].layer, old_root) for m, o in owner.items() if o == node.name)
+        module = mods.most_common(1)[0][0] if mods else module_of(node.scope, node.layer, new_root)
         by_module.setdefault(module, []).append(node.name)
     stored = {name for name, v in before.values.items() if v.kind.is_stored}
     for node in gone:
         if node.name in owner:
             continue
-        candidates = by_module.get(module_of(node.scope, node.layer))
+        candidates = by_module.get(module_of(node.scope, node.layer, old_root))
         if all(t in stored for t in node.inputs if t):
             out.method[node.name] = "folded"
             stored.update(t for t in node.outputs if t)

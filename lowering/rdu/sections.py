@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, model_root, module_of
+from dabench_ir.ir import Cost, module_of
 from dabench_ir.lowering._common import LoweringContext, module_key
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_loss, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
@@ -180,7 +180,7 @@ def form_sections(
     module stack, TorchScript keeps it: as a module of its own it cut the attention into three
     sections in one export of the model and not in the other (issue 45).
 
-    A module is read below the model's root (`model_root`): a user's wrapper around the model (its
+    A module is read below the model's root (`Graph.model_root`): a user's wrapper around the model (its
     ``self.model``) neither makes the whole model one module outside the decoder blocks (the final
     norm and the LM head in one section) nor its own nodes a module the unwrapped export does not have;
     the root is the exported nodes', not the training pass's loss and optimizer step's."""
@@ -188,7 +188,7 @@ def form_sections(
     train = meta.graph_mode(ctx.graph) == "train"
     body, optimizer = body_and_optimizer(ctx.graph)
     out: list[Section] = []
-    root = model_root(n.scope for n in body if not is_loss(n)) if opt_level == "O1" else ""  # the model's nodes
+    root = ctx.graph.model_root if opt_level == "O1" else ""
     modules: dict[str, str] = {}  # the module of each scope ('': none recorded): a scope holds ~3 nodes
     chains = [("forward", body)]
     if train:
@@ -211,7 +211,7 @@ def form_sections(
                 if gkey is None:
                     gkey = modules[first.scope] = module_of(first.scope, root).module
                 if not gkey:  # no module recorded (no scope, or the wrapper's own): stays in the current one
-                    gkey = key if key is not None else module_key(first)
+                    gkey = key if key is not None else module_key(first, root)
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue

@@ -175,6 +175,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     latest = _LatestAttention(graph, producer, owner)
     held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
     activations = ctx.activations
+    root = graph.model_root  # a list that holds the model (``models.0``) is no decoder block
 
     def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
         k = by_key.get(key)
@@ -190,7 +191,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     for node in graph.nodes:
         if is_optimizer_step(node):
             continue
-        module = module_of(node.scope)  # its decoder block, and the module it is in there
+        module = module_of(node.scope, root)  # its decoder block, and the module it is in there
         prefix, rest = module.block, module.rest
         inputs_from = [owner[v] for v in node.inputs if v in owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
