@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.frontends import contrib_types as _types
-from dabench_ir.ir import Cost, Graph, Node, TensorType, Value
+from dabench_ir.ir import TOOL_DOMAIN, Cost, Graph, Node, TensorType, Value
 
 __all__ = [
     "CPU_GELU_TANH",
@@ -1187,7 +1187,7 @@ op_traits_only("PackedAttention", domain="com.microsoft", op_class=None, roles=(
 op_traits_only("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "CrossEntropyLoss", op_class=None, loss=True)
 # the loss the training pass appends to a language model's logits (passes.training.LOSS_OP); the
 # pass costs it itself: its log-sum-exp is one row reduction
-op_traits_only("SoftmaxCrossEntropy", domain="dabench", op_class=None, loss=True, row_reductions=1)
+op_traits_only("SoftmaxCrossEntropy", domain=TOOL_DOMAIN, op_class=None, loss=True, row_reductions=1)
 
 
 # -- the per-op table of docs/costs.md -----------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import TOOL_DOMAIN, Cost, DType, Graph, Node, ValueKind
 from dabench_ir.options import RECOMPUTE
 
 from . import meta
@@ -70,8 +70,8 @@ ADAM_FLOPS_PER_PARAM = (13, 1)
 # The weights are counted where they are read; the rest is training state.
 ADAM_MOMENT_BYTES_PER_PARAM = 8  # fp32 momentum and variance
 MASTER_BYTES_PER_PARAM = 4  # fp32 master copy, kept when the working weights are 16-bit
-OPTIMIZER_OP = ("dabench", "AdamStep")
-LOSS_OP = ("dabench", "SoftmaxCrossEntropy")
+OPTIMIZER_OP = (TOOL_DOMAIN, "AdamStep")
+LOSS_OP = (TOOL_DOMAIN, "SoftmaxCrossEntropy")
 # Softmax cross-entropy per logit, forward: max, subtract, sum and the target pick (4 vector)
 # and one exp, plus one log per row (as cost_rules' LogSoftmax); the gradient, in the same pass
 # (fused cross-entropy): p = e/sum and the 1/N scale (2 vector), minus onehot at the target (per row).
