@@ -1,5 +1,5 @@
 """Decoder families beyond GPT-2 and Llama, as Hugging Face builds them from configs (no download) and
-optimum exports them (``text-generation``, and ``text-generation-with-past`` for one), profiled with
+optimum exports them (``text-generation`` and ``text-generation-with-past``), profiled with
 ``--batch`` and ``--seq`` (and ``--past``) alone (issue 45).
 
 Each family differs where a frontend can trip: Phi-3 fuses q/k/v and gate/up into one projection each
@@ -69,7 +69,7 @@ FAMILIES = {  # a config of each family's own fields, small; vocab 256, 2 layers
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Each family's random model (its saved folder, its parameter count and the reference FLOPs of
-    one forward at BATCH x SEQ) and optimum's exports of it: ``plain`` for all, ``past`` for Phi-3."""
+    one forward at BATCH x SEQ) and optimum's exports of it: ``plain`` and ``past`` (with a KV cache)."""
     from optimum.exporters.onnx import main_export
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -94,8 +94,8 @@ def exports(tmp_path_factory):
             "params": model.num_parameters(),
             "flops": counter.get_total_flops(),
         }
-    main_export(str(root / "phi3"), output=root / "phi3-past", task="text-generation-with-past")
-    out["phi3"]["past"] = root / "phi3-past" / "model.onnx"
+        main_export(str(root / family), output=root / f"{family}-past", task="text-generation-with-past")
+        out[family]["past"] = root / f"{family}-past" / "model.onnx"
     return out
 
 
@@ -120,11 +120,12 @@ def test_a_family_profiles_with_batch_and_seq_alone_and_counts_as_flop_counter_m
 
 
 @pytest.mark.parametrize("target", ["wse2", "sn30", "bow", "h100"])
-def test_phi3s_empty_pass_through_half_is_a_dim_of_zero_not_an_unbound_one(exports, target, tmp_path, capsys):
-    """The rotary split's pass-through part, 0 wide, follows from the bound inputs like any derived dim:
-    the plain export and the one with a KV cache profile with the run's flags alone, on every target."""
-    plain = ["profile", str(exports["phi3"]["plain"]), "-t", target, "--batch", str(BATCH), "--seq", str(SEQ)]
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_familys_exports_profile_on_every_target_with_the_runs_flags_alone(exports, family, target, tmp_path, capsys):
+    """The plain export with --batch and --seq, the one with a KV cache with --past too. Phi-3's rotary
+    split leaves a pass-through part 0 wide, which follows from the bound inputs like any derived dim."""
+    plain = ["profile", str(exports[family]["plain"]), "-t", target, "--batch", str(BATCH), "--seq", str(SEQ)]
     _report(plain, tmp_path, capsys)
-    cached = ["profile", str(exports["phi3"]["past"]), "-t", target, "--batch", str(BATCH), "--seq", "1"]
+    cached = ["profile", str(exports[family]["past"]), "-t", target, "--batch", str(BATCH), "--seq", "1"]
     report = _report([*cached, "--past", str(PAST)], tmp_path, capsys)
     assert report["config"]["past"] == PAST
