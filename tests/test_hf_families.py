@@ -129,3 +129,19 @@ def test_a_familys_exports_profile_on_every_target_with_the_runs_flags_alone(exp
     cached = ["profile", str(exports[family]["past"]), "-t", target, "--batch", str(BATCH), "--seq", "1"]
     report = _report([*cached, "--past", str(PAST)], tmp_path, capsys)
     assert report["config"]["past"] == PAST
+
+
+@pytest.mark.parametrize(("kind", "graph"), [("past", "kv-cache"), ("plain", "recompute")])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generate_on_a_familys_export(exports, family, kind, graph, tmp_path, capsys):
+    """``--scenario generate`` on each family's file: with a KV cache it is its own decode step (a step
+    at context C is ``--seq 1 --past C``), without one each step runs the whole sequence again."""
+    path, prompt, gen = str(exports[family][kind]), 8, 4
+    argv = ["profile", path, "-t", "h100", "--batch", str(BATCH), "--scenario", "generate"]
+    result = _report([*argv, "--prompt", str(prompt), "--gen", str(gen)], tmp_path, capsys)
+    assert result["decode_graph"] == graph
+    last = result["decode"][-1]
+    assert last["context"] == prompt + gen - 2
+    step = ["--seq", "1", "--past", str(last["context"])] if kind == "past" else ["--seq", str(last["context"] + 1)]
+    alone = _report(["profile", path, "-t", "h100", "--batch", str(BATCH), *step], tmp_path, capsys)
+    assert last["time_s"] == alone["totals"]["time_s"]
