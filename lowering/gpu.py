@@ -631,7 +631,7 @@ def stream_plan(
     # a decode attention kernel of a thread block per query head loads a GQA cache once per query
     # head, the repeats from L2; a block per K/V head (--decode-attention per-kv-head) loads it once
     l2_bw = target.arch_value("l2_bandwidth_bytes_per_s", 0.0)
-    rereads = cache_rereads(ctx) if l2_bw > 0 else {}
+    rereads = cache_rereads(ctx)
     if getattr(options, "decode_attention", None) == "per-kv-head":
         if not rereads:
             raise UserError(
@@ -639,6 +639,8 @@ def stream_plan(
                 "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
                 "--phase decode); drop it"
             )
+        rereads = {}
+    if l2_bw <= 0:  # a target without an L2 figure reads the cache from HBM once
         rereads = {}
 
     def memory(node: Node, runs: int) -> float:
