@@ -146,11 +146,16 @@ def test_w8a16_before_opset_19_dequantizes_through_fp32(tmp_path):
     assert mlir_mm.weight_bytes == 128 + 16 * 4 + 16 and mlir_mm.contraction_flops == 1024
 
 
-@pytest.mark.parametrize("precision", ["w4a16"])
-def test_quantised_refused_in_one_line(model, precision):
-    with pytest.raises(UserError, match=f"--precision {precision} with --via mlir") as info:
-        profile(model, "rdu", via="mlir", precision=precision)
-    assert "\n" not in str(info.value)
+def test_a_precision_no_import_writes_is_refused_in_one_line():
+    """Every ``--precision`` choice is imported (w4a16 as an explicit group-wise dequantisation:
+    tests/test_mlir_quantised.py); another is refused in one line, naming those that are."""
+    from dabench_ir.mlir.load import IMPORT_PRECISIONS, check_import_precision
+    from dabench_ir.options import PRECISIONS
+
+    assert set(PRECISIONS) <= set(IMPORT_PRECISIONS)
+    with pytest.raises(UserError, match="--precision int3 with --via mlir") as info:
+        check_import_precision("int3")
+    assert "\n" not in str(info.value) and "w4a16" in str(info.value)
 
 
 def test_mlir_file_keeps_its_types(model, tmp_path):

@@ -1,4 +1,4 @@
-"""`--via mlir` at the quantised precisions int8 (W8A8) and fp8: the block matmuls' weights stored
+"""`--via mlir` at the quantised precisions int8 (W8A8), fp8 and w4a16: the block matmuls' weights stored
 quantised in the ONNX model imported (dabench_ir/mlir/load.py, `dequantised_weights`), costed from
 the linalg module as the ONNX path costs them (docs/mlir.md, "Precision").
 
@@ -6,6 +6,10 @@ Expected before running: the contraction FLOPs equal the ONNX path's (the quanti
 multiply-add); each block matmul node computes at the 8-bit dtype, read from the module
 (`count.mark_narrow_contractions`): int8 from ``linalg.quantized_matmul``'s i8 operands, fp8 from
 the contraction's weight widened from f8E4M3FN; weight bytes one byte an element on both paths.
+w4a16 (group-wise uint4, groups of 128 along K, an fp16 scale and a uint4 zero point per group)
+computes at fp16 on both paths: the MLIR path's explicit dequantisation (two casts, a subtract, a
+multiply) is fused into the matmul, so its vector FLOPs (2 per weight element) and weight bytes
+(half a byte an element, 2.5 B a group) are the ONNX path's `DequantisePass` figures exactly.
 On a decoder the MLIR path's step time over the ONNX path's is what it is at fp16 (the precision
 both import the rest of the model at), within 10 %, and total FLOPs agree within 1 %.
 """
@@ -18,7 +22,6 @@ import onnx.parser
 import pytest
 from onnx import numpy_helper
 
-from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
@@ -79,17 +82,49 @@ def test_fp8_weight_widening_is_fused_into_the_contraction(block_model):
     assert cost.weight_bytes == 128 and cost.bytes == fp16.bytes - 128
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp8"])
+@pytest.mark.parametrize("precision", ["int8", "fp8", "w4a16"])
 def test_quantised_runs_record_their_precision(block_model, precision):
     config = profile(block_model, "h100", via="mlir", precision=precision).to_dict()["config"]
     assert config["precision"] == precision
     assert config["run"]["costed_from"] == "linalg"
 
 
-def test_w4a16_refused_in_one_line(block_model):
-    with pytest.raises(UserError, match="--precision w4a16 with --via mlir") as info:
-        profile(block_model, "h100", via="mlir", precision="w4a16")
-    assert "\n" not in str(info.value)
+@pytest.fixture(scope="module")
+def wide_block_model(tmp_path_factory):
+    """``y = Softmax(MatMul(x, W))`` with W [256, 16], in decoder block 0: two int4 groups of 128 per column."""
+    proto = onnx.parser.parse_model(TEXT.replace("float[4,8] x", "float[4,256] x"))
+    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
+    weight = np.arange(256 * 16, dtype=np.float32).reshape(256, 16) / 4096
+    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
+    path = tmp_path_factory.mktemp("quantised") / "wide_block.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+def test_w4a16_dequantisation_is_fused_into_the_matmul(wide_block_model):
+    """w4a16: W stored uint4 [2, 128, 16], widened, less its zero point, times its scale (each [2, 1, 16]),
+    reshaped to [256, 16]; the widenings are free and the subtract and multiply (2 x 4096 vector FLOPs)
+    are fused into the matmul, which reads W at half a byte an element plus 32 groups x (2 B scale +
+    0.5 B zero point): the ONNX path's `DequantisePass` figures; it computes at fp16, and every byte
+    but the weight's is the fp16 matmul's."""
+    node, cost = _matmul(wide_block_model, via="mlir", precision="w4a16")
+    _, onnx_cost = _matmul(wide_block_model, precision="w4a16")
+    _, fp16 = _matmul(wide_block_model, via="mlir", precision="fp16")
+    assert node.meta[meta.PRECISION] is DType.FLOAT16
+    fused = [c for c in node.meta[meta.MLIR_OPS] if c.reason and "int4" in c.reason]
+    assert len(fused) == 4 and all(c.cost.act_bytes_out == 0 for c in fused)
+    assert cost.contraction_flops == onnx_cost.contraction_flops == fp16.contraction_flops == 2 * 4 * 256 * 16
+    assert cost.vector_flops == onnx_cost.vector_flops == 2 * 256 * 16
+    assert cost.weight_bytes == onnx_cost.weight_bytes == 256 * 16 // 2 + 32 * 2 + 32 // 2
+    assert (cost.act_bytes_in, cost.act_bytes_out) == (fp16.act_bytes_in, fp16.act_bytes_out)
+
+
+def test_w4a16_weight_is_a_uint4_argument(wide_block_model):
+    from dabench_ir.mlir.load import mlir_asm
+
+    graph = prepare_graph(wide_block_model, ProfileOptions(via="mlir", precision="w4a16"), "h100")
+    asm = mlir_asm(graph, debug_info=False)
+    assert "tensor<2x128x16xi4>" in asm and "tensor<2x1x16xi4>" in asm and "tensor<2x1x16xf16>" in asm
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +141,7 @@ def decoder(tmp_path_factory):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("precision", ["int8", "fp8"])
+@pytest.mark.parametrize("precision", ["int8", "fp8", "w4a16"])
 def test_decoder_agrees_with_the_onnx_path(decoder, precision):
     totals = {
         (via, p): profile(decoder, "h100", via=via, precision=p).to_dict()["totals"]

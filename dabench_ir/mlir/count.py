@@ -97,6 +97,7 @@ _MUL = frozenset({"arith.mulf", "arith.muli"})
 _ADD = frozenset({"arith.addf", "arith.addi"})
 _SUB = frozenset({"arith.subf", "arith.subi"})
 _WIDENINGS = frozenset({"arith.extf"})  # a cast to a wider float: what a pure widening op's body holds
+_INT_WIDENINGS = frozenset({"arith.sitofp", "arith.uitofp"})  # an int4 weight's cast to float (w4a16)
 
 # Tensor-dialect ops that only change how data is viewed: no bytes, no FLOPs.
 VIEW_OPS = frozenset(
@@ -237,6 +238,9 @@ def origin_of(loc: Any) -> Origin:
 # -- types -------------------------------------------------------------------------------
 _INT_RE = re.compile(r"^[su]?i(\d+)$")
 _FLOAT_SIZES = {"f64": 8, "f32": 4, "tf32": 4, "f16": 2, "bf16": 2, "index": 8}
+_PACKED = frozenset({"i4", "si4", "ui4"})
+"""Element types stored two to a byte (int4 weights, as the ONNX path sizes `DType.INT4`); an ``i1``
+is a byte, as torch stores a bool."""
 
 
 def _itemsize(elem: Any) -> int:
@@ -266,6 +270,9 @@ _DTYPES = {
     "i32": DType.INT32,
     "i64": DType.INT64,
     "si64": DType.INT64,
+    "i4": DType.INT4,
+    "si4": DType.INT4,
+    "ui4": DType.INT4,
 }
 
 
@@ -280,7 +287,8 @@ def tensor_type_of(mlir_type: Any) -> TensorType | None:
 
 
 def tensor_nbytes(mlir_type: Any) -> int:
-    """Bytes of a statically shaped ranked tensor or buffer (memref); 0 for scalars; raises on dynamic dims."""
+    """Bytes of a statically shaped ranked tensor or buffer (memref): an int4 element half a byte (two
+    packed in a byte, rounded up); 0 for scalars; raises on dynamic dims."""
     from torch_mlir import ir
 
     if not isinstance(mlir_type, (ir.RankedTensorType, ir.MemRefType)):
@@ -290,7 +298,10 @@ def tensor_nbytes(mlir_type: Any) -> int:
             f"tensor type {mlir_type} has dynamic dims; costs need static shapes "
             "(bind symbolic dims with --dim NAME=N, or export with static shapes)"
         )
-    return math.prod(mlir_type.shape) * _itemsize(mlir_type.element_type)
+    elem = mlir_type.element_type
+    if str(elem) in _PACKED:
+        return (math.prod(mlir_type.shape) + 1) // 2
+    return math.prod(mlir_type.shape) * _itemsize(elem)
 
 
 # -- the counter -------------------------------------------------------------------------
@@ -698,15 +709,18 @@ _NARROW_DTYPES = {
 
 
 def _widened_source(op: Any) -> Any | None:
-    """The 8-bit float ``op`` only widens (a ``linalg.generic`` whose body is one ``arith.extf`` of its
-    single input), else None: what a compiler fuses into the op that reads the wide copy."""
+    """The 8-bit float or int4 ``op`` only widens (a ``linalg.generic`` whose body is one ``arith.extf``,
+    or for an int4 one ``arith.sitofp`` or ``arith.uitofp``, of its single input), else None: what a
+    compiler fuses into the op that reads the wide copy."""
     if op.name != "linalg.generic" or len(op.results) != 1 or len(op.operands) != 2:
         return None
     source = op.operands[0]
-    if not str(getattr(source.type, "element_type", "")).startswith("f8"):
+    elem = str(getattr(source.type, "element_type", ""))
+    widenings = _WIDENINGS if elem.startswith("f8") else _INT_WIDENINGS if elem in _PACKED else None
+    if widenings is None:
         return None
     body = [o.operation for o in op.regions[0].blocks[0].operations]
-    if len(body) != 2 or body[0].name not in _WIDENINGS or body[1].name != "linalg.yield":
+    if len(body) != 2 or body[0].name not in widenings or body[1].name != "linalg.yield":
         return None
     arg = op.regions[0].blocks[0].arguments[0]
     return source if body[0].operands[0] == arg and body[1].operands[0] == body[0].results[0] else None
@@ -735,11 +749,76 @@ def _fuse_narrow_widenings(counts: list[OpCount], is_weight: Any) -> None:
             cost = reader.cost
             cost = replace(cost, act_bytes_in=max(0, cost.act_bytes_in - wide_bytes))
             reader.cost = cost + moved
-        c.cost, c.reason = Cost(), "an 8-bit float widening, fused into the ops that read it"
+        narrow_kind = "an int4" if str(source.type.element_type) in _PACKED else "an 8-bit float"
+        c.cost, c.reason = Cost(), f"{narrow_kind} widening, fused into the ops that read it"
         fused[c.op] = source
+    _fuse_dequantisations(counts, by_op, fused, is_weight)
     for c in counts:
         if c.op_class == "contraction" and c.op is not None:
             c.operand_dtype = _narrow_operand(c.op, by_op, fused)
+
+
+def _view_readers(value: Any, by_op: dict[Any, OpCount]) -> list[tuple[OpCount | None, Any]] | None:
+    """The ops that read ``value``, seen through views (``tensor.collapse_shape``...), each with the
+    value it reads; None when something other than a view or a linalg op reads it."""
+    found: list[tuple[OpCount | None, Any]] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        for use in v.uses:
+            owner = use.owner.operation
+            if owner.name in VIEW_OPS and owner.results:
+                stack.append(owner.results[0])
+            elif owner.name.startswith("linalg."):
+                found.append((by_op.get(owner), v))
+            else:
+                return None
+    return found
+
+
+def _fuse_dequantisations(
+    counts: list[OpCount], by_op: dict[Any, OpCount], fused: dict[Any, Any], is_weight: Any
+) -> None:
+    """Fuse a weight's int4 dequantisation (w4a16's ``(w - zero) * scale`` on the widened int4 weight,
+    `load._dequantise_groups`) into the matmul that reads it, as a compiler dequantises in the
+    matmul's prologue and as the ONNX path adds it to the matmul (`passes.precision.DequantisePass`):
+    an elementwise op (all loops parallel, one result) whose inputs are each a fused int4 widening,
+    a weight or such an op already fused, one of them not a weight, and which only linalg ops read
+    (through views), keeps its FLOPs and the weight bytes it reads, but writes nothing, and its
+    readers do not read its result. Only chains that start at an int4 widening are fused."""
+    dequantised: set[Any] = {w.results[0] for w, src in fused.items() if str(src.type.element_type) in _PACKED}
+    if not dequantised:
+        return
+
+    def root(value: Any) -> Any:
+        for _ in range(8):
+            owner = getattr(value, "owner", None)
+            op = getattr(owner, "operation", owner)
+            if op is None or not hasattr(op, "name") or op.name not in VIEW_OPS or not op.operands:
+                break
+            value = op.operands[0]
+        return value
+
+    for c in counts:
+        op = c.op
+        if op is None or op.name != "linalg.generic" or op in fused or c.op_class == "uncounted":
+            continue
+        if len(op.results) != 1 or any("parallel" not in str(t) for t in op.attributes["iterator_types"]):
+            continue
+        ins = list(op.operands)[: len(op.operands) - 1]
+        from_dequantised = [v for v in ins if root(v) in dequantised]
+        if not from_dequantised or not all(root(v) in dequantised or is_weight(v) for v in ins):
+            continue
+        result = op.results[0]
+        readers = _view_readers(result, by_op)
+        if not readers or any(r is None or r.op_class == "uncounted" for r, _ in readers):
+            continue
+        wide = tensor_nbytes(result.type)
+        c.cost = replace(c.cost, act_bytes_out=max(0, c.cost.act_bytes_out - wide))
+        c.reason = "an int4 weight's dequantisation, fused into the matmul that reads it"
+        for reader in {id(r): r for r, _ in readers if r is not None}.values():
+            reader.cost = replace(reader.cost, act_bytes_in=max(0, reader.cost.act_bytes_in - wide))
+        dequantised.add(result)
 
 
 def _narrow_operand(op: Any, by_op: dict[Any, OpCount], fused: dict[Any, Any]) -> DType | None:

@@ -578,15 +578,15 @@ def attach_mlir(
 
 
 # -- precision at import -----------------------------------------------------------------
-IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16")
+IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
 """The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
 ``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md);
 the quantised modes at fp16, each block matmul's weight stored quantised (`dequantised_weights`):
 ``int8`` in QDQ form (activation and weight each quantised per tensor, which torch-mlir fuses into
 an integer matmul), ``fp8`` as float8e4m3fn behind a ``Cast``, ``w8a16`` int8 behind a per-channel
-``DequantizeLinear``."""
+``DequantizeLinear``, ``w4a16`` uint4 in groups of 128 dequantised by ``Cast``, ``Sub`` and ``Mul``."""
 
-QUANTISED_IMPORTS = frozenset({"int8", "fp8", "w8a16"})
+QUANTISED_IMPORTS = frozenset({"int8", "fp8", "w8a16", "w4a16"})
 """Import precisions whose block-matmul weights are stored quantised (`dequantised_weights`)."""
 
 _IMPORT_DTYPE = {
@@ -597,23 +597,18 @@ _IMPORT_DTYPE = {
     "int8": "fp16",
     "fp8": "fp16",
     "w8a16": "fp16",
+    "w4a16": "fp16",
 }
 
 
 def check_import_precision(precision: str | None) -> None:
-    """A UserError, in one line, for a precision the linalg module cannot be imported at: w4a16, the
-    ONNX path's group-wise int4 (group 128, a scale and zero point per group): torch-mlir does not
-    legalise a block-wise int4 ``DequantizeLinear`` ("failed to legalize operation 'torch.operator'
-    ... onnx.DequantizeLinear"); a per-channel one it lowers, but that is another recipe than the
-    ONNX path's, and the count sizes an i4 element at a byte (docs/mlir.md, "Precision")."""
+    """A UserError, in one line, for a precision no import writes (none of ``--precision``'s
+    choices, since w4a16 is imported as an explicit group-wise dequantisation: docs/mlir.md)."""
     if precision is None or precision in IMPORT_PRECISIONS:
         return
-    why = {
-        "w4a16": "torch-mlir does not lower a block-wise int4 DequantizeLinear (the group-wise int4 the ONNX path costs)",
-    }.get(precision, f"no import writes {precision} weights")
     raise UserError(
-        f"--precision {precision} with --via mlir: {why}; the linalg module is imported at "
-        f"{', '.join(IMPORT_PRECISIONS)} (drop --via mlir for {precision})"
+        f"--precision {precision} with --via mlir: no import writes {precision} weights; the linalg module "
+        f"is imported at {', '.join(IMPORT_PRECISIONS)} (drop --via mlir for {precision})"
     )
 
 
@@ -698,7 +693,11 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph, precision: str = "
       accumulating in i32); a per-channel one it does not fuse;
     - ``fp8``: float8e4m3fn behind a ``Cast`` to fp16 (`_widen_fp8`): torch-mlir legalises neither a
       float8 ``DequantizeLinear`` nor a ``Cast`` to float8, so the activations stay fp16; the count
-      fuses the widening into the contraction (`dabench_ir.mlir.count`, docs/mlir.md)."""
+      fuses the widening into the contraction (`dabench_ir.mlir.count`, docs/mlir.md);
+    - ``w4a16``: uint4 in groups of 128 along the contraction dim, each group with an fp16 scale and a
+      uint4 zero point, dequantised by ``Cast``, ``Sub``, ``Mul`` and ``Reshape`` (`_dequantise_groups`):
+      torch-mlir does not legalise a block-wise int4 ``DequantizeLinear``; the count fuses the chain
+      into the matmul (`count._fuse_dequantisations`), as the ONNX path adds its dequantisation."""
     import onnx
 
     from dabench_ir.passes import PassManager
@@ -727,6 +726,10 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph, precision: str = "
             before.setdefault(matmul, []).extend(activation_nodes)
         elif precision == "fp8":
             nodes, names = _widen_fp8(inputs[stored], matmul)
+        elif precision == "w4a16":
+            direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
+            nodes, names, init = _dequantise_groups(g, inputs[stored], matmul, k_axis=0 if direct else 1)
+            g.initializer.extend(i for i in init if not any(x.name == i.name for x in g.initializer))
         else:
             direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
             nodes, names = _dequantise_per_channel(g, inputs[stored], matmul, axis=1 if direct else 0, opset=opset)
@@ -770,6 +773,48 @@ def _dequantise_per_channel(g: Any, stored: Any, matmul: str, *, axis: int, opse
     if wide != read:
         nodes.append(onnx.helper.make_node("Cast", [wide], [read], name=matmul, to=onnx.TensorProto.FLOAT16))
     return nodes, {scale, zero}
+
+
+W4_GROUP = 128
+"""The w4a16 group: elements along the contraction dim sharing a scale and a zero point (as
+`passes.precision`'s w4a16)."""
+
+
+def _dequantise_groups(g: Any, stored: Any, matmul: str, *, k_axis: int) -> tuple[list[Any], set[str], list[Any]]:
+    """w4a16: ``stored`` (a 2-D graph input, its contraction dim at ``k_axis``) retyped uint4 and
+    split into groups of `W4_GROUP` along that dim (a 3-D argument: [K/128, 128, N], or [N, K/128, 128]),
+    with an fp16 scale and a uint4 zero point per group (arguments of the group shape, one element
+    wide on the group axis), dequantised as ``(Cast(w) - Cast(zero)) * scale`` and reshaped to the 2-D
+    layout the matmul reads, each node named as ``matmul``; the nodes, the arguments added and the
+    initializers (the 2-D shape). A dim that 128 does not divide is grouped by its largest divisor
+    below 128."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    dims = [d.dim_value for d in stored.type.tensor_type.shape.dim]
+    k = dims[k_axis]
+    group = next(n for n in range(min(W4_GROUP, k), 0, -1) if k % n == 0)
+    grouped = [k // group, group, dims[1]] if k_axis == 0 else [dims[0], k // group, group]
+    per_group = [k // group, 1, dims[1]] if k_axis == 0 else [dims[0], k // group, 1]
+    name, fp16 = stored.name, onnx.TensorProto.FLOAT16
+    stored.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.UINT4, grouped))
+    scale, zero, shape = f"{name}.scale", f"{name}.zero_point", f"{name}.shape"
+    g.input.extend(
+        [
+            onnx.helper.make_tensor_value_info(scale, fp16, per_group),
+            onnx.helper.make_tensor_value_info(zero, onnx.TensorProto.UINT4, per_group),
+        ]
+    )
+    wide, zero_wide, centred, scaled = (f"{name}.{s}" for s in ("widened", "zero_widened", "centred", "scaled"))
+    nodes = [
+        onnx.helper.make_node("Cast", [name], [wide], name=matmul, to=fp16),
+        onnx.helper.make_node("Cast", [zero], [zero_wide], name=matmul, to=fp16),
+        onnx.helper.make_node("Sub", [wide, zero_wide], [centred], name=matmul),
+        onnx.helper.make_node("Mul", [centred, scale], [scaled], name=matmul),
+        onnx.helper.make_node("Reshape", [scaled, shape], [f"{name}.dequantised"], name=matmul),
+    ]
+    return nodes, {scale, zero}, [numpy_helper.from_array(np.array(dims, dtype=np.int64), shape)]
 
 
 _INT8_ZERO = "dabench.int8_zero_point"
