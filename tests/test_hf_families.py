@@ -145,3 +145,18 @@ def test_generate_on_a_familys_export(exports, family, kind, graph, tmp_path, ca
     step = ["--seq", "1", "--past", str(last["context"])] if kind == "past" else ["--seq", str(last["context"] + 1)]
     alone = _report(["profile", path, "-t", "h100", "--batch", str(BATCH), *step], tmp_path, capsys)
     assert last["time_s"] == alone["totals"]["time_s"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8", "w4a16"])
+def test_a_family_profiles_through_linalg_at_every_import_precision_without_a_word(
+    exports, precision, tmp_path, capsys
+):
+    """``--via mlir`` on Falcon's export at a 16-bit or quantised precision: its mask's fp32 minimum
+    becomes -inf in fp16 (as ``Tensor.half()`` makes it) without a numpy overflow warning on stderr,
+    and the contraction FLOPs are the ONNX path's."""
+    pytest.importorskip("torch_mlir")
+    argv = ["profile", str(exports["falcon"]["plain"]), "-t", "h100", "--batch", str(BATCH), "--seq", str(SEQ)]
+    linalg = _report([*argv, "--via", "mlir", "--precision", precision], tmp_path, capsys)
+    assert "Warning" not in capsys.readouterr().err
+    onnx_path = _report([*argv, "--precision", precision], tmp_path, capsys)
+    assert linalg["totals"]["contraction_flops"] == onnx_path["totals"]["contraction_flops"]

@@ -663,7 +663,8 @@ def _retype_graph(g: Any, to: int, floats: set[int]) -> None:
 
 def _converted(tensor: Any, to: int) -> Any:
     """``tensor`` (a float TensorProto) as ``to``, its data as ``raw_data``: torch-mlir's importer
-    reads bf16 initializer data from ``raw_data`` only."""
+    reads bf16 initializer data from ``raw_data`` only. A value beyond fp16's range becomes ±inf, as
+    ``Tensor.half()`` makes it (an attention mask's fp32 minimum, Falcon's and BLOOM's: a -inf mask)."""
     import ml_dtypes
     import numpy as np
     import onnx
@@ -673,7 +674,9 @@ def _converted(tensor: Any, to: int) -> Any:
         return tensor
     data = numpy_helper.to_array(tensor).astype(np.float32)
     dtype = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}.get(to, ml_dtypes.bfloat16)
-    out = onnx.helper.make_tensor(tensor.name, to, list(tensor.dims), data.astype(dtype).tobytes(), raw=True)
+    with np.errstate(over="ignore"):
+        raw = data.astype(dtype).tobytes()
+    out = onnx.helper.make_tensor(tensor.name, to, list(tensor.dims), raw, raw=True)
     out.doc_string = tensor.doc_string
     return out
 
