@@ -727,9 +727,9 @@ def _widened_source(op: Any) -> Any | None:
 
 
 def _fuse_narrow_widenings(counts: list[OpCount], is_weight: Any) -> None:
-    """Fuse each widening of an 8-bit float (`_widened_source`) into the linalg ops that read it, as a
-    compiler fuses the cast into its consumer: the widening costs nothing, each consumer reads the
-    8-bit source instead of the wide copy (a weight's bytes stay weight bytes); then mark every
+    """Fuse each widening of an 8-bit float or an int4 (`_widened_source`) into the linalg ops that read
+    it, as a compiler fuses the cast into its consumer: the widening costs nothing, each consumer reads
+    the narrow source instead of the wide copy (a weight's bytes stay weight bytes); then mark every
     contraction whose operand is 8-bit, read directly or through such a widening and data
     movement (a broadcast of the weight), with that dtype (`OpCount.operand_dtype`). A widening
     something other than a linalg op reads (a function result) is left as it is."""

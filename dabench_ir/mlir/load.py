@@ -48,6 +48,7 @@ from dabench_ir.mlir.count import (
     ops_in,
     tensor_type_of,
 )
+from dabench_ir.options import FLOAT_PRECISIONS
 from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PARAMS, MODEL_WEIGHTS
 
@@ -578,17 +579,6 @@ def attach_mlir(
 
 
 # -- precision at import -----------------------------------------------------------------
-IMPORT_PRECISIONS = ("fp32", "fp16", "bf16", "mixed", "int8", "fp8", "w8a16", "w4a16")
-"""The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
-``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md);
-the quantised modes at fp16, each block matmul's weight stored quantised (`dequantised_weights`):
-``int8`` in QDQ form (activation and weight each quantised per tensor, which torch-mlir fuses into
-an integer matmul), ``fp8`` as float8e4m3fn behind a ``Cast``, ``w8a16`` int8 behind a per-channel
-``DequantizeLinear``, ``w4a16`` uint4 in groups of 128 dequantised by ``Cast``, ``Sub`` and ``Mul``."""
-
-QUANTISED_IMPORTS = frozenset({"int8", "fp8", "w8a16", "w4a16"})
-"""Import precisions whose block-matmul weights are stored quantised (`dequantised_weights`)."""
-
 _IMPORT_DTYPE = {
     "fp32": "fp32",
     "fp16": "fp16",
@@ -599,6 +589,18 @@ _IMPORT_DTYPE = {
     "w8a16": "fp16",
     "w4a16": "fp16",
 }
+"""Each import precision's float dtype (`retype_onnx`)."""
+
+IMPORT_PRECISIONS = tuple(_IMPORT_DTYPE)
+"""The precisions an ONNX model is imported at (`retype_onnx`): every float tensor in that dtype;
+``mixed`` is imported at bf16, whose lowering is the mixed recipe's arithmetic (docs/mlir.md);
+the quantised modes at fp16, each block matmul's weight stored quantised (`dequantised_weights`):
+``int8`` in QDQ form (activation and weight each quantised per tensor, which torch-mlir fuses into
+an integer matmul), ``fp8`` as float8e4m3fn behind a ``Cast``, ``w8a16`` int8 behind a per-channel
+``DequantizeLinear``, ``w4a16`` uint4 in groups of 128 dequantised by ``Cast``, ``Sub`` and ``Mul``."""
+
+QUANTISED_IMPORTS = frozenset(IMPORT_PRECISIONS) - frozenset(FLOAT_PRECISIONS)
+"""Import precisions whose block-matmul weights are stored quantised (`dequantised_weights`)."""
 
 
 def check_import_precision(precision: str | None) -> None:
@@ -721,6 +723,7 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph, precision: str = "
         if stored not in inputs or stored in reads:
             continue
         reader = classified.node(matmul)
+        direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))  # W[K, N] as it is
         if precision == "int8":
             node = readers.get(matmul)
             if node is None:
@@ -730,11 +733,9 @@ def dequantised_weights(proto: onnx.ModelProto, graph: Graph, precision: str = "
         elif precision == "fp8":
             nodes, names = _widen_fp8(inputs[stored], matmul)
         elif precision == "w4a16":
-            direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
             nodes, names, init = _dequantise_groups(g, inputs[stored], matmul, k_axis=0 if direct else 1)
-            g.initializer.extend(i for i in init if not any(x.name == i.name for x in g.initializer))
+            g.initializer.extend(init)  # the weight's own 2-D shape, named after it
         else:
-            direct = len(chain) == 1 and not (reader.op_type == "Gemm" and reader.attrs.get("transB"))
             nodes, names = _dequantise_per_channel(g, inputs[stored], matmul, axis=1 if direct else 0, opset=opset)
         front.extend(nodes)
         reads[stored] = nodes[-1].output[0]
