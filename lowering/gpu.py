@@ -23,8 +23,9 @@ embedding, softmax and residual adds around it fused into it (vLLM and TensorRT-
 these into the GEMM and attention kernels). The KV cache is an input held in HBM with the
 weights, so a decode step is bound by reading weights and cache plus the launches. Their decode
 attention kernels run one thread block per query head: under grouped-query attention HBM delivers
-the cache once per K/V head, but each query head of a group loads it again from L2, so a cache read
-takes at least all those loads at ``arch.l2_bandwidth_bytes_per_s`` (`cache_rereads`). A kernel of
+the cache once per K/V head, but each query head of a group loads it again (from L2 when it is still
+there), so a cache read takes at least all those loads at the rate such a kernel loads them,
+``arch.decode_attention_load_bytes_per_s`` (`cache_rereads`; at most the L2's bandwidth). A kernel of
 one thread block per K/V head serving its group's query heads (TensorRT-LLM's XQA: "reducing data
 loading", docs/source/blogs/XQA-kernel.md) loads it once: ``--decode-attention per-kv-head``.
 """
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from dabench_ir.targets import MemoryLevel, Target
 
 __all__ = [
+    "DECODE_ATTENTION_LOAD",
     "DECODE_STEP",
     "HOST_ISSUE",
     "LOWERING",
@@ -146,6 +148,11 @@ DECODE_STEP = "decode_step"
 """The step overhead of one decode step that belongs to no node: what a serving engine does on the
 host between two steps and the device waits for (scheduling, input preparation, sampling, output
 processing), ``overheads.decode_step_s`` of the target."""
+
+DECODE_ATTENTION_LOAD = "decode_attention_load_bytes_per_s"
+"""The ``[arch]`` rate a decode attention kernel of one thread block per (sequence, query head) loads the
+K/V cache at, its group's repeats included (`cache_rereads`): fitted where a target file says so, and
+never above the L2's bandwidth, where the repeats are served when they hit."""
 
 HOST_ISSUE = "host_issue"
 """The step overhead (`Plan.step_overheads_s`) of a stream waiting for the host to issue its kernels."""
@@ -348,12 +355,12 @@ def _gqa_broadcast(node: Node) -> bool:
     return node.op_type == "Expand" and BACKWARD_COST not in node.meta
 
 
-def _memory_s(cost: Cost, runs: int, bw: float, reread: int = 0, l2_bw: float = 0.0) -> float:
+def _memory_s(cost: Cost, runs: int, bw: float, reread: int = 0, load_rate: float = 0.0) -> float:
     """Memory seconds of a node over the step: its bytes from HBM, its weights read again each further
-    micro-batch; with ``reread`` (`cache_rereads`: bytes loaded again, from L2) never less than all it
-    loads at ``l2_bw``, the L2's sustained read rate."""
+    micro-batch; with ``reread`` (`cache_rereads`: bytes loaded again) never less than all it loads at
+    ``load_rate``, the rate a decode attention kernel of one thread block per query head loads them."""
     hbm = (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
-    return max(hbm, runs * (cost.bytes + reread) / l2_bw) if reread and l2_bw > 0 else hbm
+    return max(hbm, runs * (cost.bytes + reread) / load_rate) if reread and load_rate > 0 else hbm
 
 
 def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
@@ -367,8 +374,8 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     num_queries_per_kv``). Under grouped-query attention the decode graph reads each cached K/V head
     once, with the group's query heads as the rows of one matmul (`models.gpt2.attend_cached`), and
     its cost counts the cache once: what HBM delivers when the group's blocks, launched side by side,
-    find it in L2. But each of the ``rows`` query heads loads it again from L2: ``rows - 1`` more
-    loads of the cache. A matmul of a decode graph (``dabench.phase`` = decode) reading a KV-cache
+    find it in L2. But each of the ``rows`` query heads loads it again (from L2 when it hits): ``rows - 1``
+    more loads of the cache, all of them at the kernel's load rate (`DECODE_ATTENTION_LOAD`). A matmul of a decode graph (``dabench.phase`` = decode) reading a KV-cache
     input (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other
     operand's (for the second operand; its columns for the first). Multi-head attention (one row)
     rereads nothing; nodes that reread nothing are left out.
@@ -629,8 +636,8 @@ def stream_plan(
     # read/write turnarounds): measured copy and STREAM rates, ``arch.memory_efficiency``
     bw = mem.bandwidth_bytes_per_s * target.arch_value("memory_efficiency", 1.0)
     # a decode attention kernel of a thread block per query head loads a GQA cache once per query
-    # head, the repeats from L2; a block per K/V head (--decode-attention per-kv-head) loads it once
-    l2_bw = target.arch_value("l2_bandwidth_bytes_per_s", 0.0)
+    # head, at the rate such a kernel loads; a block per K/V head (--decode-attention per-kv-head) loads it once
+    load_rate = target.arch_value(DECODE_ATTENTION_LOAD, 0.0)
     rereads = cache_rereads(ctx)
     if getattr(options, "decode_attention", None) == "per-kv-head":
         if not rereads:
@@ -640,11 +647,11 @@ def stream_plan(
                 "--phase decode); drop it"
             )
         rereads = {}
-    if l2_bw <= 0:  # a target without an L2 figure reads the cache from HBM once
+    if load_rate <= 0:  # a target without the figure reads the cache from HBM once
         rereads = {}
 
     def memory(node: Node, runs: int) -> float:
-        return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), l2_bw)
+        return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), load_rate)
 
     ridge = target.ridge_point(ctx.precision, mem)
     # a CPU calibration may call its fixed per-op cost per_op_s
@@ -719,7 +726,7 @@ def stream_plan(
             if view:
                 np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
             elif node.name in rereads and np_.memory_s > _memory_s(cost, runs, bw):
-                np_.note = "L2-bound: the decode attention kernel loads the K/V cache once per query head"
+                np_.note = "load-bound: the decode attention kernel loads the K/V cache once per query head"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
             traffic += 0 if view else cost.bytes
