@@ -352,24 +352,28 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                     dims[-1] //= chips
                     value.type = replace(value.type, shape=tuple(dims))
     for name in cache_inputs(share):
-        _shard_cache_heads(share.values[name], chips)
+        kv_heads = _shard_cache_heads(share.values[name], chips)
+        if kv_heads:  # a K/V head copied on several chips serves only each chip's own query heads
+            meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv_heads / (chips * math.ceil(kv_heads / chips)))
     _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
 
 
-def _shard_cache_heads(value: Value, chips: int) -> None:
+def _shard_cache_heads(value: Value, chips: int) -> int | None:
     """One chip's share of a decode graph's KV-cache input: its K/V heads (dim 1 of the cache,
     [batch, heads, ...]) split over the chips, a head kept whole on each chip that reads it. With fewer
     K/V heads than chips (grouped-query attention at a high TP degree) every chip keeps one, copied on
     chips / heads of them: TensorRT-LLM's runtime sizes each rank's cache at ceil(kv_heads / tp)
     heads (NVIDIA/TensorRT-LLM tensorrt_llm/runtime/model_runner.py at 0243026,
-    `_engine_config_to_model_config`: ``num_kv_heads = (num_kv_heads + tp_size - 1) // tp_size``)."""
+    `_engine_config_to_model_config`: ``num_kv_heads = (num_kv_heads + tp_size - 1) // tp_size``).
+    Returns the model's K/V heads (None when the cache's head dim is not known)."""
     shape = value.type.shape
     if shape is None or len(shape) < 2 or not isinstance(shape[1], int):
-        return
+        return None
     dims = list(shape)
-    dims[1] = math.ceil(dims[1] / chips)
+    dims[1] = math.ceil(shape[1] / chips)
     value.type = replace(value.type, shape=tuple(dims))
+    return shape[1]
 
 
 def _leaving_bytes(graph: Graph, node: Node, module_of: dict[str, str | None], cost: Cost) -> int:

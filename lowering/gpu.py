@@ -378,7 +378,9 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     more loads of the cache, all of them at the kernel's load rate (`DECODE_ATTENTION_LOAD`). A matmul of a decode graph (``dabench.phase`` = decode) reading a KV-cache
     input (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other
     operand's (for the second operand; its columns for the first). Multi-head attention (one row)
-    rereads nothing; nodes that reread nothing are left out.
+    rereads nothing; nodes that reread nothing are left out. One chip of a tensor-parallel run with
+    fewer K/V heads than chips holds a copy of one K/V head for its own query heads only (the graph's
+    rows are the whole group's): its loads are the rows times `meta.CACHE_GROUP_SHARE`.
     """
     if ctx.graph.metadata.get(MODEL_PHASE) != "decode":
         return {}
@@ -386,6 +388,7 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     from dabench_ir.passes.precision import kv_cache_values
 
     caches = set(kv_cache_values(ctx.graph)) & set(ctx.graph.inputs)
+    served = meta.graph_find(ctx.graph, meta.CACHE_GROUP_SHARE, 1.0)  # of each group's query heads, this chip's
     out: dict[str, int] = {}
     for node in ctx.graph.nodes:
         if node.op_type != "MatMul" or len(node.inputs) < 2 or not caches.intersection(node.inputs[:2]):
@@ -395,9 +398,9 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
             continue
         _, rows, _, cols = dims
         side = 1 if node.inputs[1] in caches else 0
-        loads = rows if side == 1 else cols
+        loads = (rows if side == 1 else cols) * served
         if loads > 1:
-            out[node.name] = (loads - 1) * ctx.value_bytes(node.inputs[side])
+            out[node.name] = round((loads - 1) * ctx.value_bytes(node.inputs[side]))
     return out
 
 

@@ -181,6 +181,9 @@ GRAPH_MODE = GraphKey("mode", str, "training")  # "train" once the training expa
 TRAINING = GraphKey("train", TrainingRecord, "training")  # optimizer/gradient/activation state of a training step
 ANALYZED = GraphKey("dabench.analyzed", str, "cost")  # "onnx" | "linalg": which costing gave every node its Cost
 TRANSFORMED = GraphKey("dabench.transformed", tuple, "run")  # the rewrites applied after costing (run.transform_key)
+CACHE_GROUP_SHARE = GraphKey(
+    "dabench.tp.cache_group_share", float, "tensor parallelism"
+)  # of a cached K/V head's query heads, the share one chip serves (scaling.split_for_tp)
 
 
 def graph_get(graph: Graph, key: GraphKey) -> Any:

@@ -305,3 +305,24 @@ def test_tensor_parallel_keeps_each_chips_kv_heads_of_the_cache(graphs, kv_heads
         assert share.type_of(name).shape[1] == kept
         assert share.type_of(name).nbytes() == kept * CACHE_PER_KV_HEAD
         assert graph.type_of(name).shape[1] == kv_heads  # the model itself is left whole
+
+
+@pytest.mark.parametrize("chips", [2, 4])
+@pytest.mark.parametrize("kv_heads", [8, 2, 1])
+def test_a_tensor_parallel_chip_reloads_its_kv_heads_for_its_own_query_heads(graphs, kv_heads, chips):
+    """One chip holds HEADS / chips query heads and ceil(kv_heads / chips) K/V heads: each K/V head it
+    holds is loaded once per query head of the chip's that reads it, HEADS / (chips x kept) times. With
+    fewer K/V heads than chips that is fewer than the model's whole group (HEADS / kv_heads): 8 query
+    heads over 1 K/V head on 4 chips load each chip's copy twice, not 8 times."""
+    from dabench_ir.lowering.gpu import cache_rereads
+    from dabench_ir.scaling import split_for_tp
+
+    share, _ = split_for_tp(graphs[kv_heads], chips)
+    kept = -(-kv_heads // chips)
+    loads = HEADS / (chips * kept)
+    rereads = cache_rereads(_ctx(share))
+    readers = _cache_readers(share)
+    assert len(readers) == 2
+    for cache, node in readers.items():
+        assert share.type_of(cache).nbytes() == kept * CACHE_PER_KV_HEAD
+        assert rereads.get(node.name, 0) == (loads - 1) * kept * CACHE_PER_KV_HEAD
