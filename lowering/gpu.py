@@ -375,9 +375,10 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     once, with the group's query heads as the rows of one matmul (`models.gpt2.attend_cached`), and
     its cost counts the cache once: what HBM delivers when the group's blocks, launched side by side,
     find it in L2. But each of the ``rows`` query heads loads it again (from L2 when it hits): ``rows - 1``
-    more loads of the cache, all of them at the kernel's load rate (`DECODE_ATTENTION_LOAD`). A matmul of a decode graph (``dabench.phase`` = decode) reading a KV-cache
-    input (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other
-    operand's (for the second operand; its columns for the first). Multi-head attention (one row)
+    more loads of the cache, all of them at the kernel's load rate (`DECODE_ATTENTION_LOAD`). A matmul
+    of a decode graph (``dabench.phase`` = decode) reading a KV-cache input
+    (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other operand's
+    (for the second operand; its columns for the first). Multi-head attention (one row)
     rereads nothing; nodes that reread nothing are left out. One chip of a tensor-parallel run with
     fewer K/V heads than chips holds a copy of one K/V head for its own query heads only (the graph's
     rows are the whole group's): its loads are the rows times `meta.CACHE_GROUP_SHARE`.
