@@ -14,7 +14,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 
-__all__ = ["DTYPES", "FAMILIES", "HEAD_DIM", "PARALLEL_FAMILIES", "PHASES", "ModelConfig", "default_heads"]
+__all__ = ["DTYPES", "FAMILIES", "HEAD_DIM", "LOGITS", "PARALLEL_FAMILIES", "PHASES", "ModelConfig", "default_heads"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +24,11 @@ PARALLEL_FAMILIES = ("gptj", "gpt_neox")
 by both branches; GPT-NeoX: one per branch). Named as Hugging Face's ``model_type``."""
 DTYPES = ("fp32", "fp16", "bf16")
 PHASES = ("prefill", "decode")
+LOGITS = ("all", "last")
+"""Which positions the LM head projects: every one (a plain forward, training) or each sequence's last,
+as serving engines run a prefill: only the next token is sampled (TensorRT-LLM's
+``gather_last_token_logits`` before ``lm_head``, NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py;
+vLLM's ``_prune_hidden_states`` to the prompt's last token, vllm/model_executor/layers/logits_processor.py)."""
 HEAD_DIM = 64
 """Width of one attention head when a model's heads are not given (GPT-2's and LLaMA's)."""
 
@@ -57,7 +62,8 @@ class ModelConfig:
 
     `phase` "prefill" (default) runs `seq` tokens from an empty cache; "decode" runs `seq`
     new tokens (the chunk, usually 1) against a KV cache of `context` past tokens, which the
-    graph takes as inputs (one K and one V per layer) and appends to.
+    graph takes as inputs (one K and one V per layer) and appends to. `logits` (`LOGITS`): "last" projects
+    only each sequence's last position through the LM head, as a serving engine's prefill does.
     """
 
     family: str = "llama"
@@ -79,6 +85,7 @@ class ModelConfig:
     preset: str | None = None
     phase: str = "prefill"
     context: int = 0  # past tokens in the KV cache (decode)
+    logits: str = "all"  # LOGITS: the positions the LM head projects
 
     def __post_init__(self) -> None:
         fam = self.family
@@ -98,6 +105,8 @@ class ModelConfig:
             raise UserError(f"context must be a non-negative integer, got {self.context!r}")
         if self.phase == "decode" and self.context < 1:
             raise UserError("a decode export needs --context N (past tokens in the KV cache), N >= 1")
+        if self.logits not in LOGITS:
+            raise UserError(f"logits must be one of {', '.join(LOGITS)}, got {self.logits!r}")
         if self.phase == "prefill" and self.context:
             raise UserError("--context applies to --phase decode only")
         if self.kv_heads is None:
@@ -235,10 +244,12 @@ class ModelConfig:
         return 2 * b * s * (2 * h * h + 2 * h * kv + m * h * f) + 4 * b * s * self.total_len * h
 
     def matmul_flops(self) -> int:
-        """MatMul FLOPs of the whole forward pass: blocks plus the LM head when present."""
+        """MatMul FLOPs of the whole forward pass: blocks plus the LM head when present (over every
+        position, or each sequence's last with ``logits`` "last")."""
         total = self.layers * self.block_matmul_flops()
         if self.vocab:
-            total += 2 * self.batch * self.seq * self.hidden * self.vocab
+            projected = 1 if self.logits == "last" else self.seq
+            total += 2 * self.batch * projected * self.hidden * self.vocab
         return total
 
     def kv_cache_bytes(self, context: int | None = None, itemsize: float | None = None) -> int:

@@ -231,5 +231,7 @@ def run_blocks(model: nn.Module, h: torch.Tensor, mask: torch.Tensor | None, cac
         else:
             h = layer(h, mask, *extra)
     h = model.norm(h)
+    if model.lm_head is not None and model.cfg.logits == "last":
+        h = h[:, -1:, :]  # only the next token is sampled: the last position's logits (`LOGITS`)
     out = model.lm_head(h) if model.lm_head is not None else h
     return (out, *new) if caches else out

@@ -380,3 +380,20 @@ def test_a_preset_name_is_a_model_for_the_generation_scenario(capsys):
         main(["profile", "no-such-preset", "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]) == 2
     )
     assert "not a preset" in capsys.readouterr().err
+
+
+def test_the_scenarios_prefill_projects_only_the_last_token_through_the_lm_head(tmp_path, monkeypatch):
+    """A serving engine samples the first token from each request's last position: the scenario's own
+    prefill export (`ModelConfig.logits` "last") runs the LM head over B rows, not B x prompt; the rest of
+    the prefill is the plain forward's (closed forms, FLOPs as counted)."""
+    from dabench_ir.scenario import generate
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))  # this test's own exports
+    cfg = ModelConfig(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=100, dtype="fp16")
+    batch, prompt = 3, 12
+    result = generate(cfg, "h100", ProfileOptions(batch=batch), prompt=prompt, gen=2)
+    prefill = cfg.replace(batch=batch, seq=prompt, logits="last")
+    assert result.prefill.report.totals["contraction_flops"] == prefill.matmul_flops()
+    assert prefill.matmul_flops() == cfg.replace(batch=batch, seq=prompt).matmul_flops() - (
+        2 * batch * (prompt - 1) * cfg.hidden * cfg.vocab
+    )

@@ -167,7 +167,11 @@ def _signature(model: onnx.ModelProto) -> dict[int | None, list[tuple]]:
     return out
 
 
-@pytest.mark.parametrize("cfg", [GPT2.replace(layers=3), LLAMA_LM.replace(layers=3)], ids=["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "cfg",
+    [GPT2.replace(layers=3), LLAMA_LM.replace(layers=3), LLAMA_LM.replace(layers=3, logits="last")],
+    ids=["gpt2", "llama", "llama-last-logits"],
+)
 def test_stamped_equals_plain_export(cfg: ModelConfig) -> None:
     stamped = export_onnx(cfg, weights="none", stamp=True)
     plain = export_onnx(cfg, weights="none", stamp=False)

@@ -60,3 +60,29 @@ def test_gqa_matches_repeated_kv_mha() -> None:
     b.load_state_dict(state)
     x = torch.randn(1, 8, 32)
     torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gptj"])
+def test_last_logits_project_only_each_sequences_last_position(family: str) -> None:
+    """``logits="last"`` (a serving engine's prefill): the LM head reads each sequence's last position
+    only, so its FLOPs are 2·B·h·V instead of 2·B·S·h·V (FlopCounterMode against the closed form), and
+    the logits it gives are the plain forward's last row."""
+    cfg = ModelConfig(family=family, layers=2, hidden=64, heads=4, seq=8, batch=2, vocab=50)
+    last = cfg.replace(logits="last")
+    assert cfg.matmul_flops() - last.matmul_flops() == 2 * cfg.batch * (cfg.seq - 1) * cfg.hidden * cfg.vocab
+    x = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq))
+    every, only = build_model(cfg, seed=0), build_model(last, seed=0)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        out = only(x)
+    assert out.shape == (cfg.batch, 1, cfg.vocab)
+    assert counter.get_total_flops() == last.matmul_flops()
+    with torch.no_grad():
+        torch.testing.assert_close(out, every(x)[:, -1:, :])
+
+
+def test_logits_takes_all_or_last() -> None:
+    from dabench_ir.errors import UserError
+
+    with pytest.raises(UserError, match="logits must be one of all, last"):
+        ModelConfig(family="gpt2", layers=1, hidden=32, heads=4, vocab=50, logits="first")

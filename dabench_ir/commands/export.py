@@ -71,7 +71,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from dabench_ir.models.config import DTYPES, FAMILIES, PHASES, ModelConfig  # the config owns its choices
+    from dabench_ir.models.config import DTYPES, FAMILIES, LOGITS, PHASES, ModelConfig  # the config owns its choices
 
     p.add_argument("--list-presets", action="store_true", help="list the named presets and exit")
     p.add_argument("--preset", metavar="NAME", help="start from a named shape (see --list-presets)")
@@ -85,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=PHASES[0],
         help="prefill: one pass over --seq tokens; decode: --chunk new tokens against a KV cache of "
         "--context past tokens (cache inputs and new K/V outputs per layer)",
+    )
+    p.add_argument(
+        "--logits",
+        choices=LOGITS,
+        help="positions the LM head projects: all (default: a plain forward, training) or last (each "
+        "sequence's last, as a serving engine's prefill samples the next token)",
     )
     p.add_argument("--context", type=int, metavar="N", help="decode: past tokens in the KV cache")
     p.add_argument("--chunk", type=int, metavar="K", help="decode: new tokens per step (default 1)")
@@ -128,7 +134,12 @@ def _config(args: argparse.Namespace):
     if args.layers is not None and args.layers > MAX_LAYERS:
         raise UserError(f"--layers {args.layers:,}: at most {MAX_LAYERS:,} decoder blocks")
 
-    given = {"family": args.family, **{name: getattr(args, name) for name in _SIZES}, "dtype": args.dtype}
+    given = {
+        "family": args.family,
+        **{name: getattr(args, name) for name in _SIZES},
+        "dtype": args.dtype,
+        "logits": args.logits,
+    }
     if args.phase == "decode":
         if args.context is None:
             raise UserError("--phase decode needs --context N (past tokens in the KV cache)")
