@@ -287,7 +287,7 @@ def _export_pair(cfg: ModelConfig, prompt: int, gen: int, say: Progress) -> tupl
     say("the prefill graph (one block exported, stamped; cached)")
     what = "--scenario generate (or give PREFILL.onnx,DECODE.onnx made with --dynamic)"
     # a serving engine's prefill projects only the last position through the LM head (`LOGITS`)
-    prefill = _load(cached_export(base.replace(logits="last"), what=what))
+    prefill = _load(cached_export(base.replace(logits="last") if base.vocab else base, what=what))
     say("the decode graph (one block exported, stamped; cached)")
     decode = _load(cached_export(base.replace(phase="decode", context=max(prompt, 2), seq=1), what=what))
     return prefill, decode

@@ -107,6 +107,8 @@ class ModelConfig:
             raise UserError("a decode export needs --context N (past tokens in the KV cache), N >= 1")
         if self.logits not in LOGITS:
             raise UserError(f"logits must be one of {', '.join(LOGITS)}, got {self.logits!r}")
+        if self.logits == "last" and not self.vocab:
+            raise UserError("--logits last projects through the LM head; a model without --vocab has none")
         if self.phase == "prefill" and self.context:
             raise UserError("--context applies to --phase decode only")
         if self.kv_heads is None:

@@ -86,3 +86,5 @@ def test_logits_takes_all_or_last() -> None:
 
     with pytest.raises(UserError, match="logits must be one of all, last"):
         ModelConfig(family="gpt2", layers=1, hidden=32, heads=4, vocab=50, logits="first")
+    with pytest.raises(UserError, match="without --vocab has none"):
+        ModelConfig(family="gpt2", layers=1, hidden=32, heads=4, logits="last")
