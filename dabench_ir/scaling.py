@@ -351,10 +351,10 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
                 if isinstance(dims[-1], int) and dims[-1] % chips == 0:
                     dims[-1] //= chips
                     value.type = replace(value.type, shape=tuple(dims))
-    for name in cache_inputs(share):
-        kv_heads = _shard_cache_heads(share.values[name], chips)
-        if kv_heads:  # a K/V head copied on several chips serves only each chip's own query heads
-            meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv_heads / (chips * math.ceil(kv_heads / chips)))
+    kv_heads = {_shard_cache_heads(share.values[name], chips) for name in cache_inputs(share)} - {None}
+    if len(kv_heads) == 1:  # a K/V head copied on several chips serves only each chip's own query heads
+        (kv,) = kv_heads
+        meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv / (chips * math.ceil(kv / chips)))
     _shard_training_state(graph, share, producer_module, chips)
     return share, list(leaving.values())
 

@@ -142,14 +142,14 @@ def test_a_cache_matmul_takes_the_slower_of_hbm_once_and_l2_per_query_head(graph
     graph = graphs[kv_heads]
     plan = lower(graph, target, GpuLowering.options(ProfileOptions(precision="fp16")))
     hbm = target.feed_memory.bandwidth_bytes_per_s * target.arch_value("memory_efficiency")
-    l2_bw = target.arch_value("decode_attention_load_bytes_per_s")
+    rate = target.arch_value("decode_attention_load_bytes_per_s")
     rereads = cache_rereads(_ctx(graph))
     for node in _cache_readers(graph).values():
         nbytes = meta.get_cost(node).bytes
         np_ = plan.node_plans[node.name]
         once = nbytes / hbm
-        if l2_bw > 0 and kv_heads < HEADS:
-            per_head = (nbytes + rereads[node.name]) / l2_bw
+        if rate > 0 and kv_heads < HEADS:
+            per_head = (nbytes + rereads[node.name]) / rate
             assert np_.memory_s == pytest.approx(max(once, per_head), rel=1e-12)
             assert ("load-bound" in np_.note) == (per_head > once)
         else:
