@@ -143,7 +143,7 @@ def write() -> Path:
 
 
 def _row(p, res, report, plan) -> dict:
-    from dabench_ir.validate.predict import _device_s, _host_s, _max_pcu, _sections
+    from dabench_ir.validate.predict import device_s, host_s, max_pcu, sections_of
 
     row = {
         "id": p.id,
@@ -172,10 +172,10 @@ def _row(p, res, report, plan) -> dict:
     row.update(
         sps=report.totals.get("throughput_samples_per_s"),
         step=report.totals.get("time_s"),
-        host=_host_s(report),
-        dev=_device_s(report),
-        sec=_sections(report),
-        pcu=_max_pcu(report),
+        host=host_s(report),
+        dev=device_s(report),
+        sec=sections_of(report),
+        pcu=max_pcu(report),
         alloc=m.get("allocation_ratio"),
         li=m.get("load_imbalance", m.get("li")),
         eff=m.get("compute_efficiency"),
@@ -188,12 +188,13 @@ def _row(p, res, report, plan) -> dict:
 def run(only: str | None) -> list[dict]:
     from dabench_ir.lowering import lower
     from dabench_ir.run import execute, lowering_options, prepare, resolve
+    from dabench_ir.sweep.graphs import default_cache
     from dabench_ir.targets import load_target
     from dabench_ir.validate import PointResult, load_catalog
-    from dabench_ir.validate.cache import _default_cache, _GraphCache
-    from dabench_ir.validate.runner import _options, _per_replica_model
+    from dabench_ir.validate.cache import GraphCache
+    from dabench_ir.validate.runner import options_of_point, per_replica_model
 
-    graphs = _GraphCache(_default_cache(), lambda m: print("  ", m, file=sys.stderr))
+    graphs = GraphCache(default_cache(), lambda m: print("  ", m, file=sys.stderr))
     rows = []
     for p in load_catalog(TOML):
         if only and not (p.target.startswith(only) or p.id.startswith(only)):
@@ -201,8 +202,8 @@ def run(only: str | None) -> list[dict]:
         target = load_target(p.target)
         res = PointResult(p)
         try:
-            opts = _options(p, target.kind, res)
-            graph = graphs.graph(_per_replica_model(p, opts))
+            opts = options_of_point(p, target.kind, res)
+            graph = graphs.graph(per_replica_model(p, opts))
             run = resolve(graph, target, opts)  # the run validate asks, through the one orchestration
             if p.id.startswith("bow-fit"):
                 rows.append(_row(p, res, None, lower(prepare(run, graph), target, lowering_options(run))))

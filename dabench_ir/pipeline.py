@@ -18,13 +18,14 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Graph
 from dabench_ir.options import ProfileOptions
+from dabench_ir.progress import silent
 from dabench_ir.report.model import Report
 from dabench_ir.run import (
     Progress,
     ResolvedRun,
-    _is_mlir_file,
     check_target,
     execute,
+    is_mlir_file,
     prepare,
     resolve,
     resolve_target,
@@ -47,10 +48,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def load_graph(
     model: Any, *, via: str = "onnx", dims: Mapping[str, int] | None = None, batch: int | None = None
 ) -> Graph:
@@ -61,7 +58,7 @@ def load_graph(
     run's batch and sequence first)."""
     if via not in ("onnx", "mlir"):
         raise UserError(f"--via {via}: expected 'onnx' or 'mlir'")
-    if _is_mlir_file(model):
+    if is_mlir_file(model):
         from dabench_ir.mlir import load_mlir
 
         return load_mlir(model, dims=dict(dims or {}))
@@ -117,7 +114,7 @@ def load_for_run(model: Any, options: Any, target: Any = None) -> Graph:
     imported at the run's precision (the user's, else ``target``'s ``[defaults]``: `run.resolve`).
     A run at another precision imports it again (`dabench_ir.mlir.load.MlirPrecisionPass`)."""
     opts = _as_options(options)
-    if opts.via != "mlir" or _is_mlir_file(model):
+    if opts.via != "mlir" or is_mlir_file(model):
         return load_graph(model, via=opts.via, dims=opts.dims, batch=opts.batch)
     # torch-mlir imports static shapes only: the run binds the ONNX graph's batch, sequence and the
     # dims derived from them (`run.resolve`, as on the ONNX path), and the module is lowered at those
@@ -148,7 +145,7 @@ def profile(model: Any, target: str | None = None, *, progress: Progress | None 
 def run_profile(model: Any, target: Any, options: Any = None, *, progress: Progress | None = None) -> Report:
     """One run of ``model`` on ``target``: ``options`` is a mapping of the knobs given (their source is
     the user) or an options object."""
-    say = progress or _quiet
+    say = progress or silent
     options = _options(options)
     check_target(target)  # a bad name or file fails before any work
     say("loading the model")
@@ -177,7 +174,7 @@ def profile_targets(
     every target when the options measure) runs in full. With ``keep_going`` a UserError is that
     target's result and the others go on; otherwise it is raised.
     """
-    say = progress or _quiet
+    say = progress or silent
     options = _options(options)
     measures = options.get("measure") if isinstance(options, Mapping) else getattr(options, "measure", False)
     measured = measure_on or (lambda _t: bool(measures))

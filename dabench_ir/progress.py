@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "silent"]
 
 
 class Progress:
@@ -58,3 +58,7 @@ class Progress:
             self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
             self._width = 0
+
+
+def silent(_: str) -> None:
+    """The progress callback that shows nothing: what a run given no ``progress`` reports to."""

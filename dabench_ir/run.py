@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, ScaleOptions, check_applies
+from dabench_ir.progress import silent
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
@@ -45,6 +46,7 @@ __all__ = [
     "analysis_passes",
     "analyzed",
     "execute",
+    "is_mlir_file",
     "placed",
     "placement",
     "prepare",
@@ -172,7 +174,7 @@ class ResolvedRun:
 # -- resolving ----------------------------------------------------------------------------------
 
 
-def _is_mlir_file(model: Any) -> bool:
+def is_mlir_file(model: Any) -> bool:
     return isinstance(model, (str, os.PathLike)) and Path(model).suffix.lower() == ".mlir"
 
 
@@ -184,7 +186,7 @@ def _mlir_module_only(graph: Graph, model: Any) -> bool:
     artifact = graph.meta.get(meta.MLIR_ARTIFACT)
     if artifact is not None:
         return artifact.onnx_model is None and artifact.precision is None
-    return _is_mlir_file(model)
+    return is_mlir_file(model)
 
 
 def _given(options: Any) -> tuple[ScaleOptions, set[str]]:
@@ -278,7 +280,7 @@ def resolve(
     sources = {name: ("user" if name in given else "default") for name in KNOBS}
     from dabench_ir.passes import meta
 
-    linalg = opts.via == "mlir" or _is_mlir_file(model) or meta.MLIR_ARTIFACT in graph.meta
+    linalg = opts.via == "mlir" or is_mlir_file(model) or meta.MLIR_ARTIFACT in graph.meta
     changes: dict[str, Any] = {}
 
     # samples: the graph's batch dim, bound by --batch when it is symbolic
@@ -610,10 +612,6 @@ def prepare(run: ResolvedRun, graph: Graph) -> Graph:
 # -- executing ----------------------------------------------------------------------------------
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Report:
     """The Report of ``run`` on ``graph`` (loaded or costed; consumed: passes rewrite it in place,
     so a caller that keeps it passes ``graph.clone()``).
@@ -621,7 +619,7 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     Costing passes, the precision and training rewrites, the host's node benchmarks (``cpu``),
     the measurement (``--measure``), placement on one chip or scaling over several, the report.
     """
-    say = progress or _quiet
+    say = progress or silent
     opts = run.options
     run, graph = _prepared(run, graph, say)
     tgt = run.target
@@ -683,7 +681,7 @@ def placed(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) 
         raise UserError("a placement needs a target; give --target")
     if run.options.measure:
         raise ValueError("a measured run is answered by execute(), not placed()")
-    say = progress or _quiet
+    say = progress or silent
     if run.options.chips > 1 or run.options.strategy is not None:
         report = execute(run, graph, progress=progress)
         return Placed(report.run, None, report.plan, report.timeline, built=report)
@@ -705,7 +703,7 @@ def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = Non
     reads (`Plan.fits`, `Plan.failure`). ``graph`` is prepared as `execute` prepares it, and consumed."""
     from dabench_ir.lowering import lower
 
-    say = progress or _quiet
+    say = progress or silent
     if run.target is None:
         raise UserError("a placement needs a target; give --target")
     run, graph = _prepared(run, graph, say)
@@ -719,7 +717,7 @@ def _prepared(run: ResolvedRun, graph: Graph, say: Progress) -> tuple[ResolvedRu
     say("costing the graph")
     graph = prepare(run, graph)
     tgt = run.target
-    if tgt is not None and tgt.kind == "cpu" and run.model is not None and not _is_mlir_file(run.model):
+    if tgt is not None and tgt.kind == "cpu" and run.model is not None and not is_mlir_file(run.model):
         from dabench_ir.execute.microbench import ensure_for_target
 
         tgt = ensure_for_target(run.model, graph, tgt, threads=run.options.threads, say=say)
@@ -750,7 +748,7 @@ def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
 
     if run.model is None and graph.path is None:
         raise UserError("--measure runs a model file in onnxruntime; give the .onnx path")
-    if run.linalg and _is_mlir_file(run.model):
+    if run.linalg and is_mlir_file(run.model):
         raise UserError("--measure runs ONNX models in onnxruntime; give the .onnx file")
     o = run.options
     say("measuring in onnxruntime")

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, ProfileOptions
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
+from dabench_ir.progress import silent
 
 if TYPE_CHECKING:
     import onnx
@@ -82,10 +83,6 @@ DECODE_GRAPHS = {
     "recompute": "the file has no KV-cache input: each step runs the whole sequence again (context + 1 tokens)",
 }
 """How the scenario's decode steps are made (`GenerateResult.decode_graph`), by the model it was given."""
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass
@@ -465,7 +462,7 @@ def generate(
     from dabench_ir.run import resolve_target
 
     opts = opts or ProfileOptions()
-    say = progress or _quiet
+    say = progress or silent
     for name, value in (("--prompt", prompt), ("--gen", gen)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"--scenario generate needs {name} N (a positive integer)")

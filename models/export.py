@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import UserError
 from dabench_ir.models.config import ModelConfig
 from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
+from dabench_ir.progress import silent
 
 if TYPE_CHECKING:
     import onnx
@@ -52,8 +53,11 @@ __all__ = [
     "ExportResult",
     "bind_dims",
     "cache_names",
+    "example_input",
     "export_model",
     "export_onnx",
+    "export_options",
+    "quiet_torch",
     "resolve_weights",
     "stamp_layers",
 ]
@@ -148,7 +152,7 @@ def _check_disk(need: int, folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet_torch() -> Iterator[None]:
     """Silence the exporter's prints, warnings and log lines (they go to debug logging)."""
     sink = io.StringIO()
     names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "torch.fx")
@@ -230,7 +234,7 @@ def _example_caches(cfg: ModelConfig, dynamic: bool, device: str) -> list[torch.
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.layers) for shape in (k_shape, v_shape)]
 
 
-def _example_input(cfg: ModelConfig, dynamic: bool, device: str) -> torch.Tensor:
+def example_input(cfg: ModelConfig, dynamic: bool, device: str) -> torch.Tensor:
     import torch
 
     from dabench_ir.models.gpt2 import torch_dtype
@@ -254,7 +258,7 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
     from dabench_ir.models import build_model
 
     model = build_model(cfg, device="meta")
-    example = _example_input(cfg, dynamic, "meta")
+    example = example_input(cfg, dynamic, "meta")
     caches = _example_caches(cfg, dynamic, "meta")
     cache_in, cache_out = cache_names(cfg)
     input_name = "input_ids" if cfg.vocab else "hidden_states"
@@ -270,7 +274,7 @@ def _dynamo_export(cfg: ModelConfig, *, dynamic: bool) -> onnx.ModelProto:
             seq_max = cfg.max_positions if cfg.positional == "learned" else None
             seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
             dynamic_shapes = ({0: batch, 1: seq},)
-    with _quiet(), _registry_once():
+    with quiet_torch(), _registry_once():
         program = torch.onnx.export(
             model,
             (example, *caches),
@@ -612,10 +616,10 @@ def export_onnx(
     """The ONNX model of `cfg` (in memory). See the module docstring for the method; ``options``
     (or keyword ``overrides`` of its fields) say how (`ExportOptions`)."""
     require_exporter(f"exporting {cfg.preset or cfg.family}")
-    o = _export_options(options, overrides)
+    o = export_options(options, overrides)
     weights, max_weight_bytes, dynamic, stamp, seed = o.weights, o.max_weight_bytes, o.dynamic, o.stamp, o.seed
     mode = resolve_weights(cfg, weights, max_weight_bytes)
-    say = progress or (lambda _msg: None)
+    say = progress or silent
     base = cfg.replace(layers=1) if stamp else cfg
     say(f"exporting {'one block' if stamp else f'{cfg.layers} blocks'} with torch.onnx (dynamo)")
     proto = _dynamo_export(base, dynamic=dynamic)
@@ -647,7 +651,7 @@ def export_onnx(
     return proto
 
 
-def _export_options(options: ExportOptions | None, overrides: dict) -> ExportOptions:
+def export_options(options: ExportOptions | None, overrides: dict) -> ExportOptions:
     try:
         return dataclasses.replace(options or ExportOptions(), **overrides)
     except TypeError as exc:
@@ -665,7 +669,7 @@ def export_model(
 ) -> ExportResult:
     """Export `cfg` to `path` as onnx, mlir-torch or mlir-linalg; returns what was written.
     ``options`` (or keyword ``overrides`` of its fields): `ExportOptions`."""
-    o = _export_options(options, overrides)
+    o = export_options(options, overrides)
     start = time.perf_counter()
     path = Path(path)
     if path.parent and not path.parent.exists():

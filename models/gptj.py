@@ -30,7 +30,7 @@ from torch import nn
 
 from dabench_ir.models.config import ModelConfig
 from dabench_ir.models.gpt2 import GPT2MLP, Attention, causal_mask, run_blocks, stack
-from dabench_ir.models.llama import _rotate, rotary_tables
+from dabench_ir.models.llama import apply_rotary, rotary_tables
 
 __all__ = ["ParallelAttention", "ParallelBlock", "ParallelModel", "partial_rotate", "rotate_every_two"]
 
@@ -49,7 +49,7 @@ def partial_rotate(
     """Rotary embedding on the first ``rotary_dim`` dims of each head of ``x`` `[B, heads, S, D]`; the
     rest pass through unchanged. ``cos``, ``sin``: `[S, rotary_dim]` (`rotary_tables`, same layout)."""
     rot, rest = (x, None) if rotary_dim == x.shape[-1] else (x[..., :rotary_dim], x[..., rotary_dim:])
-    rot = rot * cos + rotate_every_two(rot) * sin if interleaved else _rotate(rot, cos, sin)
+    rot = rot * cos + rotate_every_two(rot) * sin if interleaved else apply_rotary(rot, cos, sin)
     return rot if rest is None else torch.cat((rot, rest), dim=-1)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from dabench_ir.models.config import ModelConfig
 from dabench_ir.models.gpt2 import Attention, causal_mask, run_blocks, stack
 
-__all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "rotary_tables"]
+__all__ = ["LlamaAttention", "LlamaBlock", "LlamaMLP", "LlamaModel", "RMSNorm", "apply_rotary", "rotary_tables"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def rotary_tables(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x·cos + rotate_half(x)·sin, half-split layout (`rotary_tables`)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -64,7 +64,9 @@ class LlamaAttention(Attention):
         super().__init__(cfg, bias=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, cache=None):
-        return self.attention(x, mask, cache, rotate=lambda q, k: (_rotate(q, cos, sin), _rotate(k, cos, sin)))
+        return self.attention(
+            x, mask, cache, rotate=lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))
+        )
 
 
 class LlamaMLP(nn.Module):

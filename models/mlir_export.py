@@ -77,7 +77,7 @@ def mlir_text(
     from torch_mlir import fx
 
     from dabench_ir.models import build_model
-    from dabench_ir.models.export import _example_input, _quiet
+    from dabench_ir.models.export import example_input, quiet_torch
 
     if dialect not in _OUTPUT_TYPES:
         raise ValueError(f"dialect must be one of {sorted(_OUTPUT_TYPES)}")
@@ -89,18 +89,18 @@ def mlir_text(
         model, names, meta_weights = _params_as_inputs(build_model(cfg, device="meta"))
         with FakeTensorMode(allow_non_fake_inputs=True):
             fakes = [torch.empty(t.shape, dtype=t.dtype) for t in meta_weights]
-            args: tuple[torch.Tensor, ...] = (_example_input(cfg, dynamic, "cpu"), *fakes)
+            args: tuple[torch.Tensor, ...] = (example_input(cfg, dynamic, "cpu"), *fakes)
     else:
         model = build_model(cfg, device="cpu", seed=seed)
         names = []
-        args = (_example_input(cfg, dynamic, "cpu"),)
+        args = (example_input(cfg, dynamic, "cpu"),)
     dynamic_shapes = None
     if dynamic:
         seq_max = cfg.max_positions if cfg.positional == "learned" else None
         seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
         dims = {0: torch.export.Dim("batch", min=2), 1: seq}
         dynamic_shapes = {"x": dims, "weights": tuple(None for _ in names)} if names else (dims,)
-    with _quiet(), torch.no_grad():
+    with quiet_torch(), torch.no_grad():
         module = fx.export_and_import(
             model, *args, output_type=_OUTPUT_TYPES[dialect], dynamic_shapes=dynamic_shapes, func_name="main"
         )
@@ -121,9 +121,9 @@ def export_mlir(
 
     ``options`` (or keyword ``overrides``) are the ONNX exporter's (`models.export.ExportOptions`:
     one set, one rule for ``weights``, `resolve_weights`); ``stamp`` does not apply."""
-    from dabench_ir.models.export import _export_options, resolve_weights
+    from dabench_ir.models.export import export_options, resolve_weights
 
-    o = _export_options(options, overrides)
+    o = export_options(options, overrides)
     if progress:
         progress(f"importing {cfg.layers} blocks with torch-mlir (fx importer, {dialect})")
     mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)

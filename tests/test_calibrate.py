@@ -81,7 +81,7 @@ def test_machine_key_change_invalidates(cache, monkeypatch, capsys):
 
 def test_mismatching_key_in_file_invalidates(cache, monkeypatch):
     """Same file name (e.g. a hash collision or a hand-edited file) but another key."""
-    monkeypatch.setattr(cal, "_cache_file", lambda key: cache)
+    monkeypatch.setattr(cal, "cache_file", lambda key: cache)
     real_key = cal.machine_key
 
     monkeypatch.setattr(cal, "machine_key", lambda threads=None: {**real_key(threads), "ort_version": "0.0.1"})
@@ -97,7 +97,7 @@ def test_thread_count_is_part_of_the_key(cache):
 def test_stale_calibration_is_measured_again(cache, tmp_path, monkeypatch):
     old = tmp_path / cache.name
     old.write_text(cache.read_text().replace('date = "', 'date = "1999-01-01" #'))
-    monkeypatch.setattr(cal, "_cache_file", lambda key: old)
+    monkeypatch.setattr(cal, "cache_file", lambda key: old)
     assert "days old" in cal.calibration_status(1, allow_quick=True)[1]
 
 
@@ -140,7 +140,7 @@ def test_a_new_calibration_drops_the_node_timings_taken_beside_the_old_one(tmp_p
     from dabench_ir.lowering.cpu import node_table_path
 
     monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path))
-    stale = node_table_path(cal._cache_file(cal.machine_key(1)))
+    stale = node_table_path(cal.cache_file(cal.machine_key(1)))
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("{}")
     path = cal.calibrate(1, quick=True)

@@ -35,12 +35,12 @@ def test_precision_at_the_model_dtype_keeps_types_and_costs():
 
 def test_validate_cache_hands_its_graph_to_the_last_expected_ask(tmp_path, monkeypatch):
     from dabench_ir.sweep import graphs
-    from dabench_ir.validate.cache import _GraphCache
+    from dabench_ir.validate.cache import GraphCache
 
     built = []
     monkeypatch.setattr(graphs, "base_key", lambda params: f"k{params['hidden']}")
     monkeypatch.setattr(graphs, "build_graph", lambda base, layers: built.append(layers) or decoder())
-    cache = _GraphCache(tmp_path, lambda _m: None)
+    cache = GraphCache(tmp_path, lambda _m: None)
     cache.bases = {"k8": b"", "k16": b""}
     a, b = {"hidden": 8, "layers": 2}, {"hidden": 16, "layers": 2}
     cache.expect([a, a, {"hidden": 8}])  # a model without layers is not counted

@@ -130,12 +130,12 @@ def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
             "kv_precision": "fp8",
         }
     )
-    opts = runner._options(point, "rdu", validate.PointResult(point))
+    opts = runner.options_of_point(point, "rdu", validate.PointResult(point))
     assert (opts.opt_level, opts.chips_per_node, opts.fused_attention, opts.kv_precision) == ("O3", 4, False, "fp8")
     gpu = _point(target="a100", run={"zero": 1})
-    assert runner._options(gpu, "gpu", validate.PointResult(gpu)).zero == 1
+    assert runner.options_of_point(gpu, "gpu", validate.PointResult(gpu)).zero == 1
     ipu = _point(target="bow", run={"half_partials": False})  # fp32 partials: half the AMP units
-    assert runner._options(ipu, "ipu", validate.PointResult(ipu)).half_partials is False
+    assert runner.options_of_point(ipu, "ipu", validate.PointResult(ipu)).half_partials is False
     refused = {
         ("rdu", "num_widgets", 2): "run.num_widgets = 2 refused: the tool has no such knob",
         ("rdu", "wse_mode", "streaming"): "run.wse_mode = streaming: applies to wse targets, not sn30 (rdu)",
@@ -148,15 +148,15 @@ def test_run_keys_map_to_their_knobs_or_the_point_is_refused_with_the_reason():
     }
     for (kind, key, value), why in refused.items():
         p = _point(run={key: value})
-        with pytest.raises(runner._CannotRun) as info:
-            runner._options(p, kind, validate.PointResult(p))
+        with pytest.raises(runner.CannotRun) as info:
+            runner.options_of_point(p, kind, validate.PointResult(p))
         assert why in str(info.value) and len(str(info.value).splitlines()) == 1
 
 
 def test_micro_batch_and_gradient_accumulation_reach_profile_as_it_takes_them():
     def opts(model, **run):
         p = _point(model=model, run=run)
-        return runner._options(p, "gpu", validate.PointResult(p))
+        return runner.options_of_point(p, "gpu", validate.PointResult(p))
 
     train = opts({"batch": 64}, mode="train", micro_batch=8, gradient_accumulation=8)
     assert (train.micro_batch, train.micro_batches) == (8, None)  # profile's --micro-batch: 8 micro-batches
@@ -165,7 +165,7 @@ def test_micro_batch_and_gradient_accumulation_reach_profile_as_it_takes_them():
     # data parallel: the catalogue batch is global; a replica's share is micro_batch x GA
     dp = opts({"batch": 512}, mode="train", chips=8, strategy="dp", micro_batch=64, gradient_accumulation=1)
     assert (dp.micro_batch, dp.chips, dp.strategy) == (64, 8, "dp")
-    with pytest.raises(runner._CannotRun, match=r"micro_batch = 8 x run.gradient_accumulation = 2 is not the batch"):
+    with pytest.raises(runner.CannotRun, match=r"micro_batch = 8 x run.gradient_accumulation = 2 is not the batch"):
         opts({"batch": 64}, mode="train", micro_batch=8, gradient_accumulation=2)
 
 
@@ -461,7 +461,7 @@ def test_points_run_in_forked_workers_give_the_serial_results(tmp_path):
     result equals the one the same point gets in this process, and carries the catalogue's own Point."""
     points = [p for p in validate.load_catalog() if p.kind in ("gemm", "gemm_max_fit", "gemm_ratio", "bandwidth")]
     assert len(points) >= 4
-    serial_cache = runner._GraphCache(tmp_path, lambda _m: None)
+    serial_cache = runner.GraphCache(tmp_path, lambda _m: None)
     serial = [runner._run_point(p, serial_cache) for p in points]
     done: dict = {}
     groups = [[0, 1], *([i] for i in range(2, len(points)))]
@@ -476,7 +476,7 @@ def test_points_a_worker_cannot_return_run_in_this_process(tmp_path, monkeypatch
     """A worker whose results cannot come back (here: its task raises) leaves its points, and every
     point not yet done, to the serial run: `run_validation` still gives every point its result."""
     points = [p for p in validate.load_catalog() if p.kind in ("gemm_ratio", "bandwidth")]
-    expected = [runner._run_point(p, runner._GraphCache(tmp_path, lambda _m: None)) for p in points]
+    expected = [runner._run_point(p, runner.GraphCache(tmp_path, lambda _m: None)) for p in points]
 
     def broken(_points, _folder):
         raise RuntimeError("cannot pickle this")

@@ -15,6 +15,7 @@ from typing import Any
 
 from dabench_ir.commands.flags import add_outputs, add_quiet
 from dabench_ir.options import KNOBS
+from dabench_ir.progress import silent
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     key = machine_key(threads)
     path, reason = calibration_status(key["threads"], allow_quick=args.quick)
     to_stdout = args.json == "-"
-    say = _quiet if args.quiet else (lambda text: print(text, file=sys.stderr)) if to_stdout else print
+    say = silent if args.quiet else (lambda text: print(text, file=sys.stderr)) if to_stdout else print
     if args.json and not to_stdout:
         from dabench_ir.fileio import check_output_path
 
@@ -80,10 +81,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         say(f"wrote {args.json}")
     return 0
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _label(row: dict[str, Any]) -> str:

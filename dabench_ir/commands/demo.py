@@ -24,6 +24,7 @@ from typing import Any
 from dabench_ir.commands.flags import add_quiet
 from dabench_ir.errors import UserError
 from dabench_ir.options import add_flag
+from dabench_ir.progress import silent
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -233,7 +234,7 @@ def run_demo(
     from dabench_ir.report.why import explain
 
     start = time.monotonic()
-    say = progress or (lambda _msg: None)
+    say = progress or silent
     folder = Path(output)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"-o {folder}: exists and is not a folder")
@@ -329,7 +330,7 @@ def _charts_html(result: DemoResult, stems: list[str], plot_dir: Path) -> str:
     """Throughput and efficiency, one chart per model: the targets that ran the same model share
     a chart (``plots/compare.png``, the most targets first), each other model gets its own panel
     named after it (``plots/compare-STEM.png``); never a small model's bar beside a large one's."""
-    from dabench_ir.report.html import _e, figure_html
+    from dabench_ir.report.html import escape, figure_html
     from dabench_ir.report.plots import compare_figure, save_figure
 
     groups: dict[str, list[int]] = {}
@@ -352,7 +353,7 @@ def _charts_html(result: DemoResult, stems: list[str], plot_dir: Path) -> str:
             "comparable with theirs.</p>"
         )
         out += (
-            f"<section><h2>Throughput and efficiency: {_e(named)}</h2>{note}"
+            f"<section><h2>Throughput and efficiency: {escape(named)}</h2>{note}"
             f"{figure_html(fig, f'{named} on {who}; colour: dominant bound class')}</section>"
         )
     return out
@@ -438,20 +439,22 @@ def render_side_by_side(result: DemoResult) -> str:
 def _side_by_side_html(result: DemoResult) -> str:
     if not result.reports:
         return ""
-    from dabench_ir.report.html import _e, _table
+    from dabench_ir.report.html import escape, table_html
 
     headers, rows = _side_by_side(result)
-    why = "".join(f"<li><b>{_e(s)}</b>: {_e(r.why[0]['text'])}</li>" for s, r in result.reports.items() if r.why)
-    note = f'<p class="note">validation |error|: {_e(result.validation_note)}</p>' if result.validation_note else ""
+    why = "".join(
+        f"<li><b>{escape(s)}</b>: {escape(r.why[0]['text'])}</li>" for s, r in result.reports.items() if r.why
+    )
+    note = f'<p class="note">validation |error|: {escape(result.validation_note)}</p>' if result.validation_note else ""
     placed = "".join(
-        f"<li><b>{_e(s)}</b>: {_e(r.extra['demo_note'])}</li>"
+        f"<li><b>{escape(s)}</b>: {escape(r.extra['demo_note'])}</li>"
         for s, r in result.reports.items()
         if r.extra.get("demo_note")
     )  # a knob the demo applied to make a target fit
     return (
         "<section><h2>Side by side: Level-1 metrics and time by module role</h2>"
         + (f'<h3>Not the defaults</h3><ul class="note">{placed}</ul>' if placed else "")
-        + _table(headers, rows, set(range(1, len(headers))))
+        + table_html(headers, rows, set(range(1, len(headers))))
         + (f"<h3>Why</h3><ul>{why}</ul>" if why else "")
         + note
         + "</section>"

@@ -27,12 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dabench_ir.commands.study import _check_paths, write_outputs
+    from dabench_ir.commands.study import check_paths, write_outputs
     from dabench_ir.errors import UserError
     from dabench_ir.report.compare import load_report_json, model_differences
     from dabench_ir.study import STUDY_SCHEMA, study_run
 
-    _check_paths(args)
+    check_paths(args)
     before, after = load_report_json(args.before), load_report_json(args.after)
     differs = model_differences(before, after)
     if differs:

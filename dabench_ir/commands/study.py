@@ -10,7 +10,7 @@ from functools import partial
 from dabench_ir.commands.flags import add_outputs, add_quiet, strict_warnings, write_given
 from dabench_ir.errors import UserError
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run", "write_outputs"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "check_paths", "run", "write_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
     strict_warnings(warnings, strict=args.strict, holders="side(s)")
 
 
-def _check_paths(args: argparse.Namespace) -> None:
+def check_paths(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
 
     inputs = [
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         pipelines.append(Pipeline(f"mlir:{','.join(passes)}", args.mlir_pipeline, mlir=passes, needs="torch_mlir"))
     if not pipelines:
         raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
-    _check_paths(args)
+    check_paths(args)
     opts = options_from_args(args, ScaleOptions, STUDY)
     from dabench_ir.api import study_input
 

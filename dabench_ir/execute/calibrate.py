@@ -39,11 +39,13 @@ from dabench_ir.errors import UserError
 from dabench_ir.execute.ort import default_threads, run_profiled
 from dabench_ir.fileio import meminfo_bytes
 from dabench_ir.passes.cost_rules import CPU_KERNELS, CPU_STREAM
+from dabench_ir.progress import silent
 
 __all__ = [
     "CALIBRATION_FORMAT",
     "MAX_AGE_DAYS",
     "cache_dir",
+    "cache_file",
     "calibrate",
     "calibration_status",
     "cpu_target_path",
@@ -154,7 +156,7 @@ def _key_id(key: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(dict(key), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _cache_file(key: Mapping[str, Any]) -> Path:
+def cache_file(key: Mapping[str, Any]) -> Path:
     return cache_dir() / f"cpu-{key['threads']}t-{_key_id(key)}.toml"
 
 
@@ -209,7 +211,7 @@ def _why_invalid(path: Path, key: Mapping[str, Any], *, allow_quick: bool = Fals
 def calibration_status(threads: int | None = None, *, allow_quick: bool = False) -> tuple[Path, str | None]:
     """The cache file for this machine and thread count, and why it is unusable (None: usable)."""
     key = machine_key(threads)
-    path = _cache_file(key)
+    path = cache_file(key)
     return path, _why_invalid(path, key, allow_quick=allow_quick)
 
 
@@ -221,7 +223,7 @@ def cpu_target_path(threads: int | None = None, *, measure_if_missing: bool = Tr
     A rough (``quick``) calibration is accepted, and made, only when ``quick`` is True.
     """
     key = machine_key(threads)
-    path = _cache_file(key)
+    path = cache_file(key)
     reason = _why_invalid(path, key, allow_quick=quick)
     if reason is None:
         return path
@@ -441,7 +443,7 @@ def measure_host(
     rng = np.random.default_rng(0)
     budget = _BUDGET_S_QUICK if quick else _BUDGET_S_FULL
     flush = _FLUSH_BYTES_QUICK if quick else _FLUSH_BYTES
-    say = progress or (lambda _msg: None)
+    say = progress or silent
     start = time.perf_counter()
 
     tiny = _single_op("Add", [("x", 1, (1,)), ("z", 1, (1,))], (1, 0, (1,)))
@@ -593,11 +595,11 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
 def calibrate(threads: int | None = None, *, quick: bool = False, verbose: bool = False) -> Path:
     """Measure this host and write its ``cpu`` target to the cache; the file's path."""
     key = machine_key(threads)
-    check_cache_writable(_cache_file(key))  # before the measuring, not after it
+    check_cache_writable(cache_file(key))  # before the measuring, not after it
     progress = (lambda msg: print(f"  {msg}", file=sys.stderr)) if verbose else None
     raw = measure_host(key["threads"], quick=quick, progress=progress)
     data = _target_dict(raw, key, _dt.date.today().isoformat())
-    path = _cache_file(key)
+    path = cache_file(key)
     check_cache_writable(path)
     from dabench_ir.fileio import write_output
 

@@ -245,13 +245,13 @@ def ensure_for_target(model: Any, graph: Graph, target: Any, *, threads: int | N
     ``target`` unchanged when it is not a cached calibration. A model that cannot be
     benchmarked keeps the class model (logged), never an error here."""
     from dabench_ir.errors import UserError
-    from dabench_ir.execute.calibrate import _cache_file
+    from dabench_ir.execute.calibrate import cache_file
 
     raw = getattr(target, "raw", None)
     key = raw.get("calibration", {}).get("key") if isinstance(raw, Mapping) else None
     if not isinstance(key, Mapping) or "threads" not in key:
         return target
-    path = _cache_file(key)
+    path = cache_file(key)
     if not path.is_file():
         return target
     try:

@@ -31,6 +31,7 @@ __all__ = [
     "format_row",
     "is_period",
     "load_report_json",
+    "model_name",
     "render_compare",
     "write_compare_csv",
     "write_compare_json",
@@ -185,7 +186,7 @@ LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch",
 """What a compare/diff row's label says beside the model, when it differs between the rows."""
 
 
-def _model_name(data: Mapping[str, Any]) -> str:
+def model_name(data: Mapping[str, Any]) -> str:
     model = data.get("model") or {}
     return str(model.get("preset") or model.get("name") or Path(str(model.get("path") or "model")).stem)
 
@@ -219,7 +220,7 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
     extra = data.get("extra") or {}
     return {
         "label": None,
-        "_model_name": _model_name(data),
+        "_model_name": model_name(data),
         "model": model.get("preset") or model.get("name") or model.get("path"),
         "target": target.get("name"),
         "kind": kind,

@@ -14,7 +14,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.fileio import write_output, write_with
 from dabench_ir.ir import Cost
 
-__all__ = ["COST_FIELDS", "SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell"]
+__all__ = ["COST_FIELDS", "SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell", "json_safe"]
 
 SCHEMA = "dabench-ir/report/v1"
 
@@ -316,9 +316,9 @@ a node's `NodeRecord.to_dict` keys."""
 
 
 def _csv_model_name(report: Report) -> str:
-    from dabench_ir.report.compare import _model_name
+    from dabench_ir.report.compare import model_name
 
-    return _model_name({"model": report.model})
+    return model_name({"model": report.model})
 
 
 def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
@@ -379,14 +379,14 @@ def _node_from_dict(row: dict[str, Any]) -> NodeRecord:
 _LEAVES = frozenset({str, int, bool, type(None)})  # returned as they are: no call per leaf
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON has no NaN or infinity: those become null (tuples become lists)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: v if type(v) in _LEAVES else _clean(v) for k, v in obj.items()}
+        return {k: v if type(v) in _LEAVES else json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [v if type(v) in _LEAVES else _clean(v) for v in obj]
+        return [v if type(v) in _LEAVES else json_safe(v) for v in obj]
     return obj
 
 
@@ -400,7 +400,7 @@ def json_text(data: Any, *, indent: int | None = None) -> str:
     as its text) doubles its time on every dict (a Level-1 record 6.6 -> 3.3 ms), and the text of
     string keys is the same either way; only data with such a key is encoded a second time.
     Indented text (small reports, for people) comes from json; its C encoder refuses a NaN, and
-    only a report holding one pays for the walk that nulls them (`_clean`)."""
+    only a report holding one pays for the walk that nulls them (`json_safe`)."""
     if indent is None:
         import orjson
 
@@ -414,7 +414,7 @@ def json_text(data: Any, *, indent: int | None = None) -> str:
     try:
         return json.dumps(data, **dump)
     except ValueError:
-        return json.dumps(_clean(data), **dump)
+        return json.dumps(json_safe(data), **dump)
 
 
 def _json_default(obj: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import PassManager
+from dabench_ir.progress import silent
 
 from .diff import diff_reports
 from .pipelines import Pipeline, get_pipeline
@@ -22,10 +23,6 @@ logger = logging.getLogger(__name__)
 
 STUDY_SCHEMA = "dabench-ir/study/v1"
 BASELINE = "none"
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _place(model: Any, targets: Sequence[str | None], opts: ProfileOptions, say: Callable[[str], None]) -> dict:
@@ -85,7 +82,7 @@ def run_study(
     """
     from dabench_ir.pipeline import load_graph
 
-    say = progress or _quiet
+    say = progress or silent
     opts = opts or ProfileOptions()
     if not Path(model).is_file():
         raise UserError(f"{model}: no such model file")

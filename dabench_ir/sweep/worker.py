@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.report.model import _clean
+from dabench_ir.report.model import json_safe
 
 __all__ = ["point_options", "profile_graph", "run_export", "run_group"]
 
@@ -32,7 +32,7 @@ def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
 
     The point is one run (`dabench_ir.run`), resolved and executed exactly as ``profile`` would,
     one chip or many."""
-    return _clean(_report_dict(graph, params))
+    return json_safe(_report_dict(graph, params))
 
 
 def _report_dict(graph: Any, params: dict[str, Any]) -> dict[str, Any]:

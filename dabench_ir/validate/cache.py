@@ -13,7 +13,7 @@ from typing import Any
 
 from dabench_ir.validate.catalog import Point
 
-__all__ = ["Say"]
+__all__ = ["GraphCache", "Say", "graph_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +21,13 @@ logger = logging.getLogger(__name__)
 Say = Callable[[str], None]
 
 
-def _graph_key(p: Point) -> tuple:
+def graph_key(p: Point) -> tuple:
     if p.kind != "model":
         return ("", 0)
     return (json.dumps(dict(p.model), sort_keys=True, default=str), 0)
 
 
-class _GraphCache:
+class GraphCache:
     """Base exports (disk cache) and costed L-layer graphs (memory), shared by points."""
 
     def __init__(self, folder: Path, say: Say) -> None:

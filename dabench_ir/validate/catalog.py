@@ -23,12 +23,15 @@ __all__ = [
     "HEADLINE",
     "HOST_TARGET",
     "KINDS",
+    "MEASURED_FILES",
+    "MEASURED_NUMBERS",
     "NOT_RUN_KEYS",
     "RUN_OPTIONS",
     "Point",
     "bundled_catalogs",
     "input_files",
     "load_catalog",
+    "measured_numbers",
     "parse_catalog",
     "run_option",
 ]
@@ -78,7 +81,7 @@ _MODEL_KEYS = {
     "positional": str,
 }
 _MODEL_REQUIRED = ("layers", "batch")
-_MEASURED_NUMBERS = {
+MEASURED_NUMBERS = {
     # model points
     "samples_per_s",
     "tokens_per_s",
@@ -106,7 +109,7 @@ _MEASURED_NUMBERS = {
 _MEASURED_FRACTIONS = {"fraction_of_peak", "max_pcu_utilization", "compute_utilization"}
 """Measured quantities that are shares of a whole: in (0, 1] (a percentage is given as 0.85, not 85)."""
 _GENERATE_KEYS = ("prompt", "gen")
-_MEASURED_FILES = {"kernels_csv"}
+MEASURED_FILES = {"kernels_csv"}
 """Measured quantities that name a file: resolved inside the catalogue's folder (`fileio.resolve_inside`)."""
 
 
@@ -274,7 +277,7 @@ def input_files(points: Iterable[Point]) -> list[Path]:
     files: dict[str, Path] = {}
     for p in points:
         files.setdefault(p.file, Path(p.file))
-        for key in _MEASURED_FILES & set(p.measured):
+        for key in MEASURED_FILES & set(p.measured):
             table = Path(p.file).parent / str(p.measured[key])
             files.setdefault(str(table), table)
         if is_target_path(p.target):
@@ -339,7 +342,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
     for key, value in run.items():  # an option the tool does not know is run without and listed as ignored
         _check_run_value(key, value, bad)
     for key, value in measured.items():  # a quantity the tool does not know is listed as not predicted
-        if key in _MEASURED_FILES:
+        if key in MEASURED_FILES:
             if not isinstance(value, str):
                 raise bad(f"measured.{key}", f"expected a file name, got {value!r}")
             table = _inside_catalog(name, value, f"measured.{key}", bad)
@@ -521,5 +524,5 @@ def _check_gemm(kind: str, gemm: Mapping[str, Any], measured: Mapping[str, Any],
             raise bad("gemm.size", f'expected a positive integer (M = N = K) or "best", got {size!r}')
 
 
-def _numbers(measured: Mapping[str, Any]) -> list[tuple[str, float]]:
-    return [(k, float(v)) for k, v in measured.items() if k not in _MEASURED_FILES]
+def measured_numbers(measured: Mapping[str, Any]) -> list[tuple[str, float]]:
+    return [(k, float(v)) for k, v in measured.items() if k not in MEASURED_FILES]

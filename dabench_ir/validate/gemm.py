@@ -9,16 +9,16 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from dabench_ir.validate.catalog import Point, _numbers
-from dabench_ir.validate.results import PointResult, Quantity, _CannotRun
+from dabench_ir.validate.catalog import Point, measured_numbers
+from dabench_ir.validate.results import CannotRun, PointResult, Quantity
 
 if TYPE_CHECKING:
     import onnx
 
     from dabench_ir.report import Report
-    from dabench_ir.validate.cache import _GraphCache
+    from dabench_ir.validate.cache import GraphCache
 
-__all__ = ["gemm_model"]
+__all__ = ["gemm_model", "run_bandwidth", "run_gemm", "run_max_fit", "run_ratio"]
 
 
 def gemm_model(m: int, n: int, k: int) -> onnx.ModelProto:
@@ -71,7 +71,7 @@ def _best_gemm(target: Any, precision: str) -> tuple[int, float]:
         if t is not None and t > best:
             best, best_size = t, size
     if not best_size:
-        raise _CannotRun(f"no square {precision} GEMM fits on {target.name}")
+        raise CannotRun(f"no square {precision} GEMM fits on {target.name}")
     return best_size, best
 
 
@@ -94,7 +94,7 @@ def _max_square(target: Any, precision: str, cap: int = 1 << 17) -> int:
     return lo
 
 
-def _run_gemm(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
+def run_gemm(p: Point, result: PointResult, _graphs: GraphCache) -> None:
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
@@ -106,23 +106,23 @@ def _run_gemm(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
     else:
         if not _fits(size, target, precision):
             result.fits_predicted = False
-            raise _CannotRun(f"a {size}^3 {precision} GEMM does not fit on {target.name} in the tool")
+            raise CannotRun(f"a {size}^3 {precision} GEMM does not fit on {target.name} in the tool")
         tflops = _gemm_tflops(size, target, precision)
     result.fits_predicted = True
     peak = target.peak_flops(precision)
     predicted = {"tflops": tflops, "fraction_of_peak": tflops * 1e12 / peak if peak and tflops else None}
-    for key, value in _numbers(p.measured):
+    for key, value in measured_numbers(p.measured):
         pred = predicted.get(key)
         result.quantities.append(Quantity(key, value, pred, "" if pred is not None else "not predicted"))
 
 
-def _run_max_fit(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
+def run_max_fit(p: Point, result: PointResult, _graphs: GraphCache) -> None:
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
     precision = p.gemm.get("precision", "fp32")
     n = _max_square(target, precision)
-    for key, value in _numbers(p.measured):
+    for key, value in measured_numbers(p.measured):
         pred = float(n) if key == "max_square" else None
         result.quantities.append(Quantity(key, value, pred, "" if pred is not None else "not predicted"))
     measured = p.measured.get("max_square")
@@ -131,7 +131,7 @@ def _run_max_fit(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
         result.fits_predicted = _fits(int(measured), target, precision)
 
 
-def _run_ratio(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
+def run_ratio(p: Point, result: PointResult, _graphs: GraphCache) -> None:
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
@@ -143,24 +143,24 @@ def _run_ratio(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
         fast = _gemm_tflops(size, target, p.gemm.get("precision", "fp16"))
         slow = _gemm_tflops(size, target, p.gemm.get("baseline_precision", "fp32"))
     if not fast or not slow:
-        raise _CannotRun(f"a {size}^3 GEMM does not fit on {target.name} at both precisions")
-    for key, value in _numbers(p.measured):
+        raise CannotRun(f"a {size}^3 GEMM does not fit on {target.name} at both precisions")
+    for key, value in measured_numbers(p.measured):
         pred = fast / slow if key == "ratio" else None
         result.quantities.append(Quantity(key, value, pred, "" if pred is not None else "not predicted"))
 
 
-def _run_bandwidth(p: Point, result: PointResult, _graphs: _GraphCache) -> None:
+def run_bandwidth(p: Point, result: PointResult, _graphs: GraphCache) -> None:
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
     memory = p.bandwidth.get("memory", "off-chip")
     if not target.has_memory(memory):
-        raise _CannotRun(f"target {target.name} has no memory {memory!r}")
+        raise CannotRun(f"target {target.name} has no memory {memory!r}")
     mem = target.memory(memory)
     pattern = p.bandwidth.get("pattern", "streaming")
     pred = mem.bandwidth_bytes_per_s / 1e9 if pattern == "streaming" else None
     note = "" if pred is not None else f"not predicted ({pattern} access: the target models streaming bandwidth)"
-    for key, value in _numbers(p.measured):
+    for key, value in measured_numbers(p.measured):
         q = Quantity(key, value, pred if key == "bandwidth_gb_s" else None, note)
         if q.predicted is None and not q.note:
             q.note = "not predicted"

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dabench_ir.plan import Unit
     from dabench_ir.report import Report
 
-__all__ = ["PREDICTORS"]
+__all__ = ["PREDICTORS", "device_s", "host_s", "kernel_quantities", "max_pcu", "sections_of"]
 
 
 def _plan_units(report: Report | None) -> list[Unit]:
@@ -28,7 +28,7 @@ def _plan_units(report: Report | None) -> list[Unit]:
     return list(plan.units) if plan is not None else []
 
 
-def _kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
+def kernel_quantities(p: Point, key: str, name: str, report: Report | None = None) -> list[Quantity]:
     """A compile report's kernel table against the plan's regions, per kernel class: total PEs
     (``kernel_pes``), the typical kernel's PEs (``kernel_pes_typical``, classes of more than one
     kernel) and utilisation (``kernel_utilization``), and the load imbalance (``load_imbalance``)."""
@@ -82,26 +82,26 @@ def _io_rate(report: Report, key: str) -> float | None:
     return None
 
 
-def _host_s(report: Report) -> float | None:
+def host_s(report: Report) -> float | None:
     timeline = getattr(report, "timeline", None)
     over = getattr(timeline, "overheads_s", None) or {}
     host = [v for k, v in over.items() if k.startswith("host")]
     return float(sum(host)) if host else None
 
 
-def _device_s(report: Report) -> float | None:
+def device_s(report: Report) -> float | None:
     step = report.totals.get("time_s")
     if step is None:
         return None
-    return step - (_host_s(report) or 0.0)
+    return step - (host_s(report) or 0.0)
 
 
-def _sections(report: Report) -> float | None:
+def sections_of(report: Report) -> float | None:
     n = sum(1 for u in report.units if u.get("kind") == "rdu_section")
     return float(n) if n else None
 
 
-def _max_pcu(report: Report) -> float | None:
+def max_pcu(report: Report) -> float | None:
     alloc = [u.get("allocation") for u in report.units if u.get("kind") == "rdu_section"]
     alloc = [a for a in alloc if a is not None]
     return max(alloc) if alloc else None
@@ -124,10 +124,10 @@ PREDICTORS: dict[str, Callable[[Report, Point], float | None]] = {
     "tokens_per_s": _tokens_per_s,
     "step_time_s": lambda r, _p: r.totals.get("time_s"),
     "latency_s": lambda r, _p: r.totals.get("time_s"),
-    "host_time_s": lambda r, _p: _host_s(r),
-    "device_time_s": lambda r, _p: _device_s(r),
-    "sections": lambda r, _p: _sections(r),
-    "max_pcu_utilization": lambda r, _p: _max_pcu(r),
+    "host_time_s": lambda r, _p: host_s(r),
+    "device_time_s": lambda r, _p: device_s(r),
+    "sections": lambda r, _p: sections_of(r),
+    "max_pcu_utilization": lambda r, _p: max_pcu(r),
     "active_pes": lambda r, _p: r.metrics.get("allocation_ratio"),
     "compute_utilization": lambda r, _p: _kernel_utilisation(r),
     "tflops": lambda r, _p: _tflops(r),

@@ -12,7 +12,7 @@ from typing import Any
 
 from dabench_ir.validate.catalog import HEADLINE, Point
 
-__all__ = ["PointResult", "Quantity", "Validation"]
+__all__ = ["CannotRun", "PointResult", "Quantity", "Validation"]
 
 
 @dataclass
@@ -257,5 +257,5 @@ def _pc(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-class _CannotRun(Exception):
+class CannotRun(Exception):
     """A point the tool cannot run, with the reason."""

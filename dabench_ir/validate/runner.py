@@ -14,21 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.validate.cache import Say, _graph_key, _GraphCache
+from dabench_ir.validate.cache import GraphCache, Say, graph_key
 from dabench_ir.validate.catalog import (
-    _MEASURED_FILES,
-    _MEASURED_NUMBERS,
     HOST_TARGET,
+    MEASURED_FILES,
+    MEASURED_NUMBERS,
     Point,
-    _numbers,
+    measured_numbers,
     option_kinds,
     run_option,
 )
-from dabench_ir.validate.gemm import _run_bandwidth, _run_gemm, _run_max_fit, _run_ratio
-from dabench_ir.validate.predict import PREDICTORS, _kernel_quantities
-from dabench_ir.validate.results import PointResult, Quantity, Validation, _CannotRun
+from dabench_ir.validate.gemm import run_bandwidth, run_gemm, run_max_fit, run_ratio
+from dabench_ir.validate.predict import PREDICTORS, kernel_quantities
+from dabench_ir.validate.results import CannotRun, PointResult, Quantity, Validation
 
-__all__ = ["Bar", "run_validation"]
+__all__ = ["Bar", "options_of_point", "per_replica_model", "run_validation"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +71,15 @@ def run_validation(
     from dabench_ir.sweep.graphs import default_cache
 
     folder = Path(cache_dir) if cache_dir else default_cache()
-    graphs = _GraphCache(folder, say)
+    graphs = GraphCache(folder, say)
     jobs = os.cpu_count() or 1
     graphs.prefetch(_point_models(points), jobs=jobs)  # a cold cache: the exports in parallel
-    order = sorted(range(len(points)), key=lambda i: (points[i].kind != "model", _graph_key(points[i])))
+    order = sorted(range(len(points)), key=lambda i: (points[i].kind != "model", graph_key(points[i])))
     done: dict[int, PointResult] = {}
     groups: dict[tuple, list[int]] = {}
     for i in order:
         if points[i].kind != "host":  # measured live: one at a time, nothing beside them
-            groups.setdefault(_graph_key(points[i]) if points[i].kind == "model" else ("", i), []).append(i)
+            groups.setdefault(graph_key(points[i]) if points[i].kind == "model" else ("", i), []).append(i)
     if jobs > 1 and len(groups) > 1 and "torch" not in sys.modules:  # torch's pools do not survive a fork
         deepest = sorted(groups.values(), key=lambda g: -_depth(points[g[0]]))  # the longest first: no long tail
         _run_parallel(points, deepest, folder, min(jobs, len(groups)), done, tick)
@@ -128,7 +128,7 @@ def _run_parallel(
 
 def _run_points(points: list[Point], folder: str) -> list[PointResult]:
     """A worker's task: ``points`` run in order on one graph cache (bases from ``folder``)."""
-    graphs = _GraphCache(Path(folder), lambda _m: None)
+    graphs = GraphCache(Path(folder), lambda _m: None)
     graphs.expect(_point_models(points))
     return [_run_point(p, graphs) for p in points]
 
@@ -143,7 +143,7 @@ def _point_models(points: Sequence[Point]) -> list[dict[str, Any]]:
         if p.kind != "model":
             continue
         try:
-            models.append(_per_replica_model(p, _options(p, load_target(p.target).kind, PointResult(p))))
+            models.append(per_replica_model(p, options_of_point(p, load_target(p.target).kind, PointResult(p))))
         except Exception:  # the point's own run reports it
             continue
     return models
@@ -166,20 +166,20 @@ def _informed(p: Point) -> tuple[str, ...]:
     return informed
 
 
-def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
+def _run_point(p: Point, graphs: GraphCache) -> PointResult:
     result = PointResult(p, fits_expected=p.expect.get("fits"), informed=_informed(p))
     try:
         runner = {
             "model": _run_model,
             "generate": _run_generate,
-            "gemm": _run_gemm,
-            "gemm_max_fit": _run_max_fit,
-            "gemm_ratio": _run_ratio,
-            "bandwidth": _run_bandwidth,
+            "gemm": run_gemm,
+            "gemm_max_fit": run_max_fit,
+            "gemm_ratio": run_ratio,
+            "bandwidth": run_bandwidth,
             "host": _run_host,
         }[p.kind]
         runner(p, result, graphs)
-    except _CannotRun as exc:
+    except CannotRun as exc:
         result.status, result.reason = "cannot run", str(exc)
     except UserError as exc:
         result.status, result.reason = "cannot run", f"the tool refused it: {exc}"
@@ -188,11 +188,11 @@ def _run_point(p: Point, graphs: _GraphCache) -> PointResult:
         text = str(exc).strip().splitlines()
         result.status, result.reason = "cannot run", f"{type(exc).__name__}: {text[0] if text else ''}"
     if result.status != "ok":
-        result.quantities = [Quantity(k, v, None, "cannot run") for k, v in _numbers(p.measured)]
+        result.quantities = [Quantity(k, v, None, "cannot run") for k, v in measured_numbers(p.measured)]
     return result
 
 
-def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+def _run_host(p: Point, result: PointResult, graphs: GraphCache) -> None:
     """Measure the point's model live and predict it: end-to-end time as the quantity, the
     per-node errors and the measurement's noise as notes."""
     from dabench_ir.execute.hostcheck import run_host
@@ -216,7 +216,7 @@ def _run_host(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     result.host = {"label": h.label, "repeat": h.repeat, **e}
 
 
-def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
+def options_of_point(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
     """ScaleOptions for the point. A run key the tool cannot honour (no knob, a value it does not
     model, a knob of other target kinds) refuses the point with the reason: no key is dropped."""
     from dabench_ir.options import KNOBS, ScaleOptions
@@ -226,7 +226,7 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
         opt = run_option(key)
         kinds = option_kinds(opt)
         if kinds is not None and kind not in kinds:
-            raise _CannotRun(
+            raise CannotRun(
                 f"run.{key} = {_short(value)}: applies to {', '.join(sorted(kinds))} targets, "
                 f"not {p.target} ({kind}); drop it from the point"
             )
@@ -234,7 +234,7 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
             if _implied(value, opt.implied):
                 continue
             shown = f" (the tool models {', '.join(map(_short, opt.implied))})" if opt.implied else ""
-            raise _CannotRun(f"run.{key} = {_short(value)} refused: {opt.refused}{shown}")
+            raise CannotRun(f"run.{key} = {_short(value)} refused: {opt.refused}{shown}")
         if key in _BATCHING:
             continue  # `_batching` reads them together
         values[opt.field] = value
@@ -246,7 +246,7 @@ def _options(p: Point, kind: str, result: PointResult, **extra: Any) -> Any:
     try:
         return ScaleOptions(**values)
     except UserError as exc:
-        raise _CannotRun(f"options: {exc}") from None
+        raise CannotRun(f"options: {exc}") from None
 
 
 _BATCHING = ("micro_batch", "gradient_accumulation")
@@ -273,14 +273,14 @@ def _batching(p: Point) -> dict[str, Any]:
     batch = int(p.model.get("batch", micro * (accum or 1)))
     chips = int(run.get("chips", 1))
     if run.get("strategy") == "dp" and chips > 1:
-        batch //= chips  # the catalogue batch is the step's global batch (`_per_replica_model`)
+        batch //= chips  # the catalogue batch is the step's global batch (`per_replica_model`)
     if accum is not None and batch != micro * accum:
-        raise _CannotRun(
+        raise CannotRun(
             f"run.micro_batch = {micro} x run.gradient_accumulation = {accum} is not the batch of a "
             f"replica ({batch}); the point contradicts itself"
         )
     if batch % micro:
-        raise _CannotRun(f"run.micro_batch = {micro} does not divide the batch of a replica ({batch})")
+        raise CannotRun(f"run.micro_batch = {micro} does not divide the batch of a replica ({batch})")
     if run.get("mode", "inference") == "train":
         return {"micro_batch": micro}
     return {"micro_batches": batch // micro}
@@ -292,33 +292,33 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _per_replica_model(p: Point, opts: Any) -> dict[str, Any]:
+def per_replica_model(p: Point, opts: Any) -> dict[str, Any]:
     """The point's model as one replica runs it: a data-parallel point's catalogue batch is the
     global batch of a step, each of its chips runs its share (`dabench_ir.run`: the graph's batch
     is one replica's)."""
     model = dict(p.model)
     if opts.chips > 1 and opts.strategy == "dp":
         if int(model["batch"]) % opts.chips:
-            raise _CannotRun(f"batch {model['batch']} does not split over {opts.chips} data-parallel chips")
+            raise CannotRun(f"batch {model['batch']} does not split over {opts.chips} data-parallel chips")
         model["batch"] = int(model["batch"]) // opts.chips
     return model
 
 
-def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+def _run_model(p: Point, result: PointResult, graphs: GraphCache) -> None:
     from dabench_ir.run import execute, placement, resolve
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
-    opts = _options(p, target.kind, result)
+    opts = options_of_point(p, target.kind, result)
     if opts.chips > 1 and opts.strategy is None:
-        raise _CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
+        raise CannotRun(f"run.chips = {opts.chips} needs run.strategy (dp, tp or pp)")
     try:
-        graph = graphs.graph(_per_replica_model(p, opts))
+        graph = graphs.graph(per_replica_model(p, opts))
     except UserError as exc:
-        raise _CannotRun(f"model: {exc}") from None
+        raise CannotRun(f"model: {exc}") from None
     except Exception as exc:
         text = str(exc).strip().splitlines()
-        raise _CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+        raise CannotRun(f"export failed: {type(exc).__name__}: {text[0] if text else ''}") from None
     run = resolve(graph, target, opts)
     if not p.measured and opts.chips == 1:  # fit only: the placement decides it, no emulation needed
         plan = placement(run, graph)
@@ -333,8 +333,8 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         why = report.failure["reason"] if report.failure else "does not fit"
         result.notes.append(f"the tool says it does not fit: {why}")
     for key, value in p.measured.items():
-        if key in _MEASURED_FILES:
-            result.quantities += _kernel_quantities(p, key, value, report)
+        if key in MEASURED_FILES:
+            result.quantities += kernel_quantities(p, key, value, report)
             continue
         if not report.fits:
             result.quantities.append(Quantity(key, float(value), None, "model does not fit"))
@@ -342,16 +342,16 @@ def _run_model(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         extractor = PREDICTORS.get(key) if opts.chips == 1 or key in _SCALED else None
         predicted = extractor(report, p) if extractor else None
         note = "" if predicted is not None else "not predicted" + (" (multi-chip)" if opts.chips > 1 else "")
-        if key not in _MEASURED_NUMBERS:
+        if key not in MEASURED_NUMBERS:
             note = "not predicted (a quantity the catalogue format does not define)"
         result.quantities.append(Quantity(key, float(value), predicted, note))
-    if result.fits_expected is None and _numbers(p.measured):
+    if result.fits_expected is None and measured_numbers(p.measured):
         result.fits_expected = True  # a measured run ran: it fitted
     if result.fits_expected is True and result.fits_predicted is False:
         result.notes.append("the measurement says it ran, the tool says it does not fit")
 
 
-def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
+def _run_generate(p: Point, result: PointResult, graphs: GraphCache) -> None:
     """A generation point through ``--scenario generate`` (`dabench_ir.scenario.generate`): model.batch
     equal requests of generate.prompt tokens, each generating generate.gen tokens."""
     import dataclasses
@@ -361,13 +361,13 @@ def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
     from dabench_ir.targets import load_target
 
     target = load_target(p.target)
-    opts = _options(p, target.kind, result)
+    opts = options_of_point(p, target.kind, result)
     prompt, gen = int(p.generate["prompt"]), int(p.generate["gen"])
     model = {**p.model, "seq": int(p.model.get("seq", prompt))}
     try:
         cfg = base_config({**model, "batch": 1}).replace(layers=int(p.model["layers"]))
     except UserError as exc:
-        raise _CannotRun(f"model: {exc}") from None
+        raise CannotRun(f"model: {exc}") from None
     if cfg.family == "gpt2" and cfg.positional in (None, "learned") and (cfg.max_positions or cfg.seq) < prompt + gen:
         cfg = cfg.replace(max_positions=prompt + gen)  # room for the prompt and every generated token
     opts = dataclasses.replace(opts, batch=int(p.model["batch"]))
@@ -389,7 +389,7 @@ def _run_generate(p: Point, result: PointResult, graphs: _GraphCache) -> None:
         predicted = figures.get(key)
         note = "" if predicted is not None else "not predicted (a generation point predicts " + ", ".join(figures) + ")"
         result.quantities.append(Quantity(key, float(value), predicted, note))
-    if result.fits_expected is None and _numbers(p.measured):
+    if result.fits_expected is None and measured_numbers(p.measured):
         result.fits_expected = True
     if g.interpolated:
         result.notes.append(f"tpot interpolated linearly in context between {len(g.decode)} placed decode steps")
