@@ -281,9 +281,46 @@ def resolve(
     from dabench_ir.passes import meta
 
     linalg = opts.via == "mlir" or is_mlir_file(model) or meta.MLIR_ARTIFACT in graph.meta
-    changes: dict[str, Any] = {}
+    mlir_file = linalg and _mlir_module_only(graph, model)
 
-    # samples: the graph's batch dim, bound by --batch when it is symbolic
+    opts, per_replica, source = _samples(graph, opts)
+    changes: dict[str, Any] = {"dims": opts.dims}
+    if per_replica is not None:
+        changes["batch"] = per_replica
+        sources["batch"] = source
+    micro_batches = _micro_batches(opts, per_replica)
+    if opts.micro_batch is not None:
+        changes["micro_batches"] = micro_batches
+        sources["micro_batches"] = "user"
+
+    _check_linalg(opts, linalg=linalg, mlir_file=mlir_file)
+    trained = meta.graph_mode(graph) == "train"
+    check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
+    if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
+        tgt = resolve_target(target, opts.threads)
+
+    if tgt is not None and defaults:
+        left_open = _target_defaults(tgt, opts, mlir_file=mlir_file)
+        changes.update(left_open)
+        sources.update(dict.fromkeys(left_open, "target"))
+    if opts.precision is None and "precision" not in changes:
+        sources["precision"] = "model"
+    return ResolvedRun(
+        model=str(model) if isinstance(model, (str, os.PathLike)) else None,
+        target=tgt,
+        options=dataclasses.replace(opts, **changes),
+        sources=sources,
+        samples=Samples(per_replica or 0, micro_batches, source),
+        linalg=linalg,
+        internals=dict(internals or {}),
+    )
+
+
+def _samples(graph: Graph, opts: ScaleOptions) -> tuple[ScaleOptions, int | None, str]:
+    """The samples of one replica's step and where they came from (user, model or default): the
+    graph's batch dim, bound by ``--batch`` when it is symbolic. Returns the options with the
+    sequence and the dims bound (``--seq``, ``--past``, ``--dim``; a static batch named as a dim
+    becomes ``--batch``)."""
     dims = dict(opts.dims)
     dim = graph.batch_dim
     if (
@@ -292,7 +329,7 @@ def resolve(
         and isinstance(dim, int)
         and opts.batch in (None, dims["batch"])
     ):
-        opts = dataclasses.replace(opts, batch=dims.pop("batch"), dims=dims)  # a static batch named as a dim
+        opts = dataclasses.replace(opts, batch=dims.pop("batch"))  # a static batch named as a dim
     per_replica: int | None
     if isinstance(dim, str):
         bound = dims.get(dim, graph.bindings.get(dim))
@@ -319,36 +356,36 @@ def resolve(
             )
         per_replica, source = 1, "user" if opts.batch is not None else "default"
     _bind_seq_and_derived(graph, _compiled_seq(graph, opts), dims, opts.past)
-    changes["dims"] = dims
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(
             f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
             "export the model with a smaller batch or bind a smaller --batch"
         )
-    if per_replica is not None:
-        changes["batch"] = per_replica
-        sources["batch"] = source
+    return dataclasses.replace(opts, dims=dims), per_replica, source
 
-    # micro-batches: --micro-batch-size (the samples in flight) sets their number
-    micro_batches = opts.micro_batches
+
+def _micro_batches(opts: ScaleOptions, per_replica: int | None) -> int | None:
+    """The micro-batches of a step: ``--micro-batches``, or the number ``--micro-batch-size`` (the
+    samples in flight) makes of the batch."""
     size, count = KNOBS["micro_batch"].flag, KNOBS["micro_batches"].flag
-    if opts.micro_batch is not None:
-        if per_replica is None:
-            raise UserError(f"{size} {opts.micro_batch}: give --batch (the samples per step) too")
-        if per_replica % opts.micro_batch:
-            raise UserError(f"{size} {opts.micro_batch} does not divide the batch {per_replica}")
-        m = per_replica // opts.micro_batch
-        if opts.micro_batches is not None and opts.micro_batches != m:
-            raise UserError(
-                f"{size} {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
-                f"not {count} {opts.micro_batches}; give one of them"
-            )
-        micro_batches = m
-        changes["micro_batches"] = m
-        sources["micro_batches"] = "user"
+    if opts.micro_batch is None:
+        return opts.micro_batches
+    if per_replica is None:
+        raise UserError(f"{size} {opts.micro_batch}: give --batch (the samples per step) too")
+    if per_replica % opts.micro_batch:
+        raise UserError(f"{size} {opts.micro_batch} does not divide the batch {per_replica}")
+    m = per_replica // opts.micro_batch
+    if opts.micro_batches is not None and opts.micro_batches != m:
+        raise UserError(
+            f"{size} {opts.micro_batch} with batch {per_replica} is {m} micro-batches, "
+            f"not {count} {opts.micro_batches}; give one of them"
+        )
+    return m
 
-    trained = meta.graph_mode(graph) == "train"
-    mlir_file = linalg and _mlir_module_only(graph, model)
+
+def _check_linalg(opts: ScaleOptions, *, linalg: bool, mlir_file: bool) -> None:
+    """The precision knobs a linalg run cannot take: a cache dtype of its own, a precision for a
+    module that keeps the types it was written in, a quantised import."""
     if linalg and opts.kv_precision is not None:
         raise UserError(
             "--kv-precision with --via mlir: the linalg module is imported at one float precision "
@@ -363,34 +400,19 @@ def resolve(
         from dabench_ir.mlir.load import check_import_precision
 
         check_import_precision(opts.precision)  # the quantised modes: one line, why
-    check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
-    if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
-        tgt = resolve_target(target, opts.threads)
 
-    # what the user left open, from the target's [defaults]
-    if tgt is not None and defaults:
-        for name in _TARGET_DEFAULTS:
-            if getattr(opts, name) is not None:
-                continue
-            if name == "precision" and mlir_file:
-                continue  # an MLIR module keeps its types; an ONNX model is imported at the precision
-            value = tgt.default(name)
-            if value is not None:
-                changes[name] = bool(value) if name == "fused_attention" else str(value)
-                sources[name] = "target"
-    if opts.precision is None and "precision" not in changes:
-        sources["precision"] = "model"
-    resolved_opts = dataclasses.replace(opts, **changes)
-    samples = Samples(per_replica or 0, micro_batches, source)
-    return ResolvedRun(
-        model=str(model) if isinstance(model, (str, os.PathLike)) else None,
-        target=tgt,
-        options=resolved_opts,
-        sources=sources,
-        samples=samples,
-        linalg=linalg,
-        internals=dict(internals or {}),
-    )
+
+def _target_defaults(tgt: Target, opts: ScaleOptions, *, mlir_file: bool) -> dict[str, Any]:
+    """What the user left open, from the target's ``[defaults]`` (an MLIR module keeps its types, so
+    no default precision for it)."""
+    values: dict[str, Any] = {}
+    for name in _TARGET_DEFAULTS:
+        if getattr(opts, name) is not None or (name == "precision" and mlir_file):
+            continue
+        value = tgt.default(name)
+        if value is not None:
+            values[name] = bool(value) if name == "fused_attention" else str(value)
+    return values
 
 
 def _compiled_seq(graph: Graph, opts: Any) -> int | None:

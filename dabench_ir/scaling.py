@@ -461,26 +461,16 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
 
 
 def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> ScalePoint:
+    """``chips`` pipeline stages of contiguous decoder blocks, balanced by the one-chip run's layer
+    times, under 1F1B with the run's micro-batches: the fill and drain, the boundary traffic, and
+    whether the fullest stage fits its chip."""
     target = run.target
     layers = graph.layers
     if len(layers) < chips:
         raise UserError(
             f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}"
         )
-    loads = [single.layer_time.get(layer, 0.0) for layer in layers]
-    starts, worst = optimal_contiguous_split(loads, chips)
-    bounds = [*starts, len(layers)]
-    stages = [layers[a:b] for a, b in itertools.pairwise(bounds)]
-    outside = single.layer_time.get(None, 0.0)  # embedding and head: first and last stage
-    stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
-    stage_times[0] += outside / 2
-    stage_times[-1] += outside / 2
-    from dabench_ir.lowering.gpu import HOST_ISSUE
-
-    wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
-    if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
-        total = sum(stage_times) or 1.0
-        stage_times = [t + wait * t / total for t in stage_times]
+    stages, stage_times = _pp_stages(single, layers, chips)
     worst = max(stage_times)
     batch = run.samples.per_replica
     m = run.samples.micro_batches or batch  # at most one micro-batch per sample
@@ -496,38 +486,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         per_node = chips_per_node(target, run.options)
         comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
     step = (m + chips - 1) * (worst / m) + comm
-    # per-stage fit: the stage's weights and training state, and under 1F1B the activations of
-    # the micro-batches in flight on it (stage i holds min(p - i, m) of them; Narayanan et al., SC'21)
-    ctx = LoweringContext.build(graph, lowering_options(run).precision)
-    mem = target.feed_memory
-    fits, failure = True, None
-    state = training_state(ctx)
-    worst_memory: dict[str, int] | None = None
-    for i, st in enumerate(stages):
-        nodes = [n for n in graph.nodes if n.layer in st]
-        if i == 0:
-            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
-        part = training_state(ctx, nodes)
-        in_flight = min(chips - i, m)
-        acts = math.ceil(state.activations * len(st) / max(len(layers), 1) * in_flight / m)
-        parts = {
-            "weights": weight_bytes(ctx, nodes),
-            "gradients": part.gradients,
-            "optimizer": part.optimizer_side,
-            "activations": acts,
-        }
-        need = sum(parts.values())
-        if worst_memory is None or need > sum(worst_memory.values()):
-            worst_memory = parts
-        if need > mem.capacity_bytes:
-            fits = False
-            failure = {
-                "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {need / 1e9:.2f} GB of {mem.name}, "
-                f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
-                "needed_bytes": need,
-                "capacity_bytes": int(mem.capacity_bytes),
-            }
-            break
+    fits, failure, worst_memory = _pp_stage_memory(graph, run, stages, m)
     return ScalePoint(
         chips=chips,
         batch=batch,
@@ -551,6 +510,66 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         devices=chips,
         link_bytes=float(sum(boundary_bytes)),
     )
+
+
+def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[int]], list[float]]:
+    """The blocks of each stage (the contiguous split that minimises the slowest stage's time) and
+    each stage's time: its blocks', the embedding and head halved between the first and last
+    stage, and on a host-issued target the stream's wait for the host shared by work."""
+    loads = [single.layer_time.get(layer, 0.0) for layer in layers]
+    starts, _ = optimal_contiguous_split(loads, chips)
+    stages = [layers[a:b] for a, b in itertools.pairwise([*starts, len(layers)])]
+    outside = single.layer_time.get(None, 0.0)  # embedding and head: first and last stage
+    stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
+    stage_times[0] += outside / 2
+    stage_times[-1] += outside / 2
+    from dabench_ir.lowering.gpu import HOST_ISSUE
+
+    wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
+    if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
+        total = sum(stage_times) or 1.0
+        stage_times = [t + wait * t / total for t in stage_times]
+    return stages, stage_times
+
+
+def _pp_stage_memory(
+    graph: Graph, run: ResolvedRun, stages: list[list[int]], m: int
+) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
+    """Whether every stage fits its chip's memory: the stage's weights and training state, and under
+    1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
+    Narayanan et al., SC'21). Returns (fits, the first stage's failure, the fullest stage's parts
+    up to it)."""
+    target = run.target
+    chips, layers = len(stages), graph.layers
+    ctx = LoweringContext.build(graph, lowering_options(run).precision)
+    mem = target.feed_memory
+    state = training_state(ctx)
+    worst_memory: dict[str, int] | None = None
+    for i, st in enumerate(stages):
+        nodes = [n for n in graph.nodes if n.layer in st]
+        if i == 0:
+            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
+        part = training_state(ctx, nodes)
+        in_flight = min(chips - i, m)
+        acts = math.ceil(state.activations * len(st) / max(len(layers), 1) * in_flight / m)
+        parts = {
+            "weights": weight_bytes(ctx, nodes),
+            "gradients": part.gradients,
+            "optimizer": part.optimizer_side,
+            "activations": acts,
+        }
+        need = sum(parts.values())
+        if worst_memory is None or need > sum(worst_memory.values()):
+            worst_memory = parts
+        if need > mem.capacity_bytes:
+            failure = {
+                "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {need / 1e9:.2f} GB of {mem.name}, "
+                f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
+                "needed_bytes": need,
+                "capacity_bytes": int(mem.capacity_bytes),
+            }
+            return False, failure, worst_memory
+    return True, None, worst_memory
 
 
 def _stage_link(target: Target, boundary: int, per_node: int | None = None) -> tuple[float, float]:
@@ -611,23 +630,11 @@ def scale(
     micro-batches are the pipeline's, and each chip's lowering runs without them.
     """
     run = options if isinstance(options, ResolvedRun) else resolve(graph, target, options, defaults=False)
-    if strategy not in STRATEGIES:
-        raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
-    supported = tuple(target.strategies)
-    if strategy not in supported and any(n > 1 for n in chips):
-        have = ", ".join(supported) or "none"
-        raise UserError(f"{target.name} does not support --strategy {strategy}; it supports: {have}")
-    if any(n < 1 for n in chips):
-        raise UserError("--chips: chip counts must be positive integers")
+    lowering = lowering_for(target)
+    per_node = chips_per_node(target, run.options)
+    _check_request(target, lowering, chips, strategy, per_node)
     train = meta.graph_mode(graph) == "train"
     link = target.link()
-    per_node = chips_per_node(target, run.options)
-    lowering = lowering_for(target)
-    if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and lowering.pipelines_itself:
-        raise UserError(
-            f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
-            "a pipeline spread over machines is not modelled there"
-        )
     systems = strategy == "dp" and lowering.systems_stream_weights  # n chips: n systems streaming the weights
     if systems and max(chips) > 1:
         lowering_options(_on_systems(run, max(chips)))  # the lowering refuses a mode that runs on one system
@@ -654,19 +661,7 @@ def scale(
         else:
             pt = _pp_point(graph, run, n, single)
         if target.topology is not None:
-            pt.nodes = max(1, math.ceil(n / per_node))
-            if pt.nodes > 1 and strategy == "pp":
-                topo = target.topology
-                pt.notes.append(
-                    f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node}; stage boundaries between "
-                    f"nodes go over {topo.inter.name if topo.inter else topo.intra.name}"
-                )
-            if pt.nodes > 1 and strategy in ("dp", "tp") and pt.comm_time_s > 0 and not systems:
-                pt.notes.append(
-                    f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node} "
-                    f"(collectives over {target.topology.intra.name} inside a node, "
-                    f"{target.topology.inter.name if target.topology.inter else target.topology.intra.name} between)"
-                )
+            _place_on_nodes(pt, n, target.topology, per_node, strategy, systems=systems)
         points.append(pt)
     base = single.time_s and per_step / single.time_s  # one chip's rate, fitting or not
     for pt in points:
@@ -688,6 +683,43 @@ def scale(
         chips_per_node=per_node,
         base_samples=per_step,
     )
+
+
+def _check_request(target: Target, lowering: Any, chips: Sequence[int], strategy: str, per_node: int | None) -> None:
+    """What a scale question cannot ask: an unknown strategy, one the target does not support past
+    one chip, a chip count below one, a self-pipelining lowering's pipeline spread over machines."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy {strategy}: expected one of {', '.join(STRATEGIES)}")
+    supported = tuple(target.strategies)
+    if strategy not in supported and any(n > 1 for n in chips):
+        have = ", ".join(supported) or "none"
+        raise UserError(f"{target.name} does not support --strategy {strategy}; it supports: {have}")
+    if any(n < 1 for n in chips):
+        raise UserError("--chips: chip counts must be positive integers")
+    if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and lowering.pipelines_itself:
+        raise UserError(
+            f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
+            "a pipeline spread over machines is not modelled there"
+        )
+
+
+def _place_on_nodes(pt: ScalePoint, chips: int, topo: Any, per_node: int, strategy: str, *, systems: bool) -> None:
+    """The machines a point's ``chips`` span (``per_node`` to a node), and a note where its traffic
+    crosses between them: stage boundaries under ``pp``, collectives under ``dp`` and ``tp`` (not
+    the systems' own weight-streaming tree)."""
+    pt.nodes = max(1, math.ceil(chips / per_node))
+    if pt.nodes == 1:
+        return
+    between = topo.inter.name if topo.inter else topo.intra.name
+    if strategy == "pp":
+        pt.notes.append(
+            f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node}; stage boundaries between nodes go over {between}"
+        )
+    elif strategy in ("dp", "tp") and pt.comm_time_s > 0 and not systems:
+        pt.notes.append(
+            f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node} "
+            f"(collectives over {topo.intra.name} inside a node, {between} between)"
+        )
 
 
 def _point_energy(pt: ScalePoint, target: Target, link: Any) -> MultiChipEnergy | None:

@@ -8,7 +8,7 @@ the pass kept, created, fused away or removed.
 
 Where ops come from. MLIR's elementwise fusion gives the fused op its consumer's location
 only, so the producers' names would be lost. Every op is tagged before a pass; after it, an op
-still tagged was kept, an untagged one was created and claims the ops that went (`_claims`):
+still tagged was kept, an untagged one was created and claims the ops that went (`_Claims`):
 
 1. **dataflow**: a created op stands for the gone op whose result it replaced (a kept op now
    reads it where it read that op), and claims the gone ops behind it up to its own inputs;
@@ -283,119 +283,178 @@ def _payload_names(op: Any) -> set[str]:
     return {n for inner in op.regions[0].blocks[0].operations for n in origin_of(inner.location).names}
 
 
-def _claims(
-    before: dict[int, tuple[Any, ...]], after: list[Any], after_tags: list[int | None]
-) -> tuple[dict[int, set[int]], dict[int, str]]:
-    """Created op (its index in ``after``) -> the gone ops (tags before) it claims; and gone op -> method."""
-    kept = {t for t in after_tags if t is not None}
-    gone = set(before) - kept
-    # created ops that do work or view it (not tensor.empty, constants): only they stand for gone ops
-    created = [i for i, t in enumerate(after_tags) if t is None and (_counted(after[i].name) or is_view(after[i].name))]
-    stands: dict[int, set[int]] = {i: set() for i in created}
-    for op, t in zip(after, after_tags, strict=True):  # 1. a kept op reads a created op where it read a gone one
-        if t is None or len(op.operands) != len(before[t][1]):
-            continue
-        for operand, old in zip(op.operands, before[t][1], strict=True):
-            new = _ids(operand)
-            if new[0] == "new" and old[0] == "op" and old[1] in gone and new[1] in stands:
-                stands[new[1]].add(old[1])
-    taken = {t for s in stands.values() for t in s}
-    # 1b. else a gone op of the same node: same kind and result types, else same kind, else a work op
-    # for a work op (a view for a view): an op re-created in another shape (reshapes propagated)
-    tiers = (
-        lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e[0], e[3]),
-        lambda op, e: op.name == e[0],
-        lambda op, e: is_view(op.name) == is_view(e[0]),
-    )
-    by_node: dict[str, list[int]] = {}
-    for t in sorted(gone):
-        if before[t][2]:
-            by_node.setdefault(before[t][2][0], []).append(t)
-    for match in tiers:
-        for i in created:
-            if stands[i]:
-                continue
-            op = after[i]
-            node = origin_of(op.location).names[:1]
-            same = [t for t in by_node.get(node[0], ()) if t not in taken and match(op, before[t])] if node else []
-            if same:
-                stands[i].add(same[0])
-                taken.add(same[0])
-    anchors = taken
-    claims: dict[int, set[int]] = {i: set() for i in created}
-    method: dict[int, str] = {}
+@dataclass(frozen=True, slots=True)
+class OperandId:
+    """Who produced an operand: ``kind`` ``op`` (an op tagged before the pass: ``id`` is its tag),
+    ``new`` (an op the pass created: ``id`` is its index among the ops after it), ``arg`` (the
+    function's argument ``id``) or ``block`` (a region's argument)."""
 
-    def walk(starts: dict[int, set[int]]) -> None:
+    kind: str
+    id: int
+    result: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpBefore:
+    """What `_Claims` reads of an op as it was before a pass (the op itself may be gone)."""
+
+    name: str
+    operands: list[OperandId]
+    origins: tuple[str, ...]  # the graph nodes its location names
+    result_types: tuple[str, ...]
+    fusable: bool  # elementwise: fusion may fold it into a consumer (`_fusable`)
+
+    @classmethod
+    def of(cls, op: Any) -> OpBefore:
+        return cls(
+            op.name,
+            [operand_id(o) for o in op.operands],
+            origin_of(op.location).names,
+            tuple(str(r.type) for r in op.results),
+            _fusable(op),
+        )
+
+
+class _Claims:
+    """Which gone ops (tags before a pass) each created op (its index in ``after``) stands for, and
+    how each gone op was claimed (``method``: dataflow, shared or location): the four rules of the
+    module docstring, applied in order by `claim`."""
+
+    def __init__(self, before: dict[int, OpBefore], after: list[Any], after_tags: list[int | None]) -> None:
+        self.before, self.after = before, after
+        self.gone = set(before) - {t for t in after_tags if t is not None}
+        # created ops that do work or view it (not tensor.empty, constants): only they stand for gone ops
+        self.created = [
+            i for i, t in enumerate(after_tags) if t is None and (_counted(after[i].name) or is_view(after[i].name))
+        ]
+        self.stands: dict[int, set[int]] = {i: set() for i in self.created}
+        self.claims: dict[int, set[int]] = {i: set() for i in self.created}
+        self.method: dict[int, str] = {}
+        self.anchors: set[int] = set()
+        self.after_tags = after_tags
+
+    def claim(self) -> tuple[dict[int, set[int]], dict[int, str]]:
+        self._by_operand()
+        self._by_node()
+        self.anchors = {t for s in self.stands.values() for t in s}
+        self._walk(self.stands)
+        replaced = Counter(t for s in self.stands.values() for t in s)
+        self.method.update((t, "shared") for t, n in replaced.items() if n > 1)  # several created ops replaced it
+        placed = self._by_location()
+        self._walk({i: p for i, p in placed.items() if p})  # and what was fused into the ops placed by location
+        return self.claims, self.method
+
+    def _by_operand(self) -> None:
+        """1. A kept op reads a created op where it read a gone one: the created op stands for it."""
+        for op, t in zip(self.after, self.after_tags, strict=True):
+            if t is None or len(op.operands) != len(self.before[t].operands):
+                continue
+            for operand, old in zip(op.operands, self.before[t].operands, strict=True):
+                new = operand_id(operand)
+                if new.kind == "new" and old.kind == "op" and old.id in self.gone and new.id in self.stands:
+                    self.stands[new.id].add(old.id)
+
+    def _by_node(self) -> None:
+        """1b. Else a gone op of the same node: same kind and result types, else same kind, else a
+        work op for a work op (a view for a view): an op re-created in another shape (reshapes
+        propagated)."""
+        tiers = (
+            lambda op, e: (op.name, tuple(str(r.type) for r in op.results)) == (e.name, e.result_types),
+            lambda op, e: op.name == e.name,
+            lambda op, e: is_view(op.name) == is_view(e.name),
+        )
+        taken = {t for s in self.stands.values() for t in s}
+        by_node: dict[str, list[int]] = {}
+        for t in sorted(self.gone):
+            if self.before[t].origins:
+                by_node.setdefault(self.before[t].origins[0], []).append(t)
+        for match in tiers:
+            for i in self.created:
+                if self.stands[i]:
+                    continue
+                op = self.after[i]
+                node = origin_of(op.location).names[:1]
+                same = (
+                    [t for t in by_node.get(node[0], ()) if t not in taken and match(op, self.before[t])]
+                    if node
+                    else []
+                )
+                if same:
+                    self.stands[i].add(same[0])
+                    taken.add(same[0])
+
+    def _walk(self, starts: dict[int, set[int]]) -> None:
         """Claim the gone ops behind each created op's ``starts``, up to its own inputs and the others'
         anchors: reached from one created op, fused into it; from several, re-created in each (shared)."""
+        before, method = self.before, self.method
         reach: dict[int, set[int]] = {}
         for i, first in starts.items():
-            view = is_view(after[i].name)
-            inputs = {_ids(o) for o in after[i].operands}
+            view = is_view(self.after[i].name)
+            inputs = {operand_id(o) for o in self.after[i].operands}
             seen: set[int] = set()
             stack = list(first)
             while stack:
                 t = stack.pop()
-                work = not is_view(before[t][0])
+                work = not is_view(before[t].name)
                 if t in seen or (view and work) or (work and t in method and t not in first):
                     continue  # a view claims views only; a view claimed already is walked through again
                 seen.add(t)
-                for old in before[t][1]:
-                    if old[0] != "op" or old in inputs or old[1] not in gone:
+                for old in before[t].operands:
+                    if old.kind != "op" or old in inputs or old.id not in self.gone:
                         continue
-                    if old[1] not in anchors or old[1] in stands[i] or is_view(before[old[1]][0]):
-                        stack.append(old[1])
+                    if old.id not in self.anchors or old.id in self.stands[i] or is_view(before[old.id].name):
+                        stack.append(old.id)
             reach[i] = seen
         for i, seen in reach.items():
-            claims[i] |= seen
+            self.claims[i] |= seen
             for t in seen - starts[i]:
                 method[t] = "shared" if t in method else "dataflow"
             for t in seen & starts[i]:
                 method.setdefault(t, "dataflow")
 
-    walk(stands)
-    replaced = Counter(t for s in stands.values() for t in s)
-    method.update((t, "shared") for t, n in replaced.items() if n > 1)  # one gone op several created ops replaced
-    # 2. location, consumers first: a gone op nothing claimed joins a created op that names its node,
-    # by its own location or (a producer fused into it) by the ops in its body; among those, the op
-    # its consumer went to, else one that reads what it read (fusion moves a producer's inputs into
-    # the op it joins). A reduction or contraction is never fused into another op: only an op of its
-    # own node can be it.
-    own = {i: set(origin_of(after[i].location).names) for i in created}
-    body = {i: own[i] | _payload_names(after[i]) for i in created}
-    inputs = {i: {_ids(o) for o in after[i].operands} for i in created}
-    consumers: dict[int, set[int]] = {}
-    for u, entry in before.items():
-        for old in entry[1]:
-            if old[0] == "op":
-                consumers.setdefault(old[1], set()).add(u)
+    def _by_location(self) -> dict[int, set[int]]:
+        """2. Location, consumers first: a gone op nothing claimed joins a created op that names its
+        node, by its own location or (a producer fused into it) by the ops in its body; among those,
+        the op its consumer went to, else one that reads what it read (fusion moves a producer's
+        inputs into the op it joins). A reduction or contraction is never fused into another op:
+        only an op of its own node can be it. Returns what each created op took this way."""
+        before, after, created = self.before, self.after, self.created
+        own = {i: set(origin_of(after[i].location).names) for i in created}
+        body = {i: own[i] | _payload_names(after[i]) for i in created}
+        inputs = {i: {operand_id(o) for o in after[i].operands} for i in created}
+        consumers: dict[int, set[int]] = {}
+        for u, entry in before.items():
+            for old in entry.operands:
+                if old.kind == "op":
+                    consumers.setdefault(old.id, set()).add(u)
 
-    def went_to(t: int, depth: int = 0) -> set[int]:
-        out: set[int] = set()
-        for u in consumers.get(t, ()):
-            have = {i for i in created if u in claims[i] and not is_view(after[i].name)}
-            out |= have or (went_to(u, depth + 1) if depth < 16 and u in gone and is_view(before[u][0]) else set())
-        return out
+        def went_to(t: int, depth: int = 0) -> set[int]:
+            out: set[int] = set()
+            for u in consumers.get(t, ()):
+                have = {i for i in created if u in self.claims[i] and not is_view(after[i].name)}
+                through_view = depth < 16 and u in self.gone and is_view(before[u].name)
+                out |= have or (went_to(u, depth + 1) if through_view else set())
+            return out
 
-    placed: dict[int, set[int]] = {i: set() for i in created}
-    for t in sorted(gone - set(method), reverse=True):
-        origin = set(before[t][2])
-        names = body if before[t][4] else own
-        fits = [i for i in created if origin & names[i]]
-        if not fits:
-            continue
-        view = is_view(before[t][0])
-        fits = [i for i in fits if is_view(after[i].name) == view] or fits
-        kept_in = {old for old in before[t][1] if old[0] == "arg" or (old[0] == "op" and old[1] not in gone)}
-        best = (went_to(t) & set(fits) if not view else set()) or {
-            min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)
-        }
-        for i in best:
-            placed[i].add(t)
-            claims[i].add(t)
-        method[t] = "location" if len(best) == 1 else "shared"
-    walk({i: p for i, p in placed.items() if p})  # and what was fused into the ops placed by location
-    return claims, method
+        placed: dict[int, set[int]] = {i: set() for i in created}
+        for t in sorted(self.gone - set(self.method), reverse=True):
+            names = body if before[t].fusable else own
+            fits = [i for i in created if set(before[t].origins) & names[i]]
+            if not fits:
+                continue
+            view = is_view(before[t].name)
+            fits = [i for i in fits if is_view(after[i].name) == view] or fits
+            kept_in = {
+                old for old in before[t].operands if old.kind == "arg" or (old.kind == "op" and old.id not in self.gone)
+            }
+            best = (went_to(t) & set(fits) if not view else set()) or {
+                min([i for i in fits if kept_in and kept_in <= inputs[i]] or fits)
+            }
+            for i in best:
+                placed[i].add(t)
+                self.claims[i].add(t)
+            self.method[t] = "location" if len(best) == 1 else "shared"
+        return placed
 
 
 @generic_op_views()
@@ -429,16 +488,7 @@ def run_mlir_pipeline(
     pristine = {t for t in sources if sources[t]}
     for text, pm in zip(passes, managers, strict=True):
         ops = _top_ops(operation)
-        before = {}
-        for op in ops:
-            t = _tag_of(op)
-            before[t] = (
-                op.name,
-                [_ids(o) for o in op.operands],
-                origin_of(op.location).names,
-                tuple(str(r.type) for r in op.results),
-                _fusable(op),
-            )
+        before = {_tag_of(op): OpBefore.of(op) for op in ops}
         started = time.perf_counter()
         try:
             with context, captured_stderr():
@@ -452,27 +502,10 @@ def run_mlir_pipeline(
         after = _top_ops(operation)
         after_tags = [_tag_of(op) for op in after]
         _tag([op for op in after], context, _NEW)
-        claims, method = _claims(before, after, after_tags)
-        counted_before = {t for t, entry in before.items() if _counted(entry[0])}
+        claims, method = _Claims(before, after, after_tags).claim()
+        counted_before = {t for t, entry in before.items() if _counted(entry.name)}
         kept = {t for t in after_tags if t is not None}
-        new_sources: dict[int, frozenset[int]] = {}
-        for i, op in enumerate(after):
-            t = after_tags[i]
-            if t is not None:
-                new_sources[i] = sources.get(t, frozenset())
-                continue
-            claimed = claims.get(i, set())
-            new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
-            names = list(
-                dict.fromkeys(
-                    [
-                        *origin_of(op.location).names,
-                        *(n for c in sorted(claimed) if method[c] != "shared" for n in before[c][2]),
-                    ]
-                )
-            )
-            if len(names) > 1:
-                op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
+        new_sources = _carry_sources(before, after, after_tags, sources, claims, method, context)
         new_pristine = {i for i, t in enumerate(after_tags) if t is not None and t in pristine}
         gone = counted_before - kept
         created = sum(1 for i, t in enumerate(after_tags) if t is None and _counted(after[i].name))
@@ -498,19 +531,50 @@ def run_mlir_pipeline(
     return record, counts
 
 
-def _ids(value: Any) -> tuple[Any, ...]:
-    """An operand's id: (op, tag, result) for a tagged producer, (new, id, result) for an untagged
-    one (created by the pass), (arg, n) for a function argument."""
+def _carry_sources(
+    before: dict[int, OpBefore],
+    after: list[Any],
+    after_tags: list[int | None],
+    sources: dict[int, frozenset[int]],
+    claims: dict[int, set[int]],
+    method: dict[int, str],
+    context: Any,
+) -> dict[int, frozenset[int]]:
+    """Each op after a pass (its index) -> the counts before the pipeline it comes from: a kept op's
+    own, a created op's those of the ops it claims. A created op's location becomes a fused one
+    of its own nodes and those of the ops it claims by dataflow or location (not shared ones)."""
+    from torch_mlir import ir
+
+    new_sources: dict[int, frozenset[int]] = {}
+    for i, op in enumerate(after):
+        t = after_tags[i]
+        if t is not None:
+            new_sources[i] = sources.get(t, frozenset())
+            continue
+        claimed = claims.get(i, set())
+        new_sources[i] = frozenset().union(*(sources.get(c, frozenset()) for c in claimed))
+        fused = (n for c in sorted(claimed) if method[c] != "shared" for n in before[c].origins)
+        names = list(dict.fromkeys([*origin_of(op.location).names, *fused]))
+        if len(names) > 1:
+            op.location = ir.Location.fused([ir.Location.name(n, context=context) for n in names], context=context)
+    return new_sources
+
+
+def operand_id(value: Any) -> OperandId:
+    """Who produced ``value`` (`OperandId`): a tagged op, an untagged one (created by the pass), a
+    function argument or a region's argument."""
     from torch_mlir import ir
 
     if isinstance(value, ir.BlockArgument):
         owner = value.owner.owner
         if owner is not None and owner.operation.name == "func.func":
-            return ("arg", value.arg_number)
-        return ("block", 0)
+            return OperandId("arg", value.arg_number)
+        return OperandId("block", 0)
     op = value.owner.operation if hasattr(value.owner, "operation") else value.owner
     tag = _tag_of(op)
-    return ("op", tag, value.result_number) if tag is not None else ("new", _tag_of(op, _NEW), value.result_number)
+    if tag is not None:
+        return OperandId("op", tag, value.result_number)
+    return OperandId("new", _tag_of(op, _NEW), value.result_number)
 
 
 def _counted(name: str) -> bool:
