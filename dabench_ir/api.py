@@ -351,8 +351,14 @@ def run_validation(
 ) -> Validation:
     """The CLI's ``validate``: every catalogue point (the bundled catalogue, or ``catalog`` files in its
     format) on ``target`` (None: all), predicted vs measured. ``.results``: one `PointResult` per point;
-    ``.summary()``: ``{target: TargetSummary}``. (Named ``run_validation``: ``dabench_ir.validate`` is the
-    subpackage.)"""
+    ``.summary()``: ``{target: TargetSummary}``; ``.cross_validation``: the leave-one-source-out errors
+    (the figure to trust), for the bundled catalogue as the CLI prints them, None for a ``catalog`` of
+    your own. (Named ``run_validation``: ``dabench_ir.validate`` is the subpackage.)"""
     from dabench_ir import validate
+    from dabench_ir.validate.crossval import validate_points
 
-    return _api(lambda: validate.run_validation(validate.load_catalog(catalog), target=target, cache_dir=cache_dir))
+    return _api(
+        lambda: validate_points(
+            validate.load_catalog(catalog), bundled=catalog is None, target=target, cache_dir=cache_dir
+        )
+    )

@@ -147,6 +147,18 @@ def test_run_validation_is_the_cli_validate(tmp_path):
     assert json.loads((tmp_path / "v.json").read_text())["rows"] == json.loads(json.dumps(check.to_dict()["rows"]))
     with pytest.raises(dabench_ir.ApiError, match=r"nope.toml"):
         dabench_ir.run_validation(catalog=tmp_path / "nope.toml")
+    assert check.cross_validation is None  # a user's catalogue has no recorded folds
+
+
+def test_run_validation_cross_validates_the_bundled_catalogue_as_the_cli_does(tmp_path):
+    """The figure to trust is the same through the API and the CLI: leave one source out."""
+    check = dabench_ir.run_validation("sn30")
+    from dabench_ir.cli import main
+
+    assert main(["validate", "-t", "sn30", "-q", "--json", str(tmp_path / "v.json")]) == 0
+    cli = json.loads((tmp_path / "v.json").read_text())["cross_validation"]
+    assert cli == json.loads(json.dumps(check.cross_validation.to_dict()))
+    assert cli["sn30"]["compared"] > 0
 
 
 def test_the_typed_mappings_name_keys_the_reports_have(model_dir):

@@ -64,7 +64,10 @@ def test_demo_end_to_end(tmp_path, capsys):
     wse = json.loads((out / "wse.json").read_text())
     assert wse["model"]["layers"] == 12 and cpu["model"]["layers"] == 2
     assert any(r["role"] == "layers.*.mlp.fc_in" for r in wse["roles"]) and wse["why"]
-    assert "validation_median_abs_error" in wse["extra"]
+    # the headline validation figure is the cross-validated one (leave one source out), all points beside it
+    errors = wse["extra"]["validation_abs_error"]
+    assert errors["cross_validated_compared"] > 0 and errors["cross_validated_median"] > 0
+    assert errors["all_points_median"] > 0
     assert all(r["gops_per_w"] for r in rows)
     index = (out / "index.html").read_text()
     assert "Side by side" in index
@@ -144,3 +147,22 @@ def test_throughput_charts_compare_one_model_at_a_time(monkeypatch, tmp_path):
     first, second = html.split("</section>")[:2]
     assert "gpt2-small (12 layers, 124 M params)" in first and "on wse, rdu" in first
     assert "host-model (2 layers, 500 k params)" in second and "not comparable" in second
+
+
+def test_the_demo_headlines_the_cross_validated_error_validate_prints():
+    """The demo's validation row is the figure `dabench-ir validate` prints as cross-validated (leave
+    one source out), not the median over all points, which includes the points parameters were
+    fitted to: asked through both users, the same number."""
+    from types import SimpleNamespace
+
+    from dabench_ir.commands.demo import _validation_errors
+    from dabench_ir.targets import load_target
+    from dabench_ir.validate import load_catalog, run_validation
+    from dabench_ir.validate.crossval import cross_validate
+
+    validation = run_validation(load_catalog(), target="sn30")
+    cv = cross_validate(validation).targets["sn30"].stats()
+    errors = _validation_errors({"rdu": SimpleNamespace(target_obj=load_target("sn30"))}, lambda _m: None)["rdu"]
+    assert errors.cross_validated == cv["median_abs_error"] and errors.compared == cv["compared"] > 0
+    assert errors.all_points == validation.summary()["sn30"]["median_abs_error"]
+    assert errors.cross_validated != errors.all_points  # two figures, not one shown twice

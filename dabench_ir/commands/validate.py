@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.fileio import check_output_dir, plan_outputs
     from dabench_ir.progress import Progress
     from dabench_ir.validate.catalog import input_files
+    from dabench_ir.validate.crossval import validate_points
 
     points = validate.load_catalog(args.catalog)  # read and checked, not run: the inputs are known before any work
     outputs = [(v, f) for f, v in (("--json", args.json), ("--csv", args.csv)) if v is not None]
@@ -53,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.plots, "--plots")
     progress = Progress(quiet=args.quiet)
     try:
-        result = validate.run_validation(
-            points, target=args.target, cache_dir=args.cache_dir, say=progress, bar=progress.bar
+        result = validate_points(
+            points,
+            bundled=not args.catalog,
+            target=args.target,
+            cache_dir=args.cache_dir,
+            say=progress,
+            bar=progress.bar,
         )
-        if not args.catalog:  # the folds are of the bundled catalogue's sources
-            from dabench_ir.validate.crossval import cross_validate
-
-            progress("cross-validating: each source's points at the parameters fitted without it")
-            result.cross_validation = cross_validate(result)
     finally:
         progress.done()
     print(result.format_table())

@@ -40,7 +40,16 @@ from dabench_ir.validate.fit import counts, fit, informed_by, with_values
 from dabench_ir.validate.results import Validation
 from dabench_ir.validate.runner import run_validation
 
-__all__ = ["MOVED", "CrossValidation", "Fold", "cross_validate", "fit_folds", "folds_of", "source_of"]
+__all__ = [
+    "MOVED",
+    "CrossValidation",
+    "Fold",
+    "cross_validate",
+    "fit_folds",
+    "folds_of",
+    "source_of",
+    "validate_points",
+]
 
 MOVED = 0.25
 """A parameter is not identified when its refitted values (and the file's) span more than 25 %
@@ -236,6 +245,26 @@ class CrossValidation:
             for param, spread in cv.moved.items():
                 notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
         return "\n".join(lines + notes)
+
+
+def validate_points(
+    points: Sequence[Point],
+    *,
+    bundled: bool,
+    target: str | None = None,
+    cache_dir: str | Path | None = None,
+    say: Callable[[str], None] | None = None,
+    bar: Any = None,
+) -> Validation:
+    """`dabench-ir validate`'s answer, as the CLI and the API give it: ``points`` predicted and
+    compared (`run_validation`), then, when they are the ``bundled`` catalogue's, cross-validated
+    (the folds are the bundled catalogue's sources; a user's catalogue has none recorded)."""
+    result = run_validation(points, target=target, cache_dir=cache_dir, say=say, bar=bar)
+    if bundled:
+        if say is not None:
+            say("cross-validating: each source's points at the parameters fitted without it")
+        result.cross_validation = cross_validate(result)
+    return result
 
 
 def cross_validate(validation: Validation) -> CrossValidation:
