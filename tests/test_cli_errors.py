@@ -524,6 +524,21 @@ def test_help_shows_one_spelling_per_flag():
     assert "smoke" in helps["sweep"]  # the bundled specs, listed
 
 
+def test_every_flag_of_every_command_says_what_it_does():
+    """`--help` explains each flag; a flag declared without help shows as a bare name (scale's --target
+    and --quiet, profile's --no-color and the --scaling rule were)."""
+    from dabench_ir.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    bare = [
+        (name, action.option_strings or action.dest)
+        for name, command in sub.choices.items()
+        for action in command._actions
+        if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()
+    ]
+    assert bare == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -21,8 +21,8 @@ def wrap(text: str) -> str:
     return textwrap.fill(text, 80)
 
 
-def add_quiet(p: Any, help: str | None = None) -> None:
-    """``--quiet``/``-q``; ``help`` says what the command leaves out."""
+def add_quiet(p: Any, help: str) -> None:
+    """``--quiet``/``-q``; ``help`` says what the command leaves out (every command's says it)."""
     p.add_argument("--quiet", "-q", action="store_true", help=help)
 
 
@@ -33,12 +33,18 @@ def add_outputs(p: Any, **helps: str) -> None:
         p.add_argument(f"--{name}", metavar="DIR" if name == "plots" else "F", help=help)
 
 
-def add_node_scaling(p: argparse.ArgumentParser, normalize_help: str, scaling_help: str | None = None) -> None:
+def add_node_scaling(p: argparse.ArgumentParser, normalize_help: str) -> None:
     """``--normalize-to NM`` and the rule it scales by, ``--scaling`` (`energy.SCALING_RULES`)."""
     from dabench_ir.energy import SCALING_RULES
 
     p.add_argument("--normalize-to", type=float, metavar="NM", help=normalize_help)
-    p.add_argument("--scaling", choices=list(SCALING_RULES), default="post-dennard", help=scaling_help)
+    p.add_argument(
+        "--scaling",
+        choices=list(SCALING_RULES),
+        default="post-dennard",
+        help="how --normalize-to scales energy with the node: post-dennard (linear) or dennard (cubic) "
+        "(default: post-dennard; docs/energy.md)",
+    )
 
 
 def strict_warnings(warnings: Sequence[str], *, strict: bool, holders: str) -> None:

@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         annotate="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
         "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
     )
-    o.add_argument("--no-color", action="store_true")
+    o.add_argument("--no-color", action="store_true", help="no colour in the tables (the default colours a terminal)")
     add_quiet(o, "no progress, no tables (cross-check included)")
     o.add_argument(
         "--strict", action="store_true", help="exit 2 when any node has no cost rule (estimated or unattributed)"

@@ -26,7 +26,7 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx or .mlir file, or a preset name (as profile takes)")
-    p.add_argument("--target", "-t", required=True)
+    p.add_argument("--target", "-t", required=True, help="the target whose chips are counted (name, alias or file)")
     add_knob_arguments(p, SCALE, defaults={"chips": _CHIPS})  # --batch and --chips take lists: 1,8,32
     add_outputs(
         p,
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         plots="write the throughput and efficiency vs chips plot into DIR as PNG and SVG (as profile --plots does)",
     )
     add_deprecated(p, "--plot", use="--plots DIR", metavar="F")  # the same plot to one file F (.png or .svg)
-    add_quiet(p)
+    add_quiet(p, "no progress, no table")
 
 
 def run(args: argparse.Namespace) -> int:

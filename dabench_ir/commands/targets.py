@@ -25,7 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_node_scaling(
         p,
         "also show peak GOP/s, GOP/s/W and GOP/s/mm² scaled to this process node (docs/energy.md)",
-        "node scaling rule",
     )
     p.add_argument("--catalog", action="store_true", help="list published accelerator designs, normalised too")
     p.add_argument(
