@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.report.roles import OVERHEAD_PREFIX, overhead_role
@@ -432,12 +433,28 @@ def role_rows(report: Report, *, overheads: bool = True) -> list[dict[str, Any]]
     return rows
 
 
+@dataclass(slots=True)
+class _Sums:
+    """A group's node figures, each added in record order from 0 as `sum` adds, and its records."""
+
+    time_s: float = 0  # untimed nodes add 0.0
+    flops: int = 0
+    bytes: int = 0
+    records: list[NodeRecord] = field(default_factory=list)
+
+    def add(self, r: NodeRecord) -> None:
+        self.time_s += r.time_s or 0.0
+        c = r.cost
+        if c is not None:
+            self.flops += c.flops
+            self.bytes += c.bytes
+        self.records.append(r)
+
+
 def representative_layer(report: Report) -> list[dict[str, Any]]:
     """One decoder layer, every role in it: the median layer's time (FLOPs, bytes) per role,
     and the spread across layers (min, max). Rows in the layer's node order."""
-    # per role, its layers in first-seen order: [time, FLOPs, bytes, records], each sum added in
-    # record order from 0 as sum() adds
-    per: dict[str, dict[int, list[Any]]] = {}
+    per: dict[str, dict[int, _Sums]] = {}  # per role, its layers in first-seen order
     timed_roles: set[str] = set()
     seen_layers: set[int] = set()
     for r in report.nodes:
@@ -448,34 +465,28 @@ def representative_layer(report: Report) -> list[dict[str, Any]]:
         by_layer = per.get(role)
         if by_layer is None:
             by_layer = per[role] = {}
-        acc = by_layer.get(layer)
-        if acc is None:
-            acc = by_layer[layer] = [0, 0, 0, []]
+        sums = by_layer.get(layer)
+        if sums is None:
+            sums = by_layer[layer] = _Sums()
             seen_layers.add(layer)
-        t = r.time_s
-        acc[0] += t or 0.0
-        if t is not None:
+        sums.add(r)
+        if r.time_s is not None:
             timed_roles.add(role)
-        c = r.cost
-        if c is not None:
-            acc[1] += c.flops
-            acc[2] += c.bytes
-        acc[3].append(r)
     layers = sorted(seen_layers)
-    none = (0, 0, 0, ())  # a layer without the role
+    none = _Sums()  # a layer without the role
     rows = []
     for role, by_layer in per.items():
         layer_sums = [by_layer.get(i, none) for i in layers]
-        times = [x[0] for x in layer_sums]
+        times = [x.time_s for x in layer_sums]
         timed = role in timed_roles
-        flops = [x[1] for x in layer_sums]
-        nbytes = [x[2] for x in layer_sums]
-        bound, _ = _bound_of([x for acc in by_layer.values() for x in acc[3]])
+        flops = [x.flops for x in layer_sums]
+        nbytes = [x.bytes for x in layer_sums]
+        bound, _ = _bound_of([x for sums in by_layer.values() for x in sums.records])
         rows.append(
             {
                 "role": role,
                 "layers": len(by_layer),
-                "nodes_per_layer": round(sum(len(acc[3]) for acc in by_layer.values()) / len(by_layer)),
+                "nodes_per_layer": round(sum(len(sums.records) for sums in by_layer.values()) / len(by_layer)),
                 "time_s": statistics.median(times) if timed else None,
                 "min_time_s": min(times) if timed else None,
                 "max_time_s": max(times) if timed else None,
@@ -504,20 +515,16 @@ def layer_runs(report: Report) -> list[dict[str, Any]]:
     ``flops``, ``bytes``, ``time_s`` (None when untimed); the outside-block nodes are the
     row with ``first`` None.
     """
-    totals: dict[int | None, list[float]] = {}
+    totals: dict[int | None, _Sums] = {}
     timed = report.has_times
     for r in report.nodes:
-        t = totals.get(r.layer)
-        if t is None:
-            t = totals[r.layer] = [0, 0, 0.0]
-        c = r.cost
-        if c is not None:
-            t[0] += c.flops
-            t[1] += c.bytes
-        t[2] += r.time_s or 0.0
+        sums = totals.get(r.layer)
+        if sums is None:
+            sums = totals[r.layer] = _Sums()
+        sums.add(r)
     rows: list[dict[str, Any]] = []
     for layer in sorted(k for k in totals if k is not None):
-        flops, nbytes, time_s = totals[layer]
+        flops, nbytes, time_s = totals[layer].flops, totals[layer].bytes, totals[layer].time_s
         last = rows[-1] if rows else None
         if (
             last is not None
@@ -531,7 +538,7 @@ def layer_runs(report: Report) -> list[dict[str, Any]]:
             continue
         rows.append(_run_of_one(layer, flops, nbytes, time_s if timed else None))
     if None in totals:
-        flops, nbytes, time_s = totals[None]
+        flops, nbytes, time_s = totals[None].flops, totals[None].bytes, totals[None].time_s
         rows.append(_run_of_one(None, flops, nbytes, time_s if timed else None))
     for r in rows:
         if r["first"] is None:
