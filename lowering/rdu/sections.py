@@ -188,14 +188,13 @@ def form_sections(
     train = meta.graph_mode(ctx.graph) == "train"
     body, optimizer = body_and_optimizer(ctx.graph)
     out: list[Section] = []
-    root = ctx.graph.model_root if opt_level == "O1" else ""
-    modules: dict[str, str] = {}  # the module of each scope ('': none recorded): a scope holds ~3 nodes
+    modules = _Modules(ctx.graph.model_root) if opt_level == "O1" else None  # only O1 cuts at modules
     chains = [("forward", body)]
     if train:
         chains.append(("backward", [n for n in reversed(body) if demand.cost(n, "backward").flops > 0]))
     for phase, chain in chains:
         cur = Section(phase)
-        key = None
+        key = None  # the module of the current section (O1)
         for group in fusion_groups(ctx, chain, opt_level, cores if phase == "forward" else None):
             pmu = pcu = 0
             for n in group:
@@ -203,32 +202,12 @@ def form_sections(
                 pmu += node_pmu
                 pcu += node_pcu
             need = max(pcu, pmu)
-            has_work = cur.pcus > 0  # a node holds PCUs exactly when it works (`Demand`): cur holds work
-            gkey = None
-            if opt_level == "O1":  # only O1 cuts at modules
-                first = group[0]
-                gkey = modules.get(first.scope)
-                if gkey is None:
-                    gkey = modules[first.scope] = module_of(first.scope, root).module
-                if not gkey:  # no module recorded (no scope, or the wrapper's own): stays in the current one
-                    gkey = key if key is not None else module_key(first, root)
+            gkey = modules.of(group[0], key) if modules is not None else None
             if not pcu:  # no work: rides with the current section
                 cur.nodes.extend(group)
                 continue
-            if opt_level == "O0":
-                split = has_work
-            elif opt_level == "O1":
-                split = has_work and (gkey != key or max(cur.pcus, cur.pmus) + need > chip.capacity)
-            else:
-                split = has_work and max(cur.pcus, cur.pmus) + need > chip.capacity
             last = out[-1] if out and not (cur.pcus or cur.pmus) else None  # cur holds no demand yet
-            if (
-                opt_level not in ("O0", "O1")
-                and last is not None
-                and last.oversized
-                and last.phase == phase
-                and max(last.pcus, last.pmus) + need <= last.parts * chip.capacity
-            ):  # fuses into the room the last part of a tiled group leaves (the loss after the LM head)
+            if opt_level not in ("O0", "O1") and _fits_tiled_room(last, phase, need, chip):
                 last.nodes.extend(cur.nodes + list(group))  # with the work-free nodes waiting in cur
                 cur.nodes.clear()
                 last.pcus += pcu
@@ -237,16 +216,10 @@ def form_sections(
             if opt_level != "O0" and need > chip.capacity:  # bigger than the chip: its own sections
                 if cur.nodes:
                     out.append(cur)
-                parts = math.ceil(need / chip.units)
-                if parts > MAX_PARTS:  # a node millions of chips large: no placement means anything
-                    raise UserError(
-                        f"{group[0].name}: would be cut into {parts:,} sections (more than "
-                        f"{MAX_PARTS:,}); the model is far larger than the chip: use smaller dims"
-                    )
-                out.append(Section(phase, list(group), pcu, pmu, parts, oversized=True))
+                out.append(_tiled(phase, group, pcu, pmu, need, chip))
                 cur, key = Section(phase), None
                 continue
-            if split:
+            if _splits(opt_level, cur, need, chip, new_module=gkey != key):
                 out.append(cur)
                 cur = Section(phase)
             cur.nodes.extend(group)
@@ -259,6 +232,58 @@ def form_sections(
         tensors = len({v for n in optimizer for v in n.inputs if v}) if opt_level == "O0" else 1
         out.append(Section("optimizer", optimizer, 1, 1, max(1, tensors)))
     return out
+
+
+class _Modules:
+    """The module a group belongs to at O1: its first node's module below the model's ``root``
+    (`module_of`), read once per scope (a scope holds ~3 nodes); a node without a recorded module
+    (no scope, or the wrapper's own) stays in the current section's."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.by_scope: dict[str, str] = {}
+
+    def of(self, first: Node, current: str | None) -> str:
+        module = self.by_scope.get(first.scope)
+        if module is None:
+            module = self.by_scope[first.scope] = module_of(first.scope, self.root).module
+        if not module:
+            return current if current is not None else module_key(first, self.root)
+        return module
+
+
+def _splits(opt_level: str, cur: Section, need: int, chip: Chip, *, new_module: bool) -> bool:
+    """Whether a group of ``need`` units starts a new section after ``cur`` (which holds work): at
+    O0 always (one operator a section), at O1 at a new module or when the section would overflow the
+    chip, at O3 when it would overflow."""
+    if cur.pcus == 0:  # a node holds PCUs exactly when it works (`Demand`): nothing to split from
+        return False
+    if opt_level == "O0":
+        return True
+    overflows = max(cur.pcus, cur.pmus) + need > chip.capacity
+    return (new_module or overflows) if opt_level == "O1" else overflows
+
+
+def _fits_tiled_room(last: Section | None, phase: str, need: int, chip: Chip) -> bool:
+    """Whether a group of ``need`` units fuses into the room the last part of a tiled group leaves
+    (the loss after the LM head), ``last`` being the section before an empty current one."""
+    return (
+        last is not None
+        and last.oversized
+        and last.phase == phase
+        and max(last.pcus, last.pmus) + need <= last.parts * chip.capacity
+    )
+
+
+def _tiled(phase: str, group: list[Node], pcu: int, pmu: int, need: int, chip: Chip) -> Section:
+    """A group bigger than the chip: the sections the compiler cuts it into, tiled over every unit."""
+    parts = math.ceil(need / chip.units)
+    if parts > MAX_PARTS:  # a node millions of chips large: no placement means anything
+        raise UserError(
+            f"{group[0].name}: would be cut into {parts:,} sections (more than "
+            f"{MAX_PARTS:,}); the model is far larger than the chip: use smaller dims"
+        )
+    return Section(phase, list(group), pcu, pmu, parts, oversized=True)
 
 
 @dataclass(slots=True)
