@@ -16,11 +16,13 @@ kernel keeps for backward.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering._common import (
+    Block,
     LoweringContext,
     largest_divisor,
     layer_blocks,
@@ -37,77 +39,69 @@ from dabench_ir.plan import Plan, PlanStats, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
-    from dabench_ir.targets import Target
+    from dabench_ir.targets import MemoryLevel, Target
 
-__all__ = ["streaming_plan"]
+__all__ = ["BlockStream", "block_streams", "streaming_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStream:
+    """One block (a decoder layer, or the nodes outside the layers) as weight streaming runs it."""
+
+    block: Block
+    nodes: list[Node]  # its nodes, the optimizer step left out (it runs in MemoryX)
+    work_s: dict[str, float]  # each node's whole-wafer busy seconds per sample (`KernelRates.work_s`)
+    weight_bytes: int
+    stream_bytes: int  # what streams from MemoryX per lane: W in (fwd), W in again (bwd), dW out
+    is_layer: bool
+    checkpoint_bytes: int  # per sample: the block's output, kept on the wafer for the backward
+    working_bytes: int  # per sample: its working set on the wafer
+
+
+@dataclass(frozen=True, slots=True)
+class _Wafer:
+    """The wafer and MemoryX as the streaming plan reads them."""
+
+    pes: int
+    sram: MemoryLevel
+    ext: MemoryLevel
+    usable: float  # the share of SRAM a plan may fill
+
+    @property
+    def sram_bytes(self) -> float:
+        return self.usable * self.sram.capacity_bytes
 
 
 def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, kernels: list[WseKernel]) -> Plan:
-    """The weight-streaming plan; ``kernels``: the graph's (`wse_kernels`), as the pipelined attempt had them."""
-    rates = KernelRates.of(target)
-    pes = target.num_units
+    """The weight-streaming plan; ``kernels``: the graph's (`wse_kernels`), as the pipelined attempt had
+    them. Steps: each block's work and streams, the lane (micro-batch) that fits SRAM, the blocks
+    placed in turn on the whole wafer, the optimizer step in MemoryX, then the fit."""
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
-    sram = target.memory("on-chip")
-    ext = target.memory("off-chip")
-    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
-    pass_s = target.overhead("ws_layer_pass_s")
-    recompute_always = bool(target.arch_value("ws_recompute", 1.0))
+    wafer = _Wafer(
+        target.num_units,
+        target.memory("on-chip"),
+        target.memory("off-chip"),
+        target.arch_value("sram_usable_fraction", needed_by=WHO),
+    )
     training = meta.graph_mode(ctx.graph) == "train"
-    train_state = meta.training_state(ctx.graph)
-    recomputed = train_state is not None and train_state.recompute
-    samples = max(1, sample_count(ctx))
     batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
     if options.replicas not in (None, 1, "auto"):
         plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
-    kernel_of = {n.name: k for k in kernels for n in k.nodes}
-    blocks = [b for b in layer_blocks(ctx.graph) if any(not is_optimizer_step(n) for n in b.nodes)]
+    streams = block_streams(ctx, target, kernels)
+    layers = sum(1 for b in streams if b.is_layer)
+    keep = sum(b.checkpoint_bytes for b in streams if b.is_layer) if training else 0
+    working = max((b.working_bytes for b in streams), default=0)
+    max_w = max((b.weight_bytes for b in streams), default=0)
 
-    # per-sample whole-wafer work, stream bytes and on-wafer bytes of each block
-    info = []
-    for block in blocks:
-        nodes = [n for n in block.nodes if not is_optimizer_step(n)]
-        work = {}
-        for n in nodes:
-            if not ctx.is_work(n) or meta.FOLDED in n.meta:
-                work[n.name] = 0.0
-                continue
-            prec = ctx.node_precision(n)
-            acc = accumulate_dtype(ctx.graph, n)
-            total = ctx.costs[n.name]
-            w = rates.work_s(total, prec, is_data(n), acc)
-            if training and recompute_always and not recomputed:
-                w += rates.work_s(
-                    phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc
-                )  # forward again in backward
-            k = kernel_of.get(n.name)
-            if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
-                w = k.node_work_s.get(n.name, 0.0) * samples
-            work[n.name] = w / samples
-        wbytes = weight_bytes(ctx, nodes)
-        stream = (3 if training else 1) * wbytes  # W in (fwd), W in again (bwd), dW out
-        is_layer = block.key.startswith("layer")
-        boundary = _block_out_bytes(ctx, nodes) // samples
-        working = _working_bytes(ctx, nodes, kernel_of) // samples
-        info.append((block, nodes, work, wbytes, stream, is_layer, boundary, working))
-    layers = sum(1 for i in info if i[5])
-    keep = sum(i[6] for i in info if i[5]) if training else 0
-    working = max((i[7] for i in info), default=0)
-    max_w = max((i[3] for i in info), default=0)
-    budget = usable * sram.capacity_bytes - 2 * max_w  # streamed weights double-buffered
-
-    def need(mb: int) -> float:
+    def need(mb: int) -> float:  # SRAM at lane ``mb``: its checkpoints and working set, weights double-buffered
         return mb * (keep + working) + 2 * max_w
 
-    if options.micro_batches:
-        mb = max(1, batch // options.micro_batches)
-    else:
-        per_sample = keep + working  # need(mb) grows linearly: the largest divisor under the bound fits
-        bound = (usable * sram.capacity_bytes - 2 * max_w) // per_sample if per_sample > 0 else batch
-        mb = largest_divisor(batch, int(max(1, min(batch, bound))))
+    mb = _lane(options, batch, keep + working, wafer.sram_bytes - 2 * max_w)
     n_mb = max(1, math.ceil(batch / mb))
     plan.micro_batches = n_mb
     per_layer = keep / layers if layers else 0
+    budget = wafer.sram_bytes - 2 * max_w  # streamed weights double-buffered
     fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
     plan.stats = PlanStats(mode="streaming", micro_batch=mb, max_layers_at_micro_batch=fits_layers)
     plan.extra.update(
@@ -125,32 +119,109 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
             f"{layers} layer checkpoints on the wafer ({mb * keep / 1e9:.2f} GB), the weights stream once per "
             "lane, the gradients add up in MemoryX, one weight update per batch"
         )
-    sram_ridge = target.ridge_point(ctx.precision, sram)
-    ext_ridge = target.ridge_point(ctx.precision, ext)
-    for block, nodes, work, wbytes, stream, is_layer, _, _ in info:
-        t_c = mb * sum(work.values()) / pes
-        t_s = stream / ext.bandwidth_bytes_per_s
+    _place_blocks(ctx, target, plan, wafer, streams, mb, n_mb)
+    total_w = weight_bytes(ctx)
+    state = weight_state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
+    plan.memory_bytes = {wafer.sram.name: int(need(mb)), wafer.ext.name: int(total_w + state)}
+    plan.traffic_bytes = {wafer.ext.name: int(sum(b.stream_bytes for b in streams) * n_mb)}
+    if training:
+        last_layer = next((b for b in reversed(streams) if b.is_layer), None)
+        lw = last_layer.weight_bytes if last_layer else max_w
+        plan.step_overheads_s["wse_grad_writeback"] = lw / wafer.ext.bandwidth_bytes_per_s
+        plan.step_overheads_s["wse_memoryx_update"] = lw / wafer.ext.bandwidth_bytes_per_s
+        _place_optimizer(ctx, target, plan, wafer)
+    _check_fit(plan, wafer, need, mb, layers, keep, working, max_w, total_w + state)
+    return plan
+
+
+def block_streams(ctx: LoweringContext, target: Target, kernels: list[WseKernel]) -> list[BlockStream]:
+    """Each block's per-sample whole-wafer work, stream bytes and on-wafer bytes. Training recomputes
+    a layer's forward in its backward (``[arch] ws_recompute``) unless the graph already recomputes;
+    the token-table lookup is its kernel's work."""
+    rates = KernelRates.of(target)
+    training = meta.graph_mode(ctx.graph) == "train"
+    train_state = meta.training_state(ctx.graph)
+    recomputed = train_state is not None and train_state.recompute
+    forward_again = training and bool(target.arch_value("ws_recompute", 1.0)) and not recomputed
+    samples = max(1, sample_count(ctx))
+    kernel_of = {n.name: k for k in kernels for n in k.nodes}
+    out = []
+    for block in layer_blocks(ctx.graph):
+        nodes = [n for n in block.nodes if not is_optimizer_step(n)]
+        if not nodes:
+            continue
+        work = {}
+        for n in nodes:
+            if not ctx.is_work(n) or meta.FOLDED in n.meta:
+                work[n.name] = 0.0
+                continue
+            prec = ctx.node_precision(n)
+            acc = accumulate_dtype(ctx.graph, n)
+            w = rates.work_s(ctx.costs[n.name], prec, is_data(n), acc)
+            if forward_again:
+                w += rates.work_s(phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc)
+            k = kernel_of.get(n.name)
+            if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
+                w = k.node_work_s.get(n.name, 0.0) * samples
+            work[n.name] = w / samples
+        wbytes = weight_bytes(ctx, nodes)
+        out.append(
+            BlockStream(
+                block=block,
+                nodes=nodes,
+                work_s=work,
+                weight_bytes=wbytes,
+                stream_bytes=(3 if training else 1) * wbytes,
+                is_layer=block.key.startswith("layer"),
+                checkpoint_bytes=_block_out_bytes(ctx, nodes) // samples,
+                working_bytes=_working_bytes(ctx, nodes, kernel_of) // samples,
+            )
+        )
+    return out
+
+
+def _lane(options: WseOptions, batch: int, per_sample: int, room: float) -> int:
+    """The samples of one lane: the batch over ``--micro-batches``, else the largest divisor of the
+    batch whose ``per_sample`` bytes fit the ``room`` SRAM leaves beside the double-buffered weights
+    (the need grows linearly with the lane)."""
+    if options.micro_batches:
+        return max(1, batch // options.micro_batches)
+    bound = room // per_sample if per_sample > 0 else batch
+    return largest_divisor(batch, int(max(1, min(batch, bound))))
+
+
+def _place_blocks(
+    ctx: LoweringContext, target: Target, plan: Plan, wafer: _Wafer, streams: list[BlockStream], mb: int, n_mb: int
+) -> None:
+    """Each block in turn on the whole wafer, once per lane: a unit held by the stream when its
+    weights take longer to arrive than its work (its nodes then fed from MemoryX), else by the work."""
+    sram_ridge = target.ridge_point(ctx.precision, wafer.sram)
+    ext_ridge = target.ridge_point(ctx.precision, wafer.ext)
+    pass_s = target.overhead("ws_layer_pass_s")
+    for b in streams:
+        t_c = mb * sum(b.work_s.values()) / wafer.pes
+        t_s = b.stream_bytes / wafer.ext.bandwidth_bytes_per_s
         unit = Unit(
-            id=block.key,
+            id=b.block.key,
             kind="wse_layer",
-            nodes=[n.name for n in nodes],
-            stats=UnitStats(pes=float(pes), held_units=float(pes), feed_bytes=float(stream * n_mb)),
+            nodes=[n.name for n in b.nodes],
+            stats=UnitStats(pes=float(wafer.pes), held_units=float(wafer.pes), feed_bytes=float(b.stream_bytes * n_mb)),
             resources={
-                "weight_bytes": float(wbytes),
+                "weight_bytes": float(b.weight_bytes),
                 "stream_s_per_micro_batch": t_s,
                 "compute_s_per_micro_batch": t_c,
             },
             allocation=1.0,
-            gap_before_s=pass_s * n_mb if is_layer else 0.0,
+            gap_before_s=pass_s * n_mb if b.is_layer else 0.0,
             gap_kind="layer_switch",
             min_time_s=t_s * n_mb,
         )
         plan.units.append(unit)
         streamed = t_s > t_c
-        block_weights = max(1, sum(ctx.costs[x.name].weight_bytes for x in nodes))
-        for n in nodes:
+        block_weights = max(1, sum(ctx.costs[x.name].weight_bytes for x in b.nodes))
+        for n in b.nodes:
             cost = ctx.costs[n.name]
-            compute = mb * work[n.name] / pes * n_mb
+            compute = mb * b.work_s[n.name] / wafer.pes * n_mb
             share = cost.weight_bytes / block_weights
             plan.node_plans[n.name] = place_node(
                 ctx,
@@ -158,63 +229,75 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
                 unit=unit.id,
                 compute_s=compute,
                 memory_s=t_s * n_mb * share if streamed else 0.0,
-                feed_level=ext.level if streamed else sram.level,
+                feed_level=wafer.ext.level if streamed else wafer.sram.level,
                 feed_bytes=cost.weight_bytes if streamed else cost.bytes,
                 ridge=ext_ridge if streamed else sram_ridge,
                 allocation=1.0 if ctx.is_work(n) else 0.0,
                 micro_batches=n_mb,
             )
             if streamed:  # the unit's min_time_s holds the stream; nodes carry their compute
-                np_ = plan.node_plans[n.name]
-                np_.per_micro_batch_s = compute / n_mb
-    total_w = weight_bytes(ctx)
-    state = weight_state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
-    plan.memory_bytes = {sram.name: int(need(mb)), ext.name: int(total_w + state)}
-    plan.traffic_bytes = {ext.name: int(sum(i[4] for i in info) * n_mb)}
-    last_layer = next((i for i in reversed(info) if i[5]), None)
-    lw = last_layer[3] if last_layer else max_w
-    if training:
-        plan.step_overheads_s["wse_grad_writeback"] = lw / ext.bandwidth_bytes_per_s
-        plan.step_overheads_s["wse_memoryx_update"] = lw / ext.bandwidth_bytes_per_s
-        for node in ctx.graph.nodes:
-            if is_optimizer_step(node):
-                plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
-                np_ = place_node(
-                    ctx,
-                    node,
-                    unit="memoryx",
-                    compute_s=0.0,
-                    feed_level=ext.level,
-                    feed_bytes=ctx.costs[node.name].bytes,
-                    ridge=ext_ridge,
-                    allocation=0.0,
-                    time_s=0.0,
-                )
-                np_.note = "runs in MemoryX, overlapped with the next layers; its tail is wse_memoryx_update"
-                plan.node_plans[node.name] = np_
-    if need(1) > usable * sram.capacity_bytes:
+                plan.node_plans[n.name].per_micro_batch_s = compute / n_mb
+
+
+def _place_optimizer(ctx: LoweringContext, target: Target, plan: Plan, wafer: _Wafer) -> None:
+    """The optimizer step runs in MemoryX, overlapped with the next layers (its tail is the
+    ``wse_memoryx_update`` row)."""
+    ext_ridge = target.ridge_point(ctx.precision, wafer.ext)
+    for node in ctx.graph.nodes:
+        if not is_optimizer_step(node):
+            continue
+        plan.units.append(Unit(id="memoryx", kind="wse_memoryx", nodes=[node.name], allocation=0.0))
+        np_ = place_node(
+            ctx,
+            node,
+            unit="memoryx",
+            compute_s=0.0,
+            feed_level=wafer.ext.level,
+            feed_bytes=ctx.costs[node.name].bytes,
+            ridge=ext_ridge,
+            allocation=0.0,
+            time_s=0.0,
+        )
+        np_.note = "runs in MemoryX, overlapped with the next layers; its tail is wse_memoryx_update"
+        plan.node_plans[node.name] = np_
+
+
+def _check_fit(
+    plan: Plan,
+    wafer: _Wafer,
+    need: Callable[[int], float],
+    mb: int,
+    layers: int,
+    keep: int,
+    working: int,
+    max_w: int,
+    memoryx_bytes: int,
+) -> None:
+    """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does,
+    or when the weights and optimizer state overflow MemoryX."""
+    sram = wafer.sram
+    if need(1) > wafer.sram_bytes:
         plan.fail(
             f"weight streaming needs {need(1) / 1e9:.2f} GB of wafer SRAM at micro-batch 1 ({layers} layer "
             f"checkpoints of {keep / max(layers, 1) / 1e6:.1f} MB, one layer's working set {working / 1e6:.1f} MB, "
-            f"double-buffered weights {2 * max_w / 1e6:.1f} MB); {usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB "
-            "is usable",
+            f"double-buffered weights {2 * max_w / 1e6:.1f} MB); {wafer.usable:.0%} of "
+            f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
             need(1),
-            usable * sram.capacity_bytes,
+            wafer.sram_bytes,
         )
-    elif need(mb) > usable * sram.capacity_bytes:
+    elif need(mb) > wafer.sram_bytes:
         plan.fail(
             f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
-            f"{usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable (use more --micro-batches)",
+            f"{wafer.usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable (use more --micro-batches)",
             need(mb),
-            usable * sram.capacity_bytes,
+            wafer.sram_bytes,
         )
-    if total_w + state > ext.capacity_bytes:
+    if memoryx_bytes > wafer.ext.capacity_bytes:
         plan.fail(
-            f"weights and optimizer state ({(total_w + state) / 1e9:.1f} GB) exceed {ext.name}",
-            total_w + state,
-            ext.capacity_bytes,
+            f"weights and optimizer state ({memoryx_bytes / 1e9:.1f} GB) exceed {wafer.ext.name}",
+            memoryx_bytes,
+            wafer.ext.capacity_bytes,
         )
-    return plan
 
 
 def _block_out_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
