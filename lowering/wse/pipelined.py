@@ -180,12 +180,10 @@ def _rate(plan: Plan) -> float:
 def _place_pipelined(
     ctx: LoweringContext, target: Target, options: WseOptions, replicas: int, kernels: list[WseKernel]
 ) -> Plan:
-    pes = target.num_units
+    """The pipelined plan: every kernel a region of PEs sized to balance the pipeline (`_size`),
+    ``replicas`` copies on the wafer. Steps: the fit, the regions and their nodes, the I/O and buffer
+    PEs, the step (its period, the drain, the optimizer windows, the overheads), the statistics."""
     sram = target.memory(FEED_LEVEL)
-    ridge = target.ridge_point(ctx.precision, sram)
-    route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
-    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
-    io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
     per_replica = ctx.batch  # every copy runs the graph's batch (dabench_ir.run)
     m = options.micro_batches or per_replica
     plan = ctx.plan(
@@ -193,9 +191,69 @@ def _place_pipelined(
     )
     sizing = _size(ctx, target, options, kernels, replicas)
     assert sizing is not None
+    plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
+    sizes = _fit_regions(target, plan, kernels, sizing, replicas)
+    times = [k.work_s / p + tau for k, p, tau in zip(kernels, sizes, sizing.tau, strict=True)]
+    period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
+    kernel_pes = _place_regions(ctx, target, plan, kernels, sizes, sizing.tau, times, replicas, m)
+    io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
+    # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
+    plan.units.append(
+        Unit(id="io", kind="wse_io", stats=UnitStats(pes=float(io_pes)), allocation=io_pes / target.num_units)
+    )
+    if sizing.buffer_pes:
+        plan.units.append(
+            Unit(
+                id="buffers",
+                kind="wse_buffers",
+                stats=UnitStats(pes=float(sizing.buffer_pes)),
+                resources={"bytes": float(sizing.buffer_bytes * replicas)},
+                allocation=sizing.buffer_pes / target.num_units,
+            )
+        )
+    # synchronous training: a step's update waits for its last sample's gradients, so each step
+    # drains the pipeline, updates, and refills it (`_chain_latency`); each region updates its own
+    # weights in the window between its last backward and the next step's first forward
+    step = period * per_replica
+    chain, before = _chain_latency(kernels, times)
+    training = meta.graph_mode(ctx.graph) == "train"
+    drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
+    drain = max(0.0, chain - period) if drains else 0.0
+    windows = [(k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params]
+    _place_optimizer(ctx, plan, target, windows, sram.level, target.ridge_point(ctx.precision, sram))
+    overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
+    if drain > 0:
+        overheads["wse_fill_drain"] = drain
+    plan.step_overheads_s.update(overheads)
+    rates = [1.0 / t if t > 0 else 0.0 for t in times]
+    pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
+    ceiling = math.inf if transmission is None else transmission
+    for unit in plan.units:  # the compile report's steady states (no per-step costs): compute-limited,
+        if unit.kind == "wse_io":  # and with the input-transmission ceiling applied
+            unit.stats = replace(
+                unit.stats, compute_samples_per_s=pipe_rate, transmission_samples_per_s=min(pipe_rate, ceiling)
+            )
+    plan.stats = PlanStats(
+        mode="pipelined",
+        step_s=step + sum(plan.step_overheads_s.values()),  # the optimizer excess too
+        pipeline_rate_samples_per_s=pipe_rate,
+        transmission_rate_samples_per_s=transmission,
+    )
+    plan.extra.update(
+        _pipelined_extra(target, kernels, sizes, times, period, sizing, replicas, kernel_pes, io_pes, chain)
+    )
+    return plan
+
+
+def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _Sizing, replicas: int) -> list[int]:
+    """Each kernel's region in PEs, failing the plan when the copies' weights, optimizer state and
+    pipeline buffers overflow the usable SRAM, or when the kernels' minimum regions do not fit beside
+    I/O, routing and buffers (then still timed, squeezed in proportion, so a plan that does not fit
+    stays physical)."""
+    sram = target.memory(FEED_LEVEL)
+    usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
     need = (sizing.state_bytes + sizing.buffer_bytes) * replicas
     plan.memory_bytes[sram.name] = need
-    plan.traffic_bytes[sram.name] = sum(c.bytes for c in ctx.costs.values())
     if need > usable * sram.capacity_bytes:
         plan.fail(
             f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
@@ -205,23 +263,40 @@ def _place_pipelined(
             need,
             usable * sram.capacity_bytes,
         )
-    sizes = sizing.pes
-    if sizes is None:
-        plan.fail(
-            f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
-            f"weights and optimizer state), "
-            f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
-            need,
-            usable * sram.capacity_bytes,
-        )
-        # still time it, squeezed in proportion, so a plan that does not fit stays physical
-        squeeze = max(sizing.available, 1) / max(sum(sizing.lo), 1)
-        sizes = [max(1, math.floor(p * squeeze)) for p in sizing.lo]
-    times = [k.work_s / p + tau for k, p, tau in zip(kernels, sizes, sizing.tau, strict=True)]
-    period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
-    rates = [1.0 / t if t > 0 else 0.0 for t in times]
+    if sizing.pes is not None:
+        return sizing.pes
+    plan.fail(
+        f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
+        f"weights and optimizer state), "
+        f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
+        need,
+        usable * sram.capacity_bytes,
+    )
+    squeeze = max(sizing.available, 1) / max(sum(sizing.lo), 1)
+    return [max(1, math.floor(p * squeeze)) for p in sizing.lo]
+
+
+def _place_regions(
+    ctx: LoweringContext,
+    target: Target,
+    plan: Plan,
+    kernels: list[WseKernel],
+    sizes: list[int],
+    taus: list[float],
+    times: list[float],
+    replicas: int,
+    m: int,
+) -> int:
+    """One unit a kernel (its region of ``sizes`` PEs, ``replicas`` copies) and its nodes' plans: a
+    node's compute is its share of the region's W/p + tau per sample, over the copy's batch.
+    Returns the PEs the regions hold."""
+    pes = target.num_units
+    sram = target.memory(FEED_LEVEL)
+    ridge = target.ridge_point(ctx.precision, sram)
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
+    per_replica = ctx.batch
     kernel_pes = 0
-    for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, sizing.tau, times, strict=True)):
+    for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, taus, times, strict=True)):
         busy = k.work_s / p
         width = math.ceil(math.sqrt(p))
         unit = Unit(
@@ -232,7 +307,7 @@ def _place_pipelined(
             resources={
                 "width": float(width),
                 "height": float(math.ceil(p / width)),
-                "rate_samples_per_s": rates[i] * replicas,
+                "rate_samples_per_s": (1.0 / t if t > 0 else 0.0) * replicas,
                 "work_pe_s_per_sample": k.work_s,
                 "row_s_per_sample": tau,
                 "params": float(k.params),
@@ -250,92 +325,65 @@ def _place_pipelined(
             # the per-token fixed time is part of the kernel's execution (its utilisation says
             # how much): a node's compute time is its share of W/p + tau
             compute = (w / p + tau * share) * per_replica
-            over = 0.0
             if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
                 prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
-                if compute + over > prev.compute_s + prev.overhead_s:
-                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, over, (compute + over) / m
+                if compute > prev.compute_s + prev.overhead_s:
+                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, 0.0, compute / m
                 continue
-            cost = ctx.costs[node.name]
             plan.node_plans[node.name] = place_node(
                 ctx,
                 node,
                 unit=unit.id,
                 compute_s=compute,
-                overhead_s=over,
                 feed_level=sram.level,
-                feed_bytes=cost.bytes,
+                feed_bytes=ctx.costs[node.name].bytes,
                 ridge=ridge,
                 allocation=p * replicas / pes,
                 micro_batches=m,
             )
             if not ctx.is_work(node) or k.work_s == 0:
                 plan.node_plans[node.name].per_micro_batch_s = 0.0
-    # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
-    plan.units.append(Unit(id="io", kind="wse_io", stats=UnitStats(pes=float(io_pes)), allocation=io_pes / pes))
-    if sizing.buffer_pes:
-        plan.units.append(
-            Unit(
-                id="buffers",
-                kind="wse_buffers",
-                stats=UnitStats(pes=float(sizing.buffer_pes)),
-                resources={"bytes": float(sizing.buffer_bytes * replicas)},
-                allocation=sizing.buffer_pes / pes,
-            )
-        )
-    # synchronous training: a step's update waits for its last sample's gradients, so each step
-    # drains the pipeline, updates, and refills it (`_chain_latency`); each region updates its own
-    # weights in the window between its last backward and the next step's first forward
-    step = period * per_replica
-    chain, before = _chain_latency(kernels, times)
-    training = meta.graph_mode(ctx.graph) == "train"
-    drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
-    drain = max(0.0, chain - period) if drains else 0.0
-    windows = [(k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params]
-    _place_optimizer(ctx, plan, target, windows, sram.level, ridge)
-    overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
-    if drain > 0:
-        overheads["wse_fill_drain"] = drain
-    plan.step_overheads_s.update(overheads)
-    pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
-    ceiling = math.inf if transmission is None else transmission
-    for unit in plan.units:  # the compile report's steady states (no per-step costs): compute-limited,
-        if unit.kind == "wse_io":  # and with the input-transmission ceiling applied
-            unit.stats = replace(
-                unit.stats, compute_samples_per_s=pipe_rate, transmission_samples_per_s=min(pipe_rate, ceiling)
-            )
+    return kernel_pes
+
+
+def _pipelined_extra(
+    target: Target,
+    kernels: list[WseKernel],
+    sizes: list[int],
+    times: list[float],
+    period: float,
+    sizing: _Sizing,
+    replicas: int,
+    kernel_pes: int,
+    io_pes: int,
+    chain: float,
+) -> dict[str, float]:
+    """The plan's PE accounting (kernels, routing, I/O, buffers), load balance and utilisation."""
+    pes = target.num_units
+    route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
     weighted = sum(p * (t / period) for p, t, k in zip(sizes, times, kernels, strict=True) if k.work_s > 0 and t > 0)
     total_p = sum(p for p, k in zip(sizes, kernels, strict=True) if k.work_s > 0)
     route_pes = sum(sizes) * replicas * route
-    plan.stats = PlanStats(
-        mode="pipelined",
-        step_s=step + sum(plan.step_overheads_s.values()),  # the optimizer excess too
-        pipeline_rate_samples_per_s=pipe_rate,
-        transmission_rate_samples_per_s=transmission,
-    )
-    plan.extra.update(
-        {
-            "pes": pes,
-            "pes_kernels": kernel_pes,
-            "pes_route": route_pes,
-            "pes_io": io_pes,
-            "pes_buffer": sizing.buffer_pes,
-            "pes_placed": kernel_pes,
-            "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
-            "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
-            "compute_utilisation": (
-                sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
-                if period > 0 and total_p
-                else 0.0
-            ),
-            "kernels": len(kernels),
-            "period_s": period,
-            "chain_latency_s": chain,
-            "buffer_bytes": sizing.buffer_bytes * replicas,
-            "state_bytes": sizing.state_bytes * replicas,
-        }
-    )
-    return plan
+    return {
+        "pes": pes,
+        "pes_kernels": kernel_pes,
+        "pes_route": route_pes,
+        "pes_io": io_pes,
+        "pes_buffer": sizing.buffer_pes,
+        "pes_placed": kernel_pes,
+        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
+        "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
+        "compute_utilisation": (
+            sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
+            if period > 0 and total_p
+            else 0.0
+        ),
+        "kernels": len(kernels),
+        "period_s": period,
+        "chain_latency_s": chain,
+        "buffer_bytes": sizing.buffer_bytes * replicas,
+        "state_bytes": sizing.state_bytes * replicas,
+    }
 
 
 def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float, list[float]]:
