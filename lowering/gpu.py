@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -423,15 +423,12 @@ def _group_device_s(
     return total
 
 
-def _host_wait(
-    kernels_of: list[tuple[list[Node], int, int, bool]], device: Mapping[int, float], issue_s: float, micro_batches: int
-) -> float:
+def _host_wait(launches: list[KernelGroup], issue_s: float, micro_batches: int) -> float:
     """Seconds per step the stream idles, its next kernel not yet issued by the host.
 
-    ``kernels_of``: per kernel group, its kernels per run, its runs per step (1: the optimizer,
-    once per step) and whether the host issues it; ``device``: each issued group's device seconds
-    over the step, launches included (0 for a strided view: the host dispatches the op, no kernel
-    runs). The host issues one kernel (or view op) every ``issue_s`` (the framework's host cost per
+    ``launches``: per kernel group, its kernels per run, its runs per step (1: the optimizer, once
+    per step), whether the host issues it and its device seconds over the step, launches included
+    (0 for a strided view: the host dispatches the op, no kernel runs). The host issues one kernel (or view op) every ``issue_s`` (the framework's host cost per
     op, ``overheads.host_issue_s``) and runs ahead of the device as far as it
     can; the device starts kernel i at ``max(end of kernel i-1, when the host issued i)``. A step
     starts with an empty queue (the loop reads the loss back every step, as training loops do), so
@@ -443,15 +440,15 @@ def _host_wait(
     forward: list[float] = []
     backward: list[float] = []
     once: list[float] = []
-    for group, kernels, runs, work in kernels_of:
-        if not work:
+    for g in launches:
+        if not g.issued:
             continue
-        each = device[id(group)] / (runs * kernels)
-        if any(is_optimizer_step(n) for n in group):
-            once += [each] * kernels
+        each = g.device_s / (g.runs * g.kernels)
+        if any(is_optimizer_step(n) for n in g.nodes):
+            once += [each] * g.kernels
             continue
         forward.append(each)
-        backward += [each] * (kernels - 1)
+        backward += [each] * (g.kernels - 1)
     wait = host = end = 0.0
 
     def issue(kernels: list[float]) -> None:
@@ -633,26 +630,12 @@ def stream_plan(
     the peak of live activations fit the feed memory."""
     times = times or {}
     m = max(1, int(getattr(options, "micro_batches", None) or 1))
-    offload = getattr(options, "optimizer_state", "auto") == "offchip"
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, naming the ones the target has
     mem = target.feed_memory
     # a streaming kernel sustains only part of the datasheet bandwidth (DRAM refresh, row switches,
     # read/write turnarounds): measured copy and STREAM rates, ``arch.memory_efficiency``
     bw = mem.bandwidth_bytes_per_s * target.arch_value("memory_efficiency", 1.0)
-    # a decode attention kernel of a thread block per query head loads a GQA cache once per query
-    # head, at the rate such a kernel loads; a block per K/V head (--decode-attention per-kv-head) loads it once
-    load_rate = target.arch_value(DECODE_ATTENTION_LOAD, 0.0)
-    rereads = cache_rereads(ctx)
-    if getattr(options, "decode_attention", None) == "per-kv-head":
-        if not rereads:
-            raise UserError(
-                "--decode-attention per-kv-head: the graph has no decode attention over a grouped-query KV "
-                "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
-                "--phase decode); drop it"
-            )
-        rereads = {}
-    if load_rate <= 0:  # a target without the figure reads the cache from HBM once
-        rereads = {}
+    rereads, load_rate = _decode_rereads(ctx, target, options)
 
     def memory(node: Node, runs: int) -> float:
         return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), load_rate)
@@ -668,37 +651,21 @@ def stream_plan(
     matmul_eff = target.arch_value("matmul_efficiency", 1.0)
     compute = _compute_times(ctx, target, matmul_eff, fused_eff.value if fused_eff is not None else None)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
+    views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
+    launches = _launches(ctx, groups if groups is not None else kernel_groups(ctx, fuse), views, m)
+    for g in launches:
+        if g.issued and not g.views_only:
+            g.device_s = _group_device_s(ctx, g.nodes, compute, memory, m, views) + g.runs * g.kernels * launch
     weighted_alloc = total_t = 0.0
     traffic = 0
-    cores: set[object] = set()
-    views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
-    kernels_of: list[tuple[list[Node], int, int, bool]] = []  # group, kernels, runs, issued by the host
-    host_only: set[int] = set()  # groups of views alone: the host dispatches them, nothing runs
-    for group in groups if groups is not None else kernel_groups(ctx, fuse):
-        kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
-        work = [n for n in group if ctx.is_work(n) and n.name not in views]
-        viewed = [n for n in group if n.name in views]
-        if viewed and not work:  # the framework still dispatches the view (and its autograd backward)
-            kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
-            host_only.add(id(group))
-        runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
-        kernels_of.append((group, kernels, runs, bool(work or viewed)))
-    device = {
-        id(g): 0.0
-        if id(g) in host_only
-        else _group_device_s(ctx, g, compute, memory, m, views) + runs * kernels * launch
-        for g, kernels, runs, issued in kernels_of
-        if issued
-    }
-    issue = target.overhead("host_issue_s")
-    for group, kernels, runs, _ in kernels_of:
+    for g in launches:
         launched = False
-        for node in group:
+        for node in g.nodes:
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             view = node.name in views
             work = ctx.is_work(node) and not view
-            overhead = runs * kernels * launch if work and not launched else 0.0
+            overhead = g.runs * g.kernels * launch if work and not launched else 0.0
             launched = launched or work
             if grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
@@ -711,7 +678,7 @@ def stream_plan(
                 node,
                 unit=unit.id,
                 compute_s=compute_s,
-                memory_s=0.0 if view else memory(node, runs),
+                memory_s=0.0 if view else memory(node, g.runs),
                 overhead_s=overhead,
                 feed_level=fed.level,
                 feed_bytes=0 if view else cost.bytes,
@@ -729,23 +696,85 @@ def stream_plan(
                 np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
             if view:
                 np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
-            elif node.name in rereads and np_.memory_s > _memory_s(cost, runs, bw):
+            elif node.name in rereads and np_.memory_s > _memory_s(cost, g.runs, bw):
                 np_.note = "load-bound: the decode attention kernel loads the K/V cache once per query head"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
             traffic += 0 if view else cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
-    wait = _host_wait(kernels_of, device, issue, m) if issue > 0 else 0.0
+    issue = target.overhead("host_issue_s")
+    wait = _host_wait(launches, issue, m) if issue > 0 else 0.0
     if wait > 0:  # the stream idles, its next kernel not yet issued: a step cost no node owns
         plan.step_overheads_s[HOST_ISSUE] = wait
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
+    plan.traffic_bytes[mem.name] = traffic
+    _fit_device_memory(ctx, target, options, plan, m)
+    return plan
+
+
+@dataclass(slots=True)
+class KernelGroup:
+    """One kernel group of the stream as it is launched: its nodes, the kernels one run launches (its
+    backward kernels too in training), its runs a step (1: the optimizer, once per step), whether the
+    host issues it (it works or views), whether it is strided views alone (dispatched, nothing runs),
+    and its device seconds over the step, launches included (`stream_plan` fills them)."""
+
+    nodes: list[Node]
+    kernels: int
+    runs: int
+    issued: bool
+    views_only: bool = False
+    device_s: float = 0.0
+
+
+def _launches(ctx: LoweringContext, groups: Iterable[list[Node]], views: set[str], m: int) -> list[KernelGroup]:
+    """The kernel groups as the stream launches them (`KernelGroup`)."""
+    cores: set[object] = set()
+    out = []
+    for group in groups:
+        kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
+        work = [n for n in group if ctx.is_work(n) and n.name not in views]
+        viewed = [n for n in group if n.name in views]
+        views_only = bool(viewed) and not work
+        if views_only:  # the framework still dispatches the view (and its autograd backward)
+            kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
+        runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
+        out.append(KernelGroup(group, kernels, runs, bool(work or viewed), views_only))
+    return out
+
+
+def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptions) -> tuple[dict[str, int], float]:
+    """The decode attention nodes that load a GQA cache once per query head, with their rereads
+    (`cache_rereads`), and the rate such a kernel loads at (``arch.decode_attention_load_bytes_per_s``):
+    none for ``--decode-attention per-kv-head`` (a block per K/V head loads it once; refused without
+    such attention) or on a target without the figure (the cache is read from HBM once)."""
+    load_rate = target.arch_value(DECODE_ATTENTION_LOAD, 0.0)
+    rereads = cache_rereads(ctx)
+    if getattr(options, "decode_attention", None) == "per-kv-head":
+        if not rereads:
+            raise UserError(
+                "--decode-attention per-kv-head: the graph has no decode attention over a grouped-query KV "
+                "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
+                "--phase decode); drop it"
+            )
+        rereads = {}
+    if load_rate <= 0:
+        rereads = {}
+    return rereads, load_rate
+
+
+def _fit_device_memory(ctx: LoweringContext, target: Target, options: LoweringOptions, plan: Plan, m: int) -> None:
+    """What the device holds (`device_memory`: weights, training state, live activations; the
+    optimizer state on the host with ``--optimizer-state offchip``), and the failure when it
+    exceeds the feed memory."""
+    mem = target.feed_memory
+    offload = getattr(options, "optimizer_state", "auto") == "offchip"
     parts = device_memory(ctx, micro_batches=m, offload=offload)
     resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
     if parts["host"]:
         plan.memory_bytes["host"] = parts["host"]
     state = training_state(ctx)
-    plan.traffic_bytes[mem.name] = traffic
     if resident > mem.capacity_bytes:
         plan.fail(
             f"weights{', training state' if state.total else ''} and live activations need "
@@ -754,4 +783,3 @@ def stream_plan(
             resident,
             mem.capacity_bytes,
         )
-    return plan

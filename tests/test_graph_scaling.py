@@ -15,22 +15,22 @@ from pathlib import Path
 import pytest
 
 from dabench_ir.ir import Node
-from dabench_ir.lowering.gpu import _host_wait
+from dabench_ir.lowering.gpu import KernelGroup, _host_wait
 from dabench_ir.passes.training import OPTIMIZER_OP
 
 
-def _looped(kernels_of, device, issue_s, micro_batches):
+def _looped(launches, issue_s, micro_batches):
     """The host wait as it was: every kernel of every micro-batch issued in turn."""
     forward, backward, once = [], [], []
-    for group, kernels, runs, work in kernels_of:
-        if not work:
+    for g in launches:
+        if not g.issued:
             continue
-        each = device[id(group)] / (runs * kernels)
-        if group and group[0].op_type == OPTIMIZER_OP[1]:
-            once += [each] * kernels
+        each = g.device_s / (g.runs * g.kernels)
+        if g.nodes and g.nodes[0].op_type == OPTIMIZER_OP[1]:
+            once += [each] * g.kernels
             continue
         forward.append(each)
-        backward += [each] * (kernels - 1)
+        backward += [each] * (g.kernels - 1)
     wait = host = end = 0.0
     for each in (forward + backward[::-1]) * micro_batches + once:
         host += issue_s
@@ -44,25 +44,23 @@ def _looped(kernels_of, device, issue_s, micro_batches):
 def _stream(rng, groups, m):
     """Kernel groups with device times in 1/64 s steps (so every sum is exact in floating point),
     an optimizer group last."""
-    kernels_of, device = [], {}
+    launches = []
     for _ in range(groups):
-        group = [Node("n", "MatMul")]
         kernels, work = rng.choice([1, 3]), rng.random() > 0.1
-        kernels_of.append((group, kernels, m, work))
-        device[id(group)] = rng.randrange(0, 64) / 64 * m * kernels
+        device_s = rng.randrange(0, 64) / 64 * m * kernels
+        launches.append(KernelGroup([Node("n", "MatMul")], kernels, m, work, device_s=device_s))
     optimizer = [Node("adam", OPTIMIZER_OP[1], domain=OPTIMIZER_OP[0])]
-    kernels_of.append((optimizer, 1, 1, True))
-    device[id(optimizer)] = 5 / 64
-    return kernels_of, device
+    launches.append(KernelGroup(optimizer, 1, 1, True, device_s=5 / 64))
+    return launches
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_host_wait_in_closed_form_equals_the_loop(seed):
     rng = random.Random(seed)
     m = rng.choice([1, 2, 3, 7, 64])
-    kernels_of, device = _stream(rng, rng.randrange(0, 12), m)
+    launches = _stream(rng, rng.randrange(0, 12), m)
     issue_s = rng.randrange(1, 64) / 64  # host-bound, device-bound and in between
-    assert _host_wait(kernels_of, device, issue_s, m) == _looped(kernels_of, device, issue_s, m)
+    assert _host_wait(launches, issue_s, m) == _looped(launches, issue_s, m)
 
 
 def test_host_wait_by_example():
@@ -70,11 +68,12 @@ def test_host_wait_by_example():
     turn); the host issues one per 1/2 s. The first micro-batch waits 1/2 s for the first kernel
     and 1/4 s after it; each further one 1/4 s before each of its first two (the 1/2 s kernels keep
     the queue full); 4096 micro-batches run in closed form."""
-    a, b = [Node("a", "MatMul")], [Node("b", "MatMul")]
-    kernels_of = [(a, 2, 1, True), (b, 2, 1, True)]
-    device = {id(a): 0.5, id(b): 1.0}
-    assert _host_wait(kernels_of, device, 0.5, 1) == 0.75
-    assert _host_wait(kernels_of, device, 0.5, 4096) == _looped(kernels_of, device, 0.5, 4096) == 0.75 + 4095 * 0.5
+    launches = [
+        KernelGroup([Node("a", "MatMul")], 2, 1, True, device_s=0.5),
+        KernelGroup([Node("b", "MatMul")], 2, 1, True, device_s=1.0),
+    ]
+    assert _host_wait(launches, 0.5, 1) == 0.75
+    assert _host_wait(launches, 0.5, 4096) == _looped(launches, 0.5, 4096) == 0.75 + 4095 * 0.5
 
 
 # -- work per node and per micro-batch, counted (not timed: the count is the same on any machine) ---
