@@ -8,7 +8,8 @@ is the lowering's (timeline, else plan), never computed a second time here.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
@@ -38,19 +39,76 @@ def build_report(
     metrics: Any = None,
     measurement: Any = None,
 ) -> Report:
-    """Gather graph costs, and timeline/metrics/measurements when present, into a Report of ``run``."""
-    opts = run.options
+    """Gather graph costs, and timeline/metrics/measurements when present, into a Report of ``run``:
+    a record per node (`_node_rows`), the step's totals (`_totals`), the metrics (`_metrics`), the
+    plan's units (`_units`) and what the report says besides (`_extra`)."""
     target = run.target if plan is not None else None
-    model_path = run.model
-    records: list[NodeRecord] = []
-    unattributed: list[dict[str, Any]] = []
-    estimated: list[NodeRecord] = []
-    costs: list[Cost] = []  # the records' costs, for the totals
+    busy = timeline.busy_times() if timeline is not None else {}
+    rows = _node_rows(graph, plan, timeline, busy, metrics, measurement)
+    samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
+    totals = _totals(rows, plan, timeline, measurement, samples)
+    if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
+        _add_energy(graph, plan, timeline, target, rows.records, totals, samples, metrics, busy)
+    return Report(
+        model={
+            "path": run.model or graph.path,
+            "name": graph.name,
+            "nodes": len(graph.nodes),
+            "params": graph.num_params,
+            "constants": _constant_elements(graph),
+            "layers": len(graph.layers),
+            "family": graph.metadata.get(MODEL_FAMILY),
+            "preset": graph.metadata.get(MODEL_PRESET) or None,
+        },
+        target=None if target is None else {"name": target.name, "kind": target.kind},
+        config=_config(graph, run, plan, samples, placed=target is not None),
+        nodes=rows.records,
+        unattributed=rows.unattributed,
+        totals=totals,
+        metrics=_metrics(rows.records, plan, timeline, metrics, measurement, target),
+        units=_units(plan, timeline),
+        fits=True if plan is None else bool(plan.fits),
+        failure=plan.failure.to_dict() if plan is not None and plan.failure is not None else None,
+        flop_convention=FLOP_CONVENTION,
+        extra=_extra(rows.estimated, measurement),
+        graph=graph,
+        timeline=timeline,
+        target_obj=target,
+        options=run.options,
+        run=run,
+        plan=plan,
+        measured_timeline=(
+            measurement.timeline
+            if measurement is not None
+            and timeline is not None
+            and timeline is not getattr(measurement, "timeline", None)
+            else None
+        ),
+    )
+
+
+@dataclass(slots=True)
+class _NodeRows:
+    """A report's node records in graph order, with the rows of its unattributed nodes, its estimated
+    records and the costs the totals add (the costed records')."""
+
+    records: list[NodeRecord] = field(default_factory=list)
+    unattributed: list[dict[str, Any]] = field(default_factory=list)
+    estimated: list[NodeRecord] = field(default_factory=list)
+    costs: list[Cost] = field(default_factory=list)
+
+
+def _node_rows(
+    graph: Graph, plan: Any, timeline: Timeline | None, busy: Mapping[str, float], metrics: Any, measurement: Any
+) -> _NodeRows:
+    """One record per node: its cost, intensity (at its feed level where the metrics have it), role,
+    and where it ran and for how long (its busy time: a pipelined node runs once per micro-batch and
+    waits between runs), its measured time when measured."""
+    rows = _NodeRows()
     node_intensity = dict(getattr(metrics, "node_intensity", {}) or {})
     feed_bytes = metrics.node_feed_bytes if node_intensity else {}
     roles = node_roles(graph)
     timings = timeline.nodes if timeline is not None else {}
-    busy = timeline.busy_times() if timeline is not None else {}
     node_plans = plan.node_plans if plan is not None else {}
     for node in graph.nodes:
         cost = None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
@@ -72,43 +130,45 @@ def build_report(
             feed_bytes=feed,
         )
         t = timings.get(node.name)
-        if t is not None:  # busy time, not the first-start-to-last-end span: a pipelined node runs once
-            # per micro-batch and waits between runs
+        if t is not None:
             record.time_s, record.start_s, record.unit = busy[node.name], t.start, t.unit
             bound = t.bound if t.bound is not None else getattr(node_plans.get(node.name), "bound", None)
             record.bound = _text(bound)  # the timeline's bound, else the plan's
         if measurement is not None:
             _add_measured(record, measurement)
         if meta.ESTIMATED in node.meta:
-            estimated.append(record)
+            rows.estimated.append(record)
         if cost is None:
             reason = node.meta.get(meta.UNATTRIBUTED, "not costed")
             row = {"name": node.name, "op_type": record.op_type, "reason": reason}
             counted = node.meta.get(meta.COST)  # work counted but owned by no node (MLIR ops without an origin)
             if counted is not None:
                 row.update(flops=counted.flops, bytes=counted.bytes)
-            unattributed.append(row)
+            rows.unattributed.append(row)
         else:
-            costs.append(cost)
-        records.append(record)
+            rows.costs.append(cost)
+        rows.records.append(record)
+    return rows
 
-    total = _total(costs)
-    samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
+
+def _totals(rows: _NodeRows, plan: Any, timeline: Timeline | None, measurement: Any, samples: int) -> dict[str, Any]:
+    """The step's totals: FLOPs and bytes, its time and basis, throughput (none for a plan that does
+    not fit), the overheads no node owns and the estimated nodes' share."""
+    total = _total(rows.costs)
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s
     fits = plan is None or plan.fits  # a point that does not fit gets no throughput, GOP/s or GOP/s/W
-    throughput = samples / time_s if time_s and fits else None
     totals: dict[str, Any] = {
         "flops": total.flops,
         "bytes": total.bytes,
         "time_s": time_s,
-        "throughput_samples_per_s": throughput,
+        "throughput_samples_per_s": samples / time_s if time_s and fits else None,
         "achieved_flops_per_s": total.flops / time_s if time_s and fits else None,
         **total.as_dict(),
         "intensity": total.intensity,
-        "nodes": len(records),
-        "unattributed_nodes": len(unattributed),
+        "nodes": len(rows.records),
+        "unattributed_nodes": len(rows.unattributed),
         # step costs no node owns (reconfiguration, stalls, host time, fill/drain, collectives)
         "overhead_s": sum((timeline.overheads_s or {}).values()) if timeline is not None else None,
         # time_s is the steady-state step (a period where consecutive steps overlap); latency_s is one
@@ -122,47 +182,59 @@ def build_report(
             if timeline is not None and timeline.pipelined
             else "one step"
         ),
-        **_estimated_totals(estimated, records),
+        **_estimated_totals(rows.estimated, rows.records),
     }
     if measurement is not None:
         totals["measured_time_s"] = measurement.run_time_s
-    if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
-        _add_energy(graph, plan, timeline, target, records, totals, samples, metrics, busy)
-    metric_dict: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
+    return totals
+
+
+def _metrics(
+    records: list[NodeRecord], plan: Any, timeline: Timeline | None, metrics: Any, measurement: Any, target: Any
+) -> dict[str, Any]:
+    """The Level-1 metrics, the target's power, and for an emulated run that was also measured the
+    prediction error (each record's predicted time is then its emulated one)."""
+    out: dict[str, Any] = {"allocation_ratio": None, "load_imbalance": None, "compute_efficiency": None}
     if metrics is not None:
-        metric_dict.update(metrics.to_dict())
+        out.update(metrics.to_dict())
     if target is not None:
-        metric_dict["target_power_w"] = float(target.watts) * max(1, int(getattr(plan, "chips", 1) or 1))
+        out["target_power_w"] = float(target.watts) * max(1, int(getattr(plan, "chips", 1) or 1))
     if measurement is not None and timeline is not None and timeline.source == "emulated":
         from dabench_ir.metrics import prediction_error
 
         predicted = {r.name: r.time_s for r in records if r.time_s is not None}
         for r in records:
             r.predicted_time_s = r.time_s
-        metric_dict["prediction_error"] = prediction_error(
+        out["prediction_error"] = prediction_error(
             predicted,
             measurement.node_times,
             spread=measurement.node_spread or None,
             predicted_step_s=timeline.step_time_s,
             measured_step_s=measurement.run_time_s,
         )
-    units = []
-    if plan is not None:
-        busy = timeline.unit_busy_s if timeline is not None else {}
-        for unit in plan.units:
-            units.append(
-                {
-                    "id": unit.id,
-                    "kind": unit.kind,
-                    "nodes": list(unit.nodes),
-                    "allocation": getattr(unit, "allocation", None),
-                    "time_s": busy.get(unit.id),
-                    "resources": unit.report_resources(),  # the lowering's detail and its UnitStats
-                }
-            )
-    fits = True if plan is None else bool(plan.fits)
-    failure = plan.failure.to_dict() if plan is not None and plan.failure is not None else None
-    config = _config(graph, run, plan, samples, placed=target is not None)
+    return out
+
+
+def _units(plan: Any, timeline: Timeline | None) -> list[dict[str, Any]]:
+    """The plan's units, each with its nodes, allocation, busy time and resources."""
+    if plan is None:
+        return []
+    busy = timeline.unit_busy_s if timeline is not None else {}
+    return [
+        {
+            "id": unit.id,
+            "kind": unit.kind,
+            "nodes": list(unit.nodes),
+            "allocation": getattr(unit, "allocation", None),
+            "time_s": busy.get(unit.id),
+            "resources": unit.report_resources(),  # the lowering's detail and its UnitStats
+        }
+        for unit in plan.units
+    ]
+
+
+def _extra(estimated: list[NodeRecord], measurement: Any) -> dict[str, Any]:
+    """The estimated nodes (each with why) and the measurement's settings."""
     extra: dict[str, Any] = {}
     if estimated:
         extra["estimated"] = [
@@ -179,42 +251,7 @@ def build_report(
             "overheads_s": dict(getattr(measurement, "overheads_s", {}) or {}),
             "fused": measurement.fused,
         }
-    return Report(
-        model={
-            "path": model_path or graph.path,
-            "name": graph.name,
-            "nodes": len(graph.nodes),
-            "params": graph.num_params,
-            "constants": _constant_elements(graph),
-            "layers": len(graph.layers),
-            "family": graph.metadata.get(MODEL_FAMILY),
-            "preset": graph.metadata.get(MODEL_PRESET) or None,
-        },
-        target=None if target is None else {"name": target.name, "kind": target.kind},
-        config=config,
-        nodes=records,
-        unattributed=unattributed,
-        totals=totals,
-        metrics=metric_dict,
-        units=units,
-        fits=fits,
-        failure=failure,
-        flop_convention=FLOP_CONVENTION,
-        extra=extra,
-        graph=graph,
-        timeline=timeline,
-        target_obj=target,
-        options=opts,
-        run=run,
-        plan=plan,
-        measured_timeline=(
-            measurement.timeline
-            if measurement is not None
-            and timeline is not None
-            and timeline is not getattr(measurement, "timeline", None)
-            else None
-        ),
-    )
+    return extra
 
 
 _COST_FIELDS = operator.attrgetter(*COST_FIELDS)
