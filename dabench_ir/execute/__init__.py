@@ -188,107 +188,24 @@ def measure(
         provider=provider_name,
     )
 
-    node_times: dict[str, float] = {}
-    missing: dict[str, str] = {}
-    fused: dict[str, list[str]] = {}
-    ort_ops: dict[str, str] = {}
-    unmatched: dict[str, float] = {}
-    known = {n.name for n in graph.nodes}
-
-    notes: dict[str, str] = {}
-    spread: dict[str, float] = {}
-    if ort_opt and profile.optimized is not None:
-        fmap = map_fused(prepared.model, profile.optimized)
-        predicted, basis = _predicted_times(graph, target)
-        kernel_s: dict[str, float] = {}  # mapped ORT node -> its time plus that of the inserted nodes working for it
-        kernel_ops: dict[str, list[str]] = {}
-        for ort_name, t in profile.node_times.items():
-            owner = ort_name if ort_name in fmap.members else fmap.joined.get(ort_name)
-            if owner is None:
-                unmatched[ort_name] = t
-            else:
-                kernel_s[owner] = kernel_s.get(owner, 0.0) + t
-                kernel_ops.setdefault(owner, []).append(profile.op_types.get(ort_name, "?"))
-        for ort_name, t in kernel_s.items():
-            members = fmap.members[ort_name]
-            op = "+".join(kernel_ops.get(ort_name) or [profile.op_types.get(ort_name, "?")])
-            for member in members:
-                ort_ops[member] = op
-                spread[member] = profile.node_spread.get(ort_name, 0.0)
-            if len(members) == 1:
-                node_times[members[0]] = node_times.get(members[0], 0.0) + t
-                if members[0] != ort_name:
-                    notes[members[0]] = f"measured as onnxruntime's {ort_name!r} ({op})"
-                continue
-            fused[ort_name] = members
-            weights = [max(predicted.get(m, 0.0), 0.0) for m in members]
-            total = sum(weights)
-            shares = [w / total for w in weights] if total > 0 else [1 / len(members)] * len(members)
-            for member, share in zip(members, shares, strict=True):
-                node_times[member] = node_times.get(member, 0.0) + t * share
-                notes[member] = (
-                    f"measured: {100 * share:.0f}% of onnxruntime's fused kernel {ort_name!r} ({op}, "
-                    f"{t * 1e6:.1f} us), split over its {len(members)} source nodes by predicted share ({basis})"
-                )
-        for name in fmap.folded:
-            missing.setdefault(name, "constant-folded by onnxruntime graph optimisation (no kernel runs)")
-        for name in fmap.removed:
-            missing.setdefault(name, "removed by onnxruntime graph optimisation (no kernel runs)")
-    else:
-        for ort_name, t in profile.node_times.items():
-            if ort_name in known:
-                node_times[ort_name] = t
-                spread[ort_name] = profile.node_spread.get(ort_name, 0.0)
-                ort_ops[ort_name] = profile.op_types.get(ort_name, "")
-                if profile.kernels.get(ort_name):
-                    notes[ort_name] = "measured: its CUDA kernels " + ", ".join(profile.kernels[ort_name])
-            else:
-                unmatched[ort_name] = t
-
-    for node in graph.nodes:
-        if node.name in node_times or node.name in missing:
-            continue
-        if node.op_type == "Constant":
-            missing[node.name] = "Constant: onnxruntime turns it into an initializer at load (no kernel runs)"
-        elif node.meta.get(meta.SUBGRAPH):
-            missing[node.name] = "control flow with subgraphs: its kernels are not joined back"
-        else:
-            missing[node.name] = "no kernel event from onnxruntime for this node"
-    for name, t in unmatched.items():
+    joined = (
+        _join_fused(graph, prepared.model, profile, target)
+        if ort_opt and profile.optimized is not None
+        else _join_nodes(graph, profile)
+    )
+    _mark_missing(graph, joined)
+    for name, t in joined.unmatched.items():
         logger.debug(
             "onnxruntime node %s (%s) matches no graph node: %.1f us", name, profile.op_types.get(name, "?"), t * 1e6
         )
-
-    rates = _rates(graph, node_times, target)
+    rates = _rates(graph, joined.node_times, target)
     unit = "cpu" if provider_name == "CPUExecutionProvider" else provider_name.removesuffix("ExecutionProvider").lower()
-    timings: list[NodeTiming] = []
-    cursor = 0.0
-    for node in graph.nodes:
-        t = node_times.get(node.name)
-        if t is None:
-            continue
-        rate = rates.get(node.name)
-        timings.append(NodeTiming(node.name, unit, cursor, cursor + t, rate.bound if rate else None))
-        cursor += t
-    # warm-median basis: step = sum of the per-node medians + onnxruntime-only kernels + the median
-    # of each run's time outside its kernels (profile.run_time_s is exactly that sum)
-    overheads = {}
-    if unmatched:
-        overheads["onnxruntime_only_nodes"] = sum(unmatched.values())
-    if profile.unmatched_kernels:  # each kept under its own label in `Measurement.unmatched`
-        unmatched.update(profile.unmatched_kernels)
-        overheads["cuda_kernels_without_node"] = sum(profile.unmatched_kernels.values())
-    if profile.overhead_s > 0:
-        overheads["session"] = profile.overhead_s
-    samples = graph.batch_under({**graph.bindings, **(dims or {})}) or 1  # the graph's batch, as emulated
-    timeline = Timeline.from_timings(
-        timings, step_time_s=profile.run_time_s, samples_per_step=samples, source="measured", overheads_s=overheads
-    )
+    timeline, overheads = _measured_timeline(graph, joined, rates, unit, profile, dims)
     return Measurement(
         timeline=timeline,
-        node_times=node_times,
-        missing=missing,
-        fused=fused,
+        node_times=joined.node_times,
+        missing=joined.missing,
+        fused=joined.fused,
         threads=threads,
         provider=provider_name,
         run_time_s=profile.run_time_s,
@@ -296,18 +213,144 @@ def measure(
         repeat=len(profile.run_times_s) if repeat == "auto" else repeat,
         ort_opt=ort_opt,
         ort_version=ort.__version__,
-        ort_ops=ort_ops,
-        unmatched=unmatched,
+        ort_ops=joined.ort_ops,
+        unmatched=joined.unmatched,
         rates=rates,
         synthesized=prepared.synthesized,
-        notes=notes,
+        notes=joined.notes,
         overheads_s=overheads,
         run_median_s=profile.run_median_s,
         kernel_total_s=sum(profile.node_times.values()),
-        node_spread=spread,
+        node_spread=joined.spread,
         run_spread=profile.run_spread,
         repeat_auto=repeat == "auto",
     )
+
+
+@dataclass
+class _Joined:
+    """onnxruntime's profile joined back to the graph's nodes: each node's measured seconds, spread,
+    onnxruntime op and note; the nodes with no kernel (and why); the fused kernels (ORT node ->
+    its source nodes); the ORT nodes and kernels that match no graph node, with their seconds."""
+
+    node_times: dict[str, float] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)
+    ort_ops: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    fused: dict[str, list[str]] = field(default_factory=dict)
+    unmatched: dict[str, float] = field(default_factory=dict)
+
+
+def _join_nodes(graph: Graph, profile: Any) -> _Joined:
+    """A profile of the model as written (no onnxruntime graph optimisation): ORT nodes are the
+    graph's, by name."""
+    joined = _Joined()
+    known = {n.name for n in graph.nodes}
+    for ort_name, t in profile.node_times.items():
+        if ort_name not in known:
+            joined.unmatched[ort_name] = t
+            continue
+        joined.node_times[ort_name] = t
+        joined.spread[ort_name] = profile.node_spread.get(ort_name, 0.0)
+        joined.ort_ops[ort_name] = profile.op_types.get(ort_name, "")
+        if profile.kernels.get(ort_name):
+            joined.notes[ort_name] = "measured: its CUDA kernels " + ", ".join(profile.kernels[ort_name])
+    return joined
+
+
+def _join_fused(graph: Graph, model: onnx.ModelProto, profile: Any, target: Any) -> _Joined:
+    """A profile of onnxruntime's optimised graph: each ORT kernel (with the nodes onnxruntime
+    inserted to work for it) is mapped to its source nodes (`map_fused`); a fused kernel's time is
+    split over its members by their predicted shares; folded and removed nodes are named."""
+    joined = _Joined()
+    fmap = map_fused(model, profile.optimized)
+    predicted, basis = _predicted_times(graph, target)
+    kernel_s: dict[str, float] = {}  # mapped ORT node -> its time plus that of the inserted nodes working for it
+    kernel_ops: dict[str, list[str]] = {}
+    for ort_name, t in profile.node_times.items():
+        owner = ort_name if ort_name in fmap.members else fmap.joined.get(ort_name)
+        if owner is None:
+            joined.unmatched[ort_name] = t
+        else:
+            kernel_s[owner] = kernel_s.get(owner, 0.0) + t
+            kernel_ops.setdefault(owner, []).append(profile.op_types.get(ort_name, "?"))
+    node_times, notes = joined.node_times, joined.notes
+    for ort_name, t in kernel_s.items():
+        members = fmap.members[ort_name]
+        op = "+".join(kernel_ops.get(ort_name) or [profile.op_types.get(ort_name, "?")])
+        for member in members:
+            joined.ort_ops[member] = op
+            joined.spread[member] = profile.node_spread.get(ort_name, 0.0)
+        if len(members) == 1:
+            node_times[members[0]] = node_times.get(members[0], 0.0) + t
+            if members[0] != ort_name:
+                notes[members[0]] = f"measured as onnxruntime's {ort_name!r} ({op})"
+            continue
+        joined.fused[ort_name] = members
+        weights = [max(predicted.get(m, 0.0), 0.0) for m in members]
+        total = sum(weights)
+        shares = [w / total for w in weights] if total > 0 else [1 / len(members)] * len(members)
+        for member, share in zip(members, shares, strict=True):
+            node_times[member] = node_times.get(member, 0.0) + t * share
+            notes[member] = (
+                f"measured: {100 * share:.0f}% of onnxruntime's fused kernel {ort_name!r} ({op}, "
+                f"{t * 1e6:.1f} us), split over its {len(members)} source nodes by predicted share ({basis})"
+            )
+    for name in fmap.folded:
+        joined.missing.setdefault(name, "constant-folded by onnxruntime graph optimisation (no kernel runs)")
+    for name in fmap.removed:
+        joined.missing.setdefault(name, "removed by onnxruntime graph optimisation (no kernel runs)")
+    return joined
+
+
+def _mark_missing(graph: Graph, joined: _Joined) -> None:
+    """Why each node without a measured time has none."""
+    for node in graph.nodes:
+        if node.name in joined.node_times or node.name in joined.missing:
+            continue
+        if node.op_type == "Constant":
+            joined.missing[node.name] = "Constant: onnxruntime turns it into an initializer at load (no kernel runs)"
+        elif node.meta.get(meta.SUBGRAPH):
+            joined.missing[node.name] = "control flow with subgraphs: its kernels are not joined back"
+        else:
+            joined.missing[node.name] = "no kernel event from onnxruntime for this node"
+
+
+def _measured_timeline(
+    graph: Graph,
+    joined: _Joined,
+    rates: Mapping[str, Any],
+    unit: str,
+    profile: Any,
+    dims: Mapping[str, int] | None,
+) -> tuple[Timeline, dict[str, float]]:
+    """The measured nodes back to back in graph order, and the step's time no node owns. Warm-median
+    basis: the step is the sum of the per-node medians, the onnxruntime-only kernels and the median of
+    each run's time outside its kernels (``profile.run_time_s`` is exactly that sum). The CUDA
+    kernels that match no node join ``joined.unmatched``, each under its own label."""
+    timings: list[NodeTiming] = []
+    cursor = 0.0
+    for node in graph.nodes:
+        t = joined.node_times.get(node.name)
+        if t is None:
+            continue
+        rate = rates.get(node.name)
+        timings.append(NodeTiming(node.name, unit, cursor, cursor + t, rate.bound if rate else None))
+        cursor += t
+    overheads = {}
+    if joined.unmatched:
+        overheads["onnxruntime_only_nodes"] = sum(joined.unmatched.values())
+    if profile.unmatched_kernels:
+        joined.unmatched.update(profile.unmatched_kernels)
+        overheads["cuda_kernels_without_node"] = sum(profile.unmatched_kernels.values())
+    if profile.overhead_s > 0:
+        overheads["session"] = profile.overhead_s
+    samples = graph.batch_under({**graph.bindings, **(dims or {})}) or 1  # the graph's batch, as emulated
+    timeline = Timeline.from_timings(
+        timings, step_time_s=profile.run_time_s, samples_per_step=samples, source="measured", overheads_s=overheads
+    )
+    return timeline, overheads
 
 
 def _predicted_times(graph: Graph, target: Any) -> tuple[dict[str, float], str]:
