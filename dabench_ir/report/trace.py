@@ -25,7 +25,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dabench_ir.ir import Graph
 from dabench_ir.report.model import json_text
@@ -176,6 +176,18 @@ def _unit_group(unit_id: str, kind: str | None, nodes: list[str], graph: Graph, 
     return f"{target} {kind or 'unit'}".strip(), unit_id
 
 
+class _Slice(NamedTuple):
+    """One node run drawn on a track: its process and group (the track), the node, when it ran and
+    the slice's args."""
+
+    process: str
+    group: str
+    name: str
+    start: float
+    end: float
+    args: dict[str, Any]
+
+
 def chrome_trace_events(
     timeline: Timeline,
     graph: Graph,
@@ -202,7 +214,7 @@ def chrome_trace_events(
     # at once: drawing every run would take a track per region). Each slice's args give the
     # node's run count and busy time, so nothing is lost.
     ordered = sorted(timeline.nodes.items(), key=lambda kv: (kv[1].start, kv[0]))
-    later: list[tuple[str, str, str, float, float, dict[str, Any]]] = []
+    later: list[_Slice] = []  # later micro-batches' runs, drawn after every first run
     for name, timing in ordered:
         kind = kinds.get(timing.unit) or ("cpu" if timeline.source == "measured" else None)
         process, group = _unit_group(timing.unit, kind, members.get(timing.unit, []), graph, target)
@@ -224,11 +236,10 @@ def chrome_trace_events(
             elif m == 0:
                 tracks.add(process, group, name, start, end, slice_args, cat=args.get("op_type", "node"))
             else:
-                later.append((process, group, name, start, end, slice_args))
-    for process, group, name, start, end, slice_args in sorted(later, key=lambda x: x[3]):
-        if not tracks.add(
-            process, group, name, start, end, slice_args, cat=slice_args.get("op_type", "node"), cap=_MAX_SUBTRACKS
-        ):
+                later.append(_Slice(process, group, name, start, end, slice_args))
+    for run in sorted(later, key=lambda run: run.start):
+        cat = run.args.get("op_type", "node")
+        if not tracks.add(run.process, run.group, run.name, run.start, run.end, run.args, cat=cat, cap=_MAX_SUBTRACKS):
             skipped += 1
     if plan is not None:  # sequential units (RDU sections, streamed layers): their spans on a track of their own
         for u in plan.units:

@@ -21,7 +21,7 @@ from dabench_ir.ir import Cost
 from .pipelines import Pipeline
 from .provenance import Provenance
 
-__all__ = ["MLIR_BASELINE", "agreement", "mlir_runs"]
+__all__ = ["MLIR_BASELINE", "MlirRun", "agreement", "mlir_runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,20 @@ def conservation(counts0: Sequence[Any], counts1: Sequence[Any]) -> dict[str, An
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class MlirRun:
+    """One MLIR pipeline placed on one target: the baseline's report and the pipeline's (as dicts),
+    where each transformed op came from, and the run's ``mlir`` record (passes, steps, node rows,
+    conservation)."""
+
+    pipeline: Pipeline
+    target: str | None
+    before: dict[str, Any]
+    after: dict[str, Any]
+    provenance: Provenance
+    record: dict[str, Any]
+
+
 def mlir_runs(
     model: str,
     pipes: Sequence[Pipeline],
@@ -143,11 +157,11 @@ def mlir_runs(
     out: Path | None,
     save: Callable[[Any, str, str | None], None],
     say: Callable[[str], None],
-) -> tuple[list[tuple[Pipeline, str | None, dict, dict, Provenance, dict]], dict[str, dict]]:
+) -> tuple[list[MlirRun], dict[str, dict]]:
     """Place the MLIR baseline and each MLIR pipeline on each target.
 
-    Returns (pipeline, target, baseline report, report, provenance, the run's ``mlir`` record)
-    per run, and per pipeline the per-ONNX-node costs before and after (for `agreement`)."""
+    Returns one `MlirRun` per pipeline and target, and per pipeline the per-ONNX-node costs before
+    and after (for `agreement`)."""
     from dabench_ir.mlir import MLIR_ARTIFACT, count_module, run_mlir_pipeline, split_by_nodes, unit_graph, unit_names
     from dabench_ir.pipeline import load_for_run, profile_graph
 
@@ -211,7 +225,7 @@ def mlir_runs(
                 rep = place(module, counts1, names1, path1, t)
                 rep.extra["provenance"] = prov.to_dict()
                 save(rep, pipe.name, t)
-                runs.append((pipe, t, baseline[t], rep.to_dict(), prov, doc))
+                runs.append(MlirRun(pipe, t, baseline[t], rep.to_dict(), prov, doc))
     return runs, per_node
 
 

@@ -129,9 +129,9 @@ def run_study(
         from .mlir import mlir_runs
 
         placed_mlir, per_node = mlir_runs(str(model), mlir_pipes, tlist, opts, out=out, save=save, say=say)
-        for _pipe, _t, before, after, prov, record in placed_mlir:
-            run = {**study_run(before, after, prov), "mlir": record}
-            lost = record["conservation"]["problem"]
+        for placed in placed_mlir:
+            run = {**study_run(placed.before, placed.after, placed.provenance), "mlir": placed.record}
+            lost = placed.record["conservation"]["problem"]
             if lost:  # the figures compare what the instrument lost, not what the passes changed
                 run["totals"].update(dict.fromkeys(("speedup_total", "speedup_nodes", "speedup_overheads")))
                 run["warnings"].append(f"no speedup: {lost}")
