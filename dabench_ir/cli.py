@@ -17,6 +17,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from dabench_ir import __version__, gcpolicy
 from dabench_ir.errors import UserError
@@ -42,7 +43,11 @@ _COMMANDS = (
 
 
 class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so usage errors follow our exit-code rules."""
+    """argparse that raises instead of exiting, so usage errors follow our exit-code rules, and takes
+    no abbreviated flag: ``--layers 1`` to ``profile`` was read as ``--layers-per-ipu 1``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message}")

@@ -524,6 +524,16 @@ def test_help_shows_one_spelling_per_flag():
     assert "smoke" in helps["sweep"]  # the bundled specs, listed
 
 
+def test_an_abbreviated_flag_is_refused_not_completed(capsys):
+    """argparse completes a unique prefix by default: ``profile --layers 1`` ran as
+    ``--layers-per-ipu 1`` on an IPU. A flag is taken only as written."""
+    code, out, err = run_cli(capsys, "profile", "gpt2-small", "-t", "bow", "--layers", "1")
+    assert code == 2 and out == ""
+    assert err.strip() == "dabench-ir: error: profile has no --layers; it is a flag of export"
+    code, _, err = run_cli(capsys, "profile", "gpt2-small", "-t", "bow", "--micro", "2")
+    assert code == 2 and "unrecognized arguments: --micro 2" in err
+
+
 def test_every_flag_of_every_command_says_what_it_does():
     """`--help` explains each flag; a flag declared without help shows as a bare name (scale's --target
     and --quiet, profile's --no-color and the --scaling rule were)."""

@@ -172,8 +172,7 @@ def ensure_node_table(
             f"measuring {len(todo)} node shapes this host has not timed yet (the cpu target predicts from them; "
             f"once per shape, cached in {table_path}; at most {budget_s:.0f} s)"
         )
-    ready: list[tuple[str, str, Any, Any]] = []  # signature, op, hot and flushed one-node models
-    samples: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]]] = {}
+    ready: list[_Bench] = []  # the signatures timed once, in pass order
     probe = SpeedProbe(threads)
     pass_start = time.perf_counter()
     for sig, names, _est in todo:  # pass 1: every signature once, most expensive first, within the budget
@@ -192,40 +191,38 @@ def ensure_node_table(
             result.skipped[sig] = str(exc)
             continue
         per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
+        bench = _Bench(sig, onnx_node.op_type, hot, cold)
         try:
-            speed = probe.time()
-            samples[sig] = (
-                [_time_node(*hot, threads=threads, max_s=per_s)],
-                [_time_node(*cold, threads=threads, max_s=per_s)],
-                [speed],
-            )
+            bench.speeds.append(probe.time())
+            bench.hots.append(_time_node(*hot, threads=threads, max_s=per_s))
+            bench.colds.append(_time_node(*cold, threads=threads, max_s=per_s))
         except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
             result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
             continue
-        ready.append((sig, onnx_node.op_type, hot, cold))
+        ready.append(bench)
     one_pass = time.perf_counter() - pass_start
     for _ in range(_PASSES - 1):  # later passes, while the budget holds a whole one: the machine's speed drifts
         if not ready or time.perf_counter() - start + one_pass > budget_s:
             break
-        for sig, _op, hot, cold in ready:
-            _another_pass(samples[sig], probe, hot, cold, threads)
+        for bench in ready:
+            bench.another_pass(probe, threads)
     quiet = min([*probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
     for _ in range(_PASSES):  # nodes with no quiet pass yet: again, while the budget lasts
-        busy = [r for r in ready if min(samples[r[0]][2]) > _BUSY * quiet]
+        busy = [b for b in ready if min(b.speeds) > _BUSY * quiet]
         if not busy:
             break
-        for sig, _op, hot, cold in busy:
+        for bench in busy:
             if time.perf_counter() - start >= budget_s:
                 break
-            _another_pass(samples[sig], probe, hot, cold, threads)
+            bench.another_pass(probe, threads)
         quiet = min([quiet, *probe.readings])
-    for sig, op, _hot, _cold in ready:
-        rec, rec_cold = combine_passes(*samples[sig], quiet=quiet)
-        rec["op"] = op
+    for bench in ready:
+        rec, rec_cold = combine_passes(bench.hots, bench.colds, bench.speeds, quiet=quiet)
+        rec["op"] = bench.op
         rec["cold_s"] = rec_cold["time_s"]
         rec["cold_spread"] = rec_cold["spread"]
-        table[sig] = rec
-        result.measured[sig] = rec
+        table[bench.signature] = rec
+        result.measured[bench.signature] = rec
     if result.measured:
         _write_table(table_path, table, threads, probe_s=quiet)
     result.seconds = time.perf_counter() - start
@@ -440,27 +437,32 @@ def _static_type(graph: Graph, name: str) -> tuple[tuple[int, ...], int]:
     return tuple(int(d) for d in ttype.shape), ttype.dtype.onnx_code  # type: ignore[arg-type]
 
 
-def _another_pass(
-    sample: tuple[list[dict[str, Any]], list[dict[str, Any]], list[float]],
-    probe: SpeedProbe,
-    hot: tuple[onnx.ModelProto, dict[str, Any]],
-    cold: tuple[onnx.ModelProto, dict[str, Any]],
-    threads: int,
-) -> None:
-    """One more pass of a node already timed once: the probe, then its hot and flushed timings,
-    appended together (a pass onnxruntime fails is left out; the first one stands)."""
-    speed = probe.time()
-    try:
-        pair = (
-            _time_node(*hot, threads=threads, max_s=_PER_NODE_S),
-            _time_node(*cold, threads=threads, max_s=_PER_NODE_S),
-        )
-    except Exception as exc:  # onnxruntime's own exception types; the node has its first pass
-        logger.debug("node benchmark pass dropped: %s", exc)
-        return
-    sample[0].append(pair[0])
-    sample[1].append(pair[1])
-    sample[2].append(speed)
+@dataclass(slots=True)
+class _Bench:
+    """One node signature being timed: its op, its hot and flushed one-node models (model, feeds),
+    and per pass its hot and flushed `_time_node` records and the speed probe's reading before them."""
+
+    signature: str
+    op: str
+    hot: tuple[onnx.ModelProto, dict[str, Any]]
+    cold: tuple[onnx.ModelProto, dict[str, Any]]
+    hots: list[dict[str, Any]] = field(default_factory=list)
+    colds: list[dict[str, Any]] = field(default_factory=list)
+    speeds: list[float] = field(default_factory=list)
+
+    def another_pass(self, probe: SpeedProbe, threads: int) -> None:
+        """One more pass of a node already timed once: the probe, then its hot and flushed timings,
+        appended together (a pass onnxruntime fails is left out; the first one stands)."""
+        speed = probe.time()
+        try:
+            hot = _time_node(*self.hot, threads=threads, max_s=_PER_NODE_S)
+            cold = _time_node(*self.cold, threads=threads, max_s=_PER_NODE_S)
+        except Exception as exc:  # onnxruntime's own exception types; the node has its first pass
+            logger.debug("node benchmark pass dropped: %s", exc)
+            return
+        self.hots.append(hot)
+        self.colds.append(cold)
+        self.speeds.append(speed)
 
 
 def combine_passes(

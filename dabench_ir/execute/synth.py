@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError, UserError
 from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES
@@ -98,13 +98,12 @@ def prepare_model(
     base = (path.parent if path is not None else Path.cwd()).resolve()
 
     # Plan first (shapes, bytes), allocate only once the total is known to fit.
-    plan: list[tuple[str, str, int, tuple[int, ...]]] = []  # (name, why, onnx dtype, shape)
+    plan: list[_Synthesised] = []
     for vi in g.input:
         if vi.name in init_names:
             continue
-        shape = _shape_of(vi, bindings)
         why = "weight (shape-only graph input)" if vi.name in weight_inputs else "input"
-        plan.append((vi.name, why, vi.type.tensor_type.elem_type, shape))
+        plan.append(_Synthesised(vi.name, why, vi.type.tensor_type.elem_type, _shape_of(vi, bindings)))
     for init in g.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             _check_external(init, base)
@@ -112,7 +111,7 @@ def prepare_model(
             init.data_location = onnx.TensorProto.DEFAULT
             del init.external_data[:]
 
-    needed = sum(math.prod(shape) * _itemsize(dtype) for _, _, dtype, shape in plan)
+    needed = sum(math.prod(t.shape) * _itemsize(t.dtype) for t in plan)
     if needed > max_weight_bytes:
         raise UserError(
             f"running the model needs {needed:,} bytes of synthesised inputs and weights, above the "
@@ -122,12 +121,12 @@ def prepare_model(
     bounds = _index_bounds(model, graph, bindings)
     prepared = Prepared(model=model, feeds={}, synthesized_bytes=needed)
     new_inits: list[onnx.TensorProto] = []
-    for name, why, dtype, shape in plan:
-        prepared.synthesized[name] = why
-        if why == "input":
-            prepared.feeds[name] = _input_array(name, dtype, shape, bounds.get(name), rng)
+    for t in plan:
+        prepared.synthesized[t.name] = t.why
+        if t.why == "input":
+            prepared.feeds[t.name] = _input_array(t.name, t.dtype, t.shape, bounds.get(t.name), rng)
         else:
-            tensor = onnx.TensorProto(name=name, data_type=dtype, dims=list(shape))
+            tensor = onnx.TensorProto(name=t.name, data_type=t.dtype, dims=list(t.shape))
             _fill_initializer(tensor, rng)
             new_inits.append(tensor)
     if new_inits:
@@ -141,6 +140,16 @@ def prepare_model(
 
 
 # -- helpers --------------------------------------------------------------------------
+class _Synthesised(NamedTuple):
+    """A graph input the run synthesises: its name, why (an input, or a weight the file holds no
+    data for), its ONNX element type and its shape with the run's bindings."""
+
+    name: str
+    why: str
+    dtype: int
+    shape: tuple[int, ...]
+
+
 def _weight_inputs(model: onnx.ModelProto, graph: Graph | None) -> set[str]:
     names: set[str] = set()
     for prop in model.metadata_props:
