@@ -155,14 +155,14 @@ def test_the_demo_headlines_the_cross_validated_error_validate_prints():
     fitted to: asked through both users, the same number."""
     from types import SimpleNamespace
 
-    from dabench_ir.commands.demo import _validation_errors
+    from dabench_ir.commands.demo import _validation_figures
     from dabench_ir.targets import load_target
     from dabench_ir.validate import load_catalog, run_validation
     from dabench_ir.validate.crossval import cross_validate
 
     validation = run_validation(load_catalog(), target="sn30")
     cv = cross_validate(validation).targets["sn30"].stats()
-    errors = _validation_errors({"rdu": SimpleNamespace(target_obj=load_target("sn30"))}, lambda _m: None)["rdu"]
+    errors = _validation_figures({"rdu": SimpleNamespace(target_obj=load_target("sn30"))}, lambda _m: None)["rdu"]
     assert errors.cross_validated == cv["median_abs_error"] and errors.compared == cv["compared"] > 0
     assert errors.all_points == validation.summary()["sn30"]["median_abs_error"]
     assert errors.cross_validated != errors.all_points  # two figures, not one shown twice

@@ -217,7 +217,7 @@ VALIDATION_NOTE = (
 )
 
 
-def _validation_errors(stems: dict[str, Any], say: Any) -> dict[str, ValidationFigures | None]:
+def _validation_figures(stems: dict[str, Any], say: Any) -> dict[str, ValidationFigures | None]:
     """Each emulated target's `ValidationFigures`; the one place the demo reads the validation module."""
     from dabench_ir.validate import load_catalog
     from dabench_ir.validate.crossval import validate_points
@@ -318,7 +318,7 @@ def run_demo(
             explain(report)
         result.reports[stem] = report
     if validation and result.reports:
-        result.validation, result.validation_note = _validation_errors(result.reports, say), VALIDATION_NOTE
+        result.validation, result.validation_note = _validation_figures(result.reports, say), VALIDATION_NOTE
     for stem, report in result.reports.items():
         errors = result.validation.get(stem)
         if errors is not None:

@@ -33,6 +33,7 @@ from dabench_ir.passes.precision import accumulate_dtype
 from dabench_ir.passes.training import FORWARD_COST, is_loss, is_optimizer_step, token_table
 
 if TYPE_CHECKING:
+    from dabench_ir.ir import Graph
     from dabench_ir.targets import Target
 
 __all__ = ["KERNEL_CLASSES", "KernelRates", "WseKernel", "wse_kernels"]
@@ -164,36 +165,18 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
     """
     graph = ctx.graph
     table, vocab = token_table(graph)
-    kernels: list[WseKernel] = []
-    by_key: dict[str, WseKernel] = {}
-    owner: dict[str, WseKernel] = {}  # value -> kernel that produced it
-    open_attn: dict[str, int] = {}  # attention kernel key -> act x act matmuls seen (no scopes)
-    after_head = False
+    cut = _Cut()
     training = meta.graph_mode(graph) == "train"
-    deferred: list[Node] = []
     producer = {out: node for node in graph.nodes for out in node.outputs if out}
-    latest = _LatestAttention(graph, producer, owner)
-    held_by: dict[str, WseKernel] = {}  # node -> the first kernel (in order) holding it
+    latest = _LatestAttention(graph, producer, cut.owner)
     activations = ctx.activations
     root = graph.model_root  # a list that holds the model (``models.0``) is no decoder block
-
-    def add_to(key: str, cls: str, node: Node, direction: str = "") -> None:
-        k = by_key.get(key)
-        if k is None:
-            k = by_key[key] = WseKernel(cls, key, direction=direction)
-            kernels.append(k)
-        k.nodes.append(node)
-        held_by.setdefault(node.name, k)
-        for out in node.outputs:
-            if out:
-                owner[out] = k
-
     for node in graph.nodes:
         if is_optimizer_step(node):
             continue
         module = module_of(node.scope, root)  # its decoder block, and the module it is in there
         prefix, rest = module.block, module.rest
-        inputs_from = [owner[v] for v in node.inputs if v in owner]
+        inputs_from = [cut.owner[v] for v in node.inputs if v in cut.owner]
         bookkeeping = ctx.is_shape(node) or meta.FOLDED in node.meta or not ctx.is_work(node)
         acts = [v for v in node.inputs if v in activations]
         op_class = node.meta.get(meta.OP_CLASS)
@@ -204,47 +187,44 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         layer = str(node.layer) if node.layer is not None else prefix
         # 1. attention by scope
         if prefix and module.kind == "attention":
-            add_to(f"{prefix}.attention", "attention", node)
+            cut.add(f"{prefix}.attention", "attention", node)
             continue
         if bookkeeping:
             if inputs_from:
-                add_to(inputs_from[-1].key, inputs_from[-1].cls, node)
+                cut.add(inputs_from[-1].key, inputs_from[-1].cls, node)
             else:  # a weight's folded layout or a constant: placed with the kernel that reads it
-                deferred.append(node)
+                cut.deferred.append(node)
             continue
         if is_contraction and weighted:
             out = shape_of(ctx, node.outputs[0]) if node.outputs else None
             if vocab and out and out[-1] == vocab:
-                add_to("emb_fc", "emb_fc", node)
-                after_head = True
+                cut.add("emb_fc", "emb_fc", node)
+                cut.after_head = True
             else:
-                add_to(node.scope or node.name, "fc", node)
+                cut.add(node.scope or node.name, "fc", node)
             continue
         if node.op_type == "Gather" and vocab and node.inputs and node.inputs[0] == table:
-            add_to("emb_fc", "emb_fc", node)
+            cut.add("emb_fc", "emb_fc", node)
             continue
         if is_contraction and len(acts) >= 2 and not weighted:  # act x act: attention without scopes
-            key = next((k for k, n in open_attn.items() if n < 2 and by_key[k] in inputs_from), None)
-            key = key or f"attention.{layer or len(kernels)}.{len(open_attn)}"
-            open_attn[key] = open_attn.get(key, 0) + 1
-            add_to(key, "attention", node)
+            cut.add(cut.open_attention(inputs_from, layer), "attention", node)
             continue
-        open_into = next((k for k in inputs_from if k.key in open_attn and open_attn[k.key] < 2), None)
+        open_into = next((k for k in inputs_from if cut.attention_open(k.key)), None)
         if open_into is not None and not weighted and not _is_norm(node):
-            add_to(open_into.key, "attention", node)
+            cut.add(open_into.key, "attention", node)
             continue
         if _is_norm(node) or (rest and module_kind(rest[-1]) == "norm"):
-            add_to(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
+            cut.add(node.scope if rest else f"norm.{node.name}", "layer_norm", node)
             continue
         tail = rest[-1].lower() if rest else ""
         if traits_of(node).nonlinear or tail in ("act", "activation", "gelu"):
-            add_to(node.scope if tail in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
+            cut.add(node.scope if tail in ("act", "activation") else f"nlin.{node.name}", "nlin", node)
             continue
         if is_loss(node) or (
-            after_head
+            cut.after_head
             and (traits_of(node).loss or Role.SOFTMAX in traits_of(node).roles or "loss" in node.scope.lower())
         ):
-            add_to("mlm_loss", "mlm_loss", node)
+            cut.add("mlm_loss", "mlm_loss", node)
             continue
         if node.op_type in ("Add", "Sum") and len(acts) >= 2 and not weighted:
             shapes = {shape_of(ctx, v) for v in acts}
@@ -253,34 +233,80 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
                 for key, direction in (
                     ((f"{node.name}.fwd", "fwd"), (f"{node.name}.bwd", "bwd")) if training else ((node.name, ""),)
                 ):
-                    add_to(key, "add", node, direction)
-                    by_key[key].skip_bytes = skip
+                    cut.add(key, "add", node, direction).skip_bytes = skip
                 continue
         # fuse an elementwise op onto the kernel whose output only it reads
         if fuse_elementwise and ctx.is_elementwise(node) and inputs_from:
             prev = inputs_from[-1]
-            produced = [v for v in node.inputs if owner.get(v) is prev]
+            produced = [v for v in node.inputs if cut.owner.get(v) is prev]
             if produced and all(len(graph.consumers.get(v, [])) == 1 for v in produced) and prev.direction == "":
-                add_to(prev.key, prev.cls, node)
+                cut.add(prev.key, prev.cls, node)
                 continue
         cls = "data" if is_data(node) else "vector"
-        add_to(node.scope + "/" + node.name if node.scope else node.name, cls, node)
-    for node in deferred:
-        readers = [owner[out] for out in node.outputs if out in owner]
-        readers += [  # the first reader's kernel (a map: a scan of every kernel per reader was quadratic)
-            held_by[n.name]
-            for c in (graph.consumers.get(out, []) for out in node.outputs if out)
-            for n in c
-            if n.name in held_by
-        ][:1]
-        if not readers and not kernels:
-            add_to(node.name, "data", node)
-            continue
-        home = readers[0] if readers else kernels[0]
-        home.nodes.append(node)
-        held_by.setdefault(node.name, home)
-    _measure(ctx, kernels, vocab, KernelRates.of(target))
-    return kernels
+        cut.add(node.scope + "/" + node.name if node.scope else node.name, cls, node)
+    cut.place_deferred(graph)
+    _measure(ctx, cut.kernels, vocab, KernelRates.of(target))
+    return cut.kernels
+
+
+class _Cut:
+    """The kernels cut so far, in order, and who holds what: each value's producing kernel
+    (``owner``), each node's first kernel (``held_by``), the attention kernels opened without scopes
+    with the act x act matmuls each has seen, the nodes waiting for a reader (``deferred``), and
+    whether the LM head has been cut (what follows it is the loss)."""
+
+    def __init__(self) -> None:
+        self.kernels: list[WseKernel] = []
+        self.by_key: dict[str, WseKernel] = {}
+        self.owner: dict[str, WseKernel] = {}
+        self.held_by: dict[str, WseKernel] = {}
+        self.open_attn: dict[str, int] = {}
+        self.deferred: list[Node] = []
+        self.after_head = False
+
+    def add(self, key: str, cls: str, node: Node, direction: str = "") -> WseKernel:
+        """``node`` into the kernel ``key`` (opened as a ``cls`` kernel if new); returns the kernel."""
+        k = self.by_key.get(key)
+        if k is None:
+            k = self.by_key[key] = WseKernel(cls, key, direction=direction)
+            self.kernels.append(k)
+        k.nodes.append(node)
+        self.held_by.setdefault(node.name, k)
+        for out in node.outputs:
+            if out:
+                self.owner[out] = k
+        return k
+
+    def attention_open(self, key: str) -> bool:
+        """Whether ``key`` is an attention kernel opened without scopes that has not yet seen its
+        second act x act matmul."""
+        return key in self.open_attn and self.open_attn[key] < 2
+
+    def open_attention(self, inputs_from: list[WseKernel], layer: str | None) -> str:
+        """The attention kernel an act x act matmul joins: the open one it reads from, else a new one
+        (it counts the matmul)."""
+        key = next((k for k, n in self.open_attn.items() if n < 2 and self.by_key[k] in inputs_from), None)
+        key = key or f"attention.{layer or len(self.kernels)}.{len(self.open_attn)}"
+        self.open_attn[key] = self.open_attn.get(key, 0) + 1
+        return key
+
+    def place_deferred(self, graph: Graph) -> None:
+        """Each deferred node (a weight's folded layout, a constant) into the kernel of its first
+        reader, else the first kernel (a kernel of its own when there is none)."""
+        for node in self.deferred:
+            readers = [self.owner[out] for out in node.outputs if out in self.owner]
+            readers += [  # the first reader's kernel (a map: a scan of every kernel per reader was quadratic)
+                self.held_by[n.name]
+                for c in (graph.consumers.get(out, []) for out in node.outputs if out)
+                for n in c
+                if n.name in self.held_by
+            ][:1]
+            if not readers and not self.kernels:
+                self.add(node.name, "data", node)
+                continue
+            home = readers[0] if readers else self.kernels[0]
+            home.nodes.append(node)
+            self.held_by.setdefault(node.name, home)
 
 
 class _LatestAttention:
