@@ -353,10 +353,11 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
 
     Works in place on `proto` (and returns it). Weight inputs named `layers.0.*` get a
     `layers.i.*` copy per block; every other value the block reads from outside (mask,
-    rotary tables, shared constants) is shared by all copies.
+    rotary tables, shared constants) is shared by all copies. Steps: find the block and its one
+    hidden-state input and output (`_Block`), write the nodes before it, block 0 and each copy
+    (`_stamp_copy`), then the nodes after it reading the last copy's output, and the copies'
+    weight inputs and per-layer outputs beside block 0's.
     """
-    import onnx
-
     if layers < 1:
         raise ValueError("layers must be >= 1")
     graph = proto.graph
@@ -369,53 +370,9 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         raise RuntimeError("stamping needs a 1-layer export; found nodes of other layers")
     if layers == 1:
         return proto
-
-    block = [n for n, b in zip(nodes, in_block, strict=True) if b]
-    produced = dict.fromkeys(
-        o for n in block for o in n.output if o
-    )  # in block order: the copies' value infos follow it
-    graph_inputs = {v.name: v for v in graph.input}
-    initializers = {t.name for t in graph.initializer}
-    weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]
-    weights = set(weight_inputs)
-
-    # Per-layer graph outputs of block 0 (a decode graph's new K and V, `layers.0.*`) are
-    # copied with the block; of the other values the rest of the graph reads there is exactly
-    # one (the hidden state).
-    graph_outputs = {o.name: o for o in graph.output}
-    layer_outputs = [v for v in graph_outputs if v in produced and v.startswith("layers.0.")]
-    outside_reads = {i for n, b in zip(nodes, in_block, strict=True) if not b for i in n.input}
-    outside_reads |= {o.name for o in graph.output} - set(layer_outputs)
-    block_outputs = [v for v in dict.fromkeys(o for n in block for o in n.output) if v in outside_reads]
-    if len(block_outputs) != 1:
-        raise RuntimeError(f"block 0 should have one output read outside it, found {block_outputs}")
-    block_out = block_outputs[0]
-
-    # The hidden-state input: the external, non-weight input with the block output's type.
-    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
-    external = [i for i in dict.fromkeys(i for n in block for i in n.input) if i and i not in produced]
-    candidates = [
-        i for i in external if i not in weights and i not in initializers and types.get(i) == types.get(block_out)
-    ]
-    if len(candidates) != 1:
-        raise RuntimeError(f"cannot tell the block's hidden-state input among {candidates}")
-    block_in = candidates[0]
-
-    value_info = {v.name: v for v in graph.value_info}
-    new_inputs: list[onnx.ValueInfoProto] = []
-    new_outputs: list[onnx.ValueInfoProto] = []
-    # A block node's scope texts split around `layers.0` once: a copy joins them with `layers.i`
-    # (the pattern has no groups, so the join is the substitution).
-    scope_parts = [
-        [
-            (k, parts)
-            for k, prop in enumerate(node.metadata_props)
-            if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1
-        ]
-        for node in block
-    ]
+    block = _Block.of(graph, nodes, in_block)
     # Order: nodes before the block, block 0, copies 1..L-1, then what reads the block output.
-    tainted = {block_out}
+    tainted = {block.output}
     before, after = [], []
     for node, b in zip(nodes, in_block, strict=True):
         if b:
@@ -428,59 +385,141 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     # The copies are written straight into the graph (one copy each, not a copy of a copy), after
     # the nodes before the block and block 0; `after` goes in once they are all there.
     del graph.node[:]
-    graph.node.extend([*before, *block])
-    prev_out = block_out
+    graph.node.extend([*before, *block.nodes])
+    new_inputs: list[onnx.ValueInfoProto] = []
+    new_outputs: list[onnx.ValueInfoProto] = []
+    prev_out = block.output
     for i in range(1, layers):
-        rename = {v: f"layers.{i}/{v}" for v in produced}
-        rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in (*weights, *layer_outputs)})
-        rename[block_in] = prev_out
-        layer = f"layers.{i}"
-        for node, scoped in zip(block, scope_parts, strict=True):
-            copy = graph.node.add()
-            copy.CopyFrom(node)
-            copy.name = f"{layer}/{node.name}"
-            copy.input[:] = [rename.get(name, name) for name in node.input]  # one write per list
-            copy.output[:] = [rename.get(name, name) for name in node.output]
-            props = copy.metadata_props
-            for k, parts in scoped:
-                props[k].value = layer.join(parts)
-        for w in weight_inputs:
-            vi = onnx.ValueInfoProto()
-            vi.CopyFrom(graph_inputs[w])
-            vi.name = rename[w]
-            new_inputs.append(vi)
-        for v in layer_outputs:
-            vi = onnx.ValueInfoProto()
-            vi.CopyFrom(graph_outputs[v])
-            vi.name = rename[v]
-            new_outputs.append(vi)
-        for v in produced:
-            if v in value_info:
-                vi = graph.value_info.add()
-                vi.CopyFrom(value_info[v])
-                vi.name = rename[v]
-        prev_out = rename[block_out]
-    last_out = prev_out
-
+        prev_out = _stamp_copy(graph, block, i, prev_out, new_inputs, new_outputs)
     for node in after:
         for k, name in enumerate(node.input):
-            if name == block_out:
-                node.input[k] = last_out
+            if name == block.output:
+                node.input[k] = prev_out
     for out in graph.output:
-        if out.name == block_out:  # a graph output that is the block's output itself
-            vi = onnx.ValueInfoProto()
-            vi.CopyFrom(out)
-            vi.name = last_out
-            out.CopyFrom(vi)
+        if out.name == block.output:  # a graph output that is the block's output itself
+            out.name = prev_out
     graph.node.extend(after)
-
     # Weight inputs of copies go right after block 0's weights (the order a plain export uses).
     inputs = list(graph.input)
-    last_w = max((k for k, v in enumerate(inputs) if v.name in weights), default=len(inputs) - 1)
+    last_w = max((k for k, v in enumerate(inputs) if v.name in block.weights), default=len(inputs) - 1)
     del graph.input[:]
     graph.input.extend([*inputs[: last_w + 1], *new_inputs, *inputs[last_w + 1 :]])
     graph.output.extend(new_outputs)
     return proto
+
+
+@dataclasses.dataclass
+class _Block:
+    """Block 0 of a 1-layer export as `stamp_layers` copies it: its nodes, the values it produces (in
+    block order: the copies' value infos follow it), its weight inputs (``layers.0.*``), its
+    per-layer graph outputs (a decode graph's new K and V), its one hidden-state input and output,
+    and what each copy reads of the graph (inputs, outputs, value infos by name; each node's scope
+    texts split around ``layers.0``)."""
+
+    nodes: list[onnx.NodeProto]
+    produced: dict[str, None]
+    weight_inputs: list[str]
+    weights: set[str]
+    layer_outputs: list[str]
+    input: str
+    output: str
+    graph_inputs: dict[str, onnx.ValueInfoProto]
+    graph_outputs: dict[str, onnx.ValueInfoProto]
+    value_info: dict[str, onnx.ValueInfoProto]
+    scope_parts: list[list[tuple[int, list[str]]]]
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto, nodes: list[onnx.NodeProto], in_block: list[bool]) -> _Block:
+        block = [n for n, b in zip(nodes, in_block, strict=True) if b]
+        produced = dict.fromkeys(o for n in block for o in n.output if o)
+        initializers = {t.name for t in graph.initializer}
+        weight_inputs = [v.name for v in graph.input if v.name.startswith("layers.0.")]
+        weights = set(weight_inputs)
+        # Per-layer graph outputs of block 0 are copied with the block; of the other values the
+        # rest of the graph reads there is exactly one (the hidden state).
+        graph_outputs = {o.name: o for o in graph.output}
+        layer_outputs = [v for v in graph_outputs if v in produced and v.startswith("layers.0.")]
+        outside_reads = {i for n, b in zip(nodes, in_block, strict=True) if not b for i in n.input}
+        outside_reads |= {o.name for o in graph.output} - set(layer_outputs)
+        block_outputs = [v for v in dict.fromkeys(o for n in block for o in n.output) if v in outside_reads]
+        if len(block_outputs) != 1:
+            raise RuntimeError(f"block 0 should have one output read outside it, found {block_outputs}")
+        block_out = block_outputs[0]
+        # The hidden-state input: the external, non-weight input with the block output's type.
+        types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
+        external = [i for i in dict.fromkeys(i for n in block for i in n.input) if i and i not in produced]
+        candidates = [
+            i for i in external if i not in weights and i not in initializers and types.get(i) == types.get(block_out)
+        ]
+        if len(candidates) != 1:
+            raise RuntimeError(f"cannot tell the block's hidden-state input among {candidates}")
+        # A block node's scope texts split around `layers.0` once: a copy joins them with `layers.i`
+        # (the pattern has no groups, so the join is the substitution).
+        scope_parts = [
+            [
+                (k, parts)
+                for k, prop in enumerate(node.metadata_props)
+                if prop.key in (_SCOPES, _NAMESPACE) and len(parts := _LAYER0.split(prop.value)) > 1
+            ]
+            for node in block
+        ]
+        return cls(
+            nodes=block,
+            produced=produced,
+            weight_inputs=weight_inputs,
+            weights=weights,
+            layer_outputs=layer_outputs,
+            input=candidates[0],
+            output=block_out,
+            graph_inputs={v.name: v for v in graph.input},
+            graph_outputs=graph_outputs,
+            value_info={v.name: v for v in graph.value_info},
+            scope_parts=scope_parts,
+        )
+
+
+def _stamp_copy(
+    graph: onnx.GraphProto,
+    block: _Block,
+    i: int,
+    prev_out: str,
+    new_inputs: list[onnx.ValueInfoProto],
+    new_outputs: list[onnx.ValueInfoProto],
+) -> str:
+    """Block copy ``i`` written into ``graph``, reading ``prev_out`` as its hidden state: its nodes
+    and value infos renamed ``layers.i``, its weight inputs and per-layer outputs appended to
+    ``new_inputs`` and ``new_outputs``. Returns its hidden-state output."""
+    import onnx
+
+    rename = {v: f"layers.{i}/{v}" for v in block.produced}
+    rename.update({w: f"layers.{i}." + w[len("layers.0.") :] for w in (*block.weights, *block.layer_outputs)})
+    rename[block.input] = prev_out
+    layer = f"layers.{i}"
+    for node, scoped in zip(block.nodes, block.scope_parts, strict=True):
+        copy = graph.node.add()
+        copy.CopyFrom(node)
+        copy.name = f"{layer}/{node.name}"
+        copy.input[:] = [rename.get(name, name) for name in node.input]  # one write per list
+        copy.output[:] = [rename.get(name, name) for name in node.output]
+        props = copy.metadata_props
+        for k, parts in scoped:
+            props[k].value = layer.join(parts)
+    for w in block.weight_inputs:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(block.graph_inputs[w])
+        vi.name = rename[w]
+        new_inputs.append(vi)
+    for v in block.layer_outputs:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(block.graph_outputs[v])
+        vi.name = rename[v]
+        new_outputs.append(vi)
+    for v in block.produced:
+        if v in block.value_info:
+            vi = graph.value_info.add()
+            vi.CopyFrom(block.value_info[v])
+            vi.name = rename[v]
+    return rename[block.output]
 
 
 # ---- binding symbolic dims ------------------------------------------------------------------
