@@ -92,33 +92,71 @@ def _clamp(x: float, floor: float) -> float:
 
 
 def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target) -> Metrics:
-    """Metrics of one step; ``timeline`` may be emulated or measured (nodes not in it are skipped)."""
+    """Metrics of one step; ``timeline`` may be emulated or measured (nodes not in it are skipped):
+    the allocation ratio, the load imbalance, the efficiency, the memory use per level, the roofline
+    per node and the lowering's own figures (`_plan_extra`)."""
     prec = plan.precision
-    times = timeline.busy_times()
-    busy = {n: times[n] or 0.0 for n in timeline.nodes}
-    floor = 1.0 / max(1, target.num_units * plan.chips)
-
-    # allocation ratio
-    spans = {u.id: timeline.unit_spans.get(u.id) for u in plan.units}
-    if plan.schedule is Schedule.SEQUENTIAL:
-        weights = {uid: (s[1] - s[0]) if s else 0.0 for uid, s in spans.items()}
-        total = sum(weights.values())
-        alloc = sum(u.allocation * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
-    else:
-        alloc = sum(u.allocation for u in plan.units)
-    allocation = _clamp(alloc, floor)
-
-    # load imbalance over lanes that run concurrently
-    lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     sequential = plan.schedule is Schedule.SEQUENTIAL
+    # a sequential plan's units run one after another: each weighs by its span in the step
+    spans = {u.id: timeline.unit_spans.get(u.id) for u in plan.units}
+    weights = {uid: (s[1] - s[0]) if s else 0.0 for uid, s in spans.items()}
+    allocation = _clamp(_allocation(plan, weights), 1.0 / max(1, target.num_units * plan.chips))
+    li = _clamp(_load_imbalance(plan, timeline, weights), 1e-12)
+    node_plans = plan.node_plans
+    total_flops = sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
+    step = timeline.step_time_s
+    achieved = total_flops / step if step > 0 else 0.0
+    peak = target.peak_flops(prec) * plan.chips
+    # roofline per node (the bound class is the plan's, carried by the timeline)
+    ridges = {m.level: target.ridge_point(prec, m) for m in target.memories}
+    intensity, feed, feed_bytes = node_feed_intensity(plan, timeline)
+    extra: dict[str, Any] = {}
+    region = roofline_bound(plan, target, feed, feed_bytes)
+    if region is not None:
+        extra["roofline_bound"] = region
+    extra.update(_plan_extra(plan, weights if sequential else None))
+    return Metrics(
+        allocation_ratio=allocation,
+        load_imbalance=li,
+        compute_efficiency=achieved / peak if peak > 0 else 0.0,
+        achieved_flops_per_s=achieved,
+        peak_flops_per_s=peak,
+        total_flops=total_flops,
+        step_time_s=step,
+        memory_use=_memory_use(plan, target),
+        node_intensity=intensity,
+        node_feed_level=feed,
+        node_feed_bytes=feed_bytes,
+        ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
+        extra=extra,
+    )
+
+
+def _allocation(plan: Plan, weights: Mapping[str, float]) -> float:
+    """The share of the chip's units the plan holds: a sequential plan's units weighted by their
+    spans, a concurrent plan's summed."""
+    if plan.schedule is not Schedule.SEQUENTIAL:
+        return sum(u.allocation for u in plan.units)
+    total = sum(weights.values())
+    return sum(u.allocation * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
+
+
+def _load_imbalance(plan: Plan, timeline: Timeline, weights: Mapping[str, float]) -> float:
+    """Load imbalance over the lanes that run concurrently: within each unit of a sequential plan
+    (weighted by the unit's span; the lowering's own stage balance where every unit has one), over
+    every lane of a concurrent one (weighted by the compute units each lane holds, where every
+    lane declares them: WSE regions of very different sizes)."""
+    times = timeline.busy_times()
+    sequential = plan.schedule is Schedule.SEQUENTIAL
+    lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     node_plans, lane_names = plan.node_plans, timeline.lanes
-    for name, b in busy.items():
+    for name in timeline.nodes:
         np_ = node_plans.get(name)
         if np_ is None:
             continue
         lane = lane_names.get(name, np_.lane)
-        lanes_of[np_.unit if sequential else "all"][lane] += b
-    if plan.schedule is Schedule.SEQUENTIAL:
+        lanes_of[np_.unit if sequential else "all"][lane] += times[name] or 0.0
+    if sequential:
         num = den = 0.0
         for uid, lanes in lanes_of.items():
             w = weights.get(uid, 0.0) or sum(lanes.values())
@@ -130,69 +168,46 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
             # the lowering knows each section's stage balance (one pipeline per section): time-weight it
             total = sum(weights.values())
             li = sum(x * weights[u.id] for u, x in zip(plan.units, stage_li, strict=True)) / total if total > 0 else li
-    else:
-        li = _ratio(list(lanes_of["all"].values())) if lanes_of else 1.0
-        # lanes that declare the compute units they hold (WSE regions) weigh by them: the share
-        # of the held units' time that is busy, comparable across regions of very different sizes
-        held = {u.id: u.stats.held_units for u in plan.units if u.stats.held_units is not None}
-        lanes = lanes_of.get("all", {})
-        if lanes and all(lane in held for lane in lanes) and max(lanes.values()) > 0:
-            li = sum(held[lane] * b for lane, b in lanes.items()) / (max(lanes.values()) * sum(held[x] for x in lanes))
-    li = _clamp(li, 1e-12)
+        return li
+    li = _ratio(list(lanes_of["all"].values())) if lanes_of else 1.0
+    held = {u.id: u.stats.held_units for u in plan.units if u.stats.held_units is not None}
+    lanes = lanes_of.get("all", {})
+    if lanes and all(lane in held for lane in lanes) and max(lanes.values()) > 0:
+        li = sum(held[lane] * b for lane, b in lanes.items()) / (max(lanes.values()) * sum(held[x] for x in lanes))
+    return li
 
-    # efficiency
-    total_flops = sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
-    step = timeline.step_time_s
-    achieved = total_flops / step if step > 0 else 0.0
-    peak = target.peak_flops(prec) * plan.chips
-    efficiency = achieved / peak if peak > 0 else 0.0
 
-    # memory use per level
-    memory_use: dict[str, MemoryUse] = {}
+def _memory_use(plan: Plan, target: Target) -> dict[str, MemoryUse]:
+    """Each memory level's use against its capacity (a ``name:sub`` key is one device's, else every
+    chip's together)."""
+    out: dict[str, MemoryUse] = {}
     for key, used in plan.memory_bytes.items():
         base, _, sub = key.partition(":")
         if not target.has_memory(base):
             continue
         mem = target.memory(base)
         cap = mem.capacity_bytes * (1 if sub else plan.chips)
-        memory_use[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0, mem.level)
+        out[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0, mem.level)
+    return out
 
-    # roofline per node (the bound class is the plan's, carried by the timeline)
-    ridges = {m.level: target.ridge_point(prec, m) for m in target.memories}
-    intensity, feed, feed_bytes = node_feed_intensity(plan, timeline)
 
+def _plan_extra(plan: Plan, weights: Mapping[str, float] | None) -> dict[str, Any]:
+    """What a lowering's units add: the PMU allocation (span-weighted) and the highest PCU allocation
+    of a sequential plan (``weights``: its units' spans), the IPU tiles' utilisation, the traffic."""
     extra: dict[str, Any] = {}
-    region = roofline_bound(plan, target, feed, feed_bytes)
-    if region is not None:
-        extra["roofline_bound"] = region
     pmu = [u.stats.pmu_allocation for u in plan.units if u.stats.pmu_allocation is not None]
-    if pmu and plan.schedule is Schedule.SEQUENTIAL:
+    if pmu and weights is not None:
         total = sum(weights.values())
         extra["pmu_allocation"] = (
             sum((u.stats.pmu_allocation or 0.0) * weights[u.id] for u in plan.units) / total if total > 0 else 0.0
         )
-    if plan.schedule is Schedule.SEQUENTIAL and pmu:
         extra["highest_pcu_allocation"] = max(u.allocation for u in plan.units)
     util = [u.stats.tile_utilisation for u in plan.units if u.stats.tile_utilisation is not None]
     if util:
         extra["tile_utilisation"] = util
     if plan.traffic_bytes:
         extra["traffic_bytes"] = dict(plan.traffic_bytes)
-    return Metrics(
-        allocation_ratio=allocation,
-        load_imbalance=li,
-        compute_efficiency=efficiency,
-        achieved_flops_per_s=achieved,
-        peak_flops_per_s=peak,
-        total_flops=total_flops,
-        step_time_s=step,
-        memory_use=memory_use,
-        node_intensity=intensity,
-        node_feed_level=feed,
-        node_feed_bytes=feed_bytes,
-        ridge_point={k: v for k, v in ridges.items() if k in ("on-chip", "off-chip")},
-        extra=extra,
-    )
+    return extra
 
 
 def roofline_bound(plan: Plan, target: Target, feed: Mapping[str, str], feed_bytes: Mapping[str, float]) -> str | None:
