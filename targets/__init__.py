@@ -624,25 +624,10 @@ class _Parser:
 
         return Topology(per_node, link("intra_node_link", True), link("inter_node_link", False))
 
-    def target(self, d: Mapping[str, Any]) -> Target:
-        if not isinstance(d, Mapping):
-            raise self.fail("a target file must be a TOML table")
-        name = self.string(d, "name", "name")
-        kind = self.string(d, "kind", "kind")
-        if kind not in KINDS:
-            raise self.fail(f"field kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        aliases = d.get("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise self.fail("field aliases must be a list of strings")
-
-        process = self.table(d, "process", "process")
-        node = self.quantity(process, "node_nm", "process.node_nm", positive=True)
-        self.quantity(process, "area_mm2", "process.area_mm2", required=False, positive=True)  # energy.target_area_mm2
-        power = self.table(d, "power", "power")
-        watts = self.quantity(power, "watts", "power.watts", positive=True)
-        covers = self.string(power, "covers", "power.covers", default="chip")
-
-        compute = self.table(d, "compute", "compute")
+    def compute(self, compute: Mapping[str, Any]) -> dict[str, Any]:
+        """``[compute]``: the units, their clock and name, the peak per precision, the per-class rates
+        (``vector_flops``, ``special_ops``) and the fp32-accumulated rate of 16-bit inputs, as the
+        `Target` fields they fill."""
         units = self.quantity(compute, "units", "compute.units", rule=schema.COUNT)
         clock = self.quantity(compute, "clock_hz", "compute.clock_hz", required=False, positive=True)
         unit_name = self.string(compute, "unit_name", "compute.unit_name", default="unit")
@@ -663,9 +648,20 @@ class _Parser:
         for key in acc_raw:  # keyed by the 16-bit input dtype whose fp32-accumulated rate it is
             if key not in ("fp16", "bf16"):
                 raise self.fail(f"field compute.{_ACCUMULATE_TABLE}.{key}: expected a 16-bit input dtype (fp16, bf16)")
-        accumulate = {k: self.quantity(acc_raw, k, f"compute.{_ACCUMULATE_TABLE}.{k}", positive=True) for k in acc_raw}
+        return {
+            "units": units,
+            "unit_name": unit_name,
+            "clock": clock,
+            "peaks": peaks,
+            "vector_rates": rates["vector_flops"],
+            "special_rates": rates["special_ops"],
+            "accumulate_rates": {
+                k: self.quantity(acc_raw, k, f"compute.{_ACCUMULATE_TABLE}.{k}", positive=True) for k in acc_raw
+            },
+        }
 
-        mems_raw = d.get("memory")
+    def memories(self, mems_raw: Any) -> list[MemoryLevel]:
+        """``[[memory]]``: at least one level, each with its name, level, capacity and bandwidth."""
         if mems_raw is None:
             raise self.fail("missing field memory (at least one [[memory]] entry)")
         if not isinstance(mems_raw, list) or not mems_raw:
@@ -686,11 +682,13 @@ class _Parser:
                     bandwidth=self.quantity(m, "bandwidth_bytes_per_s", f"{p}.bandwidth_bytes_per_s", positive=True),
                 )
             )
+        return memories
 
-        links = []
-        links_raw = d.get("link", [])
+    def links(self, links_raw: Any) -> list[Link]:
+        """``[[link]]``: each link's name, bandwidth and latency (none: a single-device target)."""
         if not isinstance(links_raw, list):
             raise self.fail("field link must be an array of tables ([[link]])")
+        links = []
         for i, lk in enumerate(links_raw):
             p = f"link[{i}]"
             if not isinstance(lk, Mapping):
@@ -702,6 +700,29 @@ class _Parser:
                     latency=self.quantity(lk, "latency_s", f"{p}.latency_s"),
                 )
             )
+        return links
+
+    def target(self, d: Mapping[str, Any]) -> Target:
+        if not isinstance(d, Mapping):
+            raise self.fail("a target file must be a TOML table")
+        name = self.string(d, "name", "name")
+        kind = self.string(d, "kind", "kind")
+        if kind not in KINDS:
+            raise self.fail(f"field kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        aliases = d.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise self.fail("field aliases must be a list of strings")
+
+        process = self.table(d, "process", "process")
+        node = self.quantity(process, "node_nm", "process.node_nm", positive=True)
+        self.quantity(process, "area_mm2", "process.area_mm2", required=False, positive=True)  # energy.target_area_mm2
+        power = self.table(d, "power", "power")
+        watts = self.quantity(power, "watts", "power.watts", positive=True)
+        covers = self.string(power, "covers", "power.covers", default="chip")
+
+        compute = self.compute(self.table(d, "compute", "compute"))
+        memories = self.memories(d.get("memory"))
+        links = self.links(d.get("link", []))
 
         overheads_raw = self.table(d, "overheads", "overheads", required=False)
         overheads = {k: self.quantity(overheads_raw, k, f"overheads.{k}") for k in overheads_raw}
@@ -726,14 +747,8 @@ class _Parser:
             process_node=node,
             power=watts,
             power_covers=covers,
-            units=units,
-            unit_name=unit_name,
-            clock=clock,
-            peaks=peaks,
+            **compute,
             memories=tuple(memories),
-            vector_rates=rates["vector_flops"],
-            special_rates=rates["special_ops"],
-            accumulate_rates=accumulate,
             links=tuple(links),
             overheads=overheads,
             strategies=tuple(strategies),
