@@ -428,11 +428,12 @@ def _host_wait(launches: list[KernelGroup], issue_s: float, micro_batches: int) 
 
     ``launches``: per kernel group, its kernels per run, its runs per step (1: the optimizer, once
     per step), whether the host issues it and its device seconds over the step, launches included
-    (0 for a strided view: the host dispatches the op, no kernel runs). The host issues one kernel (or view op) every ``issue_s`` (the framework's host cost per
-    op, ``overheads.host_issue_s``) and runs ahead of the device as far as it
-    can; the device starts kernel i at ``max(end of kernel i-1, when the host issued i)``. A step
-    starts with an empty queue (the loop reads the loss back every step, as training loops do), so
-    a step of short kernels is bound by the host and one of long kernels hides it. Order: each
+    (0 for a strided view: the host dispatches the op, no kernel runs). The host issues one kernel
+    (or view op) every ``issue_s`` (the framework's host cost per op, ``overheads.host_issue_s``)
+    and runs ahead of the device as far as it can; the device starts kernel i at ``max(end of
+    kernel i-1, when the host issued i)``. A step starts with an empty queue (the loop reads the
+    loss back every step, as training loops do), so a step of short kernels is bound by the host
+    and one of long kernels hides it. Order: each
     micro-batch's forward kernels in graph order, then their backward kernels in reverse, the
     once-per-step kernels last; a group's device time is split evenly over its kernels (exact for a
     GEMM and its two gradient GEMMs).
