@@ -231,40 +231,29 @@ def _module_of(scopes: str) -> str | None:
     return None
 
 
-def load_onnx(
-    source: str | os.PathLike[str] | onnx.ModelProto,
-    *,
-    infer_shapes: bool = True,
-) -> Graph:
-    """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set."""
+def _inferred(model: onnx.ModelProto, path: Path | None, declared_static: bool) -> onnx.ModelProto:
+    """``model`` after ONNX shape inference (`infer_checked`: an op whose shapes its own rule refuses
+    is an InputError; any other failure is best effort, warned) and the types of the optimisers'
+    com.microsoft ops, which ONNX inference does not know."""
+    try:
+        model = infer_checked(model, path, declared_static=declared_static)
+    except InputError:
+        raise
+    except Exception as exc:  # shape inference is best effort; untyped values surface later
+        logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
+    from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
 
-    model, path = read_model(source)
-    # Each node's fields read once, for the checks and the Graph (shape inference adds value infos
-    # and changes no node, so the exported model's nodes are the inferred model's).
-    protos = read_nodes(model.graph)
-    declared_static = check_onnx_model(model, path, nodes=protos)  # dims, rank, element types, external data, cycles
-    _check_external_data(model, path, protos)
-    opsets = {o.domain or "": o.version for o in model.opset_import}
-    _check_domains(protos, opsets, path)
-    tied = _tied_copies(model.graph)  # before the weight bytes are freed: they are compared
-    if path is not None:  # our own copy: free weight bytes before shape inference copies the model
-        _drop_tensor_data(model.graph, protos)
-    exported = model
-    if infer_shapes:
-        try:
-            model = infer_checked(model, path, declared_static=declared_static)  # an op's refused shapes: InputError
-        except InputError:
-            raise
-        except Exception as exc:  # shape inference is best effort; untyped values surface later
-            logger.warning("ONNX shape inference failed, continuing without it: %s", _first_line(exc))
-        from dabench_ir.frontends.contrib_types import complete_contrib_types, has_contrib_ops
+    if has_contrib_ops(model):
+        model = complete_contrib_types(model)
+    return model
 
-        if has_contrib_ops(model):  # optimisers' com.microsoft ops: types ONNX inference does not know
-            model = complete_contrib_types(model)
-    g = model.graph
-    metadata = {p.key: p.value for p in model.metadata_props}
+
+def _read_values(
+    g: onnx.GraphProto, metadata: Mapping[str, str], tied: Mapping[str, str]
+) -> tuple[dict[str, Value], list[str], list[str]]:
+    """The graph's values by name (initializers as weights or constants, the inputs, the value infos,
+    the outputs), its input names (weights left out) and its output names."""
     declared_weights, declared_constants = _declared_kinds(g, metadata)
-
     values: dict[str, Value] = {}
     types: dict[bytes, TensorType] = {}  # by serialized type: see `_tensor_type`
     initializers = {init.name: init for init in g.initializer}
@@ -298,7 +287,13 @@ def load_onnx(
             values[vi.name] = Value(vi.name, vtype, ValueKind.OUTPUT)
         else:
             existing.kind = ValueKind.OUTPUT
+    return values, graph_inputs, output_names
 
+
+def _read_graph_nodes(protos: list[NodeRead], values: dict[str, Value]) -> list[Node]:
+    """The Graph's nodes from the model's read nodes: a unique name, the scope and layer, the
+    attributes, a subgraph flag; each output's value gets its producer (an untyped value is added)
+    and a scalar Constant its value."""
     nodes: list[Node] = []
     scope_layers: dict[str, int | None] = {}  # a module's nodes share its scope, and so its layer
     scopes_seen: dict[str, str | None] = {}  # see `_scope_of`
@@ -326,7 +321,36 @@ def load_onnx(
             if op_type == "Constant" and [a.name for a in attributes] == ["value"]:
                 value.scalar = _scalar(attributes[0].t)
         nodes.append(node)
+    return nodes
 
+
+def load_onnx(
+    source: str | os.PathLike[str] | onnx.ModelProto,
+    *,
+    infer_shapes: bool = True,
+) -> Graph:
+    """Load an ONNX model as a Graph: types from shape inference, weights recognised, scopes set.
+    Steps: the checks, the weight bytes dropped (a model read here), shape inference, the values
+    (`_read_values`), the nodes (`_read_graph_nodes`)."""
+
+    model, path = read_model(source)
+    # Each node's fields read once, for the checks and the Graph (shape inference adds value infos
+    # and changes no node, so the exported model's nodes are the inferred model's).
+    protos = read_nodes(model.graph)
+    declared_static = check_onnx_model(model, path, nodes=protos)  # dims, rank, element types, external data, cycles
+    _check_external_data(model, path, protos)
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    _check_domains(protos, opsets, path)
+    tied = _tied_copies(model.graph)  # before the weight bytes are freed: they are compared
+    if path is not None:  # our own copy: free weight bytes before shape inference copies the model
+        _drop_tensor_data(model.graph, protos)
+    exported = model
+    if infer_shapes:
+        model = _inferred(model, path, declared_static)
+    g = model.graph
+    metadata = {p.key: p.value for p in model.metadata_props}
+    values, graph_inputs, output_names = _read_values(g, metadata, tied)
+    nodes = _read_graph_nodes(protos, values)
     name = metadata.get(MODEL_FAMILY) or (path.stem if path else g.name) or "model"
     graph = Graph(
         nodes,
