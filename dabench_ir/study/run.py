@@ -76,9 +76,10 @@ def run_study(
     With ``out_dir`` every optimised model and every report JSON is written there, so any two
     can be compared again with ``dabench-ir diff``.
 
-    ``via="mlir"`` (the default when a pipeline is an MLIR one) runs the MLIR pipelines (`Pipeline.mlir`) on the model's linalg module, each
-    diffed against that module as lowered (`study.mlir`); ONNX-level pipelines keep the ONNX
-    baseline, and each is set beside each MLIR pipeline (``mlir_vs_onnx``).
+    ``via="mlir"`` (the default when a pipeline is an MLIR one) runs the MLIR pipelines
+    (`Pipeline.mlir`) on the model's linalg module, each diffed against that module as lowered
+    (`study.mlir`); ONNX-level pipelines keep the ONNX baseline, and each is set beside each MLIR
+    pipeline (``mlir_vs_onnx``).
     """
     from dabench_ir.pipeline import load_graph
 
@@ -86,27 +87,8 @@ def run_study(
     opts = opts or ProfileOptions()
     if not Path(model).is_file():
         raise UserError(f"{model}: no such model file")
-    picked = [p if isinstance(p, Pipeline) else get_pipeline(p) for p in pipelines if p != BASELINE]  # fail early
-    mlir_pipes = [p for p in picked if p.mlir is not None]
-    chosen = [p for p in picked if p.mlir is None]
-    if via is None:  # an MLIR pipeline runs on linalg: it says how the study costs
-        via = "mlir" if mlir_pipes else "onnx"
-    if mlir_pipes and via != "mlir":
-        raise UserError(f"pipeline {mlir_pipes[0].name} runs MLIR passes on linalg: drop --via {via}")
-    if via == "mlir" and not mlir_pipes:
-        raise UserError("--via mlir: give an MLIR pipeline (--mlir-pipeline PASSES, or a named one: --list-pipelines)")
-    for p in mlir_pipes:
-        p.build(None)  # its `needs` checked before any work
     tlist: list[str | None] = list(targets) or [None]
-    kinds = {t: _kind(t) for t in tlist}
-    for pipe in chosen:  # a pipeline no target takes would be an empty table: refused before any work
-        if not any(pipe.applies_to(kinds[t]) for t in tlist):
-            have = ", ".join(f"{t} ({kinds[t]})" for t in tlist if t)
-            raise UserError(
-                f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
-                f"{f'not {have}' if have else 'and no --target was given'}; add --target "
-                f"{min(pipe.targets)} or drop it"
-            )
+    mlir_pipes, chosen, kinds = _checked_pipelines(pipelines, via, tlist)
     out = Path(out_dir) if out_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -129,13 +111,7 @@ def run_study(
         from .mlir import mlir_runs
 
         placed_mlir, per_node = mlir_runs(str(model), mlir_pipes, tlist, opts, out=out, save=save, say=say)
-        for placed in placed_mlir:
-            run = {**study_run(placed.before, placed.after, placed.provenance), "mlir": placed.record}
-            lost = placed.record["conservation"]["problem"]
-            if lost:  # the figures compare what the instrument lost, not what the passes changed
-                run["totals"].update(dict.fromkeys(("speedup_total", "speedup_nodes", "speedup_overheads")))
-                run["warnings"].append(f"no speedup: {lost}")
-            runs.append(run)
+        runs += [_mlir_row(placed) for placed in placed_mlir]
     if mlir_pipes and not chosen:  # MLIR pipelines only: their baseline is the module as lowered
         return _doc(model, tlist, [p.name for p in mlir_pipes], runs, compared, failed)
     say(f"baseline: {stem} on {', '.join(t or 'no target' for t in tlist)}")
@@ -174,6 +150,47 @@ def run_study(
 
                 compared += [agreement(run, name, nodes) for name, nodes in per_node.items()]
     return _doc(model, tlist, [p.name for p in mlir_pipes + chosen], runs, compared, failed)
+
+
+def _checked_pipelines(
+    pipelines: Sequence[str | Pipeline], via: str | None, tlist: list[str | None]
+) -> tuple[list[Pipeline], list[Pipeline], dict[str | None, str | None]]:
+    """The MLIR pipelines, the ONNX-level ones and each target's kind, refused before any work: an
+    unknown name, an MLIR pipeline under ``--via onnx`` (or ``--via mlir`` without one), an MLIR
+    pipeline whose needs are missing, an ONNX pipeline no target takes (an empty table)."""
+    picked = [p if isinstance(p, Pipeline) else get_pipeline(p) for p in pipelines if p != BASELINE]
+    mlir_pipes = [p for p in picked if p.mlir is not None]
+    chosen = [p for p in picked if p.mlir is None]
+    if via is None:  # an MLIR pipeline runs on linalg: it says how the study costs
+        via = "mlir" if mlir_pipes else "onnx"
+    if mlir_pipes and via != "mlir":
+        raise UserError(f"pipeline {mlir_pipes[0].name} runs MLIR passes on linalg: drop --via {via}")
+    if via == "mlir" and not mlir_pipes:
+        raise UserError("--via mlir: give an MLIR pipeline (--mlir-pipeline PASSES, or a named one: --list-pipelines)")
+    for p in mlir_pipes:
+        p.build(None)  # its `needs` checked before any work
+    kinds = {t: _kind(t) for t in tlist}
+    for pipe in chosen:
+        if not any(pipe.applies_to(kinds[t]) for t in tlist):
+            have = ", ".join(f"{t} ({kinds[t]})" for t in tlist if t)
+            raise UserError(
+                f"--pipeline {pipe.name} applies to {', '.join(sorted(pipe.targets))} targets only, "
+                f"{f'not {have}' if have else 'and no --target was given'}; add --target "
+                f"{min(pipe.targets)} or drop it"
+            )
+    return mlir_pipes, chosen, kinds
+
+
+def _mlir_row(placed: Any) -> dict[str, Any]:
+    """An MLIR pipeline's study row (`MlirRun`): its diff against the lowered module, its ``mlir``
+    record, and no speedup where the instrument lost work (the figures would compare the loss, not
+    what the passes changed)."""
+    run = {**study_run(placed.before, placed.after, placed.provenance), "mlir": placed.record}
+    lost = placed.record["conservation"]["problem"]
+    if lost:
+        run["totals"].update(dict.fromkeys(("speedup_total", "speedup_nodes", "speedup_overheads")))
+        run["warnings"].append(f"no speedup: {lost}")
+    return run
 
 
 def _doc(
