@@ -486,7 +486,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         per_node = chips_per_node(target, run.options)
         comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
     step = (m + chips - 1) * (worst / m) + comm
-    fits, failure, worst_memory = _pp_stage_memory(graph, run, stages, m)
+    fits, failure, worst_memory = _pp_stage_memory(graph, run, stages, chips, m)
     return ScalePoint(
         chips=chips,
         batch=batch,
@@ -533,14 +533,14 @@ def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[i
 
 
 def _pp_stage_memory(
-    graph: Graph, run: ResolvedRun, stages: list[list[int]], m: int
+    graph: Graph, run: ResolvedRun, stages: list[list[int]], chips: int, m: int
 ) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
     """Whether every stage fits its chip's memory: the stage's weights and training state, and under
     1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
     Narayanan et al., SC'21). Returns (fits, the first stage's failure, the fullest stage's parts
     up to it)."""
     target = run.target
-    chips, layers = len(stages), graph.layers
+    layers = graph.layers
     ctx = LoweringContext.build(graph, lowering_options(run).precision)
     mem = target.feed_memory
     state = training_state(ctx)

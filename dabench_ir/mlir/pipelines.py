@@ -327,6 +327,8 @@ class _Claims:
         self.created = [
             i for i, t in enumerate(after_tags) if t is None and (_counted(after[i].name) or is_view(after[i].name))
         ]
+        # each created op's operands, read once: both walks and the location rule compare them
+        self.inputs = {i: {operand_id(o) for o in after[i].operands} for i in self.created}
         self.stands: dict[int, set[int]] = {i: set() for i in self.created}
         self.claims: dict[int, set[int]] = {i: set() for i in self.created}
         self.method: dict[int, str] = {}
@@ -390,7 +392,7 @@ class _Claims:
         reach: dict[int, set[int]] = {}
         for i, first in starts.items():
             view = is_view(self.after[i].name)
-            inputs = {operand_id(o) for o in self.after[i].operands}
+            inputs = self.inputs[i]
             seen: set[int] = set()
             stack = list(first)
             while stack:
@@ -421,7 +423,7 @@ class _Claims:
         before, after, created = self.before, self.after, self.created
         own = {i: set(origin_of(after[i].location).names) for i in created}
         body = {i: own[i] | _payload_names(after[i]) for i in created}
-        inputs = {i: {operand_id(o) for o in after[i].operands} for i in created}
+        inputs = self.inputs
         consumers: dict[int, set[int]] = {}
         for u, entry in before.items():
             for old in entry.operands:

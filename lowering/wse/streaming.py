@@ -97,11 +97,11 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
     def need(mb: int) -> float:  # SRAM at lane ``mb``: its checkpoints and working set, weights double-buffered
         return mb * (keep + working) + 2 * max_w
 
-    mb = _lane(options, batch, keep + working, wafer.sram_bytes - 2 * max_w)
+    budget = wafer.sram_bytes - 2 * max_w  # what a lane may fill beside the double-buffered weights
+    mb = _lane(options, batch, keep + working, budget)
     n_mb = max(1, math.ceil(batch / mb))
     plan.micro_batches = n_mb
     per_layer = keep / layers if layers else 0
-    budget = wafer.sram_bytes - 2 * max_w  # streamed weights double-buffered
     fits_layers = int(max(0.0, budget - mb * working) // (mb * per_layer)) if per_layer else None
     plan.stats = PlanStats(mode="streaming", micro_batch=mb, max_layers_at_micro_batch=fits_layers)
     plan.extra.update(
