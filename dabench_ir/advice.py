@@ -134,7 +134,8 @@ class Advice:
 def candidate_knobs(report: Report) -> list[Change]:
     """(knob, value) pairs worth trying on the report's target: each target knob the target's
     lowering reads (`Knob.targets`), at every other choice, the other setting of a switch, twice
-    a count (the plan's own when the option is unset) or half a fraction."""
+    a count (the plan's own when the option is unset) or half a fraction; none the run itself
+    refuses (a micro-batch count that does not divide the batch)."""
     target, opts, plan = report.target_obj, report.options, report.plan
     if target is None or opts is None:
         return []
@@ -156,10 +157,13 @@ def candidate_knobs(report: Report) -> list[Change]:
             if form is None:
                 continue
             try:
-                out.append((k, k.validate(form)))
-                break
-            except ValueError:
+                value = k.validate(form)
+                if report.run is not None:
+                    report.run.variant(**{name: value})
+            except (UserError, ValueError):
                 continue
+            out.append((k, value))
+            break
     return out
 
 

@@ -86,6 +86,17 @@ class Samples:
     micro_batches: int | None
     source: str
 
+    def __post_init__(self) -> None:
+        """A micro-batch holds whole samples: a micro-batch count that does not divide a known batch
+        is the user's mistake, wherever it was asked (a flag, a variant the why lines try)."""
+        if self.micro_batches and self.per_replica and self.per_replica % self.micro_batches:
+            flag = KNOBS["micro_batches"].flag
+            raise UserError(
+                f"{flag} {self.micro_batches} does not divide the batch {self.per_replica}: a micro-batch holds "
+                f"whole samples; give a divisor of {self.per_replica}, or a --batch that is a multiple of "
+                f"{self.micro_batches}"
+            )
+
     @property
     def micro_batch(self) -> int | None:
         """Samples in one micro-batch, when the micro-batch count is resolved."""

@@ -473,12 +473,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     stages, stage_times = _pp_stages(single, layers, chips)
     worst = max(stage_times)
     batch = run.samples.per_replica
-    m = run.samples.micro_batches or batch  # at most one micro-batch per sample
-    if m > batch:
-        raise UserError(
-            f"--strategy pp: batch {batch} cannot be split into {m} micro-batches (at most one per sample); "
-            f"give --micro-batches {batch} or less, or a larger --batch"
-        )
+    m = run.samples.micro_batches or batch  # `Samples` holds them to divide the batch
     link = target.link()
     boundary_bytes = _boundary_bytes(graph, stages)
     comm = 0.0

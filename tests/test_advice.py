@@ -155,3 +155,32 @@ def test_a_variant_run_is_physics_checked(unfit_ipu, monkeypatch):
     with pytest.raises(verify_module.PhysicsError):
         VariantRuns(unfit_ipu).trial([candidate_knobs(unfit_ipu)[0]])
     assert checked
+
+
+def test_a_plan_that_fits_is_never_advised_into_one_that_does_not():
+    """Of two variants that shorten a role, the faster does not fit: a plan that fits is advised
+    into the other; a plan that does not fit compares the times it would have if it fitted."""
+    from types import SimpleNamespace
+
+    from dabench_ir.report.why import _best
+
+    def trial(fits: bool, role_s: float, step_s: float) -> SimpleNamespace:
+        times = SimpleNamespace(step_time_s=step_s, role_time=lambda _role: role_s)
+        return SimpleNamespace(fits=fits, times=times)
+
+    unfit, fit = trial(False, 1.0, 5.0), trial(True, 2.0, 8.0)
+    assert _best(10.0, "role", 3.0, [unfit, fit], must_fit=True) == (fit, 2.0)
+    assert _best(10.0, "role", 3.0, [unfit, fit], must_fit=False) == (unfit, 1.0)
+    assert _best(10.0, "role", 3.0, [unfit], must_fit=True) is None
+
+
+def test_a_too_short_pipeline_is_a_variant_that_does_not_fit():
+    """Two IPUs would shorten this 1-IPU training step, but its 2 micro-batches are fewer than the 3
+    pipeline stages PopART needs: that variant does not fit, and no why line offers it."""
+    report = profile_graph(decoder(layers=4, hidden=256, seq=64, batch=2), "ipu", ProfileOptions(mode="train"))
+    advice = advise(report)
+    assert report.plan.fits
+    ipus = next(t for t in advice.trials if t.knob.flag == "--ipus")
+    assert not ipus.fits and ipus.times.step_time_s < report.timeline.step_time_s
+    lines = explain(report)
+    assert lines and not any(line["knob"] == "--ipus" for line in lines)

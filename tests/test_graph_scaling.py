@@ -135,17 +135,21 @@ def test_calls_per_node_do_not_grow_with_the_graph(width):
         assert per_node[1] <= 1.02 * per_node[0], (target, per_node)
 
 
-@pytest.fixture(scope="module")
-def tiny_decoder():
-    """A 2-layer GPT-2 (hidden 64, seq 8) through the package's exporter, stamped like a sweep's."""
+def _tiny_gpt2(layers: int, batch: int = 1):
+    """A GPT-2 (hidden 64, seq 8) of ``layers`` layers through the package's exporter, stamped like a sweep's."""
     pytest.importorskip("torch")
     pytest.importorskip("onnxscript")
     from dabench_ir.frontends.onnx import load_onnx
     from dabench_ir.sweep import graphs
 
-    params = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "positional": "none", "layers": 1}
-    base = graphs.export_base(params)
-    return {layers: load_onnx(graphs.stamped_proto(base, layers), infer_shapes=False) for layers in (2, 8)}
+    params = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": batch, "positional": "none", "layers": 1}
+    return load_onnx(graphs.stamped_proto(graphs.export_base(params), layers), infer_shapes=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder():
+    """The tiny GPT-2 at 2 and 8 layers."""
+    return {layers: _tiny_gpt2(layers) for layers in (2, 8)}
 
 
 def test_training_calls_per_node_do_not_grow_with_depth(tiny_decoder):
@@ -155,15 +159,17 @@ def test_training_calls_per_node_do_not_grow_with_depth(tiny_decoder):
         assert per_node[1] <= 1.02 * per_node[0], (target, per_node)
 
 
-def test_training_work_does_not_grow_with_the_micro_batches(tiny_decoder):
-    """64 and 4,096 micro-batches per step run the same lines on every target: fill, the periods
-    that settle the pipeline, then the rest in closed form (the GPU's host wait looped over every
-    kernel of every micro-batch: 4096 / 64 times the lines)."""
-    graph = tiny_decoder[2]
+def test_training_work_does_not_grow_with_the_micro_batches():
+    """64 and 4,096 micro-batches of one batch of 4,096 run about the same lines on every target:
+    fill, the periods that settle the pipeline, then the rest in closed form (the GPU's host wait
+    looped over every kernel of every micro-batch: 64 times the lines). The micro-batches differ
+    in size, so value-dependent branches (a bound, a calibration bracket) may differ: within 5 %."""
+    graph = _tiny_gpt2(2, batch=4096)
     for target in TARGETS:
-        _calls(graph, target, {"mode": "train"})
+        for m in (64, 4096):  # warm: a target's first use, and the per-shape caches
+            _calls(graph, target, {"mode": "train", "micro_batches": m})
         few, many = (_lines(graph, target, {"mode": "train", "micro_batches": m}) for m in (64, 4096))
-        assert many == few, (target, few, many)
+        assert many <= 1.05 * few, (target, few, many)
 
 
 def test_a_deep_models_weight_list_is_read_past_the_metadata_cap(caplog):

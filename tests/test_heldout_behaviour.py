@@ -84,9 +84,14 @@ def _monotone_fit(verdicts: list[bool]) -> bool:
 def test_ipu_fit_boundary_is_monotone_in_layers_and_moves_out_with_ipus():
     opts = {"precision": "mixed", "recompute": True, "optimizer_state": "offchip"}
     depth = (1, 2, 4, 8, 16, 32)
-    one = [_fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12), True), "bow", ipus=1, **opts) for n in depth]
+    # batch 8: eight one-sample micro-batches, enough for the 7 training stages of 4 IPUs (PopART's rule)
+    one = [
+        _fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12, batch=8), True), "bow", ipus=1, **opts)
+        for n in depth
+    ]
     four = [
-        _fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12), True), "bow", ipus=4, **opts) for n in depth
+        _fits(_train(decoder(layers=n, hidden=768, seq=1024, heads=12, batch=8), True), "bow", ipus=4, **opts)
+        for n in depth
     ]
     assert _monotone_fit(one) and _monotone_fit(four)
     assert one[0] and not one[-1]

@@ -231,6 +231,23 @@ def test_step_is_cycles_plus_fill_drain_optimizer_and_reduction():
     assert tp[1] < tp[2] < tp[8]
 
 
+def test_pipelined_training_needs_a_micro_batch_per_pipeline_stage():
+    """PopART refuses a gradient accumulation factor below the pipeline stages, 2S - 1 in training
+    (each stage's forward and backward, the last stage's as one): two IPUs need 3 micro-batches a
+    step. One IPU, and inference, have no such rule."""
+    g = _train(4)
+    short = lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=2))
+    assert not short.fits
+    assert short.failure.reason.startswith(
+        "pipelined training runs 3 forward and backward pipeline stages over 2 IPUs and PopART needs at least "
+        "that many micro-batches a step (gradient accumulation); this step has 2"
+    )
+    assert short.failure.needed_bytes is None and short.failure.capacity_bytes is None  # not a capacity: no bytes
+    assert lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=3)).fits
+    assert lower(g, IPU, ProfileOptions(layers_per_ipu="4", micro_batches=1)).fits
+    assert lower(decoder(layers=4, hidden=64, seq=16), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=1)).fits
+
+
 def test_throughput_against_micro_batches_follows_the_pipeline_formula():
     g = _train(4)
     rel = {}

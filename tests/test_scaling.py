@@ -73,7 +73,7 @@ def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
 
 def test_pp_cannot_split_a_batch_into_more_micro_batches_than_samples():
     graph = decoder(layers=8, hidden=64)
-    with pytest.raises(UserError, match="batch 1 cannot be split into 8 micro-batches"):
+    with pytest.raises(UserError, match="--micro-batches 8 does not divide the batch 1"):
         scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(micro_batches=8))
     # batch 1 is one micro-batch: the pipeline only adds its bubble, no speedup (was 4x)
     p8 = scale(graph, load_target("h100"), [1, 8], "pp", ProfileOptions(batch=1)).points[1]

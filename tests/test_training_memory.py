@@ -105,6 +105,28 @@ def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
         resolve(g, None, {"micro_batch": 3})
 
 
+def test_a_micro_batch_count_must_divide_the_batch_however_it_is_asked():
+    """A micro-batch holds whole samples: 3 micro-batches of a batch of 8 are refused from the flag,
+    from a variant of a resolved run (what the why lines try) and from the CLI (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    g = decoder(layers=2, hidden=64, seq=16, batch=8, heads=4)
+    TrainingPass()(g)
+    assert resolve(g, "h100", {"micro_batches": 4}).samples.micro_batch == 2
+    with pytest.raises(UserError, match="--micro-batches 3 does not divide the batch 8"):
+        resolve(g, "h100", {"micro_batches": 3})
+    with pytest.raises(UserError, match="--micro-batches 16 does not divide the batch 8"):
+        resolve(g, "h100", {"micro_batches": 4}).variant(micro_batches=16)
+    cli = [sys.executable, "-m", "dabench_ir", "profile", "gpt2-small", "-t", "bow", "--micro-batches", "3"]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "dabench-ir: error: --micro-batches 3 does not divide the batch 1: a micro-batch holds whole samples; "
+        "give a divisor of 1, or a --batch that is a multiple of 3"
+    ]
+
+
 def test_zero_stages_shard_the_state_over_data_parallel_gpus():
     from dabench_ir.scaling import scale
 

@@ -22,7 +22,17 @@ from dabench_ir import __version__
 
 from .compare import PERIOD_NOTE, format_row, is_period
 from .model import NodeRecord, Report
-from .table import SHARE_OF_FLOPS, SHARE_OF_LAYER, SHARE_OF_TIME, human, percent, prediction_text, role_table, seconds
+from .table import (
+    SHARE_OF_FLOPS,
+    SHARE_OF_LAYER,
+    SHARE_OF_TIME,
+    failure_text,
+    human,
+    percent,
+    prediction_text,
+    role_table,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -254,11 +264,7 @@ def _summary(report: Report) -> str:
     if err:
         out += f'<p class="note">Predicted vs measured: {escape(prediction_text(err))}.</p>'
     if report.failure:
-        f = report.failure
-        out += (
-            f'<p class="bad">Does not fit: {escape(f.get("reason"))} (needs {escape(human(f.get("needed_bytes"), "B"))}, '
-            f"has {escape(human(f.get('capacity_bytes'), 'B'))})</p>"
-        )
+        out += f'<p class="bad">Does not fit: {escape(failure_text(report.failure))}</p>'
     return out + "</section>"
 
 

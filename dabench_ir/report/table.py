@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .attribution import node_share
@@ -16,6 +16,7 @@ __all__ = [
     "SHARE_OF_FLOPS",
     "SHARE_OF_LAYER",
     "SHARE_OF_TIME",
+    "failure_text",
     "human",
     "parse_percent",
     "percent",
@@ -372,13 +373,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         fits = "yes" if report.fits else st.red("NO")
         out.append(f"  target     {report.target['name']} ({report.target['kind']}), fits: {fits}")
         if report.failure:
-            f = report.failure
-            out.append(
-                st.red(
-                    f"  failure    {f['reason']} (needs {human(f['needed_bytes'], 'B')}, "
-                    f"has {human(f['capacity_bytes'], 'B')})"
-                )
-            )
+            out.append(st.red(f"  failure    {failure_text(report.failure)}"))
         if m.get("memory_use"):
             out.append(f"  memory     {_memory_use(m['memory_use'])}")
     if t.get("time_s") is not None:
@@ -440,6 +435,15 @@ def _work(t: dict[str, Any]) -> str:
         f"{human(t['vector_flops'], 'FLOP')} vector, {human(t['special_ops'], 'op')} special), "
         f"{human(t['bytes'], 'B')} moved, intensity {_fmt(t.get('intensity'))} FLOP/B"
     )
+
+
+def failure_text(failure: Mapping[str, Any]) -> str:
+    """Why a plan does not fit: its reason, with the bytes it needs and has when the failure is one
+    of capacity (a refused configuration, such as too few micro-batches for a pipeline, has none)."""
+    needed, capacity = failure.get("needed_bytes"), failure.get("capacity_bytes")
+    if needed is None and capacity is None:
+        return failure["reason"]
+    return f"{failure['reason']} (needs {human(needed, 'B')}, has {human(capacity, 'B')})"
 
 
 def prediction_text(err: dict[str, Any]) -> str:

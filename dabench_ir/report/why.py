@@ -122,7 +122,7 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     for row in rows:
         role = row["role"]
         before = own.role_time(role)
-        best = _best(step, role, before, advice.trials)
+        best = _best(step, role, before, advice.trials, must_fit=report.plan.fits)
         entry: dict[str, Any] = {
             "role": role,
             "bound": row["bound"],
@@ -152,11 +152,16 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     return out
 
 
-def _best(step: float, role: str, before: float, trials: Iterable[Trial]) -> tuple[Trial, float] | None:
-    """Among the trials that shorten ``role`` and do not lengthen the ``step``, the one with the
+def _best(
+    step: float, role: str, before: float, trials: Iterable[Trial], *, must_fit: bool
+) -> tuple[Trial, float] | None:
+    """Among the trials that shorten ``role`` and do not lengthen the ``step`` (and fit, when
+    ``must_fit``: a plan that fits is never advised into one that does not), the one with the
     shortest step (ties: the shorter role time), with the role's time in it; None when there is none."""
     best = None
     for trial in trials:
+        if must_fit and not trial.fits:
+            continue
         after = trial.times.role_time(role)
         if after >= before * (1 - 1e-6) or trial.times.step_time_s > step * (1 + 1e-9):
             continue

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering.ipu.common import FEED_LEVEL, IpuRun
 from dabench_ir.lowering.ipu.memory import MEMORY_TERMS, TileMemory, place_units, tile_memory
-from dabench_ir.lowering.ipu.stages import Pipeline, form_stages
+from dabench_ir.lowering.ipu.stages import Pipeline, check_accumulation, form_stages
 from dabench_ir.lowering.ipu.step import add_step_costs
 from dabench_ir.lowering.ipu.supersteps import place_nodes
 from dabench_ir.plan import Plan, Schedule
@@ -101,6 +101,7 @@ class IpuLowering(Lowering):
         )
         if pipeline.note:
             plan.notes.append(pipeline.note)
+        check_accumulation(pipeline, run.m, run.training, plan)
         times = place_nodes(run, pipeline, plan)
         plan.stats = replace(plan.stats, link_bytes=times.link_bytes * run.replicas)  # each replica's pipeline
         memory = tile_memory(run, pipeline, times.serials)

@@ -252,7 +252,7 @@ def _add_stage(
     ops, and its live activations and matmul temporaries where its phase peaks above the IPU's."""
     ctx, training, k = run.ctx, run.training, st.ipu
     t = memory.terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
-    inflight = 2 * (pipeline.n_stages - 1 - s) + 1 if training else 1
+    inflight = pipeline.in_flight(s) if training else 1
     layer_nodes = [pipeline.sections.layers[i] for i in st.layers]
     other = [n for n in st.nodes if n.layer is None and not any(n in ln for ln in layer_nodes)]
     phases: list[Phase] = []

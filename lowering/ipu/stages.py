@@ -21,8 +21,19 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Node
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.lowering.ipu import IpuOptions
+    from dabench_ir.plan import Plan
 
-__all__ = ["Layout", "Pipeline", "Sections", "Stage", "form_stages", "layout", "pipeline_stages", "sections"]
+__all__ = [
+    "Layout",
+    "Pipeline",
+    "Sections",
+    "Stage",
+    "check_accumulation",
+    "form_stages",
+    "layout",
+    "pipeline_stages",
+    "sections",
+]
 
 
 @dataclass(slots=True)
@@ -63,6 +74,17 @@ class Pipeline:
     @property
     def n_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def training_stages(self) -> int:
+        """The pipeline stages of a training step as PopART counts them: each forward stage and
+        its backward, the last stage's two run as one (2S - 1)."""
+        return 2 * self.n_stages - 1
+
+    def in_flight(self, s: int) -> int:
+        """Micro-batches stage ``s`` holds between its forward and its backward in training: the
+        pipeline stages from its forward to its own backward (1 for the last)."""
+        return 2 * (self.n_stages - 1 - s) + 1
 
     def ipu_of(self) -> dict[str, int]:
         """Each stage node's IPU, by node name."""
@@ -147,6 +169,22 @@ def pipeline_stages(parts: Sections, place: Layout) -> list[Stage]:
     else:
         stages[-1].nodes += parts.post
     return [s for s in stages if s.nodes] or [Stage(0)]
+
+
+def check_accumulation(pipeline: Pipeline, m: int, training: bool, plan: Plan) -> None:
+    """Fail a pipelined training step with fewer micro-batches than its pipeline stages: the
+    weights update only between pipeline runs, so PopART refuses a gradient accumulation factor
+    below the number of pipeline stages (graphcore/popart willow/src/transforms/pipeline.cpp,
+    "depth (gradient accumulation factor) must equal at least the number of pipeline stages";
+    PopTorch's user guide, docs/user_guide/batching.rst: "set the number of accumulations to at
+    least the number of pipeline stages")."""
+    depth = pipeline.training_stages
+    if training and pipeline.n_stages > 1 and m < depth:
+        plan.fail(
+            f"pipelined training runs {depth} forward and backward pipeline stages over {pipeline.ipus} IPUs "
+            f"and PopART needs at least that many micro-batches a step (gradient accumulation); this step has {m}: "
+            f"give it {depth} or more (--micro-batches {depth} with a --batch it divides)"
+        )
 
 
 def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
