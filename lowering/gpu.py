@@ -162,7 +162,7 @@ _CLASS_WORDS = {"vector": "the vector (CUDA) cores", "special": "the special-fun
 
 
 def _compute_times(
-    ctx: LoweringContext, target: Target, matmul_eff: float, fused_eff: float | None
+    ctx: LoweringContext, target: Target, matmul_eff: float, fused_eff: float | None, micro_batches: int
 ) -> dict[str, tuple[float, str]]:
     """Compute seconds of every node and the op class that takes most of them.
 
@@ -171,7 +171,8 @@ def _compute_times(
     vector FLOPs and special-function ops at the vector and SFU rates, added, every class at
     the dtype the node computes in (`LoweringContext.node_precision`): under int8 or fp8 only
     the quantised block matmuls run at that peak, the attention matmuls at fp16's, as the
-    verifier's ``node_peak_flops`` bounds them.
+    verifier's ``node_peak_flops`` bounds them. A GEMM's tile and wave
+    efficiency is its shape in one of ``micro_batches`` (`gemm_wave_efficiency`).
 
     The nodes of one fused attention kernel (FlashAttention) run together: the kernel takes
     its contraction FLOPs at ``fused_eff`` of the peak (the published share; FlashAttention
@@ -195,7 +196,11 @@ def _compute_times(
             cores.setdefault(core, []).append((node.name, hw))
             computed[core] = node.meta.get(meta.CAUSAL_SHARE, 1.0)
             continue
-        eff = matmul_eff * gemm_wave_efficiency(ctx, node, target) if cost.contraction_flops else matmul_eff
+        eff = (
+            matmul_eff * gemm_wave_efficiency(ctx, node, target, micro_batches)
+            if cost.contraction_flops
+            else matmul_eff
+        )
         times = target.class_times(cost, prec, contraction_efficiency=eff)
         out[node.name] = (sum(times.values()), max(times, key=times.get))
     for core, members in cores.items():
@@ -238,14 +243,16 @@ Hopper (CUDA PTX ISA, warp-level matrix instructions), so a GEMM narrower than a
 multiple of 16 (a decode GEMV at batch 1 uses 1/16 of its tile)."""
 
 
-def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> float:
+def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target, micro_batches: int = 1) -> float:
     """The tile and wave efficiency of a contraction node (`_tile_efficiency` with ``arch.gemm_tile``
     and ``arch.gemm_block_overhead_k`` over the target's SMs; 1 when the target has no tile, or the
     node's shapes are unknown or do not account for the contraction FLOPs its cost counts).
 
     In training the node's cost holds its backward too: the gradient GEMMs (dX: M x K output over N,
     dW: K x N output over M, one per operand needing a gradient) have their own shapes; the
-    efficiency returned is the time-weighted one over the forward and those GEMMs.
+    efficiency returned is the time-weighted one over the forward and those GEMMs. With
+    ``micro_batches`` each kernel runs one micro-batch's share of the samples: a batched GEMM's
+    batch, else a weight GEMM's rows (and the weight gradient's depth), over the micro-batches.
     """
     tile = int(target.arch_value("gemm_tile", 0.0))
     if tile <= 0:
@@ -260,6 +267,10 @@ def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target) -> fl
     counted = (forward or ctx.costs[node.name]).contraction_flops
     if not math.isclose(2 * batch * m * n * k, counted, rel_tol=0.01):
         return 1.0  # the shapes do not account for the FLOPs the cost counts: not this GEMM's tiles
+    if batch > 1 and batch % micro_batches == 0:
+        batch //= micro_batches
+    elif m % micro_batches == 0:
+        m //= micro_batches
     sms = target.num_units
     k0 = int(target.arch_value("gemm_block_overhead_k", 0.0))
     shapes = [(m, n, k)]
@@ -650,7 +661,7 @@ def stream_plan(
     # a GEMM at best the maximum achievable matmul FLOP/s measured on the chip
     fused_eff = target.arch.get("fused_attention_efficiency")
     matmul_eff = target.arch_value("matmul_efficiency", 1.0)
-    compute = _compute_times(ctx, target, matmul_eff, fused_eff.value if fused_eff is not None else None)
+    compute = _compute_times(ctx, target, matmul_eff, fused_eff.value if fused_eff is not None else None, m)
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
     launches = _launches(ctx, groups if groups is not None else kernel_groups(ctx, fuse), views, m)

@@ -11,6 +11,7 @@ from dabench_ir.lowering.gpu import GpuLowering
 from dabench_ir.options import ProfileOptions
 from dabench_ir.targets import Target, load_target
 from dabench_ir.timeline import Bound
+from tests.conftest import analyze_text
 from tests.lowering_graphs import chain, decoder
 
 A100 = load_target("a100")
@@ -140,6 +141,37 @@ def test_small_gemm_pays_its_partial_wave_large_gemm_does_not():
     assert plain.node_plans["layers.0.attn.q_proj"].compute_s == pytest.approx(q.compute_s * 2 / 9)
 
 
+def test_each_micro_batch_runs_its_own_share_of_a_gemms_rows():
+    """Gradient accumulation over 8 micro-batches of a batch of 8 runs every GEMM at one sample's
+    shape: the 128 x 768 x 768 projection of the batch-1 graph (2/9 of its waves useful), not the
+    1024-row one; a batched attention GEMM splits its batch the same way."""
+    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.gpu import gemm_wave_efficiency
+
+    one = decoder(layers=1, hidden=768, seq=128)
+    eight = decoder(layers=1, hidden=768, seq=128, batch=8)
+    ctx1, ctx8 = LoweringContext.build(one, None), LoweringContext.build(eight, None)
+    for name in ("layers.0.attn.q_proj", "layers.0.mlp.fc1"):
+        single = gemm_wave_efficiency(ctx1, one.node(name), A100)
+        assert gemm_wave_efficiency(ctx8, eight.node(name), A100, 8) == pytest.approx(single)
+        assert gemm_wave_efficiency(ctx8, eight.node(name), A100) > single  # the whole batch fills more waves
+    batched = {
+        b: analyze_text(
+            f"agraph (float[{b},128,64] A, float[{b},64,128] B) => (float[{b},128,128] C) {{ C = MatMul(A, B) }}"
+        )
+        for b in (1, 8)
+    }
+    (g1, n1), (g8, n8) = ((g, g.nodes[0]) for g in batched.values())
+    single = gemm_wave_efficiency(LoweringContext.build(g1, None), n1, A100)
+    assert gemm_wave_efficiency(LoweringContext.build(g8, None), n8, A100, 8) == pytest.approx(single)
+    assert gemm_wave_efficiency(LoweringContext.build(g8, None), n8, A100) == pytest.approx(8 * single)  # 8 of 108 SMs
+    assert gemm_wave_efficiency(ctx1, one.node("layers.0.attn.q_proj"), A100) == pytest.approx(2 / 9)
+    opts = ProfileOptions(precision="fp32", micro_batches=8)
+    plan = lower(eight, A100, GpuLowering.options(opts, fuse_elementwise=False))
+    mm = A100.peak_flops("fp32") * A100.arch_value("matmul_efficiency")
+    assert plan.node_plans["layers.0.attn.q_proj"].compute_s == pytest.approx(2 * 1024 * 768 * 768 / (mm * 2 / 9))
+
+
 def test_training_launches_the_backward_kernels():
     from dabench_ir.passes import PassManager
     from dabench_ir.passes.training import TrainingPass
@@ -221,7 +253,7 @@ agraph (float[2, SEQ, 16] x) => (float[2, SEQ, 16] y)
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
-    from tests.conftest import analyze_text, rewrite
+    from tests.conftest import rewrite
 
     g = rewrite(analyze_text(_ATTENTION.replace("SEQ", "8")), precision="fp32", fused_attention=fused)
     plan = lower(g, A100, GpuLowering.options(ProfileOptions(precision="fp32", fused_attention=fused)))
@@ -252,7 +284,7 @@ def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
 def test_a_fused_attention_core_keeps_its_scores_on_chip(fused):
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.lowering.gpu import device_memory
-    from tests.conftest import analyze_text, rewrite
+    from tests.conftest import rewrite
 
     g = rewrite(analyze_text(_ATTENTION.replace("SEQ", "256")), precision="fp32", fused_attention=fused)
     live = device_memory(LoweringContext.build(g, None))["live"]
