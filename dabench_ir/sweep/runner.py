@@ -170,6 +170,108 @@ def _collect(spec_keys: list[str], points_dir: Path, fresh: dict[str, dict[str, 
     return rows
 
 
+def _no_bar(*_args: Any, **_kwargs: Any) -> None:
+    """The bar of a sweep run without one."""
+
+
+def _error_record(key: str, params: dict[str, Any], error: str) -> dict[str, Any]:
+    """The record of a point the driver fails before any worker runs it (a model the config
+    refuses, a base that did not export)."""
+    return {"key": key, "params": params, "status": "error", "error": error, "report": None, "seconds": 0.0}
+
+
+def _check_outputs(out: Path, points_dir: Path, models_dir: Path, keys: list[str]) -> None:
+    """Refuse, before any work, a file where a folder goes, a folder where the table or a point's
+    record goes (one line each)."""
+    from dabench_ir.fileio import check_output_dir, plan_outputs
+
+    for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir")):
+        check_output_dir(folder, flag, create=True)
+    plan_outputs([], [(out / name, "-o") for name in results.TABLE_FILES])
+    for key in keys:
+        if (path := results.point_file(points_dir, key)).is_dir():
+            raise UserError(f"{path}: a folder where a point's record goes; remove it")
+
+
+@dataclass
+class _Book:
+    """What a sweep has done so far, kept as points finish: the rows of the points written here
+    (not read back at the end), the count done, and the bar (``tick``) that shows it."""
+
+    points_dir: Path
+    locks: _Locks
+    result: SweepResult
+    retry_failed: bool
+    node_detail: bool
+    tick: Bar
+    fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: int = 0
+
+    def is_done(self, key: str) -> bool:
+        """Whether ``key``'s point has its record (a failed one counts unless ``retry_failed``)."""
+        record = results.read_point(self.points_dir, key)
+        return record is not None and (record.get("status") == "ok" or not self.retry_failed)
+
+    def claim(self, keyed: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], list[Any]]:
+        """Lock every point not done yet: (the points this sweep runs, those another live sweep
+        into the folder is computing now). Interrupted while locking, it leaves no lock behind."""
+        todo, elsewhere = [], []
+        try:
+            for key, params in keyed:
+                if self.is_done(key):
+                    self.result.skipped += 1
+                elif not self.locks.acquire(key):
+                    elsewhere.append((key, params))
+                elif self.is_done(key):  # finished by another sweep between the check and the lock
+                    self.locks.release(key)
+                    self.result.skipped += 1
+                else:
+                    todo.append((key, params))
+        except BaseException:  # Ctrl-C, SIGTERM
+            self.locks.release_all()
+            raise
+        self.done = self.result.skipped
+        return todo, elsewhere
+
+    def finish(self, record: dict[str, Any]) -> None:
+        """A point's record: written (by its worker, or here), its lock let go, the bar moved."""
+        key, result = record["key"], self.result
+        if "row" in record:  # a worker's (`worker.run_group`): its file written there, or its text sent
+            if "text" in record:
+                results.atomic_write(results.point_file(self.points_dir, key), record["text"])
+            self.fresh[key] = record["row"]
+        else:  # one the driver records (`_error_record`)
+            if not self.node_detail:
+                results.strip_nodes(record)
+            self.fresh[key] = results.write_point(self.points_dir, record)
+        self.locks.release(key)
+        self.done += 1
+        result.ran += 1
+        if record["status"] != "ok":
+            result.failed += 1
+            logger.info("point %s failed: %s", key, record["error"])
+        self.tick(self.done, result.total, failed=result.failed)
+
+    def export_tick(self, exported: int, of: int) -> None:
+        self.tick(exported, of, failed=0, phase=EXPORT_PHASE)
+        if exported == of:  # the points' phase (and its ETA) starts now
+            self.tick(self.done, self.result.total, failed=self.result.failed, phase="")
+
+    def wait_for(self, elsewhere: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        """Wait for the points another sweep was computing: done with its record, or ours to run
+        (returned) when it died without one."""
+        todo = []
+        for key, params in elsewhere:
+            self.locks.acquire(key, wait=True)
+            if self.is_done(key):
+                self.locks.release(key)
+                self.done += 1
+                self.tick(self.done, self.result.total, failed=self.result.failed)
+            else:
+                todo.append((key, params))
+        return todo
+
+
 def run_sweep(
     spec: SweepSpec,
     out_dir: str | Path,
@@ -191,115 +293,41 @@ def run_sweep(
     ``node_detail=False`` each point's JSON keeps the report without its per-node rows
     (about 100x smaller for large models; the dominant bound is kept in ``metrics``).
     """
-    from dabench_ir.fileio import check_output_dir, plan_outputs
-
     start = time.perf_counter()
     out = Path(out_dir)
     points_dir = out / "points"
     models_dir = Path(cache_dir) if cache_dir else graphs.default_cache()
-    for folder, flag in ((out, "-o"), (points_dir, "-o"), (models_dir, "--cache-dir")):
-        check_output_dir(folder, flag, create=True)  # a file in a folder's place: one line, before any work
-    plan_outputs([], [(out / name, "-o") for name in results.TABLE_FILES])  # results.csv a folder: before any point
     keyed = [(point_key(p.params), p.params) for p in spec.points]
     keys = [k for k, _ in keyed]
+    _check_outputs(out, points_dir, models_dir, keys)
     result = SweepResult(total=len(keyed))
-    for key in keys:
-        if (path := results.point_file(points_dir, key)).is_dir():
-            raise UserError(f"{path}: a folder where a point's record goes; remove it")
-
-    def is_done(key: str) -> bool:
-        record = results.read_point(points_dir, key)
-        return record is not None and (record.get("status") == "ok" or not retry_failed)
-
-    locks = _Locks(points_dir)
     _allow_open_files(len(keyed))
-    todo: list[tuple[str, dict[str, Any]]] = []
-    held_elsewhere: list[tuple[str, dict[str, Any]]] = []
-    try:
-        for key, params in keyed:
-            if is_done(key):
-                result.skipped += 1
-            elif not locks.acquire(key):
-                held_elsewhere.append((key, params))  # another live sweep into this folder is computing it now
-            elif is_done(key):  # finished by another sweep between the check and the lock
-                locks.release(key)
-                result.skipped += 1
-            else:
-                todo.append((key, params))
-    except BaseException:  # interrupted (Ctrl-C, SIGTERM) while taking the locks: none is left behind
-        locks.release_all()
-        raise
-    result.elsewhere = len(held_elsewhere)
-    if result.elsewhere:
+    book = _Book(points_dir, _Locks(points_dir), result, retry_failed, node_detail, bar or _no_bar)
+    todo, elsewhere = book.claim(keyed)
+    result.elsewhere = len(elsewhere)
+    if elsewhere:
         logger.warning(
-            "%d point(s) are being computed by another sweep into %s; waiting for them after ours",
-            result.elsewhere,
-            out,
+            "%d point(s) are being computed by another sweep into %s; waiting for them after ours", len(elsewhere), out
         )
     logger.info("%s: %d points, %d done before, %d to run", spec.name, len(keyed), result.skipped, len(todo))
-    tick = bar or (lambda *a, **k: None)
-    done = result.skipped
-    tick(done, result.total, failed=0)
-
-    fresh: dict[str, dict[str, Any]] = {}  # rows of the points written here: not read back at the end
-
-    def finish(record: dict[str, Any]) -> None:
-        nonlocal done
-        if "row" in record:  # a worker's (`worker.run_group`): its file written there, or its text sent
-            if "text" in record:
-                results.atomic_write(results.point_file(points_dir, record["key"]), record["text"])
-            fresh[record["key"]] = record["row"]
-        else:  # one the driver records (a model that cannot be exported)
-            if not node_detail:
-                results.strip_nodes(record)
-            fresh[record["key"]] = results.write_point(points_dir, record)
-        locks.release(record["key"])
-        done += 1
-        result.ran += 1
-        if record["status"] != "ok":
-            result.failed += 1
-            logger.info("point %s failed: %s", record["key"], record["error"])
-        tick(done, result.total, failed=result.failed)
-
-    def export_tick(exported: int, of: int) -> None:
-        tick(exported, of, failed=0, phase=EXPORT_PHASE)
-        if exported == of:  # the points' phase (and its ETA) starts now
-            tick(done, result.total, failed=result.failed, phase="")
+    book.tick(book.done, result.total, failed=0)
 
     ex: Executor | None = executor if isinstance(executor, Executor) else None
     owned = not isinstance(executor, Executor)
     finished = False
     try:
-        while todo or held_elsewhere:
+        while todo or elsewhere:
             if todo:
-                if ex is None:
-                    ex = make_executor(str(executor), jobs, address)
-                result.exports += _run(
-                    ex,
-                    todo,
-                    models_dir,
-                    finish,
-                    result,
-                    export_tick,
-                    points_dir=points_dir if ex.shares_files else None,
-                    node_detail=node_detail,
-                )
-            todo = []
-            for key, params in held_elsewhere:  # the other sweep's points: its record, or ours if it died
-                locks.acquire(key, wait=True)
-                if is_done(key):
-                    locks.release(key)
-                    done += 1
-                    tick(done, result.total, failed=result.failed)
-                else:
-                    todo.append((key, params))
-            held_elsewhere = []
+                ex = ex or make_executor(str(executor), jobs, address)
+                shared = points_dir if ex.shares_files else None
+                result.exports += _run(ex, todo, models_dir, book, points_dir=shared, node_detail=node_detail)
+            todo, elsewhere = book.wait_for(elsewhere), []
         finished = True
     finally:
         if ex is not None and owned and not finished:  # Ctrl-C or an error: no worker writes after the table
             ex.close()
-        locks.release_all()
-        result.rows = _collect(keys, points_dir, fresh)
+        book.locks.release_all()
+        result.rows = _collect(keys, points_dir, book.fresh)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
     recorded = {row["key"] for row in result.rows}
@@ -320,37 +348,26 @@ def _run(
     ex: Executor,
     todo: list[tuple[str, dict[str, Any]]],
     models_dir: Path,
-    finish: Callable[[dict[str, Any]], None],
-    result: SweepResult,
-    export_tick: Callable[[int, int], None] = lambda _n, _m: None,
+    book: _Book,
     *,
     points_dir: Path | None = None,
     node_detail: bool = True,
 ) -> int:
     """Export missing bases, then profile the points grouped by model; returns exports made.
-    ``export_tick(exported, of)`` follows the exports. With ``points_dir`` the workers write the
-    points' records there themselves (`worker.run_group`)."""
+    ``book.export_tick`` follows the exports, ``book.finish`` each point. With ``points_dir`` the
+    workers write the points' records there themselves (`worker.run_group`)."""
     by_base: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = {}
     for key, params in todo:
         try:
             bkey = graphs.base_key(params)
         except UserError as exc:  # a model the config refuses: record it, go on
-            finish(
-                {
-                    "key": key,
-                    "params": params,
-                    "status": "error",
-                    "error": f"UserError: {exc}",
-                    "report": None,
-                    "seconds": 0.0,
-                }
-            )
+            book.finish(_error_record(key, params, f"UserError: {exc}"))
             continue
         by_base.setdefault(bkey, params)
         groups.setdefault((bkey, int(params["layers"])), []).append((key, params))
 
-    bases, base_errors, exported = graphs.export_missing(models_dir, by_base, ex, export_tick)
+    bases, base_errors, exported = graphs.export_missing(models_dir, by_base, ex, book.export_tick)
 
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][1] * len(kv[1]))  # longest first
     tasks = []
@@ -358,25 +375,16 @@ def _run(
     for (bkey, layers), pts in ordered:
         if bkey not in bases:
             for key, params in pts:
-                finish(
-                    {
-                        "key": key,
-                        "params": params,
-                        "status": "error",
-                        "error": f"export failed: {base_errors.get(bkey)}",
-                        "report": None,
-                        "seconds": 0.0,
-                    }
-                )
+                book.finish(_error_record(key, params, f"export failed: {base_errors.get(bkey)}"))
             continue
         folder = None if points_dir is None else str(points_dir)
         tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))
         task_points.append(pts)
     for i, records in ex.map_unordered(tasks):
         if isinstance(records, WorkerLost):
-            result.lost += len(task_points[i])
+            book.result.lost += len(task_points[i])
             logger.warning("%s; its %d point(s) stay to do", records, len(task_points[i]))
             continue
         for record in records:
-            finish(record)
+            book.finish(record)
     return exported
