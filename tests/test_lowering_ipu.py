@@ -153,8 +153,8 @@ def test_achieved_gemm_rates_match_the_microbenchmarks():
 # -- layouts and steps on the hand-built decoder ------------------------------------------------------
 
 
-def _train(layers: int = 4, *, recompute: bool = True, **kw) -> object:
-    g = decoder(layers=layers, hidden=64, seq=16, batch=8)
+def _train(layers: int = 4, *, recompute: bool = True, batch: int = 8) -> object:
+    g = decoder(layers=layers, hidden=64, seq=16, batch=batch)
     TrainingPass(recompute=recompute)(g)
     return g
 
@@ -242,7 +242,10 @@ def test_pipelined_training_needs_a_micro_batch_per_pipeline_stage():
         "pipelined training runs 3 forward and backward pipeline stages over 2 IPUs and PopART needs at least "
         "that many micro-batches a step (gradient accumulation); this step has 2"
     )
+    assert short.failure.reason.endswith("use --micro-batches 4")  # the fewest of whole samples (batch 8)
     assert short.failure.needed_bytes is None and short.failure.capacity_bytes is None  # not a capacity: no bytes
+    small = lower(_train(4, batch=2), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=2))
+    assert small.failure.reason.endswith("use a --batch of 3 or more, one sample a micro-batch")  # no divisor of 2
     assert lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=3)).fits
     assert lower(g, IPU, ProfileOptions(layers_per_ipu="4", micro_batches=1)).fits
     assert lower(decoder(layers=4, hidden=64, seq=16), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=1)).fits

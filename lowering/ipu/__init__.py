@@ -101,7 +101,7 @@ class IpuLowering(Lowering):
         )
         if pipeline.note:
             plan.notes.append(pipeline.note)
-        check_accumulation(pipeline, run.m, run.training, plan)
+        check_accumulation(pipeline, run.m, ctx.batch, run.training, plan)
         times = place_nodes(run, pipeline, plan)
         plan.stats = replace(plan.stats, link_bytes=times.link_bytes * run.replicas)  # each replica's pipeline
         memory = tile_memory(run, pipeline, times.serials)

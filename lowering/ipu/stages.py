@@ -171,20 +171,24 @@ def pipeline_stages(parts: Sections, place: Layout) -> list[Stage]:
     return [s for s in stages if s.nodes] or [Stage(0)]
 
 
-def check_accumulation(pipeline: Pipeline, m: int, training: bool, plan: Plan) -> None:
-    """Fail a pipelined training step with fewer micro-batches than its pipeline stages: the
-    weights update only between pipeline runs, so PopART refuses a gradient accumulation factor
-    below the number of pipeline stages (graphcore/popart willow/src/transforms/pipeline.cpp,
-    "depth (gradient accumulation factor) must equal at least the number of pipeline stages";
-    PopTorch's user guide, docs/user_guide/batching.rst: "set the number of accumulations to at
-    least the number of pipeline stages")."""
+def check_accumulation(pipeline: Pipeline, m: int, batch: int, training: bool, plan: Plan) -> None:
+    """Fail a pipelined training step of ``m`` micro-batches (of a ``batch``) with fewer than its
+    pipeline stages: the weights update only between pipeline runs, so PopART refuses a gradient
+    accumulation factor below the number of pipeline stages (graphcore/popart
+    willow/src/transforms/pipeline.cpp, "depth (gradient accumulation factor) must equal at least
+    the number of pipeline stages"; PopTorch's user guide, docs/user_guide/batching.rst: "set the
+    number of accumulations to at least the number of pipeline stages"). The failure names the
+    fix: the fewest micro-batches of whole samples that are enough, else a larger batch."""
     depth = pipeline.training_stages
-    if training and pipeline.n_stages > 1 and m < depth:
-        plan.fail(
-            f"pipelined training runs {depth} forward and backward pipeline stages over {pipeline.ipus} IPUs "
-            f"and PopART needs at least that many micro-batches a step (gradient accumulation); this step has {m}: "
-            f"give it {depth} or more (--micro-batches {depth} with a --batch it divides)"
-        )
+    if not training or pipeline.n_stages < 2 or m >= depth:
+        return
+    enough = next((d for d in range(depth, batch + 1) if batch % d == 0), None)
+    fix = f"--micro-batches {enough}" if enough else f"a --batch of {depth} or more, one sample a micro-batch"
+    plan.fail(
+        f"pipelined training runs {depth} forward and backward pipeline stages over {pipeline.ipus} IPUs "
+        f"and PopART needs at least that many micro-batches a step (gradient accumulation); this step has {m}: "
+        f"use {fix}"
+    )
 
 
 def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
