@@ -232,13 +232,16 @@ def _state(graph) -> tuple:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("micro_batches", [1, 4])
 def test_placing_writes_nothing_to_the_graph(kind, micro_batches):
-    """Lowering, emulating and measuring a placement read the graph and never write it: what lets
-    a why line's variant run share the report's prepared graph (`advice.VariantRuns.shares_graph`)."""
+    """Lowering, emulating and measuring a training placement in micro-batches (every target takes
+    them in training) read the graph and never write it: what lets a why line's variant run share
+    the report's prepared graph (`advice.VariantRuns.shares_graph`)."""
+    from dabench_ir.passes.training import TrainingPass
     from dabench_ir.verify import check_step
 
     graph, target = decoder(layers=2, hidden=64, seq=8, batch=4), load_target(TARGETS[kind])
+    TrainingPass()(graph)
     before = _state(graph)
-    plan, timeline, _ = place(graph, target, ProfileOptions(micro_batches=micro_batches))
+    plan, timeline, _ = place(graph, target, ProfileOptions(mode="train", micro_batches=micro_batches))
     check_step(graph, target, plan, timeline)
     assert _state(graph) == before
 

@@ -46,7 +46,6 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
     opts = RduOptions(
         precision=None,
         micro_batches=None,
-        micro_batch=None,
         opt_level="O3",
         tiles=None,
         resource_scale=1.0,

@@ -428,9 +428,12 @@ def test_the_memory_assumption_names_batching_recompute_and_attention():
     note = next(n for n in fused.notes if n.startswith("DDR as SambaFlow spends it"))
     assert "recompute none" in note and "the batch of 4 streams through each section in 4 piece(s)" in note
     assert "attention scores stay on chip and are recomputed in backward" in note
-    split = lower(g, RDU, ProfileOptions(opt_level="O0", micro_batches=2))
+    split = lower(g, RDU, ProfileOptions(opt_level="O0"))
     note = next(n for n in split.notes if n.startswith("DDR as SambaFlow spends it"))
-    assert "in 2 piece(s) and its saved tensors are all kept" in note and "no attention core fused on chip" in note
+    assert "in 4 piece(s) and its saved tensors are all kept" in note and "no attention core fused on chip" in note
+    accumulated = lower(g, RDU, ProfileOptions(opt_level="O0", micro_batches=2))
+    note = next(n for n in accumulated.notes if n.startswith("DDR as SambaFlow spends it"))
+    assert "the batch of 4 runs as 2 accumulated micro-batches of 2" in note
 
 
 def test_does_not_fit_reason_names_the_memory_assumption(tmp_path):
@@ -521,18 +524,18 @@ def test_a_section_lasts_its_slowest_stage_on_its_share_of_the_pcus():
 
 
 def test_gradient_accumulation_holds_one_micro_batch_and_runs_each_section_per_micro_batch():
-    """Training with --micro-batch S accumulates gradients over batch / S micro-batches: each runs
-    forward and backward over every section before the next (SambaFlow's host loop calls the
-    compiled graph once a micro-batch, the optimizer once a step). Against the same batch streamed
-    through each section in as many pieces: one micro-batch's saved tensors and boundary tensors
-    are held, and each forward and backward section is switched to, launched and streams its
-    weights once per micro-batch; the optimizer runs once."""
+    """Training in micro-batches (--micro-batches, or --micro-batch S: batch / S of them) accumulates
+    gradients over them: each runs forward and backward over every section before the next
+    (SambaFlow's host loop calls the compiled graph once a micro-batch, the optimizer once a step).
+    Against the whole batch streamed through each section: one micro-batch's saved tensors and
+    boundary tensors are held, and each forward and backward section is switched to, launched and
+    streams its weights once per micro-batch; the optimizer runs once."""
 
     def plan(**kw):
         return lower(_train(decoder(layers=2, hidden=64, seq=8, batch=8)), RDU, ProfileOptions(opt_level="O3", **kw))
 
-    streamed, accumulated = plan(micro_batches=4), plan(micro_batches=4, micro_batch=2)
-    assert accumulated.micro_batches == streamed.micro_batches == 4
+    streamed, accumulated = plan(), plan(micro_batches=4)
+    assert accumulated.micro_batches == 4 and streamed.micro_batches == 8  # the batch streams in one-sample pieces
     held, kept = accumulated.extra["ddr_bytes_by_kind"], streamed.extra["ddr_bytes_by_kind"]
     assert held["saved_activations"] == kept["saved_activations"] // 4 > 0
     assert held["transient"] == kept["transient"] // 4
@@ -551,3 +554,22 @@ def test_gradient_accumulation_holds_one_micro_batch_and_runs_each_section_per_m
     # it, the backward reads it (for dX) and writes its gradient; the activations move once
     moved = accumulated.traffic_bytes["ddr"] - streamed.traffic_bytes["ddr"]
     assert moved == 3 * 3 * held["weights"] == 3 * 3 * 2 * (2 * (4 * 64 * 64 + 2 * 64 * 256))
+
+
+def test_the_same_micro_batches_give_the_same_step_however_they_are_asked():
+    """Four micro-batches of a batch of 4 are one question, asked as a count or as a size of 1:
+    both accumulate gradients over the 4 (one sample's saved tensors held, every section run 4
+    times). An inference run has no micro-batches to run: asking for them is refused."""
+    from dabench_ir.pipeline import profile_graph
+
+    def step(**asked):
+        report = profile_graph(
+            decoder(layers=2, hidden=256, seq=64, batch=4), "sn30", ProfileOptions(mode="train", **asked)
+        )
+        return report.timeline.step_time_s, report.plan.memory_bytes["ddr"]
+
+    count, size, whole = step(micro_batches=4), step(micro_batch=1), step()
+    assert count == size
+    assert count[0] > whole[0] and count[1] < whole[1]  # each section runs 4 times; one sample's activations held
+    with pytest.raises(UserError, match=r"4 micro-batches .* on an RDU inference run"):
+        profile_graph(decoder(layers=2, hidden=256, seq=64, batch=4), "sn30", ProfileOptions(micro_batches=4))

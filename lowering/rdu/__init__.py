@@ -87,6 +87,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dabench_ir.errors import UserError
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
 from dabench_ir.lowering.rdu.chip import Chip
@@ -136,7 +137,6 @@ class RduOptions(LoweringOptions):
     """What the RDU lowering reads."""
 
     micro_batches: int | None
-    micro_batch: int | None
     opt_level: str
     tiles: int | None
     resource_scale: float
@@ -155,10 +155,8 @@ class RduLowering(Lowering):
         """Form the sections, time and place each, then add the rows no node owns, fit the memory
         and sum up the plan's statistics."""
         chip = Chip.of(target, options)
+        accumulated = _accumulates(ctx, options)
         micro_batches = options.micro_batches or ctx.batch
-        # training with --micro-batch accumulates gradients: each micro-batch runs forward and
-        # backward over every section before the next, one weight update per step
-        accumulated = options.micro_batch is not None and meta.graph_mode(ctx.graph) == "train"
         rates = Rates.of(target, ctx.precision, chip, options.opt_level)
         feed = Feed.of(target, ctx.precision, self.feed_level(target))
         reconfig_s = target.overhead("section_reconfig_s")
@@ -207,3 +205,19 @@ def _time_and_place(
 
 
 LOWERING = RduLowering()
+
+
+def _accumulates(ctx: LoweringContext, options: RduOptions) -> bool:
+    """Whether the step accumulates gradients: a training step asked for micro-batches (however the
+    question put them: a count, or a micro-batch size) runs each micro-batch forward and backward
+    over every section before the next, one weight update per step. An inference run has no use
+    for them (SambaFlow streams the compiled batch through each section once): refused."""
+    if options.micro_batches is None:
+        return False
+    if meta.graph_mode(ctx.graph) != "train":
+        raise UserError(
+            f"{options.micro_batches} micro-batches (--micro-batches, --micro-batch-size) on an RDU inference run: "
+            "SambaFlow streams the compiled batch through each section once, micro-batches split a training "
+            "step (gradient accumulation); drop them, or add --mode train"
+        )
+    return True
