@@ -721,6 +721,14 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
                 f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
                 f"not --strategy {opts.strategy}; drop it or use --strategy dp"
             )
+    if target is not None and opts.fused_attention and "fused_attention" in given:
+        from dabench_ir.lowering import lowering_for
+
+        if lowering_for(target).fuses_attention_itself:
+            raise UserError(
+                f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
+                "an attention core itself; a cost rewrite before it would count the fusion twice; drop it"
+            )
     if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and mode == "train":
         raise UserError(
             f"--precision {opts.precision} is an inference (quantised) precision; train in "

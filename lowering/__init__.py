@@ -127,6 +127,12 @@ class Lowering(ABC):
     """The lowering places a pipeline over several devices itself (the IPU's ``--ipus``): pipeline
     parallelism over n is its plan on n devices, not the scaling stage's stage split."""
 
+    fuses_attention_itself: ClassVar[bool] = False
+    """The lowering models how the architecture fuses an attention core itself (an RDU O3 section keeps
+    the core's scores on chip and recomputes them; the WSE keeps every intermediate in PE SRAM), so
+    the cost rewrite of ``--fused-attention true`` before it would count the fusion twice or change
+    nothing: the run refuses it (`dabench_ir.options.check_applies`)."""
+
     def device_memory(self, ctx: LoweringContext, options: Any, *, zero: int, shards: int) -> dict[str, int] | None:
         """Bytes one device holds by kind (weights, gradients, optimizer, activations, ...; ``host`` off the
         device) when the run is data-parallel over ``shards`` devices with ZeRO stage ``zero``; None where the

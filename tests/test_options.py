@@ -198,3 +198,24 @@ def test_chips_per_node_is_a_scale_knob_of_scale_sweep_and_profile():
     (point,) = parse_spec({"point": [{"chips": 4, "strategy": "tp", "chips_per_node": 2}]}).points
     assert point["chips_per_node"] == 2
     assert recorded_config(ScaleOptions(chips=4, strategy="tp", chips_per_node=2))["chips_per_node"] == 2
+
+
+def test_fused_attention_is_refused_where_the_lowering_fuses_attention_itself():
+    """The RDU and WSE lowerings model the chip's own attention fusion: the FlashAttention cost
+    rewrite before them would count it twice (exit 2, one line). GPUs and the IPU read it; the
+    target's own default (off) may be given on any target."""
+    from dabench_ir.lowering import lowering_for
+    from dabench_ir.run import resolve
+    from dabench_ir.targets import load_target
+    from tests.lowering_graphs import decoder
+
+    graph = decoder(layers=1, hidden=64, seq=8)
+    for name in ("sn30", "wse2"):
+        assert lowering_for(load_target(name)).fuses_attention_itself
+        with pytest.raises(UserError, match=rf"--fused-attention true on {name} .* count the fusion twice; drop it"):
+            resolve(graph, name, {"fused_attention": True})
+        assert resolve(graph, name, {"fused_attention": False}).options.fused_attention is False
+    for name in ("h100", "bow"):
+        assert not lowering_for(load_target(name)).fuses_attention_itself
+        assert resolve(graph, name, {"fused_attention": True}).options.fused_attention is True
+    assert main(["profile", "gpt2-small", "-t", "sn30", "--fused-attention", "true"]) == 2

@@ -150,6 +150,7 @@ class RduLowering(Lowering):
     kinds = ("rdu",)
     Options = RduOptions
     feed = "off-chip"  # sections read weights and boundary tensors from DDR
+    fuses_attention_itself = True  # O3 keeps each attention core in one section, its scores on chip
 
     def _lower(self, ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         """Form the sections, time and place each, then add the rows no node owns, fit the memory

@@ -92,6 +92,7 @@ class WseLowering(Lowering):
     Options = WseOptions
     feed = FEED_LEVEL  # PE SRAM feeds every region
     systems_stream_weights = True  # data parallelism: CS-2 systems joined by MemoryX and SwarmX
+    fuses_attention_itself = True  # every intermediate stays in PE SRAM: no S×S traffic to remove
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:
         # one kernel map for every plan tried (each copy count, then streaming): it depends on the graph alone
