@@ -144,6 +144,8 @@ def candidate_knobs(report: Report) -> list[Change]:
     for name, k in KNOBS.items():
         if name not in fields or k.group != "target" or (k.targets is not None and target.kind not in k.targets):
             continue
+        if k.modes is not None and opts.mode not in k.modes:  # a training knob in an inference run
+            continue
         current = getattr(opts, name)
         if k.choices:
             out += [(k, c) for c in k.choices if c != current]

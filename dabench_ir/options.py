@@ -468,7 +468,12 @@ class ProfileOptions:
         modes=_TRAIN,
     )
     replicated_tensor_sharding: bool = _target_knob(
-        True, help="IPU: shard optimizer state over the replicas", parse=_bool, on="ipu", metavar="{true,false}"
+        True,
+        help="IPU, train: shard optimizer state over the replicas",
+        parse=_bool,
+        on="ipu",
+        metavar="{true,false}",
+        modes=_TRAIN,
     )
     half_partials: bool = _target_knob(
         True,
@@ -659,6 +664,9 @@ def add_deprecated(parser: Any, flag: str, *, use: str, **kwargs: Any) -> argpar
 
 
 def _text(value: Any) -> str:
+    """A knob's value as its flag takes it (a list comma-separated, a switch true/false)."""
+    if isinstance(value, bool):
+        return str(value).lower()
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 

@@ -242,9 +242,12 @@ def test_candidate_knobs_cover_switches_counts_and_fractions():
     pairs = {k.name: v for k, v in candidate_knobs(report)}
     default = report.options
     assert pairs["ipus"] == 2 * default.ipus
-    assert pairs["replicated_tensor_sharding"] is (not default.replicated_tensor_sharding)
     assert pairs["matmul_proportion"] == tuple(p / 2 for p in default.matmul_proportion)
     assert "opt_level" not in pairs  # an RDU knob: the IPU lowering does not read it
+    assert "replicated_tensor_sharding" not in pairs  # a training knob: this run is inference
+    trained = profile_graph(decoder(layers=2), "ipu", ProfileOptions(mode="train"))
+    switched = {k.name: v for k, v in candidate_knobs(trained)}
+    assert switched["replicated_tensor_sharding"] is (not trained.options.replicated_tensor_sharding)
 
 
 def test_the_verifier_checks_the_role_tables_the_json_writes_built_once():

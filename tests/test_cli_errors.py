@@ -280,6 +280,10 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
             ["--zero 1 applies to --strategy dp, not --strategy tp"],
         ),
         (["-t", "h100", "--micro-batch-size", "1"], ["--micro-batch-size 1 applies to training"]),
+        (
+            ["-t", "bow", "--replicated-tensor-sharding", "false"],
+            ["--replicated-tensor-sharding false applies to training"],
+        ),
         (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
     ],
 )
@@ -298,6 +302,7 @@ def test_a_knob_applies_check_is_the_one_table(tiny_decoder):
         "recompute",
         "micro_batch",
         "optimizer_state",
+        "replicated_tensor_sharding",
         "zero",
     }
     assert KNOBS["micro_batch"].flag == "--micro-batch-size" and KNOBS["micro_batch"].aliases == ("--micro-batch",)
