@@ -56,9 +56,11 @@ class Totals(TypedDict, total=False):
     nodes: int
     unattributed_nodes: int  # nodes without a cost rule (never counted as zero)
     estimated_nodes: int  # nodes given a labelled bytes-only estimate
+    copies: int  # data-parallel copies of the graph a step runs (IPU replicas, WSE copies on the wafer)
+    step_flops: int  # flops x copies: the step's work, what achieved_flops_per_s counts
     time_s: float  # one step
-    throughput_samples_per_s: float
-    achieved_flops_per_s: float
+    throughput_samples_per_s: float  # every copy's samples
+    achieved_flops_per_s: float  # step_flops / time_s
     overhead_s: float  # time no node owns (host, reconfiguration, launch)
     energy_j: float
     energy_per_sample_j: float

@@ -103,7 +103,8 @@ def compute_metrics(graph: Graph, plan: Plan, timeline: Timeline, target: Target
     allocation = _clamp(_allocation(plan, weights), 1.0 / max(1, target.num_units * plan.chips))
     li = _clamp(_load_imbalance(plan, timeline, weights), 1e-12)
     node_plans = plan.node_plans
-    total_flops = sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
+    # every data-parallel copy (IPU replicas, WSE copies on the wafer) runs the graph's work
+    total_flops = plan.replicas * sum(node_plans[n].flops for n in timeline.nodes if n in node_plans)
     step = timeline.step_time_s
     achieved = total_flops / step if step > 0 else 0.0
     peak = target.peak_flops(prec) * plan.chips

@@ -376,7 +376,7 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
             yield Violation(
                 "step_peak_flops", "step", achieved, peak * chips, f"highest node-dtype peak x {chips} chip(s)"
             )
-        flops = finite_float(totals.get("flops")) or 0.0
+        flops = finite_float(totals.get("step_flops", totals.get("flops"))) or 0.0  # every copy's
         if flops > 0 and _above(flops / (peak * chips), step):
             yield Violation(
                 "step_time_work",

@@ -129,3 +129,23 @@ def test_roofline_bound_of_one_model_per_architecture():
     g = decoder(layers=2, hidden=1024, seq=256, batch=4)
     assert _run("wse", ProfileOptions(wse_mode="pipelined"), g)[3].extra["roofline_bound"] == "compute"
     assert _run("rdu", ProfileOptions(opt_level="O3"), g)[3].extra["roofline_bound"] == "memory"
+
+
+def test_every_data_parallel_copy_counts_in_the_achieved_flops():
+    """IPU replicas and WSE copies on the wafer each run the graph: a step's work is the graph's
+    times the copies. Two IPU replicas (each on its own 4 IPUs) achieve twice one replica's FLOP/s at
+    the same efficiency; three copies on one wafer achieve three times the work of one copy in the step."""
+    from dabench_ir.pipeline import profile_graph
+
+    graph = decoder(layers=4, hidden=256, seq=64)
+    one, two = (profile_graph(graph.clone(), "ipu", ProfileOptions(ipus=4, replicas=r)) for r in (1, 2))
+    assert two.timeline.step_time_s == pytest.approx(one.timeline.step_time_s)
+    assert (two.totals["copies"], two.totals["step_flops"]) == (2, 2 * one.totals["flops"])
+    assert two.totals["flops"] == one.totals["flops"]  # the graph's: the node rows' sum
+    assert two.totals["achieved_flops_per_s"] == pytest.approx(2 * one.totals["achieved_flops_per_s"])
+    assert two.metrics["compute_efficiency"] == pytest.approx(one.metrics["compute_efficiency"])  # on 8 IPUs' peak
+    wafer = profile_graph(graph.clone(), "wse", ProfileOptions(wse_mode="pipelined", replicas=3))
+    assert wafer.plan.replicas == 3 and wafer.plan.chips == 1
+    step = wafer.totals
+    assert step["achieved_flops_per_s"] == pytest.approx(3 * step["flops"] / step["time_s"])
+    assert wafer.metrics["achieved_flops_per_s"] == pytest.approx(step["achieved_flops_per_s"])

@@ -152,19 +152,24 @@ def _node_rows(
 
 
 def _totals(rows: _NodeRows, plan: Any, timeline: Timeline | None, measurement: Any, samples: int) -> dict[str, Any]:
-    """The step's totals: FLOPs and bytes, its time and basis, throughput (none for a plan that does
-    not fit), the overheads no node owns and the estimated nodes' share."""
+    """The step's totals: FLOPs and bytes (the graph's, one copy's: ``step_flops`` counts every
+    data-parallel copy a step runs, ``copies``), its time and basis, throughput and achieved FLOP/s
+    of the whole step (none for a plan that does not fit), the overheads no node owns and the
+    estimated nodes' share."""
     total = _total(rows.costs)
     time_s = timeline.step_time_s if timeline is not None else None
     if measurement is not None and timeline is None:
         time_s = measurement.run_time_s
     fits = plan is None or plan.fits  # a point that does not fit gets no throughput, GOP/s or GOP/s/W
+    copies = plan.replicas if plan is not None else 1  # data-parallel copies of the graph in one step
     totals: dict[str, Any] = {
         "flops": total.flops,
         "bytes": total.bytes,
+        "copies": copies,
+        "step_flops": total.flops * copies,
         "time_s": time_s,
         "throughput_samples_per_s": samples / time_s if time_s and fits else None,
-        "achieved_flops_per_s": total.flops / time_s if time_s and fits else None,
+        "achieved_flops_per_s": total.flops * copies / time_s if time_s and fits else None,
         **total.as_dict(),
         "intensity": total.intensity,
         "nodes": len(rows.records),

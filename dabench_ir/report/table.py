@@ -350,6 +350,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
         + f", batch {c.get('batch')}, {c.get('precision') or '-'}, {c.get('mode')}{_train_basis(c)}",
         f"  work       {_work(t)}" + (f" (all {chips} chips: the model's work, every chip's bytes)" if chips else ""),
     ]
+    if t.get("copies", 1) > 1:  # data-parallel copies of the graph (IPU replicas, WSE copies on the wafer)
+        out[-1] += f" for one copy; {t['copies']} copies a step: {human(t['step_flops'], 'FLOP')}"
     one = report.extra.get("per_chip") or {}
     if chips and one.get("copies", 1) > 1:  # chips each doing a share: what one does, labelled apart
         out.append(
