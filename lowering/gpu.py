@@ -171,8 +171,8 @@ def _compute_times(
     vector FLOPs and special-function ops at the vector and SFU rates, added, every class at
     the dtype the node computes in (`LoweringContext.node_precision`): under int8 or fp8 only
     the quantised block matmuls run at that peak, the attention matmuls at fp16's, as the
-    verifier's ``node_peak_flops`` bounds them. A GEMM's tile and wave
-    efficiency is its shape in one of ``micro_batches`` (`gemm_wave_efficiency`).
+    verifier's ``node_peak_flops`` bounds them. A GEMM's tile and wave efficiency is that of its
+    shape in one of the step's ``micro_batches`` (`gemm_wave_efficiency`).
 
     The nodes of one fused attention kernel (FlashAttention) run together: the kernel takes
     its contraction FLOPs at ``fused_eff`` of the peak (the published share; FlashAttention
