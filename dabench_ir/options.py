@@ -701,6 +701,29 @@ def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed
     return cls(**values)
 
 
+def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: Any, mode: str) -> None:
+    """The knobs a target's lowering declares it has no use for (`Lowering.fuses_attention_itself`,
+    `Lowering.inference_without_micro_batches`): refused, naming why."""
+    asks_fusion = opts.fused_attention and "fused_attention" in given
+    asks_micro_batches = "micro_batches" in given and mode != "train"
+    if not (asks_fusion or asks_micro_batches):
+        return
+    from dabench_ir.lowering import lowering_for
+
+    lowering = lowering_for(target)
+    if asks_fusion and lowering.fuses_attention_itself:
+        raise UserError(
+            f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
+            "an attention core itself; a cost rewrite before it would count the fusion twice; drop it"
+        )
+    if asks_micro_batches and lowering.inference_without_micro_batches:
+        raise UserError(
+            f"{opts.micro_batches} micro-batches (--micro-batches, --micro-batch-size) on an "
+            f"{target.kind.upper()} inference run: {lowering.inference_without_micro_batches}; drop them, "
+            "or add --mode train"
+        )
+
+
 def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = None, *, trained: bool = False) -> None:
     """The one check that no knob is accepted and ignored: each knob the user ``given`` must apply to
     ``target`` (its kind, its size), the run's mode (``trained``: the graph is already a training
@@ -729,14 +752,8 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
                 f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
                 f"not --strategy {opts.strategy}; drop it or use --strategy dp"
             )
-    if target is not None and opts.fused_attention and "fused_attention" in given:
-        from dabench_ir.lowering import lowering_for
-
-        if lowering_for(target).fuses_attention_itself:
-            raise UserError(
-                f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
-                "an attention core itself; a cost rewrite before it would count the fusion twice; drop it"
-            )
+    if target is not None:
+        _check_lowering_takes(opts, given, target, mode)
     if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and mode == "train":
         raise UserError(
             f"--precision {opts.precision} is an inference (quantised) precision; train in "
