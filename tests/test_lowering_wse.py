@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from dabench_ir.emulate import emulate
+from dabench_ir.errors import UserError
 from dabench_ir.lowering import lower
 from dabench_ir.lowering._common import LoweringContext, balance
 from dabench_ir.lowering.wse import wse_kernels
@@ -226,6 +227,25 @@ def test_streaming_runs_the_batch_in_lanes_whose_checkpoints_fit_on_the_wafer(tm
     whole = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
     assert (whole.stats.micro_batch, whole.micro_batches) == (32, 1)
     assert not any("lanes of" in n for n in whole.notes)
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_micro_batches_are_weight_streaming_lanes_never_a_pipelined_knob(mode):
+    """Pipelined mode streams samples one at a time: micro-batches there were accepted and changed
+    nothing (GPT-2 small, batch 8: the same period and latency with 1, 2 or 8). They refuse an
+    explicit pipelined run, and under auto they choose weight streaming, where they set the lanes."""
+    g = decoder(layers=2, hidden=256, seq=64, heads=4, batch=8)
+    g = _train(g) if mode == "train" else g
+    pipelined = lower(g, WSE, ProfileOptions(mode=mode))
+    assert pipelined.stats.mode == "pipelined" and pipelined.micro_batches == 8  # one sample each
+    auto = lower(g, WSE, ProfileOptions(mode=mode, micro_batches=2))
+    streamed = lower(g, WSE, ProfileOptions(mode=mode, wse_mode="streaming", micro_batches=2))
+    assert auto.stats.mode == "streaming" and (auto.stats.micro_batch, auto.micro_batches) == (4, 2)
+    assert auto.notes[0].startswith("auto: weight streaming (2 micro-batches: the lanes of weight streaming")
+    assert auto.notes[1:] == streamed.notes
+    for refused in ({"wse_mode": "pipelined"}, {"replicas": 2}):
+        with pytest.raises(UserError, match="--micro-batches 2 splits the batch into weight streaming's lanes"):
+            lower(g, WSE, ProfileOptions(mode=mode, micro_batches=2, **refused))
 
 
 def test_streaming_throughput_flattens_with_batch():

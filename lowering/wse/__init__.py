@@ -18,6 +18,14 @@ This package holds the `Lowering` itself (`WseLowering`, `LOWERING`), the option
 ``--wse-mode auto`` follows the Cerebras documentation: pipelined for models below about
 1 B parameters when the pipelined plan fits, weight streaming otherwise.
 
+Micro-batches (``--micro-batches``, ``--micro-batch-size``) are weight streaming's lanes: the batch
+in parts, each through every layer while the layer's weights stream in once per part (Cerebras'
+microbatching, a Wafer-Scale Cluster setting: training-docs.cerebras.ai, "Optimize performance with
+automatic microbatching"). Pipelined mode has none: "training data is streamed into the WSE
+continuously", sample after sample through layers that all run at once (docs.cerebras.net,
+"Cerebras Execution Modes"). So micro-batches refuse ``--wse-mode pipelined`` and ``--replicas``,
+and under ``auto`` they choose weight streaming, as ``--replicas`` chooses pipelined.
+
 Data parallelism over several chips (``--chips N --strategy dp``) is N CS-2 systems of a
 Wafer-Scale Cluster (`WseLowering.systems_stream_weights`): each system runs weight streaming
 on its own batch, MemoryX streams the weights through SwarmX, which copies them to every system
@@ -69,6 +77,15 @@ class WseOptions(LoweringOptions):
     systems: int = internal(1)
 
     def __post_init__(self) -> None:
+        if self.micro_batches and (self.wse_mode == "pipelined" or self.replicas not in ("auto", None)):
+            why = (
+                "--wse-mode pipelined" if self.wse_mode == "pipelined" else f"--replicas {self.replicas} runs pipelined"
+            )
+            raise UserError(
+                f"--micro-batches {self.micro_batches} splits the batch into weight streaming's lanes; pipelined "
+                f"mode ({why}) streams samples through the wafer one at a time and has none: drop "
+                "--micro-batches (or --micro-batch-size), or use --wse-mode streaming"
+            )
         if self.systems <= 1:
             return
         chips = f"--chips {self.systems} --strategy dp runs {self.systems} CS-2 systems in weight streaming"
@@ -108,6 +125,14 @@ class WseLowering(Lowering):
             return plan
         if options.wse_mode == "streaming":
             return streaming_plan(ctx, target, options, kernels)
+        if options.micro_batches:  # lanes exist only in weight streaming: no silent pipelined run
+            streamed = streaming_plan(ctx, target, options, kernels)
+            streamed.notes.insert(
+                0,
+                f"auto: weight streaming ({options.micro_batches} micro-batches: the lanes of weight streaming; "
+                "pipelined mode streams samples one at a time)",
+            )
+            return streamed
         plan = pipelined_best(ctx, target, options, kernels)
         if options.wse_mode == "pipelined":
             return plan

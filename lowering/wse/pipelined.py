@@ -184,10 +184,14 @@ def _place_pipelined(
     ``replicas`` copies on the wafer. Steps: the fit, the regions and their nodes, the I/O and buffer
     PEs, the step (its period, the drain, the optimizer windows, the overheads), the statistics."""
     sram = target.memory(FEED_LEVEL)
-    per_replica = ctx.batch  # every copy runs the graph's batch (dabench_ir.run)
-    m = options.micro_batches or per_replica
+    samples = ctx.batch  # every copy runs the graph's batch (dabench_ir.run), one sample after another
     plan = ctx.plan(
-        target, options, Schedule.CONCURRENT, micro_batches=m, replicas=replicas, pipelined_steps=options.steady_state
+        target,
+        options,
+        Schedule.CONCURRENT,
+        micro_batches=samples,
+        replicas=replicas,
+        pipelined_steps=options.steady_state,
     )
     sizing = _size(ctx, target, options, kernels, replicas)
     assert sizing is not None
@@ -195,7 +199,7 @@ def _place_pipelined(
     sizes = _fit_regions(target, plan, kernels, sizing, replicas)
     times = [k.work_s / p + tau for k, p, tau in zip(kernels, sizes, sizing.tau, strict=True)]
     period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
-    kernel_pes = _place_regions(ctx, target, plan, kernels, sizes, sizing.tau, times, replicas, m)
+    kernel_pes = _place_regions(ctx, target, plan, kernels, sizes, sizing.tau, times, replicas)
     io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
     # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
     plan.units.append(
@@ -214,7 +218,7 @@ def _place_pipelined(
     # synchronous training: a step's update waits for its last sample's gradients, so each step
     # drains the pipeline, updates, and refills it (`_chain_latency`); each region updates its own
     # weights in the window between its last backward and the next step's first forward
-    step = period * per_replica
+    step = period * samples
     chain, before = _chain_latency(kernels, times)
     training = meta.graph_mode(ctx.graph) == "train"
     drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
@@ -285,16 +289,16 @@ def _place_regions(
     taus: list[float],
     times: list[float],
     replicas: int,
-    m: int,
 ) -> int:
     """One unit a kernel (its region of ``sizes`` PEs, ``replicas`` copies) and its nodes' plans: a
-    node's compute is its share of the region's W/p + tau per sample, over the copy's batch.
+    node's compute is its share of the region's W/p + tau per sample, over the copy's batch (each
+    sample its own micro-batch: samples stream through one at a time).
     Returns the PEs the regions hold."""
     pes = target.num_units
     sram = target.memory(FEED_LEVEL)
     ridge = target.ridge_point(ctx.precision, sram)
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
-    per_replica = ctx.batch
+    samples = ctx.batch
     kernel_pes = 0
     for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, taus, times, strict=True)):
         busy = k.work_s / p
@@ -324,11 +328,11 @@ def _place_regions(
             share = w / k.work_s if k.work_s > 0 else 0.0
             # the per-token fixed time is part of the kernel's execution (its utilisation says
             # how much): a node's compute time is its share of W/p + tau
-            compute = (w / p + tau * share) * per_replica
+            compute = (w / p + tau * share) * samples
             if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
                 prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
                 if compute > prev.compute_s + prev.overhead_s:
-                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, 0.0, compute / m
+                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, 0.0, compute / samples
                 continue
             plan.node_plans[node.name] = place_node(
                 ctx,
@@ -339,7 +343,7 @@ def _place_regions(
                 feed_bytes=ctx.costs[node.name].bytes,
                 ridge=ridge,
                 allocation=p * replicas / pes,
-                micro_batches=m,
+                micro_batches=samples,
             )
             if not ctx.is_work(node) or k.work_s == 0:
                 plan.node_plans[node.name].per_micro_batch_s = 0.0
