@@ -85,6 +85,12 @@ SUBSTITUTE: list[tuple[str, str, str]] = [
         "one target's points (the IPU's are the quickest)",
     ),
     ("validate --target rdu", "validate --target ipu", "one target's points (the IPU's are the quickest)"),
+    (
+        "validate --json v.json",
+        "validate --target ipu --json v.json",
+        "one target's points written every way (the whole catalogue, its base models exported into this "
+        "test's empty cache, took 100 s; tests/test_validate.py runs the whole catalogue)",
+    ),
     ("--target cpu --measure", "--target cpu --measure --repeat 1 --warmup 0", "one measured run"),
     (
         "--target rdu,cpu",

@@ -80,7 +80,7 @@ def run_validation(
     for i in order:
         if points[i].kind != "host":  # measured live: one at a time, nothing beside them
             groups.setdefault(graph_key(points[i]) if points[i].kind == "model" else ("", i), []).append(i)
-    if jobs > 1 and len(groups) > 1 and "torch" not in sys.modules:  # torch's pools do not survive a fork
+    if jobs > 1 and len(groups) > 1:
         deepest = sorted(groups.values(), key=lambda g: -_depth(points[g[0]]))  # the longest first: no long tail
         _run_parallel(points, deepest, folder, min(jobs, len(groups)), done, tick)
     graphs.expect(_point_models([points[i] for i in order if i not in done]))
@@ -105,12 +105,14 @@ def _run_parallel(
     points: Sequence[Point], groups: list[list[int]], folder: Path, jobs: int, done: dict[int, PointResult], tick: Bar
 ) -> None:
     """Run ``groups`` of point indices (the points of one model together, so its graph is built
-    once) in ``jobs`` forked worker processes, filling ``done``; the points of a lost worker, or
-    all not done when a result cannot come back, are left out of ``done`` (the caller runs them here)."""
+    once) in ``jobs`` worker processes, filling ``done``; the points of a lost worker, or all not
+    done when a result cannot come back, are left out of ``done`` (the caller runs them here).
+    Workers are forked, or spawned when this process has loaded torch (an API user's session, the
+    test suite), whose thread pools do not survive a fork."""
     from dabench_ir.sweep.executors import LocalExecutor, WorkerLost
 
     tasks = [(_run_points, ([points[i] for i in group], str(folder))) for group in groups]
-    executor = LocalExecutor(jobs)
+    executor = LocalExecutor(jobs, start="spawn" if "torch" in sys.modules else "fork")
     try:
         for task, out in executor.map_unordered(tasks):
             if isinstance(out, WorkerLost):
