@@ -226,7 +226,16 @@ def _lane_rates(members: list[int], durations: list[float], runs: _Runs) -> dict
     first node to b's last (node durations along graph and lane order), after which b's next
     micro-batch may start. A lane's rate is the largest cycle mean (weight per edge, one edge a
     micro-batch) of the strongly connected parts of that graph that reach it (Karp's algorithm on
-    each part)."""
+    each part).
+
+    Nodes on one lane (an RDU section, a GPU stream) form one cycle through all of them: the rate
+    is their durations' sum, which the general walk below also gives, after a pass per lane."""
+    lanes = {runs.lanes[i] for i in members}
+    if len(lanes) == 1:
+        period = 0.0
+        for took in durations:  # left to right, as the walk below adds them
+            period += took
+        return {lanes.pop(): period}
     local = {i: j for j, i in enumerate(members)}  # a member's index in ``members``
     first: dict[str, int] = {}
     final: dict[str, int] = {}

@@ -155,6 +155,35 @@ def test_the_closed_form_matches_simulating_every_micro_batch(monkeypatch, stage
     assert len(closed.slices["n0"]) < micro_batches  # the closed form did apply
 
 
+def test_one_lane_runs_at_its_nodes_sum_exactly_as_the_walk_gives(monkeypatch):
+    """An RDU section's nodes share one lane: its rate is their durations' sum, without the walk
+    over lanes, to the last bit of what the walk gives (here with a second lane beside it, which
+    reaches nothing), and a training step with 16 micro-batches matches simulating every one."""
+    import random
+
+    import dabench_ir.emulate as emulate_module
+    from dabench_ir.emulate import _lane_rates, _Runs
+    from dabench_ir.passes.training import TrainingPass
+
+    rng = random.Random(7)
+    durations = [rng.uniform(1e-9, 1e-3) for _ in range(40)]
+    preds = [[j for j in range(i) if rng.random() < 0.2] for i in range(40)]
+    alone = _lane_rates(list(range(40)), durations, _Runs.start(["rdu"] * 40, preds))
+    beside = _lane_rates(list(range(41)), [*durations, 5.0], _Runs.start(["rdu"] * 40 + ["host"], [*preds, []]))
+    assert alone == {"rdu": beside["rdu"]} and beside["host"] == 5.0
+
+    g = TrainingPass()(decoder(layers=2, hidden=64, batch=16)).graph
+    plan = lower(g, load_target("rdu"), ProfileOptions(micro_batches=16, mode="train"))
+    assert plan.micro_batches == 16 and {p.lane for p in plan.node_plans.values()} == {"rdu"}
+    closed = emulate(plan, g)
+    monkeypatch.setattr(emulate_module, "_lane_rates", lambda *a: defaultdict(lambda: math.nan))  # never settles
+    simulated = emulate(plan, g)
+    assert closed.step_time_s == pytest.approx(simulated.step_time_s, rel=1e-12)
+    for name, runs in simulated.slices.items():
+        assert closed.slices[name][-1] == pytest.approx(runs[-1], rel=1e-12)
+    assert len(closed.slices[g.nodes[0].name]) < 16  # the closed form did apply
+
+
 def test_lane_rates_are_the_largest_cycle_mean_that_reaches_each_lane():
     from dabench_ir.emulate import _reached_cycle_means
 
