@@ -164,58 +164,19 @@ def ensure_node_table(
         max_weight_bytes=max_weight_bytes,
     )
     name_nodes(prepared.model, graph)
-    by_name = {n.name: n for n in prepared.model.graph.node}
-    flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
-    context = _Context.of(prepared.model, prepared.feeds, graph)
     if say:
         say(
             f"measuring {len(todo)} node shapes this host has not timed yet (the cpu target predicts from them; "
             f"once per shape, cached in {table_path}; at most {budget_s:.0f} s)"
         )
-    ready: list[_Bench] = []  # the signatures timed once, in pass order
+    budget = _Budget(start, budget_s)
     probe = SpeedProbe(threads)
+    flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
+    timer = _NodeTimer(graph, _Context.of(prepared.model, prepared.feeds, graph), probe, threads, budget, flush)
+    by_name = {n.name: n for n in prepared.model.graph.node}
     pass_start = time.perf_counter()
-    for sig, names, _est in todo:  # pass 1: every signature once, most expensive first, within the budget
-        spent = time.perf_counter() - start
-        if spent >= budget_s:
-            result.skipped[sig] = f"time budget ({budget_s:g} s) spent"
-            continue
-        onnx_node = by_name.get(names[0])
-        if onnx_node is None:
-            result.skipped[sig] = "node not found in the ONNX model"
-            continue
-        try:
-            hot = bench_node_model(onnx_node, graph, context)
-            cold = bench_node_model(onnx_node, graph, context, flush_bytes=flush)
-        except _CannotBench as exc:
-            result.skipped[sig] = str(exc)
-            continue
-        per_s = min(_PER_NODE_S, max(budget_s - spent, 0.0) / 2)
-        bench = _Bench(sig, onnx_node.op_type, hot, cold)
-        try:
-            bench.speeds.append(probe.time())
-            bench.hots.append(_time_node(*hot, threads=threads, max_s=per_s))
-            bench.colds.append(_time_node(*cold, threads=threads, max_s=per_s))
-        except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
-            result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
-            continue
-        ready.append(bench)
-    one_pass = time.perf_counter() - pass_start
-    for _ in range(_PASSES - 1):  # later passes, while the budget holds a whole one: the machine's speed drifts
-        if not ready or time.perf_counter() - start + one_pass > budget_s:
-            break
-        for bench in ready:
-            bench.another_pass(probe, threads)
-    quiet = min([*probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
-    for _ in range(_PASSES):  # nodes with no quiet pass yet: again, while the budget lasts
-        busy = [b for b in ready if min(b.speeds) > _BUSY * quiet]
-        if not busy:
-            break
-        for bench in busy:
-            if time.perf_counter() - start >= budget_s:
-                break
-            bench.another_pass(probe, threads)
-        quiet = min([quiet, *probe.readings])
+    ready = [b for sig, names, _est in todo if (b := timer.first_pass(sig, by_name.get(names[0]), result))]
+    quiet = timer.more_passes(ready, one_pass_s=time.perf_counter() - pass_start, stored_probe=stored_probe)
     for bench in ready:
         rec, rec_cold = combine_passes(bench.hots, bench.colds, bench.speeds, quiet=quiet)
         rec["op"] = bench.op
@@ -463,6 +424,82 @@ class _Bench:
         self.hots.append(hot)
         self.colds.append(cold)
         self.speeds.append(speed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """The seconds a table's measurement may take, from ``start`` (a `time.perf_counter` reading)."""
+
+    start: float
+    seconds: float
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return max(self.seconds - self.spent(), 0.0)
+
+
+@dataclass
+class _NodeTimer:
+    """Times one-node models of ``graph`` within ``budget``: a first pass over every signature, then
+    more passes while the budget holds a whole one, and again for nodes timed only while the machine
+    was busy (the speed probe slower than its quietest reading by `_BUSY`). A flushed run first
+    streams ``flush_bytes`` to push the node's operands out of the caches."""
+
+    graph: Graph
+    context: _Context
+    probe: SpeedProbe
+    threads: int
+    budget: _Budget
+    flush_bytes: int
+
+    def first_pass(self, sig: str, onnx_node: onnx.NodeProto | None, result: BenchResult) -> _Bench | None:
+        """``sig`` timed once, hot and flushed; None, with the reason in ``result.skipped``, when the
+        budget is spent or the node cannot be timed alone (the class model predicts it)."""
+        if self.budget.left() <= 0:
+            result.skipped[sig] = f"time budget ({self.budget.seconds:g} s) spent"
+            return None
+        if onnx_node is None:
+            result.skipped[sig] = "node not found in the ONNX model"
+            return None
+        try:
+            hot = bench_node_model(onnx_node, self.graph, self.context)
+            cold = bench_node_model(onnx_node, self.graph, self.context, flush_bytes=self.flush_bytes)
+        except _CannotBench as exc:
+            result.skipped[sig] = str(exc)
+            return None
+        per_s = min(_PER_NODE_S, self.budget.left() / 2)
+        bench = _Bench(sig, onnx_node.op_type, hot, cold)
+        try:
+            bench.speeds.append(self.probe.time())
+            bench.hots.append(_time_node(*hot, threads=self.threads, max_s=per_s))
+            bench.colds.append(_time_node(*cold, threads=self.threads, max_s=per_s))
+        except Exception as exc:  # onnxruntime rejects an odd one-node model: keep the class model
+            result.skipped[sig] = f"onnxruntime: {str(exc).splitlines()[0][:120]}"
+            return None
+        return bench
+
+    def more_passes(self, ready: list[_Bench], *, one_pass_s: float, stored_probe: float | None) -> float:
+        """Later passes over ``ready`` (the machine's speed drifts), while the budget holds one of
+        ``one_pass_s``, then again for the nodes with no quiet pass yet; the quietest probe reading
+        (this run's, or the table's ``stored_probe``)."""
+        for _ in range(_PASSES - 1):
+            if not ready or self.budget.spent() + one_pass_s > self.budget.seconds:
+                break
+            for bench in ready:
+                bench.another_pass(self.probe, self.threads)
+        quiet = min([*self.probe.readings, *([stored_probe] if stored_probe else [])], default=0.0)
+        for _ in range(_PASSES):
+            busy = [b for b in ready if min(b.speeds) > _BUSY * quiet]
+            if not busy:
+                break
+            for bench in busy:
+                if self.budget.left() <= 0:
+                    break
+                bench.another_pass(self.probe, self.threads)
+            quiet = min([quiet, *self.probe.readings])
+        return quiet
 
 
 def combine_passes(
