@@ -703,9 +703,9 @@ def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed
 
 def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: Any, mode: str) -> None:
     """The knobs a target's lowering declares it has no use for (`Lowering.fuses_attention_itself`,
-    `Lowering.inference_without_micro_batches`): refused, naming why."""
+    `Lowering.without_micro_batches`): refused, naming why."""
     asks_fusion = opts.fused_attention and "fused_attention" in given
-    asks_micro_batches = "micro_batches" in given and mode != "train"
+    asks_micro_batches = [f"{KNOBS[n].flag} {getattr(opts, n)}" for n in ("micro_batches", "micro_batch") if n in given]
     if not (asks_fusion or asks_micro_batches):
         return
     from dabench_ir.lowering import lowering_for
@@ -716,11 +716,14 @@ def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: A
             f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
             "an attention core itself; a cost rewrite before it would count the fusion twice; drop it"
         )
-    if asks_micro_batches and lowering.inference_without_micro_batches:
+    why = lowering.without_micro_batches.get(mode) if asks_micro_batches else None
+    if why:
+        fix = "drop it" if len(asks_micro_batches) == 1 else "drop them"
+        if mode != "train" and "train" not in lowering.without_micro_batches:
+            fix += ", or add --mode train"
         raise UserError(
-            f"{opts.micro_batches} micro-batches (--micro-batches, --micro-batch-size) on an "
-            f"{target.kind.upper()} inference run: {lowering.inference_without_micro_batches}; drop them, "
-            "or add --mode train"
+            f"{' '.join(asks_micro_batches)} on {target.name} ({target.kind}) in "
+            f"{'training' if mode == 'train' else 'inference'}: {why}; {fix}"
         )
 
 

@@ -133,9 +133,10 @@ class Lowering(ABC):
     the cost rewrite of ``--fused-attention true`` before it would count the fusion twice or change
     nothing: the run refuses it (`dabench_ir.options.check_applies`)."""
 
-    inference_without_micro_batches: ClassVar[str | None] = None
-    """Why an inference run on this architecture has no micro-batches to run (None: it runs them, a
-    pipeline's or one after another): the run refuses them (`dabench_ir.options.check_applies`)."""
+    without_micro_batches: ClassVar[dict[str, str]] = {}
+    """By mode (``inference``, ``train``), why a run on this architecture has no micro-batches to run
+    (a mode not named runs them, a pipeline's or one after another): the run refuses them
+    (`dabench_ir.options.check_applies`)."""
 
     def device_memory(self, ctx: LoweringContext, options: Any, *, zero: int, shards: int) -> dict[str, int] | None:
         """Bytes one device holds by kind (weights, gradients, optimizer, activations, ...; ``host`` off the

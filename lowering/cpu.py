@@ -43,7 +43,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
@@ -543,6 +543,9 @@ class CpuLowering(Lowering):
     kinds = ("cpu",)
     Options = CpuOptions
     feed = "off-chip"  # every operand streams from host DRAM
+    without_micro_batches: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("inference", "train"), "onnxruntime runs a step's whole batch in one call of the graph on the host"
+    )
 
     def _lower(self, ctx: LoweringContext, target: Target, options: CpuOptions) -> Plan:
         times = predict_cpu_times(ctx.graph, target, ort_opt=options.ort_opt)

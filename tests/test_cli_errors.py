@@ -289,6 +289,11 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
             ["--replicated-tensor-sharding false applies to training"],
         ),
         (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
+        (["-t", "cpu", "--micro-batches", "1"], ["--micro-batches 1 on cpu", "in one call", "drop it"]),
+        (
+            ["-t", "cpu", "--mode", "train", "--micro-batch-size", "1"],
+            ["--micro-batch-size 1 on cpu (cpu) in training", "drop it"],
+        ),
     ],
 )
 def test_profile_refuses_a_knob_where_the_table_says_it_does_not_apply(capsys, tiny_decoder, argv, needles):

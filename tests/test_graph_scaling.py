@@ -165,7 +165,7 @@ def test_training_work_does_not_grow_with_the_micro_batches():
     looped over every kernel of every micro-batch: 64 times the lines). The micro-batches differ
     in size, so value-dependent branches (a bound, a calibration bracket) may differ: within 5 %."""
     graph = _tiny_gpt2(2, batch=4096)
-    for target in TARGETS:
+    for target in (t for t in TARGETS if t != "cpu"):  # the host runs a step's batch in one call: refused
         for m in (64, 4096):  # warm: a target's first use, and the per-shape caches
             _calls(graph, target, {"mode": "train", "micro_batches": m})
         few, many = (_lines(graph, target, {"mode": "train", "micro_batches": m}) for m in (64, 4096))

@@ -571,5 +571,7 @@ def test_the_same_micro_batches_give_the_same_step_however_they_are_asked():
     count, size, whole = step(micro_batches=4), step(micro_batch=1), step()
     assert count == size
     assert count[0] > whole[0] and count[1] < whole[1]  # each section runs 4 times; one sample's activations held
-    with pytest.raises(UserError, match=r"4 micro-batches .* on an RDU inference run"):
+    with pytest.raises(
+        UserError, match=r"--micro-batches 4 on sn30 \(rdu\) in inference: SambaFlow .*, or add --mode train"
+    ):
         profile_graph(decoder(layers=2, hidden=256, seq=64, batch=4), "sn30", ProfileOptions(micro_batches=4))

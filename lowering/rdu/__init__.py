@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering._common import LoweringContext
@@ -150,10 +150,10 @@ class RduLowering(Lowering):
     Options = RduOptions
     feed = "off-chip"  # sections read weights and boundary tensors from DDR
     fuses_attention_itself = True  # O3 keeps each attention core in one section, its scores on chip
-    inference_without_micro_batches = (
-        "SambaFlow streams the compiled batch through each section once, micro-batches split a training "
-        "step (gradient accumulation)"
-    )
+    without_micro_batches: ClassVar[dict[str, str]] = {
+        "inference": "SambaFlow streams the compiled batch through each section once, micro-batches split a "
+        "training step (gradient accumulation)"
+    }
 
     def _lower(self, ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         """Form the sections, time and place each, then add the rows no node owns, fit the memory
@@ -215,5 +215,5 @@ def _accumulates(ctx: LoweringContext, options: RduOptions) -> bool:
     """Whether the step accumulates gradients: a training step asked for micro-batches (however the
     question put them: a count, or a micro-batch size) runs each micro-batch forward and backward
     over every section before the next, one weight update per step. (An inference run has none:
-    the run refuses them, `inference_without_micro_batches`.)"""
+    the run refuses them, `without_micro_batches`.)"""
     return options.micro_batches is not None and meta.graph_mode(ctx.graph) == "train"
