@@ -727,6 +727,22 @@ def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: A
         )
 
 
+def _check_recompute(opts: Any, given: set[str] | frozenset[str], target: Any, mode: str) -> None:
+    """``--recompute selective`` recomputes each attention core in the backward: with fused attention
+    (given, or the target's default) the fused kernel's backward does so already, and the step is
+    the one without it (passes/training.py): refused, naming the fix."""
+    if "recompute" not in given or opts.recompute != "selective" or mode != "train":
+        return
+    fused, source = opts.fused_attention, "--fused-attention true"
+    if fused is None and target is not None:
+        fused, source = bool(target.default("fused_attention")), f"{target.name}'s default"
+    if fused:
+        raise UserError(
+            f"--recompute selective recomputes each attention core in the backward, which the fused attention "
+            f"kernel does already ({source}): the step is the one without it; drop it, or add --fused-attention false"
+        )
+
+
 def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = None, *, trained: bool = False) -> None:
     """The one check that no knob is accepted and ignored: each knob the user ``given`` must apply to
     ``target`` (its kind, its size), the run's mode (``trained``: the graph is already a training
@@ -757,6 +773,7 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
             )
     if target is not None:
         _check_lowering_takes(opts, given, target, mode)
+    _check_recompute(opts, given, target, mode)
     if opts.precision is not None and opts.precision not in FLOAT_PRECISIONS and mode == "train":
         raise UserError(
             f"--precision {opts.precision} is an inference (quantised) precision; train in "

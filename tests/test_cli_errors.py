@@ -289,6 +289,10 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
             ["--replicated-tensor-sharding false applies to training"],
         ),
         (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
+        (
+            ["-t", "h100", "--mode", "train", "--recompute", "selective"],
+            ["--recompute selective", "h100's default", "--fused-attention false"],
+        ),
         (["-t", "cpu", "--micro-batches", "1"], ["--micro-batches 1 on cpu", "in one call", "drop it"]),
         (
             ["-t", "cpu", "--mode", "train", "--micro-batch-size", "1"],
