@@ -703,14 +703,14 @@ def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed
 
 def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: Any, mode: str) -> None:
     """The knobs a target's lowering declares it has no use for (`Lowering.fuses_attention_itself`,
-    `Lowering.without_micro_batches`): refused, naming why."""
-    asks_fusion = opts.fused_attention and "fused_attention" in given
-    asks_micro_batches = [f"{KNOBS[n].flag} {getattr(opts, n)}" for n in ("micro_batches", "micro_batch") if n in given]
-    if not (asks_fusion or asks_micro_batches):
-        return
+    `Lowering.without_micro_batches`): refused, naming why; and the lowering's own rules on how its
+    knobs combine (its options' checks, e.g. the WSE's copies and lanes), before anything runs."""
     from dabench_ir.lowering import lowering_for
 
     lowering = lowering_for(target)
+    lowering.options(opts)  # raises UserError for a combination the lowering refuses
+    asks_fusion = opts.fused_attention and "fused_attention" in given
+    asks_micro_batches = [f"{KNOBS[n].flag} {getattr(opts, n)}" for n in ("micro_batches", "micro_batch") if n in given]
     if asks_fusion and lowering.fuses_attention_itself:
         raise UserError(
             f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
@@ -781,11 +781,6 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
         )
     if target is None or "replicas" not in given or opts.replicas in (None, 1):
         return
-    if target.kind == "wse" and opts.wse_mode == "streaming":
-        raise UserError(
-            f"--replicas {_text(opts.replicas)}: weight streaming runs one copy on the wafer; "
-            "replicas apply to --wse-mode pipelined (or auto)"
-        )
     if isinstance(opts.replicas, int) and opts.replicas > target.num_units:
         raise UserError(
             f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy "

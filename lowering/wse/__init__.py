@@ -77,6 +77,13 @@ class WseOptions(LoweringOptions):
     systems: int = internal(1)
 
     def __post_init__(self) -> None:
+        """The modes' own rules: copies on the wafer run only pipelined, lanes only in weight streaming,
+        several CS-2 systems only in weight streaming, one copy each."""
+        if self.wse_mode == "streaming" and self.replicas not in (None, 1, "auto"):
+            raise UserError(
+                f"--replicas {self.replicas}: weight streaming runs one copy on the wafer; replicas apply to "
+                "--wse-mode pipelined (or auto)"
+            )
         if self.micro_batches and (self.wse_mode == "pipelined" or self.replicas not in ("auto", None)):
             why = (
                 "--wse-mode pipelined" if self.wse_mode == "pipelined" else f"--replicas {self.replicas} runs pipelined"

@@ -86,8 +86,6 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
     training = meta.graph_mode(ctx.graph) == "train"
     batch = ctx.batch
     plan = ctx.plan(target, options, Schedule.SEQUENTIAL)
-    if options.replicas not in (None, 1, "auto"):
-        plan.notes.append("replicas apply to pipelined mode only; weight streaming uses one copy")
     streams = block_streams(ctx, target, kernels)
     layers = sum(1 for b in streams if b.is_layer)
     keep = sum(b.checkpoint_bytes for b in streams if b.is_layer) if training else 0
