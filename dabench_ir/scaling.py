@@ -890,7 +890,8 @@ def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: 
 
 
 def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
-    """Set ``pt``'s per-device memory and fit from ``parts`` (bytes by kind; ``host`` is off the device)."""
+    """Set ``pt``'s per-device memory and fit from ``parts`` (bytes by kind; ``host`` is off the device,
+    held against its share of the host's memory where the target has one)."""
     mem = target.feed_memory
     need = sum(v for k, v in parts.items() if k != "host")
     pt.memory_per_device = parts
@@ -906,6 +907,15 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
             "capacity_bytes": int(mem.capacity_bytes),
         }
     )
+    host = parts.get("host", 0)
+    if pt.fits and host and target.has_memory("host") and host > target.memory("host").capacity_bytes:
+        pt.fits = False  # the optimizer state offloaded to the host outgrows the device's share of it
+        pt.failure = {
+            "reason": f"one device's offloaded optimizer state needs {host / 1e9:.2f} GB of host memory, "
+            f"{target.name}'s device has a {target.memory('host').capacity_bytes / 1e9:.2f} GB share",
+            "needed_bytes": host,
+            "capacity_bytes": int(target.memory("host").capacity_bytes),
+        }
     if not pt.fits:
         pt.throughput_samples_per_s = None
     elif pt.throughput_samples_per_s is None and pt.time_s > 0:

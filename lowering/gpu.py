@@ -14,8 +14,11 @@ scores they compute (a causal kernel skips the key blocks above the diagonal, ab
 ``meta.CAUSAL_SHARE``), but never run faster than their exps at the SFU rate and the rest at the
 hardware rates allow.
 ``optimizer_state=offchip`` keeps fp32 master weights and Adam moments in
-host memory (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021). The host CPU lowering (`cpu`) places nodes the same way, one per
-onnxruntime kernel, with its calibrated times.
+host memory and runs the optimizer there (CPU offload, ZeRO-Offload; Ren et al., USENIX ATC 2021:
+`offload_plan`): the Adam node streams its state through the GPU's share of the host's DRAM, each
+micro-batch's gradients cross PCIe to the host under its backward pass, and the updated 16-bit weights
+cross back before the next step, the part no computation hides in step rows of their own. The host
+CPU lowering (`cpu`) places nodes the same way, one per onnxruntime kernel, with its calibrated times.
 
 Decode graphs (``dabench.phase`` = decode, from ``dabench-ir export --phase decode``) are
 grouped as serving engines run them: one kernel per matmul, with the norms, rotary
@@ -54,6 +57,7 @@ from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
 from dabench_ir.passes.meta import MODEL_PHASE
 from dabench_ir.passes.training import (
+    ADAM_FLOPS_PER_PARAM,
     BACKWARD_COST,
     FORWARD_COST,
     FUSED_ATTENTION,
@@ -66,18 +70,21 @@ from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
-    from dabench_ir.targets import MemoryLevel, Target
+    from dabench_ir.targets import Link, MemoryLevel, Target
 
 __all__ = [
     "DECODE_ATTENTION_LOAD",
     "DECODE_STEP",
     "HOST_ISSUE",
     "LOWERING",
+    "OFFLOAD_GRADIENTS",
+    "OFFLOAD_WEIGHTS",
     "GpuLowering",
     "GpuOptions",
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
+    "offload_plan",
     "saved_activation_bytes",
     "stream_plan",
     "strided_views",
@@ -118,7 +125,8 @@ class GpuLowering(Lowering):
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
         groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
-        plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups)
+        offload = offload_plan(ctx, target, options)
+        plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups, offload=offload)
         step_s = target.overhead(DECODE_STEP + "_s") if groups is not None else 0.0
         if step_s > 0:  # the serving engine's host work between two decode steps: its own row, no node's
             plan.step_overheads_s[DECODE_STEP] = step_s
@@ -156,6 +164,14 @@ never above the L2's bandwidth, where the repeats are served when they hit."""
 
 HOST_ISSUE = "host_issue"
 """The step overhead (`Plan.step_overheads_s`) of a stream waiting for the host to issue its kernels."""
+
+OFFLOAD_GRADIENTS = "pcie_gradients_to_host"
+"""The step overhead of an offloaded optimizer (`offload_plan`): the part of the gradients' copies to the
+host that the backward passes they follow do not hide."""
+
+OFFLOAD_WEIGHTS = "pcie_weights_to_gpu"
+"""The step overhead of an offloaded optimizer (`offload_plan`): the updated 16-bit weights copied back
+to the GPU over PCIe, which the next step's forward waits for."""
 
 
 _CLASS_WORDS = {"vector": "the vector (CUDA) cores", "special": "the special-function units (SFU)"}
@@ -634,13 +650,16 @@ def stream_plan(
     times: Mapping[str, float] | None = None,
     groups: list[list[Node]] | None = None,
     feed_of: Mapping[str, MemoryLevel] | None = None,
+    offload: Offload | None = None,
 ) -> Plan:
     """Kernels in order on one ``unit``: roofline time plus launch overhead per kernel, or
     ``times`` (seconds per node) where a finer model has them; ``groups`` replaces the kernel
     grouping (default `kernel_groups`); ``feed_of`` names the memory level that feeds a node
-    where it is not the target's feed memory (the host CPU's cache); fits when the weights and
-    the peak of live activations fit the feed memory."""
+    where it is not the target's feed memory (the host CPU's cache); ``offload``: the optimizer
+    runs on the host (`offload_plan`); fits when the weights and the peak of live activations fit
+    the feed memory."""
     times = times or {}
+    hosted = offload.node if offload is not None else None  # the node the host's CPU runs, no kernel
     m = max(1, int(getattr(options, "micro_batches", None) or 1))
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, naming the ones the target has
     mem = target.feed_memory
@@ -650,6 +669,8 @@ def stream_plan(
     rereads, load_rate = _decode_rereads(ctx, target, options)
 
     def memory(node: Node, runs: int) -> float:
+        if node.name == hosted:  # CPU Adam streams its state through the host's DRAM
+            return ctx.costs[node.name].bytes / offload.host.bandwidth_bytes_per_s
         return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), load_rate)
 
     ridge = target.ridge_point(ctx.precision, mem)
@@ -662,9 +683,11 @@ def stream_plan(
     fused_eff = target.arch.get("fused_attention_efficiency")
     matmul_eff = target.arch_value("matmul_efficiency", 1.0)
     compute = _compute_times(ctx, target, matmul_eff, fused_eff.value if fused_eff is not None else None, m)
+    if hosted is not None:  # bound by the host's DRAM, by far (`offload_plan`): no GPU compute
+        compute[hosted] = (0.0, "host")
     plan = ctx.plan(target, options, Schedule.CONCURRENT, units=[unit])
     views = strided_views(ctx)  # read in place by a fused attention kernel: no copy, no launch
-    launches = _launches(ctx, groups if groups is not None else kernel_groups(ctx, fuse), views, m)
+    launches = _launches(ctx, groups if groups is not None else kernel_groups(ctx, fuse), views, m, hosted)
     for g in launches:
         if g.issued and not g.views_only:
             g.device_s = _group_device_s(ctx, g.nodes, compute, memory, m, views) + g.runs * g.kernels * launch
@@ -676,15 +699,17 @@ def stream_plan(
             cost = ctx.costs[node.name]
             unit.nodes.append(node.name)
             view = node.name in views
-            work = ctx.is_work(node) and not view
-            overhead = g.runs * g.kernels * launch if work and not launched else 0.0
-            launched = launched or work
-            if grain > 0 and cost.flops > 0:
+            kernel = ctx.is_work(node) and not view and node.name != hosted
+            overhead = g.runs * g.kernels * launch if kernel and not launched else 0.0
+            launched = launched or kernel
+            if not kernel:
+                alloc = 0.0
+            elif grain > 0 and cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
             else:
-                alloc = (1.0 / n_units) if work else 0.0
+                alloc = 1.0 / n_units
             compute_s, binds = compute[node.name]
-            fed = (feed_of or {}).get(node.name, mem)
+            fed = offload.host if node.name == hosted else (feed_of or {}).get(node.name, mem)
             plan.node_plans[node.name] = np_ = place_node(
                 ctx,
                 node,
@@ -708,11 +733,13 @@ def stream_plan(
                 np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
             if view:
                 np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
+            elif node.name == hosted:
+                np_.note = "the host's CPU runs it (--optimizer-state offchip): its state streams through host DRAM"
             elif node.name in rereads and np_.memory_s > _memory_s(cost, g.runs, bw):
                 np_.note = "load-bound: the decode attention kernel loads the K/V cache once per query head"
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
-            traffic += 0 if view else cost.bytes
+            traffic += 0 if view or node.name == hosted else cost.bytes
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     issue = target.overhead("host_issue_s")
     wait = _host_wait(launches, issue, m) if issue > 0 else 0.0
@@ -720,6 +747,9 @@ def stream_plan(
         plan.step_overheads_s[HOST_ISSUE] = wait
     unit.resources = {target.unit_name.lower() + "s": float(n_units)}
     plan.traffic_bytes[mem.name] = traffic
+    if offload is not None:
+        plan.traffic_bytes[offload.host.name] = ctx.costs[offload.node].bytes
+        plan.step_overheads_s.update(offload.transfers(ctx, plan, m))
     _fit_device_memory(ctx, target, options, plan, m)
     return plan
 
@@ -739,18 +769,21 @@ class KernelGroup:
     device_s: float = 0.0
 
 
-def _launches(ctx: LoweringContext, groups: Iterable[list[Node]], views: set[str], m: int) -> list[KernelGroup]:
-    """The kernel groups as the stream launches them (`KernelGroup`)."""
+def _launches(
+    ctx: LoweringContext, groups: Iterable[list[Node]], views: set[str], m: int, hosted: str | None = None
+) -> list[KernelGroup]:
+    """The kernel groups as the stream launches them (`KernelGroup`); ``hosted``: the node the host's
+    CPU runs (`offload_plan`), which launches nothing."""
     cores: set[object] = set()
     out = []
     for group in groups:
         kernels = 1 + _backward_kernels(ctx, group, cores)  # in training its backward kernels launch too
-        work = [n for n in group if ctx.is_work(n) and n.name not in views]
+        work = [n for n in group if ctx.is_work(n) and n.name not in views and n.name != hosted]
         viewed = [n for n in group if n.name in views]
         views_only = bool(viewed) and not work
         if views_only:  # the framework still dispatches the view (and its autograd backward)
             kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
-        runs = 1 if any(is_optimizer_step(n) for n in work) else m  # the optimizer runs once per step
+        runs = 1 if any(is_optimizer_step(n) for n in group) else m  # the optimizer runs once per step
         out.append(KernelGroup(group, kernels, runs, bool(work or viewed), views_only))
     return out
 
@@ -775,6 +808,89 @@ def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptio
     return rereads, load_rate
 
 
+@dataclass(frozen=True, slots=True)
+class Offload:
+    """The optimizer on the host, as ZeRO-Offload runs it (Ren et al., USENIX ATC 2021, sec. 4: the
+    fp32 master weights and Adam moments live in host memory, the CPU updates them, gradients go
+    down to the host and the updated 16-bit weights come back over PCIe each step).
+
+    ``node``: the Adam node, which the host's CPU runs. Its state (what the node reads and writes:
+    fp32 weights, moments, gradient, the 16-bit copy) streams through ``host``, the GPU's share of
+    its host's DRAM: DeepSpeed's vectorised CPU Adam (DeepSpeedCPUAdam) is bound there, by far; a
+    DGX H100's 112 cores' AVX-512 FMAs at their 2.0 GHz base clock (about 1.8 TFLOP/s a GPU) spend
+    under 2 % of that time on Adam's 14 FLOPs a parameter against its 28 bytes at 70 GB/s. ``pcie``:
+    one direction of the GPU's host link.
+    """
+
+    node: str
+    host: MemoryLevel
+    pcie: Link
+
+    def transfers(self, ctx: LoweringContext, plan: Plan, micro_batches: int) -> dict[str, float]:
+        """The step rows of the copies over PCIe, bandwidth-bound.
+
+        Gradients: DeepSpeed's ZeRO-2 offload copies each micro-batch's 16-bit gradients to pinned
+        host buffers as its backward pass produces them, asynchronously
+        (deepspeed/runtime/zero/stage_1_and_2.py, ``async_accumulate_grad_in_cpu_via_gpu``,
+        ``overlap_comm``): what the backward does not hide, ``OFFLOAD_GRADIENTS``, its seconds
+        estimated from each node's share of backward work (`_backward_s`). Weights: the updated
+        16-bit weights come back after the CPU's update and the next forward waits for them,
+        ``OFFLOAD_WEIGHTS``, all of it. Both are of the parameters this GPU's optimizer updates
+        (`updated_share`): under ZeRO each GPU offloads its own partition.
+        """
+        rate = self.pcie.bandwidth_bytes_per_s
+        share = self.updated_share(ctx)
+        gradients_s = share * training_state(ctx).gradients / rate
+        backward_s = _backward_s(ctx, plan, exclude=self.node) / micro_batches  # one micro-batch's
+        exposed = micro_batches * max(0.0, gradients_s - backward_s)
+        rows = {OFFLOAD_WEIGHTS: share * weight_bytes(ctx) / rate}
+        if exposed > 0:
+            rows[OFFLOAD_GRADIENTS] = exposed
+        return rows
+
+    def updated_share(self, ctx: LoweringContext) -> float:
+        """The share of the model's parameters this GPU's optimizer updates: 1, or its partition
+        under ZeRO (`dabench_ir.scaling.shard_optimizer_step` scales the Adam node's cost)."""
+        record = meta.training_state(ctx.graph)
+        if record is None or not record.params:
+            return 1.0
+        return ctx.costs[self.node].vector_flops / (ADAM_FLOPS_PER_PARAM[0] * record.params)
+
+
+def offload_plan(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Offload | None:
+    """The host's part of a training step whose optimizer state is offloaded (``--optimizer-state
+    offchip``: `Offload`), or None: not asked, or no optimizer step in the graph (inference)."""
+    if getattr(options, "optimizer_state", "auto") != "offchip":
+        return None
+    node = next((n.name for n in ctx.graph.nodes if is_optimizer_step(n)), None)
+    if node is None:
+        return None
+    pcie = target.link("pcie")
+    if not target.has_memory("host") or pcie is None:
+        raise UserError(
+            f"--optimizer-state offchip: target {target.name} has no host memory ([[memory]] with level = "
+            '"host") or no host link ([[link]] named "pcie") to offload to; add them to its target file, '
+            "or keep the optimizer state on the device"
+        )
+    return Offload(node=node, host=target.memory("host"), pcie=pcie)
+
+
+def _backward_s(ctx: LoweringContext, plan: Plan, *, exclude: str) -> float:
+    """Seconds of the step's backward passes on the stream (the stream's node plans are over the whole
+    step): each node's time times the share of its work that is backward (its backward FLOPs over all
+    of them; bytes where it has no FLOPs), an estimate since a node's time is planned for its forward
+    and backward together."""
+    total = 0.0
+    for name, node_plan in plan.node_plans.items():
+        backward = ctx.graph.node(name).meta.get(BACKWARD_COST)
+        if backward is None or name == exclude:
+            continue
+        cost = ctx.costs[name]
+        share = backward.flops / cost.flops if cost.flops else backward.bytes / cost.bytes if cost.bytes else 0.0
+        total += node_plan.per_micro_batch_s * share
+    return total
+
+
 def _fit_device_memory(ctx: LoweringContext, target: Target, options: LoweringOptions, plan: Plan, m: int) -> None:
     """What the device holds (`device_memory`: weights, training state, live activations; the
     optimizer state on the host with ``--optimizer-state offchip``), and the failure when it
@@ -785,7 +901,15 @@ def _fit_device_memory(ctx: LoweringContext, target: Target, options: LoweringOp
     resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
     if parts["host"]:
+        host = target.memory("host")
         plan.memory_bytes["host"] = parts["host"]
+        if parts["host"] > host.capacity_bytes:
+            plan.fail(
+                f"the offloaded optimizer state needs {parts['host'] / 1e9:.2f} GB of {host.name}, "
+                f"{target.name}'s GPU has a {host.capacity_bytes / 1e9:.2f} GB share of its host's memory",
+                parts["host"],
+                host.capacity_bytes,
+            )
     state = training_state(ctx)
     if resident > mem.capacity_bytes:
         plan.fail(

@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 
 KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
 """The target kinds a target file may declare: the one list (`dabench_ir.lowering.KINDS` maps each to its lowering)."""
-LEVELS = ("on-chip", "off-chip")
+LEVELS = ("on-chip", "off-chip", "host")
+"""Memory levels: on the chip, beside it (HBM, DDR), and the host's memory it reaches over PCIe."""
 SHARE_PATTERNS = ("*efficiency*", "*fraction*", "*utilisation*", "*utilization*")
 """Quantity names that are a share of a whole: their value must lie in (0, 1] (`_Parser.quantity`)."""
 ARCH_COUNTS = frozenset(
@@ -152,7 +153,7 @@ class MemoryLevel:
     """One of a target's memories (``[[memory]]``): its level, its capacity and its bandwidth."""
 
     name: str
-    level: str  # "on-chip" | "off-chip"
+    level: str  # one of `LEVELS`
     capacity: Quantity
     bandwidth: Quantity
     capacity_bytes = _value_of("capacity")

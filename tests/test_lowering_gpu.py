@@ -319,3 +319,109 @@ def test_under_int8_or_fp8_a_matmul_left_in_fp16_runs_at_the_fp16_peak(quant):
         assert quantised.node_plans[name].compute_s == fp16.node_plans[name].compute_s > 0
     proj = "layers.0.mlp.fc1"
     assert quantised.node_plans[proj].compute_s < fp16.node_plans[proj].compute_s  # at the int8 / fp8 peak
+
+
+# -- the optimizer offloaded to the host (--optimizer-state offchip, ZeRO-Offload) ------------------
+
+
+def _trained(**shape):
+    from dabench_ir.passes.training import TrainingPass
+
+    graph = decoder(**shape)
+    TrainingPass()(graph)
+    return graph
+
+
+def _offloaded(graph, target=A100, **options):
+    return lower(graph, target, GpuLowering.options(ProfileOptions(optimizer_state="offchip", **options)))
+
+
+def test_an_offloaded_optimizer_runs_on_the_host_and_its_weights_come_back_over_pcie():
+    from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_WEIGHTS
+    from dabench_ir.passes.training import ADAM_MOMENT_BYTES_PER_PARAM, MASTER_BYTES_PER_PARAM
+
+    graph = _trained(layers=2, hidden=64)
+    params = sum(v.type.numel() for v in graph.weights())
+    host, pcie = A100.memory("host"), A100.link("pcie")
+    assert (host.bandwidth_bytes_per_s, pcie.bandwidth_bytes_per_s) == (51.2e9, 32e9)  # the file's figures
+    on = lower(graph.clone(), A100, GpuLowering.options(ProfileOptions(optimizer_state="onchip")))
+    off = _offloaded(graph)
+    adam = off.node_plans["optimizer.adam_step"]
+    # fp16 weights: Adam reads the fp32 master, the gradient and both moments and writes the master, the
+    # moments and the fp16 copy, 28 bytes a parameter, through the GPU's share of the host's DRAM
+    assert adam.bytes == (4 + 2 + 8 + 4 + 8 + 2) * params
+    assert adam.per_micro_batch_s == pytest.approx(adam.bytes / host.bandwidth_bytes_per_s)
+    assert (adam.feed_level, adam.compute_s, adam.overhead_s, adam.bound) == ("host", 0.0, 0.0, Bound.MEMORY)
+    assert on.node_plans["optimizer.adam_step"].feed_level == "off-chip"
+    # the updated fp16 weights cross back, one direction of PCIe; the gradients hide under the backward
+    copies = {k: v for k, v in off.step_overheads_s.items() if k != HOST_ISSUE}
+    assert copies == {OFFLOAD_WEIGHTS: pytest.approx(2 * params / pcie.bandwidth_bytes_per_s)}
+    assert on.step_overheads_s.keys() == {HOST_ISSUE}  # no copies when the state stays on the GPU
+    # the state leaves HBM for the host, where its bytes are counted against the GPU's share
+    moved = (MASTER_BYTES_PER_PARAM + ADAM_MOMENT_BYTES_PER_PARAM) * params
+    assert off.memory_bytes["host"] == moved
+    assert on.memory_bytes["hbm"] - off.memory_bytes["hbm"] == moved
+    assert off.traffic_bytes["host"] == adam.bytes
+    assert on.traffic_bytes["hbm"] - off.traffic_bytes["hbm"] == adam.bytes
+
+
+def test_gradients_to_the_host_cost_what_the_backward_does_not_hide():
+    from dabench_ir.lowering.gpu import OFFLOAD_GRADIENTS
+
+    pcie = A100.link("pcie").bandwidth_bytes_per_s
+    # wide layers over one token: 12 MB of fp16 gradients (0.38 ms over PCIe) behind a backward of a
+    # few tens of microseconds, so most of the copy shows
+    short = _offloaded(_trained(layers=1, hidden=1024, seq=1, heads=8))
+    gradients_s = 2 * sum(v.type.numel() for v in _trained(layers=1, hidden=1024, seq=1, heads=8).weights()) / pcie
+    # (a GPU plan's node times are over the step)
+    stream_s = sum(p.per_micro_batch_s for n, p in short.node_plans.items() if n != "optimizer.adam_step")
+    assert gradients_s - stream_s < short.step_overheads_s[OFFLOAD_GRADIENTS] < gradients_s
+    # two micro-batches: each copies its gradients under its own (halved) backward
+    two = _offloaded(_trained(layers=1, hidden=1024, seq=2, heads=8), micro_batches=2)
+    assert two.step_overheads_s[OFFLOAD_GRADIENTS] == pytest.approx(
+        2 * short.step_overheads_s[OFFLOAD_GRADIENTS], rel=0.05
+    )
+    # a long sequence: the backward outlasts the copy, which costs nothing
+    assert OFFLOAD_GRADIENTS not in _offloaded(_trained(layers=1, hidden=1024, seq=1024, heads=8)).step_overheads_s
+
+
+def test_under_zero_each_gpu_offloads_and_updates_its_partition():
+    from dabench_ir.lowering.gpu import OFFLOAD_WEIGHTS
+    from dabench_ir.scaling import shard_optimizer_step
+
+    whole = _offloaded(_trained(layers=2, hidden=64))
+    graph = _trained(layers=2, hidden=64)
+    shard_optimizer_step(graph, 0.25)
+    quarter = _offloaded(graph)
+    assert quarter.step_overheads_s[OFFLOAD_WEIGHTS] == pytest.approx(whole.step_overheads_s[OFFLOAD_WEIGHTS] / 4)
+    adam = "optimizer.adam_step"
+    assert quarter.node_plans[adam].per_micro_batch_s == pytest.approx(
+        whole.node_plans[adam].per_micro_batch_s / 4, rel=1e-4
+    )
+
+
+def _edited(tmp_path, old: str, new: str) -> Target:
+    from pathlib import Path
+
+    import dabench_ir.targets as targets
+
+    text = (Path(targets.__file__).parent / "a100.toml").read_text()
+    assert old in text
+    path = tmp_path / "a100x.toml"
+    path.write_text(text.replace(old, new).replace('name = "a100"', 'name = "a100x"'))
+    return load_target(str(path))
+
+
+def test_the_offloaded_state_must_fit_the_gpus_share_of_host_memory(tmp_path):
+    small = _edited(tmp_path, "capacity_bytes = { value = 256e9", "capacity_bytes = { value = 1e5")
+    plan = _offloaded(_trained(layers=2, hidden=64), small)
+    assert not plan.fits and "share of its host's memory" in plan.failure.reason
+    assert _offloaded(_trained(layers=2, hidden=64)).fits
+
+
+def test_a_target_without_a_host_link_refuses_to_offload(tmp_path):
+    from dabench_ir.errors import UserError
+
+    no_pcie = _edited(tmp_path, 'name = "pcie"', 'name = "pcie-x"')
+    with pytest.raises(UserError, match="no host link"):
+        _offloaded(_trained(layers=2, hidden=64), no_pcie)

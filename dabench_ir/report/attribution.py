@@ -264,7 +264,7 @@ def roofline_points(report: Report, target: Any = None) -> list[dict[str, Any]]:
 
 def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
     """The roofs to draw: one per (memory, dtype) that feeds a plotted node, feed levels first, then
-    the target's other memories at the report's precision. Each: ``memory``, ``level``,
+    the target's other memories on or beside the chip at the report's precision. Each: ``memory``, ``level``,
     ``bandwidth_bytes_per_s``, ``precision``, ``peak_flops_per_s``, ``ridge``, ``feeds`` (the number
     of plotted nodes it feeds)."""
     if target is None:
@@ -280,7 +280,8 @@ def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
             key = (p["memory"], p["precision"])
             feeds[key] = feeds.get(key, 0) + 1
     for mem in getattr(target, "memories", ()):
-        feeds.setdefault((mem.name, precision), 0)
+        if mem.level != "host":  # the host's memory bounds only what the host runs: drawn when it feeds some
+            feeds.setdefault((mem.name, precision), 0)
     out = []
     for (name, prec), count in feeds.items():
         mem = next((m for m in target.memories if m.name == name), None)
