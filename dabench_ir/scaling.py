@@ -480,8 +480,11 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     if link is not None and chips > 1:
         per_node = chips_per_node(target, run.options)
         comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
-    step = (m + chips - 1) * (worst / m) + comm
-    fits, failure, worst_memory = _pp_stage_memory(graph, run, stages, chips, m)
+    # after the last micro-batch's backward every stage updates its own weights, all at once
+    ctx = LoweringContext.build(graph, lowering_options(run).precision)
+    update = max(_stage_weight_share(ctx, nodes) for nodes in _pp_stage_nodes(graph, stages)) * _update_s(single)
+    step = (m + chips - 1) * (worst / m) + update + comm
+    fits, failure, worst_memory = _pp_stage_memory(ctx, run, stages, chips, m)
     return ScalePoint(
         chips=chips,
         batch=batch,
@@ -509,12 +512,13 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
 
 def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[int]], list[float]]:
     """The blocks of each stage (the contiguous split that minimises the slowest stage's time) and
-    each stage's time: its blocks', the embedding and head halved between the first and last
-    stage, and on a host-issued target the stream's wait for the host shared by work."""
+    each stage's time a step's micro-batches take on it: its blocks', the embedding and head halved
+    between the first and last stage (the optimizer update, once a step, is `_update_s`), and on a
+    host-issued target the stream's wait for the host shared by work."""
     loads = [single.layer_time.get(layer, 0.0) for layer in layers]
     starts, _ = optimal_contiguous_split(loads, chips)
     stages = [layers[a:b] for a, b in itertools.pairwise([*starts, len(layers)])]
-    outside = single.layer_time.get(None, 0.0)  # embedding and head: first and last stage
+    outside = single.layer_time.get(None, 0.0) - _optimizer_s(single)  # embedding and head: first and last stage
     stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
     stage_times[0] += outside / 2
     stage_times[-1] += outside / 2
@@ -527,43 +531,80 @@ def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[i
     return stages, stage_times
 
 
+def _optimizer_s(single: _Run) -> float:
+    """Seconds the one-chip run's optimizer update is busy (it runs once a step)."""
+    if single.graph is None or single.timeline is None:
+        return 0.0
+    return sum(single.timeline.busy(n.name) for n in single.graph.nodes if is_optimizer_step(n))
+
+
+def _update_s(single: _Run) -> float:
+    """Seconds the one-chip run's weight update takes a step: the optimizer and, when its state is
+    offloaded to the host, the copies over PCIe no computation hides (`lowering.gpu.Offload`)."""
+    from dabench_ir.lowering.gpu import OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
+
+    rows = single.plan.step_overheads_s if single.plan is not None else {}
+    return _optimizer_s(single) + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+
+
+def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
+    """The nodes each pipeline stage holds: its blocks', and on the first stage the embedding and head
+    (the optimizer update is every stage's, over its own weights)."""
+    out = []
+    for i, st in enumerate(stages):
+        layers = set(st)
+        nodes = [n for n in graph.nodes if n.layer in layers]
+        if i == 0:
+            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
+        out.append(nodes)
+    return out
+
+
+def _stage_weight_share(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """The share of the model's weights a stage's ``nodes`` hold."""
+    return weight_bytes(ctx, nodes) / ctx.total_weight_bytes if ctx.total_weight_bytes else 1.0
+
+
 def _pp_stage_memory(
-    graph: Graph, run: ResolvedRun, stages: list[list[int]], chips: int, m: int
+    ctx: LoweringContext, run: ResolvedRun, stages: list[list[int]], chips: int, m: int
 ) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
     """Whether every stage fits its chip's memory: the stage's weights and training state, and under
     1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
     Narayanan et al., SC'21). Returns (fits, the first stage's failure, the fullest stage's parts
     up to it)."""
-    target = run.target
+    target, graph = run.target, ctx.graph
     layers = graph.layers
-    ctx = LoweringContext.build(graph, lowering_options(run).precision)
     mem = target.feed_memory
     state = training_state(ctx)
     worst_memory: dict[str, int] | None = None
-    for i, st in enumerate(stages):
-        nodes = [n for n in graph.nodes if n.layer in st]
-        if i == 0:
-            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
+    offload = getattr(lowering_options(run), "optimizer_state", None) == "offchip" and target.has_memory("host")
+    for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
         acts = math.ceil(state.activations * len(st) / max(len(layers), 1) * in_flight / m)
         parts = {
             "weights": weight_bytes(ctx, nodes),
             "gradients": part.gradients,
-            "optimizer": part.optimizer_side,
+            "optimizer": 0 if offload else part.optimizer_side,
             "activations": acts,
         }
-        need = sum(parts.values())
-        if worst_memory is None or need > sum(worst_memory.values()):
+        if offload:  # the stage's optimizer state lives in its share of the host's memory
+            parts["host"] = part.optimizer_side
+        need = sum(v for k, v in parts.items() if k != "host")
+        if worst_memory is None or need > sum(v for k, v in worst_memory.items() if k != "host"):
             worst_memory = parts
-        if need > mem.capacity_bytes:
-            failure = {
-                "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {need / 1e9:.2f} GB of {mem.name}, "
-                f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
-                "needed_bytes": need,
-                "capacity_bytes": int(mem.capacity_bytes),
-            }
-            return False, failure, worst_memory
+        for level, held, capacity in (
+            (mem.name, need, mem.capacity_bytes),
+            ("its share of host memory", parts.get("host", 0), target.memory("host").capacity_bytes if offload else 0),
+        ):
+            if held > capacity:
+                failure = {
+                    "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {held / 1e9:.2f} GB of {level}, "
+                    f"{target.name} has {capacity / 1e9:.2f} GB",
+                    "needed_bytes": held,
+                    "capacity_bytes": int(capacity),
+                }
+                return False, failure, worst_memory
     return True, None, worst_memory
 
 

@@ -27,8 +27,9 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
 ``step_time_critical_path``
     step time >= the roofline lower bound (max(FLOPs / peak, each op class's work / its rate,
     feed bytes / bandwidth)) of the
-    largest single node and, when steps do not overlap and every node runs once per step,
-    of the heaviest dependency chain;
+    largest single node (the optimizer update's over the step's chips, which may each update their
+    own parameters) and, when steps do not overlap and every node runs once per step, of the
+    heaviest dependency chain;
 ``node_power``
     a node's energy <= rated power x chips x its busy time;
 ``step_power``
@@ -59,6 +60,7 @@ import numpy as np
 
 from dabench_ir.errors import TargetError
 from dabench_ir.passes import meta
+from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.schema import finite_float
 
 if TYPE_CHECKING:
@@ -263,9 +265,10 @@ class _Nodes:
         working = self.flops > 0
         return float(self.peak[working].max()) if working.any() else None
 
-    def least_times(self, chips: int) -> np.ndarray:
-        """Each node's least time on ``chips``: the longest of its FLOPs at its dtype's peak, its
-        vector and special work at their classes' rates, its feed bytes at its level's bandwidth."""
+    def least_times(self, chips: int | np.ndarray) -> np.ndarray:
+        """Each node's least time on ``chips`` (one count, or one a node): the longest of its FLOPs at
+        its dtype's peak, its vector and special work at their classes' rates, its feed bytes at its
+        level's bandwidth."""
         if not self.records:
             return np.zeros(0)
         feed_s = np.where(np.isnan(self.bandwidth), 0.0, self.feed / self.bandwidth)
@@ -385,7 +388,15 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
                 flops / (peak * chips),
                 f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)",
             )
-        bounds = dict(zip((r.name for r in nodes.records), nodes.least_times(ctx.plan_chips).tolist(), strict=True))
+        # the optimizer update is per parameter: on several chips each may update its own (ZeRO
+        # shards, pipeline stages), so its bound is over the step's chips; any other node's over the plan's
+        graph = ctx.report.graph
+        chips = np.array(
+            [ctx.step_chips if is_optimizer_step(graph.node(r.name)) else ctx.plan_chips for r in nodes.records]
+            if graph is not None and ctx.step_chips > ctx.plan_chips
+            else ctx.plan_chips
+        )
+        bounds = dict(zip((r.name for r in nodes.records), nodes.least_times(chips).tolist(), strict=True))
         if bounds:
             name = max(bounds, key=bounds.__getitem__)
             if _above(bounds[name], step):

@@ -71,6 +71,39 @@ def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
     assert 0 < p3.load_imbalance <= 1
 
 
+@pytest.mark.parametrize("state", ["onchip", "offchip"])
+def test_pp_stages_update_their_own_weights_once_a_step(state):
+    """The optimizer runs once a step, after the last micro-batch's backward, every stage over its
+    own weights at once: outside the pipeline's fill and drain, the slowest stage's share of the
+    one-chip update (with the state offloaded: CPU Adam and the PCIe copies, `lowering.gpu.Offload`)."""
+    from dabench_ir.lowering._common import LoweringContext, weight_bytes
+    from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
+    from dabench_ir.passes.training import TrainingPass, is_optimizer_step
+
+    graph = decoder(layers=6, hidden=256, batch=4)
+    TrainingPass()(graph)
+    opts = ProfileOptions(micro_batches=4, optimizer_state=state)
+    one, three = scale(graph, load_target("h100"), [1, 3], "pp", opts).points
+    single = one.chip
+    adam = next(n.name for n in graph.nodes if is_optimizer_step(n))
+    rows = single.plan.step_overheads_s
+    update = single.timeline.busy(adam) + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+    assert (OFFLOAD_WEIGHTS in rows) == (state == "offchip")
+    ctx = LoweringContext.build(graph)
+    first = [n for n in graph.nodes if n.layer in three.stages[0] or (n.layer is None and n.name != adam)]
+    share = weight_bytes(ctx, first) / weight_bytes(ctx)  # the first stage holds the most: its blocks and the rest
+    per_layer = [sum(single.timeline.busy(n.name) for n in graph.nodes if n.layer == k) for k in range(6)]
+    outside = sum(single.timeline.busy(n.name) for n in graph.nodes if n.layer is None) - single.timeline.busy(adam)
+    stage_s = [sum(per_layer[k] for k in st) for st in three.stages]
+    stage_s[0] += outside / 2
+    stage_s[-1] += outside / 2
+    wait = rows.get(HOST_ISSUE, 0.0)  # the stream's wait for the host, shared by work
+    worst = max(t + wait * t / sum(stage_s) for t in stage_s)
+    assert three.time_s == pytest.approx((4 + 3 - 1) * worst / 4 + share * update + three.comm_time_s, rel=1e-3)
+    if state == "offchip":  # the stage's state lives in host memory, not on the GPU
+        assert three.memory_per_device["optimizer"] == 0 < three.memory_per_device["host"]
+
+
 def test_pp_cannot_split_a_batch_into_more_micro_batches_than_samples():
     graph = decoder(layers=8, hidden=64)
     with pytest.raises(UserError, match="--micro-batches 8 does not divide the batch 1"):
