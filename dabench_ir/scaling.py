@@ -577,7 +577,9 @@ def _pp_stage_memory(
     mem = target.feed_memory
     state = training_state(ctx)
     worst_memory: dict[str, int] | None = None
-    offload = getattr(lowering_options(run), "optimizer_state", None) == "offchip" and target.has_memory("host")
+    # whether the lowering keeps the optimizer state on the host: the one-device layout it plans says
+    whole = lowering_for(target).device_memory(ctx, lowering_options(run), zero=0, shards=1)
+    offload = bool(whole and whole.get("host"))
     for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
