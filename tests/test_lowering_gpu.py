@@ -343,7 +343,7 @@ def test_an_offloaded_optimizer_runs_on_the_host_and_its_weights_come_back_over_
     graph = _trained(layers=2, hidden=64)
     params = sum(v.type.numel() for v in graph.weights())
     host, pcie = A100.memory("host"), A100.link("pcie")
-    assert (host.bandwidth_bytes_per_s, pcie.bandwidth_bytes_per_s) == (51.2e9, 32e9)  # the file's figures
+    assert (host.bandwidth_bytes_per_s, pcie.bandwidth_bytes_per_s) == (46.92e9, 32e9)  # the file's figures
     on = lower(graph.clone(), A100, GpuLowering.options(ProfileOptions(optimizer_state="onchip")))
     off = _offloaded(graph)
     adam = off.node_plans["optimizer.adam_step"]
