@@ -47,6 +47,7 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
+from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_capacity
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.place import place
@@ -482,9 +483,14 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
     # after the last micro-batch's backward every stage updates its own weights, all at once
     ctx = LoweringContext.build(graph, lowering_options(run).precision)
-    update = max(_stage_weight_share(ctx, nodes) for nodes in _pp_stage_nodes(graph, stages)) * _update_s(single)
+    sharers = _host_sharers(
+        run, chips, lowering_for(target).device_memory(ctx, lowering_options(run), zero=0, shards=1)
+    )
+    update = max(_stage_weight_share(ctx, nodes) for nodes in _pp_stage_nodes(graph, stages)) * _update_s(
+        single, sharers
+    )
     step = (m + chips - 1) * (worst / m) + update + comm
-    fits, failure, worst_memory = _pp_stage_memory(ctx, run, stages, chips, m)
+    fits, failure, worst_memory = _pp_stage_memory(ctx, run, stages, chips, m, sharers)
     return ScalePoint(
         chips=chips,
         batch=batch,
@@ -522,8 +528,6 @@ def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[i
     stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
     stage_times[0] += outside / 2
     stage_times[-1] += outside / 2
-    from dabench_ir.lowering.gpu import HOST_ISSUE
-
     wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
     if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
         total = sum(stage_times) or 1.0
@@ -538,13 +542,30 @@ def _optimizer_s(single: _Run) -> float:
     return sum(single.timeline.busy(n.name) for n in single.graph.nodes if is_optimizer_step(n))
 
 
-def _update_s(single: _Run) -> float:
+def _update_s(single: _Run, sharers: int = 1) -> float:
     """Seconds the one-chip run's weight update takes a step: the optimizer and, when its state is
-    offloaded to the host, the copies over PCIe no computation hides (`lowering.gpu.Offload`)."""
-    from dabench_ir.lowering.gpu import OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
-
+    offloaded to the host, the copies over PCIe no computation hides (`lowering.gpu.Offload`). With
+    ``sharers`` GPUs offloading at once each host-run update streams through its share of the host's
+    DRAM (the one-chip run had all of it); each GPU's copies cross its own link."""
     rows = single.plan.step_overheads_s if single.plan is not None else {}
-    return _optimizer_s(single) + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+    offloaded = OFFLOAD_WEIGHTS in rows
+    optimizer = _optimizer_s(single) * (sharers if offloaded else 1)
+    return optimizer + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+
+
+def _host_sharers(run: ResolvedRun, chips: int, parts: dict[str, int] | None) -> int:
+    """The GPUs of a ``chips``-chip run that share one host's memory when the lowering offloads
+    the optimizer state there (``parts``: its one-device layout, `Lowering.device_memory`, with a
+    ``host`` part): the run's chips on a node; 1 otherwise."""
+    if not (parts and parts.get("host")):
+        return 1
+    per_node = chips_per_node(run.target, run.options)
+    return min(chips, per_node) if per_node else chips
+
+
+def _sharing_host(run: ResolvedRun, sharers: int) -> ResolvedRun:
+    """``run`` as one of ``sharers`` GPUs offloading to one host (the GPU lowering's internal ``host_sharers``)."""
+    return run if sharers == 1 else replace(run, internals={**run.internals, "host_sharers": sharers})
 
 
 def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
@@ -566,7 +587,7 @@ def _stage_weight_share(ctx: LoweringContext, nodes: list[Node]) -> float:
 
 
 def _pp_stage_memory(
-    ctx: LoweringContext, run: ResolvedRun, stages: list[list[int]], chips: int, m: int
+    ctx: LoweringContext, run: ResolvedRun, stages: list[list[int]], chips: int, m: int, sharers: int = 1
 ) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
     """Whether every stage fits its chip's memory: the stage's weights and training state, and under
     1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
@@ -580,6 +601,7 @@ def _pp_stage_memory(
     # whether the lowering keeps the optimizer state on the host: the one-device layout it plans says
     whole = lowering_for(target).device_memory(ctx, lowering_options(run), zero=0, shards=1)
     offload = bool(whole and whole.get("host"))
+    host = host_capacity(target, sharers) if offload else 0.0
     for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
@@ -597,7 +619,7 @@ def _pp_stage_memory(
             worst_memory = parts
         for level, held, capacity in (
             (mem.name, need, mem.capacity_bytes),
-            ("its share of host memory", parts.get("host", 0), target.memory("host").capacity_bytes if offload else 0),
+            ("its share of host memory", parts.get("host", 0), host),
         ):
             if held > capacity:
                 failure = {
@@ -829,17 +851,20 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
     if zero and parts is None:
         raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     chip = single
+    sharers = _host_sharers(run, n, parts)
     if zero:
         # ZeRO >= 1 shards the optimizer state: each chip's optimizer pass updates 1/n of the
         # parameters (its moments, master weights and gradient shard; Rajbhandari et al., SC'20, §5.1)
         share = graph.clone()
         shard_optimizer_step(share, 1.0 / n)
-        chip = _run_one(share, run)
+        chip = _run_one(share, _sharing_host(run, sharers))
+    elif sharers > 1:
+        chip = _run_one(graph, _sharing_host(run, sharers))
     link_bytes = ring_allreduce_bytes(_gradient_bytes(graph), n) * (1.5 if zero == 3 else 1.0) if train else 0.0
     pt = _point_from_run(chip, n, batch * n, comm, copies=n, link_bytes=link_bytes)
     pt.notes.append("weak scaling: each chip runs the graph's batch")
     if parts is not None:
-        _fit_device(pt, target, parts)
+        _fit_device(pt, target, parts, sharers)
     if zero:
         pt.notes.append(f"ZeRO stage {zero}{' (FSDP)' if zero == 3 else ''} over {n} chips")
         pt.superlinear = (
@@ -932,9 +957,9 @@ def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: 
     return pt
 
 
-def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
+def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: int = 1) -> None:
     """Set ``pt``'s per-device memory and fit from ``parts`` (bytes by kind; ``host`` is off the device,
-    held against its share of the host's memory where the target has one)."""
+    held against its share of the host's memory, which ``sharers`` devices split)."""
     mem = target.feed_memory
     need = sum(v for k, v in parts.items() if k != "host")
     pt.memory_per_device = parts
@@ -951,13 +976,14 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int]) -> None:
         }
     )
     host = parts.get("host", 0)
-    if pt.fits and host and target.has_memory("host") and host > target.memory("host").capacity_bytes:
+    capacity = host_capacity(target, sharers) if host else 0.0
+    if pt.fits and host > capacity:
         pt.fits = False  # the optimizer state offloaded to the host outgrows the device's share of it
         pt.failure = {
             "reason": f"one device's offloaded optimizer state needs {host / 1e9:.2f} GB of host memory, "
-            f"{target.name}'s device has a {target.memory('host').capacity_bytes / 1e9:.2f} GB share",
+            f"{target.name}'s device has {capacity / 1e9:.2f} GB of it ({sharers} sharing its host)",
             "needed_bytes": host,
-            "capacity_bytes": int(target.memory("host").capacity_bytes),
+            "capacity_bytes": int(capacity),
         }
     if not pt.fits:
         pt.throughput_samples_per_s = None
@@ -972,7 +998,10 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
         )
-    one = _run_one(share, run)
+    whole = lowering_for(target).device_memory(
+        LoweringContext.build(share, lowering_options(run).precision), lowering_options(run), zero=0, shards=1
+    )
+    one = _run_one(share, _sharing_host(run, _host_sharers(run, n, whole)))
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")

@@ -84,6 +84,7 @@ __all__ = [
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
+    "host_capacity",
     "offload_plan",
     "saved_activation_bytes",
     "stream_plan",
@@ -96,9 +97,12 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuOptions(LoweringOptions):
     """What the GPU lowering reads. Internal (no knob): ``fuse_elementwise`` fuses
-    elementwise chains onto their producer's kernel, as GPU compilers do."""
+    elementwise chains onto their producer's kernel, as GPU compilers do; ``host_sharers``: the GPUs
+    of one host that offload their optimizer state at once (a multi-chip run's GPUs on a node,
+    `dabench_ir.scaling`), which share its memory (`Offload`)."""
 
     fuse_elementwise: bool = internal(True)
+    host_sharers: int = internal(1)
     micro_batches: int | None
     optimizer_state: str
     decode_attention: str
@@ -670,7 +674,7 @@ def stream_plan(
 
     def memory(node: Node, runs: int) -> float:
         if node.name == hosted:  # CPU Adam streams its state through the host's DRAM
-            return ctx.costs[node.name].bytes / offload.host.bandwidth_bytes_per_s
+            return ctx.costs[node.name].bytes / offload.host_bandwidth
         return _memory_s(ctx.costs[node.name], runs, bw, rereads.get(node.name, 0), load_rate)
 
     ridge = target.ridge_point(ctx.precision, mem)
@@ -815,16 +819,24 @@ class Offload:
     down to the host and the updated 16-bit weights come back over PCIe each step).
 
     ``node``: the Adam node, which the host's CPU runs. Its state (what the node reads and writes:
-    fp32 weights, moments, gradient, the 16-bit copy) streams through ``host``, the GPU's share of
-    its host's DRAM: DeepSpeed's vectorised CPU Adam (DeepSpeedCPUAdam) is bound there, by far; a
-    DGX H100's 112 cores' AVX-512 FMAs at their 2.0 GHz base clock (about 1.8 TFLOP/s a GPU) spend
-    under 2 % of that time on Adam's 14 FLOPs a parameter against its 28 bytes at 70 GB/s. ``pcie``:
-    one direction of the GPU's host link.
+    fp32 weights, moments, gradient, the 16-bit copy) streams through ``host``, the host's DRAM,
+    whose bandwidth and capacity the ``sharers`` GPUs of the node that offload at once share
+    (`host_bandwidth`, `host_capacity`; one GPU alone has all of it). DeepSpeed's vectorised CPU
+    Adam (DeepSpeedCPUAdam) is bound there, by far: a DGX H100's 112 cores' AVX-512 FMAs at their
+    2.0 GHz base clock (about 14 TFLOP/s) spend under 2 % of that time on Adam's 14 FLOPs a
+    parameter against its 28 bytes at 563 GB/s, for any share of both. ``pcie``: one direction of
+    the GPU's own host link.
     """
 
     node: str
     host: MemoryLevel
     pcie: Link
+    sharers: int = 1
+
+    @property
+    def host_bandwidth(self) -> float:
+        """This GPU's share of the host's DRAM bandwidth, bytes/s."""
+        return self.host.bandwidth_bytes_per_s / self.sharers
 
     def transfers(self, ctx: LoweringContext, plan: Plan, micro_batches: int) -> dict[str, float]:
         """The step rows of the copies over PCIe, bandwidth-bound.
@@ -857,6 +869,12 @@ class Offload:
         return ctx.costs[self.node].vector_flops / (ADAM_FLOPS_PER_PARAM[0] * record.params)
 
 
+def host_capacity(target: Target, sharers: int) -> float:
+    """Bytes of the host's memory each of ``sharers`` GPUs that offload their optimizer state at once
+    may hold (`Offload`): an equal share."""
+    return target.memory("host").capacity_bytes / max(1, sharers)
+
+
 def offload_plan(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Offload | None:
     """The host's part of a training step whose optimizer state is offloaded (``--optimizer-state
     offchip``: `Offload`), or None: not asked, or no optimizer step in the graph (inference)."""
@@ -872,7 +890,7 @@ def offload_plan(ctx: LoweringContext, target: Target, options: LoweringOptions)
             '"host") or no host link ([[link]] named "pcie") to offload to; add them to its target file, '
             "or keep the optimizer state on the device"
         )
-    return Offload(node=node, host=target.memory("host"), pcie=pcie)
+    return Offload(node=node, host=target.memory("host"), pcie=pcie, sharers=max(1, options.host_sharers))
 
 
 def _backward_s(ctx: LoweringContext, plan: Plan, *, exclude: str) -> float:
@@ -901,14 +919,15 @@ def _fit_device_memory(ctx: LoweringContext, target: Target, options: LoweringOp
     resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
     if parts["host"]:
-        host = target.memory("host")
         plan.memory_bytes["host"] = parts["host"]
-        if parts["host"] > host.capacity_bytes:
+        sharers = getattr(options, "host_sharers", 1)
+        capacity = host_capacity(target, sharers)
+        if parts["host"] > capacity:
             plan.fail(
-                f"the offloaded optimizer state needs {parts['host'] / 1e9:.2f} GB of {host.name}, "
-                f"{target.name}'s GPU has a {host.capacity_bytes / 1e9:.2f} GB share of its host's memory",
+                f"the offloaded optimizer state needs {parts['host'] / 1e9:.2f} GB of host memory, "
+                f"{target.name}'s GPU has {capacity / 1e9:.2f} GB of it ({sharers} GPU(s) sharing its host)",
                 parts["host"],
-                host.capacity_bytes,
+                capacity,
             )
     state = training_state(ctx)
     if resident > mem.capacity_bytes:

@@ -332,8 +332,9 @@ def _trained(**shape):
     return graph
 
 
-def _offloaded(graph, target=A100, **options):
-    return lower(graph, target, GpuLowering.options(ProfileOptions(optimizer_state="offchip", **options)))
+def _offloaded(graph, target=A100, host_sharers=1, **options):
+    opts = ProfileOptions(optimizer_state="offchip", **options)
+    return lower(graph, target, GpuLowering.options(opts, host_sharers=host_sharers))
 
 
 def test_an_offloaded_optimizer_runs_on_the_host_and_its_weights_come_back_over_pcie():
@@ -343,7 +344,7 @@ def test_an_offloaded_optimizer_runs_on_the_host_and_its_weights_come_back_over_
     graph = _trained(layers=2, hidden=64)
     params = sum(v.type.numel() for v in graph.weights())
     host, pcie = A100.memory("host"), A100.link("pcie")
-    assert (host.bandwidth_bytes_per_s, pcie.bandwidth_bytes_per_s) == (46.92e9, 32e9)  # the file's figures
+    assert (host.bandwidth_bytes_per_s, pcie.bandwidth_bytes_per_s) == (375.4e9, 32e9)  # the file's figures
     on = lower(graph.clone(), A100, GpuLowering.options(ProfileOptions(optimizer_state="onchip")))
     off = _offloaded(graph)
     adam = off.node_plans["optimizer.adam_step"]
@@ -413,10 +414,15 @@ def _edited(tmp_path, old: str, new: str) -> Target:
 
 
 def test_the_offloaded_state_must_fit_the_gpus_share_of_host_memory(tmp_path):
-    small = _edited(tmp_path, "capacity_bytes = { value = 256e9", "capacity_bytes = { value = 1e5")
+    small = _edited(tmp_path, "capacity_bytes = { value = 2e12", "capacity_bytes = { value = 1e5")
     plan = _offloaded(_trained(layers=2, hidden=64), small)
-    assert not plan.fits and "share of its host's memory" in plan.failure.reason
+    assert not plan.fits and "of host memory" in plan.failure.reason
     assert _offloaded(_trained(layers=2, hidden=64)).fits
+    # the GPUs of a node that offload at once split the host's memory
+    need = _offloaded(_trained(layers=2, hidden=64)).memory_bytes["host"]
+    half = _edited(tmp_path, "capacity_bytes = { value = 2e12", f"capacity_bytes = {{ value = {need * 1.5}")
+    assert _offloaded(_trained(layers=2, hidden=64), half).fits
+    assert not _offloaded(_trained(layers=2, hidden=64), half, host_sharers=2).fits
 
 
 def test_a_target_without_a_host_link_refuses_to_offload(tmp_path):

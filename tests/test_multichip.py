@@ -116,14 +116,15 @@ def test_device_bytes_sums_each_devices_memories_and_leaves_the_host_out():
 
 
 def test_a_pipeline_whose_stages_offload_their_optimizer_passes_the_verifier():
-    """Each stage's GPU updates its own weights on the host: the step holds the slowest stage's share
-    of the update, below the whole update on one chip, and the verifier bounds the optimizer node over
-    the step's chips (this run was refused as a physics violation while it bounded it over one)."""
+    """Each stage's GPU updates its own weights on the host, which the four share: the stages' updates
+    together take at least the one chip's (all the state streams through one host's DRAM), and the
+    verifier bounds the optimizer node over the step's chips (this run was refused as a physics
+    violation while it bounded it over one)."""
     from dabench_ir import api
 
     kw = {"mode": "train", "optimizer_state": "offchip", "batch": 4, "micro_batches": 4, "dims": {"seq": 64}}
     one, four = api.scale("gpt2-small", "h100", strategy="pp", chips=(1, 4), **kw).points
     adam = next(n for n in one.chip.graph.nodes if n.op_type == "AdamStep")
     update = one.chip.timeline.busy(adam.name)
-    assert four.time_s < update < one.time_s  # the stages' shares run at once
+    assert update < four.time_s
     assert four.fits and four.memory_per_device["host"] > 0

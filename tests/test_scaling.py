@@ -75,7 +75,8 @@ def test_pp_uses_an_optimal_contiguous_split_and_the_bubble():
 def test_pp_stages_update_their_own_weights_once_a_step(state):
     """The optimizer runs once a step, after the last micro-batch's backward, every stage over its
     own weights at once: outside the pipeline's fill and drain, the slowest stage's share of the
-    one-chip update (with the state offloaded: CPU Adam and the PCIe copies, `lowering.gpu.Offload`)."""
+    one-chip update (with the state offloaded: CPU Adam, on a host the stages share, and the PCIe
+    copies, `lowering.gpu.Offload`)."""
     from dabench_ir.lowering._common import LoweringContext, weight_bytes
     from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
     from dabench_ir.passes.training import TrainingPass, is_optimizer_step
@@ -87,7 +88,9 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     single = one.chip
     adam = next(n.name for n in graph.nodes if is_optimizer_step(n))
     rows = single.plan.step_overheads_s
-    update = single.timeline.busy(adam) + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+    # offloaded, the three stages' CPU Adam share one host's DRAM, which the one-chip run had alone
+    sharers = 3 if state == "offchip" else 1
+    update = single.timeline.busy(adam) * sharers + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
     assert (OFFLOAD_WEIGHTS in rows) == (state == "offchip")
     ctx = LoweringContext.build(graph)
     first = [n for n in graph.nodes if n.layer in three.stages[0] or (n.layer is None and n.name != adam)]
@@ -314,3 +317,18 @@ def test_every_scale_point_is_a_verified_run_and_answers_as_profile_does(tmp_pat
     # the speedup above 8 is named, and the verifier (speedup_linear) accepts nothing above linear without it
     assert result.points[-1].superlinear.startswith("ZeRO-1 shards the optimizer update")
     assert result.points[0].superlinear is None
+
+
+@pytest.mark.parametrize(("chips", "per_node", "sharers"), [(8, None, 8), (8, 4, 4), (2, None, 2)])
+def test_data_parallel_gpus_that_offload_share_their_hosts_dram(chips, per_node, sharers):
+    """ZeRO-Offload without ZeRO sharding: every GPU of a node runs the whole CPU Adam at once, each
+    through its share of the host's DRAM (the node's GPUs that the run uses: --chips-per-node)."""
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.passes.training import TrainingPass, is_optimizer_step
+
+    graph = decoder(layers=2, hidden=256, batch=4)
+    TrainingPass()(graph)
+    adam = next(n.name for n in graph.nodes if is_optimizer_step(n))
+    opts = ScaleOptions(optimizer_state="offchip", chips_per_node=per_node)
+    one, many = scale(graph, load_target("h100"), [1, chips], "dp", opts).points
+    assert many.chip.timeline.busy(adam) == pytest.approx(sharers * one.chip.timeline.busy(adam))
