@@ -483,9 +483,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
     # after the last micro-batch's backward every stage updates its own weights, all at once
     ctx = LoweringContext.build(graph, lowering_options(run).precision)
-    sharers = _host_sharers(
-        run, chips, lowering_for(target).device_memory(ctx, lowering_options(run), zero=0, shards=1)
-    )
+    sharers = _host_sharers(run, chips)
     update = max(_stage_weight_share(ctx, nodes) for nodes in _pp_stage_nodes(graph, stages)) * _update_s(
         single, sharers
     )
@@ -546,18 +544,15 @@ def _update_s(single: _Run, sharers: int = 1) -> float:
     """Seconds the one-chip run's weight update takes a step: the optimizer and, when its state is
     offloaded to the host, the copies over PCIe no computation hides (`lowering.gpu.Offload`). With
     ``sharers`` GPUs offloading at once each host-run update streams through its share of the host's
-    DRAM (the one-chip run had all of it); each GPU's copies cross its own link."""
+    DRAM (the one-chip run had all of it: `_host_sharers`); each GPU's copies cross its own link."""
     rows = single.plan.step_overheads_s if single.plan is not None else {}
-    offloaded = OFFLOAD_WEIGHTS in rows
-    optimizer = _optimizer_s(single) * (sharers if offloaded else 1)
-    return optimizer + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
+    return _optimizer_s(single) * sharers + rows.get(OFFLOAD_GRADIENTS, 0.0) + rows.get(OFFLOAD_WEIGHTS, 0.0)
 
 
-def _host_sharers(run: ResolvedRun, chips: int, parts: dict[str, int] | None) -> int:
-    """The GPUs of a ``chips``-chip run that share one host's memory when the lowering offloads
-    the optimizer state there (``parts``: its one-device layout, `Lowering.device_memory`, with a
-    ``host`` part): the run's chips on a node; 1 otherwise."""
-    if not (parts and parts.get("host")):
+def _host_sharers(run: ResolvedRun, chips: int) -> int:
+    """The devices of a ``chips``-chip run that share one host's memory when the lowering offloads
+    the optimizer state there (`Lowering.offloads_optimizer`): the run's chips on a node; 1 otherwise."""
+    if not lowering_for(run.target).offloads_optimizer(lowering_options(run)):
         return 1
     per_node = chips_per_node(run.target, run.options)
     return min(chips, per_node) if per_node else chips
@@ -591,16 +586,15 @@ def _pp_stage_memory(
 ) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
     """Whether every stage fits its chip's memory: the stage's weights and training state, and under
     1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
-    Narayanan et al., SC'21). Returns (fits, the first stage's failure, the fullest stage's parts
-    up to it)."""
+    Narayanan et al., SC'21); an offloaded optimizer state, its share of the host's memory, which
+    ``sharers`` stages split. Returns (fits, the first stage's failure, the fullest stage's parts up
+    to it)."""
     target, graph = run.target, ctx.graph
     layers = graph.layers
     mem = target.feed_memory
     state = training_state(ctx)
     worst_memory: dict[str, int] | None = None
-    # whether the lowering keeps the optimizer state on the host: the one-device layout it plans says
-    whole = lowering_for(target).device_memory(ctx, lowering_options(run), zero=0, shards=1)
-    offload = bool(whole and whole.get("host"))
+    offload = lowering_for(target).offloads_optimizer(lowering_options(run))
     host = host_capacity(target, sharers) if offload else 0.0
     for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
@@ -851,7 +845,7 @@ def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool)
     if zero and parts is None:
         raise UserError(f"--zero {zero}: ZeRO sharding is modelled for GPU targets; {target.name} keeps its own layout")
     chip = single
-    sharers = _host_sharers(run, n, parts)
+    sharers = _host_sharers(run, n)
     if zero:
         # ZeRO >= 1 shards the optimizer state: each chip's optimizer pass updates 1/n of the
         # parameters (its moments, master weights and gradient shard; Rajbhandari et al., SC'20, §5.1)
@@ -998,10 +992,7 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
         )
-    whole = lowering_for(target).device_memory(
-        LoweringContext.build(share, lowering_options(run).precision), lowering_options(run), zero=0, shards=1
-    )
-    one = _run_one(share, _sharing_host(run, _host_sharers(run, n, whole)))
+    one = _run_one(share, _sharing_host(run, _host_sharers(run, n)))
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")

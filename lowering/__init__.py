@@ -138,6 +138,11 @@ class Lowering(ABC):
     (a mode not named runs them, a pipeline's or one after another): the run refuses them
     (`dabench_ir.options.check_applies`)."""
 
+    def offloads_optimizer(self, options: Any) -> bool:
+        """Whether the run keeps its optimizer state in its host's memory and updates it there, so that
+        the devices of one host that offload at once share its memory (the GPUs' CPU offload)."""
+        return False
+
     def device_memory(self, ctx: LoweringContext, options: Any, *, zero: int, shards: int) -> dict[str, int] | None:
         """Bytes one device holds by kind (weights, gradients, optimizer, activations, ...; ``host`` off the
         device) when the run is data-parallel over ``shards`` devices with ZeRO stage ``zero``; None where the

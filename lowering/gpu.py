@@ -116,12 +116,16 @@ class GpuLowering(Lowering):
     Options = GpuOptions
     feed = "off-chip"  # every operand streams from device memory (HBM)
 
+    def offloads_optimizer(self, options: GpuOptions) -> bool:
+        """``--optimizer-state offchip``: CPU offload, ZeRO-Offload (`Offload`)."""
+        return options.optimizer_state == "offchip"
+
     def device_memory(self, ctx: LoweringContext, options: GpuOptions, *, zero: int, shards: int) -> dict[str, int]:
         """One GPU's bytes under data parallelism over ``shards`` with ZeRO stage ``zero`` (`device_memory`)."""
         return device_memory(
             ctx,
             micro_batches=options.micro_batches or 1,
-            offload=options.optimizer_state == "offchip",
+            offload=self.offloads_optimizer(options),
             zero=zero,
             shards=shards,
         )
@@ -754,7 +758,7 @@ def stream_plan(
     if offload is not None:
         plan.traffic_bytes[offload.host.name] = ctx.costs[offload.node].bytes
         plan.step_overheads_s.update(offload.transfers(ctx, plan, m))
-    _fit_device_memory(ctx, target, options, plan, m)
+    _fit_device_memory(ctx, target, plan, m, offload)
     return plan
 
 
@@ -878,7 +882,7 @@ def host_capacity(target: Target, sharers: int) -> float:
 def offload_plan(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Offload | None:
     """The host's part of a training step whose optimizer state is offloaded (``--optimizer-state
     offchip``: `Offload`), or None: not asked, or no optimizer step in the graph (inference)."""
-    if getattr(options, "optimizer_state", "auto") != "offchip":
+    if not LOWERING.offloads_optimizer(options):
         return None
     node = next((n.name for n in ctx.graph.nodes if is_optimizer_step(n)), None)
     if node is None:
@@ -909,23 +913,21 @@ def _backward_s(ctx: LoweringContext, plan: Plan, *, exclude: str) -> float:
     return total
 
 
-def _fit_device_memory(ctx: LoweringContext, target: Target, options: LoweringOptions, plan: Plan, m: int) -> None:
+def _fit_device_memory(ctx: LoweringContext, target: Target, plan: Plan, m: int, offload: Offload | None) -> None:
     """What the device holds (`device_memory`: weights, training state, live activations; the
-    optimizer state on the host with ``--optimizer-state offchip``), and the failure when it
-    exceeds the feed memory."""
+    optimizer state on the host under ``offload``), and the failure when it exceeds the feed
+    memory, or the offloaded state the GPU's share of the host's."""
     mem = target.feed_memory
-    offload = getattr(options, "optimizer_state", "auto") == "offchip"
-    parts = device_memory(ctx, micro_batches=m, offload=offload)
+    parts = device_memory(ctx, micro_batches=m, offload=offload is not None)
     resident = sum(v for k, v in parts.items() if k != "host")
     plan.memory_bytes[mem.name] = resident
-    if parts["host"]:
+    if offload is not None:
         plan.memory_bytes["host"] = parts["host"]
-        sharers = getattr(options, "host_sharers", 1)
-        capacity = host_capacity(target, sharers)
+        capacity = host_capacity(target, offload.sharers)
         if parts["host"] > capacity:
             plan.fail(
                 f"the offloaded optimizer state needs {parts['host'] / 1e9:.2f} GB of host memory, "
-                f"{target.name}'s GPU has {capacity / 1e9:.2f} GB of it ({sharers} GPU(s) sharing its host)",
+                f"{target.name}'s GPU has {capacity / 1e9:.2f} GB of it ({offload.sharers} GPU(s) sharing its host)",
                 parts["host"],
                 capacity,
             )
