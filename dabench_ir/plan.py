@@ -171,6 +171,10 @@ class PlanStats:
     link_bytes: float = 0.0
     """Bytes a plan that spans several devices moves over their chip-to-chip links per step
     (an IPU pipeline's stage boundaries); 0 on one device."""
+    allocation_chips: float = 1.0
+    """The chips' worth of compute units a unit's or node's ``allocation`` is a share of: the
+    compiled tiles' share of an RDU (``--tiles 4`` of 8: 0.5), the IPUs of one pipeline; 1 elsewhere.
+    The peak of the units a node holds is the chip's peak times ``allocation · allocation_chips``."""
 
 
 @dataclass(slots=True)

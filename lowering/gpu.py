@@ -712,7 +712,9 @@ def stream_plan(
             launched = launched or kernel
             if not kernel:
                 alloc = 0.0
-            elif grain > 0 and cost.flops > 0:
+            elif grain <= 0:  # no grain stated (the host CPU): a kernel runs over every unit (intra-op threads)
+                alloc = 1.0
+            elif cost.flops > 0:
                 alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
             else:
                 alloc = 1.0 / n_units

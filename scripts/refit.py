@@ -1,6 +1,6 @@
 """Refit fitted target parameters to their catalogue points, and score the points held out.
 
-    .venv/bin/python scripts/refit.py sn30 arch.pcu_efficiency_o3 arch.pcu_efficiency_o0
+    .venv/bin/python scripts/refit.py sn30 arch.pcu_efficiency overheads.device_step_s
     .venv/bin/python scripts/refit.py wse2 arch.ws_layer_pass_s --hold-out wse2-gpt3-2.7b-streaming
     .venv/bin/python scripts/refit.py sn30 arch.pcu_k_half --range arch.pcu_k_half=0:512 --write
     .venv/bin/python scripts/refit.py --cross-validate bow     # leave one source out, recorded
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "params",
         nargs="*",
-        help="fitted parameters, section.key (arch.pcu_efficiency_o3); with --cross-validate: more targets",
+        help="fitted parameters, section.key (arch.pcu_efficiency); with --cross-validate: more targets",
     )
     ap.add_argument(
         "--cross-validate",

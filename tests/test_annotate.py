@@ -131,7 +131,7 @@ def test_annotated_report_has_target_units_bound_and_role(tmp_path):
         "dabench.unit",
     ]
     assert props["dabench.target"] == "sn30" and props["dabench.role"] == "attention scores"
-    assert props["dabench.bound"] == record.bound == "memory"
+    assert props["dabench.bound"] == record.bound == "compute"  # on the 2 PCUs its section holds
     assert float(props["dabench.time_s"]) == record.time_s  # exact: repr reads back to the same float
     t = record.time_s
     unit, scale = next(((u, s) for u, s in (("s", 1), ("ms", 1e3), ("µs", 1e6)) if t * s >= 1), ("ns", 1e9))

@@ -177,7 +177,7 @@ def test_why_is_computed_by_replacing(rdu_report):
     assert trial.run.sources["opt_level"] == "user" and trial.run.options.opt_level == first["value"]
     again = execute(rdu_report.run.variant(opt_level=first["value"]), rdu_report.graph.clone())
     assert first["new_step_s"] == hold_estimates(rdu_report, again.timeline).step_time_s
-    memory = next(x for x in lines if x["bound"] == "memory")
+    memory = next(x for x in explain(rdu_report, top=40) if x["bound"] == "memory")  # every role
     assert "ddr" in memory["resource"]
     assert first["text"] in [w["text"] for w in json.loads(rdu_report.to_json())["why"]]
 

@@ -43,10 +43,10 @@ def test_the_folds_say_what_each_source_informs():
     # out; the O3 rate has a second source (the ALCF user guide's GPT-2 XL run), refitted without it
     sn30 = {f.source: f for f in crossval.folds_of("sn30", catalogue)}
     artifact = sn30["augustuszzq/Regular-DABench-LLM"]
-    assert set(artifact.informed) - set(artifact.alone) == {"arch.pcu_efficiency_o3"}
+    assert set(artifact.informed) - set(artifact.alone) == {"arch.pcu_efficiency"}
     assert "overheads.device_step_s" in artifact.alone and not artifact.needs_fit
     guide = sn30["argonne-lcf/user-guides"]
-    assert set(guide.informed) == {"arch.pcu_efficiency_o3"} and guide.needs_fit and not guide.alone
+    assert set(guide.informed) == {"arch.pcu_efficiency"} and guide.needs_fit and not guide.alone
 
 
 def test_the_recorded_fits_are_of_todays_parameters_and_points():

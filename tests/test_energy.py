@@ -195,8 +195,6 @@ def test_short_gather_on_sn30_is_far_below_the_chips_power():
     busy = timeline.busy("embed")
     host = next(k for k in timeline.overheads_s if k.startswith("host"))  # inference: labelled an estimate
     assert busy < 20e-6 and timeline.overheads_s[host] > 50 * busy
-    old_share = energy_model(target).static_watts * timeline.step_time_s * busy / (busy + timeline.busy("fc"))
-    assert old_share / busy > 2 * target.watts  # the old attribution: kilowatts
     gather = report.node("embed").energy_j
     # 1,574,912 DDR bytes at 120 pJ/B, no FLOPs, and 150 W x its section's PCUs (2 of 1280) while it runs
     np_ = plan.node_plans["embed"]

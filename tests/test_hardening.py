@@ -710,9 +710,9 @@ def test_target_efficiency_above_one(capsys, tmp_path, mm):
     bad = tmp_path / "t.toml"
     import re
 
-    bad.write_text(re.sub(r"(pcu_efficiency_o1 = \{ value = )[0-9.]+", r"\g<1>5.0", text))
+    bad.write_text(re.sub(r"(pcu_efficiency = \{ value = )[0-9.]+", r"\g<1>5.0", text))
     code, _, err = run_cli(capsys, "profile", mm, "--target", bad)
-    one_line(code, err, "pcu_efficiency_o1", "(0, 1]")
+    one_line(code, err, "pcu_efficiency", "(0, 1]")
 
 
 @pytest.mark.parametrize("kind", ["folder", "fifo"])

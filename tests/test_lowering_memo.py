@@ -124,7 +124,7 @@ def test_rdu_pipeline_and_rates_equal_their_sums_bit_for_bit():
         stages = [(rng.choice([0.0, rng.random()]), rng.randint(0, 9)) for _ in range(rng.randint(1, 6))]
         room, pcus = rng.randint(1, 64), rng.randint(1, 64)
         held = sum(max(1, p) for _, p in stages)
-        assert pipeline_s(stages, room, pcus) == pcus / room * held * max(t / max(1, p) for t, p in stages)
+        assert pipeline_s(stages, room, pcus) == pcus * max(t / max(1, p) for t, p in stages) * max(1.0, held / room)
         rates = Rates(
             contraction=rng.random() * 1e12,
             vector=rng.choice([0.0, 1e11]),

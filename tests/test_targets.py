@@ -186,7 +186,7 @@ def test_a_counterfactual_target_changes_named_figures_and_says_so():
         ({"compute.peak_flops.fp32": "compute.nope"}, "no figure 'compute.nope'"),
         ({"compute.peak_flops.fp32": True}, "expected a number or a figure's name"),
         ({"compute.peak_flops.fp32": -1.0}, "compute.peak_flops.fp32.value must be a finite number > 0"),
-        ({"arch.pcu_efficiency_o3": 2.0}, "must be a fraction in (0, 1]"),
+        ({"arch.pcu_efficiency": 2.0}, "must be a fraction in (0, 1]"),
     ],
 )
 def test_a_counterfactual_target_refuses_what_is_not_a_figure(changes, needle):

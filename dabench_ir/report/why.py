@@ -73,17 +73,34 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
             per_unit[p.unit] = max(per_unit.get(p.unit, 0.0), p.allocation)
         concurrent = str(getattr(plan, "schedule", "")) == "concurrent"
         allocation = min(1.0, sum(per_unit.values())) if concurrent else max(per_unit.values(), default=0.0)
-        busy = sum(n.time_s or 0.0 for n in records)
-        util = sum(p.compute_s for p in plans) / busy if busy else None
-        used = f", busy at {short_percent(util)} of their peak" if util is not None else ""
+        peak = target_peak(report)
+        util = _held_peak_share(report, records, peak)
+        used = f", at {short_percent(util)} of their peak" if util is not None else ""
         units = f"{short_percent(allocation)} of the {target.unit_name}s" if allocation else f"the {target.unit_name}s"
-        return f"{target.unit_name} compute on {units}{used} ({human(target_peak(report), 'FLOP/s')} chip peak)"
+        return f"{target.unit_name} compute on {units}{used} ({human(peak, 'FLOP/s')} chip peak)"
     if bound == "communication":
         link = target.link()
         comm = sum(p.comm_s for p in plans)
         via = f"{link.name} {human(link.bandwidth_bytes_per_s, 'B/s')}" if link is not None else "exchange"
         return f"{via} exchange: {seconds(comm)} of link and exchange time"
     return f"fixed costs (launch, sync): {seconds(sum(p.overhead_s for p in plans))}"
+
+
+def _held_peak_share(report: Report, records: list[Any], peak: float | None) -> float | None:
+    """The share of the peak of the units a role's nodes held that their FLOPs reached: the FLOPs
+    over the peak-seconds held (each node's time times the peak of its ``allocation``, a share of
+    ``allocation_chips`` chips: an RDU's compiled tiles, an IPU pipeline's IPUs). At most 1 on a
+    physical plan; None where the role held no units or the target states no peak."""
+    plan = report.plan
+    if plan is None or not peak:
+        return None
+    flops = held_s = 0.0
+    for n in records:
+        np_ = plan.node_plans.get(n.name)
+        if np_ is not None and n.time_s:
+            flops += np_.flops
+            held_s += n.time_s * np_.allocation
+    return flops / (held_s * peak * plan.stats.allocation_chips) if held_s > 0 else None
 
 
 def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ class FitError(ValueError):
 
 
 def _locate(text: str, param: str) -> re.Match[str]:
-    """The ``value = NUM`` of ``param`` (``section.key``, e.g. ``arch.pcu_efficiency_o3``) in TOML ``text``."""
+    """The ``value = NUM`` of ``param`` (``section.key``, e.g. ``arch.pcu_efficiency``) in TOML ``text``."""
     section, _, key = param.rpartition(".")
     head = re.search(rf"^\[{re.escape(section)}\]\s*$", text, re.M)
     if not head:

@@ -103,7 +103,9 @@ class IpuLowering(Lowering):
             plan.notes.append(pipeline.note)
         check_accumulation(pipeline, run.m, ctx.batch, run.training, plan)
         times = place_nodes(run, pipeline, plan)
-        plan.stats = replace(plan.stats, link_bytes=times.link_bytes * run.replicas)  # each replica's pipeline
+        plan.stats = replace(  # each replica's pipeline; allocation is of the pipeline's IPUs
+            plan.stats, link_bytes=times.link_bytes * run.replicas, allocation_chips=pipeline.ipus
+        )
         memory = tile_memory(run, pipeline, times.serials)
         place_units(run, pipeline, memory, times, plan)
         add_step_costs(run, pipeline, memory, times.cycle_s, plan)

@@ -33,16 +33,20 @@ only the per-section launches, as the row ``HOST_ESTIMATE`` ("host (estimate: fi
 training steps)", also in ``plan.notes``).
 
 A section's compute is each node's Cost in three parts at the compiled tiles' rates:
-contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency[opt]`` (PCUs in systolic
+contraction FLOPs at ``peak · tiles/tiles_per_rdu · pcu_efficiency`` (PCUs in systolic
 mode), vector FLOPs and special functions at the target's ``[compute.vector_flops]`` and
 ``[compute.special_ops]`` rates (PCUs in SIMD mode; `Target.rate`), both scaled by ``tiles/tiles_per_rdu``.
 Those are a stage's seconds on all the compiled tiles; the section is one pipeline whose stages
-hold PCUs in proportion to their memory demand, spread over the planning capacity (every unit
-for a tiled group), so it lasts its slowest stage (`pipeline_s`): ``pcus/room · Σp · max_i t_i/p_i``. With
+hold PCUs by their memory demand and compute on the PCUs they hold (the section's demand is
+its allocation, DABench's allocation ratio; a tiled group above the room shares every unit by
+demand), so it lasts its slowest stage (`pipeline_s`): ``pcus · max_i t_i/p_i · max(1, Σp/room)``.
+No stage runs faster than its own PCUs' peak: a section holding 5 % of the PCUs computes at
+no more than 5 % of the tiles' peak. With
 ``--rdu-mapping tuned`` (SambaNova's human-decision files, which set each operator's tiling and
 PCUs by hand: the model-zoo GPT apps' ``..._spatialmapping_tiling16_...json``) every stage holds
-PCUs in proportion to its work, so the section lasts its balanced time ``Σt · pcus/room``
-(`balanced_s`): the compile mode changes the mapping, not the PCU's rate.
+the section's PCUs in proportion to its work, so the section lasts its balanced time
+``Σt · pcus / min(Σp, room)`` (`balanced_s`). The compile mode changes the sections, the PCUs
+they hold and the mapping, not the PCU's rate: one ``pcu_efficiency`` serves O0, O1 and O3.
 A balanced section (work in proportion to PCUs, a GEMM alone, a layer of large GEMMs) runs near
 the fitted rate; one whose PCUs follow weight bytes while its work follows FLOPs (small
 matmuls fused with norms, activations and the attention core at hidden 1600) waits on its
@@ -84,7 +88,7 @@ modules, so ``from dabench_ir.lowering.rdu import form_sections`` keeps working.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
@@ -161,10 +165,11 @@ class RduLowering(Lowering):
         chip = Chip.of(target, options)
         accumulated = _accumulates(ctx, options)
         micro_batches = options.micro_batches or ctx.batch
-        rates = Rates.of(target, ctx.precision, chip, options.opt_level)
+        rates = Rates.of(target, ctx.precision, chip)
         feed = Feed.of(target, ctx.precision, self.feed_level(target))
         reconfig_s = target.overhead("section_reconfig_s")
         plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=micro_batches)
+        plan.stats = replace(plan.stats, allocation_chips=chip.share)  # allocation is of the compiled tiles
         layout = SectionLayout.compile(ctx, chip, options.opt_level)
         state = SavedState.of(ctx.graph, layout.cores)
         timer = SectionTimer(

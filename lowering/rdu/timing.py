@@ -87,7 +87,7 @@ class Rates:
     A contraction runs at ``contraction · K / (K + k_half)``: the PCU reduces along its lanes
     (the cross-lane reduction tree, SN40L at Hot Chips 2024) and each output vector pays the
     tree's drain and its write-back once, amortised over the reduction depth K. ``contraction``
-    is the tiles' peak times the fitted asymptotic share ``pcu_efficiency_<opt>``; ``k_half``
+    is the tiles' peak times the fitted asymptotic share ``pcu_efficiency``; ``k_half``
     is the fitted ``arch.pcu_k_half`` (the depth at which half the asymptotic rate is reached).
     """
 
@@ -97,9 +97,10 @@ class Rates:
     k_half: float = 0.0
 
     @classmethod
-    def of(cls, target: Target, precision: DType, chip: Chip, opt_level: str) -> Rates:
-        """The rates of ``chip``'s compiled tiles on ``target`` at ``precision``, compiled at ``opt_level``."""
-        eff = target.arch_value(f"pcu_efficiency_{opt_level.lower()}", needed_by=NEEDED_BY)
+    def of(cls, target: Target, precision: DType, chip: Chip) -> Rates:
+        """The rates of ``chip``'s compiled tiles on ``target`` at ``precision`` (at any compile mode:
+        what a mode changes is the sections and the PCUs they hold, `sections` and `pipeline_s`)."""
+        eff = target.arch_value("pcu_efficiency", needed_by=NEEDED_BY)
         peak = target.peak_flops(precision)
         share = chip.share
         return cls(
@@ -152,11 +153,12 @@ def pipeline_s(stages: list[Stage], room: int, pcus: int) -> float:
 
     ``stages``: (seconds the stage's work takes on all ``pcus`` PCUs of the compiled tiles, its
     PCU demand). The compiler sizes each stage by its memory (a PCU per PMU it needs: `Demand`),
-    not by its FLOPs, and spreads the section's stages over ``room`` PCUs (the planning capacity;
-    every unit for a group tiled into parts) in proportion to that demand: stage i holds
-    ``p_i · room / Σp`` PCUs and takes ``t_i · pcus / (p_i · room / Σp)``. Every stage streams
-    the same samples, so the section lasts its longest stage. A pipeline whose stages' work
-    follows their PCUs (t_i ∝ p_i) lasts ``Σt · pcus / room``; any imbalance lengthens it.
+    not by its FLOPs, and a stage computes on the PCUs it holds: stage i takes
+    ``t_i · pcus / p_i``. The section's PCUs are its allocation (`Section.pcus`, the DABench
+    allocation ratio), so no stage runs faster than its own PCUs' peak. A group above the
+    ``room`` (every unit, for a group tiled into parts) holds the room in proportion to its
+    demand, ``p_i · room / Σp`` each. Every stage streams the same samples, so the section lasts
+    its longest stage: ``max(t_i / p_i) · pcus · max(1, Σp / room)``.
     """
     if not stages:
         return 0.0
@@ -167,17 +169,19 @@ def pipeline_s(stages: list[Stage], room: int, pcus: int) -> float:
         held += p
         if slowest is None or t / p > slowest:
             slowest = t / p
-    return pcus / room * held * slowest
+    return pcus * slowest * max(1.0, held / room)
 
 
 def balanced_s(stages: list[Stage], room: int, pcus: int) -> float:
     """A section's compute seconds when its stages hold PCUs in proportion to their work.
 
     A tuned mapping (SambaNova's human-decision files: each operator's tiling and PCUs set by hand)
-    gives stage i ``t_i / Σt`` of the ``room`` PCUs, so every stage takes ``Σt · pcus / room``: the
-    pipeline at its balanced time, which `pipeline_s` reaches only when work follows memory demand.
+    shares the section's PCUs (its demand ``Σp``, at most the ``room``) out by work, so every stage
+    takes ``Σt · pcus / min(Σp, room)``: the pipeline at its balanced time on the PCUs it holds,
+    which `pipeline_s` reaches only when work follows memory demand.
     """
-    return pcus / room * sum(t for t, _ in stages)
+    held = sum(p if p > 1 else 1 for _, p in stages)
+    return pcus / min(room, held) * sum(t for t, _ in stages) if stages else 0.0
 
 
 class NodeTimer:
