@@ -366,6 +366,25 @@ def test_an_offloaded_optimizer_runs_on_the_host_and_its_weights_come_back_over_
     assert on.traffic_bytes["hbm"] - off.traffic_bytes["hbm"] == adam.bytes
 
 
+def test_the_trace_draws_the_host_run_adam_on_the_host_not_on_the_gpu_stream():
+    from dabench_ir.emulate import emulate
+    from dabench_ir.report.trace import chrome_trace_events, validate_trace
+
+    graph = _trained(layers=2, hidden=64)
+    for state, process in (("offchip", "a100 host"), ("onchip", "a100 GPU")):
+        plan = (
+            _offloaded(graph.clone())
+            if state == "offchip"
+            else lower(graph.clone(), A100, GpuLowering.options(ProfileOptions(optimizer_state="onchip")))
+        )
+        events = chrome_trace_events(emulate(plan, graph), graph, plan=plan)
+        assert validate_trace({"traceEvents": events}) == []
+        names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        (adam,) = [e for e in events if e["ph"] == "X" and e["name"] == "optimizer.adam_step"]
+        assert names[adam["pid"]] == process
+        assert all(names[e["pid"]] != "a100 host" for e in events if e["ph"] == "X" and e is not adam)
+
+
 def test_gradients_to_the_host_cost_what_the_backward_does_not_hide():
     from dabench_ir.lowering.gpu import OFFLOAD_GRADIENTS
 

@@ -12,7 +12,9 @@ on the target's "step" process, beside two counter tracks ("ph": "C") over the s
 ``memory in use`` (the bytes of node outputs written and not yet read by their last
 reader, plus what the plan keeps resident) and ``link busy`` (the running nodes' share of
 their time spent on links and exchange). A measured host timeline, when given, is its own
-process next to the predicted one. Several targets' reports go into one file
+process next to the predicted one. A node the plan runs on the host while the device waits
+(a GPU's CPU Adam under ``--optimizer-state offchip``: fed from host memory, no device compute)
+is drawn on the host process's "CPU" thread, not on the device's. Several targets' reports go into one file
 (`write_targets_trace`), each target's processes named after it and kept together.
 `validate_trace` checks a document against the trace-event format (required fields per
 phase, timestamps in microseconds non-decreasing per track, slices on a thread nested).
@@ -176,6 +178,12 @@ def _unit_group(unit_id: str, kind: str | None, nodes: list[str], graph: Graph, 
     return f"{target} {kind or 'unit'}".strip(), unit_id
 
 
+def _runs_on_host(np_: Any) -> bool:
+    """Whether a node's placement runs it on the host, the device waiting: fed from host memory
+    with no device compute (`dabench_ir.lowering.gpu.Offload`)."""
+    return np_ is not None and np_.feed_level == "host" and np_.compute_s == 0
+
+
 class _Slice(NamedTuple):
     """One node run drawn on a track: its process and group (the track), the node, when it ran and
     the slice's args."""
@@ -217,13 +225,16 @@ def chrome_trace_events(
     later: list[_Slice] = []  # later micro-batches' runs, drawn after every first run
     for name, timing in ordered:
         kind = kinds.get(timing.unit) or ("cpu" if timeline.source == "measured" else None)
-        process, group = _unit_group(timing.unit, kind, members.get(timing.unit, []), graph, target)
+        np_ = plan.node_plans.get(name) if plan is not None else None
+        if _runs_on_host(np_):
+            process, group = f"{target} host".strip(), "CPU"
+        else:
+            process, group = _unit_group(timing.unit, kind, members.get(timing.unit, []), graph, target)
         process = predicted + process if timeline.source != "measured" else f"measured: {process}"
         args = _node_args(graph, name, roles)
         args["bound"] = str(timing.bound) if timing.bound is not None else None
         args["unit"] = timing.unit
         runs = timeline.slices.get(name) or [(timing.start, timing.end)]
-        np_ = plan.node_plans.get(name) if plan is not None else None
         if len(runs) > 1:
             args["runs"] = len(runs)
             args["busy_s"] = sum(b - a for a, b in runs)
