@@ -47,7 +47,7 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
-from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_capacity
+from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
 from dabench_ir.place import place
@@ -595,7 +595,6 @@ def _pp_stage_memory(
     state = training_state(ctx)
     worst_memory: dict[str, int] | None = None
     offload = lowering_for(target).offloads_optimizer(lowering_options(run))
-    host = host_capacity(target, sharers) if offload else 0.0
     for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
@@ -611,18 +610,18 @@ def _pp_stage_memory(
         need = sum(v for k, v in parts.items() if k != "host")
         if worst_memory is None or need > sum(v for k, v in worst_memory.items() if k != "host"):
             worst_memory = parts
-        for level, held, capacity in (
-            (mem.name, need, mem.capacity_bytes),
-            ("its share of host memory", parts.get("host", 0), host),
-        ):
-            if held > capacity:
-                failure = {
-                    "reason": f"stage {i} (layers {st[0]}-{st[-1]}) needs {held / 1e9:.2f} GB of {level}, "
-                    f"{target.name} has {capacity / 1e9:.2f} GB",
-                    "needed_bytes": held,
-                    "capacity_bytes": int(capacity),
-                }
-                return False, failure, worst_memory
+        stage = f"stage {i} (layers {st[0]}-{st[-1]})"
+        if need > mem.capacity_bytes:
+            failure = {
+                "reason": f"{stage} needs {need / 1e9:.2f} GB of {mem.name}, "
+                f"{target.name} has {mem.capacity_bytes / 1e9:.2f} GB",
+                "needed_bytes": need,
+                "capacity_bytes": int(mem.capacity_bytes),
+            }
+            return False, failure, worst_memory
+        short = host_shortfall(target, parts["host"], sharers, f"{stage}'s") if offload else None
+        if short is not None:
+            return False, short.to_dict(), worst_memory
     return True, None, worst_memory
 
 
@@ -969,16 +968,10 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: 
             "capacity_bytes": int(mem.capacity_bytes),
         }
     )
-    host = parts.get("host", 0)
-    capacity = host_capacity(target, sharers) if host else 0.0
-    if pt.fits and host > capacity:
+    short = host_shortfall(target, parts["host"], sharers, "one device's") if parts.get("host") else None
+    if pt.fits and short is not None:
         pt.fits = False  # the optimizer state offloaded to the host outgrows the device's share of it
-        pt.failure = {
-            "reason": f"one device's offloaded optimizer state needs {host / 1e9:.2f} GB of host memory, "
-            f"{target.name}'s device has {capacity / 1e9:.2f} GB of it ({sharers} sharing its host)",
-            "needed_bytes": host,
-            "capacity_bytes": int(capacity),
-        }
+        pt.failure = short.to_dict()
     if not pt.fits:
         pt.throughput_samples_per_s = None
     elif pt.throughput_samples_per_s is None and pt.time_s > 0:

@@ -65,7 +65,7 @@ from dabench_ir.passes.training import (
     core_internal,
     is_optimizer_step,
 )
-from dabench_ir.plan import Plan, Schedule, Unit
+from dabench_ir.plan import Failure, Plan, Schedule, Unit
 from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
 
@@ -85,6 +85,7 @@ __all__ = [
     "device_memory",
     "gemm_wave_efficiency",
     "host_capacity",
+    "host_shortfall",
     "offload_plan",
     "saved_activation_bytes",
     "stream_plan",
@@ -881,6 +882,21 @@ def host_capacity(target: Target, sharers: int) -> float:
     return target.memory("host").capacity_bytes / max(1, sharers)
 
 
+def host_shortfall(target: Target, held: int, sharers: int, whose: str = "the") -> Failure | None:
+    """Why ``held`` bytes of offloaded optimizer state do not fit one GPU's share of its host's memory
+    (`host_capacity`), or None where they fit: the one check of the lowering, a data-parallel point
+    and each pipeline stage. ``whose``: the state's owner in the reason (``the``, ``stage 0's``)."""
+    capacity = host_capacity(target, sharers)
+    if held <= capacity:
+        return None
+    return Failure(
+        f"{whose} offloaded optimizer state needs {held / 1e9:.2f} GB of host memory, "
+        f"{target.name}'s GPU has {capacity / 1e9:.2f} GB of it ({sharers} GPU(s) sharing its host)",
+        int(held),
+        int(capacity),
+    )
+
+
 def offload_plan(ctx: LoweringContext, target: Target, options: LoweringOptions) -> Offload | None:
     """The host's part of a training step whose optimizer state is offloaded (``--optimizer-state
     offchip``: `Offload`), or None: not asked, or no optimizer step in the graph (inference)."""
@@ -925,14 +941,9 @@ def _fit_device_memory(ctx: LoweringContext, target: Target, plan: Plan, m: int,
     plan.memory_bytes[mem.name] = resident
     if offload is not None:
         plan.memory_bytes["host"] = parts["host"]
-        capacity = host_capacity(target, offload.sharers)
-        if parts["host"] > capacity:
-            plan.fail(
-                f"the offloaded optimizer state needs {parts['host'] / 1e9:.2f} GB of host memory, "
-                f"{target.name}'s GPU has {capacity / 1e9:.2f} GB of it ({offload.sharers} GPU(s) sharing its host)",
-                parts["host"],
-                capacity,
-            )
+        short = host_shortfall(target, parts["host"], offload.sharers)
+        if short is not None:
+            plan.fail(short.reason, short.needed_bytes, short.capacity_bytes)
     state = training_state(ctx)
     if resident > mem.capacity_bytes:
         plan.fail(

@@ -332,3 +332,30 @@ def test_data_parallel_gpus_that_offload_share_their_hosts_dram(chips, per_node,
     opts = ScaleOptions(optimizer_state="offchip", chips_per_node=per_node)
     one, many = scale(graph, load_target("h100"), [1, chips], "dp", opts).points
     assert many.chip.timeline.busy(adam) == pytest.approx(sharers * one.chip.timeline.busy(adam))
+
+
+@pytest.mark.parametrize(("strategy", "whose"), [("dp", "one device's"), ("pp", "stage 0 (layers 0-0)'s")])
+def test_offloaded_state_beyond_a_gpus_share_of_its_host_has_no_throughput(tmp_path, strategy, whose):
+    """The one host-memory check (`lowering.gpu.host_shortfall`) refuses a data-parallel point and a
+    pipeline stage whose offloaded optimizer state outgrows their GPU's share of the host, in the words
+    the lowering uses for one GPU."""
+    from importlib import resources
+
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.passes.training import TrainingPass
+
+    toml = (resources.files("dabench_ir.targets") / "h100.toml").read_text()
+    small = toml.replace(
+        'capacity_bytes = { value = 2e12, source = "the host', 'capacity_bytes = { value = 2e6, source = "the host'
+    )
+    assert small != toml
+    path = tmp_path / "h100-small-host.toml"
+    path.write_text(small)
+    graph = decoder(layers=2, hidden=256, batch=4)
+    TrainingPass()(graph)
+    opts = ScaleOptions(optimizer_state="offchip", micro_batches=2 if strategy == "pp" else None)
+    point = scale(graph, load_target(str(path)), [1, 2], strategy, opts).points[1]
+    assert not point.fits and point.throughput_samples_per_s is None
+    reason = point.failure["reason"]
+    assert reason.startswith(f"{whose} offloaded optimizer state needs") and "(2 GPU(s) sharing its host)" in reason
+    assert point.failure["capacity_bytes"] == 1_000_000  # 2 MB shared by the two GPUs
