@@ -30,6 +30,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, Knob
 
 if TYPE_CHECKING:
+    from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.report.model import NodeRecord, Report
     from dabench_ir.run import ResolvedRun
     from dabench_ir.timeline import Timeline
@@ -213,6 +214,19 @@ class VariantRuns:
         self.report = report
         self.placements = 0
         self._done: dict[tuple[tuple[str, str], ...], Trial | None] = {}
+        self._contexts: dict[Any, LoweringContext] = {}  # the shared graph's, by the plan's precision
+
+    def context(self, run: ResolvedRun) -> LoweringContext:
+        """The lowering context of the report's prepared graph at ``run``'s precision, built once for
+        every variant placed on that graph (`shares_graph`): its node costs, value sizes and weight
+        total read once, not once a variant (a lowering writes nothing to it)."""
+        from dabench_ir.lowering._common import LoweringContext
+        from dabench_ir.run import lowering_options
+
+        precision = lowering_options(run).precision
+        if precision not in self._contexts:
+            self._contexts[precision] = LoweringContext.build(self.report.graph, precision)
+        return self._contexts[precision]
 
     def shares_graph(self, run: ResolvedRun) -> bool:
         """Whether ``run`` (a variant of the report's) is placed on the report's own prepared graph:
@@ -248,7 +262,10 @@ class VariantRuns:
             run = self.variant(changes)
             self.placements += 1
             shared = self.shares_graph(run)
-            variant = placed(run, self.report.graph if shared else self.report.graph.clone())
+            if shared:
+                variant = placed(run, self.report.graph, context=self.context(run))
+            else:
+                variant = placed(run, self.report.graph.clone())
         except (UserError, ValueError) as exc:
             logger.info("why: %s not placeable: %s", " ".join(f"{k.flag} {v}" for k, v in changes), exc)
         else:

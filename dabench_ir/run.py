@@ -32,6 +32,7 @@ from dabench_ir.progress import silent
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
+    from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
     from dabench_ir.targets import Target
@@ -707,9 +708,13 @@ class Placed:
         return _verified(self.run, report)
 
 
-def placed(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Placed:
+def placed(
+    run: ResolvedRun, graph: Graph, *, progress: Progress | None = None, context: LoweringContext | None = None
+) -> Placed:
     """``run`` placed and emulated on ``graph`` (consumed), as `execute` places it, without building
-    its report: `Placed`. A run that measures is refused (its figures are the measurement's)."""
+    its report: `Placed`. A run that measures is refused (its figures are the measurement's).
+    ``context``: the lowering context of ``graph`` as prepared, for a caller placing it several
+    times (`dabench_ir.lowering.Lowering.lower`)."""
     if run.target is None:
         raise UserError("a placement needs a target; give --target")
     if run.options.measure:
@@ -724,7 +729,7 @@ def placed(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) 
 
     run, graph = _prepared(run, graph, say)
     say(f"placing on {run.target.name}")
-    plan = lower(graph, run.target, lowering_options(run))
+    plan = lower(graph, run.target, lowering_options(run), context=context)
     timeline = emulate(plan, graph)
     if not run.options.no_verify:
         check_step(graph, run.target, plan, timeline)

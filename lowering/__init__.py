@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
 from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.passes.precision import graph_compute_dtype
 from dabench_ir.targets import KINDS as TARGET_KINDS
 
 if TYPE_CHECKING:
@@ -153,12 +154,22 @@ class Lowering(ABC):
         """The level of ``target``'s memories that feeds this architecture's units (`feed`)."""
         return self.feed
 
-    def lower(self, graph: Graph, target: Target, options: Any = None) -> Plan:
-        """Place ``graph`` on ``target``; ``options`` is any options object (None: the defaults)."""
+    def lower(
+        self, graph: Graph, target: Target, options: Any = None, *, context: LoweringContext | None = None
+    ) -> Plan:
+        """Place ``graph`` on ``target``; ``options`` is any options object (None: the defaults).
+
+        ``context``: a `LoweringContext` of this very ``graph``, built by a caller that places the
+        unchanged graph several times (the why lines' variant runs): used when it is at the plan's
+        precision, else one is built. A lowering reads its context and writes nothing to it."""
         if target.kind not in self.kinds:
             raise UserError(f"the {self.name} lowering serves {', '.join(self.kinds)} targets, not {target.name}")
         opts = options if type(options) is self.Options else self.options(options)
-        plan = self._lower(LoweringContext.build(graph, opts.precision), target, opts)
+        if context is not None and context.graph is not graph:
+            raise ValueError("a lowering context is of the graph it was built for")
+        if context is None or context.precision != (opts.precision or graph_compute_dtype(graph)):
+            context = LoweringContext.build(graph, opts.precision)
+        plan = self._lower(context, target, opts)
         logger.info(
             "lowered %s onto %s: %d unit(s), fits=%s", graph.name or "graph", target.name, len(plan.units), plan.fits
         )
@@ -179,6 +190,7 @@ def lowering_for(target: Target) -> Lowering:
     return importlib.import_module(f"{__name__}.{module}").LOWERING
 
 
-def lower(graph: Graph, target: Target, options: Any = None) -> Plan:
-    """Place ``graph`` on ``target`` with the lowering for its kind (``options``: a `ProfileOptions`, None: defaults)."""
-    return lowering_for(target).lower(graph, target, options)
+def lower(graph: Graph, target: Target, options: Any = None, *, context: LoweringContext | None = None) -> Plan:
+    """Place ``graph`` on ``target`` with the lowering for its kind (``options``: a `ProfileOptions`, None:
+    defaults; ``context``: see `Lowering.lower`)."""
+    return lowering_for(target).lower(graph, target, options, context=context)

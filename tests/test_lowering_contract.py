@@ -246,6 +246,30 @@ def test_placing_writes_nothing_to_the_graph(kind, micro_batches):
     assert _state(graph) == before
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_lowering_reads_its_context_and_a_shared_one_places_the_same(kind):
+    """One `LoweringContext` serves several placements of the unchanged graph (the why lines'
+    variants, `advice.VariantRuns.context`): every lowering reads it and writes nothing to it, so
+    a placement with the shared context equals one that builds its own; a context of another graph
+    is refused, and one at another precision is not used."""
+    from dabench_ir.passes.training import TrainingPass
+
+    graph, target = decoder(layers=2, hidden=64, seq=8, batch=4), load_target(TARGETS[kind])
+    TrainingPass()(graph)
+    opts = ProfileOptions(mode="train", micro_batches=2)
+    ctx = LoweringContext.build(graph)
+    before = (dict(ctx.costs), list(ctx.unattributed), ctx.precision, ctx.total_weight_bytes, ctx.stored)
+    own = lower(graph, target, opts)
+    for _ in range(2):
+        shared = lower(graph, target, opts, context=ctx)
+        assert shared.node_plans == own.node_plans and shared.step_overheads_s == own.step_overheads_s
+    assert (dict(ctx.costs), list(ctx.unattributed), ctx.precision, ctx.total_weight_bytes, ctx.stored) == before
+    with pytest.raises(ValueError, match="of the graph it was built for"):
+        lower(graph.clone(), target, opts, context=ctx)
+    bf16 = LoweringContext.build(graph, DType.BFLOAT16)  # the graph computes in fp32: not this plan's
+    assert lower(graph, target, opts, context=bf16).node_plans == own.node_plans
+
+
 # -- module hygiene ------------------------------------------------------------------------------
 
 _LATER_STAGES = ("emulate", "metrics", "execute", "report", "scaling", "place", "pipeline", "commands", "sweep")
