@@ -84,7 +84,6 @@ __all__ = [
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
-    "host_capacity",
     "host_shortfall",
     "offload_plan",
     "saved_activation_bytes",
@@ -828,7 +827,7 @@ class Offload:
     ``node``: the Adam node, which the host's CPU runs. Its state (what the node reads and writes:
     fp32 weights, moments, gradient, the 16-bit copy) streams through ``host``, the host's DRAM,
     whose bandwidth and capacity the ``sharers`` GPUs of the node that offload at once share
-    (`host_bandwidth`, `host_capacity`; one GPU alone has all of it). DeepSpeed's vectorised CPU
+    (`host_bandwidth`, `host_shortfall`; one GPU alone has all of it). DeepSpeed's vectorised CPU
     Adam (DeepSpeedCPUAdam) is bound there, by far: a DGX H100's 112 cores' AVX-512 FMAs at their
     2.0 GHz base clock (about 14 TFLOP/s) spend under 2 % of that time on Adam's 14 FLOPs a
     parameter against its 28 bytes at 563 GB/s, for any share of both. ``pcie``: one direction of
@@ -876,17 +875,12 @@ class Offload:
         return ctx.costs[self.node].vector_flops / (ADAM_FLOPS_PER_PARAM[0] * record.params)
 
 
-def host_capacity(target: Target, sharers: int) -> float:
-    """Bytes of the host's memory each of ``sharers`` GPUs that offload their optimizer state at once
-    may hold (`Offload`): an equal share."""
-    return target.memory("host").capacity_bytes / max(1, sharers)
-
-
 def host_shortfall(target: Target, held: int, sharers: int, whose: str = "the") -> Failure | None:
     """Why ``held`` bytes of offloaded optimizer state do not fit one GPU's share of its host's memory
-    (`host_capacity`), or None where they fit: the one check of the lowering, a data-parallel point
-    and each pipeline stage. ``whose``: the state's owner in the reason (``the``, ``stage 0's``)."""
-    capacity = host_capacity(target, sharers)
+    (an equal share among the ``sharers`` GPUs that offload at once, `Offload`), or None where they
+    fit: the one check of the lowering, a data-parallel point and each pipeline stage. ``whose``: the
+    state's owner in the reason (``the``, ``stage 0's``)."""
+    capacity = target.memory("host").capacity_bytes / max(1, sharers)
     if held <= capacity:
         return None
     return Failure(
