@@ -306,6 +306,8 @@ _TRAIN = frozenset({"train"})
 OPT_LEVELS = ("O0", "O1", "O3")
 RDU_MAPPINGS = ("compiler", "tuned")
 """Every ``--rdu-mapping`` choice: the compiler's own stage mapping, or SambaNova's tuned one."""
+RDU_HOST_LOOPS = ("tutorial", "production")
+"""Every ``--rdu-host-loop`` choice: the training app whose host loop drives the RDU (`lowering.rdu.overheads`)."""
 WSE_MODES = ("pipelined", "streaming", "auto")
 STRATEGIES = ("dp", "tp", "pp")
 
@@ -426,6 +428,15 @@ class ProfileOptions:
         "each stage tiled over PCUs by its work)",
         choices=RDU_MAPPINGS,
         on="rdu",
+    )
+    rdu_host_loop: str = _target_knob(
+        "tutorial",
+        help="RDU training app's host loop: tutorial (SambaNova's tutorial app as DABench-LLM profiled it: "
+        "the host's fitted per-step work runs between steps, the RDU idle) or production (SambaNova's "
+        "transformers_on_rdu apps: the tiles measured executing all but 3-8 percent of a run: no host time between steps)",
+        choices=RDU_HOST_LOOPS,
+        on="rdu",
+        modes=_TRAIN,
     )
     resource_scale: float = _target_knob(
         1.0,

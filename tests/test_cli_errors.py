@@ -289,6 +289,8 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
             ["--replicated-tensor-sharding false applies to training"],
         ),
         (["-t", "rdu", "--threads", "100000"], ["--threads", "at most", "CPUs"]),
+        (["-t", "rdu", "--rdu-host-loop", "production"], ["--rdu-host-loop production applies to training"]),
+        (["-t", "h100", "--mode", "train", "--rdu-host-loop", "production"], ["applies to rdu targets, not h100"]),
         (
             ["-t", "h100", "--mode", "train", "--recompute", "selective"],
             ["--recompute selective", "h100's default", "--fused-attention false"],
@@ -315,6 +317,7 @@ def test_a_knob_applies_check_is_the_one_table(tiny_decoder):
         "recompute",
         "micro_batch",
         "optimizer_state",
+        "rdu_host_loop",
         "replicated_tensor_sharding",
         "zero",
     }

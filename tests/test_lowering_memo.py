@@ -50,6 +50,7 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
         tiles=None,
         resource_scale=1.0,
         rdu_mapping="compiler",
+        rdu_host_loop="tutorial",
     )
     chip = Chip.of(target, opts)
     memo = Demand(ctx, chip)

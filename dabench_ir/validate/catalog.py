@@ -141,6 +141,7 @@ RUN_OPTIONS: dict[str, _Option] = {
     "tiles": _Option("tiles"),
     "resource_scaling": _Option("resource_scale"),
     "rdu_mapping": _Option("rdu_mapping"),  # RDU stage mapping: compiler or tuned (human-decision files)
+    "rdu_host_loop": _Option("rdu_host_loop"),  # RDU training app's host loop: tutorial or production
     "wse_mode": _Option("wse_mode"),
     "replicas": _Option("replicas"),  # IPU: data-parallel replicas (throughput of all); WSE: on-wafer copies
     "ipus": _Option("ipus"),

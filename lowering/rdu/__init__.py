@@ -144,6 +144,7 @@ class RduOptions(LoweringOptions):
     tiles: int | None
     resource_scale: float
     rdu_mapping: str
+    rdu_host_loop: str
 
 
 class RduLowering(Lowering):
@@ -183,7 +184,7 @@ class RduLowering(Lowering):
         )
         placement = Placement(chip, feed, reconfig_s, micro_batches, accumulated=accumulated)
         section_bytes = _time_and_place(ctx, plan, layout, state, timer, placement)
-        host_key = step_overheads(ctx, plan, target, placement.launches)
+        host_key = step_overheads(ctx, plan, target, placement.launches, options.rdu_host_loop)
         fit(ctx, plan, target, chip, layout, state, section_bytes, feed, micro_batches, accumulated)
         plan.extra.update(plan_stats(plan, chip, options.opt_level, host_key))
         return plan

@@ -20,27 +20,38 @@ DEVICE_STEP = "device step"
 """The overhead row of a training step's fixed RDU time (``overheads.device_step_s``): device time, not host."""
 
 
-def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: int) -> str:
+def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: int, host_loop: str) -> str:
     """Add the plan's per-step rows and return the host row's name.
 
-    The host pays ``host_step_s + host_per_section_s · launches`` for a training step (both fitted
-    to training steps: data loading, the Python training loop; ``launches``: the section launches
-    of a step, one per section unless the step accumulates gradients and runs each section once a
-    micro-batch), the device ``device_step_s``. No SN30 inference host time is published, so an
-    inference run pays only the per-section launches, as the row `HOST_ESTIMATE`, and a note says so.
+    The host pays ``host_step_s + host_per_section_s · launches`` for a training step of SambaNova's
+    tutorial app (``host_loop`` "tutorial": both fitted to DABench-LLM's host latency, its
+    generative_train.py run under SambaTune: data loading, the Python training loop; ``launches``: the
+    section launches of a step, one per section unless the step accumulates gradients and runs each
+    section once a micro-batch), the device ``device_step_s``. SambaNova's production training apps
+    (``host_loop`` "production": transformers_on_rdu with a human-decision file) keep the compiled
+    tiles executing all but 3-8 % of a run (sntilestat in ALCF's GPT 1.5B runs, targets/sn30.toml):
+    no host time is charged between their steps, and a note says so. No SN30 inference host time is
+    published, so an inference run pays only the per-section launches, as the row `HOST_ESTIMATE`,
+    and a note says so.
     """
-    n_sections = launches
     training = meta.graph_mode(ctx.graph) == "train"
-    host_step = target.overhead("host_step_s") if training else 0.0
     host_key = "host" if training else HOST_ESTIMATE
-    plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * n_sections
+    if training and host_loop == "production":
+        plan.notes.append(
+            "host: none between steps (--rdu-host-loop production: SambaNova's production training apps keep "
+            "the tiles executing all but 3-8 % of a run, sntilestat in ALCF's GPT 1.5B runs); the fitted host "
+            "loop is the tutorial app's"
+        )
+    else:
+        host_step = target.overhead("host_step_s") if training else 0.0
+        plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * launches
     device_step = target.overhead("device_step_s") if training else 0.0
     if device_step:
         plan.step_overheads_s[DEVICE_STEP] = device_step
     if not training:
         per = target.overhead("host_per_section_s") * 1e3
         plan.notes.append(
-            f"{host_key}: {per:.3g} ms per section launch x {n_sections} sections, fitted to training steps "
+            f"{host_key}: {per:.3g} ms per section launch x {launches} sections, fitted to training steps "
             "(no published SN30 inference host time)"
         )
     return host_key

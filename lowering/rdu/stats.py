@@ -43,5 +43,5 @@ def plan_stats(plan: Plan, chip: Chip, opt_level: str, host_key: str) -> dict[st
         "pmu_allocation_time_weighted": sum((u.stats.pmu_allocation or 0.0) * t for u, t in timed) / span,
         "load_imbalance_time_weighted": sum((u.stats.load_imbalance or 0.0) * t for u, t in timed) / span,
         "rdu_time_s": sum(u.gap_before_s + t for u, t in timed) + plan.step_overheads_s.get(DEVICE_STEP, 0.0),
-        "host_time_s": plan.step_overheads_s[host_key],
+        "host_time_s": plan.step_overheads_s.get(host_key, 0.0),
     }
