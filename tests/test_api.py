@@ -150,6 +150,7 @@ def test_run_validation_is_the_cli_validate(tmp_path):
     assert check.cross_validation is None  # a user's catalogue has no recorded folds
 
 
+@pytest.mark.slow  # two whole-target validations with their cross-validation folds
 def test_run_validation_cross_validates_the_bundled_catalogue_as_the_cli_does(tmp_path):
     """The figure to trust is the same through the API and the CLI: leave one source out."""
     check = dabench_ir.run_validation("sn30")

@@ -149,6 +149,7 @@ def test_throughput_charts_compare_one_model_at_a_time(monkeypatch, tmp_path):
     assert "host-model (2 layers, 500 k params)" in second and "not comparable" in second
 
 
+@pytest.mark.slow  # two whole-target validations with their cross-validation folds
 def test_the_demo_headlines_the_cross_validated_error_validate_prints():
     """The demo's validation row is the figure `dabench-ir validate` prints as cross-validated (leave
     one source out), not the median over all points, which includes the points parameters were

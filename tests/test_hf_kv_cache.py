@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.torch]  # Hugging Face models exported by optimum, as test_hf_export.py
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
