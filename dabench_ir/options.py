@@ -433,7 +433,7 @@ class ProfileOptions:
         "tutorial",
         help="RDU training app's host loop: tutorial (SambaNova's tutorial app as DABench-LLM profiled it: "
         "the host's fitted per-step work runs between steps, the RDU idle) or production (SambaNova's "
-        "transformers_on_rdu apps: the tiles measured executing all but 3-8 percent of a run: no host time between steps)",
+        "transformers_on_rdu apps: the tiles measured executing 90-97 percent of a run: no host time between steps)",
         choices=RDU_HOST_LOOPS,
         on="rdu",
         modes=_TRAIN,

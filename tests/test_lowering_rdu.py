@@ -144,7 +144,7 @@ def test_the_tutorial_host_row_contradicts_the_busy_tiles_of_the_production_run(
     """The ALCF GPT 1.5B run (catalogue point sn30-gpt2-xl-dp32-alcf) kept every tile executing at
     least 89.8 % of the time (sntilestat, targets/sn30.toml). Its replica's step with the tutorial
     app's fitted host row leaves the RDU idle over a third of the step, which that measurement
-    rules out; with the production loop the RDU runs all of it (what idles the real tiles 8-10 %
+    rules out; with the production loop the RDU runs all of it (what idles the real tiles 3-10 %
     is not modelled)."""
     import dataclasses
 
