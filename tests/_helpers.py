@@ -34,6 +34,18 @@ def hf_causal_lm(family: str, *, layers: int, hidden: int, heads: int, vocab: in
     return getattr(transformers, model_class)(config)
 
 
+def trained_looking(model):
+    """``model`` with every parameter redrawn from N(0, 0.02) from torch's current seed, in place:
+    distinct values, as a trained model has (an exporter stores equal tensors, such as zero biases,
+    once). Returns the model."""
+    import torch
+
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.02)
+    return model
+
+
 SMALL = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 2048, "positions": 512}
 """The small decoder the exporter tests build (`small_decoder`): its sizes by hf_causal_lm's names."""
 SMALL_KV_HEADS, SMALL_FFN = 2, 688  # Llama's grouped K/V heads and MLP width; GPT-2: all heads, 4 x hidden

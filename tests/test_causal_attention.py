@@ -76,19 +76,16 @@ def test_a_decode_step_and_a_core_without_a_mask_keep_the_full_kernel():
 
 def test_a_hugging_face_mask_made_by_comparing_positions_is_causal(tmp_path):
     """optimum's export of a transformers Llama builds its mask from ``kv_idx <= q_idx`` (LessOrEqual)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("optimum.exporters.onnx")
     from optimum.exporters.onnx import main_export
 
     from dabench_ir.pipeline import load_graph
     from dabench_ir.run import prepare, resolve
-    from tests._helpers import hf_causal_lm
+    from tests._helpers import hf_causal_lm, trained_looking
 
-    model = hf_causal_lm("llama", layers=1, hidden=64, heads=4, vocab=256, positions=128, ffn=128)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.02)
+    model = trained_looking(hf_causal_lm("llama", layers=1, hidden=64, heads=4, vocab=256, positions=128, ffn=128))
     model.save_pretrained(tmp_path / "llama")
     main_export(str(tmp_path / "llama"), output=tmp_path / "onnx", task="text-generation")
     graph = load_graph(str(tmp_path / "onnx" / "model.onnx"))

@@ -34,7 +34,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
-from tests._helpers import SMALL, SMALL_KV_HEADS, small_decoder
+from tests._helpers import SMALL, SMALL_KV_HEADS, small_decoder, trained_looking
 
 REL_TOL = 0.05
 """Step time, relative, per target: see the module docstring (stated before the first comparison)."""
@@ -107,10 +107,7 @@ def exports(tmp_path_factory):
     out: dict[str, dict[str, dict[str, str]]] = {}
     for family in ("gpt2", "llama"):
         torch.manual_seed(0)
-        model = small_decoder(family)
-        with torch.no_grad():  # trained-looking values (no zero biases an exporter would store once)
-            for param in model.parameters():
-                param.normal_(0.0, 0.02)
+        model = trained_looking(small_decoder(family))
         model.save_pretrained(folder / family)
         PARAMS[family] = model.num_parameters()
         base = type(model)

@@ -29,6 +29,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
 
 from dabench_ir.cli import main  # noqa: E402
+from tests._helpers import trained_looking  # noqa: E402
 
 BATCH, SEQ, PAST = 2, 16, 15
 FOLDED = "folded at compile time"
@@ -82,10 +83,7 @@ def exports(tmp_path_factory):
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), vocab_size=256, **fields)
         config._attn_implementation = "eager"
         torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():  # distinct values: the exporter stores equal tensors (zero biases) once
-            for param in model.parameters():
-                param.normal_(0.0, 0.02)
+        model = trained_looking(transformers.AutoModelForCausalLM.from_config(config).eval())
         ids = torch.randint(0, 256, (BATCH, SEQ))
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             model(ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(SEQ).expand(BATCH, SEQ))

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
 
 from dabench_ir.cli import main  # noqa: E402
-from tests._helpers import hf_causal_lm  # noqa: E402
+from tests._helpers import hf_causal_lm, trained_looking  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 64, 4, 2, 128, 256, 128
 PAST, SEQ = 31, 1
@@ -37,9 +37,7 @@ def exports(tmp_path_factory):
     }
     out = {}
     for name, model in models.items():
-        with torch.no_grad():  # trained-looking values: the exporter stores equal tensors (zero biases) once
-            for param in model.parameters():
-                param.normal_(0.0, 0.02)
+        trained_looking(model)
         model.save_pretrained(root / name)
         PARAMS[name] = model.num_parameters()  # the tied embedding and LM head once
         main_export(str(root / name), output=root / f"{name}-past", task="text-generation-with-past")

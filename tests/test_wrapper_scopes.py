@@ -30,7 +30,7 @@ from dabench_ir.cli import main
 from dabench_ir.ir import Node, ScopeModule, layer_from_scope, model_path, model_root, module_of
 from dabench_ir.lowering._common import module_key
 from dabench_ir.study.diff import diff_reports
-from tests._helpers import small_decoder
+from tests._helpers import small_decoder, trained_looking
 
 TARGETS = ("wse2", "sn30", "bow", "a100", "h100", "h200")
 FORMS = ("plain", "wrapped", "listed")
@@ -353,11 +353,8 @@ def exports(tmp_path_factory):
     out: dict[str, dict[str, dict[str, str]]] = {}
     for family in ("gpt2", "llama"):
         torch.manual_seed(0)
-        model = small_decoder(family)
+        model = trained_looking(small_decoder(family))
         model.config._attn_implementation = "eager"  # both exporters write the same attention program
-        with torch.no_grad():  # trained-looking values (no zero biases an exporter would store once)
-            for param in model.parameters():
-                param.normal_(0.0, 0.02)
         forms = dict(zip(FORMS, _forms(model.eval()), strict=True))
         out[family] = {
             exporter: {
