@@ -52,3 +52,25 @@ def test_the_report_total_adds_each_cost_field_as_sum_does():
     for part in (costs, costs[:1], [], list(reversed(costs))):
         assert _total(iter(part)) == sum(part, Cost())
     assert _total(iter(costs)).contraction_flops == 0 + 1 + 10 + 0.1 + 0.2  # the same additions, in order
+
+
+def test_the_lowerings_notes_reach_every_rendering():
+    """What a lowering assumed or decided (`Plan.notes`) is the report's ``extra.notes``, a ``note`` line
+    of the terminal summary and a note of the HTML summary: an RDU inference run says its host time is
+    training's per-section estimate; a target whose lowering notes nothing writes no key."""
+    from dabench_ir.report.html import render_html
+    from dabench_ir.report.table import render_table
+
+    graph = decoder(layers=1, hidden=64)
+    target = load_target("rdu")
+    plan, timeline, metrics = place(graph, target, ProfileOptions())
+    report = build_report(graph, run=resolve(graph, target), plan=plan, timeline=timeline, metrics=metrics)
+    (note,) = report.to_dict()["extra"]["notes"]
+    assert note == plan.notes[0] and note.startswith("host (estimate: fitted to training steps): 0.411 ms")
+    assert f"  note       {note}" in render_table(report, color=False).splitlines()
+    assert "host (estimate: fitted to training steps): 0.411 ms" in render_html(report)
+    h100 = load_target("h100")
+    plan, timeline, metrics = place(graph, h100, ProfileOptions())
+    assert not plan.notes
+    report = build_report(graph, run=resolve(graph, h100), plan=plan, timeline=timeline, metrics=metrics)
+    assert "notes" not in report.to_dict().get("extra", {})

@@ -23,6 +23,7 @@ from dabench_ir.report.model import COST_FIELDS, NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
+    from dabench_ir.plan import Plan
     from dabench_ir.run import ResolvedRun
     from dabench_ir.scaling import ScaleResult
     from dabench_ir.timeline import Timeline
@@ -70,7 +71,7 @@ def build_report(
         fits=True if plan is None else bool(plan.fits),
         failure=plan.failure.to_dict() if plan is not None and plan.failure is not None else None,
         flop_convention=FLOP_CONVENTION,
-        extra=_extra(rows.estimated, measurement),
+        extra=_extra(rows.estimated, measurement, plan),
         graph=graph,
         timeline=timeline,
         target_obj=target,
@@ -238,9 +239,12 @@ def _units(plan: Any, timeline: Timeline | None) -> list[dict[str, Any]]:
     ]
 
 
-def _extra(estimated: list[NodeRecord], measurement: Any) -> dict[str, Any]:
-    """The estimated nodes (each with why) and the measurement's settings."""
+def _extra(estimated: list[NodeRecord], measurement: Any, plan: Plan | None) -> dict[str, Any]:
+    """The estimated nodes (each with why), the measurement's settings and the lowering's notes (what
+    it assumed or decided, in its words: `Plan.notes`)."""
     extra: dict[str, Any] = {}
+    if plan is not None and plan.notes:
+        extra["notes"] = list(plan.notes)
     if estimated:
         extra["estimated"] = [
             {"name": r.name, "op_type": r.op_type, "reason": (r.note or ""), "time_s": r.time_s, "bytes": r.bytes}

@@ -265,6 +265,7 @@ def _summary(report: Report) -> str:
         out += f'<p class="note">Predicted vs measured: {escape(prediction_text(err))}.</p>'
     if report.failure:
         out += f'<p class="bad">Does not fit: {escape(failure_text(report.failure))}</p>'
+    out += "".join(f'<p class="note">{escape(note)}</p>' for note in report.extra.get("notes", ()))
     return out + "</section>"
 
 

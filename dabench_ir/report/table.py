@@ -378,6 +378,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
             out.append(st.red(f"  failure    {failure_text(report.failure)}"))
         if m.get("memory_use"):
             out.append(f"  memory     {_memory_use(m['memory_use'])}")
+        out += [f"  note       {note}" for note in report.extra.get("notes", ())]  # the lowering's basis
     if t.get("time_s") is not None:
         pipelined = (t.get("latency_s") or 0) > t["time_s"] * (1 + 1e-9)  # consecutive steps overlap
         per = "period (steady state)" if pipelined else "per step"
