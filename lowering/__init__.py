@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
 from dabench_ir.lowering._common import LoweringContext
-from dabench_ir.passes.precision import graph_compute_dtype
 from dabench_ir.targets import KINDS as TARGET_KINDS
 
 if TYPE_CHECKING:
@@ -167,7 +166,7 @@ class Lowering(ABC):
         opts = options if type(options) is self.Options else self.options(options)
         if context is not None and context.graph is not graph:
             raise ValueError("a lowering context is of the graph it was built for")
-        if context is None or context.precision != (opts.precision or graph_compute_dtype(graph)):
+        if context is None or not context.serves(graph, opts.precision):
             context = LoweringContext.build(graph, opts.precision)
         plan = self._lower(context, target, opts)
         logger.info(

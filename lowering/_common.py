@@ -75,6 +75,15 @@ class LoweringContext:
         default_factory=dict, repr=False
     )  # `stored_values` per node
 
+    @staticmethod
+    def plan_precision(graph: Graph, precision: DType | None) -> DType:
+        """The precision a plan of ``graph`` computes at: ``precision``, else what the graph computes in."""
+        return precision or graph_compute_dtype(graph)
+
+    def serves(self, graph: Graph, precision: DType | None) -> bool:
+        """Whether this is the context a lowering of ``graph`` at ``precision`` would build."""
+        return self.graph is graph and self.precision == self.plan_precision(graph, precision)
+
     @classmethod
     def build(cls, graph: Graph, precision: DType | None = None) -> LoweringContext:
         """The context of ``graph``: its node costs, the plan's precision (None: what the graph computes
@@ -91,8 +100,7 @@ class LoweringContext:
             work[node.name] = not traits_of(node).shape_only and (cost.flops > 0 or cost.bytes > 0)
         if unattributed:
             logger.info("%d unattributed node(s) take zero time: %s", len(unattributed), ", ".join(unattributed[:5]))
-        prec = precision or graph_compute_dtype(graph)
-        ctx = cls(graph, costs, unattributed, prec, graph.batch_size or 1, _work=work)
+        ctx = cls(graph, costs, unattributed, cls.plan_precision(graph, precision), graph.batch_size or 1, _work=work)
         ctx._index_values()
         ctx.total_weight_bytes = weight_bytes(ctx)
         return ctx

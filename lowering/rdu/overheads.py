@@ -34,24 +34,22 @@ def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: i
     published, so an inference run pays only the per-section launches, as the row `HOST_ESTIMATE`,
     and a note says so.
     """
-    training = meta.graph_mode(ctx.graph) == "train"
-    host_key = "host" if training else HOST_ESTIMATE
-    if training and host_loop == "production":
+    per_launch = target.overhead("host_per_section_s")
+    if meta.graph_mode(ctx.graph) != "train":
+        plan.step_overheads_s[HOST_ESTIMATE] = per_launch * launches
+        plan.notes.append(
+            f"{HOST_ESTIMATE}: {per_launch * 1e3:.3g} ms per section launch x {launches} sections, fitted to "
+            "training steps (no published SN30 inference host time)"
+        )
+        return HOST_ESTIMATE
+    if host_loop == "production":
         plan.notes.append(
             "host: none between steps (--rdu-host-loop production: SambaNova's production training apps keep "
             "the tiles executing 90-97 % of a run, sntilestat in ALCF's GPT 1.5B runs); the fitted host "
             "loop is the tutorial app's"
         )
     else:
-        host_step = target.overhead("host_step_s") if training else 0.0
-        plan.step_overheads_s[host_key] = host_step + target.overhead("host_per_section_s") * launches
-    device_step = target.overhead("device_step_s") if training else 0.0
-    if device_step:
+        plan.step_overheads_s["host"] = target.overhead("host_step_s") + per_launch * launches
+    if device_step := target.overhead("device_step_s"):
         plan.step_overheads_s[DEVICE_STEP] = device_step
-    if not training:
-        per = target.overhead("host_per_section_s") * 1e3
-        plan.notes.append(
-            f"{host_key}: {per:.3g} ms per section launch x {launches} sections, fitted to training steps "
-            "(no published SN30 inference host time)"
-        )
-    return host_key
+    return "host"

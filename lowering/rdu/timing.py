@@ -180,7 +180,7 @@ def balanced_s(stages: list[Stage], room: int, pcus: int) -> float:
     takes ``Σt · pcus / min(Σp, room)``: the pipeline at its balanced time on the PCUs it holds,
     which `pipeline_s` reaches only when work follows memory demand.
     """
-    held = sum(p if p > 1 else 1 for _, p in stages)
+    held = sum(max(1, p) for _, p in stages)
     return pcus / min(room, held) * sum(t for t, _ in stages) if stages else 0.0
 
 
