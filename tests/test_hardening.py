@@ -468,6 +468,34 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
     assert not alive
 
 
+_LOCKS = []
+
+
+def _make_a_lock() -> int:
+    import multiprocessing
+
+    _LOCKS.append(multiprocessing.Lock())  # a named semaphore kept alive, as tqdm's class lock is
+    return 1
+
+
+def test_spawned_workers_leave_no_semaphore_for_the_tracker(tmp_path):
+    """A spawned worker ends with `os._exit` but unlinks its named semaphores first: the driver's exit
+    printed the resource tracker's 'leaked semaphore objects' warning after every validate that
+    exported models (the exports' tqdm lock)."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from dabench_ir.sweep.executors import LocalExecutor\nfrom tests.test_hardening import _make_a_lock\n"
+        "if __name__ == '__main__':\n"
+        "    with LocalExecutor(1, start='spawn') as ex:\n"
+        "        print(list(ex.map_unordered([(_make_a_lock, ())])))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[(0, 1)]"
+    assert "leaked semaphore" not in done.stderr, done.stderr
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:

@@ -11,6 +11,7 @@ import abc
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -202,7 +203,12 @@ def _watch_parent(parent_pid: int) -> None:
 def _exit_now() -> None:
     """End a worker that has sent every reply: flush its output and logs, then ``os._exit``. A normal
     interpreter exit tears down every module first, seconds of CPU in a worker that ran torch (the
-    exports), spent while the points want the core."""
+    exports), spent while the points want the core.
+
+    The exit's first step is kept: multiprocessing's own finalizers, which unlink the named
+    semaphores a spawned worker made (tqdm's lock, in the exports' progress bars). Skipped, the
+    resource tracker unlinks them when the driver exits and warns of "leaked semaphore objects"."""
+    multiprocessing.util._run_finalizers(0)  # what `multiprocessing.util._exit_function` runs first
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
