@@ -282,10 +282,10 @@ class StudyResult:
 
     def run(self, pipeline: str, target: str | None = None) -> StudyRun:
         """The run of ``pipeline`` on ``target`` (a name or alias, ``rdu`` = ``sn30``; None: its first run)."""
-        names = {target}
-        if target is not None and target.lower() != "cpu":
-            from dabench_ir.targets import load_target
+        from dabench_ir.targets import is_host, load_target
 
+        names = {target}
+        if target is not None and not is_host(target):
             names.add(load_target(target).name)
         for r in self.runs:
             if r.pipeline == pipeline and (target is None or r.target in names):

@@ -119,10 +119,10 @@ def load_for_run(model: Any, options: Any, target: Any = None) -> Graph:
     # torch-mlir imports static shapes only: the run binds the ONNX graph's batch, sequence and the
     # dims derived from them (`run.resolve`, as on the ONNX path), and the module is lowered at those
     graph = load_graph(model, dims=opts.dims, batch=opts.batch)
-    from dabench_ir.run import is_host_cpu
+    from dabench_ir.targets import is_host
 
     # the host CPU is calibrated when resolved against; its [defaults] hold no precision
-    run = resolve(graph, None if target is None or is_host_cpu(target) else target, options)
+    run = resolve(graph, None if target is None or is_host(target) else target, options)
     return _lowered(graph, model, {**graph.bindings, **run.dims}, run.options.precision)
 
 

@@ -234,22 +234,16 @@ def _declared_default(f: dataclasses.Field) -> Any:
 class HostKind:
     """What the knob checks read of the host ``cpu`` target (its name and kind) before it is calibrated."""
 
-    name: str = "cpu"
+    name: str
     kind: str = "cpu"
-
-
-HOST_CPU = HostKind()
-
-
-def is_host_cpu(target: Any) -> bool:
-    """Whether ``target`` names this host's CPU (``cpu``), a target measured on first use."""
-    return isinstance(target, str) and target.strip().lower() == "cpu"
 
 
 def check_target(target: Any) -> None:
     """A bad target name or file fails here, before any work; the host ``cpu`` is always a valid name and
     is calibrated (up to a minute the first time) only once a run's question has been checked."""
-    if not is_host_cpu(target):
+    from dabench_ir.targets import is_host
+
+    if not is_host(target):
         resolve_target(target)
 
 
@@ -257,11 +251,11 @@ def resolve_target(target: Any, threads: int | None = None) -> Target | None:
     """A Target from a name, alias, path or Target (None stays None); ``cpu`` is calibrated with ``threads``."""
     if target is None:
         return None
-    from dabench_ir.targets import Target, load_target
+    from dabench_ir.targets import Target, is_host, load_target
 
     if isinstance(target, Target):
         return target
-    if target == "cpu" and threads:
+    if is_host(target) and threads:
         from dabench_ir.execute.calibrate import cpu_target_path
 
         return load_target(str(cpu_target_path(threads=threads)))
@@ -286,8 +280,10 @@ def resolve(
     them already). A UserError says what cannot be asked (a batch the model fixes otherwise, a
     micro-batch that does not divide it, a knob that cannot apply to the target or the mode).
     """
+    from dabench_ir.targets import HOST, is_host
+
     opts, given = _given(options)
-    host = is_host_cpu(target)  # calibrated once the question is checked
+    host = is_host(target)  # calibrated once the question is checked
     tgt = None if host else resolve_target(target, opts.threads)
     sources = {name: ("user" if name in given else "default") for name in KNOBS}
     from dabench_ir.passes import meta
@@ -307,7 +303,7 @@ def resolve(
 
     _check_linalg(opts, linalg=linalg, mlir_file=mlir_file)
     trained = meta.graph_mode(graph) == "train"
-    check_applies(opts, given, HOST_CPU if host else tgt, trained=trained)  # no knob accepted and ignored
+    check_applies(opts, given, HostKind(HOST) if host else tgt, trained=trained)  # no knob accepted and ignored
     if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked
         tgt = resolve_target(target, opts.threads)
 

@@ -38,6 +38,7 @@ from dabench_ir.errors import TargetError
 from dabench_ir.ir import Cost, DType
 
 __all__ = [
+    "HOST",
     "KINDS",
     "OP_CLASSES",
     "SHARE_PATTERNS",
@@ -47,6 +48,7 @@ __all__ = [
     "Target",
     "Topology",
     "builtin_target_paths",
+    "is_host",
     "is_target_path",
     "list_targets",
     "load_target",
@@ -56,6 +58,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+HOST = "cpu"
+"""The name of this machine's CPU as a target: built from the host's calibration on first use
+(`dabench_ir.execute.calibrate`), not from a bundled file."""
 KINDS = ("wse", "rdu", "ipu", "gpu", "cpu")
 """The target kinds a target file may declare: the one list (`dabench_ir.lowering.KINDS` maps each to its lowering)."""
 LEVELS = ("on-chip", "off-chip", "host")
@@ -842,6 +847,11 @@ def is_target_path(text: str) -> bool:
     return text.endswith(".toml") or ("/" in text and os.path.lexists(text))
 
 
+def is_host(target: object) -> bool:
+    """Whether ``target`` is the name of this machine's CPU (`HOST`, any case)."""
+    return isinstance(target, str) and target.strip().lower() == HOST
+
+
 def load_target(name_or_path: str | Path) -> Target:
     """A target by built-in name, alias, ``cpu`` (host, calibrated) or path to a TOML file."""
     if isinstance(name_or_path, Target):
@@ -853,7 +863,7 @@ def load_target(name_or_path: str | Path) -> Target:
             raise TargetError(f"target file {text} does not exist")
         return _load_file(path)  # a folder or FIFO is refused there, by what it is
     key = text.lower()
-    if key == "cpu":
+    if is_host(key):
         try:
             from dabench_ir.execute.calibrate import cpu_target_path
         except ImportError as exc:
@@ -862,7 +872,7 @@ def load_target(name_or_path: str | Path) -> Target:
     names = _alias_map()
     if key in names:
         return _load_file(names[key])
-    known = sorted({*names, "cpu"})
+    known = sorted({*names, HOST})
     raise TargetError(f"unknown target {text!r}; known targets: {', '.join(known)} (or a path to a .toml file)")
 
 

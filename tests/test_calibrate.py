@@ -145,3 +145,26 @@ def test_a_new_calibration_drops_the_node_timings_taken_beside_the_old_one(tmp_p
     stale.write_text("{}")
     path = cal.calibrate(1, quick=True)
     assert node_table_path(path) == stale and not stale.exists()
+
+
+@pytest.mark.parametrize("spelling", ["cpu", "CPU", " Cpu "])
+def test_every_spelling_of_the_host_reaches_its_calibration_with_its_threads(spelling, cache, monkeypatch):
+    """One owner of the host's name (`targets.HOST`, `targets.is_host`): `--target CPU --threads 2`
+    used to skip the per-thread calibration (a case-sensitive ``== "cpu"``) and load the default
+    one, a flag accepted and ignored."""
+    from dabench_ir.run import check_target, resolve_target
+    from dabench_ir.targets import HOST, is_host, load_target
+
+    asked = []
+
+    def path_for(threads=None, **_kwargs):
+        asked.append(threads)
+        return cache
+
+    monkeypatch.setattr(cal, "cpu_target_path", path_for)
+    assert is_host(spelling)
+    check_target(spelling)  # never calibrates: the host is always a valid name
+    assert asked == []
+    assert resolve_target(spelling, threads=2).name == HOST
+    assert load_target(spelling).name == HOST
+    assert asked == [2, None]  # the threads asked for, then the default calibration

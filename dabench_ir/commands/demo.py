@@ -25,6 +25,7 @@ from dabench_ir.commands.flags import add_quiet
 from dabench_ir.errors import UserError
 from dabench_ir.options import add_flag
 from dabench_ir.progress import silent
+from dabench_ir.targets import HOST, is_host
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -65,8 +66,7 @@ HOST_MODEL: dict[str, Any] = {
 }
 """Small enough to run: the model the host CPU is measured (and emulated) on."""
 
-HOST_TARGET = "cpu"
-DEFAULT_TARGETS = ("wse", "rdu", "ipu", "cpu")
+DEFAULT_TARGETS = ("wse", "rdu", "ipu", HOST)
 
 
 @dataclass
@@ -274,7 +274,7 @@ def run_demo(
     if model is not None and not Path(model).is_file():
         raise UserError(f"--model {model}: no such file")
     result = DemoResult(folder=folder.resolve(), index=(folder / "index.html").resolve())
-    host = [t for t in targets if t == HOST_TARGET] if model is None else []
+    host = [t for t in targets if is_host(t)] if model is None else []
     emulated = [t for t in targets if t not in host]
     outcomes: dict[str, Any] = {}
     if emulated:
@@ -284,7 +284,7 @@ def run_demo(
                 str(big),
                 emulated,
                 ProfileOptions(),
-                measure_on=lambda name: measure and name == HOST_TARGET,
+                measure_on=lambda name: measure and is_host(name),
                 keep_going=True,
                 progress=say,
             )

@@ -21,11 +21,11 @@ def _split(values: list[str] | None) -> list[str]:
 
 def _unique_targets(names: list[str]) -> list[str]:
     """Each target once, in the order given: a repeat or an alias of one given before (rdu = sn30) is dropped."""
-    from dabench_ir.targets import load_target
+    from dabench_ir.targets import HOST, is_host, load_target
 
     seen: dict[str, str] = {}
     for name in names:
-        seen.setdefault("cpu" if name.lower() == "cpu" else load_target(name).name, name)
+        seen.setdefault(HOST if is_host(name) else load_target(name).name, name)
     return list(seen.values())
 
 

@@ -245,17 +245,17 @@ def host_powers(reports: Iterable[Any]) -> dict[str, float | None]:
 
     Never calibrates: a comparison uses the cached calibration or nothing.
     """
-    if not any(isinstance(r, Mapping) and (r.get("target") or {}).get("name") == "cpu" for r in reports):
+    from dabench_ir.targets import HOST, is_host, load_target
+
+    if not any(isinstance(r, Mapping) and is_host((r.get("target") or {}).get("name")) for r in reports):
         return {}
-    name = "cpu"
+    name = HOST
     try:
         name = str(cpu_target_path(measure_if_missing=False))
-        from dabench_ir.targets import load_target
-
-        return {"cpu": float(load_target(name).watts) or None}
+        return {HOST: float(load_target(name).watts) or None}
     except Exception as exc:
         logger.info("no power figure for target %s: %s", name, exc)
-        return {"cpu": None}
+        return {HOST: None}
 
 
 def _check_summary_fields(data: Mapping[str, Any]) -> None:
@@ -523,6 +523,8 @@ def _cache_level(raw: Mapping[str, Any], src: str, rec: Any) -> list[dict[str, A
 
 
 def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> dict[str, Any]:
+    from dabench_ir.targets import HOST
+
     src = f"measured by dabench-ir calibrate on {date}"
 
     def rec(value: float | int, source: str = src, estimate: bool = False) -> dict[str, Any]:
@@ -547,7 +549,7 @@ def _target_dict(raw: Mapping[str, Any], key: Mapping[str, Any], date: str) -> d
         else rec(8 << 30, "assumption: memory size unreadable, 8 GiB assumed", True)
     )
     return {
-        "name": "cpu",
+        "name": HOST,
         "kind": "cpu",
         "description": f"Host CPU: {key['cpu']}, {key['cpus']} CPUs, onnxruntime {key['ort_version']}, "
         f"{key['threads']} threads (measured)",

@@ -171,11 +171,11 @@ def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, floa
         return None
     if name in powers:
         return powers[name]
-    if name == "cpu":  # the host's figure is measured, not rendered here: none was handed
+    from dabench_ir.targets import is_host, load_target
+
+    if is_host(name):  # the host's figure is measured, not rendered here: none was handed
         return None
     try:
-        from dabench_ir.targets import load_target
-
         return float(load_target(name).watts) or None
     except Exception as exc:
         logger.info("no power figure for target %s: %s", name, exc)
@@ -275,11 +275,11 @@ def add_normalised(rows: Sequence[dict[str, Any]], to_nm: float, rule: str = "po
 
 
 def _node_nm(target_name: Any) -> float | None:
-    if not target_name or target_name == "cpu":
+    from dabench_ir.targets import is_host, load_target
+
+    if not target_name or is_host(target_name):
         return None
     try:
-        from dabench_ir.targets import load_target
-
         return float(load_target(str(target_name)).node_nm)
     except Exception as exc:
         logger.info("no process node for target %s: %s", target_name, exc)

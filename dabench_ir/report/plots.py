@@ -92,12 +92,12 @@ def target_of(report: Report) -> Any:
     """The report's Target: the live object, else loaded by name (never ``cpu``: that calibrates)."""
     if report.target_obj is not None:
         return report.target_obj
+    from dabench_ir.targets import is_host, load_target
+
     name = (report.target or {}).get("name")
-    if not name or name == "cpu":
+    if not name or is_host(name):
         return None
     try:
-        from dabench_ir.targets import load_target
-
         return load_target(name)
     except Exception as exc:
         logger.info("no roofs for target %s: %s", name, exc)

@@ -239,12 +239,13 @@ def _by_precision(model: str, targets: Sequence[str | None], opts: Any) -> dict[
     else the target's ``[defaults]``): the module is imported once per precision, and each MLIR row
     runs, and records, the precision its target's ONNX rows run at."""
     from dabench_ir.pipeline import load_graph
-    from dabench_ir.run import is_host_cpu, resolve
+    from dabench_ir.run import resolve
+    from dabench_ir.targets import is_host
 
     graph = load_graph(model, dims=opts.dims, batch=opts.batch)
     groups: dict[str | None, list[str | None]] = {}
     for t in targets:
-        target = None if t is None or is_host_cpu(t) else t  # the host's [defaults] hold no precision
+        target = None if t is None or is_host(t) else t  # the host's [defaults] hold no precision
         precision = resolve(graph, target, dataclasses.replace(opts, via="mlir")).options.precision
         groups.setdefault(precision, []).append(t)
     return groups

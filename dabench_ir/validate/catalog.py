@@ -17,11 +17,11 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
 from dabench_ir.options import KV_PRECISIONS, MAX_LAYERS, PRECISIONS
+from dabench_ir.targets import HOST
 
 __all__ = [
     "FORMAT",
     "HEADLINE",
-    "HOST_TARGET",
     "KINDS",
     "MEASURED_FILES",
     "MEASURED_NUMBERS",
@@ -39,8 +39,6 @@ __all__ = [
 
 FORMAT = "dabench-ir/measurements/v1"
 KINDS = ("model", "generate", "gemm", "gemm_max_fit", "gemm_ratio", "bandwidth", "host")
-HOST_TARGET = "cpu"
-"""``host`` points (a model measured live on this machine) run only under ``--target cpu``."""
 HEADLINE = "samples_per_s"
 """The headline quantity: throughput, samples (sequences) per second."""
 
@@ -407,8 +405,8 @@ def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, s
     """A ``host`` point: a model (``[host]``) measured live on ``cpu``; no published numbers."""
     from dabench_ir.execute.hostcheck import check_host
 
-    if entry["target"] != HOST_TARGET:
-        raise bad("target", f"a host point runs on this machine: target = {HOST_TARGET!r}")
+    if entry["target"] != HOST:
+        raise bad("target", f"a host point runs on this machine: target = {HOST!r}")
     for key in ("model", "run", "measured", "expect", "gemm", "bandwidth", "generate"):
         if key in entry:
             raise bad(key, "not used by a host point (the model goes in [host], the measurement is live)")
@@ -416,7 +414,7 @@ def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, s
     return Point(
         id=entry["id"],
         kind="host",
-        target=HOST_TARGET,
+        target=HOST,
         source=entry["source"],
         file=name,
         system=entry.get("system", ""),

@@ -16,7 +16,6 @@ from typing import Any
 from dabench_ir.errors import UserError
 from dabench_ir.validate.cache import GraphCache, Say, graph_key
 from dabench_ir.validate.catalog import (
-    HOST_TARGET,
     MEASURED_FILES,
     MEASURED_NUMBERS,
     Point,
@@ -51,16 +50,16 @@ def run_validation(
     """
     import time
 
-    from dabench_ir.targets import load_target
+    from dabench_ir.targets import HOST, is_host, load_target
 
     start = time.perf_counter()
-    host_run = target is not None and str(target).lower() == HOST_TARGET
+    host_run = is_host(target)
     if not host_run:  # live host measurements only when asked for (--target cpu)
         points = [p for p in points if p.kind != "host"]
     if target is not None and host_run:
-        points = [p for p in points if p.target == HOST_TARGET]
+        points = [p for p in points if p.target == HOST]
         if not points:
-            raise UserError(f"--target {target}: no catalogue point is on {HOST_TARGET}")
+            raise UserError(f"--target {target}: no catalogue point is on {HOST}")
     elif target is not None:
         wanted = load_target(target).name
         points = [p for p in points if p.target == wanted or load_target(p.target).name == wanted]
@@ -154,9 +153,9 @@ def _point_models(points: Sequence[Point]) -> list[dict[str, Any]]:
 def _informed(p: Point) -> tuple[str, ...]:
     """The parameters of ``p``'s target fitted to ``p``; a point its catalogue marks ``holdout``
     that a parameter is fitted to is refused (the catalogue and the target file disagree)."""
-    from dabench_ir.targets import load_target
+    from dabench_ir.targets import HOST, load_target
 
-    if p.target == HOST_TARGET:  # the host model is measured, not fitted to catalogue points
+    if p.target == HOST:  # the host model is measured, not fitted to catalogue points
         return ()
     target = load_target(p.target)
     informed = tuple(target.fitted_on(p.id))
