@@ -4,8 +4,8 @@
 Runs the bundled measurement catalogue (`dabench-ir validate`), then:
 
 - replaces the text between the ``<!-- validation:* -->`` markers of docs/validation.md
-  (the catalogue format, copied from dabench_ir/data/measurements/README.md; the table;
-  the figures), leaving the hand-written rest alone;
+  (the catalogue format, copied from dabench_ir/data/measurements/README.md; what the catalogue
+  holds, by source; the table; the figures), leaving the hand-written rest alone;
 - writes one figure per target to docs/img/validation-<target>.png;
 - writes tests/data/validation_baseline.json, the errors tests/test_validate.py pins.
 
@@ -104,6 +104,31 @@ def _informed_table(result: validate.Validation) -> str:
     return "\n".join(lines)
 
 
+def holdings_table(points: list[validate.Point]) -> str:
+    """What the catalogue holds: per target and source (`crossval.source_of`, the unit cross-validation
+    leaves out), its points by kind, how many a parameter is fitted to (the target file's
+    ``fitted_to``) and how many are reference only (another chip generation). Built from the
+    catalogue and the target files alone: tests/test_validate.py checks the docs' copy against it."""
+    from dabench_ir.targets import load_target
+    from dabench_ir.validate.crossval import source_of
+
+    groups: dict[tuple[str, str], list[validate.Point]] = {}
+    for p in points:
+        groups.setdefault((p.target, source_of(p)), []).append(p)
+    lines = ["| target | source | points | kinds | in sample | reference only |", "|---|---|---|---|---|---|"]
+    in_sample = ref = 0
+    for (target, source), members in groups.items():
+        fitted = load_target(target).fitted_on
+        kinds = ", ".join(sorted({p.kind for p in members}))
+        n_in = sum(1 for p in members if fitted(p.id))
+        n_ref = sum(1 for p in members if p.reference_only)
+        lines.append(f"| {target} | {source} | {len(members)} | {kinds} | {n_in} | {n_ref} |")
+        in_sample, ref = in_sample + n_in, ref + n_ref
+    sources = len({source for _, source in groups})
+    lines.append(f"| **all** | {sources} sources | {len(points)} | | {in_sample} | {ref} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     if "--host" in sys.argv[1:]:
         return _host_main()
@@ -119,6 +144,7 @@ def main() -> int:
     text = _replace(text, "format", _format_section())
     text = _replace(text, "table", table)
     text = _replace(text, "informed", _informed_table(result))
+    text = _replace(text, "holdings", holdings_table(validate.load_catalog()))
     text = _replace(text, "figures", figs)
     DOC.write_text(text)
     BASELINE.parent.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,24 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
     assert h.measured == {"step_time_s": 0.300, "samples_per_s": 1706.67}
 
 
+def test_the_docs_say_what_the_catalogue_holds():
+    """docs/validation.md's table of sources is the catalogue's own, not a hand-kept list (the list it
+    replaced still said no generate point was bundled, and named none of the GPU serving points)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("validation_report", root / "scripts" / "validation_report.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = script.holdings_table(validate.load_catalog())
+    doc = (root / "docs" / "validation.md").read_text()
+    section = re.search(r"<!-- validation:holdings:start -->\n(.*?)\n<!-- validation:holdings:end -->", doc, re.S)
+    assert section and section.group(1) == table, "regenerate: .venv/bin/python scripts/validation_report.py"
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]) for line in table.splitlines()[2:]}
+    assert ("sn30", "augustuszzq/Regular-DABench-LLM", "13") in rows  # the DABench depth sweep, one source
+    assert f"sources | {len(validate.load_catalog())} |" in table.splitlines()[-1]  # every point counted once
+
+
 def test_compile_report_kernels_summarised_per_class():
     wse = next(p for p in validate.load_catalog() if p.id == "wse2-gpt2-small-pipelined-compile")
     classes = validate.kernel_classes(Path(wse.file).parent / wse.measured["kernels_csv"])
