@@ -49,7 +49,7 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_optimizer_step
+from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_loss, is_optimizer_step, lm_logits
 from dabench_ir.place import place
 from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SCALE_SCHEMA",
     "STRATEGIES",
+    "Collective",
     "ScalePoint",
     "ScaleResult",
     "allreduce_time",
@@ -316,16 +317,84 @@ def _tp_module(node: Node, root: str) -> str | None:
     return module.module
 
 
-def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
-    """One chip's share of ``graph`` under Megatron tensor parallelism, and the all-reduce sizes.
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective a tensor-parallel step runs ``count`` times over the chips: ``op`` ``all-reduce``
+    (a split module's partial sums) or ``all-gather`` (the LM head's vocabulary slices), of a buffer
+    of ``nbytes``, for ``module``."""
+
+    op: str
+    nbytes: int
+    count: int
+    module: str
+
+    def time_s(self, target: Target, chips: int, per_node: int | None, algorithm: str) -> float:
+        """Seconds of the ``count`` collectives on ``target`` (`allreduce_time`). An all-gather is the
+        second half of a ring all-reduce (reduce-scatter, then all-gather: Patarasuk & Yuan 2009), so it
+        takes half of one; through a root device (gather the slices in, send the whole out) it takes
+        (1 + 1/n)/2 of one, taken as half."""
+        one = allreduce_time(target, self.nbytes, chips, per_node, algorithm=algorithm)
+        return self.count * (one / 2 if self.op == "all-gather" else one)
+
+    def link_bytes(self, chips: int) -> float:
+        """Bytes the links carry for the ``count`` collectives (`ring_allreduce_bytes`; an all-gather half)."""
+        moved = ring_allreduce_bytes(self.nbytes, chips)
+        return self.count * (moved / 2 if self.op == "all-gather" else moved)
+
+
+LM_HEAD_LOSS_REDUCTIONS = 3
+"""All-reduces of one fp32 per token the vocabulary-parallel cross-entropy runs in the forward pass: the
+logits' maximum, the target token's logit and the sum of exponentials, each over the chips' vocabulary
+slices (Megatron-LM, megatron/core/tensor_parallel/cross_entropy.py, `_VocabParallelCrossEntropy`)."""
+
+
+def _lm_head(graph: Graph) -> set[str]:
+    """The LM head's nodes, which tensor parallelism splits over the vocabulary (a column-parallel
+    projection: Megatron-LM's output layer, TensorRT-LLM's ``lm_head`` with ``gather_output``, vLLM's
+    ``ParallelLMHead``): the contraction that writes the logits (`passes.training.lm_logits`) outside the
+    decoder blocks, a bias added to its output, the nodes that only reshape its weight (a Transpose),
+    and the loss the training pass reads the logits with. Empty for a decoder stack without one."""
+    logits = lm_logits(graph)
+    value = graph.values.get(logits) if logits else None
+    node = graph.node(value.producer) if value is not None and value.producer else None
+    names: set[str] = set()
+    while node is not None and node.layer is None:
+        names.add(node.name)
+        cost = meta.get_cost(node)
+        if cost is not None and cost.contraction_flops > 0:
+            break
+        moving = [v for v in node.inputs if v and not graph.values[v].kind.is_stored]
+        node = (
+            graph.node(graph.values[moving[0]].producer)
+            if len(moving) == 1 and graph.values[moving[0]].producer
+            else None
+        )
+    else:
+        return set()  # no contraction writes the logits outside the blocks
+    for name in node.inputs:
+        prep = graph.values[name].producer if name else None
+        if prep and all(graph.values[v].kind.is_stored for v in graph.node(prep).inputs if v):
+            names.add(prep)  # the weight's own reshaping (a tied table's Transpose)
+    return names | {n.name for n in graph.nodes if is_loss(n)}
+
+
+def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
+    """One chip's share of ``graph`` under Megatron tensor parallelism, and the collectives a step runs.
 
     Returns a copy whose split nodes cost 1/chips of their FLOPs and weight bytes (and of
     the activation bytes they read from or write to other split nodes of the same module),
-    and the bytes of each all-reduce a step needs: one per split module, of the value that
-    leaves it (the row-parallel projection's partial sums).
+    and the step's collectives: an all-reduce per split attention and MLP module, of the value that
+    leaves it (the row-parallel projection's partial sums), once more in training for the gradient of
+    its input; and the LM head's (`_lm_head`), split over the vocabulary: serving all-gathers its
+    logits, training runs the vocabulary-parallel loss's all-reduces (`LM_HEAD_LOSS_REDUCTIONS`) and,
+    backward, one of the head's input gradient. The token embedding stays whole on every chip
+    (TensorRT-LLM's default, ``use_parallel_embedding`` off).
     """
     share = graph.clone()
-    module_of = {n.name: _tp_module(n, share.model_root) for n in share.nodes}
+    root = share.model_root
+    head = _lm_head(share)
+    head_module = "lm_head"
+    module_of = {n.name: head_module if n.name in head else _tp_module(n, root) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
     for node in share.nodes:
@@ -336,6 +405,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
         inside_in = all(producer_module.get(v) == mod for v in node.inputs if v and v in producer_module)
         consumers = [c for out in node.outputs for c in share.consumers.get(out, ())]
         inside_out = bool(consumers) and all(module_of[c.name] == mod for c in consumers)
+        inside_out = inside_out or mod == head_module  # each chip writes its slice of the vocabulary
         for key in (meta.COST, FORWARD_COST, BACKWARD_COST):  # the training phases' costs split too
             if isinstance(node.meta.get(key), Cost):
                 node.meta[key] = _split_cost(node.meta[key], chips, inside_in, inside_out)
@@ -357,7 +427,28 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[int]]:
         (kv,) = kv_heads
         meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv / (chips * math.ceil(kv / chips)))
     _shard_training_state(graph, share, producer_module, chips)
-    return share, list(leaving.values())
+    passes = 2 if meta.graph_mode(graph) == "train" else 1  # backward: each split module's input gradient
+    collectives = [Collective("all-reduce", b, passes, mod) for mod, b in leaving.items()]
+    return share, collectives + _lm_head_collectives(graph, head, passes)
+
+
+def _lm_head_collectives(graph: Graph, head: set[str], passes: int) -> list[Collective]:
+    """The collectives of the LM head split over the vocabulary (`split_for_tp`): serving, an
+    all-gather of its logits; training, the loss's all-reduces of one fp32 per token, and backward one
+    of the head's input gradient (the hidden state each chip read whole)."""
+    logits = lm_logits(graph)
+    if not head or logits is None:
+        return []
+    if passes == 1:
+        return [Collective("all-gather", value_bytes(graph, logits), 1, "lm_head")]
+    nodes = [graph.node(name) for name in head]
+    contraction = next(n for n in nodes if (c := meta.get_cost(n)) is not None and c.contraction_flops > 0)
+    hidden = next((v for v in contraction.inputs if v and not graph.values[v].kind.is_stored), "")
+    tokens = math.prod(graph.type_of(logits).dims()[:-1])
+    return [
+        Collective("all-reduce", 4 * tokens, LM_HEAD_LOSS_REDUCTIONS, "lm_head"),  # one fp32 a token each
+        Collective("all-reduce", value_bytes(graph, hidden), 1, "lm_head"),
+    ]
 
 
 def _shard_cache_heads(value: Value, chips: int) -> int | None:
@@ -980,8 +1071,8 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: 
 
 def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint:
     target = run.target
-    share, allreduces = split_for_tp(graph, n)
-    if not allreduces:
+    share, collectives = split_for_tp(graph, n)
+    if not any(c.module != "lm_head" for c in collectives):
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
         )
@@ -990,10 +1081,15 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
     per_node = chips_per_node(target, run.options)
-    passes = 2 if train else 1  # the backward all-reduces the inputs' gradients of each split module too
     algorithm = tp_collective(target)  # how the target's compile reduces the partial results
-    per_step = passes * sum(allreduce_time(target, b, n, per_node, algorithm=algorithm) for b in allreduces)
-    moved = passes * sum(ring_allreduce_bytes(b, n) for b in allreduces)
+    per_step = sum(c.time_s(target, n, per_node, algorithm) for c in collectives)
+    moved = sum(c.link_bytes(n) for c in collectives)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)
-    pt.notes.append(f"{len(allreduces)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
+    modules = [c for c in collectives if c.module != "lm_head"]
+    pt.notes.append(f"{len(modules)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
+    if len(modules) < len(collectives):
+        pt.notes.append(
+            "LM head split over the vocabulary: "
+            + ("the loss's all-reduces and its input gradient's" if train else "its logits all-gathered")
+        )
     return pt

@@ -20,7 +20,8 @@ def _contraction(graph, pred=lambda n: True):
 @pytest.mark.parametrize("chips", [2, 4])
 def test_tp_share_is_one_nth_of_split_matmuls_plus_replicated_rest(chips):
     graph = decoder(layers=2, hidden=64)
-    share, allreduces = split_for_tp(graph, chips)
+    share, collectives = split_for_tp(graph, chips)
+    allreduces = [c.nbytes for c in collectives if c.op == "all-reduce" and c.count == 1]
     split = lambda n: ".attn" in n.scope or ".mlp" in n.scope  # noqa: E731
     assert _contraction(share, split) == _contraction(graph, split) // chips
     # norms and residual adds are replicated: every chip does all of them
@@ -28,8 +29,8 @@ def test_tp_share_is_one_nth_of_split_matmuls_plus_replicated_rest(chips):
     assert sum(meta.get_cost(n).flops for n in share.nodes if rest(n)) == sum(
         meta.get_cost(n).flops for n in graph.nodes if rest(n)
     )
-    # Megatron: one all-reduce per attention and one per MLP, of the block's output size
-    assert len(allreduces) == 2 * 2
+    # Megatron: one all-reduce per attention and one per MLP, of the block's output size (no LM head here)
+    assert len(allreduces) == len(collectives) == 2 * 2
     assert set(allreduces) == {1 * 16 * 64 * 2}
 
 
@@ -188,7 +189,7 @@ def test_tp_crosses_the_node_boundary_through_its_root():
     assert result.devices_per_node == 8
     eight, sixteen = result.points
     assert (eight.nodes, sixteen.nodes) == (1, 2)
-    _, allreduces = split_for_tp(graph, 16)
+    allreduces = [c.nbytes for c in split_for_tp(graph, 16)[1]]
     intra, inter = target.topology.intra, target.topology.inter
     per = root_allreduce_time(
         allreduces[0],
@@ -222,8 +223,8 @@ def test_tp_allreduces_one_forward_activation_in_its_dtype_when_training():
 
     graph = decoder(layers=2, hidden=64, seq=16, batch=2)
     TrainingPass()(graph)
-    _, allreduces = split_for_tp(graph, 2)
-    assert allreduces == [2 * 16 * 64 * 2] * 4
+    _, collectives = split_for_tp(graph, 2)
+    assert [(c.op, c.nbytes, c.count) for c in collectives] == [("all-reduce", 2 * 16 * 64 * 2, 2)] * 4
     target = load_target("sn30")
     intra = target.topology.intra
     one = root_allreduce_time(2 * 16 * 64 * 2, 2, 8, (intra.bandwidth_bytes_per_s, intra.latency_s), None)
@@ -243,7 +244,7 @@ def test_chips_per_node_spreads_a_tp_run_over_machines():
     assert (inside.chips_per_node, spread.chips_per_node, spread.devices_per_node) == (8, 2, 8)
     assert [p.nodes for p in inside.points] == [1, 1] and [p.nodes for p in spread.points] == [1, 2]
     assert spread.points[0].comm_time_s == pytest.approx(inside.points[0].comm_time_s)  # two chips: one node
-    _, allreduces = split_for_tp(graph, 4)
+    allreduces = [c.nbytes for c in split_for_tp(graph, 4)[1]]
     intra, inter = target.topology.intra, target.topology.inter
     per = root_allreduce_time(
         allreduces[0],
@@ -359,3 +360,73 @@ def test_offloaded_state_beyond_a_gpus_share_of_its_host_has_no_throughput(tmp_p
     reason = point.failure["reason"]
     assert reason.startswith(f"{whose} offloaded optimizer state needs") and "(2 GPU(s) sharing its host)" in reason
     assert point.failure["capacity_bytes"] == 1_000_000  # 2 MB shared by the two GPUs
+
+
+@pytest.fixture(scope="module")
+def headed():
+    """A tiny Llama with its own (untied) LM head, exported weight-free, costed for serving and for training."""
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    cfg = ModelConfig(family="llama", layers=2, hidden=64, heads=4, kv_heads=4, seq=8, batch=2, vocab=96, dtype="fp16")
+    proto = export_onnx(cfg, weights="none")
+    return cfg, prepare_graph(proto, ProfileOptions()), prepare_graph(proto, ProfileOptions(mode="train"))
+
+
+def _head_cost(graph):
+    from dabench_ir.passes.training import lm_logits
+
+    node = graph.node(graph.values[lm_logits(graph)].producer)
+    return meta.get_cost(node)
+
+
+@pytest.mark.parametrize("chips", [2, 4])
+def test_tp_splits_the_lm_head_over_the_vocabulary(headed, chips):
+    """Megatron's column-parallel output layer (TensorRT-LLM's lm_head, vLLM's ParallelLMHead): each chip
+    computes its 1/n of the vocabulary's logits from the whole hidden state, reading 1/n of the head's
+    weight; serving then all-gathers the logits. Kept whole (before issue 44's round three), the head cost
+    every chip the whole 2·tokens·hidden·vocab: a Llama 3 8B head (128,256 x 4,096) is a third of a
+    chip's weights at TP 8."""
+    cfg, serve, _ = headed
+    tokens = cfg.batch * cfg.seq
+    whole = _head_cost(serve)
+    assert whole.contraction_flops == 2 * tokens * cfg.hidden * cfg.vocab  # closed form
+    share, collectives = split_for_tp(serve, chips)
+    part = _head_cost(share)
+    assert part.contraction_flops == 2 * tokens * cfg.hidden * cfg.vocab // chips
+    assert part.weight_bytes == cfg.hidden * cfg.vocab * 2 // chips
+    assert part.act_bytes_in == whole.act_bytes_in  # the whole hidden state, on every chip
+    assert part.act_bytes_out == whole.act_bytes_out // chips  # its slice of the logits
+    # every contraction of the model is split: a chip does 1/n of them all
+    assert _contraction(share) == _contraction(serve) // chips
+    head = [c for c in collectives if c.module == "lm_head"]
+    assert [(c.op, c.nbytes, c.count) for c in head] == [("all-gather", tokens * cfg.vocab * 2, 1)]
+    # the step's collectives against closed forms: a ring all-reduce per split module, and the all-gather
+    # half of one: (n-1)/n of the logits and n-1 hops on NVLink
+    h100 = load_target("h100")
+    link = h100.topology.intra
+    bw, lat = link.bandwidth_bytes_per_s, link.latency_s
+    modules = [c.nbytes for c in collectives if c.module != "lm_head"]
+    assert len(modules) == 2 * cfg.layers
+    expected = sum(ring_allreduce_time(b, chips, bw, lat) for b in modules)
+    expected += (chips - 1) / chips * tokens * cfg.vocab * 2 / bw + (chips - 1) * lat
+    point = scale(serve, h100, [chips], "tp", ProfileOptions()).points[0]
+    assert point.comm_time_s == pytest.approx(expected)
+    assert any("LM head split over the vocabulary" in n for n in point.notes)
+
+
+def test_tp_training_splits_the_loss_with_the_lm_head(headed):
+    """In training the loss reads each chip's slice of the logits (Megatron's vocabulary-parallel
+    cross-entropy): three all-reduces of one fp32 a token forward, and backward one of the head's input
+    gradient, the hidden state each chip read whole."""
+    from dabench_ir.passes.training import is_loss
+
+    cfg, _, train = headed
+    tokens = cfg.batch * cfg.seq
+    share, collectives = split_for_tp(train, 2)
+    loss = next(n for n in train.nodes if is_loss(n))
+    assert meta.get_cost(share.node(loss.name)).flops == -(-meta.get_cost(loss).flops // 2)
+    head = [(c.op, c.nbytes, c.count) for c in collectives if c.module == "lm_head"]
+    assert head == [("all-reduce", 4 * tokens, 3), ("all-reduce", tokens * cfg.hidden * 2, 1)]
+    assert all(c.count == 2 for c in collectives if c.module != "lm_head")  # forward and backward
