@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
 __all__ = [
+    "LM_HEAD",
     "SCALE_SCHEMA",
     "STRATEGIES",
     "Collective",
@@ -342,6 +343,8 @@ class Collective:
         return self.count * (moved / 2 if self.op == "all-gather" else moved)
 
 
+LM_HEAD = "lm_head"
+"""The module the LM head's collectives name (`Collective.module`), beside the blocks' ``layers.N.attn``."""
 LM_HEAD_LOSS_REDUCTIONS = 3
 """All-reduces of one fp32 per token the vocabulary-parallel cross-entropy runs in the forward pass: the
 logits' maximum, the target token's logit and the sum of exponentials, each over the chips' vocabulary
@@ -393,8 +396,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     share = graph.clone()
     root = share.model_root
     head = _lm_head(share)
-    head_module = "lm_head"
-    module_of = {n.name: head_module if n.name in head else _tp_module(n, root) for n in share.nodes}
+    module_of = {n.name: LM_HEAD if n.name in head else _tp_module(n, root) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
     for node in share.nodes:
@@ -405,7 +407,7 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         inside_in = all(producer_module.get(v) == mod for v in node.inputs if v and v in producer_module)
         consumers = [c for out in node.outputs for c in share.consumers.get(out, ())]
         inside_out = bool(consumers) and all(module_of[c.name] == mod for c in consumers)
-        inside_out = inside_out or mod == head_module  # each chip writes its slice of the vocabulary
+        inside_out = inside_out or mod == LM_HEAD  # each chip writes its slice of the vocabulary
         for key in (meta.COST, FORWARD_COST, BACKWARD_COST):  # the training phases' costs split too
             if isinstance(node.meta.get(key), Cost):
                 node.meta[key] = _split_cost(node.meta[key], chips, inside_in, inside_out)
@@ -440,14 +442,14 @@ def _lm_head_collectives(graph: Graph, head: set[str], passes: int) -> list[Coll
     if not head or logits is None:
         return []
     if passes == 1:
-        return [Collective("all-gather", value_bytes(graph, logits), 1, "lm_head")]
+        return [Collective("all-gather", value_bytes(graph, logits), 1, LM_HEAD)]
     nodes = [graph.node(name) for name in head]
     contraction = next(n for n in nodes if (c := meta.get_cost(n)) is not None and c.contraction_flops > 0)
     hidden = next((v for v in contraction.inputs if v and not graph.values[v].kind.is_stored), "")
     tokens = math.prod(graph.type_of(logits).dims()[:-1])
     return [
-        Collective("all-reduce", 4 * tokens, LM_HEAD_LOSS_REDUCTIONS, "lm_head"),  # one fp32 a token each
-        Collective("all-reduce", value_bytes(graph, hidden), 1, "lm_head"),
+        Collective("all-reduce", 4 * tokens, LM_HEAD_LOSS_REDUCTIONS, LM_HEAD),  # one fp32 a token each
+        Collective("all-reduce", value_bytes(graph, hidden), 1, LM_HEAD),
     ]
 
 
@@ -1072,7 +1074,8 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: 
 def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint:
     target = run.target
     share, collectives = split_for_tp(graph, n)
-    if not any(c.module != "lm_head" for c in collectives):
+    modules = [c for c in collectives if c.module != LM_HEAD]
+    if not modules:
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
         )
@@ -1085,7 +1088,6 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     per_step = sum(c.time_s(target, n, per_node, algorithm) for c in collectives)
     moved = sum(c.link_bytes(n) for c in collectives)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)
-    modules = [c for c in collectives if c.module != "lm_head"]
     pt.notes.append(f"{len(modules)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
     if len(modules) < len(collectives):
         pt.notes.append(

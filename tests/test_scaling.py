@@ -8,7 +8,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.lowering.collectives import ring_allreduce_time, root_allreduce_time
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
-from dabench_ir.scaling import scale, split_for_tp
+from dabench_ir.scaling import LM_HEAD, scale, split_for_tp
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
@@ -400,14 +400,14 @@ def test_tp_splits_the_lm_head_over_the_vocabulary(headed, chips):
     assert part.act_bytes_out == whole.act_bytes_out // chips  # its slice of the logits
     # every contraction of the model is split: a chip does 1/n of them all
     assert _contraction(share) == _contraction(serve) // chips
-    head = [c for c in collectives if c.module == "lm_head"]
+    head = [c for c in collectives if c.module == LM_HEAD]
     assert [(c.op, c.nbytes, c.count) for c in head] == [("all-gather", tokens * cfg.vocab * 2, 1)]
     # the step's collectives against closed forms: a ring all-reduce per split module, and the all-gather
     # half of one: (n-1)/n of the logits and n-1 hops on NVLink
     h100 = load_target("h100")
     link = h100.topology.intra
     bw, lat = link.bandwidth_bytes_per_s, link.latency_s
-    modules = [c.nbytes for c in collectives if c.module != "lm_head"]
+    modules = [c.nbytes for c in collectives if c.module != LM_HEAD]
     assert len(modules) == 2 * cfg.layers
     expected = sum(ring_allreduce_time(b, chips, bw, lat) for b in modules)
     expected += (chips - 1) / chips * tokens * cfg.vocab * 2 / bw + (chips - 1) * lat
@@ -427,6 +427,6 @@ def test_tp_training_splits_the_loss_with_the_lm_head(headed):
     share, collectives = split_for_tp(train, 2)
     loss = next(n for n in train.nodes if is_loss(n))
     assert meta.get_cost(share.node(loss.name)).flops == -(-meta.get_cost(loss).flops // 2)
-    head = [(c.op, c.nbytes, c.count) for c in collectives if c.module == "lm_head"]
+    head = [(c.op, c.nbytes, c.count) for c in collectives if c.module == LM_HEAD]
     assert head == [("all-reduce", 4 * tokens, 3), ("all-reduce", tokens * cfg.hidden * 2, 1)]
-    assert all(c.count == 2 for c in collectives if c.module != "lm_head")  # forward and backward
+    assert all(c.count == 2 for c in collectives if c.module != LM_HEAD)  # forward and backward
