@@ -414,6 +414,10 @@ def test_tp_splits_the_lm_head_over_the_vocabulary(headed, chips):
     point = scale(serve, h100, [chips], "tp", ProfileOptions()).points[0]
     assert point.comm_time_s == pytest.approx(expected)
     assert any("LM head split over the vocabulary" in n for n in point.notes)
+    from dabench_ir.commands.scale import render_scale
+
+    text = render_scale(scale(serve, h100, [1, chips], "tp", ProfileOptions()))
+    assert "  note: LM head split over the vocabulary: its logits all-gathered" in text.splitlines()
 
 
 def test_tp_training_splits_the_loss_with_the_lm_head(headed):

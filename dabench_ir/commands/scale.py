@@ -147,6 +147,10 @@ def render_scale(result) -> str:
             f"  * crosses the node boundary ({per_node} devices per node): collectives are "
             "hierarchical, the inter-node link carries each device's shard"
         )
+    from dabench_ir.scaling import NODE_CROSSING
+
+    said = dict.fromkeys(n for p in result.points for n in p.notes if not n.startswith(NODE_CROSSING))
+    lines += [f"  note: {note}" for note in said]  # what the points assumed, once each (JSON: each point's)
     for p in result.points:
         if p.failure:
             lines.append(f"  {p.chips} chips: {p.failure['reason']}")
