@@ -74,3 +74,16 @@ def test_the_lowerings_notes_reach_every_rendering():
     assert not plan.notes
     report = build_report(graph, run=resolve(graph, h100), plan=plan, timeline=timeline, metrics=metrics)
     assert "notes" not in report.to_dict().get("extra", {})
+
+
+def test_a_multi_chip_report_carries_the_scaling_stages_notes():
+    """A multi-chip run's report says what the scaling stage assumed (`ScalePoint.notes`) after the chip's
+    lowering's: the all-reduces of a tensor-parallel step, as `scale` prints them under its table."""
+    from dabench_ir.report.table import render_table
+    from dabench_ir.run import execute
+
+    graph = decoder(layers=2, hidden=64)
+    report = execute(resolve(graph, "h100", ScaleOptions(chips=2, strategy="tp")), graph)
+    notes = report.to_dict()["extra"]["notes"]
+    assert notes == ["4 all-reduces per step"]  # 2 layers x (attention, MLP); no LM head in this stack
+    assert "  note       4 all-reduces per step" in render_table(report, color=False).splitlines()

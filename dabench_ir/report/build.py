@@ -489,6 +489,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     report.config.update({"chips": point.chips, "strategy": result.strategy, "batch": point.batch})
     report.config["samples"]["per_step"] = point.batch
     report.extra["scale"] = result.to_dict()
+    if point.notes:  # what the scaling stage assumed (the collectives, the LM head's split), beside the chip's
+        report.extra["notes"] = [*report.extra.get("notes", ()), *point.notes]
     report.scaling = result
     report.extra["nodes_basis"] = (
         "the whole graph on one chip; the pipeline stages are its layers' shares"
