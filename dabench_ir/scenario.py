@@ -11,7 +11,7 @@ Decode steps depend on each other (token t+1 needs token t), so a step's time is
 latency: where a lowering can overlap consecutive steps in a steady-state pipeline, the
 scenario asks it not to (``steady_state=False``: fill and drain counted). A prefill is one
 step too, except on targets whose pipeline streams the prompt's tokens through its stages
-(the WSE, `_STREAMS_TOKENS`): there its latency is the pipeline period. On a WSE left at
+(`Lowering.streams_tokens`: the WSE): there its latency is the pipeline period. On a WSE left at
 ``--wse-mode auto`` each phase is placed pipelined (weights resident in SRAM) when that fits,
 else weight-streamed.
 
@@ -376,11 +376,6 @@ def _homes(plan: Plan, target: Target) -> dict[str, str]:
     return {"weights": weights, "kv_cache": f"{feed.name} ({feed.level})"}
 
 
-_STREAMS_TOKENS = frozenset({"wse"})
-"""Target kinds whose pipeline streams a prompt's tokens through its stages (activations flow
-as they are produced), so a prefill's latency is the pipeline's period, not the sum of its
-stages. Every other pipeline passes a whole micro-batch from stage to stage."""
-
 
 def _place(graph: Any, run: ResolvedRun) -> Report:
     """Place one phase's graph as one dependent step (no overlap with the next step).
@@ -418,8 +413,9 @@ def run_phase(
 
     if getattr(opts, "chips", 1) > 1 and opts.strategy is None:
         opts = dataclasses.replace(opts, strategy="tp")
-    steady = phase == "prefill" and target.kind in _STREAMS_TOKENS
-    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering_for(target).Options)}
+    lowering = lowering_for(target)
+    steady = phase == "prefill" and lowering.streams_tokens
+    has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
     graph = load_graph(bind_dims(proto, dims))
     run = resolve(graph, target, opts, internals={"steady_state": steady} if has_option else None)
     report = _place(graph, run)

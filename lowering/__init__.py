@@ -127,6 +127,12 @@ class Lowering(ABC):
     """The lowering places a pipeline over several devices itself (the IPU's ``--ipus``): pipeline
     parallelism over n is its plan on n devices, not the scaling stage's stage split."""
 
+    streams_tokens: ClassVar[bool] = False
+    """The architecture's pipeline streams a prompt's tokens through its stages, activations flowing on as
+    they are produced (the WSE's kernel regions), so a prefill's latency is the pipeline's period, not the
+    sum of its stages (`dabench_ir.scenario`). Every other pipeline passes a whole micro-batch from stage
+    to stage."""
+
     fuses_attention_itself: ClassVar[bool] = False
     """The lowering models how the architecture fuses an attention core itself (an RDU O3 section keeps
     the core's scores on chip and recomputes them; the WSE keeps every intermediate in PE SRAM), so
