@@ -13,7 +13,7 @@ scenario asks it not to (``steady_state=False``: fill and drain counted). A pref
 step too, except on targets whose pipeline streams the prompt's tokens through its stages
 (`Lowering.streams_tokens`: the WSE): there its latency is the pipeline period. On a WSE left at
 ``--wse-mode auto`` each phase is placed pipelined (weights resident in SRAM) when that fits,
-else weight-streamed.
+else weight-streamed: the WSE lowering's rule for any serving graph.
 
 The cache grows by one token per step, and a step's time is linear in its context length
 (the cache bytes read and the attention FLOPs are), so the decode graph is placed at a few
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from dabench_ir.models.config import ModelConfig
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
-    from dabench_ir.run import Progress, ResolvedRun
+    from dabench_ir.run import Progress
     from dabench_ir.targets import Target
 
 __all__ = [
@@ -376,24 +376,6 @@ def _homes(plan: Plan, target: Target) -> dict[str, str]:
     return {"weights": weights, "kv_cache": f"{feed.name} ({feed.level})"}
 
 
-
-def _place(graph: Any, run: ResolvedRun) -> Report:
-    """Place one phase's graph as one dependent step (no overlap with the next step).
-
-    Serving keeps weights resident where they fit: on a WSE left at ``--wse-mode auto`` the
-    step is placed pipelined (weights in SRAM) first, and weight-streamed only when that
-    does not fit (the lowering's own auto rule is a training rule: stream from 1 B parameters).
-    """
-    from dabench_ir.run import execute
-
-    if run.target.kind == "wse" and run.options.wse_mode == "auto":
-        report = execute(run.variant(source="scenario", wse_mode="pipelined"), graph.clone())
-        if report.fits:
-            return report
-        return execute(run.variant(source="scenario", wse_mode="streaming"), graph)
-    return execute(run, graph)
-
-
 def run_phase(
     proto: Any, dims: dict[str, int], phase: str, target: Target, opts: ProfileOptions, *, context: int | None = None
 ) -> PhaseRun:
@@ -409,7 +391,7 @@ def run_phase(
     from dabench_ir.lowering import lowering_for
     from dabench_ir.models.export import bind_dims
     from dabench_ir.pipeline import load_graph
-    from dabench_ir.run import resolve
+    from dabench_ir.run import execute, resolve
 
     if getattr(opts, "chips", 1) > 1 and opts.strategy is None:
         opts = dataclasses.replace(opts, strategy="tp")
@@ -418,7 +400,7 @@ def run_phase(
     has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
     graph = load_graph(bind_dims(proto, dims))
     run = resolve(graph, target, opts, internals={"steady_state": steady} if has_option else None)
-    report = _place(graph, run)
+    report = execute(run, graph)  # one dependent step (no overlap with the next)
     graph, plan = report.graph, report.plan
     failure = report.failure["reason"] if report.failure else None
     kv_bytes = sum(graph.type_of(n).nbytes() for n in cache_inputs(graph)) if phase == "decode" else 0

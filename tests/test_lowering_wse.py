@@ -148,11 +148,21 @@ def test_pipelined_capacity_limit_falls_with_width():
 
 
 def test_auto_picks_pipelined_below_a_billion_parameters_and_streaming_above():
-    small = lower(decoder(layers=2, hidden=512, seq=64), WSE, ProfileOptions(wse_mode="auto"))
+    small = lower(_train(decoder(layers=2, hidden=512, seq=64)), WSE, ProfileOptions(wse_mode="auto"))
     assert small.stats.mode == "pipelined" and small.notes[0].startswith("auto: pipelined")
-    big = lower(decoder(layers=20, hidden=2048, seq=64), WSE, ProfileOptions(wse_mode="auto"))  # 1.0 B
+    big = lower(_train(decoder(layers=20, hidden=2048, seq=64)), WSE, ProfileOptions(wse_mode="auto"))  # 1.0 B
     assert big.stats.mode == "streaming" and "parameters >= 1 B" in big.notes[0]
-    assert {u.kind for u in big.units} == {"wse_layer"}
+    assert "wse_layer" in {u.kind for u in big.units}
+
+
+def test_auto_serves_with_the_weights_resident_wherever_they_fit():
+    """The 1 B rule is a training rule: a serving graph of 1.0 B parameters, which fits pipelined, keeps its
+    weights in PE SRAM (as `profile --scenario generate` placed it already), and streams only past the
+    wafer: the same question answered alike by `profile --mode inference` and the scenario."""
+    big = lower(decoder(layers=20, hidden=2048, seq=64), WSE, ProfileOptions(wse_mode="auto"))  # 1.0 B
+    assert big.stats.mode == "pipelined" and big.notes[0].startswith("auto: pipelined (serving")
+    huge = lower(decoder(layers=96, hidden=8192, seq=64, heads=64), WSE, ProfileOptions(wse_mode="auto"))  # 77 B
+    assert huge.stats.mode == "streaming" and "pipelined mode does not fit" in huge.notes[0]
 
 
 def test_streaming_capacity_is_finite_and_falls_with_hidden_and_micro_batch():

@@ -15,8 +15,11 @@ This package holds the `Lowering` itself (`WseLowering`, `LOWERING`), the option
 (`WseOptions`) and the mode rule, and re-exports the public names of its modules, so
 ``from dabench_ir.lowering.wse import wse_kernels`` keeps working.
 
-``--wse-mode auto`` follows the Cerebras documentation: pipelined for models below about
-1 B parameters when the pipelined plan fits, weight streaming otherwise.
+``--wse-mode auto`` follows the Cerebras documentation in training: pipelined for models below
+about 1 B parameters when the pipelined plan fits, weight streaming otherwise. Serving (a graph
+without a training step) keeps the weights resident in PE SRAM wherever the pipelined plan fits,
+whatever their count, and streams them only when it does not: the size rule is a training rule
+(optimizer state and gradients beside the weights).
 
 Micro-batches (``--micro-batches``, ``--micro-batch-size``) are weight streaming's lanes: the batch
 in parts, each through every layer while the layer's weights stream in once per part (Cerebras'
@@ -46,6 +49,7 @@ from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, trained_params
 from dabench_ir.lowering.wse.kernels import KERNEL_CLASSES, WseKernel, wse_kernels
 from dabench_ir.lowering.wse.pipelined import pipelined_best
 from dabench_ir.lowering.wse.streaming import streaming_plan
+from dabench_ir.passes import meta
 from dabench_ir.plan import Plan
 
 if TYPE_CHECKING:
@@ -149,6 +153,10 @@ class WseLowering(Lowering):
                 0, f"auto: pipelined (--replicas {options.replicas}: on-wafer copies run only in pipelined mode)"
             )
             return plan
+        serving = meta.training_state(ctx.graph) is None  # the size rule below is a training rule
+        if plan.fits and serving:
+            plan.notes.insert(0, "auto: pipelined (serving: the weights stay resident in PE SRAM, and they fit)")
+            return plan
         limit = target.arch_value("pipelined_max_params", needed_by=WHO)
         params = trained_params(ctx)
         if plan.fits and params < limit:
@@ -156,7 +164,7 @@ class WseLowering(Lowering):
             return plan
         why = (
             f"{params / 1e9:.2f} B parameters >= {limit / 1e9:g} B"
-            if params >= limit
+            if params >= limit and not serving
             else f"pipelined mode does not fit ({plan.failure.reason if plan.failure else 'does not fit'})"
         )
         streamed = streaming_plan(ctx, target, options, kernels)
