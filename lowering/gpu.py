@@ -70,6 +70,7 @@ from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
+    from dabench_ir.plan import NodePlan
     from dabench_ir.targets import Link, MemoryLevel, Target
 
 __all__ = [
@@ -710,14 +711,7 @@ def stream_plan(
             kernel = ctx.is_work(node) and not view and node.name != hosted
             overhead = g.runs * g.kernels * launch if kernel and not launched else 0.0
             launched = launched or kernel
-            if not kernel:
-                alloc = 0.0
-            elif grain <= 0:  # no grain stated (the host CPU): a kernel runs over every unit (intra-op threads)
-                alloc = 1.0
-            elif cost.flops > 0:
-                alloc = min(1.0, math.ceil(cost.flops / grain) / n_units)
-            else:
-                alloc = 1.0 / n_units
+            alloc = _unit_share(cost.flops, grain, n_units) if kernel else 0.0
             compute_s, binds = compute[node.name]
             fed = offload.host if node.name == hosted else (feed_of or {}).get(node.name, mem)
             plan.node_plans[node.name] = np_ = place_node(
@@ -739,14 +733,8 @@ def stream_plan(
                 allocation=alloc,
                 time_s=times.get(node.name),
             )
-            if np_.bound is Bound.COMPUTE and binds in _CLASS_WORDS and not np_.note:
-                np_.note = f"compute-bound on {_CLASS_WORDS[binds]}"
-            if view:
-                np_.note = "a strided view the fused attention kernel reads or writes in place: no copy"
-            elif node.name == hosted:
-                np_.note = "the host's CPU runs it (--optimizer-state offchip): its state streams through host DRAM"
-            elif node.name in rereads and np_.memory_s > _memory_s(cost, g.runs, bw):
-                np_.note = "load-bound: the decode attention kernel loads the K/V cache once per query head"
+            reloads = node.name in rereads and np_.memory_s > _memory_s(cost, g.runs, bw)
+            np_.note = _kernel_note(np_, binds, view=view, hosted=node.name == hosted, reloads=reloads)
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
             traffic += 0 if view or node.name == hosted else cost.bytes
@@ -762,6 +750,31 @@ def stream_plan(
         plan.step_overheads_s.update(offload.transfers(ctx, plan, m))
     _fit_device_memory(ctx, target, plan, m, offload)
     return plan
+
+
+def _unit_share(flops: float, grain: float, units: int) -> float:
+    """The share of the ``units`` SMs (cores) a kernel of ``flops`` keeps busy: one per ``grain`` of its
+    work, every one without a stated grain (the host CPU's intra-op threads), one for a kernel of no FLOPs."""
+    if grain <= 0:
+        return 1.0
+    if flops > 0:
+        return min(1.0, math.ceil(flops / grain) / units)
+    return 1.0 / units
+
+
+def _kernel_note(np_: NodePlan, binds: str, *, view: bool, hosted: bool, reloads: bool) -> str | None:
+    """Why a node's time is what it is, where the roofline alone would not say: a strided view read in
+    place, the optimizer on the host's CPU, a decode attention loading its K/V cache once per query head,
+    or the op class a compute-bound node is bound on."""
+    if view:
+        return "a strided view the fused attention kernel reads or writes in place: no copy"
+    if hosted:
+        return "the host's CPU runs it (--optimizer-state offchip): its state streams through host DRAM"
+    if reloads:
+        return "load-bound: the decode attention kernel loads the K/V cache once per query head"
+    if np_.bound is Bound.COMPUTE and binds in _CLASS_WORDS and not np_.note:
+        return f"compute-bound on {_CLASS_WORDS[binds]}"
+    return np_.note
 
 
 @dataclass(slots=True)
