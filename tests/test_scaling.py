@@ -385,9 +385,9 @@ def _head_cost(graph):
 def test_tp_splits_the_lm_head_over_the_vocabulary(headed, chips):
     """Megatron's column-parallel output layer (TensorRT-LLM's lm_head, vLLM's ParallelLMHead): each chip
     computes its 1/n of the vocabulary's logits from the whole hidden state, reading 1/n of the head's
-    weight; serving then all-gathers the logits. Kept whole (before issue 44's round three), the head cost
-    every chip the whole 2·tokens·hidden·vocab: a Llama 3 8B head (128,256 x 4,096) is a third of a
-    chip's weights at TP 8."""
+    weight; serving then all-gathers the logits. Kept whole (until session 62), the head cost every chip
+    the whole 2·tokens·hidden·vocab: a Llama 3 8B head (128,256 x 4,096) is over a third of the weights
+    a TP 8 chip reads a decode step."""
     cfg, serve, _ = headed
     tokens = cfg.batch * cfg.seq
     whole = _head_cost(serve)
