@@ -49,7 +49,15 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall
 from dabench_ir.passes import meta
-from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, SAVED, is_loss, is_optimizer_step, lm_logits
+from dabench_ir.passes.training import (
+    BACKWARD_COST,
+    FORWARD_COST,
+    SAVED,
+    is_loss,
+    is_optimizer_step,
+    lm_logits,
+    token_table,
+)
 from dabench_ir.place import place
 from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
@@ -61,6 +69,7 @@ if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
 __all__ = [
+    "EMBEDDING",
     "LM_HEAD",
     "SCALE_SCHEMA",
     "STRATEGIES",
@@ -345,6 +354,8 @@ class Collective:
 
 LM_HEAD = "lm_head"
 """The module the LM head's collectives name (`Collective.module`), beside the blocks' ``layers.N.attn``."""
+EMBEDDING = "embed"
+"""The module a training step's token embedding, split over the vocabulary, names (`split_for_tp`)."""
 LM_HEAD_LOSS_REDUCTIONS = 3
 """All-reduces of one fp32 per token the vocabulary-parallel cross-entropy runs in the forward pass: the
 logits' maximum, the target token's logit and the sum of exponentials, each over the chips' vocabulary
@@ -390,13 +401,19 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     leaves it (the row-parallel projection's partial sums), once more in training for the gradient of
     its input; and the LM head's (`_lm_head`), split over the vocabulary: serving all-gathers its
     logits, training runs the vocabulary-parallel loss's all-reduces (`LM_HEAD_LOSS_REDUCTIONS`) and,
-    backward, one of the head's input gradient. The token embedding stays whole on every chip
-    (TensorRT-LLM's default, ``use_parallel_embedding`` off).
+    backward, one of the head's input gradient. In training the token embedding is split over the
+    vocabulary too (Megatron-LM's ``VocabParallelEmbedding``: each chip holds 1/n of the table and its
+    optimizer state, looks up the tokens in its rows, and one all-reduce of the output a step, forward
+    only, sums the rows); serving keeps it whole on every chip (TensorRT-LLM's default,
+    ``use_parallel_embedding`` off).
     """
     share = graph.clone()
     root = share.model_root
-    head = _lm_head(share)
-    module_of = {n.name: LM_HEAD if n.name in head else _tp_module(n, root) for n in share.nodes}
+    train = meta.graph_mode(graph) == "train"
+    split = dict.fromkeys(_lm_head(share), LM_HEAD)
+    if train:
+        split.update(dict.fromkeys(_token_embedding(share), EMBEDDING))
+    module_of = {n.name: split.get(n.name) or _tp_module(n, root) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
     for node in share.nodes:
@@ -429,9 +446,16 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         (kv,) = kv_heads
         meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv / (chips * math.ceil(kv / chips)))
     _shard_training_state(graph, share, producer_module, chips)
-    passes = 2 if meta.graph_mode(graph) == "train" else 1  # backward: each split module's input gradient
-    collectives = [Collective("all-reduce", b, passes, mod) for mod, b in leaving.items()]
+    passes = 2 if train else 1  # backward: each split module's input gradient (token ids have none)
+    collectives = [Collective("all-reduce", b, 1 if mod == EMBEDDING else passes, mod) for mod, b in leaving.items()]
+    head = {name for name, mod in split.items() if mod == LM_HEAD}
     return share, collectives + _lm_head_collectives(graph, head, passes)
+
+
+def _token_embedding(graph: Graph) -> set[str]:
+    """The nodes that look tokens up in the token-embedding table (`passes.training.token_table`)."""
+    table, _ = token_table(graph)
+    return {n.name for n in graph.nodes if table and n.op_type == "Gather" and n.inputs[0] == table}
 
 
 def _lm_head_collectives(graph: Graph, head: set[str], passes: int) -> list[Collective]:
@@ -1074,7 +1098,7 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: 
 def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint:
     target = run.target
     share, collectives = split_for_tp(graph, n)
-    modules = [c for c in collectives if c.module != LM_HEAD]
+    modules = [c for c in collectives if c.module not in (LM_HEAD, EMBEDDING)]
     if not modules:
         raise UserError(
             "--strategy tp found no attention or MLP modules to split (node scopes like layers.N.attn / layers.N.mlp)"
@@ -1089,9 +1113,11 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     moved = sum(c.link_bytes(n) for c in collectives)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)
     pt.notes.append(f"{len(modules)} all-reduces per {'training step (x2 for backward)' if train else 'step'}")
-    if len(modules) < len(collectives):
+    if any(c.module == LM_HEAD for c in collectives):
         pt.notes.append(
             "LM head split over the vocabulary: "
             + ("the loss's all-reduces and its input gradient's" if train else "its logits all-gathered")
         )
+    if any(c.module == EMBEDDING for c in collectives):
+        pt.notes.append("token embedding split over the vocabulary: one all-reduce of its output a step")
     return pt

@@ -8,7 +8,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.lowering.collectives import ring_allreduce_time, root_allreduce_time
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
-from dabench_ir.scaling import LM_HEAD, scale, split_for_tp
+from dabench_ir.scaling import EMBEDDING, LM_HEAD, scale, split_for_tp
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import decoder
 
@@ -433,4 +433,33 @@ def test_tp_training_splits_the_loss_with_the_lm_head(headed):
     assert meta.get_cost(share.node(loss.name)).flops == -(-meta.get_cost(loss).flops // 2)
     head = [(c.op, c.nbytes, c.count) for c in collectives if c.module == LM_HEAD]
     assert head == [("all-reduce", 4 * tokens, 3), ("all-reduce", tokens * cfg.hidden * 2, 1)]
-    assert all(c.count == 2 for c in collectives if c.module != LM_HEAD)  # forward and backward
+    blocks = [c for c in collectives if c.module not in (LM_HEAD, EMBEDDING)]
+    assert len(blocks) == 2 * cfg.layers and all(c.count == 2 for c in blocks)  # forward and backward
+
+
+@pytest.mark.parametrize("chips", [2, 4])
+def test_tp_training_splits_the_token_embedding_over_the_vocabulary(headed, chips):
+    """Megatron-LM's VocabParallelEmbedding: in training each chip holds 1/n of the token table, and so
+    1/n of its gradient, master copy and Adam moments; its lookups are summed by one all-reduce of the
+    embedding's output a step, forward only (token ids have no gradient). Serving keeps the table whole
+    on every chip (TensorRT-LLM's default) and runs no such all-reduce."""
+    from dabench_ir.passes.training import token_table
+
+    cfg, serve, train = headed
+    tokens = cfg.batch * cfg.seq
+    table, vocab = token_table(train)
+    assert vocab == cfg.vocab
+    share, collectives = split_for_tp(train, chips)
+    assert share.type_of(table).nbytes() == train.type_of(table).nbytes() // chips
+    embed = [(c.op, c.nbytes, c.count) for c in collectives if c.module == EMBEDDING]
+    assert embed == [("all-reduce", tokens * cfg.hidden * 2, 1)]
+    # a chip keeps 1/n of every parameter but the norms' (RMSNorm weights, replicated): the table's too, and
+    # its training state follows the parameters it keeps
+    norms = sum(v.type.shape[0] for v in train.weights() if len(v.type.shape) == 1)
+    part = meta.training_state(share)
+    assert part.params == (train.num_params - norms) // chips + norms
+    whole = meta.training_state(train).optimizer_state_bytes
+    assert part.optimizer_state_bytes == pytest.approx(whole * part.params / train.num_params, abs=1)
+    serve_share, serve_collectives = split_for_tp(serve, chips)
+    assert serve_share.type_of(table).nbytes() == serve.type_of(table).nbytes()
+    assert not any(c.module == EMBEDDING for c in serve_collectives)
