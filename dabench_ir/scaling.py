@@ -31,7 +31,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dabench_ir.errors import UserError
 from dabench_ir.frontends.onnx import cache_inputs
@@ -362,12 +362,26 @@ logits' maximum, the target token's logit and the sum of exponentials, each over
 slices (Megatron-LM, megatron/core/tensor_parallel/cross_entropy.py, `_VocabParallelCrossEntropy`)."""
 
 
-def _lm_head(graph: Graph) -> set[str]:
-    """The LM head's nodes, which tensor parallelism splits over the vocabulary (a column-parallel
-    projection: Megatron-LM's output layer, TensorRT-LLM's ``lm_head`` with ``gather_output``, vLLM's
+class LmHead(NamedTuple):
+    """The LM head `split_for_tp` splits over the vocabulary: its ``nodes``, the ``logits`` they write and
+    the ``hidden`` state its contraction reads whole on every chip."""
+
+    nodes: frozenset[str]
+    logits: str
+    hidden: str
+
+
+def _moving_inputs(graph: Graph, node: Node) -> list[str]:
+    """``node``'s inputs that are not stored (weights, constants)."""
+    return [v for v in node.inputs if v and not graph.values[v].kind.is_stored]
+
+
+def _lm_head(graph: Graph) -> LmHead | None:
+    """The LM head, which tensor parallelism splits over the vocabulary (a column-parallel projection:
+    Megatron-LM's output layer, TensorRT-LLM's ``lm_head`` with ``gather_output``, vLLM's
     ``ParallelLMHead``): the contraction that writes the logits (`passes.training.lm_logits`) outside the
     decoder blocks, a bias added to its output, the nodes that only reshape its weight (a Transpose),
-    and the loss the training pass reads the logits with. Empty for a decoder stack without one."""
+    and the loss the training pass reads the logits with. None for a decoder stack without one."""
     logits = lm_logits(graph)
     value = graph.values.get(logits) if logits else None
     node = graph.node(value.producer) if value is not None and value.producer else None
@@ -377,19 +391,18 @@ def _lm_head(graph: Graph) -> set[str]:
         cost = meta.get_cost(node)
         if cost is not None and cost.contraction_flops > 0:
             break
-        moving = [v for v in node.inputs if v and not graph.values[v].kind.is_stored]
-        node = (
-            graph.node(graph.values[moving[0]].producer)
-            if len(moving) == 1 and graph.values[moving[0]].producer
-            else None
-        )
+        moving = _moving_inputs(graph, node)
+        producer = graph.values[moving[0]].producer if len(moving) == 1 else None
+        node = graph.node(producer) if producer else None
     else:
-        return set()  # no contraction writes the logits outside the blocks
+        return None  # no contraction writes the logits outside the blocks
     for name in node.inputs:
         prep = graph.values[name].producer if name else None
-        if prep and all(graph.values[v].kind.is_stored for v in graph.node(prep).inputs if v):
+        if prep and not _moving_inputs(graph, graph.node(prep)):
             names.add(prep)  # the weight's own reshaping (a tied table's Transpose)
-    return names | {n.name for n in graph.nodes if is_loss(n)}
+    names.update(n.name for n in graph.nodes if is_loss(n))
+    hidden = next(iter(_moving_inputs(graph, node)), "")
+    return LmHead(frozenset(names), logits, hidden)
 
 
 def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
@@ -410,7 +423,8 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     share = graph.clone()
     root = share.model_root
     train = meta.graph_mode(graph) == "train"
-    split = dict.fromkeys(_lm_head(share), LM_HEAD)
+    head = _lm_head(share)
+    split = dict.fromkeys(head.nodes if head else (), LM_HEAD)
     if train:
         split.update(dict.fromkeys(_token_embedding(share), EMBEDDING))
     module_of = {n.name: split.get(n.name) or _tp_module(n, root) for n in share.nodes}
@@ -448,32 +462,27 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     _shard_training_state(graph, share, producer_module, chips)
     passes = 2 if train else 1  # backward: each split module's input gradient (token ids have none)
     collectives = [Collective("all-reduce", b, 1 if mod == EMBEDDING else passes, mod) for mod, b in leaving.items()]
-    head = {name for name, mod in split.items() if mod == LM_HEAD}
-    return share, collectives + _lm_head_collectives(graph, head, passes)
+    return share, collectives + (_lm_head_collectives(graph, head, passes) if head else [])
 
 
 def _token_embedding(graph: Graph) -> set[str]:
     """The nodes that look tokens up in the token-embedding table (`passes.training.token_table`)."""
     table, _ = token_table(graph)
-    return {n.name for n in graph.nodes if table and n.op_type == "Gather" and n.inputs[0] == table}
+    if table is None:
+        return set()
+    return {n.name for n in graph.nodes if n.op_type == "Gather" and n.inputs[0] == table}
 
 
-def _lm_head_collectives(graph: Graph, head: set[str], passes: int) -> list[Collective]:
+def _lm_head_collectives(graph: Graph, head: LmHead, passes: int) -> list[Collective]:
     """The collectives of the LM head split over the vocabulary (`split_for_tp`): serving, an
     all-gather of its logits; training, the loss's all-reduces of one fp32 per token, and backward one
     of the head's input gradient (the hidden state each chip read whole)."""
-    logits = lm_logits(graph)
-    if not head or logits is None:
-        return []
     if passes == 1:
-        return [Collective("all-gather", value_bytes(graph, logits), 1, LM_HEAD)]
-    nodes = [graph.node(name) for name in head]
-    contraction = next(n for n in nodes if (c := meta.get_cost(n)) is not None and c.contraction_flops > 0)
-    hidden = next((v for v in contraction.inputs if v and not graph.values[v].kind.is_stored), "")
-    tokens = math.prod(graph.type_of(logits).dims()[:-1])
+        return [Collective("all-gather", value_bytes(graph, head.logits), 1, LM_HEAD)]
+    tokens = math.prod(graph.type_of(head.logits).dims()[:-1])
     return [
         Collective("all-reduce", 4 * tokens, LM_HEAD_LOSS_REDUCTIONS, LM_HEAD),  # one fp32 a token each
-        Collective("all-reduce", value_bytes(graph, hidden), 1, LM_HEAD),
+        Collective("all-reduce", value_bytes(graph, head.hidden), 1, LM_HEAD),
     ]
 
 

@@ -182,10 +182,10 @@ def _target_kind(name: str) -> str:
 
     The host target is calibrated on first load; its kind is known without that.
     """
-    from dabench_ir.targets import HOST, TargetError, is_host, load_target
+    from dabench_ir.targets import TargetError, is_host, load_target
 
     if is_host(name):
-        return HOST
+        return "cpu"  # the host's kind (its name is `targets.HOST`)
     try:
         return load_target(name).kind
     except TargetError as exc:
