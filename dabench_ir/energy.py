@@ -241,7 +241,8 @@ def step_energy(
     """One step's energy: per node (dynamic plus held static), per overhead row, and idle.
 
     Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level that
-    feeds it on this target. Static: the target's static power times the chips the plan
+    feeds it on this target, once for each data-parallel copy the plan runs (``plan.replicas``:
+    the WSE's copies on the wafer, the IPU's replicas; a node row is one copy's node). Static: the target's static power times the chips the plan
     spans (``P_s``). A node gets ``P_s × share × busy``, ``share`` being the part of the
     plan's hardware it holds while it runs (`held_shares`), ``busy`` the time it really ran;
     a node that takes no time on the timeline gets no static energy. Each overhead row of
@@ -260,6 +261,7 @@ def step_energy(
     model = energy_model(target)
     default_dtype = str(getattr(plan, "precision", "") or "fp32")
     chips = max(1, int(getattr(plan, "chips", 1) or 1))
+    copies = max(1, int(getattr(plan, "replicas", 1) or 1))  # each data-parallel copy does every node's work
     static_w = model.static_watts * chips
     dynamic: dict[str, float] = {}
     static: dict[str, float] = {}
@@ -285,7 +287,9 @@ def step_energy(
         if node.name in in_streams:
             streamed_in_nodes += moved
         dtype = str(node.meta.get(meta.PRECISION) or default_dtype)
-        dynamic[node.name] = model.flop_energy_j(cost.flops, dtype) + model.byte_energy_j(moved, level_key[level])
+        dynamic[node.name] = copies * (
+            model.flop_energy_j(cost.flops, dtype) + model.byte_energy_j(moved, level_key[level])
+        )
         busy_s = busy_times.get(node.name) or 0.0
         static[node.name] = static_w * shares[node.name] * busy_s if busy_s > 0 else 0.0
     step = float(timeline.step_time_s)
@@ -307,7 +311,9 @@ def step_energy(
             if n in plan.node_plans
         )
         name = _feed_memory_name(target, level)
-        stall_j = model.byte_energy_j(streamed - streamed_in_nodes, name if name in model.pj_per_byte else level)
+        stall_j = copies * model.byte_energy_j(
+            streamed - streamed_in_nodes, name if name in model.pj_per_byte else level
+        )
         overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
     return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
 

@@ -15,7 +15,7 @@ from dabench_ir.passes import meta
 from dabench_ir.passes.training import TrainingPass
 from dabench_ir.place import place
 from dabench_ir.report.build import build_report
-from dabench_ir.run import resolve
+from dabench_ir.run import lowering_options, resolve
 from dabench_ir.targets import load_target
 from tests.lowering_graphs import _Builder, decoder
 
@@ -119,6 +119,24 @@ def test_energy_total_is_nodes_plus_rows(name, mode):
         assert t["overhead_energy_j"][row] == pytest.approx(static_w * seconds, rel=1e-12)
     assert sum(node_energies(graph, plan, timeline, target).values()) == pytest.approx(t["node_energy_j"])
     assert t["energy_j"] > t["static_energy_j"]
+
+
+@pytest.mark.parametrize(("name", "options"), [("wse2", {"wse_mode": "pipelined"}), ("bow", {})])
+def test_data_parallel_copies_on_one_plan_each_spend_the_nodes_dynamic_energy(name, options):
+    """A plan that runs r copies of the graph itself (the WSE's replicas on the wafer, the IPU's
+    replicas) does every node's FLOPs and bytes r times: its dynamic energy is r times one copy's,
+    node by node (it was one copy's whatever r, so a copy's work cost nothing)."""
+    target = load_target(name)
+    graph = decoder(layers=2, hidden=64, batch=2)
+    energies = {}
+    for r in (1, 2):
+        run = resolve(graph, target, ProfileOptions(replicas=r, **options), defaults=False)
+        plan, timeline, _ = place(graph, target, lowering_options(run))
+        assert plan.replicas == r
+        energies[r] = step_energy(graph, plan, timeline, target)
+    one, two = energies[1], energies[2]
+    assert two.dynamic_j == pytest.approx(2 * one.dynamic_j, rel=1e-12)
+    assert {n: 2 * e for n, e in one.dynamic.items()} == pytest.approx(two.dynamic)
 
 
 def test_rdu_ddr_bound_section_nodes_obey_the_chips_power():
