@@ -6,7 +6,9 @@
   Cluster), "chips" are systems that each stream the same weights from one store through a
   broadcast/reduce tree, which sums the gradients on the way back: no all-reduce, the tree's
   latency per level. Copies of a model on one chip are that lowering's own knob (the WSE's
-  ``--replicas``), not chips.
+  ``--replicas``), not chips. Where the lowering places its replicas over devices itself
+  (`Lowering.replicates_itself`: the IPU's ``--replicas``), n chips are its plan with n replicas,
+  whose step all-reduces the gradients itself.
 - TP (tensor parallel, Megatron-style; Shoeybi et al. 2019): attention heads and MLP
   columns are split across chips. Nodes inside a block's attention or MLP module do 1/n of
   the work and hold 1/n of the weights; norms, residual adds and everything outside the
@@ -39,6 +41,7 @@ from dabench_ir.ir import Cost, Graph, Node, Value, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering._common import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.collectives import (
+    GRADIENT_REDUCE,
     bubble_fraction,
     hierarchical_allreduce_time,
     optimal_contiguous_split,
@@ -812,6 +815,11 @@ def scale(
     lowering = lowering_for(target)
     per_node = chips_per_node(target, run.options)
     _check_request(target, lowering, chips, strategy, per_node)
+    if strategy == "dp" and lowering.replicates_itself and run.options.replicas not in (None, 1):
+        raise UserError(
+            f"--replicas {run.options.replicas} with --strategy dp: on {target.name} the data-parallel "
+            "chips are the lowering's replicas; give their counts with --chips and drop --replicas"
+        )
     train = meta.graph_mode(graph) == "train"
     link = target.link()
     systems = strategy == "dp" and lowering.systems_stream_weights  # n chips: n systems streaming the weights
@@ -820,6 +828,9 @@ def scale(
         _tree_link(target)
     if systems and target.topology is not None and target.topology.inter is not None:
         link = target.topology.inter  # what joins the systems: the tree's links
+    own_links = (  # the lowering carries the chips' traffic itself: no collective of the scaling stage's
+        systems or (strategy == "dp" and lowering.replicates_itself) or (strategy == "pp" and lowering.pipelines_itself)
+    )
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
@@ -829,6 +840,8 @@ def scale(
             pt = _point_from_run(single, 1, per_step, comm=0.0)
         elif systems:
             pt = _systems_point(graph, chip_run, n, single, train)
+        elif strategy == "dp" and lowering.replicates_itself:
+            pt = _replicas_point(graph, chip_run, n, lowering.name)
         elif strategy == "dp":
             pt = _dp_point(graph, chip_run, n, single, train)
         elif strategy == "tp":
@@ -840,7 +853,7 @@ def scale(
         else:
             pt = _pp_point(graph, run, n, single)
         if target.topology is not None:
-            _place_on_nodes(pt, n, target.topology, per_node, strategy, systems=systems)
+            _place_on_nodes(pt, n, target.topology, per_node, strategy, own_links=own_links)
         points.append(pt)
     base = single.time_s and per_step / single.time_s  # one chip's rate, fitting or not
     for pt in points:
@@ -882,19 +895,20 @@ def _check_request(target: Target, lowering: Any, chips: Sequence[int], strategy
         )
 
 
-def _place_on_nodes(pt: ScalePoint, chips: int, topo: Any, per_node: int, strategy: str, *, systems: bool) -> None:
+def _place_on_nodes(pt: ScalePoint, chips: int, topo: Any, per_node: int, strategy: str, *, own_links: bool) -> None:
     """The machines a point's ``chips`` span (``per_node`` to a node), and a note where its traffic
-    crosses between them: stage boundaries under ``pp``, collectives under ``dp`` and ``tp`` (not
-    the systems' own weight-streaming tree)."""
+    crosses between them: stage boundaries under ``pp``, collectives under ``dp`` and ``tp``. None
+    where the lowering carries the traffic over links of its own (``own_links``: the systems'
+    weight-streaming tree, the IPU's pipeline and its replicas' reduce over IPU-Links)."""
     pt.nodes = max(1, math.ceil(chips / per_node))
-    if pt.nodes == 1:
+    if pt.nodes == 1 or own_links:
         return
     between = topo.inter.name if topo.inter else topo.intra.name
     if strategy == "pp":
         pt.notes.append(
             f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node}; stage boundaries between nodes go over {between}"
         )
-    elif strategy in ("dp", "tp") and pt.comm_time_s > 0 and not systems:
+    elif strategy in ("dp", "tp") and pt.comm_time_s > 0:
         pt.notes.append(
             f"{NODE_CROSSING}: {pt.nodes} nodes of {per_node} "
             f"(collectives over {topo.intra.name} inside a node, {between} between)"
@@ -922,30 +936,59 @@ def _point_energy(pt: ScalePoint, target: Target, link: Any) -> MultiChipEnergy 
 
 
 def _point_from_run(
-    run: _Run, chips: int, batch: int, comm: float, *, copies: int = 1, link_bytes: float = 0.0
+    run: _Run,
+    chips: int,
+    batch: int,
+    comm: float,
+    *,
+    copies: int = 1,
+    link_bytes: float = 0.0,
+    comm_within: float = 0.0,
 ) -> ScalePoint:
     """The point of ``chips`` whose step is ``copies`` chips each running ``run``'s placement, then ``comm``
-    seconds of collectives moving ``link_bytes`` (the devices: ``copies`` x the chips the placement spans)."""
+    seconds of collectives moving ``link_bytes`` (the devices: ``copies`` x the chips the placement spans).
+    ``comm_within``: seconds of the placement's own step that are collectives (a lowering that reduces
+    over its replicas itself), counted as communication, not compute."""
     step = run.time_s + comm
     return ScalePoint(
         chips=chips,
         batch=batch,
         time_s=step,
         throughput_samples_per_s=batch / step if step > 0 and run.fits else None,
-        compute_time_s=run.time_s,
-        comm_time_s=comm,
+        compute_time_s=run.time_s - comm_within,
+        comm_time_s=comm + comm_within,
         allocation_ratio=run.allocation,
         load_imbalance=run.li,
         compute_efficiency=run.efficiency,
         fits=run.fits,
         failure=run.failure,
-        dominant_bound=run.dominant_bound(comm),
+        dominant_bound=run.dominant_bound(comm + comm_within),
         memory_per_device=dict(run.memory) or None,
         chip=run,
         copies=copies,
         devices=copies * (run.plan.chips if run.plan is not None else 1),
         link_bytes=link_bytes,
     )
+
+
+def _replicas_point(graph: Graph, run: ResolvedRun, n: int, lowering: str) -> ScalePoint:
+    """``n`` data-parallel replicas placed by a lowering that places them itself
+    (`Lowering.replicates_itself`): its plan with ``replicas`` n, each replica running the graph's
+    batch (weak scaling). The placement is the whole step's work, on every device the replicas span;
+    its gradient all-reduce (the ``gradient_reduce`` row of a training step) is the point's
+    communication."""
+    one = _run_one(graph, run.variant(replicas=n))
+    plan = one.plan
+    reduce_s = plan.step_overheads_s.get(GRADIENT_REDUCE, 0.0)
+    pt = _point_from_run(
+        one, n, plan.samples_per_step, comm=0.0, link_bytes=plan.stats.link_bytes, comm_within=reduce_s
+    )
+    pt.notes.append(
+        f"the {lowering} lowering places the replicas itself: each runs the graph's batch"
+        + (", the gradients all-reduced over them each step" if reduce_s > 0 else "")
+    )
+    pt.superlinear = plan.stats.replicas_share
+    return pt
 
 
 def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:

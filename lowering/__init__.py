@@ -127,6 +127,12 @@ class Lowering(ABC):
     """The lowering places a pipeline over several devices itself (the IPU's ``--ipus``): pipeline
     parallelism over n is its plan on n devices, not the scaling stage's stage split."""
 
+    replicates_itself: ClassVar[bool] = False
+    """The lowering places data-parallel replicas itself (the IPU's ``--replicas``: each replica's
+    devices run the graph's batch, and a training step all-reduces the gradients over them as its own
+    ``gradient_reduce`` row): data parallelism over n is its plan with n replicas, not the scaling
+    stage's copies and collective."""
+
     streams_tokens: ClassVar[bool] = False
     """The architecture's pipeline streams a prompt's tokens through its stages, activations flowing on as
     they are produced (the WSE's kernel regions), so a prefill's latency is the pipeline's period, not the

@@ -9,7 +9,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+GRADIENT_REDUCE = "gradient_reduce"
+"""The step row in which a lowering that places its own replicas (`Lowering.replicates_itself`, the
+IPU's) all-reduces their gradients: what the scaling stage reads as such a point's communication."""
+
 __all__ = [
+    "GRADIENT_REDUCE",
     "brute_force_split",
     "bubble_fraction",
     "hierarchical_allreduce_time",

@@ -128,3 +128,23 @@ def test_a_pipeline_whose_stages_offload_their_optimizer_passes_the_verifier():
     update = one.chip.timeline.busy(adam.name)
     assert update < four.time_s
     assert four.fits and four.memory_per_device["host"] > 0
+
+
+def test_ipu_data_parallel_report_counts_every_replica_and_its_reduce_once():
+    """``--chips 4 --strategy dp`` on the IPU is one plan of 4 replicas (`Lowering.replicates_itself`):
+    the step's bytes are the 4 replicas', its time no node owns is the plan's rows (the gradient
+    reduce among them) counted once, and the step is verified."""
+    from dabench_ir import api
+
+    kw = {"batch": 2, "dims": {"seq": 64}, "mode": "train"}
+    one = api.profile("gpt2-small", "bow", recompute="full", **kw)
+    dp = api.profile("gpt2-small", "bow", recompute="full", chips=4, strategy="dp", **kw)
+    assert verify(dp) == []
+    assert dp.plan.replicas == 4 and dp.extra["per_chip"]["copies"] == 1  # the placement is the whole step's
+    assert dp.totals["bytes"] == 4 * one.totals["bytes"]
+    rows = dp.timeline.overheads_s
+    reduce_s = rows["gradient_reduce"]
+    assert dp.totals["comm_time_s"] == pytest.approx(reduce_s)
+    assert dp.totals["overhead_s"] == pytest.approx(sum(rows.values()))  # the reduce once, not twice
+    assert dp.totals["time_s"] == pytest.approx(dp.timeline.step_time_s)
+    assert dp.totals["devices"] == 4

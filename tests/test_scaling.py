@@ -125,8 +125,67 @@ def test_ipu_pipelines_over_ipus_and_wse_replicates_on_the_wafer():
     assert wse.points[1].batch == 4  # two copies on the wafer, each running the graph's batch of 2
 
 
+def _ipu_trained(layers: int = 2) -> object:
+    from dabench_ir.passes.training import TrainingPass
+
+    graph = decoder(layers=layers, hidden=64, batch=2)
+    TrainingPass()(graph)
+    return graph
+
+
+def test_ipu_data_parallel_is_the_lowerings_own_replicas():
+    """``--strategy dp`` on the IPU is its lowering's ``--replicas`` (each replica on its own IPUs, the
+    gradients ring all-reduced over the IPU-Links in the step): n chips place one plan of n replicas,
+    and the point's communication is that plan's reduce, not a second all-reduce of the scaling stage."""
+    from dabench_ir.place import place
+    from dabench_ir.run import lowering_options, resolve
+
+    graph, ipu = _ipu_trained(), load_target("ipu")
+    result = scale(graph, ipu, [1, 2, 4], "dp", ProfileOptions())
+    one, two, four = result.points
+    link = ipu.link("ipu_link")
+    for pt, n in ((two, 2), (four, 4)):
+        run = resolve(graph, ipu, ProfileOptions(replicas=n), defaults=False)
+        plan, timeline, _ = place(graph, ipu, lowering_options(run))
+        reduce_s = plan.step_overheads_s["gradient_reduce"]
+        grads = sum(v.type.nbytes() for v in graph.weights())  # every weight's gradient, in its dtype
+        assert reduce_s == pytest.approx(ring_allreduce_time(grads, n, link.bandwidth_bytes_per_s))
+        assert pt.time_s == pytest.approx(timeline.step_time_s)  # the replicas' plan is the step
+        assert pt.comm_time_s == pytest.approx(reduce_s)
+        assert pt.compute_time_s == pytest.approx(timeline.step_time_s - reduce_s)
+        assert pt.batch == 2 * n and pt.devices == n  # weak scaling, one IPU a replica
+        assert pt.speedup == pytest.approx(n * one.time_s / pt.time_s)
+        assert pt.energy.dynamic_j == pytest.approx(n * one.energy.dynamic_j)  # n replicas' work
+        # replicated tensor sharding (on by default): each replica streams 1/n of the optimizer
+        # state, work one IPU does alone, so the speedup passes n and the point names why
+        assert pt.speedup > n and "replicated tensor sharding" in pt.superlinear
+    assert any("places the replicas itself" in note for note in four.notes)
+    # without the sharding every replica streams the whole state: below linear by the reduce
+    plain = scale(graph, ipu, [1, 2], "dp", ProfileOptions(replicated_tensor_sharding=False)).points[1]
+    assert plain.speedup < 2 and plain.superlinear is None
+
+
+def test_ipu_data_parallel_serving_scales_linearly_and_refuses_its_own_replicas():
+    graph, ipu = decoder(layers=2, hidden=64, batch=2), load_target("ipu")
+    four = scale(graph, ipu, [1, 4], "dp", ProfileOptions()).points[1]
+    assert four.comm_time_s == 0 and four.speedup == pytest.approx(4)  # no gradients to reduce
+    with pytest.raises(UserError, match=r"--replicas 2 with --strategy dp: .* drop --replicas"):
+        scale(graph, ipu, [1, 2], "dp", ProfileOptions(replicas=2))
+
+
+def test_ipu_traffic_over_its_own_links_crosses_no_node_boundary():
+    """Past one Bow-2000 (4 IPUs) the IPU's replicas reduce, and its pipeline passes activations, over
+    IPU-Links (bow.toml [topology]: IPU-Links join the machines of a POD): the points count the
+    machines but name no crossing to the gateway, which the lowering's figures do not use."""
+    ipu = load_target("ipu")
+    dp = scale(_ipu_trained(), ipu, [1, 8], "dp", ProfileOptions()).points[1]
+    pp = scale(decoder(layers=8, hidden=64, batch=8), ipu, [1, 8], "pp", ProfileOptions()).points[1]
+    for pt in (dp, pp):
+        assert pt.nodes == 2 and not pt.crosses_nodes
+
+
 @pytest.mark.parametrize(
-    ("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "pp"), ("wse", "tp", "dp")]
+    ("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "dp, pp"), ("wse", "tp", "dp")]
 )
 def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
     with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):

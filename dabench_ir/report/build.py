@@ -442,7 +442,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     tp = point.throughput_samples_per_s
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
     totals.update({key: whole.totals[key] * steps for key in _WORK_TOTALS})
-    totals.update({key: (one.get(key) or 0) * point.copies for key in ("bytes", *_BYTE_TOTALS)})
+    copies = point.copies * (one.get("copies") or 1)  # the placements a step runs, each of its own replicas
+    totals.update({key: (one.get(key) or 0) * copies for key in ("bytes", *_BYTE_TOTALS)})
     totals.update(
         {
             "intensity": totals["flops"] / totals["bytes"] if totals["bytes"] else None,
@@ -450,7 +451,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
             "period_s": point.time_s,
             # a pipelined chip's first sample takes its fill on top of the period: so does the step's
             "latency_s": point.time_s + (one.get("latency_s") or 0) - (one.get("period_s") or 0),
-            "overhead_s": (one.get("overhead_s") or 0) + point.comm_time_s,  # time no node owns: collectives too
+            # time no node owns: the chip's own rows (a reduce of its replicas among them), the collectives after
+            "overhead_s": (one.get("overhead_s") or 0) + point.time_s - (chip.time_s if chip else point.compute_time_s),
             "throughput_samples_per_s": tp,
             "achieved_flops_per_s": None if tp is None else totals["flops"] / point.time_s,
             "comm_time_s": point.comm_time_s,

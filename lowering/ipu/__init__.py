@@ -86,6 +86,7 @@ class IpuLowering(Lowering):
     Options = IpuOptions
     feed = FEED_LEVEL  # tile SRAM feeds every superstep
     pipelines_itself = True  # decoder layers pipelined over `--ipus` IPUs by this lowering
+    replicates_itself = True  # `--replicas` copies of that pipeline, the gradients all-reduced over them
 
     def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         run = IpuRun.build(ctx, target, options)

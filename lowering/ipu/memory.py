@@ -89,6 +89,7 @@ class TileMemory:
     params_on: dict[int, int] = field(default_factory=dict)  # parameters each IPU holds
     inflight_of: dict[int, int] = field(default_factory=dict)  # micro-batches its stash holds
     accum_pp: float = 0.0  # gradient-accumulator bytes per parameter
+    shard: int = 1  # replicas the optimizer state is split over (--replicated-tensor-sharding)
 
 
 def boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
@@ -278,10 +279,9 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     ctx, train, options = run.ctx, run.train, run.options
     fp16_optimizer = run.target.arch_value("fp16_optimizer_bytes_per_param", None)
     accum_pp, state_pp = state_bytes_per_param(ctx, fp16_optimizer)
-    memory = TileMemory(accum_pp=accum_pp)
+    memory = TileMemory(accum_pp=accum_pp, shard=run.replicas if options.replicated_tensor_sharding else 1)
     # auto: Graphcore's default, off-chip
     memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
-    shard = run.replicas if options.replicated_tensor_sharding else 1
     # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
     drops_cores = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
     dropped = core_internal_values(ctx) if drops_cores else frozenset()
@@ -293,7 +293,7 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
         t["program"] = run.fig.program
         t["weights"] = sum(roots.values())
         t["grad_accum"] = memory.params_on[k] * accum_pp
-        state = memory.params_on[k] * state_pp / shard
+        state = memory.params_on[k] * state_pp / memory.shard
         if memory.offchip:
             memory.offchip_bytes[k] = state
         else:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import place_node
-from dabench_ir.lowering.collectives import ring_allreduce_bytes, ring_allreduce_time
+from dabench_ir.lowering.collectives import GRADIENT_REDUCE, ring_allreduce_bytes, ring_allreduce_time
 from dabench_ir.lowering.ipu.common import trained_params
 from dabench_ir.plan import Unit
 
@@ -127,6 +127,12 @@ def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: P
     plan.step_overheads_s["optimizer"] = opt_s
     if offchip and stream is not None:
         plan.traffic_bytes[stream.name] = int(2 * sum(memory.offchip_bytes.values()))
+        if memory.shard > 1:
+            plan.stats = replace(
+                plan.stats,
+                replicas_share=f"replicated tensor sharding: each of the {memory.shard} replicas streams 1/"
+                f"{memory.shard} of the optimizer state in and out of streaming memory (--replicated-tensor-sharding)",
+            )
 
 
 def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s: float, plan: Plan) -> None:
@@ -150,5 +156,5 @@ def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s:
     if run.training and run.replicas > 1 and link is not None:
         grads = max(memory.params_on.values(), default=0) * max(memory.accum_pp, 1)
         # the ring's bandwidth term only: the IPU model has always left the link latency out
-        plan.step_overheads_s["gradient_reduce"] = ring_allreduce_time(grads, run.replicas, link.bandwidth_bytes_per_s)
+        plan.step_overheads_s[GRADIENT_REDUCE] = ring_allreduce_time(grads, run.replicas, link.bandwidth_bytes_per_s)
         plan.stats = replace(plan.stats, link_bytes=plan.stats.link_bytes + ring_allreduce_bytes(grads, run.replicas))
