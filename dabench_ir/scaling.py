@@ -828,9 +828,7 @@ def scale(
         _tree_link(target)
     if systems and target.topology is not None and target.topology.inter is not None:
         link = target.topology.inter  # what joins the systems: the tree's links
-    own_links = (  # the lowering carries the chips' traffic itself: no collective of the scaling stage's
-        systems or (strategy == "dp" and lowering.replicates_itself) or (strategy == "pp" and lowering.pipelines_itself)
-    )
+    own_links = systems or (strategy == "pp" and lowering.pipelines_itself)  # not the links between nodes
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
     single = _run_one(graph, chip_run)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
@@ -890,8 +888,9 @@ def _check_request(target: Target, lowering: Any, chips: Sequence[int], strategy
         raise UserError("--chips: chip counts must be positive integers")
     if per_node is not None and per_node < target.topology.per_node and strategy == "pp" and lowering.pipelines_itself:
         raise UserError(
-            f"--chips-per-node {per_node}: the IPU lowering places its own pipeline over IPU-Links; "
-            "a pipeline spread over machines is not modelled there"
+            f"--chips-per-node {per_node}: the {lowering.name} lowering places its own pipeline inside one "
+            f"node of {target.topology.per_node} ([topology] devices_per_node); a pipeline spread over "
+            "nodes is not modelled there: drop --chips-per-node"
         )
 
 
@@ -899,7 +898,7 @@ def _place_on_nodes(pt: ScalePoint, chips: int, topo: Any, per_node: int, strate
     """The machines a point's ``chips`` span (``per_node`` to a node), and a note where its traffic
     crosses between them: stage boundaries under ``pp``, collectives under ``dp`` and ``tp``. None
     where the lowering carries the traffic over links of its own (``own_links``: the systems'
-    weight-streaming tree, the IPU's pipeline and its replicas' reduce over IPU-Links)."""
+    weight-streaming tree, the IPU's pipeline over its IPU-Links)."""
     pt.nodes = max(1, math.ceil(chips / per_node))
     if pt.nodes == 1 or own_links:
         return

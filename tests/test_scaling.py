@@ -173,20 +173,48 @@ def test_ipu_data_parallel_serving_scales_linearly_and_refuses_its_own_replicas(
         scale(graph, ipu, [1, 2], "dp", ProfileOptions(replicas=2))
 
 
-def test_ipu_traffic_over_its_own_links_crosses_no_node_boundary():
-    """Past one Bow-2000 (4 IPUs) the IPU's replicas reduce, and its pipeline passes activations, over
-    IPU-Links (bow.toml [topology]: IPU-Links join the machines of a POD): the points count the
-    machines but name no crossing to the gateway, which the lowering's figures do not use."""
+def test_ipu_replicas_reduce_on_ipu_links_inside_a_pod64_and_through_the_gateway_past_it():
+    """The IPU-Link domain is a Pod64 (bow.toml [topology]: 16 machines of 4 IPUs in a 2D torus; Pod64s
+    joined by GW-Links): 64 replicas ring-reduce on the IPU-Links, 128 reduce hierarchically, the
+    shard of each IPU crossing the gateway (`hierarchical_allreduce_time`, bandwidth terms only)."""
+    from dabench_ir.lowering.collectives import hierarchical_allreduce_time
+
+    graph, ipu = _ipu_trained(), load_target("ipu")
+    grads = sum(v.type.nbytes() for v in graph.weights())
+    intra, inter = ipu.topology.intra.bandwidth_bytes_per_s, ipu.topology.inter.bandwidth_bytes_per_s
+    assert ipu.topology.per_node == 64
+    pod, two_pods = scale(graph, ipu, [64, 128], "dp", ProfileOptions()).points
+    assert pod.comm_time_s == pytest.approx(ring_allreduce_time(grads, 64, intra))
+    assert pod.nodes == 1 and not pod.crosses_nodes
+    expected = hierarchical_allreduce_time(grads, 128, 64, (intra, 0.0), (inter, 0.0))
+    assert two_pods.comm_time_s == pytest.approx(expected)
+    assert expected > ring_allreduce_time(grads, 128, intra)  # the gateway's 6.25 GB/s an IPU costs more
+    assert two_pods.nodes == 2 and two_pods.crosses_nodes
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_ipu_tensor_parallel_splits_like_popxl_and_reduces_over_the_ipu_links(train):
+    """Tensor parallelism on the IPU (Graphcore's popxl GPT-J): each IPU places its share of the
+    graph, and each split module's all-reduce is a ring over the IPU-Links, closed form."""
+    from dabench_ir.passes.training import TrainingPass
+
+    graph = decoder(layers=2, hidden=64, batch=2)
+    if train:
+        TrainingPass()(graph)
     ipu = load_target("ipu")
-    dp = scale(_ipu_trained(), ipu, [1, 8], "dp", ProfileOptions()).points[1]
-    pp = scale(decoder(layers=8, hidden=64, batch=8), ipu, [1, 8], "pp", ProfileOptions()).points[1]
-    for pt in (dp, pp):
-        assert pt.nodes == 2 and not pt.crosses_nodes
+    one, two = scale(graph, ipu, [1, 2], "tp", ProfileOptions()).points
+    collectives = split_for_tp(graph, 2)[1]
+    link = ipu.link("ipu_link")
+    expected = sum(
+        c.count * ring_allreduce_time(c.nbytes, 2, link.bandwidth_bytes_per_s, link.latency_s) for c in collectives
+    )
+    assert len(collectives) == 4 and {c.count for c in collectives} == {2 if train else 1}
+    assert two.comm_time_s == pytest.approx(expected)
+    assert two.devices == 2 and two.batch == one.batch  # both IPUs work on the same samples
+    assert two.compute_time_s < one.time_s  # each IPU runs half of every split module
 
 
-@pytest.mark.parametrize(
-    ("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("ipu", "tp", "dp, pp"), ("wse", "tp", "dp")]
-)
+@pytest.mark.parametrize(("target", "strategy", "supported"), [("rdu", "pp", "dp, tp"), ("wse", "tp", "dp")])
 def test_unsupported_strategy_is_refused_by_name(target, strategy, supported):
     with pytest.raises(UserError, match=rf"does not support --strategy {strategy}; it supports: {supported}"):
         scale(decoder(layers=2), load_target(target), [1, 2], strategy)
@@ -522,3 +550,13 @@ def test_tp_training_splits_the_token_embedding_over_the_vocabulary(headed, chip
     serve_share, serve_collectives = split_for_tp(serve, chips)
     assert serve_share.type_of(table).nbytes() == serve.type_of(table).nbytes()
     assert not any(c.module == EMBEDDING for c in serve_collectives)
+
+
+def test_ipu_pipeline_spread_over_nodes_is_refused_with_the_fix():
+    from dabench_ir.options import ScaleOptions
+
+    with pytest.raises(
+        UserError,
+        match=r"--chips-per-node 4: the ipu lowering places its own pipeline inside one node of 64.*drop --chips-per-node",
+    ):
+        scale(decoder(layers=4, hidden=64, batch=4), load_target("ipu"), [1, 8], "pp", ScaleOptions(chips_per_node=4))

@@ -21,7 +21,8 @@ this order):
   (``arch.vector_elems_per_cycle_<p>``), the most loaded IPU's;
 - ``optimizer``: the update on the tiles' fp32 vector lanes, or at streaming-memory bandwidth
   when its state is off-chip (`place_optimizer`);
-- ``gradient_reduce``: the gradient ring all-reduce over replicas.
+- ``gradient_reduce``: the gradient all-reduce over replicas (`gradient_reduce_s`): a ring on the
+  IPU-Links inside a Pod64, hierarchical through the gateway past it.
 
 `add_step_costs` is the lowering's step that adds them. Not modelled (no published figure): the
 host's own time per ``poptorch`` call (Python, ``setOptimizer`` each call in the example), spread
@@ -35,7 +36,12 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import place_node
-from dabench_ir.lowering.collectives import GRADIENT_REDUCE, ring_allreduce_bytes, ring_allreduce_time
+from dabench_ir.lowering.collectives import (
+    GRADIENT_REDUCE,
+    hierarchical_allreduce_time,
+    ring_allreduce_bytes,
+    ring_allreduce_time,
+)
 from dabench_ir.lowering.ipu.common import trained_params
 from dabench_ir.plan import Unit
 
@@ -51,6 +57,7 @@ __all__ = [
     "adam_cycles",
     "add_step_costs",
     "grad_accumulate_s",
+    "gradient_reduce_s",
     "host_input_bytes",
     "host_streams_s",
     "place_optimizer",
@@ -152,9 +159,21 @@ def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s:
             plan.step_overheads_s["grad_accumulate"] = accumulate
     if pipeline.sections.optimizer:
         place_optimizer(run, pipeline, memory, plan)
-    link = run.fig.link
-    if run.training and run.replicas > 1 and link is not None:
+    if run.training and run.replicas > 1 and run.fig.link is not None:
         grads = max(memory.params_on.values(), default=0) * max(memory.accum_pp, 1)
-        # the ring's bandwidth term only: the IPU model has always left the link latency out
-        plan.step_overheads_s[GRADIENT_REDUCE] = ring_allreduce_time(grads, run.replicas, link.bandwidth_bytes_per_s)
+        plan.step_overheads_s[GRADIENT_REDUCE] = gradient_reduce_s(run, pipeline, grads)
         plan.stats = replace(plan.stats, link_bytes=plan.stats.link_bytes + ring_allreduce_bytes(grads, run.replicas))
+
+
+def gradient_reduce_s(run: IpuRun, pipeline: Pipeline, grads: float) -> float:
+    """The all-reduce of each IPU's ``grads`` bytes over the replicas, the same stage of every replica
+    in one ring: on the IPU-Links inside an IPU-Link domain (the target's ``[topology]`` node, a Pod64,
+    which holds ``devices_per_node / ipus`` replicas), hierarchical through the gateway between domains
+    (`hierarchical_allreduce_time`). The bandwidth terms only: the IPU model has always left the link
+    latency out."""
+    topo = run.target.topology
+    if topo is None:
+        return ring_allreduce_time(grads, run.replicas, run.fig.link.bandwidth_bytes_per_s)
+    inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, 0.0)
+    per_domain = max(1, topo.per_node // pipeline.ipus)
+    return hierarchical_allreduce_time(grads, run.replicas, per_domain, (topo.intra.bandwidth_bytes_per_s, 0.0), inter)
