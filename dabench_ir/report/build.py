@@ -404,9 +404,8 @@ def _chosen(run: ResolvedRun, plan: Any) -> dict[str, Any]:
     if plan is None:
         return {}
     chosen: dict[str, Any] = {}
-    mode = plan.stats.mode
-    if mode is not None and run.target is not None and run.target.kind == "wse":
-        chosen["wse_mode"] = mode
+    if plan.stats.mode is not None:  # only the WSE lowering chooses a mode (`PlanStats.mode`)
+        chosen["wse_mode"] = plan.stats.mode
     if run.options.replicas == "auto" or plan.replicas != 1:
         chosen["replicas"] = plan.replicas
     if plan.micro_batches and run.samples.micro_batches is None:
