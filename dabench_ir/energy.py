@@ -242,11 +242,11 @@ def step_energy(
 
     Dynamic: FLOPs at the node's precision, and the bytes it moves at the memory level that
     feeds it on this target, once for each data-parallel copy the plan runs (``plan.replicas``:
-    the WSE's copies on the wafer, the IPU's replicas; a node row is one copy's node). Static: the target's static power times the chips the plan
-    spans (``P_s``). A node gets ``P_s × share × busy``, ``share`` being the part of the
-    plan's hardware it holds while it runs (`held_shares`), ``busy`` the time it really ran;
-    a node that takes no time on the timeline gets no static energy. Each overhead row of
-    the timeline gets ``P_s × its seconds``: nothing runs meanwhile. What is left of
+    the WSE's copies on the wafer, the IPU's replicas; a node row is one copy's node). Static:
+    the target's static power times the chips the plan spans (``P_s``). A node gets
+    ``P_s × share × busy``, ``share`` being the part of the plan's hardware it holds while it runs
+    (`held_shares`), ``busy`` the time it really ran; a node that takes no time on the timeline
+    gets no static energy. Each overhead row of the timeline gets ``P_s × its seconds``: nothing runs meanwhile. What is left of
     ``P_s × step time`` is the idle row: units idle while others run (the SMs a kernel does
     not use, WSE regions waiting on the bottleneck, the routing and I/O PEs, pipeline fill).
     A node's bytes are those its roofline point counts (`metrics.node_feed_intensity`: in a
