@@ -170,8 +170,8 @@ class PlanStats:
     """Where the plan keeps a KV cache, in words (None: the scenario infers it)."""
     replicas_share: str | None = None
     """A plan of several replicas placed by its lowering (the IPU's): the work one replica alone would
-    do that the replicas split among them, in words (replicated tensor sharding: each streams 1/n of
-    the optimizer state), None when each does all of it. The mechanism that lets data parallelism
+    do that the replicas split among them, in words (replicated tensor sharding: each updates 1/n of
+    the weights), None when each does all of it. The mechanism that lets data parallelism
     run faster than linear (`dabench_ir.verify`'s speedup check reads it off the scale point)."""
     link_bytes: float = 0.0
     """Bytes a plan that spans several devices moves over their chip-to-chip links per step

@@ -104,3 +104,25 @@ def test_a_training_step_pays_the_amp_time_once_more_and_nothing_else(tiny):
     assert extra_s == pytest.approx(amp_s * (1 / SHARE - 1), rel=1e-9) and extra_s > 0
     # one IPU: the cycle is every node's per-micro-batch time; m = 2 micro-batches a step
     assert full.plan.extra["cycle_s"] - half.plan.extra["cycle_s"] == pytest.approx(extra_s / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("state", ["onchip", "offchip"])
+def test_replicated_tensor_sharding_splits_the_weight_update_over_the_replicas(state):
+    """Under replicated tensor sharding each of n replicas updates its 1/n shard of the weights (popxl's
+    optimiser "operates directly on the RTS sharded ... optimiser state and variables"), and streams its
+    1/n of an off-chip state: the step's optimizer row is 1/n of one replica's, and the plan names why."""
+    from dabench_ir.passes.training import TrainingPass
+    from tests.lowering_graphs import decoder
+
+    graph = decoder(layers=2, hidden=64, batch=2)
+    TrainingPass()(graph)
+    ipu = load_target("ipu")
+    rows = {}
+    for replicas, rts in ((1, True), (4, True), (4, False)):
+        plan = lower(
+            graph, ipu, ProfileOptions(replicas=replicas, optimizer_state=state, replicated_tensor_sharding=rts)
+        )
+        rows[replicas, rts] = plan.step_overheads_s["optimizer"]
+        assert (plan.stats.replicas_share is not None) == (replicas > 1 and rts)
+    assert rows[4, True] == pytest.approx(rows[1, True] / 4)
+    assert rows[4, False] == pytest.approx(rows[1, True])  # without the sharding each updates every weight

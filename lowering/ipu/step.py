@@ -104,14 +104,17 @@ def grad_accumulate_s(run: IpuRun, memory: TileMemory) -> float:
 def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: Plan) -> None:
     """The optimizer step as a unit of its own: each IPU updates its parameters on all its tiles
     while, with the state off-chip, the state streams in and out; the slowest IPU's time is the
-    step's ``optimizer`` overhead, on the step nodes' plans as memory time."""
+    step's ``optimizer`` overhead, on the step nodes' plans as memory time. Under replicated tensor
+    sharding each replica updates its 1/n shard of the parameters and streams its 1/n of the state
+    (Graphcore's popxl GPT-J, graphcore/examples nlp/gpt_j/popxl/README.md: "the optimiser layer
+    operates directly on the RTS sharded gradient accumulators, optimiser state and variables")."""
     ctx, fig = run.ctx, run.fig
     stream, offchip = fig.stream, memory.offchip
     opt_nodes = pipeline.sections.optimizer
     per_ipu = []
     for k, params in memory.params_on.items():
         cycles = sum(adam_cycles(ctx, n, fig.lanes["fp32"], fig.special["fp32"]) for n in opt_nodes)
-        update = params * cycles / (fig.clock * fig.tiles)
+        update = params * cycles / (fig.clock * fig.tiles) / memory.shard
         moved = 2 * memory.offchip_bytes.get(k, 0.0) / stream.bandwidth_bytes_per_s if offchip and stream else 0.0
         per_ipu.append(max(update, moved))  # the state streams in and out while the tiles update
     opt_s = max(per_ipu, default=0.0)
@@ -134,12 +137,14 @@ def place_optimizer(run: IpuRun, pipeline: Pipeline, memory: TileMemory, plan: P
     plan.step_overheads_s["optimizer"] = opt_s
     if offchip and stream is not None:
         plan.traffic_bytes[stream.name] = int(2 * sum(memory.offchip_bytes.values()))
-        if memory.shard > 1:
-            plan.stats = replace(
-                plan.stats,
-                replicas_share=f"replicated tensor sharding: each of the {memory.shard} replicas streams 1/"
-                f"{memory.shard} of the optimizer state in and out of streaming memory (--replicated-tensor-sharding)",
-            )
+    if memory.shard > 1:
+        n = memory.shard
+        plan.stats = replace(
+            plan.stats,
+            replicas_share=f"replicated tensor sharding: each of the {n} replicas updates 1/{n} of the weights"
+            + (f" and streams 1/{n} of the optimizer state" if offchip and stream else "")
+            + " (--replicated-tensor-sharding)",
+        )
 
 
 def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s: float, plan: Plan) -> None:
