@@ -140,11 +140,16 @@ def test_ipu_data_parallel_report_counts_every_replica_and_its_reduce_once():
     one = api.profile("gpt2-small", "bow", recompute="full", **kw)
     dp = api.profile("gpt2-small", "bow", recompute="full", chips=4, strategy="dp", **kw)
     assert verify(dp) == []
-    assert dp.plan.replicas == 4 and dp.extra["per_chip"]["copies"] == 1  # the placement is the whole step's
-    assert dp.totals["bytes"] == 4 * one.totals["bytes"]
+    per_chip = dp.extra["per_chip"]
+    assert dp.plan.replicas == 4 and per_chip["copies"] == 4  # four IPUs each do the node rows' work
+    assert per_chip["bytes"] == one.totals["bytes"] and dp.totals["bytes"] == 4 * one.totals["bytes"]
+    assert per_chip["energy_j"] == pytest.approx(dp.totals["energy_j"] / 4, rel=0.05)  # the links' aside
     rows = dp.timeline.overheads_s
     reduce_s = rows["gradient_reduce"]
     assert dp.totals["comm_time_s"] == pytest.approx(reduce_s)
     assert dp.totals["overhead_s"] == pytest.approx(sum(rows.values()))  # the reduce once, not twice
     assert dp.totals["time_s"] == pytest.approx(dp.timeline.step_time_s)
     assert dp.totals["devices"] == 4
+    assert dp.totals["copies"] == 1 and dp.totals["step_flops"] == dp.totals["flops"] == 4 * one.totals["flops"]
+    text = render_table(dp, color=False, width=200)
+    assert "copies a step" not in text and "  one chip   " in text  # the step's work once, one IPU's apart

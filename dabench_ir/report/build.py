@@ -430,21 +430,25 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     whole = build_report(graph, run=run)  # the unsplit graph: one replica's step
     steps = point.batch / max(run.samples.per_replica, 1)  # replica steps in the multi-chip step
     one = report.totals
+    replicas = one.get("copies") or 1  # the placement's own data-parallel copies (the IPU's replicas)
+    copies = point.copies * replicas  # chips doing the node rows' work each step (1: the placement is the whole step's)
+    energy = one.get("energy_j")
     report.extra["per_chip"] = {
         **{key: one.get(key) for key in (*_WORK_TOTALS, "bytes", "intensity")},
         "params": report.model.get("params"),
-        "copies": point.copies,  # chips doing this work each step (1: the placement is the whole step's)
+        "copies": copies,
         "time_s": point.compute_time_s,
         "overhead_s": one.get("overhead_s"),
-        "energy_j": one.get("energy_j"),
+        "energy_j": None if energy is None else energy / replicas,
     }
     tp = point.throughput_samples_per_s
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
     totals.update({key: whole.totals[key] * steps for key in _WORK_TOTALS})
-    copies = point.copies * (one.get("copies") or 1)  # the placements a step runs, each of its own replicas
     totals.update({key: (one.get(key) or 0) * copies for key in ("bytes", *_BYTE_TOTALS)})
     totals.update(
         {
+            "copies": 1,  # the work and bytes above are already every copy's
+            "step_flops": totals["flops"],
             "intensity": totals["flops"] / totals["bytes"] if totals["bytes"] else None,
             "time_s": point.time_s,
             "period_s": point.time_s,
