@@ -234,6 +234,63 @@ def test_inference_without_data_propagation_only_where_every_output_is_declared_
         infer_checked(refused, declared_static=True)
 
 
+def test_a_declared_static_model_is_checked_in_parts_as_the_whole_model_is(monkeypatch):
+    """Inference in parts of two nodes refuses what inference of the whole model refuses and passes what it
+    passes: a declared shape its producer contradicts a part after the constant that fixes it (the Constant
+    node is copied into the part that reads it), and an op refusing its inputs in the last part; a model that
+    passes is returned as it is."""
+    import onnx
+    from onnx import parser
+
+    from dabench_ir.errors import InputError
+    from dabench_ir.frontends import checks
+
+    def model(reshaped: list[int], weight_rows: int) -> onnx.ModelProto:
+        """``C`` and ``D`` declared ``reshaped`` (the constant says [4, 8]); ``E = D @ W``, W ``weight_rows`` x 3."""
+        out = [reshaped[0], 3]
+        proto = parser.parse_model(
+            f"""<ir_version: 8, opset_import: ["" : 17]>
+            g (float[2,16] A) => (float{out} E) {{
+                s = Constant<value = int64[2] {{4, 8}}>()
+                B = Relu(A)
+                C = Reshape(B, s)
+                D = Relu(C)
+                E = MatMul(D, W)
+            }}"""
+        )
+        proto.graph.initializer.append(
+            onnx.helper.make_tensor("W", onnx.TensorProto.FLOAT, [weight_rows, 3], [0.0] * weight_rows * 3)
+        )
+        declared = {"s": (onnx.TensorProto.INT64, [2]), "B": (onnx.TensorProto.FLOAT, [2, 16])}
+        declared |= {"C": (onnx.TensorProto.FLOAT, reshaped), "D": (onnx.TensorProto.FLOAT, reshaped)}
+        proto.graph.value_info.extend(onnx.helper.make_tensor_value_info(n, t, s) for n, (t, s) in declared.items())
+        assert checks.check_onnx_model(proto) is True
+        return proto
+
+    def whole_refuses(proto: onnx.ModelProto) -> bool:
+        try:
+            onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=False)
+        except onnx.shape_inference.InferenceError:
+            return True
+        return False
+
+    def parts_refuse(proto: onnx.ModelProto) -> bool:
+        try:
+            checks._infer_static(proto, checks.read_nodes(proto.graph))
+        except onnx.shape_inference.InferenceError:
+            return True
+        return False
+
+    monkeypatch.setattr(checks, "INFER_PART_NODES", 2)
+    # the contradiction is seen only through the constant, two parts before the Reshape; the rest agrees
+    good, contradicted, refused = model([4, 8], 8), model([8, 4], 4), model([4, 8], 7)
+    assert [whole_refuses(m) for m in (good, contradicted, refused)] == [False, True, True]
+    assert [parts_refuse(m) for m in (good, contradicted, refused)] == [False, True, True]
+    assert checks.infer_checked(good, declared_static=True) is good
+    with pytest.raises(InputError, match="Incompatible dimensions"):
+        checks.infer_checked(refused, declared_static=True)
+
+
 def test_collector_settings_of_a_command_line_run(tiny_matmul_path):
     """`main` raises the young-generation threshold; it freezes what is left only when it runs the process's
     own command line (argv None), never for a caller that goes on (tests, the API)."""

@@ -231,12 +231,14 @@ def _module_of(scopes: str) -> str | None:
     return None
 
 
-def _inferred(model: onnx.ModelProto, path: Path | None, declared_static: bool) -> onnx.ModelProto:
+def _inferred(
+    model: onnx.ModelProto, path: Path | None, declared_static: bool, nodes: list[NodeRead]
+) -> onnx.ModelProto:
     """``model`` after ONNX shape inference (`infer_checked`: an op whose shapes its own rule refuses
     is an InputError; any other failure is best effort, warned) and the types of the optimisers'
     com.microsoft ops, which ONNX inference does not know."""
     try:
-        model = infer_checked(model, path, declared_static=declared_static)
+        model = infer_checked(model, path, declared_static=declared_static, nodes=nodes)
     except InputError:
         raise
     except Exception as exc:  # shape inference is best effort; untyped values surface later
@@ -346,7 +348,7 @@ def load_onnx(
         _drop_tensor_data(model.graph, protos)
     exported = model
     if infer_shapes:
-        model = _inferred(model, path, declared_static)
+        model = _inferred(model, path, declared_static, protos)
     g = model.graph
     metadata = {p.key: p.value for p in model.metadata_props}
     values, graph_inputs, output_names = _read_values(g, metadata, tied)
