@@ -14,7 +14,17 @@ from dabench_ir.errors import UserError
 from dabench_ir.fileio import write_output, write_with
 from dabench_ir.ir import Cost
 
-__all__ = ["COST_FIELDS", "SCHEMA", "NodeRecord", "Report", "check_report_dict", "csv_cell", "json_safe"]
+__all__ = [
+    "COST_FIELDS",
+    "SCHEMA",
+    "NodeRecord",
+    "Report",
+    "check_report_dict",
+    "csv_cell",
+    "json_bytes",
+    "json_safe",
+    "json_text",
+]
 
 SCHEMA = "dabench-ir/report/v1"
 
@@ -215,9 +225,10 @@ class Report:
             raise ApiError(str(exc)) from None
 
     def write_json(self, path: str | Path) -> Path:
-        """Indented for small reports; compact past a few hundred nodes, where indentation
+        """Indented for small reports; compact past a few hundred nodes (`json_bytes`), where indentation
         would force json's pure-Python encoder and dominate the whole profile's time."""
-        return write_output(self._output(path), self.to_json(indent=1 if len(self.nodes) <= 300 else None))
+        small = len(self.nodes) <= 300
+        return write_output(self._output(path), self.to_json(indent=1) if small else json_bytes(self.to_dict()))
 
     def write_csv(self, path: str | Path) -> Path:
         """One row per node, then one per step cost no node owns, so that the ``time_s`` column
@@ -392,24 +403,34 @@ def json_safe(obj: Any) -> Any:
 
 def json_text(data: Any, *, indent: int | None = None) -> str:
     """``data`` as JSON, NaN and infinity as null (JSON has neither): every report and sweep record
-    is written through here.
-
-    Compact text comes from orjson in one pass (~10x json's C encoder on a report's float-heavy
-    node rows), with json as the fallback for what orjson refuses (an integer past 64 bits).
-    orjson is asked for string keys first: its option for other keys (an int or None key, written
-    as its text) doubles its time on every dict (a Level-1 record 6.6 -> 3.3 ms), and the text of
-    string keys is the same either way; only data with such a key is encoded a second time.
-    Indented text (small reports, for people) comes from json; its C encoder refuses a NaN, and
-    only a report holding one pays for the walk that nulls them (`json_safe`)."""
+    is written through here. Compact text is `json_bytes`'s. Indented text (small reports, for
+    people) comes from json; its C encoder refuses a NaN, and only a report holding one pays for the
+    walk that nulls them (`json_safe`)."""
     if indent is None:
-        import orjson
+        return json_bytes(data).decode()
+    return _json_dumps(data, indent=indent, separators=(",", ": "))
 
-        for option in (None, orjson.OPT_NON_STR_KEYS):
-            try:
-                return orjson.dumps(data, default=_json_default, option=option).decode()
-            except TypeError:  # orjson.JSONEncodeError is one: a key that is not a string, an int past 64 bits
-                continue
-    separators = (",", ": ") if indent is not None else (",", ":")
+
+def json_bytes(data: Any) -> bytes:
+    """``data`` as compact JSON bytes (UTF-8), NaN and infinity as null: what a file is written from,
+    without the text copy `json_text` makes (a 10,000-layer report is 250 MB).
+
+    orjson writes it in one pass (~10x json's C encoder on a report's float-heavy node rows), with
+    json as the fallback for what orjson refuses (an integer past 64 bits). orjson is asked for
+    string keys first: its option for other keys (an int or None key, written as its text) doubles
+    its time on every dict (a Level-1 record 6.6 -> 3.3 ms), and the text of string keys is the same
+    either way; only data with such a key is encoded a second time."""
+    import orjson
+
+    for option in (None, orjson.OPT_NON_STR_KEYS):
+        try:
+            return orjson.dumps(data, default=_json_default, option=option)
+        except TypeError:  # orjson.JSONEncodeError is one: a key that is not a string, an int past 64 bits
+            continue
+    return _json_dumps(data, indent=None, separators=(",", ":")).encode()
+
+
+def _json_dumps(data: Any, *, indent: int | None, separators: tuple[str, str]) -> str:
     dump = dict(indent=indent, separators=separators, default=_json_default, allow_nan=False)
     try:
         return json.dumps(data, **dump)

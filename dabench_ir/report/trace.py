@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dabench_ir.ir import Graph
-from dabench_ir.report.model import json_text
+from dabench_ir.report.model import json_bytes
 from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -527,7 +527,7 @@ def _write_doc(path: str | Path, events: list[dict[str, Any]], other: dict[str, 
 
     path = Path(path)
     doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {**other, "tracks": track_count(events)}}
-    write_output(path, json_text(doc))  # NaN and infinity as null
+    write_output(path, json_bytes(doc))  # NaN and infinity as null
     logger.info("wrote Chrome trace %s (%d events, %d tracks)", path, len(events), track_count(events))
     return path
 
