@@ -50,8 +50,8 @@ def test_the_report_total_adds_each_cost_field_as_sum_does():
 
     costs = [Cost(1, 2, 3, 4, 5, 6), Cost(10, 0, 0, 1, 1, 1), Cost(0.1, 0, 0, 0, 0, 2**70), Cost(0.2, 7)]
     for part in (costs, costs[:1], [], list(reversed(costs))):
-        assert _total(iter(part)) == sum(part, Cost())
-    assert _total(iter(costs)).contraction_flops == 0 + 1 + 10 + 0.1 + 0.2  # the same additions, in order
+        assert _total(part) == sum(part, Cost())
+    assert _total(costs).contraction_flops == 0 + 1 + 10 + 0.1 + 0.2  # the same additions, in order
 
 
 def test_the_lowerings_notes_reach_every_rendering():

@@ -276,20 +276,22 @@ def _check_wiring(
                 if out in defined:
                     define(out, i)  # raises, naming both
                 defined[out] = i
-    visible = outer | frozenset(defined)
+    seen_by_subgraphs: frozenset[str] | None = None  # what a subgraph reads from here or above: built at the first
     version = opsets.get("")  # the standard ops' opset; None: no standard op is checked
     for node, op_type, domain, inputs, outputs, attributes in nodes:
         if version is not None and domain in ("", "ai.onnx"):  # contrib and custom ops: their own rules (or none)
             _check_arity(node, op_type, inputs, len(outputs), version, where)
         for name in inputs:
-            if name and name not in visible:
+            if name and name not in defined and name not in outer:
                 raise InputError(
                     f"{where}{_node_label(node)} reads tensor {name!r}, which no input, initializer or node "
                     "defines; fix the model"
                 )
         if attributes:
             for g in _subgraphs(attributes):
-                _check_wiring(g, visible, opsets, where)
+                if seen_by_subgraphs is None:
+                    seen_by_subgraphs = outer | frozenset(defined)
+                _check_wiring(g, seen_by_subgraphs, opsets, where)
 
 
 @functools.cache
