@@ -1,8 +1,9 @@
 """`place`: one graph on one target, through every stage after costing.
 
 lower (the target's `Lowering`) -> emulate (the Plan as a discrete-event simulation) ->
-metrics. `profile`, `--target a,b,c` (cost once, place many), `demo`, `sweep` and
-`scale` all place a costed graph through this one function.
+metrics. `dabench_ir.run.execute` places a run's costed graph through this function (`profile`,
+`--target a,b,c`, `demo`, `sweep`), and `scaling` each chip's share; `run.placed` (a why line's
+variant: no metrics) and `run.placement` (a fit check: no emulation) take its first stages alone.
 """
 
 from __future__ import annotations
