@@ -378,14 +378,15 @@ def _infer_static(model: onnx.ModelProto, nodes: list[NodeRead]) -> None:
     earlier parts produce as inputs of their declared types, its initializers and the Constant nodes
     it reads are copied in (an op whose output shape follows from a constant input still sees it),
     and the types it produces are declared, so inference checks each of them against its producer's
-    rule as it does in the whole graph. Raises `onnx.shape_inference.InferenceError` as inference of
-    the whole model would."""
+    rule as it does in the whole graph. A model of at most `INFER_PART_NODES` nodes, or one holding
+    sparse initializers, is inferred whole. Raises `onnx.shape_inference.InferenceError` as inference
+    of the whole model would."""
     import onnx
 
-    if len(nodes) <= INFER_PART_NODES:
+    g = model.graph
+    if len(nodes) <= INFER_PART_NODES or len(g.sparse_initializer):  # one part: the model as it is
         onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=False)
         return
-    g = model.graph
     declared = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
     graph_outputs = {vi.name for vi in g.output}
     initializers = {t.name: t for t in g.initializer}
