@@ -290,8 +290,8 @@ def _add_measured(record: NodeRecord, measurement: Any) -> None:
 
 
 def _total(costs: Sequence[Cost]) -> Cost:
-    """``sum(costs, Cost())``, one field at a time (the same numbers) instead of a Cost built per node:
-    no record a node either (a transposed table of a 360,000-node model's costs took 3 s to build)."""
+    """``sum(costs, Cost())``, one field at a time (the same numbers), without a Cost or a row built per
+    node (a transposed table of a 360,000-node model's costs took 3 s to build)."""
     return Cost(*(sum(map(operator.attrgetter(name), costs)) for name in COST_FIELDS))
 
 

@@ -402,8 +402,8 @@ def json_safe(obj: Any) -> Any:
 
 
 def json_text(data: Any, *, indent: int | None = None) -> str:
-    """``data`` as JSON, NaN and infinity as null (JSON has neither): every report and sweep record
-    is written through here. Compact text is `json_bytes`'s. Indented text (small reports, for
+    """``data`` as JSON, NaN and infinity as null (JSON has neither): every report, trace and sweep
+    record is written through here or `json_bytes`. Compact text is `json_bytes`'s, decoded. Indented text (small reports, for
     people) comes from json; its C encoder refuses a NaN, and only a report holding one pays for the
     walk that nulls them (`json_safe`)."""
     if indent is None:
