@@ -398,7 +398,7 @@ def _infer_static(model: onnx.ModelProto, nodes: list[NodeRead]) -> None:
     }
     for start in range(0, len(nodes), INFER_PART_NODES):
         part = nodes[start : start + INFER_PART_NODES]
-        produced = {out for read in part for out in read[4] if out}
+        produced = dict.fromkeys(out for read in part for out in read[4] if out)  # in node order
         sub = onnx.ModelProto(ir_version=model.ir_version)
         sub.opset_import.extend(model.opset_import)
         sub.functions.extend(model.functions)
