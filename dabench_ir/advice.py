@@ -31,12 +31,14 @@ from dabench_ir.options import KNOBS, Knob
 
 if TYPE_CHECKING:
     from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.plan import Failure
     from dabench_ir.report.model import NodeRecord, Report
     from dabench_ir.run import ResolvedRun
     from dabench_ir.timeline import Timeline
 
 __all__ = [
     "ESTIMATE_MARK",
+    "REMEDY_RUNS",
     "Advice",
     "StepTimes",
     "Trial",
@@ -45,6 +47,7 @@ __all__ = [
     "candidate_knobs",
     "fitting_knob",
     "hold_estimates",
+    "remedied",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +56,9 @@ ESTIMATE_MARK = "(estimate"
 """What the name of an overhead row resting on an estimate only contains (its label in every output)."""
 
 Change = tuple[Knob, Any]
+
+REMEDY_RUNS = 6
+"""Runs the fitting search gives a failure's remedy and the remedies after it (`remedied`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +94,8 @@ class StepTimes:
 @dataclass(frozen=True, slots=True)
 class Trial:
     """One variant run: the knob changes made, the run, and what its placement gave: whether it
-    fits, and its `StepTimes` (estimate-only overheads held at the base report's, `hold_estimates`).
+    fits (``failure``: why not), and its `StepTimes` (estimate-only overheads held at the base
+    report's, `hold_estimates`).
 
     ``report`` is the variant's whole Report when the variant makes a plan fit that did not
     (`fitting_knob` hands it on, so it is not executed again); otherwise only those figures are
@@ -100,6 +107,7 @@ class Trial:
     times: StepTimes
     fits: bool
     report: Report | None = None
+    failure: Failure | None = None
 
     @property
     def knob(self) -> Knob:
@@ -275,7 +283,8 @@ class VariantRuns:
             if made_fit and shared:  # a report handed on owns its graph
                 variant = dataclasses.replace(variant, graph=self.report.graph.clone())
             report = variant.report() if made_fit else None
-            trial = Trial(changes, report.run if report else variant.run, times, variant.fits, report)
+            run = report.run if report else variant.run
+            trial = Trial(changes, run, times, variant.fits, report, variant.plan.failure)
         self._done[key] = trial
         return trial
 
@@ -291,13 +300,17 @@ def _placeable(report: Report) -> bool:
 
 
 def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None = None) -> Trial | None:
-    """For a plan that does not fit: the smallest knob change whose variant run fits — one
-    candidate (a count doubled up to ``doublings`` times), else two together (64 tries at most);
-    the `Trial` (its ``run`` and its ``report``, to use as it is), or None. ``runs``: the variant
-    runs already made for ``report`` (`VariantRuns`), reused."""
+    """For a plan that does not fit: the smallest knob change whose variant run fits — the
+    failure's own remedy (`remedied`, `REMEDY_RUNS` runs at most), else one candidate (a count
+    doubled up to ``doublings`` times), else two together (64 tries at most); the `Trial` (its
+    ``run`` and its ``report``, to use as it is), or None. ``runs``: the variant runs already made
+    for ``report`` (`VariantRuns`), reused."""
     if report.plan is None or report.plan.fits or report.options is None or report.run is None:
         return None
     runs = runs or VariantRuns(report)
+    found = remedied(report.plan.failure, runs, steps=REMEDY_RUNS)
+    if found is not None:
+        return found
     singles: list[Change] = []
     for k, value in candidate_knobs(report):
         if isinstance(value, int) and not isinstance(value, bool):
@@ -312,6 +325,39 @@ def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None
         trial = runs.trial(changes)
         if trial is not None and trial.fits:
             return trial
+    return None
+
+
+def remedied(failure: Failure | None, runs: VariantRuns, *, steps: int) -> Trial | None:
+    """The variant run with the failure's remedy (`Failure.remedy`, the change its lowering sized),
+    then, while that still does not fit, with the remedy of its own failure: ``steps`` runs at
+    most; the `Trial` that fits, or None.
+
+    A remedy is a bound the failure rules out below (an IPU's layers spread evenly over more IPUs),
+    so the run it names can still fall short by what the bound leaves out (whole layers, a layout
+    that balances weights and not memory). A count that fell short is raised to at least itself
+    plus a stride that doubles with each run (1, 2, 4, ...), so the search reaches a fit in a few
+    runs, not one per unit."""
+    from dabench_ir.options import KNOBS
+
+    changes: dict[str, Any] = {}
+    stride = 1
+    for _ in range(steps):
+        if failure is None or not failure.remedy:
+            return None
+        remedy = dict(failure.remedy)
+        for name, value in remedy.items():
+            short = changes.get(name)
+            if isinstance(short, int) and isinstance(value, int):
+                remedy[name] = max(value, short + stride)
+                stride *= 2
+        if all(changes.get(k) == v for k, v in remedy.items()):
+            return None
+        changes.update(remedy)
+        trial = runs.trial([(KNOBS[name], value) for name, value in changes.items()])
+        if trial is None or trial.fits:
+            return trial
+        failure = trial.failure
     return None
 
 

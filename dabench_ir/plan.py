@@ -32,14 +32,29 @@ class Schedule(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why a plan cannot run: the reason and, for capacity failures, bytes needed and held."""
+    """Why a plan cannot run: the reason and, for capacity failures, bytes needed and held.
+
+    ``remedy``: the option values the reason names as the fix, when the lowering can size one
+    (``(("ipus", 52),)`` for "use more IPUs (--ipus 52 or more)"), by option field name. It is the
+    least the failure itself rules out, not a promise that the change fits: the fitting search
+    (`dabench_ir.advice.fitting_knob`) places it first and follows the remedy of what it places.
+    """
 
     reason: str
     needed_bytes: int | None = None
     capacity_bytes: int | None = None
+    remedy: tuple[tuple[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "needed_bytes": self.needed_bytes, "capacity_bytes": self.capacity_bytes}
+        """The report's ``failure``; ``remedy`` only when the lowering sized one."""
+        out: dict[str, Any] = {
+            "reason": self.reason,
+            "needed_bytes": self.needed_bytes,
+            "capacity_bytes": self.capacity_bytes,
+        }
+        if self.remedy:
+            out["remedy"] = dict(self.remedy)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +229,17 @@ class Plan:
         """Samples one step processes: the graph's batch on every data-parallel copy."""
         return self.batch * self.replicas
 
-    def fail(self, reason: str, needed: float | None = None, capacity: float | None = None) -> None:
-        """Mark the plan as not fitting (the first failure is kept)."""
+    def fail(
+        self,
+        reason: str,
+        needed: float | None = None,
+        capacity: float | None = None,
+        *,
+        remedy: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        """Mark the plan as not fitting (the first failure is kept; ``remedy``: `Failure.remedy`)."""
         self.fits = False
         if self.failure is None:
             self.failure = Failure(
-                reason, None if needed is None else int(needed), None if capacity is None else int(capacity)
+                reason, None if needed is None else int(needed), None if capacity is None else int(capacity), remedy
             )

@@ -41,11 +41,27 @@ def test_fit_line_comes_from_a_variant_run(unfit_ipu):
 
 
 def test_candidates_and_fitting_search_share_their_runs(unfit_ipu):
-    alone = VariantRuns(unfit_ipu)
-    assert fitting_knob(unfit_ipu, runs=alone) is not None
-    advice = advise(unfit_ipu)
-    # the search's first try is a candidate already run for the lines: placed once, not twice
-    assert advice.placements <= len(candidate_knobs(unfit_ipu)) + alone.placements - 1
+    runs = VariantRuns(unfit_ipu)
+    advice = advise(unfit_ipu, runs=runs)
+    assert advice.placements == runs.placements == len(candidate_knobs(unfit_ipu)) + 1  # the candidates, the remedy
+    # every change the search tries again is one already placed: found from the runs made, none placed twice
+    assert fitting_knob(unfit_ipu, runs=runs) is advice.fit and runs.placements == advice.placements
+
+
+def test_the_failure_sizes_its_remedy_and_the_search_places_it_first(unfit_ipu):
+    """The IPU failure's "--ipus N or more" is a bound the run checks both ways: N - 1 IPUs still do
+    not fit, and N is the change the fitting search finds, placed before any candidate's doublings."""
+    from dabench_ir.run import execute
+
+    failure = unfit_ipu.plan.failure
+    (name, needed), *_ = failure.remedy
+    assert name == "ipus" and failure.reason.endswith(f"use more IPUs (--ipus {needed} or more)")
+    assert unfit_ipu.to_dict()["failure"]["remedy"] == {"ipus": needed}
+    short = execute(unfit_ipu.run.variant(ipus=needed - 1), unfit_ipu.graph.clone())
+    assert not short.plan.fits and short.plan.failure.remedy == (("ipus", needed),)
+    runs = VariantRuns(unfit_ipu)
+    fit = fitting_knob(unfit_ipu, runs=runs)
+    assert fit.values() == {"ipus": needed} and runs.placements == 1
 
 
 def test_refit_uses_the_variant_report(unfit_ipu, monkeypatch):
@@ -216,3 +232,41 @@ def test_an_ipu_pipelines_allocation_is_of_its_ipus():
     report = profile_graph(decoder(layers=2, hidden=256, seq=64, batch=4), "ipu", ProfileOptions(ipus=2))
     assert report.plan.stats.allocation_chips == 2
     assert 0 < max(u.allocation for u in report.plan.units) <= 1
+
+
+def test_a_remedy_that_falls_short_is_raised_by_a_doubling_stride():
+    """`remedied` follows each failure's remedy; a count that fell short (a bound that leaves out
+    whole layers) is raised to at least itself plus 1, 2, 4, ... so a fit at 55 from a bound of 52
+    takes three runs, not four."""
+    from dabench_ir.advice import Trial, remedied
+    from dabench_ir.plan import Failure
+
+    fits_from = 55
+    tried: list[dict] = []
+
+    class Runs:
+        def trial(self, changes):
+            values = {k.name: v for k, v in changes}
+            tried.append(values)
+            ok = values["ipus"] >= fits_from
+            failure = None if ok else Failure("short", remedy=(("ipus", values["ipus"] + 1),))
+            return Trial(tuple(changes), None, None, ok, None, failure)
+
+    found = remedied(Failure("too big", remedy=(("ipus", 52),)), Runs(), steps=4)
+    assert [t["ipus"] for t in tried] == [52, 53, 55] and found.values() == {"ipus": 55}
+    tried.clear()
+    fits_from = 1_000
+    assert remedied(Failure("too big", remedy=(("ipus", 52),)), Runs(), steps=4) is None
+    assert [t["ipus"] for t in tried] == [52, 53, 55, 59]  # steps bound the runs
+    assert remedied(Failure("too big"), Runs(), steps=4) is None  # no remedy, nothing placed
+
+
+def test_ipus_needed_spreads_what_layers_bring_over_the_room_the_rest_leaves():
+    from dabench_ir.lowering.ipu.memory import MEMORY_TERMS, TileMemory, ipus_needed
+
+    terms = dict.fromkeys(MEMORY_TERMS, 0.0)
+    memory = TileMemory(terms={0: {**terms, "program": 200.0, "weights": 1000.0, "matmul_temporaries": 300.0}})
+    assert ipus_needed(memory, capacity=700.0) == 5  # 1000 over the 200 left beside program and temporaries
+    assert ipus_needed(memory, capacity=500.0) is None  # program and temporaries fill it: no count helps
+    two = TileMemory(terms={0: {**terms, "program": 200.0, "weights": 100.0}, 1: {**terms, "program": 200.0}})
+    assert ipus_needed(two, capacity=250.0) == 3  # at least one IPU more than the pipeline has

@@ -243,9 +243,11 @@ def test_pipelined_training_needs_a_micro_batch_per_pipeline_stage():
         "that many micro-batches a step (gradient accumulation); this step has 2"
     )
     assert short.failure.reason.endswith("use --micro-batches 4")  # the fewest of whole samples (batch 8)
+    assert short.failure.remedy == (("micro_batches", 4),)  # what the fitting search places first
     assert short.failure.needed_bytes is None and short.failure.capacity_bytes is None  # not a capacity: no bytes
     small = lower(_train(4, batch=2), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=2))
     assert small.failure.reason.endswith("use a --batch of 3 or more, one sample a micro-batch")  # no divisor of 2
+    assert small.failure.remedy == ()  # the batch is the run's, not a target knob
     assert lower(g, IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=3)).fits
     assert lower(g, IPU, ProfileOptions(layers_per_ipu="4", micro_batches=1)).fits
     assert lower(decoder(layers=4, hidden=64, seq=16), IPU, ProfileOptions(layers_per_ipu="2,2", micro_batches=1)).fits

@@ -8,7 +8,7 @@ micro-batches in flight (with ``--recompute selective`` each layer's saved tenso
 attention core's scores), one layer's live activations, matmul temporaries as their (serialised)
 plans need them, and the inter-IPU exchange buffers. `tile_memory` is the lowering's step that
 adds them up per IPU; `place_units` turns them into the plan's units and fails a plan that
-overflows (`overflow_message`, `ipus_needed`).
+overflows (`overflow`, `ipus_needed`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKWARD_KERNELS",
+    "HINTS",
     "MEMORY_TERMS",
+    "SPREAD_TERMS",
     "Phase",
     "TileMemory",
     "boundary_bytes",
     "core_internal_values",
     "ipus_needed",
-    "overflow_message",
+    "overflow",
     "param_count",
     "place_units",
     "saved_bytes",
@@ -328,13 +330,8 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         if k in offchip_bytes and stream is not None:
             plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
         if resident > capacity:
-            plan.fail(
-                overflow_message(
-                    k, t, resident, capacity, memory.inflight_of.get(k, 0), run.recompute, run.training, n_ipus
-                ),
-                resident,
-                capacity,
-            )
+            reason, remedy = overflow(k, t, resident, capacity, memory.inflight_of.get(k, 0), run, memory)
+            plan.fail(reason, resident, capacity, remedy=remedy)
         if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
             plan.fail(
                 f"IPU {k} needs {offchip_bytes[k] / 1e9:.1f} GB of streaming memory for optimizer state, "
@@ -347,37 +344,55 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
     plan.traffic_bytes[sram.name] = sum(c.bytes for c in run.ctx.costs.values())
 
 
-def overflow_message(
-    k: int,
-    t: dict[str, float],
-    resident: float,
-    capacity: float,
-    inflight: int,
-    recompute: bool,
-    training: bool,
-    n_ipus: int,
-) -> str:
-    """The failure line: the IPU, its total, the part that overflows most, and what to try."""
+SPREAD_TERMS = ("weights", "grad_accum", "optimizer_state", "stash")
+"""The terms a layer brings with it, which more IPUs share out; each IPU holds the others (program
+memory, its layers' outlined code, one layer's live activations and matmul temporaries, exchange
+buffers) whatever its layers."""
+
+HINTS = {
+    "matmul_temporaries": "lower --matmul-proportion",
+    "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
+}
+"""What to try when matmul temporaries or optimizer state overflow most (a stash's and live
+activations' fix depends on the run: `overflow`)."""
+
+
+def overflow(
+    k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, run: IpuRun, memory: TileMemory
+) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """The failure line of IPU ``k`` (its total, the part that overflows most, and what to try) and
+    its remedy (`Failure.remedy`): ``--ipus`` `ipus_needed`, when more IPUs leave room."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
-    hint = {
+    hints = {
+        **HINTS,
         "stash": "use --recompute"
-        if training and not recompute
+        if run.training and not run.recompute
         else "put fewer layers on early IPUs (--layers-per-ipu)",
-        "matmul_temporaries": "lower --matmul-proportion",
-        "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
         "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
-        + ("" if recompute or not training else " or --recompute"),
-    }.get(largest, f"use more IPUs (--ipus {ipus_needed(t, capacity, n_ipus)} or more)")
+        + ("" if run.recompute or not run.training else " or --recompute"),
+    }
+    needed = ipus_needed(memory, capacity)
+    more = None if needed is None else f"use more IPUs (--ipus {needed} or more)"
+    if largest in hints:
+        hint = hints[largest] + (f", or {more}" if more else "")
+    else:
+        hint = more or "more IPUs do not help: what each IPU holds whatever its layers fills it"
     extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
-    return (
+    reason = (
         f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
         f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
     )
+    return reason, (() if needed is None else (("ipus", needed),))
 
 
-def ipus_needed(t: dict[str, float], capacity: float, n_ipus: int) -> int:
-    """IPUs that would hold this IPU's load spread evenly, each paying its own program memory."""
-    spare = capacity - t["program"]
-    spread = sum(v for name, v in t.items() if name != "program") * n_ipus
-    return max(n_ipus + 1, math.ceil(spread / spare)) if spare > 0 else n_ipus + 1
+def ipus_needed(memory: TileMemory, capacity: float) -> int | None:
+    """The fewest IPUs that could hold the pipeline: what its layers bring (`SPREAD_TERMS`, summed
+    over every IPU) spread evenly over the room each IPU has beside what it holds whatever its
+    layers (the most any IPU holds of the other terms), and at least one more IPU than now. A
+    bound the failure rules out below, not a layout that fits (a layer is not split, exchange
+    buffers grow with the IPUs); None when that room is nil, as no number of IPUs helps."""
+    terms = memory.terms.values()
+    spread = sum(t.get(name, 0.0) for t in terms for name in SPREAD_TERMS)
+    room = capacity - max(sum(v for name, v in t.items() if name not in SPREAD_TERMS) for t in terms)
+    return max(len(memory.terms) + 1, math.ceil(spread / room)) if room > 0 else None

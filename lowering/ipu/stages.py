@@ -187,7 +187,8 @@ def check_accumulation(pipeline: Pipeline, m: int, batch: int, training: bool, p
     plan.fail(
         f"pipelined training runs {depth} forward and backward pipeline stages over {pipeline.ipus} IPUs "
         f"and PopART needs at least that many micro-batches a step (gradient accumulation); this step has {m}: "
-        f"use {fix}"
+        f"use {fix}",
+        remedy=(("micro_batches", enough),) if enough else (),
     )
 
 
