@@ -128,7 +128,7 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
         plan.step_overheads_s["wse_grad_writeback"] = lw / wafer.ext.bandwidth_bytes_per_s
         plan.step_overheads_s["wse_memoryx_update"] = lw / wafer.ext.bandwidth_bytes_per_s
         _place_optimizer(ctx, target, plan, wafer)
-    _check_fit(plan, wafer, need, mb, layers, keep, working, max_w, total_w + state)
+    _check_fit(plan, wafer, need, mb, batch, layers, keep, working, max_w, total_w + state)
     return plan
 
 
@@ -265,14 +265,16 @@ def _check_fit(
     wafer: _Wafer,
     need: Callable[[int], float],
     mb: int,
+    batch: int,
     layers: int,
     keep: int,
     working: int,
     max_w: int,
     memoryx_bytes: int,
 ) -> None:
-    """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does,
-    or when the weights and optimizer state overflow MemoryX."""
+    """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does
+    (the remedy: the fewest micro-batches whose lanes fit), or when the weights and optimizer state
+    overflow MemoryX."""
     sram = wafer.sram
     if need(1) > wafer.sram_bytes:
         plan.fail(
@@ -284,11 +286,15 @@ def _check_fit(
             wafer.sram_bytes,
         )
     elif need(mb) > wafer.sram_bytes:
+        lane = int((wafer.sram_bytes - 2 * max_w) // (keep + working))  # the largest whose need fits
+        enough = batch // (lane + 1) + 1  # the fewest micro-batches whose lane (batch // m, `_lane`) is no larger
         plan.fail(
             f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
-            f"{wafer.usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable (use more --micro-batches)",
+            f"{wafer.usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable "
+            f"(use more micro-batches: --micro-batches {enough}, lanes of {lane} or fewer samples)",
             need(mb),
             wafer.sram_bytes,
+            remedy=(("micro_batches", enough),),
         )
     if memoryx_bytes > wafer.ext.capacity_bytes:
         plan.fail(
