@@ -75,3 +75,60 @@ def one_finding_study(defaults: dict, axes: dict, **finding) -> dict:
         "experiment": {"e": {"defaults": defaults, "axes": axes}},
         "finding": [{k: v for k, v in base.items() if v is not None}],
     }
+
+
+IN_BLOCK = "/layers.0/mlp/MatMul"
+"""A node name whose scope is decoder block 0 (where weight quantisation applies)."""
+
+
+def matmul_softmax(path, *, k: int = 8, opset: int = 17, name: str | None = None) -> str:
+    """``y = Softmax(MatMul(x, W))`` with x [4, k] and W [k, 16] = arange(16 k) / 16 k, saved to ``path``:
+    the MLIR precision and quantisation tests' model. ``name``: the MatMul's node name, its scope
+    (`IN_BLOCK` puts it in decoder block 0)."""
+    import numpy as np
+    import onnx
+    import onnx.parser
+    from onnx import numpy_helper
+
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        tiny (float[4,{k}] x) => (float[4,16] y) {{
+            m = MatMul(x, W)
+            y = Softmax<axis = -1>(m)
+        }}
+        """
+    )
+    if name is not None:
+        proto.graph.node[0].name = name
+    weight = np.arange(16 * k, dtype=np.float32).reshape(k, 16) / (16 * k)
+    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
+    onnx.save(proto, path)
+    return str(path)
+
+
+def weightless(path, *, dynamic: bool = False, **config) -> str:
+    """``ModelConfig(**config)`` exported weight-free to ``path`` (``dynamic``: a symbolic batch and
+    sequence); the test is skipped where torch is not installed."""
+    import pytest
+
+    pytest.importorskip("torch")
+    from dabench_ir.models import ModelConfig, export_model
+
+    export_model(ModelConfig(**config), path, weights="none", dynamic=dynamic)
+    return str(path)
+
+
+def seeded_small_decoders(families: tuple[str, ...] = ("gpt2", "llama")) -> list:
+    """(family, model) for each family: its `small_decoder`, made `trained_looking` from seed 0. The
+    test is skipped without what the exporter tests need (torch, transformers, optimum's ONNX exporter)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("optimum.exporters.onnx")
+    out = []
+    for family in families:
+        torch.manual_seed(0)
+        out.append((family, trained_looking(small_decoder(family))))
+    return out

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dabench_ir.cli import main
+from tests._helpers import weightless
 from tests.conftest import parse
 
 
@@ -184,14 +185,8 @@ def test_batch_on_a_fixed_batch_model(capsys, tiny_matmul_path):
 
 
 def test_batch_on_a_fixed_batch_export(capsys, tmp_path):
-    from dabench_ir.models import ModelConfig, export_model
-
-    pytest.importorskip("torch")
-    path = tmp_path / "b2.onnx"
-    export_model(
-        ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none"
-    )
-    code, _, err = run_cli(capsys, "profile", str(path), "--batch", "8")
+    path = weightless(tmp_path / "b2.onnx", family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2)
+    code, _, err = run_cli(capsys, "profile", path, "--batch", "8")
     assert_one_line_error(code, err, "fixed at 2", "--dynamic")
     assert main(["profile", str(path), "--batch", "2", "--quiet"]) == 0
 
@@ -199,14 +194,8 @@ def test_batch_on_a_fixed_batch_export(capsys, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_decoder(tmp_path_factory):
     """A one-block weight-free GPT-2 export (token ids [2, 4]): a model every target places."""
-    pytest.importorskip("torch")
-    from dabench_ir.models import ModelConfig, export_model
-
     path = tmp_path_factory.mktemp("knobs") / "d.onnx"
-    export_model(
-        ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2), path, weights="none"
-    )
-    return path
+    return Path(weightless(path, family="gpt2", layers=1, hidden=32, heads=2, seq=4, vocab=16, batch=2))
 
 
 @pytest.mark.parametrize(
@@ -592,15 +581,20 @@ def test_an_export_without_the_export_extra_says_what_to_install(capsys, tmp_pat
 
 def test_a_sequence_longer_than_the_learned_position_table_is_refused(capsys, tmp_path):
     """GPT-2's positions are a table: a --seq past its rows would index nothing; refused in one line."""
-    pytest.importorskip("torch")
-    from dabench_ir.models import ModelConfig, export_model
-
-    path = tmp_path / "g.onnx"
-    cfg = ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=8, vocab=16, max_positions=16)
-    export_model(cfg, path, weights="none", dynamic=True)
-    code, _, err = run_cli(capsys, "profile", str(path), "-t", "rdu", "--seq", "17", "--batch", "1", "-q")
+    path = weightless(
+        tmp_path / "g.onnx",
+        family="gpt2",
+        layers=1,
+        hidden=32,
+        heads=2,
+        seq=8,
+        vocab=16,
+        max_positions=16,
+        dynamic=True,
+    )
+    code, _, err = run_cli(capsys, "profile", path, "-t", "rdu", "--seq", "17", "--batch", "1", "-q")
     assert_one_line_error(code, err, "sequence 17", "pos_embed.weight has 16 rows", "at most 16")
-    code, _, _ = run_cli(capsys, "profile", str(path), "-t", "rdu", "--seq", "16", "--batch", "1", "-q")
+    code, _, _ = run_cli(capsys, "profile", path, "-t", "rdu", "--seq", "16", "--batch", "1", "-q")
     assert code == 0
 
 

@@ -34,7 +34,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
-from tests._helpers import SMALL, SMALL_KV_HEADS, small_decoder, trained_looking
+from tests._helpers import SMALL, SMALL_KV_HEADS, seeded_small_decoders
 
 REL_TOL = 0.05
 """Step time, relative, per target: see the module docstring (stated before the first comparison)."""
@@ -98,16 +98,12 @@ def _dynamo_exports(folder, family: str, base) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Per family, per cache (``plain``, ``past``), per exporter: the ONNX file."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("optimum.exporters.onnx")
+    models = seeded_small_decoders()
     from optimum.exporters.onnx import onnx_export_from_model
 
     folder = tmp_path_factory.mktemp("exporters")
     out: dict[str, dict[str, dict[str, str]]] = {}
-    for family in ("gpt2", "llama"):
-        torch.manual_seed(0)
-        model = trained_looking(small_decoder(family))
+    for family, model in models:
         model.save_pretrained(folder / family)
         PARAMS[family] = model.num_parameters()
         base = type(model)

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimum.exporters.onnx")
 
 from dabench_ir.cli import main  # noqa: E402
-from tests._helpers import hf_causal_lm, trained_looking  # noqa: E402
+from tests._helpers import hf_causal_lm, trained_looking, weightless  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, POSITIONS = 2, 64, 4, 2, 128, 256, 128
 PAST, SEQ = 31, 1
@@ -84,11 +84,8 @@ def test_a_combined_dim_follows_from_its_parts_and_a_contradiction_is_refused(ex
 
 
 def test_past_on_a_model_without_a_cache_is_refused(tmp_path, capsys):
-    from dabench_ir.models import ModelConfig, export_model
-
-    path = tmp_path / "g.onnx"
-    export_model(ModelConfig(family="gpt2", layers=1, hidden=32, heads=2, seq=8, vocab=16), path, weights="none")
-    assert main(["profile", str(path), "-t", "rdu", "--past", "8", "-q"]) == 2
+    path = weightless(tmp_path / "g.onnx", family="gpt2", layers=1, hidden=32, heads=2, seq=8, vocab=16)
+    assert main(["profile", path, "-t", "rdu", "--past", "8", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--past 8: the model has no KV-cache input" in err
 

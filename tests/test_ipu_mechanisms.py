@@ -7,9 +7,9 @@ import pytest
 
 import dabench_ir
 from dabench_ir.lowering import lower
-from dabench_ir.models import ModelConfig, export_model
 from dabench_ir.options import ProfileOptions
 from dabench_ir.targets import load_target
+from tests._helpers import weightless
 from tests.conftest import analyze_text, rewrite
 
 IPU = load_target("ipu")
@@ -81,10 +81,7 @@ def test_without_the_mechanism_fp32_partials_cost_nothing():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ipu_mech") / "gpt2.onnx"
-    export_model(
-        ModelConfig(family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2), path, weights="none"
-    )
-    return str(path)
+    return weightless(path, family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2)
 
 
 def test_a_training_step_pays_the_amp_time_once_more_and_nothing_else(tiny):

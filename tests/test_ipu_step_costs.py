@@ -7,8 +7,8 @@ import pytest
 
 import dabench_ir
 from dabench_ir.ir import ValueKind
-from dabench_ir.models import ModelConfig, export_model
 from dabench_ir.targets import load_target
+from tests._helpers import weightless
 
 IPU = load_target("bow")
 GATEWAY = IPU.link("gateway")
@@ -18,9 +18,7 @@ ROWS = ("pipeline_fill_drain", "host_streams", "grad_accumulate", "optimizer")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ipu_step") / "gpt2.onnx"
-    cfg = ModelConfig(family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2)
-    export_model(cfg, path, weights="none")
-    return str(path)
+    return weightless(path, family="gpt2", layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=2)
 
 
 def _train(path: str, m: int, precision: str = "fp16", **kw) -> dabench_ir.Report:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch_mlir")
@@ -10,6 +12,7 @@ pytest.importorskip("torch")
 from dabench_ir.crosscheck import cross_check, render_cross_check
 from dabench_ir.mlir import onnx_via_mlir
 from dabench_ir.pipeline import analyze
+from tests._helpers import weightless
 
 
 def _costed_load_mlir(*args, **kwargs):
@@ -34,13 +37,9 @@ EXPLAINED = {"Softmax", "Sigmoid"}
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def exported(request, tmp_path_factory):
-    from dabench_ir.models import ModelConfig, export_model
-
     family = request.param
     path = tmp_path_factory.mktemp(family) / f"{family}.onnx"
-    cfg = ModelConfig(family=family, layers=2, hidden=32, heads=2, seq=4)
-    export_model(cfg, path, weights="none")
-    return family, path
+    return family, Path(weightless(path, family=family, layers=2, hidden=32, heads=2, seq=4))
 
 
 def test_contraction_flops_agree_on_every_node(exported):

@@ -17,36 +17,20 @@ elements of y). Expected figures, written before running (docs/mlir.md, "Precisi
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-import onnx.parser
 import pytest
-from onnx import numpy_helper
 
 from dabench_ir.errors import UserError
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.pipeline import prepare_graph, profile
+from tests._helpers import IN_BLOCK, matmul_softmax
 
 pytest.importorskip("torch_mlir")
-
-TEXT = """
-<ir_version: 8, opset_import: ["" : 17]>
-tiny (float[4,8] x) => (float[4,16] y) {
-    m = MatMul(x, W)
-    y = Softmax<axis = -1>(m)
-}
-"""
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    proto = onnx.parser.parse_model(TEXT)
-    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
-    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
-    path = tmp_path_factory.mktemp("prec") / "tiny.onnx"
-    onnx.save(proto, path)
-    return str(path)
+    return matmul_softmax(tmp_path_factory.mktemp("prec") / "tiny.onnx")
 
 
 def _costs(model, target=None, **options):
@@ -109,20 +93,9 @@ def test_fp16_and_mixed_import(model, costs):
     assert [c.bytes for c in _costs(model, via="mlir", precision="mixed")] == [c.bytes for c in costs["mlir", "bf16"]]
 
 
-def _block_model(folder, opset: int) -> str:
-    """The graph with its MatMul inside decoder block 0 (the node's scope), so w8a16 quantises W."""
-    proto = onnx.parser.parse_model(TEXT.replace('"" : 17', f'"" : {opset}'))
-    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
-    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
-    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
-    path = folder / f"block{opset}.onnx"
-    onnx.save(proto, path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def block_model(tmp_path_factory):
-    return _block_model(tmp_path_factory.mktemp("w8a16"), 19)
+    return matmul_softmax(tmp_path_factory.mktemp("w8a16") / "block19.onnx", opset=19, name=IN_BLOCK)
 
 
 def test_w8a16_imports_the_weight_int8_behind_a_dequantize(block_model):
@@ -142,7 +115,7 @@ def test_w8a16_imports_the_weight_int8_behind_a_dequantize(block_model):
 def test_w8a16_before_opset_19_dequantizes_through_fp32(tmp_path):
     """Before opset 19 a DequantizeLinear's scale and output are fp32 (ONNX's DequantizeLinear-13):
     the scale is 16 x 4 B and the result is cast to the fp16 the matmul reads."""
-    mlir_mm, _ = _costs(_block_model(tmp_path, 17), via="mlir", precision="w8a16")
+    mlir_mm, _ = _costs(matmul_softmax(tmp_path / "block17.onnx", name=IN_BLOCK), via="mlir", precision="w8a16")
     assert mlir_mm.weight_bytes == 128 + 16 * 4 + 16 and mlir_mm.contraction_flops == 1024
 
 

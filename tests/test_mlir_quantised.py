@@ -16,38 +16,21 @@ both import the rest of the model at), within 10 %, and total FLOPs agree within
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-import onnx.parser
 import pytest
-from onnx import numpy_helper
 
 from dabench_ir.ir import DType
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.pipeline import prepare_graph, profile
+from tests._helpers import IN_BLOCK, matmul_softmax, weightless
 
 pytest.importorskip("torch_mlir")
-
-TEXT = """
-<ir_version: 8, opset_import: ["" : 19]>
-tiny (float[4,8] x) => (float[4,16] y) {
-    m = MatMul(x, W)
-    y = Softmax<axis = -1>(m)
-}
-"""
 
 
 @pytest.fixture(scope="module")
 def block_model(tmp_path_factory):
     """``y = Softmax(MatMul(x, W))``, the MatMul inside decoder block 0, so its weight is quantised."""
-    proto = onnx.parser.parse_model(TEXT)
-    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
-    weight = np.arange(128, dtype=np.float32).reshape(8, 16) / 128
-    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
-    path = tmp_path_factory.mktemp("quantised") / "block.onnx"
-    onnx.save(proto, path)
-    return str(path)
+    return matmul_softmax(tmp_path_factory.mktemp("quantised") / "block.onnx", opset=19, name=IN_BLOCK)
 
 
 def _matmul(model, **options):
@@ -92,13 +75,7 @@ def test_quantised_runs_record_their_precision(block_model, precision):
 @pytest.fixture(scope="module")
 def wide_block_model(tmp_path_factory):
     """``y = Softmax(MatMul(x, W))`` with W [256, 16], in decoder block 0: two int4 groups of 128 per column."""
-    proto = onnx.parser.parse_model(TEXT.replace("float[4,8] x", "float[4,256] x"))
-    proto.graph.node[0].name = "/layers.0/mlp/MatMul"
-    weight = np.arange(256 * 16, dtype=np.float32).reshape(256, 16) / 4096
-    proto.graph.initializer.append(numpy_helper.from_array(weight, "W"))
-    path = tmp_path_factory.mktemp("quantised") / "wide_block.onnx"
-    onnx.save(proto, path)
-    return str(path)
+    return matmul_softmax(tmp_path_factory.mktemp("quantised") / "wide_block.onnx", k=256, opset=19, name=IN_BLOCK)
 
 
 def test_w4a16_dequantisation_is_fused_into_the_matmul(wide_block_model):
@@ -130,14 +107,8 @@ def test_w4a16_weight_is_a_uint4_argument(wide_block_model):
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
     """A 2-block LLaMA (GQA, SwiGLU) large enough that its step on an H100 is not all host issue."""
-    pytest.importorskip("torch")
-    from dabench_ir.models import ModelConfig, export_model
-
     path = tmp_path_factory.mktemp("decoder") / "llama.onnx"
-    export_model(
-        ModelConfig(family="llama", layers=2, hidden=512, heads=8, kv_heads=4, seq=256, batch=8), path, weights="none"
-    )
-    return str(path)
+    return weightless(path, family="llama", layers=2, hidden=512, heads=8, kv_heads=4, seq=256, batch=8)
 
 
 @pytest.mark.torch

@@ -30,7 +30,7 @@ from dabench_ir.cli import main
 from dabench_ir.ir import Node, ScopeModule, layer_from_scope, model_path, model_root, module_of
 from dabench_ir.lowering._common import module_key
 from dabench_ir.study.diff import diff_reports
-from tests._helpers import small_decoder, trained_looking
+from tests._helpers import seeded_small_decoders
 
 TARGETS = ("wse2", "sn30", "bow", "a100", "h100", "h200")
 FORMS = ("plain", "wrapped", "listed")
@@ -346,14 +346,10 @@ def _export(module, path: str, dynamo: bool) -> str:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Per family, per exporter (``torchscript``, ``dynamo``), per form (`FORMS`): the file."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("optimum.exporters.onnx")
+    models = seeded_small_decoders()
     folder = tmp_path_factory.mktemp("wrapped")
     out: dict[str, dict[str, dict[str, str]]] = {}
-    for family in ("gpt2", "llama"):
-        torch.manual_seed(0)
-        model = trained_looking(small_decoder(family))
+    for family, model in models:
         model.config._attn_implementation = "eager"  # both exporters write the same attention program
         forms = dict(zip(FORMS, _forms(model.eval()), strict=True))
         out[family] = {
