@@ -266,7 +266,17 @@ def test_ipus_needed_spreads_what_layers_bring_over_the_room_the_rest_leaves():
 
     terms = dict.fromkeys(MEMORY_TERMS, 0.0)
     memory = TileMemory(terms={0: {**terms, "program": 200.0, "weights": 1000.0, "matmul_temporaries": 300.0}})
-    assert ipus_needed(memory, capacity=700.0) == 5  # 1000 over the 200 left beside program and temporaries
-    assert ipus_needed(memory, capacity=500.0) is None  # program and temporaries fill it: no count helps
+    assert ipus_needed(memory, 700.0, layers=8) == 5  # 1000 over the 200 left beside program and temporaries
+    assert ipus_needed(memory, 700.0, layers=4) is None  # one layer an IPU at most: four IPUs cannot hold it
+    assert ipus_needed(memory, 500.0, layers=8) is None  # program and temporaries fill it: no count helps
     two = TileMemory(terms={0: {**terms, "program": 200.0, "weights": 100.0}, 1: {**terms, "program": 200.0}})
-    assert ipus_needed(two, capacity=250.0) == 3  # at least one IPU more than the pipeline has
+    assert ipus_needed(two, 250.0, layers=8) == 3  # at least one IPU more than the pipeline has
+
+
+def test_a_model_whose_layers_overflow_one_an_ipu_names_no_ipu_count():
+    """Two decoder layers of 1.6 GB each: no number of IPUs holds one (the layout puts one layer an IPU at
+    most), so the line says so and gives no remedy to run; it said "--ipus 16 or more"."""
+    report = profile_graph(decoder(layers=2, hidden=8192, seq=16), "ipu", ProfileOptions())
+    failure = report.plan.failure
+    assert failure.remedy == ()
+    assert failure.reason.endswith("more IPUs do not help: its 2 decoder layer(s), one an IPU at most, still overflow")

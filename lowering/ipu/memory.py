@@ -330,7 +330,8 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         if k in offchip_bytes and stream is not None:
             plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
         if resident > capacity:
-            reason, remedy = overflow(k, t, resident, capacity, memory.inflight_of.get(k, 0), run, memory)
+            inflight = memory.inflight_of.get(k, 0)
+            reason, remedy = overflow(k, t, resident, capacity, inflight, run, memory, len(pipeline.sections.layers))
             plan.fail(reason, resident, capacity, remedy=remedy)
         if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
             plan.fail(
@@ -358,10 +359,18 @@ activations' fix depends on the run: `overflow`)."""
 
 
 def overflow(
-    k: int, t: dict[str, float], resident: float, capacity: float, inflight: int, run: IpuRun, memory: TileMemory
+    k: int,
+    t: dict[str, float],
+    resident: float,
+    capacity: float,
+    inflight: int,
+    run: IpuRun,
+    memory: TileMemory,
+    layers: int,
 ) -> tuple[str, tuple[tuple[str, int], ...]]:
     """The failure line of IPU ``k`` (its total, the part that overflows most, and what to try) and
-    its remedy (`Failure.remedy`): ``--ipus`` `ipus_needed`, when more IPUs leave room."""
+    its remedy (`Failure.remedy`): ``--ipus`` `ipus_needed`, when more IPUs leave room for the
+    pipeline's ``layers`` decoder layers."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
     hints = {
@@ -372,12 +381,16 @@ def overflow(
         "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
         + ("" if run.recompute or not run.training else " or --recompute"),
     }
-    needed = ipus_needed(memory, capacity)
+    needed = ipus_needed(memory, capacity, layers)
     more = None if needed is None else f"use more IPUs (--ipus {needed} or more)"
     if largest in hints:
         hint = hints[largest] + (f", or {more}" if more else "")
+    elif more is not None:
+        hint = more
+    elif ipus_needed(memory, capacity, None) is None:
+        hint = "more IPUs do not help: what each IPU holds whatever its layers fills it"
     else:
-        hint = more or "more IPUs do not help: what each IPU holds whatever its layers fills it"
+        hint = f"more IPUs do not help: its {layers} decoder layer(s), one an IPU at most, still overflow"
     extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
     reason = (
         f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
@@ -386,13 +399,18 @@ def overflow(
     return reason, (() if needed is None else (("ipus", needed),))
 
 
-def ipus_needed(memory: TileMemory, capacity: float) -> int | None:
+def ipus_needed(memory: TileMemory, capacity: float, layers: int | None) -> int | None:
     """The fewest IPUs that could hold the pipeline: what its layers bring (`SPREAD_TERMS`, summed
     over every IPU) spread evenly over the room each IPU has beside what it holds whatever its
     layers (the most any IPU holds of the other terms), and at least one more IPU than now. A
     bound the failure rules out below, not a layout that fits (a layer is not split, exchange
-    buffers grow with the IPUs); None when that room is nil, as no number of IPUs helps."""
+    buffers grow with the IPUs). None when that room is nil, or when it takes more IPUs than the
+    pipeline's ``layers`` decoder layers (the layout puts one layer an IPU at most): then no number
+    of IPUs helps. ``layers`` None: no such cap."""
     terms = memory.terms.values()
     spread = sum(t.get(name, 0.0) for t in terms for name in SPREAD_TERMS)
     room = capacity - max(sum(v for name, v in t.items() if name not in SPREAD_TERMS) for t in terms)
-    return max(len(memory.terms) + 1, math.ceil(spread / room)) if room > 0 else None
+    if room <= 0:
+        return None
+    needed = max(len(memory.terms) + 1, math.ceil(spread / room))
+    return None if layers is not None and needed > layers else needed
