@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKWARD_KERNELS",
-    "HINTS",
     "MEMORY_TERMS",
     "SPREAD_TERMS",
     "Phase",
@@ -350,13 +349,6 @@ SPREAD_TERMS = ("weights", "grad_accum", "optimizer_state", "stash")
 memory, its layers' outlined code, one layer's live activations and matmul temporaries, exchange
 buffers) whatever its layers."""
 
-HINTS = {
-    "matmul_temporaries": "lower --matmul-proportion",
-    "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
-}
-"""What to try when matmul temporaries or optimizer state overflow most (a stash's and live
-activations' fix depends on the run: `overflow`)."""
-
 
 def overflow(
     k: int,
@@ -373,11 +365,12 @@ def overflow(
     pipeline's ``layers`` decoder layers."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
-    hints = {
-        **HINTS,
+    hints = {  # what to try when this part overflows most
         "stash": "use --recompute"
         if run.training and not run.recompute
         else "put fewer layers on early IPUs (--layers-per-ipu)",
+        "matmul_temporaries": "lower --matmul-proportion",
+        "optimizer_state": "keep optimizer state off-chip (--optimizer-state offchip) or shard it over --replicas",
         "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
         + ("" if run.recompute or not run.training else " or --recompute"),
     }
