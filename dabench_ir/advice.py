@@ -338,8 +338,6 @@ def remedied(failure: Failure | None, runs: VariantRuns, *, steps: int) -> Trial
     that balances weights and not memory). A count that fell short is raised to at least itself
     plus a stride that doubles with each run (1, 2, 4, ...), so the search reaches a fit in a few
     runs, not one per unit."""
-    from dabench_ir.options import KNOBS
-
     changes: dict[str, Any] = {}
     stride = 1
     for _ in range(steps):

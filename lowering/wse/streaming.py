@@ -96,7 +96,8 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
         return mb * (keep + working) + 2 * max_w
 
     budget = wafer.sram_bytes - 2 * max_w  # what a lane may fill beside the double-buffered weights
-    mb = _lane(options, batch, keep + working, budget)
+    most = int(max(1, min(batch, budget // (keep + working)))) if keep + working > 0 else batch
+    mb = _lane(options, batch, most)
     n_mb = max(1, math.ceil(batch / mb))
     plan.micro_batches = n_mb
     per_layer = keep / layers if layers else 0
@@ -128,7 +129,7 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
         plan.step_overheads_s["wse_grad_writeback"] = lw / wafer.ext.bandwidth_bytes_per_s
         plan.step_overheads_s["wse_memoryx_update"] = lw / wafer.ext.bandwidth_bytes_per_s
         _place_optimizer(ctx, target, plan, wafer)
-    _check_fit(plan, wafer, need, mb, batch, layers, keep, working, max_w, total_w + state)
+    _check_fit(plan, wafer, need, mb, batch, most, layers, keep, working, max_w, total_w + state)
     return plan
 
 
@@ -178,14 +179,13 @@ def block_streams(ctx: LoweringContext, target: Target, kernels: list[WseKernel]
     return out
 
 
-def _lane(options: WseOptions, batch: int, per_sample: int, room: float) -> int:
+def _lane(options: WseOptions, batch: int, most: int) -> int:
     """The samples of one lane: the batch over ``--micro-batches``, else the largest divisor of the
-    batch whose ``per_sample`` bytes fit the ``room`` SRAM leaves beside the double-buffered weights
-    (the need grows linearly with the lane)."""
+    batch up to ``most``, the samples whose bytes fit the SRAM left beside the double-buffered
+    weights (the need grows linearly with the lane)."""
     if options.micro_batches:
         return max(1, batch // options.micro_batches)
-    bound = room // per_sample if per_sample > 0 else batch
-    return largest_divisor(batch, int(max(1, min(batch, bound))))
+    return largest_divisor(batch, most)
 
 
 def _place_blocks(
@@ -266,6 +266,7 @@ def _check_fit(
     need: Callable[[int], float],
     mb: int,
     batch: int,
+    most: int,
     layers: int,
     keep: int,
     working: int,
@@ -273,8 +274,8 @@ def _check_fit(
     memoryx_bytes: int,
 ) -> None:
     """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does
-    (the remedy: the fewest micro-batches whose lanes fit), or when the weights and optimizer state
-    overflow MemoryX."""
+    (the remedy: the fewest micro-batches whose lanes hold ``most`` samples or fewer), or when the
+    weights and optimizer state overflow MemoryX."""
     sram = wafer.sram
     if need(1) > wafer.sram_bytes:
         plan.fail(
@@ -286,12 +287,11 @@ def _check_fit(
             wafer.sram_bytes,
         )
     elif need(mb) > wafer.sram_bytes:
-        lane = int((wafer.sram_bytes - 2 * max_w) // (keep + working))  # the largest whose need fits
-        enough = batch // (lane + 1) + 1  # the fewest micro-batches whose lane (batch // m, `_lane`) is no larger
+        enough = batch // (most + 1) + 1  # the fewest micro-batches whose lane (batch // m, `_lane`) is no larger
         plan.fail(
             f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
             f"{wafer.usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable "
-            f"(use more micro-batches: --micro-batches {enough}, lanes of {lane} or fewer samples)",
+            f"(use more micro-batches: --micro-batches {enough}, lanes of {most} or fewer samples)",
             need(mb),
             wafer.sram_bytes,
             remedy=(("micro_batches", enough),),
