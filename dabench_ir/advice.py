@@ -333,11 +333,10 @@ def remedied(failure: Failure | None, runs: VariantRuns, *, steps: int) -> Trial
     then, while that still does not fit, with the remedy of its own failure: ``steps`` runs at
     most; the `Trial` that fits, or None.
 
-    A remedy is a bound the failure rules out below (an IPU's layers spread evenly over more IPUs),
-    so the run it names can still fall short by what the bound leaves out (whole layers, a layout
-    that balances weights and not memory). A count that fell short is raised to at least itself
-    plus a stride that doubles with each run (1, 2, 4, ...), so the search reaches a fit in a few
-    runs, not one per unit."""
+    A remedy can fall short where the lowering only bounds it (an IPU count under the user's
+    ``--layers-per-ipu``: the layers spread evenly, whole layers left out). A count that fell
+    short is raised to at least itself plus a stride that doubles with each run (1, 2, 4, ...),
+    so the search reaches a fit in a few runs, not one per unit."""
     changes: dict[str, Any] = {}
     stride = 1
     for _ in range(steps):

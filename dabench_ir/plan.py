@@ -35,8 +35,9 @@ class Failure:
     """Why a plan cannot run: the reason and, for capacity failures, bytes needed and held.
 
     ``remedy``: the option values the reason names as the fix, when the lowering can size one
-    (``(("ipus", 52),)`` for "use more IPUs (--ipus 52 or more)"), by option field name. It is the
-    least the failure itself rules out, not a promise that the change fits: the fitting search
+    (``(("ipus", 55),)`` for "use more IPUs (--ipus 55 or more)"), by option field name. It sizes
+    what the failure is about, not a promise that the change fits (the run it names can fail on
+    something else, or fall short where the lowering can only bound it): the fitting search
     (`dabench_ir.advice.fitting_knob`) places it first and follows the remedy of what it places.
     """
 

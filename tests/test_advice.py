@@ -273,6 +273,29 @@ def test_ipus_needed_spreads_what_layers_bring_over_the_room_the_rest_leaves():
     assert ipus_needed(two, 250.0, layers=8) == 3  # at least one IPU more than the pipeline has
 
 
+@pytest.mark.parametrize(("layers", "mode", "bound", "needed"), [(32, "inference", 6, 7), (16, "train", 6, 10)])
+def test_the_ipu_count_is_the_fewest_the_lowerings_own_layout_holds(layers, mode, bound, needed):
+    """`ipus_needed` spreads what the layers bring evenly over the room beside the rest: a bound below
+    that whole layers, the head's IPU and (in training) the early stages' larger stash leave short.
+    The failure names the count its own layout holds (`ipus_to_fit`): placed, that many IPUs hold
+    every IPU's tile memory and one fewer do not. The bound alone named 6 in both."""
+    from dabench_ir.lowering.ipu.memory import TileMemory, ipus_needed
+
+    def placed(**knobs):
+        return profile_graph(decoder(layers=layers, hidden=2048, seq=128), "ipu", ProfileOptions(mode=mode, **knobs))
+
+    def terms(report):
+        return {int(k.removeprefix("ipu")): t for k, t in report.plan.extra["memory_terms"].items()}
+
+    report = placed()
+    capacity = report.plan.failure.capacity_bytes
+    assert ipus_needed(TileMemory(terms=terms(report)), capacity, layers) == bound
+    assert report.plan.failure.remedy == (("ipus", needed),)
+    for ipus, holds in ((needed - 1, False), (needed, True)):
+        held = terms(placed(ipus=ipus)).values()
+        assert (max(sum(t.values()) for t in held) <= capacity) is holds, ipus
+
+
 def test_a_model_whose_layers_overflow_one_an_ipu_names_no_ipu_count():
     """Two decoder layers of 1.6 GB each: no number of IPUs holds one (the layout puts one layer an IPU at
     most), so the line says so and gives no remedy to run; it said "--ipus 16 or more"."""

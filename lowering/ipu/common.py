@@ -8,7 +8,7 @@ trained parameters, for `stages`, `supersteps`, `memory` and `step` alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dabench_ir.errors import UserError
@@ -95,6 +95,17 @@ class IpuFigures:
         )
 
 
+@dataclass(slots=True)
+class RunMemo:
+    """What the memory step works out once a run and every layout `memory.ipus_to_fit` tries reads
+    again: each decoder layer's activation figures (by figure and layer index, `memory.most_of_layers`)
+    and stored values (by layer index, `memory.stored_on`), and each stored value's parameters."""
+
+    layer_bytes: dict[tuple[str, int], float] = field(default_factory=dict)
+    layer_roots: dict[int, dict[str, int]] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class IpuRun:
     """One plan's inputs as every step reads them: the context, the Target and its figures, the
@@ -108,6 +119,7 @@ class IpuRun:
     m: int
     replicas: int
     train: TrainingRecord | None
+    memo: RunMemo = field(default_factory=RunMemo)
 
     @classmethod
     def build(cls, ctx: LoweringContext, target: Target, options: IpuOptions) -> IpuRun:

@@ -8,19 +8,21 @@ micro-batches in flight (with ``--recompute selective`` each layer's saved tenso
 attention core's scores), one layer's live activations, matmul temporaries as their (serialised)
 plans need them, and the inter-IPU exchange buffers. `tile_memory` is the lowering's step that
 adds them up per IPU; `place_units` turns them into the plan's units and fails a plan that
-overflows (`overflow`, `ipus_needed`).
+overflows (`overflow`), naming the IPUs that hold it (`more_ipus`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import peak_live_bytes, stored_values, training_state
 from dabench_ir.lowering.ipu.common import act_bytes, forward_cost, numel, trained_params
+from dabench_ir.lowering.ipu.stages import form_stages
 from dabench_ir.lowering.ipu.supersteps import tiles_for
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
@@ -28,6 +30,8 @@ from dabench_ir.passes.training import attention_cores, core_internal
 from dabench_ir.plan import Unit, UnitStats
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from dabench_ir.ir import Node
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.lowering.ipu.common import IpuRun
@@ -44,12 +48,16 @@ __all__ = [
     "boundary_bytes",
     "core_internal_values",
     "ipus_needed",
+    "ipus_to_fit",
+    "more_ipus",
+    "most_of_layers",
     "overflow",
     "param_count",
     "place_units",
     "saved_bytes",
     "saves_inputs",
     "state_bytes_per_param",
+    "stored_on",
     "temporaries",
     "tile_memory",
 ]
@@ -156,18 +164,49 @@ def saves_inputs(ctx: LoweringContext, node: Node) -> bool:
     return cost.vector_flops > 0 and len(acts) >= 2 and node.op_type in ("Mul", "Div")
 
 
-def param_count(ctx: LoweringContext, roots: dict[str, int]) -> int:
-    """Parameters (trainable weights) among ``roots``."""
-    graph = ctx.graph
+def param_count(ctx: LoweringContext, roots: dict[str, int], known: dict[str, int]) -> int:
+    """Parameters (trainable weights) among ``roots``; ``known``: each root's count, filled as
+    worked out (`RunMemo.params`)."""
     total = 0
     for name in roots:
-        value = graph.values.get(name)
-        if value is not None and value.kind is ValueKind.WEIGHT:
-            try:
-                total += value.type.numel(graph.bindings)
-            except UnboundSymbolError:
-                continue
+        count = known.get(name)
+        if count is None:
+            count = known[name] = _params_of(ctx, name)
+        total += count
     return total
+
+
+def _params_of(ctx: LoweringContext, name: str) -> int:
+    """Elements of the stored value ``name`` when it is a trainable weight, else 0."""
+    graph = ctx.graph
+    value = graph.values.get(name)
+    if value is None or value.kind is not ValueKind.WEIGHT:
+        return 0
+    try:
+        return value.type.numel(graph.bindings)
+    except UnboundSymbolError:
+        return 0
+
+
+def stored_on(run: IpuRun, pipeline: Pipeline, ipu: int) -> dict[str, int]:
+    """The distinct stored values the stages on ``ipu`` read, by root (`stored_values`): each
+    stage's nodes outside its layers, then its layers', each layer's worked out once a run
+    (`RunMemo.layer_roots`)."""
+    ctx, memo, layers = run.ctx, run.memo.layer_roots, pipeline.sections.layers
+    roots: dict[str, int] = {}
+    for st in pipeline.stages:
+        if st.ipu != ipu:
+            continue
+        read = [stored_values(ctx, st.others)]
+        for i in st.layers:
+            layer = memo.get(i)
+            if layer is None:
+                layer = memo[i] = stored_values(ctx, layers[i])
+            read.append(layer)
+        for part in read:
+            for root, nbytes in part.items():
+                roots.setdefault(root, nbytes)
+    return roots
 
 
 def state_bytes_per_param(ctx: LoweringContext, fp16_optimizer: float | None) -> tuple[float, float]:
@@ -197,35 +236,55 @@ def temporaries(serials: dict[str, SerialPlan], nodes: list[Node]) -> float:
     return max((serials[n.name].temporaries for n in nodes), default=0.0)
 
 
+def most_of_layers(
+    run: IpuRun, pipeline: Pipeline, figure: str, layers: list[int], work_out: Callable[[list[Node]], float]
+) -> float:
+    """The most ``figure`` any of the decoder ``layers`` (indices) holds, each layer's ``work_out``
+    of its nodes worked out once a run (`RunMemo`): every layout `ipus_to_fit` tries
+    asks again for the same layers."""
+    memo, nodes = run.memo.layer_bytes, pipeline.sections.layers
+    most = 0.0
+    for i in layers:
+        value = memo.get((figure, i))
+        if value is None:
+            value = memo[figure, i] = work_out(nodes[i])
+        most = max(most, value)
+    return most
+
+
 def _layer_phase(
     run: IpuRun,
     pipeline: Pipeline,
-    layer_nodes: list[list[Node]],
+    layers: list[int],
     inflight: int,
     t: dict[str, float],
     serials: dict[str, SerialPlan],
     dropped: frozenset[str],
 ) -> Phase:
-    """A stage's decoder layers: add their stash (``inflight`` micro-batches of it) and exchange
-    buffers to ``t``; their phase is one layer's live activations with its matmul temporaries."""
+    """A stage's decoder ``layers`` (indices): add their stash (``inflight`` micro-batches of it) and
+    exchange buffers to ``t``; their phase is one layer's live activations with its matmul temporaries."""
     ctx, m, train, training = run.ctx, run.m, run.train, run.training
+
+    def most(figure: str, work_out: Callable[[list[Node]], float]) -> float:
+        return most_of_layers(run, pipeline, figure, layers, work_out)
+
     # the layer's input, read by a recompute stash and by the exchange buffers only
-    boundary = max(boundary_bytes(ctx, ln) for ln in layer_nodes) / m if run.recompute or pipeline.ipus > 1 else 0.0
+    boundary = most("boundary", lambda ln: boundary_bytes(ctx, ln)) / m if run.recompute or pipeline.ipus > 1 else 0.0
     if training:
-        saved = max(saved_bytes(ctx, ln) for ln in layer_nodes) / m
+        saved = most("saved", lambda ln: saved_bytes(ctx, ln)) / m
     if training and run.recompute:
-        t["stash"] += len(layer_nodes) * boundary * inflight
+        t["stash"] += len(layers) * boundary * inflight
         live = saved  # one layer recomputed and differentiated at a time
     elif training:
-        kept = max(saved_bytes(ctx, ln, dropped) for ln in layer_nodes) / m if dropped else saved
-        t["stash"] += len(layer_nodes) * kept * inflight
+        kept = most("kept", lambda ln: saved_bytes(ctx, ln, dropped)) / m if dropped else saved
+        t["stash"] += len(layers) * kept * inflight
         # the one core the backward recomputes is live while it does (a fused core: on-tile)
         live = saved - kept if train.recompute_mode == "selective" else 0.0
     else:
-        live = max(peak_live_bytes(ctx, ln) for ln in layer_nodes) / m
+        live = most("live", lambda ln: peak_live_bytes(ctx, ln)) / m
     if pipeline.ipus > 1:
         t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
-    return Phase(live, temporaries(serials, [n for ln in layer_nodes for n in ln]))
+    return Phase(live, most("temporaries", lambda ln: temporaries(serials, ln)))
 
 
 def _other_phase(
@@ -255,15 +314,15 @@ def _add_stage(
     ctx, training, k = run.ctx, run.training, st.ipu
     t = memory.terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
     inflight = pipeline.in_flight(s) if training else 1
-    layer_nodes = [pipeline.sections.layers[i] for i in st.layers]
-    other = [n for n in st.nodes if n.layer is None and not any(n in ln for ln in layer_nodes)]
+    other = st.others
     phases: list[Phase] = []
-    if layer_nodes:
+    if st.layers:
         memory.inflight_of[k] = max(memory.inflight_of.get(k, 0), inflight)
-        phases.append(_layer_phase(run, pipeline, layer_nodes, inflight, t, serials, dropped))
+        phases.append(_layer_phase(run, pipeline, st.layers, inflight, t, serials, dropped))
     if other:
         phases.append(_other_phase(run, pipeline, other, t, serials))
-    distinct = (layer_nodes[0] if layer_nodes else []) + other  # identical layers share outlined code
+    first = pipeline.sections.layers[st.layers[0]] if st.layers else []
+    distinct = first + other  # identical layers share outlined code
     factor = 1 + (BACKWARD_KERNELS if training else 0)
     t["code"] += factor * run.fig.code_per * sum(tiles_for(run, n) for n in distinct if ctx.is_work(n))
     for live, tmp in phases:  # not-always-live memory peaks in the phase with the most
@@ -289,8 +348,8 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     for s, st in enumerate(pipeline.stages):
         _add_stage(run, pipeline, s, st, memory, serials, dropped)
     for k, t in memory.terms.items():
-        roots = stored_values(ctx, pipeline.nodes_on(k))
-        memory.params_on[k] = param_count(ctx, roots)
+        roots = stored_on(run, pipeline, k)
+        memory.params_on[k] = param_count(ctx, roots, run.memo.params)
         t["program"] = run.fig.program
         t["weights"] = sum(roots.values())
         t["grad_accum"] = memory.params_on[k] * accum_pp
@@ -310,6 +369,7 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
     sram, stream, capacity = fig.sram, fig.stream, fig.capacity
     n_ipus = pipeline.ipus
     offchip_bytes = memory.offchip_bytes
+    more = None  # `more_ipus`, sized once for every IPU that overflows
     for k in sorted(memory.terms):
         t = memory.terms[k]
         resident = sum(t.values())
@@ -329,8 +389,8 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         if k in offchip_bytes and stream is not None:
             plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
         if resident > capacity:
-            inflight = memory.inflight_of.get(k, 0)
-            reason, remedy = overflow(k, t, resident, capacity, inflight, run, memory, len(pipeline.sections.layers))
+            more = more or more_ipus(run, pipeline, memory, times.serials)
+            reason, remedy = overflow(k, t, resident, capacity, memory.inflight_of.get(k, 0), run, more)
             plan.fail(reason, resident, capacity, remedy=remedy)
         if stream is not None and offchip_bytes.get(k, 0) > stream.capacity_bytes:
             plan.fail(
@@ -357,12 +417,10 @@ def overflow(
     capacity: float,
     inflight: int,
     run: IpuRun,
-    memory: TileMemory,
-    layers: int,
+    more: MoreIpus,
 ) -> tuple[str, tuple[tuple[str, int], ...]]:
     """The failure line of IPU ``k`` (its total, the part that overflows most, and what to try) and
-    its remedy (`Failure.remedy`): ``--ipus`` `ipus_needed`, when more IPUs leave room for the
-    pipeline's ``layers`` decoder layers."""
+    its remedy (`Failure.remedy`): ``--ipus`` as ``more`` (`more_ipus`) sizes it, when more IPUs help."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
     hints = {  # what to try when this part overflows most
@@ -374,22 +432,33 @@ def overflow(
         "live_activations": "use fewer samples per micro-batch (more --micro-batches)"
         + ("" if run.recompute or not run.training else " or --recompute"),
     }
-    needed = ipus_needed(memory, capacity, layers)
-    more = None if needed is None else f"use more IPUs (--ipus {needed} or more)"
-    if largest in hints:
-        hint = hints[largest] + (f", or {more}" if more else "")
-    elif more is not None:
-        hint = more
-    elif ipus_needed(memory, capacity, None) is None:
-        hint = "more IPUs do not help: what each IPU holds whatever its layers fills it"
-    else:
-        hint = f"more IPUs do not help: its {layers} decoder layer(s), one an IPU at most, still overflow"
+    own = hints.get(largest)
+    hint = more.text if own is None else own + (f", or {more.text}" if more.ipus else "")
     extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
     reason = (
         f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
         f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
     )
-    return reason, (() if needed is None else (("ipus", needed),))
+    return reason, (() if more.ipus is None else (("ipus", more.ipus),))
+
+
+class MoreIpus(NamedTuple):
+    """What more IPUs do for a pipeline that overflows: the count that holds it (None: no count
+    does) and the failure line's words for it."""
+
+    ipus: int | None
+    text: str
+
+
+def more_ipus(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: dict[str, SerialPlan]) -> MoreIpus:
+    """The ``--ipus`` count that holds the overflowing pipeline (`ipus_to_fit`), or why none does."""
+    layers = len(pipeline.sections.layers)
+    needed = ipus_to_fit(run, pipeline, memory, serials)
+    if needed is not None:
+        return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more)")
+    if ipus_needed(memory, run.fig.capacity, None) is None:
+        return MoreIpus(None, "more IPUs do not help: what each IPU holds whatever its layers fills it")
+    return MoreIpus(None, f"more IPUs do not help: its {layers} decoder layer(s), one an IPU at most, still overflow")
 
 
 def ipus_needed(memory: TileMemory, capacity: float, layers: int | None) -> int | None:
@@ -397,9 +466,9 @@ def ipus_needed(memory: TileMemory, capacity: float, layers: int | None) -> int 
     over every IPU) spread evenly over the room each IPU has beside what it holds whatever its
     layers (the most any IPU holds of the other terms), and at least one more IPU than now. A
     bound the failure rules out below, not a layout that fits (a layer is not split, exchange
-    buffers grow with the IPUs). None when that room is nil, or when it takes more IPUs than the
-    pipeline's ``layers`` decoder layers (the layout puts one layer an IPU at most): then no number
-    of IPUs helps. ``layers`` None: no such cap."""
+    buffers grow with the IPUs): `ipus_to_fit` searches up from it. None when that room is nil,
+    or when it takes more IPUs than the pipeline's ``layers`` decoder layers (the layout puts one
+    layer an IPU at most): then no number of IPUs helps. ``layers`` None: no such cap."""
     terms = memory.terms.values()
     spread = sum(t.get(name, 0.0) for t in terms for name in SPREAD_TERMS)
     room = capacity - max(sum(v for name, v in t.items() if name not in SPREAD_TERMS) for t in terms)
@@ -407,3 +476,34 @@ def ipus_needed(memory: TileMemory, capacity: float, layers: int | None) -> int 
         return None
     needed = max(len(memory.terms) + 1, math.ceil(spread / room))
     return None if layers is not None and needed > layers else needed
+
+
+def ipus_to_fit(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: dict[str, SerialPlan]) -> int | None:
+    """The fewest IPUs whose layout holds every IPU's tile memory: each count laid out as ``--ipus``
+    lays it (`form_stages`) and filled as the lowering fills it (`tile_memory`, the matmuls' plans
+    ``serials`` kept: their budget is per IPU, not per layout), searched up from `ipus_needed`'s
+    bound with a doubling stride, then bisected. The count returned fits; it is the fewest where
+    the fit, once reached, holds for more IPUs (inference: each IPU's weights only shrink; in
+    training more stages hold more micro-batches' stash). The bound itself where the layout is the
+    user's (``--layers-per-ipu``) or the matmul proportion is given per IPU; None where no count up
+    to the pipeline's decoder layers fits (one layer an IPU at most)."""
+    layers = len(pipeline.sections.layers)
+    bound = ipus_needed(memory, run.fig.capacity, layers)
+    options = run.options
+    if bound is None or options.layers_per_ipu is not None or len(options.matmul_proportion) > 1:
+        return bound
+
+    @functools.cache
+    def fits(ipus: int) -> bool:
+        laid = tile_memory(run, form_stages(run.ctx, replace(options, ipus=ipus), pipeline.sections), serials)
+        return all(sum(t.values()) <= run.fig.capacity for t in laid.terms.values())
+
+    short, ipus, stride = bound - 1, bound, 1  # below the bound nothing fits
+    while not fits(ipus):
+        if ipus == layers:
+            return None
+        short, ipus, stride = ipus, min(layers, ipus + stride), stride * 2
+    while ipus - short > 1:
+        mid = (short + ipus) // 2
+        short, ipus = (short, mid) if fits(mid) else (mid, ipus)
+    return ipus

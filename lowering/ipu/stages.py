@@ -38,11 +38,13 @@ __all__ = [
 
 @dataclass(slots=True)
 class Stage:
-    """One pipeline stage: the IPU it runs on, its nodes, and its decoder layers (by index)."""
+    """One pipeline stage: the IPU it runs on, its nodes, its decoder layers (by index) and its
+    nodes outside them (the embedding before them, the head and loss after)."""
 
     ipu: int
     nodes: list[Node] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
+    others: list[Node] = field(default_factory=list)
 
 
 class Sections(NamedTuple):
@@ -52,6 +54,8 @@ class Sections(NamedTuple):
     layers: dict[int, list[Node]]  # each decoder layer's nodes, by layer index in order
     post: list[Node]  # after the last layer (final norm, head, loss)
     optimizer: list[Node]  # the optimizer step, in no stage
+    tied: bool = False  # the head reads the embedding's table
+    table_layers: float = 0.0  # the embedding's weights in decoder layers' worth (`layout`'s ``embed_layers``)
 
 
 class Layout(NamedTuple):
@@ -96,7 +100,8 @@ class Pipeline:
 
 
 def sections(ctx: LoweringContext) -> Sections:
-    """The graph's pre-layer nodes, nodes per decoder layer, post-layer nodes and optimizer step nodes.
+    """The graph's pre-layer nodes, nodes per decoder layer, post-layer nodes and optimizer step
+    nodes; whether the head is tied to the embedding, and the table's weight in layers' worth.
 
     A node without a layer joins the layer before it (residual adds the exporter left
     unscoped), except before the first layer (the embedding) and after the last (final
@@ -114,7 +119,11 @@ def sections(ctx: LoweringContext) -> Sections:
     for n in rest[first : last + 1]:
         current = n.layer if n.layer is not None else current
         layers.setdefault(int(current), []).append(n)
-    return Sections(rest[:first], dict(sorted(layers.items())), rest[last + 1 :], opt)
+    pre, post = rest[:first], rest[last + 1 :]
+    tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
+    per_layer = sum(sum(stored_values(ctx, ln).values()) for ln in layers.values()) / len(layers)
+    table = sum(stored_values(ctx, pre).values()) / per_layer if per_layer else 0.0
+    return Sections(pre, dict(sorted(layers.items())), post, opt, tied, table)
 
 
 def layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float = 0.0) -> Layout:
@@ -159,15 +168,17 @@ def pipeline_stages(parts: Sections, place: Layout) -> list[Stage]:
         st = Stage(k)
         if k == 0:
             st.nodes += parts.pre
+            st.others += parts.pre
         for idx in order[i : i + c]:
             st.layers.append(idx)
             st.nodes += parts.layers[idx]
         i += c
         stages.append(st)
     if place.head_home:
-        stages.append(Stage(0, list(parts.post)))
+        stages.append(Stage(0, list(parts.post), others=list(parts.post)))
     else:
         stages[-1].nodes += parts.post
+        stages[-1].others += parts.post
     return [s for s in stages if s.nodes] or [Stage(0)]
 
 
@@ -192,19 +203,16 @@ def check_accumulation(pipeline: Pipeline, m: int, batch: int, training: bool, p
     )
 
 
-def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
+def form_stages(ctx: LoweringContext, options: IpuOptions, parts: Sections | None = None) -> Pipeline:
     """Step 1: lay the decoder layers out over the IPUs as pipeline stages.
 
     A head whose weight is the embedding's (tied) returns to IPU 0; with ``--ipus`` alone the
     table counts as its layers' worth of weights (`layout`). ``--matmul-proportion`` must give
-    one value or one per IPU used; IPUs left without a layer are noted.
+    one value or one per IPU used; IPUs left without a layer are noted. ``parts``: the graph's
+    `sections` when worked out already (another layout of the same graph).
     """
-    parts = sections(ctx)
-    tied = bool(set(stored_values(ctx, parts.pre)) & set(stored_values(ctx, parts.post)))
-    layer_weights = [sum(stored_values(ctx, nodes).values()) for nodes in parts.layers.values()]
-    per_layer = sum(layer_weights) / len(layer_weights) if layer_weights else 0.0
-    embed = sum(stored_values(ctx, parts.pre).values()) / per_layer if per_layer else 0.0  # the table, in layers' worth
-    place = layout(options, len(parts.layers), tied, embed)
+    parts = parts or sections(ctx)
+    place = layout(options, len(parts.layers), parts.tied, parts.table_layers)
     stages = pipeline_stages(parts, place)
     n_ipus = max(s.ipu for s in stages) + 1
     amps = options.matmul_proportion
