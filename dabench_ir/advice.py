@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from dabench_ir.timeline import Timeline
 
 __all__ = [
+    "CHIP_RUNS",
     "ESTIMATE_MARK",
     "REMEDY_RUNS",
     "Advice",
@@ -47,6 +49,7 @@ __all__ = [
     "candidate_knobs",
     "fitting_knob",
     "hold_estimates",
+    "more_chips",
     "remedied",
 ]
 
@@ -59,6 +62,9 @@ Change = tuple[Knob, Any]
 
 REMEDY_RUNS = 6
 """Runs the fitting search gives a failure's remedy and the remedies after it (`remedied`)."""
+
+CHIP_RUNS = 3
+"""Chip counts the fitting search tries, doubling, for a one-chip run no target knob fits (`more_chips`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +308,9 @@ def _placeable(report: Report) -> bool:
 def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None = None) -> Trial | None:
     """For a plan that does not fit: the smallest knob change whose variant run fits — the
     failure's own remedy (`remedied`, `REMEDY_RUNS` runs at most), else one candidate (a count
-    doubled up to ``doublings`` times), else two together (64 tries at most); the `Trial` (its
-    ``run`` and its ``report``, to use as it is), or None. ``runs``: the variant runs already made
-    for ``report`` (`VariantRuns`), reused."""
+    doubled up to ``doublings`` times), else two together (64 tries at most), else a one-chip
+    run over more chips (`more_chips`); the `Trial` (its ``run`` and its ``report``, to use as
+    it is), or None. ``runs``: the variant runs already made for ``report`` (`VariantRuns`), reused."""
     if report.plan is None or report.plan.fits or report.options is None or report.run is None:
         return None
     runs = runs or VariantRuns(report)
@@ -325,6 +331,32 @@ def fitting_knob(report: Report, *, doublings: int = 4, runs: VariantRuns | None
         trial = runs.trial(changes)
         if trial is not None and trial.fits:
             return trial
+    return more_chips(report, runs)
+
+
+def more_chips(report: Report, runs: VariantRuns) -> Trial | None:
+    """A one-chip run that overflows a memory, placed tensor parallel over more chips (each chip
+    holds a share of every layer's weights): from the fewest the failure's bytes need (needed over
+    held, rounded up to a power of two, as a tensor-parallel degree divides the heads), doubling,
+    `CHIP_RUNS` runs at most, each a scaling run of its own (its collectives and per-chip memory
+    placed, verified); the `Trial` that fits, or None (a run over several chips already, a failure
+    that is not of bytes, a lowering that lays the model over chips itself, as the IPU's ``--ipus``
+    remedy does, or one that takes no tensor parallelism)."""
+    from dabench_ir.lowering import lowering_for
+
+    failure, opts = report.plan.failure, report.options
+    if opts.chips > 1 or opts.strategy is not None or failure is None:
+        return None
+    if lowering_for(report.run.target).pipelines_itself:
+        return None
+    if not failure.needed_bytes or not failure.capacity_bytes:
+        return None
+    chips = max(2, 1 << math.ceil(math.log2(failure.needed_bytes / failure.capacity_bytes)))
+    for _ in range(CHIP_RUNS):
+        trial = runs.trial([(KNOBS["chips"], chips), (KNOBS["strategy"], "tp")])
+        if trial is not None and trial.fits:
+            return trial
+        chips *= 2
     return None
 
 

@@ -303,3 +303,26 @@ def test_a_model_whose_layers_overflow_one_an_ipu_names_no_ipu_count():
     failure = report.plan.failure
     assert failure.remedy == ()
     assert failure.reason.endswith("more IPUs do not help: its 2 decoder layer(s), one an IPU at most, still overflow")
+
+
+def test_a_one_chip_run_no_knob_fits_is_placed_tensor_parallel_over_the_fewest_chips_that_hold_it():
+    """A GPU run whose weights overflow HBM (here an H100 with 30 % of the memory the model needs)
+    has no target knob that fits it; the fitting search places it tensor parallel over the chips
+    its bytes need (needed over held: 3.3, rounded up to 4), a scaling run of its own, verified.
+    Two chips do not hold it, so four is the fewest power of two that does."""
+    from dabench_ir.advice import more_chips
+    from dabench_ir.run import execute
+    from dabench_ir.targets import load_target
+
+    need = profile_graph(decoder(layers=4, hidden=1024, seq=64), "h100", ProfileOptions()).plan.memory_bytes["hbm"]
+    small = load_target("h100").with_changes({"memory[0].capacity_bytes": 0.3 * need})
+    report = profile_graph(decoder(layers=4, hidden=1024, seq=64), small, ProfileOptions())
+    assert not report.plan.fits and report.plan.failure.remedy == ()
+    advice = advise(report)
+    assert advice.fit.values() == {"chips": 4, "strategy": "tp"}
+    fitted = advice.fit.report
+    assert fitted.plan.fits and fitted.options.chips == 4 and fitted.extra.get("verified", True)
+    assert explain(report)[0]["text"].endswith("; --chips 4 --strategy tp makes it fit")
+    two = execute(report.run.variant(chips=2, strategy="tp"), report.graph.clone())
+    assert not two.plan.fits
+    assert more_chips(two, VariantRuns(two)) is None  # a run over several chips already: not resized
