@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.plan import Failure
     from dabench_ir.report.model import NodeRecord, Report
-    from dabench_ir.run import ResolvedRun
+    from dabench_ir.run import Progress, ResolvedRun
     from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -224,8 +224,11 @@ class VariantRuns:
     """The variant runs of one report, each executed once: the why lines' candidates and the
     fitting search share them (a change both try is placed once)."""
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, *, progress: Progress | None = None) -> None:
+        from dabench_ir.progress import silent
+
         self.report = report
+        self.say: Progress = progress or silent  # a line a variant placed: on a deep model each takes seconds
         self.placements = 0
         self._done: dict[tuple[tuple[str, str], ...], Trial | None] = {}
         self._contexts: dict[Any, LoweringContext] = {}  # the shared graph's, by the plan's precision
@@ -269,12 +272,14 @@ class VariantRuns:
         key = tuple(sorted((k.name, repr(v)) for k, v in changes))
         if key in self._done:
             return self._done[key]
+        from dabench_ir.report.why import change_text
         from dabench_ir.run import placed
 
         trial: Trial | None = None
         try:
             run = self.variant(changes)
             self.placements += 1
+            self.say(f"why lines: placing with {change_text(changes)} (variant {self.placements})")
             shared = self.shares_graph(run)
             if shared:
                 variant = placed(run, self.report.graph, context=self.context(run))
@@ -390,16 +395,18 @@ def remedied(failure: Failure | None, runs: VariantRuns, *, steps: int) -> Trial
     return None
 
 
-def advise(report: Report, *, runs: VariantRuns | None = None) -> Advice | None:
+def advise(report: Report, *, runs: VariantRuns | None = None, progress: Progress | None = None) -> Advice | None:
     """Run ``report``'s run once per candidate knob change (and, when its plan does not fit, the
     fitting search), set ``report.advice`` and return it; None for a report that was not placed.
 
     ``runs``: variant runs already made for ``report`` (`VariantRuns`, e.g. by `fitting_knob`),
-    reused rather than executed again.
+    reused rather than executed again. ``progress``: a line for each variant it places.
     """
     if not _placeable(report):
         return None
     runs = runs or VariantRuns(report)
+    if progress is not None:
+        runs.say = progress
     trials = tuple(t for t in (runs.trial([c]) for c in candidate_knobs(report)) if t is not None)
     searched = not report.plan.fits
     fit = fitting_knob(report, runs=runs) if searched else None

@@ -326,3 +326,11 @@ def test_a_one_chip_run_no_knob_fits_is_placed_tensor_parallel_over_the_fewest_c
     two = execute(report.run.variant(chips=2, strategy="tp"), report.graph.clone())
     assert not two.plan.fits
     assert more_chips(two, VariantRuns(two)) is None  # a run over several chips already: not resized
+
+
+def test_each_variant_placed_is_a_progress_line(unfit_ipu):
+    """On a deep model each variant run takes seconds: the user sees each one placed, by its change."""
+    lines: list[str] = []
+    advice = advise(unfit_ipu, progress=lines.append)
+    assert len(lines) == advice.placements > 1
+    assert lines[-1] == f"why lines: placing with {change_text(advice.fit.changes)} (variant {advice.placements})"

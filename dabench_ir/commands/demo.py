@@ -179,7 +179,7 @@ def _refit(report: Any, name: str, say: Any) -> tuple[Any, Any]:
     from dabench_ir.advice import VariantRuns, fitting_knob
     from dabench_ir.report.why import change_text
 
-    runs = VariantRuns(report)
+    runs = VariantRuns(report, progress=lambda line: say(f"{name}: {line}"))
     found = fitting_knob(report, runs=runs)
     if found is None or found.report is None:
         return report, runs
@@ -313,8 +313,7 @@ def run_demo(
         if report.plan is not None and not report.plan.fits:
             report, runs = _refit(report, name, say)
         if report.plan is not None:
-            say(f"{name}: re-placing with each target knob changed (why)")
-            advise(report, runs=runs)
+            advise(report, runs=runs, progress=lambda line, name=name: say(f"{name}: {line}"))
             explain(report)
         result.reports[stem] = report
     if validation and result.reports:

@@ -92,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
         from dabench_ir.advice import advise
         from dabench_ir.report.why import explain
 
-        progress("re-placing with each target knob changed, for the why lines")
-        advise(report)  # one variant run per knob change (dabench_ir.run.execute)
+        advise(report, progress=progress)  # one variant run per knob change (dabench_ir.run.execute)
         explain(report)
     progress.done()
     return _after_profile(args, report, progress)
@@ -118,8 +117,7 @@ def _compare_targets(args: argparse.Namespace, targets: list[str], progress, giv
     reports = profile_targets(args.model, targets, given, progress=progress)
     for name, report in reports.items():
         if report.plan is not None:
-            progress(f"{name}: re-placing with each target knob changed, for the why lines")
-            advise(report)
+            advise(report, progress=lambda line, name=name: progress(f"{name}: {line}"))
             explain(report)
     progress.done()
     rows = compare_reports(list(reports.values()))
