@@ -370,10 +370,11 @@ def remedied(failure: Failure | None, runs: VariantRuns, *, steps: int) -> Trial
     then, while that still does not fit, with the remedy of its own failure: ``steps`` runs at
     most; the `Trial` that fits, or None.
 
-    A remedy can fall short where the lowering only bounds it (an IPU count under the user's
-    ``--layers-per-ipu``: the layers spread evenly, whole layers left out). A count that fell
-    short is raised to at least itself plus a stride that doubles with each run (1, 2, 4, ...),
-    so the search reaches a fit in a few runs, not one per unit."""
+    A remedy sizes what its failure is about; the run it names can fail on the next thing (the IPU
+    count that holds the weights needs more micro-batches for its pipeline), whose own remedy is
+    added to the changes. A count that fell short of its own failure is raised to at least itself
+    plus a stride that doubles with each run (1, 2, 4, ...), so a remedy the lowering could only
+    bound reaches a fit in a few runs, not one per unit."""
     changes: dict[str, Any] = {}
     stride = 1
     for _ in range(steps):

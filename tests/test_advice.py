@@ -4,6 +4,7 @@ the host's power for a comparison is read by the command, not by the renderer.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -294,6 +295,15 @@ def test_the_ipu_count_is_the_fewest_the_lowerings_own_layout_holds(layers, mode
     for ipus, holds in ((needed - 1, False), (needed, True)):
         held = terms(placed(ipus=ipus)).values()
         assert (max(sum(t.values()) for t in held) <= capacity) is holds, ipus
+
+
+def test_a_users_layout_that_overflows_names_more_counts_and_no_ipu_remedy():
+    """With ``--layers-per-ipu`` the layout is the user's: ``--ipus N`` beside it is refused, so the
+    line names a longer list and the failure carries no remedy to place."""
+    report = profile_graph(decoder(layers=24, hidden=2048, seq=128), "ipu", ProfileOptions(layers_per_ipu=(12, 12)))
+    failure = report.plan.failure
+    assert failure.remedy == ()
+    assert re.search(r"use more IPUs \(a --layers-per-ipu of \d+ or more counts\)$", failure.reason), failure.reason
 
 
 def test_a_model_whose_layers_overflow_one_an_ipu_names_no_ipu_count():

@@ -420,7 +420,8 @@ def overflow(
     more: MoreIpus,
 ) -> tuple[str, tuple[tuple[str, int], ...]]:
     """The failure line of IPU ``k`` (its total, the part that overflows most, and what to try) and
-    its remedy (`Failure.remedy`): ``--ipus`` as ``more`` (`more_ipus`) sizes it, when more IPUs help."""
+    its remedy (`Failure.remedy`): ``--ipus`` as ``more`` (`more_ipus`) sizes it, when more IPUs help
+    and the layout is the lowering's."""
     largest = max((name for name in t if name != "program"), key=t.__getitem__)
     parts = ", ".join(f"{name.replace('_', ' ')} {v / 1e6:.0f} MB" for name, v in t.items() if v >= 0.5e6)
     hints = {  # what to try when this part overflows most
@@ -439,23 +440,29 @@ def overflow(
         f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
         f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
     )
-    return reason, (() if more.ipus is None else (("ipus", more.ipus),))
+    return reason, more.remedy
 
 
 class MoreIpus(NamedTuple):
     """What more IPUs do for a pipeline that overflows: the count that holds it (None: no count
-    does) and the failure line's words for it."""
+    does), the failure line's words for it, and the remedy to place (`Failure.remedy`; none where
+    the layout is the user's, which another count would not keep)."""
 
     ipus: int | None
     text: str
+    remedy: tuple[tuple[str, int], ...] = ()
 
 
 def more_ipus(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: dict[str, SerialPlan]) -> MoreIpus:
     """The ``--ipus`` count that holds the overflowing pipeline (`ipus_to_fit`), or why none does."""
-    layers = len(pipeline.sections.layers)
+    layers, options = len(pipeline.sections.layers), run.options
     needed = ipus_to_fit(run, pipeline, memory, serials)
+    if needed is not None and options.layers_per_ipu is not None:
+        return MoreIpus(needed, f"use more IPUs (a --layers-per-ipu of {needed} or more counts)")
+    if needed is not None and len(options.matmul_proportion) > 1:
+        return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more, a --matmul-proportion for each)")
     if needed is not None:
-        return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more)")
+        return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more)", (("ipus", needed),))
     if ipus_needed(memory, run.fig.capacity, None) is None:
         return MoreIpus(None, "more IPUs do not help: what each IPU holds whatever its layers fills it")
     return MoreIpus(None, f"more IPUs do not help: its {layers} decoder layer(s), one an IPU at most, still overflow")
