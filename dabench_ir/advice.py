@@ -345,14 +345,14 @@ def more_chips(report: Report, runs: VariantRuns) -> Trial | None:
     held, rounded up to a power of two, as a tensor-parallel degree divides the heads), doubling,
     `CHIP_RUNS` runs at most, each a scaling run of its own (its collectives and per-chip memory
     placed, verified); the `Trial` that fits, or None (a run over several chips already, a failure
-    that is not of bytes, a lowering that lays the model over chips itself, as the IPU's ``--ipus``
-    remedy does, or one that takes no tensor parallelism)."""
+    that is not of bytes, a target without tensor parallelism among its strategies, a lowering that
+    lays the model over chips itself, as the IPU's ``--ipus`` remedy does)."""
     from dabench_ir.lowering import lowering_for
 
-    failure, opts = report.plan.failure, report.options
+    failure, opts, target = report.plan.failure, report.options, report.run.target
     if opts.chips > 1 or opts.strategy is not None or failure is None:
         return None
-    if lowering_for(report.run.target).pipelines_itself:
+    if "tp" not in target.strategies or lowering_for(target).pipelines_itself:
         return None
     if not failure.needed_bytes or not failure.capacity_bytes:
         return None

@@ -344,3 +344,14 @@ def test_each_variant_placed_is_a_progress_line(unfit_ipu):
     advice = advise(unfit_ipu, progress=lines.append)
     assert len(lines) == advice.placements > 1
     assert lines[-1] == f"why lines: placing with {change_text(advice.fit.changes)} (variant {advice.placements})"
+
+
+def test_a_target_without_tensor_parallelism_is_not_tried_over_more_chips(monkeypatch):
+    """The host CPU lists no multi-chip strategy: its overflow places no scaling run (each had cloned
+    the graph before the scaling stage refused it: 38 s of a 10,000-layer profile)."""
+    from dabench_ir.advice import more_chips
+
+    report = profile_graph(decoder(layers=64, hidden=8192, seq=16), "cpu", ProfileOptions())  # 103 GB of weights
+    assert not report.plan.fits and report.target_obj.strategies == ()
+    runs = VariantRuns(report)
+    assert more_chips(report, runs) is None and runs.placements == 0
