@@ -127,3 +127,21 @@ def test_cli_compare_rejects_non_reports(tmp_path, capsys, content, expected):
 def test_cli_compare_missing_file(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nope.json")]) == 2
     assert "cannot read report" in capsys.readouterr().err
+
+
+def test_a_report_that_does_not_fit_carries_the_change_that_fits_it():
+    """The fitting search's change (the report's "(fit)" why line) is the compare row's ``fits_with``
+    and ends the text table's failure line; a report without one has None."""
+    from dabench_ir.advice import advise
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.report.why import explain
+    from tests.lowering_graphs import decoder
+
+    unfit = profile_graph(decoder(layers=24, hidden=2048, seq=128), "ipu", ProfileOptions())
+    advise(unfit)
+    explain(unfit)
+    fits = profile_graph(decoder(layers=2, hidden=64), "ipu", ProfileOptions())
+    rows = compare_reports([unfit, fits])
+    assert [r["fits_with"] for r in rows] == [None, "--ipus 5"]  # those that do not fit last
+    assert render_compare(rows).endswith("; --ipus 5 makes it fit")

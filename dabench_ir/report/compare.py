@@ -64,6 +64,7 @@ COMPARE_COLUMNS = (
     "gops_per_w",
     "measured_time_s",
     "failure",
+    "fits_with",
     "estimated_nodes",
     "estimated_time_share",
     "unattributed_nodes",
@@ -244,6 +245,7 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "gops_per_w": achieved / power / 1e9 if achieved and power and data.get("fits") is not False else None,
         "measured_time_s": totals.get("measured_time_s"),
         "failure": (failure or {}).get("reason") if isinstance(failure, Mapping) else failure,
+        "fits_with": _fits_with(data),
         "estimated_nodes": int(totals.get("estimated_nodes") or 0),
         "estimated_time_share": totals.get("estimated_time_share"),
         "unattributed_nodes": int(totals.get("unattributed_nodes") or 0),
@@ -251,6 +253,17 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "_source": data.get("_source"),
         **dict.fromkeys(("node_nm", "normalized_to_nm", "achieved_gops_normalized", "gops_per_w_normalized")),
     }
+
+
+def _fits_with(data: Mapping[str, Any]) -> str | None:
+    """The change the report's fitting search found to make it fit (its why lines' "(fit)" line), as
+    flags ("--ipus 55"); None when it fits, was not searched, or nothing fits."""
+    from dabench_ir.options import KNOBS
+    from dabench_ir.report.why import change_text
+
+    fit = next((w for w in data.get("why") or [] if w.get("role") == "(fit)"), None)
+    value = fit.get("value") if fit else None
+    return change_text((KNOBS[name], v) for name, v in value.items()) if value else None
 
 
 def add_normalised(rows: Sequence[dict[str, Any]], to_nm: float, rule: str = "post-dennard") -> None:
@@ -394,7 +407,8 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
         out.append(PERIOD_NOTE)
     failures = [r for r in rows if r.get("failure")]
     for r in failures:
-        out.append(f"{r.get('target')}: does not fit: {r['failure']}")
+        fix = f"; {r['fits_with']} makes it fit" if r.get("fits_with") else ""
+        out.append(f"{r.get('target')}: does not fit: {r['failure']}{fix}")
     return "\n".join(out)
 
 
