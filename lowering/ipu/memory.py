@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from dabench_ir.ir import Node
     from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.ipu import IpuOptions
     from dabench_ir.lowering.ipu.common import IpuRun
     from dabench_ir.lowering.ipu.stages import Pipeline, Stage
     from dabench_ir.lowering.ipu.supersteps import IpuTimes, SerialPlan
@@ -54,6 +55,7 @@ __all__ = [
     "overflow",
     "param_count",
     "place_units",
+    "relayable",
     "saved_bytes",
     "saves_inputs",
     "state_bytes_per_param",
@@ -457,9 +459,9 @@ def more_ipus(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: dict
     """The ``--ipus`` count that holds the overflowing pipeline (`ipus_to_fit`), or why none does."""
     layers, options = len(pipeline.sections.layers), run.options
     needed = ipus_to_fit(run, pipeline, memory, serials)
-    if needed is not None and options.layers_per_ipu is not None:
-        return MoreIpus(needed, f"use more IPUs (a --layers-per-ipu of {needed} or more counts)")
-    if needed is not None and len(options.matmul_proportion) > 1:
+    if needed is not None and not relayable(options):
+        if options.layers_per_ipu is not None:
+            return MoreIpus(needed, f"use more IPUs (a --layers-per-ipu of {needed} or more counts)")
         return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more, a --matmul-proportion for each)")
     if needed is not None:
         return MoreIpus(needed, f"use more IPUs (--ipus {needed} or more)", (("ipus", needed),))
@@ -485,6 +487,12 @@ def ipus_needed(memory: TileMemory, capacity: float, layers: int | None) -> int 
     return None if layers is not None and needed > layers else needed
 
 
+def relayable(options: IpuOptions) -> bool:
+    """Whether the run's layout carries over to another ``--ipus`` count: the lowering splits the
+    layers itself (no ``--layers-per-ipu``) under one ``--matmul-proportion`` for every IPU."""
+    return options.layers_per_ipu is None and len(options.matmul_proportion) == 1
+
+
 def ipus_to_fit(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: dict[str, SerialPlan]) -> int | None:
     """The fewest IPUs whose layout holds every IPU's tile memory: each count laid out as ``--ipus``
     lays it (`form_stages`) and filled as the lowering fills it (`tile_memory`, the matmuls' plans
@@ -494,10 +502,9 @@ def ipus_to_fit(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: di
     training more stages hold more micro-batches' stash). The bound itself where the layout is the
     user's (``--layers-per-ipu``) or the matmul proportion is given per IPU; None where no count up
     to the pipeline's decoder layers fits (one layer an IPU at most)."""
-    layers = len(pipeline.sections.layers)
+    layers, options = len(pipeline.sections.layers), run.options
     bound = ipus_needed(memory, run.fig.capacity, layers)
-    options = run.options
-    if bound is None or options.layers_per_ipu is not None or len(options.matmul_proportion) > 1:
+    if bound is None or not relayable(options):
         return bound
 
     @functools.cache
