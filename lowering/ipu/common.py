@@ -99,10 +99,9 @@ class IpuFigures:
 class RunMemo:
     """What the memory step works out once a run and every layout `memory.ipus_to_fit` tries reads
     again: each decoder layer's activation figures (by figure and layer index, `memory.most_of_layers`)
-    and stored values (by layer index, `memory.stored_on`), and each stored value's parameters."""
+    and each stored value's parameters (each layer's stored values are its `stages.Sections`')."""
 
     layer_bytes: dict[tuple[str, int], float] = field(default_factory=dict)
-    layer_roots: dict[int, dict[str, int]] = field(default_factory=dict)
     params: dict[str, int] = field(default_factory=dict)
 
 

@@ -192,19 +192,12 @@ def _params_of(ctx: LoweringContext, name: str) -> int:
 
 def stored_on(run: IpuRun, pipeline: Pipeline, ipu: int) -> dict[str, int]:
     """The distinct stored values the stages on ``ipu`` read, by root (`stored_values`): each
-    stage's nodes outside its layers, then its layers', each layer's worked out once a run
-    (`RunMemo.layer_roots`)."""
-    ctx, memo, layers = run.ctx, run.memo.layer_roots, pipeline.sections.layers
+    stage's nodes outside its layers, then its layers' (`Sections.layer_roots`, worked out once)."""
     roots: dict[str, int] = {}
     for st in pipeline.stages:
         if st.ipu != ipu:
             continue
-        read = [stored_values(ctx, st.others)]
-        for i in st.layers:
-            layer = memo.get(i)
-            if layer is None:
-                layer = memo[i] = stored_values(ctx, layers[i])
-            read.append(layer)
+        read = [stored_values(run.ctx, st.others), *(pipeline.sections.layer_roots[i] for i in st.layers)]
         for part in read:
             for root, nbytes in part.items():
                 roots.setdefault(root, nbytes)

@@ -54,8 +54,9 @@ class Sections(NamedTuple):
     layers: dict[int, list[Node]]  # each decoder layer's nodes, by layer index in order
     post: list[Node]  # after the last layer (final norm, head, loss)
     optimizer: list[Node]  # the optimizer step, in no stage
-    tied: bool = False  # the head reads the embedding's table
-    table_layers: float = 0.0  # the embedding's weights in decoder layers' worth (`layout`'s ``embed_layers``)
+    tied: bool  # the head reads the embedding's table
+    table_layers: float  # the embedding's weights in decoder layers' worth (`layout`'s ``embed_layers``)
+    layer_roots: dict[int, dict[str, int]]  # each decoder layer's stored values (`stored_values`)
 
 
 class Layout(NamedTuple):
@@ -101,7 +102,8 @@ class Pipeline:
 
 def sections(ctx: LoweringContext) -> Sections:
     """The graph's pre-layer nodes, nodes per decoder layer, post-layer nodes and optimizer step
-    nodes; whether the head is tied to the embedding, and the table's weight in layers' worth.
+    nodes; whether the head is tied to the embedding, the table's weight in layers' worth, and
+    each layer's stored values.
 
     A node without a layer joins the layer before it (residual adds the exporter left
     unscoped), except before the first layer (the embedding) and after the last (final
@@ -112,18 +114,20 @@ def sections(ctx: LoweringContext) -> Sections:
     rest = [n for n in nodes if not is_optimizer_step(n)]
     layered = [i for i, n in enumerate(rest) if n.layer is not None]
     if not layered:
-        return Sections(rest, {}, [], opt)
+        return Sections(rest, {}, [], opt, tied=False, table_layers=0.0, layer_roots={})
     first, last = layered[0], layered[-1]
     layers: dict[int, list[Node]] = {}
     current = rest[first].layer
     for n in rest[first : last + 1]:
         current = n.layer if n.layer is not None else current
         layers.setdefault(int(current), []).append(n)
+    layers = dict(sorted(layers.items()))
     pre, post = rest[:first], rest[last + 1 :]
     tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
-    per_layer = sum(sum(stored_values(ctx, ln).values()) for ln in layers.values()) / len(layers)
+    roots = {i: stored_values(ctx, ln) for i, ln in layers.items()}
+    per_layer = sum(sum(r.values()) for r in roots.values()) / len(roots)
     table = sum(stored_values(ctx, pre).values()) / per_layer if per_layer else 0.0
-    return Sections(pre, dict(sorted(layers.items())), post, opt, tied, table)
+    return Sections(pre, layers, post, opt, tied=tied, table_layers=table, layer_roots=roots)
 
 
 def layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float = 0.0) -> Layout:
