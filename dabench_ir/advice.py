@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.plan import Failure
     from dabench_ir.report.model import NodeRecord, Report
-    from dabench_ir.run import Progress, ResolvedRun
+    from dabench_ir.run import Placed, Progress, ResolvedRun
     from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -104,16 +104,21 @@ class Trial:
     report's, `hold_estimates`).
 
     ``report`` is the variant's whole Report when the variant makes a plan fit that did not
-    (`fitting_knob` hands it on, so it is not executed again); otherwise only those figures are
-    kept, not the variant's graph, plan or timeline.
+    (`fitting_knob` hands it on, so it is not executed again), built when first read from the
+    placement kept for it (``placed``): a profile that only names the change does not build it.
+    Otherwise only those figures are kept, not the variant's graph, plan or timeline.
     """
 
     changes: tuple[Change, ...]
     run: ResolvedRun
     times: StepTimes
     fits: bool
-    report: Report | None = None
+    placed: Placed | None = None
     failure: Failure | None = None
+
+    @property
+    def report(self) -> Report | None:
+        return self.placed.report() if self.placed is not None else None
 
     @property
     def knob(self) -> Knob:
@@ -249,13 +254,21 @@ class VariantRuns:
         """Whether ``run`` (a variant of the report's) is placed on the report's own prepared graph:
         it binds the same dims and asks for the same rewrites (`transform_key`), so preparing the
         graph would change nothing, and placing it writes nothing to it (lowerings, the emulator and
-        the step check read the graph: tests/test_lowering_contract.py). A 6,000-layer model's five
-        why-line variants cloned 216k nodes each: 2.8 s of a 74 s profile."""
+        the step check read the graph: tests/test_lowering_contract.py; the scaling stage splits a
+        clone of it). A 6,000-layer model's five why-line variants cloned 216k nodes each: 2.8 s of
+        a 74 s profile."""
         from dabench_ir.run import transform_key
 
-        base, opts = self.report.run, run.options
-        single_chip = opts.chips == 1 and opts.strategy is None  # a scaling run shards the graph itself
-        return single_chip and run.dims == base.dims and transform_key(opts) == transform_key(base.options)
+        base = self.report.run
+        return run.dims == base.dims and transform_key(run.options) == transform_key(base.options)
+
+    def baseline(self) -> Placed:
+        """The report's own placement: a variant over several chips on its graph takes it as the
+        one-chip baseline of its speedup (`dabench_ir.scaling.scale`) instead of placing it again."""
+        from dabench_ir.run import Placed
+
+        report = self.report
+        return Placed(report.run, report.graph, report.plan, report.timeline, built=report)
 
     def variant(self, changes: tuple[Change, ...] | list[Change]) -> ResolvedRun:
         """The report's run with ``changes`` (the user's, as if given); placed, not measured again."""
@@ -280,9 +293,10 @@ class VariantRuns:
             run = self.variant(changes)
             self.placements += 1
             self.say(f"why lines: placing with {change_text(changes)} (variant {self.placements})")
-            shared = self.shares_graph(run)
-            if shared:
-                variant = placed(run, self.report.graph, context=self.context(run))
+            if self.shares_graph(run):
+                variant = placed(
+                    run, self.report.graph, context=self.context(run), shared=True, baseline=self.baseline()
+                )
             else:
                 variant = placed(run, self.report.graph.clone())
         except (UserError, ValueError) as exc:
@@ -291,11 +305,8 @@ class VariantRuns:
             base_fits = self.report.plan is None or self.report.plan.fits
             times = StepTimes.of(self.report.nodes, hold_estimates(self.report, variant.timeline))
             made_fit = variant.fits and not base_fits  # the fitting search hands this report on
-            if made_fit and shared:  # a report handed on owns its graph
-                variant = dataclasses.replace(variant, graph=self.report.graph.clone())
-            report = variant.report() if made_fit else None
-            run = report.run if report else variant.run
-            trial = Trial(changes, run, times, variant.fits, report, variant.plan.failure)
+            kept = variant if made_fit else None
+            trial = Trial(changes, variant.run, times, variant.fits, kept, variant.plan.failure)
         self._done[key] = trial
         return trial
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from dabench_ir.lowering._common import LoweringContext
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
+    from dabench_ir.scaling import ScaleResult
     from dabench_ir.targets import Target
     from dabench_ir.timeline import Timeline
 
@@ -662,7 +663,7 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
         timeline = measurement.timeline if measurement is not None else None
         return build_report(graph, run=run, timeline=timeline, measurement=measurement)
     if opts.chips > 1 or opts.strategy is not None:  # a scaling run (each point of `scale` too): verified alike
-        return _verified(run, _scaled(run, graph, say))
+        return _scaled(run, graph, say).report()
     from dabench_ir.place import place
 
     say(f"placing on {tgt.name}")
@@ -671,7 +672,7 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     return _verified(run, report)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Placed:
     """A run placed and emulated, its report not built yet: what a caller that keeps only the step
     reads (a why line's variant run keeps its `StepTimes` and whether it fits), with the report on
@@ -679,57 +680,73 @@ class Placed:
     run; a caller that drops them does not pay for them.
 
     The step is checked when placed (`dabench_ir.verify.check_step`); the report, when built, is
-    verified whole as `execute`'s is. A multi-chip run is answered by the scaling stage, which
-    builds its report itself (``built``)."""
+    verified whole as `execute`'s is. A multi-chip run keeps the scaling stage's points
+    (``scaled``, the last is the run's) and one chip's placement (``plan``, ``timeline``).
+    ``shared``: ``graph`` is another report's (a variant placed on it), so the report built from
+    it works on a clone."""
 
     run: ResolvedRun
-    graph: Graph | None
+    graph: Graph
     plan: Plan
     timeline: Timeline
+    scaled: ScaleResult | None = None
+    shared: bool = False
     built: Report | None = None
 
     @property
     def fits(self) -> bool:
-        return bool(self.plan.fits)
+        """Whether the run fits: its plan's verdict, or over several chips its scaling point's."""
+        return bool(self.scaled.points[-1].fits if self.scaled is not None else self.plan.fits)
 
     def report(self) -> Report:
-        """The run's verified `Report`, as `execute` gives it (the graph is consumed: build it once)."""
-        if self.built is not None:
-            return self.built
-        from dabench_ir.metrics import compute_metrics
-        from dabench_ir.report.build import build_report
+        """The run's verified `Report`, as `execute` gives it: built on the first call."""
+        if self.built is None:
+            from dabench_ir.metrics import compute_metrics
+            from dabench_ir.report.build import build_report, build_scaled_report
 
-        metrics = compute_metrics(self.graph, self.plan, self.timeline, self.run.target)
-        report = build_report(self.graph, run=self.run, plan=self.plan, timeline=self.timeline, metrics=metrics)
-        return _verified(self.run, report)
+            graph = self.graph.clone() if self.shared else self.graph
+            if self.scaled is not None:
+                report = build_scaled_report(graph, run=self.run, result=self.scaled)
+            else:
+                metrics = compute_metrics(graph, self.plan, self.timeline, self.run.target)
+                report = build_report(graph, run=self.run, plan=self.plan, timeline=self.timeline, metrics=metrics)
+            self.built = _verified(self.run, report)
+        return self.built
 
 
 def placed(
-    run: ResolvedRun, graph: Graph, *, progress: Progress | None = None, context: LoweringContext | None = None
+    run: ResolvedRun,
+    graph: Graph,
+    *,
+    progress: Progress | None = None,
+    context: LoweringContext | None = None,
+    shared: bool = False,
+    baseline: Placed | None = None,
 ) -> Placed:
-    """``run`` placed and emulated on ``graph`` (consumed), as `execute` places it, without building
-    its report: `Placed`. A run that measures is refused (its figures are the measurement's).
-    ``context``: the lowering context of ``graph`` as prepared, for a caller placing it several
-    times (`dabench_ir.lowering.Lowering.lower`)."""
+    """``run`` placed and emulated on ``graph`` (consumed unless ``shared``: another report's graph,
+    which placing writes nothing to), as `execute` places it, without building its report:
+    `Placed`. A run that measures is refused (its figures are the measurement's). ``context``: the
+    lowering context of ``graph`` as prepared, for a caller placing it several times
+    (`dabench_ir.lowering.Lowering.lower`). ``baseline``: for a run over several chips, the
+    one-chip placement of ``graph`` the caller holds (`dabench_ir.scaling.scale`)."""
     if run.target is None:
         raise UserError("a placement needs a target; give --target")
     if run.options.measure:
         raise ValueError("a measured run is answered by execute(), not placed()")
     say = progress or silent
+    run, graph = _prepared(run, graph, say)
     if run.options.chips > 1 or run.options.strategy is not None:
-        report = execute(run, graph, progress=progress)
-        return Placed(report.run, None, report.plan, report.timeline, built=report)
+        return _scaled(run, graph, say, shared=shared, baseline=baseline)
     from dabench_ir.emulate import emulate
     from dabench_ir.lowering import lower
     from dabench_ir.verify import check_step
 
-    run, graph = _prepared(run, graph, say)
     say(f"placing on {run.target.name}")
     plan = lower(graph, run.target, lowering_options(run), context=context)
     timeline = emulate(plan, graph)
     if not run.options.no_verify:
         check_step(graph, run.target, plan, timeline)
-    return Placed(run, graph, plan, timeline)
+    return Placed(run, graph, plan, timeline, shared=shared)
 
 
 def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Plan:
@@ -801,14 +818,17 @@ def _measure(run: ResolvedRun, graph: Graph, say: Progress) -> Any:
     )
 
 
-def _scaled(run: ResolvedRun, graph: Graph, say: Progress) -> Report:
-    """A multi-chip run through the Level-2 scaling stage; the report's nodes are one chip's."""
-    from dabench_ir.report.build import build_scaled_report
+def _scaled(
+    run: ResolvedRun, graph: Graph, say: Progress, *, shared: bool = False, baseline: Placed | None = None
+) -> Placed:
+    """A multi-chip run (``graph`` prepared) through the Level-2 scaling stage: `Placed` on the
+    scaling point of its chips, one chip's placement for the nodes of its report."""
     from dabench_ir.scaling import scale
 
     o = run.options
     if o.strategy is None:
         raise UserError(f"--chips {o.chips} needs --strategy dp, tp or pp")
     say(f"scaling over {o.chips} chip{'s' if o.chips > 1 else ''} ({o.strategy})")
-    result = scale(graph, run.target, sorted({1, o.chips}), o.strategy, run)
-    return build_scaled_report(graph, run=run, result=result)
+    result = scale(graph, run.target, sorted({1, o.chips}), o.strategy, run, baseline=baseline)
+    chip = result.points[-1].chip
+    return Placed(run, graph, chip.plan, chip.timeline, scaled=result, shared=shared)

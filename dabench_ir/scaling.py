@@ -51,6 +51,7 @@ from dabench_ir.lowering.collectives import (
     root_allreduce_time,
 )
 from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall
+from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import (
     BACKWARD_COST,
@@ -66,8 +67,8 @@ from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
 if TYPE_CHECKING:
     from dabench_ir.energy import MultiChipEnergy
-    from dabench_ir.metrics import Metrics
     from dabench_ir.plan import Plan
+    from dabench_ir.run import Placed
     from dabench_ir.targets import Target
     from dabench_ir.timeline import Timeline
 
@@ -239,7 +240,12 @@ class _Run:
 
 
 def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
-    plan, timeline, metrics = place(graph, run.target, lowering_options(run))
+    return _summarised(graph, *place(graph, run.target, lowering_options(run)))
+
+
+def _summarised(graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> _Run:
+    """One chip's placement of ``graph`` as the scaling stage reads it: its step, metrics and fit,
+    its busy time by decoder layer and by bound."""
     per_layer: dict[int | None, float] = {}
     per_bound: dict[str, float] = {}
     for node in graph.nodes:
@@ -264,6 +270,22 @@ def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
         timeline=timeline,
         metrics=metrics,
     )
+
+
+def _one_chip(graph: Graph, run: ResolvedRun, baseline: Placed | None) -> _Run:
+    """``run`` on one chip: ``baseline`` when it is that placement (``graph`` itself, placed for the
+    same target with the same lowering options), else placed. A 10,000-layer GPT-2 tried over
+    two H100s (the fitting search) placed its one-chip baseline again: a quarter of the profile."""
+    same = (
+        baseline is not None
+        and baseline.run.target == run.target
+        and lowering_options(baseline.run) == lowering_options(run)
+        and baseline.graph is graph
+    )
+    if not same:
+        return _run_one(graph, run)
+    metrics = compute_metrics(graph, baseline.plan, baseline.timeline, run.target)
+    return _summarised(graph, baseline.plan, baseline.timeline, metrics)
 
 
 # -- collectives over the target's topology --------------------------------------------------
@@ -803,6 +825,8 @@ def scale(
     chips: Sequence[int],
     strategy: str,
     options: Any = None,
+    *,
+    baseline: Placed | None = None,
 ) -> ScaleResult:
     """Throughput, speedup and efficiency of ``graph`` (costed for the run) on 1..n chips of ``target``.
 
@@ -810,6 +834,10 @@ def scale(
     options object taken as it is (no target defaults applied). Each chip count is a variant of
     the run (``replicas``, ``ipus``, the lowering's internal ``systems``). Under ``pp`` the run's
     micro-batches are the pipeline's, and each chip's lowering runs without them.
+
+    ``baseline``: a one-chip placement of the same graph the caller holds already (the fitting
+    search's own report, tried over more chips): the speedups' baseline when it answers the same
+    one-chip question (`_one_chip`), not placed again.
     """
     run = options if isinstance(options, ResolvedRun) else resolve(graph, target, options, defaults=False)
     lowering = lowering_for(target)
@@ -830,7 +858,7 @@ def scale(
         link = target.topology.inter  # what joins the systems: the tree's links
     own_links = systems or (strategy == "pp" and lowering.pipelines_itself)  # not the links between nodes
     chip_run = run.variant(micro_batches=None) if strategy == "pp" and not lowering.pipelines_itself else run
-    single = _run_one(graph, chip_run)
+    single = _one_chip(graph, chip_run, baseline)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
     points: list[ScalePoint] = []
     for n in chips:

@@ -338,6 +338,29 @@ def test_a_one_chip_run_no_knob_fits_is_placed_tensor_parallel_over_the_fewest_c
     assert more_chips(two, VariantRuns(two)) is None  # a run over several chips already: not resized
 
 
+def test_the_fit_over_more_chips_takes_the_reports_own_run_as_its_one_chip_baseline(monkeypatch):
+    """The tensor-parallel try is a scaling run whose one-chip baseline is the report's own run: the
+    scaling stage places the chip's share alone, the report it gives equals a fresh run's of the
+    same options, and it is built only when read (a profile names the change and builds none)."""
+    from dabench_ir import scaling
+    from dabench_ir.run import execute
+    from dabench_ir.targets import load_target
+
+    need = profile_graph(decoder(layers=4, hidden=1024, seq=64), "h100", ProfileOptions()).plan.memory_bytes["hbm"]
+    small = load_target("h100").with_changes({"memory[0].capacity_bytes": 0.3 * need})
+    report = profile_graph(decoder(layers=4, hidden=1024, seq=64), small, ProfileOptions())
+    placed_chips: list[int] = []
+    run_one = scaling._run_one
+    monkeypatch.setattr(scaling, "_run_one", lambda g, run: placed_chips.append(run.options.chips) or run_one(g, run))
+    fit = advise(report).fit
+    assert placed_chips == [4]  # the share; the baseline is the report's placement
+    assert fit.placed.built is None  # not built until read
+    placed_chips.clear()
+    fresh = execute(fit.run, report.graph.clone())
+    assert placed_chips == [4, 4]  # placed from scratch: the baseline and the share
+    assert fit.report.to_dict() == fresh.to_dict()
+
+
 def test_each_variant_placed_is_a_progress_line(unfit_ipu):
     """On a deep model each variant run takes seconds: the user sees each one placed, by its change."""
     lines: list[str] = []
