@@ -164,10 +164,11 @@ def scale_model(
 ) -> ScaleResult:
     """``model`` over each of ``chips`` on ``target`` for each batch (None: as exported): the points of one
     `ScaleResult`, in batch order. ``options``: the knobs given (``strategy`` among them). Each point is a
-    run of its own through `dabench_ir.run.execute`, checked by the physics verifier like any other.
+    run of its own, its report checked by the physics verifier like any other (`dabench_ir.run.placed`,
+    on the batch's prepared graph, over the one-chip placement of the first).
     Raises UserError."""
     from dabench_ir.pipeline import load_graph
-    from dabench_ir.run import execute, prepare, resolve
+    from dabench_ir.run import placed, prepare, resolve
     from dabench_ir.targets import load_target
 
     say = progress or (lambda _m: None)
@@ -180,9 +181,12 @@ def scale_model(
         say(f"preparing the graph (batch {batch or 'as exported'})")
         run = resolve(loaded, tgt, {**options, "batch": batch}, model=model)
         graph = prepare(run, loaded.clone())
+        one = None  # the one-chip placement every point's speedup is over: placed once a batch
         for n in chips:
             say(f"{n} chip{'s' if n > 1 else ''} ({run.options.strategy}), batch {batch or 'as exported'}")
-            result = execute(run.variant(chips=n), graph.clone()).scaling
+            point = placed(run.variant(chips=n), graph, shared=True, baseline=one)
+            result = point.report().scaling
+            one = one or point.one_chip()
             if merged is None:
                 merged = dataclasses.replace(result, points=[])
                 merged.model = {

@@ -698,6 +698,14 @@ class Placed:
         """Whether the run fits: its plan's verdict, or over several chips its scaling point's."""
         return bool(self.scaled.points[-1].fits if self.scaled is not None else self.plan.fits)
 
+    def one_chip(self) -> Placed | None:
+        """A run over several chips: its one-chip baseline, the placement of its graph its speedup is
+        over, for the run over another chip count on that graph to take (`placed`'s ``baseline``)."""
+        if self.scaled is None:
+            return None
+        first = self.scaled.points[0].chip  # the scaling points include one chip, first
+        return Placed(first.run, first.graph, first.plan, first.timeline) if first is not None else None
+
     def report(self) -> Report:
         """The run's verified `Report`, as `execute` gives it: built on the first call."""
         if self.built is None:

@@ -226,7 +226,8 @@ class _Run:
     layer_time: dict[int | None, float]
     bound_time: dict[str, float]
     memory: dict[str, int] = field(default_factory=dict)  # resident bytes per memory of one device
-    graph: Graph | None = field(default=None, repr=False)  # the chip's graph (a TP share), plan, timeline, metrics
+    run: ResolvedRun | None = field(default=None, repr=False)  # the run placed, on the chip's graph (a TP share)
+    graph: Graph | None = field(default=None, repr=False)  # ... with its plan, timeline and metrics
     plan: Plan | None = field(default=None, repr=False)
     timeline: Timeline | None = field(default=None, repr=False)
     metrics: Metrics | None = field(default=None, repr=False)
@@ -240,12 +241,12 @@ class _Run:
 
 
 def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
-    return _summarised(graph, *place(graph, run.target, lowering_options(run)))
+    return _summarised(run, graph, *place(graph, run.target, lowering_options(run)))
 
 
-def _summarised(graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> _Run:
-    """One chip's placement of ``graph`` as the scaling stage reads it: its step, metrics and fit,
-    its busy time by decoder layer and by bound."""
+def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> _Run:
+    """``run``'s placement on one chip of ``graph`` as the scaling stage reads it: its step, metrics
+    and fit, its busy time by decoder layer and by bound."""
     per_layer: dict[int | None, float] = {}
     per_bound: dict[str, float] = {}
     for node in graph.nodes:
@@ -265,6 +266,7 @@ def _summarised(graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) 
         layer_time=per_layer,
         bound_time=per_bound,
         memory=dict(plan.memory_bytes),
+        run=run,
         graph=graph,
         plan=plan,
         timeline=timeline,
@@ -285,7 +287,7 @@ def _one_chip(graph: Graph, run: ResolvedRun, baseline: Placed | None) -> _Run:
     if not same:
         return _run_one(graph, run)
     metrics = compute_metrics(graph, baseline.plan, baseline.timeline, run.target)
-    return _summarised(graph, baseline.plan, baseline.timeline, metrics)
+    return _summarised(run, graph, baseline.plan, baseline.timeline, metrics)
 
 
 # -- collectives over the target's topology --------------------------------------------------

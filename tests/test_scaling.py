@@ -560,3 +560,24 @@ def test_ipu_pipeline_spread_over_nodes_is_refused_with_the_fix():
         match=r"--chips-per-node 4: the ipu lowering places its own pipeline inside one node of 64.*drop --chips-per-node",
     ):
         scale(decoder(layers=4, hidden=64, batch=4), load_target("ipu"), [1, 8], "pp", ScaleOptions(chips_per_node=4))
+
+
+@pytest.mark.parametrize("strategy", ["tp", "pp", "dp"])
+def test_scale_places_the_one_chip_baseline_once_and_each_point_as_its_own_run_gives_it(strategy, monkeypatch):
+    """``scale`` over 1, 2 and 4 chips places the one-chip baseline once, not once a point: each
+    point equals the scaling record of its own ``profile --chips N`` run, and the placements are
+    those runs' less the two baselines the later points take from the first."""
+    from dabench_ir import api, scaling
+
+    placements: list[int] = []
+    run_one = scaling._run_one
+    monkeypatch.setattr(scaling, "_run_one", lambda graph, run: placements.append(1) or run_one(graph, run))
+    kw = (
+        {"batch": 4, "micro_batches": 4, "dims": {"seq": 64}} if strategy == "pp" else {"batch": 4, "dims": {"seq": 64}}
+    )
+    own = [api.profile("gpt2-small", "h100", chips=n, strategy=strategy, **kw) for n in (1, 2, 4)]
+    apart = len(placements)
+    placements.clear()
+    result = api.scale("gpt2-small", "h100", strategy=strategy, chips=(1, 2, 4), **kw)
+    assert len(placements) == apart - 2
+    assert [p.to_dict() for p in result.points] == [r.extra["scale"]["points"][-1] for r in own]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph
+from dabench_ir.ir import Cost, Graph, Node
 from dabench_ir.options import recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
@@ -112,7 +112,7 @@ def _node_rows(
     timings = timeline.nodes if timeline is not None else {}
     node_plans = plan.node_plans if plan is not None else {}
     for node in graph.nodes:
-        cost = None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
+        cost = _attributed_cost(node)
         if node.name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
             intensity, feed = node_intensity[node.name], feed_bytes.get(node.name)
         else:
@@ -289,6 +289,12 @@ def _add_measured(record: NodeRecord, measurement: Any) -> None:
         record.note = f"not measured: {measurement.missing[name]}"
 
 
+def _attributed_cost(node: Node) -> Cost | None:
+    """The cost a node's record carries and the totals add: None for a node whose work no rule
+    attributes to it (`meta.UNATTRIBUTED`), or that is not costed."""
+    return None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
+
+
 def _total(costs: Sequence[Cost]) -> Cost:
     """``sum(costs, Cost())``, one field at a time (the same numbers), without a Cost or a row built per
     node (a transposed table of a 360,000-node model's costs took 3 s to build)."""
@@ -423,7 +429,9 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
         report = build_report(chip.graph, run=run, plan=chip.plan, timeline=chip.timeline, metrics=chip.metrics)
     else:
         report = build_report(graph, run=run)
-    whole = build_report(graph, run=run)  # the unsplit graph: one replica's step
+    whole = _total(
+        [c for c in map(_attributed_cost, graph.nodes) if c is not None]
+    )  # the unsplit graph: a replica's step
     steps = point.batch / max(run.samples.per_replica, 1)  # replica steps in the multi-chip step
     one = report.totals
     replicas = one.get("copies") or 1  # the placement's own data-parallel copies (the IPU's replicas)
@@ -439,7 +447,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     }
     tp = point.throughput_samples_per_s
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
-    totals.update({key: whole.totals[key] * steps for key in _WORK_TOTALS})
+    totals.update({key: getattr(whole, key) * steps for key in _WORK_TOTALS})
     totals.update({key: (one.get(key) or 0) * copies for key in ("bytes", *_BYTE_TOTALS)})
     totals.update(
         {
@@ -472,7 +480,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
             }
         )
     report.totals = totals
-    report.model = {**report.model, "params": whole.model.get("params")}
+    report.model = {**report.model, "params": graph.num_params}  # the unsplit model's
     report.metrics.update(
         {
             "allocation_ratio": point.allocation_ratio,
