@@ -236,3 +236,21 @@ def test_map_fused_joins_inserted_nodes_to_the_group_they_work_for():
     assert fmap.members == {"gemm_output_reshape": ["mm", "add"]}
     assert fmap.joined == {"gemm": "gemm_output_reshape", "gemm_input_reshape": "gemm_output_reshape"}
     assert fmap.inserted == set()
+
+
+def test_node_benchmarks_refuse_a_model_above_the_cap_before_estimating_its_nodes(tmp_path, monkeypatch):
+    """A model too big to synthesise is refused by the cap first: its missing node shapes are not
+    estimated (a 10,000-layer decoder estimated 360,000 nodes, then copied its proto, to be refused)."""
+    from dabench_ir.execute import microbench
+    from dabench_ir.frontends.onnx import load_onnx
+
+    model = _mlp(batch=2)
+    graph = load_onnx(model)
+    assert microbench.signature_groups(graph)  # shapes the (absent) table lacks
+
+    def estimated(*_args, **_kwargs):
+        raise AssertionError("estimated before the cap refused the model")
+
+    monkeypatch.setattr(microbench, "plan_signatures", estimated)
+    with pytest.raises(UserError, match="needs 2,176 bytes"):
+        microbench.ensure_node_table(model, graph, tmp_path / "cpu.toml", max_weight_bytes=1000)

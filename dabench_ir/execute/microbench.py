@@ -56,6 +56,7 @@ __all__ = [
     "ensure_for_target",
     "ensure_node_table",
     "plan_signatures",
+    "signature_groups",
     "with_node_table",
 ]
 
@@ -94,26 +95,39 @@ class BenchResult:
     seconds: float = 0.0
 
 
-def plan_signatures(graph: Graph, model: Any = None) -> list[tuple[str, list[str], float]]:
-    """Distinct node signatures of ``graph`` as (signature, node names, estimated total seconds),
-    most expensive first; the estimate is the class model's (``model``), else each node's bytes."""
-    from dabench_ir.passes.meta import COST
-
+def signature_groups(graph: Graph) -> dict[str, list[str]]:
+    """The names of ``graph``'s nodes by their signature (`node_signature`), in graph order;
+    Constants and nodes without a signature left out."""
     groups: dict[str, list[str]] = {}
-    estimate: dict[str, float] = {}
     for node in graph.nodes:
         if node.op_type == "Constant":
             continue
         sig = node_signature(graph, node)
-        if sig is None:
-            continue
-        groups.setdefault(sig, []).append(node.name)
+        if sig is not None:
+            groups.setdefault(sig, []).append(node.name)
+    return groups
+
+
+def plan_signatures(
+    graph: Graph, model: Any = None, groups: Mapping[str, list[str]] | None = None
+) -> list[tuple[str, list[str], float]]:
+    """Distinct node signatures of ``graph`` (``groups``: those of `signature_groups` to plan,
+    e.g. the ones a table lacks; default every one) as (signature, node names, estimated total
+    seconds), most expensive first; the estimate is the class model's (``model``), else each
+    node's bytes."""
+    from dabench_ir.passes.meta import COST
+
+    def estimate(name: str) -> float:
+        node = graph.node(name)
         t = predict_node(graph, node, model) if model is not None else None
         if t is None:
             cost = node.meta.get(COST)
             t = float(cost.bytes) * 1e-10 if cost is not None else 0.0
-        estimate[sig] = estimate.get(sig, 0.0) + t
-    return sorted(((s, names, estimate[s]) for s, names in groups.items()), key=lambda r: -r[2])
+        return t
+
+    groups = signature_groups(graph) if groups is None else groups
+    planned = [(sig, names, sum(map(estimate, names))) for sig, names in groups.items()]
+    return sorted(planned, key=lambda r: -r[2])
 
 
 def ensure_node_table(
@@ -146,17 +160,14 @@ def ensure_node_table(
         model = load_cpu_model(Path(target_path))
     except (OSError, TypeError, KeyError, ValueError):
         model = None
-    todo = []
-    for sig, names, est in plan_signatures(graph, model):
-        if sig in table:
-            result.cached += 1
-        else:
-            todo.append((sig, names, est))
-    if not todo:
+    groups = signature_groups(graph)
+    result.cached = sum(sig in table for sig in groups)
+    missing = {sig: names for sig, names in groups.items() if sig not in table}
+    if not missing:
         result.seconds = time.perf_counter() - start
         return result
     raw, path = read_model(proto)
-    prepared = prepare_model(
+    prepared = prepare_model(  # refuses a model above the cap before any node is estimated
         raw,
         path=Path(path) if path else None,
         graph=graph,
@@ -164,6 +175,7 @@ def ensure_node_table(
         max_weight_bytes=max_weight_bytes,
     )
     name_nodes(prepared.model, graph)
+    todo = plan_signatures(graph, model, missing)
     if say:
         say(
             f"measuring {len(todo)} node shapes this host has not timed yet (the cpu target predicts from them; "
