@@ -51,7 +51,6 @@ from dabench_ir.lowering._common import (
     peak_live_bytes,
     place_node,
     training_state,
-    weight_bytes,
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
@@ -640,7 +639,7 @@ def device_memory(
 
     optimizer = shard(state.optimizer_side, 1)
     return {
-        "weights": shard(weight_bytes(ctx), 3),
+        "weights": shard(ctx.total_weight_bytes, 3),
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(saved / m),
@@ -874,7 +873,7 @@ class Offload:
         gradients_s = share * training_state(ctx).gradients / rate
         backward_s = _backward_s(ctx, plan, exclude=self.node) / micro_batches  # one micro-batch's
         exposed = micro_batches * max(0.0, gradients_s - backward_s)
-        rows = {OFFLOAD_WEIGHTS: share * weight_bytes(ctx) / rate}
+        rows = {OFFLOAD_WEIGHTS: share * ctx.total_weight_bytes / rate}
         if exposed > 0:
             rows[OFFLOAD_GRADIENTS] = exposed
         return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dabench_ir.lowering._common import LoweringContext, training_state, weight_bytes
+from dabench_ir.lowering._common import LoweringContext, training_state
 from dabench_ir.lowering.rdu.sections import phase_cost
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import SAVED, is_optimizer_step
@@ -257,7 +257,7 @@ def ddr_footprint(
         weights = sum(phase_cost(n, sec.phase, ctx.costs[n.name]).weight_bytes for n in sec.nodes if ctx.is_work(n))
         transient = max(transient, section_bytes[i] - weights)
     return {
-        "weights": weight_bytes(ctx),
+        "weights": ctx.total_weight_bytes,
         "gradients": state.gradients,
         "master_weights": state.master_weights,
         "optimizer": state.optimizer,

@@ -119,7 +119,7 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
             "lane, the gradients add up in MemoryX, one weight update per batch"
         )
     _place_blocks(ctx, target, plan, wafer, streams, mb, n_mb)
-    total_w = weight_bytes(ctx)
+    total_w = ctx.total_weight_bytes
     state = weight_state_bytes(ctx) - total_w  # gradients, fp32 master weights and moments: in MemoryX
     plan.memory_bytes = {wafer.sram.name: int(need(mb)), wafer.ext.name: int(total_w + state)}
     plan.traffic_bytes = {wafer.ext.name: int(sum(b.stream_bytes for b in streams) * n_mb)}
