@@ -22,7 +22,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED
+from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED, attributed_cost
 
 __all__ = [
     "PREFIX",
@@ -164,7 +164,7 @@ def annotate_onnx(
         for key, value in node_annotations(graph.node(name), extras.get(name)).items():
             proto_node.metadata_props.add(key=key, value=_text(value))
         written += 1
-    total = sum((n.meta.get(COST, Cost()) for n in graph.nodes if UNATTRIBUTED not in n.meta), Cost())
+    total = sum((c for c in map(attributed_cost, graph.nodes) if c is not None), Cost())
     ours = {"dabench.total_flops", "dabench.total_bytes", *(model_props or {})}
     props = {p.key: p.value for p in copy.metadata_props if p.key not in ours}
     props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes)})

@@ -275,7 +275,7 @@ def step_energy(
     node_plans = plan.node_plans
     busy_times = timeline.busy_times() if busy is None else busy
     for node in graph.nodes:
-        cost = None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
+        cost = meta.attributed_cost(node)
         node_plan = node_plans.get(node.name)
         if cost is None or node_plan is None:
             continue

@@ -155,11 +155,7 @@ def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> 
     step = finite_float(timeline.step_time_s)
     if step is None or step <= 0:
         return
-    flops = sum(
-        float(c.flops)
-        for n in graph.nodes
-        if meta.UNATTRIBUTED not in n.meta and (c := n.meta.get(meta.COST)) is not None
-    )
+    flops = sum(float(c.flops) for c in map(meta.attributed_cost, graph.nodes) if c is not None)
     chips = max(1, int(plan.chips or 1))
     peak = max(q.value for q in target.peaks.values()) * chips
     if flops > 0 and _above(flops / peak, step):

@@ -49,6 +49,7 @@ __all__ = [
     "MissingAnnotationError",
     "TrainingRecord",
     "analyzed_by",
+    "attributed_cost",
     "get",
     "get_cost",
     "get_op_class",
@@ -118,6 +119,13 @@ def get_cost(node: Node) -> Cost | None:
         return None
     cost = annotations.get(COST)  # `get` written out for the common case: read once per node a lowering
     return cost if cost is not None else get(node, COST)
+
+
+def attributed_cost(node: Node) -> Cost | None:
+    """The work credited to ``node``: what its report row carries and every total adds (the report's,
+    the energy's, the step's FLOPs the verifier bounds). None when no rule attributes work to it
+    (`UNATTRIBUTED`) or it is not costed; unlike `get_cost`, never an error."""
+    return None if UNATTRIBUTED in node.meta else node.meta.get(COST)
 
 
 def get_op_class(node: Node) -> Any:

@@ -203,3 +203,38 @@ def test_a_roles_share_of_peak_is_over_the_peak_the_metrics_read(target, precisi
     assert target_peak(report) * chips == report.metrics["peak_flops_per_s"]
     fractions = [r["peak_fraction"] for r in role_rows(report, overheads=False) if r["peak_fraction"] is not None]
     assert fractions and max(fractions) <= 1.0
+
+
+# -- the work credited to a node: passes.meta.attributed_cost, read by every total ----------------
+
+
+def test_a_node_no_rule_credits_is_left_out_of_every_total_alike(tmp_path):
+    """A node that carries counted work but no rule attributes to it (`meta.UNATTRIBUTED`: MLIR ops
+    without an origin) is left out alike by the report's totals, the annotated model's totals and the
+    energy's per-node rows; each counted it in, or not, by its own test before one owner held it."""
+    import onnx
+
+    from dabench_ir.annotate import annotate_onnx
+    from dabench_ir.energy import step_energy
+    from dabench_ir.models.presets import preset_file
+    from dabench_ir.passes import meta
+    from dabench_ir.report.build import build_report
+
+    report = api.profile("gpt2-small", "h100", batch=1, dims={"seq": 32})
+    graph = report.graph
+    marked = next(n for n in graph.nodes if n.op_type == "MatMul")
+    counted = meta.get_cost(marked)
+    assert counted is not None and counted.flops > 0
+    marked.meta[meta.UNATTRIBUTED] = "no origin (test)"
+    credited = sum(c.flops for n in graph.nodes if n is not marked and (c := n.meta.get(meta.COST)) is not None)
+
+    assert build_report(graph, run=report.run).totals["flops"] == credited
+    props = {
+        p.key: p.value
+        for p in onnx.load(annotate_onnx(preset_file("gpt2-small"), graph, tmp_path / "a.onnx")).metadata_props
+    }
+    assert int(props["dabench.total_flops"]) == credited
+    energy = step_energy(graph, report.plan, report.timeline, report.target_obj)
+    assert marked.name not in energy.dynamic and len(energy.dynamic) == sum(
+        1 for n in graph.nodes if n.name in report.plan.node_plans and meta.attributed_cost(n) is not None
+    )

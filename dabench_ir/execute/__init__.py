@@ -380,7 +380,7 @@ def _predicted_times(graph: Graph, target: Any) -> tuple[dict[str, float], str]:
 
 
 def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[str, NodeRate]:
-    from dabench_ir.passes.meta import COST, UNATTRIBUTED
+    from dabench_ir.passes.meta import attributed_cost
 
     model = None
     if target is not None:
@@ -393,7 +393,7 @@ def _rates(graph: Graph, node_times: Mapping[str, float], target: Any) -> dict[s
     out: dict[str, NodeRate] = {}
     for node in graph.nodes:
         t = node_times.get(node.name)
-        cost = node.meta.get(COST) if UNATTRIBUTED not in node.meta else None
+        cost = attributed_cost(node)
         if t is None or t <= 0 or cost is None:
             continue
         bound = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph, Node
+from dabench_ir.ir import Cost, Graph
 from dabench_ir.options import recorded_config
 from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
@@ -112,7 +112,7 @@ def _node_rows(
     timings = timeline.nodes if timeline is not None else {}
     node_plans = plan.node_plans if plan is not None else {}
     for node in graph.nodes:
-        cost = _attributed_cost(node)
+        cost = meta.attributed_cost(node)
         if node.name in node_intensity:  # the feed level's, which replaces the cost's (not computed then)
             intensity, feed = node_intensity[node.name], feed_bytes.get(node.name)
         else:
@@ -289,12 +289,6 @@ def _add_measured(record: NodeRecord, measurement: Any) -> None:
         record.note = f"not measured: {measurement.missing[name]}"
 
 
-def _attributed_cost(node: Node) -> Cost | None:
-    """The cost a node's record carries and the totals add: None for a node whose work no rule
-    attributes to it (`meta.UNATTRIBUTED`), or that is not costed."""
-    return None if meta.UNATTRIBUTED in node.meta else node.meta.get(meta.COST)
-
-
 def _total(costs: Sequence[Cost]) -> Cost:
     """``sum(costs, Cost())``, one field at a time (the same numbers), without a Cost or a row built per
     node (a transposed table of a 360,000-node model's costs took 3 s to build)."""
@@ -430,7 +424,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     else:
         report = build_report(graph, run=run)
     whole = _total(
-        [c for c in map(_attributed_cost, graph.nodes) if c is not None]
+        [c for c in map(meta.attributed_cost, graph.nodes) if c is not None]
     )  # the unsplit graph: a replica's step
     steps = point.batch / max(run.samples.per_replica, 1)  # replica steps in the multi-chip step
     one = report.totals

@@ -70,8 +70,8 @@ def _node_args(graph: Graph, name: str, roles: Mapping[str, str]) -> dict[str, A
         args["scope"] = node.scope
     if node.layer is not None:
         args["layer"] = node.layer
-    cost = node.meta.get(meta.COST)
-    if cost is not None and meta.UNATTRIBUTED not in node.meta:
+    cost = meta.attributed_cost(node)
+    if cost is not None:
         args["flops"] = cost.flops
         args["bytes"] = cost.bytes
     elif meta.UNATTRIBUTED in node.meta:
