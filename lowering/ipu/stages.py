@@ -123,10 +123,11 @@ def sections(ctx: LoweringContext) -> Sections:
         layers.setdefault(int(current), []).append(n)
     layers = dict(sorted(layers.items()))
     pre, post = rest[:first], rest[last + 1 :]
-    tied = bool(set(stored_values(ctx, pre)) & set(stored_values(ctx, post)))
+    before = stored_values(ctx, pre)
+    tied = bool(before.keys() & stored_values(ctx, post).keys())
     roots = {i: stored_values(ctx, ln) for i, ln in layers.items()}
     per_layer = sum(sum(r.values()) for r in roots.values()) / len(roots)
-    table = sum(stored_values(ctx, pre).values()) / per_layer if per_layer else 0.0
+    table = sum(before.values()) / per_layer if per_layer else 0.0
     return Sections(pre, layers, post, opt, tied=tied, table_layers=table, layer_roots=roots)
 
 
