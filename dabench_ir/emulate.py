@@ -31,20 +31,16 @@ logger = logging.getLogger(__name__)
 
 
 def _producers(graph: Graph, position: dict[str, int]) -> list[list[int]]:
-    """Each placed node's placed producers (by ``position``: a node's index in the placed order),
-    in input order, each once; a list in that order."""
-    producer_of = {name: position[v.producer] for name, v in graph.values.items() if name and v.producer in position}
-    preds: list[list[int]] = [[] for _ in position]
-    for node in graph.nodes:
-        i = position.get(node.name)
-        if i is None:
-            continue
-        seen = preds[i]
-        for v in node.inputs:
-            p = producer_of.get(v)
-            if p is not None and p not in seen:
-                seen.append(p)
-    return preds
+    """Each placed node's placed producers (by ``position``: a node's index in the placed order, the
+    graph's order less the nodes not placed), in input order, each once; a list in that order. Read
+    from the graph's own (`Graph.producer_positions`), which it is when every node is placed."""
+    every = graph.producer_positions
+    if len(position) == len(every):
+        return every
+    placed = [position.get(n.name) for n in graph.nodes]  # each node's placed position, None if not placed
+    return [
+        [placed[p] for p in preds if placed[p] is not None] for i, preds in enumerate(every) if placed[i] is not None
+    ]
 
 
 @dataclass(slots=True)

@@ -494,6 +494,23 @@ class Graph:
         return out
 
     @cached_property
+    def producer_positions(self) -> list[list[int]]:
+        """Each node's producers (the nodes its input values name as theirs), by position in ``nodes``,
+        in input order and each once: the dependencies every emulation of this graph walks (the why
+        lines' variants emulate the report's graph again), worked out once."""
+        position = {n.name: i for i, n in enumerate(self.nodes)}
+        producer_of = {name: position[v.producer] for name, v in self.values.items() if name and v.producer in position}
+        preds: list[list[int]] = []
+        for node in self.nodes:
+            seen: list[int] = []
+            for v in node.inputs:
+                p = producer_of.get(v)
+                if p is not None and p not in seen:
+                    seen.append(p)
+            preds.append(seen)
+        return preds
+
+    @cached_property
     def model_root(self) -> str:
         """The module the model is in below a user's wrapper (`model_root` of the nodes' scopes), read once
         per graph: its nodes' modules (`module_of`) and identities (`model_path`) are read below it. The
@@ -622,6 +639,7 @@ class Graph:
         """Forget cached views after nodes were added or rewired."""
         self._by_name = {n.name: n for n in self.nodes}
         self.__dict__.pop("consumers", None)
+        self.__dict__.pop("producer_positions", None)
         self.__dict__.pop("model_root", None)
 
     def __repr__(self) -> str:

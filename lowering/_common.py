@@ -74,6 +74,7 @@ class LoweringContext:
     _stored: dict[str, tuple[tuple[str, int], ...]] = field(
         default_factory=dict, repr=False
     )  # `stored_values` per node
+    _live: int | None = field(default=None, repr=False)  # `live_bytes`, worked out on the first ask
 
     @staticmethod
     def plan_precision(graph: Graph, precision: DType | None) -> DType:
@@ -135,10 +136,18 @@ class LoweringContext:
             **fields,
         )
 
+    def live_bytes(self) -> int:
+        """The peak of live activations while the whole graph runs in order (`peak_live_bytes`): a
+        fact of the graph, worked out once however many placements share the context (the why
+        lines' variants read it in every memory check)."""
+        if self._live is None:
+            self._live = peak_live_bytes(self, self.graph.nodes)
+        return self._live
+
     def resident_bytes(self) -> int:
         """What one device holds running the whole graph: weights, the peak of live
         activations, and the training state."""
-        return self.total_weight_bytes + peak_live_bytes(self, self.graph.nodes) + training_bytes(self)
+        return self.total_weight_bytes + self.live_bytes() + training_bytes(self)
 
     def node_precision(self, node: Node) -> DType:
         """The dtype ``node`` computes in: the precision pass's choice per node (mixed

@@ -196,3 +196,33 @@ def test_lane_rates_are_the_largest_cycle_mean_that_reaches_each_lane():
         "b": 4.0,
         "c": 0.5,
     }
+
+
+def test_the_dependencies_by_position_are_the_graphs_own_worked_out_once():
+    """Every emulation of a graph walks its producers by position (`Graph.producer_positions`): worked
+    out once (the why lines' variants emulate the report's graph again), forgotten when the graph is
+    rewired, and read for a timeline of part of the graph as the producers among its nodes."""
+    from dataclasses import replace
+
+    from dabench_ir.timeline import Timeline
+
+    g = decoder(layers=2, hidden=64, seq=8, batch=4)
+    plan = lower(g, load_target("rdu"), ProfileOptions())
+    assert "producer_positions" not in g.__dict__
+    first = emulate(plan, g)
+    preds = g.__dict__["producer_positions"]  # the emulation read the graph's own
+    assert emulate(plan, g).nodes == first.nodes and g.producer_positions is preds
+    writer = {out: i for i, n in enumerate(g.nodes) for out in n.outputs if out}
+    assert preds == [list(dict.fromkeys(writer[v] for v in n.inputs if v in writer)) for n in g.nodes]
+    g.invalidate()
+    assert "producer_positions" not in g.__dict__ and g.producer_positions == preds
+    # part of the graph: the first node left out; a consumer moved before its producer's end is named
+    consumer = next(i for i, p in enumerate(preds) if p and min(p) > 0)
+    producer = g.nodes[preds[consumer][0]].name
+    name = g.nodes[consumer].name
+    nodes = {n.name: first.nodes[n.name] for n in g.nodes[1:]}
+    early = first.nodes[producer].end - 1.0
+    nodes[name] = replace(nodes[name], start=early)
+    part = Timeline(nodes=nodes, step_time_s=first.step_time_s)
+    problems = check_dependencies(part, g)
+    assert any(p.startswith(f"{name} (micro-batch 0) starts") and f"before {producer} ends" in p for p in problems)
