@@ -293,10 +293,9 @@ class VariantRuns:
             run = self.variant(changes)
             self.placements += 1
             self.say(f"why lines: placing with {change_text(changes)} (variant {self.placements})")
-            if self.shares_graph(run):
-                variant = placed(
-                    run, self.report.graph, context=self.context(run), shared=True, baseline=self.baseline()
-                )
+            if self.shares_graph(run):  # a run over several chips places its own shares, not this graph
+                context = None if run.multi_chip else self.context(run)
+                variant = placed(run, self.report.graph, context=context, shared=True, baseline=self.baseline())
             else:
                 variant = placed(run, self.report.graph.clone())
         except (UserError, ValueError) as exc:
@@ -360,8 +359,8 @@ def more_chips(report: Report, runs: VariantRuns) -> Trial | None:
     lays the model over chips itself, as the IPU's ``--ipus`` remedy does)."""
     from dabench_ir.lowering import lowering_for
 
-    failure, opts, target = report.plan.failure, report.options, report.run.target
-    if opts.chips > 1 or opts.strategy is not None or failure is None:
+    failure, target = report.plan.failure, report.run.target
+    if report.run.multi_chip or failure is None:
         return None
     if "tp" not in target.strategies or lowering_for(target).pipelines_itself:
         return None

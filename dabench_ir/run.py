@@ -149,6 +149,12 @@ class ResolvedRun:
             o.recompute,
         )
 
+    @property
+    def multi_chip(self) -> bool:
+        """Whether the run goes through the Level-2 scaling stage: over several chips, or with a
+        strategy named (``--chips 1 --strategy tp`` is the scaling stage's one-chip point)."""
+        return self.options.chips > 1 or self.options.strategy is not None
+
     def knob(self, name: str) -> Any:
         return getattr(self.options, name)
 
@@ -662,7 +668,7 @@ def execute(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None)
     if tgt is None:
         timeline = measurement.timeline if measurement is not None else None
         return build_report(graph, run=run, timeline=timeline, measurement=measurement)
-    if opts.chips > 1 or opts.strategy is not None:  # a scaling run (each point of `scale` too): verified alike
+    if run.multi_chip:  # a scaling run (each point of `scale` too): verified alike
         return _scaled(run, graph, say).report()
     from dabench_ir.place import place
 
@@ -743,7 +749,7 @@ def placed(
         raise ValueError("a measured run is answered by execute(), not placed()")
     say = progress or silent
     run, graph = _prepared(run, graph, say)
-    if run.options.chips > 1 or run.options.strategy is not None:
+    if run.multi_chip:
         return _scaled(run, graph, say, shared=shared, baseline=baseline)
     from dabench_ir.emulate import emulate
     from dabench_ir.lowering import lower

@@ -352,8 +352,10 @@ def test_the_fit_over_more_chips_takes_the_reports_own_run_as_its_one_chip_basel
     placed_chips: list[int] = []
     run_one = scaling._run_one
     monkeypatch.setattr(scaling, "_run_one", lambda g, run: placed_chips.append(run.options.chips) or run_one(g, run))
+    contexts = _contexts_built(monkeypatch)
     fit = advise(report).fit
     assert placed_chips == [4]  # the share; the baseline is the report's placement
+    assert report.graph not in contexts  # the try places its shares, not the report's graph: no context of it
     assert fit.placed.built is None  # not built until read
     placed_chips.clear()
     fresh = execute(fit.run, report.graph.clone())
@@ -378,3 +380,33 @@ def test_a_target_without_tensor_parallelism_is_not_tried_over_more_chips(monkey
     assert not report.plan.fits and report.target_obj.strategies == ()
     runs = VariantRuns(report)
     assert more_chips(report, runs) is None and runs.placements == 0
+
+
+def _contexts_built(monkeypatch) -> list:
+    """The graphs a lowering context is built of from now on, in order (`LoweringContext.build` counted)."""
+    from dabench_ir.lowering._common import LoweringContext
+
+    graphs: list = []
+    build = LoweringContext.build.__func__
+    monkeypatch.setattr(LoweringContext, "build", classmethod(lambda cls, g, *a: graphs.append(g) or build(cls, g, *a)))
+    return graphs
+
+
+def test_the_variants_on_the_reports_graph_read_its_live_peak_worked_out_once(monkeypatch):
+    """The peak of live activations over the whole graph is a fact of the graph: the why lines'
+    variants placed on the report's graph share one context, and every memory check of theirs reads
+    it from there (a 10,000-layer RDU profile walked the 360k nodes for it once a variant)."""
+    import dabench_ir.lowering._common as common
+
+    walks: list[int] = []
+    peak = common.peak_live_bytes
+    monkeypatch.setattr(
+        common, "peak_live_bytes", lambda ctx, nodes, *a, **k: walks.append(len(nodes)) or peak(ctx, nodes, *a, **k)
+    )
+    contexts = _contexts_built(monkeypatch)
+    report = profile_graph(decoder(layers=2), "rdu", ProfileOptions())
+    advice = advise(report)
+    whole = len(report.graph.nodes)
+    assert advice.placements >= 2
+    assert contexts.count(report.graph) == 2  # the report's placement, then the variants' one context
+    assert walks.count(whole) == 2  # once a context, not once a placement
