@@ -190,13 +190,11 @@ def _params_of(ctx: LoweringContext, name: str) -> int:
         return 0
 
 
-def stored_on(run: IpuRun, pipeline: Pipeline, ipu: int) -> dict[str, int]:
-    """The distinct stored values the stages on ``ipu`` read, by root (`stored_values`): each
+def stored_on(run: IpuRun, pipeline: Pipeline, stages: list[Stage]) -> dict[str, int]:
+    """The distinct stored values one IPU's ``stages`` read, by root (`stored_values`): each
     stage's nodes outside its layers, then its layers' (`Sections.layer_roots`, worked out once)."""
     roots: dict[str, int] = {}
-    for st in pipeline.stages:
-        if st.ipu != ipu:
-            continue
+    for st in stages:
         read = [stored_values(run.ctx, st.others), *(pipeline.sections.layer_roots[i] for i in st.layers)]
         for part in read:
             for root, nbytes in part.items():
@@ -342,8 +340,9 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     dropped = core_internal_values(ctx) if drops_cores else frozenset()
     for s, st in enumerate(pipeline.stages):
         _add_stage(run, pipeline, s, st, memory, serials, dropped)
+    on_ipu = pipeline.stages_by_ipu()
     for k, t in memory.terms.items():
-        roots = stored_on(run, pipeline, k)
+        roots = stored_on(run, pipeline, on_ipu[k])
         memory.params_on[k] = param_count(ctx, roots, run.memo.params)
         t["program"] = run.fig.program
         t["weights"] = sum(roots.values())
@@ -365,10 +364,11 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
     n_ipus = pipeline.ipus
     offchip_bytes = memory.offchip_bytes
     more = None  # `more_ipus`, sized once for every IPU that overflows
+    on_ipu = pipeline.stages_by_ipu()
     for k in sorted(memory.terms):
         t = memory.terms[k]
         resident = sum(t.values())
-        unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for n in pipeline.nodes_on(k)])
+        unit = Unit(id=f"ipu{k}", kind="ipu", nodes=[n.name for st in on_ipu[k] for n in st.nodes])
         util = times.utilisation(k)
         unit.allocation = util / n_ipus
         unit.stats = UnitStats(tile_utilisation=util)
