@@ -685,8 +685,9 @@ class Placed:
     demand (`report`). On a 1,000-layer model the report and its verification are a third of a
     run; a caller that drops them does not pay for them.
 
-    The step is checked when placed (`dabench_ir.verify.check_step`); the report, when built, is
-    verified whole as `execute`'s is. A multi-chip run keeps the scaling stage's points
+    The step is checked when placed (`dabench_ir.verify.check_step`; over several chips, every
+    scaling point's speedup and one-chip step, `dabench_ir.verify.check_scaled`); the report, when
+    built, is verified whole as `execute`'s is. A multi-chip run keeps the scaling stage's points
     (``scaled``, the last is the run's) and one chip's placement (``plan``, ``timeline``).
     ``shared``: ``graph`` is another report's (a variant placed on it), so the report built from
     it works on a clone."""
@@ -844,5 +845,9 @@ def _scaled(
         raise UserError(f"--chips {o.chips} needs --strategy dp, tp or pp")
     say(f"scaling over {o.chips} chip{'s' if o.chips > 1 else ''} ({o.strategy})")
     result = scale(graph, run.target, sorted({1, o.chips}), o.strategy, run, baseline=baseline)
+    if not o.no_verify:
+        from dabench_ir.verify import check_scaled
+
+        check_scaled(result)  # every point, before any report is built of it (a fit's may never be)
     chip = result.points[-1].chip
     return Placed(run, graph, chip.plan, chip.timeline, scaled=result, shared=shared)

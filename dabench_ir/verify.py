@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Graph
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import NodeRecord, Report
+    from dabench_ir.scaling import ScaleResult
     from dabench_ir.targets import Target
     from dabench_ir.timeline import Timeline
 
@@ -76,6 +77,7 @@ __all__ = [
     "PhysicsError",
     "Violation",
     "check",
+    "check_scaled",
     "check_step",
     "verify",
 ]
@@ -164,6 +166,18 @@ def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> 
                 "step_time_work", "step", step, flops / peak, f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)"
             )
         )
+
+
+def check_scaled(result: ScaleResult) -> None:
+    """The points of a placement over several chips whose report is not built (the fitting
+    search's try over more chips, a why line's): ``speedup_linear`` over its points, and
+    `check_step` of each point's one-chip placement (a tensor-parallel share, a replica's run).
+    Raises `PhysicsError`. The report, when built, is checked whole (`check`)."""
+    for violation in _speedups(result.to_dict()):
+        raise PhysicsError(violation)
+    for chip in (point.chip for point in result.points):
+        if chip is not None and chip.run is not None and chip.plan is not None and chip.timeline is not None:
+            check_step(chip.graph, chip.run.target, chip.plan, chip.timeline)
 
 
 def verify(report: Report) -> list[Violation]:
@@ -332,7 +346,7 @@ def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
 
 def _violations(report: Report) -> Iterable[Violation]:
     yield from _shares(report)
-    yield from _speedups(report)
+    yield from _speedups(report.extra.get("scale") or {})
     if report.target_obj is None or report.plan is None:
         return  # nothing placed: only the tables' shares to check
     ctx = _Context(report)
@@ -343,11 +357,11 @@ def _violations(report: Report) -> Iterable[Violation]:
     yield from _roofline(ctx, nodes)
 
 
-def _speedups(report: Report) -> Iterable[Violation]:
-    """A multi-chip point faster than its chips allow, with no mechanism named for it: n chips are at
-    most n times one chip, times how many more samples each chip runs a step than the one chip did
-    (a chip with a larger batch may use itself better; never below 1: tensor-parallel shares)."""
-    study = report.extra.get("scale") or {}
+def _speedups(study: Mapping[str, Any]) -> Iterable[Violation]:
+    """A multi-chip point of ``study`` (a scaling record, `ScaleResult.to_dict`) faster than its chips
+    allow, with no mechanism named for it: n chips are at most n times one chip, times how many more
+    samples each chip runs a step than the one chip did (a chip with a larger batch may use itself
+    better; never below 1: tensor-parallel shares)."""
     base = study.get("base_samples")
     for point in study.get("points") or []:
         speedup, chips = finite_float(point.get("speedup")), point.get("chips") or 1

@@ -390,3 +390,28 @@ def test_a_placed_step_shorter_than_its_work_at_the_highest_peak():
     v = err.value.violation
     assert (v.invariant, v.value, v.limit) == ("step_time_work", 0.3, 0.375)
     check_step(g, TOY, dataclasses.replace(plan, chips=2), SimpleNamespace(step_time_s=0.1875))  # 2 chips
+
+
+def test_a_placement_over_several_chips_is_checked_when_placed_before_any_report(monkeypatch):
+    """The fitting search's try over more chips is placed and never reported by `profile`: its points
+    are checked when placed (`verify.check_scaled`), a speedup above linear with no mechanism named
+    refused there, as the report's check would; ``--no-verify`` skips it."""
+    from dabench_ir import scaling
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.run import placed
+
+    report = profile_graph(decoder(layers=2), "h100", ProfileOptions())
+    scale = scaling.scale
+
+    def above_linear(*args, **kwargs):
+        result = scale(*args, **kwargs)
+        result.points[-1].speedup = 2.5 * result.points[-1].chips
+        return result
+
+    monkeypatch.setattr(scaling, "scale", above_linear)
+    run = report.run.variant(chips=2, strategy="dp")
+    with pytest.raises(PhysicsError, match="speedup_linear at 2 chips: 5 > 2"):
+        placed(run, report.graph.clone())
+    unchecked = placed(run.variant(no_verify=True), report.graph.clone())
+    assert unchecked.scaled.points[-1].speedup == 5.0 and unchecked.built is None
