@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, DType, Graph, Node, model_path, module_of
@@ -43,6 +43,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def _op_class(node: Node) -> str:
     cls = node.meta.get(meta.OP_CLASS)
@@ -74,7 +76,9 @@ class LoweringContext:
     _stored: dict[str, tuple[tuple[str, int], ...]] = field(
         default_factory=dict, repr=False
     )  # `stored_values` per node
-    _live: int | None = field(default=None, repr=False)  # `live_bytes`, worked out on the first ask
+    _facts: dict[Callable[[LoweringContext], Any], Any] = field(
+        default_factory=dict, repr=False
+    )  # `fact`, by the function that works each out
 
     @staticmethod
     def plan_precision(graph: Graph, precision: DType | None) -> DType:
@@ -136,13 +140,21 @@ class LoweringContext:
             **fields,
         )
 
+    def fact(self, work_out: Callable[[LoweringContext], T]) -> T:
+        """``work_out(self)``, worked out on the first ask and kept: a fact of the context's graph at
+        its precision that a lowering reads in every plan it makes of them, however many placements
+        share the context (the why lines' variants do). ``work_out`` is the key: a module-level
+        function (or class) of the context alone, never a closure over a run's options."""
+        try:
+            return self._facts[work_out]
+        except KeyError:
+            value = self._facts[work_out] = work_out(self)
+            return value
+
     def live_bytes(self) -> int:
-        """The peak of live activations while the whole graph runs in order (`peak_live_bytes`): a
-        fact of the graph, worked out once however many placements share the context (the why
-        lines' variants read it in every memory check)."""
-        if self._live is None:
-            self._live = peak_live_bytes(self, self.graph.nodes)
-        return self._live
+        """The peak of live activations while the whole graph runs in order (`peak_live_bytes`), a
+        `fact` of the context: every RDU memory check reads it."""
+        return self.fact(_whole_graph_live)
 
     def resident_bytes(self) -> int:
         """What one device holds running the whole graph: weights, the peak of live
@@ -351,6 +363,11 @@ def layer_blocks(graph: Graph) -> list[Block]:
         if b.key == "pre" and i > 0:
             b.key = f"block{i}"
     return blocks
+
+
+def _whole_graph_live(ctx: LoweringContext) -> int:
+    """`peak_live_bytes` of every node of the context's graph, in order (`LoweringContext.live_bytes`)."""
+    return peak_live_bytes(ctx, ctx.graph.nodes)
 
 
 def peak_live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: Set[str] = frozenset()) -> int:

@@ -410,3 +410,33 @@ def test_the_variants_on_the_reports_graph_read_its_live_peak_worked_out_once(mo
     assert advice.placements >= 2
     assert contexts.count(report.graph) == 2  # the report's placement, then the variants' one context
     assert walks.count(whole) == 2  # once a context, not once a placement
+
+
+def test_the_ipu_plans_of_one_graph_read_its_sections_and_layer_figures_worked_out_once(monkeypatch, unfit_ipu):
+    """The IPU's sections of the graph and each decoder layer's activation figures are facts of the
+    graph (`LoweringContext.fact`): the why lines' variants on the report's graph, and every layout
+    the search for the IPUs that fit tries, read them from one context (a 10,000-layer Bow profile
+    had worked out each layer's live peak once a placement, 60,000 walks). The figures are the
+    ones a fresh context works out: the report is the fixture's."""
+    from collections import Counter
+
+    import dabench_ir.lowering.ipu.memory as memory
+    import dabench_ir.lowering.ipu.stages as stages
+    from dabench_ir.run import execute
+
+    laid: list[object] = []
+    walked: list[int] = []
+    sections, live = stages.sections, memory.LAYER_FIGURES["live"]
+    monkeypatch.setattr(stages, "sections", lambda ctx: laid.append(ctx.graph) or sections(ctx))
+    monkeypatch.setitem(
+        memory.LAYER_FIGURES, "live", lambda ctx, nodes: walked.append(nodes[0].layer) or live(ctx, nodes)
+    )
+    contexts = _contexts_built(monkeypatch)
+    report = execute(unfit_ipu.run, unfit_ipu.graph.clone())
+    advice = advise(report)
+    layers = {n.layer for n in report.graph.nodes if n.layer is not None}
+    assert advice.placements >= 3 and not report.plan.fits  # the search for the IPUs that fit ran too
+    assert len(laid) == len(contexts)  # laid out once a context, not once a placement or layout
+    assert Counter(walked) == dict.fromkeys(layers, len(contexts))  # each layer once a context
+    fresh, shared = (dict(r.to_dict(), why=None) for r in (unfit_ipu, report))  # why lines: the fixture's, if asked
+    assert shared == fresh

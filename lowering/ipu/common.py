@@ -95,21 +95,14 @@ class IpuFigures:
         )
 
 
-@dataclass(slots=True)
-class RunMemo:
-    """What the memory step works out once a run and every layout `memory.ipus_to_fit` tries reads
-    again: each decoder layer's activation figures (by figure and layer index, `memory.most_of_layers`)
-    and each stored value's parameters (each layer's stored values are its `stages.Sections`')."""
-
-    layer_bytes: dict[tuple[str, int], float] = field(default_factory=dict)
-    params: dict[str, int] = field(default_factory=dict)
-
-
 @dataclass(frozen=True, slots=True)
 class IpuRun:
     """One plan's inputs as every step reads them: the context, the Target and its figures, the
     options, the micro-batches ``m`` (one step's batch over them), the data-parallel
-    ``replicas`` and the training state (None: inference)."""
+    ``replicas`` and the training state (None: inference); ``layer_figures``: each decoder layer's
+    figures that read the run's options (matmul temporaries, code tiles), by (figure, layer index),
+    worked out once a run (`memory.most_of_layers`: every layout `memory.ipus_to_fit` tries asks
+    again; the figures of the graph alone are the context's, `memory.GraphFigures`)."""
 
     ctx: LoweringContext
     target: Target
@@ -118,7 +111,7 @@ class IpuRun:
     m: int
     replicas: int
     train: TrainingRecord | None
-    memo: RunMemo = field(default_factory=RunMemo)
+    layer_figures: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, ctx: LoweringContext, target: Target, options: IpuOptions) -> IpuRun:

@@ -22,7 +22,7 @@ from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import peak_live_bytes, stored_values, training_state
 from dabench_ir.lowering.ipu.common import act_bytes, forward_cost, numel, trained_params
-from dabench_ir.lowering.ipu.stages import form_stages
+from dabench_ir.lowering.ipu.stages import form_stages, sections
 from dabench_ir.lowering.ipu.supersteps import tiles_for
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, traits_of
@@ -42,14 +42,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKWARD_KERNELS",
+    "LAYER_FIGURES",
     "MEMORY_TERMS",
     "SPREAD_TERMS",
+    "GraphFigures",
     "Phase",
     "TileMemory",
     "boundary_bytes",
     "core_internal_values",
     "ipus_needed",
     "ipus_to_fit",
+    "kept_bytes",
     "more_ipus",
     "most_of_layers",
     "overflow",
@@ -62,6 +65,7 @@ __all__ = [
     "stored_on",
     "temporaries",
     "tile_memory",
+    "work_tiles",
 ]
 
 MEMORY_TERMS = (
@@ -168,7 +172,7 @@ def saves_inputs(ctx: LoweringContext, node: Node) -> bool:
 
 def param_count(ctx: LoweringContext, roots: dict[str, int], known: dict[str, int]) -> int:
     """Parameters (trainable weights) among ``roots``; ``known``: each root's count, filled as
-    worked out (`RunMemo.params`)."""
+    worked out (`GraphFigures.params`)."""
     total = 0
     for name in roots:
         count = known.get(name)
@@ -229,13 +233,32 @@ def temporaries(serials: dict[str, SerialPlan], nodes: list[Node]) -> float:
     return max((serials[n.name].temporaries for n in nodes), default=0.0)
 
 
+def kept_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
+    """`saved_bytes` less the attention cores' internal values (`core_internal_values`): what a
+    layer keeps when its backward recomputes its core or a fused kernel holds it."""
+    return saved_bytes(ctx, nodes, ctx.fact(core_internal_values))
+
+
+LAYER_FIGURES: dict[str, Callable[[LoweringContext, list[Node]], float]] = {
+    "boundary": boundary_bytes,
+    "saved": saved_bytes,
+    "kept": kept_bytes,
+    "live": peak_live_bytes,
+}
+"""The activation figures of a decoder layer that read its graph alone, by name (`GraphFigures`)."""
+
+
 def most_of_layers(
-    run: IpuRun, pipeline: Pipeline, figure: str, layers: list[int], work_out: Callable[[list[Node]], float]
+    memo: dict[tuple[str, int], float],
+    nodes: dict[int, list[Node]],
+    figure: str,
+    layers: list[int],
+    work_out: Callable[[list[Node]], float],
 ) -> float:
-    """The most ``figure`` any of the decoder ``layers`` (indices) holds, each layer's ``work_out``
-    of its nodes worked out once a run (`RunMemo`): every layout `ipus_to_fit` tries
-    asks again for the same layers."""
-    memo, nodes = run.memo.layer_bytes, pipeline.sections.layers
+    """The most ``figure`` any of the decoder ``layers`` (indices into ``nodes``) holds, each layer's
+    ``work_out`` of its nodes worked out on the first ask and kept in ``memo``: the context's
+    (`GraphFigures`) for a figure of the graph alone, the run's (`IpuRun.layer_figures`) for one that
+    reads its options too. Every layout `ipus_to_fit` tries asks again for the same layers."""
     most = 0.0
     for i in layers:
         value = memo.get((figure, i))
@@ -245,6 +268,25 @@ def most_of_layers(
     return most
 
 
+class GraphFigures:
+    """What the memory step reads of the graph alone, kept by the context (``ctx.fact(GraphFigures)``,
+    `LoweringContext.fact`): every plan of the graph asks again, the why lines' variants as much as
+    the layouts `ipus_to_fit` tries. Each decoder layer's activation figures (`LAYER_FIGURES`, whole
+    batch) and each stored value's parameters (`param_count`)."""
+
+    __slots__ = ("layer_bytes", "layers", "params")
+
+    def __init__(self, ctx: LoweringContext) -> None:
+        self.layers = ctx.fact(sections).layers
+        self.layer_bytes: dict[tuple[str, int], float] = {}
+        self.params: dict[str, int] = {}
+
+    def most(self, ctx: LoweringContext, figure: str, layers: list[int]) -> float:
+        """The most ``figure`` (`LAYER_FIGURES`) any of the decoder ``layers`` (indices) holds."""
+        work_out = LAYER_FIGURES[figure]
+        return most_of_layers(self.layer_bytes, self.layers, figure, layers, lambda ln: work_out(ctx, ln))
+
+
 def _layer_phase(
     run: IpuRun,
     pipeline: Pipeline,
@@ -252,32 +294,42 @@ def _layer_phase(
     inflight: int,
     t: dict[str, float],
     serials: dict[str, SerialPlan],
-    dropped: frozenset[str],
+    drops_cores: bool,
 ) -> Phase:
     """A stage's decoder ``layers`` (indices): add their stash (``inflight`` micro-batches of it) and
-    exchange buffers to ``t``; their phase is one layer's live activations with its matmul temporaries."""
+    exchange buffers to ``t``; their phase is one layer's live activations with its matmul temporaries.
+    ``drops_cores``: the stash leaves out the attention cores' internal values (`kept_bytes`)."""
     ctx, m, train, training = run.ctx, run.m, run.train, run.training
+    graph = ctx.fact(GraphFigures)
 
-    def most(figure: str, work_out: Callable[[list[Node]], float]) -> float:
-        return most_of_layers(run, pipeline, figure, layers, work_out)
+    def most(figure: str) -> float:
+        return graph.most(ctx, figure, layers) / m
 
     # the layer's input, read by a recompute stash and by the exchange buffers only
-    boundary = most("boundary", lambda ln: boundary_bytes(ctx, ln)) / m if run.recompute or pipeline.ipus > 1 else 0.0
+    boundary = most("boundary") if run.recompute or pipeline.ipus > 1 else 0.0
     if training:
-        saved = most("saved", lambda ln: saved_bytes(ctx, ln)) / m
+        saved = most("saved")
     if training and run.recompute:
         t["stash"] += len(layers) * boundary * inflight
         live = saved  # one layer recomputed and differentiated at a time
     elif training:
-        kept = most("kept", lambda ln: saved_bytes(ctx, ln, dropped)) / m if dropped else saved
+        kept = most("kept") if drops_cores else saved
         t["stash"] += len(layers) * kept * inflight
         # the one core the backward recomputes is live while it does (a fused core: on-tile)
         live = saved - kept if train.recompute_mode == "selective" else 0.0
     else:
-        live = most("live", lambda ln: peak_live_bytes(ctx, ln)) / m
+        live = most("live")
     if pipeline.ipus > 1:
         t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
-    return Phase(live, most("temporaries", lambda ln: temporaries(serials, ln)))
+    matmul = most_of_layers(run.layer_figures, graph.layers, "temporaries", layers, lambda ln: temporaries(serials, ln))
+    return Phase(live, matmul)
+
+
+def work_tiles(run: IpuRun, nodes: list[Node]) -> int:
+    """The tiles the working ops among ``nodes`` spread over (`tiles_for`), summed: each holds its
+    op's code on every tile it uses."""
+    ctx = run.ctx
+    return sum(tiles_for(run, n) for n in nodes if ctx.is_work(n))
 
 
 def _other_phase(
@@ -300,24 +352,28 @@ def _add_stage(
     st: Stage,
     memory: TileMemory,
     serials: dict[str, SerialPlan],
-    dropped: frozenset[str],
+    drops_cores: bool,
 ) -> None:
     """Add stage ``s`` (``st``) to its IPU's terms: stash, exchange buffers, code for its distinct
-    ops, and its live activations and matmul temporaries where its phase peaks above the IPU's."""
-    ctx, training, k = run.ctx, run.training, st.ipu
+    ops, and its live activations and matmul temporaries where its phase peaks above the IPU's.
+    ``drops_cores``: the stash leaves out the attention cores' internal values (`kept_bytes`)."""
+    training, k = run.training, st.ipu
     t = memory.terms.setdefault(k, dict.fromkeys(MEMORY_TERMS, 0.0))
     inflight = pipeline.in_flight(s) if training else 1
     other = st.others
     phases: list[Phase] = []
     if st.layers:
         memory.inflight_of[k] = max(memory.inflight_of.get(k, 0), inflight)
-        phases.append(_layer_phase(run, pipeline, st.layers, inflight, t, serials, dropped))
+        phases.append(_layer_phase(run, pipeline, st.layers, inflight, t, serials, drops_cores))
     if other:
         phases.append(_other_phase(run, pipeline, other, t, serials))
-    first = pipeline.sections.layers[st.layers[0]] if st.layers else []
-    distinct = first + other  # identical layers share outlined code
+    # identical layers share outlined code: the stage's ops are its first layer's and its others'
+    tiles = work_tiles(run, other)
+    if st.layers:  # the first layer's, as the run's figure of that layer
+        layers = pipeline.sections.layers
+        tiles += most_of_layers(run.layer_figures, layers, "tiles", st.layers[:1], lambda ln: work_tiles(run, ln))
     factor = 1 + (BACKWARD_KERNELS if training else 0)
-    t["code"] += factor * run.fig.code_per * sum(tiles_for(run, n) for n in distinct if ctx.is_work(n))
+    t["code"] += factor * run.fig.code_per * tiles
     for live, tmp in phases:  # not-always-live memory peaks in the phase with the most
         if live + tmp > t["live_activations"] + t["matmul_temporaries"]:
             t["live_activations"], t["matmul_temporaries"] = live, tmp
@@ -337,13 +393,13 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
     # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
     drops_cores = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
-    dropped = core_internal_values(ctx) if drops_cores else frozenset()
+    drops_cores = drops_cores and bool(ctx.fact(core_internal_values))
     for s, st in enumerate(pipeline.stages):
-        _add_stage(run, pipeline, s, st, memory, serials, dropped)
+        _add_stage(run, pipeline, s, st, memory, serials, drops_cores)
     on_ipu = pipeline.stages_by_ipu()
     for k, t in memory.terms.items():
         roots = stored_on(run, pipeline, on_ipu[k])
-        memory.params_on[k] = param_count(ctx, roots, run.memo.params)
+        memory.params_on[k] = param_count(ctx, roots, ctx.fact(GraphFigures).params)
         t["program"] = run.fig.program
         t["weights"] = sum(roots.values())
         t["grad_accum"] = memory.params_on[k] * accum_pp
@@ -502,7 +558,7 @@ def ipus_to_fit(run: IpuRun, pipeline: Pipeline, memory: TileMemory, serials: di
 
     @functools.cache
     def fits(ipus: int) -> bool:
-        laid = tile_memory(run, form_stages(run.ctx, replace(options, ipus=ipus), pipeline.sections), serials)
+        laid = tile_memory(run, form_stages(run.ctx, replace(options, ipus=ipus)), serials)
         return all(sum(t.values()) <= run.fig.capacity for t in laid.terms.values())
 
     short, ipus, stride = bound - 1, bound, 1  # below the bound nothing fits

@@ -212,15 +212,15 @@ def check_accumulation(pipeline: Pipeline, m: int, batch: int, training: bool, p
     )
 
 
-def form_stages(ctx: LoweringContext, options: IpuOptions, parts: Sections | None = None) -> Pipeline:
+def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
     """Step 1: lay the decoder layers out over the IPUs as pipeline stages.
 
     A head whose weight is the embedding's (tied) returns to IPU 0; with ``--ipus`` alone the
     table counts as its layers' worth of weights (`layout`). ``--matmul-proportion`` must give
-    one value or one per IPU used; IPUs left without a layer are noted. ``parts``: the graph's
-    `sections` when worked out already (another layout of the same graph).
+    one value or one per IPU used; IPUs left without a layer are noted. The graph's `sections`
+    are a fact of the context (`LoweringContext.fact`), the same for every layout of it.
     """
-    parts = parts or sections(ctx)
+    parts = ctx.fact(sections)
     place = layout(options, len(parts.layers), parts.tied, parts.table_layers)
     stages = pipeline_stages(parts, place)
     n_ipus = max(s.ipu for s in stages) + 1
