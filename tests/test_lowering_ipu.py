@@ -364,6 +364,25 @@ def test_gpt2_four_layers_on_two_ipus(gpt2_base):
     assert "--recompute" in stashed.failure.reason
 
 
+def test_each_ipu_holds_the_distinct_stored_values_its_nodes_read(gpt2_base):
+    """An IPU's weights term counts each stored value its nodes read once: the per-layer sums the
+    memory step keeps (`GraphFigures`: a layer's own weights, then the values layers share, such as
+    the causal mask every GPT-2 layer reads, once an IPU) give what a union over its nodes gives."""
+    from dabench_ir.lowering._common import LoweringContext, stored_values
+    from dabench_ir.lowering.ipu.memory import GraphFigures
+
+    g = _gpt2(gpt2_base, 4)
+    figures = GraphFigures(LoweringContext.build(g))
+    assert any(figures.shared.values())  # the mask: read by every layer, held once an IPU
+    plan = lower(g, IPU, ProfileOptions(mode="train", precision="mixed", recompute=True, batch=64, ipus=3))
+    by_name = {n.name: n for n in g.nodes}
+    ctx = LoweringContext.build(g, plan.precision)
+    for unit in plan.units:
+        if unit.kind == "ipu":
+            read = stored_values(ctx, [by_name[name] for name in unit.nodes])
+            assert plan.extra["memory_terms"][unit.id]["weights"] == sum(read.values())
+
+
 def test_ipus_alone_balance_the_tied_table_as_graphcore_lays_gpt2_out(gpt2_base):
     """--ipus N without a layout: the tied table counts as layers' worth of weights on IPU 0, which
     gives the vendor's GPT-2 small layout 0,4,4,4 on 4 IPUs (and an even split on 1 IPU)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -62,7 +63,6 @@ __all__ = [
     "saved_bytes",
     "saves_inputs",
     "state_bytes_per_param",
-    "stored_on",
     "temporaries",
     "tile_memory",
     "work_tiles",
@@ -194,18 +194,6 @@ def _params_of(ctx: LoweringContext, name: str) -> int:
         return 0
 
 
-def stored_on(run: IpuRun, pipeline: Pipeline, stages: list[Stage]) -> dict[str, int]:
-    """The distinct stored values one IPU's ``stages`` read, by root (`stored_values`): each
-    stage's nodes outside its layers, then its layers' (`Sections.layer_roots`, worked out once)."""
-    roots: dict[str, int] = {}
-    for st in stages:
-        read = [stored_values(run.ctx, st.others), *(pipeline.sections.layer_roots[i] for i in st.layers)]
-        for part in read:
-            for root, nbytes in part.items():
-                roots.setdefault(root, nbytes)
-    return roots
-
-
 def state_bytes_per_param(ctx: LoweringContext, fp16_optimizer: float | None) -> tuple[float, float]:
     """(gradient accumulator, optimizer side) bytes per parameter in training, (0, 0) for inference.
 
@@ -272,19 +260,43 @@ class GraphFigures:
     """What the memory step reads of the graph alone, kept by the context (``ctx.fact(GraphFigures)``,
     `LoweringContext.fact`): every plan of the graph asks again, the why lines' variants as much as
     the layouts `ipus_to_fit` tries. Each decoder layer's activation figures (`LAYER_FIGURES`, whole
-    batch) and each stored value's parameters (`param_count`)."""
+    batch), its own stored values' bytes and parameters (values no other layer and no node outside
+    the layers reads: its weights) and the values it shares (a causal mask every layer reads)."""
 
-    __slots__ = ("layer_bytes", "layers", "params")
+    __slots__ = ("layer_bytes", "layers", "own", "params", "shared")
 
     def __init__(self, ctx: LoweringContext) -> None:
-        self.layers = ctx.fact(sections).layers
+        parts = ctx.fact(sections)
+        self.layers = parts.layers
         self.layer_bytes: dict[tuple[str, int], float] = {}
-        self.params: dict[str, int] = {}
+        self.params: dict[str, int] = {}  # each stored value's parameters (`param_count`)
+        readers = Counter(root for roots in parts.layer_roots.values() for root in roots)
+        readers.update(stored_values(ctx, parts.pre).keys() | stored_values(ctx, parts.post).keys())
+        self.own: dict[int, tuple[int, int]] = {}  # each layer's own values: (bytes, parameters)
+        self.shared: dict[int, dict[str, int]] = {}  # each layer's other values, bytes by root
+        for i, roots in parts.layer_roots.items():
+            own = {root: nbytes for root, nbytes in roots.items() if readers[root] == 1}
+            self.own[i] = sum(own.values()), param_count(ctx, own, self.params)
+            self.shared[i] = {root: nbytes for root, nbytes in roots.items() if root not in own}
 
     def most(self, ctx: LoweringContext, figure: str, layers: list[int]) -> float:
         """The most ``figure`` (`LAYER_FIGURES`) any of the decoder ``layers`` (indices) holds."""
         work_out = LAYER_FIGURES[figure]
         return most_of_layers(self.layer_bytes, self.layers, figure, layers, lambda ln: work_out(ctx, ln))
+
+    def stored_on(self, ctx: LoweringContext, stages: list[Stage]) -> tuple[int, int]:
+        """The bytes and parameters of the distinct stored values one IPU's ``stages`` read: each
+        layer's own values as its sums, the others (the embedding's and head's, the values layers
+        share) once each, by root (`stored_values`)."""
+        nbytes = params = 0
+        others: dict[str, int] = {}
+        for st in stages:
+            others.update(stored_values(ctx, st.others))
+            for i in st.layers:
+                own_bytes, own_params = self.own[i]
+                nbytes, params = nbytes + own_bytes, params + own_params
+                others.update(self.shared[i])
+        return nbytes + sum(others.values()), params + param_count(ctx, others, self.params)
 
 
 def _layer_phase(
@@ -396,12 +408,10 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     drops_cores = drops_cores and bool(ctx.fact(core_internal_values))
     for s, st in enumerate(pipeline.stages):
         _add_stage(run, pipeline, s, st, memory, serials, drops_cores)
-    on_ipu = pipeline.stages_by_ipu()
+    on_ipu, figures = pipeline.stages_by_ipu(), ctx.fact(GraphFigures)
     for k, t in memory.terms.items():
-        roots = stored_on(run, pipeline, on_ipu[k])
-        memory.params_on[k] = param_count(ctx, roots, ctx.fact(GraphFigures).params)
         t["program"] = run.fig.program
-        t["weights"] = sum(roots.values())
+        t["weights"], memory.params_on[k] = figures.stored_on(ctx, on_ipu[k])
         t["grad_accum"] = memory.params_on[k] * accum_pp
         state = memory.params_on[k] * state_pp / memory.shard
         if memory.offchip:
