@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Hashable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,9 +76,9 @@ class LoweringContext:
     _stored: dict[str, tuple[tuple[str, int], ...]] = field(
         default_factory=dict, repr=False
     )  # `stored_values` per node
-    _facts: dict[Callable[[LoweringContext], Any], Any] = field(
+    _facts: dict[tuple[Hashable, ...], Any] = field(
         default_factory=dict, repr=False
-    )  # `fact`, by the function that works each out
+    )  # `fact`, by the function that works each out and its arguments
 
     @staticmethod
     def plan_precision(graph: Graph, precision: DType | None) -> DType:
@@ -140,15 +140,17 @@ class LoweringContext:
             **fields,
         )
 
-    def fact(self, work_out: Callable[[LoweringContext], T]) -> T:
-        """``work_out(self)``, worked out on the first ask and kept: a fact of the context's graph at
-        its precision that a lowering reads in every plan it makes of them, however many placements
-        share the context (the why lines' variants do). ``work_out`` is the key: a module-level
-        function (or class) of the context alone, never a closure over a run's options."""
+    def fact(self, work_out: Callable[..., T], *args: Hashable) -> T:
+        """``work_out(self, *args)``, worked out on the first ask and kept: a fact of the context's
+        graph at its precision that a lowering reads in every plan it makes of them, however many
+        placements share the context (the why lines' variants do). ``work_out`` and ``args`` are the
+        key: a module-level function (or class) of the context, never a closure over a run, and
+        hashable arguments besides (an option the fact depends on)."""
+        key = (work_out, *args)
         try:
-            return self._facts[work_out]
+            return self._facts[key]
         except KeyError:
-            value = self._facts[work_out] = work_out(self)
+            value = self._facts[key] = work_out(self, *args)
             return value
 
     def live_bytes(self) -> int:

@@ -440,3 +440,23 @@ def test_the_ipu_plans_of_one_graph_read_its_sections_and_layer_figures_worked_o
     assert Counter(walked) == dict.fromkeys(layers, len(contexts))  # each layer once a context
     fresh, shared = (dict(r.to_dict(), why=None) for r in (unfit_ipu, report))  # why lines: the fixture's, if asked
     assert shared == fresh
+
+
+def test_the_wse_plans_of_one_graph_cut_its_kernels_once(monkeypatch):
+    """The WSE kernel cut is a fact of the graph (`LoweringContext.fact`): the why lines' variants
+    on the report's graph, and the lowering's own tries (each copy count, then streaming), cut it
+    once a context and measure fresh kernels from it (a plan's kernels are its own). The report is
+    the one the lowering gave before."""
+    import dabench_ir.lowering.wse.kernels as kernels
+    from dabench_ir.run import execute
+
+    report = profile_graph(decoder(layers=4), "wse", ProfileOptions(mode="train"))
+    cuts: list[object] = []
+    cut = kernels.kernel_cut
+    monkeypatch.setattr(kernels, "kernel_cut", lambda ctx, *a: cuts.append(ctx.graph) or cut(ctx, *a))
+    contexts = _contexts_built(monkeypatch)
+    again = execute(report.run, report.graph.clone())
+    assert again.to_dict() == report.to_dict()
+    advice = advise(again)
+    assert advice.placements >= 2 and len(contexts) < advice.placements + 1
+    assert len(cuts) == len(contexts)  # once a context, not once a placement

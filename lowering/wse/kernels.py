@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import TargetError
 from dabench_ir.ir import Cost, DType, Node, module_kind, module_of
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from dabench_ir.ir import Graph
     from dabench_ir.targets import Target
 
-__all__ = ["KERNEL_CLASSES", "KernelRates", "WseKernel", "wse_kernels"]
+__all__ = ["KERNEL_CLASSES", "KernelCut", "KernelRates", "WseKernel", "kernel_cut", "wse_kernels"]
 
 KERNEL_CLASSES = ("attention", "fc", "emb_fc", "nlin", "layer_norm", "add", "mlm_loss", "vector", "data")
 """Kernel classes as the compile report names them (``vector``/``data``: any other kernel)."""
@@ -148,6 +148,24 @@ def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
 
 
 def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool = True) -> list[WseKernel]:
+    """The graph cut into kernels (`kernel_cut`, a fact of the context: every plan of the graph cuts
+    it the same way), each kernel's per-sample work, rows and parameters measured on ``target``
+    (fresh records: a plan's kernels are its own)."""
+    cut = ctx.fact(kernel_cut, fuse_elementwise)
+    kernels = [replace(k, nodes=list(k.nodes)) for k in cut.kernels]
+    _measure(ctx, kernels, cut.vocab, KernelRates.of(target))
+    return kernels
+
+
+class KernelCut(NamedTuple):
+    """The graph's kernels as cut (`kernel_cut`: classes, keys, nodes, a residual add's direction and
+    skip bytes; not yet measured), and the vocabulary of its token table (0 when it has none, `token_table`)."""
+
+    kernels: tuple[WseKernel, ...]
+    vocab: int
+
+
+def kernel_cut(ctx: LoweringContext, fuse_elementwise: bool) -> KernelCut:
     """The graph cut into kernels at the Cerebras compiler's granularity, in topological order.
 
     By scope first, op pattern where there is no scope (docs/targets.md, WSE section):
@@ -245,8 +263,7 @@ def wse_kernels(ctx: LoweringContext, target: Target, *, fuse_elementwise: bool 
         cls = "data" if is_data(node) else "vector"
         cut.add(node.scope + "/" + node.name if node.scope else node.name, cls, node)
     cut.place_deferred(graph)
-    _measure(ctx, cut.kernels, vocab, KernelRates.of(target))
-    return cut.kernels
+    return KernelCut(tuple(cut.kernels), vocab)
 
 
 class _Cut:
