@@ -312,10 +312,10 @@ def _layer_phase(
     exchange buffers to ``t``; their phase is one layer's live activations with its matmul temporaries.
     ``drops_cores``: the stash leaves out the attention cores' internal values (`kept_bytes`)."""
     ctx, m, train, training = run.ctx, run.m, run.train, run.training
-    graph = ctx.fact(GraphFigures)
+    figures = ctx.fact(GraphFigures)
 
     def most(figure: str) -> float:
-        return graph.most(ctx, figure, layers) / m
+        return figures.most(ctx, figure, layers) / m
 
     # the layer's input, read by a recompute stash and by the exchange buffers only
     boundary = most("boundary") if run.recompute or pipeline.ipus > 1 else 0.0
@@ -333,7 +333,9 @@ def _layer_phase(
         live = most("live")
     if pipeline.ipus > 1:
         t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
-    matmul = most_of_layers(run.layer_figures, graph.layers, "temporaries", layers, lambda ln: temporaries(serials, ln))
+    matmul = most_of_layers(
+        run.layer_figures, figures.layers, "temporaries", layers, lambda ln: temporaries(serials, ln)
+    )
     return Phase(live, matmul)
 
 
@@ -404,8 +406,8 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     # auto: Graphcore's default, off-chip
     memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
     # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
-    drops_cores = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
-    drops_cores = drops_cores and bool(ctx.fact(core_internal_values))
+    recomputes = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
+    drops_cores = recomputes and bool(ctx.fact(core_internal_values))
     for s, st in enumerate(pipeline.stages):
         _add_stage(run, pipeline, s, st, memory, serials, drops_cores)
     on_ipu, figures = pipeline.stages_by_ipu(), ctx.fact(GraphFigures)
