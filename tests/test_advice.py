@@ -460,3 +460,29 @@ def test_the_wse_plans_of_one_graph_cut_its_kernels_once(monkeypatch):
     advice = advise(again)
     assert advice.placements >= 2 and len(contexts) < advice.placements + 1
     assert len(cuts) == len(contexts)  # once a context, not once a placement
+
+
+def test_the_rdu_plans_of_one_graph_find_its_attention_cores_and_saved_state_once(monkeypatch):
+    """The RDU's forward attention cores and what the forward saves for the backward are facts of
+    the graph (`LoweringContext.fact`, the saved state keyed by whether the plan fuses the cores):
+    the why lines' variants on the report's graph work them out once a context, not once a placement.
+    The report is the one the lowering gave before."""
+    import dabench_ir.lowering.rdu.memory as memory
+    import dabench_ir.lowering.rdu.sections as sections
+    from dabench_ir.run import execute
+
+    report = profile_graph(decoder(layers=2), "rdu", ProfileOptions(mode="train"))
+    body = len(sections.body_and_optimizer(report.graph)[0])
+    walks: list[int] = []
+    states: list[bool] = []
+    cores, of = sections.attention_cores, memory.SavedState.of.__func__
+    monkeypatch.setattr(sections, "attention_cores", lambda ctx, nodes: walks.append(len(nodes)) or cores(ctx, nodes))
+    monkeypatch.setattr(memory.SavedState, "of", classmethod(lambda cls, g, c: states.append(bool(c)) or of(cls, g, c)))
+    contexts = _contexts_built(monkeypatch)
+    again = execute(report.run, report.graph.clone())
+    assert again.to_dict() == report.to_dict()
+    advice = advise(again)
+    assert advice.placements >= 3 and len(contexts) < advice.placements + 1
+    assert walks.count(body) == len(contexts)  # the forward's cores: once a context
+    # the saved state: once a context for the plans that fuse the cores and once for those that do not (O0)
+    assert len(states) <= 2 * len(contexts) < advice.placements + 1

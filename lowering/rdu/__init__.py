@@ -101,6 +101,7 @@ from dabench_ir.lowering.rdu.memory import (
     ddr_footprint,
     fit,
     saved_for_backward,
+    saved_state,
     section_ddr,
 )
 from dabench_ir.lowering.rdu.overheads import DEVICE_STEP, HOST_ESTIMATE, step_overheads
@@ -172,7 +173,7 @@ class RduLowering(Lowering):
         plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=micro_batches)
         plan.stats = replace(plan.stats, allocation_chips=chip.share)  # allocation is of the compiled tiles
         layout = SectionLayout.compile(ctx, chip, options.opt_level)
-        state = SavedState.of(ctx.graph, layout.cores)
+        state = ctx.fact(saved_state, bool(layout.cores))  # the layout's cores, the context's
         timer = SectionTimer(
             ctx,
             chip,

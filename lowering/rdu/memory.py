@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dabench_ir.lowering._common import LoweringContext, training_state
-from dabench_ir.lowering.rdu.sections import phase_cost
+from dabench_ir.lowering.rdu.sections import forward_cores, phase_cost
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import SAVED, is_optimizer_step
 
@@ -27,6 +27,7 @@ __all__ = [
     "fit",
     "recomputed_values",
     "saved_for_backward",
+    "saved_state",
     "section_ddr",
 ]
 
@@ -103,6 +104,13 @@ class SavedState:
         """The saved state of ``graph`` whose attention cores are ``cores``."""
         recomputed = recomputed_values(graph, cores)
         return cls(recomputed, saved_for_backward(graph, recomputed))
+
+
+def saved_state(ctx: LoweringContext, fused: bool) -> SavedState:
+    """What the forward keeps for the backward (`SavedState`), a fact of the context
+    (`LoweringContext.fact`): with the attention cores ``fused`` (`forward_cores`, the layout's
+    cores) their internals stay on chip; without, every saved tensor goes to DDR."""
+    return SavedState.of(ctx.graph, ctx.fact(forward_cores) if fused else {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ __all__ = [
     "attention_cores",
     "body_and_optimizer",
     "form_sections",
+    "forward_cores",
     "fusion_groups",
     "phase_cost",
     "pmu_demand",
@@ -135,6 +136,12 @@ def attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
         elif act_matmul:
             start, layer = i, node.layer
     return core
+
+
+def forward_cores(ctx: LoweringContext) -> dict[str, int]:
+    """The attention cores of the graph's body (`attention_cores`: node -> core id), a fact of the
+    context (`LoweringContext.fact`): the same for every plan that fuses them (O1 and O3)."""
+    return attention_cores(ctx, body_and_optimizer(ctx.graph)[0])
 
 
 def fusion_groups(
@@ -303,7 +310,7 @@ class SectionLayout:
     def compile(cls, ctx: LoweringContext, chip: Chip, opt_level: str) -> SectionLayout:
         """Form the sections of ``ctx.graph`` on ``chip`` at ``opt_level`` and index them by node."""
         demand = Demand(ctx, chip)
-        cores = attention_cores(ctx, body_and_optimizer(ctx.graph)[0]) if opt_level != "O0" else {}
+        cores = ctx.fact(forward_cores) if opt_level != "O0" else {}
         sections = form_sections(ctx, chip, opt_level, demand, cores)  # the forward's cores found once for both
         section_of: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}  # phase -> node -> its section
         for i, sec in enumerate(sections):
