@@ -334,7 +334,7 @@ def _layer_phase(
     if pipeline.ipus > 1:
         t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
     matmul = most_of_layers(
-        run.layer_figures, figures.layers, "temporaries", layers, lambda ln: temporaries(serials, ln)
+        run.layer_figures, pipeline.sections.layers, "temporaries", layers, lambda ln: temporaries(serials, ln)
     )
     return Phase(live, matmul)
 
