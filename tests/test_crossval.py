@@ -9,6 +9,7 @@ import pytest
 from dabench_ir import validate
 from dabench_ir.validate import crossval
 from dabench_ir.validate.catalog import Point
+from dabench_ir.validate.fit import counts
 
 
 def _point(pid: str, source: str) -> Point:
@@ -99,3 +100,43 @@ def test_a_fold_is_predicted_at_its_own_values_not_the_files():
     in_sample = sorted(abs(e) for r in result.results if not r.point.reference_only for e in counts(r))
     assert sorted(cv.errors) == pytest.approx(expected)
     assert sorted(cv.errors) != pytest.approx(in_sample)
+
+
+def _h100(*ids: str) -> list[Point]:
+    by_id = {p.id: p for p in validate.load_catalog()}
+    return [by_id[i] for i in ids]
+
+
+MHA = "h100-trtllm090-llama2-7b-b896-128-128"  # multi-head decode: no group repeats, the rate unread
+GQA = "h100-trtllm090-mistral-7b-b896-128-128"  # the per-query-head kernel's repeats: fitted to it
+
+
+def test_a_point_is_independent_of_a_parameter_only_when_its_predictions_do_not_move():
+    """The decode attention load rate: a multi-head decode never reads it; a grouped-query decode by
+    the per-query-head kernel does, whether or not it was fitted to it (a copy under a new id, in no
+    ``fitted_to``, is found dependent by running it), and a point it was fitted to is not run."""
+    from dataclasses import replace
+
+    mha, gqa = _h100(MHA, GQA)
+    unfitted = replace(gqa, id="test-mistral-7b-unfitted")
+    result = validate.run_validation([mha, gqa, unfitted])
+    rate = ["arch.decode_attention_load_bytes_per_s"]
+    assert crossval.independent("h100", rate, result.results) == {MHA}
+    assert crossval.independent("h100", [], result.results) == {MHA, GQA, unfitted.id}  # nothing to depend on
+
+
+def test_a_source_that_alone_informs_a_parameter_scores_its_points_that_do_not_read_it():
+    """NVIDIA's TensorRT-LLM tables alone inform the H100's decode attention load rate: the points the
+    rate was fitted to stay unscored, a multi-head decode of the same tables is scored at the file's
+    values (before session 70 every point of the source was unscored)."""
+    result = validate.run_validation(_h100(MHA, GQA))
+    cv = crossval.cross_validate(result).targets["h100"]
+    assert cv.scored == [MHA] and cv.unscored == [GQA]
+    assert cv.alone == {"NVIDIA/TensorRT-LLM": ["arch.decode_attention_load_bytes_per_s"]}
+    assert cv.independent == {"NVIDIA/TensorRT-LLM": [MHA]} and cv.dependent == {"NVIDIA/TensorRT-LLM": [GQA]}
+    mha = next(r for r in result.results if r.point.id == MHA)
+    assert cv.errors == pytest.approx([abs(e) for e in counts(mha)])
+    assert (
+        "1 of its points depend on them (not cross-validatable), 1 do not (scored)"
+        in crossval.CrossValidation({"h100": cv}).format_table()
+    )

@@ -10,8 +10,10 @@ together are the target's cross-validated error, the figure to trust for runs no
 - A source no parameter was fitted to needs no refit: its points' errors at the file's values
   already are out of sample (every GPU point today).
 - A source that alone informs some parameter (no other source's point is in its ``fitted_to``)
-  cannot be cross-validated: without it that parameter has nothing to be fitted to. Its points
-  are counted and the parameters named, never scored.
+  cannot be refitted without itself: that parameter would have nothing to be fitted to. The
+  parameters are named, and of its points only those that depend on none of the parameters the
+  source informs are scored, at the file's values (`independent`: their predictions do not move
+  when those parameters are moved by `PERTURB`); the others are counted, never scored.
 - A parameter whose refitted value moves by more than `MOVED` between folds (or from the
   file's value, the all-sources fit) is flagged as not identified by the points.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import statistics
 import tempfile
@@ -37,16 +40,18 @@ from typing import Any
 
 from dabench_ir.validate.catalog import Point
 from dabench_ir.validate.fit import counts, fit, informed_by, with_values
-from dabench_ir.validate.results import Validation
+from dabench_ir.validate.results import PointResult, Validation
 from dabench_ir.validate.runner import run_validation
 
 __all__ = [
     "MOVED",
+    "PERTURB",
     "CrossValidation",
     "Fold",
     "cross_validate",
     "fit_folds",
     "folds_of",
+    "independent",
     "source_of",
     "validate_points",
 ]
@@ -54,6 +59,12 @@ __all__ = [
 MOVED = 0.25
 """A parameter is not identified when its refitted values (and the file's) span more than 25 %
 (max / min - 1), stated before any fold was fitted."""
+
+PERTURB = (0.8, 1.25)
+"""How far a source's fitted parameters are moved, down and up, to find the points of that source
+that do not depend on them (`independent`), stated before any point was tested. The k-th parameter
+moves by the factor to the power 1 + k/10, so two parameters a prediction reads only as a ratio
+cannot cancel."""
 
 RECORD = "crossval.json"
 """The recorded fold fits, package data beside the catalogue (``dabench_ir/data/``)."""
@@ -198,6 +209,8 @@ class TargetCv:
     errors: list[float] = field(default_factory=list)  # |relative error| of every scored quantity
     scored: list[str] = field(default_factory=list)  # point ids predicted without their source
     alone: dict[str, list[str]] = field(default_factory=dict)  # source -> the parameters only it informs
+    independent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do not read them
+    dependent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do
     unscored: list[str] = field(default_factory=list)  # point ids not cross-validatable
     moved: dict[str, float] = field(default_factory=dict)  # parameter -> spread over folds, above MOVED
     stale: str = ""  # why the recorded fits cannot be used (nothing is scored from them)
@@ -212,6 +225,8 @@ class TargetCv:
             "points": len(self.scored),
             "not_cross_validatable": len(self.unscored),
             "alone": self.alone,
+            "independent_of_alone": {source: len(ids) for source, ids in self.independent.items()},
+            "dependent_on_alone": {source: len(ids) for source, ids in self.dependent.items()},
             "not_identified": self.moved,
             "refitted_folds": self.refitted,
             "stale": self.stale or None,
@@ -241,7 +256,14 @@ class CrossValidation:
             if cv.stale:
                 notes.append(f"  {target}: {cv.stale}")
             for source, params in cv.alone.items():
-                notes.append(f"  {target}: not cross-validatable, only {source} informs {', '.join(params)}")
+                free, bound = len(cv.independent[source]), len(cv.dependent[source])
+                head = f"  {target}: only {source} informs {', '.join(params)}"
+                if free:
+                    notes.append(
+                        f"{head}: {bound} of its points depend on them (not cross-validatable), {free} do not (scored)"
+                    )
+                else:
+                    notes.append(f"{head}: not cross-validatable, all {bound} of its points depend on them")
             for param, spread in cv.moved.items():
                 notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
         return "\n".join(lines + notes)
@@ -271,7 +293,6 @@ def cross_validate(validation: Validation) -> CrossValidation:
     """The cross-validated errors of every target ``validation`` ran bundled catalogue points of:
     the points of sources nothing was fitted to from ``validation`` (the file's values), the others
     predicted live at their fold's recorded values. The folds are the whole bundled catalogue's."""
-    from dabench_ir.targets import builtin_target_paths
     from dabench_ir.validate.catalog import load_catalog
 
     catalogue = load_catalog()
@@ -298,17 +319,18 @@ def cross_validate(validation: Validation) -> CrossValidation:
                 continue
             if fold.alone:
                 cv.alone[fold.source] = list(fold.alone)
-                cv.unscored += ran
-                continue
-            if not fold.needs_fit:
+                free = independent(target, fold.informed, [results[i] for i in ran])
+                cv.independent[fold.source] = [i for i in ran if i in free]
+                cv.dependent[fold.source] = [i for i in ran if i not in free]
+                cv.unscored += cv.dependent[fold.source]
+                predicted = [results[i] for i in ran if i in free]
+            elif not fold.needs_fit:
                 predicted = [results[i] for i in ran]
             elif cv.stale or fold.source not in fits:
                 cv.unscored += ran
                 continue
             else:
-                predicted = _predict(
-                    target, [by_id[i] for i in ran], fits[fold.source]["values"], builtin_target_paths()[target]
-                )
+                (predicted,) = _predict(target, [by_id[i] for i in ran], fits[fold.source]["values"])
                 cv.refitted += 1
             for r in predicted:
                 if r.point.reference_only:
@@ -319,11 +341,47 @@ def cross_validate(validation: Validation) -> CrossValidation:
     return CrossValidation(out)
 
 
-def _predict(target: str, points: list[Point], values: dict[str, float], path: Path) -> list[Any]:
+def independent(target: str, params: Sequence[str], results: Sequence[PointResult]) -> set[str]:
+    """The ids of ``results`` (of ``target``'s catalogue points, validated at the file's values)
+    whose predictions do not depend on ``params``: every predicted quantity, the fit verdict and
+    the status the same with all of ``params`` moved down and up (`PERTURB`). A point a parameter
+    was fitted to is never independent of it, and is not run again."""
+    quantities = dict(_target(target).quantities())
+    values = {name: quantities[name].value for name in params}
+    candidates = [r for r in results if not any(quantities[name].fitted_on(r.point.id) for name in params)]
+    if not candidates:
+        return set()
+    moved = [
+        {name: value * factor ** (1 + k / 10) for k, (name, value) in enumerate(values.items())} for factor in PERTURB
+    ]
+    runs = _predict(target, [r.point for r in candidates], *moved)
+    return {r.point.id for r, *others in zip(candidates, *runs, strict=True) if all(_same(r, o) for o in others)}
+
+
+def _same(a: PointResult, b: PointResult) -> bool:
+    """Whether two validations of one point predict the same: status, fit and every quantity."""
+    if (a.status, a.fits_predicted, len(a.quantities)) != (b.status, b.fits_predicted, len(b.quantities)):
+        return False
+    return all(
+        (x.predicted is None) == (y.predicted is None)
+        and (x.predicted is None or math.isclose(x.predicted, y.predicted, rel_tol=1e-9))
+        for x, y in zip(a.quantities, b.quantities, strict=True)
+    )
+
+
+def _predict(target: str, points: list[Point], *trials: dict[str, float]) -> list[list[PointResult]]:
+    """``points`` validated against ``target``'s file with each of ``trials``' values in turn, in
+    one validation (the points of every trial share their graphs): one result list per trial."""
+    from dabench_ir.targets import builtin_target_paths
+
+    text = builtin_target_paths()[target].read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="dabench-crossval-") as scratch:
-        trial = Path(scratch) / f"{target}.toml"
-        trial.write_text(with_values(path.read_text(encoding="utf-8"), values), encoding="utf-8")
-        return run_validation([replace(p, target=str(trial)) for p in points]).results
+        files = [Path(scratch) / f"{k}" / f"{target}.toml" for k in range(len(trials))]
+        for file, values in zip(files, trials, strict=True):
+            file.parent.mkdir()
+            file.write_text(with_values(text, values), encoding="utf-8")
+        results = run_validation([replace(p, target=str(file)) for file in files for p in points]).results
+    return [results[k * len(points) : (k + 1) * len(points)] for k in range(len(trials))]
 
 
 def _moved(target: str, folds: Any) -> dict[str, float]:
