@@ -368,6 +368,18 @@ def test_the_graph_is_built_from_the_nodes_the_checks_read(exported_llama):
     assert any(n.attrs for n in graph.nodes) and any(n.scope for n in graph.nodes)
 
 
+def test_a_value_name_is_one_object_wherever_the_graph_holds_it(exported_llama):
+    """Each node input and output is the very key its value has in ``graph.values`` (a read of a
+    protobuf field builds a new str each time): a lookup by name finds its key by identity."""
+    from dabench_ir.frontends.onnx import load_onnx
+
+    graph = load_onnx(exported_llama)
+    keys = {name: name for name in graph.values}
+    wired = [v for n in graph.nodes for v in (*n.inputs, *n.outputs) if v]
+    assert len(wired) > len(graph.nodes)
+    assert all(v is keys[v] for v in wired)
+
+
 def test_a_nodes_cost_is_its_rule_count_plus_its_default_bytes(exported_llama):
     """The cost pass builds a node's Cost once (`Cost.plus_bytes`) and sizes each value type once per pass:
     the same Cost as the rule's count plus `default_bytes`, exactly."""

@@ -301,7 +301,13 @@ def _read_graph_nodes(protos: list[NodeRead], values: dict[str, Value]) -> list[
     scopes_seen: dict[str, str | None] = {}  # see `_scope_of`
     own_names = [read[0].name for read in protos]
     names = _node_names(zip(own_names, (read[1] for read in protos), strict=True))
+    # One str object per value name: each read of a protobuf field built a new one, so a node's inputs
+    # and outputs become the values' own keys. A lookup by name then finds its key by identity instead
+    # of comparing characters, and each name is held once (issue 43: a profile 8-10 % faster).
+    one_name = {value_name: value_name for value_name in values}
     for (proto, op_type, domain, inputs, outputs, attributes), own, name in zip(protos, own_names, names, strict=True):
+        inputs = [one_name.setdefault(v, v) for v in inputs]
+        outputs = [one_name.setdefault(v, v) for v in outputs]
         attrs, nested = _attributes(attributes) if attributes else ({}, False)
         scope = _scope_of(proto, own, scopes_seen)
         if not scope:
