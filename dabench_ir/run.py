@@ -370,7 +370,7 @@ def _samples(graph: Graph, opts: ScaleOptions) -> tuple[ScaleOptions, int | None
                 "token ids or of a [batch, seq, hidden] input, or a symbolic leading dim"
             )
         per_replica, source = 1, "user" if opts.batch is not None else "default"
-    _bind_seq_and_derived(graph, _compiled_seq(graph, opts), dims, opts.past)
+    _bind_seq_and_derived(graph, _compiled_seq(graph, opts, dims), dims, opts.past)
     if per_replica is not None and per_replica > MAX_BATCH:
         raise UserError(
             f"batch {per_replica:,}: more samples per step than any run takes (at most {MAX_BATCH:,}); "
@@ -430,20 +430,25 @@ def _target_defaults(tgt: Target, opts: ScaleOptions, *, mlir_file: bool) -> dic
     return values
 
 
-def _compiled_seq(graph: Graph, opts: Any) -> int | None:
+def _compiled_seq(graph: Graph, opts: Any, dims: Mapping[str, int]) -> int | None:
     """The sequence length the step runs: ``--seq``, or padded to ``--compiled-seq`` (a program compiled
-    for static shapes runs its compiled length whatever the input's, `ProfileOptions.compiled_seq`)."""
+    for static shapes runs its compiled length whatever the input's, `ProfileOptions.compiled_seq`).
+    The sample's own length is ``--seq``, else what ``--dim`` or the model binds its sequence to."""
     from dabench_ir.frontends.onnx import seq_symbols
 
     padded = opts.compiled_seq
     if padded is None:
         return opts.seq
-    if opts.seq is not None and opts.seq > padded:
+    symbols = seq_symbols(graph)
+    bound = {**graph.bindings, **dims}
+    own = opts.seq if opts.seq is not None else next((bound[s] for s in symbols if s in bound), None)
+    if own is not None and own > padded:
+        what = f"--seq {own}" if opts.seq is not None else f"the model's sequence ({own} tokens)"
         raise UserError(
-            f"--seq {opts.seq} is longer than --compiled-seq {padded}: the program takes at most {padded} "
-            "tokens; compile it for more"
+            f"{what} is longer than --compiled-seq {padded}: the program takes at most {padded} tokens; "
+            "compile it for more" + ("" if opts.seq is not None else " or give a shorter --seq")
         )
-    if not seq_symbols(graph):
+    if not symbols:
         raise UserError(
             f"--compiled-seq {padded} pads the model's symbolic sequence length; this model's is fixed as "
             "exported (export it with a dynamic sequence axis)"

@@ -307,6 +307,16 @@ def test_compiled_seq_pads_the_step_to_the_programs_length(exports, tmp_path, ca
         assert len(err.splitlines()) == 1 and needle in err
 
 
+def test_a_model_sequence_longer_than_the_compiled_one_is_refused(capsys):
+    """Without --seq the sample's own length is the one the model binds (GPT-2 small's preset: 1,024
+    tokens): a program compiled for 512 cannot take it. It was run as a 512-token step instead, as if
+    the sample had been cut to fit."""
+    assert main(["profile", "gpt2-small", "-t", "rdu", "--compiled-seq", "512", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "the model's sequence (1024 tokens) is longer than --compiled-seq 512" in err and "--seq" in err
+
+
 def test_generate_with_static_shapes_runs_the_compiled_window(exports, tmp_path, capsys):
     """With --compiled-seq N every prefill is N tokens and every decode step one token over a cache of
     N - 1, whatever the context (the table keeps each step's own context); a request longer than N is
