@@ -23,7 +23,7 @@ import logging
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -331,6 +331,7 @@ class MultiChipEnergy:
     link_bytes: float  # bytes all links carry in one step
     devices: int  # devices drawing power: chips, or IPUs of a pipeline, or the wafer its replicas share
     rated_w: float  # rated power of those devices together
+    chip: StepEnergy | None = field(default=None, compare=False)  # the one chip's step it was made from
 
     @property
     def total_j(self) -> float:
@@ -376,6 +377,7 @@ def multi_chip_energy(
         link_bytes=link_bytes,
         devices=devices,
         rated_w=float(target.watts) * devices,
+        chip=chip,
     )
 
 

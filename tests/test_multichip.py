@@ -83,6 +83,27 @@ def test_a_multi_chip_report_labels_the_step_and_one_chip_apart():
     assert "(4 devices and their links)" in text
 
 
+def test_a_multi_chip_report_reads_its_chips_energy_from_the_scale_point(monkeypatch):
+    """The chip placement's step energy is worked out once, for the scale point's energy, and its node
+    rows read that same figure (one of three `step_energy` calls of a two-chip profile was the report
+    working it out again)."""
+    from dabench_ir import api, energy
+
+    plans: list[int] = []
+    real = energy.step_energy
+
+    def counted(graph, plan, *args, **kwargs):
+        plans.append(id(plan))
+        return real(graph, plan, *args, **kwargs)
+
+    monkeypatch.setattr(energy, "step_energy", counted)
+    tp = api.profile("gpt2-small", "h100", batch=8, dims={"seq": 128}, chips=2, strategy="tp")
+    assert len(plans) == len(set(plans))  # no placement's energy worked out twice
+    chip = tp.scaling.points[-1].energy.chip
+    assert [r.energy_j for r in tp.nodes] == [chip.nodes.get(r.name) for r in tp.nodes]
+    assert any(r.energy_j for r in tp.nodes)
+
+
 def test_ipu_pipeline_memory_per_device_is_the_heaviest_ipu_not_their_sum():
     from dabench_ir import api
 

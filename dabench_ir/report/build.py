@@ -23,6 +23,7 @@ from dabench_ir.report.model import COST_FIELDS, NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
 if TYPE_CHECKING:
+    from dabench_ir.energy import StepEnergy
     from dabench_ir.plan import Plan
     from dabench_ir.run import ResolvedRun
     from dabench_ir.scaling import ScaleResult
@@ -39,17 +40,23 @@ def build_report(
     timeline: Timeline | None = None,
     metrics: Any = None,
     measurement: Any = None,
+    energy: StepEnergy | None = None,
 ) -> Report:
     """Gather graph costs, and timeline/metrics/measurements when present, into a Report of ``run``:
     a record per node (`_node_rows`), the step's totals (`_totals`), the metrics (`_metrics`), the
-    plan's units (`_units`) and what the report says besides (`_extra`)."""
+    plan's units (`_units`) and what the report says besides (`_extra`). ``energy``: the step energy
+    of this plan and timeline when the caller has it (`energy.step_energy`), not worked out again."""
     target = run.target if plan is not None else None
     busy = timeline.busy_times() if timeline is not None else {}
     rows = _node_rows(graph, plan, timeline, busy, metrics, measurement)
     samples = timeline.samples_per_step if timeline is not None else run.samples.per_replica  # every copy's
     totals = _totals(rows, plan, timeline, measurement, samples)
     if target is not None and plan is not None and timeline is not None and timeline.source == "emulated":
-        _add_energy(graph, plan, timeline, target, rows.records, totals, samples, metrics, busy)
+        from dabench_ir.energy import step_energy
+
+        # the metrics' feed bytes are of this plan and timeline (`place`), ``busy`` its busy times: read, not walked again
+        step_e = energy or step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
+        _add_energy(step_e, plan, timeline, target, rows.records, totals, samples)
     return Report(
         model={
             "path": run.model or graph.path,
@@ -330,17 +337,14 @@ _BYTE_TOTALS = ("weight_bytes", "act_bytes_in", "act_bytes_out")
 """The totals that count bytes moved (``bytes`` is their sum): every chip's in a multi-chip report."""
 
 
-def _add_energy(graph, plan, timeline, target, records, totals, samples, metrics=None, busy=None) -> None:
-    """Per-node joules, the rows no node owns, and the step's energy, power and efficiency (docs/energy.md).
+def _add_energy(step_e: StepEnergy, plan, timeline, target, records, totals, samples) -> None:
+    """Per-node joules, the rows no node owns, and the step's energy, power and efficiency of ``step_e``,
+    the plan's `step_energy` (docs/energy.md).
 
     ``energy_j`` = ``node_energy_j`` (each node: dynamic + the static power of what it holds
     while it runs) + ``idle_energy_j`` + the ``overhead_energy_j`` rows; it is also
     ``dynamic_energy_j`` + ``static_energy_j`` (static power over the whole step).
     """
-    from dabench_ir.energy import step_energy
-
-    # the metrics' feed bytes are of this plan and timeline (`place`), ``busy`` its busy times: read, not walked again
-    step_e = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
     energies = step_e.nodes
     for r in records:
         r.energy_j = energies.get(r.name)
@@ -420,7 +424,14 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     point = result.points[-1]
     chip = point.chip
     if chip is not None and chip.plan is not None:
-        report = build_report(chip.graph, run=run, plan=chip.plan, timeline=chip.timeline, metrics=chip.metrics)
+        report = build_report(
+            chip.graph,
+            run=run,
+            plan=chip.plan,
+            timeline=chip.timeline,
+            metrics=chip.metrics,
+            energy=point.energy.chip if point.energy is not None else None,  # the scale point's, already worked out
+        )
     else:
         report = build_report(graph, run=run)
     whole = _total(
