@@ -137,6 +137,6 @@ def test_a_source_that_alone_informs_a_parameter_scores_its_points_that_do_not_r
     mha = next(r for r in result.results if r.point.id == MHA)
     assert cv.errors == pytest.approx([abs(e) for e in counts(mha)])
     assert (
-        "1 of its points depend on them (not cross-validatable), 1 do not (scored)"
+        "1 of its points depend on what it informs (not cross-validatable), 1 do not (scored)"
         in crossval.CrossValidation({"h100": cv}).format_table()
     )

@@ -260,10 +260,12 @@ class CrossValidation:
                 head = f"  {target}: only {source} informs {', '.join(params)}"
                 if free:
                     notes.append(
-                        f"{head}: {bound} of its points depend on them (not cross-validatable), {free} do not (scored)"
+                        f"{head}: {bound} of its points depend on what it informs (not cross-validatable), "
+                        f"{free} do not (scored)"
                     )
                 else:
-                    notes.append(f"{head}: not cross-validatable, all {bound} of its points depend on them")
+                    every = "its one point depends" if bound == 1 else f"all {bound} of its points depend"
+                    notes.append(f"{head}: not cross-validatable, {every} on what it informs")
             for param, spread in cv.moved.items():
                 notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
         return "\n".join(lines + notes)
