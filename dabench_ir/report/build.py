@@ -55,8 +55,9 @@ def build_report(
         from dabench_ir.energy import step_energy
 
         # the metrics' feed bytes are of this plan and timeline (`place`), ``busy`` its busy times: read, not walked again
-        step_e = energy or step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
-        _add_energy(step_e, plan, timeline, target, rows.records, totals, samples)
+        if energy is None:
+            energy = step_energy(graph, plan, timeline, target, getattr(metrics, "node_feed_bytes", None), busy)
+        _add_energy(energy, plan, timeline, target, rows.records, totals, samples)
     return Report(
         model={
             "path": run.model or graph.path,
