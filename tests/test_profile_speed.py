@@ -377,7 +377,8 @@ def test_a_value_name_is_one_object_wherever_the_graph_holds_it(exported_llama):
     keys = {name: name for name in graph.values}
     wired = [v for n in graph.nodes for v in (*n.inputs, *n.outputs) if v]
     assert len(wired) > len(graph.nodes)
-    assert all(v is keys[v] for v in wired)
+    assert all(v is keys[v] for v in (*wired, *graph.inputs, *graph.outputs))
+    assert all(value.name is name for name, value in graph.values.items())
 
 
 def test_a_nodes_cost_is_its_rule_count_plus_its_default_bytes(exported_llama):

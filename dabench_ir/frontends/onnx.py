@@ -281,14 +281,16 @@ def _read_values(
         name = vi.name  # one read: each read of a protobuf field builds a new str
         if name not in values:
             values[name] = Value(name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
-    output_names = [o.name for o in g.output]
+    output_names: list[str] = []
     for vi in g.output:
         existing = values.get(vi.name)
+        name = vi.name if existing is None else existing.name  # one object per name (`_read_graph_nodes`)
         vtype = _tensor_type(vi.type, types)
         if existing is None or (existing.type.shape is None and vtype.shape is not None):
-            values[vi.name] = Value(vi.name, vtype, ValueKind.OUTPUT)
+            values[name] = Value(name, vtype, ValueKind.OUTPUT)
         else:
             existing.kind = ValueKind.OUTPUT
+        output_names.append(name)
     return values, graph_inputs, output_names
 
 
