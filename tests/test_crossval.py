@@ -111,6 +111,7 @@ MHA = "h100-trtllm090-llama2-7b-b896-128-128"  # multi-head decode: no group rep
 GQA = "h100-trtllm090-mistral-7b-b896-128-128"  # the per-query-head kernel's repeats: fitted to it
 
 
+@pytest.mark.slow  # three validations of three decode points
 def test_a_point_is_independent_of_a_parameter_only_when_its_predictions_do_not_move():
     """The decode attention load rate: a multi-head decode never reads it; a grouped-query decode by
     the per-query-head kernel does, whether or not it was fitted to it (a copy under a new id, in no
