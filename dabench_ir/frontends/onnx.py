@@ -305,7 +305,7 @@ def _read_graph_nodes(protos: list[NodeRead], values: dict[str, Value]) -> list[
     names = _node_names(zip(own_names, (read[1] for read in protos), strict=True))
     # One str object per value name: each read of a protobuf field built a new one, so a node's inputs
     # and outputs become the values' own keys. A lookup by name then finds its key by identity instead
-    # of comparing characters, and each name is held once (issue 43: a profile 8-10 % faster).
+    # of comparing characters, and each name is held once (bench/README.md, session 70).
     one_name = {value_name: value_name for value_name in values}
     for (proto, op_type, domain, inputs, outputs, attributes), own, name in zip(protos, own_names, names, strict=True):
         inputs = [one_name.setdefault(v, v) for v in inputs]
