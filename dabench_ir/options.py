@@ -125,6 +125,9 @@ def _target_knob(default: Any = None, *, on: str | None = None, **how: Any) -> A
 
 _measure_knob = partial(knob, group="measure", commands=_PROFILE_ONLY)
 """A knob of profile's onnxruntime measurement (``--measure``), offered by profile alone."""
+_MEASURED_OR_NOT = frozenset({"measure", "threads"})
+"""The measurement knobs that mean something without ``--measure``: the switch itself, and the threads a
+calibrated ``cpu`` target's figures were measured with (`dabench_ir.run.resolve_target`)."""
 _scenario_knob = partial(knob, group="scenario", commands=_PROFILE_ONLY)
 """A knob of profile's generation scenario (``--scenario generate``), offered by profile alone."""
 _scale_knob = partial(knob, group="scale")
@@ -782,6 +785,10 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
                 f"{k.flag} {_text(value)} applies to --strategy {', '.join(sorted(k.strategies))}, "
                 f"not --strategy {opts.strategy}; drop it or use --strategy dp"
             )
+        if k.group == "scenario" and name != "scenario" and not opts.scenario:
+            raise UserError(f"{k.flag} applies to --scenario generate; add it or drop {k.flag}")
+        if k.group == "measure" and name not in _MEASURED_OR_NOT and not opts.measure:
+            raise UserError(f"{k.flag} applies to an onnxruntime run; add --measure or drop {k.flag}")
     if target is not None:
         _check_lowering_takes(opts, given, target, mode)
     _check_recompute(opts, given, target, mode)

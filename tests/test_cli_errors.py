@@ -209,6 +209,9 @@ def tiny_decoder(tmp_path_factory):
         (["-t", "ipu", "--optimizer-state", "offchip"], ["--optimizer-state offchip applies to training"]),
         (["-t", "h100", "--precision", "int8", "--mode", "train"], ["--precision int8 is an inference"]),
         (["-t", "wse", "--replicas", "10000000"], ["--replicas 10,000,000", "850,000 compute units"]),
+        (["-t", "h100", "--prompt", "8", "--gen", "4"], ["--gen applies to --scenario generate"]),
+        (["-t", "h100", "--warmup", "4"], ["--warmup applies to an onnxruntime run", "add --measure"]),
+        (["--max-weight-bytes", "4GiB"], ["--max-weight-bytes applies to an onnxruntime run"]),
     ],
 )
 def test_a_knob_that_cannot_apply_is_refused_never_ignored(capsys, tiny_decoder, flags, needles):
