@@ -304,6 +304,8 @@ RECOMPUTE = ("none", "selective", "op", "full")
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
 DECODE_ATTENTION = ("per-query-head", "per-kv-head")
 """How a GPU decode step's attention kernel loads a grouped-query KV cache (`lowering.gpu.cache_rereads`)."""
+KV_CACHES = ("static", "paged")
+"""How a GPU serving engine holds a generation's KV cache (`dabench_ir.scenario.KvPool`)."""
 MODES = ("inference", "train")
 _TRAIN = frozenset({"train"})
 OPT_LEVELS = ("O0", "O1", "O3")
@@ -518,6 +520,15 @@ class ProfileOptions:
     )
     prompt: int | None = _scenario_knob(None, help="prompt tokens per request", parse=_positive)
     gen: int | None = _scenario_knob(None, help="tokens generated per request", parse=_positive)
+    kv_cache: str = _scenario_knob(
+        "static",
+        help="how a GPU serving engine holds the cache: static (the whole batch's cache at once, or the run does "
+        "not fit: a contiguous cache, TensorRT-LLM's gptSessionBenchmark) or paged (a pool of "
+        "arch.kv_cache_pool_fraction of the memory the weights and a step leave, a request admitted only when its "
+        "whole cache fits, so a batch beyond the pool runs in waves: TensorRT-LLM's GUARANTEED_NO_EVICT, vLLM)",
+        choices=KV_CACHES,
+        targets=frozenset({"gpu"}),
+    )
 
     def __post_init__(self) -> None:
         for name, k in KNOBS.items():

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.options import KNOBS, ProfileOptions
+from dabench_ir.options import KNOBS, ProfileOptions, check_applies
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 from dabench_ir.progress import silent
 
@@ -60,10 +60,14 @@ if TYPE_CHECKING:
 __all__ = [
     "DECODE_GRAPHS",
     "DEFAULT_SAMPLES",
+    "KV_CACHE_POOL_FRACTION",
     "SCHEMA",
     "GenerateResult",
+    "KvPool",
     "PhaseRun",
+    "Wave",
     "generate",
+    "kv_pool",
     "render_generate",
     "run_phase",
     "run_scenario",
@@ -75,6 +79,8 @@ logger = logging.getLogger(__name__)
 SCHEMA = "dabench-ir/scenario/generate/v1"
 DEFAULT_SAMPLES = 4
 """Context lengths the decode graph is placed at (the first and last step included)."""
+KV_CACHE_POOL_FRACTION = "kv_cache_pool_fraction"
+"""The ``[arch]`` share of the free device memory a paged serving engine takes for its cache pool (`kv_pool`)."""
 
 
 DECODE_GRAPHS = {
@@ -117,6 +123,35 @@ class PhaseRun:
         return out
 
 
+@dataclass(frozen=True)
+class KvPool:
+    """A paged serving engine's KV-cache pool on each chip (``--kv-cache paged``): ``fraction`` of what
+    ``memory`` holds beyond the weights and a decode step's other tensors (``free_bytes``), in which a request
+    is admitted only when its whole cache (``request_bytes``: prompt plus generated tokens) fits."""
+
+    memory: str
+    fraction: float
+    free_bytes: int
+    request_bytes: int
+    admitted: int  # requests in flight at once, every data-parallel replica together (0: not even one)
+
+    @property
+    def pool_bytes(self) -> int:
+        return int(self.fraction * self.free_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "pool_bytes": self.pool_bytes}
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Requests the pool admits together, served one wave after the other (`GenerateResult.waves`)."""
+
+    requests: int
+    latency_s: float  # its prefill and every decode step
+    fits: bool
+
+
 @dataclass
 class GenerateResult:
     """A generation scenario's answer (see the module docstring); times in seconds."""
@@ -136,20 +171,25 @@ class GenerateResult:
     strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
     decode_graph: str = "export"  # a DECODE_GRAPHS key
     compiled_seq: int | None = None  # static shapes: every step runs this window (`--compiled-seq`)
+    kv_cache: str = "static"  # how the engine holds the cache (`--kv-cache`)
+    pool: KvPool | None = None  # a paged cache's pool (`kv_pool`)
+    waves: list[Wave] = field(default_factory=list)  # the batch served in turn, when the pool holds part of it
 
     @property
     def ttft_s(self) -> float:
-        """Time to first token: the prefill of the whole batch."""
+        """Time to first token: the prefill of the whole batch (of its first wave, when it runs in waves)."""
         return self.prefill.time_s
 
     @property
     def tpot_s(self) -> float | None:
-        """Mean time per output token after the first (None when gen is 1)."""
+        """Mean time per output token after the first (None when gen is 1; the first wave's in waves)."""
         return self.decode_total_s / (self.gen - 1) if self.gen > 1 else None
 
     @property
     def latency_s(self) -> float:
-        """End-to-end time of a request: prefill plus every decode step."""
+        """End-to-end time of the batch: prefill plus every decode step, of every wave in turn."""
+        if self.waves:
+            return sum(w.latency_s for w in self.waves)
         return self.ttft_s + self.decode_total_s
 
     @property
@@ -165,7 +205,8 @@ class GenerateResult:
 
     @property
     def fits(self) -> bool:
-        return self.prefill.fits and all(d.fits for d in self.decode)
+        steps = self.prefill.fits and all(d.fits for d in self.decode)
+        return steps and all(w.fits for w in self.waves) and (self.pool is None or self.pool.admitted > 0)
 
     def tpot_at(self, context: int) -> float:
         """Time of the decode step that reads ``context`` cached tokens (linear between samples)."""
@@ -196,6 +237,9 @@ class GenerateResult:
             "decode_graph": self.decode_graph,
             "decode_graph_rule": DECODE_GRAPHS[self.decode_graph],
             "compiled_seq": self.compiled_seq,
+            "kv_cache": self.kv_cache,
+            "kv_pool": None if self.pool is None else self.pool.to_dict(),
+            "waves": [dataclasses.asdict(w) for w in self.waves],
             "fits": self.fits,
             "prefill": self.prefill.to_dict(nodes=True),
             "decode": [d.to_dict(nodes=i == len(self.decode) - 1) for i, d in enumerate(self.decode)],
@@ -460,57 +504,102 @@ def generate(
         cfg = _model_config(model)
         prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
     params = json.loads(_metadata(decode_proto).get(MODEL_PARAMS, "{}"))
-    run_opts = dataclasses.replace(opts, batch=batch, scenario=None, prompt=None, gen=None)
     chips = getattr(opts, "chips", 1)
+    if opts.kv_cache != KNOBS["kv_cache"].default:  # a knob of the engine a GPU serves with: check it applies
+        check_applies(dataclasses.replace(opts, scenario="generate"), {"kv_cache"}, tgt)
 
     compiled = _static_window(opts, tgt, prompt, gen)
-    run_opts = dataclasses.replace(run_opts, compiled_seq=None)  # applied below, per step
-
-    def step(phase: str, length: int, proto: Any, phase_opts: ProfileOptions) -> PhaseRun:
-        """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones;
-        with static shapes, the compiled window's (the prompt padded to it, the cache one short of it)."""
-        context = 0 if phase == "prefill" else length
-        if compiled is not None:
-            length = compiled if phase == "prefill" else compiled - 1
-        if own is None:
-            dims = {"batch": batch, "seq" if phase == "prefill" else "context": length}
-            return run_phase(proto, dims, phase, tgt, phase_opts, context=context)
-        bound = dataclasses.replace(phase_opts, **own.step(phase, length))
-        return run_phase(proto, {}, phase, tgt, bound, context=context)
-
-    say(f"placing the prefill of {batch} x {prompt} tokens on {tgt.name}")
-    # the cache, and the kernel that reads it, are a decode graph's
-    prefill_opts = dataclasses.replace(run_opts, kv_precision=None, decode_attention=KNOBS["decode_attention"].default)
-    prefill = step("prefill", prompt, prefill_proto, prefill_opts)
-    decode = []
-    for context in sample_contexts(prompt, gen, samples):
-        say(f"placing a decode step at context {context} on {tgt.name}")
-        decode.append(step("decode", context, decode_proto, run_opts))
-    contexts = range(prompt, prompt + gen - 1)
-    points = [(d.context, d.time_s) for d in decode]
-    total = sum(_interp(points, c) for c in contexts) if decode else 0.0
+    # applied below, per step (the window) or over the batch (the engine's cache pool)
+    run_opts = dataclasses.replace(
+        opts, scenario=None, prompt=None, gen=None, compiled_seq=None, kv_cache=KNOBS["kv_cache"].default
+    )
     model_info = {
         k: params.get(k) for k in ("family", "preset", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype")
     }
     if own is not None:
         model_info.update(file=own.name, layers=own.layers)
-    return GenerateResult(
-        model=model_info,
-        target=tgt.name,
-        prompt=prompt,
-        gen=gen,
-        batch=batch,
-        precision=prefill.report.config.get("precision") or opts.precision or str(params.get("dtype", "model")),
-        kv_precision=opts.kv_precision or "as activations",
-        prefill=prefill,
-        decode=decode,
-        decode_total_s=total,
-        interpolated=len(decode) < len(contexts),
-        chips=chips,
-        strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
-        decode_graph=own.decode_graph if own is not None else "export",
-        compiled_seq=compiled,
+
+    def served(requests: int) -> GenerateResult:
+        """``requests`` served at once: their prefill, then their decode steps."""
+        batch_opts = dataclasses.replace(run_opts, batch=requests)
+
+        def step(phase: str, length: int, proto: Any, phase_opts: ProfileOptions) -> PhaseRun:
+            """The prefill of ``length`` prompt tokens, or the decode step reading ``length`` cached ones;
+            with static shapes, the compiled window's (the prompt padded to it, the cache one short of it)."""
+            context = 0 if phase == "prefill" else length
+            if compiled is not None:
+                length = compiled if phase == "prefill" else compiled - 1
+            if own is None:
+                dims = {"batch": requests, "seq" if phase == "prefill" else "context": length}
+                return run_phase(proto, dims, phase, tgt, phase_opts, context=context)
+            bound = dataclasses.replace(phase_opts, **own.step(phase, length))
+            return run_phase(proto, {}, phase, tgt, bound, context=context)
+
+        say(f"placing the prefill of {requests} x {prompt} tokens on {tgt.name}")
+        # the cache, and the kernel that reads it, are a decode graph's
+        prefill_opts = dataclasses.replace(
+            batch_opts, kv_precision=None, decode_attention=KNOBS["decode_attention"].default
+        )
+        prefill = step("prefill", prompt, prefill_proto, prefill_opts)
+        decode = []
+        for context in sample_contexts(prompt, gen, samples):
+            say(f"placing a decode step at context {context} on {tgt.name}")
+            decode.append(step("decode", context, decode_proto, batch_opts))
+        contexts = range(prompt, prompt + gen - 1)
+        points = [(d.context, d.time_s) for d in decode]
+        return GenerateResult(
+            model=model_info,
+            target=tgt.name,
+            prompt=prompt,
+            gen=gen,
+            batch=requests,
+            precision=prefill.report.config.get("precision") or opts.precision or str(params.get("dtype", "model")),
+            kv_precision=opts.kv_precision or "as activations",
+            prefill=prefill,
+            decode=decode,
+            decode_total_s=sum(_interp(points, c) for c in contexts) if decode else 0.0,
+            interpolated=len(decode) < len(contexts),
+            chips=chips,
+            strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
+            decode_graph=own.decode_graph if own is not None else "export",
+            compiled_seq=compiled,
+            kv_cache=opts.kv_cache,
+        )
+
+    result = served(batch)
+    if opts.kv_cache != "paged" or not result.decode:
+        return result
+    pool = kv_pool(result, tgt)
+    if not 0 < pool.admitted < batch:
+        return dataclasses.replace(result, pool=pool)
+    full, rest = divmod(batch, pool.admitted)
+    waves = [pool.admitted] * full + ([rest] if rest else [])
+    say(f"the KV-cache pool holds {pool.admitted} of the {batch} requests: {len(waves)} waves")
+    runs = {size: served(size) for size in dict.fromkeys(waves)}
+    first = runs[waves[0]]
+    return dataclasses.replace(
+        first, batch=batch, pool=pool, waves=[Wave(size, runs[size].latency_s, runs[size].fits) for size in waves]
     )
+
+
+def kv_pool(result: GenerateResult, target: Target) -> KvPool:
+    """The paged cache pool of ``result``'s engine on each chip of ``target``, and the requests it admits at
+    once: the memory that holds the cache, less the weights and the other tensors of the longest decode step
+    sampled, times ``arch.kv_cache_pool_fraction``, over one request's whole cache (prompt plus generated
+    tokens); every data-parallel replica admits as many."""
+    step = result.decode[-1]
+    if not step.kv_cache_bytes:
+        raise UserError(
+            f"--kv-cache paged: the decode steps keep no KV cache ({DECODE_GRAPHS[result.decode_graph]}); drop it"
+        )
+    memory = target.feed_memory
+    replicas = result.chips if result.strategy == "dp" else 1
+    per_token = step.kv_cache_bytes / (math.ceil(result.batch / replicas) * step.context)
+    others = step.memory_bytes.get(memory.name, 0) - step.kv_cache_bytes
+    fraction = target.arch_value(KV_CACHE_POOL_FRACTION, needed_by="--kv-cache paged")
+    request = round(per_token * (result.prompt + result.gen))
+    free = max(0, int(memory.capacity_bytes) - others)
+    return KvPool(memory.name, fraction, free, request, int(fraction * free // request) * replicas)
 
 
 def _static_window(opts: ProfileOptions, target: Target, prompt: int, gen: int) -> int | None:
@@ -563,6 +652,29 @@ def _top_nodes(run: PhaseRun, top: int | None) -> list[str]:
     return lines
 
 
+def _pool_lines(result: GenerateResult) -> list[str]:
+    """What a paged cache's pool holds, and the waves the batch runs in when it holds part of it."""
+    pool = result.pool
+    if pool is None:
+        return []
+    tokens = result.prompt + result.gen
+    lines = [
+        f"  KV-cache pool (paged)        {_b(pool.pool_bytes)} of {pool.memory} per chip ({pool.fraction:g} of the "
+        f"{_b(pool.free_bytes)} the weights and a step leave): {pool.admitted:,} requests of {tokens:,} tokens "
+        f"({_b(pool.request_bytes)} each) at once"
+    ]
+    if pool.admitted == 0:
+        lines.append("  does not fit: one request's cache is larger than the pool")
+    elif result.waves:
+        sizes = " + ".join(f"{w.requests:,}" for w in result.waves)
+        times = " + ".join(_t(w.latency_s) for w in result.waves)
+        lines.append(
+            f"  waves                        {len(result.waves)} ({sizes} requests, one after the other: {times}); "
+            "first token and time per token are the first wave's"
+        )
+    return lines
+
+
 def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
     """The scenario as a terminal table: summary, decode steps sampled, the ``top`` nodes of each
     phase by time (None: every node; 0: no node table)."""
@@ -584,6 +696,7 @@ def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
         f"{'-' if rate is None else f'{rate * result.batch:.4g}'})",
         f"  weights                      {_b(result.prefill.weight_bytes)} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
+        *_pool_lines(result),
         "",
         f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV cache':>10s} {'cache home':24s} fits",
         f"  {'prefill':10s} {0:>8d} {_t(result.prefill.time_s):>10s} {'-':>10s} "

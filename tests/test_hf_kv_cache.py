@@ -135,6 +135,9 @@ def test_generate_on_a_users_decoder_file(exports, family, graph, target, tmp_pa
     argv = ["profile", path, "-t", target, "--scenario", "generate", "--prompt", str(prompt), "--gen", str(gen)]
     result = _report([*argv, "--batch", "2"], tmp_path, capsys)
     assert result["decode_graph"] == graph and result["model"]["layers"] == LAYERS
+    if graph == "recompute" and target == "h100":  # each step reruns the sequence: no cache to hold in a pool
+        assert main([*argv, "--batch", "2", "--kv-cache", "paged", "-q"]) == 2
+        assert "--kv-cache paged: the decode steps keep no KV cache" in capsys.readouterr().err
     cached = graph == "kv-cache"
     prefill = ["--seq", str(prompt), *(["--past", "0"] if cached else [])]
     alone = _report(["profile", path, "-t", target, "--batch", "2", *prefill], tmp_path, capsys)

@@ -1,0 +1,85 @@
+"""A paged serving engine's KV-cache pool (``--kv-cache paged``, `dabench_ir.scenario.kv_pool`): a request
+is admitted only when its whole cache fits in ``arch.kv_cache_pool_fraction`` of the free memory, so a batch
+beyond the pool runs in waves, each served as a batch of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dabench_ir import targets
+from dabench_ir.cli import main
+from dabench_ir.options import ProfileOptions
+from dabench_ir.scenario import generate, kv_pool, render_generate
+from dabench_ir.targets import load_target
+
+PROMPT, GEN = 8, 8
+# GPT-2 small's cache, per token: 12 layers, K and V, 768 wide, bf16 (the H100's default precision)
+REQUEST_BYTES = 12 * 2 * 768 * 2 * (PROMPT + GEN)
+FRACTION = "kv_cache_pool_fraction = { value = 0.9"
+
+
+def _h100_pool(tmp_path: Path, fraction: float):
+    """The H100 whose serving engine takes ``fraction`` of the free memory for its cache pool."""
+    text = (Path(targets.__file__).parent / "h100.toml").read_text()
+    assert FRACTION in text
+    path = tmp_path / f"h100-pool-{fraction:.3g}.toml"
+    path.write_text(text.replace(FRACTION, f"kv_cache_pool_fraction = {{ value = {fraction!r}"))
+    return load_target(str(path))
+
+
+def _run(target, batch: int, kv_cache: str = "static"):
+    return generate("gpt2-small", target, ProfileOptions(batch=batch, kv_cache=kv_cache), prompt=PROMPT, gen=GEN)
+
+
+@pytest.fixture(scope="module")
+def static_three():
+    return _run("h100", 3)
+
+
+def test_a_static_cache_has_no_pool(static_three):
+    doc = static_three.to_dict()
+    assert doc["kv_cache"] == "static" and doc["kv_pool"] is None and doc["waves"] == []
+    assert static_three.latency_s == static_three.ttft_s + static_three.decode_total_s
+
+
+def test_one_request_is_its_whole_cache(static_three):
+    pool = kv_pool(static_three, load_target("h100"))
+    assert pool.request_bytes == REQUEST_BYTES
+    assert pool.memory == "hbm" and pool.fraction == 0.9
+    assert pool.admitted == int(0.9 * pool.free_bytes // REQUEST_BYTES)
+
+
+def test_a_batch_beyond_the_pool_runs_in_waves_each_served_as_a_batch(static_three, tmp_path):
+    free = kv_pool(static_three, load_target("h100")).free_bytes
+    small = _h100_pool(tmp_path, 2.5 * REQUEST_BYTES / free)  # room for two requests of the three
+    paged = _run(small, 3, "paged")
+    assert paged.pool.admitted == 2
+    assert [(w.requests, w.fits) for w in paged.waves] == [(2, True), (1, True)]
+    two, one = _run(small, 2), _run(small, 1)
+    assert paged.latency_s == pytest.approx(two.latency_s + one.latency_s, rel=1e-12)
+    assert paged.ttft_s == pytest.approx(two.ttft_s, rel=1e-12)  # the first wave's
+    assert paged.batch == 3 and paged.fits
+    assert paged.latency_s > static_three.latency_s  # served in turn, not at once
+    assert "2 (2 + 1 requests" in render_generate(paged, top=0)
+    # the mechanism removed: the engine's own fraction holds the whole batch, served at once as a static cache
+    whole = _run("h100", 3, "paged")
+    assert whole.waves == [] and whole.pool.admitted > 3
+    assert whole.latency_s == pytest.approx(static_three.latency_s, rel=1e-12)
+
+
+def test_a_request_larger_than_the_pool_does_not_fit(static_three, tmp_path):
+    free = kv_pool(static_three, load_target("h100")).free_bytes
+    paged = _run(_h100_pool(tmp_path, 0.5 * REQUEST_BYTES / free), 3, "paged")
+    assert paged.pool.admitted == 0 and not paged.fits and paged.waves == []
+    assert "does not fit: one request's cache is larger than the pool" in render_generate(paged, top=0)
+    assert paged.to_dict()["fits"] is False
+
+
+def test_the_pool_is_a_gpu_engines(capsys):
+    argv = ["profile", "gpt2-small", "-t", "rdu", "--scenario", "generate", "--prompt", "8", "--gen", "4"]
+    assert main([*argv, "--kv-cache", "paged", "-q"]) == 2
+    assert "--kv-cache applies to gpu targets, not sn30 (rdu)" in capsys.readouterr().err
+    assert main(["profile", "gpt2-small", "-t", "h100", "--kv-cache", "paged", "-q"]) == 2
+    assert "--kv-cache applies to --scenario generate" in capsys.readouterr().err
