@@ -133,7 +133,7 @@ class KvPool:
     fraction: float
     free_bytes: int
     request_bytes: int
-    admitted: int  # requests in flight at once, every data-parallel replica together (0: not even one)
+    admitted: int  # requests in flight at once on each replica (0: not even one)
 
     @property
     def pool_bytes(self) -> int:
@@ -586,20 +586,19 @@ def kv_pool(result: GenerateResult, target: Target) -> KvPool:
     """The paged cache pool of ``result``'s engine on each chip of ``target``, and the requests it admits at
     once: the memory that holds the cache, less the weights and the other tensors of the longest decode step
     sampled, times ``arch.kv_cache_pool_fraction``, over one request's whole cache (prompt plus generated
-    tokens); every data-parallel replica admits as many."""
+    tokens), on each replica (``--batch`` is a replica's)."""
     step = result.decode[-1]
     if not step.kv_cache_bytes:
         raise UserError(
             f"--kv-cache paged: the decode steps keep no KV cache ({DECODE_GRAPHS[result.decode_graph]}); drop it"
         )
     memory = target.feed_memory
-    replicas = result.chips if result.strategy == "dp" else 1
-    per_token = step.kv_cache_bytes / (math.ceil(result.batch / replicas) * step.context)
+    per_token = step.kv_cache_bytes / (result.batch * step.context)  # a request's (a chip's share under tp, pp)
     others = step.memory_bytes.get(memory.name, 0) - step.kv_cache_bytes
     fraction = target.arch_value(KV_CACHE_POOL_FRACTION, needed_by="--kv-cache paged")
     request = round(per_token * (result.prompt + result.gen))
     free = max(0, int(memory.capacity_bytes) - others)
-    return KvPool(memory.name, fraction, free, request, int(fraction * free // request) * replicas)
+    return KvPool(memory.name, fraction, free, request, int(fraction * free // request))
 
 
 def _static_window(opts: ProfileOptions, target: Target, prompt: int, gen: int) -> int | None:
