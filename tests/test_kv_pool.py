@@ -83,3 +83,15 @@ def test_the_pool_is_a_gpu_engines(capsys):
     assert "--kv-cache applies to gpu targets, not sn30 (rdu)" in capsys.readouterr().err
     assert main(["profile", "gpt2-small", "-t", "h100", "--kv-cache", "paged", "-q"]) == 2
     assert "--kv-cache applies to --scenario generate" in capsys.readouterr().err
+
+
+def test_each_data_parallel_replica_has_its_own_pool(static_three, tmp_path):
+    """``--batch`` is a replica's: each replica admits its own requests into its own chip's pool."""
+    from dabench_ir.options import ScaleOptions
+
+    free = kv_pool(static_three, load_target("h100")).free_bytes
+    small = _h100_pool(tmp_path, 2.5 * REQUEST_BYTES / free)
+    opts = ScaleOptions(batch=3, kv_cache="paged", chips=2, strategy="dp")
+    paged = generate("gpt2-small", small, opts, prompt=PROMPT, gen=GEN)
+    assert paged.pool.admitted == 2 and paged.pool.request_bytes == REQUEST_BYTES
+    assert [w.requests for w in paged.waves] == [2, 1]
