@@ -507,6 +507,8 @@ def generate(
     chips = getattr(opts, "chips", 1)
     if opts.kv_cache != KNOBS["kv_cache"].default:  # a knob of the engine a GPU serves with: check it applies
         check_applies(dataclasses.replace(opts, scenario="generate"), {"kv_cache"}, tgt)
+        if gen < 2:
+            raise UserError(f"--kv-cache {opts.kv_cache}: --gen 1 has no decode step, no cache to hold; drop it")
 
     compiled = _static_window(opts, tgt, prompt, gen)
     # applied below, per step (the window) or over the batch (the engine's cache pool)
@@ -567,7 +569,7 @@ def generate(
         )
 
     result = served(batch)
-    if opts.kv_cache != "paged" or not result.decode:
+    if opts.kv_cache != "paged":
         return result
     pool = kv_pool(result, tgt)
     if not 0 < pool.admitted < batch:

@@ -83,6 +83,9 @@ def test_the_pool_is_a_gpu_engines(capsys):
     assert "--kv-cache applies to gpu targets, not sn30 (rdu)" in capsys.readouterr().err
     assert main(["profile", "gpt2-small", "-t", "h100", "--kv-cache", "paged", "-q"]) == 2
     assert "--kv-cache applies to --scenario generate" in capsys.readouterr().err
+    argv[3] = "h100"
+    assert main([*argv[:-1], "1", "--kv-cache", "paged", "-q"]) == 2  # --gen 1: no decode step
+    assert "--kv-cache paged: --gen 1 has no decode step" in capsys.readouterr().err
 
 
 def test_each_data_parallel_replica_has_its_own_pool(static_three, tmp_path):
