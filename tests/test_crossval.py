@@ -141,3 +141,18 @@ def test_a_source_that_alone_informs_a_parameter_scores_its_points_that_do_not_r
         "1 of its points depend on what it informs (not cross-validatable), 1 do not (scored)"
         in crossval.CrossValidation({"h100": cv}).format_table()
     )
+
+
+def test_a_targets_errors_are_told_by_the_source_they_score():
+    """The cross-validated errors of a target split by source: together they are the target's, and the
+    table names each source's median and worst, the worst source first."""
+    lib = "h100-trtllm-lib-llama2-7b-b1-128-128"  # Argonne's LLM-Inference-Bench
+    result = validate.run_validation(_h100(MHA, lib))
+    cv = crossval.cross_validate(result).targets["h100"]
+    assert set(cv.by_source) == {"NVIDIA/TensorRT-LLM", "argonne-lcf/LLM-Inference-Bench"}
+    assert sorted(e for errors in cv.by_source.values() for e in errors) == sorted(cv.errors)
+    by = cv.stats()["by_source"]
+    assert by["argonne-lcf/LLM-Inference-Bench"]["compared"] == 1
+    line = next(x for x in crossval.CrossValidation({"h100": cv}).format_table().splitlines() if "by source" in x)
+    worst = max(by, key=lambda s: by[s]["worst_abs_error"])
+    assert line.index(worst) < min(line.index(s) for s in by if s != worst)

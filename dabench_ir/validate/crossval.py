@@ -207,6 +207,7 @@ class TargetCv:
 
     target: str
     errors: list[float] = field(default_factory=list)  # |relative error| of every scored quantity
+    by_source: dict[str, list[float]] = field(default_factory=dict)  # the same errors, by the source they score
     scored: list[str] = field(default_factory=list)  # point ids predicted without their source
     alone: dict[str, list[str]] = field(default_factory=dict)  # source -> the parameters only it informs
     independent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do not read them
@@ -217,11 +218,8 @@ class TargetCv:
     refitted: int = 0  # folds predicted at refitted values
 
     def stats(self) -> dict[str, Any]:
-        e = self.errors
         return {
-            "compared": len(e),
-            "median_abs_error": statistics.median(e) if e else None,
-            "worst_abs_error": max(e) if e else None,
+            **_spread(self.errors),
             "points": len(self.scored),
             "not_cross_validatable": len(self.unscored),
             "alone": self.alone,
@@ -230,6 +228,7 @@ class TargetCv:
             "not_identified": self.moved,
             "refitted_folds": self.refitted,
             "stale": self.stale or None,
+            "by_source": {source: _spread(errors) for source, errors in self.by_source.items()},
         }
 
 
@@ -268,6 +267,12 @@ class CrossValidation:
                     notes.append(f"{head}: not cross-validatable, {every} on what it informs")
             for param, spread in cv.moved.items():
                 notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
+            if len(cv.by_source) > 1:  # which source a target's errors come from
+                parts = [
+                    f"{source} {s['compared']}: {_pc(s['median_abs_error'])} / {_pc(s['worst_abs_error'])}"
+                    for source, s in sorted(s["by_source"].items(), key=lambda item: -item[1]["worst_abs_error"])
+                ]
+                notes.append(f"  {target} by source (compared: median / worst): {'; '.join(parts)}")
         return "\n".join(lines + notes)
 
 
@@ -289,6 +294,15 @@ def validate_points(
             say("cross-validating: each source's points at the parameters fitted without it")
         result.cross_validation = cross_validate(result)
     return result
+
+
+def _spread(errors: Sequence[float]) -> dict[str, Any]:
+    """How many ``errors`` and their median and worst (None for none)."""
+    return {
+        "compared": len(errors),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "worst_abs_error": max(errors) if errors else None,
+    }
 
 
 def cross_validate(validation: Validation) -> CrossValidation:
@@ -338,7 +352,10 @@ def cross_validate(validation: Validation) -> CrossValidation:
                 if r.point.reference_only:
                     continue
                 cv.scored.append(r.point.id)
-                cv.errors += [abs(e) for e in counts(r)]
+                errors = [abs(e) for e in counts(r)]
+                cv.errors += errors
+                if errors:
+                    cv.by_source.setdefault(fold.source, []).extend(errors)
         cv.moved = _moved(target, fits.values()) if not cv.stale else {}
     return CrossValidation(out)
 
