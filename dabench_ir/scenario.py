@@ -194,7 +194,7 @@ class GenerateResult:
 
     @property
     def tokens_per_s_per_user(self) -> float:
-        """Generated tokens over the end-to-end latency, for one request."""
+        """Generated tokens over the end-to-end latency, for one request (in waves, the last one's)."""
         return self.gen / self.latency_s if self.latency_s > 0 else math.inf
 
     @property
