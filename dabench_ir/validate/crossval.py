@@ -206,8 +206,9 @@ class TargetCv:
     """One target's cross-validated errors."""
 
     target: str
-    errors: list[float] = field(default_factory=list)  # |relative error| of every scored quantity
-    by_source: dict[str, list[float]] = field(default_factory=dict)  # the same errors, by the source they score
+    by_source: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # |relative error| of each scored quantity, by source
     scored: list[str] = field(default_factory=list)  # point ids predicted without their source
     alone: dict[str, list[str]] = field(default_factory=dict)  # source -> the parameters only it informs
     independent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do not read them
@@ -216,6 +217,11 @@ class TargetCv:
     moved: dict[str, float] = field(default_factory=dict)  # parameter -> spread over folds, above MOVED
     stale: str = ""  # why the recorded fits cannot be used (nothing is scored from them)
     refitted: int = 0  # folds predicted at refitted values
+
+    @property
+    def errors(self) -> list[float]:
+        """|relative error| of every scored quantity, every source's."""
+        return [e for errors in self.by_source.values() for e in errors]
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -352,9 +358,7 @@ def cross_validate(validation: Validation) -> CrossValidation:
                 if r.point.reference_only:
                     continue
                 cv.scored.append(r.point.id)
-                errors = [abs(e) for e in counts(r)]
-                cv.errors += errors
-                if errors:
+                if errors := [abs(e) for e in counts(r)]:
                     cv.by_source.setdefault(fold.source, []).extend(errors)
         cv.moved = _moved(target, fits.values()) if not cv.stale else {}
     return CrossValidation(out)
