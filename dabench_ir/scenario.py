@@ -171,9 +171,13 @@ class GenerateResult:
     strategy: str | None = None  # how the chips share the model (tp, pp, dp) when chips > 1
     decode_graph: str = "export"  # a DECODE_GRAPHS key
     compiled_seq: int | None = None  # static shapes: every step runs this window (`--compiled-seq`)
-    kv_cache: str = "static"  # how the engine holds the cache (`--kv-cache`)
-    pool: KvPool | None = None  # a paged cache's pool (`kv_pool`)
+    pool: KvPool | None = None  # a paged cache's pool (`kv_pool`; None: a static cache)
     waves: list[Wave] = field(default_factory=list)  # the batch served in turn, when the pool holds part of it
+
+    @property
+    def kv_cache(self) -> str:
+        """How the engine holds the cache (`--kv-cache`): paged when it has a pool."""
+        return "static" if self.pool is None else "paged"
 
     @property
     def ttft_s(self) -> float:
@@ -565,7 +569,6 @@ def generate(
             strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
             decode_graph=own.decode_graph if own is not None else "export",
             compiled_seq=compiled,
-            kv_cache=opts.kv_cache,
         )
 
     result = served(batch)
