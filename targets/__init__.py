@@ -224,6 +224,7 @@ class Target:
     topology: Topology | None = None
     origin: str = "<dict>"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    base: str = ""  # the built-in target this one's file extends (`derived`), "" for a file of its own
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -762,6 +763,7 @@ class _Parser:
             topology=topology,
             origin=self.origin,
             raw=dict(d),
+            base=str(d.get("extends") or ""),
         )
 
 
@@ -805,7 +807,47 @@ def _read_file(path: Path) -> Target:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TargetError(f"target file {path.name}: not valid TOML ({exc})") from None
-    return Target.from_dict(data, origin=path.name)
+    return Target.from_dict(_extended(data, path.name), origin=path.name)
+
+
+def _extended(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A target file that ``extends`` a built-in target: that target's figures with the file's own
+    laid over them (`derived`); a file without ``extends`` as it is."""
+    base = data.get("extends")
+    if base is None:
+        return data
+    if not isinstance(base, str) or base.strip().lower() not in builtin_target_paths():
+        raise TargetError(
+            f"target file {origin}: extends = {base!r} must name a built-in target ({', '.join(builtin_target_paths())})"
+        )
+    base_target = _load_file(builtin_target_paths()[base.strip().lower()])
+    if base_target.base:
+        raise TargetError(f"target file {origin}: extends {base_target.name}, which extends another; extend that one")
+    own = {k: v for k, v in data.items() if k != "extends"}
+    return {**derived(base_target.raw, own), "extends": base_target.name}
+
+
+def derived(base: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """``own`` laid over ``base`` (two parsed target files): a table merges key by key; a figure (a
+    table with a ``value``) and any other value are replaced whole, so no source, estimate flag or
+    ``fitted_to`` of the base's figure survives a new value; an array of named tables (``[[memory]]``,
+    ``[[link]]``) merges by ``name``, an entry of a new name appended. ``aliases`` are the file's own."""
+    out = {k: v for k, v in base.items() if k != "aliases"}
+    for key, value in own.items():
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping) and "value" not in value and "value" not in old:
+            out[key] = derived(old, value)
+        elif _named_tables(value) and _named_tables(old):
+            mine = {entry["name"]: entry for entry in value}
+            merged = [derived(entry, mine.pop(entry["name"])) if entry["name"] in mine else entry for entry in old]
+            out[key] = merged + list(mine.values())
+        else:
+            out[key] = value
+    return out
+
+
+def _named_tables(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(e, Mapping) and "name" in e for e in value)
 
 
 _ALIASES: dict[tuple, dict[str, Path]] = {}
