@@ -11,7 +11,7 @@ from dabench_ir.errors import TargetError
 from dabench_ir.ir import DType
 from dabench_ir.targets import builtin_target_paths, list_targets, load_target
 
-BUILTIN = ("wse2", "sn30", "bow", "a100", "h100", "h200")
+BUILTIN = ("wse2", "sn30", "bow", "a100", "a100-40gb", "h100", "h200")
 
 _GOOD = """
 name = "mine"
@@ -108,6 +108,52 @@ def test_bad_file_names_the_field(tmp_path, edit, field):
     path.write_text(edit(_GOOD))
     with pytest.raises(TargetError, match=rf"my\.toml: .*{field.replace('[', '.').replace(']', '.')}"):
         load_target(path)
+
+
+# -- a file that extends a built-in target ------------------------------------------------------
+
+
+def test_a_derived_target_is_its_base_with_only_its_own_figures_changed():
+    """a100-40gb writes only the 40 GB part's memory: every other figure is the a100's, from one place."""
+    small, base = load_target("a100-40gb"), load_target("a100")
+    assert small.base == "a100" and base.base == "" and small.aliases == ()
+    mine, theirs = dict(small.quantities()), dict(base.quantities())
+    assert mine.keys() == theirs.keys()
+    changed = {k for k in mine if mine[k].value != theirs[k].value or mine[k].source != theirs[k].source}
+    assert changed == {"memory[0].capacity_bytes", "memory[0].bandwidth_bytes_per_s", "memory[1].capacity_bytes"}
+    assert small.feed_memory.bandwidth_bytes_per_s == 1.555e12 and small.feed_memory.capacity_bytes == 40 * 2**30
+    assert small.memory("hbm").level == base.memory("hbm").level  # a named table merges: its level is the base's
+
+
+def test_a_derived_figure_is_replaced_whole_and_a_new_named_table_appended(tmp_path):
+    """A new value takes none of the base figure's flags: a figure fitted in the base is not fitted here."""
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\nextends = "h100"\n'
+        '[arch]\ndecode_attention_load_bytes_per_s = { value = 1e12, source = "mine" }\n'
+        '[[memory]]\nname = "sram"\nlevel = "on-chip"\n'
+        'capacity_bytes = { value = 5e7, source = "s" }\nbandwidth_bytes_per_s = { value = 1e13, source = "s" }\n'
+    )
+    mine, h100 = load_target(path), load_target("h100")
+    assert h100.arch["decode_attention_load_bytes_per_s"].fitted
+    rate = mine.arch["decode_attention_load_bytes_per_s"]
+    assert (rate.value, rate.source, rate.fitted, rate.estimate) == (1e12, "mine", False, False)
+    assert [m.name for m in mine.memories] == [m.name for m in h100.memories] + ["sram"]
+    assert mine.kind == "gpu" and mine.peaks == h100.peaks
+
+
+@pytest.mark.parametrize(
+    "extends,needle",
+    [("tpu9", "must name a built-in target"), (3, "must name a built-in target"), ("a100-40gb", "extends another")],
+)
+def test_extends_names_one_built_in_target(tmp_path, capsys, extends, needle):
+    path = tmp_path / "mine.toml"
+    path.write_text(f'name = "mine"\nextends = {extends!r}\n'.replace("'", '"'))
+    with pytest.raises(TargetError, match=needle):
+        load_target(path)
+    assert main(["profile", "gpt2-small", "--target", str(path), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
 
 
 def test_cpu_without_calibration_is_a_target_error(monkeypatch):

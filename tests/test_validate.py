@@ -32,6 +32,7 @@ def test_bundled_catalogue_loads_and_holds_every_reference_point():
         "sn30",
         "bow",
         "a100",
+        "a100-40gb",
         "h100",
         "h200",
     }  # host points: cpu, live
