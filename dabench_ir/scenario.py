@@ -197,15 +197,31 @@ class GenerateResult:
         return self.ttft_s + self.decode_total_s
 
     @property
+    def in_flight(self) -> int:
+        """Requests decoded together: the batch, or in waves the first wave's (the steps `decode` holds)."""
+        return self.waves[0].requests if self.waves else self.batch
+
+    @property
     def tokens_per_s_per_user(self) -> float:
         """Generated tokens over the end-to-end latency, for one request (in waves, the last one's)."""
         return self.gen / self.latency_s if self.latency_s > 0 else math.inf
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        """Every request's generated tokens over the end-to-end latency (every wave's, in waves)."""
+        return self.tokens_per_s_per_user * self.batch
 
     @property
     def decode_tokens_per_s_per_user(self) -> float | None:
         """Decode rate of one request: 1 / mean time per output token."""
         tpot = self.tpot_s
         return 1.0 / tpot if tpot else None
+
+    @property
+    def decode_tokens_per_s_total(self) -> float | None:
+        """Tokens a decode step makes per second: the requests decoded together over its mean time."""
+        rate = self.decode_tokens_per_s_per_user
+        return None if rate is None else rate * self.in_flight
 
     @property
     def fits(self) -> bool:
@@ -217,7 +233,6 @@ class GenerateResult:
         return _interp([(d.context, d.time_s) for d in self.decode], context)
 
     def to_dict(self) -> dict[str, Any]:
-        tpot = self.tpot_s
         return {
             "schema": SCHEMA,
             "model": self.model,
@@ -230,13 +245,14 @@ class GenerateResult:
             "chips": self.chips,
             "strategy": self.strategy,
             "ttft_s": self.ttft_s,
-            "tpot_mean_s": tpot,
+            "tpot_mean_s": self.tpot_s,
             "decode_total_s": self.decode_total_s,
             "latency_s": self.latency_s,
             "tokens_per_s_per_user": self.tokens_per_s_per_user,
-            "tokens_per_s_total": self.tokens_per_s_per_user * self.batch,
+            "tokens_per_s_total": self.tokens_per_s_total,
             "decode_tokens_per_s_per_user": self.decode_tokens_per_s_per_user,
-            "decode_tokens_per_s_total": None if tpot is None else self.batch / tpot,
+            "decode_tokens_per_s_total": self.decode_tokens_per_s_total,
+            "in_flight": self.in_flight,
             "tpot_interpolation": "linear in context between the sampled steps" if self.interpolated else "exact",
             "decode_graph": self.decode_graph,
             "decode_graph_rule": DECODE_GRAPHS[self.decode_graph],
@@ -679,13 +695,17 @@ def _pool_lines(result: GenerateResult) -> list[str]:
     return lines
 
 
+def _in_flight(result: GenerateResult) -> str:
+    return f", {result.in_flight:,} requests at once" if result.in_flight != result.batch else ""
+
+
 def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
     """The scenario as a terminal table: summary, decode steps sampled, the ``top`` nodes of each
     phase by time (None: every node; 0: no node table)."""
     m = result.model
     name = m.get("preset") or m.get("file") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
-    rate = result.decode_tokens_per_s_per_user
+    rate, total = result.decode_tokens_per_s_per_user, result.decode_tokens_per_s_total
     on = f"{result.chips} x {result.target} ({result.strategy})" if result.chips > 1 else result.target
     lines = [
         f"Generation: {name} on {on}, batch {result.batch}, prompt {result.prompt}, "
@@ -696,8 +716,8 @@ def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
         f"  end-to-end latency           {_t(result.latency_s)}",
         f"  tokens/s per user            {result.tokens_per_s_per_user:.4g} (decode only: "
         f"{'-' if rate is None else f'{rate:.4g}'})",
-        f"  tokens/s total               {result.tokens_per_s_per_user * result.batch:.4g} (decode only: "
-        f"{'-' if rate is None else f'{rate * result.batch:.4g}'})",
+        f"  tokens/s total               {result.tokens_per_s_total:.4g} (decode only: "
+        f"{'-' if total is None else f'{total:.4g}'}{_in_flight(result)})",
         f"  weights                      {_b(result.prefill.weight_bytes)} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
         *_pool_lines(result),

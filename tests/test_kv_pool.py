@@ -61,6 +61,12 @@ def test_a_batch_beyond_the_pool_runs_in_waves_each_served_as_a_batch(static_thr
     assert paged.latency_s == pytest.approx(two.latency_s + one.latency_s, rel=1e-12)
     assert paged.ttft_s == pytest.approx(two.ttft_s, rel=1e-12)  # the first wave's
     assert paged.batch == 3 and paged.fits
+    # two decode at once, not the batch's three; every request's tokens over the waves' latency
+    assert paged.in_flight == 2 and paged.decode_tokens_per_s_total == pytest.approx(2 / paged.tpot_s, rel=1e-12)
+    assert paged.tokens_per_s_total == pytest.approx(3 * GEN / paged.latency_s, rel=1e-12)
+    doc = paged.to_dict()
+    assert doc["in_flight"] == 2 and doc["decode_tokens_per_s_total"] == paged.decode_tokens_per_s_total
+    assert "2 requests at once" in render_generate(paged, top=0)
     assert paged.latency_s > static_three.latency_s  # served in turn, not at once
     assert "2 (2 + 1 requests" in render_generate(paged, top=0)
     # the mechanism removed: the engine's own fraction holds the whole batch, served at once as a static cache

@@ -381,7 +381,7 @@ def _run_generate(p: Point, result: PointResult, graphs: GraphCache) -> None:
         "ttft_s": g.ttft_s,
         "tpot_s": g.tpot_s,
         "latency_s": g.latency_s,
-        "decode_tokens_per_s": None if not g.tpot_s else g.batch / g.tpot_s,
+        "decode_tokens_per_s": g.decode_tokens_per_s_total,
     }
     for key, value in p.measured.items():
         if not g.fits:
