@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from dabench_ir.cli import main
+from dabench_ir.commands.targets import render_parameters
 from dabench_ir.errors import TargetError
 from dabench_ir.ir import DType
 from dabench_ir.targets import builtin_target_paths, list_targets, load_target
@@ -123,6 +124,10 @@ def test_a_derived_target_is_its_base_with_only_its_own_figures_changed():
     assert changed == {"memory[0].capacity_bytes", "memory[0].bandwidth_bytes_per_s", "memory[1].capacity_bytes"}
     assert small.feed_memory.bandwidth_bytes_per_s == 1.555e12 and small.feed_memory.capacity_bytes == 40 * 2**30
     assert small.memory("hbm").level == base.memory("hbm").level  # a named table merges: its level is the base's
+    shown = render_parameters(small).splitlines()
+    assert shown[0].endswith("; extends a100: 3 its own, 34 marked (a100)")
+    own = [line for line in shown[1:] if "(a100) " not in line]
+    assert [line.split()[0] for line in own] == sorted(changed, key=[n for n, _ in small.quantities()].index)
 
 
 def test_a_derived_figure_is_replaced_whole_and_a_new_named_table_appended(tmp_path):

@@ -71,6 +71,7 @@ def target_dict(target: Target) -> dict:
         "kind": target.kind,
         "description": target.description,
         "aliases": list(target.aliases),
+        "extends": target.base or None,
         "units": target.num_units,
         "unit_name": target.unit_name,
         "peak_flops": {k: q.value for k, q in target.peaks.items()},
@@ -136,15 +137,33 @@ def fitted_points(target: Target) -> dict[str, list[str]]:
     return out
 
 
+def _inherited(target: Target) -> set[str]:
+    """The figures a target that extends another takes unchanged from it (none for a file of its own)."""
+    if not target.base:
+        return set()
+    from dabench_ir.targets import load_target
+
+    base = dict(load_target(target.base).quantities())
+    return {n for n, q in target.quantities() if n in base and (base[n].value, base[n].source) == (q.value, q.source)}
+
+
 def render_parameters(target: Target) -> str:
     """Every number the models of ``target`` use: value, basis (sourced / fitted / estimate), source;
     a fitted parameter also names the catalogue points it was fitted to."""
-    rows = [(name, f"{q.value:.6g}", basis(q), q.source) for name, q in target.quantities()]
+    inherited = _inherited(target)
+    rows = [
+        (name, f"{q.value:.6g}", basis(q), f"({target.base}) {q.source}" if name in inherited else q.source)
+        for name, q in target.quantities()
+    ]
     points = fitted_points(target)
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     head = f"{target.name} [{target.kind}] from {target.origin}: {len(rows)} figures, " + ", ".join(
         f"{sum(1 for r in rows if r[2] == b)} {b}" for b in ("sourced", "fitted", "estimate")
     )
+    if target.base:
+        head += (
+            f"; extends {target.base}: {len(rows) - len(inherited)} its own, {len(inherited)} marked ({target.base})"
+        )
     lines = [head]
     for n, v, b, src in rows:
         lines.append(f"  {n.ljust(width[0])}  {v.rjust(width[1])}  {b.ljust(width[2])}  {src}")
