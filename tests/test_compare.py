@@ -145,3 +145,17 @@ def test_a_report_that_does_not_fit_carries_the_change_that_fits_it():
     rows = compare_reports([unfit, fits])
     assert [r["fits_with"] for r in rows] == [None, "--ipus 5"]  # those that do not fit last
     assert render_compare(rows).endswith("; --ipus 5 makes it fit")
+
+
+def test_a_multi_chip_report_compares_at_every_devices_power():
+    """A multi-chip report's ``metrics`` are one chip's (named in ``metrics.per_chip``); its FLOP/s per
+    watt is the whole step's over every device's power, as its own totals say, not over one chip's."""
+    from dabench_ir import api
+
+    one, eight = (api.profile("gpt2-small", "h100", mode="train", chips=n, strategy="dp") for n in (1, 8))
+    rows = compare_reports([json.loads(one.to_json()), json.loads(eight.to_json())])
+    data = json.loads(eight.to_json())
+    assert "target_power_w" in data["metrics"]["per_chip"] and data["metrics"]["target_power_w"] == 700.0
+    assert rows[1]["power_w"] == data["totals"]["target_power_w"] == 8 * 700.0
+    assert rows[1]["gops_per_w"] == pytest.approx(data["totals"]["gops_per_w"], rel=1e-12)
+    assert rows[1]["label"] == "gpt2-small@h100 b8 x8 dp" and rows[0]["label"] == "gpt2-small@h100 b1 x1"

@@ -332,6 +332,17 @@ _ENERGY_TOTALS = (
 )
 """The totals `_add_energy` writes that are of one placement's step (a multi-chip report drops them)."""
 
+_CHIP_METRICS = (
+    "allocation_ratio",
+    "load_imbalance",
+    "compute_efficiency",
+    "achieved_flops_per_s",
+    "peak_flops_per_s",
+    "roofline_bound",
+    "target_power_w",
+)
+"""A multi-chip report's ``metrics`` that are one chip's placement (named in its ``metrics.per_chip``);
+its ``totals`` and the scaling figures (speedup, scaling efficiency, comm share) are the whole step's."""
 _WORK_TOTALS = ("flops", "contraction_flops", "vector_flops", "special_ops")
 """The totals that count work: of the model at the step's batch in a multi-chip report."""
 _BYTE_TOTALS = ("weight_bytes", "act_bytes_in", "act_bytes_out")
@@ -489,6 +500,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     report.model = {**report.model, "params": graph.num_params}  # the unsplit model's
     report.metrics.update(
         {
+            # what stays one chip's, as the text's "metrics  per chip" line says; the totals are the step's
+            "per_chip": [*_CHIP_METRICS],
             "allocation_ratio": point.allocation_ratio,
             "load_imbalance": point.load_imbalance,
             "compute_efficiency": point.compute_efficiency,

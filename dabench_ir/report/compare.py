@@ -49,6 +49,8 @@ COMPARE_COLUMNS = (
     "precision",
     "mode",
     "batch",
+    "chips",
+    "strategy",
     "pipeline",
     "time_s",
     "latency_s",
@@ -158,9 +160,11 @@ def _is_real(value: Any) -> bool:
 
 
 def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | None]) -> float | None:
-    """The target's power: from the report itself, the live Target, the figures the caller handed
-    (``powers``: the host CPU's, from its calibration), or the built-in target loaded by name."""
-    for section in ("metrics", "extra"):
+    """The power of every device the run uses, as its global FLOP/s (``totals``) are of all of them: from
+    the report itself (its totals; a multi-chip report's ``metrics`` are one chip's), the live Target,
+    the figures the caller handed (``powers``: the host CPU's, from its calibration), or the built-in
+    target loaded by name."""
+    for section in ("totals", "metrics", "extra"):
         value = (data.get(section) or {}).get("target_power_w")
         if isinstance(value, (int, float)) and value > 0:
             return float(value)
@@ -183,7 +187,7 @@ def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, floa
         return None
 
 
-LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch", "pipeline")
+LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch", "chips", "pipeline")
 """What a compare/diff row's label says beside the model, when it differs between the rows."""
 
 
@@ -199,6 +203,8 @@ def _label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
         value = row.get(key)
         if key == "target" or value is None:
             continue
+        if key == "chips":
+            value = f"x{value}" + (f" {row['strategy']}" if row.get("strategy") else "")
         parts.append(f"b{value}" if key == "batch" else f"pipeline={value}" if key == "pipeline" else str(value))
     return " ".join(parts)
 
@@ -216,6 +222,7 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
     bound, share = dominant_bound(data.get("nodes") or [], data.get("overheads"))  # one rule: report.attribution
     achieved = totals.get("achieved_flops_per_s")
     power = _power_w(data, target_obj, powers)
+    chips = int(config.get("chips") or 1)
     failure = data.get("failure")
     kind = target.get("kind")
     extra = data.get("extra") or {}
@@ -230,6 +237,8 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "precision": config.get("precision"),
         "mode": config.get("mode"),
         "batch": config.get("batch"),
+        "chips": chips,
+        "strategy": config.get("strategy") if chips > 1 else None,
         "pipeline": extra.get("pipeline") or "none",
         "time_s": totals.get("time_s"),
         "latency_s": totals.get("latency_s"),  # one step alone: above time_s where a pipeline overlaps steps
