@@ -111,6 +111,7 @@ class ScalePoint:
     bubble_fraction: float = 0.0
     speedup: float | None = None
     scaling_efficiency: float | None = None
+    base_samples: int | None = None  # the one chip's samples per step that ``speedup`` is over
     allocation_ratio: float | None = None
     load_imbalance: float | None = None
     compute_efficiency: float | None = None
@@ -161,6 +162,7 @@ class ScalePoint:
             "throughput_samples_per_s": self.throughput_samples_per_s,
             "speedup": self.speedup,
             "scaling_efficiency": self.scaling_efficiency,
+            "base_samples": self.base_samples,
             "compute_time_s": self.compute_time_s,
             "comm_time_s": self.comm_time_s,
             "comm_share": self.comm_share,
@@ -194,7 +196,6 @@ class ScaleResult:
     model: dict[str, Any] = field(default_factory=dict)
     devices_per_node: int | None = None  # the target's node size (None: no topology declared)
     chips_per_node: int | None = None  # the run's chips to a node (the knob; default the node size)
-    base_samples: int | None = None  # one chip's samples per step: the speedups' baseline
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,7 +208,6 @@ class ScaleResult:
             "link": self.link,
             "devices_per_node": self.devices_per_node,
             "chips_per_node": self.chips_per_node,
-            "base_samples": self.base_samples,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -885,6 +885,7 @@ def scale(
         points.append(pt)
     base = single.time_s and per_step / single.time_s  # one chip's rate, fitting or not
     for pt in points:
+        pt.base_samples = per_step
         if base and pt.throughput_samples_per_s is not None:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
@@ -901,7 +902,6 @@ def scale(
         points=points,
         devices_per_node=target.topology.per_node if target.topology is not None else None,
         chips_per_node=per_node,
-        base_samples=per_step,
     )
 
 

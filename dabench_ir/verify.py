@@ -362,8 +362,8 @@ def _speedups(study: Mapping[str, Any]) -> Iterable[Violation]:
     allow, with no mechanism named for it: n chips are at most n times one chip, times how many more
     samples each chip runs a step than the one chip did (a chip with a larger batch may use itself
     better; never below 1: tensor-parallel shares)."""
-    base = study.get("base_samples")
     for point in study.get("points") or []:
+        base = point.get("base_samples")  # each point's own baseline: a study over batches has one a batch
         speedup, chips = finite_float(point.get("speedup")), point.get("chips") or 1
         per_chip = point["batch"] / chips / base if base and point.get("batch") else 1.0
         limit = chips * max(1.0, per_chip)

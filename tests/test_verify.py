@@ -148,7 +148,7 @@ def test_a_chip_running_more_samples_may_scale_above_its_count(batch, speedup, l
     chip's), so up to 16x; a 16-sample step (the one chip's 2 each) stays at 8x; tensor-parallel
     shares of the one chip's 2 samples (1/8 each) are still held to 8x, not below."""
     report = tiny()
-    report.extra["scale"] = {"base_samples": 2, "points": [{"chips": 8, "batch": batch, "speedup": speedup}]}
+    report.extra["scale"] = {"points": [{"chips": 8, "batch": batch, "speedup": speedup, "base_samples": 2}]}
     found = _only(report).get("speedup_linear", [])
     assert [v.limit for v in found] == ([limit] if limit else [])
 
@@ -415,3 +415,19 @@ def test_a_placement_over_several_chips_is_checked_when_placed_before_any_report
         placed(run, report.graph.clone())
     unchecked = placed(run.variant(no_verify=True), report.graph.clone())
     assert unchecked.scaled.points[-1].speedup == 5.0 and unchecked.built is None
+
+
+def test_a_study_over_batches_holds_each_point_to_its_own_batchs_one_chip():
+    """``scale --batch 1,8``: the batch-8 points' speedups are over the batch-8 one-chip run, and the
+    verifier holds them to that baseline, not the first batch's (where 8 samples a chip over 1 would
+    allow 8x more)."""
+    from dabench_ir.api import scale_model
+
+    result = scale_model("gpt2-small", "h100", [1, 2], [1, 8], {"strategy": "tp"})
+    assert [(p.batch, p.chips, p.base_samples) for p in result.points] == [(1, 1, 1), (1, 2, 1), (8, 1, 8), (8, 2, 8)]
+    study = result.to_dict()
+    study["points"][3]["speedup"] = 7.9  # 2 chips, each running a share of the one chip's 8 samples
+    report = tiny()
+    report.extra["scale"] = study
+    (v,) = _only(report)["speedup_linear"]
+    assert (v.where, v.value, v.limit) == ("2 chips", 7.9, 2.0)
