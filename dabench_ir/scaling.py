@@ -50,7 +50,7 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
-from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall
+from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall, live_bytes
 from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import (
@@ -737,11 +737,12 @@ def _stage_weight_share(ctx: LoweringContext, nodes: list[Node]) -> float:
 def _pp_stage_memory(
     ctx: LoweringContext, run: ResolvedRun, stages: list[list[int]], chips: int, m: int, sharers: int = 1
 ) -> tuple[bool, dict[str, Any] | None, dict[str, int] | None]:
-    """Whether every stage fits its chip's memory: the stage's weights and training state, and under
+    """Whether every stage fits its chip's memory: the stage's weights and training state, under
     1F1B the activations of the micro-batches in flight on it (stage i holds min(p - i, m) of them;
-    Narayanan et al., SC'21); an offloaded optimizer state, its share of the host's memory, which
-    ``sharers`` stages split. Returns (fits, the first stage's failure, the fullest stage's parts up
-    to it)."""
+    Narayanan et al., SC'21), and the working set of the micro-batch it runs (``live``, as a
+    one-chip run counts it: `lowering.gpu.live_bytes` over the stage's nodes); an offloaded
+    optimizer state, its share of the host's memory, which ``sharers`` stages split. Returns (fits,
+    the first stage's failure, the fullest stage's parts up to it)."""
     target, graph = run.target, ctx.graph
     layers = graph.layers
     mem = target.feed_memory
@@ -757,6 +758,7 @@ def _pp_stage_memory(
             "gradients": part.gradients,
             "optimizer": 0 if offload else part.optimizer_side,
             "activations": acts,
+            "live": live_bytes(ctx, nodes, micro_batches=m),
         }
         if offload:  # the stage's optimizer state lives in its share of the host's memory
             parts["host"] = part.optimizer_side

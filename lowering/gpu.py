@@ -631,8 +631,7 @@ def device_memory(
     the weights, as FSDP does)."""
     m = max(1, micro_batches)
     state = training_state(ctx)
-    saved, held = saved_activation_bytes(ctx) if state.activations else (0, frozenset())
-    skip = _on_chip(ctx) | held | _view_outputs(ctx)
+    saved = saved_activation_bytes(ctx)[0] if state.activations else 0
 
     def shard(nbytes: int, stage: int) -> int:
         return math.ceil(nbytes / shards) if zero >= stage and shards > 1 else nbytes
@@ -643,9 +642,19 @@ def device_memory(
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(saved / m),
-        "live": math.ceil(peak_live_bytes(ctx, ctx.graph.nodes, skip=skip) / m),
+        "live": live_bytes(ctx, ctx.graph.nodes, micro_batches=m),
         "host": optimizer if offload else 0,
     }
+
+
+def live_bytes(ctx: LoweringContext, nodes: Sequence[Node], *, micro_batches: int = 1) -> int:
+    """One micro-batch's working set while ``nodes`` run in order, beyond what `device_memory` counts
+    as saved: the peak of live tensors that reach memory (not a fused core's on-chip scores, not a
+    strided view, in training not a saved tensor, which the activations already hold). ``nodes``: the
+    whole graph, or a pipeline stage's share of it (`dabench_ir.scaling`)."""
+    held = saved_activation_bytes(ctx)[1] if training_state(ctx).activations else frozenset()
+    skip = _on_chip(ctx) | held | _view_outputs(ctx)
+    return math.ceil(peak_live_bytes(ctx, nodes, skip=skip) / max(1, micro_batches))
 
 
 def stream_plan(
