@@ -1125,6 +1125,11 @@ def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: 
     pt = _point_from_run(one, n, per_system * n, comm, copies=n, link_bytes=float(tree_nodes * streamed))
     if plan is not None and plan.notes:  # the lowering's own word for its systems opens its notes
         pt.notes.append(plan.notes[0])
+    store = target.memory("off-chip").name
+    held = dict(pt.memory_per_device or {})
+    if held.get(store):  # the store the systems stream from is no system's memory (mem/device leaves it out)
+        pt.memory_per_device = {name: b for name, b in held.items() if name != store} or None
+        pt.notes.append(f"{store} holds {held[store] / 1e6:,.0f} MB for the {n} systems: one store, no system's memory")
     pt.notes.append(
         f"weak scaling: each system runs the graph's batch; broadcast/reduce tree of {tree_nodes} "
         f"node{'s' if tree_nodes != 1 else ''} ({levels} level{'s' if levels != 1 else ''} of fan-out {fanout} "

@@ -115,6 +115,16 @@ def test_the_point_says_what_it_models(streamed):
     assert "1 level of fan-out 4 over system_io" in notes
 
 
+def test_a_systems_memory_is_its_wafers_the_store_they_stream_from_is_named_apart(streamed):
+    """MemoryX holds the weights for every system, off the wafers: mem/device is a wafer's SRAM."""
+    points, _ = streamed
+    pt = points[4]
+    streamed_memory = pt.chip.memory  # the one system's plan, by memory
+    assert streamed_memory["memoryx"] > 0 and pt.memory_per_device == {"sram": streamed_memory["sram"]}
+    assert pt.device_bytes == streamed_memory["sram"]
+    assert f"memoryx holds {streamed_memory['memoryx'] / 1e6:,.0f} MB for the 4 systems" in " ".join(pt.notes)
+
+
 def test_energy_counts_every_wafer_and_the_tree_links(streamed):
     from dabench_ir.energy import energy_model
 
