@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from dabench_ir.energy import MultiChipEnergy
     from dabench_ir.plan import Plan
     from dabench_ir.run import Placed
-    from dabench_ir.targets import Target
+    from dabench_ir.targets import Link, Target
     from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -330,11 +330,9 @@ def allreduce_time(
     ring over its first link; ``algorithm`` ``root``: through one root device (`root_allreduce_time`)."""
     topo = target.topology
     if topo is not None:
-        inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, topo.inter.latency_s)
-        intra = (topo.intra.bandwidth_bytes_per_s, topo.intra.latency_s)
         if algorithm == "root":
-            return root_allreduce_time(nbytes, chips, per_node or topo.per_node, intra, inter)
-        return hierarchical_allreduce_time(nbytes, chips, per_node or topo.per_node, intra, inter)
+            return root_allreduce_time(nbytes, chips, per_node or topo.per_node, topo.intra, topo.inter)
+        return hierarchical_allreduce_time(nbytes, chips, per_node or topo.per_node, topo.intra, topo.inter)
     link = target.link()
     if link is None:
         raise UserError(f"{target.name} declares no link; all-reduce across chips needs one")
@@ -633,7 +631,11 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
     comm = 0.0
     if link is not None and chips > 1:
         per_node = chips_per_node(target, run.options)
-        comm = sum(p2p_time(b / m, *_stage_link(target, i, per_node)) for i, b in enumerate(boundary_bytes)) * m
+        links = [_stage_link(target, i, per_node) for i in range(len(boundary_bytes))]
+        comm = m * sum(
+            p2p_time(b / m, link.bandwidth_bytes_per_s, link.latency_s)
+            for b, link in zip(boundary_bytes, links, strict=True)
+        )
     # after the last micro-batch's backward every stage updates its own weights, all at once
     ctx = LoweringContext.build(graph, lowering_options(run).precision)
     sharers = _host_sharers(run, chips)
@@ -780,8 +782,8 @@ def _pp_stage_memory(
     return True, None, worst_memory
 
 
-def _stage_link(target: Target, boundary: int, per_node: int | None = None) -> tuple[float, float]:
-    """(bandwidth, latency) between pipeline stage ``boundary`` and the next: the inter-node link
+def _stage_link(target: Target, boundary: int, per_node: int | None = None) -> Link:
+    """The link between pipeline stage ``boundary`` and the next: the inter-node link
     where the boundary falls between two nodes of the target's topology (``per_node`` stages to a
     node, default the target's node size), else the first link."""
     topo = target.topology
@@ -790,7 +792,7 @@ def _stage_link(target: Target, boundary: int, per_node: int | None = None) -> t
         link = topo.inter if (boundary + 1) % k == 0 and topo.inter is not None else topo.intra
     else:
         link = target.link()
-    return link.bandwidth_bytes_per_s, link.latency_s
+    return link
 
 
 def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:

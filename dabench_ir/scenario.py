@@ -4,8 +4,8 @@
 prefill of a batch of equal prompts), time per output token as the KV cache grows, tokens/s
 per user and in total, how big the cache gets and whether weights plus cache fit, and where
 each lives on the target. It composes the existing pipeline and adds no cost model of its
-own: each phase is a graph (`dabench-ir export`, prefill and ``--phase decode``), costed by
-`prepare_graph` and placed by `place`, exactly as `profile` does.
+own: each phase is a graph (`dabench-ir export`, prefill and ``--phase decode``), run through
+`dabench_ir.run.execute` (costed, placed, reported and verified), exactly as `profile` runs it.
 
 Decode steps depend on each other (token t+1 needs token t), so a step's time is its
 latency: where a lowering can overlap consecutive steps in a steady-state pipeline, the

@@ -54,7 +54,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -418,13 +418,13 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
                     f"node {name} alone needs {bounds[name]:.6g} s at its roofline",
                 )
             chain = _chain_bound(ctx, bounds)
-            if chain is not None and chain[0] > bounds[name] and _above(chain[0], step):
+            if chain is not None and chain.seconds > bounds[name] and _above(chain.seconds, step):
                 yield Violation(
                     "step_time_critical_path",
                     "step",
                     step,
-                    chain[0],
-                    f"the chain ending at {chain[1]} needs {chain[0]:.6g} s at its nodes' rooflines",
+                    chain.seconds,
+                    f"the chain ending at {chain.last} needs {chain.seconds:.6g} s at its nodes' rooflines",
                 )
         energy = finite_float(totals.get("energy_j"))
         watts = finite_float(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
@@ -438,7 +438,12 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
             )
 
 
-def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str] | None:
+class _Chain(NamedTuple):
+    seconds: float  # the chain's nodes' bounds, summed
+    last: str  # the node it ends at
+
+
+def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> _Chain | None:
     """The heaviest dependency chain's summed node bounds, and its last node; None where a chain
     need not fit in one step (steps that overlap, nodes run once per micro-batch, a multi-chip step
     whose nodes are one chip's share)."""
@@ -459,7 +464,7 @@ def _chain_bound(ctx: _Context, bounds: Mapping[str, float]) -> tuple[float, str
     for node in graph.nodes:
         before = max((best.get(producer.get(i, ""), 0.0) for i in node.inputs), default=0.0)
         best[node.name] = before + bounds.get(node.name, 0.0)
-    return max(((chain, name) for name, chain in best.items()), key=lambda c: c[0], default=None)
+    return max((_Chain(chain, name) for name, chain in best.items()), key=lambda c: c.seconds, default=None)
 
 
 def _memory(ctx: _Context) -> Iterable[Violation]:

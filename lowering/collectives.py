@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 GRADIENT_REDUCE = "gradient_reduce"
 """The step row in which a lowering that places its own replicas (`Lowering.replicates_itself`, the
@@ -15,6 +16,7 @@ IPU's) all-reduces their gradients: what the scaling stage reads as such a point
 
 __all__ = [
     "GRADIENT_REDUCE",
+    "LinkFigures",
     "brute_force_split",
     "bubble_fraction",
     "hierarchical_allreduce_time",
@@ -45,8 +47,19 @@ def ring_allreduce_bytes(nbytes: float, chips: int) -> float:
     return 2.0 * (chips - 1) * nbytes if chips > 1 else 0.0
 
 
-_Link = tuple[float, float]
-"""A link's (bandwidth in bytes/s, latency in s)."""
+class LinkFigures(NamedTuple):
+    """What a collective reads of a link: its bandwidth and the latency of one transfer. A target's
+    `dabench_ir.targets.Link` has the same two fields and is passed as it is."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+class _Link(Protocol):
+    @property
+    def bandwidth_bytes_per_s(self) -> float: ...
+    @property
+    def latency_s(self) -> float: ...
 
 
 def _nothing_to_reduce(nbytes: float, chips: int, per_node: int) -> bool:
@@ -62,8 +75,8 @@ def _nothing_to_reduce(nbytes: float, chips: int, per_node: int) -> bool:
 def hierarchical_allreduce_time(nbytes: float, chips: int, per_node: int, intra: _Link, inter: _Link | None) -> float:
     """All-reduce of ``nbytes`` over ``chips`` grouped ``per_node`` to a node.
 
-    ``intra``/``inter``: (bandwidth, latency) of the link inside a node and of each device's
-    share of the network between nodes. Within one node: a ring over ``intra``. Across
+    ``intra``/``inter``: the link inside a node and each device's share of the network between
+    nodes (`LinkFigures`, or a target's `Link`). Within one node: a ring over ``intra``. Across
     nodes (k = per_node devices each, n nodes): reduce-scatter inside each node, an
     all-reduce of each device's 1/k shard across the n nodes (k rings at once, one per
     shard), then an all-gather inside each node; the two intra-node halves together cost
@@ -72,10 +85,14 @@ def hierarchical_allreduce_time(nbytes: float, chips: int, per_node: int, intra:
     if _nothing_to_reduce(nbytes, chips, per_node):
         return 0.0
     if chips <= per_node or inter is None:
-        return ring_allreduce_time(nbytes, chips, *intra)
+        return _ring(nbytes, chips, intra)
     k = per_node
     nodes = -(-chips // k)
-    return ring_allreduce_time(nbytes, k, *intra) + ring_allreduce_time(nbytes / k, nodes, *inter)
+    return _ring(nbytes, k, intra) + _ring(nbytes / k, nodes, inter)
+
+
+def _ring(nbytes: float, chips: int, link: _Link) -> float:
+    return ring_allreduce_time(nbytes, chips, link.bandwidth_bytes_per_s, link.latency_s)
 
 
 def root_allreduce_time(nbytes: float, chips: int, per_node: int, intra: _Link, inter: _Link | None) -> float:
@@ -86,19 +103,18 @@ def root_allreduce_time(nbytes: float, chips: int, per_node: int, intra: _Link, 
     (the root receives each other RDU's result point to point and runs the Add; the split region's
     input goes out from it the same way), so the root's link carries every transfer one after
     another: 2(n−1) transfers of the whole buffer, against 2(n−1)/n of it per device in a ring.
-    ``intra``/``inter``: (bandwidth, latency) of the link inside a node and between nodes; the
-    ``per_node`` devices beside the root in its node use ``intra``, the others ``inter`` (``intra``
-    when None). One chip: free.
+    ``intra``/``inter``: the link inside a node and between nodes (`LinkFigures`, or a target's
+    `Link`); the ``per_node`` devices beside the root in its node use ``intra``, the others
+    ``inter`` (``intra`` when None). One chip: free.
     """
     if _nothing_to_reduce(nbytes, chips, per_node):
         return 0.0
     local = min(chips, per_node) - 1  # the root's node-mates
     remote = chips - 1 - local
     far = inter or intra
-    for bandwidth, _ in (intra, far):
-        if bandwidth <= 0:
-            raise ValueError("link bandwidth must be positive")
-    one_way = local * (nbytes / intra[0] + intra[1]) + remote * (nbytes / far[0] + far[1])
+    one_way = local * p2p_time(nbytes, intra.bandwidth_bytes_per_s, intra.latency_s) + remote * p2p_time(
+        nbytes, far.bandwidth_bytes_per_s, far.latency_s
+    )
     return 2 * one_way  # gather the partial results in, send the sum out
 
 
@@ -106,6 +122,8 @@ def p2p_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
     """One point-to-point transfer (a pipeline stage boundary)."""
     if nbytes <= 0:
         return 0.0
+    if bandwidth <= 0:
+        raise ValueError("link bandwidth must be positive")
     return nbytes / bandwidth + latency
 
 

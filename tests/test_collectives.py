@@ -8,6 +8,7 @@ import random
 import pytest
 
 from dabench_ir.lowering.collectives import (
+    LinkFigures,
     brute_force_split,
     bubble_fraction,
     hierarchical_allreduce_time,
@@ -49,14 +50,14 @@ def test_split_is_not_round_robin():
 
 
 def test_hierarchical_allreduce_inside_one_node_is_a_ring():
-    intra, inter = (32e9, 5e-6), (12.5e9, 1e-5)
+    intra, inter = LinkFigures(32e9, 5e-6), LinkFigures(12.5e9, 1e-5)
     assert hierarchical_allreduce_time(1e9, 8, 8, intra, inter) == ring_allreduce_time(1e9, 8, *intra)
     assert hierarchical_allreduce_time(1e9, 1, 8, intra, inter) == 0.0
 
 
 def test_hierarchical_allreduce_across_nodes_exact():
     # 16 chips = 2 nodes of 8: intra ring of 1 GB over 8, then each device's 1/8 shard over 2 nodes
-    intra, inter = (32e9, 5e-6), (12.5e9, 1e-5)
+    intra, inter = LinkFigures(32e9, 5e-6), LinkFigures(12.5e9, 1e-5)
     expected = (2 * 7 / 8 * 1e9 / 32e9 + 14 * 5e-6) + (2 * 1 / 2 * 1.25e8 / 12.5e9 + 2 * 1e-5)
     assert hierarchical_allreduce_time(1e9, 16, 8, intra, inter) == pytest.approx(expected)
     assert expected == pytest.approx(0.0647775)

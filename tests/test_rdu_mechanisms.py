@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dabench_ir.lowering import lower
-from dabench_ir.lowering.collectives import ring_allreduce_time, root_allreduce_time
+from dabench_ir.lowering.collectives import LinkFigures, ring_allreduce_time, root_allreduce_time
 from dabench_ir.lowering.rdu.timing import Stage, balanced_s, pipeline_s
 from dabench_ir.options import ProfileOptions
 from dabench_ir.scaling import scale, split_for_tp, tp_collective
@@ -37,14 +37,16 @@ def _ring_rdu() -> Target:
 
 def test_root_allreduce_serialises_every_transfer_on_the_roots_link():
     # 1 GB over 4 RDUs of one node: 3 partials in, the sum out 3 times, each over 32 GB/s + 5 us
-    intra, inter = (32e9, 5e-6), (12.5e9, 1e-5)
+    intra, inter = LinkFigures(32e9, 5e-6), LinkFigures(12.5e9, 1e-5)
     assert root_allreduce_time(1e9, 4, 8, intra, inter) == pytest.approx(2 * 3 * (1e9 / 32e9 + 5e-6))
     # 2 a node: one node-mate over the RDU link, two RDUs of the other node over the network
     two = 2 * (1 * (1e9 / 32e9 + 5e-6) + 2 * (1e9 / 12.5e9 + 1e-5))
     assert root_allreduce_time(1e9, 4, 2, intra, inter) == pytest.approx(two)
     assert root_allreduce_time(1e9, 1, 8, intra, inter) == 0.0
     # against a ring: 2(n-1) whole transfers instead of 2(n-1)/n: n times the ring's time (no latency)
-    assert root_allreduce_time(1e9, 4, 8, (32e9, 0.0), None) == pytest.approx(4 * ring_allreduce_time(1e9, 4, 32e9))
+    assert root_allreduce_time(1e9, 4, 8, LinkFigures(32e9), None) == pytest.approx(
+        4 * ring_allreduce_time(1e9, 4, 32e9)
+    )
 
 
 def test_the_sn30_tensor_parallel_reduction_goes_through_one_rdu():
@@ -57,12 +59,11 @@ def test_a_tp_step_pays_each_split_modules_reduction_through_rdu_0():
     g = decoder(layers=2, hidden=64, seq=16)
     allreduces = [c.nbytes for c in split_for_tp(g, 4)[1]]
     point = scale(g, RDU, [4], "tp", ProfileOptions()).points[0]
-    intra = (P2P.bandwidth_bytes_per_s, P2P.latency_s)
-    inter = (NET.bandwidth_bytes_per_s, NET.latency_s)
-    expected = sum(root_allreduce_time(b, 4, 8, intra, inter) for b in allreduces)  # inference: one pass
+    expected = sum(root_allreduce_time(b, 4, 8, P2P, NET) for b in allreduces)  # inference: one pass
     assert point.comm_time_s == pytest.approx(expected)
     ring = scale(g, _ring_rdu(), [4], "tp", ProfileOptions()).points[0]
-    assert ring.comm_time_s == pytest.approx(sum(ring_allreduce_time(b, 4, *intra) for b in allreduces))
+    by_ring = sum(ring_allreduce_time(b, 4, P2P.bandwidth_bytes_per_s, P2P.latency_s) for b in allreduces)
+    assert ring.comm_time_s == pytest.approx(by_ring)
     assert point.comm_time_s > ring.comm_time_s
 
 

@@ -178,7 +178,7 @@ def test_ipu_replicas_reduce_on_ipu_links_inside_a_pod64_and_through_the_gateway
     """The IPU-Link domain is a Pod64 (bow.toml [topology]: 16 machines of 4 IPUs in a 2D torus; Pod64s
     joined by GW-Links): 64 replicas ring-reduce on the IPU-Links, 128 reduce hierarchically, the
     shard of each IPU crossing the gateway (`hierarchical_allreduce_time`, bandwidth terms only)."""
-    from dabench_ir.lowering.collectives import hierarchical_allreduce_time
+    from dabench_ir.lowering.collectives import LinkFigures, hierarchical_allreduce_time
 
     graph, ipu = _ipu_trained(), load_target("ipu")
     grads = sum(v.type.nbytes() for v in graph.weights())
@@ -187,7 +187,7 @@ def test_ipu_replicas_reduce_on_ipu_links_inside_a_pod64_and_through_the_gateway
     pod, two_pods = scale(graph, ipu, [64, 128], "dp", ProfileOptions()).points
     assert pod.comm_time_s == pytest.approx(ring_allreduce_time(grads, 64, intra))
     assert pod.nodes == 1 and not pod.crosses_nodes
-    expected = hierarchical_allreduce_time(grads, 128, 64, (intra, 0.0), (inter, 0.0))
+    expected = hierarchical_allreduce_time(grads, 128, 64, LinkFigures(intra), LinkFigures(inter))
     assert two_pods.comm_time_s == pytest.approx(expected)
     assert expected > ring_allreduce_time(grads, 128, intra)  # the gateway's 6.25 GB/s an IPU costs more
     assert two_pods.nodes == 2 and two_pods.crosses_nodes
@@ -303,8 +303,8 @@ def test_tp_crosses_the_node_boundary_through_its_root():
         allreduces[0],
         16,
         8,
-        (intra.bandwidth_bytes_per_s, intra.latency_s),
-        (inter.bandwidth_bytes_per_s, inter.latency_s),
+        intra,
+        inter,
     )
     assert sixteen.comm_time_s == pytest.approx(len(allreduces) * per)
     assert per > ring_allreduce_time(allreduces[0], 8, intra.bandwidth_bytes_per_s, intra.latency_s)
@@ -335,7 +335,7 @@ def test_tp_allreduces_one_forward_activation_in_its_dtype_when_training():
     assert [(c.op, c.nbytes, c.count) for c in collectives] == [("all-reduce", 2 * 16 * 64 * 2, 2)] * 4
     target = load_target("sn30")
     intra = target.topology.intra
-    one = root_allreduce_time(2 * 16 * 64 * 2, 2, 8, (intra.bandwidth_bytes_per_s, intra.latency_s), None)
+    one = root_allreduce_time(2 * 16 * 64 * 2, 2, 8, intra, None)
     point = scale(graph, target, [2], "tp", ProfileOptions()).points[0]
     assert point.comm_time_s == pytest.approx(2 * 4 * one)
 
@@ -358,8 +358,8 @@ def test_chips_per_node_spreads_a_tp_run_over_machines():
         allreduces[0],
         4,
         2,
-        (intra.bandwidth_bytes_per_s, intra.latency_s),
-        (inter.bandwidth_bytes_per_s, inter.latency_s),
+        intra,
+        inter,
     )
     assert spread.points[1].comm_time_s == pytest.approx(len(allreduces) * per)
     assert spread.points[1].comm_time_s > inside.points[1].comm_time_s

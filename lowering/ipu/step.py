@@ -38,6 +38,7 @@ from dabench_ir.ir import ValueKind
 from dabench_ir.lowering._common import place_node
 from dabench_ir.lowering.collectives import (
     GRADIENT_REDUCE,
+    LinkFigures,
     hierarchical_allreduce_time,
     ring_allreduce_bytes,
     ring_allreduce_time,
@@ -179,6 +180,8 @@ def gradient_reduce_s(run: IpuRun, pipeline: Pipeline, grads: float) -> float:
     topo = run.target.topology
     if topo is None:
         return ring_allreduce_time(grads, run.replicas, run.fig.link.bandwidth_bytes_per_s)
-    inter = None if topo.inter is None else (topo.inter.bandwidth_bytes_per_s, 0.0)
+    inter = None if topo.inter is None else LinkFigures(topo.inter.bandwidth_bytes_per_s)  # latency left out
     per_domain = max(1, topo.per_node // pipeline.ipus)
-    return hierarchical_allreduce_time(grads, run.replicas, per_domain, (topo.intra.bandwidth_bytes_per_s, 0.0), inter)
+    return hierarchical_allreduce_time(
+        grads, run.replicas, per_domain, LinkFigures(topo.intra.bandwidth_bytes_per_s), inter
+    )
