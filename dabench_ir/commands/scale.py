@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_scale(result) -> str:
-    from dabench_ir.report.table import human, seconds, times
+    from dabench_ir.report.table import human, percent, seconds, times
 
     head = f"{result.target}, strategy {result.strategy}, {result.mode}, {result.precision}, link {result.link or '-'}"
     per_node = result.chips_per_node or result.devices_per_node
@@ -123,10 +123,10 @@ def render_scale(result) -> str:
                 seconds(p.time_s),
                 "does not fit" if p.throughput_samples_per_s is None else human(p.throughput_samples_per_s),
                 times(p.speedup),
-                "-" if p.scaling_efficiency is None else f"{100 * p.scaling_efficiency:.0f}%",
-                f"{100 * p.comm_share:.1f}%",
-                f"{100 * p.bubble_fraction:.0f}%",
-                "-" if p.allocation_ratio is None else f"{100 * p.allocation_ratio:.1f}%",
+                percent(p.scaling_efficiency),
+                percent(p.comm_share),
+                percent(p.bubble_fraction),
+                percent(p.allocation_ratio),
                 "-" if p.load_imbalance is None else f"{p.load_imbalance:.2f}",
                 p.dominant_bound or "-",
                 "yes" if p.fits else "NO",
