@@ -31,7 +31,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, Knob
 
 if TYPE_CHECKING:
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.plan import Failure
     from dabench_ir.report.model import NodeRecord, Report
     from dabench_ir.run import Placed, Progress, ResolvedRun
@@ -242,7 +242,7 @@ class VariantRuns:
         """The lowering context of the report's prepared graph at ``run``'s precision, built once for
         every variant placed on that graph (`shares_graph`): its node costs, value sizes and weight
         total read once, not once a variant (a lowering writes nothing to it)."""
-        from dabench_ir.lowering._common import LoweringContext
+        from dabench_ir.lowering.context import LoweringContext
         from dabench_ir.run import lowering_options
 
         precision = lowering_options(run).precision

@@ -32,7 +32,7 @@ from dabench_ir.progress import silent
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.plan import Plan
     from dabench_ir.report.model import Report
     from dabench_ir.scaling import ScaleResult

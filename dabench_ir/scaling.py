@@ -39,7 +39,6 @@ from dabench_ir.errors import UserError
 from dabench_ir.frontends.onnx import cache_inputs
 from dabench_ir.ir import Cost, Graph, Node, Value, module_of
 from dabench_ir.lowering import lowering_for
-from dabench_ir.lowering._common import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.collectives import (
     GRADIENT_REDUCE,
     bubble_fraction,
@@ -50,6 +49,7 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
+from dabench_ir.lowering.context import LoweringContext, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall, live_bytes
 from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import DType
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.targets import KINDS as TARGET_KINDS
 
 if TYPE_CHECKING:

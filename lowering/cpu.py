@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.gpu import stream_plan
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import (

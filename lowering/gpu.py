@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
-from dabench_ir.lowering._common import (
+from dabench_ir.lowering.context import (
     LoweringContext,
     kernel_groups,
     peak_live_bytes,

@@ -384,7 +384,7 @@ def test_a_target_without_tensor_parallelism_is_not_tried_over_more_chips(monkey
 
 def _contexts_built(monkeypatch) -> list:
     """The graphs a lowering context is built of from now on, in order (`LoweringContext.build` counted)."""
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
 
     graphs: list = []
     build = LoweringContext.build.__func__
@@ -396,7 +396,7 @@ def test_the_variants_on_the_reports_graph_read_its_live_peak_worked_out_once(mo
     """The peak of live activations over the whole graph is a fact of the graph: the why lines'
     variants placed on the report's graph share one context, and every memory check of theirs reads
     it from there (a 10,000-layer RDU profile walked the 360k nodes for it once a variant)."""
-    import dabench_ir.lowering._common as common
+    import dabench_ir.lowering.context as common
 
     walks: list[int] = []
     peak = common.peak_live_bytes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.lowering import lower
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.models import ModelConfig
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta

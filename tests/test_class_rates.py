@@ -7,7 +7,7 @@ import pytest
 
 from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, Value, ValueKind
 from dabench_ir.lowering import lower
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.gpu import GpuLowering
 from dabench_ir.lowering.wse import wse_kernels
 from dabench_ir.options import ProfileOptions

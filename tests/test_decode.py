@@ -183,7 +183,7 @@ def test_decode_graph_hand_count(small_graph):
     assert total.contraction_flops == cfg.matmul_flops()
     # weights read once per step: every weight in full, except the embedding (only the B·S rows
     # gathered); besides them the nodes read small folded constants (rotary cos/sin, eps, scale)
-    from dabench_ir.lowering._common import stored_root
+    from dabench_ir.lowering.context import stored_root
 
     constants = sum(
         graph.type_of(v).nbytes()

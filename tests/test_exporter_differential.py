@@ -216,7 +216,7 @@ def test_folded_constant_arithmetic_neither_launches_nor_breaks_a_fusion(tmp_pat
     """TorchScript writes the attention scale's arithmetic (on constants once the dims are bound)
     between the scores' MatMul and its Div: folded at compile time, it rides with the MatMul's kernel
     and the Div still fuses into it, one kernel as in the export that writes the scale as a constant."""
-    from dabench_ir.lowering._common import LoweringContext, kernel_groups
+    from dabench_ir.lowering.context import LoweringContext, kernel_groups
     from dabench_ir.options import ProfileOptions
     from dabench_ir.pipeline import prepare_graph
 

@@ -31,7 +31,7 @@ def _graph(cfg: ModelConfig, **opts):
 
 
 def _ctx(graph):
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
 
     return LoweringContext.build(graph)
 

@@ -57,7 +57,7 @@ def graphs():
 
 
 def _ctx(graph):
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
 
     return LoweringContext.build(graph)
 

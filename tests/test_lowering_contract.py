@@ -15,7 +15,7 @@ import pytest
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering import KINDS, Lowering, LoweringOptions, lower, lowering_for
-from dabench_ir.lowering._common import UNATTRIBUTED_NOTE, LoweringContext, place_node
+from dabench_ir.lowering.context import UNATTRIBUTED_NOTE, LoweringContext, place_node
 from dabench_ir.lowering.gpu import GpuLowering
 from dabench_ir.lowering.ipu import IpuLowering
 from dabench_ir.lowering.rdu import RduLowering

@@ -118,7 +118,7 @@ def test_each_thread_block_pays_its_pipeline_fill_and_tile_write():
 
 
 def test_small_gemm_pays_its_partial_wave_large_gemm_does_not():
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import gemm_wave_efficiency
 
     g = decoder(layers=1, hidden=768, seq=128)  # 128 x 768 x 768 projections, 128 x 768 x 3072 fc1
@@ -145,7 +145,7 @@ def test_each_micro_batch_runs_its_own_share_of_a_gemms_rows():
     """Gradient accumulation over 8 micro-batches of a batch of 8 runs every GEMM at one sample's
     shape: the 128 x 768 x 768 projection of the batch-1 graph (2/9 of its waves useful), not the
     1024-row one; a batched attention GEMM splits its batch the same way."""
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import gemm_wave_efficiency
 
     one = decoder(layers=1, hidden=768, seq=128)
@@ -270,7 +270,7 @@ def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
     if fused:  # but the framework still dispatches each view op: the host issues 10 ops (5 GEMMs, the
         # core's 2 kernels, 4 views, the merge's reshape riding with its transpose), each kernel shorter
         # than the 7 us the host takes, so the stream waits 10 x 7 us less the device time of all but the last
-        from dabench_ir.lowering._common import LoweringContext, kernel_groups
+        from dabench_ir.lowering.context import LoweringContext, kernel_groups
         from dabench_ir.lowering.gpu import HOST_ISSUE
 
         groups = [gr for gr in kernel_groups(LoweringContext.build(g), True) if gr[0].op_type != "Constant"]
@@ -282,7 +282,7 @@ def test_fused_attention_reads_the_head_split_and_merge_in_place(fused):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_fused_attention_core_keeps_its_scores_on_chip(fused):
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import device_memory
     from tests.conftest import rewrite
 

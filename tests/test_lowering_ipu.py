@@ -368,7 +368,7 @@ def test_each_ipu_holds_the_distinct_stored_values_its_nodes_read(gpt2_base):
     """An IPU's weights term counts each stored value its nodes read once: the per-layer sums the
     memory step keeps (`GraphFigures`: a layer's own weights, then the values layers share, such as
     the causal mask every GPT-2 layer reads, once an IPU) give what a union over its nodes gives."""
-    from dabench_ir.lowering._common import LoweringContext, stored_values
+    from dabench_ir.lowering.context import LoweringContext, stored_values
     from dabench_ir.lowering.ipu.memory import GraphFigures
 
     g = _gpt2(gpt2_base, 4)

@@ -4,7 +4,7 @@ memoise, node by node, asked once or many times."""
 from __future__ import annotations
 
 from dabench_ir.ir import Cost, TensorType, Value, ValueKind
-from dabench_ir.lowering._common import LoweringContext, value_bytes
+from dabench_ir.lowering.context import LoweringContext, value_bytes
 from dabench_ir.lowering.rdu import Chip, RduOptions
 from dabench_ir.lowering.rdu.sections import Demand, pmu_demand
 from dabench_ir.passes import meta
@@ -65,7 +65,7 @@ def test_rdu_demand_memo_equals_a_fresh_computation():
 
 def _stored_reference(ctx: LoweringContext, nodes) -> dict[str, int]:
     """The distinct stored values ``nodes`` read, by root, first reader's bytes: walked afresh."""
-    from dabench_ir.lowering._common import stored_root
+    from dabench_ir.lowering.context import stored_root
 
     graph, out = ctx.graph, {}
     for node in nodes:
@@ -85,7 +85,7 @@ def _stored_reference(ctx: LoweringContext, nodes) -> dict[str, int]:
 
 
 def test_stored_values_memo_equals_a_fresh_walk_for_every_subset():
-    from dabench_ir.lowering._common import stored_values, weight_bytes
+    from dabench_ir.lowering.context import stored_values, weight_bytes
 
     graph = decoder(layers=2, hidden=64, seq=16)
     ctx = LoweringContext.build(graph)  # the whole graph once: every node's reads memoised

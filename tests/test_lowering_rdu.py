@@ -10,7 +10,7 @@ from dabench_ir.emulate import emulate
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering import lower
-from dabench_ir.lowering._common import LoweringContext, module_key
+from dabench_ir.lowering.context import LoweringContext, module_key
 from dabench_ir.lowering.rdu import LOWERING, Chip, form_sections
 from dabench_ir.options import ProfileOptions, check_applies
 from dabench_ir.passes import meta

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dabench_ir.ir import TensorType, Value, ValueKind
-from dabench_ir.lowering._common import LoweringContext, peak_live_bytes, value_bytes
+from dabench_ir.lowering.context import LoweringContext, peak_live_bytes, value_bytes
 from dabench_ir.passes import PassManager
 from dabench_ir.passes.training import TrainingPass
 from tests.lowering_graphs import decoder

@@ -14,7 +14,7 @@ import pytest
 from dabench_ir.emulate import emulate
 from dabench_ir.errors import UserError
 from dabench_ir.lowering import lower
-from dabench_ir.lowering._common import LoweringContext, balance
+from dabench_ir.lowering.context import LoweringContext, balance
 from dabench_ir.lowering.wse import wse_kernels
 from dabench_ir.metrics import compute_metrics
 from dabench_ir.options import ProfileOptions

@@ -162,7 +162,7 @@ def test_a_scope_is_the_same_module_to_every_user():
     the WSE lowering makes each block's attention one kernel, the report's roles name norms and MLPs.
     They ask one vocabulary (`module_of`), so a model's modules are the same to all three."""
     from dabench_ir.ir import module_of
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.wse import wse_kernels
     from dabench_ir.passes import meta
     from dabench_ir.report.roles import general_scope, node_roles

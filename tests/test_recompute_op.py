@@ -51,7 +51,7 @@ def test_one_llama_block_keeps_what_torchtitans_op_policy_saves():
     SwiGLU product and the residual adds keep nothing. 4·(4·512 + 256 + 1024) + 128 = 13,440 B.
     The final norm outside the block keeps what autograd saves: its input (sbh), the normalised
     x (sbh) and two per-row fp32 (sqrt, 1/rms: 4·sb each): 4,160 B. Whole step: 17,600 B."""
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import device_memory
 
     graph = _graph("op")
@@ -91,7 +91,7 @@ def test_full_recompute_holds_each_block_input_and_one_block_on_a_gpu():
     and one block's set during its backward: with two blocks less than ``none``, and at least the
     final norm's 4,160 B plus a block input. It held as much as ``none`` while paying the recompute
     (session 51)."""
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import device_memory
 
     held = {

@@ -79,7 +79,7 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     own weights at once: outside the pipeline's fill and drain, the slowest stage's share of the
     one-chip update (with the state offloaded: CPU Adam, on a host the stages share, and the PCIe
     copies, `lowering.gpu.Offload`)."""
-    from dabench_ir.lowering._common import LoweringContext, weight_bytes
+    from dabench_ir.lowering.context import LoweringContext, weight_bytes
     from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
     from dabench_ir.passes.training import TrainingPass, is_optimizer_step
 
@@ -246,7 +246,7 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     import copy
     import math
 
-    from dabench_ir.lowering._common import LoweringContext, training_bytes, weight_bytes
+    from dabench_ir.lowering.context import LoweringContext, training_bytes, weight_bytes
     from dabench_ir.passes.training import TrainingPass
     from dabench_ir.targets import Target
 
@@ -271,7 +271,7 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
 def test_an_inference_stage_holds_its_micro_batchs_working_set_as_one_chip_holds_its_batchs():
     """A pipeline stage's device memory counts the tensors alive while its micro-batch runs (``live``),
     as the one-chip run counts its whole batch's: a stage is never charged its weights alone."""
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
 
     graph = decoder(layers=4, hidden=64, batch=8)
     one, two = scale(graph, load_target("h100"), [1, 2], "pp", ProfileOptions(micro_batches=4)).points

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dabench_ir.cli import main
 from dabench_ir.ir import Node, ScopeModule, layer_from_scope, model_path, model_root, module_of
-from dabench_ir.lowering._common import module_key
+from dabench_ir.lowering.context import module_key
 from dabench_ir.study.diff import diff_reports
 from tests._helpers import seeded_small_decoders
 

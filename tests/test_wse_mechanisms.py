@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dabench_ir.ir import Cost, DType, Graph, ValueKind
 from dabench_ir.lowering import lower
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.wse import wse_kernels
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes.training import TrainingPass

@@ -32,8 +32,8 @@ __all__ = ["Provenance", "module_of", "provenance"]
 
 def module_of(scope: str | None, layer: int | None, root: str = "") -> str:
     """The module of a node from its scope and layer, named below its model's root (``root``:
-    `Graph.model_root`): `lowering._common.module_key`, alike for a model exported in a wrapper or not."""
-    from dabench_ir.lowering._common import module_key
+    `Graph.model_root`): `lowering.context.module_key`, alike for a model exported in a wrapper or not."""
+    from dabench_ir.lowering.context import module_key
 
     return module_key(SimpleNamespace(scope=scope or "", layer=layer), root) or "(outside modules)"  # type: ignore[arg-type]
 

@@ -54,7 +54,7 @@ from dabench_ir.lowering.ipu.supersteps import place_nodes
 from dabench_ir.plan import Plan, Schedule
 
 if TYPE_CHECKING:
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.targets import Target
 
 __all__ = ["LOWERING", "MEMORY_TERMS", "IpuLowering", "IpuOptions"]

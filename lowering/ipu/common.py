@@ -17,7 +17,7 @@ from dabench_ir.passes.training import FORWARD_COST
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Cost, Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.ipu import IpuOptions
     from dabench_ir.passes.meta import TrainingRecord
     from dabench_ir.targets import Link, MemoryLevel, Target

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import ValueKind
-from dabench_ir.lowering._common import peak_live_bytes, stored_values, training_state
+from dabench_ir.lowering.context import peak_live_bytes, stored_values, training_state
 from dabench_ir.lowering.ipu.common import act_bytes, forward_cost, numel, trained_params
 from dabench_ir.lowering.ipu.stages import form_stages, sections
 from dabench_ir.lowering.ipu.supersteps import tiles_for
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from dabench_ir.ir import Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.ipu import IpuOptions
     from dabench_ir.lowering.ipu.common import IpuRun
     from dabench_ir.lowering.ipu.stages import Pipeline, Stage

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UserError
-from dabench_ir.lowering._common import stored_values
+from dabench_ir.lowering.context import stored_values
 from dabench_ir.passes.training import is_optimizer_step
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.ipu import IpuOptions
     from dabench_ir.plan import Plan
 

@@ -35,7 +35,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import ValueKind
-from dabench_ir.lowering._common import place_node
 from dabench_ir.lowering.collectives import (
     GRADIENT_REDUCE,
     LinkFigures,
@@ -43,12 +42,13 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_bytes,
     ring_allreduce_time,
 )
+from dabench_ir.lowering.context import place_node
 from dabench_ir.lowering.ipu.common import trained_params
 from dabench_ir.plan import Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.ipu.common import IpuRun
     from dabench_ir.lowering.ipu.memory import TileMemory
     from dabench_ir.lowering.ipu.stages import Pipeline

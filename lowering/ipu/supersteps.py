@@ -19,13 +19,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dabench_ir.lowering._common import place_node
+from dabench_ir.lowering.context import place_node
 from dabench_ir.lowering.ipu.common import act_bytes
 from dabench_ir.passes.training import is_optimizer_step
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.ipu.common import IpuRun
     from dabench_ir.lowering.ipu.stages import Pipeline
     from dabench_ir.plan import NodePlan, Plan

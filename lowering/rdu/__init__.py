@@ -92,7 +92,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.rdu.chip import Chip
 from dabench_ir.lowering.rdu.memory import (
     Feed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dabench_ir.lowering._common import LoweringContext, training_state
+from dabench_ir.lowering.context import LoweringContext, training_state
 from dabench_ir.lowering.rdu.sections import forward_cores, phase_cost
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import SAVED, is_optimizer_step

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dabench_ir.passes import meta
 
 if TYPE_CHECKING:
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.plan import Plan
     from dabench_ir.targets import Target
 

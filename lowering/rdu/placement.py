@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dabench_ir.lowering._common import LoweringContext, place_node
+from dabench_ir.lowering.context import LoweringContext, place_node
 from dabench_ir.plan import Unit, UnitStats
 from dabench_ir.timeline import Bound
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, module_of
-from dabench_ir.lowering._common import LoweringContext, module_key
+from dabench_ir.lowering.context import LoweringContext, module_key
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import BACKWARD_COST, FORWARD_COST, is_optimizer_step
 

@@ -21,7 +21,7 @@ from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
-    from dabench_ir.lowering._common import LoweringContext
+    from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.rdu.chip import Chip
     from dabench_ir.lowering.rdu.memory import Feed, SectionTraffic
     from dabench_ir.lowering.rdu.sections import Section, SectionLayout

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.errors import UserError
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, trained_params
 from dabench_ir.lowering.wse.kernels import KERNEL_CLASSES, WseKernel, wse_kernels
 from dabench_ir.lowering.wse.pipelined import pipelined_best

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, Node, ValueKind
-from dabench_ir.lowering._common import LoweringContext, training_state, weight_bytes
+from dabench_ir.lowering.context import LoweringContext, training_state, weight_bytes
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
 

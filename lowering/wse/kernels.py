@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import TargetError
 from dabench_ir.ir import Cost, DType, Node, module_kind, module_of
-from dabench_ir.lowering._common import LoweringContext
+from dabench_ir.lowering.context import LoweringContext
 from dabench_ir.lowering.wse.common import WHO, is_data, phase_cost, sample_count, shape_of, trained_params
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass, Role, traits_of

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import DType
-from dabench_ir.lowering._common import LoweringContext, balance, place_node, weight_bytes
+from dabench_ir.lowering.context import LoweringContext, balance, place_node, weight_bytes
 from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, sample_count, shape_of, trained_params, weight_state_bytes
 from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta

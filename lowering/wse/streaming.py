@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import Cost, Node
-from dabench_ir.lowering._common import (
+from dabench_ir.lowering.context import (
     Block,
     LoweringContext,
     largest_divisor,

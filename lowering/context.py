@@ -1,4 +1,6 @@
-"""Helpers every lowering shares: node costs, grouping, liveness, balancing and bound rules.
+"""The lowering context and the helpers every lowering shares: a prepared graph's facts
+(`LoweringContext`: node costs, stored values, sizes), grouping, liveness, balancing and bound rules.
+Public to the scaling stage and the advice, which read the same facts of the graph they place.
 
 Nothing here knows a hardware figure; every number comes from the `Target` passed in.
 """
