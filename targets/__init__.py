@@ -823,7 +823,17 @@ def _extended(data: dict[str, Any], origin: str) -> dict[str, Any]:
     base_target = _load_file(builtin_target_paths()[base.strip().lower()])
     if base_target.base:
         raise TargetError(f"target file {origin}: extends {base_target.name}, which extends another; extend that one")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise TargetError(f'target file {origin}: a file that extends {base_target.name} gives its own name = "..."')
     own = {k: v for k, v in data.items() if k != "extends"}
+    for key, value in own.items():
+        if isinstance(value, list) and any(isinstance(e, Mapping) for e in value):
+            names = [e.get("name") if isinstance(e, Mapping) else None for e in value]
+            if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+                raise TargetError(
+                    f"target file {origin}: every [[{key}]] entry of a file that extends another needs a name of "
+                    f"its own (a string, once), got {names!r}"
+                )
     return {**derived(base_target.raw, own), "extends": base_target.name}
 
 

@@ -161,6 +161,22 @@ def test_extends_names_one_built_in_target(tmp_path, capsys, extends, needle):
     assert needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ('extends = "a100"\n', 'gives its own name = "..."'),  # not the built-in's name, taken silently
+        ('name = "x"\nextends = "a100"\n[[link]]\nname = { a = 1 }\n', "[[link]] entry"),
+        ('name = "x"\nextends = "a100"\n[[memory]]\nname = "hbm"\n[[memory]]\nname = "hbm"\n', "[[memory]] entry"),
+    ],
+)
+def test_a_file_that_extends_another_names_itself_and_each_entry_once(tmp_path, capsys, body, needle):
+    path = tmp_path / "mine.toml"
+    path.write_text(body)
+    assert main(["targets", "--show", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
 def test_cpu_without_calibration_is_a_target_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "dabench_ir.execute.calibrate", None)  # import fails
     with pytest.raises(TargetError, match="calibration"):
