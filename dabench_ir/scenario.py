@@ -197,9 +197,16 @@ class GenerateResult:
         return self.ttft_s + self.decode_total_s
 
     @property
+    def replicas(self) -> int:
+        """Copies of the model serving requests side by side: the chips of a data-parallel run (each
+        serves ``batch`` requests: ``--batch`` is a replica's), else one over all its chips."""
+        return self.chips if self.strategy == "dp" else 1
+
+    @property
     def in_flight(self) -> int:
-        """Requests decoded together: the batch, or in waves the first wave's (the steps `decode` holds)."""
-        return self.waves[0].requests if self.waves else self.batch
+        """Requests decoded together on every replica: the batch, or in waves the first wave's (the
+        steps `decode` holds), times the replicas."""
+        return (self.waves[0].requests if self.waves else self.batch) * self.replicas
 
     @property
     def tokens_per_s_per_user(self) -> float:
@@ -208,8 +215,9 @@ class GenerateResult:
 
     @property
     def tokens_per_s_total(self) -> float:
-        """Every request's generated tokens over the end-to-end latency (every wave's, in waves)."""
-        return self.tokens_per_s_per_user * self.batch
+        """Every request's generated tokens over the end-to-end latency (every wave's, in waves; every
+        replica's)."""
+        return self.tokens_per_s_per_user * self.batch * self.replicas
 
     @property
     def decode_tokens_per_s_per_user(self) -> float | None:
@@ -696,7 +704,7 @@ def _pool_lines(result: GenerateResult) -> list[str]:
 
 
 def _in_flight(result: GenerateResult) -> str:
-    return f", {result.in_flight:,} requests at once" if result.in_flight != result.batch else ""
+    return f", {result.in_flight:,} requests at once" if result.in_flight != result.batch * result.replicas else ""
 
 
 def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:

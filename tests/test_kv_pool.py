@@ -104,6 +104,10 @@ def test_each_data_parallel_replica_has_its_own_pool(static_three, tmp_path):
     paged = generate("gpt2-small", small, opts, prompt=PROMPT, gen=GEN)
     assert paged.pool.admitted == 2 and paged.pool.request_bytes == REQUEST_BYTES
     assert [w.requests for w in paged.waves] == [2, 1]
+    # the totals count both replicas' requests: 2 x 3 served, 2 x 2 decoded at once
+    assert paged.replicas == 2 and paged.in_flight == 4
+    assert paged.tokens_per_s_total == pytest.approx(2 * 3 * GEN / paged.latency_s, rel=1e-12)
+    assert paged.decode_tokens_per_s_total == pytest.approx(4 / paged.tpot_s, rel=1e-12)
 
 
 def test_a_40_gb_a100_serves_the_held_out_llama_2_batch_in_waves_where_a_static_cache_does_not_fit():
