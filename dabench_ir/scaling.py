@@ -719,15 +719,14 @@ def _sharing_host(run: ResolvedRun, sharers: int) -> ResolvedRun:
 
 
 def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
-    """The nodes each pipeline stage holds: its blocks', and on the first stage the embedding and head
-    (the optimizer update is every stage's, over its own weights)."""
+    """The nodes each pipeline stage holds, in graph order: its blocks', and on the first stage the
+    embedding and head (the optimizer update is every stage's, over its own weights)."""
     out = []
     for i, st in enumerate(stages):
         layers = set(st)
-        nodes = [n for n in graph.nodes if n.layer in layers]
-        if i == 0:
-            nodes += [n for n in graph.nodes if n.layer is None and not is_optimizer_step(n)]
-        out.append(nodes)
+        out.append(
+            [n for n in graph.nodes if n.layer in layers or (i == 0 and n.layer is None and not is_optimizer_step(n))]
+        )
     return out
 
 

@@ -602,3 +602,19 @@ def test_scale_places_the_one_chip_baseline_once_and_each_point_as_its_own_run_g
     result = api.scale("gpt2-small", "h100", strategy=strategy, chips=(1, 2, 4), **kw)
     assert len(placements) == apart - 2
     assert [p.to_dict() for p in result.points] == [r.extra["scale"]["points"][-1] for r in own]
+
+
+def test_a_stage_walks_its_nodes_in_graph_order():
+    """The first stage holds the embedding and the head beside its blocks: walked in graph order, the
+    embedding's output is made before the blocks read it (out of order, its liveness, and the stage's
+    `live` memory with it, came out too small)."""
+    from dabench_ir.pipeline import load_graph
+    from dabench_ir.scaling import _pp_stage_nodes
+
+    graph = load_graph("gpt2-small")
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    first, second = _pp_stage_nodes(graph, [list(range(6)), list(range(6, 12))])
+    assert any(n.layer is None for n in first) and all(n.layer is not None for n in second)
+    for nodes in (first, second):
+        positions = [order[n.name] for n in nodes]
+        assert positions == sorted(positions)
