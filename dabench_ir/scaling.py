@@ -50,7 +50,14 @@ from dabench_ir.lowering.collectives import (
     root_allreduce_time,
 )
 from dabench_ir.lowering.context import LoweringContext, training_state, value_bytes, weight_bytes
-from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS, host_shortfall, live_bytes
+from dabench_ir.lowering.gpu import (
+    HOST_ISSUE,
+    OFFLOAD_GRADIENTS,
+    OFFLOAD_WEIGHTS,
+    host_shortfall,
+    live_bytes,
+    live_skip,
+)
 from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import (
@@ -750,6 +757,7 @@ def _pp_stage_memory(
     state = training_state(ctx)
     worst_memory: dict[str, int] | None = None
     offload = lowering_for(target).offloads_optimizer(lowering_options(run))
+    skip = live_skip(ctx)  # of the whole graph, once: each stage's working set leaves the same values out
     for i, (st, nodes) in enumerate(zip(stages, _pp_stage_nodes(graph, stages), strict=True)):
         part = training_state(ctx, nodes)
         in_flight = min(chips - i, m)
@@ -759,7 +767,7 @@ def _pp_stage_memory(
             "gradients": part.gradients,
             "optimizer": 0 if offload else part.optimizer_side,
             "activations": acts,
-            "live": live_bytes(ctx, nodes, micro_batches=m),
+            "live": live_bytes(ctx, nodes, skip, micro_batches=m),
         }
         if offload:  # the stage's optimizer state lives in its share of the host's memory
             parts["host"] = part.optimizer_side

@@ -704,7 +704,7 @@ def _pool_lines(result: GenerateResult) -> list[str]:
 
 
 def _in_flight(result: GenerateResult) -> str:
-    return f", {result.in_flight:,} requests at once" if result.in_flight != result.batch * result.replicas else ""
+    return f", {result.in_flight:,} requests at once" if result.waves else ""
 
 
 def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:

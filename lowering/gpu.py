@@ -631,7 +631,7 @@ def device_memory(
     the weights, as FSDP does)."""
     m = max(1, micro_batches)
     state = training_state(ctx)
-    saved = saved_activation_bytes(ctx)[0] if state.activations else 0
+    saved, held = saved_activation_bytes(ctx) if state.activations else (0, frozenset())
 
     def shard(nbytes: int, stage: int) -> int:
         return math.ceil(nbytes / shards) if zero >= stage and shards > 1 else nbytes
@@ -642,18 +642,24 @@ def device_memory(
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(saved / m),
-        "live": live_bytes(ctx, ctx.graph.nodes, micro_batches=m),
+        "live": live_bytes(ctx, ctx.graph.nodes, live_skip(ctx, held), micro_batches=m),
         "host": optimizer if offload else 0,
     }
 
 
-def live_bytes(ctx: LoweringContext, nodes: Sequence[Node], *, micro_batches: int = 1) -> int:
-    """One micro-batch's working set while ``nodes`` run in order, beyond what `device_memory` counts
-    as saved: the peak of live tensors that reach memory (not a fused core's on-chip scores, not a
-    strided view, in training not a saved tensor, which the activations already hold). ``nodes``: the
-    whole graph, or a pipeline stage's share of it (`dabench_ir.scaling`)."""
-    held = saved_activation_bytes(ctx)[1] if training_state(ctx).activations else frozenset()
-    skip = _on_chip(ctx) | held | _view_outputs(ctx)
+def live_skip(ctx: LoweringContext, held: frozenset[str] | None = None) -> frozenset[str]:
+    """The values a step's working set never holds in memory beyond what `device_memory` counts as
+    saved: a fused core's on-chip scores, strided views, and in training the saved tensors (``held``,
+    `saved_activation_bytes`'s names, worked out here when the caller does not have them)."""
+    if held is None:
+        held = saved_activation_bytes(ctx)[1] if training_state(ctx).activations else frozenset()
+    return frozenset(_on_chip(ctx) | held | _view_outputs(ctx))
+
+
+def live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: frozenset[str], *, micro_batches: int = 1) -> int:
+    """One micro-batch's working set while ``nodes`` run in order: the peak of live tensors that reach
+    memory, ``skip`` (`live_skip`) left out. ``nodes``: the whole graph, or a pipeline stage's share
+    of it (`dabench_ir.scaling`)."""
     return math.ceil(peak_live_bytes(ctx, nodes, skip=skip) / max(1, micro_batches))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from dabench_ir.errors import UserError
 from dabench_ir.lowering.collectives import ring_allreduce_time, root_allreduce_time
-from dabench_ir.lowering.gpu import live_bytes
+from dabench_ir.lowering.gpu import live_bytes, live_skip
 from dabench_ir.options import ProfileOptions
 from dabench_ir.passes import meta
 from dabench_ir.scaling import EMBEDDING, LM_HEAD, scale, split_for_tp
@@ -264,7 +264,9 @@ def test_pp_stage_fit_counts_training_state_like_the_lowerings():
     kinds = ("gradient_bytes", "master_weight_bytes", "optimizer_state_bytes", "saved_activation_bytes")
     exact = [getattr(train, k) * share for k in kinds]
     assert training_bytes(ctx, stage) == sum(math.ceil(e) for e in exact) > sum(math.floor(e) for e in exact)
-    live = live_bytes(ctx, stage, micro_batches=1)  # the micro-batch's working set, as a one-chip run counts it
+    live = live_bytes(
+        ctx, stage, live_skip(ctx), micro_batches=1
+    )  # the micro-batch's working set, as a one-chip run counts it
     assert live > 0 and point.failure["needed_bytes"] == weight_bytes(ctx, stage) + training_bytes(ctx, stage) + live
 
 
@@ -281,7 +283,7 @@ def test_an_inference_stage_holds_its_micro_batchs_working_set_as_one_chip_holds
     ctx = LoweringContext.build(graph)
     first = [n for n in graph.nodes if n.layer in two.stages[0]]
     assert stage["live"] in {
-        live_bytes(ctx, nodes, micro_batches=m)
+        live_bytes(ctx, nodes, live_skip(ctx), micro_batches=m)
         for nodes in (first, [n for n in graph.nodes if n.layer in two.stages[1]])
     }
     assert two.device_bytes == sum(stage.values()) <= one.device_bytes
