@@ -302,7 +302,7 @@ SCENARIOS = ("generate",)
 RECOMPUTE = ("none", "selective", "op", "full")
 """Every ``--recompute`` choice; `dabench_ir.passes.training` says what each one keeps (docs/training.md)."""
 OPTIMIZER_STATE = ("auto", "onchip", "offchip")
-DECODE_ATTENTION = ("per-query-head", "per-kv-head")
+DECODE_ATTENTION = ("per-query-head", "per-kv-head", "xqa-auto")
 """How a GPU decode step's attention kernel loads a grouped-query KV cache (`lowering.gpu.cache_rereads`)."""
 KV_CACHES = ("static", "paged")
 """How a GPU serving engine holds a generation's KV cache (`dabench_ir.scenario.KvPool`)."""
@@ -394,8 +394,10 @@ class ProfileOptions:
         "per-query-head",
         help="GPU decode step's attention kernel under grouped-query attention: per-query-head (a thread "
         "block per query head loads its group's K/V, the repeats from L2: TensorRT-LLM's masked MHA, vLLM's "
-        "paged attention) or per-kv-head (a block per K/V head serves its query heads, the cache loaded "
-        "once: TensorRT-LLM's XQA, TRTLLM_ENABLE_XQA=1)",
+        "paged attention), per-kv-head (a block per K/V head serves its query heads, the cache loaded "
+        "once: TensorRT-LLM's XQA, TRTLLM_ENABLE_XQA=1) or xqa-auto (TensorRT-LLM's own choice where XQA "
+        "is built in, trtllm-build's default: XQA when a step has at least a quarter as many "
+        "sequence x K/V-head blocks as the GPU has SMs, else per-query-head)",
         choices=DECODE_ATTENTION,
         targets=frozenset({"gpu"}),
     )

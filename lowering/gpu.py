@@ -30,7 +30,8 @@ the cache once per K/V head, but each query head of a group loads it again (from
 there), so a cache read takes at least all those loads at the rate such a kernel loads them,
 ``arch.decode_attention_load_bytes_per_s`` (`cache_rereads`; at most the L2's bandwidth). A kernel of
 one thread block per K/V head serving its group's query heads (TensorRT-LLM's XQA: "reducing data
-loading", docs/source/blogs/XQA-kernel.md) loads it once: ``--decode-attention per-kv-head``.
+loading", docs/source/blogs/XQA-kernel.md) loads it once: ``--decode-attention per-kv-head``;
+``xqa-auto`` takes it where TensorRT-LLM's own heuristic would (`XQA_MIN_BLOCK_FACTOR`).
 """
 
 from __future__ import annotations
@@ -825,14 +826,36 @@ def _launches(
     return out
 
 
+XQA_MIN_BLOCK_FACTOR = 4
+"""TensorRT-LLM's choice between its two decode attention kernels where XQA is built in (trtllm-build's
+``--enable_xqa`` default, tensorrt_llm/plugin/plugin.py ``PluginConfig.enable_xqa = True`` from 2024;
+docs/source/advanced/gpt-attention.md, "XQA Optimization": "This is default enabled ... a heuristic
+algorithm is also used to decide whether to use XQA kernel or masked MHA kernel"). The heuristic,
+``DecoderXQAImpl::mayHavePerfGain`` (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/): XQA
+when the step's thread blocks, one per (sequence, K/V head) without multi-block mode, times
+``kEnableMinBlockFactor`` = 4 reach the GPU's SMs; else the masked MHA kernel, a block per query head."""
+
+
+def xqa_takes(ctx: LoweringContext, name: str, caches: set[str], target: Target) -> bool:
+    """Whether TensorRT-LLM's heuristic (`XQA_MIN_BLOCK_FACTOR`) runs decode attention node ``name`` as
+    XQA on ``target``: its thread blocks are the (sequence, K/V head) pairs of the cache it reads from
+    ``caches``, on this chip (the cache's leading dims: a tensor-parallel share holds its own K/V
+    heads), against the target's SMs (``units``)."""
+    cache = next(v for v in ctx.graph.node(name).inputs[:2] if v in caches)
+    *pairs, _, _ = ctx.graph.values[cache].type.shape
+    return all(isinstance(d, int) for d in pairs) and math.prod(pairs) * XQA_MIN_BLOCK_FACTOR >= target.num_units
+
+
 def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptions) -> tuple[dict[str, int], float]:
     """The decode attention nodes that load a GQA cache once per query head, with their rereads
     (`cache_rereads`), and the rate such a kernel loads at (``arch.decode_attention_load_bytes_per_s``):
     none for ``--decode-attention per-kv-head`` (a block per K/V head loads it once; refused without
-    such attention) or on a target without the figure (the cache is read from HBM once)."""
+    such attention), none for the nodes TensorRT-LLM's heuristic runs as XQA under ``xqa-auto``
+    (`xqa_takes`), or none on a target without the figure (the cache is read from HBM once)."""
     load_rate = target.arch_value(DECODE_ATTENTION_LOAD, 0.0)
     rereads = cache_rereads(ctx)
-    if getattr(options, "decode_attention", None) == "per-kv-head":
+    kernel = getattr(options, "decode_attention", None)
+    if kernel == "per-kv-head":
         if not rereads:
             raise UserError(
                 "--decode-attention per-kv-head: the graph has no decode attention over a grouped-query KV "
@@ -840,6 +863,11 @@ def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptio
                 "--phase decode); drop it"
             )
         rereads = {}
+    elif kernel == "xqa-auto":
+        from dabench_ir.passes.precision import kv_cache_values
+
+        caches = set(kv_cache_values(ctx.graph))
+        rereads = {name: extra for name, extra in rereads.items() if not xqa_takes(ctx, name, caches, target)}
     if load_rate <= 0:
         rereads = {}
     return rereads, load_rate

@@ -23,7 +23,7 @@ FP16 = 2
 CACHE_PER_KV_HEAD = BATCH * HEAD_DIM * CONTEXT * FP16  # one K (or V) head of the cache, every sequence
 
 
-def _model(kv_heads: int, *, phase: str = "decode"):
+def _model(kv_heads: int, *, phase: str = "decode", batch: int = BATCH):
     """The tiny Llama's weight-free export: a decode step over CONTEXT cached tokens, or a prefill of them."""
     from dabench_ir.models.export import export_onnx
 
@@ -37,7 +37,7 @@ def _model(kv_heads: int, *, phase: str = "decode"):
         vocab=VOCAB,
         positional="rope",
         seq=1 if phase == "decode" else CONTEXT,
-        batch=BATCH,
+        batch=batch,
         dtype="fp16",
         phase=phase,
         context=CONTEXT if phase == "decode" else 0,
@@ -183,6 +183,49 @@ def test_a_kernel_per_kv_head_loads_a_grouped_cache_once(graphs, kv_heads):
             assert "load-bound" not in grouped.note
         else:
             assert grouped.per_micro_batch_s == per_head.per_micro_batch_s
+
+
+@pytest.mark.parametrize(("batch", "xqa"), [(13, False), (14, True)])
+def test_xqa_auto_takes_the_kernel_per_kv_head_where_tensorrt_llm_s_heuristic_does(batch, xqa):
+    """``--decode-attention xqa-auto``: TensorRT-LLM runs XQA when a step's (sequence, K/V head) blocks
+    times 4 reach the SMs (`lowering.gpu.XQA_MIN_BLOCK_FACTOR`). With 2 K/V heads on the A100's 108 SMs
+    that is 14 sequences (28 blocks, x 4 = 112), not 13 (26 blocks, x 4 = 104): below it the plan is
+    per-query-head's to the node; from there, per-kv-head's."""
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import GpuLowering
+    from dabench_ir.pipeline import prepare_graph
+    from dabench_ir.targets import load_target
+
+    target = load_target("a100")
+    assert target.num_units == 108
+    graph = prepare_graph(_model(2, batch=batch), ProfileOptions(precision="fp16"))
+    plans = {
+        kernel: lower(graph, target, GpuLowering.options(ProfileOptions(precision="fp16", decode_attention=kernel)))
+        for kernel in ("per-query-head", "per-kv-head", "xqa-auto")
+    }
+    chosen = plans["per-kv-head" if xqa else "per-query-head"]
+    assert plans["per-kv-head"].node_plans != plans["per-query-head"].node_plans  # the choice shows
+    for name, placed in plans["xqa-auto"].node_plans.items():
+        assert placed == chosen.node_plans[name], name
+
+
+def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
+    """Over 2 chips each holds 1 of the 2 K/V heads: 14 sequences are 14 blocks a chip (56 < 108 SMs),
+    so the engine stays per query head where one chip of the whole model (28 blocks) takes XQA."""
+    from dabench_ir.lowering.context import LoweringContext
+    from dabench_ir.lowering.gpu import xqa_takes
+    from dabench_ir.passes.precision import kv_cache_values
+    from dabench_ir.pipeline import prepare_graph
+    from dabench_ir.scaling import split_for_tp
+    from dabench_ir.targets import load_target
+
+    target = load_target("a100")
+    whole = prepare_graph(_model(2, batch=14), ProfileOptions(precision="fp16"))
+    share, _ = split_for_tp(whole, 2)
+    for graph, xqa in ((whole, True), (share, False)):
+        caches = set(kv_cache_values(graph))
+        ctx = LoweringContext.build(graph)
+        assert [xqa_takes(ctx, n.name, caches, target) for n in _cache_readers(graph).values()] == [xqa, xqa]
 
 
 @pytest.mark.parametrize(
