@@ -191,6 +191,23 @@ def test_a_plan_that_fits_is_never_advised_into_one_that_does_not():
     assert _best(10.0, "role", 3.0, [unfit], must_fit=True) is None
 
 
+def test_a_knob_that_saves_under_a_percent_of_a_role_is_not_advised_for_it():
+    """`why.ROLE_GAIN_MIN`: a variant that takes a 14.4 ms role to 14.38 ms (0.14 %) would print as
+    "from 14.4 ms to 14.4 ms"; it is not named, even though it shortens the step. One that saves 1 %
+    is, and the role line says what no knob reached."""
+    from types import SimpleNamespace
+
+    from dabench_ir.report.why import ROLE_GAIN_MIN, _best
+
+    def trial(role_s: float, step_s: float) -> SimpleNamespace:
+        return SimpleNamespace(fits=True, times=SimpleNamespace(step_time_s=step_s, role_time=lambda _r: role_s))
+
+    assert ROLE_GAIN_MIN == 0.01
+    tiny, enough = trial(14.38e-3, 185e-3), trial(14.4e-3 * 0.99, 185.5e-3)
+    assert _best(186e-3, "role", 14.4e-3, [tiny], must_fit=True) is None
+    assert _best(186e-3, "role", 14.4e-3, [tiny, enough], must_fit=True) == (enough, 14.4e-3 * 0.99)
+
+
 def test_a_too_short_pipeline_is_a_variant_that_does_not_fit():
     """Two IPUs would shorten this 1-IPU training step, but its 2 micro-batches are fewer than the 3
     pipeline stages PopART needs: that variant does not fit, and no why line offers it."""
