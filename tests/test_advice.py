@@ -503,3 +503,21 @@ def test_the_rdu_plans_of_one_graph_find_its_attention_cores_and_saved_state_onc
     assert walks.count(body) == len(contexts)  # the forward's cores: once a context
     # the saved state: once a context for the plans that fuse the cores and once for those that do not (O0)
     assert len(states) <= 2 * len(contexts) < advice.placements + 1
+
+
+@pytest.mark.parametrize(("target", "rereads"), [("ipu", True), ("h100", False)])
+def test_a_why_line_says_when_its_feed_moves_a_roles_tensors_many_times_over(target, rereads):
+    """The table's bytes count each tensor once; an IPU matmul's feed (tile SRAM) reads them again
+    for every tile that needs them. A memory-bound role's why line gives both, and how many times
+    over, where that is 1.5 or more (`why.REREAD_SHOWN`); where the feed moves each tensor about once
+    (a GPU's HBM) it gives the traffic alone."""
+    from dabench_ir.report.attribution import role_rows
+    from dabench_ir.report.why import _resource
+
+    report = profile_graph(decoder(layers=2, hidden=256, seq=64), target, ProfileOptions())
+    lines = [_resource(report, row) for row in role_rows(report) if row["bound"] == "memory" and row["time_s"]]
+    assert lines
+    said = [re.search(r"\(([\d.]+ [kMG]?B) of tensors, read ([\d.]+) times over\)", line) for line in lines]
+    assert any(said) == rereads, lines
+    for match in filter(None, said):
+        assert float(match.group(2)) >= 1.5

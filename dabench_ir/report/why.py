@@ -39,6 +39,11 @@ def _shown(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
+REREAD_SHOWN = 1.5
+"""How many times over its feed must move a role's tensors before its why line says so beside the
+traffic: the table's bytes count each tensor once, the feed's traffic every read of it."""
+
+
 def _resource(report: Report, row: dict[str, Any]) -> str:
     """The resource that binds a role, in words, from the plan's node placements."""
     target, plan = report.target_obj, report.plan
@@ -58,14 +63,19 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
             levels[p.feed_level] = levels.get(p.feed_level, 0) + p.feed_bytes
         level = max(levels, key=levels.__getitem__)
         moved = levels[level]
-        weights = sum((n.cost.weight_bytes if n.cost is not None else 0) for n in records)
+        costs = [n.cost for n in records if n.cost is not None]
+        weights = sum(c.weight_bytes for c in costs)
+        tensors = sum(c.bytes for c in costs)  # the role's own tensors, each once: the table's bytes
         try:
             mem = target.memory(level)
             where = f"{mem.name} {human(mem.bandwidth_bytes_per_s, 'B/s')}"
         except Exception:  # a level the target does not name: say the level
             where = level or "memory"
-        what = "weights" if moved and weights >= moved / 2 else "activations"
-        return f"{where}: {human(moved, 'B')} moved, mostly {what}"
+        what = "weights" if weights >= (tensors or moved) / 2 else "activations"
+        rereads = moved / tensors if tensors else 1.0
+        # a feed that re-reads the tensors (an IPU matmul's tiles) moves more than the table's bytes
+        again = f" ({human(tensors, 'B')} of tensors, read {rereads:.3g} times over)" if rereads >= REREAD_SHOWN else ""
+        return f"{where}: {human(moved, 'B')} moved{again}, mostly {what}"
     if bound == "compute":
         # units the role holds at once: every region of a spatial plan, one section at a time otherwise
         per_unit: dict[str, float] = {}

@@ -498,7 +498,7 @@ def overflow(
     }
     own = hints.get(largest)
     hint = more.text if own is None else own + (f", or {more.text}" if more.ipus else "")
-    extra = f" for {inflight} micro-batches in flight" if largest == "stash" else ""
+    extra = f" for {inflight} micro-batch{'' if inflight == 1 else 'es'} in flight" if largest == "stash" else ""
     reason = (
         f"IPU {k} needs {resident / 1e6:.0f} MB of tile SRAM, it has {capacity / 1e6:.1f} MB; "
         f"largest part: {largest.replace('_', ' ')} {t[largest] / 1e6:.0f} MB{extra} ({parts}); {hint}"
