@@ -47,6 +47,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, ProfileOptions, check_applies
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 from dabench_ir.progress import silent
+from dabench_ir.report.table import human, seconds
 
 if TYPE_CHECKING:
     import onnx
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_SAMPLES",
     "KV_CACHE_POOL_FRACTION",
     "SCHEMA",
+    "Breakdown",
     "GenerateResult",
     "KvPool",
     "PhaseRun",
@@ -648,36 +650,14 @@ def _static_window(opts: ProfileOptions, target: Target, prompt: int, gen: int) 
 
 
 # ---- output ------------------------------------------------------------------------------------
-def _t(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
-
-
-def _b(nbytes: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
-
-
-def _top_nodes(run: PhaseRun, top: int | None) -> list[str]:
-    """The phase's nodes by time, the ``top`` first (None: all)."""
-    report = run.report
-    if report is None or top == 0:
+def _breakdown(run: PhaseRun, view: Breakdown) -> list[str]:
+    """The phase's report as `profile` tables it (`dabench_ir.report.table.render_breakdown`): its
+    module roles or nodes by ``view``; nothing when the phase was not placed."""
+    if run.report is None:
         return []
-    timed = sorted((n for n in report.nodes if n.time_s), key=lambda n: -n.time_s)
-    total = sum(n.time_s for n in timed) or 1.0
-    lines = []
-    for node in timed[:top]:
-        lines.append(
-            f"  {node.name[:48]:48s} {node.op_type:10s} {_t(node.time_s):>9s} {node.time_s / total:6.1%}"
-            f"  {node.bound or ''}"
-        )
-    return lines
+    from dabench_ir.report.table import render_breakdown
+
+    return render_breakdown(run.report, top=view.top, sort=view.sort, by=view.by).splitlines()
 
 
 def _pool_lines(result: GenerateResult) -> list[str]:
@@ -687,15 +667,15 @@ def _pool_lines(result: GenerateResult) -> list[str]:
         return []
     tokens = result.prompt + result.gen
     lines = [
-        f"  KV-cache pool (paged)        {_b(pool.pool_bytes)} of {pool.memory} per chip ({pool.fraction:g} of the "
-        f"{_b(pool.free_bytes)} the weights and a step leave): {pool.admitted:,} requests of {tokens:,} tokens "
-        f"({_b(pool.request_bytes)} each) at once"
+        f"  KV-cache pool (paged)        {human(pool.pool_bytes, 'B')} of {pool.memory} per chip ({pool.fraction:g} of the "
+        f"{human(pool.free_bytes, 'B')} the weights and a step leave): {pool.admitted:,} requests of {tokens:,} tokens "
+        f"({human(pool.request_bytes, 'B')} each) at once"
     ]
     if pool.admitted == 0:
         lines.append("  does not fit: one request's cache is larger than the pool")
     elif result.waves:
         sizes = " + ".join(f"{w.requests:,}" for w in result.waves)
-        times = " + ".join(_t(w.latency_s) for w in result.waves)
+        times = " + ".join(seconds(w.latency_s) for w in result.waves)
         lines.append(
             f"  waves                        {len(result.waves)} ({sizes} requests, one after the other: {times}); "
             "first token and time per token are the first wave's"
@@ -707,9 +687,20 @@ def _in_flight(result: GenerateResult) -> str:
     return f", {result.in_flight:,} requests at once" if result.waves else ""
 
 
-def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
-    """The scenario as a terminal table: summary, decode steps sampled, the ``top`` nodes of each
-    phase by time (None: every node; 0: no node table)."""
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """How the scenario tables each phase's report, as `profile` tables one (its ``--top``, ``--sort``
+    and ``--by``): ``top`` rows (0: every row) by ``sort`` (None: time), of module roles across
+    layers or of single nodes (``by``)."""
+
+    top: int = 20
+    sort: str | None = None
+    by: str = "role"
+
+
+def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Breakdown()) -> str:
+    """The scenario as a terminal table: summary, decode steps sampled, and the prefill's and the
+    last decode step's reports tabled by ``breakdown`` (None: neither)."""
     m = result.model
     name = m.get("preset") or m.get("file") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
@@ -719,24 +710,24 @@ def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
         f"Generation: {name} on {on}, batch {result.batch}, prompt {result.prompt}, "
         f"gen {result.gen}, precision {result.precision}, KV cache {result.kv_precision}",
         "",
-        f"  time to first token          {_t(result.ttft_s)}",
-        f"  time per output token (mean) {_t(tpot)}",
-        f"  end-to-end latency           {_t(result.latency_s)}",
+        f"  time to first token          {seconds(result.ttft_s)}",
+        f"  time per output token (mean) {seconds(tpot)}",
+        f"  end-to-end latency           {seconds(result.latency_s)}",
         f"  tokens/s per user            {result.tokens_per_s_per_user:.4g} (decode only: "
         f"{'-' if rate is None else f'{rate:.4g}'})",
         f"  tokens/s total               {result.tokens_per_s_total:.4g} (decode only: "
         f"{'-' if total is None else f'{total:.4g}'}{_in_flight(result)})",
-        f"  weights                      {_b(result.prefill.weight_bytes)} in {result.prefill.homes.get('weights')}",
+        f"  weights                      {human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
         *_pool_lines(result),
         "",
         f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV cache':>10s} {'cache home':24s} fits",
-        f"  {'prefill':10s} {0:>8d} {_t(result.prefill.time_s):>10s} {'-':>10s} "
+        f"  {'prefill':10s} {0:>8d} {seconds(result.prefill.time_s):>10s} {'-':>10s} "
         f"{result.prefill.homes.get('kv_cache', ''):24s} {'yes' if result.prefill.fits else 'NO'}",
     ]
     for d in result.decode:
         lines.append(
-            f"  {'decode':10s} {d.context:>8d} {_t(d.time_s):>10s} {_b(d.kv_cache_bytes):>10s} "
+            f"  {'decode':10s} {d.context:>8d} {seconds(d.time_s):>10s} {human(d.kv_cache_bytes, 'B'):>10s} "
             f"{d.homes.get('kv_cache', ''):24s} {'yes' if d.fits else 'NO: ' + (d.failure or '')}"
         )
     if result.interpolated:
@@ -750,12 +741,11 @@ def render_generate(result: GenerateResult, *, top: int | None = 8) -> str:
         )
     if not result.prefill.fits:
         lines.append(f"  prefill does not fit: {result.prefill.failure}")
-    if top != 0:
-        which = "all" if top is None else f"top {top}"
-        lines += ["", f"Prefill: {which} nodes", *_top_nodes(result.prefill, top)]
+    if breakdown is not None:
+        lines += ["", "Prefill", *_breakdown(result.prefill, breakdown)]
         if result.decode:
             last = result.decode[-1]
-            lines += ["", f"Decode step at context {last.context}: {which} nodes", *_top_nodes(last, top)]
+            lines += ["", f"Decode step at context {last.context}", *_breakdown(last, breakdown)]
     return "\n".join(lines)
 
 
@@ -775,7 +765,7 @@ def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
     progress.done()
     written = [str(result.write_json(args.json))] if getattr(args, "json", None) else []
     if not getattr(args, "quiet", False):
-        print(render_generate(result, top=args.top or None))  # --top 0: every node, as profile's table
+        print(render_generate(result, breakdown=Breakdown(top=args.top, sort=args.sort, by=args.by)))
         for path in written:
             print(f"wrote {path}")
     return 0

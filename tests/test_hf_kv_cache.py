@@ -354,13 +354,18 @@ def test_generate_with_static_shapes_runs_the_compiled_window(exports, tmp_path,
     assert len(err.splitlines()) == 1 and "more than --compiled-seq 12 holds" in err
 
 
-def test_generate_top_is_the_flag_as_given(exports, capsys):
-    """``--top N`` shows N nodes of each phase (it was capped at 10, and 0 showed 8); ``--top 0`` every
-    node, as profile's node table does."""
+def test_generate_tables_each_phase_as_profile_does(exports, capsys):
+    """Each phase's report is tabled as `profile` tables one, by the same flags: ``--top N`` rows
+    (0: every row; it was capped at 10, and 0 showed 8), ``--by`` module roles (the default) or
+    nodes, ``--sort`` time, FLOPs or energy (it was accepted and ignored)."""
     argv = ["profile", str(exports["llama"]), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "4"]
-    for top in ("3", "0"):
-        assert main([*argv, "--top", top]) == 0
+    tables = {}
+    for flags in (["--top", "3"], ["--top", "0", "--by", "node"], ["--top", "3", "--sort", "flops", "--by", "node"]):
+        assert main([*argv, *flags]) == 0
         out = capsys.readouterr().out
-        head = "Prefill: top 3 nodes" if top == "3" else "Prefill: all nodes"
-        rows = out.split(head, 1)[1].split("\n\n", 1)[0].strip().splitlines()
-        assert len(rows) == 3 if top == "3" else len(rows) > 10
+        tables[" ".join(flags)] = out.split("\nPrefill\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    roles, every_node, by_flops = tables.values()
+    assert roles[0].startswith("Top 3 of ") and "module roles by time" in roles[0] and len(roles) == 3 + 3
+    nodes = int(every_node[0].split()[3])  # "Top N of N nodes by time"
+    assert every_node[0] == f"Top {nodes} of {nodes} nodes by time" and len(every_node) == nodes + 3
+    assert by_flops[0] == f"Top 3 of {nodes} nodes by FLOPs" and len(by_flops) == 3 + 3

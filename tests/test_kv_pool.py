@@ -66,9 +66,9 @@ def test_a_batch_beyond_the_pool_runs_in_waves_each_served_as_a_batch(static_thr
     assert paged.tokens_per_s_total == pytest.approx(3 * GEN / paged.latency_s, rel=1e-12)
     doc = paged.to_dict()
     assert doc["in_flight"] == 2 and doc["decode_tokens_per_s_total"] == paged.decode_tokens_per_s_total
-    assert "2 requests at once" in render_generate(paged, top=0)
+    assert "2 requests at once" in render_generate(paged, breakdown=None)
     assert paged.latency_s > static_three.latency_s  # served in turn, not at once
-    assert "2 (2 + 1 requests" in render_generate(paged, top=0)
+    assert "2 (2 + 1 requests" in render_generate(paged, breakdown=None)
     # the mechanism removed: the engine's own fraction holds the whole batch, served at once as a static cache
     whole = _run("h100", 3, "paged")
     assert whole.waves == [] and whole.pool.admitted > 3
@@ -79,7 +79,7 @@ def test_a_request_larger_than_the_pool_does_not_fit(static_three, tmp_path):
     free = kv_pool(static_three, load_target("h100")).free_bytes
     paged = _run(_h100_pool(tmp_path, 0.5 * REQUEST_BYTES / free), 3, "paged")
     assert paged.pool.admitted == 0 and not paged.fits and paged.waves == []
-    assert "does not fit: one request's cache is larger than the pool" in render_generate(paged, top=0)
+    assert "does not fit: one request's cache is larger than the pool" in render_generate(paged, breakdown=None)
     assert paged.to_dict()["fits"] is False
 
 

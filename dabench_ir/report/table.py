@@ -22,6 +22,7 @@ __all__ = [
     "percent",
     "percent_change",
     "prediction_text",
+    "render_breakdown",
     "render_table",
     "role_table",
     "seconds",
@@ -156,38 +157,61 @@ def render_table(
     collapsed. ``by="node"``: the top nodes. ``sort``: ``time`` (default when timed),
     ``flops`` or ``energy``.
     """
-    if width is None:
-        width = shutil.get_terminal_size((120, 24)).columns
-    if color is None:
-        color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    if by not in BY:
-        raise ValueError(f"by must be one of {', '.join(BY)}")
-    st = _Style(color)
+    width, st = _layout(width, color)
     lines: list[str] = []
     lines += _summary(report, st)
     lines.append("")
-    timed = report.has_times
-    sort = sort or ("time" if timed else "flops")
-    if sort not in ("time", "flops", "energy"):
-        raise ValueError("sort must be one of time, flops, energy")
+    lines += _main_rows(report, st, width, top, sort, by)
     if by == "role":
-        lines += _roles(report, st, width, top, sort)
         if report.why:
             lines.append("")
             lines += _why(report, st)
         rep = _representative(report, st, width)
         if rep:
             lines += ["", *rep]
-    else:
-        lines += _nodes(report, st, width, top, sort)
     lines.append("")
     lines += _by_layer(report, st, width)
-    if timed:
+    if report.has_times:
         lines.append("")
         lines += _time_shares(report, st, width)
     lines.append("")
     lines += _unattributed(report, st)
     return "\n".join(lines)
+
+
+def render_breakdown(
+    report: Report,
+    *,
+    top: int = 20,
+    width: int | None = None,
+    color: bool | None = None,
+    sort: str | None = None,
+    by: str = "role",
+) -> str:
+    """The main table of `render_table` alone: the ``top`` module roles across layers (``by="role"``,
+    overhead rows among them) or single nodes (``by="node"``), by ``sort`` (``time``, the default
+    when timed; ``flops``; ``energy``); ``top`` 0: every row. For a report shown inside a larger
+    text: a generation scenario's prefill and decode step."""
+    width, st = _layout(width, color)
+    return "\n".join(_main_rows(report, st, width, top, sort, by))
+
+
+def _layout(width: int | None, color: bool | None) -> tuple[int, _Style]:
+    """The terminal's width and the style (ANSI bold only on a tty without NO_COLOR), unless given."""
+    if width is None:
+        width = shutil.get_terminal_size((120, 24)).columns
+    if color is None:
+        color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return width, _Style(color)
+
+
+def _main_rows(report: Report, st: _Style, width: int, top: int, sort: str | None, by: str) -> list[str]:
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}")
+    sort = sort or ("time" if report.has_times else "flops")
+    if sort not in ("time", "flops", "energy"):
+        raise ValueError("sort must be one of time, flops, energy")
+    return _roles(report, st, width, top, sort) if by == "role" else _nodes(report, st, width, top, sort)
 
 
 def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[str]:
