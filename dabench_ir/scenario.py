@@ -657,7 +657,7 @@ def _breakdown(run: PhaseRun, view: Breakdown) -> list[str]:
         return []
     from dabench_ir.report.table import render_breakdown
 
-    return render_breakdown(run.report, top=view.top, sort=view.sort, by=view.by).splitlines()
+    return render_breakdown(run.report, top=view.top, sort=view.sort, by=view.by, color=view.color).splitlines()
 
 
 def _pool_lines(result: GenerateResult) -> list[str]:
@@ -689,13 +689,14 @@ def _in_flight(result: GenerateResult) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """How the scenario tables each phase's report, as `profile` tables one (its ``--top``, ``--sort``
-    and ``--by``): ``top`` rows (0: every row) by ``sort`` (None: time), of module roles across
-    layers or of single nodes (``by``)."""
+    """How the scenario tables each phase's report, as `profile` tables one (its ``--top``, ``--sort``,
+    ``--by`` and ``--no-color``): ``top`` rows (0: every row) by ``sort`` (None: time), of module
+    roles across layers or of single nodes (``by``)."""
 
     top: int = 20
     sort: str | None = None
     by: str = "role"
+    color: bool | None = None  # None: bold on a tty (``--no-color``: False)
 
 
 def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Breakdown()) -> str:
@@ -765,7 +766,8 @@ def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
     progress.done()
     written = [str(result.write_json(args.json))] if getattr(args, "json", None) else []
     if not getattr(args, "quiet", False):
-        print(render_generate(result, breakdown=Breakdown(top=args.top, sort=args.sort, by=args.by)))
+        view = Breakdown(top=args.top, sort=args.sort, by=args.by, color=False if args.no_color else None)
+        print(render_generate(result, breakdown=view))
         for path in written:
             print(f"wrote {path}")
     return 0
