@@ -770,4 +770,8 @@ def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
         print(render_generate(result, breakdown=view))
         for path in written:
             print(f"wrote {path}")
+    from dabench_ir.commands.flags import refuse_uncounted
+
+    phases = [result.prefill, *result.decode[-1:]]  # every decode step runs the same graph
+    refuse_uncounted([run.report for run in phases if run.report is not None], strict=args.strict)
     return 0

@@ -688,3 +688,29 @@ def test_a_ray_address_that_is_no_head_fails_in_one_line_within_seconds(capsys, 
     code, _, err = run_cli(capsys, *argv)
     assert_one_line_error(code, err, needle)
     assert time.monotonic() - start < 10  # Ray alone retried for minutes
+
+
+def test_strict_refuses_a_generation_scenario_whose_phases_hold_nodes_without_a_cost_rule(
+    capsys, tmp_path, monkeypatch
+):
+    """``--strict`` was accepted by ``profile --scenario generate`` and ignored: a phase's report with
+    an estimated node (no cost rule) now exits 2 as a profile does; without the flag it goes on."""
+    from types import SimpleNamespace
+
+    from dabench_ir import scenario
+    from dabench_ir.options import ProfileOptions
+    from dabench_ir.pipeline import load_graph, profile_graph
+
+    model = parse(
+        """<ir_version: 9, opset_import: ["" : 18, "com.example" : 1]>
+        agraph (float[4] x) => (float[4] y) { y = com.example.Frobnicate(x) }"""
+    )
+    path = tmp_path / "declared.onnx"
+    onnx.save(model, path)
+    phase = SimpleNamespace(report=profile_graph(load_graph(path), "h100", ProfileOptions()))
+    assert phase.report.extra.get("estimated")
+    monkeypatch.setattr(scenario, "generate", lambda *a, **k: SimpleNamespace(prefill=phase, decode=[phase]))
+    argv = ("profile", str(path), "-t", "h100", "--scenario", "generate", "--prompt", "4", "--gen", "2", "-q")
+    assert run_cli(capsys, *argv)[0] == 0
+    code, _, err = run_cli(capsys, *argv, "--strict")
+    assert_one_line_error(code, err, "without a cost rule", "Frobnicate")

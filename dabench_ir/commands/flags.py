@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["add_node_scaling", "add_outputs", "add_quiet", "strict_warnings", "wrap", "write_given"]
+__all__ = ["add_node_scaling", "add_outputs", "add_quiet", "refuse_uncounted", "strict_warnings", "wrap", "write_given"]
 
 
 def wrap(text: str) -> str:
@@ -56,6 +56,20 @@ def strict_warnings(warnings: Sequence[str], *, strict: bool, holders: str) -> N
         print(line, file=sys.stderr)
     if strict and warnings:
         raise UserError(f"--strict: {len(warnings)} {holders} hold nodes without a cost rule (see the warnings above)")
+
+
+def refuse_uncounted(reports: Sequence[Any], *, strict: bool) -> None:
+    """``--strict`` on `profile`: a report with nodes without a cost rule (unattributed, or estimated
+    by a fallback) is an error (exit 2) naming how many and the first; without it, nothing."""
+    from dabench_ir.errors import UserError
+
+    uncounted = [n for r in reports for n in (*r.unattributed, *(r.extra.get("estimated") or []))]
+    if strict and uncounted:
+        first = uncounted[0]
+        raise UserError(
+            f"{len(uncounted)} node(s) without a cost rule (first: {first['name']}: {first['reason']}); "
+            "drop --strict to report them and go on"
+        )
 
 
 def write_given(args: argparse.Namespace, writers: Mapping[str, Callable[[str], Any]]) -> list[str]:

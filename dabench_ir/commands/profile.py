@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from dabench_ir.commands.flags import add_outputs, add_quiet, write_given
+from dabench_ir.commands.flags import add_outputs, add_quiet, refuse_uncounted, write_given
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
@@ -200,13 +200,7 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         print(render_table(report, top=args.top, color=False if args.no_color else None, sort=args.sort, by=args.by))
         for path in written:
             print(f"wrote {path}")
-    uncounted = report.unattributed + list(report.extra.get("estimated") or [])  # estimated: no rule
-    if args.strict and uncounted:
-        first = uncounted[0]
-        raise UserError(
-            f"{len(uncounted)} node(s) without a cost rule (first: {first['name']}: {first['reason']}); "
-            "drop --strict to report them and go on"
-        )
+    refuse_uncounted([report], strict=args.strict)
     return 0
 
 
