@@ -894,12 +894,16 @@ def scale(
         if target.topology is not None:
             _place_on_nodes(pt, n, target.topology, per_node, strategy, own_links=own_links)
         points.append(pt)
-    base = single.time_s and per_step / single.time_s  # one chip's rate, fitting or not
+    # one chip's rate, the speedups' base: none where one chip cannot hold the run (no throughput
+    # for a configuration that does not fit, so none to be a multiple of)
+    base = single.time_s and single.fits and per_step / single.time_s
     for pt in points:
         pt.base_samples = per_step
         if base and pt.throughput_samples_per_s is not None:
             pt.speedup = pt.throughput_samples_per_s / base
             pt.scaling_efficiency = pt.speedup / pt.chips
+        elif not single.fits and pt.fits:
+            pt.notes.append("no speedup: one chip does not hold the run, so it has no rate to be a multiple of")
         pt.energy = _point_energy(pt, target, link)
     precision = lowering_options(run).precision  # the dtype peaks were taken at
     if link is None and any(p.comm_time_s for p in points):

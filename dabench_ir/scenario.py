@@ -211,21 +211,26 @@ class GenerateResult:
         return (self.waves[0].requests if self.waves else self.batch) * self.replicas
 
     @property
-    def tokens_per_s_per_user(self) -> float:
-        """Generated tokens over the end-to-end latency, for one request (in waves, the last one's)."""
+    def tokens_per_s_per_user(self) -> float | None:
+        """Generated tokens over the end-to-end latency, for one request (in waves, the last one's);
+        None when the run does not fit (`fits`): a configuration that does not fit has no throughput."""
+        if not self.fits:
+            return None
         return self.gen / self.latency_s if self.latency_s > 0 else math.inf
 
     @property
-    def tokens_per_s_total(self) -> float:
+    def tokens_per_s_total(self) -> float | None:
         """Every request's generated tokens over the end-to-end latency (every wave's, in waves; every
-        replica's)."""
-        return self.tokens_per_s_per_user * self.batch * self.replicas
+        replica's); None when the run does not fit."""
+        rate = self.tokens_per_s_per_user
+        return None if rate is None else rate * self.batch * self.replicas
 
     @property
     def decode_tokens_per_s_per_user(self) -> float | None:
-        """Decode rate of one request: 1 / mean time per output token."""
+        """Decode rate of one request: 1 / mean time per output token; None when gen is 1 or the run
+        does not fit."""
         tpot = self.tpot_s
-        return 1.0 / tpot if tpot else None
+        return 1.0 / tpot if tpot and self.fits else None
 
     @property
     def decode_tokens_per_s_total(self) -> float | None:
@@ -687,6 +692,23 @@ def _in_flight(result: GenerateResult) -> str:
     return f", {result.in_flight:,} requests at once" if result.waves else ""
 
 
+def _rate_lines(result: GenerateResult) -> list[str]:
+    """The throughput lines: tokens/s per user and in total, with the decode-only rates; none of
+    them for a run that does not fit (`GenerateResult.fits`), whose times are what it would take."""
+    if not result.fits:
+        return ["  tokens/s                     does not fit (the times above are what it would take if it fitted)"]
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4g}"
+
+    return [
+        f"  tokens/s per user            {rate(result.tokens_per_s_per_user)} (decode only: "
+        f"{rate(result.decode_tokens_per_s_per_user)})",
+        f"  tokens/s total               {rate(result.tokens_per_s_total)} (decode only: "
+        f"{rate(result.decode_tokens_per_s_total)}{_in_flight(result)})",
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class Breakdown:
     """How the scenario tables each phase's report, as `profile` tables one (its ``--top``, ``--sort``,
@@ -705,7 +727,6 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
     m = result.model
     name = m.get("preset") or m.get("file") or f"{m.get('family')} L={m.get('layers')} h={m.get('hidden')}"
     tpot = result.tpot_s
-    rate, total = result.decode_tokens_per_s_per_user, result.decode_tokens_per_s_total
     on = f"{result.chips} x {result.target} ({result.strategy})" if result.chips > 1 else result.target
     lines = [
         f"Generation: {name} on {on}, batch {result.batch}, prompt {result.prompt}, "
@@ -714,10 +735,7 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
         f"  time to first token          {seconds(result.ttft_s)}",
         f"  time per output token (mean) {seconds(tpot)}",
         f"  end-to-end latency           {seconds(result.latency_s)}",
-        f"  tokens/s per user            {result.tokens_per_s_per_user:.4g} (decode only: "
-        f"{'-' if rate is None else f'{rate:.4g}'})",
-        f"  tokens/s total               {result.tokens_per_s_total:.4g} (decode only: "
-        f"{'-' if total is None else f'{total:.4g}'}{_in_flight(result)})",
+        *_rate_lines(result),
         f"  weights                      {human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
         *_pool_lines(result),

@@ -120,7 +120,7 @@ class LoweringContext:
         graph, sizes, stored = self.graph, self._sizes, set()
         by_type: dict[tuple[Any, str], int] = {}
         for name, value in graph.values.items():
-            key = (value.type.shape, value.type.dtype._name_)  # the member's name: an enum hashes in Python
+            key = (value.type.shape, value.type.dtype.name)  # the member's name: an enum hashes in Python
             size = by_type.get(key)
             if size is None:
                 size = by_type[key] = value_bytes(graph, name, -1)

@@ -79,8 +79,14 @@ def test_a_request_larger_than_the_pool_does_not_fit(static_three, tmp_path):
     free = kv_pool(static_three, load_target("h100")).free_bytes
     paged = _run(_h100_pool(tmp_path, 0.5 * REQUEST_BYTES / free), 3, "paged")
     assert paged.pool.admitted == 0 and not paged.fits and paged.waves == []
-    assert "does not fit: one request's cache is larger than the pool" in render_generate(paged, breakdown=None)
+    text = render_generate(paged, breakdown=None)
+    assert "does not fit: one request's cache is larger than the pool" in text
     assert paged.to_dict()["fits"] is False
+    # a configuration that does not fit has no throughput: its times are what it would take
+    rates = ("tokens_per_s_per_user", "tokens_per_s_total", "decode_tokens_per_s_per_user", "decode_tokens_per_s_total")
+    assert [paged.to_dict()[k] for k in rates] == [None] * 4 and paged.latency_s > 0
+    assert "tokens/s                     does not fit" in text and "tokens/s per user" not in text
+    assert all(static_three.to_dict()[k] > 0 for k in rates)  # the run that fits has all four
 
 
 def test_the_pool_is_a_gpu_engines(capsys):

@@ -620,3 +620,22 @@ def test_a_stage_walks_its_nodes_in_graph_order():
     for nodes in (first, second):
         positions = [order[n.name] for n in nodes]
         assert positions == sorted(positions)
+
+
+def test_a_run_one_chip_cannot_hold_has_no_speedup_over_it():
+    """A configuration that does not fit has no throughput, so no rate for the others to be a multiple
+    of: with HBM too small for the one-chip run but not for each chip's half under tensor parallelism,
+    the 2-chip point fits and has its throughput, and no speedup or scaling efficiency; with the real
+    HBM the same point has both."""
+    graph = decoder(layers=2, hidden=1024, batch=4)
+    h100 = load_target("h100")
+    assert h100.memories[0].name == "hbm"
+    full = scale(graph.clone(), h100, [1, 2], "tp", ProfileOptions())
+    one = full.points[0].memory_per_device["hbm"]
+    assert full.points[1].speedup > 0 and full.points[1].memory_per_device["hbm"] < 0.7 * one
+    small = h100.with_changes({"memory[0].capacity_bytes": 0.8 * one})
+    first, second = scale(graph, small, [1, 2], "tp", ProfileOptions()).points
+    assert not first.fits and first.throughput_samples_per_s is None
+    assert second.fits and second.throughput_samples_per_s == pytest.approx(full.points[1].throughput_samples_per_s)
+    assert second.speedup is None and second.scaling_efficiency is None
+    assert any("no speedup: one chip does not hold the run" in note for note in second.notes)

@@ -400,7 +400,8 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     optimizer state goes off-chip unless ``--optimizer-state onchip`` or the target has no
     streaming memory; ``--replicated-tensor-sharding`` shards it over the replicas."""
     ctx, train, options = run.ctx, run.train, run.options
-    fp16_optimizer = run.target.arch_value("fp16_optimizer_bytes_per_param", None)
+    fp16_optimizer = run.target.arch.get("fp16_optimizer_bytes_per_param")  # optional: fp16 training's own
+    fp16_optimizer = None if fp16_optimizer is None else fp16_optimizer.value
     accum_pp, state_pp = state_bytes_per_param(ctx, fp16_optimizer)
     memory = TileMemory(accum_pp=accum_pp, shard=run.replicas if options.replicated_tensor_sharding else 1)
     # auto: Graphcore's default, off-chip

@@ -13,7 +13,8 @@ Sections, per opt level (forward, backward and optimizer never share a section):
 - O0: one operator per section (SambaFlow: "o0 compiles each operator as a separate
   section"); the optimizer is one section per parameter tensor.
 - O1: one module (an attention, an MLP: ``module_key``; outside the blocks, read below a user's
-  wrapper: `model_root`) per section, cut where it would exceed the planning capacity.
+  wrapper: `model_root`) per section, cut where it would exceed the planning capacity; an
+  attention core stays in one section, as at O3 (`fusion_groups`).
 - O3: greedy fusion of fusion groups along the program order while the section's demand
   fits the planning capacity. The attention core (QKᵀ matmul to AV matmul) is one atomic
   group: its scores stay on chip and the backward recomputes them. A group larger than the
@@ -155,7 +156,7 @@ class RduLowering(Lowering):
     kinds = ("rdu",)
     Options = RduOptions
     feed = "off-chip"  # sections read weights and boundary tensors from DDR
-    fuses_attention_itself = True  # O3 keeps each attention core in one section, its scores on chip
+    fuses_attention_itself = True  # O1 and O3 keep each attention core in one section, its scores on chip
     without_micro_batches: ClassVar[dict[str, str]] = {
         "inference": "SambaFlow streams the compiled batch through each section once, micro-batches split a "
         "training step (gradient accumulation)"

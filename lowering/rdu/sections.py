@@ -147,8 +147,9 @@ def forward_cores(ctx: LoweringContext) -> dict[str, int]:
 def fusion_groups(
     ctx: LoweringContext, nodes: list[Node], opt_level: str, core: dict[str, int] | None = None
 ) -> list[list[Node]]:
-    """Fusion groups in program order: O3 keeps each attention core whole; otherwise one node each
-    (``core``: `attention_cores` of ``nodes``, when the caller has it)."""
+    """Fusion groups in program order: O1 and O3 keep each attention core whole (its scores on chip,
+    recomputed in backward); O0 one node each (``core``: `attention_cores` of ``nodes``, when the
+    caller has it)."""
     if core is None:
         core = attention_cores(ctx, nodes) if opt_level != "O0" else {}
     groups: list[list[Node]] = []

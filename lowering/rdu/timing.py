@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from dabench_ir.errors import TargetError
+from dabench_ir.errors import TargetError, UnboundSymbolError
 from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering.rdu.chip import NEEDED_BY
 from dabench_ir.lowering.rdu.sections import phase_cost
@@ -66,7 +66,7 @@ def reduction_depths(ctx: LoweringContext, node: Node) -> Depths | None:
     fwd = phase_cost(node, "forward", cost)
     try:
         dims = ctx.graph.type_of(out).dims()
-    except Exception:  # an unknown rank or a free symbol: no shape to tile
+    except UnboundSymbolError:  # an unknown rank or a free symbol: no shape to tile
         return None
     numel = math.prod(dims) if dims else 0
     if not numel or not dims:
