@@ -498,3 +498,35 @@ def test_pipeline_over_chips_checks_each_ipu_against_its_own_memory():
     assert "sram" not in use and {f"sram:ipu{k}" for k in range(4)} <= set(use)
     assert sum(use[f"sram:ipu{k}"]["bytes"] for k in range(4)) > CAPACITY
     assert all(use[f"sram:ipu{k}"]["bytes"] <= use[f"sram:ipu{k}"]["capacity_bytes"] == CAPACITY for k in range(4))
+
+
+def test_a_bow_file_without_the_optional_fp16_optimizer_figure_still_places(tmp_path):
+    """``arch.fp16_optimizer_bytes_per_param`` is fp16 training's own figure, optional
+    (`lowering.ipu.memory.state_bytes_per_param`): a target file without it places an inference run
+    and a mixed-precision training run, where it read as a missing field and failed both."""
+    from importlib import resources
+
+    text = (resources.files("dabench_ir.targets") / "bow.toml").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("fp16_optimizer_bytes_per_param")]
+    assert len(lines) == len(text.splitlines()) - 1
+    path = tmp_path / "bow-no-fp16-optimizer.toml"
+    path.write_text("\n".join(lines).replace('name = "bow"', 'name = "bow-no-fp16-optimizer"', 1))
+    target = load_target(str(path))
+    graph = decoder(layers=2, hidden=256, batch=4)
+    assert lower(graph, target, ProfileOptions()).node_plans
+    TrainingPass()(graph)
+    assert lower(graph, target, ProfileOptions(precision="mixed")).node_plans
+
+
+def test_every_ipus_gradient_ring_counts_in_the_links_bytes():
+    """Over replicas each IPU of the pipeline all-reduces its own stage's gradients, in a ring of its
+    own: the step waits for the largest ring, and the links carry every ring's 2 (r - 1) x its bytes.
+    Two replicas of a 4-IPU pipeline carry twice one replica's stage transfers plus 2 x the summed
+    gradient accumulators (where only the largest IPU's ring was counted, a quarter of it here)."""
+    bow = load_target("bow")
+    graph = decoder(layers=4, hidden=256, batch=8)
+    TrainingPass()(graph)
+    one, two = (lower(graph.clone(), bow, ProfileOptions(ipus=4, replicas=r)) for r in (1, 2))
+    accum = [terms["grad_accum"] for terms in two.extra["memory_terms"].values()]
+    assert len(accum) == 4 and min(accum) > 0
+    assert two.stats.link_bytes == pytest.approx(2 * one.stats.link_bytes + 2 * (2 - 1) * sum(accum), rel=1e-12)

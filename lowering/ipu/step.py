@@ -166,9 +166,12 @@ def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s:
     if pipeline.sections.optimizer:
         place_optimizer(run, pipeline, memory, plan)
     if run.training and run.replicas > 1 and run.fig.link is not None:
-        grads = max(memory.params_on.values(), default=0) * max(memory.accum_pp, 1)
-        plan.step_overheads_s[GRADIENT_REDUCE] = gradient_reduce_s(run, pipeline, grads)
-        plan.stats = replace(plan.stats, link_bytes=plan.stats.link_bytes + ring_allreduce_bytes(grads, run.replicas))
+        # each IPU's stage all-reduces its own gradients in a ring of its own, the rings side by side:
+        # the step waits for the largest, and the links carry every ring's bytes
+        grads = {k: params * max(memory.accum_pp, 1) for k, params in memory.params_on.items()}
+        plan.step_overheads_s[GRADIENT_REDUCE] = gradient_reduce_s(run, pipeline, max(grads.values(), default=0))
+        carried = sum(ring_allreduce_bytes(g, run.replicas) for g in grads.values())
+        plan.stats = replace(plan.stats, link_bytes=plan.stats.link_bytes + carried)
 
 
 def gradient_reduce_s(run: IpuRun, pipeline: Pipeline, grads: float) -> float:
