@@ -771,12 +771,15 @@ def placed(
 
 def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Plan:
     """The placement of ``run`` on its target alone, without emulation or a report: what a fit check
-    reads (`Plan.fits`, `Plan.failure`). ``graph`` is prepared as `execute` prepares it, and consumed."""
+    reads (`Plan.fits`, `Plan.failure`). ``graph`` is prepared as `execute` prepares it, and consumed.
+    One chip's: a run over several chips fits by its scaling point (`placed`), not by one plan."""
     from dabench_ir.lowering import lower
 
     say = progress or silent
     if run.target is None:
         raise UserError("a placement needs a target; give --target")
+    if run.multi_chip:
+        raise ValueError(f"placement() places one chip; a run over {run.options.chips} chips fits by placed()")
     run, graph = _prepared(run, graph, say)
     say(f"placing on {run.target.name}")
     return lower(graph, run.target, lowering_options(run))

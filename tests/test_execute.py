@@ -254,3 +254,19 @@ def test_node_benchmarks_refuse_a_model_above_the_cap_before_estimating_its_node
     monkeypatch.setattr(microbench, "plan_signatures", estimated)
     with pytest.raises(UserError, match="needs 2,176 bytes"):
         microbench.ensure_node_table(model, graph, tmp_path / "cpu.toml", max_weight_bytes=1000)
+
+
+def test_a_run_over_several_chips_is_neither_measured_nor_placed_as_one_chip():
+    """``--measure`` with ``--chips N`` was measured and then dropped (the report was the scaling
+    stage's): it is refused when the run is resolved. The plan-only fit check answered a multi-chip
+    question with one chip's plan: it refuses such a run (`placed` answers it)."""
+    from dabench_ir.errors import UserError
+    from dabench_ir.run import placement, resolve
+    from tests.lowering_graphs import decoder
+
+    graph = decoder(layers=1, hidden=64, batch=2)
+    with pytest.raises(UserError, match="cannot measure a run over --chips 2"):
+        resolve(graph, "h100", {"measure": True, "chips": 2, "strategy": "tp"})
+    with pytest.raises(ValueError, match="placement\\(\\) places one chip"):
+        placement(resolve(graph, "h100", {"chips": 2, "strategy": "tp"}), graph.clone())
+    assert placement(resolve(graph, "h100", {}), graph.clone()).fits
