@@ -125,6 +125,7 @@ class ScalePoint:
     fits: bool = True
     failure: dict[str, Any] | None = None
     stages: list[list[int]] | None = None  # PP: the layers on each chip
+    stage_times_s: list[float] | None = None  # PP: each stage's busy time a step (its micro-batches, in turn)
     dominant_bound: str | None = None  # the bound class (communication included) holding most of the step
     nodes: int = 1  # nodes the chips span (target topology); > 1: collectives cross the node boundary
     notes: list[str] = field(default_factory=list)
@@ -180,6 +181,7 @@ class ScalePoint:
             "fits": self.fits,
             "failure": self.failure,
             "stages": self.stages,
+            "stage_times_s": self.stage_times_s,
             "dominant_bound": self.dominant_bound,
             "nodes": self.nodes,
             "notes": self.notes,
@@ -619,22 +621,35 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
 # -- pipeline parallel -----------------------------------------------------------------------
 
 
-def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> ScalePoint:
-    """``chips`` pipeline stages of contiguous decoder blocks, balanced by the one-chip run's layer
-    times, under 1F1B with the run's micro-batches: the fill and drain, the boundary traffic, and
-    whether the fullest stage fits its chip."""
+def pipeline_micro_batches(run: ResolvedRun) -> int:
+    """The micro-batches a ``pp`` step streams through its stages: the run's, else one a sample."""
+    return run.samples.micro_batches or run.samples.per_replica  # `Samples` holds them to divide the batch
+
+
+def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run, staged: _Run) -> ScalePoint:
+    """``chips`` pipeline stages of contiguous decoder blocks under 1F1B with the run's micro-batches:
+    the fill and drain, the boundary traffic, and whether the fullest stage fits its chip.
+
+    The stages and their times come from ``staged``, the whole graph on one chip running the
+    micro-batches one after another (`pipeline_micro_batches`: each re-reads the weights its nodes
+    stream, as a stage does), so a stage's time for one micro-batch is its share over them; dividing
+    the whole batch's time (``single``'s) instead made a weight-bound decode step over 2 H100s faster
+    than reading the weights once. ``single``, the one-chip run the speedups are over, gives the
+    optimizer update and the mix of bounds."""
     target = run.target
     layers = graph.layers
     if len(layers) < chips:
         raise UserError(
             f"--strategy pp over {chips} chips needs at least {chips} decoder blocks; the model has {len(layers)}"
         )
-    stages, stage_times = _pp_stages(single, layers, chips)
+    stages, stage_times = _pp_stages(staged, layers, chips)
     worst = max(stage_times)
     batch = run.samples.per_replica
-    m = run.samples.micro_batches or batch  # `Samples` holds them to divide the batch
+    m = pipeline_micro_batches(run)
+    train = meta.graph_mode(graph) == "train"
     link = target.link()
-    boundary_bytes = _boundary_bytes(graph, stages)
+    # each boundary carries a micro-batch's activations forward and, in training, their gradients back
+    boundary_bytes = [b * (2 if train else 1) for b in _boundary_bytes(graph, stages)]
     comm = 0.0
     if link is not None and chips > 1:
         per_node = chips_per_node(target, run.options)
@@ -665,8 +680,11 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run) -> Scale
         fits=fits,
         failure=failure,
         stages=stages,
+        stage_times_s=stage_times,
         dominant_bound=single.dominant_bound(comm),
-        notes=[f"{m} micro-batch{'es' if m != 1 else ''}"],
+        notes=[
+            f"{m} micro-batch{'es' if m != 1 else ''}, each reading its stage's weights (--micro-batches N sets how many)"
+        ],
         memory_per_device=worst_memory,
         micro_batches=m,
         chip=single,  # the whole graph on one chip: the stages are its layers' shares
@@ -874,6 +892,7 @@ def scale(
     single = _one_chip(graph, chip_run, baseline)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
     points: list[ScalePoint] = []
+    staged: _Run | None = None  # pp: the one-chip run of the pipeline's micro-batches
     for n in chips:
         if n == 1:
             pt = _point_from_run(single, 1, per_step, comm=0.0)
@@ -890,7 +909,10 @@ def scale(
             pt = _point_from_run(one, n, one.plan.samples_per_step, comm=0.0, link_bytes=one.plan.stats.link_bytes)
             pt.notes.append(f"the {lowering.name} lowering pipelines the blocks over the devices itself")
         else:
-            pt = _pp_point(graph, run, n, single)
+            if staged is None:  # placed once a study: every chip count's stages share it
+                m = pipeline_micro_batches(run)
+                staged = single if m <= 1 else _run_one(graph, chip_run.variant(micro_batches=m))
+            pt = _pp_point(graph, run, n, single, staged)
         if target.topology is not None:
             _place_on_nodes(pt, n, target.topology, per_node, strategy, own_links=own_links)
         points.append(pt)

@@ -78,7 +78,11 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     """The optimizer runs once a step, after the last micro-batch's backward, every stage over its
     own weights at once: outside the pipeline's fill and drain, the slowest stage's share of the
     one-chip update (with the state offloaded: CPU Adam, on a host the stages share, and the PCIe
-    copies, `lowering.gpu.Offload`)."""
+    copies, `lowering.gpu.Offload`). The stages' times are those of the whole graph on one chip
+    running the 4 micro-batches one after another (each reads the weights again), a quarter of
+    them a micro-batch."""
+    from dabench_ir.emulate import emulate
+    from dabench_ir.lowering import lower
     from dabench_ir.lowering.context import LoweringContext, weight_bytes
     from dabench_ir.lowering.gpu import HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS
     from dabench_ir.passes.training import TrainingPass, is_optimizer_step
@@ -86,8 +90,11 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     graph = decoder(layers=6, hidden=256, batch=4)
     TrainingPass()(graph)
     opts = ProfileOptions(micro_batches=4, optimizer_state=state)
-    one, three = scale(graph, load_target("h100"), [1, 3], "pp", opts).points
+    h100 = load_target("h100")
+    one, three = scale(graph.clone(), h100, [1, 3], "pp", opts).points
     single = one.chip
+    plan = lower(graph, h100, opts)  # the micro-batches in turn on one chip
+    timeline = emulate(plan, graph)
     adam = next(n.name for n in graph.nodes if is_optimizer_step(n))
     rows = single.plan.step_overheads_s
     # offloaded, the three stages' CPU Adam share one host's DRAM, which the one-chip run had alone
@@ -97,13 +104,14 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     ctx = LoweringContext.build(graph)
     first = [n for n in graph.nodes if n.layer in three.stages[0] or (n.layer is None and n.name != adam)]
     share = weight_bytes(ctx, first) / weight_bytes(ctx)  # the first stage holds the most: its blocks and the rest
-    per_layer = [sum(single.timeline.busy(n.name) for n in graph.nodes if n.layer == k) for k in range(6)]
-    outside = sum(single.timeline.busy(n.name) for n in graph.nodes if n.layer is None) - single.timeline.busy(adam)
+    per_layer = [sum(timeline.busy(n.name) for n in graph.nodes if n.layer == k) for k in range(6)]
+    outside = sum(timeline.busy(n.name) for n in graph.nodes if n.layer is None) - timeline.busy(adam)
     stage_s = [sum(per_layer[k] for k in st) for st in three.stages]
     stage_s[0] += outside / 2
     stage_s[-1] += outside / 2
-    wait = rows.get(HOST_ISSUE, 0.0)  # the stream's wait for the host, shared by work
+    wait = plan.step_overheads_s.get(HOST_ISSUE, 0.0)  # the stream's wait for the host, shared by work
     worst = max(t + wait * t / sum(stage_s) for t in stage_s)
+    assert three.stage_times_s == pytest.approx([t + wait * t / sum(stage_s) for t in stage_s], rel=1e-9)
     assert three.time_s == pytest.approx((4 + 3 - 1) * worst / 4 + share * update + three.comm_time_s, rel=1e-3)
     if state == "offchip":  # the stage's state lives in host memory, not on the GPU
         assert three.memory_per_device["optimizer"] == 0 < three.memory_per_device["host"]
@@ -639,3 +647,39 @@ def test_a_run_one_chip_cannot_hold_has_no_speedup_over_it():
     assert second.fits and second.throughput_samples_per_s == pytest.approx(full.points[1].throughput_samples_per_s)
     assert second.speedup is None and second.scaling_efficiency is None
     assert any("no speedup: one chip does not hold the run" in note for note in second.notes)
+
+
+def test_a_weight_bound_pp_step_reads_each_stages_weights_once_a_micro_batch():
+    """A pipeline stage runs its micro-batches one after another, each streaming the stage's weights:
+    on a weight-bound step (8 sequences of one token each) no stage is busy less than its micro-
+    batches times its weights over the HBM's peak, and the step not less than the busiest stage.
+    Dividing the whole batch's one-chip time by the micro-batches made the step over 2 H100s shorter
+    than reading the weights once (a decode token at half of one chip's time)."""
+    from dabench_ir.lowering.context import LoweringContext, weight_bytes
+
+    graph = decoder(layers=4, hidden=1024, seq=1, batch=8)
+    h100 = load_target("h100")
+    one, two = scale(graph.clone(), h100, [1, 2], "pp", ProfileOptions()).points
+    m = two.micro_batches
+    assert m == 8
+    ctx = LoweringContext.build(graph)
+    peak = h100.feed_memory.bandwidth_bytes_per_s
+    for stage, busy in zip(two.stages, two.stage_times_s, strict=True):
+        held = weight_bytes(ctx, [n for n in graph.nodes if n.layer in stage])
+        assert busy >= m * held / peak
+    assert two.time_s >= max(two.stage_times_s) > one.time_s / 2
+
+
+def test_a_pp_reports_one_chip_as_its_busiest_stage_not_the_whole_graph():
+    """Under pp the placement behind the node rows is the whole graph on one chip: its work is no one
+    chip's (it read 1.06 PFLOP/s for one H100), and its time beside the pipelined step made the
+    time no node owns negative. A chip is now its busiest stage: its busy time, no work of its own,
+    and the step's overhead is what the step takes beyond it (fill and drain, update, boundaries)."""
+    from dabench_ir.pipeline import profile_graph
+
+    report = profile_graph(decoder(layers=4, hidden=256, batch=8), "h100", {"chips": 4, "strategy": "pp"})
+    point = report.scaling.points[-1]
+    per_chip = report.extra["per_chip"]
+    assert per_chip["time_s"] == max(point.stage_times_s) and per_chip["flops"] is None
+    assert report.totals["overhead_s"] == pytest.approx(report.totals["time_s"] - max(point.stage_times_s))
+    assert report.totals["overhead_s"] > 0

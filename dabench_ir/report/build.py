@@ -454,13 +454,17 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     replicas = one.get("copies") or 1  # the placement's own data-parallel copies (the IPU's replicas)
     copies = point.copies * replicas  # chips doing the node rows' work each step (1: the placement is the whole step's)
     energy = one.get("energy_j")
+    # the chip's busy time a step: under pp the placement is the whole graph, whose work no one chip
+    # does: what a chip does is its stage's, the busiest stage's time (its work is not one placement's)
+    staged = result.strategy == "pp" and bool(point.stage_times_s)
+    busy_s = max(point.stage_times_s) if staged else point.compute_time_s
     report.extra["per_chip"] = {
-        **{key: one.get(key) for key in (*_WORK_TOTALS, "bytes", "intensity")},
-        "params": report.model.get("params"),
+        **{key: None if staged else one.get(key) for key in (*_WORK_TOTALS, "bytes", "intensity")},
+        "params": None if staged else report.model.get("params"),
         "copies": copies,
-        "time_s": point.compute_time_s,
-        "overhead_s": one.get("overhead_s"),
-        "energy_j": None if energy is None else energy / replicas,
+        "time_s": busy_s,
+        "overhead_s": None if staged else one.get("overhead_s"),
+        "energy_j": None if energy is None or staged else energy / replicas,
     }
     tp = point.throughput_samples_per_s
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
@@ -475,8 +479,11 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
             "period_s": point.time_s,
             # a pipelined chip's first sample takes its fill on top of the period: so does the step's
             "latency_s": point.time_s + (one.get("latency_s") or 0) - (one.get("period_s") or 0),
-            # time no node owns: the chip's own rows (a reduce of its replicas among them), the collectives after
-            "overhead_s": (one.get("overhead_s") or 0) + point.time_s - (chip.time_s if chip else point.compute_time_s),
+            # time no node owns: the chip's own rows (a reduce of its replicas among them), the collectives
+            # after; under pp the step beyond its busiest stage's (the fill and drain, the update, the boundaries)
+            "overhead_s": point.time_s - busy_s
+            if staged
+            else (one.get("overhead_s") or 0) + point.time_s - (chip.time_s if chip else point.compute_time_s),
             "throughput_samples_per_s": tp,
             "achieved_flops_per_s": None if tp is None else totals["flops"] / point.time_s,
             "comm_time_s": point.comm_time_s,
