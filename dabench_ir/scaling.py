@@ -54,6 +54,7 @@ from dabench_ir.lowering.gpu import (
     HOST_ISSUE,
     OFFLOAD_GRADIENTS,
     OFFLOAD_WEIGHTS,
+    cache_bytes,
     host_shortfall,
     live_bytes,
     live_skip,
@@ -785,6 +786,7 @@ def _pp_stage_memory(
             "gradients": part.gradients,
             "optimizer": 0 if offload else part.optimizer_side,
             "activations": acts,
+            "kv_cache": cache_bytes(ctx, nodes),  # every sequence's, whatever the micro-batches
             "live": live_bytes(ctx, nodes, skip, micro_batches=m),
         }
         if offload:  # the stage's optimizer state lives in its share of the host's memory

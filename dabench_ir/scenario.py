@@ -102,8 +102,9 @@ class PhaseRun:
     time_s: float
     fits: bool
     failure: str | None
+    # one chip's (over several: a tensor-parallel share, a pipeline stage's, a replica's)
     weight_bytes: int
-    kv_cache_bytes: int  # the cache the step reads (decode) or writes (prefill), all requests
+    kv_cache_bytes: int  # the cache the step reads (decode) or writes (prefill), all of the chip's requests
     memory_bytes: dict[str, int]
     homes: dict[str, str]
     report: Report | None = field(default=None, repr=False)
@@ -486,6 +487,11 @@ def run_phase(
     declared = json.loads(graph.metadata.get(MODEL_WEIGHTS, "[]") or "[]")  # the model's parameters
     names = [n for n in declared if n in graph.values] or [v.name for v in graph.weights()]
     weights = sum(graph.type_of(n).nbytes() for n in names)
+    memory_bytes = {k: int(v) for k, v in plan.memory_bytes.items()}
+    held = report.scaling.points[-1].memory_per_device if report.scaling is not None else None
+    if held and "weights" in held:  # by kind: what one chip holds (a pipeline stage's share, a replica)
+        weights, kv_bytes = held["weights"], held.get("kv_cache", 0) if phase == "decode" else 0
+        memory_bytes = {target.feed_memory.name: sum(v for k, v in held.items() if k != "host")}
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0) if context is None else context,
@@ -494,7 +500,7 @@ def run_phase(
         failure=failure,
         weight_bytes=weights,
         kv_cache_bytes=kv_bytes,
-        memory_bytes={k: int(v) for k, v in plan.memory_bytes.items()},
+        memory_bytes=memory_bytes,
         homes=_homes(plan, target),
         report=report,
     )
@@ -736,11 +742,13 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
         f"  time per output token (mean) {seconds(tpot)}",
         f"  end-to-end latency           {seconds(result.latency_s)}",
         *_rate_lines(result),
-        f"  weights                      {human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
+        f"  weights{' per chip' if result.chips > 1 else '         '}             "
+        f"{human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
         *_pool_lines(result),
         "",
-        f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV cache':>10s} {'cache home':24s} fits",
+        f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV/chip' if result.chips > 1 else 'KV cache':>10s} "
+        f"{'cache home':24s} fits",
         f"  {'prefill':10s} {0:>8d} {seconds(result.prefill.time_s):>10s} {'-':>10s} "
         f"{result.prefill.homes.get('kv_cache', ''):24s} {'yes' if result.prefill.fits else 'NO'}",
     ]

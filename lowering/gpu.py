@@ -82,6 +82,7 @@ __all__ = [
     "OFFLOAD_WEIGHTS",
     "GpuLowering",
     "GpuOptions",
+    "cache_bytes",
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
@@ -643,18 +644,35 @@ def device_memory(
         "gradients": shard(state.gradients, 2),
         "optimizer": 0 if offload else optimizer,
         "activations": math.ceil(saved / m),
+        "kv_cache": cache_bytes(ctx, ctx.graph.nodes),
         "live": live_bytes(ctx, ctx.graph.nodes, live_skip(ctx, held), micro_batches=m),
         "host": optimizer if offload else 0,
     }
 
 
+def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
+    """Bytes of the KV caches ``nodes`` read (a decode step's cache inputs, `kv_cache_values`): held
+    whole through the step, and from step to step, every sequence's however many micro-batches the
+    step runs; so not a micro-batch's working set (`live_skip` leaves them out of it)."""
+    caches = _cache_inputs(ctx)
+    read = {v for node in nodes for v in node.inputs if v in caches}
+    return sum(ctx.value_bytes(v) for v in read)
+
+
+def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
+    from dabench_ir.passes.precision import kv_cache_values
+
+    return frozenset(kv_cache_values(ctx.graph)) & frozenset(ctx.graph.inputs)
+
+
 def live_skip(ctx: LoweringContext, held: frozenset[str] | None = None) -> frozenset[str]:
-    """The values a step's working set never holds in memory beyond what `device_memory` counts as
-    saved: a fused core's on-chip scores, strided views, and in training the saved tensors (``held``,
-    `saved_activation_bytes`'s names, worked out here when the caller does not have them)."""
+    """The values a step's working set never holds in memory beyond what `device_memory` counts
+    apart: a fused core's on-chip scores, strided views, a decode step's KV caches (`cache_bytes`),
+    and in training the saved tensors (``held``, `saved_activation_bytes`'s names, worked out here
+    when the caller does not have them)."""
     if held is None:
         held = saved_activation_bytes(ctx)[1] if training_state(ctx).activations else frozenset()
-    return frozenset(_on_chip(ctx) | held | _view_outputs(ctx))
+    return frozenset(_on_chip(ctx) | held | _view_outputs(ctx) | _cache_inputs(ctx))
 
 
 def live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: frozenset[str], *, micro_batches: int = 1) -> int:

@@ -126,3 +126,20 @@ def test_a_40_gb_a100_serves_the_held_out_llama_2_batch_in_waves_where_a_static_
     assert not static.fits  # the mechanism removed: a wrong verdict, the run was measured
     assert paged.fits and [w.requests for w in paged.waves] == [24, 24, 16]
     assert paged.latency_s == pytest.approx(82.515, rel=1e-3)  # -9.0 % / -6.5 % against the two engines
+
+
+def test_over_a_pipeline_each_chip_holds_its_stages_weights_and_every_sequences_cache_of_them(static_three):
+    """Under pp the placement behind a phase is the whole graph on one chip: the scenario's weights and
+    cache were the whole model's per chip, and its pool subtracted the whole model from one chip. A
+    chip holds its stage's (gpt2-small's 12 blocks, 6 a stage): half the blocks' caches, every
+    sequence's, however many micro-batches stream through (the cache was a micro-batch's: 1/3 of it)."""
+    from dabench_ir.options import ScaleOptions
+
+    piped = generate("gpt2-small", "h100", ScaleOptions(batch=3, chips=2, strategy="pp"), prompt=PROMPT, gen=GEN)
+    one, two = static_three.decode[-1], piped.decode[-1]
+    held = two.report.scaling.points[-1].memory_per_device
+    assert two.kv_cache_bytes == held["kv_cache"] == one.kv_cache_bytes // 2
+    assert two.report.scaling.points[-1].micro_batches == 3
+    assert one.weight_bytes / 2 < two.weight_bytes == held["weights"] < one.weight_bytes  # a stage's blocks, and more
+    assert two.memory_bytes == {"hbm": sum(v for k, v in held.items() if k != "host")}
+    assert kv_pool(piped, load_target("h100")).request_bytes == REQUEST_BYTES // 2
