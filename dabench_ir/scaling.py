@@ -588,10 +588,7 @@ def _shard_training_state(graph: Graph, share: Graph, producer_module: dict[str,
     train = meta.training_state(share)
     if train is None:
         return
-    try:
-        before, after = graph.num_params, share.num_params
-    except Exception:
-        return
+    before, after = graph.num_params, share.num_params  # None where a weight's shape is symbolic
     if before is None or after is None:
         return
     frac = after / before if before else 1.0
@@ -833,10 +830,10 @@ def _boundary_bytes(graph: Graph, stages: Sequence[Sequence[int]]) -> list[int]:
         for out in node.outputs:
             readers = {stage_of.get(c.layer) for c in graph.consumers.get(out, ())} - {None, src}
             if readers:
-                try:
-                    nbytes = graph.type_of(out).nbytes()
-                except Exception:
-                    continue
+                # a size the shapes do not give: the producer's share of what its cost writes, never 0
+                cost = meta.attributed_cost(node)
+                share = cost.act_bytes_out // max(1, len(node.outputs)) if cost is not None else 0
+                nbytes = value_bytes(graph, out, default=share)
                 for boundary in range(src, max(readers)):
                     if boundary < len(crossing):
                         crossing[boundary] += nbytes

@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_SAMPLES",
     "KV_CACHE_POOL_FRACTION",
     "SCHEMA",
+    "SERVING_STRATEGY",
     "Breakdown",
     "GenerateResult",
     "KvPool",
@@ -79,6 +80,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SCHEMA = "dabench-ir/scenario/generate/v1"
+SERVING_STRATEGY = "tp"
+"""How the scenario shares a model over ``--chips N`` when no ``--strategy`` is given: tensor parallel
+(Megatron-style heads and MLP columns split), as the serving engines shard a model within a node."""
 DEFAULT_SAMPLES = 4
 """Context lengths the decode graph is placed at (the first and last step included)."""
 KV_CACHE_POOL_FRACTION = "kv_cache_pool_fraction"
@@ -379,6 +383,7 @@ class _OwnFile:
     name: str
     layers: int
     cache: bool  # it has KV-cache inputs with a symbolic length
+    batch: int | None  # the batch the file fixes (`Graph.batch_dim`, as `resolve` reads it), None when symbolic
 
     @property
     def decode_graph(self) -> str:
@@ -410,7 +415,8 @@ def _own_file(model: Any) -> _OwnFile | None:
             f"{path}: its sequence length is fixed as exported (symbols: {', '.join(sorted(graph.symbols)) or 'none'}); "
             "--scenario generate binds the prompt and each step's length: export it with a dynamic sequence axis"
         )
-    return _OwnFile(proto, path.name, len(graph.layers), bool(past_symbols(graph)))
+    fixed = graph.batch_dim if isinstance(graph.batch_dim, int) else None
+    return _OwnFile(proto=proto, name=path.name, layers=len(graph.layers), cache=bool(past_symbols(graph)), batch=fixed)
 
 
 def _given_pair(text: str) -> tuple[Any, Any]:
@@ -461,7 +467,7 @@ def run_phase(
 ) -> PhaseRun:
     """One phase's graph bound to ``dims`` (batch, seq or context; a user's file: by ``opts``' seq and
     past), costed and placed: one run (`dabench_ir.run`), one chip or, with ``opts.chips`` > 1
-    (``--strategy``, default tp: Megatron-style heads and MLP columns split), many; the per-node
+    (``--strategy``, default `SERVING_STRATEGY`), many; the per-node
     report is then one chip's. ``context``: the cached tokens the step reads (default: ``dims``').
 
     A prefill on a target whose pipeline streams tokens through its stages runs at the
@@ -474,7 +480,7 @@ def run_phase(
     from dabench_ir.run import execute, resolve
 
     if getattr(opts, "chips", 1) > 1 and opts.strategy is None:
-        opts = dataclasses.replace(opts, strategy="tp")
+        opts = dataclasses.replace(opts, strategy=SERVING_STRATEGY)
     lowering = lowering_for(target)
     steady = phase == "prefill" and lowering.streams_tokens
     has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
@@ -532,7 +538,6 @@ def generate(
     for name in ("seq", "past"):  # each step's own: the prompt, then the context (`_OwnFile.step`)
         if getattr(opts, name, None) is not None:
             raise UserError(f"--{name} is set per step by --prompt and --gen with --scenario generate; drop it")
-    batch = opts.batch or 1
     tgt = resolve_target(target, opts.threads)
     own = None
     if isinstance(model, tuple):
@@ -545,6 +550,7 @@ def generate(
         cfg = _model_config(model)
         prefill_proto, decode_proto = _export_pair(cfg, prompt, gen, say)
     params = json.loads(_metadata(decode_proto).get(MODEL_PARAMS, "{}"))
+    batch = opts.batch or (own.batch if own is not None and own.batch else 1)  # a user's file may fix it
     chips = getattr(opts, "chips", 1)
     if opts.kv_cache != KNOBS["kv_cache"].default:  # a knob of the engine a GPU serves with: check it applies
         check_applies(dataclasses.replace(opts, scenario="generate"), {"kv_cache"}, tgt)
@@ -603,7 +609,7 @@ def generate(
             decode_total_s=sum(_interp(points, c) for c in contexts) if decode else 0.0,
             interpolated=len(decode) < len(contexts),
             chips=chips,
-            strategy=(getattr(opts, "strategy", None) or "tp") if chips > 1 else None,
+            strategy=(getattr(opts, "strategy", None) or SERVING_STRATEGY) if chips > 1 else None,
             decode_graph=own.decode_graph if own is not None else "export",
             compiled_seq=compiled,
         )

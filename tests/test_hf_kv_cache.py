@@ -369,3 +369,24 @@ def test_generate_tables_each_phase_as_profile_does(exports, capsys):
     nodes = int(every_node[0].split()[3])  # "Top N of N nodes by time"
     assert every_node[0] == f"Top {nodes} of {nodes} nodes by time" and len(every_node) == nodes + 3
     assert by_flops[0] == f"Top 3 of {nodes} nodes by FLOPs" and len(by_flops) == 3 + 3
+
+
+def test_a_files_fixed_batch_is_the_scenarios_batch(exports, tmp_path, capsys):
+    """A user's decoder file whose batch is fixed (4) and sequence symbolic: the scenario serves its
+    batch, as `profile` reads it (`Graph.batch_dim`), where it asked for a batch of 1 the user never
+    gave and failed on it ("--batch 1: the model's batch is fixed at 4"). A --batch that disagrees
+    is still refused in one line."""
+    import onnx
+
+    model = onnx.load(exports["llama-plain"])
+    for value in [*model.graph.input, *model.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "batch_size":
+                dim.Clear()
+                dim.dim_value = 4
+    path = tmp_path / "fixed-batch.onnx"
+    onnx.save(model, path)
+    argv = ["profile", str(path), "-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2"]
+    assert _report(argv, tmp_path, capsys)["batch"] == 4
+    assert main([*argv, "--batch", "2", "-q"]) == 2
+    assert "the model's batch is fixed at 4" in capsys.readouterr().err
