@@ -377,8 +377,20 @@ class Target:
         return entry.get("value") if isinstance(entry, Mapping) else None
 
     def overhead(self, name: str, default: float = 0.0) -> float:
+        """An ``[overheads]`` figure a lowering may go without (``default`` when the file has none)."""
         q = self.overheads.get(name)
         return default if q is None else q.value
+
+    def overhead_value(self, name: str, *, needed_by: str) -> float:
+        """An ``[overheads]`` figure the ``needed_by`` lowering cannot go without (a fitted host or
+        device cost: read as 0 it would vanish from every step unsaid); missing raises TargetError
+        naming ``overheads.<name>``."""
+        q = self.overheads.get(name)
+        if q is None:
+            raise TargetError(
+                f"target file {self.origin}: missing field overheads.{name} (needed by the {needed_by} lowering)"
+            )
+        return q.value
 
     def arch_value(self, name: str, default: float | None = None, *, needed_by: str = "") -> float:
         """An ``[arch]`` knob; missing and no default raises TargetError naming ``arch.<name>``."""

@@ -260,3 +260,32 @@ def test_a_counterfactual_target_refuses_what_is_not_a_figure(changes, needle):
     with pytest.raises(TargetError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
         load_target("sn30").with_changes(changes)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "figure", "mode"),
+    [
+        ("sn30", "section_reconfig_s", "inference"),
+        ("sn30", "host_per_section_s", "inference"),
+        ("sn30", "host_step_s", "train"),
+        ("sn30", "device_step_s", "train"),
+        ("bow", "sync_s", "inference"),
+    ],
+)
+def test_a_fitted_overhead_the_lowering_needs_is_never_read_as_zero(tmp_path, capsys, target, figure, mode):
+    """A target file without a host or device cost its lowering charges every step (fitted to
+    measurements) is refused in one line naming the field; it was read as 0 and the row vanished
+    from every step unsaid (a SN30 training step 0.29 s instead of 2.09 s)."""
+    from importlib import resources
+
+    from dabench_ir.cli import main
+
+    text = (resources.files("dabench_ir.targets") / f"{target}.toml").read_text()
+    kept = [line for line in text.splitlines() if not line.startswith(f"{figure} = ")]
+    assert len(kept) == len(text.splitlines()) - 1
+    path = tmp_path / f"{target}-without-{figure}.toml"
+    path.write_text("\n".join(kept).replace(f'name = "{target}"', f'name = "{path.stem}"', 1))
+    code = main(["profile", "gpt2-small", "-t", str(path), "--mode", mode, "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"missing field overheads.{figure}" in err

@@ -86,7 +86,7 @@ class IpuFigures:
             lanes={p: target.arch_value(f"vector_elems_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             special={p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},
-            sync=target.overhead("sync_s"),
+            sync=target.overhead_value("sync_s", needed_by="ipu"),
             link=target.link("ipu_link") or target.link(),
             host=target.link("gateway"),
             stream=target.memory("off-chip") if target.has_memory("off-chip") else None,

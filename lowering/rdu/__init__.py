@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions
 from dabench_ir.lowering.context import LoweringContext
-from dabench_ir.lowering.rdu.chip import Chip
+from dabench_ir.lowering.rdu.chip import NEEDED_BY, Chip
 from dabench_ir.lowering.rdu.memory import (
     Feed,
     SavedState,
@@ -170,7 +170,7 @@ class RduLowering(Lowering):
         micro_batches = options.micro_batches or ctx.batch
         rates = Rates.of(target, ctx.precision, chip)
         feed = Feed.of(target, ctx.precision, self.feed_level(target))
-        reconfig_s = target.overhead("section_reconfig_s")
+        reconfig_s = target.overhead_value("section_reconfig_s", needed_by=NEEDED_BY)
         plan = ctx.plan(target, options, Schedule.SEQUENTIAL, micro_batches=micro_batches)
         plan.stats = replace(plan.stats, allocation_chips=chip.share)  # allocation is of the compiled tiles
         layout = SectionLayout.compile(ctx, chip, options.opt_level)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dabench_ir.lowering.rdu.chip import NEEDED_BY
 from dabench_ir.passes import meta
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: i
     published, so an inference run pays only the per-section launches, as the row `HOST_ESTIMATE`,
     and a note says so.
     """
-    per_launch = target.overhead("host_per_section_s")
+    per_launch = target.overhead_value("host_per_section_s", needed_by=NEEDED_BY)
     if meta.graph_mode(ctx.graph) != "train":
         plan.step_overheads_s[HOST_ESTIMATE] = per_launch * launches
         plan.notes.append(
@@ -49,7 +50,9 @@ def step_overheads(ctx: LoweringContext, plan: Plan, target: Target, launches: i
             "loop is the tutorial app's"
         )
     else:
-        plan.step_overheads_s["host"] = target.overhead("host_step_s") + per_launch * launches
-    if device_step := target.overhead("device_step_s"):
+        plan.step_overheads_s["host"] = (
+            target.overhead_value("host_step_s", needed_by=NEEDED_BY) + per_launch * launches
+        )
+    if device_step := target.overhead_value("device_step_s", needed_by=NEEDED_BY):
         plan.step_overheads_s[DEVICE_STEP] = device_step
     return "host"
