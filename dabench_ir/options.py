@@ -743,6 +743,12 @@ def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: A
             f"--fused-attention true on {target.name} ({target.kind}): its lowering models how the chip fuses "
             "an attention core itself; a cost rewrite before it would count the fusion twice; drop it"
         )
+    not_modelled = lowering.recompute_without.get(opts.recompute) if "recompute" in given and mode == "train" else None
+    if not_modelled:
+        modes = ", ".join(m for m in RECOMPUTE if m not in lowering.recompute_without)
+        raise UserError(
+            f"--recompute {opts.recompute} on {target.name} ({target.kind}): {not_modelled}; use one of {modes}"
+        )
     why = lowering.without_micro_batches.get(mode) if asks_micro_batches else None
     if why:
         fix = "drop it" if len(asks_micro_batches) == 1 else "drop them"

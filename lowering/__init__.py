@@ -150,6 +150,10 @@ class Lowering(ABC):
     (a mode not named runs them, a pipeline's or one after another): the run refuses them
     (`dabench_ir.options.check_applies`)."""
 
+    recompute_without: ClassVar[dict[str, str]] = {}
+    """By ``--recompute`` mode, why this lowering does not model it (a mode not named is modelled): the
+    run refuses it (`dabench_ir.options.check_applies`) rather than place it as another mode."""
+
     def offloads_optimizer(self, options: Any) -> bool:
         """Whether the run keeps its optimizer state in its host's memory and updates it there, so that
         the devices of one host that offload at once share its memory (the GPUs' CPU offload)."""

@@ -530,3 +530,17 @@ def test_every_ipus_gradient_ring_counts_in_the_links_bytes():
     accum = [terms["grad_accum"] for terms in two.extra["memory_terms"].values()]
     assert len(accum) == 4 and min(accum) > 0
     assert two.stats.link_bytes == pytest.approx(2 * one.stats.link_bytes + 2 * (2 - 1) * sum(accum), rel=1e-12)
+
+
+def test_recompute_op_is_refused_on_the_ipu_which_would_place_it_as_selective(capsys):
+    """``--recompute op`` (torchtitan's per-op policy) was placed by the IPU lowering as selective: the
+    same stash (201 MB a layer of GPT-2 small) where the training pass saves half as much under op. The
+    IPU models PopTorch's checkpoints only (`IpuLowering.recompute_without`): the run is refused in
+    one line naming the modes it models, and the modes it models still run."""
+    from dabench_ir.cli import main
+
+    argv = ["profile", "gpt2-small", "-t", "bow", "--mode", "train", "-q"]
+    assert main([*argv, "--recompute", "op"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--recompute op on bow (ipu)" in err and "none, selective, full" in err
+    assert main([*argv, "--recompute", "full"]) == 0

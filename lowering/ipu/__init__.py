@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering.ipu.common import FEED_LEVEL, IpuRun
@@ -87,6 +87,11 @@ class IpuLowering(Lowering):
     feed = FEED_LEVEL  # tile SRAM feeds every superstep
     pipelines_itself = True  # decoder layers pipelined over `--ipus` IPUs by this lowering
     replicates_itself = True  # `--replicas` copies of that pipeline, the gradients all-reduced over them
+    recompute_without: ClassVar[dict[str, str]] = {
+        "op": "the IPU lowering models PopTorch's recomputation checkpoints, a whole layer (full) or its "
+        "attention core (selective), with its own rule for what a layer stashes; op is torchtitan's per-op "
+        "policy, which it would place as selective",
+    }
 
     def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         run = IpuRun.build(ctx, target, options)
