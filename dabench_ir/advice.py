@@ -268,7 +268,7 @@ class VariantRuns:
         from dabench_ir.run import Placed
 
         report = self.report
-        return Placed(report.run, report.graph, report.plan, report.timeline, built=report)
+        return Placed(run=report.run, graph=report.graph, plan=report.plan, timeline=report.timeline, built=report)
 
     def variant(self, changes: tuple[Change, ...] | list[Change]) -> ResolvedRun:
         """The report's run with ``changes`` (the user's, as if given); placed, not measured again."""

@@ -325,7 +325,7 @@ def resolve(
         target=tgt,
         options=dataclasses.replace(opts, **changes),
         sources=sources,
-        samples=Samples(per_replica or 0, micro_batches, source),
+        samples=Samples(per_replica=per_replica or 0, micro_batches=micro_batches, source=source),
         linalg=linalg,
         internals=dict(internals or {}),
     )
@@ -716,7 +716,9 @@ class Placed:
         if self.scaled is None:
             return None
         first = self.scaled.points[0].chip  # the scaling points include one chip, first
-        return Placed(first.run, first.graph, first.plan, first.timeline) if first is not None else None
+        if first is None:
+            return None
+        return Placed(run=first.run, graph=first.graph, plan=first.plan, timeline=first.timeline)
 
     def report(self) -> Report:
         """The run's verified `Report`, as `execute` gives it: built on the first call."""
@@ -766,7 +768,7 @@ def placed(
     timeline = emulate(plan, graph)
     if not run.options.no_verify:
         check_step(graph, run.target, plan, timeline)
-    return Placed(run, graph, plan, timeline, shared=shared)
+    return Placed(run=run, graph=graph, plan=plan, timeline=timeline, shared=shared)
 
 
 def placement(run: ResolvedRun, graph: Graph, *, progress: Progress | None = None) -> Plan:
@@ -858,4 +860,4 @@ def _scaled(
 
         check_scaled(result)  # every point, before any report is built of it (a fit's may never be)
     chip = result.points[-1].chip
-    return Placed(run, graph, chip.plan, chip.timeline, scaled=result, shared=shared)
+    return Placed(run=run, graph=graph, plan=chip.plan, timeline=chip.timeline, scaled=result, shared=shared)

@@ -85,6 +85,7 @@ __all__ = [
     "LM_HEAD",
     "SCALE_SCHEMA",
     "STRATEGIES",
+    "ChipRun",
     "Collective",
     "ScalePoint",
     "ScaleResult",
@@ -133,7 +134,7 @@ class ScalePoint:
     memory_per_device: dict[str, int] | None = None  # bytes one device holds, by kind (weights, gradients, ...)
     micro_batches: int | None = None
     superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
-    chip: _Run | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
+    chip: ChipRun | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
     # chips that each do the placement's work per step (DP replicas, TP shares; 1: it is the whole step)
     copies: int = 1
     devices: int = 1  # devices drawing power: the chips, the IPUs of a pipeline, the wafer on-wafer replicas share
@@ -226,7 +227,12 @@ class ScaleResult:
 
 
 @dataclass(slots=True)
-class _Run:
+class ChipRun:
+    """One chip's run of a scaling study, placed and summarised: its step, the figures a point reads
+    (allocation, load imbalance, efficiency, the time per layer and per bound, what each memory holds),
+    and the placement itself (``plan``, ``timeline``, ``metrics`` of ``graph``: the whole graph, a
+    tensor-parallel share, or, under pp, the whole graph the stages are shares of). `ScalePoint.chip`."""
+
     time_s: float
     allocation: float | None
     li: float | None
@@ -250,11 +256,11 @@ class _Run:
         return max(times, key=times.__getitem__) if times else None
 
 
-def _run_one(graph: Graph, run: ResolvedRun) -> _Run:
+def _run_one(graph: Graph, run: ResolvedRun) -> ChipRun:
     return _summarised(run, graph, *place(graph, run.target, lowering_options(run)))
 
 
-def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> _Run:
+def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> ChipRun:
     """``run``'s placement on one chip of ``graph`` as the scaling stage reads it: its step, metrics
     and fit, its busy time by decoder layer and by bound."""
     per_layer: dict[int | None, float] = {}
@@ -266,7 +272,7 @@ def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, 
             bound = timeline.nodes[node.name].bound
             if bound is not None:
                 per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
-    return _Run(
+    return ChipRun(
         time_s=timeline.step_time_s,
         allocation=metrics.allocation_ratio,
         li=metrics.load_imbalance,
@@ -284,7 +290,7 @@ def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, 
     )
 
 
-def _one_chip(graph: Graph, run: ResolvedRun, baseline: Placed | None) -> _Run:
+def _one_chip(graph: Graph, run: ResolvedRun, baseline: Placed | None) -> ChipRun:
     """``run`` on one chip: ``baseline`` when it is that placement (``graph`` itself, placed for the
     same target with the same lowering options), else placed. A 10,000-layer GPT-2 tried over
     two H100s (the fitting search) placed its one-chip baseline again: a quarter of the profile."""
@@ -437,7 +443,7 @@ def _lm_head(graph: Graph) -> LmHead | None:
             names.add(prep)  # the weight's own reshaping (a tied table's Transpose)
     names.update(n.name for n in graph.nodes if is_loss(n))
     hidden = next(iter(_moving_inputs(graph, node)), "")
-    return LmHead(frozenset(names), logits, hidden)
+    return LmHead(nodes=frozenset(names), logits=logits, hidden=hidden)
 
 
 def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
@@ -496,7 +502,10 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv / (chips * math.ceil(kv / chips)))
     _shard_training_state(graph, share, producer_module, chips)
     passes = 2 if train else 1  # backward: each split module's input gradient (token ids have none)
-    collectives = [Collective("all-reduce", b, 1 if mod == EMBEDDING else passes, mod) for mod, b in leaving.items()]
+    collectives = [
+        Collective(op="all-reduce", nbytes=b, count=1 if mod == EMBEDDING else passes, module=mod)
+        for mod, b in leaving.items()
+    ]
     return share, collectives + (_lm_head_collectives(graph, head, passes) if head else [])
 
 
@@ -513,11 +522,12 @@ def _lm_head_collectives(graph: Graph, head: LmHead, passes: int) -> list[Collec
     all-gather of its logits; training, the loss's all-reduces of one fp32 per token, and backward one
     of the head's input gradient (the hidden state each chip read whole)."""
     if passes == 1:
-        return [Collective("all-gather", value_bytes(graph, head.logits), 1, LM_HEAD)]
+        return [Collective(op="all-gather", nbytes=value_bytes(graph, head.logits), count=1, module=LM_HEAD)]
     tokens = math.prod(graph.type_of(head.logits).dims()[:-1])
     return [
-        Collective("all-reduce", 4 * tokens, LM_HEAD_LOSS_REDUCTIONS, LM_HEAD),  # one fp32 a token each
-        Collective("all-reduce", value_bytes(graph, head.hidden), 1, LM_HEAD),
+        # one fp32 a token each
+        Collective(op="all-reduce", nbytes=4 * tokens, count=LM_HEAD_LOSS_REDUCTIONS, module=LM_HEAD),
+        Collective(op="all-reduce", nbytes=value_bytes(graph, head.hidden), count=1, module=LM_HEAD),
     ]
 
 
@@ -624,7 +634,7 @@ def pipeline_micro_batches(run: ResolvedRun) -> int:
     return run.samples.micro_batches or run.samples.per_replica  # `Samples` holds them to divide the batch
 
 
-def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run, staged: _Run) -> ScalePoint:
+def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, staged: ChipRun) -> ScalePoint:
     """``chips`` pipeline stages of contiguous decoder blocks under 1F1B with the run's micro-batches:
     the fill and drain, the boundary traffic, and whether the fullest stage fits its chip.
 
@@ -692,7 +702,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: _Run, staged: 
     )
 
 
-def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[int]], list[float]]:
+def _pp_stages(single: ChipRun, layers: list[int], chips: int) -> tuple[list[list[int]], list[float]]:
     """The blocks of each stage (the contiguous split that minimises the slowest stage's time) and
     each stage's time a step's micro-batches take on it: its blocks', the embedding and head halved
     between the first and last stage (the optimizer update, once a step, is `_update_s`), and on a
@@ -711,14 +721,14 @@ def _pp_stages(single: _Run, layers: list[int], chips: int) -> tuple[list[list[i
     return stages, stage_times
 
 
-def _optimizer_s(single: _Run) -> float:
+def _optimizer_s(single: ChipRun) -> float:
     """Seconds the one-chip run's optimizer update is busy (it runs once a step)."""
     if single.graph is None or single.timeline is None:
         return 0.0
     return sum(single.timeline.busy(n.name) for n in single.graph.nodes if is_optimizer_step(n))
 
 
-def _update_s(single: _Run, sharers: int = 1) -> float:
+def _update_s(single: ChipRun, sharers: int = 1) -> float:
     """Seconds the one-chip run's weight update takes a step: the optimizer and, when its state is
     offloaded to the host, the copies over PCIe no computation hides (`lowering.gpu.Offload`). With
     ``sharers`` GPUs offloading at once each host-run update streams through its share of the host's
@@ -891,7 +901,7 @@ def scale(
     single = _one_chip(graph, chip_run, baseline)
     per_step = single.plan.samples_per_step if single.plan is not None else run.samples.per_replica
     points: list[ScalePoint] = []
-    staged: _Run | None = None  # pp: the one-chip run of the pipeline's micro-batches
+    staged: ChipRun | None = None  # pp: the one-chip run of the pipeline's micro-batches
     for n in chips:
         if n == 1:
             pt = _point_from_run(single, 1, per_step, comm=0.0)
@@ -1001,7 +1011,7 @@ def _point_energy(pt: ScalePoint, target: Target, link: Any) -> MultiChipEnergy 
 
 
 def _point_from_run(
-    run: _Run,
+    run: ChipRun,
     chips: int,
     batch: int,
     comm: float,
@@ -1056,7 +1066,7 @@ def _replicas_point(graph: Graph, run: ResolvedRun, n: int, lowering: str) -> Sc
     return pt
 
 
-def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:
+def _dp_point(graph: Graph, run: ResolvedRun, n: int, single: ChipRun, train: bool) -> ScalePoint:
     target, options = run.target, run.options
     lowering = lowering_for(target)
     batch = single.plan.samples_per_step
@@ -1136,7 +1146,7 @@ def broadcast_tree(systems: int, fanout: int) -> tuple[int, int]:
     return levels, nodes
 
 
-def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: _Run, train: bool) -> ScalePoint:
+def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: ChipRun, train: bool) -> ScalePoint:
     """``n`` systems that each run the one-system streaming plan on the graph's batch, joined by the
     broadcast/reduce tree (SwarmX glossary, cerebras.net: a bidirectional tree of broadcast-reduce
     nodes; each system receives the weights at its own I/O rate, as alone; the gradients are summed at

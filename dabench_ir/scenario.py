@@ -626,7 +626,10 @@ def generate(
     runs = {size: served(size) for size in dict.fromkeys(waves)}
     first = runs[waves[0]]
     return dataclasses.replace(
-        first, batch=batch, pool=pool, waves=[Wave(size, runs[size].latency_s, runs[size].fits) for size in waves]
+        first,
+        batch=batch,
+        pool=pool,
+        waves=[Wave(requests=size, latency_s=runs[size].latency_s, fits=runs[size].fits) for size in waves],
     )
 
 
@@ -646,7 +649,13 @@ def kv_pool(result: GenerateResult, target: Target) -> KvPool:
     fraction = target.arch_value(KV_CACHE_POOL_FRACTION, needed_by="--kv-cache paged")
     request = round(per_token * (result.prompt + result.gen))
     free = max(0, int(memory.capacity_bytes) - others)
-    return KvPool(memory.name, fraction, free, request, int(fraction * free // request))
+    return KvPool(
+        memory=memory.name,
+        fraction=fraction,
+        free_bytes=free,
+        request_bytes=request,
+        admitted=int(fraction * free // request),
+    )
 
 
 def _static_window(opts: ProfileOptions, target: Target, prompt: int, gen: int) -> int | None:

@@ -571,7 +571,14 @@ def _count_generic(op: Any, is_weight: Any, shapes: _Shapes, index_type: Any) ->
         act_out += shapes.nbytes(result.type)
     if not results:  # on buffers (after bufferization): the outs buffers are written
         act_out += sum(shapes.nbytes(o.type) for o in operands[n_inputs:])
-    cost = Cost(domain * c, domain * v, domain * s, weight_bytes, act_in, act_out)
+    cost = Cost(
+        contraction_flops=domain * c,
+        vector_flops=domain * v,
+        special_ops=domain * s,
+        weight_bytes=weight_bytes,
+        act_bytes_in=act_in,
+        act_bytes_out=act_out,
+    )
     op_class = "contraction" if c else ("vector" if (v or s) else "data_movement")
     return cost, op_class, bounds
 
@@ -676,20 +683,29 @@ def count_module(module: Any, *, weight_args: Sequence[int] | frozenset[int] = (
                 if generic.name != "linalg.generic":
                     raise _Uncountable(f"{name} cannot be generalised to linalg.generic")
                 cost, op_class, bounds = _count_generic(generic, is_weight_clone, shapes, index_type)
-                counts.append(OpCount(name, origin, cost, op_class, domain=bounds, op=op))
+                counts.append(OpCount(op_name=name, origin=origin, cost=cost, op_class=op_class, domain=bounds, op=op))
             except _Uncountable as exc:
-                counts.append(OpCount(name, origin, Cost(), "uncounted", reason=str(exc), op=op))
+                counts.append(
+                    OpCount(op_name=name, origin=origin, cost=Cost(), op_class="uncounted", reason=str(exc), op=op)
+                )
         elif name.startswith("tensor."):
             cost, op_class = _count_tensor_op(op, is_weight)
-            counts.append(OpCount(name, origin, cost, op_class, op=op))
+            counts.append(OpCount(op_name=name, origin=origin, cost=cost, op_class=op_class, op=op))
         elif name == "memref.copy":  # a buffer copy: its source read, its target written
             src, dst = op.operands[0], op.operands[1]
             w = tensor_nbytes(src.type) if is_weight(src) else 0
             cost = Cost(weight_bytes=w, act_bytes_in=tensor_nbytes(src.type) - w, act_bytes_out=tensor_nbytes(dst.type))
-            counts.append(OpCount(name, origin, cost, "data_movement", op=op))
+            counts.append(OpCount(op_name=name, origin=origin, cost=cost, op_class="data_movement", op=op))
         elif _has_tensor(op):
             counts.append(
-                OpCount(name, origin, Cost(), "uncounted", reason=f"no linalg-level counting rule for {name}", op=op)
+                OpCount(
+                    op_name=name,
+                    origin=origin,
+                    cost=Cost(),
+                    op_class="uncounted",
+                    reason=f"no linalg-level counting rule for {name}",
+                    op=op,
+                )
             )
     _fuse_narrow_widenings(counts, is_weight)
     return counts
