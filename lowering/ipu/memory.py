@@ -121,6 +121,15 @@ def boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
     return best
 
 
+def exchange_buffers(entering: float, *, training: bool) -> float:
+    """An IPU's receive buffers for what enters its stage from the previous IPU, ``entering`` bytes a
+    micro-batch: double-buffered (one filling while the other is read), and in training both ways,
+    the activations forward and their gradients back (docs/targets.md, the tile-memory terms). An
+    estimate of Poplar's buffering, not a published figure."""
+    directions = 2 if training else 1
+    return directions * 2 * entering
+
+
 def saved_bytes(ctx: LoweringContext, nodes: list[Node], dropped: frozenset[str] = frozenset()) -> float:
     """Activations a layer keeps for its backward pass, whole batch: each distinct activation read
     by an op whose backward needs its operands (contractions, vector ops), once; moves and
@@ -332,7 +341,7 @@ def _layer_phase(
     else:
         live = most("live")
     if pipeline.ipus > 1:
-        t["exchange_buffers"] = max(t["exchange_buffers"], (4 if training else 2) * boundary)
+        t["exchange_buffers"] = max(t["exchange_buffers"], exchange_buffers(boundary, training=training))
     matmul = most_of_layers(
         run.layer_figures, pipeline.sections.layers, "temporaries", layers, lambda ln: temporaries(serials, ln)
     )
@@ -355,7 +364,7 @@ def _other_phase(
     phase = Phase(peak_live_bytes(ctx, other) / m, temporaries(serials, other))
     if pipeline.ipus > 1:
         entering = boundary_bytes(ctx, other) / m
-        t["exchange_buffers"] = max(t["exchange_buffers"], (4 if run.training else 2) * entering)
+        t["exchange_buffers"] = max(t["exchange_buffers"], exchange_buffers(entering, training=run.training))
     return phase
 
 
