@@ -133,3 +133,31 @@ def test_study_mlir_row_records_a_quantised_precision(block_model):
     doc = run_study(block_model, ["mlir-elementwise"], ["h100"], ProfileOptions(precision="int8"), via="mlir")
     (row,) = doc["runs"]
     assert row["config"]["precision"] == row["mlir"]["precision"] == "int8"
+
+
+def test_the_linalg_path_finds_the_attention_cores_the_onnx_path_finds(decoder):
+    """A linalg module lowers each linear layer's weight through a transpose the graph keeps, whose
+    output read as an activation: the weight matmuls then paired up as attention cores (q with k
+    projection, v projection with QKᵀ, ...), the softmax fell outside every core, and fused attention
+    (the H100's default) dropped the projections' outputs from memory instead of the scores. A
+    weight's layout is now a weight (`training._stored_layout`), and folded as the ONNX passes fold
+    it (`mlir.count.fold_weight_layouts`): each layer has one core, QKᵀ to the probabilities' matmul,
+    as on the ONNX path, and its softmax moves nothing when fused."""
+    from dabench_ir.passes.training import attention_cores
+
+    graphs = {via: prepare_graph(decoder, ProfileOptions(via=via), "h100") for via in ("onnx", "mlir")}
+    cores = {}
+    for via, graph in graphs.items():
+        by_core: dict[int, list[str]] = {}
+        for name, cid in attention_cores(graph).items():
+            by_core.setdefault(cid, []).append(graph.node(name).op_type)
+        cores[via] = sorted(by_core.values())
+    assert len(cores["mlir"]) == len(cores["onnx"]) == 2  # one a layer
+    for ops in cores["mlir"]:
+        assert ops[0] == ops[-1] == "MatMul" and ops.count("MatMul") == 2 and "Softmax" in ops
+    mlir = graphs["mlir"]
+    softmax = [n for n in mlir.nodes if n.op_type == "Softmax"]
+    assert softmax and all(meta.get_cost(n).act_bytes_in == meta.get_cost(n).act_bytes_out == 0 for n in softmax)
+    folded = [n for n in mlir.nodes if meta.FOLDED in n.meta and n.op_type == "Transpose"]
+    assert len(folded) >= 2 * 7  # each layer's seven weight transposes, costing nothing a step
+    assert all(meta.get_cost(n).flops == meta.get_cost(n).bytes == 0 for n in folded)

@@ -902,8 +902,21 @@ class LinalgCostPass(Pass):
         keys = node_keys(counts)
         assign_costs(graph, counts, keys)
         _check_costed(graph, counts, keys, artifact.source)
+        fold_weight_layouts(graph)
         mark_narrow_contractions(graph)
         return PassResult(graph, True)
+
+
+def fold_weight_layouts(graph: Graph) -> None:
+    """What a compiler computes once, at compile time, costs nothing a step, as on the ONNX path
+    (`passes.FoldWeightLayouts`, its rule): a linear layer's ``Transpose(W)``, which the module
+    lowers to a ``linalg.transpose`` of the weight every step, and constant subgraphs."""
+    from dabench_ir.passes.passes import FoldWeightLayouts
+
+    FoldWeightLayouts()(graph)
+    for node in graph.nodes:
+        if meta.FOLDED in node.meta:
+            node.meta[COST] = Cost()
 
 
 def mark_narrow_contractions(graph: Graph) -> None:
