@@ -544,3 +544,22 @@ def test_recompute_op_is_refused_on_the_ipu_which_would_place_it_as_selective(ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--recompute op on bow (ipu)" in err and "none, selective, full" in err
     assert main([*argv, "--recompute", "full"]) == 0
+
+
+def test_the_tile_srams_traffic_is_what_it_feeds_the_nodes():
+    """The plan's traffic through tile SRAM is the nodes' feed bytes (a matmul's operands once per
+    tile that needs them), as their rows and why lines say; it was each tensor once, 14x less than
+    the rows on GPT-2 small in training."""
+    bow = load_target("bow")
+    graph = decoder(layers=2, hidden=256, batch=4)
+    TrainingPass()(graph)
+    plan = lower(graph, bow, ProfileOptions())
+    sram = bow.feed_memory.name
+    fed = sum(np_.feed_bytes for np_ in plan.node_plans.values())
+    assert plan.traffic_bytes[sram] == fed > sum(meta_cost.bytes for meta_cost in _costs(graph))
+
+
+def _costs(graph):
+    from dabench_ir.passes import meta
+
+    return [c for c in map(meta.attributed_cost, graph.nodes) if c is not None]

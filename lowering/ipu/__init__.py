@@ -115,6 +115,9 @@ class IpuLowering(Lowering):
         memory = tile_memory(run, pipeline, times.serials)
         place_units(run, pipeline, memory, times, plan)
         add_step_costs(run, pipeline, memory, times.cycle_s, plan)
+        # what the tiles' SRAM feeds the nodes (the optimizer's among them), as their rows say: a
+        # matmul's operands once per tile that needs them (`supersteps`), not each tensor once
+        plan.traffic_bytes[run.fig.sram.name] = sum(np_.feed_bytes for np_ in plan.node_plans.values())
         _record_layout(run, pipeline, memory, times.cycle_s, plan)
         return plan
 

@@ -458,6 +458,8 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
         if k in offchip_bytes:
             unit.resources["streaming_ddr_bytes"] = float(offchip_bytes[k])
         plan.units.append(unit)
+        # no summed "sram" entry: tile memory is per IPU, and a sum over IPUs read as one device's use
+        # (the multi-chip report does) would exceed any one IPU's capacity
         plan.memory_bytes[f"{sram.name}:ipu{k}"] = int(resident)
         if k in offchip_bytes and stream is not None:
             plan.memory_bytes[f"{stream.name}:ipu{k}"] = int(offchip_bytes[k])
@@ -472,9 +474,6 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
                 offchip_bytes[k],
                 stream.capacity_bytes,
             )
-    # no summed "sram" entry: tile memory is per IPU ("sram:ipuK" above), and a sum over IPUs
-    # read as one device's use (the multi-chip report does) would exceed any one IPU's capacity
-    plan.traffic_bytes[sram.name] = sum(c.bytes for c in run.ctx.costs.values())
 
 
 SPREAD_TERMS = ("weights", "grad_accum", "optimizer_state", "stash")
