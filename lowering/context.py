@@ -19,7 +19,7 @@ from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
 from dabench_ir.plan import NodePlan, Plan, Schedule
-from dabench_ir.timeline import classify_bound
+from dabench_ir.timeline import Bound, classify_bound
 
 if TYPE_CHECKING:
     from dabench_ir.targets import Target
@@ -504,6 +504,7 @@ def place_node(
     allocation: float,
     micro_batches: int = 1,
     time_s: float | None = None,
+    binds: Bound | None = None,
 ) -> NodePlan:
     """The `NodePlan` of one node, from the times a lowering worked out for it.
 
@@ -512,8 +513,10 @@ def place_node(
     ops such as Shape or Reshape, nodes without a cost) takes zero time and is bound by
     overhead. ``time_s`` replaces the time where a lowering has a finer model (the
     calibrated host CPU). The bound comes from `classify_bound` against ``ridge`` (peak
-    FLOP/s over the bandwidth of ``feed_level``), and an unattributed node carries the
-    note that says it takes zero time. Every lowering places nodes through here.
+    FLOP/s over the bandwidth of ``feed_level``); ``binds``, where the lowering times the node as
+    part of something larger whose bound binds it (an RDU section: one pipeline), replaces a
+    compute or memory bound. An unattributed node carries the note that says it takes zero time.
+    Every lowering places nodes through here.
     """
     cost = ctx.costs[node.name]
     if ctx.is_work(node):
@@ -525,6 +528,7 @@ def place_node(
     if time_s is None:
         time_s = work_s + comm_s + overhead_s
     note = UNATTRIBUTED_NOTE if node.name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else ""
+    bound = classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s)
     return NodePlan(
         node=node.name,
         unit=unit,
@@ -538,7 +542,7 @@ def place_node(
         memory_s=memory_s,
         comm_s=comm_s,
         overhead_s=overhead_s,
-        bound=classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s),
+        bound=bound if binds is None or bound not in (Bound.COMPUTE, Bound.MEMORY) else binds,
         allocation=allocation,
         note=note,
     )

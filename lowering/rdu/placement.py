@@ -131,7 +131,7 @@ class Placement:
         for node in ctx.graph.nodes:
             run = self.runs.get(node.name) or NodeRun("section0")  # in no section: no time, on the first
             home = run.unit
-            plan.node_plans[node.name] = np_ = place_node(
+            plan.node_plans[node.name] = place_node(
                 ctx,
                 node,
                 unit=home,
@@ -144,6 +144,5 @@ class Placement:
                 allocation=allocation.get(home, 0.0),  # the PCUs of the section it runs in
                 micro_batches=self.micro_batches,
                 time_s=run.time_s,
+                binds=self.bound.get(home),  # one pipeline: what binds the section binds each of its nodes
             )
-            if np_.bound in (Bound.COMPUTE, Bound.MEMORY) and home in self.bound:
-                np_.bound = self.bound[home]  # one pipeline: what binds the section binds each of its nodes
