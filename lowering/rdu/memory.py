@@ -76,19 +76,12 @@ def saved_for_backward(graph: Graph, recomputed: set[str]) -> dict[str, dict[str
     return out
 
 
-def _core_internal(graph: Graph, v: str, cores: dict[str, int]) -> bool:
-    """A core's value that only its own core reads (the scores, probabilities): never saved."""
-    value = graph.values.get(v)
-    if value is None or value.producer not in cores:
-        return False
-    readers = graph.consumers.get(v, [])
-    return bool(readers) and all(cores.get(r.name) == cores[value.producer] for r in readers)
-
-
 def recomputed_values(graph: Graph, cores: dict[str, int]) -> set[str]:
-    """Values inside an attention core (``cores``: node -> core id): they never leave the chip,
-    and the backward recomputes them."""
-    return {v for name in cores for v in graph.node(name).outputs if v and _core_internal(graph, v, cores)}
+    """Values inside an attention core (``cores``: node -> core id), which only the core reads:
+    they never leave the chip, and the backward recomputes them (`passes.training.core_internal`)."""
+    from dabench_ir.passes.training import core_internal
+
+    return core_internal(graph, cores)
 
 
 @dataclass(frozen=True, slots=True)

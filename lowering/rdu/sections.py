@@ -122,20 +122,12 @@ class Demand:
 
 
 def attention_cores(ctx: LoweringContext, nodes: list[Node]) -> dict[str, int]:
-    """Node -> its attention core id: from an activation-by-activation matmul (QKᵀ) to the next (AV)."""
-    core: dict[str, int] = {}
-    start: int | None = None
-    layer = None
-    for i, node in enumerate(nodes):
-        cost = ctx.costs[node.name]
-        act_matmul = cost.contraction_flops > 0 and cost.weight_bytes == 0  # activation x activation
-        if act_matmul and start is not None and node.layer == layer:
-            for n in nodes[start : i + 1]:
-                core[n.name] = start
-            start = None
-        elif act_matmul:
-            start, layer = i, node.layer
-    return core
+    """Node -> its attention core id among ``nodes``: the training pass's cores (its one rule, from an
+    activation-by-activation matmul, QKᵀ, to the next, AV; `passes.training.attention_cores`)."""
+    from dabench_ir.passes.training import attention_cores as graph_cores
+
+    names = {n.name for n in nodes}
+    return {name: cid for name, cid in graph_cores(ctx.graph).items() if name in names}
 
 
 def forward_cores(ctx: LoweringContext) -> dict[str, int]:
