@@ -752,14 +752,20 @@ def _sharing_host(run: ResolvedRun, sharers: int) -> ResolvedRun:
 
 
 def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
-    """The nodes each pipeline stage holds, in graph order: its blocks', and on the first stage the
-    embedding and head (the optimizer update is every stage's, over its own weights)."""
-    out = []
-    for i, st in enumerate(stages):
-        layers = set(st)
-        out.append(
-            [n for n in graph.nodes if n.layer in layers or (i == 0 and n.layer is None and not is_optimizer_step(n))]
-        )
+    """The nodes each pipeline stage holds, in graph order: its blocks', the embedding (what runs
+    before the first block) on the first stage and the head (what runs after the last) on the last,
+    as `_pp_stages` times them; a head tied to the embedding holds its copy there (Megatron-LM's
+    pipeline keeps the tied word embeddings on both end stages). The optimizer update is every
+    stage's, over its own weights."""
+    first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
+    out: list[list[Node]] = [[] for _ in stages]
+    stage_of = {layer: i for i, st in enumerate(stages) for layer in st}
+    for i, node in enumerate(graph.nodes):
+        if node.layer is not None:
+            if node.layer in stage_of:
+                out[stage_of[node.layer]].append(node)
+        elif not is_optimizer_step(node):
+            out[0 if i < first else len(stages) - 1].append(node)
     return out
 
 

@@ -615,16 +615,24 @@ def test_scale_places_the_one_chip_baseline_once_and_each_point_as_its_own_run_g
 
 
 def test_a_stage_walks_its_nodes_in_graph_order():
-    """The first stage holds the embedding and the head beside its blocks: walked in graph order, the
-    embedding's output is made before the blocks read it (out of order, its liveness, and the stage's
-    `live` memory with it, came out too small)."""
+    """The first stage holds the embedding beside its blocks and the last the head, as the stages'
+    times split them (the head was on the first stage with the embedding: Llama 7B's first stage
+    held both, 0.52 GB, its last neither): walked in graph order, the embedding's output is made
+    before the blocks read it (out of order, its liveness, and the stage's `live` memory with it,
+    came out too small)."""
     from dabench_ir.pipeline import load_graph
     from dabench_ir.scaling import _pp_stage_nodes
 
     graph = load_graph("gpt2-small")
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     first, second = _pp_stage_nodes(graph, [list(range(6)), list(range(6, 12))])
-    assert any(n.layer is None for n in first) and all(n.layer is not None for n in second)
+    first_block = min(order[n.name] for n in graph.nodes if n.layer is not None)
+    last_block = max(order[n.name] for n in graph.nodes if n.layer is not None)
+    outside = [n for n in first if n.layer is None]
+    assert outside and all(order[n.name] < first_block for n in outside)
+    head = [n for n in second if n.layer is None]
+    assert head and all(order[n.name] > last_block for n in head)
+    assert any(n.op_type in ("MatMul", "Gemm") for n in head)  # the LM head
     for nodes in (first, second):
         positions = [order[n.name] for n in nodes]
         assert positions == sorted(positions)
