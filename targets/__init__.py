@@ -70,11 +70,9 @@ SHARE_PATTERNS = ("*efficiency*", "*fraction*", "*utilisation*", "*utilization*"
 ARCH_COUNTS = frozenset(
     {
         "gemm_tile",
-        "tiles",
         "tiles_per_rdu",
         "pcus_per_tile",
         "pmus_per_tile",
-        "ipus_per_board",
         "matmul_pcu_grain",
         "row_chunk_elements",
         "broadcast_fanout",

@@ -38,7 +38,7 @@ def _terms(plan, ipu: int = 0) -> dict[str, int]:
 
 def test_capacity_is_tiles_times_tile_memory():
     assert IPU.memory("sram").capacity_bytes == CAPACITY == 940_572_672
-    assert IPU.arch_value("tile_sram_bytes") * IPU.arch_value("tiles") == CAPACITY
+    assert IPU.arch_value("tile_sram_bytes") * IPU.num_units == CAPACITY  # compute.units: the tiles
 
 
 def test_one_matmul_memory_terms_exact():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import UserError
+from dabench_ir.errors import TargetError, UserError
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import FORWARD_COST
 
@@ -66,7 +66,11 @@ class IpuFigures:
     @classmethod
     def read(cls, target: Target, ctx: LoweringContext) -> IpuFigures:
         """The figures of ``target``; a missing required field raises naming it (``needed by the ipu lowering``)."""
-        tiles = int(target.arch_value("tiles", target.num_units))
+        if "tiles" in target.arch:  # a figure with one owner: read twice, the two could disagree
+            raise TargetError(
+                f"target file {target.origin}: arch.tiles is an IPU's compute.units (its tiles); drop arch.tiles"
+            )
+        tiles = target.num_units
         sram = target.memory(FEED_LEVEL)
         capacity = sram.capacity_bytes
         return cls(
