@@ -563,3 +563,21 @@ def _costs(graph):
     from dabench_ir.passes import meta
 
     return [c for c in map(meta.attributed_cost, graph.nodes) if c is not None]
+
+
+def test_an_ipu_file_without_its_clock_is_refused_naming_it(tmp_path, capsys):
+    """The IPU's rates are per tile per cycle, so its clock is required: a file without
+    ``compute.clock_hz`` is refused in one line, where the clock was worked out from the fp16 peak
+    at an unsourced 128 FLOP a tile-cycle."""
+    from importlib import resources
+
+    from dabench_ir.cli import main
+
+    text = (resources.files("dabench_ir.targets") / "bow.toml").read_text()
+    kept = [line for line in text.splitlines() if not line.startswith("clock_hz = ")]
+    assert len(kept) == len(text.splitlines()) - 1
+    path = tmp_path / "bow-no-clock.toml"
+    path.write_text("\n".join(kept).replace('name = "bow"', 'name = "bow-no-clock"', 1))
+    assert main(["profile", "gpt2-small", "-t", str(path), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "missing field compute.clock_hz" in err

@@ -77,7 +77,7 @@ class IpuFigures:
             tiles=tiles,
             sram=sram,
             capacity=capacity,
-            clock=float(target.clock.value) if target.clock is not None else target.peak_flops("fp16") / tiles / 128,
+            clock=_clock(target),
             grain=target.arch_value("min_grain_flops", needed_by=WHO),
             exchange_bw=target.arch_value("exchange_bytes_per_s", needed_by=WHO),
             tile_sram=target.arch_value("tile_sram_bytes", capacity / tiles),
@@ -91,12 +91,20 @@ class IpuFigures:
             special={p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},
             sync=target.overhead_value("sync_s", needed_by="ipu"),
-            link=target.link("ipu_link") or target.link(),
-            host=target.link("gateway"),
+            link=target.topology.intra if target.topology is not None else target.link(),
+            host=target.link("gateway"),  # the host's path to the IPUs (an IPU-Gateway), by its name
             stream=target.memory("off-chip") if target.has_memory("off-chip") else None,
             sram_bw=sram.bandwidth_bytes_per_s,
             ridge=target.ridge_point(ctx.precision, sram),
         )
+
+
+def _clock(target: Target) -> float:
+    """The IPU's clock (``compute.clock_hz``): its rates are per tile per cycle, so it is required
+    (it was worked out from the fp16 peak at an unsourced 128 FLOP a tile-cycle where missing)."""
+    if target.clock is None:
+        raise TargetError(f"target file {target.origin}: missing field compute.clock_hz (needed by the {WHO} lowering)")
+    return float(target.clock.value)
 
 
 @dataclass(frozen=True, slots=True)

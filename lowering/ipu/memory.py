@@ -82,7 +82,8 @@ MEMORY_TERMS = (
 """What each IPU's tile memory holds, in the order the report lists it (docs/targets.md)."""
 
 BACKWARD_KERNELS = 2  # a differentiable op adds about two backward kernels (dX, dW): code for 3 per op
-"""Backward kernels a differentiable op adds, for the code term of a training plan."""
+"""Backward kernels a differentiable op adds, for the code term of a training plan: an estimate (the
+gradients of a matmul's input and weight, dX and dW; not a published Poplar figure)."""
 
 
 class Phase(NamedTuple):
