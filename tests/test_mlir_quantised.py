@@ -140,9 +140,9 @@ def test_the_linalg_path_finds_the_attention_cores_the_onnx_path_finds(decoder):
     output read as an activation: the weight matmuls then paired up as attention cores (q with k
     projection, v projection with QKᵀ, ...), the softmax fell outside every core, and fused attention
     (the H100's default) dropped the projections' outputs from memory instead of the scores. A
-    weight's layout is now a weight (`training._stored_layout`), and folded as the ONNX passes fold
-    it (`mlir.count.fold_weight_layouts`): each layer has one core, QKᵀ to the probabilities' matmul,
-    as on the ONNX path, and its softmax moves nothing when fused."""
+    weight's layout now folds into a constant as the ONNX passes fold it
+    (`mlir.count.fold_weight_layouts`), so it is a weight: each layer has one core, QKᵀ to the probabilities' matmul,
+    as on the ONNX path, and its nodes move, fused, what they move there."""
     from dabench_ir.passes.training import attention_cores
 
     graphs = {via: prepare_graph(decoder, ProfileOptions(via=via), "h100") for via in ("onnx", "mlir")}
@@ -158,6 +158,16 @@ def test_the_linalg_path_finds_the_attention_cores_the_onnx_path_finds(decoder):
     mlir = graphs["mlir"]
     softmax = [n for n in mlir.nodes if n.op_type == "Softmax"]
     assert softmax and all(meta.get_cost(n).act_bytes_in == meta.get_cost(n).act_bytes_out == 0 for n in softmax)
+    # fused, a core node moves what crosses the core's boundary on both paths, to the byte (QKᵀ's
+    # linalg scaling and a softmax's max, exp, sum and divide are intermediates that stay on chip)
+    onnx = graphs["onnx"]
+    core_nodes = sorted(attention_cores(onnx))
+    assert core_nodes == sorted(attention_cores(mlir))
+    moved = {
+        via: [(c.act_bytes_in, c.act_bytes_out) for c in (meta.get_cost(g.node(n)) for n in core_nodes)]
+        for via, g in graphs.items()
+    }
+    assert moved["mlir"] == moved["onnx"] and any(moved["onnx"])
     folded = [n for n in mlir.nodes if meta.FOLDED in n.meta and n.op_type == "Transpose"]
     assert len(folded) >= 2 * 7  # each layer's seven weight transposes, costing nothing a step
     assert all(meta.get_cost(n).flops == meta.get_cost(n).bytes == 0 for n in folded)
