@@ -643,7 +643,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
     stream, as a stage does), so a stage's time for one micro-batch is its share over them; dividing
     the whole batch's time (``single``'s) instead made a weight-bound decode step over 2 H100s faster
     than reading the weights once. ``single``, the one-chip run the speedups are over, gives the
-    optimizer update and the mix of bounds."""
+    optimizer update."""
     target = run.target
     layers = graph.layers
     if len(layers) < chips:
@@ -683,19 +683,21 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         comm_time_s=comm,
         bubble_fraction=bubble_fraction(chips, m),
         load_imbalance=(sum(stage_times) / chips) / worst if worst > 0 else 1.0,
-        allocation_ratio=single.allocation,
+        allocation_ratio=staged.allocation,
         compute_efficiency=None,
         fits=fits,
         failure=failure,
         stages=stages,
         stage_times_s=stage_times,
-        dominant_bound=single.dominant_bound(comm),
+        dominant_bound=staged.dominant_bound(comm),
         notes=[
             f"{m} micro-batch{'es' if m != 1 else ''}, each reading its stage's weights (--micro-batches N sets how many)"
         ],
         memory_per_device=worst_memory,
         micro_batches=m,
-        chip=single,  # the whole graph on one chip: the stages are its layers' shares
+        # the whole graph on one chip running the micro-batches in turn: the stages are its layers'
+        # shares, its node rows theirs (a stage's rows sum to its time)
+        chip=staged,
         copies=1,  # ... so its work is the whole step's, done once over the stages
         devices=chips,
         link_bytes=float(sum(boundary_bytes)),
@@ -704,21 +706,45 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
 
 def _pp_stages(single: ChipRun, layers: list[int], chips: int) -> tuple[list[list[int]], list[float]]:
     """The blocks of each stage (the contiguous split that minimises the slowest stage's time) and
-    each stage's time a step's micro-batches take on it: its blocks', the embedding and head halved
-    between the first and last stage (the optimizer update, once a step, is `_update_s`), and on a
+    each stage's time a step's micro-batches take on it: its blocks', on the first stage what runs
+    before the blocks (the embedding) and on the last what runs after them (the head), as
+    `_pp_stage_nodes` holds them (the optimizer update, once a step, is `_update_s`), and on a
     host-issued target the stream's wait for the host shared by work."""
     loads = [single.layer_time.get(layer, 0.0) for layer in layers]
     starts, _ = optimal_contiguous_split(loads, chips)
     stages = [layers[a:b] for a, b in itertools.pairwise([*starts, len(layers)])]
-    outside = single.layer_time.get(None, 0.0) - _optimizer_s(single)  # embedding and head: first and last stage
     stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
-    stage_times[0] += outside / 2
-    stage_times[-1] += outside / 2
+    before, after = _outside_s(single)
+    stage_times[0] += before
+    stage_times[-1] += after
     wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
     if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
         total = sum(stage_times) or 1.0
         stage_times = [t + wait * t / total for t in stage_times]
     return stages, stage_times
+
+
+def _first_block(nodes: Sequence[Node]) -> int:
+    """The position of the first node of a decoder block: nodes outside the blocks before it are the
+    first pipeline stage's (the embedding), after it the last stage's (the head, the loss)."""
+    return next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+
+
+def _outside_s(single: ChipRun) -> tuple[float, float]:
+    """Busy seconds of the one-chip run's nodes outside the blocks: those before the first block (the
+    embedding) and those after it (the head, the loss), the optimizer left out (`_update_s`)."""
+    if single.graph is None or single.timeline is None:
+        return 0.0, 0.0
+    nodes = single.graph.nodes
+    first = _first_block(nodes)
+    before = after = 0.0
+    for i, node in enumerate(nodes):
+        if node.layer is None and not is_optimizer_step(node):
+            if i < first:
+                before += single.timeline.busy(node.name)
+            else:
+                after += single.timeline.busy(node.name)
+    return before, after
 
 
 def _optimizer_s(single: ChipRun) -> float:
@@ -757,7 +783,7 @@ def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
     as `_pp_stages` times them; a head tied to the embedding holds its copy there (Megatron-LM's
     pipeline keeps the tied word embeddings on both end stages). The optimizer update is every
     stage's, over its own weights."""
-    first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
+    first = _first_block(graph.nodes)
     out: list[list[Node]] = [[] for _ in stages]
     stage_of = {layer: i for i, st in enumerate(stages) for layer in st}
     for i, node in enumerate(graph.nodes):

@@ -713,6 +713,14 @@ def _in_flight(result: GenerateResult) -> str:
     return f", {result.in_flight:,} requests at once" if result.waves else ""
 
 
+def _chip_notes(result: GenerateResult) -> list[str]:
+    """What the scaling stage assumed of a decode step over several chips (its collectives, a
+    pipeline's micro-batches), as `scale` prints it; none on one chip."""
+    last = result.decode[-1].report if result.decode else result.prefill.report
+    scaled = last.scaling if last is not None else None
+    return list(scaled.points[-1].notes) if scaled is not None and result.chips > 1 else []
+
+
 def _rate_lines(result: GenerateResult) -> list[str]:
     """The throughput lines: tokens/s per user and in total, with the decode-only rates; none of
     them for a run that does not fit (`GenerateResult.fits`), whose times are what it would take."""
@@ -760,6 +768,7 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
         f"  weights{' per chip' if result.chips > 1 else '         '}             "
         f"{human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
+        *(f"  note                         {note}" for note in _chip_notes(result)),
         *_pool_lines(result),
         "",
         f"  {'step':10s} {'context':>8s} {'time':>10s} {'KV/chip' if result.chips > 1 else 'KV cache':>10s} "

@@ -143,3 +143,8 @@ def test_over_a_pipeline_each_chip_holds_its_stages_weights_and_every_sequences_
     assert one.weight_bytes / 2 < two.weight_bytes == held["weights"] < one.weight_bytes  # a stage's blocks, and more
     assert two.memory_bytes == {"hbm": sum(v for k, v in held.items() if k != "host")}
     assert kv_pool(piped, load_target("h100")).request_bytes == REQUEST_BYTES // 2
+    # the table says how the pipeline runs a step, as scale does: its micro-batches
+    assert "note                         3 micro-batches, each reading its stage's weights" in render_generate(
+        piped, breakdown=None
+    )
+    assert "note " not in render_generate(static_three, breakdown=None)

@@ -80,7 +80,8 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     one-chip update (with the state offloaded: CPU Adam, on a host the stages share, and the PCIe
     copies, `lowering.gpu.Offload`). The stages' times are those of the whole graph on one chip
     running the 4 micro-batches one after another (each reads the weights again), a quarter of
-    them a micro-batch."""
+    them a micro-batch; the embedding is the first stage's and the head the last's (they were
+    halved between the two)."""
     from dabench_ir.emulate import emulate
     from dabench_ir.lowering import lower
     from dabench_ir.lowering.context import LoweringContext, weight_bytes
@@ -105,10 +106,11 @@ def test_pp_stages_update_their_own_weights_once_a_step(state):
     first = [n for n in graph.nodes if n.layer in three.stages[0] or (n.layer is None and n.name != adam)]
     share = weight_bytes(ctx, first) / weight_bytes(ctx)  # the first stage holds the most: its blocks and the rest
     per_layer = [sum(timeline.busy(n.name) for n in graph.nodes if n.layer == k) for k in range(6)]
-    outside = sum(timeline.busy(n.name) for n in graph.nodes if n.layer is None) - timeline.busy(adam)
+    first = next(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+    outside = [(i, timeline.busy(n.name)) for i, n in enumerate(graph.nodes) if n.layer is None and n.name != adam]
     stage_s = [sum(per_layer[k] for k in st) for st in three.stages]
-    stage_s[0] += outside / 2
-    stage_s[-1] += outside / 2
+    stage_s[0] += sum(t for i, t in outside if i < first)  # the embedding: the first stage's
+    stage_s[-1] += sum(t for i, t in outside if i > first)  # the head and the loss: the last's
     wait = plan.step_overheads_s.get(HOST_ISSUE, 0.0)  # the stream's wait for the host, shared by work
     worst = max(t + wait * t / sum(stage_s) for t in stage_s)
     assert three.stage_times_s == pytest.approx([t + wait * t / sum(stage_s) for t in stage_s], rel=1e-9)
@@ -691,3 +693,16 @@ def test_a_pp_reports_one_chip_as_its_busiest_stage_not_the_whole_graph():
     assert per_chip["time_s"] == max(point.stage_times_s) and per_chip["flops"] is None
     assert report.totals["overhead_s"] == pytest.approx(report.totals["time_s"] - max(point.stage_times_s))
     assert report.totals["overhead_s"] > 0
+    # the node rows are the stages' (the whole graph running the micro-batches in turn, as the stages'
+    # times are worked out): a stage's rows are its time, but for its share of the host's issue wait
+    from dabench_ir.lowering.gpu import HOST_ISSUE
+
+    graph, time_of = report.graph, {n.name: n.time_s or 0.0 for n in report.nodes}
+    first = next(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+    stage_rows = [0.0] * len(point.stages)
+    for i, node in enumerate(graph.nodes):
+        k = next((k for k, st in enumerate(point.stages) if node.layer in st), None)
+        stage_rows[0 if k is None and i < first else -1 if k is None else k] += time_of.get(node.name, 0.0)
+    wait = point.chip.plan.step_overheads_s.get(HOST_ISSUE, 0.0)
+    scale = 1 + wait / sum(stage_rows)
+    assert point.stage_times_s == pytest.approx([r * scale for r in stage_rows], rel=1e-9)
