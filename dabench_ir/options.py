@@ -808,10 +808,11 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
             raise UserError(f"{k.flag} applies to --scenario generate; add it or drop {k.flag}")
         if k.group == "measure" and name not in _MEASURED_OR_NOT and not opts.measure:
             raise UserError(f"{k.flag} applies to an onnxruntime run; add --measure or drop {k.flag}")
-    if opts.measure and (opts.chips or 1) > 1:  # its report would be the scaling stage's, the measurement lost
+    chips = getattr(opts, "chips", None) or 1  # a scaling knob: a profile's plain options have none
+    if opts.measure and chips > 1:  # its report would be the scaling stage's, the measurement lost
         raise UserError(
             f"--measure times the model in onnxruntime on this machine, one device; it cannot measure a run "
-            f"over --chips {opts.chips}: drop one of them"
+            f"over --chips {chips}: drop one of them"
         )
     if target is not None:
         _check_lowering_takes(opts, given, target, mode)

@@ -137,7 +137,8 @@ class GpuLowering(Lowering):
         groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
         offload = offload_plan(ctx, target, options)
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups, offload=offload)
-        step_s = target.overhead(DECODE_STEP + "_s") if groups is not None else 0.0
+        # the engine's host work a decode step: required of a GPU that serves one (never read as 0)
+        step_s = target.overhead_value(DECODE_STEP + "_s", needed_by=self.name) if groups is not None else 0.0
         if step_s > 0:  # the serving engine's host work between two decode steps: its own row, no node's
             plan.step_overheads_s[DECODE_STEP] = step_s
         plan.stats = replace(
@@ -854,14 +855,17 @@ when the step's thread blocks, one per (sequence, K/V head) without multi-block 
 ``kEnableMinBlockFactor`` = 4 reach the GPU's SMs; else the masked MHA kernel, a block per query head."""
 
 
-def xqa_takes(ctx: LoweringContext, name: str, caches: set[str], target: Target) -> bool:
+def xqa_takes(ctx: LoweringContext, name: str, caches: set[str], target: Target, micro_batches: int = 1) -> bool:
     """Whether TensorRT-LLM's heuristic (`XQA_MIN_BLOCK_FACTOR`) runs decode attention node ``name`` as
     XQA on ``target``: its thread blocks are the (sequence, K/V head) pairs of the cache it reads from
     ``caches``, on this chip (the cache's leading dims: a tensor-parallel share holds its own K/V
-    heads), against the target's SMs (``units``)."""
+    heads), of one launch (a micro-batch's sequences), against the target's SMs (``units``)."""
     cache = next(v for v in ctx.graph.node(name).inputs[:2] if v in caches)
     *pairs, _, _ = ctx.graph.values[cache].type.shape
-    return all(isinstance(d, int) for d in pairs) and math.prod(pairs) * XQA_MIN_BLOCK_FACTOR >= target.num_units
+    if not all(isinstance(d, int) for d in pairs):
+        return False
+    blocks = math.prod(pairs) // max(1, micro_batches)
+    return blocks * XQA_MIN_BLOCK_FACTOR >= target.num_units
 
 
 def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptions) -> tuple[dict[str, int], float]:
@@ -885,7 +889,8 @@ def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptio
         from dabench_ir.passes.precision import kv_cache_values
 
         caches = set(kv_cache_values(ctx.graph))
-        rereads = {name: extra for name, extra in rereads.items() if not xqa_takes(ctx, name, caches, target)}
+        m = int(getattr(options, "micro_batches", None) or 1)
+        rereads = {name: extra for name, extra in rereads.items() if not xqa_takes(ctx, name, caches, target, m)}
     if load_rate <= 0:
         rereads = {}
     return rereads, load_rate

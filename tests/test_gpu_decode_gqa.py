@@ -211,7 +211,8 @@ def test_xqa_auto_takes_the_kernel_per_kv_head_where_tensorrt_llm_s_heuristic_do
 
 def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
     """Over 2 chips each holds 1 of the 2 K/V heads: 14 sequences are 14 blocks a chip (56 < 108 SMs),
-    so the engine stays per query head where one chip of the whole model (28 blocks) takes XQA."""
+    so the engine stays per query head where one chip of the whole model (28 blocks) takes XQA; and
+    so it does on one chip running the 14 sequences as 2 micro-batches (14 blocks a launch)."""
     from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import xqa_takes
     from dabench_ir.passes.precision import kv_cache_values
@@ -226,6 +227,9 @@ def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
         caches = set(kv_cache_values(graph))
         ctx = LoweringContext.build(graph)
         assert [xqa_takes(ctx, n.name, caches, target) for n in _cache_readers(graph).values()] == [xqa, xqa]
+    # one launch runs a micro-batch's sequences: 14 in 2 micro-batches are 14 blocks a launch
+    caches, ctx = set(kv_cache_values(whole)), LoweringContext.build(whole)
+    assert not any(xqa_takes(ctx, n.name, caches, target, 2) for n in _cache_readers(whole).values())
 
 
 @pytest.mark.parametrize(

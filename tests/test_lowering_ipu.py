@@ -581,3 +581,23 @@ def test_an_ipu_file_without_its_clock_is_refused_naming_it(tmp_path, capsys):
     assert main(["profile", "gpt2-small", "-t", str(path), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "missing field compute.clock_hz" in err
+
+
+def test_an_ipu_file_that_still_sets_arch_tiles_is_refused_naming_the_owner(tmp_path, capsys):
+    """An IPU's tiles are its ``compute.units``, written once; a file that also sets ``arch.tiles``
+    (read first until session 73, so the two could disagree) is refused in one line."""
+    from importlib import resources
+
+    from dabench_ir.cli import main
+
+    text = (resources.files("dabench_ir.targets") / "bow.toml").read_text()
+    assert "\n[arch]\n" in text
+    path = tmp_path / "bow-tiles.toml"
+    path.write_text(
+        text.replace('name = "bow"', 'name = "bow-tiles"', 1).replace(
+            "\n[arch]\n", '\n[arch]\ntiles = { value = 1000, source = "a user\'s copy" }\n', 1
+        )
+    )
+    assert main(["profile", "gpt2-small", "-t", str(path), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "arch.tiles is an IPU's compute.units" in err

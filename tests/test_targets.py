@@ -270,6 +270,8 @@ def test_a_counterfactual_target_refuses_what_is_not_a_figure(changes, needle):
         ("sn30", "host_step_s", "train"),
         ("sn30", "device_step_s", "train"),
         ("bow", "sync_s", "inference"),
+        ("wse2", "ws_layer_pass_s", "train"),
+        ("h100", "decode_step_s", "decode"),
     ],
 )
 def test_a_fitted_overhead_the_lowering_needs_is_never_read_as_zero(tmp_path, capsys, target, figure, mode):
@@ -285,7 +287,10 @@ def test_a_fitted_overhead_the_lowering_needs_is_never_read_as_zero(tmp_path, ca
     assert len(kept) == len(text.splitlines()) - 1
     path = tmp_path / f"{target}-without-{figure}.toml"
     path.write_text("\n".join(kept).replace(f'name = "{target}"', f'name = "{path.stem}"', 1))
-    code = main(["profile", "gpt2-small", "-t", str(path), "--mode", mode, "-q"])
+    run = ["--scenario", "generate", "--prompt", "8", "--gen", "2"] if mode == "decode" else ["--mode", mode]
+    if target == "wse2":
+        run += ["--wse-mode", "streaming"]
+    code = main(["profile", "gpt2-small", "-t", str(path), *run, "-q"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"missing field overheads.{figure}" in err

@@ -195,7 +195,7 @@ def _place_blocks(
     weights take longer to arrive than its work (its nodes then fed from MemoryX), else by the work."""
     sram_ridge = target.ridge_point(ctx.precision, wafer.sram)
     ext_ridge = target.ridge_point(ctx.precision, wafer.ext)
-    pass_s = target.overhead("ws_layer_pass_s")
+    pass_s = target.overhead_value("ws_layer_pass_s", needed_by=WHO)  # fitted: never read as 0
     for b in streams:
         t_c = mb * sum(b.work_s.values()) / wafer.pes
         t_s = b.stream_bytes / wafer.ext.bandwidth_bytes_per_s
