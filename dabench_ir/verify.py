@@ -42,7 +42,11 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
     min(peak at the report's precision, intensity x the bandwidth of the node's feed level);
 ``speedup_linear``
     a multi-chip point's speedup over one chip <= its chips, unless the point names the
-    mechanism that lets it exceed them (``superlinear``: ZeRO sharding the optimizer's work).
+    mechanism that lets it exceed them (``superlinear``: ZeRO sharding the optimizer's work);
+``stage_weight_reads``
+    a pipeline whose chips read their weights from memory every step (a GPU's HBM): its busiest
+    stage is busy at least as long as the stage holding the most weights takes to read them once
+    a micro-batch at its memory's bandwidth.
 
 Light by design (no torch, no onnxruntime, no matplotlib): `dabench_ir.run.execute` may run it
 after every profile.
@@ -96,10 +100,13 @@ INVARIANTS = (
     "node_power",
     "step_power",
     "speedup_linear",
+    "stage_weight_reads",
     "shares_sum",
     "roofline_point",
 )
 """Every invariant `verify` checks, by name (see the module docstring)."""
+LOWER_BOUNDS = frozenset({"stage_weight_reads"})
+"""Invariants beside the ``step_time_*`` ones whose limit is a lower bound: their value is a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +114,8 @@ class Violation:
     """One broken invariant: its name, where (a node, ``step``, a memory level, a table), the
     report's number and the limit it breaks, and a line saying how the limit was made.
 
-    For the lower bounds (``step_time_*``) ``value`` is the step time and ``limit`` the bound it
-    falls under; for ``shares_sum`` ``value`` is the sum and ``limit`` 1.0."""
+    For the lower bounds (``step_time_*``, `LOWER_BOUNDS`) ``value`` is the time and ``limit`` the
+    bound it falls under; for ``shares_sum`` ``value`` is the sum and ``limit`` 1.0."""
 
     invariant: str
     where: str
@@ -117,7 +124,8 @@ class Violation:
     detail: str = ""
 
     def __str__(self) -> str:
-        op = "<" if self.invariant.startswith("step_time") else ("!=" if self.invariant == "shares_sum" else ">")
+        lower = self.invariant.startswith("step_time") or self.invariant in LOWER_BOUNDS
+        op = "<" if lower else ("!=" if self.invariant == "shares_sum" else ">")
         more = f" ({self.detail})" if self.detail else ""
         return f"{self.invariant} at {self.where}: {self.value:.6g} {op} {self.limit:.6g}{more}"
 
@@ -173,7 +181,7 @@ def check_scaled(result: ScaleResult) -> None:
     search's try over more chips, a why line's): ``speedup_linear`` over its points, and
     `check_step` of each point's one-chip placement (a tensor-parallel share, a replica's run).
     Raises `PhysicsError`. The report, when built, is checked whole (`check`)."""
-    for violation in _speedups(result.to_dict()):
+    for violation in (*_speedups(result.to_dict()), *_stage_weight_reads(result)):
         raise PhysicsError(violation)
     for chip in (point.chip for point in result.points):
         if chip is not None and chip.run is not None and chip.plan is not None and chip.timeline is not None:
@@ -347,6 +355,8 @@ def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
 def _violations(report: Report) -> Iterable[Violation]:
     yield from _shares(report)
     yield from _speedups(report.extra.get("scale") or {})
+    if report.scaling is not None:
+        yield from _stage_weight_reads(report.scaling)
     if report.target_obj is None or report.plan is None:
         return  # nothing placed: only the tables' shares to check
     ctx = _Context(report)
@@ -375,6 +385,33 @@ def _speedups(study: Mapping[str, Any]) -> Iterable[Violation]:
                 limit,
                 f"speedup over one chip above {chips} chip(s) x {max(1.0, per_chip):.3g} (each chip's "
                 "samples a step over the one chip's), and no mechanism named for it",
+            )
+
+
+def _stage_weight_reads(result: ScaleResult) -> Iterable[Violation]:
+    """A pipeline point shorter than its weights allow: where the chip reads its weights from its
+    feed memory every step (`PlanStats.weights_home`), each micro-batch reads a stage's weights
+    again, so the busiest stage takes at least the micro-batches x the most weights a stage holds
+    over that memory's bandwidth. (Its stage times divided by the micro-batches once made a decode
+    token over two H100s shorter than reading the weights once.)"""
+    for point in result.points:
+        chip, held = point.chip, point.memory_per_device or {}
+        if not point.stage_times_s or chip is None or chip.plan is None or chip.run is None:
+            continue
+        if "read every step" not in (chip.plan.stats.weights_home or "") or not held.get("weights"):
+            continue
+        memory = chip.run.target.feed_memory
+        m = point.micro_batches or 1
+        bound = m * held["weights"] / memory.bandwidth_bytes_per_s
+        busiest = max(point.stage_times_s)
+        if _above(bound, busiest):
+            yield Violation(
+                "stage_weight_reads",
+                f"{point.chips} chips",
+                busiest,
+                bound,
+                f"{m} micro-batch(es) x {held['weights']:.6g} B of a stage's weights at {memory.name} "
+                f"{memory.bandwidth_bytes_per_s:.6g} B/s",
             )
 
 

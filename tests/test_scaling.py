@@ -706,3 +706,22 @@ def test_a_pp_reports_one_chip_as_its_busiest_stage_not_the_whole_graph():
     wait = point.chip.plan.step_overheads_s.get(HOST_ISSUE, 0.0)
     scale = 1 + wait / sum(stage_rows)
     assert point.stage_times_s == pytest.approx([r * scale for r in stage_rows], rel=1e-9)
+
+
+def test_the_verifier_refuses_a_pipeline_stage_shorter_than_reading_its_weights_a_micro_batch():
+    """`verify.stage_weight_reads`: a pipeline whose chips read their weights every step (a GPU) has
+    its busiest stage busy at least the micro-batches x the most weights a stage holds over HBM's
+    bandwidth. The stages' times as the scaling stage worked them out before session 73 (the whole
+    batch's once, each micro-batch a share of it) break it; the times it works out now do not."""
+    from dataclasses import replace
+
+    from dabench_ir.verify import PhysicsError, check_scaled
+
+    graph = decoder(layers=4, hidden=4096, seq=1, batch=8)  # 0.8 GB of weights a stage: weight-bound
+    result = scale(graph, load_target("h100"), [1, 2], "pp", ProfileOptions())
+    check_scaled(result)  # as worked out now: physical
+    point = result.points[-1]
+    m = point.micro_batches
+    as_before = replace(point, stage_times_s=[t / m for t in point.stage_times_s])
+    with pytest.raises(PhysicsError, match="stage_weight_reads at 2 chips"):
+        check_scaled(replace(result, points=[result.points[0], as_before]))
