@@ -131,7 +131,9 @@ class ScalePoint:
     dominant_bound: str | None = None  # the bound class (communication included) holding most of the step
     nodes: int = 1  # nodes the chips span (target topology); > 1: collectives cross the node boundary
     notes: list[str] = field(default_factory=list)
-    memory_per_device: dict[str, int] | None = None  # bytes one device holds, by kind (weights, gradients, ...)
+    # bytes one device holds: by kind (weights, gradients, kv_cache, ...; dp and pp points) or by memory
+    # (a chip's placement: one chip, a tp share; ``sram:ipu2``, an IPU of a pipeline): `device_bytes` reads both
+    memory_per_device: dict[str, int] | None = None
     micro_batches: int | None = None
     superlinear: str | None = None  # the mechanism that lets the speedup exceed the chips (verify.speedup_linear)
     chip: ChipRun | None = field(default=None, repr=False)  # one chip's placement (its nodes' times), not serialised
