@@ -726,27 +726,27 @@ def _pp_stages(single: ChipRun, layers: list[int], chips: int) -> tuple[list[lis
     return stages, stage_times
 
 
-def _first_block(nodes: Sequence[Node]) -> int:
-    """The position of the first node of a decoder block: nodes outside the blocks before it are the
-    first pipeline stage's (the embedding), after it the last stage's (the head, the loss)."""
-    return next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+def _outside_nodes(nodes: Sequence[Node]) -> tuple[list[Node], list[Node]]:
+    """The nodes outside the decoder blocks, the optimizer left out (`_update_s`): those before the
+    first block (the embedding: the first pipeline stage's) and those after it (the head, the loss:
+    the last stage's), one rule for where a stage's time (`_pp_stages`) and memory
+    (`_pp_stage_nodes`) put them."""
+    first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+    before: list[Node] = []
+    after: list[Node] = []
+    for i, node in enumerate(nodes):
+        if node.layer is None and not is_optimizer_step(node):
+            (before if i < first else after).append(node)
+    return before, after
 
 
 def _outside_s(single: ChipRun) -> tuple[float, float]:
-    """Busy seconds of the one-chip run's nodes outside the blocks: those before the first block (the
-    embedding) and those after it (the head, the loss), the optimizer left out (`_update_s`)."""
+    """Busy seconds of the one-chip run's nodes outside the blocks, before and after them (`_outside_nodes`)."""
     if single.graph is None or single.timeline is None:
         return 0.0, 0.0
-    nodes = single.graph.nodes
-    first = _first_block(nodes)
-    before = after = 0.0
-    for i, node in enumerate(nodes):
-        if node.layer is None and not is_optimizer_step(node):
-            if i < first:
-                before += single.timeline.busy(node.name)
-            else:
-                after += single.timeline.busy(node.name)
-    return before, after
+    busy = single.timeline.busy
+    before, after = _outside_nodes(single.graph.nodes)
+    return sum(busy(n.name) for n in before), sum(busy(n.name) for n in after)
 
 
 def _optimizer_s(single: ChipRun) -> float:
@@ -785,15 +785,14 @@ def _pp_stage_nodes(graph: Graph, stages: list[list[int]]) -> list[list[Node]]:
     as `_pp_stages` times them; a head tied to the embedding holds its copy there (Megatron-LM's
     pipeline keeps the tied word embeddings on both end stages). The optimizer update is every
     stage's, over its own weights."""
-    first = _first_block(graph.nodes)
-    out: list[list[Node]] = [[] for _ in stages]
+    before, after = _outside_nodes(graph.nodes)
+    end_of = {n.name: 0 for n in before} | {n.name: len(stages) - 1 for n in after}
     stage_of = {layer: i for i, st in enumerate(stages) for layer in st}
-    for i, node in enumerate(graph.nodes):
-        if node.layer is not None:
-            if node.layer in stage_of:
-                out[stage_of[node.layer]].append(node)
-        elif not is_optimizer_step(node):
-            out[0 if i < first else len(stages) - 1].append(node)
+    out: list[list[Node]] = [[] for _ in stages]
+    for node in graph.nodes:
+        k = stage_of.get(node.layer) if node.layer is not None else end_of.get(node.name)
+        if k is not None:
+            out[k].append(node)
     return out
 
 

@@ -47,7 +47,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, ProfileOptions, check_applies
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 from dabench_ir.progress import silent
-from dabench_ir.report.table import human, seconds
+from dabench_ir.report.table import human, render_breakdown, seconds
 
 if TYPE_CHECKING:
     import onnx
@@ -496,7 +496,7 @@ def run_phase(
     memory_bytes = {k: int(v) for k, v in plan.memory_bytes.items()}
     held = report.scaling.points[-1].memory_per_device if report.scaling is not None else None
     if held and "weights" in held:  # by kind: what one chip holds (a pipeline stage's share, a replica)
-        weights, kv_bytes = held["weights"], held.get("kv_cache", 0) if phase == "decode" else 0
+        weights, kv_bytes = held["weights"], held.get("kv_cache", 0)  # a prefill reads no cache
         memory_bytes = {target.feed_memory.name: sum(v for k, v in held.items() if k != "host")}
     return PhaseRun(
         phase=phase,
@@ -681,8 +681,6 @@ def _breakdown(run: PhaseRun, view: Breakdown) -> list[str]:
     module roles or nodes by ``view``; nothing when the phase was not placed."""
     if run.report is None:
         return []
-    from dabench_ir.report.table import render_breakdown
-
     return render_breakdown(run.report, top=view.top, sort=view.sort, by=view.by, color=view.color).splitlines()
 
 

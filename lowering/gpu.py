@@ -83,6 +83,7 @@ __all__ = [
     "GpuLowering",
     "GpuOptions",
     "cache_bytes",
+    "cache_inputs",
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
@@ -424,9 +425,8 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     if ctx.graph.metadata.get(MODEL_PHASE) != "decode":
         return {}
     from dabench_ir.lowering.cpu import matmul_dims
-    from dabench_ir.passes.precision import kv_cache_values
 
-    caches = set(kv_cache_values(ctx.graph)) & set(ctx.graph.inputs)
+    caches = cache_inputs(ctx)
     served = meta.graph_find(ctx.graph, meta.CACHE_GROUP_SHARE, 1.0)  # of each group's query heads, this chip's
     out: dict[str, int] = {}
     for node in ctx.graph.nodes:
@@ -655,9 +655,15 @@ def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
     """Bytes of the KV caches ``nodes`` read (a decode step's cache inputs, `kv_cache_values`): held
     whole through the step, and from step to step, every sequence's however many micro-batches the
     step runs; so not a micro-batch's working set (`live_skip` leaves them out of it)."""
-    caches = _cache_inputs(ctx)
+    caches = cache_inputs(ctx)
     read = {v for node in nodes for v in node.inputs if v in caches}
     return sum(ctx.value_bytes(v) for v in read)
+
+
+def cache_inputs(ctx: LoweringContext) -> frozenset[str]:
+    """A decode step's KV-cache inputs (`passes.precision.kv_cache_values`, the graph's inputs among
+    them), worked out once a context (`LoweringContext.fact`)."""
+    return ctx.fact(_cache_inputs)
 
 
 def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
@@ -673,7 +679,7 @@ def live_skip(ctx: LoweringContext, held: frozenset[str] | None = None) -> froze
     when the caller does not have them)."""
     if held is None:
         held = saved_activation_bytes(ctx)[1] if training_state(ctx).activations else frozenset()
-    return frozenset(_on_chip(ctx) | held | _view_outputs(ctx) | _cache_inputs(ctx))
+    return frozenset(_on_chip(ctx) | held | _view_outputs(ctx) | cache_inputs(ctx))
 
 
 def live_bytes(ctx: LoweringContext, nodes: Sequence[Node], skip: frozenset[str], *, micro_batches: int = 1) -> int:
@@ -855,11 +861,12 @@ when the step's thread blocks, one per (sequence, K/V head) without multi-block 
 ``kEnableMinBlockFactor`` = 4 reach the GPU's SMs; else the masked MHA kernel, a block per query head."""
 
 
-def xqa_takes(ctx: LoweringContext, name: str, caches: set[str], target: Target, micro_batches: int = 1) -> bool:
+def xqa_takes(ctx: LoweringContext, name: str, target: Target, micro_batches: int = 1) -> bool:
     """Whether TensorRT-LLM's heuristic (`XQA_MIN_BLOCK_FACTOR`) runs decode attention node ``name`` as
-    XQA on ``target``: its thread blocks are the (sequence, K/V head) pairs of the cache it reads from
-    ``caches``, on this chip (the cache's leading dims: a tensor-parallel share holds its own K/V
-    heads), of one launch (a micro-batch's sequences), against the target's SMs (``units``)."""
+    XQA on ``target``: its thread blocks are the (sequence, K/V head) pairs of the cache it reads
+    (`cache_inputs`), on this chip (the cache's leading dims: a tensor-parallel share holds its own
+    K/V heads), of one launch (a micro-batch's sequences), against the target's SMs (``units``)."""
+    caches = cache_inputs(ctx)
     cache = next(v for v in ctx.graph.node(name).inputs[:2] if v in caches)
     *pairs, _, _ = ctx.graph.values[cache].type.shape
     if not all(isinstance(d, int) for d in pairs):
@@ -886,11 +893,8 @@ def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptio
             )
         rereads = {}
     elif kernel == "xqa-auto":
-        from dabench_ir.passes.precision import kv_cache_values
-
-        caches = set(kv_cache_values(ctx.graph))
         m = int(getattr(options, "micro_batches", None) or 1)
-        rereads = {name: extra for name, extra in rereads.items() if not xqa_takes(ctx, name, caches, target, m)}
+        rereads = {name: extra for name, extra in rereads.items() if not xqa_takes(ctx, name, target, m)}
     if load_rate <= 0:
         rereads = {}
     return rereads, load_rate

@@ -215,7 +215,6 @@ def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
     so it does on one chip running the 14 sequences as 2 micro-batches (14 blocks a launch)."""
     from dabench_ir.lowering.context import LoweringContext
     from dabench_ir.lowering.gpu import xqa_takes
-    from dabench_ir.passes.precision import kv_cache_values
     from dabench_ir.pipeline import prepare_graph
     from dabench_ir.scaling import split_for_tp
     from dabench_ir.targets import load_target
@@ -224,12 +223,11 @@ def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
     whole = prepare_graph(_model(2, batch=14), ProfileOptions(precision="fp16"))
     share, _ = split_for_tp(whole, 2)
     for graph, xqa in ((whole, True), (share, False)):
-        caches = set(kv_cache_values(graph))
         ctx = LoweringContext.build(graph)
-        assert [xqa_takes(ctx, n.name, caches, target) for n in _cache_readers(graph).values()] == [xqa, xqa]
+        assert [xqa_takes(ctx, n.name, target) for n in _cache_readers(graph).values()] == [xqa, xqa]
     # one launch runs a micro-batch's sequences: 14 in 2 micro-batches are 14 blocks a launch
-    caches, ctx = set(kv_cache_values(whole)), LoweringContext.build(whole)
-    assert not any(xqa_takes(ctx, n.name, caches, target, 2) for n in _cache_readers(whole).values())
+    ctx = LoweringContext.build(whole)
+    assert not any(xqa_takes(ctx, n.name, target, 2) for n in _cache_readers(whole).values())
 
 
 @pytest.mark.parametrize(
