@@ -158,14 +158,15 @@ def check(report: Report) -> Report:
 
 def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> None:
     """The step of a placement whose report is not built (`dabench_ir.run.Placed`, a why line's
-    variant run): ``step_time_work`` with the step's FLOPs (the costed nodes') at the target's
-    highest peak x the plan's chips, a bound whatever dtype each node computes in. Raises
-    `PhysicsError`. The node-level invariants are checked on every report the same lowering
-    gives (`check`)."""
+    variant run): ``step_time_work`` with the step's FLOPs (the costed nodes', times the plan's
+    replicas: every copy's, as the report's ``step_flops``) at the target's highest peak x the
+    plan's chips, a bound whatever dtype each node computes in. Raises `PhysicsError`. The
+    node-level invariants are checked on every report the same lowering gives (`check`)."""
     step = finite_float(timeline.step_time_s)
     if step is None or step <= 0:
         return
-    flops = sum(float(c.flops) for c in map(meta.attributed_cost, graph.nodes) if c is not None)
+    copy = sum(float(c.flops) for c in map(meta.attributed_cost, graph.nodes) if c is not None)
+    flops = copy * max(1, int(plan.replicas or 1))
     chips = max(1, int(plan.chips or 1))
     peak = max(q.value for q in target.peaks.values()) * chips
     if flops > 0 and _above(flops / peak, step):

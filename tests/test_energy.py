@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dabench_ir import api
 from dabench_ir.cli import main
 from dabench_ir.emulate import emulate
 from dabench_ir.energy import energy_model, load_catalog, node_energies, normalize, scale_factors, step_energy
@@ -228,6 +229,26 @@ def test_gops_per_watt_modelled_is_flops_per_modelled_joule():
     t = report.totals
     assert t["gops_per_w_modelled"] == pytest.approx(t["flops"] / t["energy_j"] / 1e9)
     assert t["gops_per_w"] == pytest.approx(t["achieved_flops_per_s"] / 1e9 / target.watts)
+
+
+def test_gops_per_watt_modelled_counts_every_copy_a_step_runs():
+    """Two IPU replicas run twice one copy's FLOPs on twice the energy: the same FLOPs per joule as
+    one, within the replicas' own costs (their gradient all-reduce, the step's sync)."""
+    one, two = (api.profile("gpt2-small", "bow", replicas=n).totals for n in (1, 2))
+    assert two["step_flops"] == 2 * one["step_flops"]
+    assert two["gops_per_w_modelled"] == pytest.approx(two["step_flops"] / two["energy_j"] / 1e9)
+    assert two["gops_per_w_modelled"] == pytest.approx(one["gops_per_w_modelled"], rel=0.1)
+
+
+def test_a_gpu_micro_batch_reads_the_weights_again_and_spends_their_bytes():
+    """Eight micro-batches on an H100 read every weight eight times (each is timed so): the nodes'
+    bytes from HBM, and so their energy, count the seven further reads too (they counted one)."""
+    one, eight = (api.profile("gpt2-small", "h100", batch=8, micro_batches=m) for m in (1, 8))
+    weights = sum(c.weight_bytes for c in map(meta.attributed_cost, one.graph.nodes) if c is not None)
+    moved = [sum(p.feed_bytes for p in r.plan.node_plans.values()) for r in (one, eight)]
+    assert moved[1] - moved[0] == 7 * weights
+    extra_j = eight.totals["dynamic_energy_j"] - one.totals["dynamic_energy_j"]
+    assert extra_j == pytest.approx(7 * weights * energy_model(load_target("h100")).pj_per_byte["hbm"] * 1e-12)
 
 
 def test_gops_per_watt_is_achieved_over_power():

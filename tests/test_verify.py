@@ -390,6 +390,11 @@ def test_a_placed_step_shorter_than_its_work_at_the_highest_peak():
     v = err.value.violation
     assert (v.invariant, v.value, v.limit) == ("step_time_work", 0.3, 0.375)
     check_step(g, TOY, dataclasses.replace(plan, chips=2), SimpleNamespace(step_time_s=0.1875))  # 2 chips
+    # two copies of the graph on those 2 chips (IPU or WSE replicas) do twice the work: 0.375 s again
+    copies = dataclasses.replace(plan, chips=2, replicas=2)
+    check_step(g, TOY, copies, SimpleNamespace(step_time_s=0.375))
+    with pytest.raises(PhysicsError):
+        check_step(g, TOY, copies, SimpleNamespace(step_time_s=0.1875))
 
 
 def test_a_placement_over_several_chips_is_checked_when_placed_before_any_report(monkeypatch):

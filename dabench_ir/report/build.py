@@ -370,9 +370,9 @@ def _add_energy(step_e: StepEnergy, plan, timeline, target, records, totals, sam
             "energy_per_sample_j": energy / samples if samples else None,
             "power_w": energy / step if step else None,
             "target_power_w": watts,
-            # achieved GOP/s per rated watt, and per modelled watt (FLOPs per joule)
+            # achieved GOP/s per rated watt, and per modelled watt (every copy's FLOPs per joule)
             "gops_per_w": achieved / 1e9 / watts if achieved and watts else None,
-            "gops_per_w_modelled": totals["flops"] / energy / 1e9 if energy and achieved else None,
+            "gops_per_w_modelled": totals["step_flops"] / energy / 1e9 if energy and achieved else None,
             # where the joules go: the nodes, and the static energy no node holds
             "node_energy_j": step_e.node_j,
             "dynamic_energy_j": step_e.dynamic_j,
@@ -505,6 +505,13 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
         )
     report.totals = totals
     report.model = {**report.model, "params": graph.num_params}  # the unsplit model's
+    # a placement over several devices of its own (the IPU's replicas, its pipeline) has their rates
+    # and power: one chip's is its share; under pp no one chip runs the placement's work
+    devices = max(1, int(chip.plan.chips or 1)) if chip is not None and chip.plan is not None else 1
+    for key in ("achieved_flops_per_s", "peak_flops_per_s", "target_power_w"):
+        value = report.metrics.get(key)
+        if value is not None:
+            report.metrics[key] = None if staged and key == "achieved_flops_per_s" else value / devices
     report.metrics.update(
         {
             # what stays one chip's, as the text's "metrics  per chip" line says; the totals are the step's
