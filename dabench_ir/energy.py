@@ -191,10 +191,12 @@ class StepEnergy:
     """One step's energy, attributed by what each node does (docs/energy.md).
 
     ``dynamic`` and ``static`` are per node (joules): its FLOPs and bytes, and the static
-    power of the share of the chips it holds for its busy time. ``overheads`` is the static
-    energy of each timeline overhead row (the whole plan idles meanwhile), ``idle_j`` the
-    static energy of units idle while others run. ``static_power_w`` is the static power of
-    every chip the plan uses; ``step_time_s`` the step these joules are of.
+    power of the share of the chips it holds for its busy time. ``overheads`` is the energy of
+    each timeline overhead row: its static power (the whole plan idles meanwhile), and for the
+    ``memory_stall`` row also the bytes a streaming unit moves while its nodes wait, ``stall_j``
+    of it, which is dynamic energy. ``idle_j`` is the static energy of units idle while others
+    run. ``static_power_w`` is the static power of every chip the plan uses; ``step_time_s``
+    the step these joules are of.
     """
 
     dynamic: Mapping[str, float]
@@ -203,6 +205,7 @@ class StepEnergy:
     idle_j: float
     static_power_w: float
     step_time_s: float
+    stall_j: float = 0.0
 
     @property
     def nodes(self) -> dict[str, float]:
@@ -216,13 +219,13 @@ class StepEnergy:
 
     @property
     def dynamic_j(self) -> float:
-        """The nodes' dynamic joules (FLOPs and bytes moved)."""
-        return sum(self.dynamic.values())
+        """The step's dynamic joules: the nodes' FLOPs and bytes, and the bytes streamed in a stall."""
+        return sum(self.dynamic.values()) + self.stall_j
 
     @property
     def static_j(self) -> float:
-        """Static power over the whole step: the nodes' share, the overhead rows and the idle row."""
-        return sum(self.static.values()) + sum(self.overheads.values()) + self.idle_j
+        """Static power over the whole step: the nodes' share, the overhead rows' and the idle row."""
+        return sum(self.static.values()) + sum(self.overheads.values()) - self.stall_j + self.idle_j
 
     @property
     def total_j(self) -> float:
@@ -302,6 +305,7 @@ def step_energy(
             sum(static.values()) + sum(overheads.values()),
             static_w * step,
         )
+    stall_j = 0.0
     if streamed > streamed_in_nodes * (1 + 1e-9):  # streamed while the nodes waited on it
         level = next(
             plan.node_plans[n].feed_level
@@ -315,7 +319,7 @@ def step_energy(
             streamed - streamed_in_nodes, name if name in model.pj_per_byte else level
         )
         overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
-    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step)
+    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step, stall_j=stall_j)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,12 +370,12 @@ def multi_chip_energy(
     the whole step's work: a pipeline's stages are its layers, a plan that spans its own
     devices); ``devices``: the devices drawing static power for ``step_s``; ``link_bytes``
     over ``link`` (its ``[energy.pj_per_byte]`` entry, else the chip-to-chip estimate).
-    The chip's dynamic energy counts its memory stalls (bytes streamed while nodes wait)."""
+    The chip's dynamic energy counts its memory stalls' bytes (`StepEnergy.stall_j`); their
+    seconds' static power is in the devices' static energy over ``step_s``."""
     model = energy_model(target)
-    dynamic = chip.dynamic_j + chip.overheads.get("memory_stall", 0.0)
     pj = model.pj_per_byte.get(link or "", model.pj_per_byte["link"])
     return MultiChipEnergy(
-        dynamic_j=copies * dynamic,
+        dynamic_j=copies * chip.dynamic_j,
         static_j=model.static_watts * devices * step_s,
         link_j=link_bytes * pj * 1e-12,
         link_bytes=link_bytes,

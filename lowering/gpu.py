@@ -754,6 +754,8 @@ def stream_plan(
             alloc = _unit_share(cost.flops, grain, n_units) if kernel else 0.0
             compute_s, binds = compute[node.name]
             fed = offload.host if node.name == hosted else (feed_of or {}).get(node.name, mem)
+            # what it moves from its memory over the step: its weights read again each further micro-batch
+            moved = 0 if view else cost.bytes + (g.runs - 1) * cost.weight_bytes
             plan.node_plans[node.name] = np_ = place_node(
                 ctx,
                 node,
@@ -762,7 +764,7 @@ def stream_plan(
                 memory_s=0.0 if view else memory(node, g.runs),
                 overhead_s=overhead,
                 feed_level=fed.level,
-                feed_bytes=0 if view else cost.bytes,
+                feed_bytes=moved,
                 # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
                 # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
                 ridge=(
@@ -777,7 +779,7 @@ def stream_plan(
             np_.note = _kernel_note(np_, binds, view=view, hosted=node.name == hosted, reloads=reloads)
             weighted_alloc += alloc * np_.per_micro_batch_s
             total_t += np_.per_micro_batch_s
-            traffic += 0 if view or node.name == hosted else cost.bytes
+            traffic += 0 if node.name == hosted else moved
     unit.allocation = weighted_alloc / total_t if total_t > 0 else 0.0
     issue = target.overhead("host_issue_s")
     wait = _host_wait(launches, issue, m) if issue > 0 else 0.0

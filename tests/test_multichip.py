@@ -34,11 +34,31 @@ def test_dp_step_energy_is_every_chip_plus_static_over_the_step_plus_the_links(c
     assert point.link_bytes == ring_allreduce_bytes(gradient, chips) == link_bytes
     e = point.energy
     assert e.devices == chips and e.rated_w == chips * target.watts
-    assert e.dynamic_j == pytest.approx(chips * (one.dynamic_j + one.overheads.get("memory_stall", 0.0)))
+    assert e.dynamic_j == pytest.approx(chips * one.dynamic_j)
     assert e.static_j == pytest.approx(model.static_watts * chips * point.time_s)  # collectives' time included
     assert e.link_j == pytest.approx(link_bytes * model.pj_per_byte["nvlink"] * 1e-12)
     assert e.total_j == pytest.approx(e.dynamic_j + e.static_j + e.link_j)
     assert e.total_j <= e.rated_w * point.time_s  # what the verifier's step_power checks on the report
+
+
+def test_a_memory_stall_is_static_power_once_and_its_bytes_on_every_chip():
+    """A weight-streaming WSE stalls on MemoryX: the stall row holds the stall's seconds of static
+    power and the bytes streamed meanwhile. Over 2 systems the bytes are every chip's dynamic energy
+    and the seconds are in the devices' static power over the step, once (they were added to the
+    dynamic energy as well, 2 x 23.6 mJ too much here)."""
+    graph = decoder(layers=2, hidden=64)
+    TrainingPass()(graph)
+    target = load_target("wse2")
+    point = scale(graph, target, [2], "dp", ProfileOptions(wse_mode="streaming")).points[0]
+    one = _one_chip_energy(point, target)
+    stall_s = point.chip.timeline.overheads_s["memory_stall"]
+    assert one.stall_j > 0 and stall_s > 0
+    assert one.overheads["memory_stall"] == pytest.approx(one.static_power_w * stall_s + one.stall_j)
+    assert one.dynamic_j == pytest.approx(sum(one.dynamic.values()) + one.stall_j)
+    assert one.static_j == pytest.approx(one.static_power_w * one.step_time_s)
+    e = point.energy
+    assert e.dynamic_j == pytest.approx(2 * (sum(one.dynamic.values()) + one.stall_j))
+    assert e.static_j == pytest.approx(energy_model(target).static_watts * 2 * point.time_s)
 
 
 def test_one_chip_point_energy_is_the_profile_energy():
@@ -174,3 +194,17 @@ def test_ipu_data_parallel_report_counts_every_replica_and_its_reduce_once():
     assert dp.totals["copies"] == 1 and dp.totals["step_flops"] == dp.totals["flops"] == 4 * one.totals["flops"]
     text = render_table(dp, color=False, width=200)
     assert "copies a step" not in text and "  one chip   " in text  # the step's work once, one IPU's apart
+    # the metrics labelled per chip are one IPU's, not the placement's four
+    m, target = dp.metrics, load_target("bow")
+    assert m["peak_flops_per_s"] == one.metrics["peak_flops_per_s"] and m["target_power_w"] == target.watts
+    assert m["achieved_flops_per_s"] == pytest.approx(one.totals["flops"] / dp.timeline.step_time_s)
+
+
+def test_a_pipeline_reports_no_one_chips_achieved_rate():
+    """Under pp every GPU runs a stage: the placement's whole-graph rate is no chip's (None), the
+    peak and rated power per chip are one GPU's."""
+    from dabench_ir import api
+
+    pp = api.profile("gpt2-small", "h100", chips=2, strategy="pp")
+    assert pp.metrics["achieved_flops_per_s"] is None
+    assert pp.metrics["peak_flops_per_s"] == 989e12 and pp.metrics["target_power_w"] == 700
