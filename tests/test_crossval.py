@@ -96,8 +96,8 @@ def test_a_fold_is_predicted_at_its_own_values_not_the_files():
         path = Path(tmp) / "bow.toml"
         path.write_text(with_values(builtin_target_paths()["bow"].read_text(), values))
         direct = validate.run_validation([replace(p, target=str(path)) for p in peng])
-    expected = sorted(abs(e) for r in direct.results if not r.point.reference_only for e in counts(r))
-    in_sample = sorted(abs(e) for r in result.results if not r.point.reference_only for e in counts(r))
+    expected = sorted(abs(e) for r in direct.results for e in counts(r))  # of a [ref] point, its ratios
+    in_sample = sorted(abs(e) for r in result.results for e in counts(r))
     assert sorted(cv.errors) == pytest.approx(expected)
     assert sorted(cv.errors) != pytest.approx(in_sample)
 
@@ -156,3 +156,52 @@ def test_a_targets_errors_are_told_by_the_source_they_score():
     line = next(x for x in crossval.CrossValidation({"h100": cv}).format_table().splitlines() if "by source" in x)
     worst = max(by, key=lambda s: by[s]["worst_abs_error"])
     assert line.index(worst) < min(line.index(s) for s in by if s != worst)
+
+
+def test_a_value_carried_from_another_chip_is_informed_by_the_source_it_was_fitted_to():
+    """The H200 takes the H100's decode attention rate, fitted to H100 rows of NVIDIA's TensorRT-LLM
+    tables; the H200's rows of the same tables cannot test it: the source informs it there too, alone."""
+    folds = {f.source: f for f in crossval.folds_of("h200", validate.load_catalog())}
+    trt = folds["NVIDIA/TensorRT-LLM"]
+    assert trt.informed == ("arch.decode_attention_load_bytes_per_s",) and trt.alone == trt.informed
+    assert not trt.needs_fit
+
+
+def test_a_wrong_fit_verdict_is_counted_and_named_not_scored_as_nothing():
+    """A point whose run the tool says does not fit has no figure: before, it was counted among the
+    scored points with no error, so a fold could turn every verdict wrong and the figure not move."""
+    from dataclasses import replace
+
+    (lib,) = _h100("h100-trtllm-lib-llama2-7b-b1-128-128")
+    said_not = replace(lib, expect={"fits": False})  # the source saying it did not fit: the verdict is wrong
+    result = validate.run_validation([said_not])
+    (r,) = result.results
+    assert r.fit_verdict == "wrong"
+    cv = crossval.cross_validate(result).targets["h100"]
+    assert cv.wrong_fits == [lib.id] and cv.stats()["fit_wrong"] == [lib.id]
+    table = crossval.CrossValidation({"h100": cv}).format_table()
+    assert f"h100: fit verdict wrong without its source: {lib.id}" in table
+    assert table.splitlines()[1].split()[5] == "1"  # the fit bad column
+
+
+def test_a_parameter_at_zero_is_never_shown_unread_and_its_move_from_zero_is_not_identified():
+    """No factor moves 0: the perturbation cannot show a point free of it (sn30's pcu_k_half is 0 and
+    moves the ALCF points when set to 128), and fold values 0 and 128 are not one identified value."""
+    from types import SimpleNamespace
+
+    point = SimpleNamespace(point=SimpleNamespace(id="sn30-gpt13b-dp4-ss2k"))
+    assert crossval.independent("sn30", ["arch.pcu_k_half"], [point]) == set()
+    moved = crossval._moved("sn30", [{"values": {"arch.pcu_k_half": 128.0}}])
+    assert moved == {"arch.pcu_k_half": float("inf")}
+
+
+def test_the_record_key_follows_what_a_point_asks_not_its_prose():
+    from dataclasses import replace
+
+    catalogue = validate.load_catalog()
+    key = crossval.inputs_key("sn30", catalogue)
+    i = next(k for k, p in enumerate(catalogue) if p.id == "sn30-gpt2-h1600-L12-O3")
+    reworded = [*catalogue[:i], replace(catalogue[i], note="another note"), *catalogue[i + 1 :]]
+    longer = [*catalogue[:i], replace(catalogue[i], model={**catalogue[i].model, "seq": 2048}), *catalogue[i + 1 :]]
+    assert crossval.inputs_key("sn30", reworded) == key
+    assert crossval.inputs_key("sn30", longer) != key

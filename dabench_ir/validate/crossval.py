@@ -116,7 +116,9 @@ def _target(name: str) -> Any:
 
 def folds_of(target: str, catalogue: Sequence[Point]) -> list[Fold]:
     """The folds of ``target``: one per source of its catalogue points (live host points aside),
-    with what each source informs; no fitting."""
+    with what each source informs; no fitting. A source informs a parameter fitted to any of its
+    points, another target's among them: a value carried from the chip it was fitted on (the H200's
+    decode attention rate, the H100's) is not evidence about that source's points on this one."""
     t = _target(target)
     quantities = dict(t.quantities())
     mine = [p.id for p in catalogue if p.kind != "host" and _target(p.target).name == t.name]
@@ -124,9 +126,10 @@ def folds_of(target: str, catalogue: Sequence[Point]) -> list[Fold]:
     for p in catalogue:
         if p.id in mine:
             by_source.setdefault(source_of(p), []).append(p.id)
+    sources = {p.id: source_of(p) for p in catalogue}
     folds = []
     for source, ids in by_source.items():
-        informed = informed_by(quantities.items(), ids)
+        informed = informed_by(quantities.items(), [i for i, s in sources.items() if s == source])
         elsewhere = {q: [i for i in mine if i not in ids and quantities[q].fitted_on(i)] for q in informed}
         alone = tuple(q for q, others in elsewhere.items() if not others)
         fit_points = tuple(dict.fromkeys(i for others in elsewhere.values() for i in others))
@@ -134,13 +137,20 @@ def folds_of(target: str, catalogue: Sequence[Point]) -> list[Fold]:
     return folds
 
 
+_POINT_INPUTS = ("kind", "reference_only", "model", "run", "measured", "expect", "gemm", "bandwidth", "generate")
+"""The fields of a catalogue point a prediction reads (`inputs_key`); its prose (system, note,
+assumptions, the source's wording beyond `source_of`) does not move a fit."""
+
+
 def inputs_key(target: str, catalogue: Sequence[Point]) -> str:
-    """What a target's fold fits depend on: its fitted parameters' values and ``fitted_to``, and the
-    measured values of its catalogue points (a text edit to a source does not change it)."""
+    """What a target's fold fits depend on: every figure of its file (each parameter's value, and the
+    fitted ones' ``fitted_to``) and what each of its catalogue points asks and measured (a text edit
+    to a source or a note does not change it). The tool's code is not in it: a change that moves a
+    fitted target's predictions (`scripts/validation_report.py` shows which) needs the folds refitted."""
     t = _target(target)
-    parts = [(name, q.value, sorted(q.fitted_to)) for name, q in t.quantities() if q.fitted]
+    parts = [(name, q.value, sorted(q.fitted_to)) for name, q in t.quantities()]
     points = sorted(
-        (p.id, sorted(p.measured.items()), source_of(p))
+        (p.id, source_of(p), [getattr(p, f) for f in _POINT_INPUTS])
         for p in catalogue
         if p.kind != "host" and _target(p.target).name == t.name
     )
@@ -214,6 +224,8 @@ class TargetCv:
     independent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do not read them
     dependent: dict[str, list[str]] = field(default_factory=dict)  # such a source -> its points that do
     unscored: list[str] = field(default_factory=list)  # point ids not cross-validatable
+    wrong_fits: list[str] = field(default_factory=list)  # scored point ids whose fit verdict came out wrong
+    not_run: list[str] = field(default_factory=list)  # scored point ids the tool could not run
     moved: dict[str, float] = field(default_factory=dict)  # parameter -> spread over folds, above MOVED
     stale: str = ""  # why the recorded fits cannot be used (nothing is scored from them)
     refitted: int = 0  # folds predicted at refitted values
@@ -227,6 +239,8 @@ class TargetCv:
         return {
             **_spread(self.errors),
             "points": len(self.scored),
+            "fit_wrong": self.wrong_fits,
+            "cannot_run": self.not_run,
             "not_cross_validatable": len(self.unscored),
             "alone": self.alone,
             "independent_of_alone": {source: len(ids) for source, ids in self.independent.items()},
@@ -248,18 +262,22 @@ class CrossValidation:
     def format_table(self) -> str:
         lines = [
             f"{'target':8s} {'compared':>8s} {'points':>6s} {'median|e|':>9s} {'worst|e|':>9s} "
-            f"{'refits':>6s} {'not cv':>6s}  (leave one source out: each source predicted by the "
-            f"parameters refitted without it)"
+            f"{'fit bad':>7s} {'refits':>6s} {'not cv':>6s}  (leave one source out: each source predicted "
+            f"by the parameters refitted without it)"
         ]
         notes = []
         for target, cv in self.targets.items():
             s = cv.stats()
             lines.append(
                 f"{target:8s} {s['compared']:8d} {s['points']:6d} {_pc(s['median_abs_error']):>9s} "
-                f"{_pc(s['worst_abs_error']):>9s} {cv.refitted:6d} {len(cv.unscored):6d}"
+                f"{_pc(s['worst_abs_error']):>9s} {len(cv.wrong_fits):7d} {cv.refitted:6d} {len(cv.unscored):6d}"
             )
             if cv.stale:
                 notes.append(f"  {target}: {cv.stale}")
+            if cv.wrong_fits:
+                notes.append(f"  {target}: fit verdict wrong without its source: {', '.join(cv.wrong_fits)}")
+            if cv.not_run:
+                notes.append(f"  {target}: could not run without its source: {', '.join(cv.not_run)}")
             for source, params in cv.alone.items():
                 free, bound = len(cv.independent[source]), len(cv.dependent[source])
                 head = f"  {target}: only {source} informs {', '.join(params)}"
@@ -355,10 +373,15 @@ def cross_validate(validation: Validation) -> CrossValidation:
                 (predicted,) = _predict(target, [by_id[i] for i in ran], fits[fold.source]["values"])
                 cv.refitted += 1
             for r in predicted:
-                if r.point.reference_only:
+                errors = [abs(e) for e in counts(r)]  # of another chip generation's point, its ratios only
+                if r.point.reference_only and not errors:
                     continue
                 cv.scored.append(r.point.id)
-                if errors := [abs(e) for e in counts(r)]:
+                if r.status != "ok":
+                    cv.not_run.append(r.point.id)
+                elif r.fit_verdict == "wrong":  # no figure, and the verdict is the prediction that failed
+                    cv.wrong_fits.append(r.point.id)
+                if errors:
                     cv.by_source.setdefault(fold.source, []).extend(errors)
         cv.moved = _moved(target, fits.values()) if not cv.stale else {}
     return CrossValidation(out)
@@ -368,11 +391,12 @@ def independent(target: str, params: Sequence[str], results: Sequence[PointResul
     """The ids of ``results`` (of ``target``'s catalogue points, validated at the file's values)
     whose predictions do not depend on ``params``: every predicted quantity, the fit verdict and
     the status the same with all of ``params`` moved down and up (`PERTURB`). A point a parameter
-    was fitted to is never independent of it, and is not run again."""
+    was fitted to is never independent of it, and is not run again; nor is any point while one of
+    ``params`` is 0, which no factor moves."""
     quantities = dict(_target(target).quantities())
     values = {name: quantities[name].value for name in params}
     candidates = [r for r in results if not any(quantities[name].fitted_on(r.point.id) for name in params)]
-    if not candidates:
+    if not candidates or 0 in values.values():  # a factor cannot move a parameter at 0: none is shown free
         return set()
     moved = [
         {name: value * factor ** (1 + k / 10) for k, (name, value) in enumerate(values.items())} for factor in PERTURB
@@ -414,7 +438,7 @@ def _moved(target: str, folds: Any) -> dict[str, float]:
     for fold in folds:
         for param, value in fold["values"].items():
             seen.setdefault(param, [quantities[param].value]).append(value)
-    spread = {p: max(v) / min(v) - 1 for p, v in seen.items() if min(v) > 0}
+    spread = {p: max(v) / min(v) - 1 if min(v) > 0 else math.inf for p, v in seen.items() if max(v) > 0}
     return {p: s for p, s in spread.items() if s > MOVED}
 
 
