@@ -87,3 +87,13 @@ def test_a_multi_chip_report_carries_the_scaling_stages_notes():
     notes = report.to_dict()["extra"]["notes"]
     assert notes == ["4 all-reduces per step"]  # 2 layers x (attention, MLP); no LM head in this stack
     assert "  note       4 all-reduces per step" in render_table(report, color=False).splitlines()
+
+
+def test_a_run_that_does_not_fit_shows_its_rates_as_what_it_would_take():
+    """No throughput for a run that does not fit: its time and its efficiency are what it would take."""
+    from dabench_ir import api
+    from dabench_ir.report.table import render_table
+
+    text = render_table(api.profile("gpt2-small", "bow", batch=8, mode="train"), color=False, width=200)
+    assert "fits: NO" in text and "if it fitted; throughput: does not fit" in text
+    assert next(line for line in text.splitlines() if line.startswith("  metrics")).endswith("of peak if it fitted")

@@ -430,6 +430,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         out.append(
             f"  metrics    {'per chip: ' if chips else ''}allocation {percent(m.get('allocation_ratio'))}, load balance LI "
             f"{_fmt(m.get('load_imbalance'))}, efficiency {percent(m.get('compute_efficiency'))} of peak"
+            + ("" if report.fits is not False else " if it fitted")
         )
     err = m.get("prediction_error")
     if err:
