@@ -397,9 +397,11 @@ def _gqa_broadcast(node: Node) -> bool:
 def _memory_s(cost: Cost, runs: int, bw: float, reread: int = 0, load_rate: float = 0.0) -> float:
     """Memory seconds of a node over the step: its bytes from HBM, its weights read again each further
     micro-batch; with ``reread`` (`cache_rereads`: bytes loaded again) never less than all it loads at
-    ``load_rate``, the rate a decode attention kernel of one thread block per query head loads them."""
-    hbm = (cost.bytes + (runs - 1) * cost.weight_bytes) / bw
-    return max(hbm, runs * (cost.bytes + reread) / load_rate) if reread and load_rate > 0 else hbm
+    ``load_rate``, the rate a decode attention kernel of one thread block per query head loads them.
+    The micro-batches split the step's sequences, so they load the cache and its repeats once together."""
+    again = (runs - 1) * cost.weight_bytes / bw
+    hbm = cost.bytes / bw + again
+    return max(hbm, (cost.bytes + reread) / load_rate + again) if reread and load_rate > 0 else hbm
 
 
 def cache_rereads(ctx: LoweringContext) -> dict[str, int]:

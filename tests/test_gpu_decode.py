@@ -91,6 +91,26 @@ def test_a_decode_step_pays_the_engine_host_cost_as_its_own_row(llama70b_attenti
         assert all(DECODE_STEP not in (np_.note or "") for np_ in plan.node_plans.values())
 
 
+def test_micro_batches_split_a_decode_steps_cache_reads_not_repeat_them(llama70b_attention_decode):
+    """Four micro-batches of a GQA decode step each attend over their own sequences: the attention
+    matmuls load the cache (and the per-query-head kernel's repeats of it) once over the step, as
+    one micro-batch does; each of the four loaded the whole cache before."""
+    from dabench_ir.lowering import lower
+    from dabench_ir.lowering.gpu import GpuLowering, cache_rereads
+    from dabench_ir.targets import load_target
+
+    graph = llama70b_attention_decode
+    target = load_target("h100")
+    plans = [
+        lower(graph, target, GpuLowering.options(ProfileOptions(precision="bf16", micro_batches=m))) for m in (1, 4)
+    ]
+    rereads = cache_rereads(_ctx(graph))
+    assert rereads
+    for name in rereads:
+        one, four = (p.node_plans[name].memory_s for p in plans)
+        assert four == pytest.approx(one, rel=1e-12) and one > 0
+
+
 def test_a_prefill_has_no_decode_step_row():
     from dabench_ir.lowering import lower
     from dabench_ir.lowering.gpu import DECODE_STEP, GpuLowering
