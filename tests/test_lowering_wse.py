@@ -139,6 +139,18 @@ def test_in_flight_buffers_grow_with_depth_squared_up_to_the_steps_batch():
     assert buf(4, batch=1, target=flowing) == per_sample * (7 + 5 + 3 + 1)
 
 
+def test_in_flight_buffers_hold_the_logits_gradient_not_the_tied_weights_layout():
+    """GPT-2 small, batch 8: 80 block-samples of 1024 x 768 fp16 boundaries in flight, and two
+    logits-sized buffers (8 x 1024 x 50257 fp16 / 8 a sample). The head kernel ends in a folded
+    transpose of the tied embedding (768 x 50257), which the buffer had been sized from."""
+    from dabench_ir import api
+
+    plan = api.profile("gpt2-small", "wse2", mode="train", wse_mode="pipelined", batch=8).plan
+    boundary = 1024 * 768 * 2
+    logits = 1024 * 50257 * 2
+    assert plan.extra["buffer_bytes"] == 80 * boundary + 2 * logits
+
+
 def test_pipelined_capacity_limit_falls_with_width():
     # training state 16 B/param and buffers in 75 % of 40 GB: about 1 B parameters fit
     opts = ProfileOptions(wse_mode="pipelined")

@@ -89,8 +89,10 @@ def _in_flight_bytes(ctx: LoweringContext, target: Target, options: WseOptions, 
     held = [min(2 * (len(layers) - i) - 1, in_step) for i in range(len(layers))]
     total = sum(boundary[lay] * int(n) for lay, n in zip(layers, held, strict=True)) // samples
     head = next((k for k in kernels if k.cls == "emb_fc"), None)
-    if head is not None:
-        last = next((n for n in reversed(head.nodes) if n.outputs and shape_of(ctx, n.outputs[0])), None)
+    if head is not None:  # the logits: the last work of the head kernel (not a folded weight layout)
+        last = next(
+            (n for n in reversed(head.nodes) if ctx.is_work(n) and n.outputs and shape_of(ctx, n.outputs[0])), None
+        )
         if last is not None and last.op_type != "Gather":
             total += min(2, in_step) * ctx.graph.type_of(last.outputs[0]).nbytes() // samples
     return total
