@@ -36,7 +36,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dabench_ir.errors import UserError
-from dabench_ir.frontends.onnx import cache_inputs
 from dabench_ir.ir import Cost, Graph, Node, Value, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering.collectives import (
@@ -61,6 +60,7 @@ from dabench_ir.lowering.gpu import (
 )
 from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta
+from dabench_ir.passes.precision import cache_inputs
 from dabench_ir.passes.training import (
     BACKWARD_COST,
     FORWARD_COST,

@@ -473,9 +473,9 @@ def run_phase(
     A prefill on a target whose pipeline streams tokens through its stages runs at the
     pipeline's steady state (its latency is the period, not the sum of the stages).
     """
-    from dabench_ir.frontends.onnx import cache_inputs
     from dabench_ir.lowering import lowering_for
     from dabench_ir.models.export import bind_dims
+    from dabench_ir.passes.precision import cache_inputs
     from dabench_ir.pipeline import load_graph
     from dabench_ir.run import execute, resolve
 

@@ -663,15 +663,15 @@ def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
 
 
 def cache_inputs(ctx: LoweringContext) -> frozenset[str]:
-    """A decode step's KV-cache inputs (`passes.precision.kv_cache_values`, the graph's inputs among
-    them), worked out once a context (`LoweringContext.fact`)."""
+    """A decode step's KV-cache inputs (`passes.precision.cache_inputs`), worked out once a context
+    (`LoweringContext.fact`)."""
     return ctx.fact(_cache_inputs)
 
 
 def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
-    from dabench_ir.passes.precision import kv_cache_values
+    from dabench_ir.passes.precision import cache_inputs as of_graph
 
-    return frozenset(kv_cache_values(ctx.graph)) & frozenset(ctx.graph.inputs)
+    return frozenset(of_graph(ctx.graph))
 
 
 def live_skip(ctx: LoweringContext, held: frozenset[str] | None = None) -> frozenset[str]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ __all__ = [
     "PrecisionPass",
     "accumulate_dtype",
     "block_matmul_weights",
+    "cache_inputs",
     "compute_dtype",
     "dominant_storage_dtype",
     "graph_compute_dtype",
@@ -144,6 +146,23 @@ def kv_cache_values(graph: Graph) -> list[str]:
         return []
     names = [*listed.get("inputs", []), *listed.get("outputs", [])] if isinstance(listed, dict) else []
     return [n for n in names if n in graph.values]
+
+
+_CACHE_INPUT = re.compile(r"past|cache|present", re.IGNORECASE)
+
+
+def cache_inputs(graph: Graph) -> list[str]:
+    """The KV-cache inputs of a decode-step model: rank-4 inputs the exporter lists in
+    ``dabench.kv_cache`` (`kv_cache_values`), else named like one (``past_key_values.0.key``,
+    ``cache``, ``present``): what a decode step holds from step to step."""
+    listed = set(kv_cache_values(graph))
+    return [
+        name
+        for name in graph.inputs
+        if (shape := graph.values[name].type.shape) is not None
+        and len(shape) == 4
+        and (name in listed or _CACHE_INPUT.search(name))
+    ]
 
 
 @dataclass(frozen=True)

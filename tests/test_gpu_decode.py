@@ -182,3 +182,21 @@ def test_gqa_broadcast_into_a_fused_core_is_a_view_in_inference_and_a_kernel_in_
     assert len(expands) == 2  # K and V
     times = [plan.node_plans[n].per_micro_batch_s for n in expands]
     assert all(t == 0 for t in times) if mode == "inference" else all(t > 0 for t in times)
+
+
+def test_the_kv_cache_inputs_are_one_fact_for_the_loader_and_the_lowering(llama70b_attention_decode):
+    """A decode model without the exporter's list (a user's file) has its caches found by their
+    names, for the scenario and scaling (`passes.precision.cache_inputs`) and for the GPU lowering
+    alike: the lowering read the list only, so such a model's cache was a micro-batch's activations."""
+    import copy
+
+    from dabench_ir.lowering.gpu import cache_inputs as lowered
+    from dabench_ir.passes import meta
+    from dabench_ir.passes.precision import cache_inputs
+
+    listed = copy.deepcopy(llama70b_attention_decode)
+    unlisted = copy.deepcopy(listed)
+    unlisted.metadata.pop(meta.MODEL_KV_CACHE)
+    for graph in (listed, unlisted):
+        found = cache_inputs(graph)
+        assert len(found) == 2 and set(lowered(_ctx(graph))) == set(found)

@@ -338,7 +338,7 @@ def test_tensor_parallel_keeps_each_chips_kv_heads_of_the_cache(graphs, kv_heads
     holds ceil(kv_heads / chips) heads, a head copied on each chip that reads it when there are fewer
     heads than chips (TensorRT-LLM's per-rank cache). Before this, every chip held the whole cache,
     and a 70B TP 4 serving run at batch 512 'did not fit' (200 GB a chip)."""
-    from dabench_ir.frontends.onnx import cache_inputs
+    from dabench_ir.passes.precision import cache_inputs
     from dabench_ir.scaling import split_for_tp
 
     graph = graphs[kv_heads]

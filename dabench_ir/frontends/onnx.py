@@ -39,7 +39,6 @@ __all__ = [
     "SEQ_SYMBOLS",
     "SHAPE_MODEL",
     "WEIGHTS_METADATA_KEY",
-    "cache_inputs",
     "combined_dims",
     "derived_dims",
     "dim_parts",
@@ -387,29 +386,13 @@ def seq_symbols(graph: Graph) -> list[str]:
     return sorted(s for s in _input_symbols(graph) if s.lower() in SEQ_SYMBOLS)
 
 
-_CACHE_INPUT = re.compile(r"past|cache|present", re.IGNORECASE)
-
-
-def cache_inputs(graph: Graph) -> list[str]:
-    """The KV-cache inputs of a decode-step model: rank-4 inputs the exporter lists in
-    ``dabench.kv_cache``, else named like one (``past_key_values.0.key``, ``cache``, ``present``)."""
-    from dabench_ir.passes.precision import kv_cache_values
-
-    listed = set(kv_cache_values(graph))
-    return [
-        name
-        for name in graph.inputs
-        if (shape := graph.values[name].type.shape) is not None
-        and len(shape) == 4
-        and (name in listed or _CACHE_INPUT.search(name))
-    ]
-
-
 def past_symbols(graph: Graph) -> list[str]:
     """The symbols of the KV-cache inputs' length: in each cache input (`cache_inputs`) its symbolic
     dims but the first (the batch): [batch, heads, past, head_dim], or this tool's [batch, heads, dim,
     context]."""
     found: set[str] = set()
+    from dabench_ir.passes.precision import cache_inputs
+
     for name in cache_inputs(graph):
         found.update(d for d in graph.values[name].type.shape[1:] if isinstance(d, str))
     return sorted(found)
