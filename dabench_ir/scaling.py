@@ -48,12 +48,11 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
-from dabench_ir.lowering.context import LoweringContext, training_state, value_bytes, weight_bytes
+from dabench_ir.lowering.context import LoweringContext, cache_bytes, training_state, value_bytes, weight_bytes
 from dabench_ir.lowering.gpu import (
     HOST_ISSUE,
     OFFLOAD_GRADIENTS,
     OFFLOAD_WEIGHTS,
-    cache_bytes,
     host_shortfall,
     live_bytes,
     live_skip,

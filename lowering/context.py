@@ -29,6 +29,8 @@ __all__ = [
     "LoweringContext",
     "TrainingState",
     "balance",
+    "cache_bytes",
+    "cache_inputs",
     "kernel_groups",
     "largest_divisor",
     "layer_blocks",
@@ -191,6 +193,27 @@ class LoweringContext:
             return cls == "vector"
         cost = self.costs[node.name]
         return cost.contraction_flops == 0 and cost.weight_bytes == 0 and cost.flops > 0
+
+
+def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
+    """Bytes of the KV caches ``nodes`` read (a decode step's cache inputs, `cache_inputs`): held
+    whole through the step, and from step to step, every sequence's however many micro-batches the
+    step runs; so not a micro-batch's working set (the GPU's `live_skip` leaves them out of it)."""
+    caches = cache_inputs(ctx)
+    read = {v for node in nodes for v in node.inputs if v in caches}
+    return sum(ctx.value_bytes(v) for v in read)
+
+
+def cache_inputs(ctx: LoweringContext) -> frozenset[str]:
+    """A decode step's KV-cache inputs (`passes.precision.cache_inputs`): state a step holds from one
+    step to the next, not its input; worked out once a context (`LoweringContext.fact`)."""
+    return ctx.fact(_cache_inputs)
+
+
+def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
+    from dabench_ir.passes.precision import cache_inputs as of_graph
+
+    return frozenset(of_graph(ctx.graph))
 
 
 def value_bytes(graph: Graph, name: str, default: int = 0) -> int:

@@ -48,6 +48,8 @@ from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering.context import (
     LoweringContext,
+    cache_bytes,
+    cache_inputs,
     kernel_groups,
     peak_live_bytes,
     place_node,
@@ -82,8 +84,6 @@ __all__ = [
     "OFFLOAD_WEIGHTS",
     "GpuLowering",
     "GpuOptions",
-    "cache_bytes",
-    "cache_inputs",
     "cache_rereads",
     "device_memory",
     "gemm_wave_efficiency",
@@ -651,27 +651,6 @@ def device_memory(
         "live": live_bytes(ctx, ctx.graph.nodes, live_skip(ctx, held), micro_batches=m),
         "host": optimizer if offload else 0,
     }
-
-
-def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:
-    """Bytes of the KV caches ``nodes`` read (a decode step's cache inputs, `kv_cache_values`): held
-    whole through the step, and from step to step, every sequence's however many micro-batches the
-    step runs; so not a micro-batch's working set (`live_skip` leaves them out of it)."""
-    caches = cache_inputs(ctx)
-    read = {v for node in nodes for v in node.inputs if v in caches}
-    return sum(ctx.value_bytes(v) for v in read)
-
-
-def cache_inputs(ctx: LoweringContext) -> frozenset[str]:
-    """A decode step's KV-cache inputs (`passes.precision.cache_inputs`), worked out once a context
-    (`LoweringContext.fact`)."""
-    return ctx.fact(_cache_inputs)
-
-
-def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
-    from dabench_ir.passes.precision import cache_inputs as of_graph
-
-    return frozenset(of_graph(ctx.graph))
 
 
 def live_skip(ctx: LoweringContext, held: frozenset[str] | None = None) -> frozenset[str]:

@@ -190,7 +190,7 @@ def test_the_kv_cache_inputs_are_one_fact_for_the_loader_and_the_lowering(llama7
     alike: the lowering read the list only, so such a model's cache was a micro-batch's activations."""
     import copy
 
-    from dabench_ir.lowering.gpu import cache_inputs as lowered
+    from dabench_ir.lowering.context import cache_inputs as lowered
     from dabench_ir.passes import meta
     from dabench_ir.passes.precision import cache_inputs
 

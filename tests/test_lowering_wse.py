@@ -577,3 +577,35 @@ def test_explicit_replicas_keep_auto_mode_pipelined_and_fail_there_when_too_many
     many = lower(g, WSE, ProfileOptions(replicas=100_000))
     assert not many.fits and many.replicas == 100_000 and "PEs" in many.failure.reason
     assert lower(g, WSE, ProfileOptions()).replicas >= 1  # auto copies: still the best that fits
+
+
+def _decode(batch: int, context: int):
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    cfg = ModelConfig(
+        family="gpt2", layers=2, hidden=256, heads=4, vocab=1000, seq=1, batch=batch, phase="decode", context=context
+    )
+    return prepare_graph(export_onnx(cfg, weights="none"), ProfileOptions())
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
+def test_a_decode_step_keeps_its_kv_cache_on_the_wafer(mode):
+    """A decode step's KV caches are its state from step to step: held in PE SRAM beside the weights,
+    not inputs sent over the system I/O each step (pipelined mode sent the whole cache every token and
+    never counted it in SRAM, so a 38 GB cache 'fit' a 30 GB wafer)."""
+    from dabench_ir.passes.precision import cache_inputs
+
+    graph = _decode(batch=8, context=512)
+    cache = sum(graph.type_of(v).nbytes() for v in cache_inputs(graph))
+    assert cache == 2 * 2 * 8 * 512 * 256 * 4  # layers x (K, V) x batch x context x hidden x fp32
+    plan = lower(graph, WSE, ProfileOptions(wse_mode=mode))
+    empty = _decode(batch=8, context=1)  # the same step over a one-token cache
+    small = lower(empty, WSE, ProfileOptions(wse_mode=mode))
+    grown = plan.memory_bytes["sram"] - small.memory_bytes["sram"]
+    assert grown >= cache - sum(empty.type_of(v).nbytes() for v in cache_inputs(empty))
+    assert "wse_input_transmission" not in plan.step_overheads_s
+    # a cache beyond the wafer's usable SRAM does not fit, and says the cache is why
+    huge = lower(_decode(batch=4096, context=4096), WSE, ProfileOptions(wse_mode=mode))
+    assert not huge.fits and "KV cache" in huge.failure.reason

@@ -28,8 +28,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dabench_ir.ir import DType
-from dabench_ir.lowering.context import LoweringContext, balance, place_node, weight_bytes
-from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, sample_count, shape_of, trained_params, weight_state_bytes
+from dabench_ir.lowering.context import (
+    LoweringContext,
+    balance,
+    cache_bytes,
+    cache_inputs,
+    place_node,
+    weight_bytes,
+)
+from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, held_bytes, sample_count, shape_of, trained_params
 from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
@@ -50,7 +57,8 @@ class _Sizing:
     lo: list[int]
     hi: list[int]
     pes: list[int] | None  # None: even the minimum regions do not fit
-    state_bytes: int
+    state_bytes: int  # what the regions hold from step to step (`held_bytes`): weights, their state, KV caches
+    cache_bytes: int  # of which a decode step's KV caches
     buffer_bytes: int
     buffer_pes: int
     available: int
@@ -116,7 +124,7 @@ def _size(
     taus, lo, hi = [], [], []
     for k in kernels:
         tau = row_cycles(ctx, target, k) * k.tokens / clock
-        state = weight_state_bytes(ctx, k.nodes)
+        state = held_bytes(ctx, k.nodes)  # its weights (and state), a decode step's caches it reads
         rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
         fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
         lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
@@ -128,13 +136,20 @@ def _size(
     buffer_bytes = _in_flight_bytes(ctx, target, options, kernels)
     buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
     available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
-    state_bytes = weight_state_bytes(ctx, [n for k in kernels for n in k.nodes])
-    if available <= 0:
-        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, 0)
-    sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus)
-    if sizes is None:
-        return _Sizing(kernels, taus, lo, hi, None, state_bytes, buffer_bytes, buffer_pes, available)
-    return _Sizing(kernels, taus, lo, hi, sizes, state_bytes, buffer_bytes, buffer_pes, available)
+    placed = [n for k in kernels for n in k.nodes]
+    sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus) if available > 0 else None
+    return _Sizing(
+        kernels=kernels,
+        tau=taus,
+        lo=lo,
+        hi=hi,
+        pes=sizes,
+        state_bytes=held_bytes(ctx, placed),
+        cache_bytes=cache_bytes(ctx, placed),
+        buffer_bytes=buffer_bytes,
+        buffer_pes=buffer_pes,
+        available=max(0, available),
+    )
 
 
 # Dependent reductions across a row before its first element can leave (per-token fixed time):
@@ -252,8 +267,8 @@ def _place_pipelined(
 
 
 def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _Sizing, replicas: int) -> list[int]:
-    """Each kernel's region in PEs, failing the plan when the copies' weights, optimizer state and
-    pipeline buffers overflow the usable SRAM, or when the kernels' minimum regions do not fit beside
+    """Each kernel's region in PEs, failing the plan when the copies' weights, optimizer state, KV
+    caches and pipeline buffers overflow the usable SRAM, or when the kernels' minimum regions do not fit beside
     I/O, routing and buffers (then still timed, squeezed in proportion, so a plan that does not fit
     stays physical)."""
     sram = target.memory(FEED_LEVEL)
@@ -263,7 +278,9 @@ def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _
     if need > usable * sram.capacity_bytes:
         plan.fail(
             f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
-            f"{sizing.state_bytes * replicas / 1e9:.2f} GB, pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
+            f"{(sizing.state_bytes - sizing.cache_bytes) * replicas / 1e9:.2f} GB, "
+            + (f"KV cache {sizing.cache_bytes * replicas / 1e9:.2f} GB, " if sizing.cache_bytes else "")
+            + f"pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
             f", {replicas} cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
             f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
             need,
@@ -469,7 +486,9 @@ def _pipelined_overheads(
     io = target.link("system_io")
     if io is not None:
         samples = max(1, sample_count(ctx))
-        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in ctx.graph.inputs if shape_of(ctx, v)) / samples
+        held = cache_inputs(ctx)  # a decode step's caches stay on the wafer: only its new tokens are sent
+        sent = [v for v in ctx.graph.inputs if v not in held and shape_of(ctx, v)]
+        in_bytes = sum(ctx.graph.type_of(v).nbytes() for v in sent) / samples
         if meta.graph_mode(ctx.graph) == "train":
             in_bytes *= 2  # labels beside the inputs
         send = plan.samples_per_step * in_bytes / io.bandwidth_bytes_per_s

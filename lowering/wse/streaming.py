@@ -24,6 +24,8 @@ from dabench_ir.ir import Cost, Node
 from dabench_ir.lowering.context import (
     Block,
     LoweringContext,
+    cache_bytes,
+    cache_inputs,
     largest_divisor,
     layer_blocks,
     peak_live_bytes,
@@ -91,11 +93,12 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
     keep = sum(b.checkpoint_bytes for b in streams if b.is_layer) if training else 0
     working = max((b.working_bytes for b in streams), default=0)
     max_w = max((b.weight_bytes for b in streams), default=0)
+    cache = cache_bytes(ctx, ctx.graph.nodes)  # a decode step's KV caches, every layer's: kept on the wafer
 
     def need(mb: int) -> float:  # SRAM at lane ``mb``: its checkpoints and working set, weights double-buffered
-        return mb * (keep + working) + 2 * max_w
+        return mb * (keep + working) + 2 * max_w + cache
 
-    budget = wafer.sram_bytes - 2 * max_w  # what a lane may fill beside the double-buffered weights
+    budget = wafer.sram_bytes - 2 * max_w - cache  # what a lane may fill beside the weights and the caches
     most = int(max(1, min(batch, budget // (keep + working)))) if keep + working > 0 else batch
     mb = _lane(options, batch, most)
     n_mb = max(1, math.ceil(batch / mb))
@@ -129,7 +132,20 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
         plan.step_overheads_s["wse_grad_writeback"] = lw / wafer.ext.bandwidth_bytes_per_s
         plan.step_overheads_s["wse_memoryx_update"] = lw / wafer.ext.bandwidth_bytes_per_s
         _place_optimizer(ctx, target, plan, wafer)
-    _check_fit(plan, wafer, need, mb, batch, most, layers, keep, working, max_w, total_w + state)
+    _check_fit(
+        plan,
+        wafer,
+        need,
+        mb=mb,
+        batch=batch,
+        most=most,
+        layers=layers,
+        keep=keep,
+        working=working,
+        max_w=max_w,
+        cache=cache,
+        memoryx_bytes=total_w + state,
+    )
     return plan
 
 
@@ -264,6 +280,7 @@ def _check_fit(
     plan: Plan,
     wafer: _Wafer,
     need: Callable[[int], float],
+    *,
     mb: int,
     batch: int,
     most: int,
@@ -271,6 +288,7 @@ def _check_fit(
     keep: int,
     working: int,
     max_w: int,
+    cache: int,
     memoryx_bytes: int,
 ) -> None:
     """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does
@@ -281,7 +299,9 @@ def _check_fit(
         plan.fail(
             f"weight streaming needs {need(1) / 1e9:.2f} GB of wafer SRAM at micro-batch 1 ({layers} layer "
             f"checkpoints of {keep / max(layers, 1) / 1e6:.1f} MB, one layer's working set {working / 1e6:.1f} MB, "
-            f"double-buffered weights {2 * max_w / 1e6:.1f} MB); {wafer.usable:.0%} of "
+            f"double-buffered weights {2 * max_w / 1e6:.1f} MB"
+            + (f", the KV caches {cache / 1e9:.2f} GB" if cache else "")
+            + f"); {wafer.usable:.0%} of "
             f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
             need(1),
             wafer.sram_bytes,
@@ -329,7 +349,7 @@ def _working_bytes(ctx: LoweringContext, nodes: Sequence[Node], kernel_of: dict[
     Inference: the peak of live activations.
     """
     if meta.graph_mode(ctx.graph) != "train":
-        return peak_live_bytes(ctx, nodes)
+        return peak_live_bytes(ctx, nodes, skip=cache_inputs(ctx))  # the caches are held apart (`cache_bytes`)
     graph = ctx.graph
     seen: set[str] = set()
     total = 0
