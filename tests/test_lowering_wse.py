@@ -609,3 +609,15 @@ def test_a_decode_step_keeps_its_kv_cache_on_the_wafer(mode):
     # a cache beyond the wafer's usable SRAM does not fit, and says the cache is why
     huge = lower(_decode(batch=4096, context=4096), WSE, ProfileOptions(wse_mode=mode))
     assert not huge.fits and "KV cache" in huge.failure.reason
+
+
+def test_a_pipelined_regions_size_is_one_samples_not_the_steps_batch():
+    """Samples flow through a region one after another: a region of short sequences cannot use more
+    PEs at batch 64 than at batch 1, so the same stream cut into steps of 1 or 64 samples runs at the
+    same rate (the batch multiplied the region's cap: 10x the samples/s at batch 64, sequences of 16)."""
+    from dabench_ir import api
+
+    one, many = (
+        api.profile("gpt2-small", "wse2", wse_mode="pipelined", batch=b, dims={"seq": 16}).totals for b in (1, 64)
+    )
+    assert many["throughput_samples_per_s"] == pytest.approx(one["throughput_samples_per_s"], rel=1e-9)

@@ -187,11 +187,12 @@ def test_replicas_beside_several_systems_is_refused_in_one_line(capsys, tiny):
 
 
 # figures of `--replicas R` before the cluster model (the code at the commit issue 44's cluster change
-# started from): copies on one wafer, pipelined, training, batch 2 a copy
+# started from): copies on one wafer, pipelined, training, batch 2 a copy. Session 74 moved them once, by
+# a region's size being one sample's, not the step's batch's (`pipelined._size`: 0.418 -> 0.525 ms at 1 copy)
 REPLICAS = {
-    1: (0.00041818105330357276, 4782.617443330527),
-    2: (0.00041921180429018334, 9541.716046791356),
-    4: (0.0004211101114520825, 18997.406574765442),
+    1: (0.0005250831048916268, 3808.920876273071),
+    2: (0.0005261138558782374, 7602.917040310284),
+    4: (0.0005280121630401365, 15151.16612833005),
 }
 
 

@@ -120,7 +120,6 @@ def _size(
     route = target.arch_value("route_pes_per_kernel_pe", needed_by=WHO)
     active = target.arch_value("max_active_fraction", needed_by=WHO)
     io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
-    samples_per_replica = ctx.batch  # every copy runs the graph's batch
     taus, lo, hi = [], [], []
     for k in kernels:
         tau = row_cycles(ctx, target, k) * k.tokens / clock
@@ -128,7 +127,9 @@ def _size(
         rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
         fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
         lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
-        shape_cap = max(1, math.ceil(k.out_elems * samples_per_replica / chunk))
+        # the samples flow through a region one after another (a sample's time W/p + tau): no more PEs
+        # than one sample's output has row chunks
+        shape_cap = max(1, math.ceil(k.out_elems / chunk))
         util_cap = math.floor(k.work_s * (1 - u_min) / (u_min * tau) + 1e-9) if tau > 0 else shape_cap
         taus.append(tau)
         lo.append(lo_k)
