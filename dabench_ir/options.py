@@ -808,6 +808,11 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
             raise UserError(f"{k.flag} applies to --scenario generate; add it or drop {k.flag}")
         if k.group == "measure" and name not in _MEASURED_OR_NOT and not opts.measure:
             raise UserError(f"{k.flag} applies to an onnxruntime run; add --measure or drop {k.flag}")
+        if name == "threads" and not opts.measure and (target is None or target.kind != "cpu"):
+            raise UserError(
+                f"{k.flag} applies to an onnxruntime run or to the host cpu target's calibration; "
+                f"add --measure, use -t cpu, or drop {k.flag}"
+            )
     chips = getattr(opts, "chips", None) or 1  # a scaling knob: a profile's plain options have none
     if opts.measure and chips > 1:  # its report would be the scaling stage's, the measurement lost
         raise UserError(

@@ -810,6 +810,11 @@ def run_scenario(args: Any, opts: ProfileOptions, progress: Any) -> int:
     for flag in ("csv", "html", "trace", "plots", "annotate", "cross_check", "measure"):
         if getattr(args, flag, None):
             raise UserError(f"--{flag.replace('_', '-')} is not available with --scenario generate; use --json")
+    if opts.via != "onnx":
+        raise UserError(
+            f"--via {opts.via} is not available with --scenario generate: its prefill and decode graphs are "
+            "costed from ONNX; drop --via"
+        )
     result = generate(args.model, args.target, opts, prompt=opts.prompt, gen=opts.gen, progress=progress)
     progress.done()
     written = [str(result.write_json(args.json))] if getattr(args, "json", None) else []

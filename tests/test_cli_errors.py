@@ -212,6 +212,11 @@ def tiny_decoder(tmp_path_factory):
         (["-t", "h100", "--prompt", "8", "--gen", "4"], ["--gen applies to --scenario generate"]),
         (["-t", "h100", "--warmup", "4"], ["--warmup applies to an onnxruntime run", "add --measure"]),
         (["--max-weight-bytes", "4GiB"], ["--max-weight-bytes applies to an onnxruntime run"]),
+        (["-t", "h100", "--threads", "1"], ["--threads applies to an onnxruntime run or to the host cpu"]),
+        (
+            ["-t", "h100", "--scenario", "generate", "--prompt", "8", "--gen", "2", "--via", "mlir"],
+            ["--via mlir is not available with --scenario generate", "drop --via"],
+        ),
     ],
 )
 def test_a_knob_that_cannot_apply_is_refused_never_ignored(capsys, tiny_decoder, flags, needles):
