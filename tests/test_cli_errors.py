@@ -363,6 +363,30 @@ def test_annotate_with_several_targets_writes_one_model_per_target(capsys, tiny_
     )
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["rdu.onnx", "wse.onnx"]
+    code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", "wse,rdu", "-q", "--annotate", f"{tmp_path}/ann")
+    assert code == 0, err  # the folder exists now: written into, as --json DIR does
+
+
+def test_a_per_target_file_that_is_the_input_is_refused(capsys, tiny_decoder, tmp_path):
+    """``--annotate s.onnx`` over wse and rdu writes s-wse.onnx and s-rdu.onnx: when the model is
+    s-wse.onnx it would be written over (it was, exit 0); and two outputs may not share a file."""
+    model = tmp_path / "s-wse.onnx"
+    model.write_bytes(tiny_decoder.read_bytes())
+    code, _, err = run_cli(capsys, "profile", str(model), "-t", "wse,rdu", "--annotate", str(tmp_path / "s.onnx"))
+    assert_one_line_error(code, err, "--annotate", "s-wse.onnx: is an input of this run")
+    assert model.read_bytes() == tiny_decoder.read_bytes()
+    code, _, err = run_cli(
+        capsys,
+        "profile",
+        str(tiny_decoder),
+        "-t",
+        "wse,rdu",
+        "--annotate",
+        str(tmp_path / "x.onnx"),
+        "--json",
+        str(tmp_path / "x-wse.onnx"),
+    )
+    assert_one_line_error(code, err, "writes the same file")
 
 
 @pytest.mark.parametrize(

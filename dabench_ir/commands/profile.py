@@ -223,8 +223,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
     creates = [(args.plots, "--plots")] if args.plots is not None else []
+    several = bool(args.target) and "," in args.target  # one file per target: --annotate may name a folder too
     folders = [
-        (getattr(args, f), f"--{f}") for f in ("json", "csv", "html", "trace") if getattr(args, f) not in (None, "-")
+        (getattr(args, f), f"--{f}")
+        for f in ("json", "csv", "html", "trace", *(("annotate",) if several else ()))
+        if getattr(args, f) not in (None, "-")
     ]
     creates += [(path, flag) for path, flag in folders if _is_folder(path)]
     from dabench_ir.targets import target_files
@@ -241,8 +244,8 @@ def _planned_outputs(args: argparse.Namespace) -> list[tuple[Path | str, str]]:
         path = getattr(args, flag)
         if path is None:
             continue
-        suffix = "." + flag.replace("trace", "trace.json")
-        files = [path] if not names or flag == "annotate" else [_per_target_path(path, n, suffix) for n in names]
+        suffix = _SUFFIX.get(flag, "." + flag)
+        files = [path] if not names else [_per_target_path(path, n, suffix) for n in names]
         if names and flag == "trace":
             files = [Path(path) / "trace.json" if _is_folder(path) else Path(path)]
         if names and flag in ("json", "csv", "html"):
