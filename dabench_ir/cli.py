@@ -119,6 +119,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if not getattr(args, "func", None):
             parser.print_help(sys.stdout)
             return 0
+        if getattr(args, "json", None) == "-" and hasattr(args, "quiet"):
+            args.quiet = True  # stdout carries the JSON alone: no table, no progress, no "wrote" lines
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a full disk behind stdout fails here, not at exit
         if held is not None:

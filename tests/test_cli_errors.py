@@ -743,3 +743,24 @@ def test_strict_refuses_a_generation_scenario_whose_phases_hold_nodes_without_a_
     assert run_cli(capsys, *argv)[0] == 0
     code, _, err = run_cli(capsys, *argv, "--strict")
     assert_one_line_error(code, err, "without a cost rule", "Frobnicate")
+
+
+def test_json_to_stdout_is_the_only_thing_on_stdout_for_every_command(capsys, tiny_decoder, tmp_path):
+    """``--json -`` makes stdout parseable: compare, diff and scale printed their table beside it."""
+    import json
+
+    reports = []
+    for target in ("h100", "wse"):
+        path = tmp_path / f"{target}.json"
+        code, _, err = run_cli(capsys, "profile", str(tiny_decoder), "-t", target, "-q", "--json", str(path))
+        assert code == 0, err
+        reports.append(str(path))
+    for argv in (
+        ["compare", *reports, "--json", "-"],
+        ["diff", reports[0], reports[0], "--json", "-"],
+        ["scale", str(tiny_decoder), "-t", "h100", "--chips", "1,2", "--strategy", "dp", "--json", "-"],
+        ["profile", str(tiny_decoder), "-t", "h100", "--json", "-"],
+    ):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        json.loads(out)  # nothing else on stdout

@@ -73,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{' and '.join(to_stdout)}: only one output can go to stdout ('-')")
     if to_stdout and to_stdout[0] != "--json":
         raise UserError(f"{to_stdout[0]} -: only --json can be written to stdout; give a file name")
-    if args.json == "-":
-        args.quiet = True  # stdout carries the JSON alone
     progress = Progress(quiet=args.quiet)
     if opts.scenario:  # --scenario generate: prefill + decode of a request batch
         from dabench_ir.scenario import run_scenario

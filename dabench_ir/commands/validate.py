@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         progress.done()
-    print(result.format_table())
+    if args.json != "-":  # stdout carries the JSON alone
+        print(result.format_table())
     written = []
     for flag, value, write in (
         ("--json", args.json, validate.write_json),
