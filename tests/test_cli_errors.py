@@ -764,3 +764,23 @@ def test_json_to_stdout_is_the_only_thing_on_stdout_for_every_command(capsys, ti
         code, out, err = run_cli(capsys, *argv)
         assert code == 0, err
         json.loads(out)  # nothing else on stdout
+
+
+def test_a_sweep_flag_no_point_keeps_is_refused(capsys, tmp_path):
+    """The smoke spec's points are inference on wse and rdu: --recompute full or --ipus 4 would reach
+    none of them (they were dropped point by point, exit 0); --opt-level reaches its rdu points."""
+    for flag in (["--recompute", "full"], ["--ipus", "4"]):
+        code, _, err = run_cli(capsys, "sweep", "smoke", "--dry-run", *flag)
+        assert_one_line_error(code, err, f"{flag[0]} {flag[1]}: applies to none of the 4 points of smoke", "drop it")
+    code, out, _ = run_cli(capsys, "sweep", "smoke", "--dry-run", "--opt-level", "O3")
+    assert code == 0 and "rdu O3" in out
+
+
+def test_a_sweep_never_writes_into_a_folder_that_holds_its_spec(capsys, tmp_path):
+    spec = Path(__file__).resolve().parents[1] / "dabench_ir" / "data" / "sweeps" / "smoke.toml"
+    inside = tmp_path / "out" / "results.csv"  # the table the run writes
+    inside.parent.mkdir()
+    inside.write_text(spec.read_text())
+    code, _, err = run_cli(capsys, "sweep", str(inside), "-o", str(inside.parent), "-q")
+    assert_one_line_error(code, err, "lies inside this output folder")
+    assert inside.read_text() == spec.read_text()

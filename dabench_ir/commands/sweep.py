@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dabench_ir.commands.flags import add_quiet, wrap
@@ -150,6 +151,17 @@ def lost_points(lost: int, missing: list[str] | None = None) -> int:
     return 1
 
 
+def _check_inputs_outside(source: str, spec: Any, out: str) -> None:
+    """Refuse an output folder that holds the spec file or a target file its points name: the run
+    writes its files there (a spec named results.csv in it was written over)."""
+    from dabench_ir.fileio import plan_outputs
+    from dabench_ir.targets import is_target_path
+
+    targets = {str(p.params["target"]) for p in spec.points if is_target_path(str(p.params["target"]))}
+    inputs = ([Path(source)] if os.path.lexists(source) else []) + [Path(t) for t in sorted(targets)]
+    plan_outputs(inputs, [], folders=[(out, "-o")])
+
+
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.errors import UserError
     from dabench_ir.sweep import bundled_specs, load_spec, run_sweep
@@ -170,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise UserError("sweep: give the output folder with -o DIR")
     grid = grid_options(args, args.output)
+    _check_inputs_outside(args.spec, spec, args.output)
     result = run_grid(args, run_sweep, spec, args.output, grid, node_detail=not args.no_node_detail)
     if not args.quiet:
         ok = sum(1 for r in result.rows if r.get("status") == "ok")

@@ -384,7 +384,7 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
         table = data.get("defaults", {})
         data["defaults"] = {**(table if isinstance(table, dict) else {}), **defaults}
     user_target = (defaults or {}).get("target")
-    return parse_spec(
+    spec = parse_spec(
         data,
         origin=path.name,
         name=data.get("name") or path.stem,
@@ -392,3 +392,12 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
         folder=path.parent,
         user_target=user_target if isinstance(user_target, str) else None,
     )
+    for name, value in (defaults or {}).items():  # a flag no point keeps would be accepted and ignored
+        if name in options.KNOBS and spec.points and not any(name in p.params for p in spec.points):
+            targets = ", ".join(sorted({str(p.params["target"]) for p in spec.points}))
+            modes = ", ".join(sorted({str(p.params.get("mode")) for p in spec.points}))
+            raise UserError(
+                f"{options.KNOBS[name].flag} {value}: applies to none of the {len(spec.points)} points of "
+                f"{spec.name} (targets {targets}; {modes}); drop it"
+            )
+    return spec
