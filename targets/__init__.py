@@ -17,6 +17,8 @@ file, the field and the allowed range.
 
 from __future__ import annotations
 
+import difflib
+
 from dabench_ir._layout import installed_as
 
 installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file, one module
@@ -80,6 +82,91 @@ ARCH_COUNTS = frozenset(
     }
 )
 """``[arch]`` figures that count things (tiles, units, elements, PEs): positive integers (`_Parser.quantity`)."""
+ARCH_KEYS = frozenset(
+    {
+        *ARCH_COUNTS,
+        # GPUs
+        "decode_attention_load_bytes_per_s",
+        "fused_attention_efficiency",
+        "gemm_block_overhead_k",
+        "kv_cache_pool_fraction",
+        "matmul_efficiency",
+        "memory_efficiency",
+        "min_grain_flops",
+        # RDU
+        "act_bytes_per_pmu",
+        "matmul_temp_per_operand_byte",
+        "pcu_efficiency",
+        "pcu_k_half",
+        "weight_bytes_per_pmu",
+        # IPU
+        "amp_bytes_per_cycle",
+        "amp_share_fp32_partials",
+        "code_bytes_per_tile_op",
+        "exchange_bytes_per_s",
+        "fp16_optimizer_bytes_per_param",
+        "matmul_efficiency_fp16",
+        "matmul_efficiency_fp32",
+        "program_bytes_per_tile",
+        "special_ops_per_cycle_fp16",
+        "special_ops_per_cycle_fp32",
+        "tile_sram_bytes",
+        "vector_elems_per_cycle_fp16",
+        "vector_elems_per_cycle_fp32",
+        # WSE
+        "drain_per_step",
+        "fabric_link_bytes_per_cycle",
+        "fifo_sram_fraction",
+        "kernel_row_cycles_matmul",
+        "kernel_row_cycles_reduction",
+        "kernel_row_cycles_vector",
+        "max_active_fraction",
+        "min_utilisation",
+        "pe_matmul_efficiency",
+        "pe_sram_bytes",
+        "pipelined_max_params",
+        "route_pes_per_kernel_pe",
+        "sram_usable_fraction",
+        "ws_recompute",
+    }
+)
+"""Every ``[arch]`` figure a lowering reads: a key outside it is refused when the file is read (a typo
+would be a figure no lowering reads, its default taken unsaid), and a lowering that reads another is an
+internal error (`Target.arch_value`)."""
+OVERHEAD_KEYS = frozenset(
+    {
+        "decode_step_s",
+        "device_step_s",
+        "host_issue_s",
+        "host_per_section_s",
+        "host_step_s",
+        "kernel_launch_s",
+        "per_op_s",
+        "section_reconfig_s",
+        "sync_s",
+        "ws_layer_pass_s",
+    }
+)
+"""Every ``[overheads]`` figure a lowering reads, as `ARCH_KEYS` for ``[arch]``."""
+SECTION_KEYS = {
+    "": frozenset(
+        {"name", "kind", "description", "aliases", "extends", "process", "power", "compute", "memory", "link"}
+        | {"overheads", "parallel", "arch", "topology", "energy", "defaults", "calibration"}
+    ),
+    "process": frozenset({"node_nm", "area_mm2"}),
+    "power": frozenset({"watts", "covers"}),
+    "compute": frozenset({"units", "clock_hz", "unit_name", "peak_flops", "fp32_accumulate_flops"})
+    | frozenset({"vector_flops", "special_ops"}),
+    "memory": frozenset({"name", "level", "capacity_bytes", "bandwidth_bytes_per_s"}),
+    "link": frozenset({"name", "bandwidth_bytes_per_s", "latency_s"}),
+    "parallel": frozenset({"strategies", "tp_collective"}),
+    "topology": frozenset({"devices_per_node", "intra_node_link", "inter_node_link"}),
+    "overheads": OVERHEAD_KEYS,
+    "arch": ARCH_KEYS,
+}
+"""The keys each table of a target file takes (``""``: the top level; ``memory`` and ``link``: each
+entry of those arrays); ``[energy]`` and ``[defaults]`` check theirs where they are read, and
+``[calibration]`` is the host's record of how it was measured (`dabench_ir.execute.calibrate`)."""
 ENERGY_TABLES = ("pj_per_flop", "pj_per_byte")
 """The ``[energy]`` tables (`dabench_ir.energy.energy_model`): picojoules per FLOP by precision, per
 byte by memory or link name; each figure positive. ``static_fraction`` beside them: a fraction."""
@@ -376,14 +463,14 @@ class Target:
 
     def overhead(self, name: str, default: float = 0.0) -> float:
         """An ``[overheads]`` figure a lowering may go without (``default`` when the file has none)."""
-        q = self.overheads.get(name)
+        q = self.overheads.get(_declared(name, OVERHEAD_KEYS))
         return default if q is None else q.value
 
     def overhead_value(self, name: str, *, needed_by: str) -> float:
         """An ``[overheads]`` figure the ``needed_by`` lowering cannot go without (a fitted host or
         device cost: read as 0 it would vanish from every step unsaid); missing raises TargetError
         naming ``overheads.<name>``."""
-        q = self.overheads.get(name)
+        q = self.overheads.get(_declared(name, OVERHEAD_KEYS))
         if q is None:
             raise TargetError(
                 f"target file {self.origin}: missing field overheads.{name} (needed by the {needed_by} lowering)"
@@ -392,7 +479,7 @@ class Target:
 
     def arch_value(self, name: str, default: float | None = None, *, needed_by: str = "") -> float:
         """An ``[arch]`` knob; missing and no default raises TargetError naming ``arch.<name>``."""
-        q = self.arch.get(name)
+        q = self.arch.get(_declared(name, ARCH_KEYS))
         if q is not None:
             return q.value
         if default is not None:
@@ -509,6 +596,17 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {type(value).__name__}")
 
 
+_OWNED_ELSEWHERE = {"arch.tiles": "an IPU's compute.units (its tiles)"}
+"""Keys older target files set that another field owns now: read twice, the two could disagree."""
+
+
+def _declared(name: str, keys: frozenset[str]) -> str:
+    """``name``, a figure the format declares (`ARCH_KEYS`, `OVERHEAD_KEYS`): reading another is a bug."""
+    if name not in keys:
+        raise ValueError(f"no target file declares the figure {name!r}: add it to the format's keys")
+    return name
+
+
 class _Parser:
     """Field-by-field validation with error messages that name the field."""
 
@@ -517,6 +615,19 @@ class _Parser:
 
     def fail(self, what: str) -> TargetError:
         return TargetError(f"target file {self.origin}: {what}")
+
+    def keys(self, d: Mapping[str, Any], section: str, path: str) -> None:
+        """Refuse a key ``section`` does not take (`SECTION_KEYS`): a typo would be a figure nothing
+        reads, its default taken unsaid."""
+        allowed = SECTION_KEYS[section]
+        for key in d:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else key
+                if where in _OWNED_ELSEWHERE:
+                    raise self.fail(f"{where} is {_OWNED_ELSEWHERE[where]}; drop {where}")
+                near = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(sorted(allowed))}"
+                raise self.fail(f"field {where}: unknown key; {hint}")
 
     def table(self, d: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
         if key not in d:
@@ -626,6 +737,7 @@ class _Parser:
         """The ``[topology]`` table: ``devices_per_node`` and the names of two ``[[link]]`` entries."""
         if not raw:
             return None
+        self.keys(raw, "topology", "topology")
         per_node = self.quantity(raw, "devices_per_node", "topology.devices_per_node", rule=schema.COUNT)
         by_name = {lk.name: lk for lk in links}
 
@@ -645,6 +757,7 @@ class _Parser:
         """``[compute]``: the units, their clock and name, the peak per precision, the per-class rates
         (``vector_flops``, ``special_ops``) and the fp32-accumulated rate of 16-bit inputs, as the
         `Target` fields they fill."""
+        self.keys(compute, "compute", "compute")
         units = self.quantity(compute, "units", "compute.units", rule=schema.COUNT)
         clock = self.quantity(compute, "clock_hz", "compute.clock_hz", required=False, positive=True)
         unit_name = self.string(compute, "unit_name", "compute.unit_name", default="unit")
@@ -688,6 +801,7 @@ class _Parser:
             p = f"memory[{i}]"
             if not isinstance(m, Mapping):
                 raise self.fail(f"field {p} must be a table")
+            self.keys(m, "memory", p)
             level = self.string(m, "level", f"{p}.level")
             if level not in LEVELS:
                 raise self.fail(f"field {p}.level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -710,6 +824,7 @@ class _Parser:
             p = f"link[{i}]"
             if not isinstance(lk, Mapping):
                 raise self.fail(f"field {p} must be a table")
+            self.keys(lk, "link", p)
             links.append(
                 Link(
                     name=self.string(lk, "name", f"{p}.name"),
@@ -722,6 +837,7 @@ class _Parser:
     def target(self, d: Mapping[str, Any]) -> Target:
         if not isinstance(d, Mapping):
             raise self.fail("a target file must be a TOML table")
+        self.keys(d, "", "")
         name = self.string(d, "name", "name")
         kind = self.string(d, "kind", "kind")
         if kind not in KINDS:
@@ -731,9 +847,11 @@ class _Parser:
             raise self.fail("field aliases must be a list of strings")
 
         process = self.table(d, "process", "process")
+        self.keys(process, "process", "process")
         node = self.quantity(process, "node_nm", "process.node_nm", positive=True)
         self.quantity(process, "area_mm2", "process.area_mm2", required=False, positive=True)  # energy.target_area_mm2
         power = self.table(d, "power", "power")
+        self.keys(power, "power", "power")
         watts = self.quantity(power, "watts", "power.watts", positive=True)
         covers = self.string(power, "covers", "power.covers", default="chip")
 
@@ -742,12 +860,15 @@ class _Parser:
         links = self.links(d.get("link", []))
 
         overheads_raw = self.table(d, "overheads", "overheads", required=False)
+        self.keys(overheads_raw, "overheads", "overheads")
         overheads = {k: self.quantity(overheads_raw, k, f"overheads.{k}") for k in overheads_raw}
         parallel = self.table(d, "parallel", "parallel", required=False)
+        self.keys(parallel, "parallel", "parallel")
         strategies = parallel.get("strategies", [])
         if not isinstance(strategies, list) or not all(s in ("dp", "tp", "pp") for s in strategies):
             raise self.fail(f"field parallel.strategies must list some of dp, tp, pp, got {strategies!r}")
         arch_raw = self.table(d, "arch", "arch", required=False)
+        self.keys(arch_raw, "arch", "arch")
         arch = {
             k: self.quantity(arch_raw, k, f"arch.{k}", rule=schema.COUNT if k in ARCH_COUNTS else None)
             for k in arch_raw

@@ -225,12 +225,13 @@ def test_a_counterfactual_target_changes_named_figures_and_says_so():
             "link[1].bandwidth_bytes_per_s": "link[0].bandwidth_bytes_per_s",
             "energy.pj_per_byte.ddr": 0.5,
             "overheads.host_step_s": 0,
-            "arch.new_switch": 1,
+            "arch.pcu_k_half": 1,  # a figure the file sets
+            "arch.min_grain_flops": 1,  # one the format declares that the file does not set
         }
     )
     assert cf.peak_flops("fp32") == sn30.peak_flops("bf16") == 650e12 and sn30.peak_flops("fp32") == 325e12
     assert cf.links[1].bandwidth_bytes_per_s == 32e9 and cf.overhead("host_step_s") == 0.0
-    assert cf.raw["energy"]["pj_per_byte"]["ddr"]["value"] == 0.5 and cf.arch_value("new_switch") == 1.0
+    assert cf.raw["energy"]["pj_per_byte"]["ddr"]["value"] == 0.5 and cf.arch_value("min_grain_flops") == 1.0
     q = cf.peaks["fp32"]
     assert (
         q.estimate and q.source == "counterfactual: compute.peak_flops.fp32 = 'compute.peak_flops.bf16'; was 3.25e+14"
@@ -294,3 +295,39 @@ def test_a_fitted_overhead_the_lowering_needs_is_never_read_as_zero(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"missing field overheads.{figure}" in err
+
+
+TYPOS = [
+    (
+        "[overheads]\n",
+        'kernel_lanch_s = { value = 1.0, source = "x" }',
+        "overheads.kernel_lanch_s: unknown key; did you mean",
+    ),
+    (
+        "[arch]\n",
+        'matmul_eficiency = { value = 0.5, source = "x" }',
+        "arch.matmul_eficiency: unknown key; did you mean",
+    ),
+    ("[power]\n", 'wattz = { value = 3, source = "x" }', "field power.wattz: unknown key"),
+]
+
+
+@pytest.mark.parametrize(("table", "line", "needle"), TYPOS)
+def test_a_key_the_format_does_not_take_is_refused_naming_it(tmp_path, table, line, needle):
+    """A typo is a figure no lowering reads, its default taken unsaid (a mistyped kernel_launch_s
+    dropped every kernel launch: 241 -> 229 us a step): refused when the file is read, with the key
+    it probably meant; so is a table the format does not have."""
+    text = builtin_target_paths()["h100"].read_text()
+    assert table in text
+    path = tmp_path / "h100-typo.toml"
+    path.write_text(text.replace('name = "h100"', 'name = "h100-typo"', 1).replace(table, f"{table}{line}\n", 1))
+    with pytest.raises(TargetError, match=needle.replace(".", r"\.")):
+        load_target(str(path))
+    path.write_text(text.replace('name = "h100"', 'name = "h100-typo"', 1) + "\n[bogus]\nx = 1\n")
+    with pytest.raises(TargetError, match="field bogus: unknown key"):
+        load_target(str(path))
+
+
+def test_a_lowering_reading_a_figure_the_format_does_not_declare_is_a_bug():
+    with pytest.raises(ValueError, match="no target file declares the figure 'no_such_figure'"):
+        load_target("h100").arch_value("no_such_figure", 1.0)

@@ -66,10 +66,6 @@ class IpuFigures:
     @classmethod
     def read(cls, target: Target, ctx: LoweringContext) -> IpuFigures:
         """The figures of ``target``; a missing required field raises naming it (``needed by the ipu lowering``)."""
-        if "tiles" in target.arch:  # a figure with one owner: read twice, the two could disagree
-            raise TargetError(
-                f"target file {target.origin}: arch.tiles is an IPU's compute.units (its tiles); drop arch.tiles"
-            )
         tiles = target.num_units
         sram = target.memory(FEED_LEVEL)
         capacity = sram.capacity_bytes
