@@ -346,8 +346,19 @@ _GOOD_HEAD = 'format = "dabench-ir/measurements/v1"\n'
         ("[[points]]\nid = 'x'\nkind = 'bandwidth'\ntarget = 'nochip'\nsource = 's'\n", "point 'x': target:"),
         (
             "[[points]]\nid = 'x'\nkind = 'gemm'\ntarget = 'ipu'\nsource = 's'\ngemm = {size = 64}\n"
-            "measured = {tflops = 1.0, speed = -3}\n",
-            "point 'x': measured.speed: expected a positive number",
+            "measured = {tflops = -3}\n",
+            "point 'x': measured.tflops: expected a positive number",
+        ),
+        (
+            "[[points]]\nid = 'x'\nkind = 'gemm'\ntarget = 'ipu'\nsource = 's'\ngemm = {size = 64}\n"
+            "measured = {tflop = 1.0}\n",
+            "point 'x': measured.tflop: a quantity the format does not define; did you mean 'tflops'?",
+        ),
+        (
+            "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"
+            "model = {family = 'gpt2', layers = 1, hidden = 64, heads = 4, seq = 8, batch = 1}\n"
+            "run = {opt_levl = 'O3'}\n",
+            "point 'x': run.opt_levl: no such run key; did you mean 'opt_level'?",
         ),
         (
             "[[points]]\nid = 'x'\nkind = 'model'\ntarget = 'rdu'\nsource = 's'\nmeasured = {samples_per_s = 1.0}\n"

@@ -194,7 +194,10 @@ def run_option(key: str) -> _Option:
         return _Option(None, refused=f"not a run key: {NOT_RUN_KEYS[key]}")
     if key in KNOBS:
         return _Option(key)
-    return _Option(None, refused="the tool has no such knob (dabench_ir.validate.RUN_OPTIONS lists the keys)")
+    return _Option(None, refused=_NO_KNOB)
+
+
+_NO_KNOB = "the tool has no such knob (dabench_ir.validate.RUN_OPTIONS lists the keys)"
 
 
 def option_kinds(opt: _Option) -> frozenset[str] | None:
@@ -338,9 +341,15 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         _check_model(model, bad, generate=kind == "generate")
     if kind == "generate":
         _check_generate(generate, run, bad)
-    for key, value in run.items():  # an option the tool does not know is run without and listed as ignored
+    for key, value in run.items():  # a knob the tool has but cannot honour refuses the point (CANNOT RUN)
+        if run_option(key).refused == _NO_KNOB:  # a typo: refused with the file
+            from dabench_ir.options import KNOBS
+
+            raise bad(f"run.{key}", f"no such run key{_near(key, [*RUN_OPTIONS, *KNOBS])}")
         _check_run_value(key, value, bad)
-    for key, value in measured.items():  # a quantity the tool does not know is listed as not predicted
+    for key, value in measured.items():
+        if key not in MEASURED_FILES and key not in MEASURED_NUMBERS:
+            raise bad(f"measured.{key}", f"a quantity the format does not define{_near(key, MEASURED_NUMBERS)}")
         if key in MEASURED_FILES:
             if not isinstance(value, str):
                 raise bad(f"measured.{key}", f"expected a file name, got {value!r}")
@@ -482,6 +491,14 @@ def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError],
         for key in ("family", "hidden", "heads") if generate else ("family", "hidden", "heads", "seq"):
             if key not in model:
                 raise bad(f"model.{key}", "missing (or give model.preset)")
+
+
+def _near(key: str, known: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the known name closest to a mistyped ``key`` (nothing when none is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError]) -> None:
