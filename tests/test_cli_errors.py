@@ -784,3 +784,63 @@ def test_a_sweep_never_writes_into_a_folder_that_holds_its_spec(capsys, tmp_path
     code, _, err = run_cli(capsys, "sweep", str(inside), "-o", str(inside.parent), "-q")
     assert_one_line_error(code, err, "lies inside this output folder")
     assert inside.read_text() == spec.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["targets", "--scaling", "dennard"], ["--scaling dennard is how --normalize-to scales energy"]),
+        (["targets", "--show", "wse2", "--catalog"], ["--show prints one target's figures; --catalog"]),
+        (["targets", "--show", "wse2", "--normalize-to", "7"], ["--normalize-to applies to the table"]),
+        (["sweep", "smoke", "--dry-run", "--jobs", "-1"], ["--jobs -1: expected a positive number"]),
+        (
+            ["export", "--preset", "gpt2-small", "--layers", "1", "--weights", "none", "--seed", "3", "-o", "x.onnx"],
+            ["--seed seeds random weights; this export has none"],
+        ),
+        (
+            [
+                "export",
+                "--preset",
+                "gpt2-small",
+                "--layers",
+                "1",
+                "--weights",
+                "none",
+                "--max-weight-bytes",
+                "5",
+                "-o",
+                "x.onnx",
+            ],
+            ["--max-weight-bytes caps random weights"],
+        ),
+        (
+            [
+                "export",
+                "--preset",
+                "gpt2-small",
+                "--layers",
+                "1",
+                "--no-stamp",
+                "--format",
+                "mlir-torch",
+                "-o",
+                "x.mlir",
+            ],
+            ["--no-stamp applies to ONNX exports"],
+        ),
+    ],
+)
+def test_a_flag_that_changes_nothing_is_refused(capsys, tmp_path, monkeypatch, argv, needles):
+    """Each was accepted and the output byte-identical without it."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, *needles)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_negative_top_is_refused_by_every_command_that_takes_it(capsys, tiny_decoder, tmp_path):
+    report = tmp_path / "r.json"
+    assert run_cli(capsys, "profile", str(tiny_decoder), "-t", "h100", "-q", "--json", str(report))[0] == 0
+    for argv in (["profile", str(tiny_decoder), "-t", "h100"], ["diff", str(report), str(report)]):
+        code, _, err = run_cli(capsys, *argv, "--top", "-3")
+        assert_one_line_error(code, err, "--top -3: expected 0 (all rows) or a positive number")

@@ -86,7 +86,9 @@ def test_every_byte_size_flag_parses_alike(text, value):
     args = parser.parse_args(["profile", "m.onnx", "--measure", "--max-weight-bytes", text])
     profiled = options_from_args(args, ProfileOptions, PROFILE).max_weight_bytes
     assert exported == profiled == value
-    defaults = (parser.parse_args(["export", "-o", "x.onnx"]).max_weight_bytes, ProfileOptions().max_weight_bytes)
+    from dabench_ir.commands.export import weight_cap
+
+    defaults = (weight_cap(parser.parse_args(["export", "-o", "x.onnx"])), ProfileOptions().max_weight_bytes)
     assert defaults == (DEFAULT_MAX_WEIGHT_BYTES, DEFAULT_MAX_WEIGHT_BYTES)
 
 

@@ -7,7 +7,14 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from dabench_ir.commands.flags import add_node_scaling, add_outputs, add_quiet, strict_warnings, write_given
+from dabench_ir.commands.flags import (
+    add_node_scaling,
+    add_outputs,
+    add_quiet,
+    node_scaling,
+    strict_warnings,
+    write_given,
+)
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "check_estimated", "run"]
 
@@ -48,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from dabench_ir.report.html import write_compare_html
 
+    rule = node_scaling(args)
     if args.normalize_to is not None:
         check_process_node(args.normalize_to)
     plan_outputs(args.reports, [(getattr(args, f), f"--{f}") for f in ("json", "csv", "html") if getattr(args, f)])
@@ -58,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.normalize_to is not None:
         from dabench_ir.report.compare import add_normalised
 
-        add_normalised(rows, args.normalize_to, args.scaling)
+        add_normalised(rows, args.normalize_to, rule)
     links = [[("json", Path(src).resolve().as_uri())] for src in args.reports]  # --html: each row to its report
     written = write_given(
         args,

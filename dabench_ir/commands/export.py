@@ -14,7 +14,7 @@ import time
 from dabench_ir.errors import UserError
 from dabench_ir.options import DEFAULT_MAX_WEIGHT_BYTES, MAX_LAYERS
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run", "weight_cap"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-weight-bytes",
         type=_byte_size,
-        default=DEFAULT_MAX_WEIGHT_BYTES,
         metavar="N",
         help=f"refuse --weights random above this many bytes (default {DEFAULT_MAX_WEIGHT_BYTES >> 30}GiB)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for --weights random (default 0)")
+    p.add_argument("--seed", type=int, help="seed for --weights random (default 0)")
     p.add_argument(
         "--format",
         choices=tuple(_SUFFIXES),
@@ -163,6 +162,22 @@ def _config(args: argparse.Namespace):
     return ModelConfig(**params)
 
 
+def weight_cap(args: argparse.Namespace) -> int:
+    """``--max-weight-bytes``, or its default (`options.DEFAULT_MAX_WEIGHT_BYTES`, profile's too)."""
+    return DEFAULT_MAX_WEIGHT_BYTES if args.max_weight_bytes is None else args.max_weight_bytes
+
+
+def _refuse_ignored(args: argparse.Namespace, weights: str) -> None:
+    """No flag accepted and ignored: --seed draws random weights, --max-weight-bytes caps them when
+    --weights chooses (auto) or draws them, --no-stamp is how ONNX exports its blocks."""
+    if args.seed is not None and weights != "random":
+        raise UserError(f"--seed seeds random weights; this export has none (--weights {args.weights}): drop --seed")
+    if args.max_weight_bytes is not None and args.weights == "none":
+        raise UserError("--max-weight-bytes caps random weights; --weights none writes none: drop one of them")
+    if args.no_stamp and args.format != "onnx":
+        raise UserError(f"--no-stamp applies to ONNX exports, not --format {args.format}: drop it")
+
+
 def _status(message: str) -> None:
     print(f"dabench-ir export: {message}", file=sys.stderr, flush=True)
 
@@ -184,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.output, "-o")  # before minutes of exporting, not after
     from dabench_ir.models.export import export_model, require_exporter, resolve_weights
 
-    resolve_weights(cfg, args.weights, args.max_weight_bytes)  # refuse early, before importing torch
+    cap = weight_cap(args)
+    weights = resolve_weights(cfg, args.weights, cap)  # refuse early, before importing torch
+    _refuse_ignored(args, weights)
     require_exporter("export")
     start = time.perf_counter()
     result = export_model(
@@ -192,10 +209,10 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         format=args.format,
         weights=args.weights,
-        max_weight_bytes=args.max_weight_bytes,
+        max_weight_bytes=cap,
         dynamic=args.dynamic,
         stamp=not args.no_stamp,
-        seed=args.seed,
+        seed=args.seed or 0,
         progress=_status,
     )
     nodes = f"{result.nodes} nodes, " if result.nodes else ""

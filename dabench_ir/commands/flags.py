@@ -11,7 +11,19 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["add_node_scaling", "add_outputs", "add_quiet", "refuse_uncounted", "strict_warnings", "wrap", "write_given"]
+from dabench_ir.errors import UserError
+
+__all__ = [
+    "add_node_scaling",
+    "add_outputs",
+    "add_quiet",
+    "check_top",
+    "node_scaling",
+    "refuse_uncounted",
+    "strict_warnings",
+    "wrap",
+    "write_given",
+]
 
 
 def wrap(text: str) -> str:
@@ -19,6 +31,22 @@ def wrap(text: str) -> str:
     import textwrap
 
     return textwrap.fill(text, 80)
+
+
+def check_top(top: int) -> None:
+    """``--top N``: 0 (every row) or a positive number."""
+    if top < 0:
+        raise UserError(f"--top {top}: expected 0 (all rows) or a positive number")
+
+
+def node_scaling(args: Any) -> str:
+    """The rule ``--normalize-to`` scales energy by (`add_node_scaling`): ``--scaling`` without
+    ``--normalize-to`` scales nothing, so it is refused."""
+    if args.scaling is not None and args.normalize_to is None:
+        raise UserError(
+            f"--scaling {args.scaling} is how --normalize-to scales energy; add --normalize-to NM or drop it"
+        )
+    return args.scaling or "post-dennard"
 
 
 def add_quiet(p: Any, help: str) -> None:
@@ -41,7 +69,6 @@ def add_node_scaling(p: argparse.ArgumentParser, normalize_help: str) -> None:
     p.add_argument(
         "--scaling",
         choices=list(SCALING_RULES),
-        default="post-dennard",
         help="how --normalize-to scales energy with the node: post-dennard (linear) or dennard (cubic) "
         "(default: post-dennard; docs/energy.md)",
     )

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from dabench_ir.commands.flags import add_outputs, add_quiet, refuse_uncounted, write_given
+from dabench_ir.commands.flags import add_outputs, add_quiet, check_top, refuse_uncounted, write_given
 from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
 
@@ -218,8 +218,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         models = [] if names_preset(args.model) else models  # a preset: the run exports it (pipeline.load_graph)
     for model in models:
         check_input_file(model, "MODEL")
-    if args.top < 0:
-        raise UserError(f"--top {args.top}: expected 0 (all rows) or a positive number")
+    check_top(args.top)
     creates = [(args.plots, "--plots")] if args.plots is not None else []
     several = bool(args.target) and "," in args.target  # one file per target: --annotate may name a folder too
     folders = [

@@ -7,7 +7,7 @@ import logging
 import os
 from functools import partial
 
-from dabench_ir.commands.flags import add_outputs, add_quiet, strict_warnings, write_given
+from dabench_ir.commands.flags import add_outputs, add_quiet, check_top, strict_warnings, write_given
 from dabench_ir.errors import UserError
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "check_paths", "run", "write_outputs"]
@@ -116,6 +116,8 @@ def write_outputs(args: argparse.Namespace, doc: dict) -> None:
 
 def check_paths(args: argparse.Namespace) -> None:
     from dabench_ir.fileio import check_input_file, check_output_dir, plan_outputs
+
+    check_top(args.top)
 
     inputs = [
         p for p in (getattr(args, "model", None), getattr(args, "before", None), getattr(args, "after", None)) if p

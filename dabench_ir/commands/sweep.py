@@ -87,18 +87,24 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
 
 
-def grid_options(args: argparse.Namespace, out: str) -> dict[str, Any]:
-    """How a grid command's points run, from its grid flags (`add_grid_arguments`): `run_sweep`'s
-    keywords (`run_study` takes them too), after checking its folders and its executor (one line
-    each, before any work: a Ray address no head answers is refused before the results table is begun)."""
+def check_grid_flags(args: argparse.Namespace) -> None:
+    """The grid flags' values, before any work (a dry run's too: a flag is never accepted unread)."""
     from dabench_ir.errors import UserError
-    from dabench_ir.fileio import check_output_dir
-    from dabench_ir.sweep.executors import check_ray_address
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected a positive number")
     if args.address is not None and args.executor != "ray":
         raise UserError("--address is for --executor ray")
+
+
+def grid_options(args: argparse.Namespace, out: str) -> dict[str, Any]:
+    """How a grid command's points run, from its grid flags (`add_grid_arguments`): `run_sweep`'s
+    keywords (`run_study` takes them too), after checking its folders and its executor (one line
+    each, before any work: a Ray address no head answers is refused before the results table is begun)."""
+    from dabench_ir.fileio import check_output_dir
+    from dabench_ir.sweep.executors import check_ray_address
+
+    check_grid_flags(args)
     if args.executor == "ray" and args.address is not None:
         check_ray_address(args.address)
     check_output_dir(out, "-o")
@@ -174,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.spec:
         raise UserError("sweep: give a SPEC (.toml file or bundled name) or --list")
     spec = load_spec(args.spec, defaults=knob_values(args, SWEEP), force=args.force)
+    check_grid_flags(args)
     if args.dry_run:
         for point in spec.points:
             print(point.label())

@@ -6,7 +6,8 @@ import argparse
 import fnmatch
 import logging
 
-from dabench_ir.commands.flags import add_node_scaling, add_outputs
+from dabench_ir.commands.flags import add_node_scaling, add_outputs, node_scaling
+from dabench_ir.errors import UserError
 from dabench_ir.targets import Target, list_targets
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run", "target_dict"]
@@ -176,10 +177,14 @@ def render_parameters(target: Target) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    rule = node_scaling(args)
     if args.normalize_to is not None:
         from dabench_ir.energy import check_process_node
 
         check_process_node(args.normalize_to)
+    if args.show and (args.catalog or args.normalize_to is not None):
+        flag = "--catalog" if args.catalog else "--normalize-to"
+        raise UserError(f"--show prints one target's figures; {flag} applies to the table of every target: drop one")
     if args.show:
         from dabench_ir.targets import load_target, target_files
 
@@ -207,17 +212,17 @@ def run(args: argparse.Namespace) -> int:
                     row["node_nm"],
                     args.normalize_to,
                     gops_per_mm2=row.get("gops_per_mm2"),
-                    rule=args.scaling,
+                    rule=rule,
                 )
-            doc["normalized_to_nm"], doc["scaling"] = args.normalize_to, args.scaling
+            doc["normalized_to_nm"], doc["scaling"] = args.normalize_to, rule
         _write_json(doc, args.json)
         return 0
     if args.catalog:
-        print(render_efficiency(catalog_rows(), args.normalize_to, args.scaling, title="published designs"))
+        print(render_efficiency(catalog_rows(), args.normalize_to, rule, title="published designs"))
         return 0
     targets = list_targets()
     if args.normalize_to is not None:
-        print(render_efficiency([target_row(t) for t in targets], args.normalize_to, args.scaling, title="targets"))
+        print(render_efficiency([target_row(t) for t in targets], args.normalize_to, rule, title="targets"))
         return 0
     for target in targets:
         print("\n".join(describe(target)))
