@@ -215,6 +215,19 @@ def test_a_lock_no_live_sweep_holds_is_taken_over(tmp_path, cache, lock_text):
     assert not list((tmp_path / "points").glob("*.lock"))
 
 
+def test_a_stale_lock_beside_a_finished_point_is_cleared_on_the_next_run(tmp_path, cache):
+    """A sweep killed (kill -9) after writing a point's record and before letting go leaves its lock
+    file: the next run skips the point and removes the lock, which no live sweep holds."""
+    from dabench_ir.sweep.runner import point_key
+
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["wse"]}})
+    run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    stale = tmp_path / "points" / f"{point_key(spec.points[0].params)}.lock"
+    stale.write_text("a dead sweep's lock\n")
+    again = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert (again.ran, again.skipped) == (0, 1) and not stale.exists()
+
+
 def test_a_point_a_live_sweep_holds_is_waited_for_then_run_if_left(tmp_path, cache):
     """A lock held by a live sweep that lets go without a record: this sweep runs the point
     itself rather than ending without it (no point lost, none computed twice)."""

@@ -131,6 +131,12 @@ class _Locks:
             return True
         return False
 
+    def clear_stale(self, key: str) -> None:
+        """Remove ``key``'s lock file when a dead sweep left it beside its finished point (a kill -9
+        between writing the record and letting go); one a live sweep holds stays."""
+        if self._path(key).exists() and self.acquire(key):
+            self.release(key)
+
     def release(self, key: str) -> None:
         fd = self.held.pop(key, None)
         if fd is not None:
@@ -220,6 +226,7 @@ class _Book:
             for key, params in keyed:
                 if self.is_done(key):
                     self.result.skipped += 1
+                    self.locks.clear_stale(key)
                 elif not self.locks.acquire(key):
                     elsewhere.append((key, params))
                 elif self.is_done(key):  # finished by another sweep between the check and the lock
