@@ -300,7 +300,7 @@ def gemm_wave_efficiency(ctx: LoweringContext, node: Node, target: Target, micro
     elif m % micro_batches == 0:
         m //= micro_batches
     sms = target.num_units
-    k0 = int(target.arch_value("gemm_block_overhead_k", 0.0))
+    k0 = int(target.arch_value("gemm_block_overhead_k", needed_by="gpu"))  # a GPU with a tile states its own
     shapes = [(m, n, k)]
     if forward is not None and backward is not None and forward.contraction_flops:
         grads = round(backward.contraction_flops / forward.contraction_flops)
