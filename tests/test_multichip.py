@@ -97,6 +97,21 @@ def test_a_multi_chip_report_labels_the_step_and_one_chip_apart():
     assert tp.model["params"] == one.model["params"] and per_chip["params"] < one.model["params"]
     assert tp.totals["bytes"] == 4 * per_chip["bytes"]  # every chip's bytes
     assert tp.totals["energy_j"] > 0 and tp.totals["devices"] == 4 and tp.totals["target_power_w"] == 4 * 700
+    # the collectives the step waits for are a row of their own in every output: the rows sum to the step
+    doc = tp.to_dict()
+    assert tp.totals["comm_time_s"] > 0 and doc["overheads"]["collectives"] == pytest.approx(tp.totals["comm_time_s"])
+    assert sum(r["time_s"] for r in doc["roles"]) == pytest.approx(tp.totals["time_s"], rel=1e-12)
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from dabench_ir.report.trace import write_report_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = json.loads(write_report_trace(tp, Path(tmp) / "t.json").read_text())
+    assert trace["otherData"]["step_time_s"] == pytest.approx(tp.totals["time_s"])
+    (collectives,) = [e for e in trace["traceEvents"] if e.get("name") == "collectives"]
+    assert collectives["dur"] == pytest.approx(tp.totals["comm_time_s"] * 1e6)
     text = render_table(tp, color=False, width=200)
     assert "(all 4 chips: the model's work, every chip's bytes)" in text
     assert "  one chip   " in text and "metrics    per chip: " in text

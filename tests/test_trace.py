@@ -111,3 +111,18 @@ def test_validate_trace_catches_time_going_back_per_track():
     back = [*ok, {"ph": "C", "name": "m", "pid": 1, "ts": 4, "args": {"a": 2}}]
     problems = validate_trace({"traceEvents": back})
     assert len(problems) == 1 and "goes back" in problems[0]
+
+
+def test_an_ipu_nodes_phases_carry_its_flops_and_bytes_once(tmp_path):
+    """An IPU node is drawn as compute, exchange and sync slices: summing the trace's slices counts
+    its FLOPs and bytes once (each slice carried them all: 3x a matmul's FLOPs)."""
+    from dabench_ir import api
+
+    report = api.profile("gpt2-small", "bow")
+    doc = json.loads(write_report_trace(report, tmp_path / "t.json").read_text())
+    flops: dict[str, float] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and "flops" in e.get("args", {}):
+            flops[e["name"]] = flops.get(e["name"], 0) + e["args"]["flops"]
+    by_node = {n.name: n.flops for n in report.nodes}
+    assert flops and all(flops[name] == by_node[name] for name in flops)

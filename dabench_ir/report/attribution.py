@@ -305,10 +305,16 @@ def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
     return out
 
 
+STEP_OVERHEADS = "step_overheads_s"
+"""``Report.extra`` key of the step costs a multi-chip report adds beyond its chip's timeline (the
+collectives a tensor- or data-parallel step waits for: `build.build_scaled_report`)."""
+
+
 def overhead_rows(report: Report) -> list[dict[str, Any]]:
-    """One row per step cost no node owns (reconfiguration, stalls, host time, fill/drain, collectives)."""
+    """One row per step cost no node owns (reconfiguration, stalls, host time, fill/drain, collectives):
+    the timeline's, and a multi-chip step's beyond its chip's (`STEP_OVERHEADS`)."""
     timeline = report.timeline
-    overheads = dict(getattr(timeline, "overheads_s", None) or {})
+    overheads = {**(getattr(timeline, "overheads_s", None) or {}), **report.extra.get(STEP_OVERHEADS, {})}
     rows = []
     for name, seconds in overheads.items():
         if not seconds:

@@ -19,6 +19,7 @@ from dabench_ir.passes import FLOP_CONVENTION, meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
 from dabench_ir.passes.meta import MODEL_FAMILY, MODEL_PRESET
 from dabench_ir.passes.precision import dominant_storage_dtype
+from dabench_ir.report.attribution import STEP_OVERHEADS
 from dabench_ir.report.model import COST_FIELDS, NodeRecord, Report
 from dabench_ir.report.roles import node_roles
 
@@ -504,6 +505,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
             }
         )
     report.totals = totals
+    if not staged and point.comm_time_s:  # the collectives the step waits for: a row of their own
+        report.extra[STEP_OVERHEADS] = {"collectives": point.comm_time_s}
     report.model = {**report.model, "params": graph.num_params}  # the unsplit model's
     # a placement over several devices of its own (the IPU's replicas, its pipeline) has their rates
     # and power: one chip's is its share; under pp no one chip runs the placement's work

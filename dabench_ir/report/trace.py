@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dabench_ir.ir import Graph
+from dabench_ir.report.attribution import STEP_OVERHEADS
 from dabench_ir.report.model import json_bytes
 from dabench_ir.timeline import Timeline
 
@@ -205,10 +206,12 @@ def chrome_trace_events(
     measured: Timeline | None = None,
     label: str | None = None,
     tracks: _Tracks | None = None,
+    after: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Trace events: metadata for each process and thread, then slices and counters in time
     order (see the module docstring). ``label`` names the target's processes (default: the
-    plan's target name); ``tracks`` adds them to another target's trace (`write_targets_trace`)."""
+    plan's target name); ``tracks`` adds them to another target's trace (`write_targets_trace`);
+    ``after``: step costs beyond the timeline's step (a multi-chip step's collectives), drawn after it."""
     roles = roles or {}
     own = tracks is None
     tracks = tracks if tracks is not None else _Tracks()
@@ -271,6 +274,10 @@ def chrome_trace_events(
         logger.info("trace: %d later micro-batch runs folded into their node's args (runs, busy_s)", skipped)
     step = f"{predicted}{target} step".strip()
     _overheads(tracks, timeline, plan, step)
+    t = timeline.step_time_s
+    for kind, seconds in (after or {}).items():
+        tracks.add(step, kind, kind, t, t + seconds, {"bound": "overhead"}, cat="overhead")
+        t += seconds
     _counters(tracks, timeline, graph, plan, step)
     if measured is not None:
         host = "measured: host (onnxruntime)"
@@ -357,7 +364,8 @@ def _link_busy(timeline: Timeline, plan: Any) -> list[tuple[float, dict[str, flo
 def _ipu_phases(
     tracks: _Tracks, process: str, name: str, start: float, end: float, np_: Any, args: dict[str, Any]
 ) -> None:
-    """An IPU node run as its bulk-synchronous phases: compute, then exchange, then sync."""
+    """An IPU node run as its bulk-synchronous phases: compute, then exchange, then sync. The node's
+    FLOPs and bytes ride on its first slice only, so that summing a trace's slices counts them once."""
     work = max(np_.compute_s, np_.memory_s)
     parts = [("compute", work), ("exchange", np_.comm_s), ("sync", np_.overhead_s)]
     total = sum(p for _, p in parts)
@@ -365,11 +373,13 @@ def _ipu_phases(
         tracks.add(process, "compute", name, start, end, args, cat=args.get("op_type", "node"))
         return
     t = start
+    rest = {k: v for k, v in args.items() if k not in ("flops", "bytes")}
     for phase, part in parts:
         if part <= 0:
             continue
         stop = t + (end - start) * part / total
-        tracks.add(process, phase, name, t, stop, {**args, "phase": phase}, cat=args.get("op_type", "node"))
+        shown = args if t == start else rest
+        tracks.add(process, phase, name, t, stop, {**shown, "phase": phase}, cat=args.get("op_type", "node"))
         t = stop
 
 
@@ -522,6 +532,20 @@ def _other_data(timeline: Timeline, measured: Timeline | None) -> dict[str, Any]
     }
 
 
+def _report_data(report: Any) -> dict[str, Any]:
+    """`_other_data` of a report's timeline, with the report's step: a multi-chip step beyond its
+    chip's (its collectives among the overheads), and the basis of its time (a pipelined chip's
+    period, and the latency of one step alone)."""
+    totals = report.totals
+    return {
+        **_other_data(report.timeline, report.measured_timeline),
+        "step_time_s": totals.get("time_s", report.timeline.step_time_s),
+        "time_basis": totals.get("time_basis"),
+        "latency_s": totals.get("latency_s"),
+        "overheads_s": {**(report.timeline.overheads_s or {}), **report.extra.get(STEP_OVERHEADS, {})},
+    }
+
+
 def _write_doc(path: str | Path, events: list[dict[str, Any]], other: dict[str, Any]) -> Path:
     from dabench_ir.fileio import write_output
 
@@ -556,13 +580,14 @@ def _report_events(report: Any, tracks: _Tracks | None = None, label: str | None
         measured=report.measured_timeline,
         label=label,
         tracks=tracks,
+        after=report.extra.get(STEP_OVERHEADS),
     )
 
 
 def write_report_trace(report: Any, path: str | Path) -> Path:
     """The trace of a Report: its timeline on its plan's units, node roles in the args, and the
     measured host timeline as its own process when the report has one beside a prediction."""
-    return _write_doc(path, _report_events(report), _other_data(report.timeline, report.measured_timeline))
+    return _write_doc(path, _report_events(report), _report_data(report))
 
 
 def write_targets_trace(reports: Mapping[str, Any], path: str | Path) -> Path:
@@ -576,5 +601,5 @@ def write_targets_trace(reports: Mapping[str, Any], path: str | Path) -> Path:
             continue
         actual = getattr(report.target_obj, "name", None) or name
         _report_events(report, tracks, label=name if actual == name else f"{name} ({actual})")
-        other[name] = _other_data(report.timeline, report.measured_timeline)
+        other[name] = _report_data(report)
     return _write_doc(path, tracks.ordered(), {"targets": other})
