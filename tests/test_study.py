@@ -107,6 +107,30 @@ def _node(name, op, flops, time_s, bound, scope="layers.0.mlp"):
     }
 
 
+def test_each_side_of_a_module_table_is_its_own_nodes_where_they_are():
+    """A fusion across modules (an MLP's matmul with the norm before it) must not move the baseline's
+    cost between modules: the 'before' column is the baseline's own breakdown whatever the pipeline
+    (it went to the fused node's first source's module), the 'after' column the new nodes' scopes."""
+    from dabench_ir.study.provenance import Provenance
+
+    before = _report(
+        [
+            _node("norm", "LayerNormalization", 8, 1e-6, "memory", scope="layers.0.mlp_norm"),
+            _node("fc1", "MatMul", 100, 3e-6, "compute", scope="layers.0.mlp"),
+            _node("head", "MatMul", 50, 1e-6, "compute", scope="lm_head"),
+        ],
+        5e-6,
+    )
+    fused = _node("fused", "MatMul", 108, 3e-6, "compute", scope="layers.0")
+    after = _report([fused, _node("head", "MatMul", 50, 1e-6, "compute", scope="lm_head")], 4e-6)
+    for first in (["norm", "fc1"], ["fc1", "norm"]):  # two pipelines' provenance, the sources in either order
+        prov = Provenance({"fused": first, "head": ["head"]}, {"norm": "subgraph", "fc1": "subgraph"})
+        modules = {m["module"]: m for m in diff_reports(before, after, prov)["modules"]}
+        befores = {name: (m["nodes_before"], m["flops_before"]) for name, m in modules.items() if m["nodes_before"]}
+        assert befores == {"layers.0.mlp_norm": (1, 8), "layers.0.mlp": (1, 100), "lm_head": (1, 50)}
+        assert modules["layers.0"]["nodes_after"] == 1 and modules["layers.0"]["flops_after"] == 108
+
+
 def test_diff_accounts_for_every_source_node():
     before = _report(
         [
@@ -240,3 +264,20 @@ def test_compare_labels_say_what_differs(tmp_path):
     assert (
         rows[0]["pipeline"] == "none" and rows[0]["mode"] == "inference" and rows[0]["batch"] == 1
     )  # x[4,64]: one sample
+
+
+def test_a_diff_uses_bs_recorded_provenance_only_against_the_baseline_it_was_made_from():
+    """`diff A B` where B's study recorded its provenance against another baseline: matched by names
+    instead (B's record claimed A's nodes were all removed and B's all added)."""
+    base = _report([_node("fc1", "MatMul", 100, 3e-6, "compute"), _node("act", "Relu", 4, 1e-6, "memory")], 4e-6)
+    other = _report([_node("gemm", "Gemm", 100, 2e-6, "compute"), _node("act", "Relu", 4, 1e-6, "memory")], 3e-6)
+    record = {"members": {"gemm": ["fc1"], "act": ["act"]}, "method": {"fc1": "subgraph", "act": "names"}}
+    b = {**other, "extra": {"provenance": record}}
+    rows = {r["node"]: r for r in diff_reports(base, b)["nodes"]}
+    assert rows["gemm"]["replaces"] == ["fc1"]  # B's own baseline: its record is used
+    stranger = _report(
+        [_node("mha", "MultiHeadAttention", 90, 2e-6, "compute"), _node("act", "Relu", 4, 1e-6, "memory")], 3e-6
+    )
+    rows = {r["node"]: r for r in diff_reports(stranger, b)["nodes"]}
+    assert rows["act"]["status"] == "kept"  # matched by names, not by a record of another baseline
+    assert rows["gemm"]["replaces"] == ["mha"]  # by names and scopes: the matmul of the same module

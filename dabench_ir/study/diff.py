@@ -112,9 +112,11 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
     """The diff of ``after`` against ``before``: ``{"totals", "nodes", "modules"}`` (see the module doc)."""
     src_nodes = list(before.get("nodes") or [])
     new_nodes = list(after.get("nodes") or [])
-    if prov is None:
+    if prov is None:  # B's recorded provenance, when it was worked out against this A: it names every node of A
         stored = (after.get("extra") or {}).get("provenance")
-        prov = Provenance.from_dict(stored) if stored else name_provenance(src_nodes, new_nodes)
+        recorded = Provenance.from_dict(stored) if stored else None
+        of_this = recorded is not None and set(recorded.method) == {n["name"] for n in src_nodes}
+        prov = recorded if of_this else name_provenance(src_nodes, new_nodes)
     src = {n["name"]: n for n in src_nodes}
     old_root, new_root = report_root(src_nodes), report_root(new_nodes)
     rows: list[dict[str, Any]] = []
@@ -178,7 +180,7 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
     return {
         "totals": {**_totals(before, after, rows), **totals},
         "nodes": rows,
-        "modules": _modules(rows),
+        "modules": _modules(src_nodes, new_nodes, old_root, new_root),
         "split": split,
     }
 
@@ -258,27 +260,28 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     return totals, rows
 
 
-def _modules(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _modules(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], old_root: str, new_root: str
+) -> list[dict[str, Any]]:
+    """Per module, each side's nodes where they are: a baseline node in its own module, a rewritten
+    node in the module its scope names (a fused node's is its sources' common scope, as the study
+    re-attaches it). Not through the node rows' provenance: a fusion would move the cost of all it
+    replaced into its first source's module, so one baseline would break down differently by pipeline."""
     mods: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        m = mods.setdefault(
-            r["module"],
-            {
-                "module": r["module"],
-                "nodes_before": 0,
-                "nodes_after": 0,
-                "flops_before": 0,
-                "flops_after": 0,
-                "bytes_before": 0,
-                "bytes_after": 0,
-                "time_before_s": 0.0,
-                "time_after_s": 0.0,
-            },
-        )
-        m["nodes_before"] += len(r["replaces"])
-        m["nodes_after"] += 1 if r["node"] else 0
-        for key in ("flops_before", "flops_after", "bytes_before", "bytes_after", "time_before_s", "time_after_s"):
-            m[key] += r.get(key) or 0
+    counts = ("nodes_before", "nodes_after", "flops_before", "flops_after", "bytes_before", "bytes_after")
+
+    def add(nodes: Sequence[Mapping[str, Any]], root: str, side: str) -> None:
+        for n in nodes:
+            name = module_of(n.get("scope"), n.get("layer"), root)
+            empty = {"module": name, **dict.fromkeys(counts, 0), "time_before_s": 0.0, "time_after_s": 0.0}
+            m = mods.setdefault(name, empty)
+            m[f"nodes_{side}"] += 1
+            m[f"flops_{side}"] += n.get("flops") or 0
+            m[f"bytes_{side}"] += n.get("bytes") or 0
+            m[f"time_{side}_s"] += n.get("time_s") or 0
+
+    add(before, old_root, "before")
+    add(after, new_root, "after")
     return sorted(mods.values(), key=lambda m: -abs(m["time_before_s"] - m["time_after_s"]))
 
 
