@@ -114,19 +114,28 @@ def report_annotations(report: Any) -> dict[str, dict[str, Any]]:
 
 
 def _report_props(report: Any) -> dict[str, str]:
-    """Model-level ``dabench.*`` props of a report: target, step time (readable and exact)."""
+    """Model-level ``dabench.*`` props of a report: target, step time (readable and exact) and its basis,
+    the time no node owns, the energy, the nodes without a cost rule, and which chip's the nodes are."""
     from dabench_ir.report.table import seconds
 
-    props = {"dabench.target": (report.target or {}).get("name")}
-    step = report.totals.get("time_s")
+    t = report.totals
+    props = {
+        "dabench.target": (report.target or {}).get("name"),
+        "dabench.estimated_nodes": t.get("estimated_nodes", 0),
+    }
+    step = t.get("time_s")
     if step is not None:
         props.update(
             {
                 "dabench.step_time": seconds(step),
                 "dabench.step_time_s": step,
-                "dabench.time_basis": report.totals.get("time_basis"),
+                "dabench.time_basis": t.get("time_basis"),
+                "dabench.overhead_s": t.get("overhead_s"),
+                "dabench.energy_j": t.get("energy_j"),
             }
         )
+    if report.extra.get("nodes_basis"):  # a multi-chip report: the nodes are one chip's, the step the whole
+        props["dabench.nodes_basis"] = report.extra["nodes_basis"]
     return {k: _text(v) for k, v in props.items() if v is not None}
 
 

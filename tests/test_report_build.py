@@ -97,3 +97,28 @@ def test_a_run_that_does_not_fit_shows_its_rates_as_what_it_would_take():
     text = render_table(api.profile("gpt2-small", "bow", batch=8, mode="train"), color=False, width=200)
     assert "fits: NO" in text and "if it fitted; throughput: does not fit" in text
     assert next(line for line in text.splitlines() if line.startswith("  metrics")).endswith("of peak if it fitted")
+
+
+def test_every_format_says_how_many_nodes_are_estimated_and_the_basis_of_its_time(tmp_path):
+    """The HTML summary and the annotated model state what the text does: nodes without a cost rule
+    (0 too), the time no node owns, the energy, and a pipelined chip's period beside its latency."""
+    import onnx
+
+    from dabench_ir import api
+    from dabench_ir.report.table import render_table
+
+    wse = api.profile("gpt2-small", "wse2", wse_mode="pipelined")
+    assert wse.totals["latency_s"] > wse.totals["time_s"]  # a period, consecutive steps overlapping
+    from dabench_ir.report.html import write_html
+
+    html = write_html(wse, tmp_path / "r.html").read_text()
+    for card in ("period (steady state)", "latency (one step alone)", "time no node owns", "energy per step"):
+        assert f'<div class="k">{card}</div>' in html
+    assert '<div class="k">estimated nodes (no cost rule)</div><div class="v">0</div>' in html
+    assert "  estimated  0 nodes without a cost rule" in render_table(wse, color=False)
+    from dabench_ir.cli import main
+
+    assert main(["profile", "gpt2-small", "-t", "h100", "-q", "--annotate", str(tmp_path / "a.onnx")]) == 0
+    props = {p.key: p.value for p in onnx.load(tmp_path / "a.onnx").metadata_props}
+    assert props["dabench.estimated_nodes"] == "0" and float(props["dabench.energy_j"]) > 0
+    assert float(props["dabench.overhead_s"]) >= 0

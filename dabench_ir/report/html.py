@@ -245,11 +245,16 @@ def _summary(report: Report) -> str:
         cards.append(_card("target", f"{report.target['name']} ({report.target['kind']})"))
         cards.append(_card("fits", "yes" if report.fits else "NO", bad=not report.fits))
     if t.get("time_s") is not None:
+        pipelined = (t.get("latency_s") or 0) > t["time_s"] * (1 + 1e-9)  # consecutive steps overlap
         cards += [
-            _card("time per step", seconds(t["time_s"])),
+            _card("period (steady state)" if pipelined else "time per step", seconds(t["time_s"])),
+            *([_card("latency (one step alone)", seconds(t["latency_s"]))] if pipelined else []),
+            _card("time no node owns", seconds(t.get("overhead_s"))),
             _card("throughput", human(t.get("throughput_samples_per_s"), "samples/s")),
             _card("achieved", human(t.get("achieved_flops_per_s"), "FLOP/s")),
         ]
+    if t.get("energy_j") is not None:
+        cards.append(_card("energy per step", human(t["energy_j"], "J")))
     if report.target:
         cards += [
             _card("allocation", percent(m.get("allocation_ratio"))),
@@ -258,6 +263,15 @@ def _summary(report: Report) -> str:
         ]
     if t.get("measured_time_s") is not None:
         cards.append(_card("measured step", seconds(t["measured_time_s"])))
+    share = t.get("estimated_time_share")
+    estimated = int(t.get("estimated_nodes") or 0)
+    cards.append(
+        _card(
+            "estimated nodes (no cost rule)",
+            f"{estimated}" + (f", {100 * share:.1f}% of node time" if estimated and share is not None else ""),
+            bad=bool(estimated),
+        )
+    )
     cards.append(_card("unattributed", str(len(report.unattributed)), bad=bool(report.unattributed)))
     out = f'<section><h2>Summary</h2><div class="cards">{"".join(cards)}</div>'
     err = m.get("prediction_error")

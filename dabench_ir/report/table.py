@@ -382,7 +382,9 @@ def _summary(report: Report, st: _Style) -> list[str]:
             f"  one chip   {_work(one)}, {human(one.get('params'))} params, "
             f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')}: the node rows)"
         )
-    if t.get("estimated_nodes"):  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
+    if not t.get("estimated_nodes"):  # every summary says how many: none
+        out.append("  estimated  0 nodes without a cost rule")
+    else:  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
         est = report.extra.get("estimated") or []
         share = t.get("estimated_time_share")
         out.append(
