@@ -270,3 +270,43 @@ def test_a_run_over_several_chips_is_neither_measured_nor_placed_as_one_chip():
     with pytest.raises(ValueError, match="placement\\(\\) places one chip"):
         placement(resolve(graph, "h100", {"chips": 2, "strategy": "tp"}), graph.clone())
     assert placement(resolve(graph, "h100", {}), graph.clone()).fits
+
+
+def test_an_inserted_input_reshape_joins_its_gemm_not_the_node_before_it():
+    """With a mapped node before the Gemm (a norm), the input reshape's producer is mapped and its
+    consumer (the Gemm) not yet joined: it joined the norm (a measured norm took the q/k/v reshapes'
+    time). Consumers first, to a fixed point: it joins the Gemm's group."""
+    f = TensorProto.FLOAT
+    init = [
+        numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+        numpy_helper.from_array(np.ones(4, np.float32), "b"),
+    ]
+    original = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Relu", ["x"], ["r"], name="norm"),
+                helper.make_node("MatMul", ["r", "w"], ["mm"], name="mm"),
+                helper.make_node("Add", ["mm", "b"], ["y"], name="add"),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", f, [1, 2, 4])],
+            [helper.make_tensor_value_info("y", f, [1, 2, 4])],
+            init,
+        )
+    )
+    optimized = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Relu", ["x"], ["r"], name="norm"),
+                helper.make_node("Reshape", ["r", "s2"], ["x2"], name="gemm_input_reshape"),
+                helper.make_node("Gemm", ["x2", "w", "b"], ["g"], name="node_mm/MatMulAddFusion"),
+                helper.make_node("Reshape", ["g", "s3"], ["y"], name="gemm_output_reshape"),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", f, [1, 2, 4])],
+            [helper.make_tensor_value_info("y", f, [1, 2, 4])],
+        )
+    )
+    fmap = map_fused(original, optimized)
+    joined = {"node_mm/MatMulAddFusion": "gemm_output_reshape", "gemm_input_reshape": "gemm_output_reshape"}
+    assert fmap.joined == joined  # the Gemm's name sorts after the reshape's, as onnxruntime's do

@@ -284,7 +284,7 @@ def _join_fused(graph: Graph, model: onnx.ModelProto, profile: Any, target: Any)
             joined.spread[member] = profile.node_spread.get(ort_name, 0.0)
         if len(members) == 1:
             node_times[members[0]] = node_times.get(members[0], 0.0) + t
-            if members[0] != ort_name:
+            if members[0] != ort_name or len(kernel_ops.get(ort_name) or ()) > 1:  # renamed, or kernels joined
                 notes[members[0]] = f"measured as onnxruntime's {ort_name!r} ({op})"
             continue
         joined.fused[ort_name] = members

@@ -437,8 +437,9 @@ def map_fused(original: onnx.ModelProto, optimized: onnx.ModelProto) -> FusionMa
 def _join_inserted(optimized: onnx.ModelProto, members: dict[str, list[str]], inserted: set[str]) -> dict[str, str]:
     """Inserted nodes next to a mapped one work for it: MatMulAddFusion writes a Gemm between a
     reshape of its input and a reshape of its output, and only the output reshape keeps a tensor
-    of the original graph. Each inserted node joins the group of a mapped consumer (else a mapped
-    producer) in the optimised graph, repeated until nothing changes."""
+    of the original graph. Each inserted node joins the group of a mapped consumer in the optimised
+    graph, repeated until nothing changes (a reshape before a Gemm joins the Gemm once the Gemm has
+    joined the reshape after it); only then may one with no such consumer join a mapped producer."""
     producer: dict[str, str] = {}
     consumers: dict[str, list[str]] = {}
     for node in optimized.graph.node:
@@ -454,17 +455,18 @@ def _join_inserted(optimized: onnx.ModelProto, members: dict[str, list[str]], in
     def group(name: str) -> str | None:
         return name if name in members else owner.get(name)
 
-    changed = True
-    while changed:
-        changed = False
-        for name in sorted(inserted - set(owner)):
-            node = by_name[name]
-            near = [c for t in node.output if t for c in consumers.get(t, ())]
-            near += [producer[t] for t in node.input if t in producer]
-            for other in near:
-                g = group(other)
+    def neighbours(name: str, producers: bool) -> list[str]:
+        node = by_name[name]
+        near = [c for t in node.output if t for c in consumers.get(t, ())]
+        return near + [producer[t] for t in node.input if t in producer] if producers else near
+
+    for producers in (False, True):  # consumers first, to a fixed point; producers for what is left
+        changed = True
+        while changed:
+            changed = False
+            for name in sorted(inserted - set(owner)):
+                g = next((g for other in neighbours(name, producers) if (g := group(other)) is not None), None)
                 if g is not None:
                     owner[name] = g
                     changed = True
-                    break
     return owner
