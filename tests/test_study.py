@@ -89,6 +89,29 @@ def test_provenance_through_renamed_tensors_joins_a_neighbour(tmp_path):
     assert {prov.method["fc1"], prov.method["fc1_bias"]} <= {"neighbour", "scope"}
 
 
+def test_a_layout_node_after_a_gemm_hands_the_work_it_claims_to_the_gemm(tmp_path):
+    """MatMulAddFusion on 3-D input writes Reshape -> Gemm -> Reshape, the last keeping the original
+    output's name: the walk from it claimed the bias Add for the Reshape (credited with removing it),
+    and the Gemm's FLOPs were not the sum of what it replaced. The Gemm holds what it absorbed."""
+    src = _mlp(tmp_path / "m.onnx")
+    model = onnx.load(src)
+    g = model.graph
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape_in"], ["x2"], name="gemm_input_reshape"),
+        helper.make_node("Gemm", ["x2", "W1", "b1"], ["g"], name="fc1/MatMulAddFusion"),
+        helper.make_node("Reshape", ["g", "shape_out"], ["hb"], name="gemm_output_reshape"),
+    ]
+    keep = [n for n in g.node if n.name not in ("fc1", "fc1_bias")]
+    del g.node[:]
+    g.node.extend([*nodes, *keep])
+    for name in ("shape_in", "shape_out"):
+        g.initializer.append(numpy_helper.from_array(np.array([4, 64], np.int64), name))
+    onnx.save(model, tmp_path / "r.onnx")
+    prov = provenance(load_onnx(src), load_onnx(str(tmp_path / "r.onnx")))
+    assert sorted(prov.members["fc1/MatMulAddFusion"]) == ["fc1", "fc1_bias"]
+    assert prov.members["gemm_output_reshape"] == []
+
+
 def _report(nodes, time_s, **totals):
     return {"nodes": nodes, "totals": {"time_s": time_s, "flops": sum(n["flops"] for n in nodes), "bytes": 0, **totals}}
 

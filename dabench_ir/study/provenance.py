@@ -70,6 +70,22 @@ def _named_after(name: str, candidates: set[str]) -> str | None:
     return None
 
 
+def _hand_work_to_its_producer(
+    after: Graph, owner: dict[str, str], src: dict[str, Node], weight: dict[str, int]
+) -> None:
+    """A new layout node (a Reshape the rewrite put after a Gemm) keeps the original output's name, so
+    the subgraph walk gives it what the Gemm absorbed (the bias Add): a source node that does work
+    goes to the new node that produces the layout node's input, when that one does work."""
+    for name, held in list(owner.items()):
+        if weight.get(held, 0) >= 0 or _weight(src[name]) < 0:
+            continue
+        layout = after.node(held)
+        feeders = [after.values[t].producer for t in layout.inputs if t in after.values]
+        worker = next((f for f in feeders if f and weight.get(f, -1) >= 0), None)
+        if worker is not None:
+            owner[name] = worker
+
+
 def provenance(before: Graph, after: Graph) -> Provenance:
     """Match ``after``'s nodes to the ``before`` nodes they stand for (see the module doc)."""
     src = {n.name: n for n in before.nodes}
@@ -114,6 +130,7 @@ def provenance(before: Graph, after: Graph) -> Provenance:
             out.method[prod] = "subgraph"
             stack.extend(t for t in src[prod].inputs if t)
     new_weight = {n.name: _weight(n) for n in new_nodes}
+    _hand_work_to_its_producer(after, owner, src, new_weight)
     changed = True
     while changed:  # 3. neighbour: unclaimed nodes join a claimed producer's or consumer's group
         changed = False
