@@ -112,6 +112,13 @@ def test_a_multi_chip_report_labels_the_step_and_one_chip_apart():
     assert trace["otherData"]["step_time_s"] == pytest.approx(tp.totals["time_s"])
     (collectives,) = [e for e in trace["traceEvents"] if e.get("name") == "collectives"]
     assert collectives["dur"] == pytest.approx(tp.totals["comm_time_s"] * 1e6)
+    from dabench_ir.report.html import write_html
+
+    with tempfile.TemporaryDirectory() as tmp:  # the HTML labels the step's and one chip's figures as the text does
+        html = write_html(tp, Path(tmp) / "r.html").read_text()
+    for card in ("work (all 4 chips: the model&#x27;s)", "bytes moved (every chip&#x27;s)", "per chip: efficiency"):
+        assert f'<div class="k">{card}</div>' in html
+    assert '<div class="k">node rows</div>' in html and '<div class="k">collectives</div>' in html
     text = render_table(tp, color=False, width=200)
     assert "(all 4 chips: the model's work, every chip's bytes)" in text
     assert "  one chip   " in text and "metrics    per chip: " in text

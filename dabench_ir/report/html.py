@@ -232,13 +232,14 @@ def _card(key: str, value: str, bad: bool = False) -> str:
 
 def _summary(report: Report) -> str:
     t, m, c, model = report.totals, report.metrics, report.config, report.model
+    chips = c.get("chips") if "per_chip" in report.extra else None  # a multi-chip step: the text's labels
     cards = [
         _card("model", str(model.get("preset") or model.get("name") or model.get("path") or "-")),
         _card("nodes / layers", f"{model.get('nodes')} / {model.get('layers')}"),
         _card("parameters", human(model.get("params"))),
         _card("batch / precision", f"{c.get('batch')} / {c.get('precision') or '-'} / {c.get('mode')}"),
-        _card("work", human(t.get("flops"), "FLOP")),
-        _card("bytes moved", human(t.get("bytes"), "B")),
+        _card("work" + (f" (all {chips} chips: the model's)" if chips else ""), human(t.get("flops"), "FLOP")),
+        _card("bytes moved" + (" (every chip's)" if chips else ""), human(t.get("bytes"), "B")),
         _card("intensity", "-" if t.get("intensity") is None else f"{t['intensity']:.3g} FLOP/B"),
     ]
     if report.target:
@@ -255,11 +256,18 @@ def _summary(report: Report) -> str:
         ]
     if t.get("energy_j") is not None:
         cards.append(_card("energy per step", human(t["energy_j"], "J")))
-    if report.target:
+    if chips:
         cards += [
-            _card("allocation", percent(m.get("allocation_ratio"))),
-            _card("load balance LI", "-" if m.get("load_imbalance") is None else f"{m['load_imbalance']:.3g}"),
-            _card("efficiency", percent(m.get("compute_efficiency"))),
+            _card("chips", f"{chips} ({c.get('strategy')})"),
+            _card("collectives", seconds(t.get("comm_time_s"))),
+            _card("node rows", str(report.extra.get("nodes_basis"))),
+        ]
+    if report.target:
+        label = "per chip: " if chips else ""
+        cards += [
+            _card(f"{label}allocation", percent(m.get("allocation_ratio"))),
+            _card(f"{label}load balance LI", "-" if m.get("load_imbalance") is None else f"{m['load_imbalance']:.3g}"),
+            _card(f"{label}efficiency", percent(m.get("compute_efficiency"))),
         ]
     if t.get("measured_time_s") is not None:
         cards.append(_card("measured step", seconds(t["measured_time_s"])))
