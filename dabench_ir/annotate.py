@@ -87,14 +87,21 @@ def node_annotations(node: Node, extra: Mapping[str, Any] | None = None) -> dict
 
 def report_annotations(report: Any) -> dict[str, dict[str, Any]]:
     """Per node name, what a placed (or measured) Report adds: its target, the node's time in
-    human units and exact seconds, its share of the summed time, bound, role and unit."""
+    human units and exact seconds, its share of the summed time, bound, role and unit, the dtype
+    it computes in, its energy, and a note where its figure is an estimate or measured elsewhere."""
     from dabench_ir.report.attribution import TIME_BASIS, node_share
     from dabench_ir.report.table import percent, seconds
 
     target = (report.target or {}).get("name")
     out: dict[str, dict[str, Any]] = {}
     for n in report.nodes:
-        values: dict[str, Any] = {"dabench.target": target, "dabench.role": n.role}
+        values: dict[str, Any] = {
+            "dabench.target": target,
+            "dabench.role": n.role,
+            "dabench.precision": n.precision,
+            "dabench.energy_j": n.energy_j,
+            "dabench.note": n.note,
+        }
         if n.time_s is not None:
             share = node_share(report, n)
             values.update(

@@ -119,6 +119,10 @@ def test_every_format_says_how_many_nodes_are_estimated_and_the_basis_of_its_tim
     from dabench_ir.cli import main
 
     assert main(["profile", "gpt2-small", "-t", "h100", "-q", "--annotate", str(tmp_path / "a.onnx")]) == 0
-    props = {p.key: p.value for p in onnx.load(tmp_path / "a.onnx").metadata_props}
+    model = onnx.load(tmp_path / "a.onnx")
+    props = {p.key: p.value for p in model.metadata_props}
     assert props["dabench.estimated_nodes"] == "0" and float(props["dabench.energy_j"]) > 0
     assert float(props["dabench.overhead_s"]) >= 0
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
+    node = {p.key: p.value for p in matmul.metadata_props}
+    assert node["dabench.precision"] == "bf16" and float(node["dabench.energy_j"]) > 0  # as the JSON's nodes
