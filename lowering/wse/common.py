@@ -12,14 +12,13 @@ from collections.abc import Sequence
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import Cost, Node, ValueKind
-from dabench_ir.lowering.context import LoweringContext, cache_bytes, training_state, weight_bytes
+from dabench_ir.lowering.context import LoweringContext, training_state, weight_bytes
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import OpClass
 
 __all__ = [
     "FEED_LEVEL",
     "WHO",
-    "held_bytes",
     "is_data",
     "phase_cost",
     "sample_count",
@@ -39,13 +38,6 @@ def weight_state_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None
     """Weights and the training state that lives with them (gradients, fp32 master, moments)."""
     state = training_state(ctx, nodes)
     return weight_bytes(ctx, nodes) + state.gradients + state.master_weights + state.optimizer
-
-
-def held_bytes(ctx: LoweringContext, nodes: Sequence[Node] | None = None) -> int:
-    """What ``nodes`` (None: the graph's) keep on the wafer from one step to the next: their weights
-    with their training state, and the KV caches a decode step's nodes read (`cache_bytes`: the
-    step's state, not an input sent to the wafer each step)."""
-    return weight_state_bytes(ctx, nodes) + cache_bytes(ctx, ctx.graph.nodes if nodes is None else nodes)
 
 
 def is_data(node: Node) -> bool:

@@ -36,7 +36,14 @@ from dabench_ir.lowering.context import (
     place_node,
     weight_bytes,
 )
-from dabench_ir.lowering.wse.common import FEED_LEVEL, WHO, held_bytes, sample_count, shape_of, trained_params
+from dabench_ir.lowering.wse.common import (
+    FEED_LEVEL,
+    WHO,
+    sample_count,
+    shape_of,
+    trained_params,
+    weight_state_bytes,
+)
 from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
@@ -57,8 +64,9 @@ class _Sizing:
     lo: list[int]
     hi: list[int]
     pes: list[int] | None  # None: even the minimum regions do not fit
-    state_bytes: int  # what the regions hold from step to step (`held_bytes`): weights, their state, KV caches
-    cache_bytes: int  # of which a decode step's KV caches
+    state_bytes: int  # the weights and their training state the regions hold
+    cache_bytes: int  # a decode step's KV caches, held in PEs of their own beside the regions
+    cache_pes: int
     buffer_bytes: int
     buffer_pes: int
     available: int
@@ -123,7 +131,7 @@ def _size(
     taus, lo, hi = [], [], []
     for k in kernels:
         tau = row_cycles(ctx, target, k) * k.tokens / clock
-        state = held_bytes(ctx, k.nodes)  # its weights (and state), a decode step's caches it reads
+        state = weight_state_bytes(ctx, k.nodes)
         rows = math.ceil(k.width / chunk)  # PEs across one row: the region grows in whole rows
         fifo_pes = rows * math.ceil(k.skip_bytes / (fifo * pe_sram * rows)) if k.skip_bytes else 0
         lo_k = max(1, rows, fifo_pes, math.ceil(state / (usable * pe_sram * (1 + route))))
@@ -136,8 +144,13 @@ def _size(
         hi.append(max(lo_k, min(shape_cap, util_cap)))
     buffer_bytes = _in_flight_bytes(ctx, target, options, kernels)
     buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
-    available = int((pes * active - io_pes - buffer_pes) / (1 + route)) // replicas
     placed = [n for k in kernels for n in k.nodes]
+    # a decode step's caches: state kept from step to step, in PEs of their own as the buffers are (in
+    # whichever region's a cache sits, it takes the same SRAM; apart, the regions balance alike however
+    # an exporter groups the nodes that read it)
+    cache = cache_bytes(ctx, placed)
+    cache_pes = math.ceil(cache * replicas / (usable * pe_sram))
+    available = int((pes * active - io_pes - buffer_pes - cache_pes) / (1 + route)) // replicas
     sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus) if available > 0 else None
     return _Sizing(
         kernels=kernels,
@@ -145,8 +158,9 @@ def _size(
         lo=lo,
         hi=hi,
         pes=sizes,
-        state_bytes=held_bytes(ctx, placed),
-        cache_bytes=cache_bytes(ctx, placed),
+        state_bytes=weight_state_bytes(ctx, placed),
+        cache_bytes=cache,
+        cache_pes=cache_pes,
         buffer_bytes=buffer_bytes,
         buffer_pes=buffer_pes,
         available=max(0, available),
@@ -223,6 +237,16 @@ def _place_pipelined(
     plan.units.append(
         Unit(id="io", kind="wse_io", stats=UnitStats(pes=float(io_pes)), allocation=io_pes / target.num_units)
     )
+    if sizing.cache_pes:
+        plan.units.append(
+            Unit(
+                id="kv_cache",
+                kind="wse_kv_cache",
+                stats=UnitStats(pes=float(sizing.cache_pes)),
+                resources={"bytes": float(sizing.cache_bytes * replicas)},
+                allocation=sizing.cache_pes / target.num_units,
+            )
+        )
     if sizing.buffer_pes:
         plan.units.append(
             Unit(
@@ -274,12 +298,12 @@ def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _
     stays physical)."""
     sram = target.memory(FEED_LEVEL)
     usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
-    need = (sizing.state_bytes + sizing.buffer_bytes) * replicas
+    need = (sizing.state_bytes + sizing.cache_bytes + sizing.buffer_bytes) * replicas
     plan.memory_bytes[sram.name] = need
     if need > usable * sram.capacity_bytes:
         plan.fail(
             f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
-            f"{(sizing.state_bytes - sizing.cache_bytes) * replicas / 1e9:.2f} GB, "
+            f"{sizing.state_bytes * replicas / 1e9:.2f} GB, "
             + (f"KV cache {sizing.cache_bytes * replicas / 1e9:.2f} GB, " if sizing.cache_bytes else "")
             + f"pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
             f", {replicas} cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
@@ -395,7 +419,8 @@ def _pipelined_extra(
         "pes_io": io_pes,
         "pes_buffer": sizing.buffer_pes,
         "pes_placed": kernel_pes,
-        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes) / pes,
+        "pes_kv_cache": sizing.cache_pes,
+        "active_pes_fraction": (kernel_pes + route_pes + io_pes + sizing.buffer_pes + sizing.cache_pes) / pes,
         "load_imbalance_pe_weighted": weighted / total_p if total_p else 1.0,
         "compute_utilisation": (
             sum(k.work_s for k, p in zip(kernels, sizes, strict=True) if k.work_s > 0) / (period * total_p)
