@@ -58,7 +58,8 @@ FINITE = Range("a finite number")
 NON_NEGATIVE = Range("a finite number >= 0", low=0.0)
 POSITIVE = Range("a finite number > 0", low=0.0, low_open=True)
 FRACTION = Range("a fraction in (0, 1]", low=0.0, high=1.0, low_open=True)
-COUNT = Range("a positive integer", low=1.0, integer=True)
+COUNT = Range("a positive integer below 2^31", low=1.0, high=2**31 - 1, integer=True)
+"""Units, PEs, devices, elements: a count past 2^31 is no machine's (1e300 units gave 3.7e292 s a step)."""
 
 
 def is_number(value: Any) -> bool:

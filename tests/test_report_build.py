@@ -115,6 +115,7 @@ def test_every_format_says_how_many_nodes_are_estimated_and_the_basis_of_its_tim
     for card in ("period (steady state)", "latency (one step alone)", "time no node owns", "energy per step"):
         assert f'<div class="k">{card}</div>' in html
     assert '<div class="k">estimated nodes (no cost rule)</div><div class="v">0</div>' in html
+    assert '<div class="k">precision by op class</div><div class="v">contraction ' in html  # as the text
     assert "  estimated  0 nodes without a cost rule" in render_table(wse, color=False)
     from dabench_ir.cli import main
 

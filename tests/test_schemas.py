@@ -62,8 +62,8 @@ def _h100() -> dict:
         ("energy.static_fraction.value", 1.7, "energy.static_fraction.value must be a fraction in (0, 1], got 1.7"),
         ("energy.pj_per_flop.fp32.value", -1.0, "energy.pj_per_flop.fp32.value must be a finite number > 0"),
         ("energy.pj_per_byte.hbm.value", math.nan, "energy.pj_per_byte.hbm.value must be a finite number > 0"),
-        ("arch.gemm_tile.value", 0, "arch.gemm_tile.value must be a positive integer, got 0"),
-        ("compute.units.value", 132.5, "compute.units.value must be a positive integer, got 132.5"),
+        ("arch.gemm_tile.value", 0, "arch.gemm_tile.value must be a positive integer below 2^31, got 0"),
+        ("compute.units.value", 132.5, "compute.units.value must be a positive integer below 2^31, got 132.5"),
         ("defaults.precision.value", "fp128", "defaults.precision.value 'fp128': expected one of fp32"),
         ("compute.peak_flops.fp128", {"value": 1e15, "source": "s"}, "compute.peak_flops.fp128: unknown precision"),
         ("energy.pj_per_flop.fp128", {"value": 1.0, "source": "s"}, "energy.pj_per_flop.fp128: unknown precision"),
@@ -278,9 +278,9 @@ def _catalogue(tmp_path: Path, *, target: str = "wse", measured: str = "samples_
 @pytest.mark.parametrize(
     ("row", "needle"),
     [
-        ("k1,nan,50%,10", "line 3: column active_pes must be a positive integer, got nan"),
-        ("k1,-3,50,10", "column active_pes must be a positive integer, got -3.0"),
-        ("k1,0,50,10", "column active_pes must be a positive integer, got 0.0"),
+        ("k1,nan,50%,10", "line 3: column active_pes must be a positive integer below 2^31, got nan"),
+        ("k1,-3,50,10", "column active_pes must be a positive integer below 2^31, got -3.0"),
+        ("k1,0,50,10", "column active_pes must be a positive integer below 2^31, got 0.0"),
         ("k1,10,982%,10", "column compute_utilization_pct must be a percentage in [0, 100], got 982.0"),
         ("k1,10,50,nan", "column samples_per_s must be a finite number > 0, got nan"),
         ("k1,10,50,-1", "column samples_per_s must be a finite number > 0"),
@@ -355,8 +355,11 @@ def _mlir(header: str) -> str:
     [
         ("// dabench.params: {bad", "header // dabench.params: expected a JSON object of the model's parameters"),
         ("// dabench.params: [1, 2]", "header // dabench.params: expected a JSON object"),
-        ('// dabench.params: {"layers": -2}', "header // dabench.params: layers must be a positive integer, got -2"),
-        ('// dabench.params: {"layers": 2.5}', "layers must be a positive integer, got 2.5"),
+        (
+            '// dabench.params: {"layers": -2}',
+            "header // dabench.params: layers must be a positive integer below 2^31, got -2",
+        ),
+        ('// dabench.params: {"layers": 2.5}', "layers must be a positive integer below 2^31, got 2.5"),
         ("// dabench.weights: 5", "header // dabench.weights: expected a JSON list of weight names, got '5'"),
         ("// dabench.weights: [1]", "header // dabench.weights: expected a JSON list of weight names (non-empty"),
         ('// dabench.weights: ["a", "b", "c"]', "names 3 weights, but the entry function has 2 argument(s)"),

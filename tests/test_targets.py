@@ -331,3 +331,13 @@ def test_a_key_the_format_does_not_take_is_refused_naming_it(tmp_path, table, li
 def test_a_lowering_reading_a_figure_the_format_does_not_declare_is_a_bug():
     with pytest.raises(ValueError, match="no target file declares the figure 'no_such_figure'"):
         load_target("h100").arch_value("no_such_figure", 1.0)
+
+
+def test_a_count_past_any_machine_is_refused(tmp_path):
+    """1e300 units is an integer to TOML; it gave 3.7e292 s a step. A count stops below 2^31."""
+    text = builtin_target_paths()["h100"].read_text()
+    assert "units = { value = 132," in text
+    path = tmp_path / "h100-units.toml"
+    path.write_text(text.replace("units = { value = 132,", "units = { value = 1e300,", 1))
+    with pytest.raises(TargetError, match=r"compute\.units\.value must be a positive integer below 2\^31"):
+        load_target(str(path))

@@ -238,6 +238,11 @@ def _summary(report: Report) -> str:
         _card("nodes / layers", f"{model.get('nodes')} / {model.get('layers')}"),
         _card("parameters", human(model.get("params"))),
         _card("batch / precision", f"{c.get('batch')} / {c.get('precision') or '-'} / {c.get('mode')}"),
+        *(
+            [_card("precision by op class", ", ".join(f"{k} {v}" for k, v in c["precision_by_class"].items()))]
+            if c.get("precision_by_class")
+            else []
+        ),
         _card("work" + (f" (all {chips} chips: the model's)" if chips else ""), human(t.get("flops"), "FLOP")),
         _card("bytes moved" + (" (every chip's)" if chips else ""), human(t.get("bytes"), "B")),
         _card("intensity", "-" if t.get("intensity") is None else f"{t['intensity']:.3g} FLOP/B"),
