@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["InputError", "TargetError", "UnboundSymbolError", "UserError"]
+__all__ = ["InputError", "TargetError", "UnboundSymbolError", "UserError", "did_you_mean"]
 
 
 class UserError(Exception):
@@ -41,3 +41,11 @@ class UnboundSymbolError(UserError):
         flags = " ".join(dict.fromkeys(self._flag(s) for s in names if not s.startswith("<")))
         hint = f"; bind them with {flags}" if flags else ""
         return f"unbound symbolic dims: {', '.join(names)}{hint}"
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name closest to a mistyped ``key``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

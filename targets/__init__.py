@@ -17,8 +17,6 @@ file, the field and the allowed range.
 
 from __future__ import annotations
 
-import difflib
-
 from dabench_ir._layout import installed_as
 
 installed_as(__name__, "targets")  # the folder is dabench_ir.targets; one file, one module
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir import schema
-from dabench_ir.errors import TargetError
+from dabench_ir.errors import TargetError, did_you_mean
 from dabench_ir.ir import Cost, DType
 
 __all__ = [
@@ -625,9 +623,8 @@ class _Parser:
                 where = f"{path}.{key}" if path else key
                 if where in _OWNED_ELSEWHERE:
                     raise self.fail(f"{where} is {_OWNED_ELSEWHERE[where]}; drop {where}")
-                near = difflib.get_close_matches(key, sorted(allowed), n=1)
-                hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(sorted(allowed))}"
-                raise self.fail(f"field {where}: unknown key; {hint}")
+                hint = did_you_mean(key, allowed) or f"; it takes {', '.join(sorted(allowed))}"
+                raise self.fail(f"field {where}: unknown key{hint}")
 
     def table(self, d: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
         if key not in d:

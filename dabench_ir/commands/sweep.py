@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.spec:
         raise UserError("sweep: give a SPEC (.toml file or bundled name) or --list")
     spec = load_spec(args.spec, defaults=knob_values(args, SWEEP), force=args.force)
-    check_grid_flags(args)
     if args.dry_run:
+        check_grid_flags(args)  # a real run checks them with its folders (`grid_options`)
         for point in spec.points:
             print(point.label())
         print(f"{len(spec.points)} points")

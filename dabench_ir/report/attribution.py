@@ -30,6 +30,7 @@ __all__ = [
     "LAYER_BASIS",
     "OVERHEAD_GROUP",
     "ROLE_COLUMNS",
+    "STEP_OVERHEADS",
     "TIME_BASIS",
     "bound_shares",
     "bound_times",
@@ -43,6 +44,7 @@ __all__ = [
     "roofline_points",
     "roofline_roofs",
     "shares_of_times",
+    "step_overheads",
     "summed_time",
     "target_peak",
     "time_groups",
@@ -310,11 +312,16 @@ STEP_OVERHEADS = "step_overheads_s"
 collectives a tensor- or data-parallel step waits for: `build.build_scaled_report`)."""
 
 
+def step_overheads(report: Report) -> dict[str, float]:
+    """Seconds of each step cost no node owns: the timeline's, and a multi-chip step's beyond its
+    chip's (`STEP_OVERHEADS`)."""
+    return {**(getattr(report.timeline, "overheads_s", None) or {}), **report.extra.get(STEP_OVERHEADS, {})}
+
+
 def overhead_rows(report: Report) -> list[dict[str, Any]]:
     """One row per step cost no node owns (reconfiguration, stalls, host time, fill/drain, collectives):
-    the timeline's, and a multi-chip step's beyond its chip's (`STEP_OVERHEADS`)."""
-    timeline = report.timeline
-    overheads = {**(getattr(timeline, "overheads_s", None) or {}), **report.extra.get(STEP_OVERHEADS, {})}
+    `step_overheads`."""
+    overheads = step_overheads(report)
     rows = []
     for name, seconds in overheads.items():
         if not seconds:

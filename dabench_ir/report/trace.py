@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dabench_ir.ir import Graph
-from dabench_ir.report.attribution import STEP_OVERHEADS
+from dabench_ir.report.attribution import STEP_OVERHEADS, step_overheads
 from dabench_ir.report.model import json_bytes
 from dabench_ir.timeline import Timeline
 
@@ -542,7 +542,7 @@ def _report_data(report: Any) -> dict[str, Any]:
         "step_time_s": totals.get("time_s", report.timeline.step_time_s),
         "time_basis": totals.get("time_basis"),
         "latency_s": totals.get("latency_s"),
-        "overheads_s": {**(report.timeline.overheads_s or {}), **report.extra.get(STEP_OVERHEADS, {})},
+        "overheads_s": step_overheads(report),
     }
 
 

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dabench_ir.errors import UserError
+from dabench_ir.errors import UserError, did_you_mean
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
 from dabench_ir.options import KV_PRECISIONS, MAX_LAYERS, PRECISIONS
 from dabench_ir.targets import HOST
@@ -345,10 +345,10 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         if run_option(key).refused == _NO_KNOB:  # a typo: refused with the file
             from dabench_ir.options import KNOBS
 
-            raise bad(f"run.{key}", f"no such run key{_near(key, [*RUN_OPTIONS, *KNOBS])}")
+            raise bad(f"run.{key}", f"no such run key{did_you_mean(key, [*RUN_OPTIONS, *KNOBS])}")
         _check_run_value(key, value, bad)
     for key, value in measured.items():  # one the format does not define is listed as not predicted (joules) ...
-        if key not in MEASURED_FILES and key not in MEASURED_NUMBERS and (near := _near(key, MEASURED_NUMBERS)):
+        if key not in MEASURED_FILES and key not in MEASURED_NUMBERS and (near := did_you_mean(key, MEASURED_NUMBERS)):
             raise bad(f"measured.{key}", f"a quantity the format does not define{near}")  # ... but not a typo
         if key in MEASURED_FILES:
             if not isinstance(value, str):
@@ -491,14 +491,6 @@ def _check_model(model: Mapping[str, Any], bad: Callable[[str, str], UserError],
         for key in ("family", "hidden", "heads") if generate else ("family", "hidden", "heads", "seq"):
             if key not in model:
                 raise bad(f"model.{key}", "missing (or give model.preset)")
-
-
-def _near(key: str, known: Iterable[str]) -> str:
-    """``; did you mean 'x'?`` for the known name closest to a mistyped ``key`` (nothing when none is close)."""
-    import difflib
-
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_run_value(key: str, value: Any, bad: Callable[[str, str], UserError]) -> None:

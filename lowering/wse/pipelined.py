@@ -142,14 +142,18 @@ def _size(
         taus.append(tau)
         lo.append(lo_k)
         hi.append(max(lo_k, min(shape_cap, util_cap)))
+
+    def held_pes(nbytes: int) -> int:  # PEs of their own that hold every copy's ``nbytes``
+        return math.ceil(nbytes * replicas / (usable * pe_sram))
+
     buffer_bytes = _in_flight_bytes(ctx, target, options, kernels)
-    buffer_pes = math.ceil(buffer_bytes * replicas / (usable * pe_sram))
+    buffer_pes = held_pes(buffer_bytes)
     placed = [n for k in kernels for n in k.nodes]
     # a decode step's caches: state kept from step to step, in PEs of their own as the buffers are (in
     # whichever region's a cache sits, it takes the same SRAM; apart, the regions balance alike however
     # an exporter groups the nodes that read it)
     cache = cache_bytes(ctx, placed)
-    cache_pes = math.ceil(cache * replicas / (usable * pe_sram))
+    cache_pes = held_pes(cache)
     available = int((pes * active - io_pes - buffer_pes - cache_pes) / (1 + route)) // replicas
     sizes = balance([k.work_s for k in kernels], lo, hi, available, fixed_s=taus) if available > 0 else None
     return _Sizing(
@@ -233,30 +237,25 @@ def _place_pipelined(
     period = max((t for t, k in zip(times, kernels, strict=True) if k.work_s > 0), default=0.0)
     kernel_pes = _place_regions(ctx, target, plan, kernels, sizes, sizing.tau, times, replicas)
     io_pes = int(target.arch_value("io_region_pes", needed_by=WHO))
-    # non-kernel PEs: the I/O region and the pipeline buffers (routing is in each region's allocation)
+    # non-kernel PEs: the I/O region, the KV caches and the pipeline buffers (routing is in each region's)
     plan.units.append(
         Unit(id="io", kind="wse_io", stats=UnitStats(pes=float(io_pes)), allocation=io_pes / target.num_units)
     )
-    if sizing.cache_pes:
-        plan.units.append(
-            Unit(
-                id="kv_cache",
-                kind="wse_kv_cache",
-                stats=UnitStats(pes=float(sizing.cache_pes)),
-                resources={"bytes": float(sizing.cache_bytes * replicas)},
-                allocation=sizing.cache_pes / target.num_units,
+    held = (
+        ("kv_cache", "wse_kv_cache", sizing.cache_pes, sizing.cache_bytes),
+        ("buffers", "wse_buffers", sizing.buffer_pes, sizing.buffer_bytes),
+    )
+    for uid, kind, held_pes, nbytes in held:  # PEs that only hold state: a decode step's caches, the buffers
+        if held_pes:
+            plan.units.append(
+                Unit(
+                    id=uid,
+                    kind=kind,
+                    stats=UnitStats(pes=float(held_pes)),
+                    resources={"bytes": float(nbytes * replicas)},
+                    allocation=held_pes / target.num_units,
+                )
             )
-        )
-    if sizing.buffer_pes:
-        plan.units.append(
-            Unit(
-                id="buffers",
-                kind="wse_buffers",
-                stats=UnitStats(pes=float(sizing.buffer_pes)),
-                resources={"bytes": float(sizing.buffer_bytes * replicas)},
-                allocation=sizing.buffer_pes / target.num_units,
-            )
-        )
     # synchronous training: a step's update waits for its last sample's gradients, so each step
     # drains the pipeline, updates, and refills it (`_chain_latency`); each region updates its own
     # weights in the window between its last backward and the next step's first forward
