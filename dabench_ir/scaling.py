@@ -141,6 +141,9 @@ class ScalePoint:
     devices: int = 1  # devices drawing power: the chips, the IPUs of a pipeline, the wafer on-wafer replicas share
     link_bytes: float = 0.0  # bytes the chip-to-chip links carry per step, all links together
     energy: MultiChipEnergy | None = None  # the step's energy on every device and link (`multi_chip_energy`)
+    # seconds of the step beyond its chip's own timeline that no node owns, by name: the collectives a
+    # tp or dp step waits for; under pp the pipeline's fill and drain and its stage boundaries
+    overheads_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def crosses_nodes(self) -> bool:
@@ -194,6 +197,7 @@ class ScalePoint:
             "devices": self.devices,
             "link_bytes": self.link_bytes,
             "energy": None if self.energy is None else self.energy.to_dict(),
+            "overheads_s": self.overheads_s,
         }
 
 
@@ -673,7 +677,8 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
     update = max(_stage_weight_share(ctx, nodes) for nodes in _pp_stage_nodes(graph, stages)) * _update_s(
         single, sharers
     )
-    step = (m + chips - 1) * (worst / m) + update + comm
+    fill_drain = (chips - 1) * (worst / m)  # the other stages' share of the first and last micro-batch
+    step = worst + fill_drain + update + comm
     fits, failure, worst_memory = _pp_stage_memory(ctx, run, stages, chips, m, sharers)
     return ScalePoint(
         chips=chips,
@@ -696,6 +701,11 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         ],
         memory_per_device=worst_memory,
         micro_batches=m,
+        overheads_s={
+            name: seconds
+            for name, seconds in (("pipeline_fill_drain", fill_drain), ("pipeline_boundaries", comm))
+            if seconds
+        },
         # the whole graph on one chip running the micro-batches in turn: the stages are its layers'
         # shares, its node rows theirs (a stage's rows sum to its time)
         chip=staged,
@@ -1075,6 +1085,7 @@ def _point_from_run(
         copies=copies,
         devices=copies * (run.plan.chips if run.plan is not None else 1),
         link_bytes=link_bytes,
+        overheads_s={"collectives": comm} if comm else {},  # ``comm_within`` is a row of the chip's timeline
     )
 
 

@@ -230,3 +230,33 @@ def test_a_pipeline_reports_no_one_chips_achieved_rate():
     pp = api.profile("gpt2-small", "h100", chips=2, strategy="pp")
     assert pp.metrics["achieved_flops_per_s"] is None
     assert pp.metrics["peak_flops_per_s"] == 989e12 and pp.metrics["target_power_w"] == 700
+
+
+def test_a_reduce_the_chip_placement_times_itself_is_not_a_second_collectives_row():
+    """The IPU places its data-parallel replicas itself, its gradient all-reduce a row of its timeline:
+    the report's rows sum to the step with no second "collectives" row (it had one, 11.7 ms of a
+    40.0 ms Bow step counted twice, and an "overlap" row of -11.7 ms to make the sum)."""
+    from dabench_ir import api
+
+    dp = api.profile("gpt2-small", "bow", chips=4, strategy="dp", mode="train")
+    overheads = dp.to_dict()["overheads"]
+    assert overheads["gradient_reduce"] > 0 and "collectives" not in overheads
+    assert sum(r["time_s"] for r in dp.to_dict()["roles"]) == pytest.approx(dp.totals["time_s"], rel=1e-12)
+
+
+def test_a_pipeline_step_names_its_fill_and_drain_and_its_boundaries():
+    """Under pp the node rows are every stage's, concurrent on their chips; what the step adds beyond
+    the busiest stage is named: the fill and drain ((chips - 1) of its micro-batch times) and the
+    stage-boundary transfers, rows of their own (they were an unnamed CSV "remainder")."""
+    from dabench_ir import api
+
+    pp = api.profile("gpt2-small", "h100", batch=4, chips=4, strategy="pp", micro_batches=2)
+    point = pp.extra["scale"]["points"][-1]
+    overheads = pp.to_dict()["overheads"]
+    worst = max(point["stage_times_s"])
+    assert overheads["pipeline_fill_drain"] == pytest.approx(3 * worst / 2, rel=1e-12)
+    assert point["comm_time_s"] > 0
+    assert overheads["pipeline_boundaries"] == pytest.approx(point["comm_time_s"], rel=1e-12)
+    assert "collectives" not in overheads
+    text = render_table(pp, color=False, width=200)
+    assert "overhead: pipeline_fill_drain" in text and "of stage-boundary transfers" in text

@@ -34,6 +34,7 @@ __all__ = [
     "TIME_BASIS",
     "bound_shares",
     "bound_times",
+    "comm_label",
     "dominant_bound",
     "dominant_of_shares",
     "layer_runs",
@@ -310,6 +311,12 @@ def roofline_roofs(report: Report, target: Any = None) -> list[dict[str, Any]]:
 STEP_OVERHEADS = "step_overheads_s"
 """``Report.extra`` key of the step costs a multi-chip report adds beyond its chip's timeline (the
 collectives a tensor- or data-parallel step waits for: `build.build_scaled_report`)."""
+
+
+def comm_label(strategy: str | None) -> str:
+    """What a multi-chip step's communication is called: a pipeline's stage-boundary transfers, else
+    the collectives."""
+    return "stage-boundary transfers" if strategy == "pp" else "collectives"
 
 
 def step_overheads(report: Report) -> dict[str, float]:

@@ -505,8 +505,8 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
             }
         )
     report.totals = totals
-    if not staged and point.comm_time_s:  # the collectives the step waits for: a row of their own
-        report.extra[STEP_OVERHEADS] = {"collectives": point.comm_time_s}
+    if point.overheads_s:  # the collectives, a pipeline's fill and drain: rows of their own
+        report.extra[STEP_OVERHEADS] = dict(point.overheads_s)
     report.model = {**report.model, "params": graph.num_params}  # the unsplit model's
     # a placement over several devices of its own (the IPU's replicas, its pipeline) has their rates
     # and power: one chip's is its share; under pp no one chip runs the placement's work

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dabench_ir import __version__
 
+from .attribution import comm_label
 from .compare import PERIOD_NOTE, format_row, is_period
 from .model import NodeRecord, Report
 from .table import (
@@ -264,7 +265,7 @@ def _summary(report: Report) -> str:
     if chips:
         cards += [
             _card("chips", f"{chips} ({c.get('strategy')})"),
-            _card("collectives", seconds(t.get("comm_time_s"))),
+            _card(comm_label(c.get("strategy")), seconds(t.get("comm_time_s"))),
             _card("node rows", str(report.extra.get("nodes_basis"))),
         ]
     if report.target:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .attribution import node_share
+from .attribution import comm_label, node_share
 from .model import Report
 
 __all__ = [
@@ -418,7 +418,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
             out.append(f"  latency    {seconds(t['latency_s'])} for one step alone (first input to last output)")
         if chips:
             out.append(
-                f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of collectives, "
+                f"  chips      {chips} ({c.get('strategy')}): {seconds(t.get('comm_time_s'))} of "
+                f"{comm_label(c.get('strategy'))}, "
                 f"{human(t.get('link_bytes'), 'B')} over the links, speedup {times(m.get('speedup'))}, "
                 f"scaling efficiency {percent(m.get('scaling_efficiency'))}"
             )
