@@ -735,7 +735,7 @@ def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: A
     from dabench_ir.lowering import lowering_for
 
     lowering = lowering_for(target)
-    lowering.options(opts)  # raises UserError for a combination the lowering refuses
+    lowering.check_options(target, lowering.options(opts))  # a combination the lowering refuses, a size its target does
     asks_fusion = opts.fused_attention and "fused_attention" in given
     asks_micro_batches = [f"{KNOBS[n].flag} {getattr(opts, n)}" for n in ("micro_batches", "micro_batch") if n in given]
     if asks_fusion and lowering.fuses_attention_itself:

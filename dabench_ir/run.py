@@ -47,6 +47,7 @@ __all__ = [
     "Samples",
     "analysis_passes",
     "analyzed",
+    "check_options",
     "execute",
     "is_mlir_file",
     "placed",
@@ -267,6 +268,16 @@ def resolve_target(target: Any, threads: int | None = None) -> Target | None:
 
         return load_target(str(cpu_target_path(threads=threads)))
     return load_target(target)
+
+
+def check_options(target: Any, options: Mapping[str, Any]) -> None:
+    """What `resolve` refuses of ``options`` on ``target`` before a model is read: a knob that cannot
+    apply to the target, its size or the mode (`options.check_applies`). For a caller about to start
+    many runs (a sweep's points), so that a mistake is said once, up front, not as each run's failure."""
+    from dabench_ir.targets import HOST, is_host
+
+    opts, given = _given(options)
+    check_applies(opts, given, HostKind(HOST) if is_host(target) else resolve_target(target, opts.threads))
 
 
 def resolve(

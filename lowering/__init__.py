@@ -154,6 +154,12 @@ class Lowering(ABC):
     """By ``--recompute`` mode, why this lowering does not model it (a mode not named is modelled): the
     run refuses it (`dabench_ir.options.check_applies`) rather than place it as another mode."""
 
+    def check_options(self, target: Target, options: Any) -> None:
+        """A UserError for a knob value ``target``'s size refuses (``--tiles 9`` on an 8-tile RDU), said
+        before anything runs (`dabench_ir.options.check_applies`); ``options`` of this lowering's
+        ``Options`` type. Most lowerings have no such bound."""
+        return
+
     def offloads_optimizer(self, options: Any) -> bool:
         """Whether the run keeps its optimizer state in its host's memory and updates it there, so that
         the devices of one host that offload at once share its memory (the GPUs' CPU offload)."""

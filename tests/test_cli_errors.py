@@ -776,6 +776,21 @@ def test_a_sweep_flag_no_point_keeps_is_refused(capsys, tmp_path):
     assert code == 0 and "rdu O3" in out
 
 
+def test_a_sweep_point_its_target_refuses_is_said_before_anything_runs(capsys, tmp_path):
+    """``--tiles 9`` on the smoke spec's 8-tile sn30 points: exit 2 and one line naming the point, no
+    folder written (each rdu point had been run and saved as failed, exit 0); a spec's own value alike."""
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "sweep", "smoke", "--tiles", "9", "-o", str(out), "-q")
+    assert_one_line_error(code, err, "smoke, point gpt2 L1 h64 rdu O1: --tiles 9: sn30 has 8 tiles per RDU")
+    assert not out.exists()
+    spec = tmp_path / "tiles.toml"
+    spec.write_text(
+        '[defaults]\ntarget = "rdu"\nlayers = 1\nhidden = 64\nheads = 4\nseq = 8\n[axes]\ntiles = [8, 16]\n'
+    )
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--dry-run")
+    assert_one_line_error(code, err, "--tiles 16: sn30 has 8 tiles per RDU")
+
+
 def test_a_sweep_never_writes_into_a_folder_that_holds_its_spec(capsys, tmp_path):
     spec = Path(__file__).resolve().parents[1] / "dabench_ir" / "data" / "sweeps" / "smoke.toml"
     inside = tmp_path / "out" / "results.csv"  # the table the run writes

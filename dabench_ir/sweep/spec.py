@@ -400,4 +400,23 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
                 f"{options.KNOBS[name].flag} {value}: applies to none of the {len(spec.points)} points of "
                 f"{spec.name} (targets {targets}; {modes}); drop it"
             )
+    _check_point_options(spec)
     return spec
+
+
+def _check_point_options(spec: SweepSpec) -> None:
+    """Each distinct point's options as its run checks them (`run.check_options`), before any runs:
+    a value its target refuses (``--tiles 9`` on an 8-tile RDU) is a mistake to fix, not a failed point."""
+    from dabench_ir.run import check_options
+    from dabench_ir.sweep.worker import point_options
+
+    checked: set[tuple[str, str]] = set()
+    for point in spec.points:
+        knobs = point_options(point.params)
+        key = (str(point.params["target"]), repr(sorted(knobs.items())))
+        if key not in checked:
+            checked.add(key)
+            try:
+                check_options(point.params["target"], knobs)
+            except UserError as exc:
+                raise UserError(f"{spec.name}, point {point.label()}: {exc}") from None

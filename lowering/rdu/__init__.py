@@ -162,6 +162,9 @@ class RduLowering(Lowering):
         "training step (gradient accumulation)"
     }
 
+    def check_options(self, target: Target, options: RduOptions) -> None:
+        Chip.of(target, options)  # refuses more tiles than the RDU has
+
     def _lower(self, ctx: LoweringContext, target: Target, options: RduOptions) -> Plan:
         """Form the sections, time and place each, then add the rows no node owns, fit the memory
         and sum up the plan's statistics."""
