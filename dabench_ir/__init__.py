@@ -4,7 +4,7 @@
     >>> report = dabench_ir.profile("model.onnx", target="rdu")
     >>> report.totals["flops"]
 
-The API is docs/api.md: `profile`, `profile_targets`, `scale`, `run_study`, `run_validation`,
+The API is docs/api.md: `profile`, `profile_targets`, `generate`, `scale`, `run_study`, `run_validation`,
 `Report` (`Report.from_json`, `Report.to_pandas`), the typed mappings `Totals`, `Metrics`,
 `StudyTotals`, `TargetSummary`, and `ApiError`.
 """
@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 _RESULTS = {  # the result types' modules; every other name of __all__ is dabench_ir.api's
     "Report": "dabench_ir.report.model",
+    "GenerateResult": "dabench_ir.scenario",
     "ScaleResult": "dabench_ir.scaling",
     "ScalePoint": "dabench_ir.scaling",
     "Validation": "dabench_ir.validate",
@@ -25,6 +26,7 @@ _RESULTS = {  # the result types' modules; every other name of __all__ is dabenc
 
 __all__ = [
     "ApiError",
+    "GenerateResult",
     "Metrics",
     "PointResult",
     "Report",
@@ -37,6 +39,7 @@ __all__ = [
     "Totals",
     "Validation",
     "__version__",
+    "generate",
     "profile",
     "profile_targets",
     "run_study",
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
         StudyTotals,
         TargetSummary,
         Totals,
+        generate,
         profile,
         profile_targets,
         run_study,
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     )
     from dabench_ir.report.model import Report
     from dabench_ir.scaling import ScalePoint, ScaleResult
+    from dabench_ir.scenario import GenerateResult
     from dabench_ir.validate import PointResult, Validation
 
 

@@ -20,6 +20,7 @@ from dabench_ir.errors import UserError
 if TYPE_CHECKING:
     from dabench_ir.report.model import Report
     from dabench_ir.scaling import ScaleResult
+    from dabench_ir.scenario import GenerateResult
     from dabench_ir.validate import Validation
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "StudyTotals",
     "TargetSummary",
     "Totals",
+    "generate",
     "profile",
     "profile_targets",
     "run_study",
@@ -136,12 +138,40 @@ def _counts(name: str, values: Any, example: str) -> list[int]:
     return list(values)
 
 
+def _one_step(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` of a one-step question; ``scenario`` is `generate`'s, whose steps are many."""
+    if options.get("scenario") is not None:
+        raise ApiError(
+            f"scenario={options['scenario']!r} runs a prefill and decode steps, not one step: call "
+            "dabench_ir.api.generate(model, target, prompt=P, gen=G, ...)"
+        )
+    return options
+
+
 def profile(model: str | Path | Any, target: str | None = None, **options: Any) -> Report:
     """``model`` (a path to .onnx/.mlir, or an ``onnx.ModelProto``) on ``target`` (None: cost only)."""
     from dabench_ir.pipeline import run_profile
 
     model = _model(model)
-    return _api(lambda: run_profile(model, target, options))
+    return _api(lambda: run_profile(model, target, _one_step(options)))
+
+
+def generate(model: Any, target: str, *, prompt: int, gen: int, **options: Any) -> GenerateResult:
+    """The generation scenario (``profile --scenario generate``): ``options.batch`` requests of
+    ``prompt`` tokens each generating ``gen``, on ``target``: the prefill, each decode step as the
+    cache grows, time to first token and per output token. ``model``: a preset name, a path, an
+    ``onnx.ModelProto``, or a ``(prefill, decode)`` pair of dynamic exports."""
+    from dabench_ir.options import ScaleOptions
+    from dabench_ir.scenario import generate as run_generate
+
+    def call() -> GenerateResult:
+        try:
+            opts = ScaleOptions(**{**options, "scenario": "generate", "prompt": prompt, "gen": gen})
+        except TypeError as exc:
+            raise UserError(f"options: {exc}") from None
+        return run_generate(model if isinstance(model, tuple) else _model(model), target, opts, prompt=prompt, gen=gen)
+
+    return _api(call)
 
 
 def profile_targets(model: str | Path | Any, targets: Sequence[str], **options: Any) -> dict[str, Report]:
@@ -151,7 +181,7 @@ def profile_targets(model: str | Path | Any, targets: Sequence[str], **options: 
     model = _model(model)
     if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets:
         raise ApiError(f"targets={targets!r}: give a list of target names, e.g. targets=['rdu', 'h100']")
-    return _api(lambda: _profile_targets(model, list(targets), options))
+    return _api(lambda: _profile_targets(model, list(targets), _one_step(options)))
 
 
 def scale_model(
@@ -219,7 +249,7 @@ def scale(
         if batch is None
         else _counts("batch", [batch] if isinstance(batch, int) else batch, "8 or batch=(8, 32)")
     )
-    return _api(lambda: scale_model(model, target, counts, batches, {**options, "strategy": strategy}))
+    return _api(lambda: scale_model(model, target, counts, batches, {**_one_step(options), "strategy": strategy}))
 
 
 def study_input(model: Any, options: Any) -> tuple[Any, Any]:

@@ -466,6 +466,13 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     only, sums the rows); serving keeps it whole on every chip (TensorRT-LLM's default,
     ``use_parallel_embedding`` off).
     """
+    heads = _query_heads(graph)
+    if heads is not None and heads % chips:
+        fits = ", ".join(str(d) for d in range(2, heads + 1) if heads % d == 0)
+        raise UserError(
+            f"--strategy tp over {chips} chips: the model's {heads} attention heads do not split {chips} ways "
+            f"(each chip computes whole heads); give a count that divides them: {fits}"
+        )
     share = graph.clone()
     root = share.model_root
     train = meta.graph_mode(graph) == "train"
@@ -498,8 +505,10 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
             shape = value.type.shape
             if shape:
                 dims = list(shape)
-                if isinstance(dims[-1], int) and dims[-1] % chips == 0:
-                    dims[-1] //= chips
+                if isinstance(dims[-1], int):  # a vocabulary that does not divide is padded (Megatron-LM
+                    dims[-1] = -(
+                        -dims[-1] // chips
+                    )  # pads it to a multiple of the chips: make-vocab-size-divisible-by)
                     value.type = replace(value.type, shape=tuple(dims))
     kv_heads = {_shard_cache_heads(share.values[name], chips) for name in cache_inputs(share)} - {None}
     if len(kv_heads) == 1:  # a K/V head copied on several chips serves only each chip's own query heads
@@ -512,6 +521,22 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         for mod, b in leaving.items()
     ]
     return share, collectives + (_lm_head_collectives(graph, head, passes) if head else [])
+
+
+def _query_heads(graph: Graph) -> int | None:
+    """The model's attention (query) heads, what tensor parallelism splits whole: a fused attention
+    op's ``num_heads``, else dim -3 of the query operand of the first activation-by-activation MatMul
+    (the scores, ``[batch, heads, seq, head_dim]``); None where neither says."""
+    for node in graph.nodes:
+        if isinstance(node.attrs.get("num_heads"), int):
+            return node.attrs["num_heads"]
+        if node.op_type != "MatMul":
+            continue
+        operands = [graph.values.get(v) for v in node.inputs[:2]]
+        if all(v is not None and not v.kind.is_stored and v.type.shape and len(v.type.shape) == 4 for v in operands):
+            heads = operands[0].type.shape[-3]
+            return heads if isinstance(heads, int) else None
+    return None
 
 
 def _token_embedding(graph: Graph) -> set[str]:
@@ -678,7 +703,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         single, sharers
     )
     fill_drain = (chips - 1) * (worst / m)  # the other stages' share of the first and last micro-batch
-    step = worst + fill_drain + update + comm
+    step = worst + fill_drain + update + _once_a_step_s(staged) + comm
     fits, failure, worst_memory = _pp_stage_memory(ctx, run, stages, chips, m, sharers)
     return ScalePoint(
         chips=chips,
@@ -722,12 +747,12 @@ def _pp_stages(single: ChipRun, layers: list[int], chips: int) -> tuple[list[lis
     `_pp_stage_nodes` holds them (the optimizer update, once a step, is `_update_s`), and on a
     host-issued target the stream's wait for the host shared by work."""
     loads = [single.layer_time.get(layer, 0.0) for layer in layers]
-    starts, _ = optimal_contiguous_split(loads, chips)
-    stages = [layers[a:b] for a, b in itertools.pairwise([*starts, len(layers)])]
-    stage_times = [sum(single.layer_time.get(layer, 0.0) for layer in st) for st in stages]
     before, after = _outside_s(single)
-    stage_times[0] += before
-    stage_times[-1] += after
+    loads[0] += before  # the first stage holds the first block, and the embedding with it
+    loads[-1] += after  # the last stage the last block and the head: the split weighs both
+    starts, _ = optimal_contiguous_split(loads, chips)
+    stage_times = [sum(loads[a:b]) for a, b in itertools.pairwise([*starts, len(layers)])]
+    stages = [layers[a:b] for a, b in itertools.pairwise([*starts, len(layers)])]
     wait = single.plan.step_overheads_s.get(HOST_ISSUE, 0.0) if single.plan is not None else 0.0
     if wait > 0:  # each stage's host issues its own kernels: the stream's wait for them, shared by work
         total = sum(stage_times) or 1.0
@@ -763,6 +788,16 @@ def _optimizer_s(single: ChipRun) -> float:
     if single.graph is None or single.timeline is None:
         return 0.0
     return sum(single.timeline.busy(n.name) for n in single.graph.nodes if is_optimizer_step(n))
+
+
+def _once_a_step_s(run: ChipRun) -> float:
+    """Seconds of the one-chip run's step costs that a pipeline's step pays once, beside its stages:
+    every step overhead of its plan but the host's issue wait (shared into the stages: `_pp_stages`)
+    and the update's copies (`_update_s`), such as a decode step's framework cost (``decode_step``)."""
+    rows = run.plan.step_overheads_s if run.plan is not None else {}
+    return sum(
+        seconds for name, seconds in rows.items() if name not in (HOST_ISSUE, OFFLOAD_GRADIENTS, OFFLOAD_WEIGHTS)
+    )
 
 
 def _update_s(single: ChipRun, sharers: int = 1) -> float:

@@ -81,6 +81,9 @@ def hierarchical_allreduce_time(nbytes: float, chips: int, per_node: int, intra:
     all-reduce of each device's 1/k shard across the n nodes (k rings at once, one per
     shard), then an all-gather inside each node; the two intra-node halves together cost
     one intra-node ring all-reduce (Thakur et al., IJHPCA 2005; NCCL's tree/ring hierarchy).
+    A last node of fewer devices (``chips`` not a multiple of ``per_node``) splits the buffer
+    into fewer, larger shards, each over one device's share of the network: its devices set the
+    pace (9 GPUs at 8 a node: the ninth carries the whole buffer across).
     """
     if _nothing_to_reduce(nbytes, chips, per_node):
         return 0.0
@@ -88,7 +91,8 @@ def hierarchical_allreduce_time(nbytes: float, chips: int, per_node: int, intra:
         return _ring(nbytes, chips, intra)
     k = per_node
     nodes = -(-chips // k)
-    return _ring(nbytes, k, intra) + _ring(nbytes / k, nodes, inter)
+    fewest = chips - (nodes - 1) * k  # devices on the last node: k when every node is full
+    return _ring(nbytes, k, intra) + _ring(nbytes / fewest, nodes, inter)
 
 
 def _ring(nbytes: float, chips: int, link: _Link) -> float:

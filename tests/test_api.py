@@ -208,6 +208,16 @@ def test_to_pandas_rows_are_the_reports_nodes_and_roles():
         (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips=()), "chips=(): give at least one"),
         (lambda d: d.scale("gpt2-small", "h100", strategy="dp", chips=(1, 0)), "0 is not a positive integer"),
         (lambda d: d.scale("gpt2-small", "h100", strategy="dp", batch=float("nan")), "batch=nan"),
+        # a generation is many steps: profile ran one step with it recorded as given and ignored
+        (
+            lambda d: d.profile("gpt2-small", "h100", scenario="generate", prompt=64, gen=4),
+            "call dabench_ir.api.generate",
+        ),
+        (lambda d: d.generate("gpt2-small", "h100", prompt=0, gen=4), "prompt=0: expected a positive integer"),
+        (
+            lambda d: d.generate("gpt2-small", "h100", prompt=64, gen=4, tiles=4),
+            "tiles= applies to rdu targets, not h100",
+        ),
     ],
 )
 def test_a_bad_api_argument_is_an_api_error_in_the_apis_own_words(call, needle):

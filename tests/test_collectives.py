@@ -61,7 +61,11 @@ def test_hierarchical_allreduce_across_nodes_exact():
     expected = (2 * 7 / 8 * 1e9 / 32e9 + 14 * 5e-6) + (2 * 1 / 2 * 1.25e8 / 12.5e9 + 2 * 1e-5)
     assert hierarchical_allreduce_time(1e9, 16, 8, intra, inter) == pytest.approx(expected)
     assert expected == pytest.approx(0.0647775)
-    # a partly filled last node still counts as a node
-    assert hierarchical_allreduce_time(1e9, 12, 8, intra, inter) == pytest.approx(expected)
+    # a partly filled last node still counts as a node, and its fewer devices carry larger shards
+    # across: 12 = 8 + 4, each of the 4 a quarter of the buffer (it was an eighth, as if the node were full)
+    partly = (2 * 7 / 8 * 1e9 / 32e9 + 14 * 5e-6) + (2 * 1 / 2 * 2.5e8 / 12.5e9 + 2 * 1e-5)
+    assert hierarchical_allreduce_time(1e9, 12, 8, intra, inter) == pytest.approx(partly)
+    lone = (2 * 7 / 8 * 1e9 / 32e9 + 14 * 5e-6) + (2 * 1 / 2 * 1e9 / 12.5e9 + 2 * 1e-5)
+    assert hierarchical_allreduce_time(1e9, 9, 8, intra, inter) == pytest.approx(lone)  # the ninth: all of it
     # no inter-node link: one flat ring over the intra-node link
     assert hierarchical_allreduce_time(1e9, 16, 8, intra, None) == ring_allreduce_time(1e9, 16, *intra)
