@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dabench_ir.ir import Graph
-from dabench_ir.plan import Plan, Schedule
+from dabench_ir.plan import PIPELINE_FILL_DRAIN, Plan, Schedule
 from dabench_ir.timeline import NodeTiming, Timeline
 
 __all__ = ["check_dependencies", "emulate"]
@@ -122,17 +122,17 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
                 unit_spans[u.id] = (min(ran[0][0] for ran in spans), max(ran[-1][1] for ran in spans))
     makespan = max(clock, 0.0 if latest is None else latest)
     if plan.pipelined_steps and plan.schedule is Schedule.CONCURRENT:
-        lane_busy: dict[str, float] = defaultdict(float)
-        for lane, b in zip(runs.lanes, runs.busy, strict=True):
-            lane_busy[lane] += b
-        step = max(lane_busy.values(), default=0.0)  # consecutive steps overlap in the pipeline
+        # consecutive steps overlap in the pipeline: a step is its busiest unit's work, every lane of
+        # it (an IPU running two stages of different micro-batches in each cycle does both)
+        step = max(unit_busy.values(), default=0.0)
     else:
         step = makespan
     latency = makespan  # one step from its first input to its last output, nothing overlapping it
     for name, seconds in plan.step_overheads_s.items():  # serial: nothing else runs meanwhile
         overheads[name] += seconds
         step += seconds
-        latency += seconds
+        if name != PIPELINE_FILL_DRAIN:  # a step alone fills and drains its pipeline in its makespan
+            latency += seconds
     timeline = Timeline(
         nodes=timings,
         step_time_s=step,

@@ -20,7 +20,23 @@ if TYPE_CHECKING:
     from dabench_ir.lowering import LoweringOptions
     from dabench_ir.targets import Target
 
-__all__ = ["RESOURCE_KEYS", "Failure", "NodePlan", "Plan", "PlanStats", "Schedule", "Unit", "UnitStats"]
+__all__ = [
+    "PIPELINE_FILL_DRAIN",
+    "RESOURCE_KEYS",
+    "Failure",
+    "NodePlan",
+    "Plan",
+    "PlanStats",
+    "Schedule",
+    "Unit",
+    "UnitStats",
+]
+
+PIPELINE_FILL_DRAIN = "pipeline_fill_drain"
+"""The step overhead of a pipeline's ramp up and down, the stages idle while the first micro-batch
+fills them and the last drains them: a step that drains before the next (a training step's weight
+update; chips in a pipeline-parallel run) pays it beside its busiest stage's work, and a step run
+alone (its latency) holds it in its makespan already."""
 
 
 class Schedule(enum.StrEnum):

@@ -70,6 +70,7 @@ from dabench_ir.passes.training import (
     token_table,
 )
 from dabench_ir.place import place
+from dabench_ir.plan import PIPELINE_FILL_DRAIN
 from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
 if TYPE_CHECKING:
@@ -466,13 +467,6 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     only, sums the rows); serving keeps it whole on every chip (TensorRT-LLM's default,
     ``use_parallel_embedding`` off).
     """
-    heads = _query_heads(graph)
-    if heads is not None and heads % chips:
-        fits = ", ".join(str(d) for d in range(2, heads + 1) if heads % d == 0)
-        raise UserError(
-            f"--strategy tp over {chips} chips: the model's {heads} attention heads do not split {chips} ways "
-            f"(each chip computes whole heads); give a count that divides them: {fits}"
-        )
     share = graph.clone()
     root = share.model_root
     train = meta.graph_mode(graph) == "train"
@@ -503,13 +497,17 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         inner = inner and all(module_of[r.name] == module_of[value.producer] for r in readers)
         if (value.kind.is_stored and readers and all(module_of[r.name] for r in readers)) or inner:
             shape = value.type.shape
-            if shape:
-                dims = list(shape)
-                if isinstance(dims[-1], int):  # a vocabulary that does not divide is padded (Megatron-LM
-                    dims[-1] = -(
-                        -dims[-1] // chips
-                    )  # pads it to a multiple of the chips: make-vocab-size-divisible-by)
-                    value.type = replace(value.type, shape=tuple(dims))
+            if shape and isinstance(shape[-1], int):
+                mod = module_of[value.producer] if inner else module_of[readers[0].name]
+                matrix = value.kind.is_stored and len(shape) >= 2  # a weight, not a scale or a bias
+                if shape[-1] % chips and matrix and mod not in (LM_HEAD, EMBEDDING):
+                    raise UserError(
+                        f"--strategy tp over {chips} chips: {value.name} ({shape[-1]} columns, in {mod}) does "
+                        f"not split {chips} ways; give a chip count that divides the model's heads and widths"
+                    )
+                # a vocabulary that does not divide is padded to a multiple of the chips (Megatron-LM's
+                # make-vocab-size-divisible-by), and the activations with it
+                value.type = replace(value.type, shape=(*shape[:-1], -(-shape[-1] // chips)))
     kv_heads = {_shard_cache_heads(share.values[name], chips) for name in cache_inputs(share)} - {None}
     if len(kv_heads) == 1:  # a K/V head copied on several chips serves only each chip's own query heads
         (kv,) = kv_heads
@@ -521,22 +519,6 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         for mod, b in leaving.items()
     ]
     return share, collectives + (_lm_head_collectives(graph, head, passes) if head else [])
-
-
-def _query_heads(graph: Graph) -> int | None:
-    """The model's attention (query) heads, what tensor parallelism splits whole: a fused attention
-    op's ``num_heads``, else dim -3 of the query operand of the first activation-by-activation MatMul
-    (the scores, ``[batch, heads, seq, head_dim]``); None where neither says."""
-    for node in graph.nodes:
-        if isinstance(node.attrs.get("num_heads"), int):
-            return node.attrs["num_heads"]
-        if node.op_type != "MatMul":
-            continue
-        operands = [graph.values.get(v) for v in node.inputs[:2]]
-        if all(v is not None and not v.kind.is_stored and v.type.shape and len(v.type.shape) == 4 for v in operands):
-            heads = operands[0].type.shape[-3]
-            return heads if isinstance(heads, int) else None
-    return None
 
 
 def _token_embedding(graph: Graph) -> set[str]:
@@ -728,7 +710,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         micro_batches=m,
         overheads_s={
             name: seconds
-            for name, seconds in (("pipeline_fill_drain", fill_drain), ("pipeline_boundaries", comm))
+            for name, seconds in ((PIPELINE_FILL_DRAIN, fill_drain), ("pipeline_boundaries", comm))
             if seconds
         },
         # the whole graph on one chip running the micro-batches in turn: the stages are its layers'

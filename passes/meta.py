@@ -40,6 +40,7 @@ __all__ = [
     "OP_CLASS",
     "PRECISION",
     "QUANTISED",
+    "RECOMPUTED",
     "SAVED",
     "SUBGRAPH",
     "TRAINING",
@@ -77,6 +78,7 @@ CAUSAL_SHARE = (
     "dabench.causal_share"  # float: share of its core's scores a causal fused kernel computes ('fused-attention')
 )
 SAVED = "dabench.train.saved"  # {value: bytes} the node keeps for backward (whole bound batch), by 'training'
+RECOMPUTED = "dabench.train.recomputed"  # True: its backward cost holds its forward run again, by 'training'
 QUANTISED = "dabench.quantised"  # (mode, weight value names) of a weight-only quantised matmul, by 'precision'
 MLIR_OPS = "dabench.mlir.ops"  # list[OpCount] attributed to the node, by 'linalg-cost'
 MLIR_CLASS = "dabench.mlir.class"  # contraction | vector | data_movement | none, by 'linalg-cost'

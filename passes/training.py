@@ -490,6 +490,7 @@ class TrainingPass(Pass):
                         vector_flops=forward.vector_flops,
                         special_ops=forward.special_ops,
                     )
+                    node.meta[meta.RECOMPUTED] = True
                 if node.name in fused and node.outputs and (last or traits.saves is Saves.OUTPUT):
                     out = node.outputs[0]
                     if last:  # the kernel's output O
@@ -503,6 +504,7 @@ class TrainingPass(Pass):
             # through, such as the first block's norm: their outputs feed the saved ops' inputs)
             if (mode == "full" and grads) or node.name in op_recomputed:
                 bwd = bwd + forward
+                node.meta[meta.RECOMPUTED] = True
             node.meta[FORWARD_COST] = forward
             node.meta[BACKWARD_COST] = bwd
             node.meta[meta.COST] = forward + bwd

@@ -618,10 +618,11 @@ def test_gradient_accumulation_holds_one_micro_batch_and_runs_each_section_per_m
     passes = sum(1 if _phase(u) == "optimizer" else 4 for u in accumulated.units)
     host = RDU.overhead("host_step_s") + RDU.overhead("host_per_section_s") * passes
     assert accumulated.step_overheads_s["host"] == pytest.approx(host, rel=1e-12)
-    # three more passes, each streaming every (matmul) weight three times again: the forward reads
-    # it, the backward reads it (for dX) and writes its gradient; the activations move once
+    # three more passes, each moving every (matmul) weight's bytes four times again: the forward reads
+    # it, the backward reads it (for dX), reads back the gradient sum and writes it; the activations
+    # move once
     moved = accumulated.traffic_bytes["ddr"] - streamed.traffic_bytes["ddr"]
-    assert moved == 3 * 3 * held["weights"] == 3 * 3 * 2 * (2 * (4 * 64 * 64 + 2 * 64 * 256))
+    assert moved == 3 * 4 * held["weights"] == 3 * 4 * 2 * (2 * (4 * 64 * 64 + 2 * 64 * 256))
 
 
 def test_the_same_micro_batches_give_the_same_step_however_they_are_asked():

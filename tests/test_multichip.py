@@ -285,3 +285,12 @@ def test_a_pipelined_decode_step_pays_the_framework_step_once_and_is_no_faster_t
     one = api.generate("llama-7b", "h100", prompt=512, gen=4)
     pp = api.generate("llama-7b", "h100", prompt=512, gen=4, chips=2, strategy="pp")
     assert pp.tpot_s > one.tpot_s
+
+
+def test_a_tp_split_whose_weights_do_not_divide_is_refused():
+    """GPT-2 small's 768-wide projections do not split 5 ways: the chips' work was costed at a fifth
+    while every weight stayed whole on each (a chip 'held' as much as one running it all)."""
+    from dabench_ir import api
+
+    with pytest.raises(api.ApiError, match=r"layers\.0\.attn\.q_proj\.weight \(768 columns, in layers\.0\.attn\)"):
+        api.profile("gpt2-small", "h100", chips=5, strategy="tp")

@@ -140,3 +140,39 @@ def test_two_to_four_rdus_loses_only_through_rdu_0(tmp_path):
     root, ring = change(RDU), change(_ring_rdu())
     assert -0.533 <= root <= -0.267
     assert ring > -0.267
+
+
+def _backward_flops(report) -> float:
+    return sum(u.resources["flops"] for u in report.plan.units if u.resources.get("phase_backward"))
+
+
+def test_a_core_the_rdu_recomputes_itself_is_recomputed_once_under_selective():
+    """At O3 the RDU runs each attention core's forward again in its backward section; under
+    ``--recompute selective`` the training pass already put the core's forward (but its last matmul)
+    into those nodes' backward costs. The two are one recompute: the backward sections do the same
+    FLOPs either way (selective had added the pass's 81.5 GFLOP on top of the RDU's 158.8)."""
+    from dabench_ir import api
+
+    runs = {
+        rc: api.profile("gpt2-small", target="sn30", mode="train", tiles=4, opt_level="O3", batch=4, recompute=rc)
+        for rc in ("none", "selective")
+    }
+    assert _backward_flops(runs["selective"]) == pytest.approx(_backward_flops(runs["none"]), rel=1e-9)
+
+
+def test_gradient_accumulation_reads_back_the_gradient_sum_each_further_micro_batch():
+    """Each micro-batch after the first reads the weights again and, in the backward, reads back the
+    gradient sum to add to it before writing it: 3 W a further pass in the backward, W in the forward
+    (the read-back had been left out: 0.84 GB of a 4-micro-batch GPT-2 small step)."""
+    from dabench_ir import api
+
+    def ddr(**kw):
+        report = api.profile("gpt2-small", target="sn30", mode="train", tiles=4, opt_level="O3", batch=4, **kw)
+        return report, report.plan.traffic_bytes["ddr"]
+
+    from dabench_ir.passes.training import FORWARD_COST
+
+    one, whole = ddr()
+    _, four = ddr(micro_batches=4)
+    forward_w = sum(n.meta[FORWARD_COST].weight_bytes for n in one.graph.nodes if FORWARD_COST in n.meta)
+    assert four - whole == 3 * (forward_w + 3 * forward_w)

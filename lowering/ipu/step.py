@@ -44,7 +44,7 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.lowering.context import place_node
 from dabench_ir.lowering.ipu.common import trained_params
-from dabench_ir.plan import Unit
+from dabench_ir.plan import PIPELINE_FILL_DRAIN, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
@@ -157,7 +157,7 @@ def add_step_costs(run: IpuRun, pipeline: Pipeline, memory: TileMemory, cycle_s:
         # the pipeline drains before each weight update: the bubble is paid every step (in
         # inference consecutive steps stream through without one; without steady_state the
         # event simulation already holds the fill and drain)
-        plan.step_overheads_s["pipeline_fill_drain"] = (pipeline.n_stages - 1) * cycle_s
+        plan.step_overheads_s[PIPELINE_FILL_DRAIN] = (pipeline.n_stages - 1) * cycle_s
     if run.training:
         if streams := host_streams_s(run):
             plan.step_overheads_s["host_streams"] = streams

@@ -174,7 +174,7 @@ def _link_bytes(run: IpuRun, node: Node, ipu: int, ipu_of: dict[str, int], cross
 
 
 def _superstep(
-    run: IpuRun, node: Node, unit_id: str, used: int, serial: SerialPlan, link_bytes: float, n_ipus: int
+    run: IpuRun, node: Node, unit_id: str, lane: str, used: int, serial: SerialPlan, link_bytes: float, n_ipus: int
 ) -> NodePlan:
     """The `NodePlan` of ``node`` on ``used`` tiles: its Cost parts at their rates, the
     exchange of its inputs, its link copies and the serial passes' extra broadcasts, and a
@@ -195,6 +195,7 @@ def _superstep(
         ctx,
         node,
         unit=unit_id,
+        lane=lane,
         compute_s=matmul_s + vector_s + special_s,
         memory_s=feed / (fig.sram_bw * used / fig.tiles),
         comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
@@ -208,24 +209,33 @@ def _superstep(
 
 
 def place_nodes(run: IpuRun, pipeline: Pipeline, plan: Plan) -> IpuTimes:
-    """Step 2: every stage node as a superstep on its IPU's lane (``plan.node_plans``), in stage
-    order, each matmul planned under its IPU's matmul proportion of tile memory; the lanes'
-    times and tile use add up per IPU."""
+    """Step 2: every stage node as a superstep on its stage's lane of its IPU (``plan.node_plans``),
+    in stage order, each matmul planned under its IPU's matmul proportion of tile memory; the
+    lanes' times and tile use add up per IPU. A stage that returns to an IPU (the tied head on
+    IPU 0) has a lane of its own: in each pipeline cycle the IPU runs both of its stages, for
+    different micro-batches, so the head of one micro-batch does not hold up the embedding of the
+    next; the IPU's cycle is its lanes' sum (`dabench_ir.emulate`: a pipelined step's period is
+    its busiest unit's)."""
     ctx, fig, m = run.ctx, run.fig, run.m
     amps = run.options.matmul_proportion
     ipu_of = pipeline.ipu_of()
     crossed: set[tuple[str, int]] = set()  # (tensor, IPU) pairs already copied over an IPU-Link
     times = IpuTimes()
-    for st in pipeline.stages:
+    seen: set[int] = set()  # the IPUs a stage ran on already
+    for index, st in enumerate(pipeline.stages):
         k = st.ipu
         budget = (amps[k] if len(amps) > 1 else amps[0]) * fig.capacity
         unit_id = f"ipu{k}"
+        lane = f"{unit_id}.stage{index}" if k in seen else unit_id
+        seen.add(k)
         for node in st.nodes:
             used = tiles_for(run, node)
             serial = times.serials[node.name] = serial_plan(ctx, node, m, fig.gamma, budget)
             link_bytes = _link_bytes(run, node, k, ipu_of, crossed)
             times.link_bytes += link_bytes
-            plan.node_plans[node.name] = np_ = _superstep(run, node, unit_id, used, serial, link_bytes, pipeline.ipus)
+            plan.node_plans[node.name] = np_ = _superstep(
+                run, node, unit_id, lane, used, serial, link_bytes, pipeline.ipus
+            )
             times.lane_s[k] = times.lane_s.get(k, 0.0) + np_.per_micro_batch_s
             times.busy_s[k] = times.busy_s.get(k, 0.0) + np_.per_micro_batch_s * m
             times.tile_weighted_s[k] = times.tile_weighted_s.get(k, 0.0) + np_.per_micro_batch_s * m * used / fig.tiles

@@ -109,21 +109,22 @@ def saved_state(ctx: LoweringContext, fused: bool) -> SavedState:
 @dataclass(frozen=True, slots=True)
 class SectionTraffic:
     """One section's DDR bytes (``total``) and each working node's share (``per_node``), of which
-    ``weights`` per node are the weights it streams in (read once per pass over the section)."""
+    ``repeated`` per node are what each further pass over the section moves again: the weights it
+    streams in, and in the backward the gradient sum it accumulates."""
 
     total: int
     per_node: dict[str, int]
-    weights: dict[str, int]
+    repeated: dict[str, int]
 
     def passes(self, count: int) -> SectionTraffic:
         """The traffic of ``count`` passes over the section that share out one pass's activations:
-        gradient accumulation runs the section once per micro-batch, streaming its weights in each
+        gradient accumulation runs the section once per micro-batch, moving its ``repeated`` bytes each
         time, while the micro-batches together move the batch's activations once."""
         if count == 1:
             return self
-        extra = {n: (count - 1) * w for n, w in self.weights.items()}
+        extra = {n: (count - 1) * b for n, b in self.repeated.items()}
         per_node = {n: b + extra.get(n, 0) for n, b in self.per_node.items()}
-        return SectionTraffic(self.total + sum(extra.values()), per_node, self.weights)
+        return SectionTraffic(self.total + sum(extra.values()), per_node, self.repeated)
 
 
 def section_ddr(
@@ -148,7 +149,7 @@ def section_ddr(
     forward = sec.phase == "forward"
     home = section_of[sec.phase]
     per_node: dict[str, int] = {}
-    weights: dict[str, int] = {}
+    repeated: dict[str, int] = {}
     seen: set[str] = set()
     for node in sec.nodes:
         if not ctx.is_work(node):
@@ -157,7 +158,10 @@ def section_ddr(
         if sec.phase == "optimizer":
             per_node[node.name] = cost.bytes
             continue
-        nbytes = weights[node.name] = cost.weight_bytes
+        nbytes = cost.weight_bytes
+        # each further micro-batch reads the weights again; its backward (read W, write dW: 2 W) also
+        # reads back the gradient sum the micro-batches before it wrote, to add to it: 3 W
+        repeated[node.name] = nbytes if forward else nbytes * 3 // 2
         if forward:
             for v in node.inputs:  # activations from another section
                 if v not in activations or v in seen:
@@ -197,7 +201,7 @@ def section_ddr(
                 if producer is not None and home.get(producer, i) != i:
                     nbytes += ctx.value_bytes(v)
         per_node[node.name] = nbytes
-    return SectionTraffic(sum(per_node.values()), per_node, weights)
+    return SectionTraffic(sum(per_node.values()), per_node, repeated)
 
 
 def ddr_assumption(ctx: LoweringContext, micro_batches: int, recomputed: bool, accumulated: bool = False) -> str:

@@ -17,6 +17,7 @@ from dabench_ir.ir import Cost, DType
 from dabench_ir.lowering.rdu.chip import NEEDED_BY
 from dabench_ir.lowering.rdu.sections import phase_cost
 from dabench_ir.lowering.rdu.stats import section_load_imbalance
+from dabench_ir.passes import meta
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
@@ -250,10 +251,14 @@ def core_forwards(
     ctx: LoweringContext, cores: dict[str, int], timer: NodeTimer, floor: TileFloor
 ) -> dict[int, CoreForward]:
     """Core id -> its `CoreForward` (``cores``: node -> core id), gathered once for every backward
-    section (a scan of every core per section was quadratic)."""
+    section (a scan of every core per section was quadratic). A node whose backward cost holds its
+    forward already (`passes.meta.RECOMPUTED`: ``--recompute selective`` or ``full``) is the same
+    recompute, counted there once."""
     out: dict[int, CoreForward] = {}
     for name, cid in cores.items():
         node = ctx.graph.node(name)
+        if node.meta.get(meta.RECOMPUTED):
+            continue
         fwd = phase_cost(node, "forward", ctx.costs[name])
         core = out.get(cid)
         if core is None:
@@ -400,8 +405,10 @@ class SectionTimer:
         and seconds go to the core's first node there, its forward nodes become stages of this section."""
         cores, demand = self.layout.cores, self.layout.demand
         for cid in {cores[n.name] for n in sec.nodes if n.name in cores}:
+            core = self.cores.get(cid)
+            if core is None:  # every node of it recomputed already (`core_forwards`)
+                continue
             first = next(n for n in sec.nodes if cores.get(n.name) == cid)
-            core = self.cores[cid]
             work.flops[first.name] += core.flops
             work.busy[first.name] += core.seconds
             work.least_s[first.name] += core.least_s
