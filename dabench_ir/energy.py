@@ -196,7 +196,9 @@ class StepEnergy:
     ``memory_stall`` row also the bytes a streaming unit moves while its nodes wait, ``stall_j``
     of it, which is dynamic energy. ``idle_j`` is the static energy of units idle while others
     run. ``static_power_w`` is the static power of every chip the plan uses; ``step_time_s``
-    the step these joules are of.
+    the step these joules are of. ``link_j``: the bytes the plan's own chip-to-chip links carry
+    (``plan.stats.link_bytes``: an IPU pipeline's stage boundaries, its replicas' gradient ring),
+    dynamic energy of no node's.
     """
 
     dynamic: Mapping[str, float]
@@ -206,6 +208,7 @@ class StepEnergy:
     static_power_w: float
     step_time_s: float
     stall_j: float = 0.0
+    link_j: float = 0.0
 
     @property
     def nodes(self) -> dict[str, float]:
@@ -219,8 +222,9 @@ class StepEnergy:
 
     @property
     def dynamic_j(self) -> float:
-        """The step's dynamic joules: the nodes' FLOPs and bytes, and the bytes streamed in a stall."""
-        return sum(self.dynamic.values()) + self.stall_j
+        """The step's dynamic joules: the nodes' FLOPs and bytes, the bytes streamed in a stall, and
+        those the plan's links carry."""
+        return sum(self.dynamic.values()) + self.stall_j + self.link_j
 
     @property
     def static_j(self) -> float:
@@ -229,8 +233,14 @@ class StepEnergy:
 
     @property
     def total_j(self) -> float:
-        """The step's joules: the nodes plus the rows no node owns."""
-        return self.node_j + sum(self.overheads.values()) + self.idle_j
+        """The step's joules: the nodes plus the rows no node owns, and the plan's links."""
+        return self.node_j + sum(self.overheads.values()) + self.idle_j + self.link_j
+
+
+def link_energy_j(model: EnergyModel, nbytes: float, link: str | None) -> float:
+    """Joules of ``nbytes`` over the link named ``link`` (its ``[energy.pj_per_byte]`` entry, else the
+    chip-to-chip estimate)."""
+    return nbytes * model.pj_per_byte.get(link or "", model.pj_per_byte["link"]) * 1e-12
 
 
 def step_energy(
@@ -319,7 +329,10 @@ def step_energy(
             streamed - streamed_in_nodes, name if name in model.pj_per_byte else level
         )
         overheads["memory_stall"] = overheads.get("memory_stall", 0.0) + stall_j
-    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step, stall_j=stall_j)
+    link = target.link()
+    carried = float(getattr(getattr(plan, "stats", None), "link_bytes", 0.0) or 0.0)
+    link_j = link_energy_j(model, carried, None if link is None else link.name) if carried else 0.0
+    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step, stall_j=stall_j, link_j=link_j)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,11 +386,10 @@ def multi_chip_energy(
     The chip's dynamic energy counts its memory stalls' bytes (`StepEnergy.stall_j`); their
     seconds' static power is in the devices' static energy over ``step_s``."""
     model = energy_model(target)
-    pj = model.pj_per_byte.get(link or "", model.pj_per_byte["link"])
     return MultiChipEnergy(
-        dynamic_j=copies * chip.dynamic_j,
+        dynamic_j=copies * (chip.dynamic_j - chip.link_j),  # ``link_bytes`` hold the placement's own links
         static_j=model.static_watts * devices * step_s,
-        link_j=link_bytes * pj * 1e-12,
+        link_j=link_energy_j(model, link_bytes, link),
         link_bytes=link_bytes,
         devices=devices,
         rated_w=float(target.watts) * devices,

@@ -145,8 +145,9 @@ def _allocation(plan: Plan, weights: Mapping[str, float]) -> float:
 def _load_imbalance(plan: Plan, timeline: Timeline, weights: Mapping[str, float]) -> float:
     """Load imbalance over the lanes that run concurrently: within each unit of a sequential plan
     (weighted by the unit's span; the lowering's own stage balance where every unit has one), over
-    every lane of a concurrent one (weighted by the compute units each lane holds, where every
-    lane declares them: WSE regions of very different sizes)."""
+    every unit of a concurrent one, its lanes together (a unit serving two places in a pipeline runs
+    both in each period), weighted by the compute units each holds where every unit declares them
+    (WSE regions of very different sizes)."""
     times = timeline.busy_times()
     sequential = plan.schedule is Schedule.SEQUENTIAL
     lanes_of: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -155,8 +156,10 @@ def _load_imbalance(plan: Plan, timeline: Timeline, weights: Mapping[str, float]
         np_ = node_plans.get(name)
         if np_ is None:
             continue
-        lane = lane_names.get(name, np_.lane)
-        lanes_of[np_.unit if sequential else "all"][lane] += times[name] or 0.0
+        if sequential:
+            lanes_of[np_.unit][lane_names.get(name, np_.lane)] += times[name] or 0.0
+        else:
+            lanes_of["all"][np_.unit] += times[name] or 0.0
     if sequential:
         num = den = 0.0
         for uid, lanes in lanes_of.items():

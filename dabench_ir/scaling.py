@@ -521,6 +521,23 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     return share, collectives + (_lm_head_collectives(graph, head, passes) if head else [])
 
 
+def attention_heads(graph: Graph) -> int | None:
+    """The model's (query) attention heads: its width, the token table's last dim, over a head's, the
+    last dim of the query operand of the first activation-by-activation MatMul (the scores,
+    ``[batch, heads, seq, head_dim]`` or a grouped layout of it); None where either is not known."""
+    table, _ = token_table(graph)
+    width = graph.type_of(table).shape[-1] if table is not None and graph.type_of(table).shape else None
+    for node in graph.nodes:
+        if node.op_type != "MatMul":
+            continue
+        operands = [graph.values.get(v) for v in node.inputs[:2]]
+        if all(v is not None and not v.kind.is_stored and v.type.shape and len(v.type.shape) == 4 for v in operands):
+            head = operands[0].type.shape[-1]
+            ok = isinstance(width, int) and isinstance(head, int) and head > 0 and width % head == 0
+            return width // head if ok else None
+    return None
+
+
 def _token_embedding(graph: Graph) -> set[str]:
     """The nodes that look tokens up in the token-embedding table (`passes.training.token_table`)."""
     table, _ = token_table(graph)
@@ -1289,6 +1306,14 @@ def _fit_device(pt: ScalePoint, target: Target, parts: dict[str, int], sharers: 
 
 def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint:
     target = run.target
+    algorithm = tp_collective(target)  # how the target's compile reduces the partial results
+    heads = attention_heads(graph)
+    if lowering_for(target).tp_whole_heads and heads is not None and heads % n:
+        fits = ", ".join(str(d) for d in range(2, heads + 1) if heads % d == 0)
+        raise UserError(
+            f"--strategy tp over {n} chips: the model's {heads} attention heads do not split {n} ways (each "
+            f"chip computes whole heads); give a count that divides them: {fits}"
+        )
     share, collectives = split_for_tp(graph, n)
     modules = [c for c in collectives if c.module not in (LM_HEAD, EMBEDDING)]
     if not modules:
@@ -1300,7 +1325,6 @@ def _tp_point(graph: Graph, run: ResolvedRun, n: int, train: bool) -> ScalePoint
     if link is None:
         raise UserError(f"{target.name} declares no link; tensor parallelism needs one")
     per_node = chips_per_node(target, run.options)
-    algorithm = tp_collective(target)  # how the target's compile reduces the partial results
     per_step = sum(c.time_s(target, n, per_node, algorithm) for c in collectives)
     moved = sum(c.link_bytes(n) for c in collectives)
     pt = _point_from_run(one, n, one.plan.samples_per_step, comm=per_step, copies=n, link_bytes=moved)

@@ -438,6 +438,12 @@ def _given_pair(text: str) -> tuple[Any, Any]:
 
 
 # ---- placing one phase -----------------------------------------------------------------------
+def _read_bytes(graph: Any, nodes: list[str], values: set[str]) -> int:
+    """Bytes of the distinct ``values`` the ``nodes`` (names) read."""
+    read = {v for name in nodes for v in graph.node(name).inputs if v in values}
+    return sum(graph.type_of(v).nbytes() for v in read)
+
+
 def _homes(plan: Plan, target: Target) -> dict[str, str]:
     """Where the weights and the KV cache live on ``target``, as the plan holds them.
 
@@ -498,6 +504,10 @@ def run_phase(
     if held and "weights" in held:  # by kind: what one chip holds (a pipeline stage's share, a replica)
         weights, kv_bytes = held["weights"], held.get("kv_cache", 0)  # a prefill reads no cache
         memory_bytes = {target.feed_memory.name: sum(v for k, v in held.items() if k != "host")}
+    elif held and plan.units:  # by memory, each device's (an IPU of a pipeline): the most one device reads
+        weights = max(_read_bytes(graph, u.nodes, set(names)) for u in plan.units)
+        if phase == "decode":
+            kv_bytes = max(_read_bytes(graph, u.nodes, set(cache_inputs(graph))) for u in plan.units)
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0) if context is None else context,
@@ -684,6 +694,14 @@ def _breakdown(run: PhaseRun, view: Breakdown) -> list[str]:
     return render_breakdown(run.report, top=view.top, sort=view.sort, by=view.by, color=view.color).splitlines()
 
 
+def _weights_home(result: GenerateResult) -> str:
+    """Where the weights live, each phase's where the target places the two apart (a WSE-2 prefill
+    pipelined with its weights resident, its decode steps streaming them from MemoryX)."""
+    prefill = result.prefill.homes.get("weights")
+    decode = result.decode[-1].homes.get("weights") if result.decode else prefill
+    return str(prefill) if decode == prefill else f"{prefill} for the prefill, {decode} for each decode step"
+
+
 def _pool_lines(result: GenerateResult) -> list[str]:
     """What a paged cache's pool holds, and the waves the batch runs in when it holds part of it."""
     pool = result.pool
@@ -764,7 +782,7 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
         f"  end-to-end latency           {seconds(result.latency_s)}",
         *_rate_lines(result),
         f"  weights{' per chip' if result.chips > 1 else '         '}             "
-        f"{human(result.prefill.weight_bytes, 'B')} in {result.prefill.homes.get('weights')}",
+        f"{human(result.prefill.weight_bytes, 'B')} in {_weights_home(result)}",
         f"  fits at every step           {'yes' if result.fits else 'NO'}",
         *(f"  note                         {note}" for note in _chip_notes(result)),
         *_pool_lines(result),

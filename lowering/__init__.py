@@ -139,6 +139,11 @@ class Lowering(ABC):
     sum of its stages (`dabench_ir.scenario`). Every other pipeline passes a whole micro-batch from stage
     to stage."""
 
+    tp_whole_heads: ClassVar[bool] = True
+    """Tensor parallelism gives each chip whole attention heads (Megatron-LM, as TensorRT-LLM and vLLM
+    run it): a chip count that does not divide the heads is refused (`dabench_ir.scaling`). A
+    compiler that splits operators along their tensor dims (SambaFlow's) takes any count."""
+
     fuses_attention_itself: ClassVar[bool] = False
     """The lowering models how the architecture fuses an attention core itself (an RDU O3 section keeps
     the core's scores on chip and recomputes them; the WSE keeps every intermediate in PE SRAM), so

@@ -288,9 +288,40 @@ def test_a_pipelined_decode_step_pays_the_framework_step_once_and_is_no_faster_t
 
 
 def test_a_tp_split_whose_weights_do_not_divide_is_refused():
-    """GPT-2 small's 768-wide projections do not split 5 ways: the chips' work was costed at a fifth
-    while every weight stayed whole on each (a chip 'held' as much as one running it all)."""
+    """GPT-2 small's 768-wide projections do not split 5 ways, even by a compiler that splits
+    operators along any dim (the RDU): the chips' work was costed at a fifth while every weight stayed
+    whole on each (a chip 'held' as much as one running it all)."""
     from dabench_ir import api
 
     with pytest.raises(api.ApiError, match=r"layers\.0\.attn\.q_proj\.weight \(768 columns, in layers\.0\.attn\)"):
-        api.profile("gpt2-small", "h100", chips=5, strategy="tp")
+        api.profile("gpt2-small", "sn30", chips=5, strategy="tp")
+
+
+def test_a_megatron_split_gives_each_chip_whole_heads():
+    """GPT-2 small's 12 heads over 8 GPUs would be 1.5 a chip: a softmax over half a head needs the
+    partial scores all-reduced, which no engine does (it was costed at 1/8 of the heads with the cache
+    at 2 heads a chip). SambaFlow's compiler splits operators along any dim: the RDU takes it."""
+    from dabench_ir import api
+
+    with pytest.raises(api.ApiError, match="the model's 12 attention heads do not split 8 ways"):
+        api.profile("gpt2-small", "h100", chips=8, strategy="tp")
+    assert api.profile("gpt2-small", "h100", chips=4, strategy="tp").fits
+    assert api.profile("gpt2-small", "sn30", chips=8, strategy="tp").totals["time_s"] > 0
+
+
+def test_a_placement_over_several_ipus_pays_its_own_links_energy():
+    """Four IPU replicas reduce their gradients over the IPU-Links: the same placement asked as
+    ``replicas=4`` or as ``chips=4, strategy="dp"`` gives the same energy, its links' bytes at the
+    link's pJ/B among it (the one-run path had left them out: 0.18 J of 51 J)."""
+    from dabench_ir import api
+    from dabench_ir.energy import energy_model, link_energy_j
+
+    knobs = {"ipus": 4, "mode": "train", "batch": 16, "micro_batches": 16}
+    one_run = api.profile("dabench-gpt2-h768", "bow", replicas=4, **knobs)
+    scaled = api.profile("dabench-gpt2-h768", "bow", chips=4, strategy="dp", **knobs)
+    carried = one_run.plan.stats.link_bytes
+    expected = link_energy_j(energy_model(one_run.target_obj), carried, one_run.target_obj.link().name)
+    assert carried > 0 and one_run.totals["link_energy_j"] == pytest.approx(expected, rel=1e-12)
+    assert one_run.totals["energy_j"] == pytest.approx(scaled.totals["energy_j"], rel=1e-9)
+    t = one_run.totals
+    assert t["energy_j"] == pytest.approx(t["dynamic_energy_j"] + t["static_energy_j"], rel=1e-12)

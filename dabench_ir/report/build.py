@@ -326,6 +326,7 @@ _ENERGY_TOTALS = (
     "node_energy_j",
     "dynamic_energy_j",
     "static_energy_j",
+    "link_energy_j",
     "node_static_energy_j",
     "idle_energy_j",
     "overhead_energy_j",
@@ -378,6 +379,7 @@ def _add_energy(step_e: StepEnergy, plan, timeline, target, records, totals, sam
             "node_energy_j": step_e.node_j,
             "dynamic_energy_j": step_e.dynamic_j,
             "static_energy_j": step_e.static_j,
+            "link_energy_j": step_e.link_j,  # of the dynamic: the plan's own chip-to-chip links
             "node_static_energy_j": sum(step_e.static.values()),
             "idle_energy_j": step_e.idle_j,
             "overhead_energy_j": dict(step_e.overheads),

@@ -1,7 +1,8 @@
 """What each IPU's tile memory holds, and whether it fits.
 
 Every IPU must hold, in its tile memory, what Poplar keeps there (`MEMORY_TERMS`): program
-memory, code, weights in their stored precision, the gradient accumulator, on-chip optimizer
+memory, code, weights in their stored precision, a decode step's KV caches of its layers (state
+kept from one step to the next, `lowering.context.cache_bytes`), the gradient accumulator, on-chip optimizer
 state (an ``fp16`` plan trains as Graphcore's examples do: fp16 weights, no fp32 master copy,
 ``arch.fp16_optimizer_bytes_per_param`` of Adam moments), the checkpoints its stages stash for
 micro-batches in flight (with ``--recompute selective`` each layer's saved tensors less its
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dabench_ir.errors import UnboundSymbolError
 from dabench_ir.ir import ValueKind
-from dabench_ir.lowering.context import peak_live_bytes, stored_values, training_state
+from dabench_ir.lowering.context import cache_bytes, peak_live_bytes, stored_values, training_state
 from dabench_ir.lowering.ipu.common import act_bytes, forward_cost, numel, trained_params
 from dabench_ir.lowering.ipu.stages import form_stages, sections
 from dabench_ir.lowering.ipu.supersteps import tiles_for
@@ -72,6 +73,7 @@ MEMORY_TERMS = (
     "program",
     "code",
     "weights",
+    "kv_cache",
     "grad_accum",
     "optimizer_state",
     "stash",
@@ -425,6 +427,7 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     for k, t in memory.terms.items():
         t["program"] = run.fig.program
         t["weights"], memory.params_on[k] = figures.stored_on(ctx, on_ipu[k])
+        t["kv_cache"] = cache_bytes(ctx, [n for st in on_ipu[k] for n in st.nodes])
         t["grad_accum"] = memory.params_on[k] * accum_pp
         state = memory.params_on[k] * state_pp / memory.shard
         if memory.offchip:
@@ -477,7 +480,7 @@ def place_units(run: IpuRun, pipeline: Pipeline, memory: TileMemory, times: IpuT
             )
 
 
-SPREAD_TERMS = ("weights", "grad_accum", "optimizer_state", "stash")
+SPREAD_TERMS = ("weights", "kv_cache", "grad_accum", "optimizer_state", "stash")
 """The terms a layer brings with it, which more IPUs share out; each IPU holds the others (program
 memory, its layers' outlined code, one layer's live activations and matmul temporaries, exchange
 buffers) whatever its layers."""

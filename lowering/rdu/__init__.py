@@ -157,6 +157,7 @@ class RduLowering(Lowering):
     Options = RduOptions
     feed = "off-chip"  # sections read weights and boundary tensors from DDR
     fuses_attention_itself = True  # O1 and O3 keep each attention core in one section, its scores on chip
+    tp_whole_heads = False  # SambaFlow splits operators: DABench ran a 25-head GPT-2 over 2 and 4 RDUs
     without_micro_batches: ClassVar[dict[str, str]] = {
         "inference": "SambaFlow streams the compiled batch through each section once, micro-batches split a "
         "training step (gradient accumulation)"
