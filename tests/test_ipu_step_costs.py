@@ -145,3 +145,13 @@ def test_a_pipelined_generation_states_one_ipus_weights_and_cache():
     assert step.weight_bytes == pytest.approx(max(t["weights"] for t in terms.values()), abs=64)
     assert step.weight_bytes < whole.decode[-1].weight_bytes
     assert step.kv_cache_bytes == max(t["kv_cache"] for t in terms.values()) < whole.decode[-1].kv_cache_bytes
+
+
+def test_a_layout_that_leaves_the_last_ipus_empty_is_refused():
+    """``--ipus 2 --layers-per-ipu 12,0``: IPU 1 would hold nothing (the tied head returns to IPU 0),
+    and the run was placed on one IPU without a word; a first IPU of none is Graphcore's own layout."""
+    import dabench_ir
+
+    with pytest.raises(dabench_ir.ApiError, match=r"layers_per_ipu=12,0 leaves IPU 1 without a layer"):
+        dabench_ir.profile("gpt2-small", "bow", ipus=2, layers_per_ipu=(12, 0))
+    assert dabench_ir.profile("gpt2-small", "bow", ipus=4, layers_per_ipu=(0, 4, 4, 4)).plan.chips == 4

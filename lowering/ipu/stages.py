@@ -224,6 +224,12 @@ def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
     place = layout(options, len(parts.layers), parts.tied, parts.table_layers)
     stages = pipeline_stages(parts, place)
     n_ipus = max(s.ipu for s in stages) + 1
+    if options.layers_per_ipu is not None and n_ipus < len(place.counts):  # the IPUs after the last hold nothing
+        shown = ",".join(map(str, options.layers_per_ipu))
+        raise UserError(
+            f"--layers-per-ipu {shown} leaves IPU {n_ipus}{'' if n_ipus + 1 == len(place.counts) else ' on'} "
+            f"without a layer, the embedding or the head; give it layers or name {n_ipus} IPU(s)"
+        )
     amps = options.matmul_proportion
     if len(amps) not in (1, n_ipus):
         raise UserError(f"--matmul-proportion {','.join(map(str, amps))}: give one value or one per IPU ({n_ipus})")
