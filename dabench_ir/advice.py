@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from dabench_ir.plan import Failure
     from dabench_ir.report.model import NodeRecord, Report
     from dabench_ir.run import Placed, Progress, ResolvedRun
+    from dabench_ir.scaling import ScalePoint
     from dabench_ir.timeline import Timeline
 
 __all__ = [
@@ -79,14 +80,18 @@ class StepTimes:
     role_s: dict[str, float]
 
     @classmethod
-    def of(cls, records: Iterable[NodeRecord], timeline: Timeline) -> StepTimes:
+    def of(cls, records: Iterable[NodeRecord], timeline: Timeline, scaled: ScalePoint | None = None) -> StepTimes:
+        """The times of ``timeline``; over several chips (``scaled``, the run's scaling point) the
+        step is the point's and its own rows (collectives, a pipeline's fill and drain) are among the
+        overheads: one chip's timeline is not the step (a pipeline's is its stages in turn)."""
         busy = timeline.busy_times()
         role_s: dict[str, float] = {}
         for r in records:
             if r.name in timeline.nodes:
                 role = r.role or r.op_type
                 role_s[role] = role_s.get(role, 0) + (busy[r.name] or 0.0)
-        return cls(timeline.step_time_s, dict(timeline.overheads_s or {}), role_s)
+        overheads = {**(timeline.overheads_s or {}), **(scaled.overheads_s if scaled is not None else {})}
+        return cls(timeline.step_time_s if scaled is None else scaled.time_s, overheads, role_s)
 
     def role_time(self, role: str) -> float:
         """The role's time: its nodes' busy time, or for an overhead role its row's amount."""
@@ -262,12 +267,17 @@ class VariantRuns:
         base = self.report.run
         return run.dims == base.dims and transform_key(run.options) == transform_key(base.options)
 
-    def baseline(self) -> Placed:
+    def baseline(self) -> Placed | None:
         """The report's own placement: a variant over several chips on its graph takes it as the
-        one-chip baseline of its speedup (`dabench_ir.scaling.scale`) instead of placing it again."""
+        one-chip baseline of its speedup (`dabench_ir.scaling.scale`) instead of placing it again.
+        None for a report over several chips: its placement is one chip's share or a pipeline's
+        stages in turn, not one chip running the step (a pp report's, 4 micro-batches in turn, made
+        a variant's speedup 2.52 over 2 chips)."""
         from dabench_ir.run import Placed
 
         report = self.report
+        if report.run.multi_chip:
+            return None
         return Placed(run=report.run, graph=report.graph, plan=report.plan, timeline=report.timeline, built=report)
 
     def variant(self, changes: tuple[Change, ...] | list[Change]) -> ResolvedRun:
@@ -302,7 +312,8 @@ class VariantRuns:
             logger.info("why: %s not placeable: %s", " ".join(f"{k.flag} {v}" for k, v in changes), exc)
         else:
             base_fits = self.report.plan is None or self.report.plan.fits
-            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, variant.timeline))
+            scaled = variant.scaled.points[-1] if variant.scaled is not None else None
+            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, variant.timeline), scaled)
             made_fit = variant.fits and not base_fits  # the fitting search hands this report on
             kept = variant if made_fit else None
             trial = Trial(changes, variant.run, times, variant.fits, kept, variant.plan.failure)

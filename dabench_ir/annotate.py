@@ -325,13 +325,13 @@ def _attr(value: Any, i64: Any, f64: Any) -> Any:
 
 def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
     from dabench_ir.mlir import load_mlir, onnx_via_mlir
-    from dabench_ir.options import ProfileOptions
-    from dabench_ir.pipeline import build_passes
+    from dabench_ir.passes import PassManager
+    from dabench_ir.run import analysis_passes
 
     suffix = Path(source).suffix.lower() if isinstance(source, (str, os.PathLike)) else ".onnx"
     dims = dict(graph.bindings)
     lowered = load_mlir(source, dims=dims) if suffix == ".mlir" else onnx_via_mlir(source, dims=dims)
-    return build_passes(ProfileOptions(dims=dims), linalg=True)(lowered).graph
+    return PassManager(analysis_passes(dims, linalg=True))(lowered).graph
 
 
 def annotate(model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None) -> Path:

@@ -859,3 +859,21 @@ def test_a_negative_top_is_refused_by_every_command_that_takes_it(capsys, tiny_d
     for argv in (["profile", str(tiny_decoder), "-t", "h100"], ["diff", str(report), str(report)]):
         code, _, err = run_cli(capsys, *argv, "--top", "-3")
         assert_one_line_error(code, err, "--top -3: expected 0 (all rows) or a positive number")
+
+
+def test_a_linalg_module_with_dynamic_dims_is_refused(capsys, tmp_path):
+    """Its ops' loop bounds cannot be derived, so every op went uncounted: 0 FLOP, exit 0 (and --dim
+    taken and ignored); docs/mlir.md promises a one-line error."""
+    pytest.importorskip("torch_mlir")
+    path = tmp_path / "dyn.mlir"
+    path.write_text(
+        "module {\n"
+        "  func.func @f(%a: tensor<?x8xf32>, %b: tensor<8x8xf32>, %c: tensor<?x8xf32>) -> tensor<?x8xf32> {\n"
+        "    %0 = linalg.matmul ins(%a, %b : tensor<?x8xf32>, tensor<8x8xf32>) outs(%c : tensor<?x8xf32>) "
+        "-> tensor<?x8xf32>\n"
+        "    return %0 : tensor<?x8xf32>\n"
+        "  }\n"
+        "}\n"
+    )
+    code, _, err = run_cli(capsys, "profile", str(path), "-t", "h100")
+    assert_one_line_error(code, err, "argument 0 is tensor<?x8xf32>: the module has dynamic dims")

@@ -105,6 +105,24 @@ def test_via_mlir_cross_check_and_annotate(block, tmp_path, capsys):
     assert props["dabench.flops"] == str(2 * 2 * 16 * 32 * 32)
 
 
+@pytest.mark.parametrize("via", [None, "onnx", "mlir"])
+def test_a_cross_check_puts_each_paths_figures_in_its_own_column_however_it_was_asked(block, capsys, via):
+    """The softmax is 4 FLOPs an element by the ONNX rules, 6 on linalg (docs/mlir.md): without --via
+    the columns had been swapped (ONNX 7,168, linalg 5,120)."""
+    code = main(["profile", str(block), "--cross-check", *(["--via", via] if via else [])])
+    assert code == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["Softmax"]]
+    assert row.split()[3:6] == ["5,120", "7,168", "+2,048"]
+
+
+def test_an_annotated_mlir_of_an_onnx_run(block, tmp_path, capsys):
+    """``--annotate F.mlir`` on the ONNX path lowers the model and annotates its linalg ops (it failed
+    with an internal ImportError)."""
+    out = tmp_path / "a.mlir"
+    assert main(["profile", str(block), "-t", "h100", "--annotate", str(out), "-q"]) == 0
+    assert "dabench.flops" in out.read_text()
+
+
 def test_comparing_targets(block, tmp_path, capsys):
     path = tmp_path / "c.json"
     assert main(["profile", str(block), "--target", "wse,rdu,ipu", "--json", str(path)]) == 0

@@ -159,3 +159,29 @@ def test_a_multi_chip_report_compares_at_every_devices_power():
     assert rows[1]["power_w"] == data["totals"]["target_power_w"] == 8 * 700.0
     assert rows[1]["gops_per_w"] == pytest.approx(data["totals"]["gops_per_w"], rel=1e-12)
     assert rows[1]["label"] == "gpt2-small@h100 b8 x8 dp" and rows[0]["label"] == "gpt2-small@h100 b1 x1"
+
+
+def test_a_diff_whose_baseline_does_not_fit_keeps_before_and_after_apart():
+    """GPT-2 small at batch 4 in fp32 does not fit one Bow IPU; fp16 does. The compare rows put a
+    run that does not fit last, and the diff read the second row as "after": the run was labelled
+    fp32 with fp16's time, its baseline fp16."""
+    from dabench_ir import api
+    from dabench_ir.study.run import study_run
+
+    before = api.profile("gpt2-small", "bow", batch=4, precision="fp32").to_dict()
+    after = api.profile("gpt2-small", "bow", batch=4, precision="fp16").to_dict()
+    assert before["fits"] is False and after["fits"] is True
+    run = study_run(before, after)
+    assert run["label"].endswith("fp16") and run["baseline_label"].endswith("fp32")
+    assert run["config"]["precision"] == "fp16"
+
+
+def test_reports_of_different_sequence_lengths_are_different_models():
+    """A step at seq 512 does four times a seq-128 step's tokens: diff compared their steps as one
+    model's (0.73x) under identical labels; compare could not tell its rows apart."""
+    from dabench_ir import api
+    from dabench_ir.report.compare import compare_reports, model_differences
+
+    short, long = (api.profile("gpt2-small", "h100", batch=4, seq=s).to_dict() for s in (128, 512))
+    assert model_differences(short, long) == ["seq 128 vs 512"]
+    assert [r["label"] for r in compare_reports([short, long])] == ["gpt2-small@h100 seq128", "gpt2-small@h100 seq512"]

@@ -325,3 +325,18 @@ def test_a_placement_over_several_ipus_pays_its_own_links_energy():
     assert one_run.totals["energy_j"] == pytest.approx(scaled.totals["energy_j"], rel=1e-9)
     t = one_run.totals
     assert t["energy_j"] == pytest.approx(t["dynamic_energy_j"] + t["static_energy_j"], rel=1e-12)
+
+
+def test_a_pipeline_reports_why_lines_are_over_its_own_step(capsys):
+    """A pp report's own placement is its stages in turn, not one chip running the step: taken as the
+    one-chip baseline of a variant's speedup it made a 2-chip variant 2.52x, and the verifier stopped
+    the profile (exit 1). The why lines compare the report's step with the variant's (3.14 -> 1.91 ms),
+    not the staged timelines' (4.82 -> 2.43)."""
+    from dabench_ir.cli import main
+
+    argv = ["profile", "gpt2-small", "-t", "h100", "--batch", "4", "--seq", "128", "--chips", "2", "--strategy", "pp"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (step,) = [line.split()[1:3] for line in out.splitlines() if line.startswith("  time ")]
+    lines = [line for line in out.splitlines() if "--micro-batches 2 would" in line]
+    assert lines and all(f"(step {' '.join(step)} -> " in line for line in lines)

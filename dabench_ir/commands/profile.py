@@ -187,8 +187,9 @@ def _after_profile(args: argparse.Namespace, report, progress) -> int:
         from dabench_ir.pipeline import analyze
 
         progress("cross-checking against linalg")
-        other = analyze(args.model, dims=report.config["dims"], via="onnx" if args.via == "mlir" else "mlir")
-        onnx_graph, mlir_graph = (report.graph, other) if args.via == "onnx" else (other, report.graph)
+        linalg = report.run.linalg  # how the report was costed: the other side is the other path
+        other = analyze(args.model, dims=report.config["dims"], via="onnx" if linalg else "mlir")
+        onnx_graph, mlir_graph = (other, report.graph) if linalg else (report.graph, other)
         progress.done()
         check = cross_check(onnx_graph, mlir_graph)
         if not args.quiet:

@@ -363,6 +363,12 @@ def load_mlir(source: str | os.PathLike[str], dims: Mapping[str, int] | None = N
         ttype = tensor_type_of(arg.type)
         if ttype is None:
             continue
+        if not ttype.is_static:  # its ops' loop bounds cannot be derived: every op would go uncounted
+            raise UserError(
+                f"{where}: argument {arg.arg_number} is {arg.type}: the module has dynamic dims, and costs "
+                "need static shapes (a .mlir file's dims cannot be bound here: export it with static "
+                "shapes, or profile its ONNX model with --dim NAME=N)"
+            )
         i = arg.arg_number
         is_weight = i >= first_weight
         name = f"arg{i}"  # the linalg cost pass names function arguments this way

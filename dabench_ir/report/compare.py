@@ -49,6 +49,7 @@ COMPARE_COLUMNS = (
     "precision",
     "mode",
     "batch",
+    "seq",
     "chips",
     "strategy",
     "pipeline",
@@ -109,9 +110,11 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
 
 def model_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """How two reports' models differ, in words ([] for one model before and after a change):
-    family, preset, layers or batch, or not one node name or module scope in common."""
+    family, preset, layers, batch or sequence length (a step's work differs), or not one node name
+    or module scope in common."""
     out = []
-    for table, key in (("model", "family"), ("model", "preset"), ("model", "layers"), ("config", "batch")):
+    fields = (("model", "family"), ("model", "preset"), ("model", "layers"), ("config", "batch"), ("config", "seq"))
+    for table, key in fields:
         a, b = (before.get(table) or {}).get(key), (after.get(table) or {}).get(key)
         if a is not None and b is not None and a != b:
             out.append(f"{key} {a} vs {b}")
@@ -187,7 +190,7 @@ def _power_w(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, floa
         return None
 
 
-LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch", "chips", "pipeline")
+LABEL_FIELDS = ("target", "opt_level", "wse_mode", "precision", "mode", "batch", "seq", "chips", "pipeline")
 """What a compare/diff row's label says beside the model, when it differs between the rows."""
 
 
@@ -205,7 +208,8 @@ def _label(row: Mapping[str, Any], varying: Sequence[str]) -> str:
             continue
         if key == "chips":
             value = f"x{value}" + (f" {row['strategy']}" if row.get("strategy") else "")
-        parts.append(f"b{value}" if key == "batch" else f"pipeline={value}" if key == "pipeline" else str(value))
+        prefix = {"batch": "b", "seq": "seq", "pipeline": "pipeline="}.get(key, "")
+        parts.append(f"{prefix}{value}")
     return " ".join(parts)
 
 
@@ -237,6 +241,7 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "precision": config.get("precision"),
         "mode": config.get("mode"),
         "batch": config.get("batch"),
+        "seq": config.get("seq"),
         "chips": chips,
         "strategy": config.get("strategy") if chips > 1 else None,
         "pipeline": extra.get("pipeline") or "none",
@@ -309,9 +314,13 @@ def _node_nm(target_name: Any) -> float | None:
 
 
 def compare_reports(
-    reports: Sequence[Report | Mapping[str, Any]], *, powers: Mapping[str, float | None] | None = None
+    reports: Sequence[Report | Mapping[str, Any]],
+    *,
+    powers: Mapping[str, float | None] | None = None,
+    fitting_first: bool = True,
 ) -> list[dict[str, Any]]:
-    """One row per report (keys: `COMPARE_COLUMNS`), in the order given, those that do not fit last.
+    """One row per report (keys: `COMPARE_COLUMNS`), in the order given, those that do not fit last
+    (``fitting_first`` False: in the order given, for a caller that reads rows by position).
 
     ``powers``: target name -> watts for report dicts that carry no power figure and name a target
     that is not built in: the host CPU's, from its cached calibration
@@ -327,6 +336,8 @@ def compare_reports(
         else:
             raise TypeError(f"compare_reports takes Report objects or report dicts, not {type(rep).__name__}")
     label_rows(rows)
+    if not fitting_first:
+        return rows
     return sorted(rows, key=lambda r: r.get("fits") is False)  # in the order given; points that do not fit last
 
 

@@ -125,7 +125,7 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
     if report.plan is None or report.options is None or report.timeline is None or advice is None:
         return []
     rows = [r for r in role_rows(report) if r["time_s"]][:top]
-    own = StepTimes.of(report.nodes, report.timeline)
+    own = StepTimes.of(report.nodes, report.timeline, report.scaling.points[-1] if report.scaling else None)
     step = own.step_time_s
     out = []
     if not report.plan.fits:

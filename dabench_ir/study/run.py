@@ -46,7 +46,7 @@ def study_run(before: dict[str, Any], after: dict[str, Any], prov: Any = None) -
     from dabench_ir.execute.calibrate import host_powers
     from dabench_ir.report.compare import compare_reports, estimated_warnings
 
-    rows = compare_reports([before, after], powers=host_powers([before, after]))
+    rows = compare_reports([before, after], powers=host_powers([before, after]), fitting_first=False)  # before, after
     diff = diff_reports(before, after, prov)
     return {
         "pipeline": rows[1]["pipeline"],
