@@ -268,7 +268,8 @@ def _run_one(graph: Graph, run: ResolvedRun) -> ChipRun:
 
 def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, metrics: Metrics) -> ChipRun:
     """``run``'s placement on one chip of ``graph`` as the scaling stage reads it: its step, metrics
-    and fit, its busy time by decoder layer and by bound."""
+    and fit, its busy time by decoder layer and by bound (the timeline's rows no node owns as
+    ``overhead``, as the report's shares count them, a gradient reduce among them as communication)."""
     per_layer: dict[int | None, float] = {}
     per_bound: dict[str, float] = {}
     for node in graph.nodes:
@@ -278,6 +279,10 @@ def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, 
             bound = timeline.nodes[node.name].bound
             if bound is not None:
                 per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
+    for name, seconds in (timeline.overheads_s or {}).items():
+        if seconds:
+            kind = "communication" if name == GRADIENT_REDUCE else "overhead"
+            per_bound[kind] = per_bound.get(kind, 0.0) + seconds
     return ChipRun(
         time_s=timeline.step_time_s,
         allocation=metrics.allocation_ratio,
@@ -1113,7 +1118,7 @@ def _point_from_run(
         compute_efficiency=run.efficiency,
         fits=run.fits,
         failure=run.failure,
-        dominant_bound=run.dominant_bound(comm + comm_within),
+        dominant_bound=run.dominant_bound(comm),  # ``comm_within``: its timeline's reduce, counted there
         memory_per_device=dict(run.memory) or None,
         chip=run,
         copies=copies,

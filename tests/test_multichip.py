@@ -340,3 +340,15 @@ def test_a_pipeline_reports_why_lines_are_over_its_own_step(capsys):
     (step,) = [line.split()[1:3] for line in out.splitlines() if line.startswith("  time ")]
     lines = [line for line in out.splitlines() if "--micro-batches 2 would" in line]
     assert lines and all(f"(step {' '.join(step)} -> " in line for line in lines)
+
+
+def test_a_scale_points_bound_counts_the_rows_no_node_owns_as_the_report_does():
+    """GPT-2 small at seq 128 on an SN30: the host row holds most of the step. The scale table had
+    said "compute" (nodes and collectives alone) where the report's own shares say overhead."""
+    from dabench_ir import api
+    from dabench_ir.report.attribution import dominant_bound, step_overheads
+
+    result = api.scale("gpt2-small", "sn30", strategy="tp", chips=(1, 2), batch=4, seq=128)
+    assert [p.dominant_bound for p in result.points] == ["overhead", "overhead"]
+    report = api.profile("gpt2-small", "sn30", batch=4, seq=128, chips=2, strategy="tp")
+    assert report.metrics["dominant_bound"] == dominant_bound(report.nodes, step_overheads(report))[0] == "overhead"
