@@ -185,3 +185,32 @@ def test_reports_of_different_sequence_lengths_are_different_models():
     short, long = (api.profile("gpt2-small", "h100", batch=4, seq=s).to_dict() for s in (128, 512))
     assert model_differences(short, long) == ["seq 128 vs 512"]
     assert [r["label"] for r in compare_reports([short, long])] == ["gpt2-small@h100 seq128", "gpt2-small@h100 seq512"]
+
+
+def test_a_diff_of_reports_no_study_wrote_pairs_a_fusion_with_the_node_it_is_named_after():
+    """ORT names a fused node ``<source>/<fusion>``: the study's provenance reads that name, the
+    report-only one (``diff`` of two profiles) gave every unclaimed node of a module to one node, so a
+    q projection's fusion "replaced" the k and v projections too (20.1 -> 4.02 us)."""
+    from dabench_ir.study.diff import name_provenance
+
+    def node(name, op, op_class="contraction"):
+        return {"name": name, "op_type": op, "scope": "layers.0.attn", "layer": 0, "op_class": op_class}
+
+    before = [node("q", "MatMul"), node("k", "MatMul"), node("v", "MatMul")]
+    after = [node("q/MatMulAddFusion", "Gemm"), node("k/MatMulAddFusion", "Gemm"), node("v/MatMulAddFusion", "Gemm")]
+    prov = name_provenance(before, after)
+    assert [prov.members[n["name"]] for n in after] == [["q"], ["k"], ["v"]]
+    assert {prov.method[s] for s in ("q", "k", "v")} == {"names"}
+
+
+def test_a_diff_of_one_chip_against_several_says_its_node_rows_are_not_one_basis():
+    """One H100 at batch 16 against 4 data-parallel at 4 each: the totals are the whole step's on both
+    sides (517 GFLOP), the after rows one chip's (129 GFLOP); the diff set them side by side unsaid."""
+    from dabench_ir import api
+    from dabench_ir.study.run import study_run
+
+    one = api.profile("gpt2-small", "h100", batch=16, seq=128).to_dict()
+    four = api.profile("gpt2-small", "h100", batch=4, seq=128, chips=4, strategy="dp").to_dict()
+    (line,) = [w for w in study_run(one, four)["warnings"] if w.startswith("node rows:")]
+    assert "before the whole step, after one chip's share of the step" in line
+    assert not [w for w in study_run(one, one)["warnings"] if w.startswith("node rows:")]

@@ -26,7 +26,7 @@ from typing import Any
 
 from dabench_ir.ir import TOOL_DOMAIN, model_root
 
-from .provenance import Provenance, module_of
+from .provenance import Provenance, module_of, named_after
 
 __all__ = ["NODE_COLUMNS", "SPLIT_COLUMNS", "diff_reports", "name_provenance", "report_root", "speedup_split"]
 
@@ -66,7 +66,10 @@ def report_root(nodes: Sequence[Mapping[str, Any]]) -> str:
 
 
 def name_provenance(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> Provenance:
-    """Provenance from report nodes alone: kept names, then module scopes (no graph structure)."""
+    """Provenance from report nodes alone, by the study's name rules and then module scopes (no graph
+    structure): a kept name; a new node named ``<source node>/<fusion>`` stands for that source node
+    (`provenance.named_after`, as a study's own provenance reads it); what is left goes to the node
+    of its module that does the most work."""
     src = {n["name"]: n for n in before}
     out = Provenance()
     new = []
@@ -78,6 +81,12 @@ def name_provenance(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping
         else:
             new.append(n)
             out.members[n["name"]] = []
+    gone = {n["name"] for n in before if n["name"] not in out.method}
+    for n in new:
+        source = named_after(n["name"], gone)
+        if source is not None and source not in out.method:
+            out.members[n["name"]].append(source)
+            out.method[source] = "names"
     old_root, new_root = report_root(before), report_root(after)
     by_module: dict[str, list[Mapping[str, Any]]] = {}
     for n in new:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
 
-__all__ = ["Provenance", "module_of", "provenance"]
+__all__ = ["Provenance", "module_of", "named_after", "provenance"]
 
 
 def module_of(scope: str | None, layer: int | None, root: str = "") -> str:
@@ -60,7 +60,7 @@ def _weight(node: Node) -> int:
     return {OpClass.CONTRACTION: 3, OpClass.VECTOR: 2}.get(t.op_class, 0) if not t.shape_only else -1  # type: ignore[arg-type]
 
 
-def _named_after(name: str, candidates: set[str]) -> str | None:
+def named_after(name: str, candidates: set[str]) -> str | None:
     """The longest ``/``-prefix of ``name`` that is one of ``candidates`` (``a/b/Fusion`` -> ``a/b``)."""
     parts = name.split("/")
     for end in range(len(parts) - 1, 0, -1):
@@ -105,7 +105,7 @@ def provenance(before: Graph, after: Graph) -> Provenance:
     owner: dict[str, str] = {}  # gone source node -> new node
     gone_names = {n.name for n in gone}
     for node in new_nodes:  # 1. names: "<source node>/<fusion>" stands for that source node
-        source = _named_after(node.name, gone_names)
+        source = named_after(node.name, gone_names)
         if source is not None and source not in owner:
             owner[source] = node.name
             out.method[source] = "names"

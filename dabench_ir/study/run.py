@@ -55,9 +55,21 @@ def study_run(before: dict[str, Any], after: dict[str, Any], prov: Any = None) -
         "label": rows[1]["label"],
         "baseline_label": rows[0]["label"],
         "config": {k: rows[1][k] for k in ("opt_level", "wse_mode", "precision", "mode", "batch")},
-        "warnings": estimated_warnings(rows),
+        "warnings": estimated_warnings(rows) + _basis_warnings(before, after),
         **diff,
     }
+
+
+def _basis_warnings(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """A line when the two reports' node rows are not of one basis (one chip's share of a multi-chip
+    step beside a whole step): their module and node rows' FLOPs and bytes do not compare, the totals do."""
+    basis = [(report.get("extra") or {}).get("nodes_basis") or "the whole step" for report in (before, after)]
+    if basis[0] == basis[1]:
+        return []
+    return [
+        f"node rows: before {basis[0]}, after {basis[1]}: their FLOPs and bytes are not one basis "
+        "(the totals are the whole step's on both sides)"
+    ]
 
 
 def run_study(
