@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, DType, Graph, Node, TensorType
+from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.base import Pass, PassResult
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
@@ -910,13 +910,27 @@ class LinalgCostPass(Pass):
 def fold_weight_layouts(graph: Graph) -> None:
     """What a compiler computes once, at compile time, costs nothing a step, as on the ONNX path
     (`passes.FoldWeightLayouts`, its rule): a linear layer's ``Transpose(W)``, which the module
-    lowers to a ``linalg.transpose`` of the weight every step, and constant subgraphs."""
+    lowers to a ``linalg.transpose`` of the weight every step, and constant subgraphs. What a folded
+    weight layout hands on is the weight in its stored layout: its readers count those bytes as
+    weight bytes, not as the activation the module's copy was (the count reads a materialised
+    transpose as one)."""
     from dabench_ir.passes.passes import FoldWeightLayouts
 
     FoldWeightLayouts()(graph)
     for node in graph.nodes:
-        if meta.FOLDED in node.meta:
-            node.meta[COST] = Cost()
+        if meta.FOLDED not in node.meta:
+            continue
+        node.meta[COST] = Cost()
+        if not any(v in graph.values and graph.values[v].kind is ValueKind.WEIGHT for v in node.inputs):
+            continue  # a constant subgraph's result (an accumulator's zero fill) is no weight
+        for out in node.outputs:
+            nbytes = graph.type_of(out).nbytes() if out in graph.values else 0
+            for reader in graph.consumers.get(out, ()):
+                cost = reader.meta.get(COST)
+                if meta.FOLDED not in reader.meta and isinstance(cost, Cost) and cost.act_bytes_in >= nbytes > 0:
+                    reader.meta[COST] = replace(
+                        cost, act_bytes_in=cost.act_bytes_in - nbytes, weight_bytes=cost.weight_bytes + nbytes
+                    )
 
 
 def mark_narrow_contractions(graph: Graph) -> None:
