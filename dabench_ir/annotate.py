@@ -228,6 +228,7 @@ def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = N
     from torch_mlir import ir
 
     from dabench_ir.mlir import MLIR_ARTIFACT, MLIR_OPS
+    from dabench_ir.mlir.pipelines import whole_shares
     from dabench_ir.report.table import seconds
 
     mlir_graph = graph
@@ -245,15 +246,20 @@ def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = N
             node_extra = node_annotations(base, extras.get(node.name))
             ops = [c for c in node.meta.get(MLIR_OPS, []) if c.op is not None]
             shares = _op_shares(ops)
-            for c, share in zip(ops, shares, strict=True):
+            # the node's FLOPs and bytes as the report has them (a folded weight layout costs
+            # nothing; a fused core moves less), shared over its ops as they counted: they sum to it
+            cost = attributed_cost(base) or Cost()
+            flops = whole_shares(cost.flops, [c.cost.flops for c in ops])
+            nbytes = whole_shares(cost.bytes, [c.cost.bytes for c in ops])
+            for c, share, op_flops, op_bytes in zip(ops, shares, flops, nbytes, strict=True):
                 attrs = {
-                    "dabench.flops": c.cost.flops,
-                    "dabench.bytes": c.cost.bytes,
+                    "dabench.flops": op_flops,
+                    "dabench.bytes": op_bytes,
                     "dabench.class": c.op_class,
                     "dabench.origin": node.name,
                 }
-                if c.cost.intensity is not None:
-                    attrs["dabench.intensity"] = round(c.cost.intensity, 6)
+                if op_bytes:
+                    attrs["dabench.intensity"] = round(op_flops / op_bytes, 6)
                 for key in ("dabench.target", "dabench.layer", "dabench.unit", "dabench.bound", "dabench.role"):
                     if key in node_extra:
                         attrs[key] = node_extra[key]

@@ -70,6 +70,7 @@ __all__ = [
     "split_by_nodes",
     "unit_graph",
     "unit_names",
+    "whole_shares",
 ]
 
 logger = logging.getLogger(__name__)
@@ -595,7 +596,7 @@ def _untag(operation: Any) -> None:
 
 
 # -- per ONNX node ----------------------------------------------------------------------------
-def _shares(total: int, weights: Sequence[int]) -> list[int]:
+def whole_shares(total: int, weights: Sequence[int]) -> list[int]:
     """``total`` split in proportion to ``weights`` (equal when all are 0), whole units, summing to ``total``."""
     n = len(weights)
     if sum(weights) <= 0:
@@ -621,7 +622,7 @@ def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[d
             out[names[0]] = out.get(names[0], Cost()) + c.cost
             continue
         parts = {
-            f.name: _shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
+            f.name: whole_shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
             for f in fields(Cost)
         }
         for j, n in enumerate(names):
