@@ -48,7 +48,14 @@ from dabench_ir.lowering.collectives import (
     ring_allreduce_time,
     root_allreduce_time,
 )
-from dabench_ir.lowering.context import LoweringContext, cache_bytes, training_state, value_bytes, weight_bytes
+from dabench_ir.lowering.context import (
+    LoweringContext,
+    cache_bytes,
+    outside_blocks,
+    training_state,
+    value_bytes,
+    weight_bytes,
+)
 from dabench_ir.lowering.gpu import (
     HOST_ISSUE,
     OFFLOAD_GRADIENTS,
@@ -769,13 +776,8 @@ def _outside_nodes(nodes: Sequence[Node]) -> tuple[list[Node], list[Node]]:
     first block (the embedding: the first pipeline stage's) and those after it (the head, the loss:
     the last stage's), one rule for where a stage's time (`_pp_stages`) and memory
     (`_pp_stage_nodes`) put them."""
-    first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
-    before: list[Node] = []
-    after: list[Node] = []
-    for i, node in enumerate(nodes):
-        if node.layer is None and not is_optimizer_step(node):
-            (before if i < first else after).append(node)
-    return before, after
+    before, after = outside_blocks(nodes)
+    return [n for n in before if not is_optimizer_step(n)], [n for n in after if not is_optimizer_step(n)]
 
 
 def _outside_s(single: ChipRun) -> tuple[float, float]:

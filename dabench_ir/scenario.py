@@ -505,9 +505,11 @@ def run_phase(
         weights, kv_bytes = held["weights"], held.get("kv_cache", 0)  # a prefill reads no cache
         memory_bytes = {target.feed_memory.name: sum(v for k, v in held.items() if k != "host")}
     elif held and plan.units:  # by memory, each device's (an IPU of a pipeline): the most one device reads
-        weights = max(_read_bytes(graph, u.nodes, set(names)) for u in plan.units)
+        stored = set(names)
+        weights = max(_read_bytes(graph, u.nodes, stored) for u in plan.units)
         if phase == "decode":
-            kv_bytes = max(_read_bytes(graph, u.nodes, set(cache_inputs(graph))) for u in plan.units)
+            caches = set(cache_inputs(graph))
+            kv_bytes = max(_read_bytes(graph, u.nodes, caches) for u in plan.units)
     return PhaseRun(
         phase=phase,
         context=dims.get("context", 0) if context is None else context,

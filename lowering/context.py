@@ -35,6 +35,7 @@ __all__ = [
     "largest_divisor",
     "layer_blocks",
     "module_key",
+    "outside_blocks",
     "peak_live_bytes",
     "place_node",
     "stored_root",
@@ -193,6 +194,18 @@ class LoweringContext:
             return cls == "vector"
         cost = self.costs[node.name]
         return cost.contraction_flops == 0 and cost.weight_bytes == 0 and cost.flops > 0
+
+
+def outside_blocks(nodes: Sequence[Node]) -> tuple[list[Node], list[Node]]:
+    """The nodes outside the decoder blocks, in order: those before the first block (the embedding)
+    and those after it (the head, the loss, an optimizer step): the two ends of a pipeline."""
+    first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+    before: list[Node] = []
+    after: list[Node] = []
+    for i, node in enumerate(nodes):
+        if node.layer is None:
+            (before if i < first else after).append(node)
+    return before, after
 
 
 def cache_bytes(ctx: LoweringContext, nodes: Sequence[Node]) -> int:

@@ -27,12 +27,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dabench_ir.ir import DType, Node
+from dabench_ir.ir import DType
 from dabench_ir.lowering.context import (
     LoweringContext,
     balance,
     cache_bytes,
     cache_inputs,
+    outside_blocks,
     place_node,
     weight_bytes,
 )
@@ -346,11 +347,8 @@ def _place_regions(
     # a region whose nodes run both before the decoder blocks and after them (the tied embedding and LM
     # head of emb_fc) serves two places in the pipeline: each sample's head runs on a lane of its own
     # beside the next samples' lookups (the region's period is its lanes' sum: `dabench_ir.emulate`)
-    position = {n.name: i for i, n in enumerate(ctx.graph.nodes)}
-    first_block = next((i for i, n in enumerate(ctx.graph.nodes) if n.layer is not None), None)
-
-    def after_blocks(node: Node) -> bool:
-        return first_block is not None and node.layer is None and position[node.name] > first_block
+    _, after = outside_blocks(ctx.graph.nodes)
+    after_blocks = {n.name for n in after}
 
     for i, (k, p, tau, t) in enumerate(zip(kernels, sizes, taus, times, strict=True)):
         busy = k.work_s / p
@@ -375,7 +373,7 @@ def _place_regions(
         )
         kernel_pes += p * replicas
         plan.units.append(unit)
-        returns = any(not after_blocks(n) for n in k.nodes) and any(after_blocks(n) for n in k.nodes)
+        returns = any(n.name not in after_blocks for n in k.nodes) and any(n.name in after_blocks for n in k.nodes)
         for node in k.nodes:
             w = k.node_work_s.get(node.name, 0.0)
             share = w / k.work_s if k.work_s > 0 else 0.0
@@ -391,7 +389,7 @@ def _place_regions(
                 ctx,
                 node,
                 unit=unit.id,
-                lane=f"{unit.id}.after" if returns and after_blocks(node) else None,
+                lane=f"{unit.id}.after" if returns and node.name in after_blocks else None,
                 compute_s=compute,
                 feed_level=sram.level,
                 feed_bytes=ctx.costs[node.name].bytes,
