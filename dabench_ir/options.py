@@ -125,6 +125,12 @@ def _target_knob(default: Any = None, *, on: str | None = None, **how: Any) -> A
 
 _measure_knob = partial(knob, group="measure", commands=_PROFILE_ONLY)
 """A knob of profile's onnxruntime measurement (``--measure``), offered by profile alone."""
+_PLACEMENT_ONLY = frozenset({"micro_batches", "micro_batch"})
+"""Knobs only a target's placement reads: a run without a target (FLOPs and bytes alone, or a
+measurement, which runs the step's whole batch in one call) has no use for them."""
+_REWRITES_THE_GRAPH = frozenset({"precision", "kv_precision", "fused_attention"})
+"""Knobs that rewrite the graph before it is costed (dtypes, a fused attention core): a measurement
+times the file as exported, so ``--measure`` refuses them (`_check_measured`)."""
 _MEASURED_OR_NOT = frozenset({"measure", "threads"})
 """The measurement knobs that mean something without ``--measure``: the switch itself, and the threads a
 calibrated ``cpu`` target's figures were measured with (`dabench_ir.run.resolve_target`)."""
@@ -728,6 +734,22 @@ def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed
     return cls(**values)
 
 
+def _check_measured(opts: Any, given: set[str] | frozenset[str], *, trained: bool) -> None:
+    """``--measure`` runs the file as exported in onnxruntime: a knob that rewrites the graph before
+    it is costed (`_REWRITES_THE_GRAPH`, a training step) would describe another graph than the one timed."""
+    if opts.mode == "train" and not trained:
+        raise UserError(
+            "--measure times the exported graph in onnxruntime, a forward pass; it cannot time a training step "
+            "(--mode train is emulated): drop one of them"
+        )
+    rewrites = [f"{KNOBS[n].flag} {_text(getattr(opts, n))}" for n in sorted(given & _REWRITES_THE_GRAPH)]
+    if rewrites:
+        raise UserError(
+            f"--measure times the file as exported; {rewrites[0]} rewrites the graph before it is costed, so the "
+            "costed and the timed graphs would differ: drop one of them (export the model as you want it timed)"
+        )
+
+
 def _check_lowering_takes(opts: Any, given: set[str] | frozenset[str], target: Any, mode: str) -> None:
     """The knobs a target's lowering declares it has no use for (`Lowering.fuses_attention_itself`,
     `Lowering.without_micro_batches`): refused, naming why; and the lowering's own rules on how its
@@ -789,6 +811,8 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
         value = getattr(opts, name)
         if target is None and k.group == "scale":
             raise UserError(f"{k.flag} places the model over several chips of a target; give --target")
+        if target is None and name in _PLACEMENT_ONLY:
+            raise UserError(f"{k.flag} splits a step into micro-batches on a target; give --target, or drop {k.flag}")
         if k.targets is not None:
             kinds = ", ".join(sorted(k.targets))
             if target is None:
@@ -813,6 +837,8 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
                 f"{k.flag} applies to an onnxruntime run or to the host cpu target's calibration; "
                 f"add --measure, use -t cpu, or drop {k.flag}"
             )
+    if opts.measure:
+        _check_measured(opts, given, trained=trained)
     chips = getattr(opts, "chips", None) or 1  # a scaling knob: a profile's plain options have none
     if opts.measure and chips > 1:  # its report would be the scaling stage's, the measurement lost
         raise UserError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -310,3 +311,26 @@ def test_an_inserted_input_reshape_joins_its_gemm_not_the_node_before_it():
     fmap = map_fused(original, optimized)
     joined = {"node_mm/MatMulAddFusion": "gemm_output_reshape", "gemm_input_reshape": "gemm_output_reshape"}
     assert fmap.joined == joined  # the Gemm's name sorts after the reshape's, as onnxruntime's do
+
+
+@pytest.mark.parametrize(
+    ("knobs", "words"),
+    [
+        ({"mode": "train"}, "cannot time a training step"),
+        ({"precision": "fp16"}, "--precision fp16 rewrites the graph"),
+        ({"fused_attention": True}, "--fused-attention true rewrites the graph"),
+        ({"micro_batches": 2}, "--micro-batches splits a step into micro-batches on a target; give --target"),
+    ],
+)
+def test_a_measurement_refuses_what_would_describe_another_graph_than_the_one_timed(knobs, words):
+    """onnxruntime runs the file as exported, its whole batch in one call: a training step, a precision
+    or fusion rewrite, or micro-batches would label the forward pass it timed as something else (a
+    "train" step at 3x the achieved rate, fp16 bytes beside fp32 times)."""
+    from dabench_ir.run import resolve
+    from tests.lowering_graphs import decoder
+
+    graph = decoder(layers=1, hidden=64, batch=2)
+    with pytest.raises(UserError, match=re.escape(words)):
+        resolve(graph, None, {"measure": True, **knobs})
+    with pytest.raises(UserError, match=re.escape(words) if "give --target" not in words else "micro-batch"):
+        resolve(graph, "cpu", {"measure": True, **knobs})

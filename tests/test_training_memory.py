@@ -95,14 +95,14 @@ def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
     acts = meta.training_state(g).saved_activation_bytes
     one, _, _ = place(g, h100, ProfileOptions())
     four, tl4, _ = place(g, h100, ProfileOptions(micro_batches=4))
-    assert resolve(g, None, {"micro_batch": 2}).samples.micro_batches == 4  # the graph's batch of 8 in 4 parts
+    assert resolve(g, "h100", {"micro_batch": 2}).samples.micro_batches == 4  # the graph's batch of 8 in 4 parts
     assert one.memory_bytes["hbm"] - four.memory_bytes["hbm"] >= acts * 3 // 4
     opt = next(n for n in g.nodes if n.op_type == "AdamStep")
     assert tl4.nodes[opt.name].end - tl4.nodes[opt.name].start == pytest.approx(
         one.node_plans[opt.name].per_micro_batch_s
     )  # once per step, same time as without accumulation
     with pytest.raises(UserError, match="does not divide"):
-        resolve(g, None, {"micro_batch": 3})
+        resolve(g, "h100", {"micro_batch": 3})
 
 
 def test_a_micro_batch_count_must_divide_the_batch_however_it_is_asked():
