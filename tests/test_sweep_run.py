@@ -324,3 +324,27 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path):
     done = len(list((out / "points").glob("*.json")))
     rows = (out / "results.csv").read_text().splitlines()
     assert 3 <= done < 420 and len(rows) == done + 1  # every finished point in the table, nothing more
+
+
+class _LosesItsExports(SerialExecutor):
+    """An executor whose export workers die (killed, out of memory) before they answer."""
+
+    def map_unordered(self, tasks):
+        from dabench_ir.sweep import worker
+        from dabench_ir.sweep.executors import WorkerLost
+
+        for i, (fn, args) in enumerate(tasks):
+            yield i, WorkerLost("worker process 1 died (exit code -9)") if fn is worker.run_export else fn(*args)
+
+
+def test_a_lost_export_worker_leaves_its_points_to_do_not_failed(tmp_path):
+    """A worker killed while it exported a base says nothing about the export: its points are lost
+    (counted, no record), and the next run exports and runs them, where each had been recorded as
+    failed and skipped on resume until --retry-failed."""
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1, 2], "target": ["wse"]}})
+    models = tmp_path / "models"
+    lost = run_sweep(spec, tmp_path / "out", executor=_LosesItsExports(), cache_dir=models, plots=False)
+    assert (lost.lost, lost.failed, lost.ran) == (2, 0, 0) and len(lost.missing) == 2
+    again = run_sweep(spec, tmp_path / "out", executor=SerialExecutor(), cache_dir=models, plots=False)
+    assert (again.skipped, again.ran, again.failed) == (0, 2, 0)
+    assert [r["error"] for r in _rows(tmp_path / "out")] == ["", ""]

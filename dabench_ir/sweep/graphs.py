@@ -160,7 +160,8 @@ def export_missing(
     ``tick(exported, of)`` follows the exports (a sweep's progress shows the export phase).
 
     Returns ``(bases, errors, exported)``: the serialized base of every key that has one, for each
-    export that failed its error text (a lost worker's too), and how many were exported. A `LocalExecutor` exports in workers of its own
+    export that failed its error text, and how many were exported. A key whose worker was lost (killed,
+    out of memory) is in neither: nothing is known about its export, so its points stay to do. A `LocalExecutor` exports in workers of its own
     started fresh (``spawn``): torch's thread pools do not survive a fork of a driver that used them.
     """
     from dabench_ir.sweep import worker
@@ -193,7 +194,7 @@ def export_missing(
     for i, out in exported:
         key = missing[i][0]
         if isinstance(out, WorkerLost):
-            errors[key] = str(out)
+            logger.warning("%s; the export of %s stays to do", out, key)
             continue
         _, data, error = out
         if data is None:

@@ -380,9 +380,12 @@ def _run(
     tasks = []
     task_points = []
     for (bkey, layers), pts in ordered:
-        if bkey not in bases:
+        if bkey in base_errors:
             for key, params in pts:
-                book.finish(_error_record(key, params, f"export failed: {base_errors.get(bkey)}"))
+                book.finish(_error_record(key, params, f"export failed: {base_errors[bkey]}"))
+            continue
+        if bkey not in bases:  # its export's worker was lost: no record, the points stay to do
+            book.result.lost += len(pts)
             continue
         folder = None if points_dir is None else str(points_dir)
         tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))
