@@ -776,6 +776,13 @@ def test_a_sweep_flag_no_point_keeps_is_refused(capsys, tmp_path):
     assert code == 0 and "rdu O3" in out
 
 
+def test_a_sweep_flag_every_point_overrides_is_refused(capsys):
+    """level2's axes set the batch and the chips of every point: --batch 7 --chips 3 printed the same
+    288 points as without them (accepted and ignored)."""
+    code, _, err = run_cli(capsys, "sweep", "level2", "--dry-run", "--batch", "7", "--chips", "3")
+    assert_one_line_error(code, err, "--batch 7: every point of level2 sets batch itself", "drop it")
+
+
 def test_a_sweep_point_its_target_refuses_is_said_before_anything_runs(capsys, tmp_path):
     """``--tiles 9`` on the smoke spec's 8-tile sn30 points: exit 2 and one line naming the point, no
     folder written (each rdu point had been run and saved as failed, exit 0); a spec's own value alike."""

@@ -400,6 +400,11 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
                 f"{options.KNOBS[name].flag} {value}: applies to none of the {len(spec.points)} points of "
                 f"{spec.name} (targets {targets}; {modes}); drop it"
             )
+        if name in options.KNOBS and spec.points and not any(p.params.get(name) == value for p in spec.points):
+            raise UserError(
+                f"{options.KNOBS[name].flag} {value}: every point of {spec.name} sets {name} itself (an axis or "
+                "a listed point), so no point keeps it; drop it, or change the spec's axis"
+            )
     _check_point_options(spec)
     return spec
 
