@@ -193,6 +193,15 @@ def test_no_node_detail_keeps_the_row_and_drops_the_nodes(tmp_path, cache):
     assert [r["time_s"] for r in slim.rows] == [r["time_s"] for r in full.rows]
     record = json.loads(next((tmp_path / "slim" / "points").glob("*.json")).read_text())
     assert record["report"]["nodes"] == [] and record["report"]["metrics"]["dominant_bound"]
+    # resumed wanting the node rows, the slim points run again (they were skipped: 0 of 2 had rows);
+    # resumed slim, the full records serve
+    again = run_sweep(spec, tmp_path / "slim", executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert (again.ran, again.skipped) == (2, 0)
+    assert all(json.loads(f.read_text())["report"]["nodes"] for f in (tmp_path / "slim" / "points").glob("*.json"))
+    slim = run_sweep(
+        spec, tmp_path / "slim", executor=SerialExecutor(), cache_dir=cache, plots=False, node_detail=False
+    )
+    assert (slim.ran, slim.skipped) == (0, 2)
 
 
 @pytest.mark.parametrize("lock_text", ["{host} 1\n", "\x00\xff garbage", "{host} 999999999\n"])

@@ -79,7 +79,9 @@ def encode_point(record: dict[str, Any]) -> str:
 
 def strip_nodes(record: dict[str, Any]) -> None:
     """Drop the report's per-node rows (a sweep's ``--no-node-detail``), keeping the bounds they
-    give in ``metrics`` (``dominant_bound``, ``node_bound``)."""
+    give in ``metrics`` (``dominant_bound``, ``node_bound``); the record says so (``node_detail``
+    false), so a later sweep that wants the rows runs the point again."""
+    record["node_detail"] = False
     report = record.get("report")
     if report and report.get("nodes"):
         kept = report.setdefault("metrics", {})

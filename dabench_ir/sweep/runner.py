@@ -214,9 +214,12 @@ class _Book:
     done: int = 0
 
     def is_done(self, key: str) -> bool:
-        """Whether ``key``'s point has its record (a failed one counts unless ``retry_failed``)."""
+        """Whether ``key``'s point has its record (a failed one counts unless ``retry_failed``; one
+        kept without its node rows does not when this sweep wants them)."""
         record = results.read_point(self.points_dir, key)
-        return record is not None and (record.get("status") == "ok" or not self.retry_failed)
+        if record is None or (self.node_detail and not record.get("node_detail", True)):
+            return False
+        return record.get("status") == "ok" or not self.retry_failed
 
     def claim(self, keyed: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], list[Any]]:
         """Lock every point not done yet: (the points this sweep runs, those another live sweep
