@@ -357,3 +357,28 @@ def test_a_lost_export_worker_leaves_its_points_to_do_not_failed(tmp_path):
     again = run_sweep(spec, tmp_path / "out", executor=SerialExecutor(), cache_dir=models, plots=False)
     assert (again.skipped, again.ran, again.failed) == (0, 2, 0)
     assert [r["error"] for r in _rows(tmp_path / "out")] == ["", ""]
+
+
+def test_one_configuration_is_one_run_however_the_spec_spells_it(tmp_path, cache):
+    """``rdu`` and ``sn30`` name one chip; ``wse_mode = "auto"`` is the default whether given or not:
+    each pair was two keys, two runs and two identical rows, and giving a default as a flag reran a
+    finished sweep."""
+    from dabench_ir.sweep.runner import point_key
+
+    assert point_key({**TINY, "target": "rdu"}) == point_key({**TINY, "target": "sn30"})
+    assert point_key({**TINY, "target": "wse", "wse_mode": "auto"}) == point_key({**TINY, "target": "wse"})
+    assert point_key({**TINY, "target": "wse", "wse_mode": "pipelined"}) != point_key({**TINY, "target": "wse"})
+    spec = parse_spec({"defaults": TINY, "axes": {"layers": [1], "target": ["rdu", "sn30", "wse"]}})
+    result = run_sweep(spec, tmp_path, executor=SerialExecutor(), cache_dir=cache, plots=False)
+    assert (result.total, result.ran, result.missing) == (2, 2, [])
+    assert [r["target"] for r in _rows(tmp_path)] == ["rdu", "wse"]
+
+
+def test_a_points_key_follows_the_exporter_its_model_comes_from(monkeypatch):
+    """After a torch upgrade the base is exported again (its key has the exporter's versions); the
+    points built from it must not be read back from the old export's records."""
+    from dabench_ir.sweep.runner import point_key
+
+    before = point_key({**TINY, "target": "wse"})
+    monkeypatch.setattr(graphs, "exporter_versions", lambda: {"torch": "9.9.9", "onnxscript": "0", "onnx": "0"})
+    assert point_key({**TINY, "target": "wse"}) != before

@@ -34,6 +34,7 @@ __all__ = [
     "default_cache",
     "export_base",
     "export_missing",
+    "exporter_versions",
     "load_base",
     "model_key",
     "save_base",
@@ -69,7 +70,7 @@ def default_cache() -> Path:
 
 
 @functools.cache
-def _exporter_versions() -> dict[str, str]:
+def exporter_versions() -> dict[str, str]:
     """The versions of the packages an export comes from (a cached base outlives an upgrade)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -89,7 +90,7 @@ def base_key(params: dict[str, Any]) -> str:
 
     cfg = base_config(params)
     text = json.dumps(
-        {"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION, **_exporter_versions()}, sort_keys=True
+        {"cfg": cfg.to_dict(), "v": __version__, "export": _EXPORT_VERSION, **exporter_versions()}, sort_keys=True
     )
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return f"{cfg.family}-h{cfg.hidden}-n{cfg.heads}-s{cfg.seq}-b{cfg.batch}-{digest}"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dabench_ir import options
 from dabench_ir.errors import UserError
 from dabench_ir.sweep import graphs, results, worker
 from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
@@ -74,14 +75,38 @@ def _target_digest(name: str) -> str:
 
 
 def point_key(params: dict[str, Any]) -> str:
-    """Hash of the point's parameters, its target file's contents and the tool version."""
+    """Hash of what decides the point's result (`_deciding`), its target file's contents, the tool's
+    version and the exporter's its model comes from."""
     from dabench_ir import __version__
 
     text = json.dumps(
-        {"params": params, "target": _target_digest(str(params.get("target"))), "version": __version__},
+        {
+            "params": _deciding(params),
+            "target": _target_digest(str(params.get("target"))),
+            "version": __version__,
+            "exporter": graphs.exporter_versions(),
+        },
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _deciding(params: dict[str, Any]) -> dict[str, Any]:
+    """A point's parameters as they decide its result: its target by its file's name (``rdu`` and
+    ``sn30`` are one chip) and no target knob at its default (``wse_mode = "auto"`` given or left out
+    is one run), so one configuration has one key however a spec spells it."""
+    from dabench_ir.targets import load_target
+
+    deciding = {
+        name: value
+        for name, value in params.items()
+        if not (
+            name in options.KNOBS and options.KNOBS[name].group == "target" and value == options.KNOBS[name].default
+        )
+    }
+    with contextlib.suppress(UserError):  # an unknown target: the point fails with the target's own error
+        deciding["target"] = load_target(str(params["target"])).name
+    return deciding
 
 
 class _Locks:
@@ -307,8 +332,12 @@ def run_sweep(
     out = Path(out_dir)
     points_dir = out / "points"
     models_dir = Path(cache_dir) if cache_dir else graphs.default_cache()
-    keyed = [(point_key(p.params), p.params) for p in spec.points]
-    keys = [k for k, _ in keyed]
+    point_keys = [point_key(p.params) for p in spec.points]
+    configurations: dict[str, dict[str, Any]] = {}
+    for key, point in zip(point_keys, spec.points, strict=True):
+        configurations.setdefault(key, point.params)  # one run per configuration: the first point that asks
+    keyed = list(configurations.items())
+    keys = list(configurations)
     _check_outputs(out, points_dir, models_dir, keys)
     result = SweepResult(total=len(keyed))
     _allow_open_files(len(keyed))
@@ -341,7 +370,7 @@ def run_sweep(
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
     recorded = {row["key"] for row in result.rows}
-    result.missing = [p.label() for key, p in zip(keys, spec.points, strict=True) if key not in recorded]
+    result.missing = [p.label() for key, p in zip(point_keys, spec.points, strict=True) if key not in recorded]
     try:
         if plots:
             from dabench_ir.sweep.plots import write_plots
