@@ -191,6 +191,7 @@ class Lowering(ABC):
         if target.kind not in self.kinds:
             raise UserError(f"the {self.name} lowering serves {', '.join(self.kinds)} targets, not {target.name}")
         opts = options if type(options) is self.Options else self.options(options)
+        self.check_options(target, opts)  # said before anything runs too; here for a caller that places directly
         if context is not None and context.graph is not graph:
             raise ValueError("a lowering context is of the graph it was built for")
         if context is None or not context.serves(graph, opts.precision):

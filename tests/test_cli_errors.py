@@ -796,6 +796,10 @@ def test_a_sweep_point_its_target_refuses_is_said_before_anything_runs(capsys, t
     )
     code, _, err = run_cli(capsys, "sweep", str(spec), "--dry-run")
     assert_one_line_error(code, err, "--tiles 16: sn30 has 8 tiles per RDU")
+    # the IPU's replicas are a number: each point had run and been saved as failed, exit 0
+    spec.write_text('[defaults]\ntarget = "ipu"\nlayers = 1\nhidden = 64\nheads = 4\nseq = 8\n[axes]\nbatch = [1, 2]\n')
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--replicas", "auto", "--dry-run")
+    assert_one_line_error(code, err, "--replicas auto: IPU replicas are data-parallel copies")
 
 
 def test_a_sweep_never_writes_into_a_folder_that_holds_its_spec(capsys, tmp_path):

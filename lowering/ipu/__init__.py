@@ -45,6 +45,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
+from dabench_ir.errors import UserError
 from dabench_ir.lowering import Lowering, LoweringOptions, internal
 from dabench_ir.lowering.ipu.common import FEED_LEVEL, IpuRun
 from dabench_ir.lowering.ipu.memory import MEMORY_TERMS, TileMemory, place_units, tile_memory
@@ -92,6 +93,11 @@ class IpuLowering(Lowering):
         "attention core (selective), with its own rule for what a layer stashes; op is torchtitan's per-op "
         "policy, which it would place as selective",
     }
+
+    def check_options(self, target: Target, options: IpuOptions) -> None:
+        """``--replicas auto`` is the WSE's on-wafer copies: the IPU's replicas are a number."""
+        if options.replicas == "auto":
+            raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")
 
     def _lower(self, ctx: LoweringContext, target: Target, options: IpuOptions) -> Plan:
         run = IpuRun.build(ctx, target, options)

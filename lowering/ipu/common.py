@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dabench_ir.errors import TargetError, UserError
+from dabench_ir.errors import TargetError
 from dabench_ir.passes import meta
 from dabench_ir.passes.training import FORWARD_COST
 
@@ -123,11 +123,9 @@ class IpuRun:
 
     @classmethod
     def build(cls, ctx: LoweringContext, target: Target, options: IpuOptions) -> IpuRun:
-        """The run of ``options`` on ``target``; ``--replicas auto`` is refused (the IPU's replicas are a number)."""
+        """The run of ``options`` on ``target`` (whose checks, `IpuLowering.check_options`, it passed)."""
         fig = IpuFigures.read(target, ctx)
         m = options.micro_batches or ctx.batch
-        if options.replicas == "auto":
-            raise UserError("--replicas auto: IPU replicas are data-parallel copies; give a number (e.g. --replicas 4)")
         return cls(ctx, target, fig, options, m, int(options.replicas or 1), meta.training_state(ctx.graph))
 
     @property
