@@ -247,6 +247,22 @@ def test_cli_study_and_diff(tmp_path, capsys):
     assert "unknown pipeline" in capsys.readouterr().err
 
 
+def test_a_study_on_a_target_file_names_its_reports_by_the_files_stem(tmp_path, capsys):
+    """``--target dir/my.toml`` put the path's folders into a report's file name (exit 2: "folder
+    .../g.none.dir does not exist")."""
+    from pathlib import Path
+
+    chip = tmp_path / "chips" / "my-h100.toml"
+    chip.parent.mkdir()
+    chip.write_text((Path(__file__).resolve().parents[1] / "targets" / "h100.toml").read_text())
+    argv = ["study", _mlp(tmp_path / "m.onnx"), "--pipeline", "ort-basic", "--target", str(chip)]
+    assert main([*argv, "-o", str(tmp_path / "o"), "-q"]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "o").glob("*.json")) == [
+        "m.none.my-h100.json",
+        "m.ort-basic.my-h100.json",
+    ]
+
+
 def test_estimated_nodes_warn_and_strict_exits_2(tmp_path, capsys):
     src = _mlp(tmp_path / "m.onnx", relu_op="Frobnicate", domain="com.example")
     assert main(["profile", src, "--target", "ipu", "--json", str(tmp_path / "a.json"), "--quiet"]) == 0

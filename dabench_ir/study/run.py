@@ -113,7 +113,8 @@ def run_study(
         # the same model, rewritten: its reports name it as the baseline's do (labels, compare)
         report.model["name"] = names.setdefault(target, report.model.get("name"))
         if out is not None:
-            report.write_json(out / f"{stem}.{pipeline}.{target or 'cost'}.json")
+            label = Path(target).stem if target else "cost"  # a target file's path: its stem, not its folders
+            report.write_json(out / f"{stem}.{pipeline}.{label}.json")
 
     runs: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []  # pipelines that failed, each with its one-line reason
