@@ -64,6 +64,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+DYNAMIC_TRACE_LENGTH = 2
+"""A dynamic export's dims are traced at least this long: torch.export specialises dims of size 0 and 1."""
 AUTO_NONE_THRESHOLD_BYTES = 256 * 2**20
 """`weights="auto"` means "random" up to this many weight bytes, "none" above."""
 # `weights="random"` refuses models whose weights need more bytes than DEFAULT_MAX_WEIGHT_BYTES (the options' one)
@@ -226,8 +228,8 @@ def _example_caches(cfg: ModelConfig, dynamic: bool, device: str) -> list[torch.
 
     if cfg.phase != "decode":
         return []
-    batch = max(cfg.batch, 2) if dynamic else cfg.batch
-    context = max(cfg.context, 2) if dynamic else cfg.context
+    batch = max(cfg.batch, DYNAMIC_TRACE_LENGTH) if dynamic else cfg.batch
+    context = max(cfg.context, DYNAMIC_TRACE_LENGTH) if dynamic else cfg.context
     k_shape = (batch, cfg.kv_heads, cfg.head_dim, context)
     v_shape = (batch, cfg.kv_heads, context, cfg.head_dim)
     dtype = torch_dtype(cfg.dtype)
@@ -241,8 +243,8 @@ def example_input(cfg: ModelConfig, dynamic: bool, device: str) -> torch.Tensor:
 
     # torch.export specialises dims of size 0/1: trace a dynamic export with batch, seq >= 2.
     # A decode export keeps its chunk of new tokens static (the context is the dynamic dim).
-    batch = max(cfg.batch, 2) if dynamic else cfg.batch
-    seq = max(cfg.seq, 2) if dynamic and cfg.phase != "decode" else cfg.seq
+    batch = max(cfg.batch, DYNAMIC_TRACE_LENGTH) if dynamic else cfg.batch
+    seq = max(cfg.seq, DYNAMIC_TRACE_LENGTH) if dynamic and cfg.phase != "decode" else cfg.seq
     if cfg.vocab:
         return torch.zeros(batch, seq, dtype=torch.int64, device=device)
     return torch.zeros(batch, seq, cfg.hidden, dtype=torch_dtype(cfg.dtype), device=device)

@@ -27,6 +27,13 @@ def test_list_presets(capsys) -> None:
         (["--family", "gpt2", "--hidden", "64"], "--layers"),
         (["--preset", "nope"], "unknown preset"),
         (["--preset", "llama-7b", "--weights", "random"], "--max-weight-bytes"),
+        # accepted and ignored before: exit 0, nothing listed, exported or changed
+        (["--list-presets", "--preset", "llama-7b"], "--list-presets lists the presets and exports nothing"),
+        (["--preset", "llama-7b", "--dynamic", "--seq", "16"], "--dynamic makes batch, seq"),
+        (["--preset", "llama-7b", "--phase", "decode", "--dynamic", "--context", "9"], "--context has no effect"),
+        (["--preset", "gpt2-small", "--max-weight-bytes", "8GiB"], "a larger cap has no effect"),
+        # a traceback after the export before
+        (["--preset", "gpt2-small", "--seed", str(2**64)], "--seed 18446744073709551616: expected an integer"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(capsys, tmp_path, argv: list[str], word: str) -> None:
@@ -39,6 +46,21 @@ def test_command_module_does_not_import_torch() -> None:
     code = "import sys, dabench_ir.cli as c; c.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_an_mlir_export_is_named_as_profile_reads_it(capsys, tmp_path) -> None:
+    """profile reads a file by its suffix: an MLIR export named ``y`` was read back as ONNX and failed."""
+    assert main(["export", "--preset", "gpt2-small", "--format", "mlir-torch", "-o", str(tmp_path / "y")]) == 2
+    assert "name it y.mlir" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_export_to_stdout_is_the_model_alone(tmp_path) -> None:
+    """``-o -``: the model on stdout, the summary on stderr (it was appended to the model's bytes)."""
+    onnx = pytest.importorskip("onnx")
+    argv = ["export", "--family", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "4", "--seq", "8", "-o", "-"]
+    proc = subprocess.run([sys.executable, "-m", "dabench_ir", *argv], capture_output=True, check=True)
+    assert len(onnx.load_from_string(proc.stdout).graph.node) > 0 and b"wrote -" in proc.stderr
 
 
 @pytest.mark.slow

@@ -42,6 +42,11 @@ def _format(fmt: str | None, output: str) -> str:
         if suffix == ".mlir":
             raise UserError(f"-o {output}: an .mlir file; give --format mlir-torch or --format mlir-linalg")
         return "onnx"
+    if fmt != "onnx" and output != "-" and suffix != _SUFFIXES[fmt]:  # profile reads a file by its suffix
+        raise UserError(
+            f"-o {output}: --format {fmt} writes a {_SUFFIXES[fmt]} file, which profile reads by its suffix; name it "
+            f"{Path(output).with_suffix(_SUFFIXES[fmt]).name}"
+        )
     if suffix in _SUFFIXES.values() and suffix != _SUFFIXES[fmt]:
         raise UserError(
             f"-o {output}: --format {fmt} writes a {_SUFFIXES[fmt]} file, not {suffix}; name it "
@@ -125,6 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace):
     from dabench_ir.models import ModelConfig, get_preset
+    from dabench_ir.models.export import DYNAMIC_TRACE_LENGTH
 
     for flag in (*_SIZES, "context", "chunk"):
         value = getattr(args, flag)
@@ -139,12 +145,22 @@ def _config(args: argparse.Namespace):
         "dtype": args.dtype,
         "logits": args.logits,
     }
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise UserError(f"--seed {args.seed}: expected an integer from 0 to 2**32 - 1")
+    if args.dynamic:
+        bound = [f"--{name}" for name in ("batch", "seq", "context") if getattr(args, name) is not None]
+        if bound:
+            raise UserError(
+                f"--dynamic makes batch, seq and the cache length symbolic, so {bound[0]} has no effect: drop one "
+                "of them (profile binds the dims: --batch, --seq, --past)"
+            )
     if args.phase == "decode":
-        if args.context is None:
-            raise UserError("--phase decode needs --context N (past tokens in the KV cache)")
+        if args.context is None and not args.dynamic:
+            raise UserError("--phase decode needs --context N (past tokens in the KV cache), or --dynamic")
         if args.seq is not None:
             raise UserError("--phase decode takes --chunk K (new tokens per step), not --seq")
-        given.update(phase="decode", context=args.context, seq=args.chunk or 1)
+        # --dynamic: the cache length is symbolic, traced at the shortest length torch keeps dynamic
+        given.update(phase="decode", context=args.context or DYNAMIC_TRACE_LENGTH, seq=args.chunk or 1)
     elif args.context is not None or args.chunk is not None:
         raise UserError("--context and --chunk apply to --phase decode; add --phase decode")
     if args.preset:
@@ -170,10 +186,21 @@ def weight_cap(args: argparse.Namespace) -> int:
 def _refuse_ignored(args: argparse.Namespace, weights: str) -> None:
     """No flag accepted and ignored: --seed draws random weights, --max-weight-bytes caps them when
     --weights chooses (auto) or draws them, --no-stamp is how ONNX exports its blocks."""
+    from dabench_ir.models.export import AUTO_NONE_THRESHOLD_BYTES
+
     if args.seed is not None and weights != "random":
         raise UserError(f"--seed seeds random weights; this export has none (--weights {args.weights}): drop --seed")
     if args.max_weight_bytes is not None and args.weights == "none":
         raise UserError("--max-weight-bytes caps random weights; --weights none writes none: drop one of them")
+    if (
+        args.max_weight_bytes is not None
+        and args.weights == "auto"
+        and args.max_weight_bytes >= AUTO_NONE_THRESHOLD_BYTES
+    ):
+        raise UserError(
+            f"--max-weight-bytes {args.max_weight_bytes:,}: the default --weights auto draws random weights up to "
+            f"{AUTO_NONE_THRESHOLD_BYTES >> 20} MiB only, so a larger cap has no effect: add --weights random"
+        )
     if args.no_stamp and args.format != "onnx":
         raise UserError(f"--no-stamp applies to ONNX exports, not --format {args.format}: drop it")
 
@@ -182,10 +209,21 @@ def _status(message: str) -> None:
     print(f"dabench-ir export: {message}", file=sys.stderr, flush=True)
 
 
+def _given(args: argparse.Namespace) -> list[str]:
+    """The export flags ``args`` sets: those whose value differs from a bare command line's."""
+    bare = argparse.ArgumentParser()
+    add_arguments(bare)
+    defaults = vars(bare.parse_args([]))
+    return [f"--{name.replace('_', '-')}" for name, value in defaults.items() if getattr(args, name) != value]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_presets:
         from dabench_ir.models import describe_presets
 
+        others = [flag for flag in _given(args) if flag != "--list-presets"]
+        if others:
+            raise UserError(f"--list-presets lists the presets and exports nothing: drop {others[0]} or --list-presets")
         print("\n".join(describe_presets()))
         return 0
     cfg = _config(args)
@@ -216,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
         progress=_status,
     )
     nodes = f"{result.nodes} nodes, " if result.nodes else ""
-    phase = f"decode {cfg.seq} token(s) on a {cfg.context}-token cache, " if cfg.phase == "decode" else ""
+    cache = "a symbolic" if args.dynamic else f"a {cfg.context}-token"
+    phase = f"decode {cfg.seq} token(s) on {cache} cache, " if cfg.phase == "decode" else ""
     preset = (
         ""
         if not args.preset
@@ -227,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {result.path} ({result.format}, {preset}{cfg.family}, L={cfg.layers} h={cfg.hidden}, {phase}{nodes}"
         f"{cfg.param_count() / 1e6:.1f} M params, weights {result.weights}, "
-        f"{time.perf_counter() - start:.1f} s)"
+        f"{time.perf_counter() - start:.1f} s)",
+        file=sys.stderr if args.output == "-" else sys.stdout,  # stdout holds the model itself
     )
     return 0
