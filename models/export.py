@@ -99,10 +99,23 @@ class ExportResult:
 
 
 # ---- options ------------------------------------------------------------------------------
-def resolve_weights(cfg: ModelConfig, weights: str, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> str:
-    """Resolve `weights` (auto|none|random) to "none" or "random"; refuse random above the cap."""
+def resolve_weights(
+    cfg: ModelConfig, weights: str, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES, *, format: str = "onnx"
+) -> str:
+    """Resolve `weights` (auto|none|random) to "none" or "random"; refuse random above the cap.
+
+    An MLIR ``format`` keeps its weights as function arguments, the form the MLIR frontend reads as
+    the model's parameters (frozen into the module they were constants: a profile counted 0
+    parameters and trained nothing), so "auto" is "none" there and "random" is refused."""
     if weights not in ("auto", "none", "random"):
         raise UserError(f"--weights must be none or random, got {weights!r}")
+    if format != "onnx":
+        if weights == "random":
+            raise UserError(
+                f"--format {format} keeps the weights as function arguments (what profile reads as the model's "
+                "parameters): --weights random applies to ONNX; drop it"
+            )
+        return "none"
     need = cfg.weight_bytes()
     if weights == "auto":
         return "random" if need <= min(AUTO_NONE_THRESHOLD_BYTES, max_weight_bytes) else "none"
@@ -717,12 +730,12 @@ def export_model(
         raise UserError(f"output folder {path.parent} does not exist; create it or change -o")
     if cfg.phase == "decode" and format != "onnx":
         raise UserError("a decode graph (phase decode) exports as ONNX only; use format onnx")
-    if resolve_weights(cfg, o.weights, o.max_weight_bytes) == "random":  # memory checked there
+    mode = resolve_weights(cfg, o.weights, o.max_weight_bytes, format=format)  # memory checked there
+    if mode == "random":
         _check_disk(cfg.weight_bytes(), path.parent.absolute())
     if format in ("mlir-torch", "mlir-linalg"):
         from dabench_ir.models.mlir_export import export_mlir
 
-        mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)
         names = export_mlir(
             cfg, path, dataclasses.replace(o, weights=mode), dialect=format.removeprefix("mlir-"), progress=progress
         )

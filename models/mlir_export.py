@@ -69,11 +69,10 @@ def _params_as_inputs(model: nn.Module) -> tuple[nn.Module, list[str], list[torc
     return _Wrapper(), names, [tensors[n] for n in names]
 
 
-def mlir_text(
-    cfg: ModelConfig, *, dialect: str = "torch", weights: str, dynamic: bool = False, seed: int = 0
-) -> tuple[str, list[str]]:
-    """The MLIR module text for `cfg` and the names of its weight arguments (none if frozen)."""
+def mlir_text(cfg: ModelConfig, *, dialect: str = "torch", dynamic: bool = False) -> tuple[str, list[str]]:
+    """The MLIR module text for `cfg` and the names of its weights, the entry function's last arguments."""
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch_mlir import fx
 
     from dabench_ir.models import build_model
@@ -81,25 +80,19 @@ def mlir_text(
 
     if dialect not in _OUTPUT_TYPES:
         raise ValueError(f"dialect must be one of {sorted(_OUTPUT_TYPES)}")
-    if weights == "none":
-        # Meta weights as fake CPU tensors: a trace sees shapes only, and ops made inside
-        # forward (causal mask) stay on the CPU device, which linalg lowering needs.
-        from torch._subclasses.fake_tensor import FakeTensorMode
+    # Meta weights as fake CPU tensors: a trace sees shapes only, and ops made inside
+    # forward (causal mask) stay on the CPU device, which linalg lowering needs.
 
-        model, names, meta_weights = _params_as_inputs(build_model(cfg, device="meta"))
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            fakes = [torch.empty(t.shape, dtype=t.dtype) for t in meta_weights]
-            args: tuple[torch.Tensor, ...] = (example_input(cfg, dynamic, "cpu"), *fakes)
-    else:
-        model = build_model(cfg, device="cpu", seed=seed)
-        names = []
-        args = (example_input(cfg, dynamic, "cpu"),)
+    model, names, meta_weights = _params_as_inputs(build_model(cfg, device="meta"))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = [torch.empty(t.shape, dtype=t.dtype) for t in meta_weights]
+        args: tuple[torch.Tensor, ...] = (example_input(cfg, dynamic, "cpu"), *fakes)
     dynamic_shapes = None
     if dynamic:
         seq_max = cfg.max_positions if cfg.positional == "learned" else None
         seq = torch.export.Dim("seq", min=2, max=seq_max) if seq_max else torch.export.Dim("seq", min=2)
         dims = {0: torch.export.Dim("batch", min=2), 1: seq}
-        dynamic_shapes = {"x": dims, "weights": tuple(None for _ in names)} if names else (dims,)
+        dynamic_shapes = {"x": dims, "weights": tuple(None for _ in names)}
     with quiet_torch(), torch.no_grad():
         module = fx.export_and_import(
             model, *args, output_type=_OUTPUT_TYPES[dialect], dynamic_shapes=dynamic_shapes, func_name="main"
@@ -126,8 +119,8 @@ def export_mlir(
     o = export_options(options, overrides)
     if progress:
         progress(f"importing {cfg.layers} blocks with torch-mlir (fx importer, {dialect})")
-    mode = resolve_weights(cfg, o.weights, o.max_weight_bytes)
-    text, names = mlir_text(cfg, dialect=dialect, weights=mode, dynamic=o.dynamic, seed=o.seed)
+    mode = resolve_weights(cfg, o.weights, o.max_weight_bytes, format=f"mlir-{dialect}")
+    text, names = mlir_text(cfg, dialect=dialect, dynamic=o.dynamic)
     header = [
         f"// dabench.family: {cfg.family}",
         f"// dabench.preset: {cfg.preset or ''}",

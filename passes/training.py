@@ -35,7 +35,7 @@ from dabench_ir.options import RECOMPUTE
 
 from . import meta
 from .base import Pass, PassResult
-from .cost_rules import Backward, OpClass, OpTraits, Saves, traits_of
+from .cost_rules import UNKNOWN_OP, Backward, OpClass, OpTraits, Saves, op_traits, traits_of
 from .meta import MODEL_FAMILY
 
 __all__ = [
@@ -433,6 +433,17 @@ def _recompute_mode(value: object) -> str:
     return str(value)
 
 
+def _training_traits(node: Node, forward: Cost) -> OpTraits:
+    """The traits the backward rules read: the op's own, or, for an op no registration names that
+    contracts (a `.mlir` file's linalg op: `linalg.matmul`, a generalised `linalg.generic`), a
+    MatMul's: its backward is two contractions, one per operand (it took the vector rule, and a
+    linalg module's training step counted its forward contractions alone)."""
+    traits = traits_of(node)
+    if traits is UNKNOWN_OP and forward.contraction_flops:
+        return op_traits("MatMul")
+    return traits
+
+
 @dataclass(frozen=True)
 class TrainingPass(Pass):
     """Turn a costed forward graph into one training step (forward, backward, optimizer).
@@ -472,7 +483,7 @@ class TrainingPass(Pass):
             forward = meta.get_cost(node)
             if forward is None:
                 continue
-            traits = traits_of(node)  # read once for the three rules below
+            traits = _training_traits(node, forward)  # read once for the three rules below
             data = [n for n in node.inputs if n and values[n].kind is not ValueKind.CONSTANT]
             if traits.backward is Backward.CONTRACTION:
                 data = [n for n in node.inputs[:2] if n]  # the two operands; a bias grad is a reduction

@@ -35,3 +35,21 @@ def test_weightless_mlir(tmp_path, fmt: str, marker: str) -> None:
     assert "dense_resource" not in text  # no weight data in a weight-free file
     # 7 projection matmuls per block (+ 2 attention batch matmuls in linalg).
     assert text.count(marker) >= 7 * CFG.layers
+
+
+def test_a_small_mlir_export_keeps_its_weights_as_arguments_and_trains_as_the_onnx_export(tmp_path) -> None:
+    """A model under the auto threshold was frozen into the module (random weights as constants): its
+    profile counted 0 parameters. And a linalg contraction took the vector backward rule: a training
+    step counted its forward contractions alone (17.4 of 52.5 MFLOP on a 2-layer GPT-2)."""
+    from dabench_ir.api import profile
+    from dabench_ir.errors import UserError
+
+    cfg = ModelConfig(family="gpt2", layers=2, hidden=32, heads=4, seq=8)
+    mlir, onnx_path = tmp_path / "m.mlir", tmp_path / "m.onnx"
+    assert export_model(cfg, mlir, format="mlir-torch").weights == "none"  # the default, weights "auto"
+    export_model(cfg, onnx_path, weights="none")
+    trained = {p: profile(str(p), mode="train") for p in (mlir, onnx_path)}
+    assert trained[mlir].model["params"] == trained[onnx_path].model["params"] == cfg.param_count()
+    assert trained[mlir].totals["contraction_flops"] == trained[onnx_path].totals["contraction_flops"] > 0
+    with pytest.raises(UserError, match="--weights random applies to ONNX"):
+        export_model(cfg, tmp_path / "r.mlir", format="mlir-torch", weights="random")

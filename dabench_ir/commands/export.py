@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     from dabench_ir.models.export import export_model, require_exporter, resolve_weights
 
     cap = weight_cap(args)
-    weights = resolve_weights(cfg, args.weights, cap)  # refuse early, before importing torch
+    weights = resolve_weights(cfg, args.weights, cap, format=args.format)  # refuse early, before importing torch
     _refuse_ignored(args, weights)
     require_exporter("export")
     start = time.perf_counter()
