@@ -19,6 +19,7 @@ from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
 from dabench_ir.plan import NodePlan, Plan, Schedule
+from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound, classify_bound
 
 if TYPE_CHECKING:
@@ -541,6 +542,7 @@ def place_node(
     micro_batches: int = 1,
     time_s: float | None = None,
     binds: Bound | None = None,
+    feed_bandwidth: float | None = None,
 ) -> NodePlan:
     """The `NodePlan` of one node, from the times a lowering worked out for it.
 
@@ -549,7 +551,10 @@ def place_node(
     ops such as Shape or Reshape, nodes without a cost) takes zero time and is bound by
     overhead. ``time_s`` replaces the time where a lowering has a finer model (the
     calibrated host CPU). The bound comes from `classify_bound` against ``ridge`` (peak
-    FLOP/s over the bandwidth of ``feed_level``); ``binds``, where the lowering times the node as
+    FLOP/s over the bandwidth of ``feed_level``), or, given ``feed_bandwidth`` (the bandwidth its
+    feed comes at) and a compute time, against the node's own ridge: the rate its compute runs at
+    (its op classes' mix: a residual add on a vector rate, not the contraction peak) over that
+    bandwidth, so that it is compute-bound exactly when its compute outlasts its traffic; ``binds``, where the lowering times the node as
     part of something larger whose bound binds it (an RDU section: one pipeline), replaces a
     compute or memory bound. An unattributed node carries the note that says it takes zero time.
     Every lowering places nodes through here.
@@ -564,6 +569,8 @@ def place_node(
     if time_s is None:
         time_s = work_s + comm_s + overhead_s
     note = UNATTRIBUTED_NOTE if node.name in ctx.unattributed else ESTIMATED_NOTE if meta.ESTIMATED in node.meta else ""
+    if feed_bandwidth and compute_s > 0:
+        ridge = ridge_of(flops / compute_s, feed_bandwidth)
     bound = classify_bound(flops, feed, ridge, work_s=work_s, comm_s=comm_s, overhead_s=overhead_s)
     return NodePlan(
         node=node.name,

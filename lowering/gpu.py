@@ -68,7 +68,6 @@ from dabench_ir.passes.training import (
     is_optimizer_step,
 )
 from dabench_ir.plan import Failure, Plan, Schedule, Unit
-from dabench_ir.targets import ridge as ridge_of
 from dabench_ir.timeline import Bound
 
 if TYPE_CHECKING:
@@ -746,13 +745,8 @@ def stream_plan(
                 overhead_s=overhead,
                 feed_level=fed.level,
                 feed_bytes=moved,
-                # the node's own ridge: the rate its compute runs at (its op classes' mix) over the
-                # bandwidth, so it is compute-bound exactly when its compute outlasts its traffic
-                ridge=(
-                    ridge_of(cost.flops / compute_s, bw if fed is mem else fed.bandwidth_bytes_per_s)
-                    if compute_s > 0
-                    else ridge
-                ),
+                ridge=ridge,
+                feed_bandwidth=bw if fed is mem else fed.bandwidth_bytes_per_s,
                 allocation=alloc,
                 time_s=times.get(node.name),
             )

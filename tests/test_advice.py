@@ -510,12 +510,13 @@ def test_a_why_line_says_when_its_feed_moves_a_roles_tensors_many_times_over(tar
     """The table's bytes count each tensor once; an IPU matmul's feed (tile SRAM) reads them again
     for every tile that needs them. A memory-bound role's why line gives both, and how many times
     over, where that is 1.5 or more (`why.REREAD_SHOWN`); where the feed moves each tensor about once
-    (a GPU's HBM) it gives the traffic alone."""
+    (a GPU's HBM) it gives the traffic alone. (The prefill's matmuls are compute-bound on both chips:
+    their memory line is asked for directly.)"""
     from dabench_ir.report.attribution import role_rows
     from dabench_ir.report.why import _resource
 
     report = profile_graph(decoder(layers=2, hidden=256, seq=64), target, ProfileOptions())
-    lines = [_resource(report, row) for row in role_rows(report) if row["bound"] == "memory" and row["time_s"]]
+    lines = [_resource(report, {**row, "bound": "memory"}) for row in role_rows(report) if row["role"].endswith("fc1")]
     assert lines
     said = [re.search(r"\(([\d.]+ [kMG]?B) of tensors, read ([\d.]+) times over\)", line) for line in lines]
     assert any(said) == rereads, lines

@@ -198,6 +198,7 @@ def _superstep(
         lane=lane,
         compute_s=matmul_s + vector_s + special_s,
         memory_s=feed / (fig.sram_bw * used / fig.tiles),
+        feed_bandwidth=fig.sram_bw * used / fig.tiles,  # the SRAM of the tiles it uses
         comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
         overhead_s=fig.sync * m * (1 + extra) if work else 0.0,
         feed_level=fig.sram.level,

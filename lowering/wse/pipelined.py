@@ -394,6 +394,7 @@ def _place_regions(
                 feed_level=sram.level,
                 feed_bytes=ctx.costs[node.name].bytes,
                 ridge=ridge,
+                feed_bandwidth=sram.bandwidth_bytes_per_s * p * replicas / pes,  # the SRAM of the region's PEs
                 allocation=p * replicas / pes,
                 micro_batches=samples,
             )

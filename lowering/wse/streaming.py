@@ -246,6 +246,7 @@ def _place_blocks(
                 feed_level=wafer.ext.level if streamed else wafer.sram.level,
                 feed_bytes=cost.weight_bytes if streamed else cost.bytes,
                 ridge=ext_ridge if streamed else sram_ridge,
+                feed_bandwidth=(wafer.ext if streamed else wafer.sram).bandwidth_bytes_per_s,
                 allocation=1.0 if ctx.is_work(n) else 0.0,
                 micro_batches=n_mb,
             )
