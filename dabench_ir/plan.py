@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from dabench_ir.targets import Target
 
 __all__ = [
+    "COLLECTIVES",
+    "COMMUNICATION_ROWS",
+    "GRADIENT_REDUCE",
+    "PIPELINE_BOUNDARIES",
     "PIPELINE_FILL_DRAIN",
     "RESOURCE_KEYS",
     "Failure",
@@ -30,7 +34,25 @@ __all__ = [
     "Schedule",
     "Unit",
     "UnitStats",
+    "row_bound",
 ]
+
+GRADIENT_REDUCE = "gradient_reduce"
+"""The step row in which a lowering that places its own replicas (`Lowering.replicates_itself`, the
+IPU's) all-reduces their gradients: what the scaling stage reads as such a point's communication."""
+COLLECTIVES = "collectives"
+"""The step overhead of a tensor- or data-parallel run's collectives beyond its chip's own step."""
+PIPELINE_BOUNDARIES = "pipeline_boundaries"
+"""The step overhead of a pipeline-parallel run's activations crossing its stage boundaries."""
+COMMUNICATION_ROWS = frozenset({GRADIENT_REDUCE, COLLECTIVES, PIPELINE_BOUNDARIES})
+"""The step overheads that are data moving between chips: bound by communication (`row_bound`)."""
+
+
+def row_bound(name: str) -> str:
+    """The bound of a step-overhead row no node owns: ``communication`` for data moving between chips
+    (`COMMUNICATION_ROWS`), else ``overhead`` (host time, reconfiguration, stalls, fill and drain)."""
+    return "communication" if name in COMMUNICATION_ROWS else "overhead"
+
 
 PIPELINE_FILL_DRAIN = "pipeline_fill_drain"
 """The step overhead of a pipeline's ramp up and down, the stages idle while the first micro-batch

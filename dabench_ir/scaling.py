@@ -39,7 +39,6 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node, Value, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering.collectives import (
-    GRADIENT_REDUCE,
     bubble_fraction,
     hierarchical_allreduce_time,
     optimal_contiguous_split,
@@ -77,7 +76,7 @@ from dabench_ir.passes.training import (
     token_table,
 )
 from dabench_ir.place import place
-from dabench_ir.plan import PIPELINE_FILL_DRAIN
+from dabench_ir.plan import COLLECTIVES, GRADIENT_REDUCE, PIPELINE_BOUNDARIES, PIPELINE_FILL_DRAIN, row_bound
 from dabench_ir.run import ResolvedRun, lowering_options, resolve
 
 if TYPE_CHECKING:
@@ -288,8 +287,7 @@ def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, 
                 per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
     for name, seconds in (timeline.overheads_s or {}).items():
         if seconds:
-            kind = "communication" if name == GRADIENT_REDUCE else "overhead"
-            per_bound[kind] = per_bound.get(kind, 0.0) + seconds
+            per_bound[row_bound(name)] = per_bound.get(row_bound(name), 0.0) + seconds
     return ChipRun(
         time_s=timeline.step_time_s,
         allocation=metrics.allocation_ratio,
@@ -739,7 +737,7 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         micro_batches=m,
         overheads_s={
             name: seconds
-            for name, seconds in ((PIPELINE_FILL_DRAIN, fill_drain), ("pipeline_boundaries", comm))
+            for name, seconds in ((PIPELINE_FILL_DRAIN, fill_drain), (PIPELINE_BOUNDARIES, comm))
             if seconds
         },
         # the whole graph on one chip running the micro-batches in turn: the stages are its layers'
@@ -1126,7 +1124,7 @@ def _point_from_run(
         copies=copies,
         devices=copies * (run.plan.chips if run.plan is not None else 1),
         link_bytes=link_bytes,
-        overheads_s={"collectives": comm} if comm else {},  # ``comm_within`` is a row of the chip's timeline
+        overheads_s={COLLECTIVES: comm} if comm else {},  # ``comm_within`` is a row of the chip's timeline
     )
 
 

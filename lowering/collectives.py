@@ -10,12 +10,7 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-GRADIENT_REDUCE = "gradient_reduce"
-"""The step row in which a lowering that places its own replicas (`Lowering.replicates_itself`, the
-IPU's) all-reduces their gradients: what the scaling stage reads as such a point's communication."""
-
 __all__ = [
-    "GRADIENT_REDUCE",
     "LinkFigures",
     "brute_force_split",
     "bubble_fraction",

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dabench_ir.plan import row_bound
 from dabench_ir.report.roles import OVERHEAD_PREFIX, overhead_role
 
 if TYPE_CHECKING:
@@ -99,13 +100,10 @@ def target_peak(report: Report) -> float | None:
     return None
 
 
-def _overheads(report: Report) -> dict[str, float]:
-    return {k: float(v) for k, v in (getattr(report.timeline, "overheads_s", None) or {}).items() if v}
-
-
 def summed_time(report: Report) -> float:
-    """The `TIME_BASIS` total: every node's busy time plus every overhead row (0.0 untimed)."""
-    return sum(n.time_s or 0.0 for n in report.nodes) + sum(_overheads(report).values())
+    """The `TIME_BASIS` total: every node's busy time plus every row no node owns (`step_overheads`,
+    a multi-chip step's collectives among them; 0.0 untimed)."""
+    return sum(n.time_s or 0.0 for n in report.nodes) + sum(step_overheads(report).values())
 
 
 def node_share(report: Report, node: NodeRecord) -> float | None:
@@ -115,13 +113,14 @@ def node_share(report: Report, node: NodeRecord) -> float | None:
 
 
 def time_groups(report: Report, key: str) -> dict[Any, float]:
-    """Node time grouped by a NodeRecord attribute, plus the overheads: under the bound class
-    ``overhead`` for ``key="bound"``, else as the row `OVERHEAD_GROUP`. Sums to `summed_time`."""
+    """Node time grouped by a NodeRecord attribute, plus the rows no node owns: under each row's
+    bound class (`plan.row_bound`: communication or overhead) for ``key="bound"``, else as the row
+    `OVERHEAD_GROUP`. Sums to `summed_time`."""
     out = dict(report.group_time(key))
-    extra = sum(_overheads(report).values())
-    if extra:
-        name = "overhead" if key == "bound" else OVERHEAD_GROUP
-        out[name] = out.get(name, 0.0) + extra
+    for row, seconds in step_overheads(report).items():
+        if seconds:
+            name = row_bound(row) if key == "bound" else OVERHEAD_GROUP
+            out[name] = out.get(name, 0.0) + float(seconds)
     return out
 
 
@@ -341,7 +340,7 @@ def overhead_rows(report: Report) -> list[dict[str, Any]]:
             time_s=float(seconds),
             flops=0,
             bytes=0,
-            bound="overhead",
+            bound=row_bound(name),
             bound_share=1.0,
         )
         rows.append(row)

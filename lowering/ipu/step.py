@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.ir import ValueKind
 from dabench_ir.lowering.collectives import (
-    GRADIENT_REDUCE,
     LinkFigures,
     hierarchical_allreduce_time,
     ring_allreduce_bytes,
@@ -44,7 +43,7 @@ from dabench_ir.lowering.collectives import (
 )
 from dabench_ir.lowering.context import place_node
 from dabench_ir.lowering.ipu.common import trained_params
-from dabench_ir.plan import PIPELINE_FILL_DRAIN, Unit
+from dabench_ir.plan import GRADIENT_REDUCE, PIPELINE_FILL_DRAIN, Unit
 
 if TYPE_CHECKING:
     from dabench_ir.ir import Node
