@@ -78,6 +78,9 @@ class StepTimes:
     step_time_s: float
     overheads_s: dict[str, float]
     role_s: dict[str, float]
+    as_run_s: float | None = None
+    """A variant's step as it ran, where `hold_estimates` held an estimate-only row at the base's and
+    moved ``step_time_s`` by it (None where nothing was held): what a rerun with the change prints."""
 
     @classmethod
     def of(cls, records: Iterable[NodeRecord], timeline: Timeline, scaled: ScalePoint | None = None) -> StepTimes:
@@ -313,7 +316,10 @@ class VariantRuns:
         else:
             base_fits = self.report.plan is None or self.report.plan.fits
             scaled = variant.scaled.points[-1] if variant.scaled is not None else None
-            times = StepTimes.of(self.report.nodes, hold_estimates(self.report, variant.timeline), scaled)
+            held = hold_estimates(self.report, variant.timeline)
+            times = StepTimes.of(self.report.nodes, held, scaled)
+            if held is not variant.timeline and scaled is None:
+                times = dataclasses.replace(times, as_run_s=variant.timeline.step_time_s)
             made_fit = variant.fits and not base_fits  # the fitting search hands this report on
             kept = variant if made_fit else None
             trial = Trial(changes, variant.run, times, variant.fits, kept, variant.plan.failure)

@@ -11,6 +11,7 @@ import pytest
 from dabench_ir.advice import VariantRuns, advise, candidate_knobs, fitting_knob
 from dabench_ir.options import ProfileOptions
 from dabench_ir.pipeline import profile_graph
+from dabench_ir.report.table import seconds
 from dabench_ir.report.why import change_text, explain
 from tests.lowering_graphs import decoder
 
@@ -522,3 +523,36 @@ def test_a_why_line_says_when_its_feed_moves_a_roles_tensors_many_times_over(tar
     assert any(said) == rereads, lines
     for match in filter(None, said):
         assert float(match.group(2)) >= 1.5
+
+
+def test_a_why_line_gives_the_step_a_rerun_with_its_change_prints():
+    """The RDU's inference host row is an estimate, held at the report's value in every variant: the
+    line's step is the held one, and where the rerun's own differs it says that too ("47.2 ms -> 33.7
+    ms" was printed where `--opt-level O3` gave 3.70 ms); the estimate's own row says it is held."""
+    from dabench_ir.report.model import Report
+
+    graph = decoder(layers=2, hidden=256, seq=64)
+    report = profile_graph(graph.clone(), "rdu", ProfileOptions())
+    advise(report)
+    why = explain(report)
+    lines = {w["role"]: w for w in why}
+    o3 = next(w for w in why if w["knob"] == "--opt-level" and w["value"] == "O3")
+    rerun: Report = profile_graph(graph.clone(), "rdu", ProfileOptions(opt_level="O3"))
+    as_run = re.search(r"; ([\d.]+ [mµ]?s) as run\)", o3["text"])
+    assert as_run and as_run.group(1) == seconds(rerun.totals["time_s"]), o3["text"]
+    host = next(role for role in lines if "(estimate" in role)
+    assert "held at this run's value in every variant run" in lines[host]["text"]
+
+
+def test_a_why_line_on_a_plan_that_does_not_fit_says_when_its_change_does_not_fit_either():
+    """A plan that does not fit may be advised a change that does not fit either (its steps are both
+    "if it fitted"): the line says so, with the reason; "--optimizer-state onchip would take it ... (step
+    84.3 ms -> 10 ms)" was printed for a run that needed 2.83 GB of a 0.94 GB IPU with it."""
+    report = profile_graph(decoder(layers=8, hidden=2048, seq=128, batch=8), "ipu", ProfileOptions(mode="train"))
+    assert not report.plan.fits
+    advise(report)
+    advised = [w for w in explain(report) if w["knob"] and not w["text"].startswith("does not fit")]
+    assert advised
+    for w in advised:
+        trial = next(t for t in report.advice.trials if t.knob.flag == w["knob"] and t.value == w["value"])
+        assert ("the run does not fit either" in w["text"]) is (not trial.fits), w["text"]

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from dabench_ir.advice import StepTimes
+from dabench_ir.advice import ESTIMATE_MARK, StepTimes
 from dabench_ir.options import Knob
 
 from .attribution import is_overhead, role_rows, target_peak
@@ -162,17 +162,30 @@ def explain(report: Report, *, top: int = 3) -> list[dict[str, Any]]:
             "new_step_s": None,
         }
         text = f"{role}: {row['bound'] or '-'}-bound, {entry['resource']}; "
-        if best is None:
-            tried = ", ".join(sorted({t.knob.flag for t in advice.trials})) or "no target knob"
+        if ESTIMATE_MARK in role:  # `advice.hold_estimates`: no variant's own value is compared
+            text += "an estimate, held at this run's value in every variant run: no knob is credited with changing it"
+        elif not advice.trials:  # nothing was tried: "no knob shortens it" could not have failed
+            text += "no target knob of this chip was tried"
+        elif best is None:
+            tried = ", ".join(sorted({t.knob.flag for t in advice.trials}))
             text += f"no knob shortens it by {short_percent(ROLE_GAIN_MIN)} or more without lengthening the step ({tried} tried)"
         else:
             trial, after = best
             new_step = trial.times.step_time_s
             entry.update(knob=trial.knob.flag, value=trial.value, new_time_s=after, new_step_s=new_step)
+            as_run = trial.times.as_run_s
+            held = (
+                f" with the estimate-only rows held at this run's; {seconds(as_run)} as run"
+                if as_run is not None and abs(as_run - new_step) > ROLE_GAIN_MIN * new_step
+                else ""
+            )
             text += (
                 f"{trial.knob.flag} {trial.value} would take it from {seconds(before)} to {seconds(after)} "
-                f"(step {seconds(step)} -> {seconds(new_step)})"
+                f"(step {seconds(step)} -> {seconds(new_step)}{held})"
             )
+            if not trial.fits:  # the base does not fit either (`_best`): both steps are if they fitted
+                reason = trial.failure.reason if trial.failure is not None else "does not fit"
+                text += f", if it fitted: with it the run does not fit either ({reason})"
         entry["text"] = text
         out.append(entry)
     report.why = out
