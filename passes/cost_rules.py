@@ -1100,7 +1100,8 @@ def _moves(op_type: str, params: tuple[int, ...] = (), **traits: Any) -> None:
 # views: free on every target (`OpTraits.shape_only`); layouts of a stored weight fold at compile time
 _VIEW = {"shape_only": True, "folds_on_weights": True, "keeps_values": True}
 _LAYOUT = (Role.LAYOUT,)  # RoPE's cos/sin tables flow through it to their multiplies (report roles)
-_PASSES = (Role.LAYOUT, Role.PASS_THROUGH)  # and softmax probabilities reach P·V through it
+_PASSES = (Role.LAYOUT, Role.PASS_THROUGH)  # and softmax probabilities reach P·V through it (a decode step
+# slices them into the cached part and the new part, each with its own P·V)
 
 _moves("Transpose", folds_on_weights=True, strided_view=True, cpu_class="Transpose", roles=_PASSES)
 _moves("Reshape", (1,), **_VIEW, roles=_PASSES, output_shape_input=1)
@@ -1110,8 +1111,8 @@ _moves("Unsqueeze", (1,), **_VIEW, roles=_LAYOUT)
 _moves("Identity", **_VIEW, roles=_PASSES)
 _moves("Dropout", (1, 2), shape_only=True, roles=(Role.PASS_THROUGH,))  # inference (training_mode false): the identity
 _moves("Concat", roles=_LAYOUT)
-_moves("Split", (1,))
-_moves("Slice", (1, 2, 3, 4), roles=_LAYOUT, identity_when_unchanged=True)
+_moves("Split", (1,), roles=_PASSES)
+_moves("Slice", (1, 2, 3, 4), roles=_PASSES, identity_when_unchanged=True)
 _moves("Expand", (1,), keeps_values=True, roles=_LAYOUT, output_shape_input=1, identity_when_unchanged=True)
 _moves("Tile", (1,))
 _moves("Pad", (1, 2, 3))

@@ -174,6 +174,21 @@ def test_decode_graph_inputs_outputs(small_decode):
     assert "Expand" not in {n.op_type for n in small_decode.graph.node}  # GQA: K/V heads never repeated
 
 
+def test_a_decode_steps_p_v_matmuls_are_the_attention_values(small_decode):
+    """A decode step slices its softmax into the cached part and the new part, each with its own
+    P·V: both are "attention values" (they were "attn: MatMul", the role walk stopping at the Slice),
+    as many as the attention scores."""
+    from collections import Counter
+
+    from dabench_ir.frontends.onnx import load_onnx
+    from dabench_ir.pipeline import profile_graph
+
+    report = profile_graph(load_onnx(small_decode), "h100")
+    roles = Counter(n.role for n in report.nodes if n.op_type == "MatMul")
+    values, scores = roles["layers.*.attn: attention values"], roles["layers.*.attn: attention scores"]
+    assert values == scores == 2 * SMALL.layers and not any(r and r.endswith("attn: MatMul") for r in roles)
+
+
 def test_decode_graph_hand_count(small_graph):
     cfg = SMALL
     graph, costs = small_graph, _costs(small_graph)
