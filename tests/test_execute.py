@@ -334,3 +334,23 @@ def test_a_measurement_refuses_what_would_describe_another_graph_than_the_one_ti
         resolve(graph, None, {"measure": True, **knobs})
     with pytest.raises(UserError, match=re.escape(words) if "give --target" not in words else "micro-batch"):
         resolve(graph, "cpu", {"measure": True, **knobs})
+
+
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_a_measured_runs_csv_gives_every_measured_second_a_row(tiny_matmul_path, tmp_path, target):
+    """onnxruntime's session time between its kernels is a row of its own in the CSV's measured column:
+    with ``-t cpu`` it was in the JSON's extra alone (the column summed to 24 of 43 µs), without a
+    target its row carried the time but not the measured time."""
+    import csv
+
+    from dabench_ir.cli import main
+
+    out = tmp_path / "m"
+    argv = ["profile", str(tiny_matmul_path), "--measure", "--repeat", "3", "-q", "--json", f"{out}.json"]
+    assert main([*argv, "--csv", f"{out}.csv", *(["-t", target] if target else [])]) == 0
+    with open(f"{out}.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    measured = json.loads((tmp_path / "m.json").read_text())["totals"]["measured_time_s"]
+    column = [float(r["measured_time_s"]) for r in rows if r["measured_time_s"]]
+    assert sum(column) == pytest.approx(measured, rel=1e-9)
+    assert any(r["kind"] == "overhead" and r["measured_time_s"] for r in rows)

@@ -334,8 +334,12 @@ def _csv_model_name(report: Report) -> str:
 
 def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
     """The CSV rows after the nodes: the overheads, then the overlap or remainder that makes the
-    ``time_s`` column sum to the step exactly (``math.fsum``); none for a report without a step."""
+    ``time_s`` column sum to the step exactly (``math.fsum``); none for a report without a step. A
+    measured run's own rows no node owns (onnxruntime's session time between its kernels) carry their
+    ``measured_time_s``, so that column sums to the measured step too."""
+    from dabench_ir.plan import row_bound
     from dabench_ir.report.attribution import overhead_rows
+    from dabench_ir.report.roles import overhead_role
 
     step = report.totals.get("time_s")
     if step is None:
@@ -346,12 +350,20 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
             "kind": "overhead",
             "name": r["role"],
             "op_type": "overhead",
-            "bound": "overhead",
+            "bound": r["bound"],
             "time_s": r["time_s"],
         }
         for r in overhead_rows(report)
     ]
-    times = [n.time_s for n in report.nodes if n.time_s is not None] + [r["time_s"] for r in rows]
+    measured = (report.extra.get("measurement") or {}).get("overheads_s") or {}
+    by_name = {row["name"]: row for row in rows}
+    for name, seconds in measured.items():
+        role = overhead_role(name)
+        if role not in by_name:
+            by_name[role] = {**head, "kind": "overhead", "name": role, "op_type": "overhead", "bound": row_bound(name)}
+            rows.append(by_name[role])
+        by_name[role]["measured_time_s"] = seconds
+    times = [n.time_s for n in report.nodes if n.time_s is not None] + [r["time_s"] for r in rows if "time_s" in r]
     rest = float(step) - math.fsum(times)
     if abs(rest) > 1e-12 * abs(step):
         for _ in range(8):  # the rounding of the subtraction: nudge until the column sums to the step exactly
