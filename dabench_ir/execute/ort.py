@@ -257,6 +257,7 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
     order: list[str] = []
     kernels: dict[str, list[str]] = {}
     stray: list[dict[str, float]] = [{} for _ in kept]
+    running_until = [0 for _ in kept]  # per run: where the host node event that runs now ends
     w = 0
     for event, parent in sorted(_with_parents(events), key=lambda pair: pair[0]["ts"]):
         ts = event["ts"]
@@ -280,6 +281,10 @@ def parse_profile(events: Sequence[dict], *, warmup: int = 0) -> OrtProfile:
             name = event["name"][: -len(_SUFFIX)]
             if _on_device(event):
                 seconds = 0.0  # its dur is the host's launch; its kernels carry the device time
+            elif ts + event["dur"] <= running_until[w] and ts < running_until[w]:
+                continue  # a node of an If, Loop or Scan's subgraph: its time is inside its parent node's
+            else:
+                running_until[w] = ts + event["dur"]
         per_run[w][name] = per_run[w].get(name, 0.0) + seconds
         if name not in op_types:
             args = (parent or event).get("args", {})
