@@ -135,7 +135,7 @@ def test_parse_profile_drops_warmup_and_takes_medians():
     events = [run(0, 100), node("a", 1, 90)]  # warm-up
     for i, (da, db) in enumerate([(10, 1), (30, 3), (20, 2)]):
         base = 1000 * (i + 1)
-        events += [run(base, 50), node("a", base + 1, da), node("b", base + 20, db)]
+        events += [run(base, 50), node("a", base + 1, da), node("b", base + 40, db)]
     prof = parse_profile(events, warmup=1)
     assert prof.node_times == {"a": pytest.approx(20e-6), "b": pytest.approx(2e-6)}
     # warm-median basis: kernel medians 20 + 2, plus the median run overhead (50-11, 50-33, 50-22) = 28
