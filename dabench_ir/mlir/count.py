@@ -910,26 +910,34 @@ class LinalgCostPass(Pass):
 def fold_weight_layouts(graph: Graph) -> None:
     """What a compiler computes once, at compile time, costs nothing a step, as on the ONNX path
     (`passes.FoldWeightLayouts`, its rule): a linear layer's ``Transpose(W)``, which the module
-    lowers to a ``linalg.transpose`` of the weight every step, and constant subgraphs. What a folded
-    weight layout hands on is the weight in its stored layout: its readers count those bytes as
-    weight bytes, not as the activation the module's copy was (the count reads a materialised
-    transpose as one)."""
+    lowers to a ``linalg.transpose`` of the weight every step, and constant subgraphs.
+
+    What a folded weight layout hands on is the weight as it is stored, laid out once: its readers
+    read the stored bytes the module's copy read (an fp8 weight's 1 B an element; none where a fused
+    int4 dequantisation counts the weight at its reader already) as weight bytes, in place of the
+    activation the copy wrote (at the widened dtype). Where the module has no copy (an int8 weight its
+    quantised matmul reads as it is stored) nothing moves: the readers counted the weight already."""
     from dabench_ir.passes.passes import FoldWeightLayouts
 
     FoldWeightLayouts()(graph)
     for node in graph.nodes:
         if meta.FOLDED not in node.meta:
             continue
+        copy = node.meta.get(COST)
         node.meta[COST] = Cost()
-        if not any(v in graph.values and graph.values[v].kind is ValueKind.WEIGHT for v in node.inputs):
+        if not isinstance(copy, Cost) or not any(
+            v in graph.values and graph.values[v].kind is ValueKind.WEIGHT for v in node.inputs
+        ):
             continue  # a constant subgraph's result (an accumulator's zero fill) is no weight
-        for out in node.outputs:
-            nbytes = graph.type_of(out).nbytes() if out in graph.values else 0
+        typed = [graph.type_of(out).nbytes() if out in graph.values else 0 for out in node.outputs]
+        for out, size in zip(node.outputs, typed, strict=True):
+            share = size / sum(typed) if sum(typed) else 0.0  # the copy's bytes, by output
+            written, stored = int(copy.act_bytes_out * share), int(copy.weight_bytes * share)
             for reader in graph.consumers.get(out, ()):
                 cost = reader.meta.get(COST)
-                if meta.FOLDED not in reader.meta and isinstance(cost, Cost) and cost.act_bytes_in >= nbytes > 0:
+                if meta.FOLDED not in reader.meta and isinstance(cost, Cost) and cost.act_bytes_in >= written > 0:
                     reader.meta[COST] = replace(
-                        cost, act_bytes_in=cost.act_bytes_in - nbytes, weight_bytes=cost.weight_bytes + nbytes
+                        cost, act_bytes_in=cost.act_bytes_in - written, weight_bytes=cost.weight_bytes + stored
                     )
 
 
