@@ -316,6 +316,39 @@ def test_matmul_bias_gelu_bytes_per_pass_against_a_hand_count():
     assert after["MatMul"] == before["MatMul"]
 
 
+MM_BIAS_MM = (  # two linear layers: MM1's batch_matmul and bias Add (both its node's), MM2's batch_matmul
+    f"func.func @main(%x: {T3}, %w: tensor<1x8x8xf32>, %b: tensor<8xf32>, %v: tensor<1x8x8xf32>) -> {T3} {{\n"
+    f"  %z = arith.constant 0.0 : f32\n  %e3 = tensor.empty() : {T3}\n"
+    f'  %f = linalg.fill ins(%z : f32) outs(%e3 : {T3}) -> {T3} loc("MM1")\n'
+    f'  %m = linalg.batch_matmul ins(%x, %w : {T3}, tensor<1x8x8xf32>) outs(%f : {T3}) -> {T3} loc("MM1")\n'
+    + _ew3("a", [("%m", T3, M3), ("%b", "tensor<8xf32>", B3)], "%r = arith.addf %x0, %x1 : f32", "MM1")
+    + f'  %f2 = linalg.fill ins(%z : f32) outs(%e3 : {T3}) -> {T3} loc("MM2")\n'
+    f'  %y = linalg.batch_matmul ins(%a, %v : {T3}, tensor<1x8x8xf32>) outs(%f2 : {T3}) -> {T3} loc("MM2")\n'
+    f"  return %y : {T3}\n}}\n"
+)
+
+
+def test_a_fused_op_splits_each_field_by_what_its_own_ops_held():
+    """MM1's bias Add fused into MM2's generalised matmul: the fused op's multiply-adds are MM2's
+    alone (its own op held them), the Add's arithmetic MM1's. Split by the two nodes' whole costs,
+    each holding 512 multiply-adds before, MM1 took half of MM2's (604 -> 906 / 302 MFLOP on GPT-2)."""
+    weights = frozenset({1, 2, 3})
+    module = _parse(MM_BIAS_MM)
+    counts0 = count_module(module, weight_args=weights)
+    before = split_by_nodes(counts0, {})[0]
+    record, counts = run_mlir_pipeline(
+        module, ["linalg-generalize-named-ops", "linalg-fuse-elementwise-ops"], weight_args=weights
+    )
+    assert any(set(c.origin.names) == {"MM1", "MM2"} and c.cost.contraction_flops for c in counts)  # fused
+    after, _ = split_by_nodes(counts, before, sources=record.sources, counts_before=counts0)
+    for node in ("MM1", "MM2"):
+        assert after[node].contraction_flops == before[node].contraction_flops == 2 * 4 * 8 * 8
+    # the bias add, now run once per reduction step of MM2's loop (8), is MM1's arithmetic
+    assert (after["MM1"].vector_flops, after["MM2"].vector_flops) == (8 * before["MM1"].vector_flops, 0)
+    by_whole = split_by_nodes(counts, before)[0]
+    assert by_whole["MM1"].contraction_flops != before["MM1"].contraction_flops  # what the old rule did
+
+
 M4, T4 = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>", "tensor<1x2x4x8xf32>"
 ROPE_INTO_QK = f"""func.func @main(%q: {T4}, %c: {T4}, %k: tensor<2x8x4xf32>) -> tensor<2x4x4xf32> {{
   %z = arith.constant 0.0 : f32

@@ -165,6 +165,23 @@ def test_split_residual_when_node_times_overlap():
     assert parts["fill_drain"]["speedup_alone"] == pytest.approx(4 / 3)
 
 
+def test_a_step_that_barely_moves_gives_its_parts_no_share_of_the_change():
+    """Parts that move 301 us against each other in a step that moves 427 ns had shares of 70,611 %:
+    under 1 % of the step (`SHARED_CHANGE_MIN`) a change has no shares; at 1 % and more it has."""
+
+    def rep(nodes, residual_step):
+        return {
+            "nodes": [{"name": "n", "op_type": "Add", "time_s": nodes}],
+            "overheads": {},
+            "totals": {"time_s": residual_step},
+        }
+
+    still = diff_reports(rep(2.23e-3, 138e-6), rep(1.92e-3, 138e-6 - 427e-9))
+    assert all(p["change_share"] is None for p in still["split"])
+    moved = diff_reports(rep(2.23e-3, 138e-6), rep(1.92e-3, 130e-6))
+    assert sum(p["change_share"] for p in moved["split"]) == pytest.approx(1.0)
+
+
 def test_torchs_placeholder_for_a_missing_module_stack_is_no_module():
     """torch writes ``_empty_nn_module_stack_from_metadata_hook`` as the module of a node whose module
     stack a model's hooks dropped (HF models): read as no module, never shown as a role of that name."""

@@ -609,22 +609,36 @@ def whole_shares(total: int, weights: Sequence[int]) -> list[int]:
     return out
 
 
-def split_by_nodes(counts: Sequence[Any], before: Mapping[str, Cost]) -> tuple[dict[str, Cost], dict[str, set[str]]]:
+def split_by_nodes(
+    counts: Sequence[Any],
+    before: Mapping[str, Cost],
+    *,
+    sources: Mapping[int, frozenset[int]] | None = None,
+    counts_before: Sequence[Any] = (),
+) -> tuple[dict[str, Cost], dict[str, set[str]]]:
     """Each op's cost onto the ONNX nodes its location names (the module doc's rule).
 
-    ``before``: each node's cost before the pipeline (the weights of the split). Returns the
-    cost per node and, per node, the other nodes it shares a fused op with."""
+    A fused op's cost is split, field by field, by what the ops it was made of held of that field
+    before the pipeline, per node: ``sources`` (a pipeline's `PipelineRecord.sources`, indices into
+    ``counts_before``), so a matmul's multiply-adds stay on its MatMul and a fused producer's
+    arithmetic goes to the producer's node (split by the nodes' whole costs, a MatMul whose bias add
+    was fused into the next MatMul's generic took half of that MatMul's 604 MFLOP). Where its ops
+    held none of a field, or without ``sources``, by ``before``: each node's cost before the
+    pipeline. Returns the cost per node and, per node, the other nodes it shares a fused op with."""
     out: dict[str, Cost] = {}
     shared: dict[str, set[str]] = {}
-    for c in counts:
+    for k, c in enumerate(counts):
         names = list(c.origin.names) or ([c.origin.name] if c.origin.name else ["unattributed"])
         if len(names) == 1:
             out[names[0]] = out.get(names[0], Cost()) + c.cost
             continue
-        parts = {
-            f.name: whole_shares(getattr(c.cost, f.name), [getattr(before.get(n, Cost()), f.name) for n in names])
-            for f in fields(Cost)
-        }
+        made_of = [counts_before[i] for i in (sources or {}).get(k, ())]
+
+        def weights(field: str, names: list[str] = names, made_of: list[Any] = made_of) -> list[int]:
+            held = [sum(getattr(op.cost, field) for op in made_of if op.origin.name == n) for n in names]
+            return held if sum(held) > 0 else [getattr(before.get(n, Cost()), field) for n in names]
+
+        parts = {f.name: whole_shares(getattr(c.cost, f.name), weights(f.name)) for f in fields(Cost)}
         for j, n in enumerate(names):
             out[n] = out.get(n, Cost()) + Cost(**{k: v[j] for k, v in parts.items()})
             shared.setdefault(n, set()).update(m for m in names if m != n)

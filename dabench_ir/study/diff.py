@@ -49,6 +49,10 @@ NODE_COLUMNS = (
 )
 """Keys of a node row of the diff (CSV column order)."""
 
+SHARED_CHANGE_MIN = 0.01
+"""The least change of a step, as a share of its time before, whose parts get shares of it
+(``change_share``): a smaller change is inside what the chip models tell apart, and the shares of
+it would be ratios of noise."""
 SPLIT_COLUMNS = ("part", "kind", "before_s", "after_s", "delta_s", "change_share", "speedup_alone")
 """Keys of a row of a run's ``split``: one for node time, one per overhead row, the residual."""
 
@@ -218,7 +222,8 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     node, overhead and residual time on each side) and one row per part (`SPLIT_COLUMNS`): the
     node time, every overhead row either side has (0 where the other lacks it) and
     ``step_residual`` when either side has one. The parts of each side add up to its step
-    time; ``change_share`` is the part's share of the step-time change and ``speedup_alone``
+    time; ``change_share`` is the part's share of the step-time change (None where the step moves by
+    less than `SHARED_CHANGE_MIN` of itself) and ``speedup_alone``
     the speedup if only that part had changed.
     """
     pb, pa = _parts(before), _parts(after)
@@ -242,6 +247,8 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     if r0 or r1:
         parts.append((RESIDUAL, "residual", r0, r1))
     change = float(t0) - float(t1)
+    if abs(change) < SHARED_CHANGE_MIN * float(t0):
+        change = 0.0  # the step barely moved: its parts' shares of that would be noise (70,611 % of 427 ns)
     rows = [
         {
             "part": name,

@@ -209,7 +209,7 @@ def mlir_runs(
                 names1[k] = names0[j]
             path1 = keep(module, f"{label}.{pipe.name}.mlir")
             prov = _provenance(names0, names1, counts1, record)
-            by_node1, shared = split_by_nodes(counts1, by_node0)
+            by_node1, shared = split_by_nodes(counts1, by_node0, sources=record.sources, counts_before=counts0)
             rows = _node_rows(base, by_node0, by_node1, shared, ops0, _ops_per_node(counts1))
             per_node.setdefault(pipe.name, {"before": by_node0, "after": by_node1, "shared": shared})
             doc = {

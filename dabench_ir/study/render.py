@@ -88,7 +88,7 @@ def split_table(run: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
             _t(t["time_before_s"]),
             _t(t["time_after_s"]),
             _dt(delta),
-            "100.0%" if delta else "-",
+            "100.0%" if any(p["change_share"] is not None for p in _split_rows(run)) else "-",
             _x(t.get("speedup_total", t.get("speedup"))),
         ]
     )
@@ -289,7 +289,7 @@ def _pass_lines(before: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -
 
 
 _MLIR_NODE_HEADERS = ["node", "op", "ops", "FLOPs", "bytes", "split with"]
-_MLIR_NODE_NOTE = "per ONNX node (a fused op's cost split by the nodes' costs before; docs/mlir.md):"
+_MLIR_NODE_NOTE = "per ONNX node (a fused op's cost split by what its ops held before, node by node; docs/mlir.md):"
 
 
 def _mlir_node_cells(rec: Mapping[str, Any], top: int, *, cap: int = 3) -> list[list[str]]:
