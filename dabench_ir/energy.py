@@ -355,9 +355,11 @@ class MultiChipEnergy:
         return self.dynamic_j + self.static_j + self.link_j
 
     def to_dict(self) -> dict[str, float | int]:
+        """The report's totals: its ``dynamic_energy_j`` holds the links' energy too, as a one-chip
+        report's does (`StepEnergy.dynamic_j`), so a report's energy is its dynamic and static parts."""
         return {
             "energy_j": self.total_j,
-            "dynamic_energy_j": self.dynamic_j,
+            "dynamic_energy_j": self.dynamic_j + self.link_j,
             "static_energy_j": self.static_j,
             "link_energy_j": self.link_j,
             "link_bytes": self.link_bytes,

@@ -34,6 +34,11 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
     a node's energy <= rated power x chips x its busy time;
 ``step_power``
     the step's energy <= rated power x chips x the step time;
+``energy_sum``
+    the step's energy is its dynamic (the links' energy among it) and static parts' sum;
+``energy_floor``
+    its dynamic and static energy >= every chip's static power x the step time (a multi-chip
+    step's energy is its chips', not one chip's);
 ``shares_sum``
     the shares a table states as shares of one total (role rows, the representative layer's
     rows) sum to 100 % on their basis;
@@ -99,6 +104,8 @@ INVARIANTS = (
     "step_time_critical_path",
     "node_power",
     "step_power",
+    "energy_sum",
+    "energy_floor",
     "speedup_linear",
     "stage_weight_reads",
     "shares_sum",
@@ -474,6 +481,31 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
                 watts * step,
                 f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W",
             )
+        yield from _energy_parts(ctx, totals, step, watts)
+
+
+def _energy_parts(ctx: _Context, totals: Mapping[str, Any], step: float, watts: float) -> Iterable[Violation]:
+    """``energy_sum`` and ``energy_floor``: a step's energy is its dynamic (the links' among it) and
+    static parts, and every chip of the step (rated ``watts`` over one chip's) draws its static
+    power the whole step."""
+    from dabench_ir.energy import energy_model
+
+    energy, dynamic, static = (finite_float(totals.get(k)) for k in ("energy_j", "dynamic_energy_j", "static_energy_j"))
+    if energy is None or dynamic is None or static is None:
+        return
+    parts = dynamic + static
+    if abs(energy - parts) > RTOL * max(abs(energy), abs(parts)):
+        yield Violation("energy_sum", "step", energy, parts, "energy_j is not its dynamic and static parts' sum")
+    chips = watts / float(ctx.target.watts) if ctx.target.watts else float(ctx.plan_chips)
+    floor = energy_model(ctx.target).static_watts * chips * step
+    if dynamic + static < floor * (1 - RTOL):
+        yield Violation(
+            "energy_floor",
+            "step",
+            dynamic + static,
+            floor,
+            f"{chips:g} chip(s) draw at least their static power, {floor / chips / step:.6g} W each, for {step:.6g} s",
+        )
 
 
 class _Chain(NamedTuple):

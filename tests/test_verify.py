@@ -207,6 +207,27 @@ def test_step_energy_above_rated_power():
     assert (v.where, v.value, v.limit) == ("step", 30.0, 25.0)
 
 
+def test_a_multi_chip_steps_energy_is_its_parts_and_every_chips_static_power():
+    """A 4-H100 step whose energy were one chip's, or not its dynamic and static parts' sum, broke no
+    invariant (`energy_floor`, `energy_sum`); a multi-chip report's dynamic energy held no link energy
+    where a one-chip report's does (the parts missed 63 uJ of a 2-chip training step's 160 mJ)."""
+    from dabench_ir.pipeline import profile_graph
+    from tests.lowering_graphs import decoder
+
+    options = {"mode": "train", "chips": 2, "strategy": "dp"}
+    report = profile_graph(decoder(layers=2, hidden=64, seq=16, batch=2), "h100", options)
+    t = report.totals
+    assert t["link_energy_j"] > 0 and verify(report) == []
+    assert t["energy_j"] == pytest.approx(t["dynamic_energy_j"] + t["static_energy_j"], rel=1e-12)
+    one_chip = {k: t[k] / 2 for k in ("energy_j", "dynamic_energy_j", "static_energy_j")}
+    (v,) = _only(dataclasses.replace(report, totals={**t, **one_chip}))["energy_floor"]
+    from dabench_ir.energy import energy_model
+
+    assert v.limit == pytest.approx(energy_model(report.target_obj).static_watts * 2 * t["time_s"], rel=1e-9)
+    (v,) = _only(dataclasses.replace(report, totals={**t, "energy_j": t["energy_j"] * 1.01}))["energy_sum"]
+    assert v.limit == pytest.approx(t["energy_j"])
+
+
 def test_shares_that_do_not_sum_to_one(monkeypatch):
     from dabench_ir.report import attribution
 
