@@ -373,3 +373,24 @@ def test_a_multi_chip_steps_communication_is_in_every_table_as_communication(str
     assert by_bound["communication"] >= comm
     assert sum(time_groups(report, "op_type").values()) == pytest.approx(summed_time(report))
     assert next(r for r in overhead_rows(report) if r["role"].endswith(row))["bound"] == "communication"
+
+
+def test_one_chips_figures_of_a_multi_chip_run_are_labelled_as_one_chips_everywhere():
+    """A 2-H100 tp report's allocation, load imbalance, efficiency and memory are one chip's placement;
+    its time, throughput, FLOP/s and energy the whole step's: compare's row and the text say which,
+    the JSON names memory and traffic among ``metrics.per_chip``, and its collectives count as
+    communication in the dominant bound (they were overhead)."""
+    from dabench_ir.pipeline import profile_graph
+    from dabench_ir.report.attribution import bound_shares
+    from dabench_ir.report.compare import PER_CHIP_NOTE, compare_reports, render_compare
+
+    graph = decoder(layers=2, hidden=256, seq=64, batch=4)
+    one = profile_graph(graph.clone(), "h100", ProfileOptions())
+    two = profile_graph(graph, "h100", {"chips": 2, "strategy": "tp"})
+    text = render_compare(compare_reports([one.to_dict(), two.to_dict()]))
+    rows = text.splitlines()
+    assert "/chip" not in rows[2] and rows[3].count(" /chip") == 3 and PER_CHIP_NOTE in text
+    assert {"memory_use", "traffic_bytes", "allocation_ratio"} <= set(two.to_dict()["metrics"]["per_chip"])
+    assert "memory     per device: " in render_table(two) and "per device" not in render_table(one)
+    data = two.to_dict()
+    assert bound_shares(data["nodes"], data["overheads"])["communication"] > 0

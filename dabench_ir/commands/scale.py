@@ -106,8 +106,8 @@ def render_scale(result) -> str:
         "efficiency",
         "comm",
         "bubble",
-        "alloc",
-        "LI",
+        "alloc/chip",
+        "LI/chip",
         "bound",
         "fits",
         "mem/device",
@@ -138,8 +138,8 @@ def render_scale(result) -> str:
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(
-        "  mem/device: what the most loaded device holds; J/sample: every device's energy and the links', "
-        "over the step's samples"
+        "  alloc/chip, LI/chip: one chip's placement; mem/device: what the most loaded device holds; "
+        "J/sample: every device's energy and the links', over the step's samples; the rest: the whole step"
     )
     crossing = [p.chips for p in result.points if p.crosses_nodes]
     if crossing and per_node:

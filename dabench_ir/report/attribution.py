@@ -125,8 +125,8 @@ def time_groups(report: Report, key: str) -> dict[Any, float]:
 
 
 def bound_shares(nodes: Sequence[Any], overheads: dict[str, float] | None = None) -> dict[str, float]:
-    """Share of the summed time (`TIME_BASIS`) per bound class, the overhead rows as the class
-    ``overhead``. ``nodes``: NodeRecords or report-JSON node dicts; ``overheads``: seconds by
+    """Share of the summed time (`TIME_BASIS`) per bound class, each overhead row under its own
+    (`plan.row_bound`). ``nodes``: NodeRecords or report-JSON node dicts; ``overheads``: seconds by
     name (the timeline's ``overheads_s``, the JSON's ``overheads``). Empty without times."""
     return shares_of_times(bound_times(nodes), overheads)
 
@@ -149,18 +149,20 @@ def bound_times(nodes: Sequence[Any]) -> dict[str, float]:
 
 
 def shares_of_times(times: dict[str, float], overheads: dict[str, float] | None = None) -> dict[str, float]:
-    """`bound_shares` from the node times of `bound_times` (not changed) and the overhead rows."""
-    extra = sum(float(v) for v in (overheads or {}).values() if v)
-    if extra:
-        times = dict(times)
-        times["overhead"] = times.get("overhead", 0.0) + extra
+    """`bound_shares` from the node times of `bound_times` (not changed) and the overhead rows, each
+    under its own bound class (`plan.row_bound`: a multi-chip step's collectives are communication)."""
+    times = dict(times)
+    for name, seconds in (overheads or {}).items():
+        if seconds:
+            times[row_bound(name)] = times.get(row_bound(name), 0.0) + float(seconds)
     total = sum(times.values())
     return {k: v / total for k, v in times.items()} if total else {}
 
 
 def dominant_bound(nodes: Sequence[Any], overheads: dict[str, float] | None = None) -> tuple[str | None, float | None]:
-    """The bound class with the largest share of the summed time, overheads counted as the class
-    ``overhead`` (a host-heavy step says overhead), and that share; (None, None) untimed."""
+    """The bound class with the largest share of the summed time, the rows no node owns under their
+    own (a host-heavy step says overhead, a collective-heavy one communication), and that share;
+    (None, None) untimed."""
     return dominant_of_shares(bound_shares(nodes, overheads))
 
 

@@ -342,6 +342,8 @@ _CHIP_METRICS = (
     "peak_flops_per_s",
     "roofline_bound",
     "target_power_w",
+    "memory_use",
+    "traffic_bytes",
 )
 """A multi-chip report's ``metrics`` that are one chip's placement (named in its ``metrics.per_chip``);
 its ``totals`` and the scaling figures (speedup, scaling efficiency, comm share) are the whole step's."""

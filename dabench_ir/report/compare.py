@@ -25,6 +25,7 @@ __all__ = [
     "COMPARE_COLUMNS",
     "LABEL_FIELDS",
     "PERIOD_NOTE",
+    "PER_CHIP_NOTE",
     "compare_reports",
     "dominant_bound",
     "estimated_warnings",
@@ -375,10 +376,22 @@ def is_period(row: Mapping[str, Any]) -> bool:
     return time_s is not None and latency_s is not None and latency_s > time_s * (1 + 1e-9)
 
 
+PER_CHIP_NOTE = (
+    "/chip: one chip's placement of a multi-chip run (its allocation, load imbalance, efficiency); its "
+    "time, throughput, FLOP/s and power are the whole step's, every chip together"
+)
+
+
+def per_chip(row: Mapping[str, Any]) -> bool:
+    """Whether the row is a multi-chip run, whose allocation, load imbalance and efficiency are one chip's."""
+    return int(row.get("chips") or 1) > 1
+
+
 def format_row(row: Mapping[str, Any]) -> dict[str, str]:
     """Display strings for one compare row (shared by the terminal table and the HTML page)."""
     fits = row.get("fits")
     bound = row.get("dominant_bound")
+    chip = " /chip" if per_chip(row) else ""
     return {
         "model": str(row.get("model") or "-"),
         "target": str(row.get("target") or "-"),
@@ -388,9 +401,9 @@ def format_row(row: Mapping[str, Any]) -> dict[str, str]:
         if row.get("throughput_samples_per_s") is None
         else human(row["throughput_samples_per_s"], "samples/s"),
         "FLOP/s": human(row.get("achieved_flops_per_s"), "FLOP/s"),
-        "alloc": percent(row.get("allocation_ratio")),
-        "LI": _num(row.get("load_imbalance")),
-        "eff": percent(row.get("compute_efficiency")),
+        "alloc": percent(row.get("allocation_ratio")) + chip,
+        "LI": _num(row.get("load_imbalance")) + chip,
+        "eff": percent(row.get("compute_efficiency")) + chip,
         "fits": "-" if fits is None else ("yes" if fits else "NO"),
         "dominant bound": "-" if bound is None else f"{bound} ({percent(row.get('dominant_bound_share'))})",
         "GOP/s/W": _num(row.get("gops_per_w")),
@@ -425,6 +438,8 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     out += [line(c) for c in cells]
     if any(is_period(r) for r in rows):
         out.append(PERIOD_NOTE)
+    if any(per_chip(r) for r in rows):
+        out.append(PER_CHIP_NOTE)
     failures = [r for r in rows if r.get("failure")]
     for r in failures:
         fix = f"; {r['fits_with']} makes it fit" if r.get("fits_with") else ""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dabench_ir import __version__
 
 from .attribution import comm_label
-from .compare import PERIOD_NOTE, format_row, is_period
+from .compare import PER_CHIP_NOTE, PERIOD_NOTE, format_row, is_period, per_chip
 from .model import NodeRecord, Report
 from .table import (
     SHARE_OF_FLOPS,
@@ -569,6 +569,7 @@ def render_compare_html(
         "eff: achieved / peak FLOP/s; dominant bound: the bound class (overhead rows counted as one) with the largest share of the summed time; "
         "GOP/s/W: achieved GFLOP/s per watt of the target's rated power."
         + (f" time {escape(PERIOD_NOTE)}" if any(is_period(r) for r in rows) else "")
+        + (f" {escape(PER_CHIP_NOTE)}" if any(per_chip(r) for r in rows) else "")
         + "</p></section>"
     )
     if errors:

@@ -403,7 +403,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
         if report.failure:
             out.append(st.red(f"  failure    {failure_text(report.failure)}"))
         if m.get("memory_use"):
-            out.append(f"  memory     {_memory_use(m['memory_use'])}")
+            per_device = "per device: " if "per_chip" in report.extra else ""  # one chip's placement's
+            out.append(f"  memory     {per_device}{_memory_use(m['memory_use'])}")
         out += [f"  note       {note}" for note in report.extra.get("notes", ())]  # the lowering's basis
     if t.get("time_s") is not None:
         pipelined = (t.get("latency_s") or 0) > t["time_s"] * (1 + 1e-9)  # consecutive steps overlap
