@@ -35,6 +35,7 @@ __all__ = [
     "Value",
     "ValueKind",
     "layer_from_scope",
+    "layer_wildcard",
     "model_path",
     "model_root",
     "module_kind",
@@ -263,7 +264,8 @@ class Node:
         return f"Node({self.name!r}, {self.qualified_op})"
 
 
-_LAYER_RE = re.compile(r"(?:^|[./:_])(?:layers|layer|h|blocks|block)[._](\d+)(?=$|[./:_])")
+_LAYER_RE = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[./_])(\d+)(?=$|[./:_])")
+"""A decoder-block container and its index in a scope or name (`layer_from_scope`, `layer_wildcard`)."""
 
 
 def walk_back(starts: Iterable[str], expand: Callable[[str], Iterable[str]], stop: Iterable[str] = ()) -> list[str]:
@@ -292,7 +294,17 @@ def layer_from_scope(scope: str) -> int | None:
     ``/`` separators as the dynamo and TorchScript exporters write them.
     """
     match = _LAYER_RE.search(scope)
-    return int(match.group(1)) if match else None
+    return int(match.group(2)) if match else None
+
+
+def layer_wildcard(scope: str) -> str:
+    """``scope`` with its block index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``
+    (every block's index, where the scope names several), by `layer_from_scope`'s rule."""
+    return _LAYER_RE.sub(_star, scope)
+
+
+def _star(match: re.Match[str]) -> str:
+    return match.group(1) + "*"  # a function: a template string is expanded anew per match, 2x slower
 
 
 MODULE_KINDS = ("attention", "mlp", "norm")

@@ -189,6 +189,27 @@ def test_a_scope_is_the_same_module_to_every_user():
     assert all(roles[n] == general_scope(module) or roles[n].endswith(": norms") for n, module in norms.items())
 
 
+@pytest.mark.parametrize(
+    ("scope", "layer", "wild"),
+    [
+        ("layers.3.mlp", 3, "layers.*.mlp"),
+        ("/layers/0/mlp", 0, "/layers/*/mlp"),  # the layer rule read only '.' and '_' after the container
+        ("/model/layers.2/self_attn", 2, "/model/layers.*/self_attn"),
+        ("transformer.h.5.mlp", 5, "transformer.h.*.mlp"),
+    ],
+)
+def test_a_scopes_block_is_one_answer_to_every_reader(scope, layer, wild):
+    """A node's layer (the loaders' `layer_from_scope`), its block (`module_of`, the lowerings' and tp's)
+    and the role's layer wildcard (`general_scope`, the report's) read one scope alike, whatever the
+    exporter's separators; its module kind too (the roles' own reading of the last part)."""
+    from dabench_ir.ir import layer_from_scope, module_of
+    from dabench_ir.report.roles import _scope_names, general_scope
+
+    assert layer_from_scope(scope) == module_of(scope).index == layer
+    assert general_scope(scope) == wild
+    assert _scope_names(scope) == (False, module_of(scope).kind == "mlp")
+
+
 # -- the peak a role's "of peak" divides by: the metrics' (the plan's precision) ---------------------
 
 

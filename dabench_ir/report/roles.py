@@ -22,7 +22,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from dabench_ir.ir import SCOPE_CACHE, Graph, Node, ValueKind, model_path, module_kind
+from dabench_ir.ir import SCOPE_CACHE, Graph, Node, ValueKind, layer_wildcard, model_path, module_kind, scope_parts
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Role, op_traits
 
@@ -31,8 +31,6 @@ __all__ = ["OVERHEAD_PREFIX", "general_scope", "node_roles", "overhead_role"]
 OVERHEAD_PREFIX = "overhead: "
 """Role of a step cost no node owns: ``overhead: section_reconfig``."""
 
-_LAYER_SUB = re.compile(r"((?:^|[./:_])(?:layers|layer|h|blocks|block)[._])(\d+)(?=$|[./:_])")
-
 _TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
 
 
@@ -40,11 +38,7 @@ _TABLE_NAME = re.compile(r"(?:^|[._])(cos|sin)")
 def general_scope(scope: str) -> str:
     """The scope with its layer index replaced by ``*``: ``layers.3.attn.q_proj`` -> ``layers.*.attn.q_proj``.
     Cached: the points of one model (and of its other layer counts) ask for the same scopes and weights."""
-    return _LAYER_SUB.sub(_star, scope)
-
-
-def _star(match: re.Match[str]) -> str:
-    return match.group(1) + "*"  # a function: a template string is expanded anew per match, 2x slower
+    return layer_wildcard(scope)
 
 
 def overhead_role(name: str) -> str:
@@ -253,7 +247,8 @@ def _pattern(
 def _scope_names(scope: str) -> tuple[bool, bool]:
     """Whether the last part of ``scope`` names a norm, and an MLP: once per scope (a 96-layer
     model's attention blocks ask it for every reshape and transpose)."""
-    kind = module_kind(scope.rsplit(".", 1)[-1])
+    parts = scope_parts(scope)
+    kind = module_kind(parts[-1]) if parts else None
     return kind == "norm", kind == "mlp"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .diff import NODE_COLUMNS, diff_reports, name_provenance
 from .pipelines import OnnxRewritePass, Pipeline, get_pipeline, pipeline_names, register_pipeline
-from .provenance import Provenance, module_of, provenance
+from .provenance import Provenance, module_label, provenance
 from .run import STUDY_SCHEMA, run_study, study_run
 
 __all__ = [
@@ -22,7 +22,7 @@ __all__ = [
     "Provenance",
     "diff_reports",
     "get_pipeline",
-    "module_of",
+    "module_label",
     "name_provenance",
     "pipeline_names",
     "provenance",

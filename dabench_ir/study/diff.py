@@ -26,7 +26,7 @@ from typing import Any
 
 from dabench_ir.ir import TOOL_DOMAIN, model_root
 
-from .provenance import Provenance, module_of, named_after
+from .provenance import Provenance, module_label, named_after
 
 __all__ = ["NODE_COLUMNS", "SPLIT_COLUMNS", "diff_reports", "name_provenance", "report_root", "speedup_split"]
 
@@ -94,11 +94,11 @@ def name_provenance(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping
     old_root, new_root = report_root(before), report_root(after)
     by_module: dict[str, list[Mapping[str, Any]]] = {}
     for n in new:
-        by_module.setdefault(module_of(n.get("scope"), n.get("layer"), new_root), []).append(n)
+        by_module.setdefault(module_label(n.get("scope"), n.get("layer"), new_root), []).append(n)
     for n in before:
         if n["name"] in out.method:
             continue
-        candidates = by_module.get(module_of(n.get("scope"), n.get("layer"), old_root))
+        candidates = by_module.get(module_label(n.get("scope"), n.get("layer"), old_root))
         if candidates:
             best = max(candidates, key=lambda c: _WEIGHT.get(str(c.get("op_class")), 0))
             out.members[best["name"]].append(n["name"])
@@ -144,9 +144,9 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
         else:
             status = "fused" if len(members) > 1 else "replaced"
         module = (
-            module_of(members[0].get("scope"), members[0].get("layer"), old_root)
+            module_label(members[0].get("scope"), members[0].get("layer"), old_root)
             if members
-            else module_of(n.get("scope"), n.get("layer"), new_root)
+            else module_label(n.get("scope"), n.get("layer"), new_root)
         )
         rows.append(
             {
@@ -177,7 +177,7 @@ def diff_reports(before: Mapping[str, Any], after: Mapping[str, Any], prov: Prov
                 "status": "folded" if prov.method.get(n["name"]) == "folded" else "removed",
                 "replaces": [n["name"]],
                 "provenance": [prov.method.get(n["name"], "removed")],
-                "module": module_of(n.get("scope"), n.get("layer"), old_root),
+                "module": module_label(n.get("scope"), n.get("layer"), old_root),
                 "flops_before": n.get("flops"),
                 "flops_after": 0,
                 "bytes_before": n.get("bytes"),
@@ -288,7 +288,7 @@ def _modules(
 
     def add(nodes: Sequence[Mapping[str, Any]], root: str, side: str) -> None:
         for n in nodes:
-            name = module_of(n.get("scope"), n.get("layer"), root)
+            name = module_label(n.get("scope"), n.get("layer"), root)
             empty = {"module": name, **dict.fromkeys(counts, 0), "time_before_s": 0.0, "time_after_s": 0.0}
             m = mods.setdefault(name, empty)
             m[f"nodes_{side}"] += 1

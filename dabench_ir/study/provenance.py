@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dabench_ir.ir import Graph, Node
 
-__all__ = ["Provenance", "module_of", "named_after", "provenance"]
+__all__ = ["Provenance", "module_label", "named_after", "provenance"]
 
 
-def module_of(scope: str | None, layer: int | None, root: str = "") -> str:
+def module_label(scope: str | None, layer: int | None, root: str = "") -> str:
     """The module of a node from its scope and layer, named below its model's root (``root``:
     `Graph.model_root`): `lowering.context.module_key`, alike for a model exported in a wrapper or not."""
     from dabench_ir.lowering.context import module_key
@@ -146,14 +146,14 @@ def provenance(before: Graph, after: Graph) -> Provenance:
                 changed = True
     by_module: dict[str, list[str]] = {}
     for node in new_nodes:  # 4. scope: a new node of the same module (its own scope or its members')
-        mods = Counter(module_of(src[m].scope, src[m].layer, old_root) for m, o in owner.items() if o == node.name)
-        module = mods.most_common(1)[0][0] if mods else module_of(node.scope, node.layer, new_root)
+        mods = Counter(module_label(src[m].scope, src[m].layer, old_root) for m, o in owner.items() if o == node.name)
+        module = mods.most_common(1)[0][0] if mods else module_label(node.scope, node.layer, new_root)
         by_module.setdefault(module, []).append(node.name)
     stored = {name for name, v in before.values.items() if v.kind.is_stored}
     for node in gone:
         if node.name in owner:
             continue
-        candidates = by_module.get(module_of(node.scope, node.layer, old_root))
+        candidates = by_module.get(module_label(node.scope, node.layer, old_root))
         if all(t in stored for t in node.inputs if t):
             out.method[node.name] = "folded"
             stored.update(t for t in node.outputs if t)
