@@ -41,6 +41,7 @@ __all__ = [
     "module_kind",
     "module_of",
     "scope_parts",
+    "value_bytes",
     "walk_back",
 ]
 
@@ -285,6 +286,14 @@ def walk_back(starts: Iterable[str], expand: Callable[[str], Iterable[str]], sto
         order.append(tensor)
         todo.extend(t for t in expand(tensor) if t)
     return order
+
+
+def value_bytes(graph: Graph, name: str, default: int = 0) -> int:
+    """Bytes of a value with the graph's bindings, or ``default`` when its shape is unknown."""
+    try:
+        return graph.type_of(name).nbytes()
+    except (UnboundSymbolError, KeyError):
+        return default
 
 
 def layer_from_scope(scope: str) -> int | None:

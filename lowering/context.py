@@ -13,8 +13,7 @@ from collections.abc import Callable, Hashable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import Cost, DType, Graph, Node, model_path, module_of
+from dabench_ir.ir import Cost, DType, Graph, Node, model_path, module_of, value_bytes
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import ESTIMATED_NOTE, traits_of
 from dabench_ir.passes.precision import graph_compute_dtype
@@ -228,14 +227,6 @@ def _cache_inputs(ctx: LoweringContext) -> frozenset[str]:
     from dabench_ir.passes.precision import cache_inputs as of_graph
 
     return frozenset(of_graph(ctx.graph))
-
-
-def value_bytes(graph: Graph, name: str, default: int = 0) -> int:
-    """Bytes of a value with the graph's bindings, or ``default`` when its shape is unknown."""
-    try:
-        return graph.type_of(name).nbytes()
-    except (UnboundSymbolError, KeyError):
-        return default
 
 
 def stored_root(graph: Graph, name: str) -> str:

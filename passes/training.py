@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dabench_ir.errors import UnboundSymbolError
-from dabench_ir.ir import TOOL_DOMAIN, Cost, DType, Graph, Node, ValueKind
+from dabench_ir.ir import TOOL_DOMAIN, Cost, DType, Graph, Node, ValueKind, value_bytes
 from dabench_ir.options import RECOMPUTE
 
 from . import meta
@@ -183,13 +183,6 @@ def _is_activation(graph: Graph, name: str) -> bool:
     )
 
 
-def _nbytes(graph: Graph, name: str) -> int:
-    try:
-        return graph.type_of(name).nbytes()
-    except (UnboundSymbolError, KeyError):
-        return 0
-
-
 def saved_for_backward(graph: Graph, node: Node, needs: set[str], traits: OpTraits | None = None) -> dict[str, int]:
     """What autograd keeps of ``node`` for the backward pass: value name -> bytes (extra
     per-row statistics under a ``name#stats`` key). Nothing when no gradient flows through it.
@@ -212,20 +205,20 @@ def saved_for_backward(graph: Graph, node: Node, needs: set[str], traits: OpTrai
         for i, name in enumerate(ops):
             partner = ops[1 - i] if len(ops) == 2 else None
             if _is_activation(graph, name) and (partner is None or partner in needs):
-                saved[name] = _nbytes(graph, name)
+                saved[name] = value_bytes(graph, name)
     elif saves is Saves.OUTPUT:
         out = node.outputs[0] if node.outputs else ""
         if out:
-            saved[out] = _nbytes(graph, out)
+            saved[out] = value_bytes(graph, out)
     elif saves is Saves.INPUT_AND_STATS:
         x = ins[0]
-        saved[x] = _nbytes(graph, x)
+        saved[x] = value_bytes(graph, x)
         size = graph.values[x].type.dtype.itemsize if x in graph.values else 4
         saved[f"{x}#stats"] = 2 * 4 * (saved[x] // max(size, 1) // _last_dim(graph, x))  # mean and 1/σ, fp32
     elif saves is Saves.INPUTS:  # elementwise with a data-dependent derivative: its activation inputs
         for name in ins:
             if _is_activation(graph, name):
-                saved[name] = _nbytes(graph, name)
+                saved[name] = value_bytes(graph, name)
     return saved
 
 
@@ -346,12 +339,14 @@ class FusedAttentionPass(Pass):
                 node.meta[meta.CAUSAL_SHARE] = causal[cid]
             if cost is None:
                 continue
-            drop_in = sum(_nbytes(graph, v) for v in node.inputs if v in internal)
-            drop_out = sum(_nbytes(graph, v) for v in node.outputs if v in internal)
+            drop_in = sum(value_bytes(graph, v) for v in node.inputs if v in internal)
+            drop_out = sum(value_bytes(graph, v) for v in node.outputs if v in internal)
             # at most what crosses the core's boundary: the intermediates a linalg-level node counts
             # inside itself (QKᵀ's scaling, a softmax's max, exp, sum and divide) stay on chip too
-            crossing_in = sum(_nbytes(graph, v) for v in node.inputs if _is_activation(graph, v) and v not in internal)
-            crossing_out = sum(_nbytes(graph, v) for v in node.outputs if v and v not in internal)
+            crossing_in = sum(
+                value_bytes(graph, v) for v in node.inputs if _is_activation(graph, v) and v not in internal
+            )
+            crossing_out = sum(value_bytes(graph, v) for v in node.outputs if v and v not in internal)
             node.meta[meta.COST] = Cost(
                 contraction_flops=cost.contraction_flops,
                 vector_flops=cost.vector_flops,
@@ -405,18 +400,18 @@ def op_checkpoint_keeps(graph: Graph, cores: Mapping[str, int]) -> tuple[dict[st
         keep: dict[str, int] = {}
         for name in node.inputs:  # the block's input, kept by the checkpoint wrapper
             if name and _is_activation(graph, name) and producer_layer.get(name) != layer:
-                keep[name] = _nbytes(graph, name)
+                keep[name] = value_bytes(graph, name)
         out = node.outputs[0] if node.outputs else ""
         if node.name in cores and out:
             if not any(o in internal for o in node.outputs):  # the kernel's output O
-                keep[out] = _nbytes(graph, out)
+                keep[out] = value_bytes(graph, out)
             elif traits.saves is Saves.OUTPUT:  # the softmax's log-sum-exp, one fp32 per score row
                 itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
-                keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
+                keep[f"{out}#lse"] = 4 * (value_bytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
         elif _weight_matmul(graph, node, traits) and out:
             count[layer] = count.get(layer, 0) + 1
             if count[layer] % 2 == 1:  # "except every second mm"
-                keep[out] = _nbytes(graph, out)
+                keep[out] = value_bytes(graph, out)
             else:
                 recomputed.add(node.name)
         else:
@@ -505,10 +500,10 @@ class TrainingPass(Pass):
                 if node.name in fused and node.outputs and (last or traits.saves is Saves.OUTPUT):
                     out = node.outputs[0]
                     if last:  # the kernel's output O
-                        keep[out] = _nbytes(graph, out)
+                        keep[out] = value_bytes(graph, out)
                     else:  # the softmax's log-sum-exp, one fp32 per score row
                         itemsize = graph.values[out].type.dtype.itemsize if out in graph.values else 4
-                        keep[f"{out}#lse"] = 4 * (_nbytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
+                        keep[f"{out}#lse"] = 4 * (value_bytes(graph, out) // max(itemsize, 1) // _last_dim(graph, out))
             if node.name in op_keeps:  # a checkpointed block under the per-op policy
                 keep = dict(op_keeps[node.name])
             # its forward runs again in backward (under op also a block's ops no gradient flows

@@ -437,15 +437,15 @@ def _fmt(x: Any) -> str:
 def _validation_cell(result: DemoResult, stem: str, report: Any) -> str:
     """The target's median validation errors, cross-validated then over all points; the measured
     host run says its own instead."""
+    from dabench_ir.report.table import percent
+
     if report.measured_timeline is not None or report.extra.get("measurement"):
         err = (report.metrics.get("prediction_error") or {}).get("end_to_end_rel_error")
-        return "measured" if err is None else f"{100 * abs(err):.1f}% (measured here)"
+        return "measured" if err is None else f"{percent(abs(err))} (measured here)"
     errors = result.validation.get(stem)
     if errors is None:
         return "-"
-    cv = "-" if errors.cross_validated is None else f"{100 * errors.cross_validated:.1f}%"
-    every = "-" if errors.all_points is None else f"{100 * errors.all_points:.1f}%"
-    return f"{cv} cv, {every} all"
+    return f"{percent(errors.cross_validated)} cv, {percent(errors.all_points)} all"
 
 
 def render_side_by_side(result: DemoResult) -> str:

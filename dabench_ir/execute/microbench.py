@@ -608,7 +608,8 @@ def _time_node(model: onnx.ModelProto, feeds: dict[str, Any], *, threads: int, m
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.log_severity_level = 4  # fatal only: a node that fails to load raises, and its profile-less end logs an error
+        # fatal only: a node that fails to load raises, and its profile-less end logs an error
+        so.log_severity_level = 4
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         for _ in range(_WARMUP):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dabench_ir.errors import UserError
-from dabench_ir.schema import FINITE, check, finite_float
+from dabench_ir.schema import FINITE, check, finite_float, is_number
 from dabench_ir.sweep.results import LABEL_COLUMNS, METRIC_COLUMNS
 
 __all__ = [
@@ -73,17 +73,13 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _match_one(have: Any, want: Any) -> bool:
     if isinstance(want, Mapping):
         if have is None:
             return False
-        if "min" in want and not (_is_number(have) and have >= want["min"]):
+        if "min" in want and not (is_number(have) and have >= want["min"]):
             return False
-        if "max" in want and not (_is_number(have) and have <= want["max"]):
+        if "max" in want and not (is_number(have) and have <= want["max"]):
             return False
         if "in" in want and _norm(have) not in [_norm(v) for v in want["in"]]:
             return False
@@ -155,7 +151,7 @@ def group_label(row: Row, group: str | Sequence[str]) -> str:
 
 def axis_sort_key(value: Any) -> tuple[int, Any]:
     """Numbers in order, anything else after them by its text."""
-    return (0, value) if _is_number(value) else (1, str(value))
+    return (0, value) if is_number(value) else (1, str(value))
 
 
 def label_sort_key(label: str) -> tuple[tuple[int, Any], ...]:

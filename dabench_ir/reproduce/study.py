@@ -27,6 +27,7 @@ from dabench_ir.reproduce import kinds as K
 from dabench_ir.reproduce.bands import NO_FIGURE, Grading, grade
 from dabench_ir.reproduce.counterfactual import Counterfactual, needed_points, parse_counterfactual
 from dabench_ir.reproduce.rows import METRICS, REDUCERS, check_selector, group_label, label_sort_key, matches
+from dabench_ir.schema import is_number
 from dabench_ir.sweep.spec import MAX_POINTS, Point, SweepSpec, bundled_tomls, parse_spec, point_count, read_named_toml
 
 __all__ = ["Finding", "PlotSpec", "Study", "bundled_studies", "load_study", "parse_study"]
@@ -150,10 +151,6 @@ class Study:
 
 
 # -- checking fields ---------------------------------------------------------------------------
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _params_of(spec: SweepSpec) -> set[str]:
     return {k for p in spec.points for k in p.params}
 
@@ -261,7 +258,7 @@ def _check_paper_points(value: Any, where: str) -> list[dict[str, Any]]:
             raise UserError(f"{where} #{i + 1}: unknown key {sorted(extra)[0]!r} for a paper {shape}")
         numbers = [p[k] for k in (keys | optional) & set(p)]
         numbers = [x for v in numbers for x in (v if isinstance(v, list) else [v])]
-        if not numbers or not all(_is_number(x) and math.isfinite(x) for x in numbers):
+        if not numbers or not all(is_number(x) and math.isfinite(x) for x in numbers):
             raise UserError(f"{where} #{i + 1}: {', '.join(sorted(keys | optional & set(p)))} must be finite numbers")
         span = p.get("hspan")
         if shape == "band" and (not isinstance(span, list) or len(span) != 2 or span[0] > span[1]):
@@ -274,7 +271,7 @@ def _check_paper_bars(value: Any, where: str) -> dict[str, Any]:
         raise UserError(f"{where}: expected a table of label = number")
     for k, v in value.items():
         inner = v.values() if isinstance(v, Mapping) else [v]
-        if not all(_is_number(x) for x in inner):
+        if not all(is_number(x) for x in inner):
             raise UserError(f"{where}: {k} = {v!r}: expected a number (or a table of label = number)")
     return dict(value)
 
@@ -421,9 +418,9 @@ def _check_expect(f: Finding, base: list[Point], group: Any, where: str) -> None
 
 
 def _check_paper(value: Any, where: str) -> Any:
-    if isinstance(value, str) or (_is_number(value) and math.isfinite(value)):
+    if isinstance(value, str) or (is_number(value) and math.isfinite(value)):
         return value
-    if isinstance(value, list) and len(value) == 2 and all(_is_number(v) and math.isfinite(v) for v in value):
+    if isinstance(value, list) and len(value) == 2 and all(is_number(v) and math.isfinite(v) for v in value):
         if value[0] > value[1]:
             raise UserError(f"{where}: paper range [{value[0]}, {value[1]}] is reversed (low > high)")
         return list(value)

@@ -6,7 +6,6 @@ README.md and docs/validation.md); a bad file is a UserError naming the file, po
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 from dabench_ir.errors import UserError, did_you_mean
 from dabench_ir.options import FLOAT_PRECISIONS as _PRECISIONS
 from dabench_ir.options import KV_PRECISIONS, MAX_LAYERS, PRECISIONS
+from dabench_ir.schema import is_number
 from dabench_ir.targets import HOST
 
 __all__ = [
@@ -363,7 +363,7 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
                     check_kernel_table(table)
                 except UserError as exc:
                     raise bad(f"measured.{key}", str(exc)) from None
-        elif not _is_number(value) or value <= 0:
+        elif not is_number(value) or value <= 0:
             raise bad(f"measured.{key}", f"expected a positive number, got {value!r}")
         elif key in _MEASURED_FRACTIONS and value > 1:
             raise bad(f"measured.{key}", f"{value!r} is a share of a whole, in (0, 1]; give 0.75 for 75 %")
@@ -404,10 +404,6 @@ def _parse_point(name: str, index: int, entry: Any) -> Point:
         generate=dict(generate),
         holdout=entry.get("holdout", False),
     )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _parse_host_point(name: str, entry: Mapping[str, Any], bad: Callable[[str, str], UserError]) -> Point:

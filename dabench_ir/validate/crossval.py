@@ -38,6 +38,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dabench_ir.report.table import percent
 from dabench_ir.validate.catalog import Point
 from dabench_ir.validate.fit import counts, fit, informed_by, with_values
 from dabench_ir.validate.results import PointResult, Validation
@@ -269,8 +270,8 @@ class CrossValidation:
         for target, cv in self.targets.items():
             s = cv.stats()
             lines.append(
-                f"{target:8s} {s['compared']:8d} {s['points']:6d} {_pc(s['median_abs_error']):>9s} "
-                f"{_pc(s['worst_abs_error']):>9s} {len(cv.wrong_fits):7d} {cv.refitted:6d} {len(cv.unscored):6d}"
+                f"{target:8s} {s['compared']:8d} {s['points']:6d} {percent(s['median_abs_error']):>9s} "
+                f"{percent(s['worst_abs_error']):>9s} {len(cv.wrong_fits):7d} {cv.refitted:6d} {len(cv.unscored):6d}"
             )
             if cv.stale:
                 notes.append(f"  {target}: {cv.stale}")
@@ -293,7 +294,7 @@ class CrossValidation:
                 notes.append(f"  {target}: {param} not identified: its fold values span {spread:.0%} (> {MOVED:.0%})")
             if len(cv.by_source) > 1:  # which source a target's errors come from
                 parts = [
-                    f"{source} {s['compared']}: {_pc(s['median_abs_error'])} / {_pc(s['worst_abs_error'])}"
+                    f"{source} {s['compared']}: {percent(s['median_abs_error'])} / {percent(s['worst_abs_error'])}"
                     for source, s in sorted(s["by_source"].items(), key=lambda item: -item[1]["worst_abs_error"])
                 ]
                 notes.append(f"  {target} by source (compared: median / worst): {'; '.join(parts)}")
@@ -440,7 +441,3 @@ def _moved(target: str, folds: Any) -> dict[str, float]:
             seen.setdefault(param, [quantities[param].value]).append(value)
     spread = {p: max(v) / min(v) - 1 if min(v) > 0 else math.inf for p, v in seen.items() if max(v) > 0}
     return {p: s for p, s in spread.items() if s > MOVED}
-
-
-def _pc(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from dabench_ir.report.table import percent
 from dabench_ir.validate.catalog import HEADLINE, Point
 
 __all__ = ["CannotRun", "PointResult", "Quantity", "Validation"]
@@ -205,9 +206,9 @@ class Validation:
         for target, s in self.summary().items():
             lines.append(
                 f"{target:8s} {s['points']:6d} {s['ran']:4d} {s['cannot_run']:5d} {s['reference_only']:4d} "
-                f"{s['fit_right']:6d} {s['fit_wrong']:7d} {s['not_predicted']:6d} {_pc(s['median_abs_error']):>9s} "
-                f"{_pc(s['worst_abs_error']):>9s} {_pc(s['median_abs_error_throughput']):>8s} "
-                f"{_pc(s['worst_abs_error_throughput']):>8s}"
+                f"{s['fit_right']:6d} {s['fit_wrong']:7d} {s['not_predicted']:6d} {percent(s['median_abs_error']):>9s} "
+                f"{percent(s['worst_abs_error']):>9s} {percent(s['median_abs_error_throughput']):>8s} "
+                f"{percent(s['worst_abs_error_throughput']):>8s}"
             )
         lines.append("")
         lines.append(
@@ -218,9 +219,9 @@ class Validation:
             for name in ("in_sample", "out_of_sample"):
                 g = s[name]
                 lines.append(
-                    f"{target:8s} {name.replace('_', ' '):13s} {g['compared']:8d} {_pc(g['median_abs_error']):>9s} "
-                    f"{_pc(g['worst_abs_error']):>9s} {_pc(g['median_abs_error_throughput']):>8s} "
-                    f"{_pc(g['worst_abs_error_throughput']):>8s}"
+                    f"{target:8s} {name.replace('_', ' '):13s} {g['compared']:8d} {percent(g['median_abs_error']):>9s} "
+                    f"{percent(g['worst_abs_error']):>9s} {percent(g['median_abs_error_throughput']):>8s} "
+                    f"{percent(g['worst_abs_error_throughput']):>8s}"
                 )
         if self.cross_validation is not None:
             lines += [
@@ -251,10 +252,6 @@ def _num(value: float | None) -> str:
     if value == 0 or 1e-3 <= abs(value) < 1e6:
         return f"{value:.4g}"
     return f"{value:.3e}"
-
-
-def _pc(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 class CannotRun(Exception):

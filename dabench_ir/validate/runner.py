@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dabench_ir.errors import UserError
+from dabench_ir.report.table import percent
 from dabench_ir.validate.cache import GraphCache, Say, graph_key
 from dabench_ir.validate.catalog import (
     MEASURED_FILES,
@@ -202,17 +203,14 @@ def _run_host(p: Point, result: PointResult, graphs: GraphCache) -> None:
     e = h.error
     result.quantities.append(Quantity("step_time_s", h.measured_s, h.predicted_s, f"{h.label}; repeat {h.repeat}"))
 
-    def pc(x: Any) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
     result.notes.append(
-        f"nodes >= 1% of time: {e['nodes_compared']}, median |error| {pc(e['median_node_rel_error'])}, "
-        f"p90 {pc(e['p90_node_rel_error'])}; {e.get('nodes_within_noise')} within their noise"
+        f"nodes >= 1% of time: {e['nodes_compared']}, median |error| {percent(e['median_node_rel_error'])}, "
+        f"p90 {percent(e['p90_node_rel_error'])}; {e.get('nodes_within_noise')} within their noise"
     )
     verdict = "within" if e.get("end_to_end_within_noise") else "beyond"
     result.notes.append(
-        f"noise (IQR/median): end to end {pc(e.get('end_to_end_spread'))}, median node "
-        f"{pc(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
+        f"noise (IQR/median): end to end {percent(e.get('end_to_end_spread'))}, median node "
+        f"{percent(e.get('median_node_spread'))}; the end-to-end error is {verdict} noise"
     )
     result.host = {"label": h.label, "repeat": h.repeat, **e}
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dabench_ir.report.table import percent
 from dabench_ir.validate.catalog import HEADLINE, Point
 from dabench_ir.validate.results import PointResult, Validation
 
@@ -215,7 +216,7 @@ def regressions(
                 continue
             cur = new["abs_errors"].get(name)
             if cur is None:
-                problems.append(f"{pid}: {name} was predicted (|error| {err:.1%}), is not now")
+                problems.append(f"{pid}: {name} was predicted (|error| {percent(err)}), is not now")
             elif cur > err * (1 + rel_tol) + abs_tol:
-                problems.append(f"{pid}: {name} |error| {cur:.1%} is worse than the pinned {err:.1%}")
+                problems.append(f"{pid}: {name} |error| {percent(cur)} is worse than the pinned {percent(err)}")
     return problems
