@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -712,6 +713,20 @@ def export_options(options: ExportOptions | None, overrides: dict) -> ExportOpti
         raise TypeError(f"export: {exc} (the options are ExportOptions' fields)") from None
 
 
+def _save_with_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """``proto`` at ``path`` with its weights in ``PATH.data`` beside it, each file written whole in a
+    folder of its own first and moved into place (onnx refuses to write over an existing data file:
+    a second export to the same path had failed after minutes of work)."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        onnx.save_model(proto, str(staged), save_as_external_data=True, location=data.name)
+        os.replace(staged.with_name(data.name), data)
+        os.replace(staged, path)
+
+
 def export_model(
     cfg: ModelConfig,
     path: str | Path,
@@ -742,7 +757,6 @@ def export_model(
         return ExportResult(path, format, mode, names, time.perf_counter() - start)
     if format != "onnx":
         raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")
-    import onnx
 
     proto = export_onnx(cfg, o, progress=progress)
     mode = next(p.value for p in proto.metadata_props if p.key == "dabench.weights_mode")
@@ -750,7 +764,7 @@ def export_model(
     if progress:
         progress(f"writing {path}")
     if proto.ByteSize() > _EXTERNAL_DATA_BYTES:
-        onnx.save_model(proto, str(path), save_as_external_data=True, location=path.name + ".data")
+        _save_with_external_data(proto, path)
     else:
         from dabench_ir.fileio import write_with
 

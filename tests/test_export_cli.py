@@ -115,3 +115,19 @@ def test_a_bad_byte_size_is_refused_alike(text, capsys):
     assert f"not a size: {text!r}" in capsys.readouterr().err
     assert main(["profile", "gpt2-small", "--max-weight-bytes", text]) == 2
     assert f"not a size: {text!r}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_model_with_external_data_exports_again_over_itself(tmp_path, monkeypatch) -> None:
+    """Weights above protobuf's cap go to PATH.data: onnx refuses to write over an existing data file,
+    so the same export twice failed with a traceback after the work (a 439 M-parameter model: 27 s)."""
+    onnx = pytest.importorskip("onnx")
+    from dabench_ir.models import export
+
+    monkeypatch.setattr(export, "_EXTERNAL_DATA_BYTES", 1000)  # a tiny model takes the large path
+    argv = ["export", "--family", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "4", "--seq", "8"]
+    path = tmp_path / "m.onnx"
+    for _ in range(2):
+        assert main([*argv, "--weights", "random", "-o", str(path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    onnx.checker.check_model(str(path), full_check=True)
