@@ -714,17 +714,17 @@ def export_options(options: ExportOptions | None, overrides: dict) -> ExportOpti
 
 
 def _save_with_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """``proto`` at ``path`` with its weights in ``PATH.data`` beside it, each file written whole in a
-    folder of its own first and moved into place (onnx refuses to write over an existing data file:
-    a second export to the same path had failed after minutes of work)."""
+    """``proto`` at ``path`` with its weights in ``PATH.data`` beside it, both written in a folder of
+    their own and moved into place. onnx refuses a data file name that exists relative to the working
+    directory (not the model's folder): an export run in its output folder failed over its own earlier
+    file after minutes of work; in the empty folder the name is free."""
     import onnx
 
     data = path.with_name(path.name + ".data")
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        onnx.save_model(proto, str(staged), save_as_external_data=True, location=data.name)
-        os.replace(staged.with_name(data.name), data)
-        os.replace(staged, path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp, contextlib.chdir(tmp):
+        onnx.save_model(proto, path.name, save_as_external_data=True, location=data.name)
+        os.replace(data.name, data.absolute())
+        os.replace(path.name, path.absolute())
 
 
 def export_model(

@@ -119,12 +119,14 @@ def test_a_bad_byte_size_is_refused_alike(text, capsys):
 
 @pytest.mark.slow
 def test_a_model_with_external_data_exports_again_over_itself(tmp_path, monkeypatch) -> None:
-    """Weights above protobuf's cap go to PATH.data: onnx refuses to write over an existing data file,
-    so the same export twice failed with a traceback after the work (a 439 M-parameter model: 27 s)."""
+    """Weights above protobuf's cap go to PATH.data: onnx refuses a data file name that exists relative
+    to the working directory, so the same export twice in its output folder failed with a traceback
+    after the work (a 439 M-parameter model: 27 s)."""
     onnx = pytest.importorskip("onnx")
     from dabench_ir.models import export
 
     monkeypatch.setattr(export, "_EXTERNAL_DATA_BYTES", 1000)  # a tiny model takes the large path
+    monkeypatch.chdir(tmp_path)  # onnx looks for the data file's name relative to the working directory
     argv = ["export", "--family", "gpt2", "--layers", "1", "--hidden", "32", "--heads", "4", "--seq", "8"]
     path = tmp_path / "m.onnx"
     for _ in range(2):
