@@ -399,3 +399,37 @@ def test_the_nodes_of_an_if_branch_are_timed_inside_their_if_not_beside_it(tmp_p
     assert set(result.node_times) == {"cmp", "iff"} and not result.unmatched
     assert "onnxruntime_only_nodes" not in result.overheads_s
     assert result.run_time_s == pytest.approx(sum(result.node_times.values()) + sum(result.overheads_s.values()))
+
+
+def test_a_measured_summary_says_how_many_nodes_doing_work_went_unmeasured(tmp_path):
+    """onnxruntime's optimiser folds an If on a constant condition: the node has bytes but no measured
+    time, and the summary said nothing of it (its row showed '-' beside a note)."""
+    from dabench_ir.api import profile
+    from dabench_ir.report.table import render_table
+
+    ty = [4, 16]
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.ones(ty, np.float32)))],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, ty)],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["mm"], name="mm"),
+            helper.make_node("Constant", [], ["cond"], name="cond", value=numpy_helper.from_array(np.array(True))),
+            helper.make_node("If", ["cond"], ["f"], name="iff", then_branch=branch, else_branch=branch),
+            helper.make_node("Add", ["mm", "f"], ["Y"], name="add"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ty)],
+        [numpy_helper.from_array(np.ones((16, 16), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "if.onnx"
+    onnx.save(model, path)
+    report = profile(str(path), measure=True, ort_opt=True, repeat=3)
+    line = next(x for x in render_table(report, color=False).splitlines() if x.strip().startswith("unmeasured"))
+    assert "1 node(s) doing work have no measured time" in line and "constant-folded" in line

@@ -436,6 +436,8 @@ def _summary(report: Report, st: _Style) -> list[str]:
             f"{_fmt(m.get('load_imbalance'))}, efficiency {percent(m.get('compute_efficiency'))} of peak"
             + ("" if report.fits is not False else " if it fitted")
         )
+    if report.extra.get("measurement"):
+        out += _unmeasured(report)
     err = m.get("prediction_error")
     if err:
         out.append(f"  predicted  {prediction_text(err)}")
@@ -447,6 +449,20 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
+
+
+def _unmeasured(report: Report) -> list[str]:
+    """A measured run's nodes that do work (FLOPs or bytes) but have no measured time (folded at compile
+    time, a training graph's loss and optimizer, a node onnxruntime ran inside another): how many and
+    how much, with their notes' reasons, so no work is silently left out of the measured step."""
+    left = [n for n in report.nodes if n.measured_time_s is None and (n.flops or n.bytes)]
+    if not left:
+        return []
+    why = sorted({(n.note or "no note").split(";")[0] for n in left})
+    return [
+        f"  unmeasured {len(left)} node(s) doing work have no measured time ({human(sum(n.flops or 0 for n in left), 'FLOP')}, "
+        f"{human(sum(n.bytes or 0 for n in left), 'B')}): {'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}"
+    ]
 
 
 def _memory_use(use: dict[str, dict[str, Any]], shown: int = 3) -> str:
