@@ -322,7 +322,14 @@ class VariantRuns:
                 times = dataclasses.replace(times, as_run_s=variant.timeline.step_time_s)
             made_fit = variant.fits and not base_fits  # the fitting search hands this report on
             kept = variant if made_fit else None
-            trial = Trial(changes, variant.run, times, variant.fits, kept, variant.plan.failure)
+            trial = Trial(
+                changes=changes,
+                run=variant.run,
+                times=times,
+                fits=variant.fits,
+                placed=kept,
+                failure=variant.plan.failure,
+            )
         self._done[key] = trial
         return trial
 
@@ -438,5 +445,5 @@ def advise(report: Report, *, runs: VariantRuns | None = None, progress: Progres
     trials = tuple(t for t in (runs.trial([c]) for c in candidate_knobs(report)) if t is not None)
     searched = not report.plan.fits
     fit = fitting_knob(report, runs=runs) if searched else None
-    report.advice = Advice(trials, fit, searched, runs.placements)
+    report.advice = Advice(trials=trials, fit=fit, fit_searched=searched, placements=runs.placements)
     return report.advice

@@ -350,7 +350,15 @@ def run_study(
         source, opts = study_input(str(model), opts)
         doc = _run_study(source, list(pipelines), list(targets), opts, out_dir=out_dir)
         runs = [
-            StudyRun(r["pipeline"], r.get("target"), r["totals"], r["config"], r["nodes"], r["modules"], r["warnings"])
+            StudyRun(
+                pipeline=r["pipeline"],
+                target=r.get("target"),
+                totals=r["totals"],
+                config=r["config"],
+                nodes=r["nodes"],
+                modules=r["modules"],
+                warnings=r["warnings"],
+            )
             for r in doc["runs"]
         ]
         return StudyResult(doc["model"], doc["targets"], doc["pipelines"], runs, doc["failed"], doc)

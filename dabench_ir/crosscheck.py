@@ -140,7 +140,13 @@ def _cost(graph: Graph, name: str) -> Cost | None:
 def cross_check(onnx_graph: Graph, mlir_graph: Graph) -> CrossCheck:
     """Join the two graphs by node name and compare costs (see `CrossCheck`)."""
     rows = [
-        CrossCheckRow(n.name, n.op_type, n.layer, _cost(onnx_graph, n.name), _cost(mlir_graph, n.name))
+        CrossCheckRow(
+            name=n.name,
+            op_type=n.op_type,
+            layer=n.layer,
+            onnx=_cost(onnx_graph, n.name),
+            mlir=_cost(mlir_graph, n.name),
+        )
         for n in onnx_graph.nodes
         if UNATTRIBUTED not in n.meta or mlir_graph.has_node(n.name)
     ]

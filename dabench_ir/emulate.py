@@ -104,7 +104,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
             clock = last
 
     timings = {
-        name: NodeTiming(name, np_.unit, ran[0][0], ran[-1][1], np_.bound)
+        name: NodeTiming(node=name, unit=np_.unit, start=ran[0][0], end=ran[-1][1], bound=np_.bound)
         for name, np_, ran in zip(order, plans, runs.slices, strict=True)
     }
     latest = max((ran[-1][1] for ran in runs.slices), default=None)

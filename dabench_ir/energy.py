@@ -167,7 +167,7 @@ def energy_model(target: Target) -> EnergyModel:
         frac = float(entry["value"] if isinstance(entry, Mapping) else entry)
         static = frac * float(target.watts)
         sources["static_watts"] = str(entry.get("source", "")) if isinstance(entry, Mapping) else ""
-    return EnergyModel(pj_flop, pj_byte, static, sources)
+    return EnergyModel(pj_per_flop=pj_flop, pj_per_byte=pj_byte, static_watts=static, sources=sources)
 
 
 def load_catalog() -> list[dict[str, Any]]:
@@ -332,7 +332,16 @@ def step_energy(
     link = target.link()
     carried = float(getattr(getattr(plan, "stats", None), "link_bytes", 0.0) or 0.0)
     link_j = link_energy_j(model, carried, None if link is None else link.name) if carried else 0.0
-    return StepEnergy(dynamic, static, overheads, max(0.0, idle), static_w, step, stall_j=stall_j, link_j=link_j)
+    return StepEnergy(
+        dynamic=dynamic,
+        static=static,
+        overheads=overheads,
+        idle_j=max(0.0, idle),
+        static_power_w=static_w,
+        step_time_s=step,
+        stall_j=stall_j,
+        link_j=link_j,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -430,12 +430,16 @@ def module_of(scope: str, root: str = "") -> ScopeModule:
             rest = parts[i + 1 :]
             module = ".".join(parts[: i + 2])
             return ScopeModule(
-                ".".join(parts[: i + 1]), int(parts[i]), module, module_kind(rest[0]) if rest else None, rest
+                block=".".join(parts[: i + 1]),
+                index=int(parts[i]),
+                module=module,
+                kind=module_kind(rest[0]) if rest else None,
+                rest=rest,
             )
     below = parts[skip:]
     if not below:
-        return ScopeModule("", None, "", None, ())
-    return ScopeModule("", None, ".".join(parts[: skip + 1]), module_kind(below[0]), below)
+        return ScopeModule(block="", index=None, module="", kind=None, rest=())
+    return ScopeModule(block="", index=None, module=".".join(parts[: skip + 1]), kind=module_kind(below[0]), rest=below)
 
 
 def model_path(path: str, root: str) -> str:
@@ -630,18 +634,21 @@ class Graph:
                     break
             nodes.append(
                 Node(
-                    n.name,
-                    n.op_type,
-                    n.domain,
-                    n.inputs.copy(),
-                    n.outputs.copy(),
-                    n.attrs.copy(),
-                    n.scope,
-                    n.layer,
-                    meta,
+                    name=n.name,
+                    op_type=n.op_type,
+                    domain=n.domain,
+                    inputs=n.inputs.copy(),
+                    outputs=n.outputs.copy(),
+                    attrs=n.attrs.copy(),
+                    scope=n.scope,
+                    layer=n.layer,
+                    meta=meta,
                 )
             )
-        values = {k: Value(v.name, v.type, v.kind, v.producer, v.scalar) for k, v in self.values.items()}
+        values = {
+            k: Value(name=v.name, type=v.type, kind=v.kind, producer=v.producer, scalar=v.scalar)
+            for k, v in self.values.items()
+        }
         copy = Graph(
             nodes,
             values,
@@ -703,12 +710,12 @@ class Cost:
         """This cost with bytes read and written added: ``self + Cost(weight_bytes=weight, ...)``, one
         record built instead of two (the cost pass adds each node's bytes to its rule's FLOPs)."""
         return Cost(
-            self.contraction_flops,
-            self.vector_flops,
-            self.special_ops,
-            self.weight_bytes + weight,
-            self.act_bytes_in + act_in,
-            self.act_bytes_out + act_out,
+            contraction_flops=self.contraction_flops,
+            vector_flops=self.vector_flops,
+            special_ops=self.special_ops,
+            weight_bytes=self.weight_bytes + weight,
+            act_bytes_in=self.act_bytes_in + act_in,
+            act_bytes_out=self.act_bytes_out + act_out,
         )
 
     def __radd__(self, other: object) -> Cost:

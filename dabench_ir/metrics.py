@@ -191,7 +191,9 @@ def _memory_use(plan: Plan, target: Target) -> dict[str, MemoryUse]:
             continue
         mem = target.memory(base)
         cap = mem.capacity_bytes * (1 if sub else plan.chips)
-        out[key] = MemoryUse(int(used), int(cap), used / cap if cap else 0.0, mem.level)
+        out[key] = MemoryUse(
+            bytes=int(used), capacity_bytes=int(cap), fraction=used / cap if cap else 0.0, level=mem.level
+        )
     return out
 
 

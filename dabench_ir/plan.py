@@ -280,5 +280,8 @@ class Plan:
         self.fits = False
         if self.failure is None:
             self.failure = Failure(
-                reason, None if needed is None else int(needed), None if capacity is None else int(capacity), remedy
+                reason=reason,
+                needed_bytes=None if needed is None else int(needed),
+                capacity_bytes=None if capacity is None else int(capacity),
+                remedy=remedy,
             )

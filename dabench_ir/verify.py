@@ -179,7 +179,11 @@ def check_step(graph: Graph, target: Target, plan: Plan, timeline: Timeline) -> 
     if flops > 0 and _above(flops / peak, step):
         raise PhysicsError(
             Violation(
-                "step_time_work", "step", step, flops / peak, f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)"
+                invariant="step_time_work",
+                where="step",
+                value=step,
+                limit=flops / peak,
+                detail=f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)",
             )
         )
 
@@ -315,7 +319,13 @@ def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
     def over(invariant: str, value: np.ndarray, limit: np.ndarray, detail: Callable[[int, NodeRecord], str]) -> None:
         for i in np.flatnonzero((value > 0) & (value > limit * (1.0 + RTOL))):
             record = nodes.records[i]
-            violation = Violation(invariant, record.name, float(value[i]), float(limit[i]), detail(i, record))
+            violation = Violation(
+                invariant=invariant,
+                where=record.name,
+                value=float(value[i]),
+                limit=float(limit[i]),
+                detail=detail(i, record),
+            )
             found.append((int(i), INVARIANTS.index(invariant), violation))
 
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -387,11 +397,11 @@ def _speedups(study: Mapping[str, Any]) -> Iterable[Violation]:
         limit = chips * max(1.0, per_chip)
         if speedup is not None and _above(speedup, limit) and not point.get("superlinear"):
             yield Violation(
-                "speedup_linear",
-                f"{chips} chips",
-                speedup,
-                limit,
-                f"speedup over one chip above {chips} chip(s) x {max(1.0, per_chip):.3g} (each chip's "
+                invariant="speedup_linear",
+                where=f"{chips} chips",
+                value=speedup,
+                limit=limit,
+                detail=f"speedup over one chip above {chips} chip(s) x {max(1.0, per_chip):.3g} (each chip's "
                 "samples a step over the one chip's), and no mechanism named for it",
             )
 
@@ -414,11 +424,11 @@ def _stage_weight_reads(result: ScaleResult) -> Iterable[Violation]:
         busiest = max(point.stage_times_s)
         if _above(bound, busiest):
             yield Violation(
-                "stage_weight_reads",
-                f"{point.chips} chips",
-                busiest,
-                bound,
-                f"{m} micro-batch(es) x {held['weights']:.6g} B of a stage's weights at {memory.name} "
+                invariant="stage_weight_reads",
+                where=f"{point.chips} chips",
+                value=busiest,
+                limit=bound,
+                detail=f"{m} micro-batch(es) x {held['weights']:.6g} B of a stage's weights at {memory.name} "
                 f"{memory.bandwidth_bytes_per_s:.6g} B/s",
             )
 
@@ -432,16 +442,20 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
         achieved = finite_float(totals.get("achieved_flops_per_s"))
         if achieved is not None and _above(achieved, peak * chips):
             yield Violation(
-                "step_peak_flops", "step", achieved, peak * chips, f"highest node-dtype peak x {chips} chip(s)"
+                invariant="step_peak_flops",
+                where="step",
+                value=achieved,
+                limit=peak * chips,
+                detail=f"highest node-dtype peak x {chips} chip(s)",
             )
         flops = finite_float(totals.get("step_flops", totals.get("flops"))) or 0.0  # every copy's
         if flops > 0 and _above(flops / (peak * chips), step):
             yield Violation(
-                "step_time_work",
-                "step",
-                step,
-                flops / (peak * chips),
-                f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)",
+                invariant="step_time_work",
+                where="step",
+                value=step,
+                limit=flops / (peak * chips),
+                detail=f"{flops:.6g} FLOPs at the highest peak x {chips} chip(s)",
             )
         # the optimizer update is per parameter: on several chips each may update its own (ZeRO
         # shards, pipeline stages), so its bound is over the step's chips; any other node's over the plan's
@@ -456,30 +470,30 @@ def _step(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
             name = max(bounds, key=bounds.__getitem__)
             if _above(bounds[name], step):
                 yield Violation(
-                    "step_time_critical_path",
-                    "step",
-                    step,
-                    bounds[name],
-                    f"node {name} alone needs {bounds[name]:.6g} s at its roofline",
+                    invariant="step_time_critical_path",
+                    where="step",
+                    value=step,
+                    limit=bounds[name],
+                    detail=f"node {name} alone needs {bounds[name]:.6g} s at its roofline",
                 )
             chain = _chain_bound(ctx, bounds)
             if chain is not None and chain.seconds > bounds[name] and _above(chain.seconds, step):
                 yield Violation(
-                    "step_time_critical_path",
-                    "step",
-                    step,
-                    chain.seconds,
-                    f"the chain ending at {chain.last} needs {chain.seconds:.6g} s at its nodes' rooflines",
+                    invariant="step_time_critical_path",
+                    where="step",
+                    value=step,
+                    limit=chain.seconds,
+                    detail=f"the chain ending at {chain.last} needs {chain.seconds:.6g} s at its nodes' rooflines",
                 )
         energy = finite_float(totals.get("energy_j"))
         watts = finite_float(totals.get("target_power_w")) or float(ctx.target.watts) * ctx.plan_chips
         if energy is not None and energy > 0 and _above(energy, watts * step):
             yield Violation(
-                "step_power",
-                "step",
-                energy,
-                watts * step,
-                f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W",
+                invariant="step_power",
+                where="step",
+                value=energy,
+                limit=watts * step,
+                detail=f"{energy:.6g} J in {step:.6g} s is {energy / step:.6g} W; rated {watts:g} W",
             )
         yield from _energy_parts(ctx, totals, step, watts)
 
@@ -495,16 +509,22 @@ def _energy_parts(ctx: _Context, totals: Mapping[str, Any], step: float, watts: 
         return
     parts = dynamic + static
     if abs(energy - parts) > RTOL * max(abs(energy), abs(parts)):
-        yield Violation("energy_sum", "step", energy, parts, "energy_j is not its dynamic and static parts' sum")
+        yield Violation(
+            invariant="energy_sum",
+            where="step",
+            value=energy,
+            limit=parts,
+            detail="energy_j is not its dynamic and static parts' sum",
+        )
     chips = watts / float(ctx.target.watts) if ctx.target.watts else float(ctx.plan_chips)
     floor = energy_model(ctx.target).static_watts * chips * step
     if dynamic + static < floor * (1 - RTOL):
         yield Violation(
-            "energy_floor",
-            "step",
-            dynamic + static,
-            floor,
-            f"{chips:g} chip(s) draw at least their static power, {floor / chips / step:.6g} W each, for {step:.6g} s",
+            invariant="energy_floor",
+            where="step",
+            value=dynamic + static,
+            limit=floor,
+            detail=f"{chips:g} chip(s) draw at least their static power, {floor / chips / step:.6g} W each, for {step:.6g} s",
         )
 
 
@@ -544,7 +564,13 @@ def _memory(ctx: _Context) -> Iterable[Violation]:
         used = finite_float((use or {}).get("bytes"))
         cap = finite_float((use or {}).get("capacity_bytes"))
         if used is not None and cap is not None and cap > 0 and _above(used, cap):
-            yield Violation("memory_capacity", level, used, cap, "resident bytes over capacity in a plan that fits")
+            yield Violation(
+                invariant="memory_capacity",
+                where=level,
+                value=used,
+                limit=cap,
+                detail="resident bytes over capacity in a plan that fits",
+            )
 
 
 def _shares(report: Report) -> Iterable[Violation]:
@@ -558,7 +584,13 @@ def _shares(report: Report) -> Iterable[Violation]:
             continue  # nothing to share out (no time, no FLOPs)
         total = sum(s or 0.0 for s in shares)
         if abs(total - 1.0) > RTOL:
-            yield Violation("shares_sum", table, total, 1.0, f"shares of {basis} over {len(rows)} rows")
+            yield Violation(
+                invariant="shares_sum",
+                where=table,
+                value=total,
+                limit=1.0,
+                detail=f"shares of {basis} over {len(rows)} rows",
+            )
 
 
 def _roofline(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
@@ -577,9 +609,9 @@ def _roofline(ctx: _Context, nodes: _Nodes) -> Iterable[Violation]:
         if _above(achieved, roof):
             which = "peak" if roof == peak else f"{memory} roof at {intensity:.6g} FLOP/B"
             yield Violation(
-                "roofline_point",
-                r.name,
-                achieved,
-                roof,
-                f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)",
+                invariant="roofline_point",
+                where=r.name,
+                value=achieved,
+                limit=roof,
+                detail=f"{r.op_type}: plotted above the {which} ({ctx.precision} peak {peak:.6g} FLOP/s)",
             )

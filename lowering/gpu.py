@@ -824,7 +824,9 @@ def _launches(
         if views_only:  # the framework still dispatches the view (and its autograd backward)
             kernels = 1 + int(any(BACKWARD_COST in n.meta for n in viewed))
         runs = 1 if any(is_optimizer_step(n) for n in group) else m  # the optimizer runs once per step
-        out.append(KernelGroup(group, kernels, runs, bool(work or viewed), views_only))
+        out.append(
+            KernelGroup(nodes=group, kernels=kernels, runs=runs, issued=bool(work or viewed), views_only=views_only)
+        )
     return out
 
 

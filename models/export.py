@@ -754,7 +754,9 @@ def export_model(
         names = export_mlir(
             cfg, path, dataclasses.replace(o, weights=mode), dialect=format.removeprefix("mlir-"), progress=progress
         )
-        return ExportResult(path, format, mode, names, time.perf_counter() - start)
+        return ExportResult(
+            path=path, format=format, weights=mode, weight_names=names, seconds=time.perf_counter() - start
+        )
     if format != "onnx":
         raise UserError(f"--format must be onnx, mlir-torch or mlir-linalg, got {format!r}")
 
@@ -769,4 +771,11 @@ def export_model(
         from dabench_ir.fileio import write_with
 
         write_with(path, lambda fh: fh.write(proto.SerializeToString()), binary=True)  # atomic, links followed
-    return ExportResult(path, "onnx", mode, names, time.perf_counter() - start, len(proto.graph.node))
+    return ExportResult(
+        path=path,
+        format="onnx",
+        weights=mode,
+        weight_names=names,
+        seconds=time.perf_counter() - start,
+        nodes=len(proto.graph.node),
+    )

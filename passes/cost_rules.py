@@ -290,7 +290,9 @@ def cost_rule(
     registered = _traits(op_class, True, **traits)
 
     def register(fn: Callable[[OpView], Cost]) -> Callable[[OpView], Cost]:
-        rule = CostRule(fn, op_class, frozenset(params), custom_bytes, registered)
+        rule = CostRule(
+            fn=fn, op_class=op_class, params=frozenset(params), custom_bytes=custom_bytes, traits=registered
+        )
         for op_type in op_types:
             _RULES[(domain, op_type)] = rule
             _TRAITS[(domain, op_type)] = registered

@@ -336,7 +336,9 @@ def _measured_timeline(
         if t is None:
             continue
         rate = rates.get(node.name)
-        timings.append(NodeTiming(node.name, unit, cursor, cursor + t, rate.bound if rate else None))
+        timings.append(
+            NodeTiming(node=node.name, unit=unit, start=cursor, end=cursor + t, bound=rate.bound if rate else None)
+        )
         cursor += t
     overheads = {}
     if joined.unmatched:

@@ -184,7 +184,14 @@ def ensure_node_table(
     budget = _Budget(start, budget_s)
     probe = SpeedProbe(threads)
     flush = max(8 * _l2_bytes(), _MIN_FLUSH_BYTES)
-    timer = _NodeTimer(graph, _Context.of(prepared.model, prepared.feeds, graph), probe, threads, budget, flush)
+    timer = _NodeTimer(
+        graph=graph,
+        context=_Context.of(prepared.model, prepared.feeds, graph),
+        probe=probe,
+        threads=threads,
+        budget=budget,
+        flush_bytes=flush,
+    )
     by_name = {n.name: n for n in prepared.model.graph.node}
     pass_start = time.perf_counter()
     ready = [b for sig, names, _est in todo if (b := timer.first_pass(sig, by_name.get(names[0]), result))]

@@ -101,7 +101,9 @@ def prepare_model(
         if vi.name in init_names:
             continue
         why = "weight (shape-only graph input)" if vi.name in weight_inputs else "input"
-        plan.append(_Synthesised(vi.name, why, vi.type.tensor_type.elem_type, _shape_of(vi, bindings)))
+        plan.append(
+            _Synthesised(name=vi.name, why=why, dtype=vi.type.tensor_type.elem_type, shape=_shape_of(vi, bindings))
+        )
     needed = sum(math.prod(t.shape) * _itemsize(t.dtype) for t in plan)
     if needed > max_weight_bytes:
         raise UserError(

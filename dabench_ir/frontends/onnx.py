@@ -261,9 +261,9 @@ def _read_values(
     for name, init in initializers.items():
         kind = _initializer_kind(init, declared_weights, declared_constants)
         values[name] = Value(
-            name,
-            TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
-            kind,
+            name=name,
+            type=TensorType(tuple(init.dims), DType.from_onnx(init.data_type)),
+            kind=kind,
             scalar=_scalar(init) if kind is ValueKind.CONSTANT else None,
             tied_to=tied.get(name),
         )
@@ -273,20 +273,20 @@ def _read_values(
         if name in initializers:
             continue  # older exporters list initializers as inputs too
         kind = ValueKind.WEIGHT if name in declared_weights else ValueKind.INPUT
-        values[name] = Value(name, _tensor_type(vi.type, types), kind)
+        values[name] = Value(name=name, type=_tensor_type(vi.type, types), kind=kind)
         if kind is ValueKind.INPUT:
             graph_inputs.append(name)
     for vi in g.value_info:
         name = vi.name  # one read: each read of a protobuf field builds a new str
         if name not in values:
-            values[name] = Value(name, _tensor_type(vi.type, types), ValueKind.ACTIVATION)
+            values[name] = Value(name=name, type=_tensor_type(vi.type, types), kind=ValueKind.ACTIVATION)
     output_names: list[str] = []
     for vi in g.output:
         existing = values.get(vi.name)
         name = vi.name if existing is None else existing.name  # one object per name (`_read_graph_nodes`)
         vtype = _tensor_type(vi.type, types)
         if existing is None or (existing.type.shape is None and vtype.shape is not None):
-            values[name] = Value(name, vtype, ValueKind.OUTPUT)
+            values[name] = Value(name=name, type=vtype, kind=ValueKind.OUTPUT)
         else:
             existing.kind = ValueKind.OUTPUT
         output_names.append(name)
@@ -317,7 +317,16 @@ def _read_graph_nodes(protos: list[NodeRead], values: dict[str, Value]) -> list[
             layer = scope_layers[scope]
         else:
             layer = scope_layers[scope] = layer_from_scope(scope)
-        node = Node(name, op_type, domain or "", inputs, outputs, attrs, scope, layer)
+        node = Node(
+            name=name,
+            op_type=op_type,
+            domain=domain or "",
+            inputs=inputs,
+            outputs=outputs,
+            attrs=attrs,
+            scope=scope,
+            layer=layer,
+        )
         if nested or op_type in _SUBGRAPH_OPS:
             node.meta[meta.SUBGRAPH] = True
         for out in node.outputs:
@@ -325,7 +334,7 @@ def _read_graph_nodes(protos: list[NodeRead], values: dict[str, Value]) -> list[
                 continue
             value = values.get(out)
             if value is None:
-                value = values[out] = Value(out, TensorType(None, DType.UNDEFINED), ValueKind.ACTIVATION)
+                value = values[out] = Value(name=out, type=TensorType(None, DType.UNDEFINED), kind=ValueKind.ACTIVATION)
             value.producer = name
             if op_type == "Constant" and [a.name for a in attributes] == ["value"]:
                 value.scalar = _scalar(attributes[0].t)

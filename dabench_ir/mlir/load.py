@@ -1030,7 +1030,7 @@ def create_nodes(graph: Graph, by_origin: dict[str, list[OpCount]], artifact: Ml
                     kind = ValueKind.ACTIVATION
                     if is_arg:
                         kind = ValueKind.WEIGHT if operand.arg_number in artifact.weight_args else ValueKind.INPUT
-                    graph.values[vname] = Value(vname, ttype, kind, producer)
+                    graph.values[vname] = Value(name=vname, type=ttype, kind=kind, producer=producer)
                     if producer is not None and producer in created and vname not in created[producer].outputs:
                         created[producer].outputs.append(vname)
                 if vname not in node.inputs:
@@ -1116,7 +1116,7 @@ def _buffer_edges(
             while f"{name}:{k}" in graph.values:
                 k += 1
             vname = f"{name}:{k}"
-            graph.values[vname] = Value(vname, ttype, ValueKind.ACTIVATION, name)
+            graph.values[vname] = Value(name=vname, type=ttype, kind=ValueKind.ACTIVATION, producer=name)
             node.outputs.append(vname)
             ws = writers.setdefault(root, [])
             if whole:

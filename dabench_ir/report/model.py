@@ -102,7 +102,7 @@ _NO_COST = SimpleNamespace(flops=None, bytes=None, **dict.fromkeys(COST_FIELDS))
 """An unattributed node's cost columns in `NodeRecord.to_dict`: every one None."""
 
 
-CSV_COLUMNS = list(NodeRecord("", "", None, "", None, None).to_dict())
+CSV_COLUMNS = list(NodeRecord(name="", op_type="", layer=None, scope="", op_class=None, cost=None).to_dict())
 
 
 @dataclass(slots=True)

@@ -250,7 +250,7 @@ def chrome_trace_events(
             elif m == 0:
                 tracks.add(process, group, name, start, end, slice_args, cat=args.get("op_type", "node"))
             else:
-                later.append(_Slice(process, group, name, start, end, slice_args))
+                later.append(_Slice(process=process, group=group, name=name, start=start, end=end, args=slice_args))
     for run in sorted(later, key=lambda run: run.start):
         cat = run.args.get("op_type", "node")
         if not tracks.add(run.process, run.group, run.name, run.start, run.end, run.args, cat=cat, cap=_MAX_SUBTRACKS):

@@ -98,7 +98,9 @@ def parse_counterfactual(raw: Any, where: str, points: Sequence[Point]) -> Count
             f"{where}: counterfactual needs target = {{ figure = value }}, knobs = {{ knob = value }} "
             "or unset = [parameter, ...]"
         )
-    cf = Counterfactual(what.strip(), raw.get("on"), dict(changes), dict(knobs), tuple(unset))
+    cf = Counterfactual(
+        what=what.strip(), on=raw.get("on"), target=dict(changes), knobs=dict(knobs), unset=tuple(unset)
+    )
     targets = _targets_of(points)
     try:
         _changed_target(cf, targets, where)

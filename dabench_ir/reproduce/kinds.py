@@ -133,7 +133,15 @@ def finding_kind(
 
     def register(fn: Callable[[Sequence[Row], Finding], Outcome]) -> Callable[[Sequence[Row], Finding], Outcome]:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        KINDS[name] = Kind(name, fn, dict(fields or {}), frozenset(required), band, format, doc)
+        KINDS[name] = Kind(
+            name=name,
+            evaluate=fn,
+            fields=dict(fields or {}),
+            required=frozenset(required),
+            band=band,
+            format=format,
+            doc=doc,
+        )
         return fn
 
     return register
@@ -208,7 +216,9 @@ def evaluate(rows: Sequence[Row], finding: Finding) -> Outcome:
             reason = f"tool {shown}, not {wanted}" if one_sided else f"tool {shown} outside {wanted}"
         else:
             reason = f"tool {shown}"
-        outcome = Outcome(outcome.value, False, outcome.detail, reason, outcome.text)
+        outcome = Outcome(
+            value=outcome.value, reproduced=False, detail=outcome.detail, reason=reason, text=outcome.text
+        )
     return outcome
 
 
@@ -325,7 +335,7 @@ def range_(rows: Sequence[Row], f: Finding) -> Outcome:
             f"(range {span}), below the {percent(threshold)} asked"
         )
     )
-    return Outcome(share, reproduced, detail, reason, text)
+    return Outcome(value=share, reproduced=reproduced, detail=detail, reason=reason, text=text)
 
 
 # -- along an axis: curve, trend, fit_limit ----------------------------------------------------
@@ -372,7 +382,12 @@ def _combine(values: dict[str, float], f: Finding, notes: list[str], default: st
             return Outcome(values[inside[0]], True, f"{_group_name(f, inside[0])}; {detail}")
         lo, hi = f.accept  # type: ignore[misc]
         closest = min(values, key=lambda g: max(lo - values[g], values[g] - hi))
-        return Outcome(values[closest], False, detail, f"no group in {accept_text(f.accept, f.format)} ({shown})")
+        return Outcome(
+            value=values[closest],
+            reproduced=False,
+            detail=detail,
+            reason=f"no group in {accept_text(f.accept, f.format)} ({shown})",
+        )
     v = REDUCERS[reduce](list(values.values()))
     return Outcome(v, in_accept(v, f.accept), f"{reduce} over {detail}")
 
@@ -473,7 +488,7 @@ def trend(rows: Sequence[Row], f: Finding) -> Outcome:
             reason = f"not {expect} from first to last {axis}: {first_last}"
         elif share < threshold:
             reason = f"only {ok_steps} of {len(steps)} step(s) along {axis} {expect}, {percent(threshold)} asked"
-    return Outcome(v, reproduced, detail, reason)
+    return Outcome(value=v, reproduced=reproduced, detail=detail, reason=reason)
 
 
 @finding_kind(
@@ -549,7 +564,12 @@ def switch(rows: Sequence[Row], f: Finding) -> Outcome:
     k = seen.index(then) if then in seen else len(seen)
     ok = 0 < k < len(seen) and set(seen[:k]) == {first} and set(seen[k:]) == {then}
     reason = "" if ok else f"not {first} then {then} along {axis} ({shown or 'no point runs'})"
-    return Outcome(modes[k][0] if k < len(modes) else None, ok, f"execution_mode along {axis}: {shown}", reason)
+    return Outcome(
+        value=modes[k][0] if k < len(modes) else None,
+        reproduced=ok,
+        detail=f"execution_mode along {axis}: {shown}",
+        reason=reason,
+    )
 
 
 LIMITERS = ("capacity", "bandwidth", "compute")
@@ -589,7 +609,7 @@ def limits(rows: Sequence[Row], f: Finding) -> Outcome:
         else "; ".join(f"{g} {found.get(g, 'no result').split()[0]}, the paper {expect[g]}" for g in wrong)
     )
     text = ", ".join(f"{g} {v.split()[0]}" for g, v in found.items())
-    return Outcome(text, not wrong, shown, reason, text=text)
+    return Outcome(value=text, reproduced=not wrong, detail=shown, reason=reason, text=text)
 
 
 # -- across groups: argmax, argmin, dominant ---------------------------------------------------
@@ -631,7 +651,7 @@ def _arg(rows: Sequence[Row], f: Finding, pick: Callable[..., Any]) -> Outcome:
     shown = ", ".join(f"{g} {format_value(figures[g], 'pct' if 'numerator' in f.options else 'num')}" for g in ranked)
     detail = "; ".join([shown, *notes])
     reason = "" if winner in expect else f"tool picks {winner} ({shown}), the paper {' or '.join(expect)}"
-    return Outcome(winner, winner in expect, detail, reason)
+    return Outcome(value=winner, reproduced=winner in expect, detail=detail, reason=reason)
 
 
 _ARG_FIELDS = {
@@ -708,7 +728,13 @@ def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
             if share >= threshold
             else (f"{percent(share)} of the points are {bound}-bound, below the {percent(threshold)} asked")
         )
-        return Outcome(share, share >= threshold, detail, reason, text=f"{percent(share)} {bound}-bound")
+        return Outcome(
+            value=share,
+            reproduced=share >= threshold,
+            detail=detail,
+            reason=reason,
+            text=f"{percent(share)} {bound}-bound",
+        )
     expect = labels(f.options.get("expect", []))
     above = [g for g, s in shares.items() if s >= threshold]
     shown = ", ".join(f"{g} {percent(s)}" for g, s in sorted(shares.items(), key=lambda kv: -kv[1]))
@@ -723,4 +749,4 @@ def dominant(rows: Sequence[Row], f: Finding) -> Outcome:
         )
     )
     value = shares.get(expect[0]) if len(expect) == 1 else None
-    return Outcome(value, reproduced, detail, reason, text=shown)
+    return Outcome(value=value, reproduced=reproduced, detail=detail, reason=reason, text=shown)

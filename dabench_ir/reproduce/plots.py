@@ -63,7 +63,7 @@ def plot_kind(name: str, *, fields: Mapping[str, str], required: set[str] | froz
     """Register a plot kind ``name``: ``draw(rows, spec, records) -> Figure``."""
 
     def register(fn: Callable[[Sequence[Row], PlotSpec, Records], Figure]) -> Callable:
-        PLOT_KINDS[name] = PlotKind(name, fn, dict(fields), frozenset(required))
+        PLOT_KINDS[name] = PlotKind(name=name, draw=fn, fields=dict(fields), required=frozenset(required))
         return fn
 
     return register

@@ -132,7 +132,7 @@ class Study:
 
     def merged_spec(self) -> SweepSpec:
         """All experiments as one sweep spec (identical points run once)."""
-        return SweepSpec(self.name, self.points(), self.title, self.origin)
+        return SweepSpec(name=self.name, points=self.points(), description=self.title, origin=self.origin)
 
     def restrict(self, ids: Iterable[str]) -> Study:
         """The study with only the findings ``ids``, the experiments they need and those experiments' plots."""
@@ -544,7 +544,7 @@ def _parse_plot(raw: Any, i: int, experiments: dict[str, SweepSpec], origin: str
     _check_filters(options.get("where") or {}, experiments[exp].points, f"{where}: where", exp)
     if not _pick(experiments[exp].points, options.get("where")):
         raise UserError(f"{where}: where matches no point of experiment {exp!r}")
-    return PlotSpec(pid, raw["kind"], exp, _text(raw, "title", where), options)
+    return PlotSpec(id=pid, kind=raw["kind"], experiment=exp, title=_text(raw, "title", where), options=options)
 
 
 def parse_study(

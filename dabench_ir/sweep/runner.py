@@ -341,7 +341,14 @@ def run_sweep(
     _check_outputs(out, points_dir, models_dir, keys)
     result = SweepResult(total=len(keyed))
     _allow_open_files(len(keyed))
-    book = _Book(points_dir, _Locks(points_dir), result, retry_failed, node_detail, bar or _no_bar)
+    book = _Book(
+        points_dir=points_dir,
+        locks=_Locks(points_dir),
+        result=result,
+        retry_failed=retry_failed,
+        node_detail=node_detail,
+        tick=bar or _no_bar,
+    )
     todo, elsewhere = book.claim(keyed)
     result.elsewhere = len(elsewhere)
     if elsewhere:

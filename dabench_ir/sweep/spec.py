@@ -313,7 +313,13 @@ def parse_spec(
         logger.info("%s: %d duplicate point(s) dropped", origin, len(raw_points) - len(points))
     spec_name = name or str(data.get("name") or Path(origin).stem)
     axis_values = {a: [v[a] for v in vals] for a, vals in axes.items()}
-    return SweepSpec(spec_name, list(points.values()), str(data.get("description", "")), origin, axis_values)
+    return SweepSpec(
+        name=spec_name,
+        points=list(points.values()),
+        description=str(data.get("description", "")),
+        origin=origin,
+        axes=axis_values,
+    )
 
 
 def point_count(data: Mapping[str, Any]) -> int:

@@ -134,7 +134,16 @@ def folds_of(target: str, catalogue: Sequence[Point]) -> list[Fold]:
         elsewhere = {q: [i for i in mine if i not in ids and quantities[q].fitted_on(i)] for q in informed}
         alone = tuple(q for q, others in elsewhere.items() if not others)
         fit_points = tuple(dict.fromkeys(i for others in elsewhere.values() for i in others))
-        folds.append(Fold(t.name, source, tuple(sorted(ids)), tuple(informed), alone, fit_points))
+        folds.append(
+            Fold(
+                target=t.name,
+                source=source,
+                points=tuple(sorted(ids)),
+                informed=tuple(informed),
+                alone=alone,
+                fit_points=fit_points,
+            )
+        )
     return folds
 
 

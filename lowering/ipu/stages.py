@@ -118,7 +118,7 @@ def sections(ctx: LoweringContext) -> Sections:
     rest = [n for n in nodes if not is_optimizer_step(n)]
     layered = [i for i, n in enumerate(rest) if n.layer is not None]
     if not layered:
-        return Sections(rest, {}, [], opt, tied=False, table_layers=0.0, layer_roots={})
+        return Sections(pre=rest, layers={}, post=[], optimizer=opt, tied=False, table_layers=0.0, layer_roots={})
     first, last = layered[0], layered[-1]
     layers: dict[int, list[Node]] = {}
     current = rest[first].layer
@@ -132,7 +132,7 @@ def sections(ctx: LoweringContext) -> Sections:
     roots = {i: stored_values(ctx, ln) for i, ln in layers.items()}
     per_layer = sum(sum(r.values()) for r in roots.values()) / len(roots)
     table = sum(before.values()) / per_layer if per_layer else 0.0
-    return Sections(pre, layers, post, opt, tied=tied, table_layers=table, layer_roots=roots)
+    return Sections(pre=pre, layers=layers, post=post, optimizer=opt, tied=tied, table_layers=table, layer_roots=roots)
 
 
 def layout(options: IpuOptions, n_layers: int, tied: bool, embed_layers: float = 0.0) -> Layout:

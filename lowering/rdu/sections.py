@@ -230,7 +230,7 @@ def form_sections(
             out.append(cur)
     if optimizer:
         tensors = len({v for n in optimizer for v in n.inputs if v}) if opt_level == "O0" else 1
-        out.append(Section("optimizer", optimizer, 1, 1, max(1, tensors)))
+        out.append(Section(phase="optimizer", nodes=optimizer, pcus=1, pmus=1, parts=max(1, tensors)))
     return out
 
 
@@ -283,7 +283,7 @@ def _tiled(phase: str, group: list[Node], pcu: int, pmu: int, need: int, chip: C
             f"{group[0].name}: would be cut into {parts:,} sections (more than "
             f"{MAX_PARTS:,}); the model is far larger than the chip: use smaller dims"
         )
-    return Section(phase, list(group), pcu, pmu, parts, oversized=True)
+    return Section(phase=phase, nodes=list(group), pcus=pcu, pmus=pmu, parts=parts, oversized=True)
 
 
 @dataclass(slots=True)

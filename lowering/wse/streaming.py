@@ -80,10 +80,10 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
     placed in turn on the whole wafer, the optimizer step in MemoryX, then the fit."""
     target.peak_flops(ctx.precision)  # an unsupported precision fails here, before any planning
     wafer = _Wafer(
-        target.num_units,
-        target.memory("on-chip"),
-        target.memory("off-chip"),
-        target.arch_value("sram_usable_fraction", needed_by=WHO),
+        pes=target.num_units,
+        sram=target.memory("on-chip"),
+        ext=target.memory("off-chip"),
+        usable=target.arch_value("sram_usable_fraction", needed_by=WHO),
     )
     training = meta.graph_mode(ctx.graph) == "train"
     batch = ctx.batch
