@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dabench_ir.ir import Graph
+from dabench_ir.plan import PIPELINE_FILL_DRAIN
 from dabench_ir.report.attribution import STEP_OVERHEADS, step_overheads
 from dabench_ir.report.model import json_bytes
 from dabench_ir.timeline import Timeline
@@ -237,7 +238,7 @@ def chrome_trace_events(
         args = _node_args(graph, name, roles)
         args["bound"] = str(timing.bound) if timing.bound is not None else None
         args["unit"] = timing.unit
-        runs = timeline.slices.get(name) or [(timing.start, timing.end)]
+        runs = _every_run(timeline.slices.get(name) or [(timing.start, timing.end)], timeline.micro_batches)
         if len(runs) > 1:
             args["runs"] = len(runs)
             args["busy_s"] = sum(b - a for a, b in runs)
@@ -383,10 +384,24 @@ def _ipu_phases(
         t = stop
 
 
+def _every_run(runs: list[tuple[float, float]], micro_batches: int) -> list[tuple[float, float]]:
+    """A node's runs, one a micro-batch. Once its lanes settle into a linear steady state the emulator
+    keeps only the last run (`dabench_ir.emulate`); the runs between are at equal steps from the one
+    before it (drawn as kept, a step's trace held half a training step's work on 8 micro-batches)."""
+    missing = micro_batches - len(runs)
+    if missing <= 0 or len(runs) < 2:
+        return runs
+    (start, end), (last, _) = runs[-2], runs[-1]
+    step = (last - start) / (missing + 1)
+    return [*runs[:-1], *((start + k * step, end + k * step) for k in range(1, missing + 1)), runs[-1]]
+
+
 def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, process: str) -> None:
     """Slices on ``process`` for the step costs no node owns: unit gaps where the units start,
-    memory stalls where a unit outlasts its nodes, the rest after the last node."""
-    remaining = {k: v for k, v in (timeline.overheads_s or {}).items() if v}
+    memory stalls where a unit outlasts its nodes, the rest after the last node. A pipeline's fill
+    and drain is none of them: the stages' runs drawn from the first input to the last output hold
+    it already (`plan.PIPELINE_FILL_DRAIN`), so drawn after them it was counted twice."""
+    remaining = {k: v for k, v in (timeline.overheads_s or {}).items() if v and k != PIPELINE_FILL_DRAIN}
     if not remaining:
         return
     spans = timeline.unit_spans or {}
