@@ -129,6 +129,9 @@ def _report_props(report: Any) -> dict[str, str]:
     props = {
         "dabench.target": (report.target or {}).get("name"),
         "dabench.estimated_nodes": t.get("estimated_nodes", 0),
+        # the step's work, every chip's in a multi-chip report (its node rows are one chip's share)
+        "dabench.total_flops": t.get("flops"),
+        "dabench.total_bytes": t.get("bytes"),
     }
     step = t.get("time_s")
     if step is not None:
@@ -171,7 +174,8 @@ def annotate_onnx(
     extras = _extra_by_name(extra)
     g = copy.graph
     written = 0
-    for proto_node, name in zip(g.node, onnx_node_names(g), strict=True):
+    in_file = onnx_node_names(g)
+    for proto_node, name in zip(g.node, in_file, strict=True):
         kept = [p for p in proto_node.metadata_props if not p.key.startswith(PREFIX)]
         del proto_node.metadata_props[:]
         proto_node.metadata_props.extend(kept)
@@ -181,9 +185,10 @@ def annotate_onnx(
             proto_node.metadata_props.add(key=key, value=_text(value))
         written += 1
     total = sum((c for c in map(attributed_cost, graph.nodes) if c is not None), Cost())
-    ours = {"dabench.total_flops", "dabench.total_bytes", *(model_props or {})}
+    outside = _outside_file(graph, set(in_file), extras)
+    ours = {"dabench.total_flops", "dabench.total_bytes", *outside, *(model_props or {})}
     props = {p.key: p.value for p in copy.metadata_props if p.key not in ours}
-    props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes)})
+    props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes), **outside})
     props.update(model_props or {})
     del copy.metadata_props[:]
     for key, value in props.items():
@@ -195,6 +200,17 @@ def annotate_onnx(
         raise UserError(f"--annotate {out}: cannot write ({exc.strerror or exc})") from None
     logger.info("annotated %d ONNX node(s) into %s", written, out)
     return out
+
+
+def _outside_file(graph: Graph, in_file: set[str], extras: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Model-level props for the graph's nodes the file has no node for (a training step's loss and
+    optimizer, which the training pass adds): their names and time, so that the file's node times,
+    its ``dabench.overhead_s`` and these add up to its step."""
+    outside = [n.name for n in graph.nodes if n.name not in in_file]
+    if not outside:
+        return {}
+    seconds = sum(float(extras.get(name, {}).get("dabench.time_s") or 0.0) for name in outside)
+    return {"dabench.nodes_outside_file": ", ".join(outside), "dabench.time_outside_file_s": _text(seconds)}
 
 
 def _text(value: Any) -> str:

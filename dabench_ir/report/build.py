@@ -473,7 +473,7 @@ def build_scaled_report(graph: Graph, *, run: ResolvedRun, result: ScaleResult) 
     }
     tp = point.throughput_samples_per_s
     totals = {key: value for key, value in one.items() if key not in _ENERGY_TOTALS}
-    totals.update({key: getattr(whole, key) * steps for key in _WORK_TOTALS})
+    totals.update({key: round(getattr(whole, key) * steps) for key in _WORK_TOTALS})  # counts: whole numbers
     totals.update({key: (one.get(key) or 0) * copies for key in ("bytes", *_BYTE_TOTALS)})
     totals.update(
         {
