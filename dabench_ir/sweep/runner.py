@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 Bar = Callable[..., None]
 EXPORT_PHASE = "exporting models"
+READ_PHASE = "reading finished points"
 """The ``phase`` a sweep's bar shows while base models are exported with torch, before any point."""
 
 
@@ -188,12 +189,13 @@ def _allow_open_files(count: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
-def _collect(spec_keys: list[str], points_dir: Path, fresh: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The table's rows: ``fresh`` (the rows of the points this run wrote) and, for the others, their files."""
+def _collect(spec_keys: list[str], points_dir: Path, known: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table's rows: ``known`` (the rows of the points this run wrote, or read when it found them
+    done) and, for the others (another sweep's), their files."""
     rows = []
     for key in spec_keys:
-        if key in fresh:
-            rows.append(fresh[key])
+        if key in known:
+            rows.append(known[key])
             continue
         record = results.read_point(points_dir, key)
         if record is not None:
@@ -226,7 +228,7 @@ def _check_outputs(out: Path, points_dir: Path, models_dir: Path, keys: list[str
 
 @dataclass
 class _Book:
-    """What a sweep has done so far, kept as points finish: the rows of the points written here
+    """What a sweep has done so far: the table's rows, each kept as its point is found done or finishes
     (not read back at the end), the count done, and the bar (``tick``) that shows it."""
 
     points_dir: Path
@@ -235,7 +237,7 @@ class _Book:
     retry_failed: bool
     node_detail: bool
     tick: Bar
-    fresh: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     done: int = 0
 
     def is_done(self, key: str) -> bool:
@@ -244,14 +246,19 @@ class _Book:
         record = results.read_point(self.points_dir, key)
         if record is None or (self.node_detail and not record.get("node_detail", True)):
             return False
-        return record.get("status") == "ok" or not self.retry_failed
+        done = record.get("status") == "ok" or not self.retry_failed
+        if done:  # its row now, from the record read once (the table's, `_collect`)
+            self.rows[key] = results.record_row(record)
+        return done
 
     def claim(self, keyed: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], list[Any]]:
         """Lock every point not done yet: (the points this sweep runs, those another live sweep
         into the folder is computing now). Interrupted while locking, it leaves no lock behind."""
         todo, elsewhere = [], []
         try:
-            for key, params in keyed:
+            for checked, (key, params) in enumerate(keyed):
+                if checked % 16 == 0:  # a resume reads every finished point's record: seconds on a big sweep
+                    self.tick(checked, len(keyed), failed=0, phase=READ_PHASE)
                 if self.is_done(key):
                     self.result.skipped += 1
                     self.locks.clear_stale(key)
@@ -274,11 +281,11 @@ class _Book:
         if "row" in record:  # a worker's (`worker.run_group`): its file written there, or its text sent
             if "text" in record:
                 results.atomic_write(results.point_file(self.points_dir, key), record["text"])
-            self.fresh[key] = record["row"]
+            self.rows[key] = record["row"]
         else:  # one the driver records (`_error_record`)
             if not self.node_detail:
                 results.strip_nodes(record)
-            self.fresh[key] = results.write_point(self.points_dir, record)
+            self.rows[key] = results.write_point(self.points_dir, record)
         self.locks.release(key)
         self.done += 1
         result.ran += 1
@@ -373,7 +380,7 @@ def run_sweep(
         if ex is not None and owned and not finished:  # Ctrl-C or an error: no worker writes after the table
             ex.close()
         book.locks.release_all()
-        result.rows = _collect(keys, points_dir, book.fresh)
+        result.rows = _collect(keys, points_dir, book.rows)
         result.files = results.write_table(out, result.rows)
         result.seconds = time.perf_counter() - start
     recorded = {row["key"] for row in result.rows}
@@ -384,6 +391,7 @@ def run_sweep(
 
             local = ex if ex is not None and ex.shares_files else None  # a cluster's nodes may lack matplotlib
             result.files += write_plots(out, result.rows, spec.varied(), executor=local)  # drawn by the idle workers
+        result.seconds = time.perf_counter() - start  # the whole run, its plots included
     finally:
         if ex is not None and owned:
             ex.close()
