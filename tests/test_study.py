@@ -245,6 +245,8 @@ def test_cli_study_and_diff(tmp_path, capsys):
     assert "fused" in capsys.readouterr().out
     assert main(["study", src, "--pipeline", "nope"]) == 2
     assert "unknown pipeline" in capsys.readouterr().err
+    assert main(["study", src, "--pipeline", "none"]) == 2  # the baseline alone: an empty table, exit 0 before
+    assert "to compare with the baseline" in capsys.readouterr().err
 
 
 def test_a_study_on_a_target_file_names_its_reports_by_the_files_stem(tmp_path, capsys):

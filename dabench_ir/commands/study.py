@@ -164,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--mlir-pipeline runs MLIR passes on linalg: drop --via onnx")
         passes = tuple(parse_pipeline(args.mlir_pipeline))
         pipelines.append(Pipeline(f"mlir:{','.join(passes)}", args.mlir_pipeline, mlir=passes, needs="torch_mlir"))
-    if not pipelines:
-        raise UserError("study: give at least one --pipeline NAME (see --list-pipelines)")
+    if not pipelines or pipelines == ["none"]:  # "none" is the baseline every study compares against
+        raise UserError("study: give at least one --pipeline NAME to compare with the baseline (see --list-pipelines)")
     check_paths(args)
     opts = options_from_args(args, ScaleOptions, STUDY)
     from dabench_ir.api import study_input
