@@ -715,6 +715,9 @@ def knob_values(args: argparse.Namespace, command: str, *, knobs: Mapping[str, K
             if not any(items) or not all(items):
                 raise UserError(f"{k.flag} {raw!r}: expected a comma-separated list, e.g. {k.flag} 1,2,4")
             values[name] = [k.check(v) for v in items]
+            twice = sorted({repr(v) for v in values[name] if values[name].count(v) > 1})
+            if twice:  # one point a value: a second would print the same row again
+                raise UserError(f"{k.flag} {raw}: {', '.join(twice)} given more than once; give each value once")
         else:
             values[name] = k.check(raw)
     return values

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dabench_ir.errors import UserError
-from dabench_ir.ir import Cost, Graph, Node, Value, module_of
+from dabench_ir.ir import Cost, Graph, Node, Value, ValueKind, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering.collectives import (
     bubble_fraction,
@@ -51,6 +51,7 @@ from dabench_ir.lowering.context import (
     LoweringContext,
     cache_bytes,
     outside_blocks,
+    stored_root,
     training_state,
     value_bytes,
     weight_bytes,
@@ -502,14 +503,17 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
             leaving[mod] = max(leaving.get(mod, 0), _leaving_bytes(graph, node, module_of, cost))
     for value in share.values.values():  # weights of split modules are sharded too, and the activations inside one
+        # a weight, or a layout of one folded at compile time; a stored constant (a causal mask, a rotary
+        # table) serves every head whole: each chip holds it all
+        weight = value.kind.is_stored and share.values[stored_root(share, value.name)].kind is ValueKind.WEIGHT
         readers = [r for r in share.consumers.get(value.name, []) if not is_optimizer_step(r)]
         inner = value.producer is not None and module_of.get(value.producer) is not None and bool(readers)
         inner = inner and all(module_of[r.name] == module_of[value.producer] for r in readers)
-        if (value.kind.is_stored and readers and all(module_of[r.name] for r in readers)) or inner:
+        if (weight and readers and all(module_of[r.name] for r in readers)) or inner:
             shape = value.type.shape
             if shape and isinstance(shape[-1], int):
                 mod = module_of[value.producer] if inner else module_of[readers[0].name]
-                matrix = value.kind.is_stored and len(shape) >= 2  # a weight, not a scale or a bias
+                matrix = weight and len(shape) >= 2  # a weight, not a scale or a bias
                 if shape[-1] % chips and matrix and mod not in (LM_HEAD, EMBEDDING):
                     raise UserError(
                         f"--strategy tp over {chips} chips: {value.name} ({shape[-1]} columns, in {mod}) does "

@@ -550,6 +550,13 @@ def generate(
     for name in ("seq", "past"):  # each step's own: the prompt, then the context (`_OwnFile.step`)
         if getattr(opts, name, None) is not None:
             raise UserError(f"--{name} is set per step by --prompt and --gen with --scenario generate; drop it")
+    if opts.mode != "inference":  # each step would carry a backward and an optimizer update
+        raise UserError("--scenario generate serves requests (inference): drop --mode train")
+    if opts.replicas not in (None, 1):  # its rates are of --batch requests: copies would serve others unseen
+        raise UserError(
+            f"--replicas {opts.replicas}: --scenario generate serves --batch requests on one copy of the model; "
+            "serve more requests with --batch, or more chips with --chips N --strategy dp"
+        )
     tgt = resolve_target(target, opts.threads)
     own = None
     if isinstance(model, tuple):

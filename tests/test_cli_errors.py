@@ -888,3 +888,26 @@ def test_a_linalg_module_with_dynamic_dims_is_refused(capsys, tmp_path):
     )
     code, _, err = run_cli(capsys, "profile", str(path), "-t", "h100")
     assert_one_line_error(code, err, "argument 0 is tensor<?x8xf32>: the module has dynamic dims")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--mode", "train"], "--scenario generate serves requests (inference): drop --mode train"),
+        (["-t", "wse", "--replicas", "4"], "--scenario generate serves --batch requests on one copy"),
+    ],
+)
+def test_the_generate_scenario_refuses_what_its_rates_would_leave_out(capsys, argv, words):
+    """A training step's optimizer in every decode step, replicas serving requests the tokens/s never
+    counted: both ran (exit 0) with the headline unchanged or wrong."""
+    target = [] if "-t" in argv else ["-t", "h100"]
+    code, _, err = run_cli(
+        capsys, "profile", "gpt2-small", *target, "--scenario", "generate", "--prompt", "8", "--gen", "2", *argv
+    )
+    assert_one_line_error(code, err, words)
+
+
+def test_a_list_flag_refuses_a_value_given_twice(capsys):
+    """``scale --chips 1,1,2`` printed the one-chip row twice."""
+    code, _, err = run_cli(capsys, "scale", "gpt2-small", "-t", "h100", "--chips", "1,1,2", "--strategy", "tp")
+    assert_one_line_error(code, err, "--chips 1,1,2: 1 given more than once")

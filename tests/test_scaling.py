@@ -725,3 +725,26 @@ def test_the_verifier_refuses_a_pipeline_stage_shorter_than_reading_its_weights_
     as_before = replace(point, stage_times_s=[t / m for t in point.stage_times_s])
     with pytest.raises(PhysicsError, match="stage_weight_reads at 2 chips"):
         check_scaled(replace(result, points=[result.points[0], as_before]))
+
+
+@pytest.mark.slow
+def test_tp_holds_a_stored_constant_whole_on_every_chip():
+    """A static export's causal mask [S, S] and rotary tables are constants every head reads whole: tp
+    split them like weight matrices, so a prompt of 511 tokens over 2 chips was refused ("does not
+    split 2 ways") and an even one had the mask's bytes halved."""
+    from dabench_ir.ir import ValueKind
+    from dabench_ir.lowering.context import stored_root
+    from dabench_ir.models import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    proto = export_onnx(ModelConfig(family="llama", layers=1, hidden=64, heads=4, kv_heads=2, seq=5), weights="none")
+    graph = prepare_graph(proto, ProfileOptions())
+    stored = [v for v in graph.values.values() if v.kind.is_stored and v.type.shape]
+    kind = {v.name: graph.values[stored_root(graph, v.name)].kind for v in stored}  # a folded weight layout: a weight
+    constants = {v.name: v.type.shape for v in stored if kind[v.name] is ValueKind.CONSTANT}
+    layouts = {v.name: v.type.shape for v in stored if kind[v.name] is ValueKind.WEIGHT and v.producer}
+    assert any(shape[-2:] == (5, 5) for shape in constants.values()) and layouts  # the mask; W^T
+    share, _ = split_for_tp(graph, 2)
+    assert {name: share.values[name].type.shape for name in constants} == constants
+    assert any(share.values[name].type.shape != shape for name, shape in layouts.items())  # weights still split
