@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 Bar = Callable[..., None]
 EXPORT_PHASE = "exporting models"
-READ_PHASE = "reading finished points"
 """The ``phase`` a sweep's bar shows while base models are exported with torch, before any point."""
+READ_PHASE = "reading finished points"
+"""The ``phase`` a resumed sweep's bar shows while it reads the records of the points done before."""
 
 
 @dataclass
