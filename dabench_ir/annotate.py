@@ -22,7 +22,7 @@ from typing import Any
 
 from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node
-from dabench_ir.passes.meta import COST, ESTIMATED, MODEL_WEIGHTS, UNATTRIBUTED, attributed_cost
+from dabench_ir.passes.meta import COST, ESTIMATED, UNATTRIBUTED, attributed_cost
 
 __all__ = [
     "PREFIX",
@@ -239,121 +239,24 @@ def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = N
 
     Uses the module kept on `graph` by the MLIR frontend; otherwise lowers `source`
     (a .mlir or .onnx path) through torch-mlir first. Node-level `extra` values
-    (unit, time_s) are put on every op of that node.
-    """
-    from torch_mlir import ir
-
-    from dabench_ir.mlir import MLIR_ARTIFACT, MLIR_OPS
-    from dabench_ir.mlir.pipelines import whole_shares
-    from dabench_ir.report.table import seconds
-
-    mlir_graph = graph
-    if MLIR_ARTIFACT not in graph.meta:
-        mlir_graph = _lower_for_annotation(source, graph)
-    module = mlir_graph.meta[MLIR_ARTIFACT].module
-    extras = _extra_by_name(extra)
-    ctx = module.context
-    count = 0
-    with ctx, ir.Location.unknown():
-        i64 = ir.IntegerType.get_signless(64)
-        f64 = ir.F64Type.get()
-        for node in mlir_graph.nodes:
-            base = graph.node(node.name) if graph.has_node(node.name) else node
-            node_extra = node_annotations(base, extras.get(node.name))
-            ops = [c for c in node.meta.get(MLIR_OPS, []) if c.op is not None]
-            shares = _op_shares(ops)
-            # the node's FLOPs and bytes as the report has them (a folded weight layout costs
-            # nothing; a fused core moves less), shared over its ops as they counted: they sum to it
-            cost = attributed_cost(base) or Cost()
-            flops = whole_shares(cost.flops, [c.cost.flops for c in ops])
-            nbytes = whole_shares(cost.bytes, [c.cost.bytes for c in ops])
-            for c, share, op_flops, op_bytes in zip(ops, shares, flops, nbytes, strict=True):
-                attrs = {
-                    "dabench.flops": op_flops,
-                    "dabench.bytes": op_bytes,
-                    "dabench.class": c.op_class,
-                    "dabench.origin": node.name,
-                }
-                if op_bytes:
-                    attrs["dabench.intensity"] = round(op_flops / op_bytes, 6)
-                for key in ("dabench.target", "dabench.layer", "dabench.unit", "dabench.bound", "dabench.role"):
-                    if key in node_extra:
-                        attrs[key] = node_extra[key]
-                if "dabench.time_s" in node_extra:  # the node's time split over its ops: they sum to it
-                    attrs["dabench.time_s"] = float(node_extra["dabench.time_s"]) * share
-                    attrs["dabench.time"] = seconds(attrs["dabench.time_s"])
-                    attrs["dabench.time_share"] = round(share, 6)
-                if c.reason:
-                    attrs["dabench.unattributed"] = c.reason
-                for key, value in attrs.items():
-                    c.op.attributes[key] = _attr(value, i64, f64)
-                count += 1
-    text = _header_lines(graph, mlir_graph) + module.operation.get_asm(enable_debug_info=True)
-    out = Path(out_path)
+    (unit, time_s) are put on every op of that node; the op-level work is
+    `dabench_ir.mlir.annotate`'s."""
     from dabench_ir.fileio import write_output
+    from dabench_ir.mlir import MLIR_ARTIFACT
+    from dabench_ir.mlir.annotate import annotate_ops, header_lines, lowered_for_annotation
 
-    write_output(out, text)
+    mlir_graph = graph if MLIR_ARTIFACT in graph.meta else lowered_for_annotation(source, graph)
+    extras = _extra_by_name(extra)
+    per_node = {}
+    for node in mlir_graph.nodes:
+        base = graph.node(node.name) if graph.has_node(node.name) else node
+        per_node[node.name] = (node_annotations(base, extras.get(node.name)), attributed_cost(base) or Cost())
+    count = annotate_ops(mlir_graph, per_node)
+    module = mlir_graph.meta[MLIR_ARTIFACT].module
+    out = Path(out_path)
+    write_output(out, header_lines(graph, mlir_graph) + module.operation.get_asm(enable_debug_info=True))
     logger.info("annotated %d MLIR op(s) into %s", count, out)
     return out
-
-
-def _op_shares(ops: list[Any]) -> list[float]:
-    """Each op's share of its node: by FLOPs, else by bytes, else equal; the shares sum to 1."""
-    for key in ("flops", "bytes"):
-        total = sum(getattr(c.cost, key) for c in ops)
-        if total > 0:
-            return [getattr(c.cost, key) / total for c in ops]
-    return [1.0 / len(ops)] * len(ops) if ops else []
-
-
-def _header_lines(graph: Graph, mlir_graph: Graph) -> str:
-    """``// dabench.key: value`` lines the MLIR frontend reads back: the model's facts (family,
-    preset, shape) and which function arguments are weights, so that re-profiling the
-    annotated file keeps the parameter count and the layers."""
-    import json
-
-    from dabench_ir.ir import ValueKind
-    from dabench_ir.mlir import MLIR_ARTIFACT
-
-    header = {
-        k: v
-        for k, v in graph.metadata.items()
-        if k.startswith(PREFIX) and k not in ("dabench.frontend", MODEL_WEIGHTS) and "\n" not in str(v)
-    }
-    from dabench_ir.mlir import entry_func
-
-    artifact = mlir_graph.meta.get(MLIR_ARTIFACT)
-    weights = sorted(getattr(artifact, "weight_args", ()) or ())
-    n_args = len(entry_func(artifact.module).regions[0].blocks[0].arguments) if artifact is not None else 0
-    if weights and weights == list(range(n_args - len(weights), n_args)):  # the loader's convention: (x, *weights)
-        names = [v.name for v in graph.values.values() if v.kind is ValueKind.WEIGHT]
-        header[MODEL_WEIGHTS] = json.dumps(names if len(names) == len(weights) else [f"arg{i}" for i in weights])
-    elif weights:
-        logger.warning("annotated MLIR: weight arguments are not the trailing ones; the parameter count is not kept")
-    return "".join(f"// {k}: {v}\n" for k, v in header.items())
-
-
-def _attr(value: Any, i64: Any, f64: Any) -> Any:
-    from torch_mlir import ir
-
-    if isinstance(value, bool):
-        return ir.BoolAttr.get(value)
-    if isinstance(value, int):
-        return ir.IntegerAttr.get(i64, value)
-    if isinstance(value, float):
-        return ir.FloatAttr.get(f64, value)
-    return ir.StringAttr.get(str(value))
-
-
-def _lower_for_annotation(source: Any, graph: Graph) -> Graph:
-    from dabench_ir.mlir import load_mlir, onnx_via_mlir
-    from dabench_ir.passes import PassManager
-    from dabench_ir.run import analysis_passes
-
-    suffix = Path(source).suffix.lower() if isinstance(source, (str, os.PathLike)) else ".onnx"
-    dims = dict(graph.bindings)
-    lowered = load_mlir(source, dims=dims) if suffix == ".mlir" else onnx_via_mlir(source, dims=dims)
-    return PassManager(analysis_passes(dims, linalg=True))(lowered).graph
 
 
 def annotate(model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None) -> Path:

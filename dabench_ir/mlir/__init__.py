@@ -9,8 +9,11 @@
 - `pipelines` — upstream MLIR passes run one at a time on the linalg module and costed after
   each (`run_mlir_pipeline`), with op-level provenance, per-node splits (`split_by_nodes`) and
   the module as a graph of units for the lowerings (`unit_graph`).
+- `annotate` — ``dabench.*`` attributes on a module's counted ops and the header the loader reads
+  back (`annotate_ops`, `header_lines`), for `dabench_ir.annotate.annotate_mlir`; imported by it,
+  not here.
 
-Dependencies run one way: `count` ← `load` ← `pipelines`. torch-mlir is imported lazily,
+Dependencies run one way: `count` ← `load` ← `pipelines` ← `annotate`. torch-mlir is imported lazily,
 inside the functions that need it, never when this package is imported.
 """
 
