@@ -257,11 +257,11 @@ class _Book:
         into the folder is computing now). Interrupted while locking, it leaves no lock behind."""
         todo, elsewhere = [], []
         try:
-            for checked, (key, params) in enumerate(keyed):
-                if checked % 16 == 0:  # a resume reads every finished point's record: seconds on a big sweep
-                    self.tick(checked, len(keyed), failed=0, phase=READ_PHASE)
+            for checked, (key, params) in enumerate(keyed, start=1):
                 if self.is_done(key):
                     self.result.skipped += 1
+                    if self.result.skipped % 16 == 1:  # a resume reads each finished point's record: seconds
+                        self.tick(checked, len(keyed), failed=0, phase=READ_PHASE)
                     self.locks.clear_stale(key)
                 elif not self.locks.acquire(key):
                     elsewhere.append((key, params))
