@@ -738,8 +738,15 @@ def options_from_args(args: argparse.Namespace, cls: type, command: str, **fixed
 
 
 def _check_measured(opts: Any, given: set[str] | frozenset[str], *, trained: bool) -> None:
-    """``--measure`` runs the file as exported in onnxruntime: a knob that rewrites the graph before
-    it is costed (`_REWRITES_THE_GRAPH`, a training step) would describe another graph than the one timed."""
+    """``--measure`` runs the file as exported in onnxruntime, on one device: a knob that rewrites the
+    graph before it is costed (`_REWRITES_THE_GRAPH`, a training step), or several chips, would describe
+    another run than the one timed."""
+    chips = getattr(opts, "chips", None) or 1  # a scaling knob: a profile's plain options have none
+    if chips > 1:  # its report would be the scaling stage's, the measurement lost
+        raise UserError(
+            f"--measure times the model in onnxruntime on this machine, one device; it cannot measure a run "
+            f"over --chips {chips}: drop one of them"
+        )
     if opts.mode == "train" and not trained:
         raise UserError(
             "--measure times the exported graph in onnxruntime, a forward pass; it cannot time a training step "
@@ -842,12 +849,6 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
             )
     if opts.measure:
         _check_measured(opts, given, trained=trained)
-    chips = getattr(opts, "chips", None) or 1  # a scaling knob: a profile's plain options have none
-    if opts.measure and chips > 1:  # its report would be the scaling stage's, the measurement lost
-        raise UserError(
-            f"--measure times the model in onnxruntime on this machine, one device; it cannot measure a run "
-            f"over --chips {chips}: drop one of them"
-        )
     if target is not None:
         _check_lowering_takes(opts, given, target, mode)
     _check_recompute(opts, given, target, mode)

@@ -288,7 +288,8 @@ def _summarised(run: ResolvedRun, graph: Graph, plan: Plan, timeline: Timeline, 
                 per_bound[str(bound)] = per_bound.get(str(bound), 0.0) + busy
     for name, seconds in (timeline.overheads_s or {}).items():
         if seconds:
-            per_bound[row_bound(name)] = per_bound.get(row_bound(name), 0.0) + seconds
+            bound = row_bound(name)
+            per_bound[bound] = per_bound.get(bound, 0.0) + seconds
     return ChipRun(
         time_s=timeline.step_time_s,
         allocation=metrics.allocation_ratio,

@@ -545,9 +545,9 @@ def place_node(
     FLOP/s over the bandwidth of ``feed_level``), or, given ``feed_bandwidth`` (the bandwidth its
     feed comes at) and a compute time, against the node's own ridge: the rate its compute runs at
     (its op classes' mix: a residual add on a vector rate, not the contraction peak) over that
-    bandwidth, so that it is compute-bound exactly when its compute outlasts its traffic; ``binds``, where the lowering times the node as
-    part of something larger whose bound binds it (an RDU section: one pipeline), replaces a
-    compute or memory bound. An unattributed node carries the note that says it takes zero time.
+    bandwidth, so that it is compute-bound exactly when its compute outlasts its traffic.
+    ``binds``, where the lowering times the node as part of something larger whose bound binds it
+    (an RDU section: one pipeline), replaces a compute or memory bound. An unattributed node carries the note that says it takes zero time.
     Every lowering places nodes through here.
     """
     cost = ctx.costs[node.name]

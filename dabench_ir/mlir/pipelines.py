@@ -627,22 +627,27 @@ def split_by_nodes(
     pipeline. Returns the cost per node and, per node, the other nodes it shares a fused op with."""
     out: dict[str, Cost] = {}
     shared: dict[str, set[str]] = {}
-    for k, c in enumerate(counts):
+    for op_index, c in enumerate(counts):
         names = list(c.origin.names) or ([c.origin.name] if c.origin.name else ["unattributed"])
         if len(names) == 1:
             out[names[0]] = out.get(names[0], Cost()) + c.cost
             continue
-        made_of = [counts_before[i] for i in (sources or {}).get(k, ())]
-
-        def weights(field: str, names: list[str] = names, made_of: list[Any] = made_of) -> list[int]:
-            held = [sum(getattr(op.cost, field) for op in made_of if op.origin.name == n) for n in names]
-            return held if sum(held) > 0 else [getattr(before.get(n, Cost()), field) for n in names]
-
-        parts = {f.name: whole_shares(getattr(c.cost, f.name), weights(f.name)) for f in fields(Cost)}
+        made_of = [counts_before[i] for i in (sources or {}).get(op_index, ())]
+        parts = {
+            f.name: whole_shares(getattr(c.cost, f.name), _split_weights(f.name, names, made_of, before))
+            for f in fields(Cost)
+        }
         for j, n in enumerate(names):
             out[n] = out.get(n, Cost()) + Cost(**{k: v[j] for k, v in parts.items()})
             shared.setdefault(n, set()).update(m for m in names if m != n)
     return out, shared
+
+
+def _split_weights(field: str, names: list[str], made_of: Sequence[Any], before: Mapping[str, Cost]) -> list[int]:
+    """How much of ``field`` each of ``names`` held among the ops a fused op was made of, or, where
+    they held none of it, in the nodes' whole costs before (`split_by_nodes`)."""
+    held = [sum(getattr(op.cost, field) for op in made_of if op.origin.name == n) for n in names]
+    return held if sum(held) > 0 else [getattr(before.get(n, Cost()), field) for n in names]
 
 
 # -- the placed graph -----------------------------------------------------------------------

@@ -154,7 +154,8 @@ def shares_of_times(times: dict[str, float], overheads: dict[str, float] | None 
     times = dict(times)
     for name, seconds in (overheads or {}).items():
         if seconds:
-            times[row_bound(name)] = times.get(row_bound(name), 0.0) + float(seconds)
+            bound = row_bound(name)
+            times[bound] = times.get(bound, 0.0) + float(seconds)
     total = sum(times.values())
     return {k: v / total for k, v in times.items()} if total else {}
 
