@@ -46,7 +46,10 @@ class TagLayers(Pass):
     """Set ``Node.layer`` from the exporter's scope, and give unscoped nodes their neighbours' layer.
 
     Nodes the exporter left without a scope (constants, casts inserted by the optimiser)
-    inherit the layer of the node that consumes their output when all consumers agree.
+    inherit the layer of the node that consumes their output when all consumers agree, unless
+    a node they read from sits, by its own scope, outside that layer: an op of the model's root
+    module (scope ``''``, as GPT-2's token + position embedding add) between the embeddings
+    and the first block is no block's.
     """
 
     name: str = "tag-layers"
@@ -61,10 +64,21 @@ class TagLayers(Pass):
             if node.layer is not None or node.scope:
                 continue
             layers = {c.layer for out in node.outputs for c in graph.consumers.get(out, ())}
-            if len(layers) == 1 and None not in layers:
-                node.layer = layers.pop()
+            if len(layers) == 1 and None not in layers and not _reads_outside(graph, node, layer := layers.pop()):
+                node.layer = layer
                 modified = True
         return PassResult(graph, modified)
+
+
+def _reads_outside(graph: Graph, node: Node, layer: int) -> bool:
+    """Whether ``node`` reads a value that a scoped node outside ``layer`` produced."""
+    for name in node.inputs:
+        value = graph.values.get(name)
+        if value is not None and value.producer is not None:
+            producer = graph.node(value.producer)
+            if producer.scope and producer.layer != layer:
+                return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ def test_a_tied_head_on_ipu_0_does_not_hold_up_the_next_micro_batch():
     stages, for different micro-batches. A step alone is one micro-batch through every stage, then one
     cycle (the period's share of a micro-batch) for each of the others; it was every node one after
     another (92.2 ms against 30.9), so a prefill on 4 IPUs took as long as on one. The period, the
-    busiest IPU's work, is the same either way."""
+    busiest IPU's work, is the same either way (26.606 ms since the token + position add, an op of
+    the model's root, runs with the embeddings on IPU 0, not with block 0 on IPU 1: 26.797 ms)."""
     from dabench_ir import api
 
     m = 16
@@ -102,7 +103,7 @@ def test_a_tied_head_on_ipu_0_does_not_hold_up_the_next_micro_batch():
     totals = report.totals
     one_pass = sum(n.time_s for n in report.nodes if n.time_s) / m
     assert totals["latency_s"] == pytest.approx(one_pass + (m - 1) * totals["period_s"] / m, rel=2e-2)
-    assert totals["period_s"] == pytest.approx(26.797e-3, rel=1e-3)
+    assert totals["period_s"] == pytest.approx(26.606e-3, rel=1e-3)
 
 
 def test_a_training_step_alone_fills_and_drains_its_pipeline_once():

@@ -396,9 +396,11 @@ def test_ipus_alone_balance_the_tied_table_as_graphcore_lays_gpt2_out(gpt2_base)
 
 
 def test_gpt2_small_inference_on_4_ipus_slows_as_the_matmul_proportion_binds():
-    """GPT-2 small, inference, 4 IPUs: the head's matmul binds at 0.3 and below, the layers'
-    at 0.05 and below; each proportion gives its own step time, slower the smaller it is, and
-    the temporaries it charges shrink with it."""
+    """GPT-2 small, inference, 4 IPUs: the layers' matmuls bind at 0.05 and below, each proportion
+    there giving its own, slower step; above, the busiest IPU's cycle is the same. The temporaries it
+    charges shrink with it. (The head on IPU 0 bound at 0.3 while the embedding add sat in block 0 on
+    IPU 1 and took the tied table's transpose with it: the head then read its 77 MB weight over the
+    IPU-Link, a 3.03 ms cycle where it is 1.72 ms.)"""
     from dabench_ir.sweep import graphs
 
     base = graphs.export_base(dict(family="gpt2", layers=12, hidden=768, heads=12, seq=1024, vocab=50257, batch=1))
@@ -409,7 +411,7 @@ def test_gpt2_small_inference_on_4_ipus_slows_as_the_matmul_proportion_binds():
         assert plan.fits
         steps.append(emulate(plan, g).step_time_s)
         temps.append(_terms(plan)["matmul_temporaries"])
-    assert steps == sorted(steps) and len(set(steps[1:])) == 4
+    assert steps[0] == steps[1] == steps[2] < steps[3] < steps[4]
     assert temps == sorted(temps, reverse=True) and temps[0] < 0.6 * CAPACITY
 
 

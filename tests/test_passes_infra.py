@@ -138,6 +138,23 @@ def test_tag_layers_reads_scopes_and_lends_unscoped_nodes_their_consumers_layer(
     assert TagLayers()(graph).modified is False
 
 
+def test_tag_layers_leaves_a_root_op_between_the_embeddings_and_the_first_block_in_no_block():
+    """GPT-2's token + position add is an op of the model's root (scope ''), read by block 0 alone: it
+    reads the embeddings, which are no block's, so it is not block 0's either. A cast the optimiser put
+    between two of block 0's ops (no scope, its reads block 0's) still is."""
+    tok = Node("tok", "Gather", inputs=["wte", "ids"], outputs=["e"], scope="embed")
+    pos = Node("pos", "Gather", inputs=["wpe", "ids"], outputs=["p"], scope="pos_embed")
+    add = Node("add", "Add", inputs=["e", "p"], outputs=["h"])
+    norm = Node("norm", "LayerNormalization", inputs=["h"], outputs=["n"], scope="layers.0.attn_norm")
+    cast = Node("cast", "Cast", inputs=["n"], outputs=["c"])
+    q = Node("q", "MatMul", inputs=["c", "w"], outputs=["y"], scope="layers.0.attn.q_proj")
+    graph = _graph(tok, pos, add, norm, cast, q)
+    for node in graph.nodes:
+        graph.values[node.outputs[0]].producer = node.name
+    TagLayers()(graph)
+    assert [n.layer for n in (tok, pos, add, norm, cast, q)] == [None, None, None, 0, 0, 0]
+
+
 # -- graph-level annotations ---------------------------------------------------------------------
 
 
