@@ -135,7 +135,9 @@ def test_over_a_pipeline_each_chip_holds_its_stages_weights_and_every_sequences_
     sequence's, however many micro-batches stream through (the cache was a micro-batch's: 1/3 of it)."""
     from dabench_ir.options import ScaleOptions
 
-    piped = generate("gpt2-small", "h100", ScaleOptions(batch=3, chips=2, strategy="pp"), prompt=PROMPT, gen=GEN)
+    piped = generate(
+        "gpt2-small", "h100", ScaleOptions(batch=3, chips=2, strategy="pp", micro_batches=3), prompt=PROMPT, gen=GEN
+    )
     one, two = static_three.decode[-1], piped.decode[-1]
     held = two.report.scaling.points[-1].memory_per_device
     assert two.kv_cache_bytes == held["kv_cache"] == one.kv_cache_bytes // 2

@@ -287,6 +287,25 @@ def test_a_pipelined_decode_step_pays_the_framework_step_once_and_is_no_faster_t
     assert pp.tpot_s > one.tpot_s
 
 
+def test_a_pipelined_decode_keeps_a_micro_batch_in_each_stage_and_drains_no_step():
+    """16 requests over 2 pipelined H100s: a serving engine keeps one micro-batch in each stage (vLLM's
+    virtual engines), and each one's next token enters the first stage as its last leaves the second,
+    so a decode step neither fills nor drains. One micro-batch a request, flushed every step, took 6.58 s
+    to generate 128 tokens where one H100 takes 0.97 s; a step is now one chip's weight reads and no
+    faster (each stage reads its weights once a micro-batch)."""
+    from dabench_ir import api
+
+    one = api.generate("llama-7b", "h100", prompt=128, gen=4, batch=16)
+    pp = api.generate("llama-7b", "h100", prompt=128, gen=4, batch=16, chips=2, strategy="pp")
+    step = pp.decode[-1].report
+    point = step.scaling.points[-1]
+    assert point.micro_batches == 2
+    assert "pipeline_fill_drain" not in point.overheads_s
+    assert one.decode[-1].time_s * 0.9 < step.totals["time_s"] < one.decode[-1].time_s * 1.1
+    prefill = pp.prefill.report.scaling.points[-1]  # a prefill is one step: it fills and drains
+    assert prefill.overheads_s["pipeline_fill_drain"] == pytest.approx(max(prefill.stage_times_s) / 2)
+
+
 def test_a_tp_split_whose_weights_do_not_divide_is_refused():
     """GPT-2 small's 768-wide projections do not split 5 ways, even by a compiler that splits
     operators along any dim (the RDU): the chips' work was costed at a fifth while every weight stayed
@@ -331,10 +350,12 @@ def test_a_pipeline_reports_why_lines_are_over_its_own_step(capsys):
     """A pp report's own placement is its stages in turn, not one chip running the step: taken as the
     one-chip baseline of a variant's speedup it made a 2-chip variant 2.52x, and the verifier stopped
     the profile (exit 1). The why lines compare the report's step with the variant's (3.14 -> 1.91 ms),
-    not the staged timelines' (4.82 -> 2.43)."""
+    not the staged timelines' (4.82 -> 2.43). Here one micro-batch of 32 sequences fills and drains the
+    two stages; two halve it (2.85 -> 2.6 ms)."""
     from dabench_ir.cli import main
 
-    argv = ["profile", "gpt2-small", "-t", "h100", "--batch", "4", "--seq", "128", "--chips", "2", "--strategy", "pp"]
+    argv = ["profile", "gpt2-small", "-t", "h100", "--batch", "32", "--seq", "128", "--chips", "2", "--strategy", "pp"]
+    argv += ["--micro-batches", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     (step,) = [line.split()[1:3] for line in out.splitlines() if line.startswith("  time ")]
