@@ -95,36 +95,51 @@ def is_loss(node: Node) -> bool:
 
 
 def token_table(graph: Graph) -> tuple[str | None, int]:
-    """A language model's token-embedding table, the largest 2-D stored tensor a Gather reads,
-    and its row count (the vocabulary); ``(None, 0)`` when no Gather reads a stored table."""
-    best, vocab = None, 0
+    """A language model's token-embedding table and its row count (the vocabulary); ``(None, 0)`` when
+    no Gather reads a stored 2-D table. Of the tables Gathers read, the one as tall as a float output
+    is wide (the logits), the largest such; without one (a model without its head), the largest. The
+    largest alone took GPT-2's 1,024-row position table for a 1,000-word vocabulary, and the step had
+    no loss."""
+    tables: dict[str, int] = {}
     for node in graph.nodes:
         table = graph.values.get(node.inputs[0]) if node.op_type == "Gather" and node.inputs else None
         if table is None or not table.kind.is_stored:
             continue
-        try:
-            dims = table.type.dims(graph.bindings)
-        except UnboundSymbolError:
-            continue
-        if len(dims) == 2 and dims[0] > vocab:
-            best, vocab = table.name, int(dims[0])
-    return best, vocab
+        dims = _dims(graph, table.name)
+        if dims is not None and len(dims) == 2:
+            tables[table.name] = int(dims[0])
+    widths = {dims[-1] for name in graph.outputs if (dims := _float_dims(graph, name))}
+    headed = {name: rows for name, rows in tables.items() if rows in widths}
+    pool = headed or tables
+    if not pool:
+        return None, 0
+    best = max(pool, key=pool.__getitem__)  # the first of the largest
+    return best, pool[best]
+
+
+def _dims(graph: Graph, name: str) -> tuple[int, ...] | None:
+    """A value's dims with the graph's bindings; None when unknown or symbolic."""
+    value = graph.values.get(name)
+    if value is None:
+        return None
+    try:
+        return tuple(value.type.dims(graph.bindings))
+    except UnboundSymbolError:
+        return None
+
+
+def _float_dims(graph: Graph, name: str) -> tuple[int, ...] | None:
+    """A float value's dims (`_dims`); None for any other."""
+    value = graph.values.get(name)
+    return _dims(graph, name) if value is not None and value.type.dtype.is_float else None
 
 
 def lm_logits(graph: Graph) -> str | None:
     """A language model's logits: the first graph output as wide as its token-embedding table."""
     _, vocab = token_table(graph)
-    for name in graph.outputs if vocab else ():
-        value = graph.values.get(name)
-        if value is None or not value.type.dtype.is_float:
-            continue
-        try:
-            dims = value.type.dims(graph.bindings)
-        except UnboundSymbolError:
-            continue
-        if dims and dims[-1] == vocab:
-            return name
-    return None
+    return next(
+        (name for name in graph.outputs if vocab and (dims := _float_dims(graph, name)) and dims[-1] == vocab), None
+    )
 
 
 def _needs_grad(graph: Graph) -> set[str]:
@@ -215,11 +230,29 @@ def saved_for_backward(graph: Graph, node: Node, needs: set[str], traits: OpTrai
         saved[x] = value_bytes(graph, x)
         size = graph.values[x].type.dtype.itemsize if x in graph.values else 4
         saved[f"{x}#stats"] = 2 * 4 * (saved[x] // max(size, 1) // _last_dim(graph, x))  # mean and 1/σ, fp32
-    elif saves is Saves.INPUTS:  # elementwise with a data-dependent derivative: its activation inputs
-        for name in ins:
-            if _is_activation(graph, name):
+    elif saves is Saves.INPUTS:  # elementwise with a data-dependent derivative: the inputs its backward reads
+        for i, name in enumerate(ins):
+            if _is_activation(graph, name) and _backward_reads(node, ins, i, needs):
                 saved[name] = value_bytes(graph, name)
     return saved
+
+
+def _backward_reads(node: Node, ins: list[str], i: int, needs: set[str]) -> bool:
+    """Whether an elementwise op's backward reads its ``i``-th input (autograd's saved tensors).
+
+    A product's gradient with respect to one factor is the other, so Mul keeps a factor only when its
+    partner needs a gradient: ``scores * scale`` and ``q * cos`` keep nothing of ``scores`` or ``q``.
+    A quotient's gradient with respect to its numerator is one over the denominator: Div keeps its
+    numerator only for the denominator's gradient. Any other op (GELU, Pow, Where, ...) reads its
+    inputs for its own gradient."""
+    if node.domain not in ("", "ai.onnx") or len(ins) != 2:
+        return True
+    partner = ins[1 - i]
+    if node.op_type == "Mul":
+        return partner in needs
+    if node.op_type == "Div" and i == 0:
+        return partner in needs
+    return True
 
 
 def attention_cores(graph: Graph) -> dict[str, int]:
@@ -473,6 +506,8 @@ class TrainingPass(Pass):
         saved: dict[str, int] = {}
         per_layer: dict[int | None, dict[str, int]] = {}
         boundary = 0
+        crossing: set[str] = set()  # the values the boundary counts
+        blocked = bool(graph.layers)  # without blocks (no scopes) the whole graph is the one checkpoint
         values, consumers = graph.values, graph.consumers
         for node in graph.nodes:
             forward = meta.get_cost(node)
@@ -508,7 +543,7 @@ class TrainingPass(Pass):
                 keep = dict(op_keeps[node.name])
             # its forward runs again in backward (under op also a block's ops no gradient flows
             # through, such as the first block's norm: their outputs feed the saved ops' inputs)
-            if (mode == "full" and grads) or node.name in op_recomputed:
+            if (mode == "full" and grads and (node.layer is not None or not blocked)) or node.name in op_recomputed:
                 bwd = bwd + forward
                 node.meta[meta.RECOMPUTED] = True
             node.meta[FORWARD_COST] = forward
@@ -520,6 +555,7 @@ class TrainingPass(Pass):
                 per_layer.setdefault(node.layer, {}).update(keep)  # (a layer that keeps nothing adds 0)
             if _crosses_layer(node, consumers):
                 boundary += forward.act_bytes_out
+                crossing.update(node.outputs)
         params = graph.num_params or 0  # None: a symbolic weight shape
         itemsize = _weight_itemsize(graph)
         logits = lm_logits(graph)
@@ -531,7 +567,10 @@ class TrainingPass(Pass):
         graph.nodes.append(step)
         graph.invalidate()
         layer_peak = max((sum(k.values()) for layer, k in per_layer.items() if layer is not None), default=0)
-        kept = boundary + layer_peak if mode == "full" else sum(saved.values())
+        # full: the blocks' boundaries and one block's set, beside what the nodes outside the blocks
+        # (embedding, final norm, head), which are not recomputed, keep as they would
+        outside = sum(b for name, b in per_layer.get(None, {}).items() if name not in crossing)
+        kept = boundary + layer_peak + outside if mode == "full" and blocked else sum(saved.values())
         meta.graph_set(
             graph,
             meta.TRAINING,

@@ -50,6 +50,57 @@ def test_one_block_saves_what_autograd_keeps(seq, batch, fused):
     assert _layer_saved(g, 1) == _hand_count(seq, batch, h, a, fused=fused)
 
 
+def _autograd_saved(cfg) -> dict[int, int]:
+    """The float tensors torch's autograd saves for backward in one forward of the exporter's own
+    module, by storage (a tensor saved twice is held once), weights and the input left out."""
+    import torch
+
+    from dabench_ir.models import build_model
+
+    model = build_model(cfg).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden)
+    held: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr != x.untyped_storage().data_ptr() and t.dtype.is_floating_point:
+            held[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return held
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_an_exported_block_saves_what_torch_autograd_saves(family, tmp_path):
+    """The exporter's own block (fp32, seq 32, hidden 64) against torch's saved-tensor hooks on the
+    same module. A product keeps a factor only for its partner's gradient: ``scores * scale`` kept the
+    S x S scores (GPT-2 small at bf16, batch 1: 909,320,192 B where the closed form gives 607,330,304)
+    and rotary's ``q * cos`` kept q and k. GPT-2 is exact; LLaMA differs by what the two graphs hold
+    differently: torch saves the cos and sin tables it computes each forward (constants in the export),
+    and the export's Sqrt -> Reciprocal keeps one more fp32 per row than torch's rsqrt, per norm."""
+    import onnx
+
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    seq, hidden, heads = 32, 64, 4
+    cfg = ModelConfig(family=family, layers=1, hidden=hidden, heads=heads, kv_heads=2 if family == "llama" else None,
+                      ffn=128, seq=seq, vocab=None, dtype="fp32")  # fmt: skip
+    path = tmp_path / f"{family}.onnx"
+    onnx.save(export_onnx(cfg, weights="random"), path)
+    ours = meta.graph_get(prepare_graph(path, {"mode": "train"}, None), meta.TRAINING).saved_activation_bytes
+    torch_saved = sum(_autograd_saved(cfg).values())
+    if family == "gpt2":
+        assert ours == torch_saved == 123_648
+    else:
+        rotary_tables = 2 * seq * (hidden // heads) * 4  # cos and sin, [seq, head_dim] fp32
+        assert ours == torch_saved - rotary_tables + 2 * seq * 4 == 188_928
+
+
 def test_selective_recompute_drops_the_scores_and_recomputes_the_core():
     h, a, s = 64, 4, 32
     plain, sel = decoder(layers=2, hidden=h, seq=s, heads=a), decoder(layers=2, hidden=h, seq=s, heads=a)
@@ -84,6 +135,33 @@ def test_full_recompute_keeps_block_inputs_and_one_block():
     sbh2 = 2 * 16 * 64
     # three block outputs cross into the next block; the largest block's saved set is layer 1+
     assert train.saved_activation_bytes == 3 * sbh2 + _hand_count(16, 1, 64, 4, fused=False)
+
+
+def test_full_recompute_runs_the_blocks_again_and_not_the_head(tmp_path):
+    """Full recompute checkpoints the transformer blocks: the embedding, final norm and LM head run
+    forward once and keep what they keep. A training step's matmul FLOPs are Narayanan et al.'s
+    Eq. 3 (SC'21), 96·B·s·l·h²·(1 + s/6h + V/16lh), to the FLOP; the head ran again too (GPT-2 small at
+    seq 1024: 1,166.6 against 1,087.5 TFLOP), and its input was left out of the memory kept."""
+    import onnx
+
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    b, s, layers, h, vocab = 1, 16, 2, 64, 128
+    cfg = ModelConfig(family="gpt2", layers=layers, hidden=h, heads=4, ffn=4 * h, seq=s, vocab=vocab, max_positions=s)
+    path = tmp_path / "g.onnx"
+    onnx.save(export_onnx(cfg, weights="random"), path)
+    runs = {mode: prepare_graph(path, {"mode": "train", "recompute": mode}, None) for mode in ("none", "full")}
+    full = runs["full"]
+    contraction = sum(meta.get_cost(n).contraction_flops for n in full.nodes if meta.get_cost(n))
+    assert contraction == 96 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h)) == 13_893_632
+    head = next(n for n in full.nodes if n.scope == "lm_head" and n.op_type in ("MatMul", "Gemm"))
+    assert not head.meta.get(meta.RECOMPUTED)
+    head_input = head.meta[SAVED]
+    assert set(head_input) == set(runs["none"].node(head.name).meta[SAVED])
+    kept = meta.training_state(full).saved_activation_bytes
+    assert kept > sum(head_input.values())
 
 
 def test_micro_batches_hold_one_micro_batch_and_run_the_optimizer_once():
@@ -258,3 +336,23 @@ def test_a_language_model_step_ends_in_its_loss_with_exact_cost():
     # a graph without a token table has no logits to score: no loss
     plain = TrainingPass()(decoder(layers=1)).graph
     assert not any(is_loss(node) for node in plain.nodes) and meta.training_state(plain).loss is None
+
+
+def test_a_vocabulary_smaller_than_the_position_table_still_has_its_loss(tmp_path):
+    """GPT-2 with 1,000 words and its 1,024 positions: the token table is the one as tall as the logits
+    are wide, not the largest table a Gather reads (the position table, which left the step with no
+    loss: "no language-model logits")."""
+    import onnx
+
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.passes.training import lm_logits, token_table
+    from dabench_ir.pipeline import load_graph
+
+    cfg = ModelConfig(family="gpt2", layers=1, hidden=64, heads=4, ffn=128, seq=16, vocab=1000, max_positions=1024)
+    path = tmp_path / "g.onnx"
+    onnx.save(export_onnx(cfg, weights="random"), path)
+    graph = load_graph(path)
+    table, vocab = token_table(graph)
+    assert vocab == 1000 and graph.values[table].type.shape == (1000, 64)
+    assert lm_logits(graph) == graph.outputs[0]
