@@ -603,3 +603,39 @@ def test_an_ipu_file_that_still_sets_arch_tiles_is_refused_naming_the_owner(tmp_
     assert main(["profile", "gpt2-small", "-t", str(path), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "arch.tiles is an IPU's compute.units" in err
+
+
+# -- layouts and memory terms a review found wrong ------------------------------------------------------
+
+
+def test_a_layout_with_an_empty_ipu_inside_it_is_refused():
+    """``--layers-per-ipu 0,0,4`` (GPT-2's 4 layers; here a stack without embedding, 2,0,2) left IPU 1 with nothing: the run was accepted and billed three IPUs'
+    power (900 W, 2.31 J a step against 1.55 J for ``0,4``, the same 8.47 ms); one after the last was
+    refused already."""
+    graph = decoder(layers=4, hidden=64, seq=16, batch=2)
+    with pytest.raises(UserError, match=r"--layers-per-ipu 2,0,2 leaves IPU 1 without a layer.*name 2 IPU\(s\)$"):
+        lower(graph, IPU, ProfileOptions(layers_per_ipu=(2, 0, 2)))
+    assert lower(graph, IPU, ProfileOptions(layers_per_ipu=(2, 2))).fits
+
+
+def test_a_decode_steps_cache_is_not_an_exchange_buffer_and_inference_streams_no_state(tmp_path):
+    """A decode step's KV cache is a graph input the IPU holds (its own term): taken for what crosses
+    from the previous IPU, it made IPU 1's receive buffers 1.57 MB (a layer's 512-token K cache of 4
+    requests, double-buffered) where the hidden state crossing is 768 x 2 B a token. And an inference
+    plan has no optimizer state: it listed 'streaming_ddr:ipuK 0 B' rows."""
+    import onnx
+
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+    from dabench_ir.pipeline import prepare_graph
+
+    cfg = ModelConfig(family="gpt2", layers=2, hidden=768, heads=12, ffn=3072, seq=1, vocab=None,
+                      batch=4, phase="decode", context=512)  # fmt: skip
+    path = tmp_path / "decode.onnx"
+    onnx.save(export_onnx(cfg, weights="none"), path)
+    graph = prepare_graph(path, {"precision": "fp16"}, IPU)
+    plan = lower(graph, IPU, ProfileOptions(ipus=2, precision="fp16"))
+    hidden_crossing = 768 * 2  # a micro-batch's (one request's) new token, fp16
+    assert _terms(plan, 1)["exchange_buffers"] == 2 * hidden_crossing  # double-buffered
+    assert _terms(plan, 1)["kv_cache"] > 0
+    assert not any(name.startswith("streaming_ddr") for name in plan.memory_bytes)

@@ -111,14 +111,17 @@ class TileMemory:
 
 
 def boundary_bytes(ctx: LoweringContext, nodes: list[Node]) -> float:
-    """The largest activation entering ``nodes`` from outside (a layer's input hidden state), whole batch."""
+    """The largest activation entering ``nodes`` from another stage (a layer's input hidden state),
+    whole batch. A graph input has no producing stage: the host streams it, or, a decode step's KV
+    cache, the IPU holds it already (its own term); it had been taken for the boundary, a layer's
+    512-token cache receive buffers of 1.57 MB where the hidden state crossing is 1.5 KB."""
     graph = ctx.graph
     inside = {n.name for n in nodes}
     best = 0.0
     for node in nodes:
         for v in node.inputs:
             value = graph.values.get(v) if v else None
-            if value is None or value.kind.is_stored or value.producer in inside:
+            if value is None or value.kind.is_stored or value.producer is None or value.producer in inside:
                 continue
             best = max(best, act_bytes(ctx, v))
     return best
@@ -416,8 +419,8 @@ def tile_memory(run: IpuRun, pipeline: Pipeline, serials: dict[str, SerialPlan])
     fp16_optimizer = None if fp16_optimizer is None else fp16_optimizer.value
     accum_pp, state_pp = state_bytes_per_param(ctx, fp16_optimizer)
     memory = TileMemory(accum_pp=accum_pp, shard=run.replicas if options.replicated_tensor_sharding else 1)
-    # auto: Graphcore's default, off-chip
-    memory.offchip = options.optimizer_state != "onchip" and run.fig.stream is not None
+    # auto: Graphcore's default, off-chip; an inference step has no optimizer state
+    memory.offchip = train is not None and options.optimizer_state != "onchip" and run.fig.stream is not None
     # what a stage need not stash: attention cores the backward recomputes or a fused kernel holds
     recomputes = train is not None and (train.recompute_mode in ("selective", "op") or train.fused_attention)
     drops_cores = recomputes and bool(ctx.fact(core_internal_values))

@@ -212,6 +212,21 @@ def check_accumulation(pipeline: Pipeline, m: int, batch: int, training: bool, p
     )
 
 
+def _check_every_ipu_used(counts: tuple[int, ...], used: set[int], named: int) -> None:
+    """``--layers-per-ipu`` names ``named`` IPUs: each must hold a stage (layers, the embedding or the
+    head). An empty IPU inside the layout (``0,0,4``) had been accepted and billed, its power and
+    energy a third of the run's for a device doing nothing; one after the last was refused."""
+    idle = [k for k in range(named) if k not in used]
+    if not idle:
+        return
+    shown = ",".join(map(str, counts))
+    which = ", ".join(map(str, idle))
+    raise UserError(
+        f"--layers-per-ipu {shown} leaves IPU {which} without a layer, the embedding or the head; "
+        f"give {'it' if len(idle) == 1 else 'them'} layers or name {named - len(idle)} IPU(s)"
+    )
+
+
 def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
     """Step 1: lay the decoder layers out over the IPUs as pipeline stages.
 
@@ -224,12 +239,8 @@ def form_stages(ctx: LoweringContext, options: IpuOptions) -> Pipeline:
     place = layout(options, len(parts.layers), parts.tied, parts.table_layers)
     stages = pipeline_stages(parts, place)
     n_ipus = max(s.ipu for s in stages) + 1
-    if options.layers_per_ipu is not None and n_ipus < len(place.counts):  # the IPUs after the last hold nothing
-        shown = ",".join(map(str, options.layers_per_ipu))
-        raise UserError(
-            f"--layers-per-ipu {shown} leaves IPU {n_ipus}{'' if n_ipus + 1 == len(place.counts) else ' on'} "
-            f"without a layer, the embedding or the head; give it layers or name {n_ipus} IPU(s)"
-        )
+    if options.layers_per_ipu is not None:
+        _check_every_ipu_used(options.layers_per_ipu, {s.ipu for s in stages}, len(place.counts))
     amps = options.matmul_proportion
     if len(amps) not in (1, n_ipus):
         raise UserError(f"--matmul-proportion {','.join(map(str, amps))}: give one value or one per IPU ({n_ipus})")
