@@ -453,11 +453,19 @@ def op_checkpoint_keeps(graph: Graph, cores: Mapping[str, int]) -> tuple[dict[st
     return keeps, frozenset(recomputed)
 
 
+OPTIMIZERS = ("adam",)
+"""The optimizers a training step models (`_optimizer_node`: Adam's FLOPs, bytes and state)."""
+
+
 def _recompute_mode(value: object) -> str:
+    """A `RECOMPUTE` choice (``True``/``False`` from older specs: full/none); anything else is refused
+    (``selectiv`` had been recorded as given and run as none)."""
     if value is True:
         return "full"
     if value in (False, None):
         return "none"
+    if value not in RECOMPUTE:
+        raise ValueError(f"TrainingPass(recompute={value!r}): expected one of {', '.join(RECOMPUTE)}")
     return str(value)
 
 
@@ -487,6 +495,13 @@ class TrainingPass(Pass):
     recompute: str | bool = "none"
     optimizer: str = "adam"
     name: str = "training"
+
+    def __post_init__(self) -> None:
+        _recompute_mode(self.recompute)
+        if self.optimizer not in OPTIMIZERS:  # the step's cost and state are Adam's: no other is modelled
+            raise ValueError(
+                f"TrainingPass(optimizer={self.optimizer!r}): the modelled optimizers are {', '.join(OPTIMIZERS)}"
+            )
 
     def requires(self, graph: Graph) -> None:
         for node in graph.nodes:

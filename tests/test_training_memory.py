@@ -356,3 +356,17 @@ def test_a_vocabulary_smaller_than_the_position_table_still_has_its_loss(tmp_pat
     table, vocab = token_table(graph)
     assert vocab == 1000 and graph.values[table].type.shape == (1000, 64)
     assert lm_logits(graph) == graph.outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"optimizer": "sgd"}, r"TrainingPass\(optimizer='sgd'\): the modelled optimizers are adam"),
+        ({"recompute": "selectiv"}, r"TrainingPass\(recompute='selectiv'\): expected one of none, selective, op, full"),
+    ],
+)
+def test_the_training_pass_refuses_what_it_would_not_model(kwargs, message):
+    """``optimizer='sgd'`` was recorded and Adam's cost and 8 B a parameter of moments used; a misspelt
+    recompute mode was recorded as given and run as none."""
+    with pytest.raises(ValueError, match=message):
+        TrainingPass(**kwargs)
