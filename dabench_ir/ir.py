@@ -646,7 +646,7 @@ class Graph:
                 )
             )
         values = {
-            k: Value(name=v.name, type=v.type, kind=v.kind, producer=v.producer, scalar=v.scalar)
+            k: Value(name=v.name, type=v.type, kind=v.kind, producer=v.producer, scalar=v.scalar, tied_to=v.tied_to)
             for k, v in self.values.items()
         }
         copy = Graph(

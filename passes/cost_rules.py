@@ -210,6 +210,13 @@ class OpTraits(NamedTuple):
     output's static shape."""
     index_input: int | None = None
     """The input that holds indices (Gather*): a microbenchmark may feed zeros, which are valid."""
+    reads_metadata_only: bool = False
+    """Its output is its input's shape, never its data (Shape, Size): a value computed through it is not
+    computed from the tensor behind it (`dabench_ir.study.pipelines.declare_weights`)."""
+    gelu_form: str | None = None
+    """The GELU it computes or is part of: ``erf`` (exact), ``tanh`` (approximated) or ``sigmoid``
+    (x·sigmoid(1.702x)); a Gelu's ``approximate="tanh"`` attribute makes it ``tanh``
+    (`dabench_ir.study.functions`: a fusion that changes the form changes the function)."""
     makes_causal_mask: bool = False
     """An attention mask made by it is causal: a triangle of the score matrix (Trilu, ``torch.triu``) or
     key positions compared with query positions (Less, Greater, ...: ``kv_idx <= q_idx``) (`passes.training.causal_shares`)."""
@@ -781,8 +788,8 @@ _elementwise("HardSigmoid", 3, 0, **_TANH, **_NLIN)  # mul, add, clip
 _elementwise("HardSwish", 4, 0, **_ACT)
 _elementwise("Shrink", 2, 0)
 _elementwise("Sigmoid", 2, 1, **_TANH, **_NLIN, **_KEEPS_OUT)  # exp(-x), add 1, divide
-_elementwise("Tanh", 0, 1, **_TANH, **_NLIN, **_KEEPS_OUT)
-_elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf", **_NLIN)
+_elementwise("Tanh", 0, 1, **_TANH, **_NLIN, **_KEEPS_OUT, gelu_form="tanh")  # a decomposed tanh GELU's
+_elementwise("Erf", 0, 1, **_FP32, cpu_class="Erf", **_NLIN, gelu_form="erf")  # a decomposed exact GELU's
 _elementwise("Exp", 0, 1, **_FP32, **_TANH, roles=_EW, **_KEEPS_OUT)
 _elementwise("Log", 0, 1, **_FP32, **_TANH)
 _elementwise("Sqrt", 0, 1, **_FP32, roles=_NORM_PART, **_KEEPS_OUT)
@@ -816,7 +823,7 @@ _elementwise("Mish", 2, 3, **_ACT)  # x·tanh(softplus(x))
 _elementwise("Swish", 3, 1)  # x·sigmoid(x)
 
 
-@cost_rule("Gelu", op_class=OpClass.VECTOR, cpu_class="Gelu", **_NLIN)
+@cost_rule("Gelu", op_class=OpClass.VECTOR, cpu_class="Gelu", **_NLIN, gelu_form="erf")
 def gelu(op: OpView) -> Cost:
     """Exact GELU: 4 vector + 1 erf per element; tanh approximation: 7 vector + 1 tanh."""
     n = op.out_numel()
@@ -828,8 +835,8 @@ def gelu(op: OpView) -> Cost:
 _CONTRIB_ACT = {**_CONTRIB, "op_class": OpClass.VECTOR, **_NLIN, "output_types": _types.same}
 
 
-@cost_rule("Gelu", "BiasGelu", **_CONTRIB_ACT, cpu_class="Gelu")
-@cost_rule("FastGelu", **_CONTRIB_ACT, cpu_class=CPU_GELU_TANH)
+@cost_rule("Gelu", "BiasGelu", **_CONTRIB_ACT, cpu_class="Gelu", gelu_form="erf")
+@cost_rule("FastGelu", **_CONTRIB_ACT, cpu_class=CPU_GELU_TANH, gelu_form="tanh")
 def ms_gelu(op: OpView) -> Cost:
     """Exact (Gelu, BiasGelu) or tanh-approximated (FastGelu) GELU, plus the bias add when given."""
     n = op.out_numel()
@@ -838,7 +845,7 @@ def ms_gelu(op: OpView) -> Cost:
     return Cost(vector_flops=vector * n + bias, special_ops=n)
 
 
-@cost_rule("QuickGelu", **_CONTRIB_ACT, **_TANH)
+@cost_rule("QuickGelu", **_CONTRIB_ACT, **_TANH, gelu_form="sigmoid")
 def quick_gelu(op: OpView) -> Cost:
     """x·sigmoid(alpha·x): the sigmoid (2 vector + 1 exp), the product, and the alpha scaling
     when alpha ≠ 1 (onnxruntime fuses SiLU, x·sigmoid(x), into QuickGelu with alpha 1)."""
@@ -1155,7 +1162,7 @@ def gather(op: OpView) -> Cost:
     return Cost(act_bytes_in=gathered + index_bytes, act_bytes_out=out_bytes)
 
 
-@cost_rule("Shape", "Size", op_class=OpClass.SHAPE, params=(0,), shape_only=True)
+@cost_rule("Shape", "Size", op_class=OpClass.SHAPE, params=(0,), shape_only=True, reads_metadata_only=True)
 def shape_of(op: OpView) -> Cost:
     """Reads the input's metadata, not its data."""
     return Cost()

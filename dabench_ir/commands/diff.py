@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.commands.study import check_paths, write_outputs
     from dabench_ir.errors import UserError
-    from dabench_ir.report.compare import load_report_json, model_differences
+    from dabench_ir.report.compare import cost_only_note, is_cost_only, load_report_json, model_differences
     from dabench_ir.study import STUDY_SCHEMA, study_run
 
     check_paths(args)
@@ -48,4 +48,9 @@ def run(args: argparse.Namespace) -> int:
         "runs": [study_run(before, after)],
     }
     write_outputs(args, doc)
+    if not args.quiet:
+        for path, report in ((args.before, before), (args.after, after)):
+            if is_cost_only(report):
+                totals = report.get("totals") or {}
+                print(cost_only_note(path, totals.get("flops"), totals.get("bytes")))
     return 0

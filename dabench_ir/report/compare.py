@@ -27,9 +27,11 @@ __all__ = [
     "PERIOD_NOTE",
     "PER_CHIP_NOTE",
     "compare_reports",
+    "cost_only_note",
     "dominant_bound",
     "estimated_warnings",
     "format_row",
+    "is_cost_only",
     "is_period",
     "load_report_json",
     "model_name",
@@ -140,8 +142,8 @@ def _check_read_back(data: Mapping[str, Any], path: Path) -> None:
     def bad(what: str) -> UserError:
         return UserError(f"{path}: {what}; give a report written by profile --json")
 
-    target = data.get("target")
-    if not isinstance(target, Mapping) or not target.get("name"):
+    target = data.get("target")  # null: a cost-only report (written without --target)
+    if target is not None and (not isinstance(target, Mapping) or not target.get("name")):
         raise bad("target has no 'name'")
     tables = [("totals", data.get("totals") or {}), ("metrics", data.get("metrics") or {})]
     names: set[str] = set()
@@ -157,6 +159,20 @@ def _check_read_back(data: Mapping[str, Any], path: Path) -> None:
         for key, value in table.items():
             if key.endswith(_NON_NEGATIVE) and _is_real(value) and value < 0:
                 raise bad(f"{label} {key} = {value!r} is negative")
+
+
+def is_cost_only(report: Mapping[str, Any]) -> bool:
+    """Whether a report (or a compare row) was written without a target: FLOPs and bytes, no times."""
+    target = report.get("target")
+    return not (target.get("name") if isinstance(target, Mapping) else target)
+
+
+def cost_only_note(label: str, flops: float | None, nbytes: float | None) -> str:
+    """The line that says a cost-only side has no times: what it has instead."""
+    return (
+        f"{label}: cost only (written without --target): {human(flops, 'FLOP')}, {human(nbytes, 'B')}; "
+        "no times to compare (profile it with --target for them)"
+    )
 
 
 def _is_real(value: Any) -> bool:
@@ -265,6 +281,8 @@ def _row(data: Mapping[str, Any], target_obj: Any, powers: Mapping[str, float | 
         "estimated_time_share": totals.get("estimated_time_share"),
         "unattributed_nodes": int(totals.get("unattributed_nodes") or 0),
         "_estimated_ops": sorted({str(e.get("op_type")) for e in extra.get("estimated") or []}),
+        "_flops": totals.get("flops"),
+        "_bytes": totals.get("bytes"),
         "_source": data.get("_source"),
         **dict.fromkeys(("node_nm", "normalized_to_nm", "achieved_gops_normalized", "gops_per_w_normalized")),
     }
@@ -440,6 +458,7 @@ def render_compare(rows: Sequence[Mapping[str, Any]]) -> str:
         out.append(PERIOD_NOTE)
     if any(per_chip(r) for r in rows):
         out.append(PER_CHIP_NOTE)
+    out += [cost_only_note(str(r.get("label")), r.get("_flops"), r.get("_bytes")) for r in rows if is_cost_only(r)]
     failures = [r for r in rows if r.get("failure")]
     for r in failures:
         fix = f"; {r['fits_with']} makes it fit" if r.get("fits_with") else ""

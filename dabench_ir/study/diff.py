@@ -225,6 +225,13 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     time; ``change_share`` is the part's share of the step-time change (None where the step moves by
     less than `SHARED_CHANGE_MIN` of itself) and ``speedup_alone``
     the speedup if only that part had changed.
+
+    Where a side's node times overlap (a negative residual: a pipelined WSE step's kernels run
+    at once), the node time is no stretch of the step: ``node_times_overlap`` is true and no part
+    has a share of the change, the nodes and the residual no ``speedup_alone`` and the totals no
+    ``speedup_nodes``; an overhead row still has its own (it adds to the step).
+    ``speedup_overheads`` is None where a side has no overhead time (0 -> 13.4 ms is no ratio): the
+    overhead times of both sides are in the totals.
     """
     pb, pa = _parts(before), _parts(after)
     t0, t1 = (before.get("totals") or {}).get("time_s"), (after.get("totals") or {}).get("time_s")
@@ -233,6 +240,7 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
             "speedup_total",
             "speedup_nodes",
             "speedup_overheads",
+            "node_times_overlap",
             "node_time_before_s",
             "node_time_after_s",
             "overhead_time_before_s",
@@ -246,9 +254,12 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
     parts += [(k, "overhead", o0.get(k, 0.0), o1.get(k, 0.0)) for k in [*o0, *(k for k in o1 if k not in o0)]]
     if r0 or r1:
         parts.append((RESIDUAL, "residual", r0, r1))
+    overlap = r0 < 0 or r1 < 0  # node times overlap on a side (a pipelined WSE step): their sum is not the step
     change = float(t0) - float(t1)
-    if abs(change) < SHARED_CHANGE_MIN * float(t0):
-        change = 0.0  # the step barely moved: its parts' shares of that would be noise (70,611 % of 427 ns)
+    if abs(change) < SHARED_CHANGE_MIN * float(t0) or overlap:
+        # the step barely moved (its parts' shares would be noise: 70,611 % of 427 ns), or its parts do
+        # not add up as times on its path (a share of 13,946 % for nodes, -13,846 % for the residual)
+        change = 0.0
     rows = [
         {
             "part": name,
@@ -257,14 +268,15 @@ def speedup_split(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[
             "after_s": a,
             "delta_s": a - b,
             "change_share": (b - a) / change if change else None,
-            "speedup_alone": _ratio(float(t0), float(t0) - (b - a)),
+            "speedup_alone": None if overlap and kind != "overhead" else _ratio(float(t0), float(t0) - (b - a)),
         }
         for name, kind, b, a in parts
     ]
     ob, oa = math.fsum(o0.values()), math.fsum(o1.values())
     totals = {
         "speedup_total": _ratio(t0, t1),
-        "speedup_nodes": _ratio(n0, n1),
+        "speedup_nodes": None if overlap else _ratio(n0, n1),  # 1.23x beside a 1.02x step, when they overlap
+        "node_times_overlap": overlap,
         "speedup_overheads": _ratio(ob, oa),
         "node_time_before_s": n0,
         "node_time_after_s": n1,

@@ -11,6 +11,7 @@ beside the study's outputs, and load that as the new Graph. Adding a pipeline is
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dabench_ir.errors import UserError
 from dabench_ir.options import OPT_LEVELS, WSE_MODES
 from dabench_ir.passes import Pass, PassResult
-from dabench_ir.passes.meta import MODEL_PARAMS
+from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_WEIGHTS
 
 from .scopes import attach_scopes, write_scopes
 
@@ -34,7 +36,9 @@ if TYPE_CHECKING:
 __all__ = [
     "OnnxRewritePass",
     "Pipeline",
+    "declare_weights",
     "get_pipeline",
+    "lost_weights",
     "pipeline_names",
     "register_pipeline",
 ]
@@ -55,6 +59,10 @@ class OnnxRewritePass(Pass):
     Optimisers drop the exporter's node scopes (onnxruntime keeps none); the pass re-attaches
     them from ``graph`` through the `provenance` of each new node (`scopes.attach_scopes`:
     the common module of the source nodes it came from) and records them in the saved file.
+
+    Optimisers fold layouts of weights into new initializers (onnxruntime saves a transposed
+    weight as ``val_19``); the pass declares each one a weight when the source graph computed it
+    from one (`declare_weights`), so training still updates it and the parameter count holds.
 
     A ``graph`` with bound dims (a study's run at ``--batch``/``--seq``) is rewritten at those
     dims (`bind_dims`): the optimiser sees the shapes the run asks, and its output has no
@@ -98,6 +106,7 @@ class OnnxRewritePass(Pass):
                 f"pipeline pass {self.name!r} failed on {src.name}: {str(exc).splitlines()[0][:300]}"
             ) from None
         path = out_dir / f"{src.stem}.{self.name}.onnx"
+        declare_weights(graph, optimised)
         onnx.save(optimised, str(path))
         new = load_onnx(str(path))
         counts = attach_scopes(graph, new)
@@ -113,6 +122,61 @@ class OnnxRewritePass(Pass):
         return PassResult(new, True)
 
 
+def _stored_sources(graph: Graph, tensor: str) -> set[str]:
+    """The stored values (weights, constants) whose data ``tensor`` is computed from in ``graph``:
+    itself when stored; nothing when it is not one of the graph's values."""
+    sources: set[str] = set()
+    seen: set[str] = set()
+    stack = [tensor]
+    while stack:
+        name = stack.pop()
+        value = graph.values.get(name)
+        if name in seen or value is None:
+            continue
+        seen.add(name)
+        if value.kind.is_stored:
+            sources.add(name)
+        elif value.producer is not None:
+            producer = graph.node(value.producer)
+            if not traits_of(producer).reads_metadata_only:  # a mask sized by the embeddings' Shape is no weight
+                stack.extend(t for t in producer.inputs if t)
+    return sources
+
+
+def declare_weights(source: Graph, model: onnx.ModelProto) -> list[str]:
+    """Write the parameters of ``model`` (``source`` rewritten) into its ``dabench.weights`` and return them.
+
+    A parameter is a weight of ``source`` the rewrite kept under its name, or a new initializer
+    named after a ``source`` value computed from a weight (onnxruntime's and onnxscript's constant
+    folding save ``Transpose(layers.0.attn.q_proj.weight)`` as ``val_11``; a ``Gather`` of the
+    position table by a constant ``arange`` as ``embedding_1``). Without this the loader's rule
+    (`frontends.onnx`: a declared model's undeclared initializer is a constant) would make every
+    folded weight a constant: no gradient, no optimizer step, and ``model.params`` 107,264 -> 1,792.
+    A ``source`` without weights leaves ``model`` as it is.
+    """
+    weights = {v.name for v in source.weights()}
+    if not weights:
+        return []
+    stored = [t.name for t in model.graph.initializer] + [v.name for v in model.graph.input]
+    declared = [name for name in dict.fromkeys(stored) if _stored_sources(source, name) & weights]
+    kept = [p for p in model.metadata_props if p.key != MODEL_WEIGHTS]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = MODEL_WEIGHTS, json.dumps(declared)
+    return declared
+
+
+def lost_weights(source: Graph, rewritten: Graph) -> list[str]:
+    """The weights of ``source`` that no parameter of ``rewritten`` holds or was folded from
+    (`declare_weights`): merged into an identical one (onnxscript's initializer deduplication
+    merges the export's equal LayerNorm scales) or dropped."""
+    held: set[str] = set()
+    for value in rewritten.weights():
+        held |= _stored_sources(source, value.name)
+    return [v.name for v in source.weights() if v.name not in held]
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A named study pipeline: graph passes to run first, and knob overrides for placing.
@@ -122,6 +186,8 @@ class Pipeline:
     target kinds (None: every target); ``needs`` names a module that must be importable.
     ``mlir`` makes it an MLIR pipeline: upstream MLIR passes run one at a time on the model's
     linalg-on-tensors module (`dabench_ir.mlir.pipelines`; the study needs ``--via mlir``).
+    ``quantises`` says its passes may change the parameter count (packed low-bit weights); any
+    other rewrite that does so gets no speedup in a study (`study.run.parameters_changed`).
     """
 
     name: str
@@ -131,6 +197,7 @@ class Pipeline:
     targets: frozenset[str] | None = None
     needs: str | None = None
     mlir: tuple[str, ...] | None = None
+    quantises: bool = False
 
     def applies_to(self, target_kind: str | None) -> bool:
         return self.targets is None or target_kind in self.targets

@@ -57,6 +57,27 @@ def _x(x: Any) -> str:
     return times(x)
 
 
+OVERLAP_NOTE = (
+    "node times overlap (a pipelined step runs its kernels at once): their sum is not the step, "
+    "so no part has a share of the change and node time has no speedup of its own"
+)
+"""The line under a split whose node times overlap on a side (`diff.speedup_split`)."""
+
+
+def _node_speedup(totals: Mapping[str, Any]) -> str:
+    """The ``node time x`` cell: the ratio, or ``overlap`` where node times overlap (no ratio of the step)."""
+    return "overlap" if totals.get("node_times_overlap") else _x(totals.get("speedup_nodes"))
+
+
+def _overhead_speedup(totals: Mapping[str, Any]) -> str:
+    """The ``overheads x`` cell: the ratio, or the times themselves where a side has none (``0 -> 13.4 ms``)."""
+    ratio = totals.get("speedup_overheads")
+    before, after = totals.get("overhead_time_before_s"), totals.get("overhead_time_after_s")
+    if ratio is None and before is not None and after is not None and (not before) != (not after):
+        return f"{_t(before) if before else '0'} -> {_t(after) if after else '0'}"
+    return _x(ratio)
+
+
 def _split_rows(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The run's split parts (node time, overhead rows, residual); [] for a run written without them."""
     return list(run.get("split") or [])
@@ -128,8 +149,8 @@ def summary_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _t(t["time_before_s"]),
                 _t(t["time_after_s"]),
                 times(speed),
-                _x(t.get("speedup_nodes")),
-                _x(t.get("speedup_overheads")),
+                _node_speedup(t),
+                _overhead_speedup(t),
                 percent_change(t["flops_before"], t["flops_after"]),
                 percent_change(t["bytes_before"], t["bytes_after"]),
                 f"{t['nodes_before']} -> {t['nodes_after']}",
@@ -169,7 +190,9 @@ def render_study(doc: Mapping[str, Any], *, top: int = 12) -> str:
             out += ["  " + line for line in _mlir_lines(run["mlir"], top)] + [""]
         if _split_rows(run):
             head, split = split_table(run)
-            out += ["  " + line for line in _table(head, split)] + [""]
+            out += ["  " + line for line in _table(head, split)]
+            out += [f"  {OVERLAP_NOTE}"] if run["totals"].get("node_times_overlap") else []
+            out += [""]
         rows = _changed_rows(run)
         extra = [
             [
@@ -538,6 +561,8 @@ def write_study_html(doc: Mapping[str, Any], path: str | Path) -> Path:
         if _split_rows(run):
             head, split = split_table(run)
             parts.append("<h3>Speedup split: node time and overhead rows</h3>" + _html_table(head, split))
+            if run["totals"].get("node_times_overlap"):
+                parts.append(f"<p>{html.escape(OVERLAP_NOTE)}</p>")
         rows = _changed_rows(run)
         parts.append(
             _html_table(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,8 @@ from dabench_ir.passes import PassManager
 from dabench_ir.progress import silent
 
 from .diff import diff_reports
-from .pipelines import Pipeline, get_pipeline
+from .functions import function_changes
+from .pipelines import Pipeline, get_pipeline, lost_weights
 from .provenance import provenance
 
 __all__ = ["STUDY_SCHEMA", "run_study", "study_run"]
@@ -139,12 +140,12 @@ def run_study(
             passes = pipe.build(str(out) if out else None)
             source, pipe_opts = str(model), dataclasses.replace(opts, **dict(pipe.options))
             if passes:
-                graph = load_graph(source)
-                graph.bindings.update(base_graph.bindings)  # rewritten at the run's dims (`OnnxRewritePass`)
-                rewritten = PassManager(passes)(graph).graph
+                source_graph = load_graph(source)
+                source_graph.bindings.update(base_graph.bindings)  # rewritten at the run's dims (`OnnxRewritePass`)
+                rewritten = PassManager(passes)(source_graph).graph
                 source = str(rewritten.path)
                 if base_graph.bindings:  # the dims are the rewritten model's own now
-                    pipe_opts = dataclasses.replace(pipe_opts, seq=None, past=None, dims={})
+                    pipe_opts = dataclasses.replace(pipe_opts, seq=None, past=None, compiled_seq=None, dims={})
             placed = _place(source, ts, pipe_opts, say)
         except UserError as exc:
             failed.append(
@@ -152,11 +153,22 @@ def run_study(
             )
             continue
         prov = provenance(base_graph, next(iter(placed.values())).graph) if passes else None
+        lost = lost_weights(source_graph, rewritten) if passes else []
+        changed_functions = function_changes(source_graph, rewritten, prov) if prov is not None else {}
         for t, rep in placed.items():
             if prov is not None:
                 rep.extra["provenance"] = prov.to_dict()
             save(rep, pipe.name, t)
-            run = study_run(base[t].to_dict(), rep.to_dict(), prov)
+            before, after = base[t].to_dict(), rep.to_dict()
+            run = study_run(before, after, prov)
+            changed = None
+            if passes and not pipe.quantises:
+                changed = parameters_changed(before, after, lost)
+            if changed and opts.mode == "train":  # a parameter turned constant has no gradient, no update
+                withhold_speedup(run, changed)
+            elif changed:  # an inference step computes the same from a merged or folded tensor
+                run["warnings"].append(changed)
+            note_function_changes(run, changed_functions)
             runs.append(run)
             if t == tlist[0]:
                 from .mlir import agreement
@@ -201,9 +213,46 @@ def _mlir_row(placed: Any) -> dict[str, Any]:
     run = {**study_run(placed.before, placed.after, placed.provenance), "mlir": placed.record}
     lost = placed.record["conservation"]["problem"]
     if lost:
-        run["totals"].update(dict.fromkeys(("speedup_total", "speedup_nodes", "speedup_overheads")))
-        run["warnings"].append(f"no speedup: {lost}")
+        withhold_speedup(run, lost)
     return run
+
+
+def note_function_changes(run: dict[str, Any], changes: Mapping[str, str]) -> None:
+    """Say in the run's warnings, and in each node row's note, where a rewrite changed the function a
+    node computes (`functions.function_changes`: a tanh GELU fused into the exact BiasGelu): its time
+    and cost change with the function, so the row is no pure fusion gain."""
+    for row in run["nodes"]:
+        line = changes.get(row["node"] or "")
+        if line:
+            row["note"] = "; ".join(filter(None, (row.get("note"), line)))
+    run["warnings"] += list(changes.values())
+
+
+_SPEEDUPS = ("speedup", "speedup_total", "speedup_nodes", "speedup_overheads")
+
+
+def withhold_speedup(run: dict[str, Any], reason: str) -> None:
+    """Null the run's speedups and say why in its warnings: its two sides do not compute the same
+    thing, so their times compare the instrument's loss, not what the pipeline changed."""
+    run["totals"].update(dict.fromkeys(_SPEEDUPS))
+    run["warnings"].append(f"no speedup: {reason}")
+
+
+def parameters_changed(before: dict[str, Any], after: dict[str, Any], lost: Sequence[str] = ()) -> str | None:
+    """Why a rewrite's run does not compare, when its parameter count moved (None when it held, or
+    a side does not know it). A rewrite that does not quantise keeps every parameter: one lost is a
+    weight the rewrite folded or merged that now loads as a constant (no gradient, no optimizer
+    step: onnxruntime's folded transposes once read 107,264 -> 1,792 parameters and 1.46x).
+    ``lost``: the source weights no parameter of the rewritten model stands for (`lost_weights`)."""
+    counts = [report.get("model", {}).get("params") for report in (before, after)]
+    if None in counts or counts[0] == counts[1]:
+        return None
+    named = ", ".join(lost[:3]) + (f" +{len(lost) - 3}" if len(lost) > 3 else "")
+    which = f"; {len(lost)} weights no longer parameters ({named}): merged or dropped by the rewrite" if lost else ""
+    return (
+        f"parameters changed: {counts[0]:,} before, {counts[1]:,} after (a rewrite that does not quantise "
+        f"keeps every parameter; a slice of one folded at the run's dims counts only the slice{which})"
+    )
 
 
 def _doc(
