@@ -245,11 +245,14 @@ def test_streaming_runs_the_batch_in_lanes_whose_checkpoints_fit_on_the_wafer(tm
     bw = small.memory("memoryx").bandwidth_bytes_per_s
     assert layer.gap_before_s == pytest.approx(4 * small.overhead("ws_layer_pass_s"))
     assert layer.min_time_s == pytest.approx(4 * 3 * weights / bw)
-    # two lanes of 16 asked for overflow; the failure sizes the fix: lanes of 10 at most, 32 // 3 = 10
+    # two lanes of 16 asked for overflow; the failure sizes the fix: lanes of 10 at most, and the
+    # micro-batches must divide the batch (the CLI refuses 3 for 32): 4 lanes of 8
     short = lower(g, small, ProfileOptions(wse_mode="streaming", micro_batches=2))
-    assert not short.fits and short.failure.remedy == (("micro_batches", 3),)
-    assert short.failure.reason.endswith("(use more micro-batches: --micro-batches 3, lanes of 10 or fewer samples)")
-    assert lower(g, small, ProfileOptions(wse_mode="streaming", micro_batches=3)).fits
+    assert not short.fits and short.failure.remedy == (("micro_batches", 4),)
+    assert short.failure.reason.endswith(
+        "(use more micro-batches: --micro-batches 4, lanes of 8 samples; a lane fits up to 10)"
+    )
+    assert lower(g, small, ProfileOptions(wse_mode="streaming", micro_batches=4)).fits
     # the whole 40 GB wafer holds the batch in one lane: no lanes to report
     whole = lower(g, WSE, ProfileOptions(wse_mode="streaming"))
     assert (whole.stats.micro_batch, whole.micro_batches) == (32, 1)

@@ -399,16 +399,51 @@ def _measure(ctx: LoweringContext, kernels: list[WseKernel], vocab: int, rates: 
                 w = rates.work_s(cost, ctx.node_precision(node), is_data(node), accumulate_dtype(ctx.graph, node))
             k.node_work_s[node.name] = w / samples
         k.work_s = sum(k.node_work_s.values())
-        last = next((n for n in reversed(k.nodes) if ctx.is_work(n) and (n.outputs or n.inputs)), None)
-        row = (last.outputs or last.inputs)[0] if last is not None else None  # a loss writes no tensor: its input
-        shape = shape_of(ctx, row) if row else None
-        if shape:
-            # a row is the last dim that holds more than one element: a trailing dim of 1 is layout
-            # only (the tool's own rule: Unsqueeze and Reshape are free views of the same bytes), so a
-            # (1, 1, 1, 128, 1) mask streams as the one row of 128 its (1, 1, 1, 128) view is, not as
-            # 128 rows of one element each paying the per-row fixed time (TorchScript's vmap mask
-            # ends in such a dim, dynamo's GatherND does not: issue 45)
-            k.width = max(1, next((d for d in reversed(shape) if d != 1), 1))
-            numel = math.prod(shape)
-            k.tokens = max(1, numel // k.width // samples)
-            k.out_elems = max(1, numel // samples)
+        k.tokens, k.width, k.out_elems = _streams(ctx, k, samples)
+
+
+def _row_view(shape: tuple[int, ...]) -> int:
+    """Elements per row of ``shape``: its last dim that holds more than one element.
+
+    A trailing dim of 1 is layout only (the tool's own rule: Unsqueeze and Reshape are free views of the
+    same bytes), so a (1, 1, 1, 128, 1) mask streams as the one row of 128 its (1, 1, 1, 128) view is, not
+    as 128 rows of one element each paying the per-row fixed time (TorchScript's vmap mask ends in such a
+    dim, dynamo's GatherND does not: issue 45).
+    """
+    return max(1, next((d for d in reversed(shape) if d != 1), 1))
+
+
+def _streams(ctx: LoweringContext, k: WseKernel, samples: int) -> tuple[int, int, int]:
+    """The kernel's token rows per sample, row width and output elements per sample, from the tensors
+    it streams out to other kernels (`_streamed_out`).
+
+    A kernel that streams several outputs is bounded by each: the tied embedding and LM head of
+    ``emb_fc`` stream a sample's token rows out of the lookup and its logits out of the head. With the
+    last position's logits only (``--logits last``) the lookup still streams every token, so the
+    kernel's largest stream (ties: the later, its last output) sets its token rows (the per-row fixed
+    time) and its elements (the most PEs its shape allows), and its widest row the PEs across one row.
+    """
+    shapes = [shape for shape in (shape_of(ctx, v) for v in _streamed_out(ctx, k)) if shape]
+    if not shapes:
+        return 1, 1, 1
+    largest = max(reversed(shapes), key=math.prod)  # reversed: a tie goes to the later stream
+    numel, width = math.prod(largest), _row_view(largest)
+    return max(1, numel // width // samples), max(_row_view(s) for s in shapes), max(1, numel // samples)
+
+
+def _streamed_out(ctx: LoweringContext, k: WseKernel) -> list[str]:
+    """The values the kernel's work nodes stream to another kernel or out of the graph, else its last
+    work node's output (a loss writes no tensor: its input)."""
+    graph = ctx.graph
+    work = [n for n in k.nodes if ctx.is_work(n) and (n.outputs or n.inputs)]
+    if not work:
+        return []
+    inside = {n.name for n in k.nodes}
+    leaving = [
+        out
+        for n in work
+        for out in n.outputs
+        if out and (out in graph.outputs or any(c.name not in inside for c in graph.consumers.get(out, [])))
+    ]
+    last = work[-1]
+    return leaving or [(last.outputs or last.inputs)[0]]

@@ -70,6 +70,7 @@ class _Sizing:
     cache_pes: int
     buffer_bytes: int
     buffer_pes: int
+    skip_fifo_bytes: int  # the residual adds' skip FIFOs, one sample each, in their own regions' PEs
     available: int
 
 
@@ -168,6 +169,7 @@ def _size(
         cache_pes=cache_pes,
         buffer_bytes=buffer_bytes,
         buffer_pes=buffer_pes,
+        skip_fifo_bytes=sum(k.skip_bytes for k in kernels),
         available=max(0, available),
     )
 
@@ -228,7 +230,7 @@ def _place_pipelined(
         Schedule.CONCURRENT,
         micro_batches=samples,
         replicas=replicas,
-        pipelined_steps=options.steady_state,
+        pipelined_steps=_steps_overlap(ctx, options),
     )
     sizing = _size(ctx, target, options, kernels, replicas)
     assert sizing is not None
@@ -279,9 +281,12 @@ def _place_pipelined(
             unit.stats = replace(
                 unit.stats, compute_samples_per_s=pipe_rate, transmission_samples_per_s=min(pipe_rate, ceiling)
             )
+    # a step the next cannot overlap (a decode step) fills and drains the pipeline in its own time (the
+    # emulated step is its makespan, which holds them): counted here too, so copies are ranked on it
+    alone = max(0.0, chain - period) if not plan.pipelined_steps and not drain else 0.0
     plan.stats = PlanStats(
         mode="pipelined",
-        step_s=step + sum(plan.step_overheads_s.values()),  # the optimizer excess too
+        step_s=step + alone + sum(plan.step_overheads_s.values()),  # the optimizer excess too
         pipeline_rate_samples_per_s=pipe_rate,
         transmission_rate_samples_per_s=transmission,
     )
@@ -291,22 +296,35 @@ def _place_pipelined(
     return plan
 
 
+def _steps_overlap(ctx: LoweringContext, options: WseOptions) -> bool:
+    """Whether consecutive steps overlap in the pipeline (the step time is then its period): in a
+    steady state (``steady_state``), unless each step reads the KV cache the step before it wrote (a
+    decode step, `cache_inputs`): its new token is that step's output, so it enters only once the step
+    before has left the pipeline, and its time is its latency, fill and drain included (as the
+    generation scenario times it)."""
+    return options.steady_state and not cache_inputs(ctx)
+
+
 def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _Sizing, replicas: int) -> list[int]:
     """Each kernel's region in PEs, failing the plan when the copies' weights, optimizer state, KV
-    caches and pipeline buffers overflow the usable SRAM, or when the kernels' minimum regions do not fit beside
-    I/O, routing and buffers (then still timed, squeezed in proportion, so a plan that does not fit
-    stays physical)."""
+    caches, pipeline buffers and skip FIFOs overflow the usable SRAM, or when the kernels' minimum
+    regions do not fit beside I/O, routing and buffers (a failure of PEs, not of bytes: it states
+    PEs only), then still timed, squeezed in proportion, so a plan that does not fit stays physical."""
     sram = target.memory(FEED_LEVEL)
     usable = target.arch_value("sram_usable_fraction", needed_by=WHO)
-    need = (sizing.state_bytes + sizing.cache_bytes + sizing.buffer_bytes) * replicas
+    held = {
+        "weights and optimizer state": sizing.state_bytes,
+        "KV cache": sizing.cache_bytes,
+        "pipeline buffers": sizing.buffer_bytes,
+        "skip FIFOs": sizing.skip_fifo_bytes,
+    }
+    need = sum(held.values()) * replicas
     plan.memory_bytes[sram.name] = need
     if need > usable * sram.capacity_bytes:
+        parts = ", ".join(f"{what} {nbytes * replicas / 1e9:.2f} GB" for what, nbytes in held.items() if nbytes)
         plan.fail(
-            f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM (weights and optimizer state "
-            f"{sizing.state_bytes * replicas / 1e9:.2f} GB, "
-            + (f"KV cache {sizing.cache_bytes * replicas / 1e9:.2f} GB, " if sizing.cache_bytes else "")
-            + f"pipeline buffers {sizing.buffer_bytes * replicas / 1e9:.2f} GB"
-            f", {replicas} cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
+            f"pipelined mode needs {need / 1e9:.2f} GB of PE SRAM ({parts}, {replicas} "
+            f"cop{'y' if replicas == 1 else 'ies'}); {usable:.0%} of the wafer's "
             f"{sram.capacity_bytes / 1e9:.0f} GB is usable",
             need,
             usable * sram.capacity_bytes,
@@ -316,9 +334,7 @@ def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _
     plan.fail(
         f"{len(kernels)} kernels need at least {sum(sizing.lo) * replicas} PEs (minimum regions: row width, "
         f"weights and optimizer state), "
-        f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers",
-        need,
-        usable * sram.capacity_bytes,
+        f"{sizing.available * replicas} are left for kernels beside I/O, routing and buffers"
     )
     squeeze = max(sizing.available, 1) / max(sum(sizing.lo), 1)
     return [max(1, math.floor(p * squeeze)) for p in sizing.lo]

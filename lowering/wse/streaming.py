@@ -28,6 +28,7 @@ from dabench_ir.lowering.context import (
     cache_inputs,
     largest_divisor,
     layer_blocks,
+    outside_blocks,
     peak_live_bytes,
     place_node,
     weight_bytes,
@@ -151,13 +152,11 @@ def streaming_plan(ctx: LoweringContext, target: Target, options: WseOptions, ke
 
 def block_streams(ctx: LoweringContext, target: Target, kernels: list[WseKernel]) -> list[BlockStream]:
     """Each block's per-sample whole-wafer work, stream bytes and on-wafer bytes. Training recomputes
-    a layer's forward in its backward (``[arch] ws_recompute``) unless the graph already recomputes;
-    the token-table lookup is its kernel's work."""
+    a layer's forward in its backward (``[arch] ws_recompute``, `_runs_forward_again`); the token-table
+    lookup is its kernel's work."""
     rates = KernelRates.of(target)
     training = meta.graph_mode(ctx.graph) == "train"
-    train_state = meta.training_state(ctx.graph)
-    recomputed = train_state is not None and train_state.recompute
-    forward_again = training and bool(target.arch_value("ws_recompute", 1.0)) and not recomputed
+    forward_again = _runs_forward_again(ctx, target)
     samples = max(1, sample_count(ctx))
     kernel_of = {n.name: k for k in kernels for n in k.nodes}
     out = []
@@ -173,7 +172,7 @@ def block_streams(ctx: LoweringContext, target: Target, kernels: list[WseKernel]
             prec = ctx.node_precision(n)
             acc = accumulate_dtype(ctx.graph, n)
             w = rates.work_s(ctx.costs[n.name], prec, is_data(n), acc)
-            if forward_again:
+            if n.name in forward_again:
                 w += rates.work_s(phase_cost(n, FORWARD_COST, Cost()), prec, is_data(n), acc)
             k = kernel_of.get(n.name)
             if n.op_type == "Gather" and k is not None and k.cls == "emb_fc":
@@ -193,6 +192,25 @@ def block_streams(ctx: LoweringContext, target: Target, kernels: list[WseKernel]
             )
         )
     return out
+
+
+def _runs_forward_again(ctx: LoweringContext, target: Target) -> frozenset[str]:
+    """The nodes weight streaming runs forward again in backward: a training step keeps each decoder
+    layer's input on the wafer and recomputes the layer from it (``[arch] ws_recompute``), so every
+    node of a layer, except those whose backward cost holds their forward already (the graph's own
+    ``--recompute``, `passes.meta.RECOMPUTED`: one recompute, counted there once). Not the nodes after
+    the last layer (final norm, LM head, loss), which `layer_blocks` streams with the last layer: the
+    source recomputes "the layer", and the head's backward follows its forward at once, its
+    activations still on the wafer."""
+    if meta.graph_mode(ctx.graph) != "train" or not target.arch_value("ws_recompute", 1.0):
+        return frozenset()
+    _, tail = outside_blocks(ctx.graph.nodes)
+    after = {n.name for n in tail}
+    return frozenset(
+        n.name
+        for n in ctx.graph.nodes
+        if n.name not in after and not n.meta.get(meta.RECOMPUTED) and not is_optimizer_step(n)
+    )
 
 
 def _lane(options: WseOptions, batch: int, most: int) -> int:
@@ -293,8 +311,8 @@ def _check_fit(
     memoryx_bytes: int,
 ) -> None:
     """The plan fails when even a lane of one sample overflows the usable SRAM, when its lane does
-    (the remedy: the fewest micro-batches whose lanes hold ``most`` samples or fewer), or when the
-    weights and optimizer state overflow MemoryX."""
+    (the remedy: the fewest micro-batches that divide the batch into lanes of ``most`` samples or fewer),
+    or when the weights and optimizer state overflow MemoryX."""
     sram = wafer.sram
     if need(1) > wafer.sram_bytes:
         plan.fail(
@@ -308,11 +326,13 @@ def _check_fit(
             wafer.sram_bytes,
         )
     elif need(mb) > wafer.sram_bytes:
-        enough = batch // (most + 1) + 1  # the fewest micro-batches whose lane (batch // m, `_lane`) is no larger
+        lane = largest_divisor(batch, most)  # the lane `_lane` would choose: a divisor of the batch that fits
+        enough = batch // lane  # the fewest micro-batches that divide the batch (as --micro-batches must)
         plan.fail(
             f"weight streaming at micro-batch {mb} needs {need(mb) / 1e9:.2f} GB of wafer SRAM; "
             f"{wafer.usable:.0%} of {sram.capacity_bytes / 1e9:.0f} GB is usable "
-            f"(use more micro-batches: --micro-batches {enough}, lanes of {most} or fewer samples)",
+            f"(use more micro-batches: --micro-batches {enough}, lanes of {lane} samples; a lane fits up "
+            f"to {most})",
             need(mb),
             wafer.sram_bytes,
             remedy=(("micro_batches", enough),),
