@@ -108,6 +108,7 @@ ARCH_KEYS = frozenset(
         "program_bytes_per_tile",
         "special_ops_per_cycle_fp16",
         "special_ops_per_cycle_fp32",
+        "vertex_overhead_cycles",
         "tile_sram_bytes",
         "vector_elems_per_cycle_fp16",
         "vector_elems_per_cycle_fp32",

@@ -1,8 +1,10 @@
 """Graphcore IPU lowering: BSP supersteps on tiles, layers pipelined over IPUs as Poplar does it.
 
 Each node is one bulk-synchronous superstep on its IPU: a compute phase on the tiles its
-work spreads over (one tile per ``arch.min_grain_flops``), a sync (``overheads.sync_s``)
-and an exchange phase moving its inputs between tiles (``arch.exchange_bytes_per_s``).
+work spreads over (a grain of work each: ``arch.min_grain_flops`` at a tile's 16-bit AMP peak,
+each part of the work at its unit's rate; `supersteps.tiles_for`), a sync (``overheads.sync_s``)
+and a vertex launch on each of them (``arch.vertex_overhead_cycles``), and an exchange phase
+moving its inputs into its tiles at their share of ``arch.exchange_bytes_per_s``.
 Matmuls run on the AMP units at the achieved fraction of peak the microbenchmarks give
 (``arch.matmul_efficiency_<prec>``); vector ops run on each tile's 64-bit vector pipeline
 (``arch.vector_elems_per_cycle_<prec>``), transcendentals at ``arch.special_ops_per_cycle_<prec>``

@@ -57,6 +57,7 @@ class IpuFigures:
     special: dict[str, float]  # arch.special_ops_per_cycle_<prec>
     amp_peak: dict[str, float]  # one tile's share of the AMP peak, FLOP/s
     sync: float  # overheads.sync_s, one BSP sync
+    vertex_s: float  # arch.vertex_overhead_cycles over the clock: a vertex's launch on each tile it runs on
     link: Link | None  # the IPU-Link
     host: Link | None  # the host's path to the IPUs (the IPU-Gateway): host data streams
     stream: MemoryLevel | None  # streaming (off-chip) memory, where the target has one
@@ -87,6 +88,7 @@ class IpuFigures:
             special={p: target.arch_value(f"special_ops_per_cycle_{p}", needed_by=WHO) for p in _PRECISIONS},
             amp_peak={p: target.peak_flops(p) / tiles for p in _PRECISIONS},
             sync=target.overhead_value("sync_s", needed_by="ipu"),
+            vertex_s=target.arch_value("vertex_overhead_cycles", 0.0) / _clock(target),
             link=target.topology.intra if target.topology is not None else target.link(),
             host=target.link("gateway"),  # the host's path to the IPUs (an IPU-Gateway), by its name
             stream=target.memory("off-chip") if target.has_memory("off-chip") else None,

@@ -115,13 +115,33 @@ def amp_stream_bytes(run: IpuRun, node: Node, prec: str) -> float:
     return flops / flops_per_cycle * fig.amp_bytes
 
 
+def compute_s(run: IpuRun, node: Node, prec: str, tiles: int) -> float:
+    """Seconds ``node``'s work takes on ``tiles`` tiles, each part at its unit's rate: contractions
+    on the AMP (`amp_rate`), vector FLOPs on the vector lanes, transcendentals on the special unit."""
+    return _work_s(run, node, prec, amp_rate(run, prec)) / tiles
+
+
+def _work_s(run: IpuRun, node: Node, prec: str, amp: float) -> float:
+    """Seconds ``node``'s work takes on one tile, its contractions at ``amp`` FLOP/s."""
+    fig, cost = run.fig, run.ctx.costs[node.name]
+    vector_s = cost.vector_flops / (fig.lanes[prec] * fig.clock)
+    special_s = cost.special_ops / (fig.special[prec] * fig.clock)
+    return cost.contraction_flops / amp + vector_s + special_s
+
+
 def tiles_for(run: IpuRun, node: Node) -> int:
-    """Tiles an operator spreads over: enough for its work (one micro-batch per superstep,
-    at least ``arch.min_grain_flops`` a tile) and enough to hold its tensors in tile memory."""
-    cost = run.ctx.costs[node.name]
-    by_work = math.ceil(cost.flops / run.m / run.fig.grain)
-    by_data = math.ceil(cost.bytes / run.m / run.fig.tile_sram)
-    return max(1, min(run.fig.tiles, max(by_work, by_data)))
+    """Tiles an operator spreads over: enough that each has at least a grain of work a micro-batch
+    (``arch.min_grain_flops`` at one tile's 16-bit AMP peak, about 400 ns), and enough to hold its
+    tensors in tile memory. The work is each part's at its unit's rate (a vector FLOP takes about 100
+    times an AMP FLOP at the peak: a norm of 1.1e7 FLOP holds some 1,500 tiles' grains, not the 110
+    it had as FLOPs), the contractions' at the AMP's peak for their data: how the planner partitions
+    a matmul is the data's, not the partials' (fp32 partials run the same tiles at half the rate)."""
+    fig, cost = run.fig, run.ctx.costs[node.name]
+    prec = precision_key(node, run.ctx)
+    grain_s = fig.grain / fig.amp_peak["fp16"]
+    by_work = math.ceil(_work_s(run, node, prec, fig.amp_peak[prec]) / run.m / grain_s)
+    by_data = math.ceil(cost.bytes / run.m / fig.tile_sram)
+    return max(1, min(fig.tiles, max(by_work, by_data)))
 
 
 def serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: float) -> SerialPlan:
@@ -184,9 +204,6 @@ def _superstep(
     cost = ctx.costs[node.name]
     prec = precision_key(node, ctx)
     work = ctx.is_work(node)
-    matmul_s = cost.contraction_flops / (amp_rate(run, prec) * used)
-    vector_s = cost.vector_flops / (fig.lanes[prec] * fig.clock * used)
-    special_s = cost.special_ops / (fig.special[prec] * fig.clock * used)
     extra = serial.passes - 1  # each pass after the first: one more sync and broadcast exchange
     serial_comm_s = m * extra * serial.broadcast_bytes / fig.exchange_bw
     feed = max(float(cost.bytes), amp_stream_bytes(run, node, prec))  # the AMP's partials, where it runs
@@ -196,11 +213,11 @@ def _superstep(
         node,
         unit=unit_id,
         lane=lane,
-        compute_s=matmul_s + vector_s + special_s,
+        compute_s=compute_s(run, node, prec, used),
         memory_s=feed / (fig.sram_bw * used / fig.tiles),
         feed_bandwidth=fig.sram_bw * used / fig.tiles,  # the SRAM of the tiles it uses
-        comm_s=cost.act_bytes_in / fig.exchange_bw + comm_s + serial_comm_s,
-        overhead_s=fig.sync * m * (1 + extra) if work else 0.0,
+        comm_s=cost.act_bytes_in / (fig.exchange_bw * used / fig.tiles) + comm_s + serial_comm_s,
+        overhead_s=(fig.sync + fig.vertex_s) * m * (1 + extra) if work else 0.0,  # a sync and a vertex launch a pass
         feed_level=fig.sram.level,
         feed_bytes=feed,
         ridge=fig.ridge,
