@@ -210,6 +210,9 @@ class OpTraits(NamedTuple):
     output's static shape."""
     index_input: int | None = None
     """The input that holds indices (Gather*): a microbenchmark may feed zeros, which are valid."""
+    reads_quantised_weights: bool = False
+    """Its weights are integers with scales (MatMulNBits, MatMulInteger, QLinearMatMul, a weight's
+    DequantizeLinear): a model of such ops is for inference; a training step has no rule for them."""
     reads_metadata_only: bool = False
     """Its output is its input's shape, never its data (Shape, Size): a value computed through it is not
     computed from the tensor behind it (`dabench_ir.study.pipelines.declare_weights`)."""
@@ -505,7 +508,7 @@ def matmul(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * k * op.out_numel())
 
 
-@cost_rule("MatMulInteger", **_MATMUL)
+@cost_rule("MatMulInteger", **_MATMUL, reads_quantised_weights=True)
 def matmul_integer(op: OpView) -> Cost:
     """Integer matmul (int32 out): 2·K per output element, plus one zero-point subtraction per
     element of A (input 2 given) and of B (input 3 given)."""
@@ -513,7 +516,7 @@ def matmul_integer(op: OpView) -> Cost:
     return Cost(contraction_flops=2 * op.in_dims(0)[-1] * op.out_numel(), vector_flops=zero_points)
 
 
-@cost_rule("QLinearMatMul", **_MATMUL)
+@cost_rule("QLinearMatMul", **_MATMUL, reads_quantised_weights=True)
 def qlinear_matmul(op: OpView) -> Cost:
     """Quantized matmul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): 2·K per output
     element in integers, one zero-point subtraction per element of A and of B, and a requantize
@@ -525,7 +528,7 @@ def qlinear_matmul(op: OpView) -> Cost:
     )
 
 
-@cost_rule("MatMulNBits", **_CONTRIB, **_MATMUL, output_types=_types.matmul_nbits)
+@cost_rule("MatMulNBits", **_CONTRIB, **_MATMUL, output_types=_types.matmul_nbits, reads_quantised_weights=True)
 def matmul_nbits(op: OpView) -> Cost:
     """A [..., K] @ dequantized B [N, K] (block-quantized, ``bits`` per weight, read packed): 2·K
     per output element, 2 per weight element to dequantize ((q − zp)·scale, done on the fly per

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dabench_ir.errors import UnboundSymbolError
+from dabench_ir.errors import UnboundSymbolError, UserError
 from dabench_ir.ir import TOOL_DOMAIN, Cost, DType, Graph, Node, ValueKind, value_bytes
 from dabench_ir.options import RECOMPUTE
 
@@ -504,6 +504,12 @@ class TrainingPass(Pass):
             )
 
     def requires(self, graph: Graph) -> None:
+        quantised = next((n for n in graph.nodes if traits_of(n).reads_quantised_weights), None)
+        if quantised is not None:  # its integer weights have no gradient rule (it trained 4,096 scales with Adam)
+            raise UserError(
+                f"{graph.name}: {quantised.op_type} ({quantised.name}) reads quantised weights; a quantised model "
+                "is for inference: train the float model (--mode train), and quantise it with --precision"
+            )
         for node in graph.nodes:
             if meta.COST in node.meta or meta.UNATTRIBUTED in node.meta:
                 return

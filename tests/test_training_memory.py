@@ -370,3 +370,47 @@ def test_the_training_pass_refuses_what_it_would_not_model(kwargs, message):
     recompute mode was recorded as given and run as none."""
     with pytest.raises(ValueError, match=message):
         TrainingPass(**kwargs)
+
+
+def test_a_quantised_model_is_refused_for_training(tmp_path, capsys):
+    """onnxruntime's 4-bit MatMulNBits reads packed integer weights: --mode train had run, Adam over the
+    4,096 fp32 scales as the 'parameters', where the float model has 131,072 weights to train."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dabench_ir.cli import main
+
+    n, k, block = 512, 256, 32
+    packed = numpy_helper.from_array(np.zeros((n, k // block, block // 2), np.uint8), "B")
+    scales = numpy_helper.from_array(np.ones((n * k // block,), np.float32), "scales")
+    node = helper.make_node(
+        "MatMulNBits",
+        ["A", "B", "scales"],
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block,
+        name="mm",
+    )
+    graph = helper.make_graph(
+        [node],
+        "nb",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, 16, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 16, n])],
+        [packed, scales],
+    )
+    path = tmp_path / "nb.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
+        path,
+    )
+    assert main(["profile", str(path), "--mode", "train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "dabench-ir: error: nb: MatMulNBits (mm) reads quantised weights; a quantised model is for inference: "
+        "train the float model (--mode train), and quantise it with --precision"
+    )
+    assert main(["profile", str(path), "-q"]) == 0  # inference profiles it
