@@ -89,7 +89,13 @@ _CONTRACTION = {"cpu_class": CPU_MATMUL, "backward": Backward.CONTRACTION, "save
                 index_input=1,
             ),
         ),
-        ("Shape", "", _rule(OpClass.SHAPE, shape_only=True, backward=Backward.NONE, saves=Saves.NOTHING)),
+        (
+            "Shape",
+            "",
+            _rule(
+                OpClass.SHAPE, shape_only=True, reads_metadata_only=True, backward=Backward.NONE, saves=Saves.NOTHING
+            ),
+        ),
         (
             "SkipLayerNormalization",
             "com.microsoft",
@@ -104,6 +110,7 @@ _CONTRACTION = {"cpu_class": CPU_MATMUL, "backward": Backward.CONTRACTION, "save
                 cpu_class="GeluTanh",
                 roles=frozenset({Role.ACTIVATION}),
                 nonlinear=True,
+                gelu_form="tanh",
                 output_types=contrib_types.same,
             ),
         ),
@@ -146,6 +153,9 @@ def test_unknown_op_gets_the_documented_default():
         "loss": False,
         "output_shape_input": None,
         "index_input": None,
+        "reads_quantised_weights": False,
+        "reads_metadata_only": False,
+        "gelu_form": None,
         "makes_causal_mask": False,
         "output_types": None,
     }
