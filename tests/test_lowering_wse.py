@@ -359,26 +359,26 @@ def test_a_training_step_drains_and_refills_the_pipeline():
             t = u.resources["work_pe_s_per_sample"] / u.stats.pes + u.resources["row_s_per_sample"]
             chain += t if u.kind == "wse_region:attention" else t / 128
     assert plan.extra["chain_latency_s"] == pytest.approx(chain)
-    assert plan.step_overheads_s["wse_fill_drain"] == pytest.approx(chain - period)
+    assert plan.step_overheads_s["pipeline_fill_drain"] == pytest.approx(chain - period)
     assert 11 * period < chain < 13 * period  # about one period per attention kernel (12 blocks)
     assert plan.stats.step_s == pytest.approx(16 * period + sum(plan.step_overheads_s.values()))
     # a region updates its weights in the window before the next step's first sample reaches it:
     # the first regions' update holds the step back, a small cost beside the drain
-    assert 0 < plan.step_overheads_s["wse_optimizer"] < 0.1 * plan.step_overheads_s["wse_fill_drain"]
+    assert 0 < plan.step_overheads_s["wse_optimizer"] < 0.1 * plan.step_overheads_s["pipeline_fill_drain"]
     # inference streams batch after batch; the scenario's one-step latency times the fill itself
-    assert "wse_fill_drain" not in _step(12, 16, train=False).step_overheads_s
+    assert "pipeline_fill_drain" not in _step(12, 16, train=False).step_overheads_s
     from dabench_ir.lowering.wse import WseLowering
 
     g = _train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16))
     single = lower(g, WSE, WseLowering.options(ProfileOptions(wse_mode="pipelined"), steady_state=False))
-    assert "wse_fill_drain" not in single.step_overheads_s
+    assert "pipeline_fill_drain" not in single.step_overheads_s
     # the counterfactual machine: Cerebras' pipelined backpropagation, no drain a step (arch.drain_per_step 0)
     flowing = lower(
         _train(decoder(layers=12, hidden=256, seq=128, heads=4, batch=16)),
         WSE.with_changes({"arch.drain_per_step": 0}),
         ProfileOptions(wse_mode="pipelined"),
     )
-    assert "wse_fill_drain" not in flowing.step_overheads_s
+    assert "pipeline_fill_drain" not in flowing.step_overheads_s
     assert flowing.extra["period_s"] == pytest.approx(period)
 
 
@@ -404,7 +404,7 @@ def test_replicas_raise_throughput_at_a_falling_efficiency_per_replica():
     assert per_replica == sorted(per_replica, reverse=True) and per_replica[-1] < 0.9
     # each copy drains and updates its own weights every step, after the gradients are reduced
     for r, p in plans.items():
-        assert {"wse_fill_drain", "wse_optimizer"} <= set(p.step_overheads_s)
+        assert {"pipeline_fill_drain", "wse_optimizer"} <= set(p.step_overheads_s)
         assert ("wse_replica_reduce" in p.step_overheads_s) == (r > 1)
 
 

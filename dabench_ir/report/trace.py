@@ -402,8 +402,6 @@ def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, process: str) -> 
     and drain is none of them: the stages' runs drawn from the first input to the last output hold
     it already (`plan.PIPELINE_FILL_DRAIN`), so drawn after them it was counted twice."""
     remaining = {k: v for k, v in (timeline.overheads_s or {}).items() if v and k != PIPELINE_FILL_DRAIN}
-    if not remaining:
-        return
     spans = timeline.unit_spans or {}
     if plan is not None:
         gaps = [(u, u.gap_before_s) for u in plan.units if u.gap_before_s > 0 and u.id in spans]
@@ -438,6 +436,13 @@ def _overheads(tracks: _Tracks, timeline: Timeline, plan: Any, process: str) -> 
         if seconds > 1e-15:
             tracks.add(process, kind, kind, t, t + seconds, {"bound": "overhead"}, cat="overhead")
             t += seconds
+    # a step that drains before the next is as long as the lowering's fill and drain says: what of it
+    # the stages' runs do not hold is drawn after them, so the trace ends at the step's latency
+    beyond = (timeline.latency_s or 0.0) - t
+    if PIPELINE_FILL_DRAIN in (timeline.overheads_s or {}) and beyond > 1e-15:
+        tracks.add(
+            process, PIPELINE_FILL_DRAIN, PIPELINE_FILL_DRAIN, t, t + beyond, {"bound": "overhead"}, cat="overhead"
+        )
 
 
 def _matching(overheads: Mapping[str, float], total: float) -> str | None:

@@ -49,7 +49,7 @@ from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
 from dabench_ir.passes.training import is_optimizer_step
-from dabench_ir.plan import Plan, PlanStats, Schedule, Unit, UnitStats
+from dabench_ir.plan import PIPELINE_FILL_DRAIN, Plan, PlanStats, Schedule, Unit, UnitStats
 
 if TYPE_CHECKING:
     from dabench_ir.lowering.wse import WseOptions
@@ -82,7 +82,7 @@ def _in_flight_bytes(ctx: LoweringContext, target: Target, options: WseOptions, 
     al. MLSys 2021), the block recomputed in backward from it; plus the logits gradient (two
     logits-sized buffers). A buffer holds one sample per period of that round trip, but never more
     samples than the step has: a synchronous step drains the pipeline before its weight update
-    (`arch.drain_per_step`, the ``wse_fill_drain`` row), so at most the step's batch (one copy's:
+    (`arch.drain_per_step`, the ``pipeline_fill_drain`` row), so at most the step's batch (one copy's:
     the micro-batches of a step flow back to back) is in flight, and a block deeper than half the
     batch holds the whole batch. Cerebras' pipelined backpropagation (``drain_per_step`` 0) keeps
     the pipeline full across steps: the full round trip. Inference streams through FIFOs only: no
@@ -271,7 +271,7 @@ def _place_pipelined(
     _place_optimizer(ctx, plan, target, windows, sram.level, target.ridge_point(ctx.precision, sram))
     overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
     if drain > 0:
-        overheads["wse_fill_drain"] = drain
+        overheads[PIPELINE_FILL_DRAIN] = drain
     plan.step_overheads_s.update(overheads)
     rates = [1.0 / t if t > 0 else 0.0 for t in times]
     pipe_rate = min((r for r, k in zip(rates, kernels, strict=True) if k.work_s > 0), default=0.0) * replicas
