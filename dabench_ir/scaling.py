@@ -489,6 +489,8 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     module_of = {n.name: split.get(n.name) or _tp_module(n, root) for n in share.nodes}
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
+    caches = set(cache_inputs(share))
+    held = _cache_share(share, caches, chips)
     for node in share.nodes:
         mod = module_of[node.name]
         cost = meta.get_cost(node)
@@ -501,6 +503,9 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
         for key in (meta.COST, FORWARD_COST, BACKWARD_COST):  # the training phases' costs split too
             if isinstance(node.meta.get(key), Cost):
                 node.meta[key] = _split_cost(node.meta[key], chips, inside_in, inside_out)
+        cached = sum(value_bytes(graph, v) for v in node.inputs if v in caches)
+        if cached and held > 1 / chips:  # a chip reads its whole K/V heads, not 1/chips of the cache
+            node.meta[meta.COST] = node.meta[meta.COST] + Cost(act_bytes_in=math.ceil(cached * (held - 1 / chips)))
         if not inside_out:  # the module's result: partial sums, all-reduced across chips
             leaving[mod] = max(leaving.get(mod, 0), _leaving_bytes(graph, node, module_of, cost))
     for value in share.values.values():  # weights of split modules are sharded too, and the activations inside one
@@ -575,6 +580,23 @@ def _lm_head_collectives(graph: Graph, head: LmHead, passes: int) -> list[Collec
     ]
 
 
+def _cache_share(graph: Graph, caches: set[str], chips: int) -> float:
+    """The share of a decode graph's KV cache one of ``chips`` holds and reads: ceil(kv / chips) of its
+    kv heads (`_shard_cache_heads`), more than 1/chips when there are fewer heads than chips (over 16
+    GPUs each reads the whole of one of LLaMA 70B's 8 heads: it had read half of one); 1/chips when
+    the heads are not known."""
+    heads = {graph.values[name].type.shape[1] for name in caches if _cache_heads_known(graph.values[name])}
+    if len(heads) != 1:
+        return 1 / chips
+    (kv,) = heads
+    return math.ceil(kv / chips) / kv
+
+
+def _cache_heads_known(value: Value) -> bool:
+    shape = value.type.shape
+    return shape is not None and len(shape) >= 2 and isinstance(shape[1], int)
+
+
 def _shard_cache_heads(value: Value, chips: int) -> int | None:
     """One chip's share of a decode graph's KV-cache input: its K/V heads (dim 1 of the cache,
     [batch, heads, ...]) split over the chips, a head kept whole on each chip that reads it. With fewer
@@ -584,7 +606,7 @@ def _shard_cache_heads(value: Value, chips: int) -> int | None:
     `_engine_config_to_model_config`: ``num_kv_heads = (num_kv_heads + tp_size - 1) // tp_size``).
     Returns the model's K/V heads (None when the cache's head dim is not known)."""
     shape = value.type.shape
-    if shape is None or len(shape) < 2 or not isinstance(shape[1], int):
+    if not _cache_heads_known(value):
         return None
     dims = list(shape)
     dims[1] = math.ceil(shape[1] / chips)

@@ -415,3 +415,25 @@ def test_one_chips_figures_of_a_multi_chip_run_are_labelled_as_one_chips_everywh
     assert "memory     per device: " in render_table(two) and "per device" not in render_table(one)
     data = two.to_dict()
     assert bound_shares(data["nodes"], data["overheads"])["communication"] > 0
+
+
+def test_tp_over_more_chips_than_kv_heads_reads_each_chips_whole_head(tmp_path):
+    """Two K/V heads over 4 GPUs: each GPU holds one head whole (TensorRT-LLM sizes a rank's cache at
+    ceil(kv_heads / tp) heads) and reads all of it each decode step. The scores' matmul read half a head
+    (1/4 of the cache): LLaMA 70B's 8 heads over 16 H100s read 2.25 MB of a layer's cache where 4.50
+    MB is held."""
+    import onnx
+
+    from dabench_ir import api
+    from dabench_ir.models.config import ModelConfig
+    from dabench_ir.models.export import export_onnx
+
+    cfg = ModelConfig(family="llama", layers=1, hidden=256, heads=8, kv_heads=2, ffn=512, seq=1, batch=2, vocab=None,
+                      phase="decode", context=64)  # fmt: skip
+    path = tmp_path / "decode.onnx"
+    onnx.save(export_onnx(cfg, weights="none"), path)
+    head = 2 * 64 * 32 * 2  # one K head of both requests' 64 cached tokens, fp16
+    for chips, queries in ((2, 4), (4, 2)):  # the query heads each chip scores
+        report = api.profile(path, target="h100", chips=chips, strategy="tp", precision="fp16")
+        scores = next(n for n in report.nodes if n.name == "node_matmul")  # q . K^T over the cache
+        assert scores.cost.act_bytes_in == head + 2 * queries * 32 * 2  # the whole head, and its queries
