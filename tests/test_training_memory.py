@@ -113,6 +113,12 @@ def test_selective_recompute_drops_the_scores_and_recomputes_the_core():
     assert extra == 2 * s * s * h
     av = "layers.1.attn.av"
     assert meta.get_cost(sel.node(av)) == meta.get_cost(plain.node(av))
+    # unfused, the recomputed ops read and write their tensors again: the softmax its S x S scores
+    # in and probabilities out (it had cost its FLOPs alone, the traffic free)
+    softmax = "layers.1.attn.softmax"
+    scores = 2 * a * s * s  # one (1, a, s, s) fp16 tensor
+    moved = meta.get_cost(sel.node(softmax)).bytes - meta.get_cost(plain.node(softmax)).bytes
+    assert moved == 2 * scores
 
 
 def test_fused_attention_writes_no_score_matrix():
