@@ -863,13 +863,13 @@ def _decode_rereads(ctx: LoweringContext, target: Target, options: LoweringOptio
     load_rate = target.arch_value(DECODE_ATTENTION_LOAD, 0.0)
     rereads = cache_rereads(ctx)
     kernel = getattr(options, "decode_attention", None)
+    if kernel in ("per-kv-head", "xqa-auto") and not rereads:  # a kernel choice with nothing to choose for
+        raise UserError(
+            f"--decode-attention {kernel}: the graph has no decode attention over a grouped-query KV "
+            "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
+            "--phase decode); drop it"
+        )
     if kernel == "per-kv-head":
-        if not rereads:
-            raise UserError(
-                "--decode-attention per-kv-head: the graph has no decode attention over a grouped-query KV "
-                "cache (a decode step of a model with fewer K/V heads than query heads: dabench-ir export "
-                "--phase decode); drop it"
-            )
         rereads = {}
     elif kernel == "xqa-auto":
         m = int(getattr(options, "micro_batches", None) or 1)

@@ -238,12 +238,14 @@ def test_xqa_auto_counts_the_k_v_heads_of_one_chip_of_a_tensor_parallel_run():
         ("sn30", 2, "decode", "applies to gpu targets, not sn30"),
     ],
 )
-def test_a_kernel_per_kv_head_is_refused_where_nothing_reads_a_grouped_cache(target, kv_heads, phase, why):
+@pytest.mark.parametrize("kernel", ["per-kv-head", "xqa-auto"])
+def test_a_kernel_per_kv_head_is_refused_where_nothing_reads_a_grouped_cache(target, kv_heads, phase, why, kernel):
+    """``xqa-auto`` had been accepted on a prefill and a multi-head model, choosing nothing."""
     from dabench_ir import api
     from dabench_ir.errors import UserError
 
     with pytest.raises(UserError, match=why):
-        api.profile(_model(kv_heads, phase=phase), target, precision="fp16", decode_attention="per-kv-head")
+        api.profile(_model(kv_heads, phase=phase), target, precision="fp16", decode_attention=kernel)
 
 
 def test_l2_binds_a_gqa_cache_read_exactly_when_its_query_heads_outrun_the_l2_hbm_ratio():
