@@ -1041,6 +1041,8 @@ def scale(
     for n in chips:
         if n == 1:
             pt = _point_from_run(single, 1, per_step, comm=0.0)
+            if systems:
+                _store_apart(pt, target, 1)
         elif systems:
             pt = _systems_point(graph, chip_run, n, single, train)
         elif strategy == "dp" and lowering.replicates_itself:
@@ -1072,7 +1074,7 @@ def scale(
         elif not single.fits and pt.fits:
             pt.notes.append("no speedup: one chip does not hold the run, so it has no rate to be a multiple of")
         pt.energy = _point_energy(pt, target, link)
-    precision = lowering_options(run).precision  # the dtype peaks were taken at
+    precision = run.options.precision or lowering_options(run).precision  # as asked: mixed, not its bf16 compute
     if link is None and any(p.comm_time_s for p in points):
         logger.warning("%s has no link declared; communication is free", target.name)
     return ScaleResult(
@@ -1283,6 +1285,18 @@ def broadcast_tree(systems: int, fanout: int) -> tuple[int, int]:
     return levels, nodes
 
 
+def _store_apart(pt: ScalePoint, target: Target, n: int) -> None:
+    """Leave the store weight-streaming systems stream from (MemoryX) out of ``pt``'s memory per device,
+    with a note: it is one store for the ``n`` systems, no system's memory (one system's point had kept
+    it, so the column read 1.2 GB at one system and 344 MB at two for the same per-system plan)."""
+    store = target.memory("off-chip").name
+    held = dict(pt.memory_per_device or {})
+    if held.get(store):
+        pt.memory_per_device = {name: b for name, b in held.items() if name != store} or None
+        systems = "the system" if n == 1 else f"the {n} systems"
+        pt.notes.append(f"{store} holds {held[store] / 1e6:,.0f} MB for {systems}: one store, no system's memory")
+
+
 def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: ChipRun, train: bool) -> ScalePoint:
     """``n`` systems that each run the one-system streaming plan on the graph's batch, joined by the
     broadcast/reduce tree (SwarmX glossary, cerebras.net: a bidirectional tree of broadcast-reduce
@@ -1306,11 +1320,7 @@ def _systems_point(graph: Graph, run: ResolvedRun, n: int, single: ChipRun, trai
     pt = _point_from_run(one, n, per_system * n, comm, copies=n, link_bytes=float(tree_nodes * streamed))
     if plan is not None and plan.notes:  # the lowering's own word for its systems opens its notes
         pt.notes.append(plan.notes[0])
-    store = target.memory("off-chip").name
-    held = dict(pt.memory_per_device or {})
-    if held.get(store):  # the store the systems stream from is no system's memory (mem/device leaves it out)
-        pt.memory_per_device = {name: b for name, b in held.items() if name != store} or None
-        pt.notes.append(f"{store} holds {held[store] / 1e6:,.0f} MB for the {n} systems: one store, no system's memory")
+    _store_apart(pt, target, n)
     pt.notes.append(
         f"weak scaling: each system runs the graph's batch; broadcast/reduce tree of {tree_nodes} "
         f"node{'s' if tree_nodes != 1 else ''} ({levels} level{'s' if levels != 1 else ''} of fan-out {fanout} "

@@ -123,6 +123,9 @@ def test_a_systems_memory_is_its_wafers_the_store_they_stream_from_is_named_apar
     assert streamed_memory["memoryx"] > 0 and pt.memory_per_device == {"sram": streamed_memory["sram"]}
     assert pt.device_bytes == streamed_memory["sram"]
     assert f"memoryx holds {streamed_memory['memoryx'] / 1e6:,.0f} MB for the 4 systems" in " ".join(pt.notes)
+    # one system's point reads its memory the same way (its column had held MemoryX: 1.2 GB beside 344 MB)
+    assert points[1].memory_per_device == pt.memory_per_device
+    assert "memoryx holds" in " ".join(points[1].notes)
 
 
 def test_energy_counts_every_wafer_and_the_tree_links(streamed):
@@ -217,3 +220,10 @@ def test_a_cluster_run_passes_the_verifier_and_its_points_are_checked(tiny):
     assert point["chips"] == 2 and point["devices"] == 2 and 0 < point["speedup"] <= 2
     point["speedup"] = 2.5  # above 2 systems x one system's samples: the check reads these points
     assert [v.invariant for v in verify(report)] == ["speedup_linear"]
+
+
+def test_a_scale_names_the_precision_it_was_asked(tiny):
+    """The WSE's default is mixed precision (16-bit data, fp32 accumulation): the scale table's header
+    and JSON read bf16, its compute dtype, beside a bf16 run that is not the same run (26 against 22 ms)."""
+    assert scale(tiny, "wse", strategy="dp", chips=(1,), wse_mode="streaming").precision == "mixed"
+    assert scale(tiny, "wse", strategy="dp", chips=(1,), wse_mode="streaming", precision="bf16").precision == "bf16"
