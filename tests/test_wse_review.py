@@ -133,3 +133,18 @@ def test_a_failure_of_pes_states_pes_not_bytes():
     plan = lower(decoder(layers=2, hidden=64, seq=16), crowded, ProfileOptions(wse_mode="pipelined"))
     assert not plan.fits and "need at least 28 PEs" in plan.failure.reason and "5 are left" in plan.failure.reason
     assert (plan.failure.needed_bytes, plan.failure.capacity_bytes) == (None, None)
+
+
+def test_a_regions_fixed_time_a_row_is_overhead_not_compute():
+    """A norm region's time is mostly its kernel's fixed time a row (tau), which no PE count shortens:
+    it was counted as compute, so the why lines called the norms compute-bound at 0.75 % of the peak.
+    Its share of tau is the node's overhead now; the time is the same."""
+    from dabench_ir.pipeline import profile_graph
+    from tests.lowering_graphs import decoder
+
+    report = profile_graph(decoder(layers=2, hidden=768, seq=1024, batch=4), "wse2", {"wse_mode": "pipelined"})
+    plans = report.plan.node_plans
+    norms = [plans[n.name] for n in report.graph.nodes if n.op_type == "LayerNormalization"]
+    assert norms and all(p.overhead_s > p.compute_s > 0 and p.bound.value == "overhead" for p in norms)
+    for p in norms:
+        assert p.per_micro_batch_s * 4 == pytest.approx(p.compute_s + p.overhead_s, rel=1e-12)

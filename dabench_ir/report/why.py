@@ -93,7 +93,7 @@ def _resource(report: Report, row: dict[str, Any]) -> str:
         comm = sum(p.comm_s for p in plans)
         via = f"{link.name} {human(link.bandwidth_bytes_per_s, 'B/s')}" if link is not None else "exchange"
         return f"{via} exchange: {seconds(comm)} of link and exchange time"
-    return f"fixed costs (launch, sync): {seconds(sum(p.overhead_s for p in plans))}"
+    return f"fixed costs (launch, sync, per-row latency): {seconds(sum(p.overhead_s for p in plans))}"
 
 
 def _held_peak_share(report: Report, records: list[Any], peak: float | None) -> float | None:

@@ -393,13 +393,15 @@ def _place_regions(
         for node in k.nodes:
             w = k.node_work_s.get(node.name, 0.0)
             share = w / k.work_s if k.work_s > 0 else 0.0
-            # the per-token fixed time is part of the kernel's execution (its utilisation says
-            # how much): a node's compute time is its share of W/p + tau
-            compute = (w / p + tau * share) * samples
+            # a node's time is its share of W/p + tau: its work on the region's PEs, and its share of
+            # the kernel's fixed time a row (tau), which no PE count shortens: an overhead, so a norm
+            # region spending 80 % of its time there is overhead-bound, not compute-bound at 0.75 % of peak
+            compute, fixed = w / p * samples, tau * share * samples
             if node.name in plan.node_plans:  # an add's backward half: same node, a second region beside
                 prev = plan.node_plans[node.name]  # the first, running at the same time: the slower one counts
-                if compute > prev.compute_s + prev.overhead_s:
-                    prev.compute_s, prev.overhead_s, prev.per_micro_batch_s = compute, 0.0, compute / samples
+                if compute + fixed > prev.compute_s + prev.overhead_s:
+                    prev.compute_s, prev.overhead_s = compute, fixed
+                    prev.per_micro_batch_s = (compute + fixed) / samples
                 continue
             plan.node_plans[node.name] = place_node(
                 ctx,
@@ -407,6 +409,7 @@ def _place_regions(
                 unit=unit.id,
                 lane=f"{unit.id}.after" if returns and node.name in after_blocks else None,
                 compute_s=compute,
+                overhead_s=fixed,
                 feed_level=sram.level,
                 feed_bytes=ctx.costs[node.name].bytes,
                 ridge=ridge,
