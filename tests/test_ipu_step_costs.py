@@ -100,7 +100,8 @@ def test_a_tied_head_on_ipu_0_does_not_hold_up_the_next_micro_batch():
     another (92.2 ms against 30.9), so a prefill on 4 IPUs took as long as on one. The period, the
     busiest IPU's work, is the same either way (27.322 ms: 26.797 ms while the token + position add
     ran with block 0 on IPU 1, 26.606 ms with the embeddings on IPU 0, then vector ops at PopLibs'
-    codelet rates, spread over a grain of work a tile, and each op's exchange at its tiles' share)."""
+    codelet rates, spread over a grain of work a tile, and each op's exchange at its tiles' share;
+    27.240 ms since a weight's folded layout no longer crosses the IPU-Link)."""
     from dabench_ir import api
 
     m = 16
@@ -108,7 +109,7 @@ def test_a_tied_head_on_ipu_0_does_not_hold_up_the_next_micro_batch():
     totals = report.totals
     one_pass = sum(n.time_s for n in report.nodes if n.time_s) / m
     assert totals["latency_s"] == pytest.approx(one_pass + (m - 1) * totals["period_s"] / m, rel=2e-2)
-    assert totals["period_s"] == pytest.approx(27.322e-3, rel=1e-3)
+    assert totals["period_s"] == pytest.approx(27.240e-3, rel=1e-3)
 
 
 def test_a_training_step_alone_fills_and_drains_its_pipeline_once():

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dabench_ir.lowering.context import place_node
 from dabench_ir.lowering.ipu.common import act_bytes
+from dabench_ir.passes import meta
 from dabench_ir.passes.training import is_optimizer_step
 
 if TYPE_CHECKING:
@@ -177,7 +178,9 @@ def serial_plan(ctx: LoweringContext, node: Node, m: int, gamma: float, budget: 
 def _link_bytes(run: IpuRun, node: Node, ipu: int, ipu_of: dict[str, int], crossed: set[tuple[str, int]]) -> float:
     """Bytes ``node`` brings over the IPU-Link onto ``ipu``: each input made on another IPU, once
     per IPU however many ops read it there (``crossed`` holds the copies made), and in training
-    its gradient back."""
+    its gradient back. A weight's layout folded at compile time (`meta.FOLDED`) is no run-time
+    tensor: the compiler stores it where it is read (a tied head's transposed table, placed with the
+    embedding, had crossed the link each micro-batch)."""
     graph = run.ctx.graph
     link_bytes = 0.0
     for v in node.inputs:
@@ -185,6 +188,7 @@ def _link_bytes(run: IpuRun, node: Node, ipu: int, ipu_of: dict[str, int], cross
         if (
             value is not None
             and value.producer is not None
+            and meta.FOLDED not in graph.node(value.producer).meta
             and ipu_of.get(value.producer, ipu) != ipu
             and (v, ipu) not in crossed
         ):
