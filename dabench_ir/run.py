@@ -320,6 +320,8 @@ def resolve(
         sources["micro_batches"] = "user"
 
     _check_linalg(opts, linalg=linalg, mlir_file=mlir_file)
+    if mlir_file and "via" in given and opts.via == "onnx":  # accepted and ignored: the module is costed from linalg
+        raise UserError("--via onnx: an MLIR module has no ONNX to cost from; drop --via, or profile the .onnx file")
     trained = meta.graph_mode(graph) == "train"
     check_applies(opts, given, HostKind(HOST) if host else tgt, trained=trained)  # no knob accepted and ignored
     if host:  # measuring the host takes up to a minute the first time: only for a question that can be asked

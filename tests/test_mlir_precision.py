@@ -142,6 +142,9 @@ def test_mlir_file_keeps_its_types(model, tmp_path):
     assert "\n" not in str(info.value)
     config = profile(str(path), "rdu").to_dict()["config"]  # the target's bf16 default does not apply
     assert config["run"]["knobs"]["precision"]["source"] == "model"
+    # nor has it an ONNX graph to cost from: --via onnx was accepted, recorded and ignored
+    with pytest.raises(UserError, match=r"^--via onnx: an MLIR module has no ONNX to cost from"):
+        profile(str(path), "rdu", via="onnx")
 
 
 def test_study_mlir_rows_record_their_precision(model):
