@@ -798,12 +798,24 @@ _elementwise("Log", 0, 1, **_FP32, **_TANH)
 _elementwise("Sqrt", 0, 1, **_FP32, roles=_NORM_PART, **_KEEPS_OUT)
 
 
+def power_multiplies(exponent: float | None) -> int | None:
+    """The multiplies ``x ** exponent`` takes by repeated squaring (x**2: 1, x**3: 2, x**4: 2), as
+    compilers expand a small whole power (LLVM's powi, MLIR's math.fpowi); None for any other
+    exponent (a fraction, a negative or a large one, or an unknown), which is exp(y log x)."""
+    if exponent is None or exponent != int(exponent) or not 2 <= exponent <= 16:
+        return None
+    n = int(exponent)
+    return n.bit_length() - 1 + bin(n).count("1") - 1
+
+
 @cost_rule("Pow", op_class=OpClass.VECTOR, **_FP32, roles=_NORM_PART)
 def _pow(op: OpView) -> Cost:
-    """x ** 2: one multiply (vector) per element; x ** 0.5: a square root (special); any other or
-    unknown exponent: exp(y log x), one special op per element (a transcendental evaluation)."""
+    """A small whole exponent: its multiplies per element (`power_multiplies`: x ** 2 one, x ** 3
+    two, as the linalg path counts math.fpowi); any other or unknown exponent: exp(y log x), one
+    special op per element (a transcendental evaluation)."""
     n = op.out_numel()
-    return Cost(vector_flops=n) if op.in_scalar(1) == 2.0 else Cost(special_ops=n)
+    multiplies = power_multiplies(op.in_scalar(1))
+    return Cost(vector_flops=multiplies * n) if multiplies else Cost(special_ops=n)
 
 
 _elementwise("Sin", 0, 1, **_TANH, roles=(Role.ROTARY_TABLE,))

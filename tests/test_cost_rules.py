@@ -127,7 +127,10 @@ _POW_INIT = "agraph (float[2,4] X) => (float[2,4] Y) <float{dims} e = {{{e}}}> {
         ("2.0", "", 8, 0),  # a rank-0 initializer: x * x
         ("2", "[1]", 8, 0),  # a one-element tensor holds the exponent just as well
         ("0.5", "", 0, 8),  # a square root
-        ("3.0", "", 0, 8),  # exp(3 log x)
+        ("3.0", "", 16, 0),  # x * x * x: two multiplies (the linalg path's math.fpowi counts the same)
+        ("4.0", "", 16, 0),  # (x * x) squared: two
+        ("2.5", "", 0, 8),  # exp(2.5 log x)
+        ("17.0", "", 0, 8),  # past the small powers a compiler expands: exp(17 log x)
     ],
 )
 def test_pow_costs_its_constant_exponent(exponent, dims, vector, special):

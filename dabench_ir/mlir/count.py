@@ -35,6 +35,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.base import Pass, PassResult
+from dabench_ir.passes.cost_rules import power_multiplies
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
 
 __all__ = [
@@ -438,6 +439,21 @@ class _Uncountable(Exception):
     """An op this counter cannot count; the message is the reason shown to the user."""
 
 
+_WHOLE_POWERS = ("math.fpowi", "math.ipowi")
+"""Powers with an integer exponent (``x ** 3`` in GPT-2's tanh GELU, ``x ** 2`` in an RMS norm)."""
+
+
+def _constant_exponent(op: Any) -> float | None:
+    """The exponent of a power op when an ``arith.constant`` defines it; None otherwise."""
+    owner = op.operands[1].owner if len(op.operands) > 1 else None
+    if owner is None or not hasattr(owner, "name") or owner.name != "arith.constant":
+        return None
+    try:
+        return float(int(str(owner.attributes["value"]).split(":")[0].strip()))
+    except (KeyError, ValueError):
+        return None
+
+
 def _count_payload(
     op: Any, n_inputs: int, has_reduction: bool, gathers: list[Any], index_type: Any
 ) -> tuple[int, int, int, set[int]]:
@@ -477,7 +493,9 @@ def _count_payload(
         if name in _GATHERS:  # a gather: one element read per iteration, no FLOPs
             gathers.append(inner.operands[0])
             continue
-        if name.startswith("math."):
+        if name in _WHOLE_POWERS and (multiplies := power_multiplies(_constant_exponent(inner))):
+            vector += multiplies  # a small whole power is multiplies, as the ONNX rule counts Pow
+        elif name.startswith("math."):
             special += 1
         elif name.startswith("arith."):
             if inner.results and inner.results[0].type == index_type:
