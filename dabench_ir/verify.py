@@ -45,6 +45,9 @@ Invariant names (`Violation.invariant`), each a limit no real machine exceeds:
 ``roofline_point``
     every point the roofline plot draws (intensity, FLOPs / time) is at or below its roof:
     min(peak at the report's precision, intensity x the bandwidth of the node's feed level);
+``times_valid``
+    every time the report states (a node's, emulated or measured; a row no node owns) is a finite,
+    non-negative number of seconds;
 ``speedup_linear``
     a multi-chip point's speedup over one chip <= its chips, unless the point names the
     mechanism that lets it exceed them (``superlinear``: ZeRO sharding the optimizer's work);
@@ -110,6 +113,7 @@ INVARIANTS = (
     "stage_weight_reads",
     "shares_sum",
     "roofline_point",
+    "times_valid",
 )
 """Every invariant `verify` checks, by name (see the module docstring)."""
 LOWER_BOUNDS = frozenset({"stage_weight_reads"})
@@ -370,7 +374,27 @@ def _node_checks(ctx: _Context, nodes: _Nodes) -> list[Violation]:
     return [violation for _, _, violation in sorted(found, key=lambda f: f[:2])]
 
 
+def _times(report: Report) -> Iterable[Violation]:
+    """Every time the report states is a finite, non-negative number of seconds: a node's (emulated or
+    measured) and every row no node owns. The other checks skip a node without a positive time, so a
+    node at -1 s had passed them all."""
+    timeline = report.timeline
+    stated = [(r.name, r.time_s) for r in report.nodes]
+    stated += [(r.name, r.measured_time_s) for r in report.nodes]
+    stated += list((timeline.overheads_s or {}).items()) if timeline is not None else []
+    for where, seconds in stated:
+        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+            yield Violation(
+                invariant="times_valid",
+                where=str(where),
+                value=float(seconds),
+                limit=0.0,
+                detail="a time is a finite number of seconds, none below 0",
+            )
+
+
 def _violations(report: Report) -> Iterable[Violation]:
+    yield from _times(report)
     yield from _shares(report)
     yield from _speedups(report.extra.get("scale") or {})
     if report.scaling is not None:

@@ -246,6 +246,16 @@ def test_roofline_point_above_its_roof():
     assert (v.where, v.value, v.limit) == ("n1", 50.0, 20.0)
 
 
+@pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_not_finite_time_is_refused(seconds):
+    """The node checks skip a node without a positive time (it does no work to bound): a node at -1 s
+    had passed every invariant."""
+    found = _only(tiny(n1={"time_s": seconds}))
+    assert "times_valid" in found
+    (v,) = found["times_valid"]
+    assert v.where == "n1" and v.limit == 0.0
+
+
 def test_nodes_without_time_or_work_are_skipped():
     assert verify(tiny(n0={"time_s": 0.0, "energy_j": 99.0})) == []
     assert verify(tiny(n0={"flops": 0, "feed_bytes": 0, "energy_j": 99.0, "intensity": None})) == []
