@@ -437,3 +437,21 @@ def test_tp_over_more_chips_than_kv_heads_reads_each_chips_whole_head(tmp_path):
         report = api.profile(path, target="h100", chips=chips, strategy="tp", precision="fp16")
         scores = next(n for n in report.nodes if n.name == "node_matmul")  # q . K^T over the cache
         assert scores.cost.act_bytes_in == head + 2 * queries * 32 * 2  # the whole head, and its queries
+
+
+def test_the_per_layer_total_is_its_rows_sum_on_several_chips():
+    """On 2 data-parallel H100s the per-layer rows are one chip's nodes: their 'total' row read the
+    report's total, both chips' (230 GFLOP under rows summing to 115)."""
+    from dabench_ir import api
+    from dabench_ir.report import render_table
+    from dabench_ir.report.attribution import layer_runs
+    from dabench_ir.report.table import human
+
+    report = api.profile("gpt2-small", "h100", chips=2, strategy="dp")
+    runs = layer_runs(report)
+    flops = sum(r["flops"] * r["count"] for r in runs)
+    assert report.totals["flops"] > 1.5 * flops  # the report's total is both chips'
+    text = render_table(report)
+    section = text[text.index("Per layer") :]
+    total = next(line for line in section.splitlines() if line.startswith("total"))
+    assert " ".join(total.split()[1:3]) == human(flops)

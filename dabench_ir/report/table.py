@@ -545,8 +545,10 @@ def _by_layer(report: Report, st: _Style, width: int) -> list[str]:
         if timed:
             row.append(seconds(r["time_s"]))
         rows.append(row)
-    total = report.totals
-    total_row = ["total", "", human(total.get("flops")), "100.0%", human(total.get("bytes"), "B")]
+    # the rows' own sums: on several chips the rows are one chip's nodes, the report's totals every chip's
+    # (2 data-parallel H100s' rows summed to 115 GFLOP under a 'total' of 230)
+    total_bytes = sum(r["bytes"] * r["count"] for r in runs)
+    total_row = ["total", "", human(total_flops), "100.0%", human(total_bytes, "B")]
     if timed:  # the rows' own sum (node time), never the step: on a pipeline the step is a period
         total_row.append(seconds(sum(r["time_s"] * r["count"] for r in runs if r["time_s"] is not None)))
     rows.append(total_row)
