@@ -89,3 +89,25 @@ def test_the_two_paths_agree_on_weight_bytes(tmp_path):
     onnx_w = api.profile(path).totals["weight_bytes"]
     mlir_w = api.profile(path, via="mlir").totals["weight_bytes"]
     assert mlir_w == pytest.approx(onnx_w, rel=1e-3)
+
+
+@pytest.mark.parametrize("target", [None, "h100"])
+def test_a_folded_constant_is_read_as_stored_on_both_paths(tmp_path, target):
+    """GPT-2's causal mask is a constant subgraph both paths fold: on the ONNX path its Add reads it as
+    stored bytes; on linalg it had stayed an activation (8.4 MB of GPT-2 small's weight bytes apart at
+    seq 1024), and under an H100's fused attention it was dropped as an on-chip intermediate."""
+    pytest.importorskip("torch_mlir")
+    from dabench_ir import api
+    from tests._helpers import weightless
+
+    # at 256 positions the exporter leaves the mask a Trilu of a constant, which both paths fold
+    path = weightless(tmp_path / "gpt2.onnx", family="gpt2", layers=1, hidden=64, heads=4, seq=256, vocab=128, batch=1)
+    onnx_nodes = {n.name: n for n in api.profile(path, target=target).nodes}
+    mlir_nodes = {n.name: n for n in api.profile(path, target=target, via="mlir").nodes}
+    elementwise = [k for k, n in onnx_nodes.items() if n.op_type in ("Add", "Mul") and k in mlir_nodes]
+    masked = [
+        k for k in elementwise if onnx_nodes[k].cost.weight_bytes >= 256 * 256 * 2
+    ]  # the S x S mask, 16-bit or more
+    assert masked
+    for name in masked:
+        assert mlir_nodes[name].cost.weight_bytes == onnx_nodes[name].cost.weight_bytes, name

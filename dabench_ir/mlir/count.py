@@ -35,7 +35,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, DType, Graph, Node, TensorType, ValueKind
 from dabench_ir.passes import meta
 from dabench_ir.passes.base import Pass, PassResult
-from dabench_ir.passes.cost_rules import power_multiplies
+from dabench_ir.passes.cost_rules import power_multiplies, traits_of
 from dabench_ir.passes.meta import COST, UNATTRIBUTED
 
 __all__ = [
@@ -943,20 +943,34 @@ def fold_weight_layouts(graph: Graph) -> None:
             continue
         copy = node.meta.get(COST)
         node.meta[COST] = Cost()
-        if not isinstance(copy, Cost) or not any(
-            v in graph.values and graph.values[v].kind is ValueKind.WEIGHT for v in node.inputs
-        ):
-            continue  # a constant subgraph's result (an accumulator's zero fill) is no weight
+        if not isinstance(copy, Cost) or not node.inputs:
+            continue  # a fill of a literal (an accumulator's zero init) is no stored tensor its readers load
         typed = [graph.type_of(out).nbytes() if out in graph.values else 0 for out in node.outputs]
+        of_weight = any(v in graph.values and graph.values[v].kind is ValueKind.WEIGHT for v in node.inputs)
         for out, size in zip(node.outputs, typed, strict=True):
-            share = size / sum(typed) if sum(typed) else 0.0  # the copy's bytes, by output
-            written, stored = int(copy.act_bytes_out * share), int(copy.weight_bytes * share)
-            for reader in graph.consumers.get(out, ()):
-                cost = reader.meta.get(COST)
-                if meta.FOLDED not in reader.meta and isinstance(cost, Cost) and cost.act_bytes_in >= written > 0:
-                    reader.meta[COST] = replace(
-                        cost, act_bytes_in=cost.act_bytes_in - written, weight_bytes=cost.weight_bytes + stored
-                    )
+            if of_weight:  # the weight as stored, laid out once: the copy's bytes, by output
+                share = size / sum(typed) if sum(typed) else 0.0
+                written, stored = int(copy.act_bytes_out * share), int(copy.weight_bytes * share)
+            else:  # a constant subgraph's result (a causal mask, rotary tables): a stored constant of its own
+                written = stored = size
+            _read_as_stored(graph, out, written, stored)
+
+
+def _read_as_stored(graph: Graph, value: str, written: int, stored: int) -> None:
+    """``value``'s readers read it as stored bytes (``stored``, weight bytes) in place of the activation
+    (``written``) the module's copy wrote, as the ONNX path's readers read a folded value: a causal mask
+    the module builds every step had been an activation there, 8.4 MB of GPT-2's weight bytes apart,
+    and dropped as an on-chip intermediate under fused attention. Indices a gather
+    reads stay its input (its rule counts them so, stored or not: `OpTraits.index_input`)."""
+    for reader in graph.consumers.get(value, ()):
+        cost = reader.meta.get(COST)
+        index = traits_of(reader).index_input
+        if index is not None and index < len(reader.inputs) and reader.inputs[index] == value:
+            continue
+        if meta.FOLDED not in reader.meta and isinstance(cost, Cost) and cost.act_bytes_in >= written > 0:
+            reader.meta[COST] = replace(
+                cost, act_bytes_in=cost.act_bytes_in - written, weight_bytes=cost.weight_bytes + stored
+            )
 
 
 def mark_narrow_contractions(graph: Graph) -> None:
