@@ -53,3 +53,29 @@ def test_a_small_mlir_export_keeps_its_weights_as_arguments_and_trains_as_the_on
     assert trained[mlir].totals["contraction_flops"] == trained[onnx_path].totals["contraction_flops"] > 0
     with pytest.raises(UserError, match="--weights random applies to ONNX"):
         export_model(cfg, tmp_path / "r.mlir", format="mlir-torch", weights="random")
+
+
+def test_a_gpt2_mlir_exports_norms_and_residual_adds_have_their_blocks(tmp_path) -> None:
+    """fx origins carry no layer index: a call chain that recurs the same number of times in every block
+    is the blocks' in turn. GPT-2's block calls one line for both norms and one for both residual adds,
+    twice a block: those 8 nodes had no layer, and the per-layer table put them outside the blocks.
+    What has none now is the model's own: the embedding add, the final norm, the head."""
+    from collections import Counter
+
+    from dabench_ir.api import profile
+
+    cfg = ModelConfig(family="gpt2", layers=2, hidden=32, heads=4, seq=8)
+    path = tmp_path / "m.mlir"
+    export_model(cfg, path, format="mlir-torch")
+    report = profile(str(path))
+    assert sum(1 for n in report.nodes if n.layer is None) == 3
+    twice = [n for n in report.nodes if n.name.split("#")[0] in _lines_run_four_times(report)]
+    assert len(twice) == 8 and Counter(n.layer for n in twice) == {0: 4, 1: 4}
+
+
+def _lines_run_four_times(report) -> set[str]:
+    """The origins (file:line) whose op runs four times in a 2-block model: twice a block."""
+    from collections import Counter
+
+    runs = Counter(n.name.split("#")[0] for n in report.nodes)
+    return {line for line, count in runs.items() if count == 4}

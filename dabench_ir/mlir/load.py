@@ -930,8 +930,11 @@ def mlir_asm(graph: Graph, *, debug_info: bool = True) -> str:
 
 # -- building a Graph from the module's origins ---------------------------------------------
 def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
-    """fx origins carry no layer index; when a call chain recurs exactly once per decoder
-    block (the model's `layers` from the exporter header), its k-th run is layer k."""
+    """fx origins carry no layer index; when a call chain recurs the same number of times in every
+    decoder block (a whole multiple of the model's `layers`, from the exporter header), its runs are
+    the blocks' in turn: the k-th of m a block is in block k // m. (GPT-2's block calls one line for
+    both norms and one for both residual adds, twice a block: those nodes had no layer, the per-layer
+    table put them outside the blocks.)"""
     try:
         layers = int(json.loads(graph.metadata.get(MODEL_PARAMS, "{}")).get("layers") or 0)
     except (ValueError, TypeError, AttributeError):
@@ -943,9 +946,10 @@ def _layers_from_runs(graph: Graph, nodes: list[tuple[Node, str]]) -> None:
         if node.layer is None and " <- " in chain:
             by_chain.setdefault(chain, []).append(node)
     for members in by_chain.values():
-        if len(members) == layers:
+        if len(members) % layers == 0:
+            per_block = len(members) // layers
             for k, node in enumerate(members):
-                node.layer = k
+                node.layer = k // per_block
 
 
 def _dominant(ops: list[OpCount]) -> str:
