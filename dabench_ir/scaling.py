@@ -66,7 +66,7 @@ from dabench_ir.lowering.gpu import (
 )
 from dabench_ir.metrics import Metrics, compute_metrics
 from dabench_ir.passes import meta
-from dabench_ir.passes.precision import cache_inputs
+from dabench_ir.passes.precision import cache_inputs, reads_kv_cache
 from dabench_ir.passes.training import (
     BACKWARD_COST,
     FORWARD_COST,
@@ -490,7 +490,8 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
     producer_module = {out: module_of[n.name] for n in share.nodes for out in n.outputs if out}
     leaving: dict[str, int] = {}  # split module -> bytes of the values that leave it
     caches = set(cache_inputs(share))
-    held = _cache_share(share, caches, chips)
+    kv = _kv_heads(share, caches)
+    held = math.ceil(kv / chips) / kv if kv else 1 / chips  # the share of the cache a chip holds and reads
     for node in share.nodes:
         mod = module_of[node.name]
         cost = meta.get_cost(node)
@@ -528,9 +529,9 @@ def split_for_tp(graph: Graph, chips: int) -> tuple[Graph, list[Collective]]:
                 # a vocabulary that does not divide is padded to a multiple of the chips (Megatron-LM's
                 # make-vocab-size-divisible-by), and the activations with it
                 value.type = replace(value.type, shape=(*shape[:-1], -(-shape[-1] // chips)))
-    kv_heads = {_shard_cache_heads(share.values[name], chips) for name in cache_inputs(share)} - {None}
-    if len(kv_heads) == 1:  # a K/V head copied on several chips serves only each chip's own query heads
-        (kv,) = kv_heads
+    for name in caches:
+        _shard_cache_heads(share.values[name], chips)
+    if kv:  # a K/V head copied on several chips serves only each chip's own query heads
         meta.graph_set(share, meta.CACHE_GROUP_SHARE, kv / (chips * math.ceil(kv / chips)))
     _shard_training_state(graph, share, producer_module, chips)
     passes = 2 if train else 1  # backward: each split module's input gradient (token ids have none)
@@ -580,16 +581,13 @@ def _lm_head_collectives(graph: Graph, head: LmHead, passes: int) -> list[Collec
     ]
 
 
-def _cache_share(graph: Graph, caches: set[str], chips: int) -> float:
-    """The share of a decode graph's KV cache one of ``chips`` holds and reads: ceil(kv / chips) of its
-    kv heads (`_shard_cache_heads`), more than 1/chips when there are fewer heads than chips (over 16
-    GPUs each reads the whole of one of LLaMA 70B's 8 heads: it had read half of one); 1/chips when
-    the heads are not known."""
+def _kv_heads(graph: Graph, caches: set[str]) -> int | None:
+    """A decode graph's K/V heads (dim 1 of its cache inputs), None when not known or not one count. A
+    chip holds and reads ceil(kv / chips) of them (`_shard_cache_heads`): more than 1/chips of the cache
+    when there are fewer heads than chips (over 16 GPUs each reads the whole of one of LLaMA 70B's 8
+    heads: it had read half of one)."""
     heads = {graph.values[name].type.shape[1] for name in caches if _cache_heads_known(graph.values[name])}
-    if len(heads) != 1:
-        return 1 / chips
-    (kv,) = heads
-    return math.ceil(kv / chips) / kv
+    return heads.pop() if len(heads) == 1 else None
 
 
 def _cache_heads_known(value: Value) -> bool:
@@ -597,21 +595,18 @@ def _cache_heads_known(value: Value) -> bool:
     return shape is not None and len(shape) >= 2 and isinstance(shape[1], int)
 
 
-def _shard_cache_heads(value: Value, chips: int) -> int | None:
+def _shard_cache_heads(value: Value, chips: int) -> None:
     """One chip's share of a decode graph's KV-cache input: its K/V heads (dim 1 of the cache,
     [batch, heads, ...]) split over the chips, a head kept whole on each chip that reads it. With fewer
     K/V heads than chips (grouped-query attention at a high TP degree) every chip keeps one, copied on
     chips / heads of them: TensorRT-LLM's runtime sizes each rank's cache at ceil(kv_heads / tp)
     heads (NVIDIA/TensorRT-LLM tensorrt_llm/runtime/model_runner.py at 0243026,
     `_engine_config_to_model_config`: ``num_kv_heads = (num_kv_heads + tp_size - 1) // tp_size``).
-    Returns the model's K/V heads (None when the cache's head dim is not known)."""
-    shape = value.type.shape
-    if not _cache_heads_known(value):
-        return None
-    dims = list(shape)
-    dims[1] = math.ceil(shape[1] / chips)
-    value.type = replace(value.type, shape=tuple(dims))
-    return shape[1]
+    A cache whose head dim is not known is left whole."""
+    if _cache_heads_known(value):
+        dims = list(value.type.shape)
+        dims[1] = math.ceil(dims[1] / chips)
+        value.type = replace(value.type, shape=tuple(dims))
 
 
 def _leaving_bytes(graph: Graph, node: Node, module_of: dict[str, str | None], cost: Cost) -> int:
@@ -798,8 +793,7 @@ def _pipeline_bubble(graph: Graph, stages: int, micro_batches: int, busiest_s: f
     never wait (a serving engine's steady state), and with fewer, a token takes a turn through every
     stage, the busiest waiting (stages - micro-batches) micro-batch times."""
     per_micro_batch = busiest_s / micro_batches
-    reads_cache = any(graph.type_of(name).nbytes() for name in cache_inputs(graph))
-    if train or not reads_cache:
+    if train or not reads_kv_cache(graph):
         return (stages - 1) * per_micro_batch
     return max(0, stages - micro_batches) * per_micro_batch
 

@@ -165,6 +165,13 @@ def cache_inputs(graph: Graph) -> list[str]:
     ]
 
 
+def reads_kv_cache(graph: Graph) -> bool:
+    """Whether ``graph`` is a decode step: it reads a KV cache of some length (`cache_inputs`; a prefill
+    through a cache model binds it empty). Its next step needs its token: consecutive steps do not
+    overlap in a pipeline, and a serving engine keeps a batch in each stage instead."""
+    return any(graph.type_of(name).nbytes() for name in cache_inputs(graph))
+
+
 @dataclass(frozen=True)
 class PrecisionPass(Pass):
     """Rewrite float values to ``precision`` (see the module docstring for each mode) and the

@@ -134,8 +134,8 @@ def tiles_for(run: IpuRun, node: Node) -> int:
     """Tiles an operator spreads over: enough that each has at least a grain of work a micro-batch
     (``arch.min_grain_flops`` at one tile's 16-bit AMP peak, about 400 ns), and enough to hold its
     tensors in tile memory. The work is each part's at its unit's rate (a vector FLOP takes about 100
-    times an AMP FLOP at the peak: a norm of 1.1e7 FLOP holds some 1,500 tiles' grains, not the 110
-    it had as FLOPs), the contractions' at the AMP's peak for their data: how the planner partitions
+    times an AMP FLOP at the peak: a norm of 6.9e5 FLOP a micro-batch holds 664 tiles' grains, where
+    as FLOPs it took 7), the contractions' at the AMP's peak for their data: how the planner partitions
     a matmul is the data's, not the partials' (fp32 partials run the same tiles at half the rate)."""
     fig, cost = run.fig, run.ctx.costs[node.name]
     prec = precision_key(node, run.ctx)

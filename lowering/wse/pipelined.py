@@ -48,6 +48,7 @@ from dabench_ir.lowering.wse.common import (
 from dabench_ir.lowering.wse.kernels import KernelRates, WseKernel
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import traits_of
+from dabench_ir.passes.precision import reads_kv_cache
 from dabench_ir.passes.training import is_optimizer_step
 from dabench_ir.plan import PIPELINE_FILL_DRAIN, Plan, PlanStats, Schedule, Unit, UnitStats
 
@@ -299,10 +300,10 @@ def _place_pipelined(
 def _steps_overlap(ctx: LoweringContext, options: WseOptions) -> bool:
     """Whether consecutive steps overlap in the pipeline (the step time is then its period): in a
     steady state (``steady_state``), unless each step reads the KV cache the step before it wrote (a
-    decode step, `cache_inputs`): its new token is that step's output, so it enters only once the step
-    before has left the pipeline, and its time is its latency, fill and drain included (as the
+    decode step, `reads_kv_cache`): its new token is that step's output, so it enters only once the
+    step before has left the pipeline, and its time is its latency, fill and drain included (as the
     generation scenario times it)."""
-    return options.steady_state and not cache_inputs(ctx)
+    return options.steady_state and not reads_kv_cache(ctx.graph)
 
 
 def _fit_regions(target: Target, plan: Plan, kernels: list[WseKernel], sizing: _Sizing, replicas: int) -> list[int]:
