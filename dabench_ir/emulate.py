@@ -3,6 +3,11 @@
 Every node runs once per micro-batch on its lane (a region, a pipeline stage, a stream);
 a lane runs one thing at a time, in the order micro-batch then topological order, and a
 run starts when its lane is free and the same micro-batch of every producer has ended.
+A node that takes its rows in one after another (`NodePlan.rows` > 1: a WSE region's token
+rows) starts on its producers' first rows, ends no sooner than one of its rows after their
+last, and passes each row on as it makes it: its consumers and the next run on its lane start
+one row in (the lane's runs still take their times in turn), but a node that holds its rows
+(`NodePlan.holds`: a WSE attention kernel) passes them to other lanes only at its end.
 Because each lane's order is fixed and every dependency comes earlier in that order, one
 pass in global (micro-batch, topological) order gives the exact event times, including
 pipeline fill and drain. Sequential plans (RDU sections, streamed WSE layers) run their
@@ -22,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dabench_ir.ir import Graph
-from dabench_ir.plan import PIPELINE_FILL_DRAIN, Plan, Schedule
+from dabench_ir.plan import PIPELINE_FILL_DRAIN, NodePlan, Plan, Schedule
 from dabench_ir.timeline import NodeTiming, Timeline
 
 __all__ = ["check_dependencies", "emulate"]
@@ -50,19 +55,40 @@ class _Runs:
     a table of every node misses the caches on a deep model; bench/lookup_scaling.py).
 
     ``ends[i]``: node i's end per micro-batch simulated (and the last, once the closed form added
-    it); ``slices[i]``: its runs; ``busy[i]``: the time it ran; ``lane_free``: when each lane is free."""
+    it); ``firsts[i]``: when its first row is out (its ends, the same table, when no node streams
+    rows); ``holds[i]``: whether it passes its rows to other lanes only at its end; ``slices[i]``: its runs; ``busy[i]``: the time it ran; ``lane_free``: when each lane's
+    work is done (its runs' times in turn from their starts); ``lane_next``: when it may start its next run (``lane_free`` but beside a
+    streaming run, one row into it)."""
 
     lanes: list[str]
+    rows: list[int]
+    holds: list[bool]
     preds: list[list[int]]
     ends: list[dict[int, float]]
+    firsts: list[dict[int, float]]
     slices: list[list[tuple[float, float]]]
     busy: list[float]
     lane_free: dict[str, float]
+    lane_next: dict[str, float]
 
     @classmethod
-    def start(cls, lanes: list[str], preds: list[list[int]]) -> _Runs:
-        n = len(lanes)
-        return cls(lanes, preds, [{} for _ in range(n)], [[] for _ in range(n)], [0.0] * n, defaultdict(float))
+    def start(cls, plans: list[NodePlan], preds: list[list[int]]) -> _Runs:
+        n = len(plans)
+        rows = [p.rows for p in plans]
+        ends: list[dict[int, float]] = [{} for _ in range(n)]
+        firsts = [{} for _ in range(n)] if any(r > 1 for r in rows) else ends
+        return cls(
+            lanes=[p.lane for p in plans],
+            rows=rows,
+            holds=[p.holds for p in plans],
+            preds=preds,
+            ends=ends,
+            firsts=firsts,
+            slices=[[] for _ in range(n)],
+            busy=[0.0] * n,
+            lane_free=defaultdict(float),
+            lane_next=defaultdict(float),
+        )
 
 
 def emulate(plan: Plan, graph: Graph) -> Timeline:
@@ -71,7 +97,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
     order = [n.name for n in graph.nodes if n.name in node_plans]
     position = {name: i for i, name in enumerate(order)}
     plans = [node_plans[name] for name in order]
-    runs = _Runs.start([np_.lane for np_ in plans], _producers(graph, position))
+    runs = _Runs.start(plans, _producers(graph, position))
     m_count = max(1, plan.micro_batches)
 
     if plan.schedule is Schedule.SEQUENTIAL:
@@ -150,6 +176,7 @@ def emulate(plan: Plan, graph: Graph) -> Timeline:
         node_busy_s=busy_node,
         slices=dict(zip(order, runs.slices, strict=True)),
         lanes=dict(zip(order, runs.lanes, strict=True)),
+        streamed_rows={name: r for name, r in zip(order, runs.rows, strict=True) if r > 1},
         unit_spans=unit_spans,
     )
     logger.debug("emulated %d nodes x %d micro-batch(es): step %.3g s", len(order), m_count, step)
@@ -170,51 +197,77 @@ def _run_micro_batches(members: list[int], durations: list[float], m_count: int,
     fill + m periods + drain without m simulations. ``runs.slices`` keeps each simulated run and
     the last one.
     """
-    lanes, preds, ends, slices, busy, lane_free = (
+    lanes, rows, holds, preds, ends, firsts, slices, busy = (
         runs.lanes,
+        runs.rows,
+        runs.holds,
         runs.preds,
         runs.ends,
+        runs.firsts,
         runs.slices,
         runs.busy,
-        runs.lane_free,
     )
+    lane_free, lane_next = runs.lane_free, runs.lane_next
+
+    def run(i: int, took: float, m: int) -> float:
+        """Node ``i``'s run of micro-batch ``m``, recorded; its end. It starts at the latest of the
+        gate, its lane's next start and its producers' first rows of this micro-batch, and ends at
+        the latest of its lane's work done (the lane's runs take their times in turn) and one of its
+        rows after each producer's end (without rows: at its start plus its time). A run of no time
+        (bookkeeping: a Shape, a Reshape) waits for no lane and holds none."""
+        lane, row = lanes[i], took / rows[i]  # row: the time of one of its rows
+        ready, last_rows = (max(gate, lane_next[lane]) if took else gate), gate
+        for p in preds[i]:
+            first = firsts[p].get(m)
+            if first is not None:
+                end = ends[p][m]
+                ready = max(ready, end if holds[p] and lanes[p] != lane else first)
+                last_rows = max(last_rows, end + row)
+        worked = (max(lane_free[lane], ready) if took else ready) + took
+        finish = max(worked, last_rows)
+        first = ready + row if rows[i] > 1 else finish  # its first row out (a whole run's: its end)
+        ends[i][m] = finish
+        firsts[i][m] = first
+        if took:
+            lane_free[lane] = worked
+            lane_next[lane] = first
+        slices[i].append((ready, finish))
+        busy[i] += took
+        return finish
+
     rate: dict[str, float] = {}
     last = gate
     steady = 0
     for m in range(m_count):
         for i, took in zip(members, durations, strict=True):
-            lane = lanes[i]
-            # the latest of the gate, the lane free and the producers' ends of this micro-batch
-            ready = max(gate, lane_free[lane])
-            for p in preds[i]:
-                e = ends[p].get(m)
-                if e is not None and e > ready:
-                    ready = e
-            finish = ready + took
-            ends[i][m] = finish
-            lane_free[lane] = finish
-            slices[i].append((ready, finish))
-            busy[i] += took
-            if finish > last:
-                last = finish
+            last = max(last, run(i, took, m))
         if m == 0 or m == m_count - 1:
             continue
         if not rate:
             rate = _lane_rates(members, durations, runs)
         tol = 1e-12 * max(abs(last), 1e-30)
-        settled = all(abs(ends[i][m] - ends[i][m - 1] - rate[lanes[i]]) <= tol for i in members)
+        settled = all(
+            abs(ends[i][m] - ends[i][m - 1] - rate[lanes[i]]) <= tol
+            for i, took in zip(members, durations, strict=True)
+            if took
+        )
         steady = steady + 1 if settled else 0
         if steady >= 2:  # two micro-batches in a row at the lanes' rates: linear from here on
             rest = m_count - 1 - m
             for i, took in zip(members, durations, strict=True):
+                if not took:  # on no lane: its producers' last runs, placed before it, say when it runs
+                    last = max(last, run(i, took, m_count - 1))
+                    continue
                 start, finish = slices[i][-1]
                 shift = rest * rate[lanes[i]]
                 slices[i].append((start + shift, finish + shift))
+                firsts[i][m_count - 1] = firsts[i][m] + shift
                 ends[i][m_count - 1] = finish + shift
                 busy[i] += rest * took
                 last = max(last, finish + shift)
             for lane in rate:
                 lane_free[lane] += rest * rate[lane]
+                lane_next[lane] += rest * rate[lane]
             return last
     return last
 
@@ -243,6 +296,9 @@ def _lane_rates(members: list[int], durations: list[float], runs: _Runs) -> dict
     inputs: list[list[int]] = []
     for j, i in enumerate(members):
         lane = runs.lanes[i]
+        if not durations[j]:  # a run of no time holds no lane (`_run_micro_batches`)
+            inputs.append([local[p] for p in runs.preds[i] if p in local])
+            continue
         inputs.append([local[p] for p in runs.preds[i] if p in local] + ([final[lane]] if lane in final else []))
         first.setdefault(lane, j)
         final[lane] = j
@@ -337,15 +393,25 @@ def _max_cycle_mean(comp: list[str], weight: dict[str, dict[str, float]]) -> flo
 
 def check_dependencies(timeline: Timeline, graph: Graph, tol: float = 1e-12) -> list[str]:
     """Violations of graph order in a timeline: each run of a node must start after the
-    matching run of every producer ended. An empty list means the timeline is consistent."""
+    matching run of every producer ended, or, after a producer that passes its rows on one after
+    another (`Timeline.streamed_rows`), after its first row and end no sooner than it. An empty list means the
+    timeline is consistent."""
     problems = []
     placed = [n.name for n in graph.nodes if n.name in timeline.nodes]
     preds = _producers(graph, {name: i for i, name in enumerate(placed)})
+    runs = max(1, timeline.micro_batches)
     for name, positions in zip(placed, preds, strict=True):
         mine = timeline.slices.get(name) or [(timeline.nodes[name].start, timeline.nodes[name].end)]
         for p in (placed[i] for i in positions):
             theirs = timeline.slices.get(p) or [(timeline.nodes[p].start, timeline.nodes[p].end)]
-            for m, ((start, _), (_, p_end)) in enumerate(zip(mine, theirs, strict=False)):
-                if start + tol < p_end:
+            rows = timeline.streamed_rows.get(p)
+            first_row = timeline.node_busy_s.get(p, 0.0) / runs / rows if rows else None
+            for m, ((start, end), (p_start, p_end)) in enumerate(zip(mine, theirs, strict=False)):
+                if first_row is None and start + tol < p_end:
                     problems.append(f"{name} (micro-batch {m}) starts at {start:.3g}s before {p} ends at {p_end:.3g}s")
+                elif first_row is not None and (start + tol < p_start + first_row or end + tol < p_end):
+                    problems.append(
+                        f"{name} (micro-batch {m}) runs {start:.3g}-{end:.3g}s, before {p}'s first row "
+                        f"({p_start + first_row:.3g}s) or ending before it ({p_end:.3g}s)"
+                    )
     return problems

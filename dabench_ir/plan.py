@@ -197,6 +197,13 @@ class NodePlan:
     bound: Bound | None = None
     allocation: float = 0.0  # share of the target's units the node uses while it runs
     note: str = ""
+    rows: int = 1
+    """The rows (a sample's token rows) a run takes in one after another as they arrive: above 1, it
+    starts on its producers' first rows, ends no sooner than one of its rows after their last, and
+    passes each row on as it makes it, its consumers and the next run on its lane starting one row in
+    (a WSE region interleaves its nodes' rows: `dabench_ir.emulate`); 1: it waits for whole runs."""
+    holds: bool = False
+    """With ``rows``: it emits its rows only once its whole run is done (a WSE attention kernel)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ own: each phase is a graph (`dabench-ir export`, prefill and ``--phase decode``)
 Decode steps depend on each other (token t+1 needs token t), so a step's time is its
 latency: where a lowering can overlap consecutive steps in a steady-state pipeline, the
 scenario asks it not to (``steady_state=False``: fill and drain counted). A prefill is one
-step too, except on targets whose pipeline streams the prompt's tokens through its stages
-(`Lowering.streams_tokens`: the WSE): there its latency is the pipeline period. On a WSE left at
+step too: its first token comes once the prompt has left the pipeline (on the WSE, whose
+regions pass each token row on as they make it, the chain's fill and the batch's periods). On a WSE left at
 ``--wse-mode auto`` each phase is placed pipelined (weights resident in SRAM) when that fits,
 else weight-streamed: the WSE lowering's rule for any serving graph.
 
@@ -475,9 +475,7 @@ def run_phase(
     past), costed and placed: one run (`dabench_ir.run`), one chip or, with ``opts.chips`` > 1
     (``--strategy``, default `SERVING_STRATEGY`), many; the per-node
     report is then one chip's. ``context``: the cached tokens the step reads (default: ``dims``').
-
-    A prefill on a target whose pipeline streams tokens through its stages runs at the
-    pipeline's steady state (its latency is the period, not the sum of the stages).
+    Each phase is one step alone, no step overlapping it (``steady_state=False``).
     """
     from dabench_ir.lowering import lowering_for
     from dabench_ir.models.export import bind_dims
@@ -488,10 +486,9 @@ def run_phase(
     if getattr(opts, "chips", 1) > 1 and opts.strategy is None:
         opts = dataclasses.replace(opts, strategy=SERVING_STRATEGY)
     lowering = lowering_for(target)
-    steady = phase == "prefill" and lowering.streams_tokens
     has_option = "steady_state" in {f.name for f in dataclasses.fields(lowering.Options)}
     graph = load_graph(bind_dims(proto, dims))
-    run = resolve(graph, target, opts, internals={"steady_state": steady} if has_option else None)
+    run = resolve(graph, target, opts, internals={"steady_state": False} if has_option else None)
     report = execute(run, graph)  # one dependent step (no overlap with the next)
     graph, plan = report.graph, report.plan
     failure = report.failure["reason"] if report.failure else None

@@ -83,6 +83,7 @@ class Timeline:
     node_busy_s: dict[str, float] = field(default_factory=dict)
     slices: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     lanes: dict[str, str] = field(default_factory=dict)  # node -> lane inside its unit
+    streamed_rows: dict[str, int] = field(default_factory=dict)  # node -> the rows it takes one after another (> 1)
     unit_spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod

@@ -133,12 +133,6 @@ class Lowering(ABC):
     ``gradient_reduce`` row): data parallelism over n is its plan with n replicas, not the scaling
     stage's copies and collective."""
 
-    streams_tokens: ClassVar[bool] = False
-    """The architecture's pipeline streams a prompt's tokens through its stages, activations flowing on as
-    they are produced (the WSE's kernel regions), so a prefill's latency is the pipeline's period, not the
-    sum of its stages (`dabench_ir.scenario`). Every other pipeline passes a whole micro-batch from stage
-    to stage."""
-
     tp_whole_heads: ClassVar[bool] = True
     """Tensor parallelism gives each chip whole attention heads (Megatron-LM, as TensorRT-LLM and vLLM
     run it): a chip count that does not divide the heads is refused (`dabench_ir.scaling`). A

@@ -534,6 +534,8 @@ def place_node(
     time_s: float | None = None,
     binds: Bound | None = None,
     feed_bandwidth: float | None = None,
+    rows: int = 1,
+    holds: bool = False,
 ) -> NodePlan:
     """The `NodePlan` of one node, from the times a lowering worked out for it.
 
@@ -548,6 +550,8 @@ def place_node(
     bandwidth, so that it is compute-bound exactly when its compute outlasts its traffic.
     ``binds``, where the lowering times the node as part of something larger whose bound binds it
     (an RDU section: one pipeline), replaces a compute or memory bound. An unattributed node carries the note that says it takes zero time.
+    ``rows``, ``holds``: the rows a run takes in one after another, and whether it emits them only
+    once the run is done (`NodePlan.rows`, `NodePlan.holds`).
     Every lowering places nodes through here.
     """
     cost = ctx.costs[node.name]
@@ -579,4 +583,6 @@ def place_node(
         bound=bound if binds is None or bound not in (Bound.COMPUTE, Bound.MEMORY) else binds,
         allocation=allocation,
         note=note,
+        rows=rows,
+        holds=holds,
     )

@@ -190,7 +190,9 @@ def test_trace_has_tens_of_tracks_for_many_layers(target):
     events = chrome_trace_events(report.timeline, g, plan=report.plan, roles={n.name: n.role for n in report.nodes})
     doc = {"traceEvents": events}
     assert validate_trace(doc) == []
-    assert 1 <= track_count(events) < 100
+    # a wafer's regions pass their rows on as they make them, so a layer's regions run at once, each on
+    # a track of the layer's (tens of tracks on the other targets)
+    assert 1 <= track_count(events) < (10 * 32 if target == "wse" else 100)
     slices = [e for e in events if e["ph"] == "X" and e["cat"] not in ("unit", "overhead")]
     assert {e["name"] for e in slices} == {n.name for n in g.nodes}
     node_slice = next(e for e in slices if e["name"] == "layers.3.attn.q_proj")

@@ -241,7 +241,8 @@ def chrome_trace_events(
         runs = _every_run(timeline.slices.get(name) or [(timing.start, timing.end)], timeline.micro_batches)
         if len(runs) > 1:
             args["runs"] = len(runs)
-            args["busy_s"] = sum(b - a for a, b in runs)
+        if len(runs) > 1 or name in timeline.streamed_rows:  # a slice that is not its busy time
+            args["busy_s"] = timeline.busy(name)
         for m, (start, end) in enumerate(runs):
             slice_args = dict(args)
             if len(runs) > 1:

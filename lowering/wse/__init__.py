@@ -120,7 +120,6 @@ class WseLowering(Lowering):
     Options = WseOptions
     feed = FEED_LEVEL  # PE SRAM feeds every region
     systems_stream_weights = True  # data parallelism: CS-2 systems joined by MemoryX and SwarmX
-    streams_tokens = True  # activations flow from region to region as they are produced
     fuses_attention_itself = True  # every intermediate stays in PE SRAM: no S×S traffic to remove
 
     def _lower(self, ctx: LoweringContext, target: Target, options: WseOptions) -> Plan:

@@ -134,6 +134,19 @@ class WseKernel:
     params: int = 0
     skip_bytes: int = 0  # per sample: a residual add's skip stream held while its other input crosses attention
 
+    @property
+    def rows(self) -> int:
+        """The token rows a sample streams through the kernel, one after another as they arrive."""
+        return max(1, self.tokens)
+
+    @property
+    def holds_sample(self) -> bool:
+        """Whether the kernel emits a sample's rows only once it has read the whole sample: an
+        attention kernel (its scores span the sequence: the skip FIFOs of `_skip_bytes`; its backward
+        reads every row's gradient before it emits one, the causal mask putting every later query
+        row behind each key row). Every other kernel passes each row on as it makes it."""
+        return self.cls == "attention"
+
 
 def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
     """Whether ``node`` reads a stored value or a folded layout of one."""

@@ -417,6 +417,8 @@ def _place_regions(
                 feed_bandwidth=sram.bandwidth_bytes_per_s * p * replicas / pes,  # the SRAM of the region's PEs
                 allocation=p * replicas / pes,
                 micro_batches=samples,
+                rows=k.rows,
+                holds=k.holds_sample,
             )
             if not ctx.is_work(node) or k.work_s == 0:
                 plan.node_plans[node.name].per_micro_batch_s = 0.0
@@ -466,20 +468,14 @@ def _pipelined_extra(
 
 def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float, list[float]]:
     """One sample's latency through the kernel chain, forward and backward, and each kernel's share
-    of it before the kernel (its window to update its weights between steps).
-
-    A kernel that streams token rows passes a sample on one row after it arrives (its time per
-    sample over its rows); an attention kernel emits a sample's rows only after it has read the
-    whole sample (its scores span the sequence: the skip FIFOs of `kernels._skip_bytes`), and its
-    backward reads every row's gradient before it emits one (the causal mask puts every later
-    query row behind each key row), so it holds the sample its whole time per sample (forward
-    and backward shares together). Summed over the chain in kernel order.
-    """
-    lats = [t if k.cls == "attention" else t / max(1, k.tokens) for k, t in zip(kernels, times, strict=True)]
+    of it before the kernel (its window to update its weights between steps): each kernel passes a
+    sample on once its first row is out (its time per sample over its rows), an attention kernel
+    once it has read the whole sample (`WseKernel.holds_sample`: its whole time per sample, forward
+    and backward shares together), summed over the chain in kernel order."""
     before, acc = [], 0.0
-    for lat in lats:
+    for k, t in zip(kernels, times, strict=True):
         before.append(acc)
-        acc += lat
+        acc += t if k.holds_sample else t / k.rows
     return acc, before
 
 
