@@ -119,6 +119,19 @@ def test_cli_calibrate_shows_cached_figures(cache, monkeypatch, capsys):
     assert main(["calibrate", "--threads", "0"]) == 2
 
 
+def test_cli_calibrate_never_writes_its_json_over_the_calibration_it_keeps(cache, monkeypatch, capsys):
+    # --json naming the cache file had written JSON over it (the next run found it unreadable)
+    from dabench_ir.cli import main
+
+    monkeypatch.setattr(cal, "measure_host", _no_measuring)
+    assert main(["calibrate", "--threads", "1", "--quick"]) == 0
+    kept = cal.calibration_status(1, allow_quick=True)[0]
+    before = kept.read_bytes()
+    capsys.readouterr()
+    assert main(["calibrate", "--threads", "1", "--quick", "--json", str(kept)]) == 2
+    assert "input" in capsys.readouterr().err and kept.read_bytes() == before
+
+
 def test_dump_toml_round_trips():
     data = {
         "name": "cpu",

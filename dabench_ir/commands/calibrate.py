@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not to_stdout:
         from dabench_ir.fileio import check_output_path
 
-        check_output_path(args.json, "--json")
+        check_output_path(args.json, "--json", inputs=[path])  # never over the calibration it keeps
     if args.force or reason is not None:
         if reason is not None and not args.force:
             say(f"{reason}.")
