@@ -265,9 +265,10 @@ def _place_pipelined(
     # weights in the window between its last backward and the next step's first forward
     step = period * samples
     chain, before = _chain_latency(kernels, times)
+    fill = _fill(kernels, times, chain, period)
     training = meta.graph_mode(ctx.graph) == "train"
     drains = training and options.steady_state and target.arch_value("drain_per_step", needed_by=WHO) > 0
-    drain = max(0.0, chain - period) if drains else 0.0
+    drain = fill if drains else 0.0
     windows = [(k.params / p, wait) for k, p, wait in zip(kernels, sizes, before, strict=True) if k.params]
     _place_optimizer(ctx, plan, target, windows, sram.level, target.ridge_point(ctx.precision, sram))
     overheads, transmission = _pipelined_overheads(ctx, target, plan, replicas, step, kernel_pes)
@@ -284,7 +285,7 @@ def _place_pipelined(
             )
     # a step the next cannot overlap (a decode step) fills and drains the pipeline in its own time (the
     # emulated step is its makespan, which holds them): counted here too, so copies are ranked on it
-    alone = max(0.0, chain - period) if not plan.pipelined_steps and not drain else 0.0
+    alone = fill if not plan.pipelined_steps and not drain else 0.0
     plan.stats = PlanStats(
         mode="pipelined",
         step_s=step + alone + sum(plan.step_overheads_s.values()),  # the optimizer excess too
@@ -477,6 +478,16 @@ def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float,
         before.append(acc)
         acc += t if k.holds_sample else t / k.rows
     return acc, before
+
+
+def _fill(kernels: list[WseKernel], times: list[float], chain: float, period: float) -> float:
+    """What a step alone takes beyond its samples' periods. The first sample's first row leaves the
+    chain after ``chain`` (`_chain_latency`); its last row leaves as long after as the kernel that
+    holds it longest between its first row in and its last row out (a kernel that streams rows:
+    its time per sample less one row's; one that holds the sample: none); each further sample
+    one period later. So a step alone is that sample's latency and ``B - 1`` periods."""
+    tails = [t - (t if k.holds_sample else t / k.rows) for t, k in zip(times, kernels, strict=True) if k.work_s > 0]
+    return max(0.0, chain + max(tails, default=0.0) - period)
 
 
 def _place_optimizer(
