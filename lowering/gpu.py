@@ -57,7 +57,7 @@ from dabench_ir.lowering.context import (
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
-from dabench_ir.passes.meta import MODEL_PHASE
+from dabench_ir.passes.precision import reads_kv_cache
 from dabench_ir.passes.training import (
     ADAM_FLOPS_PER_PARAM,
     BACKWARD_COST,
@@ -134,7 +134,9 @@ class GpuLowering(Lowering):
 
     def _lower(self, ctx: LoweringContext, target: Target, options: GpuOptions) -> Plan:
         unit = Unit(id="stream0", kind="gpu_stream")
-        groups = _serving_kernels(ctx) if ctx.graph.metadata.get(MODEL_PHASE) == "decode" else None
+        # a decode step (it reads a KV cache: a Hugging Face export's too, not only the tool's own
+        # decode export) runs as a serving engine's, kernels fused and the engine's host work between steps
+        groups = _serving_kernels(ctx) if reads_kv_cache(ctx.graph) else None
         offload = offload_plan(ctx, target, options)
         plan = stream_plan(ctx, target, options, unit, fuse=options.fuse_elementwise, groups=groups, offload=offload)
         # the engine's host work a decode step: required of a GPU that serves one (never read as 0)
@@ -416,14 +418,14 @@ def cache_rereads(ctx: LoweringContext) -> dict[str, int]:
     its cost counts the cache once: what HBM delivers when the group's blocks, launched side by side,
     find it in L2. But each of the ``rows`` query heads loads it again (from L2 when it hits): ``rows - 1``
     more loads of the cache, all of them at the kernel's load rate (`DECODE_ATTENTION_LOAD`). A matmul
-    of a decode graph (``dabench.phase`` = decode) reading a KV-cache input
+    of a decode step (`passes.precision.reads_kv_cache`) reading a KV-cache input
     (`passes.precision.kv_cache_values`) rereads it ``rows - 1`` times, its rows the other operand's
     (for the second operand; its columns for the first). Multi-head attention (one row)
     rereads nothing; nodes that reread nothing are left out. One chip of a tensor-parallel run with
     fewer K/V heads than chips holds a copy of one K/V head for its own query heads only (the graph's
     rows are the whole group's): its loads are the rows times `meta.CACHE_GROUP_SHARE`.
     """
-    if ctx.graph.metadata.get(MODEL_PHASE) != "decode":
+    if not reads_kv_cache(ctx.graph):
         return {}
     from dabench_ir.lowering.cpu import matmul_dims
 
