@@ -47,7 +47,7 @@ from dabench_ir.errors import UserError
 from dabench_ir.options import KNOBS, ProfileOptions, check_applies
 from dabench_ir.passes.meta import MODEL_PARAMS, MODEL_PHASE, MODEL_WEIGHTS
 from dabench_ir.progress import silent
-from dabench_ir.report.table import human, render_breakdown, seconds
+from dabench_ir.report.table import human, percent, render_breakdown, seconds
 
 if TYPE_CHECKING:
     import onnx
@@ -216,6 +216,23 @@ class GenerateResult:
         return (self.waves[0].requests if self.waves else self.batch) * self.replicas
 
     @property
+    def interpolation_check(self) -> float | None:
+        """How far the linear interpolation is from the steps it stands for, measured at the steps
+        placed: the largest relative distance of an inner sampled step from the line through its
+        two neighbours (what interpolating without it would have given). None when every step was
+        placed, or fewer than three were. Step time is linear in the context where the cache bytes
+        and attention FLOPs are what grows; a lowering whose tiling changes with the context (an
+        IPU's tiles an op spreads over) makes it a sawtooth, which this figure shows."""
+        if not self.interpolated or len(self.decode) < 3:
+            return None
+        points = [(d.context, d.time_s) for d in self.decode]
+        return max(
+            abs(_interp([before, after], x) - y) / y
+            for before, (x, y), after in zip(points, points[1:], points[2:], strict=False)
+            if y > 0
+        )
+
+    @property
     def tokens_per_s_per_user(self) -> float | None:
         """Generated tokens over the end-to-end latency, for one request (in waves, the last one's);
         None when the run does not fit (`fits`): a configuration that does not fit has no throughput."""
@@ -274,6 +291,7 @@ class GenerateResult:
             "decode_tokens_per_s_total": self.decode_tokens_per_s_total,
             "in_flight": self.in_flight,
             "tpot_interpolation": "linear in context between the sampled steps" if self.interpolated else "exact",
+            "tpot_interpolation_check": self.interpolation_check,
             "decode_graph": self.decode_graph,
             "decode_graph_rule": DECODE_GRAPHS[self.decode_graph],
             "compiled_seq": self.compiled_seq,
@@ -804,7 +822,12 @@ def render_generate(result: GenerateResult, *, breakdown: Breakdown | None = Bre
             f"{d.homes.get('kv_cache', ''):24s} {'yes' if d.fits else 'NO: ' + (d.failure or '')}"
         )
     if result.interpolated:
-        lines.append("  (decode steps between these context lengths: linear interpolation)")
+        check = result.interpolation_check
+        lines.append(
+            "  (decode steps between these context lengths: linear interpolation"
+            + ("" if check is None else f"; an inner sampled step lies {percent(check)} from its neighbours' line")
+            + ")"
+        )
     lines.append(f"  decode steps: {DECODE_GRAPHS[result.decode_graph]}")
     if result.compiled_seq is not None:
         n = result.compiled_seq

@@ -340,6 +340,18 @@ def test_generate_scenario(llama7b_pair):
         assert d.homes == {"weights": "hbm (read every step)", "kv_cache": "hbm (off-chip)"}
     times = [d.time_s for d in result.decode]
     assert times == sorted(times)  # the cache grows, the step slows
+    # the interpolation checked at the placed steps: each inner one against its neighbours' line
+    contexts = [d.context for d in result.decode]
+    off = [
+        abs(
+            times[i - 1]
+            + (times[i + 1] - times[i - 1]) * (contexts[i] - contexts[i - 1]) / (contexts[i + 1] - contexts[i - 1])
+            - times[i]
+        )
+        / times[i]
+        for i in (1, 2)
+    ]
+    assert result.interpolation_check == pytest.approx(max(off)) and result.interpolation_check < 1e-3
     assert result.decode_total_s == pytest.approx(sum(result.tpot_at(c) for c in range(128, 160)))
     assert result.tpot_s == pytest.approx(result.decode_total_s / 32)
     assert result.latency_s == pytest.approx(result.ttft_s + result.decode_total_s)
