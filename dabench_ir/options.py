@@ -45,6 +45,7 @@ __all__ = [
     "add_knob_arguments",
     "byte_size",
     "check_applies",
+    "check_calibrated_threads",
     "knob",
     "knob_values",
     "knobs_for",
@@ -847,6 +848,8 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
                 f"{k.flag} applies to an onnxruntime run or to the host cpu target's calibration; "
                 f"add --measure, use -t cpu, or drop {k.flag}"
             )
+        if name == "threads" and target is not None and target.kind == "cpu":
+            check_calibrated_threads(target, value)
     if opts.measure:
         _check_measured(opts, given, trained=trained)
     if target is not None:
@@ -864,6 +867,27 @@ def check_applies(opts: Any, given: set[str] | frozenset[str], target: Any = Non
             f"--replicas {opts.replicas:,}: {target.name} has {target.num_units:,} compute units; a copy "
             "needs at least one"
         )
+
+
+def check_calibrated_threads(target: Any, threads: int | None) -> None:
+    """A calibrated ``cpu`` target (a Target, or its parsed TOML) asked to run at ``threads``: its
+    figures (peak, curves, node table) were measured at the thread count its calibration names
+    (`dabench_ir.lowering.cpu.calibrated_threads`), so another count would predict with one count's
+    peak and another's kernel times; refused, naming the two fixes. The host name ``cpu`` is calibrated
+    at the count asked (`dabench_ir.run.resolve_target`); a hand-written target names no count."""
+    from dabench_ir.lowering.cpu import calibrated_threads
+
+    raw = getattr(target, "raw", target)
+    calibrated = calibrated_threads(raw) if isinstance(raw, Mapping) else None
+    if threads is None or calibrated is None or threads == calibrated:
+        return
+    where = getattr(target, "origin", None) or "this cpu target"
+    plural = "s" if calibrated != 1 else ""
+    raise UserError(
+        f"--threads {threads}: {where} was calibrated at {calibrated} thread{plural}; drop --threads to use "
+        f"its figures, or calibrate at {threads} (--target cpu --threads {threads}, or `dabench-ir calibrate "
+        f"--threads {threads}`)"
+    )
 
 
 def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:

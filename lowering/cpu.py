@@ -71,6 +71,7 @@ __all__ = [
     "CpuLowering",
     "CpuModel",
     "CpuOptions",
+    "calibrated_threads",
     "cold_fraction",
     "load_cpu_model",
     "load_node_table",
@@ -206,8 +207,9 @@ def load_cpu_model(target: Any) -> CpuModel:
         return CpuModel.from_dict(target)
     if isinstance(target, str | Path):
         with open(target, "rb") as fh:
-            model = CpuModel.from_dict(tomllib.load(fh))
-        model.nodes, model.l2_bytes = load_node_table(node_table_path(target))
+            data = tomllib.load(fh)
+        model = CpuModel.from_dict(data)
+        model.nodes, model.l2_bytes = load_node_table(node_table_path(target), threads=calibrated_threads(data))
         return model
     file = next(
         (Path(v) for a in ("path", "source", "file") if isinstance(v := getattr(target, a, None), str | Path)), None
@@ -218,7 +220,7 @@ def load_cpu_model(target: Any) -> CpuModel:
             model = CpuModel.from_dict(value)
             file = file or _calibration_file(value)
             if file is not None:
-                model.nodes, model.l2_bytes = load_node_table(node_table_path(file))
+                model.nodes, model.l2_bytes = load_node_table(node_table_path(file), threads=calibrated_threads(value))
             return model
     if file is not None and file.is_file():
         return load_cpu_model(file)
@@ -243,9 +245,21 @@ def _calibration_file(data: Mapping[str, Any]) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
-def load_node_table(path: str | Path) -> tuple[dict[str, tuple[float, float]], float]:
+def calibrated_threads(data: Mapping[str, Any]) -> int | None:
+    """The onnxruntime thread count a calibrated ``cpu`` target's figures were measured at (its
+    ``calibration.key.threads``, the count its cache file is named by); None for a target that
+    names none (written by hand). Its peak, curves and node table hold at that count only."""
+    cal = data.get("calibration") if isinstance(data, Mapping) else None
+    key = cal.get("key") if isinstance(cal, Mapping) else None
+    threads = key.get("threads") if isinstance(key, Mapping) else None
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+
+def load_node_table(path: str | Path, *, threads: int | None = None) -> tuple[dict[str, tuple[float, float]], float]:
     """Signature -> (cache-hot, flushed) measured seconds from a node table file, and the L2 size
-    it records; empty when absent, unreadable or of another format (the class model predicts)."""
+    it records; empty when absent, unreadable, of another format, or (``threads``: the count the
+    calibration beside it was measured at, `calibrated_threads`) timed at another thread count:
+    a 2-thread kernel time beside a 1-thread peak mixes two machines (the class model predicts)."""
     import json
 
     try:
@@ -253,6 +267,9 @@ def load_node_table(path: str | Path) -> tuple[dict[str, tuple[float, float]], f
     except (OSError, ValueError):
         return {}, 0.0
     if not isinstance(data, Mapping) or data.get("format") != NODE_TABLE_FORMAT:
+        return {}, 0.0
+    if threads is not None and data.get("threads") != threads:
+        logger.info("node table %s was timed at %s threads, not %d: left out", path, data.get("threads"), threads)
         return {}, 0.0
     out: dict[str, tuple[float, float]] = {}
     for sig, rec in (data.get("nodes") or {}).items():

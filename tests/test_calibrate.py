@@ -181,3 +181,25 @@ def test_every_spelling_of_the_host_reaches_its_calibration_with_its_threads(spe
     assert resolve_target(spelling, threads=2).name == HOST
     assert load_target(spelling).name == HOST
     assert asked == [2, None]  # the threads asked for, then the default calibration
+
+
+def test_a_calibration_file_refuses_another_thread_count(cache, tiny_matmul_path, tmp_path, monkeypatch, capsys):
+    """A copy of the 1-thread calibration given as ``--target FILE --threads 2`` had predicted with the
+    1-thread peak and 2-thread node benchmarks, and written that 2-thread table over the 1-thread one."""
+    import shutil
+
+    from dabench_ir.cli import main
+    from dabench_ir.lowering.cpu import node_table_path
+
+    monkeypatch.setattr("dabench_ir.execute.ort.default_threads", lambda: 4)  # --threads 2 is in range anywhere
+    mine = tmp_path / "mycpu.toml"
+    shutil.copy(cache, mine)
+    table = node_table_path(cache)
+    before = table.read_bytes() if table.exists() else None
+    capsys.readouterr()
+    assert main(["profile", str(tiny_matmul_path), "--target", str(mine), "--threads", "2", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--threads 2: mycpu.toml was calibrated at 1 thread; drop --threads" in err
+    assert "dabench-ir calibrate --threads 2" in err
+    assert (table.read_bytes() if table.exists() else None) == before

@@ -134,6 +134,38 @@ def test_node_table_is_read_beside_the_calibration(tmp_path):
     assert load_cpu_model(target).nodes == {}  # another format: measured again, class model meanwhile
 
 
+def test_a_node_table_timed_at_another_thread_count_is_neither_read_nor_written_over(tmp_path):
+    """A 1-thread calibration's table had been read whatever its thread count, and a run at 2 threads
+    wrote its 2-thread table over it (the 1-thread peak then met 2-thread kernel times)."""
+    from types import SimpleNamespace
+
+    from dabench_ir.execute.calibrate import dump_toml
+    from dabench_ir.execute.microbench import ensure_node_table
+    from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT
+
+    data = _minimal_target()
+    data["calibration"]["key"] = {"threads": 1}
+    target = tmp_path / "cpu-1t-x.toml"
+    target.write_text(dump_toml(data))
+    table = {
+        "format": NODE_TABLE_FORMAT,
+        "threads": 1,
+        "l2_bytes": 4096,
+        "nodes": {"s": {"time_s": 1e-5, "cold_s": 2e-5}},
+    }
+    node_table_path(target).write_text(json.dumps(table))
+    assert load_cpu_model(target).nodes == {"s": (1e-5, 2e-5)}
+    node_table_path(target).write_text(json.dumps({**table, "threads": 2}))
+    assert load_cpu_model(target).nodes == {}
+    named = {**data, "calibration": {**data["calibration"], "file": str(target)}}  # as `with_node_table` names it
+    assert load_cpu_model(SimpleNamespace(raw=named)).nodes == {}
+    before = node_table_path(target).read_text()
+    model = parse(_TEXT)
+    with pytest.raises(UserError, match="calibrated at 1 thread"):
+        ensure_node_table(model, analyze(model), target, threads=2, budget_s=5.0)
+    assert node_table_path(target).read_text() == before
+
+
 def _minimal_target():
     rec = {"value": 1e9, "source": "test", "estimate": False}
     return {
@@ -250,13 +282,20 @@ def test_prediction_error_says_what_is_within_noise():
     measured = {"a": 0.50, "b": 0.30, "c": 0.20}
     predicted = {"a": 0.55, "b": 0.24, "c": 0.20}
     spread = {"a": 0.2, "b": 0.1, "c": 0.0}
-    err = prediction_error(predicted, measured, spread=spread)
+    err = prediction_error(predicted, measured, spread=spread, run_spread=0.005)
     # node errors 0.1, 0.2, 0.0 against spreads 0.2, 0.1, 0.0: a and c within
     assert err["nodes_within_noise"] == 2
     assert err["median_node_spread"] == pytest.approx(0.1)
-    # time-weighted spread 0.5*0.2 + 0.3*0.1 = 0.13; end-to-end error |0.99 - 1.0| = 0.01
-    assert err["end_to_end_spread"] == pytest.approx(0.13)
-    assert err["end_to_end_within_noise"] is True
+    # the nodes' time-weighted spread 0.5*0.2 + 0.3*0.1 = 0.13 is the nodes', named so
+    assert err["weighted_node_spread"] == pytest.approx(0.13)
+    # end to end: the runs' own spread (0.5%), against the end-to-end error |0.99 - 1.0| = 1%: beyond it
+    # (the weighted node spread had stood in for it: "13% end to end, within noise")
+    assert err["end_to_end_spread"] == pytest.approx(0.005)
+    assert err["end_to_end_within_noise"] is False
+    assert prediction_error(predicted, measured, run_spread=0.02)["end_to_end_within_noise"] is True
+    # no run spread given: no end-to-end noise figure, rather than the nodes' under its name
+    nodes_only = prediction_error(predicted, measured, spread=spread)
+    assert "end_to_end_spread" not in nodes_only and "end_to_end_within_noise" not in nodes_only
     assert "nodes_within_noise" not in prediction_error(predicted, measured)
 
 

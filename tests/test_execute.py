@@ -433,3 +433,117 @@ def test_a_measured_summary_says_how_many_nodes_doing_work_went_unmeasured(tmp_p
     report = profile(str(path), measure=True, ort_opt=True, repeat=3)
     line = next(x for x in render_table(report, color=False).splitlines() if x.strip().startswith("unmeasured"))
     assert "1 node(s) doing work have no measured time" in line and "constant-folded" in line
+
+
+def _matmul_add(rows: int | None = 4) -> onnx.ModelProto:
+    """x[rows, 64] @ W[64, 32] + B[32]: the pair onnxruntime's optimiser fuses into one Gemm (``rows``
+    None: an input dim with neither a size nor a name, as ``[None, 64]`` writes it)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "B"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Add", ["m", "B"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mm_add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 32])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _cpu_target(threads: int | None = None) -> dict:
+    """A parsed ``cpu`` target TOML with the fields the host model reads (calibrated at ``threads``)."""
+    rec = {"value": 1e9, "source": "test", "estimate": False}
+    calibration = {"ops": [{"op": "Add", "bytes": 1000, "time_s": 2e-6}]}
+    if threads is not None:
+        calibration["key"] = {"threads": threads}
+    return {
+        "name": "cpu",
+        "kind": "cpu",
+        "compute": {"peak_flops": {"fp32": rec}},
+        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": rec}],
+        "overheads": {"kernel_launch_s": {"value": 1e-6, "source": "t"}},
+        "calibration": calibration,
+    }
+
+
+def test_an_unnamed_input_dim_is_bound_by_the_name_the_advice_gives():
+    """``x: [None, 64]``: the advice says ``--dim unk__0=N`` (shape inference's name for the dim where it
+    flows on), which emulation took, but the measurement looked for a name on the input itself and
+    refused ("unbound symbolic dims: <unnamed dim of x>")."""
+    from dabench_ir.frontends.onnx import load_onnx
+
+    model = _matmul_add(rows=None)
+    graph = load_onnx(model)
+    assert "unk__0" in graph.symbols
+    with pytest.raises(UnboundSymbolError, match="unk__0"):
+        prepare_model(model, graph=graph)
+    assert prepare_model(model, graph=graph, dims={"unk__0": 4}).feeds["x"].shape == (4, 64)
+    m = measure(model, dims={"unk__0": 4}, warmup=1, repeat=1, threads=1)
+    assert set(m.node_times) == {"mm", "add"} and m.missing == {}
+
+
+def test_the_api_splits_a_fused_kernel_as_the_cli_does(tmp_path, monkeypatch, capsys):
+    """`measure` had loaded the graph without costs: no prediction to split a fused kernel by, so equal
+    shares, labelled "(bytes moved)". It costs the graph as ``profile --measure`` does; a graph given
+    without costs is split equally and says so."""
+    from dabench_ir.cli import main
+    from dabench_ir.frontends.onnx import load_onnx
+
+    monkeypatch.setenv("DABENCH_IR_CACHE", str(tmp_path / "cache"))  # no calibration: bytes moved
+    path = tmp_path / "mm_add.onnx"
+    onnx.save(_matmul_add(), str(path))
+    m = measure(path, warmup=1, repeat=1, threads=1, ort_opt=True)
+    assert list(m.fused.values()) == [["mm", "add"]]
+    # bytes moved: MatMul (4x64 + 64x32 + 4x32) x 4 B = 9,728; Add (4x32 + 32 + 4x32) x 4 B = 1,152
+    share = m.node_times["mm"] / (m.node_times["mm"] + m.node_times["add"])
+    assert share == pytest.approx(9728 / 10880)
+    assert "89% of onnxruntime's fused kernel" in m.notes["mm"] and m.notes["mm"].endswith("(bytes moved)")
+    capsys.readouterr()
+    out = tmp_path / "r.json"
+    assert main(["profile", str(path), "--measure", "--ort-opt", "--threads", "1", "--json", str(out), "-q"]) == 0
+    cli = {n["name"]: n["note"] for n in json.loads(out.read_text())["nodes"]}
+    assert cli["mm"].split(" (Gemm")[0] == m.notes["mm"].split(" (Gemm")[0]
+    uncosted = measure(path, load_onnx(str(path)), warmup=1, repeat=1, threads=1, ort_opt=True)
+    assert "50% of" in uncosted.notes["mm"] and uncosted.notes["mm"].endswith(
+        "in equal shares (no member has a prediction)"
+    )
+
+
+def test_a_fused_kernel_is_split_by_the_calibration_at_the_measured_thread_count(tmp_path, monkeypatch):
+    """Without a target the split had used the calibration of the default thread count, whatever
+    count the model was measured at."""
+    from dabench_ir.execute import calibrate as cal
+    from dabench_ir.execute.calibrate import dump_toml
+
+    target = tmp_path / "cpu.toml"
+    target.write_text(dump_toml(_cpu_target()))
+    asked = []
+
+    def path_for(threads=None, **_kwargs):
+        asked.append(threads)
+        return target
+
+    monkeypatch.setattr(cal, "cpu_target_path", path_for)
+    m = measure(_matmul_add(), warmup=1, repeat=1, threads=1, ort_opt=True)
+    assert asked == [1]
+    assert m.notes["mm"].endswith("(host-CPU model)")
+
+
+def test_a_measurement_against_a_calibrated_target_runs_at_its_thread_count(monkeypatch):
+    """A calibration holds at its own thread count: measured against it, the run takes that count,
+    and another one is refused (its peak and its node times would describe another machine)."""
+    monkeypatch.setattr("dabench_ir.execute.default_threads", lambda: 2)
+    target = _cpu_target(threads=1)
+    assert measure(_matmul_add(), warmup=0, repeat=1, target=target).threads == 1
+    assert measure(_matmul_add(), warmup=0, repeat=1).threads == 2
+    with pytest.raises(UserError, match="calibrated at 1 thread"):
+        measure(_matmul_add(), warmup=0, repeat=1, threads=2, target=target)

@@ -153,25 +153,31 @@ def measure(
 ) -> Measurement:
     """Run ``model`` in onnxruntime and time each node of ``graph``.
 
-    ``graph`` is the dabench Graph of the same model (loaded here when None); ``dims``
-    binds symbolic dims; ``threads`` is the onnxruntime intra-op thread count (default:
-    the CPUs this process may use). With ``target`` (the calibrated ``cpu`` target) each
-    node's bound is classified against the measured host roofline. ``repeat="auto"``
+    ``graph`` is the dabench Graph of the same model (loaded and costed here when None, as
+    ``profile --measure`` costs it: a fused kernel is split by its members' predictions);
+    ``dims`` binds symbolic dims; ``threads`` is the onnxruntime intra-op thread count
+    (default: the count ``target`` was calibrated at, else the CPUs this process may use;
+    another count than a calibrated target's raises UserError). With ``target`` (the
+    calibrated ``cpu`` target) each node's bound is classified against the measured host
+    roofline. ``repeat="auto"``
     runs until the median run time is known to within 2%; every node carries its spread
     (IQR over median of its warm runs) in `Measurement.node_spread`.
     """
     import onnxruntime as ort
 
     from dabench_ir.frontends.onnx import read_model
+    from dabench_ir.lowering.cpu import calibrated_threads
+    from dabench_ir.options import check_calibrated_threads
 
     ort.set_default_logger_severity(4)  # onnxruntime's own [E:onnxruntime...] lines: our error is the one line
 
     proto, path = read_model(model)
+    check_calibrated_threads(target, threads)
+    threads = int(threads or calibrated_threads(getattr(target, "raw", target)) or default_threads())
     if graph is None:
-        from dabench_ir.frontends.onnx import load_onnx
+        from dabench_ir.pipeline import analyze
 
-        graph = load_onnx(proto if path is None else path)
-    threads = int(threads or default_threads())
+        graph = analyze(proto if path is None else path, dims=dims)
     provider_name = resolve_provider(provider)
 
     prepared = prepare_model(
@@ -189,7 +195,7 @@ def measure(
     )
 
     joined = (
-        _join_fused(graph, prepared.model, profile, target)
+        _join_fused(graph, prepared.model, profile, target, threads)
         if ort_opt and profile.optimized is not None
         else _join_nodes(graph, profile)
     )
@@ -259,13 +265,14 @@ def _join_nodes(graph: Graph, profile: Any) -> _Joined:
     return joined
 
 
-def _join_fused(graph: Graph, model: onnx.ModelProto, profile: Any, target: Any) -> _Joined:
+def _join_fused(graph: Graph, model: onnx.ModelProto, profile: Any, target: Any, threads: int) -> _Joined:
     """A profile of onnxruntime's optimised graph: each ORT kernel (with the nodes onnxruntime
     inserted to work for it) is mapped to its source nodes (`map_fused`); a fused kernel's time is
-    split over its members by their predicted shares; folded and removed nodes are named."""
+    split over its members by their predicted shares (at the measured ``threads``), in equal shares
+    when none of them has a prediction; folded and removed nodes are named."""
     joined = _Joined()
     fmap = map_fused(model, profile.optimized)
-    predicted, basis = _predicted_times(graph, target)
+    predicted, basis = _predicted_times(graph, target, threads)
     kernel_s: dict[str, float] = {}  # mapped ORT node -> its time plus that of the inserted nodes working for it
     kernel_ops: dict[str, list[str]] = {}
     for ort_name, t in profile.node_times.items():
@@ -290,12 +297,15 @@ def _join_fused(graph: Graph, model: onnx.ModelProto, profile: Any, target: Any)
         joined.fused[ort_name] = members
         weights = [max(predicted.get(m, 0.0), 0.0) for m in members]
         total = sum(weights)
-        shares = [w / total for w in weights] if total > 0 else [1 / len(members)] * len(members)
+        if total > 0:
+            shares, how = [w / total for w in weights], f"by predicted share ({basis})"
+        else:
+            shares, how = [1 / len(members)] * len(members), "in equal shares (no member has a prediction)"
         for member, share in zip(members, shares, strict=True):
             node_times[member] = node_times.get(member, 0.0) + t * share
             notes[member] = (
                 f"measured: {100 * share:.0f}% of onnxruntime's fused kernel {ort_name!r} ({op}, "
-                f"{t * 1e6:.1f} us), split over its {len(members)} source nodes by predicted share ({basis})"
+                f"{t * 1e6:.1f} us), split over its {len(members)} source nodes {how}"
             )
     for name in fmap.folded:
         joined.missing.setdefault(name, "constant-folded by onnxruntime graph optimisation (no kernel runs)")
@@ -355,11 +365,12 @@ def _measured_timeline(
     return timeline, overheads
 
 
-def _predicted_times(graph: Graph, target: Any) -> tuple[dict[str, float], str]:
+def _predicted_times(graph: Graph, target: Any, threads: int) -> tuple[dict[str, float], str]:
     """Per-node predicted seconds to split a fused kernel's time by, and what they come from.
 
-    The calibrated host-CPU model when a target is given or a calibration is cached; else
-    each node's bytes moved (a memory-bound proxy: most fused members are).
+    The calibrated host-CPU model when a target is given or a calibration at the measured
+    ``threads`` is cached (a kernel's members share their time differently at another count);
+    else each node's bytes moved (a memory-bound proxy: most fused members are).
     """
     from dabench_ir.passes.meta import COST
 
@@ -368,7 +379,7 @@ def _predicted_times(graph: Graph, target: Any) -> tuple[dict[str, float], str]:
         try:
             from dabench_ir.execute.calibrate import cpu_target_path
 
-            model_src = str(cpu_target_path(measure_if_missing=False))
+            model_src = str(cpu_target_path(threads, measure_if_missing=False))
         except Exception as exc:  # no cached calibration: fall back to bytes
             logger.debug("no host-CPU calibration to split fused kernels by: %s", exc)
     if model_src is not None:

@@ -31,13 +31,21 @@ import os
 import statistics
 import tempfile
 import time
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabench_ir.execute.ort import default_threads, parse_profile
-from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT, load_cpu_model, node_signature, node_table_path, predict_node
+from dabench_ir.lowering.cpu import (
+    NODE_TABLE_FORMAT,
+    calibrated_threads,
+    load_cpu_model,
+    node_signature,
+    node_table_path,
+    predict_node,
+)
 from dabench_ir.passes.cost_rules import op_traits
 from dabench_ir.schema import is_number
 
@@ -144,22 +152,28 @@ def ensure_node_table(
 
     ``proto`` is the model ``graph`` came from (a ModelProto or an ONNX path; weights may
     be shape-only, they are synthesised); ``target_path`` the calibrated ``cpu`` target
-    TOML whose table (`node_table_path`) is read and extended. A model whose weights take
+    TOML whose table (`node_table_path`) is read and extended, at the thread count it was
+    calibrated at (default; another ``threads`` raises UserError: the table is that
+    calibration's, never one of another count written over it). A model whose weights take
     more than ``max_weight_bytes`` raises UserError (the class model predicts it).
     """
     from dabench_ir.execute.synth import name_nodes, prepare_model
     from dabench_ir.frontends.onnx import read_model
+    from dabench_ir.options import check_calibrated_threads
 
     start = time.perf_counter()
-    threads = int(threads or default_threads())
+    try:
+        with open(target_path, "rb") as fh:
+            target_data = tomllib.load(fh)
+        model = load_cpu_model(target_data)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, TypeError, KeyError, ValueError):
+        target_data, model = {}, None
+    check_calibrated_threads(target_data, threads)
+    threads = int(threads or calibrated_threads(target_data) or default_threads())
     table_path = node_table_path(target_path)
     table = _read_table(table_path, threads)
     stored_probe = _read_probe(table_path)
     result = BenchResult(table_path=table_path)
-    try:
-        model = load_cpu_model(Path(target_path))
-    except (OSError, TypeError, KeyError, ValueError):
-        model = None
     groups = signature_groups(graph)
     result.cached = sum(sig in table for sig in groups)
     missing = {sig: names for sig, names in groups.items() if sig not in table}
@@ -219,20 +233,24 @@ def ensure_node_table(
 def ensure_for_target(model: Any, graph: Graph, target: Any, *, threads: int | None = None, say: Any = None) -> Any:
     """`ensure_node_table` for a loaded calibrated ``cpu`` Target; the Target to lower with
     (`with_node_table`: it names its calibration file, so the lowering finds the table), or
-    ``target`` unchanged when it is not a cached calibration. A model that cannot be
+    ``target`` unchanged when it is not a cached calibration. The nodes are timed at the
+    calibration's thread count; a ``threads`` (the run's ``--threads``) other than it raises
+    UserError (`dabench_ir.options.check_calibrated_threads`). A model that cannot be
     benchmarked keeps the class model (logged), never an error here."""
     from dabench_ir.errors import UserError
     from dabench_ir.execute.calibrate import cache_file
+    from dabench_ir.options import check_calibrated_threads
 
     raw = getattr(target, "raw", None)
-    key = raw.get("calibration", {}).get("key") if isinstance(raw, Mapping) else None
-    if not isinstance(key, Mapping) or "threads" not in key:
+    calibrated = calibrated_threads(raw) if isinstance(raw, Mapping) else None
+    if calibrated is None:
         return target
-    path = cache_file(key)
+    check_calibrated_threads(target, threads)  # a user's mistake, said; never a table timed at another count
+    path = cache_file(raw["calibration"]["key"])
     if not path.is_file():
         return target
     try:
-        ensure_node_table(model, graph, path, threads=threads or key["threads"], say=say)
+        ensure_node_table(model, graph, path, threads=calibrated, say=say)
     except (UserError, OSError, ValueError) as exc:
         logger.info("no node benchmarks for this model (%s): the class model predicts", exc)
     return with_node_table(target, path)

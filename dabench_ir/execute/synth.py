@@ -97,13 +97,13 @@ def prepare_model(
 
     # Plan first (shapes, bytes), copy and allocate only once the total is known to fit.
     plan: list[_Synthesised] = []
+    named = _unnamed_input_dims(source, graph, init_names)
     for vi in source.graph.input:
         if vi.name in init_names:
             continue
         why = "weight (shape-only graph input)" if vi.name in weight_inputs else "input"
-        plan.append(
-            _Synthesised(name=vi.name, why=why, dtype=vi.type.tensor_type.elem_type, shape=_shape_of(vi, bindings))
-        )
+        shape = _shape_of(vi, bindings, named.get(vi.name, {}))
+        plan.append(_Synthesised(name=vi.name, why=why, dtype=vi.type.tensor_type.elem_type, shape=shape))
     needed = sum(math.prod(t.shape) * _itemsize(t.dtype) for t in plan)
     if needed > max_weight_bytes:
         raise UserError(
@@ -168,22 +168,81 @@ def _weight_inputs(model: onnx.ModelProto, graph: Graph | None) -> set[str]:
     return names
 
 
-def _shape_of(vi: onnx.ValueInfoProto, bindings: Mapping[str, int]) -> tuple[int, ...]:
+def _shape_of(
+    vi: onnx.ValueInfoProto, bindings: Mapping[str, int], named: Mapping[int, str] | None = None
+) -> tuple[int, ...]:
+    """An input's shape under ``bindings``; ``named``: axis -> the symbol the graph knows an unnamed
+    dim of this input by (`_unnamed_input_dims`). Raises UnboundSymbolError naming what is left open."""
     ttype = vi.type.tensor_type
     if not ttype.HasField("shape"):
         raise UnboundSymbolError({f"<unknown rank of {vi.name}>"})
     shape: list[int] = []
     free: set[str] = set()
-    for d in ttype.shape.dim:
+    for axis, d in enumerate(ttype.shape.dim):
+        symbol = d.dim_param or (named or {}).get(axis, "")
         if d.HasField("dim_value"):
             shape.append(d.dim_value)
-        elif d.dim_param and d.dim_param in bindings:
-            shape.append(int(bindings[d.dim_param]))
+        elif symbol and symbol in bindings:
+            shape.append(int(bindings[symbol]))
         else:
-            free.add(d.dim_param or f"<unnamed dim of {vi.name}>")
+            free.add(symbol or f"<unnamed dim of {vi.name}>")
     if free:
         raise UnboundSymbolError(free)
     return tuple(shape)
+
+
+def _unnamed_input_dims(
+    source: onnx.ModelProto, graph: Graph | None, init_names: set[str]
+) -> dict[str, dict[int, str]]:
+    """Input -> axis -> the graph's symbol for each input dim that has neither a size nor a name
+    (``[None, 64]``). ONNX shape inference leaves such a dim blank on the input and names it only
+    where it flows into a node's output (``unk__0``), the name the unbound-symbol advice tells the
+    user to bind (``--dim unk__0=N``). Found by giving each blank input dim a placeholder name in the
+    weightless copy the frontend keeps (`dabench_ir.frontends.onnx.SHAPE_MODEL`), inferring shapes
+    again, and reading which graph symbol sits where each placeholder went; a placeholder that meets
+    two symbols, or none, stays unnamed (the input's dim is then named as such in the error)."""
+    from dabench_ir.frontends.onnx import SHAPE_MODEL
+
+    blanks = {
+        (vi.name, axis)
+        for vi in source.graph.input
+        if vi.name not in init_names and vi.type.tensor_type.HasField("shape")
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim)
+        if not d.HasField("dim_value") and not d.dim_param
+    }
+    blob = graph.meta.get(SHAPE_MODEL) if graph is not None else None
+    if not blanks or blob is None:
+        return {}
+    import onnx
+
+    model = onnx.load_from_string(blob)
+    placeholders: dict[str, tuple[str, int]] = {}
+    for vi in model.graph.input:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if (vi.name, axis) in blanks:
+                d.dim_param = f"__dabench_blank_{len(placeholders)}"
+                placeholders[d.dim_param] = (vi.name, axis)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:  # onnx's own exception types; best effort, as at load
+        logger.info("cannot name the inputs' unnamed dims: %s", str(exc).splitlines()[0][:120])
+        return {}
+    found: dict[str, set[str]] = {}
+    for vi in (*model.graph.value_info, *model.graph.output):
+        value = graph.values.get(vi.name)  # type: ignore[union-attr]
+        shape = value.type.shape if value is not None else None
+        dims = vi.type.tensor_type.shape.dim
+        if shape is None or len(shape) != len(dims):
+            continue
+        for symbol, d in zip(shape, dims, strict=True):
+            if d.dim_param in placeholders and isinstance(symbol, str):
+                found.setdefault(d.dim_param, set()).add(symbol)
+    out: dict[str, dict[int, str]] = {}
+    for placeholder, symbols in found.items():
+        if len(symbols) == 1:
+            name, axis = placeholders[placeholder]
+            out.setdefault(name, {})[axis] = symbols.pop()
+    return out
 
 
 def _itemsize(onnx_dtype: int) -> int:

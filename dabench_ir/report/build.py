@@ -224,6 +224,7 @@ def _metrics(
             predicted,
             measurement.node_times,
             spread=measurement.node_spread or None,
+            run_spread=measurement.run_spread,
             predicted_step_s=timeline.step_time_s,
             measured_step_s=measurement.run_time_s,
         )
