@@ -475,19 +475,21 @@ def _cpu_target(threads: int | None = None) -> dict:
     }
 
 
-def test_an_unnamed_input_dim_is_bound_by_the_name_the_advice_gives():
-    """``x: [None, 64]``: the advice says ``--dim unk__0=N`` (shape inference's name for the dim where it
-    flows on), which emulation took, but the measurement looked for a name on the input itself and
-    refused ("unbound symbolic dims: <unnamed dim of x>")."""
+def test_an_unnamed_input_dim_is_bound_by_the_name_the_advice_gives(capsys):
+    """``x: [None, 64]``: the frontend names the dim after its input (``x_dim0``), the name the advice
+    gives, and the batch binds it. Shape inference had left the whole input unshaped (``--batch 4``:
+    "it has no shaped input") and named the dim only where it flowed on (``unk__0``), which emulation
+    took but the measurement, looking on the input itself, refused ("<unnamed dim of x>")."""
     from dabench_ir.frontends.onnx import load_onnx
 
     model = _matmul_add(rows=None)
     graph = load_onnx(model)
-    assert "unk__0" in graph.symbols
-    with pytest.raises(UnboundSymbolError, match="unk__0"):
+    assert graph.values["x"].type.shape == ("x_dim0", 64) and graph.batch_dim == "x_dim0"
+    assert not model.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # the caller's model untouched
+    with pytest.raises(UnboundSymbolError, match="x_dim0"):
         prepare_model(model, graph=graph)
-    assert prepare_model(model, graph=graph, dims={"unk__0": 4}).feeds["x"].shape == (4, 64)
-    m = measure(model, dims={"unk__0": 4}, warmup=1, repeat=1, threads=1)
+    assert prepare_model(model, graph=graph, dims={"x_dim0": 4}).feeds["x"].shape == (4, 64)
+    m = measure(model, dims={"x_dim0": 4}, warmup=1, repeat=1, threads=1)
     assert set(m.node_times) == {"mm", "add"} and m.missing == {}
 
 

@@ -194,54 +194,18 @@ def _shape_of(
 def _unnamed_input_dims(
     source: onnx.ModelProto, graph: Graph | None, init_names: set[str]
 ) -> dict[str, dict[int, str]]:
-    """Input -> axis -> the graph's symbol for each input dim that has neither a size nor a name
-    (``[None, 64]``). ONNX shape inference leaves such a dim blank on the input and names it only
-    where it flows into a node's output (``unk__0``), the name the unbound-symbol advice tells the
-    user to bind (``--dim unk__0=N``). Found by giving each blank input dim a placeholder name in the
-    weightless copy the frontend keeps (`dabench_ir.frontends.onnx.SHAPE_MODEL`), inferring shapes
-    again, and reading which graph symbol sits where each placeholder went; a placeholder that meets
-    two symbols, or none, stays unnamed (the input's dim is then named as such in the error)."""
-    from dabench_ir.frontends.onnx import SHAPE_MODEL
-
-    blanks = {
-        (vi.name, axis)
-        for vi in source.graph.input
-        if vi.name not in init_names and vi.type.tensor_type.HasField("shape")
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim)
-        if not d.HasField("dim_value") and not d.dim_param
-    }
-    blob = graph.meta.get(SHAPE_MODEL) if graph is not None else None
-    if not blanks or blob is None:
-        return {}
-    import onnx
-
-    model = onnx.load_from_string(blob)
-    placeholders: dict[str, tuple[str, int]] = {}
-    for vi in model.graph.input:
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            if (vi.name, axis) in blanks:
-                d.dim_param = f"__dabench_blank_{len(placeholders)}"
-                placeholders[d.dim_param] = (vi.name, axis)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as exc:  # onnx's own exception types; best effort, as at load
-        logger.info("cannot name the inputs' unnamed dims: %s", str(exc).splitlines()[0][:120])
-        return {}
-    found: dict[str, set[str]] = {}
-    for vi in (*model.graph.value_info, *model.graph.output):
-        value = graph.values.get(vi.name)  # type: ignore[union-attr]
-        shape = value.type.shape if value is not None else None
-        dims = vi.type.tensor_type.shape.dim
-        if shape is None or len(shape) != len(dims):
-            continue
-        for symbol, d in zip(shape, dims, strict=True):
-            if d.dim_param in placeholders and isinstance(symbol, str):
-                found.setdefault(d.dim_param, set()).add(symbol)
+    """Input -> axis -> the graph's symbol for each input dim of the file that has neither a size nor
+    a name (``[None, 64]``): the name the frontend gave it (`frontends.onnx._name_blank_input_dims`,
+    ``x_dim0``), which the unbound-symbol advice tells the user to bind."""
     out: dict[str, dict[int, str]] = {}
-    for placeholder, symbols in found.items():
-        if len(symbols) == 1:
-            name, axis = placeholders[placeholder]
-            out.setdefault(name, {})[axis] = symbols.pop()
+    for vi in source.graph.input:
+        value = graph.values.get(vi.name) if graph is not None and vi.name not in init_names else None
+        shape = value.type.shape if value is not None else None
+        if shape is None or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.HasField("dim_value") and not d.dim_param and axis < len(shape) and isinstance(shape[axis], str):
+                out.setdefault(vi.name, {})[axis] = shape[axis]
     return out
 
 

@@ -364,7 +364,11 @@ def load_onnx(
         _drop_tensor_data(model.graph, protos)
     exported = model
     if infer_shapes:
+        blanks = _name_blank_input_dims(model.graph)
         model = _inferred(model, path, declared_static, protos)
+        if path is None:  # a caller's model: its inputs as they were (the inferred copy keeps the names)
+            for dim in blanks:
+                dim.ClearField("dim_param")
     g = model.graph
     metadata = {p.key: p.value for p in model.metadata_props}
     values, graph_inputs, output_names = _read_values(g, metadata, tied)
@@ -384,6 +388,24 @@ def load_onnx(
         graph.meta[SHAPE_MODEL] = _shape_model(exported)
     logger.info("loaded %s: %d nodes, %d values", graph.path or graph.name, len(nodes), len(values))
     return graph
+
+
+def _name_blank_input_dims(graph: onnx.GraphProto) -> list[onnx.TensorShapeProto.Dimension]:
+    """Name each model-input dim that has neither a size nor a name (``[None, 64]``) after its input
+    and axis (``x_dim0``), before shape inference: inference leaves such a dim blank on the input (the
+    whole shape then unknown) and names it only where it flows into a node's output (``unk__0``), so
+    the input could not be bound (``--batch``, ``--dim``) nor its readers costed exactly. Returns the
+    dims named."""
+    weights = {init.name for init in graph.initializer}
+    named = []
+    for vi in graph.input:
+        if vi.name in weights or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value") and not dim.dim_param:
+                dim.dim_param = f"{re.sub(r'[^0-9A-Za-z_]', '_', vi.name)}_dim{axis}"
+                named.append(dim)
+    return named
 
 
 def _input_symbols(graph: Graph) -> frozenset[str]:
