@@ -191,11 +191,12 @@ def test_replicas_beside_several_systems_is_refused_in_one_line(capsys, tiny):
 
 # figures of `--replicas R` before the cluster model (the code at the commit issue 44's cluster change
 # started from): copies on one wafer, pipelined, training, batch 2 a copy. Session 74 moved them once, by
-# a region's size being one sample's, not the step's batch's (`pipelined._size`: 0.418 -> 0.525 ms at 1 copy)
+# a region's size being one sample's, not the step's batch's (`pipelined._size`: 0.418 -> 0.525 ms at 1 copy);
+# session 78 by the fill and drain counting the sample's last row, not its first (`pipelined._fill`: 0.592 ms)
 REPLICAS = {
-    1: (0.0005250831048916268, 3808.920876273071),
-    2: (0.0005261138558782374, 7602.917040310284),
-    4: (0.0005280121630401365, 15151.16612833005),
+    1: (0.000591977841733732, 3378.504834138011),
+    2: (0.0005930085927203425, 6745.264822640375),
+    4: (0.0005949068998822417, 13447.48228938604),
 }
 
 
