@@ -197,6 +197,7 @@ def scale_model(
     run of its own, its report checked by the physics verifier like any other (`dabench_ir.run.placed`,
     on the batch's prepared graph, over the one-chip placement of the first).
     Raises UserError."""
+    from dabench_ir.options import check_shared
     from dabench_ir.pipeline import load_graph
     from dabench_ir.run import placed, prepare, resolve
     from dabench_ir.targets import load_target
@@ -204,6 +205,7 @@ def scale_model(
     say = progress or (lambda _m: None)
     if options.get("strategy") is None:
         raise UserError("scale: give --strategy dp, tp or pp")
+    check_shared(max(chips), {k: options.get(k) for k in ("zero", "chips_per_node")})  # the strategy is scale's own
     tgt = load_target(target)
     merged: ScaleResult | None = None
     loaded = load_graph(model, dims=options.get("dims"), batch=batches[0])

@@ -905,3 +905,18 @@ def recorded_config(opts: Any, *, target: bool = True) -> dict[str, Any]:
         value = getattr(opts, f.name)
         out[f.name] = dict(value) if isinstance(value, Mapping) else value
     return out
+
+
+SHARING_KNOBS = ("strategy", "zero", "chips_per_node")
+"""The knobs of sharing a run over chips: nothing to share on one chip."""
+
+
+def check_shared(chips: int, given: Mapping[str, Any]) -> None:
+    """Refuse the knobs of sharing (`SHARING_KNOBS`, those ``given`` a value) on a run of ``chips`` = 1
+    at most: one chip has nothing for a strategy, ZeRO or a node size to split (``scale --chips 1
+    --zero 3`` had run and ignored it)."""
+    if chips > 1:
+        return
+    flag = next((KNOBS[k].flag for k in SHARING_KNOBS if given.get(k) not in (None, 0)), None)
+    if flag:
+        raise UserError(f"{flag} applies to a run over several chips; give --chips a count above 1")

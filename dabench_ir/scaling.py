@@ -39,7 +39,6 @@ from dabench_ir.errors import UserError
 from dabench_ir.ir import Cost, Graph, Node, Value, ValueKind, module_of
 from dabench_ir.lowering import lowering_for
 from dabench_ir.lowering.collectives import (
-    bubble_fraction,
     hierarchical_allreduce_time,
     optimal_contiguous_split,
     p2p_time,
@@ -65,6 +64,7 @@ from dabench_ir.lowering.gpu import (
     live_skip,
 )
 from dabench_ir.metrics import Metrics, compute_metrics
+from dabench_ir.options import KNOBS
 from dabench_ir.passes import meta
 from dabench_ir.passes.precision import cache_inputs, reads_kv_cache
 from dabench_ir.passes.training import (
@@ -755,7 +755,9 @@ def _pp_point(graph: Graph, run: ResolvedRun, chips: int, single: ChipRun, stage
         throughput_samples_per_s=batch / step if step > 0 and fits else None,
         compute_time_s=step - comm,
         comm_time_s=comm,
-        bubble_fraction=bubble_fraction(chips, m),
+        # the idle share charged: GPipe's (p - 1) / (m + p - 1) for a step that fills and drains, a
+        # decode step's (p - m) / p (none with a micro-batch a stage), `_pipeline_bubble`
+        bubble_fraction=fill_drain / (worst + fill_drain) if worst + fill_drain > 0 else 0.0,
         load_imbalance=(sum(stage_times) / chips) / worst if worst > 0 else 1.0,
         allocation_ratio=staged.allocation,
         compute_efficiency=None,
@@ -1013,11 +1015,7 @@ def scale(
     lowering = lowering_for(target)
     per_node = chips_per_node(target, run.options)
     _check_request(target, lowering, chips, strategy, per_node)
-    if strategy == "dp" and lowering.replicates_itself and run.options.replicas not in (None, 1):
-        raise UserError(
-            f"--replicas {run.options.replicas} with --strategy dp: on {target.name} the data-parallel "
-            "chips are the lowering's replicas; give their counts with --chips and drop --replicas"
-        )
+    _check_devices(run, target, lowering, strategy)
     train = meta.graph_mode(graph) == "train"
     link = target.link()
     systems = strategy == "dp" and lowering.systems_stream_weights  # n chips: n systems streaming the weights
@@ -1100,6 +1098,28 @@ def _check_request(target: Target, lowering: Any, chips: Sequence[int], strategy
             f"node of {target.topology.per_node} ([topology] devices_per_node); a pipeline spread over "
             "nodes is not modelled there: drop --chips-per-node"
         )
+
+
+def _check_devices(run: ResolvedRun, target: Target, lowering: Any, strategy: str) -> None:
+    """The lowering's own device knobs a scale question cannot also ask. Where the lowering places its
+    devices itself (`Lowering.pipelines_itself`, `Lowering.replicates_itself`: the IPU's ``--ipus``,
+    ``--layers-per-ipu`` and ``--replicas``), the chips counted by ``--chips`` are its devices: under
+    ``dp`` its replicas (each may still pipeline over ``--ipus`` of its own), under ``pp`` its
+    pipeline's, under ``tp`` one each. A knob beside them made each "chip" several devices (pp over a
+    1-chip baseline pipelined over 4 IPUs: 0.45x on 2 chips; tp over replicas: 1.34x on 2)."""
+    if not (lowering.pipelines_itself or lowering.replicates_itself):
+        return
+    refused = ("replicas",) if strategy == "dp" else ("ipus", "layers_per_ipu", "replicas")
+    for name in refused:
+        value = run.knob(name)
+        if run.sources.get(name) == "user" and value not in (None, 1):
+            flag = KNOBS[name].flag
+            given = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            raise UserError(
+                f"{flag} {given} with --strategy {strategy}: on {target.name} the chips are the {lowering.name} "
+                f"lowering's own devices ({'its replicas' if strategy == 'dp' else 'one a chip'}), counted by "
+                f"--chips; drop {flag}"
+            )
 
 
 def _place_on_nodes(pt: ScalePoint, chips: int, topo: Any, per_node: int, strategy: str, *, own_links: bool) -> None:

@@ -1,4 +1,4 @@
-"""Closed forms for multi-chip execution: collectives, pipeline bubbles, optimal stage splits.
+"""Closed forms for multi-chip execution: collectives, optimal stage splits.
 
 Pure functions of sizes and link figures, so `dabench_ir/scaling.py` and the tests share
 one definition of each formula.
@@ -13,7 +13,6 @@ from typing import NamedTuple, Protocol
 __all__ = [
     "LinkFigures",
     "brute_force_split",
-    "bubble_fraction",
     "hierarchical_allreduce_time",
     "optimal_contiguous_split",
     "p2p_time",
@@ -124,13 +123,6 @@ def p2p_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
     if bandwidth <= 0:
         raise ValueError("link bandwidth must be positive")
     return nbytes / bandwidth + latency
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Idle share of a GPipe/1F1B pipeline: (p − 1) / (m + p − 1) (Huang et al., GPipe, 2019)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError("stages and micro-batches must be at least 1")
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 def optimal_contiguous_split(loads: Sequence[float], parts: int) -> tuple[list[int], float]:

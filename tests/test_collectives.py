@@ -1,4 +1,4 @@
-"""Closed forms for multi-chip execution: ring all-reduce, bubble, optimal contiguous split."""
+"""Closed forms for multi-chip execution: ring all-reduce, optimal contiguous split."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from dabench_ir.lowering.collectives import (
     LinkFigures,
     brute_force_split,
-    bubble_fraction,
     hierarchical_allreduce_time,
     optimal_contiguous_split,
     ring_allreduce_time,
@@ -23,11 +22,6 @@ def test_ring_allreduce_closed_form():
     assert ring_allreduce_time(1e9, 1, 100e9, 1e-6) == 0.0
     # the bandwidth term tends to 2·bytes/bandwidth as chips grow
     assert ring_allreduce_time(1e9, 1000, 1e9) == pytest.approx(2 * 999 / 1000)
-
-
-@pytest.mark.parametrize(("p", "m", "expected"), [(1, 1, 0.0), (4, 1, 0.75), (4, 4, 3 / 7), (8, 32, 7 / 39)])
-def test_bubble(p, m, expected):
-    assert bubble_fraction(p, m) == pytest.approx(expected)
 
 
 def test_optimal_split_matches_brute_force():

@@ -301,9 +301,44 @@ def test_a_pipelined_decode_keeps_a_micro_batch_in_each_stage_and_drains_no_step
     point = step.scaling.points[-1]
     assert point.micro_batches == 2
     assert "pipeline_fill_drain" not in point.overheads_s
+    assert point.bubble_fraction == 0.0  # the idle share charged, not GPipe's 1/3 for 2 stages of 2
     assert one.decode[-1].time_s * 0.9 < step.totals["time_s"] < one.decode[-1].time_s * 1.1
     prefill = pp.prefill.report.scaling.points[-1]  # a prefill is one step: it fills and drains
     assert prefill.overheads_s["pipeline_fill_drain"] == pytest.approx(max(prefill.stage_times_s) / 2)
+    p, m = 2, prefill.micro_batches
+    assert prefill.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))  # GPipe's, Huang et al. 2019
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"strategy": "pp", "ipus": 4},
+        {"strategy": "pp", "layers_per_ipu": [6, 6]},
+        {"strategy": "tp", "ipus": 2},
+        {"strategy": "tp", "replicas": 2},
+        {"strategy": "dp", "replicas": 2},
+    ],
+)
+def test_an_ipu_scale_counts_its_devices_by_chips_alone(flags):
+    """On the IPU the chips are the lowering's own devices: a pipeline's IPUs, or replicas (each of
+    which may pipeline over ``--ipus`` of its own under dp). The lowering's device knobs beside
+    ``--chips`` made each "chip" several IPUs (pp with --ipus 4: a 1-chip baseline of 4 IPUs, 0.45x
+    on 2 chips; tp with --replicas 2: 1.34x), so they are refused."""
+    from dabench_ir import api
+    from dabench_ir.errors import UserError
+
+    with pytest.raises(UserError, match="lowering's own devices"):
+        api.scale("gpt2-small", "bow", chips=(1, 2), batch=8, seq=128, **flags)
+
+
+def test_sharing_knobs_on_one_chip_are_refused_by_scale_as_by_profile():
+    """``scale --chips 1 --zero 3`` had run and ignored ZeRO, where ``profile`` refuses it."""
+    from dabench_ir import api
+    from dabench_ir.errors import UserError
+
+    for flags in ({"zero": 3, "mode": "train"}, {"chips_per_node": 2}):
+        with pytest.raises(UserError, match="applies to a run over several chips"):
+            api.scale("gpt2-small", "h100", chips=(1,), strategy="dp", batch=8, **flags)
 
 
 def test_a_tp_split_whose_weights_do_not_divide_is_refused():
