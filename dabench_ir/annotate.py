@@ -9,7 +9,11 @@
   External weight data is never loaded; the file stays checker-valid.
 - MLIR: the lowered linalg module with discardable attributes on every counted op
   (``dabench.flops = 1234 : i64``, ``dabench.bytes``, ``dabench.origin``, ...), printed
-  so torch-mlir parses it back.
+  so torch-mlir parses it back. The model-level figures the ONNX file carries as props (the
+  step, its overheads, the target, the nodes outside the file) are comment lines at its top,
+  ``// report: dabench.step_time_s = 0.0012`` (`REPORT_LINE`): MLIR tools skip comments, and
+  the MLIR frontend reads only ``// dabench.key: value`` header lines, so re-profiling the
+  file never takes a stale report's figures for the model's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dabench_ir.passes.meta import COST, ESTIMATED, UNATTRIBUTED, attributed_cos
 
 __all__ = [
     "PREFIX",
+    "REPORT_LINE",
     "annotate",
     "annotate_mlir",
     "annotate_onnx",
@@ -37,6 +42,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PREFIX = "dabench."
+REPORT_LINE = "// report: {key} = {value}\n"
+"""One model-level figure in an annotated .mlir (a comment: the ONNX file's model prop)."""
 
 Extra = Mapping[Any, Mapping[str, Any]] | None
 """Per node (a Node or its name), more ``dabench.*`` values to write (a placed report's unit, time)."""
@@ -150,8 +157,8 @@ def _report_props(report: Any) -> dict[str, str]:
 
 
 def annotate_report(model: Any, report: Any, out_path: OutPath) -> Path:
-    """`--annotate F` for a Report: `annotate` with `report_annotations` (ONNX also gets the
-    report's target and step time as model-level props)."""
+    """`--annotate F` for a Report: `annotate` with `report_annotations`, and the report's target,
+    step and overheads at model level (`_report_props`)."""
     return annotate(model, report.graph, out_path, report_annotations(report), model_props=_report_props(report))
 
 
@@ -184,12 +191,9 @@ def annotate_onnx(
         for key, value in node_annotations(graph.node(name), extras.get(name)).items():
             proto_node.metadata_props.add(key=key, value=_text(value))
         written += 1
-    total = sum((c for c in map(attributed_cost, graph.nodes) if c is not None), Cost())
-    outside = _outside_file(graph, set(in_file), extras)
-    ours = {"dabench.total_flops", "dabench.total_bytes", *outside, *(model_props or {})}
+    ours = _model_level(graph, set(in_file), extras, model_props)
     props = {p.key: p.value for p in copy.metadata_props if p.key not in ours}
-    props.update({"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes), **outside})
-    props.update(model_props or {})
+    props.update(ours)
     del copy.metadata_props[:]
     for key, value in props.items():
         copy.metadata_props.add(key=key, value=value)
@@ -202,7 +206,20 @@ def annotate_onnx(
     return out
 
 
-def _outside_file(graph: Graph, in_file: set[str], extras: dict[str, dict[str, Any]]) -> dict[str, str]:
+def _model_level(
+    graph: Graph, in_file: set[str], extras: dict[str, Mapping[str, Any]], model_props: Props
+) -> dict[str, str]:
+    """The model-level ``dabench.*`` figures of an annotated file (ONNX props, MLIR report lines): the
+    graph's total work, its nodes the file has no node for (`_outside_file`), then ``model_props`` (a
+    report's step, overheads and target: `_report_props`), which win."""
+    total = sum((c for c in map(attributed_cost, graph.nodes) if c is not None), Cost())
+    out = {"dabench.total_flops": str(total.flops), "dabench.total_bytes": str(total.bytes)}
+    out.update(_outside_file(graph, in_file, extras))
+    out.update(model_props or {})
+    return out
+
+
+def _outside_file(graph: Graph, in_file: set[str], extras: dict[str, Mapping[str, Any]]) -> dict[str, str]:
     """Model-level props for the graph's nodes the file has no node for (a training step's loss and
     optimizer, which the training pass adds): their names and time, so that the file's node times,
     its ``dabench.overhead_s`` and these add up to its step."""
@@ -234,13 +251,17 @@ def _check_external_location(proto: Any, source: Path | None, out: Path) -> None
             return
 
 
-def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = None) -> Path:
+def annotate_mlir(
+    source: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None
+) -> Path:
     """Write the lowered linalg module with ``dabench.*`` attributes on each counted op.
 
     Uses the module kept on `graph` by the MLIR frontend; otherwise lowers `source`
     (a .mlir or .onnx path) through torch-mlir first. Node-level `extra` values
     (unit, time_s) are put on every op of that node; the op-level work is
-    `dabench_ir.mlir.annotate`'s."""
+    `dabench_ir.mlir.annotate`'s. The model-level figures (`_model_level`: the totals, the
+    nodes the module has no op for, ``model_props``) follow the header as `REPORT_LINE`
+    comments, the same keys and values as an annotated ONNX file's props."""
     from dabench_ir.fileio import write_output
     from dabench_ir.mlir import MLIR_ARTIFACT
     from dabench_ir.mlir.annotate import annotate_ops, header_lines, lowered_for_annotation
@@ -254,14 +275,19 @@ def annotate_mlir(source: Any, graph: Graph, out_path: OutPath, extra: Extra = N
     count = annotate_ops(mlir_graph, per_node)
     module = mlir_graph.meta[MLIR_ARTIFACT].module
     out = Path(out_path)
-    write_output(out, header_lines(graph, mlir_graph) + module.operation.get_asm(enable_debug_info=True))
+    in_file = {node.name for node in mlir_graph.nodes}  # a training step's loss and optimizer are not
+    report = "".join(
+        REPORT_LINE.format(key=k, value=" ".join(v.split()))  # one line each
+        for k, v in _model_level(graph, in_file, extras, model_props).items()
+    )
+    write_output(out, header_lines(graph, mlir_graph) + report + module.operation.get_asm(enable_debug_info=True))
     logger.info("annotated %d MLIR op(s) into %s", count, out)
     return out
 
 
 def annotate(model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *, model_props: Props = None) -> Path:
-    """`--annotate F`: annotated ONNX for ``.onnx`` F (with ``model_props`` on the model),
-    annotated linalg MLIR for ``.mlir`` F."""
+    """`--annotate F`: annotated ONNX for ``.onnx`` F, annotated linalg MLIR for ``.mlir`` F; both
+    carry ``model_props`` (ONNX as model props, MLIR as report lines)."""
     suffix = Path(out_path).suffix.lower()
     if suffix == ".onnx":
         model_suffix = Path(model).suffix.lower() if isinstance(model, (str, os.PathLike)) else ".onnx"
@@ -269,5 +295,5 @@ def annotate(model: Any, graph: Graph, out_path: OutPath, extra: Extra = None, *
             raise UserError(f"--annotate {out_path}: an .mlir model can only be annotated as .mlir")
         return annotate_onnx(model, graph, out_path, extra, model_props=model_props)
     if suffix == ".mlir":
-        return annotate_mlir(model, graph, out_path, extra)
+        return annotate_mlir(model, graph, out_path, extra, model_props=model_props)
     raise UserError(f"--annotate {out_path}: expected a .onnx or .mlir file name")

@@ -163,14 +163,15 @@ def plan_outputs(
     (a CSV's ``.roles.csv``, per-target files, plot files) included; ``folders``: (folder,
     flag) of output folders whose files are not listed one by one: no input may lie in one.
     Each output is also checked as `check_output_path` does; ``creates``: (folder, flag) of
-    folders the run creates (checked as `check_output_dir` does): a file inside one that does
-    not exist yet needs no existing parent, and they are created once every check passed.
+    folders the run creates (checked as `check_output_dir` does, each its own folder only: its
+    parent must exist, as an output file's must): a file inside one that does not exist yet
+    needs no existing parent, and they are created once every check passed.
     """
     inputs = [Path(i) for i in inputs if os.fspath(i) not in ("", "-")]
     creates = list(creates)
     made = []
     for folder, flag in creates:
-        check_output_dir(folder, flag)
+        check_output_dir(folder, flag, parents=False)
         made.append(Path(os.path.realpath(folder)))
     seen: dict[tuple, str] = {}
     for path, flag in outputs:
@@ -202,7 +203,7 @@ def plan_outputs(
                     "the run writes; move the input or choose another folder"
                 )
     for folder, flag in creates:
-        check_output_dir(folder, flag, create=True)
+        check_output_dir(folder, flag, create=True, parents=False)
 
 
 def stdout_fails() -> bool:
@@ -324,8 +325,14 @@ def check_output_path(
     return p
 
 
-def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, create: bool = False) -> Path:
-    """Refuse, before any work, an output folder that is a file or cannot be created or written."""
+def check_output_dir(
+    path: str | os.PathLike[str], flag: str | None = None, *, create: bool = False, parents: bool = True
+) -> Path:
+    """Refuse, before any work, an output folder that is a file or cannot be created or written.
+
+    ``parents``: missing folders above it are created too (a sweep's or a study's ``-o``, a tree of
+    its own); False: only the folder itself, whose parent must exist as an output file's must (a
+    profile's ``--plots DIR``, ``--json DIR/``), so that a typo in the path is refused, not built."""
     p, where = _output_where(path, flag, "folder")
     if p.exists():
         if not p.is_dir():
@@ -338,6 +345,8 @@ def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, c
             f"{where}: a symlink to a missing folder ({_show(os.readlink(p))}); create that folder or give another name"
         )
     ancestor = p.absolute().parent
+    if not parents and not ancestor.is_dir():
+        raise UserError(f"{where}: folder {_show(ancestor)} does not exist; create it first")
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
@@ -346,7 +355,7 @@ def check_output_dir(path: str | os.PathLike[str], flag: str | None = None, *, c
         raise UserError(f"{where}: cannot create it ({_show(ancestor)} is not writable)")
     if create:
         try:
-            p.mkdir(parents=True, exist_ok=True)
+            p.mkdir(parents=parents, exist_ok=True)
         except OSError as exc:
             raise UserError(f"{where}: cannot create it ({exc.strerror or exc})") from None
     return p

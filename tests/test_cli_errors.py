@@ -268,7 +268,10 @@ def test_zero_applies_to_data_parallel_training_only(capsys, tiny_decoder):
             ["-t", "wse", "--wse-mode", "pipelined", "--micro-batches", "1"],
             ["--micro-batches 1 splits the batch into weight streaming's lanes", "--wse-mode streaming"],
         ),
-        (["-t", "h100", "--strategy", "dp"], ["--strategy applies to a run over several chips", "--chips N"]),
+        (
+            ["-t", "h100", "--strategy", "dp"],
+            ["--strategy applies to a run over several chips", "--chips a count above 1"],
+        ),
         (["-t", "h100", "--zero", "1", "--mode", "train"], ["--zero applies to a run over several chips"]),
         (["--chips", "2", "--strategy", "dp"], ["--chips places the model over several chips", "give --target"]),
         (

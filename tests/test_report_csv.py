@@ -35,9 +35,10 @@ def _rows(report, tmp_path):
 @pytest.mark.parametrize(
     ("target", "name", "kinds"),
     [
-        ("rdu", "sn30", {"node", "overhead"}),  # sequential: node times plus the overheads are the step
-        ("h100", "h100", {"node", "overhead"}),
-        ("wse", "wse2", {"node", "overlap"}),  # regions run at once: their busy times overlap
+        # sequential: node times plus the overheads are the step; idle: the static energy no row draws (no time)
+        ("rdu", "sn30", {"node", "overhead", "idle"}),
+        ("h100", "h100", {"node", "overhead", "idle"}),
+        ("wse", "wse2", {"node", "overlap", "idle"}),  # regions run at once: their busy times overlap
     ],
 )
 def test_csv_time_column_sums_to_the_step(attention_path, tmp_path, target, name, kinds):
@@ -46,7 +47,7 @@ def test_csv_time_column_sums_to_the_step(attention_path, tmp_path, target, name
     assert {r["model"] for r in rows} == {"att"} and {r["target"] for r in rows} == {name}
     assert {r["kind"] for r in rows} == kinds
     assert [r["name"] for r in rows if r["kind"] == "node"] == [n.name for n in report.nodes]
-    assert math.fsum(float(r["time_s"]) for r in rows) == report.totals["time_s"]
+    assert math.fsum(float(r["time_s"]) for r in rows if r["time_s"]) == report.totals["time_s"]
     overheads = {r["name"]: float(r["time_s"]) for r in rows if r["kind"] == "overhead"}
     assert overheads == {f"overhead: {k}": v for k, v in report.timeline.overheads_s.items() if v}
     assert all(r["bound"] == "overhead" and r["op_type"] == "overhead" for r in rows if r["kind"] == "overhead")

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from dabench_ir.commands.flags import add_outputs, add_quiet, check_top, refuse_uncounted, write_given
 from dabench_ir.errors import UserError
-from dabench_ir.options import KNOBS, PROFILE, ScaleOptions, add_knob_arguments, knob_values, options_from_args
+from dabench_ir.options import (
+    PROFILE,
+    SHARING_KNOBS,
+    ScaleOptions,
+    add_knob_arguments,
+    check_shared,
+    knob_values,
+    options_from_args,
+)
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -47,10 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and DIR/compare.json (the same for --csv, --html)",
         csv="write one row per node and per overhead, with model and target columns "
         "(and F's .roles.csv: one row per module role)",
-        html="write a self-contained HTML report",
+        html="write a self-contained HTML report (its role and node tables as --top, --sort and --by give the text's)",
         trace="write the timeline as a Chrome trace (Perfetto), one track per unit; several targets: one file, "
         "a process per target",
-        plots="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG)",
+        plots="write the roofline, per-layer and predicted-vs-measured plots (PNG, SVG) into folder DIR "
+        "(made if missing; its parent must exist)",
         annotate="write the model with per-node annotations (Netron); with several targets, F's stem + '-TARGET' + "
         "F's suffix for each target, or DIR/TARGET.onnx for a folder DIR/",
     )
@@ -170,10 +179,11 @@ def _trace_path(path: str) -> Path:
 
 
 def _per_target_path(path: str, target: str, suffix: str) -> Path:
-    """One target's file: DIR/TARGET.EXT for a folder, else F's stem + '-TARGET' + F's suffix."""
+    """One target's file: DIR/TARGET.EXT for a folder, else F's stem + '-TARGET' + F's suffix. Makes no
+    folder: `_planned_outputs` names the files before any check, and `_check_outputs` makes DIR
+    (its parent must exist) once every check passed."""
     stem = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")
     if _is_folder(path):
-        Path(path).mkdir(parents=True, exist_ok=True)
         return Path(path) / f"{stem}{suffix}"
     p = Path(path)
     return p.with_name(f"{p.stem}-{stem}{p.suffix or suffix}")
@@ -277,12 +287,7 @@ def _plot_stem(model: str, target: str) -> str:
 
 def _check_request(args: argparse.Namespace, opts: ScaleOptions) -> None:
     """Refuse, before any work, what cannot give a meaningful answer."""
-    if opts.chips == 1:  # one chip: nothing for a strategy to split (scale compares chip counts)
-        flag = next(
-            (KNOBS[f].flag for f in ("strategy", "zero", "chips_per_node") if getattr(args, f, None) is not None), None
-        )
-        if flag:
-            raise UserError(f"{flag} applies to a run over several chips; add --chips N (or see `dabench-ir scale`)")
+    check_shared(opts.chips, {name: getattr(args, name, None) for name in SHARING_KNOBS})
     if args.cross_check and Path(args.model).suffix.lower() == ".mlir":
         raise UserError(
             "--cross-check compares the ONNX rules with the linalg counts; an .mlir input has only the linalg side. "
@@ -318,7 +323,8 @@ def _write_report(report, args: argparse.Namespace, **paths: str | Path | None) 
     if paths.get("html"):
         from dabench_ir.report.html import write_html
 
-        written.append(str(write_html(report, paths["html"])))
+        options = {"top": args.top, "sort": args.sort, "by": args.by}  # the tables as the text shows them
+        written.append(str(write_html(report, paths["html"], **options)))
     if paths.get("plots"):
         from dabench_ir.report.plots import write_plots
 

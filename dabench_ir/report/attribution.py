@@ -329,8 +329,10 @@ def step_overheads(report: Report) -> dict[str, float]:
 
 def overhead_rows(report: Report) -> list[dict[str, Any]]:
     """One row per step cost no node owns (reconfiguration, stalls, host time, fill/drain, collectives):
-    `step_overheads`."""
+    `step_overheads`, each with its energy where the report has it (``totals.overhead_energy_j``: the
+    static power the target draws through it; none for a multi-chip step's own rows)."""
     overheads = step_overheads(report)
+    energies = report.totals.get("overhead_energy_j") or {}
     rows = []
     for name, seconds in overheads.items():
         if not seconds:
@@ -345,6 +347,7 @@ def overhead_rows(report: Report) -> list[dict[str, Any]]:
             bytes=0,
             bound=row_bound(name),
             bound_share=1.0,
+            energy_j=energies.get(name),
         )
         rows.append(row)
     return rows

@@ -24,15 +24,23 @@ from .attribution import comm_label
 from .compare import PER_CHIP_NOTE, PERIOD_NOTE, format_row, is_period, per_chip
 from .model import NodeRecord, Report
 from .table import (
+    BY,
     SHARE_OF_FLOPS,
     SHARE_OF_LAYER,
     SHARE_OF_TIME,
+    SORT_WORDS,
     failure_text,
+    flops_cell,
     human,
+    no_rule_legend,
+    no_rule_roles,
     percent,
     prediction_text,
+    ranked_nodes,
+    ranked_roles,
     role_table,
     seconds,
+    table_sort,
 )
 
 if TYPE_CHECKING:
@@ -299,32 +307,35 @@ def _summary(report: Report) -> str:
 
 _SHARE_HEADERS = frozenset({SHARE_OF_TIME, SHARE_OF_FLOPS, SHARE_OF_LAYER})
 _NUMERIC_HEADERS = (
-    frozenset({"layer", "FLOPs", "bytes", "FLOP/B", "FLOP/B at feed", "time", "measured"}) | _SHARE_HEADERS
+    frozenset({"layer", "FLOPs", "bytes", "FLOP/B", "FLOP/B at feed", "time", "measured", "energy"}) | _SHARE_HEADERS
 )
 
 
-def _top_nodes(report: Report, top: int) -> str:
+def _top_nodes(report: Report, top: int, sort: str) -> str:
+    """The ``top`` nodes (0: every one) by ``sort``, as the text's ``--by node`` table ranks them."""
     timed = report.has_times
-    nodes: list[NodeRecord] = sorted(
-        report.attributed, key=lambda n: (n.time_s or 0.0) if timed else (n.flops or 0), reverse=True
-    )
+    nodes: list[NodeRecord] = ranked_nodes(report, sort)
     from .attribution import node_share
 
+    no_rule = {e.get("name") for e in report.extra.get("estimated") or ()}
     total_flops = sum(n.flops or 0 for n in report.attributed) or None
     measured = any(n.measured_time_s is not None for n in report.nodes)
+    energy = any(n.energy_j is not None for n in report.nodes)
     headers = ["node", "op", "layer", "class", "FLOPs", "bytes", "FLOP/B at feed" if report.target else "FLOP/B"]
     headers += ["time", SHARE_OF_TIME, "bound", "unit"] if timed else [SHARE_OF_FLOPS]
     headers += ["measured"] if measured else []
+    headers += ["energy"] if energy else []
     rows = []
-    for n in nodes[:top]:
+    for n in nodes[:top] if top > 0 else nodes:
+        uncounted = n.name in no_rule
         row = [
             n.name,
             n.op_type,
             "-" if n.layer is None else str(n.layer),
             _class_cell(n.op_class),
-            human(n.flops),
+            flops_cell(n.flops, no_rule=int(uncounted)),
             human(n.bytes, "B"),
-            "-" if n.intensity is None else f"{n.intensity:.3g}",
+            "-" if n.intensity is None or uncounted else f"{n.intensity:.3g}",
         ]
         if timed:
             row += [seconds(n.time_s), _share_cell(node_share(report, n)), n.bound or "-", n.unit or "-"]
@@ -332,15 +343,22 @@ def _top_nodes(report: Report, top: int) -> str:
             row += [_share_cell((n.flops or 0) / total_flops if total_flops else None)]
         if measured:
             row.append(seconds(n.measured_time_s))
+        if energy:
+            row.append(human(n.energy_j, "J"))
         rows.append(row)
     numeric = {i for i, h in enumerate(headers) if h in _NUMERIC_HEADERS}
     raw = {i for i, h in enumerate(headers) if h == "class" or h in _SHARE_HEADERS}
-    what = "time" if timed else "FLOPs"
     return (
-        f"<section><h2>Top {len(rows)} of {len(report.nodes)} nodes by {what}</h2>"
+        f"<section><h2>Top {len(rows)} of {len(report.nodes)} nodes by {SORT_WORDS[sort]}</h2>"
         + table_html(headers, rows, numeric, raw=raw, cls={0: "name"})
+        + _legend([row[4] for row in rows])
         + "</section>"
     )
+
+
+def _legend(flops_cells: Sequence[str]) -> str:
+    """The no-rule legend (`table.no_rule_legend`) under a table, if any of its FLOPs cells is marked."""
+    return "".join(f'<p class="note">{escape(line)}</p>' for line in no_rule_legend(flops_cells))
 
 
 def _group_table(
@@ -404,29 +422,33 @@ def _attribution(report: Report) -> str:
     return f'<section><h2>Attribution</h2><div class="grid2">{"".join(parts)}</div></section>'
 
 
-def _roles(report: Report, top: int) -> str:
-    """Module roles across layers (with the overhead rows), the why lines, and one layer."""
-    from .attribution import layer_runs, representative_layer, role_rows
+def _roles(report: Report, top: int, sort: str) -> str:
+    """Module roles across layers (with the overhead rows), the ``top`` of them (0: every one) by
+    ``sort`` as the text's role table ranks them, the why lines, and one layer."""
+    from .attribution import representative_layer
 
-    rows = role_rows(report)
+    rows = ranked_roles(report, sort)
+    no_rule = no_rule_roles(report)
     timed = report.has_times
     headers = ["role", "nodes", "FLOPs", "bytes", "FLOP/B at feed" if report.target else "FLOP/B"]
     headers += ["time", SHARE_OF_TIME, "achieved", "of peak", "bound"] if timed else [SHARE_OF_FLOPS]
     body = []
-    for r in rows[:top]:
+    for r in rows[:top] if top > 0 else rows:
+        flops = flops_cell(r["flops"], nodes=r["nodes"], no_rule=no_rule.get(r["role"], 0))
+        uncounted = flops == "-"  # no rule counts its work: no intensity or rate either
         row = [
             r["role"],
             str(r["nodes"]),
-            human(r["flops"]),
+            flops,
             human(r["bytes"], "B"),
-            "-" if r["intensity"] is None else f"{r['intensity']:.3g}",
+            "-" if r["intensity"] is None or uncounted else f"{r['intensity']:.3g}",
         ]
         if timed:
             row += [
                 seconds(r["time_s"]),
                 _share_cell(r["share"]),
-                human(r["achieved_flops_per_s"], "FLOP/s"),
-                percent(r["peak_fraction"]),
+                "-" if uncounted else human(r["achieved_flops_per_s"], "FLOP/s"),
+                "-" if uncounted else percent(r["peak_fraction"]),
                 r["bound"] or "-",
             ]
         else:
@@ -435,11 +457,12 @@ def _roles(report: Report, top: int) -> str:
     numeric = {i for i, h in enumerate(headers) if h in _NUMERIC_HEADERS | {"nodes", "achieved", "of peak"}}
     raw = {i for i, h in enumerate(headers) if h in _SHARE_HEADERS}
     out = (
-        f"<section><h2>Top {len(body)} of {len(rows)} module roles by {'time' if timed else 'FLOPs'}</h2>"
+        f"<section><h2>Top {len(body)} of {len(rows)} module roles by {SORT_WORDS[sort]}</h2>"
         '<p class="note">Node times added up by module role across all layers; overheads no node owns are rows '
         "of their own. Every time share on this page is a share of the summed time: node busy times plus "
         "the overhead rows (on a target that runs nodes concurrently this exceeds the step).</p>"
         + table_html(headers, body, numeric, raw=raw, cls={0: "name"})
+        + _legend([row[2] for row in body])
     )
     if report.why:
         items = "".join(f"<li>{escape(w['text'])}</li>" for w in report.why)
@@ -447,23 +470,30 @@ def _roles(report: Report, top: int) -> str:
     out += "</section>"
     rep = representative_layer(report)
     if rep:
-        h, body = role_table(rep, share=_share_cell, spread=percent)
+        h, body = role_table(rep, share=_share_cell, spread=percent, no_rule=no_rule)
         out += (
             "<section><h2>One decoder layer, every role</h2>"
             f'<p class="note">Median over {max(r["layers"] for r in rep)} layers; min, max and spread across layers.</p>'
             + table_html(h, body, {1, 2, 3, 4, 6, 7, 8}, raw={5}, cls={0: "name"})
+            + _legend([row[2] for row in body])
             + "</section>"
         )
+    return out
+
+
+def _layers(report: Report) -> str:
+    """The per-layer table: identical consecutive layers in one row."""
+    from .attribution import layer_runs
+
     runs = layer_runs(report)
     body = [
         [r["layers"], str(r["count"]), human(r["flops"]), human(r["bytes"], "B"), seconds(r["time_s"])] for r in runs
     ]
-    out += (
+    return (
         '<section><h2>Per layer</h2><p class="note">Identical consecutive layers in one row; figures per layer.</p>'
         + table_html(["layers", "count", "FLOPs", "bytes", "time"], body, {1, 2, 3, 4})
         + "</section>"
     )
-    return out
 
 
 def _unattributed(report: Report) -> str:
@@ -512,12 +542,23 @@ def _plots(report: Report, plot_dir: Path | None, stem: str) -> str:
 def render_html(
     report: Report,
     *,
-    top: int = 30,
+    top: int = 20,
+    sort: str | None = None,
+    by: str = "role",
     title: str | None = None,
     plot_dir: str | Path | None = None,
     plot_stem: str = "",
 ) -> str:
-    """The whole report as one self-contained HTML page (plots also saved to ``plot_dir`` if given)."""
+    """The whole report as one self-contained HTML page (plots also saved to ``plot_dir`` if given).
+
+    ``top``, ``sort`` and ``by`` are the text table's (`table.render_table`, ``profile --top --sort
+    --by``): the role and node tables show the ``top`` rows (0: every one) ranked by ``sort``
+    (``time``, the default when timed; ``flops``; ``energy``), and ``by`` picks the table that leads
+    the page (``role``: the module roles, the why lines and one layer; ``node``: the single nodes).
+    The page keeps both, as its tables can be sorted and filtered in place."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}")
+    sort = table_sort(report, sort)
     target = (report.target or {}).get("name")
     model = report.model.get("preset") or report.model.get("name") or report.model.get("path") or "model"
     title = title or f"dabench-ir: {model}" + (f" on {target}" if target else "")
@@ -525,11 +566,11 @@ def render_html(
         str(x) for x in (report.model.get("path"), getattr(report.target_obj, "description", None)) if x
     )
     plots_html = _plots(report, None if plot_dir is None else Path(plot_dir), plot_stem)
+    roles, nodes = _roles(report, top, sort) + _layers(report), _top_nodes(report, top, sort)
     body = (
         _summary(report)
         + plots_html
-        + _roles(report, top)
-        + _top_nodes(report, top)
+        + (roles + nodes if by == "role" else nodes + roles)
         + _attribution(report)
         + _unattributed(report)
     )

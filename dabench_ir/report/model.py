@@ -236,8 +236,11 @@ class Report:
         ``node``; ``overhead`` (host time, reconfiguration, memory stalls, fill/drain,
         collectives: ``name`` is its role, ``overhead: section_reconfig``); ``overlap`` (negative:
         the busy time concurrent nodes share, on a target that runs them at once, WSE or IPU);
-        ``remainder`` (step time neither nodes nor overheads account for). Text cells a
-        spreadsheet would read as a formula are neutralised."""
+        ``remainder`` (step time neither nodes nor overheads account for; or energy no row holds);
+        ``idle`` (the static energy drawn while no node runs and no overhead row is counted).
+        The ``energy_j`` column sums to the step's (``totals.energy_j``) the same way: node rows,
+        overhead rows (``totals.overhead_energy_j``), the idle row, a remainder (a multi-chip
+        step's other chips and links). Text cells a spreadsheet would read as a formula are neutralised."""
         head = {"model": _csv_model_name(self), "target": (self.target or {}).get("name")}
 
         def write(fh) -> None:
@@ -352,6 +355,7 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
             "op_type": "overhead",
             "bound": r["bound"],
             "time_s": r["time_s"],
+            "energy_j": r["energy_j"],
         }
         for r in overhead_rows(report)
     ]
@@ -366,11 +370,7 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
     times = [n.time_s for n in report.nodes if n.time_s is not None] + [r["time_s"] for r in rows if "time_s" in r]
     rest = float(step) - math.fsum(times)
     if abs(rest) > 1e-12 * abs(step):
-        for _ in range(8):  # the rounding of the subtraction: nudge until the column sums to the step exactly
-            total = math.fsum([*times, rest])
-            if total == step:
-                break
-            rest = math.nextafter(rest, math.inf if total < step else -math.inf)
+        rest = _summing_to(float(step), times, rest)  # the column sums to the step exactly
         kind = "overlap" if rest < 0 else "remainder"
         name = (
             "overlap: busy time of nodes that run concurrently"
@@ -378,7 +378,42 @@ def _step_rows(report: Report, head: dict[str, Any]) -> list[dict[str, Any]]:
             else "remainder: step time no node or overhead accounts for"
         )
         rows.append({**head, "kind": kind, "name": name, "op_type": kind, "time_s": rest})
-    return rows
+    return rows + _energy_rows(report, head, rows)
+
+
+def _energy_rows(report: Report, head: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CSV rows that make the ``energy_j`` column sum to the step's (``totals.energy_j``) after the
+    node and overhead rows (``rows``): ``idle`` (the static power drawn while no node runs and no
+    overhead row is counted: ``totals.idle_energy_j``), then a ``remainder`` for what no row holds
+    (a multi-chip step: every other chip's, its links'; the node rows are one chip's). No time."""
+    step = report.totals.get("energy_j")
+    if step is None:
+        return []
+    out = []
+    idle = report.totals.get("idle_energy_j")
+    if idle:
+        name = "idle: static energy while no node runs and no overhead row is counted"
+        out.append({**head, "kind": "idle", "name": name, "op_type": "idle", "energy_j": idle})
+    joules = [n.energy_j for n in report.nodes if n.energy_j is not None]
+    joules += [r["energy_j"] for r in (*rows, *out) if r.get("energy_j") is not None]
+    rest = float(step) - math.fsum(joules)
+    if abs(rest) > 1e-12 * abs(step):
+        rest = _summing_to(step, joules, rest)
+        chips = "per_chip" in report.extra  # the node rows are one chip's share
+        name = "remainder: energy no row holds" + (" (the other chips', the links')" if chips else "")
+        out.append({**head, "kind": "remainder", "name": name, "op_type": "remainder", "energy_j": rest})
+    return out
+
+
+def _summing_to(total: float, parts: list[float], rest: float) -> float:
+    """``rest`` nudged by the rounding of the subtraction that made it, until ``parts`` and it sum
+    (``math.fsum``) to ``total`` exactly."""
+    for _ in range(8):
+        got = math.fsum([*parts, rest])
+        if got == total:
+            break
+        rest = math.nextafter(rest, math.inf if got < total else -math.inf)
+    return rest
 
 
 _COLUMN_OF = {"measured_spread": "measured_spread_rel"}

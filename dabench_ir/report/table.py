@@ -13,20 +13,29 @@ from .model import Report
 
 __all__ = [
     "BY",
+    "NO_RULE",
     "SHARE_OF_FLOPS",
     "SHARE_OF_LAYER",
     "SHARE_OF_TIME",
+    "SORTS",
+    "SORT_WORDS",
     "failure_text",
+    "flops_cell",
     "human",
+    "no_rule_legend",
+    "no_rule_roles",
     "parse_percent",
     "percent",
     "percent_change",
     "prediction_text",
+    "ranked_nodes",
+    "ranked_roles",
     "render_breakdown",
     "render_table",
     "role_table",
     "seconds",
     "short_percent",
+    "table_sort",
     "times",
 ]
 
@@ -139,6 +148,72 @@ def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, rig
 
 BY = ("role", "node")
 """What the main table groups by: module roles across layers (default), or single nodes."""
+SORTS = ("time", "flops", "energy")
+"""What the main tables rank their rows by (``--sort``)."""
+_SORT_KEYS = {"time": "time_s", "flops": "flops", "energy": "energy_j"}
+SORT_WORDS = {"time": "time", "flops": "FLOPs", "energy": "energy"}
+"""How a table's title names its ranking."""
+
+
+def table_sort(report: Report, sort: str | None) -> str:
+    """The ranking ``sort`` asks for, checked; none given: time when the report is timed, else FLOPs."""
+    sort = sort or ("time" if report.has_times else "flops")
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)}")
+    return sort
+
+
+def ranked_roles(report: Report, sort: str) -> list[dict[str, Any]]:
+    """`attribution.role_rows` (overhead rows among them), largest ``sort`` (`SORTS`) first: the
+    order of every renderer's role table (text, HTML)."""
+    from .attribution import role_rows
+
+    key = _SORT_KEYS[sort]
+    return sorted(role_rows(report), key=lambda r: -(r[key] or 0))
+
+
+def ranked_nodes(report: Report, sort: str) -> list[Any]:
+    """The costed nodes, largest ``sort`` (`SORTS`) first: the order of every renderer's node table."""
+    key = _SORT_KEYS[sort]
+    return sorted(report.attributed, key=lambda n: getattr(n, key) or 0, reverse=True)
+
+
+NO_RULE = "no rule: bytes only"
+"""What a FLOPs cell shown as ``-`` means in a node or role row: no cost rule counts the node's work
+(an estimate from the bytes it moves; ``estimated: no rule`` in its note), so its FLOPs are not
+counted, which is not a node that does none."""
+_SOME_NO_RULE = "*"
+"""Marks the FLOPs of a role some of whose nodes (not all) have no cost rule: the others' count."""
+
+
+def no_rule_roles(report: Report) -> dict[str, int]:
+    """Per role (a node's role, else its op type: how `attribution.role_rows` groups), how many of
+    its nodes have no cost rule (``extra.estimated``: the report's one list of them)."""
+    names = {e.get("name") for e in report.extra.get("estimated") or ()}
+    out: dict[str, int] = {}
+    for n in report.nodes:
+        if n.name in names:
+            role = n.role or n.op_type
+            out[role] = out.get(role, 0) + 1
+    return out
+
+
+def flops_cell(flops: int | None, *, nodes: int = 1, no_rule: int = 0) -> str:
+    """A row's FLOPs: ``-`` when none of its ``nodes`` has a cost rule (`NO_RULE`), the others'
+    count marked ``*`` when ``no_rule`` of them have none, else the count."""
+    if no_rule and no_rule >= nodes:
+        return "-"
+    return human(flops) + (_SOME_NO_RULE if no_rule else "")
+
+
+def no_rule_legend(cells: Sequence[str]) -> list[str]:
+    """The legend lines under a table whose FLOPs ``cells`` (`flops_cell`) carry a no-rule mark."""
+    out = []
+    if "-" in cells:
+        out.append(f"FLOPs '-' = {NO_RULE} (no cost rule counts the node's work; its time is estimated from its bytes)")
+    if any(c.endswith(_SOME_NO_RULE) for c in cells):
+        out.append(f"FLOPs '{_SOME_NO_RULE}' = some of the role's nodes have {NO_RULE}: their work is not counted")
+    return out
 
 
 def render_table(
@@ -208,18 +283,13 @@ def _layout(width: int | None, color: bool | None) -> tuple[int, _Style]:
 def _main_rows(report: Report, st: _Style, width: int, top: int, sort: str | None, by: str) -> list[str]:
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}")
-    sort = sort or ("time" if report.has_times else "flops")
-    if sort not in ("time", "flops", "energy"):
-        raise ValueError("sort must be one of time, flops, energy")
+    sort = table_sort(report, sort)
     return _roles(report, st, width, top, sort) if by == "role" else _nodes(report, st, width, top, sort)
 
 
 def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[str]:
-    from .attribution import role_rows
-
-    rows = role_rows(report)
-    key = {"time": "time_s", "flops": "flops", "energy": "energy_j"}[sort]
-    rows.sort(key=lambda r: -(r[key] or 0))
+    rows = ranked_roles(report, sort)
+    no_rule = no_rule_roles(report)
     shown = rows[:top] if top > 0 else rows
     timed = report.has_times
     headers = ["role", "nodes", "FLOPs", "bytes", _intensity_header(report)]
@@ -232,7 +302,9 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
         headers += ["measured"]
     out = []
     for r in shown:
-        row = [r["role"], str(r["nodes"]), human(r["flops"]), human(r["bytes"], "B"), _fmt(r["intensity"])]
+        flops = flops_cell(r["flops"], nodes=r["nodes"], no_rule=no_rule.get(r["role"], 0))
+        uncounted = flops == "-"  # no rule counts its work: no intensity or rate either
+        row = [r["role"], str(r["nodes"]), flops, human(r["bytes"], "B"), "-" if uncounted else _fmt(r["intensity"])]
         if timed:
             bound = r["bound"] or "-"
             if r["bound_share"] is not None and r["bound_share"] < 0.995:
@@ -240,8 +312,8 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             row += [
                 seconds(r["time_s"]),
                 percent(r["share"]),
-                human(r["achieved_flops_per_s"], "FLOP/s"),
-                percent(r["peak_fraction"]),
+                "-" if uncounted else human(r["achieved_flops_per_s"], "FLOP/s"),
+                "-" if uncounted else percent(r["peak_fraction"]),
                 bound,
             ]
         else:
@@ -249,9 +321,8 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
         if measured:
             row.append(seconds(r["measured_time_s"]))
         out.append(row)
-    what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
     note = " (share of summed time = node busy times + overhead rows; overheads are rows of their own)" if timed else ""
-    title = st.bold(f"Top {len(shown)} of {len(rows)} module roles by {what}, all layers together") + note
+    title = st.bold(f"Top {len(shown)} of {len(rows)} module roles by {SORT_WORDS[sort]}, all layers together") + note
     return [
         title,
         *_grid(
@@ -260,6 +331,7 @@ def _roles(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             width,
             right=set(range(1, len(headers))) - {len(headers) - 1} if timed else set(range(1, len(headers))),
         ),
+        *no_rule_legend([row[2] for row in out]),
     ]
 
 
@@ -268,18 +340,27 @@ def _why(report: Report, st: _Style) -> list[str]:
 
 
 def role_table(
-    rows: Sequence[dict[str, Any]], *, share: Callable[[float | None], str], spread: Callable[[float | None], str]
+    rows: Sequence[dict[str, Any]],
+    *,
+    share: Callable[[float | None], str],
+    spread: Callable[[float | None], str],
+    no_rule: Mapping[str, int] | None = None,
 ) -> tuple[list[str], list[list[str]]]:
     """The representative layer's table (`attribution.representative_layer` ``rows``) as every
     renderer shows it: headers and one row per role, the time columns only when timed; ``share`` and
-    ``spread`` write those two cells (a bar in HTML)."""
+    ``spread`` write those two cells (a bar in HTML); ``no_rule`` (`no_rule_roles`) marks the FLOPs
+    of roles whose nodes have no cost rule (`flops_cell`)."""
     timed = any(r["time_s"] is not None for r in rows)
     headers = ["role", "nodes", "FLOPs", "bytes"] + (
         ["time", SHARE_OF_LAYER, "min", "max", "spread", "bound"] if timed else []
     )
     body = []
     for r in rows:
-        row = [r["role"], str(r["nodes_per_layer"]), human(r["flops"]), human(r["bytes"], "B")]
+        # the role's nodes across every layer and how many of them have no rule: per layer, the same share
+        counted = (no_rule or {}).get(r["role"], 0)
+        total = r["nodes_per_layer"] * r["layers"]
+        flops = flops_cell(r["flops"], nodes=max(total, 1), no_rule=counted)
+        row = [r["role"], str(r["nodes_per_layer"]), flops, human(r["bytes"], "B")]
         if timed:
             row += [
                 seconds(r["time_s"]),
@@ -303,20 +384,20 @@ def _representative(report: Report, st: _Style, width: int) -> list[str]:
     rows = representative_layer(report)
     if not rows:
         return []
-    headers, out = role_table(rows, share=percent, spread=_spread)
+    headers, out = role_table(rows, share=percent, spread=_spread, no_rule=no_rule_roles(report))
     n = max(r["layers"] for r in rows)
     title = st.bold(f"One decoder layer (median of {n} layers), every role; min/max/spread across layers")
-    return [title, *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1})]
+    return [
+        title,
+        *_grid(headers, out, width, right=set(range(1, len(headers))) - {len(headers) - 1}),
+        *no_rule_legend([row[2] for row in out]),
+    ]
 
 
 def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[str]:
     timed = report.has_times
-    keys = {
-        "time": lambda n: n.time_s or 0.0,
-        "flops": lambda n: n.flops or 0,
-        "energy": lambda n: n.energy_j or 0.0,
-    }
-    nodes = sorted(report.attributed, key=keys[sort], reverse=True)
+    nodes = ranked_nodes(report, sort)
+    no_rule = {e.get("name") for e in report.extra.get("estimated") or ()}
     energy = any(n.energy_j is not None for n in report.nodes)
     shown = nodes[:top] if top > 0 else nodes
     headers = ["node", "role", "op", "layer", "FLOPs", "bytes", _intensity_header(report)]
@@ -334,9 +415,9 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
             n.role or "-",
             n.op_type,
             "-" if n.layer is None else str(n.layer),
-            human(n.flops),
+            flops_cell(n.flops, no_rule=int(n.name in no_rule)),
             human(n.bytes, "B"),
-            "-" if n.intensity is None else f"{n.intensity:.3g}",
+            "-" if n.intensity is None or n.name in no_rule else f"{n.intensity:.3g}",
         ]
         if timed:
             row += [seconds(n.time_s), percent(node_share(report, n)), n.bound or "-", n.unit or "-"]
@@ -345,9 +426,12 @@ def _nodes(report: Report, st: _Style, width: int, top: int, sort: str) -> list[
         if energy:
             row += [human(n.energy_j, "J")]
         rows.append(row)
-    what = {"time": "time", "flops": "FLOPs", "energy": "energy"}[sort]
     right = set(range(3, len(headers))) - {headers.index(h) for h in ("bound", "unit") if h in headers}
-    return [st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {what}"), *_grid(headers, rows, width, right)]
+    return [
+        st.bold(f"Top {len(shown)} of {len(report.nodes)} nodes by {SORT_WORDS[sort]}"),
+        *_grid(headers, rows, width, right),
+        *no_rule_legend([row[4] for row in rows]),
+    ]
 
 
 def _train_basis(config: dict) -> str:
@@ -378,10 +462,7 @@ def _summary(report: Report, st: _Style) -> list[str]:
         out[-1] += f" for one copy; {t['copies']} copies a step: {human(t['step_flops'], 'FLOP')}"
     one = report.extra.get("per_chip") or {}
     if chips and one.get("copies", 1) > 1:  # chips each doing a share: what one does, labelled apart
-        out.append(
-            f"  one chip   {_work(one)}, {human(one.get('params'))} params, "
-            f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')}: the node rows)"
-        )
+        out.append(f"  one chip   {_work(one)}, {human(one.get('params'))} params, {_chip_busy(report, one)}")
     if not t.get("estimated_nodes"):  # every summary says how many: none
         out.append("  estimated  0 nodes without a cost rule")
     else:  # nodes no rule counts: bytes-only lower bounds, named (issue 19)
@@ -449,6 +530,26 @@ def _summary(report: Report, st: _Style) -> list[str]:
                 f"{err.get('nodes_within_noise')} of {err.get('nodes_compared')} node errors are within noise"
             )
     return out
+
+
+def _chip_busy(report: Report, one: Mapping[str, Any]) -> str:
+    """One chip's busy time a step (``extra.per_chip.time_s``) and what adds up to it: its node rows
+    and its own overhead rows (the chip's host time: the step's collectives are not in it)."""
+    from dabench_ir.report.roles import overhead_role
+
+    busy = f"{seconds(one.get('time_s'))} busy ({report.extra.get('nodes_basis')})"
+    own = one.get("overhead_s")
+    if own is None:  # no one placement's figures (a pipeline's stage): the busy time alone
+        return busy
+    nodes = sum(n.time_s or 0.0 for n in report.nodes)
+    names = [overhead_role(k) for k, v in (getattr(report.timeline, "overheads_s", None) or {}).items() if v]
+    text = f"{busy}: {seconds(nodes)} in the node rows + {seconds(own)} in its own overhead rows" + (
+        f" ({', '.join(names)})" if names else ""
+    )
+    rest = (one.get("time_s") or 0.0) - nodes - own
+    if abs(rest) > 1e-6 * (one.get("time_s") or 0.0):  # concurrent nodes, or time no row holds
+        text += f" - {seconds(-rest)} the nodes overlap" if rest < 0 else f" + {seconds(rest)} no row holds"
+    return text
 
 
 def _unmeasured(report: Report) -> list[str]:

@@ -76,6 +76,10 @@ def _node_args(graph: Graph, name: str, roles: Mapping[str, str]) -> dict[str, A
     if cost is not None:
         args["flops"] = cost.flops
         args["bytes"] = cost.bytes
+        if meta.ESTIMATED in node.meta:  # a bytes-only lower bound: its 0 FLOPs are uncounted, not none
+            from dabench_ir.passes.cost_rules import ESTIMATED_NOTE
+
+            args["estimated"] = f"{ESTIMATED_NOTE}, bytes only; FLOPs not counted ({node.meta[meta.ESTIMATED]})"
     elif meta.UNATTRIBUTED in node.meta:
         args["unattributed"] = str(node.meta[meta.UNATTRIBUTED])
     return args
