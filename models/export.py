@@ -421,6 +421,14 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     del graph.input[:]
     graph.input.extend([*inputs[: last_w + 1], *new_inputs, *inputs[last_w + 1 :]])
     graph.output.extend(new_outputs)
+    metadata = {p.key: p.value for p in proto.metadata_props}
+    if META_PARAMS in metadata:  # an export's own metadata (a sweep's cached base): now of `layers` blocks
+        params = json.loads(metadata[META_PARAMS])
+        dynamic = bool(params.pop("dynamic", False))
+        fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        cfg = ModelConfig(**{k: v for k, v in params.items() if k in fields}).replace(layers=layers)
+        mode = metadata.get("dabench.weights_mode", "none")
+        _set_metadata(proto, _model_metadata(cfg, proto, mode=mode, dynamic=dynamic, stamped=True))
     return proto
 
 
@@ -681,29 +689,38 @@ def export_onnx(
     if stamp and cfg.layers > 1:
         say(f"stamping {cfg.layers - 1} more blocks")
         stamp_layers(proto, cfg.layers)
-    cache_in, cache_out = cache_names(cfg)
-    inputs = {"input_ids", "hidden_states", *cache_in}
-    weight_names = [v.name for v in proto.graph.input if v.name not in inputs]
     if mode == "random":
         say(f"materialising {cfg.weight_bytes() / 2**20:.1f} MiB of seeded weights")
         from dabench_ir.models import build_model
 
         state = build_model(cfg, device="cpu", seed=seed).state_dict()
-        _attach_weights(proto, state, weight_names)
-    _set_metadata(
-        proto,
-        {
-            META_FAMILY: cfg.family,
-            META_PRESET: cfg.preset or "",
-            META_PARAMS: json.dumps({**cfg.to_dict(), "dynamic": dynamic}, sort_keys=True),
-            META_WEIGHTS: json.dumps(weight_names),
-            "dabench.weights_mode": mode,
-            "dabench.export": "stamped" if stamp and cfg.layers > 1 else "plain",
-            META_PHASE: cfg.phase,
-            META_KV_CACHE: json.dumps({"inputs": cache_in, "outputs": cache_out}),
-        },
-    )
+        _attach_weights(proto, state, _weight_names(cfg, proto))
+    _set_metadata(proto, _model_metadata(cfg, proto, mode=mode, dynamic=dynamic, stamped=stamp and cfg.layers > 1))
     return proto
+
+
+def _weight_names(cfg: ModelConfig, proto: onnx.ModelProto) -> list[str]:
+    """The graph inputs of an export of ``cfg`` that are its weights: all but the tokens and the caches."""
+    inputs = {"input_ids", "hidden_states", *cache_names(cfg)[0]}
+    return [v.name for v in proto.graph.input if v.name not in inputs]
+
+
+def _model_metadata(
+    cfg: ModelConfig, proto: onnx.ModelProto, *, mode: str, dynamic: bool, stamped: bool
+) -> dict[str, str]:
+    """The ``dabench.*`` metadata of an export of ``cfg``: its shape, weights, phase and KV-cache names,
+    each as many as its layers (a stamped graph's written again for its own: `stamp_layers`)."""
+    cache_in, cache_out = cache_names(cfg)
+    return {
+        META_FAMILY: cfg.family,
+        META_PRESET: cfg.preset or "",
+        META_PARAMS: json.dumps({**cfg.to_dict(), "dynamic": dynamic}, sort_keys=True),
+        META_WEIGHTS: json.dumps(_weight_names(cfg, proto)),
+        "dabench.weights_mode": mode,
+        "dabench.export": "stamped" if stamped else "plain",
+        META_PHASE: cfg.phase,
+        META_KV_CACHE: json.dumps({"inputs": cache_in, "outputs": cache_out}),
+    }
 
 
 def export_options(options: ExportOptions | None, overrides: dict) -> ExportOptions:

@@ -183,6 +183,28 @@ def test_stamped_equals_plain_export(cfg: ModelConfig) -> None:
     assert matmul_flops(stamped) == matmul_flops(plain) == cfg.matmul_flops()
 
 
+def test_a_stamped_exports_metadata_is_its_own_layers(tmp_path) -> None:
+    """A sweep stamps a cached 1-layer export: its metadata (shape, weights, KV-cache names) had stayed
+    the base's, so ``--kv-precision fp8`` rewrote layer 0's cache alone (8 layers: 89.9 MB a step where
+    the export of all 8 moves 60.5 MB). Stamped, it is the L-layer export's, and so is the profile."""
+    from dabench_ir.api import profile
+    from dabench_ir.models.export import stamp_layers
+
+    cfg = LLAMA_LM.replace(layers=3, phase="decode", seq=1, context=16)
+    base = export_onnx(cfg.replace(layers=1), weights="none", stamp=False)
+    stamped, plain = stamp_layers(base, 3), export_onnx(cfg, weights="none", stamp=False)
+    ours, theirs = _meta(stamped), _meta(plain)
+    for key in ("dabench.kv_cache", "dabench.weights", "dabench.params", "dabench.phase"):
+        assert ours[key] == theirs[key], key
+    assert ours["dabench.export"] == "stamped"
+    onnx.save(stamped, str(tmp_path / "stamped.onnx"))
+    onnx.save(plain, str(tmp_path / "plain.onnx"))
+    moved = [
+        profile(tmp_path / f"{name}.onnx", "h100", kv_precision="fp8").totals["bytes"] for name in ("stamped", "plain")
+    ]
+    assert moved[0] == moved[1]
+
+
 def test_registry_memo_exports_the_same_bytes(monkeypatch) -> None:
     """The exporter's registry, built once per process (`_registry_once`), gives the bytes a fresh
     registry gives, and torch's own method is back in place after each export."""
