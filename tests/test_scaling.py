@@ -683,16 +683,21 @@ def test_a_weight_bound_pp_step_reads_each_stages_weights_once_a_micro_batch():
 def test_a_pp_reports_one_chip_as_its_busiest_stage_not_the_whole_graph():
     """Under pp the placement behind the node rows is the whole graph on one chip: its work is no one
     chip's (it read 1.06 PFLOP/s for one H100), and its time beside the pipelined step made the
-    time no node owns negative. A chip is now its busiest stage: its busy time, no work of its own,
-    and the step's overhead is what the step takes beyond it (fill and drain, update, boundaries)."""
+    time no node owns negative. A chip is now its busiest stage: its busy time, no work of its own;
+    what the step takes beyond it (fill and drain, update, boundaries) are rows of the step, and the
+    time no node owns is every overhead row's, the whole graph's own beside them (as its node rows
+    are the whole graph's): it had been the step's alone, under the rows' sum."""
     from dabench_ir.pipeline import profile_graph
 
     report = profile_graph(decoder(layers=4, hidden=256, batch=8), "h100", {"chips": 4, "strategy": "pp"})
     point = report.scaling.points[-1]
     per_chip = report.extra["per_chip"]
     assert per_chip["time_s"] == max(point.stage_times_s) and per_chip["flops"] is None
-    assert report.totals["overhead_s"] == pytest.approx(report.totals["time_s"] - max(point.stage_times_s))
-    assert report.totals["overhead_s"] > 0
+    beyond = report.totals["time_s"] - max(point.stage_times_s)
+    assert sum(point.overheads_s.values()) == pytest.approx(beyond) and beyond > 0
+    rows = report.to_dict()["overheads"]
+    assert report.totals["overhead_s"] == pytest.approx(sum(rows.values()))
+    assert report.totals["overhead_s"] == pytest.approx(sum(point.chip.timeline.overheads_s.values()) + beyond)
     # the node rows are the stages' (the whole graph running the micro-batches in turn, as the stages'
     # times are worked out): a stage's rows are its time, but for its share of the host's issue wait
     from dabench_ir.lowering.gpu import HOST_ISSUE
