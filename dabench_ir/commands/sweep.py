@@ -171,6 +171,7 @@ def _check_inputs_outside(source: str, spec: Any, out: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from dabench_ir.errors import UserError
     from dabench_ir.sweep import bundled_specs, load_spec, run_sweep
+    from dabench_ir.sweep.runner import configurations
 
     if args.list:
         for name, path in bundled_specs().items():
@@ -182,9 +183,10 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, defaults=knob_values(args, SWEEP), force=args.force)
     if args.dry_run:
         check_grid_flags(args)  # a real run checks them with its folders (`grid_options`)
-        for point in spec.points:
+        points = configurations(spec)
+        for point in points.values():
             print(point.label())
-        print(f"{len(spec.points)} points")
+        print(f"{len(points)} points")
         return 0
     if not args.output:
         raise UserError("sweep: give the output folder with -o DIR")

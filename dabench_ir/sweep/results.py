@@ -22,9 +22,11 @@ __all__ = [
     "columns",
     "dominant_bound",
     "encode_point",
+    "file_stamp",
     "point_file",
     "read_point",
     "record_row",
+    "remove_temps",
     "strip_nodes",
     "valid_record",
     "write_point",
@@ -92,6 +94,27 @@ def strip_nodes(record: dict[str, Any]) -> None:
 def point_file(folder: Path, key: str) -> Path:
     """Where the record of point ``key`` is kept in a sweep's ``points/`` folder."""
     return folder / f"{key}.json"
+
+
+def file_stamp(folder: Path, key: str) -> tuple[int, int] | None:
+    """Which file holds point ``key``'s record now (inode, modification time), or None when none does:
+    every write replaces the file (`atomic_write`), so a changed stamp is a record written since."""
+    try:
+        st = point_file(folder, key).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def remove_temps(folder: Path, key: str) -> None:
+    """Remove the temporary files a killed writer left of point ``key``'s record (``.<key>.json.*.tmp``,
+    as `dabench_ir.fileio.write_with` names them; a kill -9 gives it no chance to). For the holder of
+    the point's lock only: nothing else writes that record, so no live write's file is touched."""
+    for path in folder.glob(f".{point_file(folder, key).name}.*.tmp"):
+        try:
+            path.unlink()
+        except OSError as exc:
+            logger.debug("cannot remove %s: %s", path, exc)
 
 
 def write_point(folder: Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from dabench_ir import options
 from dabench_ir.errors import UserError
 from dabench_ir.sweep import graphs, results, worker
 from dabench_ir.sweep.executors import Executor, WorkerLost, make_executor
-from dabench_ir.sweep.spec import SweepSpec
+from dabench_ir.sweep.spec import Point, SweepSpec
 
-__all__ = ["SweepResult", "point_key", "run_sweep"]
+__all__ = ["SweepResult", "configurations", "point_key", "run_sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +78,14 @@ def _target_digest(name: str) -> str:
 
 def point_key(params: dict[str, Any]) -> str:
     """Hash of what decides the point's result (`_deciding`), its target file's contents, the tool's
-    version and the exporter's its model comes from."""
+    version and the exporter's its model comes from; a point that times its nodes (`worker.times_nodes`:
+    ``cpu``) says so, so a record from before it did (the class model's figures) is not taken as done."""
     from dabench_ir import __version__
 
     text = json.dumps(
         {
             "params": _deciding(params),
+            **({"node_table": True} if worker.times_nodes(params) else {}),  # cpu: the run `profile` makes
             "target": _target_digest(str(params.get("target"))),
             "version": __version__,
             "exporter": graphs.exporter_versions(),
@@ -155,6 +157,7 @@ class _Locks:
             os.ftruncate(fd, 0)
             os.write(fd, f"{self.host} {os.getpid()}\n".encode())
             self.held[key] = fd
+            results.remove_temps(self.folder, key)  # a dead writer's: only the lock's holder writes the record
             return True
         return False
 
@@ -240,6 +243,9 @@ class _Book:
     tick: Bar
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     done: int = 0
+    found: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    """Each point this sweep runs: its record file as it was when claimed (`results.file_stamp`), so
+    a record its worker wrote before dying is told from one an earlier run left (`recorded`)."""
 
     def is_done(self, key: str) -> bool:
         """Whether ``key``'s point has its record (a failed one counts unless ``retry_failed``; one
@@ -270,6 +276,7 @@ class _Book:
                     self.result.skipped += 1
                 else:
                     todo.append((key, params))
+                    self.found[key] = results.file_stamp(self.points_dir, key)
         except BaseException:  # Ctrl-C, SIGTERM
             self.locks.release_all()
             raise
@@ -295,6 +302,19 @@ class _Book:
             logger.info("point %s failed: %s", key, record["error"])
         self.tick(self.done, result.total, failed=result.failed)
 
+    def recorded(self, key: str) -> bool:
+        """Whether a worker lost with ``key``'s point had written its record (a new file since the
+        point was claimed, and a valid one): then it is finished (`finish`) and counts as run."""
+        if results.file_stamp(self.points_dir, key) in (None, self.found.get(key)):
+            return False
+        record = results.read_point(self.points_dir, key)
+        if record is None:
+            return False
+        self.finish(
+            {"key": key, "status": record["status"], "error": record.get("error"), "row": results.record_row(record)}
+        )
+        return True
+
     def export_tick(self, exported: int, of: int) -> None:
         self.tick(exported, of, failed=0, phase=EXPORT_PHASE)
         if exported == of:  # the points' phase (and its ETA) starts now
@@ -312,6 +332,7 @@ class _Book:
                 self.tick(self.done, self.result.total, failed=self.result.failed)
             else:
                 todo.append((key, params))
+                self.found[key] = results.file_stamp(self.points_dir, key)
         return todo
 
 
@@ -341,11 +362,9 @@ def run_sweep(
     points_dir = out / "points"
     models_dir = Path(cache_dir) if cache_dir else graphs.default_cache()
     point_keys = [point_key(p.params) for p in spec.points]
-    configurations: dict[str, dict[str, Any]] = {}
-    for key, point in zip(point_keys, spec.points, strict=True):
-        configurations.setdefault(key, point.params)  # one run per configuration: the first point that asks
-    keyed = list(configurations.items())
-    keys = list(configurations)
+    runs = configurations(spec, point_keys)
+    keyed = [(key, point.params) for key, point in runs.items()]
+    keys = list(runs)
     _check_outputs(out, points_dir, models_dir, keys)
     result = SweepResult(total=len(keyed))
     _allow_open_files(len(keyed))
@@ -399,6 +418,16 @@ def run_sweep(
     return result
 
 
+def configurations(spec: SweepSpec, keys: list[str] | None = None) -> dict[str, Point]:
+    """The runs a sweep of ``spec`` makes: key (`point_key`) -> the first point that asks for it. One
+    configuration is one run however the spec spells it (``wse`` and ``wse2``; ``wse_mode = "auto"``
+    given or left out). ``keys``: the points' keys, when the caller has them."""
+    runs: dict[str, Point] = {}
+    for key, point in zip(keys or [point_key(p.params) for p in spec.points], spec.points, strict=True):
+        runs.setdefault(key, point)
+    return runs
+
+
 def _run(
     ex: Executor,
     todo: list[tuple[str, dict[str, Any]]],
@@ -427,6 +456,7 @@ def _run(
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][1] * len(kv[1]))  # longest first
     tasks = []
     task_points = []
+    timing: list[int] = []  # the tasks whose points time their model's nodes on this host
     for (bkey, layers), pts in ordered:
         if bkey in base_errors:
             for key, params in pts:
@@ -436,13 +466,23 @@ def _run(
             book.result.lost += len(pts)
             continue
         folder = None if points_dir is None else str(points_dir)
-        tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail)))
+        model_file = None
+        if any(worker.times_nodes(params) for _, params in pts):
+            timing.append(len(tasks))
+            model_file = str(models_dir / f"{graphs.model_key(pts[0][1])}.onnx")
+        tasks.append((worker.run_group, (bases[bkey], layers, pts, folder, node_detail, model_file)))
         task_points.append(pts)
-    for i, records in ex.map_unordered(tasks):
-        if isinstance(records, WorkerLost):
-            book.result.lost += len(task_points[i])
-            logger.warning("%s; its %d point(s) stay to do", records, len(task_points[i]))
-            continue
-        for record in records:
-            book.finish(record)
+    # a task that times nodes on this host runs alone, as `profile` does: tasks beside it would slow
+    # the timings it writes to the host's node table, which every later run on this host reads
+    batches = [[i] for i in timing] + [[i for i in range(len(tasks)) if i not in set(timing)]]
+    for batch in batches:
+        for j, records in ex.map_unordered([tasks[i] for i in batch]):
+            i = batch[j]
+            if isinstance(records, WorkerLost):
+                left = [key for key, _ in task_points[i] if not book.recorded(key)]
+                book.result.lost += len(left)
+                logger.info("%s; %d of its %d point(s) stay to do", records, len(left), len(task_points[i]))
+                continue
+            for record in records:
+                book.finish(record)
     return exported

@@ -38,6 +38,7 @@ __all__ = [
     "parse_spec",
     "point_count",
     "spec_params",
+    "target_kind",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ def spec_params() -> tuple[str, ...]:
     model = ("family", "preset", *(m for m in MODEL_PARAMS if m not in ("family", "preset")))
     ordered = (*model, *by_group["run"], "target", *by_group["scale"], *by_group["target"], *others)
     return tuple(dict.fromkeys(ordered))
+
+
+DECODE = "decode"
+"""The ``phase`` of a decode-step graph: the only model with a KV cache, so ``kv_precision`` applies to it alone."""
 
 
 DEFAULTS: dict[str, Any] = {
@@ -93,7 +98,9 @@ class Point:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
 
     def label(self) -> str:
-        """A short human name, e.g. ``gpt2 L12 h768 rdu O1``."""
+        """A short human name, e.g. ``gpt2 L12 h768 rdu O1`` or ``gpt2 L1 h64 ipu ipus=2``: every run
+        option the point sets away from its default is in it, so two points that run differently never
+        share a label (a dry run lists them)."""
         p = self.params
         parts = [str(p.get("preset") or p.get("family")), f"L{p.get('layers')}", f"h{p.get('hidden')}"]
         parts += [str(p.get("target"))] + [str(p[k]) for k in ("opt_level", "wse_mode") if p.get(k)]
@@ -105,7 +112,19 @@ class Point:
             parts.append(f"b{p['batch']}")
         if p.get("precision"):
             parts.append(str(p["precision"]))
+        shown = {"batch", "chips", "strategy", "chips_per_node", "opt_level", "wse_mode", "precision"}
+        for name, knob in options.knobs_for(options.SWEEP).items():
+            value = p.get(name)
+            if name not in shown and value is not None and json.dumps(value) != json.dumps(knob.default):
+                parts.append(f"{name}={_label_value(value)}")
         return " ".join(parts)
+
+
+def _label_value(value: Any) -> str:
+    """A parameter's value as a label shows it: a list comma-separated, true/false as TOML says them."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_label_value, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass
@@ -177,7 +196,7 @@ def _check_value(name: str, value: Any, where: str) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _target_kind(name: str) -> str:
+def target_kind(name: str) -> str:
     """The kind of a target, by loading it (an unknown name fails here, naming the known ones).
 
     The host target is calibrated on first load; its kind is known without that.
@@ -219,12 +238,14 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
         p.pop("chips_per_node", None)
     elif not p.get("strategy"):
         raise UserError(f"chips = {p['chips']} needs a strategy (dp, tp or pp)")
-    kind = _target_kind(str(p["target"]))
+    kind = target_kind(str(p["target"]))
     for name, k in options.KNOBS.items():
         if k.targets is not None and kind not in k.targets:
             p.pop(name, None)  # a knob the target's lowering does not read: equal points get equal keys
     if p.get("mode") != "train":
         p.pop("recompute", None)
+    if p.get("phase") != DECODE:
+        p.pop("kv_precision", None)  # only a decode graph has a KV cache (`load_spec` refuses the flag for none)
     return {k: v for k, v in sorted(p.items()) if v is not None}
 
 
@@ -402,9 +423,12 @@ def load_spec(source: str | Path, *, defaults: dict[str, Any] | None = None, for
         if name in options.KNOBS and spec.points and not any(name in p.params for p in spec.points):
             targets = ", ".join(sorted({str(p.params["target"]) for p in spec.points}))
             modes = ", ".join(sorted({str(p.params.get("mode")) for p in spec.points}))
+            why = f"targets {targets}; {modes}"
+            if name == "kv_precision":
+                why = f'none is a decode graph, phase = "{DECODE}", the only one with a KV cache'
             raise UserError(
                 f"{options.KNOBS[name].flag} {value}: applies to none of the {len(spec.points)} points of "
-                f"{spec.name} (targets {targets}; {modes}); drop it"
+                f"{spec.name} ({why}); drop it"
             )
         if name in options.KNOBS and spec.points and not any(p.params.get(name) == value for p in spec.points):
             raise UserError(

@@ -15,7 +15,7 @@ from typing import Any
 
 from dabench_ir.report.model import json_safe
 
-__all__ = ["point_options", "profile_graph", "run_export", "run_group"]
+__all__ = ["point_options", "profile_graph", "run_export", "run_group", "times_nodes"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,19 +27,51 @@ def point_options(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k] for k in knobs_for(SWEEP) if params.get(k) is not None}
 
 
-def profile_graph(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
+def profile_graph(graph: Any, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
     """The report dict of one point, from its costed Graph (consumed: the rewrites work in place).
 
     The point is one run (`dabench_ir.run`), resolved and executed exactly as ``profile`` would,
-    one chip or many."""
-    return json_safe(_report_dict(graph, params))
+    one chip or many; ``model``: the graph's ONNX file, for a point that needs one (`times_nodes`)."""
+    return json_safe(_report_dict(graph, params, model))
 
 
-def _report_dict(graph: Any, params: dict[str, Any]) -> dict[str, Any]:
+def times_nodes(params: dict[str, Any]) -> bool:
+    """Whether the point's run times the model's nodes on this host: the ``cpu`` target predicts from
+    a node table measured on the model file (`run._prepared`, `microbench.ensure_for_target`), as
+    ``profile`` does, so such a point's run is given the stamped model as a file (`run_group`)."""
+    from dabench_ir.errors import UserError
+    from dabench_ir.sweep.spec import target_kind
+
+    try:
+        return target_kind(str(params["target"])) == "cpu"
+    except UserError:  # an unknown target: the point fails with the target's own error
+        return False
+
+
+def _report_dict(graph: Any, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
     from dabench_ir.run import execute, resolve
 
-    run = resolve(graph, params["target"], point_options(params))
+    run = resolve(graph, params["target"], point_options(params), model=model if times_nodes(params) else None)
     return execute(run, graph).to_dict()
+
+
+def _model_file(base: bytes, layers: int, path: str) -> str:
+    """The stamped model of ``base`` at ``layers`` as the ONNX file ``path`` (in the sweep's model
+    cache), written atomically unless a complete one is there: a sweep running beside this one
+    writes the same bytes."""
+    from dabench_ir.fileio import write_output
+    from dabench_ir.sweep.graphs import stamped_proto
+
+    data = stamped_proto(base, layers).SerializeToString()
+    target = Path(path)
+    try:
+        same = target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data
+    except OSError:
+        same = False
+    if not same:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_output(target, data)
+    return path
 
 
 def _error_text(exc: BaseException) -> str:
@@ -53,8 +85,12 @@ def run_group(
     points: list[tuple[str, dict[str, Any]]],
     folder: str | None = None,
     node_detail: bool = True,
+    model_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """Profile ``points`` (key, params) that share the model ``base`` stamped to ``layers``.
+
+    ``model_file``: where the stamped model goes as a file (`_model_file`), for the points whose run
+    times its nodes (`times_nodes`), as ``profile`` runs the file.
 
     Each point's record (``{"key", "params", "status", "error", "seconds", "report"}``, the report
     without its per-node rows unless ``node_detail``) is encoded here, once, and either written into
@@ -71,6 +107,7 @@ def run_group(
     start = time.perf_counter()
     try:
         graph = build_graph(base, layers)
+        model = _model_file(base, layers, model_file) if model_file else None
         setup_error = None
     except Exception as exc:
         logger.debug("building the %d-layer graph failed", layers, exc_info=True)
@@ -82,7 +119,7 @@ def run_group(
         try:
             if setup_error is not None:
                 raise setup_error
-            record["report"] = _report_dict(graph if i == len(points) - 1 else graph.clone(), params)
+            record["report"] = _report_dict(graph if i == len(points) - 1 else graph.clone(), params, model)
         except Exception as exc:
             record["status"], record["error"] = "error", _error_text(exc)
             record["traceback"] = traceback.format_exc(limit=8)
