@@ -791,7 +791,7 @@ def test_a_sweep_point_its_target_refuses_is_said_before_anything_runs(capsys, t
     folder written (each rdu point had been run and saved as failed, exit 0); a spec's own value alike."""
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "sweep", "smoke", "--tiles", "9", "-o", str(out), "-q")
-    assert_one_line_error(code, err, "smoke, point gpt2 L1 h64 rdu O1: --tiles 9: sn30 has 8 tiles per RDU")
+    assert_one_line_error(code, err, "smoke, point gpt2 L1 h64 rdu O1 tiles=9: --tiles 9: sn30 has 8 tiles per RDU")
     assert not out.exists()
     spec = tmp_path / "tiles.toml"
     spec.write_text(
