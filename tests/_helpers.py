@@ -132,3 +132,20 @@ def seeded_small_decoders(families: tuple[str, ...] = ("gpt2", "llama")) -> list
         torch.manual_seed(0)
         out.append((family, trained_looking(small_decoder(family))))
     return out
+
+
+def cpu_target_data(threads: int | None = None) -> dict:
+    """A parsed ``cpu`` target TOML with the fields the host model reads, calibrated at ``threads``
+    (None: a calibration that names no thread count)."""
+    rec = {"value": 1e9, "source": "test", "estimate": False}
+    calibration: dict = {"ops": [{"op": "Add", "bytes": 1000, "time_s": 2e-6}]}
+    if threads is not None:
+        calibration["key"] = {"threads": threads}
+    return {
+        "name": "cpu",
+        "kind": "cpu",
+        "compute": {"peak_flops": {"fp32": rec}},
+        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": rec}],
+        "overheads": {"kernel_launch_s": {"value": 1e-6, "source": "t"}},
+        "calibration": calibration,
+    }

@@ -27,6 +27,7 @@ from dabench_ir.lowering.cpu import (
 )
 from dabench_ir.metrics import prediction_error
 from dabench_ir.pipeline import analyze
+from tests._helpers import cpu_target_data
 from tests.conftest import parse
 
 # two layers' worth of the same shapes, a weight transpose, a head transpose, a reshape
@@ -120,7 +121,7 @@ def test_node_table_is_read_beside_the_calibration(tmp_path):
     from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT
 
     target = tmp_path / "cpu-1t-x.toml"
-    target.write_text(dump_toml(_minimal_target()))
+    target.write_text(dump_toml(cpu_target_data()))
     table = {
         "format": NODE_TABLE_FORMAT,
         "threads": 1,
@@ -143,7 +144,7 @@ def test_a_node_table_timed_at_another_thread_count_is_neither_read_nor_written_
     from dabench_ir.execute.microbench import ensure_node_table
     from dabench_ir.lowering.cpu import NODE_TABLE_FORMAT
 
-    data = _minimal_target()
+    data = cpu_target_data()
     data["calibration"]["key"] = {"threads": 1}
     target = tmp_path / "cpu-1t-x.toml"
     target.write_text(dump_toml(data))
@@ -166,24 +167,12 @@ def test_a_node_table_timed_at_another_thread_count_is_neither_read_nor_written_
     assert node_table_path(target).read_text() == before
 
 
-def _minimal_target():
-    rec = {"value": 1e9, "source": "test", "estimate": False}
-    return {
-        "name": "cpu",
-        "kind": "cpu",
-        "compute": {"peak_flops": {"fp32": rec}},
-        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": rec}],
-        "overheads": {"kernel_launch_s": {"value": 1e-6, "source": "t"}},
-        "calibration": {"ops": [{"op": "Add", "bytes": 1000, "time_s": 2e-6}]},
-    }
-
-
 def test_node_benchmarks_measure_each_family_once_within_budget(tmp_path):
     from dabench_ir.execute.calibrate import dump_toml
     from dabench_ir.execute.microbench import ensure_node_table
 
     target = tmp_path / "cpu-1t-x.toml"
-    target.write_text(dump_toml(_minimal_target()))
+    target.write_text(dump_toml(cpu_target_data()))
     model = parse(_TEXT)
     graph = analyze(model)
     # no budget: nothing measured, every family left to the class model, said why
@@ -391,7 +380,7 @@ def test_a_model_whose_only_node_writes_the_graph_output_is_benchmarked(tmp_path
     from dabench_ir.execute.microbench import ensure_node_table
 
     target = tmp_path / "cpu-1t-x.toml"
-    target.write_text(dump_toml(_minimal_target()))
+    target.write_text(dump_toml(cpu_target_data()))
     ones = ",".join(["1.0"] * 64)
     model = parse("agraph (float[4,8] x) => (float[4,8] y) <float[8,8] W = {" + ones + "}> { y = MatMul(x, W) }")
     res = ensure_node_table(model, analyze(model), target, threads=1, budget_s=5.0)

@@ -15,6 +15,7 @@ from dabench_ir.execute import measure
 from dabench_ir.execute.ort import map_fused, parse_profile
 from dabench_ir.execute.synth import prepare_model
 from dabench_ir.timeline import Bound
+from tests._helpers import cpu_target_data
 
 
 def _mlp(*, weight_input: bool = True, external_bias: bool = False, batch: int | str = "B") -> onnx.ModelProto:
@@ -459,22 +460,6 @@ def _matmul_add(rows: int | None = 4) -> onnx.ModelProto:
     return model
 
 
-def _cpu_target(threads: int | None = None) -> dict:
-    """A parsed ``cpu`` target TOML with the fields the host model reads (calibrated at ``threads``)."""
-    rec = {"value": 1e9, "source": "test", "estimate": False}
-    calibration = {"ops": [{"op": "Add", "bytes": 1000, "time_s": 2e-6}]}
-    if threads is not None:
-        calibration["key"] = {"threads": threads}
-    return {
-        "name": "cpu",
-        "kind": "cpu",
-        "compute": {"peak_flops": {"fp32": rec}},
-        "memory": [{"name": "dram", "level": "off-chip", "bandwidth_bytes_per_s": rec}],
-        "overheads": {"kernel_launch_s": {"value": 1e-6, "source": "t"}},
-        "calibration": calibration,
-    }
-
-
 def test_an_unnamed_input_dim_is_bound_by_the_name_the_advice_gives(capsys):
     """``x: [None, 64]``: the frontend names the dim after its input (``x_dim0``), the name the advice
     gives, and the batch binds it. Shape inference had left the whole input unshaped (``--batch 4``:
@@ -527,7 +512,7 @@ def test_a_fused_kernel_is_split_by_the_calibration_at_the_measured_thread_count
     from dabench_ir.execute.calibrate import dump_toml
 
     target = tmp_path / "cpu.toml"
-    target.write_text(dump_toml(_cpu_target()))
+    target.write_text(dump_toml(cpu_target_data()))
     asked = []
 
     def path_for(threads=None, **_kwargs):
@@ -544,7 +529,7 @@ def test_a_measurement_against_a_calibrated_target_runs_at_its_thread_count(monk
     """A calibration holds at its own thread count: measured against it, the run takes that count,
     and another one is refused (its peak and its node times would describe another machine)."""
     monkeypatch.setattr("dabench_ir.execute.default_threads", lambda: 2)
-    target = _cpu_target(threads=1)
+    target = cpu_target_data(threads=1)
     assert measure(_matmul_add(), warmup=0, repeat=1, target=target).threads == 1
     assert measure(_matmul_add(), warmup=0, repeat=1).threads == 2
     with pytest.raises(UserError, match="calibrated at 1 thread"):

@@ -14,13 +14,12 @@ pytest.importorskip("onnxscript")
 
 from dabench_ir.sweep import graphs, parse_spec, point_key, run_sweep
 from dabench_ir.sweep.executors import Executor, SerialExecutor, WorkerLost
-
-TINY = {"family": "gpt2", "hidden": 64, "heads": 4, "seq": 8, "batch": 1, "positional": "none"}
+from tests.test_sweep_run import TINY
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One export cache for the module: the tiny base is exported once."""
+    """The module's export cache: the tiny base exported once."""
     return tmp_path_factory.mktemp("sweep-models")
 
 
