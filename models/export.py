@@ -428,7 +428,8 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
         fields = {f.name for f in dataclasses.fields(ModelConfig)}
         cfg = ModelConfig(**{k: v for k, v in params.items() if k in fields}).replace(layers=layers)
         mode = metadata.get("dabench.weights_mode", "none")
-        _set_metadata(proto, _model_metadata(cfg, proto, mode=mode, dynamic=dynamic, stamped=True))
+        names = _weight_names(cfg, proto)  # a stamped graph's weights are inputs (`_stamp_copy` copies those)
+        _set_metadata(proto, _model_metadata(cfg, names, mode=mode, dynamic=dynamic, stamped=True))
     return proto
 
 
@@ -689,13 +690,15 @@ def export_onnx(
     if stamp and cfg.layers > 1:
         say(f"stamping {cfg.layers - 1} more blocks")
         stamp_layers(proto, cfg.layers)
+    weight_names = _weight_names(cfg, proto)  # graph inputs until attached: read before
     if mode == "random":
         say(f"materialising {cfg.weight_bytes() / 2**20:.1f} MiB of seeded weights")
         from dabench_ir.models import build_model
 
         state = build_model(cfg, device="cpu", seed=seed).state_dict()
-        _attach_weights(proto, state, _weight_names(cfg, proto))
-    _set_metadata(proto, _model_metadata(cfg, proto, mode=mode, dynamic=dynamic, stamped=stamp and cfg.layers > 1))
+        _attach_weights(proto, state, weight_names)
+    stamped = stamp and cfg.layers > 1
+    _set_metadata(proto, _model_metadata(cfg, weight_names, mode=mode, dynamic=dynamic, stamped=stamped))
     return proto
 
 
@@ -706,16 +709,17 @@ def _weight_names(cfg: ModelConfig, proto: onnx.ModelProto) -> list[str]:
 
 
 def _model_metadata(
-    cfg: ModelConfig, proto: onnx.ModelProto, *, mode: str, dynamic: bool, stamped: bool
+    cfg: ModelConfig, weight_names: list[str], *, mode: str, dynamic: bool, stamped: bool
 ) -> dict[str, str]:
-    """The ``dabench.*`` metadata of an export of ``cfg``: its shape, weights, phase and KV-cache names,
-    each as many as its layers (a stamped graph's written again for its own: `stamp_layers`)."""
+    """The ``dabench.*`` metadata of an export of ``cfg`` whose weights are ``weight_names``
+    (`_weight_names`): its shape, weights, phase and KV-cache names, each as many as its layers (a
+    stamped graph's written again for its own: `stamp_layers`)."""
     cache_in, cache_out = cache_names(cfg)
     return {
         META_FAMILY: cfg.family,
         META_PRESET: cfg.preset or "",
         META_PARAMS: json.dumps({**cfg.to_dict(), "dynamic": dynamic}, sort_keys=True),
-        META_WEIGHTS: json.dumps(_weight_names(cfg, proto)),
+        META_WEIGHTS: json.dumps(weight_names),
         "dabench.weights_mode": mode,
         "dabench.export": "stamped" if stamped else "plain",
         META_PHASE: cfg.phase,
