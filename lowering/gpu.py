@@ -54,7 +54,6 @@ from dabench_ir.lowering.context import (
     peak_live_bytes,
     place_node,
     training_state,
-    weight_bytes,
 )
 from dabench_ir.passes import meta
 from dabench_ir.passes.cost_rules import Backward, OpClass, traits_of
@@ -664,11 +663,12 @@ def gathered_weight_bytes(ctx: LoweringContext, shards: int) -> int:
     which the shards alone (1.68 GB) left out."""
     if shards <= 1:
         return 0
-    units: dict[int | None, list[Node]] = {}
+    weights = {v.name: ctx.value_bytes(v.name) for v in ctx.graph.weights()}
+    units: dict[int | None, set[str]] = {}
     for node in ctx.graph.nodes:
         if not is_optimizer_step(node):
-            units.setdefault(node.layer, []).append(node)
-    largest = max((weight_bytes(ctx, nodes) for nodes in units.values()), default=0)
+            units.setdefault(node.layer, set()).update(v for v in node.inputs if v in weights)
+    largest = max((sum(weights[v] for v in unit) for unit in units.values()), default=0)
     return largest - math.ceil(largest / shards)
 
 

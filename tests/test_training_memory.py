@@ -3,6 +3,8 @@ micro-batches, and the sharding of training state (docs/training.md)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dabench_ir.errors import UserError
@@ -224,9 +226,11 @@ def test_zero_stages_shard_the_state_over_data_parallel_gpus():
     assert mem[1]["gradients"] == mem[0]["gradients"] and mem[2]["gradients"] * 8 == pytest.approx(
         mem[0]["gradients"], rel=1e-3
     )
-    assert mem[2]["weights"] == mem[0]["weights"] and mem[3]["weights"] * 8 == pytest.approx(
-        mem[0]["weights"], rel=1e-3
-    )
+    # ZeRO-3 (FSDP) shards the weights too, and gathers a block's whole while it runs: the largest
+    # block's beyond its shard are held beside the shards (each block here: 4 projections and 2 MLP weights)
+    block = max(sum(v.type.nbytes() for v in g.weights() if v.name.startswith(f"layers.{i}.")) for i in (0, 1))
+    assert mem[2]["weights"] == mem[0]["weights"]
+    assert mem[3]["weights"] == math.ceil(mem[0]["weights"] / 8) + block - math.ceil(block / 8)
 
 
 def test_tensor_parallel_shards_the_training_state():
