@@ -56,9 +56,10 @@ class _Runs:
 
     ``ends[i]``: node i's end per micro-batch simulated (and the last, once the closed form added
     it); ``firsts[i]``: when its first row is out (its ends, the same table, when no node streams
-    rows); ``holds[i]``: whether it passes its rows to other lanes only at its end; ``slices[i]``: its runs; ``busy[i]``: the time it ran; ``lane_free``: when each lane's
-    work is done (its runs' times in turn from their starts); ``lane_next``: when it may start its next run (``lane_free`` but beside a
-    streaming run, one row into it)."""
+    rows); ``rows[i]``, ``holds[i]``: its plan's `NodePlan.rows` and `NodePlan.holds`;
+    ``slices[i]``: its runs; ``busy[i]``: the time it ran; ``lane_free``: when each lane's work
+    is done (its runs' times in turn from their starts); ``lane_next``: when it may start its next
+    run (``lane_free``, or beside a streaming run one row into it)."""
 
     lanes: list[str]
     rows: list[int]
@@ -216,7 +217,8 @@ def _run_micro_batches(members: list[int], durations: list[float], m_count: int,
         rows after each producer's end (without rows: at its start plus its time). A run of no time
         (bookkeeping: a Shape, a Reshape) waits for no lane and holds none."""
         lane, row = lanes[i], took / rows[i]  # row: the time of one of its rows
-        ready, last_rows = (max(gate, lane_next[lane]) if took else gate), gate
+        ready = max(gate, lane_next[lane]) if took else gate
+        last_rows = gate  # one of its rows after its producers' last
         for p in preds[i]:
             first = firsts[p].get(m)
             if first is not None:
@@ -295,11 +297,12 @@ def _lane_rates(members: list[int], durations: list[float], runs: _Runs) -> dict
     final: dict[str, int] = {}
     inputs: list[list[int]] = []
     for j, i in enumerate(members):
-        lane = runs.lanes[i]
-        if not durations[j]:  # a run of no time holds no lane (`_run_micro_batches`)
-            inputs.append([local[p] for p in runs.preds[i] if p in local])
+        lane, on_lane = runs.lanes[i], bool(durations[j])  # a run of no time holds no lane (`_run_micro_batches`)
+        inputs.append(
+            [local[p] for p in runs.preds[i] if p in local] + ([final[lane]] if on_lane and lane in final else [])
+        )
+        if not on_lane:
             continue
-        inputs.append([local[p] for p in runs.preds[i] if p in local] + ([final[lane]] if lane in final else []))
         first.setdefault(lane, j)
         final[lane] = j
     weight: dict[str, dict[str, float]] = {}

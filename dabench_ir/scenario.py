@@ -357,9 +357,7 @@ def _model_config(model: Any) -> ModelConfig:
     params = _metadata(_load(path)).get(MODEL_PARAMS)
     if not params:
         raise UserError(f"{text} has no dabench.params metadata: give a preset or a file made by dabench-ir export")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    values = {k: v for k, v in json.loads(params).items() if k in fields}
-    return ModelConfig(**{**values, "phase": "prefill", "context": 0, "max_positions": values.get("max_positions")})
+    return ModelConfig.from_params(params).replace(phase="prefill", context=0)
 
 
 def _load(path: Path) -> onnx.ModelProto:

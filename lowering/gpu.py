@@ -659,8 +659,8 @@ def gathered_weight_bytes(ctx: LoweringContext, shards: int) -> int:
     """What ZeRO-3 (FSDP) holds beyond a device's shard of the weights: a block's weights are
     all-gathered whole before it runs (forward and backward), so while the largest one runs the
     device holds it whole, its own 1/``shards`` of it already counted (FSDP's unit, a decoder block;
-    the embedding and head outside the blocks one more). LLaMA-7B over 8 GPUs: a block's 405 MB,
-    which the shards alone (1.68 GB) left out."""
+    the embedding and head outside the blocks one more). LLaMA-7B over 8 GPUs: 459 MB (its
+    embedding and head's unit) beside the 1.68 GB of shards, which had been counted alone."""
     if shards <= 1:
         return 0
     weights = {v.name: ctx.value_bytes(v.name) for v in ctx.graph.weights()}

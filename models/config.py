@@ -267,5 +267,12 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_params(cls, text: str) -> ModelConfig:
+        """The config an export's ``dabench.params`` holds (its JSON, `to_dict` and the export's own
+        keys, such as ``dynamic``, which are no field and are left out)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -423,10 +423,8 @@ def stamp_layers(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     graph.output.extend(new_outputs)
     metadata = {p.key: p.value for p in proto.metadata_props}
     if META_PARAMS in metadata:  # an export's own metadata (a sweep's cached base): now of `layers` blocks
-        params = json.loads(metadata[META_PARAMS])
-        dynamic = bool(params.pop("dynamic", False))
-        fields = {f.name for f in dataclasses.fields(ModelConfig)}
-        cfg = ModelConfig(**{k: v for k, v in params.items() if k in fields}).replace(layers=layers)
+        dynamic = bool(json.loads(metadata[META_PARAMS]).get("dynamic", False))
+        cfg = ModelConfig.from_params(metadata[META_PARAMS]).replace(layers=layers)
         mode = metadata.get("dabench.weights_mode", "none")
         names = _weight_names(cfg, proto)  # a stamped graph's weights are inputs (`_stamp_copy` copies those)
         _set_metadata(proto, _model_metadata(cfg, names, mode=mode, dynamic=dynamic, stamped=True))

@@ -147,6 +147,11 @@ class WseKernel:
         row behind each key row). Every other kernel passes each row on as it makes it."""
         return self.cls == "attention"
 
+    def first_row_s(self, per_sample_s: float) -> float:
+        """When a sample's first row leaves the kernel, at ``per_sample_s`` a sample: one row's time,
+        or the whole sample's where it holds the sample (`holds_sample`)."""
+        return per_sample_s if self.holds_sample else per_sample_s / self.rows
+
 
 def _stored_weight(ctx: LoweringContext, node: Node) -> bool:
     """Whether ``node`` reads a stored value or a folded layout of one."""

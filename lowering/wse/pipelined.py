@@ -476,7 +476,7 @@ def _chain_latency(kernels: list[WseKernel], times: list[float]) -> tuple[float,
     before, acc = [], 0.0
     for k, t in zip(kernels, times, strict=True):
         before.append(acc)
-        acc += t if k.holds_sample else t / k.rows
+        acc += k.first_row_s(t)
     return acc, before
 
 
@@ -486,7 +486,7 @@ def _fill(kernels: list[WseKernel], times: list[float], chain: float, period: fl
     holds it longest between its first row in and its last row out (a kernel that streams rows:
     its time per sample less one row's; one that holds the sample: none); each further sample
     one period later. So a step alone is that sample's latency and ``B - 1`` periods."""
-    tails = [t - (t if k.holds_sample else t / k.rows) for t, k in zip(times, kernels, strict=True) if k.work_s > 0]
+    tails = [t - k.first_row_s(t) for t, k in zip(times, kernels, strict=True) if k.work_s > 0]
     return max(0.0, chain + max(tails, default=0.0) - period)
 
 
